@@ -1,0 +1,444 @@
+//! The REST API's request and response bodies (`/v1`), shared by server, agent and CLI.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::expand::ExpandedJob;
+use crate::ids::{AgentId, AttemptId, ExperimentId, JobId};
+use crate::size::MemSize;
+use crate::state::{FailureClass, JobState};
+
+/// Every error the API returns: `{"error": {"code", "message", "field"?}}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+// ---- experiments and jobs -------------------------------------------------------------
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SubmitRequest {
+    /// The spec as a JSON document (YAML is converted by the client).
+    pub spec: Value,
+    /// Overrides the spec's `seed`.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Expand and return the jobs without storing anything.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SubmitResponse {
+    /// `None` for a dry run.
+    pub experiment: Option<ExperimentId>,
+    pub name: String,
+    pub seed: u64,
+    pub jobs: u64,
+    pub dry_run: bool,
+    /// The expanded jobs, for a dry run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview: Option<Vec<ExpandedJob>>,
+}
+
+/// Jobs per state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateCounts {
+    pub queued: u64,
+    pub leased: u64,
+    pub running: u64,
+    pub retrying: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+}
+
+impl StateCounts {
+    pub fn add(&mut self, state: JobState, n: u64) {
+        let slot = match state {
+            JobState::Queued => &mut self.queued,
+            JobState::Leased => &mut self.leased,
+            JobState::Running => &mut self.running,
+            JobState::Retrying => &mut self.retrying,
+            JobState::Succeeded => &mut self.succeeded,
+            JobState::Failed => &mut self.failed,
+            JobState::Cancelled => &mut self.cancelled,
+        };
+        *slot += n;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.queued
+            + self.leased
+            + self.running
+            + self.retrying
+            + self.succeeded
+            + self.failed
+            + self.cancelled
+    }
+
+    pub fn finished(&self) -> u64 {
+        self.succeeded + self.failed + self.cancelled
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ExperimentSummary {
+    pub id: ExperimentId,
+    pub name: String,
+    pub seed: u64,
+    pub created_at: DateTime<Utc>,
+    pub counts: StateCounts,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobSummary {
+    pub id: JobId,
+    pub experiment: ExperimentId,
+    pub experiment_name: String,
+    pub index: u32,
+    pub config: u32,
+    pub run: u32,
+    pub state: JobState,
+    pub priority: i32,
+    pub params: BTreeMap<String, Value>,
+    pub attempts: u32,
+    pub max_attempts: u32,
+    pub gpus: u32,
+    pub estimate_mib: Option<u64>,
+    /// Node and GPUs of the current or last attempt.
+    pub node: Option<String>,
+    pub gpu_indices: Vec<u32>,
+    pub last_failure: Option<FailureClass>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobDetail {
+    #[serde(flatten)]
+    pub summary: JobSummary,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub profile: String,
+    pub timeout_ms: Option<u64>,
+    pub retry_on: Vec<FailureClass>,
+    pub attempts_detail: Vec<AttemptView>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptPhase {
+    Leased,
+    Running,
+    Ended,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AttemptView {
+    pub id: AttemptId,
+    pub job: JobId,
+    pub number: u32,
+    pub node: String,
+    pub gpus: Vec<u32>,
+    pub fence: i64,
+    pub phase: AttemptPhase,
+    pub leased_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub pid: Option<u32>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// `None` while running and on success.
+    pub failure_class: Option<FailureClass>,
+    pub success: Option<bool>,
+    pub estimate_mib: Option<u64>,
+    pub peak_mem_mib: Option<u64>,
+    pub cleanup_ms: Option<u64>,
+    pub cleanup_verified: Option<bool>,
+    pub log_tail: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CancelResponse {
+    /// Jobs that were cancelled by this call.
+    pub cancelled: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Progress {
+    /// Changes whenever any job changes; pass it back as `after` to wait for the next change.
+    pub version: u64,
+    pub counts: StateCounts,
+}
+
+// ---- nodes ------------------------------------------------------------------------
+
+/// GPU memory kept free on every GPU: a share of its total or a fixed size.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Headroom {
+    Percent(f64),
+    Fixed(MemSize),
+}
+
+impl Default for Headroom {
+    fn default() -> Self {
+        Headroom::Percent(10.0)
+    }
+}
+
+impl Headroom {
+    pub fn mib_of(&self, total_mib: u64) -> u64 {
+        match self {
+            Headroom::Percent(p) => ((total_mib as f64) * p / 100.0).ceil() as u64,
+            Headroom::Fixed(m) => m.mib,
+        }
+    }
+}
+
+impl fmt::Display for Headroom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Headroom::Percent(p) => write!(f, "{p}%"),
+            Headroom::Fixed(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("headroom `{0}` is neither a percentage (`10%`, 0 to 90) nor a size (`2GiB`)")]
+pub struct HeadroomError(String);
+
+impl FromStr for Headroom {
+    type Err = HeadroomError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        if let Some(p) = t.strip_suffix('%') {
+            return match p.trim().parse::<f64>() {
+                Ok(p) if (0.0..=90.0).contains(&p) => Ok(Headroom::Percent(p)),
+                _ => Err(HeadroomError(s.to_string())),
+            };
+        }
+        t.parse::<MemSize>()
+            .map(Headroom::Fixed)
+            .map_err(|_| HeadroomError(s.to_string()))
+    }
+}
+
+impl TryFrom<String> for Headroom {
+    type Error = HeadroomError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<Headroom> for String {
+    fn from(h: Headroom) -> String {
+        h.to_string()
+    }
+}
+
+/// A GPU as the agent found it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub total_mib: u64,
+}
+
+/// A process seen on a GPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub used_mib: u64,
+    /// The attempt it belongs to, when it belongs to one.
+    #[serde(default)]
+    pub attempt: Option<AttemptId>,
+}
+
+/// Live state of one GPU.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub index: u32,
+    pub used_mib: u64,
+    pub free_mib: u64,
+    #[serde(default)]
+    pub utilization_pct: Option<u32>,
+    #[serde(default)]
+    pub power_mw: Option<u64>,
+    #[serde(default)]
+    pub temperature_c: Option<u32>,
+    #[serde(default)]
+    pub processes: Vec<GpuProcess>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeView {
+    pub name: String,
+    pub agent: Option<AgentId>,
+    pub plan: String,
+    pub headroom: Headroom,
+    pub last_seen: Option<DateTime<Utc>>,
+    pub alive: bool,
+    pub gpus: Vec<GpuView>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GpuView {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub total_mib: u64,
+    pub used_mib: Option<u64>,
+    pub free_mib: Option<u64>,
+    pub slots: u32,
+    pub slots_used: u32,
+    /// Sum of the estimates of attempts placed here.
+    pub estimated_mib: u64,
+    pub headroom_mib: u64,
+    pub attempts: Vec<AttemptId>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SetPlanRequest {
+    pub plan: String,
+}
+
+// ---- agent protocol -------------------------------------------------------------------
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    pub node: String,
+    pub gpus: Vec<GpuInfo>,
+    /// Applied when given; otherwise the node keeps its stored plan (default one per GPU).
+    #[serde(default)]
+    pub plan: Option<String>,
+    #[serde(default)]
+    pub headroom: Option<Headroom>,
+    pub version: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    pub agent: AgentId,
+    pub lease_ttl_ms: u64,
+    pub plan: String,
+    /// Attempts of this node's earlier incarnation, now recorded as lost.
+    pub lost_attempts: Vec<AttemptId>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    /// Live memory per GPU, read just before the request.
+    pub gpus: Vec<GpuSample>,
+    /// Most leases to hand out.
+    pub max: u32,
+    /// Running attempts the agent wants to hear cancellations for.
+    #[serde(default)]
+    pub watching: Vec<AttemptId>,
+    /// The plan the agent knows; a different one answers at once.
+    #[serde(default)]
+    pub known_plan: Option<String>,
+    /// Long-poll: how long to wait for work (ms).
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ClaimResponse {
+    pub leases: Vec<Lease>,
+    pub cancel: Vec<AttemptId>,
+    pub plan: String,
+}
+
+/// A job leased to an agent: everything needed to run it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Lease {
+    pub attempt: AttemptId,
+    pub job: JobId,
+    pub fence: i64,
+    pub number: u32,
+    pub experiment: String,
+    pub argv: Vec<String>,
+    /// Profile and job variables, merged (job wins).
+    pub env: BTreeMap<String, String>,
+    pub params: BTreeMap<String, Value>,
+    pub gpus: Vec<u32>,
+    pub estimate_mib: Option<u64>,
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AttemptRef {
+    pub attempt: AttemptId,
+    pub fence: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    pub gpus: Vec<GpuSample>,
+    pub attempts: Vec<AttemptRef>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    pub cancel: Vec<AttemptId>,
+    /// Attempts whose lease is no longer this agent's: stop them, report nothing.
+    pub stale: Vec<AttemptId>,
+    pub plan: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StartReport {
+    pub fence: i64,
+    pub pid: u32,
+    pub started_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FinishReport {
+    pub fence: i64,
+    /// `None` means success.
+    pub failure: Option<FailureClass>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub ended_at: DateTime<Utc>,
+    pub peak_mem_mib: Option<u64>,
+    pub cleanup_ms: u64,
+    pub cleanup_verified: bool,
+    pub log_tail: String,
+    /// GPU memory after cleanup, so the next placement sees the freed memory at once.
+    pub gpus: Vec<GpuSample>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FinishResponse {
+    pub job_state: JobState,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HandBackRequest {
+    pub fence: i64,
+    pub reason: String,
+    pub gpus: Vec<GpuSample>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LogChunkQuery {
+    pub fence: i64,
+    pub offset: u64,
+}

@@ -1,0 +1,17 @@
+//! Domain types shared by the coordinator, the agent and the CLI: ids, sizes, plans,
+//! experiment specs and their expansion, job states and the REST API's DTOs.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod expand;
+pub mod ids;
+pub mod plan;
+pub mod profile;
+pub mod size;
+pub mod spec;
+pub mod state;
+
+pub use ids::{AgentId, AttemptId, ExperimentId, JobId};
+pub use plan::Plan;
+pub use size::MemSize;
+pub use state::{FailureClass, JobEvent, JobState};

@@ -1,0 +1,468 @@
+//! Experiment specs (YAML or JSON, one schema): parsing and validation. A spec that passes
+//! `validate` expands without error.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::profile;
+use crate::size::MemSize;
+use crate::state::FailureClass;
+
+/// Default cap on the number of jobs one spec may expand into.
+pub const DEFAULT_MAX_JOBS: u64 = 100_000;
+/// Placeholders every spec may use besides its parameters.
+pub const BUILTIN_PLACEHOLDERS: &[&str] = &["run", "config"];
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentSpec {
+    /// Experiment name (letters, digits, `_`, `-`, `.`).
+    pub name: String,
+    /// argv template; `{param}` placeholders are replaced by parameter values.
+    pub command: Vec<String>,
+    /// Run `command` joined by spaces through `sh -c`, values shell-quoted.
+    #[serde(default)]
+    pub shell: bool,
+    /// Seed for `mutate` draws; same spec + seed = same jobs.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Axes whose cartesian product makes the configurations.
+    #[serde(default)]
+    pub grid: BTreeMap<String, Vec<Value>>,
+    /// Randomly drawn parameters.
+    #[serde(default)]
+    pub mutate: BTreeMap<String, Distribution>,
+    /// How many random draws of the `mutate` axes per grid point.
+    #[serde(default = "one")]
+    pub mutations: u32,
+    #[serde(default = "one")]
+    pub runs_per_config: u32,
+    #[serde(default)]
+    pub resources: Resources,
+    /// `2h`, `90s`, or a number of seconds.
+    #[serde(default)]
+    pub timeout: Option<Value>,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Higher runs first.
+    #[serde(default)]
+    pub priority: i32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    /// GPUs per job (0 for a CPU-only job).
+    #[serde(default = "one")]
+    pub gpus: u32,
+    /// GPU memory estimate per GPU; without it the job runs alone on its GPU.
+    #[serde(default)]
+    pub memory: Option<MemSize>,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Self {
+            gpus: 1,
+            memory: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Failure classes that earn another attempt.
+    #[serde(default = "default_retry_on")]
+    pub on: Vec<FailureClass>,
+}
+
+fn default_max_attempts() -> u32 {
+    3
+}
+
+fn default_retry_on() -> Vec<FailureClass> {
+    vec![FailureClass::Lost]
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: default_max_attempts(),
+            on: default_retry_on(),
+        }
+    }
+}
+
+impl RetryPolicy {
+    pub fn retries(&self, class: FailureClass) -> bool {
+        self.on.contains(&class)
+    }
+}
+
+/// How a `mutate` axis draws its values.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Distribution {
+    Uniform([f64; 2]),
+    LogUniform([f64; 2]),
+    Choice(Vec<Value>),
+}
+
+/// A refused spec: the field (dotted path) and why.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    pub field: String,
+    pub message: String,
+}
+
+impl SpecError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl ExperimentSpec {
+    /// Parses YAML or JSON text (JSON is read as YAML's subset).
+    pub fn from_text(text: &str) -> Result<Self, SpecError> {
+        let value: Value = serde_saphyr::from_str(text)
+            .map_err(|e| SpecError::new("spec", format!("not valid YAML/JSON: {e}")))?;
+        Self::from_value(value)
+    }
+
+    /// Parses an already decoded document; errors name the field's path.
+    pub fn from_value(value: Value) -> Result<Self, SpecError> {
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." {
+                "spec".to_string()
+            } else {
+                path
+            };
+            SpecError::new(field, e.into_inner().to_string())
+        })
+    }
+
+    pub fn timeout(&self) -> Result<Option<Duration>, SpecError> {
+        parse_timeout(self.timeout.as_ref())
+    }
+
+    /// Parameter names: grid axes and mutate axes.
+    pub fn parameter_names(&self) -> BTreeSet<&str> {
+        self.grid
+            .keys()
+            .chain(self.mutate.keys())
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Number of jobs the spec expands into, `None` on overflow.
+    pub fn job_count(&self) -> Option<u64> {
+        let mut n: u64 = 1;
+        for values in self.grid.values() {
+            n = n.checked_mul(values.len() as u64)?;
+        }
+        n = n.checked_mul(u64::from(self.mutations))?;
+        n.checked_mul(u64::from(self.runs_per_config))
+    }
+
+    /// Checks everything that can be checked without a node.
+    pub fn validate(&self, max_jobs: u64) -> Result<(), SpecError> {
+        validate_name(&self.name)?;
+        if self.command.is_empty() {
+            return Err(SpecError::new("command", "must hold at least the program"));
+        }
+        if self.command[0].trim().is_empty() {
+            return Err(SpecError::new("command[0]", "the program is empty"));
+        }
+        for (axis, values) in &self.grid {
+            let field = format!("grid.{axis}");
+            validate_param_name(axis, &field)?;
+            if values.is_empty() {
+                return Err(SpecError::new(field, "axis has no values"));
+            }
+            for (i, v) in values.iter().enumerate() {
+                validate_scalar(v, &format!("{field}[{i}]"))?;
+            }
+        }
+        for (axis, dist) in &self.mutate {
+            let field = format!("mutate.{axis}");
+            validate_param_name(axis, &field)?;
+            if self.grid.contains_key(axis) {
+                return Err(SpecError::new(
+                    field,
+                    format!("parameter `{axis}` is also a grid axis; name each parameter once"),
+                ));
+            }
+            validate_distribution(dist, &field)?;
+        }
+        if self.mutations == 0 {
+            return Err(SpecError::new("mutations", "must be at least 1"));
+        }
+        if self.mutations > 1 && self.mutate.is_empty() {
+            return Err(SpecError::new(
+                "mutations",
+                "draws random values, but the spec has no `mutate` axes",
+            ));
+        }
+        if self.runs_per_config == 0 {
+            return Err(SpecError::new("runs_per_config", "must be at least 1"));
+        }
+        let params = self.parameter_names();
+        for (i, arg) in self.command.iter().enumerate() {
+            for name in placeholders(arg).map_err(|m| SpecError::new(format!("command[{i}]"), m))? {
+                if !params.contains(name.as_str()) && !BUILTIN_PLACEHOLDERS.contains(&name.as_str())
+                {
+                    return Err(SpecError::new(
+                        format!("command[{i}]"),
+                        format!("placeholder {{{name}}} names no parameter (grid or mutate axis)"),
+                    ));
+                }
+            }
+        }
+        if self.resources.gpus > 64 {
+            return Err(SpecError::new(
+                "resources.gpus",
+                "more than 64 GPUs per job",
+            ));
+        }
+        if self.resources.memory == Some(MemSize::from_mib(0)) {
+            return Err(SpecError::new("resources.memory", "must be more than 0"));
+        }
+        self.timeout()?;
+        if self.retry.max_attempts == 0 || self.retry.max_attempts > 100 {
+            return Err(SpecError::new(
+                "retry.max_attempts",
+                "must be between 1 and 100",
+            ));
+        }
+        if self.retry.on.contains(&FailureClass::Cancelled) {
+            return Err(SpecError::new(
+                "retry.on",
+                "a cancelled job is never retried by itself; use `headroom retry`",
+            ));
+        }
+        for key in self.env.keys() {
+            let field = format!("env.{key}");
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return Err(SpecError::new(field, "not a valid variable name"));
+            }
+            if key == "CUDA_VISIBLE_DEVICES" || key.starts_with("HEADROOM_") {
+                return Err(SpecError::new(
+                    field,
+                    "set by the agent; a job cannot override it",
+                ));
+            }
+        }
+        if let Some(p) = &self.profile
+            && profile::builtin(p).is_none()
+        {
+            return Err(SpecError::new(
+                "profile",
+                format!(
+                    "unknown profile `{p}` (known: {})",
+                    profile::NAMES.join(", ")
+                ),
+            ));
+        }
+        match self.job_count() {
+            Some(n) if n <= max_jobs => Ok(()),
+            Some(n) => Err(SpecError::new(
+                "spec",
+                format!("expands to {n} jobs, above the cap of {max_jobs}"),
+            )),
+            None => Err(SpecError::new(
+                "spec",
+                "expands to more jobs than can be counted",
+            )),
+        }
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), SpecError> {
+    if name.is_empty() || name.len() > 128 {
+        return Err(SpecError::new("name", "must be 1 to 128 characters"));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Err(SpecError::new(
+            "name",
+            "may hold only letters, digits, `_`, `-` and `.`",
+        ));
+    }
+    Ok(())
+}
+
+/// Parameter names become `HP_<NAME>` variables, so they must be identifiers.
+fn validate_param_name(name: &str, field: &str) -> Result<(), SpecError> {
+    let mut chars = name.chars();
+    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        return Err(SpecError::new(
+            field,
+            "parameter names are letters, digits and `_`, not starting with a digit",
+        ));
+    }
+    if BUILTIN_PLACEHOLDERS.contains(&name) {
+        return Err(SpecError::new(
+            field,
+            format!("`{name}` is a built-in placeholder"),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_scalar(v: &Value, field: &str) -> Result<(), SpecError> {
+    match v {
+        Value::String(_) | Value::Number(_) | Value::Bool(_) => Ok(()),
+        Value::Null => Err(SpecError::new(field, "empty value")),
+        _ => Err(SpecError::new(
+            field,
+            "values are strings, numbers or booleans",
+        )),
+    }
+}
+
+fn validate_distribution(dist: &Distribution, field: &str) -> Result<(), SpecError> {
+    match dist {
+        Distribution::Uniform([lo, hi]) => {
+            if !lo.is_finite() || !hi.is_finite() {
+                return Err(SpecError::new(field, "bounds must be finite numbers"));
+            }
+            if lo > hi {
+                return Err(SpecError::new(
+                    field,
+                    format!("low {lo} is above high {hi}"),
+                ));
+            }
+        }
+        Distribution::LogUniform([lo, hi]) => {
+            if !lo.is_finite() || !hi.is_finite() {
+                return Err(SpecError::new(field, "bounds must be finite numbers"));
+            }
+            if *lo <= 0.0 {
+                return Err(SpecError::new(
+                    field,
+                    format!("log_uniform needs low > 0, got {lo}"),
+                ));
+            }
+            if lo > hi {
+                return Err(SpecError::new(
+                    field,
+                    format!("low {lo} is above high {hi}"),
+                ));
+            }
+        }
+        Distribution::Choice(values) => {
+            if values.is_empty() {
+                return Err(SpecError::new(field, "choice has no values"));
+            }
+            for (i, v) in values.iter().enumerate() {
+                validate_scalar(v, &format!("{field}.choice[{i}]"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parses a timeout: seconds as a number or a `humantime` string; must be positive.
+pub fn parse_timeout(v: Option<&Value>) -> Result<Option<Duration>, SpecError> {
+    let bad = |m: String| SpecError::new("timeout", m);
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            let secs = n.as_f64().unwrap_or(f64::NAN);
+            if !secs.is_finite() || secs <= 0.0 {
+                return Err(bad(format!("must be a positive duration, got {n}")));
+            }
+            Ok(Some(Duration::from_secs_f64(secs)))
+        }
+        Some(Value::String(s)) => {
+            let t = s.trim();
+            if t.starts_with('-') {
+                return Err(bad(format!("must be a positive duration, got `{s}`")));
+            }
+            let d = humantime::parse_duration(t)
+                .map_err(|e| bad(format!("`{s}` is not a duration like `2h` or `90s`: {e}")))?;
+            if d.is_zero() {
+                return Err(bad("must be more than 0".into()));
+            }
+            Ok(Some(d))
+        }
+        Some(_) => Err(bad(
+            "write a duration like `2h` or a number of seconds".into()
+        )),
+    }
+}
+
+/// The placeholder names in one argv entry; `{{` and `}}` are literal braces.
+pub fn placeholders(arg: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    render_with(arg, |name| {
+        out.push(name.to_string());
+        Some(String::new())
+    })?;
+    Ok(out)
+}
+
+/// Replaces each `{name}` by `lookup(name)`; errors on unbalanced braces or unknown names.
+pub fn render_with(
+    arg: &str,
+    mut lookup: impl FnMut(&str) -> Option<String>,
+) -> Result<String, String> {
+    let mut out = String::with_capacity(arg.len());
+    let mut chars = arg.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' if chars.peek() == Some(&'{') => {
+                chars.next();
+                out.push('{');
+            }
+            '}' if chars.peek() == Some(&'}') => {
+                chars.next();
+                out.push('}');
+            }
+            '{' => {
+                let mut name = String::new();
+                loop {
+                    match chars.next() {
+                        Some('}') => break,
+                        Some(ch) => name.push(ch),
+                        None => return Err(format!("`{{{name}` has no closing `}}`")),
+                    }
+                }
+                let name = name.trim();
+                if name.is_empty() {
+                    return Err("empty placeholder `{}`".into());
+                }
+                let value = lookup(name)
+                    .ok_or_else(|| format!("placeholder {{{name}}} names no parameter"))?;
+                out.push_str(&value);
+            }
+            '}' => return Err("`}` without an opening `{` (write `}}` for a literal)".into()),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,247 @@
+//! The job state machine: the one place that decides which state follows which event.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a job stands. `queued -> leased -> running -> succeeded | failed | cancelled`,
+/// with `retrying` between attempts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Leased,
+    Running,
+    Retrying,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Queued,
+        JobState::Leased,
+        JobState::Running,
+        JobState::Retrying,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Leased => "leased",
+            JobState::Running => "running",
+            JobState::Retrying => "retrying",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Waiting for a lease.
+    pub fn is_pending(self) -> bool {
+        matches!(self, JobState::Queued | JobState::Retrying)
+    }
+
+    /// Holding a lease on a node.
+    pub fn is_active(self) -> bool {
+        matches!(self, JobState::Leased | JobState::Running)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+
+    /// The state after `event`, or an error when the event makes no sense in this state.
+    pub fn on(self, event: JobEvent) -> Result<JobState, TransitionError> {
+        use JobEvent as E;
+        use JobState as S;
+        let next = match (self, event) {
+            (S::Queued | S::Retrying, E::Lease) => S::Leased,
+            (S::Leased, E::Start) => S::Running,
+            // A lease given back unused: the job waits again, no retry counted.
+            (S::Leased, E::HandBack { had_attempts }) => {
+                if had_attempts {
+                    S::Retrying
+                } else {
+                    S::Queued
+                }
+            }
+            (S::Leased | S::Running, E::Succeed) => S::Succeeded,
+            (S::Leased | S::Running, E::Fail { retry: true }) => S::Retrying,
+            (S::Leased | S::Running, E::Fail { retry: false }) => S::Failed,
+            // The attempt of a cancelled job still reports its end; the job stays cancelled.
+            (S::Cancelled, E::Succeed | E::Fail { .. } | E::HandBack { .. }) => S::Cancelled,
+            (s, E::Cancel) if !s.is_terminal() => S::Cancelled,
+            (S::Failed | S::Cancelled | S::Succeeded, E::Retry) => S::Retrying,
+            (state, event) => return Err(TransitionError { state, event }),
+        };
+        Ok(next)
+    }
+}
+
+/// Something that happens to a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobEvent {
+    /// An agent leased it.
+    Lease,
+    /// The agent launched its process.
+    Start,
+    /// The agent gave the lease back without launching.
+    HandBack { had_attempts: bool },
+    /// The attempt ended well.
+    Succeed,
+    /// The attempt failed (or was lost); `retry` when the policy allows another attempt.
+    Fail { retry: bool },
+    /// A user cancelled it.
+    Cancel,
+    /// A user asked for another attempt of an ended job.
+    Retry,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("a {state} job cannot take event {event:?}")]
+pub struct TransitionError {
+    pub state: JobState,
+    pub event: JobEvent,
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown job state `{0}`")]
+pub struct UnknownState(pub String);
+
+impl FromStr for JobState {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_string()))
+    }
+}
+
+/// Why an attempt did not succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureClass {
+    /// CUDA out-of-memory text in the log.
+    Oom,
+    /// Ran past its `timeout`.
+    Timeout,
+    /// A user cancelled it.
+    Cancelled,
+    /// Its agent went away (crash, restart, lease expired).
+    Lost,
+    /// The process could not be started.
+    LaunchError,
+    /// Exited with a non-zero code.
+    Nonzero,
+    /// Killed by a signal it did not get from headroom.
+    Signal,
+}
+
+impl FailureClass {
+    pub const ALL: [FailureClass; 7] = [
+        FailureClass::Oom,
+        FailureClass::Timeout,
+        FailureClass::Cancelled,
+        FailureClass::Lost,
+        FailureClass::LaunchError,
+        FailureClass::Nonzero,
+        FailureClass::Signal,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureClass::Oom => "oom",
+            FailureClass::Timeout => "timeout",
+            FailureClass::Cancelled => "cancelled",
+            FailureClass::Lost => "lost",
+            FailureClass::LaunchError => "launch_error",
+            FailureClass::Nonzero => "nonzero",
+            FailureClass::Signal => "signal",
+        }
+    }
+}
+
+impl fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for FailureClass {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        FailureClass::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_runs_through_its_life() {
+        let s = JobState::Queued;
+        let s = s.on(JobEvent::Lease).expect("lease");
+        let s = s.on(JobEvent::Start).expect("start");
+        assert_eq!(s.on(JobEvent::Succeed), Ok(JobState::Succeeded));
+        assert_eq!(s.on(JobEvent::Fail { retry: true }), Ok(JobState::Retrying));
+        assert_eq!(s.on(JobEvent::Fail { retry: false }), Ok(JobState::Failed));
+    }
+
+    #[test]
+    fn ended_jobs_stay_ended() {
+        for s in [JobState::Succeeded, JobState::Failed] {
+            assert!(s.on(JobEvent::Lease).is_err());
+            assert!(s.on(JobEvent::Start).is_err());
+            assert!(s.on(JobEvent::Cancel).is_err());
+            assert!(s.on(JobEvent::Succeed).is_err());
+        }
+        // The late report of a cancelled job's attempt changes nothing.
+        assert_eq!(
+            JobState::Cancelled.on(JobEvent::Succeed),
+            Ok(JobState::Cancelled)
+        );
+        assert_eq!(JobState::Failed.on(JobEvent::Retry), Ok(JobState::Retrying));
+    }
+
+    #[test]
+    fn a_lease_cannot_be_taken_twice() {
+        assert!(JobState::Leased.on(JobEvent::Lease).is_err());
+        assert!(JobState::Running.on(JobEvent::Lease).is_err());
+        assert_eq!(
+            JobState::Leased.on(JobEvent::HandBack {
+                had_attempts: false
+            }),
+            Ok(JobState::Queued)
+        );
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in JobState::ALL {
+            assert_eq!(s.as_str().parse::<JobState>().ok(), Some(s));
+        }
+        for c in FailureClass::ALL {
+            assert_eq!(c.as_str().parse::<FailureClass>().ok(), Some(c));
+        }
+    }
+}

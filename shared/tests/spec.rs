@@ -1,0 +1,220 @@
+//! Spec parsing, validation and expansion as users meet them.
+
+use headroom_shared::expand::expand;
+use headroom_shared::spec::{DEFAULT_MAX_JOBS, ExperimentSpec, SpecError};
+use proptest::prelude::*;
+
+const SWEEP: &str = r#"
+name: lr-sweep
+command: ["python", "train.py", "--lr", "{lr}", "--bs", "{batch_size}", "--model={model}"]
+seed: 7
+grid:
+  batch_size: [32, 64]
+  model: [resnet20, densenet121]
+mutate:
+  lr: {log_uniform: [1.0e-4, 1.0e-1]}
+  dropout: {uniform: [0.0, 0.5]}
+  opt: {choice: [adam, sgd]}
+mutations: 3
+runs_per_config: 2
+resources: {gpus: 1, memory: 3.5GiB}
+timeout: 2h
+retry: {max_attempts: 2, on: [oom, lost]}
+env: {WANDB_MODE: offline}
+profile: default
+"#;
+
+fn parse(text: &str) -> ExperimentSpec {
+    match ExperimentSpec::from_text(text) {
+        Ok(s) => s,
+        Err(e) => panic!("spec should parse: {e}"),
+    }
+}
+
+fn refused(text: &str) -> SpecError {
+    match ExperimentSpec::from_text(text).and_then(|s| s.validate(DEFAULT_MAX_JOBS)) {
+        Ok(()) => panic!("spec should be refused:\n{text}"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn yaml_and_json_are_one_schema() {
+    let yaml = parse(SWEEP);
+    let json_text =
+        serde_json::to_string(&serde_json::to_value(&yaml).expect("to json")).expect("serialize");
+    assert_eq!(parse(&json_text), yaml);
+}
+
+#[test]
+fn expansion_counts_grid_mutations_and_runs() {
+    let spec = parse(SWEEP);
+    let jobs = expand(&spec, 7, DEFAULT_MAX_JOBS).expect("expands");
+    assert_eq!(jobs.len(), 2 * 2 * 3 * 2);
+    assert_eq!(spec.job_count(), Some(24));
+    // Runs of one configuration share their parameters.
+    assert_eq!(jobs[0].params, jobs[1].params);
+    assert_eq!((jobs[0].run, jobs[1].run), (0, 1));
+    assert_ne!(jobs[0].params, jobs[2].params);
+    for job in &jobs {
+        let lr = job.params["lr"].as_f64().expect("lr is a number");
+        assert!((1e-4..=1e-1).contains(&lr), "lr {lr} out of range");
+        let bs = job.params["batch_size"].to_string();
+        assert_eq!(job.argv[5], bs);
+        assert!(job.argv[6].starts_with("--model="));
+        assert!(!job.argv.iter().any(|a| a.contains('{')));
+    }
+}
+
+#[test]
+fn same_seed_same_jobs_other_seed_other_draws() {
+    let spec = parse(SWEEP);
+    let a = expand(&spec, 7, DEFAULT_MAX_JOBS).expect("expands");
+    let b = expand(&spec, 7, DEFAULT_MAX_JOBS).expect("expands");
+    let c = expand(&spec, 8, DEFAULT_MAX_JOBS).expect("expands");
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+}
+
+#[test]
+fn shell_mode_quotes_values() {
+    let spec = parse(
+        r#"{"name": "q", "shell": true, "command": ["echo {msg} > out.txt"],
+            "grid": {"msg": ["a b; rm -rf /"]}}"#,
+    );
+    let jobs = expand(&spec, 1, DEFAULT_MAX_JOBS).expect("expands");
+    assert_eq!(jobs[0].argv[0], "sh");
+    assert_eq!(jobs[0].argv[2], "echo 'a b; rm -rf /' > out.txt");
+}
+
+#[test]
+fn refusals_name_the_field() {
+    let cases: &[(&str, &str)] = &[
+        ("name: a\ncommand: [x]\ncolour: red\n", "colour"),
+        (
+            "name: a\ncommand: [x]\nresources: {gpus: 1, memroy: 1GiB}\n",
+            "resources.memroy",
+        ),
+        ("name: a\ncommand: [x]\ngrid: {lr: []}\n", "grid.lr"),
+        (
+            "name: a\ncommand: [x, '{lr}']\ngrid: {lr: [1]}\nmutate: {lr: {uniform: [0, 1]}}\n",
+            "mutate.lr",
+        ),
+        ("name: a\ncommand: [x, '{lr}']\n", "command[1]"),
+        (
+            "name: a\ncommand: [x, '{lr']\ngrid: {lr: [1]}\n",
+            "command[1]",
+        ),
+        (
+            "name: a\ncommand: [x]\nresources: {memory: lots}\n",
+            "resources.memory",
+        ),
+        (
+            "name: a\ncommand: [x]\nresources: {memory: 12}\n",
+            "resources.memory",
+        ),
+        ("name: a\ncommand: [x]\ntimeout: -5\n", "timeout"),
+        ("name: a\ncommand: [x]\ntimeout: '-5s'\n", "timeout"),
+        ("name: a\ncommand: [x]\ntimeout: soon\n", "timeout"),
+        (
+            "name: a\ncommand: [x]\nmutate: {lr: {uniform: [2, 1]}}\n",
+            "mutate.lr",
+        ),
+        (
+            "name: a\ncommand: [x]\nmutate: {lr: {log_uniform: [0, 1]}}\n",
+            "mutate.lr",
+        ),
+        (
+            "name: a\ncommand: [x]\nmutate: {lr: {log_uniform: [-1, 1]}}\n",
+            "mutate.lr",
+        ),
+        (
+            "name: a\ncommand: [x]\nmutate: {opt: {choice: []}}\n",
+            "mutate.opt",
+        ),
+        (
+            "name: a\ncommand: [x]\nruns_per_config: 0\n",
+            "runs_per_config",
+        ),
+        (
+            "name: a\ncommand: [x]\nruns_per_config: -1\n",
+            "runs_per_config",
+        ),
+        ("name: a\ncommand: []\n", "command"),
+        ("name: ''\ncommand: [x]\n", "name"),
+        ("name: a b\ncommand: [x]\n", "name"),
+        (
+            "name: a\ncommand: [x]\nretry: {max_attempts: 0}\n",
+            "retry.max_attempts",
+        ),
+        (
+            "name: a\ncommand: [x]\nretry: {on: [typo]}\n",
+            "retry.on[0]",
+        ),
+        ("name: a\ncommand: [x]\nprofile: turbo\n", "profile"),
+        (
+            "name: a\ncommand: [x]\nenv: {CUDA_VISIBLE_DEVICES: '0'}\n",
+            "env.CUDA_VISIBLE_DEVICES",
+        ),
+        ("name: a\ncommand: [x]\ngrid: {2lr: [1]}\n", "grid.2lr"),
+        ("command: [x]\n", "spec"),
+    ];
+    for (text, field) in cases {
+        let err = refused(text);
+        assert!(
+            err.field.starts_with(field),
+            "for\n{text}expected field {field}, got {err:?}"
+        );
+        assert!(!err.message.is_empty());
+    }
+}
+
+#[test]
+fn expansion_cap_is_enforced_before_expanding() {
+    let spec =
+        parse("name: big\ncommand: [x]\ngrid: {a: [1,2,3,4,5,6,7,8,9,10]}\nruns_per_config: 20\n");
+    assert!(spec.validate(200).is_ok());
+    let err = spec.validate(199).expect_err("over the cap");
+    assert!(err.message.contains("200 jobs"), "{err}");
+    // Overflowing products are refused, not wrapped.
+    let huge: Vec<String> = (0..40)
+        .map(|i| format!("a{i}: [1,2,3,4,5,6,7,8]"))
+        .collect();
+    let text = format!("name: huge\ncommand: [x]\ngrid: {{{}}}\n", huge.join(", "));
+    let err = refused(&text);
+    assert_eq!(err.field, "spec");
+}
+
+proptest! {
+    #[test]
+    fn expansion_is_deterministic_and_sized(seed in any::<u64>(), axes in 1usize..4, width in 1usize..4,
+                                            runs in 1u32..4, mutations in 1u32..4) {
+        let grid: Vec<String> = (0..axes).map(|a| {
+            let vals: Vec<String> = (0..width).map(|v| (v * 10 + a).to_string()).collect();
+            format!("p{a}: [{}]", vals.join(","))
+        }).collect();
+        let text = format!(
+            "name: p\ncommand: [run, '{{p0}}', '{{x}}']\ngrid: {{{}}}\nmutate: {{x: {{uniform: [-1, 1]}}}}\nmutations: {mutations}\nruns_per_config: {runs}\n",
+            grid.join(", "));
+        let spec = ExperimentSpec::from_text(&text).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let a = expand(&spec, seed, DEFAULT_MAX_JOBS).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let b = expand(&spec, seed, DEFAULT_MAX_JOBS).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(&a, &b);
+        prop_assert_eq!(a.len() as u64, width.pow(axes as u32) as u64 * u64::from(mutations) * u64::from(runs));
+        for (i, job) in a.iter().enumerate() {
+            prop_assert_eq!(job.index as usize, i);
+            let x = job.params["x"].as_f64().unwrap_or(9.0);
+            prop_assert!((-1.0..=1.0).contains(&x));
+        }
+    }
+
+    #[test]
+    fn arbitrary_documents_never_panic(text in ".{0,200}") {
+        if let Ok(spec) = ExperimentSpec::from_text(&text)
+            && spec.validate(1000).is_ok()
+        {
+            let jobs = expand(&spec, 1, 1000).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(!jobs.is_empty());
+        }
+    }
+}
