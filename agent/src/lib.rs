@@ -1,0 +1,9 @@
+//! The agent of a GPU node: finds its GPUs, pulls leases from the coordinator, admits and
+//! runs jobs under a supervisor that cleans up every process they leave behind.
+// `unsafe` is denied except where a child must call setsid/prctl between fork and exec.
+#![deny(unsafe_code)]
+
+pub mod classify;
+pub mod gpu;
+pub mod procscan;
+pub mod supervisor;

@@ -1,0 +1,1 @@
+//! The coordinator: REST API over a store, placement and leases.

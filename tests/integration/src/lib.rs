@@ -1,0 +1,1 @@
+//! Test support for end-to-end tests: start real binaries, talk HTTP.
