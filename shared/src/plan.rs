@@ -146,6 +146,13 @@ impl fmt::Display for Plan {
     }
 }
 
+impl std::str::FromStr for Plan {
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
 impl TryFrom<String> for Plan {
     type Error = PlanError;
     fn try_from(s: String) -> Result<Self, Self::Error> {

@@ -1,0 +1,212 @@
+//! The agent protocol: register, long-poll claim, heartbeat, start, finish, hand back, logs.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use headroom_shared::api::{
+    ClaimRequest, ClaimResponse, FinishReport, FinishResponse, HandBackRequest, HeartbeatRequest,
+    HeartbeatResponse, LogChunkQuery, RegisterRequest, RegisterResponse, StartReport,
+};
+use headroom_shared::{AgentId, AttemptId, Plan};
+use serde::Serialize;
+
+use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, check_samples, parse_id};
+use crate::store::{ClaimInput, Registration};
+
+pub async fn register(
+    State(s): State<AppState>,
+    ApiJson(req): ApiJson<RegisterRequest>,
+) -> ApiResult<RegisterResponse> {
+    if req.node.trim().is_empty() {
+        return Err(ApiError::invalid("node", "node name is empty"));
+    }
+    let plan = match &req.plan {
+        Some(p) => Some(
+            Plan::parse_for(p, req.gpus.len())
+                .map_err(|e| ApiError::invalid("plan", e.to_string()))?,
+        ),
+        None => None,
+    };
+    let agent = AgentId::new();
+    let reg = s
+        .store
+        .register_agent(Registration {
+            agent,
+            node: req.node.clone(),
+            gpus: req.gpus,
+            plan,
+            headroom: req.headroom,
+        })
+        .await?;
+    if !reg.lost.is_empty() {
+        tracing::warn!(node = %req.node, lost = reg.lost.len(), "attempts of the node's earlier incarnation recorded as lost");
+    }
+    tracing::info!(node = %req.node, %agent, plan = %reg.plan, "agent registered");
+    s.changes.bump();
+    Ok(ApiJson(RegisterResponse {
+        agent,
+        lease_ttl_ms: s.config.lease_ttl.as_millis() as u64,
+        plan: reg.plan.to_string(),
+        lost_attempts: reg.lost,
+    }))
+}
+
+/// Leases work to the agent, holding the request open until work (or a cancellation, or a
+/// plan change) appears, so a submitted job starts without waiting for a polling tick.
+pub async fn claim(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ClaimRequest>,
+) -> ApiResult<ClaimResponse> {
+    let agent: AgentId = parse_id(&id, "agent")?;
+    check_samples(&req.gpus)?;
+    let wait = Duration::from_millis(req.wait_ms).min(s.config.long_poll);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let seen = s.changes.version();
+        let claimed = s
+            .store
+            .claim_jobs(ClaimInput {
+                agent,
+                gpus: req.gpus.clone(),
+                max: req.max,
+                lease_ttl_ms: s.config.lease_ttl.as_millis() as u64,
+                reserve_after_ms: s.config.reserve_after.as_millis() as u64,
+            })
+            .await?;
+        let cancel = if req.watching.is_empty() {
+            vec![]
+        } else {
+            s.store.pending_cancels(agent, &req.watching).await?
+        };
+        let plan = claimed.plan.to_string();
+        if !claimed.leases.is_empty() {
+            s.changes.bump();
+        }
+        let now = tokio::time::Instant::now();
+        if !claimed.leases.is_empty()
+            || !cancel.is_empty()
+            || req.known_plan.as_deref() != Some(plan.as_str())
+            || now >= deadline
+        {
+            return Ok(ApiJson(ClaimResponse {
+                leases: claimed.leases,
+                cancel,
+                plan,
+            }));
+        }
+        s.changes.wait_past(seen, deadline - now).await;
+    }
+}
+
+pub async fn heartbeat(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<HeartbeatRequest>,
+) -> ApiResult<HeartbeatResponse> {
+    let agent: AgentId = parse_id(&id, "agent")?;
+    check_samples(&req.gpus)?;
+    let r = s
+        .store
+        .renew_leases(
+            agent,
+            &req.attempts,
+            &req.gpus,
+            s.config.lease_ttl.as_millis() as u64,
+        )
+        .await?;
+    Ok(ApiJson(HeartbeatResponse {
+        cancel: r.cancel,
+        stale: r.stale,
+        plan: r.plan.to_string(),
+    }))
+}
+
+#[derive(Serialize)]
+pub struct Ok {
+    ok: bool,
+}
+
+pub async fn start(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<StartReport>,
+) -> ApiResult<Ok> {
+    let attempt: AttemptId = parse_id(&id, "attempt")?;
+    s.store
+        .start_attempt(
+            attempt,
+            req.fence,
+            req.pid,
+            req.started_at.timestamp_millis(),
+        )
+        .await?;
+    s.changes.bump();
+    Ok(ApiJson(Ok { ok: true }))
+}
+
+pub async fn finish(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<FinishReport>,
+) -> ApiResult<FinishResponse> {
+    let attempt: AttemptId = parse_id(&id, "attempt")?;
+    check_samples(&req.gpus)?;
+    let failure = req.failure;
+    let job_state = s.store.finish_attempt(attempt, req).await?;
+    tracing::info!(%attempt, failure = ?failure, %job_state, "attempt finished");
+    s.changes.bump();
+    Ok(ApiJson(FinishResponse { job_state }))
+}
+
+pub async fn hand_back(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<HandBackRequest>,
+) -> ApiResult<Ok> {
+    let attempt: AttemptId = parse_id(&id, "attempt")?;
+    check_samples(&req.gpus)?;
+    s.store.hand_back(attempt, req.fence, &req.gpus).await?;
+    tracing::info!(%attempt, reason = %req.reason, "lease handed back");
+    s.changes.bump();
+    Ok(ApiJson(Ok { ok: true }))
+}
+
+#[derive(Serialize)]
+pub struct LogAppended {
+    len: u64,
+}
+
+pub async fn append_log(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<LogChunkQuery>,
+    body: Bytes,
+) -> ApiResult<LogAppended> {
+    let attempt: AttemptId = parse_id(&id, "attempt")?;
+    let view = s.store.attempt(attempt).await?;
+    if view.fence != q.fence {
+        return Err(crate::store::StoreError::StaleFence { attempt }.into());
+    }
+    let logs = s.logs.clone();
+    let len = tokio::task::spawn_blocking(move || logs.append(attempt, q.offset, &body))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                e.to_string(),
+            )
+        })?
+        .map_err(|e| match e {
+            crate::logs::LogError::Gap { .. } => ApiError::invalid("offset", e.to_string()),
+            other => ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                other.to_string(),
+            ),
+        })?;
+    s.log_changes.bump();
+    Ok(ApiJson(LogAppended { len }))
+}

@@ -1,0 +1,185 @@
+//! Submitting experiments, their progress, cancellation and CSV export.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::IntoResponse;
+use headroom_shared::api::{
+    CancelResponse, ExperimentSummary, Progress, SubmitRequest, SubmitResponse,
+};
+use headroom_shared::expand::expand;
+use headroom_shared::profile;
+use headroom_shared::spec::ExperimentSpec;
+use headroom_shared::{ExperimentId, JobId};
+use serde::Deserialize;
+
+use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, parse_id};
+use crate::store::{NewExperiment, NewJob};
+
+pub async fn health(State(s): State<AppState>) -> ApiResult<serde_json::Value> {
+    let version = s.store.schema_version().await?;
+    Ok(ApiJson(
+        serde_json::json!({"status": "ok", "schema_version": version}),
+    ))
+}
+
+pub async fn submit(
+    State(s): State<AppState>,
+    ApiJson(req): ApiJson<SubmitRequest>,
+) -> ApiResult<SubmitResponse> {
+    let spec = ExperimentSpec::from_value(req.spec)?;
+    let seed = req.seed.or(spec.seed).unwrap_or_else(rand::random);
+    let expanded = expand(&spec, seed, s.config.max_jobs)?;
+    if let Some(max) = s.store.max_node_gpus().await?
+        && spec.resources.gpus > max
+    {
+        return Err(ApiError::invalid(
+            "resources.gpus",
+            format!(
+                "asks for {} GPUs per job but the largest node has {max}",
+                spec.resources.gpus
+            ),
+        ));
+    }
+    if req.dry_run {
+        return Ok(ApiJson(SubmitResponse {
+            experiment: None,
+            name: spec.name,
+            seed,
+            jobs: expanded.len() as u64,
+            dry_run: true,
+            preview: Some(expanded),
+        }));
+    }
+    let profile_name = spec
+        .profile
+        .clone()
+        .unwrap_or_else(|| profile::DEFAULT_PROFILE.to_string());
+    let mut env: std::collections::BTreeMap<String, String> = profile::builtin(&profile_name)
+        .unwrap_or_default()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.extend(spec.env.clone());
+    let timeout_ms = spec.timeout()?.map(|d| d.as_millis() as u64);
+    let jobs = expanded
+        .into_iter()
+        .map(|j| NewJob {
+            id: JobId::new(),
+            index: j.index,
+            config: j.config,
+            run: j.run,
+            params: j.params,
+            argv: j.argv,
+            env: env.clone(),
+            profile: profile_name.clone(),
+            gpus: spec.resources.gpus,
+            estimate_mib: spec.resources.memory.map(|m| m.mib),
+            timeout_ms,
+            max_attempts: spec.retry.max_attempts,
+            retry_on: spec.retry.on.clone(),
+            priority: spec.priority,
+        })
+        .collect::<Vec<_>>();
+    let count = jobs.len() as u64;
+    let stored = s
+        .store
+        .create_experiment(NewExperiment {
+            id: ExperimentId::new(),
+            name: spec.name.clone(),
+            seed,
+            spec: serde_json::to_value(&spec).unwrap_or_default(),
+            jobs,
+        })
+        .await?;
+    s.changes.bump();
+    tracing::info!(experiment = %stored.id, name = %stored.name, jobs = count, "experiment submitted");
+    Ok(ApiJson(SubmitResponse {
+        experiment: Some(stored.id),
+        name: stored.name,
+        seed,
+        jobs: count,
+        dry_run: false,
+        preview: None,
+    }))
+}
+
+pub async fn list(State(s): State<AppState>) -> ApiResult<Vec<ExperimentSummary>> {
+    Ok(ApiJson(s.store.list_experiments().await?))
+}
+
+pub async fn get_one(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<ExperimentSummary> {
+    Ok(ApiJson(
+        s.store.experiment(parse_id(&id, "experiment")?).await?,
+    ))
+}
+
+pub async fn cancel(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<CancelResponse> {
+    let cancelled = s
+        .store
+        .cancel_experiment(parse_id(&id, "experiment")?)
+        .await?;
+    s.changes.bump();
+    Ok(ApiJson(CancelResponse { cancelled }))
+}
+
+#[derive(Deserialize)]
+pub struct ProgressQuery {
+    experiment: Option<String>,
+    /// Wait until the version moves past this one.
+    after: Option<u64>,
+    timeout_ms: Option<u64>,
+}
+
+pub async fn progress(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ProgressQuery>,
+) -> ApiResult<Progress> {
+    let experiment: Option<ExperimentId> = q
+        .experiment
+        .as_deref()
+        .map(|e| parse_id(e, "experiment"))
+        .transpose()?;
+    let version = match q.after {
+        Some(seen) => {
+            let wait =
+                Duration::from_millis(q.timeout_ms.unwrap_or(10_000)).min(s.config.long_poll);
+            s.changes.wait_past(seen, wait).await
+        }
+        None => s.changes.version(),
+    };
+    let counts = s.store.counts(experiment).await?;
+    Ok(ApiJson(Progress { version, counts }))
+}
+
+#[derive(Deserialize)]
+pub struct ExportQuery {
+    experiment: Option<String>,
+}
+
+pub async fn export(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ExportQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let experiment = q
+        .experiment
+        .as_deref()
+        .map(|e| parse_id(e, "experiment"))
+        .transpose()?;
+    let rows = s.store.export_rows(experiment).await?;
+    let csv = crate::export::to_csv(&rows).map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("csv: {e}"),
+        )
+    })?;
+    Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], csv))
+}

@@ -1,0 +1,132 @@
+//! Jobs and attempts as users see them: listing, detail, cancel, retry, logs.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::IntoResponse;
+use headroom_shared::api::{AttemptPhase, AttemptView, CancelResponse, JobDetail, JobSummary};
+use headroom_shared::{AttemptId, JobState};
+use serde::{Deserialize, Serialize};
+
+use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, parse_id};
+use crate::store::JobFilter;
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    experiment: Option<String>,
+    state: Option<String>,
+    limit: Option<u32>,
+}
+
+pub async fn list(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Vec<JobSummary>> {
+    let state = match q.state.as_deref() {
+        Some(st) => Some(
+            st.parse::<JobState>()
+                .map_err(|e| ApiError::invalid("state", e.to_string()))?,
+        ),
+        None => None,
+    };
+    let filter = JobFilter {
+        experiment: q
+            .experiment
+            .as_deref()
+            .map(|e| parse_id(e, "experiment"))
+            .transpose()?,
+        state,
+        limit: q.limit,
+    };
+    Ok(ApiJson(s.store.list_jobs(filter).await?))
+}
+
+pub async fn get_one(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<JobDetail> {
+    Ok(ApiJson(s.store.job(parse_id(&id, "job")?).await?))
+}
+
+pub async fn cancel(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<CancelResponse> {
+    let cancelled = s.store.cancel_job(parse_id(&id, "job")?).await?;
+    s.changes.bump();
+    Ok(ApiJson(CancelResponse { cancelled }))
+}
+
+#[derive(Serialize)]
+pub struct RetryResponse {
+    state: JobState,
+}
+
+pub async fn retry(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<RetryResponse> {
+    let state = s.store.retry_job(parse_id(&id, "job")?).await?;
+    s.changes.bump();
+    Ok(ApiJson(RetryResponse { state }))
+}
+
+pub async fn attempt(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<AttemptView> {
+    Ok(ApiJson(s.store.attempt(parse_id(&id, "attempt")?).await?))
+}
+
+#[derive(Deserialize)]
+pub struct LogQuery {
+    #[serde(default)]
+    offset: u64,
+    /// Wait up to this long for bytes past `offset`.
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+const LOG_READ_MAX: usize = 1 << 20;
+
+/// Log bytes from `offset`; headers say the next offset and whether the attempt has ended
+/// (so `logs -f` knows when to stop).
+pub async fn read_log(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<LogQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let attempt: AttemptId = parse_id(&id, "attempt")?;
+    let wait = Duration::from_millis(q.wait_ms).min(s.config.long_poll);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let seen = s.log_changes.version();
+        let ended = s.store.attempt(attempt).await?.phase == AttemptPhase::Ended;
+        let logs = s.logs.clone();
+        let bytes = tokio::task::spawn_blocking(move || logs.read(attempt, q.offset, LOG_READ_MAX))
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    e.to_string(),
+                )
+            })?
+            .map_err(|e| {
+                ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    e.to_string(),
+                )
+            })?;
+        let now = tokio::time::Instant::now();
+        if !bytes.is_empty() || ended || now >= deadline {
+            let mut headers = HeaderMap::new();
+            let next = q.offset + bytes.len() as u64;
+            headers.insert("x-log-offset", HeaderValue::from(next));
+            headers.insert(
+                "x-attempt-ended",
+                HeaderValue::from_static(if ended { "true" } else { "false" }),
+            );
+            return Ok((headers, bytes));
+        }
+        // Wake on new log bytes or any job change (the attempt may end).
+        let changes = s.changes.version();
+        tokio::select! {
+            _ = s.log_changes.wait_past(seen, deadline - now) => {}
+            _ = s.changes.wait_past(changes, deadline - now) => {}
+        }
+    }
+}

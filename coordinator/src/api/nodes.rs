@@ -1,0 +1,36 @@
+//! Nodes, their GPUs and concurrency plans.
+
+use axum::extract::{Path, State};
+use headroom_shared::api::{NodeView, SetPlanRequest};
+
+use super::{ApiError, ApiJson, ApiResult, AppState};
+
+pub async fn list(State(s): State<AppState>) -> ApiResult<Vec<NodeView>> {
+    let alive = s.config.lease_ttl.as_millis() as u64;
+    Ok(ApiJson(s.store.list_nodes(alive).await?))
+}
+
+/// Changes a node's plan at run time: new placements use it at once, nothing restarts.
+pub async fn set_plan(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<SetPlanRequest>,
+) -> ApiResult<NodeView> {
+    let plan = s.store.set_plan(&name, &req.plan).await?;
+    tracing::info!(node = %name, %plan, "plan changed");
+    s.changes.bump();
+    let alive = s.config.lease_ttl.as_millis() as u64;
+    s.store
+        .list_nodes(alive)
+        .await?
+        .into_iter()
+        .find(|n| n.name == name)
+        .map(ApiJson)
+        .ok_or_else(|| {
+            ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no node {name}"),
+            )
+        })
+}

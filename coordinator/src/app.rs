@@ -1,0 +1,99 @@
+//! `Application`: binds the listener, wires the store into the router, runs the lease
+//! sweeper, and shuts down cleanly on cancellation.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::api::{AppState, router};
+use crate::changes::Changes;
+use crate::config::CoordinatorConfig;
+use crate::logs::{LogError, LogStore};
+use crate::store::Store;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("log directory: {0}")]
+    Logs(#[from] LogError),
+    #[error("server: {0}")]
+    Serve(std::io::Error),
+}
+
+pub struct Application {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl Application {
+    /// Binds `config.listen` (port 0 picks a free port) over `store`.
+    pub async fn build(config: CoordinatorConfig, store: Arc<dyn Store>) -> Result<Self, AppError> {
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| AppError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let logs = LogStore::new(config.data_dir.join("logs"))?;
+        let state = AppState {
+            store,
+            changes: Changes::default(),
+            log_changes: Changes::default(),
+            logs,
+            config: Arc::new(config),
+        };
+        Ok(Self { listener, state })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or(self.state.config.listen)
+    }
+
+    /// Serves until `shutdown` is cancelled, then drains requests and background tasks.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), AppError> {
+        let tasks = TaskTracker::new();
+        tasks.spawn(sweep_leases(self.state.clone(), shutdown.clone()));
+        let app = router(self.state.clone());
+        let stop = shutdown.clone();
+        let served = axum::serve(self.listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        shutdown.cancel();
+        tasks.close();
+        tasks.wait().await;
+        served.map_err(AppError::Serve)
+    }
+}
+
+/// Marks attempts whose agent went silent as lost, a few times per lease TTL.
+async fn sweep_leases(state: AppState, shutdown: CancellationToken) {
+    let every = state.config.lease_ttl / 4;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match state.store.expire_leases().await {
+            Ok(lost) if !lost.is_empty() => {
+                tracing::warn!(
+                    count = lost.len(),
+                    "leases expired: attempts recorded as lost"
+                );
+                state.changes.bump();
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("lease sweep failed: {e}"),
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! `export --csv`: one row per attempt with the job's parameters as columns, the seeds'
+//! `summary.csv` without hand work.
+
+use std::collections::BTreeSet;
+
+use headroom_shared::expand::value_text;
+
+use crate::store::ExportRow;
+
+const FIXED: &[&str] = &[
+    "experiment",
+    "job_id",
+    "job_index",
+    "config",
+    "run",
+    "attempt",
+    "attempt_id",
+];
+const OUTCOME: &[&str] = &[
+    "success",
+    "failure_class",
+    "node",
+    "gpus",
+    "started_at",
+    "ended_at",
+    "duration_s",
+    "exit_code",
+    "signal",
+    "estimate_mib",
+    "peak_mem_mib",
+    "cleanup_ms",
+    "cleanup_verified",
+];
+
+pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
+    let params: BTreeSet<&str> = rows
+        .iter()
+        .flat_map(|r| r.job.params.keys().map(String::as_str))
+        .collect();
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let header: Vec<&str> = FIXED
+        .iter()
+        .copied()
+        .chain(params.iter().copied())
+        .chain(OUTCOME.iter().copied())
+        .collect();
+    w.write_record(&header)?;
+    let opt = |v: Option<String>| v.unwrap_or_default();
+    for r in rows {
+        let (j, a) = (&r.job, &r.attempt);
+        let mut rec: Vec<String> = vec![
+            r.experiment.clone(),
+            j.id.to_string(),
+            j.index.to_string(),
+            j.config.to_string(),
+            j.run.to_string(),
+            a.number.to_string(),
+            a.id.to_string(),
+        ];
+        for p in &params {
+            rec.push(j.params.get(*p).map(value_text).unwrap_or_default());
+        }
+        let duration = match (a.started_at, a.ended_at) {
+            (Some(s), Some(e)) => {
+                Some(format!("{:.3}", (e - s).num_milliseconds() as f64 / 1000.0))
+            }
+            _ => None,
+        };
+        rec.extend([
+            opt(a.success.map(|s| s.to_string())),
+            opt(a.failure_class.map(|c| c.to_string())),
+            a.node.clone(),
+            a.gpus
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(";"),
+            opt(a.started_at.map(|t| t.to_rfc3339())),
+            opt(a.ended_at.map(|t| t.to_rfc3339())),
+            opt(duration),
+            opt(a.exit_code.map(|c| c.to_string())),
+            opt(a.signal.map(|s| s.to_string())),
+            opt(a.estimate_mib.map(|m| m.to_string())),
+            opt(a.peak_mem_mib.map(|m| m.to_string())),
+            opt(a.cleanup_ms.map(|m| m.to_string())),
+            opt(a.cleanup_verified.map(|v| v.to_string())),
+        ]);
+        w.write_record(&rec)?;
+    }
+    let bytes = w.into_inner().map_err(|e| e.into_error())?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}

@@ -1,0 +1,324 @@
+//! Placement: which pending jobs go on which GPUs of a node, as a pure function over a
+//! snapshot, so the store, the simulator and property tests run the same code.
+
+/// Concurrent CPU-only (`gpus: 0`) jobs per node.
+pub const CPU_SLOTS: u32 = 4;
+
+/// One GPU of the node being placed on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuState {
+    pub index: u32,
+    pub total_mib: u64,
+    /// Slots from the node's plan.
+    pub slots: u32,
+    pub headroom_mib: u64,
+    /// Live free memory reported by the agent's GPU backend, when known.
+    pub live_free_mib: Option<u64>,
+    /// Estimates of attempts already placed here (`None`: a job that runs alone).
+    pub placed: Vec<Option<u64>>,
+}
+
+impl GpuState {
+    fn estimated(&self) -> u64 {
+        self.placed.iter().flatten().sum()
+    }
+
+    fn has_loner(&self) -> bool {
+        self.placed.iter().any(Option::is_none)
+    }
+
+    /// Memory left over after placing `estimate` here, or `None` when it does not fit.
+    pub fn leftover_after(&self, estimate: Option<u64>) -> Option<u64> {
+        if self.placed.len() as u64 >= u64::from(self.slots) || self.has_loner() {
+            return None;
+        }
+        let budget = self.total_mib.checked_sub(self.headroom_mib)?;
+        match estimate {
+            // No estimate: the job runs alone the first time.
+            None => self.placed.is_empty().then_some(0),
+            Some(e) => {
+                let after = budget.checked_sub(self.estimated())?.checked_sub(e)?;
+                if let Some(free) = self.live_free_mib
+                    && free.saturating_sub(self.headroom_mib) < e
+                {
+                    return None;
+                }
+                Some(after)
+            }
+        }
+    }
+
+    /// Whether `estimate` could ever fit here once the GPU drains.
+    fn could_fit_when_empty(&self, estimate: Option<u64>) -> bool {
+        self.slots > 0
+            && match estimate {
+                None => true,
+                Some(e) => self.total_mib.saturating_sub(self.headroom_mib) >= e,
+            }
+    }
+
+    fn take(&mut self, estimate: Option<u64>) {
+        self.placed.push(estimate);
+        if let (Some(free), Some(e)) = (self.live_free_mib.as_mut(), estimate) {
+            *free = free.saturating_sub(e);
+        }
+    }
+}
+
+/// A pending job, in queue order (priority, then submission).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub gpus: u32,
+    pub estimate_mib: Option<u64>,
+    /// How long it has waited; past the reservation age it holds GPUs for itself.
+    pub waited_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Position in the candidate list.
+    pub candidate: usize,
+    pub gpus: Vec<u32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub gpus: Vec<GpuState>,
+    /// CPU-only jobs already running on the node.
+    pub cpu_jobs: u32,
+    /// Jobs older than this reserve GPUs instead of being overtaken forever.
+    pub reserve_after_ms: u64,
+}
+
+/// Places candidates in order, best fit (least memory left over), at most `max` of them.
+pub fn place(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Vec<Placement> {
+    let mut gpus = snapshot.gpus.clone();
+    let mut reserved = vec![false; gpus.len()];
+    let mut cpu_jobs = snapshot.cpu_jobs;
+    let mut out = Vec::new();
+    for (i, c) in candidates.iter().enumerate() {
+        if out.len() >= max {
+            break;
+        }
+        if c.gpus == 0 {
+            if cpu_jobs < CPU_SLOTS {
+                cpu_jobs += 1;
+                out.push(Placement {
+                    candidate: i,
+                    gpus: vec![],
+                });
+            }
+            continue;
+        }
+        let mut fitting: Vec<(u64, usize)> = gpus
+            .iter()
+            .enumerate()
+            .filter(|(g, _)| !reserved[*g])
+            .filter_map(|(g, gpu)| gpu.leftover_after(c.estimate_mib).map(|left| (left, g)))
+            .collect();
+        if fitting.len() >= c.gpus as usize {
+            fitting.sort();
+            let chosen: Vec<usize> = fitting
+                .iter()
+                .take(c.gpus as usize)
+                .map(|&(_, g)| g)
+                .collect();
+            for &g in &chosen {
+                gpus[g].take(c.estimate_mib);
+            }
+            let mut indices: Vec<u32> = chosen.iter().map(|&g| gpus[g].index).collect();
+            indices.sort_unstable();
+            out.push(Placement {
+                candidate: i,
+                gpus: indices,
+            });
+        } else if c.waited_ms >= snapshot.reserve_after_ms {
+            // A job that waited too long holds the GPUs most likely to free up for it,
+            // so smaller jobs behind it stop overtaking it forever.
+            let mut possible: Vec<(usize, u64, usize)> = gpus
+                .iter()
+                .enumerate()
+                .filter(|(g, gpu)| !reserved[*g] && gpu.could_fit_when_empty(c.estimate_mib))
+                .map(|(g, gpu)| (gpu.placed.len(), gpu.estimated(), g))
+                .collect();
+            if possible.len() >= c.gpus as usize {
+                possible.sort();
+                for &(_, _, g) in possible.iter().take(c.gpus as usize) {
+                    reserved[g] = true;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn gpu(index: u32, total: u64, slots: u32) -> GpuState {
+        GpuState {
+            index,
+            total_mib: total,
+            slots,
+            headroom_mib: total / 10,
+            live_free_mib: Some(total),
+            placed: vec![],
+        }
+    }
+
+    fn job(est: Option<u64>) -> Candidate {
+        Candidate {
+            gpus: 1,
+            estimate_mib: est,
+            waited_ms: 0,
+        }
+    }
+
+    fn snap(gpus: Vec<GpuState>) -> Snapshot {
+        Snapshot {
+            gpus,
+            cpu_jobs: 0,
+            reserve_after_ms: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn slots_bound_concurrency() {
+        let s = snap(vec![gpu(0, 24_000, 2), gpu(1, 24_000, 1)]);
+        let jobs = vec![job(Some(1000)); 5];
+        let placed = place(&s, &jobs, 10);
+        assert_eq!(placed.len(), 3);
+    }
+
+    #[test]
+    fn best_fit_picks_the_tightest_gpu() {
+        let mut busy = gpu(1, 24_000, 2);
+        busy.placed.push(Some(15_000));
+        let s = snap(vec![gpu(0, 24_000, 2), busy]);
+        let placed = place(&s, &[job(Some(5_000))], 10);
+        assert_eq!(placed[0].gpus, vec![1]);
+    }
+
+    #[test]
+    fn headroom_and_estimates_must_fit() {
+        let mut g = gpu(0, 10_000, 4);
+        g.placed.push(Some(5_000));
+        let s = snap(vec![g]);
+        // 5000 + 4000 + 1000 headroom = 10000 fits; 4001 does not.
+        assert_eq!(place(&s, &[job(Some(4_000))], 1).len(), 1);
+        assert_eq!(place(&s, &[job(Some(4_001))], 1).len(), 0);
+    }
+
+    #[test]
+    fn live_free_memory_catches_foreign_processes() {
+        let mut g = gpu(0, 10_000, 4);
+        g.live_free_mib = Some(3_000); // someone else holds 7 GiB
+        let s = snap(vec![g]);
+        assert_eq!(place(&s, &[job(Some(2_500))], 1).len(), 0);
+        assert_eq!(place(&s, &[job(Some(2_000))], 1).len(), 1);
+    }
+
+    #[test]
+    fn jobs_without_estimate_run_alone() {
+        let s = snap(vec![gpu(0, 10_000, 4)]);
+        let placed = place(&s, &[job(None), job(Some(100)), job(None)], 10);
+        assert_eq!(placed.len(), 1);
+        let mut g = gpu(0, 10_000, 4);
+        g.placed.push(Some(100));
+        assert!(place(&snap(vec![g]), &[job(None)], 1).is_empty());
+    }
+
+    #[test]
+    fn multi_gpu_jobs_take_distinct_gpus() {
+        let s = snap(vec![
+            gpu(0, 10_000, 1),
+            gpu(1, 10_000, 1),
+            gpu(2, 10_000, 1),
+        ]);
+        let two = Candidate {
+            gpus: 2,
+            estimate_mib: Some(1_000),
+            waited_ms: 0,
+        };
+        let placed = place(&s, &[two.clone(), two], 10);
+        assert_eq!(placed.len(), 1);
+        assert_eq!(placed[0].gpus.len(), 2);
+    }
+
+    #[test]
+    fn an_old_large_job_is_not_overtaken_forever() {
+        let mut a = gpu(0, 10_000, 2);
+        a.placed.push(Some(5_000));
+        let mut s = snap(vec![a]);
+        let big = Candidate {
+            gpus: 1,
+            estimate_mib: Some(8_000),
+            waited_ms: 60_000,
+        };
+        let small = job(Some(1_000));
+        // Young: the small job backfills.
+        s.reserve_after_ms = 120_000;
+        assert_eq!(place(&s, &[big.clone(), small.clone()], 10).len(), 1);
+        // Old: the GPU is held for the big job.
+        s.reserve_after_ms = 30_000;
+        assert!(place(&s, &[big, small], 10).is_empty());
+    }
+
+    fn arb_gpu() -> impl Strategy<Value = GpuState> {
+        (
+            1_000u64..80_000,
+            0u32..4,
+            0u64..30,
+            prop::option::of(0u64..80_000),
+        )
+            .prop_map(|(total, slots, pct, free)| GpuState {
+                index: 0,
+                total_mib: total,
+                slots,
+                headroom_mib: total * pct / 100,
+                live_free_mib: free.map(|f| f.min(total)),
+                placed: vec![],
+            })
+    }
+
+    proptest! {
+        /// Whatever the queue, no GPU gets more jobs than slots or more estimated memory
+        /// than total minus headroom, and a loner is alone.
+        #[test]
+        fn placements_respect_slots_memory_and_loners(
+            mut gpus in prop::collection::vec(arb_gpu(), 1..6),
+            jobs in prop::collection::vec((1u32..3, prop::option::of(1u64..30_000)), 0..30),
+            max in 0usize..40,
+        ) {
+            for (i, g) in gpus.iter_mut().enumerate() { g.index = i as u32; }
+            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e)| Candidate { gpus: n, estimate_mib: e, waited_ms: 0 }).collect();
+            let s = snap(gpus.clone());
+            let placed = place(&s, &cands, max);
+            prop_assert!(placed.len() <= max);
+            let mut per_gpu: Vec<Vec<Option<u64>>> = vec![vec![]; gpus.len()];
+            for p in &placed {
+                let c = &cands[p.candidate];
+                prop_assert_eq!(p.gpus.len(), c.gpus as usize);
+                let mut dedup = p.gpus.clone(); dedup.dedup();
+                prop_assert_eq!(dedup.len(), p.gpus.len());
+                for &g in &p.gpus { per_gpu[g as usize].push(c.estimate_mib); }
+            }
+            for (g, placed) in per_gpu.iter().enumerate() {
+                let gpu = &gpus[g];
+                prop_assert!(placed.len() as u32 <= gpu.slots);
+                if placed.iter().any(Option::is_none) { prop_assert_eq!(placed.len(), 1); }
+                let sum: u64 = placed.iter().flatten().sum();
+                prop_assert!(sum + gpu.headroom_mib <= gpu.total_mib || placed.iter().all(Option::is_none));
+                if let Some(free) = gpu.live_free_mib {
+                    prop_assert!(sum <= free.saturating_sub(gpu.headroom_mib) || sum == 0);
+                }
+            }
+            // Each candidate is placed at most once.
+            let mut seen: Vec<usize> = placed.iter().map(|p| p.candidate).collect();
+            seen.sort_unstable(); seen.dedup();
+            prop_assert_eq!(seen.len(), placed.len());
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The `Store`: every durable state change of the coordinator, one transaction per method,
+//! named by intent. Two backends (embedded SQLite, PostgreSQL) pass one conformance suite.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use headroom_shared::api::{
+    AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample, Headroom,
+    JobDetail, JobSummary, Lease, NodeView, StateCounts,
+};
+use headroom_shared::plan::PlanError;
+use headroom_shared::state::TransitionError;
+use headroom_shared::{AgentId, AttemptId, ExperimentId, FailureClass, JobId, JobState, Plan};
+use serde_json::Value;
+
+pub mod sqlite;
+
+/// Milliseconds since the Unix epoch: the one time unit both backends store.
+pub type Millis = i64;
+
+pub fn now_ms() -> Millis {
+    chrono::Utc::now().timestamp_millis()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("no {what} with id {id}")]
+    NotFound { what: &'static str, id: String },
+    #[error("stale fencing token for attempt {attempt}: the lease was lost or reassigned")]
+    StaleFence { attempt: AttemptId },
+    #[error("agent {agent} is not registered (or was replaced): register again")]
+    UnknownAgent { agent: AgentId },
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    #[error("plan: {0}")]
+    InvalidPlan(#[from] PlanError),
+    #[error("database: {0}")]
+    Database(String),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// A job as expanded and resolved, ready to store.
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    pub id: JobId,
+    pub index: u32,
+    pub config: u32,
+    pub run: u32,
+    pub params: BTreeMap<String, Value>,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub profile: String,
+    pub gpus: u32,
+    pub estimate_mib: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub max_attempts: u32,
+    pub retry_on: Vec<FailureClass>,
+    pub priority: i32,
+}
+
+#[derive(Clone, Debug)]
+pub struct NewExperiment {
+    pub id: ExperimentId,
+    pub name: String,
+    pub seed: u64,
+    pub spec: Value,
+    pub jobs: Vec<NewJob>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Registration {
+    pub agent: AgentId,
+    pub node: String,
+    pub gpus: Vec<GpuInfo>,
+    /// Replaces the stored plan when given.
+    pub plan: Option<Plan>,
+    pub headroom: Option<Headroom>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Registered {
+    pub plan: Plan,
+    /// Attempts of the node's earlier incarnation, now lost.
+    pub lost: Vec<AttemptId>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ClaimInput {
+    pub agent: AgentId,
+    pub gpus: Vec<GpuSample>,
+    pub max: u32,
+    pub lease_ttl_ms: u64,
+    pub reserve_after_ms: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Claimed {
+    pub leases: Vec<Lease>,
+    pub plan: Plan,
+}
+
+#[derive(Clone, Debug)]
+pub struct Renewed {
+    pub cancel: Vec<AttemptId>,
+    pub stale: Vec<AttemptId>,
+    pub plan: Plan,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct JobFilter {
+    pub experiment: Option<ExperimentId>,
+    pub state: Option<JobState>,
+    pub limit: Option<u32>,
+}
+
+/// One row of `export --csv`: an attempt with its job's parameters.
+#[derive(Clone, Debug)]
+pub struct ExportRow {
+    pub experiment: String,
+    pub job: JobSummary,
+    pub attempt: AttemptView,
+}
+
+/// Decides whether a failed attempt earns another one.
+pub fn retry_allowed(
+    class: FailureClass,
+    started: bool,
+    attempts: u32,
+    max_attempts: u32,
+    retry_on: &[FailureClass],
+) -> bool {
+    // A lease lost before its process started cost nothing: always requeue.
+    if class == FailureClass::Lost && !started {
+        return true;
+    }
+    attempts < max_attempts && retry_on.contains(&class)
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Backend name and schema version, for `/v1/health` and the parity test.
+    async fn schema_version(&self) -> Result<i64>;
+
+    async fn create_experiment(&self, exp: NewExperiment) -> Result<ExperimentSummary>;
+    async fn list_experiments(&self) -> Result<Vec<ExperimentSummary>>;
+    async fn experiment(&self, id: ExperimentId) -> Result<ExperimentSummary>;
+    async fn counts(&self, experiment: Option<ExperimentId>) -> Result<StateCounts>;
+
+    async fn list_jobs(&self, filter: JobFilter) -> Result<Vec<JobSummary>>;
+    async fn job(&self, id: JobId) -> Result<JobDetail>;
+    async fn attempt(&self, id: AttemptId) -> Result<AttemptView>;
+    async fn cancel_job(&self, id: JobId) -> Result<u64>;
+    async fn cancel_experiment(&self, id: ExperimentId) -> Result<u64>;
+    async fn retry_job(&self, id: JobId) -> Result<JobState>;
+    async fn export_rows(&self, experiment: Option<ExperimentId>) -> Result<Vec<ExportRow>>;
+
+    async fn register_agent(&self, reg: Registration) -> Result<Registered>;
+    async fn set_plan(&self, node: &str, plan: &str) -> Result<Plan>;
+    async fn list_nodes(&self, alive_within_ms: u64) -> Result<Vec<NodeView>>;
+    /// Largest GPU count of any known node, to refuse jobs no node can run.
+    async fn max_node_gpus(&self) -> Result<Option<u32>>;
+
+    /// Leases fitting pending jobs to the agent's node, placed by `placement::place`.
+    async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed>;
+    /// Of `watching`, the attempts a user asked to cancel.
+    async fn pending_cancels(
+        &self,
+        agent: AgentId,
+        watching: &[AttemptId],
+    ) -> Result<Vec<AttemptId>>;
+    async fn renew_leases(
+        &self,
+        agent: AgentId,
+        attempts: &[AttemptRef],
+        gpus: &[GpuSample],
+        lease_ttl_ms: u64,
+    ) -> Result<Renewed>;
+    async fn start_attempt(
+        &self,
+        attempt: AttemptId,
+        fence: i64,
+        pid: u32,
+        started_at: Millis,
+    ) -> Result<()>;
+    async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState>;
+    async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()>;
+    /// Attempts whose lease ran out become `lost`; returns them.
+    async fn expire_leases(&self) -> Result<Vec<AttemptId>>;
+}
