@@ -63,13 +63,14 @@ pub async fn claim(
     check_samples(&req.gpus)?;
     let wait = Duration::from_millis(req.wait_ms).min(s.config.long_poll);
     let deadline = tokio::time::Instant::now() + wait;
+    let mut fresh = Some(req.gpus);
     loop {
         let seen = s.changes.version();
         let claimed = s
             .store
             .claim_jobs(ClaimInput {
                 agent,
-                gpus: req.gpus.clone(),
+                gpus: fresh.take(),
                 max: req.max,
                 lease_ttl_ms: s.config.lease_ttl.as_millis() as u64,
                 reserve_after_ms: s.config.reserve_after.as_millis() as u64,

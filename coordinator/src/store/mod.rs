@@ -90,7 +90,9 @@ pub struct Registered {
 #[derive(Clone, Debug)]
 pub struct ClaimInput {
     pub agent: AgentId,
-    pub gpus: Vec<GpuSample>,
+    /// Fresh samples from the agent; `None` re-uses the node's latest telemetry (a long-poll
+    /// waking later must not place by the memory it saw when the request arrived).
+    pub gpus: Option<Vec<GpuSample>>,
     pub max: u32,
     pub lease_ttl_ms: u64,
     pub reserve_after_ms: u64,

@@ -893,7 +893,23 @@ impl Store for SqliteStore {
     async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed> {
         self.write(move |tx| {
             let node = node_of_agent(tx, input.agent)?;
-            record_telemetry(tx, &node.name, &input.gpus)?;
+            let samples: Vec<GpuSample> = match input.gpus {
+                Some(g) => {
+                    record_telemetry(tx, &node.name, &g)?;
+                    g
+                }
+                None => {
+                    let t: Option<String> = tx.query_row(
+                        "SELECT telemetry FROM nodes WHERE name = ?1",
+                        [&node.name],
+                        |r| r.get(0),
+                    )?;
+                    match t {
+                        Some(t) => from_json(&t)?,
+                        None => vec![],
+                    }
+                }
+            };
             let now = now_ms();
             let active = active_on(tx, &node.name)?;
             let snapshot = Snapshot {
@@ -906,8 +922,7 @@ impl Store for SqliteStore {
                         total_mib: g.total_mib,
                         slots: node.plan.slots(i),
                         headroom_mib: node.headroom.mib_of(g.total_mib),
-                        live_free_mib: input
-                            .gpus
+                        live_free_mib: samples
                             .iter()
                             .find(|s| s.index == g.index)
                             .map(|s| s.free_mib),

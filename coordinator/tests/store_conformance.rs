@@ -1,0 +1,401 @@
+//! One conformance suite for every `Store` backend: the same behaviour, asserted against a
+//! real database (never a mock).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use chrono::Utc;
+use headroom_coordinator::store::sqlite::SqliteStore;
+use headroom_coordinator::store::{
+    ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Store, StoreError,
+};
+use headroom_shared::api::{FinishReport, GpuInfo, GpuSample, Lease};
+use headroom_shared::{AgentId, ExperimentId, FailureClass, JobId, JobState, Plan};
+
+type Backend = Arc<dyn Store>;
+
+async fn sqlite() -> (Backend, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(&dir.path().join("store.db")).expect("open sqlite");
+    (Arc::new(store), dir)
+}
+
+fn job(
+    index: u32,
+    estimate: Option<u64>,
+    retry_on: Vec<FailureClass>,
+    max_attempts: u32,
+) -> NewJob {
+    NewJob {
+        id: JobId::new(),
+        index,
+        config: index,
+        run: 0,
+        params: BTreeMap::from([("i".to_string(), serde_json::json!(index))]),
+        argv: vec!["true".into()],
+        env: BTreeMap::new(),
+        profile: "default".into(),
+        gpus: 1,
+        estimate_mib: estimate,
+        timeout_ms: None,
+        max_attempts,
+        retry_on,
+        priority: 0,
+    }
+}
+
+async fn submit(s: &Backend, jobs: Vec<NewJob>) -> ExperimentId {
+    let id = ExperimentId::new();
+    s.create_experiment(NewExperiment {
+        id,
+        name: "exp".into(),
+        seed: 1,
+        spec: serde_json::json!({}),
+        jobs,
+    })
+    .await
+    .expect("create experiment");
+    id
+}
+
+fn gpus(n: u32, total: u64) -> Vec<GpuInfo> {
+    (0..n)
+        .map(|i| GpuInfo {
+            index: i,
+            uuid: format!("GPU-{i}"),
+            name: "test".into(),
+            total_mib: total,
+        })
+        .collect()
+}
+
+fn free(n: u32, total: u64) -> Vec<GpuSample> {
+    (0..n)
+        .map(|i| GpuSample {
+            index: i,
+            used_mib: 0,
+            free_mib: total,
+            ..Default::default()
+        })
+        .collect()
+}
+
+async fn register(s: &Backend, node: &str, n: u32, plan: Option<&str>) -> AgentId {
+    let agent = AgentId::new();
+    s.register_agent(Registration {
+        agent,
+        node: node.into(),
+        gpus: gpus(n, 10_000),
+        plan: plan.map(|p| Plan::parse(p).expect("plan")),
+        headroom: None,
+    })
+    .await
+    .expect("register");
+    agent
+}
+
+async fn claim(s: &Backend, agent: AgentId, n: u32) -> Vec<Lease> {
+    s.claim_jobs(ClaimInput {
+        agent,
+        gpus: Some(free(n, 10_000)),
+        max: 64,
+        lease_ttl_ms: 30_000,
+        reserve_after_ms: u64::MAX,
+    })
+    .await
+    .expect("claim")
+    .leases
+}
+
+fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
+    FinishReport {
+        fence,
+        failure,
+        exit_code: Some(if failure.is_none() { 0 } else { 1 }),
+        signal: None,
+        ended_at: Utc::now(),
+        peak_mem_mib: Some(100),
+        cleanup_ms: 3,
+        cleanup_verified: true,
+        log_tail: "tail".into(),
+        gpus: vec![],
+    }
+}
+
+async fn state(s: &Backend, job: JobId) -> JobState {
+    s.job(job).await.expect("job").summary.state
+}
+
+async fn plan_slots_bound_leases(s: Backend) {
+    let agent = register(&s, "n1", 2, Some("2,1")).await;
+    submit(&s, (0..5).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
+    let first = claim(&s, agent, 2).await;
+    assert_eq!(first.len(), 3, "plan 2,1 gives three slots");
+    assert!(claim(&s, agent, 2).await.is_empty(), "no slot left");
+    let on_gpu0 = first.iter().filter(|l| l.gpus == vec![0]).count();
+    assert_eq!(on_gpu0, 2);
+    s.start_attempt(first[0].attempt, first[0].fence, 42, 0)
+        .await
+        .expect("start");
+    assert_eq!(state(&s, first[0].job).await, JobState::Running);
+    s.finish_attempt(first[0].attempt, report(first[0].fence, None))
+        .await
+        .expect("finish");
+    assert_eq!(state(&s, first[0].job).await, JobState::Succeeded);
+    assert_eq!(
+        claim(&s, agent, 2).await.len(),
+        1,
+        "the freed slot is reused"
+    );
+    let counts = s.counts(None).await.expect("counts");
+    assert_eq!(
+        (
+            counts.succeeded,
+            counts.leased + counts.running,
+            counts.queued
+        ),
+        (1, 3, 1)
+    );
+}
+
+async fn stale_fences_are_refused(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    submit(&s, vec![job(0, Some(1000), vec![], 1)]).await;
+    let l = claim(&s, agent, 1).await.remove(0);
+    let wrong = s.finish_attempt(l.attempt, report(l.fence + 1, None)).await;
+    assert!(
+        matches!(wrong, Err(StoreError::StaleFence { .. })),
+        "{wrong:?}"
+    );
+    s.finish_attempt(l.attempt, report(l.fence, None))
+        .await
+        .expect("finish");
+    let again = s.finish_attempt(l.attempt, report(l.fence, None)).await;
+    assert!(
+        matches!(again, Err(StoreError::StaleFence { .. })),
+        "a second report changes nothing"
+    );
+    assert_eq!(state(&s, l.job).await, JobState::Succeeded);
+}
+
+async fn retry_policy_decides_requeue(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    submit(&s, vec![job(0, Some(1000), vec![FailureClass::Oom], 2)]).await;
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.start_attempt(l.attempt, l.fence, 1, 0)
+        .await
+        .expect("start");
+    let st = s
+        .finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Oom)))
+        .await
+        .expect("finish");
+    assert_eq!(st, JobState::Retrying);
+    let l2 = claim(&s, agent, 1).await.remove(0);
+    assert_eq!(l2.job, l.job);
+    assert_eq!(l2.number, 2);
+    assert!(l2.fence > l.fence);
+    let st = s
+        .finish_attempt(l2.attempt, report(l2.fence, Some(FailureClass::Oom)))
+        .await
+        .expect("finish");
+    assert_eq!(st, JobState::Failed, "max_attempts reached");
+    let d = s.job(l.job).await.expect("job");
+    assert_eq!(d.attempts_detail.len(), 2);
+    assert_eq!(d.summary.last_failure, Some(FailureClass::Oom));
+    // A class not in `retry.on` fails at once.
+    submit(&s, vec![job(1, Some(1000), vec![FailureClass::Oom], 3)]).await;
+    let l3 = claim(&s, agent, 1).await.remove(0);
+    let st = s
+        .finish_attempt(l3.attempt, report(l3.fence, Some(FailureClass::Nonzero)))
+        .await
+        .expect("finish");
+    assert_eq!(st, JobState::Failed);
+    // A manual retry makes one more attempt.
+    assert_eq!(
+        s.retry_job(l3.job).await.expect("retry"),
+        JobState::Retrying
+    );
+    assert_eq!(claim(&s, agent, 1).await[0].job, l3.job);
+}
+
+async fn reregistration_loses_old_attempts(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    submit(&s, vec![job(0, Some(1000), vec![FailureClass::Lost], 3)]).await;
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.start_attempt(l.attempt, l.fence, 7, 0)
+        .await
+        .expect("start");
+    let agent2 = register(&s, "n1", 1, None).await;
+    assert_eq!(state(&s, l.job).await, JobState::Retrying);
+    let a = s.attempt(l.attempt).await.expect("attempt");
+    assert_eq!(a.failure_class, Some(FailureClass::Lost));
+    // The old incarnation is gone: its reports are refused.
+    let old = s.finish_attempt(l.attempt, report(l.fence, None)).await;
+    assert!(matches!(old, Err(StoreError::StaleFence { .. })));
+    let unknown = s
+        .claim_jobs(ClaimInput {
+            agent,
+            gpus: None,
+            max: 1,
+            lease_ttl_ms: 1000,
+            reserve_after_ms: 0,
+        })
+        .await;
+    assert!(matches!(unknown, Err(StoreError::UnknownAgent { .. })));
+    assert_eq!(claim(&s, agent2, 1).await[0].job, l.job);
+}
+
+async fn lost_without_retry_fails(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    submit(&s, vec![job(0, Some(1000), vec![FailureClass::Lost], 1)]).await;
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.start_attempt(l.attempt, l.fence, 7, 0)
+        .await
+        .expect("start");
+    register(&s, "n1", 1, None).await;
+    assert_eq!(state(&s, l.job).await, JobState::Failed);
+}
+
+async fn cancel_stops_queued_and_flags_running(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    let exp = submit(&s, (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.start_attempt(l.attempt, l.fence, 7, 0)
+        .await
+        .expect("start");
+    assert_eq!(s.cancel_experiment(exp).await.expect("cancel"), 3);
+    assert_eq!(
+        s.pending_cancels(agent, &[l.attempt])
+            .await
+            .expect("cancels"),
+        vec![l.attempt]
+    );
+    // Slot still held until the agent reports the end.
+    assert!(claim(&s, agent, 1).await.is_empty());
+    let st = s
+        .finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Cancelled)))
+        .await
+        .expect("finish");
+    assert_eq!(st, JobState::Cancelled);
+    assert!(
+        claim(&s, agent, 1).await.is_empty(),
+        "cancelled jobs are not leased"
+    );
+    assert_eq!(s.counts(Some(exp)).await.expect("counts").cancelled, 3);
+    assert_eq!(s.cancel_experiment(exp).await.expect("cancel"), 0);
+}
+
+async fn plans_change_at_run_time(s: Backend) {
+    let agent = register(&s, "n1", 2, None).await;
+    submit(&s, (0..6).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
+    assert_eq!(claim(&s, agent, 2).await.len(), 2);
+    let bad = s.set_plan("n1", "2,2,2").await;
+    assert!(matches!(bad, Err(StoreError::InvalidPlan(_))), "{bad:?}");
+    let bad = s.set_plan("n1", "2,x").await;
+    assert!(matches!(bad, Err(StoreError::InvalidPlan(_))));
+    assert!(matches!(
+        s.set_plan("nope", "1").await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert_eq!(
+        s.set_plan("n1", "3, 2").await.expect("plan").to_string(),
+        "3,2"
+    );
+    assert_eq!(claim(&s, agent, 2).await.len(), 3);
+    let nodes = s.list_nodes(60_000).await.expect("nodes");
+    assert_eq!(nodes[0].plan, "3,2");
+    assert_eq!(nodes[0].gpus[0].slots_used, 3);
+    assert_eq!(nodes[0].gpus[0].estimated_mib, 3000);
+}
+
+async fn hand_back_requeues_without_cost(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    submit(&s, vec![job(0, Some(1000), vec![], 1)]).await;
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.hand_back(l.attempt, l.fence, &free(1, 10_000))
+        .await
+        .expect("hand back");
+    assert_eq!(state(&s, l.job).await, JobState::Queued);
+    let l2 = claim(&s, agent, 1).await.remove(0);
+    assert_eq!((l2.job, l2.number), (l.job, 1));
+    assert!(s.hand_back(l.attempt, l.fence, &[]).await.is_err());
+}
+
+async fn expired_leases_become_lost(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    submit(&s, vec![job(0, Some(1000), vec![FailureClass::Lost], 2)]).await;
+    let leases = s
+        .claim_jobs(ClaimInput {
+            agent,
+            gpus: Some(free(1, 10_000)),
+            max: 4,
+            lease_ttl_ms: 0,
+            reserve_after_ms: u64::MAX,
+        })
+        .await
+        .expect("claim")
+        .leases;
+    s.start_attempt(leases[0].attempt, leases[0].fence, 1, 0)
+        .await
+        .expect("start");
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert_eq!(
+        s.expire_leases().await.expect("expire"),
+        vec![leases[0].attempt]
+    );
+    assert_eq!(state(&s, leases[0].job).await, JobState::Retrying);
+    assert!(s.expire_leases().await.expect("expire").is_empty());
+}
+
+async fn exports_one_row_per_attempt(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    let exp = submit(&s, vec![job(0, Some(1000), vec![FailureClass::Nonzero], 2)]).await;
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Nonzero)))
+        .await
+        .expect("finish");
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.finish_attempt(l.attempt, report(l.fence, None))
+        .await
+        .expect("finish");
+    let rows = s.export_rows(Some(exp)).await.expect("export");
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].attempt.success, Some(false));
+    assert_eq!(rows[1].attempt.success, Some(true));
+    assert_eq!(rows[1].job.params["i"], serde_json::json!(0));
+    let jobs = s
+        .list_jobs(JobFilter {
+            experiment: Some(exp),
+            ..Default::default()
+        })
+        .await
+        .expect("jobs");
+    assert_eq!(jobs.len(), 1);
+}
+
+macro_rules! conformance {
+    ($backend:ident: $($test:ident),* $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let (store, _guard) = super::$backend().await;
+                    super::$test(store).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(sqlite:
+    plan_slots_bound_leases,
+    stale_fences_are_refused,
+    retry_policy_decides_requeue,
+    reregistration_loses_old_attempts,
+    lost_without_retry_fails,
+    cancel_stops_queued_and_flags_running,
+    plans_change_at_run_time,
+    hand_back_requeues_without_cost,
+    expired_leases_become_lost,
+    exports_one_row_per_attempt,
+);
