@@ -3,7 +3,9 @@
 // `unsafe` is denied except where a child must call setsid/prctl between fork and exec.
 #![deny(unsafe_code)]
 
+pub mod agent;
 pub mod classify;
+pub mod client;
 pub mod gpu;
 pub mod procscan;
 pub mod supervisor;

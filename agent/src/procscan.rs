@@ -1,0 +1,279 @@
+//! Scans `/proc` to find an attempt's processes by their `HEADROOM_ATTEMPT_ID` marker and
+//! reaps orphans re-parented to the agent (blocking: async callers use `spawn_blocking`).
+//!
+//! Processes can exit at any moment during a scan, so every per-process read error is
+//! treated as "that process is gone" rather than reported.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use headroom_shared::AttemptId;
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::Pid;
+use procfs::process::{ProcState, Process};
+
+/// The variable every process of an attempt inherits; the agent sets it at spawn.
+pub const ATTEMPT_VAR: &str = "HEADROOM_ATTEMPT_ID";
+
+/// The value of `name` in the environment `pid` was started with (`/proc/<pid>/environ`).
+///
+/// `None` when the process is gone, unreadable (another user's), a zombie (its environment
+/// reads empty) or lacks the variable.
+pub fn env_var(pid: u32, name: &str) -> Option<String> {
+    let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    find_var(&environ, name.as_bytes()).map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// Finds `name=value` in a NUL-separated environment block without building a map.
+fn find_var<'a>(environ: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    environ.split(|&b| b == 0).find_map(|entry| {
+        entry
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(b"="))
+    })
+}
+
+/// The attempt a process belongs to, from the marker in its environment.
+pub fn attempt_of(pid: u32) -> Option<AttemptId> {
+    env_var(pid, ATTEMPT_VAR)?.trim().parse().ok()
+}
+
+/// The numeric entries of `/proc`: every pid visible to us, our own included.
+fn all_pids() -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .collect()
+}
+
+fn state_of(pid: u32) -> Option<ProcState> {
+    let stat = Process::new(i32::try_from(pid).ok()?).ok()?.stat().ok()?;
+    stat.state().ok()
+}
+
+/// Whether `pid` exists and is not a zombie (a zombie holds no memory and runs no code).
+pub fn is_alive(pid: u32) -> bool {
+    matches!(state_of(pid), Some(s) if !matches!(s, ProcState::Zombie | ProcState::Dead))
+}
+
+/// When `pid` started, from its start tick and the boot time (second precision).
+pub fn start_time(pid: u32) -> Option<SystemTime> {
+    let stat = Process::new(i32::try_from(pid).ok()?).ok()?.stat().ok()?;
+    let boot = procfs::boot_time_secs().ok()?;
+    let ticks = procfs::ticks_per_second().max(1);
+    let since_boot = Duration::from_millis(stat.starttime.saturating_mul(1000) / ticks);
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(boot) + since_boot)
+}
+
+/// Every live (non-zombie) process whose environment carries `HEADROOM_ATTEMPT_ID=<attempt>`,
+/// grandchildren and double-forked orphans included, since they inherit the environment.
+///
+/// A process in the middle of `execve` reads with an empty environment for an instant: a
+/// caller that must not miss anything confirms an empty answer with a second scan.
+pub fn pids_with_marker(attempt: AttemptId) -> Vec<u32> {
+    let me = std::process::id();
+    let wanted = attempt.to_string();
+    all_pids()
+        .into_iter()
+        .filter(|&pid| pid != me)
+        .filter(|&pid| {
+            fs::read(format!("/proc/{pid}/environ"))
+                .ok()
+                .and_then(|env| {
+                    find_var(&env, ATTEMPT_VAR.as_bytes()).map(|v| v == wanted.as_bytes())
+                })
+                .unwrap_or(false)
+        })
+        // A zombie's environment reads empty, but a process can be mid-exit: check.
+        .filter(|&pid| is_alive(pid))
+        .collect()
+}
+
+/// Zombie processes whose parent is this process.
+pub fn zombie_children() -> Vec<u32> {
+    let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+    all_pids()
+        .into_iter()
+        .filter(|&pid| {
+            let Some(stat) = i32::try_from(pid)
+                .ok()
+                .and_then(|p| Process::new(p).ok())
+                .and_then(|p| p.stat().ok())
+            else {
+                return false;
+            };
+            stat.ppid == me && matches!(stat.state(), Ok(ProcState::Zombie))
+        })
+        .collect()
+}
+
+/// Reaps zombie children of this process whose pid is not in `keep`; returns the reaped pids.
+///
+/// The agent is a child subreaper, so double-forked orphans re-parent to it and stay zombies
+/// when they die. Each is reaped by pid with `WNOHANG`: `waitpid(-1)` would steal the exit
+/// status of children tokio is waiting for (those are in `keep`).
+pub fn reap_orphan_zombies(keep: &HashSet<u32>) -> Vec<u32> {
+    reap_pids(
+        zombie_children()
+            .into_iter()
+            .filter(|pid| !keep.contains(pid)),
+    )
+}
+
+/// Children of this process whose exit status someone waits for (tokio, `std::process`).
+static OWNED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+fn owned() -> MutexGuard<'static, Vec<u32>> {
+    // The list stays consistent whatever panicked while holding it.
+    OWNED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Spawns a child through `spawn` and records its pid so that [`reap_orphans`] leaves it to
+/// its owner. The pid is recorded under the same lock the reaper takes, so a child that dies
+/// at once cannot be reaped before it is recorded. Every child the agent process waits for
+/// itself must be spawned through this (the supervisor does); call [`disown`] once it is reaped.
+pub fn spawn_owned<T>(
+    spawn: impl FnOnce() -> io::Result<T>,
+    pid_of: impl FnOnce(&T) -> Option<u32>,
+) -> io::Result<T> {
+    let mut owned = owned();
+    let child = spawn()?;
+    if let Some(pid) = pid_of(&child) {
+        owned.push(pid);
+    }
+    Ok(child)
+}
+
+/// Forgets a child recorded by [`spawn_owned`] (after its owner reaped it).
+pub fn disown(pid: u32) {
+    owned().retain(|&p| p != pid);
+}
+
+/// Reaps every zombie child of this process that no owner waits for: the orphans that
+/// re-parented to the agent (a child subreaper) and died.
+pub fn reap_orphans() -> Vec<u32> {
+    let zombies = zombie_children();
+    if zombies.is_empty() {
+        return zombies;
+    }
+    let owned = owned();
+    let keep: HashSet<u32> = owned.iter().copied().collect();
+    reap_pids(zombies.into_iter().filter(|pid| !keep.contains(pid)))
+}
+
+/// `waitpid(pid, WNOHANG)` for each pid; errors (already reaped, not our child) are ignored.
+pub(crate) fn reap_pids(pids: impl IntoIterator<Item = u32>) -> Vec<u32> {
+    pids.into_iter()
+        .filter(|&pid| {
+            let Ok(raw) = i32::try_from(pid) else {
+                return false;
+            };
+            matches!(
+                waitpid(Pid::from_raw(raw), Some(WaitPidFlag::WNOHANG)),
+                Ok(status) if status.pid().is_some()
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::process::{Child, Command};
+    use std::time::Instant;
+
+    /// Children of tests are recorded so the reapers of tests running beside them skip them.
+    pub(crate) fn spawn(cmd: &mut Command) -> Child {
+        spawn_owned(|| cmd.spawn(), |c| Some(c.id())).expect("spawn test child")
+    }
+
+    #[test]
+    fn finds_a_variable_in_an_environment_block() {
+        let env = b"A=1\0HEADROOM_ATTEMPT_ID=x\0HEADROOM_ATTEMPT_ID_2=y\0B=\0";
+        assert_eq!(find_var(env, b"HEADROOM_ATTEMPT_ID"), Some(&b"x"[..]));
+        assert_eq!(find_var(env, b"B"), Some(&b""[..]));
+        assert_eq!(find_var(env, b"HEADROOM"), None);
+        assert_eq!(find_var(b"", b"A"), None);
+    }
+
+    #[test]
+    fn finds_processes_by_marker_and_not_after_they_die() {
+        let attempt = AttemptId::new();
+        let mut child = spawn(
+            Command::new("sleep")
+                .arg("30")
+                .env(ATTEMPT_VAR, attempt.to_string()),
+        );
+        let pid = child.id();
+        // Spawning returns while exec is still setting up the new image, whose environment
+        // reads empty for that moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while attempt_of(pid).is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(attempt_of(pid), Some(attempt));
+        assert_eq!(pids_with_marker(attempt), vec![pid]);
+        assert!(pids_with_marker(AttemptId::new()).is_empty());
+        assert!(is_alive(pid));
+        let started = start_time(pid).expect("start time");
+        let drift = SystemTime::now()
+            .duration_since(started)
+            .unwrap_or_else(|e| e.duration());
+        assert!(
+            drift < Duration::from_secs(5),
+            "start time off by {drift:?}"
+        );
+
+        child.kill().expect("kill");
+        // Not reaped yet: a zombie, which the scan must not report.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while is_alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!is_alive(pid));
+        assert!(pids_with_marker(attempt).is_empty());
+        child.wait().expect("wait");
+        disown(pid);
+        assert_eq!(attempt_of(pid), None);
+    }
+
+    #[test]
+    fn reaps_orphaned_zombies_but_not_owned_children() {
+        let mut kept = spawn(&mut Command::new("true"));
+        // Not recorded: stands for an orphan that re-parented to us.
+        let mut orphan = Command::new("true").spawn().expect("spawn true");
+        let (kept_pid, orphan_pid) = (kept.id(), orphan.id());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let z = zombie_children();
+            if z.contains(&kept_pid) && z.contains(&orphan_pid) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // A reaper of a test beside this one may take the orphan first: both are fine.
+        let reaped = reap_orphans();
+        assert!(!reaped.contains(&kept_pid));
+        assert!(!zombie_children().contains(&orphan_pid));
+        assert!(zombie_children().contains(&kept_pid));
+        assert!(kept.wait().expect("kept child keeps its status").success());
+        disown(kept_pid);
+        // std's wait on a child reaped by someone else reports an error, not a status.
+        assert!(orphan.try_wait().is_err());
+
+        // The explicit form leaves alone what it is told to keep.
+        let mut kept = spawn(&mut Command::new("true"));
+        let kept_pid = kept.id();
+        while !zombie_children().contains(&kept_pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let keep: HashSet<u32> = owned().iter().copied().collect();
+        assert!(!reap_orphan_zombies(&keep).contains(&kept_pid));
+        assert!(kept.wait().expect("status").success());
+        disown(kept_pid);
+    }
+}

@@ -1,0 +1,1055 @@
+//! Runs one attempt of a job: spawns it in its own session with the job's environment and
+//! log, watches for exit, timeout and cancellation while sampling its peak GPU memory, then
+//! kills every process the attempt left behind and verifies its GPUs are free of it.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use headroom_shared::api::GpuSample;
+use headroom_shared::expand::value_text;
+use headroom_shared::{AttemptId, FailureClass, JobId};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+use crate::classify::{ExitKind, OomScanner, classify};
+use crate::gpu::GpuBackend;
+use crate::procscan::{self, ATTEMPT_VAR};
+
+/// How often cleanup re-checks processes and GPUs: short, since cleanup time is reported and
+/// the GPU slot stays quarantined until it is verified.
+const POLL: Duration = Duration::from_millis(25);
+/// Bytes of log kept in [`AttemptEnd::log_tail`].
+const TAIL_BYTES: u64 = 4096;
+/// Most log bytes scanned per sampling tick, so that a job flooding its log cannot stall
+/// the watch loop; the rest is read on the next tick or at the end.
+const PUMP_LIMIT: u64 = 64 << 20;
+
+/// Everything needed to run one attempt.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub attempt: AttemptId,
+    pub job: JobId,
+    /// Run directly, without a shell.
+    pub argv: Vec<String>,
+    /// Profile and job variables, already merged.
+    pub env: BTreeMap<String, String>,
+    /// Passed as `HP_<NAME>` variables.
+    pub params: BTreeMap<String, serde_json::Value>,
+    /// Physical GPU indices, passed as `CUDA_VISIBLE_DEVICES`.
+    pub gpus: Vec<u32>,
+    pub timeout: Option<Duration>,
+    /// stdout and stderr are appended here; parent directories are created.
+    pub log_path: PathBuf,
+    pub workdir: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SupervisorConfig {
+    /// Time between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+    /// Longest wait, after SIGKILL, for the attempt's processes to leave its GPUs.
+    pub verify_timeout: Duration,
+    /// Interval of GPU memory sampling (peak memory) and of log scanning.
+    pub sample_every: Duration,
+}
+
+impl Default for SupervisorConfig {
+    fn default() -> Self {
+        Self {
+            kill_grace: Duration::from_secs(10),
+            verify_timeout: Duration::from_secs(30),
+            sample_every: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How an attempt ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttemptEnd {
+    /// `None` means success.
+    pub failure: Option<FailureClass>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// `None` when the process never started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the main process exited, or when headroom decided to stop it.
+    pub ended_at: DateTime<Utc>,
+    pub pid: Option<u32>,
+    /// Highest GPU memory seen at once over the attempt's processes; `None` when none of its
+    /// processes was ever seen on a GPU.
+    pub peak_mem_mib: Option<u64>,
+    /// From the end of the main process (or the decision to stop it) until verified clean.
+    pub cleanup_ms: u64,
+    /// No process of the attempt is alive and none remains on a GPU.
+    pub cleanup_verified: bool,
+    /// The last ~4 KiB of this attempt's log.
+    pub log_tail: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("cannot make the agent a child subreaper (prctl PR_SET_CHILD_SUBREAPER): {0}")]
+    Subreaper(#[source] nix::Error),
+}
+
+/// Makes orphaned descendants of this process re-parent to it instead of init, so that the
+/// supervisor can find, kill and reap double-forked processes of an attempt.
+pub fn become_subreaper() -> Result<(), SupervisorError> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(SupervisorError::Subreaper)
+}
+
+/// SIGKILLs every live process carrying `attempt`'s marker (e.g. leftovers of an earlier
+/// incarnation of the agent); returns their pids. Blocking.
+pub fn kill_marked(attempt: AttemptId) -> Vec<u32> {
+    let pids = procscan::pids_with_marker(attempt);
+    signal_each(&pids, Signal::SIGKILL);
+    pids
+}
+
+/// Runs one attempt to its end and cleans up after it; never fails: problems are reported in
+/// the returned [`AttemptEnd`]. `started` is called with the pid once the process runs.
+///
+/// Dropping the future kills the attempt's processes (best effort, unverified): stop an
+/// attempt through `cancel` instead.
+pub async fn run_attempt(
+    launch: Launch,
+    backend: Arc<dyn GpuBackend>,
+    cfg: &SupervisorConfig,
+    cancel: CancellationToken,
+    started: impl FnOnce(u32) + Send,
+) -> AttemptEnd {
+    if cancel.is_cancelled() {
+        return not_started(Some(FailureClass::Cancelled), String::new());
+    }
+    let log = match open_log(&launch.log_path) {
+        Ok(log) => log,
+        Err(e) => {
+            let msg = format!("cannot open log {}: {e}", launch.log_path.display());
+            return not_started(
+                Some(FailureClass::LaunchError),
+                format!("[headroom] {msg}\n"),
+            );
+        }
+    };
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let launch_error = |msg: String| {
+        note(&log, &msg);
+        let tail = read_tail(&launch.log_path, log_start);
+        not_started(Some(FailureClass::LaunchError), tail)
+    };
+
+    let mut cmd = match command(&launch, backend.as_ref(), &log) {
+        Ok(cmd) => cmd,
+        Err(msg) => return launch_error(msg),
+    };
+    let spawned = procscan::spawn_owned(|| cmd.spawn(), Child::id);
+    // The command holds the log handles given to the child: close ours now.
+    drop(cmd);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => return launch_error(format!("cannot start `{}`: {e}", launch.argv[0])),
+    };
+    // A fresh child always has a pid; without one there is nothing to supervise, and pid 0
+    // must never reach killpg (it would signal the agent's own group).
+    let Some(pid) = child.id().filter(|&p| p > 0) else {
+        return launch_error("the process vanished at spawn".to_string());
+    };
+    let mut guard = KillOnDrop {
+        pgid: pid,
+        attempt: launch.attempt,
+        armed: true,
+    };
+    let started_at = Utc::now();
+    started(pid);
+
+    let watch = Arc::new(Mutex::new(Watch {
+        backend: backend.clone(),
+        attempt: launch.attempt,
+        peak: None,
+        log: LogFollower::open(&launch.log_path, log_start),
+    }));
+    let sample_every = cfg.sample_every.max(Duration::from_millis(10));
+    let mut tick = tokio::time::interval_at(Instant::now() + sample_every, sample_every);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let deadline = launch.timeout.map(|t| Instant::now() + t);
+
+    let stop = loop {
+        tokio::select! {
+            // A job that has finished is reported as finished, whatever else is ready.
+            biased;
+            status = child.wait() => break Stop::Exited(status.ok()),
+            _ = cancel.cancelled() => break Stop::Cancelled,
+            _ = sleep_until(deadline) => break Stop::Timeout,
+            _ = tick.tick() => {
+                let w = watch.clone();
+                let _ = tokio::task::spawn_blocking(move || lock(&w).step()).await;
+            }
+        }
+    };
+    let ended_at = Utc::now();
+    let end_mark = Instant::now();
+    let (main, timed_out, cancelled) = match stop {
+        Stop::Exited(status) => (Main::Exited(status), false, false),
+        Stop::Timeout => {
+            let t = launch.timeout.unwrap_or_default();
+            note(&log, &format!("timeout after {t:?}: stopping the job"));
+            (Main::Running, true, false)
+        }
+        Stop::Cancelled => {
+            note(&log, "cancelled: stopping the job");
+            (Main::Running, false, true)
+        }
+    };
+
+    let outcome = cleanup(&mut child, pid, &launch, &backend, cfg, main, &watch).await;
+    let cleanup_ms = u64::try_from(end_mark.elapsed().as_millis()).unwrap_or(u64::MAX);
+    guard.armed = false;
+    procscan::disown(pid);
+    if !outcome.leftovers.is_empty() {
+        note(
+            &log,
+            &format!(
+                "stopped {} leftover process(es) of the attempt: {:?}",
+                outcome.leftovers.len(),
+                outcome.leftovers
+            ),
+        );
+    }
+    if !outcome.verified {
+        note(
+            &log,
+            &format!(
+                "cleanup NOT verified after {:?}: {}",
+                cfg.verify_timeout, outcome.remaining
+            ),
+        );
+    }
+
+    // Everything has stopped writing: scan the rest of the log and take its tail.
+    let w = watch.clone();
+    let path = launch.log_path.clone();
+    let (saw_oom, peak, log_tail) = tokio::task::spawn_blocking(move || {
+        let mut w = lock(&w);
+        w.log.pump(u64::MAX);
+        (w.log.scanner.saw_oom(), w.peak, read_tail(&path, log_start))
+    })
+    .await
+    .unwrap_or_else(|_| (false, None, String::new()));
+
+    let exit = match outcome.status {
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(code), _) => ExitKind::Code(code),
+            (None, Some(sig)) => ExitKind::Signal(sig),
+            (None, None) => ExitKind::Code(-1),
+        },
+        // The exit status was lost (the process could not be killed in time): not a success.
+        None => ExitKind::Code(-1),
+    };
+    AttemptEnd {
+        failure: classify(exit, saw_oom, timed_out, cancelled),
+        exit_code: outcome.status.and_then(|s| s.code()),
+        signal: outcome.status.and_then(|s| s.signal()),
+        started_at: Some(started_at),
+        ended_at,
+        pid: Some(pid),
+        peak_mem_mib: peak,
+        cleanup_ms,
+        cleanup_verified: outcome.verified,
+        log_tail,
+    }
+}
+
+enum Stop {
+    /// `None` if waiting failed (the status was taken by someone else).
+    Exited(Option<ExitStatus>),
+    Timeout,
+    Cancelled,
+}
+
+/// The main process, as cleanup knows it.
+#[derive(Clone, Copy)]
+enum Main {
+    Running,
+    /// With its status, `None` when waiting for it failed.
+    Exited(Option<ExitStatus>),
+}
+
+impl Main {
+    fn exited(self) -> bool {
+        matches!(self, Main::Exited(_))
+    }
+
+    fn status(self) -> Option<ExitStatus> {
+        match self {
+            Main::Exited(status) => status,
+            Main::Running => None,
+        }
+    }
+
+    /// Reaps the main process if it has exited since the last look.
+    fn poll(&mut self, child: &mut Child) {
+        if let Main::Running = self {
+            match child.try_wait() {
+                Ok(Some(status)) => *self = Main::Exited(Some(status)),
+                Ok(None) => {}
+                Err(_) => *self = Main::Exited(None),
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn not_started(failure: Option<FailureClass>, log_tail: String) -> AttemptEnd {
+    AttemptEnd {
+        failure,
+        exit_code: None,
+        signal: None,
+        started_at: None,
+        ended_at: Utc::now(),
+        pid: None,
+        peak_mem_mib: None,
+        cleanup_ms: 0,
+        cleanup_verified: true,
+        log_tail,
+    }
+}
+
+fn open_log(path: &Path) -> io::Result<File> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    File::options().create(true).append(true).open(path)
+}
+
+/// Appends a line of the agent's own to the job's log, so that a user reading it sees why the
+/// job stopped. Best effort: a full disk must not change the outcome.
+fn note(log: &File, msg: &str) {
+    let mut log = log;
+    let _ = log.write_all(format!("[headroom] {msg}\n").as_bytes());
+}
+
+/// `HP_<NAME>`: parameter names are identifiers (the spec validates them); anything else is
+/// made one so that the variable can be read from a shell.
+fn param_var(name: &str) -> String {
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("HP_{name}")
+}
+
+/// The command for the attempt, or a message saying why it cannot be built.
+fn command(launch: &Launch, backend: &dyn GpuBackend, log: &File) -> Result<Command, String> {
+    let Some(program) = launch.argv.first() else {
+        return Err("the job has an empty command".to_string());
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(&launch.argv[1..]);
+    if let Some(dir) = &launch.workdir {
+        // Spawning would report a missing directory as a missing program.
+        if !dir.is_dir() {
+            return Err(format!(
+                "working directory {} does not exist",
+                dir.display()
+            ));
+        }
+        cmd.current_dir(dir);
+    }
+    // The agent's environment, then the job's, then what headroom owns.
+    cmd.envs(&launch.env);
+    let gpus: Vec<String> = launch.gpus.iter().map(u32::to_string).collect();
+    cmd.env("CUDA_VISIBLE_DEVICES", gpus.join(","));
+    cmd.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    cmd.env("HEADROOM_JOB_ID", launch.job.to_string());
+    cmd.env(ATTEMPT_VAR, launch.attempt.to_string());
+    for (name, value) in &launch.params {
+        cmd.env(param_var(name), value_text(value));
+    }
+    cmd.envs(backend.job_env());
+
+    let handle = || {
+        log.try_clone()
+            .map(Stdio::from)
+            .map_err(|e| format!("cannot share the log file with the job: {e}"))
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(handle()?)
+        .stderr(handle()?)
+        .kill_on_drop(true);
+    own_session_and_pdeathsig(&mut cmd);
+    Ok(cmd)
+}
+
+/// Puts the child in a session and process group of its own (so the group can be signalled
+/// without touching the agent) and has the kernel SIGKILL it if the agent dies.
+#[allow(unsafe_code)]
+fn own_session_and_pdeathsig(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
+    // work is allowed. It makes two plain syscalls (setsid, prctl), allocates nothing (an
+    // io::Error from an errno is not boxed), takes no lock and touches no parent state.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()?;
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            Ok(())
+        });
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What is watched while the attempt runs: its peak GPU memory and its log.
+struct Watch {
+    backend: Arc<dyn GpuBackend>,
+    attempt: AttemptId,
+    peak: Option<u64>,
+    log: LogFollower,
+}
+
+impl Watch {
+    /// One sampling tick. Blocking.
+    fn step(&mut self) {
+        match self.backend.sample() {
+            Ok(samples) => self.observe(&samples),
+            Err(e) => tracing::debug!(attempt = %self.attempt, error = %e, "GPU sample failed"),
+        }
+        self.log.pump(PUMP_LIMIT);
+    }
+
+    fn observe(&mut self, samples: &[GpuSample]) {
+        let mut seen = false;
+        let mut sum = 0u64;
+        for p in samples.iter().flat_map(|g| &g.processes) {
+            if p.attempt == Some(self.attempt) {
+                seen = true;
+                sum = sum.saturating_add(p.used_mib);
+            }
+        }
+        if seen {
+            self.peak = Some(self.peak.unwrap_or(0).max(sum));
+        }
+    }
+}
+
+/// Reads the log as it grows and feeds the OOM scanner; streaming, whatever the log's size.
+struct LogFollower {
+    file: Option<File>,
+    scanner: OomScanner,
+}
+
+impl LogFollower {
+    fn open(path: &Path, start: u64) -> Self {
+        let file = File::open(path)
+            .and_then(|mut f| f.seek(SeekFrom::Start(start)).map(|_| f))
+            .map_err(|e| tracing::warn!(path = %path.display(), error = %e, "cannot read job log"))
+            .ok();
+        Self {
+            file,
+            scanner: OomScanner::new(),
+        }
+    }
+
+    /// Scans up to `limit` new bytes. Blocking.
+    fn pump(&mut self, limit: u64) {
+        let Some(file) = self.file.as_mut() else {
+            return;
+        };
+        if self.scanner.saw_oom() {
+            return;
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut read = 0u64;
+        while read < limit {
+            match file.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    read += n as u64;
+                    if self.scanner.feed(&buf[..n]) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The last [`TAIL_BYTES`] of the log written since `start`, from a line start when possible.
+fn read_tail(path: &Path, start: u64) -> String {
+    let read = || -> io::Result<Vec<u8>> {
+        let mut f = File::open(path)?;
+        let len = f.metadata()?.len();
+        let from = start.max(len.saturating_sub(TAIL_BYTES));
+        f.seek(SeekFrom::Start(from))?;
+        let mut buf = Vec::with_capacity(usize::try_from(len - from).unwrap_or(0));
+        f.take(TAIL_BYTES).read_to_end(&mut buf)?;
+        if from > start {
+            // Cut mid-line: drop the partial first line, unless that leaves too little.
+            if let Some(nl) = buf.iter().position(|&b| b == b'\n')
+                && nl < buf.len() / 2
+            {
+                buf.drain(..=nl);
+            }
+        }
+        Ok(buf)
+    };
+    read()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// Sends `sig` to a process group; a group that is gone (ESRCH) is what we want anyway.
+fn signal_group(pgid: u32, sig: Signal) {
+    if let Ok(raw) = i32::try_from(pgid)
+        && raw > 1
+    {
+        let _ = killpg(Pid::from_raw(raw), sig);
+    }
+}
+
+fn signal_each(pids: &[u32], sig: Signal) {
+    let me = std::process::id();
+    for &pid in pids {
+        if let Ok(raw) = i32::try_from(pid)
+            && raw > 1
+            && pid != me
+        {
+            let _ = kill(Pid::from_raw(raw), sig);
+        }
+    }
+}
+
+async fn marked(attempt: AttemptId) -> Vec<u32> {
+    tokio::task::spawn_blocking(move || procscan::pids_with_marker(attempt))
+        .await
+        .unwrap_or_default()
+}
+
+/// The pids of the attempt still on a GPU, or `None` when the GPUs cannot be read.
+async fn on_gpus(backend: &Arc<dyn GpuBackend>, watch: &Arc<Mutex<Watch>>) -> Option<Vec<u32>> {
+    let (backend, watch) = (backend.clone(), watch.clone());
+    tokio::task::spawn_blocking(move || {
+        let samples = backend.sample().ok()?;
+        let mut w = lock(&watch);
+        w.observe(&samples);
+        let attempt = w.attempt;
+        Some(
+            samples
+                .iter()
+                .flat_map(|g| &g.processes)
+                .filter(|p| p.attempt == Some(attempt))
+                .map(|p| p.pid)
+                .collect(),
+        )
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+struct Cleanup {
+    status: Option<ExitStatus>,
+    verified: bool,
+    /// Processes still alive after the main process had exited.
+    leftovers: Vec<u32>,
+    /// What was left when verification gave up.
+    remaining: String,
+}
+
+/// SIGTERM, grace, SIGKILL, sweep the marker, reap, and verify on the GPUs. Polls throughout:
+/// an attempt that leaves nothing behind is done in a few milliseconds.
+async fn cleanup(
+    child: &mut Child,
+    pgid: u32,
+    launch: &Launch,
+    backend: &Arc<dyn GpuBackend>,
+    cfg: &SupervisorConfig,
+    mut main: Main,
+    watch: &Arc<Mutex<Watch>>,
+) -> Cleanup {
+    let attempt = launch.attempt;
+    let main_exited = main.exited();
+
+    // Ask politely: the group, and processes that left it (double-forked daemons).
+    // Scan first: the group's SIGTERM would end most leftovers before they could be counted.
+    let mut alive = marked(attempt).await;
+    signal_group(pgid, Signal::SIGTERM);
+    signal_each(&alive, Signal::SIGTERM);
+    let leftovers = if main_exited {
+        alive.clone()
+    } else {
+        Vec::new()
+    };
+    let grace_end = Instant::now() + cfg.kill_grace;
+    loop {
+        main.poll(child);
+        if (main.exited() && alive.is_empty()) || Instant::now() >= grace_end {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+        alive = marked(attempt).await;
+    }
+
+    // Then by force, until nothing of the attempt is alive or on its GPUs.
+    signal_group(pgid, Signal::SIGKILL);
+    if !main.exited() {
+        // In case the main process left its group.
+        let _ = child.start_kill();
+    }
+    let verify_end = Instant::now() + cfg.verify_timeout;
+    let mut remaining;
+    loop {
+        alive = marked(attempt).await;
+        signal_each(&alive, Signal::SIGKILL);
+        main.poll(child);
+        let _ = tokio::task::spawn_blocking(procscan::reap_orphans).await;
+        let gpu = if alive.is_empty() && main.exited() {
+            on_gpus(backend, watch).await
+        } else {
+            None
+        };
+        // Confirm with a second scan: a process caught mid-exec reads without environment.
+        if gpu.as_ref().is_some_and(Vec::is_empty) && marked(attempt).await.is_empty() {
+            return Cleanup {
+                status: main.status(),
+                verified: true,
+                leftovers,
+                remaining: String::new(),
+            };
+        }
+        remaining = match (&gpu, main.exited()) {
+            (_, false) => format!("main process {pgid} has not exited"),
+            (Some(pids), true) => format!("processes {pids:?} still on the GPUs"),
+            (None, true) if alive.is_empty() => "the GPUs could not be read".to_string(),
+            (None, true) => format!("processes {alive:?} still alive"),
+        };
+        if Instant::now() >= verify_end {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    tracing::warn!(%attempt, %remaining, "attempt cleanup not verified");
+    Cleanup {
+        status: main.status(),
+        verified: false,
+        leftovers,
+        remaining,
+    }
+}
+
+/// Kills the attempt's processes if `run_attempt` is dropped before its cleanup ran.
+struct KillOnDrop {
+    pgid: u32,
+    attempt: AttemptId,
+    armed: bool,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            signal_group(self.pgid, Signal::SIGKILL);
+            kill_marked(self.attempt);
+            procscan::disown(self.pgid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{FakeBackend, FakeGpuSpec};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tempfile::TempDir;
+
+    struct Fixture {
+        tmp: TempDir,
+        backend: Arc<dyn GpuBackend>,
+    }
+
+    fn fixture() -> Fixture {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let spec: FakeGpuSpec = "2x8GiB".parse().expect("spec");
+        let backend = FakeBackend::open(spec, &tmp.path().join("gpus")).expect("fake backend");
+        Fixture {
+            tmp,
+            backend: Arc::new(backend),
+        }
+    }
+
+    impl Fixture {
+        fn launch(&self, argv: &[&str]) -> Launch {
+            let attempt = AttemptId::new();
+            Launch {
+                attempt,
+                job: JobId::new(),
+                argv: argv.iter().map(|s| s.to_string()).collect(),
+                env: BTreeMap::new(),
+                params: BTreeMap::new(),
+                gpus: vec![0],
+                timeout: None,
+                log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
+                workdir: None,
+            }
+        }
+
+        fn sh(&self, script: &str) -> Launch {
+            self.launch(&["sh", "-c", script])
+        }
+
+        async fn run(&self, launch: Launch) -> AttemptEnd {
+            run_attempt(
+                launch,
+                self.backend.clone(),
+                &quick(),
+                CancellationToken::new(),
+                |_| {},
+            )
+            .await
+        }
+
+        /// Nothing of the attempt is alive or on a fake GPU.
+        fn assert_gone(&self, attempt: AttemptId) {
+            assert!(
+                procscan::pids_with_marker(attempt).is_empty(),
+                "processes of the attempt survived"
+            );
+            let samples = self.backend.sample().expect("sample");
+            assert!(
+                samples
+                    .iter()
+                    .flat_map(|g| &g.processes)
+                    .all(|p| p.attempt != Some(attempt)),
+                "fake GPU memory of the attempt remains: {samples:?}"
+            );
+        }
+    }
+
+    fn quick() -> SupervisorConfig {
+        SupervisorConfig {
+            kill_grace: Duration::from_millis(300),
+            verify_timeout: Duration::from_secs(10),
+            sample_every: Duration::from_millis(50),
+        }
+    }
+
+    fn log_of(launch: &Launch) -> String {
+        std::fs::read_to_string(&launch.log_path).expect("log")
+    }
+
+    #[tokio::test]
+    async fn a_job_succeeds_with_its_environment_and_log() {
+        let f = fixture();
+        let mut launch = f.sh(
+            "echo hello; echo oops >&2; \
+             echo \"gpus=$CUDA_VISIBLE_DEVICES order=$CUDA_DEVICE_ORDER job=$HEADROOM_JOB_ID\"; \
+             echo \"attempt=$HEADROOM_ATTEMPT_ID bs=$HP_BATCH_SIZE model=$HP_MODEL lr=$HP_LR\"; \
+             echo \"alloc=$PYTORCH_CUDA_ALLOC_CONF dir=${HEADROOM_FAKE_GPU_DIR:+set} gpus=$HEADROOM_FAKE_GPUS\"; \
+             pwd; read x || echo stdin-empty",
+        );
+        launch.gpus = vec![1, 3];
+        launch.env.insert(
+            "PYTORCH_CUDA_ALLOC_CONF".into(),
+            "expandable_segments:True".into(),
+        );
+        // The job cannot override what headroom owns.
+        launch
+            .env
+            .insert("HEADROOM_ATTEMPT_ID".into(), "forged".into());
+        launch
+            .params
+            .insert("batch_size".into(), serde_json::json!(32));
+        launch
+            .params
+            .insert("model".into(), serde_json::json!("gpt2"));
+        launch.params.insert("lr".into(), serde_json::json!(0.001));
+        launch.workdir = Some(f.tmp.path().to_path_buf());
+        let seen = Arc::new(AtomicU32::new(0));
+        let seen2 = seen.clone();
+        let end = run_attempt(
+            launch.clone(),
+            f.backend.clone(),
+            &quick(),
+            CancellationToken::new(),
+            move |pid| seen2.store(pid, Ordering::SeqCst),
+        )
+        .await;
+
+        assert_eq!(end.failure, None, "{end:?}");
+        assert_eq!((end.exit_code, end.signal), (Some(0), None));
+        assert_eq!(end.pid, Some(seen.load(Ordering::SeqCst)));
+        assert!(end.started_at.is_some_and(|s| s <= end.ended_at));
+        assert!(end.cleanup_verified);
+        assert_eq!(end.peak_mem_mib, None);
+        let log = log_of(&launch);
+        for want in [
+            "hello\n".to_string(),
+            "oops\n".to_string(),
+            format!("gpus=1,3 order=PCI_BUS_ID job={}", launch.job),
+            format!("attempt={} bs=32 model=gpt2 lr=0.001", launch.attempt),
+            "alloc=expandable_segments:True dir=set gpus=2x8GiB".to_string(),
+            format!(
+                "{}\n",
+                f.tmp.path().canonicalize().expect("canon").display()
+            ),
+            "stdin-empty".to_string(),
+        ] {
+            assert!(log.contains(&want), "log lacks {want:?}:\n{log}");
+        }
+        assert_eq!(end.log_tail, log);
+    }
+
+    #[tokio::test]
+    async fn exit_codes_and_signals_are_classified() {
+        let f = fixture();
+        let end = f.run(f.sh("exit 3")).await;
+        assert_eq!(end.failure, Some(FailureClass::Nonzero));
+        assert_eq!(end.exit_code, Some(3));
+
+        let end = f.run(f.sh("kill -KILL $$")).await;
+        assert_eq!(end.failure, Some(FailureClass::Signal));
+        assert_eq!((end.exit_code, end.signal), (None, Some(9)));
+    }
+
+    #[tokio::test]
+    async fn oom_text_in_the_log_makes_an_oom_failure() {
+        let f = fixture();
+        let launch = f.sh("echo step 1; \
+             echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB' >&2; \
+             exit 1");
+        let end = f.run(launch).await;
+        assert_eq!(end.failure, Some(FailureClass::Oom), "{end:?}");
+        assert!(end.log_tail.contains("CUDA out of memory"));
+
+        // The same text followed by success is a success.
+        let end = f
+            .run(f.sh("echo 'CUDA error: out of memory'; exit 0"))
+            .await;
+        assert_eq!(end.failure, None);
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_a_launch_error() {
+        let f = fixture();
+        let launch = f.launch(&["/nonexistent/train.py", "--epochs", "1"]);
+        let called = Arc::new(AtomicU32::new(0));
+        let called2 = called.clone();
+        let end = run_attempt(
+            launch.clone(),
+            f.backend.clone(),
+            &quick(),
+            CancellationToken::new(),
+            move |_| {
+                called2.fetch_add(1, Ordering::SeqCst);
+            },
+        )
+        .await;
+        assert_eq!(end.failure, Some(FailureClass::LaunchError));
+        assert_eq!((end.pid, end.started_at), (None, None));
+        assert_eq!(called.load(Ordering::SeqCst), 0);
+        assert!(
+            end.log_tail
+                .contains("cannot start `/nonexistent/train.py`")
+        );
+        assert!(log_of(&launch).contains("No such file or directory"));
+
+        let mut launch = f.launch(&["true"]);
+        launch.workdir = Some(f.tmp.path().join("missing"));
+        let end = f.run(launch).await;
+        assert_eq!(end.failure, Some(FailureClass::LaunchError));
+        assert!(
+            end.log_tail.contains("working directory"),
+            "{}",
+            end.log_tail
+        );
+
+        let end = f.run(f.launch(&[])).await;
+        assert_eq!(end.failure, Some(FailureClass::LaunchError));
+    }
+
+    #[tokio::test]
+    async fn a_job_past_its_timeout_is_stopped() {
+        let f = fixture();
+        let mut launch = f.launch(&["sleep", "30"]);
+        launch.timeout = Some(Duration::from_millis(200));
+        let t0 = std::time::Instant::now();
+        let end = f.run(launch.clone()).await;
+        assert_eq!(end.failure, Some(FailureClass::Timeout));
+        assert_eq!(end.signal, Some(15));
+        assert!(end.cleanup_verified);
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        assert!(log_of(&launch).contains("[headroom] timeout after"));
+        f.assert_gone(launch.attempt);
+    }
+
+    #[tokio::test]
+    async fn a_job_that_ignores_sigterm_is_killed_after_the_grace() {
+        let f = fixture();
+        let mut launch = f.sh("trap '' TERM; sleep 30");
+        launch.timeout = Some(Duration::from_millis(100));
+        let end = f.run(launch.clone()).await;
+        assert_eq!(end.failure, Some(FailureClass::Timeout));
+        assert_eq!(end.signal, Some(9));
+        assert!(end.cleanup_verified);
+        assert!(end.cleanup_ms >= 300, "{}", end.cleanup_ms);
+        f.assert_gone(launch.attempt);
+    }
+
+    #[tokio::test]
+    async fn cancel_stops_the_job() {
+        let f = fixture();
+        let launch = f.launch(&["sleep", "30"]);
+        let cancel = CancellationToken::new();
+        let c = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            c.cancel();
+        });
+        let end = run_attempt(launch.clone(), f.backend.clone(), &quick(), cancel, |_| {}).await;
+        assert_eq!(end.failure, Some(FailureClass::Cancelled));
+        assert!(end.cleanup_verified);
+        assert!(log_of(&launch).contains("[headroom] cancelled"));
+        f.assert_gone(launch.attempt);
+
+        // Cancelled before it started: nothing runs.
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let end = run_attempt(
+            f.launch(&["true"]),
+            f.backend.clone(),
+            &quick(),
+            cancel,
+            |_| {},
+        )
+        .await;
+        assert_eq!(end.failure, Some(FailureClass::Cancelled));
+        assert_eq!(end.pid, None);
+    }
+
+    #[tokio::test]
+    async fn peak_memory_sums_the_attempts_processes() {
+        let f = fixture();
+        let launch = f.sh("echo 512 > $HEADROOM_FAKE_GPU_DIR/$$; \
+             sh -c 'echo 1:256 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.6' & \
+             sleep 0.3; echo 0:2048 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3; wait");
+        let end = f.run(launch.clone()).await;
+        assert_eq!(end.failure, None, "{end:?}");
+        assert_eq!(end.peak_mem_mib, Some(2048 + 256));
+        f.assert_gone(launch.attempt);
+    }
+
+    #[tokio::test]
+    async fn children_left_behind_by_a_successful_job_are_stopped() {
+        let f = fixture();
+        let launch = f.sh("sleep 300 & echo started");
+        let end = f.run(launch.clone()).await;
+        assert_eq!(end.failure, None);
+        assert!(end.cleanup_verified);
+        let log = log_of(&launch);
+        assert!(
+            log.contains("stopped 1 leftover process(es)"),
+            "{end:?}\n{log}"
+        );
+        f.assert_gone(launch.attempt);
+    }
+
+    /// The case that cost the field 31 runs: an orphan in a session of its own, holding GPU
+    /// memory and ignoring SIGTERM.
+    #[tokio::test]
+    async fn a_double_forked_orphan_holding_memory_is_killed_and_verified() {
+        become_subreaper().expect("subreaper");
+        let f = fixture();
+        let launch = f.sh(
+            "setsid -f sh -c 'trap \"\" TERM; echo 0:1024 > $HEADROOM_FAKE_GPU_DIR/$$; exec sleep 300'; \
+             until [ -n \"$(ls $HEADROOM_FAKE_GPU_DIR)\" ]; do sleep 0.02; done; \
+             sleep 0.3; echo parent done",
+        );
+        let end = f.run(launch.clone()).await;
+        assert_eq!(end.failure, None, "{end:?}");
+        assert!(end.cleanup_verified, "{end:?}");
+        assert_eq!(end.peak_mem_mib, Some(1024));
+        // The orphan ignored SIGTERM, so it took the grace period and a SIGKILL.
+        assert!(end.cleanup_ms >= 300, "{}", end.cleanup_ms);
+        f.assert_gone(launch.attempt);
+        let log = log_of(&launch);
+        assert!(
+            log.contains("parent done") && log.contains("leftover"),
+            "{log}"
+        );
+    }
+
+    #[tokio::test]
+    async fn dropping_the_future_kills_the_job() {
+        let f = fixture();
+        let launch = f.sh("sleep 300 & sleep 300");
+        let attempt = launch.attempt;
+        let backend = f.backend.clone();
+        let task = tokio::spawn(async move {
+            run_attempt(launch, backend, &quick(), CancellationToken::new(), |_| {}).await
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while procscan::pids_with_marker(attempt).len() < 2 && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        task.abort();
+        let _ = task.await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !procscan::pids_with_marker(attempt).is_empty()
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        f.assert_gone(attempt);
+    }
+
+    #[test]
+    fn param_names_become_variables() {
+        assert_eq!(param_var("batch_size"), "HP_BATCH_SIZE");
+        assert_eq!(param_var("lr"), "HP_LR");
+        assert_eq!(param_var("odd-name.x"), "HP_ODD_NAME_X");
+    }
+
+    #[test]
+    fn the_log_tail_starts_at_a_line_and_at_the_attempt() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("log");
+        let mut text = String::from("earlier attempt\n");
+        let start = text.len() as u64;
+        for i in 0..1000 {
+            text.push_str(&format!("line {i}\n"));
+        }
+        std::fs::write(&path, &text).expect("write");
+        let tail = read_tail(&path, start);
+        assert!(tail.len() <= TAIL_BYTES as usize);
+        assert!(
+            tail.starts_with("line ") && tail.ends_with("line 999\n"),
+            "{tail}"
+        );
+        std::fs::write(&path, "earlier\nnow\n").expect("write");
+        assert_eq!(read_tail(&path, 8), "now\n");
+        assert_eq!(read_tail(&tmp.path().join("missing"), 0), "");
+    }
+}

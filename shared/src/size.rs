@@ -51,7 +51,7 @@ impl FromStr for MemSize {
 
 impl fmt::Display for MemSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.mib >= 1024 && self.mib % 1024 == 0 {
+        if self.mib >= 1024 && self.mib.is_multiple_of(1024) {
             write!(f, "{}GiB", self.mib / 1024)
         } else if self.mib >= 1024 {
             write!(f, "{:.1}GiB", self.mib as f64 / 1024.0)

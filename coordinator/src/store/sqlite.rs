@@ -406,8 +406,14 @@ fn record_telemetry(tx: &Transaction<'_>, node: &str, gpus: &[GpuSample]) -> Res
     Ok(())
 }
 
-/// Active attempts on a node: (attempt id, gpus, estimate).
-fn active_on(conn: &Connection, node: &str) -> Result<Vec<(String, Vec<u32>, Option<u64>)>> {
+/// An attempt holding a lease on a node.
+struct Active {
+    id: String,
+    gpus: Vec<u32>,
+    estimate: Option<u64>,
+}
+
+fn active_on(conn: &Connection, node: &str) -> Result<Vec<Active>> {
     let mut stmt = conn.prepare_cached(
         "SELECT id, gpus, estimate_mib FROM attempts WHERE node = ?1 AND phase != 'ended'",
     )?;
@@ -421,7 +427,13 @@ fn active_on(conn: &Connection, node: &str) -> Result<Vec<(String, Vec<u32>, Opt
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     rows.into_iter()
-        .map(|(id, g, e)| Ok((id, from_json(&g)?, opt_u64(e))))
+        .map(|(id, g, e)| {
+            Ok(Active {
+                id,
+                gpus: from_json(&g)?,
+                estimate: opt_u64(e),
+            })
+        })
         .collect()
 }
 
@@ -766,7 +778,7 @@ impl Store for SqliteStore {
             // A new incarnation owns none of the old one's attempts.
             let lost: Vec<String> = active_on(tx, &reg.node)?
                 .into_iter()
-                .map(|(id, _, _)| id)
+                .map(|a| a.id)
                 .collect();
             for a in &lost {
                 lose_attempt(tx, a)?;
@@ -838,8 +850,8 @@ impl Store for SqliteStore {
                     .enumerate()
                     .map(|(i, g)| {
                         let sample = samples.iter().find(|s| s.index == g.index);
-                        let here: Vec<&(String, Vec<u32>, Option<u64>)> =
-                            active.iter().filter(|(_, gs, _)| gs.contains(&g.index)).collect();
+                        let here: Vec<&Active> =
+                            active.iter().filter(|a| a.gpus.contains(&g.index)).collect();
                         Ok(GpuView {
                             index: g.index,
                             uuid: g.uuid.clone(),
@@ -849,11 +861,11 @@ impl Store for SqliteStore {
                             free_mib: sample.map(|s| s.free_mib),
                             slots: plan.slots(i),
                             slots_used: here.len() as u32,
-                            estimated_mib: here.iter().filter_map(|(_, _, e)| *e).sum(),
+                            estimated_mib: here.iter().filter_map(|a| a.estimate).sum(),
                             headroom_mib: headroom.mib_of(g.total_mib),
                             attempts: here
                                 .iter()
-                                .map(|(id, _, _)| parse(id, "attempt id"))
+                                .map(|a| parse(&a.id, "attempt id"))
                                 .collect::<Result<_>>()?,
                         })
                     })
@@ -928,12 +940,12 @@ impl Store for SqliteStore {
                             .map(|s| s.free_mib),
                         placed: active
                             .iter()
-                            .filter(|(_, gs, _)| gs.contains(&g.index))
-                            .map(|(_, _, e)| *e)
+                            .filter(|a| a.gpus.contains(&g.index))
+                            .map(|a| a.estimate)
                             .collect(),
                     })
                     .collect(),
-                cpu_jobs: active.iter().filter(|(_, gs, _)| gs.is_empty()).count() as u32,
+                cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,
                 reserve_after_ms: input.reserve_after_ms,
             };
             if input.max == 0 {

@@ -1,0 +1,555 @@
+//! The agent as an explicit state machine: `Registering -> Serving -> Draining`. Serving
+//! long-polls the coordinator for leases, admits each against live GPU memory, runs it under
+//! the supervisor, ships its log, and reports its end.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use headroom_shared::api::{
+    AttemptRef, ClaimRequest, FinishReport, GpuSample, HandBackRequest, Headroom, HeartbeatRequest,
+    Lease, RegisterRequest, StartReport,
+};
+use headroom_shared::{AgentId, AttemptId, FailureClass};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::client::{Client, ClientError};
+use crate::gpu::GpuBackend;
+use crate::supervisor::{self, AttemptEnd, Launch, SupervisorConfig};
+
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub coordinator: String,
+    pub node: String,
+    /// Applied at registration; `None` keeps the plan the coordinator has.
+    pub plan: Option<String>,
+    pub headroom: Headroom,
+    /// Attempt logs are written under `<data_dir>/logs`.
+    pub data_dir: PathBuf,
+    pub supervisor: SupervisorConfig,
+    /// How long one claim may wait for work.
+    pub claim_wait: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("coordinator client: {0}")]
+    Client(#[from] ClientError),
+    #[error("data directory: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The agent's states; each step of `run` moves from one to the next.
+enum State {
+    Registering { backoff: Duration },
+    Serving(Session),
+    Draining,
+}
+
+#[derive(Clone)]
+struct Session {
+    agent: AgentId,
+    plan: String,
+    ttl: Duration,
+}
+
+/// One attempt the agent is running.
+struct Running {
+    fence: i64,
+    cancel: CancellationToken,
+    /// Cancelled by a user (vs. stopped because the agent is shutting down).
+    by_user: Arc<AtomicBool>,
+}
+
+pub struct Agent {
+    cfg: AgentConfig,
+    backend: Arc<dyn GpuBackend>,
+    client: Client,
+    running: Arc<Mutex<HashMap<AttemptId, Running>>>,
+    tasks: TaskTracker,
+    /// Cancelled when the agent drains: attempts stop and are reported lost.
+    draining: CancellationToken,
+}
+
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+impl Agent {
+    pub fn new(cfg: AgentConfig, backend: Arc<dyn GpuBackend>) -> Result<Self, AgentError> {
+        std::fs::create_dir_all(cfg.data_dir.join("logs"))?;
+        Ok(Self {
+            client: Client::new(&cfg.coordinator)?,
+            cfg,
+            backend,
+            running: Arc::default(),
+            tasks: TaskTracker::new(),
+            draining: CancellationToken::new(),
+        })
+    }
+
+    /// Runs until `shutdown`, then stops every attempt and reports it before returning.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), AgentError> {
+        if let Err(e) = supervisor::become_subreaper() {
+            tracing::warn!("cannot become child subreaper, orphans may escape to init: {e}");
+        }
+        let mut state = State::Registering {
+            backoff: Duration::from_millis(100),
+        };
+        loop {
+            state = match state {
+                State::Registering { backoff } => self.register(backoff, &shutdown).await,
+                State::Serving(session) => self.serve(session, &shutdown).await,
+                State::Draining => break,
+            };
+        }
+        self.drain().await;
+        Ok(())
+    }
+
+    async fn register(&self, backoff: Duration, shutdown: &CancellationToken) -> State {
+        let req = RegisterRequest {
+            node: self.cfg.node.clone(),
+            gpus: self.backend.inventory(),
+            plan: self.cfg.plan.clone(),
+            headroom: Some(self.cfg.headroom),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        match self.client.register(&req).await {
+            Ok(resp) => {
+                tracing::info!(agent = %resp.agent, plan = %resp.plan, gpus = req.gpus.len(), backend = self.backend.kind(), "registered with the coordinator");
+                if !resp.lost_attempts.is_empty() {
+                    kill_leftovers(resp.lost_attempts).await;
+                }
+                State::Serving(Session {
+                    agent: resp.agent,
+                    plan: resp.plan,
+                    ttl: Duration::from_millis(resp.lease_ttl_ms),
+                })
+            }
+            Err(e) if e.is_transient() => {
+                tracing::warn!("registration failed, retrying in {backoff:?}: {e}");
+                tokio::select! {
+                    _ = shutdown.cancelled() => State::Draining,
+                    _ = tokio::time::sleep(backoff) => State::Registering { backoff: (backoff * 2).min(MAX_BACKOFF) },
+                }
+            }
+            Err(e) => {
+                // A refused registration (bad plan, ...) will not fix itself.
+                tracing::error!("registration refused: {e}");
+                State::Draining
+            }
+        }
+    }
+
+    async fn serve(&self, mut session: Session, shutdown: &CancellationToken) -> State {
+        let session_done = shutdown.child_token();
+        self.tasks.spawn(heartbeats(
+            self.client.clone(),
+            self.backend.clone(),
+            self.running.clone(),
+            session.clone(),
+            session_done.clone(),
+        ));
+        let _stop_heartbeats = session_done.clone().drop_guard();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let samples = sample(&self.backend).await;
+            let req = ClaimRequest {
+                gpus: samples,
+                max: 64,
+                watching: self.watching(),
+                known_plan: Some(session.plan.clone()),
+                wait_ms: self.cfg.claim_wait.as_millis() as u64,
+            };
+            let reply = tokio::select! {
+                _ = shutdown.cancelled() => return State::Draining,
+                r = self.client.claim(session.agent, &req) => r,
+            };
+            match reply {
+                Ok(resp) => {
+                    backoff = Duration::from_millis(100);
+                    if resp.plan != session.plan {
+                        tracing::info!(plan = %resp.plan, "plan changed");
+                        session.plan = resp.plan;
+                    }
+                    for attempt in resp.cancel {
+                        self.cancel_attempt(attempt);
+                    }
+                    if !resp.leases.is_empty() {
+                        self.admit(resp.leases).await;
+                    }
+                }
+                Err(ClientError::UnknownAgent(m)) => {
+                    tracing::warn!("coordinator forgot this agent ({m}); registering again");
+                    return State::Registering {
+                        backoff: Duration::from_millis(100),
+                    };
+                }
+                Err(e) => {
+                    tracing::warn!("claim failed, retrying in {backoff:?}: {e}");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return State::Draining,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    fn watching(&self) -> Vec<AttemptId> {
+        self.running
+            .lock()
+            .map(|r| {
+                r.iter()
+                    .filter(|(_, a)| !a.cancel.is_cancelled())
+                    .map(|(id, _)| *id)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn cancel_attempt(&self, attempt: AttemptId) {
+        if let Ok(running) = self.running.lock()
+            && let Some(a) = running.get(&attempt)
+        {
+            tracing::info!(%attempt, "cancelling attempt");
+            a.by_user.store(true, Ordering::SeqCst);
+            a.cancel.cancel();
+        }
+    }
+
+    /// Admission at launch: re-read live memory; a lease that no longer fits goes back.
+    async fn admit(&self, leases: Vec<Lease>) {
+        let mut samples = sample(&self.backend).await;
+        let inventory = self.backend.inventory();
+        for lease in leases {
+            if let Some(est) = lease.estimate_mib {
+                let short = lease.gpus.iter().find_map(|g| {
+                    let total = inventory.iter().find(|i| i.index == *g)?.total_mib;
+                    let free = samples.iter().find(|s| s.index == *g)?.free_mib;
+                    let usable = free.saturating_sub(self.cfg.headroom.mib_of(total));
+                    (usable < est).then_some((*g, usable))
+                });
+                if let Some((gpu, usable)) = short {
+                    let reason = format!(
+                        "GPU {gpu} has {usable} MiB free beyond headroom, the job needs {est} MiB"
+                    );
+                    tracing::info!(attempt = %lease.attempt, "handing lease back: {reason}");
+                    let req = HandBackRequest {
+                        fence: lease.fence,
+                        reason,
+                        gpus: samples.clone(),
+                    };
+                    if let Err(e) = self.client.hand_back(lease.attempt, &req).await {
+                        tracing::warn!(attempt = %lease.attempt, "hand back failed (the lease will expire): {e}");
+                    }
+                    continue;
+                }
+                // Later leases of this batch must not count on memory this one will take.
+                for s in samples.iter_mut().filter(|s| lease.gpus.contains(&s.index)) {
+                    s.free_mib = s.free_mib.saturating_sub(est);
+                }
+            }
+            self.launch(lease);
+        }
+    }
+
+    fn launch(&self, lease: Lease) {
+        let run = Running {
+            fence: lease.fence,
+            cancel: self.draining.child_token(),
+            by_user: Arc::new(AtomicBool::new(false)),
+        };
+        let (cancel, by_user) = (run.cancel.clone(), run.by_user.clone());
+        if let Ok(mut r) = self.running.lock() {
+            r.insert(lease.attempt, run);
+        }
+        tracing::info!(attempt = %lease.attempt, job = %lease.job, gpus = ?lease.gpus, "launching");
+        let ctx = AttemptCtx {
+            client: self.client.clone(),
+            backend: self.backend.clone(),
+            running: self.running.clone(),
+            supervisor: self.cfg.supervisor.clone(),
+            log_path: self
+                .cfg
+                .data_dir
+                .join("logs")
+                .join(format!("{}.log", lease.attempt)),
+            draining: self.draining.clone(),
+        };
+        self.tasks.spawn(run_lease(ctx, lease, cancel, by_user));
+    }
+
+    async fn drain(&self) {
+        let n = self.running.lock().map(|r| r.len()).unwrap_or(0);
+        if n > 0 {
+            tracing::info!(attempts = n, "stopping running attempts");
+        }
+        self.draining.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+struct AttemptCtx {
+    client: Client,
+    backend: Arc<dyn GpuBackend>,
+    running: Arc<Mutex<HashMap<AttemptId, Running>>>,
+    supervisor: SupervisorConfig,
+    log_path: PathBuf,
+    draining: CancellationToken,
+}
+
+async fn run_lease(
+    ctx: AttemptCtx,
+    lease: Lease,
+    cancel: CancellationToken,
+    by_user: Arc<AtomicBool>,
+) {
+    let attempt = lease.attempt;
+    let fence = lease.fence;
+    let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
+    let start_client = ctx.client.clone();
+    let reporter = tokio::spawn(async move {
+        if let Ok(pid) = pid_rx.await {
+            let report = StartReport {
+                fence,
+                pid,
+                started_at: Utc::now(),
+            };
+            if let Err(e) = start_client.start(attempt, &report).await {
+                tracing::warn!(%attempt, "start report failed: {e}");
+            }
+        }
+    });
+    let ship_stop = CancellationToken::new();
+    let shipper = tokio::spawn(ship_log(
+        ctx.client.clone(),
+        attempt,
+        fence,
+        ctx.log_path.clone(),
+        ship_stop.clone(),
+    ));
+    let launch = Launch {
+        attempt,
+        job: lease.job,
+        argv: lease.argv,
+        env: lease.env,
+        params: lease.params,
+        gpus: lease.gpus,
+        timeout: lease.timeout_ms.map(Duration::from_millis),
+        log_path: ctx.log_path.clone(),
+        workdir: None,
+    };
+    let end: AttemptEnd = supervisor::run_attempt(
+        launch,
+        ctx.backend.clone(),
+        &ctx.supervisor,
+        cancel,
+        move |pid| {
+            let _ = pid_tx.send(pid);
+        },
+    )
+    .await;
+    let _ = reporter.await;
+    ship_stop.cancel();
+    let _ = shipper.await;
+
+    let mut failure = end.failure;
+    let mut log_tail = end.log_tail;
+    if failure == Some(FailureClass::Cancelled) && !by_user.load(Ordering::SeqCst) {
+        failure = Some(FailureClass::Lost);
+        log_tail.push_str("\n[headroom] stopped because the agent shut down\n");
+    }
+    let report = FinishReport {
+        fence,
+        failure,
+        exit_code: end.exit_code,
+        signal: end.signal,
+        ended_at: end.ended_at,
+        peak_mem_mib: end.peak_mem_mib,
+        cleanup_ms: end.cleanup_ms,
+        cleanup_verified: end.cleanup_verified,
+        log_tail,
+        gpus: sample(&ctx.backend).await,
+    };
+    // The slot frees on the coordinator only when it hears of the end, so keep trying;
+    // a draining agent gives up after a while and the lease expires instead.
+    let mut backoff = Duration::from_millis(100);
+    let mut tries = 0;
+    // Leave the running set first: the next claim must not watch this attempt any more.
+    if let Ok(mut r) = ctx.running.lock() {
+        r.remove(&attempt);
+    }
+    loop {
+        match ctx.client.finish(attempt, &report).await {
+            Ok(resp) => {
+                tracing::info!(%attempt, failure = ?report.failure, job_state = %resp.job_state, "attempt reported");
+                break;
+            }
+            Err(ClientError::Stale(m)) => {
+                tracing::warn!(%attempt, "finish refused, the lease is no longer ours: {m}");
+                break;
+            }
+            Err(e) if e.is_transient() => {
+                tries += 1;
+                if ctx.draining.is_cancelled() && tries > 20 {
+                    tracing::warn!(%attempt, "giving up reporting the end: {e}");
+                    break;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            Err(e) => {
+                tracing::error!(%attempt, "finish refused: {e}");
+                break;
+            }
+        }
+    }
+}
+
+/// Ships the attempt's log to the coordinator as it grows, and the rest at the end.
+async fn ship_log(
+    client: Client,
+    attempt: AttemptId,
+    fence: i64,
+    path: PathBuf,
+    stop: CancellationToken,
+) {
+    const CHUNK: usize = 1 << 20;
+    let mut offset: u64 = 0;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let last = tokio::select! {
+            _ = stop.cancelled() => true,
+            _ = tick.tick() => false,
+        };
+        // Ship everything there is; at the end, keep going until the file is drained.
+        loop {
+            let chunk = match read_from(&path, offset, CHUNK).await {
+                Ok(c) => c,
+                Err(_) => break,
+            };
+            if chunk.is_empty() {
+                break;
+            }
+            let n = chunk.len() as u64;
+            match client.append_log(attempt, fence, offset, chunk).await {
+                Ok(()) => offset += n,
+                Err(ClientError::Stale(_)) => return,
+                Err(e) => {
+                    tracing::debug!(%attempt, "log shipping failed, will retry: {e}");
+                    break;
+                }
+            }
+            if n < CHUNK as u64 {
+                break;
+            }
+        }
+        if last {
+            return;
+        }
+    }
+}
+
+async fn read_from(path: &PathBuf, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
+    let mut f = tokio::fs::File::open(path).await?;
+    f.seek(std::io::SeekFrom::Start(offset)).await?;
+    let mut buf = Vec::new();
+    f.take(max as u64).read_to_end(&mut buf).await?;
+    Ok(buf)
+}
+
+async fn heartbeats(
+    client: Client,
+    backend: Arc<dyn GpuBackend>,
+    running: Arc<Mutex<HashMap<AttemptId, Running>>>,
+    session: Session,
+    done: CancellationToken,
+) {
+    let mut tick = tokio::time::interval((session.ttl / 3).max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = done.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let attempts: Vec<AttemptRef> = running
+            .lock()
+            .map(|r| {
+                r.iter()
+                    .map(|(id, a)| AttemptRef {
+                        attempt: *id,
+                        fence: a.fence,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        // Orphans re-parented to this subreaper that died between attempts are reaped here.
+        let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
+        let req = HeartbeatRequest {
+            gpus: sample(&backend).await,
+            attempts,
+        };
+        match client.heartbeat(session.agent, &req).await {
+            Ok(resp) => {
+                if let Ok(r) = running.lock() {
+                    for id in resp.cancel {
+                        if let Some(a) = r.get(&id) {
+                            a.by_user.store(true, Ordering::SeqCst);
+                            a.cancel.cancel();
+                        }
+                    }
+                    for id in resp.stale {
+                        if let Some(a) = r.get(&id) {
+                            tracing::warn!(attempt = %id, "lease is stale: stopping the attempt");
+                            a.cancel.cancel();
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("heartbeat failed: {e}"),
+        }
+    }
+}
+
+/// Live GPU samples, read off the runtime (NVML and /proc reads block).
+pub async fn sample(backend: &Arc<dyn GpuBackend>) -> Vec<GpuSample> {
+    let b = backend.clone();
+    match tokio::task::spawn_blocking(move || b.sample()).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::warn!("GPU sample failed: {e}");
+            vec![]
+        }
+        Err(e) => {
+            tracing::warn!("GPU sample task failed: {e}");
+            vec![]
+        }
+    }
+}
+
+/// Kills what is left of attempts of this node's earlier incarnation (their processes carry
+/// the attempt's marker even after double forks).
+async fn kill_leftovers(attempts: Vec<AttemptId>) {
+    let killed = tokio::task::spawn_blocking(move || {
+        attempts
+            .into_iter()
+            .map(|a| supervisor::kill_marked(a).len())
+            .sum::<usize>()
+    })
+    .await
+    .unwrap_or(0);
+    if killed > 0 {
+        tracing::warn!(
+            processes = killed,
+            "killed leftovers of attempts from an earlier run"
+        );
+    }
+}

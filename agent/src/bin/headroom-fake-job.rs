@@ -1,0 +1,332 @@
+//! headroom-fake-job: a stand-in for a training script, for tests and demos. It holds fake GPU
+//! memory through the fake backend's files, fails with PyTorch's OOM text when the memory
+//! does not fit, and can misbehave the ways real jobs do (ignore SIGTERM, leave orphans).
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use headroom_agent::gpu::fake::{self, FakeGpuSpec};
+use headroom_shared::MemSize;
+use signal_hook::consts::SIGTERM;
+
+/// Simulates a GPU training job on the fake GPU backend.
+#[derive(Debug, Parser)]
+#[command(name = "headroom-fake-job", version)]
+struct Args {
+    /// Fake GPU memory to hold on the first GPU of CUDA_VISIBLE_DEVICES (e.g. `2GiB`).
+    #[arg(long, value_name = "SIZE")]
+    mem: Option<MemSize>,
+    /// How long to run.
+    #[arg(long, value_name = "F", default_value_t = 1.0)]
+    seconds: f64,
+    /// Exit code at the end.
+    #[arg(long, value_name = "CODE", default_value_t = 0)]
+    exit: u8,
+    /// Append a JSON line at start and at end to FILE (under an exclusive lock).
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Print and keep running on SIGTERM.
+    #[arg(long)]
+    ignore_term: bool,
+    /// Leave an orphan holding SIZE: a grandchild in a session of its own (`setsid -f`).
+    #[arg(long, value_name = "SIZE")]
+    orphan_mem: Option<MemSize>,
+    /// How long the orphan runs.
+    #[arg(long, value_name = "F", default_value_t = 300.0)]
+    orphan_seconds: f64,
+    /// Where the orphan writes its pid (default: a file in the temporary directory).
+    #[arg(long, value_name = "FILE")]
+    orphan_pid_file: Option<PathBuf>,
+    /// Write this process's pid to FILE once its memory is held.
+    #[arg(long, value_name = "FILE")]
+    pid_file: Option<PathBuf>,
+    /// Behave as a CUDA OOM when parameter NAME (env HP_NAME) is above VALUE: `batch_size>64`.
+    #[arg(long, value_name = "NAME>VALUE")]
+    oom_if_param: Option<ParamAbove>,
+    /// Print TEXT to stdout at start (repeatable).
+    #[arg(long, value_name = "TEXT")]
+    print: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+struct ParamAbove {
+    name: String,
+    value: f64,
+}
+
+impl FromStr for ParamAbove {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || format!("`{s}` is not NAME>VALUE (e.g. `batch_size>64`)");
+        let (name, value) = s.split_once('>').ok_or_else(err)?;
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(err());
+        }
+        Ok(Self {
+            name: name.to_string(),
+            value: value.trim().parse().map_err(|_| err())?,
+        })
+    }
+}
+
+impl ParamAbove {
+    fn holds(&self) -> bool {
+        std::env::var(format!("HP_{}", self.name.to_ascii_uppercase()))
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .is_some_and(|v| v > self.value)
+    }
+}
+
+/// Fails the way the job would, with a message for its log.
+struct Exit(u8, String);
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(code) => ExitCode::from(code),
+        Err(Exit(code, msg)) => {
+            if !msg.is_empty() {
+                eprintln!("{msg}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn usage(msg: String) -> Exit {
+    Exit(2, format!("headroom-fake-job: {msg}"))
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn record(path: &Path, event: &str, mem_mib: u64) -> Result<(), Exit> {
+    let line = serde_json::json!({
+        "event": event,
+        "job": env("HEADROOM_JOB_ID"),
+        "attempt": env("HEADROOM_ATTEMPT_ID"),
+        "gpus": env("CUDA_VISIBLE_DEVICES"),
+        "pid": std::process::id(),
+        "mem_mib": mem_mib,
+        "t_ms": unix_ms(),
+    });
+    let write = || -> std::io::Result<()> {
+        let mut f = File::options().create(true).append(true).open(path)?;
+        // Jobs running side by side append to one file: one whole line each.
+        f.lock()?;
+        writeln!(f, "{line}")
+    };
+    write().map_err(|e| usage(format!("cannot record to {}: {e}", path.display())))
+}
+
+/// PyTorch's message, so that the agent classifies the failure as `oom`.
+fn oom(tried_mib: u64, gpu: u32, total_mib: Option<u64>, free_mib: Option<u64>) -> Exit {
+    let mut msg = format!(
+        "Traceback (most recent call last):\n  File \"train.py\", line 42, in <module>\n\
+         torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried_mib} MiB."
+    );
+    if let (Some(total), Some(free)) = (total_mib, free_mib) {
+        msg.push_str(&format!(
+            " GPU {gpu} has a total capacity of {total} MiB of which {free} MiB is free."
+        ));
+    }
+    Exit(1, msg)
+}
+
+/// The first GPU this process may use.
+fn my_gpu() -> u32 {
+    env("CUDA_VISIBLE_DEVICES")
+        .as_deref()
+        .and_then(fake::first_visible_gpu)
+        .unwrap_or(0)
+}
+
+fn fake_spec() -> Result<Option<FakeGpuSpec>, Exit> {
+    env(fake::SPEC_VAR)
+        .map(|s| {
+            s.parse()
+                .map_err(|e| usage(format!("{}: {e}", fake::SPEC_VAR)))
+        })
+        .transpose()
+}
+
+/// Claims `mib` on `gpu` if it fits, as one step under the directory's lock.
+fn hold(dir: &Path, gpu: u32, mib: u64) -> Result<(), Exit> {
+    let spec = fake_spec()?;
+    let io = |what: &str, e: std::io::Error| usage(format!("{what} {}: {e}", dir.display()));
+    fs::create_dir_all(dir).map_err(|e| io("cannot create", e))?;
+    let _lock = fake::lock_dir(dir).map_err(|e| io("cannot lock", e))?;
+    if let Some(spec) = &spec {
+        let total = spec.total_mib(gpu).ok_or_else(|| {
+            usage(format!(
+                "GPU {gpu} is not one of the {} fake GPUs",
+                spec.gpu_count()
+            ))
+        })?;
+        let uses = fake::read_usage(dir, spec.gpu_count()).map_err(|e| io("cannot read", e))?;
+        let used = fake::used_on(&uses, gpu);
+        if used.saturating_add(mib) > total {
+            return Err(oom(mib, gpu, Some(total), Some(total.saturating_sub(used))));
+        }
+    }
+    fake::write_usage(dir, std::process::id(), &[(gpu, mib)]).map_err(|e| io("cannot write", e))
+}
+
+fn fake_dir() -> Result<PathBuf, Exit> {
+    env(fake::DIR_VAR).map(PathBuf::from).ok_or_else(|| {
+        usage(format!(
+            "--mem needs {} (run it under headroom)",
+            fake::DIR_VAR
+        ))
+    })
+}
+
+/// Starts a grandchild that leaves this job's session and process group, and waits until it
+/// holds its memory, so that callers can rely on it being there.
+fn leave_orphan(args: &Args, mem: MemSize) -> Result<(), Exit> {
+    let exe = std::env::current_exe().map_err(|e| usage(format!("own path: {e}")))?;
+    let pid_file = args.orphan_pid_file.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!(
+            "headroom-fake-job-orphan-{}.pid",
+            std::process::id()
+        ))
+    });
+    let _ = fs::remove_file(&pid_file);
+    // `setsid -f` forks: the grandchild re-parents (to the agent, a subreaper) and keeps the
+    // environment, hence the attempt's marker.
+    let mut cmd = Command::new("setsid");
+    cmd.arg("-f")
+        .arg(&exe)
+        .arg("--mem")
+        .arg(format!("{}MiB", mem.mib))
+        .arg("--seconds")
+        .arg(args.orphan_seconds.to_string())
+        .arg("--pid-file")
+        .arg(&pid_file);
+    if args.ignore_term {
+        cmd.arg("--ignore-term");
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| usage(format!("cannot run `setsid -f` (util-linux): {e}")))?;
+    if !status.success() {
+        return Err(usage(format!("`setsid -f` failed: {status}")));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(pid) = fs::read_to_string(&pid_file)
+            && !pid.trim().is_empty()
+        {
+            println!("left an orphan (pid {}) holding {mem}", pid.trim());
+            if args.orphan_pid_file.is_none() {
+                let _ = fs::remove_file(&pid_file);
+            }
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(usage("the orphan did not start within 10s".to_string()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn run(args: &Args) -> Result<u8, Exit> {
+    let term = Arc::new(AtomicBool::new(false));
+    if args.ignore_term {
+        let mut signals = signal_hook::iterator::Signals::new([SIGTERM])
+            .map_err(|e| usage(format!("cannot handle SIGTERM: {e}")))?;
+        std::thread::spawn(move || {
+            for _ in signals.forever() {
+                println!("headroom-fake-job: got SIGTERM, ignoring it");
+            }
+        });
+    } else {
+        signal_hook::flag::register(SIGTERM, term.clone())
+            .map_err(|e| usage(format!("cannot handle SIGTERM: {e}")))?;
+    }
+
+    for text in &args.print {
+        println!("{text}");
+    }
+    let gpu = my_gpu();
+    if let Some(cond) = &args.oom_if_param
+        && cond.holds()
+    {
+        let tried = args.mem.map_or(1024, |m| m.mib);
+        return Err(oom(tried, gpu, None, None));
+    }
+
+    let dir = match args.mem {
+        Some(_) => Some(fake_dir()?),
+        None => None,
+    };
+    let mem_mib = args.mem.map_or(0, |m| m.mib);
+    if let Some(dir) = &dir {
+        hold(dir, gpu, mem_mib)?;
+    }
+    let release = || {
+        if let Some(dir) = &dir {
+            let _ = fake::remove_usage(dir, std::process::id());
+        }
+    };
+    if let Some(path) = &args.pid_file {
+        fs::write(path, format!("{}\n", std::process::id()))
+            .map_err(|e| usage(format!("cannot write {}: {e}", path.display())))?;
+    }
+    if let Some(path) = &args.record {
+        record(path, "start", mem_mib)?;
+    }
+    if let Some(mem) = args.orphan_mem {
+        leave_orphan(args, mem)?;
+    }
+    println!(
+        "fake job pid {} on GPU {gpu} holding {mem_mib} MiB for {}s",
+        std::process::id(),
+        args.seconds
+    );
+
+    // A step per second, at least one, so the log shows progress.
+    // Bounded (a year) so that any number makes a valid duration.
+    let seconds = if args.seconds.is_finite() {
+        args.seconds.clamp(0.0, 365.0 * 86400.0)
+    } else {
+        0.0
+    };
+    let steps = (seconds.ceil() as u64).clamp(1, 100_000);
+    let step = Duration::from_secs_f64(seconds / steps as f64);
+    for k in 1..=steps {
+        let until = Instant::now() + step;
+        while Instant::now() < until {
+            if term.load(Ordering::Relaxed) {
+                println!("got SIGTERM at step {k}/{steps}, exiting");
+                release();
+                return Ok(143);
+            }
+            std::thread::sleep((until - Instant::now()).min(Duration::from_millis(20)));
+        }
+        println!("step {k}/{steps} loss {:.4}", 2.0 / (k as f64).sqrt());
+    }
+
+    release();
+    if let Some(path) = &args.record {
+        record(path, "end", mem_mib)?;
+    }
+    Ok(args.exit)
+}

@@ -1,0 +1,634 @@
+//! The fake backend: simulated GPUs for tests and demos. A process "uses" fake GPU memory by
+//! writing `MiB` or `INDEX:MiB[,INDEX:MiB…]` to `$HEADROOM_FAKE_GPU_DIR/<pid>`; only live
+//! processes count, as with NVML.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use headroom_shared::api::{GpuInfo, GpuProcess, GpuSample};
+use headroom_shared::size::SizeError;
+use headroom_shared::{AttemptId, MemSize};
+
+use super::{GpuBackend, GpuError};
+use crate::procscan;
+
+/// Where jobs write their fake memory use.
+pub const DIR_VAR: &str = "HEADROOM_FAKE_GPU_DIR";
+/// The fake GPUs' sizes, as a [`FakeGpuSpec`], so a job can tell when it would not fit.
+pub const SPEC_VAR: &str = "HEADROOM_FAKE_GPUS";
+/// Lock file in the directory: held by a process while it checks capacity and claims memory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// More fake GPUs than any node has is a typo (`1000x24GiB`), not a wish.
+const MAX_GPUS: usize = 256;
+
+/// The simulated GPUs' sizes, as users write them: `4x24GiB`, `24GiB`, `24GiB,24GiB,12GiB`,
+/// `2x24GiB,1x12GiB`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FakeGpuSpec {
+    sizes: Vec<MemSize>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FakeSpecError {
+    #[error("fake GPU list is empty: write e.g. `4x24GiB` or `24GiB,12GiB`")]
+    Empty,
+    #[error("fake GPU list `{spec}` has an empty entry (write e.g. `24GiB,12GiB`)")]
+    EmptyPart { spec: String },
+    #[error("`{part}`: `{count}` is not a GPU count (write e.g. `4x24GiB`)")]
+    BadCount { part: String, count: String },
+    #[error("`{part}`: {source}")]
+    BadSize {
+        part: String,
+        #[source]
+        source: SizeError,
+    },
+    #[error("`{part}`: a GPU needs some memory")]
+    ZeroSize { part: String },
+    #[error("fake GPU list `{spec}` has {count} GPUs; at most {MAX_GPUS}")]
+    TooMany { spec: String, count: usize },
+}
+
+impl FakeGpuSpec {
+    pub fn new(sizes: Vec<MemSize>) -> Result<Self, FakeSpecError> {
+        if sizes.is_empty() {
+            return Err(FakeSpecError::Empty);
+        }
+        if let Some(zero) = sizes.iter().find(|s| s.mib == 0) {
+            return Err(FakeSpecError::ZeroSize {
+                part: zero.to_string(),
+            });
+        }
+        if sizes.len() > MAX_GPUS {
+            return Err(FakeSpecError::TooMany {
+                spec: format!("{} GPUs", sizes.len()),
+                count: sizes.len(),
+            });
+        }
+        Ok(Self { sizes })
+    }
+
+    /// Memory of each GPU, by index.
+    pub fn sizes(&self) -> &[MemSize] {
+        &self.sizes
+    }
+
+    pub fn gpu_count(&self) -> u32 {
+        self.sizes.len() as u32
+    }
+
+    /// Total memory of GPU `index`, if there is one.
+    pub fn total_mib(&self, index: u32) -> Option<u64> {
+        self.sizes.get(index as usize).map(|s| s.mib)
+    }
+}
+
+impl FromStr for FakeGpuSpec {
+    type Err = FakeSpecError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().is_empty() {
+            return Err(FakeSpecError::Empty);
+        }
+        let mut sizes = Vec::new();
+        for part in s.split(',').map(str::trim) {
+            if part.is_empty() {
+                return Err(FakeSpecError::EmptyPart {
+                    spec: s.to_string(),
+                });
+            }
+            let (count, size) = match part.split_once(['x', 'X']) {
+                Some((count, size)) => {
+                    let n = count
+                        .trim()
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| FakeSpecError::BadCount {
+                            part: part.to_string(),
+                            count: count.trim().to_string(),
+                        })?;
+                    (n, size)
+                }
+                None => (1, part),
+            };
+            let size = size
+                .trim()
+                .parse::<MemSize>()
+                .map_err(|source| FakeSpecError::BadSize {
+                    part: part.to_string(),
+                    source,
+                })?;
+            if size.mib == 0 {
+                return Err(FakeSpecError::ZeroSize {
+                    part: part.to_string(),
+                });
+            }
+            if sizes.len() + count > MAX_GPUS {
+                return Err(FakeSpecError::TooMany {
+                    spec: s.to_string(),
+                    count: sizes.len().saturating_add(count),
+                });
+            }
+            sizes.extend(std::iter::repeat_n(size, count));
+        }
+        Self::new(sizes)
+    }
+}
+
+/// An exact size: `MemSize`'s own display rounds to a tenth of a GiB.
+fn exact(size: MemSize) -> String {
+    if size.mib.is_multiple_of(1024) {
+        format!("{}GiB", size.mib / 1024)
+    } else {
+        format!("{}MiB", size.mib)
+    }
+}
+
+impl fmt::Display for FakeGpuSpec {
+    /// Runs of equal sizes as `NxSIZE`, joined by commas; parses back to the same list.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for run in self.sizes.chunk_by(|a, b| a == b) {
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            match run.len() {
+                1 => write!(f, "{}", exact(run[0]))?,
+                n => write!(f, "{n}x{}", exact(run[0]))?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Fake memory one process holds on one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FakeUse {
+    pub pid: u32,
+    pub gpu: u32,
+    pub mib: u64,
+}
+
+/// A GPU index from a `CUDA_VISIBLE_DEVICES` entry: a physical index or a fake uuid.
+fn visible_index(entry: &str) -> Option<u32> {
+    let entry = entry.trim();
+    entry.parse().ok().or_else(|| {
+        entry
+            .strip_prefix("GPU-fake-")?
+            .rsplit('-')
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+/// The first GPU of a `CUDA_VISIBLE_DEVICES` value, if it names one.
+pub fn first_visible_gpu(cuda_visible_devices: &str) -> Option<u32> {
+    cuda_visible_devices
+        .split(',')
+        .next()
+        .and_then(visible_index)
+}
+
+/// Parses a usage file: `MiB` (on `default_gpu`) or `INDEX:MiB[,INDEX:MiB…]`.
+fn parse_usage(text: &str, default_gpu: impl FnOnce() -> u32) -> Option<Vec<(u32, u64)>> {
+    let text = text.trim();
+    if !text.contains(':') {
+        return Some(vec![(default_gpu(), text.parse().ok()?)]);
+    }
+    text.split(',')
+        .map(|entry| {
+            let (gpu, mib) = entry.split_once(':')?;
+            Some((gpu.trim().parse().ok()?, mib.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// A usage file older than its pid's process belongs to an earlier process with that pid.
+/// Start times have second precision (boot time), hence the slack.
+const STALE_SLACK: Duration = Duration::from_secs(2);
+
+/// Reads the fake memory held by live processes on GPUs `0..gpu_count`, sorted by GPU and pid.
+///
+/// Files of dead pids are deleted; zombies, files of an earlier process with a reused pid,
+/// unreadable or malformed files and GPUs outside the list are ignored. A missing directory
+/// means nothing is used. Blocking.
+pub fn read_usage(dir: &Path, gpu_count: u32) -> io::Result<Vec<FakeUse>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue; // the lock file, temporary files
+        };
+        let path = entry.path();
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            // Dead: nothing can write this file again, so it is only clutter.
+            let _ = fs::remove_file(&path);
+            continue;
+        }
+        if !procscan::is_alive(pid) {
+            continue;
+        }
+        let modified = entry.metadata().and_then(|m| m.modified()).ok();
+        if let (Some(modified), Some(started)) = (modified, procscan::start_time(pid))
+            && modified + STALE_SLACK < started
+        {
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(&path) else {
+            continue;
+        };
+        let default_gpu = || {
+            procscan::env_var(pid, "CUDA_VISIBLE_DEVICES")
+                .as_deref()
+                .and_then(first_visible_gpu)
+                .unwrap_or(0)
+        };
+        let Some(uses) = parse_usage(&text, default_gpu) else {
+            tracing::debug!(pid, text = %text.trim(), "ignoring malformed fake GPU usage file");
+            continue;
+        };
+        let mut per_gpu: HashMap<u32, u64> = HashMap::new();
+        for (gpu, mib) in uses.into_iter().filter(|&(gpu, _)| gpu < gpu_count) {
+            let slot = per_gpu.entry(gpu).or_default();
+            *slot = slot.saturating_add(mib);
+        }
+        out.extend(
+            per_gpu
+                .into_iter()
+                .map(|(gpu, mib)| FakeUse { pid, gpu, mib }),
+        );
+    }
+    out.sort_unstable_by_key(|u| (u.gpu, u.pid));
+    Ok(out)
+}
+
+/// Fake memory in use on `gpu`, summed over processes.
+pub fn used_on(uses: &[FakeUse], gpu: u32) -> u64 {
+    uses.iter()
+        .filter(|u| u.gpu == gpu)
+        .fold(0u64, |acc, u| acc.saturating_add(u.mib))
+}
+
+/// Records that `pid` holds `uses` (GPU index, MiB). Written to a temporary file and renamed,
+/// so a reader never sees half a file.
+pub fn write_usage(dir: &Path, pid: u32, uses: &[(u32, u64)]) -> io::Result<()> {
+    let text = uses
+        .iter()
+        .map(|(gpu, mib)| format!("{gpu}:{mib}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let tmp = dir.join(format!(".{pid}.tmp"));
+    fs::write(&tmp, format!("{text}\n"))?;
+    fs::rename(&tmp, dir.join(pid.to_string()))
+}
+
+/// Releases the fake memory of `pid`.
+pub fn remove_usage(dir: &Path, pid: u32) -> io::Result<()> {
+    match fs::remove_file(dir.join(pid.to_string())) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Takes the directory's exclusive lock (released when the file is dropped), so that checking
+/// free memory and claiming it is one step among cooperating processes.
+pub fn lock_dir(dir: &Path) -> io::Result<File> {
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK_FILE))?;
+    file.lock()?;
+    Ok(file)
+}
+
+/// Simulated GPUs whose memory use is read from files in a directory.
+#[derive(Debug)]
+pub struct FakeBackend {
+    spec: FakeGpuSpec,
+    dir: PathBuf,
+    inventory: Vec<GpuInfo>,
+}
+
+impl FakeBackend {
+    /// Creates the directory (and its parents) if needed.
+    pub fn open(spec: FakeGpuSpec, dir: &Path) -> Result<Self, GpuError> {
+        let dir_err = |source| GpuError::FakeDir {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        fs::create_dir_all(dir).map_err(dir_err)?;
+        // Jobs get the path in their environment and may change directory: make it absolute.
+        let dir = fs::canonicalize(dir).map_err(dir_err)?;
+        let inventory = spec
+            .sizes()
+            .iter()
+            .enumerate()
+            .map(|(i, size)| GpuInfo {
+                index: i as u32,
+                uuid: format!("GPU-fake-0000-0000-0000-{i:012}"),
+                name: "Fake GPU".to_string(),
+                total_mib: size.mib,
+            })
+            .collect();
+        Ok(Self {
+            spec,
+            dir,
+            inventory,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn spec(&self) -> &FakeGpuSpec {
+        &self.spec
+    }
+}
+
+impl GpuBackend for FakeBackend {
+    fn kind(&self) -> &'static str {
+        "fake"
+    }
+
+    fn inventory(&self) -> Vec<GpuInfo> {
+        self.inventory.clone()
+    }
+
+    fn sample(&self) -> Result<Vec<GpuSample>, GpuError> {
+        let uses =
+            read_usage(&self.dir, self.spec.gpu_count()).map_err(|source| GpuError::FakeDir {
+                dir: self.dir.clone(),
+                source,
+            })?;
+        let mut attempts: HashMap<u32, Option<AttemptId>> = HashMap::new();
+        let samples = self
+            .inventory
+            .iter()
+            .map(|gpu| {
+                let processes: Vec<GpuProcess> = uses
+                    .iter()
+                    .filter(|u| u.gpu == gpu.index)
+                    .map(|u| GpuProcess {
+                        pid: u.pid,
+                        used_mib: u.mib,
+                        attempt: *attempts
+                            .entry(u.pid)
+                            .or_insert_with(|| procscan::attempt_of(u.pid)),
+                    })
+                    .collect();
+                let used = used_on(&uses, gpu.index);
+                GpuSample {
+                    index: gpu.index,
+                    used_mib: used,
+                    free_mib: gpu.total_mib.saturating_sub(used),
+                    utilization_pct: None,
+                    power_mw: None,
+                    temperature_c: None,
+                    processes,
+                }
+            })
+            .collect();
+        Ok(samples)
+    }
+
+    fn job_env(&self) -> Vec<(String, String)> {
+        vec![
+            (DIR_VAR.to_string(), self.dir.display().to_string()),
+            (SPEC_VAR.to_string(), self.spec.to_string()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procscan::{self, ATTEMPT_VAR};
+    use proptest::prelude::*;
+    use std::process::{Child, Command};
+    use std::time::Instant;
+
+    /// Writes a usage file directly, as a shell job would.
+    fn write_raw(dir: &Path, pid: u32, text: &str) {
+        fs::write(dir.join(pid.to_string()), text).expect("write usage file");
+    }
+
+    fn spec(s: &str) -> FakeGpuSpec {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    fn mibs(s: &FakeGpuSpec) -> Vec<u64> {
+        s.sizes().iter().map(|m| m.mib).collect()
+    }
+
+    #[test]
+    fn parses_what_users_write() {
+        assert_eq!(mibs(&spec("4x24GiB")), vec![24576; 4]);
+        assert_eq!(mibs(&spec("24GiB")), vec![24576]);
+        assert_eq!(mibs(&spec("24GiB,24GiB,12GiB")), vec![24576, 24576, 12288]);
+        assert_eq!(mibs(&spec("2x24GiB,1x12GiB")), vec![24576, 24576, 12288]);
+        assert_eq!(mibs(&spec(" 2 X 80GiB , 512MiB ")), vec![81920, 81920, 512]);
+        assert_eq!(spec("2x24GiB,1x12GiB").to_string(), "2x24GiB,12GiB");
+        assert_eq!(spec("24GiB,1536MiB,1536MiB").to_string(), "24GiB,2x1536MiB");
+    }
+
+    #[test]
+    fn errors_name_the_bad_part() {
+        let err = |s: &str| match s.parse::<FakeGpuSpec>() {
+            Ok(v) => panic!("{s} parsed as {v}"),
+            Err(e) => e,
+        };
+        assert_eq!(err(""), FakeSpecError::Empty);
+        assert!(matches!(
+            err("24GiB,,12GiB"),
+            FakeSpecError::EmptyPart { .. }
+        ));
+        let e = err("24GiB,fourx24GiB");
+        assert!(matches!(&e, FakeSpecError::BadCount { part, .. } if part == "fourx24GiB"));
+        assert!(e.to_string().contains("`four`"), "{e}");
+        assert!(matches!(err("0x24GiB"), FakeSpecError::BadCount { .. }));
+        let e = err("4x24 gigs");
+        assert!(e.to_string().starts_with("`4x24 gigs`"), "{e}");
+        assert!(matches!(err("24"), FakeSpecError::BadSize { .. }));
+        assert!(matches!(err("0MiB"), FakeSpecError::ZeroSize { .. }));
+        assert!(matches!(
+            err("1000x24GiB"),
+            FakeSpecError::TooMany { count: 1000, .. }
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn display_parses_back(sizes in proptest::collection::vec(
+            prop_oneof![Just(512u64), Just(1536), Just(24576), Just(81920), 1u64..200_000],
+            1..12,
+        )) {
+            let s = FakeGpuSpec::new(sizes.into_iter().map(MemSize::from_mib).collect())
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let text = s.to_string();
+            let back: FakeGpuSpec = text.parse().map_err(|e: FakeSpecError| TestCaseError::fail(format!("{text}: {e}")))?;
+            prop_assert_eq!(back, s);
+        }
+    }
+
+    #[test]
+    fn usage_files_parse() {
+        assert_eq!(parse_usage("1024\n", || 3), Some(vec![(3, 1024)]));
+        assert_eq!(
+            parse_usage("0:100, 2:5", || 9),
+            Some(vec![(0, 100), (2, 5)])
+        );
+        assert_eq!(parse_usage("", || 0), None);
+        assert_eq!(parse_usage("0:x", || 0), None);
+        assert_eq!(parse_usage("-5", || 0), None);
+        assert_eq!(first_visible_gpu("2,3"), Some(2));
+        assert_eq!(
+            first_visible_gpu("GPU-fake-0000-0000-0000-000000000005"),
+            Some(5)
+        );
+        assert_eq!(first_visible_gpu(""), None);
+    }
+
+    fn sleeper(env: &[(&str, String)]) -> Child {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        procscan::tests::spawn(&mut cmd)
+    }
+
+    fn stop(mut child: Child) {
+        let _ = child.kill();
+        let _ = child.wait();
+        procscan::disown(child.id());
+    }
+
+    #[test]
+    fn samples_live_processes_per_gpu_with_their_attempt() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let backend =
+            FakeBackend::open(spec("2x1GiB,512MiB"), &tmp.path().join("gpus")).expect("open");
+        let dir = backend.dir().to_path_buf();
+        let attempt = AttemptId::new();
+        // MiB only: lands on the first GPU of its CUDA_VISIBLE_DEVICES.
+        let a = sleeper(&[
+            (ATTEMPT_VAR, attempt.to_string()),
+            ("CUDA_VISIBLE_DEVICES", "1,2".to_string()),
+        ]);
+        // Explicit indices; 7 is not a GPU here and is ignored.
+        let b = sleeper(&[]);
+        write_raw(&dir, a.id(), "300\n");
+        write_raw(&dir, b.id(), "0:100,2:50,7:999,0:1");
+        // A dead pid: reaped child, its file must not count and is deleted.
+        let mut dead = procscan::tests::spawn(&mut Command::new("true"));
+        dead.wait().expect("wait");
+        procscan::disown(dead.id());
+        write_raw(&dir, dead.id(), "0:700");
+        // Garbage is ignored, even for a live pid.
+        write_raw(&dir, std::process::id(), "oops");
+        fs::write(dir.join("not-a-pid"), "0:5").expect("write");
+
+        let s = backend.sample().expect("sample");
+        assert_eq!(s.len(), 3);
+        assert_eq!((s[0].used_mib, s[0].free_mib), (101, 1024 - 101));
+        assert_eq!(
+            s[0].processes,
+            vec![GpuProcess {
+                pid: b.id(),
+                used_mib: 101,
+                attempt: None
+            }]
+        );
+        assert_eq!((s[1].used_mib, s[1].free_mib), (300, 724));
+        assert_eq!(
+            s[1].processes,
+            vec![GpuProcess {
+                pid: a.id(),
+                used_mib: 300,
+                attempt: Some(attempt)
+            }]
+        );
+        assert_eq!((s[2].used_mib, s[2].free_mib), (50, 462));
+        assert!(!dir.join(dead.id().to_string()).exists());
+
+        // Zombies hold no memory: kill without reaping.
+        let (a_pid, mut a) = (a.id(), a);
+        a.kill().expect("kill");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while procscan::is_alive(a_pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let s = backend.sample().expect("sample");
+        assert_eq!(s[1].used_mib, 0);
+        assert!(s[1].processes.is_empty());
+        stop(a);
+        stop(b);
+        let s = backend.sample().expect("sample");
+        assert!(s.iter().all(|g| g.used_mib == 0 && g.processes.is_empty()));
+    }
+
+    #[test]
+    fn write_and_read_back_through_the_helpers() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let me = std::process::id();
+        let _lock = lock_dir(tmp.path()).expect("lock");
+        write_usage(tmp.path(), me, &[(0, 10), (1, 20)]).expect("write");
+        let uses = read_usage(tmp.path(), 2).expect("read");
+        assert_eq!(
+            uses,
+            vec![
+                FakeUse {
+                    pid: me,
+                    gpu: 0,
+                    mib: 10
+                },
+                FakeUse {
+                    pid: me,
+                    gpu: 1,
+                    mib: 20
+                }
+            ]
+        );
+        assert_eq!(used_on(&uses, 1), 20);
+        remove_usage(tmp.path(), me).expect("remove");
+        remove_usage(tmp.path(), me).expect("removing twice is fine");
+        assert!(read_usage(tmp.path(), 2).expect("read").is_empty());
+        assert!(
+            read_usage(&tmp.path().join("missing"), 2)
+                .expect("missing dir")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn job_env_and_inventory() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let backend = FakeBackend::open(spec("2x24GiB"), tmp.path()).expect("open");
+        let env: HashMap<String, String> = backend.job_env().into_iter().collect();
+        assert_eq!(env[SPEC_VAR], "2x24GiB");
+        assert_eq!(Path::new(&env[DIR_VAR]), backend.dir());
+        let inv = backend.inventory();
+        assert_eq!(inv[1].uuid, "GPU-fake-0000-0000-0000-000000000001");
+        assert_eq!(inv[1].name, "Fake GPU");
+        assert_eq!(inv[1].total_mib, 24576);
+        assert_eq!(backend.kind(), "fake");
+    }
+}

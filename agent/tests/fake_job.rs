@@ -1,0 +1,248 @@
+//! The `headroom-fake-job` helper under the supervisor, on the fake GPU backend: memory is
+//! held and seen, a full GPU is an OOM, orphans are cleaned up, records are written.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use headroom_agent::gpu::GpuBackend;
+use headroom_agent::gpu::fake::{self, FakeBackend, FakeGpuSpec};
+use headroom_agent::procscan;
+use headroom_agent::supervisor::{
+    AttemptEnd, Launch, SupervisorConfig, become_subreaper, run_attempt,
+};
+use headroom_shared::{AttemptId, FailureClass, JobId};
+use tempfile::TempDir;
+use tokio_util::sync::CancellationToken;
+
+const FAKE_JOB: &str = env!("CARGO_BIN_EXE_headroom-fake-job");
+
+struct Fixture {
+    tmp: TempDir,
+    backend: Arc<FakeBackend>,
+}
+
+fn fixture(spec: &str) -> Fixture {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let spec: FakeGpuSpec = spec.parse().expect("spec");
+    let backend = FakeBackend::open(spec, &tmp.path().join("gpus")).expect("fake backend");
+    Fixture {
+        tmp,
+        backend: Arc::new(backend),
+    }
+}
+
+fn cfg() -> SupervisorConfig {
+    SupervisorConfig {
+        kill_grace: Duration::from_millis(300),
+        verify_timeout: Duration::from_secs(10),
+        sample_every: Duration::from_millis(50),
+    }
+}
+
+impl Fixture {
+    fn launch(&self, args: &[&str]) -> Launch {
+        let attempt = AttemptId::new();
+        Launch {
+            attempt,
+            job: JobId::new(),
+            argv: std::iter::once(FAKE_JOB)
+                .chain(args.iter().copied())
+                .map(String::from)
+                .collect(),
+            env: BTreeMap::new(),
+            params: BTreeMap::new(),
+            gpus: vec![0],
+            timeout: None,
+            log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
+            workdir: None,
+        }
+    }
+
+    async fn run(&self, launch: Launch) -> AttemptEnd {
+        let backend: Arc<dyn GpuBackend> = self.backend.clone();
+        run_attempt(launch, backend, &cfg(), CancellationToken::new(), |_| {}).await
+    }
+
+    fn used(&self, gpu: usize) -> u64 {
+        self.backend.sample().expect("sample")[gpu].used_mib
+    }
+}
+
+fn log(launch: &Launch) -> String {
+    std::fs::read_to_string(&launch.log_path).expect("log")
+}
+
+#[tokio::test]
+async fn holds_memory_on_its_gpu_and_releases_it() {
+    let f = fixture("2x8GiB");
+    let mut launch = f.launch(&["--mem", "3GiB", "--seconds", "0.5"]);
+    launch.gpus = vec![1];
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure, None, "{end:?}\n{}", log(&launch));
+    assert_eq!(end.peak_mem_mib, Some(3072));
+    assert!(end.cleanup_verified);
+    assert!(log(&launch).contains("step 1/1 loss"));
+    assert_eq!((f.used(0), f.used(1)), (0, 0));
+    // The file was removed at exit.
+    let files: Vec<_> = std::fs::read_dir(f.backend.dir())
+        .expect("dir")
+        .flatten()
+        .filter(|e| e.file_name() != fake::LOCK_FILE)
+        .collect();
+    assert!(files.is_empty(), "{files:?}");
+}
+
+#[tokio::test]
+async fn memory_beyond_the_gpu_is_a_torch_oom() {
+    let f = fixture("4GiB");
+    // Someone else already holds 3 GiB of the 4.
+    let holder_pid = f.tmp.path().join("holder.pid");
+    let mut holder = procscan::spawn_owned(
+        || {
+            Command::new(FAKE_JOB)
+                .args(["--mem", "3GiB", "--seconds", "30", "--pid-file"])
+                .arg(&holder_pid)
+                .envs(f.backend.job_env())
+                .env("CUDA_VISIBLE_DEVICES", "0")
+                .stdout(Stdio::null())
+                .spawn()
+        },
+        |c| Some(c.id()),
+    )
+    .expect("spawn holder");
+    wait_for_file(&holder_pid);
+    assert_eq!(f.used(0), 3072);
+
+    let launch = f.launch(&["--mem", "2GiB"]);
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure, Some(FailureClass::Oom), "{end:?}");
+    assert_eq!(end.exit_code, Some(1));
+    assert!(
+        end.log_tail.contains(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2048 MiB. \
+             GPU 0 has a total capacity of 4096 MiB of which 1024 MiB is free."
+        ),
+        "{}",
+        end.log_tail
+    );
+    // 1 GiB still fits.
+    let end = f.run(f.launch(&["--mem", "1GiB", "--seconds", "0"])).await;
+    assert_eq!(end.failure, None, "{end:?}");
+
+    let _ = holder.kill();
+    let _ = holder.wait();
+    procscan::disown(holder.id());
+}
+
+#[tokio::test]
+async fn a_parameter_above_a_bound_is_an_oom() {
+    let f = fixture("8GiB");
+    for (batch, want) in [(128, Some(FailureClass::Oom)), (32, None)] {
+        let mut launch = f.launch(&["--oom-if-param", "batch_size>64", "--seconds", "0"]);
+        launch
+            .params
+            .insert("batch_size".into(), serde_json::json!(batch));
+        let end = f.run(launch).await;
+        assert_eq!(end.failure, want, "batch {batch}: {end:?}");
+    }
+}
+
+#[tokio::test]
+async fn exit_code_print_and_records() {
+    let f = fixture("8GiB");
+    let record = f.tmp.path().join("record.jsonl");
+    let record_arg = record.to_str().expect("utf-8 path");
+    let mut launch = f.launch(&[
+        "--exit",
+        "3",
+        "--seconds",
+        "0.1",
+        "--mem",
+        "100MiB",
+        "--print",
+        "hello from the job",
+        "--record",
+        record_arg,
+    ]);
+    launch.gpus = vec![0];
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure, Some(FailureClass::Nonzero));
+    assert_eq!(end.exit_code, Some(3));
+    assert!(log(&launch).contains("hello from the job"));
+
+    let text = std::fs::read_to_string(&record).expect("record");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines[0]["event"], "start");
+    assert_eq!(lines[1]["event"], "end");
+    for line in &lines {
+        assert_eq!(line["job"], launch.job.to_string());
+        assert_eq!(line["attempt"], launch.attempt.to_string());
+        assert_eq!(line["gpus"], "0");
+        assert_eq!(line["mem_mib"], 100);
+        assert_eq!(line["pid"], end.pid.expect("pid"));
+    }
+    assert!(lines[1]["t_ms"].as_u64() >= lines[0]["t_ms"].as_u64());
+}
+
+/// The field's lost 31 runs: a daemonized grandchild in its own session, holding GPU memory
+/// and ignoring SIGTERM, outliving its job.
+#[tokio::test]
+async fn an_orphan_holding_memory_and_ignoring_sigterm_is_cleaned_up() {
+    become_subreaper().expect("subreaper");
+    let f = fixture("2x8GiB");
+    let orphan_pid_file = f.tmp.path().join("orphan.pid");
+    let launch = f.launch(&[
+        "--mem",
+        "1GiB",
+        "--seconds",
+        "0.3",
+        "--ignore-term",
+        "--orphan-mem",
+        "2GiB",
+        "--orphan-seconds",
+        "300",
+        "--orphan-pid-file",
+        orphan_pid_file.to_str().expect("utf-8 path"),
+    ]);
+    let end = f.run(launch.clone()).await;
+    let text = log(&launch);
+    assert_eq!(end.failure, None, "{end:?}\n{text}");
+    assert!(end.cleanup_verified, "{end:?}\n{text}");
+    // Both held memory at once: the job and its orphan.
+    assert_eq!(end.peak_mem_mib, Some(3072), "{text}");
+    assert!(
+        end.cleanup_ms >= 300,
+        "the orphan ignored SIGTERM: {}",
+        end.cleanup_ms
+    );
+    assert!(text.contains("left an orphan"), "{text}");
+    assert!(text.contains("leftover"), "{text}");
+
+    let orphan: u32 = std::fs::read_to_string(&orphan_pid_file)
+        .expect("orphan pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    assert!(!procscan::is_alive(orphan), "orphan {orphan} survived");
+    assert!(procscan::pids_with_marker(launch.attempt).is_empty());
+    assert_eq!((f.used(0), f.used(1)), (0, 0));
+}
+
+fn wait_for_file(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,184 @@
+//! How attempts end: timeout, cancel (one job, a whole experiment), CUDA OOM classified
+//! from the log and retried, manual retry.
+
+use std::time::Duration;
+
+use headroom_integration_tests::{Headroom, UpOptions, fake_job};
+use headroom_shared::{FailureClass, JobState};
+
+fn up() -> Headroom {
+    Headroom::start(UpOptions {
+        fake_gpus: "2x24GiB".into(),
+        plan: Some("2,2".into()),
+        kill_grace: "500ms".into(),
+        ..Default::default()
+    })
+    .expect("headroom up")
+}
+
+#[test]
+fn a_job_past_its_timeout_is_killed_and_classified() {
+    let h = up();
+    let spec = format!(
+        r#"{{"name": "slow", "command": ["{job}", "--seconds", "600", "--ignore-term"],
+             "timeout": "1s", "resources": {{"memory": "1GiB"}}}}"#,
+        job = fake_job().display()
+    );
+    let exp = h.submit("slow.json", &spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    let d = h.job(jobs[0].id).expect("job");
+    assert_eq!(d.summary.state, JobState::Failed);
+    let a = &d.attempts_detail[0];
+    assert_eq!(a.failure_class, Some(FailureClass::Timeout));
+    assert_eq!(a.cleanup_verified, Some(true));
+    let pid = a.pid.expect("pid recorded");
+    assert!(!headroom_integration_tests::alive(pid));
+}
+
+#[test]
+fn cancel_one_job_then_the_rest_of_the_experiment() {
+    let h = up();
+    let spec = format!(
+        r#"{{"name": "long", "command": ["{job}", "--seconds", "600"], "runs_per_config": 6,
+             "resources": {{"memory": "1GiB"}}}}"#,
+        job = fake_job().display()
+    );
+    let exp = h.submit("long.json", &spec).expect("submit");
+    let running = h.wait_for("four jobs running", Duration::from_secs(30), || {
+        let jobs = h.jobs(exp)?;
+        let running: Vec<_> = jobs
+            .into_iter()
+            .filter(|j| j.state == JobState::Running)
+            .collect();
+        Ok((running.len() == 4).then_some(running))
+    });
+    let victim = running[0].id;
+    let out = h.cli_ok(&["cancel", &victim.to_string()]);
+    assert!(out.contains("cancelled 1 job"), "{out}");
+    let d = h.wait_for(
+        "the cancelled attempt to end",
+        Duration::from_secs(30),
+        || {
+            let d = h.job(victim)?;
+            Ok(d.attempts_detail[0].ended_at.is_some().then_some(d))
+        },
+    );
+    assert_eq!(d.summary.state, JobState::Cancelled);
+    assert_eq!(
+        d.attempts_detail[0].failure_class,
+        Some(FailureClass::Cancelled)
+    );
+    // Its slot is reused by a queued job.
+    h.wait_for(
+        "a queued job to take the slot",
+        Duration::from_secs(30),
+        || {
+            let n = h
+                .jobs(exp)?
+                .iter()
+                .filter(|j| j.state == JobState::Running)
+                .count();
+            Ok((n == 4).then_some(()))
+        },
+    );
+    let out = h.cli_ok(&["cancel", "long"]);
+    assert!(out.contains("cancelled 5 jobs"), "{out}");
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    assert!(
+        jobs.iter().all(|j| j.state == JobState::Cancelled),
+        "{jobs:#?}"
+    );
+    h.wait_for("every attempt to end", Duration::from_secs(30), || {
+        let busy = h.nodes()?[0].gpus.iter().map(|g| g.slots_used).sum::<u32>();
+        Ok((busy == 0).then_some(()))
+    });
+    let code = h.cli(&["wait", "long"]).status.code();
+    assert_eq!(
+        code,
+        Some(2),
+        "wait exits non-zero when jobs did not succeed"
+    );
+}
+
+#[test]
+fn cuda_oom_in_the_log_is_classified_and_retried() {
+    let h = up();
+    let marker = h.path("first-attempt-done");
+    // The first attempt prints the torch OOM text and exits 1; the second succeeds.
+    let script = format!(
+        "if [ -e {m} ]; then echo trained; else touch {m}; \
+         echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 32.00 MiB.' >&2; exit 1; fi",
+        m = marker.display()
+    );
+    let spec = serde_json::json!({
+        "name": "oomy", "command": ["sh", "-c", script],
+        "retry": {"max_attempts": 2, "on": ["oom"]}, "resources": {"memory": "1GiB"}
+    });
+    let exp = h
+        .submit_api(spec)
+        .expect("submit")
+        .experiment
+        .expect("stored");
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    let d = h.job(jobs[0].id).expect("job");
+    assert_eq!(d.summary.state, JobState::Succeeded);
+    let classes: Vec<_> = d.attempts_detail.iter().map(|a| a.failure_class).collect();
+    assert_eq!(classes, vec![Some(FailureClass::Oom), None]);
+    let csv = h.cli_ok(&["export", "--csv"]);
+    assert!(
+        csv.lines().nth(1).is_some_and(|l| l.contains(",oom,")),
+        "{csv}"
+    );
+}
+
+#[test]
+fn fake_memory_beyond_the_gpu_is_an_oom_and_nonzero_is_not_retried() {
+    let h = up();
+    let spec = format!(
+        r#"{{"name": "toobig", "command": ["{job}", "--mem", "30GiB"],
+             "retry": {{"max_attempts": 3, "on": ["lost"]}}}}"#,
+        job = fake_job().display()
+    );
+    let exp = h.submit("toobig.json", &spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    let d = h.job(jobs[0].id).expect("job");
+    assert_eq!(d.summary.state, JobState::Failed);
+    assert_eq!(d.attempts_detail.len(), 1, "oom is not in retry.on");
+    assert_eq!(d.attempts_detail[0].failure_class, Some(FailureClass::Oom));
+    assert!(
+        d.attempts_detail[0]
+            .log_tail
+            .as_deref()
+            .unwrap_or("")
+            .contains("CUDA out of memory"),
+        "{:?}",
+        d.attempts_detail[0].log_tail
+    );
+    // `headroom retry` runs it once more.
+    h.cli_ok(&["retry", &jobs[0].id.to_string()]);
+    h.wait_for("the retried attempt", Duration::from_secs(30), || {
+        let d = h.job(jobs[0].id)?;
+        Ok((d.attempts_detail.len() == 2 && d.summary.state.is_terminal()).then_some(()))
+    });
+    let out = h.cli_ok(&["show", &jobs[0].id.to_string()]);
+    assert!(out.contains("#2") && out.contains("failed: oom"), "{out}");
+}
+
+#[test]
+fn nonzero_exit_and_launch_errors() {
+    let h = up();
+    let spec = serde_json::json!({
+        "name": "bad", "command": ["{prog}"],
+        "grid": {"prog": ["false", "/no/such/program"]},
+        "resources": {"memory": "1GiB"}
+    });
+    let exp = h
+        .submit_api(spec)
+        .expect("submit")
+        .experiment
+        .expect("stored");
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    let class = |i: usize| h.job(jobs[i].id).expect("job").attempts_detail[0].failure_class;
+    assert_eq!(class(0), Some(FailureClass::Nonzero));
+    assert_eq!(class(1), Some(FailureClass::LaunchError));
+}

@@ -1,0 +1,138 @@
+//! A whole matrix packed by plan and memory on fake GPUs: the timeline the jobs record
+//! themselves never shows more jobs than slots nor more estimated memory than fits.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use headroom_integration_tests::{Headroom, Record, UpOptions, fake_job, read_records};
+use headroom_shared::JobState;
+
+const GIB: u64 = 1024;
+
+/// Replays start/end events; returns the peak concurrency per GPU and checks the limits.
+fn check_timeline(
+    records: &[Record],
+    slots: &[u32],
+    estimate_mib: u64,
+    total_mib: u64,
+) -> Vec<u32> {
+    let mut events: Vec<&Record> = records.iter().collect();
+    // Ends before starts at the same millisecond: a slot freed then taken is not overlap.
+    events.sort_by_key(|r| (r.t_ms, r.event == "start"));
+    let mut on: HashMap<u32, u32> = HashMap::new();
+    let mut peak = vec![0; slots.len()];
+    let budget = total_mib - total_mib / 10;
+    for r in events {
+        let gpu: u32 = r.gpus.parse().expect("one GPU per job");
+        let n = on.entry(gpu).or_default();
+        if r.event == "start" {
+            *n += 1;
+            assert!(
+                *n <= slots[gpu as usize],
+                "GPU {gpu} ran {n} jobs with {} slots",
+                slots[gpu as usize]
+            );
+            assert!(
+                u64::from(*n) * estimate_mib <= budget,
+                "GPU {gpu}: {n} x {estimate_mib} MiB above total minus headroom"
+            );
+            peak[gpu as usize] = peak[gpu as usize].max(*n);
+        } else {
+            *n -= 1;
+        }
+    }
+    peak
+}
+
+#[test]
+fn matrix_of_24_packs_by_plan_and_memory() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "4x24GiB".into(),
+        plan: Some("2,2,1,1".into()),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let record = h.path("timeline.jsonl");
+    let spec = format!(
+        r#"
+name: packing
+command: ["{job}", "--mem", "8GiB", "--seconds", "{{secs}}", "--record", "{record}", "--print", "lr={{lr}}"]
+grid:
+  lr: [0.1, 0.01, 0.001]
+  secs: [0.4, 0.6]
+runs_per_config: 4
+resources: {{gpus: 1, memory: 9GiB}}
+"#,
+        job = fake_job().display(),
+        record = record.display()
+    );
+    let exp = h.submit("packing.yaml", &spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(120));
+    assert_eq!(jobs.len(), 24);
+    assert!(
+        jobs.iter().all(|j| j.state == JobState::Succeeded),
+        "{jobs:#?}"
+    );
+
+    let records = read_records(&record).expect("records");
+    assert_eq!(records.iter().filter(|r| r.event == "start").count(), 24);
+    let peak = check_timeline(&records, &[2, 2, 1, 1], 9 * GIB, 24 * GIB);
+    assert!(
+        peak[0] == 2 || peak[1] == 2,
+        "the plan's second slots were never used: {peak:?}"
+    );
+    // The jobs saw the GPU the scheduler gave them, and the parameters as HP_*.
+    let csv = h.cli_ok(&["export", "--csv", "--experiment", &exp.to_string()]);
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let headers = reader.headers().expect("header").clone();
+    for col in [
+        "lr",
+        "secs",
+        "success",
+        "failure_class",
+        "gpus",
+        "started_at",
+        "ended_at",
+        "exit_code",
+    ] {
+        assert!(
+            headers.iter().any(|h| h == col),
+            "no column {col} in {headers:?}"
+        );
+    }
+    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.expect("row")).collect();
+    assert_eq!(rows.len(), 24);
+    let success = headers
+        .iter()
+        .position(|h| h == "success")
+        .expect("success column");
+    assert!(rows.iter().all(|r| &r[success] == "true"));
+}
+
+#[test]
+fn memory_estimates_bind_before_slots() {
+    // 11 GiB twice is above 24 GiB minus 10 % headroom: one job per GPU despite two slots.
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "2x24GiB".into(),
+        plan: Some("2,2".into()),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let record = h.path("timeline.jsonl");
+    let spec = format!(
+        r#"{{"name": "big", "command": ["{job}", "--mem", "10GiB", "--seconds", "0.3", "--record", "{record}"],
+            "runs_per_config": 6, "resources": {{"memory": "11GiB"}}}}"#,
+        job = fake_job().display(),
+        record = record.display()
+    );
+    let exp = h.submit("big.json", &spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    assert!(jobs.iter().all(|j| j.state == JobState::Succeeded));
+    let peak = check_timeline(
+        &read_records(&record).expect("records"),
+        &[1, 1],
+        11 * GIB,
+        24 * GIB,
+    );
+    assert_eq!(peak, vec![1, 1]);
+}

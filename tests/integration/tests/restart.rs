@@ -1,0 +1,93 @@
+//! `headroom up` restarted on the same data directory: queued jobs are still there and run;
+//! jobs that were running are recorded as lost and requeued if their retry policy allows.
+
+use std::time::Duration;
+
+use headroom_integration_tests::{Headroom, UpOptions, alive, fake_job};
+use headroom_shared::{FailureClass, JobState};
+
+#[test]
+fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
+    let mut h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        plan: Some("2".into()),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let job = fake_job();
+    let flag = h.path("second-life");
+    // Runs for a long time in its first life, briefly once the flag file exists.
+    let script = format!(
+        "if [ -e {f} ]; then exec {job} --seconds 0.2; else exec {job} --seconds 600; fi",
+        f = flag.display(),
+        job = job.display()
+    );
+    let retried = h
+        .submit_api(
+            serde_json::json!({"name": "retried", "command": ["sh", "-c", script],
+            "runs_per_config": 3, "resources": {"memory": "1GiB"}}),
+        )
+        .expect("submit")
+        .experiment
+        .expect("stored");
+    let once = h
+        .submit_api(serde_json::json!({"name": "once", "command": ["sh", "-c", script],
+            "retry": {"max_attempts": 1, "on": ["lost"]}, "priority": 5, "resources": {"memory": "1GiB"}}))
+        .expect("submit")
+        .experiment
+        .expect("stored");
+    let running = h.wait_for("two jobs running", Duration::from_secs(30), || {
+        let mut all = h.jobs(retried)?;
+        all.extend(h.jobs(once)?);
+        let r: Vec<_> = all
+            .into_iter()
+            .filter(|j| j.state == JobState::Running)
+            .collect();
+        Ok((r.len() == 2).then_some(r))
+    });
+    let pids: Vec<u32> = running
+        .iter()
+        .map(|j| {
+            h.job(j.id).expect("job").attempts_detail[0]
+                .pid
+                .expect("pid")
+        })
+        .collect();
+
+    h.kill9().expect("kill -9");
+    // The jobs die with their agent (PR_SET_PDEATHSIG), they do not linger as orphans.
+    h.wait_for(
+        "the jobs to die with the agent",
+        Duration::from_secs(10),
+        || Ok(pids.iter().all(|&p| !alive(p)).then_some(())),
+    );
+    std::fs::write(&flag, "").expect("flag");
+    h.restart().expect("restart");
+
+    let jobs = h.wait_done(retried, Duration::from_secs(60));
+    assert!(
+        jobs.iter().all(|j| j.state == JobState::Succeeded),
+        "{jobs:#?}"
+    );
+    let once_job = &h.wait_done(once, Duration::from_secs(30))[0];
+    let d = h.job(once_job.id).expect("job");
+    assert_eq!(
+        d.summary.state,
+        JobState::Failed,
+        "max_attempts 1: not requeued"
+    );
+    assert_eq!(d.attempts_detail[0].failure_class, Some(FailureClass::Lost));
+    // The one job of `retried` that was running got a second, successful attempt.
+    let lost: Vec<_> = jobs
+        .iter()
+        .map(|j| h.job(j.id).expect("job"))
+        .filter(|d| {
+            d.attempts_detail
+                .iter()
+                .any(|a| a.failure_class == Some(FailureClass::Lost))
+        })
+        .collect();
+    assert_eq!(lost.len(), 1);
+    assert_eq!(lost[0].attempts_detail.len(), 2);
+    assert_eq!(lost[0].attempts_detail[1].success, Some(true));
+}

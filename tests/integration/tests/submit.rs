@@ -1,0 +1,155 @@
+//! Submitting: refused specs name the field and store nothing; dry runs store nothing;
+//! expansion is deterministic for a seed; logs reach the user.
+
+use std::time::Duration;
+
+use headroom_integration_tests::{Headroom, UpOptions};
+use headroom_shared::JobState;
+
+fn up() -> Headroom {
+    Headroom::start(UpOptions::default()).expect("headroom up")
+}
+
+#[test]
+fn refused_specs_name_the_field_and_store_nothing() {
+    let h = up();
+    let cases: &[(&str, &str)] = &[
+        ("name: a\ncommand: [x]\nbogus: 1\n", "bogus"),
+        ("name: a\ncommand: [x, '{lr}']\n", "command[1]"),
+        ("name: a\ncommand: [x]\ngrid: {lr: []}\n", "grid.lr"),
+        (
+            "name: a\ncommand: [x]\nresources: {memory: big}\n",
+            "resources.memory",
+        ),
+        (
+            "name: a\ncommand: [x]\nresources: {gpus: 3}\n",
+            "resources.gpus",
+        ),
+        ("name: a\ncommand: [x]\ntimeout: -3\n", "timeout"),
+        (
+            "name: a\ncommand: [x]\nmutate: {lr: {log_uniform: [0, 1]}}\n",
+            "mutate.lr",
+        ),
+        (
+            "name: a\ncommand: [x]\nruns_per_config: 0\n",
+            "runs_per_config",
+        ),
+        (
+            "name: a\ncommand: [x]\ngrid: {a: [1,2,3,4,5,6,7,8,9,10]}\nruns_per_config: 20000\n",
+            "cap",
+        ),
+    ];
+    for (i, (yaml, needle)) in cases.iter().enumerate() {
+        let path = h.path(&format!("bad{i}.yaml"));
+        std::fs::write(&path, yaml).expect("write");
+        let out = h.cli(&["submit", path.to_str().expect("path")]);
+        assert!(!out.status.success(), "{yaml} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(needle),
+            "error for\n{yaml}does not name {needle}: {err}"
+        );
+    }
+    // The API answers 422 in the documented shape.
+    let (status, body) = h
+        .post(
+            "/v1/experiments",
+            &serde_json::json!({"spec": {"name": "a", "command": ["x"], "runs_per_config": 0}}),
+        )
+        .expect("post");
+    assert_eq!(status, 422);
+    assert_eq!(body["error"]["field"], "runs_per_config");
+    assert_eq!(body["error"]["code"], "invalid");
+    let (status, body) = h
+        .post("/v1/experiments", &serde_json::json!({"nope": 1}))
+        .expect("post");
+    assert!((400..500).contains(&status), "{status} {body}");
+    assert!(body["error"]["message"].is_string());
+    // Nothing was stored.
+    let exps: Vec<serde_json::Value> = h.get("/v1/experiments").expect("experiments");
+    assert!(exps.is_empty(), "{exps:?}");
+    let jobs: Vec<serde_json::Value> = h.get("/v1/jobs").expect("jobs");
+    assert!(jobs.is_empty());
+}
+
+#[test]
+fn dry_run_expands_deterministically_and_stores_nothing() {
+    let h = up();
+    let path = h.path("sweep.yaml");
+    std::fs::write(
+        &path,
+        "name: sweep\ncommand: [train, '--lr={lr}', '--opt={opt}']\ngrid: {bs: [32, 64]}\n\
+         mutate: {lr: {log_uniform: [1.0e-4, 1.0e-2]}, opt: {choice: [adam, sgd]}}\nmutations: 3\n",
+    )
+    .expect("write");
+    let a = h.cli_ok(&[
+        "submit",
+        "--dry-run",
+        "--seed",
+        "11",
+        path.to_str().expect("path"),
+    ]);
+    let b = h.cli_ok(&[
+        "submit",
+        "--dry-run",
+        "--seed",
+        "11",
+        path.to_str().expect("path"),
+    ]);
+    let c = h.cli_ok(&[
+        "submit",
+        "--dry-run",
+        "--seed",
+        "12",
+        path.to_str().expect("path"),
+    ]);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert!(
+        a.contains("expands to 6 jobs") && a.contains("nothing stored"),
+        "{a}"
+    );
+    assert!(a.contains("--lr=0.0"), "{a}");
+    let jobs: Vec<serde_json::Value> = h.get("/v1/jobs").expect("jobs");
+    assert!(jobs.is_empty());
+}
+
+#[test]
+fn jobs_get_their_environment_and_logs_reach_the_user() {
+    let h = up();
+    let spec = serde_json::json!({
+        "name": "env", "command": ["sh", "-c", "env | sort; echo done-{bs}"],
+        "grid": {"bs": [64]}, "env": {"EXTRA": "yes"}, "resources": {"memory": "1GiB"}
+    });
+    let exp = h
+        .submit_api(spec)
+        .expect("submit")
+        .experiment
+        .expect("stored");
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let log = h.cli_ok(&["logs", &jobs[0].id.to_string()]);
+    for line in [
+        "HP_BS=64",
+        "EXTRA=yes",
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        "OMP_NUM_THREADS=1",
+        "TOKENIZERS_PARALLELISM=false",
+        "MKL_NUM_THREADS=1",
+        "done-64",
+    ] {
+        assert!(log.lines().any(|l| l == line), "log lacks {line}:\n{log}");
+    }
+    let gpu = &jobs[0].gpu_indices;
+    assert!(
+        log.contains(&format!("CUDA_VISIBLE_DEVICES={}", gpu[0])),
+        "{log}"
+    );
+    assert!(log.contains(&format!("HEADROOM_JOB_ID={}", jobs[0].id)));
+    assert!(log.contains("HEADROOM_ATTEMPT_ID="));
+    let followed = h.cli_ok(&["logs", "-f", &jobs[0].id.to_string()]);
+    assert_eq!(followed, log);
+    let ls = h.cli_ok(&["ls"]);
+    assert!(ls.contains("succeeded") && ls.contains("bs=64"), "{ls}");
+}
