@@ -22,17 +22,18 @@ fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
         f = flag.display(),
         job = job.display()
     );
+    // Submitted first, so it is surely one of the two jobs running at the crash.
+    let once = h
+        .submit_api(serde_json::json!({"name": "once", "command": ["sh", "-c", script],
+            "retry": {"max_attempts": 1, "on": ["lost"]}, "resources": {"memory": "1GiB"}}))
+        .expect("submit")
+        .experiment
+        .expect("stored");
     let retried = h
         .submit_api(
             serde_json::json!({"name": "retried", "command": ["sh", "-c", script],
             "runs_per_config": 3, "resources": {"memory": "1GiB"}}),
         )
-        .expect("submit")
-        .experiment
-        .expect("stored");
-    let once = h
-        .submit_api(serde_json::json!({"name": "once", "command": ["sh", "-c", script],
-            "retry": {"max_attempts": 1, "on": ["lost"]}, "priority": 5, "resources": {"memory": "1GiB"}}))
         .expect("submit")
         .experiment
         .expect("stored");
