@@ -1,6 +1,6 @@
 //! What the CLI prints: tables, job detail, logs, progress.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
@@ -234,7 +234,14 @@ pub fn preview(resp: &SubmitResponse) {
 /// every job succeeded.
 pub async fn wait(api: &Api, experiment: Option<ExperimentId>) -> Result<i32> {
     let mut p = api.progress(experiment, None).await?;
-    let bar = ProgressBar::new(p.counts.total());
+    // Without a terminal the bar is invisible: print a line now and then instead.
+    let terminal = std::io::stderr().is_terminal();
+    let mut last_line = std::time::Instant::now();
+    let bar = if terminal {
+        ProgressBar::new(p.counts.total())
+    } else {
+        ProgressBar::hidden()
+    };
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} done  {msg}")
             .map_err(|e| anyhow!("{e}"))?
@@ -251,6 +258,15 @@ pub async fn wait(api: &Api, experiment: Option<ExperimentId>) -> Result<i32> {
         ));
         if p.counts.finished() == p.counts.total() {
             break;
+        }
+        if !terminal && last_line.elapsed() >= Duration::from_secs(5) {
+            eprintln!(
+                "progress: {}/{} done, {}",
+                p.counts.finished(),
+                p.counts.total(),
+                counts_text(&p.counts)
+            );
+            last_line = std::time::Instant::now();
         }
         p = api.progress(experiment, Some(p.version)).await?;
     }

@@ -66,9 +66,12 @@ fn humantime_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{s}` is not a duration like `10s` or `500ms`: {e}"))
 }
 
-fn init_tracing() {
+/// `quiet`: only warnings by default, so a progress bar is not buried under log lines.
+fn init_tracing(quiet: bool) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("HEADROOM_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let default = if quiet { "warn" } else { "info" };
+    let filter =
+        EnvFilter::try_from_env("HEADROOM_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -85,7 +88,7 @@ fn host_name() -> String {
 }
 
 pub async fn run(args: UpArgs) -> Result<i32> {
-    init_tracing();
+    init_tracing(args.run.is_some());
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data dir {}", args.data_dir.display()))?;
     let data_dir = args

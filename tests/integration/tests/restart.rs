@@ -24,8 +24,10 @@ fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
     );
     // Submitted first, so it is surely one of the two jobs running at the crash.
     let once = h
-        .submit_api(serde_json::json!({"name": "once", "command": ["sh", "-c", script],
-            "retry": {"max_attempts": 1, "on": ["lost"]}, "resources": {"memory": "1GiB"}}))
+        .submit_api(
+            serde_json::json!({"name": "once", "command": ["sh", "-c", script],
+            "retry": {"max_attempts": 1, "on": ["lost"]}, "resources": {"memory": "1GiB"}}),
+        )
         .expect("submit")
         .experiment
         .expect("stored");
