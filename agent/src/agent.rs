@@ -4,8 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -58,12 +57,29 @@ struct Session {
     ttl: Duration,
 }
 
+/// Why the agent stopped an attempt before it ended by itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopReason {
+    /// A user cancelled the job.
+    User,
+    /// The lease could not be renewed for its TTL: the coordinator may have given the job to
+    /// another node, so this one must not keep running it.
+    LeaseLost,
+}
+
 /// One attempt the agent is running.
 struct Running {
     fence: i64,
     cancel: CancellationToken,
-    /// Cancelled by a user (vs. stopped because the agent is shutting down).
-    by_user: Arc<AtomicBool>,
+    /// Set before `cancel` fires; unset when the agent is shutting down.
+    reason: Arc<OnceLock<StopReason>>,
+}
+
+impl Running {
+    fn stop(&self, reason: StopReason) {
+        let _ = self.reason.set(reason);
+        self.cancel.cancel();
+    }
 }
 
 pub struct Agent {
@@ -117,6 +133,7 @@ impl Agent {
             plan: self.cfg.plan.clone(),
             headroom: Some(self.cfg.headroom),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            running: self.running_refs(),
         };
         match self.client.register(&req).await {
             Ok(resp) => {
@@ -201,6 +218,10 @@ impl Agent {
         }
     }
 
+    fn running_refs(&self) -> Vec<AttemptRef> {
+        refs(&self.running)
+    }
+
     fn watching(&self) -> Vec<AttemptId> {
         self.running
             .lock()
@@ -218,8 +239,7 @@ impl Agent {
             && let Some(a) = running.get(&attempt)
         {
             tracing::info!(%attempt, "cancelling attempt");
-            a.by_user.store(true, Ordering::SeqCst);
-            a.cancel.cancel();
+            a.stop(StopReason::User);
         }
     }
 
@@ -263,9 +283,9 @@ impl Agent {
         let run = Running {
             fence: lease.fence,
             cancel: self.draining.child_token(),
-            by_user: Arc::new(AtomicBool::new(false)),
+            reason: Arc::default(),
         };
-        let (cancel, by_user) = (run.cancel.clone(), run.by_user.clone());
+        let (cancel, reason) = (run.cancel.clone(), run.reason.clone());
         if let Ok(mut r) = self.running.lock() {
             r.insert(lease.attempt, run);
         }
@@ -282,7 +302,7 @@ impl Agent {
                 .join(format!("{}.log", lease.attempt)),
             draining: self.draining.clone(),
         };
-        self.tasks.spawn(run_lease(ctx, lease, cancel, by_user));
+        self.tasks.spawn(run_lease(ctx, lease, cancel, reason));
     }
 
     async fn drain(&self) {
@@ -309,7 +329,7 @@ async fn run_lease(
     ctx: AttemptCtx,
     lease: Lease,
     cancel: CancellationToken,
-    by_user: Arc<AtomicBool>,
+    reason: Arc<OnceLock<StopReason>>,
 ) {
     let attempt = lease.attempt;
     let fence = lease.fence;
@@ -362,9 +382,18 @@ async fn run_lease(
 
     let mut failure = end.failure;
     let mut log_tail = end.log_tail;
-    if failure == Some(FailureClass::Cancelled) && !by_user.load(Ordering::SeqCst) {
-        failure = Some(FailureClass::Lost);
-        log_tail.push_str("\n[headroom] stopped because the agent shut down\n");
+    if failure == Some(FailureClass::Cancelled) {
+        match reason.get() {
+            Some(StopReason::User) => {}
+            Some(StopReason::LeaseLost) => {
+                failure = Some(FailureClass::Lost);
+                log_tail.push_str("\n[headroom] stopped: the lease could not be renewed in time\n");
+            }
+            None => {
+                failure = Some(FailureClass::Lost);
+                log_tail.push_str("\n[headroom] stopped because the agent shut down\n");
+            }
+        }
     }
     let report = FinishReport {
         fence,
@@ -474,23 +503,14 @@ async fn heartbeats(
     done: CancellationToken,
 ) {
     let mut tick = tokio::time::interval((session.ttl / 3).max(Duration::from_millis(100)));
+    let mut last_renewal = tokio::time::Instant::now();
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = done.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let attempts: Vec<AttemptRef> = running
-            .lock()
-            .map(|r| {
-                r.iter()
-                    .map(|(id, a)| AttemptRef {
-                        attempt: *id,
-                        fence: a.fence,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let attempts = refs(&running);
         // Orphans re-parented to this subreaper that died between attempts are reaped here.
         let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
         let req = HeartbeatRequest {
@@ -499,24 +519,55 @@ async fn heartbeats(
         };
         match client.heartbeat(session.agent, &req).await {
             Ok(resp) => {
+                last_renewal = tokio::time::Instant::now();
                 if let Ok(r) = running.lock() {
                     for id in resp.cancel {
                         if let Some(a) = r.get(&id) {
-                            a.by_user.store(true, Ordering::SeqCst);
-                            a.cancel.cancel();
+                            a.stop(StopReason::User);
                         }
                     }
                     for id in resp.stale {
                         if let Some(a) = r.get(&id) {
                             tracing::warn!(attempt = %id, "lease is stale: stopping the attempt");
-                            a.cancel.cancel();
+                            a.stop(StopReason::LeaseLost);
                         }
                     }
                 }
             }
-            Err(e) => tracing::warn!("heartbeat failed: {e}"),
+            Err(e) => {
+                tracing::warn!("heartbeat failed: {e}");
+                // Past the TTL the coordinator may have handed our jobs to another node:
+                // stop them here so no job runs twice.
+                if last_renewal.elapsed() >= session.ttl
+                    && let Ok(r) = running.lock()
+                    && !r.is_empty()
+                {
+                    tracing::error!(
+                        attempts = r.len(),
+                        "leases not renewed for {:?}: stopping every attempt",
+                        session.ttl
+                    );
+                    for a in r.values() {
+                        a.stop(StopReason::LeaseLost);
+                    }
+                }
+            }
         }
     }
+}
+
+fn refs(running: &Mutex<HashMap<AttemptId, Running>>) -> Vec<AttemptRef> {
+    running
+        .lock()
+        .map(|r| {
+            r.iter()
+                .map(|(id, a)| AttemptRef {
+                    attempt: *id,
+                    fence: a.fence,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Live GPU samples, read off the runtime (NVML and /proc reads block).

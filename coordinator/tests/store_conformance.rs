@@ -9,7 +9,7 @@ use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::store::{
     ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Store, StoreError,
 };
-use headroom_shared::api::{FinishReport, GpuInfo, GpuSample, Lease};
+use headroom_shared::api::{AttemptRef, FinishReport, GpuInfo, GpuSample, Lease};
 use headroom_shared::{AgentId, ExperimentId, FailureClass, JobId, JobState, Plan};
 
 type Backend = Arc<dyn Store>;
@@ -88,6 +88,8 @@ async fn register(s: &Backend, node: &str, n: u32, plan: Option<&str>) -> AgentI
         gpus: gpus(n, 10_000),
         plan: plan.map(|p| Plan::parse(p).expect("plan")),
         headroom: None,
+        resume: vec![],
+        lease_ttl_ms: 30_000,
     })
     .await
     .expect("register");
@@ -245,6 +247,62 @@ async fn reregistration_loses_old_attempts(s: Backend) {
     assert_eq!(claim(&s, agent2, 1).await[0].job, l.job);
 }
 
+async fn reregistration_resumes_current_attempts(s: Backend) {
+    let agent = register(&s, "n1", 2, None).await;
+    submit(&s, (0..2).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
+    let leases = claim(&s, agent, 2).await;
+    assert_eq!(leases.len(), 2);
+    for l in &leases {
+        s.start_attempt(l.attempt, l.fence, 7, 0)
+            .await
+            .expect("start");
+    }
+    // The agent comes back (coordinator restart, partition) still running both; one token
+    // it presents is stale.
+    let agent2 = AgentId::new();
+    let reg = s
+        .register_agent(Registration {
+            agent: agent2,
+            node: "n1".into(),
+            gpus: gpus(2, 10_000),
+            plan: None,
+            headroom: None,
+            resume: vec![
+                AttemptRef {
+                    attempt: leases[0].attempt,
+                    fence: leases[0].fence,
+                },
+                AttemptRef {
+                    attempt: leases[1].attempt,
+                    fence: leases[1].fence + 7,
+                },
+            ],
+            lease_ttl_ms: 30_000,
+        })
+        .await
+        .expect("register");
+    assert_eq!(reg.lost, vec![leases[1].attempt]);
+    assert_eq!(state(&s, leases[0].job).await, JobState::Running);
+    assert_eq!(state(&s, leases[1].job).await, JobState::Failed);
+    let renewed = s
+        .renew_leases(
+            agent2,
+            &[AttemptRef {
+                attempt: leases[0].attempt,
+                fence: leases[0].fence,
+            }],
+            &[],
+            30_000,
+        )
+        .await
+        .expect("renew");
+    assert!(renewed.stale.is_empty());
+    s.finish_attempt(leases[0].attempt, report(leases[0].fence, None))
+        .await
+        .expect("finish");
+    assert_eq!(state(&s, leases[0].job).await, JobState::Succeeded);
+}
+
 async fn lost_without_retry_fails(s: Backend) {
     let agent = register(&s, "n1", 1, None).await;
     submit(&s, vec![job(0, Some(1000), vec![FailureClass::Lost], 1)]).await;
@@ -392,6 +450,7 @@ conformance!(sqlite:
     stale_fences_are_refused,
     retry_policy_decides_requeue,
     reregistration_loses_old_attempts,
+    reregistration_resumes_current_attempts,
     lost_without_retry_fails,
     cancel_stops_queued_and_flags_running,
     plans_change_at_run_time,

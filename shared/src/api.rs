@@ -330,6 +330,10 @@ pub struct RegisterRequest {
     #[serde(default)]
     pub headroom: Option<Headroom>,
     pub version: String,
+    /// Attempts this agent is still running from an earlier registration (after a
+    /// coordinator restart or a partition): they stay its own if their tokens are current.
+    #[serde(default)]
+    pub running: Vec<AttemptRef>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -337,7 +341,8 @@ pub struct RegisterResponse {
     pub agent: AgentId,
     pub lease_ttl_ms: u64,
     pub plan: String,
-    /// Attempts of this node's earlier incarnation, now recorded as lost.
+    /// Attempts of this node that this registration does not keep, now recorded as lost:
+    /// stop them.
     pub lost_attempts: Vec<AttemptId>,
 }
 

@@ -37,6 +37,8 @@ pub async fn register(
             gpus: req.gpus,
             plan,
             headroom: req.headroom,
+            resume: req.running,
+            lease_ttl_ms: s.config.lease_ttl.as_millis() as u64,
         })
         .await?;
     if !reg.lost.is_empty() {

@@ -78,12 +78,16 @@ pub struct Registration {
     /// Replaces the stored plan when given.
     pub plan: Option<Plan>,
     pub headroom: Option<Headroom>,
+    /// Attempts the agent still runs; kept (moved to the new registration, lease renewed)
+    /// when their fencing tokens are current, every other active attempt of the node is lost.
+    pub resume: Vec<AttemptRef>,
+    pub lease_ttl_ms: u64,
 }
 
 #[derive(Clone, Debug)]
 pub struct Registered {
     pub plan: Plan,
-    /// Attempts of the node's earlier incarnation, now lost.
+    /// Active attempts of the node not resumed, now lost.
     pub lost: Vec<AttemptId>,
 }
 

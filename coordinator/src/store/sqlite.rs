@@ -775,13 +775,26 @@ impl Store for SqliteStore {
                     now
                 ],
             )?;
-            // A new incarnation owns none of the old one's attempts.
-            let lost: Vec<String> = active_on(tx, &reg.node)?
-                .into_iter()
-                .map(|a| a.id)
-                .collect();
-            for a in &lost {
-                lose_attempt(tx, a)?;
+            // Attempts the agent still runs with a current token stay its own; the rest
+            // belonged to an incarnation that is gone.
+            let until = now + reg.lease_ttl_ms as i64;
+            let mut lost = Vec::new();
+            for a in active_on(tx, &reg.node)? {
+                let fence: i64 =
+                    tx.query_row("SELECT fence FROM attempts WHERE id = ?1", [&a.id], |r| r.get(0))?;
+                let resumed = reg
+                    .resume
+                    .iter()
+                    .any(|r| r.attempt.to_string() == a.id && r.fence == fence);
+                if resumed {
+                    tx.execute(
+                        "UPDATE attempts SET agent_id = ?1, lease_expires_at = ?2 WHERE id = ?3",
+                        params![reg.agent.to_string(), until, a.id],
+                    )?;
+                } else {
+                    lose_attempt(tx, &a.id)?;
+                    lost.push(a.id);
+                }
             }
             Ok(Registered {
                 plan,
