@@ -9,6 +9,7 @@ use headroom_shared::api::SubmitRequest;
 use headroom_shared::{ExperimentId, JobId};
 
 pub mod client;
+pub mod config;
 pub mod output;
 pub mod up;
 
@@ -100,6 +101,20 @@ pub enum Command {
 pub enum PlanCommand {
     /// Set a node's plan, e.g. `headroom plan set gpu-box "2,2,1,1"`; applies to new placements at once.
     Set { node: String, plan: String },
+}
+
+/// Parses the command line, then lays `headroom up`'s config file under flags and variables.
+pub fn parse_args() -> Result<Cli> {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    if let Command::Up(args) = &mut cli.command
+        && let Some(file) = args.config.clone()
+        && let Some(sub) = matches.subcommand_matches("up")
+    {
+        config::apply_file(args, sub, &file)?;
+    }
+    Ok(cli)
 }
 
 pub async fn run(cli: Cli) -> Result<i32> {

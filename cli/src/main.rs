@@ -1,9 +1,10 @@
-use clap::Parser;
-
 #[tokio::main]
 async fn main() {
-    let cli = headroom::Cli::parse();
-    match headroom::run(cli).await {
+    let result = match headroom::parse_args() {
+        Ok(cli) => headroom::run(cli).await,
+        Err(e) => Err(e),
+    };
+    match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");

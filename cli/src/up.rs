@@ -59,6 +59,9 @@ pub struct UpArgs {
     /// Submit this spec once up, show progress, and exit when every job has ended.
     #[arg(long)]
     pub run: Option<PathBuf>,
+    /// A TOML file of settings (keys are the flags' names); flags and variables win over it.
+    #[arg(long, env = "HEADROOM_CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
