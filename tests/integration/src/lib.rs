@@ -12,22 +12,23 @@ use headroom_shared::api::{JobDetail, JobSummary, NodeView, SubmitResponse};
 use headroom_shared::{ExperimentId, JobId};
 use serde::de::DeserializeOwned;
 
-/// A binary of this workspace, built next to the test executables.
+/// A binary of this workspace, built next to the executable running this code (a test in
+/// `target/<profile>/deps/`, or a bench in `target/<profile>/`).
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
-    // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the binaries first (`cargo build --workspace --bins`, done by scripts/test)",
-        path.display()
-    );
-    path
+    let candidates: Vec<PathBuf> = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|d| d.join(name))
+        .collect();
+    match candidates.iter().find(|p| p.exists()) {
+        Some(p) => p.clone(),
+        None => panic!(
+            "{name} is missing next to {}: build the binaries first (`cargo build --workspace --bins`, done by scripts/test)",
+            exe.display()
+        ),
+    }
 }
 
 pub fn fake_job() -> PathBuf {
