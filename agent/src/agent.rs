@@ -169,6 +169,7 @@ impl Agent {
             self.backend.clone(),
             self.running.clone(),
             session.clone(),
+            self.cfg.supervisor.kill_grace,
             session_done.clone(),
         ));
         let _stop_heartbeats = session_done.clone().drop_guard();
@@ -495,20 +496,30 @@ async fn read_from(path: &PathBuf, offset: u64, max: usize) -> std::io::Result<V
     Ok(buf)
 }
 
+/// How long after its last renewal an agent stops its attempts by itself: early enough that
+/// they are dead (kill grace included) before the coordinator can expire the leases and hand
+/// the jobs to another node.
+pub fn self_fence_after(ttl: Duration, kill_grace: Duration) -> Duration {
+    (ttl.saturating_sub(kill_grace) * 3 / 4).max(ttl / 3)
+}
+
 async fn heartbeats(
     client: Client,
     backend: Arc<dyn GpuBackend>,
     running: Arc<Mutex<HashMap<AttemptId, Running>>>,
     session: Session,
+    kill_grace: Duration,
     done: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval((session.ttl / 3).max(Duration::from_millis(100)));
+    let every = (session.ttl / 3).max(Duration::from_millis(100));
+    let retry = every.min(Duration::from_secs(1));
+    let fence_after = self_fence_after(session.ttl, kill_grace);
     let mut last_renewal = tokio::time::Instant::now();
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut wait = every;
     loop {
         tokio::select! {
             _ = done.cancelled() => return,
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep(wait) => {}
         }
         let attempts = refs(&running);
         // Orphans re-parented to this subreaper that died between attempts are reaped here.
@@ -520,6 +531,7 @@ async fn heartbeats(
         match client.heartbeat(session.agent, &req).await {
             Ok(resp) => {
                 last_renewal = tokio::time::Instant::now();
+                wait = every;
                 if let Ok(r) = running.lock() {
                     for id in resp.cancel {
                         if let Some(a) = r.get(&id) {
@@ -536,9 +548,10 @@ async fn heartbeats(
             }
             Err(e) => {
                 tracing::warn!("heartbeat failed: {e}");
-                // Past the TTL the coordinator may have handed our jobs to another node:
-                // stop them here so no job runs twice.
-                if last_renewal.elapsed() >= session.ttl
+                wait = retry;
+                // Soon the coordinator may hand our jobs to another node: stop them here
+                // first, so no job runs twice.
+                if last_renewal.elapsed() >= fence_after
                     && let Ok(r) = running.lock()
                     && !r.is_empty()
                 {
@@ -602,5 +615,26 @@ async fn kill_leftovers(attempts: Vec<AttemptId>) {
             processes = killed,
             "killed leftovers of attempts from an earlier run"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agents_fence_themselves_before_the_coordinator_expires_them() {
+        let s = Duration::from_secs;
+        for (ttl, grace) in [(30, 10), (30, 0), (10, 4), (5, 1), (2, 0)] {
+            let after = self_fence_after(s(ttl), s(grace));
+            assert!(
+                after >= s(ttl) / 3,
+                "ttl {ttl} grace {grace}: {after:?} too eager"
+            );
+            assert!(
+                after + s(grace) < s(ttl),
+                "ttl {ttl} grace {grace}: {after:?} too late"
+            );
+        }
     }
 }

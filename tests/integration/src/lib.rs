@@ -340,3 +340,78 @@ pub fn read_records(path: &Path) -> Result<Vec<Record>> {
         .map(|l| serde_json::from_str(l).with_context(|| format!("bad record line `{l}`")))
         .collect()
 }
+
+/// A free TCP port on the loopback, for a server that must come back on the same address.
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// A background process of this workspace (a coordinator or an agent on its own), its
+/// stderr in a log file, killed when dropped.
+pub struct Proc {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn start(name: &str, args: &[String], log: PathBuf) -> Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        let child = Command::new(binary(name))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Self {
+            child: Some(child),
+            log,
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn kill9(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) -> Result<()> {
+        let pid = self.pid().ok_or_else(|| anyhow!("not running"))?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig)?;
+        Ok(())
+    }
+
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
