@@ -4,7 +4,7 @@
 //! Processes can exit at any moment during a scan, so every per-process read error is
 //! treated as "that process is gone" rather than reported.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -75,22 +75,30 @@ pub fn start_time(pid: u32) -> Option<SystemTime> {
 /// A process in the middle of `execve` reads with an empty environment for an instant: a
 /// caller that must not miss anything confirms an empty answer with a second scan.
 pub fn pids_with_marker(attempt: AttemptId) -> Vec<u32> {
+    marked_processes().remove(&attempt).unwrap_or_default()
+}
+
+/// Every live process carrying a marker, by attempt: one pass over `/proc` serves every
+/// attempt, so concurrent cleanups can share it.
+pub fn marked_processes() -> HashMap<AttemptId, Vec<u32>> {
     let me = std::process::id();
-    let wanted = attempt.to_string();
-    all_pids()
-        .into_iter()
-        .filter(|&pid| pid != me)
-        .filter(|&pid| {
-            fs::read(format!("/proc/{pid}/environ"))
-                .ok()
-                .and_then(|env| {
-                    find_var(&env, ATTEMPT_VAR.as_bytes()).map(|v| v == wanted.as_bytes())
-                })
-                .unwrap_or(false)
-        })
+    let mut out: HashMap<AttemptId, Vec<u32>> = HashMap::new();
+    for pid in all_pids().into_iter().filter(|&pid| pid != me) {
+        let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let Some(attempt) = find_var(&env, ATTEMPT_VAR.as_bytes())
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.trim().parse::<AttemptId>().ok())
+        else {
+            continue;
+        };
         // A zombie's environment reads empty, but a process can be mid-exit: check.
-        .filter(|&pid| is_alive(pid))
-        .collect()
+        if is_alive(pid) {
+            out.entry(attempt).or_default().push(pid);
+        }
+    }
+    out
 }
 
 /// Zombie processes whose parent is this process.

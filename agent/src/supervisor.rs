@@ -2,13 +2,13 @@
 //! log, watches for exit, timeout and cancellation while sampling its peak GPU memory, then
 //! kills every process the attempt left behind and verifies its GPUs are free of it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -542,10 +542,30 @@ fn signal_each(pids: &[u32], sig: Signal) {
     }
 }
 
+/// The last `/proc` scan and when it started.
+type Scan = Option<(std::time::Instant, Arc<HashMap<AttemptId, Vec<u32>>>)>;
+
+/// The attempt's live processes. Concurrent cleanups share scans: a caller takes the result
+/// of a scan that started after it asked (so it misses nothing a fresh scan would see), and
+/// many attempts ending together cost one pass over `/proc`, not one each.
 async fn marked(attempt: AttemptId) -> Vec<u32> {
-    tokio::task::spawn_blocking(move || procscan::pids_with_marker(attempt))
-        .await
-        .unwrap_or_default()
+    static LAST: OnceLock<tokio::sync::Mutex<Scan>> = OnceLock::new();
+    // Wall-clock instants: a paused test clock must not make an old scan look fresh.
+    let asked = std::time::Instant::now();
+    let mut last = LAST.get_or_init(|| tokio::sync::Mutex::new(None)).lock().await;
+    if let Some((started, scan)) = last.as_ref()
+        && *started >= asked
+    {
+        return scan.get(&attempt).cloned().unwrap_or_default();
+    }
+    let started = std::time::Instant::now();
+    let scan = Arc::new(
+        tokio::task::spawn_blocking(procscan::marked_processes)
+            .await
+            .unwrap_or_default(),
+    );
+    *last = Some((started, scan.clone()));
+    scan.get(&attempt).cloned().unwrap_or_default()
 }
 
 /// The pids of the attempt still on a GPU, or `None` when the GPUs cannot be read.

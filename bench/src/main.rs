@@ -33,7 +33,12 @@ fn start_latencies(h: &Headroom, exp: headroom_shared::ExperimentId) -> Result<V
     for j in h.jobs(exp)? {
         let d: JobDetail = h.job(j.id)?;
         if let Some(started) = d.attempts_detail.first().and_then(|a| a.started_at) {
-            out.push((started - d.summary.created_at).num_microseconds().unwrap_or(0) as f64 / 1000.0);
+            out.push(
+                (started - d.summary.created_at)
+                    .num_microseconds()
+                    .unwrap_or(0) as f64
+                    / 1000.0,
+            );
         }
     }
     out.sort_by(f64::total_cmp);
@@ -41,7 +46,10 @@ fn start_latencies(h: &Headroom, exp: headroom_shared::ExperimentId) -> Result<V
 }
 
 fn main() -> Result<()> {
-    let jobs: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(400);
+    let jobs: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(400);
     let h = Headroom::start(UpOptions {
         fake_gpus: "4x80GiB".into(),
         plan: Some("16,16,16,16".into()),
@@ -69,18 +77,33 @@ fn main() -> Result<()> {
     let exp = r.experiment.context("stored")?;
     let done = h.wait_done(exp, Duration::from_secs(600));
     let elapsed = t.elapsed().as_secs_f64();
-    let ok = done.iter().filter(|j| j.state == headroom_shared::JobState::Succeeded).count();
+    let ok = done
+        .iter()
+        .filter(|j| j.state == headroom_shared::JobState::Succeeded)
+        .count();
     let rate = jobs as f64 / elapsed;
     let burst = start_latencies(&h, exp)?;
 
     println!("| measure | value |");
     println!("| --- | --- |");
-    println!("| idle submit->start p50 | {:.1} ms |", percentile(&idle, 0.5));
-    println!("| idle submit->start p99 | {:.1} ms |", percentile(&idle, 0.99));
+    println!(
+        "| idle submit->start p50 | {:.1} ms |",
+        percentile(&idle, 0.5)
+    );
+    println!(
+        "| idle submit->start p99 | {:.1} ms |",
+        percentile(&idle, 0.99)
+    );
     println!("| raw spawn+wait of `true` | {raw:.0} /s |");
     println!("| headroom jobs of `true` ({jobs}, {ok} succeeded, 64 slots) | {rate:.0} /s |");
     println!("| ratio headroom / raw spawn | {:.2} |", rate / raw);
-    println!("| burst submit->start p50 | {:.0} ms |", percentile(&burst, 0.5));
-    println!("| burst submit->start p99 | {:.0} ms |", percentile(&burst, 0.99));
+    println!(
+        "| burst submit->start p50 | {:.0} ms |",
+        percentile(&burst, 0.5)
+    );
+    println!(
+        "| burst submit->start p99 | {:.0} ms |",
+        percentile(&burst, 0.99)
+    );
     Ok(())
 }

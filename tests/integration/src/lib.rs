@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use headroom_shared::api::{JobDetail, JobSummary, NodeView, SubmitResponse};
+use headroom_shared::api::{JobDetail, JobSummary, NodeView, Progress, SubmitResponse};
 use headroom_shared::{ExperimentId, JobId};
 use serde::de::DeserializeOwned;
 
@@ -294,12 +294,26 @@ impl Headroom {
         }
     }
 
-    /// Waits until every job of the experiment has ended.
+    /// Waits until every job of the experiment has ended (long-polls the progress counter,
+    /// so waiting costs the server next to nothing).
     pub fn wait_done(&self, exp: ExperimentId, timeout: Duration) -> Vec<JobSummary> {
-        self.wait_for("the experiment to finish", timeout, || {
-            let jobs = self.jobs(exp)?;
-            Ok(jobs.iter().all(|j| j.state.is_terminal()).then_some(jobs))
-        })
+        let deadline = Instant::now() + timeout;
+        let mut after: Option<u64> = None;
+        loop {
+            let path = match after {
+                Some(v) => format!("/v1/progress?experiment={exp}&after={v}&timeout_ms=1000"),
+                None => format!("/v1/progress?experiment={exp}"),
+            };
+            match self.get::<Progress>(&path) {
+                Ok(p) if p.counts.finished() == p.counts.total() => break,
+                Ok(p) => after = Some(p.version),
+                Err(e) => eprintln!("while waiting for {exp}: {e:#}"),
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for experiment {exp}\nserver log:\n{}", self.server_log());
+            }
+        }
+        self.jobs(exp).unwrap_or_else(|e| panic!("listing jobs: {e:#}"))
     }
 }
 
