@@ -586,7 +586,16 @@ fn refs(running: &Mutex<HashMap<AttemptId, Running>>) -> Vec<AttemptRef> {
 /// Live GPU samples, read off the runtime (NVML and /proc reads block).
 pub async fn sample(backend: &Arc<dyn GpuBackend>) -> Vec<GpuSample> {
     let b = backend.clone();
-    match tokio::task::spawn_blocking(move || b.sample()).await {
+    let read = move || {
+        let mut samples = b.sample()?;
+        for p in samples.iter_mut().flat_map(|g| g.processes.iter_mut()) {
+            if p.attempt.is_none() {
+                (p.user, p.command) = crate::procscan::describe(p.pid);
+            }
+        }
+        Ok::<_, crate::gpu::GpuError>(samples)
+    };
+    match tokio::task::spawn_blocking(read).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::warn!("GPU sample failed: {e}");

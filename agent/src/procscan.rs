@@ -101,6 +101,34 @@ pub fn marked_processes() -> HashMap<AttemptId, Vec<u32>> {
     out
 }
 
+/// Who runs `pid` and what: the user name (or uid) and the command line, for reports of
+/// processes that belong to no attempt.
+pub fn describe(pid: u32) -> (Option<String>, Option<String>) {
+    let Some(proc) = i32::try_from(pid).ok().and_then(|p| Process::new(p).ok()) else {
+        return (None, None);
+    };
+    let user = proc.uid().ok().map(|uid| {
+        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .unwrap_or_else(|| uid.to_string())
+    });
+    let command = proc.cmdline().ok().filter(|c| !c.is_empty()).map(|c| {
+        let mut line = c.join(" ");
+        if line.len() > 200 {
+            let mut cut = 200;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+            line.push_str("...");
+        }
+        line
+    });
+    (user, command)
+}
+
 /// Zombie processes whose parent is this process.
 pub fn zombie_children() -> Vec<u32> {
     let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);

@@ -552,7 +552,10 @@ async fn marked(attempt: AttemptId) -> Vec<u32> {
     static LAST: OnceLock<tokio::sync::Mutex<Scan>> = OnceLock::new();
     // Wall-clock instants: a paused test clock must not make an old scan look fresh.
     let asked = std::time::Instant::now();
-    let mut last = LAST.get_or_init(|| tokio::sync::Mutex::new(None)).lock().await;
+    let mut last = LAST
+        .get_or_init(|| tokio::sync::Mutex::new(None))
+        .lock()
+        .await;
     if let Some((started, scan)) = last.as_ref()
         && *started >= asked
     {

@@ -206,6 +206,15 @@ pub fn nodes_table(nodes: &[NodeView]) {
                 g.slots_used,
                 g.slots
             );
+            for p in &g.foreign {
+                println!(
+                    "       foreign process {} ({}) holds {}: {}",
+                    p.pid,
+                    p.user.as_deref().unwrap_or("?"),
+                    mib(p.used_mib),
+                    p.command.as_deref().unwrap_or("?")
+                );
+            }
         }
     }
 }

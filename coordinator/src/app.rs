@@ -48,6 +48,7 @@ impl Application {
             log_changes: Changes::default(),
             logs,
             config: Arc::new(config),
+            last_free: Arc::default(),
         };
         Ok(Self { listener, state })
     }

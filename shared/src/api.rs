@@ -268,6 +268,12 @@ pub struct GpuProcess {
     /// The attempt it belongs to, when it belongs to one.
     #[serde(default)]
     pub attempt: Option<AttemptId>,
+    /// Owner and command line, filled for processes of no attempt (foreign: another user,
+    /// a notebook, an orphan from before headroom) so people can see who holds the memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
 }
 
 /// Live state of one GPU.
@@ -311,6 +317,10 @@ pub struct GpuView {
     pub estimated_mib: u64,
     pub headroom_mib: u64,
     pub attempts: Vec<AttemptId>,
+    /// Processes on this GPU that belong to no attempt: counted in admission through live
+    /// free memory, reported, never killed.
+    #[serde(default)]
+    pub foreign: Vec<GpuProcess>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -392,6 +392,8 @@ impl GpuBackend for FakeBackend {
                         attempt: *attempts
                             .entry(u.pid)
                             .or_insert_with(|| procscan::attempt_of(u.pid)),
+                        user: None,
+                        command: None,
                     })
                     .collect();
                 let used = used_on(&uses, gpu.index);
@@ -554,7 +556,9 @@ mod tests {
             vec![GpuProcess {
                 pid: b.id(),
                 used_mib: 101,
-                attempt: None
+                attempt: None,
+                user: None,
+                command: None,
             }]
         );
         assert_eq!((s[1].used_mib, s[1].free_mib), (300, 724));
@@ -563,7 +567,9 @@ mod tests {
             vec![GpuProcess {
                 pid: a.id(),
                 used_mib: 300,
-                attempt: Some(attempt)
+                attempt: Some(attempt),
+                user: None,
+                command: None,
             }]
         );
         assert_eq!((s[2].used_mib, s[2].free_mib), (50, 462));

@@ -113,6 +113,8 @@ impl GpuBackend for NvmlBackend {
                         UsedGpuMemory::Unavailable => 0,
                     },
                     attempt: procscan::attempt_of(p.pid),
+                    user: None,
+                    command: None,
                 })
                 .collect();
             out.push(GpuSample {

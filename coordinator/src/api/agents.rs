@@ -119,6 +119,9 @@ pub async fn heartbeat(
             s.config.lease_ttl.as_millis() as u64,
         )
         .await?;
+    if s.memory_freed(agent, &req.gpus) {
+        s.changes.bump();
+    }
     Ok(ApiJson(HeartbeatResponse {
         cancel: r.cancel,
         stale: r.stale,

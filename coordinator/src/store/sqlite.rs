@@ -880,6 +880,15 @@ impl Store for SqliteStore {
                                 .iter()
                                 .map(|a| parse(&a.id, "attempt id"))
                                 .collect::<Result<_>>()?,
+                            foreign: sample
+                                .map(|s| {
+                                    s.processes
+                                        .iter()
+                                        .filter(|p| p.attempt.is_none())
+                                        .cloned()
+                                        .collect()
+                                })
+                                .unwrap_or_default(),
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;

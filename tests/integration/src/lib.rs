@@ -310,10 +310,14 @@ impl Headroom {
                 Err(e) => eprintln!("while waiting for {exp}: {e:#}"),
             }
             if Instant::now() > deadline {
-                panic!("timed out waiting for experiment {exp}\nserver log:\n{}", self.server_log());
+                panic!(
+                    "timed out waiting for experiment {exp}\nserver log:\n{}",
+                    self.server_log()
+                );
             }
         }
-        self.jobs(exp).unwrap_or_else(|e| panic!("listing jobs: {e:#}"))
+        self.jobs(exp)
+            .unwrap_or_else(|e| panic!("listing jobs: {e:#}"))
     }
 }
 

@@ -1,0 +1,67 @@
+//! A process headroom did not start holds GPU memory: jobs that would not fit are not
+//! admitted, the process is reported and never killed, and work resumes when it exits.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use headroom_integration_tests::{Headroom, UpOptions, alive, fake_job};
+use headroom_shared::JobState;
+
+#[test]
+fn foreign_memory_blocks_admission_is_reported_and_left_alone() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        plan: Some("4".into()),
+        lease_ttl: "3s".into(),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    // Someone's notebook: 20 GiB on GPU 0, outside headroom.
+    let mut foreign = Command::new(fake_job())
+        .args(["--mem", "20GiB", "--seconds", "600"])
+        .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
+        .env("HEADROOM_FAKE_GPUS", "1x24GiB")
+        .env("CUDA_VISIBLE_DEVICES", "0")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("foreign process");
+    let pid = foreign.id();
+    h.wait_for(
+        "the foreign process to be reported",
+        Duration::from_secs(20),
+        || {
+            let gpu = &h.nodes()?[0].gpus[0];
+            Ok(gpu
+                .foreign
+                .iter()
+                .any(|p| p.pid == pid && p.used_mib == 20 * 1024)
+                .then_some(()))
+        },
+    );
+    let nodes = h.cli_ok(&["nodes"]);
+    assert!(
+        nodes.contains(&format!("foreign process {pid}")) && nodes.contains("headroom-fake-job"),
+        "{nodes}"
+    );
+
+    // 24 GiB - 2.4 GiB headroom - 20 GiB held leaves 1.6 GiB: a 4 GiB job must wait.
+    let spec = format!(
+        r#"{{"name": "wait-for-memory", "command": ["{job}", "--mem", "3GiB", "--seconds", "0.2"],
+             "resources": {{"memory": "4GiB"}}}}"#,
+        job = fake_job().display()
+    );
+    let exp = h.submit("w.json", &spec).expect("submit");
+    std::thread::sleep(Duration::from_secs(2));
+    let jobs = h.jobs(exp).expect("jobs");
+    assert_eq!(
+        jobs[0].state,
+        JobState::Queued,
+        "admitted despite foreign memory"
+    );
+    assert!(alive(pid), "the foreign process must never be killed");
+
+    foreign.kill().expect("kill foreign");
+    foreign.wait().expect("reap foreign");
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+}
