@@ -90,7 +90,12 @@ pub struct Agent {
     tasks: TaskTracker,
     /// Cancelled when the agent drains: attempts stop and are reported lost.
     draining: CancellationToken,
+    quarantined: Quarantined,
 }
+
+/// Ended attempts whose cleanup could not be verified: their GPUs and the pids that still
+/// held memory. Heartbeats report them released once those are gone.
+type Quarantined = Arc<Mutex<HashMap<AttemptId, (Vec<u32>, Vec<u32>)>>>;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -104,6 +109,7 @@ impl Agent {
             running: Arc::default(),
             tasks: TaskTracker::new(),
             draining: CancellationToken::new(),
+            quarantined: Arc::default(),
         })
     }
 
@@ -168,6 +174,7 @@ impl Agent {
             self.client.clone(),
             self.backend.clone(),
             self.running.clone(),
+            self.quarantined.clone(),
             session.clone(),
             self.cfg.supervisor.kill_grace,
             session_done.clone(),
@@ -302,6 +309,8 @@ impl Agent {
                 .join("logs")
                 .join(format!("{}.log", lease.attempt)),
             draining: self.draining.clone(),
+            quarantined: self.quarantined.clone(),
+            gpus: lease.gpus.clone(),
         };
         self.tasks.spawn(run_lease(ctx, lease, cancel, reason));
     }
@@ -324,6 +333,8 @@ struct AttemptCtx {
     supervisor: SupervisorConfig,
     log_path: PathBuf,
     draining: CancellationToken,
+    quarantined: Quarantined,
+    gpus: Vec<u32>,
 }
 
 async fn run_lease(
@@ -405,6 +416,8 @@ async fn run_lease(
         peak_mem_mib: end.peak_mem_mib,
         cleanup_ms: end.cleanup_ms,
         cleanup_verified: end.cleanup_verified,
+        unverified: end.unverified.clone(),
+        contaminated: end.contaminated,
         log_tail,
         gpus: sample(&ctx.backend).await,
     };
@@ -412,6 +425,11 @@ async fn run_lease(
     // a draining agent gives up after a while and the lease expires instead.
     let mut backoff = Duration::from_millis(100);
     let mut tries = 0;
+    if !end.cleanup_verified
+        && let Ok(mut q) = ctx.quarantined.lock()
+    {
+        q.insert(attempt, (ctx.gpus.clone(), end.held_by.clone()));
+    }
     // Leave the running set first: the next claim must not watch this attempt any more.
     if let Ok(mut r) = ctx.running.lock() {
         r.remove(&attempt);
@@ -507,6 +525,7 @@ async fn heartbeats(
     client: Client,
     backend: Arc<dyn GpuBackend>,
     running: Arc<Mutex<HashMap<AttemptId, Running>>>,
+    quarantined: Quarantined,
     session: Session,
     kill_grace: Duration,
     done: CancellationToken,
@@ -524,14 +543,25 @@ async fn heartbeats(
         let attempts = refs(&running);
         // Orphans re-parented to this subreaper that died between attempts are reaped here.
         let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
+        let gpus = sample(&backend).await;
+        let released = released(&quarantined, &gpus).await;
         let req = HeartbeatRequest {
-            gpus: sample(&backend).await,
+            gpus,
             attempts,
+            released: released.clone(),
         };
         match client.heartbeat(session.agent, &req).await {
             Ok(resp) => {
                 last_renewal = tokio::time::Instant::now();
                 wait = every;
+                if !released.is_empty()
+                    && let Ok(mut q) = quarantined.lock()
+                {
+                    for a in &released {
+                        tracing::info!(attempt = %a, "leftovers gone: GPU quarantine lifted");
+                        q.remove(a);
+                    }
+                }
                 if let Ok(r) = running.lock() {
                     for id in resp.cancel {
                         if let Some(a) = r.get(&id) {
@@ -567,6 +597,40 @@ async fn heartbeats(
             }
         }
     }
+}
+
+/// Quarantined attempts whose leftovers are gone: none of the pids that held memory is
+/// alive or on its GPUs, and no process carries the attempt's marker.
+async fn released(quarantined: &Quarantined, samples: &[GpuSample]) -> Vec<AttemptId> {
+    let held: Vec<(AttemptId, Vec<u32>, Vec<u32>)> = match quarantined.lock() {
+        Ok(q) => q
+            .iter()
+            .map(|(a, (g, p))| (*a, g.clone(), p.clone()))
+            .collect(),
+        Err(_) => return vec![],
+    };
+    if held.is_empty() {
+        return vec![];
+    }
+    let samples = samples.to_vec();
+    tokio::task::spawn_blocking(move || {
+        let marked = crate::procscan::marked_processes();
+        held.into_iter()
+            .filter(|(attempt, gpus, pids)| {
+                let on_gpus = samples
+                    .iter()
+                    .filter(|g| gpus.contains(&g.index))
+                    .flat_map(|g| &g.processes)
+                    .any(|p| pids.contains(&p.pid) || p.attempt == Some(*attempt));
+                !on_gpus
+                    && !marked.contains_key(attempt)
+                    && !pids.iter().any(|&p| crate::procscan::is_alive(p))
+            })
+            .map(|(a, _, _)| a)
+            .collect()
+    })
+    .await
+    .unwrap_or_default()
 }
 
 fn refs(running: &Mutex<HashMap<AttemptId, Running>>) -> Vec<AttemptRef> {

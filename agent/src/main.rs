@@ -49,6 +49,9 @@ struct Args {
     data_dir: PathBuf,
     #[arg(long, env = "HEADROOM_KILL_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     kill_grace: Duration,
+    /// How long cleanup may take to verify an attempt's GPUs are clean before quarantining them.
+    #[arg(long, env = "HEADROOM_VERIFY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    verify_timeout: Duration,
 }
 
 #[tokio::main]
@@ -82,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
     });
     let supervisor = SupervisorConfig {
         kill_grace: args.kill_grace,
+        verify_timeout: args.verify_timeout,
         ..SupervisorConfig::default()
     };
     let agent = Agent::new(

@@ -2,7 +2,7 @@
 //! log, watches for exit, timeout and cancellation while sampling its peak GPU memory, then
 //! kills every process the attempt left behind and verifies its GPUs are free of it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use headroom_shared::api::GpuSample;
+use headroom_shared::api::{GpuProcess, GpuSample};
 use headroom_shared::expand::value_text;
 use headroom_shared::{AttemptId, FailureClass, JobId};
 use nix::sys::signal::{Signal, kill, killpg};
@@ -90,8 +90,16 @@ pub struct AttemptEnd {
     pub peak_mem_mib: Option<u64>,
     /// From the end of the main process (or the decision to stop it) until verified clean.
     pub cleanup_ms: u64,
-    /// No process of the attempt is alive and none remains on a GPU.
+    /// No process of the attempt is alive and none remains on a GPU, and no process that
+    /// was not there before the attempt holds memory on its GPUs.
     pub cleanup_verified: bool,
+    /// When not verified: what is left (pid, user, command, memory).
+    pub unverified: Option<String>,
+    /// The pids still holding memory when verification gave up; the GPUs are clean again
+    /// once none of them is on them.
+    pub held_by: Vec<u32>,
+    /// A process of no attempt used the attempt's GPUs while it ran.
+    pub contaminated: bool,
     /// The last ~4 KiB of this attempt's log.
     pub log_tail: String,
 }
@@ -148,6 +156,13 @@ pub async fn run_attempt(
         not_started(Some(FailureClass::LaunchError), tail)
     };
 
+    // What was on the GPUs before: cleanup returns to this, not to "empty".
+    let baseline = {
+        let (b, gpus) = (backend.clone(), launch.gpus.clone());
+        tokio::task::spawn_blocking(move || foreign_baseline(b.as_ref(), &gpus))
+            .await
+            .unwrap_or_default()
+    };
     let mut cmd = match command(&launch, backend.as_ref(), &log) {
         Ok(cmd) => cmd,
         Err(msg) => return launch_error(msg),
@@ -177,6 +192,9 @@ pub async fn run_attempt(
         attempt: launch.attempt,
         peak: None,
         log: LogFollower::open(&launch.log_path, log_start),
+        gpus: launch.gpus.clone(),
+        baseline,
+        contaminated: false,
     }));
     let sample_every = cfg.sample_every.max(Duration::from_millis(10));
     let mut tick = tokio::time::interval_at(Instant::now() + sample_every, sample_every);
@@ -238,13 +256,18 @@ pub async fn run_attempt(
     // Everything has stopped writing: scan the rest of the log and take its tail.
     let w = watch.clone();
     let path = launch.log_path.clone();
-    let (saw_oom, peak, log_tail) = tokio::task::spawn_blocking(move || {
+    let (saw_oom, peak, contaminated, log_tail) = tokio::task::spawn_blocking(move || {
         let mut w = lock(&w);
         w.log.pump(u64::MAX);
-        (w.log.scanner.saw_oom(), w.peak, read_tail(&path, log_start))
+        (
+            w.log.scanner.saw_oom(),
+            w.peak,
+            w.contaminated,
+            read_tail(&path, log_start),
+        )
     })
     .await
-    .unwrap_or_else(|_| (false, None, String::new()));
+    .unwrap_or_else(|_| (false, None, false, String::new()));
 
     let exit = match outcome.status {
         Some(s) => match (s.code(), s.signal()) {
@@ -265,6 +288,9 @@ pub async fn run_attempt(
         peak_mem_mib: peak,
         cleanup_ms,
         cleanup_verified: outcome.verified,
+        unverified: (!outcome.verified).then(|| outcome.remaining.clone()),
+        held_by: outcome.held_by,
+        contaminated,
         log_tail,
     }
 }
@@ -326,6 +352,9 @@ fn not_started(failure: Option<FailureClass>, log_tail: String) -> AttemptEnd {
         peak_mem_mib: None,
         cleanup_ms: 0,
         cleanup_verified: true,
+        unverified: None,
+        held_by: vec![],
+        contaminated: false,
         log_tail,
     }
 }
@@ -428,6 +457,10 @@ struct Watch {
     attempt: AttemptId,
     peak: Option<u64>,
     log: LogFollower,
+    /// The attempt's GPUs, and the processes of no attempt on them before it started.
+    gpus: Vec<u32>,
+    baseline: HashSet<u32>,
+    contaminated: bool,
 }
 
 impl Watch {
@@ -449,10 +482,72 @@ impl Watch {
                 sum = sum.saturating_add(p.used_mib);
             }
         }
+        if !self.contaminated && !self.foreign_on_gpus(samples).is_empty() {
+            self.contaminated = true;
+        }
         if seen {
             self.peak = Some(self.peak.unwrap_or(0).max(sum));
         }
     }
+}
+
+impl Watch {
+    /// Processes of no attempt holding memory on this attempt's GPUs.
+    fn foreign_on_gpus<'a>(&self, samples: &'a [GpuSample]) -> Vec<&'a GpuProcess> {
+        samples
+            .iter()
+            .filter(|g| self.gpus.contains(&g.index))
+            .flat_map(|g| &g.processes)
+            .filter(|p| p.attempt.is_none() && p.used_mib > 0)
+            .collect()
+    }
+
+    /// What keeps the GPUs from being clean: the attempt's own processes, and processes of
+    /// no attempt that were not there before it (a leftover that shed its marker).
+    fn leftovers(&self, samples: &[GpuSample]) -> Vec<(u32, u64)> {
+        let own = samples
+            .iter()
+            .flat_map(|g| &g.processes)
+            .filter(|p| p.attempt == Some(self.attempt));
+        let new_foreign = self
+            .foreign_on_gpus(samples)
+            .into_iter()
+            .filter(|p| !self.baseline.contains(&p.pid));
+        own.chain(new_foreign)
+            .map(|p| (p.pid, p.used_mib))
+            .collect()
+    }
+}
+
+/// The processes of no attempt on `gpus` now: the baseline an attempt's cleanup returns to.
+fn foreign_baseline(backend: &dyn GpuBackend, gpus: &[u32]) -> HashSet<u32> {
+    backend
+        .sample()
+        .map(|samples| {
+            samples
+                .iter()
+                .filter(|g| gpus.contains(&g.index))
+                .flat_map(|g| &g.processes)
+                .filter(|p| p.attempt.is_none())
+                .map(|p| p.pid)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `pid 4242 (alice: python train.py) holds 5632 MiB`, for quarantine reports.
+fn describe_leftovers(left: &[(u32, u64)]) -> String {
+    left.iter()
+        .map(|&(pid, mib)| {
+            let (user, command) = procscan::describe(pid);
+            format!(
+                "pid {pid} ({}: {}) holds {mib} MiB",
+                user.as_deref().unwrap_or("?"),
+                command.as_deref().unwrap_or("?")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Reads the log as it grows and feeds the OOM scanner; streaming, whatever the log's size.
@@ -572,21 +667,16 @@ async fn marked(attempt: AttemptId) -> Vec<u32> {
 }
 
 /// The pids of the attempt still on a GPU, or `None` when the GPUs cannot be read.
-async fn on_gpus(backend: &Arc<dyn GpuBackend>, watch: &Arc<Mutex<Watch>>) -> Option<Vec<u32>> {
+async fn on_gpus(
+    backend: &Arc<dyn GpuBackend>,
+    watch: &Arc<Mutex<Watch>>,
+) -> Option<Vec<(u32, u64)>> {
     let (backend, watch) = (backend.clone(), watch.clone());
     tokio::task::spawn_blocking(move || {
         let samples = backend.sample().ok()?;
         let mut w = lock(&watch);
         w.observe(&samples);
-        let attempt = w.attempt;
-        Some(
-            samples
-                .iter()
-                .flat_map(|g| &g.processes)
-                .filter(|p| p.attempt == Some(attempt))
-                .map(|p| p.pid)
-                .collect(),
-        )
+        Some(w.leftovers(&samples))
     })
     .await
     .ok()
@@ -600,6 +690,8 @@ struct Cleanup {
     leftovers: Vec<u32>,
     /// What was left when verification gave up.
     remaining: String,
+    /// Pids still holding GPU memory when verification gave up.
+    held_by: Vec<u32>,
 }
 
 /// SIGTERM, grace, SIGKILL, sweep the marker, reap, and verify on the GPUs. Polls throughout:
@@ -644,6 +736,7 @@ async fn cleanup(
     }
     let verify_end = Instant::now() + cfg.verify_timeout;
     let mut remaining;
+    let mut held: Vec<(u32, u64)> = Vec::new();
     loop {
         alive = marked(attempt).await;
         signal_each(&alive, Signal::SIGKILL);
@@ -661,11 +754,15 @@ async fn cleanup(
                 verified: true,
                 leftovers,
                 remaining: String::new(),
+                held_by: vec![],
             };
         }
         remaining = match (&gpu, main.exited()) {
             (_, false) => format!("main process {pgid} has not exited"),
-            (Some(pids), true) => format!("processes {pids:?} still on the GPUs"),
+            (Some(left), true) => {
+                held = left.clone();
+                "processes still hold memory on the GPUs".to_string()
+            }
             (None, true) if alive.is_empty() => "the GPUs could not be read".to_string(),
             (None, true) => format!("processes {alive:?} still alive"),
         };
@@ -674,12 +771,19 @@ async fn cleanup(
         }
         tokio::time::sleep(POLL).await;
     }
+    if !held.is_empty() {
+        let h = held.clone();
+        remaining = tokio::task::spawn_blocking(move || describe_leftovers(&h))
+            .await
+            .unwrap_or(remaining);
+    }
     tracing::warn!(%attempt, %remaining, "attempt cleanup not verified");
     Cleanup {
         status: main.status(),
         verified: false,
         leftovers,
         remaining,
+        held_by: held.iter().map(|&(pid, _)| pid).collect(),
     }
 }
 

@@ -135,6 +135,13 @@ impl Api {
         .await
     }
 
+    pub async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64> {
+        let v: serde_json::Value = self
+            .send(self.post(&format!("/v1/nodes/{node}/gpus/{gpu}/release")))
+            .await?;
+        Ok(v["released"].as_u64().unwrap_or(0))
+    }
+
     pub async fn progress(
         &self,
         experiment: Option<ExperimentId>,

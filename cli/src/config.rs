@@ -19,6 +19,7 @@ const KEYS: &[&str] = &[
     "gpu_backend",
     "fake_gpus",
     "kill_grace",
+    "verify_timeout",
     "lease_ttl",
     "max_jobs",
 ];
@@ -105,7 +106,7 @@ mod tests {
             .subcommand_matches("up")
             .ok_or_else(|| anyhow::anyhow!("no up"))?;
         super::apply_file(&mut args, sub, &path)?;
-        Ok(args)
+        Ok(*args)
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Coordinator and a local agent in one process, on the embedded store.
-    Up(up::UpArgs),
+    Up(Box<up::UpArgs>),
     /// Submit an experiment spec (YAML or JSON).
     Submit {
         file: PathBuf,
@@ -79,6 +79,11 @@ pub enum Command {
         #[command(subcommand)]
         command: PlanCommand,
     },
+    /// Node maintenance.
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
+    },
     /// Wait for an experiment (or everything) to finish, with a progress bar.
     Wait {
         /// Experiment id or name; all jobs when left out.
@@ -95,6 +100,12 @@ pub enum Command {
         #[arg(long, short)]
         output: Option<PathBuf>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCommand {
+    /// Lift a GPU's quarantine after looking at what was left on it (`headroom nodes`).
+    Release { node: String, gpu: u32 },
 }
 
 #[derive(Subcommand, Debug)]
@@ -119,7 +130,7 @@ pub fn parse_args() -> Result<Cli> {
 
 pub async fn run(cli: Cli) -> Result<i32> {
     if let Command::Up(args) = cli.command {
-        return up::run(args).await;
+        return up::run(*args).await;
     }
     let api = Api::new(&cli.server)?;
     match cli.command {
@@ -161,6 +172,12 @@ pub async fn run(cli: Cli) -> Result<i32> {
         } => {
             let n = api.set_plan(&node, &plan).await?;
             println!("node {} plan is now {}", n.name, n.plan);
+        }
+        Command::Node {
+            command: NodeCommand::Release { node, gpu },
+        } => {
+            let n = api.release_gpu(&node, gpu).await?;
+            println!("node {node} GPU {gpu}: {n} quarantine(s) lifted");
         }
         Command::Wait { experiment } => {
             let exp = resolve_experiment(&api, experiment.as_deref()).await?;

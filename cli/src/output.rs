@@ -96,12 +96,18 @@ pub fn job_detail(d: &JobDetail) {
     println!("params     {}", params_text(j));
     println!("command    {}", d.argv.join(" "));
     println!(
-        "resources  {} GPU(s), estimate {}",
+        "resources  {} GPU(s), declared estimate {}, memory key `{}`",
         j.gpus,
-        j.estimate_mib
-            .map(mib)
-            .unwrap_or_else(|| "none (runs alone)".into())
+        j.estimate_mib.map(mib).unwrap_or_else(|| "none".into()),
+        d.memory_key
     );
+    if !d.oom_ladder.is_empty() {
+        println!(
+            "oom ladder {} of {} steps applied",
+            d.ladder_step,
+            d.oom_ladder.len()
+        );
+    }
     println!("profile    {}", d.profile);
     if let Some(t) = d.timeout_ms {
         println!("timeout    {}", humantime_ms(t));
@@ -123,7 +129,7 @@ pub fn job_detail(d: &JobDetail) {
             _ => format!("{:?}", a.phase).to_lowercase(),
         };
         println!(
-            "  #{} {}  node {} GPU {}  {}  exit {}  peak {}  cleanup {}",
+            "  #{} {}  node {} GPU {}  {}  exit {}  estimate {} ({})  peak {}  cleanup {}{}{}",
             a.number,
             a.id,
             a.node,
@@ -137,11 +143,27 @@ pub fn job_detail(d: &JobDetail) {
                 .map(|c| c.to_string())
                 .or(a.signal.map(|s| format!("signal {s}")))
                 .unwrap_or_else(|| "-".into()),
+            a.estimate_mib.map(mib).unwrap_or_else(|| "-".into()),
+            if a.estimate_source == "none" {
+                "ran alone"
+            } else {
+                a.estimate_source.as_str()
+            },
             a.peak_mem_mib.map(mib).unwrap_or_else(|| "-".into()),
             match (a.cleanup_verified, a.cleanup_ms) {
                 (Some(true), Some(ms)) => format!("verified in {ms} ms"),
                 (Some(false), _) => "NOT verified".into(),
                 _ => "-".into(),
+            },
+            if a.ladder_step > 0 {
+                format!("  ladder step {}", a.ladder_step)
+            } else {
+                String::new()
+            },
+            if a.contaminated == Some(true) {
+                "  CONTAMINATED"
+            } else {
+                ""
             }
         );
         if let (Some(s), Some(e)) = (a.started_at, a.ended_at) {
@@ -206,6 +228,14 @@ pub fn nodes_table(nodes: &[NodeView]) {
                 g.slots_used,
                 g.slots
             );
+            for q in &g.quarantine {
+                println!(
+                    "       QUARANTINED since {} (attempt {}): {}",
+                    q.since.to_rfc3339(),
+                    q.attempt,
+                    q.reason
+                );
+            }
             for p in &g.foreign {
                 println!(
                     "       foreign process {} ({}) holds {}: {}",

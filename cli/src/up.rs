@@ -50,6 +50,10 @@ pub struct UpArgs {
     /// Time a job gets between SIGTERM and SIGKILL.
     #[arg(long, env = "HEADROOM_KILL_GRACE", default_value = "10s", value_parser = humantime_duration)]
     pub kill_grace: Duration,
+    /// How long cleanup may take to verify that an attempt left nothing on its GPUs before
+    /// the GPUs are quarantined.
+    #[arg(long, env = "HEADROOM_VERIFY_TIMEOUT", default_value = "30s", value_parser = humantime_duration)]
+    pub verify_timeout: Duration,
     /// An agent silent this long loses its leases.
     #[arg(long, env = "HEADROOM_LEASE_TTL", default_value = "30s", value_parser = humantime_duration)]
     pub lease_ttl: Duration,
@@ -141,6 +145,7 @@ pub async fn run(args: UpArgs) -> Result<i32> {
     let coordinator = tasks.spawn(app.run(coord_stop.clone()));
     let supervisor = SupervisorConfig {
         kill_grace: args.kill_grace,
+        verify_timeout: args.verify_timeout,
         ..SupervisorConfig::default()
     };
     let agent = Agent::new(

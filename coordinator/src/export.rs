@@ -27,15 +27,24 @@ const OUTCOME: &[&str] = &[
     "exit_code",
     "signal",
     "estimate_mib",
+    "estimate_source",
     "peak_mem_mib",
+    "ladder_step",
     "cleanup_ms",
     "cleanup_verified",
+    "contaminated",
 ];
 
 pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
     let params: BTreeSet<&str> = rows
         .iter()
-        .flat_map(|r| r.job.params.keys().map(String::as_str))
+        .flat_map(|r| {
+            r.job
+                .params
+                .keys()
+                .chain(r.attempt.params.keys())
+                .map(String::as_str)
+        })
         .collect();
     let mut w = csv::Writer::from_writer(Vec::new());
     let header: Vec<&str> = FIXED
@@ -57,8 +66,14 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
             a.number.to_string(),
             a.id.to_string(),
         ];
+        // The parameters this attempt ran with (the OOM ladder may have changed them).
+        let ran_with = if a.params.is_empty() {
+            &j.params
+        } else {
+            &a.params
+        };
         for p in &params {
-            rec.push(j.params.get(*p).map(value_text).unwrap_or_default());
+            rec.push(ran_with.get(*p).map(value_text).unwrap_or_default());
         }
         let duration = match (a.started_at, a.ended_at) {
             (Some(s), Some(e)) => {
@@ -81,9 +96,12 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
             opt(a.exit_code.map(|c| c.to_string())),
             opt(a.signal.map(|s| s.to_string())),
             opt(a.estimate_mib.map(|m| m.to_string())),
+            a.estimate_source.clone(),
             opt(a.peak_mem_mib.map(|m| m.to_string())),
+            a.ladder_step.to_string(),
             opt(a.cleanup_ms.map(|m| m.to_string())),
             opt(a.cleanup_verified.map(|v| v.to_string())),
+            opt(a.contaminated.map(|v| v.to_string())),
         ]);
         w.write_record(&rec)?;
     }

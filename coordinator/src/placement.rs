@@ -16,6 +16,8 @@ pub struct GpuState {
     pub live_free_mib: Option<u64>,
     /// Estimates of attempts already placed here (`None`: a job that runs alone).
     pub placed: Vec<Option<u64>>,
+    /// An attempt's cleanup could not be verified here: place nothing until it is.
+    pub quarantined: bool,
 }
 
 impl GpuState {
@@ -29,7 +31,8 @@ impl GpuState {
 
     /// Memory left over after placing `estimate` here, or `None` when it does not fit.
     pub fn leftover_after(&self, estimate: Option<u64>) -> Option<u64> {
-        if self.placed.len() as u64 >= u64::from(self.slots) || self.has_loner() {
+        if self.quarantined || self.placed.len() as u64 >= u64::from(self.slots) || self.has_loner()
+        {
             return None;
         }
         let budget = self.total_mib.checked_sub(self.headroom_mib)?;
@@ -50,7 +53,8 @@ impl GpuState {
 
     /// Whether `estimate` could ever fit here once the GPU drains.
     fn could_fit_when_empty(&self, estimate: Option<u64>) -> bool {
-        self.slots > 0
+        !self.quarantined
+            && self.slots > 0
             && match estimate {
                 None => true,
                 Some(e) => self.total_mib.saturating_sub(self.headroom_mib) >= e,
@@ -165,6 +169,7 @@ mod tests {
             headroom_mib: total / 10,
             live_free_mib: Some(total),
             placed: vec![],
+            quarantined: false,
         }
     }
 
@@ -231,6 +236,16 @@ mod tests {
     }
 
     #[test]
+    fn quarantined_gpus_take_nothing() {
+        let mut q = gpu(0, 10_000, 4);
+        q.quarantined = true;
+        let s = snap(vec![q, gpu(1, 10_000, 1)]);
+        let placed = place(&s, &[job(Some(100)), job(Some(100))], 10);
+        assert_eq!(placed.len(), 1);
+        assert_eq!(placed[0].gpus, vec![1]);
+    }
+
+    #[test]
     fn multi_gpu_jobs_take_distinct_gpus() {
         let s = snap(vec![
             gpu(0, 10_000, 1),
@@ -280,6 +295,7 @@ mod tests {
                 headroom_mib: total * pct / 100,
                 live_free_mib: free.map(|f| f.min(total)),
                 placed: vec![],
+                quarantined: false,
             })
     }
 

@@ -41,6 +41,10 @@ fn job(
         max_attempts,
         retry_on,
         priority: 0,
+        memory_key: "exp".into(),
+        command: vec!["train".into(), "--bs={batch_size}".into()],
+        shell: false,
+        oom_ladder: vec![],
     }
 }
 
@@ -109,6 +113,13 @@ async fn claim(s: &Backend, agent: AgentId, n: u32) -> Vec<Lease> {
     .leases
 }
 
+fn report_peak(fence: i64, failure: Option<FailureClass>, peak: u64) -> FinishReport {
+    FinishReport {
+        peak_mem_mib: Some(peak),
+        ..report(fence, failure)
+    }
+}
+
 fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
     FinishReport {
         fence,
@@ -119,6 +130,8 @@ fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
         peak_mem_mib: Some(100),
         cleanup_ms: 3,
         cleanup_verified: true,
+        unverified: None,
+        contaminated: false,
         log_tail: "tail".into(),
         gpus: vec![],
     }
@@ -431,6 +444,120 @@ async fn exports_one_row_per_attempt(s: Backend) {
     assert_eq!(jobs.len(), 1);
 }
 
+async fn estimates_are_learned_per_memory_key(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("4")).await;
+    // No declared memory: the first job of the key runs alone.
+    submit(&s, (0..3).map(|i| job(i, None, vec![], 1)).collect()).await;
+    let first = claim(&s, agent, 1).await;
+    assert_eq!(first.len(), 1, "unknown memory: alone on the GPU");
+    assert_eq!(first[0].estimate_mib, None);
+    assert!(claim(&s, agent, 1).await.is_empty());
+    s.finish_attempt(first[0].attempt, report_peak(first[0].fence, None, 2000))
+        .await
+        .expect("finish");
+    // Now the key has a peak: 2000 x 1.1, and the rest pack.
+    let next = claim(&s, agent, 1).await;
+    assert_eq!(next.len(), 2);
+    assert_eq!(next[0].estimate_mib, Some(2200));
+    let a = s.attempt(next[0].attempt).await.expect("attempt");
+    assert_eq!(a.estimate_source, "learned");
+    // An OOM raises the key's estimate at once (x1.25 of what the attempt had).
+    s.finish_attempt(
+        next[0].attempt,
+        report_peak(next[0].fence, Some(FailureClass::Oom), 2100),
+    )
+    .await
+    .expect("finish");
+    submit(&s, vec![job(9, Some(1000), vec![], 1)]).await;
+    let after = claim(&s, agent, 1).await;
+    assert_eq!(
+        after[0].estimate_mib,
+        Some(2750),
+        "declared 1000 < floor 2750"
+    );
+}
+
+async fn oom_ladder_degrades_and_retries(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    let mut j = job(0, Some(1000), vec![], 1);
+    j.params = BTreeMap::from([("batch_size".to_string(), serde_json::json!(256))]);
+    j.argv = vec!["train".into(), "--bs=256".into()];
+    j.oom_ladder = vec![BTreeMap::from([(
+        "batch_size".to_string(),
+        serde_json::json!("/2"),
+    )])];
+    submit(&s, vec![j]).await;
+    let l = claim(&s, agent, 1).await.remove(0);
+    let st = s
+        .finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Oom)))
+        .await
+        .expect("finish");
+    assert_eq!(
+        st,
+        JobState::Retrying,
+        "a ladder step retries even outside retry.on"
+    );
+    let l2 = claim(&s, agent, 1).await.remove(0);
+    assert_eq!(l2.argv, vec!["train".to_string(), "--bs=128".into()]);
+    assert_eq!(l2.params["batch_size"], serde_json::json!(128));
+    let st = s
+        .finish_attempt(l2.attempt, report(l2.fence, Some(FailureClass::Oom)))
+        .await
+        .expect("finish");
+    assert_eq!(st, JobState::Failed, "the ladder is exhausted");
+    let d = s.job(l.job).await.expect("job");
+    assert_eq!(d.ladder_step, 1);
+    let steps: Vec<u32> = d.attempts_detail.iter().map(|a| a.ladder_step).collect();
+    assert_eq!(steps, vec![0, 1]);
+    assert_eq!(
+        d.attempts_detail[0].params["batch_size"],
+        serde_json::json!(256)
+    );
+}
+
+async fn unverified_cleanup_quarantines_gpus(s: Backend) {
+    let agent = register(&s, "n1", 2, Some("2,2")).await;
+    submit(&s, (0..4).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
+    let leases = claim(&s, agent, 2).await;
+    let on0 = leases
+        .iter()
+        .find(|l| l.gpus == vec![0])
+        .expect("a lease on GPU 0");
+    let mut r = report(on0.fence, None);
+    r.cleanup_verified = false;
+    r.unverified = Some("pid 4242 (python) still holds 5.5 GiB".into());
+    s.finish_attempt(on0.attempt, r).await.expect("finish");
+    let nodes = s.list_nodes(60_000).await.expect("nodes");
+    let q = &nodes[0].gpus[0].quarantine;
+    assert_eq!(q.len(), 1);
+    assert!(q[0].reason.contains("4242"));
+    // GPU 0 takes nothing while quarantined, GPU 1 still does.
+    for l in leases.iter().filter(|l| l.attempt != on0.attempt) {
+        s.finish_attempt(l.attempt, report(l.fence, None))
+            .await
+            .expect("finish");
+    }
+    let more = claim(&s, agent, 2).await;
+    assert!(more.iter().all(|l| l.gpus == vec![1]), "{more:?}");
+    // Released by the agent once the leftover is gone.
+    assert_eq!(
+        s.release_attempts(agent, &[on0.attempt])
+            .await
+            .expect("release"),
+        1
+    );
+    assert!(
+        s.list_nodes(60_000).await.expect("nodes")[0].gpus[0]
+            .quarantine
+            .is_empty()
+    );
+    assert!(matches!(
+        s.release_gpu("n1", 7).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert_eq!(s.release_gpu("n1", 0).await.expect("release"), 0);
+}
+
 macro_rules! conformance {
     ($backend:ident: $($test:ident),* $(,)?) => {
         mod $backend {
@@ -457,4 +584,7 @@ conformance!(sqlite:
     hand_back_requeues_without_cost,
     expired_leases_become_lost,
     exports_one_row_per_attempt,
+    estimates_are_learned_per_memory_key,
+    oom_ladder_degrades_and_retries,
+    unverified_cleanup_quarantines_gpus,
 );

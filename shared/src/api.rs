@@ -135,6 +135,10 @@ pub struct JobDetail {
     pub profile: String,
     pub timeout_ms: Option<u64>,
     pub retry_on: Vec<FailureClass>,
+    pub memory_key: String,
+    pub oom_ladder: Vec<BTreeMap<String, Value>>,
+    /// Ladder steps applied so far.
+    pub ladder_step: u32,
     pub attempts_detail: Vec<AttemptView>,
 }
 
@@ -169,6 +173,18 @@ pub struct AttemptView {
     pub cleanup_ms: Option<u64>,
     pub cleanup_verified: Option<bool>,
     pub log_tail: Option<String>,
+    /// Where `estimate_mib` came from: `declared`, `learned` (peaks of earlier attempts of the
+    /// same memory key) or `none` (the job ran alone on its GPU).
+    #[serde(default)]
+    pub estimate_source: String,
+    /// The parameters this attempt ran with (after `ladder_step` OOM ladder steps).
+    #[serde(default)]
+    pub params: BTreeMap<String, Value>,
+    #[serde(default)]
+    pub ladder_step: u32,
+    /// A process of no attempt used its GPU while it ran (energy figures are suspect).
+    #[serde(default)]
+    pub contaminated: Option<bool>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -321,6 +337,17 @@ pub struct GpuView {
     /// free memory, reported, never killed.
     #[serde(default)]
     pub foreign: Vec<GpuProcess>,
+    /// Why nothing is placed here: attempts whose cleanup could not be verified.
+    #[serde(default)]
+    pub quarantine: Vec<QuarantineView>,
+}
+
+/// A GPU held back because an attempt's cleanup could not be verified.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct QuarantineView {
+    pub attempt: AttemptId,
+    pub reason: String,
+    pub since: DateTime<Utc>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -407,6 +434,9 @@ pub struct AttemptRef {
 pub struct HeartbeatRequest {
     pub gpus: Vec<GpuSample>,
     pub attempts: Vec<AttemptRef>,
+    /// Ended attempts whose leftovers are now gone: lift their GPUs' quarantine.
+    #[serde(default)]
+    pub released: Vec<AttemptId>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -435,6 +465,12 @@ pub struct FinishReport {
     pub peak_mem_mib: Option<u64>,
     pub cleanup_ms: u64,
     pub cleanup_verified: bool,
+    /// What is left when cleanup could not be verified (pids, commands, memory): the
+    /// attempt's GPUs stay quarantined until it is gone or a person releases them.
+    #[serde(default)]
+    pub unverified: Option<String>,
+    #[serde(default)]
+    pub contaminated: bool,
     pub log_tail: String,
     /// GPU memory after cleanup, so the next placement sees the freed memory at once.
     pub gpus: Vec<GpuSample>,

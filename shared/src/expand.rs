@@ -96,13 +96,25 @@ fn render_argv(
     config: u32,
     run: u32,
 ) -> Result<Vec<String>, SpecError> {
+    render(&spec.command, spec.shell, params, config, run)
+}
+
+/// Renders a command template with a job's parameters (also after the OOM ladder changed
+/// them): `{param}`, `{run}`, `{config}`; values shell-quoted when `shell`.
+pub fn render(
+    command: &[String],
+    shell: bool,
+    params: &BTreeMap<String, Value>,
+    config: u32,
+    run: u32,
+) -> Result<Vec<String>, SpecError> {
     let lookup = |name: &str| -> Option<String> {
         let text = match name {
             "run" => run.to_string(),
             "config" => config.to_string(),
             _ => value_text(params.get(name)?),
         };
-        Some(if spec.shell {
+        Some(if shell {
             shlex::try_quote(&text)
                 .map(|q| q.into_owned())
                 .unwrap_or(text)
@@ -110,16 +122,32 @@ fn render_argv(
             text
         })
     };
-    let mut argv = Vec::with_capacity(spec.command.len());
-    for (i, arg) in spec.command.iter().enumerate() {
+    let mut argv = Vec::with_capacity(command.len());
+    for (i, arg) in command.iter().enumerate() {
         argv.push(render_with(arg, lookup).map_err(|m| SpecError {
             field: format!("command[{i}]"),
             message: m,
         })?);
     }
-    if spec.shell {
+    if shell {
         Ok(vec!["sh".into(), "-c".into(), argv.join(" ")])
     } else {
         Ok(argv)
     }
+}
+
+/// The memory key of a job: experiment name and the memory-relevant parameters. Attempts
+/// of one key teach the estimate for the next.
+pub fn memory_key(
+    experiment: &str,
+    relevant: &[String],
+    params: &BTreeMap<String, Value>,
+) -> String {
+    let mut key = experiment.to_string();
+    for name in relevant {
+        if let Some(v) = params.get(name) {
+            key.push_str(&format!(";{name}={}", value_text(v)));
+        }
+    }
+    key
 }

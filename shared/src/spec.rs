@@ -54,6 +54,14 @@ pub struct ExperimentSpec {
     /// Higher runs first.
     #[serde(default)]
     pub priority: i32,
+    /// Parameters that change a job's GPU memory (e.g. `batch_size`, `model`): jobs of one
+    /// experiment with equal values share a learned memory estimate.
+    #[serde(default)]
+    pub memory_key: Vec<String>,
+    /// Degrade steps tried in order after a CUDA OOM, e.g.
+    /// `[{batch_size: "/2", grad_accum: "*2"}, {gradient_checkpointing: true}]`.
+    #[serde(default)]
+    pub oom_ladder: Vec<BTreeMap<String, Value>>,
 }
 
 fn one() -> u32 {
@@ -272,6 +280,36 @@ impl ExperimentSpec {
                 ));
             }
         }
+        for (i, name) in self.memory_key.iter().enumerate() {
+            if !params.contains(name.as_str()) {
+                return Err(SpecError::new(
+                    format!("memory_key[{i}]"),
+                    format!("`{name}` is not a parameter (grid or mutate axis)"),
+                ));
+            }
+        }
+        for (i, step) in self.oom_ladder.iter().enumerate() {
+            if step.is_empty() {
+                return Err(SpecError::new(
+                    format!("oom_ladder[{i}]"),
+                    "a step changes at least one parameter",
+                ));
+            }
+            for (name, change) in step {
+                let field = format!("oom_ladder[{i}].{name}");
+                validate_param_name(name, &field)?;
+                match LadderChange::parse(change) {
+                    Err(m) => return Err(SpecError::new(field, m)),
+                    Ok(LadderChange::Scale { .. }) if !params.contains(name.as_str()) => {
+                        return Err(SpecError::new(
+                            field,
+                            format!("`{name}` is not a parameter, so it cannot be scaled"),
+                        ));
+                    }
+                    Ok(_) => {}
+                }
+            }
+        }
         if let Some(p) = &self.profile
             && profile::builtin(p).is_none()
         {
@@ -465,4 +503,73 @@ pub fn render_with(
         }
     }
     Ok(out)
+}
+
+/// One parameter change of an OOM ladder step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LadderChange {
+    /// `"/2"` divides, `"*2"` multiplies (integers stay integers, at least 1).
+    Scale { divide: bool, by: f64 },
+    /// Any other value replaces the parameter (or adds it: `gradient_checkpointing: true`).
+    Set(Value),
+}
+
+impl LadderChange {
+    pub fn parse(v: &Value) -> Result<Self, String> {
+        if let Value::String(s) = v {
+            let t = s.trim();
+            if let Some((op, num)) = t.split_at_checked(1)
+                && (op == "/" || op == "*")
+            {
+                let by: f64 = num
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("`{s}`: write `/2` or `*2`"))?;
+                if !by.is_finite() || by <= 0.0 {
+                    return Err(format!("`{s}`: the factor must be a positive number"));
+                }
+                return Ok(LadderChange::Scale {
+                    divide: op == "/",
+                    by,
+                });
+            }
+        }
+        match v {
+            Value::Null => Err("empty value".into()),
+            Value::Array(_) | Value::Object(_) => {
+                Err("values are strings, numbers or booleans".into())
+            }
+            other => Ok(LadderChange::Set(other.clone())),
+        }
+    }
+
+    /// The parameter's value after this change.
+    pub fn apply(&self, current: Option<&Value>) -> Value {
+        match self {
+            LadderChange::Set(v) => v.clone(),
+            LadderChange::Scale { divide, by } => {
+                let Some(x) = current.and_then(Value::as_f64) else {
+                    return current.cloned().unwrap_or(Value::Null);
+                };
+                let y = if *divide { x / by } else { x * by };
+                if current.is_some_and(|c| c.is_i64() || c.is_u64()) {
+                    Value::from((y.round() as i64).max(1))
+                } else {
+                    serde_json::Number::from_f64(y)
+                        .map(Value::Number)
+                        .unwrap_or(Value::Null)
+                }
+            }
+        }
+    }
+}
+
+/// Applies ladder step `step` to `params` (the spec was validated, so every change parses).
+pub fn apply_ladder_step(params: &mut BTreeMap<String, Value>, step: &BTreeMap<String, Value>) {
+    for (name, change) in step {
+        if let Ok(c) = LadderChange::parse(change) {
+            let next = c.apply(params.get(name));
+            params.insert(name.clone(), next);
+        }
+    }
 }

@@ -158,6 +158,19 @@ fn refusals_name_the_field() {
         ),
         ("name: a\ncommand: [x]\ngrid: {2lr: [1]}\n", "grid.2lr"),
         ("command: [x]\n", "spec"),
+        ("name: a\ncommand: [x]\nmemory_key: [bs]\n", "memory_key[0]"),
+        (
+            "name: a\ncommand: [x]\ngrid: {bs: [1]}\noom_ladder: [{}]\n",
+            "oom_ladder[0]",
+        ),
+        (
+            "name: a\ncommand: [x]\ngrid: {bs: [1]}\noom_ladder: [{bs: '/0'}]\n",
+            "oom_ladder[0].bs",
+        ),
+        (
+            "name: a\ncommand: [x]\ngrid: {bs: [1]}\noom_ladder: [{lr: '*2'}]\n",
+            "oom_ladder[0].lr",
+        ),
     ];
     for (text, field) in cases {
         let err = refused(text);
@@ -217,4 +230,26 @@ proptest! {
             prop_assert!(!jobs.is_empty());
         }
     }
+}
+
+#[test]
+fn the_oom_ladder_halves_doubles_and_sets() {
+    use headroom_shared::spec::apply_ladder_step;
+    let spec = parse(
+        "name: l\ncommand: [x]\ngrid: {batch_size: [256], grad_accum: [1], lr: [0.5]}\n\
+         oom_ladder: [{batch_size: '/2', grad_accum: '*2'}, {gradient_checkpointing: true, lr: '/4'}]\n",
+    );
+    assert!(spec.validate(DEFAULT_MAX_JOBS).is_ok());
+    let mut params = expand(&spec, 1, 10).expect("expands")[0].params.clone();
+    apply_ladder_step(&mut params, &spec.oom_ladder[0]);
+    assert_eq!(params["batch_size"], serde_json::json!(128));
+    assert_eq!(params["grad_accum"], serde_json::json!(2));
+    apply_ladder_step(&mut params, &spec.oom_ladder[1]);
+    assert_eq!(params["gradient_checkpointing"], serde_json::json!(true));
+    assert_eq!(params["lr"], serde_json::json!(0.125));
+    // Integers never reach zero.
+    let mut tiny =
+        std::collections::BTreeMap::from([("batch_size".to_string(), serde_json::json!(1))]);
+    apply_ladder_step(&mut tiny, &spec.oom_ladder[0]);
+    assert_eq!(tiny["batch_size"], serde_json::json!(1));
 }

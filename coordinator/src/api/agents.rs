@@ -119,7 +119,12 @@ pub async fn heartbeat(
             s.config.lease_ttl.as_millis() as u64,
         )
         .await?;
-    if s.memory_freed(agent, &req.gpus) {
+    let released = if req.released.is_empty() {
+        0
+    } else {
+        s.store.release_attempts(agent, &req.released).await?
+    };
+    if released > 0 || s.memory_freed(agent, &req.gpus) {
         s.changes.bump();
     }
     Ok(ApiJson(HeartbeatResponse {

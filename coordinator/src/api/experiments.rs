@@ -8,7 +8,7 @@ use axum::response::IntoResponse;
 use headroom_shared::api::{
     CancelResponse, ExperimentSummary, Progress, SubmitRequest, SubmitResponse,
 };
-use headroom_shared::expand::expand;
+use headroom_shared::expand::{expand, memory_key};
 use headroom_shared::profile;
 use headroom_shared::spec::ExperimentSpec;
 use headroom_shared::{ExperimentId, JobId};
@@ -70,7 +70,6 @@ pub async fn submit(
             index: j.index,
             config: j.config,
             run: j.run,
-            params: j.params,
             argv: j.argv,
             env: env.clone(),
             profile: profile_name.clone(),
@@ -80,6 +79,11 @@ pub async fn submit(
             max_attempts: spec.retry.max_attempts,
             retry_on: spec.retry.on.clone(),
             priority: spec.priority,
+            memory_key: memory_key(&spec.name, &spec.memory_key, &j.params),
+            params: j.params,
+            command: spec.command.clone(),
+            shell: spec.shell,
+            oom_ladder: spec.oom_ladder.clone(),
         })
         .collect::<Vec<_>>();
     let count = jobs.len() as u64;

@@ -74,6 +74,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/attempts/{id}/handback", post(agents::hand_back))
         .route("/v1/nodes", get(nodes::list))
         .route("/v1/nodes/{name}/plan", put(nodes::set_plan))
+        .route(
+            "/v1/nodes/{name}/gpus/{gpu}/release",
+            post(nodes::release_gpu),
+        )
         .route("/v1/agents/register", post(agents::register))
         .route("/v1/agents/{id}/claim", post(agents::claim))
         .route("/v1/agents/{id}/heartbeat", post(agents::heartbeat))

@@ -34,3 +34,19 @@ pub async fn set_plan(
             )
         })
 }
+
+#[derive(serde::Serialize)]
+pub struct Released {
+    released: u64,
+}
+
+/// Lifts a GPU's quarantine after a person looked at what was left on it.
+pub async fn release_gpu(
+    State(s): State<AppState>,
+    Path((name, gpu)): Path<(String, u32)>,
+) -> ApiResult<Released> {
+    let released = s.store.release_gpu(&name, gpu).await?;
+    tracing::info!(node = %name, gpu, released, "quarantine lifted by hand");
+    s.changes.bump();
+    Ok(ApiJson(Released { released }))
+}

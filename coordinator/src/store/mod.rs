@@ -59,6 +59,12 @@ pub struct NewJob {
     pub max_attempts: u32,
     pub retry_on: Vec<FailureClass>,
     pub priority: i32,
+    /// Experiment name and memory-relevant parameters: the key estimates are learned by.
+    pub memory_key: String,
+    /// The command template and shell flag, to render argv again after an OOM ladder step.
+    pub command: Vec<String>,
+    pub shell: bool,
+    pub oom_ladder: Vec<BTreeMap<String, Value>>,
 }
 
 #[derive(Clone, Debug)]
@@ -131,6 +137,32 @@ pub struct ExportRow {
 }
 
 /// Decides whether a failed attempt earns another one.
+/// Learned estimates keep this much above the observed p95 peak.
+pub const LEARNED_MARGIN: f64 = 1.1;
+/// An OOM raises its key's estimate to at least this multiple of what the attempt had.
+pub const OOM_BUMP: f64 = 1.25;
+
+/// The estimate a job is placed by: max(declared, p95 of observed peaks x 1.1, the key's
+/// floor after OOMs), and where it came from; `None` when nothing is known.
+pub fn effective_estimate(
+    declared: Option<u64>,
+    observed_peaks: &mut [u64],
+    floor: Option<u64>,
+) -> (Option<u64>, &'static str) {
+    observed_peaks.sort_unstable();
+    let learned = (!observed_peaks.is_empty()).then(|| {
+        let i = ((observed_peaks.len() - 1) as f64 * 0.95).round() as usize;
+        (observed_peaks[i] as f64 * LEARNED_MARGIN).ceil() as u64
+    });
+    let learned = learned.max(floor);
+    match (declared, learned) {
+        (Some(d), Some(l)) if l > d => (Some(l), "learned"),
+        (Some(d), _) => (Some(d), "declared"),
+        (None, Some(l)) => (Some(l), "learned"),
+        (None, None) => (None, "none"),
+    }
+}
+
 pub fn retry_allowed(
     class: FailureClass,
     started: bool,
@@ -195,4 +227,40 @@ pub trait Store: Send + Sync + 'static {
     async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()>;
     /// Attempts whose lease ran out become `lost`; returns them.
     async fn expire_leases(&self) -> Result<Vec<AttemptId>>;
+    /// Lifts the quarantine that these ended attempts of the agent's node put on GPUs.
+    async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64>;
+    /// Lifts every quarantine on one GPU (a person looked); returns how many were lifted.
+    async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimates_take_the_safest_known_figure() {
+        assert_eq!(effective_estimate(None, &mut [], None), (None, "none"));
+        assert_eq!(
+            effective_estimate(Some(1000), &mut [], None),
+            (Some(1000), "declared")
+        );
+        assert_eq!(
+            effective_estimate(Some(1000), &mut [500, 600], None),
+            (Some(1000), "declared")
+        );
+        assert_eq!(
+            effective_estimate(Some(1000), &mut [2000], None),
+            (Some(2200), "learned")
+        );
+        assert_eq!(
+            effective_estimate(None, &mut [100; 3], Some(900)),
+            (Some(900), "learned")
+        );
+        // p95 of 20 peaks is the 19th smallest.
+        let mut peaks: Vec<u64> = (1..=20).map(|i| i * 100).collect();
+        assert_eq!(
+            effective_estimate(None, &mut peaks, None),
+            (Some(2090), "learned")
+        );
+    }
 }

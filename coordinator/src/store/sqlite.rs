@@ -1,7 +1,7 @@
 //! The embedded SQLite store (one file, WAL) for `headroom up` on one machine. SQLite calls
 //! are blocking, so every method runs on the blocking pool behind one connection.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
 use headroom_shared::api::{
     AttemptPhase, AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample,
-    GpuView, Headroom, JobDetail, JobSummary, Lease, NodeView, StateCounts,
+    GpuView, Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, StateCounts,
 };
 use headroom_shared::{
     AgentId, AttemptId, ExperimentId, FailureClass, JobEvent, JobId, JobState, Plan,
@@ -19,8 +19,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{
-    ClaimInput, Claimed, ExportRow, JobFilter, Millis, NewExperiment, Registered, Registration,
-    Renewed, Result, Store, StoreError, now_ms, retry_allowed,
+    ClaimInput, Claimed, ExportRow, JobFilter, Millis, NewExperiment, OOM_BUMP, Registered,
+    Registration, Renewed, Result, Store, StoreError, effective_estimate, now_ms, retry_allowed,
 };
 use crate::placement::{self, Candidate, GpuState, Snapshot};
 
@@ -215,7 +215,8 @@ impl JobRow {
 
 const ATTEMPT_SELECT: &str = "SELECT id, job_id, number, node, gpus, fence, phase, leased_at, \
      started_at, ended_at, pid, exit_code, signal, failure_class, estimate_mib, peak_mem_mib, \
-     cleanup_ms, cleanup_verified, log_tail FROM attempts";
+     cleanup_ms, cleanup_verified, log_tail, estimate_source, params, ladder_step, contaminated \
+     FROM attempts";
 
 struct AttemptRow {
     id: String,
@@ -237,6 +238,10 @@ struct AttemptRow {
     cleanup_ms: Option<i64>,
     cleanup_verified: Option<bool>,
     log_tail: Option<String>,
+    estimate_source: String,
+    params: String,
+    ladder_step: i64,
+    contaminated: Option<bool>,
 }
 
 impl AttemptRow {
@@ -261,6 +266,10 @@ impl AttemptRow {
             cleanup_ms: r.get(16)?,
             cleanup_verified: r.get(17)?,
             log_tail: r.get(18)?,
+            estimate_source: r.get(19)?,
+            params: r.get(20)?,
+            ladder_step: r.get(21)?,
+            contaminated: r.get(22)?,
         })
     }
 
@@ -296,6 +305,10 @@ impl AttemptRow {
             cleanup_ms: opt_u64(self.cleanup_ms),
             cleanup_verified: self.cleanup_verified,
             log_tail: self.log_tail,
+            estimate_source: self.estimate_source,
+            params: from_json(&self.params)?,
+            ladder_step: self.ladder_step as u32,
+            contaminated: self.contaminated,
         })
     }
 }
@@ -531,8 +544,9 @@ impl Store for SqliteStore {
             let mut stmt = tx.prepare_cached(
                 "INSERT INTO jobs (id, experiment_id, idx, config, run, state, priority, params, \
                  argv, env, profile, gpus, estimate_mib, timeout_ms, max_attempts, retry_on, \
-                 created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16)",
+                 created_at, updated_at, memory_key, command, shell, ladder) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16, \
+                 ?17, ?18, ?19, ?20)",
             )?;
             for j in &exp.jobs {
                 stmt.execute(params![
@@ -552,6 +566,10 @@ impl Store for SqliteStore {
                     j.max_attempts,
                     json(&j.retry_on)?,
                     now,
+                    j.memory_key,
+                    json(&j.command)?,
+                    j.shell,
+                    json(&j.oom_ladder)?,
                 ])?;
             }
             drop(stmt);
@@ -609,16 +627,32 @@ impl Store for SqliteStore {
                         what: "job",
                         id: id.clone(),
                     })?;
-            let (argv, env, profile, timeout_ms, retry_on): (
+            #[allow(clippy::type_complexity)]
+            let (argv, env, profile, timeout_ms, retry_on, memory_key, ladder, ladder_step): (
                 String,
                 String,
                 String,
                 Option<i64>,
                 String,
+                String,
+                String,
+                i64,
             ) = c.query_row(
-                "SELECT argv, env, profile, timeout_ms, retry_on FROM jobs WHERE id = ?1",
+                "SELECT argv, env, profile, timeout_ms, retry_on, memory_key, ladder, ladder_step \
+                 FROM jobs WHERE id = ?1",
                 [&id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                        r.get(7)?,
+                    ))
+                },
             )?;
             let attempts = c
                 .prepare_cached(&format!(
@@ -633,6 +667,9 @@ impl Store for SqliteStore {
                 profile,
                 timeout_ms: opt_u64(timeout_ms),
                 retry_on: from_json(&retry_on)?,
+                memory_key,
+                oom_ladder: from_json(&ladder)?,
+                ladder_step: ladder_step as u32,
                 attempts_detail: attempts
                     .into_iter()
                     .map(AttemptRow::decode)
@@ -858,6 +895,19 @@ impl Store for SqliteStore {
                     None => vec![],
                 };
                 let active = active_on(c, &name)?;
+                let quarantine = c
+                    .prepare_cached(
+                        "SELECT gpu, attempt_id, reason, since FROM quarantine WHERE node = ?1 ORDER BY since",
+                    )?
+                    .query_map([&name], |r| {
+                        Ok((
+                            r.get::<_, u32>(0)?,
+                            r.get::<_, String>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, i64>(3)?,
+                        ))
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
                 let views = gpus
                     .iter()
                     .enumerate()
@@ -889,6 +939,17 @@ impl Store for SqliteStore {
                                         .collect()
                                 })
                                 .unwrap_or_default(),
+                            quarantine: quarantine
+                                .iter()
+                                .filter(|q| q.0 == g.index)
+                                .map(|(_, a, reason, since)| {
+                                    Ok(QuarantineView {
+                                        attempt: parse(a, "attempt id")?,
+                                        reason: reason.clone(),
+                                        since: ts(*since),
+                                    })
+                                })
+                                .collect::<Result<_>>()?,
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -946,6 +1007,10 @@ impl Store for SqliteStore {
             };
             let now = now_ms();
             let active = active_on(tx, &node.name)?;
+            let quarantined: Vec<u32> = tx
+                .prepare_cached("SELECT DISTINCT gpu FROM quarantine WHERE node = ?1")?
+                .query_map([&node.name], |r| r.get::<_, u32>(0))?
+                .collect::<rusqlite::Result<_>>()?;
             let snapshot = Snapshot {
                 gpus: node
                     .gpus
@@ -965,6 +1030,7 @@ impl Store for SqliteStore {
                             .filter(|a| a.gpus.contains(&g.index))
                             .map(|a| a.estimate)
                             .collect(),
+                        quarantined: quarantined.contains(&g.index),
                     })
                     .collect(),
                 cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,
@@ -978,7 +1044,7 @@ impl Store for SqliteStore {
             }
             let pending = tx
                 .prepare_cached(
-                    "SELECT id, gpus, estimate_mib, updated_at FROM jobs \
+                    "SELECT id, gpus, estimate_mib, updated_at, memory_key FROM jobs \
                      WHERE state IN ('queued', 'retrying') AND gpus <= ?1 \
                      ORDER BY priority DESC, seq LIMIT ?2",
                 )?
@@ -988,14 +1054,30 @@ impl Store for SqliteStore {
                         r.get::<_, i64>(1)?,
                         r.get::<_, Option<i64>>(2)?,
                         r.get::<_, i64>(3)?,
+                        r.get::<_, String>(4)?,
                     ))
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
+            // What each memory key has taught so far, read once per key.
+            let mut learned: HashMap<&str, (Vec<u64>, Option<u64>)> = HashMap::new();
+            for (_, _, _, _, key) in &pending {
+                if !learned.contains_key(key.as_str()) {
+                    learned.insert(key, key_memory(tx, key)?);
+                }
+            }
+            let estimates: Vec<(Option<u64>, &'static str)> = pending
+                .iter()
+                .map(|(_, _, declared, _, key)| {
+                    let (mut peaks, floor) = learned.get(key.as_str()).cloned().unwrap_or_default();
+                    effective_estimate(opt_u64(*declared), &mut peaks, floor)
+                })
+                .collect();
             let candidates: Vec<Candidate> = pending
                 .iter()
-                .map(|(_, g, e, t)| Candidate {
+                .zip(&estimates)
+                .map(|((_, g, _, t, _), (estimate, _))| Candidate {
                     gpus: *g as u32,
-                    estimate_mib: opt_u64(*e),
+                    estimate_mib: *estimate,
                     waited_ms: (now - t).max(0) as u64,
                 })
                 .collect();
@@ -1009,6 +1091,7 @@ impl Store for SqliteStore {
                     &node.name,
                     input.agent,
                     &p.gpus,
+                    estimates[p.candidate],
                     now,
                     input.lease_ttl_ms,
                 )?);
@@ -1119,7 +1202,7 @@ impl Store for SqliteStore {
             tx.execute(
                 "UPDATE attempts SET phase = 'ended', ended_at = ?1, exit_code = ?2, signal = ?3, \
                  failure_class = ?4, peak_mem_mib = ?5, cleanup_ms = ?6, cleanup_verified = ?7, \
-                 log_tail = ?8, started_at = COALESCE(started_at, ?1) WHERE id = ?9",
+                 log_tail = ?8, started_at = COALESCE(started_at, ?1), contaminated = ?10 WHERE id = ?9",
                 params![
                     report.ended_at.timestamp_millis(),
                     report.exit_code,
@@ -1129,11 +1212,27 @@ impl Store for SqliteStore {
                     report.cleanup_ms as i64,
                     report.cleanup_verified,
                     report.log_tail,
-                    id
+                    id,
+                    report.contaminated
                 ],
             )?;
             if !report.gpus.is_empty() {
                 record_telemetry(tx, &node, &report.gpus)?;
+            }
+            if !report.cleanup_verified {
+                let gpus: String =
+                    tx.query_row("SELECT gpus FROM attempts WHERE id = ?1", [&id], |r| r.get(0))?;
+                let reason = report
+                    .unverified
+                    .clone()
+                    .unwrap_or_else(|| "cleanup could not be verified".into());
+                for gpu in from_json::<Vec<u32>>(&gpus)? {
+                    tx.execute(
+                        "INSERT OR REPLACE INTO quarantine (node, gpu, attempt_id, reason, since) \
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                        params![node, gpu, id, reason, now_ms()],
+                    )?;
+                }
             }
             let event = match report.failure {
                 None => JobEvent::Succeed,
@@ -1148,15 +1247,21 @@ impl Store for SqliteStore {
                         "UPDATE jobs SET last_failure = ?1 WHERE id = ?2",
                         params![class.as_str(), job],
                     )?;
-                    JobEvent::Fail {
-                        retry: retry_allowed(
-                            class,
-                            true,
-                            attempts as u32,
-                            max_attempts as u32,
-                            &retry_on,
-                        ),
+                    let mut retry = retry_allowed(
+                        class,
+                        true,
+                        attempts as u32,
+                        max_attempts as u32,
+                        &retry_on,
+                    );
+                    if class == FailureClass::Oom {
+                        raise_floor(tx, &id, report.peak_mem_mib)?;
+                        // The next ladder step is a retry of its own, on top of `retry.on`.
+                        if next_ladder_step(tx, &job)? {
+                            retry = true;
+                        }
                     }
+                    JobEvent::Fail { retry }
                 }
             };
             transition(tx, &job, event)
@@ -1213,6 +1318,129 @@ impl Store for SqliteStore {
         })
         .await
     }
+
+    async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64> {
+        let attempts: Vec<String> = attempts.iter().map(|a| a.to_string()).collect();
+        self.write(move |tx| {
+            let node = node_of_agent(tx, agent)?;
+            let mut n = 0;
+            for a in attempts {
+                n += tx.execute(
+                    "DELETE FROM quarantine WHERE node = ?1 AND attempt_id = ?2",
+                    params![node.name, a],
+                )? as u64;
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64> {
+        let node = node.to_string();
+        self.write(move |tx| {
+            let gpus: Option<String> = tx
+                .query_row("SELECT gpus FROM nodes WHERE name = ?1", [&node], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            let gpus: Vec<GpuInfo> = from_json(&gpus.ok_or_else(|| StoreError::NotFound {
+                what: "node",
+                id: node.clone(),
+            })?)?;
+            if !gpus.iter().any(|g| g.index == gpu) {
+                return Err(StoreError::NotFound {
+                    what: "GPU",
+                    id: format!("{node}/{gpu}"),
+                });
+            }
+            Ok(tx.execute(
+                "DELETE FROM quarantine WHERE node = ?1 AND gpu = ?2",
+                params![node, gpu],
+            )? as u64)
+        })
+        .await
+    }
+}
+
+/// After an OOM the key's estimate rises at once: the next placement must be safer than
+/// this one, whatever the slower statistics say.
+fn raise_floor(tx: &Transaction<'_>, attempt: &str, peak: Option<u64>) -> Result<()> {
+    let (key, estimate): (String, Option<i64>) = tx.query_row(
+        "SELECT memory_key, estimate_mib FROM attempts WHERE id = ?1",
+        [attempt],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let basis = opt_u64(estimate).max(peak);
+    if let Some(basis) = basis.filter(|b| *b > 0) {
+        let floor = (basis as f64 * OOM_BUMP).ceil() as i64;
+        tx.execute(
+            "INSERT INTO memory_floors (memory_key, floor_mib) VALUES (?1, ?2) \
+             ON CONFLICT (memory_key) DO UPDATE SET floor_mib = MAX(floor_mib, ?2)",
+            params![key, floor],
+        )?;
+    }
+    Ok(())
+}
+
+/// Applies the job's next OOM ladder step (parameters and argv); false when none is left.
+fn next_ladder_step(tx: &Transaction<'_>, job: &str) -> Result<bool> {
+    let (ladder, step, params_json, command, shell, config, run): (
+        String,
+        i64,
+        String,
+        String,
+        bool,
+        i64,
+        i64,
+    ) = tx.query_row(
+        "SELECT ladder, ladder_step, params, command, shell, config, run FROM jobs WHERE id = ?1",
+        [job],
+        |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+            ))
+        },
+    )?;
+    let ladder: Vec<BTreeMap<String, serde_json::Value>> = from_json(&ladder)?;
+    let Some(next) = ladder.get(step as usize) else {
+        return Ok(false);
+    };
+    let mut params: BTreeMap<String, serde_json::Value> = from_json(&params_json)?;
+    headroom_shared::spec::apply_ladder_step(&mut params, next);
+    let command: Vec<String> = from_json(&command)?;
+    let argv = headroom_shared::expand::render(&command, shell, &params, config as u32, run as u32)
+        .map_err(|e| StoreError::Corrupt(format!("re-rendering the command: {e}")))?;
+    tx.execute(
+        "UPDATE jobs SET params = ?1, argv = ?2, ladder_step = ladder_step + 1, \
+         max_attempts = MAX(max_attempts, attempts + 1) WHERE id = ?3",
+        params![json(&params)?, json(&argv)?, job],
+    )?;
+    Ok(true)
+}
+
+/// Observed peaks and the OOM floor of a memory key.
+fn key_memory(conn: &Connection, key: &str) -> Result<(Vec<u64>, Option<u64>)> {
+    let peaks = conn
+        .prepare_cached(
+            "SELECT peak_mem_mib FROM attempts WHERE memory_key = ?1 AND peak_mem_mib IS NOT NULL",
+        )?
+        .query_map([key], |r| r.get::<_, i64>(0))?
+        .map(|r| r.map(|p| p.max(0) as u64))
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let floor: Option<i64> = conn
+        .query_row(
+            "SELECT floor_mib FROM memory_floors WHERE memory_key = ?1",
+            [key],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok((peaks, opt_u64(floor)))
 }
 
 fn cancel_one(tx: &Transaction<'_>, job: &str) -> Result<u64> {
@@ -1227,18 +1455,31 @@ fn cancel_one(tx: &Transaction<'_>, job: &str) -> Result<u64> {
     Ok(1)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn lease_job(
     tx: &Transaction<'_>,
     job: &str,
     node: &str,
     agent: AgentId,
     gpus: &[u32],
+    (estimate, source): (Option<u64>, &'static str),
     now: Millis,
     ttl_ms: u64,
 ) -> Result<Lease> {
-    let row: (String, String, String, String, Option<i64>, Option<i64>, i64, i64, String) = tx.query_row(
-        "SELECT j.argv, j.env, j.params, e.name, j.estimate_mib, j.timeout_ms, j.attempts, j.fence, \
-         j.experiment_id FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = ?1",
+    #[allow(clippy::type_complexity)]
+    let row: (
+        String,
+        String,
+        String,
+        String,
+        String,
+        Option<i64>,
+        i64,
+        i64,
+        i64,
+    ) = tx.query_row(
+        "SELECT j.argv, j.env, j.params, e.name, j.memory_key, j.timeout_ms, j.attempts, j.fence, \
+         j.ladder_step FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = ?1",
         [job],
         |r| {
             Ok((
@@ -1254,13 +1495,15 @@ fn lease_job(
             ))
         },
     )?;
-    let (argv, env, params_json, experiment, estimate, timeout, attempts, fence, _) = row;
+    let (argv, env, params_json, experiment, memory_key, timeout, attempts, fence, ladder_step) =
+        row;
     let attempt = AttemptId::new();
     let number = attempts + 1;
     let fence = fence + 1;
     tx.execute(
         "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, estimate_mib, \
-         leased_at, lease_expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'leased', ?8, ?9, ?10)",
+         leased_at, lease_expires_at, memory_key, estimate_source, params, ladder_step) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'leased', ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
         params![
             attempt.to_string(),
             job,
@@ -1269,9 +1512,13 @@ fn lease_job(
             agent.to_string(),
             json(&gpus)?,
             fence,
-            estimate,
+            opt_i64(estimate),
             now,
-            now + ttl_ms as i64
+            now + ttl_ms as i64,
+            memory_key,
+            source,
+            params_json,
+            ladder_step
         ],
     )?;
     tx.execute(
@@ -1289,7 +1536,7 @@ fn lease_job(
         env: from_json(&env)?,
         params: from_json(&params_json)?,
         gpus: gpus.to_vec(),
-        estimate_mib: opt_u64(estimate),
+        estimate_mib: estimate,
         timeout_ms: opt_u64(timeout),
     })
 }
