@@ -18,7 +18,7 @@ use headroom_shared::{AttemptId, FailureClass, JobId};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::{ExitKind, OomScanner, classify};
@@ -197,8 +197,10 @@ pub async fn run_attempt(
         contaminated: false,
     }));
     let sample_every = cfg.sample_every.max(Duration::from_millis(10));
-    let mut tick = tokio::time::interval_at(Instant::now() + sample_every, sample_every);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // Sample early and then less often: a short job must still be seen on its GPU once
+    // (its peak teaches the estimate), a long one costs one sample per `sample_every`.
+    let mut gap = Duration::from_millis(50).min(sample_every);
+    let mut next_sample = Instant::now() + gap;
     let deadline = launch.timeout.map(|t| Instant::now() + t);
 
     let stop = loop {
@@ -208,9 +210,11 @@ pub async fn run_attempt(
             status = child.wait() => break Stop::Exited(status.ok()),
             _ = cancel.cancelled() => break Stop::Cancelled,
             _ = sleep_until(deadline) => break Stop::Timeout,
-            _ = tick.tick() => {
+            _ = tokio::time::sleep_until(next_sample) => {
                 let w = watch.clone();
                 let _ = tokio::task::spawn_blocking(move || lock(&w).step()).await;
+                gap = (gap * 2).min(sample_every);
+                next_sample = Instant::now() + gap;
             }
         }
     };

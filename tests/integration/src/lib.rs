@@ -43,6 +43,8 @@ pub struct UpOptions {
     pub kill_grace: String,
     pub lease_ttl: String,
     pub node: String,
+    /// More flags for `headroom up`.
+    pub extra: Vec<String>,
 }
 
 impl Default for UpOptions {
@@ -53,6 +55,7 @@ impl Default for UpOptions {
             kill_grace: "1s".into(),
             lease_ttl: "30s".into(),
             node: "test-node".into(),
+            extra: vec![],
         }
     }
 }
@@ -104,6 +107,7 @@ impl Headroom {
         if let Some(p) = &self.opts.plan {
             cmd.args(["--plan", p]);
         }
+        cmd.args(&self.opts.extra);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

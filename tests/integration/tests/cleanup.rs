@@ -46,3 +46,83 @@ fn orphan_that_left_the_session_is_killed_and_its_memory_freed() {
     let used = h.nodes().expect("nodes")[0].gpus[0].used_mib;
     assert_eq!(used, Some(0), "fake memory still held after cleanup");
 }
+
+/// A leftover that escaped the attempt's marker (here: fake memory booked on a process of
+/// another owner) keeps the GPU quarantined and visible until it is gone, or a person
+/// releases the GPU.
+#[test]
+fn an_unverified_cleanup_quarantines_the_gpu_until_released() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        plan: Some("2".into()),
+        kill_grace: "300ms".into(),
+        lease_ttl: "3s".into(),
+        extra: vec!["--verify-timeout".into(), "1s".into()],
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let fake_dir = h.data_dir().join("fake-gpus");
+    let leak = |name: &str| -> std::process::Child {
+        // A process of someone else, on which the job books 3 GiB as it exits.
+        let holder = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("sleep");
+        let script = format!("echo 0:3072 > {}/{}", fake_dir.display(), holder.id());
+        let exp = h
+            .submit_api(
+                serde_json::json!({"name": name, "command": ["sh", "-c", script],
+                "resources": {"memory": "1GiB"}}),
+            )
+            .expect("submit")
+            .experiment
+            .expect("stored");
+        let jobs = h.wait_done(exp, Duration::from_secs(30));
+        let a = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+        assert_eq!(a.cleanup_verified, Some(false));
+        holder
+    };
+    let queued_behind = |name: &str| {
+        h.submit_api(
+            serde_json::json!({"name": name, "command": ["true"], "resources": {"memory": "1GiB"}}),
+        )
+        .expect("submit")
+        .experiment
+        .expect("stored")
+    };
+
+    // 1. Quarantine lifts by itself once the leftover is gone.
+    let mut holder = leak("leak1");
+    let nodes = h.cli_ok(&["nodes"]);
+    assert!(
+        nodes.contains("QUARANTINED") && nodes.contains(&format!("pid {}", holder.id())),
+        "{nodes}"
+    );
+    let waiting = queued_behind("after-leak1");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        h.jobs(waiting).expect("jobs")[0].state,
+        JobState::Queued,
+        "placed on a quarantined GPU"
+    );
+    assert!(
+        alive(holder.id()),
+        "the leftover of another owner is not killed"
+    );
+    holder.kill().expect("kill");
+    holder.wait().expect("reap");
+    h.wait_done(waiting, Duration::from_secs(30));
+    assert!(h.nodes().expect("nodes")[0].gpus[0].quarantine.is_empty());
+
+    // 2. Or a person looks and releases the GPU.
+    let mut holder = leak("leak2");
+    let waiting = queued_behind("after-leak2");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(h.jobs(waiting).expect("jobs")[0].state, JobState::Queued);
+    let out = h.cli_ok(&["node", "release", "test-node", "0"]);
+    assert!(out.contains("1 quarantine(s) lifted"), "{out}");
+    let jobs = h.wait_done(waiting, Duration::from_secs(30));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    holder.kill().expect("kill");
+    let _ = holder.wait();
+}

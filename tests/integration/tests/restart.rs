@@ -94,3 +94,46 @@ fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
     assert_eq!(lost[0].attempts_detail.len(), 2);
     assert_eq!(lost[0].attempts_detail[1].success, Some(true));
 }
+
+/// The agent is killed with `kill -9` while a job's double-forked orphan holds GPU memory:
+/// the restarted agent kills the orphan (it carries the attempt's marker) before new work.
+#[test]
+fn restarted_agent_kills_orphans_of_its_former_attempts() {
+    let mut h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let pid_file = h.path("orphan.pid");
+    let spec = serde_json::json!({"name": "orphaner", "command": [
+        fake_job().display().to_string(), "--seconds", "600", "--orphan-mem", "2GiB",
+        "--orphan-seconds", "600", "--ignore-term", "--orphan-pid-file", pid_file.display().to_string()],
+        "retry": {"max_attempts": 1}, "resources": {"memory": "4GiB"}});
+    let exp = h
+        .submit_api(spec)
+        .expect("submit")
+        .experiment
+        .expect("stored");
+    let orphan: u32 = h.wait_for("the orphan", Duration::from_secs(30), || {
+        Ok(std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok()))
+    });
+    h.kill9().expect("kill -9");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        alive(orphan),
+        "an orphan outlives a kill -9 of its agent (no PDEATHSIG for it)"
+    );
+    h.restart().expect("restart");
+    h.wait_for("the orphan to be killed", Duration::from_secs(20), || {
+        Ok((!alive(orphan)).then_some(()))
+    });
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    let d = h.job(jobs[0].id).expect("job");
+    assert_eq!(d.attempts_detail[0].failure_class, Some(FailureClass::Lost));
+    let used = h.wait_for("telemetry after restart", Duration::from_secs(20), || {
+        Ok(h.nodes()?[0].gpus[0].used_mib)
+    });
+    assert_eq!(used, 0, "the orphan's fake memory is gone");
+}

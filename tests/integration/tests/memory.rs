@@ -1,0 +1,143 @@
+//! Memory learned from earlier attempts, and the OOM ladder.
+
+use std::time::Duration;
+
+use headroom_integration_tests::{Headroom, UpOptions, fake_job, read_records};
+use headroom_shared::{FailureClass, JobState};
+
+#[test]
+fn a_second_wave_packs_by_what_the_first_wave_used() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "2x24GiB".into(),
+        plan: Some("2,2".into()),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let record = h.path("timeline.jsonl");
+    let spec = |runs: u32| {
+        format!(
+            r#"{{"name": "learner", "command": ["{job}", "--mem", "5GiB", "--seconds", "1", "--record", "{record}"],
+                 "runs_per_config": {runs}}}"#,
+            job = fake_job().display(),
+            record = record.display()
+        )
+    };
+    // First wave: nothing declared, nothing known: each job runs alone on its GPU.
+    let first = h.submit("w1.json", &spec(2)).expect("submit");
+    let jobs = h.wait_done(first, Duration::from_secs(60));
+    let gpus: Vec<u32> = jobs.iter().map(|j| j.gpu_indices[0]).collect();
+    assert_ne!(gpus[0], gpus[1], "unknown memory: one job per GPU");
+    for j in &jobs {
+        let a = &h.job(j.id).expect("job").attempts_detail[0];
+        assert_eq!(a.estimate_source, "none");
+        assert_eq!(a.peak_mem_mib, Some(5 * 1024));
+    }
+    std::fs::remove_file(&record).expect("reset timeline");
+
+    // Second wave of the same key: 5 GiB x 1.1 learned, two fit per GPU.
+    let second = h.submit("w2.json", &spec(4)).expect("submit");
+    let jobs = h.wait_done(second, Duration::from_secs(60));
+    assert!(jobs.iter().all(|j| j.state == JobState::Succeeded));
+    for j in &jobs {
+        let a = &h.job(j.id).expect("job").attempts_detail[0];
+        assert_eq!(
+            (a.estimate_source.as_str(), a.estimate_mib),
+            ("learned", Some(5632))
+        );
+    }
+    let records = read_records(&record).expect("records");
+    let starts: Vec<_> = records.iter().filter(|r| r.event == "start").collect();
+    let ends: Vec<_> = records.iter().filter(|r| r.event == "end").collect();
+    let packed = starts.iter().any(|s| {
+        starts
+            .iter()
+            .filter(|o| o.gpus == s.gpus && o.t_ms <= s.t_ms)
+            .count()
+            - ends
+                .iter()
+                .filter(|e| e.gpus == s.gpus && e.t_ms <= s.t_ms)
+                .count()
+            >= 2
+    });
+    assert!(
+        packed,
+        "the learned estimate should let two jobs share a GPU: {records:#?}"
+    );
+    let out = h.cli_ok(&["show", &jobs[0].id.to_string()]);
+    assert!(out.contains("(learned)"), "{out}");
+}
+
+#[test]
+fn the_oom_ladder_halves_the_batch_until_it_fits() {
+    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let spec = format!(
+        r#"
+name: ladder
+command: ["{job}", "--mem", "1GiB", "--oom-if-param", "batch_size>64", "--print", "bs={{batch_size}}"]
+grid: {{batch_size: [256], grad_accum: [1]}}
+resources: {{memory: 2GiB}}
+oom_ladder:
+  - {{batch_size: "/2", grad_accum: "*2"}}
+  - {{batch_size: "/2", grad_accum: "*2"}}
+  - {{gradient_checkpointing: true}}
+"#,
+        job = fake_job().display()
+    );
+    let exp = h.submit("ladder.yaml", &spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    let d = h.job(jobs[0].id).expect("job");
+    assert_eq!(d.summary.state, JobState::Succeeded);
+    let classes: Vec<_> = d.attempts_detail.iter().map(|a| a.failure_class).collect();
+    assert_eq!(
+        classes,
+        vec![Some(FailureClass::Oom), Some(FailureClass::Oom), None]
+    );
+    let steps: Vec<u32> = d.attempts_detail.iter().map(|a| a.ladder_step).collect();
+    assert_eq!(steps, vec![0, 1, 2]);
+    let bs: Vec<_> = d
+        .attempts_detail
+        .iter()
+        .map(|a| a.params["batch_size"].clone())
+        .collect();
+    assert_eq!(
+        bs,
+        vec![
+            serde_json::json!(256),
+            serde_json::json!(128),
+            serde_json::json!(64)
+        ]
+    );
+    assert_eq!(
+        d.attempts_detail[2].params["grad_accum"],
+        serde_json::json!(4)
+    );
+    assert!(d.argv.iter().any(|a| a == "bs=64"), "{:?}", d.argv);
+    let log = h.cli_ok(&["logs", &jobs[0].id.to_string()]);
+    assert!(log.contains("bs=64"), "{log}");
+    // The CSV has one row per attempt with the parameters it ran with and the step.
+    let csv = h.cli_ok(&["export", "--csv"]);
+    let mut r = csv::Reader::from_reader(csv.as_bytes());
+    let headers = r.headers().expect("headers").clone();
+    let col = |name: &str| headers.iter().position(|h| h == name).expect(name);
+    let rows: Vec<csv::StringRecord> = r.records().map(|x| x.expect("row")).collect();
+    let (bs_col, step_col, class_col) =
+        (col("batch_size"), col("ladder_step"), col("failure_class"));
+    let got: Vec<(String, String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r[bs_col].to_string(),
+                r[step_col].to_string(),
+                r[class_col].to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("256".into(), "0".into(), "oom".into()),
+            ("128".into(), "1".into(), "oom".into()),
+            ("64".into(), "2".into(), String::new())
+        ]
+    );
+}
