@@ -91,6 +91,7 @@ pub struct Agent {
     /// Cancelled when the agent drains: attempts stop and are reported lost.
     draining: CancellationToken,
     quarantined: Quarantined,
+    registered_once: std::sync::atomic::AtomicBool,
 }
 
 /// Ended attempts whose cleanup could not be verified: their GPUs and the pids that still
@@ -110,6 +111,7 @@ impl Agent {
             tasks: TaskTracker::new(),
             draining: CancellationToken::new(),
             quarantined: Arc::default(),
+            registered_once: Default::default(),
         })
     }
 
@@ -136,13 +138,20 @@ impl Agent {
         let req = RegisterRequest {
             node: self.cfg.node.clone(),
             gpus: self.backend.inventory(),
-            plan: self.cfg.plan.clone(),
+            // The plan given at start applies once: a later re-registration (coordinator
+            // restart) must not undo a `plan set` made since.
+            plan: if self.registered_once.load(std::sync::atomic::Ordering::SeqCst) {
+                None
+            } else {
+                self.cfg.plan.clone()
+            },
             headroom: Some(self.cfg.headroom),
             version: env!("CARGO_PKG_VERSION").to_string(),
             running: self.running_refs(),
         };
         match self.client.register(&req).await {
             Ok(resp) => {
+                self.registered_once.store(true, std::sync::atomic::Ordering::SeqCst);
                 tracing::info!(agent = %resp.agent, plan = %resp.plan, gpus = req.gpus.len(), backend = self.backend.kind(), "registered with the coordinator");
                 if !resp.lost_attempts.is_empty() {
                     kill_leftovers(resp.lost_attempts).await;

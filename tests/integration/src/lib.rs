@@ -349,6 +349,10 @@ pub fn alive(pid: u32) -> bool {
 pub struct Record {
     pub event: String,
     pub job: String,
+    #[serde(default)]
+    pub attempt: String,
+    #[serde(default)]
+    pub pid: u32,
     pub gpus: String,
     pub mem_mib: u64,
     pub t_ms: i64,
@@ -436,4 +440,164 @@ impl Drop for Proc {
             let _ = c.wait();
         }
     }
+}
+
+/// A throwaway PostgreSQL 15 cluster of the test's own (the server refuses to run as root,
+/// so it runs as `postgres`), stopped and removed when dropped.
+pub struct Postgres {
+    dir: tempfile::TempDir,
+    pub port: u16,
+}
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+impl Postgres {
+    pub fn start() -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("hr-pg").tempdir_in("/tmp")?;
+        let port = free_port()?;
+        let d = dir.path().display().to_string();
+        run_as_postgres(&format!("chown postgres {d}"), false)?;
+        run_as_postgres(
+            &format!("{PG_BIN}/initdb -D {d}/data -U postgres --auth=trust -E UTF8 >/dev/null"),
+            true,
+        )?;
+        let pg = Self { dir, port };
+        pg.ctl("start")?;
+        Ok(pg)
+    }
+
+    fn ctl(&self, what: &str) -> Result<()> {
+        let d = self.dir.path().display();
+        run_as_postgres(
+            &format!(
+                "{PG_BIN}/pg_ctl -D {d}/data -o \"-p {} -k {d} -c listen_addresses=127.0.0.1 \
+                 -c fsync=off -c max_connections=200\" -l {d}/log -w -m fast {what} >/dev/null",
+                self.port
+            ),
+            true,
+        )
+    }
+
+    /// `pg_ctl restart`: every connection drops, the server comes back on the same port.
+    pub fn restart(&self) -> Result<()> {
+        self.ctl("restart")
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self.ctl("stop");
+    }
+}
+
+fn run_as_postgres(cmd: &str, as_postgres: bool) -> Result<()> {
+    let status = if as_postgres {
+        Command::new("su").args(["postgres", "-c", cmd]).status()?
+    } else {
+        Command::new("sh").args(["-c", cmd]).status()?
+    };
+    if !status.success() {
+        bail!("`{cmd}` failed ({status})");
+    }
+    Ok(())
+}
+
+/// A TCP relay between an agent and a coordinator whose link a test can cut and heal: a
+/// network partition without network namespaces.
+pub struct Link {
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Link {
+    pub fn new(target: u16) -> Result<Self> {
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let conns: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>> = Default::default();
+        let (c, k) = (cut.clone(), conns.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                if c.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                if let Ok(mut list) = k.lock() {
+                    list.extend(client.try_clone().ok());
+                    list.extend(server.try_clone().ok());
+                }
+                for (mut from, mut to) in [
+                    (client.try_clone(), server.try_clone()),
+                    (server.try_clone(), client.try_clone()),
+                ]
+                .into_iter()
+                .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Ok(Self { port, cut, conns })
+    }
+
+    /// Drops every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(mut list) = self.conns.lock() {
+            for s in list.drain(..) {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+
+    pub fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// GET a JSON document (a runtime per call keeps tests synchronous).
+pub fn http_get<T: DeserializeOwned>(url: &str) -> Result<T> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let resp = reqwest::Client::new()
+            .get(url)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await?;
+        let status = resp.status();
+        let text = resp.text().await?;
+        if !status.is_success() {
+            bail!("GET {url}: {status}: {text}");
+        }
+        Ok(serde_json::from_str(&text)?)
+    })
+}
+
+/// POST JSON; the status and body whatever the status.
+pub fn http_post(url: &str, body: &serde_json::Value) -> Result<(u16, serde_json::Value)> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let resp = reqwest::Client::new()
+            .post(url)
+            .json(body)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))))
+    })
 }
