@@ -601,3 +601,15 @@ pub fn http_post(url: &str, body: &serde_json::Value) -> Result<(u16, serde_json
         Ok((status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))))
     })
 }
+
+/// Polls `f` until it returns `Some`, panicking after `timeout`.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -2,32 +2,11 @@
 //! with backoff, and its end is accepted once the coordinator is back. Nothing is lost or
 //! run twice.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use headroom_integration_tests::{Proc, fake_job, free_port};
+use headroom_integration_tests::{Proc, fake_job, free_port, http_get as get, wait_until as wait};
 use headroom_shared::JobState;
 use headroom_shared::api::{JobSummary, SubmitResponse};
-
-fn get<T: serde::de::DeserializeOwned>(url: &str) -> anyhow::Result<T> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let r = reqwest::get(url).await?.error_for_status()?;
-        Ok(r.json().await?)
-    })
-}
-
-fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn jobs_survive_a_coordinator_crash() {
