@@ -140,7 +140,10 @@ impl Agent {
             gpus: self.backend.inventory(),
             // The plan given at start applies once: a later re-registration (coordinator
             // restart) must not undo a `plan set` made since.
-            plan: if self.registered_once.load(std::sync::atomic::Ordering::SeqCst) {
+            plan: if self
+                .registered_once
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
                 None
             } else {
                 self.cfg.plan.clone()
@@ -151,7 +154,8 @@ impl Agent {
         };
         match self.client.register(&req).await {
             Ok(resp) => {
-                self.registered_once.store(true, std::sync::atomic::Ordering::SeqCst);
+                self.registered_once
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 tracing::info!(agent = %resp.agent, plan = %resp.plan, gpus = req.gpus.len(), backend = self.backend.kind(), "registered with the coordinator");
                 if !resp.lost_attempts.is_empty() {
                     kill_leftovers(resp.lost_attempts).await;

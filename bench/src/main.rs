@@ -1,21 +1,23 @@
-//! `headroom-bench`: how fast `headroom up` starts and churns through jobs, measured against
-//! the machine's raw process-spawn rate in the same run (results are ratios, not absolutes).
+//! `headroom-bench`: how fast a coordinator and one agent start and churn through jobs, on
+//! the embedded SQLite store and on PostgreSQL, against the machine's raw process-spawn rate
+//! measured in the same run (results are ratios and percentiles, not absolutes).
 //!
 //! cargo build --release --workspace --bins && target/release/headroom-bench [JOBS]
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use headroom_integration_tests::{Headroom, UpOptions};
-use headroom_shared::api::JobDetail;
+use anyhow::{Context, Result, bail};
+use headroom_integration_tests::{Postgres, Proc, free_port, http_get, http_post};
+use headroom_shared::ExperimentId;
+use headroom_shared::api::{JobDetail, JobSummary, Progress, SubmitResponse};
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 /// Sequential spawn-and-wait of `true`: the floor any process launcher pays.
@@ -27,22 +29,140 @@ fn raw_spawn_rate(n: usize) -> Result<f64> {
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Submit-to-start latency of each job, in ms (job creation to the agent's start report).
-fn start_latencies(h: &Headroom, exp: headroom_shared::ExperimentId) -> Result<Vec<f64>> {
+struct Setup {
+    url: String,
+    _coordinator: Proc,
+    _agent: Proc,
+}
+
+fn start(dir: &Path, database_url: Option<&str>) -> Result<Setup> {
+    let port = free_port()?;
+    let url = format!("http://127.0.0.1:{port}");
+    let mut args = vec![
+        "--listen".to_string(),
+        format!("127.0.0.1:{port}"),
+        "--data-dir".into(),
+        dir.join("coord").display().to_string(),
+    ];
+    if let Some(db) = database_url {
+        args.extend(["--database-url".to_string(), db.to_string()]);
+    }
+    let coordinator = Proc::start("headroom-coordinator", &args, dir.join("coord.log"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_get::<serde_json::Value>(&format!("{url}/v1/health")).is_err() {
+        if Instant::now() > deadline {
+            bail!("coordinator did not start: {}", coordinator.output());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let agent_args: Vec<String> = [
+        "--coordinator",
+        &url,
+        "--node",
+        "bench",
+        "--gpu-backend",
+        "fake",
+        "--fake-gpus",
+        "4x80GiB",
+        "--plan",
+        "16,16,16,16",
+        "--kill-grace",
+        "1s",
+        "--data-dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([dir.join("agent").display().to_string()])
+    .collect();
+    let agent = Proc::start("headroom-agent", &agent_args, dir.join("agent.log"))?;
+    while http_get::<Vec<serde_json::Value>>(&format!("{url}/v1/nodes"))?.is_empty() {
+        if Instant::now() > deadline {
+            bail!("agent did not register: {}", agent.output());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Setup {
+        url,
+        _coordinator: coordinator,
+        _agent: agent,
+    })
+}
+
+fn submit(url: &str, name: &str, runs: usize) -> Result<ExperimentId> {
+    let spec = serde_json::json!({"spec": {"name": name, "command": ["true"],
+        "runs_per_config": runs, "resources": {"memory": "100MiB"}}});
+    let (status, body) = http_post(&format!("{url}/v1/experiments"), &spec)?;
+    if status != 200 {
+        bail!("submit refused: {body}");
+    }
+    let r: SubmitResponse = serde_json::from_value(body)?;
+    r.experiment.context("stored")
+}
+
+fn wait_done(url: &str, exp: ExperimentId) -> Result<()> {
+    let mut after = None;
+    loop {
+        let path = match after {
+            Some(v) => format!("{url}/v1/progress?experiment={exp}&after={v}&timeout_ms=2000"),
+            None => format!("{url}/v1/progress?experiment={exp}"),
+        };
+        let p: Progress = http_get(&path)?;
+        if p.counts.finished() == p.counts.total() {
+            return Ok(());
+        }
+        after = Some(p.version);
+    }
+}
+
+/// Per job: (submit -> lease, submit -> start) in ms.
+fn latencies(url: &str, exp: ExperimentId) -> Result<Vec<(f64, f64)>> {
+    let jobs: Vec<JobSummary> = http_get(&format!("{url}/v1/jobs?experiment={exp}"))?;
     let mut out = Vec::new();
-    for j in h.jobs(exp)? {
-        let d: JobDetail = h.job(j.id)?;
-        if let Some(started) = d.attempts_detail.first().and_then(|a| a.started_at) {
-            out.push(
-                (started - d.summary.created_at)
-                    .num_microseconds()
-                    .unwrap_or(0) as f64
-                    / 1000.0,
-            );
+    for j in jobs {
+        let d: JobDetail = http_get(&format!("{url}/v1/jobs/{}", j.id))?;
+        if let Some(a) = d.attempts_detail.first()
+            && let Some(started) = a.started_at
+        {
+            let ms = |t: chrono::DateTime<chrono::Utc>| {
+                (t - d.summary.created_at).num_microseconds().unwrap_or(0) as f64 / 1000.0
+            };
+            out.push((ms(a.leased_at), ms(started)));
         }
     }
-    out.sort_by(f64::total_cmp);
     Ok(out)
+}
+
+struct Row {
+    store: &'static str,
+    claim: Vec<f64>,
+    start: Vec<f64>,
+    rate: f64,
+}
+
+fn measure(store: &'static str, database_url: Option<&str>, jobs: usize) -> Result<Row> {
+    let dir = tempfile::tempdir()?;
+    let s = start(dir.path(), database_url)?;
+    let (mut claim, mut start_ms) = (Vec::new(), Vec::new());
+    for i in 0..40 {
+        let exp = submit(&s.url, &format!("idle{i}"), 1)?;
+        wait_done(&s.url, exp)?;
+        for (c, st) in latencies(&s.url, exp)? {
+            claim.push(c);
+            start_ms.push(st);
+        }
+    }
+    claim.sort_by(f64::total_cmp);
+    start_ms.sort_by(f64::total_cmp);
+    let t = Instant::now();
+    let exp = submit(&s.url, "burst", jobs)?;
+    wait_done(&s.url, exp)?;
+    let rate = jobs as f64 / t.elapsed().as_secs_f64();
+    Ok(Row {
+        store,
+        claim,
+        start: start_ms,
+        rate,
+    })
 }
 
 fn main() -> Result<()> {
@@ -50,60 +170,27 @@ fn main() -> Result<()> {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(400);
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "4x80GiB".into(),
-        plan: Some("16,16,16,16".into()),
-        ..Default::default()
-    })?;
-
-    // 1. Idle latency: one job at a time on an idle box.
-    let mut idle = Vec::new();
-    for i in 0..30 {
-        let r = h.submit_api(serde_json::json!({
-            "name": format!("idle{i}"), "command": ["true"], "resources": {"memory": "100MiB"}
-        }))?;
-        let exp = r.experiment.context("stored")?;
-        h.wait_done(exp, Duration::from_secs(30));
-        idle.extend(start_latencies(&h, exp)?);
-    }
-    idle.sort_by(f64::total_cmp);
-
-    // 2. Throughput: a burst of short jobs, 64 slots.
     let raw = raw_spawn_rate(jobs)?;
-    let t = Instant::now();
-    let r = h.submit_api(serde_json::json!({
-        "name": "burst", "command": ["true"], "runs_per_config": jobs, "resources": {"memory": "100MiB"}
-    }))?;
-    let exp = r.experiment.context("stored")?;
-    let done = h.wait_done(exp, Duration::from_secs(600));
-    let elapsed = t.elapsed().as_secs_f64();
-    let ok = done
-        .iter()
-        .filter(|j| j.state == headroom_shared::JobState::Succeeded)
-        .count();
-    let rate = jobs as f64 / elapsed;
-    let burst = start_latencies(&h, exp)?;
+    let sqlite = measure("SQLite", None, jobs)?;
+    let pg = Postgres::start()?;
+    let postgres = measure("PostgreSQL", Some(&pg.url()), jobs)?;
 
-    println!("| measure | value |");
-    println!("| --- | --- |");
+    println!("raw spawn+wait of `true`: {raw:.0}/s ({jobs} spawns)\n");
     println!(
-        "| idle submit->start p50 | {:.1} ms |",
-        percentile(&idle, 0.5)
+        "| store | submit->lease p50 | p99 | submit->start p50 | p99 | {jobs} jobs of `true` | vs raw spawn |"
     );
-    println!(
-        "| idle submit->start p99 | {:.1} ms |",
-        percentile(&idle, 0.99)
-    );
-    println!("| raw spawn+wait of `true` | {raw:.0} /s |");
-    println!("| headroom jobs of `true` ({jobs}, {ok} succeeded, 64 slots) | {rate:.0} /s |");
-    println!("| ratio headroom / raw spawn | {:.2} |", rate / raw);
-    println!(
-        "| burst submit->start p50 | {:.0} ms |",
-        percentile(&burst, 0.5)
-    );
-    println!(
-        "| burst submit->start p99 | {:.0} ms |",
-        percentile(&burst, 0.99)
-    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for r in [&sqlite, &postgres] {
+        println!(
+            "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.0}/s | {:.2} |",
+            r.store,
+            percentile(&r.claim, 0.5),
+            percentile(&r.claim, 0.99),
+            percentile(&r.start, 0.5),
+            percentile(&r.start, 0.99),
+            r.rate,
+            r.rate / raw
+        );
+    }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! `Application`: binds the listener, wires the store into the router, runs the lease
-//! sweeper, and shuts down cleanly on cancellation.
+//! sweeper and the store's change watch, and shuts down cleanly on cancellation.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -63,6 +63,14 @@ impl Application {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), AppError> {
         let tasks = TaskTracker::new();
         tasks.spawn(sweep_leases(self.state.clone(), shutdown.clone()));
+        // Other replicas' changes wake this process's long-polls too.
+        let (store, changes) = (self.state.store.clone(), self.state.changes.clone());
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            store
+                .watch_changes(Arc::new(move || changes.bump()), stop)
+                .await
+        });
         let app = router(self.state.clone());
         let stop = shutdown.clone();
         let served = axum::serve(self.listener, app)

@@ -1,12 +1,14 @@
 //! `headroom-coordinator`: the REST API on its own (agents run elsewhere).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use headroom_coordinator::store::Store;
+use headroom_coordinator::store::postgres::{PostgresStore, redact_url};
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::{Application, CoordinatorConfig};
 use tokio_util::sync::CancellationToken;
@@ -20,12 +22,43 @@ use tokio_util::sync::CancellationToken;
 struct Args {
     #[arg(long, env = "HEADROOM_LISTEN", default_value = "127.0.0.1:7420")]
     listen: SocketAddr,
-    /// Attempt logs and the embedded store live here.
+    /// Attempt logs live here, and the embedded store unless --database-url is given.
     #[arg(long, env = "HEADROOM_DATA_DIR", default_value = ".headroom")]
     data_dir: PathBuf,
+    /// PostgreSQL (`postgres://user:password@host:port/dbname`) for several coordinator
+    /// replicas; absent: the embedded SQLite file in the data dir.
+    #[arg(long, env = "HEADROOM_DATABASE_URL")]
+    database_url: Option<String>,
     /// An agent silent this long loses its leases.
     #[arg(long, env = "HEADROOM_LEASE_TTL", default_value = "30s", value_parser = humantime::parse_duration)]
     lease_ttl: Duration,
+}
+
+/// PostgreSQL when a URL is given, else the embedded SQLite file in `data_dir`.
+async fn open_store(url: Option<&str>, data_dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
+    match url.map(str::trim).filter(|u| !u.is_empty()) {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            let store = PostgresStore::connect(url).await.with_context(|| {
+                format!(
+                    "--database-url (HEADROOM_DATABASE_URL) {}: cannot open the store",
+                    redact_url(url)
+                )
+            })?;
+            Ok(Arc::new(store))
+        }
+        Some(url) => anyhow::bail!(
+            "--database-url (HEADROOM_DATABASE_URL) must be a postgres:// or postgresql:// URL, \
+             got `{}`; leave it unset for the embedded store",
+            redact_url(url)
+        ),
+        None => {
+            let db = data_dir.join("headroom.db");
+            let store = tokio::task::spawn_blocking(move || SqliteStore::open(&db))
+                .await?
+                .context("opening the store")?;
+            Ok(Arc::new(store))
+        }
+    }
 }
 
 #[tokio::main]
@@ -39,13 +72,10 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     std::fs::create_dir_all(&args.data_dir)?;
-    let db = args.data_dir.join("headroom.db");
-    let store = tokio::task::spawn_blocking(move || SqliteStore::open(&db))
-        .await?
-        .context("opening the store")?;
+    let store = open_store(args.database_url.as_deref(), &args.data_dir).await?;
     let mut config = CoordinatorConfig::new(args.listen, args.data_dir);
     config.lease_ttl = args.lease_ttl;
-    let app = Application::build(config, Arc::new(store)).await?;
+    let app = Application::build(config, store).await?;
     println!(
         "headroom: coordinator listening on http://{}",
         app.local_addr()

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::Utc;
+use headroom_coordinator::store::postgres::PostgresStore;
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::store::{
     ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Store, StoreError,
@@ -18,6 +19,95 @@ async fn sqlite() -> (Backend, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SqliteStore::open(&dir.path().join("store.db")).expect("open sqlite");
     (Arc::new(store), dir)
+}
+
+/// The server the PostgreSQL tests create their databases on.
+const PG_ADMIN_ENV: &str = "HEADROOM_TEST_DATABASE_URL";
+
+fn pg_admin_url() -> String {
+    match std::env::var(PG_ADMIN_ENV) {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => panic!(
+            "{PG_ADMIN_ENV} is not set: the PostgreSQL conformance tests need a server. Run \
+             `scripts/test` (it starts a throwaway PostgreSQL 15 cluster), or export \
+             {PG_ADMIN_ENV}=postgres://postgres@127.0.0.1:PORT/postgres"
+        ),
+    }
+}
+
+/// `url` with its database name replaced.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let authority_at = base.find("://").map_or(0, |i| i + 3);
+    let host_end = base[authority_at..]
+        .find('/')
+        .map_or(base.len(), |i| authority_at + i);
+    format!("{}/{name}{query}", &base[..host_end])
+}
+
+async fn pg_admin() -> tokio_postgres::Client {
+    let url = pg_admin_url();
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {PG_ADMIN_ENV} ({url}): {e}"));
+    tokio::spawn(connection);
+    client
+}
+
+/// A database of its own for one test, dropped when the guard is.
+struct PgDatabase {
+    name: String,
+    url: String,
+}
+
+impl PgDatabase {
+    async fn create() -> Self {
+        let name = format!("hr_test_{}", uuid::Uuid::new_v4().simple());
+        pg_admin()
+            .await
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create test database");
+        let url = with_database(&pg_admin_url(), &name);
+        Self { name, url }
+    }
+
+    async fn store(&self) -> PostgresStore {
+        PostgresStore::connect(&self.url)
+            .await
+            .expect("connect postgres store")
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        // Drop runs inside the test's runtime: drop the database from a thread of its own.
+        let name = self.name.clone();
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                pg_admin()
+                    .await
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+                    .map_err(std::io::Error::other)
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop test database {}: {dropped:?}", self.name);
+        }
+    }
+}
+
+async fn postgres() -> (Backend, PgDatabase) {
+    let db = PgDatabase::create().await;
+    (Arc::new(db.store().await), db)
 }
 
 fn job(
@@ -558,8 +648,12 @@ async fn unverified_cleanup_quarantines_gpus(s: Backend) {
     assert_eq!(s.release_gpu("n1", 0).await.expect("release"), 0);
 }
 
+/// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
-    ($backend:ident: $($test:ident),* $(,)?) => {
+    ($($backend:ident),+ : $tests:tt) => {
+        $(conformance!(@backend $backend $tests);)+
+    };
+    (@backend $backend:ident [$($test:ident),* $(,)?]) => {
         mod $backend {
             $(
                 #[tokio::test]
@@ -572,7 +666,7 @@ macro_rules! conformance {
     };
 }
 
-conformance!(sqlite:
+conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
     stale_fences_are_refused,
     retry_policy_decides_requeue,
@@ -587,4 +681,198 @@ conformance!(sqlite:
     estimates_are_learned_per_memory_key,
     oom_ladder_degrades_and_retries,
     unverified_cleanup_quarantines_gpus,
-);
+]);
+
+// ---- both backends side by side, and what only PostgreSQL does --------------------------
+
+fn migration_names(backend: &str) -> Vec<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(backend);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn backends_share_migrations_and_schema_version() {
+    let sqlite_names = migration_names("sqlite");
+    assert!(!sqlite_names.is_empty());
+    assert_eq!(
+        sqlite_names,
+        migration_names("postgres"),
+        "every migration exists for both backends, under the same version and name"
+    );
+    let latest: i64 = sqlite_names
+        .iter()
+        .filter_map(|n| n.strip_prefix('V')?.split("__").next()?.parse().ok())
+        .max()
+        .expect("versioned names");
+    let (sq, _dir) = sqlite().await;
+    let (pg, _db) = postgres().await;
+    assert_eq!(sq.schema_version().await.expect("sqlite version"), latest);
+    assert_eq!(pg.schema_version().await.expect("postgres version"), latest);
+}
+
+fn many_slots() -> Option<&'static str> {
+    Some("64,64,64,64")
+}
+
+/// Two coordinator replicas on one database, each serving one node, claiming at the same
+/// time: every job is leased exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_replicas_never_lease_a_job_twice() {
+    const JOBS: u32 = 300;
+    let db = PgDatabase::create().await;
+    // Replicas start together: migrations run once, under the advisory lock.
+    let (a, b) = tokio::join!(db.store(), db.store());
+    let (a, b): (Backend, Backend) = (Arc::new(a), Arc::new(b));
+    let agent_a = register(&a, "node-a", 4, many_slots()).await;
+    let agent_b = register(&b, "node-b", 4, many_slots()).await;
+    submit(&a, (0..JOBS).map(|i| job(i, Some(10), vec![], 1)).collect()).await;
+    let take = |s: Backend, agent: AgentId| async move {
+        s.claim_jobs(ClaimInput {
+            agent,
+            gpus: Some(free(4, 10_000)),
+            max: 7,
+            lease_ttl_ms: 60_000,
+            reserve_after_ms: u64::MAX,
+        })
+        .await
+        .expect("claim")
+        .leases
+    };
+    let mut leased: BTreeMap<JobId, String> = BTreeMap::new();
+    let mut rounds = 0;
+    loop {
+        let (la, lb) = tokio::join!(take(a.clone(), agent_a), take(b.clone(), agent_b));
+        if la.is_empty() && lb.is_empty() {
+            break;
+        }
+        rounds += 1;
+        assert!(rounds < 1000, "claims stopped making progress");
+        for (node, l) in la
+            .iter()
+            .map(|l| ("node-a", l))
+            .chain(lb.iter().map(|l| ("node-b", l)))
+        {
+            if let Some(first) = leased.insert(l.job, node.to_string()) {
+                panic!("job {} leased twice: to {first} and to {node}", l.job);
+            }
+        }
+    }
+    assert_eq!(leased.len(), JOBS as usize, "every job leased");
+    let counts = a.counts(None).await.expect("counts");
+    assert_eq!((counts.leased, counts.queued), (u64::from(JOBS), 0));
+    for j in a.list_jobs(JobFilter::default()).await.expect("jobs") {
+        assert_eq!(j.attempts, 1, "job {} has exactly one attempt", j.id);
+        assert_eq!(j.node.as_deref(), leased.get(&j.id).map(String::as_str));
+    }
+    let nodes = b.list_nodes(60_000).await.expect("nodes");
+    let slots_used: u32 = nodes
+        .iter()
+        .flat_map(|n| &n.gpus)
+        .map(|g| g.slots_used)
+        .sum();
+    assert_eq!(slots_used, JOBS);
+}
+
+/// Counts `on_change` calls, for waiting on them.
+#[derive(Clone, Default)]
+struct Wakes(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Wakes {
+    fn hook(&self) -> headroom_coordinator::store::OnChange {
+        let n = self.0.clone();
+        Arc::new(move || {
+            n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+    }
+
+    fn get(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn wait_past(&self, seen: usize, what: &str) -> usize {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let now = self.get();
+            if now > seen {
+                return now;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no wake-up: {what}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn postgres_changes_wake_other_replicas_and_survive_reconnects() {
+    let db = PgDatabase::create().await;
+    let (a, b): (Backend, Backend) = (Arc::new(db.store().await), Arc::new(db.store().await));
+    let wakes = Wakes::default();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let watcher = tokio::spawn({
+        let (b, hook, stop) = (b.clone(), wakes.hook(), stop.clone());
+        async move { b.watch_changes(hook, stop).await }
+    });
+    // Listening: one wake right after subscribing, for changes it may have missed.
+    let seen = wakes.wait_past(0, "after subscribing").await;
+    submit(&a, vec![job(0, Some(10), vec![], 1)]).await;
+    let seen = wakes
+        .wait_past(seen, "a change through the other replica")
+        .await;
+
+    // The listener's connection dies (database restart, failover): it reconnects, and
+    // wakes its waiters once since notifications may have been lost meanwhile.
+    let admin = pg_admin().await;
+    let killed = admin
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND application_name = $2",
+            &[
+                &db.name,
+                &headroom_coordinator::store::postgres::LISTENER_APPLICATION_NAME,
+            ],
+        )
+        .await
+        .expect("terminate the listener");
+    assert_eq!(killed.len(), 1, "one listener connection");
+    let seen = wakes.wait_past(seen, "after reconnecting").await;
+    let agent = register(&a, "n1", 1, None).await;
+    let seen = wakes.wait_past(seen, "a change after reconnecting").await;
+    assert_eq!(claim(&a, agent, 1).await.len(), 1);
+    wakes.wait_past(seen, "a lease").await;
+
+    stop.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(5), watcher)
+        .await
+        .expect("the watch ends on shutdown")
+        .expect("watch task");
+}
+
+#[tokio::test]
+async fn postgres_unreachable_or_bad_urls_are_database_errors() {
+    let refused = PostgresStore::connect("postgres://postgres@127.0.0.1:1/headroom").await;
+    assert!(
+        matches!(refused, Err(StoreError::Database(_))),
+        "{:?}",
+        refused.err()
+    );
+    let bad = PostgresStore::connect("postgres://u:secret@host:notaport/db").await;
+    match bad {
+        Err(StoreError::Database(m)) => {
+            assert!(m.contains("bad database URL"), "{m}");
+            assert!(!m.contains("secret"), "the password is not echoed: {m}");
+        }
+        other => panic!("{:?}", other.err()),
+    }
+}

@@ -12,8 +12,13 @@ use headroom_shared::plan::PlanError;
 use headroom_shared::state::TransitionError;
 use headroom_shared::{AgentId, AttemptId, ExperimentId, FailureClass, JobId, JobState, Plan};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
+pub mod postgres;
 pub mod sqlite;
+
+/// Called when another process sharing the database changed something.
+pub type OnChange = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 /// Milliseconds since the Unix epoch: the one time unit both backends store.
 pub type Millis = i64;
@@ -231,6 +236,13 @@ pub trait Store: Send + Sync + 'static {
     async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64>;
     /// Lifts every quarantine on one GPU (a person looked); returns how many were lifted.
     async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64>;
+
+    /// Calls `on_change` whenever another process sharing the database (a coordinator
+    /// replica) may have changed something, until `shutdown`, so this process's long-polls
+    /// wake for it too. A store only one process uses has nothing to watch.
+    async fn watch_changes(&self, on_change: OnChange, shutdown: CancellationToken) {
+        let _ = (on_change, shutdown);
+    }
 }
 
 #[cfg(test)]

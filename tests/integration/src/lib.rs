@@ -453,7 +453,9 @@ const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 impl Postgres {
     pub fn start() -> Result<Self> {
-        let dir = tempfile::Builder::new().prefix("hr-pg").tempdir_in("/tmp")?;
+        let dir = tempfile::Builder::new()
+            .prefix("hr-pg")
+            .tempdir_in("/tmp")?;
         let port = free_port()?;
         let d = dir.path().display().to_string();
         run_as_postgres(&format!("chown postgres {d}"), false)?;
@@ -570,7 +572,9 @@ impl Link {
 
 /// GET a JSON document (a runtime per call keeps tests synchronous).
 pub fn http_get<T: DeserializeOwned>(url: &str) -> Result<T> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let resp = reqwest::Client::new()
             .get(url)
@@ -588,7 +592,9 @@ pub fn http_get<T: DeserializeOwned>(url: &str) -> Result<T> {
 
 /// POST JSON; the status and body whatever the status.
 pub fn http_post(url: &str, body: &serde_json::Value) -> Result<(u16, serde_json::Value)> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let resp = reqwest::Client::new()
             .post(url)
@@ -598,7 +604,10 @@ pub fn http_post(url: &str, body: &serde_json::Value) -> Result<(u16, serde_json
             .await?;
         let status = resp.status().as_u16();
         let text = resp.text().await?;
-        Ok((status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))))
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        ))
     })
 }
 
@@ -611,5 +620,15 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Optio
         }
         assert!(Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A child process killed when the test lets go of it, passing or failing.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use headroom_integration_tests::{Headroom, UpOptions, alive, fake_job};
+use headroom_integration_tests::{Headroom, KillOnDrop, UpOptions, alive, fake_job};
 use headroom_shared::JobState;
 
 #[test]
@@ -62,13 +62,15 @@ fn an_unverified_cleanup_quarantines_the_gpu_until_released() {
     })
     .expect("headroom up");
     let fake_dir = h.data_dir().join("fake-gpus");
-    let leak = |name: &str| -> std::process::Child {
+    let leak = |name: &str| -> KillOnDrop {
         // A process of someone else, on which the job books 3 GiB as it exits.
-        let holder = std::process::Command::new("sleep")
-            .arg("600")
-            .spawn()
-            .expect("sleep");
-        let script = format!("echo 0:3072 > {}/{}", fake_dir.display(), holder.id());
+        let holder = KillOnDrop(
+            std::process::Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .expect("sleep"),
+        );
+        let script = format!("echo 0:3072 > {}/{}", fake_dir.display(), holder.0.id());
         let exp = h
             .submit_api(
                 serde_json::json!({"name": name, "command": ["sh", "-c", script],
@@ -92,10 +94,10 @@ fn an_unverified_cleanup_quarantines_the_gpu_until_released() {
     };
 
     // 1. Quarantine lifts by itself once the leftover is gone.
-    let mut holder = leak("leak1");
+    let holder = leak("leak1");
     let nodes = h.cli_ok(&["nodes"]);
     assert!(
-        nodes.contains("QUARANTINED") && nodes.contains(&format!("pid {}", holder.id())),
+        nodes.contains("QUARANTINED") && nodes.contains(&format!("pid {}", holder.0.id())),
         "{nodes}"
     );
     let waiting = queued_behind("after-leak1");
@@ -106,16 +108,15 @@ fn an_unverified_cleanup_quarantines_the_gpu_until_released() {
         "placed on a quarantined GPU"
     );
     assert!(
-        alive(holder.id()),
+        alive(holder.0.id()),
         "the leftover of another owner is not killed"
     );
-    holder.kill().expect("kill");
-    holder.wait().expect("reap");
+    drop(holder);
     h.wait_done(waiting, Duration::from_secs(30));
     assert!(h.nodes().expect("nodes")[0].gpus[0].quarantine.is_empty());
 
     // 2. Or a person looks and releases the GPU.
-    let mut holder = leak("leak2");
+    let _holder = leak("leak2");
     let waiting = queued_behind("after-leak2");
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(h.jobs(waiting).expect("jobs")[0].state, JobState::Queued);
@@ -123,6 +124,4 @@ fn an_unverified_cleanup_quarantines_the_gpu_until_released() {
     assert!(out.contains("1 quarantine(s) lifted"), "{out}");
     let jobs = h.wait_done(waiting, Duration::from_secs(30));
     assert_eq!(jobs[0].state, JobState::Succeeded);
-    holder.kill().expect("kill");
-    let _ = holder.wait();
 }

@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use headroom_integration_tests::{Headroom, UpOptions, alive, fake_job};
+use headroom_integration_tests::{Headroom, KillOnDrop, UpOptions, alive, fake_job};
 use headroom_shared::JobState;
 
 #[test]
@@ -17,20 +17,25 @@ fn foreign_memory_blocks_admission_is_reported_and_left_alone() {
     })
     .expect("headroom up");
     // Someone's notebook: 20 GiB on GPU 0, outside headroom.
-    let mut foreign = Command::new(fake_job())
-        .args(["--mem", "20GiB", "--seconds", "600"])
-        .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
-        .env("HEADROOM_FAKE_GPUS", "1x24GiB")
-        .env("CUDA_VISIBLE_DEVICES", "0")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("foreign process");
-    let pid = foreign.id();
+    let mut foreign = KillOnDrop(
+        Command::new(fake_job())
+            .args(["--mem", "20GiB", "--seconds", "600"])
+            .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
+            .env("HEADROOM_FAKE_GPUS", "1x24GiB")
+            .env("CUDA_VISIBLE_DEVICES", "0")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("foreign process"),
+    );
+    let pid = foreign.0.id();
     h.wait_for(
         "the foreign process to be reported",
         Duration::from_secs(20),
         || {
-            let gpu = &h.nodes()?[0].gpus[0];
+            let nodes = h.nodes()?;
+            let Some(gpu) = nodes.first().and_then(|n| n.gpus.first()) else {
+                return Ok(None); // the agent has not registered yet
+            };
             Ok(gpu
                 .foreign
                 .iter()
@@ -60,8 +65,8 @@ fn foreign_memory_blocks_admission_is_reported_and_left_alone() {
     );
     assert!(alive(pid), "the foreign process must never be killed");
 
-    foreign.kill().expect("kill foreign");
-    foreign.wait().expect("reap foreign");
+    foreign.0.kill().expect("kill foreign");
+    foreign.0.wait().expect("reap foreign");
     let jobs = h.wait_done(exp, Duration::from_secs(30));
     assert_eq!(jobs[0].state, JobState::Succeeded);
 }

@@ -1,0 +1,418 @@
+//! Cluster faults on PostgreSQL: coordinator replicas, many agents, kill -9s, a database
+//! restart and a partition. Each test asserts that every job ends with exactly one
+//! successful attempt, that no two attempts of a job ever ran at the same time, and that
+//! nothing is lost.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use headroom_integration_tests::{
+    Link, Postgres, Proc, Record, alive, fake_job, free_port, http_get, http_post, read_records,
+    wait_until as wait,
+};
+use headroom_shared::api::{JobDetail, JobSummary, Progress, SubmitResponse};
+use headroom_shared::{ExperimentId, FailureClass, JobState};
+
+const TTL: &str = "3s";
+
+struct Cluster {
+    pg: Postgres,
+    dir: tempfile::TempDir,
+    ports: Vec<u16>,
+    coords: Vec<Option<Proc>>,
+    agents: Vec<Option<Proc>>,
+    links: HashMap<usize, Link>,
+    record: std::path::PathBuf,
+}
+
+impl Cluster {
+    fn new(replicas: usize) -> Self {
+        let pg = Postgres::start().expect("postgres");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let record = dir.path().join("timeline.jsonl");
+        let mut c = Self {
+            pg,
+            dir,
+            ports: (0..replicas).map(|_| free_port().expect("port")).collect(),
+            coords: vec![],
+            agents: vec![],
+            links: HashMap::new(),
+            record,
+        };
+        for i in 0..replicas {
+            c.coords.push(None);
+            c.start_coordinator(i);
+        }
+        c
+    }
+
+    fn url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.ports[i])
+    }
+
+    /// Any replica that answers.
+    fn api(&self) -> String {
+        for i in 0..self.ports.len() {
+            if self.coords[i].is_some()
+                && http_get::<serde_json::Value>(&format!("{}/v1/health", self.url(i))).is_ok()
+            {
+                return self.url(i);
+            }
+        }
+        panic!("no coordinator answers");
+    }
+
+    fn start_coordinator(&mut self, i: usize) {
+        let args: Vec<String> = vec![
+            "--listen".into(),
+            format!("127.0.0.1:{}", self.ports[i]),
+            "--database-url".into(),
+            self.pg.url(),
+            "--data-dir".into(),
+            self.dir
+                .path()
+                .join(format!("coord{i}"))
+                .display()
+                .to_string(),
+            "--lease-ttl".into(),
+            TTL.into(),
+        ];
+        let log = self.dir.path().join(format!("coord{i}.log"));
+        let p = Proc::start("headroom-coordinator", &args, log).expect("coordinator");
+        let url = self.url(i);
+        wait("a coordinator", Duration::from_secs(30), || {
+            http_get::<serde_json::Value>(&format!("{url}/v1/health"))
+                .ok()
+                .map(|_| ())
+        });
+        self.coords[i] = Some(p);
+    }
+
+    /// Adds an agent on replica `replica`; through a cuttable link when `linked`.
+    fn add_agent(&mut self, replica: usize, gpus: &str, plan: &str, linked: bool) -> usize {
+        let j = self.agents.len();
+        let port = if linked {
+            let link = Link::new(self.ports[replica]).expect("link");
+            let port = link.port;
+            self.links.insert(j, link);
+            port
+        } else {
+            self.ports[replica]
+        };
+        let args: Vec<String> = [
+            "--coordinator",
+            &format!("http://127.0.0.1:{port}"),
+            "--node",
+            &format!("node{j}"),
+            "--gpu-backend",
+            "fake",
+            "--fake-gpus",
+            gpus,
+            "--plan",
+            plan,
+            "--kill-grace",
+            "500ms",
+            "--verify-timeout",
+            "5s",
+            "--data-dir",
+            &self
+                .dir
+                .path()
+                .join(format!("agent{j}"))
+                .display()
+                .to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let log = self.dir.path().join(format!("agent{j}.log"));
+        self.agents.push(Some(
+            Proc::start("headroom-agent", &args, log).expect("agent"),
+        ));
+        let api = self.api();
+        let node = format!("node{j}");
+        wait("the agent to register", Duration::from_secs(30), || {
+            let nodes: Vec<serde_json::Value> = http_get(&format!("{api}/v1/nodes")).ok()?;
+            nodes
+                .iter()
+                .any(|n| n["name"] == node.as_str() && n["alive"] == true)
+                .then_some(())
+        });
+        j
+    }
+
+    fn submit(&self, name: &str, runs: u32, seconds: f64) -> ExperimentId {
+        let spec = serde_json::json!({"spec": {"name": name,
+            "command": [fake_job().display().to_string(), "--seconds", seconds.to_string(),
+                        "--mem", "100MiB", "--record", self.record.display().to_string()],
+            "runs_per_config": runs, "resources": {"memory": "200MiB"},
+            "retry": {"max_attempts": 5, "on": ["lost"]}}});
+        let (status, body) =
+            http_post(&format!("{}/v1/experiments", self.api()), &spec).expect("submit");
+        assert_eq!(status, 200, "{body}");
+        let r: SubmitResponse = serde_json::from_value(body).expect("response");
+        r.experiment.expect("stored")
+    }
+
+    fn wait_done(&self, exp: ExperimentId, timeout: Duration) {
+        wait("every job to end", timeout, || {
+            let p: Progress =
+                http_get(&format!("{}/v1/progress?experiment={exp}", self.api())).ok()?;
+            (p.counts.finished() == p.counts.total()).then_some(())
+        });
+    }
+
+    fn jobs(&self, exp: ExperimentId) -> Vec<JobSummary> {
+        http_get(&format!("{}/v1/jobs?experiment={exp}", self.api())).expect("jobs")
+    }
+
+    fn job(&self, id: headroom_shared::JobId) -> JobDetail {
+        http_get(&format!("{}/v1/jobs/{id}", self.api())).expect("job")
+    }
+
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for f in std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if f.path().extension().is_some_and(|e| e == "log") {
+                out.push_str(&format!("==> {}\n", f.path().display()));
+                out.push_str(&std::fs::read_to_string(f.path()).unwrap_or_default());
+            }
+        }
+        out
+    }
+
+    /// Every job succeeded exactly once, and no two of its attempts overlapped in time.
+    /// Returns how many attempts were lost on the way.
+    fn assert_exactly_once(&self, exp: ExperimentId) -> usize {
+        let jobs = self.jobs(exp);
+        let records = read_records(&self.record).unwrap_or_default();
+        let mut by_attempt: HashMap<&str, Vec<&Record>> = HashMap::new();
+        for r in &records {
+            by_attempt.entry(r.attempt.as_str()).or_default().push(r);
+        }
+        let mut lost = 0;
+        for j in &jobs {
+            assert_eq!(
+                j.state,
+                JobState::Succeeded,
+                "job {} ended {}\n{}",
+                j.id,
+                j.state,
+                self.logs()
+            );
+            let d = self.job(j.id);
+            let wins = d
+                .attempts_detail
+                .iter()
+                .filter(|a| a.success == Some(true))
+                .count();
+            assert_eq!(wins, 1, "job {} succeeded {wins} times", j.id);
+            lost += d
+                .attempts_detail
+                .iter()
+                .filter(|a| a.failure_class == Some(FailureClass::Lost))
+                .count();
+            // When each attempt's process really ran, from its own records; a killed one has
+            // no end record: it ran at most until its attempt was recorded as ended.
+            let mut spans: Vec<(i64, i64)> = d
+                .attempts_detail
+                .iter()
+                .filter_map(|a| {
+                    let recs = by_attempt.get(a.id.to_string().as_str())?;
+                    let start = recs.iter().find(|r| r.event == "start")?.t_ms;
+                    let end = recs
+                        .iter()
+                        .find(|r| r.event == "end")
+                        .map(|r| r.t_ms)
+                        .or(a.ended_at.map(|t| t.timestamp_millis()))
+                        .unwrap_or(i64::MAX);
+                    Some((start, end))
+                })
+                .collect();
+            spans.sort();
+            for w in spans.windows(2) {
+                assert!(
+                    w[0].1 <= w[1].0,
+                    "job {}: attempts overlapped: {spans:?}",
+                    j.id
+                );
+            }
+        }
+        lost
+    }
+}
+
+#[test]
+fn two_replicas_four_agents_two_thousand_jobs_each_succeed_once() {
+    let mut c = Cluster::new(2);
+    for j in 0..4 {
+        c.add_agent(j % 2, "2x24GiB", "8,8", false);
+    }
+    let exp = c.submit("many", 2000, 0.01);
+    c.wait_done(exp, Duration::from_secs(400));
+    assert_eq!(c.assert_exactly_once(exp), 0);
+    let records = read_records(&c.record).expect("records");
+    assert_eq!(records.iter().filter(|r| r.event == "start").count(), 2000);
+}
+
+#[test]
+fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
+    let mut c = Cluster::new(1);
+    let victim = c.add_agent(0, "1x24GiB", "4", false);
+    let exp = c.submit("victims", 4, 1.5);
+    wait(
+        "four jobs running on the victim",
+        Duration::from_secs(30),
+        || {
+            let running = c
+                .jobs(exp)
+                .iter()
+                .filter(|j| j.state == JobState::Running)
+                .count();
+            (running == 4).then_some(())
+        },
+    );
+    c.add_agent(0, "1x24GiB", "4", false);
+    let pids: Vec<u32> = read_records(&c.record)
+        .expect("records")
+        .iter()
+        .map(|r| r.pid)
+        .collect();
+    c.agents[victim]
+        .as_mut()
+        .expect("victim")
+        .kill9()
+        .expect("kill -9");
+    // Its jobs die with it (PR_SET_PDEATHSIG), they do not keep running unsupervised.
+    wait("the victim's jobs to die", Duration::from_secs(10), || {
+        pids.iter().all(|&p| !alive(p)).then_some(())
+    });
+    c.wait_done(exp, Duration::from_secs(60));
+    assert_eq!(
+        c.assert_exactly_once(exp),
+        4,
+        "the four attempts were lost after the TTL"
+    );
+}
+
+#[test]
+fn a_coordinator_killed_under_load_loses_and_duplicates_nothing() {
+    let mut c = Cluster::new(2);
+    c.add_agent(0, "2x24GiB", "4,4", false);
+    c.add_agent(1, "2x24GiB", "4,4", false);
+    let exp = c.submit("load", 200, 0.2);
+    wait("work under way", Duration::from_secs(30), || {
+        let done = c
+            .jobs(exp)
+            .iter()
+            .filter(|j| j.state == JobState::Succeeded)
+            .count();
+        (done >= 30).then_some(())
+    });
+    c.coords[0]
+        .as_mut()
+        .expect("replica 0")
+        .kill9()
+        .expect("kill -9");
+    std::thread::sleep(Duration::from_millis(1000));
+    c.start_coordinator(0);
+    c.wait_done(exp, Duration::from_secs(120));
+    c.assert_exactly_once(exp);
+}
+
+#[test]
+fn the_database_restarting_under_load_is_survived() {
+    let mut c = Cluster::new(1);
+    c.add_agent(0, "2x24GiB", "4,4", false);
+    c.add_agent(0, "2x24GiB", "4,4", false);
+    let exp = c.submit("dbload", 200, 0.2);
+    wait("work under way", Duration::from_secs(30), || {
+        let done = c
+            .jobs(exp)
+            .iter()
+            .filter(|j| j.state == JobState::Succeeded)
+            .count();
+        (done >= 30).then_some(())
+    });
+    c.pg.restart().expect("pg_ctl restart");
+    c.wait_done(exp, Duration::from_secs(120));
+    c.assert_exactly_once(exp);
+}
+
+#[test]
+fn a_partitioned_agent_stops_its_attempts_and_its_stale_reports_are_refused() {
+    let mut c = Cluster::new(1);
+    let cut_off = c.add_agent(0, "1x24GiB", "1", true);
+    let exp = c.submit("partitioned", 1, 8.0);
+    let job = wait(
+        "the job to run on the cut-off agent",
+        Duration::from_secs(30),
+        || {
+            let jobs = c.jobs(exp);
+            (jobs[0].state == JobState::Running).then(|| jobs[0].id)
+        },
+    );
+    let first = c.job(job).attempts_detail[0].clone();
+    assert_eq!(first.node, "node0");
+    c.add_agent(0, "1x24GiB", "1", false);
+    c.links[&cut_off].cut();
+    // The cut-off agent stops the job itself before the coordinator gives it away.
+    let pid = first.pid.expect("pid");
+    wait(
+        "the cut-off agent to stop its attempt",
+        Duration::from_secs(10),
+        || (!alive(pid)).then_some(()),
+    );
+    wait(
+        "the job to run on the other node",
+        Duration::from_secs(30),
+        || {
+            let d = c.job(job);
+            d.attempts_detail
+                .iter()
+                .any(|a| a.node == "node1")
+                .then_some(())
+        },
+    );
+    c.links[&cut_off].heal();
+    c.wait_done(exp, Duration::from_secs(60));
+    let d = c.job(job);
+    assert_eq!(
+        d.attempts_detail[0].failure_class,
+        Some(FailureClass::Lost),
+        "the stale report changed nothing"
+    );
+    assert_eq!(c.assert_exactly_once(exp), 1);
+    // The cut-off agent heard its report was stale.
+    let agent_log = c.agents[cut_off]
+        .as_ref()
+        .map(Proc::output)
+        .unwrap_or_default();
+    assert!(
+        agent_log.contains("no longer ours") || agent_log.contains("stale"),
+        "{agent_log}"
+    );
+}
+
+#[test]
+fn two_agents_racing_across_replicas_for_one_slot_lease_it_once() {
+    let mut c = Cluster::new(2);
+    c.add_agent(0, "1x24GiB", "1", false);
+    c.add_agent(1, "1x24GiB", "1", false);
+    for i in 0..20 {
+        let exp = c.submit(&format!("race{i}"), 1, 0.01);
+        c.wait_done(exp, Duration::from_secs(30));
+        let jobs = c.jobs(exp);
+        let d = c.job(jobs[0].id);
+        assert_eq!(
+            d.attempts_detail.len(),
+            1,
+            "leased twice: {:#?}",
+            d.attempts_detail
+        );
+    }
+}
