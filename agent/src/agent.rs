@@ -158,7 +158,8 @@ impl Agent {
                     .store(true, std::sync::atomic::Ordering::SeqCst);
                 tracing::info!(agent = %resp.agent, plan = %resp.plan, gpus = req.gpus.len(), backend = self.backend.kind(), "registered with the coordinator");
                 if !resp.lost_attempts.is_empty() {
-                    kill_leftovers(resp.lost_attempts).await;
+                    kill_leftovers(resp.lost_attempts.clone()).await;
+                    self.verify_released(&resp.lost_attempts).await;
                 }
                 State::Serving(Session {
                     agent: resp.agent,
@@ -236,6 +237,33 @@ impl Agent {
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
+        }
+    }
+
+    /// Waits (bounded by the verify timeout) until no process of `attempts` is on a GPU, so
+    /// new work is not admitted next to memory that is about to be freed.
+    async fn verify_released(&self, attempts: &[AttemptId]) {
+        let deadline = tokio::time::Instant::now() + self.cfg.supervisor.verify_timeout;
+        loop {
+            let samples = sample(&self.backend).await;
+            let left: Vec<u32> = samples
+                .iter()
+                .flat_map(|g| &g.processes)
+                .filter(|p| p.attempt.is_some_and(|a| attempts.contains(&a)))
+                .map(|p| p.pid)
+                .collect();
+            if left.is_empty() {
+                tracing::info!(
+                    attempts = attempts.len(),
+                    "GPUs verified free of an earlier run's attempts"
+                );
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(pids = ?left, "processes of an earlier run still hold GPU memory");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

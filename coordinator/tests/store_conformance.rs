@@ -470,16 +470,26 @@ async fn plans_change_at_run_time(s: Backend) {
 }
 
 async fn hand_back_requeues_without_cost(s: Backend) {
-    let agent = register(&s, "n1", 1, None).await;
+    let agent = register(&s, "n1", 2, None).await;
     submit(&s, vec![job(0, Some(1000), vec![], 1)]).await;
-    let l = claim(&s, agent, 1).await.remove(0);
-    s.hand_back(l.attempt, l.fence, &free(1, 10_000))
+    let l = claim(&s, agent, 2).await.remove(0);
+    s.hand_back(l.attempt, l.fence, &free(2, 10_000))
         .await
         .expect("hand back");
     assert_eq!(state(&s, l.job).await, JobState::Queued);
-    let l2 = claim(&s, agent, 1).await.remove(0);
+    // Not counted as an attempt, and placed away from the GPU that did not fit.
+    let l2 = claim(&s, agent, 2).await.remove(0);
     assert_eq!((l2.job, l2.number), (l.job, 1));
+    assert_ne!(
+        l2.gpus, l.gpus,
+        "the handed-back GPU is avoided for a while"
+    );
     assert!(s.hand_back(l.attempt, l.fence, &[]).await.is_err());
+    // With nowhere else to go, the job waits rather than bouncing on the same GPU.
+    s.hand_back(l2.attempt, l2.fence, &free(2, 10_000))
+        .await
+        .expect("hand back");
+    assert!(claim(&s, agent, 2).await.is_empty());
 }
 
 async fn expired_leases_become_lost(s: Backend) {

@@ -142,6 +142,10 @@ pub struct ExportRow {
 }
 
 /// Decides whether a failed attempt earns another one.
+/// How long claims skip a GPU after an agent handed a lease on it back (its live memory did
+/// not fit at launch): long enough for the memory to settle, short enough not to idle it.
+pub const AVOID_AFTER_HAND_BACK_MS: i64 = 30_000;
+
 /// Learned estimates keep this much above the observed p95 peak.
 pub const LEARNED_MARGIN: f64 = 1.1;
 /// An OOM raises its key's estimate to at least this multiple of what the attempt had.

@@ -32,9 +32,9 @@ use tokio_postgres::{AsyncMessage, Client, Connection, IsolationLevel, NoTls, Ro
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ClaimInput, Claimed, ExportRow, JobFilter, Millis, NewExperiment, OOM_BUMP, OnChange,
-    Registered, Registration, Renewed, Result, Store, StoreError, effective_estimate, now_ms,
-    retry_allowed,
+    AVOID_AFTER_HAND_BACK_MS, ClaimInput, Claimed, ExportRow, JobFilter, Millis, NewExperiment,
+    OOM_BUMP, OnChange, Registered, Registration, Renewed, Result, Store, StoreError,
+    effective_estimate, now_ms, retry_allowed,
 };
 use crate::placement::{self, Candidate, GpuState, Snapshot};
 
@@ -1423,8 +1423,9 @@ impl Store for PostgresStore {
                 let active = active_on(tx, &node.name).await?;
                 let quarantined = rows(
                     tx,
-                    "SELECT DISTINCT gpu FROM quarantine WHERE node = $1",
-                    &[&node.name],
+                    "SELECT gpu FROM quarantine WHERE node = $1 \
+                     UNION SELECT gpu FROM gpu_avoid WHERE node = $1 AND until_ms > $2",
+                    &[&node.name, &now],
                 )
                 .await?
                 .iter()
@@ -1731,6 +1732,22 @@ impl Store for PostgresStore {
                 let (job, phase) = check_fence(tx, attempt, fence).await?;
                 if phase != "leased" {
                     return Err(StoreError::StaleFence { attempt });
+                }
+                let a = row(
+                    tx,
+                    "SELECT gpus FROM attempts WHERE id = $1",
+                    &[&attempt.to_string()],
+                )
+                .await?;
+                let until = now_ms() + AVOID_AFTER_HAND_BACK_MS;
+                for gpu in get_json::<Vec<u32>>(&a, 0)? {
+                    exec(
+                        tx,
+                        "INSERT INTO gpu_avoid (node, gpu, until_ms) VALUES ($1, $2, $3) \
+                         ON CONFLICT (node, gpu) DO UPDATE SET until_ms = EXCLUDED.until_ms",
+                        &[&node, &i64::from(gpu), &until],
+                    )
+                    .await?;
                 }
                 exec(
                     tx,

@@ -19,8 +19,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{
-    ClaimInput, Claimed, ExportRow, JobFilter, Millis, NewExperiment, OOM_BUMP, Registered,
-    Registration, Renewed, Result, Store, StoreError, effective_estimate, now_ms, retry_allowed,
+    AVOID_AFTER_HAND_BACK_MS, ClaimInput, Claimed, ExportRow, JobFilter, Millis, NewExperiment,
+    OOM_BUMP, Registered, Registration, Renewed, Result, Store, StoreError, effective_estimate,
+    now_ms, retry_allowed,
 };
 use crate::placement::{self, Candidate, GpuState, Snapshot};
 
@@ -1008,8 +1009,11 @@ impl Store for SqliteStore {
             let now = now_ms();
             let active = active_on(tx, &node.name)?;
             let quarantined: Vec<u32> = tx
-                .prepare_cached("SELECT DISTINCT gpu FROM quarantine WHERE node = ?1")?
-                .query_map([&node.name], |r| r.get::<_, u32>(0))?
+                .prepare_cached(
+                    "SELECT gpu FROM quarantine WHERE node = ?1 \
+                     UNION SELECT gpu FROM gpu_avoid WHERE node = ?1 AND until_ms > ?2",
+                )?
+                .query_map(params![node.name, now], |r| r.get::<_, u32>(0))?
                 .collect::<rusqlite::Result<_>>()?;
             let snapshot = Snapshot {
                 gpus: node
@@ -1281,6 +1285,18 @@ impl Store for SqliteStore {
                 [attempt.to_string()],
                 |r| r.get(0),
             )?;
+            let gpus_json: String = tx.query_row(
+                "SELECT gpus FROM attempts WHERE id = ?1",
+                [attempt.to_string()],
+                |r| r.get(0),
+            )?;
+            for gpu in from_json::<Vec<u32>>(&gpus_json)? {
+                tx.execute(
+                    "INSERT INTO gpu_avoid (node, gpu, until_ms) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (node, gpu) DO UPDATE SET until_ms = ?3",
+                    params![node, gpu, now_ms() + AVOID_AFTER_HAND_BACK_MS],
+                )?;
+            }
             tx.execute("DELETE FROM attempts WHERE id = ?1", [attempt.to_string()])?;
             tx.execute(
                 "UPDATE jobs SET attempts = attempts - 1 WHERE id = ?1",
