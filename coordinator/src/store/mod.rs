@@ -5,17 +5,117 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use headroom_shared::api::{
-    AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample, Headroom,
-    JobDetail, JobSummary, Lease, NodeView, StateCounts,
+    AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample, GpuView,
+    Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, StateCounts,
 };
 use headroom_shared::plan::PlanError;
 use headroom_shared::state::TransitionError;
 use headroom_shared::{AgentId, AttemptId, ExperimentId, FailureClass, JobId, JobState, Plan};
 use serde_json::Value;
+
+use crate::placement::{GpuState, Snapshot};
 use tokio_util::sync::CancellationToken;
 
 pub mod postgres;
 pub mod sqlite;
+
+/// An attempt holding a lease on a node, as placement and node views see it.
+pub(crate) struct Active {
+    pub id: String,
+    pub gpus: Vec<u32>,
+    pub estimate: Option<u64>,
+}
+
+/// The placement snapshot of one node: its GPUs with plan slots, headroom, live free memory,
+/// what is placed on them, and which are blocked (quarantined or avoided).
+pub(crate) fn node_snapshot(
+    gpus: &[GpuInfo],
+    plan: &Plan,
+    headroom: &Headroom,
+    samples: &[GpuSample],
+    active: &[Active],
+    blocked: &[u32],
+    reserve_after_ms: u64,
+) -> Snapshot {
+    Snapshot {
+        gpus: gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| GpuState {
+                index: g.index,
+                total_mib: g.total_mib,
+                slots: plan.slots(i),
+                headroom_mib: headroom.mib_of(g.total_mib),
+                live_free_mib: samples
+                    .iter()
+                    .find(|s| s.index == g.index)
+                    .map(|s| s.free_mib),
+                placed: active
+                    .iter()
+                    .filter(|a| a.gpus.contains(&g.index))
+                    .map(|a| a.estimate)
+                    .collect(),
+                quarantined: blocked.contains(&g.index),
+            })
+            .collect(),
+        cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,
+        reserve_after_ms,
+    }
+}
+
+/// What `headroom nodes` shows of each GPU of a node.
+pub(crate) fn gpu_views(
+    gpus: &[GpuInfo],
+    plan: &Plan,
+    headroom: &Headroom,
+    samples: &[GpuSample],
+    active: &[Active],
+    quarantine: &[(u32, QuarantineView)],
+) -> Result<Vec<GpuView>> {
+    gpus.iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let sample = samples.iter().find(|s| s.index == g.index);
+            let here: Vec<&Active> = active
+                .iter()
+                .filter(|a| a.gpus.contains(&g.index))
+                .collect();
+            Ok(GpuView {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                name: g.name.clone(),
+                total_mib: g.total_mib,
+                used_mib: sample.map(|s| s.used_mib),
+                free_mib: sample.map(|s| s.free_mib),
+                slots: plan.slots(i),
+                slots_used: here.len() as u32,
+                estimated_mib: here.iter().filter_map(|a| a.estimate).sum(),
+                headroom_mib: headroom.mib_of(g.total_mib),
+                attempts: here
+                    .iter()
+                    .map(|a| {
+                        a.id.parse()
+                            .map_err(|_| StoreError::Corrupt(format!("bad attempt id `{}`", a.id)))
+                    })
+                    .collect::<Result<_>>()?,
+                foreign: sample
+                    .map(|s| {
+                        s.processes
+                            .iter()
+                            .filter(|p| p.attempt.is_none())
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                quarantine: quarantine
+                    .iter()
+                    .filter(|(gpu, _)| *gpu == g.index)
+                    .map(|(_, q)| q.clone())
+                    .collect(),
+            })
+        })
+        .collect()
+}
 
 /// Called when another process sharing the database changed something.
 pub type OnChange = std::sync::Arc<dyn Fn() + Send + Sync>;

@@ -18,7 +18,7 @@ use deadpool_postgres::{
 };
 use headroom_shared::api::{
     AttemptPhase, AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample,
-    GpuView, Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, StateCounts,
+    Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, StateCounts,
 };
 use headroom_shared::{
     AgentId, AttemptId, ExperimentId, FailureClass, JobEvent, JobId, JobState, Plan,
@@ -32,11 +32,11 @@ use tokio_postgres::{AsyncMessage, Client, Connection, IsolationLevel, NoTls, Ro
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AVOID_AFTER_HAND_BACK_MS, ClaimInput, Claimed, ExportRow, JobFilter, Millis, NewExperiment,
-    OOM_BUMP, OnChange, Registered, Registration, Renewed, Result, Store, StoreError,
-    effective_estimate, now_ms, retry_allowed,
+    AVOID_AFTER_HAND_BACK_MS, Active, ClaimInput, Claimed, ExportRow, JobFilter, Millis,
+    NewExperiment, OOM_BUMP, OnChange, Registered, Registration, Renewed, Result, Store,
+    StoreError, effective_estimate, gpu_views, node_snapshot, now_ms, retry_allowed,
 };
-use crate::placement::{self, Candidate, GpuState, Snapshot};
+use crate::placement::{self, Candidate};
 
 mod embedded {
     refinery::embed_migrations!("migrations/postgres");
@@ -513,13 +513,6 @@ async fn record_telemetry(tx: &Transaction<'_>, node: &str, gpus: &[GpuSample]) 
             .find(|b| b.index == g.index)
             .is_none_or(|b| g.free_mib > b.free_mib)
     }))
-}
-
-/// An attempt holding a lease on a node.
-struct Active {
-    id: String,
-    gpus: Vec<u32>,
-    estimate: Option<u64>,
 }
 
 /// The node's active attempts, in job order: callers that lock their jobs lock them in the
@@ -1324,47 +1317,7 @@ impl Store for PostgresStore {
                         ))
                     })
                     .collect::<Result<Vec<_>>>()?;
-                    let views = gpus
-                        .iter()
-                        .enumerate()
-                        .map(|(i, g)| {
-                            let sample = samples.iter().find(|s| s.index == g.index);
-                            let here: Vec<&Active> = active
-                                .iter()
-                                .filter(|a| a.gpus.contains(&g.index))
-                                .collect();
-                            Ok(GpuView {
-                                index: g.index,
-                                uuid: g.uuid.clone(),
-                                name: g.name.clone(),
-                                total_mib: g.total_mib,
-                                used_mib: sample.map(|s| s.used_mib),
-                                free_mib: sample.map(|s| s.free_mib),
-                                slots: plan.slots(i),
-                                slots_used: here.len() as u32,
-                                estimated_mib: here.iter().filter_map(|a| a.estimate).sum(),
-                                headroom_mib: headroom.mib_of(g.total_mib),
-                                attempts: here
-                                    .iter()
-                                    .map(|a| parse(&a.id, "attempt id"))
-                                    .collect::<Result<_>>()?,
-                                foreign: sample
-                                    .map(|s| {
-                                        s.processes
-                                            .iter()
-                                            .filter(|p| p.attempt.is_none())
-                                            .cloned()
-                                            .collect()
-                                    })
-                                    .unwrap_or_default(),
-                                quarantine: quarantine
-                                    .iter()
-                                    .filter(|(gpu, _)| *gpu == g.index)
-                                    .map(|(_, q)| q.clone())
-                                    .collect(),
-                            })
-                        })
-                        .collect::<Result<Vec<_>>>()?;
+                    let views = gpu_views(&gpus, &plan, &headroom, &samples, &active, &quarantine)?;
                     out.push(NodeView {
                         alive: agent.is_some()
                             && last_seen.is_some_and(|t| now - t <= i64_of(alive_within_ms)),
@@ -1431,31 +1384,15 @@ impl Store for PostgresStore {
                 .iter()
                 .map(|r| Ok(get::<i64>(r, 0)? as u32))
                 .collect::<Result<Vec<u32>>>()?;
-                let snapshot = Snapshot {
-                    gpus: node
-                        .gpus
-                        .iter()
-                        .enumerate()
-                        .map(|(i, g)| GpuState {
-                            index: g.index,
-                            total_mib: g.total_mib,
-                            slots: node.plan.slots(i),
-                            headroom_mib: node.headroom.mib_of(g.total_mib),
-                            live_free_mib: samples
-                                .iter()
-                                .find(|s| s.index == g.index)
-                                .map(|s| s.free_mib),
-                            placed: active
-                                .iter()
-                                .filter(|a| a.gpus.contains(&g.index))
-                                .map(|a| a.estimate)
-                                .collect(),
-                            quarantined: quarantined.contains(&g.index),
-                        })
-                        .collect(),
-                    cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,
-                    reserve_after_ms: input.reserve_after_ms,
-                };
+                let snapshot = node_snapshot(
+                    &node.gpus,
+                    &node.plan,
+                    &node.headroom,
+                    &samples,
+                    &active,
+                    &quarantined,
+                    input.reserve_after_ms,
+                );
                 if input.max == 0 {
                     return Ok(Claimed {
                         leases: vec![],

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
 use headroom_shared::api::{
     AttemptPhase, AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample,
-    GpuView, Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, StateCounts,
+    Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, StateCounts,
 };
 use headroom_shared::{
     AgentId, AttemptId, ExperimentId, FailureClass, JobEvent, JobId, JobState, Plan,
@@ -19,11 +19,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{
-    AVOID_AFTER_HAND_BACK_MS, ClaimInput, Claimed, ExportRow, JobFilter, Millis, NewExperiment,
-    OOM_BUMP, Registered, Registration, Renewed, Result, Store, StoreError, effective_estimate,
-    now_ms, retry_allowed,
+    AVOID_AFTER_HAND_BACK_MS, Active, ClaimInput, Claimed, ExportRow, JobFilter, Millis,
+    NewExperiment, OOM_BUMP, Registered, Registration, Renewed, Result, Store, StoreError,
+    effective_estimate, gpu_views, node_snapshot, now_ms, retry_allowed,
 };
-use crate::placement::{self, Candidate, GpuState, Snapshot};
+use crate::placement::{self, Candidate};
 
 mod embedded {
     refinery::embed_migrations!("migrations/sqlite");
@@ -418,13 +418,6 @@ fn record_telemetry(tx: &Transaction<'_>, node: &str, gpus: &[GpuSample]) -> Res
         params![json(&gpus)?, now_ms(), node],
     )?;
     Ok(())
-}
-
-/// An attempt holding a lease on a node.
-struct Active {
-    id: String,
-    gpus: Vec<u32>,
-    estimate: Option<u64>,
 }
 
 fn active_on(conn: &Connection, node: &str) -> Result<Vec<Active>> {
@@ -908,52 +901,20 @@ impl Store for SqliteStore {
                             r.get::<_, i64>(3)?,
                         ))
                     })?
-                    .collect::<rusqlite::Result<Vec<_>>>()?;
-                let views = gpus
-                    .iter()
-                    .enumerate()
-                    .map(|(i, g)| {
-                        let sample = samples.iter().find(|s| s.index == g.index);
-                        let here: Vec<&Active> =
-                            active.iter().filter(|a| a.gpus.contains(&g.index)).collect();
-                        Ok(GpuView {
-                            index: g.index,
-                            uuid: g.uuid.clone(),
-                            name: g.name.clone(),
-                            total_mib: g.total_mib,
-                            used_mib: sample.map(|s| s.used_mib),
-                            free_mib: sample.map(|s| s.free_mib),
-                            slots: plan.slots(i),
-                            slots_used: here.len() as u32,
-                            estimated_mib: here.iter().filter_map(|a| a.estimate).sum(),
-                            headroom_mib: headroom.mib_of(g.total_mib),
-                            attempts: here
-                                .iter()
-                                .map(|a| parse(&a.id, "attempt id"))
-                                .collect::<Result<_>>()?,
-                            foreign: sample
-                                .map(|s| {
-                                    s.processes
-                                        .iter()
-                                        .filter(|p| p.attempt.is_none())
-                                        .cloned()
-                                        .collect()
-                                })
-                                .unwrap_or_default(),
-                            quarantine: quarantine
-                                .iter()
-                                .filter(|q| q.0 == g.index)
-                                .map(|(_, a, reason, since)| {
-                                    Ok(QuarantineView {
-                                        attempt: parse(a, "attempt id")?,
-                                        reason: reason.clone(),
-                                        since: ts(*since),
-                                    })
-                                })
-                                .collect::<Result<_>>()?,
-                        })
+                    .collect::<rusqlite::Result<Vec<_>>>()?
+                    .into_iter()
+                    .map(|(gpu, attempt, reason, since)| {
+                        Ok((
+                            gpu,
+                            QuarantineView {
+                                attempt: parse(&attempt, "attempt id")?,
+                                reason,
+                                since: ts(since),
+                            },
+                        ))
                     })
                     .collect::<Result<Vec<_>>>()?;
+                let views = gpu_views(&gpus, &plan, &headroom, &samples, &active, &quarantine)?;
                 out.push(NodeView {
                     alive: agent.is_some()
                         && last_seen.is_some_and(|t| now - t <= alive_within_ms as i64),
@@ -1015,31 +976,15 @@ impl Store for SqliteStore {
                 )?
                 .query_map(params![node.name, now], |r| r.get::<_, u32>(0))?
                 .collect::<rusqlite::Result<_>>()?;
-            let snapshot = Snapshot {
-                gpus: node
-                    .gpus
-                    .iter()
-                    .enumerate()
-                    .map(|(i, g)| GpuState {
-                        index: g.index,
-                        total_mib: g.total_mib,
-                        slots: node.plan.slots(i),
-                        headroom_mib: node.headroom.mib_of(g.total_mib),
-                        live_free_mib: samples
-                            .iter()
-                            .find(|s| s.index == g.index)
-                            .map(|s| s.free_mib),
-                        placed: active
-                            .iter()
-                            .filter(|a| a.gpus.contains(&g.index))
-                            .map(|a| a.estimate)
-                            .collect(),
-                        quarantined: quarantined.contains(&g.index),
-                    })
-                    .collect(),
-                cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,
-                reserve_after_ms: input.reserve_after_ms,
-            };
+            let snapshot = node_snapshot(
+                &node.gpus,
+                &node.plan,
+                &node.headroom,
+                &samples,
+                &active,
+                &quarantined,
+                input.reserve_after_ms,
+            );
             if input.max == 0 {
                 return Ok(Claimed {
                     leases: vec![],
