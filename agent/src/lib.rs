@@ -7,5 +7,6 @@ pub mod agent;
 pub mod classify;
 pub mod client;
 pub mod gpu;
+pub mod launcher;
 pub mod procscan;
 pub mod supervisor;

@@ -54,8 +54,13 @@ struct Args {
     verify_timeout: Duration,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // A job being launched: becomes the job, before any runtime thread exists.
+    headroom_agent::launcher::run_if_launcher();
+    tokio::runtime::Runtime::new()?.block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("HEADROOM_LOG")
@@ -86,6 +91,7 @@ async fn main() -> anyhow::Result<()> {
     let supervisor = SupervisorConfig {
         kill_grace: args.kill_grace,
         verify_timeout: args.verify_timeout,
+        launcher: Some(headroom_agent::launcher::SELF_EXE.into()),
         ..SupervisorConfig::default()
     };
     let agent = Agent::new(

@@ -61,6 +61,10 @@ pub struct SupervisorConfig {
     pub verify_timeout: Duration,
     /// Interval of GPU memory sampling (peak memory) and of log scanning.
     pub sample_every: Duration,
+    /// A binary that handles [`crate::launcher::run_if_launcher`] (the agent's own,
+    /// [`crate::launcher::SELF_EXE`]): jobs are spawned through it without forking the
+    /// agent. `None`: fork and set the session up in the child.
+    pub launcher: Option<PathBuf>,
 }
 
 impl Default for SupervisorConfig {
@@ -69,6 +73,7 @@ impl Default for SupervisorConfig {
             kill_grace: Duration::from_secs(10),
             verify_timeout: Duration::from_secs(30),
             sample_every: Duration::from_secs(1),
+            launcher: None,
         }
     }
 }
@@ -163,7 +168,7 @@ pub async fn run_attempt(
             .await
             .unwrap_or_default()
     };
-    let mut cmd = match command(&launch, backend.as_ref(), &log) {
+    let mut cmd = match command(&launch, backend.as_ref(), &log, cfg.launcher.as_deref()) {
         Ok(cmd) => cmd,
         Err(msg) => return launch_error(msg),
     };
@@ -275,6 +280,12 @@ pub async fn run_attempt(
 
     let exit = match outcome.status {
         Some(s) => match (s.code(), s.signal()) {
+            // The launcher could not become the job: it never ran.
+            (Some(crate::launcher::LAUNCH_FAILED_CODE), _)
+                if cfg.launcher.is_some() && log_tail.contains(crate::launcher::LAUNCH_FAILED) =>
+            {
+                ExitKind::SpawnFailed
+            }
             (Some(code), _) => ExitKind::Code(code),
             (None, Some(sig)) => ExitKind::Signal(sig),
             (None, None) => ExitKind::Code(-1),
@@ -394,12 +405,28 @@ fn param_var(name: &str) -> String {
 }
 
 /// The command for the attempt, or a message saying why it cannot be built.
-fn command(launch: &Launch, backend: &dyn GpuBackend, log: &File) -> Result<Command, String> {
-    let Some(program) = launch.argv.first() else {
+fn command(
+    launch: &Launch,
+    backend: &dyn GpuBackend,
+    log: &File,
+    launcher: Option<&Path>,
+) -> Result<Command, String> {
+    if launch.argv.is_empty() {
         return Err("the job has an empty command".to_string());
+    }
+    let mut cmd = match launcher {
+        Some(exe) => {
+            let mut cmd = Command::new(exe);
+            cmd.args(crate::launcher::launcher_args(&launch.argv));
+            cmd
+        }
+        None => {
+            let mut cmd = Command::new(&launch.argv[0]);
+            cmd.args(&launch.argv[1..]);
+            own_session_and_pdeathsig(&mut cmd);
+            cmd
+        }
     };
-    let mut cmd = Command::new(program);
-    cmd.args(&launch.argv[1..]);
     if let Some(dir) = &launch.workdir {
         // Spawning would report a missing directory as a missing program.
         if !dir.is_dir() {
@@ -431,7 +458,6 @@ fn command(launch: &Launch, backend: &dyn GpuBackend, log: &File) -> Result<Comm
         .stdout(handle()?)
         .stderr(handle()?)
         .kill_on_drop(true);
-    own_session_and_pdeathsig(&mut cmd);
     Ok(cmd)
 }
 
@@ -883,6 +909,9 @@ mod tests {
             kill_grace: Duration::from_millis(300),
             verify_timeout: Duration::from_secs(10),
             sample_every: Duration::from_millis(50),
+            // Unit tests fork (the test binary is no launcher); the launcher path runs in
+            // every end-to-end test through the real binaries.
+            launcher: None,
         }
     }
 

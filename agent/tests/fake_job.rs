@@ -39,6 +39,8 @@ fn cfg() -> SupervisorConfig {
         kill_grace: Duration::from_millis(300),
         verify_timeout: Duration::from_secs(10),
         sample_every: Duration::from_millis(50),
+        // Jobs start through the agent binary's launcher, as in production.
+        launcher: Some(env!("CARGO_BIN_EXE_headroom-agent").into()),
     }
 }
 
@@ -245,4 +247,28 @@ fn wait_for_file(path: &Path) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+#[tokio::test]
+async fn the_launcher_reports_a_missing_program_as_a_launch_error() {
+    let f = fixture("1x24GiB");
+    let mut launch = f.launch(&[]);
+    launch.argv = vec!["/no/such/program".into(), "--flag".into()];
+    let end = headroom_agent::supervisor::run_attempt(
+        launch,
+        f.backend.clone(),
+        &cfg(),
+        tokio_util::sync::CancellationToken::new(),
+        |_| {},
+    )
+    .await;
+    assert_eq!(
+        end.failure,
+        Some(headroom_shared::FailureClass::LaunchError)
+    );
+    assert!(
+        end.log_tail.contains("/no/such/program"),
+        "{}",
+        end.log_tail
+    );
 }

@@ -1,8 +1,11 @@
-#[tokio::main]
-async fn main() {
-    let result = match headroom::parse_args() {
-        Ok(cli) => headroom::run(cli).await,
-        Err(e) => Err(e),
+fn main() {
+    // `headroom up` launches jobs through its own binary: become the job, before any
+    // runtime thread exists.
+    headroom_agent::launcher::run_if_launcher();
+    let result = match (headroom::parse_args(), tokio::runtime::Runtime::new()) {
+        (Ok(cli), Ok(rt)) => rt.block_on(headroom::run(cli)),
+        (Err(e), _) => Err(e),
+        (_, Err(e)) => Err(e.into()),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -146,6 +146,7 @@ pub async fn run(args: UpArgs) -> Result<i32> {
     let supervisor = SupervisorConfig {
         kill_grace: args.kill_grace,
         verify_timeout: args.verify_timeout,
+        launcher: Some(headroom_agent::launcher::SELF_EXE.into()),
         ..SupervisorConfig::default()
     };
     let agent = Agent::new(
