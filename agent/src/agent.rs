@@ -33,6 +33,9 @@ pub struct AgentConfig {
     pub supervisor: SupervisorConfig,
     /// How long one claim may wait for work.
     pub claim_wait: Duration,
+    /// Kill processes of no attempt that hold memory on this node's GPUs (off by default:
+    /// they are reported and left alone).
+    pub kill_foreign: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +193,7 @@ impl Agent {
             self.running.clone(),
             self.quarantined.clone(),
             session.clone(),
-            self.cfg.supervisor.kill_grace,
+            self.cfg.clone(),
             session_done.clone(),
         ));
         let _stop_heartbeats = session_done.clone().drop_guard();
@@ -568,14 +571,17 @@ async fn heartbeats(
     running: Arc<Mutex<HashMap<AttemptId, Running>>>,
     quarantined: Quarantined,
     session: Session,
-    kill_grace: Duration,
+    cfg: AgentConfig,
     done: CancellationToken,
 ) {
     let every = (session.ttl / 3).max(Duration::from_millis(100));
     let retry = every.min(Duration::from_secs(1));
-    let fence_after = self_fence_after(session.ttl, kill_grace);
+    let fence_after = self_fence_after(session.ttl, cfg.supervisor.kill_grace);
     let mut last_renewal = tokio::time::Instant::now();
     let mut wait = every;
+    // Foreign pids seen at the last heartbeat: only a process foreign twice in a row is
+    // killed, never one caught for an instant without its marker (mid-exec).
+    let mut suspects = std::collections::HashSet::new();
     loop {
         tokio::select! {
             _ = done.cancelled() => return,
@@ -586,6 +592,9 @@ async fn heartbeats(
         let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
         let gpus = sample(&backend).await;
         let released = released(&quarantined, &gpus).await;
+        if cfg.kill_foreign {
+            kill_foreign_processes(&gpus, &mut suspects);
+        }
         let req = HeartbeatRequest {
             gpus,
             attempts,
@@ -672,6 +681,30 @@ async fn released(quarantined: &Quarantined, samples: &[GpuSample]) -> Vec<Attem
     })
     .await
     .unwrap_or_default()
+}
+
+/// Kills processes of no attempt holding GPU memory, for nodes configured to own their GPUs.
+fn kill_foreign_processes(samples: &[GpuSample], suspects: &mut std::collections::HashSet<u32>) {
+    let foreign: Vec<(u32, u64, Option<String>, Option<String>)> = samples
+        .iter()
+        .flat_map(|g| &g.processes)
+        .filter(|p| p.attempt.is_none() && p.used_mib > 0 && p.pid != std::process::id())
+        .map(|p| (p.pid, p.used_mib, p.user.clone(), p.command.clone()))
+        .collect();
+    let seen_before = std::mem::replace(suspects, foreign.iter().map(|f| f.0).collect());
+    for (pid, mib, user, command) in foreign.into_iter().filter(|f| seen_before.contains(&f.0)) {
+        tracing::warn!(
+            pid,
+            mib,
+            ?user,
+            ?command,
+            "killing a foreign process on the GPUs (--kill-foreign)"
+        );
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
 }
 
 fn refs(running: &Mutex<HashMap<AttemptId, Running>>) -> Vec<AttemptRef> {

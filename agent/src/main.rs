@@ -52,6 +52,9 @@ struct Args {
     /// How long cleanup may take to verify an attempt's GPUs are clean before quarantining them.
     #[arg(long, env = "HEADROOM_VERIFY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     verify_timeout: Duration,
+    /// Kill processes that belong to no job and hold GPU memory (default: report, never kill).
+    #[arg(long, env = "HEADROOM_KILL_FOREIGN")]
+    kill_foreign: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -103,6 +106,7 @@ async fn run() -> anyhow::Result<()> {
             data_dir: args.data_dir,
             supervisor,
             claim_wait: Duration::from_secs(20),
+            kill_foreign: args.kill_foreign,
         },
         backend,
     )?;

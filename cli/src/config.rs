@@ -22,6 +22,7 @@ const KEYS: &[&str] = &[
     "verify_timeout",
     "lease_ttl",
     "max_jobs",
+    "kill_foreign",
 ];
 
 /// Applies the file's values to every setting that neither a flag nor a variable gave.
@@ -50,8 +51,9 @@ pub fn apply_file(args: &mut UpArgs, matches: &ArgMatches, file: &Path) -> Resul
         let text = match &value {
             toml::Value::String(s) => s.clone(),
             toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
             other => bail!(
-                "config {}: `{raw_key}` must be a string or a number, not {other}",
+                "config {}: `{raw_key}` must be a string, a number or a boolean, not {other}",
                 file.display()
             ),
         };
@@ -73,6 +75,7 @@ pub fn apply_file(args: &mut UpArgs, matches: &ArgMatches, file: &Path) -> Resul
             "lease_ttl" => {
                 args.lease_ttl = humantime::parse_duration(&text).map_err(|e| bad(e.to_string()))?
             }
+            "kill_foreign" => args.kill_foreign = text.parse().map_err(|e| bad(format!("{e}")))?,
             "max_jobs" => args.max_jobs = text.parse().map_err(|e| bad(format!("{e}")))?,
             _ => unreachable!("checked against KEYS"),
         }

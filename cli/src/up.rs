@@ -60,6 +60,9 @@ pub struct UpArgs {
     /// Most jobs one spec may expand into.
     #[arg(long, env = "HEADROOM_MAX_JOBS", default_value_t = headroom_shared::spec::DEFAULT_MAX_JOBS)]
     pub max_jobs: u64,
+    /// Kill processes that belong to no job and hold GPU memory (default: report, never kill).
+    #[arg(long, env = "HEADROOM_KILL_FOREIGN")]
+    pub kill_foreign: bool,
     /// Submit this spec once up, show progress, and exit when every job has ended.
     #[arg(long)]
     pub run: Option<PathBuf>,
@@ -158,6 +161,7 @@ pub async fn run(args: UpArgs) -> Result<i32> {
             data_dir: data_dir.join("agent"),
             supervisor,
             claim_wait: Duration::from_secs(20),
+            kill_foreign: args.kill_foreign,
         },
         backend,
     )?;

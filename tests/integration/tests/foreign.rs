@@ -70,3 +70,42 @@ fn foreign_memory_blocks_admission_is_reported_and_left_alone() {
     let jobs = h.wait_done(exp, Duration::from_secs(30));
     assert_eq!(jobs[0].state, JobState::Succeeded);
 }
+
+#[test]
+fn a_node_configured_to_kill_foreign_processes_frees_its_gpus() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        lease_ttl: "3s".into(),
+        extra: vec!["--kill-foreign".into()],
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let mut foreign = KillOnDrop(
+        Command::new(fake_job())
+            .args(["--mem", "20GiB", "--seconds", "600"])
+            .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
+            .env("HEADROOM_FAKE_GPUS", "1x24GiB")
+            .env("CUDA_VISIBLE_DEVICES", "0")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("foreign process"),
+    );
+    let pid = foreign.0.id();
+    h.wait_for(
+        "the foreign process to be killed",
+        Duration::from_secs(20),
+        || Ok(foreign.0.try_wait()?.map(|_| ())),
+    );
+    assert!(!alive(pid));
+    let spec = format!(
+        r#"{{"name": "needs-it", "command": ["{job}", "--mem", "18GiB", "--seconds", "0.2"],
+             "resources": {{"memory": "19GiB"}}}}"#,
+        job = fake_job().display()
+    );
+    let exp = h.submit("n.json", &spec).expect("submit");
+    assert_eq!(
+        h.wait_done(exp, Duration::from_secs(30))[0].state,
+        JobState::Succeeded
+    );
+    assert!(h.server_log().contains("killing a foreign process"));
+}
