@@ -105,6 +105,9 @@ pub async fn run(args: UpArgs) -> Result<i32> {
         .data_dir
         .canonicalize()
         .with_context(|| format!("data dir {}", args.data_dir.display()))?;
+    // One `headroom up` per data directory: a second one would register the same node and
+    // declare the first one's running jobs lost.
+    let _lock = lock_data_dir(&data_dir)?;
     let fake_dir = data_dir.join("fake-gpus");
     let choice = match args.gpu_backend {
         GpuBackendKind::Nvml => BackendChoice::Nvml,
@@ -197,6 +200,23 @@ pub async fn run(args: UpArgs) -> Result<i32> {
     }
     tasks.wait().await;
     Ok(code)
+}
+
+/// Holds an exclusive lock on `<data dir>/lock` for the life of the process.
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File> {
+    let path = dir.join("lock");
+    let file =
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "another `headroom up` is using the data dir {} (stop it, or pass --data-dir)",
+            dir.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
 }
 
 async fn wait_for_signal() {

@@ -137,3 +137,31 @@ fn restarted_agent_kills_orphans_of_its_former_attempts() {
     });
     assert_eq!(used, 0, "the orphan's fake memory is gone");
 }
+
+#[test]
+fn a_second_headroom_up_on_the_same_data_dir_is_refused() {
+    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let out = std::process::Command::new(headroom_integration_tests::binary("headroom"))
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--gpu-backend",
+            "fake",
+            "--data-dir",
+        ])
+        .arg(h.data_dir())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("second headroom up");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("another `headroom up` is using the data dir"),
+        "{err}"
+    );
+    // The first one is undisturbed.
+    h.wait_for("the first one's node", Duration::from_secs(20), || {
+        Ok(h.nodes()?.first().filter(|n| n.alive).map(|_| ()))
+    });
+}
