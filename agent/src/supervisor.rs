@@ -771,7 +771,12 @@ async fn cleanup(
         alive = marked(attempt).await;
         signal_each(&alive, Signal::SIGKILL);
         main.poll(child);
-        let _ = tokio::task::spawn_blocking(procscan::reap_orphans).await;
+        if !alive.is_empty() || !leftovers.is_empty() {
+            // Killed orphans re-parented to the agent: reap them now rather than at the next
+            // heartbeat. (Zombies hold no memory and carry no live marker, so verification
+            // does not wait for this.)
+            let _ = tokio::task::spawn_blocking(procscan::reap_orphans).await;
+        }
         let gpu = if alive.is_empty() && main.exited() {
             on_gpus(backend, watch).await
         } else {
