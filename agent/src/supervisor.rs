@@ -767,8 +767,13 @@ async fn cleanup(
     let verify_end = Instant::now() + cfg.verify_timeout;
     let mut remaining;
     let mut held: Vec<(u32, u64)> = Vec::new();
+    let mut first = true;
     loop {
-        alive = marked(attempt).await;
+        // The grace loop has just scanned; the confirming scan below is fresh either way.
+        if !first {
+            alive = marked(attempt).await;
+        }
+        first = false;
         signal_each(&alive, Signal::SIGKILL);
         main.poll(child);
         if !alive.is_empty() || !leftovers.is_empty() {
