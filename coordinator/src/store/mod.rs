@@ -241,7 +241,25 @@ pub struct ExportRow {
     pub attempt: AttemptView,
 }
 
-/// Decides whether a failed attempt earns another one.
+/// One export row per attempt, in job order: both backends read jobs and attempts, this joins.
+pub(crate) fn export_rows(jobs: Vec<JobSummary>, attempts: Vec<AttemptView>) -> Vec<ExportRow> {
+    let mut by_job: BTreeMap<JobId, Vec<AttemptView>> = BTreeMap::new();
+    for a in attempts {
+        by_job.entry(a.job).or_default().push(a);
+    }
+    let mut out = Vec::new();
+    for job in jobs {
+        for attempt in by_job.remove(&job.id).unwrap_or_default() {
+            out.push(ExportRow {
+                experiment: job.experiment_name.clone(),
+                job: job.clone(),
+                attempt,
+            });
+        }
+    }
+    out
+}
+
 /// How long claims skip a GPU after an agent handed a lease on it back (its live memory did
 /// not fit at launch): long enough for the memory to settle, short enough not to idle it.
 pub const AVOID_AFTER_HAND_BACK_MS: i64 = 30_000;
@@ -272,6 +290,7 @@ pub fn effective_estimate(
     }
 }
 
+/// Decides whether a failed attempt earns another one.
 pub fn retry_allowed(
     class: FailureClass,
     started: bool,

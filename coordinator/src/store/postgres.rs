@@ -1138,8 +1138,7 @@ impl Store for PostgresStore {
                     &[&exp],
                 )
                 .await?;
-                let mut by_job: BTreeMap<JobId, Vec<AttemptView>> = BTreeMap::new();
-                for r in rows(
+                let attempts = rows(
                     tx,
                     &format!(
                         "{ATTEMPT_SELECT} WHERE job_id IN (SELECT id FROM jobs \
@@ -1148,21 +1147,10 @@ impl Store for PostgresStore {
                     &[&exp],
                 )
                 .await?
-                {
-                    let a = attempt_view(&r)?;
-                    by_job.entry(a.job).or_default().push(a);
-                }
-                let mut out = Vec::new();
-                for job in jobs {
-                    for attempt in by_job.remove(&job.id).unwrap_or_default() {
-                        out.push(ExportRow {
-                            experiment: job.experiment_name.clone(),
-                            job: job.clone(),
-                            attempt,
-                        });
-                    }
-                }
-                Ok(out)
+                .iter()
+                .map(attempt_view)
+                .collect::<Result<Vec<_>>>()?;
+                Ok(super::export_rows(jobs, attempts))
             })
         })
         .await

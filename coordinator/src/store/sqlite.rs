@@ -737,29 +737,18 @@ impl Store for SqliteStore {
                 &format!("{JOB_SELECT} WHERE (?1 IS NULL OR j.experiment_id = ?1) ORDER BY j.seq"),
                 &[&exp],
             )?;
-            let mut by_job: BTreeMap<JobId, Vec<AttemptView>> = BTreeMap::new();
-            let rows = c
+            let attempts = c
                 .prepare_cached(&format!(
                     "{ATTEMPT_SELECT} WHERE job_id IN (SELECT id FROM jobs WHERE ?1 IS NULL OR experiment_id = ?1) \
                      ORDER BY number"
                 ))?
                 .query_map([&exp], AttemptRow::read)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            for row in rows {
-                let a = row.decode()?;
-                by_job.entry(a.job).or_default().push(a);
-            }
-            let mut out = Vec::new();
-            for job in jobs {
-                for attempt in by_job.remove(&job.id).unwrap_or_default() {
-                    out.push(ExportRow {
-                        experiment: job.experiment_name.clone(),
-                        job: job.clone(),
-                        attempt,
-                    });
-                }
-            }
-            Ok(out)
+            let attempts = attempts
+                .into_iter()
+                .map(AttemptRow::decode)
+                .collect::<Result<Vec<_>>>()?;
+            Ok(super::export_rows(jobs, attempts))
         })
         .await
     }

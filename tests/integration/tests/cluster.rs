@@ -162,6 +162,18 @@ impl Cluster {
         });
     }
 
+    /// Waits until at least `n` jobs succeeded: work is under way.
+    fn wait_succeeded(&self, exp: ExperimentId, n: usize) {
+        wait("work under way", Duration::from_secs(30), || {
+            let done = self
+                .jobs(exp)
+                .iter()
+                .filter(|j| j.state == JobState::Succeeded)
+                .count();
+            (done >= n).then_some(())
+        });
+    }
+
     fn jobs(&self, exp: ExperimentId) -> Vec<JobSummary> {
         http_get(&format!("{}/v1/jobs?experiment={exp}", self.api())).expect("jobs")
     }
@@ -305,14 +317,7 @@ fn a_coordinator_killed_under_load_loses_and_duplicates_nothing() {
     c.add_agent(0, "2x24GiB", "4,4", false);
     c.add_agent(1, "2x24GiB", "4,4", false);
     let exp = c.submit("load", 200, 0.2);
-    wait("work under way", Duration::from_secs(30), || {
-        let done = c
-            .jobs(exp)
-            .iter()
-            .filter(|j| j.state == JobState::Succeeded)
-            .count();
-        (done >= 30).then_some(())
-    });
+    c.wait_succeeded(exp, 30);
     c.coords[0]
         .as_mut()
         .expect("replica 0")
@@ -330,14 +335,7 @@ fn the_database_restarting_under_load_is_survived() {
     c.add_agent(0, "2x24GiB", "4,4", false);
     c.add_agent(0, "2x24GiB", "4,4", false);
     let exp = c.submit("dbload", 200, 0.2);
-    wait("work under way", Duration::from_secs(30), || {
-        let done = c
-            .jobs(exp)
-            .iter()
-            .filter(|j| j.state == JobState::Succeeded)
-            .count();
-        (done >= 30).then_some(())
-    });
+    c.wait_succeeded(exp, 30);
     c.pg.restart().expect("pg_ctl restart");
     c.wait_done(exp, Duration::from_secs(120));
     c.assert_exactly_once(exp);

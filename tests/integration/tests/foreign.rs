@@ -17,16 +17,7 @@ fn foreign_memory_blocks_admission_is_reported_and_left_alone() {
     })
     .expect("headroom up");
     // Someone's notebook: 20 GiB on GPU 0, outside headroom.
-    let mut foreign = KillOnDrop(
-        Command::new(fake_job())
-            .args(["--mem", "20GiB", "--seconds", "600"])
-            .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
-            .env("HEADROOM_FAKE_GPUS", "1x24GiB")
-            .env("CUDA_VISIBLE_DEVICES", "0")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("foreign process"),
-    );
+    let mut foreign = notebook(&h);
     let pid = foreign.0.id();
     h.wait_for(
         "the foreign process to be reported",
@@ -80,16 +71,7 @@ fn a_node_configured_to_kill_foreign_processes_frees_its_gpus() {
         ..Default::default()
     })
     .expect("headroom up");
-    let mut foreign = KillOnDrop(
-        Command::new(fake_job())
-            .args(["--mem", "20GiB", "--seconds", "600"])
-            .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
-            .env("HEADROOM_FAKE_GPUS", "1x24GiB")
-            .env("CUDA_VISIBLE_DEVICES", "0")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("foreign process"),
-    );
+    let mut foreign = notebook(&h);
     let pid = foreign.0.id();
     h.wait_for(
         "the foreign process to be killed",
@@ -108,4 +90,18 @@ fn a_node_configured_to_kill_foreign_processes_frees_its_gpus() {
         JobState::Succeeded
     );
     assert!(h.server_log().contains("killing a foreign process"));
+}
+
+/// Someone's notebook, started outside headroom: 20 GiB of fake memory on GPU 0.
+fn notebook(h: &Headroom) -> KillOnDrop {
+    KillOnDrop(
+        Command::new(fake_job())
+            .args(["--mem", "20GiB", "--seconds", "600"])
+            .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
+            .env("HEADROOM_FAKE_GPUS", "1x24GiB")
+            .env("CUDA_VISIBLE_DEVICES", "0")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("foreign process"),
+    )
 }
