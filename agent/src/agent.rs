@@ -1,25 +1,27 @@
-//! The agent as an explicit state machine: `Registering -> Serving -> Draining`. Serving
-//! long-polls the coordinator for leases, admits each against live GPU memory, runs it under
-//! the supervisor, ships its log, and reports its end.
+//! The agent as an explicit state machine: `Registering -> Serving -> Draining`. Registering
+//! sweeps strays of earlier runs and verifies the GPUs; Serving long-polls the coordinator
+//! for leases, admits each against live GPU memory and runs it (see [`crate::lease`]) while
+//! [`crate::heartbeat`] renews the leases; Draining stops every attempt with the normal
+//! cleanup and reports it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use chrono::Utc;
-use headroom_shared::api::{
-    AttemptRef, ClaimRequest, FinishReport, GpuSample, HandBackRequest, Headroom, HeartbeatRequest,
-    Lease, RegisterRequest, StartReport,
-};
-use headroom_shared::{AgentId, AttemptId, FailureClass};
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use headroom_shared::api::{ClaimRequest, GpuSample, HandBackRequest, Headroom, Lease, RegisterRequest};
+use headroom_shared::{AgentId, AttemptId};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::attempts::{Attempts, AttemptsError, StopReason};
+use crate::backoff::Backoff;
 use crate::client::{Client, ClientError};
+use crate::fence::{FenceBudget, FenceError};
 use crate::gpu::GpuBackend;
-use crate::supervisor::{self, AttemptEnd, Launch, SupervisorConfig};
+use crate::supervisor::{self, SupervisorConfig};
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
@@ -28,7 +30,8 @@ pub struct AgentConfig {
     /// Applied at registration; `None` keeps the plan the coordinator has.
     pub plan: Option<String>,
     pub headroom: Headroom,
-    /// Attempt logs are written under `<data_dir>/logs`.
+    /// Attempt logs are written under `<data_dir>/logs`; quarantines are kept here too, and
+    /// the directory names this agent's jobs on the host (see [`crate::sweep`]).
     pub data_dir: PathBuf,
     pub supervisor: SupervisorConfig,
     /// How long one claim may wait for work.
@@ -44,77 +47,76 @@ pub enum AgentError {
     Client(#[from] ClientError),
     #[error("data directory: {0}")]
     Io(#[from] std::io::Error),
+    #[error("quarantine file: {0}")]
+    Attempts(#[from] AttemptsError),
+    /// The coordinator's lease TTL leaves no room to stop jobs before their leases expire.
+    #[error("{0}")]
+    Fence(#[from] FenceError),
+    #[error("the coordinator refused this agent: {0}")]
+    Refused(ClientError),
 }
 
 /// The agent's states; each step of `run` moves from one to the next.
 enum State {
-    Registering { backoff: Duration },
+    Registering { backoff: Backoff },
     Serving(Session),
-    Draining,
+    Draining {
+        outcome: Result<(), AgentError>,
+        /// The session's heartbeats, kept going until the attempts have stopped so that
+        /// their leases stay ours while they are cleaned up.
+        heartbeats: Option<CancellationToken>,
+    },
 }
 
 #[derive(Clone)]
-struct Session {
-    agent: AgentId,
-    plan: String,
-    ttl: Duration,
+pub(crate) struct Session {
+    pub agent: AgentId,
+    pub plan: String,
+    pub budget: FenceBudget,
+    /// When the registration that renewed the leases was sent.
+    pub renewed: Instant,
 }
 
-/// Why the agent stopped an attempt before it ended by itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum StopReason {
-    /// A user cancelled the job.
-    User,
-    /// The lease could not be renewed for its TTL: the coordinator may have given the job to
-    /// another node, so this one must not keep running it.
-    LeaseLost,
-}
-
-/// One attempt the agent is running.
-struct Running {
-    fence: i64,
-    cancel: CancellationToken,
-    /// Set before `cancel` fires; unset when the agent is shutting down.
-    reason: Arc<OnceLock<StopReason>>,
-}
-
-impl Running {
-    fn stop(&self, reason: StopReason) {
-        let _ = self.reason.set(reason);
-        self.cancel.cancel();
-    }
+/// What the agent's tasks share.
+pub(crate) struct Shared {
+    pub cfg: AgentConfig,
+    pub client: Client,
+    pub backend: Arc<dyn GpuBackend>,
+    pub attempts: Attempts,
+    /// The value of [`crate::sweep::AGENT_VAR`] on this agent's jobs.
+    pub scope: String,
 }
 
 pub struct Agent {
-    cfg: AgentConfig,
-    backend: Arc<dyn GpuBackend>,
-    client: Client,
-    running: Arc<Mutex<HashMap<AttemptId, Running>>>,
+    shared: Arc<Shared>,
+    /// One task per attempt.
+    attempt_tasks: TaskTracker,
+    /// Heartbeats.
     tasks: TaskTracker,
-    /// Cancelled when the agent drains: attempts stop and are reported lost.
+    /// Cancelled when the agent drains: parent of every attempt's stop signal.
     draining: CancellationToken,
-    quarantined: Quarantined,
-    registered_once: std::sync::atomic::AtomicBool,
+    registered_once: AtomicBool,
 }
 
-/// Ended attempts whose cleanup could not be verified: their GPUs and the pids that still
-/// held memory. Heartbeats report them released once those are gone.
-type Quarantined = Arc<Mutex<HashMap<AttemptId, (Vec<u32>, Vec<u32>)>>>;
-
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
 impl Agent {
+    /// Blocking (reads the data dir): call before the agent's work starts.
     pub fn new(cfg: AgentConfig, backend: Arc<dyn GpuBackend>) -> Result<Self, AgentError> {
         std::fs::create_dir_all(cfg.data_dir.join("logs"))?;
+        let mut cfg = cfg;
+        cfg.data_dir = cfg.data_dir.canonicalize()?;
+        let attempts = Attempts::load(&cfg.data_dir)?;
         Ok(Self {
-            client: Client::new(&cfg.coordinator)?,
-            cfg,
-            backend,
-            running: Arc::default(),
+            shared: Arc::new(Shared {
+                client: Client::new(&cfg.coordinator)?,
+                scope: crate::sweep::scope_of(&cfg.data_dir),
+                cfg,
+                backend,
+                attempts,
+            }),
+            attempt_tasks: TaskTracker::new(),
             tasks: TaskTracker::new(),
             draining: CancellationToken::new(),
-            quarantined: Arc::default(),
-            registered_once: Default::default(),
+            registered_once: AtomicBool::new(false),
         })
     }
 
@@ -124,102 +126,189 @@ impl Agent {
             tracing::warn!("cannot become child subreaper, orphans may escape to init: {e}");
         }
         let mut state = State::Registering {
-            backoff: Duration::from_millis(100),
+            backoff: Backoff::coordinator(),
         };
-        loop {
+        let (outcome, heartbeats) = loop {
             state = match state {
                 State::Registering { backoff } => self.register(backoff, &shutdown).await,
                 State::Serving(session) => self.serve(session, &shutdown).await,
-                State::Draining => break,
+                State::Draining {
+                    outcome,
+                    heartbeats,
+                } => break (outcome, heartbeats),
             };
-        }
-        self.drain().await;
-        Ok(())
+        };
+        self.drain(heartbeats).await;
+        outcome
     }
 
-    async fn register(&self, backoff: Duration, shutdown: &CancellationToken) -> State {
+    async fn register(&self, mut backoff: Backoff, shutdown: &CancellationToken) -> State {
+        // Before the coordinator hears of us: whatever it thinks of those attempts, processes
+        // of attempts this agent does not run must go, and the GPUs be free of them.
+        let killed = self.sweep().await;
         let req = RegisterRequest {
-            node: self.cfg.node.clone(),
-            gpus: self.backend.inventory(),
+            node: self.shared.cfg.node.clone(),
+            gpus: self.shared.backend.inventory(),
             // The plan given at start applies once: a later re-registration (coordinator
             // restart) must not undo a `plan set` made since.
-            plan: if self
-                .registered_once
-                .load(std::sync::atomic::Ordering::SeqCst)
-            {
+            plan: if self.registered_once.load(Ordering::SeqCst) {
                 None
             } else {
-                self.cfg.plan.clone()
+                self.shared.cfg.plan.clone()
             },
-            headroom: Some(self.cfg.headroom),
+            headroom: Some(self.shared.cfg.headroom),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            running: self.running_refs(),
+            running: self.shared.attempts.refs(),
         };
-        match self.client.register(&req).await {
-            Ok(resp) => {
-                self.registered_once
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-                tracing::info!(agent = %resp.agent, plan = %resp.plan, gpus = req.gpus.len(), backend = self.backend.kind(), "registered with the coordinator");
-                if !resp.lost_attempts.is_empty() {
-                    kill_leftovers(resp.lost_attempts.clone()).await;
-                    self.verify_released(&resp.lost_attempts).await;
-                }
-                State::Serving(Session {
-                    agent: resp.agent,
-                    plan: resp.plan,
-                    ttl: Duration::from_millis(resp.lease_ttl_ms),
-                })
-            }
+        let sent = Instant::now();
+        let resp = match self.shared.client.register(&req).await {
+            Ok(resp) => resp,
             Err(e) if e.is_transient() => {
-                tracing::warn!("registration failed, retrying in {backoff:?}: {e}");
-                tokio::select! {
-                    _ = shutdown.cancelled() => State::Draining,
-                    _ = tokio::time::sleep(backoff) => State::Registering { backoff: (backoff * 2).min(MAX_BACKOFF) },
+                tracing::warn!("registration failed, retrying: {e}");
+                if !killed.is_empty() {
+                    self.verify_gone(&killed, &[]).await;
                 }
+                return if backoff.wait(shutdown).await {
+                    State::Registering { backoff }
+                } else {
+                    drained(Ok(()))
+                };
             }
-            Err(e) => {
-                // A refused registration (bad plan, ...) will not fix itself.
-                tracing::error!("registration refused: {e}");
-                State::Draining
+            // A refused registration (bad plan, ...) will not fix itself.
+            Err(e) => return drained(Err(AgentError::Refused(e))),
+        };
+        let ttl = Duration::from_millis(resp.lease_ttl_ms);
+        let budget = match FenceBudget::new(ttl, self.shared.cfg.supervisor.kill_grace) {
+            Ok(b) => b,
+            Err(e) => return drained(Err(e.into())),
+        };
+        self.registered_once.store(true, Ordering::SeqCst);
+        tracing::info!(agent = %resp.agent, plan = %resp.plan, gpus = req.gpus.len(), backend = self.shared.backend.kind(), "registered with the coordinator");
+        if !resp.lost_attempts.is_empty() {
+            // Unscoped: also the leftovers of an agent version that did not mark its scope.
+            let lost = resp.lost_attempts.clone();
+            let n = tokio::task::spawn_blocking(move || {
+                lost.into_iter()
+                    .map(|a| supervisor::kill_marked(a).len())
+                    .sum::<usize>()
+            })
+            .await
+            .unwrap_or(0);
+            if n > 0 {
+                tracing::warn!(processes = n, "killed leftovers of attempts the coordinator lost");
             }
+        }
+        if !killed.is_empty() || !resp.lost_attempts.is_empty() {
+            self.verify_gone(&killed, &resp.lost_attempts).await;
+        }
+        State::Serving(Session {
+            agent: resp.agent,
+            plan: resp.plan,
+            budget,
+            renewed: sent,
+        })
+    }
+
+    /// Kills every process of this agent's scope whose attempt it does not run.
+    async fn sweep(&self) -> HashMap<AttemptId, Vec<u32>> {
+        let keep = self.shared.attempts.running_ids();
+        let scope = self.shared.scope.clone();
+        let killed = tokio::task::spawn_blocking(move || crate::sweep::kill_strays(&scope, &keep))
+            .await
+            .unwrap_or_default();
+        if !killed.is_empty() {
+            let pids: Vec<u32> = killed.values().flatten().copied().collect();
+            tracing::warn!(
+                attempts = killed.len(),
+                ?pids,
+                "killed processes of attempts this agent does not run (left by an earlier run)"
+            );
+        }
+        killed
+    }
+
+    /// Waits (bounded by the verify timeout) until none of the `killed` pids lives and no
+    /// process of those attempts or of `lost` is on a GPU, so new work is not admitted next
+    /// to memory that is about to be freed. Polls, as cleanup does.
+    async fn verify_gone(&self, killed: &HashMap<AttemptId, Vec<u32>>, lost: &[AttemptId]) -> bool {
+        let attempts: HashSet<AttemptId> = killed.keys().chain(lost).copied().collect();
+        let pids: Vec<u32> = killed.values().flatten().copied().collect();
+        let deadline = Instant::now() + self.shared.cfg.supervisor.verify_timeout;
+        loop {
+            let samples = sample(&self.shared.backend).await;
+            let p = pids.clone();
+            let alive = tokio::task::spawn_blocking(move || {
+                p.into_iter()
+                    .filter(|&p| crate::procscan::is_alive(p))
+                    .collect::<Vec<u32>>()
+            })
+            .await
+            .unwrap_or_default();
+            let on_gpus: Vec<u32> = samples
+                .iter()
+                .flat_map(|g| &g.processes)
+                .filter(|p| p.attempt.is_some_and(|a| attempts.contains(&a)) || pids.contains(&p.pid))
+                .map(|p| p.pid)
+                .collect();
+            // No GPU reading is no proof.
+            if !samples.is_empty() && alive.is_empty() && on_gpus.is_empty() {
+                tracing::info!(
+                    attempts = attempts.len(),
+                    "GPUs verified free of an earlier run's attempts"
+                );
+                return true;
+            }
+            if Instant::now() >= deadline {
+                tracing::error!(
+                    ?alive,
+                    ?on_gpus,
+                    gpu_read = !samples.is_empty(),
+                    "processes of an earlier run could not be verified gone; their memory stays \
+                     counted as used by live free memory"
+                );
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     async fn serve(&self, mut session: Session, shutdown: &CancellationToken) -> State {
-        let session_done = shutdown.child_token();
-        self.tasks.spawn(heartbeats(
-            self.client.clone(),
-            self.backend.clone(),
-            self.running.clone(),
-            self.quarantined.clone(),
+        let heartbeats = CancellationToken::new();
+        self.tasks.spawn(crate::heartbeat::run(
+            self.shared.clone(),
             session.clone(),
-            self.cfg.clone(),
-            session_done.clone(),
+            heartbeats.clone(),
         ));
-        let _stop_heartbeats = session_done.clone().drop_guard();
-        let mut backoff = Duration::from_millis(100);
+        let stop_heartbeats = heartbeats.clone().drop_guard();
+        let draining = |stop: tokio_util::sync::DropGuard| State::Draining {
+            outcome: Ok(()),
+            heartbeats: Some(stop.disarm()),
+        };
+        let mut backoff = Backoff::coordinator();
         loop {
-            let samples = sample(&self.backend).await;
+            let samples = sample(&self.shared.backend).await;
             let req = ClaimRequest {
                 gpus: samples,
                 max: 64,
-                watching: self.watching(),
+                watching: self.shared.attempts.watching(),
                 known_plan: Some(session.plan.clone()),
-                wait_ms: self.cfg.claim_wait.as_millis() as u64,
+                wait_ms: self.shared.cfg.claim_wait.as_millis() as u64,
             };
             let reply = tokio::select! {
-                _ = shutdown.cancelled() => return State::Draining,
-                r = self.client.claim(session.agent, &req) => r,
+                _ = shutdown.cancelled() => return draining(stop_heartbeats),
+                r = self.shared.client.claim(session.agent, &req) => r,
             };
             match reply {
                 Ok(resp) => {
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                     if resp.plan != session.plan {
                         tracing::info!(plan = %resp.plan, "plan changed");
                         session.plan = resp.plan;
                     }
                     for attempt in resp.cancel {
-                        self.cancel_attempt(attempt);
+                        if self.shared.attempts.stop(attempt, StopReason::User) {
+                            tracing::info!(%attempt, "cancelling attempt");
+                        }
                     }
                     if !resp.leases.is_empty() {
                         self.admit(resp.leases).await;
@@ -228,83 +317,29 @@ impl Agent {
                 Err(ClientError::UnknownAgent(m)) => {
                     tracing::warn!("coordinator forgot this agent ({m}); registering again");
                     return State::Registering {
-                        backoff: Duration::from_millis(100),
+                        backoff: Backoff::coordinator(),
                     };
                 }
                 Err(e) => {
-                    tracing::warn!("claim failed, retrying in {backoff:?}: {e}");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return State::Draining,
-                        _ = tokio::time::sleep(backoff) => {}
+                    tracing::warn!("claim failed, retrying: {e}");
+                    if !backoff.wait(shutdown).await {
+                        return draining(stop_heartbeats);
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
-        }
-    }
-
-    /// Waits (bounded by the verify timeout) until no process of `attempts` is on a GPU, so
-    /// new work is not admitted next to memory that is about to be freed.
-    async fn verify_released(&self, attempts: &[AttemptId]) {
-        let deadline = tokio::time::Instant::now() + self.cfg.supervisor.verify_timeout;
-        loop {
-            let samples = sample(&self.backend).await;
-            let left: Vec<u32> = samples
-                .iter()
-                .flat_map(|g| &g.processes)
-                .filter(|p| p.attempt.is_some_and(|a| attempts.contains(&a)))
-                .map(|p| p.pid)
-                .collect();
-            if left.is_empty() {
-                tracing::info!(
-                    attempts = attempts.len(),
-                    "GPUs verified free of an earlier run's attempts"
-                );
-                return;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                tracing::warn!(pids = ?left, "processes of an earlier run still hold GPU memory");
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn running_refs(&self) -> Vec<AttemptRef> {
-        refs(&self.running)
-    }
-
-    fn watching(&self) -> Vec<AttemptId> {
-        self.running
-            .lock()
-            .map(|r| {
-                r.iter()
-                    .filter(|(_, a)| !a.cancel.is_cancelled())
-                    .map(|(id, _)| *id)
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    fn cancel_attempt(&self, attempt: AttemptId) {
-        if let Ok(running) = self.running.lock()
-            && let Some(a) = running.get(&attempt)
-        {
-            tracing::info!(%attempt, "cancelling attempt");
-            a.stop(StopReason::User);
         }
     }
 
     /// Admission at launch: re-read live memory; a lease that no longer fits goes back.
     async fn admit(&self, leases: Vec<Lease>) {
-        let mut samples = sample(&self.backend).await;
-        let inventory = self.backend.inventory();
+        let mut samples = sample(&self.shared.backend).await;
+        let inventory = self.shared.backend.inventory();
         for lease in leases {
             if let Some(est) = lease.estimate_mib {
                 let short = lease.gpus.iter().find_map(|g| {
                     let total = inventory.iter().find(|i| i.index == *g)?.total_mib;
                     let free = samples.iter().find(|s| s.index == *g)?.free_mib;
-                    let usable = free.saturating_sub(self.cfg.headroom.mib_of(total));
+                    let usable = free.saturating_sub(self.shared.cfg.headroom.mib_of(total));
                     (usable < est).then_some((*g, usable))
                 });
                 if let Some((gpu, usable)) = short {
@@ -317,7 +352,7 @@ impl Agent {
                         reason,
                         gpus: samples.clone(),
                     };
-                    if let Err(e) = self.client.hand_back(lease.attempt, &req).await {
+                    if let Err(e) = self.shared.client.hand_back(lease.attempt, &req).await {
                         tracing::warn!(attempt = %lease.attempt, "hand back failed (the lease will expire): {e}");
                     }
                     continue;
@@ -332,396 +367,46 @@ impl Agent {
     }
 
     fn launch(&self, lease: Lease) {
-        let run = Running {
-            fence: lease.fence,
-            cancel: self.draining.child_token(),
-            reason: Arc::default(),
-        };
-        let (cancel, reason) = (run.cancel.clone(), run.reason.clone());
-        if let Ok(mut r) = self.running.lock() {
-            r.insert(lease.attempt, run);
-        }
+        let stop = self
+            .shared
+            .attempts
+            .begin(lease.attempt, lease.fence, &self.draining);
         tracing::info!(attempt = %lease.attempt, job = %lease.job, gpus = ?lease.gpus, "launching");
-        let ctx = AttemptCtx {
-            client: self.client.clone(),
-            backend: self.backend.clone(),
-            running: self.running.clone(),
-            supervisor: self.cfg.supervisor.clone(),
-            log_path: self
-                .cfg
-                .data_dir
-                .join("logs")
-                .join(format!("{}.log", lease.attempt)),
-            draining: self.draining.clone(),
-            quarantined: self.quarantined.clone(),
-            gpus: lease.gpus.clone(),
-        };
-        self.tasks.spawn(run_lease(ctx, lease, cancel, reason));
+        self.attempt_tasks.spawn(crate::lease::run(
+            self.shared.clone(),
+            lease,
+            stop,
+            self.draining.clone(),
+        ));
     }
 
-    async fn drain(&self) {
-        let n = self.running.lock().map(|r| r.len()).unwrap_or(0);
+    /// Stops every attempt with the normal cleanup and waits until each is reported, the
+    /// heartbeats renewing their leases meanwhile.
+    async fn drain(&self, heartbeats: Option<CancellationToken>) {
+        let n = self.shared.attempts.stop_all(StopReason::Shutdown);
         if n > 0 {
             tracing::info!(attempts = n, "stopping running attempts");
         }
         self.draining.cancel();
+        self.attempt_tasks.close();
+        self.attempt_tasks.wait().await;
+        if let Some(h) = heartbeats {
+            h.cancel();
+        }
         self.tasks.close();
         self.tasks.wait().await;
     }
 }
 
-struct AttemptCtx {
-    client: Client,
-    backend: Arc<dyn GpuBackend>,
-    running: Arc<Mutex<HashMap<AttemptId, Running>>>,
-    supervisor: SupervisorConfig,
-    log_path: PathBuf,
-    draining: CancellationToken,
-    quarantined: Quarantined,
-    gpus: Vec<u32>,
-}
-
-async fn run_lease(
-    ctx: AttemptCtx,
-    lease: Lease,
-    cancel: CancellationToken,
-    reason: Arc<OnceLock<StopReason>>,
-) {
-    let attempt = lease.attempt;
-    let fence = lease.fence;
-    let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
-    let start_client = ctx.client.clone();
-    let reporter = tokio::spawn(async move {
-        if let Ok(pid) = pid_rx.await {
-            let report = StartReport {
-                fence,
-                pid,
-                started_at: Utc::now(),
-            };
-            if let Err(e) = start_client.start(attempt, &report).await {
-                tracing::warn!(%attempt, "start report failed: {e}");
-            }
-        }
-    });
-    let ship_stop = CancellationToken::new();
-    let shipper = tokio::spawn(ship_log(
-        ctx.client.clone(),
-        attempt,
-        fence,
-        ctx.log_path.clone(),
-        ship_stop.clone(),
-    ));
-    let launch = Launch {
-        attempt,
-        job: lease.job,
-        argv: lease.argv,
-        env: lease.env,
-        params: lease.params,
-        gpus: lease.gpus,
-        timeout: lease.timeout_ms.map(Duration::from_millis),
-        log_path: ctx.log_path.clone(),
-        workdir: None,
-    };
-    let end: AttemptEnd = supervisor::run_attempt(
-        launch,
-        ctx.backend.clone(),
-        &ctx.supervisor,
-        cancel,
-        move |pid| {
-            let _ = pid_tx.send(pid);
-        },
-    )
-    .await;
-    let _ = reporter.await;
-    ship_stop.cancel();
-    let _ = shipper.await;
-
-    let mut failure = end.failure;
-    let mut log_tail = end.log_tail;
-    if failure == Some(FailureClass::Cancelled) {
-        match reason.get() {
-            Some(StopReason::User) => {}
-            Some(StopReason::LeaseLost) => {
-                failure = Some(FailureClass::Lost);
-                log_tail.push_str("\n[headroom] stopped: the lease could not be renewed in time\n");
-            }
-            None => {
-                failure = Some(FailureClass::Lost);
-                log_tail.push_str("\n[headroom] stopped because the agent shut down\n");
-            }
-        }
-    }
-    let report = FinishReport {
-        fence,
-        failure,
-        exit_code: end.exit_code,
-        signal: end.signal,
-        ended_at: end.ended_at,
-        peak_mem_mib: end.peak_mem_mib,
-        cleanup_ms: end.cleanup_ms,
-        cleanup_verified: end.cleanup_verified,
-        unverified: end.unverified.clone(),
-        contaminated: end.contaminated,
-        log_tail,
-        gpus: sample(&ctx.backend).await,
-    };
-    // The slot frees on the coordinator only when it hears of the end, so keep trying;
-    // a draining agent gives up after a while and the lease expires instead.
-    let mut backoff = Duration::from_millis(100);
-    let mut tries = 0;
-    if !end.cleanup_verified
-        && let Ok(mut q) = ctx.quarantined.lock()
-    {
-        q.insert(attempt, (ctx.gpus.clone(), end.held_by.clone()));
-    }
-    // Leave the running set first: the next claim must not watch this attempt any more.
-    if let Ok(mut r) = ctx.running.lock() {
-        r.remove(&attempt);
-    }
-    loop {
-        match ctx.client.finish(attempt, &report).await {
-            Ok(resp) => {
-                tracing::info!(%attempt, failure = ?report.failure, job_state = %resp.job_state, "attempt reported");
-                break;
-            }
-            Err(ClientError::Stale(m)) => {
-                tracing::warn!(%attempt, "finish refused, the lease is no longer ours: {m}");
-                break;
-            }
-            Err(e) if e.is_transient() => {
-                tries += 1;
-                if ctx.draining.is_cancelled() && tries > 20 {
-                    tracing::warn!(%attempt, "giving up reporting the end: {e}");
-                    break;
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
-            Err(e) => {
-                tracing::error!(%attempt, "finish refused: {e}");
-                break;
-            }
-        }
+fn drained(outcome: Result<(), AgentError>) -> State {
+    State::Draining {
+        outcome,
+        heartbeats: None,
     }
 }
 
-/// Ships the attempt's log to the coordinator as it grows, and the rest at the end.
-async fn ship_log(
-    client: Client,
-    attempt: AttemptId,
-    fence: i64,
-    path: PathBuf,
-    stop: CancellationToken,
-) {
-    const CHUNK: usize = 1 << 20;
-    let mut offset: u64 = 0;
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let last = tokio::select! {
-            _ = stop.cancelled() => true,
-            _ = tick.tick() => false,
-        };
-        // Ship everything there is; at the end, keep going until the file is drained.
-        loop {
-            let chunk = match read_from(&path, offset, CHUNK).await {
-                Ok(c) => c,
-                Err(_) => break,
-            };
-            if chunk.is_empty() {
-                break;
-            }
-            let n = chunk.len() as u64;
-            match client.append_log(attempt, fence, offset, chunk).await {
-                Ok(()) => offset += n,
-                Err(ClientError::Stale(_)) => return,
-                Err(e) => {
-                    tracing::debug!(%attempt, "log shipping failed, will retry: {e}");
-                    break;
-                }
-            }
-            if n < CHUNK as u64 {
-                break;
-            }
-        }
-        if last {
-            return;
-        }
-    }
-}
-
-async fn read_from(path: &PathBuf, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
-    let mut f = tokio::fs::File::open(path).await?;
-    f.seek(std::io::SeekFrom::Start(offset)).await?;
-    let mut buf = Vec::new();
-    f.take(max as u64).read_to_end(&mut buf).await?;
-    Ok(buf)
-}
-
-/// How long after its last renewal an agent stops its attempts by itself: early enough that
-/// they are dead (kill grace included) before the coordinator can expire the leases and hand
-/// the jobs to another node.
-pub fn self_fence_after(ttl: Duration, kill_grace: Duration) -> Duration {
-    (ttl.saturating_sub(kill_grace) * 3 / 4).max(ttl / 3)
-}
-
-async fn heartbeats(
-    client: Client,
-    backend: Arc<dyn GpuBackend>,
-    running: Arc<Mutex<HashMap<AttemptId, Running>>>,
-    quarantined: Quarantined,
-    session: Session,
-    cfg: AgentConfig,
-    done: CancellationToken,
-) {
-    let every = (session.ttl / 3).max(Duration::from_millis(100));
-    let retry = every.min(Duration::from_secs(1));
-    let fence_after = self_fence_after(session.ttl, cfg.supervisor.kill_grace);
-    let mut last_renewal = tokio::time::Instant::now();
-    let mut wait = every;
-    // Foreign pids seen at the last heartbeat: only a process foreign twice in a row is
-    // killed, never one caught for an instant without its marker (mid-exec).
-    let mut suspects = std::collections::HashSet::new();
-    loop {
-        tokio::select! {
-            _ = done.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        let attempts = refs(&running);
-        // Orphans re-parented to this subreaper that died between attempts are reaped here.
-        let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
-        let gpus = sample(&backend).await;
-        let released = released(&quarantined, &gpus).await;
-        if cfg.kill_foreign {
-            kill_foreign_processes(&gpus, &mut suspects);
-        }
-        let req = HeartbeatRequest {
-            gpus,
-            attempts,
-            released: released.clone(),
-        };
-        match client.heartbeat(session.agent, &req).await {
-            Ok(resp) => {
-                last_renewal = tokio::time::Instant::now();
-                wait = every;
-                if !released.is_empty()
-                    && let Ok(mut q) = quarantined.lock()
-                {
-                    for a in &released {
-                        tracing::info!(attempt = %a, "leftovers gone: GPU quarantine lifted");
-                        q.remove(a);
-                    }
-                }
-                if let Ok(r) = running.lock() {
-                    for id in resp.cancel {
-                        if let Some(a) = r.get(&id) {
-                            a.stop(StopReason::User);
-                        }
-                    }
-                    for id in resp.stale {
-                        if let Some(a) = r.get(&id) {
-                            tracing::warn!(attempt = %id, "lease is stale: stopping the attempt");
-                            a.stop(StopReason::LeaseLost);
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!("heartbeat failed: {e}");
-                wait = retry;
-                // Soon the coordinator may hand our jobs to another node: stop them here
-                // first, so no job runs twice.
-                if last_renewal.elapsed() >= fence_after
-                    && let Ok(r) = running.lock()
-                    && !r.is_empty()
-                {
-                    tracing::error!(
-                        attempts = r.len(),
-                        "leases not renewed for {:?}: stopping every attempt",
-                        session.ttl
-                    );
-                    for a in r.values() {
-                        a.stop(StopReason::LeaseLost);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Quarantined attempts whose leftovers are gone: none of the pids that held memory is
-/// alive or on its GPUs, and no process carries the attempt's marker.
-async fn released(quarantined: &Quarantined, samples: &[GpuSample]) -> Vec<AttemptId> {
-    let held: Vec<(AttemptId, Vec<u32>, Vec<u32>)> = match quarantined.lock() {
-        Ok(q) => q
-            .iter()
-            .map(|(a, (g, p))| (*a, g.clone(), p.clone()))
-            .collect(),
-        Err(_) => return vec![],
-    };
-    if held.is_empty() {
-        return vec![];
-    }
-    let samples = samples.to_vec();
-    tokio::task::spawn_blocking(move || {
-        let marked = crate::procscan::marked_processes();
-        held.into_iter()
-            .filter(|(attempt, gpus, pids)| {
-                let on_gpus = samples
-                    .iter()
-                    .filter(|g| gpus.contains(&g.index))
-                    .flat_map(|g| &g.processes)
-                    .any(|p| pids.contains(&p.pid) || p.attempt == Some(*attempt));
-                !on_gpus
-                    && !marked.contains_key(attempt)
-                    && !pids.iter().any(|&p| crate::procscan::is_alive(p))
-            })
-            .map(|(a, _, _)| a)
-            .collect()
-    })
-    .await
-    .unwrap_or_default()
-}
-
-/// Kills processes of no attempt holding GPU memory, for nodes configured to own their GPUs.
-fn kill_foreign_processes(samples: &[GpuSample], suspects: &mut std::collections::HashSet<u32>) {
-    let foreign: Vec<(u32, u64, Option<String>, Option<String>)> = samples
-        .iter()
-        .flat_map(|g| &g.processes)
-        .filter(|p| p.attempt.is_none() && p.used_mib > 0 && p.pid != std::process::id())
-        .map(|p| (p.pid, p.used_mib, p.user.clone(), p.command.clone()))
-        .collect();
-    let seen_before = std::mem::replace(suspects, foreign.iter().map(|f| f.0).collect());
-    for (pid, mib, user, command) in foreign.into_iter().filter(|f| seen_before.contains(&f.0)) {
-        tracing::warn!(
-            pid,
-            mib,
-            ?user,
-            ?command,
-            "killing a foreign process on the GPUs (--kill-foreign)"
-        );
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
-}
-
-fn refs(running: &Mutex<HashMap<AttemptId, Running>>) -> Vec<AttemptRef> {
-    running
-        .lock()
-        .map(|r| {
-            r.iter()
-                .map(|(id, a)| AttemptRef {
-                    attempt: *id,
-                    fence: a.fence,
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Live GPU samples, read off the runtime (NVML and /proc reads block).
+/// Live GPU samples, read off the runtime (NVML and /proc reads block). Empty when the GPUs
+/// could not be read.
 pub async fn sample(backend: &Arc<dyn GpuBackend>) -> Vec<GpuSample> {
     let b = backend.clone();
     let read = move || {
@@ -742,46 +427,6 @@ pub async fn sample(backend: &Arc<dyn GpuBackend>) -> Vec<GpuSample> {
         Err(e) => {
             tracing::warn!("GPU sample task failed: {e}");
             vec![]
-        }
-    }
-}
-
-/// Kills what is left of attempts of this node's earlier incarnation (their processes carry
-/// the attempt's marker even after double forks).
-async fn kill_leftovers(attempts: Vec<AttemptId>) {
-    let killed = tokio::task::spawn_blocking(move || {
-        attempts
-            .into_iter()
-            .map(|a| supervisor::kill_marked(a).len())
-            .sum::<usize>()
-    })
-    .await
-    .unwrap_or(0);
-    if killed > 0 {
-        tracing::warn!(
-            processes = killed,
-            "killed leftovers of attempts from an earlier run"
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn agents_fence_themselves_before_the_coordinator_expires_them() {
-        let s = Duration::from_secs;
-        for (ttl, grace) in [(30, 10), (30, 0), (10, 4), (5, 1), (2, 0)] {
-            let after = self_fence_after(s(ttl), s(grace));
-            assert!(
-                after >= s(ttl) / 3,
-                "ttl {ttl} grace {grace}: {after:?} too eager"
-            );
-            assert!(
-                after + s(grace) < s(ttl),
-                "ttl {ttl} grace {grace}: {after:?} too late"
-            );
         }
     }
 }

@@ -4,9 +4,15 @@
 #![deny(unsafe_code)]
 
 pub mod agent;
+pub mod attempts;
+pub mod backoff;
 pub mod classify;
 pub mod client;
+pub mod fence;
 pub mod gpu;
+mod heartbeat;
 pub mod launcher;
+mod lease;
 pub mod procscan;
 pub mod supervisor;
+pub mod sweep;

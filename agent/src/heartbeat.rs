@@ -1,0 +1,262 @@
+//! Lease renewal and self-fencing: heartbeats carry GPU telemetry and the running attempts'
+//! fencing tokens; their answers carry cancellations and stale leases. When no heartbeat
+//! sent at or after time `t` has been answered by `t + fence_after` (see
+//! [`crate::fence::FenceBudget`]), every attempt is stopped: the coordinator may soon give
+//! the jobs to another node, and a job must never run twice.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use headroom_shared::api::{GpuSample, HeartbeatRequest};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{Session, Shared, sample};
+use crate::attempts::{Attempts, StopReason};
+
+pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: CancellationToken) {
+    let budget = session.budget;
+    let attempts = &shared.attempts;
+    // When the last heartbeat that the coordinator answered was sent: the coordinator renewed
+    // the leases on receiving it, which was later.
+    let mut renewed = session.renewed;
+    let mut wait = budget.every;
+    // Foreign pids seen at the last heartbeat: only a process foreign twice in a row is
+    // killed, never one caught for an instant without its marker (mid-exec).
+    let mut suspects = HashSet::new();
+    loop {
+        let next = Instant::now() + wait;
+        loop {
+            tokio::select! {
+                _ = done.cancelled() => return,
+                _ = tokio::time::sleep_until(next) => break,
+                _ = fence_due(attempts, budget.deadline(renewed)) => fence(attempts, &session),
+            }
+        }
+        // Orphans re-parented to this subreaper that died between attempts are reaped here.
+        let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
+        let gpus = sample(&shared.backend).await;
+        let released = attempts.releasable(&gpus).await;
+        if shared.cfg.kill_foreign {
+            kill_foreign_processes(&gpus, &mut suspects);
+        }
+        let req = HeartbeatRequest {
+            gpus,
+            attempts: attempts.refs(),
+            released: released.clone(),
+        };
+        let sent = Instant::now();
+        // Bounded: a request lost in a partition that drops packets must not hold the loop.
+        let request = tokio::time::timeout(
+            budget.request_timeout,
+            shared.client.heartbeat(session.agent, &req),
+        );
+        tokio::pin!(request);
+        let reply = loop {
+            tokio::select! {
+                _ = done.cancelled() => return,
+                r = &mut request => break r,
+                _ = fence_due(attempts, budget.deadline(renewed)) => fence(attempts, &session),
+            }
+        };
+        match reply {
+            Ok(Ok(resp)) => {
+                renewed = renewed.max(sent);
+                wait = budget.every;
+                attempts.released(&released).await;
+                for id in resp.cancel {
+                    attempts.stop(id, StopReason::User);
+                }
+                for id in resp.stale {
+                    if attempts.stop(id, StopReason::LeaseLost) {
+                        tracing::warn!(attempt = %id, "lease is stale: stopping the attempt");
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("heartbeat failed: {e}");
+                wait = budget.retry;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "heartbeat unanswered after {:?}",
+                    budget.request_timeout
+                );
+                wait = budget.retry;
+            }
+        }
+    }
+}
+
+/// Resolves at `deadline` if some attempt is running and not yet stopping; never otherwise
+/// (re-armed at every turn of the heartbeat loop, at most `every` apart).
+async fn fence_due(attempts: &Attempts, deadline: Instant) {
+    if attempts.watching().is_empty() {
+        std::future::pending::<()>().await;
+    }
+    tokio::time::sleep_until(deadline).await;
+}
+
+fn fence(attempts: &Attempts, session: &Session) {
+    let n = attempts.stop_all(StopReason::LeaseLost);
+    if n > 0 {
+        tracing::error!(
+            attempts = n,
+            "leases not renewed for {:?} (lease TTL {:?}): stopping every attempt before the \
+             coordinator can give them away",
+            session.budget.fence_after,
+            session.budget.ttl
+        );
+    }
+}
+
+/// Kills processes of no attempt holding GPU memory, for nodes configured to own their GPUs.
+fn kill_foreign_processes(samples: &[GpuSample], suspects: &mut std::collections::HashSet<u32>) {
+    let foreign: Vec<(u32, u64, Option<String>, Option<String>)> = samples
+        .iter()
+        .flat_map(|g| &g.processes)
+        .filter(|p| p.attempt.is_none() && p.used_mib > 0 && p.pid != std::process::id())
+        .map(|p| (p.pid, p.used_mib, p.user.clone(), p.command.clone()))
+        .collect();
+    let seen_before = std::mem::replace(suspects, foreign.iter().map(|f| f.0).collect());
+    for (pid, mib, user, command) in foreign.into_iter().filter(|f| seen_before.contains(&f.0)) {
+        tracing::warn!(
+            pid,
+            mib,
+            ?user,
+            ?command,
+            "killing a foreign process on the GPUs (--kill-foreign)"
+        );
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use headroom_shared::api::HeartbeatResponse;
+    use headroom_shared::{AgentId, AttemptId};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+    use crate::agent::AgentConfig;
+    use crate::attempts::StopSignal;
+    use crate::fence::FenceBudget;
+    use crate::gpu::fake::FakeBackend;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    /// A coordinator that answers the first `answered` heartbeats after `delay`, and then
+    /// swallows every request without a word (a partition that drops packets).
+    async fn coordinator(answered: usize, delay: Duration) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let mut held: Vec<TcpStream> = vec![];
+            let mut left = answered;
+            while let Ok((mut conn, _)) = listener.accept().await {
+                if left == 0 {
+                    held.push(conn);
+                    continue;
+                }
+                left -= 1;
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 1 << 16];
+                    let _ = conn.read(&mut buf).await;
+                    tokio::time::sleep(delay).await;
+                    let body = serde_json::to_string(&HeartbeatResponse {
+                        cancel: vec![],
+                        stale: vec![],
+                        plan: "1".into(),
+                    })
+                    .expect("json");
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = conn.write_all(resp.as_bytes()).await;
+                    // Held open: the black hole that follows must not look like a closed socket.
+                    tokio::time::sleep(S(3600)).await;
+                });
+            }
+        });
+        url
+    }
+
+    /// Runs the heartbeats of a session started now with one attempt against `url`; returns
+    /// the attempt's stop signal and the session's start.
+    async fn heartbeats(url: &str, budget: FenceBudget) -> (StopSignal, Instant, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let backend =
+            FakeBackend::open("1x24GiB".parse().expect("spec"), &dir.path().join("fake"))
+                .expect("fake backend");
+        let shared = Arc::new(Shared {
+            cfg: AgentConfig {
+                coordinator: url.to_string(),
+                node: "n".into(),
+                plan: None,
+                headroom: "10%".parse().expect("headroom"),
+                data_dir: dir.path().to_path_buf(),
+                supervisor: Default::default(),
+                claim_wait: S(1),
+                kill_foreign: false,
+            },
+            client: crate::client::Client::new(url).expect("client"),
+            backend: Arc::new(backend),
+            attempts: Attempts::load(dir.path()).expect("attempts"),
+            scope: "test".into(),
+        });
+        let stop = shared
+            .attempts
+            .begin(AttemptId::new(), 1, &CancellationToken::new());
+        let start = Instant::now();
+        let session = Session {
+            agent: AgentId::new(),
+            plan: "1".into(),
+            budget,
+            renewed: start,
+        };
+        tokio::spawn(run(shared, session, CancellationToken::new()));
+        (stop, start, dir)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_black_holed_heartbeat_does_not_hold_off_the_fence() {
+        // TTL 30 s, grace 10 s: fence 17 s after the last renewal, dead by 27 s < 30 s.
+        let budget = FenceBudget::new(S(30), S(10)).expect("budget");
+        let url = coordinator(0, S(0)).await;
+        let (stop, start, _dir) = heartbeats(&url, budget).await;
+        stop.cancel.cancelled().await;
+        let at = start.elapsed();
+        assert_eq!(stop.reason(), Some(StopReason::LeaseLost));
+        assert!(
+            at >= budget.fence_after && at < budget.fence_after + Duration::from_millis(200),
+            "fenced after {at:?}, due at {:?}",
+            budget.fence_after
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewal_counts_from_the_sending_of_the_heartbeat_not_its_answer() {
+        let budget = FenceBudget::new(S(30), S(10)).expect("budget");
+        // The first heartbeat leaves at 10 s and is answered at 15 s; nothing after.
+        let url = coordinator(1, S(5)).await;
+        let (stop, start, _dir) = heartbeats(&url, budget).await;
+        stop.cancel.cancelled().await;
+        let at = start.elapsed();
+        let due = budget.every + budget.fence_after;
+        // Counted from the answer, the agent would fence at 32 s and its job could still be
+        // dying at 42 s, while the coordinator, which may have renewed at 10 s, expires the
+        // lease at 40 s.
+        assert!(
+            at >= due && at < due + Duration::from_millis(200),
+            "fenced after {at:?}, due at {due:?}"
+        );
+    }
+}
