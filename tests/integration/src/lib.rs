@@ -632,3 +632,84 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// A TCP relay that can black-hole the link: sockets stay open and new connections are
+/// accepted, but no byte is forwarded either way (a partition that drops packets, where
+/// nothing fails fast; unlike [`Link::cut`], which closes sockets).
+pub struct DroppingLink {
+    pub port: u16,
+    dropping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl DroppingLink {
+    pub fn new(target: u16) -> Result<Self> {
+        use std::io::{Read, Write};
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let dropping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let d = dropping.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                for (from, to) in [
+                    (client.try_clone(), server.try_clone()),
+                    (server.try_clone(), client.try_clone()),
+                ] {
+                    let (Ok(mut from), Ok(mut to)) = (from, to) else {
+                        continue;
+                    };
+                    let d = d.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 * 1024];
+                        loop {
+                            match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => {
+                                    if !d.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err()
+                                    {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Ok(Self { port, dropping })
+    }
+
+    /// From now on every byte either way is dropped; sockets stay open.
+    pub fn drop_packets(&self) {
+        self.dropping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn heal(&self) {
+        self.dropping
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Proc {
+    /// Waits for the process to exit by itself, up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let c = self.child.as_mut().ok_or_else(|| anyhow!("not running"))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = c.try_wait()? {
+                self.child = None;
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                bail!("still running after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

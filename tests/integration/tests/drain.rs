@@ -1,0 +1,112 @@
+//! SIGTERM (or SIGINT) to `headroom-agent`: it stops its attempts with the normal verified
+//! cleanup, reports them so the coordinator requeues them per policy at once (not at lease
+//! expiry), and exits 0.
+
+use std::time::{Duration, Instant};
+
+use headroom_integration_tests::{
+    Proc, alive, fake_job, free_port, http_get, http_post, wait_until as wait,
+};
+use headroom_shared::api::{JobDetail, JobSummary, SubmitResponse};
+use headroom_shared::{ExperimentId, FailureClass, JobState};
+use nix::sys::signal::Signal;
+
+fn job(url: &str, exp: ExperimentId) -> Option<JobDetail> {
+    let jobs: Vec<JobSummary> = http_get(&format!("{url}/v1/jobs?experiment={exp}")).ok()?;
+    http_get(&format!("{url}/v1/jobs/{}", jobs.first()?.id)).ok()
+}
+
+fn drains_on(signal: Signal) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port().expect("port");
+    let url = format!("http://127.0.0.1:{port}");
+    let coord_args: Vec<String> = [
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+        &dir.path().join("coord").display().to_string(),
+        // Long: a report left to lease expiry would show.
+        "--lease-ttl",
+        "60s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let _coord = Proc::start("headroom-coordinator", &coord_args, dir.path().join("coord.log"))
+        .expect("coordinator");
+    wait("the coordinator", Duration::from_secs(30), || {
+        http_get::<serde_json::Value>(&format!("{url}/v1/health")).ok().map(|_| ())
+    });
+    let agent_args: Vec<String> = [
+        "--coordinator",
+        &url,
+        "--node",
+        "gpu-1",
+        "--gpu-backend",
+        "fake",
+        "--fake-gpus",
+        "1x24GiB",
+        "--kill-grace",
+        "1s",
+        "--data-dir",
+        &dir.path().join("agent").display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut agent =
+        Proc::start("headroom-agent", &agent_args, dir.path().join("agent.log")).expect("agent");
+    // Ignores SIGTERM: the cleanup must go through the grace period to SIGKILL.
+    let spec = serde_json::json!({"spec": {"name": "long", "command": [
+        fake_job().display().to_string(), "--seconds", "600", "--mem", "1GiB", "--ignore-term"],
+        "retry": {"max_attempts": 2}}});
+    let exp = wait("a submission", Duration::from_secs(20), || {
+        let (status, body) = http_post(&format!("{url}/v1/experiments"), &spec).ok()?;
+        (status == 200).then_some(())?;
+        serde_json::from_value::<SubmitResponse>(body).ok()?.experiment
+    });
+    let pid = wait("the job to run", Duration::from_secs(30), || {
+        let d = job(&url, exp)?;
+        (d.summary.state == JobState::Running).then_some(())?;
+        d.attempts_detail.first()?.pid
+    });
+
+    let sent = Instant::now();
+    agent.signal(signal).expect("signal");
+    let status = agent
+        .wait_exit(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("the agent did not exit: {e}\n{}", agent.output()));
+    assert!(
+        status.success(),
+        "exit status {status}\n{}",
+        agent.output()
+    );
+    assert!(!alive(pid), "the job's process is gone");
+    // Reported by the agent: ended and requeued now, well before the 60 s TTL.
+    let d = job(&url, exp).expect("job");
+    let first = &d.attempts_detail[0];
+    assert_eq!(first.failure_class, Some(FailureClass::Lost), "{first:?}");
+    assert_eq!(first.cleanup_verified, Some(true), "{first:?}");
+    assert!(
+        first
+            .log_tail
+            .as_deref()
+            .unwrap_or_default()
+            .contains("agent shut down"),
+        "{first:?}"
+    );
+    assert!(
+        matches!(d.summary.state, JobState::Queued | JobState::Retrying),
+        "requeued per its retry policy: {:?}",
+        d.summary.state
+    );
+    assert!(sent.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn sigterm_stops_reports_and_exits_zero() {
+    drains_on(Signal::SIGTERM);
+}
+
+#[test]
+fn sigint_stops_reports_and_exits_zero() {
+    drains_on(Signal::SIGINT);
+}

@@ -1,0 +1,135 @@
+//! Self-fencing under a partition that drops packets: sockets stay open, nothing arrives,
+//! nothing fails fast. The cut-off agent must stop its attempt before the coordinator can
+//! give the lease away (so the job never runs twice), and its late reports get 409.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use headroom_integration_tests::{
+    DroppingLink, Proc, alive, fake_job, free_port, http_get, http_post, read_records,
+    wait_until as wait,
+};
+use headroom_shared::api::{JobDetail, JobSummary, SubmitResponse};
+use headroom_shared::{ExperimentId, FailureClass};
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn agent(url: &str, node: &str, dir: &std::path::Path) -> Proc {
+    let args: Vec<String> = [
+        "--coordinator",
+        url,
+        "--node",
+        node,
+        "--gpu-backend",
+        "fake",
+        "--fake-gpus",
+        "1x24GiB",
+        "--kill-grace",
+        "500ms",
+        "--verify-timeout",
+        "5s",
+        "--data-dir",
+        &dir.join(node).display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    Proc::start("headroom-agent", &args, dir.join(format!("{node}.log"))).expect("agent")
+}
+
+fn job(url: &str, exp: ExperimentId) -> Option<JobDetail> {
+    let jobs: Vec<JobSummary> = http_get(&format!("{url}/v1/jobs?experiment={exp}")).ok()?;
+    http_get(&format!("{url}/v1/jobs/{}", jobs.first()?.id)).ok()
+}
+
+#[test]
+fn a_black_holed_agent_stops_its_attempt_before_the_lease_is_given_away() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port().expect("port");
+    let url = format!("http://127.0.0.1:{port}");
+    let coord_args: Vec<String> = [
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+        &dir.path().join("coord").display().to_string(),
+        "--lease-ttl",
+        "3s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let coord = Proc::start("headroom-coordinator", &coord_args, dir.path().join("coord.log"))
+        .expect("coordinator");
+    wait("the coordinator", Duration::from_secs(30), || {
+        http_get::<serde_json::Value>(&format!("{url}/v1/health")).ok().map(|_| ())
+    });
+    let link = DroppingLink::new(port).expect("link");
+    let cut_off = agent(&format!("http://127.0.0.1:{}", link.port), "cut-off", dir.path());
+
+    let record = dir.path().join("timeline.jsonl");
+    let spec = serde_json::json!({"spec": {"name": "once-at-a-time", "command": [
+        fake_job().display().to_string(), "--seconds", "600", "--record", record.display().to_string()],
+        "retry": {"max_attempts": 3}}});
+    let exp = wait("a submission", Duration::from_secs(20), || {
+        let (status, body) = http_post(&format!("{url}/v1/experiments"), &spec).ok()?;
+        (status == 200).then_some(())?;
+        serde_json::from_value::<SubmitResponse>(body).ok()?.experiment
+    });
+    let pid = wait("the first attempt to run", Duration::from_secs(30), || {
+        job(&url, exp)?.attempts_detail.first()?.pid
+    });
+
+    // Watch the first attempt's process closely: when did it really end?
+    let died_at = Arc::new(AtomicI64::new(0));
+    let d = died_at.clone();
+    std::thread::spawn(move || {
+        while alive(pid) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        d.store(now_ms(), Ordering::SeqCst);
+    });
+
+    link.drop_packets();
+    // A second agent, reachable, takes the job once the coordinator expires the lease.
+    let _rescuer = agent(&url, "rescuer", dir.path());
+    let second_start = wait("the second attempt to start", Duration::from_secs(60), || {
+        read_records(&record)
+            .ok()?
+            .into_iter()
+            .filter(|r| r.event == "start")
+            .nth(1)
+            .map(|r| r.t_ms)
+    });
+    let died = died_at.load(Ordering::SeqCst);
+    assert!(
+        died > 0 && died < second_start,
+        "the cut-off agent's attempt ended at {died} (0: still running), the job started \
+         again elsewhere at {second_start}: it ran twice\n{}",
+        cut_off.output()
+    );
+
+    // The partition heals: the agent's late end report is refused and changes nothing.
+    link.heal();
+    wait("the late finish to be refused", Duration::from_secs(60), || {
+        cut_off
+            .output()
+            .contains("finish refused, the lease is no longer ours")
+            .then_some(())
+    });
+    let d = job(&url, exp).expect("job");
+    let first = &d.attempts_detail[0];
+    assert_eq!(first.failure_class, Some(FailureClass::Lost));
+    assert!(
+        !first
+            .log_tail
+            .as_deref()
+            .unwrap_or_default()
+            .contains("lease could not be renewed"),
+        "the stale report was taken: {first:?}"
+    );
+    assert!(d.attempts_detail.len() >= 2, "{}", coord.output());
+}
