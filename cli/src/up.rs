@@ -99,6 +99,9 @@ fn host_name() -> String {
 
 pub async fn run(args: UpArgs) -> Result<i32> {
     init_tracing(args.run.is_some());
+    // Refused before anything starts: the agent could not stop its jobs before their leases
+    // expire.
+    headroom_agent::fence::FenceBudget::new(args.lease_ttl, args.kill_grace)?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data dir {}", args.data_dir.display()))?;
     let data_dir = args

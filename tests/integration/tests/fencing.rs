@@ -133,3 +133,54 @@ fn a_black_holed_agent_stops_its_attempt_before_the_lease_is_given_away() {
     );
     assert!(d.attempts_detail.len() >= 2, "{}", coord.output());
 }
+
+/// The guarantee cannot hold when the kill grace eats the lease TTL: refused at start, naming
+/// both settings, by `headroom up` and by an agent whose coordinator has that TTL.
+#[test]
+fn a_kill_grace_that_does_not_fit_the_lease_ttl_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(headroom_integration_tests::binary("headroom"))
+        .args(["up", "--listen", "127.0.0.1:0", "--gpu-backend", "fake"])
+        .args(["--kill-grace", "10s", "--lease-ttl", "10s", "--data-dir"])
+        .arg(dir.path().join("up"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("headroom up");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--kill-grace 10s") && err.contains("--lease-ttl 10s"),
+        "{err}"
+    );
+
+    let port = free_port().expect("port");
+    let url = format!("http://127.0.0.1:{port}");
+    let coord_args: Vec<String> = [
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+        &dir.path().join("coord").display().to_string(),
+        "--lease-ttl",
+        "10s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let _coord = Proc::start("headroom-coordinator", &coord_args, dir.path().join("coord.log"))
+        .expect("coordinator");
+    wait("the coordinator", Duration::from_secs(30), || {
+        http_get::<serde_json::Value>(&format!("{url}/v1/health")).ok().map(|_| ())
+    });
+    let out = std::process::Command::new(headroom_integration_tests::binary("headroom-agent"))
+        .args(["--coordinator", &url, "--gpu-backend", "fake", "--kill-grace", "10s"])
+        .arg("--data-dir")
+        .arg(dir.path().join("agent"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("headroom-agent");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--kill-grace 10s") && err.contains("--lease-ttl 10s"),
+        "{err}"
+    );
+}
