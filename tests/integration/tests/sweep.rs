@@ -1,12 +1,16 @@
 //! The restart sweep: an agent killed with `kill -9` and down longer than the lease TTL (its
 //! attempt already recorded lost, so the coordinator reports nothing to clean up) kills the
 //! orphans of its former attempts before it takes new work, and leaves the jobs of another
-//! agent on the same host alone.
+//! agent on the same host alone. Quarantines a killed agent left behind lift by themselves
+//! once their leftovers are gone.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use headroom_integration_tests::{Proc, alive, fake_job, free_port, http_get, http_post, wait_until as wait};
+use headroom_integration_tests::{
+    Headroom, KillOnDrop, Proc, UpOptions, alive, fake_job, free_port, http_get, http_post,
+    wait_until as wait,
+};
 use headroom_shared::api::{JobDetail, JobSummary, SubmitResponse};
 use headroom_shared::{ExperimentId, FailureClass, JobState};
 
@@ -142,4 +146,58 @@ fn an_agent_down_longer_than_the_ttl_kills_its_orphans_before_taking_work() {
         alive(neighbour_pid),
         "the other agent's job on the same host must survive the sweep"
     );
+}
+
+#[test]
+fn a_quarantine_left_by_a_killed_agent_lifts_by_itself_after_its_restart() {
+    let mut h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        kill_grace: "300ms".into(),
+        lease_ttl: "3s".into(),
+        extra: vec!["--verify-timeout".into(), "1s".into()],
+        ..Default::default()
+    })
+    .expect("headroom up");
+    // A process of another owner on which the job books 3 GiB as it exits: cleanup cannot
+    // verify the GPU, which is quarantined until that process is gone.
+    let holder = KillOnDrop(
+        std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("sleep"),
+    );
+    let script = format!(
+        "echo 0:3072 > {}/{}",
+        h.data_dir().join("fake-gpus").display(),
+        holder.0.id()
+    );
+    let exp = h
+        .submit_api(serde_json::json!({"name": "leak", "command": ["sh", "-c", script],
+            "resources": {"memory": "1GiB"}}))
+        .expect("submit")
+        .experiment
+        .expect("stored");
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    let a = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+    assert_eq!(a.cleanup_verified, Some(false));
+    assert!(!h.nodes().expect("nodes")[0].gpus[0].quarantine.is_empty());
+
+    // The agent dies; the leftover goes while it is down.
+    h.kill9().expect("kill -9");
+    drop(holder);
+    h.restart().expect("restart");
+    h.wait_for("the quarantine to lift by itself", Duration::from_secs(30), || {
+        Ok(h.nodes()?
+            .first()
+            .filter(|n| n.alive && n.gpus.first().is_some_and(|g| g.quarantine.is_empty()))
+            .map(|_| ()))
+    });
+    let after = h
+        .submit_api(serde_json::json!({"name": "after", "command": ["true"],
+            "resources": {"memory": "1GiB"}}))
+        .expect("submit")
+        .experiment
+        .expect("stored");
+    let jobs = h.wait_done(after, Duration::from_secs(30));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
 }
