@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use headroom_shared::api::{ClaimRequest, GpuSample, HandBackRequest, Headroom, Lease, RegisterRequest};
+use headroom_shared::api::{
+    ClaimRequest, GpuSample, HandBackRequest, Headroom, Lease, RegisterRequest,
+};
 use headroom_shared::{AgentId, AttemptId};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -58,7 +60,9 @@ pub enum AgentError {
 
 /// The agent's states; each step of `run` moves from one to the next.
 enum State {
-    Registering { backoff: Backoff },
+    Registering {
+        backoff: Backoff,
+    },
     Serving(Session),
     Draining {
         outcome: Result<(), AgentError>,
@@ -195,7 +199,10 @@ impl Agent {
             .await
             .unwrap_or(0);
             if n > 0 {
-                tracing::warn!(processes = n, "killed leftovers of attempts the coordinator lost");
+                tracing::warn!(
+                    processes = n,
+                    "killed leftovers of attempts the coordinator lost"
+                );
             }
         }
         if !killed.is_empty() || !resp.lost_attempts.is_empty() {
@@ -247,7 +254,9 @@ impl Agent {
             let on_gpus: Vec<u32> = samples
                 .iter()
                 .flat_map(|g| &g.processes)
-                .filter(|p| p.attempt.is_some_and(|a| attempts.contains(&a)) || pids.contains(&p.pid))
+                .filter(|p| {
+                    p.attempt.is_some_and(|a| attempts.contains(&a)) || pids.contains(&p.pid)
+                })
                 .map(|p| p.pid)
                 .collect();
             // No GPU reading is no proof.

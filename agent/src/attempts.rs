@@ -284,7 +284,9 @@ impl Attempts {
                         .any(|p| {
                             q.held_by.iter().any(|h| h.pid == p.pid) || p.attempt == Some(*attempt)
                         });
-                    !on_gpus && !marked.contains_key(attempt) && !q.held_by.iter().any(HeldPid::alive)
+                    !on_gpus
+                        && !marked.contains_key(attempt)
+                        && !q.held_by.iter().any(HeldPid::alive)
                 })
                 .map(|(a, _)| a)
                 .collect()
@@ -386,7 +388,12 @@ mod tests {
         assert_eq!(q[0].1.gpus, vec![1]);
         assert_eq!(q[0].1.held_by[0].pid, std::process::id());
         b.released(&[held]).await;
-        assert!(Attempts::load(dir.path()).expect("reload").quarantined().is_empty());
+        assert!(
+            Attempts::load(dir.path())
+                .expect("reload")
+                .quarantined()
+                .is_empty()
+        );
     }
 
     #[tokio::test]
@@ -405,7 +412,10 @@ mod tests {
             ..Default::default()
         };
         assert!(a.releasable(std::slice::from_ref(&gpu)).await.is_empty());
-        assert!(a.releasable(&[]).await.is_empty(), "no reading is not clean");
+        assert!(
+            a.releasable(&[]).await.is_empty(),
+            "no reading is not clean"
+        );
         child.kill().expect("kill");
         child.wait().expect("wait");
         assert_eq!(a.releasable(&[gpu]).await, vec![attempt]);

@@ -90,7 +90,11 @@ impl FenceBudget {
 }
 
 fn round_up_ms(d: Duration) -> Duration {
-    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX).saturating_add(1))
+    Duration::from_millis(
+        u64::try_from(d.as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1),
+    )
 }
 
 #[cfg(test)]

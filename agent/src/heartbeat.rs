@@ -78,10 +78,7 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
                 wait = budget.retry;
             }
             Err(_) => {
-                tracing::warn!(
-                    "heartbeat unanswered after {:?}",
-                    budget.request_timeout
-                );
+                tracing::warn!("heartbeat unanswered after {:?}", budget.request_timeout);
                 wait = budget.retry;
             }
         }
@@ -133,7 +130,6 @@ fn kill_foreign_processes(samples: &[GpuSample], suspects: &mut std::collections
         );
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -191,11 +187,13 @@ mod tests {
 
     /// Runs the heartbeats of a session started now with one attempt against `url`; returns
     /// the attempt's stop signal and the session's start.
-    async fn heartbeats(url: &str, budget: FenceBudget) -> (StopSignal, Instant, tempfile::TempDir) {
+    async fn heartbeats(
+        url: &str,
+        budget: FenceBudget,
+    ) -> (StopSignal, Instant, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let backend =
-            FakeBackend::open("1x24GiB".parse().expect("spec"), &dir.path().join("fake"))
-                .expect("fake backend");
+        let backend = FakeBackend::open("1x24GiB".parse().expect("spec"), &dir.path().join("fake"))
+            .expect("fake backend");
         let shared = Arc::new(Shared {
             cfg: AgentConfig {
                 coordinator: url.to_string(),

@@ -199,4 +199,3 @@ async fn read_from(path: &PathBuf, offset: u64, max: usize) -> std::io::Result<V
     f.take(max as u64).read_to_end(&mut buf).await?;
     Ok(buf)
 }
-

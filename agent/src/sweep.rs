@@ -141,7 +141,11 @@ mod tests {
         let killed = kill_strays(&scope, &HashSet::from([kept]));
         assert_eq!(killed, HashMap::from([(stray, vec![pid])]));
         assert!(wait_dead(&mut a), "the stray dies");
-        for (name, child) in [("kept", &mut b), ("other agent's", &mut c), ("unscoped", &mut d)] {
+        for (name, child) in [
+            ("kept", &mut b),
+            ("other agent's", &mut c),
+            ("unscoped", &mut d),
+        ] {
             assert!(
                 child.try_wait().expect("try_wait").is_none(),
                 "the {name} process lives"

@@ -31,10 +31,16 @@ fn drains_on(signal: Signal) {
     ]
     .map(String::from)
     .to_vec();
-    let _coord = Proc::start("headroom-coordinator", &coord_args, dir.path().join("coord.log"))
-        .expect("coordinator");
+    let _coord = Proc::start(
+        "headroom-coordinator",
+        &coord_args,
+        dir.path().join("coord.log"),
+    )
+    .expect("coordinator");
     wait("the coordinator", Duration::from_secs(30), || {
-        http_get::<serde_json::Value>(&format!("{url}/v1/health")).ok().map(|_| ())
+        http_get::<serde_json::Value>(&format!("{url}/v1/health"))
+            .ok()
+            .map(|_| ())
     });
     let agent_args: Vec<String> = [
         "--coordinator",
@@ -61,7 +67,9 @@ fn drains_on(signal: Signal) {
     let exp = wait("a submission", Duration::from_secs(20), || {
         let (status, body) = http_post(&format!("{url}/v1/experiments"), &spec).ok()?;
         (status == 200).then_some(())?;
-        serde_json::from_value::<SubmitResponse>(body).ok()?.experiment
+        serde_json::from_value::<SubmitResponse>(body)
+            .ok()?
+            .experiment
     });
     let pid = wait("the job to run", Duration::from_secs(30), || {
         let d = job(&url, exp)?;
@@ -74,11 +82,7 @@ fn drains_on(signal: Signal) {
     let status = agent
         .wait_exit(Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("the agent did not exit: {e}\n{}", agent.output()));
-    assert!(
-        status.success(),
-        "exit status {status}\n{}",
-        agent.output()
-    );
+    assert!(status.success(), "exit status {status}\n{}", agent.output());
     assert!(!alive(pid), "the job's process is gone");
     // Reported by the agent: ended and requeued now, well before the 60 s TTL.
     let d = job(&url, exp).expect("job");

@@ -62,13 +62,23 @@ fn a_black_holed_agent_stops_its_attempt_before_the_lease_is_given_away() {
     ]
     .map(String::from)
     .to_vec();
-    let coord = Proc::start("headroom-coordinator", &coord_args, dir.path().join("coord.log"))
-        .expect("coordinator");
+    let coord = Proc::start(
+        "headroom-coordinator",
+        &coord_args,
+        dir.path().join("coord.log"),
+    )
+    .expect("coordinator");
     wait("the coordinator", Duration::from_secs(30), || {
-        http_get::<serde_json::Value>(&format!("{url}/v1/health")).ok().map(|_| ())
+        http_get::<serde_json::Value>(&format!("{url}/v1/health"))
+            .ok()
+            .map(|_| ())
     });
     let link = DroppingLink::new(port).expect("link");
-    let cut_off = agent(&format!("http://127.0.0.1:{}", link.port), "cut-off", dir.path());
+    let cut_off = agent(
+        &format!("http://127.0.0.1:{}", link.port),
+        "cut-off",
+        dir.path(),
+    );
 
     let record = dir.path().join("timeline.jsonl");
     let spec = serde_json::json!({"spec": {"name": "once-at-a-time", "command": [
@@ -77,7 +87,9 @@ fn a_black_holed_agent_stops_its_attempt_before_the_lease_is_given_away() {
     let exp = wait("a submission", Duration::from_secs(20), || {
         let (status, body) = http_post(&format!("{url}/v1/experiments"), &spec).ok()?;
         (status == 200).then_some(())?;
-        serde_json::from_value::<SubmitResponse>(body).ok()?.experiment
+        serde_json::from_value::<SubmitResponse>(body)
+            .ok()?
+            .experiment
     });
     let pid = wait("the first attempt to run", Duration::from_secs(30), || {
         job(&url, exp)?.attempts_detail.first()?.pid
@@ -96,14 +108,18 @@ fn a_black_holed_agent_stops_its_attempt_before_the_lease_is_given_away() {
     link.drop_packets();
     // A second agent, reachable, takes the job once the coordinator expires the lease.
     let _rescuer = agent(&url, "rescuer", dir.path());
-    let second_start = wait("the second attempt to start", Duration::from_secs(60), || {
-        read_records(&record)
-            .ok()?
-            .into_iter()
-            .filter(|r| r.event == "start")
-            .nth(1)
-            .map(|r| r.t_ms)
-    });
+    let second_start = wait(
+        "the second attempt to start",
+        Duration::from_secs(60),
+        || {
+            read_records(&record)
+                .ok()?
+                .into_iter()
+                .filter(|r| r.event == "start")
+                .nth(1)
+                .map(|r| r.t_ms)
+        },
+    );
     let died = died_at.load(Ordering::SeqCst);
     assert!(
         died > 0 && died < second_start,
@@ -114,12 +130,16 @@ fn a_black_holed_agent_stops_its_attempt_before_the_lease_is_given_away() {
 
     // The partition heals: the agent's late end report is refused and changes nothing.
     link.heal();
-    wait("the late finish to be refused", Duration::from_secs(60), || {
-        cut_off
-            .output()
-            .contains("finish refused, the lease is no longer ours")
-            .then_some(())
-    });
+    wait(
+        "the late finish to be refused",
+        Duration::from_secs(60),
+        || {
+            cut_off
+                .output()
+                .contains("finish refused, the lease is no longer ours")
+                .then_some(())
+        },
+    );
     let d = job(&url, exp).expect("job");
     let first = &d.attempts_detail[0];
     assert_eq!(first.failure_class, Some(FailureClass::Lost));
@@ -165,13 +185,26 @@ fn a_kill_grace_that_does_not_fit_the_lease_ttl_is_refused_at_start() {
     ]
     .map(String::from)
     .to_vec();
-    let _coord = Proc::start("headroom-coordinator", &coord_args, dir.path().join("coord.log"))
-        .expect("coordinator");
+    let _coord = Proc::start(
+        "headroom-coordinator",
+        &coord_args,
+        dir.path().join("coord.log"),
+    )
+    .expect("coordinator");
     wait("the coordinator", Duration::from_secs(30), || {
-        http_get::<serde_json::Value>(&format!("{url}/v1/health")).ok().map(|_| ())
+        http_get::<serde_json::Value>(&format!("{url}/v1/health"))
+            .ok()
+            .map(|_| ())
     });
     let out = std::process::Command::new(headroom_integration_tests::binary("headroom-agent"))
-        .args(["--coordinator", &url, "--gpu-backend", "fake", "--kill-grace", "10s"])
+        .args([
+            "--coordinator",
+            &url,
+            "--gpu-backend",
+            "fake",
+            "--kill-grace",
+            "10s",
+        ])
         .arg("--data-dir")
         .arg(dir.path().join("agent"))
         .stdin(std::process::Stdio::null())

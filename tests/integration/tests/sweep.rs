@@ -38,7 +38,9 @@ impl Site {
             .expect("coordinator");
         let url = format!("http://127.0.0.1:{port}");
         wait("the coordinator", Duration::from_secs(30), || {
-            http_get::<serde_json::Value>(&format!("{url}/v1/health")).ok().map(|_| ())
+            http_get::<serde_json::Value>(&format!("{url}/v1/health"))
+                .ok()
+                .map(|_| ())
         });
         Self {
             dir,
@@ -72,16 +74,21 @@ impl Site {
 
     fn submit(&self, spec: serde_json::Value) -> ExperimentId {
         wait("a submission", Duration::from_secs(20), || {
-            let (status, body) =
-                http_post(&format!("{}/v1/experiments", self.url), &serde_json::json!({"spec": spec}))
-                    .ok()?;
+            let (status, body) = http_post(
+                &format!("{}/v1/experiments", self.url),
+                &serde_json::json!({"spec": spec}),
+            )
+            .ok()?;
             (status == 200).then_some(())?;
-            serde_json::from_value::<SubmitResponse>(body).ok()?.experiment
+            serde_json::from_value::<SubmitResponse>(body)
+                .ok()?
+                .experiment
         })
     }
 
     fn job(&self, exp: ExperimentId) -> Option<JobDetail> {
-        let jobs: Vec<JobSummary> = http_get(&format!("{}/v1/jobs?experiment={exp}", self.url)).ok()?;
+        let jobs: Vec<JobSummary> =
+            http_get(&format!("{}/v1/jobs?experiment={exp}", self.url)).ok()?;
         http_get(&format!("{}/v1/jobs/{}", self.url, jobs.first()?.id)).ok()
     }
 
@@ -115,10 +122,11 @@ fn an_agent_down_longer_than_the_ttl_kills_its_orphans_before_taking_work() {
     agent.kill9().expect("kill -9");
     // Down longer than the TTL: the coordinator records the attempt lost and will not name
     // it to the agent when it comes back.
-    let d = wait("the attempt to be recorded lost", Duration::from_secs(30), || {
-        site.job(orphaner)
-            .filter(|d| d.summary.state.is_terminal())
-    });
+    let d = wait(
+        "the attempt to be recorded lost",
+        Duration::from_secs(30),
+        || site.job(orphaner).filter(|d| d.summary.state.is_terminal()),
+    );
     assert_eq!(d.attempts_detail[0].failure_class, Some(FailureClass::Lost));
     assert!(alive(orphan), "the orphan outlives its agent");
 
@@ -129,11 +137,15 @@ fn an_agent_down_longer_than_the_ttl_kills_its_orphans_before_taking_work() {
          then echo alive > {p}; else echo gone > {p}; fi",
         p = probe.display()
     );
-    let _probe_exp = site.submit(serde_json::json!({"name": "probe", "command": ["sh", "-c", script],
-        "resources": {"memory": "1GiB"}}));
+    let _probe_exp = site.submit(
+        serde_json::json!({"name": "probe", "command": ["sh", "-c", script],
+        "resources": {"memory": "1GiB"}}),
+    );
     let restarted = site.agent("gpu-1", "agent2.log");
     let seen = wait("the probe job", Duration::from_secs(60), || {
-        std::fs::read_to_string(&probe).ok().filter(|s| !s.is_empty())
+        std::fs::read_to_string(&probe)
+            .ok()
+            .filter(|s| !s.is_empty())
     });
     assert_eq!(
         seen.trim(),
@@ -172,8 +184,10 @@ fn a_quarantine_left_by_a_killed_agent_lifts_by_itself_after_its_restart() {
         holder.0.id()
     );
     let exp = h
-        .submit_api(serde_json::json!({"name": "leak", "command": ["sh", "-c", script],
-            "resources": {"memory": "1GiB"}}))
+        .submit_api(
+            serde_json::json!({"name": "leak", "command": ["sh", "-c", script],
+            "resources": {"memory": "1GiB"}}),
+        )
         .expect("submit")
         .experiment
         .expect("stored");
@@ -186,12 +200,16 @@ fn a_quarantine_left_by_a_killed_agent_lifts_by_itself_after_its_restart() {
     h.kill9().expect("kill -9");
     drop(holder);
     h.restart().expect("restart");
-    h.wait_for("the quarantine to lift by itself", Duration::from_secs(30), || {
-        Ok(h.nodes()?
-            .first()
-            .filter(|n| n.alive && n.gpus.first().is_some_and(|g| g.quarantine.is_empty()))
-            .map(|_| ()))
-    });
+    h.wait_for(
+        "the quarantine to lift by itself",
+        Duration::from_secs(30),
+        || {
+            Ok(h.nodes()?
+                .first()
+                .filter(|n| n.alive && n.gpus.first().is_some_and(|g| g.quarantine.is_empty()))
+                .map(|_| ()))
+        },
+    );
     let after = h
         .submit_api(serde_json::json!({"name": "after", "command": ["true"],
             "resources": {"memory": "1GiB"}}))
