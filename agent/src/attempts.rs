@@ -112,6 +112,8 @@ struct Inner {
 pub struct Attempts {
     inner: Arc<Mutex<Inner>>,
     file: Arc<QuarantineFile>,
+    /// Counts launches, so that waiters (the fence) learn of new attempts without polling.
+    launches: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +158,7 @@ impl Attempts {
                 version: AtomicU64::new(0),
                 written: Mutex::new(0),
             }),
+            launches: Arc::new(tokio::sync::watch::Sender::new(0)),
         })
     }
 
@@ -176,7 +179,13 @@ impl Attempts {
                 stop: stop.clone(),
             },
         );
+        self.launches.send_modify(|n| *n = n.wrapping_add(1));
         stop
+    }
+
+    /// Changes whenever an attempt begins (subscribe before looking at the running set).
+    pub fn launches(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.launches.subscribe()
     }
 
     /// Leases to renew: every running attempt with its fencing token.

@@ -19,7 +19,9 @@ pub struct FenceBudget {
     pub every: Duration,
     /// Time between heartbeats after a failure.
     pub retry: Duration,
-    /// Longest a heartbeat request may take: a black-holed request must not hold the loop.
+    /// Longest a heartbeat request is waited for before a fresh one is tried. As long as the
+    /// fence itself: the fence fires at its deadline whatever requests are in flight, and a
+    /// request dropped early may be dropped by the coordinator too (it would not renew).
     pub request_timeout: Duration,
     /// Counted from the *sending* of the last renewed heartbeat: when the agent stops every
     /// attempt it runs. `fence_after + kill grace + margin = ttl`.
@@ -77,7 +79,7 @@ impl FenceBudget {
             ttl,
             every,
             retry: (every / 3).min(Duration::from_secs(1)),
-            request_timeout: every,
+            request_timeout: ttl - kill_grace - margin,
             fence_after: ttl - kill_grace - margin,
         })
     }
@@ -113,7 +115,7 @@ mod tests {
             );
             // The agent gets to renew at least once before fencing itself.
             assert!(b.fence_after >= b.every, "ttl {ttl} grace {grace}: {b:?}");
-            assert!(b.request_timeout <= b.every);
+            assert!(b.request_timeout <= b.fence_after);
         }
     }
 

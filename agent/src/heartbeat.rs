@@ -20,12 +20,11 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
     // When the last heartbeat that the coordinator answered was sent: the coordinator renewed
     // the leases on receiving it, which was later.
     let mut renewed = session.renewed;
-    let mut wait = budget.every;
+    let mut next = Instant::now() + budget.every;
     // Foreign pids seen at the last heartbeat: only a process foreign twice in a row is
     // killed, never one caught for an instant without its marker (mid-exec).
     let mut suspects = HashSet::new();
     loop {
-        let next = Instant::now() + wait;
         loop {
             tokio::select! {
                 _ = done.cancelled() => return,
@@ -62,7 +61,8 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
         match reply {
             Ok(Ok(resp)) => {
                 renewed = renewed.max(sent);
-                wait = budget.every;
+                // Paced from the sending: a slow answer does not delay the next renewal.
+                next = sent + budget.every;
                 attempts.released(&released).await;
                 for id in resp.cancel {
                     attempts.stop(id, StopReason::User);
@@ -75,21 +75,23 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
             }
             Ok(Err(e)) => {
                 tracing::warn!("heartbeat failed: {e}");
-                wait = budget.retry;
+                next = Instant::now() + budget.retry;
             }
             Err(_) => {
                 tracing::warn!("heartbeat unanswered after {:?}", budget.request_timeout);
-                wait = budget.retry;
+                next = Instant::now() + budget.retry;
             }
         }
     }
 }
 
-/// Resolves at `deadline` if some attempt is running and not yet stopping; never otherwise
-/// (re-armed at every turn of the heartbeat loop, at most `every` apart).
+/// Resolves at `deadline` once some attempt is running and not yet stopping.
 async fn fence_due(attempts: &Attempts, deadline: Instant) {
-    if attempts.watching().is_empty() {
-        std::future::pending::<()>().await;
+    let mut launches = attempts.launches();
+    while attempts.watching().is_empty() {
+        if launches.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
     tokio::time::sleep_until(deadline).await;
 }
@@ -185,12 +187,8 @@ mod tests {
         url
     }
 
-    /// Runs the heartbeats of a session started now with one attempt against `url`; returns
-    /// the attempt's stop signal and the session's start.
-    async fn heartbeats(
-        url: &str,
-        budget: FenceBudget,
-    ) -> (StopSignal, Instant, tempfile::TempDir) {
+    /// Runs the heartbeats of a session started now against `url`; returns its attempts.
+    async fn session(url: &str, budget: FenceBudget) -> (Attempts, Instant, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         let backend = FakeBackend::open("1x24GiB".parse().expect("spec"), &dir.path().join("fake"))
             .expect("fake backend");
@@ -210,9 +208,7 @@ mod tests {
             attempts: Attempts::load(dir.path()).expect("attempts"),
             scope: "test".into(),
         });
-        let stop = shared
-            .attempts
-            .begin(AttemptId::new(), 1, &CancellationToken::new());
+        let attempts = shared.attempts.clone();
         let start = Instant::now();
         let session = Session {
             agent: AgentId::new(),
@@ -221,6 +217,16 @@ mod tests {
             renewed: start,
         };
         tokio::spawn(run(shared, session, CancellationToken::new()));
+        (attempts, start, dir)
+    }
+
+    /// [`session`] with one attempt running from the start.
+    async fn heartbeats(
+        url: &str,
+        budget: FenceBudget,
+    ) -> (StopSignal, Instant, tempfile::TempDir) {
+        let (attempts, start, dir) = session(url, budget).await;
+        let stop = attempts.begin(AttemptId::new(), 1, &CancellationToken::new());
         (stop, start, dir)
     }
 
@@ -255,6 +261,22 @@ mod tests {
         assert!(
             at >= due && at < due + Duration::from_millis(200),
             "fenced after {at:?}, due at {due:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_launched_after_the_deadline_is_fenced_at_once() {
+        let budget = FenceBudget::new(S(30), S(10)).expect("budget");
+        let url = coordinator(0, S(0)).await;
+        let (attempts, start, _dir) = session(&url, budget).await;
+        tokio::time::sleep(S(20)).await;
+        let stop = attempts.begin(AttemptId::new(), 1, &CancellationToken::new());
+        stop.cancel.cancelled().await;
+        assert_eq!(stop.reason(), Some(StopReason::LeaseLost));
+        let at = start.elapsed();
+        assert!(
+            at < S(20) + Duration::from_millis(200),
+            "fenced after {at:?}"
         );
     }
 }
