@@ -114,3 +114,110 @@ fn sigterm_stops_reports_and_exits_zero() {
 fn sigint_stops_reports_and_exits_zero() {
     drains_on(Signal::SIGINT);
 }
+
+/// A drain whose cleanup outlasts the lease TTL (a leftover that cannot be verified gone):
+/// heartbeats keep the lease through it, so the end is reported, not expired, and the GPU's
+/// quarantine is recorded.
+#[test]
+fn a_drain_longer_than_the_ttl_keeps_its_lease_and_reports_the_quarantine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port().expect("port");
+    let url = format!("http://127.0.0.1:{port}");
+    let coord_args: Vec<String> = [
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+        &dir.path().join("coord").display().to_string(),
+        "--lease-ttl",
+        "2s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let _coord = Proc::start(
+        "headroom-coordinator",
+        &coord_args,
+        dir.path().join("coord.log"),
+    )
+    .expect("coordinator");
+    wait("the coordinator", Duration::from_secs(30), || {
+        http_get::<serde_json::Value>(&format!("{url}/v1/health"))
+            .ok()
+            .map(|_| ())
+    });
+    let agent_args: Vec<String> = [
+        "--coordinator",
+        &url,
+        "--node",
+        "gpu-1",
+        "--gpu-backend",
+        "fake",
+        "--fake-gpus",
+        "1x24GiB",
+        "--kill-grace",
+        "300ms",
+        "--verify-timeout",
+        "5s",
+        "--data-dir",
+        &dir.path().join("agent").display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut agent =
+        Proc::start("headroom-agent", &agent_args, dir.path().join("agent.log")).expect("agent");
+    // A process of another owner on which the job books 3 GiB: cleanup cannot verify the GPU.
+    let holder = headroom_integration_tests::KillOnDrop(
+        std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("sleep"),
+    );
+    let script = format!(
+        "echo 0:3072 > \"$HEADROOM_FAKE_GPU_DIR/{}\" && exec {} --seconds 600",
+        holder.0.id(),
+        fake_job().display()
+    );
+    let spec = serde_json::json!({"spec": {"name": "leaky", "command": ["sh", "-c", script],
+        "resources": {"memory": "1GiB"}}});
+    let exp = wait("a submission", Duration::from_secs(20), || {
+        let (status, body) = http_post(&format!("{url}/v1/experiments"), &spec).ok()?;
+        (status == 200).then_some(())?;
+        serde_json::from_value::<SubmitResponse>(body)
+            .ok()?
+            .experiment
+    });
+    wait("the job to run", Duration::from_secs(30), || {
+        let d = job(&url, exp)?;
+        (d.summary.state == JobState::Running).then_some(())?;
+        d.attempts_detail.first()?.pid
+    });
+    // The booking is in place.
+    let booking = dir
+        .path()
+        .join("agent")
+        .join("fake-gpus")
+        .join(holder.0.id().to_string());
+    wait("the booking", Duration::from_secs(10), || {
+        booking.exists().then_some(())
+    });
+
+    agent.signal(Signal::SIGTERM).expect("signal");
+    let status = agent
+        .wait_exit(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("the agent did not exit: {e}\n{}", agent.output()));
+    assert!(status.success(), "exit status {status}\n{}", agent.output());
+    let d = job(&url, exp).expect("job");
+    let first = &d.attempts_detail[0];
+    assert_eq!(
+        first.cleanup_verified,
+        Some(false),
+        "the agent's report was taken, not the lease's expiry: {first:?}\n{}",
+        agent.output()
+    );
+    assert_eq!(first.failure_class, Some(FailureClass::Lost));
+    let nodes: Vec<headroom_shared::api::NodeView> =
+        http_get(&format!("{url}/v1/nodes")).expect("nodes");
+    assert!(
+        !nodes[0].gpus[0].quarantine.is_empty(),
+        "the GPU is quarantined: {nodes:?}"
+    );
+}
