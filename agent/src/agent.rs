@@ -458,6 +458,7 @@ async fn run_lease(
         signal: end.signal,
         ended_at: end.ended_at,
         peak_mem_mib: end.peak_mem_mib,
+        peak_source: Some(end.peak_source),
         cleanup_ms: end.cleanup_ms,
         cleanup_verified: end.cleanup_verified,
         unverified: end.unverified.clone(),
@@ -672,7 +673,9 @@ async fn released(quarantined: &Quarantined, samples: &[GpuSample]) -> Vec<Attem
                     .filter(|g| gpus.contains(&g.index))
                     .flat_map(|g| &g.processes)
                     .any(|p| pids.contains(&p.pid) || p.attempt == Some(*attempt));
+                // An unreadable GPU keeps its quarantine: unknown is not clean.
                 !on_gpus
+                    && crate::gpu::unreadable(&samples, gpus).is_none()
                     && !marked.contains_key(attempt)
                     && !pids.iter().any(|&p| crate::procscan::is_alive(p))
             })
@@ -685,10 +688,17 @@ async fn released(quarantined: &Quarantined, samples: &[GpuSample]) -> Vec<Attem
 
 /// Kills processes of no attempt holding GPU memory, for nodes configured to own their GPUs.
 fn kill_foreign_processes(samples: &[GpuSample], suspects: &mut std::collections::HashSet<u32>) {
+    // Nothing on a GPU whose reading failed, nor a pid of another namespace, is killed.
     let foreign: Vec<(u32, u64, Option<String>, Option<String>)> = samples
         .iter()
+        .filter(|g| g.error.is_none())
         .flat_map(|g| &g.processes)
-        .filter(|p| p.attempt.is_none() && p.used_mib > 0 && p.pid != std::process::id())
+        .filter(|p| {
+            p.attempt.is_none()
+                && (p.used_mib > 0 || p.used_mib_unknown)
+                && !p.outside_pid_namespace
+                && p.pid != std::process::id()
+        })
         .map(|p| (p.pid, p.used_mib, p.user.clone(), p.command.clone()))
         .collect();
     let seen_before = std::mem::replace(suspects, foreign.iter().map(|f| f.0).collect());
@@ -724,26 +734,24 @@ fn refs(running: &Mutex<HashMap<AttemptId, Running>>) -> Vec<AttemptRef> {
 /// Live GPU samples, read off the runtime (NVML and /proc reads block).
 pub async fn sample(backend: &Arc<dyn GpuBackend>) -> Vec<GpuSample> {
     let b = backend.clone();
+    // Every GPU, each with its own error if its reading failed: never an empty list.
     let read = move || {
-        let mut samples = b.sample()?;
+        let mut samples = crate::gpu::read(b.as_ref());
         for p in samples.iter_mut().flat_map(|g| g.processes.iter_mut()) {
-            if p.attempt.is_none() {
+            if p.attempt.is_none() && !p.outside_pid_namespace {
                 (p.user, p.command) = crate::procscan::describe(p.pid);
             }
         }
-        Ok::<_, crate::gpu::GpuError>(samples)
+        samples
     };
-    match tokio::task::spawn_blocking(read).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            tracing::warn!("GPU sample failed: {e}");
-            vec![]
-        }
-        Err(e) => {
-            tracing::warn!("GPU sample task failed: {e}");
-            vec![]
-        }
-    }
+    let inventory = backend.inventory();
+    tokio::task::spawn_blocking(read).await.unwrap_or_else(|e| {
+        tracing::warn!("GPU sample task failed: {e}");
+        inventory
+            .iter()
+            .map(|g| crate::gpu::unknown(g.index, format!("GPU sample task failed: {e}")))
+            .collect()
+    })
 }
 
 /// Kills what is left of attempts of this node's earlier incarnation (their processes carry

@@ -55,7 +55,9 @@ pub(crate) fn node_snapshot(
                     .filter(|a| a.gpus.contains(&g.index))
                     .map(|a| a.estimate)
                     .collect(),
-                quarantined: blocked.contains(&g.index),
+                // A GPU whose last reading failed is unknown, so not placeable.
+                quarantined: blocked.contains(&g.index)
+                    || samples.iter().any(|s| s.index == g.index && s.error.is_some()),
             })
             .collect(),
         cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,
