@@ -1287,6 +1287,141 @@ mod tests {
         f.assert_gone(attempt);
     }
 
+    /// A fake GPU's fault control file, as a test injects it.
+    fn inject(f: &Fixture, gpu: u32, fault: crate::gpu::fake::Fault, text: &str) {
+        let dir = f.tmp.path().join("gpus");
+        std::fs::write(crate::gpu::fake::fault_file(&dir, gpu, fault), text).expect("fault");
+    }
+
+    /// Verification gives up quickly: these tests end unverified on purpose.
+    fn impatient() -> SupervisorConfig {
+        SupervisorConfig {
+            verify_timeout: Duration::from_millis(300),
+            ..quick()
+        }
+    }
+
+    async fn run_with(f: &Fixture, launch: Launch, cfg: &SupervisorConfig) -> AttemptEnd {
+        run_attempt(
+            launch,
+            f.backend.clone(),
+            cfg,
+            CancellationToken::new(),
+            |_| {},
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_failed_process_list_is_not_verified_clean() {
+        use crate::gpu::fake::Fault;
+        let f = fixture();
+        inject(&f, 0, Fault::Processes, "GPU is lost");
+        let launch = f.sh("echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.2");
+        let end = run_with(&f, launch.clone(), &impatient()).await;
+        assert!(!end.cleanup_verified, "unknown read as clean: {end:?}");
+        let reason = end.unverified.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains("GPU 0 could not be read") && reason.contains("GPU is lost"),
+            "{reason}"
+        );
+        assert!(log_of(&launch).contains("GPU is lost"));
+        // Its processes were never seen: nothing is learnt, not 0.
+        assert_eq!(end.peak_mem_mib, None);
+    }
+
+    #[tokio::test]
+    async fn a_failed_memory_query_is_unknown_for_that_gpu_only() {
+        use crate::gpu::fake::Fault;
+        let f = fixture();
+        inject(&f, 1, Fault::Memory, "");
+        let samples = gpu::read(f.backend.as_ref());
+        assert_eq!(samples.len(), 2, "one failing GPU must not empty the node");
+        assert_eq!(samples[0].error, None);
+        assert_eq!(samples[0].free_mib, 8192);
+        assert!(samples[1].error.as_deref().is_some_and(|e| e.contains("memory info")));
+        assert_eq!(samples[1].free_mib, 0, "unknown memory is not free");
+
+        // An attempt on GPU 0 is verified as usual; one on GPU 1 is not.
+        let end = run_with(&f, f.sh("echo 0:256 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.2"), &impatient()).await;
+        assert!(end.cleanup_verified, "{end:?}");
+        assert_eq!(end.peak_mem_mib, Some(256));
+        let mut on_1 = f.sh("sleep 0.1");
+        on_1.gpus = vec![1];
+        let end = run_with(&f, on_1, &impatient()).await;
+        assert!(!end.cleanup_verified, "{end:?}");
+        assert!(
+            end.unverified.as_deref().is_some_and(|r| r.contains("GPU 1 could not be read")),
+            "{end:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn unavailable_process_memory_learns_the_device_delta_not_zero() {
+        use crate::gpu::fake::Fault;
+        let f = fixture();
+        inject(&f, 0, Fault::NoProcessMemory, "");
+        // Someone else's 1000 MiB, there before the attempt: not part of its delta.
+        let mut other = procscan::tests::spawn(std::process::Command::new("sleep").arg("30"));
+        let dir = f.tmp.path().join("gpus");
+        crate::gpu::fake::write_usage(&dir, other.id(), &[(0, 1000)]).expect("usage");
+        let launch = f.sh("echo 0:2048 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.5");
+        let end = run_with(&f, launch.clone(), &quick()).await;
+        let _ = other.kill();
+        let _ = other.wait();
+        procscan::disown(other.id());
+        assert_eq!(end.failure, None, "{end:?}");
+        assert!(end.cleanup_verified, "{end:?}");
+        assert_eq!(end.peak_mem_mib, Some(2048), "{end:?}");
+        assert_eq!(end.peak_source, PeakSource::DeviceDelta);
+        assert!(end.log_tail.contains("used-memory growth"), "{}", end.log_tail);
+        // The other process's memory is unknown too: it still counts as contamination.
+        assert!(end.contaminated);
+    }
+
+    #[tokio::test]
+    async fn pids_that_cannot_be_attributed_are_not_verified_clean() {
+        use crate::gpu::fake::{Fault, PID_NAMESPACE_FILE};
+        let f = fixture();
+        // The driver lists a pid this namespace has no process for.
+        inject(&f, 0, Fault::DriverPids, "99999999:512\n");
+        let end = run_with(&f, f.sh("sleep 0.1"), &impatient()).await;
+        assert!(!end.cleanup_verified, "{end:?}");
+        assert!(
+            end.unverified.as_deref().is_some_and(|r| r.contains("pid 99999999")),
+            "{end:?}"
+        );
+
+        // Someone else's process holds memory on GPU 0 throughout. Seen from the host's pid
+        // namespace it is told apart from the job, and the cleanup is verified.
+        let dir = f.tmp.path().join("gpus");
+        std::fs::remove_file(crate::gpu::fake::fault_file(&dir, 0, Fault::DriverPids))
+            .expect("rm");
+        let mut other = procscan::tests::spawn(std::process::Command::new("sleep").arg("30"));
+        crate::gpu::fake::write_usage(&dir, other.id(), &[(0, 1000)]).expect("usage");
+        let job = "echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3";
+        let end = run_with(&f, f.sh(job), &impatient()).await;
+        assert!(end.cleanup_verified, "{end:?}");
+        assert_eq!(end.peak_mem_mib, Some(512));
+
+        // An agent in a pid namespace of its own cannot tell its job from that process:
+        // nothing is verified (nor killed), and it says what it needs.
+        std::fs::write(dir.join(PID_NAMESPACE_FILE), "isolated").expect("isolated");
+        let launch = f.sh(job);
+        let end = run_with(&f, launch.clone(), &impatient()).await;
+        let _ = other.kill();
+        let _ = other.wait();
+        procscan::disown(other.id());
+        assert!(!end.cleanup_verified, "{end:?}");
+        assert!(
+            end.unverified.as_deref().is_some_and(|r| r.contains("hostPID: true")),
+            "{end:?}"
+        );
+        // Its memory was never attributed to it: nothing learnt.
+        assert_eq!(end.peak_mem_mib, None);
+        f.assert_gone(launch.attempt);
+    }
+
     #[test]
     fn param_names_become_variables() {
         assert_eq!(param_var("batch_size"), "HP_BATCH_SIZE");

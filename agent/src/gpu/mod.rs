@@ -132,17 +132,16 @@ pub fn unknown(index: u32, error: String) -> GpuSample {
     }
 }
 
-/// The errors of `gpus` in `samples` (a GPU with no sample counts as unreadable), as one
-/// line: `None` when all of them read fine.
+/// The errors of `gpus` in `samples` (from [`read`], which has every GPU of the node), as
+/// one line: `None` when all of them read fine.
 pub fn unreadable(samples: &[GpuSample], gpus: &[u32]) -> Option<String> {
-    let errors: Vec<String> = gpus
+    let errors: Vec<String> = samples
         .iter()
-        .filter_map(|&g| match samples.iter().find(|s| s.index == g) {
-            None => Some(format!("GPU {g} could not be read: no reading")),
-            Some(s) => s
-                .error
+        .filter(|s| gpus.contains(&s.index))
+        .filter_map(|s| {
+            s.error
                 .as_ref()
-                .map(|e| format!("GPU {g} could not be read: {e}")),
+                .map(|e| format!("GPU {} could not be read: {e}", s.index))
         })
         .collect();
     (!errors.is_empty()).then(|| errors.join("; "))
