@@ -98,7 +98,8 @@ pub fn open_with(
             Err(e) => return Err(e),
         },
     };
-    tracing::info!(backend = backend.kind(), "{}", backend.describe());
+    // The caller prints `describe()` at a level nothing hides (see the binaries' start).
+    tracing::debug!(backend = backend.kind(), "{}", backend.describe());
     Ok(backend)
 }
 
@@ -106,6 +107,12 @@ pub fn open_with(
 /// unknown (free memory 0, the error as its reason) instead of leaving GPUs out, and a GPU
 /// missing from the reading is unknown too. Blocking.
 pub fn read(backend: &dyn GpuBackend) -> Vec<GpuSample> {
+    let samples = read_all(backend);
+    log_changes(&samples);
+    samples
+}
+
+fn read_all(backend: &dyn GpuBackend) -> Vec<GpuSample> {
     let inventory = backend.inventory();
     match backend.sample() {
         Ok(mut samples) => {
@@ -120,6 +127,36 @@ pub fn read(backend: &dyn GpuBackend) -> Vec<GpuSample> {
             .iter()
             .map(|g| unknown(g.index, e.to_string()))
             .collect(),
+    }
+}
+
+/// Logs a GPU's reading error when it appears or changes, and when it clears: once, not at
+/// every sample.
+fn log_changes(samples: &[GpuSample]) {
+    static LAST: std::sync::Mutex<Vec<(u32, String)>> = std::sync::Mutex::new(Vec::new());
+    let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for s in samples {
+        let before = last.iter().position(|(i, _)| *i == s.index);
+        match (&s.error, before) {
+            (Some(e), Some(at)) if last[at].1 == *e => {}
+            (Some(e), at) => {
+                tracing::warn!(
+                    gpu = s.index,
+                    "GPU {} cannot be read, so it gets no work and nothing on it is verified \
+                     or killed: {e}",
+                    s.index
+                );
+                match at {
+                    Some(at) => last[at].1 = e.clone(),
+                    None => last.push((s.index, e.clone())),
+                }
+            }
+            (None, Some(at)) => {
+                tracing::info!(gpu = s.index, "GPU {} reads again", s.index);
+                last.swap_remove(at);
+            }
+            (None, None) => {}
+        }
     }
 }
 
