@@ -1339,11 +1339,21 @@ mod tests {
         assert_eq!(samples.len(), 2, "one failing GPU must not empty the node");
         assert_eq!(samples[0].error, None);
         assert_eq!(samples[0].free_mib, 8192);
-        assert!(samples[1].error.as_deref().is_some_and(|e| e.contains("memory info")));
+        assert!(
+            samples[1]
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("memory info"))
+        );
         assert_eq!(samples[1].free_mib, 0, "unknown memory is not free");
 
         // An attempt on GPU 0 is verified as usual; one on GPU 1 is not.
-        let end = run_with(&f, f.sh("echo 0:256 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.2"), &impatient()).await;
+        let end = run_with(
+            &f,
+            f.sh("echo 0:256 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.2"),
+            &impatient(),
+        )
+        .await;
         assert!(end.cleanup_verified, "{end:?}");
         assert_eq!(end.peak_mem_mib, Some(256));
         let mut on_1 = f.sh("sleep 0.1");
@@ -1351,7 +1361,9 @@ mod tests {
         let end = run_with(&f, on_1, &impatient()).await;
         assert!(!end.cleanup_verified, "{end:?}");
         assert!(
-            end.unverified.as_deref().is_some_and(|r| r.contains("GPU 1 could not be read")),
+            end.unverified
+                .as_deref()
+                .is_some_and(|r| r.contains("GPU 1 could not be read")),
             "{end:?}"
         );
     }
@@ -1374,7 +1386,11 @@ mod tests {
         assert!(end.cleanup_verified, "{end:?}");
         assert_eq!(end.peak_mem_mib, Some(2048), "{end:?}");
         assert_eq!(end.peak_source, PeakSource::DeviceDelta);
-        assert!(end.log_tail.contains("used-memory growth"), "{}", end.log_tail);
+        assert!(
+            end.log_tail.contains("used-memory growth"),
+            "{}",
+            end.log_tail
+        );
         // The other process's memory is unknown too: it still counts as contamination.
         assert!(end.contaminated);
     }
@@ -1388,15 +1404,16 @@ mod tests {
         let end = run_with(&f, f.sh("sleep 0.1"), &impatient()).await;
         assert!(!end.cleanup_verified, "{end:?}");
         assert!(
-            end.unverified.as_deref().is_some_and(|r| r.contains("pid 99999999")),
+            end.unverified
+                .as_deref()
+                .is_some_and(|r| r.contains("pid 99999999")),
             "{end:?}"
         );
 
         // Someone else's process holds memory on GPU 0 throughout. Seen from the host's pid
         // namespace it is told apart from the job, and the cleanup is verified.
         let dir = f.tmp.path().join("gpus");
-        std::fs::remove_file(crate::gpu::fake::fault_file(&dir, 0, Fault::DriverPids))
-            .expect("rm");
+        std::fs::remove_file(crate::gpu::fake::fault_file(&dir, 0, Fault::DriverPids)).expect("rm");
         let mut other = procscan::tests::spawn(std::process::Command::new("sleep").arg("30"));
         crate::gpu::fake::write_usage(&dir, other.id(), &[(0, 1000)]).expect("usage");
         let job = "echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3";
@@ -1414,7 +1431,9 @@ mod tests {
         procscan::disown(other.id());
         assert!(!end.cleanup_verified, "{end:?}");
         assert!(
-            end.unverified.as_deref().is_some_and(|r| r.contains("hostPID: true")),
+            end.unverified
+                .as_deref()
+                .is_some_and(|r| r.contains("hostPID: true")),
             "{end:?}"
         );
         // Its memory was never attributed to it: nothing learnt.

@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use headroom_shared::MemSize;
 use headroom_shared::api::{GpuInfo, GpuSample};
 use headroom_shared::size::SizeError;
-use headroom_shared::MemSize;
 
 use super::pidns::{self, PidView};
 use super::{GpuBackend, GpuError, Reported, attribute};
@@ -532,7 +532,11 @@ impl GpuBackend for FakeBackend {
         let sizes = self.spec.sizes();
         let gpus = match sizes {
             [first, rest @ ..] if rest.iter().all(|s| s == first) => {
-                format!("{} fake GPUs of {}", sizes.len(), super::size_words(first.mib))
+                format!(
+                    "{} fake GPUs of {}",
+                    sizes.len(),
+                    super::size_words(first.mib)
+                )
             }
             _ => format!("{} fake GPUs ({})", sizes.len(), self.spec),
         };

@@ -134,7 +134,9 @@ fn read_all(backend: &dyn GpuBackend) -> Vec<GpuSample> {
 /// every sample.
 fn log_changes(samples: &[GpuSample]) {
     static LAST: std::sync::Mutex<Vec<(u32, String)>> = std::sync::Mutex::new(Vec::new());
-    let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for s in samples {
         let before = last.iter().position(|(i, _)| *i == s.index);
         match (&s.error, before) {
@@ -283,7 +285,10 @@ mod tests {
         let backend = open_with(&auto(tmp.path()), Some(missing.as_os_str())).expect("auto");
         assert_eq!(backend.kind(), "fake");
         assert_eq!(backend.inventory().len(), 2);
-        assert_eq!(backend.describe(), "no NVIDIA driver: 2 fake GPUs of 24 GiB");
+        assert_eq!(
+            backend.describe(),
+            "no NVIDIA driver: 2 fake GPUs of 24 GiB"
+        );
         assert!(tmp.path().join("gpus").is_dir());
 
         // A library that is there but does not load is a broken GPU node, not a laptop.
@@ -325,14 +330,18 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let fake = FakeBackend::open("4x24GiB".parse().expect("spec"), tmp.path()).expect("open");
         assert!(
-            fake.describe().starts_with("--gpu-backend fake: 4 fake GPUs of 24 GiB in "),
+            fake.describe()
+                .starts_with("--gpu-backend fake: 4 fake GPUs of 24 GiB in "),
             "{}",
             fake.describe()
         );
         let mixed = FakeBackend::open("2x24GiB,12GiB".parse().expect("spec"), tmp.path())
             .expect("open")
             .as_fallback("no NVIDIA driver".into());
-        assert_eq!(mixed.describe(), "no NVIDIA driver: 3 fake GPUs (2x24GiB,12GiB)");
+        assert_eq!(
+            mixed.describe(),
+            "no NVIDIA driver: 3 fake GPUs (2x24GiB,12GiB)"
+        );
         let h100 = |i| GpuInfo {
             index: i,
             uuid: format!("GPU-{i}"),
@@ -367,9 +376,7 @@ mod tests {
         let samples = read(&backend);
         assert_eq!(samples.len(), 2);
         assert!(
-            samples
-                .iter()
-                .all(|s| s.error.is_some() && s.free_mib == 0),
+            samples.iter().all(|s| s.error.is_some() && s.free_mib == 0),
             "{samples:?}"
         );
         assert!(unreadable(&samples, &[1]).is_some_and(|e| e.contains("GPU 1")));
@@ -401,9 +408,8 @@ mod tests {
             eprintln!("SKIPPED nvml_reads_the_driver: no NVIDIA driver on this machine");
             return;
         }
-        let backend = open(&BackendChoice::Nvml).unwrap_or_else(|e| {
-            panic!("an NVIDIA driver is present but NVML does not open: {e}")
-        });
+        let backend = open(&BackendChoice::Nvml)
+            .unwrap_or_else(|e| panic!("an NVIDIA driver is present but NVML does not open: {e}"));
         assert_eq!(backend.kind(), "nvml");
         let inventory = backend.inventory();
         assert!(!inventory.is_empty());
@@ -429,7 +435,10 @@ mod tests {
              print('allocated', flush=True)\n\
              time.sleep(60)\n";
         let torch = Command::new("python3")
-            .args(["-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"])
+            .args([
+                "-c",
+                "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)",
+            ])
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success());

@@ -45,9 +45,7 @@ pub(crate) fn init_error(e: NvmlError) -> GpuError {
             reason: "no NVIDIA driver (NVML found no driver library)".to_string(),
         },
         NvmlError::FailedToLoadSymbol(sym) => GpuError::NvmlUnavailable {
-            reason: format!(
-                "the NVIDIA driver library lacks {sym} (a driver older than NVML 11?)"
-            ),
+            reason: format!("the NVIDIA driver library lacks {sym} (a driver older than NVML 11?)"),
         },
         NvmlError::DriverNotLoaded => GpuError::NvmlUnavailable {
             reason: "the NVIDIA driver is not loaded (libnvidia-ml.so.1 found, no kernel \
@@ -201,4 +199,3 @@ impl GpuBackend for NvmlBackend {
         line
     }
 }
-

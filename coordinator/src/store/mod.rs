@@ -57,7 +57,9 @@ pub(crate) fn node_snapshot(
                     .collect(),
                 // A GPU whose last reading failed is unknown, so not placeable.
                 quarantined: blocked.contains(&g.index)
-                    || samples.iter().any(|s| s.index == g.index && s.error.is_some()),
+                    || samples
+                        .iter()
+                        .any(|s| s.index == g.index && s.error.is_some()),
             })
             .collect(),
         cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,

@@ -190,6 +190,9 @@ fn every_start_names_its_gpu_backend() {
     if driver {
         assert!(line.starts_with("headroom-agent: NVML: "), "{line}");
     } else {
-        assert_eq!(line, "headroom-agent: no NVIDIA driver: 4 fake GPUs of 24 GiB");
+        assert_eq!(
+            line,
+            "headroom-agent: no NVIDIA driver: 4 fake GPUs of 24 GiB"
+        );
     }
 }
