@@ -68,7 +68,12 @@ fn is_missing_file(msg: &str) -> bool {
 }
 
 fn nvml_err(what: &'static str) -> impl FnOnce(NvmlError) -> GpuError {
-    move |source| GpuError::Nvml { what, source }
+    move |source| match source {
+        NvmlError::FailedToLoadSymbol(sym) => GpuError::NvmlUnavailable {
+            reason: format!("NVML {what}: the NVIDIA driver lacks {sym} (too old for headroom)"),
+        },
+        source => GpuError::Nvml { what, source },
+    }
 }
 
 /// Optional readings: a GPU that does not support one reports nothing, not an error.
@@ -138,7 +143,12 @@ impl NvmlBackend {
             }
         };
         // NotSupported included: a GPU whose processes cannot be listed cannot be verified.
-        let processes = match dev.running_compute_processes() {
+        // Older drivers lack the `_v3` call: ask them with `_v2`.
+        let listed = match dev.running_compute_processes() {
+            Err(NvmlError::FailedToLoadSymbol(_)) => dev.running_compute_processes_v2(),
+            listed => listed,
+        };
+        let processes = match listed {
             Ok(list) => {
                 let reported: Vec<Reported> = list
                     .iter()
