@@ -52,6 +52,7 @@ fn a_process_list_that_fails_quarantines_the_gpu_with_the_error() {
     let h = Headroom::start(UpOptions {
         fake_gpus: "1x24GiB".into(),
         kill_grace: "300ms".into(),
+        lease_ttl: "3s".into(),
         extra: vec!["--verify-timeout".into(), "1s".into()],
         ..Default::default()
     })
@@ -82,8 +83,14 @@ fn a_process_list_that_fails_quarantines_the_gpu_with_the_error() {
         &h,
         serde_json::json!({"name": "next", "command": ["true"], "resources": {"memory": "1GiB"}}),
     );
-    std::thread::sleep(Duration::from_millis(1500));
+    // Several heartbeats (every second with a 3 s lease): an unreadable GPU does not count
+    // as "the leftovers are gone", so the quarantine stays.
+    std::thread::sleep(Duration::from_secs(3));
     assert_eq!(h.jobs(next).expect("jobs")[0].state, JobState::Queued);
+    assert!(
+        !h.nodes().expect("nodes")[0].gpus[0].quarantine.is_empty(),
+        "quarantine lifted while the GPU cannot be read"
+    );
     // The GPU reads again and nothing is left on it: the quarantine lifts by itself.
     std::fs::remove_file(fake_dir(&h).join("gpu0.fail-processes")).expect("heal");
     let jobs = h.wait_done(next, Duration::from_secs(30));
