@@ -300,28 +300,33 @@ impl Agent {
         let mut samples = sample(&self.backend).await;
         let inventory = self.backend.inventory();
         for lease in leases {
-            if let Some(est) = lease.estimate_mib {
-                let short = lease.gpus.iter().find_map(|g| {
+            // A GPU that cannot be read is never admitted to, whatever the estimate.
+            let refusal = crate::gpu::unreadable(&samples, &lease.gpus).or_else(|| {
+                let est = lease.estimate_mib?;
+                lease.gpus.iter().find_map(|g| {
                     let total = inventory.iter().find(|i| i.index == *g)?.total_mib;
                     let free = samples.iter().find(|s| s.index == *g)?.free_mib;
                     let usable = free.saturating_sub(self.cfg.headroom.mib_of(total));
-                    (usable < est).then_some((*g, usable))
-                });
-                if let Some((gpu, usable)) = short {
-                    let reason = format!(
-                        "GPU {gpu} has {usable} MiB free beyond headroom, the job needs {est} MiB"
-                    );
-                    tracing::info!(attempt = %lease.attempt, "handing lease back: {reason}");
-                    let req = HandBackRequest {
-                        fence: lease.fence,
-                        reason,
-                        gpus: samples.clone(),
-                    };
-                    if let Err(e) = self.client.hand_back(lease.attempt, &req).await {
-                        tracing::warn!(attempt = %lease.attempt, "hand back failed (the lease will expire): {e}");
-                    }
-                    continue;
+                    (usable < est).then(|| {
+                        format!(
+                            "GPU {g} has {usable} MiB free beyond headroom, the job needs {est} MiB"
+                        )
+                    })
+                })
+            });
+            if let Some(reason) = refusal {
+                tracing::info!(attempt = %lease.attempt, "handing lease back: {reason}");
+                let req = HandBackRequest {
+                    fence: lease.fence,
+                    reason,
+                    gpus: samples.clone(),
+                };
+                if let Err(e) = self.client.hand_back(lease.attempt, &req).await {
+                    tracing::warn!(attempt = %lease.attempt, "hand back failed (the lease will expire): {e}");
                 }
+                continue;
+            }
+            if let Some(est) = lease.estimate_mib {
                 // Later leases of this batch must not count on memory this one will take.
                 for s in samples.iter_mut().filter(|s| lease.gpus.contains(&s.index)) {
                     s.free_mib = s.free_mib.saturating_sub(est);

@@ -27,6 +27,7 @@ fn submit(h: &Headroom, spec: serde_json::Value) -> ExperimentId {
 fn a_gpu_whose_memory_cannot_be_read_gets_no_work_until_it_reads_again() {
     let h = Headroom::start(UpOptions {
         fake_gpus: "1x24GiB".into(),
+        lease_ttl: "3s".into(),
         ..Default::default()
     })
     .expect("headroom up");
@@ -43,7 +44,9 @@ fn a_gpu_whose_memory_cannot_be_read_gets_no_work_until_it_reads_again() {
         "placed on a GPU whose memory is unknown"
     );
     std::fs::remove_file(&fault).expect("heal");
-    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    // A claim already waiting when the fault appeared may have leased the job on its older
+    // reading; the agent then handed it back, and the GPU is avoided for 30 s after that.
+    let jobs = h.wait_done(exp, Duration::from_secs(90));
     assert_eq!(jobs[0].state, JobState::Succeeded);
 }
 
@@ -147,9 +150,20 @@ fn an_agent_that_cannot_map_pids_neither_verifies_nor_kills() {
         &h,
         serde_json::json!({"name": "job", "command": ["true"], "resources": {"memory": "1GiB"}}),
     );
-    // Not placed: the GPU's reading is unknown.
+    // Not run: the GPU's reading is unknown (a claim that leased it on an older reading is
+    // handed back at launch).
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(h.jobs(exp).expect("jobs")[0].state, JobState::Queued);
+    let job = h.jobs(exp).expect("jobs")[0].clone();
+    assert_eq!(job.state, JobState::Queued);
+    let detail = h.job(job.id).expect("job");
+    assert!(
+        detail
+            .attempts_detail
+            .iter()
+            .all(|a| a.started_at.is_none()),
+        "ran on a GPU it cannot read: {:?}",
+        detail.attempts_detail
+    );
     assert!(
         alive(other.0.id()),
         "--kill-foreign killed a pid it cannot attribute"
@@ -157,8 +171,9 @@ fn an_agent_that_cannot_map_pids_neither_verifies_nor_kills() {
     let log = h.server_log();
     assert!(log.contains("hostPID: true"), "{log}");
     drop(other);
-    // The process is gone: the GPU reads as empty, which needs no pid mapping.
-    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    // The process is gone: the GPU reads as empty, which needs no pid mapping. (A hand-back
+    // at launch, see above, makes the GPU avoided for 30 s.)
+    let jobs = h.wait_done(exp, Duration::from_secs(90));
     assert_eq!(jobs[0].state, JobState::Succeeded);
 }
 
