@@ -374,6 +374,10 @@ pub struct GpuView {
     /// Why nothing is placed here: attempts whose cleanup could not be verified.
     #[serde(default)]
     pub quarantine: Vec<QuarantineView>,
+    /// The last reading of this GPU failed (in part): nothing is placed here until it reads
+    /// again, and its memory figures are not to be trusted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// A GPU held back because an attempt's cleanup could not be verified.

@@ -91,6 +91,7 @@ pub(crate) fn gpu_views(
                 total_mib: g.total_mib,
                 used_mib: sample.map(|s| s.used_mib),
                 free_mib: sample.map(|s| s.free_mib),
+                error: sample.and_then(|s| s.error.clone()),
                 slots: plan.slots(i),
                 slots_used: here.len() as u32,
                 estimated_mib: here.iter().filter_map(|a| a.estimate).sum(),

@@ -37,6 +37,22 @@ fn a_gpu_whose_memory_cannot_be_read_gets_no_work_until_it_reads_again() {
         &h,
         serde_json::json!({"name": "wait", "command": ["true"], "resources": {"memory": "1GiB"}}),
     );
+    h.wait_for(
+        "the GPU's error in `nodes`",
+        Duration::from_secs(20),
+        || {
+            Ok(h.nodes()?[0].gpus[0]
+                .error
+                .as_ref()
+                .filter(|e| e.contains("GPU is lost"))
+                .map(|_| ()))
+        },
+    );
+    let nodes = h.cli_ok(&["nodes"]);
+    assert!(
+        nodes.contains("CANNOT BE READ") && nodes.contains("GPU is lost"),
+        "{nodes}"
+    );
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(
         h.jobs(exp).expect("jobs")[0].state,
