@@ -733,6 +733,60 @@ mod tests {
     }
 
     #[test]
+    fn injected_faults_touch_only_their_gpu() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let backend = FakeBackend::open(spec("3x1GiB"), tmp.path()).expect("open");
+        let dir = backend.dir().to_path_buf();
+        let holder = sleeper(&[]);
+        write_raw(&dir, holder.id(), "0:100,1:200,2:300");
+        fs::write(fault_file(&dir, 0, Fault::Processes), "Unknown Error").expect("fault");
+        fs::write(fault_file(&dir, 1, Fault::NoProcessMemory), "").expect("fault");
+        fs::write(
+            fault_file(&dir, 2, Fault::DriverPids),
+            "99999999:50\nbad line\n",
+        )
+        .expect("fault");
+        let s = backend.sample().expect("sample");
+        // GPU 0: memory known, processes unknown.
+        assert_eq!(s[0].used_mib, 100);
+        assert!(s[0].processes.is_empty());
+        assert_eq!(s[0].error.as_deref(), Some("process list: Unknown Error"));
+        // GPU 1: the process is there, its memory is not; the device still counts it.
+        assert_eq!(s[1].error, None);
+        assert_eq!(s[1].used_mib, 200);
+        assert_eq!(s[1].processes.len(), 1);
+        assert!(s[1].processes[0].used_mib_unknown && s[1].processes[0].used_mib == 0);
+        // GPU 2: a pid with no process here makes the reading unknown; ours still listed.
+        assert_eq!(s[2].used_mib, 350);
+        assert_eq!(s[2].processes.len(), 1);
+        assert!(
+            s[2].error
+                .as_deref()
+                .is_some_and(|e| e.contains("pid 99999999")),
+            "{:?}",
+            s[2].error
+        );
+        // Healed: everything reads again.
+        for (gpu, fault) in [
+            (0, Fault::Processes),
+            (1, Fault::NoProcessMemory),
+            (2, Fault::DriverPids),
+        ] {
+            fs::remove_file(fault_file(&dir, gpu, fault)).expect("heal");
+        }
+        fs::write(fault_file(&dir, 1, Fault::Memory), "").expect("fault");
+        let s = backend.sample().expect("sample");
+        assert!(s[0].error.is_none() && s[2].error.is_none());
+        assert_eq!((s[1].used_mib, s[1].free_mib), (0, 0));
+        assert!(
+            s[1].error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("memory info"))
+        );
+        stop(holder);
+    }
+
+    #[test]
     fn write_and_read_back_through_the_helpers() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let me = std::process::id();
