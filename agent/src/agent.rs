@@ -255,7 +255,9 @@ impl Agent {
                 .filter(|p| p.attempt.is_some_and(|a| attempts.contains(&a)))
                 .map(|p| p.pid)
                 .collect();
-            if left.is_empty() {
+            // A GPU that cannot be read is not verified free (it gets no work either way).
+            let unknown = samples.iter().any(|g| g.error.is_some());
+            if left.is_empty() && !unknown {
                 tracing::info!(
                     attempts = attempts.len(),
                     "GPUs verified free of an earlier run's attempts"
@@ -263,7 +265,7 @@ impl Agent {
                 return;
             }
             if tokio::time::Instant::now() >= deadline {
-                tracing::warn!(pids = ?left, "processes of an earlier run still hold GPU memory");
+                tracing::warn!(pids = ?left, unknown, "processes of an earlier run still hold GPU memory, or a GPU cannot be read");
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
