@@ -35,9 +35,9 @@ pub fn parse_nspid(status: &str) -> Option<Vec<u32>> {
 pub enum PidView {
     /// The agent runs in the initial pid namespace: the driver's pids are its own.
     Host,
-    /// The agent runs in a nested namespace and `proc` is a procfs of the driver's (ancestor)
-    /// namespace, where the agent's own `NSpid` line has `depth` entries and its namespace
-    /// reads as `own_ns`.
+    /// The agent runs in a nested namespace with its own `/proc`, and `proc` is a procfs of
+    /// the driver's (host) namespace mounted in ([`HOST_PROC_VAR`]), where the agent's own
+    /// `NSpid` line has `depth` entries and its namespace reads as `own_ns`.
     Mapped {
         proc: PathBuf,
         depth: usize,
@@ -82,14 +82,27 @@ impl PidView {
         if own_ns == INIT_PID_NS {
             return PidView::Host;
         }
-        // A procfs where the agent's NSpid has more than one entry belongs to an ancestor
-        // namespace: the host's mounted in, or /proc itself when it was never remounted.
-        for root in host_proc.into_iter().chain([proc]) {
-            let depth = fs::read_to_string(root.join("self/status"))
+        let depth = |root: &Path| {
+            fs::read_to_string(root.join("self/status"))
                 .ok()
                 .as_deref()
                 .and_then(parse_nspid)
-                .map_or(0, |p| p.len());
+                .map_or(0, |p| p.len())
+        };
+        // /proc of an ancestor namespace (never remounted): its pids are not the ones
+        // `kill` and the marker scan work with, so nothing read there can be trusted.
+        if depth(proc) > 1 {
+            return PidView::Isolated {
+                reason: format!(
+                    "{} shows an outer pid namespace, not the agent's: mount a procfs of the \
+                     agent's own namespace on /proc; {NEEDS_HOST_PID}",
+                    proc.display()
+                ),
+            };
+        }
+        // The host's procfs mounted in: the agent's NSpid there has more than one entry.
+        if let Some(root) = host_proc {
+            let depth = depth(root);
             if depth > 1 {
                 return PidView::Mapped {
                     proc: root.to_path_buf(),
@@ -227,12 +240,12 @@ mod tests {
         };
         assert!(reason.contains("hostPID: true"), "{reason}");
 
-        // /proc never remounted: the agent's own NSpid has two entries there.
+        // /proc never remounted shows the outer namespace's pids: not usable.
         let shared = tmp.path().join("shared");
         fake_proc(&shared, &[("self", "5000\t1", own)]);
         assert!(matches!(
-            PidView::detect_in(&shared, None),
-            PidView::Mapped { depth: 2, .. }
+            PidView::detect_in(&shared, Some(&host)),
+            PidView::Isolated { .. }
         ));
 
         // An unreadable namespace is not the host's.
@@ -244,6 +257,100 @@ mod tests {
         let init = tmp.path().join("init");
         fake_proc(&init, &[("self", "1234", INIT_PID_NS)]);
         assert_eq!(PidView::detect_in(&init, None), PidView::Host);
+    }
+
+    /// Set when this test binary runs inside a new pid namespace for [`in_a_pid_namespace`].
+    const CHILD_VAR: &str = "HEADROOM_TEST_PIDNS_CHILD";
+
+    /// The namespace side of [`real_pid_namespaces_map_through_the_hosts_procfs`]: a no-op
+    /// unless started by it.
+    #[test]
+    fn pid_namespace_child_side() {
+        let Ok(mode) = std::env::var(CHILD_VAR) else {
+            return;
+        };
+        let view = PidView::detect();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let local = child.id();
+        match (mode.as_str(), &view) {
+            ("isolated", PidView::Isolated { .. }) => {
+                assert!(matches!(view.resolve(local), Resolved::Unknown(_)));
+            }
+            ("host-proc", PidView::Mapped { proc, depth, .. }) => {
+                // The sleeper's pid in the host's namespace, as NVML would report it.
+                let host = fs::read_dir(proc)
+                    .expect("host proc")
+                    .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                    .find(|p| {
+                        fs::read_to_string(proc.join(format!("{p}/status")))
+                            .ok()
+                            .as_deref()
+                            .and_then(parse_nspid)
+                            .is_some_and(|n| n.len() == *depth && n.last() == Some(&local))
+                    })
+                    .expect("the sleeper in the host's procfs");
+                assert_ne!(host, local);
+                assert_eq!(view.resolve(host), Resolved::Local(local));
+                // The host's init is not of this namespace.
+                assert_eq!(view.resolve(1), Resolved::Elsewhere);
+            }
+            _ => panic!("mode {mode}: unexpected view {view:?}"),
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        println!("PIDNS-CHILD-OK {mode}");
+    }
+
+    /// Runs [`pid_namespace_child_side`] in a new pid namespace with its own /proc, once
+    /// without and once with the host's procfs mounted in. Needs `unshare` and the right to
+    /// make namespaces (root): skipped, with the reason, without them.
+    #[test]
+    fn real_pid_namespaces_map_through_the_hosts_procfs() {
+        if std::env::var(CHILD_VAR).is_ok() {
+            return;
+        }
+        let exe = std::env::current_exe().expect("test binary");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let host_proc = tmp.path().join("host-proc");
+        fs::create_dir(&host_proc).expect("mkdir");
+        let script = r#"set -e
+            [ "$MODE" = host-proc ] && mount --bind /proc "$HOST_PROC_DIR"
+            mount -t proc proc /proc
+            [ "$MODE" = host-proc ] && export HEADROOM_HOST_PROC="$HOST_PROC_DIR"
+            exec "$EXE" --exact gpu::pidns::tests::pid_namespace_child_side --nocapture"#;
+        for mode in ["isolated", "host-proc"] {
+            let out = std::process::Command::new("unshare")
+                .args(["--mount", "--pid", "--fork", "sh", "-c", script])
+                .env("MODE", mode)
+                .env("HOST_PROC_DIR", &host_proc)
+                .env("EXE", &exe)
+                .env(CHILD_VAR, mode)
+                .env_remove(HOST_PROC_VAR)
+                .output();
+            let out = match out {
+                Ok(o) => o,
+                Err(e) => {
+                    eprintln!("SKIPPED real pid namespaces: cannot run unshare: {e}");
+                    return;
+                }
+            };
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if !out.status.success() && text.contains("unshare failed") {
+                eprintln!("SKIPPED real pid namespaces: not allowed here: {text}");
+                return;
+            }
+            assert!(
+                out.status.success() && text.contains(&format!("PIDNS-CHILD-OK {mode}")),
+                "{mode}: {text}"
+            );
+        }
     }
 
     #[test]
