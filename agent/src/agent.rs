@@ -259,8 +259,9 @@ impl Agent {
                 })
                 .map(|p| p.pid)
                 .collect();
-            // No GPU reading is no proof.
-            if !samples.is_empty() && alive.is_empty() && on_gpus.is_empty() {
+            // No GPU reading is no proof, and a GPU that cannot be read is not verified free.
+            let unknown = samples.is_empty() || samples.iter().any(|g| g.error.is_some());
+            if !unknown && alive.is_empty() && on_gpus.is_empty() {
                 tracing::info!(
                     attempts = attempts.len(),
                     "GPUs verified free of an earlier run's attempts"
@@ -271,7 +272,7 @@ impl Agent {
                 tracing::error!(
                     ?alive,
                     ?on_gpus,
-                    gpu_read = !samples.is_empty(),
+                    unknown,
                     "processes of an earlier run could not be verified gone; their memory stays \
                      counted as used by live free memory"
                 );
@@ -344,28 +345,33 @@ impl Agent {
         let mut samples = sample(&self.shared.backend).await;
         let inventory = self.shared.backend.inventory();
         for lease in leases {
-            if let Some(est) = lease.estimate_mib {
-                let short = lease.gpus.iter().find_map(|g| {
+            // A GPU that cannot be read is never admitted to, whatever the estimate.
+            let refusal = crate::gpu::unreadable(&samples, &lease.gpus).or_else(|| {
+                let est = lease.estimate_mib?;
+                lease.gpus.iter().find_map(|g| {
                     let total = inventory.iter().find(|i| i.index == *g)?.total_mib;
                     let free = samples.iter().find(|s| s.index == *g)?.free_mib;
                     let usable = free.saturating_sub(self.shared.cfg.headroom.mib_of(total));
-                    (usable < est).then_some((*g, usable))
-                });
-                if let Some((gpu, usable)) = short {
-                    let reason = format!(
-                        "GPU {gpu} has {usable} MiB free beyond headroom, the job needs {est} MiB"
-                    );
-                    tracing::info!(attempt = %lease.attempt, "handing lease back: {reason}");
-                    let req = HandBackRequest {
-                        fence: lease.fence,
-                        reason,
-                        gpus: samples.clone(),
-                    };
-                    if let Err(e) = self.shared.client.hand_back(lease.attempt, &req).await {
-                        tracing::warn!(attempt = %lease.attempt, "hand back failed (the lease will expire): {e}");
-                    }
-                    continue;
+                    (usable < est).then(|| {
+                        format!(
+                            "GPU {g} has {usable} MiB free beyond headroom, the job needs {est} MiB"
+                        )
+                    })
+                })
+            });
+            if let Some(reason) = refusal {
+                tracing::info!(attempt = %lease.attempt, "handing lease back: {reason}");
+                let req = HandBackRequest {
+                    fence: lease.fence,
+                    reason,
+                    gpus: samples.clone(),
+                };
+                if let Err(e) = self.shared.client.hand_back(lease.attempt, &req).await {
+                    tracing::warn!(attempt = %lease.attempt, "hand back failed (the lease will expire): {e}");
                 }
+                continue;
+            }
+            if let Some(est) = lease.estimate_mib {
                 // Later leases of this batch must not count on memory this one will take.
                 for s in samples.iter_mut().filter(|s| lease.gpus.contains(&s.index)) {
                     s.free_mib = s.free_mib.saturating_sub(est);
@@ -414,28 +420,25 @@ fn drained(outcome: Result<(), AgentError>) -> State {
     }
 }
 
-/// Live GPU samples, read off the runtime (NVML and /proc reads block). Empty when the GPUs
-/// could not be read.
+/// Live GPU samples, read off the runtime (NVML and /proc reads block): every GPU, each with
+/// its own error if its reading failed, never an empty list.
 pub async fn sample(backend: &Arc<dyn GpuBackend>) -> Vec<GpuSample> {
     let b = backend.clone();
     let read = move || {
-        let mut samples = b.sample()?;
+        let mut samples = crate::gpu::read(b.as_ref());
         for p in samples.iter_mut().flat_map(|g| g.processes.iter_mut()) {
-            if p.attempt.is_none() {
+            if p.attempt.is_none() && !p.outside_pid_namespace {
                 (p.user, p.command) = crate::procscan::describe(p.pid);
             }
         }
-        Ok::<_, crate::gpu::GpuError>(samples)
+        samples
     };
-    match tokio::task::spawn_blocking(read).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            tracing::warn!("GPU sample failed: {e}");
-            vec![]
-        }
-        Err(e) => {
-            tracing::warn!("GPU sample task failed: {e}");
-            vec![]
-        }
-    }
+    let inventory = backend.inventory();
+    tokio::task::spawn_blocking(read).await.unwrap_or_else(|e| {
+        tracing::warn!("GPU sample task failed: {e}");
+        inventory
+            .iter()
+            .map(|g| crate::gpu::unknown(g.index, format!("GPU sample task failed: {e}")))
+            .collect()
+    })
 }

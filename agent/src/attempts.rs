@@ -293,7 +293,9 @@ impl Attempts {
                         .any(|p| {
                             q.held_by.iter().any(|h| h.pid == p.pid) || p.attempt == Some(*attempt)
                         });
+                    // An unreadable GPU keeps its quarantine: unknown is not clean.
                     !on_gpus
+                        && crate::gpu::unreadable(&samples, &q.gpus).is_none()
                         && !marked.contains_key(attempt)
                         && !q.held_by.iter().any(HeldPid::alive)
                 })

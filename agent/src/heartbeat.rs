@@ -111,10 +111,17 @@ fn fence(attempts: &Attempts, session: &Session) {
 
 /// Kills processes of no attempt holding GPU memory, for nodes configured to own their GPUs.
 fn kill_foreign_processes(samples: &[GpuSample], suspects: &mut std::collections::HashSet<u32>) {
+    // Nothing on a GPU whose reading failed, nor a pid of another namespace, is killed.
     let foreign: Vec<(u32, u64, Option<String>, Option<String>)> = samples
         .iter()
+        .filter(|g| g.error.is_none())
         .flat_map(|g| &g.processes)
-        .filter(|p| p.attempt.is_none() && p.used_mib > 0 && p.pid != std::process::id())
+        .filter(|p| {
+            p.attempt.is_none()
+                && (p.used_mib > 0 || p.used_mib_unknown)
+                && !p.outside_pid_namespace
+                && p.pid != std::process::id()
+        })
         .map(|p| (p.pid, p.used_mib, p.user.clone(), p.command.clone()))
         .collect();
     let seen_before = std::mem::replace(suspects, foreign.iter().map(|f| f.0).collect());

@@ -109,6 +109,7 @@ pub(crate) async fn run(
         signal: end.signal,
         ended_at: end.ended_at,
         peak_mem_mib: end.peak_mem_mib,
+        peak_source: Some(end.peak_source),
         cleanup_ms: end.cleanup_ms,
         cleanup_verified: end.cleanup_verified,
         unverified: end.unverified.clone(),

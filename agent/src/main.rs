@@ -86,6 +86,7 @@ async fn run() -> anyhow::Result<()> {
         },
     };
     let backend = gpu::open(&choice).context("opening the GPU backend")?;
+    eprintln!("headroom-agent: {}", backend.describe());
     let node = args.node.unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|s| s.trim().to_string())

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use headroom_shared::api::{GpuProcess, GpuSample};
+use headroom_shared::api::{GpuProcess, GpuSample, PeakSource};
 use headroom_shared::expand::value_text;
 use headroom_shared::{AttemptId, FailureClass, JobId};
 use nix::sys::signal::{Signal, kill, killpg};
@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::{ExitKind, OomScanner, classify};
-use crate::gpu::GpuBackend;
+use crate::gpu::{self, GpuBackend};
 use crate::procscan::{self, ATTEMPT_VAR};
 
 /// How often cleanup re-checks processes and GPUs: short, since cleanup time is reported and
@@ -91,8 +91,11 @@ pub struct AttemptEnd {
     pub ended_at: DateTime<Utc>,
     pub pid: Option<u32>,
     /// Highest GPU memory seen at once over the attempt's processes; `None` when none of its
-    /// processes was ever seen on a GPU.
+    /// processes was ever seen on a GPU, or their memory could not be told at all.
     pub peak_mem_mib: Option<u64>,
+    /// How `peak_mem_mib` was measured: per process, or (when the driver gives no
+    /// per-process memory) as the growth of the GPUs' used memory since the attempt began.
+    pub peak_source: PeakSource,
     /// From the end of the main process (or the decision to stop it) until verified clean.
     pub cleanup_ms: u64,
     /// No process of the attempt is alive and none remains on a GPU, and no process that
@@ -164,7 +167,7 @@ pub async fn run_attempt(
     // What was on the GPUs before: cleanup returns to this, not to "empty".
     let baseline = {
         let (b, gpus) = (backend.clone(), launch.gpus.clone());
-        tokio::task::spawn_blocking(move || foreign_baseline(b.as_ref(), &gpus))
+        tokio::task::spawn_blocking(move || Baseline::read(b.as_ref(), &gpus))
             .await
             .unwrap_or_default()
     };
@@ -195,7 +198,7 @@ pub async fn run_attempt(
     let watch = Arc::new(Mutex::new(Watch {
         backend: backend.clone(),
         attempt: launch.attempt,
-        peak: None,
+        peak: Peak::default(),
         log: LogFollower::open(&launch.log_path, log_start),
         gpus: launch.gpus.clone(),
         baseline,
@@ -265,18 +268,26 @@ pub async fn run_attempt(
     // Everything has stopped writing: scan the rest of the log and take its tail.
     let w = watch.clone();
     let path = launch.log_path.clone();
-    let (saw_oom, peak, contaminated, log_tail) = tokio::task::spawn_blocking(move || {
-        let mut w = lock(&w);
-        w.log.pump(u64::MAX);
-        (
-            w.log.scanner.saw_oom(),
-            w.peak,
-            w.contaminated,
-            read_tail(&path, log_start),
-        )
-    })
-    .await
-    .unwrap_or_else(|_| (false, None, false, String::new()));
+    let (saw_oom, (peak, peak_source), contaminated, log_tail) =
+        tokio::task::spawn_blocking(move || {
+            let mut w = lock(&w);
+            w.log.pump(u64::MAX);
+            let peak = w.peak.result();
+            if peak.1 == PeakSource::DeviceDelta {
+                // In the log, so that `show` (the log tail) says how the peak was taken.
+                if let Ok(log) = open_log(&path) {
+                    note(&log, &peak_note(peak.0));
+                }
+            }
+            (
+                w.log.scanner.saw_oom(),
+                peak,
+                w.contaminated,
+                read_tail(&path, log_start),
+            )
+        })
+        .await
+        .unwrap_or_else(|_| (false, (None, PeakSource::Processes), false, String::new()));
 
     let exit = match outcome.status {
         Some(s) => match (s.code(), s.signal()) {
@@ -301,6 +312,7 @@ pub async fn run_attempt(
         ended_at,
         pid: Some(pid),
         peak_mem_mib: peak,
+        peak_source,
         cleanup_ms,
         cleanup_verified: outcome.verified,
         unverified: (!outcome.verified).then(|| outcome.remaining.clone()),
@@ -365,6 +377,7 @@ fn not_started(failure: Option<FailureClass>, log_tail: String) -> AttemptEnd {
         ended_at: Utc::now(),
         pid: None,
         peak_mem_mib: None,
+        peak_source: PeakSource::Processes,
         cleanup_ms: 0,
         cleanup_verified: true,
         unverified: None,
@@ -485,56 +498,146 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Watch {
     backend: Arc<dyn GpuBackend>,
     attempt: AttemptId,
-    peak: Option<u64>,
+    peak: Peak,
     log: LogFollower,
-    /// The attempt's GPUs, and the processes of no attempt on them before it started.
+    /// The attempt's GPUs, and what was on them before it started.
     gpus: Vec<u32>,
-    baseline: HashSet<u32>,
+    baseline: Baseline,
     contaminated: bool,
+}
+
+/// The attempt's peak memory, measured two ways.
+#[derive(Default)]
+struct Peak {
+    /// Sum of the attempt's processes' memory, when the driver gives it per process.
+    processes: Option<u64>,
+    /// Growth of its GPUs' used memory over the baseline, at ticks where one of its
+    /// processes was seen without per-process memory.
+    delta: Option<u64>,
+    /// One of its processes was seen whose memory the driver cannot tell.
+    unknown: bool,
+}
+
+impl Peak {
+    /// The figure to report: the per-process peak, or, when any process's memory was
+    /// unknown, the device delta (`None`, never 0, when that could not be read either).
+    fn result(&self) -> (Option<u64>, PeakSource) {
+        if self.unknown {
+            (self.delta, PeakSource::DeviceDelta)
+        } else {
+            (self.processes, PeakSource::Processes)
+        }
+    }
+}
+
+/// `[headroom]` line saying that the peak is a device delta.
+fn peak_note(peak: Option<u64>) -> String {
+    match peak {
+        Some(mib) => format!(
+            "peak memory {mib} MiB measured as the GPUs' used-memory growth since the start \
+             (the driver gives no per-process memory here; other processes' growth counts too)"
+        ),
+        None => "peak memory unknown: the driver gives no per-process memory and the GPUs' \
+                 used memory could not be read"
+            .to_string(),
+    }
+}
+
+/// What was on the attempt's GPUs before it started: cleanup returns to this, not to
+/// "empty", and peak deltas count from it.
+#[derive(Clone, Debug, Default)]
+struct Baseline {
+    /// Processes of no attempt.
+    foreign: HashSet<u32>,
+    /// Used memory of each GPU that read fine.
+    used: HashMap<u32, u64>,
+}
+
+impl Baseline {
+    /// Blocking.
+    fn read(backend: &dyn GpuBackend, gpus: &[u32]) -> Self {
+        let mut out = Baseline::default();
+        for g in gpu::read(backend)
+            .iter()
+            .filter(|g| gpus.contains(&g.index))
+        {
+            out.foreign.extend(
+                g.processes
+                    .iter()
+                    .filter(|p| p.attempt.is_none())
+                    .map(|p| p.pid),
+            );
+            if g.error.is_none() {
+                out.used.insert(g.index, g.used_mib);
+            }
+        }
+        out
+    }
 }
 
 impl Watch {
     /// One sampling tick. Blocking.
     fn step(&mut self) {
-        match self.backend.sample() {
-            Ok(samples) => self.observe(&samples),
-            Err(e) => tracing::debug!(attempt = %self.attempt, error = %e, "GPU sample failed"),
-        }
+        let samples = gpu::read(self.backend.as_ref());
+        self.observe(&samples);
         self.log.pump(PUMP_LIMIT);
     }
 
     fn observe(&mut self, samples: &[GpuSample]) {
         let mut seen = false;
+        let mut unknown = false;
         let mut sum = 0u64;
         for p in samples.iter().flat_map(|g| &g.processes) {
             if p.attempt == Some(self.attempt) {
                 seen = true;
+                unknown |= p.used_mib_unknown;
                 sum = sum.saturating_add(p.used_mib);
             }
         }
         if !self.contaminated && !self.foreign_on_gpus(samples).is_empty() {
             self.contaminated = true;
         }
-        if seen {
-            self.peak = Some(self.peak.unwrap_or(0).max(sum));
+        if seen && !unknown {
+            self.peak.processes = Some(self.peak.processes.unwrap_or(0).max(sum));
+        }
+        if unknown {
+            self.peak.unknown = true;
+            if let Some(delta) = self.delta(samples) {
+                self.peak.delta = Some(self.peak.delta.unwrap_or(0).max(delta));
+            }
         }
     }
-}
 
-impl Watch {
-    /// Processes of no attempt holding memory on this attempt's GPUs.
+    /// Growth of the attempt's GPUs' used memory over the baseline; `None` when one of them
+    /// cannot be read now or could not be then.
+    fn delta(&self, samples: &[GpuSample]) -> Option<u64> {
+        self.gpus.iter().try_fold(0u64, |acc, g| {
+            let now = samples
+                .iter()
+                .find(|s| s.index == *g && s.error.is_none())?;
+            let before = self.baseline.used.get(g)?;
+            Some(acc.saturating_add(now.used_mib.saturating_sub(*before)))
+        })
+    }
+
+    /// Processes of no attempt holding memory on this attempt's GPUs (memory the driver
+    /// cannot tell counts as held).
     fn foreign_on_gpus<'a>(&self, samples: &'a [GpuSample]) -> Vec<&'a GpuProcess> {
         samples
             .iter()
             .filter(|g| self.gpus.contains(&g.index))
             .flat_map(|g| &g.processes)
-            .filter(|p| p.attempt.is_none() && p.used_mib > 0)
+            .filter(|p| p.attempt.is_none() && (p.used_mib > 0 || p.used_mib_unknown))
             .collect()
     }
 
     /// What keeps the GPUs from being clean: the attempt's own processes, and processes of
-    /// no attempt that were not there before it (a leftover that shed its marker).
-    fn leftovers(&self, samples: &[GpuSample]) -> Vec<(u32, u64)> {
+    /// no attempt that were not there before it (a leftover that shed its marker). `Err`
+    /// when one of the attempt's GPUs cannot be read: unknown is never clean.
+    fn leftovers(&self, samples: &[GpuSample]) -> Result<Vec<(u32, u64)>, String> {
+        if let Some(error) = gpu::unreadable(samples, &self.gpus) {
+            return Err(error);
+        }
         let own = samples
             .iter()
             .flat_map(|g| &g.processes)
@@ -542,27 +645,12 @@ impl Watch {
         let new_foreign = self
             .foreign_on_gpus(samples)
             .into_iter()
-            .filter(|p| !self.baseline.contains(&p.pid));
-        own.chain(new_foreign)
+            .filter(|p| !self.baseline.foreign.contains(&p.pid));
+        Ok(own
+            .chain(new_foreign)
             .map(|p| (p.pid, p.used_mib))
-            .collect()
+            .collect())
     }
-}
-
-/// The processes of no attempt on `gpus` now: the baseline an attempt's cleanup returns to.
-fn foreign_baseline(backend: &dyn GpuBackend, gpus: &[u32]) -> HashSet<u32> {
-    backend
-        .sample()
-        .map(|samples| {
-            samples
-                .iter()
-                .filter(|g| gpus.contains(&g.index))
-                .flat_map(|g| &g.processes)
-                .filter(|p| p.attempt.is_none())
-                .map(|p| p.pid)
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// `pid 4242 (alice: python train.py) holds 5632 MiB`, for quarantine reports.
@@ -696,21 +784,20 @@ async fn marked(attempt: AttemptId) -> Vec<u32> {
     scan.get(&attempt).cloned().unwrap_or_default()
 }
 
-/// The pids of the attempt still on a GPU, or `None` when the GPUs cannot be read.
+/// The pids of the attempt still on a GPU, or why its GPUs cannot be read.
 async fn on_gpus(
     backend: &Arc<dyn GpuBackend>,
     watch: &Arc<Mutex<Watch>>,
-) -> Option<Vec<(u32, u64)>> {
+) -> Result<Vec<(u32, u64)>, String> {
     let (backend, watch) = (backend.clone(), watch.clone());
     tokio::task::spawn_blocking(move || {
-        let samples = backend.sample().ok()?;
+        let samples = gpu::read(backend.as_ref());
         let mut w = lock(&watch);
         w.observe(&samples);
-        Some(w.leftovers(&samples))
+        w.leftovers(&samples)
     })
     .await
-    .ok()
-    .flatten()
+    .unwrap_or_else(|e| Err(format!("GPU reading task failed: {e}")))
 }
 
 struct Cleanup {
@@ -782,13 +869,14 @@ async fn cleanup(
             // does not wait for this.)
             let _ = tokio::task::spawn_blocking(procscan::reap_orphans).await;
         }
+        // `None`: not looked at yet, processes of the attempt are still alive.
         let gpu = if alive.is_empty() && main.exited() {
-            on_gpus(backend, watch).await
+            Some(on_gpus(backend, watch).await)
         } else {
             None
         };
         // Confirm with a second scan: a process caught mid-exec reads without environment.
-        if gpu.as_ref().is_some_and(Vec::is_empty) && marked(attempt).await.is_empty() {
+        if matches!(&gpu, Some(Ok(left)) if left.is_empty()) && marked(attempt).await.is_empty() {
             return Cleanup {
                 status: main.status(),
                 verified: true,
@@ -797,13 +885,17 @@ async fn cleanup(
                 held_by: vec![],
             };
         }
-        remaining = match (&gpu, main.exited()) {
+        remaining = match (gpu, main.exited()) {
             (_, false) => format!("main process {pgid} has not exited"),
-            (Some(left), true) => {
-                held = left.clone();
+            (Some(Ok(left)), true) => {
+                held = left;
                 "processes still hold memory on the GPUs".to_string()
             }
-            (None, true) if alive.is_empty() => "the GPUs could not be read".to_string(),
+            // Unknown is never clean: the reading's error is the quarantine's reason.
+            (Some(Err(error)), true) => {
+                held.clear();
+                error
+            }
             (None, true) => format!("processes {alive:?} still alive"),
         };
         if Instant::now() >= verify_end {
@@ -1193,6 +1285,160 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         f.assert_gone(attempt);
+    }
+
+    /// A fake GPU's fault control file, as a test injects it.
+    fn inject(f: &Fixture, gpu: u32, fault: crate::gpu::fake::Fault, text: &str) {
+        let dir = f.tmp.path().join("gpus");
+        std::fs::write(crate::gpu::fake::fault_file(&dir, gpu, fault), text).expect("fault");
+    }
+
+    /// Verification gives up quickly: these tests end unverified on purpose.
+    fn impatient() -> SupervisorConfig {
+        SupervisorConfig {
+            verify_timeout: Duration::from_millis(300),
+            ..quick()
+        }
+    }
+
+    async fn run_with(f: &Fixture, launch: Launch, cfg: &SupervisorConfig) -> AttemptEnd {
+        run_attempt(
+            launch,
+            f.backend.clone(),
+            cfg,
+            CancellationToken::new(),
+            |_| {},
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_failed_process_list_is_not_verified_clean() {
+        use crate::gpu::fake::Fault;
+        let f = fixture();
+        inject(&f, 0, Fault::Processes, "GPU is lost");
+        let launch = f.sh("echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.2");
+        let end = run_with(&f, launch.clone(), &impatient()).await;
+        assert!(!end.cleanup_verified, "unknown read as clean: {end:?}");
+        let reason = end.unverified.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains("GPU 0 could not be read") && reason.contains("GPU is lost"),
+            "{reason}"
+        );
+        assert!(log_of(&launch).contains("GPU is lost"));
+        // Its processes were never seen: nothing is learnt, not 0.
+        assert_eq!(end.peak_mem_mib, None);
+    }
+
+    #[tokio::test]
+    async fn a_failed_memory_query_is_unknown_for_that_gpu_only() {
+        use crate::gpu::fake::Fault;
+        let f = fixture();
+        inject(&f, 1, Fault::Memory, "");
+        let samples = gpu::read(f.backend.as_ref());
+        assert_eq!(samples.len(), 2, "one failing GPU must not empty the node");
+        assert_eq!(samples[0].error, None);
+        assert_eq!(samples[0].free_mib, 8192);
+        assert!(
+            samples[1]
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("memory info"))
+        );
+        assert_eq!(samples[1].free_mib, 0, "unknown memory is not free");
+
+        // An attempt on GPU 0 is verified as usual; one on GPU 1 is not.
+        let end = run_with(
+            &f,
+            f.sh("echo 0:256 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.2"),
+            &impatient(),
+        )
+        .await;
+        assert!(end.cleanup_verified, "{end:?}");
+        assert_eq!(end.peak_mem_mib, Some(256));
+        let mut on_1 = f.sh("sleep 0.1");
+        on_1.gpus = vec![1];
+        let end = run_with(&f, on_1, &impatient()).await;
+        assert!(!end.cleanup_verified, "{end:?}");
+        assert!(
+            end.unverified
+                .as_deref()
+                .is_some_and(|r| r.contains("GPU 1 could not be read")),
+            "{end:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn unavailable_process_memory_learns_the_device_delta_not_zero() {
+        use crate::gpu::fake::Fault;
+        let f = fixture();
+        inject(&f, 0, Fault::NoProcessMemory, "");
+        // Someone else's 1000 MiB, there before the attempt: not part of its delta.
+        let mut other = procscan::tests::spawn(std::process::Command::new("sleep").arg("30"));
+        let dir = f.tmp.path().join("gpus");
+        crate::gpu::fake::write_usage(&dir, other.id(), &[(0, 1000)]).expect("usage");
+        let launch = f.sh("echo 0:2048 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.5");
+        let end = run_with(&f, launch.clone(), &quick()).await;
+        let _ = other.kill();
+        let _ = other.wait();
+        procscan::disown(other.id());
+        assert_eq!(end.failure, None, "{end:?}");
+        assert!(end.cleanup_verified, "{end:?}");
+        assert_eq!(end.peak_mem_mib, Some(2048), "{end:?}");
+        assert_eq!(end.peak_source, PeakSource::DeviceDelta);
+        assert!(
+            end.log_tail.contains("used-memory growth"),
+            "{}",
+            end.log_tail
+        );
+        // The other process's memory is unknown too: it still counts as contamination.
+        assert!(end.contaminated);
+    }
+
+    #[tokio::test]
+    async fn pids_that_cannot_be_attributed_are_not_verified_clean() {
+        use crate::gpu::fake::{Fault, PID_NAMESPACE_FILE};
+        let f = fixture();
+        // The driver lists a pid this namespace has no process for.
+        inject(&f, 0, Fault::DriverPids, "99999999:512\n");
+        let end = run_with(&f, f.sh("sleep 0.1"), &impatient()).await;
+        assert!(!end.cleanup_verified, "{end:?}");
+        assert!(
+            end.unverified
+                .as_deref()
+                .is_some_and(|r| r.contains("pid 99999999")),
+            "{end:?}"
+        );
+
+        // Someone else's process holds memory on GPU 0 throughout. Seen from the host's pid
+        // namespace it is told apart from the job, and the cleanup is verified.
+        let dir = f.tmp.path().join("gpus");
+        std::fs::remove_file(crate::gpu::fake::fault_file(&dir, 0, Fault::DriverPids)).expect("rm");
+        let mut other = procscan::tests::spawn(std::process::Command::new("sleep").arg("30"));
+        crate::gpu::fake::write_usage(&dir, other.id(), &[(0, 1000)]).expect("usage");
+        let job = "echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3";
+        let end = run_with(&f, f.sh(job), &impatient()).await;
+        assert!(end.cleanup_verified, "{end:?}");
+        assert_eq!(end.peak_mem_mib, Some(512));
+
+        // An agent in a pid namespace of its own cannot tell its job from that process:
+        // nothing is verified (nor killed), and it says what it needs.
+        std::fs::write(dir.join(PID_NAMESPACE_FILE), "isolated").expect("isolated");
+        let launch = f.sh(job);
+        let end = run_with(&f, launch.clone(), &impatient()).await;
+        let _ = other.kill();
+        let _ = other.wait();
+        procscan::disown(other.id());
+        assert!(!end.cleanup_verified, "{end:?}");
+        assert!(
+            end.unverified
+                .as_deref()
+                .is_some_and(|r| r.contains("hostPID: true")),
+            "{end:?}"
+        );
+        // Its memory was never attributed to it: nothing learnt.
+        assert_eq!(end.peak_mem_mib, None);
+        f.assert_gone(launch.attempt);
     }
 
     #[test]

@@ -228,6 +228,9 @@ pub fn nodes_table(nodes: &[NodeView]) {
                 g.slots_used,
                 g.slots
             );
+            if let Some(e) = &g.error {
+                println!("       CANNOT BE READ (no work placed here): {e}");
+            }
             for q in &g.quarantine {
                 println!(
                     "       QUARANTINED since {} (attempt {}): {}",

@@ -124,6 +124,7 @@ pub async fn run(args: UpArgs) -> Result<i32> {
         },
     };
     let backend = gpu::open(&choice).context("opening the GPU backend")?;
+    eprintln!("headroom: {}", backend.describe());
     if let Some(p) = &args.plan {
         headroom_shared::Plan::parse_for(p, backend.inventory().len())
             .with_context(|| format!("--plan {p:?}"))?;

@@ -218,6 +218,7 @@ fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
         signal: None,
         ended_at: Utc::now(),
         peak_mem_mib: Some(100),
+        peak_source: None,
         cleanup_ms: 3,
         cleanup_verified: true,
         unverified: None,

@@ -290,6 +290,14 @@ pub struct GpuProcess {
     pub user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    /// The driver cannot tell this process's memory (NVML `UsedGpuMemory::Unavailable`, e.g.
+    /// under MIG or in some containers): `used_mib` is 0 and means nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub used_mib_unknown: bool,
+    /// A process of another pid namespace (another container): `pid` is the driver's
+    /// (host) pid, not one the agent can signal. Never the agent's, never killed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub outside_pid_namespace: bool,
 }
 
 /// Live state of one GPU.
@@ -306,6 +314,32 @@ pub struct GpuSample {
     pub temperature_c: Option<u32>,
     #[serde(default)]
     pub processes: Vec<GpuProcess>,
+    /// Set when part of this GPU's reading failed (memory or process list): what is missing
+    /// is unknown, never "free" or "clean". Such a GPU is not placeable and an attempt on it
+    /// cannot be verified clean.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Where an attempt's peak memory figure comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeakSource {
+    /// The sum of the attempt's processes' memory as the driver reports it per process.
+    #[default]
+    Processes,
+    /// The driver gives no per-process memory: the growth of the device's used memory over
+    /// its reading when the attempt started (counts anything else that grew meanwhile).
+    DeviceDelta,
+}
+
+impl PeakSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeakSource::Processes => "processes",
+            PeakSource::DeviceDelta => "device_delta",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -340,6 +374,10 @@ pub struct GpuView {
     /// Why nothing is placed here: attempts whose cleanup could not be verified.
     #[serde(default)]
     pub quarantine: Vec<QuarantineView>,
+    /// The last reading of this GPU failed (in part): nothing is placed here until it reads
+    /// again, and its memory figures are not to be trusted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// A GPU held back because an attempt's cleanup could not be verified.
@@ -463,6 +501,9 @@ pub struct FinishReport {
     pub signal: Option<i32>,
     pub ended_at: DateTime<Utc>,
     pub peak_mem_mib: Option<u64>,
+    /// How `peak_mem_mib` was measured; absent means per process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_source: Option<PeakSource>,
     pub cleanup_ms: u64,
     pub cleanup_verified: bool,
     /// What is left when cleanup could not be verified (pids, commands, memory): the

@@ -1,6 +1,14 @@
 //! The fake backend: simulated GPUs for tests and demos. A process "uses" fake GPU memory by
 //! writing `MiB` or `INDEX:MiB[,INDEX:MiB…]` to `$HEADROOM_FAKE_GPU_DIR/<pid>`; only live
 //! processes count, as with NVML.
+//!
+//! Driver faults are injected with control files in the same directory, so that every
+//! fail-closed path can be tested without a GPU ([`fault_file`] names them):
+//! `gpu<N>.fail-memory` and `gpu<N>.fail-processes` make GPU N's memory query or process
+//! list fail (the file's text is the error), `gpu<N>.no-process-memory` makes its per-process
+//! memory unavailable (as NVML's `UsedGpuMemory::Unavailable`), `gpu<N>.driver-pids` lists
+//! extra `PID:MiB` processes as a driver reports them, and `pid-namespace` containing
+//! `isolated` makes the backend read pids as an agent in a pid namespace of its own would.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -10,11 +18,12 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use headroom_shared::api::{GpuInfo, GpuProcess, GpuSample};
+use headroom_shared::MemSize;
+use headroom_shared::api::{GpuInfo, GpuSample};
 use headroom_shared::size::SizeError;
-use headroom_shared::{AttemptId, MemSize};
 
-use super::{GpuBackend, GpuError};
+use super::pidns::{self, PidView};
+use super::{GpuBackend, GpuError, Reported, attribute};
 use crate::procscan;
 
 /// Where jobs write their fake memory use.
@@ -318,12 +327,67 @@ pub fn lock_dir(dir: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// A driver fault to simulate on one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The memory query fails.
+    Memory,
+    /// The process list fails.
+    Processes,
+    /// Per-process memory is unavailable; device memory still counts it.
+    NoProcessMemory,
+    /// Extra `PID:MiB` lines: processes as a driver reports them, resolved like NVML's.
+    DriverPids,
+}
+
+/// The control file that injects `fault` on GPU `gpu`.
+pub fn fault_file(dir: &Path, gpu: u32, fault: Fault) -> PathBuf {
+    let what = match fault {
+        Fault::Memory => "fail-memory",
+        Fault::Processes => "fail-processes",
+        Fault::NoProcessMemory => "no-process-memory",
+        Fault::DriverPids => "driver-pids",
+    };
+    dir.join(format!("gpu{gpu}.{what}"))
+}
+
+/// Control file: `isolated` simulates an agent in a pid namespace of its own.
+pub const PID_NAMESPACE_FILE: &str = "pid-namespace";
+
+/// The text of a control file, `None` when there is none.
+fn control(path: &Path) -> Option<String> {
+    fs::read_to_string(path).ok()
+}
+
+/// The error a fault file stands for: its text, or a default like NVML's.
+fn fault_error(path: &Path, what: &str) -> Option<String> {
+    control(path).map(|text| match text.trim() {
+        "" => format!("{what}: Unknown Error (simulated)"),
+        t => format!("{what}: {t}"),
+    })
+}
+
+/// `PID:MiB` lines; malformed lines are ignored.
+fn parse_driver_pids(text: &str) -> Vec<Reported> {
+    text.lines()
+        .filter_map(|l| {
+            let (pid, mib) = l.trim().split_once(':')?;
+            Some(Reported {
+                pid: pid.trim().parse().ok()?,
+                used_mib: Some(mib.trim().parse().ok()?),
+            })
+        })
+        .collect()
+}
+
 /// Simulated GPUs whose memory use is read from files in a directory.
 #[derive(Debug)]
 pub struct FakeBackend {
     spec: FakeGpuSpec,
     dir: PathBuf,
     inventory: Vec<GpuInfo>,
+    /// Why `auto` chose fake GPUs (no NVIDIA driver), for the start line.
+    fallback: Option<String>,
 }
 
 impl FakeBackend {
@@ -351,7 +415,85 @@ impl FakeBackend {
             spec,
             dir,
             inventory,
+            fallback: None,
         })
+    }
+
+    /// Marks this backend as `auto`'s choice for `reason` (no NVIDIA driver).
+    pub fn as_fallback(mut self, reason: String) -> Self {
+        self.fallback = Some(reason);
+        self
+    }
+
+    /// How this backend reads driver pids: as the host, unless told otherwise.
+    fn pid_view(&self) -> PidView {
+        match control(&self.dir.join(PID_NAMESPACE_FILE)) {
+            Some(t) if t.trim() == "isolated" => PidView::Isolated {
+                reason: pidns::NEEDS_HOST_PID.to_string(),
+            },
+            _ => PidView::Host,
+        }
+    }
+
+    /// One GPU's reading from the usage files, with the faults injected for it.
+    fn sample_one(&self, gpu: &GpuInfo, uses: &[FakeUse], view: &PidView) -> GpuSample {
+        let mut errors = Vec::new();
+        let no_process_memory =
+            control(&fault_file(&self.dir, gpu.index, Fault::NoProcessMemory)).is_some();
+        let mut reported: Vec<Reported> = uses
+            .iter()
+            .filter(|u| u.gpu == gpu.index)
+            .map(|u| Reported {
+                pid: u.pid,
+                used_mib: Some(u.mib),
+            })
+            .collect();
+        if let Some(text) = control(&fault_file(&self.dir, gpu.index, Fault::DriverPids)) {
+            reported.extend(parse_driver_pids(&text));
+        }
+        let used = reported
+            .iter()
+            .fold(0u64, |acc, r| acc.saturating_add(r.used_mib.unwrap_or(0)))
+            .min(gpu.total_mib);
+        if no_process_memory {
+            for r in &mut reported {
+                r.used_mib = None;
+            }
+        }
+        let (used_mib, free_mib) = match fault_error(
+            &fault_file(&self.dir, gpu.index, Fault::Memory),
+            "memory info",
+        ) {
+            Some(e) => {
+                errors.push(e);
+                (0, 0)
+            }
+            None => (used, gpu.total_mib.saturating_sub(used)),
+        };
+        let processes = match fault_error(
+            &fault_file(&self.dir, gpu.index, Fault::Processes),
+            "process list",
+        ) {
+            Some(e) => {
+                errors.push(e);
+                Vec::new()
+            }
+            None => {
+                let (processes, error) = attribute(view, &reported);
+                errors.extend(error);
+                processes
+            }
+        };
+        GpuSample {
+            index: gpu.index,
+            used_mib,
+            free_mib,
+            utilization_pct: None,
+            power_mw: None,
+            temperature_c: None,
+            processes,
+            error: (!errors.is_empty()).then(|| errors.join("; ")),
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -378,37 +520,30 @@ impl GpuBackend for FakeBackend {
                 dir: self.dir.clone(),
                 source,
             })?;
-        let mut attempts: HashMap<u32, Option<AttemptId>> = HashMap::new();
-        let samples = self
+        let view = self.pid_view();
+        Ok(self
             .inventory
             .iter()
-            .map(|gpu| {
-                let processes: Vec<GpuProcess> = uses
-                    .iter()
-                    .filter(|u| u.gpu == gpu.index)
-                    .map(|u| GpuProcess {
-                        pid: u.pid,
-                        used_mib: u.mib,
-                        attempt: *attempts
-                            .entry(u.pid)
-                            .or_insert_with(|| procscan::attempt_of(u.pid)),
-                        user: None,
-                        command: None,
-                    })
-                    .collect();
-                let used = used_on(&uses, gpu.index);
-                GpuSample {
-                    index: gpu.index,
-                    used_mib: used,
-                    free_mib: gpu.total_mib.saturating_sub(used),
-                    utilization_pct: None,
-                    power_mw: None,
-                    temperature_c: None,
-                    processes,
-                }
-            })
-            .collect();
-        Ok(samples)
+            .map(|gpu| self.sample_one(gpu, &uses, &view))
+            .collect())
+    }
+
+    fn describe(&self) -> String {
+        let sizes = self.spec.sizes();
+        let gpus = match sizes {
+            [first, rest @ ..] if rest.iter().all(|s| s == first) => {
+                format!(
+                    "{} fake GPUs of {}",
+                    sizes.len(),
+                    super::size_words(first.mib)
+                )
+            }
+            _ => format!("{} fake GPUs ({})", sizes.len(), self.spec),
+        };
+        match &self.fallback {
+            Some(reason) => format!("{reason}: {gpus}"),
+            None => format!("--gpu-backend fake: {gpus} in {}", self.dir.display()),
+        }
     }
 
     fn job_env(&self) -> Vec<(String, String)> {
@@ -423,6 +558,8 @@ impl GpuBackend for FakeBackend {
 mod tests {
     use super::*;
     use crate::procscan::{self, ATTEMPT_VAR};
+    use headroom_shared::AttemptId;
+    use headroom_shared::api::GpuProcess;
     use proptest::prelude::*;
     use std::process::{Child, Command};
     use std::time::Instant;
@@ -559,6 +696,8 @@ mod tests {
                 attempt: None,
                 user: None,
                 command: None,
+                used_mib_unknown: false,
+                outside_pid_namespace: false,
             }]
         );
         assert_eq!((s[1].used_mib, s[1].free_mib), (300, 724));
@@ -570,6 +709,8 @@ mod tests {
                 attempt: Some(attempt),
                 user: None,
                 command: None,
+                used_mib_unknown: false,
+                outside_pid_namespace: false,
             }]
         );
         assert_eq!((s[2].used_mib, s[2].free_mib), (50, 462));
@@ -589,6 +730,60 @@ mod tests {
         stop(b);
         let s = backend.sample().expect("sample");
         assert!(s.iter().all(|g| g.used_mib == 0 && g.processes.is_empty()));
+    }
+
+    #[test]
+    fn injected_faults_touch_only_their_gpu() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let backend = FakeBackend::open(spec("3x1GiB"), tmp.path()).expect("open");
+        let dir = backend.dir().to_path_buf();
+        let holder = sleeper(&[]);
+        write_raw(&dir, holder.id(), "0:100,1:200,2:300");
+        fs::write(fault_file(&dir, 0, Fault::Processes), "Unknown Error").expect("fault");
+        fs::write(fault_file(&dir, 1, Fault::NoProcessMemory), "").expect("fault");
+        fs::write(
+            fault_file(&dir, 2, Fault::DriverPids),
+            "99999999:50\nbad line\n",
+        )
+        .expect("fault");
+        let s = backend.sample().expect("sample");
+        // GPU 0: memory known, processes unknown.
+        assert_eq!(s[0].used_mib, 100);
+        assert!(s[0].processes.is_empty());
+        assert_eq!(s[0].error.as_deref(), Some("process list: Unknown Error"));
+        // GPU 1: the process is there, its memory is not; the device still counts it.
+        assert_eq!(s[1].error, None);
+        assert_eq!(s[1].used_mib, 200);
+        assert_eq!(s[1].processes.len(), 1);
+        assert!(s[1].processes[0].used_mib_unknown && s[1].processes[0].used_mib == 0);
+        // GPU 2: a pid with no process here makes the reading unknown; ours still listed.
+        assert_eq!(s[2].used_mib, 350);
+        assert_eq!(s[2].processes.len(), 1);
+        assert!(
+            s[2].error
+                .as_deref()
+                .is_some_and(|e| e.contains("pid 99999999")),
+            "{:?}",
+            s[2].error
+        );
+        // Healed: everything reads again.
+        for (gpu, fault) in [
+            (0, Fault::Processes),
+            (1, Fault::NoProcessMemory),
+            (2, Fault::DriverPids),
+        ] {
+            fs::remove_file(fault_file(&dir, gpu, fault)).expect("heal");
+        }
+        fs::write(fault_file(&dir, 1, Fault::Memory), "").expect("fault");
+        let s = backend.sample().expect("sample");
+        assert!(s[0].error.is_none() && s[2].error.is_none());
+        assert_eq!((s[1].used_mib, s[1].free_mib), (0, 0));
+        assert!(
+            s[1].error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("memory info"))
+        );
+        stop(holder);
     }
 
     #[test]

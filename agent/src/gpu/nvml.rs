@@ -5,16 +5,19 @@ use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 
-use headroom_shared::api::{GpuInfo, GpuProcess, GpuSample};
+use std::ffi::OsStr;
 
-use super::{GpuBackend, GpuError};
-use crate::procscan;
+use headroom_shared::api::{GpuInfo, GpuSample};
+
+use super::{GpuBackend, GpuError, PidView, Reported, attribute, inventory_words};
 
 const MIB: u64 = 1024 * 1024;
 
 pub struct NvmlBackend {
     nvml: Nvml,
     inventory: Vec<GpuInfo>,
+    /// How NVML's (host) pids map to the agent's.
+    pids: PidView,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -25,27 +28,52 @@ impl std::fmt::Debug for NvmlBackend {
     }
 }
 
-/// Turns a failed `Nvml::init` into what a user can act on.
-fn init_error(e: NvmlError) -> GpuError {
-    let reason = match e {
-        NvmlError::LibloadingError(e) => {
-            format!("NVIDIA driver library not found (libnvidia-ml.so.1: {e})")
-        }
-        NvmlError::LibraryNotFound => {
-            "NVIDIA driver library not found (libnvidia-ml.so.1)".to_string()
-        }
-        NvmlError::DriverNotLoaded => {
-            "the NVIDIA driver is not loaded (libnvidia-ml.so.1 found, no kernel module)"
-                .to_string()
-        }
-        NvmlError::NoPermission => "no permission to talk to the NVIDIA driver".to_string(),
-        other => format!("NVML could not start: {other}"),
-    };
-    GpuError::NvmlUnavailable { reason }
+/// Turns a failed `Nvml::init` into what a user can act on. Only a library that is not there
+/// at all is [`GpuError::NoDriver`] (the one case `auto` runs fake GPUs); a library that is
+/// there but fails is a broken GPU node.
+pub(crate) fn init_error(e: NvmlError) -> GpuError {
+    match e {
+        // dlopen found no file: no NVIDIA driver on this machine.
+        NvmlError::LibloadingError(e) if is_missing_file(&e.to_string()) => GpuError::NoDriver {
+            reason: "no NVIDIA driver (libnvidia-ml.so.1 not found)".to_string(),
+        },
+        // Found, but not loadable (wrong architecture, missing dependency, corrupt).
+        NvmlError::LibloadingError(e) => GpuError::NvmlUnavailable {
+            reason: format!("the NVIDIA driver library cannot be loaded: {e}"),
+        },
+        NvmlError::LibraryNotFound => GpuError::NoDriver {
+            reason: "no NVIDIA driver (NVML found no driver library)".to_string(),
+        },
+        NvmlError::FailedToLoadSymbol(sym) => GpuError::NvmlUnavailable {
+            reason: format!("the NVIDIA driver library lacks {sym} (a driver older than NVML 11?)"),
+        },
+        NvmlError::DriverNotLoaded => GpuError::NvmlUnavailable {
+            reason: "the NVIDIA driver is not loaded (libnvidia-ml.so.1 found, no kernel \
+                     module: check `nvidia-smi`, `lsmod | grep nvidia`)"
+                .to_string(),
+        },
+        NvmlError::NoPermission => GpuError::NvmlUnavailable {
+            reason: "no permission to talk to the NVIDIA driver (/dev/nvidia*)".to_string(),
+        },
+        other => GpuError::NvmlUnavailable {
+            reason: format!("NVML could not start: {other}"),
+        },
+    }
+}
+
+/// Whether a dlopen message says the file does not exist (glibc: "cannot open shared object
+/// file: No such file or directory").
+fn is_missing_file(msg: &str) -> bool {
+    msg.contains("No such file or directory")
 }
 
 fn nvml_err(what: &'static str) -> impl FnOnce(NvmlError) -> GpuError {
-    move |source| GpuError::Nvml { what, source }
+    move |source| match source {
+        NvmlError::FailedToLoadSymbol(sym) => GpuError::NvmlUnavailable {
+            reason: format!("NVML {what}: the NVIDIA driver lacks {sym} (too old for headroom)"),
+        },
+        source => GpuError::Nvml { what, source },
+    }
 }
 
 /// Optional readings: a GPU that does not support one reports nothing, not an error.
@@ -63,7 +91,16 @@ fn optional<T>(r: Result<T, NvmlError>) -> Option<T> {
 impl NvmlBackend {
     /// Loads libnvidia-ml and lists the GPUs; an error when there is no usable GPU.
     pub fn open() -> Result<Self, GpuError> {
-        let nvml = Nvml::init().map_err(init_error)?;
+        Self::open_at(None)
+    }
+
+    /// [`open`](Self::open) with the library at `lib` (default: the system's).
+    pub fn open_at(lib: Option<&OsStr>) -> Result<Self, GpuError> {
+        let nvml = match lib {
+            None => Nvml::init(),
+            Some(path) => Nvml::builder().lib_path(path).init(),
+        }
+        .map_err(init_error)?;
         let count = nvml.device_count().map_err(nvml_err("device count"))?;
         let mut inventory = Vec::with_capacity(count as usize);
         for index in 0..count {
@@ -78,11 +115,70 @@ impl NvmlBackend {
             });
         }
         if inventory.is_empty() {
+            // A driver without GPUs (all hidden from this container?) is not a machine
+            // without a driver: say so rather than run fake GPUs.
             return Err(GpuError::NvmlUnavailable {
-                reason: "NVML loaded but reports no GPU".to_string(),
+                reason: "the NVIDIA driver reports no GPU (NVIDIA_VISIBLE_DEVICES?)".to_string(),
             });
         }
-        Ok(Self { nvml, inventory })
+        Ok(Self {
+            nvml,
+            inventory,
+            pids: PidView::detect(),
+        })
+    }
+
+    /// One GPU's reading; what fails is carried in its `error`, other GPUs are unaffected.
+    fn sample_one(&self, gpu: &GpuInfo) -> GpuSample {
+        let dev = match self.nvml.device_by_index(gpu.index) {
+            Ok(dev) => dev,
+            Err(e) => return super::unknown(gpu.index, format!("NVML device lookup: {e}")),
+        };
+        let mut errors = Vec::new();
+        let (used_mib, free_mib) = match dev.memory_info() {
+            Ok(mem) => (mem.used / MIB, mem.free / MIB),
+            Err(e) => {
+                errors.push(format!("NVML memory info: {e}"));
+                (0, 0)
+            }
+        };
+        // NotSupported included: a GPU whose processes cannot be listed cannot be verified.
+        // Older drivers lack the `_v3` call: ask them with `_v2`.
+        let listed = match dev.running_compute_processes() {
+            Err(NvmlError::FailedToLoadSymbol(_)) => dev.running_compute_processes_v2(),
+            listed => listed,
+        };
+        let processes = match listed {
+            Ok(list) => {
+                let reported: Vec<Reported> = list
+                    .iter()
+                    .map(|p| Reported {
+                        pid: p.pid,
+                        used_mib: match p.used_gpu_memory {
+                            UsedGpuMemory::Used(bytes) => Some(bytes.div_ceil(MIB)),
+                            UsedGpuMemory::Unavailable => None,
+                        },
+                    })
+                    .collect();
+                let (processes, error) = attribute(&self.pids, &reported);
+                errors.extend(error);
+                processes
+            }
+            Err(e) => {
+                errors.push(format!("NVML process list: {e}"));
+                Vec::new()
+            }
+        };
+        GpuSample {
+            index: gpu.index,
+            used_mib,
+            free_mib,
+            utilization_pct: optional(dev.utilization_rates()).map(|u| u.gpu),
+            power_mw: optional(dev.power_usage()).map(u64::from),
+            temperature_c: optional(dev.temperature(TemperatureSensor::Gpu)),
+            processes,
+            error: (!errors.is_empty()).then(|| errors.join("; ")),
+        }
     }
 }
 
@@ -96,41 +192,20 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn sample(&self) -> Result<Vec<GpuSample>, GpuError> {
-        let mut out = Vec::with_capacity(self.inventory.len());
-        for gpu in &self.inventory {
-            let dev = self
-                .nvml
-                .device_by_index(gpu.index)
-                .map_err(nvml_err("device lookup"))?;
-            let mem = dev.memory_info().map_err(nvml_err("memory info"))?;
-            let processes = optional(dev.running_compute_processes())
-                .unwrap_or_default()
-                .into_iter()
-                .map(|p| GpuProcess {
-                    pid: p.pid,
-                    used_mib: match p.used_gpu_memory {
-                        UsedGpuMemory::Used(bytes) => bytes.div_ceil(MIB),
-                        UsedGpuMemory::Unavailable => 0,
-                    },
-                    attempt: procscan::attempt_of(p.pid),
-                    user: None,
-                    command: None,
-                })
-                .collect();
-            out.push(GpuSample {
-                index: gpu.index,
-                used_mib: mem.used / MIB,
-                free_mib: mem.free / MIB,
-                utilization_pct: optional(dev.utilization_rates()).map(|u| u.gpu),
-                power_mw: optional(dev.power_usage()).map(u64::from),
-                temperature_c: optional(dev.temperature(TemperatureSensor::Gpu)),
-                processes,
-            });
-        }
-        Ok(out)
+        Ok(self.inventory.iter().map(|g| self.sample_one(g)).collect())
     }
 
     fn job_env(&self) -> Vec<(String, String)> {
         Vec::new()
+    }
+
+    fn describe(&self) -> String {
+        let mut line = format!("NVML: {}", inventory_words(&self.inventory));
+        let pids = self.pids.describe();
+        if !pids.is_empty() {
+            line.push_str("; ");
+            line.push_str(&pids);
+        }
+        line
     }
 }

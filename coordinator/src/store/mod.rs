@@ -55,7 +55,11 @@ pub(crate) fn node_snapshot(
                     .filter(|a| a.gpus.contains(&g.index))
                     .map(|a| a.estimate)
                     .collect(),
-                quarantined: blocked.contains(&g.index),
+                // A GPU whose last reading failed is unknown, so not placeable.
+                quarantined: blocked.contains(&g.index)
+                    || samples
+                        .iter()
+                        .any(|s| s.index == g.index && s.error.is_some()),
             })
             .collect(),
         cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,
@@ -87,6 +91,7 @@ pub(crate) fn gpu_views(
                 total_mib: g.total_mib,
                 used_mib: sample.map(|s| s.used_mib),
                 free_mib: sample.map(|s| s.free_mib),
+                error: sample.and_then(|s| s.error.clone()),
                 slots: plan.slots(i),
                 slots_used: here.len() as u32,
                 estimated_mib: here.iter().filter_map(|a| a.estimate).sum(),

@@ -1,0 +1,236 @@
+//! GPU readings fail closed: a GPU whose memory or process list cannot be read gets no work
+//! and quarantines the attempt that was on it, memory the driver cannot tell per process is
+//! learnt from the device's used memory (never as 0), and an agent that cannot map the
+//! driver's pids verifies and kills nothing. Faults are injected through the fake backend's
+//! control files; every start names the backend it uses.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use headroom_integration_tests::{
+    Headroom, KillOnDrop, Proc, UpOptions, alive, fake_job, wait_until,
+};
+use headroom_shared::{ExperimentId, JobState};
+
+fn fake_dir(h: &Headroom) -> PathBuf {
+    h.data_dir().join("fake-gpus")
+}
+
+fn submit(h: &Headroom, spec: serde_json::Value) -> ExperimentId {
+    h.submit_api(spec)
+        .expect("submit")
+        .experiment
+        .expect("stored")
+}
+
+#[test]
+fn a_gpu_whose_memory_cannot_be_read_gets_no_work_until_it_reads_again() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        lease_ttl: "3s".into(),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let fault = fake_dir(&h).join("gpu0.fail-memory");
+    std::fs::write(&fault, "GPU is lost").expect("inject");
+    let exp = submit(
+        &h,
+        serde_json::json!({"name": "wait", "command": ["true"], "resources": {"memory": "1GiB"}}),
+    );
+    h.wait_for(
+        "the GPU's error in `nodes`",
+        Duration::from_secs(20),
+        || {
+            Ok(h.nodes()?[0].gpus[0]
+                .error
+                .as_ref()
+                .filter(|e| e.contains("GPU is lost"))
+                .map(|_| ()))
+        },
+    );
+    let nodes = h.cli_ok(&["nodes"]);
+    assert!(
+        nodes.contains("CANNOT BE READ") && nodes.contains("GPU is lost"),
+        "{nodes}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        h.jobs(exp).expect("jobs")[0].state,
+        JobState::Queued,
+        "placed on a GPU whose memory is unknown"
+    );
+    std::fs::remove_file(&fault).expect("heal");
+    // A claim already waiting when the fault appeared may have leased the job on its older
+    // reading; the agent then handed it back, and the GPU is avoided for 30 s after that.
+    let jobs = h.wait_done(exp, Duration::from_secs(90));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+}
+
+#[test]
+fn a_process_list_that_fails_quarantines_the_gpu_with_the_error() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        kill_grace: "300ms".into(),
+        lease_ttl: "3s".into(),
+        extra: vec!["--verify-timeout".into(), "1s".into()],
+        ..Default::default()
+    })
+    .expect("headroom up");
+    // The job breaks its GPU's process list as it ends (the driver lost the GPU).
+    let exp = submit(
+        &h,
+        serde_json::json!({"name": "breaks", "command": ["sh", "-c",
+            "printf 'GPU has fallen off the bus' > $HEADROOM_FAKE_GPU_DIR/gpu0.fail-processes"],
+            "resources": {"memory": "1GiB"}}),
+    );
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    let attempt = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+    assert_eq!(
+        attempt.cleanup_verified,
+        Some(false),
+        "an unreadable GPU was verified clean"
+    );
+    let quarantine = h.nodes().expect("nodes")[0].gpus[0].quarantine.clone();
+    assert!(
+        quarantine
+            .iter()
+            .any(|q| q.reason.contains("GPU has fallen off the bus")),
+        "{quarantine:?}"
+    );
+
+    let next = submit(
+        &h,
+        serde_json::json!({"name": "next", "command": ["true"], "resources": {"memory": "1GiB"}}),
+    );
+    // Several heartbeats (every second with a 3 s lease): an unreadable GPU does not count
+    // as "the leftovers are gone", so the quarantine stays.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(h.jobs(next).expect("jobs")[0].state, JobState::Queued);
+    assert!(
+        !h.nodes().expect("nodes")[0].gpus[0].quarantine.is_empty(),
+        "quarantine lifted while the GPU cannot be read"
+    );
+    // The GPU reads again and nothing is left on it: the quarantine lifts by itself.
+    std::fs::remove_file(fake_dir(&h).join("gpu0.fail-processes")).expect("heal");
+    let jobs = h.wait_done(next, Duration::from_secs(30));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+}
+
+#[test]
+fn memory_the_driver_cannot_tell_per_process_is_learnt_from_the_device() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    std::fs::write(fake_dir(&h).join("gpu0.no-process-memory"), "").expect("inject");
+    let exp = submit(
+        &h,
+        serde_json::json!({"name": "unavailable", "command": [fake_job(), "--mem", "3GiB",
+            "--seconds", "1.5"]}),
+    );
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let attempt = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+    assert_eq!(attempt.peak_mem_mib, Some(3072), "{attempt:?}");
+    assert_eq!(attempt.cleanup_verified, Some(true));
+    let show = h.cli_ok(&["show", &jobs[0].id.to_string()]);
+    assert!(show.contains("used-memory growth"), "{show}");
+}
+
+#[test]
+fn an_agent_that_cannot_map_pids_neither_verifies_nor_kills() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        kill_grace: "300ms".into(),
+        lease_ttl: "3s".into(),
+        extra: vec![
+            "--verify-timeout".into(),
+            "1s".into(),
+            "--kill-foreign".into(),
+        ],
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let dir = fake_dir(&h);
+    std::fs::write(dir.join("pid-namespace"), "isolated").expect("isolated");
+    // Someone's process holding memory: its pid means nothing to an isolated agent.
+    let other = KillOnDrop(
+        std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("sleep"),
+    );
+    std::fs::write(dir.join(other.0.id().to_string()), "0:2048\n").expect("usage");
+    let exp = submit(
+        &h,
+        serde_json::json!({"name": "job", "command": ["true"], "resources": {"memory": "1GiB"}}),
+    );
+    // Not run: the GPU's reading is unknown (a claim that leased it on an older reading is
+    // handed back at launch).
+    std::thread::sleep(Duration::from_secs(3));
+    let job = h.jobs(exp).expect("jobs")[0].clone();
+    assert_eq!(job.state, JobState::Queued);
+    let detail = h.job(job.id).expect("job");
+    assert!(
+        detail
+            .attempts_detail
+            .iter()
+            .all(|a| a.started_at.is_none()),
+        "ran on a GPU it cannot read: {:?}",
+        detail.attempts_detail
+    );
+    assert!(
+        alive(other.0.id()),
+        "--kill-foreign killed a pid it cannot attribute"
+    );
+    let log = h.server_log();
+    assert!(log.contains("hostPID: true"), "{log}");
+    drop(other);
+    // The process is gone: the GPU reads as empty, which needs no pid mapping. (A hand-back
+    // at launch, see above, makes the GPU avoided for 30 s.)
+    let jobs = h.wait_done(exp, Duration::from_secs(90));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+}
+
+#[test]
+fn every_start_names_its_gpu_backend() {
+    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let log = h.server_log();
+    assert!(
+        log.contains("headroom: --gpu-backend fake: 2 fake GPUs of 24 GiB"),
+        "{log}"
+    );
+
+    // `auto`: NVML when a driver library exists, fake GPUs only when none does.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let agent = Proc::start(
+        "headroom-agent",
+        &[
+            "--coordinator".into(),
+            "http://127.0.0.1:9".into(),
+            "--gpu-backend".into(),
+            "auto".into(),
+            "--data-dir".into(),
+            tmp.path().join("data").display().to_string(),
+        ],
+        tmp.path().join("agent.log"),
+    )
+    .expect("agent");
+    let line = wait_until("the agent's start line", Duration::from_secs(20), || {
+        agent
+            .output()
+            .lines()
+            .find(|l| l.starts_with("headroom-agent: "))
+            .map(str::to_string)
+    });
+    let driver = std::path::Path::new("/proc/driver/nvidia/version").exists();
+    if driver {
+        assert!(line.starts_with("headroom-agent: NVML: "), "{line}");
+    } else {
+        assert_eq!(
+            line,
+            "headroom-agent: no NVIDIA driver: 4 fake GPUs of 24 GiB"
+        );
+    }
+}
