@@ -71,6 +71,9 @@ async fn run() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    // First: a stop signal during start-up must stop us cleanly too.
+    let stop = CancellationToken::new();
+    headroom_shared::signals::cancel_on_stop_signal(stop.clone())?;
     let args = Args::parse();
     std::fs::create_dir_all(&args.data_dir)?;
     let fake_dir = args.data_dir.canonicalize()?.join("fake-gpus");
@@ -110,18 +113,6 @@ async fn run() -> anyhow::Result<()> {
         },
         backend,
     )?;
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let (Ok(mut i), Ok(mut t)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            tokio::select! { _ = i.recv() => {}, _ = t.recv() => {} }
-        }
-        s.cancel();
-    });
     agent.run(stop).await?;
     Ok(())
 }

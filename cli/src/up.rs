@@ -98,6 +98,9 @@ fn host_name() -> String {
 }
 
 pub async fn run(args: UpArgs) -> Result<i32> {
+    // First: a stop signal during start-up must stop us cleanly too.
+    let shutdown = CancellationToken::new();
+    headroom_shared::signals::cancel_on_stop_signal(shutdown.clone())?;
     init_tracing(args.run.is_some());
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data dir {}", args.data_dir.display()))?;
@@ -145,7 +148,6 @@ pub async fn run(args: UpArgs) -> Result<i32> {
         db.display()
     );
 
-    let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let coord_stop = CancellationToken::new();
     let coordinator = tasks.spawn(app.run(coord_stop.clone()));
@@ -172,8 +174,6 @@ pub async fn run(args: UpArgs) -> Result<i32> {
     tasks.close();
 
     let mut code = 0;
-    let signals = wait_for_signal();
-    tokio::pin!(signals);
     if let Some(spec) = &args.run {
         let api = crate::client::Api::new(&url)?;
         tokio::select! {
@@ -183,10 +183,10 @@ pub async fn run(args: UpArgs) -> Result<i32> {
                     Err(e) => { eprintln!("error: {e:#}"); 1 }
                 };
             }
-            _ = &mut signals => {}
+            _ = shutdown.cancelled() => {}
         }
     } else {
-        signals.await;
+        shutdown.cancelled().await;
     }
     tracing::info!("shutting down: stopping running attempts");
     // The agent drains first (its attempts report their end), then the coordinator stops.
@@ -215,24 +215,6 @@ fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File> {
         ),
         Err(std::fs::TryLockError::Error(e)) => {
             Err(e).with_context(|| format!("locking {}", path.display()))
-        }
-    }
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
         }
     }
 }

@@ -72,9 +72,16 @@ impl Application {
                 .await
         });
         let app = router(self.state.clone());
+        // Draining: stop accepting, answer held long-polls at once, finish requests in flight.
+        let (changes, log_changes) = (self.state.changes.clone(), self.state.log_changes.clone());
         let stop = shutdown.clone();
         let served = axum::serve(self.listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .with_graceful_shutdown(async move {
+                stop.cancelled().await;
+                tracing::info!("draining: no new requests, answering long-polls");
+                changes.close();
+                log_changes.close();
+            })
             .await;
         shutdown.cancel();
         tasks.close();

@@ -70,6 +70,9 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    // First: a stop signal during start-up must stop us cleanly too.
+    let stop = CancellationToken::new();
+    headroom_shared::signals::cancel_on_stop_signal(stop.clone())?;
     let args = Args::parse();
     std::fs::create_dir_all(&args.data_dir)?;
     let store = open_store(args.database_url.as_deref(), &args.data_dir).await?;
@@ -80,12 +83,6 @@ async fn main() -> anyhow::Result<()> {
         "headroom: coordinator listening on http://{}",
         app.local_addr()
     );
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        s.cancel();
-    });
     app.run(stop).await?;
     Ok(())
 }

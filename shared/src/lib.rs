@@ -7,6 +7,8 @@ pub mod expand;
 pub mod ids;
 pub mod plan;
 pub mod profile;
+#[cfg(feature = "signals")]
+pub mod signals;
 pub mod size;
 pub mod spec;
 pub mod state;

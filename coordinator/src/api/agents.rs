@@ -92,6 +92,7 @@ pub async fn claim(
             || !cancel.is_empty()
             || req.known_plan.as_deref() != Some(plan.as_str())
             || now >= deadline
+            || s.changes.is_closing()
         {
             return Ok(ApiJson(ClaimResponse {
                 leases: claimed.leases,

@@ -112,7 +112,7 @@ pub async fn read_log(
                 )
             })?;
         let now = tokio::time::Instant::now();
-        if !bytes.is_empty() || ended || now >= deadline {
+        if !bytes.is_empty() || ended || now >= deadline || s.changes.is_closing() {
             let mut headers = HeaderMap::new();
             let next = q.offset + bytes.len() as u64;
             headers.insert("x-log-offset", HeaderValue::from(next));

@@ -420,6 +420,22 @@ impl Proc {
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits up to `timeout` for the process to exit; `None` if it is still running.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<std::process::ExitStatus>> {
+        let c = self.child.as_mut().ok_or_else(|| anyhow!("not running"))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = c.try_wait()? {
+                self.child = None;
+                return Ok(Some(st));
+            }
+            if Instant::now() > deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Proc {
