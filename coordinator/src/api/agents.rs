@@ -204,20 +204,10 @@ pub async fn append_log(
     let logs = s.logs.clone();
     let len = tokio::task::spawn_blocking(move || logs.append(attempt, q.offset, &body))
         .await
-        .map_err(|e| {
-            ApiError::new(
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                e.to_string(),
-            )
-        })?
+        .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| match e {
             crate::logs::LogError::Gap { .. } => ApiError::invalid("offset", e.to_string()),
-            other => ApiError::new(
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                other.to_string(),
-            ),
+            other => ApiError::internal(other.to_string()),
         })?;
     s.log_changes.bump();
     Ok(ApiJson(LogAppended { len }))

@@ -178,12 +178,6 @@ pub async fn export(
         .map(|e| parse_id(e, "experiment"))
         .transpose()?;
     let rows = s.store.export_rows(experiment).await?;
-    let csv = crate::export::to_csv(&rows).map_err(|e| {
-        ApiError::new(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("csv: {e}"),
-        )
-    })?;
+    let csv = crate::export::to_csv(&rows).map_err(|e| ApiError::internal(format!("csv: {e}")))?;
     Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], csv))
 }

@@ -6,7 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::IntoResponse;
 use headroom_shared::api::{AttemptPhase, AttemptView, CancelResponse, JobDetail, JobSummary};
-use headroom_shared::{AttemptId, JobState};
+use headroom_shared::{AttemptId, JobState, routes};
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, parse_id};
@@ -97,27 +97,15 @@ pub async fn read_log(
         let logs = s.logs.clone();
         let bytes = tokio::task::spawn_blocking(move || logs.read(attempt, q.offset, LOG_READ_MAX))
             .await
-            .map_err(|e| {
-                ApiError::new(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    e.to_string(),
-                )
-            })?
-            .map_err(|e| {
-                ApiError::new(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    e.to_string(),
-                )
-            })?;
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| ApiError::internal(e.to_string()))?;
         let now = tokio::time::Instant::now();
         if !bytes.is_empty() || ended || now >= deadline || s.changes.is_closing() {
             let mut headers = HeaderMap::new();
             let next = q.offset + bytes.len() as u64;
-            headers.insert("x-log-offset", HeaderValue::from(next));
+            headers.insert(routes::LOG_OFFSET_HEADER, HeaderValue::from(next));
             headers.insert(
-                "x-attempt-ended",
+                routes::ATTEMPT_ENDED_HEADER,
                 HeaderValue::from_static(if ended { "true" } else { "false" }),
             );
             return Ok((headers, bytes));

@@ -28,8 +28,7 @@ pub async fn set_plan(
         .map(ApiJson)
         .ok_or_else(|| {
             ApiError::new(
-                axum::http::StatusCode::NOT_FOUND,
-                "not_found",
+                headroom_shared::api::ErrorCode::NotFound,
                 format!("no node {name}"),
             )
         })
