@@ -9,4 +9,5 @@ pub mod client;
 pub mod gpu;
 pub mod launcher;
 pub mod procscan;
+pub mod settings;
 pub mod supervisor;

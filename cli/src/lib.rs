@@ -114,19 +114,7 @@ pub enum PlanCommand {
     Set { node: String, plan: String },
 }
 
-/// Parses the command line, then lays `headroom up`'s config file under flags and variables.
-pub fn parse_args() -> Result<Cli> {
-    use clap::{CommandFactory, FromArgMatches};
-    let matches = Cli::command().get_matches();
-    let mut cli = Cli::from_arg_matches(&matches)?;
-    if let Command::Up(args) = &mut cli.command
-        && let Some(file) = args.config.clone()
-        && let Some(sub) = matches.subcommand_matches("up")
-    {
-        config::apply_file(args, sub, &file)?;
-    }
-    Ok(cli)
-}
+pub use config::parse_args;
 
 pub async fn run(cli: Cli) -> Result<i32> {
     let api = Api::new(&cli.server)?;

@@ -10,6 +10,8 @@ pub mod ids;
 pub mod plan;
 pub mod profile;
 pub mod routes;
+#[cfg(feature = "settings")]
+pub mod settings;
 #[cfg(feature = "signals")]
 pub mod signals;
 pub mod size;

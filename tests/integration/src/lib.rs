@@ -421,12 +421,23 @@ pub struct Proc {
 
 impl Proc {
     pub fn start(name: &str, args: &[String], log: PathBuf) -> Result<Self> {
+        Self::start_with_env(name, args, &[], log)
+    }
+
+    /// `start` with extra environment variables (`HEADROOM_*` settings).
+    pub fn start_with_env(
+        name: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: PathBuf,
+    ) -> Result<Self> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)?;
         let child = Command::new(binary(name))
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)

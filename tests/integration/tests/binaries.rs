@@ -176,26 +176,41 @@ fn config_files_are_honoured_by_coordinator_and_agent() {
     assert_eq!(node.gpus.len(), 3);
     assert_eq!(node.gpus[0].total_mib, 12 * 1024);
 
-    // A variable wins over the file.
-    let env_wins =
-        std::process::Command::new(headroom_integration_tests::binary("headroom-coordinator"))
-            .args(["--config", &coord_toml.display().to_string()])
-            .env("HEADROOM_LEASE_TTL", "not-a-duration")
-            .output()
-            .expect("run");
-    assert!(!env_wins.status.success());
-    assert!(
-        String::from_utf8_lossy(&env_wins.stderr).contains("not-a-duration"),
-        "{}",
-        String::from_utf8_lossy(&env_wins.stderr)
-    );
+    // A variable wins over the file, a flag over both.
+    let env_agent = Proc::start_with_env(
+        "headroom-agent",
+        &[
+            "--config".to_string(),
+            agent_toml.display().to_string(),
+            "--plan".into(),
+            "1,1,1".into(),
+            "--data-dir".into(),
+            dir.path().join("agent2").display().to_string(),
+        ],
+        &[("HEADROOM_NODE", "from-env"), ("HEADROOM_PLAN", "3,3,3")],
+        dir.path().join("agent2.log"),
+    )
+    .expect("agent");
+    wait_node(&url, "from-env", &env_agent);
+    let nodes: Vec<NodeView> = http_get(&format!("{url}/v1/nodes")).expect("nodes");
+    let node = nodes.iter().find(|n| n.name == "from-env").expect("node");
+    assert_eq!(node.plan, "1,1,1");
+    assert_eq!(node.gpus.len(), 3, "fake-gpus still comes from the file");
 }
 
 #[test]
 fn unknown_config_keys_are_refused_by_name() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("bad.toml");
-    std::fs::write(&file, "lease_ttl = \"9s\"\nleese_ttl = \"9s\"\n").expect("write");
+    // `data-dir` is a setting of all three; `leese_ttl` of none.
+    std::fs::write(
+        &file,
+        format!(
+            "data-dir = \"{}\"\nleese_ttl = \"9s\"\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .expect("write");
     for bin in ["headroom-coordinator", "headroom-agent"] {
         let out = std::process::Command::new(headroom_integration_tests::binary(bin))
             .args(["--config", &file.display().to_string()])
