@@ -1,7 +1,7 @@
 //! Nodes, their GPUs and concurrency plans.
 
 use axum::extract::{Path, State};
-use headroom_shared::api::{NodeView, SetPlanRequest};
+use headroom_shared::api::{NodeView, Released, SetPlanRequest};
 
 use super::{ApiError, ApiJson, ApiResult, AppState};
 
@@ -32,11 +32,6 @@ pub async fn set_plan(
                 format!("no node {name}"),
             )
         })
-}
-
-#[derive(serde::Serialize)]
-pub struct Released {
-    released: u64,
 }
 
 /// Lifts a GPU's quarantine after a person looked at what was left on it.
