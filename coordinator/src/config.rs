@@ -51,6 +51,9 @@ pub struct CoordinatorConfig {
     pub max_jobs: u64,
     /// A job waiting longer than this holds GPUs for itself instead of being overtaken.
     pub reserve_after: Duration,
+    /// How long a stop signal waits for requests in flight before dropping them (under
+    /// Kubernetes' default 30 s grace before SIGKILL).
+    pub drain_timeout: Duration,
 }
 
 impl CoordinatorConfig {
@@ -62,6 +65,7 @@ impl CoordinatorConfig {
             long_poll: Duration::from_secs(25),
             max_jobs: DEFAULT_MAX_JOBS,
             reserve_after: Duration::from_secs(600),
+            drain_timeout: Duration::from_secs(20),
         }
     }
 }
