@@ -26,11 +26,11 @@ struct Args {
     /// Attempt logs and fake GPU files.
     #[arg(long, env = "HEADROOM_DATA_DIR", default_value = ".headroom-agent")]
     data_dir: PathBuf,
-    #[command(flatten)]
-    settings: AgentSettings,
     /// A TOML file of settings (keys are the flags' names); variables and flags win over it.
     #[arg(long, env = "HEADROOM_CONFIG")]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: AgentSettings,
 }
 
 fn main() -> anyhow::Result<()> {

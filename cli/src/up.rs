@@ -18,16 +18,16 @@ use tokio_util::task::TaskTracker;
 /// `headroom-agent` take them (the same flags, variables and config-file keys).
 #[derive(Args, Debug)]
 pub struct UpArgs {
-    #[command(flatten)]
-    pub coordinator: CoordinatorSettings,
-    #[command(flatten)]
-    pub agent: AgentSettings,
     /// Submit this spec once up, show progress, and exit when every job has ended.
     #[arg(long)]
     pub run: Option<PathBuf>,
     /// A TOML file of settings (keys are the flags' names); variables and flags win over it.
     #[arg(long, env = "HEADROOM_CONFIG")]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub coordinator: CoordinatorSettings,
+    #[command(flatten)]
+    pub agent: AgentSettings,
 }
 
 /// `quiet`: only warnings by default, so a progress bar is not buried under log lines.

@@ -18,8 +18,6 @@ use tokio_util::sync::CancellationToken;
     about = "headroom coordinator: REST API, store, placement"
 )]
 struct Args {
-    #[command(flatten)]
-    settings: CoordinatorSettings,
     /// PostgreSQL (`postgres://user:password@host:port/dbname`) for several coordinator
     /// replicas; absent: the embedded SQLite file in the data dir.
     #[arg(long, env = "HEADROOM_DATABASE_URL")]
@@ -27,6 +25,8 @@ struct Args {
     /// A TOML file of settings (keys are the flags' names); variables and flags win over it.
     #[arg(long, env = "HEADROOM_CONFIG")]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: CoordinatorSettings,
 }
 
 /// PostgreSQL when a URL is given, else the embedded SQLite file in `data_dir`.
