@@ -14,5 +14,6 @@ mod heartbeat;
 pub mod launcher;
 mod lease;
 pub mod procscan;
+pub mod settings;
 pub mod supervisor;
 pub mod sweep;

@@ -9,9 +9,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use headroom_integration_tests::{Postgres, Proc, free_port, http_get, http_post};
+use headroom_integration_tests::{Postgres, Proc, block_on, client_for, free_port};
 use headroom_shared::ExperimentId;
-use headroom_shared::api::{JobDetail, JobSummary, Progress, SubmitResponse};
+use headroom_shared::api::SubmitRequest;
+use headroom_shared::client::Client;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -30,7 +31,7 @@ fn raw_spawn_rate(n: usize) -> Result<f64> {
 }
 
 struct Setup {
-    url: String,
+    api: Client,
     _coordinator: Proc,
     _agent: Proc,
 }
@@ -48,8 +49,9 @@ fn start(dir: &Path, database_url: Option<&str>) -> Result<Setup> {
         args.extend(["--database-url".to_string(), db.to_string()]);
     }
     let coordinator = Proc::start("headroom-coordinator", &args, dir.join("coord.log"))?;
+    let api = client_for(&url)?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while http_get::<serde_json::Value>(&format!("{url}/v1/health")).is_err() {
+    while block_on(api.health())?.is_err() {
         if Instant::now() > deadline {
             bail!("coordinator did not start: {}", coordinator.output());
         }
@@ -75,38 +77,34 @@ fn start(dir: &Path, database_url: Option<&str>) -> Result<Setup> {
     .chain([dir.join("agent").display().to_string()])
     .collect();
     let agent = Proc::start("headroom-agent", &agent_args, dir.join("agent.log"))?;
-    while http_get::<Vec<serde_json::Value>>(&format!("{url}/v1/nodes"))?.is_empty() {
+    while block_on(api.nodes())??.is_empty() {
         if Instant::now() > deadline {
             bail!("agent did not register: {}", agent.output());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(Setup {
-        url,
+        api,
         _coordinator: coordinator,
         _agent: agent,
     })
 }
 
-fn submit(url: &str, name: &str, runs: usize) -> Result<ExperimentId> {
-    let spec = serde_json::json!({"spec": {"name": name, "command": ["true"],
-        "runs_per_config": runs, "resources": {"memory": "100MiB"}}});
-    let (status, body) = http_post(&format!("{url}/v1/experiments"), &spec)?;
-    if status != 200 {
-        bail!("submit refused: {body}");
-    }
-    let r: SubmitResponse = serde_json::from_value(body)?;
+fn submit(api: &Client, name: &str, runs: usize) -> Result<ExperimentId> {
+    let req = SubmitRequest {
+        spec: serde_json::json!({"name": name, "command": ["true"],
+            "runs_per_config": runs, "resources": {"memory": "100MiB"}}),
+        seed: None,
+        dry_run: false,
+    };
+    let r = block_on(api.submit(&req))?.context("submit refused")?;
     r.experiment.context("stored")
 }
 
-fn wait_done(url: &str, exp: ExperimentId) -> Result<()> {
+fn wait_done(api: &Client, exp: ExperimentId) -> Result<()> {
     let mut after = None;
     loop {
-        let path = match after {
-            Some(v) => format!("{url}/v1/progress?experiment={exp}&after={v}&timeout_ms=2000"),
-            None => format!("{url}/v1/progress?experiment={exp}"),
-        };
-        let p: Progress = http_get(&path)?;
+        let p = block_on(api.progress_within(Some(exp), after, Duration::from_secs(2)))??;
         if p.counts.finished() == p.counts.total() {
             return Ok(());
         }
@@ -115,11 +113,11 @@ fn wait_done(url: &str, exp: ExperimentId) -> Result<()> {
 }
 
 /// Per job: (submit -> lease, submit -> start) in ms.
-fn latencies(url: &str, exp: ExperimentId) -> Result<Vec<(f64, f64)>> {
-    let jobs: Vec<JobSummary> = http_get(&format!("{url}/v1/jobs?experiment={exp}"))?;
+fn latencies(api: &Client, exp: ExperimentId) -> Result<Vec<(f64, f64)>> {
+    let jobs = block_on(api.jobs(Some(exp), None))??;
     let mut out = Vec::new();
     for j in jobs {
-        let d: JobDetail = http_get(&format!("{url}/v1/jobs/{}", j.id))?;
+        let d = block_on(api.job(j.id))??;
         if let Some(a) = d.attempts_detail.first()
             && let Some(started) = a.started_at
         {
@@ -144,9 +142,9 @@ fn measure(store: &'static str, database_url: Option<&str>, jobs: usize) -> Resu
     let s = start(dir.path(), database_url)?;
     let (mut claim, mut start_ms) = (Vec::new(), Vec::new());
     for i in 0..40 {
-        let exp = submit(&s.url, &format!("idle{i}"), 1)?;
-        wait_done(&s.url, exp)?;
-        for (c, st) in latencies(&s.url, exp)? {
+        let exp = submit(&s.api, &format!("idle{i}"), 1)?;
+        wait_done(&s.api, exp)?;
+        for (c, st) in latencies(&s.api, exp)? {
             claim.push(c);
             start_ms.push(st);
         }
@@ -154,8 +152,8 @@ fn measure(store: &'static str, database_url: Option<&str>, jobs: usize) -> Resu
     claim.sort_by(f64::total_cmp);
     start_ms.sort_by(f64::total_cmp);
     let t = Instant::now();
-    let exp = submit(&s.url, "burst", jobs)?;
-    wait_done(&s.url, exp)?;
+    let exp = submit(&s.api, "burst", jobs)?;
+    wait_done(&s.api, exp)?;
     let rate = jobs as f64 / t.elapsed().as_secs_f64();
     Ok(Row {
         store,

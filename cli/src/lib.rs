@@ -114,40 +114,29 @@ pub enum PlanCommand {
     Set { node: String, plan: String },
 }
 
-/// Parses the command line, then lays `headroom up`'s config file under flags and variables.
-pub fn parse_args() -> Result<Cli> {
-    use clap::{CommandFactory, FromArgMatches};
-    let matches = Cli::command().get_matches();
-    let mut cli = Cli::from_arg_matches(&matches)?;
-    if let Command::Up(args) = &mut cli.command
-        && let Some(file) = args.config.clone()
-        && let Some(sub) = matches.subcommand_matches("up")
-    {
-        config::apply_file(args, sub, &file)?;
-    }
-    Ok(cli)
-}
+pub use config::parse_args;
 
 pub async fn run(cli: Cli) -> Result<i32> {
-    if let Command::Up(args) = cli.command {
-        return up::run(*args).await;
-    }
     let api = Api::new(&cli.server)?;
-    match cli.command {
-        Command::Up(_) => unreachable!("handled above"),
+    command(&api, cli.command).await.map_err(client::with_hint)
+}
+
+async fn command(api: &Api, command: Command) -> Result<i32> {
+    match command {
+        Command::Up(args) => return up::run(*args).await,
         Command::Submit {
             file,
             wait,
             dry_run,
             seed,
-        } => return submit(&api, &file, wait, dry_run, seed).await,
+        } => return submit(api, &file, wait, dry_run, seed).await,
         Command::Ls { experiment, state } => {
-            let exp = resolve_experiment(&api, experiment.as_deref()).await?;
+            let exp = resolve_experiment(api, experiment.as_deref()).await?;
             output::jobs_table(&api.jobs(exp, state.as_deref()).await?);
         }
         Command::Experiments => output::experiments_table(&api.experiments().await?),
         Command::Show { id } => output::job_detail(&api.job(id).await?),
-        Command::Logs { id, follow } => output::logs(&api, &id, follow).await?,
+        Command::Logs { id, follow } => output::logs(api, &id, follow).await?,
         Command::Cancel { id } => {
             if let Ok(job) = id.parse::<JobId>()
                 && api.find_job(job).await?.is_some()
@@ -156,7 +145,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
                 println!("cancelled {} job", r.cancelled);
                 return Ok(0);
             }
-            let exp = resolve_experiment(&api, Some(&id))
+            let exp = resolve_experiment(api, Some(&id))
                 .await?
                 .ok_or_else(|| anyhow!("no job or experiment `{id}`"))?;
             let r = api.cancel_experiment(exp).await?;
@@ -180,15 +169,15 @@ pub async fn run(cli: Cli) -> Result<i32> {
             println!("node {node} GPU {gpu}: {n} quarantine(s) lifted");
         }
         Command::Wait { experiment } => {
-            let exp = resolve_experiment(&api, experiment.as_deref()).await?;
-            return output::wait(&api, exp).await;
+            let exp = resolve_experiment(api, experiment.as_deref()).await?;
+            return output::wait(api, exp).await;
         }
         Command::Export {
             csv: _,
             experiment,
             output: out,
         } => {
-            let exp = resolve_experiment(&api, experiment.as_deref()).await?;
+            let exp = resolve_experiment(api, experiment.as_deref()).await?;
             let text = api.export_csv(exp).await?;
             match out {
                 Some(path) => {

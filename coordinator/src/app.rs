@@ -1,6 +1,7 @@
 //! `Application`: binds the listener, wires the store into the router, runs the lease
 //! sweeper and the store's change watch, and shuts down cleanly on cancellation.
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -72,10 +73,27 @@ impl Application {
                 .await
         });
         let app = router(self.state.clone());
+        // Draining: stop accepting, answer held long-polls at once, finish requests in flight.
+        let (changes, log_changes) = (self.state.changes.clone(), self.state.log_changes.clone());
         let stop = shutdown.clone();
-        let served = axum::serve(self.listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
+        let serve = axum::serve(self.listener, app)
+            .with_graceful_shutdown(async move {
+                stop.cancelled().await;
+                tracing::info!("draining: no new requests, answering long-polls");
+                changes.close();
+                log_changes.close();
+            })
+            .into_future();
+        // A request stuck on an unreachable database must not hold the exit for ever.
+        let limit = self.state.config.drain_timeout;
+        let stop = shutdown.clone();
+        let served = tokio::select! {
+            r = serve => r,
+            _ = async { stop.cancelled().await; tokio::time::sleep(limit).await } => {
+                tracing::warn!(?limit, "requests still in flight after the drain limit: dropping them");
+                Ok(())
+            }
+        };
         shutdown.cancel();
         tasks.close();
         tasks.wait().await;

@@ -4,16 +4,20 @@
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Clone)]
 pub struct Changes {
     tx: watch::Sender<u64>,
+    /// Set when the server drains: waiters return at once so long-polls are answered.
+    closing: CancellationToken,
 }
 
 impl Default for Changes {
     fn default() -> Self {
         Self {
             tx: watch::Sender::new(0),
+            closing: CancellationToken::new(),
         }
     }
 }
@@ -32,11 +36,25 @@ impl Changes {
         self.tx.subscribe()
     }
 
-    /// Waits until the version differs from `seen` or `timeout` passes; returns the version.
+    /// Waits until the version differs from `seen`, `timeout` passes or the server drains;
+    /// returns the version.
     pub async fn wait_past(&self, seen: u64, timeout: Duration) -> u64 {
         let mut rx = self.subscribe();
-        let _ = tokio::time::timeout(timeout, rx.wait_for(|v| *v != seen)).await;
+        tokio::select! {
+            _ = tokio::time::timeout(timeout, rx.wait_for(|v| *v != seen)) => {}
+            _ = self.closing.cancelled() => {}
+        }
         *rx.borrow()
+    }
+
+    /// The server drains: answer every long-poll now, hold no new one open.
+    pub fn close(&self) {
+        self.closing.cancel();
+    }
+
+    /// Long-poll loops stop waiting once this is true.
+    pub fn is_closing(&self) -> bool {
+        self.closing.is_cancelled()
     }
 }
 
@@ -54,5 +72,20 @@ mod tests {
         tokio::task::yield_now().await;
         c.bump();
         assert_eq!(waiter.await.ok(), Some(v + 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn closing_answers_waiters_at_once() {
+        let c = Changes::default();
+        let v = c.version();
+        let c2 = c.clone();
+        let waiter = tokio::spawn(async move { c2.wait_past(v, Duration::from_secs(3600)).await });
+        tokio::task::yield_now().await;
+        c.close();
+        let t = tokio::time::Instant::now();
+        assert_eq!(waiter.await.ok(), Some(v));
+        assert!(c.is_closing());
+        assert_eq!(c.wait_past(v, Duration::from_secs(3600)).await, v);
+        assert!(t.elapsed() < Duration::from_secs(1));
     }
 }

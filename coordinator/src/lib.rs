@@ -11,4 +11,4 @@ pub mod placement;
 pub mod store;
 
 pub use app::Application;
-pub use config::CoordinatorConfig;
+pub use config::{CoordinatorConfig, CoordinatorSettings};

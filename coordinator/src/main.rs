@@ -1,16 +1,14 @@
 //! `headroom-coordinator`: the REST API on its own (agents run elsewhere).
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use headroom_coordinator::store::Store;
 use headroom_coordinator::store::postgres::{PostgresStore, redact_url};
 use headroom_coordinator::store::sqlite::SqliteStore;
-use headroom_coordinator::{Application, CoordinatorConfig};
+use headroom_coordinator::{Application, CoordinatorSettings};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -20,18 +18,15 @@ use tokio_util::sync::CancellationToken;
     about = "headroom coordinator: REST API, store, placement"
 )]
 struct Args {
-    #[arg(long, env = "HEADROOM_LISTEN", default_value = "127.0.0.1:7420")]
-    listen: SocketAddr,
-    /// Attempt logs live here, and the embedded store unless --database-url is given.
-    #[arg(long, env = "HEADROOM_DATA_DIR", default_value = ".headroom")]
-    data_dir: PathBuf,
     /// PostgreSQL (`postgres://user:password@host:port/dbname`) for several coordinator
     /// replicas; absent: the embedded SQLite file in the data dir.
     #[arg(long, env = "HEADROOM_DATABASE_URL")]
     database_url: Option<String>,
-    /// An agent silent this long loses its leases.
-    #[arg(long, env = "HEADROOM_LEASE_TTL", default_value = "30s", value_parser = humantime::parse_duration)]
-    lease_ttl: Duration,
+    /// A TOML file of settings (keys are the flags' names); variables and flags win over it.
+    #[arg(long, env = "HEADROOM_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: CoordinatorSettings,
 }
 
 /// PostgreSQL when a URL is given, else the embedded SQLite file in `data_dir`.
@@ -70,22 +65,20 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
-    std::fs::create_dir_all(&args.data_dir)?;
-    let store = open_store(args.database_url.as_deref(), &args.data_dir).await?;
-    let mut config = CoordinatorConfig::new(args.listen, args.data_dir);
-    config.lease_ttl = args.lease_ttl;
+    // First: a stop signal during start-up must stop us cleanly too.
+    let stop = CancellationToken::new();
+    headroom_shared::signals::cancel_on_stop_signal(stop.clone())?;
+    let args: Args = headroom_shared::settings::parse()?;
+    let data_dir = &args.settings.data_dir;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    let store = open_store(args.database_url.as_deref(), data_dir).await?;
+    let config = args.settings.config(data_dir.clone());
     let app = Application::build(config, store).await?;
     println!(
         "headroom: coordinator listening on http://{}",
         app.local_addr()
     );
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        s.cancel();
-    });
     app.run(stop).await?;
     Ok(())
 }

@@ -21,10 +21,69 @@ pub struct ErrorBody {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ErrorDetail {
-    pub code: String,
+    pub code: ErrorCode,
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+}
+
+/// What went wrong, for programs: the server sets it, clients match on it (never on text).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// A field of the request is wrong; `field` names it. 422.
+    Invalid,
+    /// The request is malformed (not JSON, a bad id, a bad query string). 400.
+    BadRequest,
+    /// No such experiment, job, attempt or node. 404.
+    NotFound,
+    /// The report carries a stale fencing token: the lease is someone else's now. 409.
+    StaleFence,
+    /// The coordinator no longer knows this agent: register again. 409.
+    UnknownAgent,
+    /// The job is not in a state that allows this. 409.
+    Conflict,
+    /// The store cannot be reached; try again. 503.
+    StoreUnavailable,
+    /// A bug or a corrupt row. 500.
+    Internal,
+    /// A code this build does not know (a newer server).
+    #[serde(other)]
+    Unknown,
+}
+
+impl ErrorCode {
+    /// The HTTP status the server answers with.
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::Invalid => 422,
+            ErrorCode::BadRequest => 400,
+            ErrorCode::NotFound => 404,
+            ErrorCode::StaleFence | ErrorCode::UnknownAgent | ErrorCode::Conflict => 409,
+            ErrorCode::StoreUnavailable => 503,
+            ErrorCode::Internal | ErrorCode::Unknown => 500,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Invalid => "invalid",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::StaleFence => "stale_fence",
+            ErrorCode::UnknownAgent => "unknown_agent",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::StoreUnavailable => "store_unavailable",
+            ErrorCode::Internal => "internal",
+            ErrorCode::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 // ---- experiments and jobs -------------------------------------------------------------
@@ -533,4 +592,95 @@ pub struct HandBackRequest {
 pub struct LogChunkQuery {
     pub fence: i64,
     pub offset: u64,
+}
+
+// ---- small answers and query strings ----------------------------------------------------
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    pub schema_version: i64,
+}
+
+/// The answer of calls that only acknowledge (start, hand-back).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Ack {
+    pub ok: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LogAppended {
+    /// The log's length after the append.
+    pub len: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RetryResponse {
+    pub state: JobState,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Released {
+    /// Quarantines lifted.
+    pub released: u64,
+}
+
+/// `GET /v1/jobs` filters.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct JobsQuery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experiment: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+/// `GET /v1/progress`: with `after`, wait up to `timeout_ms` for the version to move past it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ProgressQuery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experiment: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ExportQuery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experiment: Option<String>,
+}
+
+/// `GET /v1/attempts/{id}/log`: bytes from `offset`, waiting up to `wait_ms` for some.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LogQuery {
+    #[serde(default)]
+    pub offset: u64,
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_round_trip_and_unknown_ones_decode() {
+        let body: ErrorBody =
+            serde_json::from_str(r#"{"error": {"code": "stale_fence", "message": "m"}}"#)
+                .expect("decodes");
+        assert_eq!(body.error.code, ErrorCode::StaleFence);
+        assert_eq!(
+            serde_json::to_value(ErrorCode::StoreUnavailable).expect("encodes"),
+            "store_unavailable"
+        );
+        assert_eq!(ErrorCode::StoreUnavailable.as_str(), "store_unavailable");
+        let newer: ErrorBody = serde_json::from_str(
+            r#"{"error": {"code": "rate_limited", "message": "m", "field": "x"}}"#,
+        )
+        .expect("a newer server's code still decodes");
+        assert_eq!(newer.error.code, ErrorCode::Unknown);
+    }
 }

@@ -3,10 +3,17 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod expand;
 pub mod ids;
 pub mod plan;
 pub mod profile;
+pub mod routes;
+#[cfg(feature = "settings")]
+pub mod settings;
+#[cfg(feature = "signals")]
+pub mod signals;
 pub mod size;
 pub mod spec;
 pub mod state;

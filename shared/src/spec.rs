@@ -201,6 +201,9 @@ impl ExperimentSpec {
         if self.command[0].trim().is_empty() {
             return Err(SpecError::new("command[0]", "the program is empty"));
         }
+        for (i, arg) in self.command.iter().enumerate() {
+            refuse_nul(arg, &format!("command[{i}]"))?;
+        }
         for (axis, values) in &self.grid {
             let field = format!("grid.{axis}");
             validate_param_name(axis, &field)?;
@@ -268,11 +271,12 @@ impl ExperimentSpec {
                 "a cancelled job is never retried by itself; use `headroom retry`",
             ));
         }
-        for key in self.env.keys() {
+        for (key, value) in &self.env {
             let field = format!("env.{key}");
             if key.is_empty() || key.contains('=') || key.contains('\0') {
                 return Err(SpecError::new(field, "not a valid variable name"));
             }
+            refuse_nul(value, &field)?;
             if key == "CUDA_VISIBLE_DEVICES" || key.starts_with("HEADROOM_") {
                 return Err(SpecError::new(
                     field,
@@ -298,6 +302,9 @@ impl ExperimentSpec {
             for (name, change) in step {
                 let field = format!("oom_ladder[{i}].{name}");
                 validate_param_name(name, &field)?;
+                if let Value::String(text) = change {
+                    refuse_nul(text, &field)?;
+                }
                 match LadderChange::parse(change) {
                     Err(m) => return Err(SpecError::new(field, m)),
                     Ok(LadderChange::Scale { .. }) if !params.contains(name.as_str()) => {
@@ -371,9 +378,21 @@ fn validate_param_name(name: &str, field: &str) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// `execve` takes C strings: a NUL byte would make every attempt fail to launch.
+fn refuse_nul(text: &str, field: &str) -> Result<(), SpecError> {
+    match text.find('\0') {
+        Some(at) => Err(SpecError::new(
+            field,
+            format!("holds a NUL byte (at byte {at}); arguments and variables cannot"),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn validate_scalar(v: &Value, field: &str) -> Result<(), SpecError> {
     match v {
-        Value::String(_) | Value::Number(_) | Value::Bool(_) => Ok(()),
+        Value::String(s) => refuse_nul(s, field),
+        Value::Number(_) | Value::Bool(_) => Ok(()),
         Value::Null => Err(SpecError::new(field, "empty value")),
         _ => Err(SpecError::new(
             field,

@@ -253,3 +253,47 @@ fn the_oom_ladder_halves_doubles_and_sets() {
     apply_ladder_step(&mut tiny, &spec.oom_ladder[0]);
     assert_eq!(tiny["batch_size"], serde_json::json!(1));
 }
+
+/// A NUL byte cannot pass through `execve` (argv or environment): such a spec is refused at
+/// submit, naming the field, instead of every attempt failing later with `launch_error`.
+#[test]
+fn nul_bytes_are_refused_naming_the_field() {
+    let base = || serde_json::json!({"name": "nul", "command": ["x", "{lr}"], "grid": {"lr": [1]}});
+    let cases: Vec<(serde_json::Value, &str)> = vec![
+        (
+            serde_json::json!({"command": ["x", "a\u{0}b"]}),
+            "command[1]",
+        ),
+        (
+            serde_json::json!({"command": ["x\u{0}", "{lr}"]}),
+            "command[0]",
+        ),
+        (
+            serde_json::json!({"grid": {"lr": [1, "0.1\u{0}"]}}),
+            "grid.lr[1]",
+        ),
+        (
+            serde_json::json!({"mutate": {"opt": {"choice": ["adam", "s\u{0}gd"]}}}),
+            "mutate.opt.choice[1]",
+        ),
+        (
+            serde_json::json!({"oom_ladder": [{"flag": "on\u{0}"}]}),
+            "oom_ladder[0].flag",
+        ),
+        (
+            serde_json::json!({"env": {"WANDB_MODE": "off\u{0}line"}}),
+            "env.WANDB_MODE",
+        ),
+    ];
+    for (patch, field) in cases {
+        let mut doc = base();
+        for (k, v) in patch.as_object().expect("object") {
+            doc[k] = v.clone();
+        }
+        let err = ExperimentSpec::from_value(doc.clone())
+            .and_then(|s| s.validate(DEFAULT_MAX_JOBS))
+            .expect_err(&format!("{doc} should be refused"));
+        assert_eq!(err.field, field, "{doc}: {err}");
+        assert!(err.message.contains("NUL"), "{doc}: {err}");
+    }
+}

@@ -5,11 +5,11 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use headroom_shared::api::{
-    ClaimRequest, ClaimResponse, FinishReport, FinishResponse, HandBackRequest, HeartbeatRequest,
-    HeartbeatResponse, LogChunkQuery, RegisterRequest, RegisterResponse, StartReport,
+    Ack, ClaimRequest, ClaimResponse, FinishReport, FinishResponse, HandBackRequest,
+    HeartbeatRequest, HeartbeatResponse, LogAppended, LogChunkQuery, RegisterRequest,
+    RegisterResponse, StartReport,
 };
 use headroom_shared::{AgentId, AttemptId, Plan};
-use serde::Serialize;
 
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, check_samples, parse_id};
 use crate::store::{ClaimInput, Registration};
@@ -92,6 +92,7 @@ pub async fn claim(
             || !cancel.is_empty()
             || req.known_plan.as_deref() != Some(plan.as_str())
             || now >= deadline
+            || s.changes.is_closing()
         {
             return Ok(ApiJson(ClaimResponse {
                 leases: claimed.leases,
@@ -134,16 +135,11 @@ pub async fn heartbeat(
     }))
 }
 
-#[derive(Serialize)]
-pub struct Ok {
-    ok: bool,
-}
-
 pub async fn start(
     State(s): State<AppState>,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<StartReport>,
-) -> ApiResult<Ok> {
+) -> ApiResult<Ack> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
     s.store
         .start_attempt(
@@ -154,7 +150,7 @@ pub async fn start(
         )
         .await?;
     s.changes.bump();
-    Ok(ApiJson(Ok { ok: true }))
+    Ok(ApiJson(Ack { ok: true }))
 }
 
 pub async fn finish(
@@ -175,18 +171,13 @@ pub async fn hand_back(
     State(s): State<AppState>,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<HandBackRequest>,
-) -> ApiResult<Ok> {
+) -> ApiResult<Ack> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
     check_samples(&req.gpus)?;
     s.store.hand_back(attempt, req.fence, &req.gpus).await?;
     tracing::info!(%attempt, reason = %req.reason, "lease handed back");
     s.changes.bump();
-    Ok(ApiJson(Ok { ok: true }))
-}
-
-#[derive(Serialize)]
-pub struct LogAppended {
-    len: u64,
+    Ok(ApiJson(Ack { ok: true }))
 }
 
 pub async fn append_log(
@@ -203,20 +194,10 @@ pub async fn append_log(
     let logs = s.logs.clone();
     let len = tokio::task::spawn_blocking(move || logs.append(attempt, q.offset, &body))
         .await
-        .map_err(|e| {
-            ApiError::new(
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                e.to_string(),
-            )
-        })?
+        .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| match e {
             crate::logs::LogError::Gap { .. } => ApiError::invalid("offset", e.to_string()),
-            other => ApiError::new(
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                other.to_string(),
-            ),
+            other => ApiError::internal(other.to_string()),
         })?;
     s.log_changes.bump();
     Ok(ApiJson(LogAppended { len }))

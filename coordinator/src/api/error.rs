@@ -1,55 +1,67 @@
-//! The API's one error type, mapped once to `{"error": {"code", "message", "field"?}}`.
+//! The API's one error type, mapped once to `{"error": {"code", "message", "field"?}}`; the
+//! status comes from the code (`ErrorCode::status`), so the two never disagree.
 
 use axum::Json;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use headroom_shared::api::{ErrorBody, ErrorDetail};
+use headroom_shared::api::{ErrorBody, ErrorCode, ErrorDetail};
 use headroom_shared::spec::SpecError;
 
 use crate::store::StoreError;
 
 #[derive(Debug)]
 pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
     pub field: Option<String>,
+    /// Only for axum's own rejections (413, 415, ...), whose status says more than a code.
+    status: Option<StatusCode>,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
             code,
             message: message.into(),
             field: None,
+            status: None,
         }
     }
 
+    /// A wrong field of the request (422), named.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
-            status: StatusCode::UNPROCESSABLE_ENTITY,
-            code: "invalid",
-            message: message.into(),
             field: Some(field.into()),
+            ..Self::new(ErrorCode::Invalid, message)
         }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Internal, message)
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status.unwrap_or_else(|| {
+            StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        })
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() {
-            tracing::error!(code = self.code, "{}", self.message);
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(code = %self.code, "{}", self.message);
         }
         let body = ErrorBody {
             error: ErrorDetail {
-                code: self.code.to_string(),
+                code: self.code,
                 message: self.message,
                 field: self.field,
             },
         };
-        (self.status, Json(body)).into_response()
+        (status, Json(body)).into_response()
     }
 }
 
@@ -57,23 +69,13 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         let message = e.to_string();
         match e {
-            StoreError::NotFound { .. } => Self::new(StatusCode::NOT_FOUND, "not_found", message),
-            StoreError::StaleFence { .. } => {
-                Self::new(StatusCode::CONFLICT, "stale_fence", message)
-            }
-            StoreError::UnknownAgent { .. } => {
-                Self::new(StatusCode::CONFLICT, "unknown_agent", message)
-            }
-            StoreError::Transition(_) => Self::new(StatusCode::CONFLICT, "conflict", message),
+            StoreError::NotFound { .. } => Self::new(ErrorCode::NotFound, message),
+            StoreError::StaleFence { .. } => Self::new(ErrorCode::StaleFence, message),
+            StoreError::UnknownAgent { .. } => Self::new(ErrorCode::UnknownAgent, message),
+            StoreError::Transition(_) => Self::new(ErrorCode::Conflict, message),
             StoreError::InvalidPlan(p) => Self::invalid("plan", p.to_string()),
-            StoreError::Database(_) => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                message,
-            ),
-            StoreError::Corrupt(_) => {
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
-            }
+            StoreError::Database(_) => Self::new(ErrorCode::StoreUnavailable, message),
+            StoreError::Corrupt(_) => Self::internal(message),
         }
     }
 }
@@ -86,13 +88,16 @@ impl From<SpecError> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {
-        Self::new(r.status(), "bad_request", r.body_text())
+        Self {
+            status: Some(r.status()),
+            ..Self::new(ErrorCode::BadRequest, r.body_text())
+        }
     }
 }
 
 impl From<QueryRejection> for ApiError {
     fn from(r: QueryRejection) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_request", r.body_text())
+        Self::new(ErrorCode::BadRequest, r.body_text())
     }
 }
 

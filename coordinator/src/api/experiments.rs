@@ -6,22 +6,23 @@ use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::IntoResponse;
 use headroom_shared::api::{
-    CancelResponse, ExperimentSummary, Progress, SubmitRequest, SubmitResponse,
+    CancelResponse, ExperimentSummary, ExportQuery, Health, Progress, ProgressQuery, SubmitRequest,
+    SubmitResponse,
 };
 use headroom_shared::expand::{expand, memory_key};
 use headroom_shared::profile;
 use headroom_shared::spec::ExperimentSpec;
 use headroom_shared::{ExperimentId, JobId};
-use serde::Deserialize;
 
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, parse_id};
 use crate::store::{NewExperiment, NewJob};
 
-pub async fn health(State(s): State<AppState>) -> ApiResult<serde_json::Value> {
-    let version = s.store.schema_version().await?;
-    Ok(ApiJson(
-        serde_json::json!({"status": "ok", "schema_version": version}),
-    ))
+pub async fn health(State(s): State<AppState>) -> ApiResult<Health> {
+    let schema_version = s.store.schema_version().await?;
+    Ok(ApiJson(Health {
+        status: "ok".into(),
+        schema_version,
+    }))
 }
 
 pub async fn submit(
@@ -134,14 +135,6 @@ pub async fn cancel(
     Ok(ApiJson(CancelResponse { cancelled }))
 }
 
-#[derive(Deserialize)]
-pub struct ProgressQuery {
-    experiment: Option<String>,
-    /// Wait until the version moves past this one.
-    after: Option<u64>,
-    timeout_ms: Option<u64>,
-}
-
 pub async fn progress(
     State(s): State<AppState>,
     ApiQuery(q): ApiQuery<ProgressQuery>,
@@ -163,11 +156,6 @@ pub async fn progress(
     Ok(ApiJson(Progress { version, counts }))
 }
 
-#[derive(Deserialize)]
-pub struct ExportQuery {
-    experiment: Option<String>,
-}
-
 pub async fn export(
     State(s): State<AppState>,
     ApiQuery(q): ApiQuery<ExportQuery>,
@@ -178,12 +166,6 @@ pub async fn export(
         .map(|e| parse_id(e, "experiment"))
         .transpose()?;
     let rows = s.store.export_rows(experiment).await?;
-    let csv = crate::export::to_csv(&rows).map_err(|e| {
-        ApiError::new(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("csv: {e}"),
-        )
-    })?;
+    let csv = crate::export::to_csv(&rows).map_err(|e| ApiError::internal(format!("csv: {e}")))?;
     Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], csv))
 }

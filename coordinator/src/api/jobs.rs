@@ -5,23 +5,18 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::IntoResponse;
-use headroom_shared::api::{AttemptPhase, AttemptView, CancelResponse, JobDetail, JobSummary};
-use headroom_shared::{AttemptId, JobState};
-use serde::{Deserialize, Serialize};
+use headroom_shared::api::{
+    AttemptPhase, AttemptView, CancelResponse, JobDetail, JobSummary, JobsQuery, LogQuery,
+    RetryResponse,
+};
+use headroom_shared::{AttemptId, JobState, routes};
 
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, parse_id};
 use crate::store::JobFilter;
 
-#[derive(Deserialize)]
-pub struct ListQuery {
-    experiment: Option<String>,
-    state: Option<String>,
-    limit: Option<u32>,
-}
-
 pub async fn list(
     State(s): State<AppState>,
-    ApiQuery(q): ApiQuery<ListQuery>,
+    ApiQuery(q): ApiQuery<JobsQuery>,
 ) -> ApiResult<Vec<JobSummary>> {
     let state = match q.state.as_deref() {
         Some(st) => Some(
@@ -55,11 +50,6 @@ pub async fn cancel(
     Ok(ApiJson(CancelResponse { cancelled }))
 }
 
-#[derive(Serialize)]
-pub struct RetryResponse {
-    state: JobState,
-}
-
 pub async fn retry(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<RetryResponse> {
     let state = s.store.retry_job(parse_id(&id, "job")?).await?;
     s.changes.bump();
@@ -68,15 +58,6 @@ pub async fn retry(State(s): State<AppState>, Path(id): Path<String>) -> ApiResu
 
 pub async fn attempt(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<AttemptView> {
     Ok(ApiJson(s.store.attempt(parse_id(&id, "attempt")?).await?))
-}
-
-#[derive(Deserialize)]
-pub struct LogQuery {
-    #[serde(default)]
-    offset: u64,
-    /// Wait up to this long for bytes past `offset`.
-    #[serde(default)]
-    wait_ms: u64,
 }
 
 const LOG_READ_MAX: usize = 1 << 20;
@@ -97,27 +78,15 @@ pub async fn read_log(
         let logs = s.logs.clone();
         let bytes = tokio::task::spawn_blocking(move || logs.read(attempt, q.offset, LOG_READ_MAX))
             .await
-            .map_err(|e| {
-                ApiError::new(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    e.to_string(),
-                )
-            })?
-            .map_err(|e| {
-                ApiError::new(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    e.to_string(),
-                )
-            })?;
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| ApiError::internal(e.to_string()))?;
         let now = tokio::time::Instant::now();
-        if !bytes.is_empty() || ended || now >= deadline {
+        if !bytes.is_empty() || ended || now >= deadline || s.changes.is_closing() {
             let mut headers = HeaderMap::new();
             let next = q.offset + bytes.len() as u64;
-            headers.insert("x-log-offset", HeaderValue::from(next));
+            headers.insert(routes::LOG_OFFSET_HEADER, HeaderValue::from(next));
             headers.insert(
-                "x-attempt-ended",
+                routes::ATTEMPT_ENDED_HEADER,
                 HeaderValue::from_static(if ended { "true" } else { "false" }),
             );
             return Ok((headers, bytes));

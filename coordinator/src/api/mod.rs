@@ -4,9 +4,11 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::routing::{get, post, put};
+use axum::handler::Handler;
+use axum::routing::{MethodRouter, get, post, put};
 use headroom_shared::AgentId;
-use headroom_shared::api::GpuSample;
+use headroom_shared::api::{ErrorCode, GpuSample};
+use headroom_shared::routes::{Method, Route};
 
 use crate::changes::Changes;
 use crate::config::CoordinatorConfig;
@@ -49,47 +51,59 @@ impl AppState {
     }
 }
 
+/// The router, built from the shared route table (`headroom_shared::routes`): the method
+/// and path of each route are written there once; here each gets its handler.
 pub fn router(state: AppState) -> Router {
+    use headroom_shared::routes as r;
     Router::new()
-        .route("/v1/health", get(experiments::health))
+        .route(r::HEALTH.path, on(r::HEALTH, experiments::health))
+        .route(r::SUBMIT.path, on(r::SUBMIT, experiments::submit))
+        .route(r::EXPERIMENTS.path, on(r::EXPERIMENTS, experiments::list))
+        .route(r::EXPERIMENT.path, on(r::EXPERIMENT, experiments::get_one))
         .route(
-            "/v1/experiments",
-            post(experiments::submit).get(experiments::list),
+            r::CANCEL_EXPERIMENT.path,
+            on(r::CANCEL_EXPERIMENT, experiments::cancel),
         )
-        .route("/v1/experiments/{id}", get(experiments::get_one))
-        .route("/v1/experiments/{id}/cancel", post(experiments::cancel))
-        .route("/v1/progress", get(experiments::progress))
-        .route("/v1/export", get(experiments::export))
-        .route("/v1/jobs", get(jobs::list))
-        .route("/v1/jobs/{id}", get(jobs::get_one))
-        .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
-        .route("/v1/jobs/{id}/retry", post(jobs::retry))
-        .route("/v1/attempts/{id}", get(jobs::attempt))
-        .route(
-            "/v1/attempts/{id}/log",
-            get(jobs::read_log).post(agents::append_log),
-        )
-        .route("/v1/attempts/{id}/start", post(agents::start))
-        .route("/v1/attempts/{id}/finish", post(agents::finish))
-        .route("/v1/attempts/{id}/handback", post(agents::hand_back))
-        .route("/v1/nodes", get(nodes::list))
-        .route("/v1/nodes/{name}/plan", put(nodes::set_plan))
-        .route(
-            "/v1/nodes/{name}/gpus/{gpu}/release",
-            post(nodes::release_gpu),
-        )
-        .route("/v1/agents/register", post(agents::register))
-        .route("/v1/agents/{id}/claim", post(agents::claim))
-        .route("/v1/agents/{id}/heartbeat", post(agents::heartbeat))
+        .route(r::PROGRESS.path, on(r::PROGRESS, experiments::progress))
+        .route(r::EXPORT.path, on(r::EXPORT, experiments::export))
+        .route(r::JOBS.path, on(r::JOBS, jobs::list))
+        .route(r::JOB.path, on(r::JOB, jobs::get_one))
+        .route(r::CANCEL_JOB.path, on(r::CANCEL_JOB, jobs::cancel))
+        .route(r::RETRY_JOB.path, on(r::RETRY_JOB, jobs::retry))
+        .route(r::ATTEMPT.path, on(r::ATTEMPT, jobs::attempt))
+        .route(r::READ_LOG.path, on(r::READ_LOG, jobs::read_log))
+        .route(r::APPEND_LOG.path, on(r::APPEND_LOG, agents::append_log))
+        .route(r::START.path, on(r::START, agents::start))
+        .route(r::FINISH.path, on(r::FINISH, agents::finish))
+        .route(r::HAND_BACK.path, on(r::HAND_BACK, agents::hand_back))
+        .route(r::NODES.path, on(r::NODES, nodes::list))
+        .route(r::SET_PLAN.path, on(r::SET_PLAN, nodes::set_plan))
+        .route(r::RELEASE_GPU.path, on(r::RELEASE_GPU, nodes::release_gpu))
+        .route(r::REGISTER.path, on(r::REGISTER, agents::register))
+        .route(r::CLAIM.path, on(r::CLAIM, agents::claim))
+        .route(r::HEARTBEAT.path, on(r::HEARTBEAT, agents::heartbeat))
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route (see /v1/...)") })
         .with_state(state)
+}
+
+/// The handler for the route's method.
+fn on<H, T>(route: Route, handler: H) -> MethodRouter<AppState>
+where
+    H: Handler<T, AppState>,
+    T: 'static,
+{
+    match route.method {
+        Method::Get => get(handler),
+        Method::Post => post(handler),
+        Method::Put => put(handler),
+    }
 }
 
 /// Parses an id from the path, naming it in the error.
 fn parse_id<T: std::str::FromStr>(raw: &str, what: &str) -> Result<T, ApiError> {
     raw.parse().map_err(|_| {
         ApiError::new(
-            axum::http::StatusCode::BAD_REQUEST,
-            "bad_request",
+            ErrorCode::BadRequest,
             format!("`{raw}` is not a valid {what} id"),
         )
     })
@@ -106,4 +120,74 @@ fn check_samples(samples: &[GpuSample]) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use headroom_shared::routes;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::store::sqlite::SqliteStore;
+    use crate::{Application, CoordinatorConfig};
+
+    /// Every route of the shared table reaches a handler: it answers in the API's shape (an
+    /// error body names a code), never with axum's bare 404/405 for an unknown route.
+    #[tokio::test]
+    async fn every_route_of_the_table_is_served() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let db = dir.path().join("headroom.db");
+        let store = tokio::task::spawn_blocking(move || SqliteStore::open(&db)).await??;
+        let config = CoordinatorConfig::new("127.0.0.1:0".parse()?, dir.path().to_path_buf());
+        let app = Application::build(config, Arc::new(store)).await?;
+        let base = format!("http://{}", app.local_addr());
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(app.run(stop.clone()));
+        let http = reqwest::Client::new();
+        for route in routes::ALL {
+            let args: Vec<String> = route.params().map(|_| "0".to_string()).collect();
+            let args: Vec<&dyn std::fmt::Display> =
+                args.iter().map(|a| a as &dyn std::fmt::Display).collect();
+            let url = format!("{base}{}", route.path_with(&args));
+            let method = match route.method {
+                routes::Method::Get => reqwest::Method::GET,
+                routes::Method::Post => reqwest::Method::POST,
+                routes::Method::Put => reqwest::Method::PUT,
+            };
+            let resp = http
+                .request(method, &url)
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+                .await?;
+            let status = resp.status().as_u16();
+            let text = resp.text().await?;
+            assert_ne!(status, 405, "{} {url}: {text}", route.method);
+            if status >= 400 {
+                let body: serde_json::Value = serde_json::from_str(&text)
+                    .unwrap_or_else(|_| panic!("{} {url}: {status} `{text}`", route.method));
+                let code = body["error"]["code"].as_str().unwrap_or_default();
+                assert!(
+                    !code.is_empty() && code != "unknown",
+                    "{} {url}: {text}",
+                    route.method
+                );
+                assert!(
+                    !(status == 404 && text.contains("no such route")),
+                    "{} {url} is not routed",
+                    route.method
+                );
+            }
+        }
+        let (status, text) = {
+            let r = http.get(format!("{base}/v1/nope")).send().await?;
+            (r.status().as_u16(), r.text().await?)
+        };
+        assert_eq!(status, 404);
+        assert!(text.contains("not_found"), "{text}");
+        stop.cancel();
+        server.await??;
+        Ok(())
+    }
 }

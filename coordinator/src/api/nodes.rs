@@ -1,7 +1,7 @@
 //! Nodes, their GPUs and concurrency plans.
 
 use axum::extract::{Path, State};
-use headroom_shared::api::{NodeView, SetPlanRequest};
+use headroom_shared::api::{NodeView, Released, SetPlanRequest};
 
 use super::{ApiError, ApiJson, ApiResult, AppState};
 
@@ -28,16 +28,10 @@ pub async fn set_plan(
         .map(ApiJson)
         .ok_or_else(|| {
             ApiError::new(
-                axum::http::StatusCode::NOT_FOUND,
-                "not_found",
+                headroom_shared::api::ErrorCode::NotFound,
                 format!("no node {name}"),
             )
         })
-}
-
-#[derive(serde::Serialize)]
-pub struct Released {
-    released: u64,
 }
 
 /// Lifts a GPU's quarantine after a person looked at what was left on it.

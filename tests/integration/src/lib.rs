@@ -8,9 +8,58 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use headroom_shared::api::{JobDetail, JobSummary, NodeView, Progress, SubmitResponse};
+use headroom_shared::api::{JobDetail, JobSummary, NodeView, SubmitRequest, SubmitResponse};
+use headroom_shared::client::Client;
+use headroom_shared::routes::Method;
 use headroom_shared::{ExperimentId, JobId};
 use serde::de::DeserializeOwned;
+
+/// The runtime every synchronous helper drives the typed client on: one for the process,
+/// so the client's pooled connections outlive a single call.
+fn runtime() -> Result<&'static tokio::runtime::Runtime> {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    if let Some(rt) = RT.get() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("test-http")
+        .enable_all()
+        .build()?;
+    Ok(RT.get_or_init(|| rt))
+}
+
+/// Runs a future of the typed client to completion from synchronous test code.
+pub fn block_on<T>(fut: impl std::future::Future<Output = T>) -> Result<T> {
+    Ok(runtime()?.block_on(fut))
+}
+
+/// The typed client of the coordinator serving `url` (one per coordinator, shared).
+pub fn client_for(url: &str) -> Result<Client> {
+    static CLIENTS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, Client>>,
+    > = std::sync::OnceLock::new();
+    let base = base_of(url).to_string();
+    let mut map = CLIENTS
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| anyhow!("client cache poisoned"))?;
+    if let Some(c) = map.get(&base) {
+        return Ok(c.clone());
+    }
+    let c = Client::new(&base)?;
+    map.insert(base, c.clone());
+    Ok(c)
+}
+
+/// `http://host:port` of a URL.
+fn base_of(url: &str) -> &str {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    match url[after_scheme..].find('/') {
+        Some(i) => &url[..after_scheme + i],
+        None => url,
+    }
+}
 
 /// A binary of this workspace, built next to the executable running this code (a test in
 /// `target/<profile>/deps/`, or a bench in `target/<profile>/`).
@@ -66,8 +115,6 @@ pub struct Headroom {
     pub url: String,
     pub dir: tempfile::TempDir,
     pub opts: UpOptions,
-    /// Async client driven by a small runtime per call, so tests stay synchronous.
-    http: reqwest::Client,
 }
 
 impl Headroom {
@@ -78,7 +125,6 @@ impl Headroom {
             url: String::new(),
             dir,
             opts,
-            http: reqwest::Client::new(),
         };
         h.spawn()?;
         Ok(h)
@@ -204,41 +250,35 @@ impl Headroom {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    fn block<T>(&self, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?
-            .block_on(fut)
+    /// The typed client of this server.
+    pub fn client(&self) -> Result<Client> {
+        client_for(&self.url)
     }
 
+    /// Runs a call of the typed client, e.g. `h.api(|c| async move { c.nodes().await })`.
+    pub fn api<T, F, Fut>(&self, call: F) -> Result<T>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, headroom_shared::client::ClientError>>,
+    {
+        let c = self.client()?;
+        Ok(block_on(call(c))??)
+    }
+
+    /// GETs a JSON document by path, failing on a non-2xx answer.
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        let url = format!("{}{path}", self.url);
-        let http = self.http.clone();
-        self.block(async move {
-            let resp = http.get(&url).send().await?;
-            let status = resp.status();
-            let text = resp.text().await?;
-            if !status.is_success() {
-                bail!("GET {url}: {status}: {text}");
-            }
-            Ok(serde_json::from_str(&text)?)
-        })
+        let c = self.client()?;
+        let (status, body) = block_on(c.raw(Method::Get, path, None))??;
+        if !(200..300).contains(&status) {
+            bail!("GET {path}: {status}: {body}");
+        }
+        Ok(serde_json::from_value(body)?)
     }
 
     /// POSTs JSON; returns the status and the JSON body, whatever the status.
     pub fn post(&self, path: &str, body: &serde_json::Value) -> Result<(u16, serde_json::Value)> {
-        let url = format!("{}{path}", self.url);
-        let http = self.http.clone();
-        let body = body.clone();
-        self.block(async move {
-            let resp = http.post(&url).json(&body).send().await?;
-            let status = resp.status().as_u16();
-            let text = resp.text().await?;
-            Ok((
-                status,
-                serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
-            ))
-        })
+        let c = self.client()?;
+        Ok(block_on(c.raw(Method::Post, path, Some(body)))??)
     }
 
     /// Writes a spec file and submits it through the CLI.
@@ -255,23 +295,25 @@ impl Headroom {
     }
 
     pub fn submit_api(&self, spec: serde_json::Value) -> Result<SubmitResponse> {
-        let (status, body) = self.post("/v1/experiments", &serde_json::json!({"spec": spec}))?;
-        if status != 200 {
-            bail!("submit refused ({status}): {body}");
-        }
-        Ok(serde_json::from_value(body)?)
+        let req = SubmitRequest {
+            spec,
+            seed: None,
+            dry_run: false,
+        };
+        self.api(|c| async move { c.submit(&req).await })
+            .context("submit refused")
     }
 
     pub fn jobs(&self, exp: ExperimentId) -> Result<Vec<JobSummary>> {
-        self.get(&format!("/v1/jobs?experiment={exp}"))
+        self.api(|c| async move { c.jobs(Some(exp), None).await })
     }
 
     pub fn job(&self, id: JobId) -> Result<JobDetail> {
-        self.get(&format!("/v1/jobs/{id}"))
+        self.api(|c| async move { c.job(id).await })
     }
 
     pub fn nodes(&self) -> Result<Vec<NodeView>> {
-        self.get("/v1/nodes")
+        self.api(|c| async move { c.nodes().await })
     }
 
     /// Polls `check` until it returns `Some`, failing with the server log after `timeout`.
@@ -304,11 +346,8 @@ impl Headroom {
         let deadline = Instant::now() + timeout;
         let mut after: Option<u64> = None;
         loop {
-            let path = match after {
-                Some(v) => format!("/v1/progress?experiment={exp}&after={v}&timeout_ms=1000"),
-                None => format!("/v1/progress?experiment={exp}"),
-            };
-            match self.get::<Progress>(&path) {
+            let wait = Duration::from_secs(1);
+            match self.api(|c| async move { c.progress_within(Some(exp), after, wait).await }) {
                 Ok(p) if p.counts.finished() == p.counts.total() => break,
                 Ok(p) => after = Some(p.version),
                 Err(e) => eprintln!("while waiting for {exp}: {e:#}"),
@@ -382,12 +421,23 @@ pub struct Proc {
 
 impl Proc {
     pub fn start(name: &str, args: &[String], log: PathBuf) -> Result<Self> {
+        Self::start_with_env(name, args, &[], log)
+    }
+
+    /// `start` with extra environment variables (`HEADROOM_*` settings).
+    pub fn start_with_env(
+        name: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: PathBuf,
+    ) -> Result<Self> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)?;
         let child = Command::new(binary(name))
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)
@@ -419,6 +469,22 @@ impl Proc {
 
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits up to `timeout` for the process to exit; `None` if it is still running.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<std::process::ExitStatus>> {
+        let c = self.child.as_mut().ok_or_else(|| anyhow!("not running"))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = c.try_wait()? {
+                self.child = None;
+                return Ok(Some(st));
+            }
+            if Instant::now() > deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -570,45 +636,22 @@ impl Link {
     }
 }
 
-/// GET a JSON document (a runtime per call keeps tests synchronous).
+/// GET a JSON document by full URL, failing on a non-2xx answer.
 pub fn http_get<T: DeserializeOwned>(url: &str) -> Result<T> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let resp = reqwest::Client::new()
-            .get(url)
-            .timeout(Duration::from_secs(30))
-            .send()
-            .await?;
-        let status = resp.status();
-        let text = resp.text().await?;
-        if !status.is_success() {
-            bail!("GET {url}: {status}: {text}");
-        }
-        Ok(serde_json::from_str(&text)?)
-    })
+    let c = client_for(url)?;
+    let path = &url[base_of(url).len()..];
+    let (status, body) = block_on(c.raw(Method::Get, path, None))??;
+    if !(200..300).contains(&status) {
+        bail!("GET {url}: {status}: {body}");
+    }
+    Ok(serde_json::from_value(body)?)
 }
 
 /// POST JSON; the status and body whatever the status.
 pub fn http_post(url: &str, body: &serde_json::Value) -> Result<(u16, serde_json::Value)> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let resp = reqwest::Client::new()
-            .post(url)
-            .json(body)
-            .timeout(Duration::from_secs(30))
-            .send()
-            .await?;
-        let status = resp.status().as_u16();
-        let text = resp.text().await?;
-        Ok((
-            status,
-            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
-        ))
-    })
+    let c = client_for(url)?;
+    let path = &url[base_of(url).len()..];
+    Ok(block_on(c.raw(Method::Post, path, Some(body)))??)
 }
 
 /// Polls `f` until it returns `Some`, panicking after `timeout`.
@@ -693,23 +736,5 @@ impl DroppingLink {
     pub fn heal(&self) {
         self.dropping
             .store(false, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl Proc {
-    /// Waits for the process to exit by itself, up to `timeout`.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
-        let c = self.child.as_mut().ok_or_else(|| anyhow!("not running"))?;
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(st) = c.try_wait()? {
-                self.child = None;
-                return Ok(st);
-            }
-            if Instant::now() > deadline {
-                bail!("still running after {timeout:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 }

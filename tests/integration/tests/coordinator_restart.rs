@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use headroom_integration_tests::{Proc, fake_job, free_port, http_get as get, wait_until as wait};
+use headroom_integration_tests::{
+    Proc, fake_job, free_port, http_get as get, http_post, wait_until as wait,
+};
 use headroom_shared::JobState;
 use headroom_shared::api::{JobSummary, SubmitResponse};
 
@@ -53,20 +55,10 @@ fn jobs_survive_a_coordinator_crash() {
     let spec = serde_json::json!({"spec": {"name": "survivor",
         "command": [fake_job().display().to_string(), "--seconds", "3", "--mem", "1GiB"],
         "resources": {"memory": "2GiB"}}});
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
     let submitted: SubmitResponse = wait("the agent to register", Duration::from_secs(20), || {
-        rt.block_on(async {
-            let r = reqwest::Client::new()
-                .post(format!("{url}/v1/experiments"))
-                .json(&spec)
-                .send()
-                .await
-                .ok()?;
-            r.json().await.ok()
-        })
+        let (status, body) = http_post(&format!("{url}/v1/experiments"), &spec).ok()?;
+        (status == 200).then_some(())?;
+        serde_json::from_value(body).ok()
     });
     let exp = submitted.experiment.expect("stored");
     let jobs_url = format!("{url}/v1/jobs?experiment={exp}");

@@ -81,6 +81,7 @@ fn drains_on(signal: Signal) {
     agent.signal(signal).expect("signal");
     let status = agent
         .wait_exit(Duration::from_secs(30))
+        .and_then(|s| s.ok_or_else(|| anyhow::anyhow!("still running after 30 s")))
         .unwrap_or_else(|e| panic!("the agent did not exit: {e}\n{}", agent.output()));
     assert!(status.success(), "exit status {status}\n{}", agent.output());
     assert!(!alive(pid), "the job's process is gone");
@@ -203,6 +204,7 @@ fn a_drain_longer_than_the_ttl_keeps_its_lease_and_reports_the_quarantine() {
     agent.signal(Signal::SIGTERM).expect("signal");
     let status = agent
         .wait_exit(Duration::from_secs(30))
+        .and_then(|s| s.ok_or_else(|| anyhow::anyhow!("still running after 30 s")))
         .unwrap_or_else(|e| panic!("the agent did not exit: {e}\n{}", agent.output()));
     assert!(status.success(), "exit status {status}\n{}", agent.output());
     let d = job(&url, exp).expect("job");

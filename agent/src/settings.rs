@@ -1,0 +1,103 @@
+//! Agent settings: what people set for a node's agent, the same for `headroom-agent` and
+//! `headroom up` (flags, `HEADROOM_*` variables or the config file), and how they become the
+//! GPU backend choice and the `AgentConfig` the agent runs with.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::ValueEnum;
+use headroom_shared::api::Headroom;
+use headroom_shared::settings::duration;
+
+use crate::agent::AgentConfig;
+use crate::gpu::{BackendChoice, FakeGpuSpec};
+use crate::supervisor::SupervisorConfig;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GpuBackendKind {
+    /// NVML when an NVIDIA driver is found, fake GPUs otherwise.
+    Auto,
+    Nvml,
+    Fake,
+}
+
+/// The agent's settings, as flags (config-file keys are the same names).
+#[derive(clap::Args, Clone, Debug)]
+#[command(next_help_heading = "Agent")]
+pub struct AgentSettings {
+    /// This node's name (default: the host name).
+    #[arg(long, env = "HEADROOM_NODE")]
+    pub node: Option<String>,
+    /// Slots per GPU, e.g. "2,2,2,2,1,1,1" (default: the coordinator's plan for this node,
+    /// else one per GPU).
+    #[arg(long, env = "HEADROOM_PLAN")]
+    pub plan: Option<String>,
+    /// GPU memory kept free: a share (`10%`) or a size (`2GiB`).
+    #[arg(long, env = "HEADROOM_HEADROOM", default_value = "10%")]
+    pub headroom: Headroom,
+    #[arg(long, value_enum, env = "HEADROOM_GPU_BACKEND", default_value = "auto")]
+    pub gpu_backend: GpuBackendKind,
+    /// Fake GPUs, e.g. `4x24GiB` (with `--gpu-backend fake`, or when no driver is found).
+    #[arg(long, env = "HEADROOM_FAKE_GPUS", default_value = "4x24GiB")]
+    pub fake_gpus: FakeGpuSpec,
+    /// Time a job gets between SIGTERM and SIGKILL.
+    #[arg(long, env = "HEADROOM_KILL_GRACE", default_value = "10s", value_parser = duration)]
+    pub kill_grace: Duration,
+    /// How long cleanup may take to verify that an attempt left nothing on its GPUs before
+    /// the GPUs are quarantined.
+    #[arg(long, env = "HEADROOM_VERIFY_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub verify_timeout: Duration,
+    /// Kill processes that belong to no job and hold GPU memory (default: report, never kill).
+    #[arg(long, env = "HEADROOM_KILL_FOREIGN")]
+    pub kill_foreign: bool,
+}
+
+impl AgentSettings {
+    /// The GPU backend to open; fake GPU files live under `data_dir`.
+    pub fn backend_choice(&self, data_dir: &Path) -> BackendChoice {
+        let dir = data_dir.join("fake-gpus");
+        match self.gpu_backend {
+            GpuBackendKind::Nvml => BackendChoice::Nvml,
+            GpuBackendKind::Fake => BackendChoice::Fake {
+                spec: self.fake_gpus.clone(),
+                dir,
+            },
+            GpuBackendKind::Auto => BackendChoice::Auto {
+                fake_fallback: self.fake_gpus.clone(),
+                dir,
+            },
+        }
+    }
+
+    /// The node's name: the setting, else the host name.
+    pub fn node_name(&self) -> String {
+        self.node.clone().unwrap_or_else(host_name)
+    }
+
+    /// The agent's configuration, talking to `coordinator`, keeping logs in `data_dir`.
+    pub fn agent_config(&self, coordinator: String, data_dir: PathBuf) -> AgentConfig {
+        AgentConfig {
+            coordinator,
+            node: self.node_name(),
+            plan: self.plan.clone(),
+            headroom: self.headroom,
+            data_dir,
+            supervisor: SupervisorConfig {
+                kill_grace: self.kill_grace,
+                verify_timeout: self.verify_timeout,
+                launcher: Some(crate::launcher::SELF_EXE.into()),
+                ..SupervisorConfig::default()
+            },
+            claim_wait: Duration::from_secs(20),
+            kill_foreign: self.kill_foreign,
+        }
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}

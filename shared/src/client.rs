@@ -1,0 +1,509 @@
+//! The typed HTTP client of the REST API (feature `client`): one pooled connection set, a
+//! timeout on every call, errors decoded into `ErrorCode`s and classified once as transient
+//! (retry with backoff) or permanent. Used by the agent, the CLI, the tests and the bench.
+
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::api::{
+    Ack, CancelResponse, ClaimRequest, ClaimResponse, ErrorBody, ErrorCode, ExperimentSummary,
+    ExportQuery, FinishReport, FinishResponse, HandBackRequest, Health, HeartbeatRequest,
+    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LogAppended, LogChunkQuery, LogQuery,
+    NodeView, Progress, ProgressQuery, RegisterRequest, RegisterResponse, Released, RetryResponse,
+    SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
+};
+use crate::ids::{AgentId, AttemptId, ExperimentId, JobId};
+use crate::routes::{self, Method, Route};
+
+/// A path argument (an id, a node name); `Sync` so calls' futures stay `Send`.
+type Arg<'a> = dyn fmt::Display + Sync + 'a;
+
+/// A plain call's limit; long-polls get their wait on top of it.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long `progress` holds a long-poll open by default.
+pub const PROGRESS_WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The coordinator could not be reached, timed out or hung up: worth retrying.
+    #[error("cannot reach the coordinator at {base}: {source}")]
+    Unreachable {
+        base: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// Our fencing token is stale: the lease is someone else's now.
+    #[error("stale lease: {0}")]
+    Stale(String),
+    /// The coordinator no longer knows this agent: register again.
+    #[error("agent unknown to the coordinator: {0}")]
+    UnknownAgent(String),
+    /// Any other refusal, with the server's code.
+    #[error("{}", refusal_text(.field, .message))]
+    Refused {
+        status: u16,
+        code: ErrorCode,
+        message: String,
+        field: Option<String>,
+    },
+    /// An answer this client cannot read (another version of headroom, a proxy's page).
+    #[error("unexpected answer from {url} ({status}): {detail}")]
+    Unexpected {
+        url: String,
+        status: u16,
+        detail: String,
+    },
+    #[error("cannot build the HTTP client: {0}")]
+    Build(#[source] reqwest::Error),
+}
+
+fn refusal_text(field: &Option<String>, message: &str) -> String {
+    match field {
+        Some(f) => format!("{f}: {message}"),
+        None => message.to_string(),
+    }
+}
+
+impl ClientError {
+    /// The server's error code, when the server answered with one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Stale(_) => Some(ErrorCode::StaleFence),
+            ClientError::UnknownAgent(_) => Some(ErrorCode::UnknownAgent),
+            ClientError::Refused { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// Transient: the same call may succeed later (retry with backoff). Everything else is
+    /// permanent: retrying the same request gets the same answer.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Unreachable { .. } => true,
+            ClientError::Refused { status, code, .. } => {
+                *code == ErrorCode::StoreUnavailable || *status == 429 || *status >= 500
+            }
+            // A proxy's 502/503 page while the coordinator restarts.
+            ClientError::Unexpected { status, .. } => *status >= 500,
+            ClientError::Stale(_) | ClientError::UnknownAgent(_) | ClientError::Build(_) => false,
+        }
+    }
+}
+
+/// Log bytes and where the next read starts.
+#[derive(Clone, Debug)]
+pub struct LogChunk {
+    pub bytes: Vec<u8>,
+    pub next: u64,
+    pub ended: bool,
+}
+
+/// A client of one coordinator. Cheap to clone: clones share the connection pool.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client").field("base", &self.base).finish()
+    }
+}
+
+impl Client {
+    /// A client of the coordinator at `base` (`http://host:port`).
+    pub fn new(base: &str) -> Result<Self, ClientError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_keepalive(Duration::from_secs(30))
+            .build()
+            .map_err(ClientError::Build)?;
+        Ok(Self {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn request(
+        &self,
+        route: Route,
+        args: &[&Arg<'_>],
+        timeout: Duration,
+    ) -> reqwest::RequestBuilder {
+        let args: Vec<&dyn fmt::Display> = args.iter().map(|a| *a as &dyn fmt::Display).collect();
+        let url = format!("{}{}", self.base, route.path_with(&args));
+        let method = match route.method {
+            Method::Get => reqwest::Method::GET,
+            Method::Post => reqwest::Method::POST,
+            Method::Put => reqwest::Method::PUT,
+        };
+        self.http.request(method, url).timeout(timeout)
+    }
+
+    /// Sends, and returns the headers and body of a 2xx answer, or the decoded error.
+    async fn send_raw(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> Result<(HeaderMap, Vec<u8>), ClientError> {
+        let unreachable = |source| ClientError::Unreachable {
+            base: self.base.clone(),
+            source,
+        };
+        let resp = req.send().await.map_err(unreachable)?;
+        let status = resp.status().as_u16();
+        let url = resp.url().to_string();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.map_err(unreachable)?;
+        if (200..300).contains(&status) {
+            return Ok((headers, body.to_vec()));
+        }
+        Err(match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(ErrorBody { error }) => match error.code {
+                ErrorCode::StaleFence => ClientError::Stale(error.message),
+                ErrorCode::UnknownAgent => ClientError::UnknownAgent(error.message),
+                code => ClientError::Refused {
+                    status,
+                    code,
+                    message: error.message,
+                    field: error.field,
+                },
+            },
+            Err(_) => ClientError::Unexpected {
+                url,
+                status,
+                detail: String::from_utf8_lossy(&body).chars().take(500).collect(),
+            },
+        })
+    }
+
+    async fn send<R: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> Result<R, ClientError> {
+        let (_, body) = self.send_raw(req).await?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Unexpected {
+            url: self.base.clone(),
+            status: 200,
+            detail: format!("{e}: {}", String::from_utf8_lossy(&body)),
+        })
+    }
+
+    async fn call<B: Serialize + ?Sized, R: DeserializeOwned>(
+        &self,
+        route: Route,
+        args: &[&Arg<'_>],
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<R, ClientError> {
+        let mut req = self.request(route, args, timeout);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        self.send(req).await
+    }
+
+    async fn get<R: DeserializeOwned>(
+        &self,
+        route: Route,
+        args: &[&Arg<'_>],
+    ) -> Result<R, ClientError> {
+        self.call::<(), R>(route, args, None, DEFAULT_TIMEOUT).await
+    }
+
+    // ---- people: experiments, jobs, nodes --------------------------------------------
+
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        self.get(routes::HEALTH, &[]).await
+    }
+
+    pub async fn submit(&self, req: &SubmitRequest) -> Result<SubmitResponse, ClientError> {
+        self.call(routes::SUBMIT, &[], Some(req), DEFAULT_TIMEOUT)
+            .await
+    }
+
+    pub async fn experiments(&self) -> Result<Vec<ExperimentSummary>, ClientError> {
+        self.get(routes::EXPERIMENTS, &[]).await
+    }
+
+    pub async fn experiment(&self, id: ExperimentId) -> Result<ExperimentSummary, ClientError> {
+        self.get(routes::EXPERIMENT, &[&id]).await
+    }
+
+    pub async fn cancel_experiment(&self, id: ExperimentId) -> Result<CancelResponse, ClientError> {
+        self.call::<(), _>(routes::CANCEL_EXPERIMENT, &[&id], None, DEFAULT_TIMEOUT)
+            .await
+    }
+
+    /// Jobs, optionally of one experiment and in one state (`queued`, `failed`, ...).
+    pub async fn jobs(
+        &self,
+        experiment: Option<ExperimentId>,
+        state: Option<&str>,
+    ) -> Result<Vec<JobSummary>, ClientError> {
+        self.jobs_where(&JobsQuery {
+            experiment: experiment.map(|e| e.to_string()),
+            state: state.map(str::to_string),
+            limit: None,
+        })
+        .await
+    }
+
+    pub async fn jobs_where(&self, q: &JobsQuery) -> Result<Vec<JobSummary>, ClientError> {
+        let req = self.request(routes::JOBS, &[], DEFAULT_TIMEOUT).query(q);
+        self.send(req).await
+    }
+
+    pub async fn job(&self, id: JobId) -> Result<JobDetail, ClientError> {
+        self.get(routes::JOB, &[&id]).await
+    }
+
+    /// A job by id, `None` when no job has it (it may be an experiment or an attempt id).
+    pub async fn find_job(&self, id: JobId) -> Result<Option<JobDetail>, ClientError> {
+        match self.job(id).await {
+            Ok(j) => Ok(Some(j)),
+            Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn cancel_job(&self, id: JobId) -> Result<CancelResponse, ClientError> {
+        self.call::<(), _>(routes::CANCEL_JOB, &[&id], None, DEFAULT_TIMEOUT)
+            .await
+    }
+
+    pub async fn retry(&self, id: JobId) -> Result<RetryResponse, ClientError> {
+        self.call::<(), _>(routes::RETRY_JOB, &[&id], None, DEFAULT_TIMEOUT)
+            .await
+    }
+
+    pub async fn attempt(&self, id: AttemptId) -> Result<crate::api::AttemptView, ClientError> {
+        self.get(routes::ATTEMPT, &[&id]).await
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeView>, ClientError> {
+        self.get(routes::NODES, &[]).await
+    }
+
+    pub async fn set_plan(&self, node: &str, plan: &str) -> Result<NodeView, ClientError> {
+        let req = SetPlanRequest {
+            plan: plan.to_string(),
+        };
+        self.call(routes::SET_PLAN, &[&node], Some(&req), DEFAULT_TIMEOUT)
+            .await
+    }
+
+    /// Lifts a GPU's quarantine; returns how many quarantines were lifted.
+    pub async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64, ClientError> {
+        let r: Released = self
+            .call::<(), _>(routes::RELEASE_GPU, &[&node, &gpu], None, DEFAULT_TIMEOUT)
+            .await?;
+        Ok(r.released)
+    }
+
+    /// Job counts; with `after`, waits (up to `PROGRESS_WAIT`) for a change past that version.
+    pub async fn progress(
+        &self,
+        experiment: Option<ExperimentId>,
+        after: Option<u64>,
+    ) -> Result<Progress, ClientError> {
+        self.progress_within(experiment, after, PROGRESS_WAIT).await
+    }
+
+    pub async fn progress_within(
+        &self,
+        experiment: Option<ExperimentId>,
+        after: Option<u64>,
+        wait: Duration,
+    ) -> Result<Progress, ClientError> {
+        let q = ProgressQuery {
+            experiment: experiment.map(|e| e.to_string()),
+            after,
+            timeout_ms: Some(wait.as_millis() as u64),
+        };
+        let req = self
+            .request(routes::PROGRESS, &[], DEFAULT_TIMEOUT + wait)
+            .query(&q);
+        self.send(req).await
+    }
+
+    /// One row per attempt, as CSV text.
+    pub async fn export_csv(
+        &self,
+        experiment: Option<ExperimentId>,
+    ) -> Result<String, ClientError> {
+        let q = ExportQuery {
+            experiment: experiment.map(|e| e.to_string()),
+        };
+        // Exports of big experiments take a while to write.
+        let req = self
+            .request(routes::EXPORT, &[], DEFAULT_TIMEOUT * 10)
+            .query(&q);
+        let (_, body) = self.send_raw(req).await?;
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Log bytes of an attempt from `offset`, waiting up to `wait_ms` for some to appear.
+    pub async fn log(
+        &self,
+        attempt: AttemptId,
+        offset: u64,
+        wait_ms: u64,
+    ) -> Result<LogChunk, ClientError> {
+        let q = LogQuery { offset, wait_ms };
+        let req = self
+            .request(
+                routes::READ_LOG,
+                &[&attempt],
+                DEFAULT_TIMEOUT + Duration::from_millis(wait_ms),
+            )
+            .query(&q);
+        let (headers, body) = self.send_raw(req).await?;
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let next = header(routes::LOG_OFFSET_HEADER)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(offset + body.len() as u64);
+        let ended = header(routes::ATTEMPT_ENDED_HEADER) == Some("true");
+        Ok(LogChunk {
+            bytes: body,
+            next,
+            ended,
+        })
+    }
+
+    // ---- agents ----------------------------------------------------------------------
+
+    pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, ClientError> {
+        self.call(routes::REGISTER, &[], Some(req), DEFAULT_TIMEOUT)
+            .await
+    }
+
+    /// Long-polls up to `req.wait_ms` for leases.
+    pub async fn claim(
+        &self,
+        agent: AgentId,
+        req: &ClaimRequest,
+    ) -> Result<ClaimResponse, ClientError> {
+        let timeout = Duration::from_millis(req.wait_ms) + Duration::from_secs(15);
+        self.call(routes::CLAIM, &[&agent], Some(req), timeout)
+            .await
+    }
+
+    /// Short limit: a heartbeat that takes long is as good as lost (the lease clock runs).
+    pub async fn heartbeat(
+        &self,
+        agent: AgentId,
+        req: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, ClientError> {
+        self.call(
+            routes::HEARTBEAT,
+            &[&agent],
+            Some(req),
+            Duration::from_secs(10),
+        )
+        .await
+    }
+
+    pub async fn start(&self, attempt: AttemptId, req: &StartReport) -> Result<(), ClientError> {
+        let _: Ack = self
+            .call(
+                routes::START,
+                &[&attempt],
+                Some(req),
+                Duration::from_secs(10),
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn finish(
+        &self,
+        attempt: AttemptId,
+        req: &FinishReport,
+    ) -> Result<FinishResponse, ClientError> {
+        self.call(
+            routes::FINISH,
+            &[&attempt],
+            Some(req),
+            Duration::from_secs(10),
+        )
+        .await
+    }
+
+    pub async fn hand_back(
+        &self,
+        attempt: AttemptId,
+        req: &HandBackRequest,
+    ) -> Result<(), ClientError> {
+        let _: Ack = self
+            .call(
+                routes::HAND_BACK,
+                &[&attempt],
+                Some(req),
+                Duration::from_secs(10),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Ships log bytes that start at `offset` of the attempt's log.
+    pub async fn append_log(
+        &self,
+        attempt: AttemptId,
+        fence: i64,
+        offset: u64,
+        bytes: Vec<u8>,
+    ) -> Result<(), ClientError> {
+        let req = self
+            .request(routes::APPEND_LOG, &[&attempt], DEFAULT_TIMEOUT)
+            .query(&LogChunkQuery { fence, offset })
+            .body(bytes);
+        let _: LogAppended = self.send(req).await?;
+        Ok(())
+    }
+
+    // ---- raw access, for tests that send what no typed call would ---------------------
+
+    /// Sends `body` (JSON) to `path` and returns the status and the JSON answer whatever the
+    /// status (text that is not JSON comes back as a JSON string).
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<(u16, serde_json::Value), ClientError> {
+        let method = match method {
+            Method::Get => reqwest::Method::GET,
+            Method::Post => reqwest::Method::POST,
+            Method::Put => reqwest::Method::PUT,
+        };
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .timeout(DEFAULT_TIMEOUT * 2);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let unreachable = |source| ClientError::Unreachable {
+            base: self.base.clone(),
+            source,
+        };
+        let resp = req.send().await.map_err(unreachable)?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.map_err(unreachable)?;
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        ))
+    }
+}

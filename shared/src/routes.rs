@@ -1,0 +1,240 @@
+//! The REST API's routes in one table (`ALL`): the coordinator's router, the typed client and
+//! the OpenAPI document are built from it, so a path is written once.
+
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Method {
+    Get,
+    Post,
+    Put,
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Method::Get => "GET",
+            Method::Post => "POST",
+            Method::Put => "PUT",
+        })
+    }
+}
+
+/// Who calls a route: people (CLI, notebooks, dashboard) or agents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    User,
+    Agent,
+}
+
+/// One route: method, path template (axum's `{name}` segments) and what it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub method: Method,
+    pub path: &'static str,
+    pub caller: Caller,
+    pub summary: &'static str,
+}
+
+impl Route {
+    const fn new(
+        method: Method,
+        path: &'static str,
+        caller: Caller,
+        summary: &'static str,
+    ) -> Self {
+        Self {
+            method,
+            path,
+            caller,
+            summary,
+        }
+    }
+
+    /// Names of the path's `{...}` segments, in order.
+    pub fn params(&self) -> impl Iterator<Item = &'static str> {
+        self.path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
+    }
+
+    /// The concrete path: each `{...}` segment replaced by the next of `args`, percent-encoded
+    /// (a node name may hold any character). Panics in debug builds on a count mismatch.
+    pub fn path_with(&self, args: &[&dyn fmt::Display]) -> String {
+        debug_assert_eq!(self.params().count(), args.len(), "{}", self.path);
+        let mut args = args.iter();
+        let mut out = String::with_capacity(self.path.len() + 40);
+        for seg in self.path.split('/').skip(1) {
+            out.push('/');
+            if seg.starts_with('{') {
+                if let Some(a) = args.next() {
+                    encode_segment(&a.to_string(), &mut out);
+                }
+            } else {
+                out.push_str(seg);
+            }
+        }
+        out
+    }
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters.
+fn encode_segment(raw: &str, out: &mut String) {
+    for b in raw.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+}
+
+use Caller::{Agent, User};
+use Method::{Get, Post, Put};
+
+pub const HEALTH: Route = Route::new(Get, "/v1/health", User, "Liveness and schema version");
+pub const SUBMIT: Route = Route::new(Post, "/v1/experiments", User, "Submit a spec");
+pub const EXPERIMENTS: Route = Route::new(Get, "/v1/experiments", User, "List experiments");
+pub const EXPERIMENT: Route = Route::new(Get, "/v1/experiments/{id}", User, "One experiment");
+pub const CANCEL_EXPERIMENT: Route = Route::new(
+    Post,
+    "/v1/experiments/{id}/cancel",
+    User,
+    "Cancel every unfinished job of an experiment",
+);
+pub const PROGRESS: Route = Route::new(
+    Get,
+    "/v1/progress",
+    User,
+    "Job counts per state; long-polls with `after`",
+);
+pub const EXPORT: Route = Route::new(Get, "/v1/export", User, "Attempts as CSV");
+pub const JOBS: Route = Route::new(Get, "/v1/jobs", User, "List jobs");
+pub const JOB: Route = Route::new(Get, "/v1/jobs/{id}", User, "A job with its attempts");
+pub const CANCEL_JOB: Route = Route::new(Post, "/v1/jobs/{id}/cancel", User, "Cancel a job");
+pub const RETRY_JOB: Route = Route::new(
+    Post,
+    "/v1/jobs/{id}/retry",
+    User,
+    "Run a finished job once more",
+);
+pub const ATTEMPT: Route = Route::new(Get, "/v1/attempts/{id}", User, "One attempt");
+pub const READ_LOG: Route = Route::new(
+    Get,
+    "/v1/attempts/{id}/log",
+    User,
+    "Log bytes from an offset; long-polls with `wait_ms`",
+);
+pub const APPEND_LOG: Route = Route::new(
+    Post,
+    "/v1/attempts/{id}/log",
+    Agent,
+    "Append log bytes (fenced)",
+);
+pub const START: Route = Route::new(
+    Post,
+    "/v1/attempts/{id}/start",
+    Agent,
+    "An attempt's process started (fenced)",
+);
+pub const FINISH: Route = Route::new(
+    Post,
+    "/v1/attempts/{id}/finish",
+    Agent,
+    "An attempt ended (fenced)",
+);
+pub const HAND_BACK: Route = Route::new(
+    Post,
+    "/v1/attempts/{id}/handback",
+    Agent,
+    "Give a lease back unlaunched (fenced)",
+);
+pub const NODES: Route = Route::new(Get, "/v1/nodes", User, "Nodes, GPUs, memory and slots");
+pub const SET_PLAN: Route = Route::new(
+    Put,
+    "/v1/nodes/{name}/plan",
+    User,
+    "Set a node's concurrency plan",
+);
+pub const RELEASE_GPU: Route = Route::new(
+    Post,
+    "/v1/nodes/{name}/gpus/{gpu}/release",
+    User,
+    "Lift a GPU's quarantine",
+);
+pub const REGISTER: Route = Route::new(Post, "/v1/agents/register", Agent, "Register an agent");
+pub const CLAIM: Route = Route::new(
+    Post,
+    "/v1/agents/{id}/claim",
+    Agent,
+    "Lease fitting jobs; long-polls with `wait_ms`",
+);
+pub const HEARTBEAT: Route = Route::new(
+    Post,
+    "/v1/agents/{id}/heartbeat",
+    Agent,
+    "Renew leases, report telemetry",
+);
+
+/// Every route, in the order the API documents them.
+pub const ALL: &[Route] = &[
+    HEALTH,
+    SUBMIT,
+    EXPERIMENTS,
+    EXPERIMENT,
+    CANCEL_EXPERIMENT,
+    PROGRESS,
+    EXPORT,
+    JOBS,
+    JOB,
+    CANCEL_JOB,
+    RETRY_JOB,
+    ATTEMPT,
+    READ_LOG,
+    APPEND_LOG,
+    START,
+    FINISH,
+    HAND_BACK,
+    NODES,
+    SET_PLAN,
+    RELEASE_GPU,
+    REGISTER,
+    CLAIM,
+    HEARTBEAT,
+];
+
+/// Response headers of `READ_LOG`: where the next read starts, and whether the attempt ended.
+pub const LOG_OFFSET_HEADER: &str = "x-log-offset";
+pub const ATTEMPT_ENDED_HEADER: &str = "x-attempt-ended";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_unique_and_well_formed() {
+        for (i, r) in ALL.iter().enumerate() {
+            assert!(r.path.starts_with("/v1/"), "{}", r.path);
+            assert!(
+                !ALL[..i]
+                    .iter()
+                    .any(|o| o.method == r.method && o.path == r.path),
+                "{} {} twice",
+                r.method,
+                r.path
+            );
+            assert!(!r.summary.is_empty());
+        }
+    }
+
+    #[test]
+    fn paths_fill_and_encode_their_segments() {
+        assert_eq!(JOB.path_with(&[&"abc"]), "/v1/jobs/abc");
+        assert_eq!(
+            RELEASE_GPU.path_with(&[&"gpu box/1", &3]),
+            "/v1/nodes/gpu%20box%2F1/gpus/3/release"
+        );
+        assert_eq!(HEALTH.path_with(&[]), "/v1/health");
+        assert_eq!(RELEASE_GPU.params().collect::<Vec<_>>(), ["name", "gpu"]);
+    }
+}

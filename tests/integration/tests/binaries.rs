@@ -1,0 +1,264 @@
+//! The binaries as operators run them: signals stop them cleanly, a config file works for
+//! each of them, and a client's mistake is a 4xx naming the field.
+
+use std::time::{Duration, Instant};
+
+use headroom_integration_tests::{Headroom, Proc, UpOptions, free_port, http_get, http_post};
+use headroom_shared::api::NodeView;
+use nix::sys::signal::Signal;
+
+/// Starts `headroom-coordinator` on a free port; returns it and its URL once it answers.
+fn coordinator(dir: &std::path::Path, extra: &[&str]) -> (Proc, String) {
+    let port = free_port().expect("port");
+    let mut args = vec![
+        "--listen".to_string(),
+        format!("127.0.0.1:{port}"),
+        "--data-dir".into(),
+        dir.join("coord").display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let p = Proc::start("headroom-coordinator", &args, dir.join("coord.log")).expect("start");
+    let url = format!("http://127.0.0.1:{port}");
+    wait_listening(&p);
+    (p, url)
+}
+
+fn wait_listening(p: &Proc) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while !p.output().contains("listening on") {
+        assert!(Instant::now() < end, "did not start:\n{}", p.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kubernetes and systemd stop a service with SIGTERM: the coordinator stops accepting,
+/// answers the long-polls it holds, and exits 0 at once (not after the long-poll timeout).
+#[test]
+fn coordinator_drains_and_exits_zero_on_sigterm_and_sigint() {
+    for sig in [Signal::SIGTERM, Signal::SIGINT] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut coord, url) = coordinator(dir.path(), &[]);
+        let p: serde_json::Value = http_get(&format!("{url}/v1/progress")).expect("progress");
+        let version = p["version"].as_u64().expect("version");
+        // A long-poll that would wait 20 s for a change that never comes.
+        let poll_url = format!("{url}/v1/progress?after={version}&timeout_ms=20000");
+        let poll = std::thread::spawn(move || {
+            let t = Instant::now();
+            (http_get::<serde_json::Value>(&poll_url), t.elapsed())
+        });
+        // Give the request time to reach the server: the point is one held open.
+        std::thread::sleep(Duration::from_millis(500));
+        let sent = Instant::now();
+        coord.signal(sig).expect("signal");
+        let status = coord
+            .wait_exit(Duration::from_secs(10))
+            .expect("wait")
+            .unwrap_or_else(|| panic!("{sig} did not stop the coordinator:\n{}", coord.output()));
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{sig}: coordinator exit {status}:\n{}",
+            coord.output()
+        );
+        assert!(
+            sent.elapsed() < Duration::from_secs(5),
+            "{sig}: draining took {:?}",
+            sent.elapsed()
+        );
+        let (answer, took) = poll.join().expect("poll thread");
+        let answer = answer.unwrap_or_else(|e| panic!("{sig}: the long-poll was dropped: {e:#}"));
+        assert!(answer["counts"].is_object(), "{answer}");
+        assert!(
+            took < Duration::from_secs(10),
+            "{sig}: long-poll held {took:?}"
+        );
+    }
+}
+
+/// `headroom up` and `headroom-agent` stop on SIGTERM as on SIGINT, with exit 0.
+#[test]
+fn up_and_agent_exit_zero_on_sigterm() {
+    let mut h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let status = h.stop().expect("stop");
+    assert_eq!(status.code(), Some(0), "{}", h.server_log());
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_coord, url) = coordinator(dir.path(), &[]);
+    let args: Vec<String> = [
+        "--coordinator",
+        &url,
+        "--node",
+        "sig-node",
+        "--gpu-backend",
+        "fake",
+        "--fake-gpus",
+        "1x24GiB",
+        "--data-dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([dir.path().join("agent").display().to_string()])
+    .collect();
+    let mut agent =
+        Proc::start("headroom-agent", &args, dir.path().join("agent.log")).expect("agent");
+    wait_node(&url, "sig-node", &agent);
+    agent.signal(Signal::SIGTERM).expect("signal");
+    let status = agent
+        .wait_exit(Duration::from_secs(20))
+        .expect("wait")
+        .unwrap_or_else(|| panic!("SIGTERM did not stop the agent:\n{}", agent.output()));
+    assert_eq!(status.code(), Some(0), "{}", agent.output());
+}
+
+fn wait_node(url: &str, name: &str, agent: &Proc) {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(nodes) = http_get::<Vec<NodeView>>(&format!("{url}/v1/nodes"))
+            && nodes.iter().any(|n| n.name == name && n.alive)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "node {name} did not register:\n{}",
+            agent.output()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `--config FILE` works for the coordinator and the agent as for `headroom up`: the file
+/// fills what flags and variables leave, and an unknown key is refused by name.
+#[test]
+fn config_files_are_honoured_by_coordinator_and_agent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port().expect("port");
+    let coord_toml = dir.path().join("coordinator.toml");
+    std::fs::write(
+        &coord_toml,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\ndata-dir = \"{}\"\nlease_ttl = \"7s\"\n",
+            dir.path().join("coord").display()
+        ),
+    )
+    .expect("write");
+    let coord = Proc::start(
+        "headroom-coordinator",
+        &["--config".to_string(), coord_toml.display().to_string()],
+        dir.path().join("coord.log"),
+    )
+    .expect("coordinator");
+    wait_listening(&coord);
+    let url = format!("http://127.0.0.1:{port}");
+    assert!(coord.output().contains(&url), "{}", coord.output());
+    assert!(dir.path().join("coord").join("headroom.db").exists());
+
+    let agent_toml = dir.path().join("agent.toml");
+    std::fs::write(
+        &agent_toml,
+        format!(
+            "coordinator = \"{url}\"\nnode = \"from-file\"\ngpu_backend = \"fake\"\n\
+             fake-gpus = \"3x12GiB\"\nplan = \"2,1,1\"\ndata_dir = \"{}\"\n",
+            dir.path().join("agent").display()
+        ),
+    )
+    .expect("write");
+    let agent = Proc::start(
+        "headroom-agent",
+        &["--config".to_string(), agent_toml.display().to_string()],
+        dir.path().join("agent.log"),
+    )
+    .expect("agent");
+    wait_node(&url, "from-file", &agent);
+    let nodes: Vec<NodeView> = http_get(&format!("{url}/v1/nodes")).expect("nodes");
+    let node = nodes.iter().find(|n| n.name == "from-file").expect("node");
+    assert_eq!(node.plan, "2,1,1");
+    assert_eq!(node.gpus.len(), 3);
+    assert_eq!(node.gpus[0].total_mib, 12 * 1024);
+
+    // A variable wins over the file, a flag over both.
+    let env_agent = Proc::start_with_env(
+        "headroom-agent",
+        &[
+            "--config".to_string(),
+            agent_toml.display().to_string(),
+            "--plan".into(),
+            "1,1,1".into(),
+            "--data-dir".into(),
+            dir.path().join("agent2").display().to_string(),
+        ],
+        &[("HEADROOM_NODE", "from-env"), ("HEADROOM_PLAN", "3,3,3")],
+        dir.path().join("agent2.log"),
+    )
+    .expect("agent");
+    wait_node(&url, "from-env", &env_agent);
+    let nodes: Vec<NodeView> = http_get(&format!("{url}/v1/nodes")).expect("nodes");
+    let node = nodes.iter().find(|n| n.name == "from-env").expect("node");
+    assert_eq!(node.plan, "1,1,1");
+    assert_eq!(node.gpus.len(), 3, "fake-gpus still comes from the file");
+}
+
+#[test]
+fn unknown_config_keys_are_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("bad.toml");
+    // `data-dir` is a setting of all three; `leese_ttl` of none.
+    std::fs::write(
+        &file,
+        format!(
+            "data-dir = \"{}\"\nleese_ttl = \"9s\"\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .expect("write");
+    for bin in ["headroom-coordinator", "headroom-agent"] {
+        let out = std::process::Command::new(headroom_integration_tests::binary(bin))
+            .args(["--config", &file.display().to_string()])
+            .env("HEADROOM_DATA_DIR", dir.path().join(bin))
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{bin} accepted an unknown key: {err}"
+        );
+        assert!(err.contains("leese_ttl"), "{bin}: {err}");
+    }
+    let out = std::process::Command::new(headroom_integration_tests::binary("headroom"))
+        .args(["up", "--config", &file.display().to_string()])
+        .env("HEADROOM_DATA_DIR", dir.path().join("up"))
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "up accepted an unknown key: {err}");
+    assert!(err.contains("leese_ttl"), "up: {err}");
+}
+
+/// A NUL byte cannot reach `execve`: refused at submit with 422 naming the field (it used
+/// to be stored, and every attempt then failed with `launch_error`).
+#[test]
+fn nul_bytes_are_refused_at_submit() {
+    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let cases = [
+        (
+            serde_json::json!({"name": "nul", "command": ["echo", "a\u{0}b"]}),
+            "command[1]",
+        ),
+        (
+            serde_json::json!({"name": "nul", "command": ["echo", "{x}"], "grid": {"x": ["a\u{0}"]}}),
+            "grid.x[0]",
+        ),
+    ];
+    for (spec, field) in cases {
+        let (status, body) = http_post(
+            &format!("{}/v1/experiments", h.url),
+            &serde_json::json!({ "spec": spec }),
+        )
+        .expect("post");
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["error"]["code"], "invalid", "{body}");
+        assert_eq!(body["error"]["field"], field, "{body}");
+    }
+    let exps: Vec<serde_json::Value> = h.get("/v1/experiments").expect("experiments");
+    assert!(exps.is_empty(), "{exps:?}");
+}
