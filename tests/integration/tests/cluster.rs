@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use headroom_integration_tests::records::{DeathWatch, Timeline};
 use headroom_integration_tests::{
-    Link, Postgres, Proc, Record, alive, fake_job, free_port, http_get, http_post, read_records,
-    wait_until as wait,
+    Link, Postgres, Proc, alive, fake_job, free_port, http_get, http_post, wait_until as wait,
 };
 use headroom_shared::api::{JobDetail, JobSummary, Progress, SubmitResponse};
 use headroom_shared::{ExperimentId, FailureClass, JobState};
@@ -23,6 +23,8 @@ struct Cluster {
     agents: Vec<Option<Proc>>,
     links: HashMap<usize, Link>,
     record: std::path::PathBuf,
+    /// Sees every recorded job process die, from outside.
+    deaths: Option<DeathWatch>,
 }
 
 impl Cluster {
@@ -37,6 +39,7 @@ impl Cluster {
             coords: vec![],
             agents: vec![],
             links: HashMap::new(),
+            deaths: Some(DeathWatch::start(record.clone())),
             record,
         };
         for i in 0..replicas {
@@ -197,15 +200,18 @@ impl Cluster {
         out
     }
 
-    /// Every job succeeded exactly once, and no two of its attempts overlapped in time.
-    /// Returns how many attempts were lost on the way.
-    fn assert_exactly_once(&self, exp: ExperimentId) -> usize {
+    /// Every job succeeded exactly once, and no two of its attempts' processes ran at the
+    /// same time: the real end of each (seen dead from outside, SIGKILLed ones included)
+    /// came before the next one's start. Returns how many attempts were lost on the way, and
+    /// the timeline.
+    fn assert_exactly_once(&mut self, exp: ExperimentId) -> (usize, Timeline) {
         let jobs = self.jobs(exp);
-        let records = read_records(&self.record).unwrap_or_default();
-        let mut by_attempt: HashMap<&str, Vec<&Record>> = HashMap::new();
-        for r in &records {
-            by_attempt.entry(r.attempt.as_str()).or_default().push(r);
-        }
+        let timeline = self
+            .deaths
+            .take()
+            .expect("checked once")
+            .finish()
+            .expect("the record file and the processes it lists");
         let mut lost = 0;
         for j in &jobs {
             assert_eq!(
@@ -228,33 +234,13 @@ impl Cluster {
                 .iter()
                 .filter(|a| a.failure_class == Some(FailureClass::Lost))
                 .count();
-            // When each attempt's process really ran, from its own records; a killed one has
-            // no end record: it ran at most until its attempt was recorded as ended.
-            let mut spans: Vec<(i64, i64)> = d
-                .attempts_detail
-                .iter()
-                .filter_map(|a| {
-                    let recs = by_attempt.get(a.id.to_string().as_str())?;
-                    let start = recs.iter().find(|r| r.event == "start")?.t_ms;
-                    let end = recs
-                        .iter()
-                        .find(|r| r.event == "end")
-                        .map(|r| r.t_ms)
-                        .or(a.ended_at.map(|t| t.timestamp_millis()))
-                        .unwrap_or(i64::MAX);
-                    Some((start, end))
-                })
-                .collect();
-            spans.sort();
-            for w in spans.windows(2) {
-                assert!(
-                    w[0].1 <= w[1].0,
-                    "job {}: attempts overlapped: {spans:?}",
-                    j.id
-                );
+            let attempts: Vec<String> =
+                d.attempts_detail.iter().map(|a| a.id.to_string()).collect();
+            if let Err(e) = timeline.assert_apart(&format!("job {}", j.id), &attempts) {
+                panic!("{e:#}\n{:#?}", d.attempts_detail);
             }
         }
-        lost
+        (lost, timeline)
     }
 }
 
@@ -266,9 +252,10 @@ fn two_replicas_four_agents_two_thousand_jobs_each_succeed_once() {
     }
     let exp = c.submit("many", 2000, 0.01);
     c.wait_done(exp, Duration::from_secs(400));
-    assert_eq!(c.assert_exactly_once(exp), 0);
-    let records = read_records(&c.record).expect("records");
-    assert_eq!(records.iter().filter(|r| r.event == "start").count(), 2000);
+    let (lost, timeline) = c.assert_exactly_once(exp);
+    assert_eq!(lost, 0);
+    let starts = timeline.records.iter().filter(|r| r.event == "start");
+    assert_eq!(starts.count(), 2000);
 }
 
 #[test]
@@ -289,7 +276,7 @@ fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
         },
     );
     c.add_agent(0, "1x24GiB", "4", false);
-    let pids: Vec<u32> = read_records(&c.record)
+    let pids: Vec<u32> = headroom_integration_tests::read_records(&c.record)
         .expect("records")
         .iter()
         .map(|r| r.pid)
@@ -305,7 +292,7 @@ fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
     });
     c.wait_done(exp, Duration::from_secs(60));
     assert_eq!(
-        c.assert_exactly_once(exp),
+        c.assert_exactly_once(exp).0,
         4,
         "the four attempts were lost after the TTL"
     );
@@ -384,7 +371,16 @@ fn a_partitioned_agent_stops_its_attempts_and_its_stale_reports_are_refused() {
         Some(FailureClass::Lost),
         "the stale report changed nothing"
     );
-    assert_eq!(c.assert_exactly_once(exp), 1);
+    let (lost, timeline) = c.assert_exactly_once(exp);
+    assert_eq!(lost, 1);
+    // The cut-off attempt's process was stopped by SIGTERM (its record says when), not left
+    // to run out its 8 s.
+    let events = timeline.events(&first.id.to_string());
+    assert_eq!(
+        events,
+        ["start", "term", "end"],
+        "the first attempt's process"
+    );
     // The cut-off agent heard its report was stale.
     let agent_log = c.agents[cut_off]
         .as_ref()
