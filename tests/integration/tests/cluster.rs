@@ -262,7 +262,8 @@ fn two_replicas_four_agents_two_thousand_jobs_each_succeed_once() {
 fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
     let mut c = Cluster::new(1);
     let victim = c.add_agent(0, "1x24GiB", "4", false);
-    let exp = c.submit("victims", 4, 1.5);
+    // Jobs that outlive the wait below by far: only PR_SET_PDEATHSIG can end them in time.
+    let exp = c.submit("victims", 4, 25.0);
     wait(
         "four jobs running on the victim",
         Duration::from_secs(30),
@@ -276,11 +277,11 @@ fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
         },
     );
     c.add_agent(0, "1x24GiB", "4", false);
-    let pids: Vec<u32> = headroom_integration_tests::read_records(&c.record)
-        .expect("records")
-        .iter()
-        .map(|r| r.pid)
-        .collect();
+    let pids: Vec<u32> = wait("four start records", Duration::from_secs(30), || {
+        let records = headroom_integration_tests::read_records(&c.record).ok()?;
+        let pids: Vec<u32> = records.iter().map(|r| r.pid).collect();
+        (pids.len() == 4).then_some(pids)
+    });
     c.agents[victim]
         .as_mut()
         .expect("victim")
@@ -290,12 +291,13 @@ fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
     wait("the victim's jobs to die", Duration::from_secs(10), || {
         pids.iter().all(|&p| !alive(p)).then_some(())
     });
-    c.wait_done(exp, Duration::from_secs(60));
-    assert_eq!(
-        c.assert_exactly_once(exp).0,
-        4,
-        "the four attempts were lost after the TTL"
-    );
+    c.wait_done(exp, Duration::from_secs(90));
+    let (lost, timeline) = c.assert_exactly_once(exp);
+    assert_eq!(lost, 4, "the four attempts were lost after the TTL");
+    // Killed, not finished: no SIGTERM, no end of their own.
+    for r in timeline.records.iter().filter(|r| pids.contains(&r.pid)) {
+        assert_eq!(timeline.events(&r.attempt), ["start"], "pid {}", r.pid);
+    }
 }
 
 #[test]
