@@ -145,13 +145,17 @@ impl Cluster {
     }
 
     fn submit(&self, name: &str, runs: u32, seconds: f64) -> ExperimentId {
+        self.submit_to(&self.api(), name, runs, seconds)
+    }
+
+    /// Submits through the coordinator at `api`.
+    fn submit_to(&self, api: &str, name: &str, runs: u32, seconds: f64) -> ExperimentId {
         let spec = serde_json::json!({"spec": {"name": name,
             "command": [fake_job().display().to_string(), "--seconds", seconds.to_string(),
                         "--mem", "100MiB", "--record", self.record.display().to_string()],
             "runs_per_config": runs, "resources": {"memory": "200MiB"},
             "retry": {"max_attempts": 5, "on": ["lost"]}}});
-        let (status, body) =
-            http_post(&format!("{}/v1/experiments", self.api()), &spec).expect("submit");
+        let (status, body) = http_post(&format!("{api}/v1/experiments"), &spec).expect("submit");
         assert_eq!(status, 200, "{body}");
         let r: SubmitResponse = serde_json::from_value(body).expect("response");
         r.experiment.expect("stored")
@@ -394,21 +398,48 @@ fn a_partitioned_agent_stops_its_attempts_and_its_stale_reports_are_refused() {
     );
 }
 
+/// Four agents, two on each replica, race for every job: submissions go through both
+/// replicas in turn, then through both at once. Every job is leased once, and agents of both
+/// replicas win some.
 #[test]
-fn two_agents_racing_across_replicas_for_one_slot_lease_it_once() {
+fn agents_racing_through_both_replicas_lease_each_job_once() {
     let mut c = Cluster::new(2);
-    c.add_agent(0, "1x24GiB", "1", false);
-    c.add_agent(1, "1x24GiB", "1", false);
-    for i in 0..20 {
-        let exp = c.submit(&format!("race{i}"), 1, 0.01);
-        c.wait_done(exp, Duration::from_secs(30));
-        let jobs = c.jobs(exp);
-        let d = c.job(jobs[0].id);
-        assert_eq!(
-            d.attempts_detail.len(),
-            1,
-            "leased twice: {:#?}",
-            d.attempts_detail
-        );
+    for j in 0..4 {
+        c.add_agent(j % 2, "1x24GiB", "1", false);
     }
+    let mut exps = vec![];
+    for i in 0..20 {
+        let exp = c.submit_to(&c.url(i % 2), &format!("race{i}"), 1, 0.01);
+        c.wait_done(exp, Duration::from_secs(30));
+        exps.push(exp);
+    }
+    let (u0, u1) = (c.url(0), c.url(1));
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| c.submit_to(&u0, "burst0", 30, 0.01));
+        let b = s.spawn(|| c.submit_to(&u1, "burst1", 30, 0.01));
+        (a.join().expect("submit"), b.join().expect("submit"))
+    });
+    exps.extend([a, b]);
+    let mut winners = std::collections::HashSet::new();
+    for &exp in &exps {
+        c.wait_done(exp, Duration::from_secs(60));
+        for j in c.jobs(exp) {
+            let d = c.job(j.id);
+            assert_eq!(
+                d.attempts_detail.len(),
+                1,
+                "leased twice: {:#?}",
+                d.attempts_detail
+            );
+            assert_eq!(j.state, JobState::Succeeded, "{}", c.logs());
+            winners.insert(d.attempts_detail[0].node.clone());
+        }
+    }
+    let replica = |n: &str| n.trim_start_matches("node").parse::<usize>().map(|j| j % 2);
+    let replicas: std::collections::HashSet<_> =
+        winners.iter().filter_map(|n| replica(n).ok()).collect();
+    assert_eq!(replicas.len(), 2, "only some agents ever won: {winners:?}");
+    let timeline = c.deaths.take().expect("once").finish().expect("records");
+    let starts = timeline.records.iter().filter(|r| r.event == "start");
+    assert_eq!(starts.count(), 80, "one process per job");
 }
