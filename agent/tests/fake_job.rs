@@ -313,3 +313,19 @@ fn sigterm_and_the_end_are_recorded_with_their_time() {
     let t: Vec<u64> = lines.iter().filter_map(|l| l["t_ms"].as_u64()).collect();
     assert!(t[1] >= sent && t[2] >= t[1], "{text}");
 }
+
+/// Without fake GPUs (no HEADROOM_FAKE_GPU_DIR, as under an agent on real GPUs) `--mem`
+/// holds nothing, says so, and the job runs: the quickstart works on any machine.
+#[test]
+fn without_fake_gpus_mem_holds_nothing_and_the_job_runs() {
+    let out = Command::new(FAKE_JOB)
+        .args(["--mem", "6GiB", "--seconds", "0.1"])
+        .env_remove(fake::DIR_VAR)
+        .env_remove(fake::SPEC_VAR)
+        .output()
+        .expect("fake job");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("no fake GPUs here"), "{stdout}");
+    assert!(stdout.contains("holding 0 MiB"), "{stdout}");
+}

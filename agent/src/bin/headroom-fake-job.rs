@@ -21,6 +21,7 @@ use signal_hook::consts::SIGTERM;
 #[command(name = "headroom-fake-job", version)]
 struct Args {
     /// Fake GPU memory to hold on the first GPU of CUDA_VISIBLE_DEVICES (e.g. `2GiB`).
+    /// Without HEADROOM_FAKE_GPU_DIR (no fake GPUs, e.g. real ones) nothing is held.
     #[arg(long, value_name = "SIZE")]
     mem: Option<MemSize>,
     /// How long to run.
@@ -192,13 +193,18 @@ fn hold(dir: &Path, gpu: u32, mib: u64) -> Result<(), Exit> {
     fake::write_usage(dir, std::process::id(), &[(gpu, mib)]).map_err(|e| io("cannot write", e))
 }
 
-fn fake_dir() -> Result<PathBuf, Exit> {
-    env(fake::DIR_VAR).map(PathBuf::from).ok_or_else(|| {
-        usage(format!(
-            "--mem needs {} (run it under headroom)",
+/// Where fake GPU memory is held; `None` (with a note in the job's log) where there are no
+/// fake GPUs, e.g. under an agent on real GPUs: the job then runs holding nothing, so that
+/// demos such as the quickstart work on any machine.
+fn fake_dir() -> Option<PathBuf> {
+    let dir = env(fake::DIR_VAR).map(PathBuf::from);
+    if dir.is_none() {
+        println!(
+            "headroom-fake-job: {} is not set (no fake GPUs here): --mem holds no GPU memory",
             fake::DIR_VAR
-        ))
-    })
+        );
+    }
+    dir
 }
 
 /// Starts a grandchild that leaves this job's session and process group, and waits until it
@@ -286,10 +292,9 @@ fn run(args: &Args) -> Result<u8, Exit> {
         return Err(oom(tried, gpu, None, None));
     }
 
-    let dir = match args.mem {
-        Some(_) => Some(fake_dir()?),
-        None => None,
-    };
+    let dir = args.mem.and_then(|_| fake_dir());
+    // What this process really holds: nothing without fake GPUs.
+    let mem_mib = if dir.is_some() { mem_mib } else { 0 };
     if let Some(dir) = &dir {
         hold(dir, gpu, mem_mib)?;
     }
