@@ -15,7 +15,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use crate::Record;
 
 /// How often the watcher looks at the record file and at the processes it lists.
-const TICK: Duration = Duration::from_millis(5);
+const TICK: Duration = Duration::from_millis(10);
 
 fn now_ms() -> i64 {
     SystemTime::now()
