@@ -163,12 +163,14 @@ fn kill_foreign_spares_a_process_seen_once_and_kills_one_seen_twice() {
 }
 
 /// Live memory filled by someone else between the claim and the launch: the agent hands the
-/// lease back instead of launching, the attempt is not counted, and the job runs on the
-/// other GPU.
+/// lease back instead of launching, the attempt is not counted, the job runs on the other
+/// GPU, and the coordinator avoids the handed-back GPU for a while even once it is free.
 #[test]
-fn a_lease_that_no_longer_fits_at_launch_is_handed_back() {
+fn a_lease_that_no_longer_fits_at_launch_is_handed_back_and_its_gpu_avoided() {
     let h = Headroom::start(UpOptions {
         fake_gpus: "2x24GiB".into(),
+        // Heartbeats every 20 s: the coordinator's figures come from the claim.
+        lease_ttl: "60s".into(),
         ..Default::default()
     })
     .expect("headroom up");
@@ -177,7 +179,7 @@ fn a_lease_that_no_longer_fits_at_launch_is_handed_back() {
     });
     // The idle agent's claim is waiting, with the free memory it read before this.
     std::thread::sleep(Duration::from_millis(500));
-    let _foreign = notebook_for(&h, "600");
+    let mut foreign = notebook_for(&h, "600");
     h.wait_for("the foreign memory", Duration::from_secs(10), || {
         let dir = h.data_dir().join("fake-gpus");
         Ok(std::fs::read_dir(dir)?
@@ -185,18 +187,27 @@ fn a_lease_that_no_longer_fits_at_launch_is_handed_back() {
             .any(|f| f.file_name().to_string_lossy().parse::<u32>().is_ok())
             .then_some(()))
     });
-    let exp = h
-        .submit_api(serde_json::json!({"name": "late",
-            "command": [fake_job().display().to_string(), "--mem", "3GiB", "--seconds", "0.5"],
+    let job = |name: &str, seconds: &str| {
+        h.submit_api(serde_json::json!({"name": name,
+            "command": [fake_job().display().to_string(), "--mem", "3GiB", "--seconds", seconds],
             "resources": {"memory": "4GiB"}}))
-        .expect("submit")
-        .experiment
-        .expect("stored");
-    let jobs = h.wait_done(exp, Duration::from_secs(60));
-    assert_eq!(jobs[0].state, JobState::Succeeded);
+            .expect("submit")
+            .experiment
+            .expect("stored")
+    };
+    let late = job("late", "2");
+    let running = h.wait_for("the job to run", Duration::from_secs(30), || {
+        let jobs = h.jobs(late)?;
+        Ok((jobs[0].state == JobState::Running).then(|| jobs[0].clone()))
+    });
     let log = h.server_log();
     assert!(log.contains("handing lease back"), "{log}");
-    let d = h.job(jobs[0].id).expect("job");
+    // The GPU is free again before the job ends, so its end reports it free.
+    foreign.0.kill().expect("kill the foreign process");
+    foreign.0.wait().expect("reap it");
+    let jobs = h.wait_done(late, Duration::from_secs(60));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let d = h.job(running.id).expect("job");
     assert_eq!(
         jobs[0].attempts, 1,
         "the handed-back lease counted as an attempt"
@@ -206,6 +217,16 @@ fn a_lease_that_no_longer_fits_at_launch_is_handed_back() {
         d.attempts_detail[0].gpus,
         [1],
         "placed on the full GPU again"
+    );
+    // Both GPUs are free and equal, and the best fit would take GPU 0: only the avoidance
+    // after the hand-back (30 s) sends the next job to GPU 1.
+    let next = job("next", "0.2");
+    let jobs = h.wait_done(next, Duration::from_secs(60));
+    let d = h.job(jobs[0].id).expect("job");
+    assert_eq!(
+        d.attempts_detail[0].gpus,
+        [1],
+        "the handed-back GPU was not avoided"
     );
 }
 
