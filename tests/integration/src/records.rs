@@ -37,6 +37,16 @@ fn still_running(key: &ProcKey) -> Result<bool> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) if e.raw_os_error() == Some(nix::libc::ESRCH) => Ok(false),
+        // Jobs run as this test's user: a pid we may not inspect that belongs to another
+        // user is someone else's (the pid was reused). Our own user's, unreadable, is unknown.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            use std::os::unix::fs::MetadataExt;
+            match std::fs::metadata(format!("/proc/{}", key.1)) {
+                Err(m) if m.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                Ok(m) if m.uid() != nix::unistd::geteuid().as_raw() => Ok(false),
+                _ => Err(anyhow!("cannot read /proc/{}/environ: {e}", key.1)),
+            }
+        }
         Err(e) => Err(anyhow!("cannot read /proc/{}/environ: {e}", key.1)),
     }
 }
@@ -206,5 +216,61 @@ impl Timeline {
             .filter(|r| r.attempt == attempt)
             .map(|r| r.event.as_str())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(event: &str, attempt: &str, pid: u32, t_ms: i64) -> String {
+        format!(
+            "{{\"event\":\"{event}\",\"job\":\"j\",\"attempt\":\"{attempt}\",\"gpus\":\"0\",\
+             \"pid\":{pid},\"mem_mib\":0,\"t_ms\":{t_ms}}}\n"
+        )
+    }
+
+    #[test]
+    fn a_malformed_line_fails_instead_of_reading_as_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r.jsonl");
+        std::fs::write(
+            &path,
+            format!("{}not json\n", line("start", "a", 999_999_990, 1)),
+        )
+        .expect("write");
+        let err = DeathWatch::start(path).finish().expect_err("malformed");
+        assert!(format!("{err:#}").contains("bad record line"), "{err:#}");
+    }
+
+    #[test]
+    fn a_missing_file_or_half_a_line_fails() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = DeathWatch::start(dir.path().join("none.jsonl")).finish();
+        assert!(missing.is_err(), "{missing:?}");
+        let path = dir.path().join("half.jsonl");
+        std::fs::write(&path, "{\"event\":\"sta").expect("write");
+        let half = DeathWatch::start(path).finish();
+        assert!(half.is_err(), "{half:?}");
+    }
+
+    #[test]
+    fn a_dead_process_ends_where_it_was_seen_gone_and_overlaps_are_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r.jsonl");
+        // Pids no live process carries this marker for: seen dead at once.
+        let now = now_ms();
+        let text = line("start", "a1", 999_999_991, now - 10_000)
+            + &line("start", "a2", 999_999_992, now - 5_000);
+        std::fs::write(&path, text).expect("write");
+        let t = DeathWatch::start(path).finish().expect("timeline");
+        let s = t.spans("a1");
+        assert_eq!(s.len(), 1);
+        assert!(s[0].end >= now, "{s:?}");
+        // a1 was seen dead only after a2 started: that cannot be told from an overlap.
+        let err = t
+            .assert_apart("job", &["a1".into(), "a2".into()])
+            .expect_err("overlap");
+        assert!(format!("{err:#}").contains("overlapped"), "{err:#}");
     }
 }
