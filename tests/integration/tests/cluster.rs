@@ -379,14 +379,23 @@ fn a_partitioned_agent_stops_its_attempts_and_its_stale_reports_are_refused() {
     );
     let (lost, timeline) = c.assert_exactly_once(exp);
     assert_eq!(lost, 1);
-    // The cut-off attempt's process was stopped by SIGTERM (its record says when), not left
-    // to run out its 8 s.
+    // The cut-off attempt's process was stopped by SIGTERM (its record says when; it may
+    // hear it more than once), not left to run out its 8 s.
     let events = timeline.events(&first.id.to_string());
-    assert_eq!(
-        events,
-        ["start", "term", "end"],
-        "the first attempt's process"
+    assert!(
+        events.first() == Some(&"start")
+            && events.last() == Some(&"end")
+            && events[1..events.len() - 1].iter().all(|e| *e == "term")
+            && events.len() >= 3,
+        "the first attempt's process: {events:?}"
     );
+    let t: Vec<i64> = timeline
+        .records
+        .iter()
+        .filter(|r| r.attempt == first.id.to_string())
+        .map(|r| r.t_ms)
+        .collect();
+    assert!(t[t.len() - 1] - t[0] < 8000, "it ran its full 8 s: {t:?}");
     // The cut-off agent heard its report was stale.
     let agent_log = c.agents[cut_off]
         .as_ref()
