@@ -272,3 +272,60 @@ async fn the_launcher_reports_a_missing_program_as_a_launch_error() {
         end.log_tail
     );
 }
+
+/// SIGTERM is recorded when it arrives, and the end as the job's last act: a test can tell
+/// when a stopped job really ended.
+#[test]
+fn sigterm_and_the_end_are_recorded_with_their_time() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let record = tmp.path().join("record.jsonl");
+    let mut child = Command::new(FAKE_JOB)
+        .args(["--seconds", "60", "--record"])
+        .arg(&record)
+        .env("HEADROOM_ATTEMPT_ID", "a1")
+        .env("HEADROOM_JOB_ID", "j1")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("fake job");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&record).is_ok_and(|t| t.ends_with('\n')) {
+        assert!(Instant::now() < deadline, "no start record");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let sent = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("kill");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(143));
+    let text = std::fs::read_to_string(&record).expect("record");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    let events: Vec<&str> = lines.iter().filter_map(|l| l["event"].as_str()).collect();
+    assert_eq!(events, ["start", "term", "end"], "{text}");
+    let t: Vec<u64> = lines.iter().filter_map(|l| l["t_ms"].as_u64()).collect();
+    assert!(t[1] >= sent && t[2] >= t[1], "{text}");
+}
+
+/// Without fake GPUs (no HEADROOM_FAKE_GPU_DIR, as under an agent on real GPUs) `--mem`
+/// holds nothing, says so, and the job runs: the quickstart works on any machine.
+#[test]
+fn without_fake_gpus_mem_holds_nothing_and_the_job_runs() {
+    let out = Command::new(FAKE_JOB)
+        .args(["--mem", "6GiB", "--seconds", "0.1"])
+        .env_remove(fake::DIR_VAR)
+        .env_remove(fake::SPEC_VAR)
+        .output()
+        .expect("fake job");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("no fake GPUs here"), "{stdout}");
+    assert!(stdout.contains("holding 0 MiB"), "{stdout}");
+}

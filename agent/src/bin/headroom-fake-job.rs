@@ -21,6 +21,7 @@ use signal_hook::consts::SIGTERM;
 #[command(name = "headroom-fake-job", version)]
 struct Args {
     /// Fake GPU memory to hold on the first GPU of CUDA_VISIBLE_DEVICES (e.g. `2GiB`).
+    /// Without HEADROOM_FAKE_GPU_DIR (no fake GPUs, e.g. real ones) nothing is held.
     #[arg(long, value_name = "SIZE")]
     mem: Option<MemSize>,
     /// How long to run.
@@ -29,7 +30,8 @@ struct Args {
     /// Exit code at the end.
     #[arg(long, value_name = "CODE", default_value_t = 0)]
     exit: u8,
-    /// Append a JSON line at start and at end to FILE (under an exclusive lock).
+    /// Append a JSON line to FILE (under an exclusive lock, one write each) at start, when
+    /// SIGTERM arrives (`term`) and as the last act before exiting (`end`, whatever the exit).
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
     /// Print and keep running on SIGTERM.
@@ -118,7 +120,7 @@ fn unix_ms() -> u64 {
 }
 
 fn record(path: &Path, event: &str, mem_mib: u64) -> Result<(), Exit> {
-    let line = serde_json::json!({
+    let json = serde_json::json!({
         "event": event,
         "job": env("HEADROOM_JOB_ID"),
         "attempt": env("HEADROOM_ATTEMPT_ID"),
@@ -127,11 +129,13 @@ fn record(path: &Path, event: &str, mem_mib: u64) -> Result<(), Exit> {
         "mem_mib": mem_mib,
         "t_ms": unix_ms(),
     });
+    let line = format!("{json}\n");
     let write = || -> std::io::Result<()> {
         let mut f = File::options().create(true).append(true).open(path)?;
-        // Jobs running side by side append to one file: one whole line each.
+        // Jobs running side by side append to one file: one whole line each, in one write, so
+        // that a SIGKILL cannot leave half a line for the next record to run into.
         f.lock()?;
-        writeln!(f, "{line}")
+        f.write_all(line.as_bytes())
     };
     write().map_err(|e| usage(format!("cannot record to {}: {e}", path.display())))
 }
@@ -189,13 +193,18 @@ fn hold(dir: &Path, gpu: u32, mib: u64) -> Result<(), Exit> {
     fake::write_usage(dir, std::process::id(), &[(gpu, mib)]).map_err(|e| io("cannot write", e))
 }
 
-fn fake_dir() -> Result<PathBuf, Exit> {
-    env(fake::DIR_VAR).map(PathBuf::from).ok_or_else(|| {
-        usage(format!(
-            "--mem needs {} (run it under headroom)",
+/// Where fake GPU memory is held; `None` (with a note in the job's log) where there are no
+/// fake GPUs, e.g. under an agent on real GPUs: the job then runs holding nothing, so that
+/// demos such as the quickstart work on any machine.
+fn fake_dir() -> Option<PathBuf> {
+    let dir = env(fake::DIR_VAR).map(PathBuf::from);
+    if dir.is_none() {
+        println!(
+            "headroom-fake-job: {} is not set (no fake GPUs here): --mem holds no GPU memory",
             fake::DIR_VAR
-        ))
-    })
+        );
+    }
+    dir
 }
 
 /// Starts a grandchild that leaves this job's session and process group, and waits until it
@@ -249,17 +258,27 @@ fn leave_orphan(args: &Args, mem: MemSize) -> Result<(), Exit> {
 
 fn run(args: &Args) -> Result<u8, Exit> {
     let term = Arc::new(AtomicBool::new(false));
-    if args.ignore_term {
+    let mem_mib = args.mem.map_or(0, |m| m.mib);
+    {
+        // A thread of its own notes SIGTERM (with the time it arrived, in the record) and
+        // either ignores it or asks the main loop to stop.
         let mut signals = signal_hook::iterator::Signals::new([SIGTERM])
             .map_err(|e| usage(format!("cannot handle SIGTERM: {e}")))?;
+        let (term, ignore, path) = (term.clone(), args.ignore_term, args.record.clone());
         std::thread::spawn(move || {
             for _ in signals.forever() {
-                println!("headroom-fake-job: got SIGTERM, ignoring it");
+                if let Some(path) = &path
+                    && let Err(Exit(_, msg)) = record(path, "term", mem_mib)
+                {
+                    eprintln!("{msg}");
+                }
+                if ignore {
+                    println!("headroom-fake-job: got SIGTERM, ignoring it");
+                } else {
+                    term.store(true, Ordering::SeqCst);
+                }
             }
         });
-    } else {
-        signal_hook::flag::register(SIGTERM, term.clone())
-            .map_err(|e| usage(format!("cannot handle SIGTERM: {e}")))?;
     }
 
     for text in &args.print {
@@ -273,11 +292,9 @@ fn run(args: &Args) -> Result<u8, Exit> {
         return Err(oom(tried, gpu, None, None));
     }
 
-    let dir = match args.mem {
-        Some(_) => Some(fake_dir()?),
-        None => None,
-    };
-    let mem_mib = args.mem.map_or(0, |m| m.mib);
+    let dir = args.mem.and_then(|_| fake_dir());
+    // What this process really holds: nothing without fake GPUs.
+    let mem_mib = if dir.is_some() { mem_mib } else { 0 };
     if let Some(dir) = &dir {
         hold(dir, gpu, mem_mib)?;
     }
@@ -314,9 +331,12 @@ fn run(args: &Args) -> Result<u8, Exit> {
     for k in 1..=steps {
         let until = Instant::now() + step;
         while Instant::now() < until {
-            if term.load(Ordering::Relaxed) {
+            if term.load(Ordering::SeqCst) {
                 println!("got SIGTERM at step {k}/{steps}, exiting");
                 release();
+                if let Some(path) = &args.record {
+                    record(path, "end", mem_mib)?;
+                }
                 return Ok(143);
             }
             std::thread::sleep((until - Instant::now()).min(Duration::from_millis(20)));

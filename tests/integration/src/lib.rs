@@ -1,6 +1,8 @@
 //! Test support for end-to-end tests: start the real `headroom` binary on a temporary data
 //! directory with fake GPUs, talk to it over HTTP and through the CLI.
 
+pub mod records;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

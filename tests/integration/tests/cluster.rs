@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use headroom_integration_tests::records::{DeathWatch, Timeline};
 use headroom_integration_tests::{
-    Link, Postgres, Proc, Record, alive, fake_job, free_port, http_get, http_post, read_records,
-    wait_until as wait,
+    Link, Postgres, Proc, alive, fake_job, free_port, http_get, http_post, wait_until as wait,
 };
 use headroom_shared::api::{JobDetail, JobSummary, Progress, SubmitResponse};
 use headroom_shared::{ExperimentId, FailureClass, JobState};
@@ -23,6 +23,8 @@ struct Cluster {
     agents: Vec<Option<Proc>>,
     links: HashMap<usize, Link>,
     record: std::path::PathBuf,
+    /// Sees every recorded job process die, from outside.
+    deaths: Option<DeathWatch>,
 }
 
 impl Cluster {
@@ -37,6 +39,7 @@ impl Cluster {
             coords: vec![],
             agents: vec![],
             links: HashMap::new(),
+            deaths: Some(DeathWatch::start(record.clone())),
             record,
         };
         for i in 0..replicas {
@@ -142,13 +145,17 @@ impl Cluster {
     }
 
     fn submit(&self, name: &str, runs: u32, seconds: f64) -> ExperimentId {
+        self.submit_to(&self.api(), name, runs, seconds)
+    }
+
+    /// Submits through the coordinator at `api`.
+    fn submit_to(&self, api: &str, name: &str, runs: u32, seconds: f64) -> ExperimentId {
         let spec = serde_json::json!({"spec": {"name": name,
             "command": [fake_job().display().to_string(), "--seconds", seconds.to_string(),
                         "--mem", "100MiB", "--record", self.record.display().to_string()],
             "runs_per_config": runs, "resources": {"memory": "200MiB"},
             "retry": {"max_attempts": 5, "on": ["lost"]}}});
-        let (status, body) =
-            http_post(&format!("{}/v1/experiments", self.api()), &spec).expect("submit");
+        let (status, body) = http_post(&format!("{api}/v1/experiments"), &spec).expect("submit");
         assert_eq!(status, 200, "{body}");
         let r: SubmitResponse = serde_json::from_value(body).expect("response");
         r.experiment.expect("stored")
@@ -197,15 +204,18 @@ impl Cluster {
         out
     }
 
-    /// Every job succeeded exactly once, and no two of its attempts overlapped in time.
-    /// Returns how many attempts were lost on the way.
-    fn assert_exactly_once(&self, exp: ExperimentId) -> usize {
+    /// Every job succeeded exactly once, and no two of its attempts' processes ran at the
+    /// same time: the real end of each (seen dead from outside, SIGKILLed ones included)
+    /// came before the next one's start. Returns how many attempts were lost on the way, and
+    /// the timeline.
+    fn assert_exactly_once(&mut self, exp: ExperimentId) -> (usize, Timeline) {
         let jobs = self.jobs(exp);
-        let records = read_records(&self.record).unwrap_or_default();
-        let mut by_attempt: HashMap<&str, Vec<&Record>> = HashMap::new();
-        for r in &records {
-            by_attempt.entry(r.attempt.as_str()).or_default().push(r);
-        }
+        let timeline = self
+            .deaths
+            .take()
+            .expect("checked once")
+            .finish()
+            .expect("the record file and the processes it lists");
         let mut lost = 0;
         for j in &jobs {
             assert_eq!(
@@ -228,33 +238,13 @@ impl Cluster {
                 .iter()
                 .filter(|a| a.failure_class == Some(FailureClass::Lost))
                 .count();
-            // When each attempt's process really ran, from its own records; a killed one has
-            // no end record: it ran at most until its attempt was recorded as ended.
-            let mut spans: Vec<(i64, i64)> = d
-                .attempts_detail
-                .iter()
-                .filter_map(|a| {
-                    let recs = by_attempt.get(a.id.to_string().as_str())?;
-                    let start = recs.iter().find(|r| r.event == "start")?.t_ms;
-                    let end = recs
-                        .iter()
-                        .find(|r| r.event == "end")
-                        .map(|r| r.t_ms)
-                        .or(a.ended_at.map(|t| t.timestamp_millis()))
-                        .unwrap_or(i64::MAX);
-                    Some((start, end))
-                })
-                .collect();
-            spans.sort();
-            for w in spans.windows(2) {
-                assert!(
-                    w[0].1 <= w[1].0,
-                    "job {}: attempts overlapped: {spans:?}",
-                    j.id
-                );
+            let attempts: Vec<String> =
+                d.attempts_detail.iter().map(|a| a.id.to_string()).collect();
+            if let Err(e) = timeline.assert_apart(&format!("job {}", j.id), &attempts) {
+                panic!("{e:#}\n{:#?}", d.attempts_detail);
             }
         }
-        lost
+        (lost, timeline)
     }
 }
 
@@ -266,16 +256,18 @@ fn two_replicas_four_agents_two_thousand_jobs_each_succeed_once() {
     }
     let exp = c.submit("many", 2000, 0.01);
     c.wait_done(exp, Duration::from_secs(400));
-    assert_eq!(c.assert_exactly_once(exp), 0);
-    let records = read_records(&c.record).expect("records");
-    assert_eq!(records.iter().filter(|r| r.event == "start").count(), 2000);
+    let (lost, timeline) = c.assert_exactly_once(exp);
+    assert_eq!(lost, 0);
+    let starts = timeline.records.iter().filter(|r| r.event == "start");
+    assert_eq!(starts.count(), 2000);
 }
 
 #[test]
 fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
     let mut c = Cluster::new(1);
     let victim = c.add_agent(0, "1x24GiB", "4", false);
-    let exp = c.submit("victims", 4, 1.5);
+    // Jobs that outlive the wait below by far: only PR_SET_PDEATHSIG can end them in time.
+    let exp = c.submit("victims", 4, 25.0);
     wait(
         "four jobs running on the victim",
         Duration::from_secs(30),
@@ -289,11 +281,11 @@ fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
         },
     );
     c.add_agent(0, "1x24GiB", "4", false);
-    let pids: Vec<u32> = read_records(&c.record)
-        .expect("records")
-        .iter()
-        .map(|r| r.pid)
-        .collect();
+    let pids: Vec<u32> = wait("four start records", Duration::from_secs(30), || {
+        let records = headroom_integration_tests::read_records(&c.record).ok()?;
+        let pids: Vec<u32> = records.iter().map(|r| r.pid).collect();
+        (pids.len() == 4).then_some(pids)
+    });
     c.agents[victim]
         .as_mut()
         .expect("victim")
@@ -303,12 +295,13 @@ fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
     wait("the victim's jobs to die", Duration::from_secs(10), || {
         pids.iter().all(|&p| !alive(p)).then_some(())
     });
-    c.wait_done(exp, Duration::from_secs(60));
-    assert_eq!(
-        c.assert_exactly_once(exp),
-        4,
-        "the four attempts were lost after the TTL"
-    );
+    c.wait_done(exp, Duration::from_secs(90));
+    let (lost, timeline) = c.assert_exactly_once(exp);
+    assert_eq!(lost, 4, "the four attempts were lost after the TTL");
+    // Killed, not finished: no SIGTERM, no end of their own.
+    for r in timeline.records.iter().filter(|r| pids.contains(&r.pid)) {
+        assert_eq!(timeline.events(&r.attempt), ["start"], "pid {}", r.pid);
+    }
 }
 
 #[test]
@@ -384,7 +377,25 @@ fn a_partitioned_agent_stops_its_attempts_and_its_stale_reports_are_refused() {
         Some(FailureClass::Lost),
         "the stale report changed nothing"
     );
-    assert_eq!(c.assert_exactly_once(exp), 1);
+    let (lost, timeline) = c.assert_exactly_once(exp);
+    assert_eq!(lost, 1);
+    // The cut-off attempt's process was stopped by SIGTERM (its record says when; it may
+    // hear it more than once), not left to run out its 8 s.
+    let events = timeline.events(&first.id.to_string());
+    assert!(
+        events.first() == Some(&"start")
+            && events.last() == Some(&"end")
+            && events[1..events.len() - 1].iter().all(|e| *e == "term")
+            && events.len() >= 3,
+        "the first attempt's process: {events:?}"
+    );
+    let t: Vec<i64> = timeline
+        .records
+        .iter()
+        .filter(|r| r.attempt == first.id.to_string())
+        .map(|r| r.t_ms)
+        .collect();
+    assert!(t[t.len() - 1] - t[0] < 8000, "it ran its full 8 s: {t:?}");
     // The cut-off agent heard its report was stale.
     let agent_log = c.agents[cut_off]
         .as_ref()
@@ -396,21 +407,48 @@ fn a_partitioned_agent_stops_its_attempts_and_its_stale_reports_are_refused() {
     );
 }
 
+/// Four agents, two on each replica, race for every job: submissions go through both
+/// replicas in turn, then through both at once. Every job is leased once, and agents of both
+/// replicas win some.
 #[test]
-fn two_agents_racing_across_replicas_for_one_slot_lease_it_once() {
+fn agents_racing_through_both_replicas_lease_each_job_once() {
     let mut c = Cluster::new(2);
-    c.add_agent(0, "1x24GiB", "1", false);
-    c.add_agent(1, "1x24GiB", "1", false);
-    for i in 0..20 {
-        let exp = c.submit(&format!("race{i}"), 1, 0.01);
-        c.wait_done(exp, Duration::from_secs(30));
-        let jobs = c.jobs(exp);
-        let d = c.job(jobs[0].id);
-        assert_eq!(
-            d.attempts_detail.len(),
-            1,
-            "leased twice: {:#?}",
-            d.attempts_detail
-        );
+    for j in 0..4 {
+        c.add_agent(j % 2, "1x24GiB", "1", false);
     }
+    let mut exps = vec![];
+    for i in 0..20 {
+        let exp = c.submit_to(&c.url(i % 2), &format!("race{i}"), 1, 0.01);
+        c.wait_done(exp, Duration::from_secs(30));
+        exps.push(exp);
+    }
+    let (u0, u1) = (c.url(0), c.url(1));
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| c.submit_to(&u0, "burst0", 30, 0.01));
+        let b = s.spawn(|| c.submit_to(&u1, "burst1", 30, 0.01));
+        (a.join().expect("submit"), b.join().expect("submit"))
+    });
+    exps.extend([a, b]);
+    let mut winners = std::collections::HashSet::new();
+    for &exp in &exps {
+        c.wait_done(exp, Duration::from_secs(60));
+        for j in c.jobs(exp) {
+            let d = c.job(j.id);
+            assert_eq!(
+                d.attempts_detail.len(),
+                1,
+                "leased twice: {:#?}",
+                d.attempts_detail
+            );
+            assert_eq!(j.state, JobState::Succeeded, "{}", c.logs());
+            winners.insert(d.attempts_detail[0].node.clone());
+        }
+    }
+    let replica = |n: &str| n.trim_start_matches("node").parse::<usize>().map(|j| j % 2);
+    let replicas: std::collections::HashSet<_> =
+        winners.iter().filter_map(|n| replica(n).ok()).collect();
+    assert_eq!(replicas.len(), 2, "only some agents ever won: {winners:?}");
+    let timeline = c.deaths.take().expect("once").finish().expect("records");
+    let starts = timeline.records.iter().filter(|r| r.event == "start");
+    assert_eq!(starts.count(), 80, "one process per job");
 }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use headroom_integration_tests::records::DeathWatch;
 use headroom_integration_tests::{
     Proc, fake_job, free_port, http_get as get, http_post, wait_until as wait,
 };
@@ -52,8 +53,11 @@ fn jobs_survive_a_coordinator_crash() {
     let _agent =
         Proc::start("headroom-agent", &agent_args, dir.path().join("agent.log")).expect("agent");
 
+    let record = dir.path().join("timeline.jsonl");
+    let deaths = DeathWatch::start(record.clone());
     let spec = serde_json::json!({"spec": {"name": "survivor",
-        "command": [fake_job().display().to_string(), "--seconds", "3", "--mem", "1GiB"],
+        "command": [fake_job().display().to_string(), "--seconds", "3", "--mem", "1GiB",
+                    "--record", record.display().to_string()],
         "resources": {"memory": "2GiB"}}});
     let submitted: SubmitResponse = wait("the agent to register", Duration::from_secs(20), || {
         let (status, body) = http_post(&format!("{url}/v1/experiments"), &spec).ok()?;
@@ -81,4 +85,13 @@ fn jobs_survive_a_coordinator_crash() {
     });
     assert_eq!(jobs[0].state, JobState::Succeeded, "{}", coord2.output());
     assert_eq!(jobs[0].attempts, 1, "the job ran once, across the crash");
+    // One process, which ran to its end (not stopped and started again).
+    let timeline = deaths.finish().expect("the record file");
+    let starts: Vec<_> = timeline
+        .records
+        .iter()
+        .filter(|r| r.event == "start")
+        .collect();
+    assert_eq!(starts.len(), 1, "{:?}", timeline.records);
+    assert_eq!(timeline.events(&starts[0].attempt), ["start", "end"]);
 }

@@ -105,3 +105,142 @@ fn notebook(h: &Headroom) -> KillOnDrop {
             .expect("foreign process"),
     )
 }
+
+/// `--kill-foreign` kills only a process seen foreign on two heartbeats in a row: short-lived
+/// ones, each alive for less than one heartbeat interval, are seen at most once and live on;
+/// a lasting one dies.
+#[test]
+fn kill_foreign_spares_a_process_seen_once_and_kills_one_seen_twice() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        // Heartbeats every 2 s (a third of the TTL).
+        lease_ttl: "6s".into(),
+        extra: vec!["--kill-foreign".into()],
+        ..Default::default()
+    })
+    .expect("headroom up");
+    h.wait_for("the agent", Duration::from_secs(30), || {
+        Ok(h.nodes()?.first().map(|n| n.alive).filter(|a| *a))
+    });
+    // Back to back, so that every heartbeat of these 8 s sees one of them.
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..8 {
+        let mut short = notebook_for(&h, "1.0");
+        let pid = short.0.id();
+        let status = loop {
+            if let Some(st) = short.0.try_wait().expect("wait") {
+                break st;
+            }
+            if let Ok(nodes) = h.nodes() {
+                let on_gpu = nodes.iter().flat_map(|n| &n.gpus).flat_map(|g| &g.foreign);
+                if on_gpu.into_iter().any(|p| p.pid == pid) {
+                    seen.insert(pid);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "a foreign process seen once was killed ({status})\n{}",
+            h.server_log()
+        );
+    }
+    assert!(
+        !seen.is_empty(),
+        "no short foreign process was ever reported: the rule was not exercised"
+    );
+    assert!(!h.server_log().contains("killing a foreign process"));
+
+    let mut lasting = notebook_for(&h, "600");
+    let status = h.wait_for(
+        "the lasting foreign process to be killed",
+        Duration::from_secs(20),
+        || Ok(lasting.0.try_wait()?),
+    );
+    assert!(!status.success(), "{status}");
+    assert!(h.server_log().contains("killing a foreign process"));
+}
+
+/// Live memory filled by someone else between the claim and the launch: the agent hands the
+/// lease back instead of launching, the attempt is not counted, the job runs on the other
+/// GPU, and the coordinator avoids the handed-back GPU for a while even once it is free.
+#[test]
+fn a_lease_that_no_longer_fits_at_launch_is_handed_back_and_its_gpu_avoided() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "2x24GiB".into(),
+        // Heartbeats every 20 s: the coordinator's figures come from the claim.
+        lease_ttl: "60s".into(),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    h.wait_for("the agent", Duration::from_secs(30), || {
+        Ok(h.nodes()?.first().map(|n| n.alive).filter(|a| *a))
+    });
+    // The idle agent's claim is waiting, with the free memory it read before this.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut foreign = notebook_for(&h, "600");
+    h.wait_for("the foreign memory", Duration::from_secs(10), || {
+        let dir = h.data_dir().join("fake-gpus");
+        Ok(std::fs::read_dir(dir)?
+            .flatten()
+            .any(|f| f.file_name().to_string_lossy().parse::<u32>().is_ok())
+            .then_some(()))
+    });
+    let job = |name: &str, seconds: &str| {
+        h.submit_api(serde_json::json!({"name": name,
+            "command": [fake_job().display().to_string(), "--mem", "3GiB", "--seconds", seconds],
+            "resources": {"memory": "4GiB"}}))
+            .expect("submit")
+            .experiment
+            .expect("stored")
+    };
+    let late = job("late", "2");
+    let running = h.wait_for("the job to run", Duration::from_secs(30), || {
+        let jobs = h.jobs(late)?;
+        Ok((jobs[0].state == JobState::Running).then(|| jobs[0].clone()))
+    });
+    let log = h.server_log();
+    assert!(log.contains("handing lease back"), "{log}");
+    // The GPU is free again before the job ends, so its end reports it free.
+    foreign.0.kill().expect("kill the foreign process");
+    foreign.0.wait().expect("reap it");
+    let jobs = h.wait_done(late, Duration::from_secs(60));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let d = h.job(running.id).expect("job");
+    assert_eq!(
+        jobs[0].attempts, 1,
+        "the handed-back lease counted as an attempt"
+    );
+    assert_eq!(d.attempts_detail.len(), 1, "{:#?}", d.attempts_detail);
+    assert_eq!(
+        d.attempts_detail[0].gpus,
+        [1],
+        "placed on the full GPU again"
+    );
+    // Both GPUs are free and equal, and the best fit would take GPU 0: only the avoidance
+    // after the hand-back (30 s) sends the next job to GPU 1.
+    let next = job("next", "0.2");
+    let jobs = h.wait_done(next, Duration::from_secs(60));
+    let d = h.job(jobs[0].id).expect("job");
+    assert_eq!(
+        d.attempts_detail[0].gpus,
+        [1],
+        "the handed-back GPU was not avoided"
+    );
+}
+
+/// A process outside headroom holding 20 GiB on GPU 0 for `seconds`.
+fn notebook_for(h: &Headroom, seconds: &str) -> KillOnDrop {
+    let n = h.nodes().ok().and_then(|n| n.first().map(|n| n.gpus.len()));
+    KillOnDrop(
+        Command::new(fake_job())
+            .args(["--mem", "20GiB", "--seconds", seconds])
+            .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
+            .env("HEADROOM_FAKE_GPUS", format!("{}x24GiB", n.unwrap_or(1)))
+            .env("CUDA_VISIBLE_DEVICES", "0")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("foreign process"),
+    )
+}

@@ -141,3 +141,58 @@ oom_ladder:
         ]
     );
 }
+
+/// The memory key is the experiment plus the parameters the spec names, two of them here:
+/// a job differing only in another parameter shares what was learned; a job differing in
+/// either key parameter does not.
+#[test]
+fn the_memory_key_composes_every_named_parameter_and_only_those() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "2x24GiB".into(),
+        plan: Some("2,2".into()),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let spec = |models: &str, batches: &str, lr: &str| {
+        format!(
+            r#"{{"name": "keyed", "command": ["{job}", "--mem", "5GiB", "--seconds", "0.3",
+                 "--print", "{{model}} {{batch_size}} {{lr}}"],
+                 "grid": {{"model": {models}, "batch_size": {batches}, "lr": {lr}}},
+                 "memory_key": ["model", "batch_size"]}}"#,
+            job = fake_job().display()
+        )
+    };
+    let first = h
+        .submit("k1.json", &spec(r#"["a"]"#, "[1]", "[0.1]"))
+        .expect("submit");
+    let jobs = h.wait_done(first, Duration::from_secs(60));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+
+    let second = h
+        .submit("k2.json", &spec(r#"["a", "b"]"#, "[1, 2]", "[0.2]"))
+        .expect("submit");
+    let jobs = h.wait_done(second, Duration::from_secs(60));
+    let mut sources: Vec<(String, String, String)> = jobs
+        .iter()
+        .map(|j| {
+            let a = h.job(j.id).expect("job").attempts_detail[0].clone();
+            (
+                a.params["model"].to_string(),
+                a.params["batch_size"].to_string(),
+                a.estimate_source,
+            )
+        })
+        .collect();
+    sources.sort();
+    let want = |m: &str, b: &str, s: &str| (format!("\"{m}\""), b.to_string(), s.to_string());
+    assert_eq!(
+        sources,
+        vec![
+            want("a", "1", "learned"),
+            want("a", "2", "none"),
+            want("b", "1", "none"),
+            want("b", "2", "none"),
+        ],
+        "only (a, 1) was seen before, with another lr"
+    );
+}

@@ -37,7 +37,7 @@ fn check_timeline(
                 "GPU {gpu}: {n} x {estimate_mib} MiB above total minus headroom"
             );
             peak[gpu as usize] = peak[gpu as usize].max(*n);
-        } else {
+        } else if r.event == "end" {
             *n -= 1;
         }
     }

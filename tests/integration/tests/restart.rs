@@ -165,3 +165,73 @@ fn a_second_headroom_up_on_the_same_data_dir_is_refused() {
         Ok(h.nodes()?.first().filter(|n| n.alive).map(|_| ()))
     });
 }
+
+/// The coordinator forgets an agent while its job runs (another registration took the
+/// node): the agent registers again, declares the attempt it still runs with its token, and
+/// keeps it: the job runs on, once, to success.
+#[test]
+fn an_agent_registering_again_resumes_its_running_attempt() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        // Heartbeats every 2 s: the agent hears it was forgotten well before its job ends.
+        lease_ttl: "6s".into(),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let record = h.path("timeline.jsonl");
+    let deaths = headroom_integration_tests::records::DeathWatch::start(record.clone());
+    let exp = h
+        .submit_api(serde_json::json!({"name": "resumed",
+            "command": [fake_job().display().to_string(), "--seconds", "8", "--mem", "1GiB",
+                        "--record", record.display().to_string()],
+            "retry": {"max_attempts": 1}, "resources": {"memory": "2GiB"}}))
+        .expect("submit")
+        .experiment
+        .expect("stored");
+    let attempt = h.wait_for("the job to run", Duration::from_secs(30), || {
+        let jobs = h.jobs(exp)?;
+        if jobs[0].state != JobState::Running {
+            return Ok(None);
+        }
+        Ok(h.job(jobs[0].id)?.attempts_detail.first().cloned())
+    });
+    let node = h.nodes().expect("nodes").remove(0);
+    let gpus: Vec<serde_json::Value> = node
+        .gpus
+        .iter()
+        .map(|g| {
+            serde_json::json!({"index": g.index, "uuid": g.uuid, "name": g.name,
+                               "total_mib": g.total_mib})
+        })
+        .collect();
+    // Another registration of the node, keeping the attempt: the running agent's id is
+    // now unknown to the coordinator.
+    let (status, body) = h
+        .post(
+            "/v1/agents/register",
+            &serde_json::json!({"node": node.name, "gpus": gpus, "version": "test",
+                "running": [{"attempt": attempt.id, "fence": attempt.fence}]}),
+        )
+        .expect("register");
+    assert_eq!(status, 200, "{body}");
+    h.wait_for(
+        "the agent to register again",
+        Duration::from_secs(30),
+        || Ok(h.server_log().contains("registering again").then_some(())),
+    );
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    let d = h.job(jobs[0].id).expect("job");
+    assert_eq!(
+        d.summary.state,
+        JobState::Succeeded,
+        "{:#?}",
+        d.attempts_detail
+    );
+    assert_eq!(d.attempts_detail.len(), 1, "{:#?}", d.attempts_detail);
+    let timeline = deaths.finish().expect("records");
+    assert_eq!(
+        timeline.events(&attempt.id.to_string()),
+        ["start", "end"],
+        "one process, never stopped"
+    );
+}

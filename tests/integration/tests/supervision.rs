@@ -1,0 +1,161 @@
+//! How the agent runs a job, seen from outside: in a session and process group of its own,
+//! with the agent as child subreaper (a double-forked grandchild re-parents to the agent,
+//! not to init), and an attempt is flagged contaminated when a foreign process shares its GPU.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use headroom_integration_tests::{Headroom, KillOnDrop, UpOptions, fake_job};
+use headroom_shared::JobState;
+
+/// (ppid, pgid, sid) of a process, from `/proc/PID/stat`.
+fn ids(pid: u32) -> Option<(u32, u32, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    ids_of(&stat)
+}
+
+fn ids_of(stat: &str) -> Option<(u32, u32, u32)> {
+    // After the command in parentheses: state ppid pgrp session ...
+    let mut f = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
+    Some((
+        f.next()?.parse().ok()?,
+        f.next()?.parse().ok()?,
+        f.next()?.parse().ok()?,
+    ))
+}
+
+fn read_pid(path: &std::path::Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// A job that notes its own ids, leaves a double-forked grandchild (its parent exits at
+/// once) and sleeps; returns the job's pid, the grandchild's pid and the agent's pid.
+fn job_with_grandchild(h: &Headroom) -> (u32, u32, u32) {
+    let stat = h.path("job.stat");
+    let gc = h.path("grandchild.pid");
+    let script = format!(
+        "cat /proc/$$/stat > {stat}.tmp && mv {stat}.tmp {stat}; \
+         (sleep 120 & echo $! > {gc}.tmp; mv {gc}.tmp {gc}); exec sleep 120",
+        stat = stat.display(),
+        gc = gc.display()
+    );
+    h.submit_api(
+        serde_json::json!({"name": "forker", "command": ["sh", "-c", script],
+        "resources": {"memory": "1GiB"}}),
+    )
+    .expect("submit");
+    let job = h.wait_for("the job's ids", Duration::from_secs(30), || {
+        Ok(std::fs::read_to_string(&stat).ok())
+    });
+    let job_pid: u32 = job
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("pid in stat");
+    let grandchild = h.wait_for("the grandchild", Duration::from_secs(30), || {
+        Ok(read_pid(&gc))
+    });
+    (job_pid, grandchild, h.pid().expect("headroom up runs"))
+}
+
+#[test]
+fn a_job_leads_a_session_and_process_group_of_its_own() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let (job, _, agent) = job_with_grandchild(&h);
+    let stat = std::fs::read_to_string(h.path("job.stat")).expect("stat");
+    let (_, job_pgid, job_sid) = ids_of(&stat).expect("job ids");
+    let (_, agent_pgid, agent_sid) = ids(agent).expect("agent ids");
+    assert_eq!(
+        (job_pgid, job_sid),
+        (job, job),
+        "the job leads its own group and session"
+    );
+    assert_ne!(
+        job_pgid, agent_pgid,
+        "the job shares the agent's process group"
+    );
+    assert_ne!(job_sid, agent_sid, "the job shares the agent's session");
+}
+
+#[test]
+fn a_double_forked_grandchild_reparents_to_the_agent_not_to_init() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let (job, grandchild, agent) = job_with_grandchild(&h);
+    // Its parent (a subshell of the job) exits at once; until then the parent is not yet
+    // the final one.
+    let parent = h.wait_for(
+        "the grandchild to lose its parent",
+        Duration::from_secs(10),
+        || {
+            let (ppid, _, _) = ids(grandchild).ok_or_else(|| anyhow::anyhow!("grandchild gone"))?;
+            let subshell =
+                ppid != job && ppid != agent && ids(ppid).is_some_and(|(pp, _, _)| pp == job);
+            Ok((!subshell).then_some(ppid))
+        },
+    );
+    assert_eq!(
+        parent, agent,
+        "the orphan re-parented to {parent}, not to the agent {agent} (no child subreaper?)"
+    );
+}
+
+#[test]
+fn a_foreign_process_during_the_run_flags_the_attempt_contaminated() {
+    let h = Headroom::start(UpOptions {
+        fake_gpus: "1x24GiB".into(),
+        ..Default::default()
+    })
+    .expect("headroom up");
+    let pid_file = h.path("job.pid");
+    let spec = |name: &str, pid: &std::path::Path| {
+        serde_json::json!({"name": name,
+            "command": [fake_job().display().to_string(), "--mem", "1GiB", "--seconds", "6",
+                        "--pid-file", pid.display().to_string()],
+            "resources": {"memory": "2GiB"}})
+    };
+    // Alone on its GPU: clean.
+    let clean_pid = h.path("clean.pid");
+    let clean = h
+        .submit_api(spec("clean", &clean_pid))
+        .expect("submit")
+        .experiment
+        .expect("stored");
+    let jobs = h.wait_done(clean, Duration::from_secs(60));
+    let a = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+    assert_eq!(a.contaminated, Some(false), "nothing else ran: {a:#?}");
+
+    let exp = h
+        .submit_api(spec("shared", &pid_file))
+        .expect("submit")
+        .experiment
+        .expect("stored");
+    h.wait_for(
+        "the job to hold its memory",
+        Duration::from_secs(30),
+        || Ok(read_pid(&pid_file)),
+    );
+    // Someone's notebook appears on the job's GPU while it runs, for a few samples (one a
+    // second at most), and is gone before the job ends.
+    let _foreign = KillOnDrop(
+        Command::new(fake_job())
+            .args(["--mem", "2GiB", "--seconds", "3"])
+            .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
+            .env("HEADROOM_FAKE_GPUS", "1x24GiB")
+            .env("CUDA_VISIBLE_DEVICES", "0")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("foreign process"),
+    );
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let a = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+    assert_eq!(a.contaminated, Some(true), "{a:#?}");
+}
