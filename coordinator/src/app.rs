@@ -9,7 +9,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::{AppState, router};
-use crate::changes::Changes;
 use crate::config::CoordinatorConfig;
 use crate::logs::{LogError, LogStore};
 use crate::store::Store;
@@ -43,12 +42,10 @@ impl Application {
             })?;
         let logs = LogStore::new(config.data_dir.join("logs"))?;
         let state = AppState {
+            changes: store.changes(),
             store,
-            changes: Changes::default(),
-            log_changes: Changes::default(),
             logs,
             config: Arc::new(config),
-            last_free: Arc::default(),
         };
         Ok(Self { listener, state })
     }
@@ -99,7 +96,6 @@ async fn sweep_leases(state: AppState, shutdown: CancellationToken) {
                     count = lost.len(),
                     "leases expired: attempts recorded as lost"
                 );
-                state.changes.bump();
             }
             Ok(_) => {}
             Err(e) => tracing::warn!("lease sweep failed: {e}"),

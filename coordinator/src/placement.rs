@@ -1,5 +1,8 @@
 //! Placement: which pending jobs go on which GPUs of a node, as a pure function over a
-//! snapshot, so the store, the simulator and property tests run the same code.
+//! snapshot, so the store, the simulator and property tests run the same code. It also says
+//! why each job it could not place still waits (its pending reason).
+
+use headroom_shared::pending::PendingReason;
 
 /// Concurrent CPU-only (`gpus: 0`) jobs per node.
 pub const CPU_SLOTS: u32 = 4;
@@ -37,8 +40,11 @@ impl GpuState {
         }
         let budget = self.total_mib.checked_sub(self.headroom_mib)?;
         match estimate {
-            // No estimate: the job runs alone the first time.
-            None => self.placed.is_empty().then_some(0),
+            // No estimate: the job runs alone the first time, and alone still means the
+            // live free memory must be the GPU's (a foreign process may hold it).
+            None => (self.placed.is_empty()
+                && self.live_free_mib.is_none_or(|free| free >= budget))
+            .then_some(0),
             Some(e) => {
                 let after = budget.checked_sub(self.estimated())?.checked_sub(e)?;
                 if let Some(free) = self.live_free_mib
@@ -59,6 +65,27 @@ impl GpuState {
                 None => true,
                 Some(e) => self.total_mib.saturating_sub(self.headroom_mib) >= e,
             }
+    }
+
+    /// Why this GPU cannot take `estimate` now, if it cannot.
+    fn blocker(&self, estimate: Option<u64>) -> Blocker {
+        if self.leftover_after(estimate).is_some() {
+            return Blocker::Fits;
+        }
+        if self.quarantined {
+            return Blocker::Quarantined;
+        }
+        if self.placed.len() as u64 >= u64::from(self.slots) || self.has_loner() {
+            return Blocker::Slot;
+        }
+        let budget = self.total_mib.saturating_sub(self.headroom_mib);
+        // A job without an estimate needs the whole GPU (less headroom) to itself.
+        let needed = estimate.unwrap_or(budget);
+        let mut available = budget.saturating_sub(self.estimated());
+        if let Some(free) = self.live_free_mib {
+            available = available.min(free.saturating_sub(self.headroom_mib));
+        }
+        Blocker::Memory { needed, available }
     }
 
     fn take(&mut self, estimate: Option<u64>) {
@@ -94,12 +121,92 @@ pub struct Snapshot {
     pub reserve_after_ms: u64,
 }
 
+/// Why one GPU cannot take a job now.
+enum Blocker {
+    Fits,
+    Quarantined,
+    Reserved,
+    Slot,
+    /// A slot is free, the memory is not.
+    Memory {
+        needed: u64,
+        available: u64,
+    },
+}
+
+/// A placement pass: what goes where, and why each job looked at and not placed waits.
+#[derive(Clone, Debug, Default)]
+pub struct Placed {
+    pub placements: Vec<Placement>,
+    /// By position in the candidate list.
+    pub reasons: Vec<(usize, PendingReason)>,
+}
+
 /// Places candidates in order, best fit (least memory left over), at most `max` of them.
 pub fn place(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Vec<Placement> {
+    place_explained(snapshot, candidates, max).placements
+}
+
+/// The pending reason of a job that did not fit on these GPUs (in their state after the
+/// placements before it).
+fn reason(gpus: &[GpuState], reserved: &[bool], c: &Candidate) -> PendingReason {
+    if c.gpus as usize > gpus.len() {
+        return PendingReason::TooManyGpus {
+            wanted: c.gpus,
+            max: gpus.len() as u32,
+        };
+    }
+    if let Some(needed) = c.estimate_mib {
+        let largest = gpus
+            .iter()
+            .map(|g| g.total_mib.saturating_sub(g.headroom_mib))
+            .max()
+            .unwrap_or(0);
+        if needed > largest {
+            return PendingReason::LargerThanEveryGpu {
+                needed_mib: needed,
+                largest_mib: largest,
+            };
+        }
+    }
+    let blockers: Vec<Blocker> = gpus
+        .iter()
+        .zip(reserved)
+        .map(|(g, &r)| match g.blocker(c.estimate_mib) {
+            Blocker::Quarantined => Blocker::Quarantined,
+            _ if r => Blocker::Reserved,
+            b => b,
+        })
+        .collect();
+    let short = blockers
+        .iter()
+        .filter_map(|b| match b {
+            Blocker::Memory { needed, available } => Some((*available, *needed)),
+            _ => None,
+        })
+        .max();
+    if let Some((available, needed)) = short {
+        return PendingReason::NotEnoughMemory {
+            needed_mib: needed,
+            available_mib: available,
+        };
+    }
+    if blockers.iter().any(|b| matches!(b, Blocker::Slot)) {
+        PendingReason::NoFreeSlot
+    } else if blockers.iter().any(|b| matches!(b, Blocker::Reserved)) {
+        PendingReason::BehindReservation
+    } else {
+        PendingReason::GpuQuarantined
+    }
+}
+
+/// `place`, and the pending reason of every candidate it looked at and did not place.
+pub fn place_explained(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Placed {
     let mut gpus = snapshot.gpus.clone();
     let mut reserved = vec![false; gpus.len()];
     let mut cpu_jobs = snapshot.cpu_jobs;
     let mut out = Vec::new();
+    let mut reasons = Vec::new();
     for (i, c) in candidates.iter().enumerate() {
         if out.len() >= max {
             break;
@@ -111,6 +218,8 @@ pub fn place(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Vec<P
                     candidate: i,
                     gpus: vec![],
                 });
+            } else {
+                reasons.push((i, PendingReason::NoFreeSlot));
             }
             continue;
         }
@@ -136,7 +245,10 @@ pub fn place(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Vec<P
                 candidate: i,
                 gpus: indices,
             });
-        } else if c.waited_ms >= snapshot.reserve_after_ms {
+            continue;
+        }
+        reasons.push((i, reason(&gpus, &reserved, c)));
+        if c.waited_ms >= snapshot.reserve_after_ms {
             // A job that waited too long holds the GPUs most likely to free up for it,
             // so smaller jobs behind it stop overtaking it forever.
             let mut possible: Vec<(usize, u64, usize)> = gpus
@@ -153,7 +265,10 @@ pub fn place(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Vec<P
             }
         }
     }
-    out
+    Placed {
+        placements: out,
+        reasons,
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use headroom_coordinator::store::{
     ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Store, StoreError,
 };
 use headroom_shared::api::{AttemptRef, FinishReport, GpuInfo, GpuSample, Lease};
+use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, ExperimentId, FailureClass, JobId, JobState, Plan};
 
 type Backend = Arc<dyn Store>;
@@ -399,7 +400,7 @@ async fn reregistration_resumes_current_attempts(s: Backend) {
         )
         .await
         .expect("renew");
-    assert!(renewed.stale.is_empty());
+    assert!(renewed.cancel.is_empty());
     s.finish_attempt(leases[0].attempt, report(leases[0].fence, None))
         .await
         .expect("finish");
@@ -658,6 +659,143 @@ async fn unverified_cleanup_quarantines_gpus(s: Backend) {
     assert_eq!(s.release_gpu("n1", 0).await.expect("release"), 0);
 }
 
+async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    submit(&s, vec![job(0, Some(1000), vec![FailureClass::Lost], 3)]).await;
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.start_attempt(l.attempt, l.fence, 7, 0)
+        .await
+        .expect("start");
+    let before = s.list_nodes(60_000).await.expect("nodes")[0].gpus[0].free_mib;
+    // A heartbeat presenting a stale token for its attempt: refused, telemetry not stored.
+    let mut samples = free(1, 10_000);
+    samples[0].free_mib = 1234;
+    let stale = s
+        .renew_leases(
+            agent,
+            &[AttemptRef {
+                attempt: l.attempt,
+                fence: l.fence - 1,
+            }],
+            &samples,
+            30_000,
+        )
+        .await;
+    assert!(
+        matches!(stale, Err(StoreError::StaleFence { .. })),
+        "{stale:?}"
+    );
+    assert_eq!(
+        s.list_nodes(60_000).await.expect("nodes")[0].gpus[0].free_mib,
+        before,
+        "a refused heartbeat stores nothing"
+    );
+    // A current log chunk is accepted; once the attempt is lost and the job leased again,
+    // its log chunks are refused.
+    s.check_log_fence(l.attempt, l.fence)
+        .await
+        .expect("current");
+    let agent2 = register(&s, "n1", 1, None).await;
+    let again = claim(&s, agent2, 1).await;
+    assert_eq!(again.len(), 1, "the lost attempt's job is leased again");
+    let late = s.check_log_fence(l.attempt, l.fence).await;
+    assert!(
+        matches!(late, Err(StoreError::StaleFence { .. })),
+        "{late:?}"
+    );
+    // The old agent's heartbeat for the lost attempt is refused as well.
+    let old = s
+        .renew_leases(
+            agent2,
+            &[AttemptRef {
+                attempt: l.attempt,
+                fence: l.fence,
+            }],
+            &[],
+            30_000,
+        )
+        .await;
+    assert!(matches!(old, Err(StoreError::StaleFence { .. })), "{old:?}");
+}
+
+/// A job with no declared memory that OOMs near the GPU's size: its ladder step is placed by
+/// the estimate of the parameters it runs with, and the last step repeats.
+async fn oom_ladder_steps_get_their_own_estimate_and_repeat(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await; // 10_000 MiB, headroom 1_000
+    let mut j = job(0, None, vec![], 4);
+    j.params = BTreeMap::from([("batch_size".to_string(), serde_json::json!(64))]);
+    j.argv = vec!["train".into(), "--bs=64".into()];
+    j.oom_ladder = vec![BTreeMap::from([(
+        "batch_size".to_string(),
+        serde_json::json!("/2"),
+    )])];
+    submit(&s, vec![j]).await;
+    let mut bs = vec![];
+    for _ in 0..4 {
+        let leases = claim(&s, agent, 1).await;
+        assert_eq!(
+            leases.len(),
+            1,
+            "each laddered attempt is placed (bs {bs:?})"
+        );
+        let l = &leases[0];
+        bs.push(l.params["batch_size"].clone());
+        // OOM at 9_500 MiB: the key's floor (11_875) exceeds the GPU.
+        let st = s
+            .finish_attempt(
+                l.attempt,
+                report_peak(l.fence, Some(FailureClass::Oom), 9_500),
+            )
+            .await
+            .expect("finish");
+        if bs.len() < 4 {
+            assert_eq!(st, JobState::Retrying, "bs {bs:?}");
+        } else {
+            assert_eq!(st, JobState::Failed, "max_attempts spent");
+        }
+    }
+    assert_eq!(
+        bs,
+        vec![
+            serde_json::json!(64),
+            serde_json::json!(32),
+            serde_json::json!(16),
+            serde_json::json!(8)
+        ]
+    );
+}
+
+async fn pending_jobs_say_why(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await; // one slot, 10_000 MiB
+    submit(
+        &s,
+        vec![
+            job(0, Some(1000), vec![], 1),
+            job(1, Some(1000), vec![], 1),
+            job(2, Some(10 * 1024 * 1024 * 1024), vec![], 1),
+        ],
+    )
+    .await;
+    let leases = claim(&s, agent, 1).await;
+    assert_eq!(leases.len(), 1);
+    let jobs = s.list_jobs(JobFilter::default()).await.expect("jobs");
+    assert_eq!(jobs[0].pending_reason, None, "leased jobs do not wait");
+    assert_eq!(jobs[1].pending_reason, Some(PendingReason::NoFreeSlot));
+    assert!(
+        matches!(
+            jobs[2].pending_reason,
+            Some(PendingReason::LargerThanEveryGpu {
+                largest_mib: 9_000,
+                ..
+            })
+        ),
+        "{:?}",
+        jobs[2].pending_reason
+    );
+    let shown = s.job(jobs[2].id).await.expect("job");
+    assert_eq!(shown.summary.pending_reason, jobs[2].pending_reason);
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -691,6 +829,9 @@ conformance!(sqlite, postgres: [
     estimates_are_learned_per_memory_key,
     oom_ladder_degrades_and_retries,
     unverified_cleanup_quarantines_gpus,
+    stale_heartbeats_and_logs_are_refused_and_change_nothing,
+    oom_ladder_steps_get_their_own_estimate_and_repeat,
+    pending_jobs_say_why,
 ]);
 
 // ---- both backends side by side, and what only PostgreSQL does --------------------------

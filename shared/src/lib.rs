@@ -5,6 +5,7 @@
 pub mod api;
 pub mod expand;
 pub mod ids;
+pub mod pending;
 pub mod plan;
 pub mod profile;
 pub mod size;

@@ -51,7 +51,6 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> ApiResult<CancelResponse> {
     let cancelled = s.store.cancel_job(parse_id(&id, "job")?).await?;
-    s.changes.bump();
     Ok(ApiJson(CancelResponse { cancelled }))
 }
 
@@ -62,7 +61,6 @@ pub struct RetryResponse {
 
 pub async fn retry(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<RetryResponse> {
     let state = s.store.retry_job(parse_id(&id, "job")?).await?;
-    s.changes.bump();
     Ok(ApiJson(RetryResponse { state }))
 }
 
@@ -92,7 +90,7 @@ pub async fn read_log(
     let wait = Duration::from_millis(q.wait_ms).min(s.config.long_poll);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let seen = s.log_changes.version();
+        let seen = s.logs.changes().version();
         let ended = s.store.attempt(attempt).await?.phase == AttemptPhase::Ended;
         let logs = s.logs.clone();
         let bytes = tokio::task::spawn_blocking(move || logs.read(attempt, q.offset, LOG_READ_MAX))
@@ -125,7 +123,7 @@ pub async fn read_log(
         // Wake on new log bytes or any job change (the attempt may end).
         let changes = s.changes.version();
         tokio::select! {
-            _ = s.log_changes.wait_past(seen, deadline - now) => {}
+            _ = s.logs.changes().wait_past(seen, deadline - now) => {}
             _ = s.changes.wait_past(changes, deadline - now) => {}
         }
     }
