@@ -629,6 +629,14 @@ async fn heartbeats(
             Err(e) => {
                 tracing::warn!("heartbeat failed: {e}");
                 wait = retry;
+                // A stale token refuses the whole heartbeat: stop the attempt it names.
+                if let crate::client::ClientError::Stale(msg) = &e
+                    && let Ok(r) = running.lock()
+                {
+                    for (_, a) in r.iter().filter(|(id, _)| msg.contains(&id.to_string())) {
+                        a.stop(StopReason::LeaseLost);
+                    }
+                }
                 // Soon the coordinator may hand our jobs to another node: stop them here
                 // first, so no job runs twice.
                 if last_renewal.elapsed() >= fence_after

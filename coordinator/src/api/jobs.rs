@@ -6,6 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::IntoResponse;
 use headroom_shared::api::{AttemptPhase, AttemptView, CancelResponse, JobDetail, JobSummary};
+use headroom_shared::pending::PendingReason;
 use headroom_shared::{AttemptId, JobState};
 use serde::{Deserialize, Serialize};
 
@@ -39,11 +40,44 @@ pub async fn list(
         state,
         limit: q.limit,
     };
-    Ok(ApiJson(s.store.list_jobs(filter).await?))
+    let mut jobs = s.store.list_jobs(filter).await?;
+    read_time_reasons(&s, jobs.iter_mut()).await?;
+    Ok(ApiJson(jobs))
 }
 
 pub async fn get_one(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<JobDetail> {
-    Ok(ApiJson(s.store.job(parse_id(&id, "job")?).await?))
+    let mut d = s.store.job(parse_id(&id, "job")?).await?;
+    read_time_reasons(&s, std::iter::once(&mut d.summary)).await?;
+    Ok(ApiJson(d))
+}
+
+/// Reasons no claim pass can give, because no agent claims: no live node, or none with
+/// that many GPUs; and a job no pass looked at yet says so.
+async fn read_time_reasons<'a>(
+    s: &AppState,
+    jobs: impl Iterator<Item = &'a mut JobSummary>,
+) -> Result<(), ApiError> {
+    let mut nodes = None;
+    for j in jobs.filter(|j| j.state.is_pending()) {
+        if nodes.is_none() {
+            let alive = s.config.lease_ttl.as_millis() as u64;
+            nodes = Some(s.store.list_nodes(alive).await?);
+        }
+        let live = nodes.iter().flatten().filter(|n| n.alive);
+        let most_gpus = live.map(|n| n.gpus.len() as u32).max();
+        j.pending_reason = match most_gpus {
+            None => Some(PendingReason::NoLiveNode),
+            Some(max) if j.gpus > max => Some(PendingReason::TooManyGpus {
+                wanted: j.gpus,
+                max,
+            }),
+            _ => j
+                .pending_reason
+                .take()
+                .or(Some(PendingReason::NotConsidered)),
+        };
+    }
+    Ok(())
 }
 
 pub async fn cancel(

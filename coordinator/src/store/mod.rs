@@ -148,6 +148,15 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+impl StoreError {
+    pub fn not_found(what: &'static str, id: impl ToString) -> Self {
+        StoreError::NotFound {
+            what,
+            id: id.to_string(),
+        }
+    }
+}
+
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// A job as expanded and resolved, ready to store.
@@ -372,9 +381,6 @@ pub(crate) fn check_gpu(node: &str, gpus: &[GpuInfo], gpu: u32) -> Result<()> {
     if gpus.iter().any(|g| g.index == gpu) {
         Ok(())
     } else {
-        Err(StoreError::NotFound {
-            what: "GPU",
-            id: format!("{node}/{gpu}"),
-        })
+        Err(StoreError::not_found("GPU", format!("{node}/{gpu}")))
     }
 }

@@ -309,10 +309,7 @@ async fn lock_job(tx: &Transaction<'_>, job: &str) -> Result<JobState> {
         |r| r.parsed(0, "job state"),
     )
     .await?
-    .ok_or_else(|| StoreError::NotFound {
-        what: "job",
-        id: job.to_string(),
-    })
+    .ok_or_else(|| StoreError::not_found("job", job.to_string()))
 }
 
 /// The one place this backend changes a job's state: the state machine decides, the update
@@ -345,10 +342,7 @@ async fn job_rules(tx: &Transaction<'_>, job: &str) -> Result<rules::JobRules> {
     );
     first(tx, &sql, &[&job], rows::job_rules)
         .await?
-        .ok_or_else(|| StoreError::NotFound {
-            what: "job",
-            id: job.to_string(),
-        })
+        .ok_or_else(|| StoreError::not_found("job", job.to_string()))
 }
 
 /// Records an active attempt as lost and requeues its job if the policy allows; false when
@@ -409,10 +403,7 @@ async fn lock_node_of_attempt(tx: &Transaction<'_>, attempt: AttemptId) -> Resul
         |r| r.text(0),
     )
     .await?
-    .ok_or_else(|| StoreError::NotFound {
-        what: "attempt",
-        id: attempt.to_string(),
-    })
+    .ok_or_else(|| StoreError::not_found("attempt", attempt.to_string()))
 }
 
 /// Stores the latest samples; true when some GPU has more free memory than before, which
@@ -457,10 +448,7 @@ async fn check_fence(
     fence: i64,
 ) -> Result<(String, AttemptPhase)> {
     let id = attempt.to_string();
-    let not_found = || StoreError::NotFound {
-        what: "attempt",
-        id: id.clone(),
-    };
+    let not_found = || StoreError::not_found("attempt", id.clone());
     let job = first(
         tx,
         "SELECT job_id FROM attempts WHERE id = $1",
@@ -525,10 +513,7 @@ async fn experiment_summary(tx: &Transaction<'_>, id: &str) -> Result<Experiment
         |r| Ok((r.text(0)?, r.int(1)?, r.time(2)?)),
     )
     .await?
-    .ok_or_else(|| StoreError::NotFound {
-        what: "experiment",
-        id: id.to_string(),
-    })?;
+    .ok_or_else(|| StoreError::not_found("experiment", id.to_string()))?;
     Ok(ExperimentSummary {
         counts: counts_for(tx, Some(id)).await?,
         id: parse(id, "experiment id")?,
@@ -592,10 +577,7 @@ async fn lease_job(
     );
     let row = first(tx, &sql, &[&job], rows::lease_row)
         .await?
-        .ok_or_else(|| StoreError::NotFound {
-            what: "job",
-            id: job.to_string(),
-        })?;
+        .ok_or_else(|| StoreError::not_found("job", job.to_string()))?;
     let new = rows::lease_row_into(row, AttemptId::new(), job, gpus, estimate)?;
     let (number, fence) = (i64::from(new.lease.number), new.lease.fence);
     exec(
@@ -856,10 +838,7 @@ impl Store for PostgresStore {
         self.read(move |tx| {
             Box::pin(async move {
                 let id = id.to_string();
-                let not_found = || StoreError::NotFound {
-                    what: "job",
-                    id: id.clone(),
-                };
+                let not_found = || StoreError::not_found("job", id.clone());
                 let summary = summaries(tx, "WHERE j.id = $1", &[&id])
                     .await?
                     .pop()
@@ -882,10 +861,7 @@ impl Store for PostgresStore {
                 attempts(tx, "WHERE id = $1", &[&id.to_string()])
                     .await?
                     .pop()
-                    .ok_or_else(|| StoreError::NotFound {
-                        what: "attempt",
-                        id: id.to_string(),
-                    })
+                    .ok_or_else(|| StoreError::not_found("attempt", id.to_string()))
             })
         })
         .await
@@ -902,10 +878,7 @@ impl Store for PostgresStore {
                     |r| Ok((rows::fence_row(r)?, r.parsed_opt(3, "failure class")?)),
                 )
                 .await?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: "attempt",
-                    id: attempt.to_string(),
-                })?;
+                .ok_or_else(|| StoreError::not_found("attempt", attempt.to_string()))?;
                 rules::check_log_fence(attempt, fence, &row, failure)
             })
         })
@@ -1054,10 +1027,7 @@ impl Store for PostgresStore {
                     |r| r.json(0),
                 )
                 .await?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: "node",
-                    id: node.clone(),
-                })?;
+                .ok_or_else(|| StoreError::not_found("node", node.clone()))?;
                 let plan = Plan::parse_for(&plan, gpus.len())?;
                 exec(
                     tx,
@@ -1335,10 +1305,7 @@ impl Store for PostgresStore {
                     |r| Ok((r.json::<Vec<u32>>(0)?, r.text(1)?, r.mib_opt(2)?)),
                 )
                 .await?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: "attempt",
-                    id: id.clone(),
-                })?;
+                .ok_or_else(|| StoreError::not_found("attempt", id.clone()))?;
                 if !report.gpus.is_empty() {
                     record_telemetry(tx, &node, &report.gpus).await?;
                 }
@@ -1492,10 +1459,7 @@ impl Store for PostgresStore {
                     |r| r.json(0),
                 )
                 .await?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: "node",
-                    id: node.clone(),
-                })?;
+                .ok_or_else(|| StoreError::not_found("node", node.clone()))?;
                 super::check_gpu(&node, &gpus, gpu)?;
                 let n = exec(
                     tx,

@@ -183,10 +183,7 @@ fn job_state(tx: &Transaction<'_>, job: &str) -> Result<JobState> {
     first(tx, "SELECT state FROM jobs WHERE id = ?1", [job], |r| {
         r.parsed(0, "job state")
     })?
-    .ok_or_else(|| StoreError::NotFound {
-        what: "job",
-        id: job.to_string(),
-    })
+    .ok_or_else(|| StoreError::not_found("job", job.to_string()))
 }
 
 /// The one place this backend changes a job's state: the state machine decides, the update
@@ -215,10 +212,8 @@ fn job_rules(tx: &Transaction<'_>, job: &str) -> Result<rules::JobRules> {
          JOIN experiments e ON e.id = j.experiment_id WHERE j.id = ?1",
         rows::RULES_COLUMNS
     );
-    first(tx, &sql, [job], |r| rows::job_rules(r))?.ok_or_else(|| StoreError::NotFound {
-        what: "job",
-        id: job.to_string(),
-    })
+    first(tx, &sql, [job], |r| rows::job_rules(r))?
+        .ok_or_else(|| StoreError::not_found("job", job.to_string()))
 }
 
 /// Records an active attempt as lost and requeues its job if the policy allows; false when
@@ -297,10 +292,7 @@ fn check_fence(
         |r| Ok((rows::fence_row(r)?, r.text(3)?)),
     )?;
     let Some((row, job)) = row else {
-        return Err(StoreError::NotFound {
-            what: "attempt",
-            id: attempt.to_string(),
-        });
+        return Err(StoreError::not_found("attempt", attempt.to_string()));
     };
     rules::check_fence(attempt, fence, &row)?;
     Ok((job, row.phase))
@@ -344,10 +336,7 @@ fn experiment_summary(conn: &Connection, id: &str) -> Result<ExperimentSummary> 
         [id],
         |r| Ok((r.text(0)?, r.int(1)?, r.time(2)?)),
     )?
-    .ok_or_else(|| StoreError::NotFound {
-        what: "experiment",
-        id: id.to_string(),
-    })?;
+    .ok_or_else(|| StoreError::not_found("experiment", id.to_string()))?;
     Ok(ExperimentSummary {
         counts: counts_for(conn, Some(id))?,
         id: parse(id, "experiment id")?,
@@ -405,11 +394,8 @@ fn lease_job(
         "SELECT {} FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = ?1",
         rows::LEASE_COLUMNS
     );
-    let row =
-        first(tx, &sql, [job], |r| rows::lease_row(r))?.ok_or_else(|| StoreError::NotFound {
-            what: "job",
-            id: job.to_string(),
-        })?;
+    let row = first(tx, &sql, [job], |r| rows::lease_row(r))?
+        .ok_or_else(|| StoreError::not_found("job", job.to_string()))?;
     let lease = rows::lease_row_into(row, AttemptId::new(), job, gpus, estimate)?;
     tx.execute(
         "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, \
@@ -548,10 +534,7 @@ impl Store for SqliteStore {
     async fn job(&self, id: JobId) -> Result<JobDetail> {
         self.with(move |c| {
             let id = id.to_string();
-            let not_found = || StoreError::NotFound {
-                what: "job",
-                id: id.clone(),
-            };
+            let not_found = || StoreError::not_found("job", id.clone());
             let summary = summaries(c, "WHERE j.id = ?1", [&id])?
                 .pop()
                 .ok_or_else(not_found)?;
@@ -569,10 +552,7 @@ impl Store for SqliteStore {
         self.with(move |c| {
             attempts(c, "WHERE id = ?1", [id.to_string()])?
                 .pop()
-                .ok_or_else(|| StoreError::NotFound {
-                    what: "attempt",
-                    id: id.to_string(),
-                })
+                .ok_or_else(|| StoreError::not_found("attempt", id.to_string()))
         })
         .await
     }
@@ -586,10 +566,7 @@ impl Store for SqliteStore {
                 [attempt.to_string()],
                 |r| Ok((rows::fence_row(r)?, r.parsed_opt(3, "failure class")?)),
             )?
-            .ok_or_else(|| StoreError::NotFound {
-                what: "attempt",
-                id: attempt.to_string(),
-            })?;
+            .ok_or_else(|| StoreError::not_found("attempt", attempt.to_string()))?;
             rules::check_log_fence(attempt, fence, &row, failure)
         })
         .await
@@ -716,10 +693,7 @@ impl Store for SqliteStore {
                 first(tx, "SELECT gpus FROM nodes WHERE name = ?1", [&node], |r| {
                     r.json(0)
                 })?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: "node",
-                    id: node.clone(),
-                })?;
+                .ok_or_else(|| StoreError::not_found("node", node.clone()))?;
             let plan = Plan::parse_for(&plan, gpus.len())?;
             tx.execute(
                 "UPDATE nodes SET plan = ?1 WHERE name = ?2",
@@ -963,10 +937,7 @@ impl Store for SqliteStore {
                     ))
                 },
             )?
-            .ok_or_else(|| StoreError::NotFound {
-                what: "attempt",
-                id: id.clone(),
-            })?;
+            .ok_or_else(|| StoreError::not_found("attempt", id.clone()))?;
             if !report.gpus.is_empty() {
                 record_telemetry(tx, &node, &report.gpus)?;
             }
@@ -1095,10 +1066,7 @@ impl Store for SqliteStore {
                 first(tx, "SELECT gpus FROM nodes WHERE name = ?1", [&node], |r| {
                     r.json(0)
                 })?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: "node",
-                    id: node.clone(),
-                })?;
+                .ok_or_else(|| StoreError::not_found("node", node.clone()))?;
             super::check_gpu(&node, &gpus, gpu)?;
             let n = tx.execute(
                 "DELETE FROM quarantine WHERE node = ?1 AND gpu = ?2",
