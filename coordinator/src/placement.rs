@@ -351,6 +351,69 @@ mod tests {
     }
 
     #[test]
+    fn a_loner_still_needs_the_live_free_memory() {
+        // A foreign process holds 6 GiB of this 10 GiB GPU: "alone" does not fit.
+        let mut g = gpu(0, 10_000, 4);
+        g.live_free_mib = Some(4_000);
+        let s = snap(vec![g.clone()]);
+        assert!(place(&s, &[job(None)], 1).is_empty());
+        let why = place_explained(&s, &[job(None)], 1).reasons;
+        assert_eq!(
+            why,
+            vec![(
+                0,
+                PendingReason::NotEnoughMemory {
+                    needed_mib: 9_000,
+                    available_mib: 3_000
+                }
+            )]
+        );
+        // Within the headroom, the GPU counts as free.
+        g.live_free_mib = Some(9_500);
+        assert_eq!(place(&snap(vec![g]), &[job(None)], 1).len(), 1);
+    }
+
+    #[test]
+    fn unplaced_jobs_say_why() {
+        let mut full = gpu(0, 10_000, 1);
+        full.placed.push(Some(1_000));
+        let mut q = gpu(1, 10_000, 1);
+        q.quarantined = true;
+        let s = snap(vec![full.clone(), q.clone()]);
+        let two = Candidate {
+            gpus: 3,
+            estimate_mib: Some(1),
+            waited_ms: 0,
+        };
+        let huge = job(Some(1 << 40));
+        let why = place_explained(&s, &[job(Some(1_000)), two, huge], 10).reasons;
+        assert_eq!(why[0], (0, PendingReason::NoFreeSlot));
+        assert_eq!(why[1], (1, PendingReason::TooManyGpus { wanted: 3, max: 2 }));
+        assert!(matches!(
+            why[2],
+            (2, PendingReason::LargerThanEveryGpu { largest_mib: 9_000, .. })
+        ));
+        let only_q = snap(vec![q]);
+        assert_eq!(
+            place_explained(&only_q, &[job(Some(1))], 1).reasons,
+            vec![(0, PendingReason::GpuQuarantined)]
+        );
+        // An old big job holds the GPU: the small one behind it waits for the reservation.
+        let mut half = gpu(0, 10_000, 2);
+        half.placed.push(Some(5_000));
+        let mut s = snap(vec![half]);
+        s.reserve_after_ms = 1;
+        let big = Candidate {
+            gpus: 1,
+            estimate_mib: Some(8_000),
+            waited_ms: 60_000,
+        };
+        let why = place_explained(&s, &[big, job(Some(1_000))], 10).reasons;
+        assert!(matches!(why[0].1, PendingReason::NotEnoughMemory { .. }));
+        assert_eq!(why[1], (1, PendingReason::BehindReservation));
+    }
+
+    #[test]
     fn quarantined_gpus_take_nothing() {
         let mut q = gpu(0, 10_000, 4);
         q.quarantined = true;
@@ -439,7 +502,13 @@ mod tests {
             for (g, placed) in per_gpu.iter().enumerate() {
                 let gpu = &gpus[g];
                 prop_assert!(placed.len() as u32 <= gpu.slots);
-                if placed.iter().any(Option::is_none) { prop_assert_eq!(placed.len(), 1); }
+                if placed.iter().any(Option::is_none) {
+                    prop_assert_eq!(placed.len(), 1);
+                    // Alone still fits the live free memory: nothing foreign beyond headroom.
+                    if let Some(free) = gpu.live_free_mib {
+                        prop_assert!(free >= gpu.total_mib - gpu.headroom_mib);
+                    }
+                }
                 let sum: u64 = placed.iter().flatten().sum();
                 prop_assert!(sum + gpu.headroom_mib <= gpu.total_mib || placed.iter().all(Option::is_none));
                 if let Some(free) = gpu.live_free_mib {
