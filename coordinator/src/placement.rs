@@ -388,10 +388,19 @@ mod tests {
         let huge = job(Some(1 << 40));
         let why = place_explained(&s, &[job(Some(1_000)), two, huge], 10).reasons;
         assert_eq!(why[0], (0, PendingReason::NoFreeSlot));
-        assert_eq!(why[1], (1, PendingReason::TooManyGpus { wanted: 3, max: 2 }));
+        assert_eq!(
+            why[1],
+            (1, PendingReason::TooManyGpus { wanted: 3, max: 2 })
+        );
         assert!(matches!(
             why[2],
-            (2, PendingReason::LargerThanEveryGpu { largest_mib: 9_000, .. })
+            (
+                2,
+                PendingReason::LargerThanEveryGpu {
+                    largest_mib: 9_000,
+                    ..
+                }
+            )
         ));
         let only_q = snap(vec![q]);
         assert_eq!(

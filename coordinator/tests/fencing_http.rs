@@ -116,7 +116,8 @@ fn samples(free: u64) -> Value {
 async fn stale_heartbeats_and_log_chunks_get_409_and_change_nothing() {
     let s = Server::start().await;
     let agent = s.register().await;
-    let spec = json!({"name": "f", "command": ["true"], "retry": {"max_attempts": 3, "on": ["lost"]}});
+    let spec =
+        json!({"name": "f", "command": ["true"], "retry": {"max_attempts": 3, "on": ["lost"]}});
     let _: Value = s.ok("/v1/experiments", &json!({"spec": spec})).await;
     let lease = s.claim(&agent).await.remove(0);
     let _: Value = s
@@ -142,7 +143,11 @@ async fn stale_heartbeats_and_log_chunks_get_409_and_change_nothing() {
             .is_some_and(|m| m.contains(&lease.attempt.to_string())),
         "the refusal names the attempt: {body}"
     );
-    assert_eq!(s.free_mib().await, before, "a refused heartbeat stores nothing");
+    assert_eq!(
+        s.free_mib().await,
+        before,
+        "a refused heartbeat stores nothing"
+    );
 
     // The current token ships log bytes.
     let (status, body) = s.log(&lease, lease.fence, 0, "first ").await;
