@@ -140,17 +140,45 @@ pub fn check_fence(attempt: AttemptId, presented: i64, row: &FenceRow) -> Result
     Ok(())
 }
 
-/// A log chunk is accepted while the attempt's token is current, also after its normal end
-/// (the tail ships last), but not once it was lost or its job leased another attempt.
+/// What a heartbeat does with one attempt it presents: renew it (`Ok(true)`), skip it
+/// (`Ok(false)`: it ended by its own report while the heartbeat was on its way, or was
+/// handed back; nothing to renew and nothing stale), or refuse the whole heartbeat
+/// (`StaleFence`: the lease was lost or is someone else's).
+pub fn renewal(
+    attempt: AttemptId,
+    presented: i64,
+    row: Option<(&FenceRow, Option<FailureClass>)>,
+) -> Result<bool> {
+    let Some((row, failure)) = row else {
+        return Ok(false);
+    };
+    let stale = || Err(StoreError::StaleFence { attempt });
+    if row.attempt_fence != presented {
+        return stale();
+    }
+    if row.phase == AttemptPhase::Ended {
+        return if failure == Some(FailureClass::Lost) {
+            stale()
+        } else {
+            Ok(false)
+        };
+    }
+    if row.job_fence != presented {
+        return stale();
+    }
+    Ok(true)
+}
+
+/// A log chunk is accepted while the attempt's token is current, also after its end (the
+/// tail ships last), but not once the attempt was lost and its job moved on to another.
 pub fn check_log_fence(
     attempt: AttemptId,
     presented: i64,
     row: &FenceRow,
     failure: Option<FailureClass>,
 ) -> Result<()> {
-    if failure == Some(FailureClass::Lost)
-        || row.attempt_fence != presented
-        || row.job_fence != presented
+    if row.attempt_fence != presented
+        || (failure == Some(FailureClass::Lost) && row.job_fence != presented)
     {
         return Err(StoreError::StaleFence { attempt });
     }
@@ -482,6 +510,33 @@ mod tests {
                 Err(StoreError::StaleFence { .. })
             ));
         }
+    }
+
+    #[test]
+    fn heartbeats_skip_attempts_that_just_ended_and_refuse_lost_ones() {
+        let a = AttemptId::new();
+        let row = |phase, af, jf| FenceRow {
+            phase,
+            attempt_fence: af,
+            job_fence: jf,
+        };
+        let running = row(AttemptPhase::Running, 3, 3);
+        assert_eq!(renewal(a, 3, Some((&running, None))).ok(), Some(true));
+        assert!(renewal(a, 2, Some((&running, None))).is_err());
+        // Ended by its own report while the heartbeat travelled; the job may have moved on.
+        let ended = row(AttemptPhase::Ended, 3, 4);
+        let oom = Some(FailureClass::Oom);
+        assert_eq!(renewal(a, 3, Some((&ended, oom))).ok(), Some(false));
+        assert_eq!(renewal(a, 3, Some((&ended, None))).ok(), Some(false));
+        assert_eq!(renewal(a, 3, None).ok(), Some(false), "handed back");
+        // Lost: the coordinator took the lease away.
+        assert!(renewal(a, 3, Some((&ended, Some(FailureClass::Lost)))).is_err());
+        // Logs: the tail of an ended attempt is welcome until a lost one's job moved on.
+        assert!(check_log_fence(a, 3, &ended, oom).is_ok());
+        let lost = Some(FailureClass::Lost);
+        assert!(check_log_fence(a, 3, &row(AttemptPhase::Ended, 3, 3), lost).is_ok());
+        assert!(check_log_fence(a, 3, &ended, lost).is_err());
+        assert!(check_log_fence(a, 2, &running, None).is_err());
     }
 
     #[test]

@@ -718,6 +718,40 @@ async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
     assert!(matches!(old, Err(StoreError::StaleFence { .. })), "{old:?}");
 }
 
+/// An attempt that ended by its own report while a heartbeat naming it was on its way is
+/// not stale: the heartbeat renews the others (busy nodes hit this race all the time).
+async fn heartbeats_racing_a_normal_end_renew_the_rest(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("2")).await;
+    submit(&s, (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
+    let leases = claim(&s, agent, 1).await;
+    assert_eq!(leases.len(), 2);
+    for l in &leases {
+        s.start_attempt(l.attempt, l.fence, 7, 0)
+            .await
+            .expect("start");
+    }
+    s.finish_attempt(leases[0].attempt, report(leases[0].fence, None))
+        .await
+        .expect("finish");
+    // The freed slot goes to the third job at once.
+    assert_eq!(claim(&s, agent, 1).await.len(), 1);
+    let refs: Vec<AttemptRef> = leases
+        .iter()
+        .map(|l| AttemptRef {
+            attempt: l.attempt,
+            fence: l.fence,
+        })
+        .collect();
+    let renewed = s
+        .renew_leases(agent, &refs, &free(1, 10_000), 30_000)
+        .await
+        .expect("a heartbeat racing a finish is accepted");
+    assert!(renewed.cancel.is_empty());
+    s.finish_attempt(leases[1].attempt, report(leases[1].fence, None))
+        .await
+        .expect("the other attempt is still ours");
+}
+
 /// A job with no declared memory that OOMs near the GPU's size: its ladder step is placed by
 /// the estimate of the parameters it runs with, and the last step repeats.
 async fn oom_ladder_steps_get_their_own_estimate_and_repeat(s: Backend) {
@@ -830,6 +864,7 @@ conformance!(sqlite, postgres: [
     oom_ladder_degrades_and_retries,
     unverified_cleanup_quarantines_gpus,
     stale_heartbeats_and_logs_are_refused_and_change_nothing,
+    heartbeats_racing_a_normal_end_renew_the_rest,
     oom_ladder_steps_get_their_own_estimate_and_repeat,
     pending_jobs_say_why,
 ]);

@@ -1208,34 +1208,46 @@ impl Store for PostgresStore {
             Box::pin(async move {
                 let node = lock_node_of_agent(tx, agent).await?;
                 // A stale token for any attempt refuses the whole heartbeat, before it writes.
+                let mut renew = Vec::new();
                 for a in &attempts {
                     let row = first(
                         tx,
-                        "SELECT a.phase, a.fence, j.fence FROM attempts a JOIN jobs j \
-                         ON j.id = a.job_id WHERE a.id = $1 AND a.agent_id = $2",
+                        "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = $2 \
+                         FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
                         &[&a.attempt.to_string(), &agent.to_string()],
-                        rows::fence_row,
+                        |r| {
+                            Ok((
+                                rows::fence_row(r)?,
+                                r.parsed_opt(3, "failure class")?,
+                                r.flag(4)?,
+                            ))
+                        },
                     )
-                    .await?
-                    .ok_or(StoreError::StaleFence { attempt: a.attempt })?;
-                    rules::check_fence(a.attempt, a.fence, &row)?;
+                    .await?;
+                    if row.as_ref().is_some_and(|(_, _, ours)| !ours) {
+                        return Err(StoreError::StaleFence { attempt: a.attempt });
+                    }
+                    let row = row.as_ref().map(|(f, c, _)| (f, *c));
+                    if rules::renewal(a.attempt, a.fence, row)? {
+                        renew.push(a.attempt);
+                    }
                 }
                 // Renewals change nothing anyone waits for; freed memory may let a claim
                 // on another replica place work.
                 let freed = record_telemetry(tx, &node.name, &gpus).await?;
                 let until = now_ms().saturating_add(i64_of(lease_ttl_ms));
                 let mut cancel = Vec::new();
-                for a in attempts {
+                for a in renew {
                     let wanted = first(
                         tx,
                         "UPDATE attempts SET lease_expires_at = $1 WHERE id = $2 \
                          RETURNING cancel_requested",
-                        &[&until, &a.attempt.to_string()],
+                        &[&until, &a.to_string()],
                         |r| r.flag(0),
                     )
                     .await?;
                     if wanted == Some(true) {
-                        cancel.push(a.attempt);
+                        cancel.push(a);
                     }
                 }
                 let renewed = Renewed {

@@ -847,30 +847,42 @@ impl Store for SqliteStore {
         self.write(move |tx, changed| {
             let node = node_of_agent(tx, agent)?;
             // A stale token for any attempt refuses the whole heartbeat, before it writes.
+            let mut renew = Vec::new();
             for a in &attempts {
                 let row = first(
                     tx,
-                    "SELECT a.phase, a.fence, j.fence FROM attempts a JOIN jobs j \
-                     ON j.id = a.job_id WHERE a.id = ?1 AND a.agent_id = ?2",
+                    "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = ?2 \
+                     FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = ?1",
                     params![a.attempt.to_string(), agent.to_string()],
-                    |r| rows::fence_row(r),
-                )?
-                .ok_or(StoreError::StaleFence { attempt: a.attempt })?;
-                rules::check_fence(a.attempt, a.fence, &row)?;
+                    |r| {
+                        Ok((
+                            rows::fence_row(r)?,
+                            r.parsed_opt(3, "failure class")?,
+                            r.flag(4)?,
+                        ))
+                    },
+                )?;
+                if row.as_ref().is_some_and(|(_, _, ours)| !ours) {
+                    return Err(StoreError::StaleFence { attempt: a.attempt });
+                }
+                let row = row.as_ref().map(|(f, c, _)| (f, *c));
+                if rules::renewal(a.attempt, a.fence, row)? {
+                    renew.push(a.attempt);
+                }
             }
             *changed = record_telemetry(tx, &node.name, &gpus)?;
             let until = now_ms().saturating_add(i64_of(lease_ttl_ms));
             let mut cancel = Vec::new();
-            for a in attempts {
+            for a in renew {
                 let wanted = first(
                     tx,
                     "UPDATE attempts SET lease_expires_at = ?1 WHERE id = ?2 \
                      RETURNING cancel_requested",
-                    params![until, a.attempt.to_string()],
+                    params![until, a.to_string()],
                     |r| r.flag(0),
                 )?;
                 if wanted == Some(true) {
-                    cancel.push(a.attempt);
+                    cancel.push(a);
                 }
             }
             Ok(Renewed {
