@@ -70,10 +70,20 @@ pub struct PendingRow {
 /// What a memory key has taught: observed peaks and the floor after OOMs.
 pub type Learned = HashMap<String, (Vec<u64>, Option<u64>)>;
 
+/// One lease a claim makes: the pending job (by position), its GPUs, and the estimate it is
+/// placed by with where that came from.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    pub candidate: usize,
+    pub gpus: Vec<u32>,
+    pub estimate: Option<u64>,
+    pub source: &'static str,
+}
+
 /// A claim's decision: which pending jobs go where with which estimate, and why each job it
 /// looked at and did not place still waits.
 pub struct ClaimPlan {
-    pub leases: Vec<(Placement, (Option<u64>, &'static str))>,
+    pub leases: Vec<Slot>,
     /// By position in the pending list; only those that differ from the stored ones.
     pub reasons: Vec<(usize, PendingReason)>,
 }
@@ -110,9 +120,14 @@ pub fn claim(
         leases: placed
             .placements
             .into_iter()
-            .map(|p| {
-                let e = estimates[p.candidate];
-                (p, e)
+            .map(|p: Placement| {
+                let (estimate, source) = estimates[p.candidate];
+                Slot {
+                    candidate: p.candidate,
+                    gpus: p.gpus,
+                    estimate,
+                    source,
+                }
             })
             .collect(),
         reasons: placed.reasons,
@@ -140,30 +155,34 @@ pub fn check_fence(attempt: AttemptId, presented: i64, row: &FenceRow) -> Result
     Ok(())
 }
 
+/// What a heartbeat reads of one attempt it presents.
+pub struct RenewalRow {
+    pub fence: FenceRow,
+    pub failure: Option<FailureClass>,
+    /// It is the heartbeating agent's attempt.
+    pub ours: bool,
+}
+
 /// What a heartbeat does with one attempt it presents: renew it (`Ok(true)`), skip it
 /// (`Ok(false)`: it ended by its own report while the heartbeat was on its way, or was
 /// handed back; nothing to renew and nothing stale), or refuse the whole heartbeat
 /// (`StaleFence`: the lease was lost or is someone else's).
-pub fn renewal(
-    attempt: AttemptId,
-    presented: i64,
-    row: Option<(&FenceRow, Option<FailureClass>)>,
-) -> Result<bool> {
-    let Some((row, failure)) = row else {
+pub fn renewal(attempt: AttemptId, presented: i64, row: Option<&RenewalRow>) -> Result<bool> {
+    let Some(r) = row else {
         return Ok(false);
     };
     let stale = || Err(StoreError::StaleFence { attempt });
-    if row.attempt_fence != presented {
+    if !r.ours || r.fence.attempt_fence != presented {
         return stale();
     }
-    if row.phase == AttemptPhase::Ended {
-        return if failure == Some(FailureClass::Lost) {
+    if r.fence.phase == AttemptPhase::Ended {
+        return if r.failure == Some(FailureClass::Lost) {
             stale()
         } else {
             Ok(false)
         };
     }
-    if row.job_fence != presented {
+    if r.fence.job_fence != presented {
         return stale();
     }
     Ok(true)
@@ -382,12 +401,12 @@ pub fn hand_back(attempts_left: u32) -> JobEvent {
 /// (a stored plan that no longer matches the node's GPUs falls back to one slot per GPU),
 /// else the defaults.
 pub fn merge_registration(
-    plan: Option<&Plan>,
-    headroom: Option<Headroom>,
-    stored: Option<(&str, &str)>,
-    n_gpus: usize,
+    reg: &crate::store::Registration,
+    stored: Option<(String, String)>,
 ) -> Result<(Plan, Headroom)> {
-    let plan = match (plan, stored) {
+    let n_gpus = reg.gpus.len();
+    let stored = stored.as_ref().map(|(p, h)| (p.as_str(), h.as_str()));
+    let plan = match (reg.plan.as_ref(), stored) {
         (Some(p), _) => {
             p.check_gpus(n_gpus)?;
             p.clone()
@@ -397,7 +416,7 @@ pub fn merge_registration(
         }
         (None, None) => Plan::one_per_gpu(n_gpus),
     };
-    let headroom = match (headroom, stored) {
+    let headroom = match (reg.headroom, stored) {
         (Some(h), _) => h,
         (None, Some((_, h))) => crate::store::rows::parse(h, "headroom")?,
         (None, None) => Headroom::default(),
@@ -520,17 +539,31 @@ mod tests {
             attempt_fence: af,
             job_fence: jf,
         };
-        let running = row(AttemptPhase::Running, 3, 3);
-        assert_eq!(renewal(a, 3, Some((&running, None))).ok(), Some(true));
-        assert!(renewal(a, 2, Some((&running, None))).is_err());
+        let renew = |fence, failure, ours| {
+            renewal(
+                a,
+                3,
+                Some(&RenewalRow {
+                    fence,
+                    failure,
+                    ours,
+                }),
+            )
+            .ok()
+        };
+        let running = || row(AttemptPhase::Running, 3, 3);
+        assert_eq!(renew(running(), None, true), Some(true));
+        assert_eq!(renew(row(AttemptPhase::Running, 2, 2), None, true), None);
+        assert_eq!(renew(running(), None, false), None, "another agent's");
         // Ended by its own report while the heartbeat travelled; the job may have moved on.
-        let ended = row(AttemptPhase::Ended, 3, 4);
+        let ended = || row(AttemptPhase::Ended, 3, 4);
         let oom = Some(FailureClass::Oom);
-        assert_eq!(renewal(a, 3, Some((&ended, oom))).ok(), Some(false));
-        assert_eq!(renewal(a, 3, Some((&ended, None))).ok(), Some(false));
+        assert_eq!(renew(ended(), oom, true), Some(false));
+        assert_eq!(renew(ended(), None, true), Some(false));
         assert_eq!(renewal(a, 3, None).ok(), Some(false), "handed back");
         // Lost: the coordinator took the lease away.
-        assert!(renewal(a, 3, Some((&ended, Some(FailureClass::Lost)))).is_err());
+        assert_eq!(renew(ended(), Some(FailureClass::Lost), true), None);
+        let (ended, running) = (ended(), running());
         // Logs: the tail of an ended attempt is welcome until a lost one's job moved on.
         assert!(check_log_fence(a, 3, &ended, oom).is_ok());
         let lost = Some(FailureClass::Lost);

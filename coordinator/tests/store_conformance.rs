@@ -8,7 +8,7 @@ use chrono::Utc;
 use headroom_coordinator::store::postgres::PostgresStore;
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::store::{
-    ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Store, StoreError,
+    ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Renewal, Renewed, Store, StoreError,
 };
 use headroom_shared::api::{AttemptRef, FinishReport, GpuInfo, GpuSample, Lease};
 use headroom_shared::pending::PendingReason;
@@ -228,6 +228,21 @@ fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
     }
 }
 
+async fn renew(
+    s: &Backend,
+    agent: AgentId,
+    attempts: Vec<AttemptRef>,
+    gpus: Vec<GpuSample>,
+) -> Result<Renewed, StoreError> {
+    s.renew_leases(Renewal {
+        agent,
+        attempts,
+        gpus,
+        lease_ttl_ms: 30_000,
+    })
+    .await
+}
+
 async fn state(s: &Backend, job: JobId) -> JobState {
     s.job(job).await.expect("job").summary.state
 }
@@ -388,18 +403,17 @@ async fn reregistration_resumes_current_attempts(s: Backend) {
     assert_eq!(reg.lost, vec![leases[1].attempt]);
     assert_eq!(state(&s, leases[0].job).await, JobState::Running);
     assert_eq!(state(&s, leases[1].job).await, JobState::Failed);
-    let renewed = s
-        .renew_leases(
-            agent2,
-            &[AttemptRef {
-                attempt: leases[0].attempt,
-                fence: leases[0].fence,
-            }],
-            &[],
-            30_000,
-        )
-        .await
-        .expect("renew");
+    let renewed = renew(
+        &s,
+        agent2,
+        vec![AttemptRef {
+            attempt: leases[0].attempt,
+            fence: leases[0].fence,
+        }],
+        vec![],
+    )
+    .await
+    .expect("renew");
     assert!(renewed.cancel.is_empty());
     s.finish_attempt(leases[0].attempt, report(leases[0].fence, None))
         .await
@@ -670,17 +684,16 @@ async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
     // A heartbeat presenting a stale token for its attempt: refused, telemetry not stored.
     let mut samples = free(1, 10_000);
     samples[0].free_mib = 1234;
-    let stale = s
-        .renew_leases(
-            agent,
-            &[AttemptRef {
-                attempt: l.attempt,
-                fence: l.fence - 1,
-            }],
-            &samples,
-            30_000,
-        )
-        .await;
+    let stale = renew(
+        &s,
+        agent,
+        vec![AttemptRef {
+            attempt: l.attempt,
+            fence: l.fence - 1,
+        }],
+        samples,
+    )
+    .await;
     assert!(
         matches!(stale, Err(StoreError::StaleFence { .. })),
         "{stale:?}"
@@ -704,17 +717,16 @@ async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
         "{late:?}"
     );
     // The old agent's heartbeat for the lost attempt is refused as well.
-    let old = s
-        .renew_leases(
-            agent2,
-            &[AttemptRef {
-                attempt: l.attempt,
-                fence: l.fence,
-            }],
-            &[],
-            30_000,
-        )
-        .await;
+    let old = renew(
+        &s,
+        agent2,
+        vec![AttemptRef {
+            attempt: l.attempt,
+            fence: l.fence,
+        }],
+        vec![],
+    )
+    .await;
     assert!(matches!(old, Err(StoreError::StaleFence { .. })), "{old:?}");
 }
 
@@ -742,8 +754,7 @@ async fn heartbeats_racing_a_normal_end_renew_the_rest(s: Backend) {
             fence: l.fence,
         })
         .collect();
-    let renewed = s
-        .renew_leases(agent, &refs, &free(1, 10_000), 30_000)
+    let renewed = renew(&s, agent, refs, free(1, 10_000))
         .await
         .expect("a heartbeat racing a finish is accepted");
     assert!(renewed.cancel.is_empty());

@@ -12,7 +12,7 @@ use headroom_shared::{AgentId, AttemptId, Plan};
 use serde::Serialize;
 
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, check_samples, parse_id};
-use crate::store::{ClaimInput, Registration};
+use crate::store::{ClaimInput, Registration, Renewal};
 
 pub async fn register(
     State(s): State<AppState>,
@@ -109,12 +109,12 @@ pub async fn heartbeat(
     check_samples(&req.gpus)?;
     let r = s
         .store
-        .renew_leases(
+        .renew_leases(Renewal {
             agent,
-            &req.attempts,
-            &req.gpus,
-            s.config.lease_ttl.as_millis() as u64,
-        )
+            attempts: req.attempts,
+            gpus: req.gpus,
+            lease_ttl_ms: s.config.lease_ttl.as_millis() as u64,
+        })
         .await?;
     if !req.released.is_empty() {
         s.store.release_attempts(agent, &req.released).await?;

@@ -32,14 +32,13 @@ pub(crate) struct Active {
 /// The placement snapshot of one node: its GPUs with plan slots, headroom, live free memory,
 /// what is placed on them, and which are blocked (quarantined or avoided).
 pub(crate) fn node_snapshot(
-    gpus: &[GpuInfo],
-    plan: &Plan,
-    headroom: &Headroom,
+    node: &rows::NodeRow,
     samples: &[GpuSample],
     active: &[Active],
     blocked: &[u32],
-    reserve_after_ms: u64,
+    input: &ClaimInput,
 ) -> Snapshot {
+    let (gpus, plan, headroom) = (&node.gpus, &node.plan, &node.headroom);
     Snapshot {
         gpus: gpus
             .iter()
@@ -62,7 +61,7 @@ pub(crate) fn node_snapshot(
             })
             .collect(),
         cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,
-        reserve_after_ms,
+        reserve_after_ms: input.reserve_after_ms,
     }
 }
 
@@ -231,6 +230,15 @@ pub struct Claimed {
     pub plan: Plan,
 }
 
+/// A heartbeat: the agent's attempts with their tokens, and its samples.
+#[derive(Clone, Debug)]
+pub struct Renewal {
+    pub agent: AgentId,
+    pub attempts: Vec<AttemptRef>,
+    pub gpus: Vec<GpuSample>,
+    pub lease_ttl_ms: u64,
+}
+
 #[derive(Clone, Debug)]
 pub struct Renewed {
     pub cancel: Vec<AttemptId>,
@@ -308,27 +316,11 @@ pub trait Store: Send + Sync + 'static {
     /// Leases fitting pending jobs to the agent's node, placed by `placement::place`.
     async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed>;
     /// Of `watching`, the attempts a user asked to cancel.
-    async fn pending_cancels(
-        &self,
-        agent: AgentId,
-        watching: &[AttemptId],
-    ) -> Result<Vec<AttemptId>>;
+    async fn pending_cancels(&self, agent: AgentId, of: &[AttemptId]) -> Result<Vec<AttemptId>>;
     /// Renews the leases of the agent's attempts and stores its samples. A stale token for
     /// any attempt refuses the whole heartbeat (`StaleFence`, nothing written).
-    async fn renew_leases(
-        &self,
-        agent: AgentId,
-        attempts: &[AttemptRef],
-        gpus: &[GpuSample],
-        lease_ttl_ms: u64,
-    ) -> Result<Renewed>;
-    async fn start_attempt(
-        &self,
-        attempt: AttemptId,
-        fence: i64,
-        pid: u32,
-        started_at: Millis,
-    ) -> Result<()>;
+    async fn renew_leases(&self, r: Renewal) -> Result<Renewed>;
+    async fn start_attempt(&self, a: AttemptId, fence: i64, pid: u32, at: Millis) -> Result<()>;
     async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState>;
     async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()>;
     /// Attempts whose lease ran out become `lost`; returns them.
@@ -382,5 +374,36 @@ pub(crate) fn check_gpu(node: &str, gpus: &[GpuInfo], gpu: u32) -> Result<()> {
         Ok(())
     } else {
         Err(StoreError::not_found("GPU", format!("{node}/{gpu}")))
+    }
+}
+
+/// A conditional state update must touch its one row; otherwise a concurrent transaction
+/// changed the job first.
+pub(crate) fn one_row(n: u64, job: &str) -> Result<()> {
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::Database(format!(
+            "job {job} changed state concurrently"
+        )))
+    }
+}
+
+/// Where a claim's leases go.
+pub(crate) struct LeaseTo<'a> {
+    pub node: &'a str,
+    pub agent: AgentId,
+    pub now: Millis,
+    pub ttl_ms: u64,
+}
+
+impl<'a> LeaseTo<'a> {
+    pub fn new(node: &'a rows::NodeRow, input: &ClaimInput, now: Millis) -> Self {
+        Self {
+            node: &node.name,
+            agent: input.agent,
+            now,
+            ttl_ms: input.lease_ttl_ms,
+        }
     }
 }

@@ -15,8 +15,8 @@ use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime, Transaction,
 };
 use headroom_shared::api::{
-    AttemptPhase, AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample,
-    JobDetail, JobSummary, Lease, NodeView, StateCounts,
+    AttemptPhase, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample, JobDetail,
+    JobSummary, Lease, NodeView, StateCounts,
 };
 use headroom_shared::{AgentId, AttemptId, ExperimentId, JobEvent, JobId, JobState, Plan};
 use serde::de::DeserializeOwned;
@@ -27,11 +27,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, parse};
 use super::{
-    Active, ClaimInput, Claimed, ExportRow, JobFilter, Millis, NewExperiment, OnChange, Registered,
-    Registration, Renewed, Result, Store, StoreError, node_snapshot, node_view, now_ms,
+    Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, OnChange,
+    Registered, Registration, Renewal, Renewed, Result, Store, StoreError, node_snapshot,
+    node_view, now_ms,
 };
 use crate::changes::Changes;
-use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned};
+use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
 
 mod embedded {
     refinery::embed_migrations!("migrations/postgres");
@@ -324,11 +325,7 @@ async fn transition(tx: &Transaction<'_>, job: &str, event: JobEvent) -> Result<
             &[&to.as_str(), &now_ms(), &job, &from.as_str()],
         )
         .await?;
-        if n != 1 {
-            return Err(StoreError::Database(format!(
-                "job {job} changed state concurrently"
-            )));
-        }
+        super::one_row(n as u64, job)?;
     }
     Ok(to)
 }
@@ -506,21 +503,15 @@ async fn counts_for(tx: &Transaction<'_>, experiment: Option<&str>) -> Result<St
 }
 
 async fn experiment_summary(tx: &Transaction<'_>, id: &str) -> Result<ExperimentSummary> {
-    let (name, seed, created_at) = first(
+    let row = first(
         tx,
         "SELECT name, seed, created_at FROM experiments WHERE id = $1",
         &[&id],
         |r| Ok((r.text(0)?, r.int(1)?, r.time(2)?)),
     )
     .await?
-    .ok_or_else(|| StoreError::not_found("experiment", id.to_string()))?;
-    Ok(ExperimentSummary {
-        counts: counts_for(tx, Some(id)).await?,
-        id: parse(id, "experiment id")?,
-        name,
-        seed: seed as u64,
-        created_at,
-    })
+    .ok_or_else(|| StoreError::not_found("experiment", id))?;
+    rows::experiment(id, row, counts_for(tx, Some(id)).await?)
 }
 
 /// Observed peaks and the OOM floor of a memory key.
@@ -557,20 +548,13 @@ async fn cancel_one(tx: &Transaction<'_>, job: &str) -> Result<u64> {
     Ok(1)
 }
 
-struct LeaseTo<'a> {
-    node: &'a str,
-    agent: AgentId,
-    now: Millis,
-    ttl_ms: u64,
-}
-
 async fn lease_job(
     tx: &Transaction<'_>,
-    job: &str,
     to: &LeaseTo<'_>,
-    gpus: &[u32],
-    (estimate, source): (Option<u64>, &'static str),
+    job: &str,
+    slot: &Slot,
 ) -> Result<Lease> {
+    let (gpus, estimate, source) = (&slot.gpus, slot.estimate, slot.source);
     let sql = format!(
         "SELECT {} FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
         rows::LEASE_COLUMNS
@@ -970,12 +954,7 @@ impl Store for PostgresStore {
                     |r| Ok((r.text(0)?, r.text(1)?)),
                 )
                 .await?;
-                let (plan, headroom) = rules::merge_registration(
-                    reg.plan.as_ref(),
-                    reg.headroom,
-                    stored.as_ref().map(|(p, h)| (p.as_str(), h.as_str())),
-                    reg.gpus.len(),
-                )?;
+                let (plan, headroom) = rules::merge_registration(&reg, stored)?;
                 exec(
                     tx,
                     "INSERT INTO nodes (name, agent_id, gpus, plan, headroom, last_seen, \
@@ -1080,14 +1059,14 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed> {
+    async fn claim_jobs(&self, mut input: ClaimInput) -> Result<Claimed> {
         self.write(move |tx| {
             Box::pin(async move {
                 // Claims for one node serialize on its row: each sees the slots the previous
                 // one took.
                 let node = lock_node_of_agent(tx, input.agent).await?;
                 let mut changed = false;
-                let samples = match input.gpus {
+                let samples = match input.gpus.take() {
                     Some(g) => {
                         changed |= record_telemetry(tx, &node.name, &g).await?;
                         g
@@ -1095,8 +1074,9 @@ impl Store for PostgresStore {
                     None => node.samples.clone(),
                 };
                 let now = now_ms();
+                let to = LeaseTo::new(&node, &input, now);
                 let active = active_on(tx, &node.name).await?;
-                let quarantined = all(
+                let blocked = all(
                     tx,
                     "SELECT gpu FROM quarantine WHERE node = $1 \
                      UNION SELECT gpu FROM gpu_avoid WHERE node = $1 AND until_ms > $2",
@@ -1104,15 +1084,7 @@ impl Store for PostgresStore {
                     |r| Ok(r.int(0)? as u32),
                 )
                 .await?;
-                let snapshot = node_snapshot(
-                    &node.gpus,
-                    &node.plan,
-                    &node.headroom,
-                    &samples,
-                    &active,
-                    &quarantined,
-                    input.reserve_after_ms,
-                );
+                let snapshot = node_snapshot(&node, &samples, &active, &blocked, &input);
                 if input.max == 0 {
                     let claimed = Claimed {
                         leases: vec![],
@@ -1139,16 +1111,9 @@ impl Store for PostgresStore {
                     }
                 }
                 let plan = rules::claim(&snapshot, &pending, &learned, now, input.max as usize);
-                let to = LeaseTo {
-                    node: &node.name,
-                    agent: input.agent,
-                    now,
-                    ttl_ms: input.lease_ttl_ms,
-                };
                 let mut leases = Vec::with_capacity(plan.leases.len());
-                for (p, estimate) in plan.leases {
-                    let job = &pending[p.candidate].id;
-                    leases.push(lease_job(tx, job, &to, &p.gpus, estimate).await?);
+                for slot in &plan.leases {
+                    leases.push(lease_job(tx, &to, &pending[slot.candidate].id, slot).await?);
                 }
                 for (i, reason) in &plan.reasons {
                     exec(
@@ -1169,12 +1134,8 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn pending_cancels(
-        &self,
-        agent: AgentId,
-        watching: &[AttemptId],
-    ) -> Result<Vec<AttemptId>> {
-        let watching: Vec<String> = watching.iter().map(|a| a.to_string()).collect();
+    async fn pending_cancels(&self, agent: AgentId, of: &[AttemptId]) -> Result<Vec<AttemptId>> {
+        let watching: Vec<String> = of.iter().map(AttemptId::to_string).collect();
         self.read(move |tx| {
             Box::pin(async move {
                 let wanted = all(
@@ -1196,14 +1157,8 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn renew_leases(
-        &self,
-        agent: AgentId,
-        attempts: &[AttemptRef],
-        gpus: &[GpuSample],
-        lease_ttl_ms: u64,
-    ) -> Result<Renewed> {
-        let (attempts, gpus) = (attempts.to_vec(), gpus.to_vec());
+    async fn renew_leases(&self, r: Renewal) -> Result<Renewed> {
+        let (agent, attempts, gpus, lease_ttl_ms) = (r.agent, r.attempts, r.gpus, r.lease_ttl_ms);
         self.write(move |tx| {
             Box::pin(async move {
                 let node = lock_node_of_agent(tx, agent).await?;
@@ -1215,20 +1170,10 @@ impl Store for PostgresStore {
                         "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = $2 \
                          FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
                         &[&a.attempt.to_string(), &agent.to_string()],
-                        |r| {
-                            Ok((
-                                rows::fence_row(r)?,
-                                r.parsed_opt(3, "failure class")?,
-                                r.flag(4)?,
-                            ))
-                        },
+                        rows::renewal_row,
                     )
                     .await?;
-                    if row.as_ref().is_some_and(|(_, _, ours)| !ours) {
-                        return Err(StoreError::StaleFence { attempt: a.attempt });
-                    }
-                    let row = row.as_ref().map(|(f, c, _)| (f, *c));
-                    if rules::renewal(a.attempt, a.fence, row)? {
+                    if rules::renewal(a.attempt, a.fence, row.as_ref())? {
                         renew.push(a.attempt);
                     }
                 }
@@ -1260,13 +1205,8 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn start_attempt(
-        &self,
-        attempt: AttemptId,
-        fence: i64,
-        pid: u32,
-        started_at: Millis,
-    ) -> Result<()> {
+    async fn start_attempt(&self, a: AttemptId, fence: i64, pid: u32, at: Millis) -> Result<()> {
+        let (attempt, started_at) = (a, at);
         self.write(move |tx| {
             Box::pin(async move {
                 let (job, phase) = check_fence(tx, attempt, fence).await?;

@@ -9,7 +9,7 @@ use headroom_shared::{FailureClass, Plan};
 use serde::de::DeserializeOwned;
 
 use super::{Active, Millis, Result, StoreError};
-use crate::rules::{FenceRow, JobRules, PendingRow};
+use crate::rules::{FenceRow, JobRules, PendingRow, RenewalRow};
 
 /// Typed reads of one result row's columns, by position. JSON columns are TEXT on SQLite
 /// and JSONB on PostgreSQL; either way they come out decoded.
@@ -69,6 +69,21 @@ pub(crate) const JOB_COLUMNS: &str = "j.id, j.experiment_id, e.name, j.idx, j.co
 
 pub(crate) const JOB_FROM: &str = "FROM jobs j JOIN experiments e ON e.id = j.experiment_id \
      LEFT JOIN attempts a ON a.job_id = j.id AND a.number = j.attempts";
+
+/// An experiment's columns `name, seed, created_at`, with its counts.
+pub(crate) fn experiment(
+    id: &str,
+    r: (String, i64, DateTime<Utc>),
+    counts: headroom_shared::api::StateCounts,
+) -> Result<headroom_shared::api::ExperimentSummary> {
+    Ok(headroom_shared::api::ExperimentSummary {
+        counts,
+        id: parse(id, "experiment id")?,
+        name: r.0,
+        seed: r.1 as u64,
+        created_at: r.2,
+    })
+}
 
 pub(crate) fn job_summary(r: &impl Cols) -> Result<JobSummary> {
     let state = r.parsed(6, "job state")?;
@@ -196,6 +211,16 @@ pub(crate) fn fence_row(r: &impl Cols) -> Result<FenceRow> {
         phase: phase(&r.text(0)?)?,
         attempt_fence: r.int(1)?,
         job_fence: r.int(2)?,
+    })
+}
+
+/// What a heartbeat reads of an attempt: `a.phase, a.fence, j.fence, a.failure_class,
+/// a.agent_id = <the agent>`.
+pub(crate) fn renewal_row(r: &impl Cols) -> Result<RenewalRow> {
+    Ok(RenewalRow {
+        fence: fence_row(r)?,
+        failure: r.parsed_opt(3, "failure class")?,
+        ours: r.flag(4)?,
     })
 }
 

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use headroom_shared::api::{
-    AttemptPhase, AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuSample, JobDetail,
-    JobSummary, Lease, NodeView, StateCounts,
+    AttemptPhase, AttemptView, ExperimentSummary, FinishReport, GpuSample, JobDetail, JobSummary,
+    Lease, NodeView, StateCounts,
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, AttemptId, ExperimentId, JobEvent, JobId, JobState, Plan};
@@ -18,11 +18,11 @@ use serde::de::DeserializeOwned;
 
 use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, parse};
 use super::{
-    Active, ClaimInput, Claimed, ExportRow, JobFilter, Millis, NewExperiment, Registered,
-    Registration, Renewed, Result, Store, StoreError, node_snapshot, node_view, now_ms,
+    Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, Registered,
+    Registration, Renewal, Renewed, Result, Store, StoreError, node_snapshot, node_view, now_ms,
 };
 use crate::changes::Changes;
-use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned};
+use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
 
 mod embedded {
     refinery::embed_migrations!("migrations/sqlite");
@@ -196,11 +196,7 @@ fn transition(tx: &Transaction<'_>, job: &str, event: JobEvent) -> Result<JobSta
             "UPDATE jobs SET state = ?1, updated_at = ?2 WHERE id = ?3 AND state = ?4",
             params![to.as_str(), now_ms(), job, from.as_str()],
         )?;
-        if n != 1 {
-            return Err(StoreError::Database(format!(
-                "job {job} changed state concurrently"
-            )));
-        }
+        super::one_row(n as u64, job)?;
     }
     Ok(to)
 }
@@ -330,20 +326,14 @@ fn counts_for(conn: &Connection, experiment: Option<&str>) -> Result<StateCounts
 }
 
 fn experiment_summary(conn: &Connection, id: &str) -> Result<ExperimentSummary> {
-    let (name, seed, created_at) = first(
+    let row = first(
         conn,
         "SELECT name, seed, created_at FROM experiments WHERE id = ?1",
         [id],
         |r| Ok((r.text(0)?, r.int(1)?, r.time(2)?)),
     )?
-    .ok_or_else(|| StoreError::not_found("experiment", id.to_string()))?;
-    Ok(ExperimentSummary {
-        counts: counts_for(conn, Some(id))?,
-        id: parse(id, "experiment id")?,
-        name,
-        seed: seed as u64,
-        created_at,
-    })
+    .ok_or_else(|| StoreError::not_found("experiment", id))?;
+    rows::experiment(id, row, counts_for(conn, Some(id))?)
 }
 
 /// Observed peaks and the OOM floor of a memory key.
@@ -376,20 +366,8 @@ fn cancel_one(tx: &Transaction<'_>, job: &str) -> Result<u64> {
     Ok(1)
 }
 
-struct LeaseTo<'a> {
-    node: &'a str,
-    agent: AgentId,
-    now: Millis,
-    ttl_ms: u64,
-}
-
-fn lease_job(
-    tx: &Transaction<'_>,
-    job: &str,
-    to: &LeaseTo<'_>,
-    gpus: &[u32],
-    (estimate, source): (Option<u64>, &'static str),
-) -> Result<Lease> {
+fn lease_job(tx: &Transaction<'_>, to: &LeaseTo<'_>, job: &str, slot: &Slot) -> Result<Lease> {
+    let (gpus, estimate, source) = (&slot.gpus, slot.estimate, slot.source);
     let sql = format!(
         "SELECT {} FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = ?1",
         rows::LEASE_COLUMNS
@@ -645,12 +623,7 @@ impl Store for SqliteStore {
                 [&reg.node],
                 |r| Ok((r.text(0)?, r.text(1)?)),
             )?;
-            let (plan, headroom) = rules::merge_registration(
-                reg.plan.as_ref(),
-                reg.headroom,
-                stored.as_ref().map(|(p, h)| (p.as_str(), h.as_str())),
-                reg.gpus.len(),
-            )?;
+            let (plan, headroom) = rules::merge_registration(&reg, stored)?;
             tx.execute(
                 "INSERT INTO nodes (name, agent_id, gpus, plan, headroom, last_seen, registered_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) \
@@ -736,10 +709,10 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed> {
+    async fn claim_jobs(&self, mut input: ClaimInput) -> Result<Claimed> {
         self.write(move |tx, changed| {
             let node = node_of_agent(tx, input.agent)?;
-            let samples = match input.gpus {
+            let samples = match input.gpus.take() {
                 Some(g) => {
                     *changed |= record_telemetry(tx, &node.name, &g)?;
                     g
@@ -747,23 +720,16 @@ impl Store for SqliteStore {
                 None => node.samples.clone(),
             };
             let now = now_ms();
+            let to = LeaseTo::new(&node, &input, now);
             let active = active_on(tx, &node.name)?;
-            let quarantined = all(
+            let blocked = all(
                 tx,
                 "SELECT gpu FROM quarantine WHERE node = ?1 \
                  UNION SELECT gpu FROM gpu_avoid WHERE node = ?1 AND until_ms > ?2",
                 params![node.name, now],
                 |r| Ok(r.int(0)? as u32),
             )?;
-            let snapshot = node_snapshot(
-                &node.gpus,
-                &node.plan,
-                &node.headroom,
-                &samples,
-                &active,
-                &quarantined,
-                input.reserve_after_ms,
-            );
+            let snapshot = node_snapshot(&node, &samples, &active, &blocked, &input);
             if input.max == 0 {
                 return Ok(Claimed {
                     leases: vec![],
@@ -786,21 +752,9 @@ impl Store for SqliteStore {
                 }
             }
             let plan = rules::claim(&snapshot, &pending, &learned, now, input.max as usize);
-            let to = LeaseTo {
-                node: &node.name,
-                agent: input.agent,
-                now,
-                ttl_ms: input.lease_ttl_ms,
-            };
             let mut leases = Vec::with_capacity(plan.leases.len());
-            for (p, estimate) in plan.leases {
-                leases.push(lease_job(
-                    tx,
-                    &pending[p.candidate].id,
-                    &to,
-                    &p.gpus,
-                    estimate,
-                )?);
+            for slot in &plan.leases {
+                leases.push(lease_job(tx, &to, &pending[slot.candidate].id, slot)?);
             }
             for (i, reason) in &plan.reasons {
                 set_reason(tx, &pending[*i].id, reason)?;
@@ -814,12 +768,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn pending_cancels(
-        &self,
-        agent: AgentId,
-        watching: &[AttemptId],
-    ) -> Result<Vec<AttemptId>> {
-        let watching: Vec<String> = watching.iter().map(|a| a.to_string()).collect();
+    async fn pending_cancels(&self, agent: AgentId, of: &[AttemptId]) -> Result<Vec<AttemptId>> {
+        let watching: Vec<String> = of.iter().map(AttemptId::to_string).collect();
         self.with(move |c| {
             let mut stmt = c.prepare_cached(
                 "SELECT 1 FROM attempts WHERE id = ?1 AND agent_id = ?2 AND cancel_requested = 1 \
@@ -836,14 +786,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn renew_leases(
-        &self,
-        agent: AgentId,
-        attempts: &[AttemptRef],
-        gpus: &[GpuSample],
-        lease_ttl_ms: u64,
-    ) -> Result<Renewed> {
-        let (attempts, gpus) = (attempts.to_vec(), gpus.to_vec());
+    async fn renew_leases(&self, r: Renewal) -> Result<Renewed> {
+        let (agent, attempts, gpus, lease_ttl_ms) = (r.agent, r.attempts, r.gpus, r.lease_ttl_ms);
         self.write(move |tx, changed| {
             let node = node_of_agent(tx, agent)?;
             // A stale token for any attempt refuses the whole heartbeat, before it writes.
@@ -854,19 +798,9 @@ impl Store for SqliteStore {
                     "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = ?2 \
                      FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = ?1",
                     params![a.attempt.to_string(), agent.to_string()],
-                    |r| {
-                        Ok((
-                            rows::fence_row(r)?,
-                            r.parsed_opt(3, "failure class")?,
-                            r.flag(4)?,
-                        ))
-                    },
+                    |r| rows::renewal_row(r),
                 )?;
-                if row.as_ref().is_some_and(|(_, _, ours)| !ours) {
-                    return Err(StoreError::StaleFence { attempt: a.attempt });
-                }
-                let row = row.as_ref().map(|(f, c, _)| (f, *c));
-                if rules::renewal(a.attempt, a.fence, row)? {
+                if rules::renewal(a.attempt, a.fence, row.as_ref())? {
                     renew.push(a.attempt);
                 }
             }
@@ -893,13 +827,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn start_attempt(
-        &self,
-        attempt: AttemptId,
-        fence: i64,
-        pid: u32,
-        started_at: Millis,
-    ) -> Result<()> {
+    async fn start_attempt(&self, a: AttemptId, fence: i64, pid: u32, at: Millis) -> Result<()> {
+        let (attempt, started_at) = (a, at);
         self.write(move |tx, changed| {
             let (job, phase) = check_fence(tx, attempt, fence)?;
             if phase != AttemptPhase::Leased {
