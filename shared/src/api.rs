@@ -449,7 +449,9 @@ pub struct HeartbeatRequest {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HeartbeatResponse {
     pub cancel: Vec<AttemptId>,
-    /// Attempts whose lease is no longer this agent's: stop them, report nothing.
+    /// Always empty now: a heartbeat naming an attempt whose lease was lost or reassigned
+    /// is refused whole with 409 `stale_fence` naming the attempt. Kept for older agents.
+    #[serde(default)]
     pub stale: Vec<AttemptId>,
     pub plan: String,
 }

@@ -83,7 +83,6 @@ pub async fn claim(
             s.store.pending_cancels(agent, &req.watching).await?
         };
         let plan = claimed.plan.to_string();
-        if !claimed.leases.is_empty() {}
         let now = tokio::time::Instant::now();
         if !claimed.leases.is_empty()
             || !cancel.is_empty()
