@@ -1167,16 +1167,20 @@ impl Store for PostgresStore {
                 for a in &attempts {
                     let row = first(
                         tx,
-                        "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = $2 \
-                         FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
+                        "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = $2, \
+                         j.seq FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
                         &[&a.attempt.to_string(), &agent.to_string()],
-                        rows::renewal_row,
+                        |r| Ok((rows::renewal_row(r)?, r.int(5)?)),
                     )
                     .await?;
-                    if rules::renewal(a.attempt, a.fence, row.as_ref())? {
-                        renew.push(a.attempt);
+                    if rules::renewal(a.attempt, a.fence, row.as_ref().map(|(r, _)| r))? {
+                        renew.push((row.map_or(0, |(_, seq)| seq), a.attempt));
                     }
                 }
+                // Attempt rows are locked in job order, as the lease sweep locks them: in
+                // the agent's order, a heartbeat and a sweep could each wait for the other.
+                renew.sort_unstable();
+                let renew = renew.into_iter().map(|(_, a)| a);
                 // Renewals change nothing anyone waits for; freed memory may let a claim
                 // on another replica place work.
                 let freed = record_telemetry(tx, &node.name, &gpus).await?;
