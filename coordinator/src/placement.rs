@@ -271,6 +271,41 @@ pub fn place_explained(snapshot: &Snapshot, candidates: &[Candidate], max: usize
     }
 }
 
+/// A live node as read-time reasons see it: its GPU count and its largest GPU's memory
+/// less headroom.
+pub struct LiveNode {
+    pub gpus: u32,
+    pub largest_mib: u64,
+}
+
+/// The reason a waiting job shows when read: what no claim pass can say (no live node, no
+/// node with that many GPUs, nothing looked at it yet), and a claim's "larger than every
+/// GPU" corrected when another live node has a GPU large enough (a claim sees its own node).
+pub fn read_time_reason(
+    gpus: u32,
+    stored: Option<PendingReason>,
+    live: &[LiveNode],
+) -> PendingReason {
+    let Some(max) = live.iter().map(|n| n.gpus).max() else {
+        return PendingReason::NoLiveNode;
+    };
+    if gpus > max {
+        return PendingReason::TooManyGpus { wanted: gpus, max };
+    }
+    let largest = live.iter().map(|n| n.largest_mib).max().unwrap_or(0);
+    match stored {
+        Some(PendingReason::LargerThanEveryGpu {
+            needed_mib,
+            largest_mib,
+        }) if needed_mib <= largest => PendingReason::NotEnoughMemory {
+            needed_mib,
+            available_mib: largest_mib,
+        },
+        Some(r) => r,
+        None => PendingReason::NotConsidered,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,6 +455,40 @@ mod tests {
         let why = place_explained(&s, &[big, job(Some(1_000))], 10).reasons;
         assert!(matches!(why[0].1, PendingReason::NotEnoughMemory { .. }));
         assert_eq!(why[1], (1, PendingReason::BehindReservation));
+    }
+
+    #[test]
+    fn read_time_reasons_cover_what_no_claim_says() {
+        let small = || LiveNode {
+            gpus: 2,
+            largest_mib: 21_000,
+        };
+        let big = LiveNode {
+            gpus: 8,
+            largest_mib: 72_000,
+        };
+        assert_eq!(read_time_reason(1, None, &[]), PendingReason::NoLiveNode);
+        assert_eq!(
+            read_time_reason(4, Some(PendingReason::NoFreeSlot), &[small()]),
+            PendingReason::TooManyGpus { wanted: 4, max: 2 }
+        );
+        assert_eq!(
+            read_time_reason(1, None, &[small()]),
+            PendingReason::NotConsidered
+        );
+        let huge = PendingReason::LargerThanEveryGpu {
+            needed_mib: 40_000,
+            largest_mib: 21_000,
+        };
+        assert_eq!(read_time_reason(1, Some(huge.clone()), &[small()]), huge);
+        // Another live node has a GPU large enough: it is only short on the node that looked.
+        assert_eq!(
+            read_time_reason(1, Some(huge), &[small(), big]),
+            PendingReason::NotEnoughMemory {
+                needed_mib: 40_000,
+                available_mib: 21_000
+            }
+        );
     }
 
     #[test]

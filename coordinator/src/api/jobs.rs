@@ -6,11 +6,11 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::IntoResponse;
 use headroom_shared::api::{AttemptPhase, AttemptView, CancelResponse, JobDetail, JobSummary};
-use headroom_shared::pending::PendingReason;
 use headroom_shared::{AttemptId, JobState};
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, parse_id};
+use crate::placement::{LiveNode, read_time_reason};
 use crate::store::JobFilter;
 
 #[derive(Deserialize)]
@@ -63,19 +63,21 @@ async fn read_time_reasons<'a>(
             let alive = s.config.lease_ttl.as_millis() as u64;
             nodes = Some(s.store.list_nodes(alive).await?);
         }
-        let live = nodes.iter().flatten().filter(|n| n.alive);
-        let most_gpus = live.map(|n| n.gpus.len() as u32).max();
-        j.pending_reason = match most_gpus {
-            None => Some(PendingReason::NoLiveNode),
-            Some(max) if j.gpus > max => Some(PendingReason::TooManyGpus {
-                wanted: j.gpus,
-                max,
-            }),
-            _ => j
-                .pending_reason
-                .take()
-                .or(Some(PendingReason::NotConsidered)),
-        };
+        let live: Vec<LiveNode> = nodes
+            .iter()
+            .flatten()
+            .filter(|n| n.alive)
+            .map(|n| LiveNode {
+                gpus: n.gpus.len() as u32,
+                largest_mib: n
+                    .gpus
+                    .iter()
+                    .map(|g| g.total_mib.saturating_sub(g.headroom_mib))
+                    .max()
+                    .unwrap_or(0),
+            })
+            .collect();
+        j.pending_reason = Some(read_time_reason(j.gpus, j.pending_reason.take(), &live));
     }
     Ok(())
 }
