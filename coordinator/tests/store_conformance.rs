@@ -299,13 +299,19 @@ async fn stale_fences_are_refused(s: Backend) {
     assert_eq!(state(&s, l.job).await, JobState::Succeeded);
 }
 
-async fn retry_policy_decides_requeue(s: Backend) {
-    let agent = register(&s, "n1", 1, None).await;
-    submit(&s, vec![job(0, Some(1000), vec![FailureClass::Oom], 2)]).await;
-    let l = claim(&s, agent, 1).await.remove(0);
+/// One job of this retry policy, leased on a one-GPU node `n1` and started.
+async fn one_running(s: &Backend, retry_on: Vec<FailureClass>, max: u32) -> (AgentId, Lease) {
+    let agent = register(s, "n1", 1, None).await;
+    submit(s, vec![job(0, Some(1000), retry_on, max)]).await;
+    let l = claim(s, agent, 1).await.remove(0);
     s.start_attempt(l.attempt, l.fence, 1, 0)
         .await
         .expect("start");
+    (agent, l)
+}
+
+async fn retry_policy_decides_requeue(s: Backend) {
+    let (agent, l) = one_running(&s, vec![FailureClass::Oom], 2).await;
     let st = s
         .finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Oom)))
         .await
@@ -674,12 +680,7 @@ async fn unverified_cleanup_quarantines_gpus(s: Backend) {
 }
 
 async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
-    let agent = register(&s, "n1", 1, None).await;
-    submit(&s, vec![job(0, Some(1000), vec![FailureClass::Lost], 3)]).await;
-    let l = claim(&s, agent, 1).await.remove(0);
-    s.start_attempt(l.attempt, l.fence, 7, 0)
-        .await
-        .expect("start");
+    let (agent, l) = one_running(&s, vec![FailureClass::Lost], 3).await;
     let before = s.list_nodes(60_000).await.expect("nodes")[0].gpus[0].free_mib;
     // A heartbeat presenting a stale token for its attempt: refused, telemetry not stored.
     let mut samples = free(1, 10_000);

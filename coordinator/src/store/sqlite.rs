@@ -167,16 +167,14 @@ fn all<T>(
     Ok(out)
 }
 
-/// The first row of `sql`, decoded by `f`, if there is one.
+/// The row of `sql` (by key: at most one), decoded by `f`, if there is one.
 fn first<T>(
     conn: &Connection,
     sql: &str,
     args: impl rusqlite::Params,
     f: impl Fn(&Row<'_>) -> Result<T>,
 ) -> Result<Option<T>> {
-    let mut stmt = conn.prepare_cached(sql)?;
-    let mut rows = stmt.query(args)?;
-    rows.next()?.map(f).transpose()
+    Ok(all(conn, sql, args, f)?.into_iter().next())
 }
 
 fn job_state(tx: &Transaction<'_>, job: &str) -> Result<JobState> {
