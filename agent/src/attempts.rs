@@ -51,6 +51,9 @@ impl StopSignal {
 struct Running {
     fence: i64,
     stop: StopSignal,
+    /// The coordinator refused this lease as stale: it is no longer renewed (a heartbeat
+    /// presenting it would be refused whole).
+    stale: bool,
 }
 
 /// A pid that held memory when verification gave up, with its start time so that a pid
@@ -177,6 +180,7 @@ impl Attempts {
             Running {
                 fence,
                 stop: stop.clone(),
+                stale: false,
             },
         );
         self.launches.send_modify(|n| *n = n.wrapping_add(1));
@@ -188,11 +192,13 @@ impl Attempts {
         self.launches.subscribe()
     }
 
-    /// Leases to renew: every running attempt with its fencing token.
+    /// Leases to renew: every running attempt with its fencing token, but those the
+    /// coordinator refused as stale.
     pub fn refs(&self) -> Vec<AttemptRef> {
         self.lock()
             .running
             .iter()
+            .filter(|(_, r)| !r.stale)
             .map(|(id, r)| AttemptRef {
                 attempt: *id,
                 fence: r.fence,
@@ -223,6 +229,19 @@ impl Attempts {
         match self.lock().running.get(&attempt) {
             Some(r) => {
                 r.stop.stop(reason);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The coordinator refused this attempt's lease (lost, or someone else's now): stop it
+    /// and renew it no more. `false` if it is not running here.
+    pub fn mark_stale(&self, attempt: AttemptId) -> bool {
+        match self.lock().running.get_mut(&attempt) {
+            Some(r) => {
+                r.stale = true;
+                r.stop.stop(StopReason::LeaseLost);
                 true
             }
             None => false,

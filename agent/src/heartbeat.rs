@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use headroom_shared::AttemptId;
 use headroom_shared::api::{GpuSample, HeartbeatRequest};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -72,6 +73,26 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
                         tracing::warn!(attempt = %id, "lease is stale: stopping the attempt");
                     }
                 }
+            }
+            Ok(Err(crate::client::ClientError::Stale(msg))) => {
+                // The whole heartbeat was refused for the lease it names: stop that attempt,
+                // leave it out, and renew the others at once.
+                let named: Vec<AttemptId> = req
+                    .attempts
+                    .iter()
+                    .map(|r| r.attempt)
+                    .filter(|id| msg.contains(&id.to_string()))
+                    .collect();
+                for id in &named {
+                    attempts.mark_stale(*id);
+                    tracing::warn!(attempt = %id, "lease is stale: stopping the attempt");
+                }
+                next = if named.is_empty() {
+                    tracing::warn!("heartbeat refused: {msg}");
+                    Instant::now() + budget.retry
+                } else {
+                    Instant::now()
+                };
             }
             Ok(Err(e)) => {
                 tracing::warn!("heartbeat failed: {e}");

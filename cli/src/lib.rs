@@ -215,6 +215,7 @@ pub async fn submit(
         .submit(&req)
         .await
         .with_context(|| format!("{} was refused", file.display()))?;
+    output::warnings(&resp);
     if dry_run {
         output::preview(&resp);
         return Ok(0);

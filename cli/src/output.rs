@@ -27,8 +27,8 @@ fn params_text(j: &JobSummary) -> String {
 
 pub fn jobs_table(jobs: &[JobSummary]) {
     println!(
-        "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  PARAMS",
-        "JOB", "EXPERIMENT", "INDEX", "STATE", "ATT", "NODE:GPUS", "FAILURE"
+        "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  {:<21}  PARAMS",
+        "JOB", "EXPERIMENT", "INDEX", "STATE", "ATT", "NODE:GPUS", "FAILURE", "WAITING"
     );
     for j in jobs {
         let place = match &j.node {
@@ -43,7 +43,7 @@ pub fn jobs_table(jobs: &[JobSummary]) {
             None => "-".into(),
         };
         println!(
-            "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  {}",
+            "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  {:<21}  {}",
             j.id,
             j.experiment_name,
             j.index,
@@ -51,6 +51,7 @@ pub fn jobs_table(jobs: &[JobSummary]) {
             j.attempts,
             place,
             j.last_failure.map(|f| f.as_str()).unwrap_or("-"),
+            j.pending_reason.as_ref().map(|r| r.code()).unwrap_or("-"),
             params_text(j)
         );
     }
@@ -93,6 +94,9 @@ pub fn job_detail(d: &JobDetail) {
         j.index, j.config, j.run
     );
     println!("state      {}", j.state);
+    if let Some(why) = &j.pending_reason {
+        println!("waiting    {why}");
+    }
     println!("params     {}", params_text(j));
     println!("command    {}", d.argv.join(" "));
     println!(
@@ -249,6 +253,13 @@ pub fn nodes_table(nodes: &[NodeView]) {
                 );
             }
         }
+    }
+}
+
+/// What the coordinator warned about at submit (e.g. a job larger than every GPU).
+pub fn warnings(resp: &SubmitResponse) {
+    for w in &resp.warnings {
+        eprintln!("warning: {w}");
     }
 }
 

@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::{AppState, router};
-use crate::changes::Changes;
 use crate::config::CoordinatorConfig;
 use crate::logs::{LogError, LogStore};
 use crate::store::Store;
@@ -44,12 +43,10 @@ impl Application {
             })?;
         let logs = LogStore::new(config.data_dir.join("logs"))?;
         let state = AppState {
+            changes: store.changes(),
             store,
-            changes: Changes::default(),
-            log_changes: Changes::default(),
             logs,
             config: Arc::new(config),
-            last_free: Arc::default(),
         };
         Ok(Self { listener, state })
     }
@@ -74,7 +71,10 @@ impl Application {
         });
         let app = router(self.state.clone());
         // Draining: stop accepting, answer held long-polls at once, finish requests in flight.
-        let (changes, log_changes) = (self.state.changes.clone(), self.state.log_changes.clone());
+        let (changes, log_changes) = (
+            self.state.changes.clone(),
+            self.state.logs.changes().clone(),
+        );
         let stop = shutdown.clone();
         let serve = axum::serve(self.listener, app)
             .with_graceful_shutdown(async move {
@@ -117,7 +117,6 @@ async fn sweep_leases(state: AppState, shutdown: CancellationToken) {
                     count = lost.len(),
                     "leases expired: attempts recorded as lost"
                 );
-                state.changes.bump();
             }
             Ok(_) => {}
             Err(e) => tracing::warn!("lease sweep failed: {e}"),

@@ -8,6 +8,7 @@ pub mod config;
 pub mod export;
 pub mod logs;
 pub mod placement;
+pub mod rules;
 pub mod store;
 
 pub use app::Application;

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use headroom_shared::AttemptId;
 
+use crate::changes::Changes;
+
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     #[error("log chunk at offset {offset} leaves a gap: the log holds {len} bytes")]
@@ -15,15 +17,25 @@ pub enum LogError {
     Io(#[from] std::io::Error),
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct LogStore {
     dir: PathBuf,
+    /// Bumped when a log grows, for `logs -f`.
+    changes: Changes,
 }
 
 impl LogStore {
     pub fn new(dir: PathBuf) -> Result<Self, LogError> {
         fs::create_dir_all(&dir)?;
-        Ok(Self { dir })
+        Ok(Self {
+            dir,
+            changes: Changes::default(),
+        })
+    }
+
+    /// The counter followers wait on; every append that adds bytes bumps it.
+    pub fn changes(&self) -> &Changes {
+        &self.changes
     }
 
     fn path(&self, attempt: AttemptId) -> PathBuf {
@@ -44,6 +56,7 @@ impl LogStore {
         let skip = (len - offset) as usize;
         if skip < bytes.len() {
             f.write_all(&bytes[skip..])?;
+            self.changes.bump();
         }
         Ok(len.max(offset + bytes.len() as u64))
     }

@@ -1,5 +1,8 @@
 //! Placement: which pending jobs go on which GPUs of a node, as a pure function over a
-//! snapshot, so the store, the simulator and property tests run the same code.
+//! snapshot, so the store, the simulator and property tests run the same code. It also says
+//! why each job it could not place still waits (its pending reason).
+
+use headroom_shared::pending::PendingReason;
 
 /// Concurrent CPU-only (`gpus: 0`) jobs per node.
 pub const CPU_SLOTS: u32 = 4;
@@ -37,8 +40,11 @@ impl GpuState {
         }
         let budget = self.total_mib.checked_sub(self.headroom_mib)?;
         match estimate {
-            // No estimate: the job runs alone the first time.
-            None => self.placed.is_empty().then_some(0),
+            // No estimate: the job runs alone the first time, and alone still means the
+            // live free memory must be the GPU's (a foreign process may hold it).
+            None => (self.placed.is_empty()
+                && self.live_free_mib.is_none_or(|free| free >= budget))
+            .then_some(0),
             Some(e) => {
                 let after = budget.checked_sub(self.estimated())?.checked_sub(e)?;
                 if let Some(free) = self.live_free_mib
@@ -59,6 +65,27 @@ impl GpuState {
                 None => true,
                 Some(e) => self.total_mib.saturating_sub(self.headroom_mib) >= e,
             }
+    }
+
+    /// Why this GPU cannot take `estimate` now, if it cannot.
+    fn blocker(&self, estimate: Option<u64>) -> Blocker {
+        if self.leftover_after(estimate).is_some() {
+            return Blocker::Fits;
+        }
+        if self.quarantined {
+            return Blocker::Quarantined;
+        }
+        if self.placed.len() as u64 >= u64::from(self.slots) || self.has_loner() {
+            return Blocker::Slot;
+        }
+        let budget = self.total_mib.saturating_sub(self.headroom_mib);
+        // A job without an estimate needs the whole GPU (less headroom) to itself.
+        let needed = estimate.unwrap_or(budget);
+        let mut available = budget.saturating_sub(self.estimated());
+        if let Some(free) = self.live_free_mib {
+            available = available.min(free.saturating_sub(self.headroom_mib));
+        }
+        Blocker::Memory { needed, available }
     }
 
     fn take(&mut self, estimate: Option<u64>) {
@@ -94,12 +121,92 @@ pub struct Snapshot {
     pub reserve_after_ms: u64,
 }
 
+/// Why one GPU cannot take a job now.
+enum Blocker {
+    Fits,
+    Quarantined,
+    Reserved,
+    Slot,
+    /// A slot is free, the memory is not.
+    Memory {
+        needed: u64,
+        available: u64,
+    },
+}
+
+/// A placement pass: what goes where, and why each job looked at and not placed waits.
+#[derive(Clone, Debug, Default)]
+pub struct Placed {
+    pub placements: Vec<Placement>,
+    /// By position in the candidate list.
+    pub reasons: Vec<(usize, PendingReason)>,
+}
+
 /// Places candidates in order, best fit (least memory left over), at most `max` of them.
 pub fn place(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Vec<Placement> {
+    place_explained(snapshot, candidates, max).placements
+}
+
+/// The pending reason of a job that did not fit on these GPUs (in their state after the
+/// placements before it).
+fn reason(gpus: &[GpuState], reserved: &[bool], c: &Candidate) -> PendingReason {
+    if c.gpus as usize > gpus.len() {
+        return PendingReason::TooManyGpus {
+            wanted: c.gpus,
+            max: gpus.len() as u32,
+        };
+    }
+    if let Some(needed) = c.estimate_mib {
+        let largest = gpus
+            .iter()
+            .map(|g| g.total_mib.saturating_sub(g.headroom_mib))
+            .max()
+            .unwrap_or(0);
+        if needed > largest {
+            return PendingReason::LargerThanEveryGpu {
+                needed_mib: needed,
+                largest_mib: largest,
+            };
+        }
+    }
+    let blockers: Vec<Blocker> = gpus
+        .iter()
+        .zip(reserved)
+        .map(|(g, &r)| match g.blocker(c.estimate_mib) {
+            Blocker::Quarantined => Blocker::Quarantined,
+            _ if r => Blocker::Reserved,
+            b => b,
+        })
+        .collect();
+    let short = blockers
+        .iter()
+        .filter_map(|b| match b {
+            Blocker::Memory { needed, available } => Some((*available, *needed)),
+            _ => None,
+        })
+        .max();
+    if let Some((available, needed)) = short {
+        return PendingReason::NotEnoughMemory {
+            needed_mib: needed,
+            available_mib: available,
+        };
+    }
+    if blockers.iter().any(|b| matches!(b, Blocker::Slot)) {
+        PendingReason::NoFreeSlot
+    } else if blockers.iter().any(|b| matches!(b, Blocker::Reserved)) {
+        PendingReason::BehindReservation
+    } else {
+        PendingReason::GpuQuarantined
+    }
+}
+
+/// `place`, and the pending reason of every candidate it looked at and did not place.
+pub fn place_explained(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Placed {
     let mut gpus = snapshot.gpus.clone();
     let mut reserved = vec![false; gpus.len()];
     let mut cpu_jobs = snapshot.cpu_jobs;
     let mut out = Vec::new();
+    let mut reasons = Vec::new();
     for (i, c) in candidates.iter().enumerate() {
         if out.len() >= max {
             break;
@@ -111,6 +218,8 @@ pub fn place(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Vec<P
                     candidate: i,
                     gpus: vec![],
                 });
+            } else {
+                reasons.push((i, PendingReason::NoFreeSlot));
             }
             continue;
         }
@@ -136,7 +245,10 @@ pub fn place(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Vec<P
                 candidate: i,
                 gpus: indices,
             });
-        } else if c.waited_ms >= snapshot.reserve_after_ms {
+            continue;
+        }
+        reasons.push((i, reason(&gpus, &reserved, c)));
+        if c.waited_ms >= snapshot.reserve_after_ms {
             // A job that waited too long holds the GPUs most likely to free up for it,
             // so smaller jobs behind it stop overtaking it forever.
             let mut possible: Vec<(usize, u64, usize)> = gpus
@@ -153,7 +265,45 @@ pub fn place(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Vec<P
             }
         }
     }
-    out
+    Placed {
+        placements: out,
+        reasons,
+    }
+}
+
+/// A live node as read-time reasons see it: its GPU count and its largest GPU's memory
+/// less headroom.
+pub struct LiveNode {
+    pub gpus: u32,
+    pub largest_mib: u64,
+}
+
+/// The reason a waiting job shows when read: what no claim pass can say (no live node, no
+/// node with that many GPUs, nothing looked at it yet), and a claim's "larger than every
+/// GPU" corrected when another live node has a GPU large enough (a claim sees its own node).
+pub fn read_time_reason(
+    gpus: u32,
+    stored: Option<PendingReason>,
+    live: &[LiveNode],
+) -> PendingReason {
+    let Some(max) = live.iter().map(|n| n.gpus).max() else {
+        return PendingReason::NoLiveNode;
+    };
+    if gpus > max {
+        return PendingReason::TooManyGpus { wanted: gpus, max };
+    }
+    let largest = live.iter().map(|n| n.largest_mib).max().unwrap_or(0);
+    match stored {
+        Some(PendingReason::LargerThanEveryGpu {
+            needed_mib,
+            largest_mib,
+        }) if needed_mib <= largest => PendingReason::NotEnoughMemory {
+            needed_mib,
+            available_mib: largest_mib,
+        },
+        Some(r) => r,
+        None => PendingReason::NotConsidered,
+    }
 }
 
 #[cfg(test)]
@@ -233,6 +383,112 @@ mod tests {
         let mut g = gpu(0, 10_000, 4);
         g.placed.push(Some(100));
         assert!(place(&snap(vec![g]), &[job(None)], 1).is_empty());
+    }
+
+    #[test]
+    fn a_loner_still_needs_the_live_free_memory() {
+        // A foreign process holds 6 GiB of this 10 GiB GPU: "alone" does not fit.
+        let mut g = gpu(0, 10_000, 4);
+        g.live_free_mib = Some(4_000);
+        let s = snap(vec![g.clone()]);
+        assert!(place(&s, &[job(None)], 1).is_empty());
+        let why = place_explained(&s, &[job(None)], 1).reasons;
+        assert_eq!(
+            why,
+            vec![(
+                0,
+                PendingReason::NotEnoughMemory {
+                    needed_mib: 9_000,
+                    available_mib: 3_000
+                }
+            )]
+        );
+        // Within the headroom, the GPU counts as free.
+        g.live_free_mib = Some(9_500);
+        assert_eq!(place(&snap(vec![g]), &[job(None)], 1).len(), 1);
+    }
+
+    #[test]
+    fn unplaced_jobs_say_why() {
+        let mut full = gpu(0, 10_000, 1);
+        full.placed.push(Some(1_000));
+        let mut q = gpu(1, 10_000, 1);
+        q.quarantined = true;
+        let s = snap(vec![full.clone(), q.clone()]);
+        let two = Candidate {
+            gpus: 3,
+            estimate_mib: Some(1),
+            waited_ms: 0,
+        };
+        let huge = job(Some(1 << 40));
+        let why = place_explained(&s, &[job(Some(1_000)), two, huge], 10).reasons;
+        assert_eq!(why[0], (0, PendingReason::NoFreeSlot));
+        assert_eq!(
+            why[1],
+            (1, PendingReason::TooManyGpus { wanted: 3, max: 2 })
+        );
+        assert!(matches!(
+            why[2],
+            (
+                2,
+                PendingReason::LargerThanEveryGpu {
+                    largest_mib: 9_000,
+                    ..
+                }
+            )
+        ));
+        let only_q = snap(vec![q]);
+        assert_eq!(
+            place_explained(&only_q, &[job(Some(1))], 1).reasons,
+            vec![(0, PendingReason::GpuQuarantined)]
+        );
+        // An old big job holds the GPU: the small one behind it waits for the reservation.
+        let mut half = gpu(0, 10_000, 2);
+        half.placed.push(Some(5_000));
+        let mut s = snap(vec![half]);
+        s.reserve_after_ms = 1;
+        let big = Candidate {
+            gpus: 1,
+            estimate_mib: Some(8_000),
+            waited_ms: 60_000,
+        };
+        let why = place_explained(&s, &[big, job(Some(1_000))], 10).reasons;
+        assert!(matches!(why[0].1, PendingReason::NotEnoughMemory { .. }));
+        assert_eq!(why[1], (1, PendingReason::BehindReservation));
+    }
+
+    #[test]
+    fn read_time_reasons_cover_what_no_claim_says() {
+        let small = || LiveNode {
+            gpus: 2,
+            largest_mib: 21_000,
+        };
+        let big = LiveNode {
+            gpus: 8,
+            largest_mib: 72_000,
+        };
+        assert_eq!(read_time_reason(1, None, &[]), PendingReason::NoLiveNode);
+        assert_eq!(
+            read_time_reason(4, Some(PendingReason::NoFreeSlot), &[small()]),
+            PendingReason::TooManyGpus { wanted: 4, max: 2 }
+        );
+        assert_eq!(
+            read_time_reason(1, None, &[small()]),
+            PendingReason::NotConsidered
+        );
+        let huge = PendingReason::LargerThanEveryGpu {
+            needed_mib: 40_000,
+            largest_mib: 21_000,
+        };
+        assert_eq!(read_time_reason(1, Some(huge.clone()), &[small()]), huge);
+        // Another live node has a GPU large enough: it is only short on the node that looked.
+        assert_eq!(
+            read_time_reason(1, Some(huge), &[small(), big]),
+            PendingReason::NotEnoughMemory {
+                needed_mib: 40_000,
+                available_mib: 21_000
+            }
+        );
     }
 
     #[test]
@@ -324,7 +580,13 @@ mod tests {
             for (g, placed) in per_gpu.iter().enumerate() {
                 let gpu = &gpus[g];
                 prop_assert!(placed.len() as u32 <= gpu.slots);
-                if placed.iter().any(Option::is_none) { prop_assert_eq!(placed.len(), 1); }
+                if placed.iter().any(Option::is_none) {
+                    prop_assert_eq!(placed.len(), 1);
+                    // Alone still fits the live free memory: nothing foreign beyond headroom.
+                    if let Some(free) = gpu.live_free_mib {
+                        prop_assert!(free >= gpu.total_mib - gpu.headroom_mib);
+                    }
+                }
                 let sum: u64 = placed.iter().flatten().sum();
                 prop_assert!(sum + gpu.headroom_mib <= gpu.total_mib || placed.iter().all(Option::is_none));
                 if let Some(free) = gpu.live_free_mib {

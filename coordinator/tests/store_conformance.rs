@@ -8,9 +8,10 @@ use chrono::Utc;
 use headroom_coordinator::store::postgres::PostgresStore;
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::store::{
-    ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Store, StoreError,
+    ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Renewal, Renewed, Store, StoreError,
 };
 use headroom_shared::api::{AttemptRef, FinishReport, GpuInfo, GpuSample, Lease};
+use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, ExperimentId, FailureClass, JobId, JobState, Plan};
 
 type Backend = Arc<dyn Store>;
@@ -228,6 +229,21 @@ fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
     }
 }
 
+async fn renew(
+    s: &Backend,
+    agent: AgentId,
+    attempts: Vec<AttemptRef>,
+    gpus: Vec<GpuSample>,
+) -> Result<Renewed, StoreError> {
+    s.renew_leases(Renewal {
+        agent,
+        attempts,
+        gpus,
+        lease_ttl_ms: 30_000,
+    })
+    .await
+}
+
 async fn state(s: &Backend, job: JobId) -> JobState {
     s.job(job).await.expect("job").summary.state
 }
@@ -284,13 +300,19 @@ async fn stale_fences_are_refused(s: Backend) {
     assert_eq!(state(&s, l.job).await, JobState::Succeeded);
 }
 
-async fn retry_policy_decides_requeue(s: Backend) {
-    let agent = register(&s, "n1", 1, None).await;
-    submit(&s, vec![job(0, Some(1000), vec![FailureClass::Oom], 2)]).await;
-    let l = claim(&s, agent, 1).await.remove(0);
+/// One job of this retry policy, leased on a one-GPU node `n1` and started.
+async fn one_running(s: &Backend, retry_on: Vec<FailureClass>, max: u32) -> (AgentId, Lease) {
+    let agent = register(s, "n1", 1, None).await;
+    submit(s, vec![job(0, Some(1000), retry_on, max)]).await;
+    let l = claim(s, agent, 1).await.remove(0);
     s.start_attempt(l.attempt, l.fence, 1, 0)
         .await
         .expect("start");
+    (agent, l)
+}
+
+async fn retry_policy_decides_requeue(s: Backend) {
+    let (agent, l) = one_running(&s, vec![FailureClass::Oom], 2).await;
     let st = s
         .finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Oom)))
         .await
@@ -388,19 +410,18 @@ async fn reregistration_resumes_current_attempts(s: Backend) {
     assert_eq!(reg.lost, vec![leases[1].attempt]);
     assert_eq!(state(&s, leases[0].job).await, JobState::Running);
     assert_eq!(state(&s, leases[1].job).await, JobState::Failed);
-    let renewed = s
-        .renew_leases(
-            agent2,
-            &[AttemptRef {
-                attempt: leases[0].attempt,
-                fence: leases[0].fence,
-            }],
-            &[],
-            30_000,
-        )
-        .await
-        .expect("renew");
-    assert!(renewed.stale.is_empty());
+    let renewed = renew(
+        &s,
+        agent2,
+        vec![AttemptRef {
+            attempt: leases[0].attempt,
+            fence: leases[0].fence,
+        }],
+        vec![],
+    )
+    .await
+    .expect("renew");
+    assert!(renewed.cancel.is_empty());
     s.finish_attempt(leases[0].attempt, report(leases[0].fence, None))
         .await
         .expect("finish");
@@ -659,6 +680,169 @@ async fn unverified_cleanup_quarantines_gpus(s: Backend) {
     assert_eq!(s.release_gpu("n1", 0).await.expect("release"), 0);
 }
 
+async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
+    let (agent, l) = one_running(&s, vec![FailureClass::Lost], 3).await;
+    let before = s.list_nodes(60_000).await.expect("nodes")[0].gpus[0].free_mib;
+    // A heartbeat presenting a stale token for its attempt: refused, telemetry not stored.
+    let mut samples = free(1, 10_000);
+    samples[0].free_mib = 1234;
+    let stale = renew(
+        &s,
+        agent,
+        vec![AttemptRef {
+            attempt: l.attempt,
+            fence: l.fence - 1,
+        }],
+        samples,
+    )
+    .await;
+    assert!(
+        matches!(stale, Err(StoreError::StaleFence { .. })),
+        "{stale:?}"
+    );
+    assert_eq!(
+        s.list_nodes(60_000).await.expect("nodes")[0].gpus[0].free_mib,
+        before,
+        "a refused heartbeat stores nothing"
+    );
+    // A current log chunk is accepted; once the attempt is lost and the job leased again,
+    // its log chunks are refused.
+    s.check_log_fence(l.attempt, l.fence)
+        .await
+        .expect("current");
+    let agent2 = register(&s, "n1", 1, None).await;
+    let again = claim(&s, agent2, 1).await;
+    assert_eq!(again.len(), 1, "the lost attempt's job is leased again");
+    let late = s.check_log_fence(l.attempt, l.fence).await;
+    assert!(
+        matches!(late, Err(StoreError::StaleFence { .. })),
+        "{late:?}"
+    );
+    // The old agent's heartbeat for the lost attempt is refused as well.
+    let old = renew(
+        &s,
+        agent2,
+        vec![AttemptRef {
+            attempt: l.attempt,
+            fence: l.fence,
+        }],
+        vec![],
+    )
+    .await;
+    assert!(matches!(old, Err(StoreError::StaleFence { .. })), "{old:?}");
+}
+
+/// An attempt that ended by its own report while a heartbeat naming it was on its way is
+/// not stale: the heartbeat renews the others (busy nodes hit this race all the time).
+async fn heartbeats_racing_a_normal_end_renew_the_rest(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("2")).await;
+    submit(&s, (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
+    let leases = claim(&s, agent, 1).await;
+    assert_eq!(leases.len(), 2);
+    for l in &leases {
+        s.start_attempt(l.attempt, l.fence, 7, 0)
+            .await
+            .expect("start");
+    }
+    s.finish_attempt(leases[0].attempt, report(leases[0].fence, None))
+        .await
+        .expect("finish");
+    // The freed slot goes to the third job at once.
+    assert_eq!(claim(&s, agent, 1).await.len(), 1);
+    let refs: Vec<AttemptRef> = leases
+        .iter()
+        .map(|l| AttemptRef {
+            attempt: l.attempt,
+            fence: l.fence,
+        })
+        .collect();
+    let renewed = renew(&s, agent, refs, free(1, 10_000))
+        .await
+        .expect("a heartbeat racing a finish is accepted");
+    assert!(renewed.cancel.is_empty());
+    s.finish_attempt(leases[1].attempt, report(leases[1].fence, None))
+        .await
+        .expect("the other attempt is still ours");
+}
+
+/// A job with no declared memory that OOMs near the GPU's size: its ladder step is placed by
+/// the estimate of the parameters it runs with, and the last step repeats.
+async fn oom_ladder_steps_get_their_own_estimate_and_repeat(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await; // 10_000 MiB, headroom 1_000
+    let mut j = job(0, None, vec![], 4);
+    j.params = BTreeMap::from([("batch_size".to_string(), serde_json::json!(64))]);
+    j.argv = vec!["train".into(), "--bs=64".into()];
+    j.oom_ladder = vec![BTreeMap::from([(
+        "batch_size".to_string(),
+        serde_json::json!("/2"),
+    )])];
+    submit(&s, vec![j]).await;
+    let mut bs = vec![];
+    for _ in 0..4 {
+        let leases = claim(&s, agent, 1).await;
+        assert_eq!(
+            leases.len(),
+            1,
+            "each laddered attempt is placed (bs {bs:?})"
+        );
+        let l = &leases[0];
+        bs.push(l.params["batch_size"].clone());
+        // OOM at 9_500 MiB: the key's floor (11_875) exceeds the GPU.
+        let st = s
+            .finish_attempt(
+                l.attempt,
+                report_peak(l.fence, Some(FailureClass::Oom), 9_500),
+            )
+            .await
+            .expect("finish");
+        if bs.len() < 4 {
+            assert_eq!(st, JobState::Retrying, "bs {bs:?}");
+        } else {
+            assert_eq!(st, JobState::Failed, "max_attempts spent");
+        }
+    }
+    assert_eq!(
+        bs,
+        vec![
+            serde_json::json!(64),
+            serde_json::json!(32),
+            serde_json::json!(16),
+            serde_json::json!(8)
+        ]
+    );
+}
+
+async fn pending_jobs_say_why(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await; // one slot, 10_000 MiB
+    submit(
+        &s,
+        vec![
+            job(0, Some(1000), vec![], 1),
+            job(1, Some(1000), vec![], 1),
+            job(2, Some(10 * 1024 * 1024 * 1024), vec![], 1),
+        ],
+    )
+    .await;
+    let leases = claim(&s, agent, 1).await;
+    assert_eq!(leases.len(), 1);
+    let jobs = s.list_jobs(JobFilter::default()).await.expect("jobs");
+    assert_eq!(jobs[0].pending_reason, None, "leased jobs do not wait");
+    assert_eq!(jobs[1].pending_reason, Some(PendingReason::NoFreeSlot));
+    assert!(
+        matches!(
+            jobs[2].pending_reason,
+            Some(PendingReason::LargerThanEveryGpu {
+                largest_mib: 9_000,
+                ..
+            })
+        ),
+        "{:?}",
+        jobs[2].pending_reason
+    );
+    let shown = s.job(jobs[2].id).await.expect("job");
+    assert_eq!(shown.summary.pending_reason, jobs[2].pending_reason);
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -692,6 +876,10 @@ conformance!(sqlite, postgres: [
     estimates_are_learned_per_memory_key,
     oom_ladder_degrades_and_retries,
     unverified_cleanup_quarantines_gpus,
+    stale_heartbeats_and_logs_are_refused_and_change_nothing,
+    heartbeats_racing_a_normal_end_renew_the_rest,
+    oom_ladder_steps_get_their_own_estimate_and_repeat,
+    pending_jobs_say_why,
 ]);
 
 // ---- both backends side by side, and what only PostgreSQL does --------------------------

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::expand::ExpandedJob;
 use crate::ids::{AgentId, AttemptId, ExperimentId, JobId};
+use crate::pending::PendingReason;
 use crate::size::MemSize;
 use crate::state::{FailureClass, JobState};
 
@@ -111,6 +112,9 @@ pub struct SubmitResponse {
     /// The expanded jobs, for a dry run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preview: Option<Vec<ExpandedJob>>,
+    /// What may keep the jobs waiting, e.g. larger than every GPU of every live node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Jobs per state.
@@ -183,6 +187,9 @@ pub struct JobSummary {
     pub gpu_indices: Vec<u32>,
     pub last_failure: Option<FailureClass>,
     pub created_at: DateTime<Utc>,
+    /// Why a waiting (`queued` or `retrying`) job is not running yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_reason: Option<PendingReason>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -539,7 +546,9 @@ pub struct HeartbeatRequest {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HeartbeatResponse {
     pub cancel: Vec<AttemptId>,
-    /// Attempts whose lease is no longer this agent's: stop them, report nothing.
+    /// Always empty now: a heartbeat naming an attempt whose lease was lost or reassigned
+    /// is refused whole with 409 `stale_fence` naming the attempt. Kept for older agents.
+    #[serde(default)]
     pub stale: Vec<AttemptId>,
     pub plan: String,
 }

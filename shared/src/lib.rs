@@ -7,6 +7,7 @@ pub mod api;
 pub mod client;
 pub mod expand;
 pub mod ids;
+pub mod pending;
 pub mod plan;
 pub mod profile;
 pub mod routes;

@@ -12,7 +12,7 @@ use headroom_shared::api::{
 use headroom_shared::{AgentId, AttemptId, Plan};
 
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, check_samples, parse_id};
-use crate::store::{ClaimInput, Registration};
+use crate::store::{ClaimInput, Registration, Renewal};
 
 pub async fn register(
     State(s): State<AppState>,
@@ -45,7 +45,6 @@ pub async fn register(
         tracing::warn!(node = %req.node, lost = reg.lost.len(), "attempts of the node's earlier incarnation recorded as lost");
     }
     tracing::info!(node = %req.node, %agent, plan = %reg.plan, "agent registered");
-    s.changes.bump();
     Ok(ApiJson(RegisterResponse {
         agent,
         lease_ttl_ms: s.config.lease_ttl.as_millis() as u64,
@@ -84,9 +83,6 @@ pub async fn claim(
             s.store.pending_cancels(agent, &req.watching).await?
         };
         let plan = claimed.plan.to_string();
-        if !claimed.leases.is_empty() {
-            s.changes.bump();
-        }
         let now = tokio::time::Instant::now();
         if !claimed.leases.is_empty()
             || !cancel.is_empty()
@@ -113,24 +109,20 @@ pub async fn heartbeat(
     check_samples(&req.gpus)?;
     let r = s
         .store
-        .renew_leases(
+        .renew_leases(Renewal {
             agent,
-            &req.attempts,
-            &req.gpus,
-            s.config.lease_ttl.as_millis() as u64,
-        )
+            attempts: req.attempts,
+            gpus: req.gpus,
+            lease_ttl_ms: s.config.lease_ttl.as_millis() as u64,
+        })
         .await?;
-    let released = if req.released.is_empty() {
-        0
-    } else {
-        s.store.release_attempts(agent, &req.released).await?
-    };
-    if released > 0 || s.memory_freed(agent, &req.gpus) {
-        s.changes.bump();
+    if !req.released.is_empty() {
+        s.store.release_attempts(agent, &req.released).await?;
     }
     Ok(ApiJson(HeartbeatResponse {
         cancel: r.cancel,
-        stale: r.stale,
+        // A stale token refuses the whole heartbeat (409) instead.
+        stale: vec![],
         plan: r.plan.to_string(),
     }))
 }
@@ -149,7 +141,6 @@ pub async fn start(
             req.started_at.timestamp_millis(),
         )
         .await?;
-    s.changes.bump();
     Ok(ApiJson(Ack { ok: true }))
 }
 
@@ -163,7 +154,6 @@ pub async fn finish(
     let failure = req.failure;
     let job_state = s.store.finish_attempt(attempt, req).await?;
     tracing::info!(%attempt, failure = ?failure, %job_state, "attempt finished");
-    s.changes.bump();
     Ok(ApiJson(FinishResponse { job_state }))
 }
 
@@ -176,7 +166,6 @@ pub async fn hand_back(
     check_samples(&req.gpus)?;
     s.store.hand_back(attempt, req.fence, &req.gpus).await?;
     tracing::info!(%attempt, reason = %req.reason, "lease handed back");
-    s.changes.bump();
     Ok(ApiJson(Ack { ok: true }))
 }
 
@@ -187,10 +176,7 @@ pub async fn append_log(
     body: Bytes,
 ) -> ApiResult<LogAppended> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
-    let view = s.store.attempt(attempt).await?;
-    if view.fence != q.fence {
-        return Err(crate::store::StoreError::StaleFence { attempt }.into());
-    }
+    s.store.check_log_fence(attempt, q.fence).await?;
     let logs = s.logs.clone();
     let len = tokio::task::spawn_blocking(move || logs.append(attempt, q.offset, &body))
         .await
@@ -199,6 +185,5 @@ pub async fn append_log(
             crate::logs::LogError::Gap { .. } => ApiError::invalid("offset", e.to_string()),
             other => ApiError::internal(other.to_string()),
         })?;
-    s.log_changes.bump();
     Ok(ApiJson(LogAppended { len }))
 }

@@ -10,6 +10,7 @@ use headroom_shared::api::{
     SubmitResponse,
 };
 use headroom_shared::expand::{expand, memory_key};
+use headroom_shared::pending::PendingReason;
 use headroom_shared::profile;
 use headroom_shared::spec::ExperimentSpec;
 use headroom_shared::{ExperimentId, JobId};
@@ -43,6 +44,7 @@ pub async fn submit(
             ),
         ));
     }
+    let warnings = fit_warnings(&s, &spec).await?;
     if req.dry_run {
         return Ok(ApiJson(SubmitResponse {
             experiment: None,
@@ -51,6 +53,7 @@ pub async fn submit(
             jobs: expanded.len() as u64,
             dry_run: true,
             preview: Some(expanded),
+            warnings,
         }));
     }
     let profile_name = spec
@@ -98,7 +101,6 @@ pub async fn submit(
             jobs,
         })
         .await?;
-    s.changes.bump();
     tracing::info!(experiment = %stored.id, name = %stored.name, jobs = count, "experiment submitted");
     Ok(ApiJson(SubmitResponse {
         experiment: Some(stored.id),
@@ -107,7 +109,39 @@ pub async fn submit(
         jobs: count,
         dry_run: false,
         preview: None,
+        warnings,
     }))
+}
+
+/// What would keep the jobs waiting for ever on the live nodes: a declared memory larger
+/// than every live GPU (less headroom). Said at submit as well as in the jobs' reasons.
+async fn fit_warnings(s: &AppState, spec: &ExperimentSpec) -> Result<Vec<String>, ApiError> {
+    let Some(needed) = spec.resources.memory.map(|m| m.mib) else {
+        return Ok(vec![]);
+    };
+    if spec.resources.gpus == 0 {
+        return Ok(vec![]);
+    }
+    let nodes = s
+        .store
+        .list_nodes(s.config.lease_ttl.as_millis() as u64)
+        .await?;
+    let largest = nodes
+        .iter()
+        .filter(|n| n.alive)
+        .flat_map(|n| n.gpus.iter())
+        .map(|g| g.total_mib.saturating_sub(g.headroom_mib))
+        .max();
+    Ok(match largest {
+        Some(largest) if needed > largest => vec![format!(
+            "resources.memory: {}",
+            PendingReason::LargerThanEveryGpu {
+                needed_mib: needed,
+                largest_mib: largest,
+            }
+        )],
+        _ => vec![],
+    })
 }
 
 pub async fn list(State(s): State<AppState>) -> ApiResult<Vec<ExperimentSummary>> {
@@ -131,7 +165,6 @@ pub async fn cancel(
         .store
         .cancel_experiment(parse_id(&id, "experiment")?)
         .await?;
-    s.changes.bump();
     Ok(ApiJson(CancelResponse { cancelled }))
 }
 

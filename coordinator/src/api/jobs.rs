@@ -12,6 +12,7 @@ use headroom_shared::api::{
 use headroom_shared::{AttemptId, JobState, routes};
 
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, parse_id};
+use crate::placement::{LiveNode, read_time_reason};
 use crate::store::JobFilter;
 
 pub async fn list(
@@ -34,11 +35,46 @@ pub async fn list(
         state,
         limit: q.limit,
     };
-    Ok(ApiJson(s.store.list_jobs(filter).await?))
+    let mut jobs = s.store.list_jobs(filter).await?;
+    read_time_reasons(&s, jobs.iter_mut()).await?;
+    Ok(ApiJson(jobs))
 }
 
 pub async fn get_one(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<JobDetail> {
-    Ok(ApiJson(s.store.job(parse_id(&id, "job")?).await?))
+    let mut d = s.store.job(parse_id(&id, "job")?).await?;
+    read_time_reasons(&s, std::iter::once(&mut d.summary)).await?;
+    Ok(ApiJson(d))
+}
+
+/// Reasons no claim pass can give, because no agent claims: no live node, or none with
+/// that many GPUs; and a job no pass looked at yet says so.
+async fn read_time_reasons<'a>(
+    s: &AppState,
+    jobs: impl Iterator<Item = &'a mut JobSummary>,
+) -> Result<(), ApiError> {
+    let mut nodes = None;
+    for j in jobs.filter(|j| j.state.is_pending()) {
+        if nodes.is_none() {
+            let alive = s.config.lease_ttl.as_millis() as u64;
+            nodes = Some(s.store.list_nodes(alive).await?);
+        }
+        let live: Vec<LiveNode> = nodes
+            .iter()
+            .flatten()
+            .filter(|n| n.alive)
+            .map(|n| LiveNode {
+                gpus: n.gpus.len() as u32,
+                largest_mib: n
+                    .gpus
+                    .iter()
+                    .map(|g| g.total_mib.saturating_sub(g.headroom_mib))
+                    .max()
+                    .unwrap_or(0),
+            })
+            .collect();
+        j.pending_reason = Some(read_time_reason(j.gpus, j.pending_reason.take(), &live));
+    }
+    Ok(())
 }
 
 pub async fn cancel(
@@ -46,13 +82,11 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> ApiResult<CancelResponse> {
     let cancelled = s.store.cancel_job(parse_id(&id, "job")?).await?;
-    s.changes.bump();
     Ok(ApiJson(CancelResponse { cancelled }))
 }
 
 pub async fn retry(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<RetryResponse> {
     let state = s.store.retry_job(parse_id(&id, "job")?).await?;
-    s.changes.bump();
     Ok(ApiJson(RetryResponse { state }))
 }
 
@@ -73,7 +107,7 @@ pub async fn read_log(
     let wait = Duration::from_millis(q.wait_ms).min(s.config.long_poll);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let seen = s.log_changes.version();
+        let seen = s.logs.changes().version();
         let ended = s.store.attempt(attempt).await?.phase == AttemptPhase::Ended;
         let logs = s.logs.clone();
         let bytes = tokio::task::spawn_blocking(move || logs.read(attempt, q.offset, LOG_READ_MAX))
@@ -94,7 +128,7 @@ pub async fn read_log(
         // Wake on new log bytes or any job change (the attempt may end).
         let changes = s.changes.version();
         tokio::select! {
-            _ = s.log_changes.wait_past(seen, deadline - now) => {}
+            _ = s.logs.changes().wait_past(seen, deadline - now) => {}
             _ = s.changes.wait_past(changes, deadline - now) => {}
         }
     }

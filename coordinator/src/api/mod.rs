@@ -6,7 +6,6 @@ use std::sync::Arc;
 use axum::Router;
 use axum::handler::Handler;
 use axum::routing::{MethodRouter, get, post, put};
-use headroom_shared::AgentId;
 use headroom_shared::api::{ErrorCode, GpuSample};
 use headroom_shared::routes::{Method, Route};
 
@@ -26,29 +25,10 @@ pub use error::{ApiError, ApiJson, ApiQuery, ApiResult};
 #[derive(Clone)]
 pub struct AppState {
     pub store: Arc<dyn Store>,
+    /// The store's change counter: long-polls wait on it, the store bumps it.
     pub changes: Changes,
-    /// Bumped when a log grows, for `logs -f`.
-    pub log_changes: Changes,
     pub logs: LogStore,
     pub config: Arc<CoordinatorConfig>,
-    /// Free memory per GPU from each agent's last heartbeat, to wake waiting claims when
-    /// memory frees up (a foreign process exits) even though no job changed.
-    pub last_free: Arc<std::sync::Mutex<std::collections::HashMap<AgentId, Vec<u64>>>>,
-}
-
-impl AppState {
-    /// Records a heartbeat's free memory; true when some GPU has more free than before.
-    pub fn memory_freed(&self, agent: AgentId, gpus: &[GpuSample]) -> bool {
-        let now: Vec<u64> = gpus.iter().map(|g| g.free_mib).collect();
-        let Ok(mut last) = self.last_free.lock() else {
-            return true;
-        };
-        let before = last.insert(agent, now.clone());
-        match before {
-            Some(b) if b.len() == now.len() => b.iter().zip(&now).any(|(b, n)| n > b),
-            _ => true,
-        }
-    }
 }
 
 /// The router, built from the shared route table (`headroom_shared::routes`): the method

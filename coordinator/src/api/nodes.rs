@@ -18,7 +18,6 @@ pub async fn set_plan(
 ) -> ApiResult<NodeView> {
     let plan = s.store.set_plan(&name, &req.plan).await?;
     tracing::info!(node = %name, %plan, "plan changed");
-    s.changes.bump();
     let alive = s.config.lease_ttl.as_millis() as u64;
     s.store
         .list_nodes(alive)
@@ -41,6 +40,5 @@ pub async fn release_gpu(
 ) -> ApiResult<Released> {
     let released = s.store.release_gpu(&name, gpu).await?;
     tracing::info!(node = %name, gpu, released, "quarantine lifted by hand");
-    s.changes.bump();
     Ok(ApiJson(Released { released }))
 }

@@ -13,10 +13,12 @@ use headroom_shared::state::TransitionError;
 use headroom_shared::{AgentId, AttemptId, ExperimentId, FailureClass, JobId, JobState, Plan};
 use serde_json::Value;
 
+use crate::changes::Changes;
 use crate::placement::{GpuState, Snapshot};
 use tokio_util::sync::CancellationToken;
 
 pub mod postgres;
+pub(crate) mod rows;
 pub mod sqlite;
 
 /// An attempt holding a lease on a node, as placement and node views see it.
@@ -24,19 +26,19 @@ pub(crate) struct Active {
     pub id: String,
     pub gpus: Vec<u32>,
     pub estimate: Option<u64>,
+    pub fence: i64,
 }
 
 /// The placement snapshot of one node: its GPUs with plan slots, headroom, live free memory,
 /// what is placed on them, and which are blocked (quarantined or avoided).
 pub(crate) fn node_snapshot(
-    gpus: &[GpuInfo],
-    plan: &Plan,
-    headroom: &Headroom,
+    node: &rows::NodeRow,
     samples: &[GpuSample],
     active: &[Active],
     blocked: &[u32],
-    reserve_after_ms: u64,
+    input: &ClaimInput,
 ) -> Snapshot {
+    let (gpus, plan, headroom) = (&node.gpus, &node.plan, &node.headroom);
     Snapshot {
         gpus: gpus
             .iter()
@@ -63,7 +65,7 @@ pub(crate) fn node_snapshot(
             })
             .collect(),
         cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,
-        reserve_after_ms,
+        reserve_after_ms: input.reserve_after_ms,
     }
 }
 
@@ -150,6 +152,15 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+impl StoreError {
+    pub fn not_found(what: &'static str, id: impl ToString) -> Self {
+        StoreError::NotFound {
+            what,
+            id: id.to_string(),
+        }
+    }
+}
+
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// A job as expanded and resolved, ready to store.
@@ -224,10 +235,18 @@ pub struct Claimed {
     pub plan: Plan,
 }
 
+/// A heartbeat: the agent's attempts with their tokens, and its samples.
+#[derive(Clone, Debug)]
+pub struct Renewal {
+    pub agent: AgentId,
+    pub attempts: Vec<AttemptRef>,
+    pub gpus: Vec<GpuSample>,
+    pub lease_ttl_ms: u64,
+}
+
 #[derive(Clone, Debug)]
 pub struct Renewed {
     pub cancel: Vec<AttemptId>,
-    pub stale: Vec<AttemptId>,
     pub plan: Plan,
 }
 
@@ -265,53 +284,16 @@ pub(crate) fn export_rows(jobs: Vec<JobSummary>, attempts: Vec<AttemptView>) -> 
     out
 }
 
-/// How long claims skip a GPU after an agent handed a lease on it back (its live memory did
-/// not fit at launch): long enough for the memory to settle, short enough not to idle it.
-pub const AVOID_AFTER_HAND_BACK_MS: i64 = 30_000;
-
-/// Learned estimates keep this much above the observed p95 peak.
-pub const LEARNED_MARGIN: f64 = 1.1;
-/// An OOM raises its key's estimate to at least this multiple of what the attempt had.
-pub const OOM_BUMP: f64 = 1.25;
-
-/// The estimate a job is placed by: max(declared, p95 of observed peaks x 1.1, the key's
-/// floor after OOMs), and where it came from; `None` when nothing is known.
-pub fn effective_estimate(
-    declared: Option<u64>,
-    observed_peaks: &mut [u64],
-    floor: Option<u64>,
-) -> (Option<u64>, &'static str) {
-    observed_peaks.sort_unstable();
-    let learned = (!observed_peaks.is_empty()).then(|| {
-        let i = ((observed_peaks.len() - 1) as f64 * 0.95).round() as usize;
-        (observed_peaks[i] as f64 * LEARNED_MARGIN).ceil() as u64
-    });
-    let learned = learned.max(floor);
-    match (declared, learned) {
-        (Some(d), Some(l)) if l > d => (Some(l), "learned"),
-        (Some(d), _) => (Some(d), "declared"),
-        (None, Some(l)) => (Some(l), "learned"),
-        (None, None) => (None, "none"),
-    }
-}
-
-/// Decides whether a failed attempt earns another one.
-pub fn retry_allowed(
-    class: FailureClass,
-    started: bool,
-    attempts: u32,
-    max_attempts: u32,
-    retry_on: &[FailureClass],
-) -> bool {
-    // A lease lost before its process started cost nothing: always requeue.
-    if class == FailureClass::Lost && !started {
-        return true;
-    }
-    attempts < max_attempts && retry_on.contains(&class)
-}
+pub use crate::rules::{
+    AVOID_AFTER_HAND_BACK_MS, LEARNED_MARGIN, OOM_BUMP, effective_estimate, retry_allowed,
+};
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// The change counter this store bumps after each transaction that changed something a
+    /// waiter may care about (and, through `watch_changes`, for other replicas' changes).
+    fn changes(&self) -> Changes;
+
     /// Backend name and schema version, for `/v1/health` and the parity test.
     async fn schema_version(&self) -> Result<i64>;
 
@@ -323,6 +305,8 @@ pub trait Store: Send + Sync + 'static {
     async fn list_jobs(&self, filter: JobFilter) -> Result<Vec<JobSummary>>;
     async fn job(&self, id: JobId) -> Result<JobDetail>;
     async fn attempt(&self, id: AttemptId) -> Result<AttemptView>;
+    /// Whether a log chunk with this token may be appended (`rules::check_log_fence`).
+    async fn check_log_fence(&self, attempt: AttemptId, fence: i64) -> Result<()>;
     async fn cancel_job(&self, id: JobId) -> Result<u64>;
     async fn cancel_experiment(&self, id: ExperimentId) -> Result<u64>;
     async fn retry_job(&self, id: JobId) -> Result<JobState>;
@@ -337,25 +321,11 @@ pub trait Store: Send + Sync + 'static {
     /// Leases fitting pending jobs to the agent's node, placed by `placement::place`.
     async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed>;
     /// Of `watching`, the attempts a user asked to cancel.
-    async fn pending_cancels(
-        &self,
-        agent: AgentId,
-        watching: &[AttemptId],
-    ) -> Result<Vec<AttemptId>>;
-    async fn renew_leases(
-        &self,
-        agent: AgentId,
-        attempts: &[AttemptRef],
-        gpus: &[GpuSample],
-        lease_ttl_ms: u64,
-    ) -> Result<Renewed>;
-    async fn start_attempt(
-        &self,
-        attempt: AttemptId,
-        fence: i64,
-        pid: u32,
-        started_at: Millis,
-    ) -> Result<()>;
+    async fn pending_cancels(&self, agent: AgentId, of: &[AttemptId]) -> Result<Vec<AttemptId>>;
+    /// Renews the leases of the agent's attempts and stores its samples. A stale token for
+    /// any attempt refuses the whole heartbeat (`StaleFence`, nothing written).
+    async fn renew_leases(&self, r: Renewal) -> Result<Renewed>;
+    async fn start_attempt(&self, a: AttemptId, fence: i64, pid: u32, at: Millis) -> Result<()>;
     async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState>;
     async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()>;
     /// Attempts whose lease ran out become `lost`; returns them.
@@ -373,34 +343,72 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A node as `headroom nodes` shows it, from its stored row, active attempts and quarantine.
+pub(crate) fn node_view(
+    row: rows::NodeRow,
+    active: &[Active],
+    quarantine: &[(u32, QuarantineView)],
+    alive_within_ms: u64,
+    now: Millis,
+) -> Result<NodeView> {
+    let gpus = gpu_views(
+        &row.gpus,
+        &row.plan,
+        &row.headroom,
+        &row.samples,
+        active,
+        quarantine,
+    )?;
+    Ok(NodeView {
+        alive: row.agent.is_some()
+            && row
+                .last_seen
+                .is_some_and(|t| now - t <= rows::i64_of(alive_within_ms)),
+        agent: row.agent.map(|a| rows::parse(&a, "agent id")).transpose()?,
+        name: row.name,
+        plan: row.plan.to_string(),
+        headroom: row.headroom,
+        last_seen: row.last_seen.map(rows::ts),
+        gpus,
+    })
+}
 
-    #[test]
-    fn estimates_take_the_safest_known_figure() {
-        assert_eq!(effective_estimate(None, &mut [], None), (None, "none"));
-        assert_eq!(
-            effective_estimate(Some(1000), &mut [], None),
-            (Some(1000), "declared")
-        );
-        assert_eq!(
-            effective_estimate(Some(1000), &mut [500, 600], None),
-            (Some(1000), "declared")
-        );
-        assert_eq!(
-            effective_estimate(Some(1000), &mut [2000], None),
-            (Some(2200), "learned")
-        );
-        assert_eq!(
-            effective_estimate(None, &mut [100; 3], Some(900)),
-            (Some(900), "learned")
-        );
-        // p95 of 20 peaks is the 19th smallest.
-        let mut peaks: Vec<u64> = (1..=20).map(|i| i * 100).collect();
-        assert_eq!(
-            effective_estimate(None, &mut peaks, None),
-            (Some(2090), "learned")
-        );
+/// A GPU index must name one of the node's GPUs.
+pub(crate) fn check_gpu(node: &str, gpus: &[GpuInfo], gpu: u32) -> Result<()> {
+    if gpus.iter().any(|g| g.index == gpu) {
+        Ok(())
+    } else {
+        Err(StoreError::not_found("GPU", format!("{node}/{gpu}")))
+    }
+}
+
+/// A conditional state update must touch its one row; otherwise a concurrent transaction
+/// changed the job first.
+pub(crate) fn one_row(n: u64, job: &str) -> Result<()> {
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::Database(format!(
+            "job {job} changed state concurrently"
+        )))
+    }
+}
+
+/// Where a claim's leases go.
+pub(crate) struct LeaseTo<'a> {
+    pub node: &'a str,
+    pub agent: AgentId,
+    pub now: Millis,
+    pub ttl_ms: u64,
+}
+
+impl<'a> LeaseTo<'a> {
+    pub fn new(node: &'a rows::NodeRow, input: &ClaimInput, now: Millis) -> Self {
+        Self {
+            node: &node.name,
+            agent: input.agent,
+            now,
+            ttl_ms: input.lease_ttl_ms,
+        }
     }
 }

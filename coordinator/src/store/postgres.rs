@@ -6,37 +6,33 @@
 //! its single writer, this backend locks rows, always in the order node -> jobs (by `seq`)
 //! -> attempts, so concurrent transactions wait for each other instead of deadlocking.
 
-use std::collections::{BTreeMap, HashMap};
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, TimeZone, Utc};
 use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime, Transaction,
 };
 use headroom_shared::api::{
-    AttemptPhase, AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample,
-    Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, StateCounts,
+    AttemptPhase, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample, JobDetail,
+    JobSummary, Lease, NodeView, StateCounts,
 };
-use headroom_shared::{
-    AgentId, AttemptId, ExperimentId, FailureClass, JobEvent, JobId, JobState, Plan,
-};
-use serde::Serialize;
+use headroom_shared::{AgentId, AttemptId, ExperimentId, JobEvent, JobId, JobState, Plan};
 use serde::de::DeserializeOwned;
-use serde_json::Value;
 use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::types::{FromSql, Json, ToSql};
 use tokio_postgres::{AsyncMessage, Client, Connection, IsolationLevel, NoTls, Row, Socket};
 use tokio_util::sync::CancellationToken;
 
+use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, parse};
 use super::{
-    AVOID_AFTER_HAND_BACK_MS, Active, ClaimInput, Claimed, ExportRow, JobFilter, Millis,
-    NewExperiment, OOM_BUMP, OnChange, Registered, Registration, Renewed, Result, Store,
-    StoreError, effective_estimate, gpu_views, node_snapshot, now_ms, retry_allowed,
+    Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, OnChange,
+    Registered, Registration, Renewal, Renewed, Result, Store, StoreError, node_snapshot,
+    node_view, now_ms,
 };
-use crate::placement::{self, Candidate};
+use crate::changes::Changes;
+use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
 
 mod embedded {
     refinery::embed_migrations!("migrations/postgres");
@@ -69,8 +65,9 @@ pub struct PostgresStore {
     pool: Pool,
     config: tokio_postgres::Config,
     /// Payload of this store's notifications: its own are skipped by its listener, since
-    /// the API already woke this process's waiters.
+    /// the store already woke this process's waiters.
     origin: String,
+    changes: Changes,
 }
 
 fn db_error(e: &tokio_postgres::Error) -> String {
@@ -152,6 +149,7 @@ impl PostgresStore {
             pool,
             config,
             origin: uuid::Uuid::new_v4().simple().to_string(),
+            changes: Changes::default(),
         })
     }
 
@@ -160,15 +158,23 @@ impl PostgresStore {
     }
 
     /// Runs `f` in one read-write transaction (READ COMMITTED plus explicit row locks).
+    /// When `f` says it changed something, the change is announced to every replica (at
+    /// commit) and to this process's waiters (after it).
     async fn write<T, F>(&self, f: F) -> Result<T>
     where
         T: Send,
-        F: for<'t> FnOnce(&'t Transaction<'t>) -> TxFuture<'t, T> + Send,
+        F: for<'t> FnOnce(&'t Transaction<'t>) -> TxFuture<'t, (T, bool)> + Send,
     {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let out = f(&tx).await?;
+        let (out, changed) = f(&tx).await?;
+        if changed {
+            exec(&tx, "SELECT pg_notify($1, $2)", &[&CHANNEL, &self.origin]).await?;
+        }
         tx.commit().await?;
+        if changed {
+            self.changes.bump();
+        }
         Ok(out)
     }
 
@@ -236,11 +242,32 @@ async fn exec(tx: &Transaction<'_>, sql: &str, params: Params<'_>) -> Result<u64
     Ok(tx.execute(&stmt, params).await?)
 }
 
-/// Announces a change to every replica's listener, delivered when the transaction commits
-/// (and not at all if it rolls back).
-async fn notify(tx: &Transaction<'_>, origin: &str) -> Result<()> {
-    exec(tx, "SELECT pg_notify($1, $2)", &[&CHANNEL, &origin]).await?;
-    Ok(())
+impl Cols for Row {
+    fn text(&self, i: usize) -> Result<String> {
+        get(self, i)
+    }
+    fn text_opt(&self, i: usize) -> Result<Option<String>> {
+        get(self, i)
+    }
+    fn int(&self, i: usize) -> Result<i64> {
+        get(self, i)
+    }
+    fn int_opt(&self, i: usize) -> Result<Option<i64>> {
+        get(self, i)
+    }
+    fn flag(&self, i: usize) -> Result<bool> {
+        get(self, i)
+    }
+    fn flag_opt(&self, i: usize) -> Result<Option<bool>> {
+        get(self, i)
+    }
+    fn json<T: DeserializeOwned>(&self, i: usize) -> Result<T> {
+        let Json(v) = get::<Json<T>>(self, i)?;
+        Ok(v)
+    }
+    fn json_opt<T: DeserializeOwned>(&self, i: usize) -> Result<Option<T>> {
+        Ok(get::<Option<Json<T>>>(self, i)?.map(|Json(v)| v))
+    }
 }
 
 fn get<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
@@ -248,134 +275,42 @@ fn get<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
         .map_err(|e| StoreError::Corrupt(format!("column {i}: {e}")))
 }
 
-fn get_json<T: DeserializeOwned>(row: &Row, i: usize) -> Result<T> {
-    let Json(v) = get::<Json<T>>(row, i)?;
-    Ok(v)
-}
-
-fn get_json_opt<T: DeserializeOwned>(row: &Row, i: usize) -> Result<Option<T>> {
-    Ok(get::<Option<Json<T>>>(row, i)?.map(|Json(v)| v))
-}
-
-fn json<T: Serialize + std::fmt::Debug>(v: &T) -> Json<&T> {
+fn json<T: serde::Serialize + std::fmt::Debug>(v: &T) -> Json<&T> {
     Json(v)
 }
 
-fn ts(ms: Millis) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
+/// Every row of `sql`, decoded by `f`.
+async fn all<T>(
+    tx: &Transaction<'_>,
+    sql: &str,
+    params: Params<'_>,
+    f: impl Fn(&Row) -> Result<T>,
+) -> Result<Vec<T>> {
+    rows(tx, sql, params).await?.iter().map(f).collect()
 }
 
-fn parse<T: std::str::FromStr>(s: &str, what: &str) -> Result<T> {
-    s.parse()
-        .map_err(|_| StoreError::Corrupt(format!("bad {what} `{s}`")))
-}
-
-fn opt_u64(v: Option<i64>) -> Option<u64> {
-    v.map(|x| x.max(0) as u64)
-}
-
-fn opt_i64(v: Option<u64>) -> Option<i64> {
-    v.map(|x| x.min(i64::MAX as u64) as i64)
-}
-
-fn i64_of(v: u64) -> i64 {
-    v.min(i64::MAX as u64) as i64
-}
-
-// ---- rows -----------------------------------------------------------------------
-
-const JOB_SELECT: &str = "SELECT j.id, j.experiment_id, e.name, j.idx, j.config, j.run, j.state, \
-     j.priority, j.params, j.attempts, j.max_attempts, j.gpus, j.estimate_mib, a.node, a.gpus, \
-     j.last_failure, j.created_at \
-     FROM jobs j JOIN experiments e ON e.id = j.experiment_id \
-     LEFT JOIN attempts a ON a.job_id = j.id AND a.number = j.attempts";
-
-fn job_summary(r: &Row) -> Result<JobSummary> {
-    Ok(JobSummary {
-        id: parse(&get::<String>(r, 0)?, "job id")?,
-        experiment: parse(&get::<String>(r, 1)?, "experiment id")?,
-        experiment_name: get(r, 2)?,
-        index: get::<i64>(r, 3)? as u32,
-        config: get::<i64>(r, 4)? as u32,
-        run: get::<i64>(r, 5)? as u32,
-        state: parse(&get::<String>(r, 6)?, "job state")?,
-        priority: get::<i64>(r, 7)? as i32,
-        params: get_json(r, 8)?,
-        attempts: get::<i64>(r, 9)? as u32,
-        max_attempts: get::<i64>(r, 10)? as u32,
-        gpus: get::<i64>(r, 11)? as u32,
-        estimate_mib: opt_u64(get(r, 12)?),
-        node: get(r, 13)?,
-        gpu_indices: get_json_opt(r, 14)?.unwrap_or_default(),
-        last_failure: match get::<Option<String>>(r, 15)? {
-            Some(f) => Some(parse(&f, "failure class")?),
-            None => None,
-        },
-        created_at: ts(get(r, 16)?),
-    })
-}
-
-const ATTEMPT_SELECT: &str = "SELECT id, job_id, number, node, gpus, fence, phase, leased_at, \
-     started_at, ended_at, pid, exit_code, signal, failure_class, estimate_mib, peak_mem_mib, \
-     cleanup_ms, cleanup_verified, log_tail, estimate_source, params, ladder_step, contaminated \
-     FROM attempts";
-
-fn attempt_view(r: &Row) -> Result<AttemptView> {
-    let phase = match get::<String>(r, 6)?.as_str() {
-        "leased" => AttemptPhase::Leased,
-        "running" => AttemptPhase::Running,
-        "ended" => AttemptPhase::Ended,
-        other => return Err(StoreError::Corrupt(format!("bad attempt phase `{other}`"))),
-    };
-    let failure_class: Option<FailureClass> = match get::<Option<String>>(r, 13)? {
-        Some(f) => Some(parse(&f, "failure class")?),
-        None => None,
-    };
-    Ok(AttemptView {
-        id: parse(&get::<String>(r, 0)?, "attempt id")?,
-        job: parse(&get::<String>(r, 1)?, "job id")?,
-        number: get::<i64>(r, 2)? as u32,
-        node: get(r, 3)?,
-        gpus: get_json(r, 4)?,
-        fence: get(r, 5)?,
-        phase,
-        leased_at: ts(get(r, 7)?),
-        started_at: get::<Option<i64>>(r, 8)?.map(ts),
-        ended_at: get::<Option<i64>>(r, 9)?.map(ts),
-        pid: get::<Option<i64>>(r, 10)?.map(|p| p as u32),
-        exit_code: get::<Option<i64>>(r, 11)?.map(|c| c as i32),
-        signal: get::<Option<i64>>(r, 12)?.map(|s| s as i32),
-        success: (phase == AttemptPhase::Ended).then_some(failure_class.is_none()),
-        failure_class,
-        estimate_mib: opt_u64(get(r, 14)?),
-        peak_mem_mib: opt_u64(get(r, 15)?),
-        cleanup_ms: opt_u64(get(r, 16)?),
-        cleanup_verified: get(r, 17)?,
-        log_tail: get(r, 18)?,
-        estimate_source: get(r, 19)?,
-        params: get_json(r, 20)?,
-        ladder_step: get::<i64>(r, 21)? as u32,
-        contaminated: get(r, 22)?,
-    })
+/// The first row of `sql`, decoded by `f`, if there is one.
+async fn first<T>(
+    tx: &Transaction<'_>,
+    sql: &str,
+    params: Params<'_>,
+    f: impl Fn(&Row) -> Result<T>,
+) -> Result<Option<T>> {
+    row_opt(tx, sql, params).await?.as_ref().map(f).transpose()
 }
 
 // ---- transactions' building blocks --------------------------------------------------
 
 /// Reads a job's state and locks its row until the transaction ends.
 async fn lock_job(tx: &Transaction<'_>, job: &str) -> Result<JobState> {
-    match row_opt(
+    first(
         tx,
         "SELECT state FROM jobs WHERE id = $1 FOR UPDATE",
         &[&job],
+        |r| r.parsed(0, "job state"),
     )
     .await?
-    {
-        Some(r) => parse(&get::<String>(&r, 0)?, "job state"),
-        None => Err(StoreError::NotFound {
-            what: "job",
-            id: job.to_string(),
-        }),
-    }
+    .ok_or_else(|| StoreError::not_found("job", job.to_string()))
 }
 
 /// The one place this backend changes a job's state: the state machine decides, the update
@@ -390,150 +325,116 @@ async fn transition(tx: &Transaction<'_>, job: &str, event: JobEvent) -> Result<
             &[&to.as_str(), &now_ms(), &job, &from.as_str()],
         )
         .await?;
-        if n != 1 {
-            return Err(StoreError::Database(format!(
-                "job {job} changed state concurrently"
-            )));
-        }
+        super::one_row(n as u64, job)?;
     }
     Ok(to)
+}
+
+/// The job columns the outcome rules read (the job is locked by the caller).
+async fn job_rules(tx: &Transaction<'_>, job: &str) -> Result<rules::JobRules> {
+    let sql = format!(
+        "SELECT {}, e.spec->'memory_key' FROM jobs j \
+         JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
+        rows::RULES_COLUMNS
+    );
+    first(tx, &sql, &[&job], rows::job_rules)
+        .await?
+        .ok_or_else(|| StoreError::not_found("job", job.to_string()))
 }
 
 /// Records an active attempt as lost and requeues its job if the policy allows; false when
 /// it had already ended (another replica's sweep, or its report, came first).
 async fn lose_attempt(tx: &Transaction<'_>, attempt: &str) -> Result<bool> {
-    let Some(r) = row_opt(tx, "SELECT job_id FROM attempts WHERE id = $1", &[&attempt]).await?
+    let Some(job) = first(
+        tx,
+        "SELECT job_id FROM attempts WHERE id = $1",
+        &[&attempt],
+        |r| r.text(0),
+    )
+    .await?
     else {
         return Ok(false);
     };
-    let job: String = get(&r, 0)?;
     lock_job(tx, &job).await?;
-    let Some(r) = row_opt(
+    let Some(started) = first(
         tx,
         "UPDATE attempts SET phase = 'ended', ended_at = $1, failure_class = 'lost', \
          log_tail = COALESCE(log_tail, 'lost: the agent went away before reporting an end') \
          WHERE id = $2 AND phase != 'ended' RETURNING started_at",
         &[&now_ms(), &attempt],
+        |r| r.int_opt(0),
     )
     .await?
     else {
         return Ok(false);
     };
-    let started: Option<i64> = get(&r, 0)?;
-    let r = row(
-        tx,
-        "SELECT attempts, max_attempts, retry_on FROM jobs WHERE id = $1",
-        &[&job],
-    )
-    .await?;
-    let retry_on: Vec<FailureClass> = get_json(&r, 2)?;
-    let retry = retry_allowed(
-        FailureClass::Lost,
-        started.is_some(),
-        get::<i64>(&r, 0)? as u32,
-        get::<i64>(&r, 1)? as u32,
-        &retry_on,
-    );
-    if started.is_none() {
-        // Never ran: it does not use up an attempt.
-        exec(
-            tx,
-            "UPDATE jobs SET max_attempts = max_attempts + 1 WHERE id = $1",
-            &[&job],
-        )
-        .await?;
-    }
+    let loss = rules::lose(&job_rules(tx, &job).await?, started.is_some());
     exec(
         tx,
-        "UPDATE jobs SET last_failure = 'lost' WHERE id = $1",
-        &[&job],
+        "UPDATE jobs SET last_failure = 'lost', max_attempts = max_attempts + $1 WHERE id = $2",
+        &[&i64::from(loss.refund_attempt), &job],
     )
     .await?;
-    transition(tx, &job, JobEvent::Fail { retry }).await?;
+    transition(tx, &job, loss.event).await?;
     Ok(true)
-}
-
-struct NodeRow {
-    name: String,
-    gpus: Vec<GpuInfo>,
-    plan: Plan,
-    headroom: Headroom,
 }
 
 /// The agent's node, locked: claims, heartbeats and reports of one node serialize on it.
 async fn lock_node_of_agent(tx: &Transaction<'_>, agent: AgentId) -> Result<NodeRow> {
-    let r = row_opt(
-        tx,
-        "SELECT name, gpus, plan, headroom FROM nodes WHERE agent_id = $1 FOR UPDATE",
-        &[&agent.to_string()],
-    )
-    .await?
-    .ok_or(StoreError::UnknownAgent { agent })?;
-    Ok(NodeRow {
-        name: get(&r, 0)?,
-        gpus: get_json(&r, 1)?,
-        plan: parse(&get::<String>(&r, 2)?, "plan")?,
-        headroom: parse(&get::<String>(&r, 3)?, "headroom")?,
-    })
+    let sql = format!(
+        "SELECT {} FROM nodes WHERE agent_id = $1 FOR UPDATE",
+        rows::NODE_COLUMNS
+    );
+    first(tx, &sql, &[&agent.to_string()], rows::node)
+        .await?
+        .ok_or(StoreError::UnknownAgent { agent })
 }
 
 /// Locks the node an attempt runs on (first, to keep the lock order) and names it.
 async fn lock_node_of_attempt(tx: &Transaction<'_>, attempt: AttemptId) -> Result<String> {
-    let r = row_opt(
+    first(
         tx,
         "SELECT n.name FROM nodes n JOIN attempts a ON a.node = n.name WHERE a.id = $1 \
          FOR UPDATE OF n",
         &[&attempt.to_string()],
+        |r| r.text(0),
     )
     .await?
-    .ok_or_else(|| StoreError::NotFound {
-        what: "attempt",
-        id: attempt.to_string(),
-    })?;
-    get(&r, 0)
+    .ok_or_else(|| StoreError::not_found("attempt", attempt.to_string()))
 }
 
 /// Stores the latest samples; true when some GPU has more free memory than before, which
 /// may let a waiting claim (on any replica) place work.
 async fn record_telemetry(tx: &Transaction<'_>, node: &str, gpus: &[GpuSample]) -> Result<bool> {
-    let before: Vec<GpuSample> =
-        match row_opt(tx, "SELECT telemetry FROM nodes WHERE name = $1", &[&node]).await? {
-            Some(r) => get_json_opt(&r, 0)?.unwrap_or_default(),
-            None => vec![],
-        };
+    let before: Vec<GpuSample> = first(
+        tx,
+        "SELECT telemetry FROM nodes WHERE name = $1",
+        &[&node],
+        |r| r.json_opt(0),
+    )
+    .await?
+    .flatten()
+    .unwrap_or_default();
     exec(
         tx,
         "UPDATE nodes SET telemetry = $1, last_seen = $2 WHERE name = $3",
         &[&json(&gpus), &now_ms(), &node],
     )
     .await?;
-    Ok(gpus.iter().any(|g| {
-        before
-            .iter()
-            .find(|b| b.index == g.index)
-            .is_none_or(|b| g.free_mib > b.free_mib)
-    }))
+    Ok(rules::memory_freed(&before, gpus))
 }
 
 /// The node's active attempts, in job order: callers that lock their jobs lock them in the
 /// order every other multi-job transaction does.
 async fn active_on(tx: &Transaction<'_>, node: &str) -> Result<Vec<Active>> {
-    rows(
+    all(
         tx,
-        "SELECT a.id, a.gpus, a.estimate_mib FROM attempts a JOIN jobs j ON j.id = a.job_id \
-         WHERE a.node = $1 AND a.phase != 'ended' ORDER BY j.seq",
+        "SELECT a.id, a.gpus, a.estimate_mib, a.fence FROM attempts a JOIN jobs j \
+         ON j.id = a.job_id WHERE a.node = $1 AND a.phase != 'ended' ORDER BY j.seq",
         &[&node],
+        rows::active,
     )
-    .await?
-    .iter()
-    .map(|r| {
-        Ok(Active {
-            id: get(r, 0)?,
-            gpus: get_json(r, 1)?,
-            estimate: opt_u64(get(r, 2)?),
-        })
-    })
-    .collect()
+    .await
 }
 
 /// Checks a report's fencing token, locking the job and then the attempt; returns the job
@@ -542,155 +443,95 @@ async fn check_fence(
     tx: &Transaction<'_>,
     attempt: AttemptId,
     fence: i64,
-) -> Result<(String, String)> {
+) -> Result<(String, AttemptPhase)> {
     let id = attempt.to_string();
-    let not_found = || StoreError::NotFound {
-        what: "attempt",
-        id: id.clone(),
-    };
-    let r = row_opt(tx, "SELECT job_id FROM attempts WHERE id = $1", &[&id])
-        .await?
-        .ok_or_else(not_found)?;
-    let job: String = get(&r, 0)?;
+    let not_found = || StoreError::not_found("attempt", id.clone());
+    let job = first(
+        tx,
+        "SELECT job_id FROM attempts WHERE id = $1",
+        &[&id],
+        |r| r.text(0),
+    )
+    .await?
+    .ok_or_else(not_found)?;
     lock_job(tx, &job).await?;
-    let r = row_opt(
+    let row = first(
         tx,
         "SELECT a.phase, a.fence, j.fence FROM attempts a JOIN jobs j ON j.id = a.job_id \
          WHERE a.id = $1 FOR UPDATE OF a",
         &[&id],
+        rows::fence_row,
     )
     .await?
     .ok_or_else(not_found)?;
-    let (phase, a_fence, j_fence): (String, i64, i64) = (get(&r, 0)?, get(&r, 1)?, get(&r, 2)?);
-    if phase == "ended" || a_fence != fence || j_fence != fence {
-        return Err(StoreError::StaleFence { attempt });
-    }
-    Ok((job, phase))
+    rules::check_fence(attempt, fence, &row)?;
+    Ok((job, row.phase))
 }
 
-async fn summaries(tx: &Transaction<'_>, sql: &str, params: Params<'_>) -> Result<Vec<JobSummary>> {
-    rows(tx, sql, params)
-        .await?
-        .iter()
-        .map(job_summary)
-        .collect()
+async fn summaries(
+    tx: &Transaction<'_>,
+    filter: &str,
+    params: Params<'_>,
+) -> Result<Vec<JobSummary>> {
+    let sql = format!("SELECT {} {} {filter}", rows::JOB_COLUMNS, rows::JOB_FROM);
+    all(tx, &sql, params, rows::job_summary).await
+}
+
+async fn attempts(
+    tx: &Transaction<'_>,
+    filter: &str,
+    params: Params<'_>,
+) -> Result<Vec<AttemptView>> {
+    let sql = format!("SELECT {} FROM attempts {filter}", rows::ATTEMPT_COLUMNS);
+    all(tx, &sql, params, rows::attempt_view).await
 }
 
 async fn counts_for(tx: &Transaction<'_>, experiment: Option<&str>) -> Result<StateCounts> {
     let mut counts = StateCounts::default();
-    for r in rows(
+    for (state, n) in all(
         tx,
         "SELECT state, COUNT(*) FROM jobs WHERE ($1::TEXT IS NULL OR experiment_id = $1::TEXT) \
          GROUP BY state",
         &[&experiment],
+        |r| Ok((r.parsed(0, "job state")?, r.int(1)?)),
     )
     .await?
     {
-        counts.add(
-            parse(&get::<String>(&r, 0)?, "job state")?,
-            get::<i64>(&r, 1)? as u64,
-        );
+        counts.add(state, n as u64);
     }
     Ok(counts)
 }
 
 async fn experiment_summary(tx: &Transaction<'_>, id: &str) -> Result<ExperimentSummary> {
-    let r = row_opt(
+    let row = first(
         tx,
-        "SELECT id, name, seed, created_at FROM experiments WHERE id = $1",
+        "SELECT name, seed, created_at FROM experiments WHERE id = $1",
         &[&id],
+        |r| Ok((r.text(0)?, r.int(1)?, r.time(2)?)),
     )
     .await?
-    .ok_or_else(|| StoreError::NotFound {
-        what: "experiment",
-        id: id.to_string(),
-    })?;
-    let id: String = get(&r, 0)?;
-    Ok(ExperimentSummary {
-        counts: counts_for(tx, Some(&id)).await?,
-        id: parse(&id, "experiment id")?,
-        name: get(&r, 1)?,
-        seed: get::<i64>(&r, 2)? as u64,
-        created_at: ts(get(&r, 3)?),
-    })
+    .ok_or_else(|| StoreError::not_found("experiment", id))?;
+    rows::experiment(id, row, counts_for(tx, Some(id)).await?)
 }
 
 /// Observed peaks and the OOM floor of a memory key.
 async fn key_memory(tx: &Transaction<'_>, key: &str) -> Result<(Vec<u64>, Option<u64>)> {
-    let peaks = rows(
+    let peaks = all(
         tx,
         "SELECT peak_mem_mib FROM attempts WHERE memory_key = $1 AND peak_mem_mib IS NOT NULL",
         &[&key],
+        |r| Ok(r.int(0)?.max(0) as u64),
     )
-    .await?
-    .iter()
-    .map(|r| Ok(get::<i64>(r, 0)?.max(0) as u64))
-    .collect::<Result<Vec<_>>>()?;
-    let floor = match row_opt(
+    .await?;
+    let floor = first(
         tx,
         "SELECT floor_mib FROM memory_floors WHERE memory_key = $1",
         &[&key],
+        |r| r.mib_opt(0),
     )
     .await?
-    {
-        Some(r) => opt_u64(Some(get(&r, 0)?)),
-        None => None,
-    };
+    .flatten();
     Ok((peaks, floor))
-}
-
-/// After an OOM the key's estimate rises at once: the next placement must be safer than
-/// this one, whatever the slower statistics say.
-async fn raise_floor(tx: &Transaction<'_>, attempt: &str, peak: Option<u64>) -> Result<()> {
-    let r = row(
-        tx,
-        "SELECT memory_key, estimate_mib FROM attempts WHERE id = $1",
-        &[&attempt],
-    )
-    .await?;
-    let key: String = get(&r, 0)?;
-    let basis = opt_u64(get(&r, 1)?).max(peak);
-    if let Some(basis) = basis.filter(|b| *b > 0) {
-        let floor = (basis as f64 * OOM_BUMP).ceil() as i64;
-        exec(
-            tx,
-            "INSERT INTO memory_floors (memory_key, floor_mib) VALUES ($1, $2) \
-             ON CONFLICT (memory_key) DO UPDATE \
-             SET floor_mib = GREATEST(memory_floors.floor_mib, EXCLUDED.floor_mib)",
-            &[&key, &floor],
-        )
-        .await?;
-    }
-    Ok(())
-}
-
-/// Applies the job's next OOM ladder step (parameters and argv); false when none is left.
-async fn next_ladder_step(tx: &Transaction<'_>, job: &str) -> Result<bool> {
-    let r = row(
-        tx,
-        "SELECT ladder, ladder_step, params, command, shell, config, run FROM jobs WHERE id = $1",
-        &[&job],
-    )
-    .await?;
-    let ladder: Vec<BTreeMap<String, Value>> = get_json(&r, 0)?;
-    let step: i64 = get(&r, 1)?;
-    let Some(next) = ladder.get(step.max(0) as usize) else {
-        return Ok(false);
-    };
-    let mut params: BTreeMap<String, Value> = get_json(&r, 2)?;
-    headroom_shared::spec::apply_ladder_step(&mut params, next);
-    let command: Vec<String> = get_json(&r, 3)?;
-    let (shell, config, run): (bool, i64, i64) = (get(&r, 4)?, get(&r, 5)?, get(&r, 6)?);
-    let argv = headroom_shared::expand::render(&command, shell, &params, config as u32, run as u32)
-        .map_err(|e| StoreError::Corrupt(format!("re-rendering the command: {e}")))?;
-    exec(
-        tx,
-        "UPDATE jobs SET params = $1, argv = $2, ladder_step = ladder_step + 1, \
-         max_attempts = GREATEST(max_attempts, attempts + 1) WHERE id = $3",
-        &[&json(&params), &json(&argv), &job],
-    )
-    .await?;
-    Ok(true)
 }
 
 async fn cancel_one(tx: &Transaction<'_>, job: &str) -> Result<u64> {
@@ -707,34 +548,22 @@ async fn cancel_one(tx: &Transaction<'_>, job: &str) -> Result<u64> {
     Ok(1)
 }
 
-struct LeaseTo<'a> {
-    node: &'a str,
-    agent: AgentId,
-    now: Millis,
-    ttl_ms: u64,
-}
-
 async fn lease_job(
     tx: &Transaction<'_>,
-    job: &str,
     to: &LeaseTo<'_>,
-    gpus: &[u32],
-    (estimate, source): (Option<u64>, &'static str),
+    job: &str,
+    slot: &Slot,
 ) -> Result<Lease> {
-    let r = row(
-        tx,
-        "SELECT j.argv, j.env, j.params, e.name, j.memory_key, j.timeout_ms, j.attempts, j.fence, \
-         j.ladder_step FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
-        &[&job],
-    )
-    .await?;
-    let params: BTreeMap<String, Value> = get_json(&r, 2)?;
-    let memory_key: String = get(&r, 4)?;
-    let (attempts, fence, ladder_step): (i64, i64, i64) = (get(&r, 6)?, get(&r, 7)?, get(&r, 8)?);
-    let attempt = AttemptId::new();
-    let number = attempts + 1;
-    let fence = fence + 1;
-    let gpus_json = gpus.to_vec();
+    let (gpus, estimate, source) = (&slot.gpus, slot.estimate, slot.source);
+    let sql = format!(
+        "SELECT {} FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
+        rows::LEASE_COLUMNS
+    );
+    let row = first(tx, &sql, &[&job], rows::lease_row)
+        .await?
+        .ok_or_else(|| StoreError::not_found("job", job.to_string()))?;
+    let new = rows::lease_row_into(row, AttemptId::new(), job, gpus, estimate)?;
+    let (number, fence) = (i64::from(new.lease.number), new.lease.fence);
     exec(
         tx,
         "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, \
@@ -742,43 +571,31 @@ async fn lease_job(
          ladder_step) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, 'leased', $8, $9, $10, $11, $12, $13, $14)",
         &[
-            &attempt.to_string(),
+            &new.lease.attempt.to_string(),
             &job,
             &number,
             &to.node,
             &to.agent.to_string(),
-            &json(&gpus_json),
+            &json(&gpus),
             &fence,
             &opt_i64(estimate),
             &to.now,
             &(to.now.saturating_add(i64_of(to.ttl_ms))),
-            &memory_key,
+            &new.memory_key,
             &source,
-            &json(&params),
-            &ladder_step,
+            &json(&new.lease.params),
+            &new.ladder_step,
         ],
     )
     .await?;
     exec(
         tx,
-        "UPDATE jobs SET attempts = $1, fence = $2 WHERE id = $3",
+        "UPDATE jobs SET attempts = $1, fence = $2, pending_reason = NULL WHERE id = $3",
         &[&number, &fence, &job],
     )
     .await?;
     transition(tx, job, JobEvent::Lease).await?;
-    Ok(Lease {
-        attempt,
-        job: parse(job, "job id")?,
-        fence,
-        number: number as u32,
-        experiment: get(&r, 3)?,
-        argv: get_json(&r, 0)?,
-        env: get_json(&r, 1)?,
-        params,
-        gpus: gpus.to_vec(),
-        estimate_mib: estimate,
-        timeout_ms: opt_u64(get(&r, 5)?),
-    })
+    Ok(new.lease)
 }
 
 // ---- change listener --------------------------------------------------------------
@@ -847,6 +664,10 @@ async fn listen_once(
 
 #[async_trait]
 impl Store for PostgresStore {
+    fn changes(&self) -> Changes {
+        self.changes.clone()
+    }
+
     async fn schema_version(&self) -> Result<i64> {
         self.read(|tx| {
             Box::pin(async move {
@@ -863,7 +684,6 @@ impl Store for PostgresStore {
     }
 
     async fn create_experiment(&self, exp: NewExperiment) -> Result<ExperimentSummary> {
-        let origin = self.origin.clone();
         self.write(move |tx| {
             Box::pin(async move {
                 let now = now_ms();
@@ -939,8 +759,7 @@ impl Store for PostgresStore {
                     ],
                 )
                 .await?;
-                notify(tx, &origin).await?;
-                experiment_summary(tx, &id).await
+                Ok((experiment_summary(tx, &id).await?, true))
             })
         })
         .await
@@ -949,18 +768,16 @@ impl Store for PostgresStore {
     async fn list_experiments(&self) -> Result<Vec<ExperimentSummary>> {
         self.read(|tx| {
             Box::pin(async move {
-                let ids = rows(
+                let ids = all(
                     tx,
                     "SELECT id FROM experiments ORDER BY created_at, id",
                     &[],
+                    |r| r.text(0),
                 )
-                .await?
-                .iter()
-                .map(|r| get::<String>(r, 0))
-                .collect::<Result<Vec<_>>>()?;
+                .await?;
                 let mut out = Vec::with_capacity(ids.len());
-                for id in ids {
-                    out.push(experiment_summary(tx, &id).await?);
+                for id in &ids {
+                    out.push(experiment_summary(tx, id).await?);
                 }
                 Ok(out)
             })
@@ -986,15 +803,16 @@ impl Store for PostgresStore {
     async fn list_jobs(&self, filter: JobFilter) -> Result<Vec<JobSummary>> {
         self.read(move |tx| {
             Box::pin(async move {
-                let sql = format!(
-                    "{JOB_SELECT} WHERE ($1::TEXT IS NULL OR j.experiment_id = $1::TEXT) \
-                     AND ($2::TEXT IS NULL OR j.state = $2::TEXT) ORDER BY j.seq LIMIT $3"
-                );
                 let exp = filter.experiment.map(|e| e.to_string());
-                let state = filter.state.map(|s| s.as_str());
-                // LIMIT NULL is no limit.
+                let state = filter.state.map(|s| s.as_str().to_string());
                 let limit = filter.limit.map(i64::from);
-                summaries(tx, &sql, &[&exp, &state, &limit]).await
+                summaries(
+                    tx,
+                    "WHERE ($1::TEXT IS NULL OR j.experiment_id = $1::TEXT) \
+                     AND ($2::TEXT IS NULL OR j.state = $2::TEXT) ORDER BY j.seq LIMIT $3",
+                    &[&exp, &state, &limit],
+                )
+                .await
             })
         })
         .await
@@ -1004,43 +822,18 @@ impl Store for PostgresStore {
         self.read(move |tx| {
             Box::pin(async move {
                 let id = id.to_string();
-                let not_found = || StoreError::NotFound {
-                    what: "job",
-                    id: id.clone(),
-                };
-                let summary = summaries(tx, &format!("{JOB_SELECT} WHERE j.id = $1"), &[&id])
+                let not_found = || StoreError::not_found("job", id.clone());
+                let summary = summaries(tx, "WHERE j.id = $1", &[&id])
                     .await?
                     .pop()
                     .ok_or_else(not_found)?;
-                let r = row_opt(
-                    tx,
-                    "SELECT argv, env, profile, timeout_ms, retry_on, memory_key, ladder, \
-                     ladder_step FROM jobs WHERE id = $1",
-                    &[&id],
-                )
-                .await?
-                .ok_or_else(not_found)?;
-                let attempts_detail = rows(
-                    tx,
-                    &format!("{ATTEMPT_SELECT} WHERE job_id = $1 ORDER BY number"),
-                    &[&id],
-                )
-                .await?
-                .iter()
-                .map(attempt_view)
-                .collect::<Result<_>>()?;
-                Ok(JobDetail {
-                    summary,
-                    argv: get_json(&r, 0)?,
-                    env: get_json(&r, 1)?,
-                    profile: get(&r, 2)?,
-                    timeout_ms: opt_u64(get(&r, 3)?),
-                    retry_on: get_json(&r, 4)?,
-                    memory_key: get(&r, 5)?,
-                    oom_ladder: get_json(&r, 6)?,
-                    ladder_step: get::<i64>(&r, 7)? as u32,
-                    attempts_detail,
+                let attempts = attempts(tx, "WHERE job_id = $1 ORDER BY number", &[&id]).await?;
+                let sql = format!("SELECT {} FROM jobs WHERE id = $1", rows::DETAIL_COLUMNS);
+                first(tx, &sql, &[&id], |r| {
+                    rows::job_detail(summary.clone(), r, attempts.clone())
                 })
+                .await?
+                .ok_or_else(not_found)
             })
         })
         .await
@@ -1049,64 +842,67 @@ impl Store for PostgresStore {
     async fn attempt(&self, id: AttemptId) -> Result<AttemptView> {
         self.read(move |tx| {
             Box::pin(async move {
-                let r = row_opt(
+                attempts(tx, "WHERE id = $1", &[&id.to_string()])
+                    .await?
+                    .pop()
+                    .ok_or_else(|| StoreError::not_found("attempt", id.to_string()))
+            })
+        })
+        .await
+    }
+
+    async fn check_log_fence(&self, attempt: AttemptId, fence: i64) -> Result<()> {
+        self.read(move |tx| {
+            Box::pin(async move {
+                let (row, failure) = first(
                     tx,
-                    &format!("{ATTEMPT_SELECT} WHERE id = $1"),
-                    &[&id.to_string()],
+                    "SELECT a.phase, a.fence, j.fence, a.failure_class FROM attempts a \
+                     JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
+                    &[&attempt.to_string()],
+                    |r| Ok((rows::fence_row(r)?, r.parsed_opt(3, "failure class")?)),
                 )
                 .await?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: "attempt",
-                    id: id.to_string(),
-                })?;
-                attempt_view(&r)
+                .ok_or_else(|| StoreError::not_found("attempt", attempt.to_string()))?;
+                rules::check_log_fence(attempt, fence, &row, failure)
             })
         })
         .await
     }
 
     async fn cancel_job(&self, id: JobId) -> Result<u64> {
-        let origin = self.origin.clone();
         self.write(move |tx| {
             Box::pin(async move {
                 let n = cancel_one(tx, &id.to_string()).await?;
-                if n > 0 {
-                    notify(tx, &origin).await?;
-                }
-                Ok(n)
+                Ok((n, n > 0))
             })
         })
         .await
     }
 
     async fn cancel_experiment(&self, id: ExperimentId) -> Result<u64> {
-        let origin = self.origin.clone();
         self.write(move |tx| {
             Box::pin(async move {
                 let id = id.to_string();
                 experiment_summary(tx, &id).await?;
-                let jobs = rows(
+                let jobs = all(
                     tx,
                     "SELECT id FROM jobs WHERE experiment_id = $1 \
                      AND state NOT IN ('succeeded', 'failed', 'cancelled') ORDER BY seq",
                     &[&id],
+                    |r| r.text(0),
                 )
                 .await?;
                 let mut n = 0;
                 for job in &jobs {
-                    n += cancel_one(tx, &get::<String>(job, 0)?).await?;
+                    n += cancel_one(tx, job).await?;
                 }
-                if n > 0 {
-                    notify(tx, &origin).await?;
-                }
-                Ok(n)
+                Ok((n, n > 0))
             })
         })
         .await
     }
 
     async fn retry_job(&self, id: JobId) -> Result<JobState> {
-        let origin = self.origin.clone();
         self.write(move |tx| {
             Box::pin(async move {
                 let id = id.to_string();
@@ -1118,8 +914,7 @@ impl Store for PostgresStore {
                     &[&id],
                 )
                 .await?;
-                notify(tx, &origin).await?;
-                Ok(state)
+                Ok((state, true))
             })
         })
         .await
@@ -1131,25 +926,17 @@ impl Store for PostgresStore {
                 let exp = experiment.map(|e| e.to_string());
                 let jobs = summaries(
                     tx,
-                    &format!(
-                        "{JOB_SELECT} WHERE ($1::TEXT IS NULL OR j.experiment_id = $1::TEXT) \
-                         ORDER BY j.seq"
-                    ),
+                    "WHERE ($1::TEXT IS NULL OR j.experiment_id = $1::TEXT) ORDER BY j.seq",
                     &[&exp],
                 )
                 .await?;
-                let attempts = rows(
+                let attempts = attempts(
                     tx,
-                    &format!(
-                        "{ATTEMPT_SELECT} WHERE job_id IN (SELECT id FROM jobs \
-                         WHERE $1::TEXT IS NULL OR experiment_id = $1::TEXT) ORDER BY number"
-                    ),
+                    "WHERE job_id IN (SELECT id FROM jobs \
+                     WHERE $1::TEXT IS NULL OR experiment_id = $1::TEXT) ORDER BY number",
                     &[&exp],
                 )
-                .await?
-                .iter()
-                .map(attempt_view)
-                .collect::<Result<Vec<_>>>()?;
+                .await?;
                 Ok(super::export_rows(jobs, attempts))
             })
         })
@@ -1157,38 +944,17 @@ impl Store for PostgresStore {
     }
 
     async fn register_agent(&self, reg: Registration) -> Result<Registered> {
-        let origin = self.origin.clone();
         self.write(move |tx| {
             Box::pin(async move {
                 let now = now_ms();
-                let stored = match row_opt(
+                let stored = first(
                     tx,
                     "SELECT plan, headroom FROM nodes WHERE name = $1 FOR UPDATE",
                     &[&reg.node],
+                    |r| Ok((r.text(0)?, r.text(1)?)),
                 )
-                .await?
-                {
-                    Some(r) => Some((get::<String>(&r, 0)?, get::<String>(&r, 1)?)),
-                    None => None,
-                };
-                let n_gpus = reg.gpus.len();
-                let plan = match (&reg.plan, &stored) {
-                    (Some(p), _) => {
-                        p.check_gpus(n_gpus)?;
-                        p.clone()
-                    }
-                    // Keep the stored plan unless the node's GPUs changed under it.
-                    (None, Some((p, _))) => match Plan::parse_for(p, n_gpus) {
-                        Ok(p) => p,
-                        Err(_) => Plan::one_per_gpu(n_gpus),
-                    },
-                    (None, None) => Plan::one_per_gpu(n_gpus),
-                };
-                let headroom = match (reg.headroom, &stored) {
-                    (Some(h), _) => h,
-                    (None, Some((_, h))) => parse(h, "headroom")?,
-                    (None, None) => Headroom::default(),
-                };
+                .await?;
+                let (plan, headroom) = rules::merge_registration(&reg, stored)?;
                 exec(
                     tx,
                     "INSERT INTO nodes (name, agent_id, gpus, plan, headroom, last_seen, \
@@ -1210,26 +976,20 @@ impl Store for PostgresStore {
                 let until = now.saturating_add(i64_of(reg.lease_ttl_ms));
                 let mut lost = Vec::new();
                 for a in active_on(tx, &reg.node).await? {
-                    let presented = reg.resume.iter().find(|r| r.attempt.to_string() == a.id);
-                    let resumed = match presented {
-                        Some(r) => {
-                            exec(
-                                tx,
-                                "UPDATE attempts SET agent_id = $1, lease_expires_at = $2 \
-                                 WHERE id = $3 AND fence = $4 AND phase != 'ended'",
-                                &[&reg.agent.to_string(), &until, &a.id, &r.fence],
-                            )
-                            .await?
-                                == 1
-                        }
-                        None => false,
-                    };
+                    let resumed = rules::resumes(&reg.resume, &a.id, a.fence)
+                        && exec(
+                            tx,
+                            "UPDATE attempts SET agent_id = $1, lease_expires_at = $2 \
+                             WHERE id = $3 AND phase != 'ended'",
+                            &[&reg.agent.to_string(), &until, &a.id],
+                        )
+                        .await?
+                            == 1;
                     if !resumed && lose_attempt(tx, &a.id).await? {
                         lost.push(parse(&a.id, "attempt id")?);
                     }
                 }
-                notify(tx, &origin).await?;
-                Ok(Registered { plan, lost })
+                Ok((Registered { plan, lost }, true))
             })
         })
         .await
@@ -1237,20 +997,16 @@ impl Store for PostgresStore {
 
     async fn set_plan(&self, node: &str, plan: &str) -> Result<Plan> {
         let (node, plan) = (node.to_string(), plan.to_string());
-        let origin = self.origin.clone();
         self.write(move |tx| {
             Box::pin(async move {
-                let r = row_opt(
+                let gpus: Vec<GpuInfo> = first(
                     tx,
                     "SELECT gpus FROM nodes WHERE name = $1 FOR UPDATE",
                     &[&node],
+                    |r| r.json(0),
                 )
                 .await?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: "node",
-                    id: node.clone(),
-                })?;
-                let gpus: Vec<GpuInfo> = get_json(&r, 0)?;
+                .ok_or_else(|| StoreError::not_found("node", node.clone()))?;
                 let plan = Plan::parse_for(&plan, gpus.len())?;
                 exec(
                     tx,
@@ -1258,8 +1014,7 @@ impl Store for PostgresStore {
                     &[&plan.to_string(), &node],
                 )
                 .await?;
-                notify(tx, &origin).await?;
-                Ok(plan)
+                Ok((plan, true))
             })
         })
         .await
@@ -1268,54 +1023,20 @@ impl Store for PostgresStore {
     async fn list_nodes(&self, alive_within_ms: u64) -> Result<Vec<NodeView>> {
         self.read(move |tx| {
             Box::pin(async move {
-                let nodes = rows(
-                    tx,
-                    "SELECT name, agent_id, gpus, plan, headroom, telemetry, last_seen FROM nodes \
-                     ORDER BY name",
-                    &[],
-                )
-                .await?;
+                let sql = format!("SELECT {} FROM nodes ORDER BY name", rows::NODE_COLUMNS);
                 let now = now_ms();
-                let mut out = Vec::with_capacity(nodes.len());
-                for r in &nodes {
-                    let name: String = get(r, 0)?;
-                    let agent: Option<String> = get(r, 1)?;
-                    let gpus: Vec<GpuInfo> = get_json(r, 2)?;
-                    let plan: Plan = parse(&get::<String>(r, 3)?, "plan")?;
-                    let headroom: Headroom = parse(&get::<String>(r, 4)?, "headroom")?;
-                    let samples: Vec<GpuSample> = get_json_opt(r, 5)?.unwrap_or_default();
-                    let last_seen: Option<i64> = get(r, 6)?;
-                    let active = active_on(tx, &name).await?;
-                    let quarantine = rows(
+                let mut out = Vec::new();
+                for row in all(tx, &sql, &[], rows::node).await? {
+                    let active = active_on(tx, &row.name).await?;
+                    let quarantine = all(
                         tx,
                         "SELECT gpu, attempt_id, reason, since FROM quarantine WHERE node = $1 \
                          ORDER BY since",
-                        &[&name],
+                        &[&row.name],
+                        rows::quarantine,
                     )
-                    .await?
-                    .iter()
-                    .map(|q| {
-                        Ok((
-                            get::<i64>(q, 0)? as u32,
-                            QuarantineView {
-                                attempt: parse(&get::<String>(q, 1)?, "attempt id")?,
-                                reason: get(q, 2)?,
-                                since: ts(get(q, 3)?),
-                            },
-                        ))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                    let views = gpu_views(&gpus, &plan, &headroom, &samples, &active, &quarantine)?;
-                    out.push(NodeView {
-                        alive: agent.is_some()
-                            && last_seen.is_some_and(|t| now - t <= i64_of(alive_within_ms)),
-                        agent: agent.map(|a| parse(&a, "agent id")).transpose()?,
-                        name,
-                        plan: plan.to_string(),
-                        headroom,
-                        last_seen: last_seen.map(ts),
-                        gpus: views,
-                    });
+                    .await?;
+                    out.push(node_view(row, &active, &quarantine, alive_within_ms, now)?);
                 }
                 Ok(out)
             })
@@ -1338,142 +1059,93 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed> {
-        let origin = self.origin.clone();
+    async fn claim_jobs(&self, mut input: ClaimInput) -> Result<Claimed> {
         self.write(move |tx| {
             Box::pin(async move {
                 // Claims for one node serialize on its row: each sees the slots the previous
                 // one took.
                 let node = lock_node_of_agent(tx, input.agent).await?;
-                let samples: Vec<GpuSample> = match input.gpus {
+                let mut changed = false;
+                let samples = match input.gpus.take() {
                     Some(g) => {
-                        record_telemetry(tx, &node.name, &g).await?;
+                        changed |= record_telemetry(tx, &node.name, &g).await?;
                         g
                     }
-                    None => {
-                        let r = row(
-                            tx,
-                            "SELECT telemetry FROM nodes WHERE name = $1",
-                            &[&node.name],
-                        )
-                        .await?;
-                        get_json_opt(&r, 0)?.unwrap_or_default()
-                    }
+                    None => node.samples.clone(),
                 };
                 let now = now_ms();
+                let to = LeaseTo::new(&node, &input, now);
                 let active = active_on(tx, &node.name).await?;
-                let quarantined = rows(
+                let blocked = all(
                     tx,
                     "SELECT gpu FROM quarantine WHERE node = $1 \
                      UNION SELECT gpu FROM gpu_avoid WHERE node = $1 AND until_ms > $2",
                     &[&node.name, &now],
+                    |r| Ok(r.int(0)? as u32),
                 )
-                .await?
-                .iter()
-                .map(|r| Ok(get::<i64>(r, 0)? as u32))
-                .collect::<Result<Vec<u32>>>()?;
-                let snapshot = node_snapshot(
-                    &node.gpus,
-                    &node.plan,
-                    &node.headroom,
-                    &samples,
-                    &active,
-                    &quarantined,
-                    input.reserve_after_ms,
-                );
+                .await?;
+                let snapshot = node_snapshot(&node, &samples, &active, &blocked, &input);
                 if input.max == 0 {
-                    return Ok(Claimed {
+                    let claimed = Claimed {
                         leases: vec![],
                         plan: node.plan,
-                    });
+                    };
+                    return Ok((claimed, changed));
                 }
                 // Rows another replica's claim holds are skipped, not waited for: two nodes
                 // never lease the same job, and neither blocks on the other.
-                let pending = rows(
+                let pending = all(
                     tx,
-                    "SELECT id, gpus, estimate_mib, updated_at, memory_key FROM jobs \
-                     WHERE state IN ('queued', 'retrying') AND gpus <= $1 \
+                    "SELECT id, gpus, estimate_mib, updated_at, memory_key, pending_reason \
+                     FROM jobs WHERE state IN ('queued', 'retrying') AND gpus <= $1 \
                      ORDER BY priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED",
                     &[&(node.gpus.len() as i64), &CLAIM_WINDOW],
+                    rows::pending,
                 )
-                .await?
-                .iter()
-                .map(|r| {
-                    Ok((
-                        get::<String>(r, 0)?,
-                        get::<i64>(r, 1)?,
-                        get::<Option<i64>>(r, 2)?,
-                        get::<i64>(r, 3)?,
-                        get::<String>(r, 4)?,
-                    ))
-                })
-                .collect::<Result<Vec<_>>>()?;
+                .await?;
                 // What each memory key has taught so far, read once per key.
-                let mut learned: HashMap<&str, (Vec<u64>, Option<u64>)> = HashMap::new();
-                for (_, _, _, _, key) in &pending {
-                    if !learned.contains_key(key.as_str()) {
-                        learned.insert(key, key_memory(tx, key).await?);
+                let mut learned = Learned::new();
+                for p in &pending {
+                    if !learned.contains_key(&p.memory_key) {
+                        learned.insert(p.memory_key.clone(), key_memory(tx, &p.memory_key).await?);
                     }
                 }
-                let estimates: Vec<(Option<u64>, &'static str)> = pending
-                    .iter()
-                    .map(|(_, _, declared, _, key)| {
-                        let (mut peaks, floor) =
-                            learned.get(key.as_str()).cloned().unwrap_or_default();
-                        effective_estimate(opt_u64(*declared), &mut peaks, floor)
-                    })
-                    .collect();
-                let candidates: Vec<Candidate> = pending
-                    .iter()
-                    .zip(&estimates)
-                    .map(|((_, g, _, t, _), (estimate, _))| Candidate {
-                        gpus: *g as u32,
-                        estimate_mib: *estimate,
-                        waited_ms: (now - t).max(0) as u64,
-                    })
-                    .collect();
-                let placements = placement::place(&snapshot, &candidates, input.max as usize);
-                let to = LeaseTo {
-                    node: &node.name,
-                    agent: input.agent,
-                    now,
-                    ttl_ms: input.lease_ttl_ms,
-                };
-                let mut leases = Vec::with_capacity(placements.len());
-                for p in placements {
-                    let job = &pending[p.candidate].0;
-                    leases.push(lease_job(tx, job, &to, &p.gpus, estimates[p.candidate]).await?);
+                let plan = rules::claim(&snapshot, &pending, &learned, now, input.max as usize);
+                let mut leases = Vec::with_capacity(plan.leases.len());
+                for slot in &plan.leases {
+                    leases.push(lease_job(tx, &to, &pending[slot.candidate].id, slot).await?);
                 }
-                if !leases.is_empty() {
-                    notify(tx, &origin).await?;
+                for (i, reason) in &plan.reasons {
+                    exec(
+                        tx,
+                        "UPDATE jobs SET pending_reason = $1 WHERE id = $2",
+                        &[&json(reason), &pending[*i].id],
+                    )
+                    .await?;
                 }
-                Ok(Claimed {
+                changed |= !leases.is_empty();
+                let claimed = Claimed {
                     leases,
                     plan: node.plan,
-                })
+                };
+                Ok((claimed, changed))
             })
         })
         .await
     }
 
-    async fn pending_cancels(
-        &self,
-        agent: AgentId,
-        watching: &[AttemptId],
-    ) -> Result<Vec<AttemptId>> {
-        let watching: Vec<String> = watching.iter().map(|a| a.to_string()).collect();
+    async fn pending_cancels(&self, agent: AgentId, of: &[AttemptId]) -> Result<Vec<AttemptId>> {
+        let watching: Vec<String> = of.iter().map(AttemptId::to_string).collect();
         self.read(move |tx| {
             Box::pin(async move {
-                let wanted = rows(
+                let wanted = all(
                     tx,
                     "SELECT id FROM attempts WHERE id = ANY($1) AND agent_id = $2 \
                      AND cancel_requested AND phase != 'ended'",
                     &[&watching, &agent.to_string()],
+                    |r| r.text(0),
                 )
-                .await?
-                .iter()
-                .map(|r| get::<String>(r, 0))
-                .collect::<Result<Vec<_>>>()?;
+                .await?;
                 // In the order the agent asked.
                 watching
                     .iter()
@@ -1485,63 +1157,65 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn renew_leases(
-        &self,
-        agent: AgentId,
-        attempts: &[AttemptRef],
-        gpus: &[GpuSample],
-        lease_ttl_ms: u64,
-    ) -> Result<Renewed> {
-        let (attempts, gpus) = (attempts.to_vec(), gpus.to_vec());
-        let origin = self.origin.clone();
+    async fn renew_leases(&self, r: Renewal) -> Result<Renewed> {
+        let (agent, attempts, gpus, lease_ttl_ms) = (r.agent, r.attempts, r.gpus, r.lease_ttl_ms);
         self.write(move |tx| {
             Box::pin(async move {
                 let node = lock_node_of_agent(tx, agent).await?;
-                let freed = record_telemetry(tx, &node.name, &gpus).await?;
-                let until = now_ms().saturating_add(i64_of(lease_ttl_ms));
-                let (mut cancel, mut stale) = (Vec::new(), Vec::new());
-                for a in attempts {
-                    let renewed = row_opt(
+                // A stale token for any attempt refuses the whole heartbeat, before it writes.
+                let mut renew = Vec::new();
+                for a in &attempts {
+                    let row = first(
                         tx,
-                        "UPDATE attempts SET lease_expires_at = $1 WHERE id = $2 AND fence = $3 \
-                         AND agent_id = $4 AND phase != 'ended' RETURNING cancel_requested",
-                        &[&until, &a.attempt.to_string(), &a.fence, &agent.to_string()],
+                        "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = $2, \
+                         j.seq FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
+                        &[&a.attempt.to_string(), &agent.to_string()],
+                        |r| Ok((rows::renewal_row(r)?, r.int(5)?)),
                     )
                     .await?;
-                    match renewed {
-                        None => stale.push(a.attempt),
-                        Some(r) if get::<bool>(&r, 0)? => cancel.push(a.attempt),
-                        Some(_) => {}
+                    if rules::renewal(a.attempt, a.fence, row.as_ref().map(|(r, _)| r))? {
+                        renew.push((row.map_or(0, |(_, seq)| seq), a.attempt));
                     }
                 }
+                // Attempt rows are locked in job order, as the lease sweep locks them: in
+                // the agent's order, a heartbeat and a sweep could each wait for the other.
+                renew.sort_unstable();
+                let renew = renew.into_iter().map(|(_, a)| a);
                 // Renewals change nothing anyone waits for; freed memory may let a claim
                 // on another replica place work.
-                if freed {
-                    notify(tx, &origin).await?;
+                let freed = record_telemetry(tx, &node.name, &gpus).await?;
+                let until = now_ms().saturating_add(i64_of(lease_ttl_ms));
+                let mut cancel = Vec::new();
+                for a in renew {
+                    let wanted = first(
+                        tx,
+                        "UPDATE attempts SET lease_expires_at = $1 WHERE id = $2 \
+                         RETURNING cancel_requested",
+                        &[&until, &a.to_string()],
+                        |r| r.flag(0),
+                    )
+                    .await?;
+                    if wanted == Some(true) {
+                        cancel.push(a);
+                    }
                 }
-                Ok(Renewed {
+                let renewed = Renewed {
                     cancel,
-                    stale,
                     plan: node.plan,
-                })
+                };
+                Ok((renewed, freed))
             })
         })
         .await
     }
 
-    async fn start_attempt(
-        &self,
-        attempt: AttemptId,
-        fence: i64,
-        pid: u32,
-        started_at: Millis,
-    ) -> Result<()> {
-        let origin = self.origin.clone();
+    async fn start_attempt(&self, a: AttemptId, fence: i64, pid: u32, at: Millis) -> Result<()> {
+        let (attempt, started_at) = (a, at);
         self.write(move |tx| {
             Box::pin(async move {
                 let (job, phase) = check_fence(tx, attempt, fence).await?;
-                if phase != "leased" {
-                    return Ok(()); // a repeated report
+                if phase != AttemptPhase::Leased {
+                    return Ok(((), false)); // a repeated report
                 }
                 exec(
                     tx,
@@ -1553,26 +1227,25 @@ impl Store for PostgresStore {
                 if lock_job(tx, &job).await? != JobState::Cancelled {
                     transition(tx, &job, JobEvent::Start).await?;
                 }
-                notify(tx, &origin).await
+                Ok(((), true))
             })
         })
         .await
     }
 
     async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState> {
-        let origin = self.origin.clone();
         self.write(move |tx| {
             Box::pin(async move {
                 let node = lock_node_of_attempt(tx, attempt).await?;
                 let (job, _) = check_fence(tx, attempt, report.fence).await?;
                 let id = attempt.to_string();
                 let ended_at = report.ended_at.timestamp_millis();
-                let gpus = row(
+                let (gpus, key, estimate) = first(
                     tx,
                     "UPDATE attempts SET phase = 'ended', ended_at = $1, exit_code = $2, \
                      signal = $3, failure_class = $4, peak_mem_mib = $5, cleanup_ms = $6, \
                      cleanup_verified = $7, log_tail = $8, started_at = COALESCE(started_at, $1), \
-                     contaminated = $10 WHERE id = $9 RETURNING gpus",
+                     contaminated = $10 WHERE id = $9 RETURNING gpus, memory_key, estimate_mib",
                     &[
                         &ended_at,
                         &report.exit_code.map(i64::from),
@@ -1585,64 +1258,61 @@ impl Store for PostgresStore {
                         &id,
                         &report.contaminated,
                     ],
+                    |r| Ok((r.json::<Vec<u32>>(0)?, r.text(1)?, r.mib_opt(2)?)),
                 )
-                .await?;
+                .await?
+                .ok_or_else(|| StoreError::not_found("attempt", id.clone()))?;
                 if !report.gpus.is_empty() {
                     record_telemetry(tx, &node, &report.gpus).await?;
                 }
-                if !report.cleanup_verified {
-                    let reason = report
-                        .unverified
-                        .clone()
-                        .unwrap_or_else(|| "cleanup could not be verified".into());
-                    for gpu in get_json::<Vec<u32>>(&gpus, 0)? {
+                let f = rules::finish(&job_rules(tx, &job).await?, estimate, &report)?;
+                if let Some(reason) = &f.quarantine {
+                    for gpu in gpus {
                         exec(
                             tx,
                             "INSERT INTO quarantine (node, gpu, attempt_id, reason, since) \
-                             VALUES ($1, $2, $3, $4, $5) \
-                             ON CONFLICT (node, gpu, attempt_id) \
+                             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (node, gpu, attempt_id) \
                              DO UPDATE SET reason = EXCLUDED.reason, since = EXCLUDED.since",
-                            &[&node, &i64::from(gpu), &id, &reason, &now_ms()],
+                            &[&node, &i64::from(gpu), &id, reason, &now_ms()],
                         )
                         .await?;
                     }
                 }
-                let event = match report.failure {
-                    None => JobEvent::Succeed,
-                    Some(class) => {
-                        let r = row(
-                            tx,
-                            "SELECT attempts, max_attempts, retry_on FROM jobs WHERE id = $1",
-                            &[&job],
-                        )
-                        .await?;
-                        let retry_on: Vec<FailureClass> = get_json(&r, 2)?;
-                        exec(
-                            tx,
-                            "UPDATE jobs SET last_failure = $1 WHERE id = $2",
-                            &[&class.as_str(), &job],
-                        )
-                        .await?;
-                        let mut retry = retry_allowed(
-                            class,
-                            true,
-                            get::<i64>(&r, 0)? as u32,
-                            get::<i64>(&r, 1)? as u32,
-                            &retry_on,
-                        );
-                        if class == FailureClass::Oom {
-                            raise_floor(tx, &id, report.peak_mem_mib).await?;
-                            // The next ladder step is a retry of its own, on top of `retry.on`.
-                            if next_ladder_step(tx, &job).await? {
-                                retry = true;
-                            }
-                        }
-                        JobEvent::Fail { retry }
-                    }
-                };
-                let state = transition(tx, &job, event).await?;
-                notify(tx, &origin).await?;
-                Ok(state)
+                if let Some(class) = f.last_failure {
+                    exec(
+                        tx,
+                        "UPDATE jobs SET last_failure = $1 WHERE id = $2",
+                        &[&class.as_str(), &job],
+                    )
+                    .await?;
+                }
+                if let Some(floor) = f.floor {
+                    exec(
+                        tx,
+                        "INSERT INTO memory_floors (memory_key, floor_mib) VALUES ($1, $2) \
+                         ON CONFLICT (memory_key) DO UPDATE \
+                         SET floor_mib = GREATEST(memory_floors.floor_mib, EXCLUDED.floor_mib)",
+                        &[&key, &i64_of(floor)],
+                    )
+                    .await?;
+                }
+                if let Some(l) = &f.ladder {
+                    exec(
+                        tx,
+                        "UPDATE jobs SET params = $1, argv = $2, memory_key = $3, \
+                         ladder_step = $4, max_attempts = $5 WHERE id = $6",
+                        &[
+                            &json(&l.params),
+                            &json(&l.argv),
+                            &l.memory_key,
+                            &i64::from(l.ladder_step),
+                            &i64::from(l.max_attempts),
+                            &job,
+                        ],
+                    )
+                    .await?;
+                }
+                Ok((transition(tx, &job, f.event).await?, true))
             })
         })
         .await
@@ -1650,22 +1320,23 @@ impl Store for PostgresStore {
 
     async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()> {
         let gpus = gpus.to_vec();
-        let origin = self.origin.clone();
         self.write(move |tx| {
             Box::pin(async move {
                 let node = lock_node_of_attempt(tx, attempt).await?;
                 let (job, phase) = check_fence(tx, attempt, fence).await?;
-                if phase != "leased" {
+                if phase != AttemptPhase::Leased {
                     return Err(StoreError::StaleFence { attempt });
                 }
-                let a = row(
+                let on: Vec<u32> = first(
                     tx,
-                    "SELECT gpus FROM attempts WHERE id = $1",
+                    "DELETE FROM attempts WHERE id = $1 RETURNING gpus",
                     &[&attempt.to_string()],
+                    |r| r.json(0),
                 )
-                .await?;
+                .await?
+                .ok_or(StoreError::StaleFence { attempt })?;
                 let until = now_ms() + AVOID_AFTER_HAND_BACK_MS;
-                for gpu in get_json::<Vec<u32>>(&a, 0)? {
+                for gpu in on {
                     exec(
                         tx,
                         "INSERT INTO gpu_avoid (node, gpu, until_ms) VALUES ($1, $2, $3) \
@@ -1674,48 +1345,33 @@ impl Store for PostgresStore {
                     )
                     .await?;
                 }
-                exec(
-                    tx,
-                    "DELETE FROM attempts WHERE id = $1",
-                    &[&attempt.to_string()],
-                )
-                .await?;
-                let r = row(
+                let left = first(
                     tx,
                     "UPDATE jobs SET attempts = attempts - 1 WHERE id = $1 RETURNING attempts",
                     &[&job],
+                    |r| r.int(0),
                 )
-                .await?;
-                let had: i64 = get(&r, 0)?;
+                .await?
+                .unwrap_or(0);
                 record_telemetry(tx, &node, &gpus).await?;
-                transition(
-                    tx,
-                    &job,
-                    JobEvent::HandBack {
-                        had_attempts: had > 0,
-                    },
-                )
-                .await?;
-                notify(tx, &origin).await
+                transition(tx, &job, rules::hand_back(left.max(0) as u32)).await?;
+                Ok(((), true))
             })
         })
         .await
     }
 
     async fn expire_leases(&self) -> Result<Vec<AttemptId>> {
-        let origin = self.origin.clone();
         self.write(move |tx| {
             Box::pin(async move {
-                let expired = rows(
+                let expired = all(
                     tx,
                     "SELECT a.id FROM attempts a JOIN jobs j ON j.id = a.job_id \
                      WHERE a.phase != 'ended' AND a.lease_expires_at < $1 ORDER BY j.seq",
                     &[&now_ms()],
+                    |r| r.text(0),
                 )
-                .await?
-                .iter()
-                .map(|r| get::<String>(r, 0))
-                .collect::<Result<Vec<_>>>()?;
+                .await?;
                 // Every replica sweeps: an attempt another sweep (or a late report) ended
                 // first is not lost twice.
                 let mut lost = Vec::new();
@@ -1724,10 +1380,8 @@ impl Store for PostgresStore {
                         lost.push(parse(&a, "attempt id")?);
                     }
                 }
-                if !lost.is_empty() {
-                    notify(tx, &origin).await?;
-                }
-                Ok(lost)
+                let changed = !lost.is_empty();
+                Ok((lost, changed))
             })
         })
         .await
@@ -1735,7 +1389,6 @@ impl Store for PostgresStore {
 
     async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64> {
         let attempts: Vec<String> = attempts.iter().map(|a| a.to_string()).collect();
-        let origin = self.origin.clone();
         self.write(move |tx| {
             Box::pin(async move {
                 let node = lock_node_of_agent(tx, agent).await?;
@@ -1745,10 +1398,7 @@ impl Store for PostgresStore {
                     &[&node.name, &attempts],
                 )
                 .await?;
-                if n > 0 {
-                    notify(tx, &origin).await?;
-                }
-                Ok(n)
+                Ok((n, n > 0))
             })
         })
         .await
@@ -1756,36 +1406,24 @@ impl Store for PostgresStore {
 
     async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64> {
         let node = node.to_string();
-        let origin = self.origin.clone();
         self.write(move |tx| {
             Box::pin(async move {
-                let r = row_opt(
+                let gpus: Vec<GpuInfo> = first(
                     tx,
                     "SELECT gpus FROM nodes WHERE name = $1 FOR UPDATE",
                     &[&node],
+                    |r| r.json(0),
                 )
                 .await?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: "node",
-                    id: node.clone(),
-                })?;
-                let gpus: Vec<GpuInfo> = get_json(&r, 0)?;
-                if !gpus.iter().any(|g| g.index == gpu) {
-                    return Err(StoreError::NotFound {
-                        what: "GPU",
-                        id: format!("{node}/{gpu}"),
-                    });
-                }
+                .ok_or_else(|| StoreError::not_found("node", node.clone()))?;
+                super::check_gpu(&node, &gpus, gpu)?;
                 let n = exec(
                     tx,
                     "DELETE FROM quarantine WHERE node = $1 AND gpu = $2",
                     &[&node, &i64::from(gpu)],
                 )
                 .await?;
-                if n > 0 {
-                    notify(tx, &origin).await?;
-                }
-                Ok(n)
+                Ok((n, n > 0))
             })
         })
         .await

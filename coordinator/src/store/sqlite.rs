@@ -1,29 +1,28 @@
 //! The embedded SQLite store (one file, WAL) for `headroom up` on one machine. SQLite calls
-//! are blocking, so every method runs on the blocking pool behind one connection.
+//! are blocking, so every method runs on the blocking pool behind one connection. The job
+//! rules live in `crate::rules` and the row decoding in `rows`: this file holds SQL.
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use chrono::{DateTime, TimeZone, Utc};
 use headroom_shared::api::{
-    AttemptPhase, AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample,
-    Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, StateCounts,
+    AttemptPhase, AttemptView, ExperimentSummary, FinishReport, GpuSample, JobDetail, JobSummary,
+    Lease, NodeView, StateCounts,
 };
-use headroom_shared::{
-    AgentId, AttemptId, ExperimentId, FailureClass, JobEvent, JobId, JobState, Plan,
-};
-use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
+use headroom_shared::pending::PendingReason;
+use headroom_shared::{AgentId, AttemptId, ExperimentId, JobEvent, JobId, JobState, Plan};
+use rusqlite::{Connection, Row, Transaction, TransactionBehavior, params};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, parse};
 use super::{
-    AVOID_AFTER_HAND_BACK_MS, Active, ClaimInput, Claimed, ExportRow, JobFilter, Millis,
-    NewExperiment, OOM_BUMP, Registered, Registration, Renewed, Result, Store, StoreError,
-    effective_estimate, gpu_views, node_snapshot, now_ms, retry_allowed,
+    Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, Registered,
+    Registration, Renewal, Renewed, Result, Store, StoreError, node_snapshot, node_view, now_ms,
 };
-use crate::placement::{self, Candidate};
+use crate::changes::Changes;
+use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
 
 mod embedded {
     refinery::embed_migrations!("migrations/sqlite");
@@ -35,6 +34,7 @@ const CLAIM_WINDOW: i64 = 512;
 #[derive(Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
+    changes: Changes,
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -72,6 +72,7 @@ impl SqliteStore {
             .map_err(|e| StoreError::Database(format!("migration failed: {e}")))?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
+            changes: Changes::default(),
         })
     }
 
@@ -91,240 +92,96 @@ impl SqliteStore {
         .map_err(|e| StoreError::Database(format!("store task failed: {e}")))?
     }
 
-    /// Runs `f` in one write transaction.
+    /// Runs `f` in one write transaction; announces a change after the commit when `f`
+    /// says it made one.
     async fn write<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
+        F: FnOnce(&Transaction<'_>, &mut bool) -> Result<T> + Send + 'static,
     {
-        self.with(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = f(&tx)?;
-            tx.commit()?;
-            Ok(out)
-        })
-        .await
+        let (out, changed) = self
+            .with(move |conn| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let mut changed = false;
+                let out = f(&tx, &mut changed)?;
+                tx.commit()?;
+                Ok((out, changed))
+            })
+            .await?;
+        if changed {
+            self.changes.bump();
+        }
+        Ok(out)
     }
 }
 
-// ---- row helpers ------------------------------------------------------------------
+// ---- statement helpers ------------------------------------------------------------
+
+impl Cols for Row<'_> {
+    fn text(&self, i: usize) -> Result<String> {
+        Ok(self.get(i)?)
+    }
+    fn text_opt(&self, i: usize) -> Result<Option<String>> {
+        Ok(self.get(i)?)
+    }
+    fn int(&self, i: usize) -> Result<i64> {
+        Ok(self.get(i)?)
+    }
+    fn int_opt(&self, i: usize) -> Result<Option<i64>> {
+        Ok(self.get(i)?)
+    }
+    fn flag(&self, i: usize) -> Result<bool> {
+        Ok(self.get(i)?)
+    }
+    fn flag_opt(&self, i: usize) -> Result<Option<bool>> {
+        Ok(self.get(i)?)
+    }
+    fn json<T: DeserializeOwned>(&self, i: usize) -> Result<T> {
+        Ok(serde_json::from_str(&self.get::<_, String>(i)?)?)
+    }
+    fn json_opt<T: DeserializeOwned>(&self, i: usize) -> Result<Option<T>> {
+        match self.get::<_, Option<String>>(i)? {
+            Some(s) => Ok(Some(serde_json::from_str(&s)?)),
+            None => Ok(None),
+        }
+    }
+}
 
 fn json<T: Serialize>(v: &T) -> Result<String> {
     Ok(serde_json::to_string(v)?)
 }
 
-fn from_json<T: DeserializeOwned>(s: &str) -> Result<T> {
-    Ok(serde_json::from_str(s)?)
-}
-
-fn ts(ms: Millis) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
-}
-
-fn parse<T: std::str::FromStr>(s: &str, what: &str) -> Result<T> {
-    s.parse()
-        .map_err(|_| StoreError::Corrupt(format!("bad {what} `{s}`")))
-}
-
-fn opt_u64(v: Option<i64>) -> Option<u64> {
-    v.map(|x| x.max(0) as u64)
-}
-
-fn opt_i64(v: Option<u64>) -> Option<i64> {
-    v.map(|x| x.min(i64::MAX as u64) as i64)
-}
-
-const JOB_SELECT: &str = "SELECT j.id, j.experiment_id, e.name, j.idx, j.config, j.run, j.state, \
-     j.priority, j.params, j.attempts, j.max_attempts, j.gpus, j.estimate_mib, a.node, a.gpus, \
-     j.last_failure, j.created_at \
-     FROM jobs j JOIN experiments e ON e.id = j.experiment_id \
-     LEFT JOIN attempts a ON a.job_id = j.id AND a.number = j.attempts";
-
-/// Raw columns of `JOB_SELECT`, decoded outside rusqlite's row closure so errors keep
-/// their meaning.
-struct JobRow {
-    id: String,
-    experiment: String,
-    experiment_name: String,
-    index: i64,
-    config: i64,
-    run: i64,
-    state: String,
-    priority: i64,
-    params: String,
-    attempts: i64,
-    max_attempts: i64,
-    gpus: i64,
-    estimate_mib: Option<i64>,
-    node: Option<String>,
-    gpu_indices: Option<String>,
-    last_failure: Option<String>,
-    created_at: i64,
-}
-
-impl JobRow {
-    fn read(r: &Row<'_>) -> rusqlite::Result<Self> {
-        Ok(Self {
-            id: r.get(0)?,
-            experiment: r.get(1)?,
-            experiment_name: r.get(2)?,
-            index: r.get(3)?,
-            config: r.get(4)?,
-            run: r.get(5)?,
-            state: r.get(6)?,
-            priority: r.get(7)?,
-            params: r.get(8)?,
-            attempts: r.get(9)?,
-            max_attempts: r.get(10)?,
-            gpus: r.get(11)?,
-            estimate_mib: r.get(12)?,
-            node: r.get(13)?,
-            gpu_indices: r.get(14)?,
-            last_failure: r.get(15)?,
-            created_at: r.get(16)?,
-        })
+/// Every row of `sql`, decoded by `f`.
+fn all<T>(
+    conn: &Connection,
+    sql: &str,
+    args: impl rusqlite::Params,
+    f: impl Fn(&Row<'_>) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut rows = stmt.query(args)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        out.push(f(r)?);
     }
-
-    fn decode(self) -> Result<JobSummary> {
-        Ok(JobSummary {
-            id: parse(&self.id, "job id")?,
-            experiment: parse(&self.experiment, "experiment id")?,
-            experiment_name: self.experiment_name,
-            index: self.index as u32,
-            config: self.config as u32,
-            run: self.run as u32,
-            state: parse(&self.state, "job state")?,
-            priority: self.priority as i32,
-            params: from_json(&self.params)?,
-            attempts: self.attempts as u32,
-            max_attempts: self.max_attempts as u32,
-            gpus: self.gpus as u32,
-            estimate_mib: opt_u64(self.estimate_mib),
-            node: self.node,
-            gpu_indices: match self.gpu_indices {
-                Some(g) => from_json(&g)?,
-                None => vec![],
-            },
-            last_failure: match self.last_failure {
-                Some(f) => Some(parse(&f, "failure class")?),
-                None => None,
-            },
-            created_at: ts(self.created_at),
-        })
-    }
+    Ok(out)
 }
 
-const ATTEMPT_SELECT: &str = "SELECT id, job_id, number, node, gpus, fence, phase, leased_at, \
-     started_at, ended_at, pid, exit_code, signal, failure_class, estimate_mib, peak_mem_mib, \
-     cleanup_ms, cleanup_verified, log_tail, estimate_source, params, ladder_step, contaminated \
-     FROM attempts";
-
-struct AttemptRow {
-    id: String,
-    job: String,
-    number: i64,
-    node: String,
-    gpus: String,
-    fence: i64,
-    phase: String,
-    leased_at: i64,
-    started_at: Option<i64>,
-    ended_at: Option<i64>,
-    pid: Option<i64>,
-    exit_code: Option<i64>,
-    signal: Option<i64>,
-    failure_class: Option<String>,
-    estimate_mib: Option<i64>,
-    peak_mem_mib: Option<i64>,
-    cleanup_ms: Option<i64>,
-    cleanup_verified: Option<bool>,
-    log_tail: Option<String>,
-    estimate_source: String,
-    params: String,
-    ladder_step: i64,
-    contaminated: Option<bool>,
-}
-
-impl AttemptRow {
-    fn read(r: &Row<'_>) -> rusqlite::Result<Self> {
-        Ok(Self {
-            id: r.get(0)?,
-            job: r.get(1)?,
-            number: r.get(2)?,
-            node: r.get(3)?,
-            gpus: r.get(4)?,
-            fence: r.get(5)?,
-            phase: r.get(6)?,
-            leased_at: r.get(7)?,
-            started_at: r.get(8)?,
-            ended_at: r.get(9)?,
-            pid: r.get(10)?,
-            exit_code: r.get(11)?,
-            signal: r.get(12)?,
-            failure_class: r.get(13)?,
-            estimate_mib: r.get(14)?,
-            peak_mem_mib: r.get(15)?,
-            cleanup_ms: r.get(16)?,
-            cleanup_verified: r.get(17)?,
-            log_tail: r.get(18)?,
-            estimate_source: r.get(19)?,
-            params: r.get(20)?,
-            ladder_step: r.get(21)?,
-            contaminated: r.get(22)?,
-        })
-    }
-
-    fn decode(self) -> Result<AttemptView> {
-        let phase = match self.phase.as_str() {
-            "leased" => AttemptPhase::Leased,
-            "running" => AttemptPhase::Running,
-            "ended" => AttemptPhase::Ended,
-            other => return Err(StoreError::Corrupt(format!("bad attempt phase `{other}`"))),
-        };
-        let failure_class: Option<FailureClass> = match self.failure_class {
-            Some(f) => Some(parse(&f, "failure class")?),
-            None => None,
-        };
-        Ok(AttemptView {
-            id: parse(&self.id, "attempt id")?,
-            job: parse(&self.job, "job id")?,
-            number: self.number as u32,
-            node: self.node,
-            gpus: from_json(&self.gpus)?,
-            fence: self.fence,
-            phase,
-            leased_at: ts(self.leased_at),
-            started_at: self.started_at.map(ts),
-            ended_at: self.ended_at.map(ts),
-            pid: self.pid.map(|p| p as u32),
-            exit_code: self.exit_code.map(|c| c as i32),
-            signal: self.signal.map(|s| s as i32),
-            success: (phase == AttemptPhase::Ended).then_some(failure_class.is_none()),
-            failure_class,
-            estimate_mib: opt_u64(self.estimate_mib),
-            peak_mem_mib: opt_u64(self.peak_mem_mib),
-            cleanup_ms: opt_u64(self.cleanup_ms),
-            cleanup_verified: self.cleanup_verified,
-            log_tail: self.log_tail,
-            estimate_source: self.estimate_source,
-            params: from_json(&self.params)?,
-            ladder_step: self.ladder_step as u32,
-            contaminated: self.contaminated,
-        })
-    }
+/// The row of `sql` (by key: at most one), decoded by `f`, if there is one.
+fn first<T>(
+    conn: &Connection,
+    sql: &str,
+    args: impl rusqlite::Params,
+    f: impl Fn(&Row<'_>) -> Result<T>,
+) -> Result<Option<T>> {
+    Ok(all(conn, sql, args, f)?.into_iter().next())
 }
 
 fn job_state(tx: &Transaction<'_>, job: &str) -> Result<JobState> {
-    let s: Option<String> = tx
-        .query_row("SELECT state FROM jobs WHERE id = ?1", [job], |r| r.get(0))
-        .optional()?;
-    match s {
-        Some(s) => parse(&s, "job state"),
-        None => Err(StoreError::NotFound {
-            what: "job",
-            id: job.to_string(),
-        }),
-    }
+    first(tx, "SELECT state FROM jobs WHERE id = ?1", [job], |r| {
+        r.parsed(0, "job state")
+    })?
+    .ok_or_else(|| StoreError::not_found("job", job.to_string()))
 }
 
 /// The one place this backend changes a job's state: the state machine decides, the update
@@ -337,185 +194,221 @@ fn transition(tx: &Transaction<'_>, job: &str, event: JobEvent) -> Result<JobSta
             "UPDATE jobs SET state = ?1, updated_at = ?2 WHERE id = ?3 AND state = ?4",
             params![to.as_str(), now_ms(), job, from.as_str()],
         )?;
-        if n != 1 {
-            return Err(StoreError::Database(format!(
-                "job {job} changed state concurrently"
-            )));
-        }
+        super::one_row(n as u64, job)?;
     }
     Ok(to)
 }
 
-/// Records an active attempt as lost and requeues its job if the policy allows.
-fn lose_attempt(tx: &Transaction<'_>, attempt: &str) -> Result<()> {
-    let (job, started): (String, Option<i64>) = tx.query_row(
-        "SELECT job_id, started_at FROM attempts WHERE id = ?1",
+/// The job columns the outcome rules read.
+fn job_rules(tx: &Transaction<'_>, job: &str) -> Result<rules::JobRules> {
+    let sql = format!(
+        "SELECT {}, json_extract(e.spec, '$.memory_key') FROM jobs j \
+         JOIN experiments e ON e.id = j.experiment_id WHERE j.id = ?1",
+        rows::RULES_COLUMNS
+    );
+    first(tx, &sql, [job], |r| rows::job_rules(r))?
+        .ok_or_else(|| StoreError::not_found("job", job.to_string()))
+}
+
+/// Records an active attempt as lost and requeues its job if the policy allows; false when
+/// it had already ended.
+fn lose_attempt(tx: &Transaction<'_>, attempt: &str) -> Result<bool> {
+    let Some((job, started)) = first(
+        tx,
+        "SELECT job_id, started_at FROM attempts WHERE id = ?1 AND phase != 'ended'",
         [attempt],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
-    let now = now_ms();
+        |r| Ok((r.text(0)?, r.int_opt(1)?)),
+    )?
+    else {
+        return Ok(false);
+    };
     tx.execute(
         "UPDATE attempts SET phase = 'ended', ended_at = ?1, failure_class = 'lost', \
          log_tail = COALESCE(log_tail, 'lost: the agent went away before reporting an end') \
-         WHERE id = ?2 AND phase != 'ended'",
-        params![now, attempt],
+         WHERE id = ?2",
+        params![now_ms(), attempt],
     )?;
-    let (attempts, max_attempts, retry_on): (i64, i64, String) = tx.query_row(
-        "SELECT attempts, max_attempts, retry_on FROM jobs WHERE id = ?1",
-        [&job],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-    )?;
-    let retry_on: Vec<FailureClass> = from_json(&retry_on)?;
-    let retry = retry_allowed(
-        FailureClass::Lost,
-        started.is_some(),
-        attempts as u32,
-        max_attempts as u32,
-        &retry_on,
-    );
-    if started.is_none() {
-        // Never ran: it does not use up an attempt.
-        tx.execute(
-            "UPDATE jobs SET max_attempts = max_attempts + 1 WHERE id = ?1",
-            [&job],
-        )?;
-    }
+    let loss = rules::lose(&job_rules(tx, &job)?, started.is_some());
     tx.execute(
-        "UPDATE jobs SET last_failure = 'lost' WHERE id = ?1",
-        [&job],
+        "UPDATE jobs SET last_failure = 'lost', max_attempts = max_attempts + ?1 WHERE id = ?2",
+        params![i64::from(loss.refund_attempt), job],
     )?;
-    transition(tx, &job, JobEvent::Fail { retry })?;
-    Ok(())
-}
-
-struct NodeRow {
-    name: String,
-    gpus: Vec<GpuInfo>,
-    plan: Plan,
-    headroom: Headroom,
+    transition(tx, &job, loss.event)?;
+    Ok(true)
 }
 
 fn node_of_agent(tx: &Connection, agent: AgentId) -> Result<NodeRow> {
-    let row: Option<(String, String, String, String)> = tx
-        .query_row(
-            "SELECT name, gpus, plan, headroom FROM nodes WHERE agent_id = ?1",
-            [agent.to_string()],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )
-        .optional()?;
-    let (name, gpus, plan, headroom) = row.ok_or(StoreError::UnknownAgent { agent })?;
-    Ok(NodeRow {
-        name,
-        gpus: from_json(&gpus)?,
-        plan: parse(&plan, "plan")?,
-        headroom: parse(&headroom, "headroom")?,
-    })
+    let sql = format!(
+        "SELECT {} FROM nodes WHERE agent_id = ?1",
+        rows::NODE_COLUMNS
+    );
+    first(tx, &sql, [agent.to_string()], |r| rows::node(r))?
+        .ok_or(StoreError::UnknownAgent { agent })
 }
 
-fn record_telemetry(tx: &Transaction<'_>, node: &str, gpus: &[GpuSample]) -> Result<()> {
+/// Stores the latest samples; true when some GPU has more free memory than before.
+fn record_telemetry(tx: &Transaction<'_>, node: &str, gpus: &[GpuSample]) -> Result<bool> {
+    let before: Vec<GpuSample> = first(
+        tx,
+        "SELECT telemetry FROM nodes WHERE name = ?1",
+        [node],
+        |r| r.json_opt(0),
+    )?
+    .flatten()
+    .unwrap_or_default();
     tx.execute(
         "UPDATE nodes SET telemetry = ?1, last_seen = ?2 WHERE name = ?3",
         params![json(&gpus)?, now_ms(), node],
     )?;
-    Ok(())
+    Ok(rules::memory_freed(&before, gpus))
 }
 
 fn active_on(conn: &Connection, node: &str) -> Result<Vec<Active>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, gpus, estimate_mib FROM attempts WHERE node = ?1 AND phase != 'ended'",
-    )?;
-    let rows = stmt
-        .query_map([node], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, Option<i64>>(2)?,
-            ))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    rows.into_iter()
-        .map(|(id, g, e)| {
-            Ok(Active {
-                id,
-                gpus: from_json(&g)?,
-                estimate: opt_u64(e),
-            })
-        })
-        .collect()
+    all(
+        conn,
+        "SELECT id, gpus, estimate_mib, fence FROM attempts WHERE node = ?1 AND phase != 'ended'",
+        [node],
+        |r| rows::active(r),
+    )
 }
 
-fn check_fence(tx: &Transaction<'_>, attempt: AttemptId, fence: i64) -> Result<(String, String)> {
-    let row: Option<(String, String, i64, i64)> = tx
-        .query_row(
-            "SELECT a.job_id, a.phase, a.fence, j.fence FROM attempts a \
-             JOIN jobs j ON j.id = a.job_id WHERE a.id = ?1",
-            [attempt.to_string()],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )
-        .optional()?;
-    let Some((job, phase, a_fence, j_fence)) = row else {
-        return Err(StoreError::NotFound {
-            what: "attempt",
-            id: attempt.to_string(),
-        });
+/// Checks a report's fencing token; returns the attempt's job and phase.
+fn check_fence(
+    tx: &Transaction<'_>,
+    attempt: AttemptId,
+    fence: i64,
+) -> Result<(String, AttemptPhase)> {
+    let row = first(
+        tx,
+        "SELECT a.phase, a.fence, j.fence, a.job_id FROM attempts a \
+         JOIN jobs j ON j.id = a.job_id WHERE a.id = ?1",
+        [attempt.to_string()],
+        |r| Ok((rows::fence_row(r)?, r.text(3)?)),
+    )?;
+    let Some((row, job)) = row else {
+        return Err(StoreError::not_found("attempt", attempt.to_string()));
     };
-    if phase == "ended" || a_fence != fence || j_fence != fence {
-        return Err(StoreError::StaleFence { attempt });
-    }
-    Ok((job, phase))
+    rules::check_fence(attempt, fence, &row)?;
+    Ok((job, row.phase))
 }
 
 fn summaries(
     conn: &Connection,
-    sql: &str,
-    args: &[&dyn rusqlite::ToSql],
+    filter: &str,
+    args: impl rusqlite::Params,
 ) -> Result<Vec<JobSummary>> {
-    let mut stmt = conn.prepare_cached(sql)?;
-    let rows = stmt
-        .query_map(args, JobRow::read)?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    rows.into_iter().map(JobRow::decode).collect()
+    let sql = format!("SELECT {} {} {filter}", rows::JOB_COLUMNS, rows::JOB_FROM);
+    all(conn, &sql, args, |r| rows::job_summary(r))
+}
+
+fn attempts(
+    conn: &Connection,
+    filter: &str,
+    args: impl rusqlite::Params,
+) -> Result<Vec<AttemptView>> {
+    let sql = format!("SELECT {} FROM attempts {filter}", rows::ATTEMPT_COLUMNS);
+    all(conn, &sql, args, |r| rows::attempt_view(r))
 }
 
 fn counts_for(conn: &Connection, experiment: Option<&str>) -> Result<StateCounts> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT state, COUNT(*) FROM jobs WHERE (?1 IS NULL OR experiment_id = ?1) GROUP BY state",
-    )?;
-    let rows = stmt
-        .query_map([experiment], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut counts = StateCounts::default();
-    for (state, n) in rows {
-        counts.add(parse(&state, "job state")?, n as u64);
+    for (state, n) in all(
+        conn,
+        "SELECT state, COUNT(*) FROM jobs WHERE (?1 IS NULL OR experiment_id = ?1) GROUP BY state",
+        [experiment],
+        |r| Ok((r.parsed(0, "job state")?, r.int(1)?)),
+    )? {
+        counts.add(state, n as u64);
     }
     Ok(counts)
 }
 
 fn experiment_summary(conn: &Connection, id: &str) -> Result<ExperimentSummary> {
-    let row: Option<(String, String, i64, i64)> = conn
-        .query_row(
-            "SELECT id, name, seed, created_at FROM experiments WHERE id = ?1",
-            [id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )
-        .optional()?;
-    let (id, name, seed, created_at) = row.ok_or_else(|| StoreError::NotFound {
-        what: "experiment",
-        id: id.to_string(),
-    })?;
-    Ok(ExperimentSummary {
-        counts: counts_for(conn, Some(&id))?,
-        id: parse(&id, "experiment id")?,
-        name,
-        seed: seed as u64,
-        created_at: ts(created_at),
-    })
+    let row = first(
+        conn,
+        "SELECT name, seed, created_at FROM experiments WHERE id = ?1",
+        [id],
+        |r| Ok((r.text(0)?, r.int(1)?, r.time(2)?)),
+    )?
+    .ok_or_else(|| StoreError::not_found("experiment", id))?;
+    rows::experiment(id, row, counts_for(conn, Some(id))?)
+}
+
+/// Observed peaks and the OOM floor of a memory key.
+fn key_memory(conn: &Connection, key: &str) -> Result<(Vec<u64>, Option<u64>)> {
+    let peaks = all(
+        conn,
+        "SELECT peak_mem_mib FROM attempts WHERE memory_key = ?1 AND peak_mem_mib IS NOT NULL",
+        [key],
+        |r| Ok(r.int(0)?.max(0) as u64),
+    )?;
+    let floor = first(
+        conn,
+        "SELECT floor_mib FROM memory_floors WHERE memory_key = ?1",
+        [key],
+        |r| r.mib_opt(0),
+    )?
+    .flatten();
+    Ok((peaks, floor))
+}
+
+fn cancel_one(tx: &Transaction<'_>, job: &str) -> Result<u64> {
+    if job_state(tx, job)?.is_terminal() {
+        return Ok(0);
+    }
+    transition(tx, job, JobEvent::Cancel)?;
+    tx.execute(
+        "UPDATE attempts SET cancel_requested = 1 WHERE job_id = ?1 AND phase != 'ended'",
+        [job],
+    )?;
+    Ok(1)
+}
+
+fn lease_job(tx: &Transaction<'_>, to: &LeaseTo<'_>, job: &str, slot: &Slot) -> Result<Lease> {
+    let (gpus, estimate, source) = (&slot.gpus, slot.estimate, slot.source);
+    let sql = format!(
+        "SELECT {} FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = ?1",
+        rows::LEASE_COLUMNS
+    );
+    let row = first(tx, &sql, [job], |r| rows::lease_row(r))?
+        .ok_or_else(|| StoreError::not_found("job", job.to_string()))?;
+    let lease = rows::lease_row_into(row, AttemptId::new(), job, gpus, estimate)?;
+    tx.execute(
+        "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, \
+         estimate_mib, leased_at, lease_expires_at, memory_key, estimate_source, params, \
+         ladder_step) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'leased', ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+        params![
+            lease.lease.attempt.to_string(),
+            job,
+            lease.lease.number,
+            to.node,
+            to.agent.to_string(),
+            json(&gpus)?,
+            lease.lease.fence,
+            opt_i64(estimate),
+            to.now,
+            to.now.saturating_add(i64_of(to.ttl_ms)),
+            lease.memory_key,
+            source,
+            json(&lease.lease.params)?,
+            lease.ladder_step
+        ],
+    )?;
+    tx.execute(
+        "UPDATE jobs SET attempts = ?1, fence = ?2, pending_reason = NULL WHERE id = ?3",
+        params![lease.lease.number, lease.lease.fence, job],
+    )?;
+    transition(tx, job, JobEvent::Lease)?;
+    Ok(lease.lease)
 }
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn changes(&self) -> Changes {
+        self.changes.clone()
+    }
+
     async fn schema_version(&self) -> Result<i64> {
         self.with(|c| {
             Ok(c.query_row(
@@ -528,7 +421,7 @@ impl Store for SqliteStore {
     }
 
     async fn create_experiment(&self, exp: NewExperiment) -> Result<ExperimentSummary> {
-        self.write(move |tx| {
+        self.write(move |tx, changed| {
             let now = now_ms();
             let id = exp.id.to_string();
             tx.execute(
@@ -567,6 +460,7 @@ impl Store for SqliteStore {
                 ])?;
             }
             drop(stmt);
+            *changed = true;
             experiment_summary(tx, &id)
         })
         .await
@@ -574,10 +468,12 @@ impl Store for SqliteStore {
 
     async fn list_experiments(&self) -> Result<Vec<ExperimentSummary>> {
         self.with(|c| {
-            let ids = c
-                .prepare_cached("SELECT id FROM experiments ORDER BY created_at, id")?
-                .query_map([], |r| r.get::<_, String>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let ids = all(
+                c,
+                "SELECT id FROM experiments ORDER BY created_at, id",
+                [],
+                |r| r.text(0),
+            )?;
             ids.iter().map(|id| experiment_summary(c, id)).collect()
         })
         .await
@@ -598,14 +494,15 @@ impl Store for SqliteStore {
 
     async fn list_jobs(&self, filter: JobFilter) -> Result<Vec<JobSummary>> {
         self.with(move |c| {
-            let sql = format!(
-                "{JOB_SELECT} WHERE (?1 IS NULL OR j.experiment_id = ?1) AND (?2 IS NULL OR j.state = ?2) \
-                 ORDER BY j.seq LIMIT ?3"
-            );
             let exp = filter.experiment.map(|e| e.to_string());
             let state = filter.state.map(|s| s.as_str().to_string());
             let limit = filter.limit.map(i64::from).unwrap_or(-1);
-            summaries(c, &sql, &[&exp, &state, &limit])
+            summaries(
+                c,
+                "WHERE (?1 IS NULL OR j.experiment_id = ?1) AND (?2 IS NULL OR j.state = ?2) \
+                 ORDER BY j.seq LIMIT ?3",
+                params![exp, state, limit],
+            )
         })
         .await
     }
@@ -613,110 +510,76 @@ impl Store for SqliteStore {
     async fn job(&self, id: JobId) -> Result<JobDetail> {
         self.with(move |c| {
             let id = id.to_string();
-            let sql = format!("{JOB_SELECT} WHERE j.id = ?1");
-            let summary =
-                summaries(c, &sql, &[&id])?
-                    .pop()
-                    .ok_or_else(|| StoreError::NotFound {
-                        what: "job",
-                        id: id.clone(),
-                    })?;
-            #[allow(clippy::type_complexity)]
-            let (argv, env, profile, timeout_ms, retry_on, memory_key, ladder, ladder_step): (
-                String,
-                String,
-                String,
-                Option<i64>,
-                String,
-                String,
-                String,
-                i64,
-            ) = c.query_row(
-                "SELECT argv, env, profile, timeout_ms, retry_on, memory_key, ladder, ladder_step \
-                 FROM jobs WHERE id = ?1",
-                [&id],
-                |r| {
-                    Ok((
-                        r.get(0)?,
-                        r.get(1)?,
-                        r.get(2)?,
-                        r.get(3)?,
-                        r.get(4)?,
-                        r.get(5)?,
-                        r.get(6)?,
-                        r.get(7)?,
-                    ))
-                },
-            )?;
-            let attempts = c
-                .prepare_cached(&format!(
-                    "{ATTEMPT_SELECT} WHERE job_id = ?1 ORDER BY number"
-                ))?
-                .query_map([&id], AttemptRow::read)?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(JobDetail {
-                summary,
-                argv: from_json(&argv)?,
-                env: from_json(&env)?,
-                profile,
-                timeout_ms: opt_u64(timeout_ms),
-                retry_on: from_json(&retry_on)?,
-                memory_key,
-                oom_ladder: from_json(&ladder)?,
-                ladder_step: ladder_step as u32,
-                attempts_detail: attempts
-                    .into_iter()
-                    .map(AttemptRow::decode)
-                    .collect::<Result<_>>()?,
-            })
+            let not_found = || StoreError::not_found("job", id.clone());
+            let summary = summaries(c, "WHERE j.id = ?1", [&id])?
+                .pop()
+                .ok_or_else(not_found)?;
+            let attempts = attempts(c, "WHERE job_id = ?1 ORDER BY number", [&id])?;
+            let sql = format!("SELECT {} FROM jobs WHERE id = ?1", rows::DETAIL_COLUMNS);
+            first(c, &sql, [&id], |r| {
+                rows::job_detail(summary.clone(), r, attempts.clone())
+            })?
+            .ok_or_else(not_found)
         })
         .await
     }
 
     async fn attempt(&self, id: AttemptId) -> Result<AttemptView> {
         self.with(move |c| {
-            let row = c
-                .query_row(
-                    &format!("{ATTEMPT_SELECT} WHERE id = ?1"),
-                    [id.to_string()],
-                    AttemptRow::read,
-                )
-                .optional()?
-                .ok_or_else(|| StoreError::NotFound {
-                    what: "attempt",
-                    id: id.to_string(),
-                })?;
-            row.decode()
+            attempts(c, "WHERE id = ?1", [id.to_string()])?
+                .pop()
+                .ok_or_else(|| StoreError::not_found("attempt", id.to_string()))
+        })
+        .await
+    }
+
+    async fn check_log_fence(&self, attempt: AttemptId, fence: i64) -> Result<()> {
+        self.with(move |c| {
+            let (row, failure) = first(
+                c,
+                "SELECT a.phase, a.fence, j.fence, a.failure_class FROM attempts a \
+                 JOIN jobs j ON j.id = a.job_id WHERE a.id = ?1",
+                [attempt.to_string()],
+                |r| Ok((rows::fence_row(r)?, r.parsed_opt(3, "failure class")?)),
+            )?
+            .ok_or_else(|| StoreError::not_found("attempt", attempt.to_string()))?;
+            rules::check_log_fence(attempt, fence, &row, failure)
         })
         .await
     }
 
     async fn cancel_job(&self, id: JobId) -> Result<u64> {
-        self.write(move |tx| cancel_one(tx, &id.to_string())).await
+        self.write(move |tx, changed| {
+            let n = cancel_one(tx, &id.to_string())?;
+            *changed = n > 0;
+            Ok(n)
+        })
+        .await
     }
 
     async fn cancel_experiment(&self, id: ExperimentId) -> Result<u64> {
-        self.write(move |tx| {
+        self.write(move |tx, changed| {
             let id = id.to_string();
             experiment_summary(tx, &id)?;
-            let jobs = tx
-                .prepare_cached(
-                    "SELECT id FROM jobs WHERE experiment_id = ?1 \
-                     AND state NOT IN ('succeeded', 'failed', 'cancelled')",
-                )?
-                .query_map([&id], |r| r.get::<_, String>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let jobs = all(
+                tx,
+                "SELECT id FROM jobs WHERE experiment_id = ?1 \
+                 AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+                [&id],
+                |r| r.text(0),
+            )?;
             let mut n = 0;
             for job in jobs {
                 n += cancel_one(tx, &job)?;
             }
+            *changed = n > 0;
             Ok(n)
         })
         .await
     }
 
     async fn retry_job(&self, id: JobId) -> Result<JobState> {
-        self.write(move |tx| {
+        self.write(move |tx, changed| {
             let id = id.to_string();
             let state = transition(tx, &id, JobEvent::Retry)?;
             // One more attempt than used so far: a manual retry is one new try.
@@ -724,6 +587,7 @@ impl Store for SqliteStore {
                 "UPDATE jobs SET max_attempts = attempts + 1 WHERE id = ?1",
                 [&id],
             )?;
+            *changed = true;
             Ok(state)
         })
         .await
@@ -734,53 +598,30 @@ impl Store for SqliteStore {
             let exp = experiment.map(|e| e.to_string());
             let jobs = summaries(
                 c,
-                &format!("{JOB_SELECT} WHERE (?1 IS NULL OR j.experiment_id = ?1) ORDER BY j.seq"),
-                &[&exp],
+                "WHERE (?1 IS NULL OR j.experiment_id = ?1) ORDER BY j.seq",
+                [&exp],
             )?;
-            let attempts = c
-                .prepare_cached(&format!(
-                    "{ATTEMPT_SELECT} WHERE job_id IN (SELECT id FROM jobs WHERE ?1 IS NULL OR experiment_id = ?1) \
-                     ORDER BY number"
-                ))?
-                .query_map([&exp], AttemptRow::read)?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let attempts = attempts
-                .into_iter()
-                .map(AttemptRow::decode)
-                .collect::<Result<Vec<_>>>()?;
+            let attempts = attempts(
+                c,
+                "WHERE job_id IN (SELECT id FROM jobs WHERE ?1 IS NULL OR experiment_id = ?1) \
+                 ORDER BY number",
+                [&exp],
+            )?;
             Ok(super::export_rows(jobs, attempts))
         })
         .await
     }
 
     async fn register_agent(&self, reg: Registration) -> Result<Registered> {
-        self.write(move |tx| {
+        self.write(move |tx, changed| {
             let now = now_ms();
-            let stored: Option<(String, String)> = tx
-                .query_row(
-                    "SELECT plan, headroom FROM nodes WHERE name = ?1",
-                    [&reg.node],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-            let n_gpus = reg.gpus.len();
-            let plan = match (&reg.plan, &stored) {
-                (Some(p), _) => {
-                    p.check_gpus(n_gpus)?;
-                    p.clone()
-                }
-                // Keep the stored plan unless the node's GPUs changed under it.
-                (None, Some((p, _))) => match Plan::parse_for(p, n_gpus) {
-                    Ok(p) => p,
-                    Err(_) => Plan::one_per_gpu(n_gpus),
-                },
-                (None, None) => Plan::one_per_gpu(n_gpus),
-            };
-            let headroom = match (reg.headroom, &stored) {
-                (Some(h), _) => h,
-                (None, Some((_, h))) => parse(h, "headroom")?,
-                (None, None) => Headroom::default(),
-            };
+            let stored = first(
+                tx,
+                "SELECT plan, headroom FROM nodes WHERE name = ?1",
+                [&reg.node],
+                |r| Ok((r.text(0)?, r.text(1)?)),
+            )?;
+            let (plan, headroom) = rules::merge_registration(&reg, stored)?;
             tx.execute(
                 "INSERT INTO nodes (name, agent_id, gpus, plan, headroom, last_seen, registered_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) \
@@ -797,53 +638,39 @@ impl Store for SqliteStore {
             )?;
             // Attempts the agent still runs with a current token stay its own; the rest
             // belonged to an incarnation that is gone.
-            let until = now + reg.lease_ttl_ms as i64;
+            let until = now.saturating_add(i64_of(reg.lease_ttl_ms));
             let mut lost = Vec::new();
             for a in active_on(tx, &reg.node)? {
-                let fence: i64 =
-                    tx.query_row("SELECT fence FROM attempts WHERE id = ?1", [&a.id], |r| r.get(0))?;
-                let resumed = reg
-                    .resume
-                    .iter()
-                    .any(|r| r.attempt.to_string() == a.id && r.fence == fence);
-                if resumed {
-                    tx.execute(
-                        "UPDATE attempts SET agent_id = ?1, lease_expires_at = ?2 WHERE id = ?3",
+                let resumed = rules::resumes(&reg.resume, &a.id, a.fence)
+                    && tx.execute(
+                        "UPDATE attempts SET agent_id = ?1, lease_expires_at = ?2 \
+                         WHERE id = ?3 AND phase != 'ended'",
                         params![reg.agent.to_string(), until, a.id],
-                    )?;
-                } else {
-                    lose_attempt(tx, &a.id)?;
-                    lost.push(a.id);
+                    )? == 1;
+                if !resumed && lose_attempt(tx, &a.id)? {
+                    lost.push(parse(&a.id, "attempt id")?);
                 }
             }
-            Ok(Registered {
-                plan,
-                lost: lost
-                    .iter()
-                    .map(|a| parse(a, "attempt id"))
-                    .collect::<Result<_>>()?,
-            })
+            *changed = true;
+            Ok(Registered { plan, lost })
         })
         .await
     }
 
     async fn set_plan(&self, node: &str, plan: &str) -> Result<Plan> {
         let (node, plan) = (node.to_string(), plan.to_string());
-        self.write(move |tx| {
-            let gpus: Option<String> = tx
-                .query_row("SELECT gpus FROM nodes WHERE name = ?1", [&node], |r| {
-                    r.get(0)
-                })
-                .optional()?;
-            let gpus: Vec<GpuInfo> = from_json(&gpus.ok_or_else(|| StoreError::NotFound {
-                what: "node",
-                id: node.clone(),
-            })?)?;
+        self.write(move |tx, changed| {
+            let gpus: Vec<headroom_shared::api::GpuInfo> =
+                first(tx, "SELECT gpus FROM nodes WHERE name = ?1", [&node], |r| {
+                    r.json(0)
+                })?
+                .ok_or_else(|| StoreError::not_found("node", node.clone()))?;
             let plan = Plan::parse_for(&plan, gpus.len())?;
             tx.execute(
                 "UPDATE nodes SET plan = ?1 WHERE name = ?2",
                 params![plan.to_string(), node],
             )?;
+            *changed = true;
             Ok(plan)
         })
         .await
@@ -851,69 +678,19 @@ impl Store for SqliteStore {
 
     async fn list_nodes(&self, alive_within_ms: u64) -> Result<Vec<NodeView>> {
         self.with(move |c| {
-            let rows = c
-                .prepare_cached(
-                    "SELECT name, agent_id, gpus, plan, headroom, telemetry, last_seen FROM nodes ORDER BY name",
-                )?
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, Option<String>>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, String>(3)?,
-                        r.get::<_, String>(4)?,
-                        r.get::<_, Option<String>>(5)?,
-                        r.get::<_, Option<i64>>(6)?,
-                    ))
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let sql = format!("SELECT {} FROM nodes ORDER BY name", rows::NODE_COLUMNS);
             let now = now_ms();
             let mut out = Vec::new();
-            for (name, agent, gpus, plan, headroom, telemetry, last_seen) in rows {
-                let gpus: Vec<GpuInfo> = from_json(&gpus)?;
-                let plan: Plan = parse(&plan, "plan")?;
-                let headroom: Headroom = parse(&headroom, "headroom")?;
-                let samples: Vec<GpuSample> = match telemetry {
-                    Some(t) => from_json(&t)?,
-                    None => vec![],
-                };
-                let active = active_on(c, &name)?;
-                let quarantine = c
-                    .prepare_cached(
-                        "SELECT gpu, attempt_id, reason, since FROM quarantine WHERE node = ?1 ORDER BY since",
-                    )?
-                    .query_map([&name], |r| {
-                        Ok((
-                            r.get::<_, u32>(0)?,
-                            r.get::<_, String>(1)?,
-                            r.get::<_, String>(2)?,
-                            r.get::<_, i64>(3)?,
-                        ))
-                    })?
-                    .collect::<rusqlite::Result<Vec<_>>>()?
-                    .into_iter()
-                    .map(|(gpu, attempt, reason, since)| {
-                        Ok((
-                            gpu,
-                            QuarantineView {
-                                attempt: parse(&attempt, "attempt id")?,
-                                reason,
-                                since: ts(since),
-                            },
-                        ))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let views = gpu_views(&gpus, &plan, &headroom, &samples, &active, &quarantine)?;
-                out.push(NodeView {
-                    alive: agent.is_some()
-                        && last_seen.is_some_and(|t| now - t <= alive_within_ms as i64),
-                    agent: agent.map(|a| parse(&a, "agent id")).transpose()?,
-                    name,
-                    plan: plan.to_string(),
-                    headroom,
-                    last_seen: last_seen.map(ts),
-                    gpus: views,
-                });
+            for row in all(c, &sql, [], |r| rows::node(r))? {
+                let active = active_on(c, &row.name)?;
+                let quarantine = all(
+                    c,
+                    "SELECT gpu, attempt_id, reason, since FROM quarantine WHERE node = ?1 \
+                     ORDER BY since",
+                    [&row.name],
+                    |r| rows::quarantine(r),
+                )?;
+                out.push(node_view(row, &active, &quarantine, alive_within_ms, now)?);
             }
             Ok(out)
         })
@@ -922,118 +699,65 @@ impl Store for SqliteStore {
 
     async fn max_node_gpus(&self) -> Result<Option<u32>> {
         self.with(|c| {
-            let rows = c
-                .prepare_cached("SELECT gpus FROM nodes")?
-                .query_map([], |r| r.get::<_, String>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            let mut max = None;
-            for g in rows {
-                let gpus: Vec<GpuInfo> = from_json(&g)?;
-                max = max.max(Some(gpus.len() as u32));
-            }
-            Ok(max)
+            let counts = all(c, "SELECT json_array_length(gpus) FROM nodes", [], |r| {
+                r.int(0)
+            })?;
+            Ok(counts.into_iter().max().map(|n| n as u32))
         })
         .await
     }
 
-    async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed> {
-        self.write(move |tx| {
+    async fn claim_jobs(&self, mut input: ClaimInput) -> Result<Claimed> {
+        self.write(move |tx, changed| {
             let node = node_of_agent(tx, input.agent)?;
-            let samples: Vec<GpuSample> = match input.gpus {
+            let samples = match input.gpus.take() {
                 Some(g) => {
-                    record_telemetry(tx, &node.name, &g)?;
+                    *changed |= record_telemetry(tx, &node.name, &g)?;
                     g
                 }
-                None => {
-                    let t: Option<String> = tx.query_row(
-                        "SELECT telemetry FROM nodes WHERE name = ?1",
-                        [&node.name],
-                        |r| r.get(0),
-                    )?;
-                    match t {
-                        Some(t) => from_json(&t)?,
-                        None => vec![],
-                    }
-                }
+                None => node.samples.clone(),
             };
             let now = now_ms();
+            let to = LeaseTo::new(&node, &input, now);
             let active = active_on(tx, &node.name)?;
-            let quarantined: Vec<u32> = tx
-                .prepare_cached(
-                    "SELECT gpu FROM quarantine WHERE node = ?1 \
-                     UNION SELECT gpu FROM gpu_avoid WHERE node = ?1 AND until_ms > ?2",
-                )?
-                .query_map(params![node.name, now], |r| r.get::<_, u32>(0))?
-                .collect::<rusqlite::Result<_>>()?;
-            let snapshot = node_snapshot(
-                &node.gpus,
-                &node.plan,
-                &node.headroom,
-                &samples,
-                &active,
-                &quarantined,
-                input.reserve_after_ms,
-            );
+            let blocked = all(
+                tx,
+                "SELECT gpu FROM quarantine WHERE node = ?1 \
+                 UNION SELECT gpu FROM gpu_avoid WHERE node = ?1 AND until_ms > ?2",
+                params![node.name, now],
+                |r| Ok(r.int(0)? as u32),
+            )?;
+            let snapshot = node_snapshot(&node, &samples, &active, &blocked, &input);
             if input.max == 0 {
                 return Ok(Claimed {
                     leases: vec![],
                     plan: node.plan,
                 });
             }
-            let pending = tx
-                .prepare_cached(
-                    "SELECT id, gpus, estimate_mib, updated_at, memory_key FROM jobs \
-                     WHERE state IN ('queued', 'retrying') AND gpus <= ?1 \
-                     ORDER BY priority DESC, seq LIMIT ?2",
-                )?
-                .query_map(params![node.gpus.len() as i64, CLAIM_WINDOW], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, Option<i64>>(2)?,
-                        r.get::<_, i64>(3)?,
-                        r.get::<_, String>(4)?,
-                    ))
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let pending = all(
+                tx,
+                "SELECT id, gpus, estimate_mib, updated_at, memory_key, pending_reason FROM jobs \
+                 WHERE state IN ('queued', 'retrying') AND gpus <= ?1 \
+                 ORDER BY priority DESC, seq LIMIT ?2",
+                params![node.gpus.len() as i64, CLAIM_WINDOW],
+                |r| rows::pending(r),
+            )?;
             // What each memory key has taught so far, read once per key.
-            let mut learned: HashMap<&str, (Vec<u64>, Option<u64>)> = HashMap::new();
-            for (_, _, _, _, key) in &pending {
-                if !learned.contains_key(key.as_str()) {
-                    learned.insert(key, key_memory(tx, key)?);
+            let mut learned = Learned::new();
+            for p in &pending {
+                if !learned.contains_key(&p.memory_key) {
+                    learned.insert(p.memory_key.clone(), key_memory(tx, &p.memory_key)?);
                 }
             }
-            let estimates: Vec<(Option<u64>, &'static str)> = pending
-                .iter()
-                .map(|(_, _, declared, _, key)| {
-                    let (mut peaks, floor) = learned.get(key.as_str()).cloned().unwrap_or_default();
-                    effective_estimate(opt_u64(*declared), &mut peaks, floor)
-                })
-                .collect();
-            let candidates: Vec<Candidate> = pending
-                .iter()
-                .zip(&estimates)
-                .map(|((_, g, _, t, _), (estimate, _))| Candidate {
-                    gpus: *g as u32,
-                    estimate_mib: *estimate,
-                    waited_ms: (now - t).max(0) as u64,
-                })
-                .collect();
-            let placements = placement::place(&snapshot, &candidates, input.max as usize);
-            let mut leases = Vec::with_capacity(placements.len());
-            for p in placements {
-                let job = &pending[p.candidate].0;
-                leases.push(lease_job(
-                    tx,
-                    job,
-                    &node.name,
-                    input.agent,
-                    &p.gpus,
-                    estimates[p.candidate],
-                    now,
-                    input.lease_ttl_ms,
-                )?);
+            let plan = rules::claim(&snapshot, &pending, &learned, now, input.max as usize);
+            let mut leases = Vec::with_capacity(plan.leases.len());
+            for slot in &plan.leases {
+                leases.push(lease_job(tx, &to, &pending[slot.candidate].id, slot)?);
             }
+            for (i, reason) in &plan.reasons {
+                set_reason(tx, &pending[*i].id, reason)?;
+            }
+            *changed |= !leases.is_empty();
             Ok(Claimed {
                 leases,
                 plan: node.plan,
@@ -1042,12 +766,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn pending_cancels(
-        &self,
-        agent: AgentId,
-        watching: &[AttemptId],
-    ) -> Result<Vec<AttemptId>> {
-        let watching: Vec<String> = watching.iter().map(|a| a.to_string()).collect();
+    async fn pending_cancels(&self, agent: AgentId, of: &[AttemptId]) -> Result<Vec<AttemptId>> {
+        let watching: Vec<String> = of.iter().map(AttemptId::to_string).collect();
         self.with(move |c| {
             let mut stmt = c.prepare_cached(
                 "SELECT 1 FROM attempts WHERE id = ?1 AND agent_id = ?2 AND cancel_requested = 1 \
@@ -1064,57 +784,52 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn renew_leases(
-        &self,
-        agent: AgentId,
-        attempts: &[AttemptRef],
-        gpus: &[GpuSample],
-        lease_ttl_ms: u64,
-    ) -> Result<Renewed> {
-        let (attempts, gpus) = (attempts.to_vec(), gpus.to_vec());
-        self.write(move |tx| {
+    async fn renew_leases(&self, r: Renewal) -> Result<Renewed> {
+        let (agent, attempts, gpus, lease_ttl_ms) = (r.agent, r.attempts, r.gpus, r.lease_ttl_ms);
+        self.write(move |tx, changed| {
             let node = node_of_agent(tx, agent)?;
-            record_telemetry(tx, &node.name, &gpus)?;
-            let until = now_ms() + lease_ttl_ms as i64;
-            let (mut cancel, mut stale) = (Vec::new(), Vec::new());
-            for a in attempts {
-                let n = tx.execute(
-                    "UPDATE attempts SET lease_expires_at = ?1 WHERE id = ?2 AND fence = ?3 \
-                     AND agent_id = ?4 AND phase != 'ended'",
-                    params![until, a.attempt.to_string(), a.fence, agent.to_string()],
+            // A stale token for any attempt refuses the whole heartbeat, before it writes.
+            let mut renew = Vec::new();
+            for a in &attempts {
+                let row = first(
+                    tx,
+                    "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = ?2 \
+                     FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = ?1",
+                    params![a.attempt.to_string(), agent.to_string()],
+                    |r| rows::renewal_row(r),
                 )?;
-                if n == 0 {
-                    stale.push(a.attempt);
-                    continue;
+                if rules::renewal(a.attempt, a.fence, row.as_ref())? {
+                    renew.push(a.attempt);
                 }
-                let wanted: bool = tx.query_row(
-                    "SELECT cancel_requested FROM attempts WHERE id = ?1",
-                    [a.attempt.to_string()],
-                    |r| r.get(0),
+            }
+            *changed = record_telemetry(tx, &node.name, &gpus)?;
+            let until = now_ms().saturating_add(i64_of(lease_ttl_ms));
+            let mut cancel = Vec::new();
+            for a in renew {
+                let wanted = first(
+                    tx,
+                    "UPDATE attempts SET lease_expires_at = ?1 WHERE id = ?2 \
+                     RETURNING cancel_requested",
+                    params![until, a.to_string()],
+                    |r| r.flag(0),
                 )?;
-                if wanted {
-                    cancel.push(a.attempt);
+                if wanted == Some(true) {
+                    cancel.push(a);
                 }
             }
             Ok(Renewed {
                 cancel,
-                stale,
                 plan: node.plan,
             })
         })
         .await
     }
 
-    async fn start_attempt(
-        &self,
-        attempt: AttemptId,
-        fence: i64,
-        pid: u32,
-        started_at: Millis,
-    ) -> Result<()> {
-        self.write(move |tx| {
+    async fn start_attempt(&self, a: AttemptId, fence: i64, pid: u32, at: Millis) -> Result<()> {
+        let (attempt, started_at) = (a, at);
+        self.write(move |tx, changed| {
             let (job, phase) = check_fence(tx, attempt, fence)?;
-            if phase != "leased" {
+            if phase != AttemptPhase::Leased {
                 return Ok(()); // a repeated report
             }
             tx.execute(
@@ -1124,154 +839,151 @@ impl Store for SqliteStore {
             if job_state(tx, &job)? != JobState::Cancelled {
                 transition(tx, &job, JobEvent::Start)?;
             }
+            *changed = true;
             Ok(())
         })
         .await
     }
 
     async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState> {
-        self.write(move |tx| {
+        self.write(move |tx, changed| {
             let (job, _) = check_fence(tx, attempt, report.fence)?;
             let id = attempt.to_string();
-            let node: String =
-                tx.query_row("SELECT node FROM attempts WHERE id = ?1", [&id], |r| {
-                    r.get(0)
-                })?;
-            tx.execute(
+            let (node, gpus, key, estimate) = first(
+                tx,
                 "UPDATE attempts SET phase = 'ended', ended_at = ?1, exit_code = ?2, signal = ?3, \
                  failure_class = ?4, peak_mem_mib = ?5, cleanup_ms = ?6, cleanup_verified = ?7, \
-                 log_tail = ?8, started_at = COALESCE(started_at, ?1), contaminated = ?10 WHERE id = ?9",
+                 log_tail = ?8, started_at = COALESCE(started_at, ?1), contaminated = ?10 \
+                 WHERE id = ?9 RETURNING node, gpus, memory_key, estimate_mib",
                 params![
                     report.ended_at.timestamp_millis(),
                     report.exit_code,
                     report.signal,
                     report.failure.map(|f| f.as_str()),
                     opt_i64(report.peak_mem_mib),
-                    report.cleanup_ms as i64,
+                    i64_of(report.cleanup_ms),
                     report.cleanup_verified,
                     report.log_tail,
                     id,
                     report.contaminated
                 ],
-            )?;
+                |r| {
+                    Ok((
+                        r.text(0)?,
+                        r.json::<Vec<u32>>(1)?,
+                        r.text(2)?,
+                        r.mib_opt(3)?,
+                    ))
+                },
+            )?
+            .ok_or_else(|| StoreError::not_found("attempt", id.clone()))?;
             if !report.gpus.is_empty() {
                 record_telemetry(tx, &node, &report.gpus)?;
             }
-            if !report.cleanup_verified {
-                let gpus: String =
-                    tx.query_row("SELECT gpus FROM attempts WHERE id = ?1", [&id], |r| r.get(0))?;
-                let reason = report
-                    .unverified
-                    .clone()
-                    .unwrap_or_else(|| "cleanup could not be verified".into());
-                for gpu in from_json::<Vec<u32>>(&gpus)? {
+            let f = rules::finish(&job_rules(tx, &job)?, estimate, &report)?;
+            if let Some(reason) = &f.quarantine {
+                for gpu in gpus {
                     tx.execute(
-                        "INSERT OR REPLACE INTO quarantine (node, gpu, attempt_id, reason, since) \
-                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                        "INSERT INTO quarantine (node, gpu, attempt_id, reason, since) \
+                         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (node, gpu, attempt_id) \
+                         DO UPDATE SET reason = excluded.reason, since = excluded.since",
                         params![node, gpu, id, reason, now_ms()],
                     )?;
                 }
             }
-            let event = match report.failure {
-                None => JobEvent::Succeed,
-                Some(class) => {
-                    let (attempts, max_attempts, retry_on): (i64, i64, String) = tx.query_row(
-                        "SELECT attempts, max_attempts, retry_on FROM jobs WHERE id = ?1",
-                        [&job],
-                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                    )?;
-                    let retry_on: Vec<FailureClass> = from_json(&retry_on)?;
-                    tx.execute(
-                        "UPDATE jobs SET last_failure = ?1 WHERE id = ?2",
-                        params![class.as_str(), job],
-                    )?;
-                    let mut retry = retry_allowed(
-                        class,
-                        true,
-                        attempts as u32,
-                        max_attempts as u32,
-                        &retry_on,
-                    );
-                    if class == FailureClass::Oom {
-                        raise_floor(tx, &id, report.peak_mem_mib)?;
-                        // The next ladder step is a retry of its own, on top of `retry.on`.
-                        if next_ladder_step(tx, &job)? {
-                            retry = true;
-                        }
-                    }
-                    JobEvent::Fail { retry }
-                }
-            };
-            transition(tx, &job, event)
+            if let Some(class) = f.last_failure {
+                tx.execute(
+                    "UPDATE jobs SET last_failure = ?1 WHERE id = ?2",
+                    params![class.as_str(), job],
+                )?;
+            }
+            if let Some(floor) = f.floor {
+                tx.execute(
+                    "INSERT INTO memory_floors (memory_key, floor_mib) VALUES (?1, ?2) \
+                     ON CONFLICT (memory_key) DO UPDATE SET floor_mib = MAX(floor_mib, ?2)",
+                    params![key, i64_of(floor)],
+                )?;
+            }
+            if let Some(l) = &f.ladder {
+                tx.execute(
+                    "UPDATE jobs SET params = ?1, argv = ?2, memory_key = ?3, ladder_step = ?4, \
+                     max_attempts = ?5 WHERE id = ?6",
+                    params![
+                        json(&l.params)?,
+                        json(&l.argv)?,
+                        l.memory_key,
+                        l.ladder_step,
+                        l.max_attempts,
+                        job
+                    ],
+                )?;
+            }
+            *changed = true;
+            transition(tx, &job, f.event)
         })
         .await
     }
 
     async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()> {
         let gpus = gpus.to_vec();
-        self.write(move |tx| {
+        self.write(move |tx, changed| {
             let (job, phase) = check_fence(tx, attempt, fence)?;
-            if phase != "leased" {
+            if phase != AttemptPhase::Leased {
                 return Err(StoreError::StaleFence { attempt });
             }
-            let node: String = tx.query_row(
-                "SELECT node FROM attempts WHERE id = ?1",
+            let (node, on): (String, Vec<u32>) = first(
+                tx,
+                "DELETE FROM attempts WHERE id = ?1 RETURNING node, gpus",
                 [attempt.to_string()],
-                |r| r.get(0),
-            )?;
-            let gpus_json: String = tx.query_row(
-                "SELECT gpus FROM attempts WHERE id = ?1",
-                [attempt.to_string()],
-                |r| r.get(0),
-            )?;
-            for gpu in from_json::<Vec<u32>>(&gpus_json)? {
+                |r| Ok((r.text(0)?, r.json(1)?)),
+            )?
+            .ok_or(StoreError::StaleFence { attempt })?;
+            let until = now_ms() + AVOID_AFTER_HAND_BACK_MS;
+            for gpu in on {
                 tx.execute(
                     "INSERT INTO gpu_avoid (node, gpu, until_ms) VALUES (?1, ?2, ?3) \
-                     ON CONFLICT (node, gpu) DO UPDATE SET until_ms = ?3",
-                    params![node, gpu, now_ms() + AVOID_AFTER_HAND_BACK_MS],
+                     ON CONFLICT (node, gpu) DO UPDATE SET until_ms = excluded.until_ms",
+                    params![node, gpu, until],
                 )?;
             }
-            tx.execute("DELETE FROM attempts WHERE id = ?1", [attempt.to_string()])?;
-            tx.execute(
-                "UPDATE jobs SET attempts = attempts - 1 WHERE id = ?1",
-                [&job],
-            )?;
-            let had: i64 =
-                tx.query_row("SELECT attempts FROM jobs WHERE id = ?1", [&job], |r| {
-                    r.get(0)
-                })?;
-            record_telemetry(tx, &node, &gpus)?;
-            transition(
+            let left = first(
                 tx,
-                &job,
-                JobEvent::HandBack {
-                    had_attempts: had > 0,
-                },
-            )?;
+                "UPDATE jobs SET attempts = attempts - 1 WHERE id = ?1 RETURNING attempts",
+                [&job],
+                |r| r.int(0),
+            )?
+            .unwrap_or(0);
+            record_telemetry(tx, &node, &gpus)?;
+            transition(tx, &job, rules::hand_back(left.max(0) as u32))?;
+            *changed = true;
             Ok(())
         })
         .await
     }
 
     async fn expire_leases(&self) -> Result<Vec<AttemptId>> {
-        self.write(|tx| {
-            let expired = tx
-                .prepare_cached(
-                    "SELECT id FROM attempts WHERE phase != 'ended' AND lease_expires_at < ?1",
-                )?
-                .query_map([now_ms()], |r| r.get::<_, String>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            for a in &expired {
-                lose_attempt(tx, a)?;
+        self.write(|tx, changed| {
+            let expired = all(
+                tx,
+                "SELECT id FROM attempts WHERE phase != 'ended' AND lease_expires_at < ?1",
+                [now_ms()],
+                |r| r.text(0),
+            )?;
+            let mut lost = Vec::new();
+            for a in expired {
+                if lose_attempt(tx, &a)? {
+                    lost.push(parse(&a, "attempt id")?);
+                }
             }
-            expired.iter().map(|a| parse(a, "attempt id")).collect()
+            *changed = !lost.is_empty();
+            Ok(lost)
         })
         .await
     }
 
     async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64> {
         let attempts: Vec<String> = attempts.iter().map(|a| a.to_string()).collect();
-        self.write(move |tx| {
+        self.write(move |tx, changed| {
             let node = node_of_agent(tx, agent)?;
             let mut n = 0;
             for a in attempts {
@@ -1280,6 +992,7 @@ impl Store for SqliteStore {
                     params![node.name, a],
                 )? as u64;
             }
+            *changed = n > 0;
             Ok(n)
         })
         .await
@@ -1287,206 +1000,29 @@ impl Store for SqliteStore {
 
     async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64> {
         let node = node.to_string();
-        self.write(move |tx| {
-            let gpus: Option<String> = tx
-                .query_row("SELECT gpus FROM nodes WHERE name = ?1", [&node], |r| {
-                    r.get(0)
-                })
-                .optional()?;
-            let gpus: Vec<GpuInfo> = from_json(&gpus.ok_or_else(|| StoreError::NotFound {
-                what: "node",
-                id: node.clone(),
-            })?)?;
-            if !gpus.iter().any(|g| g.index == gpu) {
-                return Err(StoreError::NotFound {
-                    what: "GPU",
-                    id: format!("{node}/{gpu}"),
-                });
-            }
-            Ok(tx.execute(
+        self.write(move |tx, changed| {
+            let gpus: Vec<headroom_shared::api::GpuInfo> =
+                first(tx, "SELECT gpus FROM nodes WHERE name = ?1", [&node], |r| {
+                    r.json(0)
+                })?
+                .ok_or_else(|| StoreError::not_found("node", node.clone()))?;
+            super::check_gpu(&node, &gpus, gpu)?;
+            let n = tx.execute(
                 "DELETE FROM quarantine WHERE node = ?1 AND gpu = ?2",
                 params![node, gpu],
-            )? as u64)
+            )? as u64;
+            *changed = n > 0;
+            Ok(n)
         })
         .await
     }
 }
 
-/// After an OOM the key's estimate rises at once: the next placement must be safer than
-/// this one, whatever the slower statistics say.
-fn raise_floor(tx: &Transaction<'_>, attempt: &str, peak: Option<u64>) -> Result<()> {
-    let (key, estimate): (String, Option<i64>) = tx.query_row(
-        "SELECT memory_key, estimate_mib FROM attempts WHERE id = ?1",
-        [attempt],
-        |r| Ok((r.get(0)?, r.get(1)?)),
+/// Stores a job's pending reason, as the claim that looked at it saw it.
+fn set_reason(tx: &Transaction<'_>, job: &str, reason: &PendingReason) -> Result<()> {
+    tx.execute(
+        "UPDATE jobs SET pending_reason = ?1 WHERE id = ?2",
+        params![json(reason)?, job],
     )?;
-    let basis = opt_u64(estimate).max(peak);
-    if let Some(basis) = basis.filter(|b| *b > 0) {
-        let floor = (basis as f64 * OOM_BUMP).ceil() as i64;
-        tx.execute(
-            "INSERT INTO memory_floors (memory_key, floor_mib) VALUES (?1, ?2) \
-             ON CONFLICT (memory_key) DO UPDATE SET floor_mib = MAX(floor_mib, ?2)",
-            params![key, floor],
-        )?;
-    }
     Ok(())
-}
-
-/// Applies the job's next OOM ladder step (parameters and argv); false when none is left.
-fn next_ladder_step(tx: &Transaction<'_>, job: &str) -> Result<bool> {
-    let (ladder, step, params_json, command, shell, config, run): (
-        String,
-        i64,
-        String,
-        String,
-        bool,
-        i64,
-        i64,
-    ) = tx.query_row(
-        "SELECT ladder, ladder_step, params, command, shell, config, run FROM jobs WHERE id = ?1",
-        [job],
-        |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-                r.get(6)?,
-            ))
-        },
-    )?;
-    let ladder: Vec<BTreeMap<String, serde_json::Value>> = from_json(&ladder)?;
-    let Some(next) = ladder.get(step as usize) else {
-        return Ok(false);
-    };
-    let mut params: BTreeMap<String, serde_json::Value> = from_json(&params_json)?;
-    headroom_shared::spec::apply_ladder_step(&mut params, next);
-    let command: Vec<String> = from_json(&command)?;
-    let argv = headroom_shared::expand::render(&command, shell, &params, config as u32, run as u32)
-        .map_err(|e| StoreError::Corrupt(format!("re-rendering the command: {e}")))?;
-    tx.execute(
-        "UPDATE jobs SET params = ?1, argv = ?2, ladder_step = ladder_step + 1, \
-         max_attempts = MAX(max_attempts, attempts + 1) WHERE id = ?3",
-        params![json(&params)?, json(&argv)?, job],
-    )?;
-    Ok(true)
-}
-
-/// Observed peaks and the OOM floor of a memory key.
-fn key_memory(conn: &Connection, key: &str) -> Result<(Vec<u64>, Option<u64>)> {
-    let peaks = conn
-        .prepare_cached(
-            "SELECT peak_mem_mib FROM attempts WHERE memory_key = ?1 AND peak_mem_mib IS NOT NULL",
-        )?
-        .query_map([key], |r| r.get::<_, i64>(0))?
-        .map(|r| r.map(|p| p.max(0) as u64))
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let floor: Option<i64> = conn
-        .query_row(
-            "SELECT floor_mib FROM memory_floors WHERE memory_key = ?1",
-            [key],
-            |r| r.get(0),
-        )
-        .optional()?;
-    Ok((peaks, opt_u64(floor)))
-}
-
-fn cancel_one(tx: &Transaction<'_>, job: &str) -> Result<u64> {
-    if job_state(tx, job)?.is_terminal() {
-        return Ok(0);
-    }
-    transition(tx, job, JobEvent::Cancel)?;
-    tx.execute(
-        "UPDATE attempts SET cancel_requested = 1 WHERE job_id = ?1 AND phase != 'ended'",
-        [job],
-    )?;
-    Ok(1)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn lease_job(
-    tx: &Transaction<'_>,
-    job: &str,
-    node: &str,
-    agent: AgentId,
-    gpus: &[u32],
-    (estimate, source): (Option<u64>, &'static str),
-    now: Millis,
-    ttl_ms: u64,
-) -> Result<Lease> {
-    #[allow(clippy::type_complexity)]
-    let row: (
-        String,
-        String,
-        String,
-        String,
-        String,
-        Option<i64>,
-        i64,
-        i64,
-        i64,
-    ) = tx.query_row(
-        "SELECT j.argv, j.env, j.params, e.name, j.memory_key, j.timeout_ms, j.attempts, j.fence, \
-         j.ladder_step FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = ?1",
-        [job],
-        |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-                r.get(6)?,
-                r.get(7)?,
-                r.get(8)?,
-            ))
-        },
-    )?;
-    let (argv, env, params_json, experiment, memory_key, timeout, attempts, fence, ladder_step) =
-        row;
-    let attempt = AttemptId::new();
-    let number = attempts + 1;
-    let fence = fence + 1;
-    tx.execute(
-        "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, estimate_mib, \
-         leased_at, lease_expires_at, memory_key, estimate_source, params, ladder_step) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'leased', ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-        params![
-            attempt.to_string(),
-            job,
-            number,
-            node,
-            agent.to_string(),
-            json(&gpus)?,
-            fence,
-            opt_i64(estimate),
-            now,
-            now + ttl_ms as i64,
-            memory_key,
-            source,
-            params_json,
-            ladder_step
-        ],
-    )?;
-    tx.execute(
-        "UPDATE jobs SET attempts = ?1, fence = ?2 WHERE id = ?3",
-        params![number, fence, job],
-    )?;
-    transition(tx, job, JobEvent::Lease)?;
-    Ok(Lease {
-        attempt,
-        job: parse(job, "job id")?,
-        fence,
-        number: number as u32,
-        experiment,
-        argv: from_json(&argv)?,
-        env: from_json(&env)?,
-        params: from_json(&params_json)?,
-        gpus: gpus.to_vec(),
-        estimate_mib: estimate,
-        timeout_ms: opt_u64(timeout),
-    })
 }

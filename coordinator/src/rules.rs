@@ -1,0 +1,599 @@
+//! The job rules, once for both stores: each transition's decision as a pure function over
+//! a snapshot of the rows it touches, returning the writes to make. The backends only read
+//! the snapshot (SQL, locks, one transaction) and write what the rule returns.
+
+use std::collections::{BTreeMap, HashMap};
+
+use headroom_shared::api::{AttemptPhase, AttemptRef, FinishReport, GpuSample, Headroom};
+use headroom_shared::pending::PendingReason;
+use headroom_shared::{AttemptId, FailureClass, JobEvent, Plan};
+use serde_json::Value;
+
+use crate::placement::{self, Candidate, Placement, Snapshot};
+use crate::store::{Millis, Result, StoreError};
+
+/// How long claims skip a GPU after an agent handed a lease on it back (its live memory did
+/// not fit at launch): long enough for the memory to settle, short enough not to idle it.
+pub const AVOID_AFTER_HAND_BACK_MS: i64 = 30_000;
+/// Learned estimates keep this much above the observed p95 peak.
+pub const LEARNED_MARGIN: f64 = 1.1;
+/// An OOM raises its key's estimate to at least this multiple of what the attempt had.
+pub const OOM_BUMP: f64 = 1.25;
+
+// ---- estimates ------------------------------------------------------------------------
+
+/// The estimate a job is placed by: max(declared, p95 of observed peaks x 1.1, the key's
+/// floor after OOMs), and where it came from; `None` when nothing is known.
+pub fn effective_estimate(
+    declared: Option<u64>,
+    observed_peaks: &mut [u64],
+    floor: Option<u64>,
+) -> (Option<u64>, &'static str) {
+    observed_peaks.sort_unstable();
+    let learned = (!observed_peaks.is_empty()).then(|| {
+        let i = ((observed_peaks.len() - 1) as f64 * 0.95).round() as usize;
+        (observed_peaks[i] as f64 * LEARNED_MARGIN).ceil() as u64
+    });
+    let learned = learned.max(floor);
+    match (declared, learned) {
+        (Some(d), Some(l)) if l > d => (Some(l), "learned"),
+        (Some(d), _) => (Some(d), "declared"),
+        (None, Some(l)) => (Some(l), "learned"),
+        (None, None) => (None, "none"),
+    }
+}
+
+/// After an OOM the key's estimate rises at once to this floor: the next placement must be
+/// safer than this one, whatever the slower statistics say. `None`: nothing to go by.
+pub fn oom_floor(estimate: Option<u64>, peak: Option<u64>) -> Option<u64> {
+    estimate
+        .max(peak)
+        .filter(|b| *b > 0)
+        .map(|b| (b as f64 * OOM_BUMP).ceil() as u64)
+}
+
+// ---- claims -----------------------------------------------------------------------------
+
+/// A pending job as a claim reads it.
+#[derive(Clone, Debug)]
+pub struct PendingRow {
+    pub id: String,
+    pub gpus: u32,
+    pub declared: Option<u64>,
+    /// When it last changed state: its wait so far.
+    pub since: Millis,
+    pub memory_key: String,
+    /// The reason stored by the last claim that looked at it.
+    pub reason: Option<PendingReason>,
+}
+
+/// What a memory key has taught: observed peaks and the floor after OOMs.
+pub type Learned = HashMap<String, (Vec<u64>, Option<u64>)>;
+
+/// One lease a claim makes: the pending job (by position), its GPUs, and the estimate it is
+/// placed by with where that came from.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    pub candidate: usize,
+    pub gpus: Vec<u32>,
+    pub estimate: Option<u64>,
+    pub source: &'static str,
+}
+
+/// A claim's decision: which pending jobs go where with which estimate, and why each job it
+/// looked at and did not place still waits.
+pub struct ClaimPlan {
+    pub leases: Vec<Slot>,
+    /// By position in the pending list; only those that differ from the stored ones.
+    pub reasons: Vec<(usize, PendingReason)>,
+}
+
+pub fn claim(
+    snapshot: &Snapshot,
+    pending: &[PendingRow],
+    learned: &Learned,
+    now: Millis,
+    max: usize,
+) -> ClaimPlan {
+    let estimates: Vec<(Option<u64>, &'static str)> = pending
+        .iter()
+        .map(|p| {
+            let (mut peaks, floor) = learned.get(&p.memory_key).cloned().unwrap_or_default();
+            effective_estimate(p.declared, &mut peaks, floor)
+        })
+        .collect();
+    let candidates: Vec<Candidate> = pending
+        .iter()
+        .zip(&estimates)
+        .map(|(p, (estimate, _))| Candidate {
+            gpus: p.gpus,
+            estimate_mib: *estimate,
+            waited_ms: (now - p.since).max(0) as u64,
+        })
+        .collect();
+    let mut placed = placement::place_explained(snapshot, &candidates, max);
+    // Only reasons that changed are written.
+    placed
+        .reasons
+        .retain(|(i, r)| pending[*i].reason.as_ref() != Some(r));
+    ClaimPlan {
+        leases: placed
+            .placements
+            .into_iter()
+            .map(|p: Placement| {
+                let (estimate, source) = estimates[p.candidate];
+                Slot {
+                    candidate: p.candidate,
+                    gpus: p.gpus,
+                    estimate,
+                    source,
+                }
+            })
+            .collect(),
+        reasons: placed.reasons,
+    }
+}
+
+// ---- reports and fencing ------------------------------------------------------------------
+
+/// The fencing columns a report is checked against.
+pub struct FenceRow {
+    pub phase: AttemptPhase,
+    pub attempt_fence: i64,
+    pub job_fence: i64,
+}
+
+/// A report is current when its attempt has not ended and its token is the attempt's and
+/// still the job's (a later lease of the job moved the job's token on).
+pub fn check_fence(attempt: AttemptId, presented: i64, row: &FenceRow) -> Result<()> {
+    if row.phase == AttemptPhase::Ended
+        || row.attempt_fence != presented
+        || row.job_fence != presented
+    {
+        return Err(StoreError::StaleFence { attempt });
+    }
+    Ok(())
+}
+
+/// What a heartbeat reads of one attempt it presents.
+pub struct RenewalRow {
+    pub fence: FenceRow,
+    pub failure: Option<FailureClass>,
+    /// It is the heartbeating agent's attempt.
+    pub ours: bool,
+}
+
+/// What a heartbeat does with one attempt it presents: renew it (`Ok(true)`), skip it
+/// (`Ok(false)`: it ended by its own report while the heartbeat was on its way, or was
+/// handed back; nothing to renew and nothing stale), or refuse the whole heartbeat
+/// (`StaleFence`: the lease was lost or is someone else's).
+pub fn renewal(attempt: AttemptId, presented: i64, row: Option<&RenewalRow>) -> Result<bool> {
+    let Some(r) = row else {
+        return Ok(false);
+    };
+    let stale = || Err(StoreError::StaleFence { attempt });
+    if !r.ours || r.fence.attempt_fence != presented {
+        return stale();
+    }
+    if r.fence.phase == AttemptPhase::Ended {
+        return if r.failure == Some(FailureClass::Lost) {
+            stale()
+        } else {
+            Ok(false)
+        };
+    }
+    if r.fence.job_fence != presented {
+        return stale();
+    }
+    Ok(true)
+}
+
+/// A log chunk is accepted while the attempt's token is current, also after its end (the
+/// tail ships last), but not once the attempt was lost and its job moved on to another.
+pub fn check_log_fence(
+    attempt: AttemptId,
+    presented: i64,
+    row: &FenceRow,
+    failure: Option<FailureClass>,
+) -> Result<()> {
+    if row.attempt_fence != presented
+        || (failure == Some(FailureClass::Lost) && row.job_fence != presented)
+    {
+        return Err(StoreError::StaleFence { attempt });
+    }
+    Ok(())
+}
+
+/// Whether a re-registering agent keeps an active attempt: it presented the attempt with
+/// its current token.
+pub fn resumes(presented: &[AttemptRef], attempt: &str, fence: i64) -> bool {
+    presented
+        .iter()
+        .any(|r| r.attempt.to_string() == attempt && r.fence == fence)
+}
+
+/// True when some GPU has more free memory than the node's previous samples said: a waiting
+/// claim (on any replica) may now place work.
+pub fn memory_freed(before: &[GpuSample], after: &[GpuSample]) -> bool {
+    after.iter().any(|g| {
+        before
+            .iter()
+            .find(|b| b.index == g.index)
+            .is_none_or(|b| g.free_mib > b.free_mib)
+    })
+}
+
+// ---- outcomes -----------------------------------------------------------------------------
+
+/// The job columns the outcome rules read.
+#[derive(Clone, Debug)]
+pub struct JobRules {
+    pub attempts: u32,
+    pub max_attempts: u32,
+    pub retry_on: Vec<FailureClass>,
+    pub ladder: Vec<BTreeMap<String, Value>>,
+    /// Ladder steps applied so far.
+    pub ladder_step: u32,
+    pub params: BTreeMap<String, Value>,
+    pub command: Vec<String>,
+    pub shell: bool,
+    pub config: u32,
+    pub run: u32,
+    /// Experiment name and the spec's memory-relevant parameters: the memory key's parts.
+    pub experiment: String,
+    pub key_params: Vec<String>,
+}
+
+/// Decides whether a failed attempt earns another one.
+pub fn retry_allowed(
+    class: FailureClass,
+    started: bool,
+    attempts: u32,
+    max_attempts: u32,
+    retry_on: &[FailureClass],
+) -> bool {
+    // A lease lost before its process started cost nothing: always requeue.
+    if class == FailureClass::Lost && !started {
+        return true;
+    }
+    attempts < max_attempts && retry_on.contains(&class)
+}
+
+/// The writes of a lost attempt (the agent went away or re-registered without it).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Loss {
+    /// It never started: give its attempt back (`max_attempts + 1`).
+    pub refund_attempt: bool,
+    pub event: JobEvent,
+}
+
+pub fn lose(job: &JobRules, started: bool) -> Loss {
+    let retry = retry_allowed(
+        FailureClass::Lost,
+        started,
+        job.attempts,
+        job.max_attempts,
+        &job.retry_on,
+    );
+    Loss {
+        refund_attempt: !started,
+        event: JobEvent::Fail { retry },
+    }
+}
+
+/// An OOM ladder step to apply: the job's parameters, argv and memory key after it.
+#[derive(Debug, PartialEq)]
+pub struct LadderStep {
+    pub params: BTreeMap<String, Value>,
+    pub argv: Vec<String>,
+    pub memory_key: String,
+    pub ladder_step: u32,
+    pub max_attempts: u32,
+}
+
+/// The next ladder step after an OOM, or `None`. Each listed step is a retry of its own (on
+/// top of `retry.on`); after them the last step repeats while `retry.max_attempts` allows and
+/// it still changes a parameter (halving until it fits). The memory key is recomputed from
+/// the parameters the next attempt runs with, so it is placed by their estimate, not by the
+/// floor the larger configuration earned.
+pub fn next_ladder_step(job: &JobRules) -> Result<Option<LadderStep>> {
+    let Some(last) = job.ladder.last() else {
+        return Ok(None);
+    };
+    let listed = (job.ladder_step as usize) < job.ladder.len();
+    if !listed && job.attempts >= job.max_attempts {
+        return Ok(None);
+    }
+    let step = job.ladder.get(job.ladder_step as usize).unwrap_or(last);
+    let mut params = job.params.clone();
+    headroom_shared::spec::apply_ladder_step(&mut params, step);
+    if !listed && params == job.params {
+        return Ok(None);
+    }
+    let argv =
+        headroom_shared::expand::render(&job.command, job.shell, &params, job.config, job.run)
+            .map_err(|e| StoreError::Corrupt(format!("re-rendering the command: {e}")))?;
+    let applied = (job.ladder_step as usize + 1).min(job.ladder.len());
+    let mut relevant = job.key_params.clone();
+    let mut changed: Vec<&String> = job.ladder[..applied]
+        .iter()
+        .flat_map(|s| s.keys())
+        .collect();
+    changed.sort();
+    changed.dedup();
+    for name in changed {
+        if !relevant.contains(name) {
+            relevant.push(name.clone());
+        }
+    }
+    Ok(Some(LadderStep {
+        memory_key: headroom_shared::expand::memory_key(&job.experiment, &relevant, &params),
+        argv,
+        params,
+        ladder_step: job.ladder_step + 1,
+        max_attempts: if listed {
+            job.max_attempts.max(job.attempts + 1)
+        } else {
+            job.max_attempts
+        },
+    }))
+}
+
+/// The writes of a finish report, besides recording the attempt's end.
+#[derive(Debug)]
+pub struct Finish {
+    /// Cleanup not verified: quarantine the attempt's GPUs for this reason.
+    pub quarantine: Option<String>,
+    pub last_failure: Option<FailureClass>,
+    /// Raise the attempt's memory key to at least this floor.
+    pub floor: Option<u64>,
+    pub ladder: Option<LadderStep>,
+    pub event: JobEvent,
+}
+
+pub fn finish(
+    job: &JobRules,
+    attempt_estimate: Option<u64>,
+    report: &FinishReport,
+) -> Result<Finish> {
+    let quarantine = (!report.cleanup_verified).then(|| {
+        report
+            .unverified
+            .clone()
+            .unwrap_or_else(|| "cleanup could not be verified".into())
+    });
+    let Some(class) = report.failure else {
+        return Ok(Finish {
+            quarantine,
+            last_failure: None,
+            floor: None,
+            ladder: None,
+            event: JobEvent::Succeed,
+        });
+    };
+    let mut retry = retry_allowed(class, true, job.attempts, job.max_attempts, &job.retry_on);
+    let (mut floor, mut ladder) = (None, None);
+    if class == FailureClass::Oom {
+        floor = oom_floor(attempt_estimate, report.peak_mem_mib);
+        ladder = next_ladder_step(job)?;
+        retry |= ladder.is_some();
+    }
+    Ok(Finish {
+        quarantine,
+        last_failure: Some(class),
+        floor,
+        ladder,
+        event: JobEvent::Fail { retry },
+    })
+}
+
+/// The job's event when its lease is handed back; `attempts_left` counts attempts after the
+/// handed-back one is removed.
+pub fn hand_back(attempts_left: u32) -> JobEvent {
+    JobEvent::HandBack {
+        had_attempts: attempts_left > 0,
+    }
+}
+
+// ---- registration ---------------------------------------------------------------------------
+
+/// The plan and headroom a registration leaves: what the agent sent, else what was stored
+/// (a stored plan that no longer matches the node's GPUs falls back to one slot per GPU),
+/// else the defaults.
+pub fn merge_registration(
+    reg: &crate::store::Registration,
+    stored: Option<(String, String)>,
+) -> Result<(Plan, Headroom)> {
+    let n_gpus = reg.gpus.len();
+    let stored = stored.as_ref().map(|(p, h)| (p.as_str(), h.as_str()));
+    let plan = match (reg.plan.as_ref(), stored) {
+        (Some(p), _) => {
+            p.check_gpus(n_gpus)?;
+            p.clone()
+        }
+        (None, Some((p, _))) => {
+            Plan::parse_for(p, n_gpus).unwrap_or_else(|_| Plan::one_per_gpu(n_gpus))
+        }
+        (None, None) => Plan::one_per_gpu(n_gpus),
+    };
+    let headroom = match (reg.headroom, stored) {
+        (Some(h), _) => h,
+        (None, Some((_, h))) => crate::store::rows::parse(h, "headroom")?,
+        (None, None) => Headroom::default(),
+    };
+    Ok((plan, headroom))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(ladder: Vec<BTreeMap<String, Value>>, attempts: u32, max: u32) -> JobRules {
+        JobRules {
+            attempts,
+            max_attempts: max,
+            retry_on: vec![],
+            ladder,
+            ladder_step: 0,
+            params: BTreeMap::from([("batch_size".to_string(), serde_json::json!(8))]),
+            command: vec!["train".into(), "--bs={batch_size}".into()],
+            shell: false,
+            config: 0,
+            run: 0,
+            experiment: "exp".into(),
+            key_params: vec![],
+        }
+    }
+
+    fn halve() -> Vec<BTreeMap<String, Value>> {
+        vec![BTreeMap::from([(
+            "batch_size".to_string(),
+            serde_json::json!("/2"),
+        )])]
+    }
+
+    #[test]
+    fn estimates_take_the_safest_known_figure() {
+        assert_eq!(effective_estimate(None, &mut [], None), (None, "none"));
+        assert_eq!(
+            effective_estimate(Some(1000), &mut [], None),
+            (Some(1000), "declared")
+        );
+        assert_eq!(
+            effective_estimate(Some(1000), &mut [500, 600], None),
+            (Some(1000), "declared")
+        );
+        assert_eq!(
+            effective_estimate(Some(1000), &mut [2000], None),
+            (Some(2200), "learned")
+        );
+        assert_eq!(
+            effective_estimate(None, &mut [100; 3], Some(900)),
+            (Some(900), "learned")
+        );
+        // p95 of 20 peaks is the 19th smallest.
+        let mut peaks: Vec<u64> = (1..=20).map(|i| i * 100).collect();
+        assert_eq!(
+            effective_estimate(None, &mut peaks, None),
+            (Some(2090), "learned")
+        );
+    }
+
+    #[test]
+    fn a_ladder_step_gets_the_memory_key_of_its_parameters() {
+        let step = next_ladder_step(&rules(halve(), 1, 1))
+            .expect("step")
+            .expect("a step");
+        assert_eq!(step.params["batch_size"], serde_json::json!(4));
+        assert_eq!(step.argv, vec!["train".to_string(), "--bs=4".into()]);
+        assert_eq!(step.memory_key, "exp;batch_size=4");
+        assert_eq!(step.max_attempts, 2, "a listed step is a retry of its own");
+    }
+
+    #[test]
+    fn the_last_step_repeats_while_attempts_remain_and_it_changes_something() {
+        let mut job = rules(halve(), 2, 5);
+        job.ladder_step = 1;
+        let step = next_ladder_step(&job).expect("step").expect("repeats");
+        assert_eq!(step.params["batch_size"], serde_json::json!(4));
+        assert_eq!(step.max_attempts, 5, "repeats count against max_attempts");
+        job.attempts = 5;
+        assert!(
+            next_ladder_step(&job).expect("step").is_none(),
+            "no attempts left"
+        );
+        job.attempts = 2;
+        job.params.insert("batch_size".into(), serde_json::json!(1));
+        assert!(
+            next_ladder_step(&job).expect("step").is_none(),
+            "halving 1 changes nothing"
+        );
+    }
+
+    #[test]
+    fn fences_are_compared_in_one_place() {
+        let a = AttemptId::new();
+        let row = |phase, af, jf| FenceRow {
+            phase,
+            attempt_fence: af,
+            job_fence: jf,
+        };
+        assert!(check_fence(a, 3, &row(AttemptPhase::Running, 3, 3)).is_ok());
+        for r in [
+            row(AttemptPhase::Ended, 3, 3),
+            row(AttemptPhase::Running, 2, 3),
+            row(AttemptPhase::Running, 3, 4),
+        ] {
+            assert!(matches!(
+                check_fence(a, 3, &r),
+                Err(StoreError::StaleFence { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn heartbeats_skip_attempts_that_just_ended_and_refuse_lost_ones() {
+        let a = AttemptId::new();
+        let row = |phase, af, jf| FenceRow {
+            phase,
+            attempt_fence: af,
+            job_fence: jf,
+        };
+        let renew = |fence, failure, ours| {
+            renewal(
+                a,
+                3,
+                Some(&RenewalRow {
+                    fence,
+                    failure,
+                    ours,
+                }),
+            )
+            .ok()
+        };
+        let running = || row(AttemptPhase::Running, 3, 3);
+        assert_eq!(renew(running(), None, true), Some(true));
+        assert_eq!(renew(row(AttemptPhase::Running, 2, 2), None, true), None);
+        assert_eq!(renew(running(), None, false), None, "another agent's");
+        // Ended by its own report while the heartbeat travelled; the job may have moved on.
+        let ended = || row(AttemptPhase::Ended, 3, 4);
+        let oom = Some(FailureClass::Oom);
+        assert_eq!(renew(ended(), oom, true), Some(false));
+        assert_eq!(renew(ended(), None, true), Some(false));
+        assert_eq!(renewal(a, 3, None).ok(), Some(false), "handed back");
+        // Lost: the coordinator took the lease away.
+        assert_eq!(renew(ended(), Some(FailureClass::Lost), true), None);
+        let (ended, running) = (ended(), running());
+        // Logs: the tail of an ended attempt is welcome until a lost one's job moved on.
+        assert!(check_log_fence(a, 3, &ended, oom).is_ok());
+        let lost = Some(FailureClass::Lost);
+        assert!(check_log_fence(a, 3, &row(AttemptPhase::Ended, 3, 3), lost).is_ok());
+        assert!(check_log_fence(a, 3, &ended, lost).is_err());
+        assert!(check_log_fence(a, 2, &running, None).is_err());
+    }
+
+    #[test]
+    fn losses_refund_attempts_that_never_started() {
+        let job = rules(vec![], 1, 1);
+        assert_eq!(
+            lose(&job, false),
+            Loss {
+                refund_attempt: true,
+                event: JobEvent::Fail { retry: true }
+            }
+        );
+        assert_eq!(lose(&job, true).event, JobEvent::Fail { retry: false });
+    }
+
+    #[test]
+    fn freed_memory_is_more_free_on_some_gpu() {
+        let s = |free| GpuSample {
+            index: 0,
+            free_mib: free,
+            ..Default::default()
+        };
+        assert!(memory_freed(&[], &[s(10)]));
+        assert!(memory_freed(&[s(5)], &[s(10)]));
+        assert!(!memory_freed(&[s(10)], &[s(10)]));
+    }
+}

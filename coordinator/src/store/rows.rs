@@ -1,0 +1,350 @@
+//! One row decoder for both backends: each backend exposes its rows through `Cols` (typed
+//! column reads), and every table's columns are turned into domain types here, once.
+
+use chrono::{DateTime, TimeZone, Utc};
+use headroom_shared::api::{
+    AttemptPhase, AttemptView, GpuInfo, GpuSample, Headroom, JobSummary, QuarantineView,
+};
+use headroom_shared::{FailureClass, Plan};
+use serde::de::DeserializeOwned;
+
+use super::{Active, Millis, Result, StoreError};
+use crate::rules::{FenceRow, JobRules, PendingRow, RenewalRow};
+
+/// Typed reads of one result row's columns, by position. JSON columns are TEXT on SQLite
+/// and JSONB on PostgreSQL; either way they come out decoded.
+pub(crate) trait Cols {
+    fn text(&self, i: usize) -> Result<String>;
+    fn text_opt(&self, i: usize) -> Result<Option<String>>;
+    fn int(&self, i: usize) -> Result<i64>;
+    fn int_opt(&self, i: usize) -> Result<Option<i64>>;
+    fn flag(&self, i: usize) -> Result<bool>;
+    fn flag_opt(&self, i: usize) -> Result<Option<bool>>;
+    fn json<T: DeserializeOwned>(&self, i: usize) -> Result<T>;
+    fn json_opt<T: DeserializeOwned>(&self, i: usize) -> Result<Option<T>>;
+
+    fn parsed<T: std::str::FromStr>(&self, i: usize, what: &str) -> Result<T> {
+        parse(&self.text(i)?, what)
+    }
+
+    fn parsed_opt<T: std::str::FromStr>(&self, i: usize, what: &str) -> Result<Option<T>> {
+        self.text_opt(i)?.map(|s| parse(&s, what)).transpose()
+    }
+
+    fn mib_opt(&self, i: usize) -> Result<Option<u64>> {
+        Ok(opt_u64(self.int_opt(i)?))
+    }
+
+    fn time(&self, i: usize) -> Result<DateTime<Utc>> {
+        Ok(ts(self.int(i)?))
+    }
+}
+
+pub(crate) fn ts(ms: Millis) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
+}
+
+pub(crate) fn parse<T: std::str::FromStr>(s: &str, what: &str) -> Result<T> {
+    s.parse()
+        .map_err(|_| StoreError::Corrupt(format!("bad {what} `{s}`")))
+}
+
+pub(crate) fn opt_u64(v: Option<i64>) -> Option<u64> {
+    v.map(|x| x.max(0) as u64)
+}
+
+pub(crate) fn opt_i64(v: Option<u64>) -> Option<i64> {
+    v.map(i64_of)
+}
+
+pub(crate) fn i64_of(v: u64) -> i64 {
+    v.min(i64::MAX as u64) as i64
+}
+
+/// The columns `job_summary` reads, in order (`j` jobs, `e` experiments, `a` the job's
+/// latest attempt).
+pub(crate) const JOB_COLUMNS: &str = "j.id, j.experiment_id, e.name, j.idx, j.config, j.run, \
+     j.state, j.priority, j.params, j.attempts, j.max_attempts, j.gpus, j.estimate_mib, a.node, \
+     a.gpus, j.last_failure, j.created_at, j.pending_reason";
+
+pub(crate) const JOB_FROM: &str = "FROM jobs j JOIN experiments e ON e.id = j.experiment_id \
+     LEFT JOIN attempts a ON a.job_id = j.id AND a.number = j.attempts";
+
+/// An experiment's columns `name, seed, created_at`, with its counts.
+pub(crate) fn experiment(
+    id: &str,
+    r: (String, i64, DateTime<Utc>),
+    counts: headroom_shared::api::StateCounts,
+) -> Result<headroom_shared::api::ExperimentSummary> {
+    Ok(headroom_shared::api::ExperimentSummary {
+        counts,
+        id: parse(id, "experiment id")?,
+        name: r.0,
+        seed: r.1 as u64,
+        created_at: r.2,
+    })
+}
+
+pub(crate) fn job_summary(r: &impl Cols) -> Result<JobSummary> {
+    let state = r.parsed(6, "job state")?;
+    Ok(JobSummary {
+        id: r.parsed(0, "job id")?,
+        experiment: r.parsed(1, "experiment id")?,
+        experiment_name: r.text(2)?,
+        index: r.int(3)? as u32,
+        config: r.int(4)? as u32,
+        run: r.int(5)? as u32,
+        state,
+        priority: r.int(7)? as i32,
+        params: r.json(8)?,
+        attempts: r.int(9)? as u32,
+        max_attempts: r.int(10)? as u32,
+        gpus: r.int(11)? as u32,
+        estimate_mib: r.mib_opt(12)?,
+        node: r.text_opt(13)?,
+        gpu_indices: r.json_opt(14)?.unwrap_or_default(),
+        last_failure: r.parsed_opt(15, "failure class")?,
+        created_at: r.time(16)?,
+        // Only a waiting job has a reason; a stale one of a job that moved on is not shown.
+        pending_reason: if state.is_pending() {
+            r.json_opt(17)?
+        } else {
+            None
+        },
+    })
+}
+
+/// The columns `attempt_view` reads, in order.
+pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence, phase, \
+     leased_at, started_at, ended_at, pid, exit_code, signal, failure_class, estimate_mib, \
+     peak_mem_mib, cleanup_ms, cleanup_verified, log_tail, estimate_source, params, \
+     ladder_step, contaminated";
+
+pub(crate) fn phase(s: &str) -> Result<AttemptPhase> {
+    match s {
+        "leased" => Ok(AttemptPhase::Leased),
+        "running" => Ok(AttemptPhase::Running),
+        "ended" => Ok(AttemptPhase::Ended),
+        other => Err(StoreError::Corrupt(format!("bad attempt phase `{other}`"))),
+    }
+}
+
+pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
+    let phase = phase(&r.text(6)?)?;
+    let failure_class: Option<FailureClass> = r.parsed_opt(13, "failure class")?;
+    Ok(AttemptView {
+        id: r.parsed(0, "attempt id")?,
+        job: r.parsed(1, "job id")?,
+        number: r.int(2)? as u32,
+        node: r.text(3)?,
+        gpus: r.json(4)?,
+        fence: r.int(5)?,
+        phase,
+        leased_at: r.time(7)?,
+        started_at: r.int_opt(8)?.map(ts),
+        ended_at: r.int_opt(9)?.map(ts),
+        pid: r.int_opt(10)?.map(|p| p as u32),
+        exit_code: r.int_opt(11)?.map(|c| c as i32),
+        signal: r.int_opt(12)?.map(|s| s as i32),
+        success: (phase == AttemptPhase::Ended).then_some(failure_class.is_none()),
+        failure_class,
+        estimate_mib: r.mib_opt(14)?,
+        peak_mem_mib: r.mib_opt(15)?,
+        cleanup_ms: r.mib_opt(16)?,
+        cleanup_verified: r.flag_opt(17)?,
+        log_tail: r.text_opt(18)?,
+        estimate_source: r.text(19)?,
+        params: r.json(20)?,
+        ladder_step: r.int(21)? as u32,
+        contaminated: r.flag_opt(22)?,
+    })
+}
+
+/// The columns of `JobDetail` beyond the summary, in order.
+pub(crate) const DETAIL_COLUMNS: &str =
+    "argv, env, profile, timeout_ms, retry_on, memory_key, ladder, ladder_step";
+
+pub(crate) fn job_detail(
+    summary: JobSummary,
+    r: &impl Cols,
+    attempts: Vec<AttemptView>,
+) -> Result<headroom_shared::api::JobDetail> {
+    Ok(headroom_shared::api::JobDetail {
+        summary,
+        argv: r.json(0)?,
+        env: r.json(1)?,
+        profile: r.text(2)?,
+        timeout_ms: r.mib_opt(3)?,
+        retry_on: r.json(4)?,
+        memory_key: r.text(5)?,
+        oom_ladder: r.json(6)?,
+        ladder_step: r.int(7)? as u32,
+        attempts_detail: attempts,
+    })
+}
+
+/// The columns `job_rules` reads (`j` jobs, `e` experiments; the spec's `memory_key` list
+/// is the last column, extracted from the spec document by each backend's SQL).
+pub(crate) const RULES_COLUMNS: &str = "j.attempts, j.max_attempts, j.retry_on, j.ladder, \
+     j.ladder_step, j.params, j.command, j.shell, j.config, j.run, e.name";
+
+pub(crate) fn job_rules(r: &impl Cols) -> Result<JobRules> {
+    Ok(JobRules {
+        attempts: r.int(0)?.max(0) as u32,
+        max_attempts: r.int(1)?.max(0) as u32,
+        retry_on: r.json(2)?,
+        ladder: r.json(3)?,
+        ladder_step: r.int(4)?.max(0) as u32,
+        params: r.json(5)?,
+        command: r.json(6)?,
+        shell: r.flag(7)?,
+        config: r.int(8)? as u32,
+        run: r.int(9)? as u32,
+        experiment: r.text(10)?,
+        key_params: r.json_opt(11)?.unwrap_or_default(),
+    })
+}
+
+/// A report's fencing columns: `a.phase, a.fence, j.fence`.
+pub(crate) fn fence_row(r: &impl Cols) -> Result<FenceRow> {
+    Ok(FenceRow {
+        phase: phase(&r.text(0)?)?,
+        attempt_fence: r.int(1)?,
+        job_fence: r.int(2)?,
+    })
+}
+
+/// What a heartbeat reads of an attempt: `a.phase, a.fence, j.fence, a.failure_class,
+/// a.agent_id = <the agent>`.
+pub(crate) fn renewal_row(r: &impl Cols) -> Result<RenewalRow> {
+    Ok(RenewalRow {
+        fence: fence_row(r)?,
+        failure: r.parsed_opt(3, "failure class")?,
+        ours: r.flag(4)?,
+    })
+}
+
+/// Columns of an active attempt: `id, gpus, estimate_mib, fence`.
+pub(crate) fn active(r: &impl Cols) -> Result<Active> {
+    Ok(Active {
+        id: r.text(0)?,
+        gpus: r.json(1)?,
+        estimate: r.mib_opt(2)?,
+        fence: r.int(3)?,
+    })
+}
+
+/// Columns of a pending job: `id, gpus, estimate_mib, updated_at, memory_key,
+/// pending_reason`.
+pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
+    Ok(PendingRow {
+        id: r.text(0)?,
+        gpus: r.int(1)?.max(0) as u32,
+        declared: r.mib_opt(2)?,
+        since: r.int(3)?,
+        memory_key: r.text(4)?,
+        reason: r.json_opt(5)?,
+    })
+}
+
+/// A node as stored: `name, agent_id, gpus, plan, headroom, telemetry, last_seen`.
+pub(crate) struct NodeRow {
+    pub name: String,
+    pub agent: Option<String>,
+    pub gpus: Vec<GpuInfo>,
+    pub plan: Plan,
+    pub headroom: Headroom,
+    pub samples: Vec<GpuSample>,
+    pub last_seen: Option<Millis>,
+}
+
+pub(crate) const NODE_COLUMNS: &str = "name, agent_id, gpus, plan, headroom, telemetry, last_seen";
+
+pub(crate) fn node(r: &impl Cols) -> Result<NodeRow> {
+    Ok(NodeRow {
+        name: r.text(0)?,
+        agent: r.text_opt(1)?,
+        gpus: r.json(2)?,
+        plan: r.parsed(3, "plan")?,
+        headroom: r.parsed(4, "headroom")?,
+        samples: r.json_opt(5)?.unwrap_or_default(),
+        last_seen: r.int_opt(6)?,
+    })
+}
+
+/// A quarantine row: `gpu, attempt_id, reason, since`.
+pub(crate) fn quarantine(r: &impl Cols) -> Result<(u32, QuarantineView)> {
+    Ok((
+        r.int(0)? as u32,
+        QuarantineView {
+            attempt: r.parsed(1, "attempt id")?,
+            reason: r.text(2)?,
+            since: r.time(3)?,
+        },
+    ))
+}
+
+/// The job columns a new lease is made of (`j` jobs, `e` experiments).
+pub(crate) const LEASE_COLUMNS: &str = "j.argv, j.env, j.params, e.name, j.memory_key, \
+     j.timeout_ms, j.attempts, j.fence, j.ladder_step";
+
+pub(crate) struct LeaseRow {
+    pub argv: Vec<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+    pub params: std::collections::BTreeMap<String, serde_json::Value>,
+    pub experiment: String,
+    pub memory_key: String,
+    pub timeout_ms: Option<u64>,
+    pub attempts: i64,
+    pub fence: i64,
+    pub ladder_step: i64,
+}
+
+pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
+    Ok(LeaseRow {
+        argv: r.json(0)?,
+        env: r.json(1)?,
+        params: r.json(2)?,
+        experiment: r.text(3)?,
+        memory_key: r.text(4)?,
+        timeout_ms: r.mib_opt(5)?,
+        attempts: r.int(6)?,
+        fence: r.int(7)?,
+        ladder_step: r.int(8)?,
+    })
+}
+
+/// A lease about to be written: what the agent gets, and the attempt columns beside it.
+pub(crate) struct NewLease {
+    pub lease: headroom_shared::api::Lease,
+    pub memory_key: String,
+    pub ladder_step: i64,
+}
+
+/// The lease the agent gets for attempt `attempt` of `job` (number `attempts + 1`, token
+/// `fence + 1`).
+pub(crate) fn lease_row_into(
+    row: LeaseRow,
+    attempt: headroom_shared::AttemptId,
+    job: &str,
+    gpus: &[u32],
+    estimate: Option<u64>,
+) -> Result<NewLease> {
+    Ok(NewLease {
+        lease: headroom_shared::api::Lease {
+            attempt,
+            job: parse(job, "job id")?,
+            fence: row.fence + 1,
+            number: (row.attempts + 1) as u32,
+            experiment: row.experiment,
+            argv: row.argv,
+            env: row.env,
+            params: row.params,
+            gpus: gpus.to_vec(),
+            estimate_mib: estimate,
+            timeout_ms: row.timeout_ms,
+        },
+        memory_key: row.memory_key,
+        ladder_step: row.ladder_step,
+    })
+}

@@ -1,0 +1,107 @@
+//! Pending reasons: why a waiting job is not running yet, as Slurm's pending reasons say
+//! it, with the figures that decided it.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::size::MemSize;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum PendingReason {
+    /// No agent has looked at it yet (it was just queued, or sits deep in the queue).
+    NotConsidered,
+    /// No node is alive to run it.
+    NoLiveNode,
+    /// Every GPU it could use has all its plan slots taken (or runs a job that runs alone).
+    NoFreeSlot,
+    /// A GPU has a free slot, but not the memory: `needed_mib` against the most that any
+    /// GPU has left after placed estimates, live free memory and headroom.
+    NotEnoughMemory { needed_mib: u64, available_mib: u64 },
+    /// The GPUs that could take it are quarantined (cleanup not verified) or avoided for a
+    /// while after a hand-back.
+    GpuQuarantined,
+    /// The GPUs it fits on are held for an older job that waited too long.
+    BehindReservation,
+    /// It asks for more GPUs than any live node has.
+    TooManyGpus { wanted: u32, max: u32 },
+    /// Its estimate exceeds every GPU's memory less headroom: it can never be placed.
+    LargerThanEveryGpu { needed_mib: u64, largest_mib: u64 },
+}
+
+impl PendingReason {
+    /// A short name for tables (`headroom ls`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotConsidered => "not_considered",
+            Self::NoLiveNode => "no_live_node",
+            Self::NoFreeSlot => "no_free_slot",
+            Self::NotEnoughMemory { .. } => "not_enough_memory",
+            Self::GpuQuarantined => "gpu_quarantined",
+            Self::BehindReservation => "behind_reservation",
+            Self::TooManyGpus { .. } => "too_many_gpus",
+            Self::LargerThanEveryGpu { .. } => "larger_than_every_gpu",
+        }
+    }
+}
+
+fn mib(m: u64) -> MemSize {
+    MemSize { mib: m }
+}
+
+impl fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotConsidered => f.write_str("waiting for an agent to consider it"),
+            Self::NoLiveNode => f.write_str("no live node: start an agent"),
+            Self::NoFreeSlot => f.write_str("no free slot on any GPU"),
+            Self::NotEnoughMemory {
+                needed_mib,
+                available_mib,
+            } => write!(
+                f,
+                "not enough memory: needs {}, at most {} available on a GPU",
+                mib(*needed_mib),
+                mib(*available_mib)
+            ),
+            Self::GpuQuarantined => f.write_str("the GPUs it fits on are quarantined"),
+            Self::BehindReservation => f.write_str("waiting behind a reservation for an older job"),
+            Self::TooManyGpus { wanted, max } => {
+                write!(
+                    f,
+                    "asks for {wanted} GPUs, no live node has more than {max}"
+                )
+            }
+            Self::LargerThanEveryGpu {
+                needed_mib,
+                largest_mib,
+            } => write!(
+                f,
+                "larger than every GPU: needs {}, the largest GPU offers {} (less headroom)",
+                mib(*needed_mib),
+                mib(*largest_mib)
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_round_trip_and_name_their_figures() {
+        let r = PendingReason::LargerThanEveryGpu {
+            needed_mib: 10 * 1024 * 1024 * 1024,
+            largest_mib: 22_118,
+        };
+        let json = serde_json::to_string(&r).expect("json");
+        assert!(json.contains("larger_than_every_gpu"), "{json}");
+        assert_eq!(
+            serde_json::from_str::<PendingReason>(&json).ok(),
+            Some(r.clone())
+        );
+        assert!(r.to_string().contains("larger than every GPU"), "{r}");
+    }
+}
