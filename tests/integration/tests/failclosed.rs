@@ -41,11 +41,13 @@ fn a_gpu_whose_memory_cannot_be_read_gets_no_work_until_it_reads_again() {
         "the GPU's error in `nodes`",
         Duration::from_secs(20),
         || {
-            Ok(h.nodes()?[0].gpus[0]
-                .error
-                .as_ref()
-                .filter(|e| e.contains("GPU is lost"))
-                .map(|_| ()))
+            // The node may not have registered yet: no node is no answer.
+            let nodes = h.nodes()?;
+            let error = nodes
+                .first()
+                .and_then(|n| n.gpus.first())
+                .and_then(|g| g.error.as_ref());
+            Ok(error.filter(|e| e.contains("GPU is lost")).map(|_| ()))
         },
     );
     let nodes = h.cli_ok(&["nodes"]);
