@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use headroom_shared::api::{
-    ExperimentSummary, JobDetail, JobSummary, NodeView, StateCounts, SubmitResponse,
+    ExperimentSummary, JobDetail, JobSummary, NodeView, PeakSource, StateCounts, SubmitResponse,
 };
 use headroom_shared::expand::value_text;
 use headroom_shared::{AttemptId, ExperimentId, JobId, MemSize};
@@ -153,7 +153,12 @@ pub fn job_detail(d: &JobDetail) {
             } else {
                 a.estimate_source.as_str()
             },
-            a.peak_mem_mib.map(mib).unwrap_or_else(|| "-".into()),
+            match (a.peak_mem_mib, a.peak_source) {
+                (Some(m), Some(PeakSource::DeviceDelta)) =>
+                    format!("{} ({})", mib(m), PeakSource::DeviceDelta.describe()),
+                (Some(m), _) => mib(m),
+                (None, _) => "-".into(),
+            },
             match (a.cleanup_verified, a.cleanup_ms) {
                 (Some(true), Some(ms)) => format!("verified in {ms} ms"),
                 (Some(false), _) => "NOT verified".into(),

@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use headroom_shared::api::{AttemptPhase, AttemptRef, FinishReport, GpuSample, Headroom};
+use headroom_shared::api::{
+    AttemptPhase, AttemptRef, FinishReport, GpuSample, Headroom, PeakSource,
+};
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AttemptId, FailureClass, JobEvent, Plan};
 use serde_json::Value;
@@ -349,6 +351,15 @@ pub struct Finish {
     pub floor: Option<u64>,
     pub ladder: Option<LadderStep>,
     pub event: JobEvent,
+}
+
+/// How an attempt's peak is recorded: as the agent measured it (per process when it does not
+/// say: older agents measured only that way), and nothing without a peak. Both kinds teach
+/// the memory key: a device delta also counts what others grew meanwhile, so it errs high.
+pub fn peak_source(report: &FinishReport) -> Option<PeakSource> {
+    report
+        .peak_mem_mib
+        .map(|_| report.peak_source.unwrap_or_default())
 }
 
 pub fn finish(

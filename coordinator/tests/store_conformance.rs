@@ -10,7 +10,7 @@ use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::store::{
     ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Renewal, Renewed, Store, StoreError,
 };
-use headroom_shared::api::{AttemptRef, FinishReport, GpuInfo, GpuSample, Lease};
+use headroom_shared::api::{AttemptRef, FinishReport, GpuInfo, GpuSample, Lease, PeakSource};
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, ExperimentId, FailureClass, JobId, JobState, Plan};
 
@@ -843,6 +843,50 @@ async fn pending_jobs_say_why(s: Backend) {
     assert_eq!(shown.summary.pending_reason, jobs[2].pending_reason);
 }
 
+async fn peak_sources_are_stored_and_device_deltas_teach(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    let exp = submit(&s, (0..3).map(|i| job(i, None, vec![], 1)).collect()).await;
+    // The driver gave no per-process memory: the peak is the GPU's used-memory growth.
+    let l = claim(&s, agent, 1).await.remove(0);
+    let delta = FinishReport {
+        peak_source: Some(PeakSource::DeviceDelta),
+        ..report_peak(l.fence, None, 2000)
+    };
+    s.finish_attempt(l.attempt, delta).await.expect("finish");
+    let a = s.attempt(l.attempt).await.expect("attempt");
+    assert_eq!(a.peak_mem_mib, Some(2000));
+    assert_eq!(a.peak_source, Some(PeakSource::DeviceDelta));
+    // Others' growth meanwhile counts too, so it errs high: the key learns from it.
+    let l = claim(&s, agent, 1).await.remove(0);
+    assert_eq!(l.estimate_mib, Some(2200));
+    // An older agent sends no source: its peak is per process.
+    s.finish_attempt(l.attempt, report_peak(l.fence, None, 1000))
+        .await
+        .expect("finish");
+    assert_eq!(
+        s.attempt(l.attempt).await.expect("attempt").peak_source,
+        Some(PeakSource::Processes)
+    );
+    // No peak at all: no source either.
+    let l = claim(&s, agent, 1).await.remove(0);
+    let none = FinishReport {
+        peak_mem_mib: None,
+        peak_source: Some(PeakSource::DeviceDelta),
+        ..report(l.fence, None)
+    };
+    s.finish_attempt(l.attempt, none).await.expect("finish");
+    let rows = s.export_rows(Some(exp)).await.expect("export");
+    let sources: Vec<_> = rows.iter().map(|r| r.attempt.peak_source).collect();
+    assert_eq!(
+        sources,
+        [
+            Some(PeakSource::DeviceDelta),
+            Some(PeakSource::Processes),
+            None
+        ]
+    );
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -880,6 +924,7 @@ conformance!(sqlite, postgres: [
     heartbeats_racing_a_normal_end_renew_the_rest,
     oom_ladder_steps_get_their_own_estimate_and_repeat,
     pending_jobs_say_why,
+    peak_sources_are_stored_and_device_deltas_teach,
 ]);
 
 // ---- both backends side by side, and what only PostgreSQL does --------------------------

@@ -236,6 +236,9 @@ pub struct AttemptView {
     pub success: Option<bool>,
     pub estimate_mib: Option<u64>,
     pub peak_mem_mib: Option<u64>,
+    /// How `peak_mem_mib` was measured (`None` when there is no peak).
+    #[serde(default)]
+    pub peak_source: Option<PeakSource>,
     pub cleanup_ms: Option<u64>,
     pub cleanup_verified: Option<bool>,
     pub log_tail: Option<String>,
@@ -404,6 +407,26 @@ impl PeakSource {
         match self {
             PeakSource::Processes => "processes",
             PeakSource::DeviceDelta => "device_delta",
+        }
+    }
+
+    /// How people read it, after the figure: "peak 5.1GiB (GPU used-memory growth)".
+    pub fn describe(self) -> &'static str {
+        match self {
+            PeakSource::Processes => "per process",
+            PeakSource::DeviceDelta => "GPU used-memory growth",
+        }
+    }
+}
+
+impl FromStr for PeakSource {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "processes" => Ok(PeakSource::Processes),
+            "device_delta" => Ok(PeakSource::DeviceDelta),
+            other => Err(format!("unknown peak source `{other}`")),
         }
     }
 }

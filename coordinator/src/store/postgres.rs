@@ -16,7 +16,7 @@ use deadpool_postgres::{
 };
 use headroom_shared::api::{
     AttemptPhase, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample, JobDetail,
-    JobSummary, Lease, NodeView, StateCounts,
+    JobSummary, Lease, NodeView, PeakSource, StateCounts,
 };
 use headroom_shared::{AgentId, AttemptId, ExperimentId, JobEvent, JobId, JobState, Plan};
 use serde::de::DeserializeOwned;
@@ -1245,7 +1245,8 @@ impl Store for PostgresStore {
                     "UPDATE attempts SET phase = 'ended', ended_at = $1, exit_code = $2, \
                      signal = $3, failure_class = $4, peak_mem_mib = $5, cleanup_ms = $6, \
                      cleanup_verified = $7, log_tail = $8, started_at = COALESCE(started_at, $1), \
-                     contaminated = $10 WHERE id = $9 RETURNING gpus, memory_key, estimate_mib",
+                     contaminated = $10, peak_source = $11 WHERE id = $9 \
+                     RETURNING gpus, memory_key, estimate_mib",
                     &[
                         &ended_at,
                         &report.exit_code.map(i64::from),
@@ -1257,6 +1258,7 @@ impl Store for PostgresStore {
                         &report.log_tail,
                         &id,
                         &report.contaminated,
+                        &rules::peak_source(&report).map(PeakSource::as_str),
                     ],
                     |r| Ok((r.json::<Vec<u32>>(0)?, r.text(1)?, r.mib_opt(2)?)),
                 )

@@ -118,7 +118,7 @@ pub(crate) fn job_summary(r: &impl Cols) -> Result<JobSummary> {
 pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence, phase, \
      leased_at, started_at, ended_at, pid, exit_code, signal, failure_class, estimate_mib, \
      peak_mem_mib, cleanup_ms, cleanup_verified, log_tail, estimate_source, params, \
-     ladder_step, contaminated";
+     ladder_step, contaminated, peak_source";
 
 pub(crate) fn phase(s: &str) -> Result<AttemptPhase> {
     match s {
@@ -157,6 +157,7 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
         params: r.json(20)?,
         ladder_step: r.int(21)? as u32,
         contaminated: r.flag_opt(22)?,
+        peak_source: r.parsed_opt(23, "peak source")?,
     })
 }
 

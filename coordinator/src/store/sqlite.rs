@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use headroom_shared::api::{
     AttemptPhase, AttemptView, ExperimentSummary, FinishReport, GpuSample, JobDetail, JobSummary,
-    Lease, NodeView, StateCounts,
+    Lease, NodeView, PeakSource, StateCounts,
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, AttemptId, ExperimentId, JobEvent, JobId, JobState, Plan};
@@ -853,8 +853,8 @@ impl Store for SqliteStore {
                 tx,
                 "UPDATE attempts SET phase = 'ended', ended_at = ?1, exit_code = ?2, signal = ?3, \
                  failure_class = ?4, peak_mem_mib = ?5, cleanup_ms = ?6, cleanup_verified = ?7, \
-                 log_tail = ?8, started_at = COALESCE(started_at, ?1), contaminated = ?10 \
-                 WHERE id = ?9 RETURNING node, gpus, memory_key, estimate_mib",
+                 log_tail = ?8, started_at = COALESCE(started_at, ?1), contaminated = ?10, \
+                 peak_source = ?11 WHERE id = ?9 RETURNING node, gpus, memory_key, estimate_mib",
                 params![
                     report.ended_at.timestamp_millis(),
                     report.exit_code,
@@ -865,7 +865,8 @@ impl Store for SqliteStore {
                     report.cleanup_verified,
                     report.log_tail,
                     id,
-                    report.contaminated
+                    report.contaminated,
+                    rules::peak_source(&report).map(PeakSource::as_str)
                 ],
                 |r| {
                     Ok((
