@@ -355,7 +355,8 @@ pub struct Finish {
 
 /// How an attempt's peak is recorded: as the agent measured it (per process when it does not
 /// say: older agents measured only that way), and nothing without a peak. Both kinds teach
-/// the memory key: a device delta also counts what others grew meanwhile, so it errs high.
+/// the memory key: a device delta also counts what neighbours grew meanwhile (errs high, the
+/// safe side); memory a neighbour freed meanwhile can make it low, which an OOM's floor mends.
 pub fn peak_source(report: &FinishReport) -> Option<PeakSource> {
     report
         .peak_mem_mib

@@ -10,6 +10,7 @@ use std::time::Duration;
 use headroom_integration_tests::{
     Headroom, KillOnDrop, Proc, UpOptions, alive, fake_job, wait_until,
 };
+use headroom_shared::api::PeakSource;
 use headroom_shared::{ExperimentId, JobState};
 
 fn fake_dir(h: &Headroom) -> PathBuf {
@@ -135,9 +136,33 @@ fn memory_the_driver_cannot_tell_per_process_is_learnt_from_the_device() {
     assert_eq!(jobs[0].state, JobState::Succeeded);
     let attempt = &h.job(jobs[0].id).expect("job").attempts_detail[0];
     assert_eq!(attempt.peak_mem_mib, Some(3072), "{attempt:?}");
+    assert_eq!(
+        attempt.peak_source,
+        Some(PeakSource::DeviceDelta),
+        "{attempt:?}"
+    );
     assert_eq!(attempt.cleanup_verified, Some(true));
+    // `show` says how the peak was taken next to it, not only in the log tail.
     let show = h.cli_ok(&["show", &jobs[0].id.to_string()]);
-    assert!(show.contains("used-memory growth"), "{show}");
+    assert!(
+        show.contains("peak 3GiB (GPU used-memory growth)"),
+        "{show}"
+    );
+    assert!(
+        show.contains("used-memory growth since the start"),
+        "{show}"
+    );
+    let csv = h.cli_ok(&["export", "--csv", "--experiment", &exp.to_string()]);
+    let mut r = csv::Reader::from_reader(csv.as_bytes());
+    let headers = r.headers().expect("headers").clone();
+    let col = |name: &str| headers.iter().position(|h| h == name).expect(name);
+    let (peak, source) = (col("peak_mem_mib"), col("peak_source"));
+    let rows: Vec<(String, String)> = r
+        .records()
+        .map(|x| x.expect("row"))
+        .map(|x| (x[peak].to_string(), x[source].to_string()))
+        .collect();
+    assert_eq!(rows, [("3072".to_string(), "device_delta".to_string())]);
 }
 
 #[test]
