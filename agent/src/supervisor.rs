@@ -523,7 +523,10 @@ impl Peak {
     /// unknown, the device delta (`None`, never 0, when that could not be read either).
     fn result(&self) -> (Option<u64>, PeakSource) {
         if self.unknown {
-            (self.delta, PeakSource::DeviceDelta)
+            // A process was on the GPU, so it held something: a growth of 0 means others
+            // freed memory meanwhile and masked it, which is no measurement (and must not
+            // teach an estimate of 0).
+            (self.delta.filter(|&d| d > 0), PeakSource::DeviceDelta)
         } else {
             (self.processes, PeakSource::Processes)
         }
@@ -1366,6 +1369,22 @@ mod tests {
                 .is_some_and(|r| r.contains("GPU 1 could not be read")),
             "{end:?}"
         );
+    }
+
+    #[test]
+    fn a_device_delta_masked_by_others_freeing_memory_is_unknown_not_zero() {
+        let masked = Peak {
+            processes: None,
+            delta: Some(0),
+            unknown: true,
+        };
+        assert_eq!(masked.result(), (None, PeakSource::DeviceDelta));
+        let grown = Peak {
+            processes: None,
+            delta: Some(512),
+            unknown: true,
+        };
+        assert_eq!(grown.result(), (Some(512), PeakSource::DeviceDelta));
     }
 
     #[tokio::test]
