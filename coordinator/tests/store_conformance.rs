@@ -875,7 +875,13 @@ async fn one_lost(s: &Backend, agent: AgentId, job: NewJob, start: bool) -> Leas
 async fn late_outcomes_of_lost_attempts(s: Backend) {
     let agent = register(&s, "n1", 1, None).await;
     // Lost by lease expiry, requeued, not leased again: the late success stands.
-    let l = one_lost(&s, agent, job(0, Some(1000), vec![FailureClass::Lost], 3), true).await;
+    let l = one_lost(
+        &s,
+        agent,
+        job(0, Some(1000), vec![FailureClass::Lost], 3),
+        true,
+    )
+    .await;
     assert_eq!(state(&s, l.job).await, JobState::Retrying);
     let mut late = report(l.fence, None);
     late.ended_at = Utc::now() - chrono::Duration::seconds(3);
@@ -908,7 +914,13 @@ async fn late_outcomes_of_lost_attempts(s: Backend) {
     );
 
     // Lost, then leased again: the late report is refused and changes nothing.
-    let l = one_lost(&s, agent, job(1, Some(1000), vec![FailureClass::Lost], 3), true).await;
+    let l = one_lost(
+        &s,
+        agent,
+        job(1, Some(1000), vec![FailureClass::Lost], 3),
+        true,
+    )
+    .await;
     let l2 = claim(&s, agent, 1).await.remove(0);
     assert_eq!((l2.job, l2.number), (l.job, 2));
     s.start_attempt(l2.attempt, l2.fence, 2, 0)
@@ -920,7 +932,11 @@ async fn late_outcomes_of_lost_attempts(s: Backend) {
         "{refused:?}"
     );
     let d = s.job(l.job).await.expect("job");
-    assert_eq!(d.summary.state, JobState::Running, "the new attempt is unaffected");
+    assert_eq!(
+        d.summary.state,
+        JobState::Running,
+        "the new attempt is unaffected"
+    );
     assert_eq!(d.attempts_detail[0].failure_class, Some(FailureClass::Lost));
     assert_eq!(d.attempts_detail[1].ended_at, None);
     assert_eq!(

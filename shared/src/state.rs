@@ -79,7 +79,12 @@ impl JobState {
             (S::Leased | S::Running, E::Fail { retry: false }) => S::Failed,
             // The late end of an attempt recorded lost replaces the loss: the job, not leased
             // again since, takes the outcome the attempt really had.
-            (S::Retrying | S::Failed, E::LateEnd { succeeded: true, .. }) => S::Succeeded,
+            (
+                S::Retrying | S::Failed,
+                E::LateEnd {
+                    succeeded: true, ..
+                },
+            ) => S::Succeeded,
             (S::Retrying | S::Failed, E::LateEnd { retry: true, .. }) => S::Retrying,
             (S::Retrying | S::Failed, E::LateEnd { retry: false, .. }) => S::Failed,
             // The attempt of a cancelled job still reports its end; the job stays cancelled.
