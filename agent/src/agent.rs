@@ -6,8 +6,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use headroom_shared::api::{
@@ -23,6 +23,7 @@ use crate::backoff::Backoff;
 use crate::client::{Client, ClientError};
 use crate::fence::{FenceBudget, FenceError};
 use crate::gpu::GpuBackend;
+use crate::outcomes::{Outcome, Outcomes, OutcomesError};
 use crate::supervisor::{self, SupervisorConfig};
 
 #[derive(Clone, Debug)]
@@ -51,6 +52,8 @@ pub enum AgentError {
     Io(#[from] std::io::Error),
     #[error("quarantine file: {0}")]
     Attempts(#[from] AttemptsError),
+    #[error("outcome journal: {0}")]
+    Outcomes(#[from] OutcomesError),
     /// The coordinator's lease TTL leaves no room to stop jobs before their leases expire.
     #[error("{0}")]
     Fence(#[from] FenceError),
@@ -87,6 +90,8 @@ pub(crate) struct Shared {
     pub client: Client,
     pub backend: Arc<dyn GpuBackend>,
     pub attempts: Attempts,
+    /// End reports not yet answered by the coordinator (see [`crate::outcomes`]).
+    pub outcomes: Outcomes,
     /// The value of [`crate::sweep::AGENT_VAR`] on this agent's jobs.
     pub scope: String,
 }
@@ -100,6 +105,9 @@ pub struct Agent {
     /// Cancelled when the agent drains: parent of every attempt's stop signal.
     draining: CancellationToken,
     registered_once: AtomicBool,
+    /// Outcomes an earlier run journalled and did not get answered: kept (declared at
+    /// registration) and reported before any new work is taken.
+    unreported: Mutex<Vec<Outcome>>,
 }
 
 impl Agent {
@@ -109,6 +117,17 @@ impl Agent {
         let mut cfg = cfg;
         cfg.data_dir = cfg.data_dir.canonicalize()?;
         let attempts = Attempts::load(&cfg.data_dir)?;
+        let outcomes = Outcomes::open(&cfg.data_dir)?;
+        let (unreported, unreadable) = outcomes.pending()?;
+        for e in unreadable {
+            tracing::error!("a journalled outcome cannot be reported: {e}");
+        }
+        if !unreported.is_empty() {
+            tracing::info!(
+                outcomes = unreported.len(),
+                "found outcomes an earlier run did not report; reporting them first"
+            );
+        }
         Ok(Self {
             shared: Arc::new(Shared {
                 client: Client::new(&cfg.coordinator)?,
@@ -116,11 +135,13 @@ impl Agent {
                 cfg,
                 backend,
                 attempts,
+                outcomes,
             }),
             attempt_tasks: TaskTracker::new(),
             tasks: TaskTracker::new(),
             draining: CancellationToken::new(),
             registered_once: AtomicBool::new(false),
+            unreported: Mutex::new(unreported),
         })
     }
 
@@ -162,7 +183,15 @@ impl Agent {
             },
             headroom: Some(self.shared.cfg.headroom),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            running: self.shared.attempts.refs(),
+            // Attempts whose end is journalled keep their leases until it is reported, so
+            // that their jobs are not given away meanwhile.
+            running: self
+                .shared
+                .attempts
+                .refs()
+                .into_iter()
+                .chain(self.unreported().iter().map(Outcome::attempt_ref))
+                .collect(),
         };
         let sent = Instant::now();
         let resp = match self.shared.client.register(&req).await {
@@ -208,12 +237,22 @@ impl Agent {
         if !killed.is_empty() || !resp.lost_attempts.is_empty() {
             self.verify_gone(&killed, &resp.lost_attempts).await;
         }
+        let unreported = std::mem::take(&mut *self.unreported());
+        for outcome in &unreported {
+            crate::lease::report_outcome(&self.shared, outcome, shutdown).await;
+        }
         State::Serving(Session {
             agent: resp.agent,
             plan: resp.plan,
             budget,
             renewed: sent,
         })
+    }
+
+    fn unreported(&self) -> std::sync::MutexGuard<'_, Vec<Outcome>> {
+        self.unreported
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Kills every process of this agent's scope whose attempt it does not run.

@@ -234,6 +234,7 @@ mod tests {
             client: crate::client::Client::new(url).expect("client"),
             backend: Arc::new(backend),
             attempts: Attempts::load(dir.path()).expect("attempts"),
+            outcomes: crate::outcomes::Outcomes::open(dir.path()).expect("outcomes"),
             scope: "test".into(),
         });
         let attempts = shared.attempts.clone();

@@ -1,6 +1,7 @@
 //! One lease, from launch to report: runs the attempt under the supervisor with its start
-//! report and log shipping alongside, then reports its end, retrying until the coordinator
-//! has heard it (a draining agent gives up after a while: the lease then expires).
+//! report and log shipping alongside, then journals its end (see [`crate::outcomes`]) and
+//! reports it, retrying until the coordinator has heard it (a draining agent gives up after
+//! a while: the lease then expires, and the next run reports the journalled end).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use crate::agent::{Shared, sample};
 use crate::attempts::{StopReason, StopSignal};
 use crate::backoff::Backoff;
 use crate::client::{Client, ClientError};
+use crate::outcomes::Outcome;
 use crate::supervisor::{self, AttemptEnd, Launch};
 
 /// Tries at reporting an end once the agent drains (about half a minute with the backoff).
@@ -117,14 +119,41 @@ pub(crate) async fn run(
         log_tail,
         gpus: sample(&shared.backend).await,
     };
+    // Journalled before anything else: an agent killed from here on reports it on its next
+    // run rather than leaving the attempt to be recorded lost and run again.
+    let outcome = Outcome { attempt, report };
+    let journal = shared.outcomes.clone();
+    let entry = outcome.clone();
+    match tokio::task::spawn_blocking(move || journal.write(&entry)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(%attempt, "cannot journal the outcome (reporting it anyway): {e}")
+        }
+        Err(e) => tracing::warn!(%attempt, "outcome journal task failed: {e}"),
+    }
     // Leave the running set first (the next claim must not watch this attempt any more),
     // keeping the GPUs quarantined if cleanup was not verified.
     let unverified = (!end.cleanup_verified).then(|| (gpus, end.held_by.clone()));
     shared.attempts.end(attempt, unverified).await;
+    if let Some(pause) = crate::outcomes::test_pause_before_report() {
+        tokio::time::sleep(pause).await;
+    }
+    report_outcome(&shared, &outcome, &draining).await;
+}
+
+/// Reports an attempt's end, retrying until the coordinator has answered it (once
+/// `giving_up` is cancelled, for a few more tries), then takes it out of the journal; one
+/// left unanswered stays there for the agent's next run.
+pub(crate) async fn report_outcome(
+    shared: &Shared,
+    outcome: &Outcome,
+    giving_up: &CancellationToken,
+) {
+    let (attempt, report) = (outcome.attempt, &outcome.report);
     // The slot frees on the coordinator only when it hears of the end, so keep trying.
     let mut backoff = Backoff::coordinator();
     loop {
-        match shared.client.finish(attempt, &report).await {
+        match shared.client.finish(attempt, report).await {
             Ok(resp) => {
                 tracing::info!(%attempt, failure = ?report.failure, job_state = %resp.job_state, "attempt reported");
                 break;
@@ -134,17 +163,24 @@ pub(crate) async fn run(
                 break;
             }
             Err(e) if e.is_transient() => {
-                if draining.is_cancelled() && backoff.tries() >= DRAINING_TRIES {
-                    tracing::warn!(%attempt, "giving up reporting the end: {e}");
-                    break;
+                if giving_up.is_cancelled() && backoff.tries() >= DRAINING_TRIES {
+                    tracing::warn!(%attempt, "giving up reporting the end (journalled for the next run): {e}");
+                    return;
                 }
                 tokio::time::sleep(backoff.next_delay()).await;
             }
+            // Refused for good: the same report would be refused again on the next run.
             Err(e) => {
                 tracing::error!(%attempt, "finish refused: {e}");
                 break;
             }
         }
+    }
+    let journal = shared.outcomes.clone();
+    match tokio::task::spawn_blocking(move || journal.remove(attempt)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(%attempt, "cannot clear the journalled outcome: {e}"),
+        Err(e) => tracing::warn!(%attempt, "outcome journal task failed: {e}"),
     }
 }
 

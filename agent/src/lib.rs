@@ -13,6 +13,7 @@ pub mod gpu;
 mod heartbeat;
 pub mod launcher;
 mod lease;
+pub mod outcomes;
 pub mod procscan;
 pub mod settings;
 pub mod supervisor;

@@ -157,6 +157,56 @@ pub fn check_fence(attempt: AttemptId, presented: i64, row: &FenceRow) -> Result
     Ok(())
 }
 
+/// How a finish report stands against its attempt.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Report {
+    /// The attempt's lease is current.
+    OnTime,
+    /// The attempt was recorded lost and its job not leased again since (the token is
+    /// still the job's): the report replaces the loss, the attempt recorded as it really
+    /// ended. `refunded`: the loss gave the attempt back (its start was never heard), which
+    /// the report takes back, since the attempt did run.
+    Late { refunded: bool },
+}
+
+/// What a finish report reads of its attempt.
+pub struct FinishRow {
+    pub fence: FenceRow,
+    pub failure: Option<FailureClass>,
+    pub started: bool,
+}
+
+/// A finish report is taken on time (`check_fence`), or late for an attempt recorded lost
+/// whose job no later lease moved on; anything else is stale.
+pub fn check_finish(attempt: AttemptId, presented: i64, row: &FinishRow) -> Result<Report> {
+    let f = &row.fence;
+    if f.phase == AttemptPhase::Ended
+        && row.failure == Some(FailureClass::Lost)
+        && f.attempt_fence == presented
+        && f.job_fence == presented
+    {
+        return Ok(Report::Late {
+            refunded: !row.started,
+        });
+    }
+    check_fence(attempt, presented, f).map(|()| Report::OnTime)
+}
+
+/// The job's event for a late report: what the finish rules decided, in place of the loss.
+pub fn late_event(event: JobEvent) -> JobEvent {
+    match event {
+        JobEvent::Succeed => JobEvent::LateEnd {
+            succeeded: true,
+            retry: false,
+        },
+        JobEvent::Fail { retry } => JobEvent::LateEnd {
+            succeeded: false,
+            retry,
+        },
+        other => other,
+    }
+}
+
 /// What a heartbeat reads of one attempt it presents.
 pub struct RenewalRow {
     pub fence: FenceRow,
@@ -541,6 +591,47 @@ mod tests {
                 Err(StoreError::StaleFence { .. })
             ));
         }
+    }
+
+    #[test]
+    fn late_reports_are_taken_for_lost_attempts_whose_job_was_not_leased_again() {
+        let a = AttemptId::new();
+        let row = |phase, jf, failure, started| FinishRow {
+            fence: FenceRow {
+                phase,
+                attempt_fence: 3,
+                job_fence: jf,
+            },
+            failure,
+            started,
+        };
+        let lost = Some(FailureClass::Lost);
+        let check = |r: &FinishRow, presented| check_finish(a, presented, r).ok();
+        assert_eq!(
+            check(&row(AttemptPhase::Running, 3, None, true), 3),
+            Some(Report::OnTime)
+        );
+        assert_eq!(
+            check(&row(AttemptPhase::Ended, 3, lost, true), 3),
+            Some(Report::Late { refunded: false })
+        );
+        assert_eq!(
+            check(&row(AttemptPhase::Ended, 3, lost, false), 3),
+            Some(Report::Late { refunded: true })
+        );
+        // Leased again, a wrong token, or an end already reported: stale.
+        assert_eq!(check(&row(AttemptPhase::Ended, 4, lost, true), 3), None);
+        assert_eq!(check(&row(AttemptPhase::Ended, 3, lost, true), 2), None);
+        assert_eq!(check(&row(AttemptPhase::Ended, 3, None, true), 3), None);
+        let oom = Some(FailureClass::Oom);
+        assert_eq!(check(&row(AttemptPhase::Ended, 3, oom, true), 3), None);
+        assert_eq!(
+            late_event(JobEvent::Fail { retry: true }),
+            JobEvent::LateEnd {
+                succeeded: false,
+                retry: true
+            }
+        );
     }
 
     #[test]

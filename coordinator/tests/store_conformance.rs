@@ -357,9 +357,6 @@ async fn reregistration_loses_old_attempts(s: Backend) {
     assert_eq!(state(&s, l.job).await, JobState::Retrying);
     let a = s.attempt(l.attempt).await.expect("attempt");
     assert_eq!(a.failure_class, Some(FailureClass::Lost));
-    // The old incarnation is gone: its reports are refused.
-    let old = s.finish_attempt(l.attempt, report(l.fence, None)).await;
-    assert!(matches!(old, Err(StoreError::StaleFence { .. })));
     let unknown = s
         .claim_jobs(ClaimInput {
             agent,
@@ -371,6 +368,9 @@ async fn reregistration_loses_old_attempts(s: Backend) {
         .await;
     assert!(matches!(unknown, Err(StoreError::UnknownAgent { .. })));
     assert_eq!(claim(&s, agent2, 1).await[0].job, l.job);
+    // The old incarnation's report comes after the job was leased again: refused.
+    let old = s.finish_attempt(l.attempt, report(l.fence, None)).await;
+    assert!(matches!(old, Err(StoreError::StaleFence { .. })));
 }
 
 async fn reregistration_resumes_current_attempts(s: Backend) {
@@ -887,6 +887,141 @@ async fn peak_sources_are_stored_and_device_deltas_teach(s: Backend) {
     );
 }
 
+/// One job of this policy leased with a lease that has already run out, started (unless
+/// `start` is false) and then expired: its attempt is recorded lost.
+async fn one_lost(s: &Backend, agent: AgentId, job: NewJob, start: bool) -> Lease {
+    submit(s, vec![job]).await;
+    let l = s
+        .claim_jobs(ClaimInput {
+            agent,
+            gpus: Some(free(1, 10_000)),
+            max: 1,
+            lease_ttl_ms: 0,
+            reserve_after_ms: u64::MAX,
+        })
+        .await
+        .expect("claim")
+        .leases
+        .remove(0);
+    if start {
+        s.start_attempt(l.attempt, l.fence, 1, 0)
+            .await
+            .expect("start");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert_eq!(s.expire_leases().await.expect("expire"), vec![l.attempt]);
+    l
+}
+
+/// The real end of an attempt recorded lost (its agent was away past the TTL) arrives
+/// later: taken as the attempt really ended while its job was not leased again (no second
+/// attempt), refused with a stale fence once it was, the new attempt unaffected.
+async fn late_outcomes_of_lost_attempts(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    // Lost by lease expiry, requeued, not leased again: the late success stands.
+    let l = one_lost(
+        &s,
+        agent,
+        job(0, Some(1000), vec![FailureClass::Lost], 3),
+        true,
+    )
+    .await;
+    assert_eq!(state(&s, l.job).await, JobState::Retrying);
+    let mut late = report(l.fence, None);
+    late.ended_at = Utc::now() - chrono::Duration::seconds(3);
+    late.log_tail = "the real tail".into();
+    let st = s
+        .finish_attempt(l.attempt, late.clone())
+        .await
+        .expect("a late outcome of a job not leased again is taken");
+    assert_eq!(st, JobState::Succeeded);
+    let d = s.job(l.job).await.expect("job");
+    assert_eq!(d.summary.state, JobState::Succeeded);
+    assert_eq!(d.summary.last_failure, None, "the loss is replaced");
+    assert_eq!(d.attempts_detail.len(), 1, "{:#?}", d.attempts_detail);
+    let a = &d.attempts_detail[0];
+    assert_eq!(
+        (a.failure_class, a.success, a.exit_code),
+        (None, Some(true), Some(0))
+    );
+    assert_eq!(
+        a.ended_at.map(|t| t.timestamp_millis()),
+        Some(late.ended_at.timestamp_millis()),
+        "recorded as it really ended"
+    );
+    assert_eq!(a.log_tail.as_deref(), Some("the real tail"));
+    assert!(claim(&s, agent, 1).await.is_empty(), "no second attempt");
+    let again = s.finish_attempt(l.attempt, late).await;
+    assert!(
+        matches!(again, Err(StoreError::StaleFence { .. })),
+        "taken once: {again:?}"
+    );
+
+    // Lost, then leased again: the late report is refused and changes nothing.
+    let l = one_lost(
+        &s,
+        agent,
+        job(1, Some(1000), vec![FailureClass::Lost], 3),
+        true,
+    )
+    .await;
+    let l2 = claim(&s, agent, 1).await.remove(0);
+    assert_eq!((l2.job, l2.number), (l.job, 2));
+    s.start_attempt(l2.attempt, l2.fence, 2, 0)
+        .await
+        .expect("start");
+    let refused = s.finish_attempt(l.attempt, report(l.fence, None)).await;
+    assert!(
+        matches!(refused, Err(StoreError::StaleFence { .. })),
+        "{refused:?}"
+    );
+    let d = s.job(l.job).await.expect("job");
+    assert_eq!(
+        d.summary.state,
+        JobState::Running,
+        "the new attempt is unaffected"
+    );
+    assert_eq!(d.attempts_detail[0].failure_class, Some(FailureClass::Lost));
+    assert_eq!(d.attempts_detail[1].ended_at, None);
+    assert_eq!(
+        s.finish_attempt(l2.attempt, report(l2.fence, None))
+            .await
+            .expect("the new attempt reports"),
+        JobState::Succeeded
+    );
+
+    // Lost with no retry left (the job failed): the late success still stands.
+    let l = one_lost(&s, agent, job(2, Some(1000), vec![], 1), true).await;
+    assert_eq!(state(&s, l.job).await, JobState::Failed);
+    assert_eq!(
+        s.finish_attempt(l.attempt, report(l.fence, None))
+            .await
+            .expect("late"),
+        JobState::Succeeded
+    );
+
+    // Lost before its start was heard (the loss gave the attempt back): a late failure
+    // counts the attempt again, as the policy says.
+    let l = one_lost(
+        &s,
+        agent,
+        job(3, Some(1000), vec![FailureClass::Nonzero], 1),
+        false,
+    )
+    .await;
+    assert_eq!(state(&s, l.job).await, JobState::Retrying);
+    assert_eq!(
+        s.finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Nonzero)))
+            .await
+            .expect("late"),
+        JobState::Failed,
+        "max_attempts 1: the attempt it ran was its one"
+    );
+    let d = s.job(l.job).await.expect("job");
+    assert_eq!(d.summary.last_failure, Some(FailureClass::Nonzero));
+    assert_eq!(d.attempts_detail.len(), 1);
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -925,6 +1060,7 @@ conformance!(sqlite, postgres: [
     oom_ladder_steps_get_their_own_estimate_and_repeat,
     pending_jobs_say_why,
     peak_sources_are_stored_and_device_deltas_teach,
+    late_outcomes_of_lost_attempts,
 ]);
 
 // ---- both backends side by side, and what only PostgreSQL does --------------------------

@@ -77,8 +77,21 @@ impl JobState {
             (S::Leased | S::Running, E::Succeed) => S::Succeeded,
             (S::Leased | S::Running, E::Fail { retry: true }) => S::Retrying,
             (S::Leased | S::Running, E::Fail { retry: false }) => S::Failed,
+            // The late end of an attempt recorded lost replaces the loss: the job, not leased
+            // again since, takes the outcome the attempt really had.
+            (
+                S::Retrying | S::Failed,
+                E::LateEnd {
+                    succeeded: true, ..
+                },
+            ) => S::Succeeded,
+            (S::Retrying | S::Failed, E::LateEnd { retry: true, .. }) => S::Retrying,
+            (S::Retrying | S::Failed, E::LateEnd { retry: false, .. }) => S::Failed,
             // The attempt of a cancelled job still reports its end; the job stays cancelled.
-            (S::Cancelled, E::Succeed | E::Fail { .. } | E::HandBack { .. }) => S::Cancelled,
+            (
+                S::Cancelled,
+                E::Succeed | E::Fail { .. } | E::HandBack { .. } | E::LateEnd { .. },
+            ) => S::Cancelled,
             (s, E::Cancel) if !s.is_terminal() => S::Cancelled,
             (S::Failed | S::Cancelled | S::Succeeded, E::Retry) => S::Retrying,
             (state, event) => return Err(TransitionError { state, event }),
@@ -100,6 +113,9 @@ pub enum JobEvent {
     Succeed,
     /// The attempt failed (or was lost); `retry` when the policy allows another attempt.
     Fail { retry: bool },
+    /// The end of an attempt already recorded lost arrived after all, and the job was not
+    /// leased again: it replaces the loss. `succeeded`, else `retry` as for `Fail`.
+    LateEnd { succeeded: bool, retry: bool },
     /// A user cancelled it.
     Cancel,
     /// A user asked for another attempt of an ended job.
@@ -221,6 +237,24 @@ mod tests {
             Ok(JobState::Cancelled)
         );
         assert_eq!(JobState::Failed.on(JobEvent::Retry), Ok(JobState::Retrying));
+    }
+
+    #[test]
+    fn a_late_end_replaces_the_loss_of_a_job_not_leased_again() {
+        let late = |succeeded, retry| JobEvent::LateEnd { succeeded, retry };
+        for s in [JobState::Retrying, JobState::Failed] {
+            assert_eq!(s.on(late(true, false)), Ok(JobState::Succeeded));
+            assert_eq!(s.on(late(false, true)), Ok(JobState::Retrying));
+            assert_eq!(s.on(late(false, false)), Ok(JobState::Failed));
+        }
+        assert_eq!(
+            JobState::Cancelled.on(late(true, false)),
+            Ok(JobState::Cancelled)
+        );
+        // Leased again, or ended by it already: no late end applies.
+        for s in [JobState::Leased, JobState::Running, JobState::Succeeded] {
+            assert!(s.on(late(true, false)).is_err());
+        }
     }
 
     #[test]

@@ -468,6 +468,54 @@ async fn check_fence(
     Ok((job, row.phase))
 }
 
+/// The fence check of a finish report, which may also be the late end of a lost attempt
+/// (`rules::check_finish`): locks the job and the attempt as `check_fence` does.
+async fn check_finish_fence(
+    tx: &Transaction<'_>,
+    attempt: AttemptId,
+    fence: i64,
+) -> Result<(String, rules::Report)> {
+    let id = attempt.to_string();
+    let not_found = || StoreError::not_found("attempt", id.clone());
+    let job = first(
+        tx,
+        "SELECT job_id FROM attempts WHERE id = $1",
+        &[&id],
+        |r| r.text(0),
+    )
+    .await?
+    .ok_or_else(not_found)?;
+    lock_job(tx, &job).await?;
+    let row = first(
+        tx,
+        "SELECT a.phase, a.fence, j.fence, a.failure_class, a.started_at IS NOT NULL \
+         FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1 FOR UPDATE OF a",
+        &[&id],
+        |r| {
+            Ok(rules::FinishRow {
+                fence: rows::fence_row(r)?,
+                failure: r.parsed_opt(3, "failure class")?,
+                started: r.flag(4)?,
+            })
+        },
+    )
+    .await?
+    .ok_or_else(not_found)?;
+    Ok((job, rules::check_finish(attempt, fence, &row)?))
+}
+
+/// Undoes what recording an attempt lost wrote to its job, before its late report applies.
+async fn undo_loss(tx: &Transaction<'_>, job: &str, refunded: bool) -> Result<()> {
+    exec(
+        tx,
+        "UPDATE jobs SET last_failure = NULL, pending_reason = NULL, \
+         max_attempts = max_attempts - $1 WHERE id = $2",
+        &[&i64::from(refunded), &job],
+    )
+    .await?;
+    Ok(())
+}
+
 async fn summaries(
     tx: &Transaction<'_>,
     filter: &str,
@@ -1237,7 +1285,10 @@ impl Store for PostgresStore {
         self.write(move |tx| {
             Box::pin(async move {
                 let node = lock_node_of_attempt(tx, attempt).await?;
-                let (job, _) = check_fence(tx, attempt, report.fence).await?;
+                let (job, standing) = check_finish_fence(tx, attempt, report.fence).await?;
+                if let rules::Report::Late { refunded } = standing {
+                    undo_loss(tx, &job, refunded).await?;
+                }
                 let id = attempt.to_string();
                 let ended_at = report.ended_at.timestamp_millis();
                 let (gpus, key, estimate) = first(
@@ -1267,7 +1318,10 @@ impl Store for PostgresStore {
                 if !report.gpus.is_empty() {
                     record_telemetry(tx, &node, &report.gpus).await?;
                 }
-                let f = rules::finish(&job_rules(tx, &job).await?, estimate, &report)?;
+                let mut f = rules::finish(&job_rules(tx, &job).await?, estimate, &report)?;
+                if standing != rules::Report::OnTime {
+                    f.event = rules::late_event(f.event);
+                }
                 if let Some(reason) = &f.quarantine {
                     for gpu in gpus {
                         exec(

@@ -292,6 +292,43 @@ fn check_fence(
     Ok((job, row.phase))
 }
 
+/// The fence check of a finish report, which may also be the late end of a lost attempt
+/// (`rules::check_finish`); returns the job and how the report stands.
+fn check_finish_fence(
+    tx: &Transaction<'_>,
+    attempt: AttemptId,
+    fence: i64,
+) -> Result<(String, rules::Report)> {
+    let row = first(
+        tx,
+        "SELECT a.phase, a.fence, j.fence, a.job_id, a.failure_class, \
+         a.started_at IS NOT NULL FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = ?1",
+        [attempt.to_string()],
+        |r| {
+            let row = rules::FinishRow {
+                fence: rows::fence_row(r)?,
+                failure: r.parsed_opt(4, "failure class")?,
+                started: r.flag(5)?,
+            };
+            Ok((row, r.text(3)?))
+        },
+    )?;
+    let Some((row, job)) = row else {
+        return Err(StoreError::not_found("attempt", attempt.to_string()));
+    };
+    Ok((job, rules::check_finish(attempt, fence, &row)?))
+}
+
+/// Undoes what recording an attempt lost wrote to its job, before its late report applies.
+fn undo_loss(tx: &Transaction<'_>, job: &str, refunded: bool) -> Result<()> {
+    tx.execute(
+        "UPDATE jobs SET last_failure = NULL, pending_reason = NULL, \
+         max_attempts = max_attempts - ?1 WHERE id = ?2",
+        params![i64::from(refunded), job],
+    )?;
+    Ok(())
+}
+
 fn summaries(
     conn: &Connection,
     filter: &str,
@@ -847,7 +884,10 @@ impl Store for SqliteStore {
 
     async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState> {
         self.write(move |tx, changed| {
-            let (job, _) = check_fence(tx, attempt, report.fence)?;
+            let (job, standing) = check_finish_fence(tx, attempt, report.fence)?;
+            if let rules::Report::Late { refunded } = standing {
+                undo_loss(tx, &job, refunded)?;
+            }
             let id = attempt.to_string();
             let (node, gpus, key, estimate) = first(
                 tx,
@@ -881,7 +921,10 @@ impl Store for SqliteStore {
             if !report.gpus.is_empty() {
                 record_telemetry(tx, &node, &report.gpus)?;
             }
-            let f = rules::finish(&job_rules(tx, &job)?, estimate, &report)?;
+            let mut f = rules::finish(&job_rules(tx, &job)?, estimate, &report)?;
+            if standing != rules::Report::OnTime {
+                f.event = rules::late_event(f.event);
+            }
             if let Some(reason) = &f.quarantine {
                 for gpu in gpus {
                     tx.execute(
