@@ -2,6 +2,7 @@
 //! directory with fake GPUs, talk to it over HTTP and through the CLI.
 
 pub mod records;
+pub mod standalone;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -471,6 +472,23 @@ impl Proc {
 
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `sig` and waits up to `timeout` for the exit, failing with the output if it
+    /// is still running.
+    pub fn stop_with(
+        &mut self,
+        sig: nix::sys::signal::Signal,
+        timeout: Duration,
+    ) -> std::process::ExitStatus {
+        if let Err(e) = self.signal(sig) {
+            panic!("sending {sig}: {e:#}\n{}", self.output());
+        }
+        match self.wait_exit(timeout) {
+            Ok(Some(status)) => status,
+            Ok(None) => panic!("{sig} did not stop it within {timeout:?}:\n{}", self.output()),
+            Err(e) => panic!("waiting for the exit: {e:#}\n{}", self.output()),
+        }
     }
 
     /// Waits up to `timeout` for the process to exit; `None` if it is still running.
