@@ -61,7 +61,7 @@ impl Coordinator {
     }
 
     pub fn nodes(&self) -> Result<Vec<NodeView>> {
-        http_get(&format!("{}/v1/nodes", self.url))
+        nodes_of(&self.url)
     }
 }
 
@@ -214,6 +214,11 @@ pub fn submit_json(url: &str, spec: &serde_json::Value) -> ExperimentId {
             .ok()?
             .experiment
     })
+}
+
+/// The nodes the coordinator at `url` knows.
+pub fn nodes_of(url: &str) -> Result<Vec<NodeView>> {
+    http_get(&format!("{url}/v1/nodes"))
 }
 
 /// The jobs of an experiment.
