@@ -674,6 +674,33 @@ pub fn http_post(url: &str, body: &serde_json::Value) -> Result<(u16, serde_json
     Ok(block_on(c.raw(Method::Post, path, Some(body)))??)
 }
 
+/// POST a text body by full URL; the status and the answer's text whatever the status.
+pub fn http_post_text(url: &str, body: &str) -> Result<(u16, String)> {
+    text_request(reqwest::Method::POST, url, Some(body.to_string()))
+}
+
+/// GET by full URL; the status and the answer's text whatever the status (for answers that
+/// are not JSON, such as a log).
+pub fn http_get_text(url: &str) -> Result<(u16, String)> {
+    text_request(reqwest::Method::GET, url, None)
+}
+
+fn text_request(method: reqwest::Method, url: &str, body: Option<String>) -> Result<(u16, String)> {
+    static HTTP: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let http = HTTP.get_or_init(reqwest::Client::new).clone();
+    let mut req = http
+        .request(method.clone(), url)
+        .timeout(Duration::from_secs(30));
+    if let Some(body) = body {
+        req = req.body(body);
+    }
+    block_on(async move {
+        let resp = req.send().await.with_context(|| format!("{method} {url}"))?;
+        let status = resp.status().as_u16();
+        Ok((status, resp.text().await?))
+    })?
+}
+
 /// Polls `f` until it returns `Some`, panicking after `timeout`.
 pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let end = Instant::now() + timeout;
