@@ -11,7 +11,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use headroom_shared::api::{JobDetail, JobSummary, NodeView, SubmitRequest, SubmitResponse};
+use headroom_shared::api::{
+    AttemptView, JobDetail, JobSummary, NodeView, SubmitRequest, SubmitResponse,
+};
 use headroom_shared::client::Client;
 use headroom_shared::routes::Method;
 use headroom_shared::{ExperimentId, JobId};
@@ -307,6 +309,48 @@ impl Headroom {
             .context("submit refused")
     }
 
+    /// Submits a JSON spec through the API, failing the test if it is refused or not stored.
+    pub fn submit_spec(&self, spec: serde_json::Value) -> ExperimentId {
+        self.submit_api(spec)
+            .expect("submit")
+            .experiment
+            .expect("stored")
+    }
+
+    /// The folder of the fake GPUs the local agent and its jobs share.
+    pub fn fake_gpu_dir(&self) -> PathBuf {
+        self.data_dir().join("fake-gpus")
+    }
+
+    /// A fake job started outside headroom on GPU 0 of a node of `gpus` (`1x24GiB`), with
+    /// `args` (`--mem 20GiB --seconds 600`): someone's notebook.
+    pub fn foreign_job(&self, gpus: &str, args: &[&str]) -> KillOnDrop {
+        KillOnDrop(
+            Command::new(fake_job())
+                .args(args)
+                .env("HEADROOM_FAKE_GPU_DIR", self.fake_gpu_dir())
+                .env("HEADROOM_FAKE_GPUS", gpus)
+                .env("CUDA_VISIBLE_DEVICES", "0")
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("foreign process"),
+        )
+    }
+
+    /// Waits up to 30 s for the local agent's node to be alive.
+    pub fn wait_agent(&self) {
+        self.wait_for("the agent", Duration::from_secs(30), || {
+            Ok(self.nodes()?.iter().any(|n| n.alive).then_some(()))
+        });
+    }
+
+    /// The first attempt of a job.
+    pub fn first_attempt(&self, id: JobId) -> AttemptView {
+        let mut d = self.job(id).expect("job");
+        assert!(!d.attempts_detail.is_empty(), "{id} has no attempt");
+        d.attempts_detail.swap_remove(0)
+    }
+
     pub fn jobs(&self, exp: ExperimentId) -> Result<Vec<JobSummary>> {
         self.api(|c| async move { c.jobs(Some(exp), None).await })
     }
@@ -486,7 +530,10 @@ impl Proc {
         }
         match self.wait_exit(timeout) {
             Ok(Some(status)) => status,
-            Ok(None) => panic!("{sig} did not stop it within {timeout:?}:\n{}", self.output()),
+            Ok(None) => panic!(
+                "{sig} did not stop it within {timeout:?}:\n{}",
+                self.output()
+            ),
             Err(e) => panic!("waiting for the exit: {e:#}\n{}", self.output()),
         }
     }
@@ -695,7 +742,10 @@ fn text_request(method: reqwest::Method, url: &str, body: Option<String>) -> Res
         req = req.body(body);
     }
     block_on(async move {
-        let resp = req.send().await.with_context(|| format!("{method} {url}"))?;
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("{method} {url}"))?;
         let status = resp.status().as_u16();
         Ok((status, resp.text().await?))
     })?
@@ -711,6 +761,22 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Optio
         assert!(Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A process of another owner (a `sleep`), alive until dropped: something a job can leave
+/// memory booked for, which cleanup cannot kill and so cannot verify gone.
+pub fn bystander() -> KillOnDrop {
+    KillOnDrop(Command::new("sleep").arg("600").spawn().expect("sleep"))
+}
+
+/// The command of a job that books 3 GiB on its GPU 0 for process `pid` as it exits (a
+/// leftover in the fake GPU folder the agent gives its jobs).
+pub fn books_for(pid: u32) -> serde_json::Value {
+    serde_json::json!([
+        "sh",
+        "-c",
+        format!("echo 0:3072 > \"$HEADROOM_FAKE_GPU_DIR/{pid}\"")
+    ])
 }
 
 /// A child process killed when the test lets go of it, passing or failing.

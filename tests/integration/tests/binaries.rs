@@ -59,8 +59,8 @@ fn up_and_agent_exit_zero_on_sigterm() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let coord = Coordinator::start(dir.path(), &[]).expect("coordinator");
-    let mut agent = Agent::start(&coord.url, dir.path(), AgentOptions::node("sig-node"))
-        .expect("agent");
+    let mut agent =
+        Agent::start(&coord.url, dir.path(), AgentOptions::node("sig-node")).expect("agent");
     agent.wait_registered(&coord.url);
     let status = agent.stop_with(Signal::SIGTERM, Duration::from_secs(20));
     assert_eq!(status.code(), Some(0), "{}", agent.output());

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use headroom_integration_tests::{Headroom, KillOnDrop, UpOptions, alive, fake_job};
+use headroom_integration_tests::{
+    Headroom, KillOnDrop, UpOptions, alive, books_for, bystander, fake_job,
+};
 use headroom_shared::JobState;
 
 #[test]
@@ -61,36 +63,20 @@ fn an_unverified_cleanup_quarantines_the_gpu_until_released() {
         ..Default::default()
     })
     .expect("headroom up");
-    let fake_dir = h.data_dir().join("fake-gpus");
     let leak = |name: &str| -> KillOnDrop {
         // A process of someone else, on which the job books 3 GiB as it exits.
-        let holder = KillOnDrop(
-            std::process::Command::new("sleep")
-                .arg("600")
-                .spawn()
-                .expect("sleep"),
-        );
-        let script = format!("echo 0:3072 > {}/{}", fake_dir.display(), holder.0.id());
-        let exp = h
-            .submit_api(
-                serde_json::json!({"name": name, "command": ["sh", "-c", script],
-                "resources": {"memory": "1GiB"}}),
-            )
-            .expect("submit")
-            .experiment
-            .expect("stored");
+        let holder = bystander();
+        let exp = h.submit_spec(serde_json::json!({"name": name,
+            "command": books_for(holder.0.id()), "resources": {"memory": "1GiB"}}));
         let jobs = h.wait_done(exp, Duration::from_secs(30));
-        let a = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+        let a = &h.first_attempt(jobs[0].id);
         assert_eq!(a.cleanup_verified, Some(false));
         holder
     };
     let queued_behind = |name: &str| {
-        h.submit_api(
+        h.submit_spec(
             serde_json::json!({"name": name, "command": ["true"], "resources": {"memory": "1GiB"}}),
         )
-        .expect("submit")
-        .experiment
-        .expect("stored")
     };
 
     // 1. Quarantine lifts by itself once the leftover is gone.

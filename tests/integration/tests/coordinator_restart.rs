@@ -15,11 +15,14 @@ use headroom_shared::api::JobSummary;
 #[test]
 fn jobs_survive_a_coordinator_crash() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut coord =
-        Coordinator::start(dir.path(), &["--lease-ttl", "20s"]).expect("coordinator");
+    let mut coord = Coordinator::start(dir.path(), &["--lease-ttl", "20s"]).expect("coordinator");
     let url = coord.url.clone();
-    let _agent = Agent::start(&url, dir.path(), AgentOptions::node("gpu-1").kill_grace("1s"))
-        .expect("agent");
+    let _agent = Agent::start(
+        &url,
+        dir.path(),
+        AgentOptions::node("gpu-1").kill_grace("1s"),
+    )
+    .expect("agent");
 
     let record = dir.path().join("timeline.jsonl");
     let deaths = DeathWatch::start(record.clone());

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use headroom_integration_tests::standalone::{
     Agent, AgentOptions, Coordinator, job_of, running_pid, submit_json,
 };
-use headroom_integration_tests::{alive, fake_job, wait_until as wait};
+use headroom_integration_tests::{alive, bystander, fake_job, wait_until as wait};
 use headroom_shared::{FailureClass, JobState};
 use nix::sys::signal::Signal;
 
@@ -16,8 +16,12 @@ fn drains_on(signal: Signal) {
     // Long: a report left to lease expiry would show.
     let coord = Coordinator::start(dir.path(), &["--lease-ttl", "60s"]).expect("coordinator");
     let url = &coord.url;
-    let mut agent = Agent::start(url, dir.path(), AgentOptions::node("gpu-1").kill_grace("1s"))
-        .expect("agent");
+    let mut agent = Agent::start(
+        url,
+        dir.path(),
+        AgentOptions::node("gpu-1").kill_grace("1s"),
+    )
+    .expect("agent");
     // Ignores SIGTERM: the cleanup must go through the grace period to SIGKILL.
     let exp = submit_json(
         url,
@@ -79,12 +83,7 @@ fn a_drain_longer_than_the_ttl_keeps_its_lease_and_reports_the_quarantine() {
     )
     .expect("agent");
     // A process of another owner on which the job books 3 GiB: cleanup cannot verify the GPU.
-    let holder = headroom_integration_tests::KillOnDrop(
-        std::process::Command::new("sleep")
-            .arg("600")
-            .spawn()
-            .expect("sleep"),
-    );
+    let holder = bystander();
     let script = format!(
         "echo 0:3072 > \"$HEADROOM_FAKE_GPU_DIR/{}\" && exec {} --seconds 600",
         holder.0.id(),

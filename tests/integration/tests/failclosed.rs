@@ -13,14 +13,11 @@ use headroom_integration_tests::{
 use headroom_shared::{ExperimentId, JobState};
 
 fn fake_dir(h: &Headroom) -> PathBuf {
-    h.data_dir().join("fake-gpus")
+    h.fake_gpu_dir()
 }
 
 fn submit(h: &Headroom, spec: serde_json::Value) -> ExperimentId {
-    h.submit_api(spec)
-        .expect("submit")
-        .experiment
-        .expect("stored")
+    h.submit_spec(spec)
 }
 
 #[test]
@@ -86,7 +83,7 @@ fn a_process_list_that_fails_quarantines_the_gpu_with_the_error() {
             "resources": {"memory": "1GiB"}}),
     );
     let jobs = h.wait_done(exp, Duration::from_secs(30));
-    let attempt = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+    let attempt = &h.first_attempt(jobs[0].id);
     assert_eq!(
         attempt.cleanup_verified,
         Some(false),

@@ -15,9 +15,7 @@ fn a_job_larger_than_every_gpu_says_so_everywhere() {
     })
     .expect("headroom up");
     // The agent must have registered for the submit check to know the GPUs.
-    h.wait_for("the local agent", Duration::from_secs(30), || {
-        Ok(h.nodes()?.iter().any(|n| n.alive).then_some(()))
-    });
+    h.wait_agent();
     let spec = h.path("huge.yaml");
     std::fs::write(
         &spec,

@@ -11,7 +11,7 @@ use headroom_integration_tests::standalone::{
     Agent, AgentOptions, Coordinator, job_of, running_pid, submit_json,
 };
 use headroom_integration_tests::{
-    Headroom, KillOnDrop, UpOptions, alive, fake_job, wait_until as wait,
+    Headroom, UpOptions, alive, books_for, bystander, fake_job, wait_until as wait,
 };
 use headroom_shared::{FailureClass, JobState};
 
@@ -103,27 +103,11 @@ fn a_quarantine_left_by_a_killed_agent_lifts_by_itself_after_its_restart() {
     .expect("headroom up");
     // A process of another owner on which the job books 3 GiB as it exits: cleanup cannot
     // verify the GPU, which is quarantined until that process is gone.
-    let holder = KillOnDrop(
-        std::process::Command::new("sleep")
-            .arg("600")
-            .spawn()
-            .expect("sleep"),
-    );
-    let script = format!(
-        "echo 0:3072 > {}/{}",
-        h.data_dir().join("fake-gpus").display(),
-        holder.0.id()
-    );
-    let exp = h
-        .submit_api(
-            serde_json::json!({"name": "leak", "command": ["sh", "-c", script],
-            "resources": {"memory": "1GiB"}}),
-        )
-        .expect("submit")
-        .experiment
-        .expect("stored");
+    let holder = bystander();
+    let exp = h.submit_spec(serde_json::json!({"name": "leak",
+        "command": books_for(holder.0.id()), "resources": {"memory": "1GiB"}}));
     let jobs = h.wait_done(exp, Duration::from_secs(30));
-    let a = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+    let a = &h.first_attempt(jobs[0].id);
     assert_eq!(a.cleanup_verified, Some(false));
     assert!(!h.nodes().expect("nodes")[0].gpus[0].quarantine.is_empty());
 
@@ -141,12 +125,8 @@ fn a_quarantine_left_by_a_killed_agent_lifts_by_itself_after_its_restart() {
                 .map(|_| ()))
         },
     );
-    let after = h
-        .submit_api(serde_json::json!({"name": "after", "command": ["true"],
-            "resources": {"memory": "1GiB"}}))
-        .expect("submit")
-        .experiment
-        .expect("stored");
+    let after = h.submit_spec(serde_json::json!({"name": "after", "command": ["true"],
+            "resources": {"memory": "1GiB"}}));
     let jobs = h.wait_done(after, Duration::from_secs(30));
     assert_eq!(jobs[0].state, JobState::Succeeded);
 }
