@@ -114,6 +114,37 @@ impl Default for UpOptions {
     }
 }
 
+impl UpOptions {
+    /// The defaults with fake GPUs `gpus` (`2x24GiB`).
+    pub fn gpus(gpus: &str) -> Self {
+        Self {
+            fake_gpus: gpus.into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn plan(mut self, plan: &str) -> Self {
+        self.plan = Some(plan.into());
+        self
+    }
+
+    pub fn kill_grace(mut self, grace: &str) -> Self {
+        self.kill_grace = grace.into();
+        self
+    }
+
+    pub fn lease_ttl(mut self, ttl: &str) -> Self {
+        self.lease_ttl = ttl.into();
+        self
+    }
+
+    /// More flags (`--verify-timeout 1s`).
+    pub fn flags(mut self, flags: &[&str]) -> Self {
+        self.extra.extend(flags.iter().map(|f| f.to_string()));
+        self
+    }
+}
+
 /// A running `headroom up` on its own data directory.
 pub struct Headroom {
     child: Option<Child>,
@@ -133,6 +164,11 @@ impl Headroom {
         };
         h.spawn()?;
         Ok(h)
+    }
+
+    /// `start`, failing the test if it does not come up.
+    pub fn up(opts: UpOptions) -> Self {
+        Self::start(opts).unwrap_or_else(|e| panic!("headroom up: {e:#}"))
     }
 
     pub fn data_dir(&self) -> PathBuf {

@@ -53,7 +53,7 @@ fn coordinator_drains_and_exits_zero_on_sigterm_and_sigint() {
 /// `headroom up` and `headroom-agent` stop on SIGTERM as on SIGINT, with exit 0.
 #[test]
 fn up_and_agent_exit_zero_on_sigterm() {
-    let mut h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let mut h = Headroom::up(UpOptions::default());
     let status = h.stop().expect("stop");
     assert_eq!(status.code(), Some(0), "{}", h.server_log());
 
@@ -177,7 +177,7 @@ fn unknown_config_keys_are_refused_by_name() {
 /// to be stored, and every attempt then failed with `launch_error`).
 #[test]
 fn nul_bytes_are_refused_at_submit() {
-    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let h = Headroom::up(UpOptions::default());
     let cases = [
         (
             serde_json::json!({"name": "nul", "command": ["echo", "a\u{0}b"]}),

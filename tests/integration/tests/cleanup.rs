@@ -10,12 +10,7 @@ use headroom_shared::JobState;
 
 #[test]
 fn orphan_that_left_the_session_is_killed_and_its_memory_freed() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        kill_grace: "500ms".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").kill_grace("500ms"));
     let pid_file = h.path("orphan.pid");
     // The job holds 1 GiB, spawns a grandchild in a new session that holds 4 GiB for ten
     // minutes and ignores SIGTERM, then exits 0 after a second.
@@ -54,15 +49,13 @@ fn orphan_that_left_the_session_is_killed_and_its_memory_freed() {
 /// releases the GPU.
 #[test]
 fn an_unverified_cleanup_quarantines_the_gpu_until_released() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        plan: Some("2".into()),
-        kill_grace: "300ms".into(),
-        lease_ttl: "3s".into(),
-        extra: vec!["--verify-timeout".into(), "1s".into()],
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .plan("2")
+            .kill_grace("300ms")
+            .lease_ttl("3s")
+            .flags(&["--verify-timeout", "1s"]),
+    );
     let leak = |name: &str| -> KillOnDrop {
         // A process of someone else, on which the job books 3 GiB as it exits.
         let holder = bystander();

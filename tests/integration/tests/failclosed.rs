@@ -22,12 +22,7 @@ fn submit(h: &Headroom, spec: serde_json::Value) -> ExperimentId {
 
 #[test]
 fn a_gpu_whose_memory_cannot_be_read_gets_no_work_until_it_reads_again() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        lease_ttl: "3s".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").lease_ttl("3s"));
     let fault = fake_dir(&h).join("gpu0.fail-memory");
     std::fs::write(&fault, "GPU is lost").expect("inject");
     let exp = submit(
@@ -67,14 +62,12 @@ fn a_gpu_whose_memory_cannot_be_read_gets_no_work_until_it_reads_again() {
 
 #[test]
 fn a_process_list_that_fails_quarantines_the_gpu_with_the_error() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        kill_grace: "300ms".into(),
-        lease_ttl: "3s".into(),
-        extra: vec!["--verify-timeout".into(), "1s".into()],
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .kill_grace("300ms")
+            .lease_ttl("3s")
+            .flags(&["--verify-timeout", "1s"]),
+    );
     // The job breaks its GPU's process list as it ends (the driver lost the GPU).
     let exp = submit(
         &h,
@@ -139,18 +132,12 @@ fn memory_the_driver_cannot_tell_per_process_is_learnt_from_the_device() {
 
 #[test]
 fn an_agent_that_cannot_map_pids_neither_verifies_nor_kills() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        kill_grace: "300ms".into(),
-        lease_ttl: "3s".into(),
-        extra: vec![
-            "--verify-timeout".into(),
-            "1s".into(),
-            "--kill-foreign".into(),
-        ],
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .kill_grace("300ms")
+            .lease_ttl("3s")
+            .flags(&["--verify-timeout", "1s", "--kill-foreign"]),
+    );
     let dir = fake_dir(&h);
     std::fs::write(dir.join("pid-namespace"), "isolated").expect("isolated");
     // Someone's process holding memory: its pid means nothing to an isolated agent.
@@ -194,7 +181,7 @@ fn an_agent_that_cannot_map_pids_neither_verifies_nor_kills() {
 
 #[test]
 fn every_start_names_its_gpu_backend() {
-    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let h = Headroom::up(UpOptions::default());
     let log = h.server_log();
     assert!(
         log.contains("headroom: --gpu-backend fake: 2 fake GPUs of 24 GiB"),

@@ -7,13 +7,7 @@ use headroom_integration_tests::{Headroom, UpOptions, fake_job};
 use headroom_shared::{FailureClass, JobState};
 
 fn up() -> Headroom {
-    Headroom::start(UpOptions {
-        fake_gpus: "2x24GiB".into(),
-        plan: Some("2,2".into()),
-        kill_grace: "500ms".into(),
-        ..Default::default()
-    })
-    .expect("headroom up")
+    Headroom::up(UpOptions::gpus("2x24GiB").plan("2,2").kill_grace("500ms"))
 }
 
 #[test]

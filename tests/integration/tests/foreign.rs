@@ -8,13 +8,7 @@ use headroom_shared::JobState;
 
 #[test]
 fn foreign_memory_blocks_admission_is_reported_and_left_alone() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        plan: Some("4".into()),
-        lease_ttl: "3s".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").plan("4").lease_ttl("3s"));
     // Someone's notebook: 20 GiB on GPU 0, outside headroom.
     let mut foreign = notebook(&h);
     let pid = foreign.0.id();
@@ -63,13 +57,11 @@ fn foreign_memory_blocks_admission_is_reported_and_left_alone() {
 
 #[test]
 fn a_node_configured_to_kill_foreign_processes_frees_its_gpus() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        lease_ttl: "3s".into(),
-        extra: vec!["--kill-foreign".into()],
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .lease_ttl("3s")
+            .flags(&["--kill-foreign"]),
+    );
     let mut foreign = notebook(&h);
     let pid = foreign.0.id();
     h.wait_for(
@@ -101,14 +93,12 @@ fn notebook(h: &Headroom) -> KillOnDrop {
 /// a lasting one dies.
 #[test]
 fn kill_foreign_spares_a_process_seen_once_and_kills_one_seen_twice() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        // Heartbeats every 2 s (a third of the TTL).
-        lease_ttl: "6s".into(),
-        extra: vec!["--kill-foreign".into()],
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            // Heartbeats every 2 s (a third of the TTL).
+            .lease_ttl("6s")
+            .flags(&["--kill-foreign"]),
+    );
     h.wait_agent();
     // Back to back, so that every heartbeat of these 8 s sees one of them.
     let mut seen = std::collections::HashSet::new();
@@ -155,13 +145,11 @@ fn kill_foreign_spares_a_process_seen_once_and_kills_one_seen_twice() {
 /// GPU, and the coordinator avoids the handed-back GPU for a while even once it is free.
 #[test]
 fn a_lease_that_no_longer_fits_at_launch_is_handed_back_and_its_gpu_avoided() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "2x24GiB".into(),
-        // Heartbeats every 20 s: the coordinator's figures come from the claim.
-        lease_ttl: "60s".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(
+        UpOptions::gpus("2x24GiB")
+            // Heartbeats every 20 s: the coordinator's figures come from the claim.
+            .lease_ttl("60s"),
+    );
     h.wait_agent();
     // The idle agent's claim is waiting, with the free memory it read before this.
     std::thread::sleep(Duration::from_millis(500));

@@ -7,12 +7,7 @@ use headroom_shared::{FailureClass, JobState};
 
 #[test]
 fn a_second_wave_packs_by_what_the_first_wave_used() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "2x24GiB".into(),
-        plan: Some("2,2".into()),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("2x24GiB").plan("2,2"));
     let record = h.path("timeline.jsonl");
     let spec = |runs: u32| {
         format!(
@@ -69,7 +64,7 @@ fn a_second_wave_packs_by_what_the_first_wave_used() {
 
 #[test]
 fn the_oom_ladder_halves_the_batch_until_it_fits() {
-    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let h = Headroom::up(UpOptions::default());
     let spec = format!(
         r#"
 name: ladder
@@ -147,12 +142,7 @@ oom_ladder:
 /// either key parameter does not.
 #[test]
 fn the_memory_key_composes_every_named_parameter_and_only_those() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "2x24GiB".into(),
-        plan: Some("2,2".into()),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("2x24GiB").plan("2,2"));
     let spec = |models: &str, batches: &str, lr: &str| {
         format!(
             r#"{{"name": "keyed", "command": ["{job}", "--mem", "5GiB", "--seconds", "0.3",

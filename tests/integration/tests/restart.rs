@@ -8,12 +8,7 @@ use headroom_shared::{FailureClass, JobState};
 
 #[test]
 fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
-    let mut h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        plan: Some("2".into()),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let mut h = Headroom::up(UpOptions::gpus("1x24GiB").plan("2"));
     let job = fake_job();
     let flag = h.path("second-life");
     // Runs for a long time in its first life, briefly once the flag file exists.
@@ -87,11 +82,7 @@ fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
 /// the restarted agent kills the orphan (it carries the attempt's marker) before new work.
 #[test]
 fn restarted_agent_kills_orphans_of_its_former_attempts() {
-    let mut h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let mut h = Headroom::up(UpOptions::gpus("1x24GiB"));
     let pid_file = h.path("orphan.pid");
     let spec = serde_json::json!({"name": "orphaner", "command": [
         fake_job().display().to_string(), "--seconds", "600", "--orphan-mem", "2GiB",
@@ -124,7 +115,7 @@ fn restarted_agent_kills_orphans_of_its_former_attempts() {
 
 #[test]
 fn a_second_headroom_up_on_the_same_data_dir_is_refused() {
-    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let h = Headroom::up(UpOptions::default());
     let out = std::process::Command::new(headroom_integration_tests::binary("headroom"))
         .args([
             "up",
@@ -155,13 +146,11 @@ fn a_second_headroom_up_on_the_same_data_dir_is_refused() {
 /// keeps it: the job runs on, once, to success.
 #[test]
 fn an_agent_registering_again_resumes_its_running_attempt() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        // Heartbeats every 2 s: the agent hears it was forgotten well before its job ends.
-        lease_ttl: "6s".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            // Heartbeats every 2 s: the agent hears it was forgotten well before its job ends.
+            .lease_ttl("6s"),
+    );
     let record = h.path("timeline.jsonl");
     let deaths = headroom_integration_tests::records::DeathWatch::start(record.clone());
     let exp = h.submit_spec(serde_json::json!({"name": "resumed",

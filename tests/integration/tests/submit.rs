@@ -7,7 +7,7 @@ use headroom_integration_tests::{Headroom, UpOptions};
 use headroom_shared::JobState;
 
 fn up() -> Headroom {
-    Headroom::start(UpOptions::default()).expect("headroom up")
+    Headroom::up(UpOptions::default())
 }
 
 #[test]

@@ -58,11 +58,7 @@ fn job_with_grandchild(h: &Headroom) -> (u32, u32, u32) {
 
 #[test]
 fn a_job_leads_a_session_and_process_group_of_its_own() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
     let (job, _, agent) = job_with_grandchild(&h);
     let stat = std::fs::read_to_string(h.path("job.stat")).expect("stat");
     let (_, job_pgid, job_sid) = ids_of(&stat).expect("job ids");
@@ -81,11 +77,7 @@ fn a_job_leads_a_session_and_process_group_of_its_own() {
 
 #[test]
 fn a_double_forked_grandchild_reparents_to_the_agent_not_to_init() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
     let (job, grandchild, agent) = job_with_grandchild(&h);
     // Its parent (a subshell of the job) exits at once; until then the parent is not yet
     // the final one.
@@ -107,11 +99,7 @@ fn a_double_forked_grandchild_reparents_to_the_agent_not_to_init() {
 
 #[test]
 fn a_foreign_process_during_the_run_flags_the_attempt_contaminated() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
     let pid_file = h.path("job.pid");
     let spec = |name: &str, pid: &std::path::Path| {
         serde_json::json!({"name": name,

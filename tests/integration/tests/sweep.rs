@@ -93,14 +93,12 @@ fn an_agent_down_longer_than_the_ttl_kills_its_orphans_before_taking_work() {
 
 #[test]
 fn a_quarantine_left_by_a_killed_agent_lifts_by_itself_after_its_restart() {
-    let mut h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        kill_grace: "300ms".into(),
-        lease_ttl: "3s".into(),
-        extra: vec!["--verify-timeout".into(), "1s".into()],
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let mut h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .kill_grace("300ms")
+            .lease_ttl("3s")
+            .flags(&["--verify-timeout", "1s"]),
+    );
     // A process of another owner on which the job books 3 GiB as it exits: cleanup cannot
     // verify the GPU, which is quarantined until that process is gone.
     let holder = bystander();
