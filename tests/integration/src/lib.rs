@@ -85,6 +85,19 @@ pub fn binary(name: &str) -> PathBuf {
     }
 }
 
+/// Runs a binary of this workspace to its end with stdin closed: its exit status and stderr.
+pub fn run_binary(name: &str, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let out = Command::new(binary(name))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {name}: {e}"));
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 pub fn fake_job() -> PathBuf {
     binary("headroom-fake-job")
 }
@@ -235,11 +248,7 @@ impl Headroom {
 
     /// `kill -9` the whole `headroom up` process.
     pub fn kill9(&mut self) -> Result<()> {
-        if let Some(mut c) = self.child.take() {
-            c.kill()?;
-            c.wait()?;
-        }
-        Ok(())
+        kill_and_reap(&mut self.child)
     }
 
     /// SIGTERM and wait for a clean exit.
@@ -455,6 +464,15 @@ impl Drop for Headroom {
     }
 }
 
+/// `kill -9` a child we hold, if any, and reap it.
+fn kill_and_reap(child: &mut Option<Child>) -> Result<()> {
+    if let Some(mut c) = child.take() {
+        c.kill()?;
+        c.wait()?;
+    }
+    Ok(())
+}
+
 /// Whether a process is alive (zombies count as dead).
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -537,11 +555,7 @@ impl Proc {
     }
 
     pub fn kill9(&mut self) -> Result<()> {
-        if let Some(mut c) = self.child.take() {
-            c.kill()?;
-            c.wait()?;
-        }
-        Ok(())
+        kill_and_reap(&mut self.child)
     }
 
     pub fn signal(&self, sig: nix::sys::signal::Signal) -> Result<()> {

@@ -66,6 +66,17 @@ fn up_and_agent_exit_zero_on_sigterm() {
     assert_eq!(status.code(), Some(0), "{}", agent.output());
 }
 
+/// Writes `toml` to `file` and starts `bin --config FILE`.
+fn with_config(bin: &str, file: &std::path::Path, toml: &str, log: std::path::PathBuf) -> Proc {
+    std::fs::write(file, toml).expect("write");
+    Proc::start(
+        bin,
+        &["--config".to_string(), file.display().to_string()],
+        log,
+    )
+    .expect(bin)
+}
+
 /// `--config FILE` works for the coordinator and the agent as for `headroom up`: the file
 /// fills what flags and variables leave, and an unknown key is refused by name.
 #[test]
@@ -73,41 +84,31 @@ fn config_files_are_honoured_by_coordinator_and_agent() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port().expect("port");
     let coord_toml = dir.path().join("coordinator.toml");
-    std::fs::write(
+    let coord = with_config(
+        "headroom-coordinator",
         &coord_toml,
-        format!(
+        &format!(
             "listen = \"127.0.0.1:{port}\"\ndata-dir = \"{}\"\nlease_ttl = \"7s\"\n",
             dir.path().join("coord").display()
         ),
-    )
-    .expect("write");
-    let coord = Proc::start(
-        "headroom-coordinator",
-        &["--config".to_string(), coord_toml.display().to_string()],
         dir.path().join("coord.log"),
-    )
-    .expect("coordinator");
+    );
     let url = format!("http://127.0.0.1:{port}");
     wait_healthy(&url);
     assert!(coord.output().contains(&url), "{}", coord.output());
     assert!(dir.path().join("coord").join("headroom.db").exists());
 
     let agent_toml = dir.path().join("agent.toml");
-    std::fs::write(
+    let agent = with_config(
+        "headroom-agent",
         &agent_toml,
-        format!(
+        &format!(
             "coordinator = \"{url}\"\nnode = \"from-file\"\ngpu_backend = \"fake\"\n\
              fake-gpus = \"3x12GiB\"\nplan = \"2,1,1\"\ndata_dir = \"{}\"\n",
             dir.path().join("agent").display()
         ),
-    )
-    .expect("write");
-    let agent = Proc::start(
-        "headroom-agent",
-        &["--config".to_string(), agent_toml.display().to_string()],
         dir.path().join("agent.log"),
-    )
-    .expect("agent");
+    );
     wait_registered(&url, "from-file", &agent);
     let nodes = nodes_of(&url).expect("nodes");
     let node = nodes.iter().find(|n| n.name == "from-file").expect("node");

@@ -9,7 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use headroom_integration_tests::standalone::{
     Agent, AgentOptions, Coordinator, job_of, submit_json,
 };
-use headroom_integration_tests::{DroppingLink, alive, fake_job, read_records, wait_until as wait};
+use headroom_integration_tests::{
+    DroppingLink, alive, fake_job, read_records, run_binary, wait_until as wait,
+};
 use headroom_shared::FailureClass;
 
 fn now_ms() -> i64 {
@@ -113,15 +115,24 @@ fn a_black_holed_agent_stops_its_attempt_before_the_lease_is_given_away() {
 #[test]
 fn a_kill_grace_that_does_not_fit_the_lease_ttl_is_refused_at_start() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = std::process::Command::new(headroom_integration_tests::binary("headroom"))
-        .args(["up", "--listen", "127.0.0.1:0", "--gpu-backend", "fake"])
-        .args(["--kill-grace", "10s", "--lease-ttl", "10s", "--data-dir"])
-        .arg(dir.path().join("up"))
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("headroom up");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let up_dir = dir.path().join("up").display().to_string();
+    let (status, err) = run_binary(
+        "headroom",
+        &[
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--gpu-backend",
+            "fake",
+            "--kill-grace",
+            "10s",
+            "--lease-ttl",
+            "10s",
+            "--data-dir",
+            &up_dir,
+        ],
+    );
+    assert!(!status.success(), "{err}");
     assert!(
         err.contains("--kill-grace 10s") && err.contains("--lease-ttl 10s"),
         "{err}"
@@ -129,22 +140,21 @@ fn a_kill_grace_that_does_not_fit_the_lease_ttl_is_refused_at_start() {
 
     let coord = Coordinator::start(dir.path(), &["--lease-ttl", "10s"]).expect("coordinator");
     let url = &coord.url;
-    let out = std::process::Command::new(headroom_integration_tests::binary("headroom-agent"))
-        .args([
+    let agent_dir = dir.path().join("agent").display().to_string();
+    let (status, err) = run_binary(
+        "headroom-agent",
+        &[
             "--coordinator",
             url,
             "--gpu-backend",
             "fake",
             "--kill-grace",
             "10s",
-        ])
-        .arg("--data-dir")
-        .arg(dir.path().join("agent"))
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("headroom-agent");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+            "--data-dir",
+            &agent_dir,
+        ],
+    );
+    assert!(!status.success(), "{err}");
     assert!(
         err.contains("--kill-grace 10s") && err.contains("--lease-ttl 10s"),
         "{err}"
