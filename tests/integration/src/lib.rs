@@ -1,5 +1,7 @@
 //! Test support for end-to-end tests: start the real `headroom` binary on a temporary data
-//! directory with fake GPUs, talk to it over HTTP and through the CLI.
+//! directory with fake GPUs, talk to it over HTTP and through the CLI. The one place tests
+//! share their setup: `standalone` starts a coordinator and agents as separate binaries,
+//! `records` reads what fake jobs recorded.
 
 pub mod records;
 pub mod standalone;
