@@ -1,7 +1,10 @@
 //! Test support for end-to-end tests: start the real `headroom` binary on a temporary data
-//! directory with fake GPUs, talk to it over HTTP and through the CLI.
+//! directory with fake GPUs, talk to it over HTTP and through the CLI. The one place tests
+//! share their setup: `standalone` starts a coordinator and agents as separate binaries,
+//! `records` reads what fake jobs recorded.
 
 pub mod records;
+pub mod standalone;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -10,7 +13,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use headroom_shared::api::{JobDetail, JobSummary, NodeView, SubmitRequest, SubmitResponse};
+use headroom_shared::api::{
+    AttemptView, JobDetail, JobSummary, NodeView, SubmitRequest, SubmitResponse,
+};
 use headroom_shared::client::Client;
 use headroom_shared::routes::Method;
 use headroom_shared::{ExperimentId, JobId};
@@ -82,6 +87,19 @@ pub fn binary(name: &str) -> PathBuf {
     }
 }
 
+/// Runs a binary of this workspace to its end with stdin closed: its exit status and stderr.
+pub fn run_binary(name: &str, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let out = Command::new(binary(name))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {name}: {e}"));
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 pub fn fake_job() -> PathBuf {
     binary("headroom-fake-job")
 }
@@ -111,6 +129,37 @@ impl Default for UpOptions {
     }
 }
 
+impl UpOptions {
+    /// The defaults with fake GPUs `gpus` (`2x24GiB`).
+    pub fn gpus(gpus: &str) -> Self {
+        Self {
+            fake_gpus: gpus.into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn plan(mut self, plan: &str) -> Self {
+        self.plan = Some(plan.into());
+        self
+    }
+
+    pub fn kill_grace(mut self, grace: &str) -> Self {
+        self.kill_grace = grace.into();
+        self
+    }
+
+    pub fn lease_ttl(mut self, ttl: &str) -> Self {
+        self.lease_ttl = ttl.into();
+        self
+    }
+
+    /// More flags (`--verify-timeout 1s`).
+    pub fn flags(mut self, flags: &[&str]) -> Self {
+        self.extra.extend(flags.iter().map(|f| f.to_string()));
+        self
+    }
+}
+
 /// A running `headroom up` on its own data directory.
 pub struct Headroom {
     child: Option<Child>,
@@ -130,6 +179,11 @@ impl Headroom {
         };
         h.spawn()?;
         Ok(h)
+    }
+
+    /// `start`, failing the test if it does not come up.
+    pub fn up(opts: UpOptions) -> Self {
+        Self::start(opts).unwrap_or_else(|e| panic!("headroom up: {e:#}"))
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -196,11 +250,7 @@ impl Headroom {
 
     /// `kill -9` the whole `headroom up` process.
     pub fn kill9(&mut self) -> Result<()> {
-        if let Some(mut c) = self.child.take() {
-            c.kill()?;
-            c.wait()?;
-        }
-        Ok(())
+        kill_and_reap(&mut self.child)
     }
 
     /// SIGTERM and wait for a clean exit.
@@ -306,6 +356,48 @@ impl Headroom {
             .context("submit refused")
     }
 
+    /// Submits a JSON spec through the API, failing the test if it is refused or not stored.
+    pub fn submit_spec(&self, spec: serde_json::Value) -> ExperimentId {
+        self.submit_api(spec)
+            .expect("submit")
+            .experiment
+            .expect("stored")
+    }
+
+    /// The folder of the fake GPUs the local agent and its jobs share.
+    pub fn fake_gpu_dir(&self) -> PathBuf {
+        self.data_dir().join("fake-gpus")
+    }
+
+    /// A fake job started outside headroom on GPU 0 of a node of `gpus` (`1x24GiB`), with
+    /// `args` (`--mem 20GiB --seconds 600`): someone's notebook.
+    pub fn foreign_job(&self, gpus: &str, args: &[&str]) -> KillOnDrop {
+        KillOnDrop(
+            Command::new(fake_job())
+                .args(args)
+                .env("HEADROOM_FAKE_GPU_DIR", self.fake_gpu_dir())
+                .env("HEADROOM_FAKE_GPUS", gpus)
+                .env("CUDA_VISIBLE_DEVICES", "0")
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("foreign process"),
+        )
+    }
+
+    /// Waits up to 30 s for the local agent's node to be alive.
+    pub fn wait_agent(&self) {
+        self.wait_for("the agent", Duration::from_secs(30), || {
+            Ok(self.nodes()?.iter().any(|n| n.alive).then_some(()))
+        });
+    }
+
+    /// The first attempt of a job.
+    pub fn first_attempt(&self, id: JobId) -> AttemptView {
+        let mut d = self.job(id).expect("job");
+        assert!(!d.attempts_detail.is_empty(), "{id} has no attempt");
+        d.attempts_detail.swap_remove(0)
+    }
+
     pub fn jobs(&self, exp: ExperimentId) -> Result<Vec<JobSummary>> {
         self.api(|c| async move { c.jobs(Some(exp), None).await })
     }
@@ -372,6 +464,15 @@ impl Drop for Headroom {
             let _ = self.stop();
         }
     }
+}
+
+/// `kill -9` a child we hold, if any, and reap it.
+fn kill_and_reap(child: &mut Option<Child>) -> Result<()> {
+    if let Some(mut c) = child.take() {
+        c.kill()?;
+        c.wait()?;
+    }
+    Ok(())
 }
 
 /// Whether a process is alive (zombies count as dead).
@@ -456,11 +557,7 @@ impl Proc {
     }
 
     pub fn kill9(&mut self) -> Result<()> {
-        if let Some(mut c) = self.child.take() {
-            c.kill()?;
-            c.wait()?;
-        }
-        Ok(())
+        kill_and_reap(&mut self.child)
     }
 
     pub fn signal(&self, sig: nix::sys::signal::Signal) -> Result<()> {
@@ -471,6 +568,26 @@ impl Proc {
 
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `sig` and waits up to `timeout` for the exit, failing with the output if it
+    /// is still running.
+    pub fn stop_with(
+        &mut self,
+        sig: nix::sys::signal::Signal,
+        timeout: Duration,
+    ) -> std::process::ExitStatus {
+        if let Err(e) = self.signal(sig) {
+            panic!("sending {sig}: {e:#}\n{}", self.output());
+        }
+        match self.wait_exit(timeout) {
+            Ok(Some(status)) => status,
+            Ok(None) => panic!(
+                "{sig} did not stop it within {timeout:?}:\n{}",
+                self.output()
+            ),
+            Err(e) => panic!("waiting for the exit: {e:#}\n{}", self.output()),
+        }
     }
 
     /// Waits up to `timeout` for the process to exit; `None` if it is still running.
@@ -656,6 +773,36 @@ pub fn http_post(url: &str, body: &serde_json::Value) -> Result<(u16, serde_json
     Ok(block_on(c.raw(Method::Post, path, Some(body)))??)
 }
 
+/// POST a text body by full URL; the status and the answer's text whatever the status.
+pub fn http_post_text(url: &str, body: &str) -> Result<(u16, String)> {
+    text_request(reqwest::Method::POST, url, Some(body.to_string()))
+}
+
+/// GET by full URL; the status and the answer's text whatever the status (for answers that
+/// are not JSON, such as a log).
+pub fn http_get_text(url: &str) -> Result<(u16, String)> {
+    text_request(reqwest::Method::GET, url, None)
+}
+
+fn text_request(method: reqwest::Method, url: &str, body: Option<String>) -> Result<(u16, String)> {
+    static HTTP: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let http = HTTP.get_or_init(reqwest::Client::new).clone();
+    let mut req = http
+        .request(method.clone(), url)
+        .timeout(Duration::from_secs(30));
+    if let Some(body) = body {
+        req = req.body(body);
+    }
+    block_on(async move {
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("{method} {url}"))?;
+        let status = resp.status().as_u16();
+        Ok((status, resp.text().await?))
+    })?
+}
+
 /// Polls `f` until it returns `Some`, panicking after `timeout`.
 pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let end = Instant::now() + timeout;
@@ -666,6 +813,22 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Optio
         assert!(Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A process of another owner (a `sleep`), alive until dropped: something a job can leave
+/// memory booked for, which cleanup cannot kill and so cannot verify gone.
+pub fn bystander() -> KillOnDrop {
+    KillOnDrop(Command::new("sleep").arg("600").spawn().expect("sleep"))
+}
+
+/// The command of a job that books 3 GiB on its GPU 0 for process `pid` as it exits (a
+/// leftover in the fake GPU folder the agent gives its jobs).
+pub fn books_for(pid: u32) -> serde_json::Value {
+    serde_json::json!([
+        "sh",
+        "-c",
+        format!("echo 0:3072 > \"$HEADROOM_FAKE_GPU_DIR/{pid}\"")
+    ])
 }
 
 /// A child process killed when the test lets go of it, passing or failing.

@@ -3,33 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use headroom_integration_tests::{Headroom, Proc, UpOptions, free_port, http_get, http_post};
-use headroom_shared::api::NodeView;
+use headroom_integration_tests::standalone::{
+    Agent, AgentOptions, Coordinator, nodes_of, wait_healthy, wait_registered,
+};
+use headroom_integration_tests::{Headroom, Proc, UpOptions, free_port, http_get};
 use nix::sys::signal::Signal;
-
-/// Starts `headroom-coordinator` on a free port; returns it and its URL once it answers.
-fn coordinator(dir: &std::path::Path, extra: &[&str]) -> (Proc, String) {
-    let port = free_port().expect("port");
-    let mut args = vec![
-        "--listen".to_string(),
-        format!("127.0.0.1:{port}"),
-        "--data-dir".into(),
-        dir.join("coord").display().to_string(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let p = Proc::start("headroom-coordinator", &args, dir.join("coord.log")).expect("start");
-    let url = format!("http://127.0.0.1:{port}");
-    wait_listening(&p);
-    (p, url)
-}
-
-fn wait_listening(p: &Proc) {
-    let end = Instant::now() + Duration::from_secs(30);
-    while !p.output().contains("listening on") {
-        assert!(Instant::now() < end, "did not start:\n{}", p.output());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Kubernetes and systemd stop a service with SIGTERM: the coordinator stops accepting,
 /// answers the long-polls it holds, and exits 0 at once (not after the long-poll timeout).
@@ -37,7 +15,8 @@ fn wait_listening(p: &Proc) {
 fn coordinator_drains_and_exits_zero_on_sigterm_and_sigint() {
     for sig in [Signal::SIGTERM, Signal::SIGINT] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut coord, url) = coordinator(dir.path(), &[]);
+        let mut coord = Coordinator::start(dir.path(), &[]).expect("coordinator");
+        let url = coord.url.clone();
         let p: serde_json::Value = http_get(&format!("{url}/v1/progress")).expect("progress");
         let version = p["version"].as_u64().expect("version");
         // A long-poll that would wait 20 s for a change that never comes.
@@ -49,11 +28,7 @@ fn coordinator_drains_and_exits_zero_on_sigterm_and_sigint() {
         // Give the request time to reach the server: the point is one held open.
         std::thread::sleep(Duration::from_millis(500));
         let sent = Instant::now();
-        coord.signal(sig).expect("signal");
-        let status = coord
-            .wait_exit(Duration::from_secs(10))
-            .expect("wait")
-            .unwrap_or_else(|| panic!("{sig} did not stop the coordinator:\n{}", coord.output()));
+        let status = coord.stop_with(sig, Duration::from_secs(10));
         assert_eq!(
             status.code(),
             Some(0),
@@ -78,53 +53,28 @@ fn coordinator_drains_and_exits_zero_on_sigterm_and_sigint() {
 /// `headroom up` and `headroom-agent` stop on SIGTERM as on SIGINT, with exit 0.
 #[test]
 fn up_and_agent_exit_zero_on_sigterm() {
-    let mut h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let mut h = Headroom::up(UpOptions::default());
     let status = h.stop().expect("stop");
     assert_eq!(status.code(), Some(0), "{}", h.server_log());
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_coord, url) = coordinator(dir.path(), &[]);
-    let args: Vec<String> = [
-        "--coordinator",
-        &url,
-        "--node",
-        "sig-node",
-        "--gpu-backend",
-        "fake",
-        "--fake-gpus",
-        "1x24GiB",
-        "--data-dir",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([dir.path().join("agent").display().to_string()])
-    .collect();
+    let coord = Coordinator::start(dir.path(), &[]).expect("coordinator");
     let mut agent =
-        Proc::start("headroom-agent", &args, dir.path().join("agent.log")).expect("agent");
-    wait_node(&url, "sig-node", &agent);
-    agent.signal(Signal::SIGTERM).expect("signal");
-    let status = agent
-        .wait_exit(Duration::from_secs(20))
-        .expect("wait")
-        .unwrap_or_else(|| panic!("SIGTERM did not stop the agent:\n{}", agent.output()));
+        Agent::start(&coord.url, dir.path(), AgentOptions::node("sig-node")).expect("agent");
+    agent.wait_registered(&coord.url);
+    let status = agent.stop_with(Signal::SIGTERM, Duration::from_secs(20));
     assert_eq!(status.code(), Some(0), "{}", agent.output());
 }
 
-fn wait_node(url: &str, name: &str, agent: &Proc) {
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(nodes) = http_get::<Vec<NodeView>>(&format!("{url}/v1/nodes"))
-            && nodes.iter().any(|n| n.name == name && n.alive)
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < end,
-            "node {name} did not register:\n{}",
-            agent.output()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Writes `toml` to `file` and starts `bin --config FILE`.
+fn with_config(bin: &str, file: &std::path::Path, toml: &str, log: std::path::PathBuf) -> Proc {
+    std::fs::write(file, toml).expect("write");
+    Proc::start(
+        bin,
+        &["--config".to_string(), file.display().to_string()],
+        log,
+    )
+    .expect(bin)
 }
 
 /// `--config FILE` works for the coordinator and the agent as for `headroom up`: the file
@@ -134,43 +84,33 @@ fn config_files_are_honoured_by_coordinator_and_agent() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port().expect("port");
     let coord_toml = dir.path().join("coordinator.toml");
-    std::fs::write(
+    let coord = with_config(
+        "headroom-coordinator",
         &coord_toml,
-        format!(
+        &format!(
             "listen = \"127.0.0.1:{port}\"\ndata-dir = \"{}\"\nlease_ttl = \"7s\"\n",
             dir.path().join("coord").display()
         ),
-    )
-    .expect("write");
-    let coord = Proc::start(
-        "headroom-coordinator",
-        &["--config".to_string(), coord_toml.display().to_string()],
         dir.path().join("coord.log"),
-    )
-    .expect("coordinator");
-    wait_listening(&coord);
+    );
     let url = format!("http://127.0.0.1:{port}");
+    wait_healthy(&url);
     assert!(coord.output().contains(&url), "{}", coord.output());
     assert!(dir.path().join("coord").join("headroom.db").exists());
 
     let agent_toml = dir.path().join("agent.toml");
-    std::fs::write(
+    let agent = with_config(
+        "headroom-agent",
         &agent_toml,
-        format!(
+        &format!(
             "coordinator = \"{url}\"\nnode = \"from-file\"\ngpu_backend = \"fake\"\n\
              fake-gpus = \"3x12GiB\"\nplan = \"2,1,1\"\ndata_dir = \"{}\"\n",
             dir.path().join("agent").display()
         ),
-    )
-    .expect("write");
-    let agent = Proc::start(
-        "headroom-agent",
-        &["--config".to_string(), agent_toml.display().to_string()],
         dir.path().join("agent.log"),
-    )
-    .expect("agent");
-    wait_node(&url, "from-file", &agent);
-    let nodes: Vec<NodeView> = http_get(&format!("{url}/v1/nodes")).expect("nodes");
+    );
+    wait_registered(&url, "from-file", &agent);
+    let nodes = nodes_of(&url).expect("nodes");
     let node = nodes.iter().find(|n| n.name == "from-file").expect("node");
     assert_eq!(node.plan, "2,1,1");
     assert_eq!(node.gpus.len(), 3);
@@ -191,8 +131,8 @@ fn config_files_are_honoured_by_coordinator_and_agent() {
         dir.path().join("agent2.log"),
     )
     .expect("agent");
-    wait_node(&url, "from-env", &env_agent);
-    let nodes: Vec<NodeView> = http_get(&format!("{url}/v1/nodes")).expect("nodes");
+    wait_registered(&url, "from-env", &env_agent);
+    let nodes = nodes_of(&url).expect("nodes");
     let node = nodes.iter().find(|n| n.name == "from-env").expect("node");
     assert_eq!(node.plan, "1,1,1");
     assert_eq!(node.gpus.len(), 3, "fake-gpus still comes from the file");
@@ -238,7 +178,7 @@ fn unknown_config_keys_are_refused_by_name() {
 /// to be stored, and every attempt then failed with `launch_error`).
 #[test]
 fn nul_bytes_are_refused_at_submit() {
-    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let h = Headroom::up(UpOptions::default());
     let cases = [
         (
             serde_json::json!({"name": "nul", "command": ["echo", "a\u{0}b"]}),
@@ -250,11 +190,9 @@ fn nul_bytes_are_refused_at_submit() {
         ),
     ];
     for (spec, field) in cases {
-        let (status, body) = http_post(
-            &format!("{}/v1/experiments", h.url),
-            &serde_json::json!({ "spec": spec }),
-        )
-        .expect("post");
+        let (status, body) = h
+            .post("/v1/experiments", &serde_json::json!({ "spec": spec }))
+            .expect("post");
         assert_eq!(status, 422, "{body}");
         assert_eq!(body["error"]["code"], "invalid", "{body}");
         assert_eq!(body["error"]["field"], field, "{body}");

@@ -3,17 +3,14 @@
 
 use std::time::Duration;
 
-use headroom_integration_tests::{Headroom, KillOnDrop, UpOptions, alive, fake_job};
+use headroom_integration_tests::{
+    Headroom, KillOnDrop, UpOptions, alive, books_for, bystander, fake_job,
+};
 use headroom_shared::JobState;
 
 #[test]
 fn orphan_that_left_the_session_is_killed_and_its_memory_freed() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        kill_grace: "500ms".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").kill_grace("500ms"));
     let pid_file = h.path("orphan.pid");
     // The job holds 1 GiB, spawns a grandchild in a new session that holds 4 GiB for ten
     // minutes and ignores SIGTERM, then exits 0 after a second.
@@ -52,45 +49,27 @@ fn orphan_that_left_the_session_is_killed_and_its_memory_freed() {
 /// releases the GPU.
 #[test]
 fn an_unverified_cleanup_quarantines_the_gpu_until_released() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        plan: Some("2".into()),
-        kill_grace: "300ms".into(),
-        lease_ttl: "3s".into(),
-        extra: vec!["--verify-timeout".into(), "1s".into()],
-        ..Default::default()
-    })
-    .expect("headroom up");
-    let fake_dir = h.data_dir().join("fake-gpus");
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .plan("2")
+            .kill_grace("300ms")
+            .lease_ttl("3s")
+            .flags(&["--verify-timeout", "1s"]),
+    );
     let leak = |name: &str| -> KillOnDrop {
         // A process of someone else, on which the job books 3 GiB as it exits.
-        let holder = KillOnDrop(
-            std::process::Command::new("sleep")
-                .arg("600")
-                .spawn()
-                .expect("sleep"),
-        );
-        let script = format!("echo 0:3072 > {}/{}", fake_dir.display(), holder.0.id());
-        let exp = h
-            .submit_api(
-                serde_json::json!({"name": name, "command": ["sh", "-c", script],
-                "resources": {"memory": "1GiB"}}),
-            )
-            .expect("submit")
-            .experiment
-            .expect("stored");
+        let holder = bystander();
+        let exp = h.submit_spec(serde_json::json!({"name": name,
+            "command": books_for(holder.0.id()), "resources": {"memory": "1GiB"}}));
         let jobs = h.wait_done(exp, Duration::from_secs(30));
-        let a = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+        let a = &h.first_attempt(jobs[0].id);
         assert_eq!(a.cleanup_verified, Some(false));
         holder
     };
     let queued_behind = |name: &str| {
-        h.submit_api(
+        h.submit_spec(
             serde_json::json!({"name": name, "command": ["true"], "resources": {"memory": "1GiB"}}),
         )
-        .expect("submit")
-        .experiment
-        .expect("stored")
     };
 
     // 1. Quarantine lifts by itself once the leftover is gone.

@@ -14,24 +14,16 @@ use headroom_shared::api::PeakSource;
 use headroom_shared::{ExperimentId, JobState};
 
 fn fake_dir(h: &Headroom) -> PathBuf {
-    h.data_dir().join("fake-gpus")
+    h.fake_gpu_dir()
 }
 
 fn submit(h: &Headroom, spec: serde_json::Value) -> ExperimentId {
-    h.submit_api(spec)
-        .expect("submit")
-        .experiment
-        .expect("stored")
+    h.submit_spec(spec)
 }
 
 #[test]
 fn a_gpu_whose_memory_cannot_be_read_gets_no_work_until_it_reads_again() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        lease_ttl: "3s".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").lease_ttl("3s"));
     let fault = fake_dir(&h).join("gpu0.fail-memory");
     std::fs::write(&fault, "GPU is lost").expect("inject");
     let exp = submit(
@@ -71,14 +63,12 @@ fn a_gpu_whose_memory_cannot_be_read_gets_no_work_until_it_reads_again() {
 
 #[test]
 fn a_process_list_that_fails_quarantines_the_gpu_with_the_error() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        kill_grace: "300ms".into(),
-        lease_ttl: "3s".into(),
-        extra: vec!["--verify-timeout".into(), "1s".into()],
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .kill_grace("300ms")
+            .lease_ttl("3s")
+            .flags(&["--verify-timeout", "1s"]),
+    );
     // The job breaks its GPU's process list as it ends (the driver lost the GPU).
     let exp = submit(
         &h,
@@ -87,7 +77,7 @@ fn a_process_list_that_fails_quarantines_the_gpu_with_the_error() {
             "resources": {"memory": "1GiB"}}),
     );
     let jobs = h.wait_done(exp, Duration::from_secs(30));
-    let attempt = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+    let attempt = &h.first_attempt(jobs[0].id);
     assert_eq!(
         attempt.cleanup_verified,
         Some(false),
@@ -167,18 +157,12 @@ fn memory_the_driver_cannot_tell_per_process_is_learnt_from_the_device() {
 
 #[test]
 fn an_agent_that_cannot_map_pids_neither_verifies_nor_kills() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        kill_grace: "300ms".into(),
-        lease_ttl: "3s".into(),
-        extra: vec![
-            "--verify-timeout".into(),
-            "1s".into(),
-            "--kill-foreign".into(),
-        ],
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .kill_grace("300ms")
+            .lease_ttl("3s")
+            .flags(&["--verify-timeout", "1s", "--kill-foreign"]),
+    );
     let dir = fake_dir(&h);
     std::fs::write(dir.join("pid-namespace"), "isolated").expect("isolated");
     // Someone's process holding memory: its pid means nothing to an isolated agent.
@@ -222,7 +206,7 @@ fn an_agent_that_cannot_map_pids_neither_verifies_nor_kills() {
 
 #[test]
 fn every_start_names_its_gpu_backend() {
-    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let h = Headroom::up(UpOptions::default());
     let log = h.server_log();
     assert!(
         log.contains("headroom: --gpu-backend fake: 2 fake GPUs of 24 GiB"),

@@ -7,13 +7,7 @@ use headroom_integration_tests::{Headroom, UpOptions, fake_job};
 use headroom_shared::{FailureClass, JobState};
 
 fn up() -> Headroom {
-    Headroom::start(UpOptions {
-        fake_gpus: "2x24GiB".into(),
-        plan: Some("2,2".into()),
-        kill_grace: "500ms".into(),
-        ..Default::default()
-    })
-    .expect("headroom up")
+    Headroom::up(UpOptions::gpus("2x24GiB").plan("2,2").kill_grace("500ms"))
 }
 
 #[test]
@@ -114,11 +108,7 @@ fn cuda_oom_in_the_log_is_classified_and_retried() {
         "name": "oomy", "command": ["sh", "-c", script],
         "retry": {"max_attempts": 2, "on": ["oom"]}, "resources": {"memory": "1GiB"}
     });
-    let exp = h
-        .submit_api(spec)
-        .expect("submit")
-        .experiment
-        .expect("stored");
+    let exp = h.submit_spec(spec);
     let jobs = h.wait_done(exp, Duration::from_secs(30));
     let d = h.job(jobs[0].id).expect("job");
     assert_eq!(d.summary.state, JobState::Succeeded);
@@ -172,13 +162,9 @@ fn nonzero_exit_and_launch_errors() {
         "grid": {"prog": ["false", "/no/such/program"]},
         "resources": {"memory": "1GiB"}
     });
-    let exp = h
-        .submit_api(spec)
-        .expect("submit")
-        .experiment
-        .expect("stored");
+    let exp = h.submit_spec(spec);
     let jobs = h.wait_done(exp, Duration::from_secs(30));
-    let class = |i: usize| h.job(jobs[i].id).expect("job").attempts_detail[0].failure_class;
+    let class = |i: usize| h.first_attempt(jobs[i].id).failure_class;
     assert_eq!(class(0), Some(FailureClass::Nonzero));
     assert_eq!(class(1), Some(FailureClass::LaunchError));
 }

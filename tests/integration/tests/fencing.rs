@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use headroom_integration_tests::{
-    DroppingLink, Proc, alive, fake_job, free_port, http_get, http_post, read_records,
-    wait_until as wait,
+use headroom_integration_tests::standalone::{
+    Agent, AgentOptions, Coordinator, job_of, submit_json,
 };
-use headroom_shared::api::{JobDetail, JobSummary, SubmitResponse};
-use headroom_shared::{ExperimentId, FailureClass};
+use headroom_integration_tests::{
+    DroppingLink, alive, fake_job, read_records, run_binary, wait_until as wait,
+};
+use headroom_shared::FailureClass;
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -20,60 +21,19 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-fn agent(url: &str, node: &str, dir: &std::path::Path) -> Proc {
-    let args: Vec<String> = [
-        "--coordinator",
-        url,
-        "--node",
-        node,
-        "--gpu-backend",
-        "fake",
-        "--fake-gpus",
-        "1x24GiB",
-        "--kill-grace",
-        "500ms",
-        "--verify-timeout",
-        "5s",
-        "--data-dir",
-        &dir.join(node).display().to_string(),
-    ]
-    .map(String::from)
-    .to_vec();
-    Proc::start("headroom-agent", &args, dir.join(format!("{node}.log"))).expect("agent")
-}
-
-fn job(url: &str, exp: ExperimentId) -> Option<JobDetail> {
-    let jobs: Vec<JobSummary> = http_get(&format!("{url}/v1/jobs?experiment={exp}")).ok()?;
-    http_get(&format!("{url}/v1/jobs/{}", jobs.first()?.id)).ok()
+fn agent(url: &str, node: &str, dir: &std::path::Path) -> Agent {
+    let opts = AgentOptions::node(node)
+        .kill_grace("500ms")
+        .verify_timeout("5s");
+    Agent::start(url, dir, opts).expect("agent")
 }
 
 #[test]
 fn a_black_holed_agent_stops_its_attempt_before_the_lease_is_given_away() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port().expect("port");
-    let url = format!("http://127.0.0.1:{port}");
-    let coord_args: Vec<String> = [
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--data-dir",
-        &dir.path().join("coord").display().to_string(),
-        "--lease-ttl",
-        "3s",
-    ]
-    .map(String::from)
-    .to_vec();
-    let coord = Proc::start(
-        "headroom-coordinator",
-        &coord_args,
-        dir.path().join("coord.log"),
-    )
-    .expect("coordinator");
-    wait("the coordinator", Duration::from_secs(30), || {
-        http_get::<serde_json::Value>(&format!("{url}/v1/health"))
-            .ok()
-            .map(|_| ())
-    });
-    let link = DroppingLink::new(port).expect("link");
+    let coord = Coordinator::start(dir.path(), &["--lease-ttl", "3s"]).expect("coordinator");
+    let url = coord.url.clone();
+    let link = DroppingLink::new(coord.port).expect("link");
     let cut_off = agent(
         &format!("http://127.0.0.1:{}", link.port),
         "cut-off",
@@ -81,18 +41,14 @@ fn a_black_holed_agent_stops_its_attempt_before_the_lease_is_given_away() {
     );
 
     let record = dir.path().join("timeline.jsonl");
-    let spec = serde_json::json!({"spec": {"name": "once-at-a-time", "command": [
-        fake_job().display().to_string(), "--seconds", "600", "--record", record.display().to_string()],
-        "retry": {"max_attempts": 3}}});
-    let exp = wait("a submission", Duration::from_secs(20), || {
-        let (status, body) = http_post(&format!("{url}/v1/experiments"), &spec).ok()?;
-        (status == 200).then_some(())?;
-        serde_json::from_value::<SubmitResponse>(body)
-            .ok()?
-            .experiment
-    });
+    let exp = submit_json(
+        &url,
+        &serde_json::json!({"name": "once-at-a-time", "command": [
+            fake_job().display().to_string(), "--seconds", "600", "--record", record.display().to_string()],
+            "retry": {"max_attempts": 3}}),
+    );
     let pid = wait("the first attempt to run", Duration::from_secs(30), || {
-        job(&url, exp)?.attempts_detail.first()?.pid
+        job_of(&url, exp)?.attempts_detail.first()?.pid
     });
 
     // Watch the first attempt's process closely: when did it really end?
@@ -140,7 +96,7 @@ fn a_black_holed_agent_stops_its_attempt_before_the_lease_is_given_away() {
                 .then_some(())
         },
     );
-    let d = job(&url, exp).expect("job");
+    let d = job_of(&url, exp).expect("job");
     let first = &d.attempts_detail[0];
     assert_eq!(first.failure_class, Some(FailureClass::Lost));
     assert!(
@@ -159,59 +115,46 @@ fn a_black_holed_agent_stops_its_attempt_before_the_lease_is_given_away() {
 #[test]
 fn a_kill_grace_that_does_not_fit_the_lease_ttl_is_refused_at_start() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = std::process::Command::new(headroom_integration_tests::binary("headroom"))
-        .args(["up", "--listen", "127.0.0.1:0", "--gpu-backend", "fake"])
-        .args(["--kill-grace", "10s", "--lease-ttl", "10s", "--data-dir"])
-        .arg(dir.path().join("up"))
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("headroom up");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let up_dir = dir.path().join("up").display().to_string();
+    let (status, err) = run_binary(
+        "headroom",
+        &[
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--gpu-backend",
+            "fake",
+            "--kill-grace",
+            "10s",
+            "--lease-ttl",
+            "10s",
+            "--data-dir",
+            &up_dir,
+        ],
+    );
+    assert!(!status.success(), "{err}");
     assert!(
         err.contains("--kill-grace 10s") && err.contains("--lease-ttl 10s"),
         "{err}"
     );
 
-    let port = free_port().expect("port");
-    let url = format!("http://127.0.0.1:{port}");
-    let coord_args: Vec<String> = [
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--data-dir",
-        &dir.path().join("coord").display().to_string(),
-        "--lease-ttl",
-        "10s",
-    ]
-    .map(String::from)
-    .to_vec();
-    let _coord = Proc::start(
-        "headroom-coordinator",
-        &coord_args,
-        dir.path().join("coord.log"),
-    )
-    .expect("coordinator");
-    wait("the coordinator", Duration::from_secs(30), || {
-        http_get::<serde_json::Value>(&format!("{url}/v1/health"))
-            .ok()
-            .map(|_| ())
-    });
-    let out = std::process::Command::new(headroom_integration_tests::binary("headroom-agent"))
-        .args([
+    let coord = Coordinator::start(dir.path(), &["--lease-ttl", "10s"]).expect("coordinator");
+    let url = &coord.url;
+    let agent_dir = dir.path().join("agent").display().to_string();
+    let (status, err) = run_binary(
+        "headroom-agent",
+        &[
             "--coordinator",
-            &url,
+            url,
             "--gpu-backend",
             "fake",
             "--kill-grace",
             "10s",
-        ])
-        .arg("--data-dir")
-        .arg(dir.path().join("agent"))
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("headroom-agent");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+            "--data-dir",
+            &agent_dir,
+        ],
+    );
+    assert!(!status.success(), "{err}");
     assert!(
         err.contains("--kill-grace 10s") && err.contains("--lease-ttl 10s"),
         "{err}"

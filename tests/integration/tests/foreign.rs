@@ -1,7 +1,6 @@
 //! A process headroom did not start holds GPU memory: jobs that would not fit are not
 //! admitted, the process is reported and never killed, and work resumes when it exits.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use headroom_integration_tests::{Headroom, KillOnDrop, UpOptions, alive, fake_job};
@@ -9,13 +8,7 @@ use headroom_shared::JobState;
 
 #[test]
 fn foreign_memory_blocks_admission_is_reported_and_left_alone() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        plan: Some("4".into()),
-        lease_ttl: "3s".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").plan("4").lease_ttl("3s"));
     // Someone's notebook: 20 GiB on GPU 0, outside headroom.
     let mut foreign = notebook(&h);
     let pid = foreign.0.id();
@@ -64,13 +57,11 @@ fn foreign_memory_blocks_admission_is_reported_and_left_alone() {
 
 #[test]
 fn a_node_configured_to_kill_foreign_processes_frees_its_gpus() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        lease_ttl: "3s".into(),
-        extra: vec!["--kill-foreign".into()],
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .lease_ttl("3s")
+            .flags(&["--kill-foreign"]),
+    );
     let mut foreign = notebook(&h);
     let pid = foreign.0.id();
     h.wait_for(
@@ -94,16 +85,7 @@ fn a_node_configured_to_kill_foreign_processes_frees_its_gpus() {
 
 /// Someone's notebook, started outside headroom: 20 GiB of fake memory on GPU 0.
 fn notebook(h: &Headroom) -> KillOnDrop {
-    KillOnDrop(
-        Command::new(fake_job())
-            .args(["--mem", "20GiB", "--seconds", "600"])
-            .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
-            .env("HEADROOM_FAKE_GPUS", "1x24GiB")
-            .env("CUDA_VISIBLE_DEVICES", "0")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("foreign process"),
-    )
+    h.foreign_job("1x24GiB", &["--mem", "20GiB", "--seconds", "600"])
 }
 
 /// `--kill-foreign` kills only a process seen foreign on two heartbeats in a row: short-lived
@@ -111,17 +93,13 @@ fn notebook(h: &Headroom) -> KillOnDrop {
 /// a lasting one dies.
 #[test]
 fn kill_foreign_spares_a_process_seen_once_and_kills_one_seen_twice() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        // Heartbeats every 2 s (a third of the TTL).
-        lease_ttl: "6s".into(),
-        extra: vec!["--kill-foreign".into()],
-        ..Default::default()
-    })
-    .expect("headroom up");
-    h.wait_for("the agent", Duration::from_secs(30), || {
-        Ok(h.nodes()?.first().map(|n| n.alive).filter(|a| *a))
-    });
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            // Heartbeats every 2 s (a third of the TTL).
+            .lease_ttl("6s")
+            .flags(&["--kill-foreign"]),
+    );
+    h.wait_agent();
     // Back to back, so that every heartbeat of these 8 s sees one of them.
     let mut seen = std::collections::HashSet::new();
     for _ in 0..8 {
@@ -167,33 +145,26 @@ fn kill_foreign_spares_a_process_seen_once_and_kills_one_seen_twice() {
 /// GPU, and the coordinator avoids the handed-back GPU for a while even once it is free.
 #[test]
 fn a_lease_that_no_longer_fits_at_launch_is_handed_back_and_its_gpu_avoided() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "2x24GiB".into(),
-        // Heartbeats every 20 s: the coordinator's figures come from the claim.
-        lease_ttl: "60s".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
-    h.wait_for("the agent", Duration::from_secs(30), || {
-        Ok(h.nodes()?.first().map(|n| n.alive).filter(|a| *a))
-    });
+    let h = Headroom::up(
+        UpOptions::gpus("2x24GiB")
+            // Heartbeats every 20 s: the coordinator's figures come from the claim.
+            .lease_ttl("60s"),
+    );
+    h.wait_agent();
     // The idle agent's claim is waiting, with the free memory it read before this.
     std::thread::sleep(Duration::from_millis(500));
     let mut foreign = notebook_for(&h, "600");
     h.wait_for("the foreign memory", Duration::from_secs(10), || {
-        let dir = h.data_dir().join("fake-gpus");
+        let dir = h.fake_gpu_dir();
         Ok(std::fs::read_dir(dir)?
             .flatten()
             .any(|f| f.file_name().to_string_lossy().parse::<u32>().is_ok())
             .then_some(()))
     });
     let job = |name: &str, seconds: &str| {
-        h.submit_api(serde_json::json!({"name": name,
+        h.submit_spec(serde_json::json!({"name": name,
             "command": [fake_job().display().to_string(), "--mem", "3GiB", "--seconds", seconds],
             "resources": {"memory": "4GiB"}}))
-            .expect("submit")
-            .experiment
-            .expect("stored")
     };
     let late = job("late", "2");
     let running = h.wait_for("the job to run", Duration::from_secs(30), || {
@@ -233,14 +204,8 @@ fn a_lease_that_no_longer_fits_at_launch_is_handed_back_and_its_gpu_avoided() {
 /// A process outside headroom holding 20 GiB on GPU 0 for `seconds`.
 fn notebook_for(h: &Headroom, seconds: &str) -> KillOnDrop {
     let n = h.nodes().ok().and_then(|n| n.first().map(|n| n.gpus.len()));
-    KillOnDrop(
-        Command::new(fake_job())
-            .args(["--mem", "20GiB", "--seconds", seconds])
-            .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
-            .env("HEADROOM_FAKE_GPUS", format!("{}x24GiB", n.unwrap_or(1)))
-            .env("CUDA_VISIBLE_DEVICES", "0")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("foreign process"),
+    h.foreign_job(
+        &format!("{}x24GiB", n.unwrap_or(1)),
+        &["--mem", "20GiB", "--seconds", seconds],
     )
 }

@@ -7,12 +7,7 @@ use headroom_shared::{FailureClass, JobState};
 
 #[test]
 fn a_second_wave_packs_by_what_the_first_wave_used() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "2x24GiB".into(),
-        plan: Some("2,2".into()),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("2x24GiB").plan("2,2"));
     let record = h.path("timeline.jsonl");
     let spec = |runs: u32| {
         format!(
@@ -28,7 +23,7 @@ fn a_second_wave_packs_by_what_the_first_wave_used() {
     let gpus: Vec<u32> = jobs.iter().map(|j| j.gpu_indices[0]).collect();
     assert_ne!(gpus[0], gpus[1], "unknown memory: one job per GPU");
     for j in &jobs {
-        let a = &h.job(j.id).expect("job").attempts_detail[0];
+        let a = &h.first_attempt(j.id);
         assert_eq!(a.estimate_source, "none");
         assert_eq!(a.peak_mem_mib, Some(5 * 1024));
     }
@@ -39,7 +34,7 @@ fn a_second_wave_packs_by_what_the_first_wave_used() {
     let jobs = h.wait_done(second, Duration::from_secs(60));
     assert!(jobs.iter().all(|j| j.state == JobState::Succeeded));
     for j in &jobs {
-        let a = &h.job(j.id).expect("job").attempts_detail[0];
+        let a = &h.first_attempt(j.id);
         assert_eq!(
             (a.estimate_source.as_str(), a.estimate_mib),
             ("learned", Some(5632))
@@ -69,7 +64,7 @@ fn a_second_wave_packs_by_what_the_first_wave_used() {
 
 #[test]
 fn the_oom_ladder_halves_the_batch_until_it_fits() {
-    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let h = Headroom::up(UpOptions::default());
     let spec = format!(
         r#"
 name: ladder
@@ -147,12 +142,7 @@ oom_ladder:
 /// either key parameter does not.
 #[test]
 fn the_memory_key_composes_every_named_parameter_and_only_those() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "2x24GiB".into(),
-        plan: Some("2,2".into()),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("2x24GiB").plan("2,2"));
     let spec = |models: &str, batches: &str, lr: &str| {
         format!(
             r#"{{"name": "keyed", "command": ["{job}", "--mem", "5GiB", "--seconds", "0.3",
@@ -175,7 +165,7 @@ fn the_memory_key_composes_every_named_parameter_and_only_those() {
     let mut sources: Vec<(String, String, String)> = jobs
         .iter()
         .map(|j| {
-            let a = h.job(j.id).expect("job").attempts_detail[0].clone();
+            let a = h.first_attempt(j.id);
             (
                 a.params["model"].to_string(),
                 a.params["batch_size"].to_string(),

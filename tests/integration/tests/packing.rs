@@ -46,12 +46,7 @@ fn check_timeline(
 
 #[test]
 fn matrix_of_24_packs_by_plan_and_memory() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "4x24GiB".into(),
-        plan: Some("2,2,1,1".into()),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("4x24GiB").plan("2,2,1,1"));
     let record = h.path("timeline.jsonl");
     let spec = format!(
         r#"
@@ -112,12 +107,7 @@ resources: {{gpus: 1, memory: 9GiB}}
 #[test]
 fn memory_estimates_bind_before_slots() {
     // 11 GiB twice is above 24 GiB minus 10 % headroom: one job per GPU despite two slots.
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "2x24GiB".into(),
-        plan: Some("2,2".into()),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("2x24GiB").plan("2,2"));
     let record = h.path("timeline.jsonl");
     let spec = format!(
         r#"{{"name": "big", "command": ["{job}", "--mem", "10GiB", "--seconds", "0.3", "--record", "{record}"],

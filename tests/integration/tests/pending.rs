@@ -9,15 +9,9 @@ use headroom_shared::pending::PendingReason;
 
 #[test]
 fn a_job_larger_than_every_gpu_says_so_everywhere() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "2x24GiB".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("2x24GiB"));
     // The agent must have registered for the submit check to know the GPUs.
-    h.wait_for("the local agent", Duration::from_secs(30), || {
-        Ok(h.nodes()?.iter().any(|n| n.alive).then_some(()))
-    });
+    h.wait_agent();
     let spec = h.path("huge.yaml");
     std::fs::write(
         &spec,
@@ -75,11 +69,7 @@ fn a_job_larger_than_every_gpu_says_so_everywhere() {
 
 #[test]
 fn jobs_that_fit_but_wait_say_why_and_run_when_they_can() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
     // One slot: the second job waits for it.
     let exp = h
         .submit(

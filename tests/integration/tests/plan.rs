@@ -7,12 +7,7 @@ use headroom_shared::JobState;
 
 #[test]
 fn plan_set_at_run_time_changes_concurrency() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        plan: Some("1".into()),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").plan("1"));
     let spec = format!(
         r#"{{"name": "p", "command": ["{job}", "--seconds", "600"], "runs_per_config": 4,
              "resources": {{"memory": "2GiB"}}}}"#,

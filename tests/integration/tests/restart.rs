@@ -8,12 +8,7 @@ use headroom_shared::{FailureClass, JobState};
 
 #[test]
 fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
-    let mut h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        plan: Some("2".into()),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let mut h = Headroom::up(UpOptions::gpus("1x24GiB").plan("2"));
     let job = fake_job();
     let flag = h.path("second-life");
     // Runs for a long time in its first life, briefly once the flag file exists.
@@ -23,22 +18,14 @@ fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
         job = job.display()
     );
     // Submitted first, so it is surely one of the two jobs running at the crash.
-    let once = h
-        .submit_api(
-            serde_json::json!({"name": "once", "command": ["sh", "-c", script],
+    let once = h.submit_spec(
+        serde_json::json!({"name": "once", "command": ["sh", "-c", script],
             "retry": {"max_attempts": 1, "on": ["lost"]}, "resources": {"memory": "1GiB"}}),
-        )
-        .expect("submit")
-        .experiment
-        .expect("stored");
-    let retried = h
-        .submit_api(
-            serde_json::json!({"name": "retried", "command": ["sh", "-c", script],
+    );
+    let retried = h.submit_spec(
+        serde_json::json!({"name": "retried", "command": ["sh", "-c", script],
             "runs_per_config": 3, "resources": {"memory": "1GiB"}}),
-        )
-        .expect("submit")
-        .experiment
-        .expect("stored");
+    );
     let running = h.wait_for("two jobs running", Duration::from_secs(30), || {
         let mut all = h.jobs(retried)?;
         all.extend(h.jobs(once)?);
@@ -50,11 +37,7 @@ fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
     });
     let pids: Vec<u32> = running
         .iter()
-        .map(|j| {
-            h.job(j.id).expect("job").attempts_detail[0]
-                .pid
-                .expect("pid")
-        })
+        .map(|j| h.first_attempt(j.id).pid.expect("pid"))
         .collect();
 
     h.kill9().expect("kill -9");
@@ -99,21 +82,13 @@ fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
 /// the restarted agent kills the orphan (it carries the attempt's marker) before new work.
 #[test]
 fn restarted_agent_kills_orphans_of_its_former_attempts() {
-    let mut h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let mut h = Headroom::up(UpOptions::gpus("1x24GiB"));
     let pid_file = h.path("orphan.pid");
     let spec = serde_json::json!({"name": "orphaner", "command": [
         fake_job().display().to_string(), "--seconds", "600", "--orphan-mem", "2GiB",
         "--orphan-seconds", "600", "--ignore-term", "--orphan-pid-file", pid_file.display().to_string()],
         "retry": {"max_attempts": 1}, "resources": {"memory": "4GiB"}});
-    let exp = h
-        .submit_api(spec)
-        .expect("submit")
-        .experiment
-        .expect("stored");
+    let exp = h.submit_spec(spec);
     let orphan: u32 = h.wait_for("the orphan", Duration::from_secs(30), || {
         Ok(std::fs::read_to_string(&pid_file)
             .ok()
@@ -140,7 +115,7 @@ fn restarted_agent_kills_orphans_of_its_former_attempts() {
 
 #[test]
 fn a_second_headroom_up_on_the_same_data_dir_is_refused() {
-    let h = Headroom::start(UpOptions::default()).expect("headroom up");
+    let h = Headroom::up(UpOptions::default());
     let out = std::process::Command::new(headroom_integration_tests::binary("headroom"))
         .args([
             "up",
@@ -171,23 +146,17 @@ fn a_second_headroom_up_on_the_same_data_dir_is_refused() {
 /// keeps it: the job runs on, once, to success.
 #[test]
 fn an_agent_registering_again_resumes_its_running_attempt() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        // Heartbeats every 2 s: the agent hears it was forgotten well before its job ends.
-        lease_ttl: "6s".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            // Heartbeats every 2 s: the agent hears it was forgotten well before its job ends.
+            .lease_ttl("6s"),
+    );
     let record = h.path("timeline.jsonl");
     let deaths = headroom_integration_tests::records::DeathWatch::start(record.clone());
-    let exp = h
-        .submit_api(serde_json::json!({"name": "resumed",
+    let exp = h.submit_spec(serde_json::json!({"name": "resumed",
             "command": [fake_job().display().to_string(), "--seconds", "8", "--mem", "1GiB",
                         "--record", record.display().to_string()],
-            "retry": {"max_attempts": 1}, "resources": {"memory": "2GiB"}}))
-        .expect("submit")
-        .experiment
-        .expect("stored");
+            "retry": {"max_attempts": 1}, "resources": {"memory": "2GiB"}}));
     let attempt = h.wait_for("the job to run", Duration::from_secs(30), || {
         let jobs = h.jobs(exp)?;
         if jobs[0].state != JobState::Running {

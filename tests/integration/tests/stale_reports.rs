@@ -5,38 +5,29 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use headroom_integration_tests::{Proc, free_port, http_get, http_post, wait_until as wait};
+use headroom_integration_tests::standalone::{self, jobs_of};
+use headroom_integration_tests::{
+    http_get, http_get_text, http_post, http_post_text, wait_until as wait,
+};
 use headroom_shared::api::{
     AttemptRef, ClaimRequest, ClaimResponse, FinishReport, GpuInfo, GpuSample, HeartbeatRequest,
-    JobDetail, JobSummary, Lease, RegisterRequest, RegisterResponse, StartReport, SubmitResponse,
+    JobDetail, Lease, RegisterRequest, RegisterResponse, StartReport, SubmitResponse,
 };
 use headroom_shared::{AgentId, FailureClass, JobState};
 
+/// A coordinator spoken to by hand, as agents of its own.
 struct Coordinator {
     url: String,
-    _proc: Proc,
+    _proc: standalone::Coordinator,
     _dir: tempfile::TempDir,
 }
 
 fn coordinator() -> Coordinator {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port().expect("port");
-    let url = format!("http://127.0.0.1:{port}");
-    let args: Vec<String> = vec![
-        "--listen".into(),
-        format!("127.0.0.1:{port}"),
-        "--data-dir".into(),
-        dir.path().join("coord").display().to_string(),
-        "--lease-ttl".into(),
-        "2s".into(),
-    ];
-    let proc = Proc::start("headroom-coordinator", &args, dir.path().join("coord.log"))
-        .expect("coordinator");
-    wait("the coordinator", Duration::from_secs(30), || {
-        http_get::<serde_json::Value>(&format!("{url}/v1/health")).ok()
-    });
+    let proc =
+        standalone::Coordinator::start(dir.path(), &["--lease-ttl", "2s"]).expect("coordinator");
     Coordinator {
-        url,
+        url: proc.url.clone(),
         _proc: proc,
         _dir: dir,
     }
@@ -124,40 +115,15 @@ impl Coordinator {
             "{}/v1/attempts/{}/log?fence={}&offset=0",
             self.url, lease.attempt, lease.fence
         );
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let resp = reqwest::Client::new()
-                .post(&url)
-                .body(text.to_string())
-                .timeout(Duration::from_secs(30))
-                .send()
-                .await
-                .expect("POST log");
-            let status = resp.status().as_u16();
-            (status, resp.text().await.unwrap_or_default())
-        })
+        http_post_text(&url, text).expect("POST log")
     }
 
     /// The attempt's stored log, as bytes read back (whatever the format of the answer).
     fn read_log(&self, lease: &Lease) -> String {
         let url = format!("{}/v1/attempts/{}/log", self.url, lease.attempt);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let resp = reqwest::Client::new()
-                .get(&url)
-                .timeout(Duration::from_secs(30))
-                .send()
-                .await
-                .expect("GET log");
-            assert!(resp.status().is_success(), "GET {url}: {}", resp.status());
-            resp.text().await.expect("log body")
-        })
+        let (status, text) = http_get_text(&url).expect("GET log");
+        assert!((200..300).contains(&status), "GET {url}: {status}");
+        text
     }
 
     fn finish(&self, lease: &Lease) -> (u16, serde_json::Value) {
@@ -253,7 +219,6 @@ fn every_report_of_a_lost_attempt_is_refused_with_409_and_changes_nothing() {
     assert_eq!(c.start(&second).0, 200);
     let (status, body) = c.finish(&second);
     assert_eq!(status, 200, "{body}");
-    let jobs: Vec<JobSummary> =
-        http_get(&format!("{}/v1/jobs?experiment={exp}", c.url)).expect("jobs");
+    let jobs = jobs_of(&c.url, exp).expect("jobs");
     assert_eq!(jobs[0].state, JobState::Succeeded);
 }

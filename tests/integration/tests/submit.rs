@@ -7,7 +7,7 @@ use headroom_integration_tests::{Headroom, UpOptions};
 use headroom_shared::JobState;
 
 fn up() -> Headroom {
-    Headroom::start(UpOptions::default()).expect("headroom up")
+    Headroom::up(UpOptions::default())
 }
 
 #[test]
@@ -121,11 +121,7 @@ fn jobs_get_their_environment_and_logs_reach_the_user() {
         "name": "env", "command": ["sh", "-c", "env | sort; echo done-{bs}"],
         "grid": {"bs": [64]}, "env": {"EXTRA": "yes"}, "resources": {"memory": "1GiB"}
     });
-    let exp = h
-        .submit_api(spec)
-        .expect("submit")
-        .experiment
-        .expect("stored");
+    let exp = h.submit_spec(spec);
     let jobs = h.wait_done(exp, Duration::from_secs(30));
     assert_eq!(jobs[0].state, JobState::Succeeded);
     let log = h.cli_ok(&["logs", &jobs[0].id.to_string()]);

@@ -2,10 +2,9 @@
 //! with the agent as child subreaper (a double-forked grandchild re-parents to the agent,
 //! not to init), and an attempt is flagged contaminated when a foreign process shares its GPU.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use headroom_integration_tests::{Headroom, KillOnDrop, UpOptions, fake_job};
+use headroom_integration_tests::{Headroom, UpOptions, fake_job};
 use headroom_shared::JobState;
 
 /// (ppid, pgid, sid) of a process, from `/proc/PID/stat`.
@@ -39,11 +38,10 @@ fn job_with_grandchild(h: &Headroom) -> (u32, u32, u32) {
         stat = stat.display(),
         gc = gc.display()
     );
-    h.submit_api(
+    h.submit_spec(
         serde_json::json!({"name": "forker", "command": ["sh", "-c", script],
         "resources": {"memory": "1GiB"}}),
-    )
-    .expect("submit");
+    );
     let job = h.wait_for("the job's ids", Duration::from_secs(30), || {
         Ok(std::fs::read_to_string(&stat).ok())
     });
@@ -60,11 +58,7 @@ fn job_with_grandchild(h: &Headroom) -> (u32, u32, u32) {
 
 #[test]
 fn a_job_leads_a_session_and_process_group_of_its_own() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
     let (job, _, agent) = job_with_grandchild(&h);
     let stat = std::fs::read_to_string(h.path("job.stat")).expect("stat");
     let (_, job_pgid, job_sid) = ids_of(&stat).expect("job ids");
@@ -83,11 +77,7 @@ fn a_job_leads_a_session_and_process_group_of_its_own() {
 
 #[test]
 fn a_double_forked_grandchild_reparents_to_the_agent_not_to_init() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
     let (job, grandchild, agent) = job_with_grandchild(&h);
     // Its parent (a subshell of the job) exits at once; until then the parent is not yet
     // the final one.
@@ -109,11 +99,7 @@ fn a_double_forked_grandchild_reparents_to_the_agent_not_to_init() {
 
 #[test]
 fn a_foreign_process_during_the_run_flags_the_attempt_contaminated() {
-    let h = Headroom::start(UpOptions {
-        fake_gpus: "1x24GiB".into(),
-        ..Default::default()
-    })
-    .expect("headroom up");
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
     let pid_file = h.path("job.pid");
     let spec = |name: &str, pid: &std::path::Path| {
         serde_json::json!({"name": name,
@@ -123,20 +109,12 @@ fn a_foreign_process_during_the_run_flags_the_attempt_contaminated() {
     };
     // Alone on its GPU: clean.
     let clean_pid = h.path("clean.pid");
-    let clean = h
-        .submit_api(spec("clean", &clean_pid))
-        .expect("submit")
-        .experiment
-        .expect("stored");
+    let clean = h.submit_spec(spec("clean", &clean_pid));
     let jobs = h.wait_done(clean, Duration::from_secs(60));
-    let a = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+    let a = &h.first_attempt(jobs[0].id);
     assert_eq!(a.contaminated, Some(false), "nothing else ran: {a:#?}");
 
-    let exp = h
-        .submit_api(spec("shared", &pid_file))
-        .expect("submit")
-        .experiment
-        .expect("stored");
+    let exp = h.submit_spec(spec("shared", &pid_file));
     h.wait_for(
         "the job to hold its memory",
         Duration::from_secs(30),
@@ -144,18 +122,9 @@ fn a_foreign_process_during_the_run_flags_the_attempt_contaminated() {
     );
     // Someone's notebook appears on the job's GPU while it runs, for a few samples (one a
     // second at most), and is gone before the job ends.
-    let _foreign = KillOnDrop(
-        Command::new(fake_job())
-            .args(["--mem", "2GiB", "--seconds", "3"])
-            .env("HEADROOM_FAKE_GPU_DIR", h.data_dir().join("fake-gpus"))
-            .env("HEADROOM_FAKE_GPUS", "1x24GiB")
-            .env("CUDA_VISIBLE_DEVICES", "0")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("foreign process"),
-    );
+    let _foreign = h.foreign_job("1x24GiB", &["--mem", "2GiB", "--seconds", "3"]);
     let jobs = h.wait_done(exp, Duration::from_secs(60));
     assert_eq!(jobs[0].state, JobState::Succeeded);
-    let a = &h.job(jobs[0].id).expect("job").attempts_detail[0];
+    let a = &h.first_attempt(jobs[0].id);
     assert_eq!(a.contaminated, Some(true), "{a:#?}");
 }

@@ -1,0 +1,242 @@
+//! `headroom-coordinator` and `headroom-agent` started as separate processes, as operators
+//! run them: the pair most end-to-end fault tests build, and the HTTP look-ups they share.
+
+use std::ops::{Deref, DerefMut};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+use headroom_shared::ExperimentId;
+use headroom_shared::JobState;
+use headroom_shared::api::{JobDetail, JobSummary, NodeView, SubmitResponse};
+
+use crate::{Proc, free_port, http_get, http_post, wait_until};
+
+/// Waits up to 30 s for `GET {url}/v1/health` to answer.
+pub fn wait_healthy(url: &str) {
+    wait_until("the coordinator", Duration::from_secs(30), || {
+        http_get::<serde_json::Value>(&format!("{url}/v1/health"))
+            .ok()
+            .map(|_| ())
+    });
+}
+
+/// A `headroom-coordinator` on SQLite in `dir/coord`, its output in `dir/coord.log`.
+pub struct Coordinator {
+    proc: Proc,
+    pub url: String,
+    pub port: u16,
+    args: Vec<String>,
+    dir: PathBuf,
+}
+
+impl Coordinator {
+    /// Starts on a free port with `extra` flags (`--lease-ttl 3s`) and returns once it answers.
+    pub fn start(dir: &Path, extra: &[&str]) -> Result<Self> {
+        let port = free_port()?;
+        let mut args = vec![
+            "--listen".to_string(),
+            format!("127.0.0.1:{port}"),
+            "--data-dir".into(),
+            dir.join("coord").display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let proc = Proc::start("headroom-coordinator", &args, dir.join("coord.log"))?;
+        let url = format!("http://127.0.0.1:{port}");
+        wait_healthy(&url);
+        Ok(Self {
+            proc,
+            url,
+            port,
+            args,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Starts it again with the same flags (same port, same data), its output in `dir/log`;
+    /// does not wait for it to answer. The previous process must be gone.
+    pub fn start_again(&mut self, log: &str) -> Result<()> {
+        self.proc = Proc::start("headroom-coordinator", &self.args, self.dir.join(log))?;
+        Ok(())
+    }
+
+    pub fn nodes(&self) -> Result<Vec<NodeView>> {
+        nodes_of(&self.url)
+    }
+}
+
+impl Deref for Coordinator {
+    type Target = Proc;
+    fn deref(&self) -> &Proc {
+        &self.proc
+    }
+}
+
+impl DerefMut for Coordinator {
+    fn deref_mut(&mut self) -> &mut Proc {
+        &mut self.proc
+    }
+}
+
+/// Flags of a `headroom-agent` with fake GPUs; a setting left `None` takes the agent's
+/// default.
+#[derive(Clone, Debug)]
+pub struct AgentOptions {
+    pub node: String,
+    pub fake_gpus: String,
+    pub kill_grace: Option<String>,
+    pub verify_timeout: Option<String>,
+    /// The log file's name in the test's directory; `{node}.log` when `None`.
+    pub log: Option<String>,
+    pub extra: Vec<String>,
+}
+
+impl AgentOptions {
+    /// Node `node` with one fake GPU of 24 GiB.
+    pub fn node(node: &str) -> Self {
+        Self {
+            node: node.into(),
+            fake_gpus: "1x24GiB".into(),
+            kill_grace: None,
+            verify_timeout: None,
+            log: None,
+            extra: vec![],
+        }
+    }
+
+    pub fn kill_grace(mut self, grace: &str) -> Self {
+        self.kill_grace = Some(grace.into());
+        self
+    }
+
+    pub fn verify_timeout(mut self, timeout: &str) -> Self {
+        self.verify_timeout = Some(timeout.into());
+        self
+    }
+
+    pub fn log(mut self, name: &str) -> Self {
+        self.log = Some(name.into());
+        self
+    }
+}
+
+/// A `headroom-agent` with fake GPUs and its data in `dir/{node}`.
+pub struct Agent {
+    proc: Proc,
+    pub node: String,
+    pub data_dir: PathBuf,
+}
+
+impl Agent {
+    /// Starts an agent of the coordinator at `coordinator` (a URL: the coordinator's, or a
+    /// link's in front of it); does not wait for it to register.
+    pub fn start(coordinator: &str, dir: &Path, opts: AgentOptions) -> Result<Self> {
+        let data_dir = dir.join(&opts.node);
+        let mut args: Vec<String> = [
+            "--coordinator",
+            coordinator,
+            "--node",
+            &opts.node,
+            "--gpu-backend",
+            "fake",
+            "--fake-gpus",
+            &opts.fake_gpus,
+        ]
+        .map(String::from)
+        .to_vec();
+        if let Some(grace) = &opts.kill_grace {
+            args.extend(["--kill-grace".into(), grace.clone()]);
+        }
+        if let Some(timeout) = &opts.verify_timeout {
+            args.extend(["--verify-timeout".into(), timeout.clone()]);
+        }
+        args.extend(["--data-dir".into(), data_dir.display().to_string()]);
+        args.extend(opts.extra);
+        let log = dir.join(opts.log.unwrap_or_else(|| format!("{}.log", opts.node)));
+        let proc = Proc::start("headroom-agent", &args, log)?;
+        Ok(Self {
+            proc,
+            node: opts.node,
+            data_dir,
+        })
+    }
+
+    /// Waits up to 30 s for this agent's node to be alive at `coordinator`.
+    pub fn wait_registered(&self, coordinator: &str) {
+        wait_registered(coordinator, &self.node, &self.proc);
+    }
+
+    /// The fake GPU folder the agent and its jobs share.
+    pub fn fake_gpu_dir(&self) -> PathBuf {
+        self.data_dir.join("fake-gpus")
+    }
+}
+
+impl Deref for Agent {
+    type Target = Proc;
+    fn deref(&self) -> &Proc {
+        &self.proc
+    }
+}
+
+impl DerefMut for Agent {
+    fn deref_mut(&mut self) -> &mut Proc {
+        &mut self.proc
+    }
+}
+
+/// Waits up to 30 s for node `node` to be alive at `coordinator`; fails with `agent`'s output.
+pub fn wait_registered(coordinator: &str, node: &str, agent: &Proc) {
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(nodes) = http_get::<Vec<NodeView>>(&format!("{coordinator}/v1/nodes"))
+            && nodes.iter().any(|n| n.name == node && n.alive)
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "node {node} did not register:\n{}",
+            agent.output()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Submits a JSON spec (the `spec` of a submit request) to the coordinator at `url`,
+/// retrying for up to 20 s while it is refused (no agent registered yet).
+pub fn submit_json(url: &str, spec: &serde_json::Value) -> ExperimentId {
+    let body = serde_json::json!({ "spec": spec });
+    wait_until("a submission", Duration::from_secs(20), || {
+        let (status, answer) = http_post(&format!("{url}/v1/experiments"), &body).ok()?;
+        (status == 200).then_some(())?;
+        serde_json::from_value::<SubmitResponse>(answer)
+            .ok()?
+            .experiment
+    })
+}
+
+/// The nodes the coordinator at `url` knows.
+pub fn nodes_of(url: &str) -> Result<Vec<NodeView>> {
+    http_get(&format!("{url}/v1/nodes"))
+}
+
+/// The jobs of an experiment.
+pub fn jobs_of(url: &str, exp: ExperimentId) -> Option<Vec<JobSummary>> {
+    http_get(&format!("{url}/v1/jobs?experiment={exp}")).ok()
+}
+
+/// The first job of an experiment, in detail (attempts included).
+pub fn job_of(url: &str, exp: ExperimentId) -> Option<JobDetail> {
+    let jobs = jobs_of(url, exp)?;
+    http_get(&format!("{url}/v1/jobs/{}", jobs.first()?.id)).ok()
+}
+
+/// Waits up to 30 s for the first job of the experiment to run; the pid of its last attempt.
+pub fn running_pid(url: &str, exp: ExperimentId) -> u32 {
+    wait_until("the job to run", Duration::from_secs(30), || {
+        let d = job_of(url, exp)?;
+        (d.summary.state == JobState::Running).then_some(())?;
+        d.attempts_detail.last()?.pid
+    })
+}
