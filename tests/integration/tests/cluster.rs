@@ -13,9 +13,12 @@ use headroom_integration_tests::{
 use headroom_shared::api::{JobDetail, JobSummary, Progress, SubmitResponse};
 use headroom_shared::{ExperimentId, FailureClass, JobState};
 
+/// Short, so that fault tests see leases expire quickly.
 const TTL: &str = "3s";
 
 struct Cluster {
+    /// The coordinators' lease TTL.
+    ttl: &'static str,
     pg: Postgres,
     dir: tempfile::TempDir,
     ports: Vec<u16>,
@@ -29,10 +32,15 @@ struct Cluster {
 
 impl Cluster {
     fn new(replicas: usize) -> Self {
+        Self::with_ttl(replicas, TTL)
+    }
+
+    fn with_ttl(replicas: usize, ttl: &'static str) -> Self {
         let pg = Postgres::start().expect("postgres");
         let dir = tempfile::tempdir().expect("tempdir");
         let record = dir.path().join("timeline.jsonl");
         let mut c = Self {
+            ttl,
             pg,
             dir,
             ports: (0..replicas).map(|_| free_port().expect("port")).collect(),
@@ -78,7 +86,7 @@ impl Cluster {
                 .display()
                 .to_string(),
             "--lease-ttl".into(),
-            TTL.into(),
+            self.ttl.into(),
         ];
         let log = self.dir.path().join(format!("coord{i}.log"));
         let p = Proc::start("headroom-coordinator", &args, log).expect("coordinator");
@@ -250,7 +258,9 @@ impl Cluster {
 
 #[test]
 fn two_replicas_four_agents_two_thousand_jobs_each_succeed_once() {
-    let mut c = Cluster::new(2);
+    // No fault here, so no lease may be lost: a TTL long enough that a heavily loaded test
+    // machine (heartbeats answered seconds late) does not fence healthy agents.
+    let mut c = Cluster::with_ttl(2, "10s");
     for j in 0..4 {
         c.add_agent(j % 2, "2x24GiB", "8,8", false);
     }
