@@ -89,6 +89,8 @@ pub struct AgentOptions {
     /// The log file's name in the test's directory; `{node}.log` when `None`.
     pub log: Option<String>,
     pub extra: Vec<String>,
+    /// Variables added to the agent's environment.
+    pub env: Vec<(String, String)>,
 }
 
 impl AgentOptions {
@@ -101,7 +103,13 @@ impl AgentOptions {
             verify_timeout: None,
             log: None,
             extra: vec![],
+            env: vec![],
         }
+    }
+
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
     }
 
     pub fn kill_grace(mut self, grace: &str) -> Self {
@@ -153,7 +161,12 @@ impl Agent {
         args.extend(["--data-dir".into(), data_dir.display().to_string()]);
         args.extend(opts.extra);
         let log = dir.join(opts.log.unwrap_or_else(|| format!("{}.log", opts.node)));
-        let proc = Proc::start("headroom-agent", &args, log)?;
+        let env: Vec<(&str, &str)> = opts
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let proc = Proc::start_with_env("headroom-agent", &args, &env, log)?;
         Ok(Self {
             proc,
             node: opts.node,

@@ -7,49 +7,26 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use headroom_integration_tests::{
-    Proc, fake_job, free_port, http_get, http_post, read_records, wait_until as wait,
+use headroom_integration_tests::standalone::{
+    Agent, AgentOptions, Coordinator, job_of, submit_json,
 };
-use headroom_shared::api::{JobDetail, JobSummary, SubmitResponse};
+use headroom_integration_tests::{fake_job, read_records, wait_until as wait};
+use headroom_shared::api::JobDetail;
 use headroom_shared::{ExperimentId, FailureClass, JobState};
 
 /// The agent's test-only pause between journalling an outcome and reporting it.
 const PAUSE_VAR: &str = "HEADROOM_TEST_PAUSE_BEFORE_REPORT";
-const TTL: &str = "3s";
 
 struct Site {
     dir: tempfile::TempDir,
-    url: String,
-    _coord: Proc,
+    coord: Coordinator,
 }
 
 impl Site {
     fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port().expect("port");
-        let args: Vec<String> = [
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-            &dir.path().join("coord").display().to_string(),
-            "--lease-ttl",
-            TTL,
-        ]
-        .map(String::from)
-        .to_vec();
-        let coord = Proc::start("headroom-coordinator", &args, dir.path().join("coord.log"))
-            .expect("coordinator");
-        let url = format!("http://127.0.0.1:{port}");
-        wait("the coordinator", Duration::from_secs(30), || {
-            http_get::<serde_json::Value>(&format!("{url}/v1/health"))
-                .ok()
-                .map(|_| ())
-        });
-        Self {
-            dir,
-            url,
-            _coord: coord,
-        }
+        let coord = Coordinator::start(dir.path(), &["--lease-ttl", "3s"]).expect("coordinator");
+        Self { dir, coord }
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -58,54 +35,22 @@ impl Site {
 
     /// The node's agent, on its one data directory; `pause_ms` holds each end report back
     /// after it is journalled.
-    fn agent(&self, pause_ms: Option<u64>) -> Proc {
-        let args: Vec<String> = [
-            "--coordinator",
-            &self.url,
-            "--node",
-            "gpu-1",
-            "--gpu-backend",
-            "fake",
-            "--fake-gpus",
-            "1x24GiB",
-            "--kill-grace",
-            "300ms",
-            "--verify-timeout",
-            "5s",
-            "--data-dir",
-            &self.data_dir().display().to_string(),
-        ]
-        .map(String::from)
-        .to_vec();
-        let pause = pause_ms.map(|ms| ms.to_string());
-        let env: Vec<(&str, &str)> = pause.iter().map(|p| (PAUSE_VAR, p.as_str())).collect();
-        Proc::start_with_env(
-            "headroom-agent",
-            &args,
-            &env,
-            self.dir.path().join("agent.log"),
-        )
-        .expect("agent")
+    fn agent(&self, pause_ms: Option<u64>) -> Agent {
+        let mut opts = AgentOptions::node("gpu-1")
+            .kill_grace("300ms")
+            .verify_timeout("5s");
+        if let Some(ms) = pause_ms {
+            opts = opts.env(PAUSE_VAR, &ms.to_string());
+        }
+        Agent::start(&self.coord.url, self.dir.path(), opts).expect("agent")
     }
 
     fn submit(&self, spec: serde_json::Value) -> ExperimentId {
-        wait("a submission", Duration::from_secs(20), || {
-            let (status, body) = http_post(
-                &format!("{}/v1/experiments", self.url),
-                &serde_json::json!({"spec": spec}),
-            )
-            .ok()?;
-            (status == 200).then_some(())?;
-            serde_json::from_value::<SubmitResponse>(body)
-                .ok()?
-                .experiment
-        })
+        submit_json(&self.coord.url, &spec)
     }
 
     fn job(&self, exp: ExperimentId) -> Option<JobDetail> {
-        let jobs: Vec<JobSummary> =
-            http_get(&format!("{}/v1/jobs?experiment={exp}", self.url)).ok()?;
-        http_get(&format!("{}/v1/jobs/{}", self.url, jobs.first()?.id)).ok()
+        job_of(&self.coord.url, exp)
     }
 }
 
