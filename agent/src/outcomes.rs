@@ -118,15 +118,15 @@ impl Outcomes {
     /// Journals an outcome (blocking): written whole under a temporary name, then renamed.
     pub fn write(&self, outcome: &Outcome) -> Result<(), OutcomesError> {
         let path = self.path_of(outcome.attempt);
-        let tmp = path.with_extension("json.tmp");
+        // A spare, when there is one, is the temporary file: its inode is reused. A kill
+        // before the rename leaves it a spare, never read (the report was not sent yet).
+        let tmp = self
+            .take_spare()
+            .unwrap_or_else(|| path.with_extension("json.tmp"));
         let bytes = serde_json::to_vec(outcome).map_err(|source| OutcomesError::Format {
             path: path.clone(),
             source,
         })?;
-        // Reuse a spare's inode when there is one (a rename that fails just means a new file).
-        if let Some(spare) = self.take_spare() {
-            let _ = std::fs::rename(&spare, &tmp);
-        }
         std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(io(&path))
     }
