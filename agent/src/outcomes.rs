@@ -287,6 +287,9 @@ mod tests {
             !j.path_of(first.attempt).exists(),
             "answered: out of the journal"
         );
+        // Another file created meanwhile (a job's log) would take an unlinked inode.
+        let other = dir.path().join("outcomes/other");
+        std::fs::write(&other, b"").expect("other file");
         let (found, bad) = j.pending().expect("pending");
         assert!(found.is_empty() && bad.is_empty(), "{found:?} {bad:?}");
 
@@ -303,6 +306,7 @@ mod tests {
         );
 
         // A spare left by a killed run is neither an outcome nor kept by the next run.
+        std::fs::remove_file(&other).expect("remove other");
         j.remove(second.attempt).expect("remove");
         drop(j);
         let again = Outcomes::open(dir.path()).expect("reopen");
