@@ -7,9 +7,15 @@
 //! a whole report or none. There is no fsync: the journal guards against a killed agent,
 //! whose written pages the kernel still holds, not against power loss, and an fsync per
 //! job would slow dispatch down.
+//!
+//! Answered files are renamed aside as spares and reused for the next outcome rather than
+//! unlinked and created again: on ext4 without a journal every inode allocation skips the
+//! inodes freed in the last seconds one by one, so a create and an unlink per job made each
+//! later create in the data directory slower, the more so the faster jobs ran.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use headroom_shared::AttemptId;
@@ -59,10 +65,24 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OutcomesError + '_ {
     }
 }
 
+/// Spare files kept for reuse at most (more are unlinked): about the slots of a large node.
+const MAX_SPARES: usize = 256;
+
+/// Prefix of spare files: answered outcomes waiting to be overwritten (never read).
+const SPARE_PREFIX: &str = "spare-";
+
+/// Answered files renamed aside, to be overwritten by the next outcomes.
+#[derive(Debug, Default)]
+struct Spares {
+    paths: Mutex<Vec<PathBuf>>,
+    next: AtomicU64,
+}
+
 /// The journal directory of one agent.
 #[derive(Clone, Debug)]
 pub struct Outcomes {
     dir: PathBuf,
+    spares: Arc<Spares>,
 }
 
 impl Outcomes {
@@ -70,7 +90,25 @@ impl Outcomes {
     pub fn open(data_dir: &Path) -> Result<Self, OutcomesError> {
         let dir = data_dir.join("outcomes");
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        Ok(Self { dir })
+        // Spares of an earlier run hold answered outcomes only: the names are reused, so they go.
+        for entry in std::fs::read_dir(&dir).map_err(io(&dir))?.flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(SPARE_PREFIX)
+            {
+                let path = entry.path();
+                std::fs::remove_file(&path).map_err(io(&path))?;
+            }
+        }
+        Ok(Self {
+            dir,
+            spares: Arc::default(),
+        })
+    }
+
+    fn take_spare(&self) -> Option<PathBuf> {
+        self.spares.paths.lock().ok()?.pop()
     }
 
     fn path_of(&self, attempt: AttemptId) -> PathBuf {
@@ -80,7 +118,11 @@ impl Outcomes {
     /// Journals an outcome (blocking): written whole under a temporary name, then renamed.
     pub fn write(&self, outcome: &Outcome) -> Result<(), OutcomesError> {
         let path = self.path_of(outcome.attempt);
-        let tmp = path.with_extension("json.tmp");
+        // A spare, when there is one, is the temporary file: its inode is reused. A kill
+        // before the rename leaves it a spare, never read (the report was not sent yet).
+        let tmp = self
+            .take_spare()
+            .unwrap_or_else(|| path.with_extension("json.tmp"));
         let bytes = serde_json::to_vec(outcome).map_err(|source| OutcomesError::Format {
             path: path.clone(),
             source,
@@ -92,6 +134,20 @@ impl Outcomes {
     /// The coordinator has answered this outcome: it leaves the journal (blocking).
     pub fn remove(&self, attempt: AttemptId) -> Result<(), OutcomesError> {
         let path = self.path_of(attempt);
+        if let Ok(mut spares) = self.spares.paths.lock()
+            && spares.len() < MAX_SPARES
+        {
+            let n = self.spares.next.fetch_add(1, Ordering::Relaxed);
+            let spare = self.dir.join(format!("{SPARE_PREFIX}{n}"));
+            return match std::fs::rename(&path, &spare) {
+                Ok(()) => {
+                    spares.push(spare);
+                    Ok(())
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(io(&path)(e)),
+            };
+        }
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -212,5 +268,55 @@ mod tests {
         let (found, _) = again.pending().expect("pending");
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].attempt, newer.attempt);
+    }
+
+    /// Answered files are reused, not unlinked and created again (each inode freed makes
+    /// later creates slower on ext4 without a journal), and never read back as outcomes.
+    #[test]
+    fn answered_files_are_reused_for_the_next_outcome() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let j = Outcomes::open(dir.path()).expect("open");
+        let first = outcome(1, 2);
+        j.write(&first).expect("write");
+        let inode = std::fs::metadata(j.path_of(first.attempt))
+            .expect("journalled")
+            .ino();
+        j.remove(first.attempt).expect("remove");
+        assert!(
+            !j.path_of(first.attempt).exists(),
+            "answered: out of the journal"
+        );
+        // Another file created meanwhile (a job's log) would take an unlinked inode.
+        let other = dir.path().join("outcomes/other");
+        std::fs::write(&other, b"").expect("other file");
+        let (found, bad) = j.pending().expect("pending");
+        assert!(found.is_empty() && bad.is_empty(), "{found:?} {bad:?}");
+
+        let second = outcome(2, 1);
+        j.write(&second).expect("write");
+        let reused = std::fs::metadata(j.path_of(second.attempt)).expect("journalled");
+        assert_eq!(reused.ino(), inode, "the answered file's inode is reused");
+        let (found, _) = j.pending().expect("pending");
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].attempt, second.attempt);
+        assert_eq!(
+            found[0].report.fence, 2,
+            "the reused file holds the new outcome only"
+        );
+
+        // A spare left by a killed run is neither an outcome nor kept by the next run.
+        std::fs::remove_file(&other).expect("remove other");
+        j.remove(second.attempt).expect("remove");
+        drop(j);
+        let again = Outcomes::open(dir.path()).expect("reopen");
+        let (found, bad) = again.pending().expect("pending");
+        assert!(found.is_empty() && bad.is_empty(), "{found:?} {bad:?}");
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("outcomes"))
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 }

@@ -10,7 +10,8 @@
 //! extra `PID:MiB` processes as a driver reports them, and `pid-namespace` containing
 //! `isolated` makes the backend read pids as an agent in a pid namespace of its own would.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::fmt;
 use std::fs::{self, File};
 use std::io;
@@ -230,19 +231,26 @@ const STALE_SLACK: Duration = Duration::from_secs(2);
 /// unreadable or malformed files and GPUs outside the list are ignored. A missing directory
 /// means nothing is used. Blocking.
 pub fn read_usage(dir: &Path, gpu_count: u32) -> io::Result<Vec<FakeUse>> {
+    scan(dir, gpu_count).map(|(uses, _)| uses)
+}
+
+/// [`read_usage`], and the control files present, from the same directory listing.
+fn scan(dir: &Path, gpu_count: u32) -> io::Result<(Vec<FakeUse>, Controls)> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok((Vec::new(), Controls::default()));
+        }
         Err(e) => return Err(e),
     };
     let mut out = Vec::new();
+    let mut controls = Controls::default();
     for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue; // the lock file, temporary files
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            // The lock file, temporary files, control files.
+            controls.present.insert(name);
+            continue;
         };
         let path = entry.path();
         if !Path::new(&format!("/proc/{pid}")).exists() {
@@ -284,7 +292,7 @@ pub fn read_usage(dir: &Path, gpu_count: u32) -> io::Result<Vec<FakeUse>> {
         );
     }
     out.sort_unstable_by_key(|u| (u.gpu, u.pid));
-    Ok(out)
+    Ok((out, controls))
 }
 
 /// Fake memory in use on `gpu`, summed over processes.
@@ -354,17 +362,28 @@ pub fn fault_file(dir: &Path, gpu: u32, fault: Fault) -> PathBuf {
 /// Control file: `isolated` simulates an agent in a pid namespace of its own.
 pub const PID_NAMESPACE_FILE: &str = "pid-namespace";
 
-/// The text of a control file, `None` when there is none.
-fn control(path: &Path) -> Option<String> {
-    fs::read_to_string(path).ok()
+/// The names in the directory that are not usage files, as one sample listed them: only
+/// those are opened, rather than probing every control file of every GPU at every sample
+/// (17 failed opens a sample on four GPUs).
+#[derive(Debug, Default)]
+struct Controls {
+    present: HashSet<OsString>,
 }
 
-/// The error a fault file stands for: its text, or a default like NVML's.
-fn fault_error(path: &Path, what: &str) -> Option<String> {
-    control(path).map(|text| match text.trim() {
-        "" => format!("{what}: Unknown Error (simulated)"),
-        t => format!("{what}: {t}"),
-    })
+impl Controls {
+    /// The text of a control file, `None` when there is none.
+    fn read(&self, path: &Path) -> Option<String> {
+        let listed = path.file_name().is_some_and(|n| self.present.contains(n));
+        listed.then(|| fs::read_to_string(path).ok()).flatten()
+    }
+
+    /// The error a fault file stands for: its text, or a default like NVML's.
+    fn fault_error(&self, path: &Path, what: &str) -> Option<String> {
+        self.read(path).map(|text| match text.trim() {
+            "" => format!("{what}: Unknown Error (simulated)"),
+            t => format!("{what}: {t}"),
+        })
+    }
 }
 
 /// `PID:MiB` lines; malformed lines are ignored.
@@ -426,8 +445,8 @@ impl FakeBackend {
     }
 
     /// How this backend reads driver pids: as the host, unless told otherwise.
-    fn pid_view(&self) -> PidView {
-        match control(&self.dir.join(PID_NAMESPACE_FILE)) {
+    fn pid_view(&self, controls: &Controls) -> PidView {
+        match controls.read(&self.dir.join(PID_NAMESPACE_FILE)) {
             Some(t) if t.trim() == "isolated" => PidView::Isolated {
                 reason: pidns::NEEDS_HOST_PID.to_string(),
             },
@@ -436,10 +455,17 @@ impl FakeBackend {
     }
 
     /// One GPU's reading from the usage files, with the faults injected for it.
-    fn sample_one(&self, gpu: &GpuInfo, uses: &[FakeUse], view: &PidView) -> GpuSample {
+    fn sample_one(
+        &self,
+        gpu: &GpuInfo,
+        uses: &[FakeUse],
+        view: &PidView,
+        controls: &Controls,
+    ) -> GpuSample {
         let mut errors = Vec::new();
-        let no_process_memory =
-            control(&fault_file(&self.dir, gpu.index, Fault::NoProcessMemory)).is_some();
+        let no_process_memory = controls
+            .read(&fault_file(&self.dir, gpu.index, Fault::NoProcessMemory))
+            .is_some();
         let mut reported: Vec<Reported> = uses
             .iter()
             .filter(|u| u.gpu == gpu.index)
@@ -448,7 +474,7 @@ impl FakeBackend {
                 used_mib: Some(u.mib),
             })
             .collect();
-        if let Some(text) = control(&fault_file(&self.dir, gpu.index, Fault::DriverPids)) {
+        if let Some(text) = controls.read(&fault_file(&self.dir, gpu.index, Fault::DriverPids)) {
             reported.extend(parse_driver_pids(&text));
         }
         let used = reported
@@ -460,7 +486,7 @@ impl FakeBackend {
                 r.used_mib = None;
             }
         }
-        let (used_mib, free_mib) = match fault_error(
+        let (used_mib, free_mib) = match controls.fault_error(
             &fault_file(&self.dir, gpu.index, Fault::Memory),
             "memory info",
         ) {
@@ -470,7 +496,7 @@ impl FakeBackend {
             }
             None => (used, gpu.total_mib.saturating_sub(used)),
         };
-        let processes = match fault_error(
+        let processes = match controls.fault_error(
             &fault_file(&self.dir, gpu.index, Fault::Processes),
             "process list",
         ) {
@@ -515,16 +541,16 @@ impl GpuBackend for FakeBackend {
     }
 
     fn sample(&self) -> Result<Vec<GpuSample>, GpuError> {
-        let uses =
-            read_usage(&self.dir, self.spec.gpu_count()).map_err(|source| GpuError::FakeDir {
+        let (uses, controls) =
+            scan(&self.dir, self.spec.gpu_count()).map_err(|source| GpuError::FakeDir {
                 dir: self.dir.clone(),
                 source,
             })?;
-        let view = self.pid_view();
+        let view = self.pid_view(&controls);
         Ok(self
             .inventory
             .iter()
-            .map(|gpu| self.sample_one(gpu, &uses, &view))
+            .map(|gpu| self.sample_one(gpu, &uses, &view, &controls))
             .collect())
     }
 
