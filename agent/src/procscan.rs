@@ -81,12 +81,23 @@ pub fn pids_with_marker(attempt: AttemptId) -> Vec<u32> {
 /// Every live process carrying a marker, by attempt: one pass over `/proc` serves every
 /// attempt, so concurrent cleanups can share it.
 pub fn marked_processes() -> HashMap<AttemptId, Vec<u32>> {
+    marked_processes_scoped(None)
+}
+
+/// As [`marked_processes`]; with `scope` (`NAME`, `value`), only processes whose environment
+/// also has `NAME=value` (one agent's jobs among several agents' on a host).
+pub fn marked_processes_scoped(scope: Option<(&str, &str)>) -> HashMap<AttemptId, Vec<u32>> {
     let me = std::process::id();
     let mut out: HashMap<AttemptId, Vec<u32>> = HashMap::new();
     for pid in all_pids().into_iter().filter(|&pid| pid != me) {
         let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
             continue;
         };
+        if let Some((name, value)) = scope
+            && find_var(&env, name.as_bytes()) != Some(value.as_bytes())
+        {
+            continue;
+        }
         let Some(attempt) = find_var(&env, ATTEMPT_VAR.as_bytes())
             .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|v| v.trim().parse::<AttemptId>().ok())

@@ -7,14 +7,13 @@
 //! agent's data directory. Blocking: async callers use `spawn_blocking`.
 
 use std::collections::{HashMap, HashSet};
-use std::fs;
 use std::path::Path;
 
 use headroom_shared::AttemptId;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::procscan::{self, ATTEMPT_VAR};
+use crate::procscan;
 
 /// Set on every job next to the attempt marker: the agent's canonical data directory, which
 /// names one agent on a host across its restarts.
@@ -31,31 +30,9 @@ pub fn scope_of(data_dir: &Path) -> String {
 
 /// Live processes carrying `scope`'s marker, by attempt, leaving out the attempts in `keep`.
 pub fn strays(scope: &str, keep: &HashSet<AttemptId>) -> HashMap<AttemptId, Vec<u32>> {
-    let me = std::process::id();
-    let mut out: HashMap<AttemptId, Vec<u32>> = HashMap::new();
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return out;
-    };
-    let pids = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok());
-    for pid in pids.filter(|&p| p != me) {
-        // Gone or another user's: not ours to find (nor to kill).
-        let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
-            continue;
-        };
-        if var(&env, AGENT_VAR) != Some(scope.as_bytes()) {
-            continue;
-        }
-        let Some(attempt) = var(&env, ATTEMPT_VAR)
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|v| v.trim().parse::<AttemptId>().ok())
-        else {
-            continue;
-        };
-        if !keep.contains(&attempt) && procscan::is_alive(pid) {
-            out.entry(attempt).or_default().push(pid);
-        }
-    }
-    out
+    let mut found = procscan::marked_processes_scoped(Some((AGENT_VAR, scope)));
+    found.retain(|attempt, _| !keep.contains(attempt));
+    found
 }
 
 /// SIGKILLs every stray of `scope` (see [`strays`]), scanning again until a scan finds none;
@@ -84,18 +61,10 @@ pub fn kill_strays(scope: &str, keep: &HashSet<AttemptId>) -> HashMap<AttemptId,
     killed
 }
 
-/// `name=value` in a NUL-separated environment block.
-fn var<'a>(environ: &'a [u8], name: &str) -> Option<&'a [u8]> {
-    environ.split(|&b| b == 0).find_map(|entry| {
-        entry
-            .strip_prefix(name.as_bytes())
-            .and_then(|rest| rest.strip_prefix(b"="))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::procscan::ATTEMPT_VAR;
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 

@@ -342,20 +342,28 @@ async fn job_rules(tx: &Transaction<'_>, job: &str) -> Result<rules::JobRules> {
         .ok_or_else(|| StoreError::not_found("job", job.to_string()))
 }
 
-/// Records an active attempt as lost and requeues its job if the policy allows; false when
-/// it had already ended (another replica's sweep, or its report, came first).
-async fn lose_attempt(tx: &Transaction<'_>, attempt: &str) -> Result<bool> {
-    let Some(job) = first(
+/// The job of an attempt, locked (the job first, as every transition locks); `None` when no
+/// such attempt exists.
+async fn lock_job_of(tx: &Transaction<'_>, attempt: &str) -> Result<Option<String>> {
+    let job = first(
         tx,
         "SELECT job_id FROM attempts WHERE id = $1",
         &[&attempt],
         |r| r.text(0),
     )
-    .await?
-    else {
+    .await?;
+    if let Some(job) = &job {
+        lock_job(tx, job).await?;
+    }
+    Ok(job)
+}
+
+/// Records an active attempt as lost and requeues its job if the policy allows; false when
+/// it had already ended (another replica's sweep, or its report, came first).
+async fn lose_attempt(tx: &Transaction<'_>, attempt: &str) -> Result<bool> {
+    let Some(job) = lock_job_of(tx, attempt).await? else {
         return Ok(false);
     };
-    lock_job(tx, &job).await?;
     let Some(started) = first(
         tx,
         "UPDATE attempts SET phase = 'ended', ended_at = $1, failure_class = 'lost', \
@@ -446,15 +454,7 @@ async fn check_fence(
 ) -> Result<(String, AttemptPhase)> {
     let id = attempt.to_string();
     let not_found = || StoreError::not_found("attempt", id.clone());
-    let job = first(
-        tx,
-        "SELECT job_id FROM attempts WHERE id = $1",
-        &[&id],
-        |r| r.text(0),
-    )
-    .await?
-    .ok_or_else(not_found)?;
-    lock_job(tx, &job).await?;
+    let job = lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
     let row = first(
         tx,
         "SELECT a.phase, a.fence, j.fence FROM attempts a JOIN jobs j ON j.id = a.job_id \
@@ -477,15 +477,7 @@ async fn check_finish_fence(
 ) -> Result<(String, rules::Report)> {
     let id = attempt.to_string();
     let not_found = || StoreError::not_found("attempt", id.clone());
-    let job = first(
-        tx,
-        "SELECT job_id FROM attempts WHERE id = $1",
-        &[&id],
-        |r| r.text(0),
-    )
-    .await?
-    .ok_or_else(not_found)?;
-    lock_job(tx, &job).await?;
+    let job = lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
     let row = first(
         tx,
         "SELECT a.phase, a.fence, j.fence, a.failure_class, a.started_at IS NOT NULL \
