@@ -812,6 +812,40 @@ async fn oom_ladder_steps_get_their_own_estimate_and_repeat(s: Backend) {
     );
 }
 
+/// Every write a long-poll may wait for announces itself through the store's change counter
+/// (handlers no longer bump it): submit, claim, start, finish and hand-back.
+async fn writes_announce_their_changes(s: Backend) {
+    let changes = s.changes();
+    let agent = register(&s, "n1", 2, None).await;
+    let mut seen = changes.version();
+    let mut advanced = |what: &str| {
+        let now = changes.version();
+        assert!(now > seen, "{what} did not announce a change");
+        seen = now;
+    };
+    submit(
+        &s,
+        vec![job(0, Some(1000), vec![], 1), job(1, Some(1000), vec![], 1)],
+    )
+    .await;
+    advanced("submit");
+    let mut leases = claim(&s, agent, 2).await;
+    advanced("claim");
+    let (a, b) = (leases.remove(0), leases.remove(0));
+    s.start_attempt(a.attempt, a.fence, 1, 0)
+        .await
+        .expect("start");
+    advanced("start");
+    s.finish_attempt(a.attempt, report(a.fence, None))
+        .await
+        .expect("finish");
+    advanced("finish");
+    s.hand_back(b.attempt, b.fence, &free(2, 10_000))
+        .await
+        .expect("hand back");
+    advanced("hand back");
+}
+
 async fn pending_jobs_say_why(s: Backend) {
     let agent = register(&s, "n1", 1, None).await; // one slot, 10_000 MiB
     submit(
@@ -1059,6 +1093,7 @@ conformance!(sqlite, postgres: [
     heartbeats_racing_a_normal_end_renew_the_rest,
     oom_ladder_steps_get_their_own_estimate_and_repeat,
     pending_jobs_say_why,
+    writes_announce_their_changes,
     peak_sources_are_stored_and_device_deltas_teach,
     late_outcomes_of_lost_attempts,
 ]);
