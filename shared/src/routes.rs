@@ -20,10 +20,19 @@ impl fmt::Display for Method {
     }
 }
 
-/// Who calls a route: people (CLI, notebooks, dashboard) or agents.
+/// Who may call a route. Roles are `admin`, `user` and `agent`; an admin may do whatever a
+/// user may.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Caller {
+pub enum Access {
+    /// No token needed (liveness probes).
+    Public,
+    /// Any user or admin (reads and submissions).
     User,
+    /// A user acting on what they submitted, or an admin.
+    Owner,
+    /// Admins only (node plans, quarantines, tokens).
+    Admin,
+    /// Agents only (registration, leases, reports).
     Agent,
 }
 
@@ -32,7 +41,7 @@ pub enum Caller {
 pub struct Route {
     pub method: Method,
     pub path: &'static str,
-    pub caller: Caller,
+    pub access: Access,
     pub summary: &'static str,
 }
 
@@ -40,13 +49,13 @@ impl Route {
     const fn new(
         method: Method,
         path: &'static str,
-        caller: Caller,
+        access: Access,
         summary: &'static str,
     ) -> Self {
         Self {
             method,
             path,
-            caller,
+            access,
             summary,
         }
     }
@@ -89,17 +98,17 @@ fn encode_segment(raw: &str, out: &mut String) {
     }
 }
 
-use Caller::{Agent, User};
+use Access::{Admin, Agent, Owner, Public, User};
 use Method::{Get, Post, Put};
 
-pub const HEALTH: Route = Route::new(Get, "/v1/health", User, "Liveness and schema version");
+pub const HEALTH: Route = Route::new(Get, "/v1/health", Public, "Liveness and schema version");
 pub const SUBMIT: Route = Route::new(Post, "/v1/experiments", User, "Submit a spec");
 pub const EXPERIMENTS: Route = Route::new(Get, "/v1/experiments", User, "List experiments");
 pub const EXPERIMENT: Route = Route::new(Get, "/v1/experiments/{id}", User, "One experiment");
 pub const CANCEL_EXPERIMENT: Route = Route::new(
     Post,
     "/v1/experiments/{id}/cancel",
-    User,
+    Owner,
     "Cancel every unfinished job of an experiment",
 );
 pub const PROGRESS: Route = Route::new(
@@ -111,11 +120,11 @@ pub const PROGRESS: Route = Route::new(
 pub const EXPORT: Route = Route::new(Get, "/v1/export", User, "Attempts as CSV");
 pub const JOBS: Route = Route::new(Get, "/v1/jobs", User, "List jobs");
 pub const JOB: Route = Route::new(Get, "/v1/jobs/{id}", User, "A job with its attempts");
-pub const CANCEL_JOB: Route = Route::new(Post, "/v1/jobs/{id}/cancel", User, "Cancel a job");
+pub const CANCEL_JOB: Route = Route::new(Post, "/v1/jobs/{id}/cancel", Owner, "Cancel a job");
 pub const RETRY_JOB: Route = Route::new(
     Post,
     "/v1/jobs/{id}/retry",
-    User,
+    Owner,
     "Run a finished job once more",
 );
 pub const ATTEMPT: Route = Route::new(Get, "/v1/attempts/{id}", User, "One attempt");
@@ -153,13 +162,13 @@ pub const NODES: Route = Route::new(Get, "/v1/nodes", User, "Nodes, GPUs, memory
 pub const SET_PLAN: Route = Route::new(
     Put,
     "/v1/nodes/{name}/plan",
-    User,
+    Admin,
     "Set a node's concurrency plan",
 );
 pub const RELEASE_GPU: Route = Route::new(
     Post,
     "/v1/nodes/{name}/gpus/{gpu}/release",
-    User,
+    Admin,
     "Lift a GPU's quarantine",
 );
 pub const REGISTER: Route = Route::new(Post, "/v1/agents/register", Agent, "Register an agent");
