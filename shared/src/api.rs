@@ -16,11 +16,13 @@ use crate::state::{FailureClass, JobState};
 
 /// Every error the API returns: `{"error": {"code", "message", "field"?}}`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorDetail {
     pub code: ErrorCode,
     pub message: String,
@@ -30,6 +32,7 @@ pub struct ErrorDetail {
 
 /// What went wrong, for programs: the server sets it, clients match on it (never on text).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// A field of the request is wrong; `field` names it. 422.
@@ -90,8 +93,10 @@ impl fmt::Display for ErrorCode {
 // ---- experiments and jobs -------------------------------------------------------------
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmitRequest {
     /// The spec as a JSON document (YAML is converted by the client).
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::spec::ExperimentSpec))]
     pub spec: Value,
     /// Overrides the spec's `seed`.
     #[serde(default)]
@@ -102,6 +107,7 @@ pub struct SubmitRequest {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmitResponse {
     /// `None` for a dry run.
     pub experiment: Option<ExperimentId>,
@@ -119,6 +125,7 @@ pub struct SubmitResponse {
 
 /// Jobs per state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StateCounts {
     pub queued: u64,
     pub leased: u64,
@@ -159,6 +166,7 @@ impl StateCounts {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExperimentSummary {
     pub id: ExperimentId,
     pub name: String,
@@ -168,6 +176,7 @@ pub struct ExperimentSummary {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobSummary {
     pub id: JobId,
     pub experiment: ExperimentId,
@@ -193,6 +202,7 @@ pub struct JobSummary {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobDetail {
     #[serde(flatten)]
     pub summary: JobSummary,
@@ -209,6 +219,7 @@ pub struct JobDetail {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum AttemptPhase {
     Leased,
@@ -217,6 +228,7 @@ pub enum AttemptPhase {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AttemptView {
     pub id: AttemptId,
     pub job: JobId,
@@ -257,12 +269,14 @@ pub struct AttemptView {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CancelResponse {
     /// Jobs that were cancelled by this call.
     pub cancelled: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Progress {
     /// Changes whenever any job changes; pass it back as `after` to wait for the next change.
     pub version: u64,
@@ -323,6 +337,23 @@ impl FromStr for Headroom {
     }
 }
 
+/// In the OpenAPI document: the string form (`10%` or `2GiB`).
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for Headroom {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some(
+                "GPU memory kept free: a percentage of the total (`10%`, 0 to 90) or a size (`2GiB`)",
+            ))
+            .examples([serde_json::json!("10%")])
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for Headroom {}
+
 impl TryFrom<String> for Headroom {
     type Error = HeadroomError;
     fn try_from(s: String) -> Result<Self, Self::Error> {
@@ -338,6 +369,7 @@ impl From<Headroom> for String {
 
 /// A GPU as the agent found it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuInfo {
     pub index: u32,
     pub uuid: String,
@@ -347,6 +379,7 @@ pub struct GpuInfo {
 
 /// A process seen on a GPU.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuProcess {
     pub pid: u32,
     pub used_mib: u64,
@@ -371,6 +404,7 @@ pub struct GpuProcess {
 
 /// Live state of one GPU.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuSample {
     pub index: u32,
     pub used_mib: u64,
@@ -392,6 +426,7 @@ pub struct GpuSample {
 
 /// Where an attempt's peak memory figure comes from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum PeakSource {
     /// The sum of the attempt's processes' memory as the driver reports it per process.
@@ -432,6 +467,7 @@ impl FromStr for PeakSource {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeView {
     pub name: String,
     pub agent: Option<AgentId>,
@@ -443,6 +479,7 @@ pub struct NodeView {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuView {
     pub index: u32,
     pub uuid: String,
@@ -471,6 +508,7 @@ pub struct GpuView {
 
 /// A GPU held back because an attempt's cleanup could not be verified.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QuarantineView {
     pub attempt: AttemptId,
     pub reason: String,
@@ -478,6 +516,7 @@ pub struct QuarantineView {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SetPlanRequest {
     pub plan: String,
 }
@@ -485,6 +524,7 @@ pub struct SetPlanRequest {
 // ---- agent protocol -------------------------------------------------------------------
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RegisterRequest {
     pub node: String,
     pub gpus: Vec<GpuInfo>,
@@ -501,6 +541,7 @@ pub struct RegisterRequest {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RegisterResponse {
     pub agent: AgentId,
     pub lease_ttl_ms: u64,
@@ -511,6 +552,7 @@ pub struct RegisterResponse {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClaimRequest {
     /// Live memory per GPU, read just before the request.
     pub gpus: Vec<GpuSample>,
@@ -528,6 +570,7 @@ pub struct ClaimRequest {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClaimResponse {
     pub leases: Vec<Lease>,
     pub cancel: Vec<AttemptId>,
@@ -536,6 +579,7 @@ pub struct ClaimResponse {
 
 /// A job leased to an agent: everything needed to run it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Lease {
     pub attempt: AttemptId,
     pub job: JobId,
@@ -552,12 +596,14 @@ pub struct Lease {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AttemptRef {
     pub attempt: AttemptId,
     pub fence: i64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HeartbeatRequest {
     pub gpus: Vec<GpuSample>,
     pub attempts: Vec<AttemptRef>,
@@ -567,6 +613,7 @@ pub struct HeartbeatRequest {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HeartbeatResponse {
     pub cancel: Vec<AttemptId>,
     /// Always empty now: a heartbeat naming an attempt whose lease was lost or reassigned
@@ -577,6 +624,7 @@ pub struct HeartbeatResponse {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StartReport {
     pub fence: i64,
     pub pid: u32,
@@ -584,6 +632,7 @@ pub struct StartReport {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FinishReport {
     pub fence: i64,
     /// `None` means success.
@@ -609,11 +658,13 @@ pub struct FinishReport {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FinishResponse {
     pub job_state: JobState,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HandBackRequest {
     pub fence: i64,
     pub reason: String,
@@ -621,6 +672,7 @@ pub struct HandBackRequest {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
 pub struct LogChunkQuery {
     pub fence: i64,
     pub offset: u64,
@@ -629,6 +681,7 @@ pub struct LogChunkQuery {
 // ---- small answers and query strings ----------------------------------------------------
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Health {
     pub status: String,
     pub schema_version: i64,
@@ -636,22 +689,26 @@ pub struct Health {
 
 /// The answer of calls that only acknowledge (start, hand-back).
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Ack {
     pub ok: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LogAppended {
     /// The log's length after the append.
     pub len: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RetryResponse {
     pub state: JobState,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Released {
     /// Quarantines lifted.
     pub released: u64,
@@ -659,6 +716,7 @@ pub struct Released {
 
 /// `GET /v1/jobs` filters.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
 pub struct JobsQuery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experiment: Option<String>,
@@ -670,6 +728,7 @@ pub struct JobsQuery {
 
 /// `GET /v1/progress`: with `after`, wait up to `timeout_ms` for the version to move past it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
 pub struct ProgressQuery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experiment: Option<String>,
@@ -680,6 +739,7 @@ pub struct ProgressQuery {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
 pub struct ExportQuery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experiment: Option<String>,
@@ -687,6 +747,7 @@ pub struct ExportQuery {
 
 /// `GET /v1/attempts/{id}/log`: bytes from `offset`, waiting up to `wait_ms` for some.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
 pub struct LogQuery {
     #[serde(default)]
     pub offset: u64,

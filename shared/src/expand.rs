@@ -11,6 +11,7 @@ use crate::spec::{Distribution, ExperimentSpec, SpecError, render_with};
 
 /// One job of an expansion, before it is stored.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExpandedJob {
     /// Position in the expansion (0-based).
     pub index: u32,

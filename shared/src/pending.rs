@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::size::MemSize;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "reason", rename_all = "snake_case")]
 pub enum PendingReason {
     /// No agent has looked at it yet (it was just queued, or sits deep in the queue).

@@ -74,6 +74,23 @@ impl<'de> Deserialize<'de> for MemSize {
     }
 }
 
+/// In the OpenAPI document: a string with a unit, as users write it.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for MemSize {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some(
+                "A memory size with a unit: `3.5GiB`, `500MiB`, `24GB` (a bare number is refused)",
+            ))
+            .examples([serde_json::json!("3.5GiB")])
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for MemSize {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,7 @@ pub const DEFAULT_MAX_JOBS: u64 = 100_000;
 pub const BUILTIN_PLACEHOLDERS: &[&str] = &["run", "config"];
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExperimentSpec {
     /// Experiment name (letters, digits, `_`, `-`, `.`).
@@ -69,6 +70,7 @@ fn one() -> u32 {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
     /// GPUs per job (0 for a CPU-only job).
@@ -89,6 +91,7 @@ impl Default for Resources {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RetryPolicy {
     /// Attempts in all, the first included.
@@ -124,6 +127,7 @@ impl RetryPolicy {
 
 /// How a `mutate` axis draws its values.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Distribution {
     Uniform([f64; 2]),

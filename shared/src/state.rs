@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 /// Where a job stands. `queued -> leased -> running -> succeeded | failed | cancelled`,
 /// with `retrying` between attempts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     Queued,
@@ -151,6 +152,7 @@ impl FromStr for JobState {
 
 /// Why an attempt did not succeed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FailureClass {
     /// CUDA out-of-memory text in the log.

@@ -62,8 +62,17 @@ pub fn router(state: AppState) -> Router {
         .route(r::REGISTER.path, on(r::REGISTER, agents::register))
         .route(r::CLAIM.path, on(r::CLAIM, agents::claim))
         .route(r::HEARTBEAT.path, on(r::HEARTBEAT, agents::heartbeat))
+        // Public, outside `/v1`: the description of everything above.
+        .route(OPENAPI_PATH, get(openapi_json))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route (see /v1/...)") })
         .with_state(state)
+}
+
+/// Where the OpenAPI document is served.
+pub const OPENAPI_PATH: &str = "/openapi.json";
+
+async fn openapi_json() -> axum::Json<&'static utoipa::openapi::OpenApi> {
+    axum::Json(crate::openapi::document())
 }
 
 /// The handler for the route's method.

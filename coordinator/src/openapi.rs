@@ -1,0 +1,650 @@
+//! The OpenAPI 3.1 document served at `/openapi.json`, built from the shared route table
+//! (`routes::ALL`: paths, methods, who may call) and one table here of each route's request,
+//! query and answer types, so the document follows the code.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use headroom_shared::api::{
+    Ack, AttemptView, CancelResponse, ClaimRequest, ClaimResponse, ErrorBody, ExperimentSummary,
+    ExportQuery, FinishReport, FinishResponse, HandBackRequest, Health, HeartbeatRequest,
+    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LogAppended, LogChunkQuery, LogQuery,
+    NodeView, Progress, ProgressQuery, RegisterRequest, RegisterResponse, Released, RetryResponse,
+    SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
+};
+use headroom_shared::routes::{self, Access, Method, Route};
+use utoipa::openapi::path::{
+    HttpMethod, OperationBuilder, Parameter, ParameterBuilder, ParameterIn,
+};
+use utoipa::openapi::request_body::RequestBodyBuilder;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{
+    ArrayBuilder, ComponentsBuilder, ContentBuilder, Header, InfoBuilder, KnownFormat,
+    LicenseBuilder, Object, ObjectBuilder, OpenApi, OpenApiBuilder, PathItem, PathsBuilder, Ref,
+    RefOr, Required, ResponseBuilder, Schema, SchemaFormat, SecurityRequirement, Type,
+};
+use utoipa::{IntoParams, ToSchema};
+
+/// Name of the bearer-token security scheme in the document.
+pub const BEARER: &str = "bearer";
+
+/// Schemas collected while the operations are described, by component name.
+#[derive(Default)]
+struct Schemas(BTreeMap<String, RefOr<Schema>>);
+
+impl Schemas {
+    /// Registers `T` (and every type it refers to) and returns a reference to it.
+    fn of<T: ToSchema>(&mut self) -> RefOr<Schema> {
+        let name = T::name().to_string();
+        if !self.0.contains_key(&name) {
+            self.0.insert(name.clone(), T::schema());
+            let mut nested = Vec::new();
+            T::schemas(&mut nested);
+            for (n, s) in nested {
+                self.0.entry(n).or_insert(s);
+            }
+        }
+        Ref::from_schema_name(name).into()
+    }
+}
+
+type SchemaFn = fn(&mut Schemas) -> RefOr<Schema>;
+
+fn one<T: ToSchema>(s: &mut Schemas) -> RefOr<Schema> {
+    s.of::<T>()
+}
+
+fn list<T: ToSchema>(s: &mut Schemas) -> RefOr<Schema> {
+    ArrayBuilder::new().items(s.of::<T>()).build().into()
+}
+
+fn query<T: IntoParams>() -> Vec<Parameter> {
+    T::into_params(|| Some(ParameterIn::Query))
+}
+
+/// What a route takes besides its path.
+#[derive(Clone, Copy)]
+enum Body {
+    None,
+    Json(SchemaFn),
+    /// Raw bytes (`application/octet-stream`).
+    Bytes,
+}
+
+/// What a route answers with on success.
+#[derive(Clone, Copy)]
+enum Answer {
+    Json(SchemaFn),
+    Csv,
+    /// Log bytes with the `x-log-offset` and `x-attempt-ended` headers.
+    LogBytes,
+}
+
+/// One route's documentation beyond what `routes::Route` says.
+#[derive(Clone, Copy)]
+struct RouteDoc {
+    operation_id: &'static str,
+    tag: &'static str,
+    body: Body,
+    query: Option<fn() -> Vec<Parameter>>,
+    answer: Answer,
+    /// The route can refuse because of state: a stale fence, an unknown agent, a job in the
+    /// wrong state (409).
+    conflicts: bool,
+}
+
+const fn doc(operation_id: &'static str, tag: &'static str, answer: Answer) -> RouteDoc {
+    RouteDoc {
+        operation_id,
+        tag,
+        body: Body::None,
+        query: None,
+        answer,
+        conflicts: false,
+    }
+}
+
+impl RouteDoc {
+    const fn body(mut self, body: SchemaFn) -> Self {
+        self.body = Body::Json(body);
+        self
+    }
+    const fn query(mut self, params: fn() -> Vec<Parameter>) -> Self {
+        self.query = Some(params);
+        self
+    }
+    const fn conflicts(mut self) -> Self {
+        self.conflicts = true;
+        self
+    }
+}
+
+/// Every route's request, query and answer types. A test checks that it covers exactly
+/// `routes::ALL`.
+fn table() -> Vec<(Route, RouteDoc)> {
+    use Answer::Json;
+    use routes as r;
+    vec![
+        (r::HEALTH, doc("health", "meta", Json(one::<Health>))),
+        (
+            r::SUBMIT,
+            doc(
+                "submitExperiment",
+                "experiments",
+                Json(one::<SubmitResponse>),
+            )
+            .body(one::<SubmitRequest>),
+        ),
+        (
+            r::EXPERIMENTS,
+            doc(
+                "listExperiments",
+                "experiments",
+                Json(list::<ExperimentSummary>),
+            ),
+        ),
+        (
+            r::EXPERIMENT,
+            doc(
+                "getExperiment",
+                "experiments",
+                Json(one::<ExperimentSummary>),
+            ),
+        ),
+        (
+            r::CANCEL_EXPERIMENT,
+            doc(
+                "cancelExperiment",
+                "experiments",
+                Json(one::<CancelResponse>),
+            ),
+        ),
+        (
+            r::PROGRESS,
+            doc("progress", "experiments", Json(one::<Progress>)).query(query::<ProgressQuery>),
+        ),
+        (
+            r::EXPORT,
+            doc("exportAttempts", "experiments", Answer::Csv).query(query::<ExportQuery>),
+        ),
+        (
+            r::JOBS,
+            doc("listJobs", "jobs", Json(list::<JobSummary>)).query(query::<JobsQuery>),
+        ),
+        (r::JOB, doc("getJob", "jobs", Json(one::<JobDetail>))),
+        (
+            r::CANCEL_JOB,
+            doc("cancelJob", "jobs", Json(one::<CancelResponse>)),
+        ),
+        (
+            r::RETRY_JOB,
+            doc("retryJob", "jobs", Json(one::<RetryResponse>)).conflicts(),
+        ),
+        (
+            r::ATTEMPT,
+            doc("getAttempt", "jobs", Json(one::<AttemptView>)),
+        ),
+        (
+            r::READ_LOG,
+            doc("readLog", "jobs", Answer::LogBytes).query(query::<LogQuery>),
+        ),
+        (
+            r::APPEND_LOG,
+            RouteDoc {
+                body: Body::Bytes,
+                ..doc("appendLog", "agents", Json(one::<LogAppended>))
+                    .query(query::<LogChunkQuery>)
+                    .conflicts()
+            },
+        ),
+        (
+            r::START,
+            doc("startAttempt", "agents", Json(one::<Ack>))
+                .body(one::<StartReport>)
+                .conflicts(),
+        ),
+        (
+            r::FINISH,
+            doc("finishAttempt", "agents", Json(one::<FinishResponse>))
+                .body(one::<FinishReport>)
+                .conflicts(),
+        ),
+        (
+            r::HAND_BACK,
+            doc("handBack", "agents", Json(one::<Ack>))
+                .body(one::<HandBackRequest>)
+                .conflicts(),
+        ),
+        (r::NODES, doc("listNodes", "nodes", Json(list::<NodeView>))),
+        (
+            r::SET_PLAN,
+            doc("setPlan", "nodes", Json(one::<NodeView>)).body(one::<SetPlanRequest>),
+        ),
+        (
+            r::RELEASE_GPU,
+            doc("releaseGpu", "nodes", Json(one::<Released>)),
+        ),
+        (
+            r::REGISTER,
+            doc("registerAgent", "agents", Json(one::<RegisterResponse>))
+                .body(one::<RegisterRequest>)
+                .conflicts(),
+        ),
+        (
+            r::CLAIM,
+            doc("claim", "agents", Json(one::<ClaimResponse>))
+                .body(one::<ClaimRequest>)
+                .conflicts(),
+        ),
+        (
+            r::HEARTBEAT,
+            doc("heartbeat", "agents", Json(one::<HeartbeatResponse>))
+                .body(one::<HeartbeatRequest>)
+                .conflicts(),
+        ),
+    ]
+}
+
+/// The error answers, each with the one error shape (`ErrorBody`), as reusable responses.
+const ERRORS: &[(u16, &str, &str)] = &[
+    (
+        400,
+        "BadRequest",
+        "Malformed request: not JSON, a bad id or query string (`bad_request`)",
+    ),
+    (
+        401,
+        "Unauthorized",
+        "No token, or a wrong or expired one (`unauthorized`)",
+    ),
+    (
+        403,
+        "Forbidden",
+        "The token's role may not do this; the message names the role needed (`forbidden`)",
+    ),
+    (
+        404,
+        "NotFound",
+        "No such experiment, job, attempt, agent or node (`not_found`)",
+    ),
+    (
+        409,
+        "Conflict",
+        "Refused by state: a stale fencing token (`stale_fence`), an agent the coordinator no longer knows (`unknown_agent`), a job in the wrong state (`conflict`)",
+    ),
+    (413, "PayloadTooLarge", "The body is too large"),
+    (
+        415,
+        "UnsupportedMediaType",
+        "The body is not `application/json`",
+    ),
+    (
+        422,
+        "Invalid",
+        "A field is wrong; `field` names it (`invalid`)",
+    ),
+    (500, "Internal", "A bug or a corrupt row (`internal`)"),
+    (
+        503,
+        "StoreUnavailable",
+        "The store cannot be reached; try again (`store_unavailable`)",
+    ),
+];
+
+fn error_ref(status: u16) -> RefOr<utoipa::openapi::Response> {
+    let name = ERRORS
+        .iter()
+        .find(|(s, _, _)| *s == status)
+        .map_or("Internal", |(_, n, _)| n);
+    Ref::new(format!("#/components/responses/{name}")).into()
+}
+
+/// The role a route needs, as the operation's description says it.
+fn role_text(access: Access) -> &'static str {
+    match access {
+        Access::Public => "No token needed.",
+        Access::User => "Needs a `user` or `admin` token.",
+        Access::Owner => "Needs a `user` token of the user who submitted it, or an `admin` token.",
+        Access::Admin => "Needs an `admin` token.",
+        Access::Agent => "Needs an `agent` token.",
+    }
+}
+
+/// Security and the 401/403 answers of a route, from its `access`: the one place the
+/// document learns who may call what.
+fn secure(access: Access, op: OperationBuilder) -> OperationBuilder {
+    if access == Access::Public {
+        return op;
+    }
+    op.security(SecurityRequirement::new(BEARER, Vec::<String>::new()))
+        .response("401", error_ref(401))
+        .response("403", error_ref(403))
+}
+
+/// A `{...}` path segment's parameter: ids are UUIDs, `gpu` an index, `name` a node name.
+fn path_param(route: &Route, name: &str) -> Parameter {
+    let (schema, description): (Object, String) = match name {
+        "gpu" => (
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int32)))
+                .minimum(Some(0))
+                .maximum(Some(u32::MAX))
+                .build(),
+            "GPU index on the node".into(),
+        ),
+        "name" => (
+            ObjectBuilder::new().schema_type(Type::String).build(),
+            "Node name".into(),
+        ),
+        _ => {
+            let kind = route
+                .path
+                .split('/')
+                .take_while(|s| !s.starts_with('{'))
+                .last()
+                .unwrap_or("")
+                .trim_end_matches('s');
+            (
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)))
+                    .build(),
+                format!("The {kind}'s id (a UUID)"),
+            )
+        }
+    };
+    ParameterBuilder::new()
+        .name(name)
+        .parameter_in(ParameterIn::Path)
+        .required(Required::True)
+        .description(Some(description))
+        .schema(Some(schema))
+        .build()
+}
+
+fn operation(route: &Route, doc: Option<RouteDoc>, schemas: &mut Schemas) -> PathItem {
+    let mut description = String::from(role_text(route.access));
+    let mut op = OperationBuilder::new().summary(Some(route.summary));
+    let mut params: Vec<Parameter> = route.params().map(|p| path_param(route, p)).collect();
+    let mut errors: Vec<u16> = vec![500, 503];
+    if !params.is_empty() {
+        errors.extend([400, 404]);
+    }
+    match doc {
+        Some(d) => {
+            op = op.operation_id(Some(d.operation_id)).tag(d.tag);
+            if let Some(q) = d.query {
+                params.extend(q());
+                errors.extend([400, 422]);
+            }
+            match d.body {
+                Body::None => {}
+                Body::Json(schema) => {
+                    op = op.request_body(Some(
+                        RequestBodyBuilder::new()
+                            .required(Some(Required::True))
+                            .content(
+                                "application/json",
+                                ContentBuilder::new().schema(Some(schema(schemas))).build(),
+                            )
+                            .build(),
+                    ));
+                    errors.extend([400, 413, 415, 422]);
+                }
+                Body::Bytes => {
+                    op = op.request_body(Some(
+                        RequestBodyBuilder::new()
+                            .required(Some(Required::True))
+                            .content(
+                                "application/octet-stream",
+                                ContentBuilder::new().schema(Some(binary())).build(),
+                            )
+                            .build(),
+                    ));
+                    errors.push(413);
+                }
+            }
+            if d.conflicts || route.access == Access::Owner {
+                errors.push(409);
+            }
+            let ok = match d.answer {
+                Answer::Json(schema) => ResponseBuilder::new().description("Success").content(
+                    "application/json",
+                    ContentBuilder::new().schema(Some(schema(schemas))).build(),
+                ),
+                Answer::Csv => ResponseBuilder::new()
+                    .description("One row per attempt, with a header row")
+                    .content(
+                        "text/csv",
+                        ContentBuilder::new()
+                            .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+                            .build(),
+                    ),
+                Answer::LogBytes => ResponseBuilder::new()
+                    .description("Log bytes from `offset` (empty when none came within `wait_ms`)")
+                    .content(
+                        "application/octet-stream",
+                        ContentBuilder::new().schema(Some(binary())).build(),
+                    )
+                    .header(
+                        routes::LOG_OFFSET_HEADER,
+                        header(Type::Integer, "Where the next read starts"),
+                    )
+                    .header(
+                        routes::ATTEMPT_ENDED_HEADER,
+                        header(
+                            Type::String,
+                            "`true` once the attempt has ended: no more bytes will come",
+                        ),
+                    ),
+            };
+            op = op.response("200", ok.build());
+        }
+        None => {
+            description.push_str(" (Request and answer not described.)");
+        }
+    }
+    errors.sort_unstable();
+    errors.dedup();
+    for status in errors {
+        op = op.response(status.to_string(), error_ref(status));
+    }
+    op = secure(route.access, op.description(Some(description))).parameters(Some(params));
+    let method = match route.method {
+        Method::Get => HttpMethod::Get,
+        Method::Post => HttpMethod::Post,
+        Method::Put => HttpMethod::Put,
+    };
+    PathItem::new(method, op.build())
+}
+
+fn binary() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .content_media_type("application/octet-stream")
+        .build()
+}
+
+fn header(ty: Type, description: &str) -> Header {
+    utoipa::openapi::HeaderBuilder::new()
+        .schema(Some(ObjectBuilder::new().schema_type(ty)))
+        .description(Some(description))
+        .build()
+}
+
+/// Builds the document for `routes`.
+fn build(all: &[Route]) -> OpenApi {
+    let docs = table();
+    let mut schemas = Schemas::default();
+    let error_schema = schemas.of::<ErrorBody>();
+    let mut paths = PathsBuilder::new().build();
+    for route in all {
+        let d = docs.iter().find(|(r, _)| r == route).map(|(_, d)| *d);
+        let item = operation(route, d, &mut schemas);
+        paths
+            .paths
+            .entry(route.path.to_string())
+            .or_insert_with(PathItem::default)
+            .merge_operations(item);
+    }
+    let mut components = ComponentsBuilder::new().security_scheme(
+        BEARER,
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(
+                    "A token given by the coordinator's configuration or `headroom token create`; roles `admin`, `user`, `agent`",
+                ))
+                .build(),
+        ),
+    );
+    for (status, name, text) in ERRORS {
+        let _ = status;
+        components = components.response(
+            *name,
+            ResponseBuilder::new().description(*text).content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(error_schema.clone()))
+                    .build(),
+            ),
+        );
+    }
+    let components = components.schemas_from_iter(schemas.0).build();
+    OpenApiBuilder::new()
+        .info(
+            InfoBuilder::new()
+                .title("headroom")
+                .version(env!("CARGO_PKG_VERSION"))
+                .description(Some(
+                    "Distributed multi-GPU job scheduler. Every error answers `{\"error\": {\"code\", \"message\", \"field\"?}}`.",
+                ))
+                .license(Some(
+                    LicenseBuilder::new()
+                        .name("Apache-2.0")
+                        .identifier(Some("Apache-2.0"))
+                        .build(),
+                )),
+        )
+        .paths(paths)
+        .components(Some(components))
+        .build()
+}
+
+/// The served document, built once.
+pub fn document() -> &'static OpenApi {
+    static DOC: OnceLock<OpenApi> = OnceLock::new();
+    DOC.get_or_init(|| build(routes::ALL))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_is_documented_once_and_nothing_else() {
+        let docs = table();
+        for route in routes::ALL {
+            let n = docs.iter().filter(|(r, _)| r == route).count();
+            assert_eq!(
+                n, 1,
+                "{} {} is documented {n} times",
+                route.method, route.path
+            );
+        }
+        for (r, _) in &docs {
+            assert!(
+                routes::ALL.contains(r),
+                "{} {} is documented but not routed",
+                r.method,
+                r.path
+            );
+        }
+    }
+
+    fn json() -> serde_json::Value {
+        serde_json::to_value(document()).expect("the document serializes")
+    }
+
+    #[test]
+    fn every_operation_has_an_answer_errors_and_security_by_its_access() {
+        let doc = json();
+        for route in routes::ALL {
+            let method = route.method.to_string().to_lowercase();
+            let op = &doc["paths"][route.path][&method];
+            assert!(op.is_object(), "{} {} missing", route.method, route.path);
+            assert!(
+                op["responses"]["200"].is_object(),
+                "{} {}",
+                route.method,
+                route.path
+            );
+            assert!(op["responses"]["500"]["$ref"].is_string());
+            let secured = op["security"][0].get(BEARER).is_some();
+            assert_eq!(
+                secured,
+                route.access != Access::Public,
+                "{} {}",
+                route.method,
+                route.path
+            );
+            assert_eq!(op["responses"]["401"].is_object(), secured);
+            assert_eq!(op["responses"]["403"].is_object(), secured);
+            for p in route.params() {
+                let found = op["parameters"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|q| q["name"] == p && q["in"] == "path");
+                assert!(
+                    found,
+                    "{} {} lacks path parameter {p}",
+                    route.method, route.path
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_document_names_real_fields_enums_and_query_parameters() {
+        let doc = json();
+        let schemas = &doc["components"]["schemas"];
+        // Every `$ref` resolves.
+        let text = doc.to_string();
+        for piece in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+            let name = piece.split('"').next().unwrap_or_default();
+            assert!(schemas[name].is_object(), "dangling $ref to {name}");
+        }
+        assert_eq!(schemas["JobId"]["format"], "uuid");
+        let states: Vec<&str> = schemas["JobState"]["enum"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(states.len(), headroom_shared::JobState::ALL.len());
+        for s in headroom_shared::JobState::ALL {
+            assert!(states.contains(&s.as_str()), "{s}");
+        }
+        let detail = &schemas["ErrorDetail"];
+        assert_eq!(detail["required"], serde_json::json!(["code", "message"]));
+        let progress = &doc["paths"]["/v1/progress"]["get"]["parameters"];
+        for q in ["experiment", "after", "timeout_ms"] {
+            assert!(
+                progress
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|p| p["name"] == q && p["in"] == "query"),
+                "progress lacks `{q}`"
+            );
+        }
+        let submit = &schemas["SubmitRequest"];
+        assert_eq!(submit["required"], serde_json::json!(["spec"]));
+        assert_eq!(
+            submit["properties"]["spec"]["$ref"],
+            "#/components/schemas/ExperimentSpec"
+        );
+    }
+}
