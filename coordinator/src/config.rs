@@ -25,6 +25,9 @@ pub struct CoordinatorSettings {
     /// Most jobs one spec may expand into.
     #[arg(long, env = "HEADROOM_MAX_JOBS", default_value_t = DEFAULT_MAX_JOBS)]
     pub max_jobs: u64,
+    /// Longest a claim, progress or log read is held open waiting for a change.
+    #[arg(long, env = "HEADROOM_LONG_POLL", default_value = "25s", value_parser = duration)]
+    pub long_poll: Duration,
 }
 
 impl CoordinatorSettings {
@@ -33,6 +36,7 @@ impl CoordinatorSettings {
         CoordinatorConfig {
             lease_ttl: self.lease_ttl,
             max_jobs: self.max_jobs,
+            long_poll: self.long_poll,
             ..CoordinatorConfig::new(self.listen, data_dir)
         }
     }
@@ -45,7 +49,7 @@ pub struct CoordinatorConfig {
     pub data_dir: PathBuf,
     /// An agent silent this long loses its leases.
     pub lease_ttl: Duration,
-    /// Longest a claim or progress request is held open waiting for a change.
+    /// Longest a claim, progress or log read is held open waiting for a change.
     pub long_poll: Duration,
     /// Most jobs one spec may expand into.
     pub max_jobs: u64,

@@ -718,10 +718,15 @@ pub struct Released {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
 pub struct JobsQuery {
+    /// Only this experiment's (its id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", param(value_type = Option<crate::ids::ExperimentId>))]
     pub experiment: Option<String>,
+    /// Only jobs in this state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", param(value_type = Option<crate::state::JobState>))]
     pub state: Option<String>,
+    /// At most this many jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
 }
@@ -730,10 +735,14 @@ pub struct JobsQuery {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
 pub struct ProgressQuery {
+    /// Only this experiment's (its id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", param(value_type = Option<crate::ids::ExperimentId>))]
     pub experiment: Option<String>,
+    /// A `version` seen before: wait until the counts change past it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<u64>,
+    /// How long to wait with `after` (ms; default 10000, capped by the server's long-poll).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
 }
@@ -741,7 +750,9 @@ pub struct ProgressQuery {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
 pub struct ExportQuery {
+    /// Only this experiment's (its id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", param(value_type = Option<crate::ids::ExperimentId>))]
     pub experiment: Option<String>,
 }
 
@@ -749,8 +760,10 @@ pub struct ExportQuery {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
 pub struct LogQuery {
+    /// Where to start reading (the `x-log-offset` of the previous read).
     #[serde(default)]
     pub offset: u64,
+    /// How long to wait for bytes when none are there yet (ms, capped by the server).
     #[serde(default)]
     pub wait_ms: u64,
 }

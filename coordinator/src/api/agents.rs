@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use headroom_shared::api::{
     Ack, ClaimRequest, ClaimResponse, FinishReport, FinishResponse, HandBackRequest,
     HeartbeatRequest, HeartbeatResponse, LogAppended, LogChunkQuery, RegisterRequest,
@@ -11,7 +11,7 @@ use headroom_shared::api::{
 };
 use headroom_shared::{AgentId, AttemptId, Plan};
 
-use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, check_samples, parse_id};
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, check_samples, parse_id};
 use crate::store::{ClaimInput, Registration, Renewal};
 
 pub async fn register(
@@ -57,7 +57,7 @@ pub async fn register(
 /// plan change) appears, so a submitted job starts without waiting for a polling tick.
 pub async fn claim(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ClaimRequest>,
 ) -> ApiResult<ClaimResponse> {
     let agent: AgentId = parse_id(&id, "agent")?;
@@ -102,7 +102,7 @@ pub async fn claim(
 
 pub async fn heartbeat(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<HeartbeatRequest>,
 ) -> ApiResult<HeartbeatResponse> {
     let agent: AgentId = parse_id(&id, "agent")?;
@@ -129,7 +129,7 @@ pub async fn heartbeat(
 
 pub async fn start(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<StartReport>,
 ) -> ApiResult<Ack> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
@@ -146,7 +146,7 @@ pub async fn start(
 
 pub async fn finish(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<FinishReport>,
 ) -> ApiResult<FinishResponse> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
@@ -159,7 +159,7 @@ pub async fn finish(
 
 pub async fn hand_back(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<HandBackRequest>,
 ) -> ApiResult<Ack> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
@@ -171,7 +171,7 @@ pub async fn hand_back(
 
 pub async fn append_log(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<LogChunkQuery>,
     body: Bytes,
 ) -> ApiResult<LogAppended> {

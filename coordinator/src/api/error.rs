@@ -2,7 +2,7 @@
 //! status comes from the code (`ErrorCode::status`), so the two never disagree.
 
 use axum::Json;
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use headroom_shared::api::{ErrorBody, ErrorCode, ErrorDetail};
@@ -100,6 +100,18 @@ impl From<QueryRejection> for ApiError {
         Self::new(ErrorCode::BadRequest, r.body_text())
     }
 }
+
+impl From<PathRejection> for ApiError {
+    fn from(r: PathRejection) -> Self {
+        Self::new(ErrorCode::BadRequest, r.body_text())
+    }
+}
+
+/// `Path` whose rejections (a GPU index that is not a number, bytes that are not UTF-8)
+/// come out in the API's error shape, not as axum's plain text.
+#[derive(axum::extract::FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct ApiPath<T>(pub T);
 
 /// `Json` whose rejections come out in the API's error shape.
 #[derive(axum::extract::FromRequest)]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use headroom_shared::api::{
@@ -15,7 +15,7 @@ use headroom_shared::profile;
 use headroom_shared::spec::ExperimentSpec;
 use headroom_shared::{ExperimentId, JobId};
 
-use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, parse_id};
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, parse_id};
 use crate::store::{NewExperiment, NewJob};
 
 pub async fn health(State(s): State<AppState>) -> ApiResult<Health> {
@@ -150,7 +150,7 @@ pub async fn list(State(s): State<AppState>) -> ApiResult<Vec<ExperimentSummary>
 
 pub async fn get_one(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<ExperimentSummary> {
     Ok(ApiJson(
         s.store.experiment(parse_id(&id, "experiment")?).await?,
@@ -159,7 +159,7 @@ pub async fn get_one(
 
 pub async fn cancel(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<CancelResponse> {
     let cancelled = s
         .store

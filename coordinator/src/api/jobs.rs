@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::IntoResponse;
 use headroom_shared::api::{
@@ -11,7 +11,7 @@ use headroom_shared::api::{
 };
 use headroom_shared::{AttemptId, JobState, routes};
 
-use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, parse_id};
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, parse_id};
 use crate::placement::{LiveNode, read_time_reason};
 use crate::store::JobFilter;
 
@@ -40,7 +40,10 @@ pub async fn list(
     Ok(ApiJson(jobs))
 }
 
-pub async fn get_one(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<JobDetail> {
+pub async fn get_one(
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<JobDetail> {
     let mut d = s.store.job(parse_id(&id, "job")?).await?;
     read_time_reasons(&s, std::iter::once(&mut d.summary)).await?;
     Ok(ApiJson(d))
@@ -79,18 +82,24 @@ async fn read_time_reasons<'a>(
 
 pub async fn cancel(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<CancelResponse> {
     let cancelled = s.store.cancel_job(parse_id(&id, "job")?).await?;
     Ok(ApiJson(CancelResponse { cancelled }))
 }
 
-pub async fn retry(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<RetryResponse> {
+pub async fn retry(
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<RetryResponse> {
     let state = s.store.retry_job(parse_id(&id, "job")?).await?;
     Ok(ApiJson(RetryResponse { state }))
 }
 
-pub async fn attempt(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<AttemptView> {
+pub async fn attempt(
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<AttemptView> {
     Ok(ApiJson(s.store.attempt(parse_id(&id, "attempt")?).await?))
 }
 
@@ -100,7 +109,7 @@ const LOG_READ_MAX: usize = 1 << 20;
 /// (so `logs -f` knows when to stop).
 pub async fn read_log(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<LogQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;

@@ -20,7 +20,7 @@ mod experiments;
 mod jobs;
 mod nodes;
 
-pub use error::{ApiError, ApiJson, ApiQuery, ApiResult};
+pub use error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -175,6 +175,14 @@ mod tests {
         };
         assert_eq!(status, 404);
         assert!(text.contains("not_found"), "{text}");
+        // A path segment of the wrong type is a client's mistake in the API's error shape.
+        let r = http
+            .post(format!("{base}/v1/nodes/n1/gpus/-1/release"))
+            .send()
+            .await?;
+        assert_eq!(r.status().as_u16(), 400);
+        let body: serde_json::Value = r.json().await?;
+        assert_eq!(body["error"]["code"], "bad_request", "{body}");
         stop.cancel();
         server.await??;
         Ok(())

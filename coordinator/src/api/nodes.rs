@@ -1,9 +1,9 @@
 //! Nodes, their GPUs and concurrency plans.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use headroom_shared::api::{NodeView, Released, SetPlanRequest};
 
-use super::{ApiError, ApiJson, ApiResult, AppState};
+use super::{ApiError, ApiJson, ApiPath, ApiResult, AppState};
 
 pub async fn list(State(s): State<AppState>) -> ApiResult<Vec<NodeView>> {
     let alive = s.config.lease_ttl.as_millis() as u64;
@@ -13,7 +13,7 @@ pub async fn list(State(s): State<AppState>) -> ApiResult<Vec<NodeView>> {
 /// Changes a node's plan at run time: new placements use it at once, nothing restarts.
 pub async fn set_plan(
     State(s): State<AppState>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<SetPlanRequest>,
 ) -> ApiResult<NodeView> {
     let plan = s.store.set_plan(&name, &req.plan).await?;
@@ -36,7 +36,7 @@ pub async fn set_plan(
 /// Lifts a GPU's quarantine after a person looked at what was left on it.
 pub async fn release_gpu(
     State(s): State<AppState>,
-    Path((name, gpu)): Path<(String, u32)>,
+    ApiPath((name, gpu)): ApiPath<(String, u32)>,
 ) -> ApiResult<Released> {
     let released = s.store.release_gpu(&name, gpu).await?;
     tracing::info!(node = %name, gpu, released, "quarantine lifted by hand");
