@@ -1,0 +1,95 @@
+"""Typed exceptions for the API's one error shape: ``{"error": {"code", "message", "field"?}}``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import httpx
+
+
+class HeadroomError(Exception):
+    """An error answer of the coordinator. ``code`` is for programs (``invalid``,
+    ``not_found``, ...), ``field`` names the request field at fault when there is one."""
+
+    def __init__(
+        self, status: int, code: str, message: str, field: Optional[str] = None
+    ) -> None:
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        where = f" ({field})" if field else ""
+        super().__init__(f"{status} {code}{where}: {message}")
+
+
+class BadRequestError(HeadroomError):
+    """Malformed request: not JSON, a bad id or query string (400)."""
+
+
+class UnauthorizedError(HeadroomError):
+    """No token, or a wrong or expired one (401)."""
+
+
+class ForbiddenError(HeadroomError):
+    """The token's role may not do this (403)."""
+
+
+class NotFoundError(HeadroomError):
+    """No such experiment, job, attempt or node (404)."""
+
+
+class ConflictError(HeadroomError):
+    """Refused by state: a job in the wrong state, a stale fence, an unknown agent (409)."""
+
+
+class InvalidError(HeadroomError):
+    """A field of the request is wrong; ``field`` names it (422)."""
+
+
+class ServerError(HeadroomError):
+    """The coordinator failed (5xx); ``store_unavailable`` is worth retrying."""
+
+
+class ConnectionFailed(HeadroomError):
+    """The coordinator could not be reached at all."""
+
+
+_BY_CODE = {
+    "bad_request": BadRequestError,
+    "unauthorized": UnauthorizedError,
+    "forbidden": ForbiddenError,
+    "not_found": NotFoundError,
+    "conflict": ConflictError,
+    "stale_fence": ConflictError,
+    "unknown_agent": ConflictError,
+    "invalid": InvalidError,
+    "internal": ServerError,
+    "store_unavailable": ServerError,
+}
+
+_BY_STATUS = {
+    400: BadRequestError,
+    401: UnauthorizedError,
+    403: ForbiddenError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: InvalidError,
+}
+
+
+def error_from_response(resp: httpx.Response) -> HeadroomError:
+    """The typed exception for an error answer (any status >= 400)."""
+    code, message, field = "", resp.text.strip(), None
+    try:
+        body = resp.json()
+        detail = body.get("error", {}) if isinstance(body, dict) else {}
+        if isinstance(detail, dict):
+            code = str(detail.get("code") or "")
+            message = str(detail.get("message") or message)
+            field = detail.get("field")
+    except ValueError:
+        pass
+    cls = _BY_CODE.get(code) or _BY_STATUS.get(resp.status_code)
+    if cls is None:
+        cls = ServerError if resp.status_code >= 500 else HeadroomError
+    return cls(resp.status_code, code or f"http_{resp.status_code}", message, field)

@@ -1,0 +1,232 @@
+"""The API's answers as pydantic models. Each names the OpenAPI component it mirrors
+(``__schema__``); a test checks field names and required-ness against the served document,
+so a change on either side fails. Unknown fields from a newer server are kept, not refused."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar, Dict, List, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    __schema__: ClassVar[str] = ""
+
+
+class ErrorDetail(_Model):
+    __schema__ = "ErrorDetail"
+    code: str
+    message: str
+    field: Optional[str] = None
+
+
+class Health(_Model):
+    __schema__ = "Health"
+    status: str
+    schema_version: int
+
+
+class StateCounts(_Model):
+    __schema__ = "StateCounts"
+    queued: int
+    leased: int
+    running: int
+    retrying: int
+    succeeded: int
+    failed: int
+    cancelled: int
+
+    @property
+    def total(self) -> int:
+        return (
+            self.queued
+            + self.leased
+            + self.running
+            + self.retrying
+            + self.succeeded
+            + self.failed
+            + self.cancelled
+        )
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.failed + self.cancelled
+
+
+class Progress(_Model):
+    __schema__ = "Progress"
+    version: int
+    counts: StateCounts
+
+
+class ExpandedJob(_Model):
+    __schema__ = "ExpandedJob"
+    index: int
+    config: int
+    run: int
+    params: Dict[str, Any]
+    argv: List[str]
+
+
+class SubmitResponse(_Model):
+    __schema__ = "SubmitResponse"
+    experiment: Optional[str] = None
+    name: str
+    seed: int
+    jobs: int
+    dry_run: bool
+    preview: Optional[List[ExpandedJob]] = None
+    warnings: List[str] = []
+
+
+class ExperimentSummary(_Model):
+    __schema__ = "ExperimentSummary"
+    id: str
+    name: str
+    seed: int
+    created_at: datetime
+    counts: StateCounts
+
+
+class JobSummary(_Model):
+    __schema__ = "JobSummary"
+    id: str
+    experiment: str
+    experiment_name: str
+    index: int
+    config: int
+    run: int
+    state: str
+    priority: int
+    params: Dict[str, Any]
+    attempts: int
+    max_attempts: int
+    gpus: int
+    estimate_mib: Optional[int] = None
+    node: Optional[str] = None
+    gpu_indices: List[int]
+    last_failure: Optional[str] = None
+    created_at: datetime
+    pending_reason: Optional[Dict[str, Any]] = None
+
+
+class AttemptView(_Model):
+    __schema__ = "AttemptView"
+    id: str
+    job: str
+    number: int
+    node: str
+    gpus: List[int]
+    fence: int
+    phase: str
+    leased_at: datetime
+    started_at: Optional[datetime] = None
+    ended_at: Optional[datetime] = None
+    pid: Optional[int] = None
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    failure_class: Optional[str] = None
+    success: Optional[bool] = None
+    estimate_mib: Optional[int] = None
+    peak_mem_mib: Optional[int] = None
+    peak_source: Optional[str] = None
+    cleanup_ms: Optional[int] = None
+    cleanup_verified: Optional[bool] = None
+    log_tail: Optional[str] = None
+    estimate_source: str = ""
+    params: Dict[str, Any] = {}
+    ladder_step: int = 0
+    contaminated: Optional[bool] = None
+
+
+class JobDetail(JobSummary):
+    __schema__ = "JobDetail"
+    argv: List[str]
+    env: Dict[str, str]
+    profile: str
+    timeout_ms: Optional[int] = None
+    retry_on: List[str]
+    memory_key: str
+    oom_ladder: List[Dict[str, Any]]
+    ladder_step: int
+    attempts_detail: List[AttemptView]
+
+
+class CancelResponse(_Model):
+    __schema__ = "CancelResponse"
+    cancelled: int
+
+
+class RetryResponse(_Model):
+    __schema__ = "RetryResponse"
+    state: str
+
+
+class GpuProcess(_Model):
+    __schema__ = "GpuProcess"
+    pid: int
+    used_mib: int
+    attempt: Optional[str] = None
+    user: Optional[str] = None
+    command: Optional[str] = None
+    used_mib_unknown: bool = False
+    outside_pid_namespace: bool = False
+
+
+class QuarantineView(_Model):
+    __schema__ = "QuarantineView"
+    attempt: str
+    reason: str
+    since: datetime
+
+
+class GpuView(_Model):
+    __schema__ = "GpuView"
+    index: int
+    uuid: str
+    name: str
+    total_mib: int
+    used_mib: Optional[int] = None
+    free_mib: Optional[int] = None
+    slots: int
+    slots_used: int
+    estimated_mib: int
+    headroom_mib: int
+    attempts: List[str]
+    foreign: List[GpuProcess] = []
+    quarantine: List[QuarantineView] = []
+    error: Optional[str] = None
+
+
+class NodeView(_Model):
+    __schema__ = "NodeView"
+    name: str
+    agent: Optional[str] = None
+    plan: str
+    headroom: str
+    last_seen: Optional[datetime] = None
+    alive: bool
+    gpus: List[GpuView]
+
+
+#: Every model checked against the OpenAPI document.
+ALL_MODELS = [
+    ErrorDetail,
+    Health,
+    StateCounts,
+    Progress,
+    ExpandedJob,
+    SubmitResponse,
+    ExperimentSummary,
+    JobSummary,
+    AttemptView,
+    JobDetail,
+    CancelResponse,
+    RetryResponse,
+    GpuProcess,
+    QuarantineView,
+    GpuView,
+    NodeView,
+]

@@ -1,0 +1,141 @@
+"""Starts a real ``headroom-coordinator`` (embedded store) and ``headroom-agent`` (fake GPUs)
+on free ports, as the Rust integration tests do. The binaries come from
+``$HEADROOM_BIN_DIR`` or the workspace's ``target/debug`` (``cargo build --workspace --bins``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import httpx
+import pytest
+
+from headroom_client import Client
+
+REPO = Path(__file__).resolve().parents[3]
+BIN_DIR = Path(os.environ.get("HEADROOM_BIN_DIR", REPO / "target" / "debug"))
+#: Sent by every test client and by the fuzzer; the coordinator needs none on loopback today.
+TOKEN = os.environ.get("HEADROOM_TEST_TOKEN", "headroom-test-token")
+
+
+def binary(name: str) -> str:
+    path = BIN_DIR / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run `cargo build --workspace --bins` first")
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    def __init__(self, args: List[str], log: Path, env: Optional[dict] = None) -> None:
+        self.log = log
+        self._file = open(log, "ab")
+        self.proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._file.close()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def wait_healthy(url: str, proc: Proc, timeout: float = 30.0) -> None:
+    """Until the coordinator answers (it binds within milliseconds; start-up, not work)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            pytest.fail(f"the coordinator exited:\n{proc.output()}")
+        try:
+            if httpx.get(f"{url}/v1/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"the coordinator did not answer within {timeout}s:\n{proc.output()}")
+
+
+def start_coordinator(dir: Path, *extra: str) -> "tuple[str, Proc]":
+    dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = Proc(
+        [
+            binary("headroom-coordinator"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--data-dir",
+            str(dir / "coord"),
+            *extra,
+        ],
+        dir / "coord.log",
+    )
+    wait_healthy(url, proc)
+    return url, proc
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A coordinator and one agent with two fake 24 GiB GPUs; yields the coordinator's URL."""
+    dir = tmp_path_factory.mktemp("cluster")
+    url, coord = start_coordinator(dir)
+    agent = Proc(
+        [
+            binary("headroom-agent"),
+            "--coordinator",
+            url,
+            "--node",
+            "py-node",
+            "--gpu-backend",
+            "fake",
+            "--fake-gpus",
+            "2x24GiB",
+            "--data-dir",
+            str(dir / "agent"),
+        ],
+        dir / "agent.log",
+        # Jobs find `headroom-fake-job` and friends beside the binaries.
+        env={"PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"},
+    )
+    try:
+        # The agent registers at once; wait for it through the API the client uses.
+        with Client(url, TOKEN) as c:
+            deadline = time.monotonic() + 30
+            while not any(n.alive for n in c.nodes()):
+                if agent.proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the agent did not register:\n{agent.output()}")
+                c.progress(after=c.progress().version, timeout_ms=200)
+        yield url
+    finally:
+        agent.stop()
+        coord.stop()
+        if os.environ.get("HEADROOM_KEEP_LOGS"):
+            shutil.copytree(dir, Path(os.environ["HEADROOM_KEEP_LOGS"]), dirs_exist_ok=True)
+
+
+@pytest.fixture()
+def client(cluster: str) -> Iterator[Client]:
+    with Client(cluster, TOKEN) as c:
+        yield c

@@ -1,0 +1,172 @@
+"""The client against a real coordinator and agent (fake GPUs): submit, wait, jobs,
+attempts, logs, cancel, retry, nodes, plans and the mapping of API errors."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from headroom_client import (
+    AsyncClient,
+    BadRequestError,
+    Client,
+    ConflictError,
+    ConnectionFailed,
+    InvalidError,
+    NotFoundError,
+    load_spec,
+)
+
+from .conftest import TOKEN, free_port
+
+
+def spec(name: str, command: list, **extra) -> dict:
+    return {"name": name, "command": command, **extra}
+
+
+def test_submit_a_yaml_file_wait_and_read_jobs_and_attempts(client: Client, tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        "name: py-sweep\n"
+        'command: ["sh", "-c", "echo lr={lr} bs={bs}"]\n'
+        "grid:\n"
+        "  lr: [1e-4, 0.01]\n"
+        "  bs: [8]\n"
+        "resources: {gpus: 1, memory: 1GiB}\n"
+    )
+    exp = client.submit(path)
+    assert exp.id is not None
+    assert exp.submitted is not None and exp.submitted.jobs == 2
+
+    done = exp.wait(progress=True, timeout=120)
+    assert done.counts.succeeded == 2, done.counts
+
+    jobs = exp.jobs(frame=False)
+    assert sorted(j["params"]["lr"] for j in jobs) == [1e-4, 0.01]
+    assert all(j["state"] == "succeeded" for j in jobs)
+
+    frame = exp.jobs()  # pandas is installed: a DataFrame, parameters spread into columns
+    assert isinstance(frame, pd.DataFrame)
+    assert set(frame["params.lr"]) == {1e-4, 0.01}
+
+    rows = exp.attempts(frame=False)
+    assert len(rows) == 2
+    assert all(r["success"] is True for r in rows), rows
+    attempts = exp.attempts()
+    assert isinstance(attempts, pd.DataFrame) and len(attempts) == 2
+
+    detail = client.job(jobs[0]["id"])
+    assert detail.attempts_detail[-1].success is True
+    log = "".join(client.logs(detail.id))
+    assert f"lr={detail.params['lr']}" in log
+
+
+def test_yaml_reads_numbers_and_words_as_the_cli_does(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("name: n\ncommand: [x]\ngrid: {lr: [1e-4], flag: [yes, on], n: [3]}\n")
+    doc = load_spec(path)
+    assert doc["grid"] == {"lr": [1e-4], "flag": ["yes", "on"], "n": [3]}
+
+
+def test_logs_follow_streams_until_the_attempt_ends(client: Client) -> None:
+    exp = client.submit(
+        spec(
+            "py-follow",
+            ["sh", "-c", "echo first; sleep 1; echo second; sleep 1; echo third"],
+            resources={"gpus": 0},
+        )
+    )
+    job = client.jobs(exp.id, frame=False)[0]["id"]
+    chunks = list(client.logs(job, follow=True))
+    text = "".join(chunks)
+    assert text.splitlines() == ["first", "second", "third"], chunks
+    # It followed: the lines arrived over more than one read.
+    assert len(chunks) >= 2, chunks
+    assert client.job(job).state == "succeeded"
+
+
+def test_cancel_and_retry(client: Client) -> None:
+    exp = client.submit(spec("py-cancel", ["sleep", "60"], resources={"gpus": 0}))
+    job = client.jobs(exp.id, frame=False)[0]["id"]
+    # Retrying an unfinished job is refused by state.
+    with pytest.raises(ConflictError) as e:
+        client.retry(job)
+    assert e.value.status == 409 and e.value.code == "conflict"
+
+    assert client.cancel(exp.id).cancelled == 1
+    done = exp.wait(timeout=60)
+    assert done.counts.cancelled == 1
+
+    assert client.retry(job).state == "retrying"
+    assert client.cancel(job).cancelled == 1  # a job id works too
+    assert client.job(job).state == "cancelled"
+
+
+def test_nodes_and_plans(client: Client) -> None:
+    nodes = client.nodes()
+    node = next(n for n in nodes if n.name == "py-node")
+    assert len(node.gpus) == 2 and node.gpus[0].total_mib == 24 * 1024
+    view = client.set_plan("py-node", "2,1")
+    assert view.plan == "2,1"
+    assert [g.slots for g in view.gpus] == [2, 1]
+    with pytest.raises(InvalidError) as e:
+        client.set_plan("py-node", "2,x")
+    assert e.value.field == "plan"
+    with pytest.raises(NotFoundError):
+        client.set_plan("no-such-node", "1")
+
+
+def test_api_errors_raise_typed_exceptions_with_code_and_field(client: Client) -> None:
+    with pytest.raises(InvalidError) as e:
+        client.submit(spec("py-bad", ["x"], resources={"gpus": 1, "memory": "lots"}))
+    assert e.value.status == 422
+    assert e.value.code == "invalid"
+    assert e.value.field == "resources.memory"
+
+    with pytest.raises(BadRequestError) as e:
+        client.job("not-an-id")
+    assert e.value.code == "bad_request"
+
+    with pytest.raises(NotFoundError) as e:
+        client.job(str(uuid.uuid4()))
+    assert e.value.code == "not_found" and e.value.status == 404
+
+    with pytest.raises(InvalidError) as e:
+        client.jobs(state="sleeping", frame=False)
+    assert e.value.field == "state"
+
+
+def test_an_unreachable_coordinator_names_its_address() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with Client(url, TOKEN, timeout=2) as c:
+        with pytest.raises(ConnectionFailed) as e:
+            c.health()
+    assert url in str(e.value)
+
+
+def test_dry_run_previews_without_storing(client: Client) -> None:
+    before = len(client.experiments())
+    exp = client.submit(spec("py-dry", ["echo", "{x}"], grid={"x": [1, 2, 3]}), dry_run=True)
+    assert exp.id is None
+    assert exp.submitted is not None and exp.submitted.jobs == 3
+    assert [p.argv for p in exp.submitted.preview or []] == [["echo", "1"], ["echo", "2"], ["echo", "3"]]
+    assert len(client.experiments()) == before
+
+
+async def test_async_client_submits_waits_and_follows(cluster: str) -> None:
+    async with AsyncClient(cluster, TOKEN) as c:
+        exp = await c.submit(
+            spec("py-async", ["sh", "-c", "echo hello from async"], resources={"gpus": 0})
+        )
+        done = await exp.wait(timeout=60)
+        assert done.counts.succeeded == 1
+        jobs = await exp.jobs(frame=False)
+        text = "".join([t async for t in c.logs(jobs[0]["id"], follow=True)])
+        assert text == "hello from async\n"
+        with pytest.raises(NotFoundError):
+            await c.job(str(uuid.uuid4()))
+        assert json.loads(json.dumps(await exp.attempts(frame=False), default=str))[0]["success"] is True

@@ -1,0 +1,122 @@
+"""The served OpenAPI document: valid (openapi-spec-validator), matching the client's models
+field by field, and honoured by the running coordinator under schemathesis fuzzing."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Set, Tuple
+
+import httpx
+import pytest
+from openapi_spec_validator import validate
+
+from headroom_client.models import ALL_MODELS
+
+from .conftest import TOKEN, start_coordinator
+
+
+@pytest.fixture(scope="module")
+def document(cluster: str) -> Dict[str, Any]:
+    resp = httpx.get(f"{cluster}/openapi.json")
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("application/json")
+    return resp.json()
+
+
+def test_the_document_is_valid_openapi(document: Dict[str, Any]) -> None:
+    validate(document)
+    assert document["openapi"].startswith("3.1")
+
+
+def _fields(schema: Dict[str, Any], schemas: Dict[str, Any]) -> Tuple[Set[str], Set[str]]:
+    """(all properties, required ones) of a component, `allOf` parts merged."""
+    if "$ref" in schema:
+        return _fields(schemas[schema["$ref"].rsplit("/", 1)[1]], schemas)
+    props, required = set(schema.get("properties", {})), set(schema.get("required", []))
+    for part in schema.get("allOf", []):
+        p, r = _fields(part, schemas)
+        props |= p
+        required |= r
+    return props, required
+
+
+@pytest.mark.parametrize("model", ALL_MODELS, ids=lambda m: m.__name__)
+def test_models_match_the_served_components(model: Any, document: Dict[str, Any]) -> None:
+    schemas = document["components"]["schemas"]
+    assert model.__schema__ in schemas, f"no component {model.__schema__}"
+    props, required = _fields(schemas[model.__schema__], schemas)
+    fields = model.model_fields
+    assert set(fields) == props, f"{model.__name__}: fields differ"
+    model_required = {name for name, f in fields.items() if f.is_required()}
+    assert model_required == required, f"{model.__name__}: required fields differ"
+
+
+def test_every_error_answer_uses_the_one_error_shape(document: Dict[str, Any]) -> None:
+    responses = document["components"]["responses"]
+    for path, item in document["paths"].items():
+        for method, op in item.items():
+            for status, resp in op["responses"].items():
+                if int(status) < 400:
+                    continue
+                name = resp["$ref"].rsplit("/", 1)[1]
+                schema = responses[name]["content"]["application/json"]["schema"]
+                assert schema == {"$ref": "#/components/schemas/ErrorBody"}, (method, path, status)
+
+
+def _schemathesis() -> str:
+    exe = Path(sys.executable).parent / "schemathesis"
+    found = str(exe) if exe.exists() else shutil.which("schemathesis")
+    if not found:
+        pytest.fail("schemathesis is not installed (scripts/test installs it)")
+    return found
+
+
+def test_fuzzing_finds_no_server_error_and_no_undocumented_answer(tmp_path: Path) -> None:
+    """schemathesis against a coordinator of its own, with no agent: what it submits is never
+    run. Every answer must be documented (status, content type, schema), none a 5xx."""
+    url, coord = start_coordinator(tmp_path, "--long-poll", "1s", "--max-jobs", "50")
+    examples = os.environ.get("HEADROOM_FUZZ_EXAMPLES", "15")
+    try:
+        run = subprocess.run(
+            [
+                _schemathesis(),
+                "run",
+                f"{url}/openapi.json",
+                "--checks",
+                "not_a_server_error,status_code_conformance,content_type_conformance,"
+                "response_schema_conformance",
+                # Authenticated, so the run keeps working once the coordinator wants tokens.
+                "--header",
+                f"Authorization: Bearer {TOKEN}",
+                "--phases",
+                "coverage,fuzzing,stateful",
+                "--max-examples",
+                examples,
+                "--seed",
+                os.environ.get("HEADROOM_FUZZ_SEED", "11"),
+                "--request-timeout",
+                "15",
+                "--generation-database",
+                "none",
+                "--no-color",
+                "--workers",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
+    finally:
+        coord.stop()
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-20000:] + "\n--- coordinator ---\n" + coord.output()[-5000:]
+    cases = re.search(r"(\d+) generated", out)
+    assert cases is not None, out[-5000:]
+    assert int(cases.group(1)) >= 300, f"only {cases.group(1)} cases"
+    print(f"schemathesis: {cases.group(0)} cases, all passed")
