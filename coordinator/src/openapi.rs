@@ -485,7 +485,7 @@ fn build(all: &[Route]) -> OpenApi {
         paths
             .paths
             .entry(route.path.to_string())
-            .or_insert_with(PathItem::default)
+            .or_default()
             .merge_operations(item);
     }
     let mut components = ComponentsBuilder::new().security_scheme(
@@ -499,8 +499,7 @@ fn build(all: &[Route]) -> OpenApi {
                 .build(),
         ),
     );
-    for (status, name, text) in ERRORS {
-        let _ = status;
+    for (_, name, text) in ERRORS {
         components = components.response(
             *name,
             ResponseBuilder::new().description(*text).content(

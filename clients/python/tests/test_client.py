@@ -170,3 +170,18 @@ async def test_async_client_submits_waits_and_follows(cluster: str) -> None:
         with pytest.raises(NotFoundError):
             await c.job(str(uuid.uuid4()))
         assert json.loads(json.dumps(await exp.attempts(frame=False), default=str))[0]["success"] is True
+
+
+def test_the_readme_notebook_example_runs(client: Client) -> None:
+    """The README's example on the shipped quickstart spec (12 short jobs of fake GPU memory)."""
+    from .conftest import REPO
+
+    exp = client.submit(REPO / "examples" / "quickstart.yaml")
+    assert exp.submitted is not None and exp.submitted.jobs == 12
+    done = exp.wait(progress=True, timeout=300)
+    assert done.counts.succeeded == 12, done.counts
+    df = exp.attempts()
+    means = df.groupby("batch_size")[["duration_s", "peak_mem_mib"]].mean()
+    assert sorted(means.index) == [32, 64]
+    # The fake job held 1 GiB of fake GPU memory, and the agent measured it.
+    assert (df["peak_mem_mib"] >= 1024).all(), df["peak_mem_mib"].tolist()
