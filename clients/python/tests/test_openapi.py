@@ -76,11 +76,56 @@ def _schemathesis() -> str:
     return found
 
 
+def _seed_data(url: str) -> Dict[str, str]:
+    """An experiment, a registered agent (played by this test over HTTP: nothing runs) and a
+    leased attempt, so the fuzzer reaches past `not_found` into the handlers and the store."""
+    with httpx.Client(base_url=url, headers={"authorization": f"Bearer {TOKEN}"}) as http:
+        sub = http.post(
+            "/v1/experiments",
+            json={"spec": {"name": "fuzz", "command": ["true"], "runs_per_config": 3,
+                           "resources": {"gpus": 1, "memory": "1GiB"}}},
+        )
+        assert sub.status_code == 200, sub.text
+        gpu = {"index": 0, "uuid": "GPU-fuzz-0", "name": "fake", "total_mib": 24576}
+        reg = http.post(
+            "/v1/agents/register",
+            json={"node": "fuzz-node", "gpus": [gpu], "version": "fuzz"},
+        )
+        assert reg.status_code == 200, reg.text
+        agent = reg.json()["agent"]
+        claim = http.post(
+            f"/v1/agents/{agent}/claim",
+            json={"gpus": [{"index": 0, "used_mib": 0, "free_mib": 24576}], "max": 1},
+        )
+        assert claim.status_code == 200, claim.text
+        lease = claim.json()["leases"][0]
+        return {
+            "experiment": sub.json()["experiment"],
+            "job": lease["job"],
+            "attempt": lease["attempt"],
+            "agent": agent,
+        }
+
+
 def test_fuzzing_finds_no_server_error_and_no_undocumented_answer(tmp_path: Path) -> None:
     """schemathesis against a coordinator of its own, with no agent: what it submits is never
     run. Every answer must be documented (status, content type, schema), none a 5xx."""
     url, coord = start_coordinator(tmp_path, "--long-poll", "1s", "--max-jobs", "50")
     examples = os.environ.get("HEADROOM_FUZZ_EXAMPLES", "15")
+    ids = _seed_data(url)
+    # Path ids of real rows (schemathesis.toml in the run's directory).
+    (tmp_path / "schemathesis.toml").write_text(
+        "".join(
+            f'[[operations]]\ninclude-path-regex = "{rx}"\nparameters = {{ "path.{p}" = "{v}" }}\n'
+            for rx, p, v in [
+                ("^/v1/experiments/", "id", ids["experiment"]),
+                ("^/v1/jobs/", "id", ids["job"]),
+                ("^/v1/attempts/", "id", ids["attempt"]),
+                ("^/v1/agents/[{]", "id", ids["agent"]),
+                ("^/v1/nodes/", "name", "fuzz-node"),
+            ]
+        )
+    )
     try:
         run = subprocess.run(
             [

@@ -21,6 +21,18 @@ pub async fn register(
     if req.node.trim().is_empty() {
         return Err(ApiError::invalid("node", "node name is empty"));
     }
+    // A node without GPUs has no plan to store (an agent finding none refuses to start).
+    if req.gpus.is_empty() {
+        return Err(ApiError::invalid("gpus", "a node registers at least one GPU"));
+    }
+    for (i, g) in req.gpus.iter().enumerate() {
+        if req.gpus[..i].iter().any(|o| o.index == g.index) {
+            return Err(ApiError::invalid(
+                format!("gpus[{i}].index"),
+                format!("GPU {} is registered twice", g.index),
+            ));
+        }
+    }
     let plan = match &req.plan {
         Some(p) => Some(
             Plan::parse_for(p, req.gpus.len())
