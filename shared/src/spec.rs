@@ -21,8 +21,10 @@ pub const BUILTIN_PLACEHOLDERS: &[&str] = &["run", "config"];
 #[serde(deny_unknown_fields)]
 pub struct ExperimentSpec {
     /// Experiment name (letters, digits, `_`, `-`, `.`).
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9_.-]{1,128}$"))]
     pub name: String,
     /// argv template; `{param}` placeholders are replaced by parameter values.
+    #[cfg_attr(feature = "openapi", schema(min_items = 1))]
     pub command: Vec<String>,
     /// Run `command` joined by spaces through `sh -c`, values shell-quoted.
     #[serde(default)]

@@ -23,7 +23,10 @@ pub async fn register(
     }
     // A node without GPUs has no plan to store (an agent finding none refuses to start).
     if req.gpus.is_empty() {
-        return Err(ApiError::invalid("gpus", "a node registers at least one GPU"));
+        return Err(ApiError::invalid(
+            "gpus",
+            "a node registers at least one GPU",
+        ));
     }
     for (i, g) in req.gpus.iter().enumerate() {
         if req.gpus[..i].iter().any(|o| o.index == g.index) {

@@ -209,6 +209,22 @@ mod tests {
         }
         let r = http.get(format!("{base}/v1/nodes")).send().await?;
         assert_eq!(r.status().as_u16(), 200, "{}", r.text().await?);
+        // The OpenAPI document is served, without a token, and names every route.
+        let doc: serde_json::Value = http
+            .get(format!("{base}{}", super::OPENAPI_PATH))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        for route in routes::ALL {
+            let method = route.method.to_string().to_lowercase();
+            assert!(
+                doc["paths"][route.path][&method].is_object(),
+                "{}",
+                route.path
+            );
+        }
         stop.cancel();
         server.await??;
         Ok(())
