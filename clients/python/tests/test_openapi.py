@@ -134,7 +134,7 @@ def test_fuzzing_finds_no_server_error_and_no_undocumented_answer(tmp_path: Path
                 f"{url}/openapi.json",
                 "--checks",
                 "not_a_server_error,status_code_conformance,content_type_conformance,"
-                "response_schema_conformance",
+                "response_schema_conformance,response_headers_conformance,unsupported_method",
                 # Authenticated, so the run keeps working once the coordinator wants tokens.
                 "--header",
                 f"Authorization: Bearer {TOKEN}",

@@ -37,6 +37,17 @@ impl ApiError {
         }
     }
 
+    /// A known path asked with a method it does not take (405, in the error shape).
+    pub fn method_not_allowed() -> Self {
+        Self {
+            status: Some(StatusCode::METHOD_NOT_ALLOWED),
+            ..Self::new(
+                ErrorCode::BadRequest,
+                "this path does not take that method (see /openapi.json)",
+            )
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::Internal, message)
     }

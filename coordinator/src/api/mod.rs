@@ -65,6 +65,7 @@ pub fn router(state: AppState) -> Router {
         // Public, outside `/v1`: the description of everything above.
         .route(OPENAPI_PATH, get(openapi_json))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route (see /v1/...)") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .with_state(state)
 }
 
@@ -209,6 +210,16 @@ mod tests {
         }
         let r = http.get(format!("{base}/v1/nodes")).send().await?;
         assert_eq!(r.status().as_u16(), 200, "{}", r.text().await?);
+        // A known path with a method it does not take: 405 in the error shape, with `Allow`.
+        let r = http.delete(format!("{base}/v1/health")).send().await?;
+        assert_eq!(r.status().as_u16(), 405);
+        let allow = r.headers().get("allow").cloned();
+        let body: serde_json::Value = r.json().await?;
+        assert_eq!(body["error"]["code"], "bad_request", "{body}");
+        assert_eq!(
+            allow.as_ref().and_then(|v| v.to_str().ok()),
+            Some("GET,HEAD")
+        );
         // The OpenAPI document is served, without a token, and names every route.
         let doc: serde_json::Value = http
             .get(format!("{base}{}", super::OPENAPI_PATH))
