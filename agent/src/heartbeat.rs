@@ -40,25 +40,35 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
         if shared.cfg.kill_foreign {
             kill_foreign_processes(&gpus, &mut suspects);
         }
-        let req = HeartbeatRequest {
+        let mut req = HeartbeatRequest {
             gpus,
             attempts: attempts.refs(),
             released: released.clone(),
+            telemetry: shared.telemetry.take(crate::telemetry::MAX_PER_HEARTBEAT),
+            telemetry_dropped: shared.telemetry.dropped(),
         };
         let sent = Instant::now();
-        // Bounded: a request lost in a partition that drops packets must not hold the loop.
-        let request = tokio::time::timeout(
-            budget.request_timeout,
-            shared.client.heartbeat(session.agent, &req),
-        );
-        tokio::pin!(request);
-        let reply = loop {
-            tokio::select! {
-                _ = done.cancelled() => return,
-                r = &mut request => break r,
-                _ = fence_due(attempts, budget.deadline(renewed)) => fence(attempts, &session),
+        let reply = {
+            // Bounded: a request lost in a partition that drops packets must not hold the loop.
+            let request = tokio::time::timeout(
+                budget.request_timeout,
+                shared.client.heartbeat(session.agent, &req),
+            );
+            tokio::pin!(request);
+            loop {
+                tokio::select! {
+                    _ = done.cancelled() => return,
+                    r = &mut request => break r,
+                    _ = fence_due(attempts, budget.deadline(renewed)) => fence(attempts, &session),
+                }
             }
         };
+        if !matches!(reply, Ok(Ok(_))) {
+            // Not stored: sent again with the next heartbeat.
+            shared
+                .telemetry
+                .put_back(std::mem::take(&mut req.telemetry));
+        }
         match reply {
             Ok(Ok(resp)) => {
                 renewed = renewed.max(sent);
@@ -230,12 +240,22 @@ mod tests {
                 supervisor: Default::default(),
                 claim_wait: S(1),
                 kill_foreign: false,
+                telemetry_interval: Duration::ZERO,
+                telemetry_buffer: 10,
+                metrics_addr: None,
             },
             client: crate::client::Client::new(url).expect("client"),
             backend: Arc::new(backend),
             attempts: Attempts::load(dir.path()).expect("attempts"),
             outcomes: crate::outcomes::Outcomes::open(dir.path()).expect("outcomes"),
             scope: "test".into(),
+            telemetry: crate::telemetry::Telemetry::new(Duration::ZERO, 10),
+            metrics: crate::metrics::AgentMetrics::new(
+                "n",
+                vec![0],
+                crate::telemetry::Telemetry::new(Duration::ZERO, 10),
+                Attempts::load(dir.path()).expect("attempts"),
+            ),
         });
         let attempts = shared.attempts.clone();
         let start = Instant::now();
