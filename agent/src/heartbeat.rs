@@ -63,11 +63,26 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
                 }
             }
         };
-        if !matches!(reply, Ok(Ok(_))) {
+        match &reply {
+            Ok(Ok(_)) => {}
             // Not stored: sent again with the next heartbeat.
-            shared
+            Ok(Err(e)) if e.is_transient() || matches!(e, crate::client::ClientError::Stale(_)) => {
+                shared
+                    .telemetry
+                    .put_back(std::mem::take(&mut req.telemetry));
+            }
+            Err(_) => shared
                 .telemetry
-                .put_back(std::mem::take(&mut req.telemetry));
+                .put_back(std::mem::take(&mut req.telemetry)),
+            // Refused for good (a reading the coordinator will never take): sending it again
+            // would refuse every heartbeat after this one.
+            Ok(Err(e)) if !req.telemetry.is_empty() => {
+                tracing::warn!(
+                    samples = req.telemetry.len(),
+                    "telemetry refused, dropped: {e}"
+                );
+            }
+            Ok(Err(_)) => {}
         }
         match reply {
             Ok(Ok(resp)) => {

@@ -25,6 +25,16 @@ pub struct CoordinatorSettings {
     /// Most jobs one spec may expand into.
     #[arg(long, env = "HEADROOM_MAX_JOBS", default_value_t = DEFAULT_MAX_JOBS)]
     pub max_jobs: u64,
+    /// GPU telemetry older than this is deleted.
+    #[arg(long, env = "HEADROOM_TELEMETRY_RETENTION", default_value = "24h", value_parser = duration)]
+    pub telemetry_retention: Duration,
+    /// Most telemetry samples kept per GPU (the oldest go first).
+    #[arg(
+        long,
+        env = "HEADROOM_TELEMETRY_MAX_SAMPLES",
+        default_value_t = 100_000
+    )]
+    pub telemetry_max_samples: u64,
 }
 
 impl CoordinatorSettings {
@@ -33,6 +43,8 @@ impl CoordinatorSettings {
         CoordinatorConfig {
             lease_ttl: self.lease_ttl,
             max_jobs: self.max_jobs,
+            telemetry_retention: self.telemetry_retention,
+            telemetry_max_samples: self.telemetry_max_samples,
             ..CoordinatorConfig::new(self.listen, data_dir)
         }
     }
@@ -54,6 +66,12 @@ pub struct CoordinatorConfig {
     /// How long a stop signal waits for requests in flight before dropping them (under
     /// Kubernetes' default 30 s grace before SIGKILL).
     pub drain_timeout: Duration,
+    /// GPU telemetry older than this is deleted.
+    pub telemetry_retention: Duration,
+    /// Most telemetry samples kept per GPU.
+    pub telemetry_max_samples: u64,
+    /// How often retention is applied.
+    pub telemetry_prune_every: Duration,
 }
 
 impl CoordinatorConfig {
@@ -66,6 +84,9 @@ impl CoordinatorConfig {
             max_jobs: DEFAULT_MAX_JOBS,
             reserve_after: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(20),
+            telemetry_retention: Duration::from_secs(24 * 3600),
+            telemetry_max_samples: 100_000,
+            telemetry_prune_every: Duration::from_secs(60),
         }
     }
 }

@@ -11,6 +11,7 @@ use headroom_shared::api::{
 };
 use headroom_shared::{AgentId, AttemptId, Plan};
 
+use super::telemetry::check_telemetry;
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, AppState, check_samples, parse_id};
 use crate::store::{ClaimInput, Registration, Renewal};
 
@@ -67,6 +68,7 @@ pub async fn claim(
     let mut fresh = Some(req.gpus);
     loop {
         let seen = s.changes.version();
+        let timer = std::time::Instant::now();
         let claimed = s
             .store
             .claim_jobs(ClaimInput {
@@ -77,6 +79,7 @@ pub async fn claim(
                 reserve_after_ms: s.config.reserve_after.as_millis() as u64,
             })
             .await?;
+        s.metrics.observe_claim(timer.elapsed().as_secs_f64());
         let cancel = if req.watching.is_empty() {
             vec![]
         } else {
@@ -107,6 +110,8 @@ pub async fn heartbeat(
 ) -> ApiResult<HeartbeatResponse> {
     let agent: AgentId = parse_id(&id, "agent")?;
     check_samples(&req.gpus)?;
+    // Checked whole first: a refused heartbeat writes nothing.
+    check_telemetry(&req.telemetry)?;
     let r = s
         .store
         .renew_leases(Renewal {
@@ -119,6 +124,10 @@ pub async fn heartbeat(
     if !req.released.is_empty() {
         s.store.release_attempts(agent, &req.released).await?;
     }
+    if req.telemetry_dropped > 0 {
+        tracing::debug!(%agent, dropped = req.telemetry_dropped, "agent dropped telemetry samples");
+    }
+    s.store.record_telemetry(agent, req.telemetry).await?;
     Ok(ApiJson(HeartbeatResponse {
         cancel: r.cancel,
         // A stale token refuses the whole heartbeat (409) instead.
@@ -141,6 +150,15 @@ pub async fn start(
             req.started_at.timestamp_millis(),
         )
         .await?;
+    // Queue wait of fresh submissions: first attempts only (a retry waited after its
+    // earlier attempt, not since the submission).
+    match s.store.submitted_at(attempt).await {
+        Ok((submitted, 1)) => s.metrics.observe_submit_to_start(
+            (req.started_at.timestamp_millis() - submitted) as f64 / 1000.0,
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::debug!(%attempt, "no submission time for the metrics: {e}"),
+    }
     Ok(ApiJson(Ack { ok: true }))
 }
 
