@@ -1117,6 +1117,13 @@ async fn telemetry_is_stored_per_gpu_and_served_per_attempt(s: Backend) {
             .expect("record"),
         10
     );
+    // Sent again (its answer was lost): stored once.
+    assert_eq!(
+        s.record_telemetry(agent, batch.clone())
+            .await
+            .expect("again"),
+        0
+    );
 
     let g0 = s
         .telemetry_of_gpu("n1", 0, all_time())

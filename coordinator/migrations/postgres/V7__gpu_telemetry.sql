@@ -18,5 +18,6 @@ CREATE TABLE gpu_telemetry (
     throttle         JSONB,
     error            TEXT
 );
-CREATE INDEX gpu_telemetry_series ON gpu_telemetry (node, gpu, at);
+-- One sample per GPU and instant: a batch sent again (its answer was lost) is stored once.
+CREATE UNIQUE INDEX gpu_telemetry_series ON gpu_telemetry (node, gpu, at);
 CREATE INDEX gpu_telemetry_age ON gpu_telemetry (at);

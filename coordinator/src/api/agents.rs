@@ -110,8 +110,14 @@ pub async fn heartbeat(
 ) -> ApiResult<HeartbeatResponse> {
     let agent: AgentId = parse_id(&id, "agent")?;
     check_samples(&req.gpus)?;
-    // Checked whole first: a refused heartbeat writes nothing.
+    // Checked whole first: a refused heartbeat writes nothing. Telemetry is stored first
+    // (idempotent: a batch the agent sends again after a lost answer is stored once), so a
+    // sample naming a GPU the node lacks refuses the heartbeat before leases are renewed.
     check_telemetry(&req.telemetry)?;
+    if req.telemetry_dropped > 0 {
+        tracing::debug!(%agent, dropped = req.telemetry_dropped, "agent dropped telemetry samples");
+    }
+    s.store.record_telemetry(agent, req.telemetry).await?;
     let r = s
         .store
         .renew_leases(Renewal {
@@ -124,10 +130,6 @@ pub async fn heartbeat(
     if !req.released.is_empty() {
         s.store.release_attempts(agent, &req.released).await?;
     }
-    if req.telemetry_dropped > 0 {
-        tracing::debug!(%agent, dropped = req.telemetry_dropped, "agent dropped telemetry samples");
-    }
-    s.store.record_telemetry(agent, req.telemetry).await?;
     Ok(ApiJson(HeartbeatResponse {
         cancel: r.cancel,
         // A stale token refuses the whole heartbeat (409) instead.

@@ -399,7 +399,8 @@ pub trait Store: Send + Sync + 'static {
     async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64>;
 
     /// Stores the telemetry samples an agent shipped (one heartbeat's batch, one
-    /// transaction) as its node's GPU series; returns how many were stored.
+    /// transaction) as its node's GPU series; returns how many were new (a sample of a GPU
+    /// at an instant already stored is not stored twice, so a batch may be sent again).
     async fn record_telemetry(&self, agent: AgentId, samples: Vec<TelemetrySample>) -> Result<u64>;
     /// One GPU's samples in a window, oldest first.
     async fn telemetry_of_gpu(

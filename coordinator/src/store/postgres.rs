@@ -1553,7 +1553,8 @@ impl Store for PostgresStore {
                      FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[], \
                      $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[], $10::BIGINT[], \
                      $11::BIGINT[], $12::TEXT[], $13::TEXT[]) \
-                     AS t(gpu, at, used, free, total, util, power, energy, temp, sm, throttle, error)",
+                     AS t(gpu, at, used, free, total, util, power, energy, temp, sm, throttle, error) \
+                     ON CONFLICT (node, gpu, at) DO NOTHING",
                     &[
                         &node.name, &gpu, &at, &used, &free, &total, &util, &power, &energy,
                         &temp, &sm, &throttle, &error,

@@ -1070,14 +1070,15 @@ impl Store for SqliteStore {
             let node = node_of_agent(tx, agent)?;
             super::check_telemetry_gpus(&node.gpus, &samples)?;
             let mut stmt = tx.prepare_cached(&format!(
-                "INSERT INTO gpu_telemetry (node, {}) \
+                "INSERT OR IGNORE INTO gpu_telemetry (node, {}) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 rows::TELEMETRY_COLUMNS
             ))?;
+            let mut stored = 0u64;
             for s in &samples {
                 let r = rows::telemetry_row(s);
                 let throttle = r.throttle.as_ref().map(json).transpose()?;
-                stmt.execute(params![
+                stored += stmt.execute(params![
                     node.name,
                     r.gpu,
                     r.at,
@@ -1091,9 +1092,9 @@ impl Store for SqliteStore {
                     r.sm_clock_mhz,
                     throttle,
                     r.error,
-                ])?;
+                ])? as u64;
             }
-            Ok(samples.len() as u64)
+            Ok(stored)
         })
         .await
     }
