@@ -1527,7 +1527,7 @@ impl Store for PostgresStore {
                 let at: Vec<i64> = r.iter().map(|x| x.at).collect();
                 let throttle: Vec<Option<String>> = r
                     .iter()
-                    .map(|x| x.throttle.as_ref().map(|t| serde_json::to_string(t)).transpose())
+                    .map(|x| x.throttle.as_ref().map(serde_json::to_string).transpose())
                     .collect::<std::result::Result<_, _>>()
                     .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 let error: Vec<Option<String>> = r.iter().map(|x| x.error.clone()).collect();
