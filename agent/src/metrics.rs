@@ -110,7 +110,7 @@ impl Collector for GpuCollector {
             &mut encoder,
             "headroom_gpu_utilization",
             "GPU utilization over the driver's last sample period (0 to 1)",
-            Some(&Unit::Ratios),
+            Some(&Unit::Other("ratio".into())),
             &pick(&|s| s.utilization_pct.map(|u| f64::from(u) / 100.0)),
         )?;
         gauge_family(
