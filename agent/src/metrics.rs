@@ -306,3 +306,89 @@ impl AgentMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_shared::api::TelemetrySample;
+    use std::time::Duration;
+
+    #[test]
+    fn readings_a_gpu_lacks_are_left_out_never_zero() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let telemetry = Telemetry::new(Duration::from_secs(1), 10);
+        let attempts = Attempts::load(dir.path()).expect("attempts");
+        let m = AgentMetrics::new("n", vec![0, 1], telemetry.clone(), attempts);
+        m.set_plan("2,1");
+        let at = chrono::Utc::now();
+        telemetry.push(vec![
+            TelemetrySample {
+                gpu: 0,
+                at,
+                used_mib: Some(1024),
+                total_mib: Some(2048),
+                power_w: Some(150.5),
+                energy_j: Some(10.0),
+                utilization_pct: Some(50),
+                ..TelemetrySample::default()
+            },
+            TelemetrySample {
+                gpu: 1,
+                at,
+                error: Some("NVML memory info: Unknown Error".into()),
+                ..TelemetrySample::default()
+            },
+        ]);
+        let attempt = AttemptId::new();
+        m.attempt_started(attempt, &[0]);
+        let page = m.render();
+        let has = |line: &str| page.lines().any(|l| l == line);
+        assert!(
+            has(r#"headroom_gpu_memory_used_bytes{node="n",gpu="0"} 1073741824.0"#),
+            "{page}"
+        );
+        assert!(
+            has(r#"headroom_gpu_power_watts{node="n",gpu="0"} 150.5"#),
+            "{page}"
+        );
+        assert!(
+            has(r#"headroom_gpu_utilization_ratio{node="n",gpu="0"} 0.5"#),
+            "{page}"
+        );
+        assert!(has(r#"headroom_gpu_slots{node="n",gpu="0"} 2.0"#), "{page}");
+        assert!(
+            has(r#"headroom_gpu_slots_used{node="n",gpu="0"} 1.0"#),
+            "{page}"
+        );
+        // GPU 1 could not be read: no figure of it at all, rather than zeros.
+        assert!(!page.contains(r#"power_watts{node="n",gpu="1"}"#), "{page}");
+        assert!(
+            !page.contains(r#"memory_used_bytes{node="n",gpu="1"}"#),
+            "{page}"
+        );
+        assert!(
+            !page.contains(r#"energy_joules_total{node="n",gpu="1"}"#),
+            "{page}"
+        );
+        let report: FinishReport = serde_json::from_value(serde_json::json!({
+            "fence": 1, "failure": "oom", "exit_code": 1, "signal": null,
+            "ended_at": at, "peak_mem_mib": null, "cleanup_ms": 2500,
+            "cleanup_verified": true, "log_tail": "", "gpus": [],
+        }))
+        .expect("report");
+        m.attempt_ended(attempt, &report);
+        let page = m.render();
+        assert!(
+            page.contains(r#"headroom_attempts_total{outcome="oom"} 1"#),
+            "{page}"
+        );
+        assert!(
+            page.contains("headroom_cleanup_duration_seconds_sum 2.5"),
+            "{page}"
+        );
+        assert!(
+            page.contains(r#"headroom_gpu_slots_used{node="n",gpu="0"} 0.0"#),
+            "{page}"
+        );
+    }
+}

@@ -280,3 +280,21 @@ impl GpuBackend for NvmlBackend {
         line
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttle_reasons_are_named_and_idle_is_not_one() {
+        let r = ThrottleReasons::SW_THERMAL_SLOWDOWN
+            | ThrottleReasons::SW_POWER_CAP
+            | ThrottleReasons::GPU_IDLE;
+        assert_eq!(
+            throttle_names(r),
+            vec!["sw_power_cap", "sw_thermal_slowdown"]
+        );
+        assert!(throttle_names(ThrottleReasons::GPU_IDLE).is_empty());
+        assert!(throttle_names(ThrottleReasons::NONE).is_empty());
+    }
+}
