@@ -16,8 +16,9 @@ use crate::store::SeriesWindow;
 pub const MAX_SAMPLES: u32 = 100_000;
 /// Samples per GPU when the request names no limit.
 pub const DEFAULT_SAMPLES: u32 = 10_000;
-/// Most samples one heartbeat may carry.
-pub const MAX_PER_HEARTBEAT: usize = 10_000;
+/// Most samples one heartbeat may carry (agents send at most 2,000; this many stays well
+/// under axum's 2 MB default body limit).
+pub const MAX_PER_HEARTBEAT: usize = 5_000;
 
 fn limit_of(limit: Option<u32>) -> Result<u32, ApiError> {
     match limit {
