@@ -42,6 +42,12 @@ pub struct AgentConfig {
     /// Kill processes of no attempt that hold memory on this node's GPUs (off by default:
     /// they are reported and left alone).
     pub kill_foreign: bool,
+    /// How often GPU telemetry is sampled (zero: never).
+    pub telemetry_interval: Duration,
+    /// Most telemetry samples kept while the coordinator cannot be reached.
+    pub telemetry_buffer: usize,
+    /// Where `GET /metrics` is served (none: not at all).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +65,11 @@ pub enum AgentError {
     Fence(#[from] FenceError),
     #[error("the coordinator refused this agent: {0}")]
     Refused(ClientError),
+    #[error("cannot serve metrics on {addr}: {source}")]
+    MetricsListen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// The agent's states; each step of `run` moves from one to the next.
@@ -94,6 +105,9 @@ pub(crate) struct Shared {
     pub outcomes: Outcomes,
     /// The value of [`crate::sweep::AGENT_VAR`] on this agent's jobs.
     pub scope: String,
+    /// GPU telemetry, sampled at `cfg.telemetry_interval`, shipped with heartbeats.
+    pub telemetry: crate::telemetry::Telemetry,
+    pub metrics: crate::metrics::AgentMetrics,
 }
 
 pub struct Agent {
@@ -108,6 +122,8 @@ pub struct Agent {
     /// Outcomes an earlier run journalled and did not get answered: kept (declared at
     /// registration) and reported before any new work is taken.
     unreported: Mutex<Vec<Outcome>>,
+    /// Bound at start, so a taken port fails the start rather than later.
+    metrics_listener: Mutex<Option<std::net::TcpListener>>,
 }
 
 impl Agent {
@@ -128,6 +144,21 @@ impl Agent {
                 "found outcomes an earlier run did not report; reporting them first"
             );
         }
+        let metrics_listener = match cfg.metrics_addr {
+            Some(addr) => Some(
+                std::net::TcpListener::bind(addr)
+                    .map_err(|source| AgentError::MetricsListen { addr, source })?,
+            ),
+            None => None,
+        };
+        let telemetry =
+            crate::telemetry::Telemetry::new(cfg.telemetry_interval, cfg.telemetry_buffer);
+        let metrics = crate::metrics::AgentMetrics::new(
+            &cfg.node,
+            backend.inventory().iter().map(|g| g.index).collect(),
+            telemetry.clone(),
+            attempts.clone(),
+        );
         Ok(Self {
             shared: Arc::new(Shared {
                 client: Client::new(&cfg.coordinator)?,
@@ -136,19 +167,56 @@ impl Agent {
                 backend,
                 attempts,
                 outcomes,
+                telemetry,
+                metrics,
             }),
             attempt_tasks: TaskTracker::new(),
             tasks: TaskTracker::new(),
             draining: CancellationToken::new(),
             registered_once: AtomicBool::new(false),
             unreported: Mutex::new(unreported),
+            metrics_listener: Mutex::new(metrics_listener),
         })
+    }
+
+    /// Where `/metrics` is served, when it is.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_listener
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     /// Runs until `shutdown`, then stops every attempt and reports it before returning.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), AgentError> {
         if let Err(e) = supervisor::become_subreaper() {
             tracing::warn!("cannot become child subreaper, orphans may escape to init: {e}");
+        }
+        // Sampling and the metrics page run for the agent's whole life, heartbeats or not.
+        let background = CancellationToken::new();
+        let _stop_background = background.clone().drop_guard();
+        self.tasks.spawn(
+            self.shared
+                .telemetry
+                .clone()
+                .run(self.shared.backend.clone(), background.clone()),
+        );
+        let listener = self
+            .metrics_listener
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(listener) = listener {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "serving metrics at http://{addr}/metrics");
+            }
+            self.tasks.spawn(
+                self.shared
+                    .metrics
+                    .clone()
+                    .serve(listener, background.clone()),
+            );
         }
         let mut state = State::Registering {
             backoff: Backoff::coordinator(),
@@ -163,6 +231,7 @@ impl Agent {
                 } => break (outcome, heartbeats),
             };
         };
+        background.cancel();
         self.drain(heartbeats).await;
         outcome
     }
@@ -217,6 +286,7 @@ impl Agent {
         };
         self.registered_once.store(true, Ordering::SeqCst);
         tracing::info!(agent = %resp.agent, plan = %resp.plan, gpus = req.gpus.len(), backend = self.shared.backend.kind(), "registered with the coordinator");
+        self.shared.metrics.set_plan(&resp.plan);
         if !resp.lost_attempts.is_empty() {
             // Unscoped: also the leftovers of an agent version that did not mark its scope.
             let lost = resp.lost_attempts.clone();
@@ -352,6 +422,7 @@ impl Agent {
                     backoff.reset();
                     if resp.plan != session.plan {
                         tracing::info!(plan = %resp.plan, "plan changed");
+                        self.shared.metrics.set_plan(&resp.plan);
                         session.plan = resp.plan;
                     }
                     for attempt in resp.cancel {
@@ -426,6 +497,9 @@ impl Agent {
             .attempts
             .begin(lease.attempt, lease.fence, &self.draining);
         tracing::info!(attempt = %lease.attempt, job = %lease.job, gpus = ?lease.gpus, "launching");
+        self.shared
+            .metrics
+            .attempt_started(lease.attempt, &lease.gpus);
         self.attempt_tasks.spawn(crate::lease::run(
             self.shared.clone(),
             lease,

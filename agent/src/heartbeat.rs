@@ -40,25 +40,50 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
         if shared.cfg.kill_foreign {
             kill_foreign_processes(&gpus, &mut suspects);
         }
-        let req = HeartbeatRequest {
+        let mut req = HeartbeatRequest {
             gpus,
             attempts: attempts.refs(),
             released: released.clone(),
+            telemetry: shared.telemetry.take(crate::telemetry::MAX_PER_HEARTBEAT),
+            telemetry_dropped: shared.telemetry.dropped(),
         };
         let sent = Instant::now();
-        // Bounded: a request lost in a partition that drops packets must not hold the loop.
-        let request = tokio::time::timeout(
-            budget.request_timeout,
-            shared.client.heartbeat(session.agent, &req),
-        );
-        tokio::pin!(request);
-        let reply = loop {
-            tokio::select! {
-                _ = done.cancelled() => return,
-                r = &mut request => break r,
-                _ = fence_due(attempts, budget.deadline(renewed)) => fence(attempts, &session),
+        let reply = {
+            // Bounded: a request lost in a partition that drops packets must not hold the loop.
+            let request = tokio::time::timeout(
+                budget.request_timeout,
+                shared.client.heartbeat(session.agent, &req),
+            );
+            tokio::pin!(request);
+            loop {
+                tokio::select! {
+                    _ = done.cancelled() => return,
+                    r = &mut request => break r,
+                    _ = fence_due(attempts, budget.deadline(renewed)) => fence(attempts, &session),
+                }
             }
         };
+        match &reply {
+            Ok(Ok(_)) => {}
+            // Not stored: sent again with the next heartbeat.
+            Ok(Err(e)) if e.is_transient() || matches!(e, crate::client::ClientError::Stale(_)) => {
+                shared
+                    .telemetry
+                    .put_back(std::mem::take(&mut req.telemetry));
+            }
+            Err(_) => shared
+                .telemetry
+                .put_back(std::mem::take(&mut req.telemetry)),
+            // Refused for good (a reading the coordinator will never take): sending it again
+            // would refuse every heartbeat after this one.
+            Ok(Err(e)) if !req.telemetry.is_empty() => {
+                tracing::warn!(
+                    samples = req.telemetry.len(),
+                    "telemetry refused, dropped: {e}"
+                );
+            }
+            Ok(Err(_)) => {}
+        }
         match reply {
             Ok(Ok(resp)) => {
                 renewed = renewed.max(sent);
@@ -217,6 +242,16 @@ mod tests {
 
     /// Runs the heartbeats of a session started now against `url`; returns its attempts.
     async fn session(url: &str, budget: FenceBudget) -> (Attempts, Instant, tempfile::TempDir) {
+        let telemetry = crate::telemetry::Telemetry::new(Duration::ZERO, 10);
+        session_with(url, budget, telemetry).await
+    }
+
+    /// [`session`] whose heartbeats ship `telemetry`'s samples.
+    async fn session_with(
+        url: &str,
+        budget: FenceBudget,
+        telemetry: crate::telemetry::Telemetry,
+    ) -> (Attempts, Instant, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         let backend = FakeBackend::open("1x24GiB".parse().expect("spec"), &dir.path().join("fake"))
             .expect("fake backend");
@@ -230,12 +265,22 @@ mod tests {
                 supervisor: Default::default(),
                 claim_wait: S(1),
                 kill_foreign: false,
+                telemetry_interval: Duration::ZERO,
+                telemetry_buffer: 10,
+                metrics_addr: None,
             },
             client: crate::client::Client::new(url).expect("client"),
             backend: Arc::new(backend),
             attempts: Attempts::load(dir.path()).expect("attempts"),
             outcomes: crate::outcomes::Outcomes::open(dir.path()).expect("outcomes"),
             scope: "test".into(),
+            telemetry,
+            metrics: crate::metrics::AgentMetrics::new(
+                "n",
+                vec![0],
+                crate::telemetry::Telemetry::new(Duration::ZERO, 10),
+                Attempts::load(dir.path()).expect("attempts"),
+            ),
         });
         let attempts = shared.attempts.clone();
         let start = Instant::now();
@@ -307,5 +352,121 @@ mod tests {
             at < S(20) + Duration::from_millis(200),
             "fenced after {at:?}"
         );
+    }
+
+    /// A coordinator that answers the first heartbeat 503 (store unavailable) and every
+    /// later one 200, passing on the bodies it answered 200.
+    async fn flaky_coordinator() -> (
+        String,
+        tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut first = true;
+            while let Ok((mut conn, _)) = listener.accept().await {
+                // One request per connection, read whole (headers, then content-length bytes).
+                let mut buf = Vec::new();
+                let body = loop {
+                    let mut chunk = [0u8; 8192];
+                    let Ok(n) = conn.read(&mut chunk).await else {
+                        break None;
+                    };
+                    if n == 0 {
+                        break None;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse().ok())?
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= len {
+                            break Some(body.to_string());
+                        }
+                    }
+                };
+                let Some(body) = body else { continue };
+                let (status, answer) = if first {
+                    first = false;
+                    (
+                        "503 Service Unavailable",
+                        r#"{"error": {"code": "store_unavailable", "message": "down"}}"#
+                            .to_string(),
+                    )
+                } else {
+                    let _ = tx.send(serde_json::from_str(&body).expect("json body"));
+                    (
+                        "200 OK",
+                        serde_json::to_string(&HeartbeatResponse {
+                            cancel: vec![],
+                            stale: vec![],
+                            plan: "1".into(),
+                        })
+                        .expect("json"),
+                    )
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{answer}",
+                    answer.len()
+                );
+                let _ = conn.write_all(resp.as_bytes()).await;
+            }
+        });
+        (url, rx)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn telemetry_a_heartbeat_could_not_deliver_goes_with_the_next() {
+        let budget = FenceBudget::new(S(30), S(10)).expect("budget");
+        let (url, mut delivered) = flaky_coordinator().await;
+        let telemetry = crate::telemetry::Telemetry::new(Duration::ZERO, 10);
+        let at = |ms| chrono::DateTime::from_timestamp_millis(ms).expect("time");
+        telemetry.push(vec![headroom_shared::api::TelemetrySample {
+            gpu: 0,
+            at: at(1_000),
+            power_w: Some(100.0),
+            ..Default::default()
+        }]);
+        let (_attempts, _start, _dir) = session_with(&url, budget, telemetry.clone()).await;
+        // Taken by the first heartbeat (refused) before this one is pushed.
+        tokio::time::sleep(budget.every + Duration::from_millis(100)).await;
+        telemetry.push(vec![headroom_shared::api::TelemetrySample {
+            gpu: 0,
+            at: at(2_000),
+            power_w: Some(200.0),
+            ..Default::default()
+        }]);
+        // Whatever heartbeats carry them, both arrive, each once, oldest first.
+        let mut shipped: Vec<i64> = Vec::new();
+        while shipped.len() < 2 {
+            // Virtual time: a lost sample fails here, after a few heartbeats, not never.
+            let body = tokio::time::timeout(S(120), delivered.recv())
+                .await
+                .unwrap_or_else(|_| panic!("delivered so far: {shipped:?}"))
+                .expect("a delivered heartbeat");
+            shipped.extend(
+                body["telemetry"]
+                    .as_array()
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|s| {
+                        s["at"]
+                            .as_str()
+                            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                            .expect("at")
+                            .timestamp_millis()
+                    }),
+            );
+        }
+        assert_eq!(shipped, vec![1_000, 2_000], "oldest first, nothing lost");
+        assert_eq!(telemetry.dropped(), 0);
     }
 }

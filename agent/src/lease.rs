@@ -135,6 +135,7 @@ pub(crate) async fn run(
     // keeping the GPUs quarantined if cleanup was not verified.
     let unverified = (!end.cleanup_verified).then(|| (gpus, end.held_by.clone()));
     shared.attempts.end(attempt, unverified).await;
+    shared.metrics.attempt_ended(attempt, &outcome.report);
     if let Some(pause) = crate::outcomes::test_pause_before_report() {
         tokio::time::sleep(pause).await;
     }

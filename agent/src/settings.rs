@@ -50,6 +50,18 @@ pub struct AgentSettings {
     /// Kill processes that belong to no job and hold GPU memory (default: report, never kill).
     #[arg(long, env = "HEADROOM_KILL_FOREIGN")]
     pub kill_foreign: bool,
+    /// How often each GPU's telemetry (memory, utilization, power, energy, temperature, SM
+    /// clock, throttle reasons) is sampled and shipped with heartbeats; `0s`: never.
+    #[arg(long, env = "HEADROOM_TELEMETRY_INTERVAL", default_value = "1s", value_parser = duration)]
+    pub telemetry_interval: Duration,
+    /// Most telemetry samples kept while the coordinator cannot be reached (the oldest go
+    /// first, and are counted).
+    #[arg(long, env = "HEADROOM_TELEMETRY_BUFFER", default_value_t = 20_000)]
+    pub telemetry_buffer: usize,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. `0.0.0.0:9421` for the lab's
+    /// Prometheus (default: not served).
+    #[arg(long, env = "HEADROOM_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl AgentSettings {
@@ -90,6 +102,9 @@ impl AgentSettings {
             },
             claim_wait: Duration::from_secs(20),
             kill_foreign: self.kill_foreign,
+            telemetry_interval: self.telemetry_interval,
+            telemetry_buffer: self.telemetry_buffer,
+            metrics_addr: self.metrics_addr,
         }
     }
 }

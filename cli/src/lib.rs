@@ -60,7 +60,13 @@ pub enum Command {
     /// List experiments with their progress.
     Experiments,
     /// A job with its attempts.
-    Show { id: JobId },
+    Show {
+        id: JobId,
+        /// Also each attempt's GPU telemetry over its run: power, energy, temperature,
+        /// utilization, memory, clocks and throttling.
+        #[arg(long)]
+        telemetry: bool,
+    },
     /// The log of a job's latest attempt (or of an attempt).
     Logs {
         id: String,
@@ -135,7 +141,16 @@ async fn command(api: &Api, command: Command) -> Result<i32> {
             output::jobs_table(&api.jobs(exp, state.as_deref()).await?);
         }
         Command::Experiments => output::experiments_table(&api.experiments().await?),
-        Command::Show { id } => output::job_detail(&api.job(id).await?),
+        Command::Show { id, telemetry } => {
+            let job = api.job(id).await?;
+            output::job_detail(&job);
+            if telemetry {
+                for a in &job.attempts_detail {
+                    let t = api.attempt_telemetry(a.id).await?;
+                    output::attempt_telemetry(a.number, &t);
+                }
+            }
+        }
         Command::Logs { id, follow } => output::logs(api, &id, follow).await?,
         Command::Cancel { id } => {
             if let Ok(job) = id.parse::<JobId>()

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use headroom_shared::api::{
-    ExperimentSummary, JobDetail, JobSummary, NodeView, PeakSource, StateCounts, SubmitResponse,
+    AttemptTelemetry, ExperimentSummary, GpuSeries, JobDetail, JobSummary, NodeView, PeakSource,
+    StateCounts, SubmitResponse, TelemetrySample,
 };
 use headroom_shared::expand::value_text;
 use headroom_shared::{AttemptId, ExperimentId, JobId, MemSize};
@@ -196,6 +197,115 @@ pub fn job_detail(d: &JobDetail) {
     }
 }
 
+/// `show --telemetry`: one block per GPU of the attempt.
+pub fn attempt_telemetry(number: u32, t: &AttemptTelemetry) {
+    if t.from.is_none() {
+        println!("telemetry of attempt #{number}: not started");
+        return;
+    }
+    for series in &t.gpus {
+        println!("telemetry of attempt #{number}, GPU {}:", series.gpu);
+        for line in telemetry_lines(series) {
+            println!("      {line}");
+        }
+    }
+}
+
+/// The summary of one GPU's series: each reading a GPU could not give says so.
+pub fn telemetry_lines(series: &GpuSeries) -> Vec<String> {
+    let s = &series.samples;
+    let (Some(first), Some(last)) = (s.first(), s.last()) else {
+        return vec![
+            "no samples in the attempt's window (telemetry off on the agent, or pruned)".into(),
+        ];
+    };
+    const NA: &str = "not available";
+    let floats =
+        |f: fn(&TelemetrySample) -> Option<f64>| -> Vec<f64> { s.iter().filter_map(f).collect() };
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let max = |v: &[f64]| v.iter().copied().fold(f64::MIN, f64::max);
+    let mut out = vec![format!(
+        "{} samples over {}",
+        s.len(),
+        humantime_secs(((last.at - first.at).num_milliseconds().max(0) / 1000) as u64)
+    )];
+    let power = floats(|x| x.power_w);
+    out.push(if power.is_empty() {
+        format!("power        {NA}")
+    } else {
+        format!(
+            "power        mean {:.1} W, max {:.1} W",
+            mean(&power),
+            max(&power)
+        )
+    });
+    let energy = floats(|x| x.energy_j);
+    out.push(match (energy.first(), energy.last()) {
+        (Some(a), Some(b)) if energy.len() >= 2 => {
+            format!(
+                "energy       {:.1} J (counter, first to last sample)",
+                b - a
+            )
+        }
+        _ => format!("energy       {NA}"),
+    });
+    let temp = floats(|x| x.temperature_c);
+    out.push(if temp.is_empty() {
+        format!("temperature  {NA}")
+    } else {
+        format!(
+            "temperature  {:.1} °C at start, max {:.1} °C",
+            temp[0],
+            max(&temp)
+        )
+    });
+    let util = floats(|x| x.utilization_pct.map(f64::from));
+    out.push(if util.is_empty() {
+        format!("utilization  {NA}")
+    } else {
+        format!("utilization  mean {:.0} %", mean(&util))
+    });
+    let used = s.iter().filter_map(|x| x.used_mib).max();
+    out.push(match used {
+        Some(m) => format!("memory       peak {} used on the GPU", mib(m)),
+        None => format!("memory       {NA}"),
+    });
+    let clock = floats(|x| x.sm_clock_mhz.map(f64::from));
+    out.push(if clock.is_empty() {
+        format!("SM clock     {NA}")
+    } else {
+        format!("SM clock     mean {:.0} MHz", mean(&clock))
+    });
+    let known: Vec<&Vec<String>> = s.iter().filter_map(|x| x.throttle.as_ref()).collect();
+    out.push(if known.is_empty() {
+        format!("throttling   {NA}")
+    } else {
+        let mut seen: Vec<(String, usize)> = Vec::new();
+        for reason in known.iter().flat_map(|r| r.iter()) {
+            match seen.iter_mut().find(|(r, _)| r == reason) {
+                Some((_, n)) => *n += 1,
+                None => seen.push((reason.clone(), 1)),
+            }
+        }
+        if seen.is_empty() {
+            "throttling   none".into()
+        } else {
+            format!(
+                "throttling   {}",
+                seen.iter()
+                    .map(|(r, n)| format!("{r} ({n} of {} samples)", known.len()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    });
+    let errors = s.iter().filter(|x| x.error.is_some()).count();
+    if errors > 0 {
+        out.push(format!("{errors} samples could not be read in full"));
+    }
+    out
+}
+
 fn humantime_ms(ms: u64) -> String {
     humantime_secs(ms / 1000)
 }
@@ -363,5 +473,71 @@ pub async fn logs(api: &Api, id: &str, follow: bool) -> Result<()> {
         if chunk.bytes.is_empty() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::from_timestamp(1_700_000_000 + secs, 0).expect("time")
+    }
+
+    #[test]
+    fn telemetry_summary_has_the_figures_and_says_what_is_not_available() {
+        let sample = |t: i64, w: f64, j: f64, c: f64| TelemetrySample {
+            gpu: 0,
+            at: at(t),
+            power_w: Some(w),
+            energy_j: Some(j),
+            temperature_c: Some(c),
+            utilization_pct: Some(50),
+            used_mib: Some(1024 * t as u64),
+            throttle: Some(if t == 2 {
+                vec!["sw_thermal_slowdown".into()]
+            } else {
+                vec![]
+            }),
+            ..TelemetrySample::default()
+        };
+        let series = GpuSeries {
+            node: "n".into(),
+            gpu: 0,
+            samples: vec![
+                sample(0, 100.0, 1000.0, 40.0),
+                sample(1, 300.0, 1200.0, 60.0),
+                sample(2, 200.0, 1450.0, 55.0),
+            ],
+        };
+        let lines = telemetry_lines(&series);
+        assert_eq!(lines[0], "3 samples over 2s");
+        assert_eq!(lines[1], "power        mean 200.0 W, max 300.0 W");
+        assert_eq!(
+            lines[2],
+            "energy       450.0 J (counter, first to last sample)"
+        );
+        assert_eq!(lines[3], "temperature  40.0 °C at start, max 60.0 °C");
+        assert_eq!(lines[4], "utilization  mean 50 %");
+        assert_eq!(lines[5], "memory       peak 2GiB used on the GPU");
+        assert_eq!(lines[6], "SM clock     not available");
+        assert_eq!(
+            lines[7],
+            "throttling   sw_thermal_slowdown (1 of 3 samples)"
+        );
+
+        // A GPU without power or energy readings: never shown as 0.
+        let mut bare = series.clone();
+        for s in &mut bare.samples {
+            s.power_w = None;
+            s.energy_j = None;
+            s.throttle = None;
+        }
+        let lines = telemetry_lines(&bare);
+        assert_eq!(lines[1], "power        not available");
+        assert_eq!(lines[2], "energy       not available");
+        assert_eq!(lines[7], "throttling   not available");
+        bare.samples.clear();
+        assert!(telemetry_lines(&bare)[0].starts_with("no samples"));
     }
 }

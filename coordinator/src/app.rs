@@ -47,6 +47,7 @@ impl Application {
             store,
             logs,
             config: Arc::new(config),
+            metrics: crate::metrics::CoordinatorMetrics::new(),
         };
         Ok(Self { listener, state })
     }
@@ -61,6 +62,7 @@ impl Application {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), AppError> {
         let tasks = TaskTracker::new();
         tasks.spawn(sweep_leases(self.state.clone(), shutdown.clone()));
+        tasks.spawn(prune_telemetry(self.state.clone(), shutdown.clone()));
         // Other replicas' changes wake this process's long-polls too.
         let (store, changes) = (self.state.store.clone(), self.state.changes.clone());
         let stop = shutdown.clone();
@@ -98,6 +100,46 @@ impl Application {
         tasks.close();
         tasks.wait().await;
         served.map_err(AppError::Serve)
+    }
+}
+
+/// Keeps GPU telemetry within its retention: every minute, deletes what is too old or beyond
+/// the count kept per GPU, in bounded batches (one transaction each) so that heartbeats are
+/// never held behind one long delete.
+async fn prune_telemetry(state: AppState, shutdown: CancellationToken) {
+    const BATCH: u32 = 5_000;
+    let mut tick = tokio::time::interval(state.config.telemetry_prune_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let keep = crate::store::Retention {
+            older_than: crate::store::now_ms()
+                .saturating_sub(state.config.telemetry_retention.as_millis() as i64),
+            keep_per_gpu: state.config.telemetry_max_samples,
+            batch: BATCH,
+        };
+        let mut total = 0;
+        loop {
+            match state.store.prune_telemetry(keep).await {
+                Ok(n) => {
+                    total += n;
+                    if n < u64::from(BATCH) || shutdown.is_cancelled() {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                Err(e) => {
+                    tracing::warn!("telemetry pruning failed: {e}");
+                    break;
+                }
+            }
+        }
+        if total > 0 {
+            tracing::debug!(rows = total, "old telemetry pruned");
+        }
     }
 }
 

@@ -28,6 +28,16 @@ pub struct CoordinatorSettings {
     /// Longest a claim, progress or log read is held open waiting for a change.
     #[arg(long, env = "HEADROOM_LONG_POLL", default_value = "25s", value_parser = duration)]
     pub long_poll: Duration,
+    /// GPU telemetry older than this is deleted.
+    #[arg(long, env = "HEADROOM_TELEMETRY_RETENTION", default_value = "24h", value_parser = duration)]
+    pub telemetry_retention: Duration,
+    /// Most telemetry samples kept per GPU (the oldest go first).
+    #[arg(
+        long,
+        env = "HEADROOM_TELEMETRY_MAX_SAMPLES",
+        default_value_t = 100_000
+    )]
+    pub telemetry_max_samples: u64,
 }
 
 impl CoordinatorSettings {
@@ -37,6 +47,8 @@ impl CoordinatorSettings {
             lease_ttl: self.lease_ttl,
             max_jobs: self.max_jobs,
             long_poll: self.long_poll,
+            telemetry_retention: self.telemetry_retention,
+            telemetry_max_samples: self.telemetry_max_samples,
             ..CoordinatorConfig::new(self.listen, data_dir)
         }
     }
@@ -58,6 +70,12 @@ pub struct CoordinatorConfig {
     /// How long a stop signal waits for requests in flight before dropping them (under
     /// Kubernetes' default 30 s grace before SIGKILL).
     pub drain_timeout: Duration,
+    /// GPU telemetry older than this is deleted.
+    pub telemetry_retention: Duration,
+    /// Most telemetry samples kept per GPU.
+    pub telemetry_max_samples: u64,
+    /// How often retention is applied.
+    pub telemetry_prune_every: Duration,
 }
 
 impl CoordinatorConfig {
@@ -70,6 +88,9 @@ impl CoordinatorConfig {
             max_jobs: DEFAULT_MAX_JOBS,
             reserve_after: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(20),
+            telemetry_retention: Duration::from_secs(24 * 3600),
+            telemetry_max_samples: 100_000,
+            telemetry_prune_every: Duration::from_secs(60),
         }
     }
 }

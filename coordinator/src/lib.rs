@@ -7,6 +7,7 @@ pub mod changes;
 pub mod config;
 pub mod export;
 pub mod logs;
+pub mod metrics;
 pub mod openapi;
 pub mod placement;
 pub mod rules;

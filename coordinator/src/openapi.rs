@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use headroom_shared::api::{
-    Ack, AttemptView, CancelResponse, ClaimRequest, ClaimResponse, ErrorBody, ExperimentSummary,
-    ExportQuery, FinishReport, FinishResponse, HandBackRequest, Health, HeartbeatRequest,
-    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LogAppended, LogChunkQuery, LogQuery,
-    NodeView, Progress, ProgressQuery, RegisterRequest, RegisterResponse, Released, RetryResponse,
-    SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
+    Ack, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse, ClaimRequest,
+    ClaimResponse, ErrorBody, ExperimentSummary, ExportQuery, FinishReport, FinishResponse,
+    GpuSeries, HandBackRequest, Health, HeartbeatRequest, HeartbeatResponse, JobDetail, JobSummary,
+    JobsQuery, LogAppended, LogChunkQuery, LogQuery, NodeView, Progress, ProgressQuery,
+    RegisterRequest, RegisterResponse, Released, RetryResponse, SetPlanRequest, StartReport,
+    SubmitRequest, SubmitResponse, TelemetryQuery,
 };
 use headroom_shared::routes::{self, Access, Method, Route};
 use utoipa::openapi::path::{
@@ -241,6 +242,15 @@ fn table() -> Vec<(Route, RouteDoc)> {
             doc("heartbeat", "agents", Json(one::<HeartbeatResponse>))
                 .body(one::<HeartbeatRequest>)
                 .conflicts(),
+        ),
+        (
+            r::GPU_TELEMETRY,
+            doc("gpuTelemetry", "nodes", Json(one::<GpuSeries>)).query(query::<TelemetryQuery>),
+        ),
+        (
+            r::ATTEMPT_TELEMETRY,
+            doc("attemptTelemetry", "jobs", Json(one::<AttemptTelemetry>))
+                .query(query::<AttemptTelemetryQuery>),
         ),
     ]
 }

@@ -8,9 +8,12 @@ use chrono::Utc;
 use headroom_coordinator::store::postgres::PostgresStore;
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::store::{
-    ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Renewal, Renewed, Store, StoreError,
+    ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Renewal, Renewed, Retention,
+    SeriesWindow, Store, StoreError,
 };
-use headroom_shared::api::{AttemptRef, FinishReport, GpuInfo, GpuSample, Lease, PeakSource};
+use headroom_shared::api::{
+    AttemptRef, FinishReport, GpuInfo, GpuSample, Lease, PeakSource, TelemetrySample,
+};
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, ExperimentId, FailureClass, JobId, JobState, Plan};
 
@@ -1056,6 +1059,217 @@ async fn late_outcomes_of_lost_attempts(s: Backend) {
     assert_eq!(d.attempts_detail.len(), 1);
 }
 
+/// A telemetry sample of `gpu` at `ms`, with every reading set from `v`.
+fn tsample(gpu: u32, ms: i64, v: f64) -> TelemetrySample {
+    TelemetrySample {
+        gpu,
+        at: chrono::DateTime::from_timestamp_millis(ms).expect("time"),
+        used_mib: Some(1000),
+        free_mib: Some(9000),
+        total_mib: Some(10_000),
+        utilization_pct: Some(80),
+        power_w: Some(v),
+        energy_j: Some(v * 10.0),
+        temperature_c: Some(40.25),
+        sm_clock_mhz: Some(1980),
+        throttle: Some(vec!["sw_power_cap".into()]),
+        error: None,
+    }
+}
+
+fn all_time() -> SeriesWindow {
+    SeriesWindow {
+        since: 0,
+        until: i64::MAX,
+        limit: 1000,
+    }
+}
+
+async fn telemetry_is_stored_per_gpu_and_served_per_attempt(s: Backend) {
+    let agent = register(&s, "n1", 2, None).await;
+    submit(&s, vec![job(0, Some(1000), vec![], 1)]).await;
+    let lease = claim(&s, agent, 2).await.remove(0);
+    let gpu = lease.gpus[0];
+    let before = s
+        .telemetry_of_attempt(lease.attempt, 100)
+        .await
+        .expect("leased");
+    assert!(before.from.is_none(), "{before:?}");
+    assert!(before.gpus.iter().all(|g| g.samples.is_empty()));
+
+    let base = (Utc::now().timestamp_millis() / 1000 - 60) * 1000;
+    let mut batch: Vec<TelemetrySample> = (0..5)
+        .flat_map(|i| {
+            [
+                tsample(0, base + i * 1000, 100.0 + i as f64),
+                tsample(1, base + i * 1000, 7.0),
+            ]
+        })
+        .collect();
+    // A GPU that cannot give power, energy or throttle reasons: absent, never 0.
+    batch[1].power_w = None;
+    batch[1].energy_j = None;
+    batch[1].throttle = None;
+    batch[1].error = Some("NVML power: Not Supported".into());
+    assert_eq!(
+        s.record_telemetry(agent, batch.clone())
+            .await
+            .expect("record"),
+        10
+    );
+    // Sent again (its answer was lost): stored once.
+    assert_eq!(
+        s.record_telemetry(agent, batch.clone())
+            .await
+            .expect("again"),
+        0
+    );
+
+    let g0 = s
+        .telemetry_of_gpu("n1", 0, all_time())
+        .await
+        .expect("series");
+    assert_eq!(g0.len(), 5);
+    assert_eq!(g0[0], batch[0], "round trip, oldest first");
+    assert_eq!(g0[4].power_w, Some(104.0));
+    assert_eq!(g0[4].energy_j, Some(1040.0));
+    let g1 = s
+        .telemetry_of_gpu("n1", 1, all_time())
+        .await
+        .expect("series");
+    assert_eq!(g1[0], batch[1]);
+    assert_eq!((g1[0].power_w, g1[0].throttle.clone()), (None, None));
+    // A window, and a limit that keeps the newest.
+    let window = SeriesWindow {
+        since: base + 1000,
+        until: base + 3000,
+        limit: 2,
+    };
+    let w = s.telemetry_of_gpu("n1", 0, window).await.expect("window");
+    assert_eq!(
+        w.iter()
+            .map(|x| x.at.timestamp_millis() - base)
+            .collect::<Vec<_>>(),
+        vec![2000, 3000]
+    );
+
+    // A sample naming a GPU the node lacks refuses the batch, naming it; nothing is written.
+    let bad = vec![tsample(0, base + 9000, 1.0), tsample(5, base + 9000, 1.0)];
+    match s.record_telemetry(agent, bad).await {
+        Err(StoreError::Invalid { field, .. }) => assert_eq!(field, "telemetry[1].gpu"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        s.telemetry_of_gpu("n1", 0, all_time())
+            .await
+            .expect("series")
+            .len(),
+        5
+    );
+    assert!(matches!(
+        s.record_telemetry(AgentId::new(), vec![tsample(0, base, 1.0)])
+            .await,
+        Err(StoreError::UnknownAgent { .. })
+    ));
+    assert!(matches!(
+        s.telemetry_of_gpu("nope", 0, all_time()).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(matches!(
+        s.telemetry_of_gpu("n1", 9, all_time()).await,
+        Err(StoreError::NotFound { .. })
+    ));
+
+    // The attempt ran from base+1 s to base+3 s on its GPU: those samples, that GPU only.
+    s.start_attempt(lease.attempt, lease.fence, 1, base + 1000)
+        .await
+        .expect("start");
+    let mut end = report(lease.fence, None);
+    end.ended_at = chrono::DateTime::from_timestamp_millis(base + 3000).expect("time");
+    s.finish_attempt(lease.attempt, end).await.expect("finish");
+    let t = s
+        .telemetry_of_attempt(lease.attempt, 100)
+        .await
+        .expect("attempt");
+    assert_eq!(t.node, "n1");
+    assert_eq!(t.gpus.len(), 1);
+    assert_eq!(t.gpus[0].gpu, gpu);
+    assert_eq!(
+        t.gpus[0]
+            .samples
+            .iter()
+            .map(|x| x.at.timestamp_millis() - base)
+            .collect::<Vec<_>>(),
+        vec![1000, 2000, 3000]
+    );
+    let (submitted, number) = s.submitted_at(lease.attempt).await.expect("submitted");
+    assert_eq!(number, 1);
+    assert!((Utc::now().timestamp_millis() - submitted).abs() < 60_000);
+    assert!(matches!(
+        s.telemetry_of_attempt(headroom_shared::AttemptId::new(), 10)
+            .await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+async fn telemetry_retention_prunes_by_age_and_count_in_batches(s: Backend) {
+    let agent = register(&s, "n1", 2, None).await;
+    let base = 1_700_000_000_000;
+    let mut samples: Vec<TelemetrySample> =
+        (0..30).map(|i| tsample(0, base + i * 1000, 1.0)).collect();
+    samples.extend((20..25).map(|i| tsample(1, base + i * 1000, 1.0)));
+    s.record_telemetry(agent, samples).await.expect("record");
+    let keep = Retention {
+        older_than: base + 10_000,
+        keep_per_gpu: 15,
+        batch: 4,
+    };
+    let mut total = 0;
+    loop {
+        let n = s.prune_telemetry(keep).await.expect("prune");
+        assert!(n <= 4, "a batch deletes at most its size: {n}");
+        total += n;
+        if n < 4 {
+            break;
+        }
+    }
+    // 10 too old on GPU 0, then 5 more beyond the 15 kept; GPU 1's five all stay.
+    assert_eq!(total, 15);
+    let g0 = s
+        .telemetry_of_gpu("n1", 0, all_time())
+        .await
+        .expect("series");
+    assert_eq!(
+        g0.iter()
+            .map(|x| (x.at.timestamp_millis() - base) / 1000)
+            .collect::<Vec<_>>(),
+        (15..30).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        s.telemetry_of_gpu("n1", 1, all_time())
+            .await
+            .expect("series")
+            .len(),
+        5
+    );
+    assert_eq!(s.prune_telemetry(keep).await.expect("prune"), 0);
+}
+
+async fn pending_reasons_are_counted(s: Backend) {
+    submit(
+        &s,
+        vec![job(0, Some(1000), vec![], 1), job(1, Some(1000), vec![], 1)],
+    )
+    .await;
+    let counts = s.pending_reason_counts().await.expect("counts");
+    assert_eq!(counts, vec![("not_considered".to_string(), 2)]);
+    // One node of one slot: one job runs, the other waits for a slot.
+    let agent = register(&s, "n1", 1, None).await;
+    assert_eq!(claim(&s, agent, 1).await.len(), 1);
+    let counts = s.pending_reason_counts().await.expect("counts");
+    assert_eq!(counts, vec![("no_free_slot".to_string(), 1)]);
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -1096,6 +1310,9 @@ conformance!(sqlite, postgres: [
     writes_announce_their_changes,
     peak_sources_are_stored_and_device_deltas_teach,
     late_outcomes_of_lost_attempts,
+    telemetry_is_stored_per_gpu_and_served_per_attempt,
+    telemetry_retention_prunes_by_age_and_count_in_batches,
+    pending_reasons_are_counted,
 ]);
 
 // ---- both backends side by side, and what only PostgreSQL does --------------------------

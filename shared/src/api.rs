@@ -610,6 +610,95 @@ pub struct HeartbeatRequest {
     /// Ended attempts whose leftovers are now gone: lift their GPUs' quarantine.
     #[serde(default)]
     pub released: Vec<AttemptId>,
+    /// GPU telemetry sampled since the last answered heartbeat (oldest first), stored by the
+    /// coordinator as each GPU's series.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub telemetry: Vec<TelemetrySample>,
+    /// Samples the agent dropped (oldest first) because its buffer was full while the
+    /// coordinator could not be reached, since it started.
+    #[serde(default)]
+    pub telemetry_dropped: u64,
+}
+
+/// One GPU's reading at one instant, as the agent's sampler takes it (default once a
+/// second). A reading the GPU does not support, or that failed, is absent (`null`), never 0.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TelemetrySample {
+    pub gpu: u32,
+    pub at: DateTime<Utc>,
+    #[serde(default)]
+    pub used_mib: Option<u64>,
+    #[serde(default)]
+    pub free_mib: Option<u64>,
+    #[serde(default)]
+    pub total_mib: Option<u64>,
+    /// GPU (SM) utilization over the driver's last sample period, 0-100.
+    #[serde(default)]
+    pub utilization_pct: Option<u32>,
+    /// Board power draw.
+    #[serde(default)]
+    pub power_w: Option<f64>,
+    /// The GPU's total-energy counter (NVML: since the driver was loaded; Volta and newer):
+    /// an attempt's energy is the difference of two readings.
+    #[serde(default)]
+    pub energy_j: Option<f64>,
+    #[serde(default)]
+    pub temperature_c: Option<f64>,
+    #[serde(default)]
+    pub sm_clock_mhz: Option<u32>,
+    /// Why clocks are held down now (NVML clock event reasons), e.g. `sw_thermal_slowdown`,
+    /// `sw_power_cap`; empty: none; absent: not available.
+    #[serde(default)]
+    pub throttle: Option<Vec<String>>,
+    /// What could not be read, when something that should be could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `GET /v1/nodes/{name}/gpus/{gpu}/telemetry`: a time window of one GPU's series.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
+pub struct TelemetryQuery {
+    /// RFC 3339; default: the last hour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<DateTime<Utc>>,
+    /// RFC 3339; default: now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<DateTime<Utc>>,
+    /// Most samples, the newest kept (default and cap 10,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+/// One GPU's stored samples, oldest first.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GpuSeries {
+    pub node: String,
+    pub gpu: u32,
+    pub samples: Vec<TelemetrySample>,
+}
+
+/// `GET /v1/attempts/{id}/telemetry`: the attempt's GPUs over its run (start to end, or to
+/// now while it runs). Empty series before it started.
+/// `GET /v1/attempts/{id}/telemetry`'s query string.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
+pub struct AttemptTelemetryQuery {
+    /// Most samples per GPU, the newest kept (default 10,000; at most 100,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AttemptTelemetry {
+    pub attempt: AttemptId,
+    pub node: String,
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
+    pub gpus: Vec<GpuSeries>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -10,11 +10,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::api::{
-    Ack, CancelResponse, ClaimRequest, ClaimResponse, ErrorBody, ErrorCode, ExperimentSummary,
-    ExportQuery, FinishReport, FinishResponse, HandBackRequest, Health, HeartbeatRequest,
-    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LogAppended, LogChunkQuery, LogQuery,
-    NodeView, Progress, ProgressQuery, RegisterRequest, RegisterResponse, Released, RetryResponse,
-    SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
+    Ack, AttemptTelemetry, CancelResponse, ClaimRequest, ClaimResponse, ErrorBody, ErrorCode,
+    ExperimentSummary, ExportQuery, FinishReport, FinishResponse, GpuSeries, HandBackRequest,
+    Health, HeartbeatRequest, HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LogAppended,
+    LogChunkQuery, LogQuery, NodeView, Progress, ProgressQuery, RegisterRequest, RegisterResponse,
+    Released, RetryResponse, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
+    TelemetryQuery,
 };
 use crate::ids::{AgentId, AttemptId, ExperimentId, JobId};
 use crate::routes::{self, Method, Route};
@@ -379,6 +380,27 @@ impl Client {
             next,
             ended,
         })
+    }
+
+    /// One GPU's telemetry series over `q`'s window.
+    pub async fn gpu_telemetry(
+        &self,
+        node: &str,
+        gpu: u32,
+        q: &TelemetryQuery,
+    ) -> Result<GpuSeries, ClientError> {
+        let req = self
+            .request(routes::GPU_TELEMETRY, &[&node, &gpu], DEFAULT_TIMEOUT)
+            .query(q);
+        self.send(req).await
+    }
+
+    /// The telemetry of an attempt's GPUs over its run.
+    pub async fn attempt_telemetry(
+        &self,
+        attempt: AttemptId,
+    ) -> Result<AttemptTelemetry, ClientError> {
+        self.get(routes::ATTEMPT_TELEMETRY, &[&attempt]).await
     }
 
     // ---- agents ----------------------------------------------------------------------

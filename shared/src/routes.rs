@@ -184,6 +184,23 @@ pub const HEARTBEAT: Route = Route::new(
     Agent,
     "Renew leases, report telemetry",
 );
+pub const GPU_TELEMETRY: Route = Route::new(
+    Get,
+    "/v1/nodes/{name}/gpus/{gpu}/telemetry",
+    User,
+    "A GPU's telemetry series over a time window",
+);
+pub const ATTEMPT_TELEMETRY: Route = Route::new(
+    Get,
+    "/v1/attempts/{id}/telemetry",
+    User,
+    "Telemetry of an attempt's GPUs over its run",
+);
+
+/// Prometheus metrics (text exposition). Outside `/v1` and outside `ALL` (not part of the
+/// JSON API): no token needed, because scrapers are configured per target and the page holds
+/// only aggregate counts and histograms, no names, ids, commands or parameters.
+pub const METRICS: Route = Route::new(Get, "/metrics", Public, "Prometheus metrics");
 
 /// Every route, in the order the API documents them.
 pub const ALL: &[Route] = &[
@@ -210,6 +227,8 @@ pub const ALL: &[Route] = &[
     REGISTER,
     CLAIM,
     HEARTBEAT,
+    GPU_TELEMETRY,
+    ATTEMPT_TELEMETRY,
 ];
 
 /// Response headers of `READ_LOG`: where the next read starts, and whether the attempt ended.

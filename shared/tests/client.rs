@@ -63,6 +63,8 @@ async fn errors_decode_into_codes_and_are_classified_once() {
         gpus: vec![],
         attempts: vec![],
         released: vec![],
+        telemetry: vec![],
+        telemetry_dropped: 0,
     };
     let agent = AgentId::new();
     let e = c.heartbeat(agent, &hb).await.expect_err("stale");

@@ -52,6 +52,10 @@ struct Args {
     /// Behave as a CUDA OOM when parameter NAME (env HP_NAME) is above VALUE: `batch_size>64`.
     #[arg(long, value_name = "NAME>VALUE")]
     oom_if_param: Option<ParamAbove>,
+    /// GPU utilization to declare, percent (0-100), with or without `--mem`: the fake GPU's
+    /// power and temperature follow it.
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(0..=100))]
+    util: Option<u32>,
     /// Print TEXT to stdout at start (repeatable).
     #[arg(long, value_name = "TEXT")]
     print: Vec<String>,
@@ -172,7 +176,7 @@ fn fake_spec() -> Result<Option<FakeGpuSpec>, Exit> {
 }
 
 /// Claims `mib` on `gpu` if it fits, as one step under the directory's lock.
-fn hold(dir: &Path, gpu: u32, mib: u64) -> Result<(), Exit> {
+fn hold(dir: &Path, gpu: u32, mib: u64, util: u32) -> Result<(), Exit> {
     let spec = fake_spec()?;
     let io = |what: &str, e: std::io::Error| usage(format!("{what} {}: {e}", dir.display()));
     fs::create_dir_all(dir).map_err(|e| io("cannot create", e))?;
@@ -190,7 +194,8 @@ fn hold(dir: &Path, gpu: u32, mib: u64) -> Result<(), Exit> {
             return Err(oom(mib, gpu, Some(total), Some(total.saturating_sub(used))));
         }
     }
-    fake::write_usage(dir, std::process::id(), &[(gpu, mib)]).map_err(|e| io("cannot write", e))
+    fake::write_usage_util(dir, std::process::id(), &[(gpu, mib, util)])
+        .map_err(|e| io("cannot write", e))
 }
 
 /// Where fake GPU memory is held; `None` (with a note in the job's log) where there are no
@@ -292,11 +297,13 @@ fn run(args: &Args) -> Result<u8, Exit> {
         return Err(oom(tried, gpu, None, None));
     }
 
-    let dir = args.mem.and_then(|_| fake_dir());
+    let dir = (args.mem.is_some() || args.util.is_some())
+        .then(fake_dir)
+        .flatten();
     // What this process really holds: nothing without fake GPUs.
     let mem_mib = if dir.is_some() { mem_mib } else { 0 };
     if let Some(dir) = &dir {
-        hold(dir, gpu, mem_mib)?;
+        hold(dir, gpu, mem_mib, args.util.unwrap_or(0))?;
     }
     let release = || {
         if let Some(dir) = &dir {

@@ -8,7 +8,11 @@
 //! list fail (the file's text is the error), `gpu<N>.no-process-memory` makes its per-process
 //! memory unavailable (as NVML's `UsedGpuMemory::Unavailable`), `gpu<N>.driver-pids` lists
 //! extra `PID:MiB` processes as a driver reports them, and `pid-namespace` containing
-//! `isolated` makes the backend read pids as an agent in a pid namespace of its own would.
+//! `isolated` makes the backend read pids as an agent in a pid namespace of its own would,
+//! and `gpu<N>.no-power` makes its power and energy readings unsupported.
+//!
+//! A usage entry may also declare utilization, `INDEX:MiB:PCT`; the GPUs' power,
+//! temperature and energy follow what their processes declare ([`super::fakepower`]).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -17,12 +21,14 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use headroom_shared::MemSize;
-use headroom_shared::api::{GpuInfo, GpuSample};
+use headroom_shared::api::{GpuInfo, GpuSample, TelemetrySample};
 use headroom_shared::size::SizeError;
 
+use super::fakepower::{GpuState, PowerModel};
 use super::pidns::{self, PidView};
 use super::{GpuBackend, GpuError, Reported, attribute};
 use crate::procscan;
@@ -184,6 +190,8 @@ pub struct FakeUse {
     pub pid: u32,
     pub gpu: u32,
     pub mib: u64,
+    /// Utilization the process declares on this GPU, percent (0 when it declares none).
+    pub util_pct: u32,
 }
 
 /// A GPU index from a `CUDA_VISIBLE_DEVICES` entry: a physical index or a fake uuid.
@@ -207,16 +215,23 @@ pub fn first_visible_gpu(cuda_visible_devices: &str) -> Option<u32> {
         .and_then(visible_index)
 }
 
-/// Parses a usage file: `MiB` (on `default_gpu`) or `INDEX:MiB[,INDEX:MiB…]`.
-fn parse_usage(text: &str, default_gpu: impl FnOnce() -> u32) -> Option<Vec<(u32, u64)>> {
+/// Parses a usage file: `MiB` (on `default_gpu`) or `INDEX:MiB[:PCT][,INDEX:MiB[:PCT]…]`
+/// into (GPU, MiB, utilization %).
+fn parse_usage(text: &str, default_gpu: impl FnOnce() -> u32) -> Option<Vec<(u32, u64, u32)>> {
     let text = text.trim();
     if !text.contains(':') {
-        return Some(vec![(default_gpu(), text.parse().ok()?)]);
+        return Some(vec![(default_gpu(), text.parse().ok()?, 0)]);
     }
     text.split(',')
         .map(|entry| {
-            let (gpu, mib) = entry.split_once(':')?;
-            Some((gpu.trim().parse().ok()?, mib.trim().parse().ok()?))
+            let mut parts = entry.split(':');
+            let gpu = parts.next()?.trim().parse().ok()?;
+            let mib = parts.next()?.trim().parse().ok()?;
+            let util = match parts.next() {
+                Some(u) => u.trim().parse::<u32>().ok().filter(|&u| u <= 100)?,
+                None => 0,
+            };
+            parts.next().is_none().then_some((gpu, mib, util))
         })
         .collect()
 }
@@ -280,16 +295,17 @@ fn scan(dir: &Path, gpu_count: u32) -> io::Result<(Vec<FakeUse>, Controls)> {
             tracing::debug!(pid, text = %text.trim(), "ignoring malformed fake GPU usage file");
             continue;
         };
-        let mut per_gpu: HashMap<u32, u64> = HashMap::new();
-        for (gpu, mib) in uses.into_iter().filter(|&(gpu, _)| gpu < gpu_count) {
+        let mut per_gpu: HashMap<u32, (u64, u32)> = HashMap::new();
+        for (gpu, mib, util) in uses.into_iter().filter(|&(gpu, _, _)| gpu < gpu_count) {
             let slot = per_gpu.entry(gpu).or_default();
-            *slot = slot.saturating_add(mib);
+            *slot = (slot.0.saturating_add(mib), (slot.1 + util).min(100));
         }
-        out.extend(
-            per_gpu
-                .into_iter()
-                .map(|(gpu, mib)| FakeUse { pid, gpu, mib }),
-        );
+        out.extend(per_gpu.into_iter().map(|(gpu, (mib, util_pct))| FakeUse {
+            pid,
+            gpu,
+            mib,
+            util_pct,
+        }));
     }
     out.sort_unstable_by_key(|u| (u.gpu, u.pid));
     Ok((out, controls))
@@ -305,9 +321,18 @@ pub fn used_on(uses: &[FakeUse], gpu: u32) -> u64 {
 /// Records that `pid` holds `uses` (GPU index, MiB). Written to a temporary file and renamed,
 /// so a reader never sees half a file.
 pub fn write_usage(dir: &Path, pid: u32, uses: &[(u32, u64)]) -> io::Result<()> {
+    let with_util: Vec<(u32, u64, u32)> = uses.iter().map(|&(g, m)| (g, m, 0)).collect();
+    write_usage_util(dir, pid, &with_util)
+}
+
+/// [`write_usage`] with a declared utilization (percent) per GPU: (GPU, MiB, PCT).
+pub fn write_usage_util(dir: &Path, pid: u32, uses: &[(u32, u64, u32)]) -> io::Result<()> {
     let text = uses
         .iter()
-        .map(|(gpu, mib)| format!("{gpu}:{mib}"))
+        .map(|(gpu, mib, util)| match util {
+            0 => format!("{gpu}:{mib}"),
+            u => format!("{gpu}:{mib}:{u}"),
+        })
         .collect::<Vec<_>>()
         .join(",");
     let tmp = dir.join(format!(".{pid}.tmp"));
@@ -346,6 +371,8 @@ pub enum Fault {
     NoProcessMemory,
     /// Extra `PID:MiB` lines: processes as a driver reports them, resolved like NVML's.
     DriverPids,
+    /// Power and energy readings are not supported (as on GPUs older than Volta).
+    NoPower,
 }
 
 /// The control file that injects `fault` on GPU `gpu`.
@@ -355,6 +382,7 @@ pub fn fault_file(dir: &Path, gpu: u32, fault: Fault) -> PathBuf {
         Fault::Processes => "fail-processes",
         Fault::NoProcessMemory => "no-process-memory",
         Fault::DriverPids => "driver-pids",
+        Fault::NoPower => "no-power",
     };
     dir.join(format!("gpu{gpu}.{what}"))
 }
@@ -407,6 +435,11 @@ pub struct FakeBackend {
     inventory: Vec<GpuInfo>,
     /// Why `auto` chose fake GPUs (no NVIDIA driver), for the start line.
     fallback: Option<String>,
+    /// Time zero of the power model.
+    epoch: Instant,
+    model: PowerModel,
+    /// Each GPU's power model state at its last reading.
+    power: Mutex<Vec<GpuState>>,
 }
 
 impl FakeBackend {
@@ -419,7 +452,7 @@ impl FakeBackend {
         fs::create_dir_all(dir).map_err(dir_err)?;
         // Jobs get the path in their environment and may change directory: make it absolute.
         let dir = fs::canonicalize(dir).map_err(dir_err)?;
-        let inventory = spec
+        let inventory: Vec<GpuInfo> = spec
             .sizes()
             .iter()
             .enumerate()
@@ -430,11 +463,16 @@ impl FakeBackend {
                 total_mib: size.mib,
             })
             .collect();
+        let model = PowerModel::default();
+        let power = Mutex::new(vec![GpuState::idle(&model, 0.0); inventory.len()]);
         Ok(Self {
             spec,
             dir,
             inventory,
             fallback: None,
+            epoch: Instant::now(),
+            model,
+            power,
         })
     }
 
@@ -442,6 +480,36 @@ impl FakeBackend {
     pub fn as_fallback(mut self, reason: String) -> Self {
         self.fallback = Some(reason);
         self
+    }
+
+    /// Advances every GPU's power model to now under the load `uses` declare, and returns
+    /// the states with each GPU's declared utilization.
+    fn observe(&self, uses: &[FakeUse]) -> Vec<(GpuState, u32)> {
+        let mut power = self
+            .power
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Taken under the lock: concurrent readers advance the model in time order.
+        let t = self.epoch.elapsed().as_secs_f64();
+        self.inventory
+            .iter()
+            .zip(power.iter_mut())
+            .map(|(gpu, state)| {
+                let used = used_on(uses, gpu.index).min(gpu.total_mib);
+                let util = uses
+                    .iter()
+                    .filter(|u| u.gpu == gpu.index)
+                    .fold(0u32, |acc, u| (acc + u.util_pct).min(100));
+                let memory_frac = used as f64 / gpu.total_mib.max(1) as f64;
+                state.observe(&self.model, t, memory_frac, f64::from(util) / 100.0);
+                (*state, util)
+            })
+            .collect()
+    }
+
+    /// The power model's constants.
+    pub fn power_model(&self) -> PowerModel {
+        self.model
     }
 
     /// How this backend reads driver pids: as the host, unless told otherwise.
@@ -461,6 +529,7 @@ impl FakeBackend {
         uses: &[FakeUse],
         view: &PidView,
         controls: &Controls,
+        (power, util): (GpuState, u32),
     ) -> GpuSample {
         let mut errors = Vec::new();
         let no_process_memory = controls
@@ -510,13 +579,16 @@ impl FakeBackend {
                 processes
             }
         };
+        let no_power = controls
+            .read(&fault_file(&self.dir, gpu.index, Fault::NoPower))
+            .is_some();
         GpuSample {
             index: gpu.index,
             used_mib,
             free_mib,
-            utilization_pct: None,
-            power_mw: None,
-            temperature_c: None,
+            utilization_pct: Some(util),
+            power_mw: (!no_power).then(|| (power.power_w * 1000.0).round() as u64),
+            temperature_c: Some(power.temperature_c.round() as u32),
             processes,
             error: (!errors.is_empty()).then(|| errors.join("; ")),
         }
@@ -547,10 +619,52 @@ impl GpuBackend for FakeBackend {
                 source,
             })?;
         let view = self.pid_view(&controls);
+        let power = self.observe(&uses);
         Ok(self
             .inventory
             .iter()
-            .map(|gpu| self.sample_one(gpu, &uses, &view, &controls))
+            .zip(power)
+            .map(|(gpu, p)| self.sample_one(gpu, &uses, &view, &controls, p))
+            .collect())
+    }
+
+    fn telemetry(&self) -> Result<Vec<TelemetrySample>, GpuError> {
+        let (uses, controls) =
+            scan(&self.dir, self.spec.gpu_count()).map_err(|source| GpuError::FakeDir {
+                dir: self.dir.clone(),
+                source,
+            })?;
+        let at = chrono::Utc::now();
+        let power = self.observe(&uses);
+        Ok(self
+            .inventory
+            .iter()
+            .zip(power)
+            .map(|(gpu, (state, util))| {
+                let memory_error = controls.fault_error(
+                    &fault_file(&self.dir, gpu.index, Fault::Memory),
+                    "memory info",
+                );
+                let no_power = controls
+                    .read(&fault_file(&self.dir, gpu.index, Fault::NoPower))
+                    .is_some();
+                let used = used_on(&uses, gpu.index).min(gpu.total_mib);
+                let memory_ok = memory_error.is_none();
+                TelemetrySample {
+                    gpu: gpu.index,
+                    at,
+                    used_mib: memory_ok.then_some(used),
+                    free_mib: memory_ok.then(|| gpu.total_mib - used),
+                    total_mib: memory_ok.then_some(gpu.total_mib),
+                    utilization_pct: Some(util),
+                    power_w: (!no_power).then_some(state.power_w),
+                    energy_j: (!no_power).then_some(state.energy_j),
+                    temperature_c: Some(state.temperature_c),
+                    sm_clock_mhz: Some(if util > 0 { 1980 } else { 345 }),
+                    throttle: Some(Vec::new()),
+                    error: memory_error,
+                }
+            })
             .collect())
     }
 
@@ -655,11 +769,17 @@ mod tests {
 
     #[test]
     fn usage_files_parse() {
-        assert_eq!(parse_usage("1024\n", || 3), Some(vec![(3, 1024)]));
+        assert_eq!(parse_usage("1024\n", || 3), Some(vec![(3, 1024, 0)]));
         assert_eq!(
             parse_usage("0:100, 2:5", || 9),
-            Some(vec![(0, 100), (2, 5)])
+            Some(vec![(0, 100, 0), (2, 5, 0)])
         );
+        assert_eq!(
+            parse_usage("0:100:80,1:0:30", || 9),
+            Some(vec![(0, 100, 80), (1, 0, 30)])
+        );
+        assert_eq!(parse_usage("0:100:101", || 0), None);
+        assert_eq!(parse_usage("0:100:5:5", || 0), None);
         assert_eq!(parse_usage("", || 0), None);
         assert_eq!(parse_usage("0:x", || 0), None);
         assert_eq!(parse_usage("-5", || 0), None);
@@ -825,12 +945,14 @@ mod tests {
                 FakeUse {
                     pid: me,
                     gpu: 0,
-                    mib: 10
+                    mib: 10,
+                    util_pct: 0,
                 },
                 FakeUse {
                     pid: me,
                     gpu: 1,
-                    mib: 20
+                    mib: 20,
+                    util_pct: 0,
                 }
             ]
         );

@@ -5,13 +5,14 @@
 //! in its sample (see [`read`]), never an empty process list or free memory it does not have.
 
 pub mod fake;
+pub mod fakepower;
 pub mod nvml;
 pub mod pidns;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use headroom_shared::api::{GpuInfo, GpuProcess, GpuSample};
+use headroom_shared::api::{GpuInfo, GpuProcess, GpuSample, TelemetrySample};
 
 pub use fake::{FakeBackend, FakeGpuSpec, FakeSpecError};
 pub use nvml::NvmlBackend;
@@ -29,6 +30,11 @@ pub trait GpuBackend: Send + Sync + 'static {
     /// failed in part has `error` set; `Err` means nothing could be read. Blocking: async
     /// callers use `spawn_blocking`.
     fn sample(&self) -> Result<Vec<GpuSample>, GpuError>;
+    /// One telemetry reading per GPU (memory, utilization, power, energy counter,
+    /// temperature, SM clock, throttle reasons), without the process list, so it is cheap
+    /// enough to take every second. A reading that fails or is not supported is `None`.
+    /// Blocking.
+    fn telemetry(&self) -> Result<Vec<TelemetrySample>, GpuError>;
     /// Variables every job must get so that its GPU use is visible to this backend.
     fn job_env(&self) -> Vec<(String, String)>;
     /// One line saying which backend and GPUs this is, printed at every start:

@@ -1,13 +1,14 @@
 //! The NVML backend: real GPUs through libnvidia-ml, loaded at run time by nvml-wrapper.
 
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 
 use std::ffi::OsStr;
 
-use headroom_shared::api::{GpuInfo, GpuSample};
+use headroom_shared::api::{GpuInfo, GpuSample, TelemetrySample};
 
 use super::{GpuBackend, GpuError, PidView, Reported, attribute, inventory_words};
 
@@ -88,7 +89,68 @@ fn optional<T>(r: Result<T, NvmlError>) -> Option<T> {
     }
 }
 
+/// NVML's clock event (throttle) reasons as names, idle left out (not a slowdown).
+pub(crate) fn throttle_names(reasons: ThrottleReasons) -> Vec<String> {
+    const NAMES: &[(ThrottleReasons, &str)] = &[
+        (
+            ThrottleReasons::APPLICATIONS_CLOCKS_SETTING,
+            "applications_clocks_setting",
+        ),
+        (ThrottleReasons::SW_POWER_CAP, "sw_power_cap"),
+        (ThrottleReasons::HW_SLOWDOWN, "hw_slowdown"),
+        (ThrottleReasons::SYNC_BOOST, "sync_boost"),
+        (ThrottleReasons::SW_THERMAL_SLOWDOWN, "sw_thermal_slowdown"),
+        (ThrottleReasons::HW_THERMAL_SLOWDOWN, "hw_thermal_slowdown"),
+        (
+            ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+            "hw_power_brake_slowdown",
+        ),
+        (
+            ThrottleReasons::DISPLAY_CLOCK_SETTING,
+            "display_clock_setting",
+        ),
+    ];
+    NAMES
+        .iter()
+        .filter(|(bit, _)| reasons.contains(*bit))
+        .map(|(_, name)| (*name).to_string())
+        .collect()
+}
+
 impl NvmlBackend {
+    /// One GPU's telemetry: each reading on its own, a failed one absent.
+    fn telemetry_one(&self, gpu: &GpuInfo, at: chrono::DateTime<chrono::Utc>) -> TelemetrySample {
+        let dev = match self.nvml.device_by_index(gpu.index) {
+            Ok(dev) => dev,
+            Err(e) => {
+                return TelemetrySample {
+                    gpu: gpu.index,
+                    at,
+                    error: Some(format!("NVML device lookup: {e}")),
+                    ..TelemetrySample::default()
+                };
+            }
+        };
+        let (memory, error) = match dev.memory_info() {
+            Ok(m) => (Some(m), None),
+            Err(e) => (None, Some(format!("NVML memory info: {e}"))),
+        };
+        TelemetrySample {
+            gpu: gpu.index,
+            at,
+            used_mib: memory.as_ref().map(|m| m.used / MIB),
+            free_mib: memory.as_ref().map(|m| m.free / MIB),
+            total_mib: memory.as_ref().map(|m| m.total / MIB),
+            utilization_pct: optional(dev.utilization_rates()).map(|u| u.gpu),
+            power_w: optional(dev.power_usage()).map(|mw| f64::from(mw) / 1000.0),
+            energy_j: optional(dev.total_energy_consumption()).map(|mj| mj as f64 / 1000.0),
+            temperature_c: optional(dev.temperature(TemperatureSensor::Gpu)).map(f64::from),
+            sm_clock_mhz: optional(dev.clock_info(Clock::SM)),
+            throttle: optional(dev.current_throttle_reasons()).map(throttle_names),
+            error,
+        }
+    }
+
     /// Loads libnvidia-ml and lists the GPUs; an error when there is no usable GPU.
     pub fn open() -> Result<Self, GpuError> {
         Self::open_at(None)
@@ -195,6 +257,15 @@ impl GpuBackend for NvmlBackend {
         Ok(self.inventory.iter().map(|g| self.sample_one(g)).collect())
     }
 
+    fn telemetry(&self) -> Result<Vec<TelemetrySample>, GpuError> {
+        let at = chrono::Utc::now();
+        Ok(self
+            .inventory
+            .iter()
+            .map(|g| self.telemetry_one(g, at))
+            .collect())
+    }
+
     fn job_env(&self) -> Vec<(String, String)> {
         Vec::new()
     }
@@ -207,5 +278,23 @@ impl GpuBackend for NvmlBackend {
             line.push_str(&pids);
         }
         line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttle_reasons_are_named_and_idle_is_not_one() {
+        let r = ThrottleReasons::SW_THERMAL_SLOWDOWN
+            | ThrottleReasons::SW_POWER_CAP
+            | ThrottleReasons::GPU_IDLE;
+        assert_eq!(
+            throttle_names(r),
+            vec!["sw_power_cap", "sw_thermal_slowdown"]
+        );
+        assert!(throttle_names(ThrottleReasons::GPU_IDLE).is_empty());
+        assert!(throttle_names(ThrottleReasons::NONE).is_empty());
     }
 }

@@ -11,6 +11,7 @@ use headroom_shared::api::{
 };
 use headroom_shared::{AgentId, AttemptId, Plan};
 
+use super::telemetry::check_telemetry;
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, check_samples, parse_id};
 use crate::store::{ClaimInput, Registration, Renewal};
 
@@ -82,6 +83,7 @@ pub async fn claim(
     let mut fresh = Some(req.gpus);
     loop {
         let seen = s.changes.version();
+        let timer = std::time::Instant::now();
         let claimed = s
             .store
             .claim_jobs(ClaimInput {
@@ -92,6 +94,7 @@ pub async fn claim(
                 reserve_after_ms: s.config.reserve_after.as_millis() as u64,
             })
             .await?;
+        s.metrics.observe_claim(timer.elapsed().as_secs_f64());
         let cancel = if req.watching.is_empty() {
             vec![]
         } else {
@@ -122,6 +125,14 @@ pub async fn heartbeat(
 ) -> ApiResult<HeartbeatResponse> {
     let agent: AgentId = parse_id(&id, "agent")?;
     check_samples(&req.gpus)?;
+    // Checked whole first: a refused heartbeat writes nothing. Telemetry is stored first
+    // (idempotent: a batch the agent sends again after a lost answer is stored once), so a
+    // sample naming a GPU the node lacks refuses the heartbeat before leases are renewed.
+    check_telemetry(&req.telemetry)?;
+    if req.telemetry_dropped > 0 {
+        tracing::debug!(%agent, dropped = req.telemetry_dropped, "agent dropped telemetry samples");
+    }
+    s.store.record_telemetry(agent, req.telemetry).await?;
     let r = s
         .store
         .renew_leases(Renewal {
@@ -156,6 +167,15 @@ pub async fn start(
             req.started_at.timestamp_millis(),
         )
         .await?;
+    // Queue wait of fresh submissions: first attempts only (a retry waited after its
+    // earlier attempt, not since the submission).
+    match s.store.submitted_at(attempt).await {
+        Ok((submitted, 1)) => s.metrics.observe_submit_to_start(
+            (req.started_at.timestamp_millis() - submitted) as f64 / 1000.0,
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::debug!(%attempt, "no submission time for the metrics: {e}"),
+    }
     Ok(ApiJson(Ack { ok: true }))
 }
 

@@ -87,6 +87,7 @@ impl From<StoreError> for ApiError {
             StoreError::InvalidPlan(p) => Self::invalid("plan", p.to_string()),
             StoreError::Database(_) => Self::new(ErrorCode::StoreUnavailable, message),
             StoreError::Corrupt(_) => Self::internal(message),
+            StoreError::Invalid { field, message } => Self::invalid(field, message),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod error;
 mod experiments;
 mod jobs;
 mod nodes;
+mod telemetry;
 
 pub use error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 
@@ -29,6 +30,7 @@ pub struct AppState {
     pub changes: Changes,
     pub logs: LogStore,
     pub config: Arc<CoordinatorConfig>,
+    pub metrics: crate::metrics::CoordinatorMetrics,
 }
 
 /// The router, built from the shared route table (`headroom_shared::routes`): the method
@@ -64,6 +66,12 @@ pub fn router(state: AppState) -> Router {
         .route(r::HEARTBEAT.path, on(r::HEARTBEAT, agents::heartbeat))
         // Public, outside `/v1`: the description of everything above.
         .route(OPENAPI_PATH, get(openapi_json))
+        .route(r::GPU_TELEMETRY.path, on(r::GPU_TELEMETRY, telemetry::gpu))
+        .route(
+            r::ATTEMPT_TELEMETRY.path,
+            on(r::ATTEMPT_TELEMETRY, telemetry::attempt),
+        )
+        .route(r::METRICS.path, on(r::METRICS, telemetry::metrics))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route (see /v1/...)") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .with_state(state)

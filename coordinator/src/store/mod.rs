@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use headroom_shared::api::{
-    AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample, GpuView,
-    Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, StateCounts,
+    AttemptRef, AttemptTelemetry, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample,
+    GpuSeries, GpuView, Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView,
+    StateCounts, TelemetrySample,
 };
 use headroom_shared::plan::PlanError;
 use headroom_shared::state::TransitionError;
@@ -150,6 +151,9 @@ pub enum StoreError {
     Database(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// A field of what was to be stored is wrong (422 naming it).
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
 }
 
 impl StoreError {
@@ -250,6 +254,65 @@ pub struct Renewed {
     pub plan: Plan,
 }
 
+/// A window of one GPU's telemetry series.
+#[derive(Clone, Debug)]
+pub struct SeriesWindow {
+    pub since: Millis,
+    pub until: Millis,
+    /// Most samples: the newest of the window are kept.
+    pub limit: u32,
+}
+
+/// How much telemetry to keep: samples older than `older_than` go, and beyond
+/// `keep_per_gpu` samples of one GPU the oldest go; at most `batch` rows per call.
+#[derive(Clone, Copy, Debug)]
+pub struct Retention {
+    pub older_than: Millis,
+    pub keep_per_gpu: u64,
+    pub batch: u32,
+}
+
+/// The window of an attempt's telemetry: its run, start to end (or now); `None` before it
+/// started.
+pub(crate) fn attempt_window(a: &AttemptView, limit: u32) -> Option<SeriesWindow> {
+    let since = a.started_at?.timestamp_millis();
+    Some(SeriesWindow {
+        since,
+        until: a.ended_at.map_or_else(now_ms, |t| t.timestamp_millis()),
+        limit,
+    })
+}
+
+pub(crate) fn attempt_telemetry(a: &AttemptView, gpus: Vec<GpuSeries>) -> AttemptTelemetry {
+    AttemptTelemetry {
+        attempt: a.id,
+        node: a.node.clone(),
+        from: a.started_at,
+        to: a
+            .started_at
+            .map(|_| a.ended_at.unwrap_or_else(chrono::Utc::now)),
+        gpus,
+    }
+}
+
+/// The stored telemetry of a node's GPUs must name GPUs the node has.
+pub(crate) fn check_telemetry_gpus(gpus: &[GpuInfo], samples: &[TelemetrySample]) -> Result<()> {
+    match samples
+        .iter()
+        .position(|s| !gpus.iter().any(|g| g.index == s.gpu))
+    {
+        None => Ok(()),
+        Some(i) => Err(StoreError::Invalid {
+            field: format!("telemetry[{i}].gpu"),
+            message: format!(
+                "GPU {} is not one of the node's {} GPUs",
+                samples[i].gpu,
+                gpus.len()
+            ),
+        }),
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct JobFilter {
     pub experiment: Option<ExperimentId>,
@@ -334,6 +397,32 @@ pub trait Store: Send + Sync + 'static {
     async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64>;
     /// Lifts every quarantine on one GPU (a person looked); returns how many were lifted.
     async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64>;
+
+    /// Stores the telemetry samples an agent shipped (one heartbeat's batch, one
+    /// transaction) as its node's GPU series; returns how many were new (a sample of a GPU
+    /// at an instant already stored is not stored twice, so a batch may be sent again).
+    async fn record_telemetry(&self, agent: AgentId, samples: Vec<TelemetrySample>) -> Result<u64>;
+    /// One GPU's samples in a window, oldest first.
+    async fn telemetry_of_gpu(
+        &self,
+        node: &str,
+        gpu: u32,
+        window: SeriesWindow,
+    ) -> Result<Vec<TelemetrySample>>;
+    /// The samples of an attempt's GPUs over its run (start to end, or now), at most
+    /// `limit` per GPU (the newest).
+    async fn telemetry_of_attempt(
+        &self,
+        attempt: AttemptId,
+        limit: u32,
+    ) -> Result<AttemptTelemetry>;
+    /// Deletes telemetry beyond `keep` (at most `keep.batch` rows, one transaction);
+    /// returns how many rows went, so callers repeat while it is a full batch.
+    async fn prune_telemetry(&self, keep: Retention) -> Result<u64>;
+    /// When the attempt's job was submitted, and the attempt's number (1 for the first).
+    async fn submitted_at(&self, attempt: AttemptId) -> Result<(Millis, u32)>;
+    /// Waiting (queued or retrying) jobs per pending reason code, for `/metrics`.
+    async fn pending_reason_counts(&self) -> Result<Vec<(String, u64)>>;
 
     /// Calls `on_change` whenever another process sharing the database (a coordinator
     /// replica) may have changed something, until `shutdown`, so this process's long-polls

@@ -15,8 +15,9 @@ use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime, Transaction,
 };
 use headroom_shared::api::{
-    AttemptPhase, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample, JobDetail,
-    JobSummary, Lease, NodeView, PeakSource, StateCounts,
+    AttemptPhase, AttemptTelemetry, AttemptView, ExperimentSummary, FinishReport, GpuInfo,
+    GpuSample, GpuSeries, JobDetail, JobSummary, Lease, NodeView, PeakSource, StateCounts,
+    TelemetrySample,
 };
 use headroom_shared::{AgentId, AttemptId, ExperimentId, JobEvent, JobId, JobState, Plan};
 use serde::de::DeserializeOwned;
@@ -28,8 +29,8 @@ use tokio_util::sync::CancellationToken;
 use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, parse};
 use super::{
     Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, OnChange,
-    Registered, Registration, Renewal, Renewed, Result, Store, StoreError, node_snapshot,
-    node_view, now_ms,
+    Registered, Registration, Renewal, Renewed, Result, Retention, SeriesWindow, Store, StoreError,
+    node_snapshot, node_view, now_ms,
 };
 use crate::changes::Changes;
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
@@ -385,6 +386,35 @@ async fn lose_attempt(tx: &Transaction<'_>, attempt: &str) -> Result<bool> {
     .await?;
     transition(tx, &job, loss.event).await?;
     Ok(true)
+}
+
+/// One GPU's samples in `w`, oldest first (the newest `w.limit` of them).
+async fn series(
+    tx: &Transaction<'_>,
+    node: &str,
+    gpu: u32,
+    w: &SeriesWindow,
+) -> Result<Vec<TelemetrySample>> {
+    let sql = format!(
+        "SELECT {} FROM gpu_telemetry WHERE node = $1 AND gpu = $2 AND at >= $3 AND at <= $4 \
+         ORDER BY at DESC, id DESC LIMIT $5",
+        rows::TELEMETRY_COLUMNS
+    );
+    let mut out = all(
+        tx,
+        &sql,
+        &[
+            &node,
+            &i64::from(gpu),
+            &w.since,
+            &w.until,
+            &i64::from(w.limit),
+        ],
+        rows::telemetry_sample,
+    )
+    .await?;
+    out.reverse();
+    Ok(out)
 }
 
 /// The agent's node, locked: claims, heartbeats and reports of one node serialize on it.
@@ -1472,6 +1502,203 @@ impl Store for PostgresStore {
                 )
                 .await?;
                 Ok((n, n > 0))
+            })
+        })
+        .await
+    }
+
+    async fn record_telemetry(&self, agent: AgentId, samples: Vec<TelemetrySample>) -> Result<u64> {
+        if samples.is_empty() {
+            return Ok(0);
+        }
+        self.write(move |tx| {
+            Box::pin(async move {
+                // No row lock: telemetry must not queue behind the node's claims.
+                let sql = format!("SELECT {} FROM nodes WHERE agent_id = $1", rows::NODE_COLUMNS);
+                let node = first(tx, &sql, &[&agent.to_string()], rows::node)
+                    .await?
+                    .ok_or(StoreError::UnknownAgent { agent })?;
+                super::check_telemetry_gpus(&node.gpus, &samples)?;
+                let r: Vec<rows::TelemetryRow> = samples.iter().map(rows::telemetry_row).collect();
+                let col = |f: fn(&rows::TelemetryRow) -> Option<i64>| -> Vec<Option<i64>> {
+                    r.iter().map(f).collect()
+                };
+                let gpu: Vec<i64> = r.iter().map(|x| x.gpu).collect();
+                let at: Vec<i64> = r.iter().map(|x| x.at).collect();
+                let throttle: Vec<Option<String>> = r
+                    .iter()
+                    .map(|x| x.throttle.as_ref().map(serde_json::to_string).transpose())
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let error: Vec<Option<String>> = r.iter().map(|x| x.error.clone()).collect();
+                let (used, free, total, util) = (
+                    col(|x| x.used_mib),
+                    col(|x| x.free_mib),
+                    col(|x| x.total_mib),
+                    col(|x| x.utilization_pct),
+                );
+                let (power, energy, temp, sm) = (
+                    col(|x| x.power_mw),
+                    col(|x| x.energy_mj),
+                    col(|x| x.temperature_mdeg),
+                    col(|x| x.sm_clock_mhz),
+                );
+                let n = exec(
+                    tx,
+                    "INSERT INTO gpu_telemetry (node, gpu, at, used_mib, free_mib, total_mib, \
+                     utilization_pct, power_mw, energy_mj, temperature_mdeg, sm_clock_mhz, \
+                     throttle, error) \
+                     SELECT $1, t.gpu, t.at, t.used, t.free, t.total, t.util, t.power, t.energy, \
+                     t.temp, t.sm, t.throttle::JSONB, t.error \
+                     FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[], \
+                     $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[], $10::BIGINT[], \
+                     $11::BIGINT[], $12::TEXT[], $13::TEXT[]) \
+                     AS t(gpu, at, used, free, total, util, power, energy, temp, sm, throttle, error) \
+                     ON CONFLICT (node, gpu, at) DO NOTHING",
+                    &[
+                        &node.name, &gpu, &at, &used, &free, &total, &util, &power, &energy,
+                        &temp, &sm, &throttle, &error,
+                    ],
+                )
+                .await?;
+                Ok((n, false))
+            })
+        })
+        .await
+    }
+
+    async fn telemetry_of_gpu(
+        &self,
+        node: &str,
+        gpu: u32,
+        window: SeriesWindow,
+    ) -> Result<Vec<TelemetrySample>> {
+        let node = node.to_string();
+        self.read(move |tx| {
+            Box::pin(async move {
+                let gpus: Vec<GpuInfo> = first(
+                    tx,
+                    "SELECT gpus FROM nodes WHERE name = $1",
+                    &[&node],
+                    |r| r.json(0),
+                )
+                .await?
+                .ok_or_else(|| StoreError::not_found("node", node.clone()))?;
+                super::check_gpu(&node, &gpus, gpu)?;
+                series(tx, &node, gpu, &window).await
+            })
+        })
+        .await
+    }
+
+    async fn telemetry_of_attempt(
+        &self,
+        attempt: AttemptId,
+        limit: u32,
+    ) -> Result<AttemptTelemetry> {
+        self.read(move |tx| {
+            Box::pin(async move {
+                let a = attempts(tx, "WHERE id = $1", &[&attempt.to_string()])
+                    .await?
+                    .pop()
+                    .ok_or_else(|| StoreError::not_found("attempt", attempt.to_string()))?;
+                let window = super::attempt_window(&a, limit);
+                let mut gpus = Vec::new();
+                for &gpu in &a.gpus {
+                    let samples = match &window {
+                        Some(w) => series(tx, &a.node, gpu, w).await?,
+                        None => Vec::new(),
+                    };
+                    gpus.push(GpuSeries {
+                        node: a.node.clone(),
+                        gpu,
+                        samples,
+                    });
+                }
+                Ok(super::attempt_telemetry(&a, gpus))
+            })
+        })
+        .await
+    }
+
+    async fn prune_telemetry(&self, keep: Retention) -> Result<u64> {
+        self.write(move |tx| {
+            Box::pin(async move {
+                let batch = i64::from(keep.batch);
+                let mut gone = exec(
+                    tx,
+                    "DELETE FROM gpu_telemetry WHERE id IN \
+                     (SELECT id FROM gpu_telemetry WHERE at < $1 ORDER BY at LIMIT $2)",
+                    &[&keep.older_than, &batch],
+                )
+                .await?;
+                let nodes = all(tx, "SELECT name, gpus FROM nodes", &[], |r| {
+                    Ok((r.text(0)?, r.json::<Vec<GpuInfo>>(1)?))
+                })
+                .await?;
+                let keep_n = i64_of(keep.keep_per_gpu);
+                'nodes: for (node, gpus) in nodes {
+                    for g in gpus {
+                        let left = batch - gone as i64;
+                        if left <= 0 {
+                            break 'nodes;
+                        }
+                        let gpu = i64::from(g.index);
+                        // The newest sample beyond the count kept: it and older ones go.
+                        let cutoff = first(
+                            tx,
+                            "SELECT at, id FROM gpu_telemetry WHERE node = $1 AND gpu = $2 \
+                             ORDER BY at DESC, id DESC LIMIT 1 OFFSET $3",
+                            &[&node, &gpu, &keep_n],
+                            |r| Ok((r.int(0)?, r.int(1)?)),
+                        )
+                        .await?;
+                        if let Some((at, id)) = cutoff {
+                            gone += exec(
+                                tx,
+                                "DELETE FROM gpu_telemetry WHERE id IN \
+                                 (SELECT id FROM gpu_telemetry WHERE node = $1 AND gpu = $2 \
+                                  AND (at < $3 OR (at = $3 AND id <= $4)) ORDER BY at LIMIT $5)",
+                                &[&node, &gpu, &at, &id, &left],
+                            )
+                            .await?;
+                        }
+                    }
+                }
+                Ok((gone, false))
+            })
+        })
+        .await
+    }
+
+    async fn submitted_at(&self, attempt: AttemptId) -> Result<(Millis, u32)> {
+        self.read(move |tx| {
+            Box::pin(async move {
+                first(
+                    tx,
+                    "SELECT j.created_at, a.number FROM attempts a JOIN jobs j ON j.id = a.job_id \
+                     WHERE a.id = $1",
+                    &[&attempt.to_string()],
+                    |r| Ok((r.int(0)?, r.int(1)?.clamp(0, i64::from(u32::MAX)) as u32)),
+                )
+                .await?
+                .ok_or_else(|| StoreError::not_found("attempt", attempt.to_string()))
+            })
+        })
+        .await
+    }
+
+    async fn pending_reason_counts(&self) -> Result<Vec<(String, u64)>> {
+        self.read(|tx| {
+            Box::pin(async move {
+                all(
+                    tx,
+                    "SELECT COALESCE(pending_reason->>'reason', 'not_considered'), COUNT(*) \
+                     FROM jobs WHERE state IN ('queued', 'retrying') GROUP BY 1 ORDER BY 1",
+                    &[],
+                    |r| Ok((r.text(0)?, r.int(1)?.max(0) as u64)),
+                )
+                .await
             })
         })
         .await

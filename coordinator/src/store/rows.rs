@@ -349,3 +349,67 @@ pub(crate) fn lease_row_into(
         ladder_step: row.ladder_step,
     })
 }
+
+// ---- GPU telemetry ------------------------------------------------------------------
+
+pub(crate) const TELEMETRY_COLUMNS: &str = "gpu, at, used_mib, free_mib, total_mib, \
+     utilization_pct, power_mw, energy_mj, temperature_mdeg, sm_clock_mhz, throttle, error";
+
+/// A telemetry sample in the stored (integer) units.
+#[derive(Clone, Debug)]
+pub(crate) struct TelemetryRow {
+    pub gpu: i64,
+    pub at: Millis,
+    pub used_mib: Option<i64>,
+    pub free_mib: Option<i64>,
+    pub total_mib: Option<i64>,
+    pub utilization_pct: Option<i64>,
+    pub power_mw: Option<i64>,
+    pub energy_mj: Option<i64>,
+    pub temperature_mdeg: Option<i64>,
+    pub sm_clock_mhz: Option<i64>,
+    pub throttle: Option<Vec<String>>,
+    pub error: Option<String>,
+}
+
+/// Milli-units, rounded (the API validated the figures as finite).
+fn milli(v: Option<f64>) -> Option<i64> {
+    v.map(|x| (x * 1000.0).round() as i64)
+}
+
+pub(crate) fn telemetry_row(s: &headroom_shared::api::TelemetrySample) -> TelemetryRow {
+    TelemetryRow {
+        gpu: i64::from(s.gpu),
+        at: s.at.timestamp_millis(),
+        used_mib: opt_i64(s.used_mib),
+        free_mib: opt_i64(s.free_mib),
+        total_mib: opt_i64(s.total_mib),
+        utilization_pct: s.utilization_pct.map(i64::from),
+        power_mw: milli(s.power_w),
+        energy_mj: milli(s.energy_j),
+        temperature_mdeg: milli(s.temperature_c),
+        sm_clock_mhz: s.sm_clock_mhz.map(i64::from),
+        throttle: s.throttle.clone(),
+        error: s.error.clone(),
+    }
+}
+
+/// Decodes [`TELEMETRY_COLUMNS`].
+pub(crate) fn telemetry_sample(r: &impl Cols) -> Result<headroom_shared::api::TelemetrySample> {
+    let unmilli = |v: Option<i64>| v.map(|x| x as f64 / 1000.0);
+    let small = |v: Option<i64>| v.map(|x| u32::try_from(x.max(0)).unwrap_or(u32::MAX));
+    Ok(headroom_shared::api::TelemetrySample {
+        gpu: small(Some(r.int(0)?)).unwrap_or_default(),
+        at: r.time(1)?,
+        used_mib: opt_u64(r.int_opt(2)?),
+        free_mib: opt_u64(r.int_opt(3)?),
+        total_mib: opt_u64(r.int_opt(4)?),
+        utilization_pct: small(r.int_opt(5)?),
+        power_w: unmilli(r.int_opt(6)?),
+        energy_j: unmilli(r.int_opt(7)?),
+        temperature_c: unmilli(r.int_opt(8)?),
+        sm_clock_mhz: small(r.int_opt(9)?),
+        throttle: r.json_opt(10)?,
+        error: r.text_opt(11)?,
+    })
+}

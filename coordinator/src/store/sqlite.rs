@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use headroom_shared::api::{
-    AttemptPhase, AttemptView, ExperimentSummary, FinishReport, GpuSample, JobDetail, JobSummary,
-    Lease, NodeView, PeakSource, StateCounts,
+    AttemptPhase, AttemptTelemetry, AttemptView, ExperimentSummary, FinishReport, GpuSample,
+    GpuSeries, JobDetail, JobSummary, Lease, NodeView, PeakSource, StateCounts, TelemetrySample,
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, AttemptId, ExperimentId, JobEvent, JobId, JobState, Plan};
@@ -19,7 +19,8 @@ use serde::de::DeserializeOwned;
 use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, parse};
 use super::{
     Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, Registered,
-    Registration, Renewal, Renewed, Result, Store, StoreError, node_snapshot, node_view, now_ms,
+    Registration, Renewal, Renewed, Result, Retention, SeriesWindow, Store, StoreError,
+    node_snapshot, node_view, now_ms,
 };
 use crate::changes::Changes;
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
@@ -1060,6 +1061,173 @@ impl Store for SqliteStore {
         })
         .await
     }
+
+    async fn record_telemetry(&self, agent: AgentId, samples: Vec<TelemetrySample>) -> Result<u64> {
+        if samples.is_empty() {
+            return Ok(0);
+        }
+        self.write(move |tx, _changed| {
+            let node = node_of_agent(tx, agent)?;
+            super::check_telemetry_gpus(&node.gpus, &samples)?;
+            let mut stmt = tx.prepare_cached(&format!(
+                "INSERT OR IGNORE INTO gpu_telemetry (node, {}) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                rows::TELEMETRY_COLUMNS
+            ))?;
+            let mut stored = 0u64;
+            for s in &samples {
+                let r = rows::telemetry_row(s);
+                let throttle = r.throttle.as_ref().map(json).transpose()?;
+                stored += stmt.execute(params![
+                    node.name,
+                    r.gpu,
+                    r.at,
+                    r.used_mib,
+                    r.free_mib,
+                    r.total_mib,
+                    r.utilization_pct,
+                    r.power_mw,
+                    r.energy_mj,
+                    r.temperature_mdeg,
+                    r.sm_clock_mhz,
+                    throttle,
+                    r.error,
+                ])? as u64;
+            }
+            Ok(stored)
+        })
+        .await
+    }
+
+    async fn telemetry_of_gpu(
+        &self,
+        node: &str,
+        gpu: u32,
+        window: SeriesWindow,
+    ) -> Result<Vec<TelemetrySample>> {
+        let node = node.to_string();
+        self.with(move |c| {
+            let gpus: Vec<headroom_shared::api::GpuInfo> =
+                first(c, "SELECT gpus FROM nodes WHERE name = ?1", [&node], |r| {
+                    r.json(0)
+                })?
+                .ok_or_else(|| StoreError::not_found("node", node.clone()))?;
+            super::check_gpu(&node, &gpus, gpu)?;
+            series(c, &node, gpu, &window)
+        })
+        .await
+    }
+
+    async fn telemetry_of_attempt(
+        &self,
+        attempt: AttemptId,
+        limit: u32,
+    ) -> Result<AttemptTelemetry> {
+        self.with(move |c| {
+            let a = attempts(c, "WHERE id = ?1", [attempt.to_string()])?
+                .pop()
+                .ok_or_else(|| StoreError::not_found("attempt", attempt.to_string()))?;
+            let window = super::attempt_window(&a, limit);
+            let mut gpus = Vec::new();
+            for &gpu in &a.gpus {
+                let samples = match &window {
+                    Some(w) => series(c, &a.node, gpu, w)?,
+                    None => Vec::new(),
+                };
+                gpus.push(GpuSeries {
+                    node: a.node.clone(),
+                    gpu,
+                    samples,
+                });
+            }
+            Ok(super::attempt_telemetry(&a, gpus))
+        })
+        .await
+    }
+
+    async fn prune_telemetry(&self, keep: Retention) -> Result<u64> {
+        self.write(move |tx, _changed| {
+            let batch = i64::from(keep.batch);
+            let mut gone = tx.execute(
+                "DELETE FROM gpu_telemetry WHERE id IN \
+                 (SELECT id FROM gpu_telemetry WHERE at < ?1 ORDER BY at LIMIT ?2)",
+                params![keep.older_than, batch],
+            )? as u64;
+            let nodes = all(tx, "SELECT name, gpus FROM nodes", [], |r| {
+                Ok((r.text(0)?, r.json::<Vec<headroom_shared::api::GpuInfo>>(1)?))
+            })?;
+            for (node, gpus) in nodes {
+                for g in gpus {
+                    let left = batch - gone as i64;
+                    if left <= 0 {
+                        return Ok(gone);
+                    }
+                    // The newest sample beyond the count kept: it and older ones go.
+                    let cutoff = first(
+                        tx,
+                        "SELECT at, id FROM gpu_telemetry WHERE node = ?1 AND gpu = ?2 \
+                         ORDER BY at DESC, id DESC LIMIT 1 OFFSET ?3",
+                        params![node, g.index, i64_of(keep.keep_per_gpu)],
+                        |r| Ok((r.int(0)?, r.int(1)?)),
+                    )?;
+                    if let Some((at, id)) = cutoff {
+                        gone += tx.execute(
+                            "DELETE FROM gpu_telemetry WHERE id IN \
+                             (SELECT id FROM gpu_telemetry WHERE node = ?1 AND gpu = ?2 \
+                              AND (at < ?3 OR (at = ?3 AND id <= ?4)) ORDER BY at LIMIT ?5)",
+                            params![node, g.index, at, id, left],
+                        )? as u64;
+                    }
+                }
+            }
+            Ok(gone)
+        })
+        .await
+    }
+
+    async fn submitted_at(&self, attempt: AttemptId) -> Result<(Millis, u32)> {
+        self.with(move |c| {
+            first(
+                c,
+                "SELECT j.created_at, a.number FROM attempts a JOIN jobs j ON j.id = a.job_id \
+                 WHERE a.id = ?1",
+                [attempt.to_string()],
+                |r| Ok((r.int(0)?, r.int(1)?.clamp(0, i64::from(u32::MAX)) as u32)),
+            )?
+            .ok_or_else(|| StoreError::not_found("attempt", attempt.to_string()))
+        })
+        .await
+    }
+
+    async fn pending_reason_counts(&self) -> Result<Vec<(String, u64)>> {
+        self.with(|c| {
+            all(
+                c,
+                "SELECT COALESCE(json_extract(pending_reason, '$.reason'), 'not_considered'), \
+                 COUNT(*) FROM jobs WHERE state IN ('queued', 'retrying') GROUP BY 1 ORDER BY 1",
+                [],
+                |r| Ok((r.text(0)?, r.int(1)?.max(0) as u64)),
+            )
+        })
+        .await
+    }
+}
+
+/// One GPU's samples in `w`, oldest first (the newest `w.limit` of them).
+fn series(c: &Connection, node: &str, gpu: u32, w: &SeriesWindow) -> Result<Vec<TelemetrySample>> {
+    let sql = format!(
+        "SELECT {} FROM gpu_telemetry WHERE node = ?1 AND gpu = ?2 AND at >= ?3 AND at <= ?4 \
+         ORDER BY at DESC, id DESC LIMIT ?5",
+        rows::TELEMETRY_COLUMNS
+    );
+    let mut out = all(
+        c,
+        &sql,
+        params![node, gpu, w.since, w.until, i64::from(w.limit)],
+        |r| rows::telemetry_sample(r),
+    )?;
+    out.reverse();
+    Ok(out)
 }
 
 /// Stores a job's pending reason, as the claim that looked at it saw it.

@@ -1,8 +1,9 @@
 //! Test support for end-to-end tests: start the real `headroom` binary on a temporary data
 //! directory with fake GPUs, talk to it over HTTP and through the CLI. The one place tests
 //! share their setup: `standalone` starts a coordinator and agents as separate binaries,
-//! `records` reads what fake jobs recorded.
+//! `records` reads what fake jobs recorded, `prom` parses Prometheus pages with a real parser.
 
+pub mod prom;
 pub mod records;
 pub mod standalone;
 

@@ -106,6 +106,8 @@ impl Coordinator {
                 fence: lease.fence,
             }],
             released: vec![],
+            telemetry: vec![],
+            telemetry_dropped: 0,
         };
         self.post(&format!("/v1/agents/{agent}/heartbeat"), &req)
     }

@@ -1,0 +1,211 @@
+//! GPU telemetry series (per GPU, per attempt), the heartbeat's telemetry checks, and the
+//! Prometheus page.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use headroom_shared::AttemptId;
+use headroom_shared::api::{
+    AttemptTelemetry, AttemptTelemetryQuery, GpuSeries, TelemetryQuery, TelemetrySample,
+};
+
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, parse_id};
+use crate::store::SeriesWindow;
+
+/// Most samples one answer carries per GPU.
+pub const MAX_SAMPLES: u32 = 100_000;
+/// Samples per GPU when the request names no limit.
+pub const DEFAULT_SAMPLES: u32 = 10_000;
+/// Most samples one heartbeat may carry (agents send at most 2,000; this many stays well
+/// under axum's 2 MB default body limit).
+pub const MAX_PER_HEARTBEAT: usize = 5_000;
+
+fn limit_of(limit: Option<u32>) -> Result<u32, ApiError> {
+    match limit {
+        None => Ok(DEFAULT_SAMPLES),
+        Some(0) => Err(ApiError::invalid("limit", "limit must be at least 1")),
+        Some(n) if n > MAX_SAMPLES => Err(ApiError::invalid(
+            "limit",
+            format!("limit {n} is above the most one answer carries ({MAX_SAMPLES})"),
+        )),
+        Some(n) => Ok(n),
+    }
+}
+
+pub async fn gpu(
+    State(s): State<AppState>,
+    ApiPath((name, gpu)): ApiPath<(String, u32)>,
+    ApiQuery(q): ApiQuery<TelemetryQuery>,
+) -> ApiResult<GpuSeries> {
+    let until = q.until.unwrap_or_else(Utc::now);
+    let since = q
+        .since
+        .unwrap_or_else(|| until - chrono::Duration::hours(1));
+    if since > until {
+        return Err(ApiError::invalid("since", "`since` is after `until`"));
+    }
+    let window = SeriesWindow {
+        since: since.timestamp_millis(),
+        until: until.timestamp_millis(),
+        limit: limit_of(q.limit)?,
+    };
+    let samples = s.store.telemetry_of_gpu(&name, gpu, window).await?;
+    Ok(ApiJson(GpuSeries {
+        node: name,
+        gpu,
+        samples,
+    }))
+}
+
+pub async fn attempt(
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<AttemptTelemetryQuery>,
+) -> ApiResult<AttemptTelemetry> {
+    let attempt: AttemptId = parse_id(&id, "attempt")?;
+    Ok(ApiJson(
+        s.store
+            .telemetry_of_attempt(attempt, limit_of(q.limit)?)
+            .await?,
+    ))
+}
+
+/// A heartbeat's telemetry must be figures a GPU can give: checked whole before anything of
+/// the heartbeat is written, each refusal naming the sample and field.
+pub(super) fn check_telemetry(samples: &[TelemetrySample]) -> Result<(), ApiError> {
+    if samples.len() > MAX_PER_HEARTBEAT {
+        return Err(ApiError::invalid(
+            "telemetry",
+            format!(
+                "{} samples in one heartbeat; at most {MAX_PER_HEARTBEAT}",
+                samples.len()
+            ),
+        ));
+    }
+    for (i, t) in samples.iter().enumerate() {
+        let field = |name: &str| format!("telemetry[{i}].{name}");
+        let figure = |name: &str, v: Option<f64>, lo: f64, hi: f64| match v {
+            Some(x) if !x.is_finite() || x < lo || x > hi => Err(ApiError::invalid(
+                field(name),
+                format!("{x} is not a possible reading ({lo} to {hi})"),
+            )),
+            _ => Ok(()),
+        };
+        figure("power_w", t.power_w, 0.0, 100_000.0)?;
+        // Millijoules since driver load fit an i64 many times over below this.
+        figure("energy_j", t.energy_j, 0.0, 1e15)?;
+        figure("temperature_c", t.temperature_c, -273.15, 1000.0)?;
+        if let Some(u) = t.utilization_pct.filter(|&u| u > 100) {
+            return Err(ApiError::invalid(
+                field("utilization_pct"),
+                format!("{u} is above 100"),
+            ));
+        }
+        if let (Some(used), Some(total)) = (t.used_mib, t.total_mib)
+            && used > total
+        {
+            return Err(ApiError::invalid(
+                field("used_mib"),
+                format!("{used} MiB used of a {total} MiB GPU"),
+            ));
+        }
+        // Stored as i64 milliseconds and MiB.
+        for (name, v) in [
+            ("used_mib", t.used_mib),
+            ("free_mib", t.free_mib),
+            ("total_mib", t.total_mib),
+        ] {
+            if v.is_some_and(|v| v > i64::MAX as u64) {
+                return Err(ApiError::invalid(field(name), "too large"));
+            }
+        }
+        if samples[..i].iter().any(|o| o.gpu == t.gpu && o.at == t.at) {
+            return Err(ApiError::invalid(
+                field("at"),
+                format!("GPU {} has two samples at {}", t.gpu, t.at),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `GET /metrics`: the Prometheus page.
+pub async fn metrics(State(s): State<AppState>) -> Response {
+    let alive = s.config.lease_ttl.as_millis() as u64;
+    match s.metrics.render(s.store.as_ref(), alive).await {
+        Ok(page) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], page).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(gpu: u32) -> TelemetrySample {
+        TelemetrySample {
+            gpu,
+            at: Utc::now(),
+            power_w: Some(250.0),
+            energy_j: Some(1e6),
+            temperature_c: Some(60.0),
+            utilization_pct: Some(90),
+            used_mib: Some(10),
+            total_mib: Some(100),
+            ..TelemetrySample::default()
+        }
+    }
+
+    fn refusal(samples: &[TelemetrySample]) -> Option<String> {
+        check_telemetry(samples)
+            .err()
+            .map(|e| e.field.unwrap_or_default())
+    }
+
+    #[test]
+    fn impossible_readings_are_refused_naming_the_field() {
+        assert_eq!(refusal(&[sample(0), sample(1)]), None);
+        let bad = |f: fn(&mut TelemetrySample)| {
+            let mut s = vec![sample(0), sample(1)];
+            f(&mut s[1]);
+            refusal(&s)
+        };
+        assert_eq!(
+            bad(|s| s.power_w = Some(-1.0)).as_deref(),
+            Some("telemetry[1].power_w")
+        );
+        assert_eq!(
+            bad(|s| s.power_w = Some(f64::NAN)).as_deref(),
+            Some("telemetry[1].power_w")
+        );
+        assert_eq!(
+            bad(|s| s.energy_j = Some(f64::INFINITY)).as_deref(),
+            Some("telemetry[1].energy_j")
+        );
+        assert_eq!(
+            bad(|s| s.temperature_c = Some(-300.0)).as_deref(),
+            Some("telemetry[1].temperature_c")
+        );
+        assert_eq!(
+            bad(|s| s.utilization_pct = Some(101)).as_deref(),
+            Some("telemetry[1].utilization_pct")
+        );
+        assert_eq!(
+            bad(|s| s.used_mib = Some(101)).as_deref(),
+            Some("telemetry[1].used_mib")
+        );
+        // Absent readings are fine: a GPU without them.
+        assert_eq!(
+            bad(|s| {
+                s.power_w = None;
+                s.energy_j = None;
+                s.temperature_c = None;
+            }),
+            None
+        );
+        let mut twice = vec![sample(0)];
+        twice.push(twice[0].clone());
+        assert_eq!(refusal(&twice).as_deref(), Some("telemetry[1].at"));
+    }
+}

@@ -1,0 +1,173 @@
+//! The coordinator's Prometheus metrics (`GET /metrics`): jobs by state, queue depth,
+//! pending reasons, leases and agents read from the store at each scrape (so every replica
+//! tells the same), and this replica's claim and submit-to-start latencies.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::store::{Result, Store};
+
+/// The content type of the text exposition this page is written in.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+/// Every pending reason code, so a reason no job has now reads 0 rather than vanishing.
+const REASONS: &[&str] = &[
+    "not_considered",
+    "no_live_node",
+    "no_free_slot",
+    "not_enough_memory",
+    "gpu_quarantined",
+    "behind_reservation",
+    "too_many_gpus",
+    "larger_than_every_gpu",
+];
+
+/// The coordinator's metrics; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct CoordinatorMetrics {
+    registry: Arc<Registry>,
+    jobs: Family<StateLabels, Gauge>,
+    queue_depth: Gauge,
+    pending: Family<ReasonLabels, Gauge>,
+    leases: Gauge,
+    agents_up: Gauge,
+    nodes: Gauge,
+    claim: Histogram,
+    submit_to_start: Histogram,
+}
+
+impl Default for CoordinatorMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CoordinatorMetrics {
+    pub fn new() -> Self {
+        let mut r = Registry::default();
+        let jobs = Family::<StateLabels, Gauge>::default();
+        r.register("headroom_jobs", "Jobs by state", jobs.clone());
+        let queue_depth = Gauge::default();
+        r.register(
+            "headroom_queue_depth",
+            "Jobs waiting to run (queued or retrying)",
+            queue_depth.clone(),
+        );
+        let pending = Family::<ReasonLabels, Gauge>::default();
+        r.register(
+            "headroom_pending_jobs",
+            "Waiting jobs by pending reason (as the last claim that looked at them saw it)",
+            pending.clone(),
+        );
+        let leases = Gauge::default();
+        r.register(
+            "headroom_leases",
+            "Jobs holding a lease (leased or running)",
+            leases.clone(),
+        );
+        let agents_up = Gauge::default();
+        r.register(
+            "headroom_agents_up",
+            "Nodes whose agent was heard from within the lease TTL",
+            agents_up.clone(),
+        );
+        let nodes = Gauge::default();
+        r.register("headroom_nodes", "Nodes ever registered", nodes.clone());
+        let claim = Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]);
+        r.register_with_unit(
+            "headroom_claim_duration",
+            "Time one claim pass (placement and leasing, one transaction) took on this replica",
+            Unit::Seconds,
+            claim.clone(),
+        );
+        let submit_to_start = Histogram::new([
+            0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0,
+            86400.0,
+        ]);
+        r.register_with_unit(
+            "headroom_submit_to_start",
+            "From submission to the start of a job's first attempt (reported to this replica)",
+            Unit::Seconds,
+            submit_to_start.clone(),
+        );
+        Self {
+            registry: Arc::new(r),
+            jobs,
+            queue_depth,
+            pending,
+            leases,
+            agents_up,
+            nodes,
+            claim,
+            submit_to_start,
+        }
+    }
+
+    pub fn observe_claim(&self, seconds: f64) {
+        self.claim.observe(seconds);
+    }
+
+    pub fn observe_submit_to_start(&self, seconds: f64) {
+        self.submit_to_start.observe(seconds.max(0.0));
+    }
+
+    /// Reads the store's figures and renders the page (OpenMetrics text).
+    pub async fn render(&self, store: &dyn Store, alive_within_ms: u64) -> Result<String> {
+        let counts = store.counts(None).await?;
+        let reasons = store.pending_reason_counts().await?;
+        let nodes = store.list_nodes(alive_within_ms).await?;
+        let to_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        for (state, n) in [
+            ("queued", counts.queued),
+            ("leased", counts.leased),
+            ("running", counts.running),
+            ("retrying", counts.retrying),
+            ("succeeded", counts.succeeded),
+            ("failed", counts.failed),
+            ("cancelled", counts.cancelled),
+        ] {
+            self.jobs
+                .get_or_create(&StateLabels {
+                    state: state.into(),
+                })
+                .set(to_i64(n));
+        }
+        self.queue_depth
+            .set(to_i64(counts.queued + counts.retrying));
+        self.leases.set(to_i64(counts.leased + counts.running));
+        for reason in REASONS {
+            let n = reasons
+                .iter()
+                .find(|(r, _)| r == reason)
+                .map_or(0, |(_, n)| *n);
+            self.pending
+                .get_or_create(&ReasonLabels {
+                    reason: (*reason).into(),
+                })
+                .set(to_i64(n));
+        }
+        self.agents_up
+            .set(nodes.iter().filter(|n| n.alive).count() as i64);
+        self.nodes.set(nodes.len() as i64);
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!("cannot encode metrics: {e}");
+        }
+        Ok(out)
+    }
+}
