@@ -230,6 +230,7 @@ mod tests {
                 supervisor: Default::default(),
                 claim_wait: S(1),
                 kill_foreign: false,
+                token: None,
             },
             client: crate::client::Client::new(url).expect("client"),
             backend: Arc::new(backend),

@@ -10,6 +10,7 @@ use headroom_shared::api::Headroom;
 use headroom_shared::settings::duration;
 
 use crate::agent::AgentConfig;
+use crate::client::BearerToken;
 use crate::gpu::{BackendChoice, FakeGpuSpec};
 use crate::supervisor::SupervisorConfig;
 
@@ -50,6 +51,10 @@ pub struct AgentSettings {
     /// Kill processes that belong to no job and hold GPU memory (default: report, never kill).
     #[arg(long, env = "HEADROOM_KILL_FOREIGN")]
     pub kill_foreign: bool,
+    /// Token of role `agent` (`headroom token create --role agent --name NODE`), for a
+    /// coordinator that requires tokens.
+    #[arg(long, env = "HEADROOM_AGENT_TOKEN", hide_env_values = true)]
+    pub agent_token: Option<BearerToken>,
 }
 
 impl AgentSettings {
@@ -90,6 +95,7 @@ impl AgentSettings {
             },
             claim_wait: Duration::from_secs(20),
             kill_foreign: self.kill_foreign,
+            token: self.agent_token.clone(),
         }
     }
 }

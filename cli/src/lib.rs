@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
-use headroom_shared::api::SubmitRequest;
+use headroom_shared::api::{Role, SubmitRequest};
+use headroom_shared::client::BearerToken;
 use headroom_shared::{ExperimentId, JobId};
 
 pub mod client;
@@ -14,6 +15,7 @@ pub mod output;
 pub mod up;
 
 use client::Api;
+use output::Format;
 
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7420";
 
@@ -27,6 +29,17 @@ pub struct Cli {
     /// Coordinator URL.
     #[arg(long, global = true, env = "HEADROOM_SERVER", default_value = DEFAULT_SERVER)]
     pub server: String,
+    /// Bearer token, for a coordinator that requires one (`headroom token create`).
+    #[arg(long, global = true, env = "HEADROOM_TOKEN", hide_env_values = true)]
+    pub token: Option<BearerToken>,
+    /// A file holding the token (first line), kept out of shell history and `ps`.
+    #[arg(
+        long,
+        global = true,
+        env = "HEADROOM_TOKEN_FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -56,11 +69,20 @@ pub enum Command {
         /// Only jobs in this state (queued, running, failed, ...).
         #[arg(long, short)]
         state: Option<String>,
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
     },
     /// List experiments with their progress.
-    Experiments,
+    Experiments {
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
+    },
     /// A job with its attempts.
-    Show { id: JobId },
+    Show {
+        id: JobId,
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
+    },
     /// The log of a job's latest attempt (or of an attempt).
     Logs {
         id: String,
@@ -73,7 +95,17 @@ pub enum Command {
     /// Run a finished job once more.
     Retry { id: JobId },
     /// Nodes, their GPUs, memory and slots in use.
-    Nodes,
+    Nodes {
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Tokens and roles (admins): create, list, revoke; hash one for a tokens file.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Print a shell completion script, e.g. `headroom completions bash > /etc/bash_completion.d/headroom`.
+    Completions { shell: clap_complete::Shell },
     /// Concurrency plans.
     Plan {
         #[command(subcommand)]
@@ -103,6 +135,30 @@ pub enum Command {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Create a token; its secret is printed this once (the coordinator keeps a hash).
+    Create {
+        /// Who holds it (`alice`, `gpu-node-3`); runs they submit record this name.
+        #[arg(long)]
+        name: String,
+        /// admin, user or agent.
+        #[arg(long)]
+        role: Role,
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// List the tokens the coordinator keeps (never their secrets).
+    Ls {
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Revoke a token by its id (`token ls`); it stops working at once.
+    Revoke { id: String },
+    /// Read a token from standard input and print its argon2 hash, for `--tokens-file`.
+    Hash,
+}
+
+#[derive(Subcommand, Debug)]
 pub enum NodeCommand {
     /// Lift a GPU's quarantine after looking at what was left on it (`headroom nodes`).
     Release { node: String, gpu: u32 },
@@ -117,25 +173,83 @@ pub enum PlanCommand {
 pub use config::parse_args;
 
 pub async fn run(cli: Cli) -> Result<i32> {
-    let api = Api::new(&cli.server)?;
-    command(&api, cli.command).await.map_err(client::with_hint)
+    let token = match (&cli.token, &cli.token_file) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(path)) => Some(client::read_token_file(path)?),
+        (None, None) => None,
+    };
+    let api = Api::new(&cli.server)?.with_token(token.as_ref().map(BearerToken::expose))?;
+    match cli.command {
+        Command::Up(args) => up::run(*args, token).await,
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "headroom", &mut std::io::stdout());
+            Ok(0)
+        }
+        Command::Token {
+            command: TokenCommand::Hash,
+        } => token_hash(),
+        command => command_on(&api, command)
+            .await
+            .map_err(|e| client::with_hint(e, &api)),
+    }
 }
 
-async fn command(api: &Api, command: Command) -> Result<i32> {
+/// `token hash`: the argon2 hash of a token read from standard input.
+fn token_hash() -> Result<i32> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("reading the token from standard input")?;
+    let token = line.trim();
+    if token.chars().count() < headroom_coordinator::auth::MIN_SECRET_LEN {
+        bail!(
+            "a token needs at least {} characters (e.g. `openssl rand -hex 24`)",
+            headroom_coordinator::auth::MIN_SECRET_LEN
+        );
+    }
+    println!(
+        "{}",
+        headroom_coordinator::auth::hash_secret(token).map_err(anyhow::Error::msg)?
+    );
+    Ok(0)
+}
+
+async fn command_on(api: &Api, command: Command) -> Result<i32> {
     match command {
-        Command::Up(args) => return up::run(*args).await,
+        Command::Up(_) | Command::Completions { .. } => unreachable_command()?,
         Command::Submit {
             file,
             wait,
             dry_run,
             seed,
         } => return submit(api, &file, wait, dry_run, seed).await,
-        Command::Ls { experiment, state } => {
+        Command::Ls {
+            experiment,
+            state,
+            output: format,
+        } => {
             let exp = resolve_experiment(api, experiment.as_deref()).await?;
-            output::jobs_table(&api.jobs(exp, state.as_deref()).await?);
+            let jobs = api.jobs(exp, state.as_deref()).await?;
+            match format {
+                Format::Table => output::jobs_table(&jobs),
+                Format::Json => output::json(&jobs)?,
+            }
         }
-        Command::Experiments => output::experiments_table(&api.experiments().await?),
-        Command::Show { id } => output::job_detail(&api.job(id).await?),
+        Command::Experiments { output: format } => {
+            let exps = api.experiments().await?;
+            match format {
+                Format::Table => output::experiments_table(&exps),
+                Format::Json => output::json(&exps)?,
+            }
+        }
+        Command::Show { id, output: format } => {
+            let job = api.job(id).await?;
+            match format {
+                Format::Table => output::job_detail(&job),
+                Format::Json => output::json(&job)?,
+            }
+        }
         Command::Logs { id, follow } => output::logs(api, &id, follow).await?,
         Command::Cancel { id } => {
             if let Ok(job) = id.parse::<JobId>()
@@ -155,7 +269,14 @@ async fn command(api: &Api, command: Command) -> Result<i32> {
             api.retry(id).await?;
             println!("job {id} queued for another attempt");
         }
-        Command::Nodes => output::nodes_table(&api.nodes().await?),
+        Command::Nodes { output: format } => {
+            let nodes = api.nodes().await?;
+            match format {
+                Format::Table => output::nodes_table(&nodes),
+                Format::Json => output::json(&nodes)?,
+            }
+        }
+        Command::Token { command } => token(api, command).await?,
         Command::Plan {
             command: PlanCommand::Set { node, plan },
         } => {
@@ -189,6 +310,47 @@ async fn command(api: &Api, command: Command) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// A command `run` handles itself.
+fn unreachable_command() -> Result<()> {
+    bail!("internal: command dispatched twice")
+}
+
+async fn token(api: &Api, command: TokenCommand) -> Result<()> {
+    match command {
+        TokenCommand::Create {
+            name,
+            role,
+            output: format,
+        } => {
+            let t = api.create_token(&name, role).await?;
+            match format {
+                Format::Json => output::json(&t)?,
+                Format::Table => {
+                    println!("{}", t.token);
+                    eprintln!(
+                        "token {} for {} (role {}): shown this once, keep it secret; \
+                         revoke with `headroom token revoke {}`",
+                        t.view.id, t.view.name, t.view.role, t.view.id
+                    );
+                }
+            }
+        }
+        TokenCommand::Ls { output: format } => {
+            let tokens = api.tokens().await?;
+            match format {
+                Format::Table => output::tokens_table(&tokens),
+                Format::Json => output::json(&tokens)?,
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            let t = api.revoke_token(&id).await?;
+            println!("token {} ({}, role {}) revoked", t.id, t.name, t.role);
+        }
+        TokenCommand::Hash => token_hash().map(|_| ())?,
+    }
+    Ok(())
 }
 
 /// Reads a spec file (YAML or JSON) into the JSON document the API takes.

@@ -73,7 +73,7 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating data dir {}", data_dir.display()))?;
     let store = open_store(args.database_url.as_deref(), data_dir).await?;
-    let config = args.settings.config(data_dir.clone());
+    let config = args.settings.config(data_dir.clone())?;
     let app = Application::build(config, store).await?;
     println!(
         "headroom: coordinator listening on http://{}",

@@ -185,6 +185,20 @@ pub const HEARTBEAT: Route = Route::new(
     "Renew leases, report telemetry",
 );
 
+pub const TOKENS: Route = Route::new(Get, "/v1/tokens", Admin, "Tokens the coordinator keeps");
+pub const CREATE_TOKEN: Route = Route::new(
+    Post,
+    "/v1/tokens",
+    Admin,
+    "Create a token (its secret is returned once)",
+);
+pub const REVOKE_TOKEN: Route = Route::new(
+    Post,
+    "/v1/tokens/{id}/revoke",
+    Admin,
+    "Revoke a token at once",
+);
+
 /// Every route, in the order the API documents them.
 pub const ALL: &[Route] = &[
     HEALTH,
@@ -210,6 +224,9 @@ pub const ALL: &[Route] = &[
     REGISTER,
     CLAIM,
     HEARTBEAT,
+    TOKENS,
+    CREATE_TOKEN,
+    REVOKE_TOKEN,
 ];
 
 /// Response headers of `READ_LOG`: where the next read starts, and whether the attempt ended.

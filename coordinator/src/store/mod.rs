@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use headroom_shared::api::{
     AttemptRef, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample, GpuView,
-    Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, StateCounts,
+    Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, Role, StateCounts, TokenView,
 };
 use headroom_shared::plan::PlanError;
 use headroom_shared::state::TransitionError;
@@ -195,6 +195,25 @@ pub struct NewExperiment {
     pub seed: u64,
     pub spec: Value,
     pub jobs: Vec<NewJob>,
+    /// The submitting token's name; its jobs and their attempts record it too.
+    pub submitted_by: String,
+}
+
+/// A token to keep: its public id, holder, role and the argon2 hash of its secret.
+#[derive(Clone, Debug)]
+pub struct NewToken {
+    pub id: String,
+    pub name: String,
+    pub role: Role,
+    pub secret_hash: String,
+    pub created_by: String,
+}
+
+/// A kept token with the hash its secret is checked against.
+#[derive(Clone, Debug)]
+pub struct StoredToken {
+    pub view: TokenView,
+    pub secret_hash: String,
 }
 
 #[derive(Clone, Debug)]
@@ -334,6 +353,16 @@ pub trait Store: Send + Sync + 'static {
     async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64>;
     /// Lifts every quarantine on one GPU (a person looked); returns how many were lifted.
     async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64>;
+
+    /// Keeps a new token (hashed); a second token with the same id is refused.
+    async fn create_token(&self, token: NewToken) -> Result<TokenView>;
+    /// A token by its public id, revoked or not (`NotFound` when none has it).
+    async fn token_by_id(&self, id: &str) -> Result<StoredToken>;
+    /// Every kept token, oldest first.
+    async fn list_tokens(&self) -> Result<Vec<TokenView>>;
+    /// Revokes a token (a second revocation keeps the first time); `NotFound` when none
+    /// has that id.
+    async fn revoke_token(&self, id: &str) -> Result<TokenView>;
 
     /// Calls `on_change` whenever another process sharing the database (a coordinator
     /// replica) may have changed something, until `shutdown`, so this process's long-polls
