@@ -55,6 +55,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     // Refused before anything starts: the agent could not stop its jobs before their leases
     // expire.
     headroom_agent::fence::FenceBudget::new(args.coordinator.lease_ttl, args.agent.kill_grace)?;
+    headroom_coordinator::app::check_exposure(&args.coordinator.config(PathBuf::new())?)?;
     let given_dir = &args.coordinator.data_dir;
     std::fs::create_dir_all(given_dir)
         .with_context(|| format!("creating data dir {}", given_dir.display()))?;

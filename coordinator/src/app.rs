@@ -43,11 +43,7 @@ pub struct Application {
 impl Application {
     /// Binds `config.listen` (port 0 picks a free port) over `store`.
     pub async fn build(config: CoordinatorConfig, store: Arc<dyn Store>) -> Result<Self, AppError> {
-        if config.tokens.is_empty() && !config.listen.ip().is_loopback() {
-            return Err(AppError::OpenToTheNetwork {
-                addr: config.listen,
-            });
-        }
+        check_exposure(&config)?;
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| AppError::Bind {
@@ -113,6 +109,17 @@ impl Application {
         tasks.wait().await;
         served.map_err(AppError::Serve)
     }
+}
+
+/// A coordinator reachable beyond this machine must require tokens: refused otherwise, before
+/// anything is opened (binaries call it first; `Application::build` checks again).
+pub fn check_exposure(config: &CoordinatorConfig) -> Result<(), AppError> {
+    if config.tokens.is_empty() && !config.listen.ip().is_loopback() {
+        return Err(AppError::OpenToTheNetwork {
+            addr: config.listen,
+        });
+    }
+    Ok(())
 }
 
 /// Marks attempts whose agent went silent as lost, a few times per lease TTL.
