@@ -144,6 +144,9 @@ pub enum TokenCommand {
         /// admin, user or agent.
         #[arg(long)]
         role: Role,
+        /// How long it works (`90d`, `12h`); never expires when left out.
+        #[arg(long)]
+        expires_in: Option<String>,
         #[arg(long, value_enum, default_value_t)]
         output: Format,
     },
@@ -322,9 +325,10 @@ async fn token(api: &Api, command: TokenCommand) -> Result<()> {
         TokenCommand::Create {
             name,
             role,
+            expires_in,
             output: format,
         } => {
-            let t = api.create_token(&name, role).await?;
+            let t = api.create_token(&name, role, expires_in.as_deref()).await?;
             match format {
                 Format::Json => output::json(&t)?,
                 Format::Table => {

@@ -282,20 +282,23 @@ pub fn json<T: serde::Serialize>(v: &T) -> Result<()> {
 
 pub fn tokens_table(tokens: &[TokenView]) {
     println!(
-        "{:<16}  {:<20}  {:<6}  {:<12}  {:<20}  REVOKED",
-        "ID", "NAME", "ROLE", "CREATED BY", "CREATED"
+        "{:<16}  {:<20}  {:<6}  {:<12}  {:<20}  {:<20}  REVOKED",
+        "ID", "NAME", "ROLE", "CREATED BY", "CREATED", "EXPIRES"
     );
+    let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+        t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+            .unwrap_or_else(|| "-".into())
+    };
     for t in tokens {
         println!(
-            "{:<16}  {:<20}  {:<6}  {:<12}  {:<20}  {}",
+            "{:<16}  {:<20}  {:<6}  {:<12}  {:<20}  {:<20}  {}",
             t.id,
             t.name,
             t.role.as_str(),
             t.created_by,
             t.created_at.format("%Y-%m-%d %H:%M:%S"),
-            t.revoked_at
-                .map(|r| r.format("%Y-%m-%d %H:%M:%S").to_string())
-                .unwrap_or_else(|| "-".into())
+            time(t.expires_at),
+            time(t.revoked_at)
         );
     }
 }

@@ -15,6 +15,7 @@ use argon2::password_hash::{PasswordHasher, PasswordVerifier};
 use headroom_shared::api::{Principal, Role};
 use sha2::{Digest, Sha256};
 
+use crate::rules::TokenRefusal;
 use crate::store::{Store, StoreError};
 
 /// Tokens the coordinator makes look like `hr_<id>_<secret>`: the id finds the stored hash
@@ -208,6 +209,8 @@ pub enum AuthError {
     Malformed,
     #[error("the token is not known to this coordinator (wrong, or revoked)")]
     Rejected,
+    #[error("the token expired at {0}: an admin makes a new one with `headroom token create`")]
+    Expired(String),
     #[error("cannot check the token: {0}")]
     Store(StoreError),
 }
@@ -265,9 +268,6 @@ impl Authenticator {
                 Err(StoreError::NotFound { .. }) => return Err(AuthError::Rejected),
                 Err(e) => return Err(AuthError::Store(e)),
             };
-            if stored.view.revoked_at.is_some() {
-                return Err(AuthError::Rejected);
-            }
             // The hash is of the whole token, id included.
             let (whole, hash) = (token.to_string(), stored.secret_hash.clone());
             let ok = tokio::task::spawn_blocking(move || verify(&whole, &hash))
@@ -276,11 +276,29 @@ impl Authenticator {
             if !ok {
                 return Err(AuthError::Rejected);
             }
+            // Only the holder of the secret learns that it expired.
+            let now = crate::store::now_ms();
+            let expires = stored.view.expires_at.map(|t| t.timestamp_millis());
+            let revoked = stored.view.revoked_at.map(|t| t.timestamp_millis());
+            match crate::rules::token_usable(revoked, expires, now) {
+                Ok(()) => {}
+                Err(TokenRefusal::Revoked) => return Err(AuthError::Rejected),
+                Err(TokenRefusal::Expired) => {
+                    let at = stored.view.expires_at.map(|t| t.to_rfc3339());
+                    return Err(AuthError::Expired(at.unwrap_or_default()));
+                }
+            }
+            // Checked again after the cache's TTL, or when it expires if sooner.
+            let mut until = Instant::now() + CACHE_TTL;
+            if let Some(e) = expires {
+                let left = Duration::from_millis(u64::try_from(e - now).unwrap_or(0));
+                until = until.min(Instant::now() + left);
+            }
             let p = Principal {
                 name: stored.view.name,
                 role: stored.view.role,
             };
-            (p, Some(stored.view.id), Some(Instant::now() + CACHE_TTL))
+            (p, Some(stored.view.id), Some(until))
         } else {
             let p = self.match_config(token, key).await?;
             (p, None, None)

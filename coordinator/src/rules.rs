@@ -509,6 +509,28 @@ pub fn may_call(access: Access, role: Role) -> std::result::Result<(), &'static 
     })
 }
 
+/// Why a stored token whose secret matched is still refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenRefusal {
+    Revoked,
+    Expired,
+}
+
+/// A stored token works until revoked or past its expiry (`now` in ms since the epoch).
+pub fn token_usable(
+    revoked_at: Option<Millis>,
+    expires_at: Option<Millis>,
+    now: Millis,
+) -> std::result::Result<(), TokenRefusal> {
+    if revoked_at.is_some() {
+        Err(TokenRefusal::Revoked)
+    } else if expires_at.is_some_and(|e| e <= now) {
+        Err(TokenRefusal::Expired)
+    } else {
+        Ok(())
+    }
+}
+
 /// Cancel and retry: the submitter may act on what they submitted, an admin on anything.
 pub fn may_act_on(who: &Principal, submitted_by: &str) -> bool {
     who.role == Role::Admin || (who.role == Role::User && who.name == submitted_by)
@@ -745,6 +767,17 @@ mod tests {
         }
         assert_eq!(may_call(Access::Agent, User), Err("agent"));
         assert_eq!(may_call(Access::Admin, Agent), Err("admin"));
+    }
+
+    #[test]
+    fn tokens_work_until_revoked_or_expired() {
+        assert_eq!(token_usable(None, None, 5), Ok(()));
+        assert_eq!(token_usable(None, Some(6), 5), Ok(()));
+        assert_eq!(token_usable(None, Some(5), 5), Err(TokenRefusal::Expired));
+        assert_eq!(
+            token_usable(Some(1), Some(9), 5),
+            Err(TokenRefusal::Revoked)
+        );
     }
 
     #[test]

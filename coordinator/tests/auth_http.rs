@@ -316,6 +316,34 @@ async fn revoked_tokens_stop_working_at_once_and_secrets_are_never_listed() {
         .await;
     assert_eq!(status, 401, "revoked: {v}");
     assert_error(&v, "unauthenticated", "revoked");
+    // An expired token: 401, saying so (verifying the secret alone outlasts 1 ms).
+    let (status, v) = s
+        .call(
+            Method::Post,
+            routes::CREATE_TOKEN.path,
+            Some(ADMIN),
+            &json!({"name": "erin", "role": "user", "expires_in": "1ms"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["expires_at"].is_string(), "{v}");
+    let short = v["token"].as_str().expect("token").to_string();
+    let (status, v) = s
+        .call(Method::Get, routes::JOBS.path, Some(&short), &json!({}))
+        .await;
+    assert_eq!(status, 401, "expired: {v}");
+    assert_error(&v, "unauthenticated", "expired");
+    assert!(v.to_string().contains("expired"), "{v}");
+    let (status, v) = s
+        .call(
+            Method::Post,
+            routes::CREATE_TOKEN.path,
+            Some(ADMIN),
+            &json!({"name": "erin", "role": "user", "expires_in": "soon"}),
+        )
+        .await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["field"], "expires_in");
     // Bad input names the field.
     let (status, v) = s
         .call(

@@ -1071,6 +1071,7 @@ async fn tokens_are_created_found_listed_and_revoked(s: Backend) {
         role,
         secret_hash: format!("$argon2id$hash-of-{id}"),
         created_by: "admin".into(),
+        expires_at: (id == "n1").then_some(4_102_444_800_000),
     };
     let alice = s
         .create_token(new("a1", "alice", Role::User))
@@ -1090,6 +1091,12 @@ async fn tokens_are_created_found_listed_and_revoked(s: Backend) {
     let found = s.token_by_id("a1").await.expect("by id");
     assert_eq!(found.secret_hash, "$argon2id$hash-of-a1");
     assert_eq!(found.view.name, "alice", "the duplicate changed nothing");
+    assert!(found.view.expires_at.is_none());
+    let agent = s.token_by_id("n1").await.expect("by id").view;
+    assert_eq!(
+        agent.expires_at.map(|t| t.timestamp_millis()),
+        Some(4_102_444_800_000)
+    );
     assert!(matches!(
         s.token_by_id("nope").await,
         Err(StoreError::NotFound { .. })

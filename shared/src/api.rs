@@ -805,6 +805,9 @@ pub struct CreateTokenRequest {
     /// Who holds it (`alice`, `gpu-node-3`): letters, digits, `_ - . @`.
     pub name: String,
     pub role: Role,
+    /// How long it works (`90d`, `12h`); never expires when left out.
+    #[serde(default)]
+    pub expires_in: Option<String>,
 }
 
 /// A token the coordinator keeps (its secret is stored hashed and never shown again).
@@ -817,6 +820,9 @@ pub struct TokenView {
     pub created_by: String,
     pub created_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    /// After this the token is refused (401); `None`: never.
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// A new token: `token` is the secret, shown this once.

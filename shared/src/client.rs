@@ -443,11 +443,18 @@ impl Client {
 
     // ---- tokens (admins) ---------------------------------------------------------------
 
-    /// Creates a token; the answer carries its secret, which is shown this once.
-    pub async fn create_token(&self, name: &str, role: Role) -> Result<CreatedToken, ClientError> {
+    /// Creates a token, expiring after `expires_in` (`90d`) when given; the answer carries
+    /// its secret, which is shown this once.
+    pub async fn create_token(
+        &self,
+        name: &str,
+        role: Role,
+        expires_in: Option<&str>,
+    ) -> Result<CreatedToken, ClientError> {
         let req = CreateTokenRequest {
             name: name.to_string(),
             role,
+            expires_in: expires_in.map(str::to_string),
         };
         self.call(routes::CREATE_TOKEN, &[], Some(&req), DEFAULT_TIMEOUT)
             .await

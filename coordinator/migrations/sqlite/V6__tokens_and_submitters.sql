@@ -1,5 +1,6 @@
 -- Tokens the coordinator keeps (`headroom token create`): the public id, who holds it, its
--- role and an argon2 hash of the secret (never the secret). Revoked tokens stay listed.
+-- role, an argon2 hash of the secret (never the secret) and when it expires. Revoked and
+-- expired tokens stay listed.
 CREATE TABLE tokens (
     id          TEXT PRIMARY KEY,
     name        TEXT NOT NULL,
@@ -7,7 +8,9 @@ CREATE TABLE tokens (
     secret_hash TEXT NOT NULL,
     created_by  TEXT NOT NULL,
     created_at  INTEGER NOT NULL,
-    revoked_at  INTEGER
+    revoked_at  INTEGER,
+    -- NULL: never expires.
+    expires_at  INTEGER
 );
 
 -- Who submitted each experiment, job and attempt (the token's name); rows from before

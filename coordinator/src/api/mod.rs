@@ -81,9 +81,15 @@ pub fn router(state: AppState) -> Router {
 
 /// The route of the shared table that axum matched, by method and path template.
 fn route_of(method: &axum::http::Method, path: &str) -> Option<&'static Route> {
+    let method = match *method {
+        axum::http::Method::GET => Method::Get,
+        axum::http::Method::POST => Method::Post,
+        axum::http::Method::PUT => Method::Put,
+        _ => return None,
+    };
     routes::ALL
         .iter()
-        .find(|r| r.path == path && r.method.to_string() == method.as_str())
+        .find(|r| r.method == method && r.path == path)
 }
 
 /// The access gate: identifies the caller by bearer token and lets the request through only

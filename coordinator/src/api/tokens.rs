@@ -22,6 +22,22 @@ pub async fn create(
         ));
     }
     auth::check_name(&req.name).map_err(|m| ApiError::invalid("name", m))?;
+    let expires_at = match req.expires_in.as_deref() {
+        None => None,
+        Some(text) => {
+            let d = humantime::parse_duration(text.trim()).map_err(|e| {
+                ApiError::invalid(
+                    "expires_in",
+                    format!("`{text}` is not a duration like `90d` or `12h`: {e}"),
+                )
+            })?;
+            let ms = i64::try_from(d.as_millis())
+                .ok()
+                .filter(|ms| *ms > 0)
+                .ok_or_else(|| ApiError::invalid("expires_in", "must be above zero"))?;
+            Some(crate::store::now_ms().saturating_add(ms))
+        }
+    };
     let (id, token) = auth::new_token();
     let secret = token.clone();
     let secret_hash = tokio::task::spawn_blocking(move || auth::hash_secret(&secret))
@@ -36,6 +52,7 @@ pub async fn create(
             role: req.role,
             secret_hash,
             created_by: who.name,
+            expires_at,
         })
         .await?;
     tracing::info!(id = %view.id, name = %view.name, role = %view.role, by = %view.created_by, "token created");

@@ -207,6 +207,7 @@ pub struct NewToken {
     pub role: Role,
     pub secret_hash: String,
     pub created_by: String,
+    pub expires_at: Option<Millis>,
 }
 
 /// A kept token with the hash its secret is checked against.

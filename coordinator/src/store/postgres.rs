@@ -1500,8 +1500,8 @@ impl Store for PostgresStore {
             Box::pin(async move {
                 let n = exec(
                     tx,
-                    "INSERT INTO tokens (id, name, role, secret_hash, created_by, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+                    "INSERT INTO tokens (id, name, role, secret_hash, created_by, created_at, \
+                     expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
                     &[
                         &t.id,
                         &t.name,
@@ -1509,6 +1509,7 @@ impl Store for PostgresStore {
                         &t.secret_hash,
                         &t.created_by,
                         &now_ms(),
+                        &t.expires_at,
                     ],
                 )
                 .await?;

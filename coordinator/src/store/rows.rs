@@ -166,7 +166,7 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
 
 /// The columns `token_row` reads, in order.
 pub(crate) const TOKEN_COLUMNS: &str =
-    "id, name, role, created_by, created_at, revoked_at, secret_hash";
+    "id, name, role, created_by, created_at, revoked_at, secret_hash, expires_at";
 
 pub(crate) fn token_row(r: &impl Cols) -> Result<super::StoredToken> {
     Ok(super::StoredToken {
@@ -177,6 +177,7 @@ pub(crate) fn token_row(r: &impl Cols) -> Result<super::StoredToken> {
             created_by: r.text(3)?,
             created_at: r.time(4)?,
             revoked_at: r.int_opt(5)?.map(ts),
+            expires_at: r.int_opt(7)?.map(ts),
         },
         secret_hash: r.text(6)?,
     })

@@ -1069,15 +1069,16 @@ impl Store for SqliteStore {
     async fn create_token(&self, t: NewToken) -> Result<TokenView> {
         self.write(move |tx, _| {
             let n = tx.execute(
-                "INSERT INTO tokens (id, name, role, secret_hash, created_by, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO tokens (id, name, role, secret_hash, created_by, created_at, \
+                 expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING",
                 params![
                     t.id,
                     t.name,
                     t.role.as_str(),
                     t.secret_hash,
                     t.created_by,
-                    now_ms()
+                    now_ms(),
+                    t.expires_at
                 ],
             )?;
             if n != 1 {
