@@ -69,17 +69,20 @@ pub enum Command {
         /// Only jobs in this state (queued, running, failed, ...).
         #[arg(long, short)]
         state: Option<String>,
+        /// `table`, or `json`: the API's documents, with its field names.
         #[arg(long, value_enum, default_value_t)]
         output: Format,
     },
     /// List experiments with their progress.
     Experiments {
+        /// `table`, or `json`: the API's documents, with its field names.
         #[arg(long, value_enum, default_value_t)]
         output: Format,
     },
     /// A job with its attempts.
     Show {
         id: JobId,
+        /// `table`, or `json`: the API's documents, with its field names.
         #[arg(long, value_enum, default_value_t)]
         output: Format,
     },
@@ -96,6 +99,7 @@ pub enum Command {
     Retry { id: JobId },
     /// Nodes, their GPUs, memory and slots in use.
     Nodes {
+        /// `table`, or `json`: the API's documents, with its field names.
         #[arg(long, value_enum, default_value_t)]
         output: Format,
     },
@@ -147,11 +151,13 @@ pub enum TokenCommand {
         /// How long it works (`90d`, `12h`); never expires when left out.
         #[arg(long)]
         expires_in: Option<String>,
+        /// `table`, or `json`: the API's documents, with its field names.
         #[arg(long, value_enum, default_value_t)]
         output: Format,
     },
     /// List the tokens the coordinator keeps (never their secrets).
     Ls {
+        /// `table`, or `json`: the API's documents, with its field names.
         #[arg(long, value_enum, default_value_t)]
         output: Format,
     },
