@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use headroom_shared::api::{
-    ClaimRequest, GpuSample, HandBackRequest, Headroom, Lease, RegisterRequest,
+    ClaimRequest, ErrorCode, GpuSample, HandBackRequest, Headroom, Lease, RegisterRequest,
 };
 use headroom_shared::{AgentId, AttemptId};
 use tokio::time::Instant;
@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::attempts::{Attempts, AttemptsError, StopReason};
 use crate::backoff::Backoff;
-use crate::client::{Client, ClientError};
+use crate::client::{BearerToken, Client, ClientError};
 use crate::fence::{FenceBudget, FenceError};
 use crate::gpu::GpuBackend;
 use crate::outcomes::{Outcome, Outcomes, OutcomesError};
@@ -48,6 +48,8 @@ pub struct AgentConfig {
     pub telemetry_buffer: usize,
     /// Where `GET /metrics` is served (none: not at all).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Sent as `Authorization: Bearer` on every call (a token of role `agent`).
+    pub token: Option<BearerToken>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +72,12 @@ pub enum AgentError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error(
+        "the coordinator did not accept this agent's token: {0} (give the agent a token of \
+         role agent with --agent-token or HEADROOM_AGENT_TOKEN; an admin makes one with \
+         `headroom token create --role agent --name NODE`)"
+    )]
+    NotAuthorized(ClientError),
 }
 
 /// The agent's states; each step of `run` moves from one to the next.
@@ -161,7 +169,8 @@ impl Agent {
         );
         Ok(Self {
             shared: Arc::new(Shared {
-                client: Client::new(&cfg.coordinator)?,
+                client: Client::new(&cfg.coordinator)?
+                    .with_token(cfg.token.as_ref().map(BearerToken::expose))?,
                 scope: crate::sweep::scope_of(&cfg.data_dir),
                 cfg,
                 backend,
@@ -275,6 +284,14 @@ impl Agent {
                 } else {
                     drained(Ok(()))
                 };
+            }
+            Err(e)
+                if matches!(
+                    e.code(),
+                    Some(ErrorCode::Unauthenticated | ErrorCode::Forbidden)
+                ) =>
+            {
+                return drained(Err(AgentError::NotAuthorized(e)));
             }
             // A refused registration (bad plan, ...) will not fix itself.
             Err(e) => return drained(Err(AgentError::Refused(e))),

@@ -268,6 +268,7 @@ mod tests {
                 telemetry_interval: Duration::ZERO,
                 telemetry_buffer: 10,
                 metrics_addr: None,
+                token: None,
             },
             client: crate::client::Client::new(url).expect("client"),
             backend: Arc::new(backend),

@@ -10,6 +10,7 @@ use headroom_shared::api::Headroom;
 use headroom_shared::settings::duration;
 
 use crate::agent::AgentConfig;
+use crate::client::BearerToken;
 use crate::gpu::{BackendChoice, FakeGpuSpec};
 use crate::supervisor::SupervisorConfig;
 
@@ -62,6 +63,10 @@ pub struct AgentSettings {
     /// Prometheus (default: not served).
     #[arg(long, env = "HEADROOM_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Token of role `agent` (`headroom token create --role agent --name NODE`), for a
+    /// coordinator that requires tokens.
+    #[arg(long, env = "HEADROOM_AGENT_TOKEN", hide_env_values = true)]
+    pub agent_token: Option<BearerToken>,
 }
 
 impl AgentSettings {
@@ -105,6 +110,7 @@ impl AgentSettings {
             telemetry_interval: self.telemetry_interval,
             telemetry_buffer: self.telemetry_buffer,
             metrics_addr: self.metrics_addr,
+            token: self.agent_token.clone(),
         }
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use headroom_integration_tests::{Postgres, Proc, block_on, client_for, free_port};
 use headroom_shared::ExperimentId;
-use headroom_shared::api::SubmitRequest;
+use headroom_shared::api::{Role, SubmitRequest};
 use headroom_shared::client::Client;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -36,7 +36,12 @@ struct Setup {
     _agent: Proc,
 }
 
-fn start(dir: &Path, database_url: Option<&str>) -> Result<Setup> {
+/// The bootstrap admin token of the runs with tokens on.
+const BENCH_ADMIN: &str = "bench-admin-token-0123456789";
+
+/// `tokens`: the coordinator requires tokens (bootstrap admin; the agent gets a stored agent
+/// token), so every claim, heartbeat and report goes through token checks.
+fn start(dir: &Path, database_url: Option<&str>, tokens: bool) -> Result<Setup> {
     let port = free_port()?;
     let url = format!("http://127.0.0.1:{port}");
     let mut args = vec![
@@ -48,8 +53,11 @@ fn start(dir: &Path, database_url: Option<&str>) -> Result<Setup> {
     if let Some(db) = database_url {
         args.extend(["--database-url".to_string(), db.to_string()]);
     }
+    if tokens {
+        args.extend(["--admin-token".to_string(), BENCH_ADMIN.to_string()]);
+    }
     let coordinator = Proc::start("headroom-coordinator", &args, dir.join("coord.log"))?;
-    let api = client_for(&url)?;
+    let api = client_for(&url)?.with_token(tokens.then_some(BENCH_ADMIN))?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while block_on(api.health())?.is_err() {
         if Instant::now() > deadline {
@@ -57,7 +65,7 @@ fn start(dir: &Path, database_url: Option<&str>) -> Result<Setup> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let agent_args: Vec<String> = [
+    let mut agent_args: Vec<String> = [
         "--coordinator",
         &url,
         "--node",
@@ -76,6 +84,10 @@ fn start(dir: &Path, database_url: Option<&str>) -> Result<Setup> {
     .map(|s| s.to_string())
     .chain([dir.join("agent").display().to_string()])
     .collect();
+    if tokens {
+        let t = block_on(api.create_token("bench-agent", Role::Agent, None))??;
+        agent_args.extend(["--agent-token".to_string(), t.token]);
+    }
     let agent = Proc::start("headroom-agent", &agent_args, dir.join("agent.log"))?;
     while block_on(api.nodes())??.is_empty() {
         if Instant::now() > deadline {
@@ -137,9 +149,14 @@ struct Row {
     rate: f64,
 }
 
-fn measure(store: &'static str, database_url: Option<&str>, jobs: usize) -> Result<Row> {
+fn measure(
+    store: &'static str,
+    database_url: Option<&str>,
+    tokens: bool,
+    jobs: usize,
+) -> Result<Row> {
     let dir = tempfile::tempdir()?;
-    let s = start(dir.path(), database_url)?;
+    let s = start(dir.path(), database_url, tokens)?;
     let (mut claim, mut start_ms) = (Vec::new(), Vec::new());
     for i in 0..40 {
         let exp = submit(&s.api, &format!("idle{i}"), 1)?;
@@ -169,16 +186,26 @@ fn main() -> Result<()> {
         .and_then(|a| a.parse().ok())
         .unwrap_or(400);
     let raw = raw_spawn_rate(jobs)?;
-    let sqlite = measure("SQLite", None, jobs)?;
+    // Tokens off and on in the order A B B A, so drift over the run weighs on both alike.
+    let sqlite = measure("SQLite", None, false, jobs)?;
+    let sqlite_tokens = measure("SQLite, tokens on", None, true, jobs)?;
+    let tokens_again = measure("SQLite, tokens on", None, true, jobs)?;
+    let sqlite_again = measure("SQLite", None, false, jobs)?;
     let pg = Postgres::start()?;
-    let postgres = measure("PostgreSQL", Some(&pg.url()), jobs)?;
+    let postgres = measure("PostgreSQL", Some(&pg.url()), false, jobs)?;
 
     println!("raw spawn+wait of `true`: {raw:.0}/s ({jobs} spawns)\n");
     println!(
         "| store | submit->lease p50 | p99 | submit->start p50 | p99 | {jobs} jobs of `true` | vs raw spawn |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
-    for r in [&sqlite, &postgres] {
+    for r in [
+        &sqlite,
+        &sqlite_tokens,
+        &tokens_again,
+        &sqlite_again,
+        &postgres,
+    ] {
         println!(
             "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.0}/s | {:.2} |",
             r.store,
@@ -190,5 +217,15 @@ fn main() -> Result<()> {
             r.rate / raw
         );
     }
+    println!(
+        "\ntokens on / off (SQLite, A B B A in one run): throughput {:.0} vs {:.0}/s = {:.2} \
+         (second pair alone {:.2}), submit->start p50 {:.1} vs {:.1} ms",
+        sqlite_tokens.rate + tokens_again.rate,
+        sqlite.rate + sqlite_again.rate,
+        (sqlite_tokens.rate + tokens_again.rate) / (sqlite.rate + sqlite_again.rate),
+        tokens_again.rate / sqlite_again.rate,
+        percentile(&tokens_again.start, 0.5),
+        percentile(&sqlite_again.start, 0.5)
+    );
     Ok(())
 }

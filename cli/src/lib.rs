@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
-use headroom_shared::api::SubmitRequest;
+use headroom_shared::api::{Role, SubmitRequest};
+use headroom_shared::client::BearerToken;
 use headroom_shared::{ExperimentId, JobId};
 
 pub mod client;
@@ -14,6 +15,7 @@ pub mod output;
 pub mod up;
 
 use client::Api;
+use output::Format;
 
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7420";
 
@@ -27,6 +29,17 @@ pub struct Cli {
     /// Coordinator URL.
     #[arg(long, global = true, env = "HEADROOM_SERVER", default_value = DEFAULT_SERVER)]
     pub server: String,
+    /// Bearer token, for a coordinator that requires one (`headroom token create`).
+    #[arg(long, global = true, env = "HEADROOM_TOKEN", hide_env_values = true)]
+    pub token: Option<BearerToken>,
+    /// A file holding the token (first line), kept out of shell history and `ps`.
+    #[arg(
+        long,
+        global = true,
+        env = "HEADROOM_TOKEN_FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -56,9 +69,16 @@ pub enum Command {
         /// Only jobs in this state (queued, running, failed, ...).
         #[arg(long, short)]
         state: Option<String>,
+        /// `table`, or `json`: the API's documents, with its field names.
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
     },
     /// List experiments with their progress.
-    Experiments,
+    Experiments {
+        /// `table`, or `json`: the API's documents, with its field names.
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
+    },
     /// A job with its attempts.
     Show {
         id: JobId,
@@ -66,6 +86,9 @@ pub enum Command {
         /// utilization, memory, clocks and throttling.
         #[arg(long)]
         telemetry: bool,
+        /// `table`, or `json`: the API's documents, with its field names.
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
     },
     /// The log of a job's latest attempt (or of an attempt).
     Logs {
@@ -79,7 +102,18 @@ pub enum Command {
     /// Run a finished job once more.
     Retry { id: JobId },
     /// Nodes, their GPUs, memory and slots in use.
-    Nodes,
+    Nodes {
+        /// `table`, or `json`: the API's documents, with its field names.
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Tokens and roles (admins): create, list, revoke; hash one for a tokens file.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Print a shell completion script, e.g. `headroom completions bash > /etc/bash_completion.d/headroom`.
+    Completions { shell: clap_complete::Shell },
     /// Concurrency plans.
     Plan {
         #[command(subcommand)]
@@ -109,6 +143,35 @@ pub enum Command {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Create a token; its secret is printed this once (the coordinator keeps a hash).
+    Create {
+        /// Who holds it (`alice`, `gpu-node-3`); runs they submit record this name.
+        #[arg(long)]
+        name: String,
+        /// admin, user or agent.
+        #[arg(long)]
+        role: Role,
+        /// How long it works (`90d`, `12h`); never expires when left out.
+        #[arg(long)]
+        expires_in: Option<String>,
+        /// `table`, or `json`: the API's documents, with its field names.
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// List the tokens the coordinator keeps (never their secrets).
+    Ls {
+        /// `table`, or `json`: the API's documents, with its field names.
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Revoke a token by its id (`token ls`); it stops working at once.
+    Revoke { id: String },
+    /// Read a token from standard input and print its argon2 hash, for `--tokens-file`.
+    Hash,
+}
+
+#[derive(Subcommand, Debug)]
 pub enum NodeCommand {
     /// Lift a GPU's quarantine after looking at what was left on it (`headroom nodes`).
     Release { node: String, gpu: u32 },
@@ -123,32 +186,101 @@ pub enum PlanCommand {
 pub use config::parse_args;
 
 pub async fn run(cli: Cli) -> Result<i32> {
-    let api = Api::new(&cli.server)?;
-    command(&api, cli.command).await.map_err(client::with_hint)
+    let token = match (&cli.token, &cli.token_file) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(path)) => Some(client::read_token_file(path)?),
+        (None, None) => None,
+    };
+    let api = Api::new(&cli.server)?.with_token(token.as_ref().map(BearerToken::expose))?;
+    match cli.command {
+        Command::Up(args) => up::run(*args, token).await,
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "headroom", &mut std::io::stdout());
+            Ok(0)
+        }
+        Command::Token {
+            command: TokenCommand::Hash,
+        } => token_hash(),
+        command => command_on(&api, command)
+            .await
+            .map_err(|e| client::with_hint(e, &api)),
+    }
 }
 
-async fn command(api: &Api, command: Command) -> Result<i32> {
+/// `token hash`: the argon2 hash of a token read from standard input.
+fn token_hash() -> Result<i32> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("reading the token from standard input")?;
+    let token = line.trim();
+    if token.chars().count() < headroom_coordinator::auth::MIN_SECRET_LEN {
+        bail!(
+            "a token needs at least {} characters (e.g. `openssl rand -hex 24`)",
+            headroom_coordinator::auth::MIN_SECRET_LEN
+        );
+    }
+    println!(
+        "{}",
+        headroom_coordinator::auth::hash_secret(token).map_err(anyhow::Error::msg)?
+    );
+    Ok(0)
+}
+
+async fn command_on(api: &Api, command: Command) -> Result<i32> {
     match command {
-        Command::Up(args) => return up::run(*args).await,
+        Command::Up(_) | Command::Completions { .. } => unreachable_command()?,
         Command::Submit {
             file,
             wait,
             dry_run,
             seed,
         } => return submit(api, &file, wait, dry_run, seed).await,
-        Command::Ls { experiment, state } => {
+        Command::Ls {
+            experiment,
+            state,
+            output: format,
+        } => {
             let exp = resolve_experiment(api, experiment.as_deref()).await?;
-            output::jobs_table(&api.jobs(exp, state.as_deref()).await?);
+            let jobs = api.jobs(exp, state.as_deref()).await?;
+            match format {
+                Format::Table => output::jobs_table(&jobs),
+                Format::Json => output::json(&jobs)?,
+            }
         }
-        Command::Experiments => output::experiments_table(&api.experiments().await?),
-        Command::Show { id, telemetry } => {
+        Command::Experiments { output: format } => {
+            let exps = api.experiments().await?;
+            match format {
+                Format::Table => output::experiments_table(&exps),
+                Format::Json => output::json(&exps)?,
+            }
+        }
+        Command::Show {
+            id,
+            telemetry,
+            output: format,
+        } => {
             let job = api.job(id).await?;
-            output::job_detail(&job);
+            let mut series = Vec::new();
             if telemetry {
                 for a in &job.attempts_detail {
-                    let t = api.attempt_telemetry(a.id).await?;
-                    output::attempt_telemetry(a.number, &t);
+                    series.push((a.number, api.attempt_telemetry(a.id).await?));
                 }
+            }
+            match format {
+                Format::Table => {
+                    output::job_detail(&job);
+                    for (number, t) in &series {
+                        output::attempt_telemetry(*number, t);
+                    }
+                }
+                // With --telemetry: the job and its attempts' series, each as the API gives it.
+                Format::Json if telemetry => output::json(&serde_json::json!({
+                    "job": job,
+                    "telemetry": series.iter().map(|(_, t)| t).collect::<Vec<_>>(),
+                }))?,
+                Format::Json => output::json(&job)?,
             }
         }
         Command::Logs { id, follow } => output::logs(api, &id, follow).await?,
@@ -170,7 +302,14 @@ async fn command(api: &Api, command: Command) -> Result<i32> {
             api.retry(id).await?;
             println!("job {id} queued for another attempt");
         }
-        Command::Nodes => output::nodes_table(&api.nodes().await?),
+        Command::Nodes { output: format } => {
+            let nodes = api.nodes().await?;
+            match format {
+                Format::Table => output::nodes_table(&nodes),
+                Format::Json => output::json(&nodes)?,
+            }
+        }
+        Command::Token { command } => token(api, command).await?,
         Command::Plan {
             command: PlanCommand::Set { node, plan },
         } => {
@@ -204,6 +343,48 @@ async fn command(api: &Api, command: Command) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// A command `run` handles itself.
+fn unreachable_command() -> Result<()> {
+    bail!("internal: command dispatched twice")
+}
+
+async fn token(api: &Api, command: TokenCommand) -> Result<()> {
+    match command {
+        TokenCommand::Create {
+            name,
+            role,
+            expires_in,
+            output: format,
+        } => {
+            let t = api.create_token(&name, role, expires_in.as_deref()).await?;
+            match format {
+                Format::Json => output::json(&t)?,
+                Format::Table => {
+                    println!("{}", t.token);
+                    eprintln!(
+                        "token {} for {} (role {}): shown this once, keep it secret; \
+                         revoke with `headroom token revoke {}`",
+                        t.view.id, t.view.name, t.view.role, t.view.id
+                    );
+                }
+            }
+        }
+        TokenCommand::Ls { output: format } => {
+            let tokens = api.tokens().await?;
+            match format {
+                Format::Table => output::tokens_table(&tokens),
+                Format::Json => output::json(&tokens)?,
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            let t = api.revoke_token(&id).await?;
+            println!("token {} ({}, role {}) revoked", t.id, t.name, t.role);
+        }
+        TokenCommand::Hash => token_hash().map(|_| ())?,
+    }
+    Ok(())
 }
 
 /// Reads a spec file (YAML or JSON) into the JSON document the API takes.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 use headroom_shared::api::{
     AttemptTelemetry, ExperimentSummary, GpuSeries, JobDetail, JobSummary, NodeView, PeakSource,
-    StateCounts, SubmitResponse, TelemetrySample,
+    StateCounts, SubmitResponse, TelemetrySample, TokenView,
 };
 use headroom_shared::expand::value_text;
 use headroom_shared::{AttemptId, ExperimentId, JobId, MemSize};
@@ -28,8 +28,8 @@ fn params_text(j: &JobSummary) -> String {
 
 pub fn jobs_table(jobs: &[JobSummary]) {
     println!(
-        "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  {:<21}  PARAMS",
-        "JOB", "EXPERIMENT", "INDEX", "STATE", "ATT", "NODE:GPUS", "FAILURE", "WAITING"
+        "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  {:<21}  {:<12}  PARAMS",
+        "JOB", "EXPERIMENT", "INDEX", "STATE", "ATT", "NODE:GPUS", "FAILURE", "WAITING", "BY"
     );
     for j in jobs {
         let place = match &j.node {
@@ -44,7 +44,7 @@ pub fn jobs_table(jobs: &[JobSummary]) {
             None => "-".into(),
         };
         println!(
-            "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  {:<21}  {}",
+            "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  {:<21}  {:<12}  {}",
             j.id,
             j.experiment_name,
             j.index,
@@ -53,6 +53,7 @@ pub fn jobs_table(jobs: &[JobSummary]) {
             place,
             j.last_failure.map(|f| f.as_str()).unwrap_or("-"),
             j.pending_reason.as_ref().map(|r| r.code()).unwrap_or("-"),
+            j.submitted_by,
             params_text(j)
         );
     }
@@ -72,14 +73,15 @@ fn counts_text(c: &StateCounts) -> String {
 
 pub fn experiments_table(exps: &[ExperimentSummary]) {
     println!(
-        "{:<36}  {:<20}  {:>6}  PROGRESS",
-        "EXPERIMENT", "NAME", "JOBS"
+        "{:<36}  {:<20}  {:<12}  {:>6}  PROGRESS",
+        "EXPERIMENT", "NAME", "BY", "JOBS"
     );
     for e in exps {
         println!(
-            "{:<36}  {:<20}  {:>6}  {}",
+            "{:<36}  {:<20}  {:<12}  {:>6}  {}",
             e.id,
             e.name,
+            e.submitted_by,
             e.counts.total(),
             counts_text(&e.counts)
         );
@@ -90,6 +92,7 @@ pub fn job_detail(d: &JobDetail) {
     let j = &d.summary;
     println!("job        {}", j.id);
     println!("experiment {} ({})", j.experiment_name, j.experiment);
+    println!("submitted  by {}", j.submitted_by);
     println!(
         "index      {} (config {}, run {})",
         j.index, j.config, j.run
@@ -372,6 +375,43 @@ pub fn nodes_table(nodes: &[NodeView]) {
 }
 
 /// What the coordinator warned about at submit (e.g. a job larger than every GPU).
+/// `--output`: tables for people, JSON (the API's own types and field names) for programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    #[default]
+    Table,
+    Json,
+}
+
+/// Prints `v` as the API returns it (pretty JSON).
+pub fn json<T: serde::Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+pub fn tokens_table(tokens: &[TokenView]) {
+    println!(
+        "{:<16}  {:<20}  {:<6}  {:<12}  {:<20}  {:<20}  REVOKED",
+        "ID", "NAME", "ROLE", "CREATED BY", "CREATED", "EXPIRES"
+    );
+    let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+        t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+            .unwrap_or_else(|| "-".into())
+    };
+    for t in tokens {
+        println!(
+            "{:<16}  {:<20}  {:<6}  {:<12}  {:<20}  {:<20}  {}",
+            t.id,
+            t.name,
+            t.role.as_str(),
+            t.created_by,
+            t.created_at.format("%Y-%m-%d %H:%M:%S"),
+            time(t.expires_at),
+            time(t.revoked_at)
+        );
+    }
+}
+
 pub fn warnings(resp: &SubmitResponse) {
     for w in &resp.warnings {
         eprintln!("warning: {w}");

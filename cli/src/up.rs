@@ -9,8 +9,11 @@ use clap::Args;
 use headroom_agent::agent::Agent;
 use headroom_agent::gpu;
 use headroom_agent::settings::AgentSettings;
+use headroom_coordinator::auth::{self, ConfigToken, Secret};
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::{Application, CoordinatorSettings};
+use headroom_shared::api::Role;
+use headroom_shared::client::BearerToken;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -43,7 +46,8 @@ fn init_tracing(quiet: bool) {
         .try_init();
 }
 
-pub async fn run(args: UpArgs) -> Result<i32> {
+/// `token`: the CLI's own (`--token`), for `--run`'s submission.
+pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     // First: a stop signal during start-up must stop us cleanly too.
     let shutdown = CancellationToken::new();
     headroom_shared::signals::cancel_on_stop_signal(shutdown.clone())?;
@@ -51,6 +55,7 @@ pub async fn run(args: UpArgs) -> Result<i32> {
     // Refused before anything starts: the agent could not stop its jobs before their leases
     // expire.
     headroom_agent::fence::FenceBudget::new(args.coordinator.lease_ttl, args.agent.kill_grace)?;
+    headroom_coordinator::app::check_exposure(&args.coordinator.config(PathBuf::new())?)?;
     let given_dir = &args.coordinator.data_dir;
     std::fs::create_dir_all(given_dir)
         .with_context(|| format!("creating data dir {}", given_dir.display()))?;
@@ -75,7 +80,26 @@ pub async fn run(args: UpArgs) -> Result<i32> {
             .await?
             .with_context(|| format!("opening the store {}", db.display()))?
     };
-    let config = args.coordinator.config(data_dir.clone());
+    let mut config = args.coordinator.config(data_dir.clone())?;
+    // With tokens on, the local agent needs one of role agent: unless one was given, it gets
+    // a fresh secret that lives as long as this process.
+    let mut agent_token = args.agent.agent_token.clone();
+    if !config.tokens.is_empty() && agent_token.is_none() {
+        let secret = auth::random_secret();
+        config.tokens.push(ConfigToken {
+            name: "local-agent".into(),
+            role: Role::Agent,
+            secret: Secret::Plain(secret.clone()),
+        });
+        agent_token = Some(secret.parse()?);
+    }
+    // `--run` submits as the CLI's token, else as the bootstrap admin.
+    let submit_token = token.or_else(|| {
+        args.coordinator
+            .admin_token
+            .as_ref()
+            .and_then(|t| t.0.parse().ok())
+    });
     let app = Application::build(config, Arc::new(store)).await?;
     let addr = app.local_addr();
     let url = format!("http://{addr}");
@@ -88,16 +112,16 @@ pub async fn run(args: UpArgs) -> Result<i32> {
     let tasks = TaskTracker::new();
     let coord_stop = CancellationToken::new();
     let coordinator = tasks.spawn(app.run(coord_stop.clone()));
-    let agent = Agent::new(
-        args.agent.agent_config(url.clone(), data_dir.join("agent")),
-        backend,
-    )?;
+    let mut agent_config = args.agent.agent_config(url.clone(), data_dir.join("agent"));
+    agent_config.token = agent_token;
+    let agent = Agent::new(agent_config, backend)?;
     let agent_task = tasks.spawn(agent.run(shutdown.clone()));
     tasks.close();
 
     let mut code = 0;
     if let Some(spec) = &args.run {
-        let api = crate::client::Api::new(&url)?;
+        let api = crate::client::Api::new(&url)?
+            .with_token(submit_token.as_ref().map(BearerToken::expose))?;
         tokio::select! {
             r = crate::submit(&api, spec, true, false, None) => {
                 code = match r {

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::{AppState, router};
+use crate::auth::Authenticator;
 use crate::config::CoordinatorConfig;
 use crate::logs::{LogError, LogStore};
 use crate::store::Store;
@@ -25,6 +26,13 @@ pub enum AppError {
     Logs(#[from] LogError),
     #[error("server: {0}")]
     Serve(std::io::Error),
+    #[error(
+        "refusing to listen on {addr} without tokens: anyone who can reach it could run \
+         commands on every GPU node. Give a bootstrap admin token (--admin-token or \
+         HEADROOM_ADMIN_TOKEN, e.g. `export HEADROOM_ADMIN_TOKEN=$(openssl rand -hex 24)`) or a \
+         tokens file (--tokens-file), or listen on a loopback address (127.0.0.1)"
+    )]
+    OpenToTheNetwork { addr: SocketAddr },
 }
 
 pub struct Application {
@@ -35,6 +43,7 @@ pub struct Application {
 impl Application {
     /// Binds `config.listen` (port 0 picks a free port) over `store`.
     pub async fn build(config: CoordinatorConfig, store: Arc<dyn Store>) -> Result<Self, AppError> {
+        check_exposure(&config)?;
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| AppError::Bind {
@@ -44,6 +53,7 @@ impl Application {
         let logs = LogStore::new(config.data_dir.join("logs"))?;
         let state = AppState {
             changes: store.changes(),
+            auth: Arc::new(Authenticator::new(config.tokens.clone(), store.clone())),
             store,
             logs,
             config: Arc::new(config),
@@ -141,6 +151,17 @@ async fn prune_telemetry(state: AppState, shutdown: CancellationToken) {
             tracing::debug!(rows = total, "old telemetry pruned");
         }
     }
+}
+
+/// A coordinator reachable beyond this machine must require tokens: refused otherwise, before
+/// anything is opened (binaries call it first; `Application::build` checks again).
+pub fn check_exposure(config: &CoordinatorConfig) -> Result<(), AppError> {
+    if config.tokens.is_empty() && !config.listen.ip().is_loopback() {
+        return Err(AppError::OpenToTheNetwork {
+            addr: config.listen,
+        });
+    }
+    Ok(())
 }
 
 /// Marks attempts whose agent went silent as lost, a few times per lease TTL.

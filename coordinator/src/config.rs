@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use headroom_shared::settings::duration;
+
+use crate::auth::{self, ConfigToken, TokenConfigError};
 use headroom_shared::spec::DEFAULT_MAX_JOBS;
 
 /// The coordinator's settings, as flags (config-file keys are the same names).
@@ -38,19 +40,57 @@ pub struct CoordinatorSettings {
         default_value_t = 100_000
     )]
     pub telemetry_max_samples: u64,
+    /// Bootstrap admin token (at least 16 characters). With it, or a tokens file, every
+    /// request needs a token; without either the coordinator listens on loopback only.
+    #[arg(long, env = "HEADROOM_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<SecretArg>,
+    /// TOML file of `[[tokens]]` with `name`, `role` (admin, user, agent) and `token_hash`
+    /// (from `headroom token hash`).
+    #[arg(long, env = "HEADROOM_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+}
+
+/// A secret given on the command line or in the environment: never shown by `Debug`.
+#[derive(Clone)]
+pub struct SecretArg(pub String);
+
+impl std::fmt::Debug for SecretArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl std::str::FromStr for SecretArg {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_string()))
+    }
 }
 
 impl CoordinatorSettings {
     /// The configuration to run with; `data_dir` is the settings' directory, resolved.
-    pub fn config(&self, data_dir: PathBuf) -> CoordinatorConfig {
-        CoordinatorConfig {
+    pub fn config(&self, data_dir: PathBuf) -> Result<CoordinatorConfig, TokenConfigError> {
+        Ok(CoordinatorConfig {
             lease_ttl: self.lease_ttl,
             max_jobs: self.max_jobs,
             long_poll: self.long_poll,
             telemetry_retention: self.telemetry_retention,
             telemetry_max_samples: self.telemetry_max_samples,
+            tokens: self.tokens()?,
             ..CoordinatorConfig::new(self.listen, data_dir)
+        })
+    }
+
+    /// The configured tokens: the bootstrap admin token, then the tokens file's.
+    pub fn tokens(&self) -> Result<Vec<ConfigToken>, TokenConfigError> {
+        let mut tokens = Vec::new();
+        if let Some(SecretArg(secret)) = &self.admin_token {
+            tokens.push(auth::admin_token(secret)?);
         }
+        if let Some(path) = &self.tokens_file {
+            tokens.extend(auth::read_tokens_file(path)?);
+        }
+        Ok(tokens)
     }
 }
 
@@ -76,6 +116,8 @@ pub struct CoordinatorConfig {
     pub telemetry_max_samples: u64,
     /// How often retention is applied.
     pub telemetry_prune_every: Duration,
+    /// Configured tokens; none: every request is the anonymous admin (loopback only).
+    pub tokens: Vec<ConfigToken>,
 }
 
 impl CoordinatorConfig {
@@ -91,6 +133,7 @@ impl CoordinatorConfig {
             telemetry_retention: Duration::from_secs(24 * 3600),
             telemetry_max_samples: 100_000,
             telemetry_prune_every: Duration::from_secs(60),
+            tokens: Vec::new(),
         }
     }
 }

@@ -70,10 +70,11 @@ async fn main() -> anyhow::Result<()> {
     headroom_shared::signals::cancel_on_stop_signal(stop.clone())?;
     let args: Args = headroom_shared::settings::parse()?;
     let data_dir = &args.settings.data_dir;
+    let config = args.settings.config(data_dir.clone())?;
+    headroom_coordinator::app::check_exposure(&config)?;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating data dir {}", data_dir.display()))?;
     let store = open_store(args.database_url.as_deref(), data_dir).await?;
-    let config = args.settings.config(data_dir.clone());
     let app = Application::build(config, store).await?;
     println!(
         "headroom: coordinator listening on http://{}",

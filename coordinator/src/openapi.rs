@@ -7,11 +7,11 @@ use std::sync::OnceLock;
 
 use headroom_shared::api::{
     Ack, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse, ClaimRequest,
-    ClaimResponse, ErrorBody, ExperimentSummary, ExportQuery, FinishReport, FinishResponse,
-    GpuSeries, HandBackRequest, Health, HeartbeatRequest, HeartbeatResponse, JobDetail, JobSummary,
-    JobsQuery, LogAppended, LogChunkQuery, LogQuery, NodeView, Progress, ProgressQuery,
-    RegisterRequest, RegisterResponse, Released, RetryResponse, SetPlanRequest, StartReport,
-    SubmitRequest, SubmitResponse, TelemetryQuery,
+    ClaimResponse, CreateTokenRequest, CreatedToken, ErrorBody, ExperimentSummary, ExportQuery,
+    FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest,
+    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LogAppended, LogChunkQuery, LogQuery,
+    NodeView, Progress, ProgressQuery, RegisterRequest, RegisterResponse, Released, RetryResponse,
+    SetPlanRequest, StartReport, SubmitRequest, SubmitResponse, TelemetryQuery, TokenView,
 };
 use headroom_shared::routes::{self, Access, Method, Route};
 use utoipa::openapi::path::{
@@ -248,6 +248,18 @@ fn table() -> Vec<(Route, RouteDoc)> {
             doc("gpuTelemetry", "nodes", Json(one::<GpuSeries>)).query(query::<TelemetryQuery>),
         ),
         (
+            r::TOKENS,
+            doc("listTokens", "tokens", Json(list::<TokenView>)),
+        ),
+        (
+            r::CREATE_TOKEN,
+            doc("createToken", "tokens", Json(one::<CreatedToken>)).body(one::<CreateTokenRequest>),
+        ),
+        (
+            r::REVOKE_TOKEN,
+            doc("revokeToken", "tokens", Json(one::<TokenView>)),
+        ),
+        (
             r::ATTEMPT_TELEMETRY,
             doc("attemptTelemetry", "jobs", Json(one::<AttemptTelemetry>))
                 .query(query::<AttemptTelemetryQuery>),
@@ -265,7 +277,7 @@ const ERRORS: &[(u16, &str, &str)] = &[
     (
         401,
         "Unauthorized",
-        "No token, or a wrong or expired one (`unauthorized`)",
+        "No token, or a wrong, revoked or expired one (`unauthenticated`)",
     ),
     (
         403,

@@ -5,9 +5,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use headroom_shared::api::{
-    AttemptPhase, AttemptRef, FinishReport, GpuSample, Headroom, PeakSource,
+    AttemptPhase, AttemptRef, FinishReport, GpuSample, Headroom, PeakSource, Principal, Role,
 };
 use headroom_shared::pending::PendingReason;
+use headroom_shared::routes::Access;
 use headroom_shared::{AttemptId, FailureClass, JobEvent, Plan};
 use serde_json::Value;
 
@@ -486,6 +487,55 @@ pub fn merge_registration(
     Ok((plan, headroom))
 }
 
+// ---- who may do what -------------------------------------------------------------------
+
+/// Whether a role may call a route of this access class; `Err` carries the role(s) needed,
+/// for the 403 message. `Owner` routes admit users here: `may_act_on` decides per row.
+pub fn may_call(access: Access, role: Role) -> std::result::Result<(), &'static str> {
+    let allowed = match access {
+        Access::Public => true,
+        Access::User | Access::Owner => matches!(role, Role::User | Role::Admin),
+        Access::Admin => role == Role::Admin,
+        Access::Agent => role == Role::Agent,
+    };
+    if allowed {
+        return Ok(());
+    }
+    Err(match access {
+        Access::Public => "none",
+        Access::User | Access::Owner => "user or admin",
+        Access::Admin => "admin",
+        Access::Agent => "agent",
+    })
+}
+
+/// Why a stored token whose secret matched is still refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenRefusal {
+    Revoked,
+    Expired,
+}
+
+/// A stored token works until revoked or past its expiry (`now` in ms since the epoch).
+pub fn token_usable(
+    revoked_at: Option<Millis>,
+    expires_at: Option<Millis>,
+    now: Millis,
+) -> std::result::Result<(), TokenRefusal> {
+    if revoked_at.is_some() {
+        Err(TokenRefusal::Revoked)
+    } else if expires_at.is_some_and(|e| e <= now) {
+        Err(TokenRefusal::Expired)
+    } else {
+        Ok(())
+    }
+}
+
+/// Cancel and retry: the submitter may act on what they submitted, an admin on anything.
+pub fn may_act_on(who: &Principal, submitted_by: &str) -> bool {
+    who.role == Role::Admin || (who.role == Role::User && who.name == submitted_by)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -698,5 +748,49 @@ mod tests {
         assert!(memory_freed(&[], &[s(10)]));
         assert!(memory_freed(&[s(5)], &[s(10)]));
         assert!(!memory_freed(&[s(10)], &[s(10)]));
+    }
+
+    #[test]
+    fn each_access_class_admits_exactly_its_roles() {
+        use headroom_shared::api::Role::{Admin, Agent, User};
+        let cases = [
+            (Access::Public, [true, true, true]),
+            (Access::User, [true, true, false]),
+            (Access::Owner, [true, true, false]),
+            (Access::Admin, [true, false, false]),
+            (Access::Agent, [false, false, true]),
+        ];
+        for (access, want) in cases {
+            for (role, ok) in [Admin, User, Agent].into_iter().zip(want) {
+                assert_eq!(may_call(access, role).is_ok(), ok, "{access:?} {role}");
+            }
+        }
+        assert_eq!(may_call(Access::Agent, User), Err("agent"));
+        assert_eq!(may_call(Access::Admin, Agent), Err("admin"));
+    }
+
+    #[test]
+    fn tokens_work_until_revoked_or_expired() {
+        assert_eq!(token_usable(None, None, 5), Ok(()));
+        assert_eq!(token_usable(None, Some(6), 5), Ok(()));
+        assert_eq!(token_usable(None, Some(5), 5), Err(TokenRefusal::Expired));
+        assert_eq!(
+            token_usable(Some(1), Some(9), 5),
+            Err(TokenRefusal::Revoked)
+        );
+    }
+
+    #[test]
+    fn only_the_submitter_or_an_admin_may_act_on_a_run() {
+        use headroom_shared::api::Role::{Admin, Agent, User};
+        let p = |name: &str, role| Principal {
+            name: name.into(),
+            role,
+        };
+        assert!(may_act_on(&p("alice", User), "alice"));
+        assert!(!may_act_on(&p("alice", User), "bob"));
+        assert!(may_act_on(&p("root", Admin), "bob"));
+        // An agent token named like the submitter is still no user.
+        assert!(!may_act_on(&p("bob", Agent), "bob"));
     }
 }

@@ -8,11 +8,11 @@ use chrono::Utc;
 use headroom_coordinator::store::postgres::PostgresStore;
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::store::{
-    ClaimInput, JobFilter, NewExperiment, NewJob, Registration, Renewal, Renewed, Retention,
-    SeriesWindow, Store, StoreError,
+    ClaimInput, JobFilter, NewExperiment, NewJob, NewToken, Registration, Renewal, Renewed,
+    Retention, SeriesWindow, Store, StoreError,
 };
 use headroom_shared::api::{
-    AttemptRef, FinishReport, GpuInfo, GpuSample, Lease, PeakSource, TelemetrySample,
+    AttemptRef, FinishReport, GpuInfo, GpuSample, Lease, PeakSource, Role, TelemetrySample,
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, ExperimentId, FailureClass, JobId, JobState, Plan};
@@ -143,6 +143,10 @@ fn job(
 }
 
 async fn submit(s: &Backend, jobs: Vec<NewJob>) -> ExperimentId {
+    submit_as(s, "anonymous", jobs).await
+}
+
+async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
     let id = ExperimentId::new();
     s.create_experiment(NewExperiment {
         id,
@@ -150,6 +154,7 @@ async fn submit(s: &Backend, jobs: Vec<NewJob>) -> ExperimentId {
         seed: 1,
         spec: serde_json::json!({}),
         jobs,
+        submitted_by: who.into(),
     })
     .await
     .expect("create experiment");
@@ -1212,6 +1217,80 @@ async fn telemetry_is_stored_per_gpu_and_served_per_attempt(s: Backend) {
     ));
 }
 
+/// Tokens are kept with their hash, listed without it, revoked once (the first time stays),
+/// and ids are unique.
+async fn tokens_are_created_found_listed_and_revoked(s: Backend) {
+    let new = |id: &str, name: &str, role| NewToken {
+        id: id.into(),
+        name: name.into(),
+        role,
+        secret_hash: format!("$argon2id$hash-of-{id}"),
+        created_by: "admin".into(),
+        expires_at: (id == "n1").then_some(4_102_444_800_000),
+    };
+    let alice = s
+        .create_token(new("a1", "alice", Role::User))
+        .await
+        .expect("create alice");
+    assert_eq!(
+        (alice.id.as_str(), alice.name.as_str(), alice.role),
+        ("a1", "alice", Role::User)
+    );
+    assert_eq!(alice.created_by, "admin");
+    assert!(alice.revoked_at.is_none());
+    s.create_token(new("n1", "node-1", Role::Agent))
+        .await
+        .expect("create agent");
+    let dup = s.create_token(new("a1", "mallory", Role::Admin)).await;
+    assert!(dup.is_err(), "a second token with id a1: {dup:?}");
+    let found = s.token_by_id("a1").await.expect("by id");
+    assert_eq!(found.secret_hash, "$argon2id$hash-of-a1");
+    assert_eq!(found.view.name, "alice", "the duplicate changed nothing");
+    assert!(found.view.expires_at.is_none());
+    let agent = s.token_by_id("n1").await.expect("by id").view;
+    assert_eq!(
+        agent.expires_at.map(|t| t.timestamp_millis()),
+        Some(4_102_444_800_000)
+    );
+    assert!(matches!(
+        s.token_by_id("nope").await,
+        Err(StoreError::NotFound { .. })
+    ));
+    let listed = s.list_tokens().await.expect("list");
+    let mut ids: Vec<&str> = listed.iter().map(|t| t.id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["a1", "n1"]);
+    let revoked = s.revoke_token("a1").await.expect("revoke");
+    let at = revoked.revoked_at.expect("revoked time");
+    let again = s.revoke_token("a1").await.expect("revoke again");
+    assert_eq!(
+        again.revoked_at,
+        Some(at),
+        "the first revocation time stays"
+    );
+    assert!(
+        s.token_by_id("a1")
+            .await
+            .expect("by id")
+            .view
+            .revoked_at
+            .is_some()
+    );
+    assert!(
+        s.token_by_id("n1")
+            .await
+            .expect("by id")
+            .view
+            .revoked_at
+            .is_none(),
+        "only that token"
+    );
+    assert!(matches!(
+        s.revoke_token("nope").await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
 async fn telemetry_retention_prunes_by_age_and_count_in_batches(s: Backend) {
     let agent = register(&s, "n1", 2, None).await;
     let base = 1_700_000_000_000;
@@ -1270,6 +1349,43 @@ async fn pending_reasons_are_counted(s: Backend) {
     assert_eq!(counts, vec![("no_free_slot".to_string(), 1)]);
 }
 
+/// The submitter is recorded on the experiment, each of its jobs and each attempt.
+async fn runs_record_who_submitted_them(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    let exp = submit_as(&s, "alice", vec![job(0, Some(1000), vec![], 1)]).await;
+    let other = submit_as(&s, "bob", vec![job(1, Some(1000), vec![], 1)]).await;
+    assert_eq!(s.experiment(exp).await.expect("exp").submitted_by, "alice");
+    let listed = s.list_experiments().await.expect("list");
+    let by: Vec<(ExperimentId, &str)> = listed
+        .iter()
+        .map(|e| (e.id, e.submitted_by.as_str()))
+        .collect();
+    assert!(
+        by.contains(&(exp, "alice")) && by.contains(&(other, "bob")),
+        "{by:?}"
+    );
+    let jobs = s
+        .list_jobs(JobFilter {
+            experiment: Some(exp),
+            ..Default::default()
+        })
+        .await
+        .expect("jobs");
+    assert_eq!(jobs[0].submitted_by, "alice");
+    let leases = claim(&s, agent, 1).await;
+    assert_eq!(leases.len(), 1, "one GPU, one slot");
+    let attempt = s.attempt(leases[0].attempt).await.expect("attempt");
+    let owner = if leases[0].job == jobs[0].id {
+        "alice"
+    } else {
+        "bob"
+    };
+    assert_eq!(attempt.submitted_by, owner);
+    let detail = s.job(leases[0].job).await.expect("job");
+    assert_eq!(detail.summary.submitted_by, owner);
+    assert_eq!(detail.attempts_detail[0].submitted_by, owner);
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -1313,6 +1429,8 @@ conformance!(sqlite, postgres: [
     telemetry_is_stored_per_gpu_and_served_per_attempt,
     telemetry_retention_prunes_by_age_and_count_in_batches,
     pending_reasons_are_counted,
+    tokens_are_created_found_listed_and_revoked,
+    runs_record_who_submitted_them,
 ]);
 
 // ---- both backends side by side, and what only PostgreSQL does --------------------------

@@ -49,6 +49,10 @@ pub enum ErrorCode {
     Conflict,
     /// The store cannot be reached; try again. 503.
     StoreUnavailable,
+    /// No token, or one the coordinator does not know (wrong, revoked). 401.
+    Unauthenticated,
+    /// The token's role may not do this; the message names the role needed. 403.
+    Forbidden,
     /// A bug or a corrupt row. 500.
     Internal,
     /// A code this build does not know (a newer server).
@@ -62,6 +66,8 @@ impl ErrorCode {
         match self {
             ErrorCode::Invalid => 422,
             ErrorCode::BadRequest => 400,
+            ErrorCode::Unauthenticated => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::StaleFence | ErrorCode::UnknownAgent | ErrorCode::Conflict => 409,
             ErrorCode::StoreUnavailable => 503,
@@ -73,6 +79,8 @@ impl ErrorCode {
         match self {
             ErrorCode::Invalid => "invalid",
             ErrorCode::BadRequest => "bad_request",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotFound => "not_found",
             ErrorCode::StaleFence => "stale_fence",
             ErrorCode::UnknownAgent => "unknown_agent",
@@ -173,6 +181,9 @@ pub struct ExperimentSummary {
     pub seed: u64,
     pub created_at: DateTime<Utc>,
     pub counts: StateCounts,
+    /// Name of the token that submitted it (`anonymous` where the coordinator has no tokens).
+    #[serde(default = "anonymous")]
+    pub submitted_by: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -196,6 +207,9 @@ pub struct JobSummary {
     pub gpu_indices: Vec<u32>,
     pub last_failure: Option<FailureClass>,
     pub created_at: DateTime<Utc>,
+    /// Name of the token that submitted the job's experiment.
+    #[serde(default = "anonymous")]
+    pub submitted_by: String,
     /// Why a waiting (`queued` or `retrying`) job is not running yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_reason: Option<PendingReason>,
@@ -266,6 +280,9 @@ pub struct AttemptView {
     /// A process of no attempt used its GPU while it ran (energy figures are suspect).
     #[serde(default)]
     pub contaminated: Option<bool>,
+    /// Name of the token that submitted the attempt's experiment.
+    #[serde(default = "anonymous")]
+    pub submitted_by: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -878,4 +895,107 @@ mod tests {
         .expect("a newer server's code still decodes");
         assert_eq!(newer.error.code, ErrorCode::Unknown);
     }
+}
+
+// ---- tokens and roles ------------------------------------------------------------------
+
+/// Who a request acts as where the coordinator has no tokens (loopback only): an admin.
+pub const ANONYMOUS: &str = "anonymous";
+
+fn anonymous() -> String {
+    ANONYMOUS.to_string()
+}
+
+/// What a token may do: `admin` (everything a user may, plus plans, quarantines and
+/// tokens), `user` (read, submit, cancel and retry their own), `agent` (register, claim,
+/// heartbeat and report).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Admin,
+    User,
+    Agent,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::User => "user",
+            Role::Agent => "agent",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "admin" => Ok(Role::Admin),
+            "user" => Ok(Role::User),
+            "agent" => Ok(Role::Agent),
+            other => Err(format!("`{other}` is not a role (admin, user or agent)")),
+        }
+    }
+}
+
+/// The identity a request acts as: a token's name and role.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    pub name: String,
+    pub role: Role,
+}
+
+impl Principal {
+    /// Where the coordinator has no tokens: everything is allowed, as before tokens existed.
+    pub fn anonymous() -> Self {
+        Self {
+            name: ANONYMOUS.to_string(),
+            role: Role::Admin,
+        }
+    }
+}
+
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTokenRequest {
+    /// Who holds it (`alice`, `gpu-node-3`): letters, digits, `_ - . @`.
+    pub name: String,
+    pub role: Role,
+    /// How long it works (`90d`, `12h`); never expires when left out.
+    #[serde(default)]
+    pub expires_in: Option<String>,
+}
+
+/// A token the coordinator keeps (its secret is stored hashed and never shown again).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TokenView {
+    /// The public part of the token (`hr_<id>_...`), for `token revoke`.
+    pub id: String,
+    pub name: String,
+    pub role: Role,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+    /// After this the token is refused (401); `None`: never.
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// A new token: `token` is the secret, shown this once.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreatedToken {
+    pub token: String,
+    #[serde(flatten)]
+    pub view: TokenView,
 }

@@ -5,17 +5,17 @@
 use std::fmt;
 use std::time::Duration;
 
-use reqwest::header::HeaderMap;
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::api::{
-    Ack, AttemptTelemetry, CancelResponse, ClaimRequest, ClaimResponse, ErrorBody, ErrorCode,
-    ExperimentSummary, ExportQuery, FinishReport, FinishResponse, GpuSeries, HandBackRequest,
-    Health, HeartbeatRequest, HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LogAppended,
-    LogChunkQuery, LogQuery, NodeView, Progress, ProgressQuery, RegisterRequest, RegisterResponse,
-    Released, RetryResponse, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
-    TelemetryQuery,
+    Ack, AttemptTelemetry, CancelResponse, ClaimRequest, ClaimResponse, CreateTokenRequest,
+    CreatedToken, ErrorBody, ErrorCode, ExperimentSummary, ExportQuery, FinishReport,
+    FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest, HeartbeatResponse,
+    JobDetail, JobSummary, JobsQuery, LogAppended, LogChunkQuery, LogQuery, NodeView, Progress,
+    ProgressQuery, RegisterRequest, RegisterResponse, Released, RetryResponse, Role,
+    SetPlanRequest, StartReport, SubmitRequest, SubmitResponse, TelemetryQuery, TokenView,
 };
 use crate::ids::{AgentId, AttemptId, ExperimentId, JobId};
 use crate::routes::{self, Method, Route};
@@ -61,6 +61,9 @@ pub enum ClientError {
     },
     #[error("cannot build the HTTP client: {0}")]
     Build(#[source] reqwest::Error),
+    /// A token that cannot go in a header (a newline, a non-ASCII character).
+    #[error("the token is not usable in an HTTP header (control or non-ASCII characters)")]
+    BadToken,
 }
 
 fn refusal_text(field: &Option<String>, message: &str) -> String {
@@ -91,8 +94,34 @@ impl ClientError {
             }
             // A proxy's 502/503 page while the coordinator restarts.
             ClientError::Unexpected { status, .. } => *status >= 500,
-            ClientError::Stale(_) | ClientError::UnknownAgent(_) | ClientError::Build(_) => false,
+            ClientError::Stale(_)
+            | ClientError::UnknownAgent(_)
+            | ClientError::Build(_)
+            | ClientError::BadToken => false,
         }
+    }
+}
+
+/// A bearer token as configured (flag, variable, file): `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BearerToken(String);
+
+impl BearerToken {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl std::str::FromStr for BearerToken {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.trim().to_string()))
     }
 }
 
@@ -109,6 +138,8 @@ pub struct LogChunk {
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    /// `Bearer <token>`, marked sensitive so no debug output shows it.
+    auth: Option<HeaderValue>,
 }
 
 impl fmt::Debug for Client {
@@ -129,7 +160,28 @@ impl Client {
         Ok(Self {
             http,
             base: base.trim_end_matches('/').to_string(),
+            auth: None,
         })
+    }
+
+    /// The same client sending `Authorization: Bearer <token>` on every call (none when
+    /// `token` is `None` or blank).
+    pub fn with_token(mut self, token: Option<&str>) -> Result<Self, ClientError> {
+        self.auth = match token.map(str::trim).filter(|t| !t.is_empty()) {
+            Some(t) => {
+                let mut v = HeaderValue::from_str(&format!("Bearer {t}"))
+                    .map_err(|_| ClientError::BadToken)?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+            None => None,
+        };
+        Ok(self)
+    }
+
+    /// Whether calls carry a token.
+    pub fn has_token(&self) -> bool {
+        self.auth.is_some()
     }
 
     pub fn base(&self) -> &str {
@@ -149,7 +201,14 @@ impl Client {
             Method::Post => reqwest::Method::POST,
             Method::Put => reqwest::Method::PUT,
         };
-        self.http.request(method, url).timeout(timeout)
+        self.authorized(self.http.request(method, url).timeout(timeout))
+    }
+
+    fn authorized(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.auth {
+            Some(v) => req.header(AUTHORIZATION, v.clone()),
+            None => req,
+        }
     }
 
     /// Sends, and returns the headers and body of a 2xx answer, or the decoded error.
@@ -403,6 +462,35 @@ impl Client {
         self.get(routes::ATTEMPT_TELEMETRY, &[&attempt]).await
     }
 
+    // ---- tokens (admins) ---------------------------------------------------------------
+
+    /// Creates a token, expiring after `expires_in` (`90d`) when given; the answer carries
+    /// its secret, which is shown this once.
+    pub async fn create_token(
+        &self,
+        name: &str,
+        role: Role,
+        expires_in: Option<&str>,
+    ) -> Result<CreatedToken, ClientError> {
+        let req = CreateTokenRequest {
+            name: name.to_string(),
+            role,
+            expires_in: expires_in.map(str::to_string),
+        };
+        self.call(routes::CREATE_TOKEN, &[], Some(&req), DEFAULT_TIMEOUT)
+            .await
+    }
+
+    pub async fn tokens(&self) -> Result<Vec<TokenView>, ClientError> {
+        self.get(routes::TOKENS, &[]).await
+    }
+
+    /// Revokes a token by its id (`token ls`); it stops working at once.
+    pub async fn revoke_token(&self, id: &str) -> Result<TokenView, ClientError> {
+        self.call::<(), _>(routes::REVOKE_TOKEN, &[&id], None, DEFAULT_TIMEOUT)
+            .await
+    }
+
     // ---- agents ----------------------------------------------------------------------
 
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, ClientError> {
@@ -509,10 +597,11 @@ impl Client {
             Method::Post => reqwest::Method::POST,
             Method::Put => reqwest::Method::PUT,
         };
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .timeout(DEFAULT_TIMEOUT * 2);
+        let mut req = self.authorized(
+            self.http
+                .request(method, format!("{}{path}", self.base))
+                .timeout(DEFAULT_TIMEOUT * 2),
+        );
         if let Some(b) = body {
             req = req.json(b);
         }

@@ -202,6 +202,20 @@ pub const ATTEMPT_TELEMETRY: Route = Route::new(
 /// only aggregate counts and histograms, no names, ids, commands or parameters.
 pub const METRICS: Route = Route::new(Get, "/metrics", Public, "Prometheus metrics");
 
+pub const TOKENS: Route = Route::new(Get, "/v1/tokens", Admin, "Tokens the coordinator keeps");
+pub const CREATE_TOKEN: Route = Route::new(
+    Post,
+    "/v1/tokens",
+    Admin,
+    "Create a token (its secret is returned once)",
+);
+pub const REVOKE_TOKEN: Route = Route::new(
+    Post,
+    "/v1/tokens/{id}/revoke",
+    Admin,
+    "Revoke a token at once",
+);
+
 /// Every route, in the order the API documents them.
 pub const ALL: &[Route] = &[
     HEALTH,
@@ -229,6 +243,9 @@ pub const ALL: &[Route] = &[
     HEARTBEAT,
     GPU_TELEMETRY,
     ATTEMPT_TELEMETRY,
+    TOKENS,
+    CREATE_TOKEN,
+    REVOKE_TOKEN,
 ];
 
 /// Response headers of `READ_LOG`: where the next read starts, and whether the attempt ended.

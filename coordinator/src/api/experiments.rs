@@ -2,12 +2,13 @@
 
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use headroom_shared::api::{
-    CancelResponse, ExperimentSummary, ExportQuery, Health, Progress, ProgressQuery, SubmitRequest,
-    SubmitResponse,
+    CancelResponse, ExperimentSummary, ExportQuery, Health, Principal, Progress, ProgressQuery,
+    SubmitRequest, SubmitResponse,
 };
 use headroom_shared::expand::{expand, memory_key};
 use headroom_shared::pending::PendingReason;
@@ -15,7 +16,7 @@ use headroom_shared::profile;
 use headroom_shared::spec::ExperimentSpec;
 use headroom_shared::{ExperimentId, JobId};
 
-use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, parse_id};
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, check_owner, parse_id};
 use crate::store::{NewExperiment, NewJob};
 
 pub async fn health(State(s): State<AppState>) -> ApiResult<Health> {
@@ -28,6 +29,7 @@ pub async fn health(State(s): State<AppState>) -> ApiResult<Health> {
 
 pub async fn submit(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiJson(req): ApiJson<SubmitRequest>,
 ) -> ApiResult<SubmitResponse> {
     let spec = ExperimentSpec::from_value(req.spec)?;
@@ -99,9 +101,10 @@ pub async fn submit(
             seed,
             spec: serde_json::to_value(&spec).unwrap_or_default(),
             jobs,
+            submitted_by: who.name,
         })
         .await?;
-    tracing::info!(experiment = %stored.id, name = %stored.name, jobs = count, "experiment submitted");
+    tracing::info!(experiment = %stored.id, name = %stored.name, jobs = count, by = %stored.submitted_by, "experiment submitted");
     Ok(ApiJson(SubmitResponse {
         experiment: Some(stored.id),
         name: stored.name,
@@ -159,12 +162,13 @@ pub async fn get_one(
 
 pub async fn cancel(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<CancelResponse> {
-    let cancelled = s
-        .store
-        .cancel_experiment(parse_id(&id, "experiment")?)
-        .await?;
+    let id: ExperimentId = parse_id(&id, "experiment")?;
+    let exp = s.store.experiment(id).await?;
+    check_owner(&who, &exp.submitted_by, &format!("experiment {id}"))?;
+    let cancelled = s.store.cancel_experiment(id).await?;
     Ok(ApiJson(CancelResponse { cancelled }))
 }
 

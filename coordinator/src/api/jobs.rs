@@ -2,16 +2,17 @@
 
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::IntoResponse;
 use headroom_shared::api::{
     AttemptPhase, AttemptView, CancelResponse, JobDetail, JobSummary, JobsQuery, LogQuery,
-    RetryResponse,
+    Principal, RetryResponse,
 };
-use headroom_shared::{AttemptId, JobState, routes};
+use headroom_shared::{AttemptId, JobId, JobState, routes};
 
-use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, parse_id};
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, check_owner, parse_id};
 use crate::placement::{LiveNode, read_time_reason};
 use crate::store::JobFilter;
 
@@ -82,17 +83,25 @@ async fn read_time_reasons<'a>(
 
 pub async fn cancel(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<CancelResponse> {
-    let cancelled = s.store.cancel_job(parse_id(&id, "job")?).await?;
+    let id: JobId = parse_id(&id, "job")?;
+    let job = s.store.job(id).await?;
+    check_owner(&who, &job.summary.submitted_by, &format!("job {id}"))?;
+    let cancelled = s.store.cancel_job(id).await?;
     Ok(ApiJson(CancelResponse { cancelled }))
 }
 
 pub async fn retry(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<RetryResponse> {
-    let state = s.store.retry_job(parse_id(&id, "job")?).await?;
+    let id: JobId = parse_id(&id, "job")?;
+    let job = s.store.job(id).await?;
+    check_owner(&who, &job.summary.submitted_by, &format!("job {id}"))?;
+    let state = s.store.retry_job(id).await?;
     Ok(ApiJson(RetryResponse { state }))
 }
 

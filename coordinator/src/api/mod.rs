@@ -4,11 +4,16 @@
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
 use axum::handler::Handler;
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post, put};
-use headroom_shared::api::{ErrorCode, GpuSample};
-use headroom_shared::routes::{Method, Route};
+use headroom_shared::api::{ErrorCode, GpuSample, Principal};
+use headroom_shared::routes::{self, Access, Method, Route};
 
+use crate::auth::{AuthError, Authenticator};
 use crate::changes::Changes;
 use crate::config::CoordinatorConfig;
 use crate::logs::LogStore;
@@ -20,6 +25,7 @@ mod experiments;
 mod jobs;
 mod nodes;
 mod telemetry;
+mod tokens;
 
 pub use error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 
@@ -31,6 +37,8 @@ pub struct AppState {
     pub logs: LogStore,
     pub config: Arc<CoordinatorConfig>,
     pub metrics: crate::metrics::CoordinatorMetrics,
+    /// Who each request is (bearer tokens).
+    pub auth: Arc<Authenticator>,
 }
 
 /// The router, built from the shared route table (`headroom_shared::routes`): the method
@@ -64,13 +72,19 @@ pub fn router(state: AppState) -> Router {
         .route(r::REGISTER.path, on(r::REGISTER, agents::register))
         .route(r::CLAIM.path, on(r::CLAIM, agents::claim))
         .route(r::HEARTBEAT.path, on(r::HEARTBEAT, agents::heartbeat))
-        // Public, outside `/v1`: the description of everything above.
-        .route(OPENAPI_PATH, get(openapi_json))
         .route(r::GPU_TELEMETRY.path, on(r::GPU_TELEMETRY, telemetry::gpu))
         .route(
             r::ATTEMPT_TELEMETRY.path,
             on(r::ATTEMPT_TELEMETRY, telemetry::attempt),
         )
+        .route(r::TOKENS.path, on(r::TOKENS, tokens::list))
+        .route(r::CREATE_TOKEN.path, on(r::CREATE_TOKEN, tokens::create))
+        .route(r::REVOKE_TOKEN.path, on(r::REVOKE_TOKEN, tokens::revoke))
+        // One gate for every route above, deciding by the route table's `access` (`authorize`).
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize))
+        // Public, outside the table and the gate: the description of everything above, and
+        // the Prometheus page (counts only; scrapers are set up per target).
+        .route(OPENAPI_PATH, get(openapi_json))
         .route(r::METRICS.path, on(r::METRICS, telemetry::metrics))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route (see /v1/...)") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
@@ -82,6 +96,87 @@ pub const OPENAPI_PATH: &str = "/openapi.json";
 
 async fn openapi_json() -> axum::Json<&'static utoipa::openapi::OpenApi> {
     axum::Json(crate::openapi::document())
+}
+
+/// The route of the shared table that axum matched, by method and path template.
+fn route_of(method: &axum::http::Method, path: &str) -> Option<&'static Route> {
+    let method = match *method {
+        axum::http::Method::GET => Method::Get,
+        axum::http::Method::POST => Method::Post,
+        axum::http::Method::PUT => Method::Put,
+        _ => return None,
+    };
+    routes::ALL
+        .iter()
+        .find(|r| r.method == method && r.path == path)
+}
+
+/// The access gate: identifies the caller by bearer token and lets the request through only
+/// when the route's `access` (`routes::ALL`) admits its role (`rules::may_call`). The
+/// identity goes into the request's extensions for handlers (submitter, owner checks). A
+/// route missing from the table is refused (fail closed).
+async fn authorize(
+    State(s): State<AppState>,
+    matched: Option<MatchedPath>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let Some(route) = matched.and_then(|m| route_of(req.method(), m.as_str())) else {
+        return ApiError::new(ErrorCode::Forbidden, "this route has no access rule")
+            .into_response();
+    };
+    if route.access == Access::Public {
+        return next.run(req).await;
+    }
+    if !s.auth.enabled() {
+        req.extensions_mut().insert(Principal::anonymous());
+        return next.run(req).await;
+    }
+    let header = req
+        .headers()
+        .get(AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or_default());
+    let who = match s.auth.identify(header).await {
+        Ok(p) => p,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    if let Err(needed) = crate::rules::may_call(route.access, who.role) {
+        return ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "{} {} needs role {needed}; this token ({}) has role {}",
+                route.method, route.path, who.name, who.role
+            ),
+        )
+        .into_response();
+    }
+    req.extensions_mut().insert(who);
+    next.run(req).await
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Store(s) => s.into(),
+            other => ApiError::new(ErrorCode::Unauthenticated, other.to_string()),
+        }
+    }
+}
+
+/// Cancel and retry: refused (403) unless the caller submitted it or is an admin.
+fn check_owner(who: &Principal, submitted_by: &str, what: &str) -> Result<(), ApiError> {
+    if crate::rules::may_act_on(who, submitted_by) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "{what} was submitted by `{submitted_by}`: only they or an admin may do this \
+                 (this token: `{}`, role {})",
+                who.name, who.role
+            ),
+        ))
+    }
 }
 
 /// The handler for the route's method.

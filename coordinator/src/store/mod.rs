@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use headroom_shared::api::{
     AttemptRef, AttemptTelemetry, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample,
-    GpuSeries, GpuView, Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView,
-    StateCounts, TelemetrySample,
+    GpuSeries, GpuView, Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, Role,
+    StateCounts, TelemetrySample, TokenView,
 };
 use headroom_shared::plan::PlanError;
 use headroom_shared::state::TransitionError;
@@ -199,6 +199,26 @@ pub struct NewExperiment {
     pub seed: u64,
     pub spec: Value,
     pub jobs: Vec<NewJob>,
+    /// The submitting token's name; its jobs and their attempts record it too.
+    pub submitted_by: String,
+}
+
+/// A token to keep: its public id, holder, role and the argon2 hash of its secret.
+#[derive(Clone, Debug)]
+pub struct NewToken {
+    pub id: String,
+    pub name: String,
+    pub role: Role,
+    pub secret_hash: String,
+    pub created_by: String,
+    pub expires_at: Option<Millis>,
+}
+
+/// A kept token with the hash its secret is checked against.
+#[derive(Clone, Debug)]
+pub struct StoredToken {
+    pub view: TokenView,
+    pub secret_hash: String,
 }
 
 #[derive(Clone, Debug)]
@@ -423,6 +443,15 @@ pub trait Store: Send + Sync + 'static {
     async fn submitted_at(&self, attempt: AttemptId) -> Result<(Millis, u32)>;
     /// Waiting (queued or retrying) jobs per pending reason code, for `/metrics`.
     async fn pending_reason_counts(&self) -> Result<Vec<(String, u64)>>;
+    /// Keeps a new token (hashed); a second token with the same id is refused.
+    async fn create_token(&self, token: NewToken) -> Result<TokenView>;
+    /// A token by its public id, revoked or not (`NotFound` when none has it).
+    async fn token_by_id(&self, id: &str) -> Result<StoredToken>;
+    /// Every kept token, oldest first.
+    async fn list_tokens(&self) -> Result<Vec<TokenView>>;
+    /// Revokes a token (a second revocation keeps the first time); `NotFound` when none
+    /// has that id.
+    async fn revoke_token(&self, id: &str) -> Result<TokenView>;
 
     /// Calls `on_change` whenever another process sharing the database (a coordinator
     /// replica) may have changed something, until `shutdown`, so this process's long-polls

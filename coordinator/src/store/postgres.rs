@@ -28,12 +28,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, parse};
 use super::{
-    Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, OnChange,
-    Registered, Registration, Renewal, Renewed, Result, Retention, SeriesWindow, Store, StoreError,
-    node_snapshot, node_view, now_ms,
+    Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, NewToken,
+    OnChange, Registered, Registration, Renewal, Renewed, Result, Retention, SeriesWindow, Store,
+    StoreError, StoredToken, node_snapshot, node_view, now_ms,
 };
 use crate::changes::Changes;
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
+use headroom_shared::api::TokenView;
 
 mod embedded {
     refinery::embed_migrations!("migrations/postgres");
@@ -575,13 +576,20 @@ async fn counts_for(tx: &Transaction<'_>, experiment: Option<&str>) -> Result<St
 async fn experiment_summary(tx: &Transaction<'_>, id: &str) -> Result<ExperimentSummary> {
     let row = first(
         tx,
-        "SELECT name, seed, created_at FROM experiments WHERE id = $1",
+        "SELECT name, seed, created_at, submitted_by FROM experiments WHERE id = $1",
         &[&id],
-        |r| Ok((r.text(0)?, r.int(1)?, r.time(2)?)),
+        |r| Ok((r.text(0)?, r.int(1)?, r.time(2)?, r.text(3)?)),
     )
     .await?
     .ok_or_else(|| StoreError::not_found("experiment", id))?;
     rows::experiment(id, row, counts_for(tx, Some(id)).await?)
+}
+
+async fn token_by_id(tx: &Transaction<'_>, id: &str) -> Result<StoredToken> {
+    let sql = format!("SELECT {} FROM tokens WHERE id = $1", rows::TOKEN_COLUMNS);
+    first(tx, &sql, &[&id], rows::token_row)
+        .await?
+        .ok_or_else(|| StoreError::not_found("token", id))
 }
 
 /// Observed peaks and the OOM floor of a memory key.
@@ -638,8 +646,9 @@ async fn lease_job(
         tx,
         "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, \
          estimate_mib, leased_at, lease_expires_at, memory_key, estimate_source, params, \
-         ladder_step) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'leased', $8, $9, $10, $11, $12, $13, $14)",
+         ladder_step, submitted_by) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'leased', $8, $9, $10, $11, $12, $13, $14, \
+         (SELECT submitted_by FROM jobs WHERE id = $2))",
         &[
             &new.lease.attempt.to_string(),
             &job,
@@ -760,9 +769,16 @@ impl Store for PostgresStore {
                 let id = exp.id.to_string();
                 exec(
                     tx,
-                    "INSERT INTO experiments (id, name, seed, spec, created_at) \
-                     VALUES ($1, $2, $3, $4, $5)",
-                    &[&id, &exp.name, &(exp.seed as i64), &json(&exp.spec), &now],
+                    "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by) \
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                    &[
+                        &id,
+                        &exp.name,
+                        &(exp.seed as i64),
+                        &json(&exp.spec),
+                        &now,
+                        &exp.submitted_by,
+                    ],
                 )
                 .await?;
                 // One statement for the whole matrix: a row per job from parallel arrays.
@@ -792,11 +808,12 @@ impl Store for PostgresStore {
                     tx,
                     "INSERT INTO jobs (id, experiment_id, idx, config, run, state, priority, \
                      params, argv, env, profile, gpus, estimate_mib, timeout_ms, max_attempts, \
-                     retry_on, created_at, updated_at, memory_key, command, shell, ladder) \
+                     retry_on, created_at, updated_at, memory_key, command, shell, ladder, \
+                     submitted_by) \
                      SELECT u.id, $1, u.idx, u.config, u.run, 'queued', u.priority, u.params, \
                      u.argv, u.env, u.profile, u.gpus, u.estimate_mib, u.timeout_ms, \
                      u.max_attempts, u.retry_on, $2, $2, u.memory_key, u.command, u.shell, \
-                     u.ladder \
+                     u.ladder, $21 \
                      FROM UNNEST($3::TEXT[], $4::BIGINT[], $5::BIGINT[], $6::BIGINT[], \
                      $7::BIGINT[], $8::JSONB[], $9::JSONB[], $10::JSONB[], $11::TEXT[], \
                      $12::BIGINT[], $13::BIGINT[], $14::BIGINT[], $15::BIGINT[], $16::JSONB[], \
@@ -826,6 +843,7 @@ impl Store for PostgresStore {
                         &command,
                         &shell,
                         &ladder,
+                        &exp.submitted_by,
                     ],
                 )
                 .await?;
@@ -1621,6 +1639,33 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn create_token(&self, t: NewToken) -> Result<TokenView> {
+        self.write(move |tx| {
+            Box::pin(async move {
+                let n = exec(
+                    tx,
+                    "INSERT INTO tokens (id, name, role, secret_hash, created_by, created_at, \
+                     expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+                    &[
+                        &t.id,
+                        &t.name,
+                        &t.role.as_str(),
+                        &t.secret_hash,
+                        &t.created_by,
+                        &now_ms(),
+                        &t.expires_at,
+                    ],
+                )
+                .await?;
+                if n != 1 {
+                    return Err(StoreError::Database(format!("token id {} exists", t.id)));
+                }
+                Ok((token_by_id(tx, &t.id).await?.view, false))
+            })
+        })
+        .await
+    }
+
     async fn prune_telemetry(&self, keep: Retention) -> Result<u64> {
         self.write(move |tx| {
             Box::pin(async move {
@@ -1699,6 +1744,48 @@ impl Store for PostgresStore {
                     |r| Ok((r.text(0)?, r.int(1)?.max(0) as u64)),
                 )
                 .await
+            })
+        })
+        .await
+    }
+
+    async fn token_by_id(&self, id: &str) -> Result<StoredToken> {
+        let id = id.to_string();
+        self.read(move |tx| Box::pin(async move { token_by_id(tx, &id).await }))
+            .await
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenView>> {
+        self.read(move |tx| {
+            Box::pin(async move {
+                let sql = format!(
+                    "SELECT {} FROM tokens ORDER BY created_at, id",
+                    rows::TOKEN_COLUMNS
+                );
+                Ok(all(tx, &sql, &[], rows::token_row)
+                    .await?
+                    .into_iter()
+                    .map(|t| t.view)
+                    .collect())
+            })
+        })
+        .await
+    }
+
+    async fn revoke_token(&self, id: &str) -> Result<TokenView> {
+        let id = id.to_string();
+        self.write(move |tx| {
+            Box::pin(async move {
+                let n = exec(
+                    tx,
+                    "UPDATE tokens SET revoked_at = COALESCE(revoked_at, $1) WHERE id = $2",
+                    &[&now_ms(), &id],
+                )
+                .await?;
+                if n != 1 {
+                    return Err(StoreError::not_found("token", id));
+                }
+                Ok((token_by_id(tx, &id).await?.view, false))
             })
         })
         .await

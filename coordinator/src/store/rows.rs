@@ -65,15 +65,15 @@ pub(crate) fn i64_of(v: u64) -> i64 {
 /// latest attempt).
 pub(crate) const JOB_COLUMNS: &str = "j.id, j.experiment_id, e.name, j.idx, j.config, j.run, \
      j.state, j.priority, j.params, j.attempts, j.max_attempts, j.gpus, j.estimate_mib, a.node, \
-     a.gpus, j.last_failure, j.created_at, j.pending_reason";
+     a.gpus, j.last_failure, j.created_at, j.pending_reason, j.submitted_by";
 
 pub(crate) const JOB_FROM: &str = "FROM jobs j JOIN experiments e ON e.id = j.experiment_id \
      LEFT JOIN attempts a ON a.job_id = j.id AND a.number = j.attempts";
 
-/// An experiment's columns `name, seed, created_at`, with its counts.
+/// An experiment's columns `name, seed, created_at, submitted_by`, with its counts.
 pub(crate) fn experiment(
     id: &str,
-    r: (String, i64, DateTime<Utc>),
+    r: (String, i64, DateTime<Utc>, String),
     counts: headroom_shared::api::StateCounts,
 ) -> Result<headroom_shared::api::ExperimentSummary> {
     Ok(headroom_shared::api::ExperimentSummary {
@@ -82,6 +82,7 @@ pub(crate) fn experiment(
         name: r.0,
         seed: r.1 as u64,
         created_at: r.2,
+        submitted_by: r.3,
     })
 }
 
@@ -111,6 +112,7 @@ pub(crate) fn job_summary(r: &impl Cols) -> Result<JobSummary> {
         } else {
             None
         },
+        submitted_by: r.text(18)?,
     })
 }
 
@@ -118,7 +120,7 @@ pub(crate) fn job_summary(r: &impl Cols) -> Result<JobSummary> {
 pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence, phase, \
      leased_at, started_at, ended_at, pid, exit_code, signal, failure_class, estimate_mib, \
      peak_mem_mib, cleanup_ms, cleanup_verified, log_tail, estimate_source, params, \
-     ladder_step, contaminated, peak_source";
+     ladder_step, contaminated, peak_source, submitted_by";
 
 pub(crate) fn phase(s: &str) -> Result<AttemptPhase> {
     match s {
@@ -158,6 +160,26 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
         ladder_step: r.int(21)? as u32,
         contaminated: r.flag_opt(22)?,
         peak_source: r.parsed_opt(23, "peak source")?,
+        submitted_by: r.text(24)?,
+    })
+}
+
+/// The columns `token_row` reads, in order.
+pub(crate) const TOKEN_COLUMNS: &str =
+    "id, name, role, created_by, created_at, revoked_at, secret_hash, expires_at";
+
+pub(crate) fn token_row(r: &impl Cols) -> Result<super::StoredToken> {
+    Ok(super::StoredToken {
+        view: headroom_shared::api::TokenView {
+            id: r.text(0)?,
+            name: r.text(1)?,
+            role: r.parsed(2, "role")?,
+            created_by: r.text(3)?,
+            created_at: r.time(4)?,
+            revoked_at: r.int_opt(5)?.map(ts),
+            expires_at: r.int_opt(7)?.map(ts),
+        },
+        secret_hash: r.text(6)?,
     })
 }
 

@@ -18,12 +18,13 @@ use serde::de::DeserializeOwned;
 
 use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, parse};
 use super::{
-    Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, Registered,
-    Registration, Renewal, Renewed, Result, Retention, SeriesWindow, Store, StoreError,
-    node_snapshot, node_view, now_ms,
+    Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, NewToken,
+    Registered, Registration, Renewal, Renewed, Result, Retention, SeriesWindow, Store, StoreError,
+    StoredToken, node_snapshot, node_view, now_ms,
 };
 use crate::changes::Changes;
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
+use headroom_shared::api::TokenView;
 
 mod embedded {
     refinery::embed_migrations!("migrations/sqlite");
@@ -364,9 +365,9 @@ fn counts_for(conn: &Connection, experiment: Option<&str>) -> Result<StateCounts
 fn experiment_summary(conn: &Connection, id: &str) -> Result<ExperimentSummary> {
     let row = first(
         conn,
-        "SELECT name, seed, created_at FROM experiments WHERE id = ?1",
+        "SELECT name, seed, created_at, submitted_by FROM experiments WHERE id = ?1",
         [id],
-        |r| Ok((r.text(0)?, r.int(1)?, r.time(2)?)),
+        |r| Ok((r.text(0)?, r.int(1)?, r.time(2)?, r.text(3)?)),
     )?
     .ok_or_else(|| StoreError::not_found("experiment", id))?;
     rows::experiment(id, row, counts_for(conn, Some(id))?)
@@ -414,8 +415,9 @@ fn lease_job(tx: &Transaction<'_>, to: &LeaseTo<'_>, job: &str, slot: &Slot) -> 
     tx.execute(
         "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, \
          estimate_mib, leased_at, lease_expires_at, memory_key, estimate_source, params, \
-         ladder_step) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'leased', ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+         ladder_step, submitted_by) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'leased', ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
+         (SELECT submitted_by FROM jobs WHERE id = ?2))",
         params![
             lease.lease.attempt.to_string(),
             job,
@@ -463,15 +465,16 @@ impl Store for SqliteStore {
             let now = now_ms();
             let id = exp.id.to_string();
             tx.execute(
-                "INSERT INTO experiments (id, name, seed, spec, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![id, exp.name, exp.seed as i64, json(&exp.spec)?, now],
+                "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![id, exp.name, exp.seed as i64, json(&exp.spec)?, now, exp.submitted_by],
             )?;
             let mut stmt = tx.prepare_cached(
                 "INSERT INTO jobs (id, experiment_id, idx, config, run, state, priority, params, \
                  argv, env, profile, gpus, estimate_mib, timeout_ms, max_attempts, retry_on, \
-                 created_at, updated_at, memory_key, command, shell, ladder) \
+                 created_at, updated_at, memory_key, command, shell, ladder, submitted_by) \
                  VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16, \
-                 ?17, ?18, ?19, ?20)",
+                 ?17, ?18, ?19, ?20, ?21)",
             )?;
             for j in &exp.jobs {
                 stmt.execute(params![
@@ -495,6 +498,7 @@ impl Store for SqliteStore {
                     json(&j.command)?,
                     j.shell,
                     json(&j.oom_ladder)?,
+                    exp.submitted_by,
                 ])?;
             }
             drop(stmt);
@@ -1099,6 +1103,29 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn create_token(&self, t: NewToken) -> Result<TokenView> {
+        self.write(move |tx, _| {
+            let n = tx.execute(
+                "INSERT INTO tokens (id, name, role, secret_hash, created_by, created_at, \
+                 expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING",
+                params![
+                    t.id,
+                    t.name,
+                    t.role.as_str(),
+                    t.secret_hash,
+                    t.created_by,
+                    now_ms(),
+                    t.expires_at
+                ],
+            )?;
+            if n != 1 {
+                return Err(StoreError::Database(format!("token id {} exists", t.id)));
+            }
+            Ok(token_by_id(tx, &t.id)?.view)
+        })
+        .await
+    }
+
     async fn telemetry_of_gpu(
         &self,
         node: &str,
@@ -1114,6 +1141,25 @@ impl Store for SqliteStore {
                 .ok_or_else(|| StoreError::not_found("node", node.clone()))?;
             super::check_gpu(&node, &gpus, gpu)?;
             series(c, &node, gpu, &window)
+        })
+        .await
+    }
+
+    async fn token_by_id(&self, id: &str) -> Result<StoredToken> {
+        let id = id.to_string();
+        self.with(move |c| token_by_id(c, &id)).await
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenView>> {
+        self.with(move |c| {
+            let sql = format!(
+                "SELECT {} FROM tokens ORDER BY created_at, id",
+                rows::TOKEN_COLUMNS
+            );
+            Ok(all(c, &sql, [], |r| rows::token_row(r))?
+                .into_iter()
+                .map(|t| t.view)
+                .collect())
         })
         .await
     }
@@ -1211,6 +1257,21 @@ impl Store for SqliteStore {
         })
         .await
     }
+
+    async fn revoke_token(&self, id: &str) -> Result<TokenView> {
+        let id = id.to_string();
+        self.write(move |tx, _| {
+            let n = tx.execute(
+                "UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?1) WHERE id = ?2",
+                params![now_ms(), id],
+            )?;
+            if n != 1 {
+                return Err(StoreError::not_found("token", id));
+            }
+            Ok(token_by_id(tx, &id)?.view)
+        })
+        .await
+    }
 }
 
 /// One GPU's samples in `w`, oldest first (the newest `w.limit` of them).
@@ -1228,6 +1289,12 @@ fn series(c: &Connection, node: &str, gpu: u32, w: &SeriesWindow) -> Result<Vec<
     )?;
     out.reverse();
     Ok(out)
+}
+
+fn token_by_id(conn: &Connection, id: &str) -> Result<StoredToken> {
+    let sql = format!("SELECT {} FROM tokens WHERE id = ?1", rows::TOKEN_COLUMNS);
+    first(conn, &sql, [id], |r| rows::token_row(r))?
+        .ok_or_else(|| StoreError::not_found("token", id))
 }
 
 /// Stores a job's pending reason, as the claim that looked at it saw it.

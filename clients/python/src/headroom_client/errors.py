@@ -27,7 +27,7 @@ class BadRequestError(HeadroomError):
 
 
 class UnauthorizedError(HeadroomError):
-    """No token, or a wrong or expired one (401)."""
+    """No token, or a wrong, revoked or expired one (401)."""
 
 
 class ForbiddenError(HeadroomError):
@@ -56,7 +56,7 @@ class ConnectionFailed(HeadroomError):
 
 _BY_CODE = {
     "bad_request": BadRequestError,
-    "unauthorized": UnauthorizedError,
+    "unauthenticated": UnauthorizedError,
     "forbidden": ForbiddenError,
     "not_found": NotFoundError,
     "conflict": ConflictError,

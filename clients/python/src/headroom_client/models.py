@@ -88,6 +88,7 @@ class ExperimentSummary(_Model):
     seed: int
     created_at: datetime
     counts: StateCounts
+    submitted_by: str = "anonymous"
 
 
 class JobSummary(_Model):
@@ -109,6 +110,7 @@ class JobSummary(_Model):
     gpu_indices: List[int]
     last_failure: Optional[str] = None
     created_at: datetime
+    submitted_by: str = "anonymous"
     pending_reason: Optional[Dict[str, Any]] = None
 
 
@@ -139,6 +141,7 @@ class AttemptView(_Model):
     params: Dict[str, Any] = {}
     ladder_step: int = 0
     contaminated: Optional[bool] = None
+    submitted_by: str = "anonymous"
 
 
 class JobDetail(JobSummary):

@@ -1,0 +1,71 @@
+//! Tokens the coordinator keeps (admins only, by the route table): create (the secret is
+//! answered once, the store keeps an argon2 hash), list, revoke.
+
+use axum::Extension;
+use axum::extract::{Path, State};
+use headroom_shared::api::{CreateTokenRequest, CreatedToken, ErrorCode, Principal, TokenView};
+
+use super::{ApiError, ApiJson, ApiResult, AppState};
+use crate::auth;
+use crate::store::NewToken;
+
+pub async fn create(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+    ApiJson(req): ApiJson<CreateTokenRequest>,
+) -> ApiResult<CreatedToken> {
+    if !s.auth.enabled() {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            "this coordinator runs without tokens (loopback, everyone is admin): start it with \
+             --admin-token (HEADROOM_ADMIN_TOKEN) to use tokens",
+        ));
+    }
+    auth::check_name(&req.name).map_err(|m| ApiError::invalid("name", m))?;
+    let expires_at = match req.expires_in.as_deref() {
+        None => None,
+        Some(text) => {
+            let d = humantime::parse_duration(text.trim()).map_err(|e| {
+                ApiError::invalid(
+                    "expires_in",
+                    format!("`{text}` is not a duration like `90d` or `12h`: {e}"),
+                )
+            })?;
+            let ms = i64::try_from(d.as_millis())
+                .ok()
+                .filter(|ms| *ms > 0)
+                .ok_or_else(|| ApiError::invalid("expires_in", "must be above zero"))?;
+            Some(crate::store::now_ms().saturating_add(ms))
+        }
+    };
+    let (id, token) = auth::new_token();
+    let secret = token.clone();
+    let secret_hash = tokio::task::spawn_blocking(move || auth::hash_secret(&secret))
+        .await
+        .map_err(|e| ApiError::internal(format!("hashing task: {e}")))?
+        .map_err(ApiError::internal)?;
+    let view = s
+        .store
+        .create_token(NewToken {
+            id,
+            name: req.name,
+            role: req.role,
+            secret_hash,
+            created_by: who.name,
+            expires_at,
+        })
+        .await?;
+    tracing::info!(id = %view.id, name = %view.name, role = %view.role, by = %view.created_by, "token created");
+    Ok(ApiJson(CreatedToken { token, view }))
+}
+
+pub async fn list(State(s): State<AppState>) -> ApiResult<Vec<TokenView>> {
+    Ok(ApiJson(s.store.list_tokens().await?))
+}
+
+pub async fn revoke(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<TokenView> {
+    let view = s.store.revoke_token(&id).await?;
+    s.auth.forget(&view.id);
+    tracing::info!(id = %view.id, name = %view.name, "token revoked");
+    Ok(ApiJson(view))
+}

@@ -1,0 +1,448 @@
+//! Who a request acts as: bearer tokens checked against the configured ones and the ones the
+//! store keeps (argon2, once per token), the verified identity then kept in memory by a
+//! SHA-256 of the whole token so agents' constant heartbeats and claims cost no argon2.
+//! Nothing here logs a token.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use argon2::Argon2;
+use argon2::password_hash::phc::PasswordHash;
+use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+use headroom_shared::api::{Principal, Role};
+use sha2::{Digest, Sha256};
+
+use crate::rules::TokenRefusal;
+use crate::store::{Store, StoreError};
+
+/// Tokens the coordinator makes look like `hr_<id>_<secret>`: the id finds the stored hash
+/// without trying every one.
+pub const TOKEN_PREFIX: &str = "hr_";
+/// The shortest secret accepted for configured tokens (`--admin-token`).
+pub const MIN_SECRET_LEN: usize = 16;
+/// A verified stored token is checked against the store again after this long, so a
+/// revocation made through another coordinator replica takes effect here too.
+const CACHE_TTL: Duration = Duration::from_secs(30);
+/// Bound on remembered identities; beyond it the oldest half is dropped.
+const CACHE_MAX: usize = 10_000;
+
+/// A token's secret as configured: in the clear (the bootstrap admin token from the
+/// environment, `headroom up`'s own agent) or as an argon2 hash (tokens file).
+#[derive(Clone)]
+pub enum Secret {
+    Plain(String),
+    Hash(String),
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Secret::Plain(_) => "Plain(<redacted>)",
+            Secret::Hash(_) => "Hash(<redacted>)",
+        })
+    }
+}
+
+/// A token given by configuration rather than kept in the store.
+#[derive(Clone, Debug)]
+pub struct ConfigToken {
+    pub name: String,
+    pub role: Role,
+    pub secret: Secret,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenConfigError {
+    #[error("tokens file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("tokens file {}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
+    #[error(
+        "--admin-token (HEADROOM_ADMIN_TOKEN) must be at least {MIN_SECRET_LEN} characters \
+         (e.g. `openssl rand -hex 24`)"
+    )]
+    WeakAdminToken,
+}
+
+/// The tokens file: `[[tokens]]` entries of `name`, `role` and `token_hash` (an argon2 PHC
+/// string, from `headroom token hash`).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    #[serde(default)]
+    tokens: Vec<FileToken>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileToken {
+    name: String,
+    role: Role,
+    token_hash: String,
+}
+
+/// Reads a tokens file, checking every entry (the name, and that the hash is argon2's).
+pub fn read_tokens_file(path: &Path) -> Result<Vec<ConfigToken>, TokenConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TokenConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let invalid = |message: String| TokenConfigError::Invalid {
+        path: path.to_path_buf(),
+        message,
+    };
+    let file: TokensFile = toml::from_str(&text).map_err(|e| invalid(e.message().to_string()))?;
+    file.tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            check_name(&t.name).map_err(|m| invalid(format!("tokens[{i}].name: {m}")))?;
+            let hash = PasswordHash::new(&t.token_hash)
+                .map_err(|e| invalid(format!("tokens[{i}].token_hash: not an argon2 hash: {e}")))?;
+            if !hash.algorithm.as_str().starts_with("argon2") {
+                return Err(invalid(format!(
+                    "tokens[{i}].token_hash: `{}` is not argon2",
+                    hash.algorithm
+                )));
+            }
+            Ok(ConfigToken {
+                name: t.name,
+                role: t.role,
+                secret: Secret::Hash(t.token_hash),
+            })
+        })
+        .collect()
+}
+
+/// The bootstrap admin token given in the clear.
+pub fn admin_token(secret: &str) -> Result<ConfigToken, TokenConfigError> {
+    let secret = secret.trim();
+    if secret.chars().count() < MIN_SECRET_LEN {
+        return Err(TokenConfigError::WeakAdminToken);
+    }
+    Ok(ConfigToken {
+        name: "admin".into(),
+        role: Role::Admin,
+        secret: Secret::Plain(secret.to_string()),
+    })
+}
+
+/// A token holder's name: 1 to 64 of letters, digits and `_ - . @`.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '@'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` must be 1 to 64 letters, digits, `_`, `-`, `.` or `@`"
+        ))
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A random secret for a configured token (not of the `hr_` form: no stored id).
+pub fn random_secret() -> String {
+    use rand::Rng;
+    let mut b = [0u8; 24];
+    rand::rng().fill(&mut b);
+    hex(&b)
+}
+
+/// A fresh token: its public id and the whole token (`hr_<id>_<secret>`).
+pub fn new_token() -> (String, String) {
+    use rand::Rng;
+    let mut id = [0u8; 8];
+    let mut secret = [0u8; 24];
+    let mut rng = rand::rng();
+    rng.fill(&mut id);
+    rng.fill(&mut secret);
+    let id = hex(&id);
+    let token = format!("{TOKEN_PREFIX}{id}_{}", hex(&secret));
+    (id, token)
+}
+
+/// The argon2id hash (PHC string, random salt) of a secret. Slow by design: call it off the
+/// async runtime.
+pub fn hash_secret(secret: &str) -> Result<String, String> {
+    Argon2::default()
+        .hash_password(secret.as_bytes())
+        .map(|h| h.to_string())
+        .map_err(|e| format!("argon2: {e}"))
+}
+
+/// Whether `secret` matches an argon2 PHC hash. Slow by design.
+fn verify(secret: &str, hash: &str) -> bool {
+    PasswordHash::new(hash)
+        .map(|h| {
+            Argon2::default()
+                .verify_password(secret.as_bytes(), &h)
+                .is_ok()
+        })
+        .unwrap_or(false)
+}
+
+/// `hr_<id>_<secret>` split into id and secret.
+fn split_token(token: &str) -> Option<(&str, &str)> {
+    let (id, secret) = token.strip_prefix(TOKEN_PREFIX)?.split_once('_')?;
+    (!id.is_empty() && !secret.is_empty()).then_some((id, secret))
+}
+
+/// Why a request has no identity.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("no token: send `Authorization: Bearer <token>` (the CLI: --token or HEADROOM_TOKEN)")]
+    Missing,
+    #[error("the Authorization header must be `Bearer <token>`")]
+    Malformed,
+    #[error("the token is not known to this coordinator (wrong, or revoked)")]
+    Rejected,
+    #[error("the token expired at {0}: an admin makes a new one with `headroom token create`")]
+    Expired(String),
+    #[error("cannot check the token: {0}")]
+    Store(StoreError),
+}
+
+struct Cached {
+    principal: Principal,
+    /// The stored token's id (revocation forgets it); `None` for a configured token.
+    token_id: Option<String>,
+    /// When a stored token must be checked again.
+    until: Option<Instant>,
+}
+
+/// Checks bearer tokens. With no configured token, every request is the anonymous admin
+/// (the coordinator may then listen on loopback only).
+pub struct Authenticator {
+    config: Vec<ConfigToken>,
+    store: Arc<dyn Store>,
+    cache: Mutex<HashMap<[u8; 32], Cached>>,
+}
+
+impl Authenticator {
+    pub fn new(config: Vec<ConfigToken>, store: Arc<dyn Store>) -> Self {
+        Self {
+            config,
+            store,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether tokens are required (some token is configured).
+    pub fn enabled(&self) -> bool {
+        !self.config.is_empty()
+    }
+
+    /// The identity of a request with this `Authorization` header value.
+    pub async fn identify(&self, header: Option<&str>) -> Result<Principal, AuthError> {
+        if !self.enabled() {
+            return Ok(Principal::anonymous());
+        }
+        let header = header.ok_or(AuthError::Missing)?;
+        let token = match header.split_once(' ') {
+            Some((scheme, t)) if scheme.eq_ignore_ascii_case("bearer") => t.trim(),
+            _ => return Err(AuthError::Malformed),
+        };
+        if token.is_empty() {
+            return Err(AuthError::Missing);
+        }
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        if let Some(p) = self.cached(&key) {
+            return Ok(p);
+        }
+        let (principal, token_id, until) = if let Some((id, _)) = split_token(token) {
+            let stored = match self.store.token_by_id(id).await {
+                Ok(t) => t,
+                Err(StoreError::NotFound { .. }) => return Err(AuthError::Rejected),
+                Err(e) => return Err(AuthError::Store(e)),
+            };
+            // The hash is of the whole token, id included.
+            let (whole, hash) = (token.to_string(), stored.secret_hash.clone());
+            let ok = tokio::task::spawn_blocking(move || verify(&whole, &hash))
+                .await
+                .unwrap_or(false);
+            if !ok {
+                return Err(AuthError::Rejected);
+            }
+            // Only the holder of the secret learns that it expired.
+            let now = crate::store::now_ms();
+            let expires = stored.view.expires_at.map(|t| t.timestamp_millis());
+            let revoked = stored.view.revoked_at.map(|t| t.timestamp_millis());
+            match crate::rules::token_usable(revoked, expires, now) {
+                Ok(()) => {}
+                Err(TokenRefusal::Revoked) => return Err(AuthError::Rejected),
+                Err(TokenRefusal::Expired) => {
+                    let at = stored.view.expires_at.map(|t| t.to_rfc3339());
+                    return Err(AuthError::Expired(at.unwrap_or_default()));
+                }
+            }
+            // Checked again after the cache's TTL, or when it expires if sooner.
+            let mut until = Instant::now() + CACHE_TTL;
+            if let Some(e) = expires {
+                let left = Duration::from_millis(u64::try_from(e - now).unwrap_or(0));
+                until = until.min(Instant::now() + left);
+            }
+            let p = Principal {
+                name: stored.view.name,
+                role: stored.view.role,
+            };
+            (p, Some(stored.view.id), Some(until))
+        } else {
+            let p = self.match_config(token, key).await?;
+            (p, None, None)
+        };
+        self.remember(key, &principal, token_id, until);
+        Ok(principal)
+    }
+
+    /// The configured token this is: clear ones by digest, hashed ones by argon2.
+    async fn match_config(&self, token: &str, key: [u8; 32]) -> Result<Principal, AuthError> {
+        let principal = |t: &ConfigToken| Principal {
+            name: t.name.clone(),
+            role: t.role,
+        };
+        for t in &self.config {
+            if let Secret::Plain(p) = &t.secret {
+                let d: [u8; 32] = Sha256::digest(p.as_bytes()).into();
+                if d == key {
+                    return Ok(principal(t));
+                }
+            }
+        }
+        let hashed: Vec<(usize, String)> = self
+            .config
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| match &t.secret {
+                Secret::Hash(h) => Some((i, h.clone())),
+                Secret::Plain(_) => None,
+            })
+            .collect();
+        if hashed.is_empty() {
+            return Err(AuthError::Rejected);
+        }
+        let token = token.to_string();
+        let found = tokio::task::spawn_blocking(move || {
+            hashed
+                .into_iter()
+                .find(|(_, h)| verify(&token, h))
+                .map(|(i, _)| i)
+        })
+        .await
+        .ok()
+        .flatten();
+        match found.and_then(|i| self.config.get(i)) {
+            Some(t) => Ok(principal(t)),
+            None => Err(AuthError::Rejected),
+        }
+    }
+
+    fn cached(&self, key: &[u8; 32]) -> Option<Principal> {
+        let mut cache = self.cache.lock().ok()?;
+        let hit = cache.get(key)?;
+        if hit.until.is_some_and(|u| u <= Instant::now()) {
+            cache.remove(key);
+            return None;
+        }
+        Some(hit.principal.clone())
+    }
+
+    fn remember(
+        &self,
+        key: [u8; 32],
+        principal: &Principal,
+        token_id: Option<String>,
+        until: Option<Instant>,
+    ) {
+        let Ok(mut cache) = self.cache.lock() else {
+            return;
+        };
+        if cache.len() >= CACHE_MAX {
+            // Expired stored tokens first; a full cache of live ones is simply cleared.
+            let now = Instant::now();
+            cache.retain(|_, c| c.until.is_none_or(|u| u > now));
+            if cache.len() >= CACHE_MAX {
+                cache.clear();
+            }
+        }
+        cache.insert(
+            key,
+            Cached {
+                principal: principal.clone(),
+                token_id,
+                until,
+            },
+        );
+    }
+
+    /// A revoked token stops working at once: its remembered identity goes.
+    pub fn forget(&self, token_id: &str) {
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.retain(|_, c| c.token_id.as_deref() != Some(token_id));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn made_tokens_split_into_their_id_and_secret() {
+        let (id, token) = new_token();
+        let (i, s) = split_token(&token).expect("splits");
+        assert_eq!(i, id);
+        assert_eq!(s.len(), 48);
+        assert_ne!(new_token().1, token, "tokens are random");
+        assert!(split_token("hr__x").is_none());
+        assert!(split_token("plain-secret").is_none());
+    }
+
+    #[test]
+    fn hashes_verify_their_secret_only() {
+        let h = hash_secret("s3cret-s3cret-s3cret").expect("hash");
+        assert!(h.starts_with("$argon2id$"), "{h}");
+        assert!(verify("s3cret-s3cret-s3cret", &h));
+        assert!(!verify("s3cret-s3cret-s3creT", &h));
+        assert!(!verify("s3cret-s3cret-s3cret", "not a hash"));
+    }
+
+    #[test]
+    fn tokens_files_are_checked_entry_by_entry() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("tokens.toml");
+        let hash = hash_secret("agent-secret-0123456789").map_err(anyhow::Error::msg)?;
+        std::fs::write(
+            &path,
+            format!("[[tokens]]\nname = \"node-1\"\nrole = \"agent\"\ntoken_hash = \"{hash}\"\n"),
+        )?;
+        let t = read_tokens_file(&path)?;
+        assert_eq!((t[0].name.as_str(), t[0].role), ("node-1", Role::Agent));
+        std::fs::write(
+            &path,
+            "[[tokens]]\nname = \"x\"\nrole = \"agent\"\ntoken_hash = \"plain\"\n",
+        )?;
+        let e = read_tokens_file(&path).expect_err("not a hash").to_string();
+        assert!(e.contains("tokens[0].token_hash"), "{e}");
+        std::fs::write(
+            &path,
+            format!("[[tokens]]\nname = \"x\"\nrole = \"root\"\ntoken_hash = \"{hash}\"\n"),
+        )?;
+        let e = read_tokens_file(&path).expect_err("bad role").to_string();
+        assert!(e.contains("root"), "{e}");
+        assert!(admin_token("short").is_err());
+        Ok(())
+    }
+}

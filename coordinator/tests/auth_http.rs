@@ -1,0 +1,431 @@
+//! Tokens and roles over real HTTP: every route of the shared table (`routes::ALL`) against
+//! every role, no token and bad tokens; the owner rule; revocation; and the refusal to listen
+//! beyond loopback without tokens.
+
+use std::sync::Arc;
+
+use headroom_coordinator::app::AppError;
+use headroom_coordinator::auth::{self, ConfigToken, Secret};
+use headroom_coordinator::store::sqlite::SqliteStore;
+use headroom_coordinator::{Application, CoordinatorConfig};
+use headroom_shared::api::Role;
+use headroom_shared::routes::{self, Access, Method, Route};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const ADMIN: &str = "bootstrap-admin-secret-0123456789";
+
+struct Server {
+    base: String,
+    http: reqwest::Client,
+    stop: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn start(tokens: Vec<ConfigToken>) -> Server {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(&dir.path().join("store.db")).expect("store");
+    let config = CoordinatorConfig {
+        tokens,
+        ..CoordinatorConfig::new(
+            "127.0.0.1:0".parse().expect("addr"),
+            dir.path().to_path_buf(),
+        )
+    };
+    let app = Application::build(config, Arc::new(store))
+        .await
+        .expect("build");
+    let base = format!("http://{}", app.local_addr());
+    let stop = CancellationToken::new();
+    tokio::spawn(app.run(stop.clone()));
+    Server {
+        base,
+        http: reqwest::Client::new(),
+        stop,
+        _dir: dir,
+    }
+}
+
+impl Server {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: &Value,
+    ) -> (u16, Value) {
+        let m = match method {
+            Method::Get => reqwest::Method::GET,
+            Method::Post => reqwest::Method::POST,
+            Method::Put => reqwest::Method::PUT,
+        };
+        let mut req = self
+            .http
+            .request(m, format!("{}{path}", self.base))
+            .json(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn create_token(&self, name: &str, role: &str) -> String {
+        let (status, v) = self
+            .call(
+                Method::Post,
+                routes::CREATE_TOKEN.path,
+                Some(ADMIN),
+                &json!({"name": name, "role": role}),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v["token"].as_str().expect("token").to_string()
+    }
+
+    async fn submit(&self, token: &str) -> String {
+        let spec = json!({"spec": {"name": "own", "command": ["true"]}});
+        let (status, v) = self
+            .call(Method::Post, routes::SUBMIT.path, Some(token), &spec)
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v["experiment"].as_str().expect("experiment id").to_string()
+    }
+}
+
+fn admin_config() -> Vec<ConfigToken> {
+    vec![auth::admin_token(ADMIN).expect("admin token")]
+}
+
+/// The concrete path of a route, with `0` for every path parameter.
+fn path_of(route: &Route) -> String {
+    let args: Vec<String> = route.params().map(|_| "0".to_string()).collect();
+    let args: Vec<&dyn std::fmt::Display> =
+        args.iter().map(|a| a as &dyn std::fmt::Display).collect();
+    route.path_with(&args)
+}
+
+fn assert_error(v: &Value, code: &str, what: &str) {
+    assert_eq!(v["error"]["code"], code, "{what}: {v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{what}: {v}"
+    );
+}
+
+/// Which roles a route admits. Exhaustive on purpose: a new access class must be decided
+/// here; a new route is covered by iterating the table.
+fn admits(access: Access, role: Role) -> bool {
+    match access {
+        Access::Public => true,
+        Access::User | Access::Owner => role != Role::Agent,
+        Access::Admin => role == Role::Admin,
+        Access::Agent => role == Role::Agent,
+    }
+}
+
+#[tokio::test]
+async fn every_route_admits_its_roles_and_refuses_the_rest() {
+    let s = start(admin_config()).await;
+    let user = s.create_token("alice", "user").await;
+    let agent = s.create_token("node-1", "agent").await;
+    let roles = [
+        (Role::Admin, ADMIN),
+        (Role::User, &user),
+        (Role::Agent, &agent),
+    ];
+    // A made-up stored token, a known id with the wrong secret, and a plain wrong secret.
+    let known_id = agent.rsplit_once('_').map(|(id, _)| id).expect("id part");
+    let bad = [
+        "hr_0123456789abcdef_wrongwrongwrong".to_string(),
+        format!("{known_id}_not-the-secret"),
+        "not-a-token-at-all-0123456789".to_string(),
+    ];
+    let body = json!({});
+    for route in routes::ALL {
+        let path = path_of(route);
+        let what = format!("{} {}", route.method, route.path);
+        let (status, v) = s.call(route.method, &path, None, &body).await;
+        if route.access == Access::Public {
+            assert_eq!(status, 200, "{what} is public: {v}");
+            continue;
+        }
+        assert_eq!(status, 401, "{what} without a token: {v}");
+        assert_error(&v, "unauthenticated", &what);
+        for b in &bad {
+            let (status, v) = s.call(route.method, &path, Some(b), &body).await;
+            assert_eq!(status, 401, "{what} with a bad token: {v}");
+            assert_error(&v, "unauthenticated", &what);
+            assert!(
+                !v.to_string().contains(b.as_str()),
+                "the answer repeats the token: {v}"
+            );
+        }
+        for (role, token) in roles {
+            let (status, v) = s.call(route.method, &path, Some(token), &body).await;
+            if admits(route.access, role) {
+                assert!(
+                    status != 401 && status != 403,
+                    "{what} as {role} must be let through: {status} {v}"
+                );
+            } else {
+                assert_eq!(status, 403, "{what} as {role}: {v}");
+                assert_error(&v, "forbidden", &what);
+                let needed = match route.access {
+                    Access::Agent => "needs role agent",
+                    Access::Admin => "needs role admin",
+                    _ => "needs role user or admin",
+                };
+                let msg = v["error"]["message"].as_str().unwrap_or_default();
+                assert!(msg.contains(needed), "{what} as {role}: {msg}");
+            }
+        }
+    }
+    // The unknown-route fallback is unaffected (404, not 401).
+    let (status, _) = s.call(Method::Get, "/v1/nope", None, &body).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn users_cancel_and_retry_only_their_own_runs_admins_any() {
+    let s = start(admin_config()).await;
+    let alice = s.create_token("alice", "user").await;
+    let bob = s.create_token("bob", "user").await;
+    let bobs = s.submit(&bob).await;
+    let (status, v) = s
+        .call(
+            Method::Get,
+            &routes::EXPERIMENT.path_with(&[&bobs]),
+            Some(&alice),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "users see everything: {v}");
+    assert_eq!(v["submitted_by"], "bob");
+    let cancel = routes::CANCEL_EXPERIMENT.path_with(&[&bobs]);
+    let (status, v) = s
+        .call(Method::Post, &cancel, Some(&alice), &json!({}))
+        .await;
+    assert_eq!(status, 403, "alice cancels bob's experiment: {v}");
+    assert_error(&v, "forbidden", "cancel");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("bob")
+    );
+    // Nothing was cancelled.
+    let (_, jobs) = s
+        .call(
+            Method::Get,
+            &format!("/v1/jobs?experiment={bobs}"),
+            Some(&bob),
+            &json!({}),
+        )
+        .await;
+    let job = jobs[0]["id"].as_str().expect("job id").to_string();
+    assert_eq!(jobs[0]["state"], "queued");
+    assert_eq!(jobs[0]["submitted_by"], "bob");
+    let (status, _) = s
+        .call(
+            Method::Post,
+            &routes::CANCEL_JOB.path_with(&[&job]),
+            Some(&alice),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, 403, "nor one of its jobs");
+    let (status, _) = s
+        .call(
+            Method::Post,
+            &routes::RETRY_JOB.path_with(&[&job]),
+            Some(&alice),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, 403, "nor retry it");
+    // The admin may; bob may cancel his own.
+    let (status, v) = s.call(Method::Post, &cancel, Some(ADMIN), &json!({})).await;
+    assert_eq!(status, 200, "admin cancels bob's: {v}");
+    assert_eq!(v["cancelled"], 1);
+    let own = s.submit(&alice).await;
+    let (status, v) = s
+        .call(
+            Method::Post,
+            &routes::CANCEL_EXPERIMENT.path_with(&[&own]),
+            Some(&alice),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "alice cancels her own: {v}");
+    let (status, v) = s
+        .call(
+            Method::Post,
+            &routes::RETRY_JOB.path_with(&[&job]),
+            Some(&bob),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "bob retries his cancelled job: {v}");
+}
+
+#[tokio::test]
+async fn revoked_tokens_stop_working_at_once_and_secrets_are_never_listed() {
+    let s = start(admin_config()).await;
+    let user = s.create_token("carol", "user").await;
+    let (status, _) = s
+        .call(Method::Get, routes::JOBS.path, Some(&user), &json!({}))
+        .await;
+    assert_eq!(status, 200, "the new token works (and is now remembered)");
+    let (status, list) = s
+        .call(Method::Get, routes::TOKENS.path, Some(ADMIN), &json!({}))
+        .await;
+    assert_eq!(status, 200);
+    assert!(
+        !list.to_string().contains(&user),
+        "a listing shows no secret"
+    );
+    assert!(!list.to_string().contains("argon2"), "nor its hash: {list}");
+    let id = list[0]["id"].as_str().expect("id").to_string();
+    assert_eq!(list[0]["name"], "carol");
+    assert_eq!(list[0]["created_by"], "admin");
+    let (status, v) = s
+        .call(
+            Method::Post,
+            &routes::REVOKE_TOKEN.path_with(&[&id]),
+            Some(ADMIN),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = s
+        .call(Method::Get, routes::JOBS.path, Some(&user), &json!({}))
+        .await;
+    assert_eq!(status, 401, "revoked: {v}");
+    assert_error(&v, "unauthenticated", "revoked");
+    // An expired token: 401, saying so (verifying the secret alone outlasts 1 ms).
+    let (status, v) = s
+        .call(
+            Method::Post,
+            routes::CREATE_TOKEN.path,
+            Some(ADMIN),
+            &json!({"name": "erin", "role": "user", "expires_in": "1ms"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["expires_at"].is_string(), "{v}");
+    let short = v["token"].as_str().expect("token").to_string();
+    let (status, v) = s
+        .call(Method::Get, routes::JOBS.path, Some(&short), &json!({}))
+        .await;
+    assert_eq!(status, 401, "expired: {v}");
+    assert_error(&v, "unauthenticated", "expired");
+    assert!(v.to_string().contains("expired"), "{v}");
+    let (status, v) = s
+        .call(
+            Method::Post,
+            routes::CREATE_TOKEN.path,
+            Some(ADMIN),
+            &json!({"name": "erin", "role": "user", "expires_in": "soon"}),
+        )
+        .await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["field"], "expires_in");
+    // Bad input names the field.
+    let (status, v) = s
+        .call(
+            Method::Post,
+            routes::CREATE_TOKEN.path,
+            Some(ADMIN),
+            &json!({"name": "bad name!", "role": "user"}),
+        )
+        .await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["field"], "name");
+    let (status, v) = s
+        .call(
+            Method::Post,
+            routes::CREATE_TOKEN.path,
+            Some(ADMIN),
+            &json!({"name": "dave", "role": "root"}),
+        )
+        .await;
+    assert!(status == 400 || status == 422, "{status} {v}");
+    assert!(v.to_string().contains("role"), "{v}");
+}
+
+#[tokio::test]
+async fn configured_hashed_tokens_work_and_open_coordinators_allow_everything_on_loopback() {
+    let secret = "agent-secret-from-a-tokens-file";
+    let hashed = ConfigToken {
+        name: "node-9".into(),
+        role: Role::Agent,
+        secret: Secret::Hash(auth::hash_secret(secret).expect("hash")),
+    };
+    let s = start(vec![hashed]).await;
+    let (status, v) = s
+        .call(
+            Method::Post,
+            routes::REGISTER.path,
+            Some(secret),
+            &json!({}),
+        )
+        .await;
+    assert!(status != 401 && status != 403, "{status} {v}");
+    let (status, _) = s
+        .call(Method::Get, routes::JOBS.path, Some(secret), &json!({}))
+        .await;
+    assert_eq!(status, 403, "an agent token reads no jobs");
+
+    // No tokens: today's behaviour, everyone is the anonymous admin; tokens cannot be made.
+    let open = start(vec![]).await;
+    let (status, _) = open
+        .call(Method::Get, routes::JOBS.path, None, &json!({}))
+        .await;
+    assert_eq!(status, 200);
+    let (status, v) = open
+        .call(
+            Method::Post,
+            routes::CREATE_TOKEN.path,
+            None,
+            &json!({"name": "x", "role": "user"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert!(v.to_string().contains("--admin-token"), "{v}");
+}
+
+#[tokio::test]
+async fn a_coordinator_open_to_the_network_needs_tokens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(SqliteStore::open(&dir.path().join("s.db")).expect("store"));
+    let config = CoordinatorConfig::new("0.0.0.0:0".parse().expect("addr"), dir.path().into());
+    let err = Application::build(config.clone(), store.clone())
+        .await
+        .err()
+        .expect("refused without tokens");
+    assert!(matches!(err, AppError::OpenToTheNetwork { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("0.0.0.0") && text.contains("HEADROOM_ADMIN_TOKEN"),
+        "{text}"
+    );
+    let with_tokens = CoordinatorConfig {
+        tokens: admin_config(),
+        ..config
+    };
+    assert!(Application::build(with_tokens, store).await.is_ok());
+}
