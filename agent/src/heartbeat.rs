@@ -62,6 +62,8 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
         match reply {
             Ok(Ok(resp)) => {
                 renewed = renewed.max(sent);
+                // Every attempt's supervisor learns its new deadline.
+                attempts.renewed_until(budget.deadline(renewed));
                 // Paced from the sending: a slow answer does not delay the next renewal.
                 next = sent + budget.every;
                 attempts.released(&released).await;
@@ -230,12 +232,16 @@ mod tests {
                 supervisor: Default::default(),
                 claim_wait: S(1),
                 kill_foreign: false,
+                gpu: crate::gpu::BackendChoice::Nvml,
+                on_exit: Default::default(),
+                supervisor_exe: crate::launcher::SELF_EXE.into(),
             },
             client: crate::client::Client::new(url).expect("client"),
             backend: Arc::new(backend),
             attempts: Attempts::load(dir.path()).expect("attempts"),
             outcomes: crate::outcomes::Outcomes::open(dir.path()).expect("outcomes"),
             scope: "test".into(),
+            supervisor_log: None,
         });
         let attempts = shared.attempts.clone();
         let start = Instant::now();

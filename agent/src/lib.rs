@@ -16,5 +16,6 @@ mod lease;
 pub mod outcomes;
 pub mod procscan;
 pub mod settings;
+pub mod shim;
 pub mod supervisor;
 pub mod sweep;

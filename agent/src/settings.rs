@@ -9,7 +9,7 @@ use clap::ValueEnum;
 use headroom_shared::api::Headroom;
 use headroom_shared::settings::duration;
 
-use crate::agent::AgentConfig;
+use crate::agent::{AgentConfig, OnExit};
 use crate::gpu::{BackendChoice, FakeGpuSpec};
 use crate::supervisor::SupervisorConfig;
 
@@ -50,6 +50,12 @@ pub struct AgentSettings {
     /// Kill processes that belong to no job and hold GPU memory (default: report, never kill).
     #[arg(long, env = "HEADROOM_KILL_FOREIGN")]
     pub kill_foreign: bool,
+    /// What stopping the agent does to running jobs: `detach` leaves them running under their
+    /// supervisors for the next agent on this data directory to re-attach (upgrades,
+    /// restarts; they stop themselves if none does within the lease TTL), `stop` stops and
+    /// reports them. `headroom up` always stops them.
+    #[arg(long, value_enum, env = "HEADROOM_ON_EXIT", default_value = "detach")]
+    pub on_exit: OnExit,
 }
 
 impl AgentSettings {
@@ -77,6 +83,9 @@ impl AgentSettings {
     /// The agent's configuration, talking to `coordinator`, keeping logs in `data_dir`.
     pub fn agent_config(&self, coordinator: String, data_dir: PathBuf) -> AgentConfig {
         AgentConfig {
+            gpu: self.backend_choice(&data_dir),
+            on_exit: self.on_exit,
+            supervisor_exe: crate::launcher::SELF_EXE.into(),
             coordinator,
             node: self.node_name(),
             plan: self.plan.clone(),
@@ -85,7 +94,7 @@ impl AgentSettings {
             supervisor: SupervisorConfig {
                 kill_grace: self.kill_grace,
                 verify_timeout: self.verify_timeout,
-                launcher: Some(crate::launcher::SELF_EXE.into()),
+                launcher: None,
                 ..SupervisorConfig::default()
             },
             claim_wait: Duration::from_secs(20),

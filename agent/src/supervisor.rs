@@ -34,8 +34,8 @@ const TAIL_BYTES: u64 = 4096;
 /// the watch loop; the rest is read on the next tick or at the end.
 const PUMP_LIMIT: u64 = 64 << 20;
 
-/// Everything needed to run one attempt.
-#[derive(Clone, Debug)]
+/// Everything needed to run one attempt (sent to the attempt's supervisor process as JSON).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Launch {
     pub attempt: AttemptId,
     pub job: JobId,
@@ -368,7 +368,7 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-fn not_started(failure: Option<FailureClass>, log_tail: String) -> AttemptEnd {
+pub(crate) fn not_started(failure: Option<FailureClass>, log_tail: String) -> AttemptEnd {
     AttemptEnd {
         failure,
         exit_code: None,
