@@ -186,7 +186,16 @@ impl Agent {
             )
             .await;
             match hello {
-                Ok((conn, FromShim::Hello { fence, gpus, pid, .. })) => {
+                Ok((
+                    conn,
+                    FromShim::Hello {
+                        fence,
+                        gpus,
+                        pid,
+                        started_at,
+                        ..
+                    },
+                )) => {
                     tracing::info!(%attempt, ?pid, "re-attached to a running attempt");
                     let stop = self.shared.attempts.begin(attempt, fence, &self.stopping);
                     self.attempt_tasks.spawn(crate::lease::follow(
@@ -195,6 +204,7 @@ impl Agent {
                         fence,
                         gpus,
                         conn,
+                        pid.zip(started_at),
                         stop,
                         self.exit.clone(),
                     ));

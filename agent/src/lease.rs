@@ -61,7 +61,7 @@ pub(crate) async fn run(shared: Arc<Shared>, lease: Lease, stop: StopSignal, exi
         workdir: None,
     };
     match spawn_supervisor(&shared, launch, fence).await {
-        Ok(conn) => follow(shared, attempt, fence, gpus, conn, stop, exit).await,
+        Ok(conn) => follow(shared, attempt, fence, gpus, conn, None, stop, exit).await,
         Err(e) => {
             tracing::error!(%attempt, "cannot start the attempt's supervisor: {e}");
             let end = supervisor::not_started(
@@ -145,13 +145,17 @@ fn millis(d: Duration) -> u64 {
 
 /// Follows an attempt's supervisor over `conn` until it ends (or, when the agent exits
 /// leaving its attempts running, until then): start report, log shipping, lease deadlines
-/// and stop requests; then reports the end.
+/// and stop requests; then reports the end. `started`: the job's pid and start, when a
+/// re-attached supervisor said it runs (reported again: a former run may have died before it
+/// could; a repeated start report changes nothing).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn follow(
     shared: Arc<Shared>,
     attempt: AttemptId,
     fence: i64,
     gpus: Vec<u32>,
     mut conn: Conn,
+    started: Option<(u32, DateTime<Utc>)>,
     stop: StopSignal,
     exit: Exit,
 ) {
@@ -168,7 +172,9 @@ pub(crate) async fn follow(
     // former run gave it until this run has renewed the leases.
     deadlines.borrow_and_update();
     let mut stop_sent = false;
-    let mut start_report = None;
+    let mut start_report = started.map(|(pid, at)| {
+        tokio::spawn(report_start(shared.client.clone(), attempt, fence, pid, at))
+    });
     let ended = loop {
         tokio::select! {
             msg = conn.recv::<FromShim>() => match msg {

@@ -463,6 +463,9 @@ impl Drop for Headroom {
         if self.child.is_some() {
             let _ = self.stop();
         }
+        // Attempts of a `headroom up` killed with `kill -9` outlive it under their
+        // supervisors: a finished test leaves none behind.
+        kill_scope(&self.data_dir().join("agent"));
     }
 }
 
@@ -483,6 +486,26 @@ pub fn scope_pids(data_dir: &Path) -> Vec<u32> {
                 && alive(pid)
         })
         .collect()
+}
+
+/// SIGKILLs the attempt supervisor processes of the agent whose data directory is
+/// `data_dir` (as a crash of the whole node's service would), leaving their jobs' orphans;
+/// returns how many.
+pub fn kill_supervisors(data_dir: &Path) -> usize {
+    let supervisors: Vec<u32> = scope_pids(data_dir)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"__headroom-attempt"))
+        })
+        .collect();
+    for &pid in &supervisors {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    supervisors.len()
 }
 
 /// SIGKILLs every process of that agent's scope (see [`scope_pids`]), scanning again until
