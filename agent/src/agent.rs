@@ -179,12 +179,9 @@ impl Agent {
         .await
         .unwrap_or_default();
         for attempt in found.into_keys() {
-            let hello = crate::shim::proto::connect(
-                &self.shared.scope,
-                attempt,
-                Duration::from_secs(2),
-            )
-            .await;
+            let hello =
+                crate::shim::proto::connect(&self.shared.scope, attempt, Duration::from_secs(2))
+                    .await;
             match hello {
                 Ok((
                     conn,
@@ -211,7 +208,9 @@ impl Agent {
                 }
                 Ok(_) => {}
                 // Its processes are swept as strays; a journalled end is reported below.
-                Err(e) => tracing::warn!(%attempt, "cannot re-attach to the attempt's supervisor: {e}"),
+                Err(e) => {
+                    tracing::warn!(%attempt, "cannot re-attach to the attempt's supervisor: {e}")
+                }
             }
         }
         let journal = self.shared.outcomes.clone();
@@ -510,11 +509,12 @@ impl Agent {
                     s.free_mib = s.free_mib.saturating_sub(est);
                 }
             }
-            self.launch(lease);
+            let baseline = crate::supervisor::Baseline::of(&samples, &lease.gpus);
+            self.launch(lease, baseline);
         }
     }
 
-    fn launch(&self, lease: Lease) {
+    fn launch(&self, lease: Lease, baseline: crate::supervisor::Baseline) {
         let stop = self
             .shared
             .attempts
@@ -523,6 +523,7 @@ impl Agent {
         self.attempt_tasks.spawn(crate::lease::run(
             self.shared.clone(),
             lease,
+            baseline,
             stop,
             self.exit.clone(),
         ));

@@ -234,7 +234,7 @@ mod tests {
                 kill_foreign: false,
                 gpu: crate::gpu::BackendChoice::Nvml,
                 on_exit: Default::default(),
-                supervisor_exe: crate::launcher::SELF_EXE.into(),
+                supervisor_exe: crate::shim::SELF_EXE.into(),
             },
             client: crate::client::Client::new(url).expect("client"),
             backend: Arc::new(backend),

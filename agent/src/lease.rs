@@ -24,7 +24,7 @@ use crate::backoff::Backoff;
 use crate::client::{Client, ClientError};
 use crate::outcomes::Outcome;
 use crate::shim::proto::{Conn, FromShim, GpuChoice, ProtoError, Spec, ToShim};
-use crate::supervisor::{self, Launch};
+use crate::supervisor::{self, Baseline, Launch};
 
 /// Tries at reporting an end once the agent drains (about half a minute with the backoff).
 const DRAINING_TRIES: u32 = 10;
@@ -40,8 +40,15 @@ pub(crate) struct Exit {
     pub detach: CancellationToken,
 }
 
-/// A new lease: starts its supervisor process and follows it to the end.
-pub(crate) async fn run(shared: Arc<Shared>, lease: Lease, stop: StopSignal, exit: Exit) {
+/// A new lease: starts its supervisor process and follows it to the end. `baseline`: what
+/// was on its GPUs at admission, just before.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    lease: Lease,
+    baseline: Baseline,
+    stop: StopSignal,
+    exit: Exit,
+) {
     let attempt = lease.attempt;
     let fence = lease.fence;
     let gpus = lease.gpus.clone();
@@ -59,6 +66,7 @@ pub(crate) async fn run(shared: Arc<Shared>, lease: Lease, stop: StopSignal, exi
         timeout: lease.timeout_ms.map(Duration::from_millis),
         log_path: log_path(&shared, attempt),
         workdir: None,
+        baseline: Some(baseline),
     };
     match spawn_supervisor(&shared, launch, fence).await {
         Ok(conn) => follow(shared, attempt, fence, gpus, conn, None, stop, exit).await,
@@ -86,11 +94,7 @@ fn log_path(shared: &Shared, attempt: AttemptId) -> PathBuf {
 
 /// Starts the attempt's supervisor process (the agent's own binary, see [`crate::shim`])
 /// with one end of a socketpair as its stdin, and sends it the launch.
-async fn spawn_supervisor(
-    shared: &Shared,
-    launch: Launch,
-    fence: i64,
-) -> Result<Conn, ProtoError> {
+async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result<Conn, ProtoError> {
     let attempt = launch.attempt;
     let stop_in = (*shared.attempts.fence_deadline().borrow())
         .map(|d| d.saturating_duration_since(Instant::now()))
@@ -117,10 +121,12 @@ async fn spawn_supervisor(
         .env(crate::sweep::AGENT_VAR, &shared.scope)
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::null())
-        .stderr(match shared.supervisor_log.as_ref().map(std::fs::File::try_clone) {
-            Some(Ok(f)) => Stdio::from(f),
-            _ => Stdio::null(),
-        });
+        .stderr(
+            match shared.supervisor_log.as_ref().map(std::fs::File::try_clone) {
+                Some(Ok(f)) => Stdio::from(f),
+                _ => Stdio::null(),
+            },
+        );
     let mut child = crate::procscan::spawn_owned(|| cmd.spawn(), tokio::process::Child::id)?;
     drop(cmd);
     // Reaped when it exits, while this agent lives; it is never killed with the agent.
@@ -226,7 +232,14 @@ pub(crate) async fn follow(
         Some(end) => end,
         None => gone(&shared, attempt, fence).await,
     };
-    finish(&shared, Outcome { attempt, report }, gpus, held_by, &exit.giving_up).await;
+    finish(
+        &shared,
+        Outcome { attempt, report },
+        gpus,
+        held_by,
+        &exit.giving_up,
+    )
+    .await;
 }
 
 async fn report_start(
@@ -257,9 +270,8 @@ async fn gone(shared: &Arc<Shared>, attempt: AttemptId, fence: i64) -> (Vec<u32>
         .await
         .unwrap_or_default();
     tracing::error!(%attempt, ?killed, "the attempt's supervisor died without an outcome: the attempt is lost");
-    let why = format!(
-        "the attempt's supervisor process died; its processes {killed:?} were killed"
-    );
+    let why =
+        format!("the attempt's supervisor process died; its processes {killed:?} were killed");
     let report = FinishReport {
         fence,
         failure: Some(FailureClass::Lost),
@@ -276,7 +288,14 @@ async fn gone(shared: &Arc<Shared>, attempt: AttemptId, fence: i64) -> (Vec<u32>
         log_tail: format!("[headroom] {why}\n"),
         gpus: sample(&shared.backend).await,
     };
-    journal(shared, &Outcome { attempt, report: report.clone() }).await;
+    journal(
+        shared,
+        &Outcome {
+            attempt,
+            report: report.clone(),
+        },
+    )
+    .await;
     (killed, report)
 }
 

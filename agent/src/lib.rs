@@ -11,7 +11,6 @@ pub mod client;
 pub mod fence;
 pub mod gpu;
 mod heartbeat;
-pub mod launcher;
 mod lease;
 pub mod outcomes;
 pub mod procscan;

@@ -85,7 +85,7 @@ impl AgentSettings {
         AgentConfig {
             gpu: self.backend_choice(&data_dir),
             on_exit: self.on_exit,
-            supervisor_exe: crate::launcher::SELF_EXE.into(),
+            supervisor_exe: crate::shim::SELF_EXE.into(),
             coordinator,
             node: self.node_name(),
             plan: self.plan.clone(),
@@ -94,7 +94,6 @@ impl AgentSettings {
             supervisor: SupervisorConfig {
                 kill_grace: self.kill_grace,
                 verify_timeout: self.verify_timeout,
-                launcher: None,
                 ..SupervisorConfig::default()
             },
             claim_wait: Duration::from_secs(20),

@@ -31,6 +31,9 @@ use proto::{Conn, FromShim, GpuChoice, PROTOCOL, Spec, ToShim};
 
 /// First argument that turns a headroom binary into an attempt supervisor.
 pub const SHIM_ARG: &str = "__headroom-attempt";
+/// The running binary, whatever happened to its file since it started (an upgrade replaced
+/// it): attempt supervisors run the agent's own image.
+pub const SELF_EXE: &str = "/proc/self/exe";
 
 /// Call first thing in `main` of every binary that runs jobs: when started as an attempt
 /// supervisor, this process supervises its attempt and exits; it never returns.
@@ -47,11 +50,15 @@ fn main() -> i32 {
     if let Err(e) = nix::unistd::setsid() {
         eprintln!("headroom attempt supervisor: setsid: {e}");
     }
-    if let Err(e) = supervisor::become_subreaper() {
-        eprintln!("headroom attempt supervisor: {e}; orphans may escape to init");
-    }
+    let own_tree = match supervisor::become_subreaper() {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("headroom attempt supervisor: {e}; orphans may escape to init");
+            false
+        }
+    };
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_max_level(tracing::Level::WARN)
         .with_writer(std::io::stderr)
         .try_init();
     // The agent's end of the spawn channel is our stdin.
@@ -72,7 +79,7 @@ fn main() -> i32 {
             return 2;
         }
     };
-    rt.block_on(serve(channel))
+    rt.block_on(serve(channel, own_tree))
 }
 
 impl GpuChoice {
@@ -140,7 +147,7 @@ async fn accept(listener: &Option<UnixListener>) -> std::io::Result<tokio::net::
     }
 }
 
-async fn serve(channel: std::os::unix::net::UnixStream) -> i32 {
+async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
     let mut first = match Conn::new(channel) {
         Ok(c) => c,
         Err(e) => {
@@ -202,7 +209,7 @@ async fn serve(channel: std::os::unix::net::UnixStream) -> i32 {
         kill_grace: Duration::from_millis(spec.kill_grace_ms),
         verify_timeout: Duration::from_millis(spec.verify_timeout_ms),
         sample_every: Duration::from_millis(spec.sample_every_ms),
-        launcher: None,
+        own_tree,
     };
     let cancel = CancellationToken::new();
     let mut reason: Option<StopReason> = None;

@@ -207,7 +207,10 @@ mod tests {
             r#"{"msg":"started","pid":12,"started_at":"2026-11-23T10:00:00Z"}"#,
         )
         .expect("parse");
-        assert!(matches!(back, FromShim::Started { pid: 12, .. }), "{back:?}");
+        assert!(
+            matches!(back, FromShim::Started { pid: 12, .. }),
+            "{back:?}"
+        );
     }
 
     #[test]

@@ -79,7 +79,11 @@ impl Site {
 
     fn logs(&self) -> String {
         let mut out = String::new();
-        for f in std::fs::read_dir(self.dir.path()).into_iter().flatten().flatten() {
+        for f in std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if f.path().extension().is_some_and(|e| e == "log") {
                 out.push_str(&format!("==> {}\n", f.path().display()));
                 let text = std::fs::read_to_string(f.path()).unwrap_or_default();
@@ -194,11 +198,15 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
         (p.counts.finished() == p.counts.total()).then_some(())
     });
     // Ended supervisors exit at once; strays of lost attempts are swept by their agent.
-    wait("no process of any job left", Duration::from_secs(30), || {
-        (0..AGENTS)
-            .all(|j| scope_pids(&site.agent_dir(j)).is_empty())
-            .then_some(())
-    });
+    wait(
+        "no process of any job left",
+        Duration::from_secs(30),
+        || {
+            (0..AGENTS)
+                .all(|j| scope_pids(&site.agent_dir(j)).is_empty())
+                .then_some(())
+        },
+    );
     let timeline = deaths.finish().expect("the record file and its processes");
 
     let jobs = site.jobs();
@@ -206,9 +214,14 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
     let mut lost = 0;
     let mut reran = 0;
     for j in &jobs {
-        assert_eq!(j.state, JobState::Succeeded, "job {}\n{}", j.id, site.logs());
-        let d: JobDetail =
-            http_get(&format!("{}/v1/jobs/{}", site.urls[0], j.id)).expect("job");
+        assert_eq!(
+            j.state,
+            JobState::Succeeded,
+            "job {}\n{}",
+            j.id,
+            site.logs()
+        );
+        let d: JobDetail = http_get(&format!("{}/v1/jobs/{}", site.urls[0], j.id)).expect("job");
         let wins = d
             .attempts_detail
             .iter()
@@ -246,7 +259,12 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
         }
     }
     // Before attempt supervisors, each kill lost the 3 attempts its agent ran.
-    assert_eq!(lost, 0, "attempts lost to restarts within the TTL\n{}", site.logs());
+    assert_eq!(
+        lost,
+        0,
+        "attempts lost to restarts within the TTL\n{}",
+        site.logs()
+    );
     assert_eq!(reran, 0, "jobs run more than once");
     let starts: HashMap<&str, usize> =
         timeline
@@ -258,6 +276,9 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
                 m
             });
     assert_eq!(starts.len(), 400);
-    assert!(starts.values().all(|&n| n == 1), "every job started one process");
+    assert!(
+        starts.values().all(|&n| n == 1),
+        "every job started one process"
+    );
     eprintln!("chaos: {kills} kills, every job started once");
 }

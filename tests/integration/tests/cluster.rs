@@ -304,9 +304,11 @@ fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
         .expect("kill -9");
     // Its jobs run on under their supervisors, which stop them when no agent renews their
     // leases (TTL 3 s), before the coordinator gives them away.
-    wait("the victim's jobs to be stopped", Duration::from_secs(10), || {
-        pids.iter().all(|&p| !alive(p)).then_some(())
-    });
+    wait(
+        "the victim's jobs to be stopped",
+        Duration::from_secs(10),
+        || pids.iter().all(|&p| !alive(p)).then_some(()),
+    );
     c.wait_done(exp, Duration::from_secs(90));
     let (lost, timeline) = c.assert_exactly_once(exp);
     assert_eq!(lost, 4, "the four attempts were lost after the TTL");

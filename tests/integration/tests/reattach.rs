@@ -17,7 +17,12 @@ use headroom_shared::api::JobDetail;
 use headroom_shared::{ExperimentId, FailureClass, JobState};
 use nix::sys::signal::Signal;
 
-fn agent(url: &str, dir: &Path, node: &str, opts: impl FnOnce(AgentOptions) -> AgentOptions) -> Agent {
+fn agent(
+    url: &str,
+    dir: &Path,
+    node: &str,
+    opts: impl FnOnce(AgentOptions) -> AgentOptions,
+) -> Agent {
     let base = AgentOptions::node(node)
         .kill_grace("300ms")
         .verify_timeout("5s");
@@ -85,9 +90,11 @@ fn an_agent_killed_mid_attempt_and_restarted_within_the_ttl_re_attaches() {
         "{}",
         again.output()
     );
-    wait("nothing of the job to be left", Duration::from_secs(10), || {
-        again.scope_pids().is_empty().then_some(())
-    });
+    wait(
+        "nothing of the job to be left",
+        Duration::from_secs(10),
+        || again.scope_pids().is_empty().then_some(()),
+    );
 }
 
 /// An upgrade as systemd does it with `KillMode=process`: SIGTERM to the agent only, the
@@ -114,7 +121,11 @@ fn an_upgrade_restarts_the_agent_from_another_binary_while_the_job_runs_on() {
 
     let status = first.stop_with(Signal::SIGTERM, Duration::from_secs(30));
     assert!(status.success(), "{status}\n{}", first.output());
-    assert!(alive(pid), "the job survives the agent's exit:\n{}", first.output());
+    assert!(
+        alive(pid),
+        "the job survives the agent's exit:\n{}",
+        first.output()
+    );
     // The old binary is gone, as a package upgrade replaces it.
     std::fs::remove_file(&old).expect("remove the old binary");
     let upgraded = agent(url, dir.path(), "gpu-1", |o| {
@@ -122,9 +133,11 @@ fn an_upgrade_restarts_the_agent_from_another_binary_while_the_job_runs_on() {
     });
     let d = ended(url, exp);
     ran_once_as(&d, pid, &record, &upgraded.output());
-    wait("nothing of the job to be left", Duration::from_secs(10), || {
-        upgraded.scope_pids().is_empty().then_some(())
-    });
+    wait(
+        "nothing of the job to be left",
+        Duration::from_secs(10),
+        || upgraded.scope_pids().is_empty().then_some(()),
+    );
 }
 
 /// `kill -9` of the agent and no agent for longer than the TTL: the supervisor stops the
@@ -145,16 +158,17 @@ fn an_agent_away_longer_than_the_ttl_leaves_its_supervisor_to_stop_the_job_in_ti
     first.kill9().expect("kill -9");
     let _rescuer = agent(url, dir.path(), "gpu-2", |o| o);
     let d = wait("the job to run again", Duration::from_secs(60), || {
-        job_of(url, exp).filter(|d| d.attempts_detail.len() >= 2 && d.attempts_detail[1].pid.is_some())
+        job_of(url, exp)
+            .filter(|d| d.attempts_detail.len() >= 2 && d.attempts_detail[1].pid.is_some())
     });
     assert!(!alive(pid), "the first attempt's process was stopped");
     let first_attempt = &d.attempts_detail[0];
-    assert_eq!(first_attempt.failure_class, Some(FailureClass::Lost), "{d:#?}");
-    let attempts: Vec<String> = d
-        .attempts_detail
-        .iter()
-        .map(|a| a.id.to_string())
-        .collect();
+    assert_eq!(
+        first_attempt.failure_class,
+        Some(FailureClass::Lost),
+        "{d:#?}"
+    );
+    let attempts: Vec<String> = d.attempts_detail.iter().map(|a| a.id.to_string()).collect();
     let timeline = watch.finish().expect("timeline");
     timeline
         .assert_apart("the job", &attempts)
@@ -166,19 +180,23 @@ fn an_agent_away_longer_than_the_ttl_leaves_its_supervisor_to_stop_the_job_in_ti
     // The agent comes back: its journalled end (stopped for the lease) is refused, since the
     // job went on elsewhere; nothing of the attempt is left.
     let back = agent(url, dir.path(), "gpu-1", |o| o.log("gpu-1-back.log"));
-    wait("the journalled end to be answered", Duration::from_secs(30), || {
-        back.output()
-            .contains("finish refused, the lease is no longer ours")
-            .then_some(())
-    });
+    wait(
+        "the journalled end to be answered",
+        Duration::from_secs(30),
+        || {
+            back.output()
+                .contains("finish refused, the lease is no longer ours")
+                .then_some(())
+        },
+    );
     let journal: Vec<_> = std::fs::read_dir(back.data_dir.join("outcomes"))
         .expect("journal")
         .flatten()
         .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
         .collect();
     assert!(journal.is_empty(), "{journal:?}");
-    let supervisors = std::fs::read_to_string(back.data_dir.join("supervisors.log"))
-        .unwrap_or_default();
+    let supervisors =
+        std::fs::read_to_string(back.data_dir.join("supervisors.log")).unwrap_or_default();
     assert!(
         supervisors.contains("lease not renewed in time"),
         "the supervisor stopped the job itself:\n{supervisors}"

@@ -15,8 +15,13 @@ fn restart_after_kill9_keeps_the_queue_and_re_attaches_running_jobs() {
     let mut h = Headroom::up(UpOptions::gpus("1x24GiB").plan("2"));
     let record = h.path("timeline.jsonl");
     let job = |seconds: &str| {
-        serde_json::json!([fake_job().display().to_string(), "--seconds", seconds,
-            "--record", record.display().to_string()])
+        serde_json::json!([
+            fake_job().display().to_string(),
+            "--seconds",
+            seconds,
+            "--record",
+            record.display().to_string()
+        ])
     };
     // Submitted first, so it is surely one of the two jobs running at the crash; a lost
     // attempt of it would fail the job.
@@ -39,7 +44,10 @@ fn restart_after_kill9_keeps_the_queue_and_re_attaches_running_jobs() {
         .collect();
 
     h.kill9().expect("kill -9");
-    assert!(pids.iter().all(|&p| alive(p)), "running jobs outlive the crash");
+    assert!(
+        pids.iter().all(|&p| alive(p)),
+        "running jobs outlive the crash"
+    );
     h.restart().expect("restart");
 
     let mut jobs = h.wait_done(more, Duration::from_secs(60));
@@ -47,7 +55,12 @@ fn restart_after_kill9_keeps_the_queue_and_re_attaches_running_jobs() {
     for j in &jobs {
         let d = h.job(j.id).expect("job");
         assert_eq!(d.summary.state, JobState::Succeeded, "{d:#?}");
-        assert_eq!(d.attempts_detail.len(), 1, "ran once: {:#?}", d.attempts_detail);
+        assert_eq!(
+            d.attempts_detail.len(),
+            1,
+            "ran once: {:#?}",
+            d.attempts_detail
+        );
     }
     for j in &running {
         assert!(
