@@ -132,7 +132,7 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
         _coords: coords,
         agents: (0..AGENTS).map(|_| None).collect(),
     };
-    let mut lives = vec![0usize; AGENTS];
+    let mut lives = [0usize; AGENTS];
     for j in 0..AGENTS {
         site.start_agent(j, 0);
     }
