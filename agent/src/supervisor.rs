@@ -542,7 +542,26 @@ pub struct Baseline {
     /// Processes of no attempt.
     foreign: HashSet<u32>,
     /// Used memory of each GPU that read fine.
+    #[serde(with = "pairs")]
     used: HashMap<u32, u64>,
+}
+
+/// A map with integer keys as a list of pairs: JSON object keys are strings, which serde
+/// cannot read back as integers inside an internally tagged message.
+mod pairs {
+    use std::collections::HashMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(map: &HashMap<u32, u64>, s: S) -> Result<S::Ok, S::Error> {
+        let mut v: Vec<(u32, u64)> = map.iter().map(|(k, v)| (*k, *v)).collect();
+        v.sort_unstable();
+        v.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<u32, u64>, D::Error> {
+        Ok(Vec::<(u32, u64)>::deserialize(d)?.into_iter().collect())
+    }
 }
 
 impl Baseline {

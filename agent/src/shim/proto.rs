@@ -213,6 +213,54 @@ mod tests {
         );
     }
 
+    /// The launch goes through the tagged message whole, the baseline's GPU map included.
+    #[test]
+    fn a_launch_reads_back() {
+        let samples = vec![headroom_shared::api::GpuSample {
+            index: 3,
+            used_mib: 512,
+            ..Default::default()
+        }];
+        let launch = Launch {
+            attempt: AttemptId::new(),
+            job: JobId::new(),
+            argv: vec!["true".into()],
+            env: Default::default(),
+            params: Default::default(),
+            gpus: vec![3],
+            timeout: Some(Duration::from_secs(5)),
+            log_path: "/tmp/x.log".into(),
+            workdir: None,
+            baseline: Some(crate::supervisor::Baseline::of(&samples, &[3])),
+        };
+        let msg = ToShim::Launch {
+            spec: Box::new(Spec {
+                launch,
+                fence: 7,
+                data_dir: "/data".into(),
+                scope: "/data".into(),
+                gpu: GpuChoice::Fake {
+                    spec: "1x24GiB".into(),
+                    dir: "/data/fake".into(),
+                },
+                kill_grace_ms: 1,
+                verify_timeout_ms: 2,
+                sample_every_ms: 3,
+                stop_in_ms: 4,
+                spare: None,
+            }),
+        };
+        let line = serde_json::to_string(&msg).expect("json");
+        let ToShim::Launch { spec } = serde_json::from_str(&line).expect("reads back") else {
+            panic!("{line}")
+        };
+        assert_eq!(spec.fence, 7);
+        assert_eq!(
+            spec.launch.baseline,
+            Some(crate::supervisor::Baseline::of(&samples, &[3]))
+        );
+    }
+
     #[test]
     fn socket_names_fit_and_differ_by_scope_and_attempt() {
         let a = AttemptId::new();
