@@ -22,8 +22,9 @@ use crate::attempts::{Attempts, AttemptsError, StopReason};
 use crate::backoff::Backoff;
 use crate::client::{BearerToken, Client, ClientError};
 use crate::fence::{FenceBudget, FenceError};
-use crate::gpu::GpuBackend;
+use crate::gpu::{BackendChoice, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes, OutcomesError};
+use crate::shim::proto::FromShim;
 use crate::supervisor::{self, SupervisorConfig};
 
 #[derive(Clone, Debug)]
@@ -50,6 +51,24 @@ pub struct AgentConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Sent as `Authorization: Bearer` on every call (a token of role `agent`).
     pub token: Option<BearerToken>,
+    /// The GPU backend, as each attempt's supervisor process opens it too.
+    pub gpu: BackendChoice,
+    /// What an exit (SIGTERM, SIGINT) does to running attempts.
+    pub on_exit: OnExit,
+    /// The binary run as each attempt's supervisor ([`crate::shim`]): the agent's own.
+    pub supervisor_exe: PathBuf,
+}
+
+/// What an exiting agent does to the attempts it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnExit {
+    /// Leave them running under their supervisors (an upgrade or restart): an agent started
+    /// again on the same data directory re-attaches; with none within the lease, they stop
+    /// themselves before the coordinator may give their jobs away.
+    #[default]
+    Detach,
+    /// Stop them with the normal cleanup and report them (requeued per their retry policy).
+    Stop,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +135,8 @@ pub(crate) struct Shared {
     /// GPU telemetry, sampled at `cfg.telemetry_interval`, shipped with heartbeats.
     pub telemetry: crate::telemetry::Telemetry,
     pub metrics: crate::metrics::AgentMetrics,
+    /// Where attempt supervisors write what goes wrong (`<data dir>/supervisors.log`).
+    pub supervisor_log: Option<std::fs::File>,
 }
 
 pub struct Agent {
@@ -124,8 +145,9 @@ pub struct Agent {
     attempt_tasks: TaskTracker,
     /// Heartbeats.
     tasks: TaskTracker,
-    /// Cancelled when the agent drains: parent of every attempt's stop signal.
-    draining: CancellationToken,
+    /// Parent of every attempt's stop signal: cancelled when the agent exits stopping them.
+    stopping: CancellationToken,
+    exit: crate::lease::Exit,
     registered_once: AtomicBool,
     /// Outcomes an earlier run journalled and did not get answered: kept (declared at
     /// registration) and reported before any new work is taken.
@@ -142,16 +164,12 @@ impl Agent {
         cfg.data_dir = cfg.data_dir.canonicalize()?;
         let attempts = Attempts::load(&cfg.data_dir)?;
         let outcomes = Outcomes::open(&cfg.data_dir)?;
-        let (unreported, unreadable) = outcomes.pending()?;
-        for e in unreadable {
-            tracing::error!("a journalled outcome cannot be reported: {e}");
-        }
-        if !unreported.is_empty() {
-            tracing::info!(
-                outcomes = unreported.len(),
-                "found outcomes an earlier run did not report; reporting them first"
-            );
-        }
+        let supervisor_log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(cfg.data_dir.join("supervisors.log"))
+            .map_err(|e| tracing::warn!("supervisors.log: {e}"))
+            .ok();
         let metrics_listener = match cfg.metrics_addr {
             Some(addr) => Some(
                 std::net::TcpListener::bind(addr)
@@ -178,12 +196,17 @@ impl Agent {
                 outcomes,
                 telemetry,
                 metrics,
+                supervisor_log,
             }),
             attempt_tasks: TaskTracker::new(),
             tasks: TaskTracker::new(),
-            draining: CancellationToken::new(),
+            stopping: CancellationToken::new(),
+            exit: crate::lease::Exit {
+                giving_up: CancellationToken::new(),
+                detach: CancellationToken::new(),
+            },
             registered_once: AtomicBool::new(false),
-            unreported: Mutex::new(unreported),
+            unreported: Mutex::new(Vec::new()),
             metrics_listener: Mutex::new(metrics_listener),
         })
     }
@@ -195,6 +218,73 @@ impl Agent {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .and_then(|l| l.local_addr().ok())
+    }
+
+    /// Re-attaches to the supervisors of attempts a former run of this agent started that
+    /// still run them, then collects the outcomes it journalled and did not report (but those
+    /// of re-attached attempts, whose tasks report them).
+    async fn recover(&self) -> Result<(), AgentError> {
+        let scope = self.shared.scope.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            crate::procscan::marked_processes_scoped(Some((crate::sweep::AGENT_VAR, &scope)))
+        })
+        .await
+        .unwrap_or_default();
+        for attempt in found.into_keys() {
+            let hello =
+                crate::shim::proto::connect(&self.shared.scope, attempt, Duration::from_secs(2))
+                    .await;
+            match hello {
+                Ok((
+                    conn,
+                    FromShim::Hello {
+                        fence,
+                        gpus,
+                        pid,
+                        started_at,
+                        ..
+                    },
+                )) => {
+                    tracing::info!(%attempt, ?pid, "re-attached to a running attempt");
+                    let stop = self.shared.attempts.begin(attempt, fence, &self.stopping);
+                    self.attempt_tasks.spawn(crate::lease::follow(
+                        self.shared.clone(),
+                        attempt,
+                        fence,
+                        gpus,
+                        conn,
+                        pid.zip(started_at),
+                        stop,
+                        self.exit.clone(),
+                    ));
+                }
+                Ok(_) => {}
+                // Its processes are swept as strays; a journalled end is reported below.
+                Err(e) => {
+                    tracing::warn!(%attempt, "cannot re-attach to the attempt's supervisor: {e}")
+                }
+            }
+        }
+        let journal = self.shared.outcomes.clone();
+        let (pending, unreadable) = tokio::task::spawn_blocking(move || journal.pending())
+            .await
+            .map_err(std::io::Error::other)??;
+        for e in unreadable {
+            tracing::error!("a journalled outcome cannot be reported: {e}");
+        }
+        let attached = self.shared.attempts.running_ids();
+        let unreported: Vec<Outcome> = pending
+            .into_iter()
+            .filter(|o| !attached.contains(&o.attempt))
+            .collect();
+        if !unreported.is_empty() {
+            tracing::info!(
+                outcomes = unreported.len(),
+                "found outcomes an earlier run did not report; reporting them first"
+            );
+        }
+        *self.unreported() = unreported;
+        Ok(())
     }
 
     /// Runs until `shutdown`, then stops every attempt and reports it before returning.
@@ -227,6 +317,7 @@ impl Agent {
                     .serve(listener, background.clone()),
             );
         }
+        self.recover().await?;
         let mut state = State::Registering {
             backoff: Backoff::coordinator(),
         };
@@ -302,6 +393,8 @@ impl Agent {
             Err(e) => return drained(Err(e.into())),
         };
         self.registered_once.store(true, Ordering::SeqCst);
+        // The registration renewed the leases of the attempts it named.
+        self.shared.attempts.renewed_until(budget.deadline(sent));
         tracing::info!(agent = %resp.agent, plan = %resp.plan, gpus = req.gpus.len(), backend = self.shared.backend.kind(), "registered with the coordinator");
         self.shared.metrics.set_plan(&resp.plan);
         if !resp.lost_attempts.is_empty() {
@@ -504,15 +597,16 @@ impl Agent {
                     s.free_mib = s.free_mib.saturating_sub(est);
                 }
             }
-            self.launch(lease);
+            let baseline = crate::supervisor::Baseline::of(&samples, &lease.gpus);
+            self.launch(lease, baseline);
         }
     }
 
-    fn launch(&self, lease: Lease) {
+    fn launch(&self, lease: Lease, baseline: crate::supervisor::Baseline) {
         let stop = self
             .shared
             .attempts
-            .begin(lease.attempt, lease.fence, &self.draining);
+            .begin(lease.attempt, lease.fence, &self.stopping);
         tracing::info!(attempt = %lease.attempt, job = %lease.job, gpus = ?lease.gpus, "launching");
         self.shared
             .metrics
@@ -520,19 +614,39 @@ impl Agent {
         self.attempt_tasks.spawn(crate::lease::run(
             self.shared.clone(),
             lease,
+            baseline,
             stop,
-            self.draining.clone(),
+            self.exit.clone(),
         ));
     }
 
-    /// Stops every attempt with the normal cleanup and waits until each is reported, the
-    /// heartbeats renewing their leases meanwhile.
+    /// With [`OnExit::Stop`], stops every attempt with the normal cleanup and waits until
+    /// each is reported, the heartbeats renewing their leases meanwhile; with
+    /// [`OnExit::Detach`], leaves them to their supervisors and reports only the ends
+    /// already known.
     async fn drain(&self, heartbeats: Option<CancellationToken>) {
-        let n = self.shared.attempts.stop_all(StopReason::Shutdown);
-        if n > 0 {
-            tracing::info!(attempts = n, "stopping running attempts");
+        match self.shared.cfg.on_exit {
+            OnExit::Stop => {
+                let n = self.shared.attempts.stop_all(StopReason::Shutdown);
+                if n > 0 {
+                    tracing::info!(attempts = n, "stopping running attempts");
+                }
+                self.stopping.cancel();
+            }
+            OnExit::Detach => {
+                let n = self.shared.attempts.running_count();
+                if n > 0 {
+                    tracing::info!(
+                        attempts = n,
+                        "leaving running attempts to their supervisors (on-exit = detach): an \
+                         agent started again on this data directory re-attaches; without one \
+                         they stop themselves before their leases expire"
+                    );
+                }
+                self.exit.detach.cancel();
+            }
         }
-        self.draining.cancel();
+        self.exit.giving_up.cancel();
         self.attempt_tasks.close();
         self.attempt_tasks.wait().await;
         if let Some(h) = heartbeats {

@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::procscan;
 
 /// Why the agent stopped an attempt before it ended by itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StopReason {
     /// A user cancelled the job.
     User,
@@ -117,6 +118,10 @@ pub struct Attempts {
     file: Arc<QuarantineFile>,
     /// Counts launches, so that waiters (the fence) learn of new attempts without polling.
     launches: Arc<tokio::sync::watch::Sender<u64>>,
+    /// When the attempts must be stopped unless a heartbeat renews their leases (see
+    /// [`crate::fence`]); `None` before the first registration. Each attempt's task pushes
+    /// it to its supervisor process, which stops the job by itself once it passes.
+    fence_deadline: Arc<tokio::sync::watch::Sender<Option<tokio::time::Instant>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -162,6 +167,7 @@ impl Attempts {
                 written: Mutex::new(0),
             }),
             launches: Arc::new(tokio::sync::watch::Sender::new(0)),
+            fence_deadline: Arc::new(tokio::sync::watch::Sender::new(None)),
         })
     }
 
@@ -185,6 +191,17 @@ impl Attempts {
         );
         self.launches.send_modify(|n| *n = n.wrapping_add(1));
         stop
+    }
+
+    /// A registration or heartbeat renewed the leases: attempts must stop at `deadline`
+    /// unless renewed again.
+    pub fn renewed_until(&self, deadline: tokio::time::Instant) {
+        self.fence_deadline.send_replace(Some(deadline));
+    }
+
+    /// The current fence deadline, and its changes.
+    pub fn fence_deadline(&self) -> tokio::sync::watch::Receiver<Option<tokio::time::Instant>> {
+        self.fence_deadline.subscribe()
     }
 
     /// Changes whenever an attempt begins (subscribe before looking at the running set).

@@ -87,6 +87,8 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
         match reply {
             Ok(Ok(resp)) => {
                 renewed = renewed.max(sent);
+                // Every attempt's supervisor learns its new deadline.
+                attempts.renewed_until(budget.deadline(renewed));
                 // Paced from the sending: a slow answer does not delay the next renewal.
                 next = sent + budget.every;
                 attempts.released(&released).await;
@@ -269,6 +271,9 @@ mod tests {
                 telemetry_buffer: 10,
                 metrics_addr: None,
                 token: None,
+                gpu: crate::gpu::BackendChoice::Nvml,
+                on_exit: Default::default(),
+                supervisor_exe: crate::shim::SELF_EXE.into(),
             },
             client: crate::client::Client::new(url).expect("client"),
             backend: Arc::new(backend),
@@ -282,6 +287,7 @@ mod tests {
                 crate::telemetry::Telemetry::new(Duration::ZERO, 10),
                 Attempts::load(dir.path()).expect("attempts"),
             ),
+            supervisor_log: None,
         });
         let attempts = shared.attempts.clone();
         let start = Instant::now();

@@ -1,16 +1,21 @@
-//! One lease, from launch to report: runs the attempt under the supervisor with its start
-//! report and log shipping alongside, then journals its end (see [`crate::outcomes`]) and
-//! reports it, retrying until the coordinator has heard it (a draining agent gives up after
-//! a while: the lease then expires, and the next run reports the journalled end).
+//! One lease, from launch to report: starts the attempt's supervisor process (see
+//! [`crate::shim`]) or follows one a former run of the agent started, ships its log, renews
+//! its lease deadline, forwards stop requests, and reports its end (journalled by the
+//! supervisor before it said so), retrying until the coordinator has heard it (a draining
+//! agent gives up after a while: the lease then expires, and the next run reports the
+//! journalled end).
 
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use headroom_shared::api::{FinishReport, Lease, StartReport};
 use headroom_shared::{AttemptId, FailureClass};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{Shared, sample};
@@ -18,51 +23,39 @@ use crate::attempts::{StopReason, StopSignal};
 use crate::backoff::Backoff;
 use crate::client::{Client, ClientError};
 use crate::outcomes::Outcome;
-use crate::supervisor::{self, AttemptEnd, Launch};
+use crate::shim::proto::{Conn, FromShim, GpuChoice, ProtoError, Spec, ToShim};
+use crate::supervisor::{self, Baseline, Launch};
 
 /// Tries at reporting an end once the agent drains (about half a minute with the backoff).
 const DRAINING_TRIES: u32 = 10;
 
+/// How the agent's exit reaches an attempt's task.
+#[derive(Clone)]
+pub(crate) struct Exit {
+    /// Cancelled when the agent drains: reports are tried a few more times, then left to the
+    /// journal.
+    pub giving_up: CancellationToken,
+    /// Cancelled when the agent exits leaving its attempts running: the task lets go of the
+    /// supervisor (which fences itself unless an agent re-attaches in time).
+    pub detach: CancellationToken,
+}
+
+/// A new lease: starts its supervisor process and follows it to the end. `baseline`: what
+/// was on its GPUs at admission, just before.
 pub(crate) async fn run(
     shared: Arc<Shared>,
     lease: Lease,
+    baseline: Baseline,
     stop: StopSignal,
-    draining: CancellationToken,
+    exit: Exit,
 ) {
     let attempt = lease.attempt;
     let fence = lease.fence;
-    let log_path = shared
-        .cfg
-        .data_dir
-        .join("logs")
-        .join(format!("{attempt}.log"));
-    let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<u32>();
-    let start_client = shared.client.clone();
-    let reporter = tokio::spawn(async move {
-        if let Ok(pid) = pid_rx.await {
-            let report = StartReport {
-                fence,
-                pid,
-                started_at: Utc::now(),
-            };
-            if let Err(e) = start_client.start(attempt, &report).await {
-                tracing::warn!(%attempt, "start report failed: {e}");
-            }
-        }
-    });
-    let ship_stop = CancellationToken::new();
-    let shipper = tokio::spawn(ship_log(
-        shared.client.clone(),
-        attempt,
-        fence,
-        log_path.clone(),
-        ship_stop.clone(),
-    ));
+    let gpus = lease.gpus.clone();
     let mut env = lease.env;
     // The agent's own marker wins over anything the job sets: the restart sweep finds this
     // agent's processes by it.
     env.insert(crate::sweep::AGENT_VAR.to_string(), shared.scope.clone());
-    let gpus = lease.gpus.clone();
     let launch = Launch {
         attempt,
         job: lease.job,
@@ -71,59 +64,245 @@ pub(crate) async fn run(
         params: lease.params,
         gpus: lease.gpus,
         timeout: lease.timeout_ms.map(Duration::from_millis),
-        log_path: log_path.clone(),
+        log_path: log_path(&shared, attempt),
         workdir: None,
+        baseline: Some(baseline),
     };
-    let end: AttemptEnd = supervisor::run_attempt(
+    match spawn_supervisor(&shared, launch, fence).await {
+        Ok(conn) => follow(shared, attempt, fence, gpus, conn, None, stop, exit).await,
+        Err(e) => {
+            tracing::error!(%attempt, "cannot start the attempt's supervisor: {e}");
+            let end = supervisor::not_started(
+                Some(FailureClass::LaunchError),
+                format!("[headroom] cannot start the attempt's supervisor: {e}\n"),
+            );
+            let report = crate::shim::report(fence, end, None, sample(&shared.backend).await);
+            let outcome = Outcome { attempt, report };
+            journal(&shared, &outcome).await;
+            finish(&shared, outcome, gpus, vec![], &exit.giving_up).await;
+        }
+    }
+}
+
+fn log_path(shared: &Shared, attempt: AttemptId) -> PathBuf {
+    shared
+        .cfg
+        .data_dir
+        .join("logs")
+        .join(format!("{attempt}.log"))
+}
+
+/// Starts the attempt's supervisor process (the agent's own binary, see [`crate::shim`])
+/// with one end of a socketpair as its stdin, and sends it the launch.
+async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result<Conn, ProtoError> {
+    let attempt = launch.attempt;
+    let stop_in = (*shared.attempts.fence_deadline().borrow())
+        .map(|d| d.saturating_duration_since(Instant::now()))
+        // Not registered: no lease can be renewed, the job must not run on.
+        .unwrap_or_default();
+    let cfg = &shared.cfg.supervisor;
+    let spec = Spec {
         launch,
-        shared.backend.clone(),
-        &shared.cfg.supervisor,
-        stop.cancel.clone(),
-        move |pid| {
-            let _ = pid_tx.send(pid);
+        fence,
+        data_dir: shared.cfg.data_dir.clone(),
+        scope: shared.scope.clone(),
+        gpu: GpuChoice::of(&shared.cfg.gpu),
+        kill_grace_ms: millis(cfg.kill_grace),
+        verify_timeout_ms: millis(cfg.verify_timeout),
+        sample_every_ms: millis(cfg.sample_every),
+        stop_in_ms: millis(stop_in),
+        spare: shared.outcomes.take_spare(),
+    };
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let mut cmd = tokio::process::Command::new(&shared.cfg.supervisor_exe);
+    cmd.arg(crate::shim::SHIM_ARG)
+        // The supervisor carries the markers too: the restart sweep sees it.
+        .env(crate::procscan::ATTEMPT_VAR, attempt.to_string())
+        .env(crate::sweep::AGENT_VAR, &shared.scope)
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .stdout(Stdio::null())
+        .stderr(
+            match shared.supervisor_log.as_ref().map(std::fs::File::try_clone) {
+                Some(Ok(f)) => Stdio::from(f),
+                _ => Stdio::null(),
+            },
+        );
+    let mut child = crate::procscan::spawn_owned(|| cmd.spawn(), tokio::process::Child::id)?;
+    drop(cmd);
+    // Reaped when it exits, while this agent lives; it is never killed with the agent.
+    tokio::spawn(async move {
+        let pid = child.id();
+        let _ = child.wait().await;
+        if let Some(pid) = pid {
+            crate::procscan::disown(pid);
+        }
+    });
+    let mut conn = Conn::new(ours)?;
+    conn.send(&ToShim::Launch {
+        spec: Box::new(spec),
+    })
+    .await?;
+    Ok(conn)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Follows an attempt's supervisor over `conn` until it ends (or, when the agent exits
+/// leaving its attempts running, until then): start report, log shipping, lease deadlines
+/// and stop requests; then reports the end. `started`: the job's pid and start, when a
+/// re-attached supervisor said it runs (reported again: a former run may have died before it
+/// could; a repeated start report changes nothing).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn follow(
+    shared: Arc<Shared>,
+    attempt: AttemptId,
+    fence: i64,
+    gpus: Vec<u32>,
+    mut conn: Conn,
+    started: Option<(u32, DateTime<Utc>)>,
+    stop: StopSignal,
+    exit: Exit,
+) {
+    let ship_stop = CancellationToken::new();
+    let shipper = tokio::spawn(ship_log(
+        shared.client.clone(),
+        attempt,
+        fence,
+        log_path(&shared, attempt),
+        ship_stop.clone(),
+    ));
+    let mut deadlines = shared.attempts.fence_deadline();
+    // A new attempt got the current deadline at launch; a re-attached one keeps the one a
+    // former run gave it until this run has renewed the leases.
+    deadlines.borrow_and_update();
+    let mut stop_sent = false;
+    let mut start_report = started.map(|(pid, at)| {
+        tokio::spawn(report_start(shared.client.clone(), attempt, fence, pid, at))
+    });
+    let ended = loop {
+        tokio::select! {
+            msg = conn.recv::<FromShim>() => match msg {
+                Ok(Some(FromShim::Started { pid, started_at })) => {
+                    start_report = Some(tokio::spawn(report_start(
+                        shared.client.clone(), attempt, fence, pid, started_at,
+                    )));
+                }
+                Ok(Some(FromShim::Hello { .. })) => {}
+                Ok(Some(FromShim::Ended { held_by, report })) => break Some((held_by, *report)),
+                Ok(None) => break None,
+                Err(ProtoError::Format { line, source }) => {
+                    tracing::warn!(%attempt, "unreadable message from the supervisor: {source}: {line}");
+                }
+                Err(e) => {
+                    tracing::warn!(%attempt, "supervisor connection: {e}");
+                    break None;
+                }
+            },
+            _ = stop.cancel.cancelled(), if !stop_sent => {
+                stop_sent = true;
+                let reason = stop.reason().unwrap_or(StopReason::Shutdown);
+                if let Err(e) = conn.send(&ToShim::Stop { reason }).await {
+                    tracing::warn!(%attempt, "cannot tell the supervisor to stop: {e}");
+                }
+            }
+            Ok(()) = deadlines.changed() => {
+                let deadline = *deadlines.borrow_and_update();
+                if let Some(d) = deadline {
+                    let stop_in_ms = millis(d.saturating_duration_since(Instant::now()));
+                    // A failure shows as the end of the connection.
+                    let _ = conn.send(&ToShim::Renew { stop_in_ms }).await;
+                }
+            }
+            _ = exit.detach.cancelled() => {
+                ship_stop.cancel();
+                let _ = shipper.await;
+                tracing::info!(%attempt, "left running under its supervisor");
+                return;
+            }
+        }
+    };
+    if let Some(r) = start_report {
+        let _ = r.await;
+    }
+    ship_stop.cancel();
+    let _ = shipper.await;
+    let (held_by, report) = match ended {
+        Some(end) => end,
+        None => gone(&shared, attempt, fence).await,
+    };
+    finish(
+        &shared,
+        Outcome { attempt, report },
+        gpus,
+        held_by,
+        &exit.giving_up,
+    )
+    .await;
+}
+
+async fn report_start(
+    client: Client,
+    attempt: AttemptId,
+    fence: i64,
+    pid: u32,
+    started_at: DateTime<Utc>,
+) {
+    let report = StartReport {
+        fence,
+        pid,
+        started_at,
+    };
+    if let Err(e) = client.start(attempt, &report).await {
+        tracing::warn!(%attempt, "start report failed: {e}");
+    }
+}
+
+/// The supervisor went away without saying how the attempt ended: its journalled outcome if
+/// it wrote one, else the attempt is lost and whatever is left of it is killed.
+async fn gone(shared: &Arc<Shared>, attempt: AttemptId, fence: i64) -> (Vec<u32>, FinishReport) {
+    let outcomes = shared.outcomes.clone();
+    if let Ok(Ok(Some(o))) = tokio::task::spawn_blocking(move || outcomes.read(attempt)).await {
+        return (vec![], o.report);
+    }
+    let killed = tokio::task::spawn_blocking(move || supervisor::kill_marked(attempt))
+        .await
+        .unwrap_or_default();
+    tracing::error!(%attempt, ?killed, "the attempt's supervisor died without an outcome: the attempt is lost");
+    let why =
+        format!("the attempt's supervisor process died; its processes {killed:?} were killed");
+    let report = FinishReport {
+        fence,
+        failure: Some(FailureClass::Lost),
+        exit_code: None,
+        signal: None,
+        ended_at: Utc::now(),
+        peak_mem_mib: None,
+        peak_source: None,
+        cleanup_ms: 0,
+        // Not seen gone: the GPUs stay quarantined until the heartbeat finds them free.
+        cleanup_verified: false,
+        unverified: Some(why.clone()),
+        contaminated: false,
+        log_tail: format!("[headroom] {why}\n"),
+        gpus: sample(&shared.backend).await,
+    };
+    journal(
+        shared,
+        &Outcome {
+            attempt,
+            report: report.clone(),
         },
     )
     .await;
-    let _ = reporter.await;
-    ship_stop.cancel();
-    let _ = shipper.await;
+    (killed, report)
+}
 
-    let mut failure = end.failure;
-    let mut log_tail = end.log_tail;
-    if failure == Some(FailureClass::Cancelled) {
-        match stop.reason() {
-            Some(StopReason::User) => {}
-            Some(StopReason::LeaseLost) => {
-                failure = Some(FailureClass::Lost);
-                log_tail.push_str("\n[headroom] stopped: the lease could not be renewed in time\n");
-            }
-            // Retried as the job's policy says for `lost`, now rather than at lease expiry.
-            Some(StopReason::Shutdown) | None => {
-                failure = Some(FailureClass::Lost);
-                log_tail.push_str("\n[headroom] stopped because the agent shut down\n");
-            }
-        }
-    }
-    let report = FinishReport {
-        fence,
-        failure,
-        exit_code: end.exit_code,
-        signal: end.signal,
-        ended_at: end.ended_at,
-        peak_mem_mib: end.peak_mem_mib,
-        peak_source: Some(end.peak_source),
-        cleanup_ms: end.cleanup_ms,
-        cleanup_verified: end.cleanup_verified,
-        unverified: end.unverified.clone(),
-        contaminated: end.contaminated,
-        log_tail,
-        gpus: sample(&shared.backend).await,
-    };
-    // Journalled before anything else: an agent killed from here on reports it on its next
-    // run rather than leaving the attempt to be recorded lost and run again.
-    let outcome = Outcome { attempt, report };
+async fn journal(shared: &Shared, outcome: &Outcome) {
     let journal = shared.outcomes.clone();
     let entry = outcome.clone();
+    let attempt = outcome.attempt;
     match tokio::task::spawn_blocking(move || journal.write(&entry)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
@@ -131,15 +310,27 @@ pub(crate) async fn run(
         }
         Err(e) => tracing::warn!(%attempt, "outcome journal task failed: {e}"),
     }
-    // Leave the running set first (the next claim must not watch this attempt any more),
-    // keeping the GPUs quarantined if cleanup was not verified.
-    let unverified = (!end.cleanup_verified).then(|| (gpus, end.held_by.clone()));
-    shared.attempts.end(attempt, unverified).await;
-    shared.metrics.attempt_ended(attempt, &outcome.report);
+}
+
+/// The attempt has ended (journalled): it leaves the running set, keeping its GPUs
+/// quarantined if its cleanup was not verified, and its end is reported.
+async fn finish(
+    shared: &Shared,
+    outcome: Outcome,
+    gpus: Vec<u32>,
+    held_by: Vec<u32>,
+    giving_up: &CancellationToken,
+) {
+    // Leave the running set first (the next claim must not watch this attempt any more).
+    let unverified = (!outcome.report.cleanup_verified).then_some((gpus, held_by));
+    shared.attempts.end(outcome.attempt, unverified).await;
+    shared
+        .metrics
+        .attempt_ended(outcome.attempt, &outcome.report);
     if let Some(pause) = crate::outcomes::test_pause_before_report() {
         tokio::time::sleep(pause).await;
     }
-    report_outcome(&shared, &outcome, &draining).await;
+    report_outcome(shared, &outcome, giving_up).await;
 }
 
 /// Reports an attempt's end, retrying until the coordinator has answered it (once

@@ -34,8 +34,8 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    // A job being launched: becomes the job, before any runtime thread exists.
-    headroom_agent::launcher::run_if_launcher();
+    // An attempt's supervisor process: supervises its attempt and exits.
+    headroom_agent::shim::run_if_shim();
     tokio::runtime::Runtime::new()?.block_on(run())
 }
 

@@ -107,8 +107,31 @@ impl Outcomes {
         })
     }
 
-    fn take_spare(&self) -> Option<PathBuf> {
+    /// Opens `<data_dir>/outcomes` as a writer only, leaving spares alone: an attempt's
+    /// supervisor process journals its outcome here while the agent owns the spares.
+    pub fn writer(data_dir: &Path) -> Self {
+        Self {
+            dir: data_dir.join("outcomes"),
+            spares: Arc::default(),
+        }
+    }
+
+    /// A spare file for another process to write one outcome through (see
+    /// [`Outcomes::write_through`]); `None` when there is none.
+    pub fn take_spare(&self) -> Option<PathBuf> {
         self.spares.paths.lock().ok()?.pop()
+    }
+
+    /// The journalled outcome of `attempt`, if there is one (blocking).
+    pub fn read(&self, attempt: AttemptId) -> Result<Option<Outcome>, OutcomesError> {
+        let path = self.path_of(attempt);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| OutcomesError::Format { path, source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path)(e)),
+        }
     }
 
     fn path_of(&self, attempt: AttemptId) -> PathBuf {
@@ -117,12 +140,20 @@ impl Outcomes {
 
     /// Journals an outcome (blocking): written whole under a temporary name, then renamed.
     pub fn write(&self, outcome: &Outcome) -> Result<(), OutcomesError> {
+        self.write_through(outcome, self.take_spare())
+    }
+
+    /// [`Outcomes::write`] through the temporary file `spare` (a spare handed out by the
+    /// agent's journal), or a fresh one when `None`.
+    pub fn write_through(
+        &self,
+        outcome: &Outcome,
+        spare: Option<PathBuf>,
+    ) -> Result<(), OutcomesError> {
         let path = self.path_of(outcome.attempt);
         // A spare, when there is one, is the temporary file: its inode is reused. A kill
         // before the rename leaves it a spare, never read (the report was not sent yet).
-        let tmp = self
-            .take_spare()
-            .unwrap_or_else(|| path.with_extension("json.tmp"));
+        let tmp = spare.unwrap_or_else(|| path.with_extension("json.tmp"));
         let bytes = serde_json::to_vec(outcome).map_err(|source| OutcomesError::Format {
             path: path.clone(),
             source,

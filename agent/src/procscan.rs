@@ -112,6 +112,38 @@ pub fn marked_processes_scoped(scope: Option<(&str, &str)>) -> HashMap<AttemptId
     out
 }
 
+/// Live (non-zombie) descendants of this process, from the kernel's `children` lists of
+/// each task, walked down the tree. A child list read while a sibling exits may miss an
+/// entry: callers confirm an empty answer with a second walk, as with the marker scan.
+pub fn descendants() -> Vec<u32> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    let mut todo = vec![me];
+    let mut seen = HashSet::new();
+    while let Some(pid) = todo.pop() {
+        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(list) = fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for child in list
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+            {
+                if seen.insert(child) {
+                    todo.push(child);
+                    if is_alive(child) {
+                        out.push(child);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Who runs `pid` and what: the user name (or uid) and the command line, for reports of
 /// processes that belong to no attempt.
 pub fn describe(pid: u32) -> (Option<String>, Option<String>) {

@@ -9,7 +9,7 @@ use clap::ValueEnum;
 use headroom_shared::api::Headroom;
 use headroom_shared::settings::duration;
 
-use crate::agent::AgentConfig;
+use crate::agent::{AgentConfig, OnExit};
 use crate::client::BearerToken;
 use crate::gpu::{BackendChoice, FakeGpuSpec};
 use crate::supervisor::SupervisorConfig;
@@ -67,6 +67,12 @@ pub struct AgentSettings {
     /// coordinator that requires tokens.
     #[arg(long, env = "HEADROOM_AGENT_TOKEN", hide_env_values = true)]
     pub agent_token: Option<BearerToken>,
+    /// What stopping the agent does to running jobs: `detach` leaves them running under their
+    /// supervisors for the next agent on this data directory to re-attach (upgrades,
+    /// restarts; they stop themselves if none does within the lease TTL), `stop` stops and
+    /// reports them. `headroom up` always stops them.
+    #[arg(long, value_enum, env = "HEADROOM_ON_EXIT", default_value = "detach")]
+    pub on_exit: OnExit,
 }
 
 impl AgentSettings {
@@ -94,6 +100,9 @@ impl AgentSettings {
     /// The agent's configuration, talking to `coordinator`, keeping logs in `data_dir`.
     pub fn agent_config(&self, coordinator: String, data_dir: PathBuf) -> AgentConfig {
         AgentConfig {
+            gpu: self.backend_choice(&data_dir),
+            on_exit: self.on_exit,
+            supervisor_exe: crate::shim::SELF_EXE.into(),
             coordinator,
             node: self.node_name(),
             plan: self.plan.clone(),
@@ -102,7 +111,6 @@ impl AgentSettings {
             supervisor: SupervisorConfig {
                 kill_grace: self.kill_grace,
                 verify_timeout: self.verify_timeout,
-                launcher: Some(crate::launcher::SELF_EXE.into()),
                 ..SupervisorConfig::default()
             },
             claim_wait: Duration::from_secs(20),

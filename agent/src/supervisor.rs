@@ -34,8 +34,8 @@ const TAIL_BYTES: u64 = 4096;
 /// the watch loop; the rest is read on the next tick or at the end.
 const PUMP_LIMIT: u64 = 64 << 20;
 
-/// Everything needed to run one attempt.
-#[derive(Clone, Debug)]
+/// Everything needed to run one attempt (sent to the attempt's supervisor process as JSON).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Launch {
     pub attempt: AttemptId,
     pub job: JobId,
@@ -51,6 +51,10 @@ pub struct Launch {
     /// stdout and stderr are appended here; parent directories are created.
     pub log_path: PathBuf,
     pub workdir: Option<PathBuf>,
+    /// What was on the GPUs just before, from a reading the caller made anyway (the agent's
+    /// admission), so that the job's start does not wait for another; `None`: read here.
+    #[serde(default)]
+    pub baseline: Option<Baseline>,
 }
 
 #[derive(Clone, Debug)]
@@ -61,10 +65,10 @@ pub struct SupervisorConfig {
     pub verify_timeout: Duration,
     /// Interval of GPU memory sampling (peak memory) and of log scanning.
     pub sample_every: Duration,
-    /// A binary that handles [`crate::launcher::run_if_launcher`] (the agent's own,
-    /// [`crate::launcher::SELF_EXE`]): jobs are spawned through it without forking the
-    /// agent. `None`: fork and set the session up in the child.
-    pub launcher: Option<PathBuf>,
+    /// This process is the child subreaper of the attempt's whole tree (the attempt's own
+    /// supervisor process): its processes are found among this process's descendants, a
+    /// walk over the tree, instead of by reading every process's environment for the marker.
+    pub own_tree: bool,
 }
 
 impl Default for SupervisorConfig {
@@ -73,7 +77,7 @@ impl Default for SupervisorConfig {
             kill_grace: Duration::from_secs(10),
             verify_timeout: Duration::from_secs(30),
             sample_every: Duration::from_secs(1),
-            launcher: None,
+            own_tree: false,
         }
     }
 }
@@ -165,13 +169,16 @@ pub async fn run_attempt(
     };
 
     // What was on the GPUs before: cleanup returns to this, not to "empty".
-    let baseline = {
-        let (b, gpus) = (backend.clone(), launch.gpus.clone());
-        tokio::task::spawn_blocking(move || Baseline::read(b.as_ref(), &gpus))
-            .await
-            .unwrap_or_default()
+    let baseline = match launch.baseline.clone() {
+        Some(b) => b,
+        None => {
+            let (b, gpus) = (backend.clone(), launch.gpus.clone());
+            tokio::task::spawn_blocking(move || Baseline::read(b.as_ref(), &gpus))
+                .await
+                .unwrap_or_default()
+        }
     };
-    let mut cmd = match command(&launch, backend.as_ref(), &log, cfg.launcher.as_deref()) {
+    let mut cmd = match command(&launch, backend.as_ref(), &log) {
         Ok(cmd) => cmd,
         Err(msg) => return launch_error(msg),
     };
@@ -291,12 +298,6 @@ pub async fn run_attempt(
 
     let exit = match outcome.status {
         Some(s) => match (s.code(), s.signal()) {
-            // The launcher could not become the job: it never ran.
-            (Some(crate::launcher::LAUNCH_FAILED_CODE), _)
-                if cfg.launcher.is_some() && log_tail.contains(crate::launcher::LAUNCH_FAILED) =>
-            {
-                ExitKind::SpawnFailed
-            }
             (Some(code), _) => ExitKind::Code(code),
             (None, Some(sig)) => ExitKind::Signal(sig),
             (None, None) => ExitKind::Code(-1),
@@ -368,7 +369,7 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-fn not_started(failure: Option<FailureClass>, log_tail: String) -> AttemptEnd {
+pub(crate) fn not_started(failure: Option<FailureClass>, log_tail: String) -> AttemptEnd {
     AttemptEnd {
         failure,
         exit_code: None,
@@ -418,28 +419,15 @@ fn param_var(name: &str) -> String {
 }
 
 /// The command for the attempt, or a message saying why it cannot be built.
-fn command(
-    launch: &Launch,
-    backend: &dyn GpuBackend,
-    log: &File,
-    launcher: Option<&Path>,
-) -> Result<Command, String> {
+fn command(launch: &Launch, backend: &dyn GpuBackend, log: &File) -> Result<Command, String> {
     if launch.argv.is_empty() {
         return Err("the job has an empty command".to_string());
     }
-    let mut cmd = match launcher {
-        Some(exe) => {
-            let mut cmd = Command::new(exe);
-            cmd.args(crate::launcher::launcher_args(&launch.argv));
-            cmd
-        }
-        None => {
-            let mut cmd = Command::new(&launch.argv[0]);
-            cmd.args(&launch.argv[1..]);
-            own_session_and_pdeathsig(&mut cmd);
-            cmd
-        }
-    };
+    // Forked from the attempt's supervisor process (small, one thread doing the work), not
+    // from the agent.
+    let mut cmd = Command::new(&launch.argv[0]);
+    cmd.args(&launch.argv[1..]);
+    own_session_and_pdeathsig(&mut cmd);
     if let Some(dir) = &launch.workdir {
         // Spawning would report a missing directory as a missing program.
         if !dir.is_dir() {
@@ -475,7 +463,8 @@ fn command(
 }
 
 /// Puts the child in a session and process group of its own (so the group can be signalled
-/// without touching the agent) and has the kernel SIGKILL it if the agent dies.
+/// without touching its supervisor) and has the kernel SIGKILL it if the supervisor process
+/// (the thread that forked it: the runtime's only worker) dies.
 #[allow(unsafe_code)]
 fn own_session_and_pdeathsig(cmd: &mut Command) {
     // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
@@ -548,22 +537,43 @@ fn peak_note(peak: Option<u64>) -> String {
 
 /// What was on the attempt's GPUs before it started: cleanup returns to this, not to
 /// "empty", and peak deltas count from it.
-#[derive(Clone, Debug, Default)]
-struct Baseline {
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Baseline {
     /// Processes of no attempt.
     foreign: HashSet<u32>,
     /// Used memory of each GPU that read fine.
+    #[serde(with = "pairs")]
     used: HashMap<u32, u64>,
+}
+
+/// A map with integer keys as a list of pairs: JSON object keys are strings, which serde
+/// cannot read back as integers inside an internally tagged message.
+mod pairs {
+    use std::collections::HashMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(map: &HashMap<u32, u64>, s: S) -> Result<S::Ok, S::Error> {
+        let mut v: Vec<(u32, u64)> = map.iter().map(|(k, v)| (*k, *v)).collect();
+        v.sort_unstable();
+        v.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<u32, u64>, D::Error> {
+        Ok(Vec::<(u32, u64)>::deserialize(d)?.into_iter().collect())
+    }
 }
 
 impl Baseline {
     /// Blocking.
     fn read(backend: &dyn GpuBackend, gpus: &[u32]) -> Self {
+        Self::of(&gpu::read(backend), gpus)
+    }
+
+    /// The baseline of `gpus` in a reading of the node's GPUs.
+    pub fn of(samples: &[GpuSample], gpus: &[u32]) -> Self {
         let mut out = Baseline::default();
-        for g in gpu::read(backend)
-            .iter()
-            .filter(|g| gpus.contains(&g.index))
-        {
+        for g in samples.iter().filter(|g| gpus.contains(&g.index)) {
             out.foreign.extend(
                 g.processes
                     .iter()
@@ -758,6 +768,19 @@ fn signal_each(pids: &[u32], sig: Signal) {
     }
 }
 
+/// The attempt's live processes: this process's descendants when it is their subreaper
+/// (`own_tree`: orphans of the tree re-parent to it, so none can leave it), else those
+/// carrying the attempt's marker.
+async fn attempt_pids(attempt: AttemptId, own_tree: bool) -> Vec<u32> {
+    if own_tree {
+        tokio::task::spawn_blocking(procscan::descendants)
+            .await
+            .unwrap_or_default()
+    } else {
+        marked(attempt).await
+    }
+}
+
 /// The last `/proc` scan and when it started.
 type Scan = Option<(std::time::Instant, Arc<HashMap<AttemptId, Vec<u32>>>)>;
 
@@ -830,7 +853,7 @@ async fn cleanup(
 
     // Ask politely: the group, and processes that left it (double-forked daemons).
     // Scan first: the group's SIGTERM would end most leftovers before they could be counted.
-    let mut alive = marked(attempt).await;
+    let mut alive = attempt_pids(attempt, cfg.own_tree).await;
     signal_group(pgid, Signal::SIGTERM);
     signal_each(&alive, Signal::SIGTERM);
     let leftovers = if main_exited {
@@ -845,7 +868,7 @@ async fn cleanup(
             break;
         }
         tokio::time::sleep(POLL).await;
-        alive = marked(attempt).await;
+        alive = attempt_pids(attempt, cfg.own_tree).await;
     }
 
     // Then by force, until nothing of the attempt is alive or on its GPUs.
@@ -861,7 +884,7 @@ async fn cleanup(
     loop {
         // The grace loop has just scanned; the confirming scan below is fresh either way.
         if !first {
-            alive = marked(attempt).await;
+            alive = attempt_pids(attempt, cfg.own_tree).await;
         }
         first = false;
         signal_each(&alive, Signal::SIGKILL);
@@ -879,7 +902,9 @@ async fn cleanup(
             None
         };
         // Confirm with a second scan: a process caught mid-exec reads without environment.
-        if matches!(&gpu, Some(Ok(left)) if left.is_empty()) && marked(attempt).await.is_empty() {
+        if matches!(&gpu, Some(Ok(left)) if left.is_empty())
+            && attempt_pids(attempt, cfg.own_tree).await.is_empty()
+        {
             return Cleanup {
                 status: main.status(),
                 verified: true,
@@ -974,6 +999,7 @@ mod tests {
                 timeout: None,
                 log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
                 workdir: None,
+                baseline: None,
             }
         }
 
@@ -1014,9 +1040,7 @@ mod tests {
             kill_grace: Duration::from_millis(300),
             verify_timeout: Duration::from_secs(10),
             sample_every: Duration::from_millis(50),
-            // Unit tests fork (the test binary is no launcher); the launcher path runs in
-            // every end-to-end test through the real binaries.
-            launcher: None,
+            own_tree: false,
         }
     }
 
@@ -1263,6 +1287,32 @@ mod tests {
             log.contains("parent done") && log.contains("leftover"),
             "{log}"
         );
+    }
+
+    /// The attempt's own supervisor process is the subreaper of its tree: a double-forked
+    /// orphan and a child that dropped the marker from its environment are found by the
+    /// walk over its descendants, and killed.
+    #[tokio::test]
+    async fn a_subreaper_finds_its_whole_tree_without_markers() {
+        become_subreaper().expect("subreaper");
+        let f = fixture();
+        let launch = f.sh("setsid -f sh -c 'trap \"\" TERM; exec sleep 300'; \
+             env -u HEADROOM_ATTEMPT_ID sleep 300 & \
+             sleep 0.3; echo parent done");
+        let cfg = SupervisorConfig {
+            own_tree: true,
+            ..quick()
+        };
+        let end = run_with(&f, launch.clone(), &cfg).await;
+        assert_eq!(end.failure, None, "{end:?}");
+        assert!(end.cleanup_verified, "{end:?}");
+        assert!(
+            log_of(&launch).contains("stopped 2 leftover process(es)"),
+            "{}",
+            log_of(&launch)
+        );
+        assert!(procscan::descendants().is_empty(), "the tree is gone");
+        f.assert_gone(launch.attempt);
     }
 
     #[tokio::test]

@@ -39,8 +39,7 @@ fn cfg() -> SupervisorConfig {
         kill_grace: Duration::from_millis(300),
         verify_timeout: Duration::from_secs(10),
         sample_every: Duration::from_millis(50),
-        // Jobs start through the agent binary's launcher, as in production.
-        launcher: Some(env!("CARGO_BIN_EXE_headroom-agent").into()),
+        own_tree: false,
     }
 }
 
@@ -60,6 +59,7 @@ impl Fixture {
             timeout: None,
             log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
             workdir: None,
+            baseline: None,
         }
     }
 
@@ -250,7 +250,7 @@ fn wait_for_file(path: &Path) {
 }
 
 #[tokio::test]
-async fn the_launcher_reports_a_missing_program_as_a_launch_error() {
+async fn a_missing_program_is_a_launch_error() {
     let f = fixture("1x24GiB");
     let mut launch = f.launch(&[]);
     launch.argv = vec!["/no/such/program".into(), "--flag".into()];

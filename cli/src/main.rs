@@ -1,7 +1,6 @@
 fn main() {
-    // `headroom up` launches jobs through its own binary: become the job, before any
-    // runtime thread exists.
-    headroom_agent::launcher::run_if_launcher();
+    // An attempt's supervisor process: supervises its attempt and exits.
+    headroom_agent::shim::run_if_shim();
     let result = match (headroom::parse_args(), tokio::runtime::Runtime::new()) {
         (Ok(cli), Ok(rt)) => rt.block_on(headroom::run(cli)),
         (Err(e), _) => Err(e),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use headroom_agent::agent::Agent;
+use headroom_agent::agent::{Agent, OnExit};
 use headroom_agent::gpu;
 use headroom_agent::settings::AgentSettings;
 use headroom_coordinator::auth::{self, ConfigToken, Secret};
@@ -65,8 +65,8 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     // One `headroom up` per data directory: a second one would register the same node and
     // declare the first one's running jobs lost.
     let _lock = lock_data_dir(&data_dir)?;
-    let backend =
-        gpu::open(&args.agent.backend_choice(&data_dir)).context("opening the GPU backend")?;
+    let gpu_choice = args.agent.backend_choice(&data_dir);
+    let backend = gpu::open(&gpu_choice).context("opening the GPU backend")?;
     eprintln!("headroom: {}", backend.describe());
     if let Some(p) = &args.agent.plan {
         headroom_shared::Plan::parse_for(p, backend.inventory().len())
@@ -114,6 +114,10 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     let coordinator = tasks.spawn(app.run(coord_stop.clone()));
     let mut agent_config = args.agent.agent_config(url.clone(), data_dir.join("agent"));
     agent_config.token = agent_token;
+    agent_config.gpu = gpu_choice;
+    // The whole system is this one process: its jobs stop with it (and a `headroom up`
+    // started again after a crash re-attaches to those still running).
+    agent_config.on_exit = OnExit::Stop;
     let agent = Agent::new(agent_config, backend)?;
     let agent_task = tasks.spawn(agent.run(shutdown.clone()));
     tasks.close();

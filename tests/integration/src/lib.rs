@@ -464,6 +464,66 @@ impl Drop for Headroom {
         if self.child.is_some() {
             let _ = self.stop();
         }
+        // Attempts of a `headroom up` killed with `kill -9` outlive it under their
+        // supervisors: a finished test leaves none behind.
+        kill_scope(&self.data_dir().join("agent"));
+    }
+}
+
+/// Live processes carrying the scope marker of the agent whose data directory is
+/// `data_dir` (`HEADROOM_AGENT_DIR`): its jobs and their supervisor processes.
+pub fn scope_pids(data_dir: &Path) -> Vec<u32> {
+    let scope = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
+    let marker = format!("HEADROOM_AGENT_DIR={}", scope.display());
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == marker.as_bytes()))
+                && alive(pid)
+        })
+        .collect()
+}
+
+/// SIGKILLs the attempt supervisor processes of the agent whose data directory is
+/// `data_dir` (as a crash of the whole node's service would), leaving their jobs' orphans;
+/// returns how many.
+pub fn kill_supervisors(data_dir: &Path) -> usize {
+    let supervisors: Vec<u32> = scope_pids(data_dir)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"__headroom-attempt"))
+        })
+        .collect();
+    for &pid in &supervisors {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    supervisors.len()
+}
+
+/// SIGKILLs every process of that agent's scope (see [`scope_pids`]), scanning again until
+/// none is left (bounded).
+pub fn kill_scope(data_dir: &Path) {
+    for _ in 0..20 {
+        let pids = scope_pids(data_dir);
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -535,11 +595,22 @@ impl Proc {
         env: &[(&str, &str)],
         log: PathBuf,
     ) -> Result<Self> {
+        Self::start_program(&binary(name), args, env, log)
+    }
+
+    /// [`Proc::start_with_env`] of the program at `program` (a copy of a binary elsewhere).
+    pub fn start_program(
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: PathBuf,
+    ) -> Result<Self> {
+        let name = program.display();
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)?;
-        let child = Command::new(binary(name))
+        let child = Command::new(program)
             .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())

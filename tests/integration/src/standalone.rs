@@ -91,6 +91,8 @@ pub struct AgentOptions {
     pub extra: Vec<String>,
     /// Variables added to the agent's environment.
     pub env: Vec<(String, String)>,
+    /// The agent binary to run (a copy elsewhere); the workspace's when `None`.
+    pub program: Option<PathBuf>,
 }
 
 impl AgentOptions {
@@ -104,7 +106,20 @@ impl AgentOptions {
             log: None,
             extra: vec![],
             env: vec![],
+            program: None,
         }
+    }
+
+    /// Runs the agent binary at `path` instead of the workspace's.
+    pub fn program(mut self, path: &Path) -> Self {
+        self.program = Some(path.to_path_buf());
+        self
+    }
+
+    /// More flags.
+    pub fn flags(mut self, flags: &[&str]) -> Self {
+        self.extra.extend(flags.iter().map(|f| f.to_string()));
+        self
     }
 
     pub fn env(mut self, name: &str, value: &str) -> Self {
@@ -166,7 +181,10 @@ impl Agent {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        let proc = Proc::start_with_env("headroom-agent", &args, &env, log)?;
+        let proc = match &opts.program {
+            Some(p) => Proc::start_program(p, &args, &env, log)?,
+            None => Proc::start_with_env("headroom-agent", &args, &env, log)?,
+        };
         Ok(Self {
             proc,
             node: opts.node,
@@ -182,6 +200,23 @@ impl Agent {
     /// The fake GPU folder the agent and its jobs share.
     pub fn fake_gpu_dir(&self) -> PathBuf {
         self.data_dir.join("fake-gpus")
+    }
+}
+
+impl Agent {
+    /// Processes of this agent's scope (its jobs and their supervisors, which outlive it)
+    /// alive now.
+    pub fn scope_pids(&self) -> Vec<u32> {
+        crate::scope_pids(&self.data_dir)
+    }
+}
+
+/// A finished test leaves no job behind: attempts outlive a stopped agent (on-exit =
+/// detach), so their supervisors and jobs are killed with it.
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.proc.kill9();
+        crate::kill_scope(&self.data_dir);
     }
 }
 

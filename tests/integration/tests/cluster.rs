@@ -276,7 +276,8 @@ fn two_replicas_four_agents_two_thousand_jobs_each_succeed_once() {
 fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
     let mut c = Cluster::new(1);
     let victim = c.add_agent(0, "1x24GiB", "4", false);
-    // Jobs that outlive the wait below by far: only PR_SET_PDEATHSIG can end them in time.
+    // Jobs that outlive the wait below by far: only their supervisors' fencing can end them
+    // in time.
     let exp = c.submit("victims", 4, 25.0);
     wait(
         "four jobs running on the victim",
@@ -301,16 +302,26 @@ fn an_agent_killed_mid_attempts_loses_them_and_they_run_elsewhere() {
         .expect("victim")
         .kill9()
         .expect("kill -9");
-    // Its jobs die with it (PR_SET_PDEATHSIG), they do not keep running unsupervised.
-    wait("the victim's jobs to die", Duration::from_secs(10), || {
-        pids.iter().all(|&p| !alive(p)).then_some(())
-    });
+    // Its jobs run on under their supervisors, which stop them when no agent renews their
+    // leases (TTL 3 s), before the coordinator gives them away.
+    wait(
+        "the victim's jobs to be stopped",
+        Duration::from_secs(10),
+        || pids.iter().all(|&p| !alive(p)).then_some(()),
+    );
     c.wait_done(exp, Duration::from_secs(90));
     let (lost, timeline) = c.assert_exactly_once(exp);
     assert_eq!(lost, 4, "the four attempts were lost after the TTL");
-    // Killed, not finished: no SIGTERM, no end of their own.
+    // Stopped by their supervisors (SIGTERM, then their own end), not run to the end.
     for r in timeline.records.iter().filter(|r| pids.contains(&r.pid)) {
-        assert_eq!(timeline.events(&r.attempt), ["start"], "pid {}", r.pid);
+        let events = timeline.events(&r.attempt);
+        assert_eq!(
+            (events.first(), events.last()),
+            (Some(&"start"), Some(&"end")),
+            "pid {}",
+            r.pid
+        );
+        assert!(events.contains(&"term"), "pid {}: {events:?}", r.pid);
     }
 }
 

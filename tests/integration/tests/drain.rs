@@ -1,6 +1,7 @@
-//! SIGTERM (or SIGINT) to `headroom-agent`: it stops its attempts with the normal verified
-//! cleanup, reports them so the coordinator requeues them per policy at once (not at lease
-//! expiry), and exits 0.
+//! SIGTERM (or SIGINT) to `headroom-agent --on-exit stop`: it stops its attempts with the
+//! normal verified cleanup, reports them so the coordinator requeues them per policy at once
+//! (not at lease expiry), and exits 0. (The default, `detach`, leaves them running for the
+//! next agent: `reattach.rs`.)
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,9 @@ fn drains_on(signal: Signal) {
     let mut agent = Agent::start(
         url,
         dir.path(),
-        AgentOptions::node("gpu-1").kill_grace("1s"),
+        AgentOptions::node("gpu-1")
+            .kill_grace("1s")
+            .env("HEADROOM_ON_EXIT", "stop"),
     )
     .expect("agent");
     // Ignores SIGTERM: the cleanup must go through the grace period to SIGKILL.
@@ -78,6 +81,7 @@ fn a_drain_longer_than_the_ttl_keeps_its_lease_and_reports_the_quarantine() {
         url,
         dir.path(),
         AgentOptions::node("gpu-1")
+            .env("HEADROOM_ON_EXIT", "stop")
             .kill_grace("300ms")
             .verify_timeout("5s"),
     )

@@ -1,33 +1,36 @@
-//! `headroom up` restarted on the same data directory: queued jobs are still there and run;
-//! jobs that were running are recorded as lost and requeued if their retry policy allows.
+//! `headroom up` restarted on the same data directory after `kill -9`: queued jobs are still
+//! there and run; jobs that were running ran on under their supervisors and the restarted
+//! agent re-attaches to them, so each runs once, as the same process, to success.
 
 use std::time::Duration;
 
-use headroom_integration_tests::{Headroom, UpOptions, alive, fake_job};
+use headroom_integration_tests::records::DeathWatch;
+use headroom_integration_tests::{
+    Headroom, UpOptions, alive, fake_job, kill_supervisors, read_records,
+};
 use headroom_shared::{FailureClass, JobState};
 
 #[test]
-fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
+fn restart_after_kill9_keeps_the_queue_and_re_attaches_running_jobs() {
     let mut h = Headroom::up(UpOptions::gpus("1x24GiB").plan("2"));
-    let job = fake_job();
-    let flag = h.path("second-life");
-    // Runs for a long time in its first life, briefly once the flag file exists.
-    let script = format!(
-        "if [ -e {f} ]; then exec {job} --seconds 0.2; else exec {job} --seconds 600; fi",
-        f = flag.display(),
-        job = job.display()
-    );
-    // Submitted first, so it is surely one of the two jobs running at the crash.
-    let once = h.submit_spec(
-        serde_json::json!({"name": "once", "command": ["sh", "-c", script],
-            "retry": {"max_attempts": 1, "on": ["lost"]}, "resources": {"memory": "1GiB"}}),
-    );
-    let retried = h.submit_spec(
-        serde_json::json!({"name": "retried", "command": ["sh", "-c", script],
-            "runs_per_config": 3, "resources": {"memory": "1GiB"}}),
-    );
+    let record = h.path("timeline.jsonl");
+    let job = |seconds: &str| {
+        serde_json::json!([
+            fake_job().display().to_string(),
+            "--seconds",
+            seconds,
+            "--record",
+            record.display().to_string()
+        ])
+    };
+    // Submitted first, so it is surely one of the two jobs running at the crash; a lost
+    // attempt of it would fail the job.
+    let once = h.submit_spec(serde_json::json!({"name": "once", "command": job("4"),
+            "retry": {"max_attempts": 1, "on": ["lost"]}, "resources": {"memory": "1GiB"}}));
+    let more = h.submit_spec(serde_json::json!({"name": "more", "command": job("4"),
+            "runs_per_config": 3, "resources": {"memory": "1GiB"}}));
     let running = h.wait_for("two jobs running", Duration::from_secs(30), || {
-        let mut all = h.jobs(retried)?;
+        let mut all = h.jobs(more)?;
         all.extend(h.jobs(once)?);
         let r: Vec<_> = all
             .into_iter()
@@ -41,45 +44,77 @@ fn restart_after_kill9_keeps_queue_and_requeues_lost_jobs() {
         .collect();
 
     h.kill9().expect("kill -9");
-    // The jobs die with their agent (PR_SET_PDEATHSIG), they do not linger as orphans.
-    h.wait_for(
-        "the jobs to die with the agent",
-        Duration::from_secs(10),
-        || Ok(pids.iter().all(|&p| !alive(p)).then_some(())),
+    assert!(
+        pids.iter().all(|&p| alive(p)),
+        "running jobs outlive the crash"
     );
-    std::fs::write(&flag, "").expect("flag");
     h.restart().expect("restart");
 
-    let jobs = h.wait_done(retried, Duration::from_secs(60));
-    assert!(
-        jobs.iter().all(|j| j.state == JobState::Succeeded),
-        "{jobs:#?}"
-    );
-    let once_job = &h.wait_done(once, Duration::from_secs(30))[0];
-    let d = h.job(once_job.id).expect("job");
-    assert_eq!(
-        d.summary.state,
-        JobState::Failed,
-        "max_attempts 1: not requeued"
-    );
-    assert_eq!(d.attempts_detail[0].failure_class, Some(FailureClass::Lost));
-    // The one job of `retried` that was running got a second, successful attempt.
-    let lost: Vec<_> = jobs
-        .iter()
-        .map(|j| h.job(j.id).expect("job"))
-        .filter(|d| {
+    let mut jobs = h.wait_done(more, Duration::from_secs(60));
+    jobs.extend(h.wait_done(once, Duration::from_secs(30)));
+    for j in &jobs {
+        let d = h.job(j.id).expect("job");
+        assert_eq!(d.summary.state, JobState::Succeeded, "{d:#?}");
+        assert_eq!(
+            d.attempts_detail.len(),
+            1,
+            "ran once: {:#?}",
             d.attempts_detail
-                .iter()
-                .any(|a| a.failure_class == Some(FailureClass::Lost))
-        })
-        .collect();
-    assert_eq!(lost.len(), 1);
-    assert_eq!(lost[0].attempts_detail.len(), 2);
-    assert_eq!(lost[0].attempts_detail[1].success, Some(true));
+        );
+    }
+    for j in &running {
+        assert!(
+            pids.contains(&h.first_attempt(j.id).pid.expect("pid")),
+            "the running jobs went on as the same processes"
+        );
+    }
+    let starts = read_records(&record)
+        .expect("records")
+        .iter()
+        .filter(|r| r.event == "start")
+        .count();
+    assert_eq!(starts, 4, "four jobs, four processes");
 }
 
-/// The agent is killed with `kill -9` while a job's double-forked orphan holds GPU memory:
-/// the restarted agent kills the orphan (it carries the attempt's marker) before new work.
+/// `headroom up` with its supervisors killed too (the whole service crashed): the attempts
+/// are lost, and the restarted agent kills what is left of them (their orphans) before new
+/// work, as the hardening issue's restart sweep says.
+#[test]
+fn a_crash_that_takes_the_supervisors_loses_their_attempts_and_reruns_them() {
+    let mut h = Headroom::up(UpOptions::gpus("1x24GiB").lease_ttl("3s"));
+    let record = h.path("timeline.jsonl");
+    let deaths = DeathWatch::start(record.clone());
+    let exp = h.submit_spec(serde_json::json!({"name": "rerun", "command": [
+            fake_job().display().to_string(), "--seconds", "600", "--record",
+            record.display().to_string()],
+            "retry": {"max_attempts": 2, "on": ["lost"]}, "resources": {"memory": "1GiB"}}));
+    let jobs = h.wait_for("the job to run", Duration::from_secs(30), || {
+        let jobs = h.jobs(exp)?;
+        Ok((jobs[0].state == JobState::Running).then_some(jobs))
+    });
+    let pid = h.first_attempt(jobs[0].id).pid.expect("pid");
+    h.kill9().expect("kill -9");
+    assert_eq!(kill_supervisors(&h.data_dir().join("agent")), 1);
+    // Without its supervisor the job dies at once (PR_SET_PDEATHSIG).
+    h.wait_for("the job to die", Duration::from_secs(10), || {
+        Ok((!alive(pid)).then_some(()))
+    });
+    h.restart().expect("restart");
+    let d = h.wait_for("the job to run again", Duration::from_secs(60), || {
+        let d = h.job(jobs[0].id)?;
+        Ok((d.attempts_detail.len() == 2 && d.attempts_detail[1].pid.is_some()).then_some(d))
+    });
+    assert_eq!(d.attempts_detail[0].failure_class, Some(FailureClass::Lost));
+    let attempts: Vec<String> = d.attempts_detail.iter().map(|a| a.id.to_string()).collect();
+    deaths
+        .finish()
+        .expect("timeline")
+        .assert_apart("the job", &attempts)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// The agent and its attempt's supervisor are killed with `kill -9` while a job's
+/// double-forked orphan holds GPU memory: the restarted agent kills the orphan (it carries the attempt's marker) before new work.
 #[test]
 fn restarted_agent_kills_orphans_of_its_former_attempts() {
     let mut h = Headroom::up(UpOptions::gpus("1x24GiB"));
@@ -95,10 +130,12 @@ fn restarted_agent_kills_orphans_of_its_former_attempts() {
             .and_then(|s| s.trim().parse().ok()))
     });
     h.kill9().expect("kill -9");
+    // Its supervisor dies too (the whole service crashed), leaving the orphan unsupervised.
+    assert_eq!(kill_supervisors(&h.data_dir().join("agent")), 1);
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         alive(orphan),
-        "an orphan outlives a kill -9 of its agent (no PDEATHSIG for it)"
+        "an orphan outlives a kill -9 of its supervisor (no PDEATHSIG for it)"
     );
     h.restart().expect("restart");
     h.wait_for("the orphan to be killed", Duration::from_secs(20), || {

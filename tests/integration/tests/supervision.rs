@@ -1,6 +1,7 @@
-//! How the agent runs a job, seen from outside: in a session and process group of its own,
-//! with the agent as child subreaper (a double-forked grandchild re-parents to the agent,
-//! not to init), and an attempt is flagged contaminated when a foreign process shares its GPU.
+//! How the agent runs a job, seen from outside: under a supervisor process of its own (the
+//! agent's child, in a session of its own, the child subreaper of the job's tree: a
+//! double-forked grandchild re-parents to it, not to init), in a session and process group of
+//! its own, and an attempt is flagged contaminated when a foreign process shares its GPU.
 
 use std::time::Duration;
 
@@ -76,9 +77,18 @@ fn a_job_leads_a_session_and_process_group_of_its_own() {
 }
 
 #[test]
-fn a_double_forked_grandchild_reparents_to_the_agent_not_to_init() {
+fn a_double_forked_grandchild_reparents_to_the_attempts_supervisor_not_to_init() {
     let h = Headroom::up(UpOptions::gpus("1x24GiB"));
     let (job, grandchild, agent) = job_with_grandchild(&h);
+    let (supervisor, _, _) = ids(job).expect("job ids");
+    let (supervisor_parent, supervisor_pgid, supervisor_sid) =
+        ids(supervisor).expect("supervisor ids");
+    assert_eq!(supervisor_parent, agent, "the agent starts the supervisor");
+    assert_eq!(
+        (supervisor_pgid, supervisor_sid),
+        (supervisor, supervisor),
+        "the supervisor leaves the agent's session (a Ctrl-C to the agent does not reach it)"
+    );
     // Its parent (a subshell of the job) exits at once; until then the parent is not yet
     // the final one.
     let parent = h.wait_for(
@@ -87,13 +97,14 @@ fn a_double_forked_grandchild_reparents_to_the_agent_not_to_init() {
         || {
             let (ppid, _, _) = ids(grandchild).ok_or_else(|| anyhow::anyhow!("grandchild gone"))?;
             let subshell =
-                ppid != job && ppid != agent && ids(ppid).is_some_and(|(pp, _, _)| pp == job);
+                ppid != job && ppid != supervisor && ids(ppid).is_some_and(|(pp, _, _)| pp == job);
             Ok((!subshell).then_some(ppid))
         },
     );
     assert_eq!(
-        parent, agent,
-        "the orphan re-parented to {parent}, not to the agent {agent} (no child subreaper?)"
+        parent, supervisor,
+        "the orphan re-parented to {parent}, not to its supervisor {supervisor} (no child \
+         subreaper?)"
     );
 }
 

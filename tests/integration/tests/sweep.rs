@@ -1,5 +1,6 @@
-//! The restart sweep: an agent killed with `kill -9` and down longer than the lease TTL (its
-//! attempt already recorded lost, so the coordinator reports nothing to clean up) kills the
+//! The restart sweep: an agent killed with `kill -9` together with its attempts' supervisors
+//! and down longer than the lease TTL (its attempt already recorded lost, so the coordinator
+//! reports nothing to clean up) kills the
 //! orphans of its former attempts before it takes new work, and leaves the jobs of another
 //! agent on the same host alone. Quarantines a killed agent left behind lift by themselves
 //! once their leftovers are gone.
@@ -11,7 +12,8 @@ use headroom_integration_tests::standalone::{
     Agent, AgentOptions, Coordinator, job_of, running_pid, submit_json,
 };
 use headroom_integration_tests::{
-    Headroom, UpOptions, alive, books_for, bystander, fake_job, wait_until as wait,
+    Headroom, UpOptions, alive, books_for, bystander, fake_job, kill_supervisors,
+    wait_until as wait,
 };
 use headroom_shared::{FailureClass, JobState};
 
@@ -50,6 +52,9 @@ fn an_agent_down_longer_than_the_ttl_kills_its_orphans_before_taking_work() {
         std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
     });
     first.kill9().expect("kill -9");
+    // The attempt's supervisor dies too (the whole service crashed): only the double-forked
+    // orphan, which left the job's process group, is left running unsupervised.
+    assert_eq!(kill_supervisors(&first.data_dir), 1);
     // Down longer than the TTL: the coordinator records the attempt lost and will not name
     // it to the agent when it comes back.
     let d = wait(

@@ -1,0 +1,349 @@
+//! The attempt supervisor process ("shim", as containerd's): the agent's own binary started
+//! with [`SHIM_ARG`], one per attempt. It leaves the agent's session, becomes child subreaper,
+//! runs the attempt (spawn, log, timeout, peak memory, verified cleanup of its whole tree:
+//! [`crate::supervisor::run_attempt`]), and journals the outcome in the agent's data
+//! directory before it tells anyone. It does not die with the agent: a restarted agent
+//! re-attaches over its socket ([`proto`]). Its lease deadline is pushed by the agent after
+//! every renewal; when it passes with no renewal (agent dead, wedged or partitioned), the
+//! supervisor stops the job itself, before the coordinator may give the job away.
+//!
+//! It opens the GPU backend itself (rather than asking the agent) so that an attempt that
+//! ends while no agent is attached is still measured and verified clean.
+
+pub mod proto;
+
+use std::ffi::OsStr;
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use headroom_shared::FailureClass;
+use headroom_shared::api::FinishReport;
+use tokio::net::UnixListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::attempts::StopReason;
+use crate::gpu::{self, BackendChoice, GpuBackend};
+use crate::outcomes::{Outcome, Outcomes};
+use crate::supervisor::{self, AttemptEnd, SupervisorConfig};
+use proto::{Conn, FromShim, GpuChoice, PROTOCOL, Spec, ToShim};
+
+/// First argument that turns a headroom binary into an attempt supervisor.
+pub const SHIM_ARG: &str = "__headroom-attempt";
+/// The running binary, whatever happened to its file since it started (an upgrade replaced
+/// it): attempt supervisors run the agent's own image.
+pub const SELF_EXE: &str = "/proc/self/exe";
+
+/// Call first thing in `main` of every binary that runs jobs: when started as an attempt
+/// supervisor, this process supervises its attempt and exits; it never returns.
+pub fn run_if_shim() {
+    if std::env::args_os().nth(1).as_deref() != Some(OsStr::new(SHIM_ARG)) {
+        return;
+    }
+    std::process::exit(main());
+}
+
+fn main() -> i32 {
+    // A session of its own: Ctrl-C in the agent's terminal, a SIGHUP to its group or a
+    // systemd stop (KillMode=process) reaches the agent only.
+    if let Err(e) = nix::unistd::setsid() {
+        eprintln!("headroom attempt supervisor: setsid: {e}");
+    }
+    let own_tree = match supervisor::become_subreaper() {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("headroom attempt supervisor: {e}; orphans may escape to init");
+            false
+        }
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .try_init();
+    // The agent's end of the spawn channel is our stdin.
+    let channel = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => std::os::unix::net::UnixStream::from(fd),
+        Err(e) => {
+            eprintln!("headroom attempt supervisor: no channel to the agent: {e}");
+            return 2;
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("headroom attempt supervisor: runtime: {e}");
+            return 2;
+        }
+    };
+    rt.block_on(serve(channel, own_tree))
+}
+
+impl GpuChoice {
+    pub fn of(choice: &BackendChoice) -> Self {
+        match choice {
+            BackendChoice::Nvml => Self::Nvml,
+            BackendChoice::Fake { spec, dir } => Self::Fake {
+                spec: spec.to_string(),
+                dir: dir.clone(),
+            },
+            BackendChoice::Auto { fake_fallback, dir } => Self::Auto {
+                fake_fallback: fake_fallback.to_string(),
+                dir: dir.clone(),
+            },
+        }
+    }
+
+    fn open(&self) -> Result<std::sync::Arc<dyn GpuBackend>, String> {
+        let parse = |s: &str| s.parse().map_err(|e| format!("fake GPUs `{s}`: {e}"));
+        let choice = match self {
+            Self::Nvml => BackendChoice::Nvml,
+            Self::Fake { spec, dir } => BackendChoice::Fake {
+                spec: parse(spec)?,
+                dir: dir.clone(),
+            },
+            Self::Auto { fake_fallback, dir } => BackendChoice::Auto {
+                fake_fallback: parse(fake_fallback)?,
+                dir: dir.clone(),
+            },
+        };
+        gpu::open(&choice).map_err(|e| e.to_string())
+    }
+}
+
+/// The supervisor's state besides the attempt itself.
+struct Link {
+    conn: Option<Conn>,
+    /// Set once the job runs.
+    started: Option<(u32, DateTime<Utc>)>,
+}
+
+impl Link {
+    async fn send(&mut self, msg: &FromShim) {
+        if let Some(conn) = self.conn.as_mut()
+            && let Err(e) = conn.send(msg).await
+        {
+            tracing::warn!("agent connection lost: {e}");
+            self.conn = None;
+        }
+    }
+
+    /// The next message of the attached agent; pending while none is attached.
+    async fn recv(&mut self) -> Option<Result<Option<ToShim>, proto::ProtoError>> {
+        match self.conn.as_mut() {
+            Some(c) => Some(c.recv().await),
+            None => std::future::pending().await,
+        }
+    }
+}
+
+async fn accept(listener: &Option<UnixListener>) -> std::io::Result<tokio::net::UnixStream> {
+    match listener {
+        Some(l) => l.accept().await.map(|(s, _)| s),
+        None => std::future::pending().await,
+    }
+}
+
+async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
+    let mut first = match Conn::new(channel) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("headroom attempt supervisor: agent channel: {e}");
+            return 2;
+        }
+    };
+    let spec = match first.recv::<ToShim>().await {
+        Ok(Some(ToShim::Launch { spec })) => *spec,
+        // The agent died before it said what to run: nothing was started.
+        other => {
+            eprintln!("headroom attempt supervisor: no launch from the agent: {other:?}");
+            return 2;
+        }
+    };
+    let mut deadline = Instant::now() + Duration::from_millis(spec.stop_in_ms);
+    let launch = spec.launch.clone();
+    let attempt = launch.attempt;
+    let hello = |started: Option<(u32, DateTime<Utc>)>| FromShim::Hello {
+        version: PROTOCOL,
+        attempt,
+        job: launch.job,
+        fence: spec.fence,
+        gpus: launch.gpus.clone(),
+        pid: started.map(|s| s.0),
+        started_at: started.map(|s| s.1),
+    };
+    // Bound before the job starts: from here on, a restarted agent can find us.
+    let listener = match proto::socket_addr(&spec.scope, attempt)
+        .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
+        .and_then(|l| {
+            l.set_nonblocking(true)?;
+            UnixListener::from_std(l)
+        }) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            // Still supervised and fenced; a restarted agent will not find it and sweeps it.
+            tracing::warn!(%attempt, "cannot listen for a restarted agent: {e}");
+            None
+        }
+    };
+    let mut link = Link {
+        conn: Some(first),
+        started: None,
+    };
+    link.send(&hello(None)).await;
+
+    let backend = match spec.gpu.open() {
+        Ok(b) => b,
+        Err(e) => {
+            let end = supervisor::not_started(
+                Some(FailureClass::LaunchError),
+                format!("[headroom] cannot open the GPUs: {e}\n"),
+            );
+            return finish(&spec, end, None, vec![], link).await;
+        }
+    };
+    let cfg = SupervisorConfig {
+        kill_grace: Duration::from_millis(spec.kill_grace_ms),
+        verify_timeout: Duration::from_millis(spec.verify_timeout_ms),
+        sample_every: Duration::from_millis(spec.sample_every_ms),
+        own_tree,
+    };
+    let cancel = CancellationToken::new();
+    let mut reason: Option<StopReason> = None;
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
+    let run = supervisor::run_attempt(launch.clone(), backend.clone(), &cfg, cancel.clone(), {
+        move |pid| {
+            let _ = started_tx.send((pid, Utc::now()));
+        }
+    });
+    tokio::pin!(run);
+    let end = loop {
+        tokio::select! {
+            end = &mut run => break end,
+            Some((pid, at)) = started_rx.recv() => {
+                link.started = Some((pid, at));
+                link.send(&FromShim::Started { pid, started_at: at }).await;
+            }
+            msg = link.recv() => match msg {
+                Some(Ok(Some(ToShim::Renew { stop_in_ms }))) => {
+                    deadline = Instant::now() + Duration::from_millis(stop_in_ms);
+                }
+                Some(Ok(Some(ToShim::Stop { reason: r }))) => {
+                    reason.get_or_insert(r);
+                    cancel.cancel();
+                }
+                Some(Ok(Some(ToShim::Launch { .. }))) => {
+                    tracing::warn!(%attempt, "a second launch is ignored");
+                }
+                Some(Ok(None)) => {
+                    // The agent exited or died: the job runs on, fenced by its deadline.
+                    link.conn = None;
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(%attempt, "agent connection: {e}");
+                    link.conn = None;
+                }
+                None => {}
+            },
+            accepted = accept(&listener) => match accepted.map(|s| s.into_std().and_then(|s| Conn::new(s).map_err(std::io::Error::other))) {
+                // A restarted agent takes over; the old connection (if any) is dropped.
+                Ok(Ok(conn)) => {
+                    link.conn = Some(conn);
+                    link.send(&hello(link.started)).await;
+                }
+                Ok(Err(e)) | Err(e) => tracing::warn!(%attempt, "refused a connection: {e}"),
+            },
+            _ = tokio::time::sleep_until(deadline), if reason.is_none() => {
+                tracing::warn!(%attempt, "lease not renewed in time: stopping the job");
+                reason = Some(StopReason::LeaseLost);
+                cancel.cancel();
+            }
+        }
+    };
+    let gpus = gpu::read(backend.as_ref());
+    finish(&spec, end, reason, gpus, link).await
+}
+
+/// Journals the end, then tells the attached agent (if any); the exit code of the process.
+async fn finish(
+    spec: &Spec,
+    end: AttemptEnd,
+    reason: Option<StopReason>,
+    gpus: Vec<headroom_shared::api::GpuSample>,
+    mut link: Link,
+) -> i32 {
+    let held_by = end.held_by.clone();
+    let outcome = Outcome {
+        attempt: spec.launch.attempt,
+        report: report(spec.fence, end, reason, gpus),
+    };
+    let journal = Outcomes::writer(&spec.data_dir);
+    // A restarting agent clears temporary files it finds (a write a kill cut short): try
+    // again with a fresh one if ours went away under us.
+    let mut spare = spec.spare.clone();
+    let mut written = Err(String::new());
+    for _ in 0..3 {
+        written = journal
+            .write_through(&outcome, spare.take())
+            .map_err(|e| e.to_string());
+        if written.is_ok() {
+            break;
+        }
+    }
+    if let Err(e) = &written {
+        // An attached agent still gets it below; with none, it is lost as the attempt is.
+        eprintln!(
+            "headroom attempt supervisor: cannot journal the outcome of {}: {e}",
+            spec.launch.attempt
+        );
+    }
+    link.send(&FromShim::Ended {
+        held_by,
+        report: Box::new(outcome.report),
+    })
+    .await;
+    i32::from(written.is_err())
+}
+
+/// The end report of an attempt, its failure class saying why headroom stopped it.
+pub fn report(
+    fence: i64,
+    end: AttemptEnd,
+    reason: Option<StopReason>,
+    gpus: Vec<headroom_shared::api::GpuSample>,
+) -> FinishReport {
+    let mut failure = end.failure;
+    let mut log_tail = end.log_tail;
+    if failure == Some(FailureClass::Cancelled) {
+        match reason {
+            Some(StopReason::User) => {}
+            Some(StopReason::LeaseLost) => {
+                failure = Some(FailureClass::Lost);
+                log_tail.push_str("\n[headroom] stopped: the lease could not be renewed in time\n");
+            }
+            // Retried as the job's policy says for `lost`, now rather than at lease expiry.
+            Some(StopReason::Shutdown) | None => {
+                failure = Some(FailureClass::Lost);
+                log_tail.push_str("\n[headroom] stopped because the agent shut down\n");
+            }
+        }
+    }
+    FinishReport {
+        fence,
+        failure,
+        exit_code: end.exit_code,
+        signal: end.signal,
+        ended_at: end.ended_at,
+        peak_mem_mib: end.peak_mem_mib,
+        peak_source: Some(end.peak_source),
+        cleanup_ms: end.cleanup_ms,
+        cleanup_verified: end.cleanup_verified,
+        unverified: end.unverified,
+        contaminated: end.contaminated,
+        log_tail,
+        gpus,
+    }
+}

@@ -1,0 +1,279 @@
+//! The line protocol between the agent and an attempt's supervisor process: serde JSON, one
+//! message a line, over a unix stream socket. The first connection is a socketpair the agent
+//! hands over at spawn (no round trip, no race with the listener); a restarted agent connects
+//! to the supervisor's socket, named from the agent's scope and the attempt in the abstract
+//! namespace (no file to create and unlink per job, nothing left behind by a killed process).
+//! Every connection opens with the supervisor's `hello`, which carries [`PROTOCOL`], so an
+//! upgraded agent finds out when it talks to a supervisor it cannot understand.
+
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use headroom_shared::api::FinishReport;
+use headroom_shared::{AttemptId, JobId};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+use crate::attempts::StopReason;
+use crate::supervisor::Launch;
+
+/// Version of this protocol; a supervisor speaking another one is not re-attached.
+pub const PROTOCOL: u32 = 1;
+
+/// What the supervisor process needs to run an attempt, sent as its first message.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Spec {
+    pub launch: Launch,
+    pub fence: i64,
+    /// The agent's data directory: the outcome is journalled in `<data_dir>/outcomes`.
+    pub data_dir: PathBuf,
+    /// The agent's scope ([`crate::sweep::AGENT_VAR`]): names the supervisor's socket.
+    pub scope: String,
+    pub gpu: GpuChoice,
+    pub kill_grace_ms: u64,
+    pub verify_timeout_ms: u64,
+    pub sample_every_ms: u64,
+    /// The job is stopped this long after the spec is read unless a `renew` comes first.
+    pub stop_in_ms: u64,
+    /// A spare journal file to write the outcome through (see [`crate::outcomes`]).
+    pub spare: Option<PathBuf>,
+}
+
+/// The GPU backend the supervisor opens, as the agent opened its own.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum GpuChoice {
+    Nvml,
+    Fake { spec: String, dir: PathBuf },
+    Auto { fake_fallback: String, dir: PathBuf },
+}
+
+/// Agent -> supervisor.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum ToShim {
+    /// First message on the spawn channel only.
+    Launch { spec: Box<Spec> },
+    /// The leases were renewed: stop the job if nothing renews them again within this.
+    Renew { stop_in_ms: u64 },
+    /// Stop the job now (SIGTERM, grace, SIGKILL, verified cleanup) and report why.
+    Stop { reason: StopReason },
+}
+
+/// Supervisor -> agent.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum FromShim {
+    Hello {
+        version: u32,
+        attempt: AttemptId,
+        job: JobId,
+        fence: i64,
+        gpus: Vec<u32>,
+        /// The job's pid and start, once it runs.
+        pid: Option<u32>,
+        started_at: Option<DateTime<Utc>>,
+    },
+    Started {
+        pid: u32,
+        started_at: DateTime<Utc>,
+    },
+    /// The attempt's end, journalled before this is sent; `held_by`: pids still holding
+    /// GPU memory when verification gave up (the agent quarantines the GPUs until they are
+    /// gone).
+    Ended {
+        held_by: Vec<u32>,
+        report: Box<FinishReport>,
+    },
+}
+
+/// The abstract socket name of `attempt`'s supervisor under `scope`.
+pub fn socket_addr(scope: &str, attempt: AttemptId) -> std::io::Result<SocketAddr> {
+    // FNV-1a: the scope is a path of any length; the name must fit 107 bytes.
+    let hash = scope.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    SocketAddr::from_abstract_name(format!("headroom-attempt/{hash:016x}/{attempt}"))
+}
+
+/// One end of a connection, either side.
+pub struct Conn {
+    lines: Lines<BufReader<OwnedReadHalf>>,
+    write: OwnedWriteHalf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("supervisor socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("unreadable message `{line}`: {source}")]
+    Format {
+        line: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the peer runs as uid {0}, not as this process's user")]
+    Foreign(u32),
+    #[error("no hello within {0:?}")]
+    Silent(Duration),
+    #[error("expected hello, got {0:?}")]
+    NoHello(Box<FromShim>),
+    #[error("the supervisor speaks protocol {0}, this agent {PROTOCOL}")]
+    Version(u32),
+}
+
+impl Conn {
+    /// Wraps a connected socket, refusing a peer of another user: only the agent's user may
+    /// steer its supervisors, and an agent talks only to supervisors of its user.
+    pub fn new(stream: std::os::unix::net::UnixStream) -> Result<Self, ProtoError> {
+        stream.set_nonblocking(true)?;
+        let stream = UnixStream::from_std(stream)?;
+        let peer = stream.peer_cred()?.uid();
+        let me = nix::unistd::geteuid().as_raw();
+        if peer != me && me != 0 {
+            return Err(ProtoError::Foreign(peer));
+        }
+        let (read, write) = stream.into_split();
+        Ok(Self {
+            lines: BufReader::new(read).lines(),
+            write,
+        })
+    }
+
+    pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), ProtoError> {
+        let mut line = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        self.write.write_all(&line).await?;
+        Ok(())
+    }
+
+    /// The next message; `Ok(None)` when the peer has closed the connection.
+    pub async fn recv<T: for<'de> Deserialize<'de>>(&mut self) -> Result<Option<T>, ProtoError> {
+        let Some(line) = self.lines.next_line().await? else {
+            return Ok(None);
+        };
+        serde_json::from_str(&line)
+            .map(Some)
+            .map_err(|source| ProtoError::Format { line, source })
+    }
+}
+
+/// Connects to `attempt`'s supervisor and reads its hello (blocking connect, then async).
+pub async fn connect(
+    scope: &str,
+    attempt: AttemptId,
+    wait: Duration,
+) -> Result<(Conn, FromShim), ProtoError> {
+    let stream = std::os::unix::net::UnixStream::connect_addr(&socket_addr(scope, attempt)?)?;
+    let mut conn = Conn::new(stream)?;
+    let hello = match tokio::time::timeout(wait, conn.recv::<FromShim>()).await {
+        Err(_) => return Err(ProtoError::Silent(wait)),
+        Ok(Ok(Some(h))) => h,
+        Ok(Ok(None)) => {
+            return Err(ProtoError::Io(std::io::Error::from(
+                std::io::ErrorKind::UnexpectedEof,
+            )));
+        }
+        Ok(Err(e)) => return Err(e),
+    };
+    match &hello {
+        FromShim::Hello { version, .. } if *version != PROTOCOL => {
+            Err(ProtoError::Version(*version))
+        }
+        FromShim::Hello { .. } => Ok((conn, hello)),
+        other => Err(ProtoError::NoHello(Box::new(other.clone()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_one_tagged_json_line() {
+        let m = serde_json::to_string(&ToShim::Renew { stop_in_ms: 1500 }).expect("json");
+        assert_eq!(m, r#"{"msg":"renew","stop_in_ms":1500}"#);
+        let m = serde_json::to_string(&ToShim::Stop {
+            reason: StopReason::LeaseLost,
+        })
+        .expect("json");
+        assert_eq!(m, r#"{"msg":"stop","reason":"lease_lost"}"#);
+        let back: FromShim = serde_json::from_str(
+            r#"{"msg":"started","pid":12,"started_at":"2026-11-23T10:00:00Z"}"#,
+        )
+        .expect("parse");
+        assert!(
+            matches!(back, FromShim::Started { pid: 12, .. }),
+            "{back:?}"
+        );
+    }
+
+    /// The launch goes through the tagged message whole, the baseline's GPU map included.
+    #[test]
+    fn a_launch_reads_back() {
+        let samples = vec![headroom_shared::api::GpuSample {
+            index: 3,
+            used_mib: 512,
+            ..Default::default()
+        }];
+        let launch = Launch {
+            attempt: AttemptId::new(),
+            job: JobId::new(),
+            argv: vec!["true".into()],
+            env: Default::default(),
+            params: Default::default(),
+            gpus: vec![3],
+            timeout: Some(Duration::from_secs(5)),
+            log_path: "/tmp/x.log".into(),
+            workdir: None,
+            baseline: Some(crate::supervisor::Baseline::of(&samples, &[3])),
+        };
+        let msg = ToShim::Launch {
+            spec: Box::new(Spec {
+                launch,
+                fence: 7,
+                data_dir: "/data".into(),
+                scope: "/data".into(),
+                gpu: GpuChoice::Fake {
+                    spec: "1x24GiB".into(),
+                    dir: "/data/fake".into(),
+                },
+                kill_grace_ms: 1,
+                verify_timeout_ms: 2,
+                sample_every_ms: 3,
+                stop_in_ms: 4,
+                spare: None,
+            }),
+        };
+        let line = serde_json::to_string(&msg).expect("json");
+        let ToShim::Launch { spec } = serde_json::from_str(&line).expect("reads back") else {
+            panic!("{line}")
+        };
+        assert_eq!(spec.fence, 7);
+        assert_eq!(
+            spec.launch.baseline,
+            Some(crate::supervisor::Baseline::of(&samples, &[3]))
+        );
+    }
+
+    #[test]
+    fn socket_names_fit_and_differ_by_scope_and_attempt() {
+        let a = AttemptId::new();
+        let long = "/x".repeat(500);
+        let name = |s: &str, a| {
+            socket_addr(s, a)
+                .expect("fits")
+                .as_abstract_name()
+                .map(<[u8]>::to_vec)
+                .expect("abstract")
+        };
+        assert_ne!(name(&long, a), name("/data", a));
+        assert_ne!(name("/data", a), name("/data", AttemptId::new()));
+        assert_eq!(name("/data", a), name("/data", a));
+    }
+}

@@ -1,0 +1,284 @@
+//! Chaos, as a cluster operator tried it: two coordinator replicas on PostgreSQL, four
+//! agents, 400 jobs of 0.3-2 s, and for a minute an agent killed with `kill -9` every few
+//! seconds and started again 1-6 s later. Every job succeeds, none runs to its end twice,
+//! no two attempts of a job overlap, and no process of any job is left.
+//!
+//! The lease TTL (20 s: heartbeats every 6.7 s, supervisors fence 17.5 s after the last
+//! renewal) outlasts any of these outages plus a heartbeat interval, as a production TTL
+//! outlasts a restart: every restarted agent re-attaches to its running attempts, so no
+//! attempt is lost and no job runs twice at all. (An agent away longer than the TTL:
+//! `reattach.rs`; a job that ends in such an outage after its lease expired may then run
+//! again elsewhere, its late end refused.)
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use headroom_integration_tests::records::DeathWatch;
+use headroom_integration_tests::{
+    Postgres, Proc, fake_job, free_port, http_get, http_post, scope_pids, wait_until as wait,
+};
+use headroom_shared::api::{JobDetail, JobSummary, Progress, SubmitResponse};
+use headroom_shared::{FailureClass, JobState};
+
+const AGENTS: usize = 4;
+
+/// xorshift: the same chaos on every run, different per step.
+struct Dice(u64);
+
+impl Dice {
+    fn roll(&mut self, lo: u64, hi: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        lo + self.0 % (hi - lo + 1)
+    }
+}
+
+struct Site {
+    _pg: Postgres,
+    dir: tempfile::TempDir,
+    urls: Vec<String>,
+    _coords: Vec<Proc>,
+    agents: Vec<Option<Proc>>,
+}
+
+impl Site {
+    fn agent_dir(&self, j: usize) -> PathBuf {
+        self.dir.path().join(format!("agent{j}"))
+    }
+
+    fn start_agent(&mut self, j: usize, life: usize) {
+        let args: Vec<String> = [
+            "--coordinator",
+            &self.urls[j % self.urls.len()],
+            "--node",
+            &format!("node{j}"),
+            "--gpu-backend",
+            "fake",
+            "--fake-gpus",
+            "1x24GiB",
+            "--plan",
+            "3",
+            "--kill-grace",
+            "500ms",
+            "--verify-timeout",
+            "5s",
+            "--data-dir",
+            &self.agent_dir(j).display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        let log = self.dir.path().join(format!("agent{j}-{life}.log"));
+        self.agents[j] = Some(Proc::start("headroom-agent", &args, log).expect("agent"));
+    }
+
+    fn jobs(&self) -> Vec<JobSummary> {
+        http_get(&format!("{}/v1/jobs", self.urls[0])).expect("jobs")
+    }
+
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for f in std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if f.path().extension().is_some_and(|e| e == "log") {
+                out.push_str(&format!("==> {}\n", f.path().display()));
+                let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                out.extend(tail.into_iter().rev().map(|l| format!("{l}\n")));
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
+    let pg = Postgres::start().expect("postgres");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = dir.path().join("timeline.jsonl");
+    let deaths = DeathWatch::start(record.clone());
+    let mut coords = vec![];
+    let mut urls = vec![];
+    for i in 0..2 {
+        let port = free_port().expect("port");
+        let args: Vec<String> = vec![
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--database-url".into(),
+            pg.url(),
+            "--data-dir".into(),
+            dir.path().join(format!("coord{i}")).display().to_string(),
+            "--lease-ttl".into(),
+            "20s".into(),
+        ];
+        let log = dir.path().join(format!("coord{i}.log"));
+        coords.push(Proc::start("headroom-coordinator", &args, log).expect("coordinator"));
+        let url = format!("http://127.0.0.1:{port}");
+        wait("a coordinator", Duration::from_secs(30), || {
+            http_get::<serde_json::Value>(&format!("{url}/v1/health"))
+                .ok()
+                .map(|_| ())
+        });
+        urls.push(url);
+    }
+    let mut site = Site {
+        _pg: pg,
+        dir,
+        urls,
+        _coords: coords,
+        agents: (0..AGENTS).map(|_| None).collect(),
+    };
+    let mut lives = [0usize; AGENTS];
+    for j in 0..AGENTS {
+        site.start_agent(j, 0);
+    }
+    let spec = serde_json::json!({"spec": {"name": "chaos",
+        "command": [fake_job().display().to_string(), "--seconds", "{seconds}",
+                    "--mem", "100MiB", "--record", record.display().to_string()],
+        "grid": {"seconds": [0.3, 0.8, 1.4, 2.0]},
+        "runs_per_config": 100, "resources": {"memory": "200MiB"},
+        "retry": {"max_attempts": 10, "on": ["lost"]}}});
+    let (status, body) =
+        http_post(&format!("{}/v1/experiments", site.urls[1]), &spec).expect("submit");
+    assert_eq!(status, 200, "{body}");
+    let exp = serde_json::from_value::<SubmitResponse>(body)
+        .expect("response")
+        .experiment
+        .expect("stored");
+
+    // A minute of kill -9s: one agent every 3-5 s, each back 1-6 s after its kill.
+    let mut dice = Dice(0x5eed_1234_abcd_0042);
+    let chaos_end = Instant::now() + Duration::from_secs(60);
+    let mut back_at: Vec<Option<Instant>> = vec![None; AGENTS];
+    let mut next_kill = Instant::now() + Duration::from_millis(dice.roll(3000, 5000));
+    let mut kills = 0;
+    loop {
+        let now = Instant::now();
+        for j in 0..AGENTS {
+            if back_at[j].is_some_and(|t| t <= now) {
+                back_at[j] = None;
+                lives[j] += 1;
+                site.start_agent(j, lives[j]);
+            }
+        }
+        if now >= chaos_end && back_at.iter().all(Option::is_none) {
+            break;
+        }
+        if now >= next_kill && now < chaos_end {
+            next_kill = now + Duration::from_millis(dice.roll(3000, 5000));
+            let up: Vec<usize> = (0..AGENTS).filter(|&j| site.agents[j].is_some()).collect();
+            if !up.is_empty() {
+                let j = up[dice.roll(0, up.len() as u64 - 1) as usize];
+                if let Some(mut p) = site.agents[j].take() {
+                    p.kill9().expect("kill -9");
+                    kills += 1;
+                }
+                back_at[j] = Some(now + Duration::from_millis(dice.roll(1000, 6000)));
+            }
+        }
+        let next = back_at
+            .iter()
+            .flatten()
+            .copied()
+            .chain([next_kill.min(chaos_end)])
+            .filter(|&t| t > now)
+            .min()
+            .unwrap_or(now + Duration::from_millis(10));
+        std::thread::sleep(next - now);
+    }
+    assert!(kills >= 12, "{kills} kills");
+
+    wait("every job to end", Duration::from_secs(240), || {
+        let p: Progress =
+            http_get(&format!("{}/v1/progress?experiment={exp}", site.urls[0])).ok()?;
+        (p.counts.finished() == p.counts.total()).then_some(())
+    });
+    // Ended supervisors exit at once; strays of lost attempts are swept by their agent.
+    wait(
+        "no process of any job left",
+        Duration::from_secs(30),
+        || {
+            (0..AGENTS)
+                .all(|j| scope_pids(&site.agent_dir(j)).is_empty())
+                .then_some(())
+        },
+    );
+    let timeline = deaths.finish().expect("the record file and its processes");
+
+    let jobs = site.jobs();
+    assert_eq!(jobs.len(), 400);
+    let mut lost = 0;
+    let mut reran = 0;
+    for j in &jobs {
+        assert_eq!(
+            j.state,
+            JobState::Succeeded,
+            "job {}\n{}",
+            j.id,
+            site.logs()
+        );
+        let d: JobDetail = http_get(&format!("{}/v1/jobs/{}", site.urls[0], j.id)).expect("job");
+        let wins = d
+            .attempts_detail
+            .iter()
+            .filter(|a| a.success == Some(true))
+            .count();
+        assert_eq!(wins, 1, "job {} succeeded {wins} times", j.id);
+        lost += d
+            .attempts_detail
+            .iter()
+            .filter(|a| a.failure_class == Some(FailureClass::Lost))
+            .count();
+        let attempts: Vec<String> = d.attempts_detail.iter().map(|a| a.id.to_string()).collect();
+        if let Err(e) = timeline.assert_apart(&format!("job {}", j.id), &attempts) {
+            panic!("{e:#}\n{:#?}", d.attempts_detail);
+        }
+        // Ran to its end: an `end` with no SIGTERM before it. Exactly once per job.
+        let completed = attempts
+            .iter()
+            .filter(|a| {
+                let ev = timeline.events(a);
+                ev.last() == Some(&"end") && !ev.contains(&"term")
+            })
+            .count();
+        assert_eq!(
+            completed, 1,
+            "job {} ran to its end {completed} times: {:#?}",
+            j.id, d.attempts_detail
+        );
+        reran += usize::from(attempts.len() > 1);
+        // Every process of every attempt is gone (seen dead by the watcher).
+        for a in &attempts {
+            for s in timeline.spans(a) {
+                assert!(s.end < i64::MAX, "a process of attempt {a} still runs");
+            }
+        }
+    }
+    // Before attempt supervisors, each kill lost the 3 attempts its agent ran.
+    assert_eq!(
+        lost,
+        0,
+        "attempts lost to restarts within the TTL\n{}",
+        site.logs()
+    );
+    assert_eq!(reran, 0, "jobs run more than once");
+    let starts: HashMap<&str, usize> =
+        timeline
+            .records
+            .iter()
+            .filter(|r| r.event == "start")
+            .fold(HashMap::new(), |mut m, r| {
+                *m.entry(r.job.as_str()).or_default() += 1;
+                m
+            });
+    assert_eq!(starts.len(), 400);
+    assert!(
+        starts.values().all(|&n| n == 1),
+        "every job started one process"
+    );
+    eprintln!("chaos: {kills} kills, every job started once");
+}

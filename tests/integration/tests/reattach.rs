@@ -1,0 +1,204 @@
+//! Running jobs outlive their agent: each attempt runs under a supervisor process of its own.
+//! An agent killed with `kill -9` (or stopped for an upgrade) and started again on the same
+//! data directory re-attaches to it: the job runs on with the same pid and is reported once.
+//! An agent that stays away longer than the lease TTL leaves its supervisor to stop the job
+//! before the coordinator may give it away, so the rerun elsewhere never overlaps it.
+//! (An agent killed after its job ended and before it reported: `late_outcomes.rs`.)
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use headroom_integration_tests::records::DeathWatch;
+use headroom_integration_tests::standalone::{
+    Agent, AgentOptions, Coordinator, job_of, running_pid, submit_json,
+};
+use headroom_integration_tests::{alive, binary, fake_job, read_records, wait_until as wait};
+use headroom_shared::api::JobDetail;
+use headroom_shared::{ExperimentId, FailureClass, JobState};
+use nix::sys::signal::Signal;
+
+fn agent(
+    url: &str,
+    dir: &Path,
+    node: &str,
+    opts: impl FnOnce(AgentOptions) -> AgentOptions,
+) -> Agent {
+    let base = AgentOptions::node(node)
+        .kill_grace("300ms")
+        .verify_timeout("5s");
+    Agent::start(url, dir, opts(base)).expect("agent")
+}
+
+/// A job of `seconds` recording its start and end in `record`, retried when lost.
+fn submit(url: &str, seconds: &str, record: &Path) -> ExperimentId {
+    submit_json(
+        url,
+        &serde_json::json!({"name": "long", "command": [
+            fake_job().display().to_string(), "--seconds", seconds, "--mem", "1GiB",
+            "--record", record.display().to_string()],
+            "retry": {"max_attempts": 3, "on": ["lost"]}}),
+    )
+}
+
+fn ended(url: &str, exp: ExperimentId) -> JobDetail {
+    wait("the job to end", Duration::from_secs(60), || {
+        job_of(url, exp).filter(|d| d.summary.state.is_terminal())
+    })
+}
+
+/// (start, end) records of each pid, in the order they started.
+fn events(record: &Path) -> Vec<(String, u32)> {
+    read_records(record)
+        .expect("records")
+        .into_iter()
+        .map(|r| (r.event, r.pid))
+        .collect()
+}
+
+/// The job succeeded with one attempt, whose process is `pid`, and which ran once.
+fn ran_once_as(d: &JobDetail, pid: u32, record: &Path, log: &str) {
+    assert_eq!(d.summary.state, JobState::Succeeded, "{d:#?}\n{log}");
+    assert_eq!(d.attempts_detail.len(), 1, "{:#?}", d.attempts_detail);
+    let a = &d.attempts_detail[0];
+    assert_eq!((a.failure_class, a.exit_code), (None, Some(0)), "{a:#?}");
+    assert_eq!(a.pid, Some(pid), "the same process ran on: {a:#?}");
+    assert_eq!(a.cleanup_verified, Some(true), "{a:#?}");
+    assert_eq!(
+        events(record),
+        vec![("start".to_string(), pid), ("end".to_string(), pid)],
+        "started once, ran to its end once"
+    );
+}
+
+#[test]
+fn an_agent_killed_mid_attempt_and_restarted_within_the_ttl_re_attaches() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coord = Coordinator::start(dir.path(), &["--lease-ttl", "6s"]).expect("coordinator");
+    let url = &coord.url;
+    let record = dir.path().join("timeline.jsonl");
+    let mut first = agent(url, dir.path(), "gpu-1", |o| o);
+    let exp = submit(url, "4", &record);
+    let pid = running_pid(url, exp);
+
+    first.kill9().expect("kill -9");
+    assert!(alive(pid), "the job survives its agent's death");
+    let again = agent(url, dir.path(), "gpu-1", |o| o.log("gpu-1-again.log"));
+    let d = ended(url, exp);
+    ran_once_as(&d, pid, &record, &again.output());
+    assert!(
+        again.output().contains("re-attached to a running attempt"),
+        "{}",
+        again.output()
+    );
+    wait(
+        "nothing of the job to be left",
+        Duration::from_secs(10),
+        || again.scope_pids().is_empty().then_some(()),
+    );
+}
+
+/// An upgrade as systemd does it with `KillMode=process`: SIGTERM to the agent only, the
+/// binary replaced, the new one started from another path. The job (8 s: several heartbeats
+/// and a full re-registration fit in it; the mechanism does not depend on the length, and
+/// the suite must stay fast) runs on and succeeds once.
+#[test]
+fn an_upgrade_restarts_the_agent_from_another_binary_while_the_job_runs_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coord = Coordinator::start(dir.path(), &["--lease-ttl", "6s"]).expect("coordinator");
+    let url = &coord.url;
+    let copy = |version: &str| -> PathBuf {
+        let d = dir.path().join(version);
+        std::fs::create_dir_all(&d).expect("dir");
+        let to = d.join("headroom-agent");
+        std::fs::copy(binary("headroom-agent"), &to).expect("copy the agent binary");
+        to
+    };
+    let (old, new) = (copy("v1"), copy("v2"));
+    let record = dir.path().join("timeline.jsonl");
+    let mut first = agent(url, dir.path(), "gpu-1", |o| o.program(&old));
+    let exp = submit(url, "8", &record);
+    let pid = running_pid(url, exp);
+
+    let status = first.stop_with(Signal::SIGTERM, Duration::from_secs(30));
+    assert!(status.success(), "{status}\n{}", first.output());
+    assert!(
+        alive(pid),
+        "the job survives the agent's exit:\n{}",
+        first.output()
+    );
+    // The old binary is gone, as a package upgrade replaces it.
+    std::fs::remove_file(&old).expect("remove the old binary");
+    let upgraded = agent(url, dir.path(), "gpu-1", |o| {
+        o.program(&new).log("gpu-1-upgraded.log")
+    });
+    let d = ended(url, exp);
+    ran_once_as(&d, pid, &record, &upgraded.output());
+    wait(
+        "nothing of the job to be left",
+        Duration::from_secs(10),
+        || upgraded.scope_pids().is_empty().then_some(()),
+    );
+}
+
+/// `kill -9` of the agent and no agent for longer than the TTL: the supervisor stops the
+/// job before the lease expires, the job runs again on another node, and the real process
+/// spans of the two attempts do not overlap. The first attempt's end is journalled and
+/// reported (refused: its job went on elsewhere) when the agent comes back.
+#[test]
+fn an_agent_away_longer_than_the_ttl_leaves_its_supervisor_to_stop_the_job_in_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coord = Coordinator::start(dir.path(), &["--lease-ttl", "3s"]).expect("coordinator");
+    let url = &coord.url;
+    let record = dir.path().join("timeline.jsonl");
+    let watch = DeathWatch::start(record.clone());
+    let mut first = agent(url, dir.path(), "gpu-1", |o| o);
+    let exp = submit(url, "600", &record);
+    let pid = running_pid(url, exp);
+
+    first.kill9().expect("kill -9");
+    let _rescuer = agent(url, dir.path(), "gpu-2", |o| o);
+    let d = wait("the job to run again", Duration::from_secs(60), || {
+        job_of(url, exp)
+            .filter(|d| d.attempts_detail.len() >= 2 && d.attempts_detail[1].pid.is_some())
+    });
+    assert!(!alive(pid), "the first attempt's process was stopped");
+    let first_attempt = &d.attempts_detail[0];
+    assert_eq!(
+        first_attempt.failure_class,
+        Some(FailureClass::Lost),
+        "{d:#?}"
+    );
+    let attempts: Vec<String> = d.attempts_detail.iter().map(|a| a.id.to_string()).collect();
+    let timeline = watch.finish().expect("timeline");
+    timeline
+        .assert_apart("the job", &attempts)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let first_end = timeline.spans(&attempts[0])[0].end;
+    let second_start = timeline.spans(&attempts[1])[0].start;
+    assert!(first_end < second_start, "{first_end} < {second_start}");
+
+    // The agent comes back: its journalled end (stopped for the lease) is refused, since the
+    // job went on elsewhere; nothing of the attempt is left.
+    let back = agent(url, dir.path(), "gpu-1", |o| o.log("gpu-1-back.log"));
+    wait(
+        "the journalled end to be answered",
+        Duration::from_secs(30),
+        || {
+            back.output()
+                .contains("finish refused, the lease is no longer ours")
+                .then_some(())
+        },
+    );
+    let journal: Vec<_> = std::fs::read_dir(back.data_dir.join("outcomes"))
+        .expect("journal")
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .collect();
+    assert!(journal.is_empty(), "{journal:?}");
+    let supervisors =
+        std::fs::read_to_string(back.data_dir.join("supervisors.log")).unwrap_or_default();
+    assert!(
+        supervisors.contains("lease not renewed in time"),
+        "the supervisor stopped the job itself:\n{supervisors}"
+    );
+}
