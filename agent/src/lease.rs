@@ -107,6 +107,7 @@ async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result
         data_dir: shared.cfg.data_dir.clone(),
         scope: shared.scope.clone(),
         gpu: GpuChoice::of(&shared.cfg.gpu),
+        job_env: shared.backend.job_env(),
         kill_grace_ms: millis(cfg.kill_grace),
         verify_timeout_ms: millis(cfg.verify_timeout),
         sample_every_ms: millis(cfg.sample_every),

@@ -253,7 +253,9 @@ fn table() -> Vec<(Route, RouteDoc)> {
         ),
         (
             r::CREATE_TOKEN,
-            doc("createToken", "tokens", Json(one::<CreatedToken>)).body(one::<CreateTokenRequest>),
+            doc("createToken", "tokens", Json(one::<CreatedToken>))
+                .body(one::<CreateTokenRequest>)
+                .conflicts(),
         ),
         (
             r::REVOKE_TOKEN,
@@ -292,7 +294,7 @@ const ERRORS: &[(u16, &str, &str)] = &[
     (
         409,
         "Conflict",
-        "Refused by state: a stale fencing token (`stale_fence`), an agent the coordinator no longer knows (`unknown_agent`), a job in the wrong state (`conflict`)",
+        "Refused by state: a stale fencing token (`stale_fence`), an agent the coordinator no longer knows (`unknown_agent`), a job in the wrong state or tokens asked of a coordinator that runs without any (`conflict`)",
     ),
     (413, "PayloadTooLarge", "The body is too large"),
     (

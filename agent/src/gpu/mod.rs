@@ -6,6 +6,7 @@
 
 pub mod fake;
 pub mod fakepower;
+pub mod lazy;
 pub mod nvml;
 pub mod pidns;
 

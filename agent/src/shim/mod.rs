@@ -8,12 +8,15 @@
 //! supervisor stops the job itself, before the coordinator may give the job away.
 //!
 //! It opens the GPU backend itself (rather than asking the agent) so that an attempt that
-//! ends while no agent is attached is still measured and verified clean.
+//! ends while no agent is attached is still measured and verified clean; it does so with its
+//! first reading, after the job started ([`crate::gpu::lazy`]), so that opening NVML per
+//! attempt never delays a job.
 
 pub mod proto;
 
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -24,6 +27,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::attempts::StopReason;
+use crate::gpu::lazy::LazyBackend;
 use crate::gpu::{self, BackendChoice, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes};
 use crate::supervisor::{self, AttemptEnd, SupervisorConfig};
@@ -97,7 +101,7 @@ impl GpuChoice {
         }
     }
 
-    fn open(&self) -> Result<std::sync::Arc<dyn GpuBackend>, String> {
+    fn open(&self) -> Result<Arc<dyn GpuBackend>, String> {
         let parse = |s: &str| s.parse().map_err(|e| format!("fake GPUs `{s}`: {e}"));
         let choice = match self {
             Self::Nvml => BackendChoice::Nvml,
@@ -195,15 +199,15 @@ async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
     };
     link.send(&hello(None)).await;
 
-    let backend = match spec.gpu.open() {
-        Ok(b) => b,
-        Err(e) => {
-            let end = supervisor::not_started(
-                Some(FailureClass::LaunchError),
-                format!("[headroom] cannot open the GPUs: {e}\n"),
-            );
-            return finish(&spec, end, None, vec![], link).await;
-        }
+    // Opened with the first reading, after the job started: an NVML init per attempt must
+    // not delay the job. One that cannot open reads as unknown (cleanup unverified).
+    let backend: Arc<dyn GpuBackend> = {
+        let choice = spec.gpu.clone();
+        Arc::new(LazyBackend::new(
+            move || choice.open(),
+            spec.job_env.clone(),
+            launch.gpus.clone(),
+        ))
     };
     let cfg = SupervisorConfig {
         kill_grace: Duration::from_millis(spec.kill_grace_ms),

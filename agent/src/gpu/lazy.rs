@@ -1,0 +1,133 @@
+//! A GPU backend opened on first use. Each attempt supervisor reads the GPUs itself, but
+//! opening NVML costs far more than starting a job, so the supervisor starts the job first
+//! and opens the backend with its first reading. A backend that cannot be opened reads as
+//! unknown for every GPU of the attempt, never as free.
+
+use std::sync::{Arc, OnceLock};
+
+use headroom_shared::api::{GpuInfo, GpuSample, TelemetrySample};
+
+use super::{GpuBackend, GpuError};
+
+type Opener = Box<dyn Fn() -> Result<Arc<dyn GpuBackend>, String> + Send + Sync>;
+
+pub struct LazyBackend {
+    open: Opener,
+    opened: OnceLock<Result<Arc<dyn GpuBackend>, String>>,
+    /// What jobs need from the backend, as the agent's own opened backend said.
+    job_env: Vec<(String, String)>,
+    /// Stand in for the inventory while the backend cannot be opened, so that every reading
+    /// of them says why (fail closed).
+    gpus: Vec<u32>,
+}
+
+impl LazyBackend {
+    pub fn new(
+        open: impl Fn() -> Result<Arc<dyn GpuBackend>, String> + Send + Sync + 'static,
+        job_env: Vec<(String, String)>,
+        gpus: Vec<u32>,
+    ) -> Self {
+        Self {
+            open: Box::new(open),
+            opened: OnceLock::new(),
+            job_env,
+            gpus,
+        }
+    }
+
+    /// Whether the backend has been opened (or tried).
+    pub fn is_opened(&self) -> bool {
+        self.opened.get().is_some()
+    }
+
+    /// Blocking on first use.
+    fn backend(&self) -> Result<&Arc<dyn GpuBackend>, GpuError> {
+        self.opened
+            .get_or_init(|| (self.open)())
+            .as_ref()
+            .map_err(|reason| GpuError::NvmlUnavailable {
+                reason: format!("the attempt supervisor cannot open the GPUs: {reason}"),
+            })
+    }
+}
+
+impl GpuBackend for LazyBackend {
+    fn kind(&self) -> &'static str {
+        match self.opened.get() {
+            Some(Ok(b)) => b.kind(),
+            _ => "unopened",
+        }
+    }
+
+    fn inventory(&self) -> Vec<GpuInfo> {
+        match self.backend() {
+            Ok(b) => b.inventory(),
+            Err(_) => self
+                .gpus
+                .iter()
+                .map(|&index| GpuInfo {
+                    index,
+                    uuid: String::new(),
+                    name: "unknown".to_string(),
+                    total_mib: 0,
+                })
+                .collect(),
+        }
+    }
+
+    fn sample(&self) -> Result<Vec<GpuSample>, GpuError> {
+        self.backend()?.sample()
+    }
+
+    fn telemetry(&self) -> Result<Vec<TelemetrySample>, GpuError> {
+        self.backend()?.telemetry()
+    }
+
+    fn job_env(&self) -> Vec<(String, String)> {
+        self.job_env.clone()
+    }
+
+    fn describe(&self) -> String {
+        match self.opened.get() {
+            Some(Ok(b)) => b.describe(),
+            Some(Err(e)) => format!("GPUs cannot be opened: {e}"),
+            None => "GPUs not opened yet".to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::fake::FakeBackend;
+
+    #[test]
+    fn opens_on_first_reading_not_for_the_job_env() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_path_buf();
+        let lazy = LazyBackend::new(
+            move || {
+                FakeBackend::open("2x24GiB".parse().expect("spec"), &dir)
+                    .map(|b| Arc::new(b) as Arc<dyn GpuBackend>)
+                    .map_err(|e| e.to_string())
+            },
+            vec![("X".into(), "1".into())],
+            vec![1],
+        );
+        assert_eq!(lazy.job_env(), vec![("X".to_string(), "1".to_string())]);
+        assert!(!lazy.is_opened(), "the job env must not open the GPUs");
+        let samples = crate::gpu::read(&lazy);
+        assert!(lazy.is_opened());
+        assert_eq!(samples.len(), 2);
+        assert!(samples.iter().all(|s| s.error.is_none()), "{samples:?}");
+    }
+
+    #[test]
+    fn a_backend_that_cannot_open_reads_unknown_for_the_attempts_gpus() {
+        let lazy = LazyBackend::new(|| Err("no driver".to_string()), vec![], vec![0, 3]);
+        let samples = crate::gpu::read(&lazy);
+        let why = crate::gpu::unreadable(&samples, &[3]).expect("unknown, not free");
+        assert!(why.contains("no driver"), "{why}");
+        assert!(lazy.sample().is_err());
+    }
+}
