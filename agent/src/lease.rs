@@ -116,7 +116,9 @@ async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result
     };
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     let mut cmd = tokio::process::Command::new(&shared.cfg.supervisor_exe);
-    cmd.arg(crate::shim::SHIM_ARG)
+    // `ps` shows `headroom-attempt __headroom-attempt`, not the `/proc/self/exe` it runs.
+    cmd.arg0(crate::shim::PROCESS_NAME)
+        .arg(crate::shim::SHIM_ARG)
         // The supervisor carries the markers too: the restart sweep sees it.
         .env(crate::procscan::ATTEMPT_VAR, attempt.to_string())
         .env(crate::sweep::AGENT_VAR, &shared.scope)

@@ -35,6 +35,11 @@ use proto::{Conn, FromShim, GpuChoice, PROTOCOL, Spec, ToShim};
 
 /// First argument that turns a headroom binary into an attempt supervisor.
 pub const SHIM_ARG: &str = "__headroom-attempt";
+/// The supervisor's `argv[0]`, as `ps` shows it.
+pub const PROCESS_NAME: &str = "headroom-attempt";
+/// The supervisor's process name as `top` and `ps -o comm` show it (the kernel keeps 15
+/// bytes; exec'd through `/proc/self/exe` it would read `exe`).
+pub const COMM: &std::ffi::CStr = c"hr-attempt";
 /// The running binary, whatever happened to its file since it started (an upgrade replaced
 /// it): attempt supervisors run the agent's own image.
 pub const SELF_EXE: &str = "/proc/self/exe";
@@ -49,6 +54,7 @@ pub fn run_if_shim() {
 }
 
 fn main() -> i32 {
+    let _ = nix::sys::prctl::set_name(COMM);
     // A session of its own: Ctrl-C in the agent's terminal, a SIGHUP to its group or a
     // systemd stop (KillMode=process) reaches the agent only.
     if let Err(e) = nix::unistd::setsid() {

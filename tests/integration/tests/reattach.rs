@@ -82,6 +82,24 @@ fn an_agent_killed_mid_attempt_and_restarted_within_the_ttl_re_attaches() {
 
     first.kill9().expect("kill -9");
     assert!(alive(pid), "the job survives its agent's death");
+    // Its parent is its attempt's supervisor, named as such for `ps` and `top`.
+    let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse::<u32>()
+                .ok()
+        })
+        .expect("the job's parent");
+    let comm = std::fs::read_to_string(format!("/proc/{parent}/comm")).expect("comm");
+    assert_eq!(
+        comm.trim(),
+        "hr-attempt",
+        "the job's parent is its supervisor"
+    );
     let again = agent(url, dir.path(), "gpu-1", |o| o.log("gpu-1-again.log"));
     let d = ended(url, exp);
     ran_once_as(&d, pid, &record, &again.output());
