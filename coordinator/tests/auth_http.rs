@@ -2,6 +2,8 @@
 //! every role, no token and bad tokens; the owner rule; revocation; and the refusal to listen
 //! beyond loopback without tokens.
 
+mod common;
+
 use std::sync::Arc;
 
 use headroom_coordinator::app::AppError;
@@ -11,45 +13,13 @@ use headroom_coordinator::{Application, CoordinatorConfig};
 use headroom_shared::api::Role;
 use headroom_shared::routes::{self, Access, Method, Route};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
+
+use common::Server;
 
 const ADMIN: &str = "bootstrap-admin-secret-0123456789";
 
-struct Server {
-    base: String,
-    http: reqwest::Client,
-    stop: CancellationToken,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
 async fn start(tokens: Vec<ConfigToken>) -> Server {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = SqliteStore::open(&dir.path().join("store.db")).expect("store");
-    let config = CoordinatorConfig {
-        tokens,
-        ..CoordinatorConfig::new(
-            "127.0.0.1:0".parse().expect("addr"),
-            dir.path().to_path_buf(),
-        )
-    };
-    let app = Application::build(config, Arc::new(store))
-        .await
-        .expect("build");
-    let base = format!("http://{}", app.local_addr());
-    let stop = CancellationToken::new();
-    tokio::spawn(app.run(stop.clone()));
-    Server {
-        base,
-        http: reqwest::Client::new(),
-        stop,
-        _dir: dir,
-    }
+    Server::start(|config| CoordinatorConfig { tokens, ..config }).await
 }
 
 impl Server {

@@ -1,43 +1,14 @@
 //! Fencing over real HTTP: a heartbeat or a log chunk carrying a stale token is refused with
 //! 409 (`stale_fence`) and changes nothing.
 
-use std::sync::Arc;
+mod common;
 
-use headroom_coordinator::store::sqlite::SqliteStore;
-use headroom_coordinator::{Application, CoordinatorConfig};
 use headroom_shared::api::{ClaimResponse, Lease, NodeView, RegisterResponse};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-struct Server {
-    base: String,
-    http: reqwest::Client,
-    stop: CancellationToken,
-    _dir: tempfile::TempDir,
-}
+use common::Server;
 
 impl Server {
-    async fn start() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = SqliteStore::open(&dir.path().join("store.db")).expect("store");
-        let config = CoordinatorConfig::new(
-            "127.0.0.1:0".parse().expect("addr"),
-            dir.path().to_path_buf(),
-        );
-        let app = Application::build(config, Arc::new(store))
-            .await
-            .expect("build");
-        let base = format!("http://{}", app.local_addr());
-        let stop = CancellationToken::new();
-        tokio::spawn(app.run(stop.clone()));
-        Self {
-            base,
-            http: reqwest::Client::new(),
-            stop,
-            _dir: dir,
-        }
-    }
-
     async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let resp = self
             .http
@@ -102,19 +73,13 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
 fn samples(free: u64) -> Value {
     json!([{"index": 0, "used_mib": 10_000 - free, "free_mib": free}])
 }
 
 #[tokio::test]
 async fn stale_heartbeats_and_log_chunks_get_409_and_change_nothing() {
-    let s = Server::start().await;
+    let s = Server::start(|c| c).await;
     let agent = s.register().await;
     let spec =
         json!({"name": "f", "command": ["true"], "retry": {"max_attempts": 3, "on": ["lost"]}});

@@ -10,6 +10,7 @@ import csv
 import io
 import os
 import re
+import time
 from pathlib import Path
 from typing import (
     Any,
@@ -144,6 +145,59 @@ def _unreachable(url: str, e: Exception) -> ConnectionFailed:
     )
 
 
+def _http_options(url: Optional[str], token: Optional[str], timeout: float) -> Dict[str, Any]:
+    """What both clients give httpx: the base URL, the headers, and a read timeout past one
+    long-poll."""
+    return {
+        "base_url": (url or os.environ.get("HEADROOM_URL") or DEFAULT_URL).rstrip("/"),
+        "headers": _headers(token),
+        "timeout": httpx.Timeout(timeout, read=timeout + POLL_MS / 1000),
+    }
+
+
+def _finished(p: Progress) -> bool:
+    return p.counts.total > 0 and p.counts.finished == p.counts.total
+
+
+class _Deadline:
+    """How long the next long-poll of ``wait`` may hold, within its ``timeout``."""
+
+    def __init__(self, timeout: Optional[float]) -> None:
+        self.timeout = timeout
+        self.at = None if timeout is None else time.monotonic() + timeout
+
+    def hold_ms(self) -> int:
+        if self.at is None:
+            return POLL_MS
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"jobs still unfinished after {self.timeout}s")
+        return min(POLL_MS, max(1, int(left * 1000)))
+
+
+class _LogCursor:
+    """Where a log read is, and the text of each answer (UTF-8 split across chunks kept)."""
+
+    def __init__(self, follow: bool) -> None:
+        self.follow = follow
+        self.offset = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def params(self) -> Dict[str, int]:
+        return {"offset": self.offset, "wait_ms": POLL_MS if self.follow else 0}
+
+    def take(self, resp: httpx.Response) -> "tuple[List[str], bool]":
+        """The text of one answer, and whether the read is over."""
+        chunk = resp.content
+        self.offset = int(resp.headers.get(LOG_OFFSET_HEADER, self.offset + len(chunk)))
+        texts = [self.decoder.decode(chunk)]
+        ended = resp.headers.get(ATTEMPT_ENDED_HEADER) == "true"
+        done = not self.follow or (ended and not chunk)
+        if done:
+            texts.append(self.decoder.decode(b"", final=True))
+        return [t for t in texts if t], done
+
+
 class _Progress:
     """A tqdm bar when asked for and installed (``tqdm.auto``: a widget in notebooks)."""
 
@@ -185,14 +239,9 @@ class Client:
         timeout: float = 30.0,
         transport: Optional[httpx.BaseTransport] = None,
     ) -> None:
-        self.url = (url or os.environ.get("HEADROOM_URL") or DEFAULT_URL).rstrip("/")
-        self._http = httpx.Client(
-            base_url=self.url,
-            headers=_headers(token),
-            # Long-polls hold the read open for up to POLL_MS.
-            timeout=httpx.Timeout(timeout, read=timeout + POLL_MS / 1000),
-            transport=transport,
-        )
+        options = _http_options(url, token, timeout)
+        self.url: str = options["base_url"]
+        self._http = httpx.Client(**options, transport=transport)
 
     def close(self) -> None:
         self._http.close()
@@ -321,23 +370,15 @@ class Client:
         self, experiment: Optional[str] = None, *, progress: bool = False, timeout: Optional[float] = None
     ) -> Progress:
         """Blocks until every job (of ``experiment``) has ended; long-polls, never sleeps."""
-        import time
-
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _Deadline(timeout)
         bar = _Progress(progress, experiment or "all")
         try:
             p = self.progress(experiment)
             while True:
                 bar.update(p)
-                if p.counts.total > 0 and p.counts.finished == p.counts.total:
+                if _finished(p):
                     return p
-                hold = POLL_MS
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError(f"jobs still unfinished after {timeout}s")
-                    hold = min(hold, max(1, int(left * 1000)))
-                p = self.progress(experiment, after=p.version, timeout_ms=hold)
+                p = self.progress(experiment, after=p.version, timeout_ms=deadline.hold_ms())
         finally:
             bar.close()
 
@@ -362,22 +403,12 @@ class Client:
         attempt = self._attempt_of(str(id), follow)
         if attempt is None:
             return
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        offset = 0
-        while True:
-            params = {"offset": offset, "wait_ms": POLL_MS if follow else 0}
-            resp = self._request("GET", f"/v1/attempts/{attempt}/log", params=params)
-            chunk = resp.content
-            offset = int(resp.headers.get(LOG_OFFSET_HEADER, offset + len(chunk)))
-            text = decoder.decode(chunk)
-            if text:
-                yield text
-            ended = resp.headers.get(ATTEMPT_ENDED_HEADER) == "true"
-            if not follow or (ended and not chunk):
-                tail = decoder.decode(b"", final=True)
-                if tail:
-                    yield tail
-                return
+        cursor = _LogCursor(follow)
+        done = False
+        while not done:
+            resp = self._request("GET", f"/v1/attempts/{attempt}/log", params=cursor.params())
+            texts, done = cursor.take(resp)
+            yield from texts
 
 
 class Experiment:
@@ -430,13 +461,9 @@ class AsyncClient:
         timeout: float = 30.0,
         transport: Optional[httpx.AsyncBaseTransport] = None,
     ) -> None:
-        self.url = (url or os.environ.get("HEADROOM_URL") or DEFAULT_URL).rstrip("/")
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers=_headers(token),
-            timeout=httpx.Timeout(timeout, read=timeout + POLL_MS / 1000),
-            transport=transport,
-        )
+        options = _http_options(url, token, timeout)
+        self.url: str = options["base_url"]
+        self._http = httpx.AsyncClient(**options, transport=transport)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -543,55 +570,44 @@ class AsyncClient:
     async def wait(
         self, experiment: Optional[str] = None, *, progress: bool = False, timeout: Optional[float] = None
     ) -> Progress:
-        import time
-
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _Deadline(timeout)
         bar = _Progress(progress, experiment or "all")
         try:
             p = await self.progress(experiment)
             while True:
                 bar.update(p)
-                if p.counts.total > 0 and p.counts.finished == p.counts.total:
+                if _finished(p):
                     return p
-                hold = POLL_MS
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError(f"jobs still unfinished after {timeout}s")
-                    hold = min(hold, max(1, int(left * 1000)))
-                p = await self.progress(experiment, after=p.version, timeout_ms=hold)
+                p = await self.progress(experiment, after=p.version, timeout_ms=deadline.hold_ms())
         finally:
             bar.close()
 
-    async def logs(self, id: str, *, follow: bool = False) -> AsyncIterator[str]:
-        id = str(id)
+    async def _attempt_of(self, id: str, follow: bool) -> Optional[str]:
+        """The latest attempt of job ``id``, or ``id`` itself when it names an attempt."""
         try:
             d = await self.job(id)
-            while not d.attempts_detail:
-                if not follow or d.state in ("succeeded", "failed", "cancelled"):
-                    return
-                p = await self.progress(d.experiment)
-                await self.progress(d.experiment, after=p.version, timeout_ms=POLL_MS)
-                d = await self.job(id)
-            attempt = d.attempts_detail[-1].id
         except NotFoundError:
-            await self.attempt(id)
-            attempt = id
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        offset = 0
-        while True:
-            params = {"offset": offset, "wait_ms": POLL_MS if follow else 0}
-            resp = await self._request("GET", f"/v1/attempts/{attempt}/log", params=params)
-            chunk = resp.content
-            offset = int(resp.headers.get(LOG_OFFSET_HEADER, offset + len(chunk)))
-            text = decoder.decode(chunk)
-            if text:
+            await self.attempt(id)  # raises NotFoundError when it is neither
+            return id
+        while not d.attempts_detail:
+            if not follow or d.state in ("succeeded", "failed", "cancelled"):
+                return None
+            p = await self.progress(d.experiment)
+            await self.progress(d.experiment, after=p.version, timeout_ms=POLL_MS)
+            d = await self.job(id)
+        return d.attempts_detail[-1].id
+
+    async def logs(self, id: str, *, follow: bool = False) -> AsyncIterator[str]:
+        attempt = await self._attempt_of(str(id), follow)
+        if attempt is None:
+            return
+        cursor = _LogCursor(follow)
+        done = False
+        while not done:
+            resp = await self._request("GET", f"/v1/attempts/{attempt}/log", params=cursor.params())
+            texts, done = cursor.take(resp)
+            for text in texts:
                 yield text
-            if not follow or (resp.headers.get(ATTEMPT_ENDED_HEADER) == "true" and not chunk):
-                tail = decoder.decode(b"", final=True)
-                if tail:
-                    yield tail
-                return
 
 
 class AsyncExperiment:

@@ -1,0 +1,45 @@
+//! A coordinator in this process on an embedded store and a free loopback port, for the HTTP
+//! tests; it stops when dropped.
+
+use std::sync::Arc;
+
+use headroom_coordinator::store::sqlite::SqliteStore;
+use headroom_coordinator::{Application, CoordinatorConfig};
+use tokio_util::sync::CancellationToken;
+
+pub struct Server {
+    pub base: String,
+    pub http: reqwest::Client,
+    stop: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts a coordinator with the defaults, changed by `configure`.
+    pub async fn start(configure: impl FnOnce(CoordinatorConfig) -> CoordinatorConfig) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(&dir.path().join("store.db")).expect("store");
+        let config = configure(CoordinatorConfig::new(
+            "127.0.0.1:0".parse().expect("addr"),
+            dir.path().to_path_buf(),
+        ));
+        let app = Application::build(config, Arc::new(store))
+            .await
+            .expect("build");
+        let base = format!("http://{}", app.local_addr());
+        let stop = CancellationToken::new();
+        tokio::spawn(app.run(stop.clone()));
+        Self {
+            base,
+            http: reqwest::Client::new(),
+            stop,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
