@@ -23,7 +23,7 @@ use crate::attempts::{StopReason, StopSignal};
 use crate::backoff::Backoff;
 use crate::client::{Client, ClientError};
 use crate::outcomes::Outcome;
-use crate::shim::proto::{Conn, FromShim, GpuChoice, ProtoError, Spec, ToShim};
+use crate::shim::proto::{Conn, FromShim, ProtoError, Spec, ToShim};
 use crate::supervisor::{self, Baseline, Launch};
 
 /// Tries at reporting an end once the agent drains (about half a minute with the backoff).
@@ -106,7 +106,7 @@ async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result
         fence,
         data_dir: shared.cfg.data_dir.clone(),
         scope: shared.scope.clone(),
-        gpu: GpuChoice::of(&shared.cfg.gpu),
+        gpu: shared.cfg.gpu.clone(),
         job_env: shared.backend.job_env(),
         kill_grace_ms: millis(cfg.kill_grace),
         verify_timeout_ms: millis(cfg.verify_timeout),

@@ -166,6 +166,21 @@ fn exact(size: MemSize) -> String {
     }
 }
 
+// On the wire (the attempt supervisor's launch) as users write it.
+impl serde::Serialize for FakeGpuSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for FakeGpuSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse()
+            .map_err(|e| serde::de::Error::custom(format!("fake GPUs `{text}`: {e}")))
+    }
+}
+
 impl fmt::Display for FakeGpuSpec {
     /// Runs of equal sizes as `NxSIZE`, joined by commas; parses back to the same list.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -43,8 +43,9 @@ pub trait GpuBackend: Send + Sync + 'static {
     fn describe(&self) -> String;
 }
 
-/// Which backend to open.
-#[derive(Clone, Debug)]
+/// Which backend to open (sent to each attempt supervisor, which opens its own).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum BackendChoice {
     Nvml,
     Fake {

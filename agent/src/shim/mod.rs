@@ -28,10 +28,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::attempts::StopReason;
 use crate::gpu::lazy::LazyBackend;
-use crate::gpu::{self, BackendChoice, GpuBackend};
+use crate::gpu::{self, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes};
 use crate::supervisor::{self, AttemptEnd, SupervisorConfig};
-use proto::{Conn, FromShim, GpuChoice, PROTOCOL, Spec, ToShim};
+use proto::{Conn, FromShim, PROTOCOL, Spec, ToShim};
 
 /// First argument that turns a headroom binary into an attempt supervisor.
 pub const SHIM_ARG: &str = "__headroom-attempt";
@@ -90,38 +90,6 @@ fn main() -> i32 {
         }
     };
     rt.block_on(serve(channel, own_tree))
-}
-
-impl GpuChoice {
-    pub fn of(choice: &BackendChoice) -> Self {
-        match choice {
-            BackendChoice::Nvml => Self::Nvml,
-            BackendChoice::Fake { spec, dir } => Self::Fake {
-                spec: spec.to_string(),
-                dir: dir.clone(),
-            },
-            BackendChoice::Auto { fake_fallback, dir } => Self::Auto {
-                fake_fallback: fake_fallback.to_string(),
-                dir: dir.clone(),
-            },
-        }
-    }
-
-    fn open(&self) -> Result<Arc<dyn GpuBackend>, String> {
-        let parse = |s: &str| s.parse().map_err(|e| format!("fake GPUs `{s}`: {e}"));
-        let choice = match self {
-            Self::Nvml => BackendChoice::Nvml,
-            Self::Fake { spec, dir } => BackendChoice::Fake {
-                spec: parse(spec)?,
-                dir: dir.clone(),
-            },
-            Self::Auto { fake_fallback, dir } => BackendChoice::Auto {
-                fake_fallback: parse(fake_fallback)?,
-                dir: dir.clone(),
-            },
-        };
-        gpu::open(&choice).map_err(|e| e.to_string())
-    }
 }
 
 /// The supervisor's state besides the attempt itself.
@@ -210,7 +178,7 @@ async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
     let backend: Arc<dyn GpuBackend> = {
         let choice = spec.gpu.clone();
         Arc::new(LazyBackend::new(
-            move || choice.open(),
+            move || gpu::open(&choice).map_err(|e| e.to_string()),
             spec.job_env.clone(),
             launch.gpus.clone(),
         ))

@@ -20,6 +20,7 @@ use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::attempts::StopReason;
+use crate::gpu::BackendChoice;
 use crate::supervisor::Launch;
 
 /// Version of this protocol; a supervisor speaking another one is not re-attached.
@@ -34,7 +35,8 @@ pub struct Spec {
     pub data_dir: PathBuf,
     /// The agent's scope ([`crate::sweep::AGENT_VAR`]): names the supervisor's socket.
     pub scope: String,
-    pub gpu: GpuChoice,
+    /// The GPU backend the supervisor opens, as the agent opened its own.
+    pub gpu: BackendChoice,
     /// What jobs need from the GPU backend (the agent's opened backend says), so the
     /// supervisor can start the job before it opens the backend itself.
     #[serde(default)]
@@ -46,15 +48,6 @@ pub struct Spec {
     pub stop_in_ms: u64,
     /// A spare journal file to write the outcome through (see [`crate::outcomes`]).
     pub spare: Option<PathBuf>,
-}
-
-/// The GPU backend the supervisor opens, as the agent opened its own.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum GpuChoice {
-    Nvml,
-    Fake { spec: String, dir: PathBuf },
-    Auto { fake_fallback: String, dir: PathBuf },
 }
 
 /// Agent -> supervisor.
@@ -243,8 +236,8 @@ mod tests {
                 fence: 7,
                 data_dir: "/data".into(),
                 scope: "/data".into(),
-                gpu: GpuChoice::Fake {
-                    spec: "1x24GiB".into(),
+                gpu: BackendChoice::Fake {
+                    spec: "1x24GiB".parse().expect("spec"),
                     dir: "/data/fake".into(),
                 },
                 job_env: vec![("HEADROOM_FAKE_GPU_DIR".into(), "/data/fake".into())],
