@@ -135,8 +135,9 @@ pub(crate) struct Shared {
     /// GPU telemetry, sampled at `cfg.telemetry_interval`, shipped with heartbeats.
     pub telemetry: crate::telemetry::Telemetry,
     pub metrics: crate::metrics::AgentMetrics,
-    /// Where attempt supervisors write what goes wrong (`<data dir>/supervisors.log`).
-    pub supervisor_log: Option<std::fs::File>,
+    /// Starts attempt supervisors, one ahead of the next lease; they write what goes wrong
+    /// to `<data dir>/supervisors.log`.
+    pub standby: Arc<crate::shim::standby::Standby>,
 }
 
 pub struct Agent {
@@ -185,18 +186,24 @@ impl Agent {
             telemetry.clone(),
             attempts.clone(),
         );
+        let scope = crate::sweep::scope_of(&cfg.data_dir);
+        let standby = crate::shim::standby::Standby::new(
+            cfg.supervisor_exe.clone(),
+            scope.clone(),
+            supervisor_log,
+        );
         Ok(Self {
             shared: Arc::new(Shared {
                 client: Client::new(&cfg.coordinator)?
                     .with_token(cfg.token.as_ref().map(BearerToken::expose))?,
-                scope: crate::sweep::scope_of(&cfg.data_dir),
+                scope,
                 cfg,
                 backend,
                 attempts,
                 outcomes,
                 telemetry,
                 metrics,
-                supervisor_log,
+                standby,
             }),
             attempt_tasks: TaskTracker::new(),
             tasks: TaskTracker::new(),
@@ -225,12 +232,22 @@ impl Agent {
     /// of re-attached attempts, whose tasks report them).
     async fn recover(&self) -> Result<(), AgentError> {
         let scope = self.shared.scope.clone();
+        // Supervisors by their sockets (they carry no marker), and attempts whose processes
+        // do (a supervisor of an earlier version is marked; a job outlives its supervisor).
         let found = tokio::task::spawn_blocking(move || {
-            crate::procscan::marked_processes_scoped(Some((crate::sweep::AGENT_VAR, &scope)))
+            let mut found: HashSet<AttemptId> =
+                crate::procscan::marked_processes_scoped(Some((crate::sweep::AGENT_VAR, &scope)))
+                    .into_keys()
+                    .collect();
+            match crate::shim::proto::listening(&scope) {
+                Ok(listening) => found.extend(listening),
+                Err(e) => tracing::warn!("cannot list attempt supervisors' sockets: {e}"),
+            }
+            found
         })
         .await
         .unwrap_or_default();
-        for attempt in found.into_keys() {
+        for attempt in found {
             let hello =
                 crate::shim::proto::connect(&self.shared.scope, attempt, Duration::from_secs(2))
                     .await;
@@ -259,9 +276,24 @@ impl Agent {
                     ));
                 }
                 Ok(_) => {}
-                // Its processes are swept as strays; a journalled end is reported below.
+                // A supervisor that answers but cannot be re-attached (silent, another
+                // protocol) is killed; its job's processes are swept as strays; a journalled
+                // end is reported below.
                 Err(e) => {
-                    tracing::warn!(%attempt, "cannot re-attach to the attempt's supervisor: {e}")
+                    tracing::warn!(%attempt, "cannot re-attach to the attempt's supervisor: {e}");
+                    let killed = crate::shim::proto::supervisor_pid(&self.shared.scope, attempt)
+                        .filter(|&pid| {
+                            i32::try_from(pid).is_ok_and(|raw| {
+                                nix::sys::signal::kill(
+                                    nix::unistd::Pid::from_raw(raw),
+                                    nix::sys::signal::Signal::SIGKILL,
+                                )
+                                .is_ok()
+                            })
+                        });
+                    if let Some(pid) = killed {
+                        tracing::warn!(%attempt, pid, "killed the attempt's supervisor");
+                    }
                 }
             }
         }
@@ -318,6 +350,8 @@ impl Agent {
             );
         }
         self.recover().await?;
+        // The first lease, too, goes to a supervisor that is already waiting.
+        self.shared.standby.refill();
         let mut state = State::Registering {
             backoff: Backoff::coordinator(),
         };
@@ -332,6 +366,8 @@ impl Agent {
             };
         };
         background.cancel();
+        // No lease comes any more: the waiting supervisor exits.
+        self.shared.standby.close();
         self.drain(heartbeats).await;
         outcome
     }

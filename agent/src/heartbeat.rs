@@ -287,7 +287,11 @@ mod tests {
                 crate::telemetry::Telemetry::new(Duration::ZERO, 10),
                 Attempts::load(dir.path()).expect("attempts"),
             ),
-            supervisor_log: None,
+            standby: crate::shim::standby::Standby::new(
+                crate::shim::SELF_EXE.into(),
+                "test".into(),
+                None,
+            ),
         });
         let attempts = shared.attempts.clone();
         let start = Instant::now();

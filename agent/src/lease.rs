@@ -5,9 +5,7 @@
 //! agent gives up after a while: the lease then expires, and the next run reports the
 //! journalled end).
 
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,10 +90,10 @@ fn log_path(shared: &Shared, attempt: AttemptId) -> PathBuf {
         .join(format!("{attempt}.log"))
 }
 
-/// Starts the attempt's supervisor process (the agent's own binary, see [`crate::shim`])
-/// with one end of a socketpair as its stdin, and sends it the launch.
+/// Hands the launch to an attempt supervisor process (the agent's own binary, see
+/// [`crate::shim`]), one started ahead of the lease when it could be
+/// ([`crate::shim::standby`]).
 async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result<Conn, ProtoError> {
-    let attempt = launch.attempt;
     let stop_in = (*shared.attempts.fence_deadline().borrow())
         .map(|d| d.saturating_duration_since(Instant::now()))
         // Not registered: no lease can be renewed, the job must not run on.
@@ -114,33 +112,7 @@ async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result
         stop_in_ms: millis(stop_in),
         spare: shared.outcomes.take_spare(),
     };
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
-    let mut cmd = tokio::process::Command::new(&shared.cfg.supervisor_exe);
-    // `ps` shows `headroom-attempt __headroom-attempt`, not the `/proc/self/exe` it runs.
-    cmd.arg0(crate::shim::PROCESS_NAME)
-        .arg(crate::shim::SHIM_ARG)
-        // The supervisor carries the markers too: the restart sweep sees it.
-        .env(crate::procscan::ATTEMPT_VAR, attempt.to_string())
-        .env(crate::sweep::AGENT_VAR, &shared.scope)
-        .stdin(Stdio::from(OwnedFd::from(theirs)))
-        .stdout(Stdio::null())
-        .stderr(
-            match shared.supervisor_log.as_ref().map(std::fs::File::try_clone) {
-                Some(Ok(f)) => Stdio::from(f),
-                _ => Stdio::null(),
-            },
-        );
-    let mut child = crate::procscan::spawn_owned(|| cmd.spawn(), tokio::process::Child::id)?;
-    drop(cmd);
-    // Reaped when it exits, while this agent lives; it is never killed with the agent.
-    tokio::spawn(async move {
-        let pid = child.id();
-        let _ = child.wait().await;
-        if let Some(pid) = pid {
-            crate::procscan::disown(pid);
-        }
-    });
-    let mut conn = Conn::new(ours)?;
+    let mut conn = shared.standby.take()?;
     conn.send(&ToShim::Launch {
         spec: Box::new(spec),
     })

@@ -13,6 +13,7 @@
 //! attempt never delays a job.
 
 pub mod proto;
+pub(crate) mod standby;
 
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
@@ -40,6 +41,8 @@ pub const PROCESS_NAME: &str = "headroom-attempt";
 /// The supervisor's process name as `top` and `ps -o comm` show it (the kernel keeps 15
 /// bytes; exec'd through `/proc/self/exe` it would read `exe`).
 pub const COMM: &std::ffi::CStr = c"hr-attempt";
+/// Its name while it waits for a lease (see [`standby`]).
+pub const STANDBY_COMM: &std::ffi::CStr = c"hr-standby";
 /// The running binary, whatever happened to its file since it started (an upgrade replaced
 /// it): attempt supervisors run the agent's own image.
 pub const SELF_EXE: &str = "/proc/self/exe";
@@ -54,7 +57,7 @@ pub fn run_if_shim() {
 }
 
 fn main() -> i32 {
-    let _ = nix::sys::prctl::set_name(COMM);
+    let _ = nix::sys::prctl::set_name(STANDBY_COMM);
     // A session of its own: Ctrl-C in the agent's terminal, a SIGHUP to its group or a
     // systemd stop (KillMode=process) reaches the agent only.
     if let Err(e) = nix::unistd::setsid() {
@@ -135,12 +138,15 @@ async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
     };
     let spec = match first.recv::<ToShim>().await {
         Ok(Some(ToShim::Launch { spec })) => *spec,
+        // A standby whose agent exited or died before it had a lease: nothing to do.
+        Ok(None) => return 0,
         // The agent died before it said what to run: nothing was started.
         other => {
             eprintln!("headroom attempt supervisor: no launch from the agent: {other:?}");
             return 2;
         }
     };
+    let _ = nix::sys::prctl::set_name(COMM);
     let mut deadline = Instant::now() + Duration::from_millis(spec.stop_in_ms);
     let launch = spec.launch.clone();
     let attempt = launch.attempt;

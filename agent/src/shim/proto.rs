@@ -91,11 +91,57 @@ pub enum FromShim {
 
 /// The abstract socket name of `attempt`'s supervisor under `scope`.
 pub fn socket_addr(scope: &str, attempt: AttemptId) -> std::io::Result<SocketAddr> {
+    SocketAddr::from_abstract_name(format!("{}{attempt}", socket_prefix(scope)))
+}
+
+/// What the socket names of `scope`'s supervisors start with.
+fn socket_prefix(scope: &str) -> String {
     // FNV-1a: the scope is a path of any length; the name must fit 107 bytes.
     let hash = scope.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
-    SocketAddr::from_abstract_name(format!("headroom-attempt/{hash:016x}/{attempt}"))
+    format!("headroom-attempt/{hash:016x}/")
+}
+
+/// The attempts whose supervisors under `scope` listen in this network namespace, from
+/// `/proc/net/unix`: how a restarted agent finds them (they carry no attempt marker; see
+/// [`super::standby`]). Blocking.
+pub fn listening(scope: &str) -> std::io::Result<Vec<AttemptId>> {
+    let table = std::fs::read_to_string("/proc/net/unix")?;
+    Ok(listening_in(&table, scope))
+}
+
+fn listening_in(table: &str, scope: &str) -> Vec<AttemptId> {
+    // `Num RefCount Protocol Flags Type St Inode Path`; an abstract name reads `@name`; a
+    // listening socket has `__SO_ACCEPTCON` (0x10000) in its flags.
+    let prefix = format!("@{}", socket_prefix(scope));
+    let mut found: Vec<AttemptId> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let flags = u32::from_str_radix(cols.get(3)?, 16).ok()?;
+            if flags & 0x10000 == 0 {
+                return None;
+            }
+            cols.get(7)?.strip_prefix(&prefix)?.parse().ok()
+        })
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// The pid of `attempt`'s supervisor under `scope`, from its socket's peer credentials:
+/// how one that cannot be re-attached is found to be killed.
+pub fn supervisor_pid(scope: &str, attempt: AttemptId) -> Option<u32> {
+    let stream =
+        std::os::unix::net::UnixStream::connect_addr(&socket_addr(scope, attempt).ok()?).ok()?;
+    stream.set_nonblocking(true).ok()?;
+    let cred = UnixStream::from_std(stream).ok()?.peer_cred().ok()?;
+    cred.pid()
+        .and_then(|p| u32::try_from(p).ok())
+        .filter(|&p| p > 0)
 }
 
 /// One end of a connection, either side.
@@ -190,6 +236,39 @@ pub async fn connect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listening_supervisors_of_one_scope_are_found_in_the_socket_table() {
+        let (a, b) = (AttemptId::new(), AttemptId::new());
+        let ours = socket_prefix("/data/agent");
+        let theirs = socket_prefix("/data/other");
+        // A listener of ours, a connection accepted from it (same name, no accept flag),
+        // another agent's listener, a path socket and a header.
+        let table = format!(
+            "Num       RefCount Protocol Flags    Type St Inode Path\n\
+             0000000000000000: 00000002 00000000 00010000 0001 01 4242 @{ours}{a}\n\
+             0000000000000000: 00000003 00000000 00000000 0001 03 4243 @{ours}{b}\n\
+             0000000000000000: 00000002 00000000 00010000 0001 01 4244 @{theirs}{b}\n\
+             0000000000000000: 00000002 00000000 00010000 0001 01 4245 /run/x.sock\n\
+             0000000000000000: 00000002 00000000 00010000 0001 01 4246 @{ours}not-an-id\n"
+        );
+        assert_eq!(listening_in(&table, "/data/agent"), vec![a]);
+    }
+
+    #[tokio::test]
+    async fn a_bound_supervisor_socket_is_listed_and_gives_its_pid() {
+        let scope = format!("/test/{}", AttemptId::new());
+        let attempt = AttemptId::new();
+        assert!(!listening(&scope).expect("table").contains(&attempt));
+        let listener = std::os::unix::net::UnixListener::bind_addr(
+            &socket_addr(&scope, attempt).expect("addr"),
+        )
+        .expect("bind");
+        assert_eq!(listening(&scope).expect("table"), vec![attempt]);
+        assert_eq!(supervisor_pid(&scope, attempt), Some(std::process::id()));
+        drop(listener);
+        assert!(listening(&scope).expect("table").is_empty());
+    }
 
     #[test]
     fn messages_are_one_tagged_json_line() {

@@ -491,22 +491,49 @@ pub fn scope_pids(data_dir: &Path) -> Vec<u32> {
 
 /// SIGKILLs the attempt supervisor processes of the agent whose data directory is
 /// `data_dir` (as a crash of the whole node's service would), leaving their jobs' orphans;
-/// returns how many.
+/// returns how many of them were running a job (the one waiting for the next lease is
+/// killed too, and not counted).
 pub fn kill_supervisors(data_dir: &Path) -> usize {
-    let supervisors: Vec<u32> = scope_pids(data_dir)
-        .into_iter()
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"__headroom-attempt"))
-        })
-        .collect();
+    let scope = scope_pids(data_dir);
+    let supervisors = supervisor_pids(data_dir);
+    let parents: Vec<u32> = scope.iter().filter_map(|&pid| parent_of(pid)).collect();
     for &pid in &supervisors {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
         );
     }
-    supervisors.len()
+    supervisors.iter().filter(|p| parents.contains(p)).count()
+}
+
+/// The attempt supervisor processes of the agent whose data directory is `data_dir`, the one
+/// waiting for the next lease included.
+pub fn supervisor_pids(data_dir: &Path) -> Vec<u32> {
+    scope_pids(data_dir)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == b"__headroom-attempt"))
+        })
+        .collect()
+}
+
+/// Whether `pid` is an attempt supervisor waiting for a lease (named `hr-standby`): it runs
+/// nothing and leaves with its agent.
+pub fn is_waiting_supervisor(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "hr-standby")
+}
+
+/// The parent pid of a live process.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// SIGKILLs every process of that agent's scope (see [`scope_pids`]), scanning again until

@@ -12,7 +12,10 @@ use headroom_integration_tests::records::DeathWatch;
 use headroom_integration_tests::standalone::{
     Agent, AgentOptions, Coordinator, job_of, running_pid, submit_json,
 };
-use headroom_integration_tests::{alive, binary, fake_job, read_records, wait_until as wait};
+use headroom_integration_tests::{
+    alive, binary, fake_job, is_waiting_supervisor, parent_of, read_records, scope_pids,
+    supervisor_pids, wait_until as wait,
+};
 use headroom_shared::api::JobDetail;
 use headroom_shared::{ExperimentId, FailureClass, JobState};
 use nix::sys::signal::Signal;
@@ -83,17 +86,7 @@ fn an_agent_killed_mid_attempt_and_restarted_within_the_ttl_re_attaches() {
     first.kill9().expect("kill -9");
     assert!(alive(pid), "the job survives its agent's death");
     // Its parent is its attempt's supervisor, named as such for `ps` and `top`.
-    let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit(')')
-                .next()?
-                .split_whitespace()
-                .nth(1)?
-                .parse::<u32>()
-                .ok()
-        })
-        .expect("the job's parent");
+    let parent = parent_of(pid).expect("the job's parent");
     let comm = std::fs::read_to_string(format!("/proc/{parent}/comm")).expect("comm");
     assert_eq!(
         comm.trim(),
@@ -111,8 +104,48 @@ fn an_agent_killed_mid_attempt_and_restarted_within_the_ttl_re_attaches() {
     wait(
         "nothing of the job to be left",
         Duration::from_secs(10),
-        || again.scope_pids().is_empty().then_some(()),
+        || (!alive(pid) && !alive(parent)).then_some(()),
     );
+}
+
+/// The supervisor an agent keeps waiting for its next lease runs nothing, and leaves when
+/// its agent does, whether the agent exits or is killed.
+#[test]
+fn the_supervisor_waiting_for_the_next_lease_leaves_with_its_agent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coord = Coordinator::start(dir.path(), &["--lease-ttl", "6s"]).expect("coordinator");
+    let url = &coord.url;
+    for (i, kill) in [true, false].into_iter().enumerate() {
+        let mut a = agent(url, dir.path(), "gpu-1", |o| {
+            o.log(&format!("agent-{i}.log"))
+        });
+        let waiting = wait(
+            "a supervisor waiting for a lease",
+            Duration::from_secs(10),
+            || match supervisor_pids(&a.data_dir)[..] {
+                [pid] if is_waiting_supervisor(pid) => Some(pid),
+                _ => None,
+            },
+        );
+        assert!(
+            scope_pids(&a.data_dir)
+                .iter()
+                .all(|&p| parent_of(p) != Some(waiting)),
+            "it runs nothing before a lease"
+        );
+        if kill {
+            a.kill9().expect("kill -9");
+        } else {
+            let status = a.stop_with(Signal::SIGTERM, Duration::from_secs(30));
+            assert!(status.success(), "{status}\n{}", a.output());
+        }
+        wait(
+            "the waiting supervisor to leave",
+            Duration::from_secs(10),
+            || (!alive(waiting)).then_some(()),
+        );
+        assert!(scope_pids(&a.data_dir).is_empty(), "nothing is left");
+    }
 }
 
 /// An upgrade as systemd does it with `KillMode=process`: SIGTERM to the agent only, the
@@ -136,6 +169,7 @@ fn an_upgrade_restarts_the_agent_from_another_binary_while_the_job_runs_on() {
     let mut first = agent(url, dir.path(), "gpu-1", |o| o.program(&old));
     let exp = submit(url, "8", &record);
     let pid = running_pid(url, exp);
+    let supervisor = parent_of(pid).expect("the job's supervisor");
 
     let status = first.stop_with(Signal::SIGTERM, Duration::from_secs(30));
     assert!(status.success(), "{status}\n{}", first.output());
@@ -154,7 +188,7 @@ fn an_upgrade_restarts_the_agent_from_another_binary_while_the_job_runs_on() {
     wait(
         "nothing of the job to be left",
         Duration::from_secs(10),
-        || upgraded.scope_pids().is_empty().then_some(()),
+        || (!alive(pid) && !alive(supervisor)).then_some(()),
     );
 }
 
