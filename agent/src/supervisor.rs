@@ -1092,6 +1092,7 @@ impl Drop for KillOnDrop {
 mod tests {
     use super::*;
     use crate::gpu::{FakeBackend, FakeGpuSpec};
+    use headroom_shared::api::EnergySource;
     use std::sync::atomic::{AtomicU32, Ordering};
     use tempfile::TempDir;
 
@@ -1632,6 +1633,146 @@ mod tests {
         // Its memory was never attributed to it: nothing learnt.
         assert_eq!(end.peak_mem_mib, None);
         f.assert_gone(launch.attempt);
+    }
+
+    /// A job that declares `mib` on GPU 0 at `util` % and then runs `secs`; the fake GPU's
+    /// power while it runs, from the model's formula (8 GiB GPUs).
+    fn loaded(f: &Fixture, mib: u64, util: u32, secs: f64) -> (Launch, f64) {
+        let launch = f.sh(&format!(
+            "echo 0:{mib}:{util} > $HEADROOM_FAKE_GPU_DIR/$$; sleep {secs}"
+        ));
+        let model = crate::gpu::fakepower::PowerModel::default();
+        (
+            launch,
+            model.power_w(mib as f64 / 8192.0, f64::from(util) / 100.0),
+        )
+    }
+
+    fn within(got: Option<f64>, want: f64, share: f64) -> bool {
+        got.is_some_and(|g| (g - want).abs() <= want * share)
+    }
+
+    #[tokio::test]
+    async fn energy_of_an_attempt_is_the_counter_delta_over_its_run() {
+        let f = fixture();
+        let (launch, power) = loaded(&f, 4096, 80, 3.0);
+        // 60 W idle + 240 W x (25 % x memory share + 75 % x utilization).
+        assert_eq!(power, 60.0 + 240.0 * (0.25 * 0.5 + 0.75 * 0.8));
+        let cfg = SupervisorConfig {
+            sample_every: Duration::from_millis(10),
+            ..quick()
+        };
+        let end = run_with(&f, launch, &cfg).await;
+        assert_eq!(end.failure, None, "{end:?}");
+        let m = &end.measurements;
+        assert_eq!(m.energy_source, Some(EnergySource::Counter), "{m:?}");
+        assert!(within(m.energy_j, power * 3.0, 0.01), "{m:?}: want {}", power * 3.0);
+        assert!(within(m.mean_power_w, power, 0.02), "{m:?}");
+        assert!(within(m.max_power_w, power, 1e-9), "{m:?}");
+        assert!(within(m.mean_util_pct, 80.0, 0.03), "{m:?}");
+        // The idle GPU sat at 39 °C; three seconds at 234 W warm it towards 30 + 0.15 x 234
+        // °C with a time constant of 20 s.
+        assert_eq!(m.start_temp_c, Some(39.0), "{m:?}");
+        let steady = 30.0 + 0.15 * power;
+        let warmed = steady - (steady - 39.0) * (-3.0f64 / 20.0).exp();
+        assert!(within(m.max_temp_c, warmed, 0.01), "{m:?}: want {warmed}");
+        assert_eq!((m.throttled_thermal, m.throttled_power), (Some(false), Some(false)));
+        assert_eq!(m.contamination_reason, None);
+    }
+
+    #[tokio::test]
+    async fn without_the_energy_counter_power_is_integrated() {
+        use crate::gpu::fake::Fault;
+        let f = fixture();
+        inject(&f, 0, Fault::NoEnergy, "");
+        let (launch, power) = loaded(&f, 8192, 50, 2.0);
+        let end = f.run(launch).await;
+        let m = &end.measurements;
+        assert_eq!(m.energy_source, Some(EnergySource::Integrated), "{m:?}");
+        // The trapezoid between readings (50 ms apart) blurs the load's two edges: 5 %.
+        assert!(within(m.energy_j, power * 2.0, 0.05), "{m:?}: want {}", power * 2.0);
+    }
+
+    #[tokio::test]
+    async fn readings_that_fail_leave_energy_unknown_not_zero() {
+        use crate::gpu::fake::Fault;
+        let f = fixture();
+        inject(&f, 0, Fault::Telemetry, "GPU is lost");
+        let end = f.run(loaded(&f, 1024, 50, 0.3).0).await;
+        assert_eq!(end.failure, None, "{end:?}");
+        let m = &end.measurements;
+        assert_eq!((m.energy_j, m.energy_source), (None, None), "{m:?}");
+        assert_eq!((m.mean_power_w, m.max_temp_c, m.start_temp_c), (None, None, None));
+        assert_eq!((m.throttled_thermal, m.throttled_power), (None, None), "{m:?}");
+
+        // No power reading at all (a GPU older than Volta): nothing to integrate either.
+        let f = fixture();
+        inject(&f, 0, Fault::NoPower, "");
+        let end = f.run(loaded(&f, 1024, 50, 0.3).0).await;
+        let m = &end.measurements;
+        assert_eq!((m.energy_j, m.mean_power_w), (None, None), "{m:?}");
+        assert!(m.max_temp_c.is_some(), "temperature still reads: {m:?}");
+
+        // An attempt on GPU 1 is measured whatever GPU 0 does.
+        let mut on_1 = f.sh("echo 1:1024:50 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3");
+        on_1.gpus = vec![1];
+        let end = f.run(on_1).await;
+        assert_eq!(end.measurements.energy_source, Some(EnergySource::Counter));
+    }
+
+    #[tokio::test]
+    async fn a_throttle_reason_seen_during_the_run_sets_its_flag() {
+        let f = fixture();
+        // The GPU reports a thermal slowdown for a while in the middle of the run.
+        let launch = f.sh(
+            "echo 0:1024:90 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3; \
+             echo sw_thermal_slowdown > $HEADROOM_FAKE_GPU_DIR/gpu0.throttle; sleep 0.4; \
+             rm $HEADROOM_FAKE_GPU_DIR/gpu0.throttle; sleep 0.3",
+        );
+        let end = f.run(launch).await;
+        let m = &end.measurements;
+        assert_eq!(m.throttled_thermal, Some(true), "{m:?}");
+        assert_eq!(m.throttled_power, Some(false), "{m:?}");
+        assert_eq!(m.throttle_reasons, Some(vec!["sw_thermal_slowdown".to_string()]));
+        // Energy is still measured: the flag is what leaves the run out of comparisons.
+        assert_eq!(m.energy_source, Some(EnergySource::Counter));
+    }
+
+    #[tokio::test]
+    async fn a_foreign_process_is_named_with_its_pid_and_command() {
+        let f = fixture();
+        let dir = f.tmp.path().join("gpus");
+        let launch = f.sh("echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.6");
+        let backend = f.backend.clone();
+        let task = tokio::spawn({
+            let launch = launch.clone();
+            // It outlives the job: verification gives up on it quickly.
+            async move {
+                run_attempt(launch, backend, &impatient(), CancellationToken::new(), |_| {}).await
+            }
+        });
+        // Someone's process appears on GPU 0 while the job runs.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let mut other =
+            procscan::tests::spawn(std::process::Command::new("sleep").arg("31.5"));
+        crate::gpu::fake::write_usage(&dir, other.id(), &[(0, 700)]).expect("usage");
+        let end = task.await.expect("attempt");
+        let _ = other.kill();
+        let _ = other.wait();
+        procscan::disown(other.id());
+        assert!(end.contaminated, "{end:?}");
+        let m = &end.measurements;
+        assert_eq!(m.contamination_pid, Some(other.id()), "{m:?}");
+        assert!(
+            m.contamination_command
+                .as_deref()
+                .is_some_and(|c| c.ends_with(": sleep 31.5")),
+            "{m:?}"
+        );
+        assert_eq!(
+            m.contamination_reason.as_deref(),
+            Some("a process of no attempt held 700 MiB on GPU 0 during the run")
+        );
     }
 
     #[test]
