@@ -144,7 +144,8 @@ impl Meter {
             total = total.zip(power).map(|(a, b)| a + b);
             m.power.add(t, power);
             m.counter.add(t, s.and_then(|s| s.energy_j));
-            m.util.add(t, s.and_then(|s| s.utilization_pct).map(f64::from));
+            m.util
+                .add(t, s.and_then(|s| s.utilization_pct).map(f64::from));
             m.temp.add(t, s.and_then(|s| s.temperature_c));
             let throttle = s.and_then(|s| s.throttle.as_ref());
             m.throttle_first_ok.get_or_insert(throttle.is_some());
@@ -175,13 +176,11 @@ impl Meter {
         let (energy_j, energy_source) = match energy {
             Some(parts) => (
                 Some(parts.iter().map(|p| p.0).sum()),
-                Some(
-                    if parts.iter().all(|p| p.1 == EnergySource::Counter) {
-                        EnergySource::Counter
-                    } else {
-                        EnergySource::Integrated
-                    },
-                ),
+                Some(if parts.iter().all(|p| p.1 == EnergySource::Counter) {
+                    EnergySource::Counter
+                } else {
+                    EnergySource::Integrated
+                }),
             ),
             None => (None, None),
         };
@@ -204,7 +203,10 @@ impl Meter {
             energy_source,
             mean_power_w: all(&|m| m.power.mean(), |a, b| a + b),
             max_power_w: self.max_total_power.filter(|_| power_covered),
-            max_temp_c: all(&|m| m.temp.covered().then_some(m.temp.max).flatten(), f64::max),
+            max_temp_c: all(
+                &|m| m.temp.covered().then_some(m.temp.max).flatten(),
+                f64::max,
+            ),
             start_temp_c: all(&|m| m.temp.first, f64::max),
             mean_util_pct: util,
             throttled_thermal: flag(THERMAL),
@@ -241,7 +243,11 @@ mod tests {
     fn the_counter_delta_is_the_energy_summed_over_gpus() {
         let mut m = Meter::new(&[0, 2]);
         // GPU 1 is not the attempt's: its figures are not counted.
-        let r0 = [sample(0, 100.0, 1000.0), sample(1, 300.0, 0.0), sample(2, 50.0, 10.0)];
+        let r0 = [
+            sample(0, 100.0, 1000.0),
+            sample(1, 300.0, 0.0),
+            sample(2, 50.0, 10.0),
+        ];
         m.record(at(&m, 0.0), Ok(&r0));
         let r1 = [sample(0, 200.0, 1150.0), sample(2, 50.0, 60.0)];
         m.record(at(&m, 1.0), Ok(&r1));
@@ -252,7 +258,10 @@ mod tests {
         assert_eq!(out.mean_power_w, Some(200.0));
         assert_eq!(out.max_power_w, Some(250.0));
         assert_eq!(out.mean_util_pct, Some(50.0));
-        assert_eq!((out.throttled_thermal, out.throttled_power), (Some(false), Some(false)));
+        assert_eq!(
+            (out.throttled_thermal, out.throttled_power),
+            (Some(false), Some(false))
+        );
     }
 
     #[test]
@@ -280,8 +289,14 @@ mod tests {
         m.record(at(&m, 1.0), Ok(&[sample(0, 100.0, 100.0)]));
         m.record(at(&m, 2.0), Err("NVML: GPU is lost".into()));
         let out = m.result();
-        assert_eq!((out.energy_j, out.mean_power_w, out.max_power_w), (None, None, None));
-        assert_eq!(out.throttled_thermal, None, "unknown throttling is not clean");
+        assert_eq!(
+            (out.energy_j, out.mean_power_w, out.max_power_w),
+            (None, None, None)
+        );
+        assert_eq!(
+            out.throttled_thermal, None,
+            "unknown throttling is not clean"
+        );
 
         // A failed reading in between is bridged.
         let mut m = Meter::new(&[0]);
@@ -305,7 +320,10 @@ mod tests {
         m.record(at(&m, 1.0), Ok(&[s]));
         m.record(at(&m, 2.0), Ok(&[sample(0, 100.0, 20.0)]));
         let out = m.result();
-        assert_eq!((out.throttled_thermal, out.throttled_power), (Some(false), Some(true)));
+        assert_eq!(
+            (out.throttled_thermal, out.throttled_power),
+            (Some(false), Some(true))
+        );
         assert_eq!(out.throttle_reasons, Some(vec!["sw_power_cap".to_string()]));
 
         let mut m = Meter::new(&[0]);

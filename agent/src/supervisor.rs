@@ -587,7 +587,9 @@ fn take_reading(watch: &Arc<Mutex<Watch>>) -> tokio::task::JoinHandle<()> {
         // Read outside the lock, so a slow reading (NVML opening) holds up no one.
         let reading = backend.telemetry().map_err(|e| e.to_string());
         let at = std::time::Instant::now();
-        lock(&w).meter.record(at, reading.as_deref().map_err(Clone::clone));
+        lock(&w)
+            .meter
+            .record(at, reading.as_deref().map_err(Clone::clone));
     })
 }
 
@@ -691,8 +693,10 @@ impl Watch {
         self.observe(&samples);
         if self.meter.wants_readings() {
             let reading = self.backend.telemetry().map_err(|e| e.to_string());
-            self.meter
-                .record(std::time::Instant::now(), reading.as_deref().map_err(Clone::clone));
+            self.meter.record(
+                std::time::Instant::now(),
+                reading.as_deref().map_err(Clone::clone),
+            );
         }
         self.log.pump(PUMP_LIMIT);
     }
@@ -1666,7 +1670,11 @@ mod tests {
         assert_eq!(end.failure, None, "{end:?}");
         let m = &end.measurements;
         assert_eq!(m.energy_source, Some(EnergySource::Counter), "{m:?}");
-        assert!(within(m.energy_j, power * 3.0, 0.01), "{m:?}: want {}", power * 3.0);
+        assert!(
+            within(m.energy_j, power * 3.0, 0.01),
+            "{m:?}: want {}",
+            power * 3.0
+        );
         assert!(within(m.mean_power_w, power, 0.02), "{m:?}");
         assert!(within(m.max_power_w, power, 1e-9), "{m:?}");
         assert!(within(m.mean_util_pct, 80.0, 0.03), "{m:?}");
@@ -1676,7 +1684,10 @@ mod tests {
         let steady = 30.0 + 0.15 * power;
         let warmed = steady - (steady - 39.0) * (-3.0f64 / 20.0).exp();
         assert!(within(m.max_temp_c, warmed, 0.01), "{m:?}: want {warmed}");
-        assert_eq!((m.throttled_thermal, m.throttled_power), (Some(false), Some(false)));
+        assert_eq!(
+            (m.throttled_thermal, m.throttled_power),
+            (Some(false), Some(false))
+        );
         assert_eq!(m.contamination_reason, None);
     }
 
@@ -1690,7 +1701,11 @@ mod tests {
         let m = &end.measurements;
         assert_eq!(m.energy_source, Some(EnergySource::Integrated), "{m:?}");
         // The trapezoid between readings (50 ms apart) blurs the load's two edges: 5 %.
-        assert!(within(m.energy_j, power * 2.0, 0.05), "{m:?}: want {}", power * 2.0);
+        assert!(
+            within(m.energy_j, power * 2.0, 0.05),
+            "{m:?}: want {}",
+            power * 2.0
+        );
     }
 
     #[tokio::test]
@@ -1702,8 +1717,15 @@ mod tests {
         assert_eq!(end.failure, None, "{end:?}");
         let m = &end.measurements;
         assert_eq!((m.energy_j, m.energy_source), (None, None), "{m:?}");
-        assert_eq!((m.mean_power_w, m.max_temp_c, m.start_temp_c), (None, None, None));
-        assert_eq!((m.throttled_thermal, m.throttled_power), (None, None), "{m:?}");
+        assert_eq!(
+            (m.mean_power_w, m.max_temp_c, m.start_temp_c),
+            (None, None, None)
+        );
+        assert_eq!(
+            (m.throttled_thermal, m.throttled_power),
+            (None, None),
+            "{m:?}"
+        );
 
         // No power reading at all (a GPU older than Volta): nothing to integrate either.
         let f = fixture();
@@ -1724,16 +1746,17 @@ mod tests {
     async fn a_throttle_reason_seen_during_the_run_sets_its_flag() {
         let f = fixture();
         // The GPU reports a thermal slowdown for a while in the middle of the run.
-        let launch = f.sh(
-            "echo 0:1024:90 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3; \
+        let launch = f.sh("echo 0:1024:90 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3; \
              echo sw_thermal_slowdown > $HEADROOM_FAKE_GPU_DIR/gpu0.throttle; sleep 0.4; \
-             rm $HEADROOM_FAKE_GPU_DIR/gpu0.throttle; sleep 0.3",
-        );
+             rm $HEADROOM_FAKE_GPU_DIR/gpu0.throttle; sleep 0.3");
         let end = f.run(launch).await;
         let m = &end.measurements;
         assert_eq!(m.throttled_thermal, Some(true), "{m:?}");
         assert_eq!(m.throttled_power, Some(false), "{m:?}");
-        assert_eq!(m.throttle_reasons, Some(vec!["sw_thermal_slowdown".to_string()]));
+        assert_eq!(
+            m.throttle_reasons,
+            Some(vec!["sw_thermal_slowdown".to_string()])
+        );
         // Energy is still measured: the flag is what leaves the run out of comparisons.
         assert_eq!(m.energy_source, Some(EnergySource::Counter));
     }
@@ -1748,13 +1771,19 @@ mod tests {
             let launch = launch.clone();
             // It outlives the job: verification gives up on it quickly.
             async move {
-                run_attempt(launch, backend, &impatient(), CancellationToken::new(), |_| {}).await
+                run_attempt(
+                    launch,
+                    backend,
+                    &impatient(),
+                    CancellationToken::new(),
+                    |_| {},
+                )
+                .await
             }
         });
         // Someone's process appears on GPU 0 while the job runs.
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let mut other =
-            procscan::tests::spawn(std::process::Command::new("sleep").arg("31.5"));
+        let mut other = procscan::tests::spawn(std::process::Command::new("sleep").arg("31.5"));
         crate::gpu::fake::write_usage(&dir, other.id(), &[(0, 700)]).expect("usage");
         let end = task.await.expect("attempt");
         let _ = other.kill();

@@ -6,8 +6,7 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 use headroom_shared::api::{
     AttemptPhase, AttemptTelemetry, AttemptView, ExperimentSummary, GpuSeries, JobDetail,
-    JobSummary, NodeView, PeakSource,
-    StateCounts, SubmitResponse, TelemetrySample, TokenView,
+    JobSummary, NodeView, PeakSource, StateCounts, SubmitResponse, TelemetrySample, TokenView,
 };
 use headroom_shared::expand::value_text;
 use headroom_shared::{AttemptId, ExperimentId, JobId, MemSize};

@@ -171,9 +171,8 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
 
 /// Decodes the measurement columns of [`ATTEMPT_COLUMNS`] from `at` on.
 fn measurements(r: &impl Cols, at: usize) -> Result<Measurements> {
-    let unmilli = |i: usize| -> Result<Option<f64>> {
-        Ok(r.int_opt(at + i)?.map(|x| x as f64 / 1000.0))
-    };
+    let unmilli =
+        |i: usize| -> Result<Option<f64>> { Ok(r.int_opt(at + i)?.map(|x| x as f64 / 1000.0)) };
     Ok(Measurements {
         energy_j: unmilli(0)?,
         energy_source: r.parsed_opt(at + 1, "energy source")?,
