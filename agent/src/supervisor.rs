@@ -219,7 +219,7 @@ pub async fn run_attempt(
     }));
     // The energy counter's reading at the start. Not awaited: the job is already running,
     // and in an attempt's supervisor process this reading opens the GPU backend (NVML),
-    // so it comes a moment after the spawn (the integrated fallback misses that moment).
+    // so it comes a moment after the spawn: the attempt's figures start from there.
     let start_reading = take_reading(&watch);
     let sample_every = cfg.sample_every.max(Duration::from_millis(10));
     // Sample early and then less often: a short job must still be seen on its GPU once
