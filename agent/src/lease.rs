@@ -260,6 +260,7 @@ async fn gone(shared: &Arc<Shared>, attempt: AttemptId, fence: i64) -> (Vec<u32>
         cleanup_verified: false,
         unverified: Some(why.clone()),
         contaminated: false,
+        measurements: Default::default(),
         log_tail: format!("[headroom] {why}\n"),
         gpus: sample(&shared.backend).await,
     };

@@ -12,6 +12,7 @@ pub mod fence;
 pub mod gpu;
 mod heartbeat;
 mod lease;
+pub mod measure;
 pub mod metrics;
 pub mod outcomes;
 pub mod procscan;

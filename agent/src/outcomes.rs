@@ -263,6 +263,7 @@ mod tests {
                 cleanup_verified: true,
                 unverified: None,
                 contaminated: false,
+                measurements: Default::default(),
                 log_tail: "done".into(),
                 gpus: vec![],
             },

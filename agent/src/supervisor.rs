@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use headroom_shared::api::{GpuProcess, GpuSample, PeakSource};
+use headroom_shared::api::{GpuProcess, GpuSample, Measurements, PeakSource};
 use headroom_shared::expand::value_text;
 use headroom_shared::{AttemptId, FailureClass, JobId};
 use nix::sys::signal::{Signal, kill, killpg};
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::classify::{ExitKind, OomScanner, classify};
 use crate::gpu::{self, GpuBackend};
+use crate::measure::Meter;
 use crate::procscan::{self, ATTEMPT_VAR};
 
 /// How often cleanup re-checks processes and GPUs: short, since cleanup time is reported and
@@ -112,6 +113,9 @@ pub struct AttemptEnd {
     pub held_by: Vec<u32>,
     /// A process of no attempt used the attempt's GPUs while it ran.
     pub contaminated: bool,
+    /// Energy, power, temperature, utilization and throttling of its GPUs over the run, and
+    /// the first process that contaminated it.
+    pub measurements: Measurements,
     /// The last ~4 KiB of this attempt's log.
     pub log_tail: String,
 }
@@ -210,7 +214,13 @@ pub async fn run_attempt(
         gpus: launch.gpus.clone(),
         baseline,
         contaminated: false,
+        meter: Meter::new(&launch.gpus),
+        contamination: None,
     }));
+    // The energy counter's reading at the start. Not awaited: the job is already running,
+    // and in an attempt's supervisor process this reading opens the GPU backend (NVML),
+    // so it comes a moment after the spawn: the attempt's figures start from there.
+    let start_reading = take_reading(&watch);
     let sample_every = cfg.sample_every.max(Duration::from_millis(10));
     // Sample early and then less often: a short job must still be seen on its GPU once
     // (its peak teaches the estimate), a long one costs one sample per `sample_every`.
@@ -235,6 +245,15 @@ pub async fn run_attempt(
     };
     let ended_at = Utc::now();
     let end_mark = Instant::now();
+    // The reading at the end, beside the cleanup rather than before it (it must not delay
+    // freeing the GPU), after the start reading (which may still be opening the backend).
+    let end_reading = {
+        let w = watch.clone();
+        tokio::spawn(async move {
+            let _ = start_reading.await;
+            let _ = take_reading(&w).await;
+        })
+    };
     let (main, timed_out, cancelled) = match stop {
         Stop::Exited(status) => (Main::Exited(status), false, false),
         Stop::Timeout => {
@@ -272,10 +291,11 @@ pub async fn run_attempt(
         );
     }
 
+    let _ = end_reading.await;
     // Everything has stopped writing: scan the rest of the log and take its tail.
     let w = watch.clone();
     let path = launch.log_path.clone();
-    let (saw_oom, (peak, peak_source), contaminated, log_tail) =
+    let (saw_oom, (peak, peak_source), contaminated, measurements, log_tail) =
         tokio::task::spawn_blocking(move || {
             let mut w = lock(&w);
             w.log.pump(u64::MAX);
@@ -290,11 +310,20 @@ pub async fn run_attempt(
                 w.log.scanner.saw_oom(),
                 peak,
                 w.contaminated,
+                w.measurements(),
                 read_tail(&path, log_start),
             )
         })
         .await
-        .unwrap_or_else(|_| (false, (None, PeakSource::Processes), false, String::new()));
+        .unwrap_or_else(|_| {
+            (
+                false,
+                (None, PeakSource::Processes),
+                false,
+                Measurements::default(),
+                String::new(),
+            )
+        });
 
     let exit = match outcome.status {
         Some(s) => match (s.code(), s.signal()) {
@@ -319,6 +348,7 @@ pub async fn run_attempt(
         unverified: (!outcome.verified).then(|| outcome.remaining.clone()),
         held_by: outcome.held_by,
         contaminated,
+        measurements,
         log_tail,
     }
 }
@@ -384,6 +414,7 @@ pub(crate) fn not_started(failure: Option<FailureClass>, log_tail: String) -> At
         unverified: None,
         held_by: vec![],
         contaminated: false,
+        measurements: Measurements::default(),
         log_tail,
     }
 }
@@ -493,6 +524,73 @@ struct Watch {
     gpus: Vec<u32>,
     baseline: Baseline,
     contaminated: bool,
+    /// Telemetry of the attempt's GPUs over the run: energy, power, temperature, throttling.
+    meter: Meter,
+    /// The first process that contaminated the attempt.
+    contamination: Option<Contamination>,
+}
+
+/// A process of no attempt seen on the attempt's GPUs, described when it was seen.
+#[derive(Clone, Debug, PartialEq)]
+struct Contamination {
+    reason: String,
+    pid: u32,
+    command: Option<String>,
+}
+
+impl Contamination {
+    /// Blocking: reads the process's owner and command line from `/proc` when the backend
+    /// did not give them.
+    fn of(gpu: u32, p: &GpuProcess) -> Self {
+        let (user, command) = if p.user.is_some() || p.command.is_some() || p.outside_pid_namespace
+        {
+            (p.user.clone(), p.command.clone())
+        } else {
+            procscan::describe(p.pid)
+        };
+        let held = if p.used_mib_unknown {
+            "memory the driver cannot size".to_string()
+        } else {
+            format!("{} MiB", p.used_mib)
+        };
+        let who = if p.outside_pid_namespace {
+            "a process of another container"
+        } else {
+            "a process of no attempt"
+        };
+        Self {
+            reason: format!("{who} held {held} on GPU {gpu} during the run"),
+            pid: p.pid,
+            command: match (user, command) {
+                (None, None) => None,
+                (user, command) => Some(format!(
+                    "{}: {}",
+                    user.as_deref().unwrap_or("?"),
+                    command.as_deref().unwrap_or("?")
+                )),
+            },
+        }
+    }
+}
+
+/// Reads the telemetry of the node's GPUs into the attempt's meter, off the runtime.
+fn take_reading(watch: &Arc<Mutex<Watch>>) -> tokio::task::JoinHandle<()> {
+    let w = watch.clone();
+    tokio::task::spawn_blocking(move || {
+        let backend = {
+            let w = lock(&w);
+            if !w.meter.wants_readings() {
+                return;
+            }
+            w.backend.clone()
+        };
+        // Read outside the lock, so a slow reading (NVML opening) holds up no one.
+        let reading = backend.telemetry().map_err(|e| e.to_string());
+        let at = std::time::Instant::now();
+        lock(&w)
+            .meter
+            .record(at, reading.as_deref().map_err(Clone::clone));
+    })
 }
 
 /// The attempt's peak memory, measured two ways.
@@ -593,7 +691,25 @@ impl Watch {
     fn step(&mut self) {
         let samples = gpu::read(self.backend.as_ref());
         self.observe(&samples);
+        if self.meter.wants_readings() {
+            let reading = self.backend.telemetry().map_err(|e| e.to_string());
+            self.meter.record(
+                std::time::Instant::now(),
+                reading.as_deref().map_err(Clone::clone),
+            );
+        }
         self.log.pump(PUMP_LIMIT);
+    }
+
+    /// The run's figures and what contaminated it.
+    fn measurements(&self) -> Measurements {
+        let c = self.contamination.clone();
+        Measurements {
+            contamination_reason: c.as_ref().map(|c| c.reason.clone()),
+            contamination_pid: c.as_ref().map(|c| c.pid),
+            contamination_command: c.and_then(|c| c.command),
+            ..self.meter.result()
+        }
     }
 
     fn observe(&mut self, samples: &[GpuSample]) {
@@ -607,8 +723,15 @@ impl Watch {
                 sum = sum.saturating_add(p.used_mib);
             }
         }
-        if !self.contaminated && !self.foreign_on_gpus(samples).is_empty() {
+        if !self.contaminated
+            && let Some((gpu, p)) = samples
+                .iter()
+                .filter(|g| self.gpus.contains(&g.index))
+                .flat_map(|g| g.processes.iter().map(move |p| (g.index, p)))
+                .find(|(_, p)| holds_foreign(p))
+        {
             self.contaminated = true;
+            self.contamination = Some(Contamination::of(gpu, p));
         }
         if seen && !unknown {
             self.peak.processes = Some(self.peak.processes.unwrap_or(0).max(sum));
@@ -640,7 +763,7 @@ impl Watch {
             .iter()
             .filter(|g| self.gpus.contains(&g.index))
             .flat_map(|g| &g.processes)
-            .filter(|p| p.attempt.is_none() && (p.used_mib > 0 || p.used_mib_unknown))
+            .filter(|p| holds_foreign(p))
             .collect()
     }
 
@@ -664,6 +787,11 @@ impl Watch {
             .map(|p| (p.pid, p.used_mib))
             .collect())
     }
+}
+
+/// A process of no attempt holding memory (memory the driver cannot tell counts as held).
+fn holds_foreign(p: &GpuProcess) -> bool {
+    p.attempt.is_none() && (p.used_mib > 0 || p.used_mib_unknown)
 }
 
 /// `pid 4242 (alice: python train.py) holds 5632 MiB`, for quarantine reports.
@@ -968,6 +1096,7 @@ impl Drop for KillOnDrop {
 mod tests {
     use super::*;
     use crate::gpu::{FakeBackend, FakeGpuSpec};
+    use headroom_shared::api::EnergySource;
     use std::sync::atomic::{AtomicU32, Ordering};
     use tempfile::TempDir;
 
@@ -1508,6 +1637,171 @@ mod tests {
         // Its memory was never attributed to it: nothing learnt.
         assert_eq!(end.peak_mem_mib, None);
         f.assert_gone(launch.attempt);
+    }
+
+    /// A job that declares `mib` on GPU 0 at `util` % and then runs `secs`; the fake GPU's
+    /// power while it runs, from the model's formula (8 GiB GPUs).
+    fn loaded(f: &Fixture, mib: u64, util: u32, secs: f64) -> (Launch, f64) {
+        let launch = f.sh(&format!(
+            "echo 0:{mib}:{util} > $HEADROOM_FAKE_GPU_DIR/$$; sleep {secs}"
+        ));
+        let model = crate::gpu::fakepower::PowerModel::default();
+        (
+            launch,
+            model.power_w(mib as f64 / 8192.0, f64::from(util) / 100.0),
+        )
+    }
+
+    fn within(got: Option<f64>, want: f64, share: f64) -> bool {
+        got.is_some_and(|g| (g - want).abs() <= want * share)
+    }
+
+    #[tokio::test]
+    async fn energy_of_an_attempt_is_the_counter_delta_over_its_run() {
+        let f = fixture();
+        let (launch, power) = loaded(&f, 4096, 80, 3.0);
+        // 60 W idle + 240 W x (25 % x memory share + 75 % x utilization).
+        assert_eq!(power, 60.0 + 240.0 * (0.25 * 0.5 + 0.75 * 0.8));
+        let cfg = SupervisorConfig {
+            sample_every: Duration::from_millis(10),
+            ..quick()
+        };
+        let end = run_with(&f, launch, &cfg).await;
+        assert_eq!(end.failure, None, "{end:?}");
+        let m = &end.measurements;
+        assert_eq!(m.energy_source, Some(EnergySource::Counter), "{m:?}");
+        assert!(
+            within(m.energy_j, power * 3.0, 0.01),
+            "{m:?}: want {}",
+            power * 3.0
+        );
+        assert!(within(m.mean_power_w, power, 0.02), "{m:?}");
+        assert!(within(m.max_power_w, power, 1e-9), "{m:?}");
+        assert!(within(m.mean_util_pct, 80.0, 0.03), "{m:?}");
+        // The idle GPU sat at 39 °C; three seconds at 234 W warm it towards 30 + 0.15 x 234
+        // °C with a time constant of 20 s.
+        assert_eq!(m.start_temp_c, Some(39.0), "{m:?}");
+        let steady = 30.0 + 0.15 * power;
+        let warmed = steady - (steady - 39.0) * (-3.0f64 / 20.0).exp();
+        assert!(within(m.max_temp_c, warmed, 0.01), "{m:?}: want {warmed}");
+        assert_eq!(
+            (m.throttled_thermal, m.throttled_power),
+            (Some(false), Some(false))
+        );
+        assert_eq!(m.contamination_reason, None);
+    }
+
+    #[tokio::test]
+    async fn without_the_energy_counter_power_is_integrated() {
+        use crate::gpu::fake::Fault;
+        let f = fixture();
+        inject(&f, 0, Fault::NoEnergy, "");
+        let (launch, power) = loaded(&f, 8192, 50, 2.0);
+        let end = f.run(launch).await;
+        let m = &end.measurements;
+        assert_eq!(m.energy_source, Some(EnergySource::Integrated), "{m:?}");
+        // The trapezoid between readings (50 ms apart) blurs the load's two edges: 5 %.
+        assert!(
+            within(m.energy_j, power * 2.0, 0.05),
+            "{m:?}: want {}",
+            power * 2.0
+        );
+    }
+
+    #[tokio::test]
+    async fn readings_that_fail_leave_energy_unknown_not_zero() {
+        use crate::gpu::fake::Fault;
+        let f = fixture();
+        inject(&f, 0, Fault::Telemetry, "GPU is lost");
+        let end = f.run(loaded(&f, 1024, 50, 0.3).0).await;
+        assert_eq!(end.failure, None, "{end:?}");
+        let m = &end.measurements;
+        assert_eq!((m.energy_j, m.energy_source), (None, None), "{m:?}");
+        assert_eq!(
+            (m.mean_power_w, m.max_temp_c, m.start_temp_c),
+            (None, None, None)
+        );
+        assert_eq!(
+            (m.throttled_thermal, m.throttled_power),
+            (None, None),
+            "{m:?}"
+        );
+
+        // No power reading at all (a GPU older than Volta): nothing to integrate either.
+        let f = fixture();
+        inject(&f, 0, Fault::NoPower, "");
+        let end = f.run(loaded(&f, 1024, 50, 0.3).0).await;
+        let m = &end.measurements;
+        assert_eq!((m.energy_j, m.mean_power_w), (None, None), "{m:?}");
+        assert!(m.max_temp_c.is_some(), "temperature still reads: {m:?}");
+
+        // An attempt on GPU 1 is measured whatever GPU 0 does.
+        let mut on_1 = f.sh("echo 1:1024:50 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3");
+        on_1.gpus = vec![1];
+        let end = f.run(on_1).await;
+        assert_eq!(end.measurements.energy_source, Some(EnergySource::Counter));
+    }
+
+    #[tokio::test]
+    async fn a_throttle_reason_seen_during_the_run_sets_its_flag() {
+        let f = fixture();
+        // The GPU reports a thermal slowdown for a while in the middle of the run.
+        let launch = f.sh("echo 0:1024:90 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3; \
+             echo sw_thermal_slowdown > $HEADROOM_FAKE_GPU_DIR/gpu0.throttle; sleep 0.4; \
+             rm $HEADROOM_FAKE_GPU_DIR/gpu0.throttle; sleep 0.3");
+        let end = f.run(launch).await;
+        let m = &end.measurements;
+        assert_eq!(m.throttled_thermal, Some(true), "{m:?}");
+        assert_eq!(m.throttled_power, Some(false), "{m:?}");
+        assert_eq!(
+            m.throttle_reasons,
+            Some(vec!["sw_thermal_slowdown".to_string()])
+        );
+        // Energy is still measured: the flag is what leaves the run out of comparisons.
+        assert_eq!(m.energy_source, Some(EnergySource::Counter));
+    }
+
+    #[tokio::test]
+    async fn a_foreign_process_is_named_with_its_pid_and_command() {
+        let f = fixture();
+        let dir = f.tmp.path().join("gpus");
+        let launch = f.sh("echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.6");
+        let backend = f.backend.clone();
+        let task = tokio::spawn({
+            let launch = launch.clone();
+            // It outlives the job: verification gives up on it quickly.
+            async move {
+                run_attempt(
+                    launch,
+                    backend,
+                    &impatient(),
+                    CancellationToken::new(),
+                    |_| {},
+                )
+                .await
+            }
+        });
+        // Someone's process appears on GPU 0 while the job runs.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let mut other = procscan::tests::spawn(std::process::Command::new("sleep").arg("31.5"));
+        crate::gpu::fake::write_usage(&dir, other.id(), &[(0, 700)]).expect("usage");
+        let end = task.await.expect("attempt");
+        let _ = other.kill();
+        let _ = other.wait();
+        procscan::disown(other.id());
+        assert!(end.contaminated, "{end:?}");
+        let m = &end.measurements;
+        assert_eq!(m.contamination_pid, Some(other.id()), "{m:?}");
+        assert!(
+            m.contamination_command
+                .as_deref()
+                .is_some_and(|c| c.ends_with(": sleep 31.5")),
+            "{m:?}"
+        );
+        assert_eq!(
+            m.contamination_reason.as_deref(),
+            Some("a process of no attempt held 700 MiB on GPU 0 during the run")
+        );
     }
 
     #[test]

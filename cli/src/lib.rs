@@ -139,6 +139,12 @@ pub enum Command {
         /// Write to this file instead of standard output.
         #[arg(long, short)]
         output: Option<PathBuf>,
+        /// Leave out attempts that are contaminated (another process used their GPU) or
+        /// were throttled (thermal or power clock slowdown), and those that ran on GPUs
+        /// whose throttle reasons could not be read. Failed attempts stay: filter them by
+        /// the `success` column.
+        #[arg(long)]
+        clean_only: bool,
     },
 }
 
@@ -330,9 +336,10 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             csv: _,
             experiment,
             output: out,
+            clean_only,
         } => {
             let exp = resolve_experiment(api, experiment.as_deref()).await?;
-            let text = api.export_csv(exp).await?;
+            let text = api.export_csv(exp, clean_only).await?;
             match out {
                 Some(path) => {
                     std::fs::write(&path, text)

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use headroom_shared::api::{
-    AttemptTelemetry, ExperimentSummary, GpuSeries, JobDetail, JobSummary, NodeView, PeakSource,
-    StateCounts, SubmitResponse, TelemetrySample, TokenView,
+    AttemptPhase, AttemptTelemetry, AttemptView, ExperimentSummary, GpuSeries, JobDetail,
+    JobSummary, NodeView, PeakSource, StateCounts, SubmitResponse, TelemetrySample, TokenView,
 };
 use headroom_shared::expand::value_text;
 use headroom_shared::{AttemptId, ExperimentId, JobId, MemSize};
@@ -182,6 +182,9 @@ pub fn job_detail(d: &JobDetail) {
         if let (Some(s), Some(e)) = (a.started_at, a.ended_at) {
             println!("      {} -> {}", s.to_rfc3339(), e.to_rfc3339());
         }
+        for line in measure_lines(a) {
+            println!("      {line}");
+        }
     }
     if let Some(tail) = d.attempts_detail.last().and_then(|a| a.log_tail.as_deref())
         && !tail.trim().is_empty()
@@ -307,6 +310,55 @@ pub fn telemetry_lines(series: &GpuSeries) -> Vec<String> {
         out.push(format!("{errors} samples could not be read in full"));
     }
     out
+}
+
+/// An ended attempt's measurements, compactly: energy, mean and max power, temperatures,
+/// utilization and flags; then who contaminated it. Unknown figures read `-`.
+fn measure_lines(a: &AttemptView) -> Vec<String> {
+    if a.phase != AttemptPhase::Ended || a.pid.is_none() || a.gpus.is_empty() {
+        return vec![];
+    }
+    let m = &a.measurements;
+    let fig = |v: Option<f64>, unit: &str| v.map_or("-".to_string(), |x| format!("{x:.1} {unit}"));
+    let energy = match (m.energy_j, m.energy_source) {
+        (Some(j), Some(src)) => format!("{j:.1} J ({})", src.as_str()),
+        _ => "- (not measured)".to_string(),
+    };
+    let mut flags: Vec<&str> = Vec::new();
+    if m.throttled_thermal == Some(true) {
+        flags.push("THROTTLED thermal");
+    }
+    if m.throttled_power == Some(true) {
+        flags.push("THROTTLED power");
+    }
+    if m.throttled_thermal.is_none() || m.throttled_power.is_none() {
+        flags.push("throttling unknown");
+    }
+    if a.contaminated == Some(true) {
+        flags.push("CONTAMINATED");
+    }
+    let mut lines = vec![format!(
+        "energy {energy}  power mean {}, max {}  temp {} at start, max {}  util {}{}",
+        fig(m.mean_power_w, "W"),
+        fig(m.max_power_w, "W"),
+        fig(m.start_temp_c, "°C"),
+        fig(m.max_temp_c, "°C"),
+        fig(m.mean_util_pct, "%"),
+        if flags.is_empty() {
+            String::new()
+        } else {
+            format!("  {}", flags.join(", "))
+        }
+    )];
+    if let Some(reason) = &m.contamination_reason {
+        lines.push(format!(
+            "contaminated: {reason} (pid {}, {})",
+            m.contamination_pid
+                .map_or("?".to_string(), |p| p.to_string()),
+            m.contamination_command.as_deref().unwrap_or("?")
+        ));
+    }
+    lines
 }
 
 fn humantime_ms(ms: u64) -> String {

@@ -1,8 +1,9 @@
 //! `export --csv`: one row per attempt with the job's parameters as columns, the seeds'
-//! `summary.csv` without hand work.
+//! `summary.csv` without hand work, and which rows are clean measurements.
 
 use std::collections::BTreeSet;
 
+use headroom_shared::api::AttemptView;
 use headroom_shared::expand::value_text;
 
 use crate::store::ExportRow;
@@ -33,8 +34,32 @@ const OUTCOME: &[&str] = &[
     "ladder_step",
     "cleanup_ms",
     "cleanup_verified",
+    "energy_j",
+    "energy_source",
+    "mean_power_w",
+    "max_power_w",
+    "max_temp_c",
+    "start_temp_c",
+    "mean_util_pct",
+    "throttled_thermal",
+    "throttled_power",
     "contaminated",
+    "contamination_reason",
+    "contamination_pid",
+    "contamination_command",
 ];
+
+/// Whether an attempt's figures can go in an energy comparison (`clean_only`): not
+/// contaminated, not throttled for temperature or power, and, if it ran on GPUs, with its
+/// throttle reasons read (unknown is not clean). Failure is no reason: `success` tells it.
+pub fn is_clean(a: &AttemptView) -> bool {
+    let m = &a.measurements;
+    if a.contaminated == Some(true) || m.throttled() {
+        return false;
+    }
+    let ran_on_gpus = a.pid.is_some() && !a.gpus.is_empty();
+    !ran_on_gpus || (m.throttled_thermal.is_some() && m.throttled_power.is_some())
+}
 
 pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
     let params: BTreeSet<&str> = rows
@@ -103,7 +128,23 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
             a.ladder_step.to_string(),
             opt(a.cleanup_ms.map(|m| m.to_string())),
             opt(a.cleanup_verified.map(|v| v.to_string())),
+        ]);
+        let m = &a.measurements;
+        let figure = |v: Option<f64>| opt(v.map(|x| x.to_string()));
+        rec.extend([
+            figure(m.energy_j),
+            opt(m.energy_source.map(|s| s.as_str().to_string())),
+            figure(m.mean_power_w),
+            figure(m.max_power_w),
+            figure(m.max_temp_c),
+            figure(m.start_temp_c),
+            figure(m.mean_util_pct),
+            opt(m.throttled_thermal.map(|v| v.to_string())),
+            opt(m.throttled_power.map(|v| v.to_string())),
             opt(a.contaminated.map(|v| v.to_string())),
+            opt(m.contamination_reason.clone()),
+            opt(m.contamination_pid.map(|p| p.to_string())),
+            opt(m.contamination_command.clone()),
         ]);
         w.write_record(&rec)?;
     }

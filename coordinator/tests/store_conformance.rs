@@ -12,7 +12,8 @@ use headroom_coordinator::store::{
     Retention, SeriesWindow, Store, StoreError,
 };
 use headroom_shared::api::{
-    AttemptRef, FinishReport, GpuInfo, GpuSample, Lease, PeakSource, Role, TelemetrySample,
+    AttemptRef, EnergySource, FinishReport, GpuInfo, GpuSample, Lease, Measurements, PeakSource,
+    Role, TelemetrySample,
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, ExperimentId, FailureClass, JobId, JobState, Plan};
@@ -232,6 +233,7 @@ fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
         cleanup_verified: true,
         unverified: None,
         contaminated: false,
+        measurements: Measurements::default(),
         log_tail: "tail".into(),
         gpus: vec![],
     }
@@ -929,6 +931,45 @@ async fn peak_sources_are_stored_and_device_deltas_teach(s: Backend) {
     );
 }
 
+async fn attempt_measurements_are_stored_and_read_back(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    let exp = submit(&s, (0..2).map(|i| job(i, None, vec![], 1)).collect()).await;
+    let measured = Measurements {
+        energy_j: Some(701.448),
+        energy_source: Some(EnergySource::Integrated),
+        mean_power_w: Some(233.6),
+        max_power_w: Some(234.0),
+        max_temp_c: Some(42.63),
+        start_temp_c: Some(39.0),
+        mean_util_pct: Some(79.816),
+        throttled_thermal: Some(true),
+        throttled_power: Some(false),
+        throttle_reasons: Some(vec!["sw_thermal_slowdown".into()]),
+        contamination_reason: Some("a process of no attempt held 700 MiB on GPU 0".into()),
+        contamination_pid: Some(4242),
+        contamination_command: Some("alice: python notebook.py".into()),
+    };
+    let l = claim(&s, agent, 1).await.remove(0);
+    let full = FinishReport {
+        contaminated: true,
+        measurements: measured.clone(),
+        ..report(l.fence, None)
+    };
+    s.finish_attempt(l.attempt, full).await.expect("finish");
+    let a = s.attempt(l.attempt).await.expect("attempt");
+    assert_eq!(a.measurements, measured);
+    assert_eq!(a.contaminated, Some(true));
+    // An older supervisor's report carries none: every figure unknown, none 0.
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.finish_attempt(l.attempt, report(l.fence, None))
+        .await
+        .expect("finish");
+    let rows = s.export_rows(Some(exp)).await.expect("export");
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].attempt.measurements, measured);
+    assert_eq!(rows[1].attempt.measurements, Measurements::default());
+}
+
 /// One job of this policy leased with a lease that has already run out, started (unless
 /// `start` is false) and then expired: its attempt is recorded lost.
 async fn one_lost(s: &Backend, agent: AgentId, job: NewJob, start: bool) -> Lease {
@@ -1425,6 +1466,7 @@ conformance!(sqlite, postgres: [
     pending_jobs_say_why,
     writes_announce_their_changes,
     peak_sources_are_stored_and_device_deltas_teach,
+    attempt_measurements_are_stored_and_read_back,
     late_outcomes_of_lost_attempts,
     telemetry_is_stored_per_gpu_and_served_per_attempt,
     telemetry_retention_prunes_by_age_and_count_in_batches,

@@ -280,6 +280,10 @@ pub struct AttemptView {
     /// A process of no attempt used its GPU while it ran (energy figures are suspect).
     #[serde(default)]
     pub contaminated: Option<bool>,
+    /// Energy, power, temperature, utilization and throttling over the run, and what
+    /// contaminated it.
+    #[serde(flatten)]
+    pub measurements: Measurements,
     /// Name of the token that submitted the attempt's experiment.
     #[serde(default = "anonymous")]
     pub submitted_by: String,
@@ -480,6 +484,96 @@ impl FromStr for PeakSource {
             "device_delta" => Ok(PeakSource::DeviceDelta),
             other => Err(format!("unknown peak source `{other}`")),
         }
+    }
+}
+
+/// How an attempt's `energy_j` was measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum EnergySource {
+    /// The difference of the GPUs' total-energy counter (NVML, millijoules since the driver
+    /// loaded) between the readings at the attempt's start and end.
+    Counter,
+    /// Power readings integrated over the run (trapezoid), on a GPU without the counter;
+    /// only as fine as the sampling interval.
+    Integrated,
+}
+
+impl EnergySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnergySource::Counter => "counter",
+            EnergySource::Integrated => "integrated",
+        }
+    }
+}
+
+impl FromStr for EnergySource {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "counter" => Ok(EnergySource::Counter),
+            "integrated" => Ok(EnergySource::Integrated),
+            other => Err(format!("unknown energy source `{other}`")),
+        }
+    }
+}
+
+/// What an attempt's supervisor measured on the attempt's GPUs over its run (from the job's
+/// start to its end), and who contaminated it. Every figure is `None` when it could not be
+/// measured (a reading failed, the GPU does not support it, the attempt never started),
+/// never 0; figures over several GPUs are summed (energy, power) or the hottest (temperature).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Measurements {
+    /// Energy the attempt's GPUs used over the run, joules.
+    #[serde(default)]
+    pub energy_j: Option<f64>,
+    #[serde(default)]
+    pub energy_source: Option<EnergySource>,
+    /// Mean board power over the run (time-weighted over the readings), watts.
+    #[serde(default)]
+    pub mean_power_w: Option<f64>,
+    #[serde(default)]
+    pub max_power_w: Option<f64>,
+    #[serde(default)]
+    pub max_temp_c: Option<f64>,
+    /// The GPU temperature at the first reading after the job started.
+    #[serde(default)]
+    pub start_temp_c: Option<f64>,
+    /// Mean GPU utilization over the run (time-weighted), percent.
+    #[serde(default)]
+    pub mean_util_pct: Option<f64>,
+    /// The GPU slowed its clocks for temperature during the run (NVML clock event reasons
+    /// `sw_thermal_slowdown`, `hw_thermal_slowdown` or `hw_slowdown`); `None`: the reasons
+    /// could not be read.
+    #[serde(default)]
+    pub throttled_thermal: Option<bool>,
+    /// The GPU slowed its clocks for power during the run (`sw_power_cap`,
+    /// `hw_power_brake_slowdown` or `hw_slowdown`); `None`: the reasons could not be read.
+    #[serde(default)]
+    pub throttled_power: Option<bool>,
+    /// Every clock event reason seen during the run, e.g. `sw_power_cap`.
+    #[serde(default)]
+    pub throttle_reasons: Option<Vec<String>>,
+    /// Why the attempt is `contaminated`: the first offender, e.g. "foreign process held
+    /// 2048 MiB on GPU 0".
+    #[serde(default)]
+    pub contamination_reason: Option<String>,
+    /// The offending process.
+    #[serde(default)]
+    pub contamination_pid: Option<u32>,
+    /// Its user and command line, as `/proc` told when it was seen (`alice: python x.py`).
+    #[serde(default)]
+    pub contamination_command: Option<String>,
+}
+
+impl Measurements {
+    /// Throttled for temperature or power during the run.
+    pub fn throttled(&self) -> bool {
+        self.throttled_thermal == Some(true) || self.throttled_power == Some(true)
     }
 }
 
@@ -758,6 +852,9 @@ pub struct FinishReport {
     pub unverified: Option<String>,
     #[serde(default)]
     pub contaminated: bool,
+    /// What the supervisor measured over the run (absent from older supervisors' reports).
+    #[serde(flatten)]
+    pub measurements: Measurements,
     pub log_tail: String,
     /// GPU memory after cleanup, so the next placement sees the freed memory at once.
     pub gpus: Vec<GpuSample>,
@@ -860,6 +957,10 @@ pub struct ExportQuery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", param(value_type = Option<crate::ids::ExperimentId>))]
     pub experiment: Option<String>,
+    /// Leave out attempts that are contaminated or were throttled (thermal or power), or
+    /// whose throttling could not be read although they ran on GPUs; failed attempts stay.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub clean_only: bool,
 }
 
 /// `GET /v1/attempts/{id}/log`: bytes from `offset`, waiting up to `wait_ms` for some.

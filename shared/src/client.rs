@@ -401,9 +401,11 @@ impl Client {
     pub async fn export_csv(
         &self,
         experiment: Option<ExperimentId>,
+        clean_only: bool,
     ) -> Result<String, ClientError> {
         let q = ExportQuery {
             experiment: experiment.map(|e| e.to_string()),
+            clean_only,
         };
         // Exports of big experiments take a while to write.
         let req = self

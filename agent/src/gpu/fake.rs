@@ -9,7 +9,11 @@
 //! memory unavailable (as NVML's `UsedGpuMemory::Unavailable`), `gpu<N>.driver-pids` lists
 //! extra `PID:MiB` processes as a driver reports them, and `pid-namespace` containing
 //! `isolated` makes the backend read pids as an agent in a pid namespace of its own would,
-//! and `gpu<N>.no-power` makes its power and energy readings unsupported.
+//! and `gpu<N>.no-power` makes its power and energy readings unsupported. For telemetry:
+//! `gpu<N>.no-energy` removes only the total-energy counter (power still reads),
+//! `gpu<N>.fail-telemetry` makes every telemetry reading of the GPU fail (the text is the
+//! error), and `gpu<N>.throttle` lists clock event reasons the GPU reports while the file
+//! is there (NVML's names, e.g. `sw_thermal_slowdown sw_power_cap`).
 //!
 //! A usage entry may also declare utilization, `INDEX:MiB:PCT`; the GPUs' power,
 //! temperature and energy follow what their processes declare ([`super::fakepower`]).
@@ -388,6 +392,12 @@ pub enum Fault {
     DriverPids,
     /// Power and energy readings are not supported (as on GPUs older than Volta).
     NoPower,
+    /// Only the total-energy counter is not supported; power reads.
+    NoEnergy,
+    /// Every telemetry reading of the GPU fails.
+    Telemetry,
+    /// Clock event (throttle) reasons reported, as the file lists them.
+    Throttle,
 }
 
 /// The control file that injects `fault` on GPU `gpu`.
@@ -398,6 +408,9 @@ pub fn fault_file(dir: &Path, gpu: u32, fault: Fault) -> PathBuf {
         Fault::NoProcessMemory => "no-process-memory",
         Fault::DriverPids => "driver-pids",
         Fault::NoPower => "no-power",
+        Fault::NoEnergy => "no-energy",
+        Fault::Telemetry => "fail-telemetry",
+        Fault::Throttle => "throttle",
     };
     dir.join(format!("gpu{gpu}.{what}"))
 }
@@ -656,6 +669,17 @@ impl GpuBackend for FakeBackend {
             .iter()
             .zip(power)
             .map(|(gpu, (state, util))| {
+                if let Some(error) = controls.fault_error(
+                    &fault_file(&self.dir, gpu.index, Fault::Telemetry),
+                    "telemetry",
+                ) {
+                    return TelemetrySample {
+                        gpu: gpu.index,
+                        at,
+                        error: Some(error),
+                        ..TelemetrySample::default()
+                    };
+                }
                 let memory_error = controls.fault_error(
                     &fault_file(&self.dir, gpu.index, Fault::Memory),
                     "memory info",
@@ -663,6 +687,18 @@ impl GpuBackend for FakeBackend {
                 let no_power = controls
                     .read(&fault_file(&self.dir, gpu.index, Fault::NoPower))
                     .is_some();
+                let no_energy = controls
+                    .read(&fault_file(&self.dir, gpu.index, Fault::NoEnergy))
+                    .is_some();
+                let throttle = controls
+                    .read(&fault_file(&self.dir, gpu.index, Fault::Throttle))
+                    .map(|text| {
+                        text.split(|c: char| c == ',' || c.is_whitespace())
+                            .filter(|r| !r.is_empty())
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 let used = used_on(&uses, gpu.index).min(gpu.total_mib);
                 let memory_ok = memory_error.is_none();
                 TelemetrySample {
@@ -673,10 +709,10 @@ impl GpuBackend for FakeBackend {
                     total_mib: memory_ok.then_some(gpu.total_mib),
                     utilization_pct: Some(util),
                     power_w: (!no_power).then_some(state.power_w),
-                    energy_j: (!no_power).then_some(state.energy_j),
+                    energy_j: (!no_power && !no_energy).then_some(state.energy_j),
                     temperature_c: Some(state.temperature_c),
                     sm_clock_mhz: Some(if util > 0 { 1980 } else { 345 }),
-                    throttle: Some(Vec::new()),
+                    throttle: Some(throttle),
                     error: memory_error,
                 }
             })

@@ -327,6 +327,7 @@ pub fn report(
         cleanup_verified: end.cleanup_verified,
         unverified: end.unverified,
         contaminated: end.contaminated,
+        measurements: end.measurements,
         log_tail,
         gpus,
     }

@@ -58,6 +58,9 @@ def test_submit_a_yaml_file_wait_and_read_jobs_and_attempts(client: Client, tmp_
     assert all(r["success"] is True for r in rows), rows
     attempts = exp.attempts()
     assert isinstance(attempts, pd.DataFrame) and len(attempts) == 2
+    # Alone on fake GPUs: measured, neither contaminated nor throttled, so both are clean.
+    assert all(r["energy_source"] == "counter" and r["throttled_power"] is False for r in rows), rows
+    assert len(exp.attempts(clean_only=True, frame=False)) == 2
 
     detail = client.job(jobs[0]["id"])
     assert detail.attempts_detail[-1].success is True

@@ -186,6 +186,7 @@ pub async fn finish(
 ) -> ApiResult<FinishResponse> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
     check_samples(&req.gpus)?;
+    super::telemetry::check_measurements(&req.measurements)?;
     let failure = req.failure;
     let job_state = s.store.finish_attempt(attempt, req).await?;
     tracing::info!(%attempt, failure = ?failure, %job_state, "attempt finished");

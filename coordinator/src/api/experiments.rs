@@ -202,7 +202,10 @@ pub async fn export(
         .as_deref()
         .map(|e| parse_id(e, "experiment"))
         .transpose()?;
-    let rows = s.store.export_rows(experiment).await?;
+    let mut rows = s.store.export_rows(experiment).await?;
+    if q.clean_only {
+        rows.retain(|r| crate::export::is_clean(&r.attempt));
+    }
     let csv = crate::export::to_csv(&rows).map_err(|e| ApiError::internal(format!("csv: {e}")))?;
     Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], csv))
 }

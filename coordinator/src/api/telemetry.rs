@@ -7,7 +7,8 @@ use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use headroom_shared::AttemptId;
 use headroom_shared::api::{
-    AttemptTelemetry, AttemptTelemetryQuery, GpuSeries, TelemetryQuery, TelemetrySample,
+    AttemptTelemetry, AttemptTelemetryQuery, GpuSeries, Measurements, TelemetryQuery,
+    TelemetrySample,
 };
 
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, parse_id};
@@ -130,6 +131,27 @@ pub(super) fn check_telemetry(samples: &[TelemetrySample]) -> Result<(), ApiErro
     Ok(())
 }
 
+/// An end report's measurements must be figures GPUs can give (they are stored in
+/// milli-units as i64): a refusal names the field.
+pub(super) fn check_measurements(m: &Measurements) -> Result<(), ApiError> {
+    for (name, v, lo, hi) in [
+        ("energy_j", m.energy_j, 0.0, 1e15),
+        ("mean_power_w", m.mean_power_w, 0.0, 1e9),
+        ("max_power_w", m.max_power_w, 0.0, 1e9),
+        ("max_temp_c", m.max_temp_c, -273.15, 1000.0),
+        ("start_temp_c", m.start_temp_c, -273.15, 1000.0),
+        ("mean_util_pct", m.mean_util_pct, 0.0, 100.0),
+    ] {
+        if let Some(x) = v.filter(|x| !x.is_finite() || *x < lo || *x > hi) {
+            return Err(ApiError::invalid(
+                name,
+                format!("{x} is not a possible figure ({lo} to {hi})"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `GET /metrics`: the Prometheus page.
 pub async fn metrics(State(s): State<AppState>) -> Response {
     let alive = s.config.lease_ttl.as_millis() as u64;
@@ -161,6 +183,44 @@ mod tests {
         check_telemetry(samples)
             .err()
             .map(|e| e.field.unwrap_or_default())
+    }
+
+    #[test]
+    fn impossible_attempt_measurements_are_refused_naming_the_field() {
+        let ok = Measurements {
+            energy_j: Some(5e5),
+            mean_power_w: Some(250.0),
+            max_temp_c: Some(70.0),
+            mean_util_pct: Some(100.0),
+            ..Measurements::default()
+        };
+        assert!(check_measurements(&ok).is_ok());
+        assert!(check_measurements(&Measurements::default()).is_ok());
+        let field = |m: Measurements| check_measurements(&m).err().and_then(|e| e.field);
+        assert_eq!(
+            field(Measurements {
+                energy_j: Some(-1.0),
+                ..ok.clone()
+            })
+            .as_deref(),
+            Some("energy_j")
+        );
+        assert_eq!(
+            field(Measurements {
+                mean_util_pct: Some(100.5),
+                ..ok.clone()
+            })
+            .as_deref(),
+            Some("mean_util_pct")
+        );
+        assert_eq!(
+            field(Measurements {
+                max_power_w: Some(f64::INFINITY),
+                ..ok
+            })
+            .as_deref(),
+            Some("max_power_w")
+        );
     }
 
     #[test]

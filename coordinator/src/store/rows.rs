@@ -3,7 +3,8 @@
 
 use chrono::{DateTime, TimeZone, Utc};
 use headroom_shared::api::{
-    AttemptPhase, AttemptView, GpuInfo, GpuSample, Headroom, JobSummary, QuarantineView,
+    AttemptPhase, AttemptView, EnergySource, GpuInfo, GpuSample, Headroom, JobSummary,
+    Measurements, QuarantineView,
 };
 use headroom_shared::{FailureClass, Plan};
 use serde::de::DeserializeOwned;
@@ -120,7 +121,10 @@ pub(crate) fn job_summary(r: &impl Cols) -> Result<JobSummary> {
 pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence, phase, \
      leased_at, started_at, ended_at, pid, exit_code, signal, failure_class, estimate_mib, \
      peak_mem_mib, cleanup_ms, cleanup_verified, log_tail, estimate_source, params, \
-     ladder_step, contaminated, peak_source, submitted_by";
+     ladder_step, contaminated, peak_source, submitted_by, energy_mj, energy_source, \
+     mean_power_mw, max_power_mw, max_temp_mdeg, start_temp_mdeg, mean_util_mpct, \
+     throttled_thermal, throttled_power, throttle_reasons, contamination_reason, \
+     contamination_pid, contamination_command";
 
 pub(crate) fn phase(s: &str) -> Result<AttemptPhase> {
     match s {
@@ -161,7 +165,66 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
         contaminated: r.flag_opt(22)?,
         peak_source: r.parsed_opt(23, "peak source")?,
         submitted_by: r.text(24)?,
+        measurements: measurements(r, 25)?,
     })
+}
+
+/// Decodes the measurement columns of [`ATTEMPT_COLUMNS`] from `at` on.
+fn measurements(r: &impl Cols, at: usize) -> Result<Measurements> {
+    let unmilli =
+        |i: usize| -> Result<Option<f64>> { Ok(r.int_opt(at + i)?.map(|x| x as f64 / 1000.0)) };
+    Ok(Measurements {
+        energy_j: unmilli(0)?,
+        energy_source: r.parsed_opt(at + 1, "energy source")?,
+        mean_power_w: unmilli(2)?,
+        max_power_w: unmilli(3)?,
+        max_temp_c: unmilli(4)?,
+        start_temp_c: unmilli(5)?,
+        mean_util_pct: unmilli(6)?,
+        throttled_thermal: r.flag_opt(at + 7)?,
+        throttled_power: r.flag_opt(at + 8)?,
+        throttle_reasons: r.json_opt(at + 9)?,
+        contamination_reason: r.text_opt(at + 10)?,
+        contamination_pid: r
+            .int_opt(at + 11)?
+            .map(|p| u32::try_from(p.max(0)).unwrap_or(u32::MAX)),
+        contamination_command: r.text_opt(at + 12)?,
+    })
+}
+
+/// A report's measurements as the columns store them (milli-units, as `gpu_telemetry`).
+pub(crate) struct MeasureRow {
+    pub energy_mj: Option<i64>,
+    pub energy_source: Option<&'static str>,
+    pub mean_power_mw: Option<i64>,
+    pub max_power_mw: Option<i64>,
+    pub max_temp_mdeg: Option<i64>,
+    pub start_temp_mdeg: Option<i64>,
+    pub mean_util_mpct: Option<i64>,
+    pub throttled_thermal: Option<bool>,
+    pub throttled_power: Option<bool>,
+    pub throttle_reasons: Option<Vec<String>>,
+    pub contamination_reason: Option<String>,
+    pub contamination_pid: Option<i64>,
+    pub contamination_command: Option<String>,
+}
+
+pub(crate) fn measure_row(m: &Measurements) -> MeasureRow {
+    MeasureRow {
+        energy_mj: milli(m.energy_j),
+        energy_source: m.energy_source.map(EnergySource::as_str),
+        mean_power_mw: milli(m.mean_power_w),
+        max_power_mw: milli(m.max_power_w),
+        max_temp_mdeg: milli(m.max_temp_c),
+        start_temp_mdeg: milli(m.start_temp_c),
+        mean_util_mpct: milli(m.mean_util_pct),
+        throttled_thermal: m.throttled_thermal,
+        throttled_power: m.throttled_power,
+        throttle_reasons: m.throttle_reasons.clone(),
+        contamination_reason: m.contamination_reason.clone(),
+        contamination_pid: m.contamination_pid.map(i64::from),
+        contamination_command: m.contamination_command.clone(),
+    }
 }
 
 /// The columns `token_row` reads, in order.

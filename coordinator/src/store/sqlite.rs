@@ -894,12 +894,18 @@ impl Store for SqliteStore {
                 undo_loss(tx, &job, refunded)?;
             }
             let id = attempt.to_string();
+            let m = rows::measure_row(&report.measurements);
             let (node, gpus, key, estimate) = first(
                 tx,
                 "UPDATE attempts SET phase = 'ended', ended_at = ?1, exit_code = ?2, signal = ?3, \
                  failure_class = ?4, peak_mem_mib = ?5, cleanup_ms = ?6, cleanup_verified = ?7, \
                  log_tail = ?8, started_at = COALESCE(started_at, ?1), contaminated = ?10, \
-                 peak_source = ?11 WHERE id = ?9 RETURNING node, gpus, memory_key, estimate_mib",
+                 peak_source = ?11, energy_mj = ?12, energy_source = ?13, mean_power_mw = ?14, \
+                 max_power_mw = ?15, max_temp_mdeg = ?16, start_temp_mdeg = ?17, \
+                 mean_util_mpct = ?18, throttled_thermal = ?19, throttled_power = ?20, \
+                 throttle_reasons = ?21, contamination_reason = ?22, contamination_pid = ?23, \
+                 contamination_command = ?24 \
+                 WHERE id = ?9 RETURNING node, gpus, memory_key, estimate_mib",
                 params![
                     report.ended_at.timestamp_millis(),
                     report.exit_code,
@@ -911,7 +917,20 @@ impl Store for SqliteStore {
                     report.log_tail,
                     id,
                     report.contaminated,
-                    rules::peak_source(&report).map(PeakSource::as_str)
+                    rules::peak_source(&report).map(PeakSource::as_str),
+                    m.energy_mj,
+                    m.energy_source,
+                    m.mean_power_mw,
+                    m.max_power_mw,
+                    m.max_temp_mdeg,
+                    m.start_temp_mdeg,
+                    m.mean_util_mpct,
+                    m.throttled_thermal,
+                    m.throttled_power,
+                    m.throttle_reasons.as_ref().map(json).transpose()?,
+                    m.contamination_reason,
+                    m.contamination_pid,
+                    m.contamination_command,
                 ],
                 |r| {
                     Ok((

@@ -141,6 +141,7 @@ impl Coordinator {
             cleanup_verified: true,
             unverified: None,
             contaminated: false,
+            measurements: Default::default(),
             log_tail: "stale success".into(),
             gpus: sample(),
         };

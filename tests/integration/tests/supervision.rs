@@ -124,6 +124,7 @@ fn a_foreign_process_during_the_run_flags_the_attempt_contaminated() {
     let jobs = h.wait_done(clean, Duration::from_secs(60));
     let a = &h.first_attempt(jobs[0].id);
     assert_eq!(a.contaminated, Some(false), "nothing else ran: {a:#?}");
+    assert_eq!(a.measurements.contamination_reason, None, "{a:#?}");
 
     let exp = h.submit_spec(spec("shared", &pid_file));
     h.wait_for(
@@ -133,9 +134,31 @@ fn a_foreign_process_during_the_run_flags_the_attempt_contaminated() {
     );
     // Someone's notebook appears on the job's GPU while it runs, for a few samples (one a
     // second at most), and is gone before the job ends.
-    let _foreign = h.foreign_job("1x24GiB", &["--mem", "2GiB", "--seconds", "3"]);
+    let foreign = h.foreign_job("1x24GiB", &["--mem", "2GiB", "--seconds", "3"]);
     let jobs = h.wait_done(exp, Duration::from_secs(60));
     assert_eq!(jobs[0].state, JobState::Succeeded);
     let a = &h.first_attempt(jobs[0].id);
     assert_eq!(a.contaminated, Some(true), "{a:#?}");
+    // Who it was, as seen while the job ran: the notebook's pid and command, and why.
+    let m = &a.measurements;
+    assert_eq!(m.contamination_pid, Some(foreign.0.id()), "{a:#?}");
+    assert!(
+        m.contamination_command
+            .as_deref()
+            .is_some_and(|c| c.contains("headroom-fake-job --mem 2GiB --seconds 3")),
+        "{a:#?}"
+    );
+    assert_eq!(
+        m.contamination_reason.as_deref(),
+        Some("a process of no attempt held 2048 MiB on GPU 0 during the run"),
+        "{a:#?}"
+    );
+    let shown = h.cli_ok(&["show", &jobs[0].id.to_string()]);
+    assert!(
+        shown.contains(&format!(
+            "contaminated: a process of no attempt held 2048 MiB on GPU 0 during the run (pid {}",
+            foreign.0.id()
+        )),
+        "{shown}"
+    );
 }

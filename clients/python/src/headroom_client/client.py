@@ -123,6 +123,13 @@ def _csv_rows(text: str) -> List[Dict[str, Any]]:
     ]
 
 
+def _export_params(experiment: Optional[str], clean_only: bool) -> Dict[str, str]:
+    params = {"experiment": experiment} if experiment else {}
+    if clean_only:
+        params["clean_only"] = "true"
+    return params
+
+
 def _headers(token: Optional[str]) -> Dict[str, str]:
     token = token if token is not None else os.environ.get("HEADROOM_TOKEN")
     h = {"accept": "application/json", "user-agent": "headroom-client/0.1"}
@@ -327,10 +334,17 @@ class Client:
     def attempt(self, id: str) -> AttemptView:
         return AttemptView.model_validate(self._json("GET", f"/v1/attempts/{id}"))
 
-    def attempts(self, experiment: Optional[str] = None, *, frame: Optional[bool] = None) -> Any:
+    def attempts(
+        self,
+        experiment: Optional[str] = None,
+        *,
+        clean_only: bool = False,
+        frame: Optional[bool] = None,
+    ) -> Any:
         """One row per attempt (the CSV export's columns: parameters, outcome, peak memory,
-        energy...), as a DataFrame when pandas is installed, else as dicts."""
-        params = {"experiment": experiment} if experiment else {}
+        energy...), as a DataFrame when pandas is installed, else as dicts. ``clean_only``
+        leaves out contaminated and throttled attempts (as ``headroom export --clean-only``)."""
+        params = _export_params(experiment, clean_only)
         text = self._request("GET", "/v1/export", params=params).text
         return _records_or_frame(_csv_rows(text), frame)
 
@@ -442,8 +456,8 @@ class Experiment:
     def jobs(self, state: Optional[str] = None, *, frame: Optional[bool] = None) -> Any:
         return self.client.jobs(self._need_id(), state, frame=frame)
 
-    def attempts(self, *, frame: Optional[bool] = None) -> Any:
-        return self.client.attempts(self._need_id(), frame=frame)
+    def attempts(self, *, clean_only: bool = False, frame: Optional[bool] = None) -> Any:
+        return self.client.attempts(self._need_id(), clean_only=clean_only, frame=frame)
 
     def cancel(self) -> CancelResponse:
         return self.client.cancel_experiment(self._need_id())
@@ -537,8 +551,14 @@ class AsyncClient:
     async def attempt(self, id: str) -> AttemptView:
         return AttemptView.model_validate(await self._json("GET", f"/v1/attempts/{id}"))
 
-    async def attempts(self, experiment: Optional[str] = None, *, frame: Optional[bool] = None) -> Any:
-        params = {"experiment": experiment} if experiment else {}
+    async def attempts(
+        self,
+        experiment: Optional[str] = None,
+        *,
+        clean_only: bool = False,
+        frame: Optional[bool] = None,
+    ) -> Any:
+        params = _export_params(experiment, clean_only)
         text = (await self._request("GET", "/v1/export", params=params)).text
         return _records_or_frame(_csv_rows(text), frame)
 
@@ -632,8 +652,8 @@ class AsyncExperiment:
     async def jobs(self, state: Optional[str] = None, *, frame: Optional[bool] = None) -> Any:
         return await self.client.jobs(self._need_id(), state, frame=frame)
 
-    async def attempts(self, *, frame: Optional[bool] = None) -> Any:
-        return await self.client.attempts(self._need_id(), frame=frame)
+    async def attempts(self, *, clean_only: bool = False, frame: Optional[bool] = None) -> Any:
+        return await self.client.attempts(self._need_id(), clean_only=clean_only, frame=frame)
 
     async def cancel(self) -> CancelResponse:
         return await self.client.cancel_experiment(self._need_id())

@@ -142,6 +142,20 @@ class AttemptView(_Model):
     ladder_step: int = 0
     contaminated: Optional[bool] = None
     submitted_by: str = "anonymous"
+    # What the attempt's supervisor measured over the run (None: not measured).
+    energy_j: Optional[float] = None
+    energy_source: Optional[str] = None
+    mean_power_w: Optional[float] = None
+    max_power_w: Optional[float] = None
+    max_temp_c: Optional[float] = None
+    start_temp_c: Optional[float] = None
+    mean_util_pct: Optional[float] = None
+    throttled_thermal: Optional[bool] = None
+    throttled_power: Optional[bool] = None
+    throttle_reasons: Optional[List[str]] = None
+    contamination_reason: Optional[str] = None
+    contamination_pid: Optional[int] = None
+    contamination_command: Optional[str] = None
 
 
 class JobDetail(JobSummary):

@@ -1,0 +1,152 @@
+//! Per-attempt measurements end to end, through the real binaries on fake GPUs: energy and
+//! power per attempt, the throttle and contamination flags, in `show`, the API and
+//! `export --csv`, and `export --clean-only` leaving the flagged rows out.
+
+use std::time::Duration;
+
+use headroom_integration_tests::{Headroom, UpOptions, fake_job};
+use headroom_shared::JobState;
+use headroom_shared::api::EnergySource;
+
+fn read_pid(path: &std::path::Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The rows of a CSV export as (header, rows of cells).
+fn table(csv: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut r = csv::Reader::from_reader(csv.as_bytes());
+    let header = r
+        .headers()
+        .expect("header")
+        .iter()
+        .map(str::to_string)
+        .collect();
+    let rows = r
+        .records()
+        .map(|rec| rec.expect("row").iter().map(str::to_string).collect())
+        .collect();
+    (header, rows)
+}
+
+#[test]
+fn export_has_the_measurements_and_clean_only_leaves_out_flagged_rows() {
+    // One GPU, one slot: the runs go one at a time, as a lab measures.
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
+    let job = fake_job().display().to_string();
+    let dir = h.fake_gpu_dir();
+    let run = |spec: serde_json::Value| {
+        let exp = h.submit_spec(spec);
+        h.wait_done(exp, Duration::from_secs(60))
+    };
+
+    // Alone on its GPU at a known load: 1 GiB of 24 at 50 % draws, by the fake model,
+    // 60 W + 240 W x (0.25 x 1/24 + 0.75 x 0.5).
+    let clean = run(serde_json::json!({"name": "clean",
+        "command": [job, "--mem", "1GiB", "--util", "50", "--seconds", "2"],
+        "resources": {"memory": "2GiB"}}));
+    assert_eq!(clean[0].state, JobState::Succeeded);
+    let a = h.first_attempt(clean[0].id);
+    let m = &a.measurements;
+    let power = 60.0 + 240.0 * (0.25 / 24.0 + 0.75 * 0.5);
+    assert_eq!(m.energy_source, Some(EnergySource::Counter), "{a:#?}");
+    assert!(
+        m.energy_j
+            .is_some_and(|e| (e - power * 2.0).abs() < power * 2.0 * 0.05),
+        "{a:#?}: want about {} J",
+        power * 2.0
+    );
+    assert!(
+        m.max_power_w.is_some_and(|p| (p - power).abs() < 0.01),
+        "{a:#?}"
+    );
+    assert_eq!(
+        (m.throttled_thermal, m.throttled_power),
+        (Some(false), Some(false))
+    );
+    let shown = h.cli_ok(&["show", &clean[0].id.to_string()]);
+    assert!(shown.contains("J (counter)  power mean"), "{shown}");
+
+    // The GPU caps its power while this one runs.
+    let script = format!(
+        "{job} --mem 1GiB --util 90 --seconds 1.5 & \
+         echo sw_power_cap > {d}/gpu0.throttle; wait; rm -f {d}/gpu0.throttle",
+        d = dir.display()
+    );
+    let throttled = run(serde_json::json!({"name": "throttled",
+        "command": ["sh", "-c", script], "resources": {"memory": "2GiB"}}));
+    let a = h.first_attempt(throttled[0].id);
+    assert_eq!(a.measurements.throttled_power, Some(true), "{a:#?}");
+    assert_eq!(a.measurements.throttled_thermal, Some(false), "{a:#?}");
+    let shown = h.cli_ok(&["show", &throttled[0].id.to_string()]);
+    assert!(shown.contains("THROTTLED power"), "{shown}");
+
+    // Someone's process shares the GPU for a while.
+    let pid_file = h.path("job.pid");
+    let exp = h.submit_spec(serde_json::json!({"name": "shared",
+        "command": [job, "--mem", "1GiB", "--seconds", "4",
+                    "--pid-file", pid_file.display().to_string()],
+        "resources": {"memory": "2GiB"}}));
+    h.wait_for(
+        "the job to hold its memory",
+        Duration::from_secs(30),
+        || Ok(read_pid(&pid_file)),
+    );
+    let foreign = h.foreign_job("1x24GiB", &["--mem", "1GiB", "--seconds", "2"]);
+    let shared = h.wait_done(exp, Duration::from_secs(60));
+    drop(foreign);
+    assert_eq!(h.first_attempt(shared[0].id).contaminated, Some(true));
+
+    // A failure is no reason to leave a row out: `success` says it.
+    let failed = run(serde_json::json!({"name": "failed",
+        "command": ["sh", "-c", "exit 3"], "resources": {"memory": "1GiB"},
+        "retry": {"max_attempts": 1}}));
+    assert_eq!(failed[0].state, JobState::Failed);
+
+    let (header, rows) = table(&h.cli_ok(&["export", "--csv"]));
+    for col in [
+        "energy_j",
+        "energy_source",
+        "mean_power_w",
+        "max_power_w",
+        "max_temp_c",
+        "start_temp_c",
+        "mean_util_pct",
+        "throttled_thermal",
+        "throttled_power",
+        "contaminated",
+        "contamination_reason",
+    ] {
+        assert!(
+            header.iter().any(|h| h == col),
+            "no column {col}: {header:?}"
+        );
+    }
+    let col = |name: &str| header.iter().position(|h| h == name).expect("column");
+    let by_name = |rows: &[Vec<String>], name: &str| {
+        rows.iter()
+            .find(|r| r[col("experiment")] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no row of {name}: {rows:?}"))
+    };
+    let clean_row = by_name(&rows, "clean");
+    assert_eq!(clean_row[col("energy_source")], "counter");
+    assert_eq!(clean_row[col("throttled_power")], "false");
+    assert!(
+        clean_row[col("energy_j")]
+            .parse::<f64>()
+            .is_ok_and(|e| e > 0.0)
+    );
+    assert_eq!(by_name(&rows, "throttled")[col("throttled_power")], "true");
+    let shared_row = by_name(&rows, "shared");
+    assert_eq!(shared_row[col("contaminated")], "true");
+    assert!(
+        shared_row[col("contamination_reason")].contains("on GPU 0"),
+        "{shared_row:?}"
+    );
+    assert_eq!(rows.len(), 4);
+
+    let (_, kept) = table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
+    let mut names: Vec<&str> = kept.iter().map(|r| r[col("experiment")].as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["clean", "failed"], "{kept:?}");
+}
