@@ -273,6 +273,7 @@ impl Agent {
                         pid.zip(started_at),
                         stop,
                         self.exit.clone(),
+                        false,
                     ));
                 }
                 Ok(_) => {}

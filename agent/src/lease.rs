@@ -67,7 +67,7 @@ pub(crate) async fn run(
         baseline: Some(baseline),
     };
     match spawn_supervisor(&shared, launch, fence).await {
-        Ok(conn) => follow(shared, attempt, fence, gpus, conn, None, stop, exit).await,
+        Ok(conn) => follow(shared, attempt, fence, gpus, conn, None, stop, exit, true).await,
         Err(e) => {
             tracing::error!(%attempt, "cannot start the attempt's supervisor: {e}");
             let end = supervisor::not_started(
@@ -112,12 +112,23 @@ async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result
         stop_in_ms: millis(stop_in),
         spare: shared.outcomes.take_spare(),
     };
-    let mut conn = shared.standby.take()?;
-    conn.send(&ToShim::Launch {
+    let launch = ToShim::Launch {
         spec: Box::new(spec),
-    })
-    .await?;
-    Ok(conn)
+    };
+    // A waiting supervisor may have died meanwhile (killed by hand, OOM-killed): the next
+    // one, or a fresh one, takes the launch.
+    let mut tries = 0;
+    loop {
+        let mut conn = shared.standby.take()?;
+        match conn.send(&launch).await {
+            Ok(()) => return Ok(conn),
+            Err(e) if tries < 3 => {
+                tries += 1;
+                tracing::warn!("a waiting attempt supervisor is gone ({e}); trying another");
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 fn millis(d: Duration) -> u64 {
@@ -128,7 +139,8 @@ fn millis(d: Duration) -> u64 {
 /// leaving its attempts running, until then): start report, log shipping, lease deadlines
 /// and stop requests; then reports the end. `started`: the job's pid and start, when a
 /// re-attached supervisor said it runs (reported again: a former run may have died before it
-/// could; a repeated start report changes nothing).
+/// could; a repeated start report changes nothing). `ours`: this agent process started the
+/// supervisor (it runs this binary), so it may take the next attempt after a clean end.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn follow(
     shared: Arc<Shared>,
@@ -139,6 +151,7 @@ pub(crate) async fn follow(
     started: Option<(u32, DateTime<Utc>)>,
     stop: StopSignal,
     exit: Exit,
+    ours: bool,
 ) {
     let ship_stop = CancellationToken::new();
     let shipper = tokio::spawn(ship_log(
@@ -165,7 +178,12 @@ pub(crate) async fn follow(
                     )));
                 }
                 Ok(Some(FromShim::Hello { .. })) => {}
-                Ok(Some(FromShim::Ended { held_by, report })) => break Some((held_by, *report)),
+                Ok(Some(FromShim::Ended { held_by, report, reusable })) => {
+                    if reusable && ours {
+                        shared.standby.put_back(conn);
+                    }
+                    break Some((held_by, *report));
+                }
                 Ok(None) => break None,
                 Err(ProtoError::Format { line, source }) => {
                     tracing::warn!(%attempt, "unreadable message from the supervisor: {source}: {line}");

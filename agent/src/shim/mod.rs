@@ -1,5 +1,6 @@
 //! The attempt supervisor process ("shim", as containerd's): the agent's own binary started
-//! with [`SHIM_ARG`], one per attempt. It leaves the agent's session, becomes child subreaper,
+//! with [`SHIM_ARG`], one attempt at a time (after a clean end its agent may hand it the
+//! next, see [`standby`]). It leaves the agent's session, becomes child subreaper,
 //! runs the attempt (spawn, log, timeout, peak memory, verified cleanup of its whole tree:
 //! [`crate::supervisor::run_attempt`]), and journals the outcome in the agent's data
 //! directory before it tells anyone. It does not die with the agent: a restarted agent
@@ -33,6 +34,11 @@ use crate::gpu::{self, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes};
 use crate::supervisor::{self, AttemptEnd, SupervisorConfig};
 use proto::{Conn, FromShim, PROTOCOL, Spec, ToShim};
+
+/// Attempts one supervisor process runs, one after another, before it exits. Handed back
+/// to its agent after each clean end, it saves the next job an exec and a process start;
+/// the bound keeps what a long life may accumulate in check.
+const MAX_ATTEMPTS: u32 = 1000;
 
 /// First argument that turns a headroom binary into an attempt supervisor.
 pub const SHIM_ARG: &str = "__headroom-attempt";
@@ -100,6 +106,9 @@ struct Link {
     conn: Option<Conn>,
     /// Set once the job runs.
     started: Option<(u32, DateTime<Utc>)>,
+    /// A restarted agent took over (over the socket): that agent may run another binary,
+    /// so this process is not handed back to it for another attempt.
+    reattached: bool,
 }
 
 impl Link {
@@ -129,24 +138,47 @@ async fn accept(listener: &Option<UnixListener>) -> std::io::Result<tokio::net::
 }
 
 async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
-    let mut first = match Conn::new(channel) {
+    let mut conn = match Conn::new(channel) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("headroom attempt supervisor: agent channel: {e}");
             return 2;
         }
     };
-    let spec = match first.recv::<ToShim>().await {
-        Ok(Some(ToShim::Launch { spec })) => *spec,
-        // A standby whose agent exited or died before it had a lease: nothing to do.
-        Ok(None) => return 0,
-        // The agent died before it said what to run: nothing was started.
-        other => {
-            eprintln!("headroom attempt supervisor: no launch from the agent: {other:?}");
-            return 2;
+    let mut served = 0;
+    loop {
+        let spec = match conn.recv::<ToShim>().await {
+            Ok(Some(ToShim::Launch { spec })) => *spec,
+            // The agent let this waiting supervisor go, or exited or died: nothing runs.
+            Ok(None) => return 0,
+            other => {
+                eprintln!("headroom attempt supervisor: no launch from the agent: {other:?}");
+                return 2;
+            }
+        };
+        served += 1;
+        let _ = nix::sys::prctl::set_name(COMM);
+        let reuse = own_tree && served < MAX_ATTEMPTS;
+        match supervise(spec, conn, own_tree, reuse).await {
+            Next::Exit(code) => return code,
+            Next::Wait(c) => {
+                conn = c;
+                let _ = nix::sys::prctl::set_name(STANDBY_COMM);
+            }
         }
-    };
-    let _ = nix::sys::prctl::set_name(COMM);
+    }
+}
+
+/// What a supervisor does after an attempt.
+enum Next {
+    Exit(i32),
+    /// Handed back to its agent over this connection: waits for the next launch.
+    Wait(Conn),
+}
+
+/// Runs one attempt from its launch to its journalled and told end. `reuse`: whether this
+/// process may serve another attempt afterwards, if this one ends clean.
+async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next {
     let mut deadline = Instant::now() + Duration::from_millis(spec.stop_in_ms);
     let launch = spec.launch.clone();
     let attempt = launch.attempt;
@@ -176,6 +208,7 @@ async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
     let mut link = Link {
         conn: Some(first),
         started: None,
+        reattached: false,
     };
     link.send(&hello(None)).await;
 
@@ -236,6 +269,7 @@ async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
                 // A restarted agent takes over; the old connection (if any) is dropped.
                 Ok(Ok(conn)) => {
                     link.conn = Some(conn);
+                    link.reattached = true;
                     link.send(&hello(link.started)).await;
                 }
                 Ok(Err(e)) | Err(e) => tracing::warn!(%attempt, "refused a connection: {e}"),
@@ -248,18 +282,22 @@ async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
         }
     };
     let gpus = gpu::read(backend.as_ref());
-    finish(&spec, end, reason, gpus, link).await
+    finish(&spec, end, reason, gpus, link, reuse).await
 }
 
-/// Journals the end, then tells the attached agent (if any); the exit code of the process.
+/// Journals the end, then tells the attached agent (if any), and whether this process can
+/// take another attempt: only after a clean end (journalled, its whole tree verified gone)
+/// and for the agent that started it.
 async fn finish(
     spec: &Spec,
     end: AttemptEnd,
     reason: Option<StopReason>,
     gpus: Vec<headroom_shared::api::GpuSample>,
     mut link: Link,
-) -> i32 {
+    reuse: bool,
+) -> Next {
     let held_by = end.held_by.clone();
+    let clean = end.cleanup_verified;
     let outcome = Outcome {
         attempt: spec.launch.attempt,
         report: report(spec.fence, end, reason, gpus),
@@ -284,12 +322,17 @@ async fn finish(
             spec.launch.attempt
         );
     }
+    let reusable = reuse && clean && written.is_ok() && !link.reattached;
     link.send(&FromShim::Ended {
         held_by,
         report: Box::new(outcome.report),
+        reusable,
     })
     .await;
-    i32::from(written.is_err())
+    match link.conn {
+        Some(conn) if reusable => Next::Wait(conn),
+        _ => Next::Exit(i32::from(written.is_err())),
+    }
 }
 
 /// The end report of an attempt, its failure class saying why headroom stopped it.

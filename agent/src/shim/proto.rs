@@ -86,6 +86,10 @@ pub enum FromShim {
     Ended {
         held_by: Vec<u32>,
         report: Box<FinishReport>,
+        /// The supervisor waits for another launch on this connection (a clean end); else
+        /// it exits.
+        #[serde(default)]
+        reusable: bool,
     },
 }
 

@@ -1,9 +1,10 @@
-//! An attempt supervisor started ahead of the next lease: it has exec'd, loaded the binary
-//! and built its runtime before the lease comes, so starting a job costs one message to a
-//! waiting process rather than an exec on the way. One waits at a time; taking it starts the
-//! next. A supervisor carries no attempt marker (no attempt is known when it starts): a
-//! restarted agent finds launched ones by their sockets ([`super::proto::listening`]). One
-//! that never got a launch exits when the agent closes its channel (exits or dies).
+//! Attempt supervisors waiting for a lease, so that starting a job costs one message to a
+//! waiting process rather than an exec on the way. A supervisor whose attempt ended clean
+//! comes back here (its exec, loading and runtime are paid once for many attempts); when
+//! none waits, a lease starts one and another is started to wait for the lease after.
+//! A supervisor carries no attempt marker (none is known when it starts): a restarted agent
+//! finds launched ones by their sockets ([`super::proto::listening`]). A waiting one exits
+//! when the agent lets it go or closes its channel (exits or dies).
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -13,14 +14,27 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::proto::{Conn, ProtoError};
 
-/// Starts attempt supervisors and keeps one waiting.
+/// Supervisors kept waiting at most; more that come back exit. Enough for the starts of a
+/// burst, few enough that an idle node holds little.
+const MAX_WAITING: usize = 16;
+
+/// Starts attempt supervisors and keeps the ones waiting for a lease.
 pub(crate) struct Standby {
     exe: PathBuf,
     scope: String,
     /// Where supervisors write what goes wrong.
     stderr: Option<std::fs::File>,
-    /// The agent's end of the waiting supervisor's channel.
-    waiting: Mutex<Option<UnixStream>>,
+    pool: Mutex<Pool>,
+}
+
+#[derive(Default)]
+struct Pool {
+    /// The agent's ends of the waiting supervisors' channels, most recently used last.
+    waiting: Vec<Conn>,
+    /// A supervisor is being started to wait.
+    starting: bool,
+    /// The agent is leaving: none is kept or started any more.
+    closed: bool,
 }
 
 impl Standby {
@@ -29,55 +43,70 @@ impl Standby {
             exe,
             scope,
             stderr,
-            waiting: Mutex::new(None),
+            pool: Mutex::new(Pool::default()),
         })
     }
 
-    /// A supervisor for the next attempt: the waiting one, or one started now when none
-    /// waits; either way another is started to wait for the lease after.
+    /// A supervisor for the next attempt: a waiting one, or one started now when none
+    /// waits, and then another is started to wait.
     pub fn take(self: &Arc<Self>) -> Result<Conn, ProtoError> {
-        let waiting = self.slot().take();
-        let channel = match waiting {
-            Some(c) => c,
-            None => self.start()?,
-        };
-        self.refill();
-        Conn::new(channel)
+        let waiting = self.pool().waiting.pop();
+        match waiting {
+            Some(conn) => Ok(conn),
+            None => {
+                let conn = self.start()?;
+                self.refill();
+                Ok(conn)
+            }
+        }
     }
 
-    /// Starts a supervisor to wait, unless one already does. On a runtime worker: a spawn
-    /// blocks for about the exec, as a lease's own spawn did.
+    /// A supervisor whose attempt ended clean, waiting for another launch on `conn`: kept
+    /// for the next lease, unless enough wait already (dropped, it exits).
+    pub fn put_back(&self, conn: Conn) {
+        let mut pool = self.pool();
+        if !pool.closed && pool.waiting.len() < MAX_WAITING {
+            pool.waiting.push(conn);
+        }
+    }
+
+    /// Starts a supervisor to wait unless one waits or is being started. On a runtime
+    /// worker: a spawn blocks for about the exec, as a lease's own spawn would.
     pub fn refill(self: &Arc<Self>) {
-        let this = self.clone();
-        tokio::spawn(async move {
-            if this.slot().is_some() {
+        {
+            let mut pool = self.pool();
+            if pool.closed || pool.starting || !pool.waiting.is_empty() {
                 return;
             }
-            match this.start() {
-                Ok(channel) => {
-                    let mut slot = this.slot();
-                    // Another refill won the race: this one exits when its channel drops.
-                    if slot.is_none() {
-                        *slot = Some(channel);
-                    }
-                }
-                Err(e) => tracing::warn!("cannot start a standby attempt supervisor: {e}"),
+            pool.starting = true;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let started = this.start();
+            let mut pool = this.pool();
+            pool.starting = false;
+            match started {
+                Ok(conn) if !pool.closed => pool.waiting.push(conn),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("cannot start an attempt supervisor to wait: {e}"),
             }
         });
     }
 
-    /// Lets the waiting supervisor go (it exits at once): the agent is leaving.
+    /// Lets the waiting supervisors go (they exit at once): the agent is leaving.
     pub fn close(&self) {
-        self.slot().take();
+        let mut pool = self.pool();
+        pool.closed = true;
+        pool.waiting.clear();
     }
 
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<UnixStream>> {
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Starts the agent's own binary as a supervisor with one end of a socketpair as its
     /// stdin; returns the agent's end.
-    fn start(&self) -> std::io::Result<UnixStream> {
+    fn start(&self) -> Result<Conn, ProtoError> {
         let (ours, theirs) = UnixStream::pair()?;
         let mut cmd = tokio::process::Command::new(&self.exe);
         // `ps` shows `headroom-attempt __headroom-attempt`, not the `/proc/self/exe` it runs.
@@ -101,6 +130,6 @@ impl Standby {
                 crate::procscan::disown(pid);
             }
         });
-        Ok(ours)
+        Conn::new(ours)
     }
 }

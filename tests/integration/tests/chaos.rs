@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use headroom_integration_tests::records::DeathWatch;
 use headroom_integration_tests::{
-    Postgres, Proc, fake_job, free_port, http_get, http_post, is_waiting_supervisor, scope_pids,
-    wait_until as wait,
+    Postgres, Proc, children_of, fake_job, free_port, http_get, http_post, is_waiting_supervisor,
+    scope_pids, wait_until as wait,
 };
 use headroom_shared::api::{JobDetail, JobSummary, Progress, SubmitResponse};
 use headroom_shared::{FailureClass, JobState};
@@ -211,8 +211,8 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
             http_get(&format!("{}/v1/progress?experiment={exp}", site.urls[0])).ok()?;
         (p.counts.finished() == p.counts.total()).then_some(())
     });
-    // Ended supervisors exit at once; strays of lost attempts are swept by their agent. What
-    // is left of each agent's scope is its one supervisor waiting for the next lease.
+    // Ended supervisors exit or wait for the next lease (named `hr-standby`, running
+    // nothing); strays of lost attempts are swept by their agent.
     wait(
         "no process of any job left",
         Duration::from_secs(30),
@@ -222,7 +222,7 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
                     let (waiting, rest): (Vec<u32>, Vec<u32>) = scope_pids(&site.agent_dir(j))
                         .into_iter()
                         .partition(|&p| is_waiting_supervisor(p));
-                    rest.is_empty() && waiting.len() <= 1
+                    rest.is_empty() && waiting.iter().all(|&w| children_of(w).is_empty())
                 })
                 .then_some(())
         },

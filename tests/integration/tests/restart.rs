@@ -241,3 +241,59 @@ fn an_agent_registering_again_resumes_its_running_attempt() {
         "one process, never stopped"
     );
 }
+
+/// A supervisor whose attempt ended clean takes the next one (no exec on the way to the
+/// job); one whose cleanup could not be verified (its GPU could not be read) exits instead,
+/// and the next attempt gets another.
+#[test]
+fn a_supervisor_takes_the_next_attempt_only_after_a_clean_end() {
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .kill_grace("300ms")
+            .flags(&["--verify-timeout", "1s"]),
+    );
+    let parents = h.path("parents");
+    let run = |name: &str, script: &str| {
+        let exp = h.submit_spec(serde_json::json!({"name": name, "command": ["sh", "-c",
+            format!("echo $PPID >> {}; {script}", parents.display())],
+            "resources": {"memory": "100MiB"}}));
+        h.wait_done(exp, Duration::from_secs(30))
+    };
+    let read = || -> Vec<u32> {
+        std::fs::read_to_string(&parents)
+            .expect("parents")
+            .lines()
+            .map(|l| l.trim().parse().expect("pid"))
+            .collect()
+    };
+    for i in 0..3 {
+        run(&format!("clean{i}"), "true");
+    }
+    let clean = read();
+    assert!(
+        clean.windows(2).all(|w| w[0] == w[1]),
+        "one supervisor ran the three jobs in turn: {clean:?}"
+    );
+    // The job breaks its GPU's process list as it ends: its cleanup cannot be verified.
+    let jobs = run(
+        "breaks",
+        "printf 'GPU has fallen off the bus' > $HEADROOM_FAKE_GPU_DIR/gpu0.fail-processes",
+    );
+    assert_eq!(
+        h.first_attempt(jobs[0].id).cleanup_verified,
+        Some(false),
+        "an unreadable GPU was verified clean"
+    );
+    let broken = read()[3];
+    assert_eq!(broken, clean[0], "it ran under the same supervisor");
+    h.wait_for("its supervisor to exit", Duration::from_secs(10), || {
+        Ok((!alive(broken)).then_some(()))
+    });
+    std::fs::remove_file(h.fake_gpu_dir().join("gpu0.fail-processes")).expect("heal");
+    run("after", "true");
+    let after = read()[4];
+    assert_ne!(
+        after, broken,
+        "a supervisor that ended unclean took another attempt"
+    );
+}
