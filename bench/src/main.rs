@@ -2,7 +2,10 @@
 //! the embedded SQLite store and on PostgreSQL, against the machine's raw process-spawn rate
 //! measured in the same run (results are ratios and percentiles, not absolutes).
 //!
-//! cargo build --release --workspace --bins && target/release/headroom-bench [JOBS]
+//! cargo build --release --workspace --bins && target/release/headroom-bench [JOBS] [--no-tokens]
+//!
+//! CPU per job (coordinator, agent, and the agent's children: attempt supervisors and the
+//! jobs under them) is read from `/proc`, which machine load disturbs far less than rates.
 
 use std::path::Path;
 use std::process::Command;
@@ -32,8 +35,89 @@ fn raw_spawn_rate(n: usize) -> Result<f64> {
 
 struct Setup {
     api: Client,
-    _coordinator: Proc,
-    _agent: Proc,
+    coordinator: Proc,
+    agent: Proc,
+}
+
+/// CPU time in ms: of the coordinator, of the agent itself, and of the agent's children
+/// (reaped ones, with what they reaped, and live ones: supervisors waiting for a lease).
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    coordinator: f64,
+    agent: f64,
+    children: f64,
+}
+
+impl Cpu {
+    fn read(s: &Setup) -> Self {
+        let (c, a) = (s.coordinator.pid(), s.agent.pid());
+        let (coordinator, _) = c.map(own_and_reaped).unwrap_or_default();
+        let (agent, reaped) = a.map(own_and_reaped).unwrap_or_default();
+        let live: f64 = a
+            .map(|a| {
+                children_of(a)
+                    .into_iter()
+                    .map(|p| {
+                        let (own, reaped) = own_and_reaped(p);
+                        own + reaped
+                    })
+                    .sum()
+            })
+            .unwrap_or_default();
+        Self {
+            coordinator,
+            agent,
+            children: reaped + live,
+        }
+    }
+
+    fn per_job_since(self, before: Cpu, jobs: usize) -> Cpu {
+        let n = jobs as f64;
+        Cpu {
+            coordinator: (self.coordinator - before.coordinator) / n,
+            agent: (self.agent - before.agent) / n,
+            children: (self.children - before.children) / n,
+        }
+    }
+
+    fn total(self) -> f64 {
+        self.coordinator + self.agent + self.children
+    }
+}
+
+/// `/proc/PID/stat` fields after the command: state is 0, ppid 1, utime 11 .. cstime 14.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+fn ticks_ms(f: &[String], range: std::ops::Range<usize>) -> f64 {
+    // USER_HZ is 100 on Linux whatever the kernel's tick.
+    f.get(range)
+        .map(|v| v.iter().filter_map(|x| x.parse::<f64>().ok()).sum::<f64>() * 10.0)
+        .unwrap_or_default()
+}
+
+/// (own CPU, CPU of the children it reaped) in ms.
+fn own_and_reaped(pid: u32) -> (f64, f64) {
+    stat_fields(pid).map_or((0.0, 0.0), |f| (ticks_ms(&f, 11..13), ticks_ms(&f, 13..15)))
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    let parent = pid.to_string();
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|&p| stat_fields(p).is_some_and(|f| f.get(1) == Some(&parent)))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The bootstrap admin token of the runs with tokens on.
@@ -97,8 +181,8 @@ fn start(dir: &Path, database_url: Option<&str>, tokens: bool) -> Result<Setup> 
     }
     Ok(Setup {
         api,
-        _coordinator: coordinator,
-        _agent: agent,
+        coordinator,
+        agent,
     })
 }
 
@@ -147,6 +231,8 @@ struct Row {
     claim: Vec<f64>,
     start: Vec<f64>,
     rate: f64,
+    /// Per job of the burst.
+    cpu: Cpu,
 }
 
 fn measure(
@@ -168,55 +254,68 @@ fn measure(
     }
     claim.sort_by(f64::total_cmp);
     start_ms.sort_by(f64::total_cmp);
+    let cpu_before = Cpu::read(&s);
     let t = Instant::now();
     let exp = submit(&s.api, "burst", jobs)?;
     wait_done(&s.api, exp)?;
     let rate = jobs as f64 / t.elapsed().as_secs_f64();
+    // The last ends are reported before their supervisors finish exiting.
+    std::thread::sleep(Duration::from_millis(500));
+    let cpu = Cpu::read(&s).per_job_since(cpu_before, jobs);
     Ok(Row {
         store,
         claim,
         start: start_ms,
         rate,
+        cpu,
     })
 }
 
 fn main() -> Result<()> {
-    let jobs: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let jobs: usize = args
+        .iter()
+        .find_map(|a| a.parse().ok())
         .unwrap_or(400);
+    // Without the token runs, this bench also drives builds from before tokens existed (put
+    // it beside their binaries), for a comparison within one run.
+    let tokens = !args.iter().any(|a| a == "--no-tokens");
     let raw = raw_spawn_rate(jobs)?;
-    // Tokens off and on in the order A B B A, so drift over the run weighs on both alike.
     let sqlite = measure("SQLite", None, false, jobs)?;
-    let sqlite_tokens = measure("SQLite, tokens on", None, true, jobs)?;
-    let tokens_again = measure("SQLite, tokens on", None, true, jobs)?;
-    let sqlite_again = measure("SQLite", None, false, jobs)?;
     let pg = Postgres::start()?;
     let postgres = measure("PostgreSQL", Some(&pg.url()), false, jobs)?;
+    let mut rows = vec![sqlite, postgres];
+    if tokens {
+        // Tokens off and on in the order A B B A, so drift over the run weighs on both alike.
+        rows.push(measure("SQLite, tokens on", None, true, jobs)?);
+        rows.push(measure("SQLite, tokens on", None, true, jobs)?);
+        rows.push(measure("SQLite", None, false, jobs)?);
+    }
 
     println!("raw spawn+wait of `true`: {raw:.0}/s ({jobs} spawns)\n");
     println!(
-        "| store | submit->lease p50 | p99 | submit->start p50 | p99 | {jobs} jobs of `true` | vs raw spawn |"
+        "| store | submit->lease p50 | p99 | submit->start p50 | p99 | {jobs} jobs of `true` | vs raw spawn | CPU ms/job: coordinator + agent + supervisors and jobs |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
-    for r in [
-        &sqlite,
-        &sqlite_tokens,
-        &tokens_again,
-        &sqlite_again,
-        &postgres,
-    ] {
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for r in &rows {
         println!(
-            "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.0}/s | {:.2} |",
+            "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.0}/s | {:.2} | {:.2} + {:.2} + {:.2} = {:.2} |",
             r.store,
             percentile(&r.claim, 0.5),
             percentile(&r.claim, 0.99),
             percentile(&r.start, 0.5),
             percentile(&r.start, 0.99),
             r.rate,
-            r.rate / raw
+            r.rate / raw,
+            r.cpu.coordinator,
+            r.cpu.agent,
+            r.cpu.children,
+            r.cpu.total()
         );
     }
+    let [sqlite, _, sqlite_tokens, tokens_again, sqlite_again] = &rows[..] else {
+        return Ok(());
+    };
     println!(
         "\ntokens on / off (SQLite, A B B A in one run): throughput {:.0} vs {:.0}/s = {:.2} \
          (second pair alone {:.2}), submit->start p50 {:.1} vs {:.1} ms",
