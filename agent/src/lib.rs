@@ -14,6 +14,7 @@ mod heartbeat;
 mod lease;
 pub mod metrics;
 pub mod outcomes;
+pub mod prestart;
 pub mod procscan;
 pub mod settings;
 pub mod shim;

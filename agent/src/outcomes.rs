@@ -38,6 +38,7 @@ impl Outcome {
         AttemptRef {
             attempt: self.attempt,
             fence: self.report.fence,
+            waiting: None,
         }
     }
 }
@@ -265,6 +266,7 @@ mod tests {
                 contaminated: false,
                 log_tail: "done".into(),
                 gpus: vec![],
+                prestart: None,
             },
         }
     }

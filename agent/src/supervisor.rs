@@ -14,6 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use headroom_shared::api::{GpuProcess, GpuSample, PeakSource};
 use headroom_shared::expand::value_text;
+use headroom_shared::prestart::Prestart;
 use headroom_shared::{AttemptId, FailureClass, JobId};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
@@ -55,6 +56,10 @@ pub struct Launch {
     /// admission), so that the job's start does not wait for another; `None`: read here.
     #[serde(default)]
     pub baseline: Option<Baseline>,
+    /// What the attempt waits for before the job starts ([`crate::prestart`]); exclusive
+    /// attempts count any other process on their GPUs as contamination.
+    #[serde(default)]
+    pub prestart: Prestart,
 }
 
 #[derive(Clone, Debug)]
@@ -210,6 +215,7 @@ pub async fn run_attempt(
         gpus: launch.gpus.clone(),
         baseline,
         contaminated: false,
+        exclusive: launch.prestart.exclusive,
     }));
     let sample_every = cfg.sample_every.max(Duration::from_millis(10));
     // Sample early and then less often: a short job must still be seen on its GPU once
@@ -493,6 +499,9 @@ struct Watch {
     gpus: Vec<u32>,
     baseline: Baseline,
     contaminated: bool,
+    /// Any process that is not the attempt's own on its GPUs contaminates it, another
+    /// attempt's too.
+    exclusive: bool,
 }
 
 /// The attempt's peak memory, measured two ways.
@@ -607,7 +616,7 @@ impl Watch {
                 sum = sum.saturating_add(p.used_mib);
             }
         }
-        if !self.contaminated && !self.foreign_on_gpus(samples).is_empty() {
+        if !self.contaminated && self.intruded(samples) {
             self.contaminated = true;
         }
         if seen && !unknown {
@@ -642,6 +651,19 @@ impl Watch {
             .flat_map(|g| &g.processes)
             .filter(|p| p.attempt.is_none() && (p.used_mib > 0 || p.used_mib_unknown))
             .collect()
+    }
+
+    /// Whether something beyond the attempt used its GPUs: a process of no attempt, or,
+    /// for an exclusive attempt, any process not its own (another attempt's included).
+    fn intruded(&self, samples: &[GpuSample]) -> bool {
+        if !self.exclusive {
+            return !self.foreign_on_gpus(samples).is_empty();
+        }
+        samples
+            .iter()
+            .filter(|g| self.gpus.contains(&g.index))
+            .flat_map(|g| &g.processes)
+            .any(|p| p.attempt != Some(self.attempt))
     }
 
     /// What keeps the GPUs from being clean: the attempt's own processes, and processes of
@@ -1000,6 +1022,7 @@ mod tests {
                 log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
                 workdir: None,
                 baseline: None,
+                prestart: Prestart::default(),
             }
         }
 

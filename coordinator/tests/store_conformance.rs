@@ -139,6 +139,7 @@ fn job(
         command: vec!["train".into(), "--bs={batch_size}".into()],
         shell: false,
         oom_ladder: vec![],
+        prestart: None,
     }
 }
 
@@ -234,6 +235,7 @@ fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
         contaminated: false,
         log_tail: "tail".into(),
         gpus: vec![],
+        prestart: None,
     }
 }
 
@@ -405,10 +407,12 @@ async fn reregistration_resumes_current_attempts(s: Backend) {
                 AttemptRef {
                     attempt: leases[0].attempt,
                     fence: leases[0].fence,
+                    waiting: None,
                 },
                 AttemptRef {
                     attempt: leases[1].attempt,
                     fence: leases[1].fence + 7,
+                    waiting: None,
                 },
             ],
             lease_ttl_ms: 30_000,
@@ -424,6 +428,7 @@ async fn reregistration_resumes_current_attempts(s: Backend) {
         vec![AttemptRef {
             attempt: leases[0].attempt,
             fence: leases[0].fence,
+            waiting: None,
         }],
         vec![],
     )
@@ -700,6 +705,7 @@ async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
         vec![AttemptRef {
             attempt: l.attempt,
             fence: l.fence - 1,
+            waiting: None,
         }],
         samples,
     )
@@ -733,6 +739,7 @@ async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
         vec![AttemptRef {
             attempt: l.attempt,
             fence: l.fence,
+            waiting: None,
         }],
         vec![],
     )
@@ -762,6 +769,7 @@ async fn heartbeats_racing_a_normal_end_renew_the_rest(s: Backend) {
         .map(|l| AttemptRef {
             attempt: l.attempt,
             fence: l.fence,
+            waiting: None,
         })
         .collect();
     let renewed = renew(&s, agent, refs, free(1, 10_000))
