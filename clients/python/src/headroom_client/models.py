@@ -142,6 +142,12 @@ class AttemptView(_Model):
     ladder_step: int = 0
     contaminated: Optional[bool] = None
     submitted_by: str = "anonymous"
+    waiting: Optional[str] = None
+    exclusive_wait_ms: Optional[int] = None
+    cooldown_wait_ms: Optional[int] = None
+    cooldown_from_temp_c: Optional[float] = None
+    cooldown_start_temp_c: Optional[float] = None
+    cooldown_timed_out: Optional[bool] = None
 
 
 class JobDetail(JobSummary):
@@ -155,6 +161,7 @@ class JobDetail(JobSummary):
     oom_ladder: List[Dict[str, Any]]
     ladder_step: int
     attempts_detail: List[AttemptView]
+    prestart: Optional[Dict[str, Any]] = None
 
 
 class CancelResponse(_Model):
