@@ -1460,6 +1460,26 @@ mod tests {
         assert_eq!(grown.result(), (Some(512), PeakSource::DeviceDelta));
     }
 
+    /// Another attempt's process on the GPU is a neighbour to an ordinary attempt, and
+    /// contamination to an exclusive one.
+    #[tokio::test]
+    async fn an_exclusive_attempt_is_contaminated_by_any_process_not_its_own() {
+        let f = fixture();
+        let script = format!(
+            "{ATTEMPT_VAR}={} sh -c 'echo 256 > \"$HEADROOM_FAKE_GPU_DIR/$$\"; sleep 0.6' & \
+             sleep 0.4; wait",
+            AttemptId::new()
+        );
+        let shared = f.run(f.sh(&script)).await;
+        assert_eq!(shared.failure, None, "{shared:?}");
+        assert!(!shared.contaminated, "{shared:?}");
+        let mut exclusive = f.sh(&script);
+        exclusive.prestart.exclusive = true;
+        let alone = f.run(exclusive).await;
+        assert_eq!(alone.failure, None, "{alone:?}");
+        assert!(alone.contaminated, "{alone:?}");
+    }
+
     #[tokio::test]
     async fn unavailable_process_memory_learns_the_device_delta_not_zero() {
         use crate::gpu::fake::Fault;

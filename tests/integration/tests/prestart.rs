@@ -63,15 +63,23 @@ fn cooldown_until_temp_waits_for_the_heated_gpu_to_cool_and_records_it() {
     let job = only_job(&h, cool);
     let seen = waiting_for(&h, job, "cooling:");
     assert_eq!(seen.phase, AttemptPhase::Leased, "{seen:?}");
-    assert!(seen.started_at.is_none(), "the job must not run while it cools");
+    assert!(
+        seen.started_at.is_none(),
+        "the job must not run while it cools"
+    );
     let show = h.cli_ok(&["show", &job.to_string()]);
-    assert!(show.contains("cooling:") && show.contains("°C → 45 °C"), "{show}");
+    assert!(
+        show.contains("cooling:") && show.contains("°C → 45 °C"),
+        "{show}"
+    );
 
     let jobs = h.wait_done(cool, Duration::from_secs(60));
     assert_eq!(jobs[0].state, JobState::Succeeded);
     let a = h.first_attempt(job);
     let waited = a.cooldown_wait_ms.expect("cooldown wait recorded");
-    let from = a.cooldown_from_temp_c.expect("temperature when cooling began");
+    let from = a
+        .cooldown_from_temp_c
+        .expect("temperature when cooling began");
     let start = a.cooldown_start_temp_c.expect("temperature at the start");
     assert!(from > 55.0, "the heater left it hot: {a:?}");
     assert!(start <= 45.0, "started at {start} °C: {a:?}");
@@ -133,7 +141,10 @@ fn cooldown_seconds_idles_about_that_long() {
     let waited = a.cooldown_wait_ms.expect("wait recorded");
     assert!((2_000..8_000).contains(&waited), "{a:?}");
     let gap = ms_between(a.leased_at, a.started_at.expect("started"));
-    assert!((2_000..10_000).contains(&gap), "started {gap} ms after the lease");
+    assert!(
+        (2_000..10_000).contains(&gap),
+        "started {gap} ms after the lease"
+    );
     assert!(a.cooldown_start_temp_c.is_some(), "{a:?}");
 }
 
