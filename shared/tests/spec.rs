@@ -407,3 +407,25 @@ fn exclusive_and_cooldown_refusals_name_the_field() {
         assert!(err.message.contains(words), "{text}: {err}");
     }
 }
+
+#[test]
+fn the_energy_example_is_exclusive_and_cools_each_run() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/energy-cooldown.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("example");
+    let spec = parse(&text);
+    spec.validate(DEFAULT_MAX_JOBS).expect("valid");
+    let p = spec.prestart().expect("resolves");
+    assert!(p.exclusive);
+    assert_eq!(
+        p.cooldown,
+        Some(headroom_shared::prestart::Cooldown::UntilTemp {
+            temp_c: 40.0,
+            max_wait_ms: 600_000,
+            on_timeout: headroom_shared::prestart::OnCooldownTimeout::Fail,
+        })
+    );
+    assert_eq!(spec.job_count(), Some(10));
+}

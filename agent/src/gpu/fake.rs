@@ -45,7 +45,7 @@ pub const LOCK_FILE: &str = ".lock";
 /// that they all see one GPU: one temperature, one energy counter.
 pub const POWER_STATE_FILE: &str = ".power-state";
 /// Its lock, held while a reading advances the state.
-const POWER_LOCK_FILE: &str = ".power-lock";
+pub const POWER_LOCK_FILE: &str = ".power-lock";
 /// Control file overriding the power model's constants: `tau_s=1 idle_w=50` (names of
 /// [`PowerModel`]'s fields), e.g. a short time constant so that tests heat and cool a fake
 /// GPU in seconds.
