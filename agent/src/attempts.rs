@@ -55,6 +55,9 @@ struct Running {
     /// The coordinator refused this lease as stale: it is no longer renewed (a heartbeat
     /// presenting it would be refused whole).
     stale: bool,
+    /// Why its job has not started yet (cooling, waiting for an empty GPU), as its
+    /// supervisor last said; sent with the heartbeats.
+    waiting: Option<String>,
 }
 
 /// A pid that held memory when verification gave up, with its start time so that a pid
@@ -187,6 +190,7 @@ impl Attempts {
                 fence,
                 stop: stop.clone(),
                 stale: false,
+                waiting: None,
             },
         );
         self.launches.send_modify(|n| *n = n.wrapping_add(1));
@@ -219,8 +223,16 @@ impl Attempts {
             .map(|(id, r)| AttemptRef {
                 attempt: *id,
                 fence: r.fence,
+                waiting: r.waiting.clone(),
             })
             .collect()
+    }
+
+    /// What an attempt's job waits for before it starts; `None` once it runs.
+    pub fn set_waiting(&self, attempt: AttemptId, waiting: Option<String>) {
+        if let Some(r) = self.lock().running.get_mut(&attempt) {
+            r.waiting = waiting;
+        }
     }
 
     /// Running attempts not asked to stop (cancellations for them are still of interest).

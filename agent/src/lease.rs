@@ -65,6 +65,7 @@ pub(crate) async fn run(
         log_path: log_path(&shared, attempt),
         workdir: None,
         baseline: Some(baseline),
+        prestart: lease.prestart.unwrap_or_default(),
     };
     match spawn_supervisor(&shared, launch, fence).await {
         Ok(conn) => follow(shared, attempt, fence, gpus, conn, None, stop, exit, true).await,
@@ -172,7 +173,11 @@ pub(crate) async fn follow(
     let ended = loop {
         tokio::select! {
             msg = conn.recv::<FromShim>() => match msg {
+                Ok(Some(FromShim::Waiting { reason })) => {
+                    shared.attempts.set_waiting(attempt, reason);
+                }
                 Ok(Some(FromShim::Started { pid, started_at })) => {
+                    shared.attempts.set_waiting(attempt, None);
                     start_report = Some(tokio::spawn(report_start(
                         shared.client.clone(), attempt, fence, pid, started_at,
                     )));
@@ -281,6 +286,7 @@ async fn gone(shared: &Arc<Shared>, attempt: AttemptId, fence: i64) -> (Vec<u32>
         measurements: Default::default(),
         log_tail: format!("[headroom] {why}\n"),
         gpus: sample(&shared.backend).await,
+        prestart: None,
     };
     journal(
         shared,

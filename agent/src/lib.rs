@@ -15,6 +15,7 @@ mod lease;
 pub mod measure;
 pub mod metrics;
 pub mod outcomes;
+pub mod prestart;
 pub mod procscan;
 pub mod settings;
 pub mod shim;

@@ -38,6 +38,7 @@ impl Outcome {
         AttemptRef {
             attempt: self.attempt,
             fence: self.report.fence,
+            waiting: None,
         }
     }
 }
@@ -266,6 +267,7 @@ mod tests {
                 measurements: Default::default(),
                 log_tail: "done".into(),
                 gpus: vec![],
+                prestart: None,
             },
         }
     }

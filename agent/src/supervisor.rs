@@ -14,6 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use headroom_shared::api::{GpuProcess, GpuSample, Measurements, PeakSource};
 use headroom_shared::expand::value_text;
+use headroom_shared::prestart::Prestart;
 use headroom_shared::{AttemptId, FailureClass, JobId};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
@@ -56,6 +57,10 @@ pub struct Launch {
     /// admission), so that the job's start does not wait for another; `None`: read here.
     #[serde(default)]
     pub baseline: Option<Baseline>,
+    /// What the attempt waits for before the job starts ([`crate::prestart`]); exclusive
+    /// attempts count any other process on their GPUs as contamination.
+    #[serde(default)]
+    pub prestart: Prestart,
 }
 
 #[derive(Clone, Debug)]
@@ -216,6 +221,7 @@ pub async fn run_attempt(
         contaminated: false,
         meter: Meter::new(&launch.gpus),
         contamination: None,
+        exclusive: launch.prestart.exclusive,
     }));
     // The energy counter's reading at the start. Not awaited: the job is already running,
     // and in an attempt's supervisor process this reading opens the GPU backend (NVML),
@@ -528,6 +534,9 @@ struct Watch {
     meter: Meter,
     /// The first process that contaminated the attempt.
     contamination: Option<Contamination>,
+    /// Any process that is not the attempt's own on its GPUs contaminates it, another
+    /// attempt's too.
+    exclusive: bool,
 }
 
 /// A process of no attempt seen on the attempt's GPUs, described when it was seen.
@@ -555,6 +564,8 @@ impl Contamination {
         };
         let who = if p.outside_pid_namespace {
             "a process of another container"
+        } else if p.attempt.is_some() {
+            "a process of another attempt"
         } else {
             "a process of no attempt"
         };
@@ -724,11 +735,7 @@ impl Watch {
             }
         }
         if !self.contaminated
-            && let Some((gpu, p)) = samples
-                .iter()
-                .filter(|g| self.gpus.contains(&g.index))
-                .flat_map(|g| g.processes.iter().map(move |p| (g.index, p)))
-                .find(|(_, p)| holds_foreign(p))
+            && let Some((gpu, p)) = self.intruder(samples)
         {
             self.contaminated = true;
             self.contamination = Some(Contamination::of(gpu, p));
@@ -765,6 +772,23 @@ impl Watch {
             .flat_map(|g| &g.processes)
             .filter(|p| holds_foreign(p))
             .collect()
+    }
+
+    /// The first process beyond the attempt on its GPUs, and its GPU: a process of no
+    /// attempt, or, for an exclusive attempt, any process not its own (another attempt's
+    /// included).
+    fn intruder<'a>(&self, samples: &'a [GpuSample]) -> Option<(u32, &'a GpuProcess)> {
+        samples
+            .iter()
+            .filter(|g| self.gpus.contains(&g.index))
+            .flat_map(|g| g.processes.iter().map(move |p| (g.index, p)))
+            .find(|(_, p)| {
+                if self.exclusive {
+                    p.attempt != Some(self.attempt)
+                } else {
+                    holds_foreign(p)
+                }
+            })
     }
 
     /// What keeps the GPUs from being clean: the attempt's own processes, and processes of
@@ -1129,6 +1153,7 @@ mod tests {
                 log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
                 workdir: None,
                 baseline: None,
+                prestart: Prestart::default(),
             }
         }
 
@@ -1564,6 +1589,26 @@ mod tests {
             unknown: true,
         };
         assert_eq!(grown.result(), (Some(512), PeakSource::DeviceDelta));
+    }
+
+    /// Another attempt's process on the GPU is a neighbour to an ordinary attempt, and
+    /// contamination to an exclusive one.
+    #[tokio::test]
+    async fn an_exclusive_attempt_is_contaminated_by_any_process_not_its_own() {
+        let f = fixture();
+        let script = format!(
+            "{ATTEMPT_VAR}={} sh -c 'echo 256 > \"$HEADROOM_FAKE_GPU_DIR/$$\"; sleep 0.6' & \
+             sleep 0.4; wait",
+            AttemptId::new()
+        );
+        let shared = f.run(f.sh(&script)).await;
+        assert_eq!(shared.failure, None, "{shared:?}");
+        assert!(!shared.contaminated, "{shared:?}");
+        let mut exclusive = f.sh(&script);
+        exclusive.prestart.exclusive = true;
+        let alone = f.run(exclusive).await;
+        assert_eq!(alone.failure, None, "{alone:?}");
+        assert!(alone.contaminated, "{alone:?}");
     }
 
     #[tokio::test]

@@ -60,6 +60,7 @@ impl Fixture {
             log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
             workdir: None,
             baseline: None,
+            prestart: Default::default(),
         }
     }
 
@@ -92,7 +93,15 @@ async fn holds_memory_on_its_gpu_and_releases_it() {
     let files: Vec<_> = std::fs::read_dir(f.backend.dir())
         .expect("dir")
         .flatten()
-        .filter(|e| e.file_name() != fake::LOCK_FILE)
+        .filter(|e| {
+            // The lock files and the GPUs' shared power state are the directory's own.
+            ![
+                fake::LOCK_FILE,
+                fake::POWER_LOCK_FILE,
+                fake::POWER_STATE_FILE,
+            ]
+            .contains(&e.file_name().to_str().unwrap_or(""))
+        })
         .collect();
     assert!(files.is_empty(), "{files:?}");
 }

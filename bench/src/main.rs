@@ -273,10 +273,7 @@ fn measure(
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let jobs: usize = args
-        .iter()
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(400);
+    let jobs: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(400);
     // Without the token runs, this bench also drives builds from before tokens existed (put
     // it beside their binaries), for a comparison within one run.
     let tokens = !args.iter().any(|a| a == "--no-tokens");

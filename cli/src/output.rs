@@ -116,6 +116,9 @@ pub fn job_detail(d: &JobDetail) {
             d.oom_ladder.len()
         );
     }
+    if let Some(p) = &d.prestart {
+        println!("before     {}", prestart_text(p));
+    }
     println!("profile    {}", d.profile);
     if let Some(t) = d.timeout_ms {
         println!("timeout    {}", humantime_ms(t));
@@ -182,7 +185,7 @@ pub fn job_detail(d: &JobDetail) {
         if let (Some(s), Some(e)) = (a.started_at, a.ended_at) {
             println!("      {} -> {}", s.to_rfc3339(), e.to_rfc3339());
         }
-        for line in measure_lines(a) {
+        for line in prestart_lines(a).into_iter().chain(measure_lines(a)) {
             println!("      {line}");
         }
     }
@@ -566,6 +569,63 @@ pub async fn logs(api: &Api, id: &str, follow: bool) -> Result<()> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// What a job's attempts wait for before it starts, in words.
+fn prestart_text(p: &headroom_shared::prestart::Prestart) -> String {
+    use headroom_shared::prestart::{Cooldown, OnCooldownTimeout};
+    let mut parts = Vec::new();
+    if p.exclusive {
+        parts.push("exclusive: waits for its GPUs to empty, runs alone".to_string());
+    } else if p.cooldown.is_some() {
+        parts.push("runs alone".to_string());
+    }
+    match &p.cooldown {
+        Some(Cooldown::Seconds { ms }) => parts.push(format!("cooldown {}", humantime_ms(*ms))),
+        Some(Cooldown::UntilTemp {
+            temp_c,
+            max_wait_ms,
+            on_timeout,
+        }) => parts.push(format!(
+            "cooldown until {temp_c} °C (max_wait {}, then {})",
+            humantime_ms(*max_wait_ms),
+            match on_timeout {
+                OnCooldownTimeout::Fail => "fail: cooldown_timeout",
+                OnCooldownTimeout::Start => "start anyway",
+            }
+        )),
+        None => {}
+    }
+    parts.join("; ")
+}
+
+/// An attempt's wait before its job started: what it waits for now, or what it waited.
+fn prestart_lines(a: &headroom_shared::api::AttemptView) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(w) = &a.waiting {
+        out.push(format!("waiting: {w}"));
+    }
+    if let Some(ms) = a.exclusive_wait_ms {
+        out.push(format!(
+            "waited {:.1} s for its GPUs to empty",
+            ms as f64 / 1000.0
+        ));
+    }
+    if let Some(ms) = a.cooldown_wait_ms {
+        let temp = |t: Option<f64>| t.map_or_else(|| "?".to_string(), |t| format!("{t:.0} °C"));
+        out.push(format!(
+            "cooled {:.1} s: {} -> {}{}",
+            ms as f64 / 1000.0,
+            temp(a.cooldown_from_temp_c),
+            temp(a.cooldown_start_temp_c),
+            if a.cooldown_timed_out == Some(true) {
+                "  (max_wait passed first)"
+            } else {
+                ""
+            }
+        ));
+    }
+    out
 }
 
 #[cfg(test)]

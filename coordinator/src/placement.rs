@@ -21,6 +21,8 @@ pub struct GpuState {
     pub placed: Vec<Option<u64>>,
     /// An attempt's cleanup could not be verified here: place nothing until it is.
     pub quarantined: bool,
+    /// An exclusive (or cooling) attempt holds it: its plan slots are all taken, in effect.
+    pub held_alone: bool,
 }
 
 impl GpuState {
@@ -32,10 +34,23 @@ impl GpuState {
         self.placed.iter().any(Option::is_none)
     }
 
+    /// No slot can be taken here: all are, in effect, for `alone` (a job that needs the GPU
+    /// to itself) as soon as anything is placed.
+    fn slots_full(&self, alone: bool) -> bool {
+        self.placed.len() as u64 >= u64::from(self.slots)
+            || self.has_loner()
+            || self.held_alone
+            || (alone && !self.placed.is_empty())
+    }
+
     /// Memory left over after placing `estimate` here, or `None` when it does not fit.
     pub fn leftover_after(&self, estimate: Option<u64>) -> Option<u64> {
-        if self.quarantined || self.placed.len() as u64 >= u64::from(self.slots) || self.has_loner()
-        {
+        self.leftover_for(estimate, false)
+    }
+
+    /// [`Self::leftover_after`] for a job that needs the GPU to itself when `alone`.
+    pub fn leftover_for(&self, estimate: Option<u64>, alone: bool) -> Option<u64> {
+        if self.quarantined || self.slots_full(alone) {
             return None;
         }
         let budget = self.total_mib.checked_sub(self.headroom_mib)?;
@@ -68,14 +83,14 @@ impl GpuState {
     }
 
     /// Why this GPU cannot take `estimate` now, if it cannot.
-    fn blocker(&self, estimate: Option<u64>) -> Blocker {
-        if self.leftover_after(estimate).is_some() {
+    fn blocker(&self, estimate: Option<u64>, alone: bool) -> Blocker {
+        if self.leftover_for(estimate, alone).is_some() {
             return Blocker::Fits;
         }
         if self.quarantined {
             return Blocker::Quarantined;
         }
-        if self.placed.len() as u64 >= u64::from(self.slots) || self.has_loner() {
+        if self.slots_full(alone) {
             return Blocker::Slot;
         }
         let budget = self.total_mib.saturating_sub(self.headroom_mib);
@@ -88,8 +103,9 @@ impl GpuState {
         Blocker::Memory { needed, available }
     }
 
-    fn take(&mut self, estimate: Option<u64>) {
+    fn take(&mut self, estimate: Option<u64>, alone: bool) {
         self.placed.push(estimate);
+        self.held_alone |= alone;
         if let (Some(free), Some(e)) = (self.live_free_mib.as_mut(), estimate) {
             *free = free.saturating_sub(e);
         }
@@ -103,6 +119,9 @@ pub struct Candidate {
     pub estimate_mib: Option<u64>,
     /// How long it has waited; past the reservation age it holds GPUs for itself.
     pub waited_ms: u64,
+    /// It needs its GPUs to itself (`exclusive`, `cooldown`): placed only on GPUs with no
+    /// other lease, and nothing else is placed there while it holds them.
+    pub alone: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,7 +191,7 @@ fn reason(gpus: &[GpuState], reserved: &[bool], c: &Candidate) -> PendingReason 
     let blockers: Vec<Blocker> = gpus
         .iter()
         .zip(reserved)
-        .map(|(g, &r)| match g.blocker(c.estimate_mib) {
+        .map(|(g, &r)| match g.blocker(c.estimate_mib, c.alone) {
             Blocker::Quarantined => Blocker::Quarantined,
             _ if r => Blocker::Reserved,
             b => b,
@@ -227,7 +246,10 @@ pub fn place_explained(snapshot: &Snapshot, candidates: &[Candidate], max: usize
             .iter()
             .enumerate()
             .filter(|(g, _)| !reserved[*g])
-            .filter_map(|(g, gpu)| gpu.leftover_after(c.estimate_mib).map(|left| (left, g)))
+            .filter_map(|(g, gpu)| {
+                gpu.leftover_for(c.estimate_mib, c.alone)
+                    .map(|left| (left, g))
+            })
             .collect();
         if fitting.len() >= c.gpus as usize {
             fitting.sort();
@@ -237,7 +259,7 @@ pub fn place_explained(snapshot: &Snapshot, candidates: &[Candidate], max: usize
                 .map(|&(_, g)| g)
                 .collect();
             for &g in &chosen {
-                gpus[g].take(c.estimate_mib);
+                gpus[g].take(c.estimate_mib, c.alone);
             }
             let mut indices: Vec<u32> = chosen.iter().map(|&g| gpus[g].index).collect();
             indices.sort_unstable();
@@ -320,6 +342,7 @@ mod tests {
             live_free_mib: Some(total),
             placed: vec![],
             quarantined: false,
+            held_alone: false,
         }
     }
 
@@ -328,6 +351,14 @@ mod tests {
             gpus: 1,
             estimate_mib: est,
             waited_ms: 0,
+            alone: false,
+        }
+    }
+
+    fn exclusive(est: Option<u64>) -> Candidate {
+        Candidate {
+            alone: true,
+            ..job(est)
         }
     }
 
@@ -419,6 +450,7 @@ mod tests {
             gpus: 3,
             estimate_mib: Some(1),
             waited_ms: 0,
+            alone: false,
         };
         let huge = job(Some(1 << 40));
         let why = place_explained(&s, &[job(Some(1_000)), two, huge], 10).reasons;
@@ -451,6 +483,7 @@ mod tests {
             gpus: 1,
             estimate_mib: Some(8_000),
             waited_ms: 60_000,
+            alone: false,
         };
         let why = place_explained(&s, &[big, job(Some(1_000))], 10).reasons;
         assert!(matches!(why[0].1, PendingReason::NotEnoughMemory { .. }));
@@ -492,6 +525,51 @@ mod tests {
     }
 
     #[test]
+    fn an_exclusive_job_goes_only_on_a_gpu_with_no_other_lease() {
+        let mut busy = gpu(0, 24_000, 2);
+        busy.placed.push(Some(1_000));
+        let s = snap(vec![busy.clone(), gpu(1, 24_000, 2)]);
+        let placed = place(&s, &[exclusive(Some(1_000))], 10);
+        assert_eq!(placed.len(), 1);
+        assert_eq!(
+            placed[0].gpus,
+            vec![1],
+            "best fit would pick the busy GPU 0"
+        );
+        // With only the busy GPU it waits for a slot, though slot and memory are free.
+        let only_busy = snap(vec![busy]);
+        assert_eq!(
+            place_explained(&only_busy, &[exclusive(Some(1_000))], 1).reasons,
+            vec![(0, PendingReason::NoFreeSlot)]
+        );
+    }
+
+    #[test]
+    fn nothing_joins_a_gpu_an_exclusive_attempt_holds() {
+        // Plan 2 on one GPU: two exclusive jobs in one pass do not share it.
+        let s = snap(vec![gpu(0, 24_000, 2)]);
+        let placed = place(&s, &[exclusive(Some(1_000)), exclusive(Some(1_000))], 10);
+        assert_eq!(placed.len(), 1);
+        // Nor does an ordinary job after an exclusive one, in this pass or a later one.
+        let placed = place(&s, &[exclusive(Some(1_000)), job(Some(1_000))], 10);
+        assert_eq!(placed.len(), 1);
+        let mut held = gpu(0, 24_000, 2);
+        held.placed.push(Some(1_000));
+        held.held_alone = true;
+        let s = snap(vec![held]);
+        assert!(place(&s, &[job(Some(1_000))], 10).is_empty());
+        assert_eq!(
+            place_explained(&s, &[job(Some(1_000))], 1).reasons,
+            vec![(0, PendingReason::NoFreeSlot)]
+        );
+        // An ordinary job first still keeps the exclusive one off that GPU.
+        let s = snap(vec![gpu(0, 24_000, 2)]);
+        let placed = place(&s, &[job(Some(1_000)), exclusive(Some(1_000))], 10);
+        assert_eq!(placed.len(), 1);
+        assert_eq!(placed[0].candidate, 0);
+    }
+
+    #[test]
     fn quarantined_gpus_take_nothing() {
         let mut q = gpu(0, 10_000, 4);
         q.quarantined = true;
@@ -512,6 +590,7 @@ mod tests {
             gpus: 2,
             estimate_mib: Some(1_000),
             waited_ms: 0,
+            alone: false,
         };
         let placed = place(&s, &[two.clone(), two], 10);
         assert_eq!(placed.len(), 1);
@@ -527,6 +606,7 @@ mod tests {
             gpus: 1,
             estimate_mib: Some(8_000),
             waited_ms: 60_000,
+            alone: false,
         };
         let small = job(Some(1_000));
         // Young: the small job backfills.
@@ -552,6 +632,7 @@ mod tests {
                 live_free_mib: free.map(|f| f.min(total)),
                 placed: vec![],
                 quarantined: false,
+                held_alone: false,
             })
     }
 
@@ -561,24 +642,40 @@ mod tests {
         #[test]
         fn placements_respect_slots_memory_and_loners(
             mut gpus in prop::collection::vec(arb_gpu(), 1..6),
-            jobs in prop::collection::vec((1u32..3, prop::option::of(1u64..30_000)), 0..30),
+            jobs in prop::collection::vec((1u32..3, prop::option::of(1u64..30_000), prop::bool::weighted(0.2)), 0..30),
             max in 0usize..40,
+            busy in prop::collection::vec((prop::option::of(1u64..10_000), prop::bool::weighted(0.3)), 0..6),
         ) {
             for (i, g) in gpus.iter_mut().enumerate() { g.index = i as u32; }
-            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e)| Candidate { gpus: n, estimate_mib: e, waited_ms: 0 }).collect();
+            // Some GPUs already hold a lease, exclusive or not.
+            for (g, (est, alone)) in gpus.iter_mut().zip(&busy) {
+                g.placed.push(*est);
+                g.held_alone = *alone;
+            }
+            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone)| Candidate { gpus: n, estimate_mib: e, waited_ms: 0, alone }).collect();
             let s = snap(gpus.clone());
             let placed = place(&s, &cands, max);
             prop_assert!(placed.len() <= max);
-            let mut per_gpu: Vec<Vec<Option<u64>>> = vec![vec![]; gpus.len()];
+            let mut per_gpu: Vec<Vec<Option<u64>>> = gpus.iter().map(|g| g.placed.clone()).collect();
+            let mut alone_on: Vec<bool> = vec![false; gpus.len()];
             for p in &placed {
                 let c = &cands[p.candidate];
                 prop_assert_eq!(p.gpus.len(), c.gpus as usize);
                 let mut dedup = p.gpus.clone(); dedup.dedup();
                 prop_assert_eq!(dedup.len(), p.gpus.len());
-                for &g in &p.gpus { per_gpu[g as usize].push(c.estimate_mib); }
+                for &g in &p.gpus {
+                    // Nothing joins a GPU an exclusive attempt holds, and an exclusive job
+                    // goes only where nothing is placed.
+                    prop_assert!(!gpus[g as usize].held_alone && !alone_on[g as usize]);
+                    if c.alone { prop_assert!(per_gpu[g as usize].is_empty()); }
+                    alone_on[g as usize] |= c.alone;
+                    per_gpu[g as usize].push(c.estimate_mib);
+                }
             }
             for (g, placed) in per_gpu.iter().enumerate() {
                 let gpu = &gpus[g];
+                let new = &placed[gpu.placed.len()..];
+                if new.is_empty() { continue; }
                 prop_assert!(placed.len() as u32 <= gpu.slots);
                 if placed.iter().any(Option::is_none) {
                     prop_assert_eq!(placed.len(), 1);
@@ -589,8 +686,9 @@ mod tests {
                 }
                 let sum: u64 = placed.iter().flatten().sum();
                 prop_assert!(sum + gpu.headroom_mib <= gpu.total_mib || placed.iter().all(Option::is_none));
+                let sum_new: u64 = new.iter().flatten().sum();
                 if let Some(free) = gpu.live_free_mib {
-                    prop_assert!(sum <= free.saturating_sub(gpu.headroom_mib) || sum == 0);
+                    prop_assert!(sum_new <= free.saturating_sub(gpu.headroom_mib) || sum_new == 0);
                 }
             }
             // Each candidate is placed at most once.

@@ -68,6 +68,8 @@ pub struct PendingRow {
     pub memory_key: String,
     /// The reason stored by the last claim that looked at it.
     pub reason: Option<PendingReason>,
+    /// It needs its GPUs to itself (`exclusive`, `cooldown`).
+    pub alone: bool,
 }
 
 /// What a memory key has taught: observed peaks and the floor after OOMs.
@@ -112,6 +114,7 @@ pub fn claim(
             gpus: p.gpus,
             estimate_mib: *estimate,
             waited_ms: (now - p.since).max(0) as u64,
+            alone: p.alone,
         })
         .collect();
     let mut placed = placement::place_explained(snapshot, &candidates, max);

@@ -140,6 +140,7 @@ fn job(
         command: vec!["train".into(), "--bs={batch_size}".into()],
         shell: false,
         oom_ladder: vec![],
+        prestart: None,
     }
 }
 
@@ -236,6 +237,7 @@ fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
         measurements: Measurements::default(),
         log_tail: "tail".into(),
         gpus: vec![],
+        prestart: None,
     }
 }
 
@@ -407,10 +409,12 @@ async fn reregistration_resumes_current_attempts(s: Backend) {
                 AttemptRef {
                     attempt: leases[0].attempt,
                     fence: leases[0].fence,
+                    waiting: None,
                 },
                 AttemptRef {
                     attempt: leases[1].attempt,
                     fence: leases[1].fence + 7,
+                    waiting: None,
                 },
             ],
             lease_ttl_ms: 30_000,
@@ -426,6 +430,7 @@ async fn reregistration_resumes_current_attempts(s: Backend) {
         vec![AttemptRef {
             attempt: leases[0].attempt,
             fence: leases[0].fence,
+            waiting: None,
         }],
         vec![],
     )
@@ -702,6 +707,7 @@ async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
         vec![AttemptRef {
             attempt: l.attempt,
             fence: l.fence - 1,
+            waiting: None,
         }],
         samples,
     )
@@ -735,6 +741,7 @@ async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
         vec![AttemptRef {
             attempt: l.attempt,
             fence: l.fence,
+            waiting: None,
         }],
         vec![],
     )
@@ -764,6 +771,7 @@ async fn heartbeats_racing_a_normal_end_renew_the_rest(s: Backend) {
         .map(|l| AttemptRef {
             attempt: l.attempt,
             fence: l.fence,
+            waiting: None,
         })
         .collect();
     let renewed = renew(&s, agent, refs, free(1, 10_000))
@@ -1427,6 +1435,98 @@ async fn runs_record_who_submitted_them(s: Backend) {
     assert_eq!(detail.attempts_detail[0].submitted_by, owner);
 }
 
+/// `exclusive` / `cooldown` travel with the job into its lease, an exclusive attempt holds
+/// its GPU alone whatever the plan, the waiting reason a heartbeat carries shows while the
+/// job has not started, and the wait's figures are stored with the attempt's end.
+async fn exclusive_jobs_hold_their_gpu_and_record_their_wait(s: Backend) {
+    use headroom_shared::prestart::{Cooldown, OnCooldownTimeout, Prestart, PrestartReport};
+    let rules = Prestart {
+        exclusive: true,
+        cooldown: Some(Cooldown::UntilTemp {
+            temp_c: 40.0,
+            max_wait_ms: 60_000,
+            on_timeout: OnCooldownTimeout::Fail,
+        }),
+    };
+    let agent = register(&s, "n1", 1, Some("4")).await;
+    let mut alone = job(0, Some(1000), vec![], 1);
+    alone.prestart = Some(rules.clone());
+    submit(&s, vec![alone]).await;
+    submit(&s, vec![job(1, Some(1000), vec![], 1)]).await;
+    let leases = claim(&s, agent, 1).await;
+    assert_eq!(
+        leases.len(),
+        1,
+        "nothing joins the exclusive job: {leases:?}"
+    );
+    let l = &leases[0];
+    assert_eq!(l.prestart.as_ref(), Some(&rules));
+    assert_eq!(
+        s.job(l.job).await.expect("job").prestart.as_ref(),
+        Some(&rules)
+    );
+    assert!(claim(&s, agent, 1).await.is_empty(), "its GPU stays alone");
+    let waiting = "cooling: 52 °C → 40 °C".to_string();
+    renew(
+        &s,
+        agent,
+        vec![AttemptRef {
+            attempt: l.attempt,
+            fence: l.fence,
+            waiting: Some(waiting.clone()),
+        }],
+        free(1, 10_000),
+    )
+    .await
+    .expect("renew");
+    assert_eq!(
+        s.attempt(l.attempt).await.expect("attempt").waiting,
+        Some(waiting)
+    );
+    s.start_attempt(l.attempt, l.fence, 42, Utc::now().timestamp_millis())
+        .await
+        .expect("start");
+    assert_eq!(s.attempt(l.attempt).await.expect("attempt").waiting, None);
+    let wait = PrestartReport {
+        exclusive_wait_ms: Some(1200),
+        cooldown_wait_ms: Some(30_500),
+        cooldown_from_temp_c: Some(52.25),
+        cooldown_start_temp_c: Some(39.5),
+        cooldown_timed_out: Some(false),
+    };
+    s.finish_attempt(
+        l.attempt,
+        FinishReport {
+            prestart: Some(wait.clone()),
+            ..report(l.fence, None)
+        },
+    )
+    .await
+    .expect("finish");
+    let a = s.attempt(l.attempt).await.expect("attempt");
+    assert_eq!(
+        (
+            a.exclusive_wait_ms,
+            a.cooldown_wait_ms,
+            a.cooldown_from_temp_c,
+            a.cooldown_start_temp_c,
+            a.cooldown_timed_out
+        ),
+        (
+            wait.exclusive_wait_ms,
+            wait.cooldown_wait_ms,
+            wait.cooldown_from_temp_c,
+            wait.cooldown_start_temp_c,
+            wait.cooldown_timed_out
+        )
+    );
+    // Its GPU is free again: the ordinary job goes there, with no rules to wait for.
+    let next = claim(&s, agent, 1).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].prestart, None);
+    assert_eq!(s.job(next[0].job).await.expect("job").prestart, None);
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -1473,6 +1573,7 @@ conformance!(sqlite, postgres: [
     pending_reasons_are_counted,
     tokens_are_created_found_listed_and_revoked,
     runs_record_who_submitted_them,
+    exclusive_jobs_hold_their_gpu_and_record_their_wait,
 ]);
 
 // ---- both backends side by side, and what only PostgreSQL does --------------------------

@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::expand::ExpandedJob;
 use crate::ids::{AgentId, AttemptId, ExperimentId, JobId};
 use crate::pending::PendingReason;
+use crate::prestart::{Prestart, PrestartReport};
 use crate::size::MemSize;
 use crate::state::{FailureClass, JobState};
 
@@ -230,6 +231,9 @@ pub struct JobDetail {
     /// Ladder steps applied so far.
     pub ladder_step: u32,
     pub attempts_detail: Vec<AttemptView>,
+    /// What each attempt waits for before the job starts (`exclusive`, `cooldown`).
+    #[serde(default)]
+    pub prestart: Option<Prestart>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -287,6 +291,23 @@ pub struct AttemptView {
     /// Name of the token that submitted the attempt's experiment.
     #[serde(default = "anonymous")]
     pub submitted_by: String,
+    /// While the job has not started: what the attempt waits for (`waiting for GPU 0 to
+    /// empty: pid 4242`, `cooling: 52 °C → 40 °C`).
+    #[serde(default)]
+    pub waiting: Option<String>,
+    /// Exclusive attempts: how long it waited for its GPUs to hold no process.
+    #[serde(default)]
+    pub exclusive_wait_ms: Option<u64>,
+    /// Cooldown: how long it waited, the hottest GPU's temperature when cooling began and
+    /// when the job was released, and whether `max_wait` passed first.
+    #[serde(default)]
+    pub cooldown_wait_ms: Option<u64>,
+    #[serde(default)]
+    pub cooldown_from_temp_c: Option<f64>,
+    #[serde(default)]
+    pub cooldown_start_temp_c: Option<f64>,
+    #[serde(default)]
+    pub cooldown_timed_out: Option<bool>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -704,6 +725,9 @@ pub struct Lease {
     pub gpus: Vec<u32>,
     pub estimate_mib: Option<u64>,
     pub timeout_ms: Option<u64>,
+    /// What the attempt waits for before its job starts (`exclusive`, `cooldown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prestart: Option<Prestart>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -711,6 +735,9 @@ pub struct Lease {
 pub struct AttemptRef {
     pub attempt: AttemptId,
     pub fence: i64,
+    /// Why the attempt's job has not started yet (`cooling: 52 °C → 40 °C`), while it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -858,6 +885,9 @@ pub struct FinishReport {
     pub log_tail: String,
     /// GPU memory after cleanup, so the next placement sees the freed memory at once.
     pub gpus: Vec<GpuSample>,
+    /// What the wait before the job's start was (`exclusive`, `cooldown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prestart: Option<PrestartReport>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -9,6 +9,7 @@ pub mod expand;
 pub mod ids;
 pub mod pending;
 pub mod plan;
+pub mod prestart;
 pub mod profile;
 pub mod routes;
 #[cfg(feature = "settings")]

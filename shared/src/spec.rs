@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::prestart::{Cooldown, OnCooldownTimeout, Prestart};
 use crate::profile;
 use crate::size::MemSize;
 use crate::state::FailureClass;
@@ -65,7 +66,41 @@ pub struct ExperimentSpec {
     /// `[{batch_size: "/2", grad_accum: "*2"}, {gradient_checkpointing: true}]`.
     #[serde(default)]
     pub oom_ladder: Vec<BTreeMap<String, Value>>,
+    /// Nothing else is placed on the job's GPUs while an attempt runs, and the attempt
+    /// starts only once they hold no process at all (foreign ones included).
+    #[serde(default)]
+    pub exclusive: bool,
+    /// Before each attempt starts, its GPUs idle for `seconds`, or until they cool to
+    /// `until_temp_c` (at most `max_wait`).
+    #[serde(default)]
+    pub cooldown: Option<CooldownSpec>,
 }
+
+/// `cooldown: {seconds: 60}` or `cooldown: {until_temp_c: 40, max_wait: 10m}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CooldownSpec {
+    /// Idle this many seconds before the job starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+    /// Wait until every GPU of the attempt reads at most this temperature (°C).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_temp_c: Option<f64>,
+    /// Bound on the wait for `until_temp_c` (required with it): `10m`, or seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait: Option<Value>,
+    /// When `max_wait` passes: `fail` (default, failure class `cooldown_timeout`) or
+    /// `start` (start anyway, recorded as timed out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<OnCooldownTimeout>,
+}
+
+/// Lowest and highest `cooldown.until_temp_c` taken: below room temperature a GPU never
+/// gets there, above this it is already throttling.
+pub const COOL_TEMP_RANGE_C: (f64, f64) = (15.0, 95.0);
+/// Longest `cooldown.seconds` / `cooldown.max_wait`: a day.
+pub const MAX_COOLDOWN_S: f64 = 86_400.0;
 
 fn one() -> u32 {
     1
@@ -179,6 +214,29 @@ impl ExperimentSpec {
         parse_timeout(self.timeout.as_ref())
     }
 
+    /// The pre-start rules every job of this spec gets (`exclusive`, `cooldown`).
+    pub fn prestart(&self) -> Result<Prestart, SpecError> {
+        let cooldown = match &self.cooldown {
+            None => None,
+            Some(c) => Some(c.resolve()?),
+        };
+        if (self.exclusive || cooldown.is_some()) && self.resources.gpus == 0 {
+            let field = if self.exclusive {
+                "exclusive"
+            } else {
+                "cooldown"
+            };
+            return Err(SpecError::new(
+                field,
+                "a CPU-only job (resources.gpus: 0) has no GPU to wait for",
+            ));
+        }
+        Ok(Prestart {
+            exclusive: self.exclusive,
+            cooldown,
+        })
+    }
+
     /// Parameter names: grid axes and mutate axes.
     pub fn parameter_names(&self) -> BTreeSet<&str> {
         self.grid
@@ -265,6 +323,7 @@ impl ExperimentSpec {
             return Err(SpecError::new("resources.memory", "must be more than 0"));
         }
         self.timeout()?;
+        self.prestart()?;
         if self.retry.max_attempts == 0 || self.retry.max_attempts > 100 {
             return Err(SpecError::new(
                 "retry.max_attempts",
@@ -449,9 +508,83 @@ fn validate_distribution(dist: &Distribution, field: &str) -> Result<(), SpecErr
     Ok(())
 }
 
+impl CooldownSpec {
+    /// Checks the combination and the figures; errors name `cooldown.<field>`.
+    pub fn resolve(&self) -> Result<Cooldown, SpecError> {
+        let bad = |f: &str, m: String| SpecError::new(format!("cooldown.{f}"), m);
+        match (self.seconds, self.until_temp_c) {
+            (Some(_), Some(_)) => Err(bad(
+                "until_temp_c",
+                "give either `seconds` or `until_temp_c`, not both".into(),
+            )),
+            (None, None) => Err(SpecError::new(
+                "cooldown",
+                "give `seconds: N` or `until_temp_c: T` with `max_wait`",
+            )),
+            (Some(secs), None) => {
+                if self.max_wait.is_some() {
+                    return Err(bad(
+                        "max_wait",
+                        "bounds `until_temp_c` only; `seconds` is the wait".into(),
+                    ));
+                }
+                if self.on_timeout.is_some() {
+                    return Err(bad(
+                        "on_timeout",
+                        "applies to `until_temp_c` only; `seconds` cannot time out".into(),
+                    ));
+                }
+                if !secs.is_finite() || secs <= 0.0 || secs > MAX_COOLDOWN_S {
+                    return Err(bad(
+                        "seconds",
+                        format!("must be more than 0 and at most {MAX_COOLDOWN_S}, got {secs}"),
+                    ));
+                }
+                Ok(Cooldown::Seconds {
+                    ms: (secs * 1000.0).round() as u64,
+                })
+            }
+            (None, Some(temp)) => {
+                let (lo, hi) = COOL_TEMP_RANGE_C;
+                if !temp.is_finite() || !(lo..=hi).contains(&temp) {
+                    return Err(bad(
+                        "until_temp_c",
+                        format!("must be a temperature between {lo} and {hi} °C, got {temp}"),
+                    ));
+                }
+                let max_wait = parse_duration(self.max_wait.as_ref(), "cooldown.max_wait")?
+                    .ok_or_else(|| {
+                        bad(
+                            "max_wait",
+                            "is required with `until_temp_c` (e.g. `10m`): a GPU may never \
+                             cool that far"
+                                .into(),
+                        )
+                    })?;
+                if max_wait.as_secs_f64() > MAX_COOLDOWN_S {
+                    return Err(bad(
+                        "max_wait",
+                        format!("at most {MAX_COOLDOWN_S} seconds (a day)"),
+                    ));
+                }
+                Ok(Cooldown::UntilTemp {
+                    temp_c: temp,
+                    max_wait_ms: u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX),
+                    on_timeout: self.on_timeout.unwrap_or_default(),
+                })
+            }
+        }
+    }
+}
+
 /// Parses a timeout: seconds as a number or a `humantime` string; must be positive.
 pub fn parse_timeout(v: Option<&Value>) -> Result<Option<Duration>, SpecError> {
-    let bad = |m: String| SpecError::new("timeout", m);
+    parse_duration(v, "timeout")
+}
+
+/// Parses a duration field: seconds as a number or a `humantime` string; must be positive.
+pub fn parse_duration(v: Option<&Value>, field: &str) -> Result<Option<Duration>, SpecError> {
+    let bad = |m: String| SpecError::new(field, m);
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => {

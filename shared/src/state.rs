@@ -169,10 +169,15 @@ pub enum FailureClass {
     Nonzero,
     /// Killed by a signal it did not get from headroom.
     Signal,
+    /// Its GPUs did not cool to `cooldown.until_temp_c` within `max_wait` (never started).
+    CooldownTimeout,
+    /// Exclusive: its GPUs still held a process when the wait for them to empty ran out
+    /// (never started).
+    GpuBusy,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 7] = [
+    pub const ALL: [FailureClass; 9] = [
         FailureClass::Oom,
         FailureClass::Timeout,
         FailureClass::Cancelled,
@@ -180,6 +185,8 @@ impl FailureClass {
         FailureClass::LaunchError,
         FailureClass::Nonzero,
         FailureClass::Signal,
+        FailureClass::CooldownTimeout,
+        FailureClass::GpuBusy,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -191,6 +198,8 @@ impl FailureClass {
             FailureClass::LaunchError => "launch_error",
             FailureClass::Nonzero => "nonzero",
             FailureClass::Signal => "signal",
+            FailureClass::CooldownTimeout => "cooldown_timeout",
+            FailureClass::GpuBusy => "gpu_busy",
         }
     }
 }

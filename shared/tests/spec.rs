@@ -297,3 +297,135 @@ fn nul_bytes_are_refused_naming_the_field() {
         assert!(err.message.contains("NUL"), "{doc}: {err}");
     }
 }
+
+#[test]
+fn exclusive_and_cooldown_resolve_for_every_job() {
+    use headroom_shared::prestart::{Cooldown, OnCooldownTimeout, Prestart};
+    let spec = parse(
+        "name: e\ncommand: [x]\nexclusive: true\n\
+         cooldown: {until_temp_c: 40, max_wait: 10m, on_timeout: start}\n",
+    );
+    spec.validate(DEFAULT_MAX_JOBS).expect("valid");
+    assert_eq!(
+        spec.prestart().expect("resolves"),
+        Prestart {
+            exclusive: true,
+            cooldown: Some(Cooldown::UntilTemp {
+                temp_c: 40.0,
+                max_wait_ms: 600_000,
+                on_timeout: OnCooldownTimeout::Start,
+            }),
+        }
+    );
+    let spec = parse("name: e\ncommand: [x]\ncooldown: {seconds: 1.5}\n");
+    let p = spec.prestart().expect("resolves");
+    assert_eq!(p.cooldown, Some(Cooldown::Seconds { ms: 1500 }));
+    assert!(p.holds_gpu() && !p.exclusive);
+    // Neither: nothing to store with the jobs.
+    let plain = parse("name: e\ncommand: [x]\n")
+        .prestart()
+        .expect("resolves");
+    assert_eq!(plain.into_option(), None);
+}
+
+#[test]
+fn exclusive_and_cooldown_refusals_name_the_field() {
+    let cases: &[(&str, &str, &str)] = &[
+        ("cooldown: {}", "cooldown", "seconds"),
+        (
+            "cooldown: {seconds: 60, until_temp_c: 40, max_wait: 5m}",
+            "cooldown.until_temp_c",
+            "not both",
+        ),
+        (
+            "cooldown: {until_temp_c: 40}",
+            "cooldown.max_wait",
+            "required",
+        ),
+        (
+            "cooldown: {until_temp_c: -5, max_wait: 5m}",
+            "cooldown.until_temp_c",
+            "between",
+        ),
+        (
+            "cooldown: {until_temp_c: 400, max_wait: 5m}",
+            "cooldown.until_temp_c",
+            "between",
+        ),
+        (
+            "cooldown: {until_temp_c: 40, max_wait: soon}",
+            "cooldown.max_wait",
+            "duration",
+        ),
+        (
+            "cooldown: {until_temp_c: 40, max_wait: 0}",
+            "cooldown.max_wait",
+            "positive",
+        ),
+        (
+            "cooldown: {until_temp_c: 40, max_wait: 30d}",
+            "cooldown.max_wait",
+            "a day",
+        ),
+        ("cooldown: {seconds: 0}", "cooldown.seconds", "more than 0"),
+        (
+            "cooldown: {seconds: 60, max_wait: 5m}",
+            "cooldown.max_wait",
+            "until_temp_c",
+        ),
+        (
+            "cooldown: {seconds: 60, on_timeout: start}",
+            "cooldown.on_timeout",
+            "until_temp_c",
+        ),
+        (
+            "cooldown: {until_temp_c: 40, max_wait: 5m, on_timeout: later}",
+            "cooldown.on_timeout",
+            "unknown variant",
+        ),
+        (
+            "cooldown: {seconds: 60, temp: 40}",
+            "cooldown.temp",
+            "unknown",
+        ),
+        ("exclusive: yes please", "exclusive", ""),
+        (
+            "exclusive: true\nresources: {gpus: 0}",
+            "exclusive",
+            "CPU-only",
+        ),
+        (
+            "cooldown: {seconds: 5}\nresources: {gpus: 0}",
+            "cooldown",
+            "CPU-only",
+        ),
+    ];
+    for (extra, field, words) in cases {
+        let text = format!("name: a\ncommand: [x]\n{extra}\n");
+        let err = refused(&text);
+        assert_eq!(err.field, *field, "{text}: {err}");
+        assert!(err.message.contains(words), "{text}: {err}");
+    }
+}
+
+#[test]
+fn the_energy_example_is_exclusive_and_cools_each_run() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/energy-cooldown.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("example");
+    let spec = parse(&text);
+    spec.validate(DEFAULT_MAX_JOBS).expect("valid");
+    let p = spec.prestart().expect("resolves");
+    assert!(p.exclusive);
+    assert_eq!(
+        p.cooldown,
+        Some(headroom_shared::prestart::Cooldown::UntilTemp {
+            temp_c: 40.0,
+            max_wait_ms: 600_000,
+            on_timeout: headroom_shared::prestart::OnCooldownTimeout::Fail,
+        })
+    );
+    assert_eq!(spec.job_count(), Some(10));
+}

@@ -26,7 +26,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use headroom_shared::MemSize;
 use headroom_shared::api::{GpuInfo, GpuSample, TelemetrySample};
@@ -43,6 +43,17 @@ pub const DIR_VAR: &str = "HEADROOM_FAKE_GPU_DIR";
 pub const SPEC_VAR: &str = "HEADROOM_FAKE_GPUS";
 /// Lock file in the directory: held by a process while it checks capacity and claims memory.
 pub const LOCK_FILE: &str = ".lock";
+
+/// Every fake GPU's power model state (one line each: time, power, temperature, energy),
+/// shared by every process that reads the directory (the agent, each attempt supervisor), so
+/// that they all see one GPU: one temperature, one energy counter.
+pub const POWER_STATE_FILE: &str = ".power-state";
+/// Its lock, held while a reading advances the state.
+pub const POWER_LOCK_FILE: &str = ".power-lock";
+/// Control file overriding the power model's constants: `tau_s=1 idle_w=50` (names of
+/// [`PowerModel`]'s fields), e.g. a short time constant so that tests heat and cool a fake
+/// GPU in seconds.
+pub const POWER_MODEL_FILE: &str = "power-model";
 
 /// More fake GPUs than any node has is a typo (`1000x24GiB`), not a wish.
 const MAX_GPUS: usize = 256;
@@ -463,8 +474,6 @@ pub struct FakeBackend {
     inventory: Vec<GpuInfo>,
     /// Why `auto` chose fake GPUs (no NVIDIA driver), for the start line.
     fallback: Option<String>,
-    /// Time zero of the power model.
-    epoch: Instant,
     model: PowerModel,
     /// Each GPU's power model state at its last reading.
     power: Mutex<Vec<GpuState>>,
@@ -498,7 +507,6 @@ impl FakeBackend {
             dir,
             inventory,
             fallback: None,
-            epoch: Instant::now(),
             model,
             power,
         })
@@ -510,16 +518,107 @@ impl FakeBackend {
         self
     }
 
+    /// The model's constants, with the directory's overrides ([`POWER_MODEL_FILE`]).
+    fn model_of(&self, controls: &Controls) -> PowerModel {
+        let mut m = self.model;
+        let Some(text) = controls.read(&self.dir.join(POWER_MODEL_FILE)) else {
+            return m;
+        };
+        for (key, value) in text
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .filter_map(|(k, v)| Some((k, v.parse::<f64>().ok().filter(|v| v.is_finite())?)))
+        {
+            match key {
+                "idle_w" => m.idle_w = value,
+                "max_w" => m.max_w = value,
+                "memory_share" => m.memory_share = value,
+                "ambient_c" => m.ambient_c = value,
+                "c_per_w" => m.c_per_w = value,
+                "tau_s" if value > 0.0 => m.tau_s = value,
+                _ => tracing::debug!(key, "ignoring an unknown fake power model constant"),
+            }
+        }
+        m
+    }
+
+    /// The shared state of every GPU ([`POWER_STATE_FILE`]), `None` when there is none
+    /// (yet) or it does not fit this inventory.
+    fn read_power_state(&self) -> Option<Vec<GpuState>> {
+        let text = fs::read_to_string(self.dir.join(POWER_STATE_FILE)).ok()?;
+        let states: Vec<GpuState> = text
+            .lines()
+            .map(|l| {
+                let f: Vec<f64> = l
+                    .split_whitespace()
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()
+                    .ok()?;
+                match f[..] {
+                    [at_s, power_w, temperature_c, energy_j] => Some(GpuState {
+                        at_s,
+                        power_w,
+                        temperature_c,
+                        energy_j,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect::<Option<_>>()?;
+        (states.len() == self.inventory.len()).then_some(states)
+    }
+
+    fn write_power_state(&self, states: &[GpuState]) -> io::Result<()> {
+        let text: String = states
+            .iter()
+            .map(|g| {
+                format!(
+                    "{} {} {} {}\n",
+                    g.at_s, g.power_w, g.temperature_c, g.energy_j
+                )
+            })
+            .collect();
+        let tmp = self
+            .dir
+            .join(format!("{POWER_STATE_FILE}.{}.tmp", std::process::id()));
+        fs::write(&tmp, text)?;
+        fs::rename(&tmp, self.dir.join(POWER_STATE_FILE))
+    }
+
     /// Advances every GPU's power model to now under the load `uses` declare, and returns
-    /// the states with each GPU's declared utilization.
-    fn observe(&self, uses: &[FakeUse]) -> Vec<(GpuState, u32)> {
+    /// the states with each GPU's declared utilization. The state lives in the directory,
+    /// shared by every process reading these GPUs (this process's copy when it cannot be
+    /// read or written).
+    fn observe(&self, uses: &[FakeUse], controls: &Controls) -> Vec<(GpuState, u32)> {
+        let model = self.model_of(controls);
         let mut power = self
             .power
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Taken under the lock: concurrent readers advance the model in time order.
-        let t = self.epoch.elapsed().as_secs_f64();
-        self.inventory
+        // Across processes: readers advance the shared state one at a time, in time order.
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join(POWER_LOCK_FILE))
+            .and_then(|f| f.lock().map(|()| f));
+        // Wall-clock seconds: every process reading the directory agrees on them.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        if lock.is_ok() {
+            match self.read_power_state() {
+                Some(shared) => *power = shared,
+                // None yet: idle GPUs from now on.
+                None if power.iter().all(|g| g.at_s == 0.0) => {
+                    *power = vec![GpuState::idle(&model, t); self.inventory.len()];
+                }
+                None => {}
+            }
+        }
+        let out = self
+            .inventory
             .iter()
             .zip(power.iter_mut())
             .map(|(gpu, state)| {
@@ -529,10 +628,16 @@ impl FakeBackend {
                     .filter(|u| u.gpu == gpu.index)
                     .fold(0u32, |acc, u| (acc + u.util_pct).min(100));
                 let memory_frac = used as f64 / gpu.total_mib.max(1) as f64;
-                state.observe(&self.model, t, memory_frac, f64::from(util) / 100.0);
+                state.observe(&model, t, memory_frac, f64::from(util) / 100.0);
                 (*state, util)
             })
-            .collect()
+            .collect();
+        if lock.is_ok()
+            && let Err(e) = self.write_power_state(&power)
+        {
+            tracing::debug!("fake GPU power state not shared: {e}");
+        }
+        out
     }
 
     /// The power model's constants.
@@ -647,7 +752,7 @@ impl GpuBackend for FakeBackend {
                 source,
             })?;
         let view = self.pid_view(&controls);
-        let power = self.observe(&uses);
+        let power = self.observe(&uses, &controls);
         Ok(self
             .inventory
             .iter()
@@ -663,7 +768,7 @@ impl GpuBackend for FakeBackend {
                 source,
             })?;
         let at = chrono::Utc::now();
-        let power = self.observe(&uses);
+        let power = self.observe(&uses, &controls);
         Ok(self
             .inventory
             .iter()
@@ -1030,5 +1135,34 @@ mod tests {
         assert_eq!(inv[1].name, "Fake GPU");
         assert_eq!(inv[1].total_mib, 24576);
         assert_eq!(backend.kind(), "fake");
+    }
+
+    /// Two processes reading one directory (the agent and an attempt's supervisor) see one
+    /// GPU: the temperature one saw rise, the other sees fall, and one energy counter.
+    #[test]
+    fn every_reader_of_a_directory_shares_one_power_state() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let a = FakeBackend::open(spec("1x1GiB"), tmp.path()).expect("open");
+        let b = FakeBackend::open(spec("1x1GiB"), tmp.path()).expect("open");
+        fs::write(
+            tmp.path().join(POWER_MODEL_FILE),
+            "tau_s=0.2 bogus=1 idle_w=x",
+        )
+        .expect("model");
+        let idle = a.telemetry().expect("read")[0].temperature_c.expect("temp");
+        assert!((idle - 39.0).abs() < 0.5, "{idle}");
+        write_usage_util(tmp.path(), std::process::id(), &[(0, 1024, 100)]).expect("usage");
+        a.telemetry().expect("load seen");
+        std::thread::sleep(Duration::from_millis(1500));
+        // B never saw the load start, yet reads the GPU hot (7.5 time constants at 300 W).
+        let hot = b.telemetry().expect("read")[0].clone();
+        assert!(hot.temperature_c.expect("temp") > 74.0, "{hot:?}");
+        assert!(hot.energy_j.expect("energy") > 300.0 * 1.4, "{hot:?}");
+        remove_usage(tmp.path(), std::process::id()).expect("rm");
+        b.telemetry().expect("idle seen");
+        std::thread::sleep(Duration::from_millis(1500));
+        let cool = a.telemetry().expect("read")[0].clone();
+        assert!(cool.temperature_c.expect("temp") < 40.0, "{cool:?}");
+        assert!(cool.energy_j > hot.energy_j, "the counter only grows");
     }
 }

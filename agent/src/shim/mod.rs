@@ -32,7 +32,9 @@ use crate::attempts::StopReason;
 use crate::gpu::lazy::LazyBackend;
 use crate::gpu::{self, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes};
+use crate::prestart;
 use crate::supervisor::{self, AttemptEnd, SupervisorConfig};
+use headroom_shared::prestart::{Prestart, PrestartReport};
 use proto::{Conn, FromShim, PROTOCOL, Spec, ToShim};
 
 /// Attempts one supervisor process runs, one after another, before it exits. Handed back
@@ -231,18 +233,29 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
     let cancel = CancellationToken::new();
     let mut reason: Option<StopReason> = None;
     let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
-    let run = supervisor::run_attempt(launch.clone(), backend.clone(), &cfg, cancel.clone(), {
+    let (waiting_tx, mut waiting_rx) = tokio::sync::mpsc::unbounded_channel();
+    let run = prestart_then_run(
+        launch.clone(),
+        backend.clone(),
+        &cfg,
+        cancel.clone(),
+        move |w| {
+            let _ = waiting_tx.send(w);
+        },
         move |pid| {
             let _ = started_tx.send((pid, Utc::now()));
-        }
-    });
+        },
+    );
     tokio::pin!(run);
-    let end = loop {
+    let (end, prestart) = loop {
         tokio::select! {
             end = &mut run => break end,
             Some((pid, at)) = started_rx.recv() => {
                 link.started = Some((pid, at));
                 link.send(&FromShim::Started { pid, started_at: at }).await;
+            }
+            Some(reason) = waiting_rx.recv() => {
+                link.send(&FromShim::Waiting { reason }).await;
             }
             msg = link.recv() => match msg {
                 Some(Ok(Some(ToShim::Renew { stop_in_ms }))) => {
@@ -282,7 +295,50 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
         }
     };
     let gpus = gpu::read(backend.as_ref());
-    finish(&spec, end, reason, gpus, link, reuse).await
+    finish(&spec, end, reason, gpus, prestart, link, reuse).await
+}
+
+/// The attempt's wait before its job starts ([`crate::prestart`]), then the attempt itself;
+/// a wait that ends without a start (a stop, `max_wait`) ends the attempt unstarted.
+async fn prestart_then_run(
+    mut launch: supervisor::Launch,
+    backend: Arc<dyn GpuBackend>,
+    cfg: &SupervisorConfig,
+    cancel: CancellationToken,
+    waiting: impl FnMut(Option<String>) + Send,
+    started: impl FnOnce(u32) + Send,
+) -> (AttemptEnd, Option<PrestartReport>) {
+    if launch.prestart == Prestart::default() {
+        return (
+            supervisor::run_attempt(launch, backend, cfg, cancel, started).await,
+            None,
+        );
+    }
+    let mut probe = prestart::BackendProbe::new(backend.clone(), &launch.gpus);
+    let waited = prestart::wait(
+        &launch.prestart,
+        &mut probe,
+        cfg.sample_every,
+        &cancel,
+        Some(&launch.log_path),
+        waiting,
+    )
+    .await;
+    match waited {
+        Ok(report) => {
+            // What is on the GPUs now, not at admission before the wait, is what cleanup
+            // returns to.
+            if let Some(samples) = &probe.last {
+                launch.baseline = Some(supervisor::Baseline::of(samples, &launch.gpus));
+            }
+            let end = supervisor::run_attempt(launch, backend, cfg, cancel, started).await;
+            (end, Some(report))
+        }
+        Err(n) => (
+            supervisor::not_started(Some(n.failure), format!("[headroom] {}\n", n.message)),
+            Some(n.report),
+        ),
+    }
 }
 
 /// Journals the end, then tells the attached agent (if any), and whether this process can
@@ -293,14 +349,17 @@ async fn finish(
     end: AttemptEnd,
     reason: Option<StopReason>,
     gpus: Vec<headroom_shared::api::GpuSample>,
+    prestart: Option<PrestartReport>,
     mut link: Link,
     reuse: bool,
 ) -> Next {
     let held_by = end.held_by.clone();
     let clean = end.cleanup_verified;
+    let mut report = report(spec.fence, end, reason, gpus);
+    report.prestart = prestart;
     let outcome = Outcome {
         attempt: spec.launch.attempt,
-        report: report(spec.fence, end, reason, gpus),
+        report,
     };
     let journal = Outcomes::writer(&spec.data_dir);
     // A restarting agent clears temporary files it finds (a write a kill cut short): try
@@ -373,5 +432,6 @@ pub fn report(
         measurements: end.measurements,
         log_tail,
         gpus,
+        prestart: None,
     }
 }

@@ -80,6 +80,12 @@ pub enum FromShim {
         pid: u32,
         started_at: DateTime<Utc>,
     },
+    /// Before the job starts: what the attempt waits for (an empty GPU, cooling), for
+    /// users to see; `None` when the wait is over. An agent that does not know this
+    /// message logs it and goes on.
+    Waiting {
+        reason: Option<String>,
+    },
     /// The attempt's end, journalled before this is sent; `held_by`: pids still holding
     /// GPU memory when verification gave up (the agent quarantines the GPUs until they are
     /// gone).
@@ -312,6 +318,7 @@ mod tests {
             log_path: "/tmp/x.log".into(),
             workdir: None,
             baseline: Some(crate::supervisor::Baseline::of(&samples, &[3])),
+            prestart: Default::default(),
         };
         let msg = ToShim::Launch {
             spec: Box::new(Spec {

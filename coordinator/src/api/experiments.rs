@@ -69,6 +69,7 @@ pub async fn submit(
         .collect();
     env.extend(spec.env.clone());
     let timeout_ms = spec.timeout()?.map(|d| d.as_millis() as u64);
+    let prestart = spec.prestart()?.into_option();
     let jobs = expanded
         .into_iter()
         .map(|j| NewJob {
@@ -90,6 +91,7 @@ pub async fn submit(
             command: spec.command.clone(),
             shell: spec.shell,
             oom_ladder: spec.oom_ladder.clone(),
+            prestart: prestart.clone(),
         })
         .collect::<Vec<_>>();
     let count = jobs.len() as u64;

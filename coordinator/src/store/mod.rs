@@ -28,6 +28,8 @@ pub(crate) struct Active {
     pub gpus: Vec<u32>,
     pub estimate: Option<u64>,
     pub fence: i64,
+    /// Its job is exclusive or cools first: nothing else goes on its GPUs.
+    pub alone: bool,
 }
 
 /// The placement snapshot of one node: its GPUs with plan slots, headroom, live free memory,
@@ -58,6 +60,7 @@ pub(crate) fn node_snapshot(
                     .filter(|a| a.gpus.contains(&g.index))
                     .map(|a| a.estimate)
                     .collect(),
+                held_alone: active.iter().any(|a| a.alone && a.gpus.contains(&g.index)),
                 // A GPU whose last reading failed is unknown, so not placeable.
                 quarantined: blocked.contains(&g.index)
                     || samples
@@ -190,6 +193,8 @@ pub struct NewJob {
     pub command: Vec<String>,
     pub shell: bool,
     pub oom_ladder: Vec<BTreeMap<String, Value>>,
+    /// `exclusive` / `cooldown`; `None`: the job starts at once.
+    pub prestart: Option<headroom_shared::prestart::Prestart>,
 }
 
 #[derive(Clone, Debug)]

@@ -468,8 +468,11 @@ async fn record_telemetry(tx: &Transaction<'_>, node: &str, gpus: &[GpuSample]) 
 async fn active_on(tx: &Transaction<'_>, node: &str) -> Result<Vec<Active>> {
     all(
         tx,
-        "SELECT a.id, a.gpus, a.estimate_mib, a.fence FROM attempts a JOIN jobs j \
-         ON j.id = a.job_id WHERE a.node = $1 AND a.phase != 'ended' ORDER BY j.seq",
+        &format!(
+            "SELECT {} FROM attempts a JOIN jobs j \
+             ON j.id = a.job_id WHERE a.node = $1 AND a.phase != 'ended' ORDER BY j.seq",
+            rows::ACTIVE_COLUMNS
+        ),
         &[&node],
         rows::active,
     )
@@ -804,16 +807,18 @@ impl Store for PostgresStore {
                 let command: Vec<_> = jobs.iter().map(|j| json(&j.command)).collect();
                 let shell: Vec<bool> = jobs.iter().map(|j| j.shell).collect();
                 let ladder: Vec<_> = jobs.iter().map(|j| json(&j.oom_ladder)).collect();
+                // Matrix-independent: one value for every job of the experiment.
+                let prestart = jobs.first().and_then(|j| j.prestart.as_ref()).map(json);
                 exec(
                     tx,
                     "INSERT INTO jobs (id, experiment_id, idx, config, run, state, priority, \
                      params, argv, env, profile, gpus, estimate_mib, timeout_ms, max_attempts, \
                      retry_on, created_at, updated_at, memory_key, command, shell, ladder, \
-                     submitted_by) \
+                     submitted_by, prestart) \
                      SELECT u.id, $1, u.idx, u.config, u.run, 'queued', u.priority, u.params, \
                      u.argv, u.env, u.profile, u.gpus, u.estimate_mib, u.timeout_ms, \
                      u.max_attempts, u.retry_on, $2, $2, u.memory_key, u.command, u.shell, \
-                     u.ladder, $21 \
+                     u.ladder, $21, $22 \
                      FROM UNNEST($3::TEXT[], $4::BIGINT[], $5::BIGINT[], $6::BIGINT[], \
                      $7::BIGINT[], $8::JSONB[], $9::JSONB[], $10::JSONB[], $11::TEXT[], \
                      $12::BIGINT[], $13::BIGINT[], $14::BIGINT[], $15::BIGINT[], $16::JSONB[], \
@@ -844,6 +849,7 @@ impl Store for PostgresStore {
                         &shell,
                         &ladder,
                         &exp.submitted_by,
+                        &prestart,
                     ],
                 )
                 .await?;
@@ -1184,9 +1190,12 @@ impl Store for PostgresStore {
                 // never lease the same job, and neither blocks on the other.
                 let pending = all(
                     tx,
-                    "SELECT id, gpus, estimate_mib, updated_at, memory_key, pending_reason \
-                     FROM jobs WHERE state IN ('queued', 'retrying') AND gpus <= $1 \
-                     ORDER BY priority DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+                    &format!(
+                        "SELECT {} FROM jobs WHERE state IN ('queued', 'retrying') \
+                         AND gpus <= $1 ORDER BY priority DESC, seq LIMIT $2 \
+                         FOR UPDATE SKIP LOCKED",
+                        rows::PENDING_COLUMNS
+                    ),
                     &[&(node.gpus.len() as i64), &CLAIM_WINDOW],
                     rows::pending,
                 )
@@ -1262,24 +1271,24 @@ impl Store for PostgresStore {
                     )
                     .await?;
                     if rules::renewal(a.attempt, a.fence, row.as_ref().map(|(r, _)| r))? {
-                        renew.push((row.map_or(0, |(_, seq)| seq), a.attempt));
+                        renew.push((row.map_or(0, |(_, seq)| seq), a.attempt, a.waiting.clone()));
                     }
                 }
                 // Attempt rows are locked in job order, as the lease sweep locks them: in
                 // the agent's order, a heartbeat and a sweep could each wait for the other.
                 renew.sort_unstable();
-                let renew = renew.into_iter().map(|(_, a)| a);
+                let renew = renew.into_iter().map(|(_, a, waiting)| (a, waiting));
                 // Renewals change nothing anyone waits for; freed memory may let a claim
                 // on another replica place work.
                 let freed = record_telemetry(tx, &node.name, &gpus).await?;
                 let until = now_ms().saturating_add(i64_of(lease_ttl_ms));
                 let mut cancel = Vec::new();
-                for a in renew {
+                for (a, waiting) in renew {
                     let wanted = first(
                         tx,
-                        "UPDATE attempts SET lease_expires_at = $1 WHERE id = $2 \
+                        "UPDATE attempts SET lease_expires_at = $1, waiting = $3 WHERE id = $2 \
                          RETURNING cancel_requested",
-                        &[&until, &a.to_string()],
+                        &[&until, &a.to_string(), &waiting],
                         |r| r.flag(0),
                     )
                     .await?;
@@ -1374,6 +1383,23 @@ impl Store for PostgresStore {
                 )
                 .await?
                 .ok_or_else(|| StoreError::not_found("attempt", id.clone()))?;
+                if let Some(p) = &report.prestart {
+                    exec(
+                        tx,
+                        "UPDATE attempts SET exclusive_wait_ms = $1, cooldown_wait_ms = $2, \
+                         cooldown_from_mdeg = $3, cooldown_start_mdeg = $4, \
+                         cooldown_timed_out = $5 WHERE id = $6",
+                        &[
+                            &opt_i64(p.exclusive_wait_ms),
+                            &opt_i64(p.cooldown_wait_ms),
+                            &rows::mdeg(p.cooldown_from_temp_c),
+                            &rows::mdeg(p.cooldown_start_temp_c),
+                            &p.cooldown_timed_out,
+                            &id,
+                        ],
+                    )
+                    .await?;
+                }
                 if !report.gpus.is_empty() {
                     record_telemetry(tx, &node, &report.gpus).await?;
                 }

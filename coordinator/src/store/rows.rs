@@ -124,7 +124,8 @@ pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence,
      ladder_step, contaminated, peak_source, submitted_by, energy_mj, energy_source, \
      mean_power_mw, max_power_mw, max_temp_mdeg, start_temp_mdeg, mean_util_mpct, \
      throttled_thermal, throttled_power, throttle_reasons, contamination_reason, \
-     contamination_pid, contamination_command";
+     contamination_pid, contamination_command, waiting, exclusive_wait_ms, \
+     cooldown_wait_ms, cooldown_from_mdeg, cooldown_start_mdeg, cooldown_timed_out";
 
 pub(crate) fn phase(s: &str) -> Result<AttemptPhase> {
     match s {
@@ -166,6 +167,17 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
         peak_source: r.parsed_opt(23, "peak source")?,
         submitted_by: r.text(24)?,
         measurements: measurements(r, 25)?,
+        // Only an attempt whose job has not started waits.
+        waiting: if phase == AttemptPhase::Leased {
+            r.text_opt(38)?
+        } else {
+            None
+        },
+        exclusive_wait_ms: r.mib_opt(39)?,
+        cooldown_wait_ms: r.mib_opt(40)?,
+        cooldown_from_temp_c: r.int_opt(41)?.map(from_mdeg),
+        cooldown_start_temp_c: r.int_opt(42)?.map(from_mdeg),
+        cooldown_timed_out: r.flag_opt(43)?,
     })
 }
 
@@ -227,6 +239,16 @@ pub(crate) fn measure_row(m: &Measurements) -> MeasureRow {
     }
 }
 
+/// Temperatures are stored in milli-degrees C (as telemetry is).
+pub(crate) fn mdeg(c: Option<f64>) -> Option<i64> {
+    c.filter(|c| c.is_finite())
+        .map(|c| (c * 1000.0).round() as i64)
+}
+
+fn from_mdeg(m: i64) -> f64 {
+    m as f64 / 1000.0
+}
+
 /// The columns `token_row` reads, in order.
 pub(crate) const TOKEN_COLUMNS: &str =
     "id, name, role, created_by, created_at, revoked_at, secret_hash, expires_at";
@@ -248,7 +270,7 @@ pub(crate) fn token_row(r: &impl Cols) -> Result<super::StoredToken> {
 
 /// The columns of `JobDetail` beyond the summary, in order.
 pub(crate) const DETAIL_COLUMNS: &str =
-    "argv, env, profile, timeout_ms, retry_on, memory_key, ladder, ladder_step";
+    "argv, env, profile, timeout_ms, retry_on, memory_key, ladder, ladder_step, prestart";
 
 pub(crate) fn job_detail(
     summary: JobSummary,
@@ -266,6 +288,7 @@ pub(crate) fn job_detail(
         oom_ladder: r.json(6)?,
         ladder_step: r.int(7)? as u32,
         attempts_detail: attempts,
+        prestart: r.json_opt(8)?,
     })
 }
 
@@ -310,18 +333,25 @@ pub(crate) fn renewal_row(r: &impl Cols) -> Result<RenewalRow> {
     })
 }
 
-/// Columns of an active attempt: `id, gpus, estimate_mib, fence`.
+/// Columns of an active attempt: `a.id, a.gpus, a.estimate_mib, a.fence, j.prestart`.
+pub(crate) const ACTIVE_COLUMNS: &str = "a.id, a.gpus, a.estimate_mib, a.fence, j.prestart";
+
 pub(crate) fn active(r: &impl Cols) -> Result<Active> {
     Ok(Active {
         id: r.text(0)?,
         gpus: r.json(1)?,
         estimate: r.mib_opt(2)?,
         fence: r.int(3)?,
+        alone: r
+            .json_opt::<headroom_shared::prestart::Prestart>(4)?
+            .is_some_and(|p| p.holds_gpu()),
     })
 }
 
-/// Columns of a pending job: `id, gpus, estimate_mib, updated_at, memory_key,
-/// pending_reason`.
+/// Columns of a pending job, read by [`pending`].
+pub(crate) const PENDING_COLUMNS: &str =
+    "id, gpus, estimate_mib, updated_at, memory_key, pending_reason, prestart";
+
 pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
     Ok(PendingRow {
         id: r.text(0)?,
@@ -330,6 +360,9 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
         since: r.int(3)?,
         memory_key: r.text(4)?,
         reason: r.json_opt(5)?,
+        alone: r
+            .json_opt::<headroom_shared::prestart::Prestart>(6)?
+            .is_some_and(|p| p.holds_gpu()),
     })
 }
 
@@ -372,7 +405,7 @@ pub(crate) fn quarantine(r: &impl Cols) -> Result<(u32, QuarantineView)> {
 
 /// The job columns a new lease is made of (`j` jobs, `e` experiments).
 pub(crate) const LEASE_COLUMNS: &str = "j.argv, j.env, j.params, e.name, j.memory_key, \
-     j.timeout_ms, j.attempts, j.fence, j.ladder_step";
+     j.timeout_ms, j.attempts, j.fence, j.ladder_step, j.prestart";
 
 pub(crate) struct LeaseRow {
     pub argv: Vec<String>,
@@ -384,6 +417,7 @@ pub(crate) struct LeaseRow {
     pub attempts: i64,
     pub fence: i64,
     pub ladder_step: i64,
+    pub prestart: Option<headroom_shared::prestart::Prestart>,
 }
 
 pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
@@ -397,6 +431,7 @@ pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
         attempts: r.int(6)?,
         fence: r.int(7)?,
         ladder_step: r.int(8)?,
+        prestart: r.json_opt(9)?,
     })
 }
 
@@ -429,6 +464,7 @@ pub(crate) fn lease_row_into(
             gpus: gpus.to_vec(),
             estimate_mib: estimate,
             timeout_ms: row.timeout_ms,
+            prestart: row.prestart,
         },
         memory_key: row.memory_key,
         ladder_step: row.ladder_step,

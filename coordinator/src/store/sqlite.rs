@@ -268,7 +268,11 @@ fn record_telemetry(tx: &Transaction<'_>, node: &str, gpus: &[GpuSample]) -> Res
 fn active_on(conn: &Connection, node: &str) -> Result<Vec<Active>> {
     all(
         conn,
-        "SELECT id, gpus, estimate_mib, fence FROM attempts WHERE node = ?1 AND phase != 'ended'",
+        &format!(
+            "SELECT {} FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.node = ?1 AND a.phase != 'ended'",
+            rows::ACTIVE_COLUMNS
+        ),
         [node],
         |r| rows::active(r),
     )
@@ -472,9 +476,10 @@ impl Store for SqliteStore {
             let mut stmt = tx.prepare_cached(
                 "INSERT INTO jobs (id, experiment_id, idx, config, run, state, priority, params, \
                  argv, env, profile, gpus, estimate_mib, timeout_ms, max_attempts, retry_on, \
-                 created_at, updated_at, memory_key, command, shell, ladder, submitted_by) \
+                 created_at, updated_at, memory_key, command, shell, ladder, submitted_by, \
+                 prestart) \
                  VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16, \
-                 ?17, ?18, ?19, ?20, ?21)",
+                 ?17, ?18, ?19, ?20, ?21, ?22)",
             )?;
             for j in &exp.jobs {
                 stmt.execute(params![
@@ -499,6 +504,7 @@ impl Store for SqliteStore {
                     j.shell,
                     json(&j.oom_ladder)?,
                     exp.submitted_by,
+                    j.prestart.as_ref().map(json).transpose()?,
                 ])?;
             }
             drop(stmt);
@@ -778,9 +784,11 @@ impl Store for SqliteStore {
             }
             let pending = all(
                 tx,
-                "SELECT id, gpus, estimate_mib, updated_at, memory_key, pending_reason FROM jobs \
-                 WHERE state IN ('queued', 'retrying') AND gpus <= ?1 \
-                 ORDER BY priority DESC, seq LIMIT ?2",
+                &format!(
+                    "SELECT {} FROM jobs WHERE state IN ('queued', 'retrying') AND gpus <= ?1 \
+                     ORDER BY priority DESC, seq LIMIT ?2",
+                    rows::PENDING_COLUMNS
+                ),
                 params![node.gpus.len() as i64, CLAIM_WINDOW],
                 |r| rows::pending(r),
             )?;
@@ -841,18 +849,18 @@ impl Store for SqliteStore {
                     |r| rows::renewal_row(r),
                 )?;
                 if rules::renewal(a.attempt, a.fence, row.as_ref())? {
-                    renew.push(a.attempt);
+                    renew.push((a.attempt, a.waiting.clone()));
                 }
             }
             *changed = record_telemetry(tx, &node.name, &gpus)?;
             let until = now_ms().saturating_add(i64_of(lease_ttl_ms));
             let mut cancel = Vec::new();
-            for a in renew {
+            for (a, waiting) in renew {
                 let wanted = first(
                     tx,
-                    "UPDATE attempts SET lease_expires_at = ?1 WHERE id = ?2 \
+                    "UPDATE attempts SET lease_expires_at = ?1, waiting = ?3 WHERE id = ?2 \
                      RETURNING cancel_requested",
-                    params![until, a.to_string()],
+                    params![until, a.to_string(), waiting],
                     |r| r.flag(0),
                 )?;
                 if wanted == Some(true) {
@@ -942,6 +950,21 @@ impl Store for SqliteStore {
                 },
             )?
             .ok_or_else(|| StoreError::not_found("attempt", id.clone()))?;
+            if let Some(p) = &report.prestart {
+                tx.execute(
+                    "UPDATE attempts SET exclusive_wait_ms = ?1, cooldown_wait_ms = ?2, \
+                     cooldown_from_mdeg = ?3, cooldown_start_mdeg = ?4, cooldown_timed_out = ?5 \
+                     WHERE id = ?6",
+                    params![
+                        opt_i64(p.exclusive_wait_ms),
+                        opt_i64(p.cooldown_wait_ms),
+                        rows::mdeg(p.cooldown_from_temp_c),
+                        rows::mdeg(p.cooldown_start_temp_c),
+                        p.cooldown_timed_out,
+                        id,
+                    ],
+                )?;
+            }
             if !report.gpus.is_empty() {
                 record_telemetry(tx, &node, &report.gpus)?;
             }

@@ -104,6 +104,7 @@ impl Coordinator {
             attempts: vec![AttemptRef {
                 attempt: lease.attempt,
                 fence: lease.fence,
+                waiting: None,
             }],
             released: vec![],
             telemetry: vec![],
@@ -144,6 +145,7 @@ impl Coordinator {
             measurements: Default::default(),
             log_tail: "stale success".into(),
             gpus: sample(),
+            prestart: None,
         };
         self.post(&format!("/v1/attempts/{}/finish", lease.attempt), &req)
     }

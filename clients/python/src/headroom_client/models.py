@@ -156,6 +156,12 @@ class AttemptView(_Model):
     contamination_reason: Optional[str] = None
     contamination_pid: Optional[int] = None
     contamination_command: Optional[str] = None
+    waiting: Optional[str] = None
+    exclusive_wait_ms: Optional[int] = None
+    cooldown_wait_ms: Optional[int] = None
+    cooldown_from_temp_c: Optional[float] = None
+    cooldown_start_temp_c: Optional[float] = None
+    cooldown_timed_out: Optional[bool] = None
 
 
 class JobDetail(JobSummary):
@@ -169,6 +175,7 @@ class JobDetail(JobSummary):
     oom_ladder: List[Dict[str, Any]]
     ladder_step: int
     attempts_detail: List[AttemptView]
+    prestart: Optional[Dict[str, Any]] = None
 
 
 class CancelResponse(_Model):
