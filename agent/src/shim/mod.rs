@@ -323,5 +323,6 @@ pub fn report(
         contaminated: end.contaminated,
         log_tail,
         gpus,
+        background: end.background,
     }
 }

@@ -16,7 +16,7 @@ use rusqlite::{Connection, Row, Transaction, TransactionBehavior, params};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, parse};
+use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, opt_u64, parse};
 use super::{
     Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, NewToken,
     Registered, Registration, Renewal, Renewed, Result, Retention, SeriesWindow, Store, StoreError,
@@ -472,9 +472,10 @@ impl Store for SqliteStore {
             let mut stmt = tx.prepare_cached(
                 "INSERT INTO jobs (id, experiment_id, idx, config, run, state, priority, params, \
                  argv, env, profile, gpus, estimate_mib, timeout_ms, max_attempts, retry_on, \
-                 created_at, updated_at, memory_key, command, shell, ladder, submitted_by) \
+                 created_at, updated_at, memory_key, command, shell, ladder, submitted_by, \
+                 background, background_mib) \
                  VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16, \
-                 ?17, ?18, ?19, ?20, ?21)",
+                 ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
             )?;
             for j in &exp.jobs {
                 stmt.execute(params![
@@ -499,6 +500,8 @@ impl Store for SqliteStore {
                     j.shell,
                     json(&j.oom_ladder)?,
                     exp.submitted_by,
+                    j.background.as_ref().map(json).transpose()?,
+                    j.background.as_ref().map(|b| i64_of(b.memory_mib)),
                 ])?;
             }
             drop(stmt);
@@ -778,7 +781,8 @@ impl Store for SqliteStore {
             }
             let pending = all(
                 tx,
-                "SELECT id, gpus, estimate_mib, updated_at, memory_key, pending_reason FROM jobs \
+                "SELECT id, gpus, estimate_mib, updated_at, memory_key, pending_reason, \
+                 background_mib FROM jobs \
                  WHERE state IN ('queued', 'retrying') AND gpus <= ?1 \
                  ORDER BY priority DESC, seq LIMIT ?2",
                 params![node.gpus.len() as i64, CLAIM_WINDOW],
@@ -894,12 +898,16 @@ impl Store for SqliteStore {
                 undo_loss(tx, &job, refunded)?;
             }
             let id = attempt.to_string();
+            let bg = report.background.as_ref();
             let (node, gpus, key, estimate) = first(
                 tx,
                 "UPDATE attempts SET phase = 'ended', ended_at = ?1, exit_code = ?2, signal = ?3, \
                  failure_class = ?4, peak_mem_mib = ?5, cleanup_ms = ?6, cleanup_verified = ?7, \
                  log_tail = ?8, started_at = COALESCE(started_at, ?1), contaminated = ?10, \
-                 peak_source = ?11 WHERE id = ?9 RETURNING node, gpus, memory_key, estimate_mib",
+                 peak_source = ?11, background_pid = ?12, background_ready_ms = ?13, \
+                 background_exit_code = ?14, background_signal = ?15, \
+                 background_exited_early = ?16 \
+                 WHERE id = ?9 RETURNING node, gpus, memory_key, estimate_mib",
                 params![
                     report.ended_at.timestamp_millis(),
                     report.exit_code,
@@ -911,7 +919,12 @@ impl Store for SqliteStore {
                     report.log_tail,
                     id,
                     report.contaminated,
-                    rules::peak_source(&report).map(PeakSource::as_str)
+                    rules::peak_source(&report).map(PeakSource::as_str),
+                    bg.and_then(|b| b.pid),
+                    bg.and_then(|b| opt_i64(b.ready_ms)),
+                    bg.and_then(|b| b.exit_code),
+                    bg.and_then(|b| b.signal),
+                    bg.map(|b| b.exited_early),
                 ],
                 |r| {
                     Ok((
@@ -926,6 +939,15 @@ impl Store for SqliteStore {
             if !report.gpus.is_empty() {
                 record_telemetry(tx, &node, &report.gpus)?;
             }
+            // The attempt was placed by the pair's memory; the job's own key learns its own.
+            let background_mib: Option<i64> = first(
+                tx,
+                "SELECT background_mib FROM jobs WHERE id = ?1",
+                params![job],
+                |r| r.int_opt(0),
+            )?
+            .flatten();
+            let estimate = rules::foreground_estimate(estimate, opt_u64(background_mib));
             let mut f = rules::finish(&job_rules(tx, &job)?, estimate, &report)?;
             if standing != rules::Report::OnTime {
                 f.event = rules::late_event(f.event);

@@ -68,6 +68,7 @@ class ExpandedJob(_Model):
     run: int
     params: Dict[str, Any]
     argv: List[str]
+    background: Optional[Dict[str, Any]] = None
 
 
 class SubmitResponse(_Model):
@@ -142,6 +143,11 @@ class AttemptView(_Model):
     ladder_step: int = 0
     contaminated: Optional[bool] = None
     submitted_by: str = "anonymous"
+    background_pid: Optional[int] = None
+    background_ready_ms: Optional[int] = None
+    background_exit_code: Optional[int] = None
+    background_signal: Optional[int] = None
+    background_exited_early: Optional[bool] = None
 
 
 class JobDetail(JobSummary):
