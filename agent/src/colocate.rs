@@ -250,3 +250,341 @@ impl Running {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use headroom_shared::colocate::OnBackgroundExit;
+    use headroom_shared::{AttemptId, FailureClass, JobId};
+    use tempfile::TempDir;
+
+    use super::*;
+    use crate::gpu::{FakeBackend, FakeGpuSpec};
+    use crate::supervisor::{AttemptEnd, SupervisorConfig, run_attempt};
+
+    struct Fixture {
+        tmp: TempDir,
+        backend: Arc<dyn GpuBackend>,
+    }
+
+    fn fixture() -> Fixture {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let spec: FakeGpuSpec = "1x8GiB".parse().expect("spec");
+        let backend = FakeBackend::open(spec, &tmp.path().join("gpus")).expect("fake backend");
+        Fixture {
+            tmp,
+            backend: Arc::new(backend),
+        }
+    }
+
+    fn quick() -> SupervisorConfig {
+        SupervisorConfig {
+            kill_grace: Duration::from_millis(300),
+            verify_timeout: Duration::from_secs(10),
+            sample_every: Duration::from_millis(50),
+            own_tree: false,
+        }
+    }
+
+    fn background(script: &str) -> Background {
+        Background {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            env: BTreeMap::from([("BG_ONLY".to_string(), "yes".to_string())]),
+            memory_mib: 1024,
+            ready_log: None,
+            start_timeout_ms: 10_000,
+            on_exit: OnBackgroundExit::Fail,
+        }
+    }
+
+    impl Fixture {
+        fn launch(&self, fg: &str, bg: Background) -> Launch {
+            let attempt = AttemptId::new();
+            Launch {
+                attempt,
+                job: JobId::new(),
+                argv: vec!["sh".into(), "-c".into(), fg.into()],
+                env: BTreeMap::new(),
+                params: BTreeMap::new(),
+                gpus: vec![0],
+                timeout: None,
+                log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
+                workdir: None,
+                baseline: None,
+                background: Some(bg),
+            }
+        }
+
+        async fn run(&self, launch: Launch, cancel: CancellationToken) -> AttemptEnd {
+            run_attempt(launch, self.backend.clone(), &quick(), cancel, |_| {}).await
+        }
+
+        fn path(&self, name: &str) -> String {
+            self.tmp.path().join(name).display().to_string()
+        }
+
+        /// The background's process is gone, and nothing of the attempt is alive or on a GPU.
+        fn assert_gone(&self, end: &AttemptEnd, attempt: AttemptId) {
+            let bg = end.background.as_ref().expect("a background record");
+            let pid = bg.pid.expect("the background ran");
+            assert!(
+                !procscan::is_alive(pid),
+                "the background {pid} outlived the attempt"
+            );
+            assert!(end.cleanup_verified, "{end:?}");
+            assert!(procscan::pids_with_marker(attempt).is_empty());
+            let samples = self.backend.sample().expect("sample");
+            assert!(
+                samples
+                    .iter()
+                    .flat_map(|g| &g.processes)
+                    .all(|p| p.attempt != Some(attempt)),
+                "GPU memory of the attempt remains: {samples:?}"
+            );
+        }
+    }
+
+    fn millis(path: &str) -> u128 {
+        std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    fn log_of(launch: &Launch) -> String {
+        std::fs::read_to_string(&launch.log_path).expect("log")
+    }
+
+    #[tokio::test]
+    async fn the_foreground_starts_only_once_the_background_holds_memory() {
+        let f = fixture();
+        let (bg_at, fg_at) = (f.path("bg_mem_ms"), f.path("fg_start_ms"));
+        // The background warms up for a second before it takes its GPU memory.
+        let bg = background(&format!(
+            "sleep 1; date +%s%3N > {bg_at}; echo 0:1024 > $HEADROOM_FAKE_GPU_DIR/$$; \
+             echo bg=$BG_ONLY gpus=$CUDA_VISIBLE_DEVICES; exec sleep 300"
+        ));
+        let fg = format!(
+            "date +%s%3N > {fg_at}; echo fg=${{BG_ONLY:-unset}}; \
+             echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3"
+        );
+        let launch = f.launch(&fg, bg);
+        let spawned = std::time::SystemTime::now();
+        let end = f.run(launch.clone(), CancellationToken::new()).await;
+        assert_eq!(end.failure, None, "{end:?}");
+        let (bg_mem, fg_start) = (millis(&bg_at), millis(&fg_at));
+        assert!(
+            fg_start >= bg_mem,
+            "the foreground started at {fg_start}, before the background's memory at {bg_mem}"
+        );
+        let started = end.started_at.expect("started").timestamp_millis() as u128;
+        assert!(started >= bg_mem, "{started} < {bg_mem}");
+        let waited = end
+            .background
+            .as_ref()
+            .and_then(|b| b.ready_ms)
+            .expect("ready");
+        assert!(waited >= 1000, "ready after {waited} ms");
+        assert!(
+            spawned.elapsed().expect("clock").as_millis() >= 1000 + 300,
+            "no fixed wait, but not less than the warm-up either"
+        );
+        // The background is the attempt's own: not foreign, not the foreground's peak.
+        assert!(!end.contaminated);
+        assert_eq!(end.peak_mem_mib, Some(512));
+        let bg_log = std::fs::read_to_string(log_path(&launch.log_path)).expect("bg log");
+        assert!(bg_log.contains("bg=yes gpus=0"), "{bg_log}");
+        let log = log_of(&launch);
+        assert!(log.contains("fg=unset"), "{log}");
+        assert!(log.contains("[headroom] background ready after"), "{log}");
+        f.assert_gone(&end, launch.attempt);
+        assert!(!end.background.as_ref().expect("bg").exited_early);
+    }
+
+    #[tokio::test]
+    async fn the_background_never_outlives_its_foreground() {
+        let f = fixture();
+        let bg = || background("echo 0:1024 > $HEADROOM_FAKE_GPU_DIR/$$; exec sleep 300");
+        // Success, failure, timeout.
+        for (fg, timeout, want) in [
+            ("sleep 0.2", None, None),
+            ("sleep 0.2; exit 3", None, Some(FailureClass::Nonzero)),
+            ("sleep 30", Some(200), Some(FailureClass::Timeout)),
+        ] {
+            let mut launch = f.launch(fg, bg());
+            launch.timeout = timeout.map(Duration::from_millis);
+            let end = f.run(launch.clone(), CancellationToken::new()).await;
+            assert_eq!(end.failure, want, "{fg}: {end:?}");
+            f.assert_gone(&end, launch.attempt);
+            let b = end.background.as_ref().expect("bg");
+            assert_eq!(b.signal, Some(15), "stopped by SIGTERM: {b:?}");
+            assert!(!b.exited_early);
+            assert!(log_of(&launch).contains("background stopped with the foreground"));
+        }
+        // Cancelled.
+        let launch = f.launch("sleep 30", bg());
+        let cancel = CancellationToken::new();
+        let c = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            c.cancel();
+        });
+        let end = f.run(launch.clone(), cancel).await;
+        assert_eq!(end.failure, Some(FailureClass::Cancelled), "{end:?}");
+        assert!(
+            end.started_at.is_some(),
+            "cancelled while the foreground ran"
+        );
+        f.assert_gone(&end, launch.attempt);
+        // The foreground killed from outside.
+        let launch = f.launch("sleep 30", bg());
+        let end = run_attempt(
+            launch.clone(),
+            f.backend.clone(),
+            &quick(),
+            CancellationToken::new(),
+            |pid| {
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(200));
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                });
+            },
+        )
+        .await;
+        assert_eq!(end.failure, Some(FailureClass::Signal), "{end:?}");
+        f.assert_gone(&end, launch.attempt);
+    }
+
+    #[tokio::test]
+    async fn readiness_by_a_log_line() {
+        let f = fixture();
+        let mut bg = background("echo warming up; sleep 0.6; echo 'model READY'; exec sleep 300");
+        bg.ready_log = Some("READY$".into());
+        let launch = f.launch("echo fg ran", bg);
+        let end = f.run(launch.clone(), CancellationToken::new()).await;
+        assert_eq!(end.failure, None, "{end:?}");
+        let waited = end
+            .background
+            .as_ref()
+            .and_then(|b| b.ready_ms)
+            .expect("ready");
+        assert!(waited >= 600, "ready after {waited} ms, before the line");
+        assert!(log_of(&launch).contains("its log matched `READY$`"));
+        f.assert_gone(&end, launch.attempt);
+    }
+
+    #[tokio::test]
+    async fn a_background_not_ready_in_time_fails_the_attempt_unstarted() {
+        let f = fixture();
+        let mut bg = background("exec sleep 300");
+        bg.start_timeout_ms = 300;
+        let marker = f.path("fg_ran");
+        let launch = f.launch(&format!("touch {marker}"), bg);
+        let end = f.run(launch.clone(), CancellationToken::new()).await;
+        assert_eq!(
+            end.failure,
+            Some(FailureClass::BackgroundNotReady),
+            "{end:?}"
+        );
+        assert_eq!(end.started_at, None);
+        assert!(
+            !Path::new(&marker).exists(),
+            "the foreground must not start"
+        );
+        assert!(
+            end.log_tail.contains(
+                "not ready within colocate.start_timeout (300ms): none of its GPU memory was seen"
+            ),
+            "{}",
+            end.log_tail
+        );
+        f.assert_gone(&end, launch.attempt);
+        assert_eq!(end.background.as_ref().and_then(|b| b.ready_ms), None);
+
+        // One that dies while warming up.
+        let launch = f.launch(
+            &format!("touch {marker}"),
+            background("echo no data >&2; exit 4"),
+        );
+        let end = f.run(launch.clone(), CancellationToken::new()).await;
+        assert_eq!(
+            end.failure,
+            Some(FailureClass::BackgroundNotReady),
+            "{end:?}"
+        );
+        assert!(
+            end.log_tail
+                .contains("exited (exit code 4) before it was ready"),
+            "{}",
+            end.log_tail
+        );
+        let b = end.background.as_ref().expect("bg");
+        assert_eq!((b.exit_code, b.exited_early), (Some(4), true));
+        assert!(!Path::new(&marker).exists());
+    }
+
+    #[tokio::test]
+    async fn a_background_that_dies_early_fails_or_flags_the_attempt() {
+        let f = fixture();
+        let dying = || background("echo 0:256 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.4; exit 5");
+        let launch = f.launch("sleep 30", dying());
+        let end = f.run(launch.clone(), CancellationToken::new()).await;
+        assert_eq!(end.failure, Some(FailureClass::BackgroundExited), "{end:?}");
+        assert_eq!(end.signal, Some(15), "the foreground was stopped");
+        let b = end.background.as_ref().expect("bg");
+        assert_eq!((b.exit_code, b.exited_early), (Some(5), true));
+        assert!(
+            end.log_tail.contains("on_background_exit: fail"),
+            "{}",
+            end.log_tail
+        );
+        f.assert_gone(&end, launch.attempt);
+
+        let mut bg = dying();
+        bg.on_exit = OnBackgroundExit::Flag;
+        let launch = f.launch("sleep 1", bg);
+        let end = f.run(launch.clone(), CancellationToken::new()).await;
+        assert_eq!(end.failure, None, "the foreground ran to its end: {end:?}");
+        let b = end.background.as_ref().expect("bg");
+        assert_eq!((b.exit_code, b.exited_early), (Some(5), true));
+        assert!(
+            end.log_tail.contains("on_background_exit: flag"),
+            "{}",
+            end.log_tail
+        );
+        f.assert_gone(&end, launch.attempt);
+    }
+
+    #[tokio::test]
+    async fn another_attempts_process_on_a_colocated_gpu_contaminates_it() {
+        let f = fixture();
+        // A process of another attempt takes memory on the GPU while the pair runs.
+        let other = AttemptId::new();
+        let dir = f.tmp.path().join("gpus");
+        let mut intruder = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "sleep 0.5; echo 0:128 > {}/$$; exec sleep 30",
+                dir.display()
+            ))
+            .env(procscan::ATTEMPT_VAR, other.to_string())
+            .spawn()
+            .expect("spawn");
+        let bg = background("echo 0:1024 > $HEADROOM_FAKE_GPU_DIR/$$; exec sleep 300");
+        let launch = f.launch("sleep 1.2", bg);
+        let end = f.run(launch.clone(), CancellationToken::new()).await;
+        let _ = intruder.kill();
+        let _ = intruder.wait();
+        let _ = std::fs::remove_file(dir.join(intruder.id().to_string()));
+        assert_eq!(end.failure, None, "{end:?}");
+        assert!(
+            end.contaminated,
+            "a process beyond the declared pair was on the GPU"
+        );
+    }
+}

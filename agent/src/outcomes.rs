@@ -265,6 +265,7 @@ mod tests {
                 contaminated: false,
                 log_tail: "done".into(),
                 gpus: vec![],
+                background: None,
             },
         }
     }

@@ -1242,6 +1242,7 @@ mod tests {
                 log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
                 workdir: None,
                 baseline: None,
+                background: None,
             }
         }
 

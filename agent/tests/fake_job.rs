@@ -60,6 +60,7 @@ impl Fixture {
             log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
             workdir: None,
             baseline: None,
+            background: None,
         }
     }
 
