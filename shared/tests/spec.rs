@@ -418,3 +418,24 @@ fn colocate_refusals_name_the_field() {
     ));
     assert_eq!(e.field, "colocate.command");
 }
+
+/// `examples/seed-003.yaml`: the lab's 12 pairs, alone and colocated, 3 runs each.
+#[test]
+fn the_seed_003_matrix_is_one_spec() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/seed-003.yaml");
+    let text = std::fs::read_to_string(path).expect("example");
+    let jobs = expand(&parse(&text), 3, DEFAULT_MAX_JOBS).expect("expands");
+    assert_eq!(jobs.len(), 12 * 2 * 3);
+    let colocated: Vec<_> = jobs.iter().filter(|j| j.background.is_some()).collect();
+    assert_eq!(colocated.len(), 36);
+    assert!(colocated.iter().all(|j| j.params["mode"] == "colocated"));
+    let pairs: std::collections::BTreeSet<_> = colocated
+        .iter()
+        .map(|j| j.params["pair"].to_string())
+        .collect();
+    assert_eq!(pairs.len(), 12);
+    let bg = colocated[0].background.as_ref().expect("bg");
+    assert_eq!(bg.argv[0], "sh");
+    assert!(bg.argv[2].contains("cut -d: -f4"), "{:?}", bg.argv);
+    assert_eq!(bg.memory_mib, 3500);
+}
