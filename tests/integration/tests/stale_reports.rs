@@ -143,6 +143,7 @@ impl Coordinator {
             contaminated: false,
             log_tail: "stale success".into(),
             gpus: sample(),
+            background: None,
         };
         self.post(&format!("/v1/attempts/{}/finish", lease.attempt), &req)
     }
