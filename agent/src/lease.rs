@@ -65,6 +65,7 @@ pub(crate) async fn run(
         log_path: log_path(&shared, attempt),
         workdir: None,
         baseline: Some(baseline),
+        background: lease.background,
     };
     match spawn_supervisor(&shared, launch, fence).await {
         Ok(conn) => follow(shared, attempt, fence, gpus, conn, None, stop, exit).await,
@@ -263,6 +264,7 @@ async fn gone(shared: &Arc<Shared>, attempt: AttemptId, fence: i64) -> (Vec<u32>
         measurements: Default::default(),
         log_tail: format!("[headroom] {why}\n"),
         gpus: sample(&shared.backend).await,
+        background: None,
     };
     journal(
         shared,

@@ -266,6 +266,7 @@ mod tests {
                 measurements: Default::default(),
                 log_tail: "done".into(),
                 gpus: vec![],
+                background: None,
             },
         }
     }

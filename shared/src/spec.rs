@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::colocate::ColocateSpec;
 use crate::profile;
 use crate::size::MemSize;
 use crate::state::FailureClass;
@@ -65,6 +66,10 @@ pub struct ExperimentSpec {
     /// `[{batch_size: "/2", grad_accum: "*2"}, {gradient_checkpointing: true}]`.
     #[serde(default)]
     pub oom_ladder: Vec<BTreeMap<String, Value>>,
+    /// A background job on the same GPU, started first; the foreground waits for it to be
+    /// ready and it is stopped whenever the foreground ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub colocate: Option<ColocateSpec>,
 }
 
 fn one() -> u32 {
@@ -146,7 +151,7 @@ pub struct SpecError {
 }
 
 impl SpecError {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             message: message.into(),
@@ -323,6 +328,15 @@ impl ExperimentSpec {
                 }
             }
         }
+        if let Some(c) = &self.colocate {
+            if self.resources.gpus != 1 {
+                return Err(SpecError::new(
+                    "colocate",
+                    "a background shares its foreground's one GPU: needs `resources.gpus: 1`",
+                ));
+            }
+            c.validate(&params, &self.grid)?;
+        }
         if let Some(p) = &self.profile
             && profile::builtin(p).is_none()
         {
@@ -451,7 +465,12 @@ fn validate_distribution(dist: &Distribution, field: &str) -> Result<(), SpecErr
 
 /// Parses a timeout: seconds as a number or a `humantime` string; must be positive.
 pub fn parse_timeout(v: Option<&Value>) -> Result<Option<Duration>, SpecError> {
-    let bad = |m: String| SpecError::new("timeout", m);
+    parse_duration_field(v, "timeout")
+}
+
+/// A positive duration (seconds as a number or a `humantime` string) in field `field`.
+pub fn parse_duration_field(v: Option<&Value>, field: &str) -> Result<Option<Duration>, SpecError> {
+    let bad = |m: String| SpecError::new(field, m);
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => {

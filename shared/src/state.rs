@@ -169,10 +169,15 @@ pub enum FailureClass {
     Nonzero,
     /// Killed by a signal it did not get from headroom.
     Signal,
+    /// Its colocated background was not ready within `colocate.start_timeout` (or exited
+    /// before it was): the foreground never started.
+    BackgroundNotReady,
+    /// Its colocated background exited while it ran, with `on_background_exit: fail`.
+    BackgroundExited,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 7] = [
+    pub const ALL: [FailureClass; 9] = [
         FailureClass::Oom,
         FailureClass::Timeout,
         FailureClass::Cancelled,
@@ -180,6 +185,8 @@ impl FailureClass {
         FailureClass::LaunchError,
         FailureClass::Nonzero,
         FailureClass::Signal,
+        FailureClass::BackgroundNotReady,
+        FailureClass::BackgroundExited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -191,6 +198,8 @@ impl FailureClass {
             FailureClass::LaunchError => "launch_error",
             FailureClass::Nonzero => "nonzero",
             FailureClass::Signal => "signal",
+            FailureClass::BackgroundNotReady => "background_not_ready",
+            FailureClass::BackgroundExited => "background_exited",
         }
     }
 }

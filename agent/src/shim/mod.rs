@@ -330,5 +330,6 @@ pub fn report(
         measurements: end.measurements,
         log_tail,
         gpus,
+        background: end.background,
     }
 }

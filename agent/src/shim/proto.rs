@@ -308,6 +308,7 @@ mod tests {
             log_path: "/tmp/x.log".into(),
             workdir: None,
             baseline: Some(crate::supervisor::Baseline::of(&samples, &[3])),
+            background: None,
         };
         let msg = ToShim::Launch {
             spec: Box::new(Spec {

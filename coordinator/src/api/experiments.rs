@@ -90,6 +90,7 @@ pub async fn submit(
             command: spec.command.clone(),
             shell: spec.shell,
             oom_ladder: spec.oom_ladder.clone(),
+            background: j.background,
         })
         .collect::<Vec<_>>();
     let count = jobs.len() as u64;

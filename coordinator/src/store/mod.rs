@@ -190,6 +190,8 @@ pub struct NewJob {
     pub command: Vec<String>,
     pub shell: bool,
     pub oom_ladder: Vec<BTreeMap<String, Value>>,
+    /// The colocated background (`colocate`); placement adds its memory to the estimate.
+    pub background: Option<headroom_shared::colocate::Background>,
 }
 
 #[derive(Clone, Debug)]

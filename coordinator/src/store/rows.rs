@@ -124,7 +124,8 @@ pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence,
      ladder_step, contaminated, peak_source, submitted_by, energy_mj, energy_source, \
      mean_power_mw, max_power_mw, max_temp_mdeg, start_temp_mdeg, mean_util_mpct, \
      throttled_thermal, throttled_power, throttle_reasons, contamination_reason, \
-     contamination_pid, contamination_command";
+     contamination_pid, contamination_command, background_pid, background_ready_ms, \
+     background_exit_code, background_signal, background_exited_early";
 
 pub(crate) fn phase(s: &str) -> Result<AttemptPhase> {
     match s {
@@ -166,6 +167,12 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
         peak_source: r.parsed_opt(23, "peak source")?,
         submitted_by: r.text(24)?,
         measurements: measurements(r, 25)?,
+        // After the 13 measurement columns (25..=37), in ATTEMPT_COLUMNS order.
+        background_pid: r.int_opt(38)?.map(|p| p as u32),
+        background_ready_ms: r.mib_opt(39)?,
+        background_exit_code: r.int_opt(40)?.map(|c| c as i32),
+        background_signal: r.int_opt(41)?.map(|s| s as i32),
+        background_exited_early: r.flag_opt(42)?,
     })
 }
 
@@ -321,7 +328,7 @@ pub(crate) fn active(r: &impl Cols) -> Result<Active> {
 }
 
 /// Columns of a pending job: `id, gpus, estimate_mib, updated_at, memory_key,
-/// pending_reason`.
+/// pending_reason, background_mib`.
 pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
     Ok(PendingRow {
         id: r.text(0)?,
@@ -330,6 +337,7 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
         since: r.int(3)?,
         memory_key: r.text(4)?,
         reason: r.json_opt(5)?,
+        background_mib: r.mib_opt(6)?,
     })
 }
 
@@ -372,7 +380,7 @@ pub(crate) fn quarantine(r: &impl Cols) -> Result<(u32, QuarantineView)> {
 
 /// The job columns a new lease is made of (`j` jobs, `e` experiments).
 pub(crate) const LEASE_COLUMNS: &str = "j.argv, j.env, j.params, e.name, j.memory_key, \
-     j.timeout_ms, j.attempts, j.fence, j.ladder_step";
+     j.timeout_ms, j.attempts, j.fence, j.ladder_step, j.background";
 
 pub(crate) struct LeaseRow {
     pub argv: Vec<String>,
@@ -384,6 +392,7 @@ pub(crate) struct LeaseRow {
     pub attempts: i64,
     pub fence: i64,
     pub ladder_step: i64,
+    pub background: Option<headroom_shared::colocate::Background>,
 }
 
 pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
@@ -397,6 +406,7 @@ pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
         attempts: r.int(6)?,
         fence: r.int(7)?,
         ladder_step: r.int(8)?,
+        background: r.json_opt(9)?,
     })
 }
 
@@ -429,6 +439,7 @@ pub(crate) fn lease_row_into(
             gpus: gpus.to_vec(),
             estimate_mib: estimate,
             timeout_ms: row.timeout_ms,
+            background: row.background,
         },
         memory_key: row.memory_key,
         ladder_step: row.ladder_step,

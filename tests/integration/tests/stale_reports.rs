@@ -144,6 +144,7 @@ impl Coordinator {
             measurements: Default::default(),
             log_tail: "stale success".into(),
             gpus: sample(),
+            background: None,
         };
         self.post(&format!("/v1/attempts/{}/finish", lease.attempt), &req)
     }

@@ -68,6 +68,7 @@ class ExpandedJob(_Model):
     run: int
     params: Dict[str, Any]
     argv: List[str]
+    background: Optional[Dict[str, Any]] = None
 
 
 class SubmitResponse(_Model):
@@ -156,6 +157,12 @@ class AttemptView(_Model):
     contamination_reason: Optional[str] = None
     contamination_pid: Optional[int] = None
     contamination_command: Optional[str] = None
+    # The colocated background's record (None: the attempt ran alone).
+    background_pid: Optional[int] = None
+    background_ready_ms: Optional[int] = None
+    background_exit_code: Optional[int] = None
+    background_signal: Optional[int] = None
+    background_exited_early: Optional[bool] = None
 
 
 class JobDetail(JobSummary):
