@@ -560,6 +560,44 @@ mod tests {
         f.assert_gone(&end, launch.attempt);
     }
 
+    /// The energy and power of a colocated attempt are its GPU's over the foreground's run,
+    /// background included; the background, the attempt's own, is no contamination.
+    #[tokio::test]
+    async fn a_colocated_attempts_figures_are_the_gpus_and_its_background_is_its_own() {
+        let f = fixture();
+        let bg = background("echo 0:2048:40 > $HEADROOM_FAKE_GPU_DIR/$$; exec sleep 300");
+        let launch = f.launch("echo 0:2048:40 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 2", bg);
+        let end = f.run(launch.clone(), CancellationToken::new()).await;
+        assert_eq!(end.failure, None, "{end:?}");
+        let m = &end.measurements;
+        assert!(!end.contaminated, "{end:?}");
+        assert_eq!(
+            (
+                m.contamination_reason.as_deref(),
+                m.contamination_pid,
+                m.contamination_command.as_deref()
+            ),
+            (None, None, None),
+            "{m:?}"
+        );
+        let model = crate::gpu::fakepower::PowerModel::default();
+        // 8 GiB GPU: the pair holds half of it at 80 %; the foreground alone a quarter at 40 %.
+        let pair = model.power_w(0.5, 0.8);
+        let alone = model.power_w(0.25, 0.4);
+        let max = m.max_power_w.expect("max power");
+        assert!(
+            (max - pair).abs() <= pair * 0.01,
+            "max power {max} W: want the pair's {pair} W, not the foreground's {alone} W"
+        );
+        // Above what the foreground alone could draw in its 2 s.
+        let energy = m.energy_j.expect("energy");
+        assert!(
+            energy > alone * 2.0 * 1.2 && energy <= pair * 2.0 * 1.1,
+            "{energy} J over about 2 s at {pair} W"
+        );
+        f.assert_gone(&end, launch.attempt);
+    }
+
     #[tokio::test]
     async fn another_attempts_process_on_a_colocated_gpu_contaminates_it() {
         let f = fixture();
@@ -585,6 +623,15 @@ mod tests {
         assert!(
             end.contaminated,
             "a process beyond the declared pair was on the GPU"
+        );
+        // The contamination detail names the intruder, not the pair's background.
+        let m = &end.measurements;
+        assert_eq!(m.contamination_pid, Some(intruder.id()), "{m:?}");
+        let reason = m.contamination_reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains(&format!("a process of another attempt ({other})"))
+                && reason.contains("128 MiB on GPU 0"),
+            "{reason}"
         );
     }
 }
