@@ -66,6 +66,7 @@ pub(crate) async fn run(
         workdir: None,
         baseline: Some(baseline),
         prestart: lease.prestart.unwrap_or_default(),
+        background: lease.background,
     };
     match spawn_supervisor(&shared, launch, fence).await {
         Ok(conn) => follow(shared, attempt, fence, gpus, conn, None, stop, exit, true).await,
@@ -287,6 +288,7 @@ async fn gone(shared: &Arc<Shared>, attempt: AttemptId, fence: i64) -> (Vec<u32>
         log_tail: format!("[headroom] {why}\n"),
         gpus: sample(&shared.backend).await,
         prestart: None,
+        background: None,
     };
     journal(
         shared,

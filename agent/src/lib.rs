@@ -8,6 +8,7 @@ pub mod attempts;
 pub mod backoff;
 pub mod classify;
 pub mod client;
+pub mod colocate;
 pub mod fence;
 pub mod gpu;
 mod heartbeat;

@@ -268,6 +268,7 @@ mod tests {
                 log_tail: "done".into(),
                 gpus: vec![],
                 prestart: None,
+                background: None,
             },
         }
     }

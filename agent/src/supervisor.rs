@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use headroom_shared::api::{GpuProcess, GpuSample, Measurements, PeakSource};
+use headroom_shared::api::{BackgroundReport, GpuProcess, GpuSample, Measurements, PeakSource};
+use headroom_shared::colocate::OnBackgroundExit;
 use headroom_shared::expand::value_text;
 use headroom_shared::prestart::Prestart;
 use headroom_shared::{AttemptId, FailureClass, JobId};
@@ -23,6 +24,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::classify::{ExitKind, OomScanner, classify};
+use crate::colocate::{self, ROLE_BACKGROUND, ROLE_VAR};
 use crate::gpu::{self, GpuBackend};
 use crate::measure::Meter;
 use crate::procscan::{self, ATTEMPT_VAR};
@@ -61,6 +63,9 @@ pub struct Launch {
     /// attempts count any other process on their GPUs as contamination.
     #[serde(default)]
     pub prestart: Prestart,
+    /// A colocated background to start first and wait for (`colocate`).
+    #[serde(default)]
+    pub background: Option<headroom_shared::colocate::Background>,
 }
 
 #[derive(Clone, Debug)]
@@ -123,6 +128,8 @@ pub struct AttemptEnd {
     pub measurements: Measurements,
     /// The last ~4 KiB of this attempt's log.
     pub log_tail: String,
+    /// What became of the colocated background, when the attempt had one.
+    pub background: Option<BackgroundReport>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -187,6 +194,98 @@ pub async fn run_attempt(
                 .unwrap_or_default()
         }
     };
+    let watch = Arc::new(Mutex::new(Watch {
+        backend: backend.clone(),
+        attempt: launch.attempt,
+        peak: Peak::default(),
+        log: LogFollower::open(&launch.log_path, log_start),
+        gpus: launch.gpus.clone(),
+        baseline,
+        contaminated: false,
+        meter: Meter::new(&launch.gpus),
+        contamination: None,
+        exclusive: launch.prestart.exclusive,
+        colocated: launch.background.is_some(),
+        roles: HashMap::new(),
+        background_memory: false,
+    }));
+    let sample_every = cfg.sample_every.max(Duration::from_millis(10));
+
+    // A colocated background starts first; the foreground waits until it is ready.
+    let mut background = None;
+    let mut bg_guard = None;
+    if let Some(spec) = &launch.background {
+        let mut bg = match colocate::Running::spawn(&launch, spec, backend.as_ref()) {
+            Ok(bg) => bg,
+            Err(msg) => return launch_error(msg),
+        };
+        bg_guard = Some(KillOnDrop {
+            pgid: bg.pid,
+            attempt: launch.attempt,
+            armed: true,
+        });
+        note(
+            &log,
+            &format!(
+                "background pid {} started: {} (its log: {})",
+                bg.pid,
+                spec.argv.join(" "),
+                bg.log_path.display()
+            ),
+        );
+        let timeout = Duration::from_millis(spec.start_timeout_ms);
+        let waited = bg.wait_ready(&watch, timeout, sample_every, &cancel).await;
+        let failed = match waited {
+            colocate::Wait::Ready => None,
+            colocate::Wait::Exited => Some((
+                FailureClass::BackgroundNotReady,
+                format!(
+                    "the background exited ({}) before it was ready: the foreground did not start",
+                    bg.describe_exit()
+                ),
+            )),
+            colocate::Wait::TimedOut(t) => Some((
+                FailureClass::BackgroundNotReady,
+                format!(
+                    "the background was not ready within colocate.start_timeout ({}): {}; \
+                     the foreground did not start",
+                    humantime::format_duration(t),
+                    match &spec.ready_log {
+                        Some(re) => format!("no line of its log matched `{re}`"),
+                        None => "none of its GPU memory was seen".to_string(),
+                    }
+                ),
+            )),
+            colocate::Wait::Cancelled => Some((
+                FailureClass::Cancelled,
+                "cancelled while waiting for the background to be ready".to_string(),
+            )),
+        };
+        if let Some((class, msg)) = failed {
+            note(&log, &msg);
+            let end = stop_background_only(bg, &launch, &backend, cfg, &watch, class).await;
+            if let Some(g) = bg_guard.as_mut() {
+                g.armed = false;
+            }
+            return AttemptEnd {
+                log_tail: read_tail(&launch.log_path, log_start),
+                ..end
+            };
+        }
+        note(
+            &log,
+            &format!(
+                "background ready after {} ms ({}): starting the foreground",
+                bg.ready_ms.unwrap_or(0),
+                match &spec.ready_log {
+                    Some(re) => format!("its log matched `{re}`"),
+                    None => "its GPU memory was seen".to_string(),
+                }
+            ),
+        );
+        background = Some(bg);
+    }
+
     let mut cmd = match command(&launch, backend.as_ref(), &log) {
         Ok(cmd) => cmd,
         Err(msg) => return launch_error(msg),
@@ -211,23 +310,12 @@ pub async fn run_attempt(
     let started_at = Utc::now();
     started(pid);
 
-    let watch = Arc::new(Mutex::new(Watch {
-        backend: backend.clone(),
-        attempt: launch.attempt,
-        peak: Peak::default(),
-        log: LogFollower::open(&launch.log_path, log_start),
-        gpus: launch.gpus.clone(),
-        baseline,
-        contaminated: false,
-        meter: Meter::new(&launch.gpus),
-        contamination: None,
-        exclusive: launch.prestart.exclusive,
-    }));
     // The energy counter's reading at the start. Not awaited: the job is already running,
     // and in an attempt's supervisor process this reading opens the GPU backend (NVML),
-    // so it comes a moment after the spawn: the attempt's figures start from there.
+    // so it comes a moment after the spawn: the attempt's figures start from there. With a
+    // colocated background the figures are the foreground's run on the GPU, background
+    // included: its start and readiness wait come before this reading.
     let start_reading = take_reading(&watch);
-    let sample_every = cfg.sample_every.max(Duration::from_millis(10));
     // Sample early and then less often: a short job must still be seen on its GPU once
     // (its peak teaches the estimate), a long one costs one sample per `sample_every`.
     let mut gap = Duration::from_millis(50).min(sample_every);
@@ -241,6 +329,25 @@ pub async fn run_attempt(
             status = child.wait() => break Stop::Exited(status.ok()),
             _ = cancel.cancelled() => break Stop::Cancelled,
             _ = sleep_until(deadline) => break Stop::Timeout,
+            _ = background_exit(&mut background) => {
+                if let Some(bg) = background.as_mut() {
+                    bg.exited_early = true;
+                    let on_exit = launch.background.as_ref().map(|b| b.on_exit);
+                    if on_exit == Some(OnBackgroundExit::Fail) {
+                        note(&log, &format!(
+                            "the background exited ({}) while the foreground ran: stopping the \
+                             foreground (on_background_exit: fail)",
+                            bg.describe_exit()
+                        ));
+                        break Stop::BackgroundExited;
+                    }
+                    note(&log, &format!(
+                        "the background exited ({}) while the foreground ran; the foreground \
+                         goes on (on_background_exit: flag)",
+                        bg.describe_exit()
+                    ));
+                }
+            }
             _ = tokio::time::sleep_until(next_sample) => {
                 let w = watch.clone();
                 let _ = tokio::task::spawn_blocking(move || lock(&w).step()).await;
@@ -260,8 +367,10 @@ pub async fn run_attempt(
             let _ = take_reading(&w).await;
         })
     };
+    let background_failed = matches!(stop, Stop::BackgroundExited);
     let (main, timed_out, cancelled) = match stop {
         Stop::Exited(status) => (Main::Exited(status), false, false),
+        Stop::BackgroundExited => (Main::Running, false, false),
         Stop::Timeout => {
             let t = launch.timeout.unwrap_or_default();
             note(&log, &format!("timeout after {t:?}: stopping the job"));
@@ -273,10 +382,28 @@ pub async fn run_attempt(
         }
     };
 
-    let outcome = cleanup(&mut child, pid, &launch, &backend, cfg, main, &watch).await;
+    // The background is one of the attempt's processes: this stops it too, whatever the end.
+    let mut outcome = cleanup(&mut child, pid, &launch, &backend, cfg, main, &watch).await;
     let cleanup_ms = u64::try_from(end_mark.elapsed().as_millis()).unwrap_or(u64::MAX);
     guard.armed = false;
     procscan::disown(pid);
+    let background = background.as_mut().map(|bg| {
+        outcome.leftovers.retain(|&p| p != bg.pid);
+        let report = bg.finish();
+        if !bg.exited_early {
+            note(
+                &log,
+                &format!(
+                    "background stopped with the foreground ({})",
+                    bg.describe_exit()
+                ),
+            );
+        }
+        report
+    });
+    if let Some(g) = bg_guard.as_mut() {
+        g.armed = false;
+    }
     if !outcome.leftovers.is_empty() {
         note(
             &log,
@@ -340,8 +467,13 @@ pub async fn run_attempt(
         // The exit status was lost (the process could not be killed in time): not a success.
         None => ExitKind::Code(-1),
     };
+    let failure = if background_failed {
+        Some(FailureClass::BackgroundExited)
+    } else {
+        classify(exit, saw_oom, timed_out, cancelled)
+    };
     AttemptEnd {
-        failure: classify(exit, saw_oom, timed_out, cancelled),
+        failure,
         exit_code: outcome.status.and_then(|s| s.code()),
         signal: outcome.status.and_then(|s| s.signal()),
         started_at: Some(started_at),
@@ -356,6 +488,7 @@ pub async fn run_attempt(
         contaminated,
         measurements,
         log_tail,
+        background,
     }
 }
 
@@ -364,6 +497,64 @@ enum Stop {
     Exited(Option<ExitStatus>),
     Timeout,
     Cancelled,
+    /// The colocated background exited, with `on_background_exit: fail`.
+    BackgroundExited,
+}
+
+/// Resolves when the colocated background (if any, still unreaped) exits.
+async fn background_exit(bg: &mut Option<colocate::Running>) {
+    match bg {
+        Some(b) if b.exit.is_none() => {
+            b.exited().await;
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+/// The end of an attempt whose foreground never started: its background is stopped with
+/// the attempt's verified cleanup, as the main process of the attempt.
+async fn stop_background_only(
+    mut bg: colocate::Running,
+    launch: &Launch,
+    backend: &Arc<dyn GpuBackend>,
+    cfg: &SupervisorConfig,
+    watch: &Arc<Mutex<Watch>>,
+    failure: FailureClass,
+) -> AttemptEnd {
+    let end_mark = Instant::now();
+    let ended_at = Utc::now();
+    let main = match bg.exit {
+        Some(status) => Main::Exited(status),
+        None => Main::Running,
+    };
+    let outcome = cleanup(&mut bg.child, bg.pid, launch, backend, cfg, main, watch).await;
+    if bg.exit.is_none() {
+        bg.exit = Some(outcome.status);
+    }
+    let report = bg.finish();
+    let (contaminated, measurements) = {
+        let w = lock(watch);
+        (w.contaminated, w.measurements())
+    };
+    AttemptEnd {
+        failure: Some(failure),
+        exit_code: None,
+        signal: None,
+        started_at: None,
+        ended_at,
+        pid: None,
+        peak_mem_mib: None,
+        peak_source: PeakSource::Processes,
+        cleanup_ms: u64::try_from(end_mark.elapsed().as_millis()).unwrap_or(u64::MAX),
+        cleanup_verified: outcome.verified,
+        unverified: (!outcome.verified).then(|| outcome.remaining.clone()),
+        held_by: outcome.held_by,
+        contaminated,
+        // No foreground ran: no figures, only what contaminated the wait.
+        measurements,
+        log_tail: String::new(),
+        background: Some(report),
+    }
 }
 
 /// The main process, as cleanup knows it.
@@ -422,6 +613,7 @@ pub(crate) fn not_started(failure: Option<FailureClass>, log_tail: String) -> At
         contaminated: false,
         measurements: Measurements::default(),
         log_tail,
+        background: None,
     }
 }
 
@@ -460,10 +652,25 @@ fn command(launch: &Launch, backend: &dyn GpuBackend, log: &File) -> Result<Comm
     if launch.argv.is_empty() {
         return Err("the job has an empty command".to_string());
     }
+    build_command(launch, &launch.argv, &BTreeMap::new(), backend, log)
+}
+
+/// `argv` as one of the attempt's processes: its own session, the attempt's environment,
+/// GPUs and marker, `extra` variables over the job's, output to `log`.
+pub(crate) fn build_command(
+    launch: &Launch,
+    argv: &[String],
+    extra: &BTreeMap<String, String>,
+    backend: &dyn GpuBackend,
+    log: &File,
+) -> Result<Command, String> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err("empty command".to_string());
+    };
     // Forked from the attempt's supervisor process (small, one thread doing the work), not
     // from the agent.
-    let mut cmd = Command::new(&launch.argv[0]);
-    cmd.args(&launch.argv[1..]);
+    let mut cmd = Command::new(program);
+    cmd.args(args);
     own_session_and_pdeathsig(&mut cmd);
     if let Some(dir) = &launch.workdir {
         // Spawning would report a missing directory as a missing program.
@@ -477,6 +684,7 @@ fn command(launch: &Launch, backend: &dyn GpuBackend, log: &File) -> Result<Comm
     }
     // The agent's environment, then the job's, then what headroom owns.
     cmd.envs(&launch.env);
+    cmd.envs(extra);
     let gpus: Vec<String> = launch.gpus.iter().map(u32::to_string).collect();
     cmd.env("CUDA_VISIBLE_DEVICES", gpus.join(","));
     cmd.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
@@ -516,12 +724,12 @@ fn own_session_and_pdeathsig(cmd: &mut Command) {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What is watched while the attempt runs: its peak GPU memory and its log.
-struct Watch {
+pub(crate) struct Watch {
     backend: Arc<dyn GpuBackend>,
     attempt: AttemptId,
     peak: Peak,
@@ -537,9 +745,17 @@ struct Watch {
     /// Any process that is not the attempt's own on its GPUs contaminates it, another
     /// attempt's too.
     exclusive: bool,
+    /// The attempt has a colocated background: its processes are the attempt's own but not
+    /// the foreground's peak, and any other attempt's process on the GPU contaminates it.
+    colocated: bool,
+    /// Whether each of the attempt's pids is the background's (read once from its marker).
+    roles: HashMap<u32, bool>,
+    /// The background has held GPU memory.
+    background_memory: bool,
 }
 
-/// A process of no attempt seen on the attempt's GPUs, described when it was seen.
+/// A process of no attempt (or, beside a colocated pair, of another attempt) seen on the
+/// attempt's GPUs, described when it was seen.
 #[derive(Clone, Debug, PartialEq)]
 struct Contamination {
     reason: String,
@@ -563,11 +779,11 @@ impl Contamination {
             format!("{} MiB", p.used_mib)
         };
         let who = if p.outside_pid_namespace {
-            "a process of another container"
-        } else if p.attempt.is_some() {
-            "a process of another attempt"
+            "a process of another container".to_string()
+        } else if let Some(other) = p.attempt {
+            format!("a process of another attempt ({other})")
         } else {
-            "a process of no attempt"
+            "a process of no attempt".to_string()
         };
         Self {
             reason: format!("{who} held {held} on GPU {gpu} during the run"),
@@ -723,12 +939,31 @@ impl Watch {
         }
     }
 
+    /// One look for the colocated background's GPU memory (its readiness). Blocking.
+    pub(crate) fn step_background_memory(&mut self) -> bool {
+        let samples = gpu::read(self.backend.as_ref());
+        self.observe(&samples);
+        self.background_memory
+    }
+
+    /// Whether `pid` (one of the attempt's) is its colocated background's.
+    fn is_background(&mut self, pid: u32) -> bool {
+        *self
+            .roles
+            .entry(pid)
+            .or_insert_with(|| procscan::env_var(pid, ROLE_VAR).as_deref() == Some(ROLE_BACKGROUND))
+    }
+
     fn observe(&mut self, samples: &[GpuSample]) {
         let mut seen = false;
         let mut unknown = false;
         let mut sum = 0u64;
         for p in samples.iter().flat_map(|g| &g.processes) {
             if p.attempt == Some(self.attempt) {
+                if self.colocated && self.is_background(p.pid) {
+                    self.background_memory |= p.used_mib > 0 || p.used_mib_unknown;
+                    continue;
+                }
                 seen = true;
                 unknown |= p.used_mib_unknown;
                 sum = sum.saturating_add(p.used_mib);
@@ -775,8 +1010,8 @@ impl Watch {
     }
 
     /// The first process beyond the attempt on its GPUs, and its GPU: a process of no
-    /// attempt, or, for an exclusive attempt, any process not its own (another attempt's
-    /// included).
+    /// attempt; for an exclusive attempt any process not its own (another attempt's
+    /// included); beside a colocated pair another attempt's process holding memory.
     fn intruder<'a>(&self, samples: &'a [GpuSample]) -> Option<(u32, &'a GpuProcess)> {
         samples
             .iter()
@@ -786,7 +1021,10 @@ impl Watch {
                 if self.exclusive {
                     p.attempt != Some(self.attempt)
                 } else {
-                    holds_foreign(p)
+                    // The background carries this attempt's marker: its processes are the
+                    // attempt's own, never contamination; beside a colocated pair another
+                    // attempt's process is.
+                    holds_foreign(p) || (self.colocated && holds_other_attempt(p, self.attempt))
                 }
             })
     }
@@ -816,6 +1054,12 @@ impl Watch {
 /// A process of no attempt holding memory (memory the driver cannot tell counts as held).
 fn holds_foreign(p: &GpuProcess) -> bool {
     p.attempt.is_none() && (p.used_mib > 0 || p.used_mib_unknown)
+}
+
+/// A process of another attempt than `attempt` holding memory: beyond the declared pair of a
+/// colocated run.
+fn holds_other_attempt(p: &GpuProcess, attempt: AttemptId) -> bool {
+    p.attempt.is_some_and(|a| a != attempt) && (p.used_mib > 0 || p.used_mib_unknown)
 }
 
 /// `pid 4242 (alice: python train.py) holds 5632 MiB`, for quarantine reports.
@@ -1154,6 +1398,7 @@ mod tests {
                 workdir: None,
                 baseline: None,
                 prestart: Prestart::default(),
+                background: None,
             }
         }
 

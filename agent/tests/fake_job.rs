@@ -61,6 +61,7 @@ impl Fixture {
             workdir: None,
             baseline: None,
             prestart: Default::default(),
+            background: None,
         }
     }
 
@@ -337,4 +338,57 @@ fn without_fake_gpus_mem_holds_nothing_and_the_job_runs() {
     assert!(out.status.success(), "{out:?}");
     assert!(stdout.contains("no fake GPUs here"), "{stdout}");
     assert!(stdout.contains("holding 0 MiB"), "{stdout}");
+}
+
+/// A colocated job of `examples/seed-003.yaml` as the agent gets it: the background (the
+/// fake job with `--delay`) warms up for a second before it holds memory, the foreground
+/// starts only after that memory is seen, holds its own beside it, and the background is
+/// stopped when the foreground ends.
+#[tokio::test]
+async fn a_colocated_job_of_the_seed_003_example_runs_on_fake_gpus() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/seed-003.yaml"
+    ))
+    .expect("example");
+    let spec = headroom_shared::spec::ExperimentSpec::from_text(&text).expect("spec");
+    let jobs = headroom_shared::expand::expand(&spec, 1, 1000).expect("expands");
+    let job = jobs
+        .iter()
+        .find(|j| j.background.is_some() && j.params["pair"] == "mnist_ff:500MiB:resnet20:800MiB")
+        .expect("a colocated job of pair 1");
+    let f = fixture("8GiB");
+    let mut launch = f.launch(&[]);
+    launch.argv = job.argv.clone();
+    launch.params = job.params.clone();
+    launch.background = job.background.clone();
+    // `headroom-fake-job` is found on PATH, as on a node where headroom is installed.
+    let bin = Path::new(FAKE_JOB)
+        .parent()
+        .expect("bin dir")
+        .display()
+        .to_string();
+    let path = format!("{bin}:{}", std::env::var("PATH").unwrap_or_default());
+    launch.env.insert("PATH".into(), path);
+    let t0 = Instant::now();
+    let end = f.run(launch.clone()).await;
+    let log = log(&launch);
+    assert_eq!(end.failure, None, "{end:?}\n{log}");
+    let bg = end.background.as_ref().expect("background record");
+    assert!(bg.ready_ms.is_some_and(|ms| ms >= 1000), "{bg:?}");
+    assert_eq!(bg.signal, Some(15), "stopped with the foreground: {bg:?}");
+    assert!(!bg.exited_early);
+    assert!(!procscan::is_alive(bg.pid.expect("pid")));
+    assert_eq!(end.peak_mem_mib, Some(500), "the foreground's own memory");
+    assert!(log.contains("foreground=mnist_ff_colocated_0"), "{log}");
+    assert!(
+        t0.elapsed() >= Duration::from_secs(3),
+        "warm-up then 2 s of training"
+    );
+    assert!(end.cleanup_verified);
+    assert_eq!(f.used(0), 0, "nothing of the pair is left on the GPU");
+    let bg_log = std::fs::read_to_string(headroom_agent::colocate::log_path(&launch.log_path))
+        .expect("background log");
+    assert!(bg_log.contains("background=resnet20"), "{bg_log}");
+    assert!(bg_log.contains("holding 800 MiB"), "{bg_log}");
 }

@@ -188,6 +188,9 @@ pub fn job_detail(d: &JobDetail) {
         for line in prestart_lines(a).into_iter().chain(measure_lines(a)) {
             println!("      {line}");
         }
+        if let Some(line) = background_line(a) {
+            println!("      {line}");
+        }
     }
     if let Some(tail) = d.attempts_detail.last().and_then(|a| a.log_tail.as_deref())
         && !tail.trim().is_empty()
@@ -207,6 +210,26 @@ pub fn job_detail(d: &JobDetail) {
 }
 
 /// `show --telemetry`: one block per GPU of the attempt.
+/// `background pid 41: ready after 1234 ms; exited early (exit 3)`, for a colocated attempt.
+pub fn background_line(a: &headroom_shared::api::AttemptView) -> Option<String> {
+    let pid = a.background_pid?;
+    let ready = match a.background_ready_ms {
+        Some(ms) => format!("ready after {ms} ms"),
+        None => "never ready".to_string(),
+    };
+    let how = a
+        .background_exit_code
+        .map(|c| format!("exit {c}"))
+        .or(a.background_signal.map(|s| format!("signal {s}")))
+        .unwrap_or_else(|| "status unknown".into());
+    let end = if a.background_exited_early == Some(true) {
+        format!("exited early ({how})")
+    } else {
+        format!("stopped with the foreground ({how})")
+    };
+    Some(format!("background pid {pid}: {ready}; {end}"))
+}
+
 pub fn attempt_telemetry(number: u32, t: &AttemptTelemetry) {
     if t.from.is_none() {
         println!("telemetry of attempt #{number}: not started");
@@ -631,6 +654,36 @@ fn prestart_lines(a: &headroom_shared::api::AttemptView) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn show_tells_what_became_of_a_background() {
+        let view = |extra: serde_json::Value| {
+            let mut v = serde_json::json!({
+                "id": headroom_shared::AttemptId::new(), "job": headroom_shared::JobId::new(),
+                "number": 1, "node": "n", "gpus": [0], "fence": 1, "phase": "ended",
+                "leased_at": at(0),
+            });
+            if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+                o.extend(e.clone());
+            }
+            serde_json::from_value::<headroom_shared::api::AttemptView>(v).expect("view")
+        };
+        assert_eq!(background_line(&view(serde_json::json!({}))), None);
+        assert_eq!(
+            background_line(&view(serde_json::json!({"background_pid": 41,
+                "background_ready_ms": 1234, "background_signal": 15,
+                "background_exited_early": false}))),
+            Some(
+                "background pid 41: ready after 1234 ms; stopped with the foreground (signal 15)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            background_line(&view(serde_json::json!({"background_pid": 41,
+                "background_exit_code": 3, "background_exited_early": true}))),
+            Some("background pid 41: never ready; exited early (exit 3)".into())
+        );
+    }
 
     fn at(secs: i64) -> chrono::DateTime<chrono::Utc> {
         chrono::DateTime::from_timestamp(1_700_000_000 + secs, 0).expect("time")

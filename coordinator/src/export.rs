@@ -47,6 +47,11 @@ const OUTCOME: &[&str] = &[
     "contamination_reason",
     "contamination_pid",
     "contamination_command",
+    "background_pid",
+    "background_ready_ms",
+    "background_exit_code",
+    "background_signal",
+    "background_exited_early",
 ];
 
 /// Whether an attempt's figures can go in an energy comparison (`clean_only`): not
@@ -145,6 +150,14 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
             opt(m.contamination_reason.clone()),
             opt(m.contamination_pid.map(|p| p.to_string())),
             opt(m.contamination_command.clone()),
+        ]);
+        // The colocated background's record; empty when the attempt ran alone.
+        rec.extend([
+            opt(a.background_pid.map(|v| v.to_string())),
+            opt(a.background_ready_ms.map(|v| v.to_string())),
+            opt(a.background_exit_code.map(|v| v.to_string())),
+            opt(a.background_signal.map(|v| v.to_string())),
+            opt(a.background_exited_early.map(|v| v.to_string())),
         ]);
         w.write_record(&rec)?;
     }

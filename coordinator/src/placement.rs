@@ -397,6 +397,60 @@ mod tests {
         assert_eq!(place(&s, &[job(Some(4_001))], 1).len(), 0);
     }
 
+    /// A colocated pair is one attempt whose memory is the sum of the foreground's estimate
+    /// and the background's memory: it fits where the sum fits, takes one slot, and the next
+    /// job sees the sum placed.
+    #[test]
+    fn a_colocated_pair_needs_room_for_both_memories() {
+        use crate::rules::{PendingRow, claim};
+        let pending = |declared: Option<u64>, background: Option<u64>| PendingRow {
+            id: "j".into(),
+            gpus: 1,
+            declared,
+            since: 0,
+            memory_key: "k".into(),
+            reason: None,
+            alone: false,
+            background_mib: background,
+        };
+        let learned = Default::default();
+        // 10000 total, 1000 headroom: 5000 + 4000 fits, 5000 + 4001 does not.
+        let s = snap(vec![gpu(0, 10_000, 2)]);
+        let fits = claim(&s, &[pending(Some(5_000), Some(4_000))], &learned, 0, 1);
+        assert_eq!(fits.leases.len(), 1);
+        assert_eq!(
+            fits.leases[0].estimate,
+            Some(9_000),
+            "placed by the pair's sum"
+        );
+        let over = claim(&s, &[pending(Some(5_000), Some(4_001))], &learned, 0, 1);
+        assert!(over.leases.is_empty());
+        assert!(
+            matches!(
+                over.reasons[0].1,
+                PendingReason::LargerThanEveryGpu {
+                    needed_mib: 9_001,
+                    largest_mib: 9_000
+                }
+            ),
+            "{:?}",
+            over.reasons
+        );
+        // The foreground alone (no background for this job) fits the same GPU easily.
+        assert_eq!(
+            claim(&s, &[pending(Some(5_000), None)], &learned, 0, 1).leases[0].estimate,
+            Some(5_000)
+        );
+        // A pair whose foreground has no estimate yet runs alone on its GPU.
+        let alone = claim(&s, &[pending(None, Some(4_000))], &learned, 0, 1);
+        assert_eq!(alone.leases[0].estimate, None);
+        // The foreground's share is what its memory key learns from.
+        assert_eq!(
+            crate::rules::foreground_estimate(Some(9_000), Some(4_000)),
+            Some(5_000)
+        );
+    }
+
     #[test]
     fn live_free_memory_catches_foreign_processes() {
         let mut g = gpu(0, 10_000, 4);

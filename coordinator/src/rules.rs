@@ -46,6 +46,17 @@ pub fn effective_estimate(
     }
 }
 
+/// A colocated pair is placed as one attempt whose memory is the sum: the foreground's
+/// estimate plus its background's memory. Without a foreground estimate the pair runs alone.
+pub fn pair_estimate(foreground: Option<u64>, background: Option<u64>) -> Option<u64> {
+    foreground.map(|f| f.saturating_add(background.unwrap_or(0)))
+}
+
+/// The foreground's share of an attempt's (pair) estimate, which its memory key learns by.
+pub fn foreground_estimate(attempt: Option<u64>, background: Option<u64>) -> Option<u64> {
+    attempt.map(|e| e.saturating_sub(background.unwrap_or(0)))
+}
+
 /// After an OOM the key's estimate rises at once to this floor: the next placement must be
 /// safer than this one, whatever the slower statistics say. `None`: nothing to go by.
 pub fn oom_floor(estimate: Option<u64>, peak: Option<u64>) -> Option<u64> {
@@ -70,6 +81,8 @@ pub struct PendingRow {
     pub reason: Option<PendingReason>,
     /// It needs its GPUs to itself (`exclusive`, `cooldown`).
     pub alone: bool,
+    /// Memory of its colocated background (`colocate`), which shares its GPU.
+    pub background_mib: Option<u64>,
 }
 
 /// What a memory key has taught: observed peaks and the floor after OOMs.
@@ -104,7 +117,8 @@ pub fn claim(
         .iter()
         .map(|p| {
             let (mut peaks, floor) = learned.get(&p.memory_key).cloned().unwrap_or_default();
-            effective_estimate(p.declared, &mut peaks, floor)
+            let (estimate, source) = effective_estimate(p.declared, &mut peaks, floor);
+            (pair_estimate(estimate, p.background_mib), source)
         })
         .collect();
     let candidates: Vec<Candidate> = pending

@@ -141,6 +141,7 @@ fn job(
         shell: false,
         oom_ladder: vec![],
         prestart: None,
+        background: None,
     }
 }
 
@@ -238,6 +239,7 @@ fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
         log_tail: "tail".into(),
         gpus: vec![],
         prestart: None,
+        background: None,
     }
 }
 
@@ -611,6 +613,79 @@ async fn estimates_are_learned_per_memory_key(s: Backend) {
         after[0].estimate_mib,
         Some(2750),
         "declared 1000 < floor 2750"
+    );
+}
+
+/// A colocated job: its background reaches the agent with the lease, the pair is placed by
+/// the sum of both memories, the attempt records what became of the background, and the
+/// job's memory key learns from the foreground's share only.
+async fn colocated_jobs_carry_their_background_and_record_it(s: Backend) {
+    use headroom_shared::api::BackgroundReport;
+    use headroom_shared::colocate::{Background, OnBackgroundExit};
+    let agent = register(&s, "n1", 1, Some("2")).await;
+    let bg = Background {
+        argv: vec!["bg-load".into(), "--mem=4000MiB".into()],
+        env: BTreeMap::from([("BG".to_string(), "1".to_string())]),
+        memory_mib: 4_000,
+        ready_log: Some("^ready".into()),
+        start_timeout_ms: 60_000,
+        on_exit: OnBackgroundExit::Flag,
+    };
+    // 10000 MiB GPU, 10% headroom: 5000 + 4000 fits once; a second pair does not.
+    let pair = |i| NewJob {
+        background: Some(bg.clone()),
+        ..job(i, Some(5_000), vec![], 1)
+    };
+    let (first, second) = (pair(0), pair(1));
+    let second_id = second.id;
+    submit(&s, vec![first, second]).await;
+    let leases = claim(&s, agent, 1).await;
+    assert_eq!(leases.len(), 1, "two pairs need 18000 MiB");
+    let lease = &leases[0];
+    assert_eq!(lease.estimate_mib, Some(9_000));
+    assert_eq!(lease.background.as_ref(), Some(&bg));
+    let job_id = lease.job;
+    s.start_attempt(
+        lease.attempt,
+        lease.fence,
+        42,
+        Utc::now().timestamp_millis(),
+    )
+    .await
+    .expect("start");
+    let record = BackgroundReport {
+        pid: Some(41),
+        ready_ms: Some(1_234),
+        exit_code: Some(3),
+        signal: None,
+        exited_early: true,
+    };
+    s.finish_attempt(
+        lease.attempt,
+        FinishReport {
+            background: Some(record),
+            ..report_peak(lease.fence, Some(FailureClass::Oom), 5_200)
+        },
+    )
+    .await
+    .expect("finish");
+    let a = s.attempt(lease.attempt).await.expect("attempt");
+    assert_eq!(a.background_pid, Some(41));
+    assert_eq!(a.background_ready_ms, Some(1_234));
+    assert_eq!(a.background_exit_code, Some(3));
+    assert_eq!(a.background_signal, None);
+    assert_eq!(a.background_exited_early, Some(true));
+    assert_eq!(state(&s, job_id).await, JobState::Failed);
+    // The OOM floor is the foreground's (max(5000, 5200) x 1.25 = 6500), not the pair's
+    // (9000 x 1.25): the next pair needs 6500 + 4000, above the GPU's 9000.
+    assert!(claim(&s, agent, 1).await.is_empty());
+    let waiting = s.job(second_id).await.expect("job");
+    assert_eq!(
+        waiting.summary.pending_reason,
+        Some(PendingReason::LargerThanEveryGpu {
+            needed_mib: 6_500 + 4_000,
+            largest_mib: 9_000
+        })
     );
 }
 
@@ -1574,6 +1649,7 @@ conformance!(sqlite, postgres: [
     tokens_are_created_found_listed_and_revoked,
     runs_record_who_submitted_them,
     exclusive_jobs_hold_their_gpu_and_record_their_wait,
+    colocated_jobs_carry_their_background_and_record_it,
 ]);
 
 // ---- both backends side by side, and what only PostgreSQL does --------------------------

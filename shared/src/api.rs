@@ -308,6 +308,19 @@ pub struct AttemptView {
     pub cooldown_start_temp_c: Option<f64>,
     #[serde(default)]
     pub cooldown_timed_out: Option<bool>,
+    /// Colocated runs (`colocate`): the background's pid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_pid: Option<u32>,
+    /// How long the foreground waited for its background to be ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_ready_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_signal: Option<i32>,
+    /// The background exited by itself before its foreground ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_exited_early: Option<bool>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -728,6 +741,10 @@ pub struct Lease {
     /// What the attempt waits for before its job starts (`exclusive`, `cooldown`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prestart: Option<Prestart>,
+    /// The colocated background to start first (`colocate`); `estimate_mib` includes its
+    /// memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background: Option<crate::colocate::Background>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -888,6 +905,24 @@ pub struct FinishReport {
     /// What the wait before the job's start was (`exclusive`, `cooldown`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prestart: Option<PrestartReport>,
+    /// What became of the attempt's colocated background, when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background: Option<BackgroundReport>,
+}
+
+/// A colocated background's record in a finish report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BackgroundReport {
+    /// `None` when it could not be started.
+    pub pid: Option<u32>,
+    /// From its start until it was ready (the foreground's wait); `None`: never ready.
+    pub ready_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// It exited by itself while its foreground still ran (or before it was ready), rather
+    /// than being stopped when the foreground ended.
+    pub exited_early: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

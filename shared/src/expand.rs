@@ -21,6 +21,10 @@ pub struct ExpandedJob {
     pub run: u32,
     pub params: BTreeMap<String, Value>,
     pub argv: Vec<String>,
+    /// The colocated background this job runs with (`colocate`), rendered with its
+    /// parameters; absent when it runs alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background: Option<crate::colocate::Background>,
 }
 
 /// Expands `spec` (validated against `max_jobs` first) with `seed`.
@@ -50,12 +54,17 @@ pub fn expand(
             }
             for run in 0..spec.runs_per_config {
                 let argv = render_argv(spec, &params, config, run)?;
+                let background = match &spec.colocate {
+                    Some(c) => c.resolve(&params, config, run)?,
+                    None => None,
+                };
                 jobs.push(ExpandedJob {
                     index: jobs.len() as u32,
                     config,
                     run,
                     params: params.clone(),
                     argv,
+                    background,
                 });
             }
             config += 1;

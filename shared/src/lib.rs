@@ -5,6 +5,7 @@
 pub mod api;
 #[cfg(feature = "client")]
 pub mod client;
+pub mod colocate;
 pub mod expand;
 pub mod ids;
 pub mod pending;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::colocate::ColocateSpec;
 use crate::prestart::{Cooldown, OnCooldownTimeout, Prestart};
 use crate::profile;
 use crate::size::MemSize;
@@ -74,6 +75,10 @@ pub struct ExperimentSpec {
     /// `until_temp_c` (at most `max_wait`).
     #[serde(default)]
     pub cooldown: Option<CooldownSpec>,
+    /// A background job on the same GPU, started first; the foreground waits for it to be
+    /// ready and it is stopped whenever the foreground ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub colocate: Option<ColocateSpec>,
 }
 
 /// `cooldown: {seconds: 60}` or `cooldown: {until_temp_c: 40, max_wait: 10m}`.
@@ -181,7 +186,7 @@ pub struct SpecError {
 }
 
 impl SpecError {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             message: message.into(),
@@ -381,6 +386,15 @@ impl ExperimentSpec {
                     Ok(_) => {}
                 }
             }
+        }
+        if let Some(c) = &self.colocate {
+            if self.resources.gpus != 1 {
+                return Err(SpecError::new(
+                    "colocate",
+                    "a background shares its foreground's one GPU: needs `resources.gpus: 1`",
+                ));
+            }
+            c.validate(&params, &self.grid)?;
         }
         if let Some(p) = &self.profile
             && profile::builtin(p).is_none()

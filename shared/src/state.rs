@@ -174,10 +174,15 @@ pub enum FailureClass {
     /// Exclusive: its GPUs still held a process when the wait for them to empty ran out
     /// (never started).
     GpuBusy,
+    /// Its colocated background was not ready within `colocate.start_timeout` (or exited
+    /// before it was): the foreground never started.
+    BackgroundNotReady,
+    /// Its colocated background exited while it ran, with `on_background_exit: fail`.
+    BackgroundExited,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 9] = [
+    pub const ALL: [FailureClass; 11] = [
         FailureClass::Oom,
         FailureClass::Timeout,
         FailureClass::Cancelled,
@@ -187,6 +192,8 @@ impl FailureClass {
         FailureClass::Signal,
         FailureClass::CooldownTimeout,
         FailureClass::GpuBusy,
+        FailureClass::BackgroundNotReady,
+        FailureClass::BackgroundExited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -200,6 +207,8 @@ impl FailureClass {
             FailureClass::Signal => "signal",
             FailureClass::CooldownTimeout => "cooldown_timeout",
             FailureClass::GpuBusy => "gpu_busy",
+            FailureClass::BackgroundNotReady => "background_not_ready",
+            FailureClass::BackgroundExited => "background_exited",
         }
     }
 }

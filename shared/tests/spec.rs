@@ -429,3 +429,145 @@ fn the_energy_example_is_exclusive_and_cools_each_run() {
     );
     assert_eq!(spec.job_count(), Some(10));
 }
+
+const PAIR: &str = r#"
+name: pair
+command: ["train", "--model", "{model}"]
+grid:
+  model: [resnet20, densenet121]
+  bg_mem: [800MiB, 1300MiB]
+  mode: [alone, colocated]
+resources: {memory: 2GiB}
+colocate:
+  command: ["bg-load", "--mem", "{bg_mem}", "--run", "{run}"]
+  env: {BG: "1"}
+  memory: "{bg_mem}"
+  ready: {log: "^ready"}
+  start_timeout: 90s
+  on_background_exit: flag
+  when: {mode: colocated}
+"#;
+
+#[test]
+fn colocate_renders_per_job_and_only_where_when_holds() {
+    let jobs = expand(&parse(PAIR), 1, DEFAULT_MAX_JOBS).expect("expands");
+    assert_eq!(jobs.len(), 8);
+    for j in &jobs {
+        let colocated = j.params["mode"] == "colocated";
+        assert_eq!(j.background.is_some(), colocated, "{j:?}");
+        if let Some(bg) = &j.background {
+            let mem = j.params["bg_mem"].as_str().expect("text");
+            assert_eq!(bg.argv, vec!["bg-load", "--mem", mem, "--run", "0"]);
+            assert_eq!(bg.memory_mib, if mem == "800MiB" { 800 } else { 1300 });
+            assert_eq!(bg.ready_log.as_deref(), Some("^ready"));
+            assert_eq!(bg.start_timeout_ms, 90_000);
+            assert_eq!(
+                bg.on_exit,
+                headroom_shared::colocate::OnBackgroundExit::Flag
+            );
+        }
+    }
+}
+
+#[test]
+fn colocate_refusals_name_the_field() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "  start_timeout: 90s",
+            "  start_timeout: soon",
+            "colocate.start_timeout",
+        ),
+        (
+            "  start_timeout: 90s",
+            "  start_timeout: -5",
+            "colocate.start_timeout",
+        ),
+        (
+            "  ready: {log: \"^ready\"}",
+            "  ready: {log: \"(\"}",
+            "colocate.ready.log",
+        ),
+        (
+            "  ready: {log: \"^ready\"}",
+            "  ready: {regex: x}",
+            "colocate.ready.regex",
+        ),
+        (
+            "  memory: \"{bg_mem}\"",
+            "  memory: \"{model}\"",
+            "colocate.memory",
+        ),
+        (
+            "  memory: \"{bg_mem}\"",
+            "  memory: lots",
+            "colocate.memory",
+        ),
+        (
+            "  memory: \"{bg_mem}\"",
+            "  memory: 0MiB",
+            "colocate.memory",
+        ),
+        (
+            "  when: {mode: colocated}",
+            "  when: {phase: x}",
+            "colocate.when.phase",
+        ),
+        (
+            "  on_background_exit: flag",
+            "  on_background_exit: ignore",
+            "colocate.on_background_exit",
+        ),
+        (
+            "\"--run\", \"{run}\"]",
+            "\"--run\", \"{nope}\"]",
+            "colocate.command[4]",
+        ),
+        (
+            "  env: {BG: \"1\"}",
+            "  env: {CUDA_VISIBLE_DEVICES: \"1\"}",
+            "colocate.env.CUDA_VISIBLE_DEVICES",
+        ),
+        ("  env: {BG: \"1\"}", "  colour: red", "colocate.colour"),
+        (
+            "resources: {memory: 2GiB}",
+            "resources: {memory: 2GiB, gpus: 2}",
+            "colocate",
+        ),
+    ];
+    for (from, to, field) in cases {
+        assert!(PAIR.contains(from), "{from}");
+        let e = refused(&PAIR.replace(from, to));
+        assert!(
+            e.field == *field,
+            "{to}: refused on `{}` ({}), expected `{field}`",
+            e.field,
+            e.message
+        );
+    }
+    let e = refused(&PAIR.replace(
+        "  command: [\"bg-load\", \"--mem\", \"{bg_mem}\", \"--run\", \"{run}\"]",
+        "  command: []",
+    ));
+    assert_eq!(e.field, "colocate.command");
+}
+
+/// `examples/seed-003.yaml`: the lab's 12 pairs, alone and colocated, 3 runs each.
+#[test]
+fn the_seed_003_matrix_is_one_spec() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/seed-003.yaml");
+    let text = std::fs::read_to_string(path).expect("example");
+    let jobs = expand(&parse(&text), 3, DEFAULT_MAX_JOBS).expect("expands");
+    assert_eq!(jobs.len(), 12 * 2 * 3);
+    let colocated: Vec<_> = jobs.iter().filter(|j| j.background.is_some()).collect();
+    assert_eq!(colocated.len(), 36);
+    assert!(colocated.iter().all(|j| j.params["mode"] == "colocated"));
+    let pairs: std::collections::BTreeSet<_> = colocated
+        .iter()
+        .map(|j| j.params["pair"].to_string())
+        .collect();
+    assert_eq!(pairs.len(), 12);
+    let bg = colocated[0].background.as_ref().expect("bg");
+    assert_eq!(bg.argv[0], "sh");
+    assert!(bg.argv[2].contains("cut -d: -f4"), "{:?}", bg.argv);
+    assert_eq!(bg.memory_mib, 3500);
+}

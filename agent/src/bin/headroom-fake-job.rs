@@ -59,6 +59,10 @@ struct Args {
     /// Print TEXT to stdout at start (repeatable).
     #[arg(long, value_name = "TEXT")]
     print: Vec<String>,
+    /// Wait F seconds before taking the GPU memory (a job that loads data first, like a
+    /// colocated background warming up); SIGTERM still ends it meanwhile.
+    #[arg(long, value_name = "F", default_value_t = 0.0)]
+    delay: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -297,6 +301,16 @@ fn run(args: &Args) -> Result<u8, Exit> {
         return Err(oom(tried, gpu, None, None));
     }
 
+    if args.delay > 0.0 {
+        let until = Instant::now() + Duration::from_secs_f64(args.delay.min(3.0e7));
+        while Instant::now() < until {
+            if term.load(Ordering::SeqCst) {
+                println!("got SIGTERM while warming up, exiting");
+                return Ok(0);
+            }
+            std::thread::sleep((until - Instant::now()).min(Duration::from_millis(20)));
+        }
+    }
     let dir = (args.mem.is_some() || args.util.is_some())
         .then(fake_dir)
         .flatten();

@@ -433,5 +433,6 @@ pub fn report(
         log_tail,
         gpus,
         prestart: None,
+        background: end.background,
     }
 }

@@ -319,6 +319,7 @@ mod tests {
             workdir: None,
             baseline: Some(crate::supervisor::Baseline::of(&samples, &[3])),
             prestart: Default::default(),
+            background: None,
         };
         let msg = ToShim::Launch {
             spec: Box::new(Spec {

@@ -92,6 +92,7 @@ pub async fn submit(
             shell: spec.shell,
             oom_ladder: spec.oom_ladder.clone(),
             prestart: prestart.clone(),
+            background: j.background,
         })
         .collect::<Vec<_>>();
     let count = jobs.len() as u64;

@@ -195,6 +195,8 @@ pub struct NewJob {
     pub oom_ladder: Vec<BTreeMap<String, Value>>,
     /// `exclusive` / `cooldown`; `None`: the job starts at once.
     pub prestart: Option<headroom_shared::prestart::Prestart>,
+    /// The colocated background (`colocate`); placement adds its memory to the estimate.
+    pub background: Option<headroom_shared::colocate::Background>,
 }
 
 #[derive(Clone, Debug)]

@@ -26,7 +26,7 @@ use tokio_postgres::types::{FromSql, Json, ToSql};
 use tokio_postgres::{AsyncMessage, Client, Connection, IsolationLevel, NoTls, Row, Socket};
 use tokio_util::sync::CancellationToken;
 
-use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, parse};
+use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, opt_u64, parse};
 use super::{
     Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, NewToken,
     OnChange, Registered, Registration, Renewal, Renewed, Result, Retention, SeriesWindow, Store,
@@ -809,23 +809,32 @@ impl Store for PostgresStore {
                 let ladder: Vec<_> = jobs.iter().map(|j| json(&j.oom_ladder)).collect();
                 // Matrix-independent: one value for every job of the experiment.
                 let prestart = jobs.first().and_then(|j| j.prestart.as_ref()).map(json);
+                let background: Vec<Option<_>> = jobs
+                    .iter()
+                    .map(|j| j.background.as_ref().map(json))
+                    .collect();
+                let background_mib: Vec<Option<i64>> = jobs
+                    .iter()
+                    .map(|j| j.background.as_ref().map(|b| i64_of(b.memory_mib)))
+                    .collect();
                 exec(
                     tx,
                     "INSERT INTO jobs (id, experiment_id, idx, config, run, state, priority, \
                      params, argv, env, profile, gpus, estimate_mib, timeout_ms, max_attempts, \
                      retry_on, created_at, updated_at, memory_key, command, shell, ladder, \
-                     submitted_by, prestart) \
+                     submitted_by, prestart, background, background_mib) \
                      SELECT u.id, $1, u.idx, u.config, u.run, 'queued', u.priority, u.params, \
                      u.argv, u.env, u.profile, u.gpus, u.estimate_mib, u.timeout_ms, \
                      u.max_attempts, u.retry_on, $2, $2, u.memory_key, u.command, u.shell, \
-                     u.ladder, $21, $22 \
+                     u.ladder, $21, $22, u.background, u.background_mib \
                      FROM UNNEST($3::TEXT[], $4::BIGINT[], $5::BIGINT[], $6::BIGINT[], \
                      $7::BIGINT[], $8::JSONB[], $9::JSONB[], $10::JSONB[], $11::TEXT[], \
                      $12::BIGINT[], $13::BIGINT[], $14::BIGINT[], $15::BIGINT[], $16::JSONB[], \
-                     $17::TEXT[], $18::JSONB[], $19::BOOLEAN[], $20::JSONB[]) WITH ORDINALITY \
+                     $17::TEXT[], $18::JSONB[], $19::BOOLEAN[], $20::JSONB[], $23::JSONB[], \
+                     $24::BIGINT[]) WITH ORDINALITY \
                      AS u(id, idx, config, run, priority, params, argv, env, profile, gpus, \
                      estimate_mib, timeout_ms, max_attempts, retry_on, memory_key, command, \
-                     shell, ladder, ord) \
+                     shell, ladder, background, background_mib, ord) \
                      ORDER BY u.ord",
                     &[
                         &id,
@@ -850,6 +859,8 @@ impl Store for PostgresStore {
                         &ladder,
                         &exp.submitted_by,
                         &prestart,
+                        &background,
+                        &background_mib,
                     ],
                 )
                 .await?;
@@ -1341,6 +1352,7 @@ impl Store for PostgresStore {
                 let id = attempt.to_string();
                 let ended_at = report.ended_at.timestamp_millis();
                 let m = rows::measure_row(&report.measurements);
+                let bg = report.background.as_ref();
                 let (gpus, key, estimate) = first(
                     tx,
                     "UPDATE attempts SET phase = 'ended', ended_at = $1, exit_code = $2, \
@@ -1351,7 +1363,9 @@ impl Store for PostgresStore {
                      max_temp_mdeg = $16, start_temp_mdeg = $17, mean_util_mpct = $18, \
                      throttled_thermal = $19, throttled_power = $20, throttle_reasons = $21, \
                      contamination_reason = $22, contamination_pid = $23, \
-                     contamination_command = $24 WHERE id = $9 \
+                     contamination_command = $24, background_pid = $25, \
+                     background_ready_ms = $26, background_exit_code = $27, \
+                     background_signal = $28, background_exited_early = $29 WHERE id = $9 \
                      RETURNING gpus, memory_key, estimate_mib",
                     &[
                         &ended_at,
@@ -1378,6 +1392,11 @@ impl Store for PostgresStore {
                         &m.contamination_reason,
                         &m.contamination_pid,
                         &m.contamination_command,
+                        &bg.and_then(|b| b.pid).map(i64::from),
+                        &bg.and_then(|b| opt_i64(b.ready_ms)),
+                        &bg.and_then(|b| b.exit_code).map(i64::from),
+                        &bg.and_then(|b| b.signal).map(i64::from),
+                        &bg.map(|b| b.exited_early),
                     ],
                     |r| Ok((r.json::<Vec<u32>>(0)?, r.text(1)?, r.mib_opt(2)?)),
                 )
@@ -1403,6 +1422,16 @@ impl Store for PostgresStore {
                 if !report.gpus.is_empty() {
                     record_telemetry(tx, &node, &report.gpus).await?;
                 }
+                // The attempt was placed by the pair's memory; the job's key learns its own.
+                let background_mib: Option<i64> = first(
+                    tx,
+                    "SELECT background_mib FROM jobs WHERE id = $1",
+                    &[&job],
+                    |r| r.int_opt(0),
+                )
+                .await?
+                .flatten();
+                let estimate = rules::foreground_estimate(estimate, opt_u64(background_mib));
                 let mut f = rules::finish(&job_rules(tx, &job).await?, estimate, &report)?;
                 if standing != rules::Report::OnTime {
                     f.event = rules::late_event(f.event);

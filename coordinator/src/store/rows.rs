@@ -125,7 +125,9 @@ pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence,
      mean_power_mw, max_power_mw, max_temp_mdeg, start_temp_mdeg, mean_util_mpct, \
      throttled_thermal, throttled_power, throttle_reasons, contamination_reason, \
      contamination_pid, contamination_command, waiting, exclusive_wait_ms, \
-     cooldown_wait_ms, cooldown_from_mdeg, cooldown_start_mdeg, cooldown_timed_out";
+     cooldown_wait_ms, cooldown_from_mdeg, cooldown_start_mdeg, cooldown_timed_out, \
+     background_pid, background_ready_ms, background_exit_code, background_signal, \
+     background_exited_early";
 
 pub(crate) fn phase(s: &str) -> Result<AttemptPhase> {
     match s {
@@ -178,6 +180,12 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
         cooldown_from_temp_c: r.int_opt(41)?.map(from_mdeg),
         cooldown_start_temp_c: r.int_opt(42)?.map(from_mdeg),
         cooldown_timed_out: r.flag_opt(43)?,
+        // After the 13 measurement columns (25..=37) and the exclusive/cooldown ones (38..=43), in ATTEMPT_COLUMNS order.
+        background_pid: r.int_opt(44)?.map(|p| p as u32),
+        background_ready_ms: r.mib_opt(45)?,
+        background_exit_code: r.int_opt(46)?.map(|c| c as i32),
+        background_signal: r.int_opt(47)?.map(|s| s as i32),
+        background_exited_early: r.flag_opt(48)?,
     })
 }
 
@@ -350,7 +358,7 @@ pub(crate) fn active(r: &impl Cols) -> Result<Active> {
 
 /// Columns of a pending job, read by [`pending`].
 pub(crate) const PENDING_COLUMNS: &str =
-    "id, gpus, estimate_mib, updated_at, memory_key, pending_reason, prestart";
+    "id, gpus, estimate_mib, updated_at, memory_key, pending_reason, prestart, background_mib";
 
 pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
     Ok(PendingRow {
@@ -363,6 +371,7 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
         alone: r
             .json_opt::<headroom_shared::prestart::Prestart>(6)?
             .is_some_and(|p| p.holds_gpu()),
+        background_mib: r.mib_opt(7)?,
     })
 }
 
@@ -405,7 +414,7 @@ pub(crate) fn quarantine(r: &impl Cols) -> Result<(u32, QuarantineView)> {
 
 /// The job columns a new lease is made of (`j` jobs, `e` experiments).
 pub(crate) const LEASE_COLUMNS: &str = "j.argv, j.env, j.params, e.name, j.memory_key, \
-     j.timeout_ms, j.attempts, j.fence, j.ladder_step, j.prestart";
+     j.timeout_ms, j.attempts, j.fence, j.ladder_step, j.prestart, j.background";
 
 pub(crate) struct LeaseRow {
     pub argv: Vec<String>,
@@ -418,6 +427,7 @@ pub(crate) struct LeaseRow {
     pub fence: i64,
     pub ladder_step: i64,
     pub prestart: Option<headroom_shared::prestart::Prestart>,
+    pub background: Option<headroom_shared::colocate::Background>,
 }
 
 pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
@@ -432,6 +442,7 @@ pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
         fence: r.int(7)?,
         ladder_step: r.int(8)?,
         prestart: r.json_opt(9)?,
+        background: r.json_opt(10)?,
     })
 }
 
@@ -465,6 +476,7 @@ pub(crate) fn lease_row_into(
             estimate_mib: estimate,
             timeout_ms: row.timeout_ms,
             prestart: row.prestart,
+            background: row.background,
         },
         memory_key: row.memory_key,
         ladder_step: row.ladder_step,

@@ -16,7 +16,7 @@ use rusqlite::{Connection, Row, Transaction, TransactionBehavior, params};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, parse};
+use super::rows::{self, Cols, NodeRow, i64_of, opt_i64, opt_u64, parse};
 use super::{
     Active, ClaimInput, Claimed, ExportRow, JobFilter, LeaseTo, Millis, NewExperiment, NewToken,
     Registered, Registration, Renewal, Renewed, Result, Retention, SeriesWindow, Store, StoreError,
@@ -477,9 +477,9 @@ impl Store for SqliteStore {
                 "INSERT INTO jobs (id, experiment_id, idx, config, run, state, priority, params, \
                  argv, env, profile, gpus, estimate_mib, timeout_ms, max_attempts, retry_on, \
                  created_at, updated_at, memory_key, command, shell, ladder, submitted_by, \
-                 prestart) \
+                 prestart, background, background_mib) \
                  VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?16, \
-                 ?17, ?18, ?19, ?20, ?21, ?22)",
+                 ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
             )?;
             for j in &exp.jobs {
                 stmt.execute(params![
@@ -505,6 +505,8 @@ impl Store for SqliteStore {
                     json(&j.oom_ladder)?,
                     exp.submitted_by,
                     j.prestart.as_ref().map(json).transpose()?,
+                    j.background.as_ref().map(json).transpose()?,
+                    j.background.as_ref().map(|b| i64_of(b.memory_mib)),
                 ])?;
             }
             drop(stmt);
@@ -903,6 +905,7 @@ impl Store for SqliteStore {
             }
             let id = attempt.to_string();
             let m = rows::measure_row(&report.measurements);
+            let bg = report.background.as_ref();
             let (node, gpus, key, estimate) = first(
                 tx,
                 "UPDATE attempts SET phase = 'ended', ended_at = ?1, exit_code = ?2, signal = ?3, \
@@ -912,7 +915,9 @@ impl Store for SqliteStore {
                  max_power_mw = ?15, max_temp_mdeg = ?16, start_temp_mdeg = ?17, \
                  mean_util_mpct = ?18, throttled_thermal = ?19, throttled_power = ?20, \
                  throttle_reasons = ?21, contamination_reason = ?22, contamination_pid = ?23, \
-                 contamination_command = ?24 \
+                 contamination_command = ?24, background_pid = ?25, background_ready_ms = ?26, \
+                 background_exit_code = ?27, background_signal = ?28, \
+                 background_exited_early = ?29 \
                  WHERE id = ?9 RETURNING node, gpus, memory_key, estimate_mib",
                 params![
                     report.ended_at.timestamp_millis(),
@@ -939,6 +944,11 @@ impl Store for SqliteStore {
                     m.contamination_reason,
                     m.contamination_pid,
                     m.contamination_command,
+                    bg.and_then(|b| b.pid),
+                    bg.and_then(|b| opt_i64(b.ready_ms)),
+                    bg.and_then(|b| b.exit_code),
+                    bg.and_then(|b| b.signal),
+                    bg.map(|b| b.exited_early),
                 ],
                 |r| {
                     Ok((
@@ -968,6 +978,15 @@ impl Store for SqliteStore {
             if !report.gpus.is_empty() {
                 record_telemetry(tx, &node, &report.gpus)?;
             }
+            // The attempt was placed by the pair's memory; the job's own key learns its own.
+            let background_mib: Option<i64> = first(
+                tx,
+                "SELECT background_mib FROM jobs WHERE id = ?1",
+                params![job],
+                |r| r.int_opt(0),
+            )?
+            .flatten();
+            let estimate = rules::foreground_estimate(estimate, opt_u64(background_mib));
             let mut f = rules::finish(&job_rules(tx, &job)?, estimate, &report)?;
             if standing != rules::Report::OnTime {
                 f.event = rules::late_event(f.event);

@@ -150,3 +150,85 @@ fn export_has_the_measurements_and_clean_only_leaves_out_flagged_rows() {
     names.sort_unstable();
     assert_eq!(names, ["clean", "failed"], "{kept:?}");
 }
+
+/// A colocated attempt through the binaries: its figures are its GPU's (foreground and
+/// background), its background is no contamination, and `export --csv` carries the
+/// background's record after the measurements, empty for an attempt that ran alone.
+#[test]
+fn export_has_a_colocated_attempts_background_and_its_gpus_figures() {
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
+    let job = fake_job().display().to_string();
+    // `mode` switches the background on (`colocate.when`): alone and colocated, one GPU,
+    // one at a time. Foreground and background each hold 1 GiB at 40 %.
+    let exp = h.submit_spec(serde_json::json!({"name": "pair",
+        "command": [&job, "--mem", "1GiB", "--util", "40", "--seconds", "2"],
+        "grid": {"mode": ["alone", "colocated"]},
+        "resources": {"gpus": 1, "memory": "2GiB"},
+        "retry": {"max_attempts": 1},
+        "colocate": {"command": [&job, "--mem", "1GiB", "--util", "40", "--seconds", "3600"],
+                     "memory": "2GiB", "when": {"mode": "colocated"}}}));
+    let jobs = h.wait_done(exp, Duration::from_secs(90));
+    let of = |mode: &str| {
+        let j = jobs
+            .iter()
+            .find(|j| j.params.get("mode").and_then(|v| v.as_str()) == Some(mode))
+            .unwrap_or_else(|| panic!("no {mode} job: {jobs:?}"));
+        assert_eq!(j.state, JobState::Succeeded, "{j:?}");
+        h.first_attempt(j.id)
+    };
+    let (alone, pair) = (of("alone"), of("colocated"));
+    let bg_pid = pair.background_pid.expect("the background ran");
+    assert_eq!(alone.background_pid, None);
+    assert_eq!(pair.contaminated, Some(false), "{pair:#?}");
+    assert_eq!(pair.measurements.contamination_reason, None, "{pair:#?}");
+    // The GPU draws for both: 60 W + 240 W x (0.25 x memory share + 0.75 x utilization).
+    let power = |gib: f64, util: f64| 60.0 + 240.0 * (0.25 * gib / 24.0 + 0.75 * util);
+    for (a, want) in [(&alone, power(1.0, 0.4)), (&pair, power(2.0, 0.8))] {
+        let m = &a.measurements;
+        assert_eq!(m.energy_source, Some(EnergySource::Counter), "{a:#?}");
+        // The peak draw (the mean also counts the job's own start-up, below its load).
+        assert!(
+            m.max_power_w
+                .is_some_and(|p| (p - want).abs() < want * 0.01),
+            "{a:#?}: want a peak of {want} W"
+        );
+    }
+
+    let (header, rows) = table(&h.cli_ok(&["export", "--csv"]));
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no column {name}: {header:?}"))
+    };
+    assert!(
+        col("background_pid") > col("contamination_command"),
+        "{header:?}"
+    );
+    let row = |mode: &str| {
+        rows.iter()
+            .find(|r| r[col("mode")] == mode)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {mode} row: {rows:?}"))
+    };
+    let (alone_row, pair_row) = (row("alone"), row("colocated"));
+    assert_eq!(pair_row[col("background_pid")], bg_pid.to_string());
+    assert!(
+        pair_row[col("background_ready_ms")].parse::<u64>().is_ok(),
+        "{pair_row:?}"
+    );
+    assert_eq!(pair_row[col("background_exited_early")], "false");
+    assert_eq!(pair_row[col("contaminated")], "false");
+    for c in [
+        "background_pid",
+        "background_ready_ms",
+        "background_exit_code",
+        "background_signal",
+        "background_exited_early",
+    ] {
+        assert_eq!(alone_row[col(c)], "", "{c}: {alone_row:?}");
+    }
+    // A background is no reason to leave a row out.
+    let (_, kept) = table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
+    assert_eq!(kept.len(), 2, "{kept:?}");
+}

@@ -146,6 +146,7 @@ impl Coordinator {
             log_tail: "stale success".into(),
             gpus: sample(),
             prestart: None,
+            background: None,
         };
         self.post(&format!("/v1/attempts/{}/finish", lease.attempt), &req)
     }

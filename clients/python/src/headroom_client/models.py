@@ -68,6 +68,7 @@ class ExpandedJob(_Model):
     run: int
     params: Dict[str, Any]
     argv: List[str]
+    background: Optional[Dict[str, Any]] = None
 
 
 class SubmitResponse(_Model):
@@ -162,6 +163,12 @@ class AttemptView(_Model):
     cooldown_from_temp_c: Optional[float] = None
     cooldown_start_temp_c: Optional[float] = None
     cooldown_timed_out: Optional[bool] = None
+    # The colocated background's record (None: the attempt ran alone).
+    background_pid: Optional[int] = None
+    background_ready_ms: Optional[int] = None
+    background_exit_code: Optional[int] = None
+    background_signal: Optional[int] = None
+    background_exited_early: Optional[bool] = None
 
 
 class JobDetail(JobSummary):
