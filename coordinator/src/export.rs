@@ -47,6 +47,11 @@ const OUTCOME: &[&str] = &[
     "contamination_reason",
     "contamination_pid",
     "contamination_command",
+    "exclusive_wait_ms",
+    "cooldown_wait_ms",
+    "cooldown_from_temp_c",
+    "cooldown_start_temp_c",
+    "cooldown_timed_out",
     "background_pid",
     "background_ready_ms",
     "background_exit_code",
@@ -150,6 +155,14 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
             opt(m.contamination_reason.clone()),
             opt(m.contamination_pid.map(|p| p.to_string())),
             opt(m.contamination_command.clone()),
+        ]);
+        // The wait before the job started: for an exclusive GPU to empty, for it to cool.
+        rec.extend([
+            opt(a.exclusive_wait_ms.map(|v| v.to_string())),
+            opt(a.cooldown_wait_ms.map(|v| v.to_string())),
+            figure(a.cooldown_from_temp_c),
+            figure(a.cooldown_start_temp_c),
+            opt(a.cooldown_timed_out.map(|v| v.to_string())),
         ]);
         // The colocated background's record; empty when the attempt ran alone.
         rec.extend([

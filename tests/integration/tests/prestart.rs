@@ -96,6 +96,33 @@ fn cooldown_until_temp_waits_for_the_heated_gpu_to_cool_and_records_it() {
     assert!(a.waiting.is_none());
     let show = h.cli_ok(&["show", &job.to_string()]);
     assert!(show.contains("cooled"), "{show}");
+    // The export has the wait and both temperatures, as the API does.
+    let csv = h.cli_ok(&["export", "--csv", "-e", &cool.to_string()]);
+    let mut r = csv::Reader::from_reader(csv.as_bytes());
+    let header: Vec<String> = r
+        .headers()
+        .expect("header")
+        .iter()
+        .map(String::from)
+        .collect();
+    let row: Vec<String> = r
+        .records()
+        .next()
+        .expect("a row")
+        .expect("row")
+        .iter()
+        .map(String::from)
+        .collect();
+    let cell = |name: &str| {
+        let i = header.iter().position(|h| h == name).expect(name);
+        row[i].clone()
+    };
+    assert_eq!(cell("cooldown_wait_ms"), waited.to_string());
+    assert_eq!(cell("cooldown_timed_out"), "false");
+    let exported: f64 = cell("cooldown_start_temp_c")
+        .parse()
+        .expect("a temperature");
+    assert!((exported - start).abs() < 0.01, "{exported} vs {start}");
 }
 
 #[test]
