@@ -600,6 +600,21 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_exclusive_colocated_attempt_counts_its_background_as_its_own() {
+        let f = fixture();
+        let bg = background("echo 0:1024 > $HEADROOM_FAKE_GPU_DIR/$$; exec sleep 300");
+        let mut launch = f.launch("echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 1", bg);
+        launch.prestart.exclusive = true;
+        let attempt = launch.attempt;
+        let end = f.run(launch, CancellationToken::new()).await;
+        assert_eq!(end.failure, None, "{end:?}");
+        // Exclusive: any process not the attempt's own would contaminate it; the pair is
+        // one attempt.
+        assert!(!end.contaminated, "{:?}", end.measurements);
+        f.assert_gone(&end, attempt);
+    }
+
+    #[tokio::test]
     async fn another_attempts_process_on_a_colocated_gpu_contaminates_it() {
         let f = fixture();
         // A process of another attempt takes memory on the GPU while the pair runs.
