@@ -118,19 +118,16 @@ async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result
         spec: Box::new(spec),
     };
     // A waiting supervisor may have died meanwhile (killed by hand, OOM-killed): the next
-    // one, or a fresh one, takes the launch.
-    let mut tries = 0;
-    loop {
-        let mut conn = shared.standby.take()?;
+    // one takes the launch, or, when none is left, one started now.
+    while let Some(mut conn) = shared.standby.take_waiting() {
         match conn.send(&launch).await {
             Ok(()) => return Ok(conn),
-            Err(e) if tries < 3 => {
-                tries += 1;
-                tracing::warn!("a waiting attempt supervisor is gone ({e}); trying another");
-            }
-            Err(e) => return Err(e),
+            Err(e) => tracing::warn!("a waiting attempt supervisor is gone ({e}); trying another"),
         }
     }
+    let mut conn = shared.standby.take_new()?;
+    conn.send(&launch).await?;
+    Ok(conn)
 }
 
 fn millis(d: Duration) -> u64 {

@@ -202,6 +202,14 @@ fn wait_done(api: &Client, exp: ExperimentId) -> Result<()> {
     loop {
         let p = block_on(api.progress_within(Some(exp), after, Duration::from_secs(2)))??;
         if p.counts.finished() == p.counts.total() {
+            // A figure of jobs that failed (at launch, say) would flatter the build.
+            if p.counts.succeeded != p.counts.total() {
+                bail!(
+                    "{} of {} jobs did not succeed",
+                    p.counts.total() - p.counts.succeeded,
+                    p.counts.total()
+                );
+            }
             return Ok(());
         }
         after = Some(p.version);

@@ -149,14 +149,9 @@ async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
     };
     let mut served = 0;
     loop {
-        let spec = match conn.recv::<ToShim>().await {
-            Ok(Some(ToShim::Launch { spec })) => *spec,
-            // The agent let this waiting supervisor go, or exited or died: nothing runs.
-            Ok(None) => return 0,
-            other => {
-                eprintln!("headroom attempt supervisor: no launch from the agent: {other:?}");
-                return 2;
-            }
+        let spec = match next_launch(&mut conn).await {
+            Ok(spec) => spec,
+            Err(code) => return code,
         };
         served += 1;
         let _ = nix::sys::prctl::set_name(COMM);
@@ -166,6 +161,24 @@ async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
             Next::Wait(c) => {
                 conn = c;
                 let _ = nix::sys::prctl::set_name(STANDBY_COMM);
+            }
+        }
+    }
+}
+
+/// The next launch on `conn`; else the process's exit code.
+async fn next_launch(conn: &mut Conn) -> Result<Spec, i32> {
+    loop {
+        match conn.recv::<ToShim>().await {
+            Ok(Some(ToShim::Launch { spec })) => return Ok(*spec),
+            // Sent for the attempt before while it ended, read only now: nothing runs to
+            // renew or stop.
+            Ok(Some(ToShim::Renew { .. } | ToShim::Stop { .. })) => {}
+            // The agent let this waiting supervisor go, or exited or died: nothing runs.
+            Ok(None) => return Err(0),
+            Err(e) => {
+                eprintln!("headroom attempt supervisor: no launch from the agent: {e}");
+                return Err(2);
             }
         }
     }

@@ -47,18 +47,16 @@ impl Standby {
         })
     }
 
-    /// A supervisor for the next attempt: a waiting one, or one started now when none
-    /// waits, and then another is started to wait.
-    pub fn take(self: &Arc<Self>) -> Result<Conn, ProtoError> {
-        let waiting = self.pool().waiting.pop();
-        match waiting {
-            Some(conn) => Ok(conn),
-            None => {
-                let conn = self.start()?;
-                self.refill();
-                Ok(conn)
-            }
-        }
+    /// A waiting supervisor, the most recently used first.
+    pub fn take_waiting(&self) -> Option<Conn> {
+        self.pool().waiting.pop()
+    }
+
+    /// A supervisor started now (none waits), and another started to wait.
+    pub fn take_new(self: &Arc<Self>) -> Result<Conn, ProtoError> {
+        let conn = self.start()?;
+        self.refill();
+        Ok(conn)
     }
 
     /// A supervisor whose attempt ended clean, waiting for another launch on `conn`: kept

@@ -1,0 +1,109 @@
+//! The attempt supervisor process driven over its protocol, as the agent drives it: after a
+//! clean end it takes the next launch on the same connection, whatever the agent sent for
+//! the attempt before while that one was ending; let go, it exits.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use headroom_agent::gpu::BackendChoice;
+use headroom_agent::shim::SHIM_ARG;
+use headroom_agent::shim::proto::{Conn, FromShim, Spec, ToShim};
+use headroom_agent::supervisor::Launch;
+use headroom_shared::{AttemptId, JobId};
+
+fn spec(dir: &Path, argv: &[&str]) -> Spec {
+    let attempt = AttemptId::new();
+    Spec {
+        launch: Launch {
+            attempt,
+            job: JobId::new(),
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            env: Default::default(),
+            params: Default::default(),
+            gpus: vec![0],
+            timeout: None,
+            log_path: dir.join("logs").join(format!("{attempt}.log")),
+            workdir: None,
+            baseline: None,
+            prestart: Default::default(),
+            background: None,
+        },
+        fence: 1,
+        data_dir: dir.to_path_buf(),
+        scope: dir.display().to_string(),
+        gpu: BackendChoice::Fake {
+            spec: "1x8GiB".parse().expect("spec"),
+            dir: dir.join("fake-gpus"),
+        },
+        job_env: vec![],
+        kill_grace_ms: 300,
+        verify_timeout_ms: 5_000,
+        sample_every_ms: 50,
+        stop_in_ms: 60_000,
+        spare: None,
+    }
+}
+
+#[tokio::test]
+async fn a_supervisor_takes_the_next_launch_after_a_clean_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // As the agent leaves them: where logs and journalled outcomes go.
+    for d in ["logs", "outcomes"] {
+        std::fs::create_dir_all(dir.path().join(d)).expect("data dir");
+    }
+    let (ours, theirs) = UnixStream::pair().expect("socketpair");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_headroom-agent"))
+        .arg(SHIM_ARG)
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .spawn()
+        .expect("supervisor");
+    let mut conn = Conn::new(ours).expect("conn");
+    let mut parents = Vec::new();
+    for i in 0..3 {
+        let out = dir.path().join(format!("parent-{i}"));
+        let script = format!("echo $PPID > {}", out.display());
+        let s = spec(dir.path(), &["sh", "-c", &script]);
+        conn.send(&ToShim::Launch { spec: Box::new(s) })
+            .await
+            .expect("launch");
+        let (report, reusable) = loop {
+            match conn.recv::<FromShim>().await.expect("message") {
+                Some(FromShim::Ended {
+                    report, reusable, ..
+                }) => break (report, reusable),
+                Some(_) => {}
+                None => panic!("the supervisor exited during attempt {i}"),
+            }
+        };
+        assert_eq!(
+            (report.failure, report.exit_code),
+            (None, Some(0)),
+            "{report:?}"
+        );
+        assert!(report.cleanup_verified, "{report:?}");
+        assert!(reusable, "a clean end hands the supervisor back");
+        parents.push(
+            std::fs::read_to_string(&out)
+                .expect("the job ran")
+                .trim()
+                .parse::<u32>()
+                .expect("pid"),
+        );
+        // The agent renewed the leases while the attempt was ending: the renewal is read
+        // only now, and must not end the supervisor.
+        conn.send(&ToShim::Renew { stop_in_ms: 60_000 })
+            .await
+            .expect("renew");
+    }
+    assert_eq!(
+        parents,
+        vec![child.id(); 3],
+        "one supervisor ran the three jobs"
+    );
+    // Let go, it exits at once and cleanly.
+    drop(conn);
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+}
