@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::fmt;
 use std::fs::{self, File};
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -578,11 +578,16 @@ impl FakeBackend {
                 )
             })
             .collect();
-        let tmp = self
-            .dir
-            .join(format!("{POWER_STATE_FILE}.{}.tmp", std::process::id()));
-        fs::write(&tmp, text)?;
-        fs::rename(&tmp, self.dir.join(POWER_STATE_FILE))
+        // In place, under the directory's power lock (readers take it too): a temporary
+        // file and a rename per reading would create an inode each time, which costs more
+        // than the reading on a busy directory (ext4 walks recently deleted inodes).
+        let mut f = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join(POWER_STATE_FILE))?;
+        f.write_all(text.as_bytes())?;
+        f.set_len(text.len() as u64)
     }
 
     /// Advances every GPU's power model to now under the load `uses` declare, and returns
