@@ -358,17 +358,25 @@ mod tests {
 
     const TICK: Duration = Duration::from_secs(1);
 
+    /// [`wait`] on the test tick, with no log, saying what it waits for to `said`.
+    async fn wait_on(
+        rules: &Prestart,
+        p: &mut Script,
+        cancel: &CancellationToken,
+        said: impl FnMut(Option<String>) + Send,
+    ) -> Result<PrestartReport, NotStarted> {
+        wait(rules, p, TICK, cancel, None, said).await
+    }
+
     #[tokio::test(start_paused = true)]
     async fn cooling_waits_until_the_hottest_gpu_reads_the_target() {
         let mut p = script(vec![], vec![Ok(52.0), Ok(48.0), Ok(44.0), Ok(40.0)]);
         let mut said = Vec::new();
         let start = Instant::now();
-        let r = wait(
+        let r = wait_on(
             &until(40.0, 600, OnCooldownTimeout::Fail),
             &mut p,
-            TICK,
             &CancellationToken::new(),
-            None,
             |s| said.push(s),
         )
         .await
@@ -387,12 +395,10 @@ mod tests {
     async fn max_wait_fails_the_attempt_or_starts_it_flagged() {
         let hot = || script(vec![], vec![Ok(70.0)]);
         let start = Instant::now();
-        let e = wait(
+        let e = wait_on(
             &until(40.0, 30, OnCooldownTimeout::Fail),
             &mut hot(),
-            TICK,
             &CancellationToken::new(),
-            None,
             |_| {},
         )
         .await
@@ -402,12 +408,10 @@ mod tests {
         assert!(e.message.contains("70 °C → 40 °C"), "{}", e.message);
         assert_eq!(e.report.cooldown_timed_out, Some(true));
         assert_eq!(e.report.cooldown_start_temp_c, Some(70.0));
-        let r = wait(
+        let r = wait_on(
             &until(40.0, 30, OnCooldownTimeout::Start),
             &mut hot(),
-            TICK,
             &CancellationToken::new(),
-            None,
             |_| {},
         )
         .await
@@ -423,12 +427,10 @@ mod tests {
             vec![Err("GPU 0's temperature cannot be read".into())],
         );
         let mut said = Vec::new();
-        let e = wait(
+        let e = wait_on(
             &until(80.0, 5, OnCooldownTimeout::Fail),
             &mut p,
-            TICK,
             &CancellationToken::new(),
-            None,
             |s| said.push(s),
         )
         .await
@@ -451,16 +453,9 @@ mod tests {
             cooldown: Some(Cooldown::Seconds { ms: 60_000 }),
         };
         let start = Instant::now();
-        let r = wait(
-            &rules,
-            &mut p,
-            TICK,
-            &CancellationToken::new(),
-            None,
-            |_| {},
-        )
-        .await
-        .expect("cooled");
+        let r = wait_on(&rules, &mut p, &CancellationToken::new(), |_| {})
+            .await
+            .expect("cooled");
         assert_eq!(start.elapsed(), Duration::from_secs(60));
         assert_eq!(r.cooldown_wait_ms, Some(60_000));
         assert_eq!(
@@ -487,11 +482,9 @@ mod tests {
             cooldown: None,
         };
         let mut said = Vec::new();
-        let r = wait(&rules, &mut p, TICK, &CancellationToken::new(), None, |s| {
-            said.push(s)
-        })
-        .await
-        .expect("emptied");
+        let r = wait_on(&rules, &mut p, &CancellationToken::new(), |s| said.push(s))
+            .await
+            .expect("emptied");
         assert_eq!(r.exclusive_wait_ms, Some(2000));
         assert!(said[0].as_deref().is_some_and(|s| s.contains("pid 42")));
         assert!(
@@ -507,16 +500,9 @@ mod tests {
             vec![],
         );
         let start = Instant::now();
-        let e = wait(
-            &rules,
-            &mut p,
-            TICK,
-            &CancellationToken::new(),
-            None,
-            |_| {},
-        )
-        .await
-        .expect_err("busy");
+        let e = wait_on(&rules, &mut p, &CancellationToken::new(), |_| {})
+            .await
+            .expect_err("busy");
         assert_eq!(e.failure, FailureClass::GpuBusy);
         assert_eq!(
             start.elapsed(),
@@ -534,12 +520,10 @@ mod tests {
             c.cancel();
         });
         let start = Instant::now();
-        let e = wait(
+        let e = wait_on(
             &until(40.0, 600, OnCooldownTimeout::Fail),
             &mut p,
-            TICK,
             &cancel,
-            None,
             |_| {},
         )
         .await
