@@ -12,7 +12,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use headroom_integration_tests::{Postgres, Proc, block_on, client_for, free_port};
+use headroom_integration_tests::{
+    Postgres, Proc, block_on, children_of, client_for, free_port, stat_fields,
+};
 use headroom_shared::ExperimentId;
 use headroom_shared::api::{Role, SubmitRequest};
 use headroom_shared::client::Client;
@@ -85,18 +87,6 @@ impl Cpu {
     }
 }
 
-/// `/proc/PID/stat` fields after the command: state is 0, ppid 1, utime 11 .. cstime 14.
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    Some(
-        stat.rsplit_once(')')?
-            .1
-            .split_whitespace()
-            .map(str::to_string)
-            .collect(),
-    )
-}
-
 fn ticks_ms(f: &[String], range: std::ops::Range<usize>) -> f64 {
     // USER_HZ is 100 on Linux whatever the kernel's tick.
     f.get(range)
@@ -107,17 +97,6 @@ fn ticks_ms(f: &[String], range: std::ops::Range<usize>) -> f64 {
 /// (own CPU, CPU of the children it reaped) in ms.
 fn own_and_reaped(pid: u32) -> (f64, f64) {
     stat_fields(pid).map_or((0.0, 0.0), |f| (ticks_ms(&f, 11..13), ticks_ms(&f, 13..15)))
-}
-
-fn children_of(pid: u32) -> Vec<u32> {
-    let parent = pid.to_string();
-    std::fs::read_dir("/proc")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-                .filter(|&p| stat_fields(p).is_some_and(|f| f.get(1) == Some(&parent)))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The bootstrap admin token of the runs with tokens on.

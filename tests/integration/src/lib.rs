@@ -534,16 +534,22 @@ pub fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The fields of `/proc/PID/stat` after the command (which may hold spaces and
+/// parentheses): state is 0, ppid 1, utime 11, stime 12, cutime 13, cstime 14.
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
 /// The parent pid of a live process.
 pub fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    stat_fields(pid)?.get(1)?.parse().ok()
 }
 
 /// SIGKILLs every process of that agent's scope (see [`scope_pids`]), scanning again until
@@ -575,13 +581,23 @@ fn kill_and_reap(child: &mut Option<Child>) -> Result<()> {
 
 /// Whether a process is alive (zombies count as dead).
 pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
+    stat_fields(pid).is_some_and(|f| f.first().is_some_and(|state| state != "Z"))
+}
+
+/// The rows of a CSV export as (header, rows of cells).
+pub fn csv_table(csv: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut r = csv::Reader::from_reader(csv.as_bytes());
+    let header = r
+        .headers()
+        .expect("header")
+        .iter()
+        .map(str::to_string)
+        .collect();
+    let rows = r
+        .records()
+        .map(|rec| rec.expect("row").iter().map(str::to_string).collect())
+        .collect();
+    (header, rows)
 }
 
 /// One line of a `headroom-fake-job --record` file.

@@ -4,28 +4,12 @@
 
 use std::time::Duration;
 
-use headroom_integration_tests::{Headroom, UpOptions, fake_job};
+use headroom_integration_tests::{Headroom, UpOptions, csv_table, fake_job};
 use headroom_shared::JobState;
 use headroom_shared::api::EnergySource;
 
 fn read_pid(path: &std::path::Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-/// The rows of a CSV export as (header, rows of cells).
-fn table(csv: &str) -> (Vec<String>, Vec<Vec<String>>) {
-    let mut r = csv::Reader::from_reader(csv.as_bytes());
-    let header = r
-        .headers()
-        .expect("header")
-        .iter()
-        .map(str::to_string)
-        .collect();
-    let rows = r
-        .records()
-        .map(|rec| rec.expect("row").iter().map(str::to_string).collect())
-        .collect();
-    (header, rows)
 }
 
 #[test]
@@ -102,7 +86,7 @@ fn export_has_the_measurements_and_clean_only_leaves_out_flagged_rows() {
         "retry": {"max_attempts": 1}}));
     assert_eq!(failed[0].state, JobState::Failed);
 
-    let (header, rows) = table(&h.cli_ok(&["export", "--csv"]));
+    let (header, rows) = csv_table(&h.cli_ok(&["export", "--csv"]));
     for col in [
         "energy_j",
         "energy_source",
@@ -145,7 +129,7 @@ fn export_has_the_measurements_and_clean_only_leaves_out_flagged_rows() {
     );
     assert_eq!(rows.len(), 4);
 
-    let (_, kept) = table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
+    let (_, kept) = csv_table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
     let mut names: Vec<&str> = kept.iter().map(|r| r[col("experiment")].as_str()).collect();
     names.sort_unstable();
     assert_eq!(names, ["clean", "failed"], "{kept:?}");
@@ -194,7 +178,7 @@ fn export_has_a_colocated_attempts_background_and_its_gpus_figures() {
         );
     }
 
-    let (header, rows) = table(&h.cli_ok(&["export", "--csv"]));
+    let (header, rows) = csv_table(&h.cli_ok(&["export", "--csv"]));
     let col = |name: &str| {
         header
             .iter()
@@ -229,6 +213,6 @@ fn export_has_a_colocated_attempts_background_and_its_gpus_figures() {
         assert_eq!(alone_row[col(c)], "", "{c}: {alone_row:?}");
     }
     // A background is no reason to leave a row out.
-    let (_, kept) = table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
+    let (_, kept) = csv_table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
     assert_eq!(kept.len(), 2, "{kept:?}");
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use headroom_integration_tests::{Headroom, UpOptions, fake_job};
+use headroom_integration_tests::{Headroom, UpOptions, csv_table, fake_job};
 use headroom_shared::api::{AttemptPhase, AttemptView};
 use headroom_shared::{ExperimentId, FailureClass, JobId, JobState};
 use serde_json::json;
@@ -97,25 +97,10 @@ fn cooldown_until_temp_waits_for_the_heated_gpu_to_cool_and_records_it() {
     let show = h.cli_ok(&["show", &job.to_string()]);
     assert!(show.contains("cooled"), "{show}");
     // The export has the wait and both temperatures, as the API does.
-    let csv = h.cli_ok(&["export", "--csv", "-e", &cool.to_string()]);
-    let mut r = csv::Reader::from_reader(csv.as_bytes());
-    let header: Vec<String> = r
-        .headers()
-        .expect("header")
-        .iter()
-        .map(String::from)
-        .collect();
-    let row: Vec<String> = r
-        .records()
-        .next()
-        .expect("a row")
-        .expect("row")
-        .iter()
-        .map(String::from)
-        .collect();
+    let (header, rows) = csv_table(&h.cli_ok(&["export", "--csv", "-e", &cool.to_string()]));
     let cell = |name: &str| {
         let i = header.iter().position(|h| h == name).expect(name);
-        row[i].clone()
+        rows[0][i].clone()
     };
     assert_eq!(cell("cooldown_wait_ms"), waited.to_string());
     assert_eq!(cell("cooldown_timed_out"), "false");
