@@ -257,34 +257,23 @@ mod tests {
 
     use headroom_shared::colocate::OnBackgroundExit;
     use headroom_shared::{AttemptId, FailureClass, JobId};
-    use tempfile::TempDir;
 
     use super::*;
-    use crate::gpu::{FakeBackend, FakeGpuSpec};
-    use crate::supervisor::{AttemptEnd, SupervisorConfig, run_attempt};
+    use crate::supervisor::tests::{fake_gpus, quick};
+    use crate::supervisor::{AttemptEnd, run_attempt};
 
-    struct Fixture {
-        tmp: TempDir,
-        backend: Arc<dyn GpuBackend>,
+    /// One fake GPU; the methods below build and run colocated launches on it.
+    struct Fixture(crate::supervisor::tests::Fixture);
+
+    impl std::ops::Deref for Fixture {
+        type Target = crate::supervisor::tests::Fixture;
+        fn deref(&self) -> &Self::Target {
+            &self.0
+        }
     }
 
     fn fixture() -> Fixture {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let spec: FakeGpuSpec = "1x8GiB".parse().expect("spec");
-        let backend = FakeBackend::open(spec, &tmp.path().join("gpus")).expect("fake backend");
-        Fixture {
-            tmp,
-            backend: Arc::new(backend),
-        }
-    }
-
-    fn quick() -> SupervisorConfig {
-        SupervisorConfig {
-            kill_grace: Duration::from_millis(300),
-            verify_timeout: Duration::from_secs(10),
-            sample_every: Duration::from_millis(50),
-            own_tree: false,
-        }
+        Fixture(fake_gpus("1x8GiB"))
     }
 
     fn background(script: &str) -> Background {

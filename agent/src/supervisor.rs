@@ -1361,26 +1361,33 @@ impl Drop for KillOnDrop {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::gpu::{FakeBackend, FakeGpuSpec};
     use headroom_shared::api::EnergySource;
     use std::sync::atomic::{AtomicU32, Ordering};
     use tempfile::TempDir;
 
-    struct Fixture {
-        tmp: TempDir,
-        backend: Arc<dyn GpuBackend>,
+    /// Fake GPUs in a directory of their own (`gpus`), for the supervisor's tests and those
+    /// of the modules it runs.
+    pub(crate) struct Fixture {
+        pub tmp: TempDir,
+        pub backend: Arc<dyn GpuBackend>,
     }
 
-    fn fixture() -> Fixture {
+    /// A [`Fixture`] of `spec` fake GPUs, e.g. `1x8GiB`.
+    pub(crate) fn fake_gpus(spec: &str) -> Fixture {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let spec: FakeGpuSpec = "2x8GiB".parse().expect("spec");
+        let spec: FakeGpuSpec = spec.parse().expect("spec");
         let backend = FakeBackend::open(spec, &tmp.path().join("gpus")).expect("fake backend");
         Fixture {
             tmp,
             backend: Arc::new(backend),
         }
+    }
+
+    fn fixture() -> Fixture {
+        fake_gpus("2x8GiB")
     }
 
     impl Fixture {
@@ -1434,7 +1441,8 @@ mod tests {
         }
     }
 
-    fn quick() -> SupervisorConfig {
+    /// Short grace and sampling, for tests.
+    pub(crate) fn quick() -> SupervisorConfig {
         SupervisorConfig {
             kill_grace: Duration::from_millis(300),
             verify_timeout: Duration::from_secs(10),
