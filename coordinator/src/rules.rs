@@ -13,7 +13,23 @@ use headroom_shared::{AttemptId, FailureClass, JobEvent, Plan};
 use serde_json::Value;
 
 use crate::placement::{self, Candidate, Placement, Snapshot};
-use crate::store::{Millis, Result, StoreError};
+
+/// Milliseconds since the Unix epoch: the one time unit the rules and the stores use.
+pub type Millis = i64;
+
+/// What the rules refuse; the store maps each to its own error once.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("stale fencing token for attempt {attempt}: the lease was lost or reassigned")]
+    StaleFence { attempt: AttemptId },
+    #[error("plan: {0}")]
+    InvalidPlan(#[from] headroom_shared::plan::PlanError),
+    /// Stored data the rules cannot use (a headroom or command that no longer parses).
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T, E = Refusal> = std::result::Result<T, E>;
 
 /// How long claims skip a GPU after an agent handed a lease on it back (its live memory did
 /// not fit at launch): long enough for the memory to settle, short enough not to idle it.
@@ -170,7 +186,7 @@ pub fn check_fence(attempt: AttemptId, presented: i64, row: &FenceRow) -> Result
         || row.attempt_fence != presented
         || row.job_fence != presented
     {
-        return Err(StoreError::StaleFence { attempt });
+        return Err(Refusal::StaleFence { attempt });
     }
     Ok(())
 }
@@ -241,7 +257,7 @@ pub fn renewal(attempt: AttemptId, presented: i64, row: Option<&RenewalRow>) -> 
     let Some(r) = row else {
         return Ok(false);
     };
-    let stale = || Err(StoreError::StaleFence { attempt });
+    let stale = || Err(Refusal::StaleFence { attempt });
     if !r.ours || r.fence.attempt_fence != presented {
         return stale();
     }
@@ -269,7 +285,7 @@ pub fn check_log_fence(
     if row.attempt_fence != presented
         || (failure == Some(FailureClass::Lost) && row.job_fence != presented)
     {
-        return Err(StoreError::StaleFence { attempt });
+        return Err(Refusal::StaleFence { attempt });
     }
     Ok(())
 }
@@ -332,8 +348,8 @@ pub fn retry_allowed(
 /// The writes of a lost attempt (the agent went away or re-registered without it).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Loss {
-    /// It never started: give its attempt back (`max_attempts + 1`).
-    pub refund_attempt: bool,
+    /// The job's `max_attempts` after the loss: an attempt that never started is given back.
+    pub max_attempts: u32,
     pub event: JobEvent,
 }
 
@@ -346,9 +362,26 @@ pub fn lose(job: &JobRules, started: bool) -> Loss {
         &job.retry_on,
     );
     Loss {
-        refund_attempt: !started,
+        max_attempts: job.max_attempts + u32::from(!started),
         event: JobEvent::Fail { retry },
     }
+}
+
+/// The job's `max_attempts` once a late report undoes its attempt's loss: an attempt the
+/// loss gave back (`refunded`) did run after all, so it is taken back.
+pub fn undo_loss(max_attempts: u32, refunded: bool) -> u32 {
+    max_attempts.saturating_sub(u32::from(refunded))
+}
+
+/// The job's `max_attempts` after a person retries it: one more try than used so far.
+pub fn manual_retry(attempts: u32) -> u32 {
+    attempts + 1
+}
+
+/// The floor a memory key keeps after an OOM asked for `wanted`: floors only rise.
+/// `None`: the stored one stands.
+pub fn raised_floor(stored: Option<u64>, wanted: u64) -> Option<u64> {
+    (stored.is_none_or(|f| wanted > f)).then_some(wanted)
 }
 
 /// An OOM ladder step to apply: the job's parameters, argv and memory key after it.
@@ -382,7 +415,7 @@ pub fn next_ladder_step(job: &JobRules) -> Result<Option<LadderStep>> {
     }
     let argv =
         headroom_shared::expand::render(&job.command, job.shell, &params, job.config, job.run)
-            .map_err(|e| StoreError::Corrupt(format!("re-rendering the command: {e}")))?;
+            .map_err(|e| Refusal::Corrupt(format!("re-rendering the command: {e}")))?;
     let applied = (job.ladder_step as usize + 1).min(job.ladder.len());
     let mut relevant = job.key_params.clone();
     let mut changed: Vec<&String> = job.ladder[..applied]
@@ -467,12 +500,16 @@ pub fn finish(
     })
 }
 
-/// The job's event when its lease is handed back; `attempts_left` counts attempts after the
-/// handed-back one is removed.
-pub fn hand_back(attempts_left: u32) -> JobEvent {
-    JobEvent::HandBack {
-        had_attempts: attempts_left > 0,
-    }
+/// A handed-back lease does not count as an attempt: the job's attempts after it, and its
+/// event.
+pub fn hand_back(attempts: u32) -> (u32, JobEvent) {
+    let left = attempts.saturating_sub(1);
+    (
+        left,
+        JobEvent::HandBack {
+            had_attempts: left > 0,
+        },
+    )
 }
 
 // ---- registration ---------------------------------------------------------------------------
@@ -481,12 +518,12 @@ pub fn hand_back(attempts_left: u32) -> JobEvent {
 /// (a stored plan that no longer matches the node's GPUs falls back to one slot per GPU),
 /// else the defaults.
 pub fn merge_registration(
-    reg: &crate::store::Registration,
+    n_gpus: usize,
+    sent: (Option<&Plan>, Option<Headroom>),
     stored: Option<(String, String)>,
 ) -> Result<(Plan, Headroom)> {
-    let n_gpus = reg.gpus.len();
     let stored = stored.as_ref().map(|(p, h)| (p.as_str(), h.as_str()));
-    let plan = match (reg.plan.as_ref(), stored) {
+    let plan = match (sent.0, stored) {
         (Some(p), _) => {
             p.check_gpus(n_gpus)?;
             p.clone()
@@ -496,9 +533,11 @@ pub fn merge_registration(
         }
         (None, None) => Plan::one_per_gpu(n_gpus),
     };
-    let headroom = match (reg.headroom, stored) {
+    let headroom = match (sent.1, stored) {
         (Some(h), _) => h,
-        (None, Some((_, h))) => crate::store::rows::parse(h, "headroom")?,
+        (None, Some((_, h))) => h
+            .parse()
+            .map_err(|_| Refusal::Corrupt(format!("bad headroom `{h}`")))?,
         (None, None) => Headroom::default(),
     };
     Ok((plan, headroom))
@@ -655,7 +694,7 @@ mod tests {
         ] {
             assert!(matches!(
                 check_fence(a, 3, &r),
-                Err(StoreError::StaleFence { .. })
+                Err(Refusal::StaleFence { .. })
             ));
         }
     }
@@ -748,11 +787,39 @@ mod tests {
         assert_eq!(
             lose(&job, false),
             Loss {
-                refund_attempt: true,
+                max_attempts: 2,
                 event: JobEvent::Fail { retry: true }
             }
         );
-        assert_eq!(lose(&job, true).event, JobEvent::Fail { retry: false });
+        assert_eq!(
+            lose(&job, true),
+            Loss {
+                max_attempts: 1,
+                event: JobEvent::Fail { retry: false }
+            }
+        );
+        // A late report takes back exactly what the loss gave.
+        assert_eq!(undo_loss(lose(&job, false).max_attempts, true), 1);
+        assert_eq!(undo_loss(lose(&job, true).max_attempts, false), 1);
+    }
+
+    #[test]
+    fn tries_after_a_manual_retry_and_a_hand_back() {
+        assert_eq!(manual_retry(3), 4, "one try more than used");
+        assert_eq!(
+            hand_back(1),
+            (0, JobEvent::HandBack { had_attempts: false })
+        );
+        assert_eq!(hand_back(3), (2, JobEvent::HandBack { had_attempts: true }));
+        assert_eq!(hand_back(0).0, 0, "never below zero");
+    }
+
+    #[test]
+    fn memory_floors_only_rise() {
+        assert_eq!(raised_floor(None, 100), Some(100));
+        assert_eq!(raised_floor(Some(100), 150), Some(150));
+        assert_eq!(raised_floor(Some(150), 100), None);
+        assert_eq!(raised_floor(Some(150), 150), None);
     }
 
     #[test]

@@ -83,7 +83,9 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound { .. } => Self::new(ErrorCode::NotFound, message),
             StoreError::StaleFence { .. } => Self::new(ErrorCode::StaleFence, message),
             StoreError::UnknownAgent { .. } => Self::new(ErrorCode::UnknownAgent, message),
-            StoreError::Transition(_) => Self::new(ErrorCode::Conflict, message),
+            StoreError::Transition(_)
+            | StoreError::Conflict { .. }
+            | StoreError::TokenExists { .. } => Self::new(ErrorCode::Conflict, message),
             StoreError::InvalidPlan(p) => Self::invalid("plan", p.to_string()),
             StoreError::Database(_) => Self::new(ErrorCode::StoreUnavailable, message),
             StoreError::Corrupt(_) => Self::internal(message),

@@ -1,5 +1,17 @@
 //! The `Store`: every durable state change of the coordinator, one transaction per method,
 //! named by intent. Two backends (embedded SQLite, PostgreSQL) pass one conformance suite.
+//!
+//! # Layout
+//! - `Store` (here): the operations handlers call, implemented once for every `Backend`.
+//! - `experiments`, `jobs`, `nodes`, `leases`, `telemetry`, `tokens`: the operations, one
+//!   file per resource, each written once over the transaction interface.
+//! - `tx`: that interface (`Tx`, the statements; `Backend`, transactions) and the lock order.
+//! - `sqlite`, `postgres`: the backends, SQL only, plus what only one has (pools, batch
+//!   inserts, `SKIP LOCKED`, NOTIFY, migrations).
+//! - `rows`: one row decoder for both backends.
+//!
+//! The decisions live in `crate::rules` (pure); this module reads their facts and writes
+//! what they return.
 
 use std::collections::BTreeMap;
 
@@ -18,12 +30,21 @@ use crate::changes::Changes;
 use crate::placement::{GpuState, Snapshot};
 use tokio_util::sync::CancellationToken;
 
+mod experiments;
+mod jobs;
+mod leases;
+mod nodes;
 pub mod postgres;
 pub(crate) mod rows;
 pub mod sqlite;
+mod telemetry;
+mod tokens;
+pub(crate) mod tx;
+
+use tx::{Backend, Op, Tx};
 
 /// An attempt holding a lease on a node, as placement and node views see it.
-pub(crate) struct Active {
+pub struct Active {
     pub id: String,
     pub gpus: Vec<u32>,
     pub estimate: Option<u64>,
@@ -131,8 +152,7 @@ pub(crate) fn gpu_views(
 /// Called when another process sharing the database changed something.
 pub type OnChange = std::sync::Arc<dyn Fn() + Send + Sync>;
 
-/// Milliseconds since the Unix epoch: the one time unit both backends store.
-pub type Millis = i64;
+pub use crate::rules::Millis;
 
 pub fn now_ms() -> Millis {
     chrono::Utc::now().timestamp_millis()
@@ -157,6 +177,26 @@ pub enum StoreError {
     /// A field of what was to be stored is wrong (422 naming it).
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
+    /// Another transaction changed the job (or, `None`, rows this one waited for) first:
+    /// 409, a lost race, not an outage.
+    #[error("{}", match job {
+        Some(job) => format!("job {job} changed state concurrently; try again"),
+        None => "a concurrent change won the race; try again".to_string(),
+    })]
+    Conflict { job: Option<String> },
+    #[error("a token with id {id} exists")]
+    TokenExists { id: String },
+}
+
+impl From<crate::rules::Refusal> for StoreError {
+    fn from(r: crate::rules::Refusal) -> Self {
+        use crate::rules::Refusal;
+        match r {
+            Refusal::StaleFence { attempt } => StoreError::StaleFence { attempt },
+            Refusal::InvalidPlan(e) => StoreError::InvalidPlan(e),
+            Refusal::Corrupt(m) => StoreError::Corrupt(m),
+        }
+    }
 }
 
 impl StoreError {
@@ -507,18 +547,6 @@ pub(crate) fn check_gpu(node: &str, gpus: &[GpuInfo], gpu: u32) -> Result<()> {
     }
 }
 
-/// A conditional state update must touch its one row; otherwise a concurrent transaction
-/// changed the job first.
-pub(crate) fn one_row(n: u64, job: &str) -> Result<()> {
-    if n == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::Database(format!(
-            "job {job} changed state concurrently"
-        )))
-    }
-}
-
 /// Where a claim's leases go.
 pub(crate) struct LeaseTo<'a> {
     pub node: &'a str,
@@ -535,5 +563,214 @@ impl<'a> LeaseTo<'a> {
             now,
             ttl_ms: input.lease_ttl_ms,
         }
+    }
+}
+
+/// Runs one operation of `ops` as a read or write transaction of the backend, in a span
+/// named after the operation with its ids recorded.
+macro_rules! run {
+    ($b:expr, $kind:ident, $op:literal, $f:path $(, $arg:expr)* ; $($field:tt)*) => {{
+        let span = tracing::debug_span!("store", op = $op, $($field)*);
+        let op = op(move |tx| Box::pin($f(tx $(, $arg)*)));
+        tracing::Instrument::instrument($b.$kind(op), span).await
+    }};
+}
+
+/// An operation as a backend runs it (the bound gives the closure its higher-ranked type).
+fn op<T, F>(f: F) -> Op<T>
+where
+    F: for<'t> FnOnce(&'t mut dyn Tx) -> futures::future::BoxFuture<'t, Result<T>>
+        + Send
+        + 'static,
+{
+    Box::new(f)
+}
+
+/// Every store operation, written once (in the resource files) for every backend.
+#[async_trait]
+impl<B: Backend> Store for B {
+    fn changes(&self) -> Changes {
+        Backend::changes(self)
+    }
+
+    async fn schema_version(&self) -> Result<i64> {
+        Backend::schema_version(self).await
+    }
+
+    async fn create_experiment(&self, exp: NewExperiment) -> Result<ExperimentSummary> {
+        let id = exp.id;
+        run!(self, write, "create_experiment", experiments::create, exp; experiment = %id, jobs = exp.jobs.len())
+    }
+
+    async fn list_experiments(&self) -> Result<Vec<ExperimentSummary>> {
+        run!(self, read, "list_experiments", experiments::list;)
+    }
+
+    async fn experiment(&self, id: ExperimentId) -> Result<ExperimentSummary> {
+        run!(self, read, "experiment", experiments::get, id; experiment = %id)
+    }
+
+    async fn counts(&self, experiment: Option<ExperimentId>) -> Result<StateCounts> {
+        run!(self, read, "counts", experiments::counts, experiment; experiment = ?experiment)
+    }
+
+    async fn list_jobs(&self, filter: JobFilter) -> Result<Vec<JobSummary>> {
+        run!(self, read, "list_jobs", jobs::list, filter; experiment = ?filter.experiment)
+    }
+
+    async fn job(&self, id: JobId) -> Result<JobDetail> {
+        run!(self, read, "job", jobs::detail, id; job = %id)
+    }
+
+    async fn attempt(&self, id: AttemptId) -> Result<AttemptView> {
+        run!(self, read, "attempt", leases::attempt, id; attempt = %id)
+    }
+
+    async fn check_log_fence(&self, attempt: AttemptId, fence: i64) -> Result<()> {
+        run!(self, read, "check_log_fence", leases::check_log_fence, attempt, fence; attempt = %attempt, fence)
+    }
+
+    async fn cancel_job(&self, id: JobId) -> Result<u64> {
+        run!(self, write, "cancel_job", jobs::cancel, id; job = %id)
+    }
+
+    async fn cancel_experiment(&self, id: ExperimentId) -> Result<u64> {
+        run!(self, write, "cancel_experiment", jobs::cancel_experiment, id; experiment = %id)
+    }
+
+    async fn retry_job(&self, id: JobId) -> Result<JobState> {
+        run!(self, write, "retry_job", jobs::retry, id; job = %id)
+    }
+
+    async fn export_rows(&self, experiment: Option<ExperimentId>) -> Result<Vec<ExportRow>> {
+        run!(self, read, "export_rows", experiments::export, experiment; experiment = ?experiment)
+    }
+
+    async fn register_agent(&self, reg: Registration) -> Result<Registered> {
+        let (agent, node) = (reg.agent, reg.node.clone());
+        run!(self, write, "register_agent", nodes::register, reg; agent = %agent, node = %node)
+    }
+
+    async fn set_plan(&self, node: &str, plan: &str) -> Result<Plan> {
+        let (node, plan) = (node.to_string(), plan.to_string());
+        let n = node.clone();
+        run!(self, write, "set_plan", nodes::set_plan, node, plan; node = %n)
+    }
+
+    async fn list_nodes(&self, alive_within_ms: u64) -> Result<Vec<NodeView>> {
+        run!(self, read, "list_nodes", nodes::list, alive_within_ms;)
+    }
+
+    async fn max_node_gpus(&self) -> Result<Option<u32>> {
+        let op = op(|tx| Box::pin(tx.max_node_gpus()));
+        self.read(op).await
+    }
+
+    async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed> {
+        let agent = input.agent;
+        run!(self, write, "claim_jobs", leases::claim, input; agent = %agent)
+    }
+
+    async fn pending_cancels(&self, agent: AgentId, of: &[AttemptId]) -> Result<Vec<AttemptId>> {
+        let of = of.to_vec();
+        run!(self, read, "pending_cancels", leases::pending_cancels, agent, of; agent = %agent)
+    }
+
+    async fn renew_leases(&self, r: Renewal) -> Result<Renewed> {
+        let agent = r.agent;
+        run!(self, write, "renew_leases", leases::renew, r; agent = %agent)
+    }
+
+    async fn start_attempt(&self, a: AttemptId, fence: i64, pid: u32, at: Millis) -> Result<()> {
+        run!(self, write, "start_attempt", leases::start, a, fence, pid, at; attempt = %a, fence)
+    }
+
+    async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState> {
+        let fence = report.fence;
+        run!(self, write, "finish_attempt", leases::finish, attempt, report; attempt = %attempt, fence)
+    }
+
+    async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()> {
+        let gpus = gpus.to_vec();
+        run!(self, write, "hand_back", leases::hand_back, attempt, fence, gpus; attempt = %attempt, fence)
+    }
+
+    async fn expire_leases(&self) -> Result<Vec<AttemptId>> {
+        run!(self, write, "expire_leases", leases::expire;)
+    }
+
+    async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64> {
+        let attempts = attempts.to_vec();
+        run!(self, write, "release_attempts", nodes::release_attempts, agent, attempts; agent = %agent)
+    }
+
+    async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64> {
+        let node = node.to_string();
+        let n = node.clone();
+        run!(self, write, "release_gpu", nodes::release_gpu, node, gpu; node = %n, gpu)
+    }
+
+    async fn record_telemetry(&self, agent: AgentId, samples: Vec<TelemetrySample>) -> Result<u64> {
+        if samples.is_empty() {
+            return Ok(0);
+        }
+        run!(self, write, "record_telemetry", telemetry::record, agent, samples; agent = %agent)
+    }
+
+    async fn telemetry_of_gpu(
+        &self,
+        node: &str,
+        gpu: u32,
+        window: SeriesWindow,
+    ) -> Result<Vec<TelemetrySample>> {
+        let node = node.to_string();
+        let n = node.clone();
+        run!(self, read, "telemetry_of_gpu", telemetry::of_gpu, node, gpu, window; node = %n, gpu)
+    }
+
+    async fn telemetry_of_attempt(
+        &self,
+        attempt: AttemptId,
+        limit: u32,
+    ) -> Result<AttemptTelemetry> {
+        run!(self, read, "telemetry_of_attempt", telemetry::of_attempt, attempt, limit; attempt = %attempt)
+    }
+
+    async fn prune_telemetry(&self, keep: Retention) -> Result<u64> {
+        run!(self, write, "prune_telemetry", telemetry::prune, keep;)
+    }
+
+    async fn submitted_at(&self, attempt: AttemptId) -> Result<(Millis, u32)> {
+        run!(self, read, "submitted_at", leases::submitted_at, attempt; attempt = %attempt)
+    }
+
+    async fn pending_reason_counts(&self) -> Result<Vec<(String, u64)>> {
+        let op = op(|tx| Box::pin(tx.pending_reason_counts()));
+        self.read(op).await
+    }
+
+    async fn create_token(&self, token: NewToken) -> Result<TokenView> {
+        let id = token.id.clone();
+        run!(self, write, "create_token", tokens::create, token; token = %id)
+    }
+
+    async fn token_by_id(&self, id: &str) -> Result<StoredToken> {
+        let id = id.to_string();
+        let op = op(move |tx| Box::pin(async move { tokens::by_id(tx, &id).await }));
+        self.read(op).await
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenView>> {
+        run!(self, read, "list_tokens", tokens::list;)
+    }
+
+    async fn revoke_token(&self, id: &str) -> Result<TokenView> {
+        let id = id.to_string();
+        let t = id.clone();
+        run!(self, write, "revoke_token", tokens::revoke, id; token = %t)
+    }
+
+    async fn watch_changes(&self, on_change: OnChange, shutdown: CancellationToken) {
+        Backend::watch_changes(self, on_change, shutdown).await
     }
 }

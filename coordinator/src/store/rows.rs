@@ -331,6 +331,25 @@ pub(crate) fn fence_row(r: &impl Cols) -> Result<FenceRow> {
     })
 }
 
+/// What a finish report reads: `a.phase, a.fence, j.fence, a.failure_class, started`.
+pub(crate) fn finish_row(r: &impl Cols) -> Result<crate::rules::FinishRow> {
+    Ok(crate::rules::FinishRow {
+        fence: fence_row(r)?,
+        failure: r.parsed_opt(3, "failure class")?,
+        started: r.flag(4)?,
+    })
+}
+
+/// What ending an attempt returns: `node, gpus, memory_key, estimate_mib`.
+pub(crate) fn ended(r: &impl Cols) -> Result<super::tx::Ended> {
+    Ok(super::tx::Ended {
+        node: r.text(0)?,
+        gpus: r.json(1)?,
+        memory_key: r.text(2)?,
+        estimate_mib: r.mib_opt(3)?,
+    })
+}
+
 /// What a heartbeat reads of an attempt: `a.phase, a.fence, j.fence, a.failure_class,
 /// a.agent_id = <the agent>`.
 pub(crate) fn renewal_row(r: &impl Cols) -> Result<RenewalRow> {
@@ -376,7 +395,7 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
 }
 
 /// A node as stored: `name, agent_id, gpus, plan, headroom, telemetry, last_seen`.
-pub(crate) struct NodeRow {
+pub struct NodeRow {
     pub name: String,
     pub agent: Option<String>,
     pub gpus: Vec<GpuInfo>,
@@ -416,7 +435,7 @@ pub(crate) fn quarantine(r: &impl Cols) -> Result<(u32, QuarantineView)> {
 pub(crate) const LEASE_COLUMNS: &str = "j.argv, j.env, j.params, e.name, j.memory_key, \
      j.timeout_ms, j.attempts, j.fence, j.ladder_step, j.prestart, j.background";
 
-pub(crate) struct LeaseRow {
+pub struct LeaseRow {
     pub argv: Vec<String>,
     pub env: std::collections::BTreeMap<String, String>,
     pub params: std::collections::BTreeMap<String, serde_json::Value>,

@@ -1,0 +1,59 @@
+//! Experiments: storing a matrix of jobs at once, reading experiments with their counts, and
+//! the export (one row per attempt).
+
+use headroom_shared::ExperimentId;
+use headroom_shared::api::{ExperimentSummary, StateCounts};
+
+use super::tx::{AttemptsWhere, JobsWhere, Tx};
+use super::{ExportRow, NewExperiment, Result, StoreError, now_ms, rows};
+
+pub(super) async fn summary(tx: &mut dyn Tx, id: &str) -> Result<ExperimentSummary> {
+    let (name, seed, created, by) = tx
+        .experiment_row(id)
+        .await?
+        .ok_or_else(|| StoreError::not_found("experiment", id))?;
+    let counts = tx.state_counts(Some(id)).await?;
+    rows::experiment(id, (name, seed, rows::ts(created), by), counts)
+}
+
+pub(super) async fn create(
+    tx: &mut dyn Tx,
+    exp: NewExperiment,
+) -> Result<(ExperimentSummary, bool)> {
+    tx.insert_experiment(&exp, now_ms()).await?;
+    Ok((summary(tx, &exp.id.to_string()).await?, true))
+}
+
+pub(super) async fn list(tx: &mut dyn Tx) -> Result<Vec<ExperimentSummary>> {
+    let ids = tx.experiment_ids().await?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in &ids {
+        out.push(summary(tx, id).await?);
+    }
+    Ok(out)
+}
+
+pub(super) async fn get(tx: &mut dyn Tx, id: ExperimentId) -> Result<ExperimentSummary> {
+    summary(tx, &id.to_string()).await
+}
+
+pub(super) async fn counts(tx: &mut dyn Tx, id: Option<ExperimentId>) -> Result<StateCounts> {
+    let id = id.map(|e| e.to_string());
+    tx.state_counts(id.as_deref()).await
+}
+
+/// One export row per attempt, in job order.
+pub(super) async fn export(tx: &mut dyn Tx, id: Option<ExperimentId>) -> Result<Vec<ExportRow>> {
+    let id = id.map(|e| e.to_string());
+    let jobs = tx
+        .job_summaries(JobsWhere::Filter {
+            experiment: id.as_deref(),
+            state: None,
+            limit: None,
+        })
+        .await?;
+    let attempts = tx
+        .attempt_views(AttemptsWhere::Experiment(id.as_deref()))
+        .await?;
+    Ok(super::export_rows(jobs, attempts))
+}

@@ -1,0 +1,126 @@
+//! Jobs: reading them, cancelling and retrying them, and the one place a job's state
+//! changes (`transition`), with the building blocks other operations share (locking a job,
+//! losing an attempt).
+
+use headroom_shared::api::{JobDetail, JobSummary};
+use headroom_shared::{ExperimentId, JobEvent, JobId, JobState};
+
+use super::tx::{AttemptsWhere, JobsWhere, Tx};
+use super::{JobFilter, Result, StoreError, now_ms};
+use crate::rules;
+
+/// A job's state, the job locked.
+pub(super) async fn lock_job(tx: &mut dyn Tx, job: &str) -> Result<JobState> {
+    tx.lock_job(job)
+        .await?
+        .ok_or_else(|| StoreError::not_found("job", job))
+}
+
+/// The one place a job's state changes: the state machine decides, the update is
+/// conditional on the state read, and a lost race is a conflict, not a silent overwrite.
+pub(super) async fn transition(tx: &mut dyn Tx, job: &str, event: JobEvent) -> Result<JobState> {
+    let from = lock_job(tx, job).await?;
+    let to = from.on(event)?;
+    if to != from && tx.set_job_state(job, from, to, now_ms()).await? != 1 {
+        return Err(StoreError::Conflict {
+            job: Some(job.to_string()),
+        });
+    }
+    Ok(to)
+}
+
+/// The job's columns the outcome rules read (the job is locked by the caller).
+pub(super) async fn job_rules(tx: &mut dyn Tx, job: &str) -> Result<rules::JobRules> {
+    tx.job_rules(job)
+        .await?
+        .ok_or_else(|| StoreError::not_found("job", job))
+}
+
+/// The job of an attempt, locked (the job first, as every transition locks); `None` when no
+/// such attempt exists.
+pub(super) async fn lock_job_of(tx: &mut dyn Tx, attempt: &str) -> Result<Option<String>> {
+    let job = tx.job_of_attempt(attempt).await?;
+    if let Some(job) = &job {
+        lock_job(tx, job).await?;
+    }
+    Ok(job)
+}
+
+/// Records an active attempt as lost and requeues its job if the policy allows; false when
+/// it had already ended (another replica's sweep, or its report, came first).
+pub(super) async fn lose_attempt(tx: &mut dyn Tx, attempt: &str) -> Result<bool> {
+    let Some(job) = lock_job_of(tx, attempt).await? else {
+        return Ok(false);
+    };
+    let Some(started) = tx.end_lost(attempt, now_ms()).await? else {
+        return Ok(false);
+    };
+    let r = job_rules(tx, &job).await?;
+    let loss = rules::lose(&r, started);
+    tx.set_last_failure(&job, Some(headroom_shared::FailureClass::Lost))
+        .await?;
+    tx.set_job_tries(&job, r.attempts, loss.max_attempts)
+        .await?;
+    transition(tx, &job, loss.event).await?;
+    Ok(true)
+}
+
+/// Cancels a job not yet ended and asks its live attempts to stop; 1 when it did.
+async fn cancel_one(tx: &mut dyn Tx, job: &str) -> Result<u64> {
+    if lock_job(tx, job).await?.is_terminal() {
+        return Ok(0);
+    }
+    transition(tx, job, JobEvent::Cancel).await?;
+    tx.request_cancel(job).await?;
+    Ok(1)
+}
+
+pub(super) async fn list(tx: &mut dyn Tx, filter: JobFilter) -> Result<Vec<JobSummary>> {
+    let exp = filter.experiment.map(|e| e.to_string());
+    tx.job_summaries(JobsWhere::Filter {
+        experiment: exp.as_deref(),
+        state: filter.state,
+        limit: filter.limit,
+    })
+    .await
+}
+
+pub(super) async fn detail(tx: &mut dyn Tx, id: JobId) -> Result<JobDetail> {
+    let id = id.to_string();
+    let not_found = || StoreError::not_found("job", &id);
+    let summary = tx
+        .job_summaries(JobsWhere::Id(&id))
+        .await?
+        .pop()
+        .ok_or_else(not_found)?;
+    let attempts = tx.attempt_views(AttemptsWhere::Job(&id)).await?;
+    tx.job_detail(&id, summary, attempts)
+        .await?
+        .ok_or_else(not_found)
+}
+
+pub(super) async fn cancel(tx: &mut dyn Tx, id: JobId) -> Result<(u64, bool)> {
+    let n = cancel_one(tx, &id.to_string()).await?;
+    Ok((n, n > 0))
+}
+
+pub(super) async fn cancel_experiment(tx: &mut dyn Tx, id: ExperimentId) -> Result<(u64, bool)> {
+    let id = id.to_string();
+    super::experiments::summary(tx, &id).await?;
+    let mut n = 0;
+    for (job, state) in tx.jobs_of_experiment(&id).await? {
+        if !state.is_terminal() {
+            n += cancel_one(tx, &job).await?;
+        }
+    }
+    Ok((n, n > 0))
+}
+
+pub(super) async fn retry(tx: &mut dyn Tx, id: JobId) -> Result<(JobState, bool)> {
+    let id = id.to_string();
+    let state = transition(tx, &id, JobEvent::Retry).await?;
+    let r = job_rules(tx, &id).await?;
+    tx.set_job_tries(&id, r.attempts, rules::manual_retry(r.attempts))
+        .await?;
+    Ok((state, true))
+}

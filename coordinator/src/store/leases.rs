@@ -1,0 +1,300 @@
+//! Leases and attempts: claiming jobs for a node, renewing, starting, finishing and handing
+//! back leases, and losing those whose lease ran out. Every report is fenced: its token must
+//! still be the attempt's and the job's.
+
+use headroom_shared::api::{AttemptPhase, AttemptView, FinishReport, GpuSample, Lease};
+use headroom_shared::{AgentId, AttemptId, JobEvent, JobState};
+
+use super::rows::{self, NodeRow, i64_of, parse};
+use super::tx::{AttemptsWhere, NewAttempt, Tx};
+use super::{
+    ClaimInput, Claimed, LeaseTo, Millis, Renewal, Renewed, Result, StoreError, jobs, node_snapshot,
+    nodes, now_ms,
+};
+use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
+
+/// Pending jobs looked at (and, on PostgreSQL, locked) per claim; deeper ones wait for the
+/// next claim.
+const CLAIM_WINDOW: u32 = 512;
+
+/// Checks a report's fencing token, locking the job and then the attempt; returns the job
+/// and the attempt's phase.
+async fn check_fence(tx: &mut dyn Tx, attempt: AttemptId, fence: i64) -> Result<(String, AttemptPhase)> {
+    let id = attempt.to_string();
+    let not_found = || StoreError::not_found("attempt", attempt);
+    let job = jobs::lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
+    let row = tx.lock_fence(&id).await?.ok_or_else(not_found)?;
+    rules::check_fence(attempt, fence, &row)?;
+    Ok((job, row.phase))
+}
+
+/// Observed peaks and the OOM floor of a memory key.
+async fn key_memory(tx: &mut dyn Tx, key: &str) -> Result<(Vec<u64>, Option<u64>)> {
+    Ok((tx.peaks(key).await?, tx.floor(key).await?))
+}
+
+async fn lease_job(
+    tx: &mut dyn Tx,
+    to: &LeaseTo<'_>,
+    job: &str,
+    slot: &Slot,
+) -> Result<Lease> {
+    let row = tx
+        .lease_row(job)
+        .await?
+        .ok_or_else(|| StoreError::not_found("job", job))?;
+    let new = rows::lease_row_into(row, AttemptId::new(), job, &slot.gpus, slot.estimate)?;
+    tx.insert_attempt(&NewAttempt {
+        id: new.lease.attempt.to_string(),
+        job,
+        number: new.lease.number,
+        node: to.node,
+        agent: to.agent,
+        gpus: &slot.gpus,
+        fence: new.lease.fence,
+        estimate_mib: slot.estimate,
+        estimate_source: slot.source,
+        leased_at: to.now,
+        expires_at: to.now.saturating_add(i64_of(to.ttl_ms)),
+        memory_key: &new.memory_key,
+        params: &new.lease.params,
+        ladder_step: new.ladder_step,
+    })
+    .await?;
+    tx.set_job_leased(job, new.lease.number, new.lease.fence)
+        .await?;
+    jobs::transition(tx, job, JobEvent::Lease).await?;
+    Ok(new.lease)
+}
+
+pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Claimed, bool)> {
+    // Claims for one node serialize on its row: each sees the slots the previous one took.
+    let node: NodeRow = nodes::of_agent(tx, input.agent, true).await?;
+    let mut changed = false;
+    let samples = match input.gpus.take() {
+        Some(g) => {
+            changed |= nodes::record_samples(tx, &node.name, &g).await?;
+            g
+        }
+        None => node.samples.clone(),
+    };
+    let now = now_ms();
+    let to = LeaseTo::new(&node, &input, now);
+    let active = tx.active_on(&node.name).await?;
+    let blocked = tx.blocked_gpus(&node.name, now).await?;
+    let snapshot = node_snapshot(&node, &samples, &active, &blocked, &input);
+    if input.max == 0 {
+        let claimed = Claimed {
+            leases: vec![],
+            plan: node.plan,
+        };
+        return Ok((claimed, changed));
+    }
+    let pending = tx
+        .lock_pending(node.gpus.len() as u32, CLAIM_WINDOW)
+        .await?;
+    // What each memory key has taught so far, read once per key.
+    let mut learned = Learned::new();
+    for p in &pending {
+        if !learned.contains_key(&p.memory_key) {
+            learned.insert(p.memory_key.clone(), key_memory(tx, &p.memory_key).await?);
+        }
+    }
+    let plan = rules::claim(&snapshot, &pending, &learned, now, input.max as usize);
+    let mut leases = Vec::with_capacity(plan.leases.len());
+    for slot in &plan.leases {
+        leases.push(lease_job(tx, &to, &pending[slot.candidate].id, slot).await?);
+    }
+    for (i, reason) in &plan.reasons {
+        tx.set_pending_reason(&pending[*i].id, Some(reason)).await?;
+    }
+    changed |= !leases.is_empty();
+    let claimed = Claimed {
+        leases,
+        plan: node.plan,
+    };
+    Ok((claimed, changed))
+}
+
+pub(super) async fn pending_cancels(
+    tx: &mut dyn Tx,
+    agent: AgentId,
+    of: Vec<AttemptId>,
+) -> Result<Vec<AttemptId>> {
+    let watching: Vec<String> = of.iter().map(AttemptId::to_string).collect();
+    let wanted = tx.cancel_requested(agent, &watching).await?;
+    // In the order the agent asked.
+    watching
+        .iter()
+        .filter(|a| wanted.contains(a))
+        .map(|a| parse(a, "attempt id"))
+        .collect()
+}
+
+pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, bool)> {
+    let node = nodes::of_agent(tx, r.agent, true).await?;
+    // A stale token for any attempt refuses the whole heartbeat, before it writes.
+    let mut renew = Vec::new();
+    for a in &r.attempts {
+        let row = tx.renewal_row(&a.attempt.to_string(), r.agent).await?;
+        if rules::renewal(a.attempt, a.fence, row.as_ref().map(|(r, _)| r))? {
+            renew.push((row.map_or(0, |(_, seq)| seq), a.attempt, a.waiting.clone()));
+        }
+    }
+    // Attempt rows are locked in job order, as the lease sweep locks them: in the agent's
+    // order, a heartbeat and a sweep could each wait for the other.
+    renew.sort_unstable();
+    // Renewals change nothing anyone waits for; freed memory may let a claim place work.
+    let freed = nodes::record_samples(tx, &node.name, &r.gpus).await?;
+    let until = now_ms().saturating_add(i64_of(r.lease_ttl_ms));
+    let mut cancel = Vec::new();
+    for (_, a, waiting) in renew {
+        let wanted = tx
+            .renew_attempt(&a.to_string(), until, waiting.as_deref())
+            .await?;
+        if wanted == Some(true) {
+            cancel.push(a);
+        }
+    }
+    let renewed = Renewed {
+        cancel,
+        plan: node.plan,
+    };
+    Ok((renewed, freed))
+}
+
+pub(super) async fn start(
+    tx: &mut dyn Tx,
+    attempt: AttemptId,
+    fence: i64,
+    pid: u32,
+    at: Millis,
+) -> Result<((), bool)> {
+    let (job, phase) = check_fence(tx, attempt, fence).await?;
+    if phase != AttemptPhase::Leased {
+        return Ok(((), false)); // a repeated report
+    }
+    tx.set_running(&attempt.to_string(), pid, at).await?;
+    if jobs::lock_job(tx, &job).await? != JobState::Cancelled {
+        jobs::transition(tx, &job, JobEvent::Start).await?;
+    }
+    Ok(((), true))
+}
+
+pub(super) async fn finish(
+    tx: &mut dyn Tx,
+    attempt: AttemptId,
+    report: FinishReport,
+) -> Result<(JobState, bool)> {
+    let id = attempt.to_string();
+    let not_found = || StoreError::not_found("attempt", attempt);
+    let node = tx.lock_node_of_attempt(&id).await?.ok_or_else(not_found)?;
+    let job = jobs::lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
+    let row = tx.lock_finish_row(&id).await?.ok_or_else(not_found)?;
+    let standing = rules::check_finish(attempt, report.fence, &row)?;
+    if let rules::Report::Late { refunded } = standing {
+        // Undo what recording the attempt lost wrote to its job, before the report applies.
+        let r = jobs::job_rules(tx, &job).await?;
+        tx.set_job_tries(&job, r.attempts, rules::undo_loss(r.max_attempts, refunded))
+            .await?;
+        tx.set_last_failure(&job, None).await?;
+        tx.set_pending_reason(&job, None).await?;
+    }
+    let ended = tx
+        .set_ended(&id, &report, rules::peak_source(&report))
+        .await?
+        .ok_or_else(not_found)?;
+    if !report.gpus.is_empty() {
+        nodes::record_samples(tx, &node, &report.gpus).await?;
+    }
+    // The attempt was placed by the pair's memory; the job's own key learns its own.
+    let background = tx.background_mib(&job).await?;
+    let estimate = rules::foreground_estimate(ended.estimate_mib, background);
+    let mut f = rules::finish(&jobs::job_rules(tx, &job).await?, estimate, &report)?;
+    if standing != rules::Report::OnTime {
+        f.event = rules::late_event(f.event);
+    }
+    if let Some(reason) = &f.quarantine {
+        for &gpu in &ended.gpus {
+            tx.quarantine(&node, gpu, &id, reason, now_ms()).await?;
+        }
+    }
+    if let Some(class) = f.last_failure {
+        tx.set_last_failure(&job, Some(class)).await?;
+    }
+    if let Some(wanted) = f.floor {
+        let stored = tx.lock_floor(&ended.memory_key).await?;
+        if let Some(floor) = rules::raised_floor(stored, wanted) {
+            tx.set_floor(&ended.memory_key, floor).await?;
+        }
+    }
+    if let Some(l) = &f.ladder {
+        tx.set_job_ladder(&job, l).await?;
+    }
+    Ok((jobs::transition(tx, &job, f.event).await?, true))
+}
+
+pub(super) async fn hand_back(
+    tx: &mut dyn Tx,
+    attempt: AttemptId,
+    fence: i64,
+    gpus: Vec<GpuSample>,
+) -> Result<((), bool)> {
+    let id = attempt.to_string();
+    let node = tx
+        .lock_node_of_attempt(&id)
+        .await?
+        .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
+    let (job, phase) = check_fence(tx, attempt, fence).await?;
+    if phase != AttemptPhase::Leased {
+        return Err(StoreError::StaleFence { attempt });
+    }
+    let (_, on) = tx
+        .delete_attempt(&id)
+        .await?
+        .ok_or(StoreError::StaleFence { attempt })?;
+    let until = now_ms() + AVOID_AFTER_HAND_BACK_MS;
+    for gpu in on {
+        tx.avoid_gpu(&node, gpu, until).await?;
+    }
+    let r = jobs::job_rules(tx, &job).await?;
+    let (left, event) = rules::hand_back(r.attempts);
+    tx.set_job_tries(&job, left, r.max_attempts).await?;
+    nodes::record_samples(tx, &node, &gpus).await?;
+    jobs::transition(tx, &job, event).await?;
+    Ok(((), true))
+}
+
+pub(super) async fn expire(tx: &mut dyn Tx) -> Result<(Vec<AttemptId>, bool)> {
+    // Every replica sweeps: an attempt another sweep (or a late report) ended first is not
+    // lost twice.
+    let mut lost = Vec::new();
+    for a in tx.expired(now_ms()).await? {
+        if jobs::lose_attempt(tx, &a).await? {
+            lost.push(parse(&a, "attempt id")?);
+        }
+    }
+    let changed = !lost.is_empty();
+    Ok((lost, changed))
+}
+
+pub(super) async fn attempt(tx: &mut dyn Tx, id: AttemptId) -> Result<AttemptView> {
+    tx.attempt_views(AttemptsWhere::Id(&id.to_string()))
+        .await?
+        .pop()
+        .ok_or_else(|| StoreError::not_found("attempt", id))
+}
+
+pub(super) async fn check_log_fence(tx: &mut dyn Tx, attempt: AttemptId, fence: i64) -> Result<()> {
+    let (row, failure) = tx
+        .log_fence_row(&attempt.to_string())
+        .await?
+        .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
+    Ok(rules::check_log_fence(attempt, fence, &row, failure)?)
+}
+
+pub(super) async fn submitted_at(tx: &mut dyn Tx, attempt: AttemptId) -> Result<(Millis, u32)> {
+    tx.submitted_at(&attempt.to_string())
+        .await?
+        .ok_or_else(|| StoreError::not_found("attempt", attempt))
+}

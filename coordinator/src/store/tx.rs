@@ -1,0 +1,296 @@
+//! The transaction interface every store operation is written over: the statements a
+//! transaction is made of, named by what they read or write. Each backend implements it with
+//! its own SQL (`sqlite`, `postgres`); the operations (`experiments`, `jobs`, `nodes`,
+//! `leases`, `telemetry`, `tokens`) are written once over it.
+//!
+//! # Locks
+//! `lock_*` methods lock what they read until the transaction ends on PostgreSQL (row locks
+//! and, for memory floors, an advisory lock); on SQLite they only read, since every write
+//! transaction holds the database's one write lock (`BEGIN IMMEDIATE`) from its start. Locks
+//! are always taken in one order, so concurrent transactions wait for each other instead of
+//! deadlocking:
+//!
+//! **node → jobs (by `seq`) → attempts → memory floors.**
+//!
+//! Read transactions (`Backend::read`) see one snapshot and must not call `lock_*` methods.
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use headroom_shared::api::{
+    AttemptView, FinishReport, GpuInfo, GpuSample, Headroom, JobDetail, JobSummary, PeakSource,
+    QuarantineView, StateCounts, TelemetrySample,
+};
+use headroom_shared::pending::PendingReason;
+use headroom_shared::{AgentId, FailureClass, JobState, Plan};
+use tokio_util::sync::CancellationToken;
+
+use super::rows::{LeaseRow, NodeRow};
+use super::{
+    Active, Millis, NewExperiment, NewToken, OnChange, Result, SeriesWindow, StoredToken,
+};
+use crate::changes::Changes;
+use crate::rules::{FenceRow, FinishRow, JobRules, LadderStep, PendingRow, RenewalRow};
+
+/// Which jobs a summary read returns, in `seq` order.
+#[derive(Clone, Copy, Debug)]
+pub enum JobsWhere<'a> {
+    Id(&'a str),
+    Filter {
+        experiment: Option<&'a str>,
+        state: Option<JobState>,
+        limit: Option<u32>,
+    },
+}
+
+/// Which attempts a read returns: one, a job's (by number), or an experiment's (every
+/// experiment's when `None`; by number).
+#[derive(Clone, Copy, Debug)]
+pub enum AttemptsWhere<'a> {
+    Id(&'a str),
+    Job(&'a str),
+    Experiment(Option<&'a str>),
+}
+
+/// An attempt row about to be written by a lease.
+pub struct NewAttempt<'a> {
+    pub id: String,
+    pub job: &'a str,
+    pub number: u32,
+    pub node: &'a str,
+    pub agent: AgentId,
+    pub gpus: &'a [u32],
+    pub fence: i64,
+    pub estimate_mib: Option<u64>,
+    pub estimate_source: &'a str,
+    pub leased_at: Millis,
+    pub expires_at: Millis,
+    pub memory_key: &'a str,
+    pub params: &'a std::collections::BTreeMap<String, serde_json::Value>,
+    pub ladder_step: i64,
+}
+
+/// What ending an attempt by its report returns: where it ran and how it was placed.
+pub struct Ended {
+    pub node: String,
+    pub gpus: Vec<u32>,
+    pub memory_key: String,
+    pub estimate_mib: Option<u64>,
+}
+
+/// The statements of one transaction.
+#[async_trait]
+pub trait Tx: Send {
+    // ---- experiments and jobs ---------------------------------------------------------
+
+    /// Inserts an experiment and all its jobs (`queued`), each with its own columns.
+    async fn insert_experiment(&mut self, exp: &NewExperiment, now: Millis) -> Result<()>;
+    async fn experiment_ids(&mut self) -> Result<Vec<String>>;
+    /// `name, seed, created_at, submitted_by` of an experiment.
+    async fn experiment_row(&mut self, id: &str) -> Result<Option<(String, i64, Millis, String)>>;
+    async fn state_counts(&mut self, experiment: Option<&str>) -> Result<StateCounts>;
+    async fn job_summaries(&mut self, which: JobsWhere<'_>) -> Result<Vec<JobSummary>>;
+    /// The job's detail columns around its summary and attempts.
+    async fn job_detail(
+        &mut self,
+        id: &str,
+        summary: JobSummary,
+        attempts: Vec<AttemptView>,
+    ) -> Result<Option<JobDetail>>;
+    /// An experiment's jobs with their states, in `seq` order.
+    async fn jobs_of_experiment(&mut self, experiment: &str) -> Result<Vec<(String, JobState)>>;
+    /// A job's state, the job locked.
+    async fn lock_job(&mut self, job: &str) -> Result<Option<JobState>>;
+    /// Sets the state if it still is `from`; the rows changed (0: another transaction won).
+    async fn set_job_state(
+        &mut self,
+        job: &str,
+        from: JobState,
+        to: JobState,
+        now: Millis,
+    ) -> Result<u64>;
+    /// The job's columns the outcome rules read (the job is locked by the caller).
+    async fn job_rules(&mut self, job: &str) -> Result<Option<JobRules>>;
+    async fn set_job_tries(&mut self, job: &str, attempts: u32, max_attempts: u32) -> Result<()>;
+    async fn set_last_failure(&mut self, job: &str, class: Option<FailureClass>) -> Result<()>;
+    async fn set_pending_reason(
+        &mut self,
+        job: &str,
+        reason: Option<&PendingReason>,
+    ) -> Result<()>;
+    /// A new lease's job columns: its attempt count and token; its pending reason cleared.
+    async fn set_job_leased(&mut self, job: &str, attempts: u32, fence: i64) -> Result<()>;
+    async fn set_job_ladder(&mut self, job: &str, step: &LadderStep) -> Result<()>;
+    /// Memory of the job's colocated background, if it has one.
+    async fn background_mib(&mut self, job: &str) -> Result<Option<u64>>;
+    /// The columns a new lease of the job is made of.
+    async fn lease_row(&mut self, job: &str) -> Result<Option<LeaseRow>>;
+    /// Waiting jobs fitting `max_gpus`, highest priority first then oldest, at most `limit`;
+    /// on PostgreSQL locked, skipping those another transaction holds.
+    async fn lock_pending(&mut self, max_gpus: u32, limit: u32) -> Result<Vec<PendingRow>>;
+    /// Waiting jobs per pending reason code (`not_considered` without one).
+    async fn pending_reason_counts(&mut self) -> Result<Vec<(String, u64)>>;
+
+    // ---- attempts ---------------------------------------------------------------------
+
+    async fn attempt_views(&mut self, which: AttemptsWhere<'_>) -> Result<Vec<AttemptView>>;
+    /// The job of an attempt (no lock: callers lock the job next).
+    async fn job_of_attempt(&mut self, attempt: &str) -> Result<Option<String>>;
+    /// An attempt's fencing columns, the attempt locked.
+    async fn lock_fence(&mut self, attempt: &str) -> Result<Option<FenceRow>>;
+    /// What a finish report is checked against, the attempt locked.
+    async fn lock_finish_row(&mut self, attempt: &str) -> Result<Option<FinishRow>>;
+    /// What a heartbeat of `agent` is checked against, with the job's `seq`.
+    async fn renewal_row(
+        &mut self,
+        attempt: &str,
+        agent: AgentId,
+    ) -> Result<Option<(RenewalRow, i64)>>;
+    /// Fencing columns and failure class, for log chunks.
+    async fn log_fence_row(
+        &mut self,
+        attempt: &str,
+    ) -> Result<Option<(FenceRow, Option<FailureClass>)>>;
+    /// The node's attempts not ended, in job (`seq`) order.
+    async fn active_on(&mut self, node: &str) -> Result<Vec<Active>>;
+    /// Attempts not ended whose lease ran out before `now`, in job order.
+    async fn expired(&mut self, now: Millis) -> Result<Vec<String>>;
+    async fn insert_attempt(&mut self, a: &NewAttempt<'_>) -> Result<()>;
+    /// Ends an attempt not yet ended as `lost`; whether it had started, `None` when it had
+    /// already ended.
+    async fn end_lost(&mut self, attempt: &str, now: Millis) -> Result<Option<bool>>;
+    /// Moves a live attempt to `agent` with a new expiry; false when it had ended.
+    async fn resume_attempt(&mut self, attempt: &str, agent: AgentId, until: Millis)
+    -> Result<bool>;
+    /// Renews a lease; whether its cancel was asked (`None`: no such attempt).
+    async fn renew_attempt(
+        &mut self,
+        attempt: &str,
+        until: Millis,
+        waiting: Option<&str>,
+    ) -> Result<Option<bool>>;
+    async fn set_running(&mut self, attempt: &str, pid: u32, at: Millis) -> Result<()>;
+    /// Records the attempt's end as its report says, measurements and wait included.
+    async fn set_ended(
+        &mut self,
+        attempt: &str,
+        report: &FinishReport,
+        peak_source: Option<PeakSource>,
+    ) -> Result<Option<Ended>>;
+    /// Deletes a leased attempt; its node and GPUs.
+    async fn delete_attempt(&mut self, attempt: &str) -> Result<Option<(String, Vec<u32>)>>;
+    /// Asks the job's live attempts to stop.
+    async fn request_cancel(&mut self, job: &str) -> Result<()>;
+    /// Of `attempts`, those of `agent` not ended whose cancel was asked.
+    async fn cancel_requested(&mut self, agent: AgentId, attempts: &[String])
+    -> Result<Vec<String>>;
+    /// When the attempt's job was submitted, and the attempt's number.
+    async fn submitted_at(&mut self, attempt: &str) -> Result<Option<(Millis, u32)>>;
+    /// Observed peaks of a memory key's attempts.
+    async fn peaks(&mut self, key: &str) -> Result<Vec<u64>>;
+    /// A memory key's OOM floor, locked (an advisory lock on PostgreSQL, so writers of a key
+    /// with no floor yet serialize too).
+    async fn lock_floor(&mut self, key: &str) -> Result<Option<u64>>;
+    /// A memory key's OOM floor, read without a lock.
+    async fn floor(&mut self, key: &str) -> Result<Option<u64>>;
+    async fn set_floor(&mut self, key: &str, mib: u64) -> Result<()>;
+
+    // ---- nodes ------------------------------------------------------------------------
+
+    /// The node an agent registered as; locked when `lock`.
+    async fn node_of_agent(&mut self, agent: AgentId, lock: bool) -> Result<Option<NodeRow>>;
+    /// The node an attempt runs on, locked; its name.
+    async fn lock_node_of_attempt(&mut self, attempt: &str) -> Result<Option<String>>;
+    /// A node's stored plan and headroom, locked.
+    async fn lock_node_settings(&mut self, node: &str) -> Result<Option<(String, String)>>;
+    /// A node's GPUs; locked when `lock`.
+    async fn node_gpus(&mut self, node: &str, lock: bool) -> Result<Option<Vec<GpuInfo>>>;
+    async fn nodes(&mut self) -> Result<Vec<NodeRow>>;
+    /// Inserts or replaces a node's registration (its latest samples cleared).
+    #[allow(clippy::too_many_arguments)]
+    async fn upsert_node(
+        &mut self,
+        node: &str,
+        agent: AgentId,
+        gpus: &[GpuInfo],
+        plan: &Plan,
+        headroom: &Headroom,
+        now: Millis,
+    ) -> Result<()>;
+    async fn set_plan(&mut self, node: &str, plan: &Plan) -> Result<()>;
+    async fn node_samples(&mut self, node: &str) -> Result<Vec<GpuSample>>;
+    /// Stores the node's latest samples and when it was last heard of.
+    async fn set_node_samples(&mut self, node: &str, gpus: &[GpuSample], now: Millis)
+    -> Result<()>;
+    async fn max_node_gpus(&mut self) -> Result<Option<u32>>;
+    /// GPUs claims skip: quarantined, or avoided until after `now`.
+    async fn blocked_gpus(&mut self, node: &str, now: Millis) -> Result<Vec<u32>>;
+    async fn quarantine_of(&mut self, node: &str) -> Result<Vec<(u32, QuarantineView)>>;
+    async fn quarantine(
+        &mut self,
+        node: &str,
+        gpu: u32,
+        attempt: &str,
+        reason: &str,
+        now: Millis,
+    ) -> Result<()>;
+    async fn avoid_gpu(&mut self, node: &str, gpu: u32, until: Millis) -> Result<()>;
+    async fn release_quarantine_of(&mut self, node: &str, attempts: &[String]) -> Result<u64>;
+    async fn release_quarantine_on(&mut self, node: &str, gpu: u32) -> Result<u64>;
+
+    // ---- telemetry --------------------------------------------------------------------
+
+    /// Stores samples of a node's GPUs; a sample already stored (GPU and instant) is not
+    /// stored twice. How many were new.
+    async fn insert_telemetry(&mut self, node: &str, samples: &[TelemetrySample])
+    -> Result<u64>;
+    /// One GPU's samples in `w`, oldest first (the newest `w.limit` of them).
+    async fn series(
+        &mut self,
+        node: &str,
+        gpu: u32,
+        w: &SeriesWindow,
+    ) -> Result<Vec<TelemetrySample>>;
+    /// Deletes at most `batch` samples older than `older_than`, oldest first.
+    async fn prune_older(&mut self, older_than: Millis, batch: u32) -> Result<u64>;
+    /// `(at, id)` of one GPU's newest sample beyond the newest `keep`.
+    async fn series_cutoff(&mut self, node: &str, gpu: u32, keep: u64)
+    -> Result<Option<(i64, i64)>>;
+    /// Deletes at most `batch` of one GPU's samples up to the cutoff, oldest first.
+    async fn prune_to(
+        &mut self,
+        node: &str,
+        gpu: u32,
+        cutoff: (i64, i64),
+        batch: u32,
+    ) -> Result<u64>;
+
+    // ---- tokens -----------------------------------------------------------------------
+
+    /// Inserts a token; false when one with its id exists.
+    async fn insert_token(&mut self, token: &NewToken, now: Millis) -> Result<bool>;
+    async fn token(&mut self, id: &str) -> Result<Option<StoredToken>>;
+    async fn tokens(&mut self) -> Result<Vec<StoredToken>>;
+    /// Sets a token's revocation time unless it has one; false when no such token.
+    async fn revoke_token(&mut self, id: &str, now: Millis) -> Result<bool>;
+}
+
+/// A store operation over one transaction.
+pub type Op<T> = Box<dyn for<'t> FnOnce(&'t mut dyn Tx) -> BoxFuture<'t, Result<T>> + Send>;
+
+/// A database a store runs on: how it opens transactions and announces changes.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// The counter bumped after each committed transaction that changed something a waiter
+    /// may care about.
+    fn changes(&self) -> Changes;
+    async fn schema_version(&self) -> Result<i64>;
+    /// Runs `op` in one read-only transaction on one snapshot.
+    async fn read<T: Send + 'static>(&self, op: Op<T>) -> Result<T>;
+    /// Runs `op` in one write transaction; when it says it changed something, the change
+    /// is announced (to other replicas at commit, to this process's waiters after it).
+    async fn write<T: Send + 'static>(&self, op: Op<(T, bool)>) -> Result<T>;
+    /// See `Store::watch_changes`.
+    async fn watch_changes(&self, on_change: OnChange, shutdown: CancellationToken) {
+        let _ = (on_change, shutdown);
+    }
+}
