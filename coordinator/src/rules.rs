@@ -808,7 +808,12 @@ mod tests {
         assert_eq!(manual_retry(3), 4, "one try more than used");
         assert_eq!(
             hand_back(1),
-            (0, JobEvent::HandBack { had_attempts: false })
+            (
+                0,
+                JobEvent::HandBack {
+                    had_attempts: false
+                }
+            )
         );
         assert_eq!(hand_back(3), (2, JobEvent::HandBack { had_attempts: true }));
         assert_eq!(hand_back(0).0, 0, "never below zero");

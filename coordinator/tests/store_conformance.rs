@@ -1602,6 +1602,79 @@ async fn exclusive_jobs_hold_their_gpu_and_record_their_wait(s: Backend) {
     assert_eq!(s.job(next[0].job).await.expect("job").prestart, None);
 }
 
+/// Jobs of one experiment keep their own exclusive/cooldown rules (PostgreSQL once stored the
+/// first job's for all of them).
+async fn prestart_is_stored_per_job(s: Backend) {
+    use headroom_shared::prestart::Prestart;
+    let alone = Prestart {
+        exclusive: true,
+        cooldown: None,
+    };
+    let mut first = job(0, Some(10), vec![], 1);
+    first.prestart = Some(alone.clone());
+    let second = job(1, Some(10), vec![], 1);
+    let (a, b) = (first.id, second.id);
+    submit(&s, vec![first, second]).await;
+    assert_eq!(s.job(a).await.expect("job").prestart, Some(alone));
+    assert_eq!(s.job(b).await.expect("job").prestart, None);
+}
+
+/// More waiting jobs than one claim looks at (512), so racing claims on PostgreSQL each find
+/// rows of their own (`SKIP LOCKED`): only the node's lock keeps them from overfilling it.
+const BEYOND_CLAIM_WINDOW: u32 = 600;
+
+/// A claim as a long-poll waking makes it: by the node's stored samples, writing nothing to
+/// the node's row (so only the node's lock orders it against another claim).
+async fn claim_by_stored_samples(s: &Backend, agent: AgentId) -> Vec<Lease> {
+    s.claim_jobs(ClaimInput {
+        agent,
+        gpus: None,
+        max: 64,
+        lease_ttl_ms: 30_000,
+        reserve_after_ms: u64::MAX,
+    })
+    .await
+    .expect("claim")
+    .leases
+}
+
+/// Stores the node's samples without leasing anything.
+async fn store_samples(s: &Backend, agent: AgentId, n: u32) {
+    s.claim_jobs(ClaimInput {
+        agent,
+        gpus: Some(free(n, 10_000)),
+        max: 0,
+        lease_ttl_ms: 30_000,
+        reserve_after_ms: u64::MAX,
+    })
+    .await
+    .expect("samples");
+}
+
+/// Claims for one node serialize on the node: claims racing for it never lease more than
+/// its plan holds.
+async fn concurrent_claims_for_one_node_never_overfill_it(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("3")).await;
+    let jobs = (0..BEYOND_CLAIM_WINDOW).map(|i| job(i, Some(10), vec![], 1));
+    submit(&s, jobs.collect()).await;
+    store_samples(&s, agent, 1).await;
+    let claims = (0..8).map(|_| claim_by_stored_samples(&s, agent));
+    let leased: usize = futures::future::join_all(claims)
+        .await
+        .iter()
+        .map(Vec::len)
+        .sum();
+    assert_eq!(
+        leased, 3,
+        "a plan of 3 holds 3 leases, however many claims race"
+    );
+    let counts = s.counts(None).await.expect("counts");
+    assert_eq!(
+        (counts.leased, counts.queued),
+        (3, u64::from(BEYOND_CLAIM_WINDOW) - 3)
+    );
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -1650,6 +1723,8 @@ conformance!(sqlite, postgres: [
     runs_record_who_submitted_them,
     exclusive_jobs_hold_their_gpu_and_record_their_wait,
     colocated_jobs_carry_their_background_and_record_it,
+    prestart_is_stored_per_job,
+    concurrent_claims_for_one_node_never_overfill_it,
 ]);
 
 // ---- both backends side by side, and what only PostgreSQL does --------------------------
@@ -1752,6 +1827,83 @@ async fn postgres_replicas_never_lease_a_job_twice() {
         .map(|g| g.slots_used)
         .sum();
     assert_eq!(slots_used, JOBS);
+}
+
+/// One node's claims arriving through two replicas (an agent behind a load balancer) wait
+/// for each other on the node's row: the node is filled once, every job leased at most once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_one_nodes_claims_through_two_replicas_fill_it_once() {
+    let db = PgDatabase::create().await;
+    let (a, b): (Backend, Backend) = (Arc::new(db.store().await), Arc::new(db.store().await));
+    let agent = register(&a, "n1", 2, Some("5,5")).await;
+    let jobs = (0..BEYOND_CLAIM_WINDOW).map(|i| job(i, Some(10), vec![], 1));
+    submit(&a, jobs.collect()).await;
+    store_samples(&a, agent, 2).await;
+    let mut leased: BTreeMap<JobId, usize> = BTreeMap::new();
+    for _ in 0..5 {
+        let claims = (0..6).map(|i| {
+            let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move { claim_by_stored_samples(&s, agent).await })
+        });
+        for leases in futures::future::join_all(claims).await {
+            for l in leases.expect("claim task") {
+                *leased.entry(l.job).or_default() += 1;
+            }
+        }
+    }
+    assert_eq!(
+        leased.len(),
+        10,
+        "two GPUs of 5 slots hold 10 leases: {leased:?}"
+    );
+    assert!(
+        leased.values().all(|n| *n == 1),
+        "a job leased twice: {leased:?}"
+    );
+    let counts = b.counts(None).await.expect("counts");
+    assert_eq!(
+        (counts.leased, counts.queued),
+        (10, u64::from(BEYOND_CLAIM_WINDOW) - 10)
+    );
+}
+
+/// Replicas starting together on a new database: one migrates (under the advisory lock),
+/// the others wait and find the schema done; every migration runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_stores_starting_together_migrate_once() {
+    let db = PgDatabase::create().await;
+    let stores = futures::future::join_all((0..4).map(|_| {
+        let url = db.url.clone();
+        tokio::spawn(async move { PostgresStore::connect(&url).await })
+    }))
+    .await;
+    for s in stores {
+        let s = s.expect("task").expect("every replica starts");
+        assert_eq!(
+            Store::schema_version(&s).await.expect("version") as usize,
+            migration_names("postgres").len()
+        );
+    }
+    let (client, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let rows = client
+        .query(
+            "SELECT version, COUNT(*) FROM refinery_schema_history GROUP BY version",
+            &[],
+        )
+        .await
+        .expect("history");
+    assert_eq!(rows.len(), migration_names("postgres").len());
+    for r in rows {
+        assert_eq!(
+            r.get::<_, i64>(1),
+            1,
+            "migration {} ran once",
+            r.get::<_, i32>(0)
+        );
+    }
 }
 
 /// Counts `on_change` calls, for waiting on them.

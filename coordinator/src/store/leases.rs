@@ -8,8 +8,8 @@ use headroom_shared::{AgentId, AttemptId, JobEvent, JobState};
 use super::rows::{self, NodeRow, i64_of, parse};
 use super::tx::{AttemptsWhere, NewAttempt, Tx};
 use super::{
-    ClaimInput, Claimed, LeaseTo, Millis, Renewal, Renewed, Result, StoreError, jobs, node_snapshot,
-    nodes, now_ms,
+    ClaimInput, Claimed, LeaseTo, Millis, Renewal, Renewed, Result, StoreError, jobs,
+    node_snapshot, nodes, now_ms,
 };
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
 
@@ -19,7 +19,11 @@ const CLAIM_WINDOW: u32 = 512;
 
 /// Checks a report's fencing token, locking the job and then the attempt; returns the job
 /// and the attempt's phase.
-async fn check_fence(tx: &mut dyn Tx, attempt: AttemptId, fence: i64) -> Result<(String, AttemptPhase)> {
+async fn check_fence(
+    tx: &mut dyn Tx,
+    attempt: AttemptId,
+    fence: i64,
+) -> Result<(String, AttemptPhase)> {
     let id = attempt.to_string();
     let not_found = || StoreError::not_found("attempt", attempt);
     let job = jobs::lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
@@ -33,12 +37,7 @@ async fn key_memory(tx: &mut dyn Tx, key: &str) -> Result<(Vec<u64>, Option<u64>
     Ok((tx.peaks(key).await?, tx.floor(key).await?))
 }
 
-async fn lease_job(
-    tx: &mut dyn Tx,
-    to: &LeaseTo<'_>,
-    job: &str,
-    slot: &Slot,
-) -> Result<Lease> {
+async fn lease_job(tx: &mut dyn Tx, to: &LeaseTo<'_>, job: &str, slot: &Slot) -> Result<Lease> {
     let row = tx
         .lease_row(job)
         .await?

@@ -6,8 +6,9 @@
 //! - `experiments`, `jobs`, `nodes`, `leases`, `telemetry`, `tokens`: the operations, one
 //!   file per resource, each written once over the transaction interface.
 //! - `tx`: that interface (`Tx`, the statements; `Backend`, transactions) and the lock order.
-//! - `sqlite`, `postgres`: the backends, SQL only, plus what only one has (pools, batch
-//!   inserts, `SKIP LOCKED`, NOTIFY, migrations).
+//! - `sql`: every `Tx` statement's SQL, once, over `exec::Exec`: what a backend must run.
+//! - `sqlite`, `postgres`: the backends: `Exec` in their dialect, transactions, and what only
+//!   one has (pools, batch inserts, advisory locks, NOTIFY, migrations).
 //! - `rows`: one row decoder for both backends.
 //!
 //! The decisions live in `crate::rules` (pure); this module reads their facts and writes
@@ -30,12 +31,14 @@ use crate::changes::Changes;
 use crate::placement::{GpuState, Snapshot};
 use tokio_util::sync::CancellationToken;
 
+mod exec;
 mod experiments;
 mod jobs;
 mod leases;
 mod nodes;
 pub mod postgres;
 pub(crate) mod rows;
+mod sql;
 pub mod sqlite;
 mod telemetry;
 mod tokens;
@@ -579,9 +582,7 @@ macro_rules! run {
 /// An operation as a backend runs it (the bound gives the closure its higher-ranked type).
 fn op<T, F>(f: F) -> Op<T>
 where
-    F: for<'t> FnOnce(&'t mut dyn Tx) -> futures::future::BoxFuture<'t, Result<T>>
-        + Send
-        + 'static,
+    F: for<'t> FnOnce(&'t mut dyn Tx) -> futures::future::BoxFuture<'t, Result<T>> + Send + 'static,
 {
     Box::new(f)
 }

@@ -26,7 +26,11 @@ pub(super) async fn gpus(tx: &mut dyn Tx, node: &str, lock: bool) -> Result<Vec<
 
 /// Stores the node's latest samples; true when some GPU has more free memory than before,
 /// which may let a waiting claim (on any replica) place work.
-pub(super) async fn record_samples(tx: &mut dyn Tx, node: &str, gpus: &[GpuSample]) -> Result<bool> {
+pub(super) async fn record_samples(
+    tx: &mut dyn Tx,
+    node: &str,
+    gpus: &[GpuSample],
+) -> Result<bool> {
     let before = tx.node_samples(node).await?;
     tx.set_node_samples(node, gpus, now_ms()).await?;
     Ok(rules::memory_freed(&before, gpus))

@@ -64,7 +64,10 @@ pub(super) async fn prune(tx: &mut dyn Tx, keep: Retention) -> Result<(u64, bool
                 return Ok((gone, false));
             }
             // The newest sample beyond the count kept: it and older ones go.
-            if let Some(cutoff) = tx.series_cutoff(&node.name, g.index, keep.keep_per_gpu).await? {
+            if let Some(cutoff) = tx
+                .series_cutoff(&node.name, g.index, keep.keep_per_gpu)
+                .await?
+            {
                 gone += tx
                     .prune_to(&node.name, g.index, cutoff, left as u32)
                     .await?;

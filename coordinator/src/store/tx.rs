@@ -25,9 +25,7 @@ use headroom_shared::{AgentId, FailureClass, JobState, Plan};
 use tokio_util::sync::CancellationToken;
 
 use super::rows::{LeaseRow, NodeRow};
-use super::{
-    Active, Millis, NewExperiment, NewToken, OnChange, Result, SeriesWindow, StoredToken,
-};
+use super::{Active, Millis, NewExperiment, NewToken, OnChange, Result, SeriesWindow, StoredToken};
 use crate::changes::Changes;
 use crate::rules::{FenceRow, FinishRow, JobRules, LadderStep, PendingRow, RenewalRow};
 
@@ -112,11 +110,8 @@ pub trait Tx: Send {
     async fn job_rules(&mut self, job: &str) -> Result<Option<JobRules>>;
     async fn set_job_tries(&mut self, job: &str, attempts: u32, max_attempts: u32) -> Result<()>;
     async fn set_last_failure(&mut self, job: &str, class: Option<FailureClass>) -> Result<()>;
-    async fn set_pending_reason(
-        &mut self,
-        job: &str,
-        reason: Option<&PendingReason>,
-    ) -> Result<()>;
+    async fn set_pending_reason(&mut self, job: &str, reason: Option<&PendingReason>)
+    -> Result<()>;
     /// A new lease's job columns: its attempt count and token; its pending reason cleared.
     async fn set_job_leased(&mut self, job: &str, attempts: u32, fence: i64) -> Result<()>;
     async fn set_job_ladder(&mut self, job: &str, step: &LadderStep) -> Result<()>;
@@ -159,8 +154,12 @@ pub trait Tx: Send {
     /// already ended.
     async fn end_lost(&mut self, attempt: &str, now: Millis) -> Result<Option<bool>>;
     /// Moves a live attempt to `agent` with a new expiry; false when it had ended.
-    async fn resume_attempt(&mut self, attempt: &str, agent: AgentId, until: Millis)
-    -> Result<bool>;
+    async fn resume_attempt(
+        &mut self,
+        attempt: &str,
+        agent: AgentId,
+        until: Millis,
+    ) -> Result<bool>;
     /// Renews a lease; whether its cancel was asked (`None`: no such attempt).
     async fn renew_attempt(
         &mut self,
@@ -181,8 +180,11 @@ pub trait Tx: Send {
     /// Asks the job's live attempts to stop.
     async fn request_cancel(&mut self, job: &str) -> Result<()>;
     /// Of `attempts`, those of `agent` not ended whose cancel was asked.
-    async fn cancel_requested(&mut self, agent: AgentId, attempts: &[String])
-    -> Result<Vec<String>>;
+    async fn cancel_requested(
+        &mut self,
+        agent: AgentId,
+        attempts: &[String],
+    ) -> Result<Vec<String>>;
     /// When the attempt's job was submitted, and the attempt's number.
     async fn submitted_at(&mut self, attempt: &str) -> Result<Option<(Millis, u32)>>;
     /// Observed peaks of a memory key's attempts.
@@ -241,8 +243,7 @@ pub trait Tx: Send {
 
     /// Stores samples of a node's GPUs; a sample already stored (GPU and instant) is not
     /// stored twice. How many were new.
-    async fn insert_telemetry(&mut self, node: &str, samples: &[TelemetrySample])
-    -> Result<u64>;
+    async fn insert_telemetry(&mut self, node: &str, samples: &[TelemetrySample]) -> Result<u64>;
     /// One GPU's samples in `w`, oldest first (the newest `w.limit` of them).
     async fn series(
         &mut self,
@@ -253,8 +254,12 @@ pub trait Tx: Send {
     /// Deletes at most `batch` samples older than `older_than`, oldest first.
     async fn prune_older(&mut self, older_than: Millis, batch: u32) -> Result<u64>;
     /// `(at, id)` of one GPU's newest sample beyond the newest `keep`.
-    async fn series_cutoff(&mut self, node: &str, gpu: u32, keep: u64)
-    -> Result<Option<(i64, i64)>>;
+    async fn series_cutoff(
+        &mut self,
+        node: &str,
+        gpu: u32,
+        keep: u64,
+    ) -> Result<Option<(i64, i64)>>;
     /// Deletes at most `batch` of one GPU's samples up to the cutoff, oldest first.
     async fn prune_to(
         &mut self,

@@ -1,0 +1,177 @@
+//! What a backend's transaction must do for the shared SQL (`sql`) to run on it: `Exec`
+//! runs a statement with `Arg` parameters and returns owned rows (`Cells`, decoded through
+//! `rows::Cols`), names the few words its dialect says differently, and runs the statements
+//! only its database does well.
+
+use async_trait::async_trait;
+use headroom_shared::api::TelemetrySample;
+use serde::de::DeserializeOwned;
+
+use super::rows::Cols;
+use super::{Millis, NewExperiment, Result, StoreError};
+
+/// The words in which the two databases' SQL differs.
+pub struct Dialect {
+    /// Appended to a read that locks its row (`FOR UPDATE`; nothing on SQLite).
+    pub lock: &'static str,
+    /// The same, locking only the attempt (`a`) or the node (`n`) of a join.
+    pub lock_attempt: &'static str,
+    pub lock_node: &'static str,
+    /// Appended to the read of waiting jobs a claim considers.
+    pub skip_locked: &'static str,
+    /// The function giving a JSON array's length.
+    pub json_array_length: &'static str,
+}
+
+/// A statement parameter.
+#[derive(Debug)]
+pub enum Arg<'a> {
+    Null,
+    Int(i64),
+    Text(&'a str),
+    Bool(bool),
+    /// Stored as JSON (TEXT on SQLite, JSONB on PostgreSQL).
+    Json(serde_json::Value),
+}
+
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::Int(v)
+    }
+}
+
+impl From<u32> for Arg<'_> {
+    fn from(v: u32) -> Self {
+        Arg::Int(i64::from(v))
+    }
+}
+
+impl From<i32> for Arg<'_> {
+    fn from(v: i32) -> Self {
+        Arg::Int(i64::from(v))
+    }
+}
+
+impl From<bool> for Arg<'_> {
+    fn from(v: bool) -> Self {
+        Arg::Bool(v)
+    }
+}
+
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(v: &'a str) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl<'a> From<&'a String> for Arg<'a> {
+    fn from(v: &'a String) -> Self {
+        Arg::Text(v)
+    }
+}
+
+impl<'a, T: Into<Arg<'a>>> From<Option<T>> for Arg<'a> {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Arg::Null, Into::into)
+    }
+}
+
+/// A value as JSON, for a JSON column.
+pub fn json<T: serde::Serialize>(v: &T) -> Result<Arg<'static>> {
+    Ok(Arg::Json(serde_json::to_value(v)?))
+}
+
+/// One column of a result row, owned.
+#[derive(Clone, Debug)]
+pub enum Cell {
+    Null,
+    Int(i64),
+    Text(String),
+    Bool(bool),
+    Json(serde_json::Value),
+}
+
+/// A result row, owned: both backends' rows decode through `Cols` here.
+pub struct Cells(pub Vec<Cell>);
+
+impl Cells {
+    fn cell(&self, i: usize) -> Result<&Cell> {
+        self.0
+            .get(i)
+            .ok_or_else(|| StoreError::Corrupt(format!("no column {i}")))
+    }
+
+    fn wrong(&self, i: usize, want: &str) -> StoreError {
+        StoreError::Corrupt(format!(
+            "column {i}: {want} expected, found {:?}",
+            self.0.get(i)
+        ))
+    }
+}
+
+impl Cols for Cells {
+    fn text(&self, i: usize) -> Result<String> {
+        self.text_opt(i)?.ok_or_else(|| self.wrong(i, "text"))
+    }
+    fn text_opt(&self, i: usize) -> Result<Option<String>> {
+        match self.cell(i)? {
+            Cell::Null => Ok(None),
+            Cell::Text(s) => Ok(Some(s.clone())),
+            _ => Err(self.wrong(i, "text")),
+        }
+    }
+    fn int(&self, i: usize) -> Result<i64> {
+        self.int_opt(i)?.ok_or_else(|| self.wrong(i, "integer"))
+    }
+    fn int_opt(&self, i: usize) -> Result<Option<i64>> {
+        match self.cell(i)? {
+            Cell::Null => Ok(None),
+            Cell::Int(v) => Ok(Some(*v)),
+            _ => Err(self.wrong(i, "integer")),
+        }
+    }
+    fn flag(&self, i: usize) -> Result<bool> {
+        self.flag_opt(i)?.ok_or_else(|| self.wrong(i, "boolean"))
+    }
+    fn flag_opt(&self, i: usize) -> Result<Option<bool>> {
+        match self.cell(i)? {
+            Cell::Null => Ok(None),
+            Cell::Bool(b) => Ok(Some(*b)),
+            // SQLite keeps booleans as integers.
+            Cell::Int(v) => Ok(Some(*v != 0)),
+            _ => Err(self.wrong(i, "boolean")),
+        }
+    }
+    fn json<T: DeserializeOwned>(&self, i: usize) -> Result<T> {
+        self.json_opt(i)?.ok_or_else(|| self.wrong(i, "JSON"))
+    }
+    fn json_opt<T: DeserializeOwned>(&self, i: usize) -> Result<Option<T>> {
+        match self.cell(i)? {
+            Cell::Null => Ok(None),
+            Cell::Json(v) => Ok(Some(T::deserialize(v)?)),
+            // SQLite keeps JSON as text.
+            Cell::Text(s) => Ok(Some(serde_json::from_str(s)?)),
+            _ => Err(self.wrong(i, "JSON")),
+        }
+    }
+}
+
+/// What a backend's transaction must do for the SQL here to run on it.
+#[async_trait]
+pub trait Exec: Send {
+    fn dialect(&self) -> &'static Dialect;
+    /// The rows of a statement.
+    async fn query(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Cells>>;
+    /// Runs a statement; the rows it changed.
+    async fn execute(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64>;
+
+    /// Inserts an experiment's jobs (the experiment row is stored).
+    async fn insert_jobs(&mut self, exp: &NewExperiment, now: Millis) -> Result<()>;
+    /// See `Tx::insert_telemetry`.
+    async fn insert_samples(&mut self, node: &str, samples: &[TelemetrySample]) -> Result<u64>;
+    /// Serializes the writers of one memory key's floor until the transaction ends (nothing
+    /// to do where a write transaction holds the whole database).
+    async fn lock_key(&mut self, key: &str) -> Result<()>;
+    /// See `Tx::cancel_requested`.
+    async fn cancels_asked(&mut self, agent: &str, attempts: &[String]) -> Result<Vec<String>>;
+}

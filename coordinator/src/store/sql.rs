@@ -1,0 +1,838 @@
+//! The SQL both backends run, written once: every `Tx` statement over `exec::Exec`, the
+//! small interface each backend implements (run a statement, its dialect's few words, and
+//! the statements only one database does well: batch inserts, advisory locks, arrays).
+//!
+//! Statements use PostgreSQL's `$n` placeholders (SQLite's `Exec` reads them as `?n`), and
+//! only SQL both databases speak: `CAST(.. AS TEXT)` where a parameter's type is not implied,
+//! `->`/`->>` for JSON, `ON CONFLICT`, `RETURNING`. What differs is in `Dialect`.
+
+use async_trait::async_trait;
+use headroom_shared::api::{
+    AttemptView, FinishReport, GpuInfo, GpuSample, Headroom, JobDetail, JobSummary, PeakSource,
+    QuarantineView, StateCounts, TelemetrySample,
+};
+use headroom_shared::pending::PendingReason;
+use headroom_shared::{AgentId, FailureClass, JobState, Plan};
+
+use super::exec::{Arg, Cells, Exec, json};
+use super::rows::{self, Cols, LeaseRow, NodeRow, i64_of, opt_i64};
+use super::tx::{AttemptsWhere, Ended, JobsWhere, NewAttempt, Tx};
+use super::{Active, Millis, NewExperiment, NewToken, Result, SeriesWindow, StoredToken};
+use crate::rules::{FenceRow, FinishRow, JobRules, LadderStep, PendingRow, RenewalRow};
+
+/// A statement's parameters: `args![a, b]`.
+macro_rules! args {
+    ($($a:expr),* $(,)?) => { &[$(Arg::from($a)),*] };
+}
+
+/// The states of a job waiting for a lease, as the SQL list `'queued', 'retrying'`: the
+/// state machine says which they are (`JobState::is_pending`), not the SQL.
+static WAITING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    JobState::ALL
+        .iter()
+        .filter(|s| s.is_pending())
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+});
+
+async fn all<E: Exec + ?Sized, T>(
+    e: &mut E,
+    sql: &str,
+    args: &[Arg<'_>],
+    f: impl Fn(&Cells) -> Result<T>,
+) -> Result<Vec<T>> {
+    e.query(sql, args).await?.iter().map(f).collect()
+}
+
+async fn first<E: Exec + ?Sized, T>(
+    e: &mut E,
+    sql: &str,
+    args: &[Arg<'_>],
+    f: impl Fn(&Cells) -> Result<T>,
+) -> Result<Option<T>> {
+    e.query(sql, args).await?.first().map(f).transpose()
+}
+
+async fn done<E: Exec + ?Sized>(e: &mut E, sql: &str, args: &[Arg<'_>]) -> Result<()> {
+    e.execute(sql, args).await.map(drop)
+}
+
+fn text(r: &Cells) -> Result<String> {
+    r.text(0)
+}
+
+#[async_trait]
+impl<E: Exec> Tx for E {
+    async fn insert_experiment(&mut self, exp: &NewExperiment, now: Millis) -> Result<()> {
+        let id = exp.id.to_string();
+        done(
+            self,
+            "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+            args![
+                &id,
+                &exp.name,
+                exp.seed as i64,
+                json(&exp.spec)?,
+                now,
+                &exp.submitted_by
+            ],
+        )
+        .await?;
+        self.insert_jobs(exp, now).await
+    }
+
+    async fn experiment_ids(&mut self) -> Result<Vec<String>> {
+        let sql = "SELECT id FROM experiments ORDER BY created_at, id";
+        all(self, sql, &[], text).await
+    }
+
+    async fn experiment_row(&mut self, id: &str) -> Result<Option<(String, i64, Millis, String)>> {
+        first(
+            self,
+            "SELECT name, seed, created_at, submitted_by FROM experiments WHERE id = $1",
+            args![id],
+            |r| Ok((r.text(0)?, r.int(1)?, r.int(2)?, r.text(3)?)),
+        )
+        .await
+    }
+
+    async fn state_counts(&mut self, experiment: Option<&str>) -> Result<StateCounts> {
+        let mut counts = StateCounts::default();
+        for (state, n) in all(
+            self,
+            "SELECT state, COUNT(*) FROM jobs \
+             WHERE (CAST($1 AS TEXT) IS NULL OR experiment_id = $1) GROUP BY state",
+            args![experiment],
+            |r| Ok((r.parsed(0, "job state")?, r.int(1)?)),
+        )
+        .await?
+        {
+            counts.add(state, n.max(0) as u64);
+        }
+        Ok(counts)
+    }
+
+    async fn job_summaries(&mut self, which: JobsWhere<'_>) -> Result<Vec<JobSummary>> {
+        let (cols, from) = (rows::JOB_COLUMNS, rows::JOB_FROM);
+        match which {
+            JobsWhere::Id(id) => {
+                let sql = format!("SELECT {cols} {from} WHERE j.id = $1");
+                all(self, &sql, args![id], rows::job_summary).await
+            }
+            JobsWhere::Filter {
+                experiment,
+                state,
+                limit,
+            } => {
+                let limit = limit.map_or(String::new(), |n| format!(" LIMIT {n}"));
+                let sql = format!(
+                    "SELECT {cols} {from} WHERE (CAST($1 AS TEXT) IS NULL OR j.experiment_id = $1) \
+                     AND (CAST($2 AS TEXT) IS NULL OR j.state = $2) ORDER BY j.seq{limit}"
+                );
+                let state = state.map(JobState::as_str);
+                all(self, &sql, args![experiment, state], rows::job_summary).await
+            }
+        }
+    }
+
+    async fn job_detail(
+        &mut self,
+        id: &str,
+        summary: JobSummary,
+        attempts: Vec<AttemptView>,
+    ) -> Result<Option<JobDetail>> {
+        let sql = format!("SELECT {} FROM jobs WHERE id = $1", rows::DETAIL_COLUMNS);
+        first(self, &sql, args![id], |r| {
+            rows::job_detail(summary.clone(), r, attempts.clone())
+        })
+        .await
+    }
+
+    async fn jobs_of_experiment(&mut self, experiment: &str) -> Result<Vec<(String, JobState)>> {
+        all(
+            self,
+            "SELECT id, state FROM jobs WHERE experiment_id = $1 ORDER BY seq",
+            args![experiment],
+            |r| Ok((r.text(0)?, r.parsed(1, "job state")?)),
+        )
+        .await
+    }
+
+    async fn lock_job(&mut self, job: &str) -> Result<Option<JobState>> {
+        let sql = format!(
+            "SELECT state FROM jobs WHERE id = $1{}",
+            self.dialect().lock
+        );
+        first(self, &sql, args![job], |r| r.parsed(0, "job state")).await
+    }
+
+    async fn set_job_state(
+        &mut self,
+        job: &str,
+        from: JobState,
+        to: JobState,
+        now: Millis,
+    ) -> Result<u64> {
+        self.execute(
+            "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state = $4",
+            args![to.as_str(), now, job, from.as_str()],
+        )
+        .await
+    }
+
+    async fn job_rules(&mut self, job: &str) -> Result<Option<JobRules>> {
+        let sql = format!(
+            "SELECT {}, e.spec -> 'memory_key' FROM jobs j \
+             JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
+            rows::RULES_COLUMNS
+        );
+        first(self, &sql, args![job], rows::job_rules).await
+    }
+
+    async fn set_job_tries(&mut self, job: &str, attempts: u32, max_attempts: u32) -> Result<()> {
+        done(
+            self,
+            "UPDATE jobs SET attempts = $1, max_attempts = $2 WHERE id = $3",
+            args![attempts, max_attempts, job],
+        )
+        .await
+    }
+
+    async fn set_last_failure(&mut self, job: &str, class: Option<FailureClass>) -> Result<()> {
+        done(
+            self,
+            "UPDATE jobs SET last_failure = $1 WHERE id = $2",
+            args![class.map(FailureClass::as_str), job],
+        )
+        .await
+    }
+
+    async fn set_pending_reason(
+        &mut self,
+        job: &str,
+        reason: Option<&PendingReason>,
+    ) -> Result<()> {
+        let reason = match reason {
+            Some(r) => json(r)?,
+            None => Arg::Null,
+        };
+        done(
+            self,
+            "UPDATE jobs SET pending_reason = $1 WHERE id = $2",
+            &[reason, job.into()],
+        )
+        .await
+    }
+
+    async fn set_job_leased(&mut self, job: &str, attempts: u32, fence: i64) -> Result<()> {
+        done(
+            self,
+            "UPDATE jobs SET attempts = $1, fence = $2, pending_reason = NULL WHERE id = $3",
+            args![attempts, fence, job],
+        )
+        .await
+    }
+
+    async fn set_job_ladder(&mut self, job: &str, l: &LadderStep) -> Result<()> {
+        done(
+            self,
+            "UPDATE jobs SET params = $1, argv = $2, memory_key = $3, ladder_step = $4, \
+             max_attempts = $5 WHERE id = $6",
+            args![
+                json(&l.params)?,
+                json(&l.argv)?,
+                &l.memory_key,
+                l.ladder_step,
+                l.max_attempts,
+                job
+            ],
+        )
+        .await
+    }
+
+    async fn background_mib(&mut self, job: &str) -> Result<Option<u64>> {
+        let sql = "SELECT background_mib FROM jobs WHERE id = $1";
+        Ok(first(self, sql, args![job], |r| r.mib_opt(0))
+            .await?
+            .flatten())
+    }
+
+    async fn lease_row(&mut self, job: &str) -> Result<Option<LeaseRow>> {
+        let sql = format!(
+            "SELECT {} FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
+            rows::LEASE_COLUMNS
+        );
+        first(self, &sql, args![job], rows::lease_row).await
+    }
+
+    async fn lock_pending(&mut self, max_gpus: u32, limit: u32) -> Result<Vec<PendingRow>> {
+        // The order placement considers them in: priority, then the longest waiting.
+        let sql = format!(
+            "SELECT {} FROM jobs WHERE state IN ({}) AND gpus <= $1 \
+             ORDER BY priority DESC, seq LIMIT $2{}",
+            rows::PENDING_COLUMNS,
+            *WAITING,
+            self.dialect().skip_locked
+        );
+        all(self, &sql, args![max_gpus, limit], rows::pending).await
+    }
+
+    async fn pending_reason_counts(&mut self) -> Result<Vec<(String, u64)>> {
+        let sql = format!(
+            "SELECT COALESCE(pending_reason ->> 'reason', 'not_considered'), COUNT(*) \
+             FROM jobs WHERE state IN ({}) GROUP BY 1 ORDER BY 1",
+            *WAITING
+        );
+        all(self, &sql, &[], |r| {
+            Ok((r.text(0)?, r.int(1)?.max(0) as u64))
+        })
+        .await
+    }
+
+    async fn attempt_views(&mut self, which: AttemptsWhere<'_>) -> Result<Vec<AttemptView>> {
+        let (filter, arg) = match which {
+            AttemptsWhere::Id(id) => ("id = $1", Some(id)),
+            AttemptsWhere::Job(job) => ("job_id = $1 ORDER BY number", Some(job)),
+            AttemptsWhere::Experiment(exp) => (
+                "job_id IN (SELECT id FROM jobs \
+                 WHERE CAST($1 AS TEXT) IS NULL OR experiment_id = $1) ORDER BY number",
+                exp,
+            ),
+        };
+        let sql = format!(
+            "SELECT {} FROM attempts WHERE {filter}",
+            rows::ATTEMPT_COLUMNS
+        );
+        all(self, &sql, args![arg], rows::attempt_view).await
+    }
+
+    async fn job_of_attempt(&mut self, attempt: &str) -> Result<Option<String>> {
+        let sql = "SELECT job_id FROM attempts WHERE id = $1";
+        first(self, sql, args![attempt], text).await
+    }
+
+    async fn lock_fence(&mut self, attempt: &str) -> Result<Option<FenceRow>> {
+        let sql = format!(
+            "SELECT a.phase, a.fence, j.fence FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.id = $1{}",
+            self.dialect().lock_attempt
+        );
+        first(self, &sql, args![attempt], rows::fence_row).await
+    }
+
+    async fn lock_finish_row(&mut self, attempt: &str) -> Result<Option<FinishRow>> {
+        let sql = format!(
+            "SELECT a.phase, a.fence, j.fence, a.failure_class, a.started_at IS NOT NULL \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1{}",
+            self.dialect().lock_attempt
+        );
+        first(self, &sql, args![attempt], rows::finish_row).await
+    }
+
+    async fn renewal_row(
+        &mut self,
+        attempt: &str,
+        agent: AgentId,
+    ) -> Result<Option<(RenewalRow, i64)>> {
+        first(
+            self,
+            "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = $2, j.seq \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
+            args![attempt, &agent.to_string()],
+            |r| Ok((rows::renewal_row(r)?, r.int(5)?)),
+        )
+        .await
+    }
+
+    async fn log_fence_row(
+        &mut self,
+        attempt: &str,
+    ) -> Result<Option<(FenceRow, Option<FailureClass>)>> {
+        first(
+            self,
+            "SELECT a.phase, a.fence, j.fence, a.failure_class FROM attempts a \
+             JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
+            args![attempt],
+            |r| Ok((rows::fence_row(r)?, r.parsed_opt(3, "failure class")?)),
+        )
+        .await
+    }
+
+    async fn active_on(&mut self, node: &str) -> Result<Vec<Active>> {
+        let sql = format!(
+            "SELECT {} FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.node = $1 AND a.phase != 'ended' ORDER BY j.seq",
+            rows::ACTIVE_COLUMNS
+        );
+        all(self, &sql, args![node], rows::active).await
+    }
+
+    async fn expired(&mut self, now: Millis) -> Result<Vec<String>> {
+        let sql = "SELECT a.id FROM attempts a JOIN jobs j ON j.id = a.job_id \
+                   WHERE a.phase != 'ended' AND a.lease_expires_at < $1 ORDER BY j.seq";
+        all(self, sql, args![now], text).await
+    }
+
+    async fn insert_attempt(&mut self, a: &NewAttempt<'_>) -> Result<()> {
+        done(
+            self,
+            "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, \
+             estimate_mib, leased_at, lease_expires_at, memory_key, estimate_source, params, \
+             ladder_step, submitted_by) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'leased', $8, $9, $10, $11, $12, $13, $14, \
+             (SELECT submitted_by FROM jobs WHERE id = $2))",
+            args![
+                &a.id,
+                a.job,
+                a.number,
+                a.node,
+                &a.agent.to_string(),
+                json(&a.gpus)?,
+                a.fence,
+                opt_i64(a.estimate_mib),
+                a.leased_at,
+                a.expires_at,
+                a.memory_key,
+                a.estimate_source,
+                json(a.params)?,
+                a.ladder_step
+            ],
+        )
+        .await
+    }
+
+    async fn end_lost(&mut self, attempt: &str, now: Millis) -> Result<Option<bool>> {
+        first(
+            self,
+            "UPDATE attempts SET phase = 'ended', ended_at = $1, failure_class = 'lost', \
+             log_tail = COALESCE(log_tail, 'lost: the agent went away before reporting an end') \
+             WHERE id = $2 AND phase != 'ended' RETURNING started_at IS NOT NULL",
+            args![now, attempt],
+            |r| r.flag(0),
+        )
+        .await
+    }
+
+    async fn resume_attempt(
+        &mut self,
+        attempt: &str,
+        agent: AgentId,
+        until: Millis,
+    ) -> Result<bool> {
+        let sql = "UPDATE attempts SET agent_id = $1, lease_expires_at = $2 \
+                   WHERE id = $3 AND phase != 'ended'";
+        let n = self
+            .execute(sql, args![&agent.to_string(), until, attempt])
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn renew_attempt(
+        &mut self,
+        attempt: &str,
+        until: Millis,
+        waiting: Option<&str>,
+    ) -> Result<Option<bool>> {
+        first(
+            self,
+            "UPDATE attempts SET lease_expires_at = $1, waiting = $3 WHERE id = $2 \
+             RETURNING cancel_requested",
+            args![until, attempt, waiting],
+            |r| r.flag(0),
+        )
+        .await
+    }
+
+    async fn set_running(&mut self, attempt: &str, pid: u32, at: Millis) -> Result<()> {
+        done(
+            self,
+            "UPDATE attempts SET phase = 'running', pid = $1, started_at = $2 WHERE id = $3",
+            args![pid, at, attempt],
+        )
+        .await
+    }
+
+    async fn set_ended(
+        &mut self,
+        attempt: &str,
+        report: &FinishReport,
+        peak_source: Option<PeakSource>,
+    ) -> Result<Option<Ended>> {
+        let m = rows::measure_row(&report.measurements);
+        let bg = report.background.as_ref();
+        let throttle = match &m.throttle_reasons {
+            Some(t) => json(t)?,
+            None => Arg::Null,
+        };
+        let ended = first(
+            self,
+            "UPDATE attempts SET phase = 'ended', ended_at = $1, exit_code = $2, signal = $3, \
+             failure_class = $4, peak_mem_mib = $5, cleanup_ms = $6, cleanup_verified = $7, \
+             log_tail = $8, started_at = COALESCE(started_at, $1), contaminated = $10, \
+             peak_source = $11, energy_mj = $12, energy_source = $13, mean_power_mw = $14, \
+             max_power_mw = $15, max_temp_mdeg = $16, start_temp_mdeg = $17, \
+             mean_util_mpct = $18, throttled_thermal = $19, throttled_power = $20, \
+             throttle_reasons = $21, contamination_reason = $22, contamination_pid = $23, \
+             contamination_command = $24, background_pid = $25, background_ready_ms = $26, \
+             background_exit_code = $27, background_signal = $28, \
+             background_exited_early = $29 \
+             WHERE id = $9 RETURNING node, gpus, memory_key, estimate_mib",
+            args![
+                report.ended_at.timestamp_millis(),
+                report.exit_code,
+                report.signal,
+                report.failure.map(|f| f.as_str()),
+                opt_i64(report.peak_mem_mib),
+                i64_of(report.cleanup_ms),
+                report.cleanup_verified,
+                &report.log_tail,
+                attempt,
+                report.contaminated,
+                peak_source.map(PeakSource::as_str),
+                m.energy_mj,
+                m.energy_source,
+                m.mean_power_mw,
+                m.max_power_mw,
+                m.max_temp_mdeg,
+                m.start_temp_mdeg,
+                m.mean_util_mpct,
+                m.throttled_thermal,
+                m.throttled_power,
+                throttle,
+                m.contamination_reason.as_deref(),
+                m.contamination_pid,
+                m.contamination_command.as_deref(),
+                bg.and_then(|b| b.pid),
+                bg.and_then(|b| opt_i64(b.ready_ms)),
+                bg.and_then(|b| b.exit_code),
+                bg.and_then(|b| b.signal),
+                bg.map(|b| b.exited_early),
+            ],
+            rows::ended,
+        )
+        .await?;
+        if let (Some(p), Some(_)) = (&report.prestart, &ended) {
+            done(
+                self,
+                "UPDATE attempts SET exclusive_wait_ms = $1, cooldown_wait_ms = $2, \
+                 cooldown_from_mdeg = $3, cooldown_start_mdeg = $4, cooldown_timed_out = $5 \
+                 WHERE id = $6",
+                args![
+                    opt_i64(p.exclusive_wait_ms),
+                    opt_i64(p.cooldown_wait_ms),
+                    rows::mdeg(p.cooldown_from_temp_c),
+                    rows::mdeg(p.cooldown_start_temp_c),
+                    p.cooldown_timed_out,
+                    attempt,
+                ],
+            )
+            .await?;
+        }
+        Ok(ended)
+    }
+
+    async fn delete_attempt(&mut self, attempt: &str) -> Result<Option<(String, Vec<u32>)>> {
+        let sql = "DELETE FROM attempts WHERE id = $1 RETURNING node, gpus";
+        first(self, sql, args![attempt], |r| Ok((r.text(0)?, r.json(1)?))).await
+    }
+
+    async fn request_cancel(&mut self, job: &str) -> Result<()> {
+        let sql = "UPDATE attempts SET cancel_requested = TRUE \
+                   WHERE job_id = $1 AND phase != 'ended'";
+        done(self, sql, args![job]).await
+    }
+
+    async fn cancel_requested(
+        &mut self,
+        agent: AgentId,
+        attempts: &[String],
+    ) -> Result<Vec<String>> {
+        self.cancels_asked(&agent.to_string(), attempts).await
+    }
+
+    async fn submitted_at(&mut self, attempt: &str) -> Result<Option<(Millis, u32)>> {
+        first(
+            self,
+            "SELECT j.created_at, a.number FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.id = $1",
+            args![attempt],
+            |r| Ok((r.int(0)?, r.int(1)?.clamp(0, i64::from(u32::MAX)) as u32)),
+        )
+        .await
+    }
+
+    async fn peaks(&mut self, key: &str) -> Result<Vec<u64>> {
+        let sql = "SELECT peak_mem_mib FROM attempts \
+                   WHERE memory_key = $1 AND peak_mem_mib IS NOT NULL";
+        all(self, sql, args![key], |r| Ok(r.int(0)?.max(0) as u64)).await
+    }
+
+    async fn lock_floor(&mut self, key: &str) -> Result<Option<u64>> {
+        self.lock_key(key).await?;
+        self.floor(key).await
+    }
+
+    async fn floor(&mut self, key: &str) -> Result<Option<u64>> {
+        let sql = "SELECT floor_mib FROM memory_floors WHERE memory_key = $1";
+        Ok(first(self, sql, args![key], |r| r.mib_opt(0))
+            .await?
+            .flatten())
+    }
+
+    async fn set_floor(&mut self, key: &str, mib: u64) -> Result<()> {
+        done(
+            self,
+            "INSERT INTO memory_floors (memory_key, floor_mib) VALUES ($1, $2) \
+             ON CONFLICT (memory_key) DO UPDATE SET floor_mib = excluded.floor_mib",
+            args![key, i64_of(mib)],
+        )
+        .await
+    }
+
+    async fn node_of_agent(&mut self, agent: AgentId, lock: bool) -> Result<Option<NodeRow>> {
+        let lock = if lock { self.dialect().lock } else { "" };
+        let sql = format!(
+            "SELECT {} FROM nodes WHERE agent_id = $1{lock}",
+            rows::NODE_COLUMNS
+        );
+        first(self, &sql, args![&agent.to_string()], rows::node).await
+    }
+
+    async fn lock_node_of_attempt(&mut self, attempt: &str) -> Result<Option<String>> {
+        let sql = format!(
+            "SELECT n.name FROM nodes n JOIN attempts a ON a.node = n.name WHERE a.id = $1{}",
+            self.dialect().lock_node
+        );
+        first(self, &sql, args![attempt], text).await
+    }
+
+    async fn lock_node_settings(&mut self, node: &str) -> Result<Option<(String, String)>> {
+        let sql = format!(
+            "SELECT plan, headroom FROM nodes WHERE name = $1{}",
+            self.dialect().lock
+        );
+        first(self, &sql, args![node], |r| Ok((r.text(0)?, r.text(1)?))).await
+    }
+
+    async fn node_gpus(&mut self, node: &str, lock: bool) -> Result<Option<Vec<GpuInfo>>> {
+        let lock = if lock { self.dialect().lock } else { "" };
+        let sql = format!("SELECT gpus FROM nodes WHERE name = $1{lock}");
+        first(self, &sql, args![node], |r| r.json(0)).await
+    }
+
+    async fn nodes(&mut self) -> Result<Vec<NodeRow>> {
+        let sql = format!("SELECT {} FROM nodes ORDER BY name", rows::NODE_COLUMNS);
+        all(self, &sql, &[], rows::node).await
+    }
+
+    async fn upsert_node(
+        &mut self,
+        node: &str,
+        agent: AgentId,
+        gpus: &[GpuInfo],
+        plan: &Plan,
+        headroom: &Headroom,
+        now: Millis,
+    ) -> Result<()> {
+        done(
+            self,
+            "INSERT INTO nodes (name, agent_id, gpus, plan, headroom, last_seen, registered_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $6) \
+             ON CONFLICT (name) DO UPDATE SET agent_id = $2, gpus = $3, plan = $4, \
+             headroom = $5, last_seen = $6, registered_at = $6, telemetry = NULL",
+            args![
+                node,
+                &agent.to_string(),
+                json(&gpus)?,
+                &plan.to_string(),
+                &headroom.to_string(),
+                now
+            ],
+        )
+        .await
+    }
+
+    async fn set_plan(&mut self, node: &str, plan: &Plan) -> Result<()> {
+        let sql = "UPDATE nodes SET plan = $1 WHERE name = $2";
+        done(self, sql, args![&plan.to_string(), node]).await
+    }
+
+    async fn node_samples(&mut self, node: &str) -> Result<Vec<GpuSample>> {
+        let sql = "SELECT telemetry FROM nodes WHERE name = $1";
+        let samples = first(self, sql, args![node], |r| r.json_opt(0)).await?;
+        Ok(samples.flatten().unwrap_or_default())
+    }
+
+    async fn set_node_samples(
+        &mut self,
+        node: &str,
+        gpus: &[GpuSample],
+        now: Millis,
+    ) -> Result<()> {
+        let sql = "UPDATE nodes SET telemetry = $1, last_seen = $2 WHERE name = $3";
+        done(self, sql, args![json(&gpus)?, now, node]).await
+    }
+
+    async fn max_node_gpus(&mut self) -> Result<Option<u32>> {
+        let sql = format!(
+            "SELECT CAST(MAX({}(gpus)) AS BIGINT) FROM nodes",
+            self.dialect().json_array_length
+        );
+        let max = first(self, &sql, &[], |r| r.int_opt(0)).await?.flatten();
+        Ok(max.map(|n| n.max(0) as u32))
+    }
+
+    async fn blocked_gpus(&mut self, node: &str, now: Millis) -> Result<Vec<u32>> {
+        all(
+            self,
+            "SELECT gpu FROM quarantine WHERE node = $1 \
+             UNION SELECT gpu FROM gpu_avoid WHERE node = $1 AND until_ms > $2",
+            args![node, now],
+            |r| Ok(r.int(0)? as u32),
+        )
+        .await
+    }
+
+    async fn quarantine_of(&mut self, node: &str) -> Result<Vec<(u32, QuarantineView)>> {
+        let sql = "SELECT gpu, attempt_id, reason, since FROM quarantine WHERE node = $1 \
+                   ORDER BY since";
+        all(self, sql, args![node], rows::quarantine).await
+    }
+
+    async fn quarantine(
+        &mut self,
+        node: &str,
+        gpu: u32,
+        attempt: &str,
+        reason: &str,
+        now: Millis,
+    ) -> Result<()> {
+        done(
+            self,
+            "INSERT INTO quarantine (node, gpu, attempt_id, reason, since) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (node, gpu, attempt_id) \
+             DO UPDATE SET reason = excluded.reason, since = excluded.since",
+            args![node, gpu, attempt, reason, now],
+        )
+        .await
+    }
+
+    async fn avoid_gpu(&mut self, node: &str, gpu: u32, until: Millis) -> Result<()> {
+        done(
+            self,
+            "INSERT INTO gpu_avoid (node, gpu, until_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (node, gpu) DO UPDATE SET until_ms = excluded.until_ms",
+            args![node, gpu, until],
+        )
+        .await
+    }
+
+    async fn release_quarantine_of(&mut self, node: &str, attempts: &[String]) -> Result<u64> {
+        let sql = "DELETE FROM quarantine WHERE node = $1 AND attempt_id = $2";
+        let mut n = 0;
+        for a in attempts {
+            n += self.execute(sql, args![node, a]).await?;
+        }
+        Ok(n)
+    }
+
+    async fn release_quarantine_on(&mut self, node: &str, gpu: u32) -> Result<u64> {
+        let sql = "DELETE FROM quarantine WHERE node = $1 AND gpu = $2";
+        self.execute(sql, args![node, gpu]).await
+    }
+
+    async fn insert_telemetry(&mut self, node: &str, samples: &[TelemetrySample]) -> Result<u64> {
+        self.insert_samples(node, samples).await
+    }
+
+    async fn series(
+        &mut self,
+        node: &str,
+        gpu: u32,
+        w: &SeriesWindow,
+    ) -> Result<Vec<TelemetrySample>> {
+        let sql = format!(
+            "SELECT {} FROM gpu_telemetry WHERE node = $1 AND gpu = $2 AND at >= $3 \
+             AND at <= $4 ORDER BY at DESC, id DESC LIMIT $5",
+            rows::TELEMETRY_COLUMNS
+        );
+        let args = args![node, gpu, w.since, w.until, w.limit];
+        let mut out = all(self, &sql, args, rows::telemetry_sample).await?;
+        out.reverse();
+        Ok(out)
+    }
+
+    async fn prune_older(&mut self, older_than: Millis, batch: u32) -> Result<u64> {
+        let sql = "DELETE FROM gpu_telemetry WHERE id IN \
+                   (SELECT id FROM gpu_telemetry WHERE at < $1 ORDER BY at LIMIT $2)";
+        self.execute(sql, args![older_than, batch]).await
+    }
+
+    async fn series_cutoff(
+        &mut self,
+        node: &str,
+        gpu: u32,
+        keep: u64,
+    ) -> Result<Option<(i64, i64)>> {
+        first(
+            self,
+            "SELECT at, id FROM gpu_telemetry WHERE node = $1 AND gpu = $2 \
+             ORDER BY at DESC, id DESC LIMIT 1 OFFSET $3",
+            args![node, gpu, i64_of(keep)],
+            |r| Ok((r.int(0)?, r.int(1)?)),
+        )
+        .await
+    }
+
+    async fn prune_to(
+        &mut self,
+        node: &str,
+        gpu: u32,
+        (at, id): (i64, i64),
+        batch: u32,
+    ) -> Result<u64> {
+        let sql = "DELETE FROM gpu_telemetry WHERE id IN \
+                   (SELECT id FROM gpu_telemetry WHERE node = $1 AND gpu = $2 \
+                    AND (at < $3 OR (at = $3 AND id <= $4)) ORDER BY at LIMIT $5)";
+        self.execute(sql, args![node, gpu, at, id, batch]).await
+    }
+
+    async fn insert_token(&mut self, t: &NewToken, now: Millis) -> Result<bool> {
+        let n = self
+            .execute(
+                "INSERT INTO tokens (id, name, role, secret_hash, created_by, created_at, \
+                 expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+                args![
+                    &t.id,
+                    &t.name,
+                    t.role.as_str(),
+                    &t.secret_hash,
+                    &t.created_by,
+                    now,
+                    t.expires_at
+                ],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn token(&mut self, id: &str) -> Result<Option<StoredToken>> {
+        let sql = format!("SELECT {} FROM tokens WHERE id = $1", rows::TOKEN_COLUMNS);
+        first(self, &sql, args![id], rows::token_row).await
+    }
+
+    async fn tokens(&mut self) -> Result<Vec<StoredToken>> {
+        let sql = format!(
+            "SELECT {} FROM tokens ORDER BY created_at, id",
+            rows::TOKEN_COLUMNS
+        );
+        all(self, &sql, &[], rows::token_row).await
+    }
+
+    async fn revoke_token(&mut self, id: &str, now: Millis) -> Result<bool> {
+        let sql = "UPDATE tokens SET revoked_at = COALESCE(revoked_at, $1) WHERE id = $2";
+        Ok(self.execute(sql, args![now, id]).await? == 1)
+    }
+}
