@@ -1,4 +1,15 @@
 //! The coordinator: REST API over a store, placement and leases.
+//!
+//! # Layout
+//! Dependencies point one way, top to bottom:
+//! - `app`, `config`: the process (settings, listener, background sweeps); `main.rs` is thin.
+//! - `api` (handlers, one gate `authorize`, one error mapping), `auth` (who a token is),
+//!   `metrics`, `openapi`, `export`, `logs`: the HTTP edge.
+//! - `matrix`: a submitted spec turned into the jobs to store.
+//! - `store`: every durable change, one transaction per operation, written once over the
+//!   transaction interface both backends (SQLite, PostgreSQL) implement.
+//! - `rules` (job decisions) and `placement` (which GPUs): pure, no I/O; `changes`: the
+//!   counter long-polls wait on.
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -8,6 +19,7 @@ pub mod changes;
 pub mod config;
 pub mod export;
 pub mod logs;
+pub mod matrix;
 pub mod metrics;
 pub mod openapi;
 pub mod placement;

@@ -6,18 +6,16 @@ use axum::Extension;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
+use headroom_shared::ExperimentId;
 use headroom_shared::api::{
     CancelResponse, ExperimentSummary, ExportQuery, Health, Principal, Progress, ProgressQuery,
     SubmitRequest, SubmitResponse,
 };
-use headroom_shared::expand::{expand, memory_key};
+use headroom_shared::expand::expand;
 use headroom_shared::pending::PendingReason;
-use headroom_shared::profile;
 use headroom_shared::spec::ExperimentSpec;
-use headroom_shared::{ExperimentId, JobId};
 
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, check_owner, parse_id};
-use crate::store::{NewExperiment, NewJob};
 
 pub async fn health(State(s): State<AppState>) -> ApiResult<Health> {
     let schema_version = s.store.schema_version().await?;
@@ -58,55 +56,9 @@ pub async fn submit(
             warnings,
         }));
     }
-    let profile_name = spec
-        .profile
-        .clone()
-        .unwrap_or_else(|| profile::DEFAULT_PROFILE.to_string());
-    let mut env: std::collections::BTreeMap<String, String> = profile::builtin(&profile_name)
-        .unwrap_or_default()
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    env.extend(spec.env.clone());
-    let timeout_ms = spec.timeout()?.map(|d| d.as_millis() as u64);
-    let prestart = spec.prestart()?.into_option();
-    let jobs = expanded
-        .into_iter()
-        .map(|j| NewJob {
-            id: JobId::new(),
-            index: j.index,
-            config: j.config,
-            run: j.run,
-            argv: j.argv,
-            env: env.clone(),
-            profile: profile_name.clone(),
-            gpus: spec.resources.gpus,
-            estimate_mib: spec.resources.memory.map(|m| m.mib),
-            timeout_ms,
-            max_attempts: spec.retry.max_attempts,
-            retry_on: spec.retry.on.clone(),
-            priority: spec.priority,
-            memory_key: memory_key(&spec.name, &spec.memory_key, &j.params),
-            params: j.params,
-            command: spec.command.clone(),
-            shell: spec.shell,
-            oom_ladder: spec.oom_ladder.clone(),
-            prestart: prestart.clone(),
-            background: j.background,
-        })
-        .collect::<Vec<_>>();
-    let count = jobs.len() as u64;
-    let stored = s
-        .store
-        .create_experiment(NewExperiment {
-            id: ExperimentId::new(),
-            name: spec.name.clone(),
-            seed,
-            spec: serde_json::to_value(&spec).unwrap_or_default(),
-            jobs,
-            submitted_by: who.name,
-        })
-        .await?;
+    let exp = crate::matrix::new_experiment(&spec, expanded, seed, who.name)?;
+    let count = exp.jobs.len() as u64;
+    let stored = s.store.create_experiment(exp).await?;
     tracing::info!(experiment = %stored.id, name = %stored.name, jobs = count, by = %stored.submitted_by, "experiment submitted");
     Ok(ApiJson(SubmitResponse {
         experiment: Some(stored.id),

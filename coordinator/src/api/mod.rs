@@ -88,7 +88,25 @@ pub fn router(state: AppState) -> Router {
         .route(r::METRICS.path, on(r::METRICS, telemetry::metrics))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route (see /v1/...)") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(middleware::from_fn(request_span))
         .with_state(state)
+}
+
+/// One span per request: its method, path (with the ids in it) and route; the gate records
+/// who called, and the status is recorded when the answer leaves. Store operations' spans
+/// nest inside it.
+async fn request_span(matched: Option<MatchedPath>, req: Request, next: Next) -> Response {
+    let span = tracing::info_span!(
+        "request",
+        method = %req.method(),
+        path = %req.uri().path(),
+        route = matched.as_ref().map_or("", |m| m.as_str()),
+        who = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    let response = tracing::Instrument::instrument(next.run(req), span.clone()).await;
+    span.record("status", response.status().as_u16());
+    response
 }
 
 /// Where the OpenAPI document is served.
@@ -140,6 +158,7 @@ async fn authorize(
         Ok(p) => p,
         Err(e) => return ApiError::from(e).into_response(),
     };
+    tracing::Span::current().record("who", who.name.as_str());
     if let Err(needed) = crate::rules::may_call(route.access, who.role) {
         return ApiError::new(
             ErrorCode::Forbidden,

@@ -340,9 +340,17 @@ pub(crate) fn finish_row(r: &impl Cols) -> Result<crate::rules::FinishRow> {
     })
 }
 
+/// What ending an attempt by its report returns: where it ran and how it was placed.
+pub struct Ended {
+    pub node: String,
+    pub gpus: Vec<u32>,
+    pub memory_key: String,
+    pub estimate_mib: Option<u64>,
+}
+
 /// What ending an attempt returns: `node, gpus, memory_key, estimate_mib`.
-pub(crate) fn ended(r: &impl Cols) -> Result<super::tx::Ended> {
-    Ok(super::tx::Ended {
+pub(crate) fn ended(r: &impl Cols) -> Result<Ended> {
+    Ok(Ended {
         node: r.text(0)?,
         gpus: r.json(1)?,
         memory_key: r.text(2)?,

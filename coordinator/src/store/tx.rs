@@ -24,6 +24,7 @@ use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, FailureClass, JobState, Plan};
 use tokio_util::sync::CancellationToken;
 
+pub use super::rows::Ended;
 use super::rows::{LeaseRow, NodeRow};
 use super::{Active, Millis, NewExperiment, NewToken, OnChange, Result, SeriesWindow, StoredToken};
 use crate::changes::Changes;
@@ -65,14 +66,6 @@ pub struct NewAttempt<'a> {
     pub memory_key: &'a str,
     pub params: &'a std::collections::BTreeMap<String, serde_json::Value>,
     pub ladder_step: i64,
-}
-
-/// What ending an attempt by its report returns: where it ran and how it was placed.
-pub struct Ended {
-    pub node: String,
-    pub gpus: Vec<u32>,
-    pub memory_key: String,
-    pub estimate_mib: Option<u64>,
 }
 
 /// The statements of one transaction.
