@@ -174,7 +174,7 @@ async fn sweep_leases(state: AppState, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        match state.store.expire_leases().await {
+        match state.store.expire_leases(crate::store::now_ms()).await {
             Ok(lost) if !lost.is_empty() => {
                 tracing::warn!(
                     count = lost.len(),

@@ -9,7 +9,7 @@ use headroom_coordinator::store::postgres::PostgresStore;
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::store::{
     ClaimInput, JobFilter, NewExperiment, NewJob, NewToken, Registration, Renewal, Renewed,
-    Retention, SeriesWindow, Store, StoreError,
+    Retention, SeriesWindow, Store, StoreError, now_ms,
 };
 use headroom_shared::api::{
     AttemptRef, EnergySource, FinishReport, GpuInfo, GpuSample, Lease, Measurements, PeakSource,
@@ -539,7 +539,7 @@ async fn expired_leases_become_lost(s: Backend) {
             agent,
             gpus: Some(free(1, 10_000)),
             max: 4,
-            lease_ttl_ms: 0,
+            lease_ttl_ms: 30_000,
             reserve_after_ms: u64::MAX,
         })
         .await
@@ -548,13 +548,27 @@ async fn expired_leases_become_lost(s: Backend) {
     s.start_attempt(leases[0].attempt, leases[0].fence, 1, 0)
         .await
         .expect("start");
-    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let now = now_ms();
+    assert!(
+        s.expire_leases(now + 29_000)
+            .await
+            .expect("expire")
+            .is_empty(),
+        "a lease lasts its TTL"
+    );
+    assert_eq!(state(&s, leases[0].job).await, JobState::Running);
     assert_eq!(
-        s.expire_leases().await.expect("expire"),
+        s.expire_leases(now + 30_100).await.expect("expire"),
         vec![leases[0].attempt]
     );
     assert_eq!(state(&s, leases[0].job).await, JobState::Retrying);
-    assert!(s.expire_leases().await.expect("expire").is_empty());
+    assert!(
+        s.expire_leases(now + 60_000)
+            .await
+            .expect("expire")
+            .is_empty(),
+        "lost once"
+    );
 }
 
 async fn exports_one_row_per_attempt(s: Backend) {
@@ -1074,8 +1088,11 @@ async fn one_lost(s: &Backend, agent: AgentId, job: NewJob, start: bool) -> Leas
             .await
             .expect("start");
     }
-    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    assert_eq!(s.expire_leases().await.expect("expire"), vec![l.attempt]);
+    let past_ttl = now_ms() + 1;
+    assert_eq!(
+        s.expire_leases(past_ttl).await.expect("expire"),
+        vec![l.attempt]
+    );
     l
 }
 

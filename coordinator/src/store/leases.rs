@@ -264,11 +264,11 @@ pub(super) async fn hand_back(
     Ok(((), true))
 }
 
-pub(super) async fn expire(tx: &mut dyn Tx) -> Result<(Vec<AttemptId>, bool)> {
+pub(super) async fn expire(tx: &mut dyn Tx, now: Millis) -> Result<(Vec<AttemptId>, bool)> {
     // Every replica sweeps: an attempt another sweep (or a late report) ended first is not
     // lost twice.
     let mut lost = Vec::new();
-    for a in tx.expired(now_ms()).await? {
+    for a in tx.expired(now).await? {
         if jobs::lose_attempt(tx, &a).await? {
             lost.push(parse(&a, "attempt id")?);
         }

@@ -461,8 +461,9 @@ pub trait Store: Send + Sync + 'static {
     async fn start_attempt(&self, a: AttemptId, fence: i64, pid: u32, at: Millis) -> Result<()>;
     async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState>;
     async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()>;
-    /// Attempts whose lease ran out become `lost`; returns them.
-    async fn expire_leases(&self) -> Result<Vec<AttemptId>>;
+    /// Attempts whose lease ran out before `now` become `lost`; returns them. (The time is
+    /// an input: the sweep passes the clock's, tests any instant, without waiting for it.)
+    async fn expire_leases(&self, now: Millis) -> Result<Vec<AttemptId>>;
     /// Lifts the quarantine that these ended attempts of the agent's node put on GPUs.
     async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64>;
     /// Lifts every quarantine on one GPU (a person looked); returns how many were lifted.
@@ -696,8 +697,8 @@ impl<B: Backend> Store for B {
         run!(self, write, "hand_back", leases::hand_back, attempt, fence, gpus; attempt = %attempt, fence)
     }
 
-    async fn expire_leases(&self) -> Result<Vec<AttemptId>> {
-        run!(self, write, "expire_leases", leases::expire;)
+    async fn expire_leases(&self, now: Millis) -> Result<Vec<AttemptId>> {
+        run!(self, write, "expire_leases", leases::expire, now;)
     }
 
     async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64> {
