@@ -1,25 +1,23 @@
 //! The agent of a GPU node: finds its GPUs, pulls leases from the coordinator, admits and
 //! runs jobs under a supervisor that cleans up every process they leave behind.
+//!
+//! # Layout
+//! One binary, two programs, and what both use:
+//! - `agent`: the agent process. Registers, claims leases, admits each against live GPU
+//!   memory, hands it to a supervisor (`lease`), renews leases and fences itself when cut
+//!   off (`heartbeat`, `self_fence`), sweeps strays, samples telemetry, serves metrics.
+//! - `supervisor`: the per-attempt supervisor process (the same binary, started with
+//!   `supervisor::SHIM_ARG`): runs one attempt (`attempt`: spawn, run, watch and measure,
+//!   stop and verify), its wait (`prestart`) and colocated background (`colocate`),
+//!   classifies its end, journals it, and stops its job itself when its lease is not renewed
+//!   in time. `supervisor::proto` is what the agent says to it. It never imports `agent`.
+//! - `gpu` (NVML and fake backends), `procscan` (processes by their markers), `outcomes`
+//!   (the journal of end reports): used by both.
 // `unsafe` is denied except where a child must call setsid/prctl between fork and exec.
 #![deny(unsafe_code)]
 
 pub mod agent;
-pub mod attempts;
-pub mod backoff;
-pub mod classify;
-pub mod client;
-pub mod colocate;
-pub mod fence;
 pub mod gpu;
-mod heartbeat;
-mod lease;
-pub mod measure;
-pub mod metrics;
 pub mod outcomes;
-pub mod prestart;
 pub mod procscan;
-pub mod settings;
-pub mod shim;
 pub mod supervisor;
-pub mod sweep;
-pub mod telemetry;

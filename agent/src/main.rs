@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use headroom_agent::agent::Agent;
+use headroom_agent::agent::settings::AgentSettings;
 use headroom_agent::gpu;
-use headroom_agent::settings::AgentSettings;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -35,7 +35,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     // An attempt's supervisor process: supervises its attempt and exits.
-    headroom_agent::shim::run_if_shim();
+    headroom_agent::supervisor::run_if_shim();
     tokio::runtime::Runtime::new()?.block_on(run())
 }
 

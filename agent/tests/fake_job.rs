@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use headroom_agent::gpu::GpuBackend;
 use headroom_agent::gpu::fake::{self, FakeBackend, FakeGpuSpec};
 use headroom_agent::procscan;
-use headroom_agent::supervisor::{
+use headroom_agent::supervisor::attempt::{
     AttemptEnd, Launch, SupervisorConfig, become_subreaper, run_attempt,
 };
 use headroom_shared::{AttemptId, FailureClass, JobId};
@@ -264,7 +264,7 @@ async fn a_missing_program_is_a_launch_error() {
     let f = fixture("1x24GiB");
     let mut launch = f.launch(&[]);
     launch.argv = vec!["/no/such/program".into(), "--flag".into()];
-    let end = headroom_agent::supervisor::run_attempt(
+    let end = headroom_agent::supervisor::attempt::run_attempt(
         launch,
         f.backend.clone(),
         &cfg(),
@@ -387,8 +387,10 @@ async fn a_colocated_job_of_the_seed_003_example_runs_on_fake_gpus() {
     );
     assert!(end.cleanup_verified);
     assert_eq!(f.used(0), 0, "nothing of the pair is left on the GPU");
-    let bg_log = std::fs::read_to_string(headroom_agent::colocate::log_path(&launch.log_path))
-        .expect("background log");
+    let bg_log = std::fs::read_to_string(headroom_agent::supervisor::colocate::log_path(
+        &launch.log_path,
+    ))
+    .expect("background log");
     assert!(bg_log.contains("background=resnet20"), "{bg_log}");
     assert!(bg_log.contains("holding 800 MiB"), "{bg_log}");
 }

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use headroom_agent::gpu::BackendChoice;
-use headroom_agent::shim::SHIM_ARG;
-use headroom_agent::shim::proto::{Conn, FromShim, Spec, ToShim};
-use headroom_agent::supervisor::Launch;
+use headroom_agent::supervisor::SHIM_ARG;
+use headroom_agent::supervisor::attempt::Launch;
+use headroom_agent::supervisor::proto::{Conn, FromShim, Spec, ToShim};
 use headroom_shared::{AttemptId, JobId};
 
 fn spec(dir: &Path, argv: &[&str]) -> Spec {

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use headroom_agent::agent::settings::AgentSettings;
 use headroom_agent::agent::{Agent, OnExit};
 use headroom_agent::gpu;
-use headroom_agent::settings::AgentSettings;
 use headroom_coordinator::auth::{self, ConfigToken, Secret};
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::{Application, CoordinatorSettings};
@@ -54,7 +54,10 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     init_tracing(args.run.is_some());
     // Refused before anything starts: the agent could not stop its jobs before their leases
     // expire.
-    headroom_agent::fence::FenceBudget::new(args.coordinator.lease_ttl, args.agent.kill_grace)?;
+    headroom_agent::agent::self_fence::FenceBudget::new(
+        args.coordinator.lease_ttl,
+        args.agent.kill_grace,
+    )?;
     headroom_coordinator::app::check_exposure(&args.coordinator.config(PathBuf::new())?)?;
     let given_dir = &args.coordinator.data_dir;
     std::fs::create_dir_all(given_dir)

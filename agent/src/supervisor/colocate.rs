@@ -18,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::gpu::GpuBackend;
 use crate::procscan;
-use crate::supervisor::{Launch, Watch, build_command, lock};
+use crate::supervisor::attempt::command::build_command;
+use crate::supervisor::attempt::launch::Launch;
+use crate::supervisor::attempt::watch::{Watch, lock};
 
 /// Set to `background` in the background's environment: tells its processes from the
 /// foreground's (its memory is not the foreground's peak).
@@ -259,14 +261,14 @@ mod tests {
     use headroom_shared::{AttemptId, FailureClass, JobId};
 
     use super::*;
-    use crate::supervisor::tests::{fake_gpus, quick};
-    use crate::supervisor::{AttemptEnd, run_attempt};
+    use crate::supervisor::attempt::tests::{fake_gpus, quick};
+    use crate::supervisor::attempt::{AttemptEnd, run_attempt};
 
     /// One fake GPU; the methods below build and run colocated launches on it.
-    struct Fixture(crate::supervisor::tests::Fixture);
+    struct Fixture(crate::supervisor::attempt::tests::Fixture);
 
     impl std::ops::Deref for Fixture {
-        type Target = crate::supervisor::tests::Fixture;
+        type Target = crate::supervisor::attempt::tests::Fixture;
         fn deref(&self) -> &Self::Target {
             &self.0
         }

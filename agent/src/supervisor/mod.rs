@@ -2,7 +2,7 @@
 //! with [`SHIM_ARG`], one attempt at a time (after a clean end its agent may hand it the
 //! next, see [`standby`]). It leaves the agent's session, becomes child subreaper,
 //! runs the attempt (spawn, log, timeout, peak memory, verified cleanup of its whole tree:
-//! [`crate::supervisor::run_attempt`]), and journals the outcome in the agent's data
+//! [`crate::supervisor::attempt::run_attempt`]), and journals the outcome in the agent's data
 //! directory before it tells anyone. It does not die with the agent: a restarted agent
 //! re-attaches over its socket ([`proto`]). Its lease deadline is pushed by the agent after
 //! every renewal; when it passes with no renewal (agent dead, wedged or partitioned), the
@@ -13,8 +13,12 @@
 //! first reading, after the job started ([`crate::gpu::lazy`]), so that opening NVML per
 //! attempt never delays a job.
 
+pub mod attempt;
+pub mod classify;
+pub mod colocate;
+pub mod measure;
+pub mod prestart;
 pub mod proto;
-pub(crate) mod standby;
 
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
@@ -28,12 +32,11 @@ use tokio::net::UnixListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::attempts::StopReason;
+use crate::agent::attempts::StopReason;
 use crate::gpu::lazy::LazyBackend;
 use crate::gpu::{self, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes};
-use crate::prestart;
-use crate::supervisor::{self, AttemptEnd, SupervisorConfig};
+use attempt::{AttemptEnd, SupervisorConfig};
 use headroom_shared::prestart::{Prestart, PrestartReport};
 use proto::{Conn, FromShim, PROTOCOL, Spec, ToShim};
 
@@ -71,7 +74,7 @@ fn main() -> i32 {
     if let Err(e) = nix::unistd::setsid() {
         eprintln!("headroom attempt supervisor: setsid: {e}");
     }
-    let own_tree = match supervisor::become_subreaper() {
+    let own_tree = match attempt::become_subreaper() {
         Ok(()) => true,
         Err(e) => {
             eprintln!("headroom attempt supervisor: {e}; orphans may escape to init");
@@ -311,10 +314,10 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
     finish(&spec, end, reason, gpus, prestart, link, reuse).await
 }
 
-/// The attempt's wait before its job starts ([`crate::prestart`]), then the attempt itself;
+/// The attempt's wait before its job starts ([`crate::supervisor::prestart`]), then the attempt itself;
 /// a wait that ends without a start (a stop, `max_wait`) ends the attempt unstarted.
 async fn prestart_then_run(
-    mut launch: supervisor::Launch,
+    mut launch: attempt::Launch,
     backend: Arc<dyn GpuBackend>,
     cfg: &SupervisorConfig,
     cancel: CancellationToken,
@@ -323,7 +326,7 @@ async fn prestart_then_run(
 ) -> (AttemptEnd, Option<PrestartReport>) {
     if launch.prestart == Prestart::default() {
         return (
-            supervisor::run_attempt(launch, backend, cfg, cancel, started).await,
+            attempt::run_attempt(launch, backend, cfg, cancel, started).await,
             None,
         );
     }
@@ -342,13 +345,13 @@ async fn prestart_then_run(
             // What is on the GPUs now, not at admission before the wait, is what cleanup
             // returns to.
             if let Some(samples) = &probe.last {
-                launch.baseline = Some(supervisor::Baseline::of(samples, &launch.gpus));
+                launch.baseline = Some(attempt::Baseline::of(samples, &launch.gpus));
             }
-            let end = supervisor::run_attempt(launch, backend, cfg, cancel, started).await;
+            let end = attempt::run_attempt(launch, backend, cfg, cancel, started).await;
             (end, Some(report))
         }
         Err(n) => (
-            supervisor::not_started(Some(n.failure), format!("[headroom] {}\n", n.message)),
+            attempt::not_started(Some(n.failure), format!("[headroom] {}\n", n.message)),
             Some(n.report),
         ),
     }

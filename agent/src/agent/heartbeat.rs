@@ -1,7 +1,7 @@
 //! Lease renewal and self-fencing: heartbeats carry GPU telemetry and the running attempts'
 //! fencing tokens; their answers carry cancellations and stale leases. When no heartbeat
 //! sent at or after time `t` has been answered by `t + fence_after` (see
-//! [`crate::fence::FenceBudget`]), every attempt is stopped: the coordinator may soon give
+//! [`crate::agent::self_fence::FenceBudget`]), every attempt is stopped: the coordinator may soon give
 //! the jobs to another node, and a job must never run twice.
 
 use std::collections::HashSet;
@@ -12,8 +12,8 @@ use headroom_shared::api::{GpuSample, HeartbeatRequest};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::attempts::{Attempts, StopReason};
 use crate::agent::{Session, Shared, sample};
-use crate::attempts::{Attempts, StopReason};
 
 pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: CancellationToken) {
     let budget = session.budget;
@@ -44,7 +44,9 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
             gpus,
             attempts: attempts.refs(),
             released: released.clone(),
-            telemetry: shared.telemetry.take(crate::telemetry::MAX_PER_HEARTBEAT),
+            telemetry: shared
+                .telemetry
+                .take(crate::agent::telemetry::MAX_PER_HEARTBEAT),
             telemetry_dropped: shared.telemetry.dropped(),
         };
         let sent = Instant::now();
@@ -66,7 +68,9 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
         match &reply {
             Ok(Ok(_)) => {}
             // Not stored: sent again with the next heartbeat.
-            Ok(Err(e)) if e.is_transient() || matches!(e, crate::client::ClientError::Stale(_)) => {
+            Ok(Err(e))
+                if e.is_transient() || matches!(e, crate::agent::client::ClientError::Stale(_)) =>
+            {
                 shared
                     .telemetry
                     .put_back(std::mem::take(&mut req.telemetry));
@@ -101,7 +105,7 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
                     }
                 }
             }
-            Ok(Err(crate::client::ClientError::Stale(msg))) => {
+            Ok(Err(crate::agent::client::ClientError::Stale(msg))) => {
                 // The whole heartbeat was refused for the lease it names: stop that attempt,
                 // leave it out, and renew the others at once.
                 let named: Vec<AttemptId> = req
@@ -199,8 +203,8 @@ mod tests {
 
     use super::*;
     use crate::agent::AgentConfig;
-    use crate::attempts::StopSignal;
-    use crate::fence::FenceBudget;
+    use crate::agent::attempts::StopSignal;
+    use crate::agent::self_fence::FenceBudget;
     use crate::gpu::fake::FakeBackend;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
@@ -244,7 +248,7 @@ mod tests {
 
     /// Runs the heartbeats of a session started now against `url`; returns its attempts.
     async fn session(url: &str, budget: FenceBudget) -> (Attempts, Instant, tempfile::TempDir) {
-        let telemetry = crate::telemetry::Telemetry::new(Duration::ZERO, 10);
+        let telemetry = crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10);
         session_with(url, budget, telemetry).await
     }
 
@@ -252,7 +256,7 @@ mod tests {
     async fn session_with(
         url: &str,
         budget: FenceBudget,
-        telemetry: crate::telemetry::Telemetry,
+        telemetry: crate::agent::telemetry::Telemetry,
     ) -> (Attempts, Instant, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         let backend = FakeBackend::open("1x24GiB".parse().expect("spec"), &dir.path().join("fake"))
@@ -273,22 +277,22 @@ mod tests {
                 token: None,
                 gpu: crate::gpu::BackendChoice::Nvml,
                 on_exit: Default::default(),
-                supervisor_exe: crate::shim::SELF_EXE.into(),
+                supervisor_exe: crate::supervisor::SELF_EXE.into(),
             },
-            client: crate::client::Client::new(url).expect("client"),
+            client: crate::agent::client::Client::new(url).expect("client"),
             backend: Arc::new(backend),
             attempts: Attempts::load(dir.path()).expect("attempts"),
             outcomes: crate::outcomes::Outcomes::open(dir.path()).expect("outcomes"),
             scope: "test".into(),
             telemetry,
-            metrics: crate::metrics::AgentMetrics::new(
+            metrics: crate::agent::metrics::AgentMetrics::new(
                 "n",
                 vec![0],
-                crate::telemetry::Telemetry::new(Duration::ZERO, 10),
+                crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10),
                 Attempts::load(dir.path()).expect("attempts"),
             ),
-            standby: crate::shim::standby::Standby::new(
-                crate::shim::SELF_EXE.into(),
+            standby: crate::agent::standby::Standby::new(
+                crate::supervisor::SELF_EXE.into(),
                 "test".into(),
                 None,
             ),
@@ -437,7 +441,7 @@ mod tests {
     async fn telemetry_a_heartbeat_could_not_deliver_goes_with_the_next() {
         let budget = FenceBudget::new(S(30), S(10)).expect("budget");
         let (url, mut delivered) = flaky_coordinator().await;
-        let telemetry = crate::telemetry::Telemetry::new(Duration::ZERO, 10);
+        let telemetry = crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10);
         let at = |ms| chrono::DateTime::from_timestamp_millis(ms).expect("time");
         telemetry.push(vec![headroom_shared::api::TelemetrySample {
             gpu: 0,

@@ -1,5 +1,5 @@
 //! One lease, from launch to report: starts the attempt's supervisor process (see
-//! [`crate::shim`]) or follows one a former run of the agent started, ships its log, renews
+//! [`crate::supervisor`]) or follows one a former run of the agent started, ships its log, renews
 //! its lease deadline, forwards stop requests, and reports its end (journalled by the
 //! supervisor before it said so), retrying until the coordinator has heard it (a draining
 //! agent gives up after a while: the lease then expires, and the next run reports the
@@ -16,13 +16,13 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::attempts::{StopReason, StopSignal};
+use crate::agent::backoff::Backoff;
+use crate::agent::client::{Client, ClientError};
 use crate::agent::{Shared, sample};
-use crate::attempts::{StopReason, StopSignal};
-use crate::backoff::Backoff;
-use crate::client::{Client, ClientError};
 use crate::outcomes::Outcome;
-use crate::shim::proto::{Conn, FromShim, ProtoError, Spec, ToShim};
-use crate::supervisor::{self, Baseline, Launch};
+use crate::supervisor::attempt::{self, Baseline, Launch};
+use crate::supervisor::proto::{Conn, FromShim, ProtoError, Spec, ToShim};
 
 /// Tries at reporting an end once the agent drains (about half a minute with the backoff).
 const DRAINING_TRIES: u32 = 10;
@@ -53,7 +53,10 @@ pub(crate) async fn run(
     let mut env = lease.env;
     // The agent's own marker wins over anything the job sets: the restart sweep finds this
     // agent's processes by it.
-    env.insert(crate::sweep::AGENT_VAR.to_string(), shared.scope.clone());
+    env.insert(
+        crate::agent::sweep::AGENT_VAR.to_string(),
+        shared.scope.clone(),
+    );
     let launch = Launch {
         attempt,
         job: lease.job,
@@ -72,11 +75,11 @@ pub(crate) async fn run(
         Ok(conn) => follow(shared, attempt, fence, gpus, conn, None, stop, exit, true).await,
         Err(e) => {
             tracing::error!(%attempt, "cannot start the attempt's supervisor: {e}");
-            let end = supervisor::not_started(
+            let end = attempt::not_started(
                 Some(FailureClass::LaunchError),
                 format!("[headroom] cannot start the attempt's supervisor: {e}\n"),
             );
-            let report = crate::shim::report(fence, end, None, sample(&shared.backend).await);
+            let report = crate::supervisor::report(fence, end, None, sample(&shared.backend).await);
             let outcome = Outcome { attempt, report };
             journal(&shared, &outcome).await;
             finish(&shared, outcome, gpus, vec![], &exit.giving_up).await;
@@ -93,8 +96,8 @@ fn log_path(shared: &Shared, attempt: AttemptId) -> PathBuf {
 }
 
 /// Hands the launch to an attempt supervisor process (the agent's own binary, see
-/// [`crate::shim`]), one started ahead of the lease when it could be
-/// ([`crate::shim::standby`]).
+/// [`crate::supervisor`]), one started ahead of the lease when it could be
+/// ([`crate::agent::standby`]).
 async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result<Conn, ProtoError> {
     let stop_in = (*shared.attempts.fence_deadline().borrow())
         .map(|d| d.saturating_duration_since(Instant::now()))
@@ -262,7 +265,7 @@ async fn gone(shared: &Arc<Shared>, attempt: AttemptId, fence: i64) -> (Vec<u32>
     if let Ok(Ok(Some(o))) = tokio::task::spawn_blocking(move || outcomes.read(attempt)).await {
         return (vec![], o.report);
     }
-    let killed = tokio::task::spawn_blocking(move || supervisor::kill_marked(attempt))
+    let killed = tokio::task::spawn_blocking(move || attempt::kill_marked(attempt))
         .await
         .unwrap_or_default();
     tracing::error!(%attempt, ?killed, "the attempt's supervisor died without an outcome: the attempt is lost");

@@ -122,7 +122,7 @@ pub struct Attempts {
     /// Counts launches, so that waiters (the fence) learn of new attempts without polling.
     launches: Arc<tokio::sync::watch::Sender<u64>>,
     /// When the attempts must be stopped unless a heartbeat renews their leases (see
-    /// [`crate::fence`]); `None` before the first registration. Each attempt's task pushes
+    /// [`crate::agent::self_fence`]); `None` before the first registration. Each attempt's task pushes
     /// it to its supervisor process, which stops the job by itself once it passes.
     fence_deadline: Arc<tokio::sync::watch::Sender<Option<tokio::time::Instant>>>,
 }

@@ -3,7 +3,7 @@
 //! comes back here (its exec, loading and runtime are paid once for many attempts); when
 //! none waits, a lease starts one and another is started to wait for the lease after.
 //! A supervisor carries no attempt marker (none is known when it starts): a restarted agent
-//! finds launched ones by their sockets ([`super::proto::listening`]). A waiting one exits
+//! finds launched ones by their sockets ([`crate::supervisor::proto::listening`]). A waiting one exits
 //! when the agent lets it go or closes its channel (exits or dies).
 
 use std::os::fd::OwnedFd;
@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::proto::{Conn, ProtoError};
+use crate::supervisor::proto::{Conn, ProtoError};
 
 /// Supervisors kept waiting at most; more that come back exit. Enough for the starts of a
 /// burst, few enough that an idle node holds little.
@@ -108,9 +108,9 @@ impl Standby {
         let (ours, theirs) = UnixStream::pair()?;
         let mut cmd = tokio::process::Command::new(&self.exe);
         // `ps` shows `headroom-attempt __headroom-attempt`, not the `/proc/self/exe` it runs.
-        cmd.arg0(super::PROCESS_NAME)
-            .arg(super::SHIM_ARG)
-            .env(crate::sweep::AGENT_VAR, &self.scope)
+        cmd.arg0(crate::supervisor::PROCESS_NAME)
+            .arg(crate::supervisor::SHIM_ARG)
+            .env(crate::agent::sweep::AGENT_VAR, &self.scope)
             .env_remove(crate::procscan::ATTEMPT_VAR)
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::null())

@@ -9,10 +9,10 @@ use clap::ValueEnum;
 use headroom_shared::api::Headroom;
 use headroom_shared::settings::duration;
 
+use crate::agent::client::BearerToken;
 use crate::agent::{AgentConfig, OnExit};
-use crate::client::BearerToken;
 use crate::gpu::{BackendChoice, FakeGpuSpec};
-use crate::supervisor::SupervisorConfig;
+use crate::supervisor::attempt::SupervisorConfig;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GpuBackendKind {
@@ -102,7 +102,7 @@ impl AgentSettings {
         AgentConfig {
             gpu: self.backend_choice(&data_dir),
             on_exit: self.on_exit,
-            supervisor_exe: crate::shim::SELF_EXE.into(),
+            supervisor_exe: crate::supervisor::SELF_EXE.into(),
             coordinator,
             node: self.node_name(),
             plan: self.plan.clone(),

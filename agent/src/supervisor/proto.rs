@@ -19,9 +19,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::attempts::StopReason;
+use crate::agent::attempts::StopReason;
 use crate::gpu::BackendChoice;
-use crate::supervisor::Launch;
+use crate::supervisor::attempt::Launch;
 
 /// Version of this protocol; a supervisor speaking another one is not re-attached.
 pub const PROTOCOL: u32 = 1;
@@ -33,7 +33,7 @@ pub struct Spec {
     pub fence: i64,
     /// The agent's data directory: the outcome is journalled in `<data_dir>/outcomes`.
     pub data_dir: PathBuf,
-    /// The agent's scope ([`crate::sweep::AGENT_VAR`]): names the supervisor's socket.
+    /// The agent's scope ([`crate::agent::sweep::AGENT_VAR`]): names the supervisor's socket.
     pub scope: String,
     /// The GPU backend the supervisor opens, as the agent opened its own.
     pub gpu: BackendChoice,
@@ -115,7 +115,7 @@ fn socket_prefix(scope: &str) -> String {
 
 /// The attempts whose supervisors under `scope` listen in this network namespace, from
 /// `/proc/net/unix`: how a restarted agent finds them (they carry no attempt marker; see
-/// [`super::standby`]). Blocking.
+/// [`crate::agent::standby`]). Blocking.
 pub fn listening(scope: &str) -> std::io::Result<Vec<AttemptId>> {
     let table = std::fs::read_to_string("/proc/net/unix")?;
     Ok(listening_in(&table, scope))
@@ -317,7 +317,7 @@ mod tests {
             timeout: Some(Duration::from_secs(5)),
             log_path: "/tmp/x.log".into(),
             workdir: None,
-            baseline: Some(crate::supervisor::Baseline::of(&samples, &[3])),
+            baseline: Some(crate::supervisor::attempt::Baseline::of(&samples, &[3])),
             prestart: Default::default(),
             background: None,
         };
@@ -346,7 +346,7 @@ mod tests {
         assert_eq!(spec.fence, 7);
         assert_eq!(
             spec.launch.baseline,
-            Some(crate::supervisor::Baseline::of(&samples, &[3]))
+            Some(crate::supervisor::attempt::Baseline::of(&samples, &[3]))
         );
         assert_eq!(spec.job_env[0].1, "/data/fake");
     }

@@ -17,8 +17,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 use tokio_util::sync::CancellationToken;
 
-use crate::attempts::Attempts;
-use crate::telemetry::Telemetry;
+use crate::agent::attempts::Attempts;
+use crate::agent::telemetry::Telemetry;
 
 /// The content type of the text exposition this page is written in.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -1,8 +1,20 @@
 //! The agent as an explicit state machine: `Registering -> Serving -> Draining`. Registering
 //! sweeps strays of earlier runs and verifies the GPUs; Serving long-polls the coordinator
-//! for leases, admits each against live GPU memory and runs it (see [`crate::lease`]) while
-//! [`crate::heartbeat`] renews the leases; Draining stops every attempt with the normal
+//! for leases, admits each against live GPU memory and runs it (see [`crate::agent::lease`]) while
+//! [`crate::agent::heartbeat`] renews the leases; Draining stops every attempt with the normal
 //! cleanup and reports it.
+
+pub mod attempts;
+pub mod backoff;
+pub mod client;
+mod heartbeat;
+mod lease;
+pub mod metrics;
+pub mod self_fence;
+pub mod settings;
+pub mod standby;
+pub mod sweep;
+pub mod telemetry;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -18,14 +30,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::attempts::{Attempts, AttemptsError, StopReason};
-use crate::backoff::Backoff;
-use crate::client::{BearerToken, Client, ClientError};
-use crate::fence::{FenceBudget, FenceError};
+use crate::agent::attempts::{Attempts, AttemptsError, StopReason};
+use crate::agent::backoff::Backoff;
+use crate::agent::client::{BearerToken, Client, ClientError};
+use crate::agent::self_fence::{FenceBudget, FenceError};
 use crate::gpu::{BackendChoice, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes, OutcomesError};
-use crate::shim::proto::FromShim;
-use crate::supervisor::{self, SupervisorConfig};
+use crate::supervisor::attempt::{self, SupervisorConfig};
+use crate::supervisor::proto::FromShim;
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
@@ -35,7 +47,7 @@ pub struct AgentConfig {
     pub plan: Option<String>,
     pub headroom: Headroom,
     /// Attempt logs are written under `<data_dir>/logs`; quarantines are kept here too, and
-    /// the directory names this agent's jobs on the host (see [`crate::sweep`]).
+    /// the directory names this agent's jobs on the host (see [`crate::agent::sweep`]).
     pub data_dir: PathBuf,
     pub supervisor: SupervisorConfig,
     /// How long one claim may wait for work.
@@ -55,7 +67,7 @@ pub struct AgentConfig {
     pub gpu: BackendChoice,
     /// What an exit (SIGTERM, SIGINT) does to running attempts.
     pub on_exit: OnExit,
-    /// The binary run as each attempt's supervisor ([`crate::shim`]): the agent's own.
+    /// The binary run as each attempt's supervisor ([`crate::supervisor`]): the agent's own.
     pub supervisor_exe: PathBuf,
 }
 
@@ -130,14 +142,14 @@ pub(crate) struct Shared {
     pub attempts: Attempts,
     /// End reports not yet answered by the coordinator (see [`crate::outcomes`]).
     pub outcomes: Outcomes,
-    /// The value of [`crate::sweep::AGENT_VAR`] on this agent's jobs.
+    /// The value of [`crate::agent::sweep::AGENT_VAR`] on this agent's jobs.
     pub scope: String,
     /// GPU telemetry, sampled at `cfg.telemetry_interval`, shipped with heartbeats.
-    pub telemetry: crate::telemetry::Telemetry,
-    pub metrics: crate::metrics::AgentMetrics,
+    pub telemetry: crate::agent::telemetry::Telemetry,
+    pub metrics: crate::agent::metrics::AgentMetrics,
     /// Starts attempt supervisors, one ahead of the next lease; they write what goes wrong
     /// to `<data dir>/supervisors.log`.
-    pub standby: Arc<crate::shim::standby::Standby>,
+    pub standby: Arc<crate::agent::standby::Standby>,
 }
 
 pub struct Agent {
@@ -148,7 +160,7 @@ pub struct Agent {
     tasks: TaskTracker,
     /// Parent of every attempt's stop signal: cancelled when the agent exits stopping them.
     stopping: CancellationToken,
-    exit: crate::lease::Exit,
+    exit: crate::agent::lease::Exit,
     registered_once: AtomicBool,
     /// Outcomes an earlier run journalled and did not get answered: kept (declared at
     /// registration) and reported before any new work is taken.
@@ -179,15 +191,15 @@ impl Agent {
             None => None,
         };
         let telemetry =
-            crate::telemetry::Telemetry::new(cfg.telemetry_interval, cfg.telemetry_buffer);
-        let metrics = crate::metrics::AgentMetrics::new(
+            crate::agent::telemetry::Telemetry::new(cfg.telemetry_interval, cfg.telemetry_buffer);
+        let metrics = crate::agent::metrics::AgentMetrics::new(
             &cfg.node,
             backend.inventory().iter().map(|g| g.index).collect(),
             telemetry.clone(),
             attempts.clone(),
         );
-        let scope = crate::sweep::scope_of(&cfg.data_dir);
-        let standby = crate::shim::standby::Standby::new(
+        let scope = crate::agent::sweep::scope_of(&cfg.data_dir);
+        let standby = crate::agent::standby::Standby::new(
             cfg.supervisor_exe.clone(),
             scope.clone(),
             supervisor_log,
@@ -208,7 +220,7 @@ impl Agent {
             attempt_tasks: TaskTracker::new(),
             tasks: TaskTracker::new(),
             stopping: CancellationToken::new(),
-            exit: crate::lease::Exit {
+            exit: crate::agent::lease::Exit {
                 giving_up: CancellationToken::new(),
                 detach: CancellationToken::new(),
             },
@@ -235,11 +247,13 @@ impl Agent {
         // Supervisors by their sockets (they carry no marker), and attempts whose processes
         // do (a supervisor of an earlier version is marked; a job outlives its supervisor).
         let found = tokio::task::spawn_blocking(move || {
-            let mut found: HashSet<AttemptId> =
-                crate::procscan::marked_processes_scoped(Some((crate::sweep::AGENT_VAR, &scope)))
-                    .into_keys()
-                    .collect();
-            match crate::shim::proto::listening(&scope) {
+            let mut found: HashSet<AttemptId> = crate::procscan::marked_processes_scoped(Some((
+                crate::agent::sweep::AGENT_VAR,
+                &scope,
+            )))
+            .into_keys()
+            .collect();
+            match crate::supervisor::proto::listening(&scope) {
                 Ok(listening) => found.extend(listening),
                 Err(e) => tracing::warn!("cannot list attempt supervisors' sockets: {e}"),
             }
@@ -248,9 +262,12 @@ impl Agent {
         .await
         .unwrap_or_default();
         for attempt in found {
-            let hello =
-                crate::shim::proto::connect(&self.shared.scope, attempt, Duration::from_secs(2))
-                    .await;
+            let hello = crate::supervisor::proto::connect(
+                &self.shared.scope,
+                attempt,
+                Duration::from_secs(2),
+            )
+            .await;
             match hello {
                 Ok((
                     conn,
@@ -264,7 +281,7 @@ impl Agent {
                 )) => {
                     tracing::info!(%attempt, ?pid, "re-attached to a running attempt");
                     let stop = self.shared.attempts.begin(attempt, fence, &self.stopping);
-                    self.attempt_tasks.spawn(crate::lease::follow(
+                    self.attempt_tasks.spawn(crate::agent::lease::follow(
                         self.shared.clone(),
                         attempt,
                         fence,
@@ -282,16 +299,17 @@ impl Agent {
                 // end is reported below.
                 Err(e) => {
                     tracing::warn!(%attempt, "cannot re-attach to the attempt's supervisor: {e}");
-                    let killed = crate::shim::proto::supervisor_pid(&self.shared.scope, attempt)
-                        .filter(|&pid| {
-                            i32::try_from(pid).is_ok_and(|raw| {
-                                nix::sys::signal::kill(
-                                    nix::unistd::Pid::from_raw(raw),
-                                    nix::sys::signal::Signal::SIGKILL,
-                                )
-                                .is_ok()
-                            })
-                        });
+                    let killed =
+                        crate::supervisor::proto::supervisor_pid(&self.shared.scope, attempt)
+                            .filter(|&pid| {
+                                i32::try_from(pid).is_ok_and(|raw| {
+                                    nix::sys::signal::kill(
+                                        nix::unistd::Pid::from_raw(raw),
+                                        nix::sys::signal::Signal::SIGKILL,
+                                    )
+                                    .is_ok()
+                                })
+                            });
                     if let Some(pid) = killed {
                         tracing::warn!(%attempt, pid, "killed the attempt's supervisor");
                     }
@@ -322,7 +340,7 @@ impl Agent {
 
     /// Runs until `shutdown`, then stops every attempt and reports it before returning.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), AgentError> {
-        if let Err(e) = supervisor::become_subreaper() {
+        if let Err(e) = attempt::become_subreaper() {
             tracing::warn!("cannot become child subreaper, orphans may escape to init: {e}");
         }
         // Sampling and the metrics page run for the agent's whole life, heartbeats or not.
@@ -439,7 +457,7 @@ impl Agent {
             let lost = resp.lost_attempts.clone();
             let n = tokio::task::spawn_blocking(move || {
                 lost.into_iter()
-                    .map(|a| supervisor::kill_marked(a).len())
+                    .map(|a| attempt::kill_marked(a).len())
                     .sum::<usize>()
             })
             .await
@@ -456,7 +474,7 @@ impl Agent {
         }
         let unreported = std::mem::take(&mut *self.unreported());
         for outcome in &unreported {
-            crate::lease::report_outcome(&self.shared, outcome, shutdown).await;
+            crate::agent::lease::report_outcome(&self.shared, outcome, shutdown).await;
         }
         State::Serving(Session {
             agent: resp.agent,
@@ -476,9 +494,10 @@ impl Agent {
     async fn sweep(&self) -> HashMap<AttemptId, Vec<u32>> {
         let keep = self.shared.attempts.running_ids();
         let scope = self.shared.scope.clone();
-        let killed = tokio::task::spawn_blocking(move || crate::sweep::kill_strays(&scope, &keep))
-            .await
-            .unwrap_or_default();
+        let killed =
+            tokio::task::spawn_blocking(move || crate::agent::sweep::kill_strays(&scope, &keep))
+                .await
+                .unwrap_or_default();
         if !killed.is_empty() {
             let pids: Vec<u32> = killed.values().flatten().copied().collect();
             tracing::warn!(
@@ -540,7 +559,7 @@ impl Agent {
 
     async fn serve(&self, mut session: Session, shutdown: &CancellationToken) -> State {
         let heartbeats = CancellationToken::new();
-        self.tasks.spawn(crate::heartbeat::run(
+        self.tasks.spawn(crate::agent::heartbeat::run(
             self.shared.clone(),
             session.clone(),
             heartbeats.clone(),
@@ -634,12 +653,12 @@ impl Agent {
                     s.free_mib = s.free_mib.saturating_sub(est);
                 }
             }
-            let baseline = crate::supervisor::Baseline::of(&samples, &lease.gpus);
+            let baseline = crate::supervisor::attempt::Baseline::of(&samples, &lease.gpus);
             self.launch(lease, baseline);
         }
     }
 
-    fn launch(&self, lease: Lease, baseline: crate::supervisor::Baseline) {
+    fn launch(&self, lease: Lease, baseline: crate::supervisor::attempt::Baseline) {
         let stop = self
             .shared
             .attempts
@@ -648,7 +667,7 @@ impl Agent {
         self.shared
             .metrics
             .attempt_started(lease.attempt, &lease.gpus);
-        self.attempt_tasks.spawn(crate::lease::run(
+        self.attempt_tasks.spawn(crate::agent::lease::run(
             self.shared.clone(),
             lease,
             baseline,

@@ -1,0 +1,128 @@
+//! The job's command: its own session, the attempt's environment, GPUs and marker, and its
+//! output appended to the attempt's log.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+use std::process::Stdio;
+
+use headroom_shared::expand::value_text;
+use nix::sys::signal::Signal;
+use tokio::process::Command;
+
+use crate::gpu::GpuBackend;
+use crate::procscan::ATTEMPT_VAR;
+
+use super::launch::Launch;
+
+pub(super) fn open_log(path: &Path) -> io::Result<File> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    File::options().create(true).append(true).open(path)
+}
+
+/// Appends a line of the agent's own to the job's log, so that a user reading it sees why the
+/// job stopped. Best effort: a full disk must not change the outcome.
+pub(super) fn note(log: &File, msg: &str) {
+    let mut log = log;
+    let _ = log.write_all(format!("[headroom] {msg}\n").as_bytes());
+}
+
+/// `HP_<NAME>`: parameter names are identifiers (the spec validates them); anything else is
+/// made one so that the variable can be read from a shell.
+pub(super) fn param_var(name: &str) -> String {
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("HP_{name}")
+}
+
+/// The command for the attempt, or a message saying why it cannot be built.
+pub(super) fn command(
+    launch: &Launch,
+    backend: &dyn GpuBackend,
+    log: &File,
+) -> Result<Command, String> {
+    if launch.argv.is_empty() {
+        return Err("the job has an empty command".to_string());
+    }
+    build_command(launch, &launch.argv, &BTreeMap::new(), backend, log)
+}
+
+/// `argv` as one of the attempt's processes: its own session, the attempt's environment,
+/// GPUs and marker, `extra` variables over the job's, output to `log`.
+pub(crate) fn build_command(
+    launch: &Launch,
+    argv: &[String],
+    extra: &BTreeMap<String, String>,
+    backend: &dyn GpuBackend,
+    log: &File,
+) -> Result<Command, String> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err("empty command".to_string());
+    };
+    // Forked from the attempt's supervisor process (small, one thread doing the work), not
+    // from the agent.
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    own_session_and_pdeathsig(&mut cmd);
+    if let Some(dir) = &launch.workdir {
+        // Spawning would report a missing directory as a missing program.
+        if !dir.is_dir() {
+            return Err(format!(
+                "working directory {} does not exist",
+                dir.display()
+            ));
+        }
+        cmd.current_dir(dir);
+    }
+    // The agent's environment, then the job's, then what headroom owns.
+    cmd.envs(&launch.env);
+    cmd.envs(extra);
+    let gpus: Vec<String> = launch.gpus.iter().map(u32::to_string).collect();
+    cmd.env("CUDA_VISIBLE_DEVICES", gpus.join(","));
+    cmd.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    cmd.env("HEADROOM_JOB_ID", launch.job.to_string());
+    cmd.env(ATTEMPT_VAR, launch.attempt.to_string());
+    for (name, value) in &launch.params {
+        cmd.env(param_var(name), value_text(value));
+    }
+    cmd.envs(backend.job_env());
+
+    let handle = || {
+        log.try_clone()
+            .map(Stdio::from)
+            .map_err(|e| format!("cannot share the log file with the job: {e}"))
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(handle()?)
+        .stderr(handle()?)
+        .kill_on_drop(true);
+    Ok(cmd)
+}
+
+/// Puts the child in a session and process group of its own (so the group can be signalled
+/// without touching its supervisor) and has the kernel SIGKILL it if the supervisor process
+/// (the thread that forked it: the runtime's only worker) dies.
+#[allow(unsafe_code)]
+pub(super) fn own_session_and_pdeathsig(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
+    // work is allowed. It makes two plain syscalls (setsid, prctl), allocates nothing (an
+    // io::Error from an errno is not boxed), takes no lock and touches no parent state.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()?;
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,128 @@
+//! What an attempt is given (`Launch`, `SupervisorConfig`) and what it gives back
+//! (`AttemptEnd`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use headroom_shared::api::{BackgroundReport, Measurements, PeakSource};
+use headroom_shared::prestart::Prestart;
+use headroom_shared::{AttemptId, FailureClass, JobId};
+
+use super::watch::Baseline;
+
+/// Everything needed to run one attempt (sent to the attempt's supervisor process as JSON).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Launch {
+    pub attempt: AttemptId,
+    pub job: JobId,
+    /// Run directly, without a shell.
+    pub argv: Vec<String>,
+    /// Profile and job variables, already merged.
+    pub env: BTreeMap<String, String>,
+    /// Passed as `HP_<NAME>` variables.
+    pub params: BTreeMap<String, serde_json::Value>,
+    /// Physical GPU indices, passed as `CUDA_VISIBLE_DEVICES`.
+    pub gpus: Vec<u32>,
+    pub timeout: Option<Duration>,
+    /// stdout and stderr are appended here; parent directories are created.
+    pub log_path: PathBuf,
+    pub workdir: Option<PathBuf>,
+    /// What was on the GPUs just before, from a reading the caller made anyway (the agent's
+    /// admission), so that the job's start does not wait for another; `None`: read here.
+    #[serde(default)]
+    pub baseline: Option<Baseline>,
+    /// What the attempt waits for before the job starts ([`crate::supervisor::prestart`]); exclusive
+    /// attempts count any other process on their GPUs as contamination.
+    #[serde(default)]
+    pub prestart: Prestart,
+    /// A colocated background to start first and wait for (`colocate`).
+    #[serde(default)]
+    pub background: Option<headroom_shared::colocate::Background>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SupervisorConfig {
+    /// Time between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+    /// Longest wait, after SIGKILL, for the attempt's processes to leave its GPUs.
+    pub verify_timeout: Duration,
+    /// Interval of GPU memory sampling (peak memory) and of log scanning.
+    pub sample_every: Duration,
+    /// This process is the child subreaper of the attempt's whole tree (the attempt's own
+    /// supervisor process): its processes are found among this process's descendants, a
+    /// walk over the tree, instead of by reading every process's environment for the marker.
+    pub own_tree: bool,
+}
+
+impl Default for SupervisorConfig {
+    fn default() -> Self {
+        Self {
+            kill_grace: Duration::from_secs(10),
+            verify_timeout: Duration::from_secs(30),
+            sample_every: Duration::from_secs(1),
+            own_tree: false,
+        }
+    }
+}
+
+/// How an attempt ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttemptEnd {
+    /// `None` means success.
+    pub failure: Option<FailureClass>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// `None` when the process never started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the main process exited, or when headroom decided to stop it.
+    pub ended_at: DateTime<Utc>,
+    pub pid: Option<u32>,
+    /// Highest GPU memory seen at once over the attempt's processes; `None` when none of its
+    /// processes was ever seen on a GPU, or their memory could not be told at all.
+    pub peak_mem_mib: Option<u64>,
+    /// How `peak_mem_mib` was measured: per process, or (when the driver gives no
+    /// per-process memory) as the growth of the GPUs' used memory since the attempt began.
+    pub peak_source: PeakSource,
+    /// From the end of the main process (or the decision to stop it) until verified clean.
+    pub cleanup_ms: u64,
+    /// No process of the attempt is alive and none remains on a GPU, and no process that
+    /// was not there before the attempt holds memory on its GPUs.
+    pub cleanup_verified: bool,
+    /// When not verified: what is left (pid, user, command, memory).
+    pub unverified: Option<String>,
+    /// The pids still holding memory when verification gave up; the GPUs are clean again
+    /// once none of them is on them.
+    pub held_by: Vec<u32>,
+    /// A process of no attempt used the attempt's GPUs while it ran.
+    pub contaminated: bool,
+    /// Energy, power, temperature, utilization and throttling of its GPUs over the run, and
+    /// the first process that contaminated it.
+    pub measurements: Measurements,
+    /// The last ~4 KiB of this attempt's log.
+    pub log_tail: String,
+    /// What became of the colocated background, when the attempt had one.
+    pub background: Option<BackgroundReport>,
+}
+
+pub(crate) fn not_started(failure: Option<FailureClass>, log_tail: String) -> AttemptEnd {
+    AttemptEnd {
+        failure,
+        exit_code: None,
+        signal: None,
+        started_at: None,
+        ended_at: Utc::now(),
+        pid: None,
+        peak_mem_mib: None,
+        peak_source: PeakSource::Processes,
+        cleanup_ms: 0,
+        cleanup_verified: true,
+        unverified: None,
+        held_by: vec![],
+        contaminated: false,
+        measurements: Measurements::default(),
+        log_tail,
+        background: None,
+    }
+}

@@ -1,0 +1,137 @@
+//! Runs one attempt of a job, in four rooms: `spawn` (its log, what was on its GPUs before,
+//! its colocated background, its job in a session of its own), the run (here: exit, timeout,
+//! cancel, the background's exit, sampling ticks), `watch` (peak memory, contamination,
+//! telemetry, the log's OOM text and tail) and `stop` (every process of the attempt ended,
+//! none left on its GPUs, verified). `launch` says what an attempt is given and gives back,
+//! `command` how its job's command is built, `running` what a started attempt holds.
+
+pub(crate) mod command;
+pub(crate) mod launch;
+mod running;
+mod spawn;
+mod stop;
+#[cfg(test)]
+pub(crate) mod tests;
+pub(crate) mod watch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use headroom_shared::FailureClass;
+use headroom_shared::colocate::OnBackgroundExit;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use launch::not_started;
+pub use launch::{AttemptEnd, Launch, SupervisorConfig};
+use running::Running;
+pub use running::kill_marked;
+use stop::Stop;
+pub use watch::Baseline;
+use watch::{lock, take_reading};
+
+use crate::gpu::GpuBackend;
+use crate::supervisor::colocate;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("cannot make the agent a child subreaper (prctl PR_SET_CHILD_SUBREAPER): {0}")]
+    Subreaper(#[source] nix::Error),
+}
+
+/// Makes orphaned descendants of this process re-parent to it instead of init, so that the
+/// supervisor can find, kill and reap double-forked processes of an attempt.
+pub fn become_subreaper() -> Result<(), SupervisorError> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(SupervisorError::Subreaper)
+}
+
+/// Runs one attempt to its end and cleans up after it; never fails: problems are reported in
+/// the returned [`AttemptEnd`]. `started` is called with the pid once the process runs.
+///
+/// Dropping the future kills the attempt's processes (best effort, unverified): stop an
+/// attempt through `cancel` instead.
+pub async fn run_attempt(
+    launch: Launch,
+    backend: Arc<dyn GpuBackend>,
+    cfg: &SupervisorConfig,
+    cancel: CancellationToken,
+    started: impl FnOnce(u32) + Send,
+) -> AttemptEnd {
+    if cancel.is_cancelled() {
+        return not_started(Some(FailureClass::Cancelled), String::new());
+    }
+    let mut run = match spawn::start(&launch, &backend, cfg, &cancel).await {
+        Ok(run) => run,
+        Err(end) => return end,
+    };
+    started(run.pid);
+    // The energy counter's reading at the start. Not awaited: the job is already running,
+    // and in an attempt's supervisor process this reading opens the GPU backend (NVML),
+    // so it comes a moment after the spawn: the attempt's figures start from there. With a
+    // colocated background the figures are the foreground's run on the GPU, background
+    // included: its start and readiness wait come before this reading.
+    let start_reading = take_reading(&run.watch);
+    let stop = until_stop(&mut run, &launch, &cancel).await;
+    stop::end(run, stop, start_reading, &launch, &backend, cfg).await
+}
+
+/// The run: waits for the job's exit, its timeout, a cancel or (with `on_background_exit:
+/// fail`) its background's exit, sampling its GPUs and log meanwhile.
+async fn until_stop(run: &mut Running, launch: &Launch, cancel: &CancellationToken) -> Stop {
+    // Sample early and then less often: a short job must still be seen on its GPU once
+    // (its peak teaches the estimate), a long one costs one sample per `sample_every`.
+    let mut gap = Duration::from_millis(50).min(run.sample_every);
+    let mut next_sample = Instant::now() + gap;
+    let deadline = launch.timeout.map(|t| Instant::now() + t);
+    loop {
+        tokio::select! {
+            // A job that has finished is reported as finished, whatever else is ready.
+            biased;
+            status = run.child.wait() => return Stop::Exited(status.ok()),
+            _ = cancel.cancelled() => return Stop::Cancelled,
+            _ = sleep_until(deadline) => return Stop::Timeout,
+            _ = background_exit(&mut run.background) => {
+                if let Some(bg) = run.background.as_mut() {
+                    bg.exited_early = true;
+                    let on_exit = launch.background.as_ref().map(|b| b.on_exit);
+                    if on_exit == Some(OnBackgroundExit::Fail) {
+                        command::note(&run.log, &format!(
+                            "the background exited ({}) while the foreground ran: stopping the \
+                             foreground (on_background_exit: fail)",
+                            bg.describe_exit()
+                        ));
+                        return Stop::BackgroundExited;
+                    }
+                    command::note(&run.log, &format!(
+                        "the background exited ({}) while the foreground ran; the foreground \
+                         goes on (on_background_exit: flag)",
+                        bg.describe_exit()
+                    ));
+                }
+            }
+            _ = tokio::time::sleep_until(next_sample) => {
+                let w = run.watch.clone();
+                let _ = tokio::task::spawn_blocking(move || lock(&w).step()).await;
+                gap = (gap * 2).min(run.sample_every);
+                next_sample = Instant::now() + gap;
+            }
+        }
+    }
+}
+
+/// Resolves when the colocated background (if any, still unreaped) exits.
+async fn background_exit(bg: &mut Option<colocate::Running>) {
+    match bg {
+        Some(b) if b.exit.is_none() => {
+            b.exited().await;
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,188 @@
+//! The attempt's start: its log, what was on its GPUs before, its colocated background
+//! (started first and waited for), and its job, spawned in a session of its own.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use headroom_shared::FailureClass;
+use tokio::process::Child;
+use tokio_util::sync::CancellationToken;
+
+use super::command::{command, note, open_log};
+use super::launch::{AttemptEnd, Launch, SupervisorConfig, not_started};
+use super::running::{KillOnDrop, Running};
+use super::stop::stop_background_only;
+use super::watch::{Baseline, LogFollower, Peak, Watch, read_tail};
+use crate::gpu::GpuBackend;
+use crate::procscan;
+use crate::supervisor::colocate;
+use crate::supervisor::measure::Meter;
+
+/// Starts the attempt: its background first when it has one, then its job. `Err`: the
+/// attempt ended without its job starting (a launch error, a background not ready, a
+/// cancel meanwhile), cleaned up.
+pub(super) async fn start(
+    launch: &Launch,
+    backend: &Arc<dyn GpuBackend>,
+    cfg: &SupervisorConfig,
+    cancel: &CancellationToken,
+) -> Result<Running, AttemptEnd> {
+    let log = match open_log(&launch.log_path) {
+        Ok(log) => log,
+        Err(e) => {
+            let msg = format!("cannot open log {}: {e}", launch.log_path.display());
+            return Err(not_started(
+                Some(FailureClass::LaunchError),
+                format!("[headroom] {msg}\n"),
+            ));
+        }
+    };
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let launch_error = |msg: String| {
+        note(&log, &msg);
+        let tail = read_tail(&launch.log_path, log_start);
+        not_started(Some(FailureClass::LaunchError), tail)
+    };
+
+    // What was on the GPUs before: cleanup returns to this, not to "empty".
+    let baseline = match launch.baseline.clone() {
+        Some(b) => b,
+        None => {
+            let (b, gpus) = (backend.clone(), launch.gpus.clone());
+            tokio::task::spawn_blocking(move || Baseline::read(b.as_ref(), &gpus))
+                .await
+                .unwrap_or_default()
+        }
+    };
+    let watch = Arc::new(Mutex::new(Watch {
+        backend: backend.clone(),
+        attempt: launch.attempt,
+        peak: Peak::default(),
+        log: LogFollower::open(&launch.log_path, log_start),
+        gpus: launch.gpus.clone(),
+        baseline,
+        contaminated: false,
+        meter: Meter::new(&launch.gpus),
+        contamination: None,
+        exclusive: launch.prestart.exclusive,
+        colocated: launch.background.is_some(),
+        roles: HashMap::new(),
+        background_memory: false,
+    }));
+    let sample_every = cfg.sample_every.max(Duration::from_millis(10));
+
+    // A colocated background starts first; the foreground waits until it is ready.
+    let mut background = None;
+    let mut background_guard = None;
+    if let Some(spec) = &launch.background {
+        let mut bg = match colocate::Running::spawn(launch, spec, backend.as_ref()) {
+            Ok(bg) => bg,
+            Err(msg) => return Err(launch_error(msg)),
+        };
+        let mut guard = KillOnDrop {
+            pgid: bg.pid,
+            attempt: launch.attempt,
+            armed: true,
+        };
+        note(
+            &log,
+            &format!(
+                "background pid {} started: {} (its log: {})",
+                bg.pid,
+                spec.argv.join(" "),
+                bg.log_path.display()
+            ),
+        );
+        let timeout = Duration::from_millis(spec.start_timeout_ms);
+        let waited = bg.wait_ready(&watch, timeout, sample_every, cancel).await;
+        let failed = match waited {
+            colocate::Wait::Ready => None,
+            colocate::Wait::Exited => Some((
+                FailureClass::BackgroundNotReady,
+                format!(
+                    "the background exited ({}) before it was ready: the foreground did not start",
+                    bg.describe_exit()
+                ),
+            )),
+            colocate::Wait::TimedOut(t) => Some((
+                FailureClass::BackgroundNotReady,
+                format!(
+                    "the background was not ready within colocate.start_timeout ({}): {}; \
+                     the foreground did not start",
+                    humantime::format_duration(t),
+                    match &spec.ready_log {
+                        Some(re) => format!("no line of its log matched `{re}`"),
+                        None => "none of its GPU memory was seen".to_string(),
+                    }
+                ),
+            )),
+            colocate::Wait::Cancelled => Some((
+                FailureClass::Cancelled,
+                "cancelled while waiting for the background to be ready".to_string(),
+            )),
+        };
+        if let Some((class, msg)) = failed {
+            note(&log, &msg);
+            let end = stop_background_only(bg, launch, backend, cfg, &watch, class).await;
+            guard.armed = false;
+            return Err(AttemptEnd {
+                log_tail: read_tail(&launch.log_path, log_start),
+                ..end
+            });
+        }
+        note(
+            &log,
+            &format!(
+                "background ready after {} ms ({}): starting the foreground",
+                bg.ready_ms.unwrap_or(0),
+                match &spec.ready_log {
+                    Some(re) => format!("its log matched `{re}`"),
+                    None => "its GPU memory was seen".to_string(),
+                }
+            ),
+        );
+        background = Some(bg);
+        background_guard = Some(guard);
+    }
+
+    let mut cmd = match command(launch, backend.as_ref(), &log) {
+        Ok(cmd) => cmd,
+        Err(msg) => return Err(launch_error(msg)),
+    };
+    let spawned = procscan::spawn_owned(|| cmd.spawn(), Child::id);
+    // The command holds the log handles given to the child: close ours now.
+    drop(cmd);
+    let child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            return Err(launch_error(format!(
+                "cannot start `{}`: {e}",
+                launch.argv[0]
+            )));
+        }
+    };
+    // A fresh child always has a pid; without one there is nothing to supervise, and pid 0
+    // must never reach killpg (it would signal the agent's own group).
+    let Some(pid) = child.id().filter(|&p| p > 0) else {
+        return Err(launch_error("the process vanished at spawn".to_string()));
+    };
+    let guard = KillOnDrop {
+        pgid: pid,
+        attempt: launch.attempt,
+        armed: true,
+    };
+    Ok(Running {
+        log,
+        log_start,
+        watch,
+        sample_every,
+        child,
+        pid,
+        started_at: Utc::now(),
+        guard,
+        background,
+        background_guard,
+    })
+}

@@ -1,0 +1,781 @@
+//! The supervisor's tests of one attempt, and the fake-GPU fixture the tests of the modules
+//! it runs share.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use headroom_shared::api::PeakSource;
+use headroom_shared::prestart::Prestart;
+use headroom_shared::{AttemptId, FailureClass, JobId};
+use tokio_util::sync::CancellationToken;
+
+use super::command::*;
+use super::launch::*;
+use super::watch::*;
+use super::*;
+use crate::gpu::{self, GpuBackend};
+use crate::gpu::{FakeBackend, FakeGpuSpec};
+use crate::procscan::{self, ATTEMPT_VAR};
+use headroom_shared::api::EnergySource;
+use std::sync::atomic::{AtomicU32, Ordering};
+use tempfile::TempDir;
+
+/// Fake GPUs in a directory of their own (`gpus`), for the supervisor's tests and those
+/// of the modules it runs.
+pub(crate) struct Fixture {
+    pub tmp: TempDir,
+    pub backend: Arc<dyn GpuBackend>,
+}
+
+/// A [`Fixture`] of `spec` fake GPUs, e.g. `1x8GiB`.
+pub(crate) fn fake_gpus(spec: &str) -> Fixture {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let spec: FakeGpuSpec = spec.parse().expect("spec");
+    let backend = FakeBackend::open(spec, &tmp.path().join("gpus")).expect("fake backend");
+    Fixture {
+        tmp,
+        backend: Arc::new(backend),
+    }
+}
+
+fn fixture() -> Fixture {
+    fake_gpus("2x8GiB")
+}
+
+impl Fixture {
+    fn launch(&self, argv: &[&str]) -> Launch {
+        let attempt = AttemptId::new();
+        Launch {
+            attempt,
+            job: JobId::new(),
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            env: BTreeMap::new(),
+            params: BTreeMap::new(),
+            gpus: vec![0],
+            timeout: None,
+            log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
+            workdir: None,
+            baseline: None,
+            prestart: Prestart::default(),
+            background: None,
+        }
+    }
+
+    fn sh(&self, script: &str) -> Launch {
+        self.launch(&["sh", "-c", script])
+    }
+
+    async fn run(&self, launch: Launch) -> AttemptEnd {
+        run_attempt(
+            launch,
+            self.backend.clone(),
+            &quick(),
+            CancellationToken::new(),
+            |_| {},
+        )
+        .await
+    }
+
+    /// Nothing of the attempt is alive or on a fake GPU.
+    fn assert_gone(&self, attempt: AttemptId) {
+        assert!(
+            procscan::pids_with_marker(attempt).is_empty(),
+            "processes of the attempt survived"
+        );
+        let samples = self.backend.sample().expect("sample");
+        assert!(
+            samples
+                .iter()
+                .flat_map(|g| &g.processes)
+                .all(|p| p.attempt != Some(attempt)),
+            "fake GPU memory of the attempt remains: {samples:?}"
+        );
+    }
+}
+
+/// Short grace and sampling, for tests.
+pub(crate) fn quick() -> SupervisorConfig {
+    SupervisorConfig {
+        kill_grace: Duration::from_millis(300),
+        verify_timeout: Duration::from_secs(10),
+        sample_every: Duration::from_millis(50),
+        own_tree: false,
+    }
+}
+
+fn log_of(launch: &Launch) -> String {
+    std::fs::read_to_string(&launch.log_path).expect("log")
+}
+
+#[tokio::test]
+async fn a_job_succeeds_with_its_environment_and_log() {
+    let f = fixture();
+    let mut launch = f.sh(
+        "echo hello; echo oops >&2; \
+         echo \"gpus=$CUDA_VISIBLE_DEVICES order=$CUDA_DEVICE_ORDER job=$HEADROOM_JOB_ID\"; \
+         echo \"attempt=$HEADROOM_ATTEMPT_ID bs=$HP_BATCH_SIZE model=$HP_MODEL lr=$HP_LR\"; \
+         echo \"alloc=$PYTORCH_CUDA_ALLOC_CONF dir=${HEADROOM_FAKE_GPU_DIR:+set} gpus=$HEADROOM_FAKE_GPUS\"; \
+         pwd; read x || echo stdin-empty",
+    );
+    launch.gpus = vec![1, 3];
+    launch.env.insert(
+        "PYTORCH_CUDA_ALLOC_CONF".into(),
+        "expandable_segments:True".into(),
+    );
+    // The job cannot override what headroom owns.
+    launch
+        .env
+        .insert("HEADROOM_ATTEMPT_ID".into(), "forged".into());
+    launch
+        .params
+        .insert("batch_size".into(), serde_json::json!(32));
+    launch
+        .params
+        .insert("model".into(), serde_json::json!("gpt2"));
+    launch.params.insert("lr".into(), serde_json::json!(0.001));
+    launch.workdir = Some(f.tmp.path().to_path_buf());
+    let seen = Arc::new(AtomicU32::new(0));
+    let seen2 = seen.clone();
+    let end = run_attempt(
+        launch.clone(),
+        f.backend.clone(),
+        &quick(),
+        CancellationToken::new(),
+        move |pid| seen2.store(pid, Ordering::SeqCst),
+    )
+    .await;
+
+    assert_eq!(end.failure, None, "{end:?}");
+    assert_eq!((end.exit_code, end.signal), (Some(0), None));
+    assert_eq!(end.pid, Some(seen.load(Ordering::SeqCst)));
+    assert!(end.started_at.is_some_and(|s| s <= end.ended_at));
+    assert!(end.cleanup_verified);
+    assert_eq!(end.peak_mem_mib, None);
+    let log = log_of(&launch);
+    for want in [
+        "hello\n".to_string(),
+        "oops\n".to_string(),
+        format!("gpus=1,3 order=PCI_BUS_ID job={}", launch.job),
+        format!("attempt={} bs=32 model=gpt2 lr=0.001", launch.attempt),
+        "alloc=expandable_segments:True dir=set gpus=2x8GiB".to_string(),
+        format!(
+            "{}\n",
+            f.tmp.path().canonicalize().expect("canon").display()
+        ),
+        "stdin-empty".to_string(),
+    ] {
+        assert!(log.contains(&want), "log lacks {want:?}:\n{log}");
+    }
+    assert_eq!(end.log_tail, log);
+}
+
+#[tokio::test]
+async fn exit_codes_and_signals_are_classified() {
+    let f = fixture();
+    let end = f.run(f.sh("exit 3")).await;
+    assert_eq!(end.failure, Some(FailureClass::Nonzero));
+    assert_eq!(end.exit_code, Some(3));
+
+    let end = f.run(f.sh("kill -KILL $$")).await;
+    assert_eq!(end.failure, Some(FailureClass::Signal));
+    assert_eq!((end.exit_code, end.signal), (None, Some(9)));
+}
+
+#[tokio::test]
+async fn oom_text_in_the_log_makes_an_oom_failure() {
+    let f = fixture();
+    let launch = f.sh("echo step 1; \
+         echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB' >&2; \
+         exit 1");
+    let end = f.run(launch).await;
+    assert_eq!(end.failure, Some(FailureClass::Oom), "{end:?}");
+    assert!(end.log_tail.contains("CUDA out of memory"));
+
+    // The same text followed by success is a success.
+    let end = f
+        .run(f.sh("echo 'CUDA error: out of memory'; exit 0"))
+        .await;
+    assert_eq!(end.failure, None);
+}
+
+#[tokio::test]
+async fn a_missing_program_is_a_launch_error() {
+    let f = fixture();
+    let launch = f.launch(&["/nonexistent/train.py", "--epochs", "1"]);
+    let called = Arc::new(AtomicU32::new(0));
+    let called2 = called.clone();
+    let end = run_attempt(
+        launch.clone(),
+        f.backend.clone(),
+        &quick(),
+        CancellationToken::new(),
+        move |_| {
+            called2.fetch_add(1, Ordering::SeqCst);
+        },
+    )
+    .await;
+    assert_eq!(end.failure, Some(FailureClass::LaunchError));
+    assert_eq!((end.pid, end.started_at), (None, None));
+    assert_eq!(called.load(Ordering::SeqCst), 0);
+    assert!(
+        end.log_tail
+            .contains("cannot start `/nonexistent/train.py`")
+    );
+    assert!(log_of(&launch).contains("No such file or directory"));
+
+    let mut launch = f.launch(&["true"]);
+    launch.workdir = Some(f.tmp.path().join("missing"));
+    let end = f.run(launch).await;
+    assert_eq!(end.failure, Some(FailureClass::LaunchError));
+    assert!(
+        end.log_tail.contains("working directory"),
+        "{}",
+        end.log_tail
+    );
+
+    let end = f.run(f.launch(&[])).await;
+    assert_eq!(end.failure, Some(FailureClass::LaunchError));
+}
+
+#[tokio::test]
+async fn a_job_past_its_timeout_is_stopped() {
+    let f = fixture();
+    let mut launch = f.launch(&["sleep", "30"]);
+    launch.timeout = Some(Duration::from_millis(200));
+    let t0 = std::time::Instant::now();
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure, Some(FailureClass::Timeout));
+    assert_eq!(end.signal, Some(15));
+    assert!(end.cleanup_verified);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(log_of(&launch).contains("[headroom] timeout after"));
+    f.assert_gone(launch.attempt);
+}
+
+#[tokio::test]
+async fn a_job_that_ignores_sigterm_is_killed_after_the_grace() {
+    let f = fixture();
+    let mut launch = f.sh("trap '' TERM; sleep 30");
+    launch.timeout = Some(Duration::from_millis(100));
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure, Some(FailureClass::Timeout));
+    assert_eq!(end.signal, Some(9));
+    assert!(end.cleanup_verified);
+    assert!(end.cleanup_ms >= 300, "{}", end.cleanup_ms);
+    f.assert_gone(launch.attempt);
+}
+
+#[tokio::test]
+async fn cancel_stops_the_job() {
+    let f = fixture();
+    let launch = f.launch(&["sleep", "30"]);
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        c.cancel();
+    });
+    let end = run_attempt(launch.clone(), f.backend.clone(), &quick(), cancel, |_| {}).await;
+    assert_eq!(end.failure, Some(FailureClass::Cancelled));
+    assert!(end.cleanup_verified);
+    assert!(log_of(&launch).contains("[headroom] cancelled"));
+    f.assert_gone(launch.attempt);
+
+    // Cancelled before it started: nothing runs.
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let end = run_attempt(
+        f.launch(&["true"]),
+        f.backend.clone(),
+        &quick(),
+        cancel,
+        |_| {},
+    )
+    .await;
+    assert_eq!(end.failure, Some(FailureClass::Cancelled));
+    assert_eq!(end.pid, None);
+}
+
+#[tokio::test]
+async fn peak_memory_sums_the_attempts_processes() {
+    let f = fixture();
+    let launch = f.sh("echo 512 > $HEADROOM_FAKE_GPU_DIR/$$; \
+         sh -c 'echo 1:256 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.6' & \
+         sleep 0.3; echo 0:2048 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3; wait");
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure, None, "{end:?}");
+    assert_eq!(end.peak_mem_mib, Some(2048 + 256));
+    f.assert_gone(launch.attempt);
+}
+
+#[tokio::test]
+async fn children_left_behind_by_a_successful_job_are_stopped() {
+    let f = fixture();
+    let launch = f.sh("sleep 300 & echo started");
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure, None);
+    assert!(end.cleanup_verified);
+    let log = log_of(&launch);
+    assert!(
+        log.contains("stopped 1 leftover process(es)"),
+        "{end:?}\n{log}"
+    );
+    f.assert_gone(launch.attempt);
+}
+
+/// The case that cost the field 31 runs: an orphan in a session of its own, holding GPU
+/// memory and ignoring SIGTERM.
+#[tokio::test]
+async fn a_double_forked_orphan_holding_memory_is_killed_and_verified() {
+    become_subreaper().expect("subreaper");
+    let f = fixture();
+    let launch = f.sh(
+        "setsid -f sh -c 'trap \"\" TERM; echo 0:1024 > $HEADROOM_FAKE_GPU_DIR/$$; exec sleep 300'; \
+         until [ -n \"$(ls $HEADROOM_FAKE_GPU_DIR)\" ]; do sleep 0.02; done; \
+         sleep 0.3; echo parent done",
+    );
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure, None, "{end:?}");
+    assert!(end.cleanup_verified, "{end:?}");
+    assert_eq!(end.peak_mem_mib, Some(1024));
+    // The orphan ignored SIGTERM, so it took the grace period and a SIGKILL.
+    assert!(end.cleanup_ms >= 300, "{}", end.cleanup_ms);
+    f.assert_gone(launch.attempt);
+    let log = log_of(&launch);
+    assert!(
+        log.contains("parent done") && log.contains("leftover"),
+        "{log}"
+    );
+}
+
+/// The attempt's own supervisor process is the subreaper of its tree: a double-forked
+/// orphan and a child that dropped the marker from its environment are found by the
+/// walk over its descendants, and killed.
+#[tokio::test]
+async fn a_subreaper_finds_its_whole_tree_without_markers() {
+    become_subreaper().expect("subreaper");
+    let f = fixture();
+    let launch = f.sh("setsid -f sh -c 'trap \"\" TERM; exec sleep 300'; \
+         env -u HEADROOM_ATTEMPT_ID sleep 300 & \
+         sleep 0.3; echo parent done");
+    let cfg = SupervisorConfig {
+        own_tree: true,
+        ..quick()
+    };
+    let end = run_with(&f, launch.clone(), &cfg).await;
+    assert_eq!(end.failure, None, "{end:?}");
+    assert!(end.cleanup_verified, "{end:?}");
+    assert!(
+        log_of(&launch).contains("stopped 2 leftover process(es)"),
+        "{}",
+        log_of(&launch)
+    );
+    assert!(procscan::descendants().is_empty(), "the tree is gone");
+    f.assert_gone(launch.attempt);
+}
+
+#[tokio::test]
+async fn dropping_the_future_kills_the_job() {
+    let f = fixture();
+    let launch = f.sh("sleep 300 & sleep 300");
+    let attempt = launch.attempt;
+    let backend = f.backend.clone();
+    let task = tokio::spawn(async move {
+        run_attempt(launch, backend, &quick(), CancellationToken::new(), |_| {}).await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while procscan::pids_with_marker(attempt).len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.abort();
+    let _ = task.await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !procscan::pids_with_marker(attempt).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f.assert_gone(attempt);
+}
+
+/// A fake GPU's fault control file, as a test injects it.
+fn inject(f: &Fixture, gpu: u32, fault: crate::gpu::fake::Fault, text: &str) {
+    let dir = f.tmp.path().join("gpus");
+    std::fs::write(crate::gpu::fake::fault_file(&dir, gpu, fault), text).expect("fault");
+}
+
+/// Verification gives up quickly: these tests end unverified on purpose.
+fn impatient() -> SupervisorConfig {
+    SupervisorConfig {
+        verify_timeout: Duration::from_millis(300),
+        ..quick()
+    }
+}
+
+async fn run_with(f: &Fixture, launch: Launch, cfg: &SupervisorConfig) -> AttemptEnd {
+    run_attempt(
+        launch,
+        f.backend.clone(),
+        cfg,
+        CancellationToken::new(),
+        |_| {},
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_failed_process_list_is_not_verified_clean() {
+    use crate::gpu::fake::Fault;
+    let f = fixture();
+    inject(&f, 0, Fault::Processes, "GPU is lost");
+    let launch = f.sh("echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.2");
+    let end = run_with(&f, launch.clone(), &impatient()).await;
+    assert!(!end.cleanup_verified, "unknown read as clean: {end:?}");
+    let reason = end.unverified.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("GPU 0 could not be read") && reason.contains("GPU is lost"),
+        "{reason}"
+    );
+    assert!(log_of(&launch).contains("GPU is lost"));
+    // Its processes were never seen: nothing is learnt, not 0.
+    assert_eq!(end.peak_mem_mib, None);
+}
+
+#[tokio::test]
+async fn a_failed_memory_query_is_unknown_for_that_gpu_only() {
+    use crate::gpu::fake::Fault;
+    let f = fixture();
+    inject(&f, 1, Fault::Memory, "");
+    let samples = gpu::read(f.backend.as_ref());
+    assert_eq!(samples.len(), 2, "one failing GPU must not empty the node");
+    assert_eq!(samples[0].error, None);
+    assert_eq!(samples[0].free_mib, 8192);
+    assert!(
+        samples[1]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("memory info"))
+    );
+    assert_eq!(samples[1].free_mib, 0, "unknown memory is not free");
+
+    // An attempt on GPU 0 is verified as usual; one on GPU 1 is not.
+    let end = run_with(
+        &f,
+        f.sh("echo 0:256 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.2"),
+        &impatient(),
+    )
+    .await;
+    assert!(end.cleanup_verified, "{end:?}");
+    assert_eq!(end.peak_mem_mib, Some(256));
+    let mut on_1 = f.sh("sleep 0.1");
+    on_1.gpus = vec![1];
+    let end = run_with(&f, on_1, &impatient()).await;
+    assert!(!end.cleanup_verified, "{end:?}");
+    assert!(
+        end.unverified
+            .as_deref()
+            .is_some_and(|r| r.contains("GPU 1 could not be read")),
+        "{end:?}"
+    );
+}
+
+#[test]
+fn a_device_delta_masked_by_others_freeing_memory_is_unknown_not_zero() {
+    let masked = Peak {
+        processes: None,
+        delta: Some(0),
+        unknown: true,
+    };
+    assert_eq!(masked.result(), (None, PeakSource::DeviceDelta));
+    let grown = Peak {
+        processes: None,
+        delta: Some(512),
+        unknown: true,
+    };
+    assert_eq!(grown.result(), (Some(512), PeakSource::DeviceDelta));
+}
+
+/// Another attempt's process on the GPU is a neighbour to an ordinary attempt, and
+/// contamination to an exclusive one.
+#[tokio::test]
+async fn an_exclusive_attempt_is_contaminated_by_any_process_not_its_own() {
+    let f = fixture();
+    let script = format!(
+        "{ATTEMPT_VAR}={} sh -c 'echo 256 > \"$HEADROOM_FAKE_GPU_DIR/$$\"; sleep 0.6' & \
+         sleep 0.4; wait",
+        AttemptId::new()
+    );
+    let shared = f.run(f.sh(&script)).await;
+    assert_eq!(shared.failure, None, "{shared:?}");
+    assert!(!shared.contaminated, "{shared:?}");
+    let mut exclusive = f.sh(&script);
+    exclusive.prestart.exclusive = true;
+    let alone = f.run(exclusive).await;
+    assert_eq!(alone.failure, None, "{alone:?}");
+    assert!(alone.contaminated, "{alone:?}");
+}
+
+#[tokio::test]
+async fn unavailable_process_memory_learns_the_device_delta_not_zero() {
+    use crate::gpu::fake::Fault;
+    let f = fixture();
+    inject(&f, 0, Fault::NoProcessMemory, "");
+    // Someone else's 1000 MiB, there before the attempt: not part of its delta.
+    let mut other = procscan::tests::spawn(std::process::Command::new("sleep").arg("30"));
+    let dir = f.tmp.path().join("gpus");
+    crate::gpu::fake::write_usage(&dir, other.id(), &[(0, 1000)]).expect("usage");
+    let launch = f.sh("echo 0:2048 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.5");
+    let end = run_with(&f, launch.clone(), &quick()).await;
+    let _ = other.kill();
+    let _ = other.wait();
+    procscan::disown(other.id());
+    assert_eq!(end.failure, None, "{end:?}");
+    assert!(end.cleanup_verified, "{end:?}");
+    assert_eq!(end.peak_mem_mib, Some(2048), "{end:?}");
+    assert_eq!(end.peak_source, PeakSource::DeviceDelta);
+    assert!(
+        end.log_tail.contains("used-memory growth"),
+        "{}",
+        end.log_tail
+    );
+    // The other process's memory is unknown too: it still counts as contamination.
+    assert!(end.contaminated);
+}
+
+#[tokio::test]
+async fn pids_that_cannot_be_attributed_are_not_verified_clean() {
+    use crate::gpu::fake::{Fault, PID_NAMESPACE_FILE};
+    let f = fixture();
+    // The driver lists a pid this namespace has no process for.
+    inject(&f, 0, Fault::DriverPids, "99999999:512\n");
+    let end = run_with(&f, f.sh("sleep 0.1"), &impatient()).await;
+    assert!(!end.cleanup_verified, "{end:?}");
+    assert!(
+        end.unverified
+            .as_deref()
+            .is_some_and(|r| r.contains("pid 99999999")),
+        "{end:?}"
+    );
+
+    // Someone else's process holds memory on GPU 0 throughout. Seen from the host's pid
+    // namespace it is told apart from the job, and the cleanup is verified.
+    let dir = f.tmp.path().join("gpus");
+    std::fs::remove_file(crate::gpu::fake::fault_file(&dir, 0, Fault::DriverPids)).expect("rm");
+    let mut other = procscan::tests::spawn(std::process::Command::new("sleep").arg("30"));
+    crate::gpu::fake::write_usage(&dir, other.id(), &[(0, 1000)]).expect("usage");
+    let job = "echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3";
+    let end = run_with(&f, f.sh(job), &impatient()).await;
+    assert!(end.cleanup_verified, "{end:?}");
+    assert_eq!(end.peak_mem_mib, Some(512));
+
+    // An agent in a pid namespace of its own cannot tell its job from that process:
+    // nothing is verified (nor killed), and it says what it needs.
+    std::fs::write(dir.join(PID_NAMESPACE_FILE), "isolated").expect("isolated");
+    let launch = f.sh(job);
+    let end = run_with(&f, launch.clone(), &impatient()).await;
+    let _ = other.kill();
+    let _ = other.wait();
+    procscan::disown(other.id());
+    assert!(!end.cleanup_verified, "{end:?}");
+    assert!(
+        end.unverified
+            .as_deref()
+            .is_some_and(|r| r.contains("hostPID: true")),
+        "{end:?}"
+    );
+    // Its memory was never attributed to it: nothing learnt.
+    assert_eq!(end.peak_mem_mib, None);
+    f.assert_gone(launch.attempt);
+}
+
+/// A job that declares `mib` on GPU 0 at `util` % and then runs `secs`; the fake GPU's
+/// power while it runs, from the model's formula (8 GiB GPUs).
+fn loaded(f: &Fixture, mib: u64, util: u32, secs: f64) -> (Launch, f64) {
+    let launch = f.sh(&format!(
+        "echo 0:{mib}:{util} > $HEADROOM_FAKE_GPU_DIR/$$; sleep {secs}"
+    ));
+    let model = crate::gpu::fakepower::PowerModel::default();
+    (
+        launch,
+        model.power_w(mib as f64 / 8192.0, f64::from(util) / 100.0),
+    )
+}
+
+fn within(got: Option<f64>, want: f64, share: f64) -> bool {
+    got.is_some_and(|g| (g - want).abs() <= want * share)
+}
+
+#[tokio::test]
+async fn energy_of_an_attempt_is_the_counter_delta_over_its_run() {
+    let f = fixture();
+    let (launch, power) = loaded(&f, 4096, 80, 3.0);
+    // 60 W idle + 240 W x (25 % x memory share + 75 % x utilization).
+    assert_eq!(power, 60.0 + 240.0 * (0.25 * 0.5 + 0.75 * 0.8));
+    let cfg = SupervisorConfig {
+        sample_every: Duration::from_millis(10),
+        ..quick()
+    };
+    let end = run_with(&f, launch, &cfg).await;
+    assert_eq!(end.failure, None, "{end:?}");
+    let m = &end.measurements;
+    assert_eq!(m.energy_source, Some(EnergySource::Counter), "{m:?}");
+    assert!(
+        within(m.energy_j, power * 3.0, 0.01),
+        "{m:?}: want {}",
+        power * 3.0
+    );
+    assert!(within(m.mean_power_w, power, 0.02), "{m:?}");
+    assert!(within(m.max_power_w, power, 1e-9), "{m:?}");
+    assert!(within(m.mean_util_pct, 80.0, 0.03), "{m:?}");
+    // The idle GPU sat at 39 °C; three seconds at 234 W warm it towards 30 + 0.15 x 234
+    // °C with a time constant of 20 s.
+    assert_eq!(m.start_temp_c, Some(39.0), "{m:?}");
+    let steady = 30.0 + 0.15 * power;
+    let warmed = steady - (steady - 39.0) * (-3.0f64 / 20.0).exp();
+    assert!(within(m.max_temp_c, warmed, 0.01), "{m:?}: want {warmed}");
+    assert_eq!(
+        (m.throttled_thermal, m.throttled_power),
+        (Some(false), Some(false))
+    );
+    assert_eq!(m.contamination_reason, None);
+}
+
+#[tokio::test]
+async fn without_the_energy_counter_power_is_integrated() {
+    use crate::gpu::fake::Fault;
+    let f = fixture();
+    inject(&f, 0, Fault::NoEnergy, "");
+    let (launch, power) = loaded(&f, 8192, 50, 2.0);
+    let end = f.run(launch).await;
+    let m = &end.measurements;
+    assert_eq!(m.energy_source, Some(EnergySource::Integrated), "{m:?}");
+    // The trapezoid between readings (50 ms apart) blurs the load's two edges: 5 %.
+    assert!(
+        within(m.energy_j, power * 2.0, 0.05),
+        "{m:?}: want {}",
+        power * 2.0
+    );
+}
+
+#[tokio::test]
+async fn readings_that_fail_leave_energy_unknown_not_zero() {
+    use crate::gpu::fake::Fault;
+    let f = fixture();
+    inject(&f, 0, Fault::Telemetry, "GPU is lost");
+    let end = f.run(loaded(&f, 1024, 50, 0.3).0).await;
+    assert_eq!(end.failure, None, "{end:?}");
+    let m = &end.measurements;
+    assert_eq!((m.energy_j, m.energy_source), (None, None), "{m:?}");
+    assert_eq!(
+        (m.mean_power_w, m.max_temp_c, m.start_temp_c),
+        (None, None, None)
+    );
+    assert_eq!(
+        (m.throttled_thermal, m.throttled_power),
+        (None, None),
+        "{m:?}"
+    );
+
+    // No power reading at all (a GPU older than Volta): nothing to integrate either.
+    let f = fixture();
+    inject(&f, 0, Fault::NoPower, "");
+    let end = f.run(loaded(&f, 1024, 50, 0.3).0).await;
+    let m = &end.measurements;
+    assert_eq!((m.energy_j, m.mean_power_w), (None, None), "{m:?}");
+    assert!(m.max_temp_c.is_some(), "temperature still reads: {m:?}");
+
+    // An attempt on GPU 1 is measured whatever GPU 0 does.
+    let mut on_1 = f.sh("echo 1:1024:50 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3");
+    on_1.gpus = vec![1];
+    let end = f.run(on_1).await;
+    assert_eq!(end.measurements.energy_source, Some(EnergySource::Counter));
+}
+
+#[tokio::test]
+async fn a_throttle_reason_seen_during_the_run_sets_its_flag() {
+    let f = fixture();
+    // The GPU reports a thermal slowdown for a while in the middle of the run.
+    let launch = f.sh("echo 0:1024:90 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3; \
+         echo sw_thermal_slowdown > $HEADROOM_FAKE_GPU_DIR/gpu0.throttle; sleep 0.4; \
+         rm $HEADROOM_FAKE_GPU_DIR/gpu0.throttle; sleep 0.3");
+    let end = f.run(launch).await;
+    let m = &end.measurements;
+    assert_eq!(m.throttled_thermal, Some(true), "{m:?}");
+    assert_eq!(m.throttled_power, Some(false), "{m:?}");
+    assert_eq!(
+        m.throttle_reasons,
+        Some(vec!["sw_thermal_slowdown".to_string()])
+    );
+    // Energy is still measured: the flag is what leaves the run out of comparisons.
+    assert_eq!(m.energy_source, Some(EnergySource::Counter));
+}
+
+#[tokio::test]
+async fn a_foreign_process_is_named_with_its_pid_and_command() {
+    let f = fixture();
+    let dir = f.tmp.path().join("gpus");
+    let launch = f.sh("echo 0:512 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.6");
+    let backend = f.backend.clone();
+    let task = tokio::spawn({
+        let launch = launch.clone();
+        // It outlives the job: verification gives up on it quickly.
+        async move {
+            run_attempt(
+                launch,
+                backend,
+                &impatient(),
+                CancellationToken::new(),
+                |_| {},
+            )
+            .await
+        }
+    });
+    // Someone's process appears on GPU 0 while the job runs.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut other = procscan::tests::spawn(std::process::Command::new("sleep").arg("31.5"));
+    crate::gpu::fake::write_usage(&dir, other.id(), &[(0, 700)]).expect("usage");
+    let end = task.await.expect("attempt");
+    let _ = other.kill();
+    let _ = other.wait();
+    procscan::disown(other.id());
+    assert!(end.contaminated, "{end:?}");
+    let m = &end.measurements;
+    assert_eq!(m.contamination_pid, Some(other.id()), "{m:?}");
+    assert!(
+        m.contamination_command
+            .as_deref()
+            .is_some_and(|c| c.ends_with(": sleep 31.5")),
+        "{m:?}"
+    );
+    assert_eq!(
+        m.contamination_reason.as_deref(),
+        Some("a process of no attempt held 700 MiB on GPU 0 during the run")
+    );
+}
+
+#[test]
+fn param_names_become_variables() {
+    assert_eq!(param_var("batch_size"), "HP_BATCH_SIZE");
+    assert_eq!(param_var("lr"), "HP_LR");
+    assert_eq!(param_var("odd-name.x"), "HP_ODD_NAME_X");
+}
+
+#[test]
+fn the_log_tail_starts_at_a_line_and_at_the_attempt() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = tmp.path().join("log");
+    let mut text = String::from("earlier attempt\n");
+    let start = text.len() as u64;
+    for i in 0..1000 {
+        text.push_str(&format!("line {i}\n"));
+    }
+    std::fs::write(&path, &text).expect("write");
+    let tail = read_tail(&path, start);
+    assert!(tail.len() <= TAIL_BYTES as usize);
+    assert!(
+        tail.starts_with("line ") && tail.ends_with("line 999\n"),
+        "{tail}"
+    );
+    std::fs::write(&path, "earlier\nnow\n").expect("write");
+    assert_eq!(read_tail(&path, 8), "now\n");
+    assert_eq!(read_tail(&tmp.path().join("missing"), 0), "");
+}
