@@ -17,6 +17,10 @@ use procfs::process::{ProcState, Process};
 
 /// The variable every process of an attempt inherits; the agent sets it at spawn.
 pub const ATTEMPT_VAR: &str = "HEADROOM_ATTEMPT_ID";
+/// Set to `background` in the background's environment: tells its processes from the
+/// foreground's (its memory is not the foreground's peak).
+pub const ROLE_VAR: &str = "HEADROOM_ROLE";
+pub const ROLE_BACKGROUND: &str = "background";
 
 /// The value of `name` in the environment `pid` was started with (`/proc/<pid>/environ`).
 ///

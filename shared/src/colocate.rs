@@ -8,9 +8,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::expand::{render, value_text};
+use crate::field::{SpecError, parse_duration};
 use crate::size::MemSize;
-use crate::spec::{SpecError, parse_duration, placeholders};
+use crate::template::{BUILTIN_PLACEHOLDERS, placeholders, render, value_text};
 
 /// Default bound on the wait for the background to be ready.
 pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -205,7 +205,7 @@ impl ColocateSpec {
 }
 
 fn known_placeholder(name: &str, params: &BTreeSet<&str>, field: &str) -> Result<(), SpecError> {
-    if params.contains(name) || crate::spec::BUILTIN_PLACEHOLDERS.contains(&name) {
+    if params.contains(name) || BUILTIN_PLACEHOLDERS.contains(&name) {
         Ok(())
     } else {
         Err(SpecError::new(

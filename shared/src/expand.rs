@@ -7,7 +7,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::spec::{Distribution, ExperimentSpec, SpecError, render_with};
+use crate::spec::{Distribution, ExperimentSpec, SpecError};
+pub use crate::template::{render, value_text};
 
 /// One job of an expansion, before it is stored.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -92,14 +93,6 @@ fn float(x: f64) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// How a parameter value reads on a command line and in `HP_<NAME>`.
-pub fn value_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
 fn render_argv(
     spec: &ExperimentSpec,
     params: &BTreeMap<String, Value>,
@@ -107,43 +100,6 @@ fn render_argv(
     run: u32,
 ) -> Result<Vec<String>, SpecError> {
     render(&spec.command, spec.shell, params, config, run)
-}
-
-/// Renders a command template with a job's parameters (also after the OOM ladder changed
-/// them): `{param}`, `{run}`, `{config}`; values shell-quoted when `shell`.
-pub fn render(
-    command: &[String],
-    shell: bool,
-    params: &BTreeMap<String, Value>,
-    config: u32,
-    run: u32,
-) -> Result<Vec<String>, SpecError> {
-    let lookup = |name: &str| -> Option<String> {
-        let text = match name {
-            "run" => run.to_string(),
-            "config" => config.to_string(),
-            _ => value_text(params.get(name)?),
-        };
-        Some(if shell {
-            shlex::try_quote(&text)
-                .map(|q| q.into_owned())
-                .unwrap_or(text)
-        } else {
-            text
-        })
-    };
-    let mut argv = Vec::with_capacity(command.len());
-    for (i, arg) in command.iter().enumerate() {
-        argv.push(render_with(arg, lookup).map_err(|m| SpecError {
-            field: format!("command[{i}]"),
-            message: m,
-        })?);
-    }
-    if shell {
-        Ok(vec!["sh".into(), "-c".into(), argv.join(" ")])
-    } else {
-        Ok(argv)
-    }
 }
 
 /// The memory key of a job: experiment name and the memory-relevant parameters. Attempts

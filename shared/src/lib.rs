@@ -7,6 +7,7 @@ pub mod api;
 pub mod client;
 pub mod colocate;
 pub mod expand;
+pub mod field;
 pub mod ids;
 pub mod pending;
 pub mod plan;
@@ -20,6 +21,7 @@ pub mod signals;
 pub mod size;
 pub mod spec;
 pub mod state;
+pub mod template;
 
 pub use ids::{AgentId, AttemptId, ExperimentId, JobId};
 pub use plan::Plan;

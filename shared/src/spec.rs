@@ -8,15 +8,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::colocate::ColocateSpec;
+pub use crate::field::{SpecError, parse_duration, parse_timeout};
 use crate::prestart::{Cooldown, OnCooldownTimeout, Prestart};
 use crate::profile;
 use crate::size::MemSize;
 use crate::state::FailureClass;
+pub use crate::template::{BUILTIN_PLACEHOLDERS, placeholders, render_with};
 
 /// Default cap on the number of jobs one spec may expand into.
 pub const DEFAULT_MAX_JOBS: u64 = 100_000;
-/// Placeholders every spec may use besides its parameters.
-pub const BUILTIN_PLACEHOLDERS: &[&str] = &["run", "config"];
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -175,23 +175,6 @@ pub enum Distribution {
     Uniform([f64; 2]),
     LogUniform([f64; 2]),
     Choice(Vec<Value>),
-}
-
-/// A refused spec: the field (dotted path) and why.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-#[error("{field}: {message}")]
-pub struct SpecError {
-    pub field: String,
-    pub message: String,
-}
-
-impl SpecError {
-    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
 }
 
 impl ExperimentSpec {
@@ -589,92 +572,6 @@ impl CooldownSpec {
             }
         }
     }
-}
-
-/// Parses a timeout: seconds as a number or a `humantime` string; must be positive.
-pub fn parse_timeout(v: Option<&Value>) -> Result<Option<Duration>, SpecError> {
-    parse_duration(v, "timeout")
-}
-
-/// Parses a duration field: seconds as a number or a `humantime` string; must be positive.
-pub fn parse_duration(v: Option<&Value>, field: &str) -> Result<Option<Duration>, SpecError> {
-    let bad = |m: String| SpecError::new(field, m);
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => {
-            let secs = n.as_f64().unwrap_or(f64::NAN);
-            if !secs.is_finite() || secs <= 0.0 {
-                return Err(bad(format!("must be a positive duration, got {n}")));
-            }
-            Ok(Some(Duration::from_secs_f64(secs)))
-        }
-        Some(Value::String(s)) => {
-            let t = s.trim();
-            if t.starts_with('-') {
-                return Err(bad(format!("must be a positive duration, got `{s}`")));
-            }
-            let d = humantime::parse_duration(t)
-                .map_err(|e| bad(format!("`{s}` is not a duration like `2h` or `90s`: {e}")))?;
-            if d.is_zero() {
-                return Err(bad("must be more than 0".into()));
-            }
-            Ok(Some(d))
-        }
-        Some(_) => Err(bad(
-            "write a duration like `2h` or a number of seconds".into()
-        )),
-    }
-}
-
-/// The placeholder names in one argv entry; `{{` and `}}` are literal braces.
-pub fn placeholders(arg: &str) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    render_with(arg, |name| {
-        out.push(name.to_string());
-        Some(String::new())
-    })?;
-    Ok(out)
-}
-
-/// Replaces each `{name}` by `lookup(name)`; errors on unbalanced braces or unknown names.
-pub fn render_with(
-    arg: &str,
-    mut lookup: impl FnMut(&str) -> Option<String>,
-) -> Result<String, String> {
-    let mut out = String::with_capacity(arg.len());
-    let mut chars = arg.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '{' if chars.peek() == Some(&'{') => {
-                chars.next();
-                out.push('{');
-            }
-            '}' if chars.peek() == Some(&'}') => {
-                chars.next();
-                out.push('}');
-            }
-            '{' => {
-                let mut name = String::new();
-                loop {
-                    match chars.next() {
-                        Some('}') => break,
-                        Some(ch) => name.push(ch),
-                        None => return Err(format!("`{{{name}` has no closing `}}`")),
-                    }
-                }
-                let name = name.trim();
-                if name.is_empty() {
-                    return Err("empty placeholder `{}`".into());
-                }
-                let value = lookup(name)
-                    .ok_or_else(|| format!("placeholder {{{name}}} names no parameter"))?;
-                out.push_str(&value);
-            }
-            '}' => return Err("`}` without an opening `{` (write `}}` for a literal)".into()),
-            c => out.push(c),
-        }
-    }
-    Ok(out)
 }
 
 /// One parameter change of an OOM ladder step.

@@ -22,10 +22,7 @@ use crate::supervisor::attempt::command::build_command;
 use crate::supervisor::attempt::launch::Launch;
 use crate::supervisor::attempt::watch::{Watch, lock};
 
-/// Set to `background` in the background's environment: tells its processes from the
-/// foreground's (its memory is not the foreground's peak).
-pub const ROLE_VAR: &str = "HEADROOM_ROLE";
-pub const ROLE_BACKGROUND: &str = "background";
+pub use crate::procscan::{ROLE_BACKGROUND, ROLE_VAR};
 /// Longest readiness pattern line kept while waiting for its end.
 const MAX_LINE: usize = 64 * 1024;
 

@@ -3,8 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, Write};
-use std::path::Path;
 use std::process::Stdio;
 
 use headroom_shared::expand::value_text;
@@ -15,20 +13,6 @@ use crate::gpu::GpuBackend;
 use crate::procscan::ATTEMPT_VAR;
 
 use super::launch::Launch;
-
-pub(super) fn open_log(path: &Path) -> io::Result<File> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
-    File::options().create(true).append(true).open(path)
-}
-
-/// Appends a line of the agent's own to the job's log, so that a user reading it sees why the
-/// job stopped. Best effort: a full disk must not change the outcome.
-pub(super) fn note(log: &File, msg: &str) {
-    let mut log = log;
-    let _ = log.write_all(format!("[headroom] {msg}\n").as_bytes());
-}
 
 /// `HP_<NAME>`: parameter names are identifiers (the spec validates them); anything else is
 /// made one so that the variable can be read from a shell.

@@ -7,6 +7,7 @@
 
 pub(crate) mod command;
 pub(crate) mod launch;
+mod log;
 mod running;
 mod spawn;
 mod stop;
@@ -95,14 +96,14 @@ async fn until_stop(run: &mut Running, launch: &Launch, cancel: &CancellationTok
                     bg.exited_early = true;
                     let on_exit = launch.background.as_ref().map(|b| b.on_exit);
                     if on_exit == Some(OnBackgroundExit::Fail) {
-                        command::note(&run.log, &format!(
+                        log::note(&run.log, &format!(
                             "the background exited ({}) while the foreground ran: stopping the \
                              foreground (on_background_exit: fail)",
                             bg.describe_exit()
                         ));
                         return Stop::BackgroundExited;
                     }
-                    command::note(&run.log, &format!(
+                    log::note(&run.log, &format!(
                         "the background exited ({}) while the foreground ran; the foreground \
                          goes on (on_background_exit: flag)",
                         bg.describe_exit()

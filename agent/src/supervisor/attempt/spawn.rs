@@ -10,11 +10,12 @@ use headroom_shared::FailureClass;
 use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
 
-use super::command::{command, note, open_log};
+use super::command::command;
 use super::launch::{AttemptEnd, Launch, SupervisorConfig, not_started};
+use super::log::{note, open_log, read_tail};
 use super::running::{KillOnDrop, Running};
 use super::stop::stop_background_only;
-use super::watch::{Baseline, LogFollower, Peak, Watch, read_tail};
+use super::watch::{Baseline, LogFollower, Peak, Watch};
 use crate::gpu::GpuBackend;
 use crate::procscan;
 use crate::supervisor::colocate;

@@ -20,8 +20,8 @@ use crate::procscan::{self};
 use crate::supervisor::classify::{ExitKind, classify};
 use crate::supervisor::colocate::{self};
 
-use super::command::note;
 use super::launch::{AttemptEnd, Launch, SupervisorConfig};
+use super::log::note;
 use super::running::{Running, signal_each, signal_group};
 use super::watch::{Watch, figures, lock, take_reading};
 

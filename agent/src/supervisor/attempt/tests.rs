@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::command::*;
 use super::launch::*;
+use super::log::*;
 use super::watch::*;
 use super::*;
 use crate::gpu::{self, GpuBackend};

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -11,15 +11,11 @@ use headroom_shared::AttemptId;
 use headroom_shared::api::{GpuProcess, GpuSample, Measurements, PeakSource};
 
 use crate::gpu::{self, GpuBackend};
-use crate::procscan::{self};
+use crate::procscan::{self, ROLE_BACKGROUND, ROLE_VAR};
 use crate::supervisor::classify::OomScanner;
-use crate::supervisor::colocate::{ROLE_BACKGROUND, ROLE_VAR};
 use crate::supervisor::measure::Meter;
 
-use super::command::{note, open_log};
-
-/// Bytes of log kept in [`AttemptEnd::log_tail`].
-pub(super) const TAIL_BYTES: u64 = 4096;
+use super::log::{note, open_log, read_tail};
 
 /// Most log bytes scanned per sampling tick, so that a job flooding its log cannot stall
 /// the watch loop; the rest is read on the next tick or at the end.
@@ -403,30 +399,6 @@ impl LogFollower {
             }
         }
     }
-}
-
-/// The last [`TAIL_BYTES`] of the log written since `start`, from a line start when possible.
-pub(super) fn read_tail(path: &Path, start: u64) -> String {
-    let read = || -> io::Result<Vec<u8>> {
-        let mut f = File::open(path)?;
-        let len = f.metadata()?.len();
-        let from = start.max(len.saturating_sub(TAIL_BYTES));
-        f.seek(SeekFrom::Start(from))?;
-        let mut buf = Vec::with_capacity(usize::try_from(len - from).unwrap_or(0));
-        f.take(TAIL_BYTES).read_to_end(&mut buf)?;
-        if from > start {
-            // Cut mid-line: drop the partial first line, unless that leaves too little.
-            if let Some(nl) = buf.iter().position(|&b| b == b'\n')
-                && nl < buf.len() / 2
-            {
-                buf.drain(..=nl);
-            }
-        }
-        Ok(buf)
-    };
-    read()
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
 }
 
 /// What the watch saw over the whole run, once everything has stopped writing.
