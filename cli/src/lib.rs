@@ -1,4 +1,10 @@
 //! The `headroom` command line: user commands over the REST API, and `headroom up`.
+//!
+//! # Layout
+//! - here: the commands (`clap`) and what each does, over `client::Api`;
+//! - `client` (the shared typed client with the CLI's token and server), `config` (the CLI's
+//!   settings file), `output` (tables, JSON, progress);
+//! - `up`: the coordinator, an agent and a sample experiment in one process, on SQLite.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;

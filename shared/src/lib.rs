@@ -1,5 +1,16 @@
 //! Domain types shared by the coordinator, the agent and the CLI: ids, sizes, plans,
 //! experiment specs and their expansion, job states and the REST API's DTOs.
+//!
+//! # Layout
+//! From the bottom up (each imports only those above it in this list):
+//! - `ids`, `size`, `state` (job states, events, failure classes), `plan`, `pending`,
+//!   `profile`, `field` (a refused spec field), `template` (command placeholders).
+//! - `prestart`, `colocate`, `spec` (what a user submits, validated), `expand` (the matrix
+//!   of jobs a spec makes).
+//! - `api` (the REST API's types; `api::agent`: the agent protocol), `routes` (every route
+//!   once, with who may call it).
+//! - Behind features: `client` (the typed HTTP client), `settings` (defaults, file, env,
+//!   flags), `signals`.
 #![forbid(unsafe_code)]
 
 pub mod api;
