@@ -7,7 +7,7 @@
 //!   memory, hands it to a supervisor (`lease`), renews leases and fences itself when cut
 //!   off (`heartbeat`, `self_fence`), sweeps strays, samples telemetry, serves metrics.
 //! - `supervisor`: the per-attempt supervisor process (the same binary, started with
-//!   `supervisor::SHIM_ARG`): runs one attempt (`attempt`: spawn, run, watch and measure,
+//!   `supervisor::SUPERVISOR_ARG`): runs one attempt (`attempt`: spawn, run, watch and measure,
 //!   stop and verify), its wait (`prestart`) and colocated background (`colocate`),
 //!   classifies its end, journals it, and stops its job itself when its lease is not renewed
 //!   in time. `supervisor::proto` is what the agent says to it. It never imports `agent`.

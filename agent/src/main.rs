@@ -35,7 +35,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     // An attempt's supervisor process: supervises its attempt and exits.
-    headroom_agent::supervisor::run_if_shim();
+    headroom_agent::supervisor::run_if_supervisor();
     tokio::runtime::Runtime::new()?.block_on(run())
 }
 

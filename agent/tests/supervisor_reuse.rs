@@ -8,9 +8,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use headroom_agent::gpu::BackendChoice;
-use headroom_agent::supervisor::SHIM_ARG;
+use headroom_agent::supervisor::SUPERVISOR_ARG;
 use headroom_agent::supervisor::attempt::Launch;
-use headroom_agent::supervisor::proto::{Conn, FromShim, Spec, ToShim};
+use headroom_agent::supervisor::proto::{Conn, FromSupervisor, Spec, ToSupervisor};
 use headroom_shared::{AttemptId, JobId};
 
 fn spec(dir: &Path, argv: &[&str]) -> Spec {
@@ -55,7 +55,7 @@ async fn a_supervisor_takes_the_next_launch_after_a_clean_end() {
     }
     let (ours, theirs) = UnixStream::pair().expect("socketpair");
     let mut child = Command::new(env!("CARGO_BIN_EXE_headroom-agent"))
-        .arg(SHIM_ARG)
+        .arg(SUPERVISOR_ARG)
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .spawn()
         .expect("supervisor");
@@ -65,12 +65,12 @@ async fn a_supervisor_takes_the_next_launch_after_a_clean_end() {
         let out = dir.path().join(format!("parent-{i}"));
         let script = format!("echo $PPID > {}", out.display());
         let s = spec(dir.path(), &["sh", "-c", &script]);
-        conn.send(&ToShim::Launch { spec: Box::new(s) })
+        conn.send(&ToSupervisor::Launch { spec: Box::new(s) })
             .await
             .expect("launch");
         let (report, reusable) = loop {
-            match conn.recv::<FromShim>().await.expect("message") {
-                Some(FromShim::Ended {
+            match conn.recv::<FromSupervisor>().await.expect("message") {
+                Some(FromSupervisor::Ended {
                     report, reusable, ..
                 }) => break (report, reusable),
                 Some(_) => {}
@@ -93,7 +93,7 @@ async fn a_supervisor_takes_the_next_launch_after_a_clean_end() {
         );
         // The agent renewed the leases while the attempt was ending: the renewal is read
         // only now, and must not end the supervisor.
-        conn.send(&ToShim::Renew { stop_in_ms: 60_000 })
+        conn.send(&ToSupervisor::Renew { stop_in_ms: 60_000 })
             .await
             .expect("renew");
     }

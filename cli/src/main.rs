@@ -1,6 +1,6 @@
 fn main() {
     // An attempt's supervisor process: supervises its attempt and exits.
-    headroom_agent::supervisor::run_if_shim();
+    headroom_agent::supervisor::run_if_supervisor();
     let result = match (headroom::parse_args(), tokio::runtime::Runtime::new()) {
         (Ok(cli), Ok(rt)) => rt.block_on(headroom::run(cli)),
         (Err(e), _) => Err(e),

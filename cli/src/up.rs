@@ -54,7 +54,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     init_tracing(args.run.is_some());
     // Refused before anything starts: the agent could not stop its jobs before their leases
     // expire.
-    headroom_agent::agent::self_fence::FenceBudget::new(
+    headroom_agent::agent::self_fence::SelfFenceBudget::new(
         args.coordinator.lease_ttl,
         args.agent.kill_grace,
     )?;

@@ -1,7 +1,7 @@
 //! Lease renewal and self-fencing: heartbeats carry GPU telemetry and the running attempts'
 //! fencing tokens; their answers carry cancellations and stale leases. When no heartbeat
 //! sent at or after time `t` has been answered by `t + fence_after` (see
-//! [`crate::agent::self_fence::FenceBudget`]), every attempt is stopped: the coordinator may soon give
+//! [`crate::agent::self_fence::SelfFenceBudget`]), every attempt is stopped: the coordinator may soon give
 //! the jobs to another node, and a job must never run twice.
 
 use std::collections::HashSet;
@@ -204,7 +204,7 @@ mod tests {
     use super::*;
     use crate::agent::AgentConfig;
     use crate::agent::attempts::StopSignal;
-    use crate::agent::self_fence::FenceBudget;
+    use crate::agent::self_fence::SelfFenceBudget;
     use crate::gpu::fake::FakeBackend;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
@@ -247,7 +247,7 @@ mod tests {
     }
 
     /// Runs the heartbeats of a session started now against `url`; returns its attempts.
-    async fn session(url: &str, budget: FenceBudget) -> (Attempts, Instant, tempfile::TempDir) {
+    async fn session(url: &str, budget: SelfFenceBudget) -> (Attempts, Instant, tempfile::TempDir) {
         let telemetry = crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10);
         session_with(url, budget, telemetry).await
     }
@@ -255,7 +255,7 @@ mod tests {
     /// [`session`] whose heartbeats ship `telemetry`'s samples.
     async fn session_with(
         url: &str,
-        budget: FenceBudget,
+        budget: SelfFenceBudget,
         telemetry: crate::agent::telemetry::Telemetry,
     ) -> (Attempts, Instant, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -312,7 +312,7 @@ mod tests {
     /// [`session`] with one attempt running from the start.
     async fn heartbeats(
         url: &str,
-        budget: FenceBudget,
+        budget: SelfFenceBudget,
     ) -> (StopSignal, Instant, tempfile::TempDir) {
         let (attempts, start, dir) = session(url, budget).await;
         let stop = attempts.begin(AttemptId::new(), 1, &CancellationToken::new());
@@ -322,7 +322,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_black_holed_heartbeat_does_not_hold_off_the_fence() {
         // TTL 30 s, grace 10 s: fence 17 s after the last renewal, dead by 27 s < 30 s.
-        let budget = FenceBudget::new(S(30), S(10)).expect("budget");
+        let budget = SelfFenceBudget::new(S(30), S(10)).expect("budget");
         let url = coordinator(0, S(0)).await;
         let (stop, start, _dir) = heartbeats(&url, budget).await;
         stop.cancel.cancelled().await;
@@ -337,7 +337,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn renewal_counts_from_the_sending_of_the_heartbeat_not_its_answer() {
-        let budget = FenceBudget::new(S(30), S(10)).expect("budget");
+        let budget = SelfFenceBudget::new(S(30), S(10)).expect("budget");
         // The first heartbeat leaves at 10 s and is answered at 15 s; nothing after.
         let url = coordinator(1, S(5)).await;
         let (stop, start, _dir) = heartbeats(&url, budget).await;
@@ -355,7 +355,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_attempt_launched_after_the_deadline_is_fenced_at_once() {
-        let budget = FenceBudget::new(S(30), S(10)).expect("budget");
+        let budget = SelfFenceBudget::new(S(30), S(10)).expect("budget");
         let url = coordinator(0, S(0)).await;
         let (attempts, start, _dir) = session(&url, budget).await;
         tokio::time::sleep(S(20)).await;
@@ -439,7 +439,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn telemetry_a_heartbeat_could_not_deliver_goes_with_the_next() {
-        let budget = FenceBudget::new(S(30), S(10)).expect("budget");
+        let budget = SelfFenceBudget::new(S(30), S(10)).expect("budget");
         let (url, mut delivered) = flaky_coordinator().await;
         let telemetry = crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10);
         let at = |ms| chrono::DateTime::from_timestamp_millis(ms).expect("time");

@@ -22,7 +22,7 @@ use crate::agent::client::{Client, ClientError};
 use crate::agent::{Shared, sample};
 use crate::outcomes::Outcome;
 use crate::supervisor::attempt::{self, Baseline, Launch};
-use crate::supervisor::proto::{Conn, FromShim, ProtoError, Spec, ToShim};
+use crate::supervisor::proto::{Conn, FromSupervisor, ProtoError, Spec, ToSupervisor};
 
 /// Tries at reporting an end once the agent drains (about half a minute with the backoff).
 const DRAINING_TRIES: u32 = 10;
@@ -117,7 +117,7 @@ async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result
         stop_in_ms: millis(stop_in),
         spare: shared.outcomes.take_spare(),
     };
-    let launch = ToShim::Launch {
+    let launch = ToSupervisor::Launch {
         spec: Box::new(spec),
     };
     // A waiting supervisor may have died meanwhile (killed by hand, OOM-killed): the next
@@ -173,18 +173,18 @@ pub(crate) async fn follow(
     });
     let ended = loop {
         tokio::select! {
-            msg = conn.recv::<FromShim>() => match msg {
-                Ok(Some(FromShim::Waiting { reason })) => {
+            msg = conn.recv::<FromSupervisor>() => match msg {
+                Ok(Some(FromSupervisor::Waiting { reason })) => {
                     shared.attempts.set_waiting(attempt, reason);
                 }
-                Ok(Some(FromShim::Started { pid, started_at })) => {
+                Ok(Some(FromSupervisor::Started { pid, started_at })) => {
                     shared.attempts.set_waiting(attempt, None);
                     start_report = Some(tokio::spawn(report_start(
                         shared.client.clone(), attempt, fence, pid, started_at,
                     )));
                 }
-                Ok(Some(FromShim::Hello { .. })) => {}
-                Ok(Some(FromShim::Ended { held_by, report, reusable })) => {
+                Ok(Some(FromSupervisor::Hello { .. })) => {}
+                Ok(Some(FromSupervisor::Ended { held_by, report, reusable })) => {
                     if reusable && ours {
                         shared.standby.put_back(conn);
                     }
@@ -202,7 +202,7 @@ pub(crate) async fn follow(
             _ = stop.cancel.cancelled(), if !stop_sent => {
                 stop_sent = true;
                 let reason = stop.reason().unwrap_or(StopReason::Shutdown);
-                if let Err(e) = conn.send(&ToShim::Stop { reason }).await {
+                if let Err(e) = conn.send(&ToSupervisor::Stop { reason }).await {
                     tracing::warn!(%attempt, "cannot tell the supervisor to stop: {e}");
                 }
             }
@@ -211,7 +211,7 @@ pub(crate) async fn follow(
                 if let Some(d) = deadline {
                     let stop_in_ms = millis(d.saturating_duration_since(Instant::now()));
                     // A failure shows as the end of the connection.
-                    let _ = conn.send(&ToShim::Renew { stop_in_ms }).await;
+                    let _ = conn.send(&ToSupervisor::Renew { stop_in_ms }).await;
                 }
             }
             _ = exit.detach.cancelled() => {

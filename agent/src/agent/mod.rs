@@ -33,11 +33,11 @@ use tokio_util::task::TaskTracker;
 use crate::agent::attempts::{Attempts, AttemptsError, StopReason};
 use crate::agent::backoff::Backoff;
 use crate::agent::client::{BearerToken, Client, ClientError};
-use crate::agent::self_fence::{FenceBudget, FenceError};
+use crate::agent::self_fence::{SelfFenceBudget, SelfFenceError};
 use crate::gpu::{BackendChoice, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes, OutcomesError};
 use crate::supervisor::attempt::{self, SupervisorConfig};
-use crate::supervisor::proto::FromShim;
+use crate::supervisor::proto::FromSupervisor;
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
@@ -95,7 +95,7 @@ pub enum AgentError {
     Outcomes(#[from] OutcomesError),
     /// The coordinator's lease TTL leaves no room to stop jobs before their leases expire.
     #[error("{0}")]
-    Fence(#[from] FenceError),
+    Fence(#[from] SelfFenceError),
     #[error("the coordinator refused this agent: {0}")]
     Refused(ClientError),
     #[error("cannot serve metrics on {addr}: {source}")]
@@ -129,7 +129,7 @@ enum State {
 pub(crate) struct Session {
     pub agent: AgentId,
     pub plan: String,
-    pub budget: FenceBudget,
+    pub budget: SelfFenceBudget,
     /// When the registration that renewed the leases was sent.
     pub renewed: Instant,
 }
@@ -271,7 +271,7 @@ impl Agent {
             match hello {
                 Ok((
                     conn,
-                    FromShim::Hello {
+                    FromSupervisor::Hello {
                         fence,
                         gpus,
                         pid,
@@ -443,7 +443,7 @@ impl Agent {
             Err(e) => return drained(Err(AgentError::Refused(e))),
         };
         let ttl = Duration::from_millis(resp.lease_ttl_ms);
-        let budget = match FenceBudget::new(ttl, self.shared.cfg.supervisor.kill_grace) {
+        let budget = match SelfFenceBudget::new(ttl, self.shared.cfg.supervisor.kill_grace) {
             Ok(b) => b,
             Err(e) => return drained(Err(e.into())),
         };

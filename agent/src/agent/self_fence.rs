@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 /// The heartbeat and fencing schedule for one lease TTL and kill grace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FenceBudget {
+pub struct SelfFenceBudget {
     pub ttl: Duration,
     /// Time between heartbeats when they succeed.
     pub every: Duration,
@@ -29,7 +29,7 @@ pub struct FenceBudget {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum FenceError {
+pub enum SelfFenceError {
     #[error(
         "--kill-grace {grace:?} does not fit --lease-ttl {ttl:?}: an agent cut off from the \
          coordinator must stop its jobs, kill grace included, before their leases expire and \
@@ -52,12 +52,12 @@ const MARGIN_DIVISOR: u32 = 10;
 /// Heartbeats per TTL.
 const BEATS_PER_TTL: u32 = 3;
 
-impl FenceBudget {
+impl SelfFenceBudget {
     /// The schedule for `ttl` and `kill_grace`, or why the guarantee cannot hold: the agent
     /// must be able to send at least one regular heartbeat before it would fence itself.
-    pub fn new(ttl: Duration, kill_grace: Duration) -> Result<Self, FenceError> {
+    pub fn new(ttl: Duration, kill_grace: Duration) -> Result<Self, SelfFenceError> {
         if ttl < Duration::from_millis(300) {
-            return Err(FenceError::TtlTooShort(ttl));
+            return Err(SelfFenceError::TtlTooShort(ttl));
         }
         let every = ttl / BEATS_PER_TTL;
         let margin = ttl / MARGIN_DIVISOR;
@@ -68,7 +68,7 @@ impl FenceBudget {
                 f64::from(BEATS_PER_TTL * MARGIN_DIVISOR)
                     / f64::from(BEATS_PER_TTL * MARGIN_DIVISOR - MARGIN_DIVISOR - BEATS_PER_TTL),
             );
-            return Err(FenceError::GraceTooLong {
+            return Err(SelfFenceError::GraceTooLong {
                 grace: kill_grace,
                 ttl,
                 max,
@@ -108,7 +108,7 @@ mod tests {
     #[test]
     fn attempts_are_dead_before_the_lease_can_expire() {
         for (ttl, grace) in [(30, 10), (30, 0), (10, 4), (5, 1), (2, 0), (30, 17)] {
-            let b = FenceBudget::new(S(ttl), S(grace)).expect("fits");
+            let b = SelfFenceBudget::new(S(ttl), S(grace)).expect("fits");
             assert!(
                 b.fence_after + S(grace) < S(ttl),
                 "ttl {ttl} grace {grace}: {b:?} too late"
@@ -122,23 +122,23 @@ mod tests {
     #[test]
     fn no_floor_pushes_the_fence_past_the_grace() {
         // The old `ttl/3` floor fenced at 10 s with a 25 s grace of a 30 s TTL: dead at 35 s.
-        let err = FenceBudget::new(S(30), S(25)).expect_err("cannot hold");
-        assert!(matches!(err, FenceError::GraceTooLong { .. }));
+        let err = SelfFenceBudget::new(S(30), S(25)).expect_err("cannot hold");
+        assert!(matches!(err, SelfFenceError::GraceTooLong { .. }));
     }
 
     #[test]
     fn a_grace_as_long_as_the_ttl_is_refused_naming_both_settings() {
-        let err = FenceBudget::new(S(10), S(10)).expect_err("cannot hold");
+        let err = SelfFenceBudget::new(S(10), S(10)).expect_err("cannot hold");
         let msg = err.to_string();
         assert!(
             msg.contains("--kill-grace 10s") && msg.contains("--lease-ttl 10s"),
             "{msg}"
         );
-        let FenceError::GraceTooLong { max, min_ttl, .. } = err else {
+        let SelfFenceError::GraceTooLong { max, min_ttl, .. } = err else {
             panic!("{err:?}")
         };
         // The advice given holds.
-        assert!(FenceBudget::new(S(10), max).is_ok());
-        assert!(FenceBudget::new(min_ttl, S(10)).is_ok(), "{min_ttl:?}");
+        assert!(SelfFenceBudget::new(S(10), max).is_ok());
+        assert!(SelfFenceBudget::new(min_ttl, S(10)).is_ok(), "{min_ttl:?}");
     }
 }

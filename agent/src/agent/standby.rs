@@ -109,7 +109,7 @@ impl Standby {
         let mut cmd = tokio::process::Command::new(&self.exe);
         // `ps` shows `headroom-attempt __headroom-attempt`, not the `/proc/self/exe` it runs.
         cmd.arg0(crate::supervisor::PROCESS_NAME)
-            .arg(crate::supervisor::SHIM_ARG)
+            .arg(crate::supervisor::SUPERVISOR_ARG)
             .env(crate::agent::sweep::AGENT_VAR, &self.scope)
             .env_remove(crate::procscan::ATTEMPT_VAR)
             .stdin(Stdio::from(OwnedFd::from(theirs)))

@@ -1,5 +1,5 @@
 //! The attempt supervisor process ("shim", as containerd's): the agent's own binary started
-//! with [`SHIM_ARG`], one attempt at a time (after a clean end its agent may hand it the
+//! with [`SUPERVISOR_ARG`], one attempt at a time (after a clean end its agent may hand it the
 //! next, see [`standby`]). It leaves the agent's session, becomes child subreaper,
 //! runs the attempt (spawn, log, timeout, peak memory, verified cleanup of its whole tree:
 //! [`crate::supervisor::attempt::run_attempt`]), and journals the outcome in the agent's data
@@ -19,6 +19,7 @@ pub mod colocate;
 pub mod measure;
 pub mod prestart;
 pub mod proto;
+pub mod self_fence;
 
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
@@ -29,7 +30,6 @@ use chrono::{DateTime, Utc};
 use headroom_shared::FailureClass;
 use headroom_shared::api::FinishReport;
 use tokio::net::UnixListener;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::attempts::StopReason;
@@ -38,7 +38,8 @@ use crate::gpu::{self, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes};
 use attempt::{AttemptEnd, SupervisorConfig};
 use headroom_shared::prestart::{Prestart, PrestartReport};
-use proto::{Conn, FromShim, PROTOCOL, Spec, ToShim};
+use proto::{Conn, FromSupervisor, PROTOCOL, Spec, ToSupervisor};
+use self_fence::SelfFence;
 
 /// Attempts one supervisor process runs, one after another, before it exits. Handed back
 /// to its agent after each clean end, it saves the next job an exec and a process start;
@@ -46,7 +47,7 @@ use proto::{Conn, FromShim, PROTOCOL, Spec, ToShim};
 const MAX_ATTEMPTS: u32 = 1000;
 
 /// First argument that turns a headroom binary into an attempt supervisor.
-pub const SHIM_ARG: &str = "__headroom-attempt";
+pub const SUPERVISOR_ARG: &str = "__headroom-attempt";
 /// The supervisor's `argv[0]`, as `ps` shows it.
 pub const PROCESS_NAME: &str = "headroom-attempt";
 /// The supervisor's process name as `top` and `ps -o comm` show it (the kernel keeps 15
@@ -60,8 +61,8 @@ pub const SELF_EXE: &str = "/proc/self/exe";
 
 /// Call first thing in `main` of every binary that runs jobs: when started as an attempt
 /// supervisor, this process supervises its attempt and exits; it never returns.
-pub fn run_if_shim() {
-    if std::env::args_os().nth(1).as_deref() != Some(OsStr::new(SHIM_ARG)) {
+pub fn run_if_supervisor() {
+    if std::env::args_os().nth(1).as_deref() != Some(OsStr::new(SUPERVISOR_ARG)) {
         return;
     }
     std::process::exit(main());
@@ -117,7 +118,7 @@ struct Link {
 }
 
 impl Link {
-    async fn send(&mut self, msg: &FromShim) {
+    async fn send(&mut self, msg: &FromSupervisor) {
         if let Some(conn) = self.conn.as_mut()
             && let Err(e) = conn.send(msg).await
         {
@@ -127,7 +128,7 @@ impl Link {
     }
 
     /// The next message of the attached agent; pending while none is attached.
-    async fn recv(&mut self) -> Option<Result<Option<ToShim>, proto::ProtoError>> {
+    async fn recv(&mut self) -> Option<Result<Option<ToSupervisor>, proto::ProtoError>> {
         match self.conn.as_mut() {
             Some(c) => Some(c.recv().await),
             None => std::future::pending().await,
@@ -172,11 +173,11 @@ async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
 /// The next launch on `conn`; else the process's exit code.
 async fn next_launch(conn: &mut Conn) -> Result<Spec, i32> {
     loop {
-        match conn.recv::<ToShim>().await {
-            Ok(Some(ToShim::Launch { spec })) => return Ok(*spec),
+        match conn.recv::<ToSupervisor>().await {
+            Ok(Some(ToSupervisor::Launch { spec })) => return Ok(*spec),
             // Sent for the attempt before while it ended, read only now: nothing runs to
             // renew or stop.
-            Ok(Some(ToShim::Renew { .. } | ToShim::Stop { .. })) => {}
+            Ok(Some(ToSupervisor::Renew { .. } | ToSupervisor::Stop { .. })) => {}
             // The agent let this waiting supervisor go, or exited or died: nothing runs.
             Ok(None) => return Err(0),
             Err(e) => {
@@ -197,10 +198,10 @@ enum Next {
 /// Runs one attempt from its launch to its journalled and told end. `reuse`: whether this
 /// process may serve another attempt afterwards, if this one ends clean.
 async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next {
-    let mut deadline = Instant::now() + Duration::from_millis(spec.stop_in_ms);
+    let mut fence = SelfFence::new(Duration::from_millis(spec.stop_in_ms));
     let launch = spec.launch.clone();
     let attempt = launch.attempt;
-    let hello = |started: Option<(u32, DateTime<Utc>)>| FromShim::Hello {
+    let hello = |started: Option<(u32, DateTime<Utc>)>| FromSupervisor::Hello {
         version: PROTOCOL,
         attempt,
         job: launch.job,
@@ -268,20 +269,20 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
             end = &mut run => break end,
             Some((pid, at)) = started_rx.recv() => {
                 link.started = Some((pid, at));
-                link.send(&FromShim::Started { pid, started_at: at }).await;
+                link.send(&FromSupervisor::Started { pid, started_at: at }).await;
             }
             Some(reason) = waiting_rx.recv() => {
-                link.send(&FromShim::Waiting { reason }).await;
+                link.send(&FromSupervisor::Waiting { reason }).await;
             }
             msg = link.recv() => match msg {
-                Some(Ok(Some(ToShim::Renew { stop_in_ms }))) => {
-                    deadline = Instant::now() + Duration::from_millis(stop_in_ms);
+                Some(Ok(Some(ToSupervisor::Renew { stop_in_ms }))) => {
+                    fence.renew(Duration::from_millis(stop_in_ms));
                 }
-                Some(Ok(Some(ToShim::Stop { reason: r }))) => {
+                Some(Ok(Some(ToSupervisor::Stop { reason: r }))) => {
                     reason.get_or_insert(r);
                     cancel.cancel();
                 }
-                Some(Ok(Some(ToShim::Launch { .. }))) => {
+                Some(Ok(Some(ToSupervisor::Launch { .. }))) => {
                     tracing::warn!(%attempt, "a second launch is ignored");
                 }
                 Some(Ok(None)) => {
@@ -303,7 +304,7 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
                 }
                 Ok(Err(e)) | Err(e) => tracing::warn!(%attempt, "refused a connection: {e}"),
             },
-            _ = tokio::time::sleep_until(deadline), if reason.is_none() => {
+            _ = fence.due(), if reason.is_none() => {
                 tracing::warn!(%attempt, "lease not renewed in time: stopping the job");
                 reason = Some(StopReason::LeaseLost);
                 cancel.cancel();
@@ -398,7 +399,7 @@ async fn finish(
         );
     }
     let reusable = reuse && clean && written.is_ok() && !link.reattached;
-    link.send(&FromShim::Ended {
+    link.send(&FromSupervisor::Ended {
         held_by,
         report: Box::new(outcome.report),
         reusable,

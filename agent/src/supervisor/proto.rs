@@ -53,7 +53,7 @@ pub struct Spec {
 /// Agent -> supervisor.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
-pub enum ToShim {
+pub enum ToSupervisor {
     /// First message on the spawn channel only.
     Launch { spec: Box<Spec> },
     /// The leases were renewed: stop the job if nothing renews them again within this.
@@ -65,7 +65,7 @@ pub enum ToShim {
 /// Supervisor -> agent.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
-pub enum FromShim {
+pub enum FromSupervisor {
     Hello {
         version: u32,
         attempt: AttemptId,
@@ -175,7 +175,7 @@ pub enum ProtoError {
     #[error("no hello within {0:?}")]
     Silent(Duration),
     #[error("expected hello, got {0:?}")]
-    NoHello(Box<FromShim>),
+    NoHello(Box<FromSupervisor>),
     #[error("the supervisor speaks protocol {0}, this agent {PROTOCOL}")]
     Version(u32),
 }
@@ -221,10 +221,10 @@ pub async fn connect(
     scope: &str,
     attempt: AttemptId,
     wait: Duration,
-) -> Result<(Conn, FromShim), ProtoError> {
+) -> Result<(Conn, FromSupervisor), ProtoError> {
     let stream = std::os::unix::net::UnixStream::connect_addr(&socket_addr(scope, attempt)?)?;
     let mut conn = Conn::new(stream)?;
-    let hello = match tokio::time::timeout(wait, conn.recv::<FromShim>()).await {
+    let hello = match tokio::time::timeout(wait, conn.recv::<FromSupervisor>()).await {
         Err(_) => return Err(ProtoError::Silent(wait)),
         Ok(Ok(Some(h))) => h,
         Ok(Ok(None)) => {
@@ -235,10 +235,10 @@ pub async fn connect(
         Ok(Err(e)) => return Err(e),
     };
     match &hello {
-        FromShim::Hello { version, .. } if *version != PROTOCOL => {
+        FromSupervisor::Hello { version, .. } if *version != PROTOCOL => {
             Err(ProtoError::Version(*version))
         }
-        FromShim::Hello { .. } => Ok((conn, hello)),
+        FromSupervisor::Hello { .. } => Ok((conn, hello)),
         other => Err(ProtoError::NoHello(Box::new(other.clone()))),
     }
 }
@@ -282,19 +282,19 @@ mod tests {
 
     #[test]
     fn messages_are_one_tagged_json_line() {
-        let m = serde_json::to_string(&ToShim::Renew { stop_in_ms: 1500 }).expect("json");
+        let m = serde_json::to_string(&ToSupervisor::Renew { stop_in_ms: 1500 }).expect("json");
         assert_eq!(m, r#"{"msg":"renew","stop_in_ms":1500}"#);
-        let m = serde_json::to_string(&ToShim::Stop {
+        let m = serde_json::to_string(&ToSupervisor::Stop {
             reason: StopReason::LeaseLost,
         })
         .expect("json");
         assert_eq!(m, r#"{"msg":"stop","reason":"lease_lost"}"#);
-        let back: FromShim = serde_json::from_str(
+        let back: FromSupervisor = serde_json::from_str(
             r#"{"msg":"started","pid":12,"started_at":"2026-11-23T10:00:00Z"}"#,
         )
         .expect("parse");
         assert!(
-            matches!(back, FromShim::Started { pid: 12, .. }),
+            matches!(back, FromSupervisor::Started { pid: 12, .. }),
             "{back:?}"
         );
     }
@@ -321,7 +321,7 @@ mod tests {
             prestart: Default::default(),
             background: None,
         };
-        let msg = ToShim::Launch {
+        let msg = ToSupervisor::Launch {
             spec: Box::new(Spec {
                 launch,
                 fence: 7,
@@ -340,7 +340,7 @@ mod tests {
             }),
         };
         let line = serde_json::to_string(&msg).expect("json");
-        let ToShim::Launch { spec } = serde_json::from_str(&line).expect("reads back") else {
+        let ToSupervisor::Launch { spec } = serde_json::from_str(&line).expect("reads back") else {
             panic!("{line}")
         };
         assert_eq!(spec.fence, 7);

@@ -280,4 +280,3 @@ pub struct LogChunkQuery {
     pub fence: i64,
     pub offset: u64,
 }
-
