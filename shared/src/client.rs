@@ -38,9 +38,13 @@ pub enum ClientError {
         #[source]
         source: reqwest::Error,
     },
-    /// Our fencing token is stale: the lease is someone else's now.
-    #[error("stale lease: {0}")]
-    Stale(String),
+    /// Our fencing token is stale: the lease is someone else's now. `attempt`: the one the
+    /// coordinator named.
+    #[error("stale lease: {message}")]
+    Stale {
+        message: String,
+        attempt: Option<AttemptId>,
+    },
     /// The coordinator no longer knows this agent: register again.
     #[error("agent unknown to the coordinator: {0}")]
     UnknownAgent(String),
@@ -77,7 +81,7 @@ impl ClientError {
     /// The server's error code, when the server answered with one.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            ClientError::Stale(_) => Some(ErrorCode::StaleFence),
+            ClientError::Stale { .. } => Some(ErrorCode::StaleFence),
             ClientError::UnknownAgent(_) => Some(ErrorCode::UnknownAgent),
             ClientError::Refused { code, .. } => Some(*code),
             _ => None,
@@ -94,7 +98,7 @@ impl ClientError {
             }
             // A proxy's 502/503 page while the coordinator restarts.
             ClientError::Unexpected { status, .. } => *status >= 500,
-            ClientError::Stale(_)
+            ClientError::Stale { .. }
             | ClientError::UnknownAgent(_)
             | ClientError::Build(_)
             | ClientError::BadToken => false,
@@ -230,7 +234,10 @@ impl Client {
         }
         Err(match serde_json::from_slice::<ErrorBody>(&body) {
             Ok(ErrorBody { error }) => match error.code {
-                ErrorCode::StaleFence => ClientError::Stale(error.message),
+                ErrorCode::StaleFence => ClientError::Stale {
+                    message: error.message,
+                    attempt: error.attempt,
+                },
                 ErrorCode::UnknownAgent => ClientError::UnknownAgent(error.message),
                 code => ClientError::Refused {
                     status,

@@ -69,7 +69,7 @@ async fn errors_decode_into_codes_and_are_classified_once() {
     let agent = AgentId::new();
     let e = c.heartbeat(agent, &hb).await.expect_err("stale");
     assert!(
-        matches!(e, ClientError::Stale(_)) && !e.is_transient(),
+        matches!(e, ClientError::Stale { .. }) && !e.is_transient(),
         "{e:?}"
     );
     let e = c.heartbeat(agent, &hb).await.expect_err("unknown agent");

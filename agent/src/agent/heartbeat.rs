@@ -69,7 +69,8 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
             Ok(Ok(_)) => {}
             // Not stored: sent again with the next heartbeat.
             Ok(Err(e))
-                if e.is_transient() || matches!(e, crate::agent::client::ClientError::Stale(_)) =>
+                if e.is_transient()
+                    || matches!(e, crate::agent::client::ClientError::Stale { .. }) =>
             {
                 shared
                     .telemetry
@@ -105,14 +106,17 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
                     }
                 }
             }
-            Ok(Err(crate::agent::client::ClientError::Stale(msg))) => {
+            Ok(Err(crate::agent::client::ClientError::Stale {
+                message: msg,
+                attempt,
+            })) => {
                 // The whole heartbeat was refused for the lease it names: stop that attempt,
                 // leave it out, and renew the others at once.
                 let named: Vec<AttemptId> = req
                     .attempts
                     .iter()
                     .map(|r| r.attempt)
-                    .filter(|id| msg.contains(&id.to_string()))
+                    .filter(|id| attempt == Some(*id))
                     .collect();
                 for id in &named {
                     attempts.mark_stale(*id);
@@ -375,6 +379,20 @@ mod tests {
         String,
         tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
     ) {
+        let down = r#"{"error": {"code": "store_unavailable", "message": "down"}}"#;
+        answering_first("503 Service Unavailable", down.to_string()).await
+    }
+
+    /// A coordinator that answers the first heartbeat with `status` and `answer` and every
+    /// later one 200, passing on the bodies it answered 200.
+    async fn answering_first(
+        status: &'static str,
+        answer: String,
+    ) -> (
+        String,
+        tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+    ) {
+        let first_answer = (status, answer);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -410,11 +428,7 @@ mod tests {
                 let Some(body) = body else { continue };
                 let (status, answer) = if first {
                     first = false;
-                    (
-                        "503 Service Unavailable",
-                        r#"{"error": {"code": "store_unavailable", "message": "down"}}"#
-                            .to_string(),
-                    )
+                    first_answer.clone()
                 } else {
                     let _ = tx.send(serde_json::from_str(&body).expect("json body"));
                     (
@@ -483,5 +497,38 @@ mod tests {
         }
         assert_eq!(shipped, vec![1_000, 2_000], "oldest first, nothing lost");
         assert_eq!(telemetry.dropped(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_heartbeat_refused_for_one_stale_lease_stops_that_attempt_only() {
+        let budget = SelfFenceBudget::new(S(30), S(10)).expect("budget");
+        let stale = AttemptId::new();
+        // The attempt is named in the answer's `attempt` field, not in its message.
+        let refusal = format!(
+            r#"{{"error": {{"code": "stale_fence", "message": "the lease was lost", "attempt": "{stale}"}}}}"#
+        );
+        let (url, mut renewed) = answering_first("409 Conflict", refusal).await;
+        let (attempts, _start, _dir) = session(&url, budget).await;
+        let lost = attempts.begin(stale, 1, &CancellationToken::new());
+        let other = AttemptId::new();
+        let kept = attempts.begin(other, 1, &CancellationToken::new());
+        // The first heartbeat leaves at `every` (10 s) and is refused at once.
+        tokio::time::timeout(budget.every + S(1), lost.cancel.cancelled())
+            .await
+            .expect("the attempt the refusal named is stopped");
+        assert_eq!(lost.reason(), Some(StopReason::LeaseLost));
+        let next = renewed.recv().await.expect("the next heartbeat");
+        let named: Vec<String> = next["attempts"]
+            .as_array()
+            .expect("attempts")
+            .iter()
+            .filter_map(|a| a["attempt"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(named, vec![other.to_string()], "{next}");
+        assert_eq!(
+            kept.reason(),
+            None,
+            "the other lease is renewed, not stopped"
+        );
     }
 }

@@ -352,7 +352,7 @@ pub(crate) async fn report_outcome(
                 tracing::info!(%attempt, failure = ?report.failure, job_state = %resp.job_state, "attempt reported");
                 break;
             }
-            Err(ClientError::Stale(m)) => {
+            Err(ClientError::Stale { message: m, .. }) => {
                 tracing::warn!(%attempt, "finish refused, the lease is no longer ours: {m}");
                 break;
             }
@@ -407,7 +407,7 @@ async fn ship_log(
             let n = chunk.len() as u64;
             match client.append_log(attempt, fence, offset, chunk).await {
                 Ok(()) => offset += n,
-                Err(ClientError::Stale(_)) => return,
+                Err(ClientError::Stale { .. }) => return,
                 Err(e) => {
                     tracing::debug!(%attempt, "log shipping failed, will retry: {e}");
                     break;

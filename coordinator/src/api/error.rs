@@ -5,6 +5,7 @@ use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use headroom_shared::AttemptId;
 use headroom_shared::api::{ErrorBody, ErrorCode, ErrorDetail};
 use headroom_shared::spec::SpecError;
 
@@ -15,6 +16,8 @@ pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
     pub field: Option<String>,
+    /// The attempt the error is about, as a field of the answer.
+    pub attempt: Option<AttemptId>,
     /// Only for axum's own rejections (413, 415, ...), whose status says more than a code.
     status: Option<StatusCode>,
 }
@@ -25,6 +28,7 @@ impl ApiError {
             code,
             message: message.into(),
             field: None,
+            attempt: None,
             status: None,
         }
     }
@@ -70,6 +74,7 @@ impl IntoResponse for ApiError {
                 code: self.code,
                 message: self.message,
                 field: self.field,
+                attempt: self.attempt,
             },
         };
         (status, Json(body)).into_response()
@@ -81,7 +86,10 @@ impl From<StoreError> for ApiError {
         let message = e.to_string();
         match e {
             StoreError::NotFound { .. } => Self::new(ErrorCode::NotFound, message),
-            StoreError::StaleFence { .. } => Self::new(ErrorCode::StaleFence, message),
+            StoreError::StaleFence { attempt } => Self {
+                attempt: Some(attempt),
+                ..Self::new(ErrorCode::StaleFence, message)
+            },
             StoreError::UnknownAgent { .. } => Self::new(ErrorCode::UnknownAgent, message),
             StoreError::Transition(_)
             | StoreError::Conflict { .. }
@@ -144,3 +152,30 @@ impl<T: serde::Serialize> IntoResponse for ApiJson<T> {
 }
 
 pub type ApiResult<T> = Result<ApiJson<T>, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_race_is_a_conflict_not_an_outage() {
+        for e in [
+            StoreError::Conflict {
+                job: Some("j".into()),
+            },
+            StoreError::Conflict { job: None },
+        ] {
+            assert_eq!(ApiError::from(e).status(), StatusCode::CONFLICT);
+        }
+        let down = ApiError::from(StoreError::Database("connection refused".into()));
+        assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn a_stale_fence_names_its_attempt_in_a_field() {
+        let attempt = AttemptId::new();
+        let e = ApiError::from(StoreError::StaleFence { attempt });
+        assert_eq!(e.status(), StatusCode::CONFLICT);
+        assert_eq!(e.attempt, Some(attempt));
+    }
+}

@@ -32,6 +32,10 @@ pub struct ErrorDetail {
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// The attempt the error is about (`stale_fence`: the attempt whose lease is no longer
+    /// the caller's), for programs to act on without reading the message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<AttemptId>,
 }
 
 /// What went wrong, for programs: the server sets it, clients match on it (never on text).

@@ -190,11 +190,16 @@ fn every_report_of_a_lost_attempt_is_refused_with_409_and_changes_nothing() {
     let before = c.job(&first);
 
     // A comes back and reports on its old lease.
+    let answers = [
+        ("start", c.start(&first)),
+        ("heartbeat", c.heartbeat(a, &first)),
+        ("finish", c.finish(&first)),
+    ];
     let refused = [
-        ("start", c.start(&first).0),
-        ("heartbeat", c.heartbeat(a, &first).0),
+        ("start", answers[0].1.0),
+        ("heartbeat", answers[1].1.0),
         ("log", c.append_log(&first, "stale line\n").0),
-        ("finish", c.finish(&first).0),
+        ("finish", answers[2].1.0),
     ];
     // Every problem at once, so that one run tells which reports slip through.
     let mut problems: Vec<String> = refused
@@ -202,6 +207,13 @@ fn every_report_of_a_lost_attempt_is_refused_with_409_and_changes_nothing() {
         .filter(|(_, s)| *s != 409)
         .map(|(what, s)| format!("a stale {what} got {s}, not 409"))
         .collect();
+    // The refusal names the attempt in a field of its own (the agent acts on it; it never
+    // reads the message).
+    for (what, (_, body)) in &answers {
+        if body["error"]["attempt"] != serde_json::json!(first.attempt.to_string()) {
+            problems.push(format!("a stale {what} did not name its attempt: {body}"));
+        }
+    }
     let after = c.job(&first);
     if after.summary.state != before.summary.state || after.summary.state != JobState::Leased {
         problems.push(format!("the job went {}", after.summary.state));

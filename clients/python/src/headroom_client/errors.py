@@ -1,4 +1,5 @@
-"""Typed exceptions for the API's one error shape: ``{"error": {"code", "message", "field"?}}``."""
+"""Typed exceptions for the API's one error shape:
+``{"error": {"code", "message", "field"?, "attempt"?}}``."""
 
 from __future__ import annotations
 
@@ -9,15 +10,22 @@ import httpx
 
 class HeadroomError(Exception):
     """An error answer of the coordinator. ``code`` is for programs (``invalid``,
-    ``not_found``, ...), ``field`` names the request field at fault when there is one."""
+    ``not_found``, ...), ``field`` names the request field at fault when there is one,
+    ``attempt`` the attempt the error is about (``stale_fence``)."""
 
     def __init__(
-        self, status: int, code: str, message: str, field: Optional[str] = None
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: Optional[str] = None,
+        attempt: Optional[str] = None,
     ) -> None:
         self.status = status
         self.code = code
         self.message = message
         self.field = field
+        self.attempt = attempt
         where = f" ({field})" if field else ""
         super().__init__(f"{status} {code}{where}: {message}")
 
@@ -79,7 +87,7 @@ _BY_STATUS = {
 
 def error_from_response(resp: httpx.Response) -> HeadroomError:
     """The typed exception for an error answer (any status >= 400)."""
-    code, message, field = "", resp.text.strip(), None
+    code, message, field, attempt = "", resp.text.strip(), None, None
     try:
         body = resp.json()
         detail = body.get("error", {}) if isinstance(body, dict) else {}
@@ -87,9 +95,10 @@ def error_from_response(resp: httpx.Response) -> HeadroomError:
             code = str(detail.get("code") or "")
             message = str(detail.get("message") or message)
             field = detail.get("field")
+            attempt = detail.get("attempt")
     except ValueError:
         pass
     cls = _BY_CODE.get(code) or _BY_STATUS.get(resp.status_code)
     if cls is None:
         cls = ServerError if resp.status_code >= 500 else HeadroomError
-    return cls(resp.status_code, code or f"http_{resp.status_code}", message, field)
+    return cls(resp.status_code, code or f"http_{resp.status_code}", message, field, attempt)

@@ -20,6 +20,7 @@ class ErrorDetail(_Model):
     code: str
     message: str
     field: Optional[str] = None
+    attempt: Optional[str] = None
 
 
 class Health(_Model):
