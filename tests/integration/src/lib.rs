@@ -1,11 +1,17 @@
 //! Test support for end-to-end tests: start the real `headroom` binary on a temporary data
 //! directory with fake GPUs, talk to it over HTTP and through the CLI. The one place tests
 //! share their setup: `standalone` starts a coordinator and agents as separate binaries,
-//! `records` reads what fake jobs recorded, `prom` parses Prometheus pages with a real parser.
+//! `records` reads what fake jobs recorded, `prom` parses Prometheus pages with a real parser,
+//! `postgres` starts a throwaway cluster, `link` is a connection a test can cut.
 
+mod link;
+mod postgres;
 pub mod prom;
 pub mod records;
 pub mod standalone;
+
+pub use link::Link;
+pub use postgres::Postgres;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -749,134 +755,6 @@ impl Drop for Proc {
             let _ = c.kill();
             let _ = c.wait();
         }
-    }
-}
-
-/// A throwaway PostgreSQL 15 cluster of the test's own (the server refuses to run as root,
-/// so it runs as `postgres`), stopped and removed when dropped.
-pub struct Postgres {
-    dir: tempfile::TempDir,
-    pub port: u16,
-}
-
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
-
-impl Postgres {
-    pub fn start() -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("hr-pg")
-            .tempdir_in("/tmp")?;
-        let port = free_port()?;
-        let d = dir.path().display().to_string();
-        run_as_postgres(&format!("chown postgres {d}"), false)?;
-        run_as_postgres(
-            &format!("{PG_BIN}/initdb -D {d}/data -U postgres --auth=trust -E UTF8 >/dev/null"),
-            true,
-        )?;
-        let pg = Self { dir, port };
-        pg.ctl("start")?;
-        Ok(pg)
-    }
-
-    fn ctl(&self, what: &str) -> Result<()> {
-        let d = self.dir.path().display();
-        run_as_postgres(
-            &format!(
-                "{PG_BIN}/pg_ctl -D {d}/data -o \"-p {} -k {d} -c listen_addresses=127.0.0.1 \
-                 -c fsync=off -c max_connections=200\" -l {d}/log -w -m fast {what} >/dev/null",
-                self.port
-            ),
-            true,
-        )
-    }
-
-    /// `pg_ctl restart`: every connection drops, the server comes back on the same port.
-    pub fn restart(&self) -> Result<()> {
-        self.ctl("restart")
-    }
-
-    pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        let _ = self.ctl("stop");
-    }
-}
-
-fn run_as_postgres(cmd: &str, as_postgres: bool) -> Result<()> {
-    let status = if as_postgres {
-        Command::new("su").args(["postgres", "-c", cmd]).status()?
-    } else {
-        Command::new("sh").args(["-c", cmd]).status()?
-    };
-    if !status.success() {
-        bail!("`{cmd}` failed ({status})");
-    }
-    Ok(())
-}
-
-/// A TCP relay between an agent and a coordinator whose link a test can cut and heal: a
-/// network partition without network namespaces.
-pub struct Link {
-    pub port: u16,
-    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
-}
-
-impl Link {
-    pub fn new(target: u16) -> Result<Self> {
-        use std::net::{TcpListener, TcpStream};
-        use std::sync::atomic::Ordering;
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        let port = listener.local_addr()?.port();
-        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let conns: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>> = Default::default();
-        let (c, k) = (cut.clone(), conns.clone());
-        std::thread::spawn(move || {
-            for client in listener.incoming().map_while(Result::ok) {
-                if c.load(Ordering::SeqCst) {
-                    drop(client);
-                    continue;
-                }
-                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
-                    continue;
-                };
-                if let Ok(mut list) = k.lock() {
-                    list.extend(client.try_clone().ok());
-                    list.extend(server.try_clone().ok());
-                }
-                for (mut from, mut to) in [
-                    (client.try_clone(), server.try_clone()),
-                    (server.try_clone(), client.try_clone()),
-                ]
-                .into_iter()
-                .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
-                {
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                    });
-                }
-            }
-        });
-        Ok(Self { port, cut, conns })
-    }
-
-    /// Drops every connection and refuses new ones.
-    pub fn cut(&self) {
-        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Ok(mut list) = self.conns.lock() {
-            for s in list.drain(..) {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
-        }
-    }
-
-    pub fn heal(&self) {
-        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
