@@ -9,9 +9,11 @@ mod postgres;
 pub mod prom;
 pub mod records;
 pub mod standalone;
+mod tables;
 
 pub use link::Link;
 pub use postgres::Postgres;
+pub use tables::csv_table;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -588,22 +590,6 @@ fn kill_and_reap(child: &mut Option<Child>) -> Result<()> {
 /// Whether a process is alive (zombies count as dead).
 pub fn alive(pid: u32) -> bool {
     stat_fields(pid).is_some_and(|f| f.first().is_some_and(|state| state != "Z"))
-}
-
-/// The rows of a CSV export as (header, rows of cells).
-pub fn csv_table(csv: &str) -> (Vec<String>, Vec<Vec<String>>) {
-    let mut r = csv::Reader::from_reader(csv.as_bytes());
-    let header = r
-        .headers()
-        .expect("header")
-        .iter()
-        .map(str::to_string)
-        .collect();
-    let rows = r
-        .records()
-        .map(|rec| rec.expect("row").iter().map(str::to_string).collect())
-        .collect();
-    (header, rows)
 }
 
 /// One line of a `headroom-fake-job --record` file.
