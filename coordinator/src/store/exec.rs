@@ -30,8 +30,8 @@ pub enum Arg<'a> {
     Int(i64),
     Text(&'a str),
     Bool(bool),
-    /// Stored as JSON (TEXT on SQLite, JSONB on PostgreSQL).
-    Json(serde_json::Value),
+    /// JSON text, stored as JSON (TEXT on SQLite, JSONB on PostgreSQL).
+    Json(String),
 }
 
 impl From<i64> for Arg<'_> {
@@ -78,7 +78,7 @@ impl<'a, T: Into<Arg<'a>>> From<Option<T>> for Arg<'a> {
 
 /// A value as JSON, for a JSON column.
 pub fn json<T: serde::Serialize>(v: &T) -> Result<Arg<'static>> {
-    Ok(Arg::Json(serde_json::to_value(v)?))
+    Ok(Arg::Json(serde_json::to_string(v)?))
 }
 
 /// One column of a result row, owned.
@@ -88,7 +88,6 @@ pub enum Cell {
     Int(i64),
     Text(String),
     Bool(bool),
-    Json(serde_json::Value),
 }
 
 /// A result row, owned: both backends' rows decode through `Cols` here.
@@ -148,8 +147,7 @@ impl Cols for Cells {
     fn json_opt<T: DeserializeOwned>(&self, i: usize) -> Result<Option<T>> {
         match self.cell(i)? {
             Cell::Null => Ok(None),
-            Cell::Json(v) => Ok(Some(T::deserialize(v)?)),
-            // SQLite keeps JSON as text.
+            // JSON comes as its text from both databases.
             Cell::Text(s) => Ok(Some(serde_json::from_str(s)?)),
             _ => Err(self.wrong(i, "JSON")),
         }

@@ -15,7 +15,7 @@ use deadpool_postgres::{
 use headroom_shared::api::TelemetrySample;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::NoTlsStream;
-use tokio_postgres::types::{IsNull, Json, ToSql, Type, to_sql_checked};
+use tokio_postgres::types::{FromSql, IsNull, Json, ToSql, Type, to_sql_checked};
 use tokio_postgres::{AsyncMessage, Client, Connection, IsolationLevel, NoTls, Row, Socket};
 use tokio_util::sync::CancellationToken;
 
@@ -203,7 +203,17 @@ impl ToSql for Arg<'_> {
             Arg::Int(v) => v.to_sql_checked(ty, out),
             Arg::Text(s) => s.to_sql_checked(ty, out),
             Arg::Bool(b) => b.to_sql_checked(ty, out),
-            Arg::Json(v) => v.to_sql_checked(ty, out),
+            // JSONB's binary form is a version byte and the text.
+            Arg::Json(s) if *ty == Type::JSONB => {
+                out.extend_from_slice(&[1]);
+                out.extend_from_slice(s.as_bytes());
+                Ok(IsNull::No)
+            }
+            Arg::Json(s) if *ty == Type::JSON => {
+                out.extend_from_slice(s.as_bytes());
+                Ok(IsNull::No)
+            }
+            Arg::Json(_) => Err(format!("JSON bound to a {ty} parameter").into()),
         }
     }
 
@@ -213,6 +223,27 @@ impl ToSql for Arg<'_> {
     }
 
     to_sql_checked!();
+}
+
+/// A JSON or JSONB column as its text, decoded once, by `Cols::json`, into its type.
+struct JsonText(String);
+
+impl<'a> FromSql<'a> for JsonText {
+    fn from_sql(ty: &Type, raw: &'a [u8]) -> std::result::Result<Self, BoxError> {
+        let text = if *ty == Type::JSONB {
+            match raw.split_first() {
+                Some((1, text)) => text,
+                _ => return Err("unknown JSONB version".into()),
+            }
+        } else {
+            raw
+        };
+        Ok(JsonText(std::str::from_utf8(text)?.to_string()))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB || *ty == Type::JSON
+    }
 }
 
 fn cells(row: &Row) -> Result<Cells> {
@@ -228,8 +259,8 @@ fn cells(row: &Row) -> Result<Cells> {
             row.try_get::<_, Option<bool>>(i)?
                 .map_or(Cell::Null, Cell::Bool)
         } else if *ty == Type::JSONB || *ty == Type::JSON {
-            row.try_get::<_, Option<serde_json::Value>>(i)?
-                .map_or(Cell::Null, Cell::Json)
+            row.try_get::<_, Option<JsonText>>(i)?
+                .map_or(Cell::Null, |j| Cell::Text(j.0))
         } else {
             row.try_get::<_, Option<String>>(i)?
                 .map_or(Cell::Null, Cell::Text)

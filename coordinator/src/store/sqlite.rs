@@ -166,7 +166,7 @@ impl rusqlite::ToSql for Arg<'_> {
             Arg::Int(v) => ToSqlOutput::Owned(Value::Integer(*v)),
             Arg::Text(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
             Arg::Bool(b) => ToSqlOutput::Owned(Value::Integer(i64::from(*b))),
-            Arg::Json(v) => ToSqlOutput::Owned(Value::Text(v.to_string())),
+            Arg::Json(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
         })
     }
 }
