@@ -1,5 +1,5 @@
 //! What a backend's transaction must do for the shared SQL (`sql`) to run on it: `Exec`
-//! runs a statement with `Arg` parameters and returns owned rows (`Cells`, decoded through
+//! runs a statement with `Arg` parameters and hands each row (`RowRef`, decoded through
 //! `rows::Cols`), names the few words its dialect says differently, and runs the statements
 //! only its database does well.
 
@@ -81,85 +81,63 @@ pub fn json<T: serde::Serialize>(v: &T) -> Result<Arg<'static>> {
     Ok(Arg::Json(serde_json::to_string(v)?))
 }
 
-/// One column of a result row, owned.
-#[derive(Clone, Debug)]
-pub enum Cell {
-    Null,
-    Int(i64),
-    Text(String),
-    Bool(bool),
+/// One result row as a backend reads it, in place: typed reads of its columns by position.
+pub trait Raw {
+    fn text_opt(&self, i: usize) -> Result<Option<String>>;
+    fn int_opt(&self, i: usize) -> Result<Option<i64>>;
+    fn flag_opt(&self, i: usize) -> Result<Option<bool>>;
+    /// Hands a JSON column's text to `f` (`None` when NULL) without copying it.
+    fn json_with(&self, i: usize, f: &mut dyn FnMut(Option<&str>) -> Result<()>) -> Result<()>;
 }
 
-/// A result row, owned: both backends' rows decode through `Cols` here.
-pub struct Cells(pub Vec<Cell>);
+/// A row of either backend, decoded through `Cols` (by `rows`).
+pub struct RowRef<'a>(pub &'a dyn Raw);
 
-impl Cells {
-    fn cell(&self, i: usize) -> Result<&Cell> {
-        self.0
-            .get(i)
-            .ok_or_else(|| StoreError::Corrupt(format!("no column {i}")))
-    }
-
-    fn wrong(&self, i: usize, want: &str) -> StoreError {
-        StoreError::Corrupt(format!(
-            "column {i}: {want} expected, found {:?}",
-            self.0.get(i)
-        ))
-    }
+fn missing(i: usize, what: &str) -> StoreError {
+    StoreError::Corrupt(format!("column {i}: {what} expected, found NULL"))
 }
 
-impl Cols for Cells {
+impl Cols for RowRef<'_> {
     fn text(&self, i: usize) -> Result<String> {
-        self.text_opt(i)?.ok_or_else(|| self.wrong(i, "text"))
+        self.0.text_opt(i)?.ok_or_else(|| missing(i, "text"))
     }
     fn text_opt(&self, i: usize) -> Result<Option<String>> {
-        match self.cell(i)? {
-            Cell::Null => Ok(None),
-            Cell::Text(s) => Ok(Some(s.clone())),
-            _ => Err(self.wrong(i, "text")),
-        }
+        self.0.text_opt(i)
     }
     fn int(&self, i: usize) -> Result<i64> {
-        self.int_opt(i)?.ok_or_else(|| self.wrong(i, "integer"))
+        self.0.int_opt(i)?.ok_or_else(|| missing(i, "integer"))
     }
     fn int_opt(&self, i: usize) -> Result<Option<i64>> {
-        match self.cell(i)? {
-            Cell::Null => Ok(None),
-            Cell::Int(v) => Ok(Some(*v)),
-            _ => Err(self.wrong(i, "integer")),
-        }
+        self.0.int_opt(i)
     }
     fn flag(&self, i: usize) -> Result<bool> {
-        self.flag_opt(i)?.ok_or_else(|| self.wrong(i, "boolean"))
+        self.0.flag_opt(i)?.ok_or_else(|| missing(i, "boolean"))
     }
     fn flag_opt(&self, i: usize) -> Result<Option<bool>> {
-        match self.cell(i)? {
-            Cell::Null => Ok(None),
-            Cell::Bool(b) => Ok(Some(*b)),
-            // SQLite keeps booleans as integers.
-            Cell::Int(v) => Ok(Some(*v != 0)),
-            _ => Err(self.wrong(i, "boolean")),
-        }
+        self.0.flag_opt(i)
     }
     fn json<T: DeserializeOwned>(&self, i: usize) -> Result<T> {
-        self.json_opt(i)?.ok_or_else(|| self.wrong(i, "JSON"))
+        self.json_opt(i)?.ok_or_else(|| missing(i, "JSON"))
     }
     fn json_opt<T: DeserializeOwned>(&self, i: usize) -> Result<Option<T>> {
-        match self.cell(i)? {
-            Cell::Null => Ok(None),
-            // JSON comes as its text from both databases.
-            Cell::Text(s) => Ok(Some(serde_json::from_str(s)?)),
-            _ => Err(self.wrong(i, "JSON")),
-        }
+        let mut out = None;
+        self.0.json_with(i, &mut |text| {
+            out = text.map(serde_json::from_str).transpose()?;
+            Ok(())
+        })?;
+        Ok(out)
     }
 }
+
+/// Called with each row of a query.
+pub type EachRow<'f> = dyn FnMut(&RowRef<'_>) -> Result<()> + Send + 'f;
 
 /// What a backend's transaction must do for the SQL here to run on it.
 #[async_trait]
 pub trait Exec: Send {
     fn dialect(&self) -> &'static Dialect;
-    /// The rows of a statement.
-    async fn query(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Cells>>;
+    /// Runs a query, handing each row to `each` in turn.
+    async fn query(&mut self, sql: &str, args: &[Arg<'_>], each: &mut EachRow<'_>) -> Result<()>;
     /// Runs a statement; the rows it changed.
     async fn execute(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64>;
 

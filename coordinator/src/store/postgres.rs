@@ -19,7 +19,7 @@ use tokio_postgres::types::{FromSql, IsNull, Json, ToSql, Type, to_sql_checked};
 use tokio_postgres::{AsyncMessage, Client, Connection, IsolationLevel, NoTls, Row, Socket};
 use tokio_util::sync::CancellationToken;
 
-use super::exec::{Arg, Cell, Cells, Dialect, Exec};
+use super::exec::{Arg, Dialect, EachRow, Exec, Raw, RowRef};
 use super::rows::{self, i64_of, opt_i64};
 use super::tx::{Backend, Op};
 use super::{Millis, NewExperiment, OnChange, Result, StoreError};
@@ -225,10 +225,10 @@ impl ToSql for Arg<'_> {
     to_sql_checked!();
 }
 
-/// A JSON or JSONB column as its text, decoded once, by `Cols::json`, into its type.
-struct JsonText(String);
+/// A JSON or JSONB column's text, borrowed from the row.
+struct JsonStr<'a>(&'a str);
 
-impl<'a> FromSql<'a> for JsonText {
+impl<'a> FromSql<'a> for JsonStr<'a> {
     fn from_sql(ty: &Type, raw: &'a [u8]) -> std::result::Result<Self, BoxError> {
         let text = if *ty == Type::JSONB {
             match raw.split_first() {
@@ -238,7 +238,7 @@ impl<'a> FromSql<'a> for JsonText {
         } else {
             raw
         };
-        Ok(JsonText(std::str::from_utf8(text)?.to_string()))
+        Ok(JsonStr(std::str::from_utf8(text)?))
     }
 
     fn accepts(ty: &Type) -> bool {
@@ -246,30 +246,31 @@ impl<'a> FromSql<'a> for JsonText {
     }
 }
 
-fn cells(row: &Row) -> Result<Cells> {
-    let get = |i: usize| -> std::result::Result<Cell, tokio_postgres::Error> {
-        let ty = row.columns()[i].type_();
-        Ok(if *ty == Type::INT8 {
-            row.try_get::<_, Option<i64>>(i)?
-                .map_or(Cell::Null, Cell::Int)
-        } else if *ty == Type::INT4 {
-            row.try_get::<_, Option<i32>>(i)?
-                .map_or(Cell::Null, |v| Cell::Int(v.into()))
-        } else if *ty == Type::BOOL {
-            row.try_get::<_, Option<bool>>(i)?
-                .map_or(Cell::Null, Cell::Bool)
-        } else if *ty == Type::JSONB || *ty == Type::JSON {
-            row.try_get::<_, Option<JsonText>>(i)?
-                .map_or(Cell::Null, |j| Cell::Text(j.0))
-        } else {
-            row.try_get::<_, Option<String>>(i)?
-                .map_or(Cell::Null, Cell::Text)
-        })
-    };
-    let cells = (0..row.len())
-        .map(|i| get(i).map_err(|e| StoreError::Corrupt(format!("column {i}: {e}"))))
-        .collect::<Result<_>>()?;
-    Ok(Cells(cells))
+fn column<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
+    row.try_get(i)
+        .map_err(|e| StoreError::Corrupt(format!("column {i}: {e}")))
+}
+
+impl Raw for Row {
+    fn text_opt(&self, i: usize) -> Result<Option<String>> {
+        column(self, i)
+    }
+    fn int_opt(&self, i: usize) -> Result<Option<i64>> {
+        if self
+            .columns()
+            .get(i)
+            .is_some_and(|c| *c.type_() == Type::INT4)
+        {
+            return Ok(column::<Option<i32>>(self, i)?.map(i64::from));
+        }
+        column(self, i)
+    }
+    fn flag_opt(&self, i: usize) -> Result<Option<bool>> {
+        column(self, i)
+    }
+    fn json_with(&self, i: usize, f: &mut dyn FnMut(Option<&str>) -> Result<()>) -> Result<()> {
+        f(column::<Option<JsonStr<'_>>>(self, i)?.map(|j| j.0))
+    }
 }
 
 async fn exec(tx: &Transaction<'_>, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
@@ -426,10 +427,12 @@ impl Exec for PgTx<'_> {
         &DIALECT
     }
 
-    async fn query(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Cells>> {
+    async fn query(&mut self, sql: &str, args: &[Arg<'_>], each: &mut EachRow<'_>) -> Result<()> {
         let stmt = self.tx.prepare_cached(sql).await?;
-        let rows = self.tx.query(&stmt, &params(args)).await?;
-        rows.iter().map(cells).collect()
+        for row in self.tx.query(&stmt, &params(args)).await? {
+            each(&RowRef(&row))?;
+        }
+        Ok(())
     }
 
     async fn execute(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {

@@ -14,7 +14,7 @@ use headroom_shared::api::{
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, FailureClass, JobState, Plan};
 
-use super::exec::{Arg, Cells, Exec, json};
+use super::exec::{Arg, Exec, RowRef, json};
 use super::rows::{self, Cols, LeaseRow, NodeRow, i64_of, opt_i64};
 use super::tx::{AttemptsWhere, Ended, JobsWhere, NewAttempt, Tx};
 use super::{Active, Millis, NewExperiment, NewToken, Result, SeriesWindow, StoredToken};
@@ -36,29 +36,43 @@ static WAITING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         .join(", ")
 });
 
-async fn all<E: Exec + ?Sized, T>(
+async fn all<E: Exec + ?Sized, T: Send>(
     e: &mut E,
     sql: &str,
     args: &[Arg<'_>],
-    f: impl Fn(&Cells) -> Result<T>,
+    f: impl Fn(&RowRef<'_>) -> Result<T> + Send + Sync,
 ) -> Result<Vec<T>> {
-    e.query(sql, args).await?.iter().map(f).collect()
+    let mut out = Vec::new();
+    e.query(sql, args, &mut |r| {
+        out.push(f(r)?);
+        Ok(())
+    })
+    .await?;
+    Ok(out)
 }
 
-async fn first<E: Exec + ?Sized, T>(
+async fn first<E: Exec + ?Sized, T: Send>(
     e: &mut E,
     sql: &str,
     args: &[Arg<'_>],
-    f: impl Fn(&Cells) -> Result<T>,
+    f: impl Fn(&RowRef<'_>) -> Result<T> + Send + Sync,
 ) -> Result<Option<T>> {
-    e.query(sql, args).await?.first().map(f).transpose()
+    let mut out = None;
+    e.query(sql, args, &mut |r| {
+        if out.is_none() {
+            out = Some(f(r)?);
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(out)
 }
 
 async fn done<E: Exec + ?Sized>(e: &mut E, sql: &str, args: &[Arg<'_>]) -> Result<()> {
     e.execute(sql, args).await.map(drop)
 }
 
-fn text(r: &Cells) -> Result<String> {
+fn text(r: &RowRef<'_>) -> Result<String> {
     r.text(0)
 }
 
@@ -119,7 +133,7 @@ impl<E: Exec> Tx for E {
         match which {
             JobsWhere::Id(id) => {
                 let sql = format!("SELECT {cols} {from} WHERE j.id = $1");
-                all(self, &sql, args![id], rows::job_summary).await
+                all(self, &sql, args![id], |r| rows::job_summary(r)).await
             }
             JobsWhere::Filter {
                 experiment,
@@ -132,7 +146,10 @@ impl<E: Exec> Tx for E {
                      AND (CAST($2 AS TEXT) IS NULL OR j.state = $2) ORDER BY j.seq{limit}"
                 );
                 let state = state.map(JobState::as_str);
-                all(self, &sql, args![experiment, state], rows::job_summary).await
+                all(self, &sql, args![experiment, state], |r| {
+                    rows::job_summary(r)
+                })
+                .await
             }
         }
     }
@@ -188,7 +205,7 @@ impl<E: Exec> Tx for E {
              JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
             rows::RULES_COLUMNS
         );
-        first(self, &sql, args![job], rows::job_rules).await
+        first(self, &sql, args![job], |r| rows::job_rules(r)).await
     }
 
     async fn set_job_tries(&mut self, job: &str, attempts: u32, max_attempts: u32) -> Result<()> {
@@ -264,7 +281,7 @@ impl<E: Exec> Tx for E {
             "SELECT {} FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
             rows::LEASE_COLUMNS
         );
-        first(self, &sql, args![job], rows::lease_row).await
+        first(self, &sql, args![job], |r| rows::lease_row(r)).await
     }
 
     async fn lock_pending(&mut self, max_gpus: u32, limit: u32) -> Result<Vec<PendingRow>> {
@@ -276,7 +293,7 @@ impl<E: Exec> Tx for E {
             *WAITING,
             self.dialect().skip_locked
         );
-        all(self, &sql, args![max_gpus, limit], rows::pending).await
+        all(self, &sql, args![max_gpus, limit], |r| rows::pending(r)).await
     }
 
     async fn pending_reason_counts(&mut self) -> Result<Vec<(String, u64)>> {
@@ -305,7 +322,7 @@ impl<E: Exec> Tx for E {
             "SELECT {} FROM attempts WHERE {filter}",
             rows::ATTEMPT_COLUMNS
         );
-        all(self, &sql, args![arg], rows::attempt_view).await
+        all(self, &sql, args![arg], |r| rows::attempt_view(r)).await
     }
 
     async fn job_of_attempt(&mut self, attempt: &str) -> Result<Option<String>> {
@@ -319,7 +336,7 @@ impl<E: Exec> Tx for E {
              WHERE a.id = $1{}",
             self.dialect().lock_attempt
         );
-        first(self, &sql, args![attempt], rows::fence_row).await
+        first(self, &sql, args![attempt], |r| rows::fence_row(r)).await
     }
 
     async fn lock_finish_row(&mut self, attempt: &str) -> Result<Option<FinishRow>> {
@@ -328,7 +345,7 @@ impl<E: Exec> Tx for E {
              FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1{}",
             self.dialect().lock_attempt
         );
-        first(self, &sql, args![attempt], rows::finish_row).await
+        first(self, &sql, args![attempt], |r| rows::finish_row(r)).await
     }
 
     async fn renewal_row(
@@ -366,7 +383,7 @@ impl<E: Exec> Tx for E {
              WHERE a.node = $1 AND a.phase != 'ended' ORDER BY j.seq",
             rows::ACTIVE_COLUMNS
         );
-        all(self, &sql, args![node], rows::active).await
+        all(self, &sql, args![node], |r| rows::active(r)).await
     }
 
     async fn expired(&mut self, now: Millis) -> Result<Vec<String>> {
@@ -510,7 +527,7 @@ impl<E: Exec> Tx for E {
                 bg.and_then(|b| b.signal),
                 bg.map(|b| b.exited_early),
             ],
-            rows::ended,
+            |r| rows::ended(r),
         )
         .await?;
         if let (Some(p), Some(_)) = (&report.prestart, &ended) {
@@ -597,7 +614,7 @@ impl<E: Exec> Tx for E {
             "SELECT {} FROM nodes WHERE agent_id = $1{lock}",
             rows::NODE_COLUMNS
         );
-        first(self, &sql, args![&agent.to_string()], rows::node).await
+        first(self, &sql, args![&agent.to_string()], |r| rows::node(r)).await
     }
 
     async fn lock_node_of_attempt(&mut self, attempt: &str) -> Result<Option<String>> {
@@ -624,7 +641,7 @@ impl<E: Exec> Tx for E {
 
     async fn nodes(&mut self) -> Result<Vec<NodeRow>> {
         let sql = format!("SELECT {} FROM nodes ORDER BY name", rows::NODE_COLUMNS);
-        all(self, &sql, &[], rows::node).await
+        all(self, &sql, &[], |r| rows::node(r)).await
     }
 
     async fn upsert_node(
@@ -698,7 +715,7 @@ impl<E: Exec> Tx for E {
     async fn quarantine_of(&mut self, node: &str) -> Result<Vec<(u32, QuarantineView)>> {
         let sql = "SELECT gpu, attempt_id, reason, since FROM quarantine WHERE node = $1 \
                    ORDER BY since";
-        all(self, sql, args![node], rows::quarantine).await
+        all(self, sql, args![node], |r| rows::quarantine(r)).await
     }
 
     async fn quarantine(
@@ -759,7 +776,7 @@ impl<E: Exec> Tx for E {
             rows::TELEMETRY_COLUMNS
         );
         let args = args![node, gpu, w.since, w.until, w.limit];
-        let mut out = all(self, &sql, args, rows::telemetry_sample).await?;
+        let mut out = all(self, &sql, args, |r| rows::telemetry_sample(r)).await?;
         out.reverse();
         Ok(out)
     }
@@ -820,7 +837,7 @@ impl<E: Exec> Tx for E {
 
     async fn token(&mut self, id: &str) -> Result<Option<StoredToken>> {
         let sql = format!("SELECT {} FROM tokens WHERE id = $1", rows::TOKEN_COLUMNS);
-        first(self, &sql, args![id], rows::token_row).await
+        first(self, &sql, args![id], |r| rows::token_row(r)).await
     }
 
     async fn tokens(&mut self) -> Result<Vec<StoredToken>> {
@@ -828,7 +845,7 @@ impl<E: Exec> Tx for E {
             "SELECT {} FROM tokens ORDER BY created_at, id",
             rows::TOKEN_COLUMNS
         );
-        all(self, &sql, &[], rows::token_row).await
+        all(self, &sql, &[], |r| rows::token_row(r)).await
     }
 
     async fn revoke_token(&mut self, id: &str, now: Millis) -> Result<bool> {

@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use headroom_shared::api::TelemetrySample;
 use rusqlite::types::{ToSqlOutput, Value, ValueRef};
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, Row, params};
 
-use super::exec::{Arg, Cell, Cells, Dialect, Exec};
+use super::exec::{Arg, Dialect, EachRow, Exec, Raw, RowRef};
 use super::rows::{self, i64_of, opt_i64};
 use super::tx::{Backend, Op};
 use super::{Millis, NewExperiment, Result, StoreError};
@@ -171,17 +171,27 @@ impl rusqlite::ToSql for Arg<'_> {
     }
 }
 
-fn cell(v: ValueRef<'_>) -> Result<Cell> {
-    Ok(match v {
-        ValueRef::Null => Cell::Null,
-        ValueRef::Integer(i) => Cell::Int(i),
-        ValueRef::Text(t) => Cell::Text(
-            std::str::from_utf8(t)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?
-                .to_string(),
-        ),
-        other => return Err(StoreError::Corrupt(format!("unexpected value {other:?}"))),
-    })
+impl Raw for Row<'_> {
+    fn text_opt(&self, i: usize) -> Result<Option<String>> {
+        Ok(self.get(i)?)
+    }
+    fn int_opt(&self, i: usize) -> Result<Option<i64>> {
+        Ok(self.get(i)?)
+    }
+    fn flag_opt(&self, i: usize) -> Result<Option<bool>> {
+        Ok(self.get(i)?)
+    }
+    fn json_with(&self, i: usize, f: &mut dyn FnMut(Option<&str>) -> Result<()>) -> Result<()> {
+        match self.get_ref(i)? {
+            ValueRef::Null => f(None),
+            ValueRef::Text(t) => f(Some(
+                std::str::from_utf8(t).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            )),
+            other => Err(StoreError::Corrupt(format!(
+                "column {i}: JSON text expected, found {other:?}"
+            ))),
+        }
+    }
 }
 
 /// One transaction's statements over the connection.
@@ -195,16 +205,13 @@ impl Exec for SqliteTx<'_> {
         &DIALECT
     }
 
-    async fn query(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Cells>> {
+    async fn query(&mut self, sql: &str, args: &[Arg<'_>], each: &mut EachRow<'_>) -> Result<()> {
         let mut stmt = self.conn.prepare_cached(&placeholders(sql))?;
-        let n = stmt.column_count();
         let mut rows = stmt.query(rusqlite::params_from_iter(args))?;
-        let mut out = Vec::new();
         while let Some(r) = rows.next()? {
-            let cells = (0..n).map(|i| cell(r.get_ref(i)?)).collect::<Result<_>>()?;
-            out.push(Cells(cells));
+            each(&RowRef(r))?;
         }
-        Ok(out)
+        Ok(())
     }
 
     async fn execute(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
