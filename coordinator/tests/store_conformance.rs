@@ -203,10 +203,20 @@ async fn register(s: &Backend, node: &str, n: u32, plan: Option<&str>) -> AgentI
 }
 
 async fn claim(s: &Backend, agent: AgentId, n: u32) -> Vec<Lease> {
+    claim_with(s, agent, Some(free(n, 10_000)), 64).await
+}
+
+/// A claim of at most `max` leases with these samples (`None`: the node's stored ones).
+async fn claim_with(
+    s: &Backend,
+    agent: AgentId,
+    gpus: Option<Vec<GpuSample>>,
+    max: u32,
+) -> Vec<Lease> {
     s.claim_jobs(ClaimInput {
         agent,
-        gpus: Some(free(n, 10_000)),
-        max: 64,
+        gpus,
+        max,
         lease_ttl_ms: 30_000,
         reserve_after_ms: u64::MAX,
     })
@@ -1643,29 +1653,12 @@ const BEYOND_CLAIM_WINDOW: u32 = 600;
 /// A claim as a long-poll waking makes it: by the node's stored samples, writing nothing to
 /// the node's row (so only the node's lock orders it against another claim).
 async fn claim_by_stored_samples(s: &Backend, agent: AgentId) -> Vec<Lease> {
-    s.claim_jobs(ClaimInput {
-        agent,
-        gpus: None,
-        max: 64,
-        lease_ttl_ms: 30_000,
-        reserve_after_ms: u64::MAX,
-    })
-    .await
-    .expect("claim")
-    .leases
+    claim_with(s, agent, None, 64).await
 }
 
 /// Stores the node's samples without leasing anything.
 async fn store_samples(s: &Backend, agent: AgentId, n: u32) {
-    s.claim_jobs(ClaimInput {
-        agent,
-        gpus: Some(free(n, 10_000)),
-        max: 0,
-        lease_ttl_ms: 30_000,
-        reserve_after_ms: u64::MAX,
-    })
-    .await
-    .expect("samples");
+    claim_with(s, agent, Some(free(n, 10_000)), 0).await;
 }
 
 /// Claims for one node serialize on the node: claims racing for it never lease more than

@@ -15,19 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::procscan;
-
-/// Why the agent stopped an attempt before it ended by itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    /// A user cancelled the job.
-    User,
-    /// The lease could not be renewed in time: the coordinator may give the job to another
-    /// node, so this one must not keep running it.
-    LeaseLost,
-    /// The agent is shutting down (SIGTERM, SIGINT).
-    Shutdown,
-}
+pub use crate::supervisor::proto::StopReason;
 
 /// Handle of a running attempt, for its own task: how it is told to stop, and why.
 #[derive(Clone)]

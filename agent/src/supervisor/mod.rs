@@ -32,12 +32,12 @@ use headroom_shared::api::FinishReport;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::attempts::StopReason;
 use crate::gpu::lazy::LazyBackend;
 use crate::gpu::{self, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes};
 use attempt::{AttemptEnd, SupervisorConfig};
 use headroom_shared::prestart::{Prestart, PrestartReport};
+use proto::StopReason;
 use proto::{Conn, FromSupervisor, PROTOCOL, Spec, ToSupervisor};
 use self_fence::SelfFence;
 

@@ -19,9 +19,21 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::agent::attempts::StopReason;
 use crate::gpu::BackendChoice;
 use crate::supervisor::attempt::Launch;
+
+/// Why the agent stopped an attempt before it ended by itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A user cancelled the job.
+    User,
+    /// The lease could not be renewed in time: the coordinator may give the job to another
+    /// node, so this one must not keep running it.
+    LeaseLost,
+    /// The agent is shutting down (SIGTERM, SIGINT).
+    Shutdown,
+}
 
 /// Version of this protocol; a supervisor speaking another one is not re-attached.
 pub const PROTOCOL: u32 = 1;
