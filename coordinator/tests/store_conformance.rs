@@ -1685,6 +1685,51 @@ async fn concurrent_claims_for_one_node_never_overfill_it(s: Backend) {
     );
 }
 
+/// Job lists filter by experiment and state, keep submission order, and stop at the limit.
+async fn jobs_are_listed_by_experiment_state_and_limit(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    let first = submit(&s, (0..3).map(|i| job(i, Some(10), vec![], 1)).collect()).await;
+    let second = submit(&s, (0..4).map(|i| job(i, Some(10), vec![], 1)).collect()).await;
+    let leased = claim(&s, agent, 1).await.remove(0);
+    let list = |experiment, state, limit| {
+        let s = s.clone();
+        async move {
+            s.list_jobs(JobFilter {
+                experiment,
+                state,
+                limit,
+            })
+            .await
+            .expect("jobs")
+        }
+    };
+    assert_eq!(list(None, None, None).await.len(), 7);
+    let of_second = list(Some(second), None, None).await;
+    assert_eq!(of_second.len(), 4);
+    assert!(of_second.iter().all(|j| j.experiment == second));
+    let indices: Vec<u32> = of_second.iter().map(|j| j.index).collect();
+    assert_eq!(indices, vec![0, 1, 2, 3], "in submission order");
+    let two = list(Some(second), None, Some(2)).await;
+    assert_eq!(
+        two.iter().map(|j| j.id).collect::<Vec<_>>(),
+        [of_second[0].id, of_second[1].id]
+    );
+    assert_eq!(list(None, None, Some(5)).await.len(), 5);
+    let leased_jobs = list(None, Some(JobState::Leased), None).await;
+    assert_eq!(leased_jobs.len(), 1);
+    assert_eq!(leased_jobs[0].id, leased.job);
+    assert_eq!(
+        leased_jobs[0].experiment, first,
+        "the oldest job is leased first"
+    );
+    assert_eq!(
+        list(Some(second), Some(JobState::Queued), Some(3))
+            .await
+            .len(),
+        3
+    );
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -1735,6 +1780,7 @@ conformance!(sqlite, postgres: [
     colocated_jobs_carry_their_background_and_record_it,
     prestart_is_stored_per_job,
     concurrent_claims_for_one_node_never_overfill_it,
+    jobs_are_listed_by_experiment_state_and_limit,
 ]);
 
 // ---- both backends side by side, and what only PostgreSQL does --------------------------

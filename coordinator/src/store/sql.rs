@@ -140,16 +140,18 @@ impl<E: Exec> Tx for E {
                 state,
                 limit,
             } => {
-                let limit = limit.map_or(String::new(), |n| format!(" LIMIT {n}"));
+                // Bound, not written into the SQL: one prepared statement whatever the limit.
+                let bound = if limit.is_some() { " LIMIT $3" } else { "" };
                 let sql = format!(
                     "SELECT {cols} {from} WHERE (CAST($1 AS TEXT) IS NULL OR j.experiment_id = $1) \
-                     AND (CAST($2 AS TEXT) IS NULL OR j.state = $2) ORDER BY j.seq{limit}"
+                     AND (CAST($2 AS TEXT) IS NULL OR j.state = $2) ORDER BY j.seq{bound}"
                 );
                 let state = state.map(JobState::as_str);
-                all(self, &sql, args![experiment, state], |r| {
-                    rows::job_summary(r)
-                })
-                .await
+                let args = match limit {
+                    Some(n) => vec![Arg::from(experiment), Arg::from(state), Arg::from(n)],
+                    None => vec![Arg::from(experiment), Arg::from(state)],
+                };
+                all(self, &sql, &args, |r| rows::job_summary(r)).await
             }
         }
     }

@@ -81,17 +81,25 @@ impl SqliteStore {
                 conn.execute_batch(begin)?;
             }
             let out = futures::executor::block_on(op(&mut SqliteTx { conn }));
-            if begin.is_some() {
-                let end = match &out {
-                    Ok(_) => conn.execute_batch("COMMIT"),
-                    Err(_) => conn.execute_batch("ROLLBACK"),
-                };
-                if let Err(e) = end {
-                    let _ = conn.execute_batch("ROLLBACK");
-                    return Err(e.into());
-                }
+            if begin.is_none() {
+                return out;
             }
-            out
+            let committed = match out {
+                Ok(v) => conn
+                    .execute_batch("COMMIT")
+                    .map(|()| v)
+                    .map_err(StoreError::from),
+                Err(e) => Err(e),
+            };
+            // What failed (the operation, or its commit) is the answer; a rollback that fails
+            // too (SQLite may have rolled back already) is logged, not put in its place.
+            if committed.is_err()
+                && !conn.is_autocommit()
+                && let Err(e) = conn.execute_batch("ROLLBACK")
+            {
+                tracing::error!("SQLite: rolling back a failed transaction failed: {e}");
+            }
+            committed
         })
         .await
         .map_err(|e| StoreError::Database(format!("store task failed: {e}")))?
