@@ -1,7 +1,8 @@
 //! The transaction interface every store operation is written over: the statements a
-//! transaction is made of, named by what they read or write. Each backend implements it with
-//! its own SQL (`sqlite`, `postgres`); the operations (`experiments`, `jobs`, `nodes`,
-//! `leases`, `telemetry`, `tokens`) are written once over it.
+//! transaction is made of, named by what they read or write (`Tx`), and how a backend opens
+//! transactions (`Backend`). The operations (`experiments`, `jobs`, `nodes`, `leases`,
+//! `telemetry`, `tokens`) are written once over `Tx`; its SQL is written once in `sql`, over
+//! what each backend (`sqlite`, `postgres`) implements of `exec::Exec`.
 //!
 //! # Locks
 //! `lock_*` methods lock what they read until the transaction ends on PostgreSQL (row locks
