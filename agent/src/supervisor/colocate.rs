@@ -255,7 +255,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use headroom_shared::colocate::OnBackgroundExit;
-    use headroom_shared::{AttemptId, FailureClass, JobId};
+    use headroom_shared::{AttemptId, FailureClass};
 
     use super::*;
     use crate::supervisor::attempt::tests::{fake_gpus, quick};
@@ -288,20 +288,9 @@ mod tests {
 
     impl Fixture {
         fn launch(&self, fg: &str, bg: Background) -> Launch {
-            let attempt = AttemptId::new();
             Launch {
-                attempt,
-                job: JobId::new(),
-                argv: vec!["sh".into(), "-c".into(), fg.into()],
-                env: BTreeMap::new(),
-                params: BTreeMap::new(),
-                gpus: vec![0],
-                timeout: None,
-                log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
-                workdir: None,
-                baseline: None,
-                prestart: Default::default(),
                 background: Some(bg),
+                ..self.0.launch(&["sh", "-c", fg])
             }
         }
 

@@ -1,8 +1,10 @@
 //! Experiments: storing a matrix of jobs at once, reading experiments with their counts, and
 //! the export (one row per attempt).
 
-use headroom_shared::ExperimentId;
-use headroom_shared::api::{ExperimentSummary, StateCounts};
+use std::collections::BTreeMap;
+
+use headroom_shared::api::{AttemptView, ExperimentSummary, JobSummary, StateCounts};
+use headroom_shared::{ExperimentId, JobId};
 
 use super::tx::{AttemptsWhere, JobsWhere, Tx};
 use super::{ExportRow, NewExperiment, Result, StoreError, now_ms, rows};
@@ -55,5 +57,24 @@ pub(super) async fn export(tx: &mut dyn Tx, id: Option<ExperimentId>) -> Result<
     let attempts = tx
         .attempt_views(AttemptsWhere::Experiment(id.as_deref()))
         .await?;
-    Ok(super::export_rows(jobs, attempts))
+    Ok(export_rows(jobs, attempts))
+}
+
+/// One export row per attempt, in job order: both backends read jobs and attempts, this joins.
+fn export_rows(jobs: Vec<JobSummary>, attempts: Vec<AttemptView>) -> Vec<ExportRow> {
+    let mut by_job: BTreeMap<JobId, Vec<AttemptView>> = BTreeMap::new();
+    for a in attempts {
+        by_job.entry(a.job).or_default().push(a);
+    }
+    let mut out = Vec::new();
+    for job in jobs {
+        for attempt in by_job.remove(&job.id).unwrap_or_default() {
+            out.push(ExportRow {
+                experiment: job.experiment_name.clone(),
+                job: job.clone(),
+                attempt,
+            });
+        }
+    }
+    out
 }

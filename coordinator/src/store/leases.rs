@@ -5,12 +5,13 @@
 use headroom_shared::api::{AttemptPhase, AttemptView, FinishReport, GpuSample, Lease};
 use headroom_shared::{AgentId, AttemptId, JobEvent, JobState};
 
+use super::Active;
 use super::rows::{self, NodeRow, i64_of, parse};
 use super::tx::{AttemptsWhere, NewAttempt, Tx};
 use super::{
-    ClaimInput, Claimed, LeaseTo, Millis, Renewal, Renewed, Result, StoreError, jobs,
-    node_snapshot, nodes, now_ms,
+    ClaimInput, Claimed, Millis, Renewal, Renewed, Result, StoreError, jobs, nodes, now_ms,
 };
+use crate::placement::{GpuState, Snapshot};
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
 
 /// Pending jobs looked at (and, on PostgreSQL, locked) per claim; deeper ones wait for the
@@ -72,7 +73,7 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let mut changed = false;
     let samples = match input.gpus.take() {
         Some(g) => {
-            changed |= nodes::record_samples(tx, &node.name, &g).await?;
+            changed |= nodes::record_samples(tx, &node, &g).await?;
             g
         }
         None => node.samples.clone(),
@@ -144,7 +145,7 @@ pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, bool)
     // order, a heartbeat and a sweep could each wait for the other.
     renew.sort_unstable();
     // Renewals change nothing anyone waits for; freed memory may let a claim place work.
-    let freed = nodes::record_samples(tx, &node.name, &r.gpus).await?;
+    let freed = nodes::record_samples(tx, &node, &r.gpus).await?;
     let until = now_ms().saturating_add(i64_of(r.lease_ttl_ms));
     let mut cancel = Vec::new();
     for (_, a, waiting) in renew {
@@ -204,7 +205,7 @@ pub(super) async fn finish(
         .await?
         .ok_or_else(not_found)?;
     if !report.gpus.is_empty() {
-        nodes::record_samples(tx, &node, &report.gpus).await?;
+        tx.set_node_samples(&node, &report.gpus, now_ms()).await?;
     }
     // The attempt was placed by the pair's memory; the job's own key learns its own.
     let background = tx.background_mib(&job).await?;
@@ -248,7 +249,7 @@ pub(super) async fn hand_back(
     if phase != AttemptPhase::Leased {
         return Err(StoreError::StaleFence { attempt });
     }
-    let (_, on) = tx
+    let on = tx
         .delete_attempt(&id)
         .await?
         .ok_or(StoreError::StaleFence { attempt })?;
@@ -259,7 +260,7 @@ pub(super) async fn hand_back(
     let r = jobs::job_rules(tx, &job).await?;
     let (left, event) = rules::hand_back(r.attempts);
     tx.set_job_tries(&job, left, r.max_attempts).await?;
-    nodes::record_samples(tx, &node, &gpus).await?;
+    tx.set_node_samples(&node, &gpus, now_ms()).await?;
     jobs::transition(tx, &job, event).await?;
     Ok(((), true))
 }
@@ -296,4 +297,64 @@ pub(super) async fn submitted_at(tx: &mut dyn Tx, attempt: AttemptId) -> Result<
     tx.submitted_at(&attempt.to_string())
         .await?
         .ok_or_else(|| StoreError::not_found("attempt", attempt))
+}
+
+/// The placement snapshot of one node: its GPUs with plan slots, headroom, live free memory,
+/// what is placed on them, and which are blocked (quarantined or avoided).
+fn node_snapshot(
+    node: &rows::NodeRow,
+    samples: &[GpuSample],
+    active: &[Active],
+    blocked: &[u32],
+    input: &ClaimInput,
+) -> Snapshot {
+    let (gpus, plan, headroom) = (&node.gpus, &node.plan, &node.headroom);
+    Snapshot {
+        gpus: gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| GpuState {
+                index: g.index,
+                total_mib: g.total_mib,
+                slots: plan.slots(i),
+                headroom_mib: headroom.mib_of(g.total_mib),
+                live_free_mib: samples
+                    .iter()
+                    .find(|s| s.index == g.index)
+                    .map(|s| s.free_mib),
+                placed: active
+                    .iter()
+                    .filter(|a| a.gpus.contains(&g.index))
+                    .map(|a| a.estimate)
+                    .collect(),
+                held_alone: active.iter().any(|a| a.alone && a.gpus.contains(&g.index)),
+                // A GPU whose last reading failed is unknown, so not placeable.
+                quarantined: blocked.contains(&g.index)
+                    || samples
+                        .iter()
+                        .any(|s| s.index == g.index && s.error.is_some()),
+            })
+            .collect(),
+        cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,
+        reserve_after_ms: input.reserve_after_ms,
+    }
+}
+
+/// Where a claim's leases go.
+struct LeaseTo<'a> {
+    pub node: &'a str,
+    pub agent: AgentId,
+    pub now: Millis,
+    pub ttl_ms: u64,
+}
+
+impl<'a> LeaseTo<'a> {
+    pub fn new(node: &'a rows::NodeRow, input: &ClaimInput, now: Millis) -> Self {
+        Self {
+            node: &node.name,
+            agent: input.agent,
+            now,
+            ttl_ms: input.lease_ttl_ms,
+        }
+    }
 }

@@ -19,8 +19,8 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use headroom_shared::api::{
     AttemptRef, AttemptTelemetry, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample,
-    GpuSeries, GpuView, Headroom, JobDetail, JobSummary, Lease, NodeView, QuarantineView, Role,
-    StateCounts, TelemetrySample, TokenView,
+    Headroom, JobDetail, JobSummary, Lease, NodeView, Role, StateCounts, TelemetrySample,
+    TokenView,
 };
 use headroom_shared::plan::PlanError;
 use headroom_shared::state::TransitionError;
@@ -28,7 +28,6 @@ use headroom_shared::{AgentId, AttemptId, ExperimentId, FailureClass, JobId, Job
 use serde_json::Value;
 
 use crate::changes::Changes;
-use crate::placement::{GpuState, Snapshot};
 use tokio_util::sync::CancellationToken;
 
 mod exec;
@@ -54,102 +53,6 @@ pub struct Active {
     pub fence: i64,
     /// Its job is exclusive or cools first: nothing else goes on its GPUs.
     pub alone: bool,
-}
-
-/// The placement snapshot of one node: its GPUs with plan slots, headroom, live free memory,
-/// what is placed on them, and which are blocked (quarantined or avoided).
-pub(crate) fn node_snapshot(
-    node: &rows::NodeRow,
-    samples: &[GpuSample],
-    active: &[Active],
-    blocked: &[u32],
-    input: &ClaimInput,
-) -> Snapshot {
-    let (gpus, plan, headroom) = (&node.gpus, &node.plan, &node.headroom);
-    Snapshot {
-        gpus: gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| GpuState {
-                index: g.index,
-                total_mib: g.total_mib,
-                slots: plan.slots(i),
-                headroom_mib: headroom.mib_of(g.total_mib),
-                live_free_mib: samples
-                    .iter()
-                    .find(|s| s.index == g.index)
-                    .map(|s| s.free_mib),
-                placed: active
-                    .iter()
-                    .filter(|a| a.gpus.contains(&g.index))
-                    .map(|a| a.estimate)
-                    .collect(),
-                held_alone: active.iter().any(|a| a.alone && a.gpus.contains(&g.index)),
-                // A GPU whose last reading failed is unknown, so not placeable.
-                quarantined: blocked.contains(&g.index)
-                    || samples
-                        .iter()
-                        .any(|s| s.index == g.index && s.error.is_some()),
-            })
-            .collect(),
-        cpu_jobs: active.iter().filter(|a| a.gpus.is_empty()).count() as u32,
-        reserve_after_ms: input.reserve_after_ms,
-    }
-}
-
-/// What `headroom nodes` shows of each GPU of a node.
-pub(crate) fn gpu_views(
-    gpus: &[GpuInfo],
-    plan: &Plan,
-    headroom: &Headroom,
-    samples: &[GpuSample],
-    active: &[Active],
-    quarantine: &[(u32, QuarantineView)],
-) -> Result<Vec<GpuView>> {
-    gpus.iter()
-        .enumerate()
-        .map(|(i, g)| {
-            let sample = samples.iter().find(|s| s.index == g.index);
-            let here: Vec<&Active> = active
-                .iter()
-                .filter(|a| a.gpus.contains(&g.index))
-                .collect();
-            Ok(GpuView {
-                index: g.index,
-                uuid: g.uuid.clone(),
-                name: g.name.clone(),
-                total_mib: g.total_mib,
-                used_mib: sample.map(|s| s.used_mib),
-                free_mib: sample.map(|s| s.free_mib),
-                error: sample.and_then(|s| s.error.clone()),
-                slots: plan.slots(i),
-                slots_used: here.len() as u32,
-                estimated_mib: here.iter().filter_map(|a| a.estimate).sum(),
-                headroom_mib: headroom.mib_of(g.total_mib),
-                attempts: here
-                    .iter()
-                    .map(|a| {
-                        a.id.parse()
-                            .map_err(|_| StoreError::Corrupt(format!("bad attempt id `{}`", a.id)))
-                    })
-                    .collect::<Result<_>>()?,
-                foreign: sample
-                    .map(|s| {
-                        s.processes
-                            .iter()
-                            .filter(|p| p.attempt.is_none())
-                            .cloned()
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                quarantine: quarantine
-                    .iter()
-                    .filter(|(gpu, _)| *gpu == g.index)
-                    .map(|(_, q)| q.clone())
-                    .collect(),
-            })
-        })
-        .collect()
 }
 
 /// Called when another process sharing the database changed something.
@@ -342,47 +245,6 @@ pub struct Retention {
     pub batch: u32,
 }
 
-/// The window of an attempt's telemetry: its run, start to end (or now); `None` before it
-/// started.
-pub(crate) fn attempt_window(a: &AttemptView, limit: u32) -> Option<SeriesWindow> {
-    let since = a.started_at?.timestamp_millis();
-    Some(SeriesWindow {
-        since,
-        until: a.ended_at.map_or_else(now_ms, |t| t.timestamp_millis()),
-        limit,
-    })
-}
-
-pub(crate) fn attempt_telemetry(a: &AttemptView, gpus: Vec<GpuSeries>) -> AttemptTelemetry {
-    AttemptTelemetry {
-        attempt: a.id,
-        node: a.node.clone(),
-        from: a.started_at,
-        to: a
-            .started_at
-            .map(|_| a.ended_at.unwrap_or_else(chrono::Utc::now)),
-        gpus,
-    }
-}
-
-/// The stored telemetry of a node's GPUs must name GPUs the node has.
-pub(crate) fn check_telemetry_gpus(gpus: &[GpuInfo], samples: &[TelemetrySample]) -> Result<()> {
-    match samples
-        .iter()
-        .position(|s| !gpus.iter().any(|g| g.index == s.gpu))
-    {
-        None => Ok(()),
-        Some(i) => Err(StoreError::Invalid {
-            field: format!("telemetry[{i}].gpu"),
-            message: format!(
-                "GPU {} is not one of the node's {} GPUs",
-                samples[i].gpu,
-                gpus.len()
-            ),
-        }),
-    }
-}
-
 #[derive(Clone, Debug, Default)]
 pub struct JobFilter {
     pub experiment: Option<ExperimentId>,
@@ -396,25 +258,6 @@ pub struct ExportRow {
     pub experiment: String,
     pub job: JobSummary,
     pub attempt: AttemptView,
-}
-
-/// One export row per attempt, in job order: both backends read jobs and attempts, this joins.
-pub(crate) fn export_rows(jobs: Vec<JobSummary>, attempts: Vec<AttemptView>) -> Vec<ExportRow> {
-    let mut by_job: BTreeMap<JobId, Vec<AttemptView>> = BTreeMap::new();
-    for a in attempts {
-        by_job.entry(a.job).or_default().push(a);
-    }
-    let mut out = Vec::new();
-    for job in jobs {
-        for attempt in by_job.remove(&job.id).unwrap_or_default() {
-            out.push(ExportRow {
-                experiment: job.experiment_name.clone(),
-                job: job.clone(),
-                attempt,
-            });
-        }
-    }
-    out
 }
 
 pub use crate::rules::{
@@ -512,72 +355,17 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
-/// A node as `headroom nodes` shows it, from its stored row, active attempts and quarantine.
-pub(crate) fn node_view(
-    row: rows::NodeRow,
-    active: &[Active],
-    quarantine: &[(u32, QuarantineView)],
-    alive_within_ms: u64,
-    now: Millis,
-) -> Result<NodeView> {
-    let gpus = gpu_views(
-        &row.gpus,
-        &row.plan,
-        &row.headroom,
-        &row.samples,
-        active,
-        quarantine,
-    )?;
-    Ok(NodeView {
-        alive: row.agent.is_some()
-            && row
-                .last_seen
-                .is_some_and(|t| now - t <= rows::i64_of(alive_within_ms)),
-        agent: row.agent.map(|a| rows::parse(&a, "agent id")).transpose()?,
-        name: row.name,
-        plan: row.plan.to_string(),
-        headroom: row.headroom,
-        last_seen: row.last_seen.map(rows::ts),
-        gpus,
-    })
-}
-
-/// A GPU index must name one of the node's GPUs.
-pub(crate) fn check_gpu(node: &str, gpus: &[GpuInfo], gpu: u32) -> Result<()> {
-    if gpus.iter().any(|g| g.index == gpu) {
-        Ok(())
-    } else {
-        Err(StoreError::not_found("GPU", format!("{node}/{gpu}")))
-    }
-}
-
-/// Where a claim's leases go.
-pub(crate) struct LeaseTo<'a> {
-    pub node: &'a str,
-    pub agent: AgentId,
-    pub now: Millis,
-    pub ttl_ms: u64,
-}
-
-impl<'a> LeaseTo<'a> {
-    pub fn new(node: &'a rows::NodeRow, input: &ClaimInput, now: Millis) -> Self {
-        Self {
-            node: &node.name,
-            agent: input.agent,
-            now,
-            ttl_ms: input.lease_ttl_ms,
-        }
-    }
-}
-
 /// Runs one operation of `ops` as a read or write transaction of the backend, in a span
 /// named after the operation with its ids recorded.
 macro_rules! run {
-    ($b:expr, $kind:ident, $op:literal, $f:path $(, $arg:expr)* ; $($field:tt)*) => {{
+    ($b:expr, $kind:ident, $op:literal, |$tx:ident| $body:expr ; $($field:tt)*) => {{
         let span = tracing::debug_span!("store", op = $op, $($field)*);
-        let op = op(move |tx| Box::pin($f(tx $(, $arg)*)));
+        let op = op(move |$tx| $body);
         tracing::Instrument::instrument($b.$kind(op), span).await
     }};
+    ($b:expr, $kind:ident, $op:literal, $f:path $(, $arg:expr)* ; $($field:tt)*) => {
+        run!($b, $kind, $op, |tx| Box::pin($f(tx $(, $arg)*)); $($field)*)
+    };
 }
 
 /// An operation as a backend runs it (the bound gives the closure its higher-ranked type).
@@ -664,8 +452,7 @@ impl<B: Backend> Store for B {
     }
 
     async fn max_node_gpus(&self) -> Result<Option<u32>> {
-        let op = op(|tx| Box::pin(tx.max_node_gpus()));
-        self.read(op).await
+        run!(self, read, "max_node_gpus", |tx| tx.max_node_gpus();)
     }
 
     async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed> {
@@ -747,8 +534,7 @@ impl<B: Backend> Store for B {
     }
 
     async fn pending_reason_counts(&self) -> Result<Vec<(String, u64)>> {
-        let op = op(|tx| Box::pin(tx.pending_reason_counts()));
-        self.read(op).await
+        run!(self, read, "pending_reason_counts", |tx| tx.pending_reason_counts();)
     }
 
     async fn create_token(&self, token: NewToken) -> Result<TokenView> {
@@ -758,8 +544,7 @@ impl<B: Backend> Store for B {
 
     async fn token_by_id(&self, id: &str) -> Result<StoredToken> {
         let id = id.to_string();
-        let op = op(move |tx| Box::pin(async move { tokens::by_id(tx, &id).await }));
-        self.read(op).await
+        run!(self, read, "token_by_id", |tx| Box::pin(async move { tokens::by_id(tx, &id).await }); token = %id)
     }
 
     async fn list_tokens(&self) -> Result<Vec<TokenView>> {

@@ -1,12 +1,12 @@
 //! Nodes: an agent's registration (and what it leaves of the node's earlier attempts), plans,
 //! the latest samples, quarantine, and the node views `headroom nodes` shows.
 
-use headroom_shared::api::{GpuInfo, GpuSample, NodeView};
+use headroom_shared::api::{GpuInfo, GpuSample, GpuView, Headroom, NodeView, QuarantineView};
 use headroom_shared::{AgentId, AttemptId, Plan};
 
-use super::rows::{NodeRow, i64_of, parse};
+use super::rows::{self, NodeRow, i64_of, parse};
 use super::tx::Tx;
-use super::{Registered, Registration, Result, StoreError, jobs, node_view, now_ms};
+use super::{Active, Millis, Registered, Registration, Result, StoreError, jobs, now_ms};
 use crate::rules;
 
 /// The agent's node; locked when `lock` (claims, heartbeats and reports of one node
@@ -24,16 +24,16 @@ pub(super) async fn gpus(tx: &mut dyn Tx, node: &str, lock: bool) -> Result<Vec<
         .ok_or_else(|| StoreError::not_found("node", node))
 }
 
-/// Stores the node's latest samples; true when some GPU has more free memory than before,
-/// which may let a waiting claim (on any replica) place work.
+/// Stores the node's latest samples over those of its row (read under the node's lock);
+/// true when some GPU has more free memory than before, which may let a waiting claim (on
+/// any replica) place work.
 pub(super) async fn record_samples(
     tx: &mut dyn Tx,
-    node: &str,
+    node: &NodeRow,
     gpus: &[GpuSample],
 ) -> Result<bool> {
-    let before = tx.node_samples(node).await?;
-    tx.set_node_samples(node, gpus, now_ms()).await?;
-    Ok(rules::memory_freed(&before, gpus))
+    tx.set_node_samples(&node.name, gpus, now_ms()).await?;
+    Ok(rules::memory_freed(&node.samples, gpus))
 }
 
 pub(super) async fn register(tx: &mut dyn Tx, reg: Registration) -> Result<(Registered, bool)> {
@@ -88,7 +88,101 @@ pub(super) async fn release_attempts(
 
 pub(super) async fn release_gpu(tx: &mut dyn Tx, node: String, gpu: u32) -> Result<(u64, bool)> {
     let gpus = gpus(tx, &node, true).await?;
-    super::check_gpu(&node, &gpus, gpu)?;
+    check_gpu(&node, &gpus, gpu)?;
     let n = tx.release_quarantine_on(&node, gpu).await?;
     Ok((n, n > 0))
+}
+
+/// A node as `headroom nodes` shows it, from its stored row, active attempts and quarantine.
+fn node_view(
+    row: rows::NodeRow,
+    active: &[Active],
+    quarantine: &[(u32, QuarantineView)],
+    alive_within_ms: u64,
+    now: Millis,
+) -> Result<NodeView> {
+    let gpus = gpu_views(
+        &row.gpus,
+        &row.plan,
+        &row.headroom,
+        &row.samples,
+        active,
+        quarantine,
+    )?;
+    Ok(NodeView {
+        alive: row.agent.is_some()
+            && row
+                .last_seen
+                .is_some_and(|t| now - t <= rows::i64_of(alive_within_ms)),
+        agent: row.agent.map(|a| rows::parse(&a, "agent id")).transpose()?,
+        name: row.name,
+        plan: row.plan.to_string(),
+        headroom: row.headroom,
+        last_seen: row.last_seen.map(rows::ts),
+        gpus,
+    })
+}
+
+/// What `headroom nodes` shows of each GPU of a node.
+fn gpu_views(
+    gpus: &[GpuInfo],
+    plan: &Plan,
+    headroom: &Headroom,
+    samples: &[GpuSample],
+    active: &[Active],
+    quarantine: &[(u32, QuarantineView)],
+) -> Result<Vec<GpuView>> {
+    gpus.iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let sample = samples.iter().find(|s| s.index == g.index);
+            let here: Vec<&Active> = active
+                .iter()
+                .filter(|a| a.gpus.contains(&g.index))
+                .collect();
+            Ok(GpuView {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                name: g.name.clone(),
+                total_mib: g.total_mib,
+                used_mib: sample.map(|s| s.used_mib),
+                free_mib: sample.map(|s| s.free_mib),
+                error: sample.and_then(|s| s.error.clone()),
+                slots: plan.slots(i),
+                slots_used: here.len() as u32,
+                estimated_mib: here.iter().filter_map(|a| a.estimate).sum(),
+                headroom_mib: headroom.mib_of(g.total_mib),
+                attempts: here
+                    .iter()
+                    .map(|a| {
+                        a.id.parse()
+                            .map_err(|_| StoreError::Corrupt(format!("bad attempt id `{}`", a.id)))
+                    })
+                    .collect::<Result<_>>()?,
+                foreign: sample
+                    .map(|s| {
+                        s.processes
+                            .iter()
+                            .filter(|p| p.attempt.is_none())
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                quarantine: quarantine
+                    .iter()
+                    .filter(|(gpu, _)| *gpu == g.index)
+                    .map(|(_, q)| q.clone())
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// A GPU index must name one of the node's GPUs.
+pub(crate) fn check_gpu(node: &str, gpus: &[GpuInfo], gpu: u32) -> Result<()> {
+    if gpus.iter().any(|g| g.index == gpu) {
+        Ok(())
+    } else {
+        Err(StoreError::not_found("GPU", format!("{node}/{gpu}")))
+    }
 }

@@ -1,5 +1,5 @@
-//! One row decoder for both backends: each backend exposes its rows through `Cols` (typed
-//! column reads), and every table's columns are turned into domain types here, once.
+//! One row decoder for both backends: each backend exposes its rows through `Cols` (as an
+//! `exec::RowRef`), and every table's columns are turned into domain types here, once.
 
 use chrono::{DateTime, TimeZone, Utc};
 use headroom_shared::api::{

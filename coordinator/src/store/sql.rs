@@ -552,9 +552,9 @@ impl<E: Exec> Tx for E {
         Ok(ended)
     }
 
-    async fn delete_attempt(&mut self, attempt: &str) -> Result<Option<(String, Vec<u32>)>> {
-        let sql = "DELETE FROM attempts WHERE id = $1 RETURNING node, gpus";
-        first(self, sql, args![attempt], |r| Ok((r.text(0)?, r.json(1)?))).await
+    async fn delete_attempt(&mut self, attempt: &str) -> Result<Option<Vec<u32>>> {
+        let sql = "DELETE FROM attempts WHERE id = $1 RETURNING gpus";
+        first(self, sql, args![attempt], |r| r.json(0)).await
     }
 
     async fn request_cancel(&mut self, job: &str) -> Result<()> {
@@ -676,12 +676,6 @@ impl<E: Exec> Tx for E {
     async fn set_plan(&mut self, node: &str, plan: &Plan) -> Result<()> {
         let sql = "UPDATE nodes SET plan = $1 WHERE name = $2";
         done(self, sql, args![&plan.to_string(), node]).await
-    }
-
-    async fn node_samples(&mut self, node: &str) -> Result<Vec<GpuSample>> {
-        let sql = "SELECT telemetry FROM nodes WHERE name = $1";
-        let samples = first(self, sql, args![node], |r| r.json_opt(0)).await?;
-        Ok(samples.flatten().unwrap_or_default())
     }
 
     async fn set_node_samples(

@@ -68,23 +68,32 @@ impl SqliteStore {
         })
     }
 
-    /// Runs `op` on the blocking pool over the connection, inside `begin`/`COMMIT` when
-    /// `begin` is given (rolled back when the operation fails).
-    async fn run<T: Send + 'static>(&self, begin: Option<&'static str>, op: Op<T>) -> Result<T> {
+    /// Runs `f` on the blocking pool over the one connection.
+    async fn blocking<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
         let conn = self.conn.clone();
         tokio::task::spawn_blocking(move || {
             let mut guard = conn
                 .lock()
                 .map_err(|_| StoreError::Database("connection lock poisoned".into()))?;
-            let conn: &mut Connection = &mut guard;
-            if let Some(begin) = begin {
-                conn.execute_batch(begin)?;
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| StoreError::Database(format!("store task failed: {e}")))?
+    }
+
+    /// Runs `op` over the connection; a write inside `BEGIN IMMEDIATE`/`COMMIT`, rolled back
+    /// when the operation fails.
+    async fn run<T: Send + 'static>(&self, write: bool, op: Op<T>) -> Result<T> {
+        self.blocking(move |conn| {
+            if !write {
+                return futures::executor::block_on(op(&mut SqliteTx { conn }));
             }
-            let out = futures::executor::block_on(op(&mut SqliteTx { conn }));
-            if begin.is_none() {
-                return out;
-            }
-            let committed = match out {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            let committed = match futures::executor::block_on(op(&mut SqliteTx { conn })) {
                 Ok(v) => conn
                     .execute_batch("COMMIT")
                     .map(|()| v)
@@ -102,7 +111,6 @@ impl SqliteStore {
             committed
         })
         .await
-        .map_err(|e| StoreError::Database(format!("store task failed: {e}")))?
     }
 }
 
@@ -113,11 +121,7 @@ impl Backend for SqliteStore {
     }
 
     async fn schema_version(&self) -> Result<i64> {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let c = conn
-                .lock()
-                .map_err(|_| StoreError::Database("connection lock poisoned".into()))?;
+        self.blocking(|c| {
             Ok(c.query_row(
                 "SELECT COALESCE(MAX(version), 0) FROM refinery_schema_history",
                 [],
@@ -125,17 +129,16 @@ impl Backend for SqliteStore {
             )?)
         })
         .await
-        .map_err(|e| StoreError::Database(format!("store task failed: {e}")))?
     }
 
     /// One connection, so no writer runs meanwhile: the reads see one state without a
     /// transaction of their own.
     async fn read<T: Send + 'static>(&self, op: Op<T>) -> Result<T> {
-        self.run(None, op).await
+        self.run(false, op).await
     }
 
     async fn write<T: Send + 'static>(&self, op: Op<(T, bool)>) -> Result<T> {
-        let (out, changed) = self.run(Some("BEGIN IMMEDIATE"), op).await?;
+        let (out, changed) = self.run(true, op).await?;
         if changed {
             self.changes.bump();
         }

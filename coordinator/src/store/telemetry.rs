@@ -1,11 +1,11 @@
 //! GPU telemetry series: storing an agent's batches, reading a GPU's or an attempt's window,
 //! and pruning what retention no longer keeps.
 
-use headroom_shared::api::{AttemptTelemetry, GpuSeries, TelemetrySample};
+use headroom_shared::api::{AttemptTelemetry, AttemptView, GpuInfo, GpuSeries, TelemetrySample};
 use headroom_shared::{AgentId, AttemptId};
 
 use super::tx::{AttemptsWhere, Tx};
-use super::{Result, Retention, SeriesWindow, StoreError, nodes};
+use super::{Result, Retention, SeriesWindow, StoreError, nodes, now_ms};
 
 pub(super) async fn record(
     tx: &mut dyn Tx,
@@ -14,7 +14,7 @@ pub(super) async fn record(
 ) -> Result<(u64, bool)> {
     // No row lock: telemetry must not queue behind the node's claims.
     let node = nodes::of_agent(tx, agent, false).await?;
-    super::check_telemetry_gpus(&node.gpus, &samples)?;
+    check_telemetry_gpus(&node.gpus, &samples)?;
     Ok((tx.insert_telemetry(&node.name, &samples).await?, false))
 }
 
@@ -25,7 +25,7 @@ pub(super) async fn of_gpu(
     window: SeriesWindow,
 ) -> Result<Vec<TelemetrySample>> {
     let gpus = nodes::gpus(tx, &node, false).await?;
-    super::check_gpu(&node, &gpus, gpu)?;
+    nodes::check_gpu(&node, &gpus, gpu)?;
     tx.series(&node, gpu, &window).await
 }
 
@@ -39,7 +39,7 @@ pub(super) async fn of_attempt(
         .await?
         .pop()
         .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
-    let window = super::attempt_window(&a, limit);
+    let window = attempt_window(&a, limit);
     let mut gpus = Vec::new();
     for &gpu in &a.gpus {
         let samples = match &window {
@@ -52,7 +52,7 @@ pub(super) async fn of_attempt(
             samples,
         });
     }
-    Ok(super::attempt_telemetry(&a, gpus))
+    Ok(attempt_telemetry(&a, gpus))
 }
 
 pub(super) async fn prune(tx: &mut dyn Tx, keep: Retention) -> Result<(u64, bool)> {
@@ -75,4 +75,45 @@ pub(super) async fn prune(tx: &mut dyn Tx, keep: Retention) -> Result<(u64, bool
         }
     }
     Ok((gone, false))
+}
+
+/// The stored telemetry of a node's GPUs must name GPUs the node has.
+fn check_telemetry_gpus(gpus: &[GpuInfo], samples: &[TelemetrySample]) -> Result<()> {
+    match samples
+        .iter()
+        .position(|s| !gpus.iter().any(|g| g.index == s.gpu))
+    {
+        None => Ok(()),
+        Some(i) => Err(StoreError::Invalid {
+            field: format!("telemetry[{i}].gpu"),
+            message: format!(
+                "GPU {} is not one of the node's {} GPUs",
+                samples[i].gpu,
+                gpus.len()
+            ),
+        }),
+    }
+}
+
+/// The window of an attempt's telemetry: its run, start to end (or now); `None` before it
+/// started.
+fn attempt_window(a: &AttemptView, limit: u32) -> Option<SeriesWindow> {
+    let since = a.started_at?.timestamp_millis();
+    Some(SeriesWindow {
+        since,
+        until: a.ended_at.map_or_else(now_ms, |t| t.timestamp_millis()),
+        limit,
+    })
+}
+
+fn attempt_telemetry(a: &AttemptView, gpus: Vec<GpuSeries>) -> AttemptTelemetry {
+    AttemptTelemetry {
+        attempt: a.id,
+        node: a.node.clone(),
+        from: a.started_at,
+        to: a
+            .started_at
+            .map(|_| a.ended_at.unwrap_or_else(chrono::Utc::now)),
+        gpus,
+    }
 }

@@ -169,8 +169,8 @@ pub trait Tx: Send {
         report: &FinishReport,
         peak_source: Option<PeakSource>,
     ) -> Result<Option<Ended>>;
-    /// Deletes a leased attempt; its node and GPUs.
-    async fn delete_attempt(&mut self, attempt: &str) -> Result<Option<(String, Vec<u32>)>>;
+    /// Deletes a leased attempt; its GPUs.
+    async fn delete_attempt(&mut self, attempt: &str) -> Result<Option<Vec<u32>>>;
     /// Asks the job's live attempts to stop.
     async fn request_cancel(&mut self, job: &str) -> Result<()>;
     /// Of `attempts`, those of `agent` not ended whose cancel was asked.
@@ -213,7 +213,6 @@ pub trait Tx: Send {
         now: Millis,
     ) -> Result<()>;
     async fn set_plan(&mut self, node: &str, plan: &Plan) -> Result<()>;
-    async fn node_samples(&mut self, node: &str) -> Result<Vec<GpuSample>>;
     /// Stores the node's latest samples and when it was last heard of.
     async fn set_node_samples(&mut self, node: &str, gpus: &[GpuSample], now: Millis)
     -> Result<()>;

@@ -45,7 +45,7 @@ fn fixture() -> Fixture {
 }
 
 impl Fixture {
-    fn launch(&self, argv: &[&str]) -> Launch {
+    pub(crate) fn launch(&self, argv: &[&str]) -> Launch {
         let attempt = AttemptId::new();
         Launch {
             attempt,
