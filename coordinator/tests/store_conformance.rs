@@ -1393,7 +1393,10 @@ async fn tokens_are_created_found_listed_and_revoked(s: Backend) {
         .await
         .expect("create agent");
     let dup = s.create_token(new("a1", "mallory", Role::Admin)).await;
-    assert!(dup.is_err(), "a second token with id a1: {dup:?}");
+    assert!(
+        matches!(&dup, Err(StoreError::TokenExists { id }) if id == "a1"),
+        "a second token with id a1 is refused as a conflict: {dup:?}"
+    );
     let found = s.token_by_id("a1").await.expect("by id");
     assert_eq!(found.secret_hash, "$argon2id$hash-of-a1");
     assert_eq!(found.view.name, "alice", "the duplicate changed nothing");
