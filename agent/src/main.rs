@@ -56,7 +56,7 @@ async fn run() -> anyhow::Result<()> {
     let data_dir = args.data_dir.canonicalize()?;
     let backend =
         gpu::open(&args.settings.backend_choice(&data_dir)).context("opening the GPU backend")?;
-    let config = args.settings.agent_config(args.coordinator, data_dir);
+    let config = args.settings.agent_config(args.coordinator, data_dir)?;
     eprintln!("headroom-agent: {}", backend.describe());
     let agent = Agent::new(config, backend)?;
     agent.run(stop).await?;

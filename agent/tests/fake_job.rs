@@ -53,6 +53,7 @@ impl Fixture {
                 .chain(args.iter().copied())
                 .map(String::from)
                 .collect(),
+            base_env: headroom_agent::jobenv::for_jobs(std::env::vars_os(), &[]),
             env: BTreeMap::new(),
             params: BTreeMap::new(),
             gpus: vec![0],

@@ -20,6 +20,7 @@ fn spec(dir: &Path, argv: &[&str]) -> Spec {
             attempt,
             job: JobId::new(),
             argv: argv.iter().map(|a| a.to_string()).collect(),
+            base_env: headroom_agent::jobenv::for_jobs(std::env::vars_os(), &[]),
             env: Default::default(),
             params: Default::default(),
             gpus: vec![0],

@@ -86,7 +86,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     let mut config = args.coordinator.config(data_dir.clone())?;
     // With tokens on, the local agent needs one of role agent: unless one was given, it gets
     // a fresh secret that lives as long as this process.
-    let mut agent_token = args.agent.agent_token.clone();
+    let mut agent_token = args.agent.token()?;
     if !config.tokens.is_empty() && agent_token.is_none() {
         let secret = auth::random_secret();
         config.tokens.push(ConfigToken {
@@ -97,12 +97,13 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         agent_token = Some(secret.parse()?);
     }
     // `--run` submits as the CLI's token, else as the bootstrap admin.
-    let submit_token = token.or_else(|| {
-        args.coordinator
-            .admin_token
-            .as_ref()
-            .and_then(|t| t.0.parse().ok())
-    });
+    let submit_token = match token {
+        Some(t) => Some(t),
+        None => args
+            .coordinator
+            .admin_secret()?
+            .and_then(|t| t.parse().ok()),
+    };
     let app = Application::build(config, Arc::new(store)).await?;
     let addr = app.local_addr();
     let url = format!("http://{addr}");
@@ -115,7 +116,9 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     let tasks = TaskTracker::new();
     let coord_stop = CancellationToken::new();
     let coordinator = tasks.spawn(app.run(coord_stop.clone()));
-    let mut agent_config = args.agent.agent_config(url.clone(), data_dir.join("agent"));
+    let mut agent_config = args
+        .agent
+        .agent_config(url.clone(), data_dir.join("agent"))?;
     agent_config.token = agent_token;
     agent_config.gpu = gpu_choice;
     // The whole system is this one process: its jobs stop with it (and a `headroom up`

@@ -68,6 +68,8 @@ pub enum TokenConfigError {
          (e.g. `openssl rand -hex 24`)"
     )]
     WeakAdminToken,
+    #[error("{0}")]
+    Secret(#[from] headroom_shared::secret::SecretError),
 }
 
 /// The tokens file: `[[tokens]]` entries of `name`, `role` and `token_hash` (an argon2 PHC

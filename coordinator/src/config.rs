@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use headroom_shared::secret::{self, SecretSource};
 use headroom_shared::settings::duration;
 
 use crate::auth::{self, ConfigToken, TokenConfigError};
@@ -44,6 +45,11 @@ pub struct CoordinatorSettings {
     /// request needs a token; without either the coordinator listens on loopback only.
     #[arg(long, env = "HEADROOM_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<SecretArg>,
+    /// A file holding the bootstrap admin token (one line, mode 0600), kept out of `ps` and
+    /// of the environment; systemd's `LoadCredential=admin-token` is read when neither is
+    /// given.
+    #[arg(long, env = "HEADROOM_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// TOML file of `[[tokens]]` with `name`, `role` (admin, user, agent) and `token_hash`
     /// (from `headroom token hash`).
     #[arg(long, env = "HEADROOM_TOKENS_FILE")]
@@ -81,11 +87,26 @@ impl CoordinatorSettings {
         })
     }
 
+    /// The bootstrap admin token: from its file, its value or systemd's credential.
+    pub fn admin_secret(&self) -> Result<Option<String>, TokenConfigError> {
+        let src = SecretSource {
+            flag: "--admin-token",
+            file_flag: "--admin-token-file",
+            credential: "admin-token",
+        };
+        let value = self.admin_token.as_ref().map(|s| s.0.as_str());
+        Ok(secret::resolve(
+            src,
+            value,
+            self.admin_token_file.as_deref(),
+        )?)
+    }
+
     /// The configured tokens: the bootstrap admin token, then the tokens file's.
     pub fn tokens(&self) -> Result<Vec<ConfigToken>, TokenConfigError> {
         let mut tokens = Vec::new();
-        if let Some(SecretArg(secret)) = &self.admin_token {
-            tokens.push(auth::admin_token(secret)?);
+        if let Some(secret) = self.admin_secret()? {
+            tokens.push(auth::admin_token(&secret)?);
         }
         if let Some(path) = &self.tokens_file {
             tokens.extend(auth::read_tokens_file(path)?);

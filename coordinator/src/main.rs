@@ -20,8 +20,13 @@ use tokio_util::sync::CancellationToken;
 struct Args {
     /// PostgreSQL (`postgres://user:password@host:port/dbname`) for several coordinator
     /// replicas; absent: the embedded SQLite file in the data dir.
-    #[arg(long, env = "HEADROOM_DATABASE_URL")]
+    #[arg(long, env = "HEADROOM_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+    /// A file holding the database URL (one line, mode 0600), so its password is in no
+    /// process's arguments or environment; systemd's `LoadCredential=database-url` is read
+    /// when neither is given.
+    #[arg(long, env = "HEADROOM_DATABASE_URL_FILE")]
+    database_url_file: Option<PathBuf>,
     /// A TOML file of settings (keys are the flags' names); variables and flags win over it.
     #[arg(long, env = "HEADROOM_CONFIG")]
     config: Option<PathBuf>,
@@ -74,7 +79,16 @@ async fn main() -> anyhow::Result<()> {
     headroom_coordinator::app::check_exposure(&config)?;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating data dir {}", data_dir.display()))?;
-    let store = open_store(args.database_url.as_deref(), data_dir).await?;
+    let url = headroom_shared::secret::resolve(
+        headroom_shared::secret::SecretSource {
+            flag: "--database-url",
+            file_flag: "--database-url-file",
+            credential: "database-url",
+        },
+        args.database_url.as_deref(),
+        args.database_url_file.as_deref(),
+    )?;
+    let store = open_store(url.as_deref(), data_dir).await?;
     let app = Application::build(config, store).await?;
     println!(
         "headroom: coordinator listening on http://{}",

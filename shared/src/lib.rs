@@ -5,6 +5,7 @@
 //! From the bottom up (each imports only those above it in this list):
 //! - `ids`, `size`, `state` (job states, events, failure classes), `plan`, `pending`,
 //!   `profile`, `field` (a refused spec field), `template` (command placeholders).
+//! - `secret` (secrets from files, systemd credentials or values).
 //! - `prestart`, `colocate`, `spec` (what a user submits, validated), `expand` (the matrix
 //!   of jobs a spec makes).
 //! - `api` (the REST API's types; `api::agent`: the agent protocol), `routes` (every route
@@ -25,6 +26,7 @@ pub mod plan;
 pub mod prestart;
 pub mod profile;
 pub mod routes;
+pub mod secret;
 #[cfg(feature = "settings")]
 pub mod settings;
 #[cfg(feature = "signals")]

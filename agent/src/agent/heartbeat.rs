@@ -282,6 +282,7 @@ mod tests {
                 gpu: crate::gpu::BackendChoice::Nvml,
                 on_exit: Default::default(),
                 supervisor_exe: crate::supervisor::SELF_EXE.into(),
+                pass_env: vec![],
             },
             client: crate::agent::client::Client::new(url).expect("client"),
             backend: Arc::new(backend),
@@ -300,6 +301,7 @@ mod tests {
                 "test".into(),
                 None,
             ),
+            job_base_env: Default::default(),
         });
         let attempts = shared.attempts.clone();
         let start = Instant::now();

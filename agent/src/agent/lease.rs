@@ -61,6 +61,7 @@ pub(crate) async fn run(
         attempt,
         job: lease.job,
         argv: lease.argv,
+        base_env: shared.job_base_env.clone(),
         env,
         params: lease.params,
         gpus: lease.gpus,

@@ -69,6 +69,8 @@ pub struct AgentConfig {
     pub on_exit: OnExit,
     /// The binary run as each attempt's supervisor ([`crate::supervisor`]): the agent's own.
     pub supervisor_exe: PathBuf,
+    /// Variables of the agent's environment passed to jobs besides [`crate::jobenv::PASS_THROUGH`].
+    pub pass_env: Vec<String>,
 }
 
 /// What an exiting agent does to the attempts it runs.
@@ -109,6 +111,8 @@ pub enum AgentError {
          `headroom token create --role agent --name NODE`)"
     )]
     NotAuthorized(ClientError),
+    #[error("{0}")]
+    PassEnv(#[from] crate::jobenv::PassEnvError),
 }
 
 /// The agent's states; each step of `run` moves from one to the next.
@@ -150,6 +154,8 @@ pub(crate) struct Shared {
     /// Starts attempt supervisors, one ahead of the next lease; they write what goes wrong
     /// to `<data dir>/supervisors.log`.
     pub standby: Arc<crate::agent::standby::Standby>,
+    /// What jobs start from: the agent's pass-through variables ([`crate::jobenv`]).
+    pub job_base_env: std::collections::BTreeMap<String, String>,
 }
 
 pub struct Agent {
@@ -172,6 +178,8 @@ pub struct Agent {
 impl Agent {
     /// Blocking (reads the data dir): call before the agent's work starts.
     pub fn new(cfg: AgentConfig, backend: Arc<dyn GpuBackend>) -> Result<Self, AgentError> {
+        crate::jobenv::check_extra(&cfg.pass_env)?;
+        let pass_env = cfg.pass_env.clone();
         std::fs::create_dir_all(cfg.data_dir.join("logs"))?;
         let mut cfg = cfg;
         cfg.data_dir = cfg.data_dir.canonicalize()?;
@@ -216,6 +224,7 @@ impl Agent {
                 telemetry,
                 metrics,
                 standby,
+                job_base_env: crate::jobenv::for_jobs(std::env::vars_os(), &pass_env),
             }),
             attempt_tasks: TaskTracker::new(),
             tasks: TaskTracker::new(),

@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::ValueEnum;
+use std::str::FromStr;
+
 use headroom_shared::api::Headroom;
+use headroom_shared::secret::{self, SecretError, SecretSource};
 use headroom_shared::settings::duration;
 
 use crate::agent::client::BearerToken;
@@ -67,6 +70,16 @@ pub struct AgentSettings {
     /// coordinator that requires tokens.
     #[arg(long, env = "HEADROOM_AGENT_TOKEN", hide_env_values = true)]
     pub agent_token: Option<BearerToken>,
+    /// A file holding the agent's token (one line, mode 0600), kept out of `ps` and of the
+    /// environment; systemd's `LoadCredential=agent-token` is read when neither is given.
+    #[arg(long, env = "HEADROOM_AGENT_TOKEN_FILE")]
+    pub agent_token_file: Option<PathBuf>,
+    /// Variables of the agent's environment that jobs get too, besides PATH, HOME, USER,
+    /// LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TERM, TMPDIR, LD_LIBRARY_PATH, CUDA_HOME and
+    /// CUDA_PATH (comma-separated or repeated). Nothing else of the agent's environment
+    /// reaches a job, and never a HEADROOM_* variable.
+    #[arg(long, env = "HEADROOM_PASS_ENV", value_delimiter = ',')]
+    pub pass_env: Vec<String>,
     /// What stopping the agent does to running jobs: `detach` leaves them running under their
     /// supervisors for the next agent on this data directory to re-attach (upgrades,
     /// restarts; they stop themselves if none does within the lease TTL), `stop` stops and
@@ -97,9 +110,27 @@ impl AgentSettings {
         self.node.clone().unwrap_or_else(host_name)
     }
 
+    /// The agent's token: from its file, its value or systemd's credential.
+    pub fn token(&self) -> Result<Option<BearerToken>, SecretError> {
+        let src = SecretSource {
+            flag: "--agent-token",
+            file_flag: "--agent-token-file",
+            credential: "agent-token",
+        };
+        let value = self.agent_token.as_ref().map(BearerToken::expose);
+        Ok(
+            secret::resolve(src, value, self.agent_token_file.as_deref())?
+                .map(|t| BearerToken::from_str(&t).unwrap_or_else(|e| match e {})),
+        )
+    }
+
     /// The agent's configuration, talking to `coordinator`, keeping logs in `data_dir`.
-    pub fn agent_config(&self, coordinator: String, data_dir: PathBuf) -> AgentConfig {
-        AgentConfig {
+    pub fn agent_config(
+        &self,
+        coordinator: String,
+        data_dir: PathBuf,
+    ) -> Result<AgentConfig, SecretError> {
+        Ok(AgentConfig {
             gpu: self.backend_choice(&data_dir),
             on_exit: self.on_exit,
             supervisor_exe: crate::supervisor::SELF_EXE.into(),
@@ -118,8 +149,9 @@ impl AgentSettings {
             telemetry_interval: self.telemetry_interval,
             telemetry_buffer: self.telemetry_buffer,
             metrics_addr: self.metrics_addr,
-            token: self.agent_token.clone(),
-        }
+            token: self.token()?,
+            pass_env: self.pass_env.clone(),
+        })
     }
 }
 

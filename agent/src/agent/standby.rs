@@ -108,8 +108,11 @@ impl Standby {
         let (ours, theirs) = UnixStream::pair()?;
         let mut cmd = tokio::process::Command::new(&self.exe);
         // `ps` shows `headroom-attempt __headroom-attempt`, not the `/proc/self/exe` it runs.
+        // Not the agent's environment (its token may be in it): what the supervisor reads.
         cmd.arg0(crate::supervisor::PROCESS_NAME)
             .arg(crate::supervisor::SUPERVISOR_ARG)
+            .env_clear()
+            .envs(crate::jobenv::for_supervisor(std::env::vars_os()))
             .env(crate::agent::sweep::AGENT_VAR, &self.scope)
             .env_remove(crate::procscan::ATTEMPT_VAR)
             .stdin(Stdio::from(OwnedFd::from(theirs)))

@@ -323,6 +323,7 @@ mod tests {
             attempt: AttemptId::new(),
             job: JobId::new(),
             argv: vec!["true".into()],
+            base_env: Default::default(),
             env: Default::default(),
             params: Default::default(),
             gpus: vec![3],

@@ -123,6 +123,8 @@ pub struct UpOptions {
     pub node: String,
     /// More flags for `headroom up`.
     pub extra: Vec<String>,
+    /// Variables added to its environment.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for UpOptions {
@@ -134,6 +136,7 @@ impl Default for UpOptions {
             lease_ttl: "30s".into(),
             node: "test-node".into(),
             extra: vec![],
+            env: vec![],
         }
     }
 }
@@ -165,6 +168,12 @@ impl UpOptions {
     /// More flags (`--verify-timeout 1s`).
     pub fn flags(mut self, flags: &[&str]) -> Self {
         self.extra.extend(flags.iter().map(|f| f.to_string()));
+        self
+    }
+
+    /// A variable in its environment.
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.into(), value.into()));
         self
     }
 }
@@ -219,6 +228,7 @@ impl Headroom {
             cmd.args(["--plan", p]);
         }
         cmd.args(&self.opts.extra);
+        cmd.envs(self.opts.env.iter().map(|(k, v)| (k, v)));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -287,10 +297,28 @@ impl Headroom {
         self.spawn()
     }
 
-    /// Runs the CLI against this server.
+    /// The admin token of this server: the one given in its environment, else the one
+    /// `headroom up` made in its data directory.
+    pub fn admin_token(&self) -> Option<String> {
+        self.opts
+            .env
+            .iter()
+            .find(|(k, _)| k == "HEADROOM_ADMIN_TOKEN")
+            .map(|(_, v)| v.clone())
+            .or_else(|| {
+                std::fs::read_to_string(self.data_dir().join("admin-token"))
+                    .ok()
+                    .map(|t| t.trim().to_string())
+            })
+    }
+
+    /// Runs the CLI against this server, as its admin.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(binary("headroom"))
-            .args(["--server", &self.url])
+        let mut cmd = Command::new(binary("headroom"));
+        if let Some(t) = self.admin_token() {
+            cmd.env("HEADROOM_TOKEN", t);
+        }
+        cmd.args(["--server", &self.url])
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -311,9 +339,12 @@ impl Headroom {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// The typed client of this server.
+    /// The typed client of this server, as its admin.
     pub fn client(&self) -> Result<Client> {
-        client_for(&self.url)
+        match self.admin_token() {
+            Some(t) => Ok(client_for(&self.url)?.with_token(Some(&t))?),
+            None => client_for(&self.url),
+        }
     }
 
     /// Runs a call of the typed client, e.g. `h.api(|c| async move { c.nodes().await })`.

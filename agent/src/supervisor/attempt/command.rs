@@ -69,7 +69,10 @@ pub(crate) fn build_command(
         }
         cmd.current_dir(dir);
     }
-    // The agent's environment, then the job's, then what headroom owns.
+    // Nothing inherited (the supervisor's environment is the agent's, credentials and all):
+    // the pass-through variables, then the job's, then what headroom owns.
+    cmd.env_clear();
+    cmd.envs(&launch.base_env);
     cmd.envs(&launch.env);
     cmd.envs(extra);
     let gpus: Vec<String> = launch.gpus.iter().map(u32::to_string).collect();

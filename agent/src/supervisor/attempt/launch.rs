@@ -19,6 +19,10 @@ pub struct Launch {
     pub job: JobId,
     /// Run directly, without a shell.
     pub argv: Vec<String>,
+    /// What the job starts from instead of the supervisor's environment: the agent's
+    /// pass-through variables ([`crate::jobenv`]); nothing else is inherited.
+    #[serde(default)]
+    pub base_env: BTreeMap<String, String>,
     /// Profile and job variables, already merged.
     pub env: BTreeMap<String, String>,
     /// Passed as `HP_<NAME>` variables.

@@ -51,6 +51,7 @@ impl Fixture {
             attempt,
             job: JobId::new(),
             argv: argv.iter().map(|s| s.to_string()).collect(),
+            base_env: crate::jobenv::for_jobs(std::env::vars_os(), &[]),
             env: BTreeMap::new(),
             params: BTreeMap::new(),
             gpus: vec![0],
@@ -779,4 +780,21 @@ fn the_log_tail_starts_at_a_line_and_at_the_attempt() {
     std::fs::write(&path, "earlier\nnow\n").expect("write");
     assert_eq!(read_tail(&path, 8), "now\n");
     assert_eq!(read_tail(&tmp.path().join("missing"), 0), "");
+}
+
+/// The job starts from its launch's variables only: nothing of the process that runs it
+/// (the supervisor's environment is the agent's) is inherited.
+#[tokio::test]
+async fn a_job_inherits_nothing_of_its_supervisors_environment() {
+    let f = fixture();
+    // Cargo sets this on the test process: it stands for anything the agent was started with.
+    assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+    let mut launch = f.sh("env");
+    launch.base_env = BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]);
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure, None, "{}", end.log_tail);
+    let env = log_of(&launch);
+    assert!(env.contains("PATH=/usr/bin:/bin"), "{env}");
+    assert!(env.contains("HEADROOM_ATTEMPT_ID="), "{env}");
+    assert!(!env.contains("CARGO_MANIFEST_DIR"), "{env}");
 }

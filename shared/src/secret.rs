@@ -1,0 +1,161 @@
+//! Secrets given to the binaries (tokens, a database URL with its password): from a file
+//! (`--…-file`, or systemd's `$CREDENTIALS_DIRECTORY/<name>`), or as a value, which on the
+//! command line every local user can read in `/proc/*/cmdline` and is warned about.
+
+use std::path::{Path, PathBuf};
+
+/// Where one secret may come from.
+#[derive(Clone, Copy, Debug)]
+pub struct SecretSource {
+    /// The flag of the value, e.g. `--agent-token`.
+    pub flag: &'static str,
+    /// The flag of the file, e.g. `--agent-token-file`.
+    pub file_flag: &'static str,
+    /// Its name under `$CREDENTIALS_DIRECTORY` (systemd `LoadCredential=`).
+    pub credential: &'static str,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("{flag} {}: {source}", path.display())]
+    Read {
+        flag: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{flag} {}: {message}", path.display())]
+    Malformed {
+        flag: &'static str,
+        path: PathBuf,
+        message: String,
+    },
+    #[error("{flag} and {file_flag} are both given: give one")]
+    Both {
+        flag: &'static str,
+        file_flag: &'static str,
+    },
+}
+
+/// The secret of a file: its one line (a trailing newline is fine). An empty file, a second
+/// line or spaces inside are refused, naming the file and line.
+pub fn read_file(path: &Path, flag: &'static str) -> Result<String, SecretError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SecretError::Read {
+        flag,
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let malformed = |message: String| SecretError::Malformed {
+        flag,
+        path: path.to_path_buf(),
+        message,
+    };
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    let Some((_, secret)) = lines.next() else {
+        return Err(malformed(
+            "is empty: it must hold the secret on one line".into(),
+        ));
+    };
+    if let Some((n, _)) = lines.next() {
+        return Err(malformed(format!(
+            "line {}: a second line; the file must hold the secret alone on one line",
+            n + 1
+        )));
+    }
+    let secret = secret.trim();
+    if secret.chars().any(char::is_whitespace) {
+        return Err(malformed(
+            "the secret has spaces inside: one word expected".into(),
+        ));
+    }
+    Ok(secret.to_string())
+}
+
+/// Whether `flag` was given on this process's command line (not from the environment or a
+/// config file).
+pub fn on_command_line(flag: &str) -> bool {
+    let eq = format!("{flag}=");
+    std::env::args_os()
+        .filter_map(|a| a.into_string().ok())
+        .any(|a| a == flag || a.starts_with(&eq))
+}
+
+/// The secret: from its file flag, else its value (warning when that was on the command
+/// line), else `$CREDENTIALS_DIRECTORY/<credential>` when that exists.
+pub fn resolve(
+    src: SecretSource,
+    value: Option<&str>,
+    file: Option<&Path>,
+) -> Result<Option<String>, SecretError> {
+    match (value, file) {
+        (Some(_), Some(_)) => Err(SecretError::Both {
+            flag: src.flag,
+            file_flag: src.file_flag,
+        }),
+        (None, Some(path)) => read_file(path, src.file_flag).map(Some),
+        (Some(v), None) => {
+            if on_command_line(src.flag) {
+                eprintln!(
+                    "warning: {} on the command line can be read by every local user \
+                     (/proc/*/cmdline); use {} or systemd's LoadCredential={}",
+                    src.flag, src.file_flag, src.credential
+                );
+            }
+            Ok(Some(v.trim().to_string()))
+        }
+        (None, None) => match std::env::var_os("CREDENTIALS_DIRECTORY") {
+            Some(dir) => {
+                let path = Path::new(&dir).join(src.credential);
+                if path.exists() {
+                    read_file(&path, "$CREDENTIALS_DIRECTORY").map(Some)
+                } else {
+                    Ok(None)
+                }
+            }
+            None => Ok(None),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SRC: SecretSource = SecretSource {
+        flag: "--agent-token",
+        file_flag: "--agent-token-file",
+        credential: "agent-token",
+    };
+
+    #[test]
+    fn a_secret_file_holds_one_word_on_one_line() {
+        let dir = std::env::temp_dir().join(format!("hr-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("token");
+        std::fs::write(&path, "hr_abc_def\n").expect("write");
+        assert_eq!(
+            resolve(SRC, None, Some(&path)).expect("read").as_deref(),
+            Some("hr_abc_def")
+        );
+        for (text, says) in [
+            ("", "is empty"),
+            ("\n\n", "is empty"),
+            ("a\nb\n", "line 2"),
+            ("a b\n", "spaces inside"),
+        ] {
+            std::fs::write(&path, text).expect("write");
+            let e = read_file(&path, "--agent-token-file")
+                .expect_err(text)
+                .to_string();
+            assert!(e.contains(says) && e.contains("--agent-token-file"), "{e}");
+            assert!(e.contains(&path.display().to_string()), "{e}");
+        }
+        let e = resolve(SRC, Some("x"), Some(&path)).expect_err("both");
+        assert!(matches!(e, SecretError::Both { .. }), "{e}");
+        let e = read_file(&dir.join("missing"), "--agent-token-file").expect_err("missing");
+        assert!(matches!(e, SecretError::Read { .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,142 @@
+//! Only the owner acts, end to end with the real binaries: no credential of headroom's
+//! reaches a job (under `headroom up`, an agent given its token in the environment, one given
+//! it in a file), whatever the agent's environment held.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use headroom_integration_tests::standalone::{Agent, AgentOptions, Coordinator};
+use headroom_integration_tests::{Headroom, UpOptions, binary, wait_until};
+use headroom_shared::api::JobSummary;
+
+const ADMIN: &str = "trust-admin-token-0123456789abcdef";
+/// A secret of the lab's in the agent's environment: not passed unless the operator says.
+const LAB_SECRET: (&str, &str) = ("LAB_API_KEY", "lab-secret-value-42");
+
+/// The only `HEADROOM_*` variables a job may see: the attempt's own, and where the fake GPUs
+/// are.
+const ATTEMPT_VARS: &[&str] = &[
+    "HEADROOM_JOB_ID",
+    "HEADROOM_ATTEMPT_ID",
+    "HEADROOM_AGENT_DIR",
+    "HEADROOM_FAKE_GPU_DIR",
+    "HEADROOM_FAKE_GPUS",
+];
+
+/// Checks the `env` printed by a job: no headroom credential by name or value, and no
+/// variable of the agent's beyond the pass-through list.
+fn assert_clean(env: &str, secrets: &[&str]) {
+    assert!(env.contains("PATH="), "the job got no PATH:\n{env}");
+    for line in env.lines() {
+        let name = line.split('=').next().unwrap_or_default();
+        if name.starts_with("HEADROOM") {
+            assert!(ATTEMPT_VARS.contains(&name), "the job got {name}:\n{env}");
+        }
+    }
+    for s in secrets {
+        assert!(!env.contains(s), "a secret reached the job:\n{env}");
+    }
+    assert!(!env.contains(LAB_SECRET.0), "{env}");
+}
+
+fn cli(url: &str, token: &str, args: &[&str]) -> String {
+    let out = Command::new(binary("headroom"))
+        .args(["--server", url])
+        .env("HEADROOM_TOKEN", token)
+        .args(args)
+        .output()
+        .expect("cli");
+    assert!(
+        out.status.success(),
+        "headroom {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Submits `env` (and `printenv WANTED` when given) as the admin and returns its log.
+fn job_env(url: &str, dir: &Path, name: &str) -> String {
+    let spec = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &spec,
+        format!("name: {name}\ncommand: [\"env\"]\nresources: {{gpus: 1, memory: 1GiB}}\n"),
+    )
+    .expect("spec");
+    cli(
+        url,
+        ADMIN,
+        &["submit", &spec.display().to_string(), "--wait"],
+    );
+    let jobs: Vec<JobSummary> =
+        serde_json::from_str(&cli(url, ADMIN, &["ls", "--output", "json"])).expect("json");
+    let job = jobs
+        .iter()
+        .find(|j| j.experiment_name == name)
+        .expect("the job");
+    assert_eq!(job.state.as_str(), "succeeded", "{job:?}");
+    cli(url, ADMIN, &["logs", &job.id.to_string()])
+}
+
+#[test]
+fn no_headroom_credential_reaches_a_job() {
+    // `headroom up`, its admin token and the CLI's token in its environment.
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .env("HEADROOM_ADMIN_TOKEN", ADMIN)
+            .env("HEADROOM_TOKEN", ADMIN)
+            .env(LAB_SECRET.0, LAB_SECRET.1),
+    );
+    h.wait_agent();
+    let env = job_env(&h.url, h.dir.path(), "under-up");
+    assert_clean(&env, &[ADMIN, LAB_SECRET.1]);
+
+    // A coordinator and two agents: one given its token in the environment, one in a file
+    // (and an operator-chosen variable passed on purpose).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coord = Coordinator::start(dir.path(), &["--admin-token", ADMIN]).expect("coordinator");
+    let url = coord.url.clone();
+    let token = |node: &str| {
+        cli(
+            &url,
+            ADMIN,
+            &["token", "create", "--name", node, "--role", "agent"],
+        )
+        .trim()
+        .to_string()
+    };
+    let env_token = token("by-env");
+    let agent = Agent::start(
+        &url,
+        dir.path(),
+        AgentOptions::node("by-env")
+            .env("HEADROOM_AGENT_TOKEN", &env_token)
+            .env(LAB_SECRET.0, LAB_SECRET.1),
+    )
+    .expect("agent");
+    wait_until("the agent", Duration::from_secs(30), || {
+        cli(&url, ADMIN, &["nodes"])
+            .contains("by-env")
+            .then_some(())
+    });
+    let env = job_env(&url, dir.path(), "agent-env");
+    assert_clean(&env, &[ADMIN, &env_token, LAB_SECRET.1]);
+    drop(agent);
+
+    let file_token = token("by-file");
+    let file = dir.path().join("agent-token");
+    std::fs::write(&file, format!("{file_token}\n")).expect("token file");
+    let _agent = Agent::start(
+        &url,
+        dir.path(),
+        AgentOptions::node("by-file")
+            .flags(&["--agent-token-file", &file.display().to_string()])
+            .flags(&["--pass-env", "WANTED_BY_JOBS"])
+            .env("WANTED_BY_JOBS", "yes")
+            .env(LAB_SECRET.0, LAB_SECRET.1),
+    )
+    .expect("agent");
+    let env = job_env(&url, dir.path(), "agent-file");
+    assert_clean(&env, &[ADMIN, &file_token, &env_token, LAB_SECRET.1]);
+    assert!(env.contains("WANTED_BY_JOBS=yes"), "{env}");
+}
