@@ -44,6 +44,7 @@ fn spec(dir: &Path, argv: &[&str]) -> Spec {
         sample_every_ms: 50,
         stop_in_ms: 60_000,
         spare: None,
+        key: "k".repeat(64),
     }
 }
 

@@ -302,6 +302,7 @@ mod tests {
                 None,
             ),
             job_base_env: Default::default(),
+            attach_key: "k".repeat(64),
         });
         let attempts = shared.attempts.clone();
         let start = Instant::now();

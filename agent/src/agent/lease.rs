@@ -117,6 +117,7 @@ async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result
         sample_every_ms: millis(cfg.sample_every),
         stop_in_ms: millis(stop_in),
         spare: shared.outcomes.take_spare(),
+        key: shared.attach_key.clone(),
     };
     let launch = ToSupervisor::Launch {
         spec: Box::new(spec),

@@ -156,6 +156,8 @@ pub(crate) struct Shared {
     pub standby: Arc<crate::agent::standby::Standby>,
     /// What jobs start from: the agent's pass-through variables ([`crate::jobenv`]).
     pub job_base_env: std::collections::BTreeMap<String, String>,
+    /// What a re-attach proves to a supervisor ([`crate::supervisor::proto::attach_key`]).
+    pub attach_key: String,
 }
 
 pub struct Agent {
@@ -181,6 +183,7 @@ impl Agent {
         crate::jobenv::check_extra(&cfg.pass_env)?;
         let pass_env = cfg.pass_env.clone();
         std::fs::create_dir_all(cfg.data_dir.join("logs"))?;
+        let attach_key = crate::supervisor::proto::attach_key(&cfg.data_dir)?;
         let mut cfg = cfg;
         cfg.data_dir = cfg.data_dir.canonicalize()?;
         let attempts = Attempts::load(&cfg.data_dir)?;
@@ -225,6 +228,7 @@ impl Agent {
                 metrics,
                 standby,
                 job_base_env: crate::jobenv::for_jobs(std::env::vars_os(), &pass_env),
+                attach_key,
             }),
             attempt_tasks: TaskTracker::new(),
             tasks: TaskTracker::new(),
@@ -274,6 +278,7 @@ impl Agent {
             let hello = crate::supervisor::proto::connect(
                 &self.shared.scope,
                 attempt,
+                &self.shared.attach_key,
                 Duration::from_secs(2),
             )
             .await;
@@ -308,8 +313,15 @@ impl Agent {
                 // end is reported below.
                 Err(e) => {
                     tracing::warn!(%attempt, "cannot re-attach to the attempt's supervisor: {e}");
+                    // Only a process this agent's data directory started (its marker), of
+                    // this agent's user: anyone may bind a name in the abstract namespace.
                     let killed =
                         crate::supervisor::proto::supervisor_pid(&self.shared.scope, attempt)
+                            .filter(|&pid| {
+                                crate::procscan::env_var(pid, crate::agent::sweep::AGENT_VAR)
+                                    .as_deref()
+                                    == Some(self.shared.scope.as_str())
+                            })
                             .filter(|&pid| {
                                 i32::try_from(pid).is_ok_and(|raw| {
                                     nix::sys::signal::kill(

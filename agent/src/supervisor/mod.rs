@@ -46,6 +46,9 @@ use self_fence::SelfFence;
 /// the bound keeps what a long life may accumulate in check.
 const MAX_ATTEMPTS: u32 = 1000;
 
+/// How long a connection to the supervisor's socket has to send the attach key.
+const ATTACH_WAIT: Duration = Duration::from_secs(2);
+
 /// First argument that turns a headroom binary into an attempt supervisor.
 pub const SUPERVISOR_ARG: &str = "__headroom-attempt";
 /// The supervisor's `argv[0]`, as `ps` shows it.
@@ -177,7 +180,11 @@ async fn next_launch(conn: &mut Conn) -> Result<Spec, i32> {
             Ok(Some(ToSupervisor::Launch { spec })) => return Ok(*spec),
             // Sent for the attempt before while it ended, read only now: nothing runs to
             // renew or stop.
-            Ok(Some(ToSupervisor::Renew { .. } | ToSupervisor::Stop { .. })) => {}
+            Ok(Some(
+                ToSupervisor::Renew { .. }
+                | ToSupervisor::Stop { .. }
+                | ToSupervisor::Attach { .. },
+            )) => {}
             // The agent let this waiting supervisor go, or exited or died: nothing runs.
             Ok(None) => return Err(0),
             Err(e) => {
@@ -249,6 +256,7 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
     };
     let cancel = CancellationToken::new();
     let mut reason: Option<StopReason> = None;
+    let (attach_tx, mut attach_rx) = tokio::sync::mpsc::unbounded_channel();
     let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
     let (waiting_tx, mut waiting_rx) = tokio::sync::mpsc::unbounded_channel();
     let run = prestart_then_run(
@@ -285,6 +293,7 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
                 Some(Ok(Some(ToSupervisor::Launch { .. }))) => {
                     tracing::warn!(%attempt, "a second launch is ignored");
                 }
+                Some(Ok(Some(ToSupervisor::Attach { .. }))) => {}
                 Some(Ok(None)) => {
                     // The agent exited or died: the job runs on, fenced by its deadline.
                     link.conn = None;
@@ -295,15 +304,26 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
                 }
                 None => {}
             },
-            accepted = accept(&listener) => match accepted.map(|s| s.into_std().and_then(|s| Conn::new(s).map_err(std::io::Error::other))) {
-                // A restarted agent takes over; the old connection (if any) is dropped.
-                Ok(Ok(conn)) => {
-                    link.conn = Some(conn);
-                    link.reattached = true;
-                    link.send(&hello(link.started)).await;
+            accepted = accept(&listener) => match accepted.and_then(|s| s.into_std()) {
+                // Checked aside (a peer that says nothing must not hold the attempt up): only
+                // one of the agent's user that proves the attach key takes over.
+                Ok(stream) => {
+                    let (tx, key) = (attach_tx.clone(), spec.key.clone());
+                    tokio::spawn(async move {
+                        match Conn::accept_attach(stream, &key, ATTACH_WAIT).await {
+                            Ok(conn) => { let _ = tx.send(conn); }
+                            Err(e) => tracing::warn!(%attempt, "refused a connection: {e}"),
+                        }
+                    });
                 }
-                Ok(Err(e)) | Err(e) => tracing::warn!(%attempt, "refused a connection: {e}"),
+                Err(e) => tracing::warn!(%attempt, "cannot accept a connection: {e}"),
             },
+            Some(conn) = attach_rx.recv() => {
+                // A restarted agent takes over; the old connection (if any) is dropped.
+                link.conn = Some(conn);
+                link.reattached = true;
+                link.send(&hello(link.started)).await;
+            }
             _ = fence.due(), if reason.is_none() => {
                 tracing::warn!(%attempt, "lease not renewed in time: stopping the job");
                 reason = Some(StopReason::LeaseLost);

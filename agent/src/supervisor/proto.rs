@@ -5,6 +5,11 @@
 //! namespace (no file to create and unlink per job, nothing left behind by a killed process).
 //! Every connection opens with the supervisor's `hello`, which carries [`PROTOCOL`], so an
 //! upgraded agent finds out when it talks to a supervisor it cannot understand.
+//!
+//! Only the agent steers its supervisors. Both ends refuse a peer of another user (root
+//! included: a root supervisor obeys only root), and a re-attaching agent must first prove
+//! that it holds the agent's attach key ([`attach_key`], 0600 in the data directory, handed
+//! to each supervisor in its launch over the inherited socketpair).
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::SocketAddr;
@@ -60,6 +65,10 @@ pub struct Spec {
     pub stop_in_ms: u64,
     /// A spare journal file to write the outcome through (see [`crate::outcomes`]).
     pub spare: Option<PathBuf>,
+    /// The agent's attach key: a connection to the supervisor's socket must send it first
+    /// ([`ToSupervisor::Attach`]). Empty: no connection is ever taken.
+    #[serde(default)]
+    pub key: String,
 }
 
 /// Agent -> supervisor.
@@ -68,6 +77,9 @@ pub struct Spec {
 pub enum ToSupervisor {
     /// First message on the spawn channel only.
     Launch { spec: Box<Spec> },
+    /// First message of a re-attaching agent on the supervisor's socket: the agent's attach
+    /// key. The supervisor answers with its hello, or closes the connection.
+    Attach { key: String },
     /// The leases were renewed: stop the job if nothing renews them again within this.
     Renew { stop_in_ms: u64 },
     /// Stop the job now (SIGTERM, grace, SIGKILL, verified cleanup) and report why.
@@ -155,21 +167,20 @@ fn listening_in(table: &str, scope: &str) -> Vec<AttemptId> {
 }
 
 /// The pid of `attempt`'s supervisor under `scope`, from its socket's peer credentials:
-/// how one that cannot be re-attached is found to be killed.
+/// how one that cannot be re-attached is found to be killed. `None` for a listener of
+/// another user (anyone may bind a name in the abstract namespace).
 pub fn supervisor_pid(scope: &str, attempt: AttemptId) -> Option<u32> {
     let stream =
         std::os::unix::net::UnixStream::connect_addr(&socket_addr(scope, attempt).ok()?).ok()?;
-    stream.set_nonblocking(true).ok()?;
-    let cred = UnixStream::from_std(stream).ok()?.peer_cred().ok()?;
-    cred.pid()
-        .and_then(|p| u32::try_from(p).ok())
-        .filter(|&p| p > 0)
+    Conn::new(stream).ok()?.peer_pid()
 }
 
 /// One end of a connection, either side.
 pub struct Conn {
     lines: Lines<BufReader<OwnedReadHalf>>,
     write: OwnedWriteHalf,
+    /// The peer's uid and pid when it connected (`SO_PEERCRED`).
+    peer: (u32, Option<i32>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -182,8 +193,10 @@ pub enum ProtoError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("the peer runs as uid {0}, not as this process's user")]
-    Foreign(u32),
+    #[error("the peer (pid {pid:?}) runs as uid {uid}, not as this process's user")]
+    Foreign { uid: u32, pid: Option<i32> },
+    #[error("the peer (uid {uid}, pid {pid:?}) did not send the agent's attach key")]
+    BadKey { uid: u32, pid: Option<i32> },
     #[error("no hello within {0:?}")]
     Silent(Duration),
     #[error("expected hello, got {0:?}")]
@@ -193,21 +206,53 @@ pub enum ProtoError {
 }
 
 impl Conn {
-    /// Wraps a connected socket, refusing a peer of another user: only the agent's user may
-    /// steer its supervisors, and an agent talks only to supervisors of its user.
+    /// Wraps a connected socket, refusing a peer of another user, root no exception: only
+    /// the agent's user may steer its supervisors, and an agent talks only to supervisors of
+    /// its user.
     pub fn new(stream: std::os::unix::net::UnixStream) -> Result<Self, ProtoError> {
         stream.set_nonblocking(true)?;
         let stream = UnixStream::from_std(stream)?;
-        let peer = stream.peer_cred()?.uid();
-        let me = nix::unistd::geteuid().as_raw();
-        if peer != me && me != 0 {
-            return Err(ProtoError::Foreign(peer));
+        let cred = stream.peer_cred()?;
+        let (uid, pid) = (cred.uid(), cred.pid());
+        if uid != nix::unistd::geteuid().as_raw() {
+            return Err(ProtoError::Foreign { uid, pid });
         }
         let (read, write) = stream.into_split();
         Ok(Self {
             lines: BufReader::new(read).lines(),
             write,
+            peer: (uid, pid),
         })
+    }
+
+    /// The peer's pid when it connected.
+    pub fn peer_pid(&self) -> Option<u32> {
+        self.peer
+            .1
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|&p| p > 0)
+    }
+
+    /// A connection accepted on a supervisor's socket, taken only once it proved that it
+    /// holds `key` (its first message, within `wait`).
+    pub async fn accept_attach(
+        stream: std::os::unix::net::UnixStream,
+        key: &str,
+        wait: Duration,
+    ) -> Result<Self, ProtoError> {
+        let mut conn = Self::new(stream)?;
+        let (uid, pid) = conn.peer;
+        let refused = ProtoError::BadKey { uid, pid };
+        match tokio::time::timeout(wait, conn.recv::<ToSupervisor>()).await {
+            Ok(Ok(Some(ToSupervisor::Attach { key: given })))
+                if !key.is_empty() && same_key(&given, key) =>
+            {
+                Ok(conn)
+            }
+            Err(_) => Err(ProtoError::Silent(wait)),
+            Ok(Err(e)) => Err(e),
+            Ok(_) => Err(refused),
+        }
     }
 
     pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), ProtoError> {
@@ -228,14 +273,65 @@ impl Conn {
     }
 }
 
-/// Connects to `attempt`'s supervisor and reads its hello (blocking connect, then async).
+/// Compares keys in time independent of where they differ.
+fn same_key(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// The agent's attach key, from `<data_dir>/attach.key` (0600), made at the first start.
+/// Blocking.
+pub fn attach_key(data_dir: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let path = data_dir.join("attach.key");
+    match std::fs::read_to_string(&path) {
+        Ok(key) if key.trim().len() >= 32 => {
+            // Readable by others, it proves nothing: made private again.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            return Ok(key.trim().to_string());
+        }
+        Ok(_) => std::fs::remove_file(&path)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let key: String = {
+        use rand::Rng;
+        let mut b = [0u8; 32];
+        rand::rng().fill(&mut b);
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    };
+    let tmp = data_dir.join(format!("attach.key.{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(key.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(key)
+}
+
+/// Connects to `attempt`'s supervisor, proves the agent's `key` and reads its hello
+/// (blocking connect, then async). A peer of another user is refused before it learns
+/// anything.
 pub async fn connect(
     scope: &str,
     attempt: AttemptId,
+    key: &str,
     wait: Duration,
 ) -> Result<(Conn, FromSupervisor), ProtoError> {
     let stream = std::os::unix::net::UnixStream::connect_addr(&socket_addr(scope, attempt)?)?;
     let mut conn = Conn::new(stream)?;
+    conn.send(&ToSupervisor::Attach {
+        key: key.to_string(),
+    })
+    .await?;
     let hello = match tokio::time::timeout(wait, conn.recv::<FromSupervisor>()).await {
         Err(_) => return Err(ProtoError::Silent(wait)),
         Ok(Ok(Some(h))) => h,
@@ -350,6 +446,7 @@ mod tests {
                 sample_every_ms: 3,
                 stop_in_ms: 4,
                 spare: None,
+                key: "k".repeat(64),
             }),
         };
         let line = serde_json::to_string(&msg).expect("json");
