@@ -187,6 +187,9 @@ pub enum TokenCommand {
 pub enum NodeCommand {
     /// Lift a GPU's quarantine after looking at what was left on it (`headroom nodes`).
     Release { node: String, gpu: u32 },
+    /// Let another agent register as this node now, when its live agent is gone for good
+    /// (its running attempts are recorded lost when the next agent registers).
+    Takeover { node: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -333,6 +336,12 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
         } => {
             let n = api.release_gpu(&node, gpu).await?;
             println!("node {node} GPU {gpu}: {n} quarantine(s) lifted");
+        }
+        Command::Node {
+            command: NodeCommand::Takeover { node },
+        } => {
+            api.takeover(&node).await?;
+            println!("node {node}: another agent may register as it now");
         }
         Command::Wait { experiment } => {
             let exp = resolve_experiment(api, experiment.as_deref()).await?;

@@ -225,6 +225,7 @@ fn table() -> Vec<(Route, RouteDoc)> {
             r::RELEASE_GPU,
             doc("releaseGpu", "nodes", Json(one::<Released>)),
         ),
+        (r::TAKEOVER, doc("takeoverNode", "nodes", Json(one::<Ack>))),
         (
             r::REGISTER,
             doc("registerAgent", "agents", Json(one::<RegisterResponse>))

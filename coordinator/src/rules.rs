@@ -588,6 +588,38 @@ pub fn token_usable(
 }
 
 /// Cancel and retry: the submitter may act on what they submitted, an admin on anything.
+/// Whether `who` may act as node `node` (register it, claim and report for it): an agent
+/// token acts only as the node it is named after; an admin (the anonymous one of a
+/// coordinator without tokens) as any.
+pub fn may_act_as_node(who: &Principal, node: &str) -> bool {
+    match who.role {
+        Role::Admin => true,
+        Role::Agent => who.name == node,
+        Role::User => false,
+    }
+}
+
+/// Whether an agent instance may register as a node now: when the node has no live agent
+/// (none, or none heard of within `ttl_ms`), or its live agent is this same instance
+/// (`previous`). `Err`: how long ago the live agent was heard of.
+pub fn may_register(
+    holder: Option<&str>,
+    last_seen: Option<Millis>,
+    previous: Option<&str>,
+    now: Millis,
+    ttl_ms: u64,
+) -> std::result::Result<(), Millis> {
+    let (Some(holder), Some(seen)) = (holder, last_seen) else {
+        return Ok(());
+    };
+    let ago = now.saturating_sub(seen);
+    if ago >= i64::try_from(ttl_ms).unwrap_or(i64::MAX) || previous == Some(holder) {
+        Ok(())
+    } else {
+        Err(ago.max(0))
+    }
+}
+
 pub fn may_act_on(who: &Principal, submitted_by: &str) -> bool {
     who.role == Role::Admin || (who.role == Role::User && who.name == submitted_by)
 }

@@ -399,3 +399,155 @@ async fn a_coordinator_open_to_the_network_needs_tokens() {
     };
     assert!(Application::build(with_tokens, store).await.is_ok());
 }
+
+/// An agent token acts only as the node it is named after: another node's token cannot
+/// register as it, claim or heartbeat for its agent, or start, finish, log or hand back its
+/// attempts (each 403, nothing changed); a second instance with the right token cannot
+/// register over the live agent (409 naming it) until an admin allows a takeover.
+#[tokio::test]
+async fn an_agent_token_acts_only_for_its_own_node() {
+    let s = start(admin_config()).await;
+    let a = s.create_token("node-a", "agent").await;
+    let b = s.create_token("node-b", "agent").await;
+    let gpus = json!([{"index": 0, "uuid": "GPU-a0", "name": "t", "total_mib": 10_000}]);
+    let register = |node: &str, previous: Option<&str>| json!({"node": node, "gpus": gpus, "version": "t", "previous": previous});
+    let samples = json!([{"index": 0, "used_mib": 0, "free_mib": 10_000}]);
+    let (status, reg) = s
+        .call(
+            Method::Post,
+            routes::REGISTER.path,
+            Some(&a),
+            &register("node-a", None),
+        )
+        .await;
+    assert_eq!(status, 200, "{reg}");
+    let agent = reg["agent"].as_str().expect("agent id").to_string();
+    s.submit(ADMIN).await;
+    let claim_path = routes::CLAIM.path_with(&[&agent]);
+    let claim = json!({"gpus": samples, "max": 1, "wait_ms": 0});
+    let (status, claimed) = s.call(Method::Post, &claim_path, Some(&a), &claim).await;
+    assert_eq!(status, 200, "{claimed}");
+    let lease = &claimed["leases"][0];
+    let attempt = lease["attempt"].as_str().expect("attempt").to_string();
+    let fence = lease["fence"].as_i64().expect("fence");
+    let job = lease["job"].as_str().expect("job").to_string();
+
+    let report = json!({
+        "fence": fence, "failure": null, "exit_code": 0, "signal": null,
+        "ended_at": "2026-11-24T10:00:00Z", "peak_mem_mib": null, "cleanup_ms": 0,
+        "cleanup_verified": true, "log_tail": "", "gpus": samples
+    });
+    let cells: Vec<(&str, Method, String, Value)> = vec![
+        (
+            "register as node-a",
+            Method::Post,
+            routes::REGISTER.path.to_string(),
+            register("node-a", Some(&agent)),
+        ),
+        ("claim", Method::Post, claim_path.clone(), claim.clone()),
+        (
+            "heartbeat",
+            Method::Post,
+            routes::HEARTBEAT.path_with(&[&agent]),
+            json!({"attempts": [{"attempt": attempt, "fence": fence}], "gpus": samples}),
+        ),
+        (
+            "start",
+            Method::Post,
+            routes::START.path_with(&[&attempt]),
+            json!({"fence": fence, "pid": 1, "started_at": "2026-11-24T10:00:00Z"}),
+        ),
+        (
+            "finish",
+            Method::Post,
+            routes::FINISH.path_with(&[&attempt]),
+            report,
+        ),
+        (
+            "hand back",
+            Method::Post,
+            routes::HAND_BACK.path_with(&[&attempt]),
+            json!({"fence": fence, "reason": "x", "gpus": samples}),
+        ),
+    ];
+    for (what, method, path, body) in &cells {
+        let (status, v) = s.call(*method, path, Some(&b), body).await;
+        assert_eq!(status, 403, "node-b's token: {what}: {v}");
+        assert_error(&v, "forbidden", what);
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("node-b") && msg.contains("node-a"),
+            "{what}: {msg}"
+        );
+    }
+    // A log chunk (a body of bytes, not JSON).
+    let resp = s
+        .http
+        .post(format!(
+            "{}{}",
+            s.base,
+            routes::APPEND_LOG.path_with(&[&attempt])
+        ))
+        .query(&[("fence", fence.to_string()), ("offset", "0".to_string())])
+        .bearer_auth(&b)
+        .body("forged\n")
+        .send()
+        .await
+        .expect("log");
+    assert_eq!(resp.status().as_u16(), 403, "node-b's token: log");
+
+    // Nothing changed: the job is still leased to node-a's agent, its log empty.
+    let (_, detail) = s
+        .call(
+            Method::Get,
+            &routes::JOB.path_with(&[&job]),
+            Some(ADMIN),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(detail["state"], "leased", "{detail}");
+    assert_eq!(detail["node"], "node-a", "{detail}");
+    let resp = s
+        .http
+        .get(format!(
+            "{}{}",
+            s.base,
+            routes::READ_LOG.path_with(&[&attempt])
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("read log");
+    assert!(!resp.text().await.expect("log").contains("forged"));
+
+    // node-a's own token, as another instance (no previous id): 409, naming the live agent.
+    let a2 = s.create_token("node-a", "agent").await;
+    let (status, v) = s
+        .call(
+            Method::Post,
+            routes::REGISTER.path,
+            Some(&a2),
+            &register("node-a", None),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains(&agent) && msg.contains("takeover"), "{msg}");
+    // Only an admin allows a takeover; then the other instance registers.
+    let takeover = routes::TAKEOVER.path_with(&[&"node-a"]);
+    let (status, _) = s.call(Method::Post, &takeover, Some(&a), &json!({})).await;
+    assert_eq!(status, 403);
+    let (status, v) = s
+        .call(Method::Post, &takeover, Some(ADMIN), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = s
+        .call(
+            Method::Post,
+            routes::REGISTER.path,
+            Some(&a2),
+            &register("node-a", None),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+}

@@ -40,11 +40,13 @@ impl Server {
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
-    async fn register(&self) -> RegisterResponse {
+    /// Registers node n1; `previous`: as the same agent instance again (restarted).
+    async fn register(&self, previous: Option<&RegisterResponse>) -> RegisterResponse {
         let gpus = json!([{"index": 0, "uuid": "GPU-0", "name": "t", "total_mib": 10_000}]);
+        let previous = previous.map(|r| r.agent);
         self.ok(
             "/v1/agents/register",
-            &json!({"node": "n1", "gpus": gpus, "version": "t"}),
+            &json!({"node": "n1", "gpus": gpus, "version": "t", "previous": previous}),
         )
         .await
     }
@@ -80,7 +82,7 @@ fn samples(free: u64) -> Value {
 #[tokio::test]
 async fn stale_heartbeats_and_log_chunks_get_409_and_change_nothing() {
     let s = Server::start(|c| c).await;
-    let agent = s.register().await;
+    let agent = s.register(None).await;
     let spec =
         json!({"name": "f", "command": ["true"], "retry": {"max_attempts": 3, "on": ["lost"]}});
     let _: Value = s.ok("/v1/experiments", &json!({"spec": spec})).await;
@@ -119,7 +121,7 @@ async fn stale_heartbeats_and_log_chunks_get_409_and_change_nothing() {
     assert_eq!(status, 200, "{body}");
 
     // The node's agent comes back without it: the attempt is lost and the job leased again.
-    let agent2 = s.register().await;
+    let agent2 = s.register(Some(&agent)).await;
     assert_eq!(agent2.lost_attempts, vec![lease.attempt]);
     let again = s.claim(&agent2).await;
     assert_eq!(again.len(), 1, "requeued after the loss");

@@ -8,7 +8,7 @@ use chrono::Utc;
 use headroom_coordinator::store::postgres::PostgresStore;
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::store::{
-    ClaimInput, JobFilter, NewExperiment, NewJob, NewToken, Registration, Renewal, Renewed,
+    ClaimInput, JobFilter, NewExperiment, NewJob, NewToken, NodeOf, Registration, Renewal, Renewed,
     Retention, SeriesWindow, Store, StoreError, now_ms,
 };
 use headroom_shared::api::{
@@ -196,9 +196,29 @@ async fn register(s: &Backend, node: &str, n: u32, plan: Option<&str>) -> AgentI
         headroom: None,
         resume: vec![],
         lease_ttl_ms: 30_000,
+        previous: None,
     })
     .await
     .expect("register");
+    agent
+}
+
+/// The same agent instance registering its node again (restarted): a new agent id, its
+/// node's earlier attempts not resumed.
+async fn register_again(s: &Backend, node: &str, n: u32, previous: AgentId) -> AgentId {
+    let agent = AgentId::new();
+    s.register_agent(Registration {
+        agent,
+        node: node.into(),
+        gpus: gpus(n, 10_000),
+        plan: None,
+        headroom: None,
+        resume: vec![],
+        lease_ttl_ms: 30_000,
+        previous: Some(previous),
+    })
+    .await
+    .expect("register again");
     agent
 }
 
@@ -377,7 +397,7 @@ async fn reregistration_loses_old_attempts(s: Backend) {
     s.start_attempt(l.attempt, l.fence, 7, 0)
         .await
         .expect("start");
-    let agent2 = register(&s, "n1", 1, None).await;
+    let agent2 = register_again(&s, "n1", 1, agent).await;
     assert_eq!(state(&s, l.job).await, JobState::Retrying);
     let a = s.attempt(l.attempt).await.expect("attempt");
     assert_eq!(a.failure_class, Some(FailureClass::Lost));
@@ -430,6 +450,7 @@ async fn reregistration_resumes_current_attempts(s: Backend) {
                 },
             ],
             lease_ttl_ms: 30_000,
+            previous: Some(agent),
         })
         .await
         .expect("register");
@@ -462,8 +483,69 @@ async fn lost_without_retry_fails(s: Backend) {
     s.start_attempt(l.attempt, l.fence, 7, 0)
         .await
         .expect("start");
-    register(&s, "n1", 1, None).await;
+    register_again(&s, "n1", 1, agent).await;
     assert_eq!(state(&s, l.job).await, JobState::Failed);
+}
+
+/// A node whose agent is alive is registered again only by that agent's instance (its
+/// previous agent id), or by any once an admin allowed a takeover; agents and attempts are
+/// traced to their node.
+async fn a_live_node_is_registered_again_only_by_its_instance(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    submit(&s, vec![job(0, Some(1000), vec![], 1)]).await;
+    let l = claim(&s, agent, 1).await.remove(0);
+    let second = AgentId::new();
+    let reg = |previous: Option<AgentId>| Registration {
+        agent: second,
+        node: "n1".into(),
+        gpus: gpus(1, 10_000),
+        plan: None,
+        headroom: None,
+        resume: vec![],
+        lease_ttl_ms: 30_000,
+        previous,
+    };
+    match s.register_agent(reg(None)).await {
+        Err(StoreError::NodeHeld {
+            node, agent: held, ..
+        }) => {
+            assert_eq!((node.as_str(), held), ("n1", agent.to_string()));
+        }
+        other => panic!("another instance registered a live node: {other:?}"),
+    }
+    let wrong = s.register_agent(reg(Some(AgentId::new()))).await;
+    assert!(
+        matches!(wrong, Err(StoreError::NodeHeld { .. })),
+        "{wrong:?}"
+    );
+    // Nothing changed: the first agent still holds its lease.
+    assert_eq!(state(&s, l.job).await, JobState::Leased);
+    assert_eq!(
+        s.node_of(NodeOf::Agent(agent)).await.expect("node of"),
+        Some("n1".to_string())
+    );
+    assert_eq!(
+        s.node_of(NodeOf::Attempt(l.attempt))
+            .await
+            .expect("node of"),
+        Some("n1".to_string())
+    );
+    assert_eq!(
+        s.node_of(NodeOf::Agent(AgentId::new()))
+            .await
+            .expect("node of"),
+        None
+    );
+    // An admin lets another instance in: the first one's attempt is lost with it.
+    s.takeover("n1").await.expect("takeover");
+    s.register_agent(reg(None))
+        .await
+        .expect("registers after takeover");
+    assert_ne!(state(&s, l.job).await, JobState::Leased);
+    assert!(matches!(
+        s.takeover("nope").await,
+        Err(StoreError::NotFound { .. })
+    ));
 }
 
 async fn cancel_stops_queued_and_flags_running(s: Backend) {
@@ -825,7 +907,7 @@ async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
     s.check_log_fence(l.attempt, l.fence)
         .await
         .expect("current");
-    let agent2 = register(&s, "n1", 1, None).await;
+    let agent2 = register_again(&s, "n1", 1, agent).await;
     let again = claim(&s, agent2, 1).await;
     assert_eq!(again.len(), 1, "the lost attempt's job is leased again");
     let late = s.check_log_fence(l.attempt, l.fence).await;
@@ -1758,6 +1840,7 @@ conformance!(sqlite, postgres: [
     reregistration_loses_old_attempts,
     reregistration_resumes_current_attempts,
     lost_without_retry_fails,
+    a_live_node_is_registered_again_only_by_its_instance,
     cancel_stops_queued_and_flags_running,
     plans_change_at_run_time,
     hand_back_requeues_without_cost,

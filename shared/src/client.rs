@@ -378,6 +378,15 @@ impl Client {
         Ok(r.released)
     }
 
+    /// Lets another agent instance register as `node` at once (its live agent is gone for
+    /// good, or must make way).
+    pub async fn takeover(&self, node: &str) -> Result<(), ClientError> {
+        let _: crate::api::Ack = self
+            .call::<(), _>(routes::TAKEOVER, &[&node], None, DEFAULT_TIMEOUT)
+            .await?;
+        Ok(())
+    }
+
     /// Job counts; with `after`, waits (up to `PROGRESS_WAIT`) for a change past that version.
     pub async fn progress(
         &self,

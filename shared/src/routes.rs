@@ -171,6 +171,12 @@ pub const RELEASE_GPU: Route = Route::new(
     Admin,
     "Lift a GPU's quarantine",
 );
+pub const TAKEOVER: Route = Route::new(
+    Post,
+    "/v1/nodes/{name}/takeover",
+    Admin,
+    "Let another agent instance register as this node now (its agent is gone)",
+);
 pub const REGISTER: Route = Route::new(Post, "/v1/agents/register", Agent, "Register an agent");
 pub const CLAIM: Route = Route::new(
     Post,
@@ -238,6 +244,7 @@ pub const ALL: &[Route] = &[
     NODES,
     SET_PLAN,
     RELEASE_GPU,
+    TAKEOVER,
     REGISTER,
     CLAIM,
     HEARTBEAT,

@@ -113,6 +113,11 @@ pub enum AgentError {
     NotAuthorized(ClientError),
     #[error("{0}")]
     PassEnv(#[from] crate::jobenv::PassEnvError),
+    #[error(
+        "another agent is using the data dir {} (stop it, or give this one --data-dir)",
+        .0.display()
+    )]
+    DataDirInUse(PathBuf),
 }
 
 /// The agent's states; each step of `run` moves from one to the next.
@@ -175,7 +180,24 @@ pub struct Agent {
     unreported: Mutex<Vec<Outcome>>,
     /// Bound at start, so a taken port fails the start rather than later.
     metrics_listener: Mutex<Option<std::net::TcpListener>>,
+    /// Held for the agent's life: one agent per data directory.
+    _data_lock: std::fs::File,
 }
+
+/// An exclusive lock on `<data dir>/agent.lock`: a second agent on the same directory would
+/// sweep the first one's jobs and register as its node.
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, AgentError> {
+    let path = dir.join("agent.lock");
+    let file = std::fs::File::create(&path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(AgentError::DataDirInUse(dir.to_path_buf())),
+        Err(std::fs::TryLockError::Error(e)) => Err(e.into()),
+    }
+}
+
+/// Where an agent instance keeps the agent id it registered with last.
+const AGENT_ID_FILE: &str = "agent.id";
 
 impl Agent {
     /// Blocking (reads the data dir): call before the agent's work starts.
@@ -183,6 +205,7 @@ impl Agent {
         crate::jobenv::check_extra(&cfg.pass_env)?;
         let pass_env = cfg.pass_env.clone();
         std::fs::create_dir_all(cfg.data_dir.join("logs"))?;
+        let data_lock = lock_data_dir(&cfg.data_dir)?;
         let attach_key = crate::supervisor::proto::attach_key(&cfg.data_dir)?;
         let mut cfg = cfg;
         cfg.data_dir = cfg.data_dir.canonicalize()?;
@@ -240,6 +263,7 @@ impl Agent {
             registered_once: AtomicBool::new(false),
             unreported: Mutex::new(Vec::new()),
             metrics_listener: Mutex::new(metrics_listener),
+            _data_lock: data_lock,
         })
     }
 
@@ -437,6 +461,7 @@ impl Agent {
                 .into_iter()
                 .chain(self.unreported().iter().map(Outcome::attempt_ref))
                 .collect(),
+            previous: self.previous_agent(),
         };
         let sent = Instant::now();
         let resp = match self.shared.client.register(&req).await {
@@ -460,6 +485,16 @@ impl Agent {
             {
                 return drained(Err(AgentError::NotAuthorized(e)));
             }
+            // Another agent instance is alive on this node (or won a race): it may stop, go
+            // silent past the lease TTL, or an admin may let this one take over.
+            Err(e) if e.code() == Some(ErrorCode::Conflict) => {
+                tracing::warn!("cannot register yet, waiting: {e}");
+                return if backoff.wait(shutdown).await {
+                    State::Registering { backoff }
+                } else {
+                    drained(Ok(()))
+                };
+            }
             // A refused registration (bad plan, ...) will not fix itself.
             Err(e) => return drained(Err(AgentError::Refused(e))),
         };
@@ -469,6 +504,7 @@ impl Agent {
             Err(e) => return drained(Err(e.into())),
         };
         self.registered_once.store(true, Ordering::SeqCst);
+        self.remember_agent(resp.agent);
         // The registration renewed the leases of the attempts it named.
         self.shared.attempts.renewed_until(budget.deadline(sent));
         tracing::info!(agent = %resp.agent, plan = %resp.plan, gpus = req.gpus.len(), backend = self.shared.backend.kind(), "registered with the coordinator");
@@ -503,6 +539,26 @@ impl Agent {
             budget,
             renewed: sent,
         })
+    }
+
+    /// The agent id this instance (its data directory) last registered with.
+    fn previous_agent(&self) -> Option<AgentId> {
+        std::fs::read_to_string(self.shared.cfg.data_dir.join(AGENT_ID_FILE))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Kept so that this instance, restarted, registers again as its node's live agent.
+    fn remember_agent(&self, agent: AgentId) {
+        let dir = &self.shared.cfg.data_dir;
+        let tmp = dir.join(format!("{AGENT_ID_FILE}.tmp"));
+        let written = std::fs::write(&tmp, agent.to_string())
+            .and_then(|()| std::fs::rename(&tmp, dir.join(AGENT_ID_FILE)));
+        if let Err(e) = written {
+            tracing::warn!("cannot keep the agent id in {}: {e}", dir.display());
+        }
     }
 
     fn unreported(&self) -> std::sync::MutexGuard<'_, Vec<Outcome>> {

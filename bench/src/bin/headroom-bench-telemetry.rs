@@ -66,6 +66,7 @@ fn measure(store: &'static str, dir: &Path, database_url: Option<&str>, n: usize
             headroom: None,
             version: "bench".into(),
             running: vec![],
+            previous: None,
         }),
     )??;
     let base = chrono::Utc::now().timestamp_millis() - 1_000_000_000;

@@ -2,26 +2,32 @@
 
 use std::time::Duration;
 
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
 use headroom_shared::api::{
     Ack, ClaimRequest, ClaimResponse, FinishReport, FinishResponse, HandBackRequest,
-    HeartbeatRequest, HeartbeatResponse, LogAppended, LogChunkQuery, RegisterRequest,
+    HeartbeatRequest, HeartbeatResponse, LogAppended, LogChunkQuery, Principal, RegisterRequest,
     RegisterResponse, StartReport,
 };
 use headroom_shared::{AgentId, AttemptId, Plan};
 
 use super::telemetry::check_telemetry;
-use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, check_samples, parse_id};
-use crate::store::{ClaimInput, Registration, Renewal};
+use super::{
+    ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, check_node, check_node_name,
+    check_samples, parse_id,
+};
+use crate::store::{ClaimInput, NodeOf, Registration, Renewal};
 
 pub async fn register(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiJson(req): ApiJson<RegisterRequest>,
 ) -> ApiResult<RegisterResponse> {
     if req.node.trim().is_empty() {
         return Err(ApiError::invalid("node", "node name is empty"));
     }
+    check_node_name(&who, &req.node)?;
     // A node without GPUs has no plan to store (an agent finding none refuses to start).
     if req.gpus.is_empty() {
         return Err(ApiError::invalid(
@@ -55,6 +61,7 @@ pub async fn register(
             headroom: req.headroom,
             resume: req.running,
             lease_ttl_ms: s.config.lease_ttl.as_millis() as u64,
+            previous: req.previous,
         })
         .await?;
     if !reg.lost.is_empty() {
@@ -73,10 +80,12 @@ pub async fn register(
 /// plan change) appears, so a submitted job starts without waiting for a polling tick.
 pub async fn claim(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ClaimRequest>,
 ) -> ApiResult<ClaimResponse> {
     let agent: AgentId = parse_id(&id, "agent")?;
+    check_node(&s, &who, NodeOf::Agent(agent)).await?;
     check_samples(&req.gpus)?;
     let wait = Duration::from_millis(req.wait_ms).min(s.config.long_poll);
     let deadline = tokio::time::Instant::now() + wait;
@@ -120,10 +129,12 @@ pub async fn claim(
 
 pub async fn heartbeat(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<HeartbeatRequest>,
 ) -> ApiResult<HeartbeatResponse> {
     let agent: AgentId = parse_id(&id, "agent")?;
+    check_node(&s, &who, NodeOf::Agent(agent)).await?;
     check_samples(&req.gpus)?;
     // Checked whole first: a refused heartbeat writes nothing. Telemetry is stored first
     // (idempotent: a batch the agent sends again after a lost answer is stored once), so a
@@ -155,10 +166,12 @@ pub async fn heartbeat(
 
 pub async fn start(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<StartReport>,
 ) -> ApiResult<Ack> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
+    check_node(&s, &who, NodeOf::Attempt(attempt)).await?;
     s.store
         .start_attempt(
             attempt,
@@ -181,10 +194,12 @@ pub async fn start(
 
 pub async fn finish(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<FinishReport>,
 ) -> ApiResult<FinishResponse> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
+    check_node(&s, &who, NodeOf::Attempt(attempt)).await?;
     check_samples(&req.gpus)?;
     super::telemetry::check_measurements(&req.measurements)?;
     let failure = req.failure;
@@ -195,10 +210,12 @@ pub async fn finish(
 
 pub async fn hand_back(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<HandBackRequest>,
 ) -> ApiResult<Ack> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
+    check_node(&s, &who, NodeOf::Attempt(attempt)).await?;
     check_samples(&req.gpus)?;
     s.store.hand_back(attempt, req.fence, &req.gpus).await?;
     tracing::info!(%attempt, reason = %req.reason, "lease handed back");
@@ -207,11 +224,13 @@ pub async fn hand_back(
 
 pub async fn append_log(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<LogChunkQuery>,
     body: Bytes,
 ) -> ApiResult<LogAppended> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
+    check_node(&s, &who, NodeOf::Attempt(attempt)).await?;
     s.store.check_log_fence(attempt, q.fence).await?;
     let logs = s.logs.clone();
     let len = tokio::task::spawn_blocking(move || logs.append(attempt, q.offset, &body))

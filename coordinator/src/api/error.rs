@@ -93,7 +93,8 @@ impl From<StoreError> for ApiError {
             StoreError::UnknownAgent { .. } => Self::new(ErrorCode::UnknownAgent, message),
             StoreError::Transition(_)
             | StoreError::Conflict { .. }
-            | StoreError::TokenExists { .. } => Self::new(ErrorCode::Conflict, message),
+            | StoreError::TokenExists { .. }
+            | StoreError::NodeHeld { .. } => Self::new(ErrorCode::Conflict, message),
             StoreError::InvalidPlan(p) => Self::invalid("plan", p.to_string()),
             StoreError::Database(_) => Self::new(ErrorCode::StoreUnavailable, message),
             StoreError::Corrupt(_) => Self::internal(message),

@@ -10,14 +10,14 @@ use axum::http::header::AUTHORIZATION;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post, put};
-use headroom_shared::api::{ErrorCode, GpuSample, Principal};
+use headroom_shared::api::{ErrorCode, GpuSample, Principal, Role};
 use headroom_shared::routes::{self, Access, Method, Route};
 
 use crate::auth::{AuthError, Authenticator};
 use crate::changes::Changes;
 use crate::config::CoordinatorConfig;
 use crate::logs::LogStore;
-use crate::store::Store;
+use crate::store::{NodeOf, Store};
 
 mod agents;
 pub mod error;
@@ -69,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .route(r::NODES.path, on(r::NODES, nodes::list))
         .route(r::SET_PLAN.path, on(r::SET_PLAN, nodes::set_plan))
         .route(r::RELEASE_GPU.path, on(r::RELEASE_GPU, nodes::release_gpu))
+        .route(r::TAKEOVER.path, on(r::TAKEOVER, nodes::takeover))
         .route(r::REGISTER.path, on(r::REGISTER, agents::register))
         .route(r::CLAIM.path, on(r::CLAIM, agents::claim))
         .route(r::HEARTBEAT.path, on(r::HEARTBEAT, agents::heartbeat))
@@ -196,6 +197,36 @@ fn check_owner(who: &Principal, submitted_by: &str, what: &str) -> Result<(), Ap
             ),
         ))
     }
+}
+
+/// Agent routes: refused (403) unless the caller's token is bound to the node the agent or
+/// attempt belongs to (`rules::may_act_as_node`). An unknown agent or attempt passes here:
+/// the store operation refuses it.
+async fn check_node(s: &AppState, who: &Principal, of: NodeOf) -> Result<(), ApiError> {
+    if who.role == Role::Admin {
+        return Ok(());
+    }
+    match s.store.node_of(of).await? {
+        Some(node) => check_node_name(who, &node),
+        None => Ok(()),
+    }
+}
+
+/// As [`check_node`], for a node named in the request.
+fn check_node_name(who: &Principal, node: &str) -> Result<(), ApiError> {
+    if crate::rules::may_act_as_node(who, node) {
+        return Ok(());
+    }
+    tracing::warn!(who = %who.name, node, "an agent token acted for another node: refused");
+    Err(ApiError::new(
+        ErrorCode::Forbidden,
+        format!(
+            "this agent token is bound to node `{}`: it may not act for node `{node}` \
+             (an admin makes one per node with `headroom token create --role agent --name \
+             NODE`)",
+            who.name
+        ),
+    ))
 }
 
 /// The handler for the route's method.

@@ -1,7 +1,8 @@
 //! Nodes, their GPUs and concurrency plans.
 
+use axum::Extension;
 use axum::extract::State;
-use headroom_shared::api::{NodeView, Released, SetPlanRequest};
+use headroom_shared::api::{Ack, NodeView, Principal, Released, SetPlanRequest};
 
 use super::{ApiError, ApiJson, ApiPath, ApiResult, AppState};
 
@@ -41,4 +42,17 @@ pub async fn release_gpu(
     let released = s.store.release_gpu(&name, gpu).await?;
     tracing::info!(node = %name, gpu, released, "quarantine lifted by hand");
     Ok(ApiJson(Released { released }))
+}
+
+/// Lets another agent instance register as the node at once: for a node whose agent is gone
+/// for good (its machine died) or must make way. Its running attempts are recorded lost when
+/// the next agent registers.
+pub async fn takeover(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+) -> ApiResult<Ack> {
+    s.store.takeover(&name).await?;
+    tracing::warn!(node = %name, by = %who.name, "node takeover allowed by an admin");
+    Ok(ApiJson(Ack { ok: true }))
 }

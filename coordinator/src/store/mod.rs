@@ -92,6 +92,25 @@ pub enum StoreError {
     Conflict { job: Option<String> },
     #[error("a token with id {id} exists")]
     TokenExists { id: String },
+    /// Another agent instance is alive on the node: 409.
+    #[error(
+        "node {node} is held by a live agent (agent {agent}, last heard of {:.1} s ago): stop \
+         that agent, wait until it has been silent for the lease TTL, or have an admin run \
+         `headroom node takeover {node}`",
+        *seen_ms_ago as f64 / 1000.0
+    )]
+    NodeHeld {
+        node: String,
+        agent: String,
+        seen_ms_ago: i64,
+    },
+}
+
+/// What a node is looked up by, to check that an agent acts on its own node only.
+#[derive(Clone, Copy, Debug)]
+pub enum NodeOf {
+    Agent(AgentId),
+    Attempt(AttemptId),
 }
 
 impl From<crate::rules::Refusal> for StoreError {
@@ -186,6 +205,8 @@ pub struct Registration {
     /// when their fencing tokens are current, every other active attempt of the node is lost.
     pub resume: Vec<AttemptRef>,
     pub lease_ttl_ms: u64,
+    /// The agent id this instance registered with before (see `rules::may_register`).
+    pub previous: Option<AgentId>,
 }
 
 #[derive(Clone, Debug)]
@@ -311,6 +332,10 @@ pub trait Store: Send + Sync + 'static {
     async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64>;
     /// Lifts every quarantine on one GPU (a person looked); returns how many were lifted.
     async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64>;
+    /// The node an agent or attempt belongs to (`None`: unknown).
+    async fn node_of(&self, of: NodeOf) -> Result<Option<String>>;
+    /// Lets another agent instance register as `node` now.
+    async fn takeover(&self, node: &str) -> Result<()>;
 
     /// Stores the telemetry samples an agent shipped (one heartbeat's batch, one
     /// transaction) as its node's GPU series; returns how many were new (a sample of a GPU
@@ -497,6 +522,16 @@ impl<B: Backend> Store for B {
         let node = node.to_string();
         let n = node.clone();
         run!(self, write, "release_gpu", nodes::release_gpu, node, gpu; node = %n, gpu)
+    }
+
+    async fn node_of(&self, of: NodeOf) -> Result<Option<String>> {
+        run!(self, read, "node_of", nodes::node_of, of; of = ?of)
+    }
+
+    async fn takeover(&self, node: &str) -> Result<()> {
+        let node = node.to_string();
+        let n = node.clone();
+        run!(self, write, "takeover", nodes::takeover, node; node = %n)
     }
 
     async fn record_telemetry(&self, agent: AgentId, samples: Vec<TelemetrySample>) -> Result<u64> {

@@ -6,7 +6,7 @@ use headroom_shared::{AgentId, AttemptId, Plan};
 
 use super::rows::{self, NodeRow, i64_of, parse};
 use super::tx::Tx;
-use super::{Active, Millis, Registered, Registration, Result, StoreError, jobs, now_ms};
+use super::{Active, Millis, NodeOf, Registered, Registration, Result, StoreError, jobs, now_ms};
 use crate::rules;
 
 /// The agent's node; locked when `lock` (claims, heartbeats and reports of one node
@@ -39,6 +39,23 @@ pub(super) async fn record_samples(
 pub(super) async fn register(tx: &mut dyn Tx, reg: Registration) -> Result<(Registered, bool)> {
     let now = now_ms();
     let stored = tx.lock_node_settings(&reg.node).await?;
+    // Under the node's lock: two instances registering at once see each other.
+    if let Some((holder, seen)) = tx.node_holder(&reg.node).await? {
+        let previous = reg.previous.map(|a| a.to_string());
+        if let Err(ago) = rules::may_register(
+            holder.as_deref(),
+            seen,
+            previous.as_deref(),
+            now,
+            reg.lease_ttl_ms,
+        ) {
+            return Err(StoreError::NodeHeld {
+                node: reg.node,
+                agent: holder.unwrap_or_default(),
+                seen_ms_ago: ago,
+            });
+        }
+    }
     let (plan, headroom) =
         rules::merge_registration(reg.gpus.len(), (reg.plan.as_ref(), reg.headroom), stored)?;
     tx.upsert_node(&reg.node, reg.agent, &reg.gpus, &plan, &headroom, now)
@@ -55,6 +72,23 @@ pub(super) async fn register(tx: &mut dyn Tx, reg: Registration) -> Result<(Regi
         }
     }
     Ok((Registered { plan, lost }, true))
+}
+
+/// The node an agent or an attempt belongs to; `None` when unknown.
+pub(super) async fn node_of(tx: &mut dyn Tx, of: NodeOf) -> Result<Option<String>> {
+    match of {
+        NodeOf::Agent(agent) => Ok(tx.node_of_agent(agent, false).await?.map(|n| n.name)),
+        NodeOf::Attempt(attempt) => tx.node_of_attempt(&attempt.to_string()).await,
+    }
+}
+
+/// Lets another agent instance register as the node at once: its agent counts as gone.
+pub(super) async fn takeover(tx: &mut dyn Tx, node: String) -> Result<((), bool)> {
+    if tx.lock_node_settings(&node).await?.is_none() {
+        return Err(StoreError::not_found("node", node));
+    }
+    tx.forget_node_seen(&node).await?;
+    Ok(((), true))
 }
 
 pub(super) async fn set_plan(tx: &mut dyn Tx, node: String, plan: String) -> Result<(Plan, bool)> {

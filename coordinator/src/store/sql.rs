@@ -627,6 +627,27 @@ impl<E: Exec> Tx for E {
         first(self, &sql, args![attempt], text).await
     }
 
+    async fn node_of_attempt(&mut self, attempt: &str) -> Result<Option<String>> {
+        let sql = "SELECT node FROM attempts WHERE id = $1";
+        first(self, sql, args![attempt], text).await
+    }
+
+    async fn node_holder(
+        &mut self,
+        node: &str,
+    ) -> Result<Option<(Option<String>, Option<Millis>)>> {
+        let sql = "SELECT agent_id, last_seen FROM nodes WHERE name = $1";
+        first(self, sql, args![node], |r| {
+            Ok((r.text_opt(0)?, r.int_opt(1)?))
+        })
+        .await
+    }
+
+    async fn forget_node_seen(&mut self, node: &str) -> Result<u64> {
+        let sql = "UPDATE nodes SET last_seen = NULL WHERE name = $1";
+        self.execute(sql, args![node]).await
+    }
+
     async fn lock_node_settings(&mut self, node: &str) -> Result<Option<(String, String)>> {
         let sql = format!(
             "SELECT plan, headroom FROM nodes WHERE name = $1{}",

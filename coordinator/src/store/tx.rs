@@ -196,6 +196,13 @@ pub trait Tx: Send {
     async fn node_of_agent(&mut self, agent: AgentId, lock: bool) -> Result<Option<NodeRow>>;
     /// The node an attempt runs on, locked; its name.
     async fn lock_node_of_attempt(&mut self, attempt: &str) -> Result<Option<String>>;
+    /// The node an attempt was leased on (not locked).
+    async fn node_of_attempt(&mut self, attempt: &str) -> Result<Option<String>>;
+    /// A node's current agent and when it was last heard of (read under the node's lock).
+    async fn node_holder(&mut self, node: &str)
+    -> Result<Option<(Option<String>, Option<Millis>)>>;
+    /// Forgets when the node was last heard of (its agent counts as gone); rows changed.
+    async fn forget_node_seen(&mut self, node: &str) -> Result<u64>;
     /// A node's stored plan and headroom, locked.
     async fn lock_node_settings(&mut self, node: &str) -> Result<Option<(String, String)>>;
     /// A node's GPUs; locked when `lock`.

@@ -18,6 +18,10 @@ pub struct RegisterRequest {
     /// coordinator restart or a partition): they stay its own if their tokens are current.
     #[serde(default)]
     pub running: Vec<AttemptRef>,
+    /// The agent id this agent instance (its data directory) registered with last: a node
+    /// whose agent is alive is registered again only by that same instance.
+    #[serde(default)]
+    pub previous: Option<AgentId>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

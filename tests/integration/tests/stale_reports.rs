@@ -66,6 +66,7 @@ impl Coordinator {
             headroom: None,
             version: "test".into(),
             running: vec![],
+            previous: None,
         };
         let (status, body) = self.post("/v1/agents/register", &req);
         assert_eq!(status, 200, "{body}");

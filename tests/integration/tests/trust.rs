@@ -140,3 +140,88 @@ fn no_headroom_credential_reaches_a_job() {
     assert_clean(&env, &[ADMIN, &file_token, &env_token, LAB_SECRET.1]);
     assert!(env.contains("WANTED_BY_JOBS=yes"), "{env}");
 }
+
+/// One agent per data directory, and one live agent per node: a second agent on the same
+/// directory refuses to start; a second instance of the node elsewhere waits (saying why)
+/// without taking the node, and registers once an admin allows a takeover.
+#[test]
+fn a_node_has_one_live_agent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coord = Coordinator::start(dir.path(), &["--admin-token", ADMIN]).expect("coordinator");
+    let url = coord.url.clone();
+    let token = cli(
+        &url,
+        ADMIN,
+        &["token", "create", "--name", "gpu-01", "--role", "agent"],
+    )
+    .trim()
+    .to_string();
+    let mut first = Agent::start(
+        &url,
+        dir.path(),
+        AgentOptions::node("gpu-01").env("HEADROOM_AGENT_TOKEN", &token),
+    )
+    .expect("agent");
+    wait_until("the agent", Duration::from_secs(30), || {
+        cli(&url, ADMIN, &["nodes"])
+            .contains("gpu-01")
+            .then_some(())
+    });
+
+    // The same data directory: refused at start.
+    let mut same_dir = Agent::start(
+        &url,
+        dir.path(),
+        AgentOptions::node("gpu-01")
+            .log("same-dir.log")
+            .env("HEADROOM_AGENT_TOKEN", &token),
+    )
+    .expect("agent");
+    let status = same_dir
+        .wait_exit(Duration::from_secs(30))
+        .expect("wait")
+        .expect("it stops");
+    assert!(!status.success());
+    assert!(
+        same_dir
+            .output()
+            .contains("another agent is using the data dir"),
+        "{}",
+        same_dir.output()
+    );
+
+    // Another instance of the node (its own data directory): waits, saying why.
+    let other_dir = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&other_dir).expect("dir");
+    let second = Agent::start(
+        &url,
+        &other_dir,
+        AgentOptions::node("gpu-01").env("HEADROOM_AGENT_TOKEN", &token),
+    )
+    .expect("agent");
+    wait_until(
+        "the second instance to wait",
+        Duration::from_secs(30),
+        || {
+            let log = second.output();
+            (log.contains("cannot register yet") && log.contains("held by a live agent"))
+                .then_some(())
+        },
+    );
+    assert!(
+        first.wait_exit(Duration::ZERO).expect("wait").is_none(),
+        "the first agent runs on"
+    );
+    // An admin lets it take over.
+    cli(&url, ADMIN, &["node", "takeover", "gpu-01"]);
+    wait_until(
+        "the second instance to register",
+        Duration::from_secs(30),
+        || {
+            second
+                .output()
+                .contains("registered with the coordinator")
+                .then_some(())
+        },
+    );
+}
