@@ -204,7 +204,10 @@ pub async fn run(cli: Cli) -> Result<i32> {
     let token = match (&cli.token, &cli.token_file) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(path)) => Some(client::read_token_file(path)?),
-        (None, None) => None,
+        // A local `headroom up` of this account leaves its admin token for us.
+        (None, None) => {
+            headroom_shared::secret::read_local_token(&cli.server).and_then(|t| t.parse().ok())
+        }
     };
     let api = Api::new(&cli.server)?.with_token(token.as_ref().map(BearerToken::expose))?;
     match cli.command {

@@ -27,6 +27,12 @@ pub struct UpArgs {
     /// A TOML file of settings (keys are the flags' names); variables and flags win over it.
     #[arg(long, env = "HEADROOM_CONFIG")]
     pub config: Option<PathBuf>,
+    /// No tokens at all: every local account may submit, cancel and read everything, and
+    /// jobs run as this service's user. Loopback only. By default `up` is private: it makes
+    /// an admin token (`<data dir>/admin-token`, 0600) that this account's CLI and Python
+    /// client find by themselves.
+    #[arg(long, env = "HEADROOM_NO_AUTH")]
+    pub no_auth: bool,
     #[command(flatten)]
     pub coordinator: CoordinatorSettings,
     #[command(flatten)]
@@ -84,6 +90,23 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
             .with_context(|| format!("opening the store {}", db.display()))?
     };
     let mut config = args.coordinator.config(data_dir.clone())?;
+    // Private by default: an admin token of its own, kept in the data directory, unless the
+    // operator gave one (or tokens) or asked for none.
+    let mut local_admin = None;
+    if args.no_auth {
+        if !config.tokens.is_empty() {
+            anyhow::bail!("--no-auth with an admin token or a tokens file: give one or the other");
+        }
+        eprintln!(
+            "warning: --no-auth: every local account may submit, cancel and read every job on \
+             {}, and jobs run as this service's user",
+            config.listen
+        );
+    } else if args.coordinator.admin_secret()?.is_none() {
+        let secret = local_admin_token(&data_dir)?;
+        config.tokens.push(auth::admin_token(&secret)?);
+        local_admin = Some(secret);
+    }
     // With tokens on, the local agent needs one of role agent: unless one was given, it gets
     // a fresh secret that lives as long as this process.
     let mut agent_token = args.agent.token()?;
@@ -102,6 +125,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         None => args
             .coordinator
             .admin_secret()?
+            .or_else(|| local_admin.clone())
             .and_then(|t| t.parse().ok()),
     };
     let app = Application::build(config, Arc::new(store)).await?;
@@ -112,6 +136,17 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         "headroom: coordinator listening on {url} (store {})",
         db.display()
     );
+    // For this account's CLI and Python client, which find it by the server's address.
+    let local_token = match &local_admin {
+        Some(secret) => match headroom_shared::secret::write_local_token(&url, secret) {
+            Ok(path) => path,
+            Err(e) => {
+                tracing::warn!("cannot leave the admin token for the CLI: {e}");
+                None
+            }
+        },
+        None => None,
+    };
 
     let tasks = TaskTracker::new();
     let coord_stop = CancellationToken::new();
@@ -155,7 +190,35 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         tracing::warn!("coordinator: {e}");
     }
     tasks.wait().await;
+    if let Some(path) = local_token {
+        let _ = std::fs::remove_file(path);
+    }
     Ok(code)
+}
+
+/// The admin token of this data directory (`admin-token`, 0600), made at the first start.
+fn local_admin_token(dir: &std::path::Path) -> Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let path = dir.join("admin-token");
+    if path.exists() {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("{}", path.display()))?;
+        return Ok(headroom_shared::secret::read_file(&path, "admin token")?);
+    }
+    let secret = auth::random_secret();
+    let tmp = dir.join("admin-token.tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(format!("{secret}\n").as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(secret)
 }
 
 /// Holds an exclusive lock on `<data dir>/lock` for the life of the process.

@@ -119,6 +119,66 @@ pub fn resolve(
     }
 }
 
+/// Where a local `headroom up` leaves its admin token for its own user's CLI and Python
+/// client (as Jupyter leaves its server's token): `~/.headroom/local/<host>_<port>`, in a
+/// 0700 directory, 0600. `None` without a home or for a URL without a port.
+pub fn local_token_path(url: &str) -> Option<PathBuf> {
+    let authority = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = authority.split('/').next()?;
+    let (host, port) = authority.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let host = if host.eq_ignore_ascii_case("localhost") {
+        "127.0.0.1"
+    } else {
+        host.trim_matches(|c| c == '[' || c == ']')
+    };
+    if host.is_empty()
+        || !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".:-".contains(c))
+    {
+        return None;
+    }
+    let home = std::env::var_os("HOME")?;
+    Some(
+        Path::new(&home)
+            .join(".headroom")
+            .join("local")
+            .join(format!("{}_{port}", host.replace(':', "."))),
+    )
+}
+
+/// Writes `token` where [`local_token_path`] says, private to this user.
+pub fn write_local_token(url: &str, token: &str) -> std::io::Result<Option<PathBuf>> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    let Some(path) = local_token_path(url) else {
+        return Ok(None);
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(format!("{token}\n").as_bytes())?;
+    Ok(Some(path))
+}
+
+/// The token a local `headroom up` left for `url`, when there is one.
+pub fn read_local_token(url: &str) -> Option<String> {
+    let path = local_token_path(url)?;
+    read_file(&path, "local token").ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,6 +188,19 @@ mod tests {
         file_flag: "--agent-token-file",
         credential: "agent-token",
     };
+
+    #[test]
+    fn local_tokens_are_kept_per_host_and_port() {
+        let home = std::env::var_os("HOME");
+        let a = local_token_path("http://127.0.0.1:7420");
+        assert_eq!(a, local_token_path("http://localhost:7420/"));
+        assert_ne!(a, local_token_path("http://127.0.0.1:7421"));
+        assert_eq!(local_token_path("http://127.0.0.1"), None);
+        assert_eq!(local_token_path("http://../x:1"), None);
+        if home.is_some() {
+            assert!(a.expect("path").ends_with(".headroom/local/127.0.0.1_7420"));
+        }
+    }
 
     #[test]
     fn a_secret_file_holds_one_word_on_one_line() {

@@ -4,6 +4,7 @@ attempts, logs, cancel, retry, nodes, plans and the mapping of API errors."""
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -188,3 +189,21 @@ def test_the_readme_notebook_example_runs(client: Client) -> None:
     assert sorted(means.index) == [32, 64]
     # The fake job held 1 GiB of fake GPU memory, and the agent measured it.
     assert (df["peak_mem_mib"] >= 1024).all(), df["peak_mem_mib"].tolist()
+
+
+def test_a_local_up_token_is_found_by_the_server_address(tmp_path, monkeypatch):
+    """Without a token or HEADROOM_TOKEN, the client uses the one a local ``headroom up`` of
+    this account left for that address, and none for another address."""
+    from headroom_client.client import _headers, local_token_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("HEADROOM_TOKEN", raising=False)
+    monkeypatch.delenv("HEADROOM_TOKEN_FILE", raising=False)
+    path = local_token_path("http://localhost:7999")
+    assert path == str(tmp_path / ".headroom" / "local" / "127.0.0.1_7999")
+    os.makedirs(os.path.dirname(path), mode=0o700)
+    with open(path, "w") as f:
+        f.write("local-admin-secret\n")
+    assert _headers(None, "http://127.0.0.1:7999")["authorization"] == "Bearer local-admin-secret"
+    assert "authorization" not in _headers(None, "http://127.0.0.1:8000")
+    assert _headers("given", "http://127.0.0.1:7999")["authorization"] == "Bearer given"

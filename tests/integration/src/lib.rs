@@ -923,3 +923,27 @@ impl DroppingLink {
             .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+/// A second local Unix user for tests of what another account can do, made when missing;
+/// `None` when this process cannot make one (not root): the caller skips those cases.
+pub fn other_user() -> Option<nix::unistd::User> {
+    const NAME: &str = "headroom-test-other";
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("not root: cannot make a second Unix user; its cases are skipped");
+        return None;
+    }
+    if nix::unistd::User::from_name(NAME).ok().flatten().is_none() {
+        let _ = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                NAME,
+            ])
+            .status();
+    }
+    let user = nix::unistd::User::from_name(NAME).ok().flatten();
+    assert!(user.is_some(), "cannot make the test user {NAME}");
+    user
+}

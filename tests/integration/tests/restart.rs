@@ -186,7 +186,9 @@ fn an_agent_registering_again_resumes_its_running_attempt() {
     let h = Headroom::up(
         UpOptions::gpus("1x24GiB")
             // Heartbeats every 2 s: the agent hears it was forgotten well before its job ends.
-            .lease_ttl("6s"),
+            .lease_ttl("6s")
+            // This test registers for the agent (as the anonymous admin of an open `up`).
+            .flags(&["--no-auth"]),
     );
     let record = h.path("timeline.jsonl");
     let deaths = headroom_integration_tests::records::DeathWatch::start(record.clone());
@@ -210,16 +212,21 @@ fn an_agent_registering_again_resumes_its_running_attempt() {
                                "total_mib": g.total_mib})
         })
         .collect();
-    // Another registration of the node, keeping the attempt: the running agent's id is
-    // now unknown to the coordinator.
+    // Another registration of the node by its agent instance (its id as before), keeping
+    // the attempt: the running agent's id is now unknown to the coordinator.
+    let id_file = h.data_dir().join("agent").join("agent.id");
+    let previous = std::fs::read_to_string(&id_file).expect("the agent keeps its id");
     let (status, body) = h
         .post(
             "/v1/agents/register",
             &serde_json::json!({"node": node.name, "gpus": gpus, "version": "test",
-                "running": [{"attempt": attempt.id, "fence": attempt.fence}]}),
+                "running": [{"attempt": attempt.id, "fence": attempt.fence}],
+                "previous": previous.trim()}),
         )
         .expect("register");
     assert_eq!(status, 200, "{body}");
+    // Made on the instance's behalf: it keeps the id, as after a registration of its own.
+    std::fs::write(&id_file, body["agent"].as_str().expect("agent id")).expect("agent id");
     h.wait_for(
         "the agent to register again",
         Duration::from_secs(30),

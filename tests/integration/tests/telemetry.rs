@@ -154,7 +154,8 @@ fn telemetry_series_and_metrics_say_what_ran() {
 
 #[test]
 fn impossible_telemetry_is_refused_naming_the_field_and_nothing_is_written() {
-    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
+    // The test speaks for a probe agent (as the anonymous admin of an open `up`).
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").flags(&["--no-auth"]));
     let (status, reg) = h
         .post(
             "/v1/agents/register",

@@ -225,3 +225,54 @@ fn a_node_has_one_live_agent() {
         },
     );
 }
+
+/// `headroom up` is private by default: it makes an admin token (0600 in its data
+/// directory); this account's CLI finds it without flags, a request without a token is
+/// refused, and another local account's CLI gets 401.
+#[test]
+fn up_is_private_to_its_account() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let home = tempfile::tempdir().expect("home");
+    let home_dir = home.path().display().to_string();
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").env("HOME", &home_dir));
+    h.wait_agent();
+    let token_file = h.data_dir().join("admin-token");
+    let mode = std::fs::metadata(&token_file)
+        .expect("admin-token")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{token_file:?}");
+
+    let cli_as = |home: &str, uid: Option<u32>, args: &[&str]| {
+        let mut cmd = Command::new(binary("headroom"));
+        cmd.args(["--server", &h.url])
+            .args(args)
+            .env("HOME", home)
+            .env_remove("HEADROOM_TOKEN")
+            .env_remove("HEADROOM_TOKEN_FILE")
+            .current_dir("/");
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        cmd.output().expect("cli")
+    };
+    // This account: no flag, no variable.
+    let out = cli_as(&home_dir, None, &["nodes"]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("test-node"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // No token at all: refused.
+    let r =
+        headroom_integration_tests::http_get::<serde_json::Value>(&format!("{}/v1/jobs", h.url));
+    assert!(r.is_err(), "a tokenless request was answered: {r:?}");
+    // Another account (its own home, which holds no token): 401.
+    if let Some(other) = headroom_integration_tests::other_user() {
+        let out = cli_as("/nonexistent", Some(other.uid.as_raw()), &["ls"]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("token"), "{err}");
+    }
+}

@@ -130,8 +130,42 @@ def _export_params(experiment: Optional[str], clean_only: bool) -> Dict[str, str
     return params
 
 
-def _headers(token: Optional[str]) -> Dict[str, str]:
-    token = token if token is not None else os.environ.get("HEADROOM_TOKEN")
+def local_token_path(url: str) -> Optional[str]:
+    """Where a local ``headroom up`` of this account leaves its admin token for ``url``
+    (``~/.headroom/local/<host>_<port>``, 0600), as the CLI finds it."""
+    authority = url.split("://", 1)[-1].split("/", 1)[0]
+    host, sep, port = authority.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    host = "127.0.0.1" if host.lower() == "localhost" else host.strip("[]")
+    if not host or not all(c.isalnum() or c in ".:-" for c in host):
+        return None
+    home = os.environ.get("HOME")
+    if not home:
+        return None
+    return os.path.join(home, ".headroom", "local", f"{host.replace(':', '.')}_{int(port)}")
+
+
+def _local_token(url: str) -> Optional[str]:
+    path = local_token_path(url)
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError:
+        return None
+    return token or None
+
+
+def _headers(token: Optional[str], url: str = "") -> Dict[str, str]:
+    if token is None:
+        token = os.environ.get("HEADROOM_TOKEN")
+    if token is None and os.environ.get("HEADROOM_TOKEN_FILE"):
+        with open(os.environ["HEADROOM_TOKEN_FILE"], encoding="utf-8") as f:
+            token = f.read().strip()
+    if token is None:
+        token = _local_token(url)
     h = {"accept": "application/json", "user-agent": "headroom-client/0.1"}
     if token:
         h["authorization"] = f"Bearer {token}"
@@ -155,9 +189,10 @@ def _unreachable(url: str, e: Exception) -> ConnectionFailed:
 def _http_options(url: Optional[str], token: Optional[str], timeout: float) -> Dict[str, Any]:
     """What both clients give httpx: the base URL, the headers, and a read timeout past one
     long-poll."""
+    base = (url or os.environ.get("HEADROOM_URL") or DEFAULT_URL).rstrip("/")
     return {
-        "base_url": (url or os.environ.get("HEADROOM_URL") or DEFAULT_URL).rstrip("/"),
-        "headers": _headers(token),
+        "base_url": base,
+        "headers": _headers(token, base),
         "timeout": httpx.Timeout(timeout, read=timeout + POLL_MS / 1000),
     }
 
