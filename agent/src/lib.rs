@@ -11,7 +11,8 @@
 //!   stop and verify), its wait (`prestart`) and colocated background (`colocate`),
 //!   classifies its end, journals it, and stops its job itself when its lease is not renewed
 //!   in time. `supervisor::proto` is what the agent says to it. It never imports `agent`.
-//! - `gpu` (NVML and fake backends), `jobenv` (what of the agent's environment jobs get), `procscan` (processes by their markers), `outcomes`
+//! - `gpu` (NVML and fake backends), `jobenv` (what of the agent's environment jobs get), `runas` (the Unix user
+//!   a job runs as), `procscan` (processes by their markers), `outcomes`
 //!   (the journal of end reports): used by both.
 // `unsafe` is denied except where a child must call setsid/prctl between fork and exec.
 #![deny(unsafe_code)]
@@ -21,4 +22,5 @@ pub mod gpu;
 pub mod jobenv;
 pub mod outcomes;
 pub mod procscan;
+pub mod runas;
 pub mod supervisor;

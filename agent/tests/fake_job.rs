@@ -63,6 +63,7 @@ impl Fixture {
             baseline: None,
             prestart: Default::default(),
             background: None,
+            run_as: None,
         }
     }
 

@@ -77,6 +77,7 @@ fn spec(dir: &Path, argv: &[&str], stop_in_ms: u64, key: &str) -> Spec {
             baseline: None,
             prestart: Default::default(),
             background: None,
+            run_as: None,
         },
         fence: 1,
         data_dir: dir.to_path_buf(),

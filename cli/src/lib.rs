@@ -118,6 +118,11 @@ pub enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Users (admins): who they are, their role, the Unix user their jobs run as.
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
     /// Print a shell completion script, e.g. `headroom completions bash > /etc/bash_completion.d/headroom`.
     Completions { shell: clap_complete::Shell },
     /// Concurrency plans.
@@ -181,6 +186,30 @@ pub enum TokenCommand {
     Revoke { id: String },
     /// Read a token from standard input and print its argon2 hash, for `--tokens-file`.
     Hash,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum UserCommand {
+    /// Create a user, or change its Unix user: `headroom user create alice --unix-user alice`.
+    /// Its tokens (`token create --name alice`) act as it; where an agent runs as root, its
+    /// jobs run as the Unix user (never root unless `--allow-root`).
+    Create {
+        name: String,
+        /// admin, user or agent (fixed once the user exists).
+        #[arg(long, default_value = "user")]
+        role: Role,
+        /// The Unix user its jobs run as on the nodes.
+        #[arg(long)]
+        unix_user: Option<String>,
+        /// Let its jobs run as root (only with `--unix-user root`).
+        #[arg(long)]
+        allow_root: bool,
+    },
+    /// List users.
+    Ls {
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -339,6 +368,48 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
         } => {
             let n = api.release_gpu(&node, gpu).await?;
             println!("node {node} GPU {gpu}: {n} quarantine(s) lifted");
+        }
+        Command::User {
+            command:
+                UserCommand::Create {
+                    name,
+                    role,
+                    unix_user,
+                    allow_root,
+                },
+        } => {
+            let req = headroom_shared::api::PutUserRequest {
+                role,
+                unix_user,
+                allow_root,
+            };
+            let u = api.put_user(&name, &req).await?;
+            println!(
+                "user {} (role {}): jobs run as {}",
+                u.name,
+                u.role,
+                u.unix_user.as_deref().unwrap_or("the agents' default user")
+            );
+        }
+        Command::User {
+            command: UserCommand::Ls { output: format },
+        } => {
+            let users = api.users().await?;
+            match format {
+                Format::Table => {
+                    println!("{:<24} {:<6} {:<16} ROOT", "NAME", "ROLE", "UNIX USER");
+                    for u in &users {
+                        println!(
+                            "{:<24} {:<6} {:<16} {}",
+                            u.name,
+                            u.role,
+                            u.unix_user.as_deref().unwrap_or("-"),
+                            if u.allow_root { "allowed" } else { "-" }
+                        );
+                    }
+                }
+                Format::Json => output::json(&users)?,
+            }
         }
         Command::Node {
             command: NodeCommand::Takeover { node },

@@ -116,6 +116,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
             name: args.agent.node_name(),
             role: Role::Agent,
             secret: Secret::Plain(secret.clone()),
+            unix_user: None,
         });
         agent_token = Some(secret.parse()?);
     }

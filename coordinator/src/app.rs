@@ -26,6 +26,8 @@ pub enum AppError {
     Logs(#[from] LogError),
     #[error("server: {0}")]
     Serve(std::io::Error),
+    #[error("the configured tokens' users: {0}")]
+    Users(crate::store::StoreError),
     #[error(
         "refusing to listen on {addr} without tokens: anyone who can reach it could run \
          commands on every GPU node. Give a bootstrap admin token (--admin-token or \
@@ -51,6 +53,13 @@ impl Application {
                 source,
             })?;
         let logs = LogStore::new(config.data_dir.join("logs"))?;
+        // Names the configuration gives are users too: a stored token cannot take them.
+        let users = config
+            .tokens
+            .iter()
+            .map(|t| (t.name.clone(), t.role, t.unix_user.clone()))
+            .collect();
+        store.ensure_users(users).await.map_err(AppError::Users)?;
         let state = AppState {
             changes: store.changes(),
             auth: Arc::new(Authenticator::new(config.tokens.clone(), store.clone())),

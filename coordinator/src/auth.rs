@@ -52,6 +52,8 @@ pub struct ConfigToken {
     pub name: String,
     pub role: Role,
     pub secret: Secret,
+    /// The Unix user the holder's jobs run as (tokens file).
+    pub unix_user: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +89,8 @@ struct FileToken {
     name: String,
     role: Role,
     token_hash: String,
+    #[serde(default)]
+    unix_user: Option<String>,
 }
 
 /// Reads a tokens file, checking every entry (the name, and that the hash is argon2's).
@@ -99,12 +103,38 @@ pub fn read_tokens_file(path: &Path) -> Result<Vec<ConfigToken>, TokenConfigErro
         path: path.to_path_buf(),
         message,
     };
-    let file: TokensFile = toml::from_str(&text).map_err(|e| invalid(e.message().to_string()))?;
+    let file: TokensFile = toml::from_str(&text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+        match line {
+            Some(n) => invalid(format!("line {n}: {}", e.message())),
+            None => invalid(e.message().to_string()),
+        }
+    })?;
+    // One user, one role and one Unix user, however many tokens they hold.
+    for (i, t) in file.tokens.iter().enumerate() {
+        if let Some((j, o)) = file.tokens[..i]
+            .iter()
+            .enumerate()
+            .find(|(_, o)| o.name == t.name && (o.role != t.role || o.unix_user != t.unix_user))
+        {
+            return Err(invalid(format!(
+                "tokens[{i}].name: user `{}` is also tokens[{j}] with role {} and unix_user \
+                 {:?}: a user has one role and one Unix user",
+                t.name, o.role, o.unix_user
+            )));
+        }
+    }
     file.tokens
         .into_iter()
         .enumerate()
         .map(|(i, t)| {
             check_name(&t.name).map_err(|m| invalid(format!("tokens[{i}].name: {m}")))?;
+            if let Some(u) = &t.unix_user {
+                check_unix_user(u, false)
+                    .map_err(|m| invalid(format!("tokens[{i}].unix_user: {m}")))?;
+            }
             let hash = PasswordHash::new(&t.token_hash)
                 .map_err(|e| invalid(format!("tokens[{i}].token_hash: not an argon2 hash: {e}")))?;
             if !hash.algorithm.as_str().starts_with("argon2") {
@@ -117,6 +147,7 @@ pub fn read_tokens_file(path: &Path) -> Result<Vec<ConfigToken>, TokenConfigErro
                 name: t.name,
                 role: t.role,
                 secret: Secret::Hash(t.token_hash),
+                unix_user: t.unix_user,
             })
         })
         .collect()
@@ -132,6 +163,7 @@ pub fn admin_token(secret: &str) -> Result<ConfigToken, TokenConfigError> {
         name: "admin".into(),
         role: Role::Admin,
         secret: Secret::Plain(secret.to_string()),
+        unix_user: None,
     })
 }
 
@@ -149,6 +181,29 @@ pub fn check_name(name: &str) -> Result<(), String> {
             "`{name}` must be 1 to 64 letters, digits, `_`, `-`, `.` or `@`"
         ))
     }
+}
+
+/// A Unix user jobs may run as: a user of this host, and not root unless `allow_root`.
+pub fn check_unix_user(name: &str, allow_root: bool) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= 32
+        && !name.starts_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !valid {
+        return Err(format!("`{name}` is not a Unix user name"));
+    }
+    let user = nix::unistd::User::from_name(name)
+        .map_err(|e| format!("cannot look up Unix user `{name}`: {e}"))?
+        .ok_or_else(|| format!("there is no Unix user `{name}` on this host"))?;
+    if user.uid.is_root() && !allow_root {
+        return Err(format!(
+            "`{name}` is root: jobs run as root only when the admin allows it for this user \
+             (allow_root)"
+        ));
+    }
+    Ok(())
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -10,8 +10,9 @@ use headroom_shared::api::{
     ClaimResponse, CreateTokenRequest, CreatedToken, ErrorBody, ExperimentSummary, ExportQuery,
     FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest,
     HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LogAppended, LogChunkQuery, LogQuery,
-    NodeView, Progress, ProgressQuery, RegisterRequest, RegisterResponse, Released, RetryResponse,
-    SetPlanRequest, StartReport, SubmitRequest, SubmitResponse, TelemetryQuery, TokenView,
+    NodeView, Progress, ProgressQuery, PutUserRequest, RegisterRequest, RegisterResponse, Released,
+    RetryResponse, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse, TelemetryQuery,
+    TokenView, UserView,
 };
 use headroom_shared::routes::{self, Access, Method, Route};
 use utoipa::openapi::path::{
@@ -226,6 +227,13 @@ fn table() -> Vec<(Route, RouteDoc)> {
             doc("releaseGpu", "nodes", Json(one::<Released>)),
         ),
         (r::TAKEOVER, doc("takeoverNode", "nodes", Json(one::<Ack>))),
+        (r::USERS, doc("listUsers", "tokens", Json(list::<UserView>))),
+        (
+            r::PUT_USER,
+            doc("putUser", "tokens", Json(one::<UserView>))
+                .body(one::<PutUserRequest>)
+                .conflicts(),
+        ),
         (
             r::REGISTER,
             doc("registerAgent", "agents", Json(one::<RegisterResponse>))

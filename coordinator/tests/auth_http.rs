@@ -344,6 +344,7 @@ async fn configured_hashed_tokens_work_and_open_coordinators_allow_everything_on
         name: "node-9".into(),
         role: Role::Agent,
         secret: Secret::Hash(auth::hash_secret(secret).expect("hash")),
+        unix_user: None,
     };
     let s = start(vec![hashed]).await;
     let (status, v) = s

@@ -509,6 +509,20 @@ impl Client {
             .await
     }
 
+    pub async fn users(&self) -> Result<Vec<crate::api::UserView>, ClientError> {
+        self.get(routes::USERS, &[]).await
+    }
+
+    /// Creates or changes a user.
+    pub async fn put_user(
+        &self,
+        name: &str,
+        req: &crate::api::PutUserRequest,
+    ) -> Result<crate::api::UserView, ClientError> {
+        self.call(routes::PUT_USER, &[&name], Some(req), DEFAULT_TIMEOUT)
+            .await
+    }
+
     // ---- agents ----------------------------------------------------------------------
 
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, ClientError> {

@@ -253,7 +253,17 @@ pub const ALL: &[Route] = &[
     TOKENS,
     CREATE_TOKEN,
     REVOKE_TOKEN,
+    USERS,
+    PUT_USER,
 ];
+
+pub const USERS: Route = Route::new(Get, "/v1/users", Admin, "Users and their Unix users");
+pub const PUT_USER: Route = Route::new(
+    Put,
+    "/v1/users/{name}",
+    Admin,
+    "Create or change a user (role, Unix user)",
+);
 
 /// Response headers of `READ_LOG`: where the next read starts, and whether the attempt ended.
 pub const LOG_OFFSET_HEADER: &str = "x-log-offset";

@@ -283,6 +283,7 @@ mod tests {
                 on_exit: Default::default(),
                 supervisor_exe: crate::supervisor::SELF_EXE.into(),
                 pass_env: vec![],
+                run_as_default: "nobody".into(),
             },
             client: crate::agent::client::Client::new(url).expect("client"),
             backend: Arc::new(backend),

@@ -71,6 +71,7 @@ pub(crate) async fn run(
         baseline: Some(baseline),
         prestart: lease.prestart.unwrap_or_default(),
         background: lease.background,
+        run_as: crate::runas::effective(lease.run_as, &shared.cfg.run_as_default),
     };
     match spawn_supervisor(&shared, launch, fence).await {
         Ok(conn) => follow(shared, attempt, fence, gpus, conn, None, stop, exit, true).await,

@@ -71,6 +71,8 @@ pub struct AgentConfig {
     pub supervisor_exe: PathBuf,
     /// Variables of the agent's environment passed to jobs besides [`crate::jobenv::PASS_THROUGH`].
     pub pass_env: Vec<String>,
+    /// The Unix user of jobs whose submitter maps to none (agents running as root).
+    pub run_as_default: String,
 }
 
 /// What an exiting agent does to the attempts it runs.
@@ -113,6 +115,8 @@ pub enum AgentError {
     NotAuthorized(ClientError),
     #[error("{0}")]
     PassEnv(#[from] crate::jobenv::PassEnvError),
+    #[error("--run-as-default: {0}")]
+    RunAs(String),
     #[error(
         "another agent is using the data dir {} (stop it, or give this one --data-dir)",
         .0.display()
@@ -203,6 +207,15 @@ impl Agent {
     /// Blocking (reads the data dir): call before the agent's work starts.
     pub fn new(cfg: AgentConfig, backend: Arc<dyn GpuBackend>) -> Result<Self, AgentError> {
         crate::jobenv::check_extra(&cfg.pass_env)?;
+        match crate::runas::check_default(&cfg.run_as_default).map_err(AgentError::RunAs)? {
+            Some(me) => tracing::warn!(
+                "not running as root: every job runs as this agent's user ({me}), whoever submitted it"
+            ),
+            None => tracing::info!(
+                default = %cfg.run_as_default,
+                "jobs run as their submitters' Unix users (the default for those without one)"
+            ),
+        }
         let pass_env = cfg.pass_env.clone();
         std::fs::create_dir_all(cfg.data_dir.join("logs"))?;
         let data_lock = lock_data_dir(&cfg.data_dir)?;

@@ -80,6 +80,11 @@ pub struct AgentSettings {
     /// reaches a job, and never a HEADROOM_* variable.
     #[arg(long, env = "HEADROOM_PASS_ENV", value_delimiter = ',')]
     pub pass_env: Vec<String>,
+    /// The Unix user jobs run as when their submitter maps to none (`headroom user create
+    /// NAME --unix-user U`), for an agent running as root; never root. An agent not
+    /// running as root runs every job as its own user.
+    #[arg(long, env = "HEADROOM_RUN_AS_DEFAULT", default_value = "nobody")]
+    pub run_as_default: String,
     /// What stopping the agent does to running jobs: `detach` leaves them running under their
     /// supervisors for the next agent on this data directory to re-attach (upgrades,
     /// restarts; they stop themselves if none does within the lease TTL), `stop` stops and
@@ -151,6 +156,7 @@ impl AgentSettings {
             metrics_addr: self.metrics_addr,
             token: self.token()?,
             pass_env: self.pass_env.clone(),
+            run_as_default: self.run_as_default.clone(),
         })
     }
 }

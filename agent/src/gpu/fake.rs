@@ -381,11 +381,18 @@ pub fn remove_usage(dir: &Path, pid: u32) -> io::Result<()> {
 /// Takes the directory's exclusive lock (released when the file is dropped), so that checking
 /// free memory and claiming it is one step among cooperating processes.
 pub fn lock_dir(dir: &Path) -> io::Result<File> {
-    let file = File::options()
+    let path = dir.join(LOCK_FILE);
+    // Made by whoever came first (the agent, as root); a job of another user locks it
+    // through a read-only handle (flock needs no write access).
+    let file = match File::options()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(dir.join(LOCK_FILE))?;
+        .open(&path)
+    {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => File::open(&path)?,
+        other => other?,
+    };
     file.lock()?;
     Ok(file)
 }
@@ -487,6 +494,12 @@ impl FakeBackend {
             source,
         };
         fs::create_dir_all(dir).map_err(dir_err)?;
+        // Jobs of any user write their memory there, as they would allocate on a real GPU
+        // (sticky: none removes another's file).
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o1777)).map_err(dir_err)?;
+        }
         // Jobs get the path in their environment and may change directory: make it absolute.
         let dir = fs::canonicalize(dir).map_err(dir_err)?;
         let inventory: Vec<GpuInfo> = spec

@@ -429,6 +429,7 @@ mod tests {
             baseline: Some(crate::supervisor::attempt::Baseline::of(&samples, &[3])),
             prestart: Default::default(),
             background: None,
+            run_as: None,
         };
         let msg = ToSupervisor::Launch {
             spec: Box::new(Spec {

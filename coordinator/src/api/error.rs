@@ -94,7 +94,8 @@ impl From<StoreError> for ApiError {
             StoreError::Transition(_)
             | StoreError::Conflict { .. }
             | StoreError::TokenExists { .. }
-            | StoreError::NodeHeld { .. } => Self::new(ErrorCode::Conflict, message),
+            | StoreError::NodeHeld { .. }
+            | StoreError::UserRole { .. } => Self::new(ErrorCode::Conflict, message),
             StoreError::InvalidPlan(p) => Self::invalid("plan", p.to_string()),
             StoreError::Database(_) => Self::new(ErrorCode::StoreUnavailable, message),
             StoreError::Corrupt(_) => Self::internal(message),

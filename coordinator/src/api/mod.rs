@@ -81,6 +81,8 @@ pub fn router(state: AppState) -> Router {
         .route(r::TOKENS.path, on(r::TOKENS, tokens::list))
         .route(r::CREATE_TOKEN.path, on(r::CREATE_TOKEN, tokens::create))
         .route(r::REVOKE_TOKEN.path, on(r::REVOKE_TOKEN, tokens::revoke))
+        .route(r::USERS.path, on(r::USERS, tokens::users))
+        .route(r::PUT_USER.path, on(r::PUT_USER, tokens::put_user))
         // One gate for every route above, deciding by the route table's `access` (`authorize`).
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize))
         // Public, outside the table and the gate: the description of everything above, and

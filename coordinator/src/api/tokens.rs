@@ -3,7 +3,9 @@
 
 use axum::Extension;
 use axum::extract::State;
-use headroom_shared::api::{CreateTokenRequest, CreatedToken, ErrorCode, Principal, TokenView};
+use headroom_shared::api::{
+    CreateTokenRequest, CreatedToken, ErrorCode, Principal, PutUserRequest, TokenView, UserView,
+};
 
 use super::{ApiError, ApiJson, ApiPath, ApiResult, AppState};
 use crate::auth;
@@ -71,4 +73,33 @@ pub async fn revoke(
     s.auth.forget(&view.id);
     tracing::info!(id = %view.id, name = %view.name, "token revoked");
     Ok(ApiJson(view))
+}
+
+pub async fn users(State(s): State<AppState>) -> ApiResult<Vec<UserView>> {
+    Ok(ApiJson(s.store.users().await?))
+}
+
+/// Creates a user or changes its Unix user; its role is fixed once it exists.
+pub async fn put_user(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<PutUserRequest>,
+) -> ApiResult<UserView> {
+    auth::check_name(&name).map_err(|m| ApiError::invalid("name", m))?;
+    if let Some(u) = &req.unix_user {
+        auth::check_unix_user(u, req.allow_root).map_err(|m| ApiError::invalid("unix_user", m))?;
+    }
+    let user = s
+        .store
+        .put_user(UserView {
+            name,
+            role: req.role,
+            unix_user: req.unix_user,
+            allow_root: req.allow_root,
+            created_at: chrono::Utc::now(),
+        })
+        .await?;
+    tracing::info!(user = %user.name, role = %user.role, unix_user = ?user.unix_user, by = %who.name, "user changed");
+    Ok(ApiJson(user))
 }

@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use headroom_shared::api::{
     AttemptRef, AttemptTelemetry, AttemptView, ExperimentSummary, FinishReport, GpuInfo, GpuSample,
     Headroom, JobDetail, JobSummary, Lease, NodeView, Role, StateCounts, TelemetrySample,
-    TokenView,
+    TokenView, UserView,
 };
 use headroom_shared::plan::PlanError;
 use headroom_shared::state::TransitionError;
@@ -92,6 +92,12 @@ pub enum StoreError {
     Conflict { job: Option<String> },
     #[error("a token with id {id} exists")]
     TokenExists { id: String },
+    /// The name is a user of another role: 409.
+    #[error("user `{name}` exists with role {role}: a name has one role")]
+    UserRole {
+        name: String,
+        role: headroom_shared::api::Role,
+    },
     /// Another agent instance is alive on the node: 409.
     #[error(
         "node {node} is held by a live agent (agent {agent}, last heard of {:.1} s ago): stop \
@@ -371,6 +377,11 @@ pub trait Store: Send + Sync + 'static {
     /// Revokes a token (a second revocation keeps the first time); `NotFound` when none
     /// has that id.
     async fn revoke_token(&self, id: &str) -> Result<TokenView>;
+    /// Makes the users configuration names, refusing a name of another role.
+    async fn ensure_users(&self, users: Vec<(String, Role, Option<String>)>) -> Result<()>;
+    /// Creates or changes a user (its role stays).
+    async fn put_user(&self, user: UserView) -> Result<UserView>;
+    async fn users(&self) -> Result<Vec<UserView>>;
 
     /// Calls `on_change` whenever another process sharing the database (a coordinator
     /// replica) may have changed something, until `shutdown`, so this process's long-polls
@@ -590,6 +601,19 @@ impl<B: Backend> Store for B {
         let id = id.to_string();
         let t = id.clone();
         run!(self, write, "revoke_token", tokens::revoke, id; token = %t)
+    }
+
+    async fn ensure_users(&self, users: Vec<(String, Role, Option<String>)>) -> Result<()> {
+        run!(self, write, "ensure_users", tokens::ensure_users, users;)
+    }
+
+    async fn put_user(&self, user: UserView) -> Result<UserView> {
+        let n = user.name.clone();
+        run!(self, write, "put_user", tokens::put_user, user; user = %n)
+    }
+
+    async fn users(&self) -> Result<Vec<UserView>> {
+        run!(self, read, "users", tokens::users;)
     }
 
     async fn watch_changes(&self, on_change: OnChange, shutdown: CancellationToken) {

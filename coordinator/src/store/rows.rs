@@ -441,7 +441,8 @@ pub(crate) fn quarantine(r: &impl Cols) -> Result<(u32, QuarantineView)> {
 
 /// The job columns a new lease is made of (`j` jobs, `e` experiments).
 pub(crate) const LEASE_COLUMNS: &str = "j.argv, j.env, j.params, e.name, j.memory_key, \
-     j.timeout_ms, j.attempts, j.fence, j.ladder_step, j.prestart, j.background";
+     j.timeout_ms, j.attempts, j.fence, j.ladder_step, j.prestart, j.background, u.unix_user, \
+     u.allow_root";
 
 pub struct LeaseRow {
     pub argv: Vec<String>,
@@ -455,6 +456,8 @@ pub struct LeaseRow {
     pub ladder_step: i64,
     pub prestart: Option<headroom_shared::prestart::Prestart>,
     pub background: Option<headroom_shared::colocate::Background>,
+    /// The submitter's Unix user, as mapped now.
+    pub run_as: Option<headroom_shared::api::RunAs>,
 }
 
 pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
@@ -470,6 +473,13 @@ pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
         ladder_step: r.int(8)?,
         prestart: r.json_opt(9)?,
         background: r.json_opt(10)?,
+        run_as: match r.text_opt(11)? {
+            Some(unix_user) => Some(headroom_shared::api::RunAs {
+                unix_user,
+                allow_root: r.flag_opt(12)?.unwrap_or(false),
+            }),
+            None => None,
+        },
     })
 }
 
@@ -504,6 +514,7 @@ pub(crate) fn lease_row_into(
             timeout_ms: row.timeout_ms,
             prestart: row.prestart,
             background: row.background,
+            run_as: row.run_as,
         },
         memory_key: row.memory_key,
         ladder_step: row.ladder_step,

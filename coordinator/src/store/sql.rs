@@ -9,7 +9,7 @@
 use async_trait::async_trait;
 use headroom_shared::api::{
     AttemptView, FinishReport, GpuInfo, GpuSample, Headroom, JobDetail, JobSummary, PeakSource,
-    QuarantineView, StateCounts, TelemetrySample,
+    QuarantineView, Role, StateCounts, TelemetrySample, UserView,
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, FailureClass, JobState, Plan};
@@ -280,7 +280,8 @@ impl<E: Exec> Tx for E {
 
     async fn lease_row(&mut self, job: &str) -> Result<Option<LeaseRow>> {
         let sql = format!(
-            "SELECT {} FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
+            "SELECT {} FROM jobs j JOIN experiments e ON e.id = j.experiment_id \
+             LEFT JOIN users u ON u.name = e.submitted_by WHERE j.id = $1",
             rows::LEASE_COLUMNS
         );
         first(self, &sql, args![job], |r| rows::lease_row(r)).await
@@ -868,5 +869,51 @@ impl<E: Exec> Tx for E {
     async fn revoke_token(&mut self, id: &str, now: Millis) -> Result<bool> {
         let sql = "UPDATE tokens SET revoked_at = COALESCE(revoked_at, $1) WHERE id = $2";
         Ok(self.execute(sql, args![now, id]).await? == 1)
+    }
+
+    async fn ensure_user(&mut self, name: &str, role: Role, now: Millis) -> Result<Role> {
+        self.execute(
+            "INSERT INTO users (name, role, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO NOTHING",
+            args![name, role.as_str(), now],
+        )
+        .await?;
+        let sql = "SELECT role FROM users WHERE name = $1";
+        first(self, sql, args![name], |r| r.parsed(0, "role"))
+            .await?
+            .ok_or_else(|| super::StoreError::not_found("user", name))
+    }
+
+    async fn put_user(&mut self, u: &UserView) -> Result<bool> {
+        let n = self
+            .execute(
+                "INSERT INTO users (name, role, unix_user, allow_root, created_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET \
+                 unix_user = excluded.unix_user, allow_root = excluded.allow_root \
+                 WHERE users.role = excluded.role",
+                args![
+                    &u.name,
+                    u.role.as_str(),
+                    u.unix_user.as_deref(),
+                    u.allow_root,
+                    u.created_at.timestamp_millis()
+                ],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn users(&mut self) -> Result<Vec<UserView>> {
+        let sql = "SELECT name, role, unix_user, allow_root, created_at FROM users ORDER BY name";
+        all(self, sql, &[], |r| {
+            Ok(UserView {
+                name: r.text(0)?,
+                role: r.parsed(1, "role")?,
+                unix_user: r.text_opt(2)?,
+                allow_root: r.flag(3)?,
+                created_at: rows::ts(r.int(4)?),
+            })
+        })
+        .await
     }
 }

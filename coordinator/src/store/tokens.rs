@@ -1,6 +1,6 @@
 //! API tokens: kept hashed, looked up by public id, revoked once.
 
-use headroom_shared::api::TokenView;
+use headroom_shared::api::{Role, TokenView, UserView};
 
 use super::tx::Tx;
 use super::{NewToken, Result, StoreError, StoredToken, now_ms};
@@ -12,6 +12,11 @@ pub(super) async fn by_id(tx: &mut dyn Tx, id: &str) -> Result<StoredToken> {
 }
 
 pub(super) async fn create(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, bool)> {
+    // A token belongs to the user of its name, who has one role.
+    let role = tx.ensure_user(&t.name, t.role, now_ms()).await?;
+    if role != t.role {
+        return Err(StoreError::UserRole { name: t.name, role });
+    }
     if !tx.insert_token(&t, now_ms()).await? {
         return Err(StoreError::TokenExists { id: t.id });
     }
@@ -27,4 +32,45 @@ pub(super) async fn revoke(tx: &mut dyn Tx, id: String) -> Result<(TokenView, bo
         return Err(StoreError::not_found("token", id));
     }
     Ok((by_id(tx, &id).await?.view, false))
+}
+
+/// The users configuration names (admin token, tokens file, a local agent): made when
+/// missing, refused when the name has another role in the store.
+pub(super) async fn ensure_users(
+    tx: &mut dyn Tx,
+    users: Vec<(String, Role, Option<String>)>,
+) -> Result<((), bool)> {
+    for (name, role, unix_user) in users {
+        let stored = tx.ensure_user(&name, role, now_ms()).await?;
+        if stored != role {
+            return Err(StoreError::UserRole { name, role: stored });
+        }
+        if unix_user.is_some() {
+            let u = UserView {
+                name,
+                role,
+                unix_user,
+                allow_root: false,
+                created_at: chrono::Utc::now(),
+            };
+            tx.put_user(&u).await?;
+        }
+    }
+    Ok(((), true))
+}
+
+pub(super) async fn put_user(tx: &mut dyn Tx, u: UserView) -> Result<(UserView, bool)> {
+    if !tx.put_user(&u).await? {
+        let role = tx.ensure_user(&u.name, u.role, now_ms()).await?;
+        return Err(StoreError::UserRole { name: u.name, role });
+    }
+    let stored = tx.users().await?.into_iter().find(|s| s.name == u.name);
+    Ok((
+        stored.ok_or_else(|| StoreError::not_found("user", &u.name))?,
+        true,
+    ))
+}
+
+pub(super) async fn users(tx: &mut dyn Tx) -> Result<Vec<UserView>> {
+    tx.users().await
 }

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use headroom_shared::api::{
     AttemptView, FinishReport, GpuInfo, GpuSample, Headroom, JobDetail, JobSummary, PeakSource,
-    QuarantineView, StateCounts, TelemetrySample,
+    QuarantineView, Role, StateCounts, TelemetrySample, UserView,
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, FailureClass, JobState, Plan};
@@ -277,6 +277,13 @@ pub trait Tx: Send {
     async fn tokens(&mut self) -> Result<Vec<StoredToken>>;
     /// Sets a token's revocation time unless it has one; false when no such token.
     async fn revoke_token(&mut self, id: &str, now: Millis) -> Result<bool>;
+
+    // ---- users ----
+    /// Adds the user unless one of that name exists; the role the name has now.
+    async fn ensure_user(&mut self, name: &str, role: Role, now: Millis) -> Result<Role>;
+    /// Creates or changes a user; `false` when the name has another role.
+    async fn put_user(&mut self, u: &UserView) -> Result<bool>;
+    async fn users(&mut self) -> Result<Vec<UserView>>;
 }
 
 /// A store operation over one transaction.

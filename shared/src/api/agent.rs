@@ -84,6 +84,20 @@ pub struct Lease {
     /// memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub background: Option<crate::colocate::Background>,
+    /// The Unix user the submitter maps to: the job runs as it where the agent runs as root
+    /// (the agent's default user when `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<RunAs>,
+}
+
+/// Who a job runs as on the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RunAs {
+    pub unix_user: String,
+    /// The admin allowed this user's jobs to run as root.
+    #[serde(default)]
+    pub allow_root: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -884,6 +884,33 @@ pub struct TokenView {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
+/// A user: every token of this name is theirs; their role is the tokens' role; with
+/// `unix_user`, their jobs run as that Unix user on nodes whose agent runs as root.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserView {
+    pub name: String,
+    pub role: Role,
+    #[serde(default)]
+    pub unix_user: Option<String>,
+    /// Whether `unix_user` may be root (refused otherwise).
+    #[serde(default)]
+    pub allow_root: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Creates a user or changes one (`headroom user create`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutUserRequest {
+    pub role: Role,
+    #[serde(default)]
+    pub unix_user: Option<String>,
+    #[serde(default)]
+    pub allow_root: bool,
+}
+
 /// A new token: `token` is the secret, shown this once.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -189,6 +189,7 @@ pub struct Headroom {
 impl Headroom {
     pub fn start(opts: UpOptions) -> Result<Self> {
         let dir = tempfile::tempdir()?;
+        open_to_jobs(dir.path())?;
         let mut h = Self {
             child: None,
             url: String::new(),
@@ -946,4 +947,12 @@ pub fn other_user() -> Option<nix::unistd::User> {
     let user = nix::unistd::User::from_name(NAME).ok().flatten();
     assert!(user.is_some(), "cannot make the test user {NAME}");
     user
+}
+
+/// Lets jobs write into a test's directory: an agent running as root (CI) runs them as
+/// another user (`--run-as-default`, `nobody`), and tests give them paths in it.
+pub fn open_to_jobs(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))?;
+    Ok(())
 }

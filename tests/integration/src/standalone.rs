@@ -154,6 +154,7 @@ impl Agent {
     /// Starts an agent of the coordinator at `coordinator` (a URL: the coordinator's, or a
     /// link's in front of it); does not wait for it to register.
     pub fn start(coordinator: &str, dir: &Path, opts: AgentOptions) -> Result<Self> {
+        crate::open_to_jobs(dir)?;
         let data_dir = dir.join(&opts.node);
         let mut args: Vec<String> = [
             "--coordinator",

@@ -242,7 +242,7 @@ fn json_output_has_the_api_field_names_and_completions_are_printed() {
     let show: serde_json::Value =
         serde_json::from_str(&h.cli_ok(&["show", &jobs[0].id.to_string(), "--output", "json"]))
             .expect("json");
-    assert_eq!(show["submitted_by"], "anonymous", "no tokens on loopback");
+    assert_eq!(show["submitted_by"], "admin", "up's own admin token");
     assert!(show["attempts_detail"].is_array());
 
     for (shell, mark) in [

@@ -113,6 +113,7 @@ impl Site {
 fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
     let pg = Postgres::start().expect("postgres");
     let dir = tempfile::tempdir().expect("tempdir");
+    headroom_integration_tests::open_to_jobs(dir.path()).expect("open to jobs");
     let record = dir.path().join("timeline.jsonl");
     let deaths = DeathWatch::start(record.clone());
     let mut coords = vec![];

@@ -38,6 +38,7 @@ impl Cluster {
     fn with_ttl(replicas: usize, ttl: &'static str) -> Self {
         let pg = Postgres::start().expect("postgres");
         let dir = tempfile::tempdir().expect("tempdir");
+        headroom_integration_tests::open_to_jobs(dir.path()).expect("open to jobs");
         let record = dir.path().join("timeline.jsonl");
         let mut c = Self {
             ttl,

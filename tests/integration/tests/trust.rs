@@ -276,3 +276,94 @@ fn up_is_private_to_its_account() {
         assert!(err.contains("token"), "{err}");
     }
 }
+
+/// Jobs run as their user: a user mapped to a Unix user runs as it (`id -u`, and owns its
+/// log), one without a mapping as the agent's default (`nobody`), never as root; a mapping
+/// to a user that does not exist, or to root without the admin's leave, is refused naming
+/// the field; a name has one role, so a user token cannot be named like the admin.
+#[test]
+fn jobs_run_as_their_users_unix_user() {
+    let Some(other) = headroom_integration_tests::other_user() else {
+        return;
+    };
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
+    h.wait_agent();
+    let admin = h.admin_token().expect("up's admin token");
+    let uid_of = |token: &str, name: &str| -> u32 {
+        let spec = h.path(&format!("{name}.yaml"));
+        std::fs::write(
+            &spec,
+            format!(
+                "name: {name}\ncommand: [\"id\", \"-u\"]\nresources: {{gpus: 1, memory: 1GiB}}\n"
+            ),
+        )
+        .expect("spec");
+        cli(
+            &h.url,
+            token,
+            &["submit", &spec.display().to_string(), "--wait"],
+        );
+        let jobs: Vec<JobSummary> =
+            serde_json::from_str(&cli(&h.url, &admin, &["ls", "--output", "json"])).expect("json");
+        let job = jobs
+            .iter()
+            .find(|j| j.experiment_name == name)
+            .expect("job");
+        assert_eq!(job.state.as_str(), "succeeded", "{job:?}");
+        let log = cli(&h.url, &admin, &["logs", &job.id.to_string()]);
+        log.lines()
+            .find_map(|l| l.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no uid in the log: {log}"))
+    };
+    cli(
+        &h.url,
+        &admin,
+        &["user", "create", "alice", "--unix-user", &other.name],
+    );
+    let alice = cli(
+        &h.url,
+        &admin,
+        &["token", "create", "--name", "alice", "--role", "user"],
+    )
+    .trim()
+    .to_string();
+    assert_eq!(uid_of(&alice, "as-alice"), other.uid.as_raw());
+    let nobody = nix::unistd::User::from_name("nobody")
+        .expect("getpwnam")
+        .expect("nobody");
+    assert_eq!(uid_of(&admin, "as-default"), nobody.uid.as_raw());
+    // The job's log belongs to its user.
+    use std::os::unix::fs::MetadataExt;
+    let owners: Vec<u32> = std::fs::read_dir(h.data_dir().join("agent").join("logs"))
+        .expect("logs")
+        .filter_map(|e| e.ok()?.metadata().ok().map(|m| m.uid()))
+        .collect();
+    assert!(owners.contains(&other.uid.as_raw()), "{owners:?}");
+    assert!(!owners.contains(&0), "a job's log is root's: {owners:?}");
+
+    let refused = |args: &[&str], says: &str| {
+        let out = Command::new(binary("headroom"))
+            .args(["--server", &h.url])
+            .env("HEADROOM_TOKEN", &admin)
+            .args(args)
+            .output()
+            .expect("cli");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    };
+    refused(
+        &["user", "create", "bob", "--unix-user", "no-such-user-hr"],
+        "unix_user",
+    );
+    refused(&["user", "create", "carol", "--unix-user", "root"], "root");
+    refused(
+        &["token", "create", "--name", "admin", "--role", "user"],
+        "role admin",
+    );
+    let users = cli(&h.url, &admin, &["user", "ls"]);
+    assert!(
+        !users.contains("bob") && !users.contains("carol"),
+        "{users}"
+    );
+}

@@ -58,7 +58,12 @@ pub(crate) fn build_command(
     // from the agent.
     let mut cmd = Command::new(program);
     cmd.args(args);
-    own_session_and_pdeathsig(&mut cmd);
+    let identity = launch
+        .run_as
+        .as_ref()
+        .map(crate::runas::resolve)
+        .transpose()?;
+    own_session_and_pdeathsig(&mut cmd, identity.as_ref());
     if let Some(dir) = &launch.workdir {
         // Spawning would report a missing directory as a missing program.
         if !dir.is_dir() {
@@ -68,11 +73,27 @@ pub(crate) fn build_command(
             ));
         }
         cmd.current_dir(dir);
+    } else if let Some(id) = &identity {
+        // Not the agent's directory (the user may not enter it): the user's home.
+        cmd.current_dir(if id.home.is_dir() {
+            id.home.as_path()
+        } else {
+            std::path::Path::new("/")
+        });
     }
     // Nothing inherited (the supervisor's environment is the agent's, credentials and all):
-    // the pass-through variables, then the job's, then what headroom owns.
+    // the pass-through variables, the user's own, then the job's, then what headroom owns.
     cmd.env_clear();
     cmd.envs(&launch.base_env);
+    if let Some(id) = &identity {
+        cmd.env("HOME", &id.home)
+            .env("USER", &id.name)
+            .env("LOGNAME", &id.name)
+            .env("SHELL", &id.shell);
+        // The log is the user's: what the job writes, and what it may read back.
+        std::os::unix::fs::fchown(log, Some(id.uid.as_raw()), Some(id.gid.as_raw()))
+            .map_err(|e| format!("cannot give the log to `{}`: {e}", id.name))?;
+    }
     cmd.envs(&launch.env);
     cmd.envs(extra);
     let gpus: Vec<String> = launch.gpus.iter().map(u32::to_string).collect();
@@ -98,16 +119,28 @@ pub(crate) fn build_command(
 }
 
 /// Puts the child in a session and process group of its own (so the group can be signalled
-/// without touching its supervisor) and has the kernel SIGKILL it if the supervisor process
-/// (the thread that forked it: the runtime's only worker) dies.
+/// without touching its supervisor), makes it `identity` (groups, then group, then user:
+/// after that it can take none back), and has the kernel SIGKILL it if the supervisor
+/// process (the thread that forked it: the runtime's only worker) dies: set last, since
+/// changing user clears it.
 #[allow(unsafe_code)]
-pub(super) fn own_session_and_pdeathsig(cmd: &mut Command) {
+pub(super) fn own_session_and_pdeathsig(
+    cmd: &mut Command,
+    identity: Option<&crate::runas::Identity>,
+) {
+    let ids = identity.map(|id| (id.groups.clone(), id.gid, id.uid));
     // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-    // work is allowed. It makes two plain syscalls (setsid, prctl), allocates nothing (an
-    // io::Error from an errno is not boxed), takes no lock and touches no parent state.
+    // work is allowed. It makes plain syscalls (setsid, setgroups, setgid, setuid, prctl)
+    // over data prepared before the fork, allocates nothing (an io::Error from an errno is
+    // not boxed), takes no lock and touches no parent state.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             nix::unistd::setsid()?;
+            if let Some((groups, gid, uid)) = &ids {
+                nix::unistd::setgroups(groups)?;
+                nix::unistd::setgid(*gid)?;
+                nix::unistd::setuid(*uid)?;
+            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             Ok(())
         });

@@ -44,6 +44,10 @@ pub struct Launch {
     /// A colocated background to start first and wait for (`colocate`).
     #[serde(default)]
     pub background: Option<headroom_shared::colocate::Background>,
+    /// The Unix user the job runs as (its processes, its log); `None`: the supervisor's own
+    /// (an agent not running as root).
+    #[serde(default)]
+    pub run_as: Option<headroom_shared::api::RunAs>,
 }
 
 #[derive(Clone, Debug)]

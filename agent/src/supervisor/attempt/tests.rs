@@ -61,6 +61,7 @@ impl Fixture {
             baseline: None,
             prestart: Prestart::default(),
             background: None,
+            run_as: None,
         }
     }
 

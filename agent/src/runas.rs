@@ -1,0 +1,112 @@
+//! Who a job runs as: an agent running as root runs each job as its submitter's Unix user
+//! (or the configured default), never as root unless the admin allowed it for that user; an
+//! agent not running as root runs every job as its own user.
+
+use std::ffi::CString;
+use std::path::PathBuf;
+
+use headroom_shared::api::RunAs;
+use nix::unistd::{Gid, Uid, User};
+
+/// The user a launch runs as: `None` when this process is not root (it cannot change user:
+/// jobs run as its own), else the lease's user or the default.
+pub fn effective(lease: Option<RunAs>, default: &str) -> Option<RunAs> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    Some(lease.unwrap_or_else(|| RunAs {
+        unix_user: default.to_string(),
+        allow_root: false,
+    }))
+}
+
+/// Checks the default user at start: `Ok(Some(me))` when this process is not root (every
+/// job runs as `me`); an error when, running as root, the default does not exist or is root.
+pub fn check_default(default: &str) -> Result<Option<String>, String> {
+    let me = nix::unistd::geteuid();
+    if !me.is_root() {
+        let name = User::from_uid(me)
+            .ok()
+            .flatten()
+            .map_or_else(|| format!("uid {me}"), |u| format!("{} (uid {me})", u.name));
+        return Ok(Some(name));
+    }
+    let id = resolve(&RunAs {
+        unix_user: default.to_string(),
+        allow_root: false,
+    })?;
+    debug_assert!(!id.uid.is_root());
+    Ok(None)
+}
+
+/// A Unix user resolved on this node, ready for the job's process to become.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub name: String,
+    pub uid: Uid,
+    pub gid: Gid,
+    /// Supplementary groups, the primary one included.
+    pub groups: Vec<Gid>,
+    pub home: PathBuf,
+    pub shell: PathBuf,
+}
+
+/// Looks the user up; refuses one that does not exist here, and root unless allowed.
+pub fn resolve(run_as: &RunAs) -> Result<Identity, String> {
+    let name = &run_as.unix_user;
+    let user = User::from_name(name)
+        .map_err(|e| format!("cannot look up Unix user `{name}`: {e}"))?
+        .ok_or_else(|| format!("there is no Unix user `{name}` on this node"))?;
+    if user.uid.is_root() && !run_as.allow_root {
+        return Err(format!(
+            "refusing to run the job as root (`{name}`): an admin allows it per user with \
+             `headroom user create NAME --unix-user root --allow-root`"
+        ));
+    }
+    let cname = CString::new(name.as_bytes()).map_err(|_| format!("`{name}` has a NUL"))?;
+    let groups = nix::unistd::getgrouplist(&cname, user.gid)
+        .map_err(|e| format!("cannot list the groups of `{name}`: {e}"))?;
+    Ok(Identity {
+        name: user.name,
+        uid: user.uid,
+        gid: user.gid,
+        groups,
+        home: user.dir,
+        shell: user.shell,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_is_refused_unless_allowed_and_unknown_users_are_named() {
+        let root = RunAs {
+            unix_user: "root".into(),
+            allow_root: false,
+        };
+        let e = resolve(&root).expect_err("root refused");
+        assert!(e.contains("refusing to run the job as root"), "{e}");
+        let allowed = resolve(&RunAs {
+            allow_root: true,
+            ..root
+        })
+        .expect("root allowed");
+        assert!(allowed.uid.is_root());
+        let e = resolve(&RunAs {
+            unix_user: "no-such-user-hr".into(),
+            allow_root: false,
+        })
+        .expect_err("unknown");
+        assert!(e.contains("no Unix user `no-such-user-hr`"), "{e}");
+        if nix::unistd::geteuid().is_root() {
+            assert!(check_default("root").is_err());
+            assert_eq!(check_default("nobody"), Ok(None));
+            assert_eq!(
+                effective(None, "nobody").map(|r| r.unix_user),
+                Some("nobody".to_string())
+            );
+        }
+    }
+}
