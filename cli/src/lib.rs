@@ -256,22 +256,32 @@ pub async fn run(cli: Cli) -> Result<i32> {
 }
 
 /// `token hash`: the argon2 hash of a token read from standard input.
+/// Reads a `hr_<id>_<secret>` token and prints its tokens-file fields (`id`, `token_hash`):
+/// the coordinator finds the entry by id, so a wrong token costs one hash at most.
 fn token_hash() -> Result<i32> {
     let mut line = String::new();
     std::io::stdin()
         .read_line(&mut line)
         .context("reading the token from standard input")?;
     let token = line.trim();
-    if token.chars().count() < headroom_coordinator::auth::MIN_SECRET_LEN {
+    let how = "make one with `echo hr_$(openssl rand -hex 8)_$(openssl rand -hex 24)`";
+    let Some((id, secret)) = token
+        .strip_prefix(headroom_coordinator::auth::TOKEN_PREFIX)
+        .and_then(|t| t.split_once('_'))
+    else {
+        bail!("a tokens-file token looks like hr_<id>_<secret>: {how}");
+    };
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric()) {
+        bail!("the token's id (`{id}`) must be letters and digits: {how}");
+    }
+    if secret.chars().count() < headroom_coordinator::auth::MIN_SECRET_LEN {
         bail!(
-            "a token needs at least {} characters (e.g. `openssl rand -hex 24`)",
+            "the token's secret needs at least {} characters: {how}",
             headroom_coordinator::auth::MIN_SECRET_LEN
         );
     }
-    println!(
-        "{}",
-        headroom_coordinator::auth::hash_secret(token).map_err(anyhow::Error::msg)?
-    );
+    let hash = headroom_coordinator::auth::hash_secret(token).map_err(anyhow::Error::msg)?;
+    println!("id = \"{id}\"\ntoken_hash = \"{hash}\"");
     Ok(0)
 }
 

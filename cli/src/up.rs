@@ -113,6 +113,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     if !config.tokens.is_empty() && agent_token.is_none() {
         let secret = auth::random_secret();
         config.tokens.push(ConfigToken {
+            id: None,
             name: args.agent.node_name(),
             role: Role::Agent,
             secret: Secret::Plain(secret.clone()),

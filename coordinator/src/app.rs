@@ -97,14 +97,17 @@ impl Application {
             self.state.logs.changes().clone(),
         );
         let stop = shutdown.clone();
-        let serve = axum::serve(self.listener, app)
-            .with_graceful_shutdown(async move {
-                stop.cancelled().await;
-                tracing::info!("draining: no new requests, answering long-polls");
-                changes.close();
-                log_changes.close();
-            })
-            .into_future();
+        let serve = axum::serve(
+            self.listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            stop.cancelled().await;
+            tracing::info!("draining: no new requests, answering long-polls");
+            changes.close();
+            log_changes.close();
+        })
+        .into_future();
         // A request stuck on an unreachable database must not hold the exit for ever.
         let limit = self.state.config.drain_timeout;
         let stop = shutdown.clone();

@@ -28,6 +28,16 @@ pub const MIN_SECRET_LEN: usize = 16;
 const CACHE_TTL: Duration = Duration::from_secs(30);
 /// Bound on remembered identities; beyond it the oldest half is dropped.
 const CACHE_MAX: usize = 10_000;
+/// Argon2 verifications at once (each holds ~19 MiB): a flood of guesses queues here
+/// instead of taking the coordinator's memory.
+const HASH_SLOTS: usize = 2;
+/// How long a request waits for a verification slot before it is answered 503.
+const HASH_WAIT: Duration = Duration::from_secs(5);
+/// A token that failed verification is refused without a hash for this long.
+const FAILED_TTL: Duration = Duration::from_secs(60);
+/// Failed verifications one client address may cause per window before it is answered 429.
+const FAILURES_PER_WINDOW: u32 = 20;
+const FAILURE_WINDOW: Duration = Duration::from_secs(10);
 
 /// A token's secret as configured: in the clear (the bootstrap admin token from the
 /// environment, `headroom up`'s own agent) or as an argon2 hash (tokens file).
@@ -49,6 +59,8 @@ impl fmt::Debug for Secret {
 /// A token given by configuration rather than kept in the store.
 #[derive(Clone, Debug)]
 pub struct ConfigToken {
+    /// The public id (`hr_<id>_...`) of a tokens-file entry, by which it is found.
+    pub id: Option<String>,
     pub name: String,
     pub role: Role,
     pub secret: Secret,
@@ -86,6 +98,8 @@ struct TokensFile {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileToken {
+    /// The id part of the token (`hr_<id>_<secret>`): the entry is found by it.
+    id: String,
     name: String,
     role: Role,
     token_hash: String,
@@ -112,8 +126,20 @@ pub fn read_tokens_file(path: &Path) -> Result<Vec<ConfigToken>, TokenConfigErro
             None => invalid(e.message().to_string()),
         }
     })?;
-    // One user, one role and one Unix user, however many tokens they hold.
+    // One user, one role and one Unix user, however many tokens they hold; ids unique.
     for (i, t) in file.tokens.iter().enumerate() {
+        if let Some(j) = file.tokens[..i].iter().position(|o| o.id == t.id) {
+            return Err(invalid(format!(
+                "tokens[{i}].id: `{}` is also tokens[{j}]'s: ids are unique",
+                t.id
+            )));
+        }
+        if t.id.is_empty() || !t.id.chars().all(|c| c.is_ascii_alphanumeric()) {
+            return Err(invalid(format!(
+                "tokens[{i}].id: `{}` is not the id of a `hr_<id>_<secret>` token",
+                t.id
+            )));
+        }
         if let Some((j, o)) = file.tokens[..i]
             .iter()
             .enumerate()
@@ -144,6 +170,7 @@ pub fn read_tokens_file(path: &Path) -> Result<Vec<ConfigToken>, TokenConfigErro
                 )));
             }
             Ok(ConfigToken {
+                id: Some(t.id),
                 name: t.name,
                 role: t.role,
                 secret: Secret::Hash(t.token_hash),
@@ -160,6 +187,7 @@ pub fn admin_token(secret: &str) -> Result<ConfigToken, TokenConfigError> {
         return Err(TokenConfigError::WeakAdminToken);
     }
     Ok(ConfigToken {
+        id: None,
         name: "admin".into(),
         role: Role::Admin,
         secret: Secret::Plain(secret.to_string()),
@@ -270,6 +298,12 @@ pub enum AuthError {
     Expired(String),
     #[error("cannot check the token: {0}")]
     Store(StoreError),
+    /// Too many failed verifications from this address lately.
+    #[error("too many requests with a wrong token from this address: wait {0} s")]
+    Throttled(u64),
+    /// Every verification slot stayed busy (a flood of guesses): try again.
+    #[error("too many token verifications under way: try again shortly")]
+    Busy,
 }
 
 struct Cached {
@@ -286,6 +320,11 @@ pub struct Authenticator {
     config: Vec<ConfigToken>,
     store: Arc<dyn Store>,
     cache: Mutex<HashMap<[u8; 32], Cached>>,
+    /// Tokens that failed verification lately (by digest): refused again without a hash.
+    failed: Mutex<HashMap<[u8; 32], Instant>>,
+    /// Failed verifications per client address in the current window.
+    failures: Mutex<HashMap<std::net::IpAddr, (Instant, u32)>>,
+    hash_slots: tokio::sync::Semaphore,
 }
 
 impl Authenticator {
@@ -294,6 +333,9 @@ impl Authenticator {
             config,
             store,
             cache: Mutex::new(HashMap::new()),
+            failed: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
+            hash_slots: tokio::sync::Semaphore::new(HASH_SLOTS),
         }
     }
 
@@ -302,8 +344,15 @@ impl Authenticator {
         !self.config.is_empty()
     }
 
-    /// The identity of a request with this `Authorization` header value.
-    pub async fn identify(&self, header: Option<&str>) -> Result<Principal, AuthError> {
+    /// The identity of a request with this `Authorization` header value, from `client`.
+    /// Remembered identities cost nothing; a token that failed lately, nothing either; a
+    /// client that failed too often is throttled before any hash; verifications run a few
+    /// at a time.
+    pub async fn identify(
+        &self,
+        header: Option<&str>,
+        client: Option<std::net::IpAddr>,
+    ) -> Result<Principal, AuthError> {
         if !self.enabled() {
             return Ok(Principal::anonymous());
         }
@@ -319,17 +368,48 @@ impl Authenticator {
         if let Some(p) = self.cached(&key) {
             return Ok(p);
         }
+        if self.failed_lately(&key) {
+            self.count_failure(client);
+            return Err(AuthError::Rejected);
+        }
+        if let Some(wait) = self.throttled(client) {
+            return Err(AuthError::Throttled(wait));
+        }
+        let result = self.verify_token(token, key).await;
+        if matches!(result, Err(AuthError::Rejected)) {
+            self.remember_failure(key);
+            self.count_failure(client);
+        }
+        result
+    }
+
+    /// Checks a token not remembered either way: against the store by its id, or the
+    /// configuration.
+    async fn verify_token(&self, token: &str, key: [u8; 32]) -> Result<Principal, AuthError> {
         let (principal, token_id, until) = if let Some((id, _)) = split_token(token) {
+            // A tokens-file entry is found by its id, like a stored token: one hash at most.
+            if let Some(t) = self.config.iter().find(|t| t.id.as_deref() == Some(id)) {
+                let ok = match &t.secret {
+                    Secret::Hash(h) => self.verify_slow(token, h).await?,
+                    Secret::Plain(_) => false,
+                };
+                if !ok {
+                    return Err(AuthError::Rejected);
+                }
+                let p = Principal {
+                    name: t.name.clone(),
+                    role: t.role,
+                };
+                self.remember(key, &p, None, None);
+                return Ok(p);
+            }
             let stored = match self.store.token_by_id(id).await {
                 Ok(t) => t,
                 Err(StoreError::NotFound { .. }) => return Err(AuthError::Rejected),
                 Err(e) => return Err(AuthError::Store(e)),
             };
             // The hash is of the whole token, id included.
-            let (whole, hash) = (token.to_string(), stored.secret_hash.clone());
-            let ok = tokio::task::spawn_blocking(move || verify(&whole, &hash))
-                .await
-                .unwrap_or(false);
+            let ok = self.verify_slow(token, &stored.secret_hash).await?;
             if !ok {
                 return Err(AuthError::Rejected);
             }
@@ -357,53 +437,88 @@ impl Authenticator {
             };
             (p, Some(stored.view.id), Some(until))
         } else {
-            let p = self.match_config(token, key).await?;
+            let p = self.match_plain(key)?;
             (p, None, None)
         };
         self.remember(key, &principal, token_id, until);
         Ok(principal)
     }
 
-    /// The configured token this is: clear ones by digest, hashed ones by argon2.
-    async fn match_config(&self, token: &str, key: [u8; 32]) -> Result<Principal, AuthError> {
-        let principal = |t: &ConfigToken| Principal {
-            name: t.name.clone(),
-            role: t.role,
+    /// The configured clear token (the bootstrap admin's, `up`'s agent's) this is, by digest:
+    /// no hash. Tokens-file entries are found by id instead.
+    fn match_plain(&self, key: [u8; 32]) -> Result<Principal, AuthError> {
+        self.config
+            .iter()
+            .find(|t| match &t.secret {
+                Secret::Plain(p) => <[u8; 32]>::from(Sha256::digest(p.as_bytes())) == key,
+                Secret::Hash(_) => false,
+            })
+            .map(|t| Principal {
+                name: t.name.clone(),
+                role: t.role,
+            })
+            .ok_or(AuthError::Rejected)
+    }
+
+    /// One argon2 verification, off the runtime, a few at a time.
+    async fn verify_slow(&self, token: &str, hash: &str) -> Result<bool, AuthError> {
+        let _slot = tokio::time::timeout(HASH_WAIT, self.hash_slots.acquire())
+            .await
+            .map_err(|_| AuthError::Busy)?
+            .map_err(|_| AuthError::Busy)?;
+        let (token, hash) = (token.to_string(), hash.to_string());
+        Ok(tokio::task::spawn_blocking(move || verify(&token, &hash))
+            .await
+            .unwrap_or(false))
+    }
+
+    fn failed_lately(&self, key: &[u8; 32]) -> bool {
+        let Ok(mut failed) = self.failed.lock() else {
+            return false;
         };
-        for t in &self.config {
-            if let Secret::Plain(p) = &t.secret {
-                let d: [u8; 32] = Sha256::digest(p.as_bytes()).into();
-                if d == key {
-                    return Ok(principal(t));
+        match failed.get(key) {
+            Some(at) if at.elapsed() < FAILED_TTL => true,
+            Some(_) => {
+                failed.remove(key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn remember_failure(&self, key: [u8; 32]) {
+        if let Ok(mut failed) = self.failed.lock() {
+            if failed.len() >= CACHE_MAX {
+                failed.retain(|_, at| at.elapsed() < FAILED_TTL);
+                if failed.len() >= CACHE_MAX {
+                    failed.clear();
                 }
             }
+            failed.insert(key, Instant::now());
         }
-        let hashed: Vec<(usize, String)> = self
-            .config
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| match &t.secret {
-                Secret::Hash(h) => Some((i, h.clone())),
-                Secret::Plain(_) => None,
-            })
-            .collect();
-        if hashed.is_empty() {
-            return Err(AuthError::Rejected);
+    }
+
+    fn count_failure(&self, client: Option<std::net::IpAddr>) {
+        let (Some(ip), Ok(mut failures)) = (client, self.failures.lock()) else {
+            return;
+        };
+        if failures.len() >= CACHE_MAX {
+            failures.retain(|_, (start, _)| start.elapsed() < FAILURE_WINDOW);
         }
-        let token = token.to_string();
-        let found = tokio::task::spawn_blocking(move || {
-            hashed
-                .into_iter()
-                .find(|(_, h)| verify(&token, h))
-                .map(|(i, _)| i)
-        })
-        .await
-        .ok()
-        .flatten();
-        match found.and_then(|i| self.config.get(i)) {
-            Some(t) => Ok(principal(t)),
-            None => Err(AuthError::Rejected),
+        let entry = failures.entry(ip).or_insert((Instant::now(), 0));
+        if entry.0.elapsed() >= FAILURE_WINDOW {
+            *entry = (Instant::now(), 0);
         }
+        entry.1 = entry.1.saturating_add(1);
+    }
+
+    /// Seconds `client` must wait, when it failed too often in the current window.
+    fn throttled(&self, client: Option<std::net::IpAddr>) -> Option<u64> {
+        let ip = client?;
+        let failures = self.failures.lock().ok()?;
+        let (start, n) = failures.get(&ip)?;
+        let left = FAILURE_WINDOW.checked_sub(start.elapsed())?;
+        (*n >= FAILURES_PER_WINDOW).then(|| left.as_secs().max(1))
     }
 
     fn cached(&self, key: &[u8; 32]) -> Option<Principal> {
@@ -480,25 +595,46 @@ mod tests {
     fn tokens_files_are_checked_entry_by_entry() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("tokens.toml");
-        let hash = hash_secret("agent-secret-0123456789").map_err(anyhow::Error::msg)?;
-        std::fs::write(
-            &path,
-            format!("[[tokens]]\nname = \"node-1\"\nrole = \"agent\"\ntoken_hash = \"{hash}\"\n"),
-        )?;
+        let hash = hash_secret("hr_a1_agent-secret-0123456789").map_err(anyhow::Error::msg)?;
+        let entry = |id: &str, name: &str, role: &str, extra: &str| {
+            format!(
+                "[[tokens]]\nid = \"{id}\"\nname = \"{name}\"\nrole = \"{role}\"\n\
+                 token_hash = \"{hash}\"\n{extra}"
+            )
+        };
+        std::fs::write(&path, entry("a1", "node-1", "agent", ""))?;
         let t = read_tokens_file(&path)?;
         assert_eq!((t[0].name.as_str(), t[0].role), ("node-1", Role::Agent));
-        std::fs::write(
-            &path,
-            "[[tokens]]\nname = \"x\"\nrole = \"agent\"\ntoken_hash = \"plain\"\n",
+        assert_eq!(t[0].id.as_deref(), Some("a1"));
+        let refused = |text: String, says: &str| -> anyhow::Result<()> {
+            std::fs::write(&path, text)?;
+            let e = read_tokens_file(&path).expect_err(says).to_string();
+            assert!(e.contains(says) && e.contains("tokens.toml"), "{e}");
+            Ok(())
+        };
+        refused(
+            "[[tokens]]\nid = \"a\"\nname = \"x\"\nrole = \"agent\"\ntoken_hash = \"plain\"\n"
+                .into(),
+            "tokens[0].token_hash",
         )?;
-        let e = read_tokens_file(&path).expect_err("not a hash").to_string();
-        assert!(e.contains("tokens[0].token_hash"), "{e}");
-        std::fs::write(
-            &path,
-            format!("[[tokens]]\nname = \"x\"\nrole = \"root\"\ntoken_hash = \"{hash}\"\n"),
+        refused(entry("a1", "x", "root", ""), "root")?;
+        // Without an id (tried entry by entry, once): refused, with the line.
+        refused(
+            format!("[[tokens]]\nname = \"x\"\nrole = \"agent\"\ntoken_hash = \"{hash}\"\n"),
+            "line 1",
         )?;
-        let e = read_tokens_file(&path).expect_err("bad role").to_string();
-        assert!(e.contains("root"), "{e}");
+        refused(
+            entry("a1", "x", "agent", "") + &entry("a1", "y", "agent", ""),
+            "tokens[1].id",
+        )?;
+        refused(
+            entry("a1", "x", "agent", "") + &entry("b2", "x", "user", ""),
+            "tokens[1].name",
+        )?;
+        refused(
+            entry("a1", "x", "user", "unix_user = \"no-such-user-hr\"\n"),
+            "tokens[0].unix_user",
+        )?;
         assert!(admin_token("short").is_err());
         Ok(())
     }

@@ -339,8 +339,9 @@ async fn revoked_tokens_stop_working_at_once_and_secrets_are_never_listed() {
 
 #[tokio::test]
 async fn configured_hashed_tokens_work_and_open_coordinators_allow_everything_on_loopback() {
-    let secret = "agent-secret-from-a-tokens-file";
+    let secret = "hr_f11e70c3_agent-secret-from-a-tokens-file";
     let hashed = ConfigToken {
+        id: Some("f11e70c3".into()),
         name: "node-9".into(),
         role: Role::Agent,
         secret: Secret::Hash(auth::hash_secret(secret).expect("hash")),
@@ -551,4 +552,79 @@ async fn an_agent_token_acts_only_for_its_own_node() {
         )
         .await;
     assert_eq!(status, 200, "{v}");
+}
+
+/// This process's peak resident memory (the coordinator runs in it), in MiB.
+fn peak_rss_mib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb / 1024)
+        .expect("VmHWM")
+}
+
+/// Hundreds of concurrent guesses at a known token id cost a bounded number of argon2
+/// hashes at a time (each ~19 MiB): memory stays bounded, the guesser is throttled (429),
+/// and a valid caller is answered meanwhile. A guess repeated costs no hash at all.
+#[tokio::test]
+async fn a_flood_of_wrong_tokens_leaves_memory_bounded_and_valid_callers_answered() {
+    let s = start(admin_config()).await;
+    let user = s.create_token("alice", "user").await;
+    // Used once: remembered, as a working client's token is.
+    let (status, _) = s
+        .call(Method::Get, routes::JOBS.path, Some(&user), &json!({}))
+        .await;
+    assert_eq!(status, 200);
+    let known_id = user
+        .rsplit_once('_')
+        .map(|(id, _)| id)
+        .expect("id")
+        .to_string();
+    let before = peak_rss_mib();
+    let mut guesses = Vec::new();
+    for i in 0..300 {
+        let (http, base, id) = (s.http.clone(), s.base.clone(), known_id.clone());
+        guesses.push(tokio::spawn(async move {
+            http.get(format!("{base}{}", routes::JOBS.path))
+                .bearer_auth(format!("{id}_wrong-guess-{i:04}-padding-padding"))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }));
+    }
+    // While they are under way: the admin and alice are answered.
+    let started = std::time::Instant::now();
+    for token in [ADMIN, user.as_str()] {
+        let (status, v) = s
+            .call(Method::Get, routes::JOBS.path, Some(token), &json!({}))
+            .await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let answered_in = started.elapsed();
+    let mut statuses = std::collections::BTreeMap::new();
+    for g in guesses {
+        *statuses.entry(g.await.expect("guess")).or_insert(0) += 1;
+    }
+    let grew = peak_rss_mib().saturating_sub(before);
+    assert!(
+        statuses.keys().all(|s| [401, 429, 503].contains(s)),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.get(&429).copied().unwrap_or(0) > 0,
+        "not throttled: {statuses:?}"
+    );
+    // Unbounded, 300 hashes at once held ~5.7 GiB; bounded, a few hashes' worth.
+    assert!(
+        grew < 1024,
+        "memory grew {grew} MiB under the flood ({statuses:?})"
+    );
+    assert!(
+        answered_in < std::time::Duration::from_secs(10),
+        "valid callers waited {answered_in:?}"
+    );
+    eprintln!("flood: {statuses:?}, peak RSS +{grew} MiB, valid answered in {answered_in:?}");
 }

@@ -157,7 +157,12 @@ async fn authorize(
         .headers()
         .get(AUTHORIZATION)
         .map(|v| v.to_str().unwrap_or_default());
-    let who = match s.auth.identify(header).await {
+    // Where the request came from (served with connect info), for throttling guesses.
+    let client = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    let who = match s.auth.identify(header, client).await {
         Ok(p) => p,
         Err(e) => return ApiError::from(e).into_response(),
     };
@@ -180,6 +185,8 @@ impl From<AuthError> for ApiError {
     fn from(e: AuthError) -> Self {
         match e {
             AuthError::Store(s) => s.into(),
+            AuthError::Throttled(_) => ApiError::new(ErrorCode::Throttled, e.to_string()),
+            AuthError::Busy => ApiError::new(ErrorCode::Busy, e.to_string()),
             other => ApiError::new(ErrorCode::Unauthenticated, other.to_string()),
         }
     }

@@ -61,6 +61,10 @@ pub enum ErrorCode {
     Unauthenticated,
     /// The token's role may not do this; the message names the role needed. 403.
     Forbidden,
+    /// Too many failed authentications from this address: wait. 429.
+    Throttled,
+    /// The coordinator is busy (token verifications queued up): try again. 503.
+    Busy,
     /// A bug or a corrupt row. 500.
     Internal,
     /// A code this build does not know (a newer server).
@@ -78,7 +82,8 @@ impl ErrorCode {
             ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::StaleFence | ErrorCode::UnknownAgent | ErrorCode::Conflict => 409,
-            ErrorCode::StoreUnavailable => 503,
+            ErrorCode::Throttled => 429,
+            ErrorCode::StoreUnavailable | ErrorCode::Busy => 503,
             ErrorCode::Internal | ErrorCode::Unknown => 500,
         }
     }
@@ -94,6 +99,8 @@ impl ErrorCode {
             ErrorCode::UnknownAgent => "unknown_agent",
             ErrorCode::Conflict => "conflict",
             ErrorCode::StoreUnavailable => "store_unavailable",
+            ErrorCode::Throttled => "throttled",
+            ErrorCode::Busy => "busy",
             ErrorCode::Internal => "internal",
             ErrorCode::Unknown => "unknown",
         }

@@ -73,6 +73,8 @@ _BY_CODE = {
     "invalid": InvalidError,
     "internal": ServerError,
     "store_unavailable": ServerError,
+    "busy": ServerError,
+    "throttled": UnauthorizedError,
 }
 
 _BY_STATUS = {
