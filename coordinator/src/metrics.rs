@@ -21,6 +21,12 @@ struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    route: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
 }
@@ -49,6 +55,7 @@ pub struct CoordinatorMetrics {
     nodes: Gauge,
     claim: Histogram,
     submit_to_start: Histogram,
+    refused: Family<RefusedLabels, prometheus_client::metrics::counter::Counter>,
 }
 
 impl Default for CoordinatorMetrics {
@@ -105,8 +112,17 @@ impl CoordinatorMetrics {
             Unit::Seconds,
             submit_to_start.clone(),
         );
+        let refused =
+            Family::<RefusedLabels, prometheus_client::metrics::counter::Counter>::default();
+        r.register(
+            "headroom_refused_requests",
+            "Requests refused by the access gate (401 no or wrong token, 403 role or owner, 429 \
+             throttled), by route, on this replica",
+            refused.clone(),
+        );
         Self {
             registry: Arc::new(r),
+            refused,
             jobs,
             queue_depth,
             pending,
@@ -116,6 +132,16 @@ impl CoordinatorMetrics {
             claim,
             submit_to_start,
         }
+    }
+
+    /// A request the gate refused (401, 403, 429, 503).
+    pub fn refused(&self, route: &str, status: u16) {
+        self.refused
+            .get_or_create(&RefusedLabels {
+                route: route.to_string(),
+                status,
+            })
+            .inc();
     }
 
     pub fn observe_claim(&self, seconds: f64) {

@@ -149,26 +149,33 @@ async fn authorize(
     if route.access == Access::Public {
         return next.run(req).await;
     }
-    if !s.auth.enabled() {
-        req.extensions_mut().insert(Principal::anonymous());
-        return next.run(req).await;
-    }
-    let header = req
-        .headers()
-        .get(AUTHORIZATION)
-        .map(|v| v.to_str().unwrap_or_default());
+    let path = req.uri().path().to_string();
     // Where the request came from (served with connect info), for throttling guesses.
     let client = req
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0.ip());
-    let who = match s.auth.identify(header, client).await {
-        Ok(p) => p,
-        Err(e) => return ApiError::from(e).into_response(),
+    let who = if s.auth.enabled() {
+        let header = req
+            .headers()
+            .get(AUTHORIZATION)
+            .map(|v| v.to_str().unwrap_or_default());
+        match s.auth.identify(header, client).await {
+            Ok(p) => p,
+            Err(e) => {
+                let answer = ApiError::from(e).into_response();
+                refused(&s, route, &path, None, client, answer.status().as_u16());
+                return answer;
+            }
+        }
+    } else {
+        Principal::anonymous()
     };
     tracing::Span::current().record("who", who.name.as_str());
-    if let Err(needed) = crate::rules::may_call(route.access, who.role) {
-        return ApiError::new(
+    if let Err(needed) = crate::rules::may_call(route.access, who.role)
+        && s.auth.enabled()
+    {
+        let answer = ApiError::new(
             ErrorCode::Forbidden,
             format!(
                 "{} {} needs role {needed}; this token ({}) has role {}",
@@ -176,9 +183,58 @@ async fn authorize(
             ),
         )
         .into_response();
+        refused(&s, route, &path, Some(&who), client, 403);
+        return answer;
     }
-    req.extensions_mut().insert(who);
-    next.run(req).await
+    req.extensions_mut().insert(who.clone());
+    let response = next.run(req).await;
+    let status = response.status().as_u16();
+    if status == 403 {
+        // Refused by a handler's own rule (owner, node binding).
+        refused(&s, route, &path, Some(&who), client, status);
+    } else if audited(route) {
+        tracing::info!(
+            target: "headroom::audit",
+            actor = %who.name,
+            role = %who.role,
+            node = %if who.role == Role::Agent { who.name.as_str() } else { "" },
+            action = %format_args!("{} {}", route.method, route.path),
+            target = %path,
+            status,
+            "audit"
+        );
+    }
+    response
+}
+
+/// State-changing requests are audited, but for an agent's steady traffic (claims,
+/// heartbeats, log chunks) which would drown the rest.
+fn audited(route: &Route) -> bool {
+    use headroom_shared::routes as r;
+    route.method != Method::Get
+        && ![r::CLAIM.path, r::HEARTBEAT.path, r::APPEND_LOG.path].contains(&route.path)
+}
+
+/// A refused request: an audit event and the refusals metric, by route.
+fn refused(
+    s: &AppState,
+    route: &Route,
+    path: &str,
+    who: Option<&Principal>,
+    client: Option<std::net::IpAddr>,
+    status: u16,
+) {
+    s.metrics.refused(route.path, status);
+    tracing::warn!(
+        target: "headroom::audit",
+        actor = %who.map_or("", |w| w.name.as_str()),
+        role = %who.map_or(String::new(), |w| w.role.to_string()),
+        client = %client.map(|c| c.to_string()).unwrap_or_default(),
+        action = %format_args!("{} {}", route.method, route.path),
+        target = %path,
+        status,
+        "refused"
+    );
 }
 
 impl From<AuthError> for ApiError {

@@ -212,8 +212,61 @@ fn a_node_has_one_live_agent() {
         first.wait_exit(Duration::ZERO).expect("wait").is_none(),
         "the first agent runs on"
     );
+    // The node's own token may not allow a takeover: refused, logged and counted.
+    let out = Command::new(binary("headroom"))
+        .args(["--server", &url, "node", "takeover", "gpu-01"])
+        .env("HEADROOM_TOKEN", &token)
+        .output()
+        .expect("cli");
+    assert!(!out.status.success());
     // An admin lets it take over.
     cli(&url, ADMIN, &["node", "takeover", "gpu-01"]);
+    // Without the terminal colours the log may carry.
+    let log = regex::Regex::new("\x1b\\[[0-9;]*m")
+        .expect("regex")
+        .replace_all(&coord.output(), "")
+        .into_owned();
+    let audit = |needles: &[&str]| {
+        log.lines()
+            .any(|l| l.contains("headroom::audit") && needles.iter().all(|n| l.contains(n)))
+    };
+    assert!(
+        audit(&[
+            "refused",
+            "actor=gpu-01",
+            "/v1/nodes/gpu-01/takeover",
+            "status=403"
+        ]),
+        "{log}"
+    );
+    assert!(
+        audit(&[
+            "actor=admin",
+            "role=admin",
+            "/v1/nodes/gpu-01/takeover",
+            "status=200"
+        ]),
+        "{log}"
+    );
+    assert!(
+        audit(&[
+            "actor=gpu-01",
+            "role=agent",
+            "node=gpu-01",
+            "/v1/agents/register"
+        ]),
+        "{log}"
+    );
+    let (_, metrics) =
+        headroom_integration_tests::http_get_text(&format!("{url}/metrics")).expect("metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("headroom_refused_requests_total")
+                && l.contains("route=\"/v1/nodes/{name}/takeover\"")
+                && l.contains("status=\"403\"")),
+        "{metrics}"
+    );
     wait_until(
         "the second instance to register",
         Duration::from_secs(30),
