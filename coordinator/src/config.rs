@@ -41,6 +41,10 @@ pub struct CoordinatorSettings {
         default_value_t = 100_000
     )]
     pub telemetry_max_samples: u64,
+    /// Every user sees every job's `env` values and logs (a lab that shares them); by
+    /// default a user sees those of their own jobs only (others' read `<redacted>` and 403).
+    #[arg(long, env = "HEADROOM_SHARED_VISIBILITY")]
+    pub shared_visibility: bool,
     /// Bootstrap admin token (at least 16 characters). With it, or a tokens file, every
     /// request needs a token; without either the coordinator listens on loopback only.
     #[arg(long, env = "HEADROOM_ADMIN_TOKEN", hide_env_values = true)]
@@ -82,6 +86,7 @@ impl CoordinatorSettings {
             long_poll: self.long_poll,
             telemetry_retention: self.telemetry_retention,
             telemetry_max_samples: self.telemetry_max_samples,
+            shared_visibility: self.shared_visibility,
             tokens: self.tokens()?,
             ..CoordinatorConfig::new(self.listen, data_dir)
         })
@@ -139,6 +144,8 @@ pub struct CoordinatorConfig {
     pub telemetry_prune_every: Duration,
     /// Configured tokens; none: every request is the anonymous admin (loopback only).
     pub tokens: Vec<ConfigToken>,
+    /// Users see other users' `env` values and logs.
+    pub shared_visibility: bool,
 }
 
 impl CoordinatorConfig {
@@ -155,6 +162,7 @@ impl CoordinatorConfig {
             telemetry_max_samples: 100_000,
             telemetry_prune_every: Duration::from_secs(60),
             tokens: Vec::new(),
+            shared_visibility: false,
         }
     }
 }

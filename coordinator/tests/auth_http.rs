@@ -628,3 +628,73 @@ async fn a_flood_of_wrong_tokens_leaves_memory_bounded_and_valid_callers_answere
     );
     eprintln!("flood: {statuses:?}, peak RSS +{grew} MiB, valid answered in {answered_in:?}");
 }
+
+/// Users see each other's jobs' parameters and states but not their `env` values nor their
+/// logs, unless the lab shares them (`shared_visibility`); the owner and admins see all.
+#[tokio::test]
+async fn other_users_see_no_env_values_nor_logs_unless_shared() {
+    for shared in [false, true] {
+        let s = Server::start(|config| CoordinatorConfig {
+            tokens: admin_config(),
+            shared_visibility: shared,
+            ..config
+        })
+        .await;
+        let alice = s.create_token("alice", "user").await;
+        let bob = s.create_token("bob", "user").await;
+        let agent = s.create_token("n1", "agent").await;
+        let spec = json!({"spec": {"name": "private", "command": ["true"],
+            "grid": {"lr": [0.1]}, "env": {"WANDB_API_KEY": "alices-secret"}}});
+        let (status, v) = s
+            .call(Method::Post, routes::SUBMIT.path, Some(&alice), &spec)
+            .await;
+        assert_eq!(status, 200, "{v}");
+        // An attempt, so that there is a log to read.
+        let gpus = json!([{"index": 0, "uuid": "GPU-0", "name": "t", "total_mib": 10_000}]);
+        let (_, reg) = s
+            .call(
+                Method::Post,
+                routes::REGISTER.path,
+                Some(&agent),
+                &json!({"node": "n1", "gpus": gpus, "version": "t"}),
+            )
+            .await;
+        let agent_id = reg["agent"].as_str().expect("agent").to_string();
+        let (_, claimed) = s
+            .call(Method::Post, &routes::CLAIM.path_with(&[&agent_id]), Some(&agent),
+                  &json!({"gpus": [{"index": 0, "used_mib": 0, "free_mib": 10_000}], "max": 1, "wait_ms": 0}))
+            .await;
+        let lease = &claimed["leases"][0];
+        let (job, attempt) = (
+            lease["job"].as_str().expect("job").to_string(),
+            lease["attempt"].as_str().expect("attempt").to_string(),
+        );
+        let job_path = routes::JOB.path_with(&[&job]);
+        let log_path = routes::READ_LOG.path_with(&[&attempt]);
+        for (who, token, sees) in [
+            ("alice", &alice, true),
+            ("admin", &ADMIN.to_string(), true),
+            ("bob", &bob, shared),
+        ] {
+            let (status, d) = s
+                .call(Method::Get, &job_path, Some(token), &json!({}))
+                .await;
+            assert_eq!(status, 200, "{who}: {d}");
+            assert_eq!(d["params"]["lr"], 0.1, "{who} sees the parameters: {d}");
+            let value = d["env"]["WANDB_API_KEY"].as_str().unwrap_or_default();
+            if sees {
+                assert_eq!(value, "alices-secret", "{who} (shared {shared}): {d}");
+            } else {
+                assert_eq!(value, "<redacted>", "{who} (shared {shared}): {d}");
+            }
+            let (status, v) = s
+                .call(Method::Get, &log_path, Some(token), &json!({}))
+                .await;
+            assert_eq!(
+                status,
+                if sees { 200 } else { 403 },
+                "{who} (shared {shared}) log: {v}"
+            );
+        }
+    }
+}

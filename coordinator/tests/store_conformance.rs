@@ -548,6 +548,76 @@ async fn a_live_node_is_registered_again_only_by_its_instance(s: Backend) {
     ));
 }
 
+/// A name has one role: a token of a name another role holds is refused, and so is a
+/// configured name the store gives another role. A user's Unix user reaches its jobs'
+/// leases as it is when they are leased.
+async fn users_have_one_role_and_their_unix_user_reaches_their_leases(s: Backend) {
+    use headroom_shared::api::{Role, UserView};
+    s.ensure_users(vec![("admin".into(), Role::Admin, None)])
+        .await
+        .expect("configured admin");
+    let token = |name: &str, role| NewToken {
+        id: format!("id{name}{role}"),
+        name: name.into(),
+        role,
+        secret_hash: "$argon2id$x".into(),
+        created_by: "admin".into(),
+        expires_at: None,
+    };
+    let named_admin = s.create_token(token("admin", Role::User)).await;
+    assert!(
+        matches!(
+            named_admin,
+            Err(StoreError::UserRole {
+                role: Role::Admin,
+                ..
+            })
+        ),
+        "{named_admin:?}"
+    );
+    s.create_token(token("alice", Role::User))
+        .await
+        .expect("alice's token");
+    assert!(matches!(
+        s.ensure_users(vec![("alice".into(), Role::Agent, None)])
+            .await,
+        Err(StoreError::UserRole { .. })
+    ));
+    let user = |unix_user: Option<&str>, role| UserView {
+        name: "alice".into(),
+        role,
+        unix_user: unix_user.map(String::from),
+        allow_root: false,
+        created_at: chrono::Utc::now(),
+    };
+    assert!(matches!(
+        s.put_user(user(Some("alice"), Role::Admin)).await,
+        Err(StoreError::UserRole { .. })
+    ));
+    let agent = register(&s, "n1", 2, None).await;
+    submit_as(&s, "alice", vec![job(0, Some(1000), vec![], 1)]).await;
+    submit_as(&s, "bob", vec![job(1, Some(1000), vec![], 1)]).await;
+    // Mapped after submission, before the lease: the lease says it.
+    let u = s
+        .put_user(user(Some("alice-unix"), Role::User))
+        .await
+        .expect("put");
+    assert_eq!(u.unix_user.as_deref(), Some("alice-unix"));
+    let leases = claim(&s, agent, 2).await;
+    assert_eq!(leases.len(), 2);
+    for l in &leases {
+        let run_as = l.run_as.as_ref().map(|r| r.unix_user.as_str());
+        let owner = s.job(l.job).await.expect("job").summary.submitted_by;
+        match owner.as_str() {
+            "alice" => assert_eq!(run_as, Some("alice-unix")),
+            _ => assert_eq!(run_as, None, "bob maps to no Unix user"),
+        }
+    }
+    let users = s.users().await.expect("users");
+    let names: Vec<_> = users.iter().map(|u| (u.name.as_str(), u.role)).collect();
+    assert_eq!(names, [("admin", Role::Admin), ("alice", Role::User)]);
+}
+
 async fn cancel_stops_queued_and_flags_running(s: Backend) {
     let agent = register(&s, "n1", 1, None).await;
     let exp = submit(&s, (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
@@ -1841,6 +1911,7 @@ conformance!(sqlite, postgres: [
     reregistration_resumes_current_attempts,
     lost_without_retry_fails,
     a_live_node_is_registered_again_only_by_its_instance,
+    users_have_one_role_and_their_unix_user_reaches_their_leases,
     cancel_stops_queued_and_flags_running,
     plans_change_at_run_time,
     hand_back_requeues_without_cost,

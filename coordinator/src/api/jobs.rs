@@ -7,8 +7,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::IntoResponse;
 use headroom_shared::api::{
-    AttemptPhase, AttemptView, CancelResponse, JobDetail, JobSummary, JobsQuery, LogQuery,
-    Principal, RetryResponse,
+    AttemptPhase, AttemptView, CancelResponse, ErrorCode, JobDetail, JobSummary, JobsQuery,
+    LogQuery, Principal, RetryResponse,
 };
 use headroom_shared::{AttemptId, JobId, JobState, routes};
 
@@ -43,11 +43,35 @@ pub async fn list(
 
 pub async fn get_one(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<JobDetail> {
     let mut d = s.store.job(parse_id(&id, "job")?).await?;
     read_time_reasons(&s, std::iter::once(&mut d.summary)).await?;
+    if !may_see(&s, &who, &d.summary.submitted_by) {
+        for v in d.env.values_mut() {
+            *v = REDACTED.to_string();
+        }
+        for a in &mut d.attempts_detail {
+            redact_attempt(a);
+        }
+    }
     Ok(ApiJson(d))
+}
+
+/// What another user's secrets read as.
+const REDACTED: &str = "<redacted>";
+
+/// Whether `who` sees the `env` values and logs of jobs `submitted_by` submitted: their own,
+/// an admin any, everyone any where the lab shares them (`--shared-visibility`).
+fn may_see(s: &AppState, who: &Principal, submitted_by: &str) -> bool {
+    s.config.shared_visibility || crate::rules::may_act_on(who, submitted_by)
+}
+
+fn redact_attempt(a: &mut AttemptView) {
+    if a.log_tail.is_some() {
+        a.log_tail = Some(REDACTED.to_string());
+    }
 }
 
 /// Reasons no claim pass can give, because no agent claims: no live node, or none with
@@ -107,9 +131,14 @@ pub async fn retry(
 
 pub async fn attempt(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<AttemptView> {
-    Ok(ApiJson(s.store.attempt(parse_id(&id, "attempt")?).await?))
+    let mut a = s.store.attempt(parse_id(&id, "attempt")?).await?;
+    if !may_see(&s, &who, &a.submitted_by) {
+        redact_attempt(&mut a);
+    }
+    Ok(ApiJson(a))
 }
 
 const LOG_READ_MAX: usize = 1 << 20;
@@ -118,10 +147,22 @@ const LOG_READ_MAX: usize = 1 << 20;
 /// (so `logs -f` knows when to stop).
 pub async fn read_log(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<LogQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
+    let owner = s.store.attempt(attempt).await?.submitted_by;
+    if !may_see(&s, &who, &owner) {
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "the log of attempt {attempt} is `{owner}`'s: only they or an admin may read it \
+                 (this token: `{}`; a lab may share logs with --shared-visibility)",
+                who.name
+            ),
+        ));
+    }
     let wait = Duration::from_millis(q.wait_ms).min(s.config.long_poll);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
