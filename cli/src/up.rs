@@ -65,6 +65,8 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         args.agent.kill_grace,
     )?;
     headroom_coordinator::app::check_exposure(&args.coordinator.config(PathBuf::new())?)?;
+    // The store, logs and keys are for this account alone; jobs get their own umask.
+    headroom_coordinator::app::private_umask();
     let given_dir = &args.coordinator.data_dir;
     std::fs::create_dir_all(given_dir)
         .with_context(|| format!("creating data dir {}", given_dir.display()))?;
@@ -74,6 +76,8 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     // One `headroom up` per data directory: a second one would register the same node and
     // declare the first one's running jobs lost.
     let _lock = lock_data_dir(&data_dir)?;
+    // Others may only pass through it, to the fake GPUs' folder their jobs write to.
+    headroom_coordinator::app::private_dir(&data_dir, 0o711)?;
     let gpu_choice = args.agent.backend_choice(&data_dir);
     let backend = gpu::open(&gpu_choice).context("opening the GPU backend")?;
     eprintln!("headroom: {}", backend.describe());

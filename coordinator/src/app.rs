@@ -167,6 +167,31 @@ async fn prune_telemetry(state: AppState, shutdown: CancellationToken) {
 
 /// A coordinator reachable beyond this machine must require tokens: refused otherwise, before
 /// anything is opened (binaries call it first; `Application::build` checks again).
+/// Files and directories this process makes are its user's alone (umask 077).
+pub fn private_umask() {
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+}
+
+/// Makes a data directory private (`mode`: 0700, or 0711 where jobs of other users must pass
+/// through to the fake GPUs' folder), and its logs and store files its owner's alone, as
+/// they are made with the process's umask (077) but may come from an older version.
+pub fn private_dir(dir: &std::path::Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))?;
+    for (name, mode) in [
+        ("logs", 0o700),
+        ("headroom.db", 0o600),
+        ("headroom.db-wal", 0o600),
+        ("headroom.db-shm", 0o600),
+    ] {
+        let path = dir.join(name);
+        if path.exists() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+        }
+    }
+    Ok(())
+}
+
 pub fn check_exposure(config: &CoordinatorConfig) -> Result<(), AppError> {
     if config.tokens.is_empty() && !config.listen.ip().is_loopback() {
         return Err(AppError::OpenToTheNetwork {

@@ -77,8 +77,11 @@ async fn main() -> anyhow::Result<()> {
     let data_dir = &args.settings.data_dir;
     let config = args.settings.config(data_dir.clone())?;
     headroom_coordinator::app::check_exposure(&config)?;
+    // The store (env values, token hashes) and logs are for it alone.
+    headroom_coordinator::app::private_umask();
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    headroom_coordinator::app::private_dir(data_dir, 0o700)?;
     let url = headroom_shared::secret::resolve(
         headroom_shared::secret::SecretSource {
             flag: "--database-url",

@@ -219,6 +219,14 @@ impl Agent {
         let pass_env = cfg.pass_env.clone();
         std::fs::create_dir_all(cfg.data_dir.join("logs"))?;
         let data_lock = lock_data_dir(&cfg.data_dir)?;
+        {
+            // Logs, journal and keys are the agent's alone; jobs of other users only pass
+            // through, to the fake GPUs' folder.
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |m| std::fs::Permissions::from_mode(m);
+            std::fs::set_permissions(&cfg.data_dir, mode(0o711))?;
+            std::fs::set_permissions(cfg.data_dir.join("logs"), mode(0o700))?;
+        }
         let attach_key = crate::supervisor::proto::attach_key(&cfg.data_dir)?;
         let mut cfg = cfg;
         cfg.data_dir = cfg.data_dir.canonicalize()?;

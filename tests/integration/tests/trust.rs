@@ -291,11 +291,25 @@ fn up_is_private_to_its_account() {
     let h = Headroom::up(UpOptions::gpus("1x24GiB").env("HOME", &home_dir));
     h.wait_agent();
     let token_file = h.data_dir().join("admin-token");
-    let mode = std::fs::metadata(&token_file)
-        .expect("admin-token")
-        .permissions()
-        .mode();
-    assert_eq!(mode & 0o777, 0o600, "{token_file:?}");
+    let mode_of = |p: &Path| {
+        std::fs::metadata(p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode_of(&token_file), 0o600);
+    // Nobody else lists or reads the store, the logs or the keys.
+    let data = h.data_dir();
+    for (path, mode) in [
+        (data.clone(), 0o711),
+        (data.join("headroom.db"), 0o600),
+        (data.join("logs"), 0o700),
+        (data.join("agent").join("logs"), 0o700),
+        (data.join("agent").join("attach.key"), 0o600),
+    ] {
+        assert_eq!(mode_of(&path), mode, "{}", path.display());
+    }
 
     let cli_as = |home: &str, uid: Option<u32>, args: &[&str]| {
         let mut cmd = Command::new(binary("headroom"));

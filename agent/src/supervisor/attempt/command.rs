@@ -136,6 +136,8 @@ pub(super) fn own_session_and_pdeathsig(
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid()?;
+            // Not the agent's private umask: the job's files are made as users expect.
+            nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
             if let Some((groups, gid, uid)) = &ids {
                 nix::unistd::setgroups(groups)?;
                 nix::unistd::setgid(*gid)?;
