@@ -325,6 +325,47 @@ pub struct Authenticator {
     /// Failed verifications per client address in the current window.
     failures: Mutex<HashMap<std::net::IpAddr, (Instant, u32)>>,
     hash_slots: tokio::sync::Semaphore,
+    /// The verifier threads' queue (see [`Verifier`]).
+    verifier: Verifier,
+}
+
+/// A verification for the verifier threads: the token, the hash, where the answer goes.
+type VerifyJob = (String, String, tokio::sync::oneshot::Sender<bool>);
+
+/// [`HASH_SLOTS`] threads of their own that run argon2: its ~19 MiB per hash stays in their
+/// allocator arenas, rather than in those of whichever of the runtime's hundreds of blocking
+/// threads ran it (freed memory stays in a thread's arena: a flood spread over many threads
+/// held gigabytes). They end when the authenticator is dropped.
+struct Verifier {
+    jobs: std::sync::mpsc::SyncSender<VerifyJob>,
+}
+
+impl Verifier {
+    fn start() -> Self {
+        let (jobs, queue) = std::sync::mpsc::sync_channel::<VerifyJob>(HASH_SLOTS);
+        let queue = Arc::new(Mutex::new(queue));
+        for i in 0..HASH_SLOTS {
+            let queue = queue.clone();
+            let started = std::thread::Builder::new()
+                .name(format!("hr-argon2-{i}"))
+                .spawn(move || {
+                    loop {
+                        let job = match queue.lock() {
+                            Ok(q) => q.recv(),
+                            Err(_) => return,
+                        };
+                        let Ok((token, hash, answer)) = job else {
+                            return;
+                        };
+                        let _ = answer.send(verify(&token, &hash));
+                    }
+                });
+            if let Err(e) = started {
+                tracing::error!("cannot start a token verifier thread: {e}");
+            }
+        }
+        Self { jobs }
+    }
 }
 
 impl Authenticator {
@@ -336,6 +377,7 @@ impl Authenticator {
             failed: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
             hash_slots: tokio::sync::Semaphore::new(HASH_SLOTS),
+            verifier: Verifier::start(),
         }
     }
 
@@ -466,10 +508,14 @@ impl Authenticator {
             .await
             .map_err(|_| AuthError::Busy)?
             .map_err(|_| AuthError::Busy)?;
-        let (token, hash) = (token.to_string(), hash.to_string());
-        Ok(tokio::task::spawn_blocking(move || verify(&token, &hash))
-            .await
-            .unwrap_or(false))
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        // With a slot held, at most HASH_SLOTS jobs are queued or running: there is room.
+        self.verifier
+            .jobs
+            .try_send((token.to_string(), hash.to_string(), answer))
+            .map_err(|_| AuthError::Busy)?;
+        // A verifier that is gone answers nothing: refused, never let through.
+        Ok(answered.await.unwrap_or(false))
     }
 
     fn failed_lately(&self, key: &[u8; 32]) -> bool {

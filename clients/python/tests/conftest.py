@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -98,8 +99,11 @@ def start_coordinator(dir: Path, *extra: str) -> "tuple[str, Proc]":
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A coordinator and one agent with two fake 24 GiB GPUs; yields the coordinator's URL."""
-    dir = tmp_path_factory.mktemp("cluster")
+    """A coordinator and one agent with two fake 24 GiB GPUs; yields the coordinator's URL.
+    Its folder is one other users may pass through: an agent running as root (CI) runs jobs
+    as ``nobody``, and they reach the fake GPUs' folder in the agent's data directory."""
+    dir = Path(tempfile.mkdtemp(prefix="headroom-py-"))
+    os.chmod(dir, 0o711)
     url, coord = start_coordinator(dir)
     agent = Proc(
         [
@@ -133,6 +137,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         coord.stop()
         if os.environ.get("HEADROOM_KEEP_LOGS"):
             shutil.copytree(dir, Path(os.environ["HEADROOM_KEEP_LOGS"]), dirs_exist_ok=True)
+        shutil.rmtree(dir, ignore_errors=True)
 
 
 @pytest.fixture()
