@@ -8,6 +8,11 @@ use std::path::PathBuf;
 use headroom_shared::api::RunAs;
 use nix::unistd::{Gid, Uid, User};
 
+/// Whether this process runs as root (and so runs jobs as their users).
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
 /// The user a launch runs as: `None` when this process is not root (it cannot change user:
 /// jobs run as its own), else the lease's user or the default.
 pub fn effective(lease: Option<RunAs>, default: &str) -> Option<RunAs> {

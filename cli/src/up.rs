@@ -108,7 +108,10 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         );
     } else if args.coordinator.admin_secret()?.is_none() {
         let secret = local_admin_token(&data_dir)?;
-        config.tokens.push(auth::admin_token(&secret)?);
+        let mut admin = auth::admin_token(&secret)?;
+        // `sudo headroom up`: the admin is the person who ran sudo, and their jobs run as them.
+        admin.unix_user = sudo_user();
+        config.tokens.push(admin);
         local_admin = Some(secret);
     }
     // With tokens on, the local agent needs one of role agent: unless one was given, it gets
@@ -200,6 +203,18 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         let _ = std::fs::remove_file(path);
     }
     Ok(code)
+}
+
+/// The account that ran `sudo`, when this process is root through it (and that account is
+/// not root).
+fn sudo_user() -> Option<String> {
+    if !headroom_agent::runas::is_root() {
+        return None;
+    }
+    let name = std::env::var("SUDO_USER").ok()?;
+    headroom_coordinator::auth::check_unix_user(&name, false)
+        .ok()
+        .map(|()| name)
 }
 
 /// The admin token of this data directory (`admin-token`, 0600), made at the first start.

@@ -327,6 +327,25 @@ impl Agent {
                 Duration::from_secs(2),
             )
             .await;
+            // Of this agent's user and holding its key, and also a process this agent's data
+            // directory started (its marker): nothing else is followed or signalled.
+            let scope = self.shared.scope.as_str();
+            let ours = |pid: Option<u32>| {
+                pid.and_then(|p| crate::procscan::env_var(p, crate::agent::sweep::AGENT_VAR))
+                    .as_deref()
+                    == Some(scope)
+            };
+            let hello = match hello {
+                Ok((conn, _)) if !ours(conn.peer_pid()) => {
+                    tracing::warn!(
+                        %attempt,
+                        pid = ?conn.peer_pid(),
+                        "a process that this agent did not start answers on the attempt's socket: left alone"
+                    );
+                    continue;
+                }
+                other => other,
+            };
             match hello {
                 Ok((
                     conn,

@@ -434,3 +434,33 @@ fn jobs_run_as_their_users_unix_user() {
         "{users}"
     );
 }
+
+/// `sudo headroom up`: the admin is the account that ran sudo, and its jobs run as it.
+#[test]
+fn sudo_up_runs_the_admins_jobs_as_the_sudo_user() {
+    let Some(other) = headroom_integration_tests::other_user() else {
+        return;
+    };
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").env("SUDO_USER", &other.name));
+    h.wait_agent();
+    let admin = h.admin_token().expect("admin token");
+    let spec = h.path("whoami.yaml");
+    std::fs::write(
+        &spec,
+        "name: whoami\ncommand: [\"id\", \"-u\"]\nresources: {gpus: 1, memory: 1GiB}\n",
+    )
+    .expect("spec");
+    cli(
+        &h.url,
+        &admin,
+        &["submit", &spec.display().to_string(), "--wait"],
+    );
+    let jobs: Vec<JobSummary> =
+        serde_json::from_str(&cli(&h.url, &admin, &["ls", "--output", "json"])).expect("json");
+    let log = cli(&h.url, &admin, &["logs", &jobs[0].id.to_string()]);
+    assert!(
+        log.lines()
+            .any(|l| l.trim() == other.uid.as_raw().to_string()),
+        "{log}"
+    );
+}
