@@ -148,8 +148,14 @@ fn start(dir: &Path, database_url: Option<&str>, tokens: bool) -> Result<Setup> 
     .chain([dir.join("agent").display().to_string()])
     .collect();
     if tokens {
-        let t = block_on(api.create_token("bench-agent", Role::Agent, None))??;
-        agent_args.extend(["--agent-token".to_string(), t.token]);
+        // An agent token is its node's: named after it, kept in a file (not in argv).
+        let t = block_on(api.create_token("bench", Role::Agent, None))??;
+        let file = dir.join("agent-token");
+        std::fs::write(&file, &t.token)?;
+        agent_args.extend([
+            "--agent-token-file".to_string(),
+            file.display().to_string(),
+        ]);
     }
     let agent = Proc::start("headroom-agent", &agent_args, dir.join("agent.log"))?;
     while block_on(api.nodes())??.is_empty() {
