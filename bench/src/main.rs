@@ -152,10 +152,7 @@ fn start(dir: &Path, database_url: Option<&str>, tokens: bool) -> Result<Setup> 
         let t = block_on(api.create_token("bench", Role::Agent, None))??;
         let file = dir.join("agent-token");
         std::fs::write(&file, &t.token)?;
-        agent_args.extend([
-            "--agent-token-file".to_string(),
-            file.display().to_string(),
-        ]);
+        agent_args.extend(["--agent-token-file".to_string(), file.display().to_string()]);
     }
     let agent = Proc::start("headroom-agent", &agent_args, dir.join("agent.log"))?;
     while block_on(api.nodes())??.is_empty() {

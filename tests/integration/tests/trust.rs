@@ -1,6 +1,7 @@
 //! Only the owner acts, end to end with the real binaries: no credential of headroom's
-//! reaches a job (under `headroom up`, an agent given its token in the environment, one given
-//! it in a file), whatever the agent's environment held.
+//! reaches a job (under `headroom up`, an agent given its token in the environment, in a
+//! file, or as a systemd credential); a node has one live agent; `up` is private to its
+//! account; jobs run as their user; refusals are audited.
 
 use std::path::Path;
 use std::process::Command;
@@ -139,6 +140,22 @@ fn no_headroom_credential_reaches_a_job() {
     let env = job_env(&url, dir.path(), "agent-file");
     assert_clean(&env, &[ADMIN, &file_token, &env_token, LAB_SECRET.1]);
     assert!(env.contains("WANTED_BY_JOBS=yes"), "{env}");
+    drop(_agent);
+
+    // systemd's credentials (`LoadCredential=agent-token:...`), as the service gets them.
+    let cred_token = token("by-cred");
+    let creds = dir.path().join("credentials");
+    std::fs::create_dir_all(&creds).expect("dir");
+    std::fs::write(creds.join("agent-token"), format!("{cred_token}\n")).expect("credential");
+    let _agent = Agent::start(
+        &url,
+        dir.path(),
+        AgentOptions::node("by-cred").env("CREDENTIALS_DIRECTORY", &creds.display().to_string()),
+    )
+    .expect("agent");
+    let env = job_env(&url, dir.path(), "agent-cred");
+    assert_clean(&env, &[ADMIN, &cred_token, LAB_SECRET.1]);
+    assert!(!env.contains("CREDENTIALS_DIRECTORY"), "{env}");
 }
 
 /// One agent per data directory, and one live agent per node: a second agent on the same
