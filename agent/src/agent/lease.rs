@@ -44,6 +44,7 @@ pub(crate) async fn run(
     shared: Arc<Shared>,
     lease: Lease,
     baseline: Baseline,
+    leased_until: Instant,
     stop: StopSignal,
     exit: Exit,
 ) {
@@ -73,8 +74,18 @@ pub(crate) async fn run(
         background: lease.background,
         run_as: crate::runas::effective(lease.run_as, &shared.cfg.run_as_default),
     };
-    match spawn_supervisor(&shared, launch, fence).await {
-        Ok(conn) => follow(shared, attempt, fence, gpus, conn, None, stop, exit, true).await,
+    // Subscribed before the deadline is read for the launch: a renewal in between reaches
+    // the supervisor as its first `renew`, rather than being taken as already sent.
+    let mut deadlines = shared.attempts.fence_deadline();
+    let renewed = *deadlines.borrow_and_update();
+    let stop_at = renewed.map_or(leased_until, |d| d.max(leased_until));
+    match spawn_supervisor(&shared, launch, fence, stop_at).await {
+        Ok(conn) => {
+            follow(
+                shared, attempt, fence, gpus, conn, None, deadlines, stop, exit, true,
+            )
+            .await
+        }
         Err(e) => {
             tracing::error!(%attempt, "cannot start the attempt's supervisor: {e}");
             let end = attempt::not_started(
@@ -100,11 +111,13 @@ fn log_path(shared: &Shared, attempt: AttemptId) -> PathBuf {
 /// Hands the launch to an attempt supervisor process (the agent's own binary, see
 /// [`crate::supervisor`]), one started ahead of the lease when it could be
 /// ([`crate::agent::standby`]).
-async fn spawn_supervisor(shared: &Shared, launch: Launch, fence: i64) -> Result<Conn, ProtoError> {
-    let stop_in = (*shared.attempts.fence_deadline().borrow())
-        .map(|d| d.saturating_duration_since(Instant::now()))
-        // Not registered: no lease can be renewed, the job must not run on.
-        .unwrap_or_default();
+async fn spawn_supervisor(
+    shared: &Shared,
+    launch: Launch,
+    fence: i64,
+    stop_at: Instant,
+) -> Result<Conn, ProtoError> {
+    let stop_in = stop_at.saturating_duration_since(Instant::now());
     let cfg = &shared.cfg.supervisor;
     let spec = Spec {
         launch,
@@ -154,6 +167,7 @@ pub(crate) async fn follow(
     gpus: Vec<u32>,
     mut conn: Conn,
     started: Option<(u32, DateTime<Utc>)>,
+    mut deadlines: tokio::sync::watch::Receiver<Option<Instant>>,
     stop: StopSignal,
     exit: Exit,
     ours: bool,
@@ -166,10 +180,8 @@ pub(crate) async fn follow(
         log_path(&shared, attempt),
         ship_stop.clone(),
     ));
-    let mut deadlines = shared.attempts.fence_deadline();
-    // A new attempt got the current deadline at launch; a re-attached one keeps the one a
-    // former run gave it until this run has renewed the leases.
-    deadlines.borrow_and_update();
+    // `deadlines`: the renewals since the supervisor's deadline was set (at launch, or for a
+    // re-attached one by a former run, kept until this run has renewed the leases).
     let mut stop_sent = false;
     let mut start_report = started.map(|(pid, at)| {
         tokio::spawn(report_start(shared.client.clone(), attempt, fence, pid, at))

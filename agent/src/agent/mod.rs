@@ -359,6 +359,9 @@ impl Agent {
                 )) => {
                     tracing::info!(%attempt, ?pid, "re-attached to a running attempt");
                     let stop = self.shared.attempts.begin(attempt, fence, &self.stopping);
+                    // It keeps the deadline a former run gave it until this one renews.
+                    let mut deadlines = self.shared.attempts.fence_deadline();
+                    deadlines.borrow_and_update();
                     self.attempt_tasks.spawn(crate::agent::lease::follow(
                         self.shared.clone(),
                         attempt,
@@ -366,6 +369,7 @@ impl Agent {
                         gpus,
                         conn,
                         pid.zip(started_at),
+                        deadlines,
                         stop,
                         self.exit.clone(),
                         false,
@@ -696,6 +700,9 @@ impl Agent {
                 known_plan: Some(session.plan.clone()),
                 wait_ms: self.shared.cfg.claim_wait.as_millis() as u64,
             };
+            // A lease is the coordinator's from when the claim was sent: counted from here, it
+            // surely lasts the fence budget.
+            let sent = Instant::now();
             let reply = tokio::select! {
                 _ = shutdown.cancelled() => return draining(stop_heartbeats),
                 r = self.shared.client.claim(session.agent, &req) => r,
@@ -714,7 +721,7 @@ impl Agent {
                         }
                     }
                     if !resp.leases.is_empty() {
-                        self.admit(resp.leases).await;
+                        self.admit(resp.leases, session.budget.deadline(sent)).await;
                     }
                 }
                 Err(ClientError::UnknownAgent(m)) => {
@@ -734,7 +741,9 @@ impl Agent {
     }
 
     /// Admission at launch: re-read live memory; a lease that no longer fits goes back.
-    async fn admit(&self, leases: Vec<Lease>) {
+    /// `leased_until`: when the leases' own time (from the claim) runs out, less the fence
+    /// budget; a launch's deadline is never earlier, whatever the last heartbeat said.
+    async fn admit(&self, leases: Vec<Lease>, leased_until: Instant) {
         let mut samples = sample(&self.shared.backend).await;
         let inventory = self.shared.backend.inventory();
         for lease in leases {
@@ -771,11 +780,16 @@ impl Agent {
                 }
             }
             let baseline = crate::supervisor::attempt::Baseline::of(&samples, &lease.gpus);
-            self.launch(lease, baseline);
+            self.launch(lease, baseline, leased_until);
         }
     }
 
-    fn launch(&self, lease: Lease, baseline: crate::supervisor::attempt::Baseline) {
+    fn launch(
+        &self,
+        lease: Lease,
+        baseline: crate::supervisor::attempt::Baseline,
+        leased_until: Instant,
+    ) {
         let stop = self
             .shared
             .attempts
@@ -788,6 +802,7 @@ impl Agent {
             self.shared.clone(),
             lease,
             baseline,
+            leased_until,
             stop,
             self.exit.clone(),
         ));

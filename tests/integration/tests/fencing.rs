@@ -160,3 +160,31 @@ fn a_kill_grace_that_does_not_fit_the_lease_ttl_is_refused_at_start() {
         "{err}"
     );
 }
+
+/// A short TTL and no fault at all: every lease is renewed in time, so no attempt is lost.
+/// Each new supervisor must get a current deadline at launch, and keep getting renewals
+/// however the launch and a heartbeat interleave.
+#[test]
+fn a_one_second_ttl_without_faults_loses_no_attempt() {
+    let h = headroom_integration_tests::Headroom::up(
+        headroom_integration_tests::UpOptions::gpus("2x24GiB")
+            .lease_ttl("1s")
+            .kill_grace("300ms")
+            .plan("8,8"),
+    );
+    h.wait_agent();
+    let exp = h.submit_spec(serde_json::json!({"name": "short-ttl",
+        "command": ["sleep", "0.3"], "runs_per_config": 400,
+        "resources": {"memory": "100MiB"}, "retry": {"max_attempts": 1}}));
+    let jobs = h.wait_done(exp, Duration::from_secs(180));
+    let lost: Vec<_> = jobs
+        .iter()
+        .filter(|j| j.attempts != 1 || j.state != headroom_shared::JobState::Succeeded)
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of 400 jobs lost an attempt: {:?}",
+        lost.len(),
+        lost.first()
+    );
+}
