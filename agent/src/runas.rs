@@ -16,7 +16,7 @@ pub fn is_root() -> bool {
 /// The user a launch runs as: `None` when this process is not root (it cannot change user:
 /// jobs run as its own), else the lease's user or the default.
 pub fn effective(lease: Option<RunAs>, default: &str) -> Option<RunAs> {
-    if !nix::unistd::geteuid().is_root() {
+    if !is_root() {
         return None;
     }
     Some(lease.unwrap_or_else(|| RunAs {
@@ -28,8 +28,8 @@ pub fn effective(lease: Option<RunAs>, default: &str) -> Option<RunAs> {
 /// Checks the default user at start: `Ok(Some(me))` when this process is not root (every
 /// job runs as `me`); an error when, running as root, the default does not exist or is root.
 pub fn check_default(default: &str) -> Result<Option<String>, String> {
-    let me = nix::unistd::geteuid();
-    if !me.is_root() {
+    if !is_root() {
+        let me = nix::unistd::geteuid();
         let name = User::from_uid(me)
             .ok()
             .flatten()
@@ -105,7 +105,7 @@ mod tests {
         })
         .expect_err("unknown");
         assert!(e.contains("no Unix user `no-such-user-hr`"), "{e}");
-        if nix::unistd::geteuid().is_root() {
+        if is_root() {
             assert!(check_default("root").is_err());
             assert_eq!(check_default("nobody"), Ok(None));
             assert_eq!(

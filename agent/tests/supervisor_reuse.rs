@@ -2,52 +2,15 @@
 //! clean end it takes the next launch on the same connection, whatever the agent sent for
 //! the attempt before while that one was ending; let go, it exits.
 
+mod common;
+
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::process::{Command, Stdio};
 
-use headroom_agent::gpu::BackendChoice;
+use common::spec;
 use headroom_agent::supervisor::SUPERVISOR_ARG;
-use headroom_agent::supervisor::attempt::Launch;
-use headroom_agent::supervisor::proto::{Conn, FromSupervisor, Spec, ToSupervisor};
-use headroom_shared::{AttemptId, JobId};
-
-fn spec(dir: &Path, argv: &[&str]) -> Spec {
-    let attempt = AttemptId::new();
-    Spec {
-        launch: Launch {
-            attempt,
-            job: JobId::new(),
-            argv: argv.iter().map(|a| a.to_string()).collect(),
-            base_env: headroom_agent::jobenv::for_jobs(std::env::vars_os(), &[]),
-            env: Default::default(),
-            params: Default::default(),
-            gpus: vec![0],
-            timeout: None,
-            log_path: dir.join("logs").join(format!("{attempt}.log")),
-            workdir: None,
-            baseline: None,
-            prestart: Default::default(),
-            background: None,
-            run_as: None,
-        },
-        fence: 1,
-        data_dir: dir.to_path_buf(),
-        scope: dir.display().to_string(),
-        gpu: BackendChoice::Fake {
-            spec: "1x8GiB".parse().expect("spec"),
-            dir: dir.join("fake-gpus"),
-        },
-        job_env: vec![],
-        kill_grace_ms: 300,
-        verify_timeout_ms: 5_000,
-        sample_every_ms: 50,
-        stop_in_ms: 60_000,
-        spare: None,
-        key: "k".repeat(64),
-    }
-}
+use headroom_agent::supervisor::proto::{Conn, FromSupervisor, ToSupervisor};
 
 #[tokio::test]
 async fn a_supervisor_takes_the_next_launch_after_a_clean_end() {

@@ -4,6 +4,8 @@
 //! under the agent's socket prefix is neither talked to nor signalled. Each attempt runs on
 //! and ends once, and every refusal is logged.
 
+mod common;
+
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -11,9 +13,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use headroom_agent::gpu::BackendChoice;
 use headroom_agent::supervisor::SUPERVISOR_ARG;
-use headroom_agent::supervisor::attempt::Launch;
 use headroom_agent::supervisor::proto::{
     self, Conn, FromSupervisor, ProtoError, Spec, ToSupervisor,
 };
@@ -61,38 +61,10 @@ fn other_uid() -> Option<u32> {
 }
 
 fn spec(dir: &Path, argv: &[&str], stop_in_ms: u64, key: &str) -> Spec {
-    let attempt = AttemptId::new();
     Spec {
-        launch: Launch {
-            attempt,
-            job: JobId::new(),
-            argv: argv.iter().map(|a| a.to_string()).collect(),
-            base_env: headroom_agent::jobenv::for_jobs(std::env::vars_os(), &[]),
-            env: Default::default(),
-            params: Default::default(),
-            gpus: vec![0],
-            timeout: None,
-            log_path: dir.join("logs").join(format!("{attempt}.log")),
-            workdir: None,
-            baseline: None,
-            prestart: Default::default(),
-            background: None,
-            run_as: None,
-        },
-        fence: 1,
-        data_dir: dir.to_path_buf(),
-        scope: dir.display().to_string(),
-        gpu: BackendChoice::Fake {
-            spec: "1x8GiB".parse().expect("spec"),
-            dir: dir.join("fake-gpus"),
-        },
-        job_env: vec![],
-        kill_grace_ms: 300,
-        verify_timeout_ms: 5_000,
-        sample_every_ms: 50,
         stop_in_ms,
-        spare: None,
         key: key.to_string(),
+        ..common::spec(dir, argv)
     }
 }
 

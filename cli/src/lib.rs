@@ -406,18 +406,7 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
         } => {
             let users = api.users().await?;
             match format {
-                Format::Table => {
-                    println!("{:<24} {:<6} {:<16} ROOT", "NAME", "ROLE", "UNIX USER");
-                    for u in &users {
-                        println!(
-                            "{:<24} {:<6} {:<16} {}",
-                            u.name,
-                            u.role,
-                            u.unix_user.as_deref().unwrap_or("-"),
-                            if u.allow_root { "allowed" } else { "-" }
-                        );
-                    }
-                }
+                Format::Table => output::users_table(&users),
                 Format::Json => output::json(&users)?,
             }
         }

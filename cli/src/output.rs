@@ -467,6 +467,19 @@ pub fn json<T: serde::Serialize>(v: &T) -> Result<()> {
     Ok(())
 }
 
+pub fn users_table(users: &[headroom_shared::api::UserView]) {
+    println!("{:<24}  {:<6}  {:<16}  ROOT", "NAME", "ROLE", "UNIX USER");
+    for u in users {
+        println!(
+            "{:<24}  {:<6}  {:<16}  {}",
+            u.name,
+            u.role.as_str(),
+            u.unix_user.as_deref().unwrap_or("-"),
+            if u.allow_root { "allowed" } else { "-" }
+        );
+    }
+}
+
 pub fn tokens_table(tokens: &[TokenView]) {
     println!(
         "{:<16}  {:<20}  {:<6}  {:<12}  {:<20}  {:<20}  REVOKED",

@@ -219,8 +219,7 @@ fn sudo_user() -> Option<String> {
 
 /// The admin token of this data directory (`admin-token`, 0600), made at the first start.
 fn local_admin_token(dir: &std::path::Path) -> Result<String> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
     let path = dir.join("admin-token");
     if path.exists() {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
@@ -228,17 +227,8 @@ fn local_admin_token(dir: &std::path::Path) -> Result<String> {
         return Ok(headroom_shared::secret::read_file(&path, "admin token")?);
     }
     let secret = auth::random_secret();
-    let tmp = dir.join("admin-token.tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(format!("{secret}\n").as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
+    headroom_shared::secret::write_private(&path, &format!("{secret}\n"))
+        .with_context(|| format!("creating {}", path.display()))?;
     Ok(secret)
 }
 

@@ -240,10 +240,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// A random secret for a configured token (not of the `hr_` form: no stored id).
 pub fn random_secret() -> String {
-    use rand::Rng;
-    let mut b = [0u8; 24];
-    rand::rng().fill(&mut b);
-    hex(&b)
+    headroom_shared::secret::random_hex(24)
 }
 
 /// A fresh token: its public id and the whole token (`hr_<id>_<secret>`).

@@ -64,6 +64,32 @@ impl Server {
         v["token"].as_str().expect("token").to_string()
     }
 
+    /// Registers `node` (one 10 GiB GPU) with its agent `token`, then claims one lease for
+    /// it (a job must be waiting): the agent's id and the lease.
+    async fn node_with_lease(&self, token: &str, node: &str) -> (String, Value) {
+        let gpus = json!([{"index": 0, "uuid": "GPU-0", "name": "t", "total_mib": 10_000}]);
+        let (status, reg) = self
+            .call(
+                Method::Post,
+                routes::REGISTER.path,
+                Some(token),
+                &json!({"node": node, "gpus": gpus, "version": "t"}),
+            )
+            .await;
+        assert_eq!(status, 200, "{reg}");
+        let agent = reg["agent"].as_str().expect("agent id").to_string();
+        let (status, claimed) = self
+            .call(
+                Method::Post,
+                &routes::CLAIM.path_with(&[&agent]),
+                Some(token),
+                &json!({"gpus": samples(), "max": 1, "wait_ms": 0}),
+            )
+            .await;
+        assert_eq!(status, 200, "{claimed}");
+        (agent, claimed["leases"][0].clone())
+    }
+
     async fn submit(&self, token: &str) -> String {
         let spec = json!({"spec": {"name": "own", "command": ["true"]}});
         let (status, v) = self
@@ -72,6 +98,11 @@ impl Server {
         assert_eq!(status, 200, "{v}");
         v["experiment"].as_str().expect("experiment id").to_string()
     }
+}
+
+/// The one GPU of the nodes these tests register, empty.
+fn samples() -> Value {
+    json!([{"index": 0, "used_mib": 0, "free_mib": 10_000}])
 }
 
 fn admin_config() -> Vec<ConfigToken> {
@@ -411,25 +442,13 @@ async fn an_agent_token_acts_only_for_its_own_node() {
     let s = start(admin_config()).await;
     let a = s.create_token("node-a", "agent").await;
     let b = s.create_token("node-b", "agent").await;
-    let gpus = json!([{"index": 0, "uuid": "GPU-a0", "name": "t", "total_mib": 10_000}]);
+    let gpus = json!([{"index": 0, "uuid": "GPU-0", "name": "t", "total_mib": 10_000}]);
     let register = |node: &str, previous: Option<&str>| json!({"node": node, "gpus": gpus, "version": "t", "previous": previous});
-    let samples = json!([{"index": 0, "used_mib": 0, "free_mib": 10_000}]);
-    let (status, reg) = s
-        .call(
-            Method::Post,
-            routes::REGISTER.path,
-            Some(&a),
-            &register("node-a", None),
-        )
-        .await;
-    assert_eq!(status, 200, "{reg}");
-    let agent = reg["agent"].as_str().expect("agent id").to_string();
+    let samples = samples();
     s.submit(ADMIN).await;
+    let (agent, lease) = s.node_with_lease(&a, "node-a").await;
     let claim_path = routes::CLAIM.path_with(&[&agent]);
     let claim = json!({"gpus": samples, "max": 1, "wait_ms": 0});
-    let (status, claimed) = s.call(Method::Post, &claim_path, Some(&a), &claim).await;
-    assert_eq!(status, 200, "{claimed}");
-    let lease = &claimed["leases"][0];
     let attempt = lease["attempt"].as_str().expect("attempt").to_string();
     let fence = lease["fence"].as_i64().expect("fence");
     let job = lease["job"].as_str().expect("job").to_string();
@@ -650,21 +669,7 @@ async fn other_users_see_no_env_values_nor_logs_unless_shared() {
             .await;
         assert_eq!(status, 200, "{v}");
         // An attempt, so that there is a log to read.
-        let gpus = json!([{"index": 0, "uuid": "GPU-0", "name": "t", "total_mib": 10_000}]);
-        let (_, reg) = s
-            .call(
-                Method::Post,
-                routes::REGISTER.path,
-                Some(&agent),
-                &json!({"node": "n1", "gpus": gpus, "version": "t"}),
-            )
-            .await;
-        let agent_id = reg["agent"].as_str().expect("agent").to_string();
-        let (_, claimed) = s
-            .call(Method::Post, &routes::CLAIM.path_with(&[&agent_id]), Some(&agent),
-                  &json!({"gpus": [{"index": 0, "used_mib": 0, "free_mib": 10_000}], "max": 1, "wait_ms": 0}))
-            .await;
-        let lease = &claimed["leases"][0];
+        let (_, lease) = s.node_with_lease(&agent, "n1").await;
         let (job, attempt) = (
             lease["job"].as_str().expect("job").to_string(),
             lease["attempt"].as_str().expect("attempt").to_string(),

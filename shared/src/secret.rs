@@ -119,6 +119,35 @@ pub fn resolve(
     }
 }
 
+/// A random secret: `bytes` random bytes in hex.
+pub fn random_hex(bytes: usize) -> String {
+    use rand::Rng;
+    let mut b = vec![0u8; bytes];
+    rand::rng().fill(&mut b[..]);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Writes a secret file whole or not at all, readable by its owner only (0600): a temporary
+/// file beside it, synced, then renamed over it.
+pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("secret");
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
 /// Where a local `headroom up` leaves its admin token for its own user's CLI and Python
 /// client (as Jupyter leaves its server's token): `~/.headroom/local/<host>_<port>`, in a
 /// 0700 directory, 0600. `None` without a home or for a URL without a port.
@@ -150,8 +179,7 @@ pub fn local_token_path(url: &str) -> Option<PathBuf> {
 
 /// Writes `token` where [`local_token_path`] says, private to this user.
 pub fn write_local_token(url: &str, token: &str) -> std::io::Result<Option<PathBuf>> {
-    use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let Some(path) = local_token_path(url) else {
         return Ok(None);
     };
@@ -162,14 +190,7 @@ pub fn write_local_token(url: &str, token: &str) -> std::io::Result<Option<PathB
             .create(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    f.write_all(format!("{token}\n").as_bytes())?;
+    write_private(&path, &format!("{token}\n"))?;
     Ok(Some(path))
 }
 

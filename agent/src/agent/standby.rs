@@ -22,6 +22,8 @@ const MAX_WAITING: usize = 16;
 pub(crate) struct Standby {
     exe: PathBuf,
     scope: String,
+    /// What supervisors start with instead of the agent's environment (read once).
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
     /// Where supervisors write what goes wrong.
     stderr: Option<std::fs::File>,
     pool: Mutex<Pool>,
@@ -42,6 +44,7 @@ impl Standby {
         Arc::new(Self {
             exe,
             scope,
+            env: crate::jobenv::for_supervisor(std::env::vars_os()),
             stderr,
             pool: Mutex::new(Pool::default()),
         })
@@ -112,7 +115,7 @@ impl Standby {
         cmd.arg0(crate::supervisor::PROCESS_NAME)
             .arg(crate::supervisor::SUPERVISOR_ARG)
             .env_clear()
-            .envs(crate::jobenv::for_supervisor(std::env::vars_os()))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env(crate::agent::sweep::AGENT_VAR, &self.scope)
             .env_remove(crate::procscan::ATTEMPT_VAR)
             .stdin(Stdio::from(OwnedFd::from(theirs)))

@@ -285,8 +285,7 @@ fn same_key(a: &str, b: &str) -> bool {
 /// The agent's attach key, from `<data_dir>/attach.key` (0600), made at the first start.
 /// Blocking.
 pub fn attach_key(data_dir: &std::path::Path) -> std::io::Result<String> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
     let path = data_dir.join("attach.key");
     match std::fs::read_to_string(&path) {
         Ok(key) if key.trim().len() >= 32 => {
@@ -298,22 +297,8 @@ pub fn attach_key(data_dir: &std::path::Path) -> std::io::Result<String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let key: String = {
-        use rand::Rng;
-        let mut b = [0u8; 32];
-        rand::rng().fill(&mut b);
-        b.iter().map(|x| format!("{x:02x}")).collect()
-    };
-    let tmp = data_dir.join(format!("attach.key.{}", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(key.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
+    let key = headroom_shared::secret::random_hex(32);
+    headroom_shared::secret::write_private(&path, &key)?;
     Ok(key)
 }
 

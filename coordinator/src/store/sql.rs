@@ -903,9 +903,10 @@ impl<E: Exec> Tx for E {
         Ok(n == 1)
     }
 
-    async fn users(&mut self) -> Result<Vec<UserView>> {
-        let sql = "SELECT name, role, unix_user, allow_root, created_at FROM users ORDER BY name";
-        all(self, sql, &[], |r| {
+    async fn users(&mut self, name: Option<&str>) -> Result<Vec<UserView>> {
+        let sql = "SELECT name, role, unix_user, allow_root, created_at FROM users \
+                   WHERE CAST($1 AS TEXT) IS NULL OR name = $1 ORDER BY name";
+        all(self, sql, args![name], |r| {
             Ok(UserView {
                 name: r.text(0)?,
                 role: r.parsed(1, "role")?,

@@ -64,7 +64,7 @@ pub(super) async fn put_user(tx: &mut dyn Tx, u: UserView) -> Result<(UserView, 
         let role = tx.ensure_user(&u.name, u.role, now_ms()).await?;
         return Err(StoreError::UserRole { name: u.name, role });
     }
-    let stored = tx.users().await?.into_iter().find(|s| s.name == u.name);
+    let stored = tx.users(Some(&u.name)).await?.pop();
     Ok((
         stored.ok_or_else(|| StoreError::not_found("user", &u.name))?,
         true,
@@ -72,5 +72,5 @@ pub(super) async fn put_user(tx: &mut dyn Tx, u: UserView) -> Result<(UserView, 
 }
 
 pub(super) async fn users(tx: &mut dyn Tx) -> Result<Vec<UserView>> {
-    tx.users().await
+    tx.users(None).await
 }

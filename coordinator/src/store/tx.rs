@@ -283,7 +283,8 @@ pub trait Tx: Send {
     async fn ensure_user(&mut self, name: &str, role: Role, now: Millis) -> Result<Role>;
     /// Creates or changes a user; `false` when the name has another role.
     async fn put_user(&mut self, u: &UserView) -> Result<bool>;
-    async fn users(&mut self) -> Result<Vec<UserView>>;
+    /// Every user, or the one named.
+    async fn users(&mut self, name: Option<&str>) -> Result<Vec<UserView>>;
 }
 
 /// A store operation over one transaction.
