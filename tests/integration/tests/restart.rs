@@ -190,6 +190,12 @@ fn an_agent_registering_again_resumes_its_running_attempt() {
             // This test registers for the agent (as the anonymous admin of an open `up`).
             .flags(&["--no-auth"]),
     );
+    assert!(
+        h.server_log()
+            .contains("--no-auth: every local account may submit"),
+        "an open up says so:\n{}",
+        h.server_log()
+    );
     let record = h.path("timeline.jsonl");
     let deaths = headroom_integration_tests::records::DeathWatch::start(record.clone());
     let exp = h.submit_spec(serde_json::json!({"name": "resumed",

@@ -243,6 +243,11 @@ fn a_node_has_one_live_agent() {
         .expect("regex")
         .replace_all(&coord.output(), "")
         .into_owned();
+    // The admin token was given on the command line: it works, with a warning.
+    assert!(
+        log.contains("--admin-token on the command line can be read by every local user"),
+        "{log}"
+    );
     let audit = |needles: &[&str]| {
         log.lines()
             .any(|l| l.contains("headroom::audit") && needles.iter().all(|n| l.contains(n)))
