@@ -4,6 +4,10 @@
 
 use headroom_shared::pending::PendingReason;
 
+/// Part of a GPU's memory an idle GPU may show used (driver context, ECC): 1/32, 2.5 GiB of
+/// 80, 0.75 of 24; an H100 with nothing running reports about 0.5 GiB used.
+const DRIVER_RESERVE_DIVISOR: u64 = 32;
+
 /// Concurrent CPU-only (`gpus: 0`) jobs per node.
 pub const CPU_SLOTS: u32 = 4;
 
@@ -58,7 +62,9 @@ impl GpuState {
             // No estimate: the job runs alone the first time, and alone still means the
             // live free memory must be the GPU's (a foreign process may hold it).
             None => (self.placed.is_empty()
-                && self.live_free_mib.is_none_or(|free| free >= budget))
+                && self
+                    .live_free_mib
+                    .is_none_or(|free| free >= self.idle_free_mib()))
             .then_some(0),
             Some(e) => {
                 let after = budget.checked_sub(self.estimated())?.checked_sub(e)?;
@@ -70,6 +76,16 @@ impl GpuState {
                 Some(after)
             }
         }
+    }
+
+    /// Free memory that reads as an idle GPU: all of it but the headroom, or but what a
+    /// driver keeps for itself when that is more (a real GPU never reports all its memory
+    /// free: its context and ECC reserve), so that `--headroom 0` still lets a job with no
+    /// estimate start.
+    fn idle_free_mib(&self) -> u64 {
+        let reserve = self.total_mib / DRIVER_RESERVE_DIVISOR;
+        self.total_mib
+            .saturating_sub(self.headroom_mib.max(reserve))
     }
 
     /// Whether `estimate` could ever fit here once the GPU drains.
@@ -221,75 +237,112 @@ fn reason(gpus: &[GpuState], reserved: &[bool], c: &Candidate) -> PendingReason 
 
 /// `place`, and the pending reason of every candidate it looked at and did not place.
 pub fn place_explained(snapshot: &Snapshot, candidates: &[Candidate], max: usize) -> Placed {
-    let mut gpus = snapshot.gpus.clone();
-    let mut reserved = vec![false; gpus.len()];
-    let mut cpu_jobs = snapshot.cpu_jobs;
-    let mut out = Vec::new();
-    let mut reasons = Vec::new();
-    for (i, c) in candidates.iter().enumerate() {
-        if out.len() >= max {
-            break;
+    Placer::new(snapshot).place(candidates, max)
+}
+
+/// One placement pass that may take its candidates in batches (a long queue read a window
+/// at a time): what earlier batches placed and reserved holds for later ones, so the
+/// batches together place exactly as one list would.
+pub struct Placer {
+    gpus: Vec<GpuState>,
+    reserved: Vec<bool>,
+    cpu_jobs: u32,
+    reserve_after_ms: u64,
+}
+
+impl Placer {
+    pub fn new(snapshot: &Snapshot) -> Self {
+        Self {
+            gpus: snapshot.gpus.clone(),
+            reserved: vec![false; snapshot.gpus.len()],
+            cpu_jobs: snapshot.cpu_jobs,
+            reserve_after_ms: snapshot.reserve_after_ms,
         }
-        if c.gpus == 0 {
-            if cpu_jobs < CPU_SLOTS {
-                cpu_jobs += 1;
-                out.push(Placement {
-                    candidate: i,
-                    gpus: vec![],
-                });
-            } else {
-                reasons.push((i, PendingReason::NoFreeSlot));
-            }
-            continue;
-        }
-        let mut fitting: Vec<(u64, usize)> = gpus
-            .iter()
-            .enumerate()
-            .filter(|(g, _)| !reserved[*g])
-            .filter_map(|(g, gpu)| {
-                gpu.leftover_for(c.estimate_mib, c.alone)
-                    .map(|left| (left, g))
-            })
-            .collect();
-        if fitting.len() >= c.gpus as usize {
-            fitting.sort();
-            let chosen: Vec<usize> = fitting
+    }
+
+    /// Whether a later candidate could still be placed: a CPU slot, or a GPU neither
+    /// quarantined nor reserved with a slot free. When none is, reading further down the
+    /// queue is wasted.
+    pub fn open(&self) -> bool {
+        self.cpu_jobs < CPU_SLOTS
+            || self
+                .gpus
                 .iter()
-                .take(c.gpus as usize)
-                .map(|&(_, g)| g)
-                .collect();
-            for &g in &chosen {
-                gpus[g].take(c.estimate_mib, c.alone);
+                .zip(&self.reserved)
+                .any(|(g, &r)| !r && !g.quarantined && !g.slots_full(false))
+    }
+
+    /// Places `candidates` in order after those of earlier batches, at most `max` of them;
+    /// positions in the result are within this batch.
+    pub fn place(&mut self, candidates: &[Candidate], max: usize) -> Placed {
+        let (gpus, reserved) = (&mut self.gpus, &mut self.reserved);
+        let mut out = Vec::new();
+        let mut reasons = Vec::new();
+        for (i, c) in candidates.iter().enumerate() {
+            if out.len() >= max {
+                break;
             }
-            let mut indices: Vec<u32> = chosen.iter().map(|&g| gpus[g].index).collect();
-            indices.sort_unstable();
-            out.push(Placement {
-                candidate: i,
-                gpus: indices,
-            });
-            continue;
-        }
-        reasons.push((i, reason(&gpus, &reserved, c)));
-        if c.waited_ms >= snapshot.reserve_after_ms {
-            // A job that waited too long holds the GPUs most likely to free up for it,
-            // so smaller jobs behind it stop overtaking it forever.
-            let mut possible: Vec<(usize, u64, usize)> = gpus
+            if c.gpus == 0 {
+                if self.cpu_jobs < CPU_SLOTS {
+                    self.cpu_jobs += 1;
+                    out.push(Placement {
+                        candidate: i,
+                        gpus: vec![],
+                    });
+                } else {
+                    reasons.push((i, PendingReason::NoFreeSlot));
+                }
+                continue;
+            }
+            let mut fitting: Vec<(u64, usize)> = gpus
                 .iter()
                 .enumerate()
-                .filter(|(g, gpu)| !reserved[*g] && gpu.could_fit_when_empty(c.estimate_mib))
-                .map(|(g, gpu)| (gpu.placed.len(), gpu.estimated(), g))
+                .filter(|(g, _)| !reserved[*g])
+                .filter_map(|(g, gpu)| {
+                    gpu.leftover_for(c.estimate_mib, c.alone)
+                        .map(|left| (left, g))
+                })
                 .collect();
-            if possible.len() >= c.gpus as usize {
-                possible.sort();
-                for &(_, _, g) in possible.iter().take(c.gpus as usize) {
-                    reserved[g] = true;
+            if fitting.len() >= c.gpus as usize {
+                fitting.sort();
+                let chosen: Vec<usize> = fitting
+                    .iter()
+                    .take(c.gpus as usize)
+                    .map(|&(_, g)| g)
+                    .collect();
+                for &g in &chosen {
+                    gpus[g].take(c.estimate_mib, c.alone);
+                }
+                let mut indices: Vec<u32> = chosen.iter().map(|&g| gpus[g].index).collect();
+                indices.sort_unstable();
+                out.push(Placement {
+                    candidate: i,
+                    gpus: indices,
+                });
+                continue;
+            }
+            reasons.push((i, reason(gpus, reserved, c)));
+            if c.waited_ms >= self.reserve_after_ms {
+                // A job that waited too long holds the GPUs most likely to free up for it,
+                // so smaller jobs behind it stop overtaking it forever.
+                let mut possible: Vec<(usize, u64, usize)> = gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(g, gpu)| !reserved[*g] && gpu.could_fit_when_empty(c.estimate_mib))
+                    .map(|(g, gpu)| (gpu.placed.len(), gpu.estimated(), g))
+                    .collect();
+                if possible.len() >= c.gpus as usize {
+                    possible.sort();
+                    for &(_, _, g) in possible.iter().take(c.gpus as usize) {
+                        reserved[g] = true;
+                    }
                 }
             }
         }
-    }
-    Placed {
-        placements: out,
-        reasons,
+        Placed {
+            placements: out,
+            reasons,
+        }
     }
 }
 
@@ -412,18 +465,31 @@ mod tests {
             reason: None,
             alone: false,
             background_mib: background,
+            cursor: Default::default(),
         };
         let learned = Default::default();
         // 10000 total, 1000 headroom: 5000 + 4000 fits, 5000 + 4001 does not.
         let s = snap(vec![gpu(0, 10_000, 2)]);
-        let fits = claim(&s, &[pending(Some(5_000), Some(4_000))], &learned, 0, 1);
+        let fits = claim(
+            &mut Placer::new(&s),
+            &[pending(Some(5_000), Some(4_000))],
+            &learned,
+            0,
+            1,
+        );
         assert_eq!(fits.leases.len(), 1);
         assert_eq!(
             fits.leases[0].estimate,
             Some(9_000),
             "placed by the pair's sum"
         );
-        let over = claim(&s, &[pending(Some(5_000), Some(4_001))], &learned, 0, 1);
+        let over = claim(
+            &mut Placer::new(&s),
+            &[pending(Some(5_000), Some(4_001))],
+            &learned,
+            0,
+            1,
+        );
         assert!(over.leases.is_empty());
         assert!(
             matches!(
@@ -438,11 +504,25 @@ mod tests {
         );
         // The foreground alone (no background for this job) fits the same GPU easily.
         assert_eq!(
-            claim(&s, &[pending(Some(5_000), None)], &learned, 0, 1).leases[0].estimate,
+            claim(
+                &mut Placer::new(&s),
+                &[pending(Some(5_000), None)],
+                &learned,
+                0,
+                1
+            )
+            .leases[0]
+                .estimate,
             Some(5_000)
         );
         // A pair whose foreground has no estimate yet runs alone on its GPU.
-        let alone = claim(&s, &[pending(None, Some(4_000))], &learned, 0, 1);
+        let alone = claim(
+            &mut Placer::new(&s),
+            &[pending(None, Some(4_000))],
+            &learned,
+            0,
+            1,
+        );
         assert_eq!(alone.leases[0].estimate, None);
         // The foreground's share is what its memory key learns from.
         assert_eq!(
@@ -690,6 +770,36 @@ mod tests {
             })
     }
 
+    #[test]
+    fn a_job_with_no_estimate_starts_on_an_idle_gpu_with_no_headroom() {
+        // An idle 80 GiB GPU as NVML reports it: about 0.5 GiB used by the driver.
+        let idle = GpuState {
+            headroom_mib: 0,
+            live_free_mib: Some(81_559 - 530),
+            ..gpu(0, 81_559, 1)
+        };
+        assert_eq!(place(&snap(vec![idle.clone()]), &[job(None)], 1).len(), 1);
+        // A foreign process holding 4 GiB is not the driver's reserve.
+        let held = GpuState {
+            live_free_mib: Some(81_559 - 4_096),
+            ..idle
+        };
+        assert!(place(&snap(vec![held]), &[job(None)], 1).is_empty());
+    }
+
+    #[test]
+    fn a_placer_is_open_while_a_slot_is_free_and_not_reserved() {
+        let mut full = gpu(0, 8_000, 1);
+        full.placed.push(Some(100));
+        let mut p = Placer::new(&Snapshot {
+            cpu_jobs: CPU_SLOTS,
+            ..snap(vec![full.clone(), gpu(1, 8_000, 1)])
+        });
+        assert!(p.open());
+        assert_eq!(p.place(&[job(Some(1_000))], 10).placements.len(), 1);
+        assert!(!p.open(), "both GPUs' one slot is taken");
+    }
+
     proptest! {
         /// Whatever the queue, no GPU gets more jobs than slots or more estimated memory
         /// than total minus headroom, and a loner is alone.
@@ -749,6 +859,35 @@ mod tests {
             let mut seen: Vec<usize> = placed.iter().map(|p| p.candidate).collect();
             seen.sort_unstable(); seen.dedup();
             prop_assert_eq!(seen.len(), placed.len());
+        }
+
+        /// A queue placed in windows places exactly as placed whole: a long queue read a
+        /// window at a time changes nothing but the cost.
+        #[test]
+        fn batches_place_as_one_list(
+            mut gpus in prop::collection::vec(arb_gpu(), 1..5),
+            jobs in prop::collection::vec((0u32..3, prop::option::of(1u64..30_000), prop::bool::weighted(0.2), prop::bool::weighted(0.3)), 0..40),
+            max in 0usize..40,
+            window in 1usize..8,
+        ) {
+            for (i, g) in gpus.iter_mut().enumerate() { g.index = i as u32; }
+            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone, old)| Candidate {
+                gpus: n, estimate_mib: e, waited_ms: if old { 10_000 } else { 0 }, alone,
+            }).collect();
+            let s = Snapshot { reserve_after_ms: 5_000, ..snap(gpus) };
+            let whole = place_explained(&s, &cands, max);
+            let mut placer = Placer::new(&s);
+            let mut batched = Placed::default();
+            for (b, chunk) in cands.chunks(window).enumerate() {
+                let left = max - batched.placements.len();
+                let p = placer.place(chunk, left);
+                let off = b * window;
+                batched.placements.extend(p.placements.into_iter().map(|mut x| { x.candidate += off; x }));
+                batched.reasons.extend(p.reasons.into_iter().map(|(i, r)| (i + off, r)));
+                if batched.placements.len() >= max { break; }
+            }
+            prop_assert_eq!(whole.placements, batched.placements);
+            prop_assert_eq!(whole.reasons, batched.reasons);
         }
     }
 }

@@ -12,7 +12,7 @@ use headroom_shared::routes::Access;
 use headroom_shared::{AttemptId, FailureClass, JobEvent, Plan};
 use serde_json::Value;
 
-use crate::placement::{self, Candidate, Placement, Snapshot};
+use crate::placement::{Candidate, Placement, Placer};
 
 /// Milliseconds since the Unix epoch: the one time unit the rules and the stores use.
 pub type Millis = i64;
@@ -99,6 +99,16 @@ pub struct PendingRow {
     pub alone: bool,
     /// Memory of its colocated background (`colocate`), which shares its GPU.
     pub background_mib: Option<u64>,
+    /// Its place in the queue (priority, then submission), from which the next window of
+    /// pending jobs is read.
+    pub cursor: QueueCursor,
+}
+
+/// A place in the queue: priority (higher first), then submission sequence (older first).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueCursor {
+    pub priority: i64,
+    pub seq: i64,
 }
 
 /// What a memory key has taught: observed peaks and the floor after OOMs.
@@ -123,7 +133,7 @@ pub struct ClaimPlan {
 }
 
 pub fn claim(
-    snapshot: &Snapshot,
+    placer: &mut Placer,
     pending: &[PendingRow],
     learned: &Learned,
     now: Millis,
@@ -147,7 +157,7 @@ pub fn claim(
             alone: p.alone,
         })
         .collect();
-    let mut placed = placement::place_explained(snapshot, &candidates, max);
+    let mut placed = placer.place(&candidates, max);
     // Only reasons that changed are written.
     placed
         .reasons

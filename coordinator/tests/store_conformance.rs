@@ -1840,6 +1840,49 @@ async fn concurrent_claims_for_one_node_never_overfill_it(s: Backend) {
     );
 }
 
+/// A job that fits starts however many jobs that fit nowhere wait ahead of it: the claim
+/// reads the queue past its first window while the node could take more.
+async fn a_job_that_fits_starts_behind_any_number_that_do_not(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("2")).await;
+    let ahead = 2 * BEYOND_CLAIM_WINDOW;
+    submit(
+        &s,
+        (0..ahead)
+            .map(|i| job(i, Some(20_000), vec![], 1))
+            .collect(),
+    )
+    .await;
+    let fits = submit(&s, vec![job(0, Some(1_000), vec![], 1)]).await;
+    let leases = claim(&s, agent, 1).await;
+    assert_eq!(
+        leases.len(),
+        1,
+        "the 1 GiB job starts on the idle 10 GiB GPU"
+    );
+    let job = s.job(leases[0].job).await.expect("job");
+    assert_eq!(job.summary.experiment, fits);
+    let counts = s.counts(None).await.expect("counts");
+    assert_eq!((counts.leased, counts.queued), (1, u64::from(ahead)));
+    // The ones ahead say why they wait.
+    let waiting = s
+        .list_jobs(JobFilter {
+            experiment: None,
+            state: Some(JobState::Queued),
+            limit: None,
+        })
+        .await
+        .expect("jobs");
+    let last = waiting.last().expect("a waiting job");
+    assert!(
+        matches!(
+            last.pending_reason,
+            Some(PendingReason::LargerThanEveryGpu { .. })
+        ),
+        "{:?}",
+        last.pending_reason
+    );
+}
+
 /// Job lists filter by experiment and state, keep submission order, and stop at the limit.
 async fn jobs_are_listed_by_experiment_state_and_limit(s: Backend) {
     let agent = register(&s, "n1", 1, None).await;
@@ -1937,6 +1980,7 @@ conformance!(sqlite, postgres: [
     colocated_jobs_carry_their_background_and_record_it,
     prestart_is_stored_per_job,
     concurrent_claims_for_one_node_never_overfill_it,
+    a_job_that_fits_starts_behind_any_number_that_do_not,
     jobs_are_listed_by_experiment_state_and_limit,
 ]);
 

@@ -11,11 +11,11 @@ use super::tx::{AttemptsWhere, NewAttempt, Tx};
 use super::{
     ClaimInput, Claimed, Millis, Renewal, Renewed, Result, StoreError, jobs, nodes, now_ms,
 };
-use crate::placement::{GpuState, Snapshot};
+use crate::placement::{GpuState, Placer, Snapshot};
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
 
-/// Pending jobs looked at (and, on PostgreSQL, locked) per claim; deeper ones wait for the
-/// next claim.
+/// Pending jobs read (and, on PostgreSQL, locked) at a time by a claim; it reads the next
+/// window while its node could take more.
 const CLAIM_WINDOW: u32 = 512;
 
 /// Checks a report's fencing token, locking the job and then the attempt; returns the job
@@ -90,23 +90,40 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         };
         return Ok((claimed, changed));
     }
-    let pending = tx
-        .lock_pending(node.gpus.len() as u32, CLAIM_WINDOW)
-        .await?;
-    // What each memory key has taught so far, read once per key.
+    // The queue is read a window at a time for as long as this node could take more, so a
+    // job that fits starts whatever number of jobs that fit nowhere wait ahead of it.
+    let mut placer = Placer::new(&snapshot);
     let mut learned = Learned::new();
-    for p in &pending {
-        if !learned.contains_key(&p.memory_key) {
-            learned.insert(p.memory_key.clone(), key_memory(tx, &p.memory_key).await?);
+    let mut leases = Vec::new();
+    let mut after = None;
+    let max = input.max as usize;
+    loop {
+        let pending = tx
+            .lock_pending(node.gpus.len() as u32, after, CLAIM_WINDOW)
+            .await?;
+        // What each memory key has taught so far, read once per key.
+        for p in &pending {
+            if !learned.contains_key(&p.memory_key) {
+                learned.insert(p.memory_key.clone(), key_memory(tx, &p.memory_key).await?);
+            }
         }
-    }
-    let plan = rules::claim(&snapshot, &pending, &learned, now, input.max as usize);
-    let mut leases = Vec::with_capacity(plan.leases.len());
-    for slot in &plan.leases {
-        leases.push(lease_job(tx, &to, &pending[slot.candidate].id, slot).await?);
-    }
-    for (i, reason) in &plan.reasons {
-        tx.set_pending_reason(&pending[*i].id, Some(reason)).await?;
+        let plan = rules::claim(&mut placer, &pending, &learned, now, max - leases.len());
+        for slot in &plan.leases {
+            leases.push(lease_job(tx, &to, &pending[slot.candidate].id, slot).await?);
+        }
+        for (i, reason) in &plan.reasons {
+            tx.set_pending_reason(&pending[*i].id, Some(reason)).await?;
+        }
+        match pending.last() {
+            Some(last)
+                if pending.len() == CLAIM_WINDOW as usize
+                    && leases.len() < max
+                    && placer.open() =>
+            {
+                after = Some(last.cursor);
+            }
+            _ => break,
+        }
     }
     changed |= !leases.is_empty();
     let claimed = Claimed {

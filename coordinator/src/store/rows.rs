@@ -384,8 +384,8 @@ pub(crate) fn active(r: &impl Cols) -> Result<Active> {
 }
 
 /// Columns of a pending job, read by [`pending`].
-pub(crate) const PENDING_COLUMNS: &str =
-    "id, gpus, estimate_mib, updated_at, memory_key, pending_reason, prestart, background_mib";
+pub(crate) const PENDING_COLUMNS: &str = "id, gpus, estimate_mib, updated_at, memory_key, pending_reason, prestart, background_mib, \
+     priority, seq";
 
 pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
     Ok(PendingRow {
@@ -399,6 +399,10 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
             .json_opt::<headroom_shared::prestart::Prestart>(6)?
             .is_some_and(|p| p.holds_gpu()),
         background_mib: r.mib_opt(7)?,
+        cursor: crate::rules::QueueCursor {
+            priority: r.int(8)?,
+            seq: r.int(9)?,
+        },
     })
 }
 

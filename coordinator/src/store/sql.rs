@@ -18,7 +18,9 @@ use super::exec::{Arg, Exec, RowRef, json};
 use super::rows::{self, Cols, LeaseRow, NodeRow, i64_of, opt_i64};
 use super::tx::{AttemptsWhere, Ended, JobsWhere, NewAttempt, Tx};
 use super::{Active, Millis, NewExperiment, NewToken, Result, SeriesWindow, StoredToken};
-use crate::rules::{FenceRow, FinishRow, JobRules, LadderStep, PendingRow, RenewalRow};
+use crate::rules::{
+    FenceRow, FinishRow, JobRules, LadderStep, PendingRow, QueueCursor, RenewalRow,
+};
 
 /// A statement's parameters: `args![a, b]`.
 macro_rules! args {
@@ -287,16 +289,30 @@ impl<E: Exec> Tx for E {
         first(self, &sql, args![job], |r| rows::lease_row(r)).await
     }
 
-    async fn lock_pending(&mut self, max_gpus: u32, limit: u32) -> Result<Vec<PendingRow>> {
-        // The order placement considers them in: priority, then the longest waiting.
+    async fn lock_pending(
+        &mut self,
+        max_gpus: u32,
+        after: Option<QueueCursor>,
+        limit: u32,
+    ) -> Result<Vec<PendingRow>> {
+        // The order placement considers them in: priority, then the longest waiting; a
+        // window starts after the last job of the one before.
         let sql = format!(
             "SELECT {} FROM jobs WHERE state IN ({}) AND gpus <= $1 \
-             ORDER BY priority DESC, seq LIMIT $2{}",
+             AND (CAST($2 AS BIGINT) IS NULL OR priority < $2 OR (priority = $2 AND seq > $3)) \
+             ORDER BY priority DESC, seq LIMIT $4{}",
             rows::PENDING_COLUMNS,
             *WAITING,
             self.dialect().skip_locked
         );
-        all(self, &sql, args![max_gpus, limit], |r| rows::pending(r)).await
+        let (priority, seq) = match after {
+            Some(c) => (Some(c.priority), c.seq),
+            None => (None, 0),
+        };
+        all(self, &sql, args![max_gpus, priority, seq, limit], |r| {
+            rows::pending(r)
+        })
+        .await
     }
 
     async fn pending_reason_counts(&mut self) -> Result<Vec<(String, u64)>> {

@@ -29,7 +29,9 @@ pub use super::rows::Ended;
 use super::rows::{LeaseRow, NodeRow};
 use super::{Active, Millis, NewExperiment, NewToken, OnChange, Result, SeriesWindow, StoredToken};
 use crate::changes::Changes;
-use crate::rules::{FenceRow, FinishRow, JobRules, LadderStep, PendingRow, RenewalRow};
+use crate::rules::{
+    FenceRow, FinishRow, JobRules, LadderStep, PendingRow, QueueCursor, RenewalRow,
+};
 
 /// Which jobs a summary read returns, in `seq` order.
 #[derive(Clone, Copy, Debug)]
@@ -115,7 +117,12 @@ pub trait Tx: Send {
     async fn lease_row(&mut self, job: &str) -> Result<Option<LeaseRow>>;
     /// Waiting jobs fitting `max_gpus`, highest priority first then oldest, at most `limit`;
     /// on PostgreSQL locked, skipping those another transaction holds.
-    async fn lock_pending(&mut self, max_gpus: u32, limit: u32) -> Result<Vec<PendingRow>>;
+    async fn lock_pending(
+        &mut self,
+        max_gpus: u32,
+        after: Option<QueueCursor>,
+        limit: u32,
+    ) -> Result<Vec<PendingRow>>;
     /// Waiting jobs per pending reason code (`not_considered` without one).
     async fn pending_reason_counts(&mut self) -> Result<Vec<(String, u64)>>;
 
