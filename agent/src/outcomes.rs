@@ -3,16 +3,16 @@
 //! in between (`kill -9`, OOM killer, crash) reports it on its next run instead of leaving
 //! the attempt to be recorded lost and run again.
 //!
-//! One small file per attempt, written to a temporary name and renamed, so a reader finds
-//! a whole report or none. There is no fsync: the journal guards against a killed agent,
-//! whose written pages the kernel still holds, not against power loss, and an fsync per
-//! job would slow dispatch down.
+//! One small file per attempt, written to a temporary name, flushed to disk, and renamed
+//! (the directory flushed too), so a reader finds a whole report or none, and an end
+//! reported to anyone survives a power loss of the node as well as a killed agent.
 //!
 //! Answered files are renamed aside as spares and reused for the next outcome rather than
 //! unlinked and created again: on ext4 without a journal every inode allocation skips the
 //! inodes freed in the last seconds one by one, so a create and an unlink per job made each
 //! later create in the data directory slower, the more so the faster jobs ran.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -77,6 +77,9 @@ const SPARE_PREFIX: &str = "spare-";
 struct Spares {
     paths: Mutex<Vec<PathBuf>>,
     next: AtomicU64,
+    /// Names this run's spares apart from an earlier run's, which supervisors still running
+    /// from it may hold as their temporary file.
+    run: String,
 }
 
 /// The journal directory of one agent.
@@ -104,7 +107,10 @@ impl Outcomes {
         }
         Ok(Self {
             dir,
-            spares: Arc::default(),
+            spares: Arc::new(Spares {
+                run: headroom_shared::secret::random_hex(4),
+                ..Spares::default()
+            }),
         })
     }
 
@@ -159,8 +165,13 @@ impl Outcomes {
             path: path.clone(),
             source,
         })?;
-        std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io(&path))
+        let mut file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+        file.write_all(&bytes).map_err(io(&tmp))?;
+        file.sync_data().map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        std::fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(&self.dir))
     }
 
     /// The coordinator has answered this outcome: it leaves the journal (blocking).
@@ -170,7 +181,9 @@ impl Outcomes {
             && spares.len() < MAX_SPARES
         {
             let n = self.spares.next.fetch_add(1, Ordering::Relaxed);
-            let spare = self.dir.join(format!("{SPARE_PREFIX}{n}"));
+            let spare = self
+                .dir
+                .join(format!("{SPARE_PREFIX}{}-{n}", self.spares.run));
             return match std::fs::rename(&path, &spare) {
                 Ok(()) => {
                     spares.push(spare);
@@ -184,6 +197,16 @@ impl Outcomes {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(io(&path)(e)),
+        }
+    }
+
+    /// The coordinator has answered this outcome, and no agent will read it: unlinked
+    /// (blocking). For a supervisor that reported its end itself.
+    pub fn discard(&self, attempt: AttemptId) -> Result<(), OutcomesError> {
+        let path = self.path_of(attempt);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&path)(e)),
+            _ => Ok(()),
         }
     }
 

@@ -8,12 +8,13 @@
 //! - `matrix`: a submitted spec turned into the jobs to store.
 //! - `store`: every durable change, one transaction per operation, written once over the
 //!   transaction interface both backends (SQLite, PostgreSQL) implement.
-//! - `rules` (job decisions) and `placement` (which GPUs): pure, no I/O; `changes`: the
-//!   counter long-polls wait on.
+//! - `rules` (job decisions), `placement` (which GPUs) and `attempt_keys` (the credential
+//!   issued with a lease): pure, no I/O; `changes`: the counter long-polls wait on.
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod app;
+pub mod attempt_keys;
 pub mod auth;
 pub mod changes;
 pub mod config;

@@ -9,10 +9,10 @@ use headroom_shared::api::{
     Ack, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse, ClaimRequest,
     ClaimResponse, CreateTokenRequest, CreatedToken, ErrorBody, ExperimentSummary, ExportQuery,
     FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest,
-    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LogAppended, LogChunkQuery, LogQuery,
-    NodeView, Progress, ProgressQuery, PutUserRequest, RegisterRequest, RegisterResponse, Released,
-    RetryResponse, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse, TelemetryQuery,
-    TokenView, UserView,
+    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LeaseRenewal, LeaseRenewed, LogAppended,
+    LogChunkQuery, LogQuery, NodeView, Progress, ProgressQuery, PutUserRequest, RegisterRequest,
+    RegisterResponse, Released, RetryResponse, SetPlanRequest, StartReport, SubmitRequest,
+    SubmitResponse, TelemetryQuery, TokenView, UserView,
 };
 use headroom_shared::routes::{self, Access, Method, Route};
 use utoipa::openapi::path::{
@@ -212,6 +212,18 @@ fn table() -> Vec<(Route, RouteDoc)> {
                 .conflicts(),
         ),
         (
+            r::RENEW_LEASE,
+            doc("renewLease", "supervisors", Json(one::<LeaseRenewed>))
+                .body(one::<LeaseRenewal>)
+                .conflicts(),
+        ),
+        (
+            r::REPORT_OUTCOME,
+            doc("reportOutcome", "supervisors", Json(one::<FinishResponse>))
+                .body(one::<FinishReport>)
+                .conflicts(),
+        ),
+        (
             r::HAND_BACK,
             doc("handBack", "agents", Json(one::<Ack>))
                 .body(one::<HandBackRequest>)
@@ -340,6 +352,10 @@ fn role_text(access: Access) -> &'static str {
         Access::Owner => "Needs a `user` token of the user who submitted it, or an `admin` token.",
         Access::Admin => "Needs an `admin` token.",
         Access::Agent => "Needs an `agent` token.",
+        Access::Attempt => {
+            "Needs the key issued with this attempt's lease (its supervisor's; no token of any \
+             role)."
+        }
     }
 }
 

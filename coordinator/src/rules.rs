@@ -211,6 +211,9 @@ pub enum Report {
     /// ended. `refunded`: the loss gave the attempt back (its start was never heard), which
     /// the report takes back, since the attempt did run.
     Late { refunded: bool },
+    /// The attempt's end was recorded by a report with this token already (its supervisor
+    /// and then its agent both delivered it): answered, nothing changes.
+    Again,
 }
 
 /// What a finish report reads of its attempt.
@@ -220,10 +223,17 @@ pub struct FinishRow {
     pub started: bool,
 }
 
-/// A finish report is taken on time (`check_fence`), or late for an attempt recorded lost
-/// whose job no later lease moved on; anything else is stale.
+/// A finish report is taken on time (`check_fence`), late for an attempt recorded lost
+/// whose job no later lease moved on, or again for one a report with its token ended;
+/// anything else is stale.
 pub fn check_finish(attempt: AttemptId, presented: i64, row: &FinishRow) -> Result<Report> {
     let f = &row.fence;
+    if f.phase == AttemptPhase::Ended
+        && row.failure != Some(FailureClass::Lost)
+        && f.attempt_fence == presented
+    {
+        return Ok(Report::Again);
+    }
     if f.phase == AttemptPhase::Ended
         && row.failure == Some(FailureClass::Lost)
         && f.attempt_fence == presented
@@ -563,6 +573,8 @@ pub fn may_call(access: Access, role: Role) -> std::result::Result<(), &'static 
         Access::User | Access::Owner => matches!(role, Role::User | Role::Admin),
         Access::Admin => role == Role::Admin,
         Access::Agent => role == Role::Agent,
+        // Only the attempt's own credential, checked by the gate; no role's token.
+        Access::Attempt => false,
     };
     if allowed {
         return Ok(());
@@ -572,6 +584,7 @@ pub fn may_call(access: Access, role: Role) -> std::result::Result<(), &'static 
         Access::User | Access::Owner => "user or admin",
         Access::Admin => "admin",
         Access::Agent => "agent",
+        Access::Attempt => "the attempt's own credential",
     })
 }
 
@@ -767,12 +780,24 @@ mod tests {
             check(&row(AttemptPhase::Ended, 3, lost, false), 3),
             Some(Report::Late { refunded: true })
         );
-        // Leased again, a wrong token, or an end already reported: stale.
+        // Leased again, or a wrong token: stale.
         assert_eq!(check(&row(AttemptPhase::Ended, 4, lost, true), 3), None);
         assert_eq!(check(&row(AttemptPhase::Ended, 3, lost, true), 2), None);
-        assert_eq!(check(&row(AttemptPhase::Ended, 3, None, true), 3), None);
+        // An end already reported with this token (by the supervisor, then the agent's
+        // journal): answered again, whatever happened to the job since; another token is
+        // stale.
         let oom = Some(FailureClass::Oom);
-        assert_eq!(check(&row(AttemptPhase::Ended, 3, oom, true), 3), None);
+        for jf in [3, 4] {
+            assert_eq!(
+                check(&row(AttemptPhase::Ended, jf, None, true), 3),
+                Some(Report::Again)
+            );
+            assert_eq!(
+                check(&row(AttemptPhase::Ended, jf, oom, true), 3),
+                Some(Report::Again)
+            );
+        }
+        assert_eq!(check(&row(AttemptPhase::Ended, 3, oom, true), 2), None);
         assert_eq!(
             late_event(JobEvent::Fail { retry: true }),
             JobEvent::LateEnd {

@@ -135,6 +135,8 @@ fn admits(access: Access, role: Role) -> bool {
         Access::User | Access::Owner => role != Role::Agent,
         Access::Admin => role == Role::Admin,
         Access::Agent => role == Role::Agent,
+        // Only the key issued with the attempt's lease: no role's token is it.
+        Access::Attempt => false,
     }
 }
 
@@ -177,7 +179,10 @@ async fn every_route_admits_its_roles_and_refuses_the_rest() {
         }
         for (role, token) in roles {
             let (status, v) = s.call(route.method, &path, Some(token), &body).await;
-            if admits(route.access, role) {
+            if route.access == Access::Attempt {
+                assert_eq!(status, 401, "{what} as {role}: {v}");
+                assert_error(&v, "unauthenticated", &what);
+            } else if admits(route.access, role) {
                 assert!(
                     status != 401 && status != 403,
                     "{what} as {role} must be let through: {status} {v}"
@@ -702,4 +707,104 @@ async fn other_users_see_no_env_values_nor_logs_unless_shared() {
             );
         }
     }
+}
+
+/// The key issued with a lease lets that attempt's supervisor renew that lease and report
+/// that attempt's end, and nothing else: no key, a wrong one, another attempt's, or any
+/// role's token is 401; a stale fence is 409; the end is recorded once, whether the
+/// supervisor, the agent or both report it.
+#[tokio::test]
+async fn an_attempt_key_acts_for_its_own_attempt_only() {
+    let s = start(admin_config()).await;
+    let a = s.create_token("node-a", "agent").await;
+    let b = s.create_token("node-b", "agent").await;
+    s.submit(ADMIN).await;
+    let (_, lease) = s.node_with_lease(&a, "node-a").await;
+    s.submit(ADMIN).await;
+    let (_, other) = s.node_with_lease(&b, "node-b").await;
+    let attempt = lease["attempt"].as_str().expect("attempt").to_string();
+    let fence = lease["fence"].as_i64().expect("fence");
+    let job = lease["job"].as_str().expect("job").to_string();
+    let key = lease["report_key"]
+        .as_str()
+        .expect("a lease carries its key");
+    let other_key = other["report_key"].as_str().expect("key");
+    assert_ne!(key, other_key);
+    let renew = routes::RENEW_LEASE.path_with(&[&attempt]);
+    let outcome = routes::REPORT_OUTCOME.path_with(&[&attempt]);
+    let body = json!({"fence": fence});
+
+    let (status, v) = s.call(Method::Post, &renew, Some(key), &body).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["ttl_ms"].as_u64().is_some_and(|t| t > 0), "{v}");
+    assert_eq!(v["cancel"], false);
+    let wrong = format!("{}0", &key[..key.len() - 1]);
+    for (who, token) in [
+        ("no key", None),
+        ("a wrong key", Some(wrong.as_str())),
+        ("another attempt's key", Some(other_key)),
+        ("the admin", Some(ADMIN)),
+        ("the node's agent", Some(a.as_str())),
+    ] {
+        let (status, v) = s.call(Method::Post, &renew, token, &body).await;
+        assert_eq!(status, 401, "{who}: {v}");
+        assert_error(&v, "unauthenticated", who);
+    }
+    let (status, v) = s
+        .call(
+            Method::Post,
+            &renew,
+            Some(key),
+            &json!({"fence": fence + 1}),
+        )
+        .await;
+    assert_eq!(status, 409, "a stale fence: {v}");
+
+    // A user's cancel reaches the supervisor through its renewal.
+    let (status, _) = s
+        .call(
+            Method::Post,
+            &routes::CANCEL_JOB.path_with(&[&job]),
+            Some(ADMIN),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (_, v) = s.call(Method::Post, &renew, Some(key), &body).await;
+    assert_eq!(v["cancel"], true, "{v}");
+
+    let report = json!({
+        "fence": fence, "failure": "cancelled", "exit_code": null, "signal": 15,
+        "ended_at": "2026-11-24T10:00:00Z", "peak_mem_mib": null, "cleanup_ms": 0,
+        "cleanup_verified": true, "log_tail": "", "gpus": samples()
+    });
+    let (status, v) = s
+        .call(Method::Post, &outcome, Some(other_key), &report)
+        .await;
+    assert_eq!(status, 401, "another attempt's key: {v}");
+    let (status, v) = s.call(Method::Post, &outcome, Some(key), &report).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["job_state"], "cancelled");
+    // The same end again, from the supervisor and then from the agent's journal: answered,
+    // recorded once.
+    let (status, v) = s.call(Method::Post, &outcome, Some(key), &report).await;
+    assert_eq!((status, &v["job_state"]), (200, &json!("cancelled")), "{v}");
+    let finish = routes::FINISH.path_with(&[&attempt]);
+    let (status, v) = s.call(Method::Post, &finish, Some(&a), &report).await;
+    assert_eq!(status, 200, "{v}");
+    let (_, detail) = s
+        .call(
+            Method::Get,
+            &routes::JOB.path_with(&[&job]),
+            Some(ADMIN),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(detail["attempts_detail"].as_array().map(Vec::len), Some(1));
+    // An ended attempt's lease is not renewed.
+    let (status, v) = s.call(Method::Post, &renew, Some(key), &body).await;
+    assert_eq!(status, 409, "{v}");
+    // The key of the lease is never stored as it is, nor shown to users.
+    let shown = detail.to_string();
+    assert!(!shown.contains(key), "{shown}");
 }

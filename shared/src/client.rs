@@ -13,9 +13,10 @@ use crate::api::{
     Ack, AttemptTelemetry, CancelResponse, ClaimRequest, ClaimResponse, CreateTokenRequest,
     CreatedToken, ErrorBody, ErrorCode, ExperimentSummary, ExportQuery, FinishReport,
     FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest, HeartbeatResponse,
-    JobDetail, JobSummary, JobsQuery, LogAppended, LogChunkQuery, LogQuery, NodeView, Progress,
-    ProgressQuery, RegisterRequest, RegisterResponse, Released, RetryResponse, Role,
-    SetPlanRequest, StartReport, SubmitRequest, SubmitResponse, TelemetryQuery, TokenView,
+    JobDetail, JobSummary, JobsQuery, LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery,
+    LogQuery, NodeView, Progress, ProgressQuery, RegisterRequest, RegisterResponse, Released,
+    RetryResponse, Role, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
+    TelemetryQuery, TokenView,
 };
 use crate::ids::{AgentId, AttemptId, ExperimentId, JobId};
 use crate::routes::{self, Method, Route};
@@ -575,6 +576,38 @@ impl Client {
     ) -> Result<FinishResponse, ClientError> {
         self.call(
             routes::FINISH,
+            &[&attempt],
+            Some(req),
+            Duration::from_secs(10),
+        )
+        .await
+    }
+
+    /// An attempt's supervisor renews its lease itself (this client holds the attempt's
+    /// key as its token); `timeout`: the supervisor's fence leaves it no longer.
+    pub async fn renew_lease(
+        &self,
+        attempt: AttemptId,
+        fence: i64,
+        timeout: Duration,
+    ) -> Result<LeaseRenewed, ClientError> {
+        self.call(
+            routes::RENEW_LEASE,
+            &[&attempt],
+            Some(&LeaseRenewal { fence }),
+            timeout,
+        )
+        .await
+    }
+
+    /// An attempt's supervisor reports its end itself (with the attempt's key as token).
+    pub async fn report_outcome(
+        &self,
+        attempt: AttemptId,
+        req: &FinishReport,
+    ) -> Result<FinishResponse, ClientError> {
+        self.call(
+            routes::REPORT_OUTCOME,
             &[&attempt],
             Some(req),
             Duration::from_secs(10),

@@ -34,6 +34,9 @@ pub enum Access {
     Admin,
     /// Agents only (registration, leases, reports).
     Agent,
+    /// The attempt named in the path, by the credential issued with its lease (its
+    /// supervisor, while its agent is away); no token of any role.
+    Attempt,
 }
 
 /// One route: method, path template (axum's `{name}` segments) and what it does.
@@ -98,7 +101,7 @@ fn encode_segment(raw: &str, out: &mut String) {
     }
 }
 
-use Access::{Admin, Agent, Owner, Public, User};
+use Access::{Admin, Agent, Attempt, Owner, Public, User};
 use Method::{Get, Post, Put};
 
 pub const HEALTH: Route = Route::new(Get, "/v1/health", Public, "Liveness and schema version");
@@ -151,6 +154,18 @@ pub const FINISH: Route = Route::new(
     "/v1/attempts/{id}/finish",
     Agent,
     "An attempt ended (fenced)",
+);
+pub const RENEW_LEASE: Route = Route::new(
+    Post,
+    "/v1/attempts/{id}/lease",
+    Attempt,
+    "The attempt's supervisor renews its lease itself (fenced)",
+);
+pub const REPORT_OUTCOME: Route = Route::new(
+    Post,
+    "/v1/attempts/{id}/outcome",
+    Attempt,
+    "The attempt's supervisor reports its end itself (fenced)",
 );
 pub const HAND_BACK: Route = Route::new(
     Post,
@@ -240,6 +255,8 @@ pub const ALL: &[Route] = &[
     APPEND_LOG,
     START,
     FINISH,
+    RENEW_LEASE,
+    REPORT_OUTCOME,
     HAND_BACK,
     NODES,
     SET_PLAN,

@@ -19,9 +19,11 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::attempts::{StopReason, StopSignal};
 use crate::agent::backoff::Backoff;
 use crate::agent::client::{Client, ClientError};
+use crate::agent::self_fence::SelfFenceBudget;
 use crate::agent::{Shared, sample};
 use crate::outcomes::Outcome;
 use crate::supervisor::attempt::{self, Baseline, Launch};
+use crate::supervisor::direct::Direct;
 use crate::supervisor::proto::{Conn, FromSupervisor, ProtoError, Spec, ToSupervisor};
 
 /// Tries at reporting an end once the agent drains (about half a minute with the backoff).
@@ -45,10 +47,18 @@ pub(crate) async fn run(
     lease: Lease,
     baseline: Baseline,
     leased_until: Instant,
+    budget: SelfFenceBudget,
     stop: StopSignal,
     exit: Exit,
 ) {
     let attempt = lease.attempt;
+    // The supervisor's own line to the coordinator, for while this agent is away.
+    let direct = lease.report_key.map(|key| Direct {
+        server: shared.client.base().to_string(),
+        key,
+        fence_after_ms: millis(budget.fence_after),
+        every_ms: millis(budget.every),
+    });
     let fence = lease.fence;
     let gpus = lease.gpus.clone();
     let mut env = lease.env;
@@ -79,7 +89,7 @@ pub(crate) async fn run(
     let mut deadlines = shared.attempts.fence_deadline();
     let renewed = *deadlines.borrow_and_update();
     let stop_at = renewed.map_or(leased_until, |d| d.max(leased_until));
-    match spawn_supervisor(&shared, launch, fence, stop_at).await {
+    match spawn_supervisor(&shared, launch, fence, stop_at, direct).await {
         Ok(conn) => {
             follow(
                 shared, attempt, fence, gpus, conn, None, deadlines, stop, exit, true,
@@ -116,6 +126,7 @@ async fn spawn_supervisor(
     launch: Launch,
     fence: i64,
     stop_at: Instant,
+    direct: Option<Direct>,
 ) -> Result<Conn, ProtoError> {
     let stop_in = stop_at.saturating_duration_since(Instant::now());
     let cfg = &shared.cfg.supervisor;
@@ -132,6 +143,7 @@ async fn spawn_supervisor(
         stop_in_ms: millis(stop_in),
         spare: shared.outcomes.take_spare(),
         key: shared.attach_key.clone(),
+        direct,
     };
     let launch = ToSupervisor::Launch {
         spec: Box::new(spec),

@@ -721,7 +721,7 @@ impl Agent {
                         }
                     }
                     if !resp.leases.is_empty() {
-                        self.admit(resp.leases, session.budget.deadline(sent)).await;
+                        self.admit(resp.leases, sent, session.budget).await;
                     }
                 }
                 Err(ClientError::UnknownAgent(m)) => {
@@ -743,7 +743,8 @@ impl Agent {
     /// Admission at launch: re-read live memory; a lease that no longer fits goes back.
     /// `leased_until`: when the leases' own time (from the claim) runs out, less the fence
     /// budget; a launch's deadline is never earlier, whatever the last heartbeat said.
-    async fn admit(&self, leases: Vec<Lease>, leased_until: Instant) {
+    async fn admit(&self, leases: Vec<Lease>, sent: Instant, budget: SelfFenceBudget) {
+        let leased_until = budget.deadline(sent);
         let mut samples = sample(&self.shared.backend).await;
         let inventory = self.shared.backend.inventory();
         for lease in leases {
@@ -780,7 +781,7 @@ impl Agent {
                 }
             }
             let baseline = crate::supervisor::attempt::Baseline::of(&samples, &lease.gpus);
-            self.launch(lease, baseline, leased_until);
+            self.launch(lease, baseline, leased_until, budget);
         }
     }
 
@@ -789,6 +790,7 @@ impl Agent {
         lease: Lease,
         baseline: crate::supervisor::attempt::Baseline,
         leased_until: Instant,
+        budget: SelfFenceBudget,
     ) {
         let stop = self
             .shared
@@ -803,6 +805,7 @@ impl Agent {
             lease,
             baseline,
             leased_until,
+            budget,
             stop,
             self.exit.clone(),
         ));

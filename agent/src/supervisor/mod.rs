@@ -16,6 +16,7 @@
 pub mod attempt;
 pub mod classify;
 pub mod colocate;
+pub mod direct;
 pub mod measure;
 pub mod prestart;
 pub mod proto;
@@ -30,12 +31,14 @@ use chrono::{DateTime, Utc};
 use headroom_shared::FailureClass;
 use headroom_shared::api::FinishReport;
 use tokio::net::UnixListener;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::gpu::lazy::LazyBackend;
 use crate::gpu::{self, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes};
 use attempt::{AttemptEnd, SupervisorConfig};
+use direct::{Delivery, DirectLink, Renewal};
 use headroom_shared::prestart::{Prestart, PrestartReport};
 use proto::StopReason;
 use proto::{Conn, FromSupervisor, PROTOCOL, Spec, ToSupervisor};
@@ -256,6 +259,16 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
     };
     let cancel = CancellationToken::new();
     let mut reason: Option<StopReason> = None;
+    // The line to the coordinator for while the agent is away: when the next renewal of our
+    // own is due (none while one is on its way), and whether we renewed the lease ourselves
+    // (then the agent is not renewing it, and may not report the end either).
+    let mut direct = spec
+        .direct
+        .clone()
+        .map(|d| DirectLink::new(d, attempt, spec.fence));
+    let mut renew_due = direct.as_ref().map(|d| d.due(fence.deadline()));
+    let mut renewing: Option<tokio::task::JoinHandle<Renewal>> = None;
+    let mut renewed_itself = false;
     let (attach_tx, mut attach_rx) = tokio::sync::mpsc::unbounded_channel();
     let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
     let (waiting_tx, mut waiting_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -285,6 +298,9 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
             msg = link.recv() => match msg {
                 Some(Ok(Some(ToSupervisor::Renew { stop_in_ms }))) => {
                     fence.renew(Duration::from_millis(stop_in_ms));
+                    if let Some(d) = &direct && renewing.is_none() {
+                        renew_due = Some(d.due(fence.deadline()));
+                    }
                 }
                 Some(Ok(Some(ToSupervisor::Stop { reason: r }))) => {
                     reason.get_or_insert(r);
@@ -324,6 +340,35 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
                 link.reattached = true;
                 link.send(&hello(link.started)).await;
             }
+            _ = at(renew_due), if reason.is_none() && renewing.is_none() => {
+                renew_due = None;
+                if let Some(d) = direct.as_mut() {
+                    renewing = Some(tokio::spawn(d.renew(fence.deadline())));
+                }
+            }
+            renewal = joined(&mut renewing) => {
+                renewing = None;
+                match renewal {
+                    Renewal::Renewed { until, cancel: cancelled } => {
+                        fence.extend_to(until);
+                        renewed_itself = true;
+                        renew_due = direct.as_ref().map(|d| d.due(fence.deadline()));
+                        if cancelled && reason.is_none() {
+                            reason = Some(StopReason::User);
+                            cancel.cancel();
+                        }
+                    }
+                    Renewal::Gone(why) => {
+                        tracing::warn!(%attempt, "the lease is no longer this attempt's ({why}): stopping the job");
+                        reason.get_or_insert(StopReason::LeaseLost);
+                        cancel.cancel();
+                    }
+                    Renewal::Failed(why) => {
+                        tracing::warn!(%attempt, "cannot renew the lease itself, retrying: {why}");
+                        renew_due = direct.as_ref().map(|d| Instant::now() + d.retry());
+                    }
+                }
+            }
             _ = fence.due(), if reason.is_none() => {
                 tracing::warn!(%attempt, "lease not renewed in time: stopping the job");
                 reason = Some(StopReason::LeaseLost);
@@ -331,8 +376,45 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
             }
         }
     };
+    if let Some(r) = renewing {
+        r.abort();
+    }
     let gpus = gpu::read(backend.as_ref());
-    finish(&spec, end, reason, gpus, prestart, link, reuse).await
+    // Past the fence and one more budget, the coordinator has long given the lease up.
+    let give_up_at = fence.deadline() + direct.as_ref().map_or(Duration::ZERO, |d| d.fence_after());
+    let reporter = Reporter {
+        direct,
+        // The agent is away, or was not renewing: the end goes to the coordinator directly.
+        away: renewed_itself,
+        give_up_at,
+    };
+    finish(&spec, end, reason, gpus, prestart, link, reuse, reporter).await
+}
+
+/// Resolves at `when`; never when `None`.
+async fn at(when: Option<Instant>) {
+    match when {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The answer of the renewal on its way; pending while none is.
+async fn joined(renewing: &mut Option<tokio::task::JoinHandle<Renewal>>) -> Renewal {
+    match renewing.as_mut() {
+        Some(h) => h
+            .await
+            .unwrap_or_else(|e| Renewal::Failed(format!("renewal task: {e}"))),
+        None => std::future::pending().await,
+    }
+}
+
+/// Who hears of the end besides the journal.
+struct Reporter {
+    direct: Option<DirectLink>,
+    /// The agent did not renew the lease lately, or is not attached.
+    away: bool,
+    give_up_at: Instant,
 }
 
 /// The attempt's wait before its job starts ([`crate::supervisor::prestart`]), then the attempt itself;
@@ -378,9 +460,11 @@ async fn prestart_then_run(
     }
 }
 
-/// Journals the end, then tells the attached agent (if any), and whether this process can
-/// take another attempt: only after a clean end (journalled, its whole tree verified gone)
-/// and for the agent that started it.
+/// Journals the end (flushed to disk), reports it to the coordinator itself when the agent
+/// is away, then tells the attached agent (if any), and whether this process can take
+/// another attempt: only after a clean end (journalled, its whole tree verified gone) and
+/// for the agent that started it.
+#[allow(clippy::too_many_arguments)]
 async fn finish(
     spec: &Spec,
     end: AttemptEnd,
@@ -389,6 +473,7 @@ async fn finish(
     prestart: Option<PrestartReport>,
     mut link: Link,
     reuse: bool,
+    mut reporter: Reporter,
 ) -> Next {
     let held_by = end.held_by.clone();
     let clean = end.cleanup_verified;
@@ -417,6 +502,18 @@ async fn finish(
             "headroom attempt supervisor: cannot journal the outcome of {}: {e}",
             spec.launch.attempt
         );
+    }
+    let delivered = match reporter.direct.as_mut() {
+        Some(d) if reporter.away || link.conn.is_none() => {
+            d.deliver(&outcome.report, reporter.give_up_at).await
+        }
+        _ => Delivery::Undelivered,
+    };
+    if delivered != Delivery::Undelivered && link.conn.is_none() {
+        // Answered: no agent needs it (one attached hears of the end below, and clears it).
+        if let Err(e) = journal.discard(spec.launch.attempt) {
+            tracing::warn!(attempt = %spec.launch.attempt, "cannot clear the journalled outcome: {e}");
+        }
     }
     let reusable = reuse && clean && written.is_ok() && !link.reattached;
     link.send(&FromSupervisor::Ended {

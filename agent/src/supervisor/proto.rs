@@ -69,6 +69,10 @@ pub struct Spec {
     /// ([`ToSupervisor::Attach`]). Empty: no connection is ever taken.
     #[serde(default)]
     pub key: String,
+    /// How the supervisor reaches the coordinator itself while the agent is away (`None`:
+    /// it cannot, and only fences itself).
+    #[serde(default)]
+    pub direct: Option<crate::supervisor::direct::Direct>,
 }
 
 /// Agent -> supervisor.
@@ -433,6 +437,7 @@ mod tests {
                 stop_in_ms: 4,
                 spare: None,
                 key: "k".repeat(64),
+                direct: None,
             }),
         };
         let line = serde_json::to_string(&msg).expect("json");

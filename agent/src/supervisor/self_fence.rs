@@ -27,6 +27,17 @@ impl SelfFence {
         self.deadline = Instant::now() + stop_in;
     }
 
+    /// The supervisor renewed the lease itself: the fence falls at `until` (never earlier
+    /// than it already does: a renewal's answer may come after the agent's).
+    pub fn extend_to(&mut self, until: Instant) {
+        self.deadline = self.deadline.max(until);
+    }
+
+    /// When the job is stopped unless renewed.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
     /// Resolves once the deadline has passed.
     pub async fn due(&self) {
         tokio::time::sleep_until(self.deadline).await;

@@ -42,5 +42,6 @@ pub fn spec(dir: &Path, argv: &[&str]) -> Spec {
         stop_in_ms: 60_000,
         spare: None,
         key: "k".repeat(64),
+        direct: None,
     }
 }

@@ -24,6 +24,7 @@ pub mod error;
 mod experiments;
 mod jobs;
 mod nodes;
+mod supervisors;
 mod telemetry;
 mod tokens;
 
@@ -66,6 +67,11 @@ pub fn router(state: AppState) -> Router {
         .route(r::START.path, on(r::START, agents::start))
         .route(r::FINISH.path, on(r::FINISH, agents::finish))
         .route(r::HAND_BACK.path, on(r::HAND_BACK, agents::hand_back))
+        .route(r::RENEW_LEASE.path, on(r::RENEW_LEASE, supervisors::renew))
+        .route(
+            r::REPORT_OUTCOME.path,
+            on(r::REPORT_OUTCOME, supervisors::outcome),
+        )
         .route(r::NODES.path, on(r::NODES, nodes::list))
         .route(r::SET_PLAN.path, on(r::SET_PLAN, nodes::set_plan))
         .route(r::RELEASE_GPU.path, on(r::RELEASE_GPU, nodes::release_gpu))
@@ -150,6 +156,25 @@ async fn authorize(
         return next.run(req).await;
     }
     let path = req.uri().path().to_string();
+    if route.access == Access::Attempt {
+        // No role's token: only the key issued with this attempt's lease.
+        let header = req
+            .headers()
+            .get(AUTHORIZATION)
+            .map(|v| v.to_str().unwrap_or_default().to_string());
+        return match attempt_caller(&s, route, &path, header.as_deref()).await {
+            Ok(caller) => {
+                tracing::Span::current().record("who", caller.0.to_string().as_str());
+                req.extensions_mut().insert(caller);
+                next.run(req).await
+            }
+            Err(e) => {
+                let answer = e.into_response();
+                refused(&s, route, &path, None, None, answer.status().as_u16());
+                answer
+            }
+        };
+    }
     // Where the request came from (served with connect info), for throttling guesses.
     let client = req
         .extensions()
@@ -205,6 +230,49 @@ async fn authorize(
         );
     }
     response
+}
+
+/// The attempt a request under an [`Access::Attempt`] route acts for, proven by its key.
+#[derive(Clone, Copy, Debug)]
+pub struct AttemptCaller(pub headroom_shared::AttemptId);
+
+/// Checks the bearer key against the one issued with the attempt the path names.
+async fn attempt_caller(
+    s: &AppState,
+    route: &Route,
+    path: &str,
+    header: Option<&str>,
+) -> Result<AttemptCaller, ApiError> {
+    let raw = route
+        .path
+        .split('/')
+        .zip(path.split('/'))
+        .find(|(t, _)| *t == "{id}")
+        .map(|(_, v)| v)
+        .ok_or_else(|| ApiError::internal("an attempt route without an attempt id"))?;
+    let unauthenticated = || {
+        ApiError::new(
+            ErrorCode::Unauthenticated,
+            format!("{path} needs the key issued with this attempt's lease"),
+        )
+    };
+    let presented = header
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .ok_or_else(unauthenticated)?;
+    // A malformed id has no key: refused as a wrong key is.
+    let attempt: headroom_shared::AttemptId = raw.parse().map_err(|_| unauthenticated())?;
+    let stored = match s.store.attempt_key(attempt).await {
+        Ok(k) => k,
+        // An unknown attempt reads as a wrong key: ids are not probed through this route.
+        Err(crate::store::StoreError::NotFound { .. }) => None,
+        Err(e) => return Err(e.into()),
+    };
+    match stored {
+        Some(stored) if crate::attempt_keys::matches(&stored, presented) => {
+            Ok(AttemptCaller(attempt))
+        }
+        _ => Err(unauthenticated()),
+    }
 }
 
 /// State-changing requests are audited, but for an agent's steady traffic (claims,

@@ -43,7 +43,9 @@ async fn lease_job(tx: &mut dyn Tx, to: &LeaseTo<'_>, job: &str, slot: &Slot) ->
         .lease_row(job)
         .await?
         .ok_or_else(|| StoreError::not_found("job", job))?;
-    let new = rows::lease_row_into(row, AttemptId::new(), job, &slot.gpus, slot.estimate)?;
+    let mut new = rows::lease_row_into(row, AttemptId::new(), job, &slot.gpus, slot.estimate)?;
+    let (key, key_hash) = crate::attempt_keys::new_key();
+    new.lease.report_key = Some(key);
     tx.insert_attempt(&NewAttempt {
         id: new.lease.attempt.to_string(),
         job,
@@ -59,6 +61,7 @@ async fn lease_job(tx: &mut dyn Tx, to: &LeaseTo<'_>, job: &str, slot: &Slot) ->
         memory_key: &new.memory_key,
         params: &new.lease.params,
         ladder_step: new.ladder_step,
+        report_key_hash: &key_hash,
     })
     .await?;
     tx.set_job_leased(job, new.lease.number, new.lease.fence)
@@ -180,6 +183,30 @@ pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, bool)
     Ok((renewed, freed))
 }
 
+/// A supervisor renews its attempt's lease itself (its agent is away): fenced as a
+/// heartbeat is; whether the job's cancel was asked.
+pub(super) async fn renew_one(
+    tx: &mut dyn Tx,
+    attempt: AttemptId,
+    fence: i64,
+    ttl_ms: u64,
+) -> Result<(bool, bool)> {
+    check_fence(tx, attempt, fence).await?;
+    let until = now_ms().saturating_add(i64_of(ttl_ms));
+    let cancel = tx
+        .extend_lease(&attempt.to_string(), until)
+        .await?
+        .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
+    Ok((cancel, false))
+}
+
+/// The digest of the attempt's key; `None` when it has none (leased before keys existed).
+pub(super) async fn attempt_key(tx: &mut dyn Tx, attempt: AttemptId) -> Result<Option<String>> {
+    tx.attempt_key(&attempt.to_string())
+        .await?
+        .ok_or_else(|| StoreError::not_found("attempt", attempt))
+}
+
 pub(super) async fn start(
     tx: &mut dyn Tx,
     attempt: AttemptId,
@@ -209,6 +236,11 @@ pub(super) async fn finish(
     let job = jobs::lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
     let row = tx.lock_finish_row(&id).await?.ok_or_else(not_found)?;
     let standing = rules::check_finish(attempt, report.fence, &row)?;
+    if standing == rules::Report::Again {
+        // Its supervisor reported it while the agent was away, and the agent's journal now
+        // does: the end is recorded once.
+        return Ok((jobs::lock_job(tx, &job).await?, false));
+    }
     if let rules::Report::Late { refunded } = standing {
         // Undo what recording the attempt lost wrote to its job, before the report applies.
         let r = jobs::job_rules(tx, &job).await?;

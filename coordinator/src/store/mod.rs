@@ -331,6 +331,11 @@ pub trait Store: Send + Sync + 'static {
     async fn start_attempt(&self, a: AttemptId, fence: i64, pid: u32, at: Millis) -> Result<()>;
     async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState>;
     async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()>;
+    /// The attempt's supervisor renews its lease for `ttl_ms` (its agent is away); whether
+    /// the job's cancel was asked.
+    async fn renew_lease(&self, attempt: AttemptId, fence: i64, ttl_ms: u64) -> Result<bool>;
+    /// The digest of the key issued with the attempt's lease, if one was.
+    async fn attempt_key(&self, attempt: AttemptId) -> Result<Option<String>>;
     /// Attempts whose lease ran out before `now` become `lost`; returns them. (The time is
     /// an input: the sweep passes the clock's, tests any instant, without waiting for it.)
     async fn expire_leases(&self, now: Millis) -> Result<Vec<AttemptId>>;
@@ -513,6 +518,14 @@ impl<B: Backend> Store for B {
     async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState> {
         let fence = report.fence;
         run!(self, write, "finish_attempt", leases::finish, attempt, report; attempt = %attempt, fence)
+    }
+
+    async fn renew_lease(&self, attempt: AttemptId, fence: i64, ttl_ms: u64) -> Result<bool> {
+        run!(self, write, "renew_lease", leases::renew_one, attempt, fence, ttl_ms; attempt = %attempt, fence)
+    }
+
+    async fn attempt_key(&self, attempt: AttemptId) -> Result<Option<String>> {
+        run!(self, read, "attempt_key", leases::attempt_key, attempt; attempt = %attempt)
     }
 
     async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()> {

@@ -519,6 +519,7 @@ pub(crate) fn lease_row_into(
             prestart: row.prestart,
             background: row.background,
             run_as: row.run_as,
+            report_key: None,
         },
         memory_key: row.memory_key,
         ladder_step: row.ladder_step,

@@ -416,9 +416,9 @@ impl<E: Exec> Tx for E {
             self,
             "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, \
              estimate_mib, leased_at, lease_expires_at, memory_key, estimate_source, params, \
-             ladder_step, submitted_by) \
+             ladder_step, report_key_hash, submitted_by) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, 'leased', $8, $9, $10, $11, $12, $13, $14, \
-             (SELECT submitted_by FROM jobs WHERE id = $2))",
+             $15, (SELECT submitted_by FROM jobs WHERE id = $2))",
             args![
                 &a.id,
                 a.job,
@@ -433,7 +433,8 @@ impl<E: Exec> Tx for E {
                 a.memory_key,
                 a.estimate_source,
                 json(a.params)?,
-                a.ladder_step
+                a.ladder_step,
+                a.report_key_hash
             ],
         )
         .await
@@ -477,6 +478,26 @@ impl<E: Exec> Tx for E {
              RETURNING cancel_requested",
             args![until, attempt, waiting],
             |r| r.flag(0),
+        )
+        .await
+    }
+
+    async fn extend_lease(&mut self, attempt: &str, until: Millis) -> Result<Option<bool>> {
+        first(
+            self,
+            "UPDATE attempts SET lease_expires_at = $1 WHERE id = $2 RETURNING cancel_requested",
+            args![until, attempt],
+            |r| r.flag(0),
+        )
+        .await
+    }
+
+    async fn attempt_key(&mut self, attempt: &str) -> Result<Option<Option<String>>> {
+        first(
+            self,
+            "SELECT report_key_hash FROM attempts WHERE id = $1",
+            args![attempt],
+            |r| r.text_opt(0),
         )
         .await
     }

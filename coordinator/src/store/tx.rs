@@ -69,6 +69,8 @@ pub struct NewAttempt<'a> {
     pub memory_key: &'a str,
     pub params: &'a std::collections::BTreeMap<String, serde_json::Value>,
     pub ladder_step: i64,
+    /// Digest of the attempt's key (`attempt_keys`).
+    pub report_key_hash: &'a str,
 }
 
 /// The statements of one transaction.
@@ -168,6 +170,11 @@ pub trait Tx: Send {
         until: Millis,
         waiting: Option<&str>,
     ) -> Result<Option<bool>>;
+    /// Renews a lease for its supervisor, leaving what the agent said of its wait as it
+    /// is; whether its cancel was asked (`None`: no such attempt).
+    async fn extend_lease(&mut self, attempt: &str, until: Millis) -> Result<Option<bool>>;
+    /// The digest of the attempt's key (`None`: no such attempt; `Some(None)`: none issued).
+    async fn attempt_key(&mut self, attempt: &str) -> Result<Option<Option<String>>>;
     async fn set_running(&mut self, attempt: &str, pid: u32, at: Millis) -> Result<()>;
     /// Records the attempt's end as its report says, measurements and wait included.
     async fn set_ended(

@@ -88,6 +88,28 @@ pub struct Lease {
     /// (the agent's default user when `None`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as: Option<RunAs>,
+    /// The attempt's own credential: with it, and for this attempt only, its supervisor
+    /// renews the lease and reports the outcome itself while its agent is away. Never
+    /// handed to the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_key: Option<String>,
+}
+
+/// A supervisor renewing its attempt's lease itself (its agent is away).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRenewal {
+    pub fence: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LeaseRenewed {
+    /// The lease now lasts this long from when the coordinator received the renewal.
+    pub ttl_ms: u64,
+    /// A user cancelled the job: stop it.
+    pub cancel: bool,
 }
 
 /// Who a job runs as on the node.

@@ -53,6 +53,16 @@ impl Coordinator {
         })
     }
 
+    /// Sends `sig` to the coordinator process (`SIGSTOP` freezes it: nobody reaches it).
+    pub fn signal(&self, sig: nix::sys::signal::Signal) -> Result<()> {
+        self.proc.signal(sig)
+    }
+
+    /// What it logged so far.
+    pub fn output(&self) -> String {
+        self.proc.output()
+    }
+
     /// Starts it again with the same flags (same port, same data), its output in `dir/log`;
     /// does not wait for it to answer. The previous process must be gone.
     pub fn start_again(&mut self, log: &str) -> Result<()> {

@@ -1,0 +1,243 @@
+//! The supervisor's own line to the coordinator, for while its agent is away (killed,
+//! restarting, wedged): with the key issued with its lease, valid for this attempt only, it
+//! renews the lease when no renewal reached it for longer than the agent's heartbeats take,
+//! and it reports the attempt's end itself when no agent took it, as slurmstepd reports a
+//! step's end to slurmctld whatever became of slurmd. It self-fences only when it cannot
+//! reach the coordinator either.
+
+use std::fmt;
+use std::time::Duration;
+
+use headroom_shared::AttemptId;
+use headroom_shared::api::{ErrorCode, FinishReport, LeaseRenewed};
+use headroom_shared::client::{Client, ClientError};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+/// How a supervisor reaches the coordinator, sent in its launch (never in the job's
+/// environment or argv).
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Direct {
+    /// The coordinator's base URL, as the agent reaches it.
+    pub server: String,
+    /// The attempt's key, issued with its lease.
+    pub key: String,
+    /// A renewal sent at `t` keeps the lease until `t + ttl` on the coordinator; the
+    /// supervisor must have stopped its job by `t + fence_after` unless renewed again (the
+    /// agent's fence budget: kill grace and margin taken off the TTL).
+    pub fence_after_ms: u64,
+    /// How often the agent renews: the supervisor renews itself once a renewal is overdue.
+    pub every_ms: u64,
+}
+
+impl fmt::Debug for Direct {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Direct")
+            .field("server", &self.server)
+            .field("key", &"<redacted>")
+            .field("fence_after_ms", &self.fence_after_ms)
+            .field("every_ms", &self.every_ms)
+            .finish()
+    }
+}
+
+/// The shortest wait between tries, and the shortest request timeout.
+const FLOOR: Duration = Duration::from_millis(100);
+
+/// What a renewal came to.
+#[derive(Debug)]
+pub enum Renewal {
+    /// Renewed: the fence may fall at `until`; `cancel`: a user cancelled the job.
+    Renewed { until: Instant, cancel: bool },
+    /// The lease is not this attempt's any more (lost, ended, another's): stop now.
+    Gone(String),
+    /// Not reached (or refused for now): try again after `retry`.
+    Failed(String),
+}
+
+/// What delivering the outcome came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Delivery {
+    Delivered,
+    /// The coordinator refused it for good (the lease is another's): nobody can deliver it.
+    Refused,
+    /// Not reached in time: left in the journal for the agent's next run.
+    Undelivered,
+}
+
+pub struct DirectLink {
+    params: Direct,
+    attempt: AttemptId,
+    fence: i64,
+    client: Option<Client>,
+}
+
+impl DirectLink {
+    pub fn new(params: Direct, attempt: AttemptId, fence: i64) -> Self {
+        Self {
+            params,
+            attempt,
+            fence,
+            client: None,
+        }
+    }
+
+    pub fn fence_after(&self) -> Duration {
+        Duration::from_millis(self.params.fence_after_ms)
+    }
+
+    fn every(&self) -> Duration {
+        Duration::from_millis(self.params.every_ms)
+    }
+
+    /// Between failed tries.
+    pub fn retry(&self) -> Duration {
+        (self.every() / 4).max(FLOOR)
+    }
+
+    /// When a renewal is due for a fence falling at `deadline`: once no renewal came for a
+    /// quarter beat longer than the agent's heartbeats take (or three quarters of the fence
+    /// budget, when the budget is that short), leaving the rest for the request.
+    pub fn due(&self, deadline: Instant) -> Instant {
+        let overdue = (self.every() * 5 / 4).min(self.fence_after() * 3 / 4);
+        deadline
+            .checked_sub(self.fence_after().saturating_sub(overdue))
+            .unwrap_or(deadline)
+    }
+
+    /// The client, built on first use (most attempts never need it).
+    fn client(&mut self) -> Result<Client, ClientError> {
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let c = Client::new(&self.params.server)?.with_token(Some(&self.params.key))?;
+        self.client = Some(c.clone());
+        Ok(c)
+    }
+
+    /// A renewal to run aside (the supervisor goes on meanwhile); `deadline`: the fence,
+    /// after which an answer no longer helps.
+    pub fn renew(
+        &mut self,
+        deadline: Instant,
+    ) -> impl std::future::Future<Output = Renewal> + Send + 'static {
+        let client = self.client();
+        let (attempt, fence, fence_after) = (self.attempt, self.fence, self.fence_after());
+        async move {
+            let client = match client {
+                Ok(c) => c,
+                Err(e) => return Renewal::Gone(format!("no client for the coordinator: {e}")),
+            };
+            let sent = Instant::now();
+            let timeout = deadline.saturating_duration_since(sent).max(FLOOR);
+            match client.renew_lease(attempt, fence, timeout).await {
+                Ok(LeaseRenewed { cancel, .. }) => Renewal::Renewed {
+                    until: sent + fence_after,
+                    cancel,
+                },
+                Err(e) if permanent(&e) => Renewal::Gone(e.to_string()),
+                Err(e) => Renewal::Failed(e.to_string()),
+            }
+        }
+    }
+
+    /// Reports the attempt's end, trying again until `give_up_at`.
+    pub async fn deliver(&mut self, report: &FinishReport, give_up_at: Instant) -> Delivery {
+        let client = match self.client() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(attempt = %self.attempt, "cannot report the end: {e}");
+                return Delivery::Undelivered;
+            }
+        };
+        loop {
+            match client.report_outcome(self.attempt, report).await {
+                Ok(r) => {
+                    tracing::info!(attempt = %self.attempt, job_state = %r.job_state, "end reported by the supervisor");
+                    return Delivery::Delivered;
+                }
+                Err(e) if permanent(&e) => {
+                    tracing::warn!(attempt = %self.attempt, "end refused: {e}");
+                    return Delivery::Refused;
+                }
+                Err(e) => {
+                    if Instant::now() + self.retry() > give_up_at {
+                        tracing::warn!(attempt = %self.attempt, "cannot report the end, left in the journal: {e}");
+                        return Delivery::Undelivered;
+                    }
+                    tokio::time::sleep(self.retry()).await;
+                }
+            }
+        }
+    }
+}
+
+/// A refusal no retry changes: the lease is not ours (stale, unknown attempt, key refused).
+fn permanent(e: &ClientError) -> bool {
+    !e.is_transient()
+        || matches!(
+            e.code(),
+            Some(ErrorCode::StaleFence | ErrorCode::NotFound | ErrorCode::Unauthenticated)
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(fence_after_ms: u64, every_ms: u64) -> DirectLink {
+        DirectLink::new(
+            Direct {
+                server: "http://127.0.0.1:1".into(),
+                key: "k".into(),
+                fence_after_ms,
+                every_ms,
+            },
+            AttemptId::new(),
+            1,
+        )
+    }
+
+    #[test]
+    fn a_renewal_is_due_a_quarter_beat_after_the_agents_would_have_come() {
+        // TTL 4 s, grace 1 s: fence after 2.6 s, the agent beats every 1.33 s.
+        let l = link(2_600, 1_333);
+        let now = Instant::now();
+        let deadline = now + Duration::from_millis(2_600);
+        let due = l.due(deadline) - now;
+        assert!(
+            (Duration::from_millis(1_660)..=Duration::from_millis(1_670)).contains(&due),
+            "{due:?}"
+        );
+        // A fence budget no longer than a beat: due at three quarters of it.
+        let short = link(1_000, 1_000);
+        let due = short.due(now + Duration::from_millis(1_000)) - now;
+        assert_eq!(due, Duration::from_millis(750));
+    }
+
+    #[test]
+    fn the_key_never_shows_in_debug_output() {
+        let shown = format!("{:?}", link(1, 1).params);
+        assert!(!shown.contains("\"k\""), "{shown}");
+        assert!(shown.contains("redacted"));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_coordinator_is_retried_and_then_left_to_the_journal() {
+        let mut l = link(1_000, 400);
+        let report = crate::supervisor::report(
+            1,
+            crate::supervisor::attempt::not_started(None, String::new()),
+            None,
+            vec![],
+        );
+        let start = Instant::now();
+        let got = l.deliver(&report, start + Duration::from_millis(350)).await;
+        assert_eq!(got, Delivery::Undelivered);
+        assert!(start.elapsed() >= Duration::from_millis(200), "retried");
+        match l.renew(Instant::now() + Duration::from_millis(300)).await {
+            Renewal::Failed(_) => {}
+            other => panic!("an unreachable coordinator is a failure to retry: {other:?}"),
+        }
+    }
+}

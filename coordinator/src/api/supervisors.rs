@@ -1,0 +1,34 @@
+//! What an attempt's supervisor does itself while its agent is away (crashed, restarting,
+//! cut off): renew its lease and report its end, with the key issued with that lease and
+//! for that attempt only (checked by the gate, `AttemptCaller`), as slurmstepd reports a
+//! step's end to slurmctld whatever became of slurmd.
+
+use axum::Extension;
+use axum::extract::State;
+use headroom_shared::api::{FinishReport, FinishResponse, LeaseRenewal, LeaseRenewed};
+
+use super::{ApiJson, ApiResult, AppState, AttemptCaller, check_samples};
+
+pub async fn renew(
+    State(s): State<AppState>,
+    Extension(AttemptCaller(attempt)): Extension<AttemptCaller>,
+    ApiJson(req): ApiJson<LeaseRenewal>,
+) -> ApiResult<LeaseRenewed> {
+    let ttl_ms = s.config.lease_ttl.as_millis() as u64;
+    let cancel = s.store.renew_lease(attempt, req.fence, ttl_ms).await?;
+    tracing::debug!(%attempt, "lease renewed by its supervisor");
+    Ok(ApiJson(LeaseRenewed { ttl_ms, cancel }))
+}
+
+pub async fn outcome(
+    State(s): State<AppState>,
+    Extension(AttemptCaller(attempt)): Extension<AttemptCaller>,
+    ApiJson(req): ApiJson<FinishReport>,
+) -> ApiResult<FinishResponse> {
+    check_samples(&req.gpus)?;
+    super::telemetry::check_measurements(&req.measurements)?;
+    let failure = req.failure;
+    let job_state = s.store.finish_attempt(attempt, req).await?;
+    tracing::info!(%attempt, failure = ?failure, %job_state, "attempt finished, reported by its supervisor");
+    Ok(ApiJson(FinishResponse { job_state }))
+}
