@@ -150,6 +150,39 @@ async fn accept(listener: &Option<UnixListener>) -> std::io::Result<tokio::net::
 }
 
 async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
+    let stop_reaping = CancellationToken::new();
+    let reaper = own_tree.then(|| tokio::spawn(reap_inherited(stop_reaping.clone())));
+    let code = serve_attempts(channel, own_tree).await;
+    stop_reaping.cancel();
+    if let Some(r) = reaper {
+        let _ = r.await;
+    }
+    code
+}
+
+/// Reaps what this supervisor inherits as their subreaper (children a job left unreaped,
+/// leftovers killed in a cleanup's last pass) whenever a child of it exits, during attempts
+/// and between them: it serves up to [`MAX_ATTEMPTS`], and nothing may pile up under it.
+/// Its own children (a job, a background) are left to their owners (`procscan::reap_orphans`).
+async fn reap_inherited(stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut exits = match signal(SignalKind::child()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot watch for exited children (zombies may pile up): {e}");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            got = exits.recv() => if got.is_none() { return },
+        }
+        let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
+    }
+}
+
+async fn serve_attempts(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
     let mut conn = match Conn::new(channel) {
         Ok(c) => c,
         Err(e) => {
@@ -171,6 +204,8 @@ async fn serve(channel: std::os::unix::net::UnixStream, own_tree: bool) -> i32 {
             Next::Wait(c) => {
                 conn = c;
                 let _ = nix::sys::prctl::set_name(STANDBY_COMM);
+                // What exited before the reaper was told (its signals coalesce) goes now.
+                let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
             }
         }
     }

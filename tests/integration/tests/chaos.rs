@@ -1,14 +1,14 @@
 //! Chaos, as a cluster operator tried it: two coordinator replicas on PostgreSQL, four
 //! agents, 400 jobs of 0.3-2 s, and for a minute an agent killed with `kill -9` every few
-//! seconds and started again 1-6 s later. Every job succeeds, none runs to its end twice,
-//! no two attempts of a job overlap, and no process of any job is left.
+//! seconds and started again 1-6 s later, with a lease TTL of 4 s (so most outages outlast
+//! it), and one agent killed once and never started again. Every job succeeds, none runs to
+//! its end twice, no two attempts of a job overlap, and no process of any job is left.
 //!
-//! The lease TTL (40 s: heartbeats every 13.3 s, supervisors fence 35.5 s after the last
-//! renewal) outlasts any of these outages plus a heartbeat interval and a restart slowed by
-//! the rest of the suite running beside it, as a production TTL outlasts a restart: every restarted agent re-attaches to its running attempts, so no
-//! attempt that ran is lost and no job runs twice at all (a lease granted in the moment
-//! between a claim's answer and its supervisor's start dies unstarted with its agent; its
-//! job runs once, elsewhere). An agent away longer than the TTL: `reattach.rs`.
+//! While an agent is away its supervisors renew their leases and report their ends
+//! themselves (with the key issued with each lease), so an outage longer than the TTL loses
+//! nothing that ran. Only a supervisor that could not renew in time (a machine so loaded
+//! that a renewal came late) stops its job, before the lease may expire: that attempt is
+//! lost and its job runs again, never beside it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -128,7 +128,7 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
             "--data-dir".into(),
             dir.path().join(format!("coord{i}")).display().to_string(),
             "--lease-ttl".into(),
-            "40s".into(),
+            "4s".into(),
         ];
         let log = dir.path().join(format!("coord{i}.log"));
         coords.push(Proc::start("headroom-coordinator", &args, log).expect("coordinator"));
@@ -165,7 +165,9 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
         .experiment
         .expect("stored");
 
-    // A minute of kill -9s: one agent every 3-5 s, each back 1-6 s after its kill.
+    // A minute of kill -9s: one agent every 3-5 s, each back 1-6 s after its kill, but the
+    // first one killed, which never comes back.
+    let never_back = AGENTS - 1;
     let mut dice = Dice(0x5eed_1234_abcd_0042);
     let chaos_end = Instant::now() + Duration::from_secs(60);
     let mut back_at: Vec<Option<Instant>> = vec![None; AGENTS];
@@ -187,12 +189,18 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
             next_kill = now + Duration::from_millis(dice.roll(3000, 5000));
             let up: Vec<usize> = (0..AGENTS).filter(|&j| site.agents[j].is_some()).collect();
             if !up.is_empty() {
-                let j = up[dice.roll(0, up.len() as u64 - 1) as usize];
+                let j = if kills == 0 {
+                    never_back
+                } else {
+                    up[dice.roll(0, up.len() as u64 - 1) as usize]
+                };
                 if let Some(mut p) = site.agents[j].take() {
                     p.kill9().expect("kill -9");
                     kills += 1;
                 }
-                back_at[j] = Some(now + Duration::from_millis(dice.roll(1000, 6000)));
+                if j != never_back {
+                    back_at[j] = Some(now + Duration::from_millis(dice.roll(1000, 6000)));
+                }
             }
         }
         let next = back_at
@@ -232,7 +240,7 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
 
     let jobs = site.jobs();
     assert_eq!(jobs.len(), 400);
-    let mut lost = Vec::new();
+    let mut lost = 0;
     let mut unstarted_lost = 0;
     let mut reran = 0;
     for j in &jobs {
@@ -257,10 +265,19 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
         {
             // A lease granted in the moment between the claim's answer and the supervisor's
             // start dies with its agent: nothing of it ran, so losing it reruns nothing.
-            if a.started_at.is_none() && timeline.spans(&a.id.to_string()).is_empty() {
+            let id = a.id.to_string();
+            if a.started_at.is_none() && timeline.spans(&id).is_empty() {
                 unstarted_lost += 1;
             } else {
-                lost.push(a.clone());
+                // One that ran was stopped by its supervisor's fence, never left running.
+                let ev = timeline.events(&id);
+                assert!(
+                    ev.is_empty() || ev.contains(&"term"),
+                    "lost attempt {id} of job {} was not stopped: {ev:?}\n{}",
+                    j.id,
+                    site.logs()
+                );
+                lost += 1;
             }
         }
         let attempts: Vec<String> = d.attempts_detail.iter().map(|a| a.id.to_string()).collect();
@@ -293,16 +310,12 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
             }
         }
     }
-    // Before attempt supervisors, each kill lost the 3 attempts its agent ran.
-    assert!(
-        lost.is_empty(),
-        "attempts that ran were lost to restarts within the TTL: {lost:#?}\n{}",
-        site.logs()
+    // Before supervisors reported themselves, outages longer than the TTL ran 8-11 of 400
+    // jobs to their end twice; none does now (asserted above, per job).
+    eprintln!(
+        "chaos: {kills} kills (one agent never back), {lost} attempt(s) fenced and lost, \
+         {reran} job(s) started again, {unstarted_lost} lease(s) died unstarted with their agent"
     );
-    assert_eq!(reran, 0, "jobs started more than once");
-    if unstarted_lost > 0 {
-        eprintln!("{unstarted_lost} lease(s) died unstarted with their agent");
-    }
     let starts: HashMap<&str, usize> =
         timeline
             .records
@@ -312,10 +325,5 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
                 *m.entry(r.job.as_str()).or_default() += 1;
                 m
             });
-    assert_eq!(starts.len(), 400);
-    assert!(
-        starts.values().all(|&n| n == 1),
-        "every job started one process"
-    );
-    eprintln!("chaos: {kills} kills, every job started once");
+    assert_eq!(starts.len(), 400, "every job started");
 }

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use headroom_integration_tests::{
-    Headroom, KillOnDrop, UpOptions, alive, books_for, bystander, fake_job,
+    Headroom, KillOnDrop, UpOptions, alive, books_for, bystander, fake_job, stat_fields,
+    supervisor_pids,
 };
 use headroom_shared::JobState;
 
@@ -103,4 +104,51 @@ fn an_unverified_cleanup_quarantines_the_gpu_until_released() {
     assert!(out.contains("1 quarantine(s) lifted"), "{out}");
     let jobs = h.wait_done(waiting, Duration::from_secs(30));
     assert_eq!(jobs[0].state, JobState::Succeeded);
+}
+
+/// Children a job leaves unreaped become its supervisor's when the job exits (it is their
+/// subreaper): the supervisor reaps them, during the attempt and while it waits for the
+/// next, so none piles up as a zombie under a supervisor that serves many attempts.
+#[test]
+fn backgrounded_children_leave_no_zombie_under_any_supervisor() {
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").plan("2").kill_grace("300ms"));
+    // The shell becomes a `sleep` that never reaps the two it started: they are zombies
+    // when it exits, handed to the supervisor.
+    let spec = r#"{"name": "zombies", "command": ["sh", "-c",
+        "sleep 5 & sleep 5 & sleep 0.05 & exec sleep 0.4"],
+        "runs_per_config": 6, "resources": {"memory": "1GiB"}}"#;
+    let exp = h.submit("zombies.json", spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    assert!(
+        jobs.iter().all(|j| j.state == JobState::Succeeded),
+        "{jobs:?}"
+    );
+    let supervisors = supervisor_pids(&h.data_dir().join("agent"));
+    assert!(
+        !supervisors.is_empty(),
+        "supervisors wait for the next lease"
+    );
+    let zombies = || -> Vec<(u32, u32)> {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return vec![];
+        };
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|p| {
+                let f = stat_fields(p)?;
+                let parent: u32 = f.get(1)?.parse().ok()?;
+                (f.first().map(String::as_str) == Some("Z") && supervisors.contains(&parent))
+                    .then_some((p, parent))
+            })
+            .collect()
+    };
+    // Reaping follows each exit at once; give the last ones a moment.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while !zombies().is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        zombies().is_empty(),
+        "(zombie, supervisor): {:?}",
+        zombies()
+    );
 }
