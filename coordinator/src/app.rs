@@ -211,7 +211,7 @@ async fn sweep_leases(state: AppState, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        match state.store.expire_leases(crate::store::now_ms()).await {
+        match state.store.expire_due_leases().await {
             Ok(lost) if !lost.is_empty() => {
                 tracing::warn!(
                     count = lost.len(),

@@ -21,6 +21,9 @@ pub struct Dialect {
     pub skip_locked: &'static str,
     /// The function giving a JSON array's length.
     pub json_array_length: &'static str,
+    /// The statement reading the database's clock in ms since the epoch: lease times come
+    /// from one clock, not each replica's. `None`: the process's own (SQLite, one process).
+    pub clock: Option<&'static str>,
 }
 
 /// A statement parameter.

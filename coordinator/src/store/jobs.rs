@@ -52,7 +52,8 @@ pub(super) async fn lose_attempt(tx: &mut dyn Tx, attempt: &str) -> Result<bool>
     let Some(job) = lock_job_of(tx, attempt).await? else {
         return Ok(false);
     };
-    let Some(started) = tx.end_lost(attempt, now_ms()).await? else {
+    let now = tx.clock().await?;
+    let Some(started) = tx.end_lost(attempt, now).await? else {
         return Ok(false);
     };
     let r = job_rules(tx, &job).await?;

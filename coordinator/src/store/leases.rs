@@ -81,7 +81,7 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         }
         None => node.samples.clone(),
     };
-    let now = now_ms();
+    let now = tx.clock().await?;
     let to = LeaseTo::new(&node, &input, now);
     let active = tx.active_on(&node.name).await?;
     let blocked = tx.blocked_gpus(&node.name, now).await?;
@@ -166,7 +166,7 @@ pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, bool)
     renew.sort_unstable();
     // Renewals change nothing anyone waits for; freed memory may let a claim place work.
     let freed = nodes::record_samples(tx, &node, &r.gpus).await?;
-    let until = now_ms().saturating_add(i64_of(r.lease_ttl_ms));
+    let until = tx.clock().await?.saturating_add(i64_of(r.lease_ttl_ms));
     let mut cancel = Vec::new();
     for (_, a, waiting) in renew {
         let wanted = tx
@@ -192,7 +192,7 @@ pub(super) async fn renew_one(
     ttl_ms: u64,
 ) -> Result<(bool, bool)> {
     check_fence(tx, attempt, fence).await?;
-    let until = now_ms().saturating_add(i64_of(ttl_ms));
+    let until = tx.clock().await?.saturating_add(i64_of(ttl_ms));
     let cancel = tx
         .extend_lease(&attempt.to_string(), until)
         .await?
@@ -302,7 +302,7 @@ pub(super) async fn hand_back(
         .delete_attempt(&id)
         .await?
         .ok_or(StoreError::StaleFence { attempt })?;
-    let until = now_ms() + AVOID_AFTER_HAND_BACK_MS;
+    let until = tx.clock().await? + AVOID_AFTER_HAND_BACK_MS;
     for gpu in on {
         tx.avoid_gpu(&node, gpu, until).await?;
     }
@@ -312,6 +312,11 @@ pub(super) async fn hand_back(
     tx.set_node_samples(&node, &gpus, now_ms()).await?;
     jobs::transition(tx, &job, event).await?;
     Ok(((), true))
+}
+
+pub(super) async fn expire_due(tx: &mut dyn Tx) -> Result<(Vec<AttemptId>, bool)> {
+    let now = tx.clock().await?;
+    expire(tx, now).await
 }
 
 pub(super) async fn expire(tx: &mut dyn Tx, now: Millis) -> Result<(Vec<AttemptId>, bool)> {

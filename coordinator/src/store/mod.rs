@@ -339,6 +339,9 @@ pub trait Store: Send + Sync + 'static {
     /// Attempts whose lease ran out before `now` become `lost`; returns them. (The time is
     /// an input: the sweep passes the clock's, tests any instant, without waiting for it.)
     async fn expire_leases(&self, now: Millis) -> Result<Vec<AttemptId>>;
+    /// [`Store::expire_leases`] now by the database's clock (every replica's sweep reads the
+    /// same one: a replica whose own clock is off expires nothing early).
+    async fn expire_due_leases(&self) -> Result<Vec<AttemptId>>;
     /// Lifts the quarantine that these ended attempts of the agent's node put on GPUs.
     async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64>;
     /// Lifts every quarantine on one GPU (a person looked); returns how many were lifted.
@@ -535,6 +538,10 @@ impl<B: Backend> Store for B {
 
     async fn expire_leases(&self, now: Millis) -> Result<Vec<AttemptId>> {
         run!(self, write, "expire_leases", leases::expire, now;)
+    }
+
+    async fn expire_due_leases(&self) -> Result<Vec<AttemptId>> {
+        run!(self, write, "expire_due_leases", leases::expire_due;)
     }
 
     async fn release_attempts(&self, agent: AgentId, attempts: &[AttemptId]) -> Result<u64> {

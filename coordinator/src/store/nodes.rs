@@ -6,7 +6,7 @@ use headroom_shared::{AgentId, AttemptId, Plan};
 
 use super::rows::{self, NodeRow, i64_of, parse};
 use super::tx::Tx;
-use super::{Active, Millis, NodeOf, Registered, Registration, Result, StoreError, jobs, now_ms};
+use super::{Active, Millis, NodeOf, Registered, Registration, Result, StoreError, jobs};
 use crate::rules;
 
 /// The agent's node; locked when `lock` (claims, heartbeats and reports of one node
@@ -32,12 +32,13 @@ pub(super) async fn record_samples(
     node: &NodeRow,
     gpus: &[GpuSample],
 ) -> Result<bool> {
-    tx.set_node_samples(&node.name, gpus, now_ms()).await?;
+    let now = tx.clock().await?;
+    tx.set_node_samples(&node.name, gpus, now).await?;
     Ok(rules::memory_freed(&node.samples, gpus))
 }
 
 pub(super) async fn register(tx: &mut dyn Tx, reg: Registration) -> Result<(Registered, bool)> {
-    let now = now_ms();
+    let now = tx.clock().await?;
     let stored = tx.lock_node_settings(&reg.node).await?;
     // Under the node's lock: two instances registering at once see each other.
     if let Some((holder, seen)) = tx.node_holder(&reg.node).await? {
@@ -99,7 +100,7 @@ pub(super) async fn set_plan(tx: &mut dyn Tx, node: String, plan: String) -> Res
 }
 
 pub(super) async fn list(tx: &mut dyn Tx, alive_within_ms: u64) -> Result<Vec<NodeView>> {
-    let now = now_ms();
+    let now = tx.clock().await?;
     let mut out = Vec::new();
     for row in tx.nodes().await? {
         let active = tx.active_on(&row.name).await?;

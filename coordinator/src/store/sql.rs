@@ -482,6 +482,15 @@ impl<E: Exec> Tx for E {
         .await
     }
 
+    async fn clock(&mut self) -> Result<Millis> {
+        match self.dialect().clock {
+            Some(sql) => first(self, sql, &[], |r| r.int(0))
+                .await?
+                .ok_or_else(|| super::StoreError::Database("the clock read no row".into())),
+            None => Ok(super::now_ms()),
+        }
+    }
+
     async fn extend_lease(&mut self, attempt: &str, until: Millis) -> Result<Option<bool>> {
         first(
             self,

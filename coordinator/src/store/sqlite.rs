@@ -152,6 +152,7 @@ static DIALECT: Dialect = Dialect {
     lock_attempt: "",
     lock_node: "",
     skip_locked: "",
+    clock: None,
     json_array_length: "json_array_length",
 };
 

@@ -172,6 +172,8 @@ pub trait Tx: Send {
     ) -> Result<Option<bool>>;
     /// Renews a lease for its supervisor, leaving what the agent said of its wait as it
     /// is; whether its cancel was asked (`None`: no such attempt).
+    /// Now, by the clock every replica shares (the database's), in ms since the epoch.
+    async fn clock(&mut self) -> Result<Millis>;
     async fn extend_lease(&mut self, attempt: &str, until: Millis) -> Result<Option<bool>>;
     /// The digest of the attempt's key (`None`: no such attempt; `Some(None)`: none issued).
     async fn attempt_key(&mut self, attempt: &str) -> Result<Option<Option<String>>>;

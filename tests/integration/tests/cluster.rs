@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use headroom_integration_tests::records::{DeathWatch, Timeline};
 use headroom_integration_tests::{
-    Link, Postgres, Proc, alive, fake_job, free_port, http_get, http_post, wait_until as wait,
+    Link, Postgres, Proc, alive, binary, fake_job, free_port, http_get, http_post,
+    wait_until as wait,
 };
 use headroom_shared::api::{JobDetail, JobSummary, Progress, SubmitResponse};
 use headroom_shared::{ExperimentId, FailureClass, JobState};
@@ -75,6 +76,12 @@ impl Cluster {
     }
 
     fn start_coordinator(&mut self, i: usize) {
+        self.start_coordinator_at(i, None);
+    }
+
+    /// Starts replica `i`, its wall clock `skew` (`+3s`) off the machine's when given (by
+    /// `faketime`; its monotonic clock left alone).
+    fn start_coordinator_at(&mut self, i: usize, skew: Option<&str>) {
         let args: Vec<String> = vec![
             "--listen".into(),
             format!("127.0.0.1:{}", self.ports[i]),
@@ -90,7 +97,24 @@ impl Cluster {
             self.ttl.into(),
         ];
         let log = self.dir.path().join(format!("coord{i}.log"));
-        let p = Proc::start("headroom-coordinator", &args, log).expect("coordinator");
+        let p = match skew {
+            None => Proc::start("headroom-coordinator", &args, log),
+            Some(skew) => {
+                let mut wrapped = vec![
+                    "-f".to_string(),
+                    skew.to_string(),
+                    binary("headroom-coordinator").display().to_string(),
+                ];
+                wrapped.extend(args);
+                Proc::start_program(
+                    std::path::Path::new("faketime"),
+                    &wrapped,
+                    &[("FAKETIME_DONT_FAKE_MONOTONIC", "1")],
+                    log,
+                )
+            }
+        }
+        .expect("coordinator");
         let url = self.url(i);
         wait("a coordinator", Duration::from_secs(30), || {
             http_get::<serde_json::Value>(&format!("{url}/v1/health"))
@@ -322,6 +346,33 @@ fn an_agent_killed_for_good_leaves_its_attempts_to_end_and_report_once() {
             .attempt;
         let events = timeline.events(attempt);
         assert_eq!(events, ["start", "end"], "pid {pid}");
+    }
+}
+
+/// Lease time is the database's clock: a replica whose wall clock runs 1.2 TTL ahead of the
+/// others (faketime) sweeps beside them, yet expires no lease early, so no job renewed
+/// through the other replica is lost or run beside itself.
+#[test]
+fn a_replica_with_a_skewed_clock_expires_no_lease_early() {
+    let mut c = Cluster::with_ttl(1, "2500ms");
+    c.coords.push(None);
+    c.ports.push(free_port().expect("port"));
+    c.start_coordinator_at(1, Some("+3s"));
+    let skewed = c.url(1);
+    let health: serde_json::Value = http_get(&format!("{skewed}/v1/health")).expect("health");
+    assert!(health.is_object());
+    c.add_agent(0, "1x24GiB", "4", false);
+    let exp = c.submit("skew", 4, 6.0);
+    c.wait_done(exp, Duration::from_secs(60));
+    let (lost, _) = c.assert_exactly_once(exp);
+    assert_eq!(
+        lost,
+        0,
+        "the skewed replica expired leases early\n{}",
+        c.logs()
+    );
+    for j in c.jobs(exp) {
+        assert_eq!(c.job(j.id).attempts_detail.len(), 1);
     }
 }
 
