@@ -11,13 +11,15 @@
 //!   stop and verify), its wait (`prestart`) and colocated background (`colocate`),
 //!   classifies its end, journals it, and stops its job itself when its lease is not renewed
 //!   in time. `supervisor::proto` is what the agent says to it. It never imports `agent`.
-//! - `gpu` (NVML and fake backends), `jobenv` (what of the agent's environment jobs get), `runas` (the Unix user
+//! - `cgroup` (each attempt's cgroup: membership, kill, host RAM peak),
+//!   `gpu` (NVML and fake backends), `jobenv` (what of the agent's environment jobs get), `runas` (the Unix user
 //!   a job runs as), `procscan` (processes by their markers), `outcomes`
 //!   (the journal of end reports): used by both.
 // `unsafe` is denied except where a child must call setsid/prctl between fork and exec.
 #![deny(unsafe_code)]
 
 pub mod agent;
+pub mod cgroup;
 pub mod gpu;
 pub mod jobenv;
 pub mod outcomes;

@@ -292,6 +292,7 @@ mod tests {
                 gpus: vec![],
                 prestart: None,
                 background: None,
+                host_peak_mib: None,
             },
         }
     }

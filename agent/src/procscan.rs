@@ -119,18 +119,35 @@ pub fn marked_processes_scoped(scope: Option<(&str, &str)>) -> HashMap<AttemptId
 /// Live (non-zombie) descendants of this process, from the kernel's `children` lists of
 /// each task, walked down the tree. A child list read while a sibling exits may miss an
 /// entry: callers confirm an empty answer with a second walk, as with the marker scan.
-pub fn descendants() -> Vec<u32> {
+///
+/// `Err` where the kernel shows no `children` lists (built without `CONFIG_PROC_CHILDREN`),
+/// or this process's own cannot be read: the tree cannot be told, which is never "empty".
+pub fn descendants() -> Result<Vec<u32>, String> {
     let me = std::process::id();
     let mut out = Vec::new();
     let mut todo = vec![me];
     let mut seen = HashSet::new();
     while let Some(pid) = todo.pop() {
-        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
+        let tasks = match fs::read_dir(format!("/proc/{pid}/task")) {
+            Ok(t) => t,
+            Err(e) if pid == me => return Err(format!("cannot read /proc/{me}/task: {e}")),
+            // A descendant gone meanwhile.
+            Err(_) => continue,
         };
         for task in tasks.flatten() {
-            let Ok(list) = fs::read_to_string(task.path().join("children")) else {
-                continue;
+            let path = task.path().join("children");
+            let list = match fs::read_to_string(&path) {
+                Ok(l) => l,
+                // Ours is always there where the kernel shows trees at all; a descendant's
+                // may vanish as it exits.
+                Err(e) if pid == me => {
+                    return Err(format!(
+                        "cannot read {} ({e}): this kernel does not show process trees, so \
+                         leftovers cannot be told",
+                        path.display()
+                    ));
+                }
+                Err(_) => continue,
             };
             for child in list
                 .split_whitespace()
@@ -145,7 +162,7 @@ pub fn descendants() -> Vec<u32> {
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Who runs `pid` and what: the user name (or uid) and the command line, for reports of

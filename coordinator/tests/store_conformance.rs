@@ -270,6 +270,7 @@ fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
         gpus: vec![],
         prestart: None,
         background: None,
+        host_peak_mib: Some(321),
     }
 }
 
@@ -348,6 +349,11 @@ async fn stale_fences_are_refused(s: Backend) {
     let d = s.job(l.job).await.expect("job");
     assert_eq!(d.attempts_detail.len(), 1);
     assert_eq!(d.attempts_detail[0].failure_class, None, "recorded once");
+    assert_eq!(
+        d.attempts_detail[0].host_peak_mib,
+        Some(321),
+        "host RAM peak stored"
+    );
 }
 
 /// One job of this retry policy, leased on a one-GPU node `n1` and started.

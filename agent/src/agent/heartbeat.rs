@@ -275,6 +275,7 @@ mod tests {
                 supervisor: Default::default(),
                 claim_wait: S(1),
                 kill_foreign: false,
+                cgroups: false,
                 telemetry_interval: Duration::ZERO,
                 telemetry_buffer: 10,
                 metrics_addr: None,
@@ -290,6 +291,7 @@ mod tests {
             attempts: Attempts::load(dir.path()).expect("attempts"),
             outcomes: crate::outcomes::Outcomes::open(dir.path()).expect("outcomes"),
             scope: "test".into(),
+            cgroups: None,
             telemetry,
             metrics: crate::agent::metrics::AgentMetrics::new(
                 "n",

@@ -144,6 +144,7 @@ async fn spawn_supervisor(
         spare: shared.outcomes.take_spare(),
         key: shared.attach_key.clone(),
         direct,
+        cgroups: shared.cgroups.clone(),
     };
     let launch = ToSupervisor::Launch {
         spec: Box::new(spec),
@@ -316,6 +317,7 @@ async fn gone(shared: &Arc<Shared>, attempt: AttemptId, fence: i64) -> (Vec<u32>
         gpus: sample(&shared.backend).await,
         prestart: None,
         background: None,
+        host_peak_mib: None,
     };
     journal(
         shared,

@@ -55,6 +55,8 @@ pub struct AgentConfig {
     /// Kill processes of no attempt that hold memory on this node's GPUs (off by default:
     /// they are reported and left alone).
     pub kill_foreign: bool,
+    /// Give each attempt a cgroup where the agent can (`--no-cgroups`: never).
+    pub cgroups: bool,
     /// How often GPU telemetry is sampled (zero: never).
     pub telemetry_interval: Duration,
     /// Most telemetry samples kept while the coordinator cannot be reached.
@@ -157,6 +159,8 @@ pub(crate) struct Shared {
     pub outcomes: Outcomes,
     /// The value of [`crate::agent::sweep::AGENT_VAR`] on this agent's jobs.
     pub scope: String,
+    /// Where attempts get their cgroups (`None`: unavailable, markers instead).
+    pub cgroups: Option<crate::cgroup::Cgroups>,
     /// GPU telemetry, sampled at `cfg.telemetry_interval`, shipped with heartbeats.
     pub telemetry: crate::agent::telemetry::Telemetry,
     pub metrics: crate::agent::metrics::AgentMetrics,
@@ -254,6 +258,26 @@ impl Agent {
             attempts.clone(),
         );
         let scope = crate::agent::sweep::scope_of(&cfg.data_dir);
+        let setup = if cfg.cgroups {
+            crate::cgroup::Cgroups::setup(&scope)
+        } else {
+            Err("--no-cgroups".to_string())
+        };
+        let cgroups = match setup {
+            Ok(c) => {
+                tracing::info!("{}", c.describe());
+                crate::cgroup::attribute_by(&c);
+                Some(c)
+            }
+            Err(why) => {
+                tracing::warn!(
+                    "per-attempt cgroups unavailable ({why}): attempts are tracked by their \
+                     environment marker and process tree, and a job that clears its \
+                     environment reads as foreign on its GPUs"
+                );
+                None
+            }
+        };
         let standby = crate::agent::standby::Standby::new(
             cfg.supervisor_exe.clone(),
             scope.clone(),
@@ -264,6 +288,7 @@ impl Agent {
                 client: Client::new(&cfg.coordinator)?
                     .with_token(cfg.token.as_ref().map(BearerToken::expose))?,
                 scope,
+                cgroups,
                 cfg,
                 backend,
                 attempts,
@@ -615,10 +640,22 @@ impl Agent {
     async fn sweep(&self) -> HashMap<AttemptId, Vec<u32>> {
         let keep = self.shared.attempts.running_ids();
         let scope = self.shared.scope.clone();
-        let killed =
-            tokio::task::spawn_blocking(move || crate::agent::sweep::kill_strays(&scope, &keep))
-                .await
-                .unwrap_or_default();
+        let cgroups = self.shared.cgroups.clone();
+        let killed = tokio::task::spawn_blocking(move || {
+            let mut killed = crate::agent::sweep::kill_strays(&scope, &keep);
+            // Whatever a job did to its environment, its cgroup still holds it.
+            for (attempt, pids) in cgroups.map(|c| c.kill_strays(&keep)).unwrap_or_default() {
+                let list = killed.entry(attempt).or_default();
+                for p in pids {
+                    if !list.contains(&p) {
+                        list.push(p);
+                    }
+                }
+            }
+            killed
+        })
+        .await
+        .unwrap_or_default();
         if !killed.is_empty() {
             let pids: Vec<u32> = killed.values().flatten().copied().collect();
             tracing::warn!(

@@ -54,6 +54,10 @@ pub struct AgentSettings {
     /// Kill processes that belong to no job and hold GPU memory (default: report, never kill).
     #[arg(long, env = "HEADROOM_KILL_FOREIGN")]
     pub kill_foreign: bool,
+    /// Track attempts by their environment marker and process tree instead of a cgroup of
+    /// their own, even where the agent could create cgroups (it says at start which it uses).
+    #[arg(long, env = "HEADROOM_NO_CGROUPS")]
+    pub no_cgroups: bool,
     /// How often each GPU's telemetry (memory, utilization, power, energy, temperature, SM
     /// clock, throttle reasons) is sampled and shipped with heartbeats; `0s`: never.
     #[arg(long, env = "HEADROOM_TELEMETRY_INTERVAL", default_value = "1s", value_parser = duration)]
@@ -151,6 +155,7 @@ impl AgentSettings {
             },
             claim_wait: Duration::from_secs(20),
             kill_foreign: self.kill_foreign,
+            cgroups: !self.no_cgroups,
             telemetry_interval: self.telemetry_interval,
             telemetry_buffer: self.telemetry_buffer,
             metrics_addr: self.metrics_addr,

@@ -24,6 +24,10 @@ struct Args {
     /// Without HEADROOM_FAKE_GPU_DIR (no fake GPUs, e.g. real ones) nothing is held.
     #[arg(long, value_name = "SIZE")]
     mem: Option<MemSize>,
+    /// Host RAM to allocate and touch at start and hold until the end (e.g. `256MiB`): what
+    /// the attempt's cgroup counts as its host RAM peak.
+    #[arg(long, value_name = "SIZE")]
+    host_mem: Option<MemSize>,
     /// How long to run.
     #[arg(long, value_name = "F", default_value_t = 1.0)]
     seconds: f64,
@@ -268,6 +272,8 @@ fn leave_orphan(args: &Args, mem: MemSize) -> Result<(), Exit> {
 fn run(args: &Args) -> Result<u8, Exit> {
     let term = Arc::new(AtomicBool::new(false));
     let mem_mib = args.mem.map_or(0, |m| m.mib);
+    // Every byte written, so every page is resident; held to the end of `run`.
+    let _host: Vec<u8> = vec![1; args.host_mem.map_or(0, |m| m.mib as usize * 1024 * 1024)];
     {
         // A thread of its own notes SIGTERM (with the time it arrived, in the record) and
         // either ignores it or asks the main loop to stop.

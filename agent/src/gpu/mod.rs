@@ -19,8 +19,6 @@ pub use fake::{FakeBackend, FakeGpuSpec, FakeSpecError};
 pub use nvml::NvmlBackend;
 pub use pidns::{PidView, Resolved};
 
-use crate::procscan;
-
 /// What the agent needs from the GPUs of its node.
 pub trait GpuBackend: Send + Sync + 'static {
     /// `"nvml"` or `"fake"`.
@@ -224,7 +222,7 @@ pub fn attribute(view: &PidView, reported: &[Reported]) -> (Vec<GpuProcess>, Opt
             attempt: if outside {
                 None
             } else {
-                procscan::attempt_of(pid)
+                crate::cgroup::attempt_of(pid)
             },
             user: None,
             command: None,
@@ -457,7 +455,7 @@ mod tests {
         let attempt = headroom_shared::AttemptId::new();
         let mut child = Command::new("python3")
             .args(["-c", python])
-            .env(procscan::ATTEMPT_VAR, attempt.to_string())
+            .env(crate::procscan::ATTEMPT_VAR, attempt.to_string())
             .env("CUDA_VISIBLE_DEVICES", "0")
             .stdout(Stdio::piped())
             .spawn()

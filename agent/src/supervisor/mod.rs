@@ -243,6 +243,9 @@ enum Next {
 /// Runs one attempt from its launch to its journalled and told end. `reuse`: whether this
 /// process may serve another attempt afterwards, if this one ends clean.
 async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next {
+    if let Some(c) = &spec.cgroups {
+        crate::cgroup::attribute_by(c);
+    }
     let mut fence = SelfFence::new(Duration::from_millis(spec.stop_in_ms));
     let launch = spec.launch.clone();
     let attempt = launch.attempt;
@@ -514,6 +517,23 @@ async fn finish(
     let clean = end.cleanup_verified;
     let mut report = report(spec.fence, end, reason, gpus);
     report.prestart = prestart;
+    if let Some(c) = crate::cgroup::attribution() {
+        let cg = c.attempt(spec.launch.attempt);
+        report.host_peak_mib = tokio::task::spawn_blocking(move || {
+            let peak = cg.peak_mib();
+            // Left in place when not verified empty: the agent's sweep kills what is in it.
+            if clean && let Err(e) = cg.remove() {
+                tracing::warn!(
+                    "cannot remove the attempt's cgroup {}: {e}",
+                    cg.dir().display()
+                );
+            }
+            peak
+        })
+        .await
+        .ok()
+        .flatten();
+    }
     let outcome = Outcome {
         attempt: spec.launch.attempt,
         report,
@@ -603,5 +623,6 @@ pub fn report(
         gpus,
         prestart: None,
         background: end.background,
+        host_peak_mib: None,
     }
 }

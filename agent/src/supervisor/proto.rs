@@ -73,6 +73,9 @@ pub struct Spec {
     /// it cannot, and only fences itself).
     #[serde(default)]
     pub direct: Option<crate::supervisor::direct::Direct>,
+    /// Where the attempt's cgroup goes (`None`: no cgroups; markers and the process tree).
+    #[serde(default)]
+    pub cgroups: Option<crate::cgroup::Cgroups>,
 }
 
 /// Agent -> supervisor.
@@ -438,6 +441,7 @@ mod tests {
                 spare: None,
                 key: "k".repeat(64),
                 direct: None,
+                cgroups: None,
             }),
         };
         let line = serde_json::to_string(&msg).expect("json");

@@ -43,5 +43,6 @@ pub fn spec(dir: &Path, argv: &[&str]) -> Spec {
         spare: None,
         key: "k".repeat(64),
         direct: None,
+        cgroups: None,
     }
 }

@@ -127,7 +127,7 @@ pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence,
      contamination_pid, contamination_command, waiting, exclusive_wait_ms, \
      cooldown_wait_ms, cooldown_from_mdeg, cooldown_start_mdeg, cooldown_timed_out, \
      background_pid, background_ready_ms, background_exit_code, background_signal, \
-     background_exited_early";
+     background_exited_early, host_peak_mib";
 
 pub(crate) fn phase(s: &str) -> Result<AttemptPhase> {
     match s {
@@ -186,6 +186,7 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
         background_exit_code: r.int_opt(46)?.map(|c| c as i32),
         background_signal: r.int_opt(47)?.map(|s| s as i32),
         background_exited_early: r.flag_opt(48)?,
+        host_peak_mib: r.mib_opt(49)?,
     })
 }
 

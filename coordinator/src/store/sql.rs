@@ -543,7 +543,7 @@ impl<E: Exec> Tx for E {
              throttle_reasons = $21, contamination_reason = $22, contamination_pid = $23, \
              contamination_command = $24, background_pid = $25, background_ready_ms = $26, \
              background_exit_code = $27, background_signal = $28, \
-             background_exited_early = $29 \
+             background_exited_early = $29, host_peak_mib = $30 \
              WHERE id = $9 RETURNING node, gpus, memory_key, estimate_mib",
             args![
                 report.ended_at.timestamp_millis(),
@@ -575,6 +575,7 @@ impl<E: Exec> Tx for E {
                 bg.and_then(|b| b.exit_code),
                 bg.and_then(|b| b.signal),
                 bg.map(|b| b.exited_early),
+                opt_i64(report.host_peak_mib),
             ],
             |r| rows::ended(r),
         )

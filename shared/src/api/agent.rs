@@ -283,6 +283,9 @@ pub struct FinishReport {
     /// What became of the attempt's colocated background, when it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub background: Option<BackgroundReport>,
+    /// Highest host RAM the attempt's processes used together (MiB), from its cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_peak_mib: Option<u64>,
 }
 
 /// A colocated background's record in a finish report.

@@ -335,6 +335,10 @@ pub struct AttemptView {
     /// The background exited by itself before its foreground ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub background_exited_early: Option<bool>,
+    /// Highest host RAM its processes used together (MiB), from its cgroup; absent where
+    /// attempts have no cgroup with a memory controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_peak_mib: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

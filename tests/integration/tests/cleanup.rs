@@ -9,14 +9,17 @@ use headroom_integration_tests::{
 };
 use headroom_shared::JobState;
 
-#[test]
-fn orphan_that_left_the_session_is_killed_and_its_memory_freed() {
-    let h = Headroom::up(UpOptions::gpus("1x24GiB").kill_grace("500ms"));
+/// The job holds 1 GiB and 300 MiB of host RAM, spawns a grandchild in a new session that
+/// holds 4 GiB for ten minutes and ignores SIGTERM, then exits 0 after a second: cleanup
+/// kills the orphan and verifies its memory freed, through the attempt's cgroup where the
+/// agent gives it one (which also measures the host RAM peak), and through the process tree
+/// with `--no-cgroups`.
+fn orphan_is_killed_and_its_memory_freed(flags: &[&str]) {
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").kill_grace("500ms").flags(flags));
     let pid_file = h.path("orphan.pid");
-    // The job holds 1 GiB, spawns a grandchild in a new session that holds 4 GiB for ten
-    // minutes and ignores SIGTERM, then exits 0 after a second.
     let spec = format!(
         r#"{{"name": "orphan", "command": ["{job}", "--mem", "1GiB", "--seconds", "1",
+             "--host-mem", "300MiB",
              "--orphan-mem", "4GiB", "--orphan-seconds", "600", "--ignore-term",
              "--orphan-pid-file", "{pid}"], "resources": {{"memory": "6GiB"}}}}"#,
         job = fake_job().display(),
@@ -40,9 +43,31 @@ fn orphan_that_left_the_session_is_killed_and_its_memory_freed() {
         "peak {:?}",
         attempt.peak_mem_mib
     );
+    let log = h.server_log();
+    if log.contains("each attempt in its own cgroup") {
+        assert!(flags.is_empty(), "{log}");
+        assert!(
+            attempt.host_peak_mib.is_some_and(|p| p >= 300),
+            "host RAM peak {:?}",
+            attempt.host_peak_mib
+        );
+    } else {
+        assert!(log.contains("per-attempt cgroups unavailable"), "{log}");
+        assert_eq!(attempt.host_peak_mib, None);
+    }
     // The node reports the memory back once the attempt has ended.
     let used = h.nodes().expect("nodes")[0].gpus[0].used_mib;
     assert_eq!(used, Some(0), "fake memory still held after cleanup");
+}
+
+#[test]
+fn orphan_that_left_the_session_is_killed_and_its_memory_freed() {
+    orphan_is_killed_and_its_memory_freed(&[]);
+}
+
+#[test]
+fn orphan_is_killed_by_its_process_tree_without_cgroups() {
+    orphan_is_killed_and_its_memory_freed(&["--no-cgroups"]);
 }
 
 /// A leftover that escaped the attempt's marker (here: fake memory booked on a process of
@@ -115,7 +140,7 @@ fn backgrounded_children_leave_no_zombie_under_any_supervisor() {
     // The shell becomes a `sleep` that never reaps the two it started: they are zombies
     // when it exits, handed to the supervisor.
     let spec = r#"{"name": "zombies", "command": ["sh", "-c",
-        "sleep 5 & sleep 5 & sleep 0.05 & exec sleep 0.4"],
+        "sleep 0.05 & sleep 0.05 & exec sleep 0.4"],
         "runs_per_config": 6, "resources": {"memory": "1GiB"}}"#;
     let exp = h.submit("zombies.json", spec).expect("submit");
     let jobs = h.wait_done(exp, Duration::from_secs(60));

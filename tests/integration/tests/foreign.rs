@@ -209,3 +209,104 @@ fn notebook_for(h: &Headroom, seconds: &str) -> KillOnDrop {
         &["--mem", "20GiB", "--seconds", seconds],
     )
 }
+
+/// Whether this `headroom up` gives each attempt a cgroup (root, or a delegated subtree):
+/// its agent says so at start.
+fn uses_cgroups(h: &Headroom) -> bool {
+    h.server_log().contains("each attempt in its own cgroup")
+}
+
+/// A job that clears its environment (`env -i`, as `apptainer --cleanenv` or `sudo` do) is
+/// still its attempt's own: its cgroup says so, not the marker it dropped. Its GPU memory is
+/// its peak, it is not contaminated by itself, and a node that kills foreign processes
+/// leaves it alone.
+#[test]
+fn a_job_that_clears_its_environment_is_still_its_attempts_own() {
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .kill_grace("300ms")
+            .flags(&["--kill-foreign"]),
+    );
+    let spec = serde_json::json!({"name": "cleanenv", "command": [
+        "env", "-i",
+        format!("HEADROOM_FAKE_GPU_DIR={}", h.fake_gpu_dir().display()),
+        "HEADROOM_FAKE_GPUS=1x24GiB", "CUDA_VISIBLE_DEVICES=0",
+        fake_job().display().to_string(), "--mem", "2GiB", "--seconds", "4"],
+        "resources": {"memory": "3GiB"}});
+    let exp = h
+        .submit("cleanenv.json", &spec.to_string())
+        .expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    if !uses_cgroups(&h) {
+        // Without cgroups only the marker tells, and this job dropped it: documented.
+        assert!(h.server_log().contains("per-attempt cgroups unavailable"));
+        return;
+    }
+    assert_eq!(jobs[0].state, JobState::Succeeded, "{}", h.server_log());
+    let a = h.first_attempt(jobs[0].id);
+    assert_eq!(a.exit_code, Some(0), "killed as foreign? {a:#?}");
+    assert_eq!(
+        a.contaminated,
+        Some(false),
+        "contaminated by itself: {a:#?}"
+    );
+    assert_eq!(a.peak_mem_mib, Some(2048), "{a:#?}");
+    assert!(
+        !h.server_log().contains("killing foreign"),
+        "{}",
+        h.server_log()
+    );
+}
+
+/// A process outside every attempt that carries an attempt's marker (forged, or a leftover
+/// of a copied environment) is not that attempt's: its memory is not the attempt's peak,
+/// and it contaminates the attempt's figures as the foreign process it is.
+#[test]
+fn a_forged_marker_does_not_make_a_process_an_attempts() {
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").kill_grace("300ms"));
+    let spec = format!(
+        r#"{{"name": "real", "command": ["{job}", "--mem", "2GiB", "--seconds", "5"],
+             "resources": {{"memory": "3GiB"}}}}"#,
+        job = fake_job().display()
+    );
+    let exp = h.submit("real.json", &spec).expect("submit");
+    let attempt = h.wait_for("the attempt to run", Duration::from_secs(30), || {
+        let jobs = h.jobs(exp)?;
+        let d = h.job(jobs[0].id)?;
+        Ok(d.attempts_detail
+            .first()
+            .filter(|a| a.pid.is_some())
+            .map(|a| a.id))
+    });
+    let forger = KillOnDrop(
+        std::process::Command::new(fake_job())
+            .args(["--mem", "1GiB", "--seconds", "600"])
+            .env("HEADROOM_FAKE_GPU_DIR", h.fake_gpu_dir())
+            .env("HEADROOM_FAKE_GPUS", "1x24GiB")
+            .env("CUDA_VISIBLE_DEVICES", "0")
+            .env("HEADROOM_ATTEMPT_ID", attempt.to_string())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("forger"),
+    );
+    // Seen on the GPU beside the attempt for a while, then gone before the job ends (its
+    // memory would otherwise keep the cleanup unverified, as foreign memory must).
+    std::thread::sleep(Duration::from_secs(2));
+    drop(forger);
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    if !uses_cgroups(&h) {
+        return;
+    }
+    let a = h.first_attempt(jobs[0].id);
+    assert_eq!(
+        a.peak_mem_mib,
+        Some(2048),
+        "the forger's 1 GiB counted: {a:#?}"
+    );
+    assert_eq!(
+        a.contaminated,
+        Some(true),
+        "a foreign process used its GPU: {a:#?}"
+    );
+    assert_eq!(a.cleanup_verified, Some(true), "{a:#?}");
+}

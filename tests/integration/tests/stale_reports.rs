@@ -148,6 +148,7 @@ impl Coordinator {
             gpus: sample(),
             prestart: None,
             background: None,
+            host_peak_mib: None,
         };
         self.post(&format!("/v1/attempts/{}/finish", lease.attempt), &req)
     }

@@ -63,7 +63,20 @@ pub(crate) fn build_command(
         .as_ref()
         .map(crate::runas::resolve)
         .transpose()?;
-    own_session_and_pdeathsig(&mut cmd, identity.as_ref());
+    // Into the attempt's cgroup before it can start anything, where attempts have one.
+    let join = match crate::cgroup::attribution() {
+        Some(c) => {
+            let cg = c.attempt(launch.attempt);
+            cg.create().and_then(|()| cg.join_files()).map_err(|e| {
+                format!(
+                    "cannot set up the attempt's cgroup {}: {e}",
+                    cg.dir().display()
+                )
+            })?
+        }
+        None => Vec::new(),
+    };
+    own_session_and_pdeathsig(&mut cmd, identity.as_ref(), join);
     if let Some(dir) = &launch.workdir {
         // Spawning would report a missing directory as a missing program.
         if !dir.is_dir() {
@@ -118,7 +131,8 @@ pub(crate) fn build_command(
     Ok(cmd)
 }
 
-/// Puts the child in a session and process group of its own (so the group can be signalled
+/// Moves the child into the cgroups whose `cgroup.procs` are `join` (opened before the fork),
+/// puts it in a session and process group of its own (so the group can be signalled
 /// without touching its supervisor), makes it `identity` (groups, then group, then user:
 /// after that it can take none back), and has the kernel SIGKILL it if the supervisor
 /// process (the thread that forked it: the runtime's only worker) dies: set last, since
@@ -127,14 +141,19 @@ pub(crate) fn build_command(
 pub(super) fn own_session_and_pdeathsig(
     cmd: &mut Command,
     identity: Option<&crate::runas::Identity>,
+    join: Vec<File>,
 ) {
     let ids = identity.map(|id| (id.groups.clone(), id.gid, id.uid));
     // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-    // work is allowed. It makes plain syscalls (setsid, setgroups, setgid, setuid, prctl)
-    // over data prepared before the fork, allocates nothing (an io::Error from an errno is
+    // work is allowed. It makes plain syscalls (write, setsid, setgroups, setgid, setuid,
+    // prctl) over data and files prepared before the fork, allocates nothing (an io::Error from an errno is
     // not boxed), takes no lock and touches no parent state.
     unsafe {
         cmd.pre_exec(move || {
+            // Still as the supervisor's user, who may move processes into these.
+            for f in &join {
+                nix::unistd::write(f, b"0")?;
+            }
             nix::unistd::setsid()?;
             // Not the agent's private umask: the job's files are made as users expect.
             nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));

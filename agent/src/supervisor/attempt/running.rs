@@ -34,6 +34,14 @@ pub(super) struct Running {
 /// SIGKILLs every live process carrying `attempt`'s marker (e.g. leftovers of an earlier
 /// incarnation of the agent); returns their pids. Blocking.
 pub fn kill_marked(attempt: AttemptId) -> Vec<u32> {
+    // Where attempts have cgroups, the cgroup says what is the attempt's: a marker may be
+    // forged on another's process, or cleared by the attempt's own.
+    if let Some(c) = crate::cgroup::attribution() {
+        let cg = c.attempt(attempt);
+        let pids = cg.pids().unwrap_or_default();
+        let _ = cg.kill();
+        return pids;
+    }
     let pids = procscan::pids_with_marker(attempt);
     signal_each(&pids, Signal::SIGKILL);
     pids

@@ -61,16 +61,54 @@ impl Main {
     }
 }
 
-/// The attempt's live processes: this process's descendants when it is their subreaper
-/// (`own_tree`: orphans of the tree re-parent to it, so none can leave it), else those
-/// carrying the attempt's marker.
-pub(super) async fn attempt_pids(attempt: AttemptId, own_tree: bool) -> Vec<u32> {
+/// The attempt's live processes: the members of its cgroup where it has one; else this
+/// process's descendants when it is their subreaper (`own_tree`: orphans of the tree
+/// re-parent to it, so none can leave it); else those carrying the attempt's marker. `Err`:
+/// they cannot be told (the cgroup or `/proc` cannot be read), which is never "none".
+pub(super) async fn attempt_pids(attempt: AttemptId, own_tree: bool) -> Result<Vec<u32>, String> {
+    if let Some(c) = crate::cgroup::attribution() {
+        let cg = c.attempt(attempt);
+        return tokio::task::spawn_blocking(move || {
+            cg.pids().map_err(|e| {
+                format!(
+                    "cannot read the attempt's cgroup {}: {e}",
+                    cg.dir().display()
+                )
+            })
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("cgroup read task failed: {e}")));
+    }
     if own_tree {
         tokio::task::spawn_blocking(procscan::descendants)
             .await
-            .unwrap_or_default()
+            .unwrap_or_else(|e| Err(format!("process tree task failed: {e}")))
     } else {
-        marked(attempt).await
+        Ok(marked(attempt).await)
+    }
+}
+
+/// [`attempt_pids`], keeping why they could not be told in `unknown` (cleared by a scan
+/// that could): the caller then counts nothing as verified.
+async fn members(attempt: AttemptId, own_tree: bool, unknown: &mut Option<String>) -> Vec<u32> {
+    match attempt_pids(attempt, own_tree).await {
+        Ok(pids) => {
+            *unknown = None;
+            pids
+        }
+        Err(e) => {
+            *unknown = Some(e);
+            Vec::new()
+        }
+    }
+}
+
+/// SIGKILLs the attempt's whole cgroup, where it has one: what left its process group and
+/// its supervisor's tree (`setsid`, double forks) is still in it.
+pub(super) async fn kill_cgroup(attempt: AttemptId) {
+    if let Some(c) = crate::cgroup::attribution() {
+        let cg = c.attempt(attempt);
+        let _ = tokio::task::spawn_blocking(move || cg.kill()).await;
     }
 }
 
@@ -161,7 +199,8 @@ pub(super) async fn cleanup(
 
     // Ask politely: the group, and processes that left it (double-forked daemons).
     // Scan first: the group's SIGTERM would end most leftovers before they could be counted.
-    let mut alive = attempt_pids(attempt, cfg.own_tree).await;
+    let mut unknown = None;
+    let mut alive = members(attempt, cfg.own_tree, &mut unknown).await;
     signal_group(pgid, Signal::SIGTERM);
     signal_each(&alive, Signal::SIGTERM);
     let leftovers = if main_exited {
@@ -172,11 +211,11 @@ pub(super) async fn cleanup(
     let grace_end = Instant::now() + cfg.kill_grace;
     loop {
         main.poll(child);
-        if (main.exited() && alive.is_empty()) || Instant::now() >= grace_end {
+        if (main.exited() && alive.is_empty() && unknown.is_none()) || Instant::now() >= grace_end {
             break;
         }
         tokio::time::sleep(POLL).await;
-        alive = attempt_pids(attempt, cfg.own_tree).await;
+        alive = members(attempt, cfg.own_tree, &mut unknown).await;
     }
 
     // Then by force, until nothing of the attempt is alive or on its GPUs.
@@ -192,9 +231,10 @@ pub(super) async fn cleanup(
     loop {
         // The grace loop has just scanned; the confirming scan below is fresh either way.
         if !first {
-            alive = attempt_pids(attempt, cfg.own_tree).await;
+            alive = members(attempt, cfg.own_tree, &mut unknown).await;
         }
         first = false;
+        kill_cgroup(attempt).await;
         signal_each(&alive, Signal::SIGKILL);
         main.poll(child);
         if !alive.is_empty() || !leftovers.is_empty() {
@@ -204,14 +244,17 @@ pub(super) async fn cleanup(
             let _ = tokio::task::spawn_blocking(procscan::reap_orphans).await;
         }
         // `None`: not looked at yet, processes of the attempt are still alive.
-        let gpu = if alive.is_empty() && main.exited() {
+        let gpu = if alive.is_empty() && unknown.is_none() && main.exited() {
             Some(on_gpus(backend, watch).await)
         } else {
             None
         };
         // Confirm with a second scan: a process caught mid-exec reads without environment.
         if matches!(&gpu, Some(Ok(left)) if left.is_empty())
-            && attempt_pids(attempt, cfg.own_tree).await.is_empty()
+            && members(attempt, cfg.own_tree, &mut unknown)
+                .await
+                .is_empty()
+            && unknown.is_none()
         {
             return Cleanup {
                 status: main.status(),
@@ -222,6 +265,8 @@ pub(super) async fn cleanup(
             };
         }
         remaining = match (gpu, main.exited()) {
+            // What cannot be told is never "gone".
+            _ if unknown.is_some() => unknown.clone().unwrap_or_default(),
             (_, false) => format!("main process {pgid} has not exited"),
             (Some(Ok(left)), true) => {
                 held = left;

@@ -1,0 +1,390 @@
+//! Per-attempt cgroups (v2): every process of an attempt lives in a cgroup of its own, so
+//! membership (not an environment marker a job may clear or forge) says what belongs to it,
+//! `cgroup.kill` ends it whole, `cgroup.events` says when it is empty, and `memory.peak`
+//! (or, on hosts whose memory controller is still v1, `memory.max_usage_in_bytes`) gives its
+//! host RAM peak.
+//!
+//! The agent sets up `headroom-<scope hash>` under its own cgroup at start (root, or a
+//! delegated subtree under systemd or in a container) and says so; where it cannot, it says
+//! why and attempts are tracked by marker and process tree instead ([`Cgroups::setup`]).
+//! Each supervisor creates its attempt's cgroup, and the job joins it between fork and
+//! exec, before it can start anything. Blocking (file I/O): async callers use
+//! `spawn_blocking`.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use headroom_shared::AttemptId;
+use serde::{Deserialize, Serialize};
+
+/// Where this agent's attempt cgroups live.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cgroups {
+    /// The v2 directory holding one directory per attempt.
+    pub parent: PathBuf,
+    /// `parent` as `/proc/<pid>/cgroup` names it (from the hierarchy's root).
+    pub relative: String,
+    /// Attempt cgroups have `memory.peak` (the memory controller is enabled for them).
+    pub memory_peak: bool,
+    /// Where memory is still a v1 controller: the directory holding one memory cgroup per
+    /// attempt, for `memory.max_usage_in_bytes`.
+    pub memory_v1: Option<PathBuf>,
+}
+
+/// The prefix of the directory of one agent's attempts: `headroom-<hash of its scope>`.
+fn dir_name(scope: &str) -> String {
+    // FNV-1a: a scope is a path of any length.
+    let hash = scope.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("headroom-{hash:016x}")
+}
+
+/// A mount of `fstype` (with `option` among its super options, for v1) from mountinfo.
+fn mount_of(mountinfo: &str, fstype: &str, option: Option<&str>) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mut r = right.split_whitespace();
+        let (ty, _source, supers) = (r.next()?, r.next()?, r.next().unwrap_or(""));
+        if ty != fstype || option.is_some_and(|o| !supers.split(',').any(|s| s == o)) {
+            return None;
+        }
+        left.split_whitespace().nth(4).map(PathBuf::from)
+    })
+}
+
+/// This process's cgroup in the v2 hierarchy (`0::<path>`), or in the v1 hierarchy of
+/// `controller`.
+fn own_path(proc_cgroup: &str, controller: Option<&str>) -> Option<String> {
+    proc_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let matches = match controller {
+            None => id == "0" && controllers.is_empty(),
+            Some(c) => controllers.split(',').any(|x| x == c),
+        };
+        matches.then(|| path.to_string())
+    })
+}
+
+fn join(mount: &Path, path: &str) -> PathBuf {
+    mount.join(path.trim_start_matches('/'))
+}
+
+impl Cgroups {
+    /// Sets up the directory of `scope`'s attempts under this process's own cgroup, or says
+    /// why cgroups cannot be used here.
+    pub fn setup(scope: &str) -> Result<Self, String> {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+        let proc_cgroup = fs::read_to_string("/proc/self/cgroup")
+            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+        let mount = mount_of(&mountinfo, "cgroup2", None)
+            .ok_or_else(|| "no cgroup v2 hierarchy is mounted".to_string())?;
+        let own = own_path(&proc_cgroup, None)
+            .ok_or_else(|| "this process is in no cgroup v2".to_string())?;
+        let name = dir_name(scope);
+        let base = join(&mount, &own);
+        let parent = base.join(&name);
+        match fs::create_dir(&parent) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(format!(
+                    "cannot create {} ({e}): run the agent as root, or give it a delegated \
+                     cgroup (systemd `Delegate=yes`)",
+                    parent.display()
+                ));
+            }
+        }
+        let relative = format!("{}/{name}", own.trim_end_matches('/'));
+        // memory.peak needs the memory controller enabled down to the attempts; that fails
+        // where this process's own cgroup holds processes (not the root), which is fine.
+        let memory_peak = controllers(&base).contains(&"memory".to_string())
+            && enable_memory(&base).is_ok()
+            && enable_memory(&parent).is_ok();
+        let memory_v1 = if memory_peak {
+            None
+        } else {
+            memory_v1_parent(&mountinfo, &proc_cgroup, &name)
+        };
+        Ok(Self {
+            parent,
+            relative,
+            memory_peak,
+            memory_v1,
+        })
+    }
+
+    /// What the agent says at start.
+    pub fn describe(&self) -> String {
+        let peak = if self.memory_peak {
+            "host RAM peak from memory.peak".to_string()
+        } else if let Some(v1) = &self.memory_v1 {
+            format!(
+                "host RAM peak from the v1 memory controller ({})",
+                v1.display()
+            )
+        } else {
+            "no host RAM peak (no memory controller available)".to_string()
+        };
+        format!(
+            "each attempt in its own cgroup under {} ({peak})",
+            self.parent.display()
+        )
+    }
+
+    pub fn attempt(&self, attempt: AttemptId) -> AttemptCgroup {
+        AttemptCgroup {
+            dir: self.parent.join(attempt.to_string()),
+            memory_peak: self.memory_peak,
+            memory_v1: self.memory_v1.as_ref().map(|p| p.join(attempt.to_string())),
+        }
+    }
+
+    /// SIGKILLs the processes of every attempt cgroup here whose attempt is not in `keep`
+    /// (left by an earlier run of the agent), and removes those already empty; returns what
+    /// it killed, by attempt.
+    pub fn kill_strays(
+        &self,
+        keep: &std::collections::HashSet<AttemptId>,
+    ) -> std::collections::HashMap<AttemptId, Vec<u32>> {
+        let mut killed = std::collections::HashMap::new();
+        let Ok(entries) = fs::read_dir(&self.parent) else {
+            return killed;
+        };
+        for entry in entries.flatten() {
+            let Some(attempt) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<AttemptId>().ok())
+            else {
+                continue;
+            };
+            if keep.contains(&attempt) {
+                continue;
+            }
+            let cg = self.attempt(attempt);
+            let pids = cg.pids().unwrap_or_default();
+            if !pids.is_empty() {
+                let _ = cg.kill();
+                killed.insert(attempt, pids);
+            } else {
+                let _ = cg.remove();
+            }
+        }
+        killed
+    }
+
+    /// The attempt `pid` belongs to by its cgroup; `None` for a process in no attempt's
+    /// cgroup (whatever its environment says), or gone.
+    pub fn attempt_of(&self, pid: u32) -> Option<AttemptId> {
+        let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let path = own_path(&text, None)?;
+        let rest = path.strip_prefix(&self.relative)?.strip_prefix('/')?;
+        // Its own cgroup or one it made below it (a job may nest its own).
+        rest.split('/').next()?.parse().ok()
+    }
+}
+
+fn controllers(dir: &Path) -> Vec<String> {
+    fs::read_to_string(dir.join("cgroup.controllers"))
+        .map(|t| t.split_whitespace().map(String::from).collect())
+        .unwrap_or_default()
+}
+
+fn enable_memory(dir: &Path) -> io::Result<()> {
+    if fs::read_to_string(dir.join("cgroup.subtree_control"))?.contains("memory") {
+        return Ok(());
+    }
+    fs::write(dir.join("cgroup.subtree_control"), "+memory")
+}
+
+/// `name` under this process's v1 memory cgroup, created, where memory is a v1 controller.
+fn memory_v1_parent(mountinfo: &str, proc_cgroup: &str, name: &str) -> Option<PathBuf> {
+    let mount = mount_of(mountinfo, "cgroup", Some("memory"))?;
+    let own = own_path(proc_cgroup, Some("memory"))?;
+    let dir = join(&mount, &own).join(name);
+    match fs::create_dir(&dir) {
+        Ok(()) => Some(dir),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Some(dir),
+        Err(_) => None,
+    }
+}
+
+/// One attempt's cgroup (and its v1 memory cgroup, where there is one).
+#[derive(Clone, Debug)]
+pub struct AttemptCgroup {
+    dir: PathBuf,
+    memory_peak: bool,
+    memory_v1: Option<PathBuf>,
+}
+
+impl AttemptCgroup {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Creates it, empty (one left by an earlier run of this attempt is reused).
+    pub fn create(&self) -> io::Result<()> {
+        for dir in std::iter::once(&self.dir).chain(self.memory_v1.as_ref()) {
+            match fs::create_dir(dir) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Files a forked child writes `0` to, before exec, to join: opened here, before the
+    /// fork, so the child only writes.
+    pub fn join_files(&self) -> io::Result<Vec<fs::File>> {
+        std::iter::once(&self.dir)
+            .chain(self.memory_v1.as_ref())
+            .map(|d| {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(d.join("cgroup.procs"))
+            })
+            .collect()
+    }
+
+    /// Moves `pid` in (a process started before its cgroup existed).
+    pub fn add(&self, pid: u32) -> io::Result<()> {
+        for file in self.join_files()? {
+            let mut file = file;
+            file.write_all(pid.to_string().as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Its live processes (a zombie has left it).
+    pub fn pids(&self) -> io::Result<Vec<u32>> {
+        Ok(fs::read_to_string(self.dir.join("cgroup.procs"))?
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect())
+    }
+
+    /// SIGKILLs every process in it at once (`cgroup.kill`), or one by one where the kernel
+    /// is older than 5.14.
+    pub fn kill(&self) -> io::Result<()> {
+        match fs::write(self.dir.join("cgroup.kill"), "1") {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                for pid in self.pids()? {
+                    if let Ok(raw) = i32::try_from(pid) {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(raw),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// The highest host memory its processes used together, in MiB, where a memory
+    /// controller counts it.
+    pub fn peak_mib(&self) -> Option<u64> {
+        let (dir, file) = if self.memory_peak {
+            (&self.dir, "memory.peak")
+        } else {
+            (self.memory_v1.as_ref()?, "memory.max_usage_in_bytes")
+        };
+        let bytes: u64 = fs::read_to_string(dir.join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(bytes.div_ceil(1024 * 1024))
+    }
+
+    /// Removes it once empty (and whatever a job nested below it).
+    pub fn remove(&self) -> io::Result<()> {
+        for dir in std::iter::once(&self.dir).chain(self.memory_v1.as_ref()) {
+            remove_tree(dir)?;
+        }
+        Ok(())
+    }
+}
+
+fn remove_tree(dir: &Path) -> io::Result<()> {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&e.path())?;
+            }
+        }
+    }
+    match fs::remove_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// How this process tells which attempt a process belongs to: by cgroup once
+/// [`attribute_by`] was called, else by the environment marker.
+static ATTRIBUTION: OnceLock<Cgroups> = OnceLock::new();
+
+/// Attributes processes by these cgroups from now on (set once, at start).
+pub fn attribute_by(cgroups: &Cgroups) {
+    let _ = ATTRIBUTION.set(cgroups.clone());
+}
+
+/// The cgroups processes are attributed by, when they are.
+pub fn attribution() -> Option<&'static Cgroups> {
+    ATTRIBUTION.get()
+}
+
+/// The attempt `pid` belongs to: by its cgroup where attempts have cgroups (a marker in its
+/// environment then counts for nothing, cleared or forged), else by the marker.
+pub fn attempt_of(pid: u32) -> Option<AttemptId> {
+    match ATTRIBUTION.get() {
+        Some(c) => c.attempt_of(pid),
+        None => crate::procscan::attempt_of(pid),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+36 25 0:31 / /sys/fs/cgroup/memory rw,relatime shared:14 - cgroup cgroup rw,memory
+41 25 0:36 / /sys/fs/cgroup/unified rw,relatime shared:19 - cgroup2 cgroup2 rw
+35 25 0:30 / /sys/fs/cgroup/cpu rw,relatime shared:13 - cgroup cgroup rw,cpu";
+
+    #[test]
+    fn mounts_and_own_cgroups_are_read_as_the_kernel_writes_them() {
+        assert_eq!(
+            mount_of(HYBRID, "cgroup2", None),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        assert_eq!(
+            mount_of(HYBRID, "cgroup", Some("memory")),
+            Some(PathBuf::from("/sys/fs/cgroup/memory"))
+        );
+        assert_eq!(mount_of(HYBRID, "cgroup", Some("pids")), None);
+        let own = "4:memory:/process_api/a49\n1:cpu:/\n0::/system.slice/headroom.service\n";
+        assert_eq!(
+            own_path(own, None).as_deref(),
+            Some("/system.slice/headroom.service")
+        );
+        assert_eq!(
+            own_path(own, Some("memory")).as_deref(),
+            Some("/process_api/a49")
+        );
+        assert_eq!(own_path("4:memory:/x\n", None), None);
+    }
+
+    #[test]
+    fn a_scope_names_its_directory_the_same_way_every_time() {
+        assert_eq!(dir_name("/var/lib/a"), dir_name("/var/lib/a"));
+        assert_ne!(dir_name("/var/lib/a"), dir_name("/var/lib/b"));
+        assert!(dir_name("/x").starts_with("headroom-"));
+    }
+}
