@@ -438,6 +438,28 @@ mod tests {
         f.assert_gone(&end, launch.attempt);
     }
 
+    /// A foreground that cannot start after its background did: the background is stopped
+    /// with the attempt's verified cleanup and recorded, not left to an unverified kill.
+    #[tokio::test]
+    async fn a_foreground_that_cannot_start_stops_its_background_verified() {
+        let f = fixture();
+        let bg = background("echo 0:1024 > $HEADROOM_FAKE_GPU_DIR/$$; exec sleep 300");
+        let mut launch = f.launch("true", bg);
+        launch.argv = vec!["/nonexistent/headroom-no-such-program".into()];
+        let end = f.run(launch.clone(), CancellationToken::new()).await;
+        assert_eq!(end.failure, Some(FailureClass::LaunchError), "{end:?}");
+        assert!(end.cleanup_verified, "{end:?}");
+        let b = end.background.as_ref().expect("the background is recorded");
+        assert!(b.pid.is_some() && b.ready_ms.is_some(), "{b:?}");
+        assert_eq!(b.signal, Some(15), "stopped by SIGTERM: {b:?}");
+        f.assert_gone(&end, launch.attempt);
+        let log = log_of(&launch);
+        assert!(
+            log.contains("cannot start") && log.contains("stopping the background"),
+            "{log}"
+        );
+    }
+
     #[tokio::test]
     async fn readiness_by_a_log_line() {
         let f = fixture();

@@ -515,6 +515,9 @@ async fn finish(
 ) -> Next {
     let held_by = end.held_by.clone();
     let clean = end.cleanup_verified;
+    // A supervisor that could not start a job (descriptors, memory, a broken runtime) is
+    // not trusted with another.
+    let launched = end.failure != Some(FailureClass::LaunchError);
     let mut report = report(spec.fence, end, reason, gpus);
     report.prestart = prestart;
     if let Some(c) = crate::cgroup::attribution() {
@@ -570,7 +573,7 @@ async fn finish(
             tracing::warn!(attempt = %spec.launch.attempt, "cannot clear the journalled outcome: {e}");
         }
     }
-    let reusable = reuse && clean && written.is_ok() && !link.reattached;
+    let reusable = reuse && clean && launched && written.is_ok() && !link.reattached;
     link.send(&FromSupervisor::Ended {
         held_by,
         report: Box::new(outcome.report),

@@ -148,20 +148,35 @@ pub(super) async fn start(
         background_guard = Some(guard);
     }
 
-    let mut cmd = match command(launch, backend.as_ref(), &log) {
-        Ok(cmd) => cmd,
-        Err(msg) => return Err(launch_error(msg)),
-    };
-    let spawned = procscan::spawn_owned(|| cmd.spawn(), Child::id);
-    // The command holds the log handles given to the child: close ours now.
-    drop(cmd);
+    let spawned = command(launch, backend.as_ref(), &log).and_then(|mut cmd| {
+        let spawned = procscan::spawn_owned(|| cmd.spawn(), Child::id);
+        // The command holds the log handles given to the child: close ours now.
+        drop(cmd);
+        spawned.map_err(|e| format!("cannot start `{}`: {e}", launch.argv[0]))
+    });
     let child = match spawned {
         Ok(child) => child,
-        Err(e) => {
-            return Err(launch_error(format!(
-                "cannot start `{}`: {e}",
-                launch.argv[0]
-            )));
+        Err(msg) => {
+            // A background already runs: it is stopped and verified gone like any end of
+            // the attempt, and recorded, not left to an unverified kill.
+            if let (Some(bg), Some(mut guard)) = (background, background_guard) {
+                note(&log, &format!("{msg}; stopping the background"));
+                let end = stop_background_only(
+                    bg,
+                    launch,
+                    backend,
+                    cfg,
+                    &watch,
+                    FailureClass::LaunchError,
+                )
+                .await;
+                guard.armed = false;
+                return Err(AttemptEnd {
+                    log_tail: read_tail(&launch.log_path, log_start),
+                    ..end
+                });
+            }
+            return Err(launch_error(msg));
         }
     };
     // A fresh child always has a pid; without one there is nothing to supervise, and pid 0

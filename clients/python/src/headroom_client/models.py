@@ -170,6 +170,8 @@ class AttemptView(_Model):
     background_exit_code: Optional[int] = None
     background_signal: Optional[int] = None
     background_exited_early: Optional[bool] = None
+    # Highest host RAM of the attempt's processes together (MiB), from its cgroup.
+    host_peak_mib: Optional[int] = None
 
 
 class JobDetail(JobSummary):
