@@ -224,6 +224,15 @@ fn table() -> Vec<(Route, RouteDoc)> {
                 .conflicts(),
         ),
         (
+            r::SHIP_LOG,
+            RouteDoc {
+                body: Body::Bytes,
+                ..doc("shipLog", "supervisors", Json(one::<LogAppended>))
+                    .query(query::<LogChunkQuery>)
+                    .conflicts()
+            },
+        ),
+        (
             r::HAND_BACK,
             doc("handBack", "agents", Json(one::<Ack>))
                 .body(one::<HandBackRequest>)

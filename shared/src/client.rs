@@ -647,6 +647,22 @@ impl Client {
         Ok(())
     }
 
+    /// An attempt's supervisor ships its log itself (with the attempt's key as token).
+    pub async fn ship_log(
+        &self,
+        attempt: AttemptId,
+        fence: i64,
+        offset: u64,
+        bytes: Vec<u8>,
+    ) -> Result<u64, ClientError> {
+        let req = self
+            .request(routes::SHIP_LOG, &[&attempt], DEFAULT_TIMEOUT)
+            .query(&LogChunkQuery { fence, offset })
+            .body(bytes);
+        let appended: LogAppended = self.send(req).await?;
+        Ok(appended.len)
+    }
+
     // ---- raw access, for tests that send what no typed call would ---------------------
 
     /// Sends `body` (JSON) to `path` and returns the status and the JSON answer whatever the

@@ -167,6 +167,12 @@ pub const REPORT_OUTCOME: Route = Route::new(
     Attempt,
     "The attempt's supervisor reports its end itself (fenced)",
 );
+pub const SHIP_LOG: Route = Route::new(
+    Post,
+    "/v1/attempts/{id}/outcome/log",
+    Attempt,
+    "The attempt's supervisor ships its log itself (fenced)",
+);
 pub const HAND_BACK: Route = Route::new(
     Post,
     "/v1/attempts/{id}/handback",
@@ -257,6 +263,7 @@ pub const ALL: &[Route] = &[
     FINISH,
     RENEW_LEASE,
     REPORT_OUTCOME,
+    SHIP_LOG,
     HAND_BACK,
     NODES,
     SET_PLAN,

@@ -6,6 +6,7 @@
 //! reach the coordinator either.
 
 use std::fmt;
+use std::path::Path;
 use std::time::Duration;
 
 use headroom_shared::AttemptId;
@@ -141,8 +142,15 @@ impl DirectLink {
         }
     }
 
-    /// Reports the attempt's end, trying again until `give_up_at`.
-    pub async fn deliver(&mut self, report: &FinishReport, give_up_at: Instant) -> Delivery {
+    /// Ships what the coordinator lacks of the attempt's log at `log` (from what it has:
+    /// the agent may have shipped most of it), then reports the attempt's end, trying again
+    /// until `give_up_at`.
+    pub async fn deliver(
+        &mut self,
+        report: &FinishReport,
+        log: &Path,
+        give_up_at: Instant,
+    ) -> Delivery {
         let client = match self.client() {
             Ok(c) => c,
             Err(e) => {
@@ -150,6 +158,10 @@ impl DirectLink {
                 return Delivery::Undelivered;
             }
         };
+        if let Err(e) = self.ship_log(&client, log, give_up_at).await {
+            // The end matters more than the log: its tail travels in the report.
+            tracing::warn!(attempt = %self.attempt, "cannot ship the log: {e}");
+        }
         loop {
             match client.report_outcome(self.attempt, report).await {
                 Ok(r) => {
@@ -170,6 +182,51 @@ impl DirectLink {
             }
         }
     }
+}
+
+impl DirectLink {
+    /// Ships the log from where the coordinator's copy ends (an empty chunk asks for it).
+    async fn ship_log(
+        &self,
+        client: &Client,
+        path: &Path,
+        give_up_at: Instant,
+    ) -> Result<(), String> {
+        const CHUNK: u64 = 1 << 20;
+        let mut offset = 0;
+        let mut chunk = Vec::new();
+        loop {
+            match client
+                .ship_log(self.attempt, self.fence, offset, chunk.clone())
+                .await
+            {
+                Ok(len) => offset = len,
+                Err(e) if permanent(&e) => return Err(e.to_string()),
+                Err(e) => {
+                    if Instant::now() + self.retry() > give_up_at {
+                        return Err(e.to_string());
+                    }
+                    tokio::time::sleep(self.retry()).await;
+                    continue;
+                }
+            }
+            chunk = read_from(path, offset, CHUNK)
+                .await
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if chunk.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+async fn read_from(path: &Path, offset: u64, max: u64) -> std::io::Result<Vec<u8>> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut f = tokio::fs::File::open(path).await?;
+    f.seek(std::io::SeekFrom::Start(offset)).await?;
+    let mut buf = Vec::new();
+    f.take(max).read_to_end(&mut buf).await?;
+    Ok(buf)
 }
 
 /// A refusal no retry changes: the lease is not ours (stale, unknown attempt, key refused).
@@ -232,7 +289,10 @@ mod tests {
             vec![],
         );
         let start = Instant::now();
-        let got = l.deliver(&report, start + Duration::from_millis(350)).await;
+        let give_up_at = start + Duration::from_millis(350);
+        let got = l
+            .deliver(&report, Path::new("/nonexistent"), give_up_at)
+            .await;
         assert_eq!(got, Delivery::Undelivered);
         assert!(start.elapsed() >= Duration::from_millis(200), "retried");
         match l.renew(Instant::now() + Duration::from_millis(300)).await {

@@ -563,7 +563,8 @@ async fn finish(
     }
     let delivered = match reporter.direct.as_mut() {
         Some(d) if reporter.away || link.conn.is_none() => {
-            d.deliver(&outcome.report, reporter.give_up_at).await
+            d.deliver(&outcome.report, &spec.launch.log_path, reporter.give_up_at)
+                .await
         }
         _ => Delivery::Undelivered,
     };

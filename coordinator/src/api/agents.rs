@@ -231,6 +231,16 @@ pub async fn append_log(
 ) -> ApiResult<LogAppended> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
     check_node(&s, &who, NodeOf::Attempt(attempt)).await?;
+    append(&s, attempt, q, body).await
+}
+
+/// Appends a fenced chunk of an attempt's log (from its agent or its supervisor).
+pub(super) async fn append(
+    s: &AppState,
+    attempt: AttemptId,
+    q: LogChunkQuery,
+    body: Bytes,
+) -> ApiResult<LogAppended> {
     s.store.check_log_fence(attempt, q.fence).await?;
     let logs = s.logs.clone();
     let len = tokio::task::spawn_blocking(move || logs.append(attempt, q.offset, &body))

@@ -72,6 +72,7 @@ pub fn router(state: AppState) -> Router {
             r::REPORT_OUTCOME.path,
             on(r::REPORT_OUTCOME, supervisors::outcome),
         )
+        .route(r::SHIP_LOG.path, on(r::SHIP_LOG, supervisors::ship_log))
         .route(r::NODES.path, on(r::NODES, nodes::list))
         .route(r::SET_PLAN.path, on(r::SET_PLAN, nodes::set_plan))
         .route(r::RELEASE_GPU.path, on(r::RELEASE_GPU, nodes::release_gpu))

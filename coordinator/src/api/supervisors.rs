@@ -4,10 +4,13 @@
 //! step's end to slurmctld whatever became of slurmd.
 
 use axum::Extension;
+use axum::body::Bytes;
 use axum::extract::State;
-use headroom_shared::api::{FinishReport, FinishResponse, LeaseRenewal, LeaseRenewed};
+use headroom_shared::api::{
+    FinishReport, FinishResponse, LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery,
+};
 
-use super::{ApiJson, ApiResult, AppState, AttemptCaller, check_samples};
+use super::{ApiJson, ApiQuery, ApiResult, AppState, AttemptCaller, check_samples};
 
 pub async fn renew(
     State(s): State<AppState>,
@@ -18,6 +21,15 @@ pub async fn renew(
     let cancel = s.store.renew_lease(attempt, req.fence, ttl_ms).await?;
     tracing::debug!(%attempt, "lease renewed by its supervisor");
     Ok(ApiJson(LeaseRenewed { ttl_ms, cancel }))
+}
+
+pub async fn ship_log(
+    State(s): State<AppState>,
+    Extension(AttemptCaller(attempt)): Extension<AttemptCaller>,
+    ApiQuery(q): ApiQuery<LogChunkQuery>,
+    body: Bytes,
+) -> ApiResult<LogAppended> {
+    super::agents::append(&s, attempt, q, body).await
 }
 
 pub async fn outcome(

@@ -13,8 +13,8 @@ use headroom_integration_tests::standalone::{
     Agent, AgentOptions, Coordinator, job_of, running_pid, submit_json,
 };
 use headroom_integration_tests::{
-    alive, binary, fake_job, is_waiting_supervisor, parent_of, read_records, scope_pids,
-    supervisor_pids, wait_until as wait,
+    alive, binary, fake_job, http_get_text, is_waiting_supervisor, parent_of, read_records,
+    scope_pids, supervisor_pids, wait_until as wait,
 };
 use headroom_shared::api::JobDetail;
 use headroom_shared::{ExperimentId, FailureClass, JobState};
@@ -294,4 +294,37 @@ fn a_supervisor_cut_off_from_agent_and_coordinator_stops_the_job_in_time() {
     );
     let d = job_of(url, exp).expect("job");
     assert_eq!(d.attempts_detail[0].failure_class, Some(FailureClass::Lost));
+}
+
+/// The log of a job whose agent is gone for good reaches the coordinator whole: its
+/// supervisor ships what the agent had not, before it reports the end.
+#[test]
+fn the_log_of_a_job_whose_agent_is_gone_reaches_the_coordinator_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coord = Coordinator::start(dir.path(), &["--lease-ttl", "2s"]).expect("coordinator");
+    let url = &coord.url;
+    let mut first = agent(url, dir.path(), "gpu-1", |o| o);
+    let exp = submit_json(
+        url,
+        &serde_json::json!({"name": "talks", "command": ["sh", "-c",
+            "echo first line; sleep 4; seq 1 20000 | sed 's/^/line /'; echo last line"]}),
+    );
+    running_pid(url, exp);
+    first.kill9().expect("kill -9");
+    let d = ended(url, exp);
+    assert_eq!(d.summary.state, JobState::Succeeded, "{d:#?}");
+    let attempt = d.attempts_detail[0].id;
+    let (status, log) = http_get_text(&format!("{url}/v1/attempts/{attempt}/log")).expect("log");
+    assert_eq!(status, 200);
+    assert!(
+        log.starts_with("first line\n"),
+        "{}",
+        &log[..log.len().min(200)]
+    );
+    assert!(log.contains("line 12345\n"), "the middle is there");
+    assert!(
+        log.ends_with("last line\n"),
+        "{}",
+        &log[log.len().saturating_sub(200)..]
+    );
 }
