@@ -169,7 +169,17 @@ impl Cgroups {
             let cg = self.attempt(attempt);
             let pids = cg.pids().unwrap_or_default();
             if !pids.is_empty() {
-                let _ = cg.kill();
+                if let Err(e) = cg.kill() {
+                    tracing::warn!(%attempt, "cannot kill the cgroup {}: {e}", cg.dir().display());
+                }
+                for &pid in &pids {
+                    if let Ok(raw) = i32::try_from(pid) {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(raw),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
                 killed.insert(attempt, pids);
             } else {
                 let _ = cg.remove();
@@ -251,15 +261,6 @@ impl AttemptCgroup {
             .collect()
     }
 
-    /// Moves `pid` in (a process started before its cgroup existed).
-    pub fn add(&self, pid: u32) -> io::Result<()> {
-        for file in self.join_files()? {
-            let mut file = file;
-            file.write_all(pid.to_string().as_bytes())?;
-        }
-        Ok(())
-    }
-
     /// Its live processes (a zombie has left it).
     pub fn pids(&self) -> io::Result<Vec<u32>> {
         Ok(fs::read_to_string(self.dir.join("cgroup.procs"))?
@@ -268,11 +269,20 @@ impl AttemptCgroup {
             .collect())
     }
 
-    /// SIGKILLs every process in it at once (`cgroup.kill`), or one by one where the kernel
-    /// is older than 5.14.
+    /// SIGKILLs every process in it at once (`cgroup.kill`), and, where the kernel is older
+    /// than 5.14 (no such file: opening it to create it is refused), one by one.
     pub fn kill(&self) -> io::Result<()> {
-        match fs::write(self.dir.join("cgroup.kill"), "1") {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        let at_once = fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.kill"))
+            .and_then(|mut f| f.write_all(b"1"));
+        match at_once {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+                ) =>
+            {
                 for pid in self.pids()? {
                     if let Ok(raw) = i32::try_from(pid) {
                         let _ = nix::sys::signal::kill(
@@ -285,6 +295,11 @@ impl AttemptCgroup {
             }
             other => other,
         }
+    }
+
+    /// Whether it exists: an attempt started before its agent used cgroups has none.
+    pub fn exists(&self) -> bool {
+        self.dir.is_dir()
     }
 
     /// The highest host memory its processes used together, in MiB, where a memory
@@ -326,6 +341,31 @@ fn remove_tree(dir: &Path) -> io::Result<()> {
     }
 }
 
+/// The agent's cgroups at start (`wanted`: not `--no-cgroups`), said in its log either way;
+/// processes are attributed by them from then on.
+pub fn for_agent(wanted: bool, scope: &str) -> Option<Cgroups> {
+    let setup = if wanted {
+        Cgroups::setup(scope)
+    } else {
+        Err("--no-cgroups".to_string())
+    };
+    match setup {
+        Ok(c) => {
+            tracing::info!("{}", c.describe());
+            attribute_by(&c);
+            Some(c)
+        }
+        Err(why) => {
+            tracing::warn!(
+                "per-attempt cgroups unavailable ({why}): attempts are tracked by their \
+                 environment marker and process tree, and a job that clears its environment \
+                 reads as foreign on its GPUs"
+            );
+            None
+        }
+    }
+}
+
 /// How this process tells which attempt a process belongs to: by cgroup once
 /// [`attribute_by`] was called, else by the environment marker.
 static ATTRIBUTION: OnceLock<Cgroups> = OnceLock::new();
@@ -341,12 +381,15 @@ pub fn attribution() -> Option<&'static Cgroups> {
 }
 
 /// The attempt `pid` belongs to: by its cgroup where attempts have cgroups (a marker in its
-/// environment then counts for nothing, cleared or forged), else by the marker.
+/// environment then counts for nothing, cleared or forged), else by the marker. A process in
+/// no attempt's cgroup whose marker names an attempt that has no cgroup (started before its
+/// agent used cgroups, and re-attached since) is that attempt's.
 pub fn attempt_of(pid: u32) -> Option<AttemptId> {
-    match ATTRIBUTION.get() {
-        Some(c) => c.attempt_of(pid),
-        None => crate::procscan::attempt_of(pid),
-    }
+    let Some(c) = ATTRIBUTION.get() else {
+        return crate::procscan::attempt_of(pid);
+    };
+    c.attempt_of(pid)
+        .or_else(|| crate::procscan::attempt_of(pid).filter(|a| !c.attempt(*a).exists()))
 }
 
 #[cfg(test)]

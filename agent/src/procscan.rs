@@ -7,6 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io;
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -138,9 +139,9 @@ pub fn descendants() -> Result<Vec<u32>, String> {
             let path = task.path().join("children");
             let list = match fs::read_to_string(&path) {
                 Ok(l) => l,
-                // Ours is always there where the kernel shows trees at all; a descendant's
-                // may vanish as it exits.
-                Err(e) if pid == me => {
+                // Our main thread's is always there where the kernel shows trees at all;
+                // another thread's, or a descendant's, may vanish as it exits.
+                Err(e) if pid == me && task.file_name().to_str() == Some(&me.to_string()) => {
                     return Err(format!(
                         "cannot read {} ({e}): this kernel does not show process trees, so \
                          leftovers cannot be told",
@@ -193,9 +194,30 @@ pub fn describe(pid: u32) -> (Option<String>, Option<String>) {
     (user, command)
 }
 
-/// Zombie processes whose parent is this process.
+/// Zombie processes whose parent is this process: from the kernel's lists of this process's
+/// children (a zombie stays on its parent's list until reaped), one short read per thread,
+/// not a pass over every process on the host (a supervisor runs this at every child's exit).
 pub fn zombie_children() -> Vec<u32> {
-    let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+    let me = std::process::id();
+    if let Ok(tasks) = fs::read_dir("/proc/self/task")
+        && Path::new(&format!("/proc/self/task/{me}/children")).exists()
+    {
+        let mut out: Vec<u32> = tasks
+            .flatten()
+            .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|list| {
+                list.split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|&pid| matches!(state_of(pid), Some(ProcState::Zombie)))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        return out;
+    }
+    // A kernel that shows no children lists: every process's parent, read one by one.
+    let me = i32::try_from(me).unwrap_or(i32::MAX);
     all_pids()
         .into_iter()
         .filter(|&pid| {

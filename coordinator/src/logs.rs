@@ -1,9 +1,11 @@
-//! Attempt logs as shipped by agents: one file per attempt under the coordinator's data
-//! directory, appended at the offset the agent names so a resent chunk is written once.
+//! Attempt logs as shipped by agents (and, while an agent is away, by the attempt's
+//! supervisor): one file per attempt under the coordinator's data directory, appended at the
+//! offset the sender names so a resent chunk is written once, whoever sends it.
 
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use headroom_shared::AttemptId;
 
@@ -22,6 +24,9 @@ pub struct LogStore {
     dir: PathBuf,
     /// Bumped when a log grows, for `logs -f`.
     changes: Changes,
+    /// Appends one at a time: an agent and a supervisor may ship the same bytes at once, and
+    /// each reads the length before it writes.
+    appending: Arc<Mutex<()>>,
 }
 
 impl LogStore {
@@ -30,6 +35,7 @@ impl LogStore {
         Ok(Self {
             dir,
             changes: Changes::default(),
+            appending: Arc::default(),
         })
     }
 
@@ -44,6 +50,10 @@ impl LogStore {
 
     /// Appends `bytes` that start at `offset` of the agent's log; returns the new length.
     pub fn append(&self, attempt: AttemptId, offset: u64, bytes: &[u8]) -> Result<u64, LogError> {
+        let _one_at_a_time = self
+            .appending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut f = OpenOptions::new()
             .create(true)
             .read(true)

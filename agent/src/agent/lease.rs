@@ -55,9 +55,10 @@ pub(crate) async fn run(
     // The supervisor's own line to the coordinator, for while this agent is away.
     let direct = lease.report_key.map(|key| Direct {
         server: shared.client.base().to_string(),
-        key,
+        key: key.0,
         fence_after_ms: millis(budget.fence_after),
         every_ms: millis(budget.every),
+        ttl_ms: millis(budget.ttl),
     });
     let fence = lease.fence;
     let gpus = lease.gpus.clone();

@@ -258,26 +258,7 @@ impl Agent {
             attempts.clone(),
         );
         let scope = crate::agent::sweep::scope_of(&cfg.data_dir);
-        let setup = if cfg.cgroups {
-            crate::cgroup::Cgroups::setup(&scope)
-        } else {
-            Err("--no-cgroups".to_string())
-        };
-        let cgroups = match setup {
-            Ok(c) => {
-                tracing::info!("{}", c.describe());
-                crate::cgroup::attribute_by(&c);
-                Some(c)
-            }
-            Err(why) => {
-                tracing::warn!(
-                    "per-attempt cgroups unavailable ({why}): attempts are tracked by their \
-                     environment marker and process tree, and a job that clears its \
-                     environment reads as foreign on its GPUs"
-                );
-                None
-            }
-        };
+        let cgroups = crate::cgroup::for_agent(cfg.cgroups, &scope);
         let standby = crate::agent::standby::Standby::new(
             cfg.supervisor_exe.clone(),
             scope.clone(),

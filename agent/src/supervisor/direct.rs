@@ -29,6 +29,10 @@ pub struct Direct {
     pub fence_after_ms: u64,
     /// How often the agent renews: the supervisor renews itself once a renewal is overdue.
     pub every_ms: u64,
+    /// The lease TTL the fence budget was made for; a coordinator that answers a renewal
+    /// with a shorter one brings the fence in by the difference.
+    #[serde(default)]
+    pub ttl_ms: u64,
 }
 
 impl fmt::Debug for Direct {
@@ -38,6 +42,7 @@ impl fmt::Debug for Direct {
             .field("key", &"<redacted>")
             .field("fence_after_ms", &self.fence_after_ms)
             .field("every_ms", &self.every_ms)
+            .field("ttl_ms", &self.ttl_ms)
             .finish()
     }
 }
@@ -124,16 +129,17 @@ impl DirectLink {
     ) -> impl std::future::Future<Output = Renewal> + Send + 'static {
         let client = self.client();
         let (attempt, fence, fence_after) = (self.attempt, self.fence, self.fence_after());
+        let budget_ttl = Duration::from_millis(self.params.ttl_ms);
         async move {
             let client = match client {
                 Ok(c) => c,
-                Err(e) => return Renewal::Gone(format!("no client for the coordinator: {e}")),
+                Err(e) => return Renewal::Failed(format!("no client for the coordinator: {e}")),
             };
             let sent = Instant::now();
             let timeout = deadline.saturating_duration_since(sent).max(FLOOR);
             match client.renew_lease(attempt, fence, timeout).await {
-                Ok(LeaseRenewed { cancel, .. }) => Renewal::Renewed {
-                    until: sent + fence_after,
+                Ok(LeaseRenewed { cancel, ttl_ms }) => Renewal::Renewed {
+                    until: sent + fence_after_for(fence_after, budget_ttl, ttl_ms),
                     cancel,
                 },
                 Err(e) if permanent(&e) => Renewal::Gone(e.to_string()),
@@ -184,6 +190,13 @@ impl DirectLink {
     }
 }
 
+/// The fence after a renewal answered with `ttl_ms`: the budget's, brought in by however
+/// much shorter the coordinator's TTL is than the one the budget was made for (one restarted
+/// with another `--lease-ttl` expires the lease sooner); never later.
+fn fence_after_for(fence_after: Duration, budget_ttl: Duration, ttl_ms: u64) -> Duration {
+    fence_after.saturating_sub(budget_ttl.saturating_sub(Duration::from_millis(ttl_ms)))
+}
+
 impl DirectLink {
     /// Ships the log from where the coordinator's copy ends (an empty chunk asks for it).
     async fn ship_log(
@@ -229,13 +242,15 @@ async fn read_from(path: &Path, offset: u64, max: u64) -> std::io::Result<Vec<u8
     Ok(buf)
 }
 
-/// A refusal no retry changes: the lease is not ours (stale, unknown attempt, key refused).
+/// The coordinator's own word that the lease is not ours (stale, unknown attempt, key
+/// refused). Anything else (a proxy's page, a replica without these routes, a client that
+/// cannot be built) is retried until the fence falls: a healthy job is not stopped, nor its
+/// end dropped, for an answer that does not say so.
 fn permanent(e: &ClientError) -> bool {
-    !e.is_transient()
-        || matches!(
-            e.code(),
-            Some(ErrorCode::StaleFence | ErrorCode::NotFound | ErrorCode::Unauthenticated)
-        )
+    matches!(
+        e.code(),
+        Some(ErrorCode::StaleFence | ErrorCode::NotFound | ErrorCode::Unauthenticated)
+    )
 }
 
 #[cfg(test)]
@@ -249,6 +264,7 @@ mod tests {
                 key: "k".into(),
                 fence_after_ms,
                 every_ms,
+                ttl_ms: 0,
             },
             AttemptId::new(),
             1,
@@ -270,6 +286,23 @@ mod tests {
         let short = link(1_000, 1_000);
         let due = short.due(now + Duration::from_millis(1_000)) - now;
         assert_eq!(due, Duration::from_millis(750));
+    }
+
+    #[test]
+    fn a_shorter_ttl_in_the_answer_brings_the_fence_in() {
+        let ms = Duration::from_millis;
+        assert_eq!(fence_after_for(ms(2_600), ms(4_000), 4_000), ms(2_600));
+        assert_eq!(fence_after_for(ms(2_600), ms(4_000), 3_000), ms(1_600));
+        assert_eq!(
+            fence_after_for(ms(2_600), ms(4_000), 9_000),
+            ms(2_600),
+            "never later"
+        );
+        assert_eq!(
+            fence_after_for(ms(2_600), ms(4_000), 1_000),
+            ms(0),
+            "stop at once"
+        );
     }
 
     #[test]

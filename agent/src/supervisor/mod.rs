@@ -336,6 +336,8 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
             msg = link.recv() => match msg {
                 Some(Ok(Some(ToSupervisor::Renew { stop_in_ms }))) => {
                     fence.renew(Duration::from_millis(stop_in_ms));
+                    // The agent renews again: the end is its to report.
+                    renewed_itself = false;
                     if let Some(d) = &direct && renewing.is_none() {
                         renew_due = Some(d.due(fence.deadline()));
                     }

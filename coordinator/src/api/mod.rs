@@ -167,7 +167,20 @@ async fn authorize(
             Ok(caller) => {
                 tracing::Span::current().record("who", caller.0.to_string().as_str());
                 req.extensions_mut().insert(caller);
-                next.run(req).await
+                let response = next.run(req).await;
+                // An end reported by a supervisor changes its job: audited (renewals and log
+                // chunks are its steady traffic).
+                if route.path == routes::REPORT_OUTCOME.path {
+                    tracing::info!(
+                        target: "headroom::audit",
+                        actor = %format_args!("supervisor of attempt {}", caller.0),
+                        action = %format_args!("{} {}", route.method, route.path),
+                        target = %path,
+                        status = response.status().as_u16(),
+                        "audit"
+                    );
+                }
+                response
             }
             Err(e) => {
                 let answer = e.into_response();

@@ -6,7 +6,7 @@ use headroom_shared::api::{JobDetail, JobSummary};
 use headroom_shared::{ExperimentId, JobEvent, JobId, JobState};
 
 use super::tx::{AttemptsWhere, JobsWhere, Tx};
-use super::{JobFilter, Result, StoreError, now_ms};
+use super::{JobFilter, Millis, Result, StoreError, now_ms};
 use crate::rules;
 
 /// A job's state, the job locked.
@@ -48,12 +48,16 @@ pub(super) async fn lock_job_of(tx: &mut dyn Tx, attempt: &str) -> Result<Option
 
 /// Records an active attempt as lost and requeues its job if the policy allows; false when
 /// it had already ended (another replica's sweep, or its report, came first).
-pub(super) async fn lose_attempt(tx: &mut dyn Tx, attempt: &str) -> Result<bool> {
+pub(super) async fn lose_attempt(
+    tx: &mut dyn Tx,
+    attempt: &str,
+    expired_before: Option<Millis>,
+) -> Result<bool> {
     let Some(job) = lock_job_of(tx, attempt).await? else {
         return Ok(false);
     };
     let now = tx.clock().await?;
-    let Some(started) = tx.end_lost(attempt, now).await? else {
+    let Some(started) = tx.end_lost(attempt, now, expired_before).await? else {
         return Ok(false);
     };
     let r = job_rules(tx, &job).await?;

@@ -15,8 +15,11 @@ use crate::placement::{GpuState, Placer, Snapshot};
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
 
 /// Pending jobs read (and, on PostgreSQL, locked) at a time by a claim; it reads the next
-/// window while its node could take more.
+/// window while its node could take more, at most [`CLAIM_WINDOWS`] of them: a node with a
+/// free slot and little memory would otherwise read the whole queue at every claim, holding
+/// its locks meanwhile.
 const CLAIM_WINDOW: u32 = 512;
+const CLAIM_WINDOWS: usize = 16;
 
 /// Checks a report's fencing token, locking the job and then the attempt; returns the job
 /// and the attempt's phase.
@@ -45,7 +48,7 @@ async fn lease_job(tx: &mut dyn Tx, to: &LeaseTo<'_>, job: &str, slot: &Slot) ->
         .ok_or_else(|| StoreError::not_found("job", job))?;
     let mut new = rows::lease_row_into(row, AttemptId::new(), job, &slot.gpus, slot.estimate)?;
     let (key, key_hash) = crate::attempt_keys::new_key();
-    new.lease.report_key = Some(key);
+    new.lease.report_key = Some(headroom_shared::api::AttemptKey(key));
     tx.insert_attempt(&NewAttempt {
         id: new.lease.attempt.to_string(),
         job,
@@ -100,7 +103,7 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let mut leases = Vec::new();
     let mut after = None;
     let max = input.max as usize;
-    loop {
+    for window in 1.. {
         let pending = tx
             .lock_pending(node.gpus.len() as u32, after, CLAIM_WINDOW)
             .await?;
@@ -121,6 +124,7 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
             Some(last)
                 if pending.len() == CLAIM_WINDOW as usize
                     && leases.len() < max
+                    && window < CLAIM_WINDOWS
                     && placer.open() =>
             {
                 after = Some(last.cursor);
@@ -324,7 +328,8 @@ pub(super) async fn expire(tx: &mut dyn Tx, now: Millis) -> Result<(Vec<AttemptI
     // lost twice.
     let mut lost = Vec::new();
     for a in tx.expired(now).await? {
-        if jobs::lose_attempt(tx, &a).await? {
+        // Checked again under the job's lock: a renewal may have committed since the read.
+        if jobs::lose_attempt(tx, &a, Some(now)).await? {
             lost.push(parse(&a, "attempt id")?);
         }
     }

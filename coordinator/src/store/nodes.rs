@@ -68,7 +68,7 @@ pub(super) async fn register(tx: &mut dyn Tx, reg: Registration) -> Result<(Regi
     for a in tx.active_on(&reg.node).await? {
         let resumed = rules::resumes(&reg.resume, &a.id, a.fence)
             && tx.resume_attempt(&a.id, reg.agent, until).await?;
-        if !resumed && jobs::lose_attempt(tx, &a.id).await? {
+        if !resumed && jobs::lose_attempt(tx, &a.id, None).await? {
             lost.push(parse(&a.id, "attempt id")?);
         }
     }

@@ -440,13 +440,21 @@ impl<E: Exec> Tx for E {
         .await
     }
 
-    async fn end_lost(&mut self, attempt: &str, now: Millis) -> Result<Option<bool>> {
+    async fn end_lost(
+        &mut self,
+        attempt: &str,
+        now: Millis,
+        expired_before: Option<Millis>,
+    ) -> Result<Option<bool>> {
+        // `expired_before`: a renewal that committed since the sweep read the lease wins.
         first(
             self,
             "UPDATE attempts SET phase = 'ended', ended_at = $1, failure_class = 'lost', \
              log_tail = COALESCE(log_tail, 'lost: the agent went away before reporting an end') \
-             WHERE id = $2 AND phase != 'ended' RETURNING started_at IS NOT NULL",
-            args![now, attempt],
+             WHERE id = $2 AND phase != 'ended' \
+             AND (CAST($3 AS BIGINT) IS NULL OR lease_expires_at < $3) \
+             RETURNING started_at IS NOT NULL",
+            args![now, attempt, expired_before],
             |r| r.flag(0),
         )
         .await

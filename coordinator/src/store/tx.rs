@@ -153,9 +153,14 @@ pub trait Tx: Send {
     /// Attempts not ended whose lease ran out before `now`, in job order.
     async fn expired(&mut self, now: Millis) -> Result<Vec<String>>;
     async fn insert_attempt(&mut self, a: &NewAttempt<'_>) -> Result<()>;
-    /// Ends an attempt not yet ended as `lost`; whether it had started, `None` when it had
-    /// already ended.
-    async fn end_lost(&mut self, attempt: &str, now: Millis) -> Result<Option<bool>>;
+    /// Ends an attempt not yet ended as `lost` (with `expired_before`, only if its lease
+    /// still ran out before then); whether it had started, `None` when it did not end it.
+    async fn end_lost(
+        &mut self,
+        attempt: &str,
+        now: Millis,
+        expired_before: Option<Millis>,
+    ) -> Result<Option<bool>>;
     /// Moves a live attempt to `agent` with a new expiry; false when it had ended.
     async fn resume_attempt(
         &mut self,
@@ -170,10 +175,10 @@ pub trait Tx: Send {
         until: Millis,
         waiting: Option<&str>,
     ) -> Result<Option<bool>>;
-    /// Renews a lease for its supervisor, leaving what the agent said of its wait as it
-    /// is; whether its cancel was asked (`None`: no such attempt).
     /// Now, by the clock every replica shares (the database's), in ms since the epoch.
     async fn clock(&mut self) -> Result<Millis>;
+    /// Renews a lease for its supervisor, leaving what the agent said of its wait as it
+    /// is; whether its cancel was asked (`None`: no such attempt).
     async fn extend_lease(&mut self, attempt: &str, until: Millis) -> Result<Option<bool>>;
     /// The digest of the attempt's key (`None`: no such attempt; `Some(None)`: none issued).
     async fn attempt_key(&mut self, attempt: &str) -> Result<Option<Option<String>>>;

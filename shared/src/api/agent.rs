@@ -92,7 +92,19 @@ pub struct Lease {
     /// renews the lease and reports the outcome itself while its agent is away. Never
     /// handed to the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub report_key: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub report_key: Option<AttemptKey>,
+}
+
+/// An attempt's key, as it travels (a plain string); `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AttemptKey(pub String);
+
+impl std::fmt::Debug for AttemptKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AttemptKey(<redacted>)")
+    }
 }
 
 /// A supervisor renewing its attempt's lease itself (its agent is away).

@@ -38,9 +38,14 @@ pub fn kill_marked(attempt: AttemptId) -> Vec<u32> {
     // forged on another's process, or cleared by the attempt's own.
     if let Some(c) = crate::cgroup::attribution() {
         let cg = c.attempt(attempt);
-        let pids = cg.pids().unwrap_or_default();
-        let _ = cg.kill();
-        return pids;
+        if cg.exists() {
+            let pids = cg.pids().unwrap_or_default();
+            if let Err(e) = cg.kill() {
+                tracing::warn!(%attempt, "cannot kill the attempt's cgroup: {e}");
+            }
+            signal_each(&pids, Signal::SIGKILL);
+            return pids;
+        }
     }
     let pids = procscan::pids_with_marker(attempt);
     signal_each(&pids, Signal::SIGKILL);

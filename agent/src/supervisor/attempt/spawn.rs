@@ -154,8 +154,14 @@ pub(super) async fn start(
         drop(cmd);
         spawned.map_err(|e| format!("cannot start `{}`: {e}", launch.argv[0]))
     });
-    let child = match spawned {
-        Ok(child) => child,
+    // A fresh child always has a pid; without one there is nothing to supervise, and pid 0
+    // must never reach killpg (it would signal the agent's own group).
+    let spawned = spawned.and_then(|child| match child.id().filter(|&p| p > 0) {
+        Some(pid) => Ok((child, pid)),
+        None => Err("the process vanished at spawn".to_string()),
+    });
+    let (child, pid) = match spawned {
+        Ok(spawned) => spawned,
         Err(msg) => {
             // A background already runs: it is stopped and verified gone like any end of
             // the attempt, and recorded, not left to an unverified kill.
@@ -178,11 +184,6 @@ pub(super) async fn start(
             }
             return Err(launch_error(msg));
         }
-    };
-    // A fresh child always has a pid; without one there is nothing to supervise, and pid 0
-    // must never reach killpg (it would signal the agent's own group).
-    let Some(pid) = child.id().filter(|&p| p > 0) else {
-        return Err(launch_error("the process vanished at spawn".to_string()));
     };
     let guard = KillOnDrop {
         pgid: pid,
