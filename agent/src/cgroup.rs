@@ -261,12 +261,12 @@ impl AttemptCgroup {
             .collect()
     }
 
-    /// Its live processes (a zombie has left it).
+    /// Its live processes (a zombie has left it), those of cgroups a job made below it
+    /// included.
     pub fn pids(&self) -> io::Result<Vec<u32>> {
-        Ok(fs::read_to_string(self.dir.join("cgroup.procs"))?
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect())
+        let mut out = Vec::new();
+        members(&self.dir, &mut out)?;
+        Ok(out)
     }
 
     /// SIGKILLs every process in it at once (`cgroup.kill`), and, where the kernel is older
@@ -325,6 +325,24 @@ impl AttemptCgroup {
         }
         Ok(())
     }
+}
+
+fn members(dir: &Path, out: &mut Vec<u32>) -> io::Result<()> {
+    out.extend(
+        fs::read_to_string(dir.join("cgroup.procs"))?
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok()),
+    );
+    for e in fs::read_dir(dir)?.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            // One removed meanwhile holds nobody.
+            match members(&e.path(), out) {
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                other => other?,
+            }
+        }
+    }
+    Ok(())
 }
 
 fn remove_tree(dir: &Path) -> io::Result<()> {

@@ -272,6 +272,22 @@ pub fn test_pause_before_report() -> Option<Duration> {
 mod tests {
     use super::*;
 
+    /// Spares are named apart per run: a supervisor of an earlier run may still hold one of
+    /// its spares as the temporary file it writes its outcome through.
+    #[test]
+    fn spares_of_two_runs_never_share_a_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut names = Vec::new();
+        for _ in 0..2 {
+            let journal = Outcomes::open(dir.path()).expect("open");
+            let o = outcome(1, 0);
+            journal.write(&o).expect("write");
+            journal.remove(o.attempt).expect("remove");
+            names.push(journal.take_spare().expect("a spare"));
+        }
+        assert_ne!(names[0], names[1], "{names:?}");
+    }
+
     fn outcome(fence: i64, secs_ago: i64) -> Outcome {
         Outcome {
             attempt: AttemptId::new(),
