@@ -200,11 +200,21 @@ pub async fn finish(
 ) -> ApiResult<FinishResponse> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
     check_node(&s, &who, NodeOf::Attempt(attempt)).await?;
+    record_end(&s, attempt, req, "its agent").await
+}
+
+/// Checks and records an attempt's end, reported by `by` (its agent or its supervisor).
+pub(super) async fn record_end(
+    s: &AppState,
+    attempt: AttemptId,
+    req: FinishReport,
+    by: &str,
+) -> ApiResult<FinishResponse> {
     check_samples(&req.gpus)?;
     super::telemetry::check_measurements(&req.measurements)?;
     let failure = req.failure;
     let job_state = s.store.finish_attempt(attempt, req).await?;
-    tracing::info!(%attempt, failure = ?failure, %job_state, "attempt finished");
+    tracing::info!(%attempt, failure = ?failure, %job_state, "attempt finished, reported by {by}");
     Ok(ApiJson(FinishResponse { job_state }))
 }
 

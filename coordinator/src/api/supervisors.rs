@@ -10,7 +10,7 @@ use headroom_shared::api::{
     FinishReport, FinishResponse, LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery,
 };
 
-use super::{ApiJson, ApiQuery, ApiResult, AppState, AttemptCaller, check_samples};
+use super::{ApiJson, ApiQuery, ApiResult, AppState, AttemptCaller};
 
 pub async fn renew(
     State(s): State<AppState>,
@@ -37,10 +37,5 @@ pub async fn outcome(
     Extension(AttemptCaller(attempt)): Extension<AttemptCaller>,
     ApiJson(req): ApiJson<FinishReport>,
 ) -> ApiResult<FinishResponse> {
-    check_samples(&req.gpus)?;
-    super::telemetry::check_measurements(&req.measurements)?;
-    let failure = req.failure;
-    let job_state = s.store.finish_attempt(attempt, req).await?;
-    tracing::info!(%attempt, failure = ?failure, %job_state, "attempt finished, reported by its supervisor");
-    Ok(ApiJson(FinishResponse { job_state }))
+    super::agents::record_end(&s, attempt, req, "its supervisor").await
 }
