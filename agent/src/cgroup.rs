@@ -237,13 +237,11 @@ impl AttemptCgroup {
         &self.dir
     }
 
-    /// Creates it, empty (one left by an earlier run of this attempt is reused).
+    /// Creates it, empty (one left by an earlier run of this attempt is reused), and its
+    /// agent's directory again if someone removed it meanwhile.
     pub fn create(&self) -> io::Result<()> {
         for dir in std::iter::once(&self.dir).chain(self.memory_v1.as_ref()) {
-            match fs::create_dir(dir) {
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-                _ => {}
-            }
+            fs::create_dir_all(dir)?;
         }
         Ok(())
     }
@@ -380,6 +378,22 @@ pub fn for_agent(wanted: bool, scope: &str) -> Option<Cgroups> {
                  reads as foreign on its GPUs"
             );
             None
+        }
+    }
+}
+
+/// Removes the agent's directories of attempt cgroups when dropped (the agent exits), where
+/// nothing is left in them: attempts left running keep theirs, and the next agent on the
+/// data directory finds them.
+pub struct Tidy(pub Option<Cgroups>);
+
+impl Drop for Tidy {
+    fn drop(&mut self) {
+        if let Some(c) = &self.0 {
+            for dir in std::iter::once(&c.parent).chain(c.memory_v1.as_ref()) {
+                // Refused while an attempt's cgroup is in it: that is the point.
+                let _ = fs::remove_dir(dir);
+            }
         }
     }
 }

@@ -190,6 +190,8 @@ pub struct Agent {
     metrics_listener: Mutex<Option<std::net::TcpListener>>,
     /// Held for the agent's life: one agent per data directory.
     _data_lock: std::fs::File,
+    /// Removes this agent's cgroup directories at exit when empty.
+    _cgroups: crate::cgroup::Tidy,
 }
 
 /// An exclusive lock on `<data dir>/agent.lock`: a second agent on the same directory would
@@ -259,6 +261,7 @@ impl Agent {
         );
         let scope = crate::agent::sweep::scope_of(&cfg.data_dir);
         let cgroups = crate::cgroup::for_agent(cfg.cgroups, &scope);
+        let cgroups_at_exit = cgroups.clone();
         let standby = crate::agent::standby::Standby::new(
             cfg.supervisor_exe.clone(),
             scope.clone(),
@@ -291,6 +294,7 @@ impl Agent {
             unreported: Mutex::new(Vec::new()),
             metrics_listener: Mutex::new(metrics_listener),
             _data_lock: data_lock,
+            _cgroups: crate::cgroup::Tidy(cgroups_at_exit),
         })
     }
 

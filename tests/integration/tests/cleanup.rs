@@ -177,3 +177,27 @@ fn backgrounded_children_leave_no_zombie_under_any_supervisor() {
         zombies()
     );
 }
+
+/// An agent that exits with nothing running removes its attempts' cgroup directory: a node
+/// (or a developer's machine running this suite) does not collect one per agent run.
+#[test]
+fn an_agent_leaves_no_cgroup_directory_behind() {
+    let mut h = Headroom::up(UpOptions::gpus("1x24GiB").kill_grace("300ms"));
+    let spec = r#"{"name": "one", "command": ["true"]}"#;
+    let exp = h.submit("one.json", spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let log = h.server_log();
+    let Some(dir) = log
+        .lines()
+        .find_map(|l| l.split("each attempt in its own cgroup under ").nth(1))
+        .and_then(|rest| rest.split(" (").next())
+        .map(std::path::PathBuf::from)
+    else {
+        assert!(log.contains("per-attempt cgroups unavailable"), "{log}");
+        return;
+    };
+    assert!(dir.is_dir(), "{}", dir.display());
+    h.stop().expect("stop");
+    assert!(!dir.exists(), "{} is left", dir.display());
+}
