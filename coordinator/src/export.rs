@@ -71,6 +71,17 @@ pub fn is_clean(a: &AttemptView) -> bool {
     !ran_on_gpus || (m.throttled_thermal.is_some() && m.throttled_power.is_some())
 }
 
+/// A parameter's column: its name, or `params.NAME` where the name is one of the fixed
+/// columns (a grid axis named `node` or `run`), as the Python client spreads a job's
+/// parameters, so neither hides the other.
+fn param_column(name: &str) -> std::borrow::Cow<'_, str> {
+    if FIXED.contains(&name) || OUTCOME.contains(&name) || name.starts_with("params.") {
+        format!("params.{name}").into()
+    } else {
+        name.into()
+    }
+}
+
 pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
     let params: BTreeSet<&str> = rows
         .iter()
@@ -83,12 +94,13 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
         })
         .collect();
     let mut w = csv::Writer::from_writer(Vec::new());
-    let header: Vec<&str> = FIXED
+    let header: Vec<std::borrow::Cow<'_, str>> = FIXED
         .iter()
-        .copied()
-        .chain(params.iter().copied())
-        .chain(OUTCOME.iter().copied())
+        .map(|&c| c.into())
+        .chain(params.iter().map(|p| param_column(p)))
+        .chain(OUTCOME.iter().map(|&c| c.into()))
         .collect();
+    let header: Vec<&str> = header.iter().map(|c| c.as_ref()).collect();
     w.write_record(&header)?;
     let opt = |v: Option<String>| v.unwrap_or_default();
     for r in rows {

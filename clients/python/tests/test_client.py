@@ -29,6 +29,21 @@ def spec(name: str, command: list, **extra) -> dict:
     return {"name": name, "command": command, **extra}
 
 
+def test_a_parameter_named_like_a_fixed_column_keeps_its_own_column(client: Client) -> None:
+    # A grid axis named `node`: the export's `node` is where the attempt ran, the axis is
+    # `params.node`, as jobs() spreads it.
+    exp = client.submit(spec("axis-node", ["true"], grid={"node": ["alpha", "beta"]}))
+    exp.wait(timeout=120)
+    rows = exp.attempts(frame=False)
+    assert sorted(r["params.node"] for r in rows) == ["alpha", "beta"], rows
+    assert all(r["node"] not in ("alpha", "beta") and r["node"] for r in rows), rows
+    frame = exp.attempts()
+    assert sorted(frame["params.node"]) == ["alpha", "beta"]
+    jobs = exp.jobs()
+    assert sorted(jobs["params.node"]) == ["alpha", "beta"]
+    assert list(frame.columns).count("node") == 1
+
+
 def test_submit_a_yaml_file_wait_and_read_jobs_and_attempts(client: Client, tmp_path: Path) -> None:
     path = tmp_path / "sweep.yaml"
     path.write_text(
