@@ -222,3 +222,17 @@ def test_a_local_up_token_is_found_by_the_server_address(tmp_path, monkeypatch):
     assert _headers(None, "http://127.0.0.1:7999")["authorization"] == "Bearer local-admin-secret"
     assert "authorization" not in _headers(None, "http://127.0.0.1:8000")
     assert _headers("given", "http://127.0.0.1:7999")["authorization"] == "Bearer given"
+
+
+def test_the_client_reads_the_clis_variables(cluster: str, tmp_path, monkeypatch) -> None:
+    """HEADROOM_SERVER and HEADROOM_TOKEN_FILE, as the CLI reads them, reach the coordinator
+    with no argument given."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    monkeypatch.delenv("HEADROOM_TOKEN", raising=False)
+    monkeypatch.delenv("HEADROOM_URL", raising=False)
+    monkeypatch.setenv("HEADROOM_SERVER", cluster)
+    monkeypatch.setenv("HEADROOM_TOKEN_FILE", str(token_file))
+    with Client() as c:
+        assert str(c._http.base_url).rstrip("/") == cluster.rstrip("/")
+        assert isinstance(c.experiments(), list)

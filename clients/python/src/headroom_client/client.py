@@ -182,14 +182,18 @@ def _unreachable(url: str, e: Exception) -> ConnectionFailed:
     return ConnectionFailed(
         0,
         "unreachable",
-        f"cannot reach the coordinator at {url} ({e}); pass Client(url=...) or set HEADROOM_URL",
+        f"cannot reach the coordinator at {url} ({e}); pass Client(url=...) or set "
+        "HEADROOM_SERVER",
     )
 
 
 def _http_options(url: Optional[str], token: Optional[str], timeout: float) -> Dict[str, Any]:
     """What both clients give httpx: the base URL, the headers, and a read timeout past one
     long-poll."""
-    base = (url or os.environ.get("HEADROOM_URL") or DEFAULT_URL).rstrip("/")
+    # The CLI's variable first; HEADROOM_URL is what earlier clients read.
+    base = (
+        url or os.environ.get("HEADROOM_SERVER") or os.environ.get("HEADROOM_URL") or DEFAULT_URL
+    ).rstrip("/")
     return {
         "base_url": base,
         "headers": _headers(token, base),
@@ -271,7 +275,8 @@ class _Progress:
 
 class Client:
     """A synchronous client. ``token`` defaults to ``$HEADROOM_TOKEN``, ``url`` to
-    ``$HEADROOM_URL`` or ``http://127.0.0.1:7420``."""
+    ``$HEADROOM_SERVER`` (as the CLI; ``$HEADROOM_URL`` is still read) or
+    ``http://127.0.0.1:7420``."""
 
     def __init__(
         self,
