@@ -35,11 +35,7 @@ pub struct Cgroups {
 
 /// The prefix of the directory of one agent's attempts: `headroom-<hash of its scope>`.
 fn dir_name(scope: &str) -> String {
-    // FNV-1a: a scope is a path of any length.
-    let hash = scope.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("headroom-{hash:016x}")
+    format!("headroom-{}", crate::scope_hash(scope))
 }
 
 /// A mount of `fstype` (with `option` among its super options, for v1) from mountinfo.
@@ -172,14 +168,7 @@ impl Cgroups {
                 if let Err(e) = cg.kill() {
                     tracing::warn!(%attempt, "cannot kill the cgroup {}: {e}", cg.dir().display());
                 }
-                for &pid in &pids {
-                    if let Ok(raw) = i32::try_from(pid) {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(raw),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
-                    }
-                }
+                sigkill_each(&pids);
                 killed.insert(attempt, pids);
             } else {
                 let _ = cg.remove();
@@ -281,14 +270,7 @@ impl AttemptCgroup {
                     io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
                 ) =>
             {
-                for pid in self.pids()? {
-                    if let Ok(raw) = i32::try_from(pid) {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(raw),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
-                    }
-                }
+                sigkill_each(&self.pids()?);
                 Ok(())
             }
             other => other,
@@ -322,6 +304,17 @@ impl AttemptCgroup {
             remove_tree(dir)?;
         }
         Ok(())
+    }
+}
+
+fn sigkill_each(pids: &[u32]) {
+    for &pid in pids {
+        if let Ok(raw) = i32::try_from(pid) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(raw),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
     }
 }
 

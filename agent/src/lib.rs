@@ -18,6 +18,15 @@
 // `unsafe` is denied except where a child must call setsid/prctl between fork and exec.
 #![deny(unsafe_code)]
 
+/// A fixed-length name for an agent's scope (its data directory, a path of any length): what
+/// its supervisors' socket names and its cgroup directory are made from. FNV-1a.
+pub fn scope_hash(scope: &str) -> String {
+    let hash = scope.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
+
 pub mod agent;
 pub mod cgroup;
 pub mod gpu;

@@ -639,12 +639,26 @@ impl Client {
         offset: u64,
         bytes: Vec<u8>,
     ) -> Result<(), ClientError> {
+        self.log_chunk(routes::APPEND_LOG, attempt, fence, offset, bytes)
+            .await
+            .map(|_| ())
+    }
+
+    /// A log chunk to `route`; the coordinator's length of the log after it.
+    async fn log_chunk(
+        &self,
+        route: Route,
+        attempt: AttemptId,
+        fence: i64,
+        offset: u64,
+        bytes: Vec<u8>,
+    ) -> Result<u64, ClientError> {
         let req = self
-            .request(routes::APPEND_LOG, &[&attempt], DEFAULT_TIMEOUT)
+            .request(route, &[&attempt], DEFAULT_TIMEOUT)
             .query(&LogChunkQuery { fence, offset })
             .body(bytes);
-        let _: LogAppended = self.send(req).await?;
-        Ok(())
+        let appended: LogAppended = self.send(req).await?;
+        Ok(appended.len)
     }
 
     /// An attempt's supervisor ships its log itself (with the attempt's key as token).
@@ -655,12 +669,8 @@ impl Client {
         offset: u64,
         bytes: Vec<u8>,
     ) -> Result<u64, ClientError> {
-        let req = self
-            .request(routes::SHIP_LOG, &[&attempt], DEFAULT_TIMEOUT)
-            .query(&LogChunkQuery { fence, offset })
-            .body(bytes);
-        let appended: LogAppended = self.send(req).await?;
-        Ok(appended.len)
+        self.log_chunk(routes::SHIP_LOG, attempt, fence, offset, bytes)
+            .await
     }
 
     // ---- raw access, for tests that send what no typed call would ---------------------

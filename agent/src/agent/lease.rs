@@ -12,7 +12,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use headroom_shared::api::{FinishReport, Lease, StartReport};
 use headroom_shared::{AttemptId, FailureClass};
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -427,7 +426,7 @@ async fn ship_log(
         };
         // Ship everything there is; at the end, keep going until the file is drained.
         loop {
-            let chunk = match read_from(&path, offset, CHUNK).await {
+            let chunk = match attempt::read_from(&path, offset, CHUNK as u64).await {
                 Ok(c) => c,
                 Err(_) => break,
             };
@@ -451,12 +450,4 @@ async fn ship_log(
             return;
         }
     }
-}
-
-async fn read_from(path: &PathBuf, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
-    let mut f = tokio::fs::File::open(path).await?;
-    f.seek(std::io::SeekFrom::Start(offset)).await?;
-    let mut buf = Vec::new();
-    f.take(max as u64).read_to_end(&mut buf).await?;
-    Ok(buf)
 }

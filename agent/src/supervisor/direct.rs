@@ -223,7 +223,7 @@ impl DirectLink {
                     continue;
                 }
             }
-            chunk = read_from(path, offset, CHUNK)
+            chunk = crate::supervisor::attempt::read_from(path, offset, CHUNK)
                 .await
                 .map_err(|e| format!("{}: {e}", path.display()))?;
             if chunk.is_empty() {
@@ -231,15 +231,6 @@ impl DirectLink {
             }
         }
     }
-}
-
-async fn read_from(path: &Path, offset: u64, max: u64) -> std::io::Result<Vec<u8>> {
-    use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let mut f = tokio::fs::File::open(path).await?;
-    f.seek(std::io::SeekFrom::Start(offset)).await?;
-    let mut buf = Vec::new();
-    f.take(max).read_to_end(&mut buf).await?;
-    Ok(buf)
 }
 
 /// The coordinator's own word that the lease is not ours (stale, unknown attempt, key

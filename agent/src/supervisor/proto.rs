@@ -137,11 +137,8 @@ pub fn socket_addr(scope: &str, attempt: AttemptId) -> std::io::Result<SocketAdd
 
 /// What the socket names of `scope`'s supervisors start with.
 fn socket_prefix(scope: &str) -> String {
-    // FNV-1a: the scope is a path of any length; the name must fit 107 bytes.
-    let hash = scope.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("headroom-attempt/{hash:016x}/")
+    // Hashed: the name must fit 107 bytes.
+    format!("headroom-attempt/{}/", crate::scope_hash(scope))
 }
 
 /// The attempts whose supervisors under `scope` listen in this network namespace, from

@@ -77,14 +77,14 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     // Claims for one node serialize on its row: each sees the slots the previous one took.
     let node: NodeRow = nodes::of_agent(tx, input.agent, true).await?;
     let mut changed = false;
+    let now = tx.clock().await?;
     let samples = match input.gpus.take() {
         Some(g) => {
-            changed |= nodes::record_samples(tx, &node, &g).await?;
+            changed |= nodes::record_samples(tx, &node, &g, now).await?;
             g
         }
         None => node.samples.clone(),
     };
-    let now = tx.clock().await?;
     let to = LeaseTo::new(&node, &input, now);
     let active = tx.active_on(&node.name).await?;
     let blocked = tx.blocked_gpus(&node.name, now).await?;
@@ -169,8 +169,9 @@ pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, bool)
     // order, a heartbeat and a sweep could each wait for the other.
     renew.sort_unstable();
     // Renewals change nothing anyone waits for; freed memory may let a claim place work.
-    let freed = nodes::record_samples(tx, &node, &r.gpus).await?;
-    let until = tx.clock().await?.saturating_add(i64_of(r.lease_ttl_ms));
+    let now = tx.clock().await?;
+    let freed = nodes::record_samples(tx, &node, &r.gpus, now).await?;
+    let until = now.saturating_add(i64_of(r.lease_ttl_ms));
     let mut cancel = Vec::new();
     for (_, a, waiting) in renew {
         let wanted = tx

@@ -31,8 +31,8 @@ pub(super) async fn record_samples(
     tx: &mut dyn Tx,
     node: &NodeRow,
     gpus: &[GpuSample],
+    now: Millis,
 ) -> Result<bool> {
-    let now = tx.clock().await?;
     tx.set_node_samples(&node.name, gpus, now).await?;
     Ok(rules::memory_freed(&node.samples, gpus))
 }

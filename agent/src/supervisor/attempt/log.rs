@@ -17,6 +17,16 @@ pub(super) fn open_log(path: &Path) -> io::Result<File> {
 
 /// Appends a line of the agent's own to the job's log, so that a user reading it sees why the
 /// job stopped. Best effort: a full disk must not change the outcome.
+/// Up to `max` bytes of the log at `path` from `offset` (for shipping it).
+pub(crate) async fn read_from(path: &Path, offset: u64, max: u64) -> io::Result<Vec<u8>> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut f = tokio::fs::File::open(path).await?;
+    f.seek(SeekFrom::Start(offset)).await?;
+    let mut buf = Vec::new();
+    f.take(max).read_to_end(&mut buf).await?;
+    Ok(buf)
+}
+
 pub(super) fn note(log: &File, msg: &str) {
     let mut log = log;
     let _ = log.write_all(format!("[headroom] {msg}\n").as_bytes());

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use launch::not_started;
 pub use launch::{AttemptEnd, Launch, SupervisorConfig};
+pub(crate) use log::read_from;
 use running::Running;
 pub use running::kill_marked;
 use stop::Stop;
