@@ -437,14 +437,14 @@ mod tests {
             Some(PathBuf::from("/sys/fs/cgroup/memory"))
         );
         assert_eq!(mount_of(HYBRID, "cgroup", Some("pids")), None);
-        let own = "4:memory:/process_api/a49\n1:cpu:/\n0::/system.slice/headroom.service\n";
+        let own = "4:memory:/lab/batch-7\n1:cpu:/\n0::/system.slice/headroom.service\n";
         assert_eq!(
             own_path(own, None).as_deref(),
             Some("/system.slice/headroom.service")
         );
         assert_eq!(
             own_path(own, Some("memory")).as_deref(),
-            Some("/process_api/a49")
+            Some("/lab/batch-7")
         );
         assert_eq!(own_path("4:memory:/x\n", None), None);
     }
