@@ -154,7 +154,14 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
                 None
             }
         },
-        None => None,
+        // A token an earlier `up` on this address left (killed before it could remove it)
+        // is not this one's: the CLI would send it and be refused.
+        None => {
+            if let Some(path) = headroom_shared::secret::local_token_path(&url) {
+                let _ = std::fs::remove_file(path);
+            }
+            None
+        }
     };
 
     let tasks = TaskTracker::new();
