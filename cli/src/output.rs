@@ -363,6 +363,17 @@ fn measure_lines(a: &AttemptView) -> Vec<String> {
     if a.contaminated == Some(true) {
         flags.push("CONTAMINATED");
     }
+    if a.shared {
+        flags.push("SHARED");
+    }
+    let late = match (m.covers_run, m.first_reading_ms) {
+        (Some(true), _) => None,
+        (_, Some(ms)) => Some(format!("PARTIAL: figures begin {ms} ms after the start")),
+        _ => Some("PARTIAL: figures do not cover the run".to_string()),
+    };
+    if let Some(late) = &late {
+        flags.push(late);
+    }
     let mut lines = vec![format!(
         "energy {energy}  power mean {}, max {}  temp {} at start, max {}  util {}{}",
         fig(m.mean_power_w, "W"),
@@ -376,6 +387,20 @@ fn measure_lines(a: &AttemptView) -> Vec<String> {
             format!("  {}", flags.join(", "))
         }
     )];
+    if let Some(sh) = &a.sharing {
+        lines.push(format!(
+            "shared its GPUs for {:.0} % of its run with {}; its share of the energy: {} ({}, \
+             an estimate)",
+            sh.overlap * 100.0,
+            sh.with
+                .iter()
+                .map(|id| id.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            fig(sh.energy_share_j, "J"),
+            sh.share_method.as_str()
+        ));
+    }
     if let Some(reason) = &m.contamination_reason {
         lines.push(format!(
             "contaminated: {reason} (pid {}, {})",

@@ -36,6 +36,12 @@ const OUTCOME: &[&str] = &[
     "cleanup_verified",
     "energy_j",
     "energy_source",
+    "first_reading_ms",
+    "covers_run",
+    "shared",
+    "shared_overlap",
+    "energy_share_j",
+    "energy_share_method",
     "mean_power_w",
     "max_power_w",
     "max_temp_c",
@@ -60,15 +66,19 @@ const OUTCOME: &[&str] = &[
 ];
 
 /// Whether an attempt's figures can go in an energy comparison (`clean_only`): not
-/// contaminated, not throttled for temperature or power, and, if it ran on GPUs, with its
-/// throttle reasons read (unknown is not clean). Failure is no reason: `success` tells it.
+/// contaminated, not sharing its GPUs with another attempt, not throttled for temperature
+/// or power, and, if it ran on GPUs, with figures that cover its whole run and its throttle
+/// reasons read (unknown is not clean). Failure is no reason: `success` tells it.
 pub fn is_clean(a: &AttemptView) -> bool {
     let m = &a.measurements;
-    if a.contaminated == Some(true) || m.throttled() {
+    if a.contaminated == Some(true) || a.shared || m.throttled() {
         return false;
     }
     let ran_on_gpus = a.pid.is_some() && !a.gpus.is_empty();
-    !ran_on_gpus || (m.throttled_thermal.is_some() && m.throttled_power.is_some())
+    !ran_on_gpus
+        || (m.covers_run == Some(true)
+            && m.throttled_thermal.is_some()
+            && m.throttled_power.is_some())
 }
 
 /// A parameter's column: its name, or `params.NAME` where the name is one of the fixed
@@ -156,6 +166,15 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
         rec.extend([
             figure(m.energy_j),
             opt(m.energy_source.map(|s| s.as_str().to_string())),
+            opt(m.first_reading_ms.map(|v| v.to_string())),
+            opt(m.covers_run.map(|v| v.to_string())),
+            a.shared.to_string(),
+            opt(a.sharing.as_ref().map(|s| format!("{:.3}", s.overlap))),
+            figure(a.sharing.as_ref().and_then(|s| s.energy_share_j)),
+            opt(a
+                .sharing
+                .as_ref()
+                .map(|s| s.share_method.as_str().to_string())),
             figure(m.mean_power_w),
             figure(m.max_power_w),
             figure(m.max_temp_c),

@@ -8,8 +8,9 @@
 //! - `matrix`: a submitted spec turned into the jobs to store.
 //! - `store`: every durable change, one transaction per operation, written once over the
 //!   transaction interface both backends (SQLite, PostgreSQL) implement.
-//! - `rules` (job decisions), `placement` (which GPUs) and `attempt_keys` (the credential
-//!   issued with a lease): pure, no I/O; `changes`: the counter long-polls wait on.
+//! - `rules` (job decisions), `placement` (which GPUs), `sharing` (attempts that shared a
+//!   GPU, and their energy shares) and `attempt_keys` (the credential issued with a lease):
+//!   pure, no I/O; `changes`: the counter long-polls wait on.
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -25,6 +26,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod placement;
 pub mod rules;
+pub mod sharing;
 pub mod store;
 
 pub use app::Application;

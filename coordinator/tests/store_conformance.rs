@@ -1219,6 +1219,15 @@ async fn attempt_measurements_are_stored_and_read_back(s: Backend) {
         contamination_reason: Some("a process of no attempt held 700 MiB on GPU 0".into()),
         contamination_pid: Some(4242),
         contamination_command: Some("alice: python notebook.py".into()),
+        first_reading_ms: Some(1_250),
+        covers_run: Some(false),
+        counters: vec![headroom_shared::api::CounterWindow {
+            gpu: 0,
+            from: chrono::DateTime::from_timestamp_millis(1_800_000_000_000).expect("t"),
+            to: chrono::DateTime::from_timestamp_millis(1_800_000_004_000).expect("t"),
+            from_j: 10.5,
+            to_j: 711.948,
+        }],
     };
     let l = claim(&s, agent, 1).await.remove(0);
     let full = FinishReport {
@@ -1239,6 +1248,95 @@ async fn attempt_measurements_are_stored_and_read_back(s: Backend) {
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0].attempt.measurements, measured);
     assert_eq!(rows[1].attempt.measurements, Measurements::default());
+}
+
+/// Two attempts whose jobs ran on one GPU at the same time are both `shared`, wherever an
+/// attempt is read (the attempt, its job, the export), with their overlap and energy shares
+/// that add up to the GPU's counter delta over both runs; one that ran after them, or on
+/// another GPU, is not.
+async fn attempts_that_ran_on_one_gpu_together_are_labelled_shared(s: Backend) {
+    use headroom_shared::api::{CounterWindow, ShareMethod};
+    let agent = register(&s, "n1", 2, Some("2,1")).await;
+    let exp = submit(&s, (0..4).map(|i| job(i, Some(1_000), vec![], 1)).collect()).await;
+    let leases = claim(&s, agent, 2).await;
+    assert_eq!(leases.len(), 3, "two on GPU 0, one on GPU 1");
+    let on = |gpu: u32| leases.iter().filter(move |l| l.gpus == [gpu]);
+    let (a, b) = {
+        let mut zero = on(0);
+        (zero.next().expect("a"), zero.next().expect("b"))
+    };
+    let c = on(1).next().expect("c");
+    let t0 = Utc::now().timestamp_millis() - 60_000;
+    let t = |ms: i64| chrono::DateTime::from_timestamp_millis(t0 + ms).expect("time");
+    // GPU 0's counter: 100 W, 300 W while both run.
+    let joules = |ms: i64| match ms {
+        ..=5_000 => ms as f64 / 10.0,
+        5_001..=10_000 => 500.0 + (ms - 5_000) as f64 * 0.3,
+        _ => 2_000.0 + (ms - 10_000) as f64 / 10.0,
+    };
+    let run = |lease: &Lease, gpu: u32, from: i64, to: i64| {
+        let (attempt, fence) = (lease.attempt, lease.fence);
+        let s = &s;
+        async move {
+            s.start_attempt(attempt, fence, 7, t0 + from)
+                .await
+                .expect("start");
+            let finish = FinishReport {
+                ended_at: t(to),
+                measurements: Measurements {
+                    energy_j: Some(joules(to) - joules(from)),
+                    energy_source: Some(EnergySource::Counter),
+                    covers_run: Some(true),
+                    first_reading_ms: Some(0),
+                    counters: vec![CounterWindow {
+                        gpu,
+                        from: t(from),
+                        to: t(to),
+                        from_j: joules(from),
+                        to_j: joules(to),
+                    }],
+                    ..Measurements::default()
+                },
+                ..report(fence, None)
+            };
+            s.finish_attempt(attempt, finish).await.expect("finish");
+        }
+    };
+    run(a, 0, 0, 10_000).await;
+    run(b, 0, 5_000, 15_000).await;
+    run(c, 1, 0, 10_000).await;
+    let later = claim(&s, agent, 2).await.remove(0);
+    run(&later, later.gpus[0], 20_000, 21_000).await;
+
+    let (va, vb) = (
+        s.attempt(a.attempt).await.expect("a"),
+        s.attempt(b.attempt).await.expect("b"),
+    );
+    let (sa, sb) = (
+        va.sharing.clone().expect("a shared"),
+        vb.sharing.clone().expect("b shared"),
+    );
+    assert!(va.shared && vb.shared);
+    assert_eq!(
+        (sa.with.clone(), sb.with.clone()),
+        (vec![b.attempt], vec![a.attempt])
+    );
+    assert_eq!((sa.overlap, sb.overlap), (0.5, 0.5));
+    assert_eq!(sa.share_method, ShareMethod::TimeWeighted);
+    let (ea, eb) = (sa.energy_share_j.expect("a"), sb.energy_share_j.expect("b"));
+    assert!((ea + eb - joules(15_000)).abs() < 1e-6, "{ea} + {eb}");
+    assert!((ea - (500.0 + 750.0)).abs() < 1e-6, "{ea}");
+    // Each one's energy stays its GPU's over its run, others' draw included.
+    assert_eq!(va.measurements.energy_j, Some(2_000.0));
+    for alone in [c.attempt, later.attempt] {
+        let v = s.attempt(alone).await.expect("alone");
+        assert!(!v.shared && v.sharing.is_none(), "{v:?}");
+    }
+    let detail = s.job(va.job).await.expect("job");
+    assert!(detail.attempts_detail[0].shared);
+    let rows = s.export_rows(Some(exp)).await.expect("export");
+    let shared: Vec<bool> = rows.iter().map(|r| r.attempt.shared).collect();
+    assert_eq!(shared.iter().filter(|&&x| x).count(), 2, "{shared:?}");
 }
 
 /// One job of this policy leased with a lease that has already run out, started (unless
@@ -1986,6 +2084,7 @@ conformance!(sqlite, postgres: [
     writes_announce_their_changes,
     peak_sources_are_stored_and_device_deltas_teach,
     attempt_measurements_are_stored_and_read_back,
+    attempts_that_ran_on_one_gpu_together_are_labelled_shared,
     late_outcomes_of_lost_attempts,
     telemetry_is_stored_per_gpu_and_served_per_attempt,
     telemetry_retention_prunes_by_age_and_count_in_batches,

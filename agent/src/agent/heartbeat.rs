@@ -303,6 +303,7 @@ mod tests {
                 crate::supervisor::SELF_EXE.into(),
                 "test".into(),
                 None,
+                None,
             ),
             job_base_env: Default::default(),
             attach_key: "k".repeat(64),

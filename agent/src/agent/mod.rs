@@ -266,6 +266,7 @@ impl Agent {
             cfg.supervisor_exe.clone(),
             scope.clone(),
             supervisor_log,
+            Some(cfg.gpu.clone()),
         );
         Ok(Self {
             shared: Arc::new(Shared {

@@ -12,7 +12,8 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::supervisor::proto::{Conn, ProtoError};
+use crate::gpu::BackendChoice;
+use crate::supervisor::proto::{Conn, ProtoError, ToSupervisor};
 
 /// Supervisors kept waiting at most; more that come back exit. Enough for the starts of a
 /// burst, few enough that an idle node holds little.
@@ -26,6 +27,9 @@ pub(crate) struct Standby {
     env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
     /// Where supervisors write what goes wrong.
     stderr: Option<std::fs::File>,
+    /// What each supervisor is told first ([`ToSupervisor::Prepare`]): the GPU backend to
+    /// open while it waits.
+    prepare: Option<Vec<u8>>,
     pool: Mutex<Pool>,
 }
 
@@ -40,12 +44,23 @@ struct Pool {
 }
 
 impl Standby {
-    pub fn new(exe: PathBuf, scope: String, stderr: Option<std::fs::File>) -> Arc<Self> {
+    pub fn new(
+        exe: PathBuf,
+        scope: String,
+        stderr: Option<std::fs::File>,
+        gpu: Option<BackendChoice>,
+    ) -> Arc<Self> {
+        let prepare = gpu.and_then(|gpu| {
+            let mut line = serde_json::to_vec(&ToSupervisor::Prepare { gpu }).ok()?;
+            line.push(b'\n');
+            Some(line)
+        });
         Arc::new(Self {
             exe,
             scope,
             env: crate::jobenv::for_supervisor(std::env::vars_os()),
             stderr,
+            prepare,
             pool: Mutex::new(Pool::default()),
         })
     }
@@ -126,6 +141,12 @@ impl Standby {
             });
         let mut child = crate::procscan::spawn_owned(|| cmd.spawn(), tokio::process::Child::id)?;
         drop(cmd);
+        // Written before anything else is sent (a fresh socket's buffer takes it whole), so
+        // the supervisor opens its GPUs while the lease is still on its way.
+        if let Some(line) = &self.prepare {
+            use std::io::Write;
+            (&ours).write_all(line)?;
+        }
         // Reaped when it exits, while this agent lives; it is never killed with the agent.
         tokio::spawn(async move {
             let pid = child.id();

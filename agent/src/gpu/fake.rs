@@ -15,6 +15,9 @@
 //! error), and `gpu<N>.throttle` lists clock event reasons the GPU reports while the file
 //! is there (NVML's names, e.g. `sw_thermal_slowdown sw_power_cap`).
 //!
+//! `open-delay` (a duration such as `3s`) makes opening the backend take that long, as
+//! NVML's initialisation does on a node without persistence mode.
+//!
 //! A usage entry may also declare utilization, `INDEX:MiB:PCT`; the GPUs' power,
 //! temperature and energy follow what their processes declare ([`super::fakepower`]).
 
@@ -54,6 +57,11 @@ pub const POWER_LOCK_FILE: &str = ".power-lock";
 /// [`PowerModel`]'s fields), e.g. a short time constant so that tests heat and cool a fake
 /// GPU in seconds.
 pub const POWER_MODEL_FILE: &str = "power-model";
+
+/// Control file: opening the backend takes this long (`3s`, `500ms`), as NVML's
+/// initialisation may (seconds without persistence mode), so that what waits for it, and
+/// what must not, can be tested.
+pub const OPEN_DELAY_FILE: &str = "open-delay";
 
 /// More fake GPUs than any node has is a typo (`1000x24GiB`), not a wish.
 const MAX_GPUS: usize = 256;
@@ -502,6 +510,11 @@ impl FakeBackend {
         }
         // Jobs get the path in their environment and may change directory: make it absolute.
         let dir = fs::canonicalize(dir).map_err(dir_err)?;
+        if let Ok(text) = fs::read_to_string(dir.join(OPEN_DELAY_FILE))
+            && let Ok(delay) = humantime::parse_duration(text.trim())
+        {
+            std::thread::sleep(delay);
+        }
         let inventory: Vec<GpuInfo> = spec
             .sizes()
             .iter()

@@ -1,7 +1,9 @@
-//! A GPU backend opened on first use. Each attempt supervisor reads the GPUs itself, but
-//! opening NVML costs far more than starting a job, so the supervisor starts the job first
-//! and opens the backend with its first reading. A backend that cannot be opened reads as
-//! unknown for every GPU of the attempt, never as free.
+//! A GPU backend opened once per attempt supervisor, ahead of its jobs. Opening NVML costs
+//! far more than starting a job (seconds on a node without persistence mode), so a
+//! supervisor starts opening it as soon as its agent says which backend to use, while it
+//! waits for a lease ([`Opening`]), and every attempt it runs reads through that one handle
+//! ([`LazyBackend`]). A backend that cannot be opened reads as unknown for every GPU of the
+//! attempt, never as free.
 
 use std::sync::{Arc, OnceLock};
 
@@ -11,9 +13,45 @@ use super::{GpuBackend, GpuError};
 
 type Opener = Box<dyn Fn() -> Result<Arc<dyn GpuBackend>, String> + Send + Sync>;
 
-pub struct LazyBackend {
+/// A backend being opened, or opened (or failed to), once for the supervisor's life.
+pub struct Opening {
     open: Opener,
     opened: OnceLock<Result<Arc<dyn GpuBackend>, String>>,
+}
+
+impl Opening {
+    pub fn new(
+        open: impl Fn() -> Result<Arc<dyn GpuBackend>, String> + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            open: Box::new(open),
+            opened: OnceLock::new(),
+        })
+    }
+
+    /// Opens the backend now, off the runtime, so that it is open when the first job comes;
+    /// a reading meanwhile waits for this open rather than starting another.
+    pub fn start(self: &Arc<Self>) {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = this.get();
+        });
+    }
+
+    /// Whether the backend has been opened (or tried).
+    pub fn is_opened(&self) -> bool {
+        self.opened.get().is_some()
+    }
+
+    /// The backend, opened on first use. Blocking.
+    fn get(&self) -> &Result<Arc<dyn GpuBackend>, String> {
+        self.opened.get_or_init(|| (self.open)())
+    }
+}
+
+/// One attempt's view of its supervisor's backend.
+pub struct LazyBackend {
+    opening: Arc<Opening>,
     /// What jobs need from the backend, as the agent's own opened backend said.
     job_env: Vec<(String, String)>,
     /// Stand in for the inventory while the backend cannot be opened, so that every reading
@@ -22,14 +60,9 @@ pub struct LazyBackend {
 }
 
 impl LazyBackend {
-    pub fn new(
-        open: impl Fn() -> Result<Arc<dyn GpuBackend>, String> + Send + Sync + 'static,
-        job_env: Vec<(String, String)>,
-        gpus: Vec<u32>,
-    ) -> Self {
+    pub fn new(opening: Arc<Opening>, job_env: Vec<(String, String)>, gpus: Vec<u32>) -> Self {
         Self {
-            open: Box::new(open),
-            opened: OnceLock::new(),
+            opening,
             job_env,
             gpus,
         }
@@ -37,13 +70,13 @@ impl LazyBackend {
 
     /// Whether the backend has been opened (or tried).
     pub fn is_opened(&self) -> bool {
-        self.opened.get().is_some()
+        self.opening.is_opened()
     }
 
     /// Blocking on first use.
     fn backend(&self) -> Result<&Arc<dyn GpuBackend>, GpuError> {
-        self.opened
-            .get_or_init(|| (self.open)())
+        self.opening
+            .get()
             .as_ref()
             .map_err(|reason| GpuError::NvmlUnavailable {
                 reason: format!("the attempt supervisor cannot open the GPUs: {reason}"),
@@ -53,7 +86,7 @@ impl LazyBackend {
 
 impl GpuBackend for LazyBackend {
     fn kind(&self) -> &'static str {
-        match self.opened.get() {
+        match self.opening.opened.get() {
             Some(Ok(b)) => b.kind(),
             _ => "unopened",
         }
@@ -88,7 +121,7 @@ impl GpuBackend for LazyBackend {
     }
 
     fn describe(&self) -> String {
-        match self.opened.get() {
+        match self.opening.opened.get() {
             Some(Ok(b)) => b.describe(),
             Some(Err(e)) => format!("GPUs cannot be opened: {e}"),
             None => "GPUs not opened yet".to_string(),
@@ -106,11 +139,11 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().to_path_buf();
         let lazy = LazyBackend::new(
-            move || {
+            Opening::new(move || {
                 FakeBackend::open("2x24GiB".parse().expect("spec"), &dir)
                     .map(|b| Arc::new(b) as Arc<dyn GpuBackend>)
                     .map_err(|e| e.to_string())
-            },
+            }),
             vec![("X".into(), "1".into())],
             vec![1],
         );
@@ -124,7 +157,11 @@ mod tests {
 
     #[test]
     fn a_backend_that_cannot_open_reads_unknown_for_the_attempts_gpus() {
-        let lazy = LazyBackend::new(|| Err("no driver".to_string()), vec![], vec![0, 3]);
+        let lazy = LazyBackend::new(
+            Opening::new(|| Err("no driver".to_string())),
+            vec![],
+            vec![0, 3],
+        );
         let samples = crate::gpu::read(&lazy);
         let why = crate::gpu::unreadable(&samples, &[3]).expect("unknown, not free");
         assert!(why.contains("no driver"), "{why}");

@@ -42,7 +42,7 @@ pub trait GpuBackend: Send + Sync + 'static {
 }
 
 /// Which backend to open (sent to each attempt supervisor, which opens its own).
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum BackendChoice {
     Nvml,

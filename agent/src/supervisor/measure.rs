@@ -1,15 +1,18 @@
 //! An attempt's energy, power, temperature, utilization and throttling over its run, from the
-//! telemetry readings its supervisor takes at the job's start, on its sampling ticks and at
-//! the job's end. Pure bookkeeping: the supervisor reads, this adds up.
+//! telemetry readings its supervisor takes before the job's exec, on its sampling ticks and
+//! at the job's end. Pure bookkeeping: the supervisor reads, this adds up.
 //!
-//! A figure of a GPU is known when the first and the last readings of the run carried it
-//! (a failed reading in between is bridged); an attempt's figure is known when it is known
-//! for every GPU of the attempt. Unknown is `None`, never 0.
+//! A figure of a GPU is known from the first reading that carried it to the last reading of
+//! the run, which must carry it (a failed reading in between is bridged); an attempt's
+//! figure is known when it is known for every GPU of the attempt. Unknown is `None`, never
+//! 0. Figures that begin after the job's exec (the start could not be read in time) are
+//! given, and said not to cover the run (`covers_run`, `first_reading_ms`).
 
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use headroom_shared::api::{EnergySource, Measurements, TelemetrySample};
+use chrono::{DateTime, Utc};
+use headroom_shared::api::{CounterWindow, EnergySource, Measurements, TelemetrySample};
 
 /// Clock event reasons that mean "slowed for temperature". `hw_slowdown` is the hardware's
 /// own slowdown for temperature or power (NVML cannot tell which): it counts as both.
@@ -21,9 +24,9 @@ const POWER: &[&str] = &["sw_power_cap", "hw_power_brake_slowdown", "hw_slowdown
 /// time-weighted area (trapezoid between consecutive readings that carried it).
 #[derive(Clone, Debug, Default)]
 struct Series {
-    /// Whether the first reading carried it; `None` before any reading.
-    first_ok: Option<bool>,
-    first: Option<f64>,
+    /// The first reading that carried it: (seconds, value).
+    first: Option<(f64, f64)>,
+    /// Whether the latest reading carried it.
     last_ok: bool,
     /// The latest reading that carried it: (seconds, value).
     last: Option<(f64, f64)>,
@@ -35,12 +38,9 @@ struct Series {
 impl Series {
     fn add(&mut self, t: f64, v: Option<f64>) {
         let v = v.filter(|v| v.is_finite());
-        if self.first_ok.is_none() {
-            self.first_ok = Some(v.is_some());
-            self.first = v;
-        }
         self.last_ok = v.is_some();
         let Some(v) = v else { return };
+        self.first.get_or_insert((t, v));
         if let Some((t0, v0)) = self.last {
             let dt = (t - t0).max(0.0);
             self.area += (v0 + v) / 2.0 * dt;
@@ -50,14 +50,19 @@ impl Series {
         self.max = Some(self.max.map_or(v, |m| m.max(v)));
     }
 
-    /// Read at the run's first and last readings.
-    fn covered(&self) -> bool {
-        self.first_ok == Some(true) && self.last_ok
+    /// Read at the run's last reading, and at some reading before: known from `first` on.
+    fn known(&self) -> bool {
+        self.first.is_some() && self.last_ok
+    }
+
+    /// Seconds of the first reading that carried it, when it is known.
+    fn since(&self) -> Option<f64> {
+        self.known().then_some(self.first.map(|f| f.0)).flatten()
     }
 
     /// The time-weighted mean; the one value when there was a single reading.
     fn mean(&self) -> Option<f64> {
-        if !self.covered() {
+        if !self.known() {
             return None;
         }
         if self.span > 0.0 {
@@ -79,21 +84,37 @@ struct GpuMeter {
     /// Whether the throttle reasons were read at the first and at the latest reading.
     throttle_first_ok: Option<bool>,
     throttle_last_ok: bool,
+    /// The counter's first and latest values with the GPU's own reading times, for
+    /// apportioning a shared GPU's energy across the attempts on it.
+    counter_from: Option<(DateTime<Utc>, f64)>,
+    counter_to: Option<(DateTime<Utc>, f64)>,
 }
 
 impl GpuMeter {
-    /// Energy over the run and how it was measured.
-    fn energy(&self) -> Option<(f64, EnergySource)> {
-        if self.counter.covered()
-            && let (Some(from), Some((_, to))) = (self.counter.first, self.counter.last)
+    /// Energy over the run, how it was measured, and from which second of the run on.
+    fn energy(&self) -> Option<(f64, EnergySource, f64)> {
+        if let (Some(since), Some((_, from)), Some((_, to))) =
+            (self.counter.since(), self.counter.first, self.counter.last)
             && to >= from
         {
             // A counter that went back (the driver reloaded) is no measurement: integrate.
-            return Some((to - from, EnergySource::Counter));
+            return Some((to - from, EnergySource::Counter, since));
         }
         self.power
-            .covered()
-            .then_some((self.power.area, EnergySource::Integrated))
+            .since()
+            .map(|since| (self.power.area, EnergySource::Integrated, since))
+    }
+
+    /// The counter's window, when the counter is the energy's source.
+    fn window(&self, gpu: u32) -> Option<CounterWindow> {
+        let ((from, from_j), (to, to_j)) = self.counter_from.zip(self.counter_to)?;
+        (self.counter.known() && to_j >= from_j).then_some(CounterWindow {
+            gpu,
+            from,
+            to,
+            from_j,
+            to_j,
+        })
     }
 }
 
@@ -109,6 +130,8 @@ pub struct Meter {
     /// The highest total power of the attempt's GPUs at one reading.
     max_total_power: Option<f64>,
     reasons: BTreeSet<String>,
+    /// Seconds at which the job was exec'd; `None` until it was.
+    exec: Option<f64>,
 }
 
 impl Meter {
@@ -120,7 +143,14 @@ impl Meter {
             latest: None,
             max_total_power: None,
             reasons: BTreeSet::new(),
+            exec: None,
         }
+    }
+
+    /// The job is exec'd now (after any reading already recorded): figures that begin
+    /// later do not cover its run.
+    pub fn mark_exec(&mut self, at: Instant) {
+        self.exec = Some(at.saturating_duration_since(self.t0).as_secs_f64());
     }
 
     /// Whether there is anything to read (a CPU-only attempt has no GPU).
@@ -143,7 +173,12 @@ impl Meter {
             let power = s.and_then(|s| s.power_w);
             total = total.zip(power).map(|(a, b)| a + b);
             m.power.add(t, power);
-            m.counter.add(t, s.and_then(|s| s.energy_j));
+            let counter = s.and_then(|s| s.energy_j.map(|e| (s.at, e)));
+            m.counter.add(t, counter.map(|c| c.1));
+            if let Some(c) = counter.filter(|c| c.1.is_finite()) {
+                m.counter_from.get_or_insert(c);
+                m.counter_to = Some(c);
+            }
             m.util
                 .add(t, s.and_then(|s| s.utilization_pct).map(f64::from));
             m.temp.add(t, s.and_then(|s| s.temperature_c));
@@ -171,9 +206,9 @@ impl Meter {
                 })
                 .flatten()
         };
-        let energy: Option<Vec<(f64, EnergySource)>> =
+        let energy: Option<Vec<(f64, EnergySource, f64)>> =
             self.per_gpu.iter().map(GpuMeter::energy).collect();
-        let (energy_j, energy_source) = match energy {
+        let (energy_j, energy_source, since) = match energy {
             Some(parts) => (
                 Some(parts.iter().map(|p| p.0).sum()),
                 Some(if parts.iter().all(|p| p.1 == EnergySource::Counter) {
@@ -181,10 +216,16 @@ impl Meter {
                 } else {
                     EnergySource::Integrated
                 }),
+                // The figure covers the run from its latest-starting GPU on.
+                parts.iter().map(|p| p.2).reduce(f64::max),
             ),
-            None => (None, None),
+            None => (None, None, None),
         };
-        let power_covered = self.per_gpu.iter().all(|m| m.power.covered());
+        // How late after the exec the figures begin (0: read before it). Unknown figures
+        // cover nothing; an attempt whose job never ran has no run to cover.
+        let late_s = self.exec.zip(since).map(|(exec, since)| since - exec);
+        let covers_run = self.exec.map(|_| late_s.is_some_and(|l| l <= 0.0));
+        let power_covered = self.per_gpu.iter().all(|m| m.power.known());
         let reasons_read = self
             .per_gpu
             .iter()
@@ -204,15 +245,26 @@ impl Meter {
             mean_power_w: all(&|m| m.power.mean(), |a, b| a + b),
             max_power_w: self.max_total_power.filter(|_| power_covered),
             max_temp_c: all(
-                &|m| m.temp.covered().then_some(m.temp.max).flatten(),
+                &|m| m.temp.known().then_some(m.temp.max).flatten(),
                 f64::max,
             ),
-            start_temp_c: all(&|m| m.temp.first, f64::max),
+            start_temp_c: all(&|m| m.temp.first.map(|f| f.1), f64::max),
             mean_util_pct: util,
             throttled_thermal: flag(THERMAL),
             throttled_power: flag(POWER),
             throttle_reasons: (reasons_read || !self.reasons.is_empty())
                 .then(|| self.reasons.iter().cloned().collect()),
+            first_reading_ms: late_s.map(|l| (l.max(0.0) * 1000.0).round() as u64),
+            covers_run,
+            counters: if energy_source == Some(EnergySource::Counter) {
+                self.gpus
+                    .iter()
+                    .zip(&self.per_gpu)
+                    .filter_map(|(&gpu, m)| m.window(gpu))
+                    .collect()
+            } else {
+                Vec::new()
+            },
             ..Measurements::default()
         }
     }
@@ -309,6 +361,57 @@ mod tests {
         // Nothing read at all, or no GPU: nothing known.
         assert_eq!(Meter::new(&[0]).result(), Measurements::default());
         assert_eq!(Meter::new(&[]).result(), Measurements::default());
+    }
+
+    #[test]
+    fn figures_read_before_the_exec_cover_the_run_and_late_ones_say_how_late() {
+        // Read before the exec: covered, 0 ms late, the counter's window kept.
+        let mut m = Meter::new(&[0]);
+        m.record(at(&m, 0.0), Ok(&[sample(0, 100.0, 1000.0)]));
+        m.mark_exec(at(&m, 0.01));
+        m.record(at(&m, 2.0), Ok(&[sample(0, 100.0, 1200.0)]));
+        let out = m.result();
+        assert_eq!(
+            (out.covers_run, out.first_reading_ms),
+            (Some(true), Some(0))
+        );
+        assert_eq!(out.energy_j, Some(200.0));
+        assert_eq!(out.counters.len(), 1);
+        assert_eq!(
+            (out.counters[0].from_j, out.counters[0].to_j),
+            (1000.0, 1200.0)
+        );
+
+        // The start could not be read: the figures begin at the first reading that could,
+        // 1.5 s into the run, and say so.
+        let mut m = Meter::new(&[0]);
+        m.record(at(&m, 0.0), Err("NVML: not opened yet".into()));
+        m.mark_exec(at(&m, 0.5));
+        m.record(at(&m, 2.0), Ok(&[sample(0, 100.0, 5000.0)]));
+        m.record(at(&m, 3.0), Ok(&[sample(0, 100.0, 5100.0)]));
+        let out = m.result();
+        assert_eq!(out.covers_run, Some(false));
+        assert_eq!(out.first_reading_ms, Some(1500));
+        assert_eq!(out.energy_j, Some(100.0));
+
+        // Nothing could be read: nothing covered, nothing known.
+        let mut m = Meter::new(&[0]);
+        m.mark_exec(at(&m, 0.0));
+        m.record(at(&m, 1.0), Err("GPU is lost".into()));
+        let out = m.result();
+        assert_eq!((out.covers_run, out.energy_j), (Some(false), None));
+        assert!(out.counters.is_empty());
+
+        // Without the counter (integrated), no window to apportion from.
+        let mut m = Meter::new(&[0]);
+        let mut s = sample(0, 100.0, 0.0);
+        s.energy_j = None;
+        m.record(at(&m, 0.0), Ok(&[s.clone()]));
+        m.mark_exec(at(&m, 0.0));
+        m.record(at(&m, 1.0), Ok(&[s]));
+        let out = m.result();
+        assert_eq!(out.covers_run, Some(true));
+        assert!(out.counters.is_empty());
     }
 
     #[test]

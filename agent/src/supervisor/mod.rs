@@ -9,9 +9,10 @@
 //! supervisor stops the job itself, before the coordinator may give the job away.
 //!
 //! It opens the GPU backend itself (rather than asking the agent) so that an attempt that
-//! ends while no agent is attached is still measured and verified clean; it does so with its
-//! first reading, after the job started ([`crate::gpu::lazy`]), so that opening NVML per
-//! attempt never delays a job.
+//! ends while no agent is attached is still measured and verified clean. It opens it once,
+//! as it starts and waits for a lease ([`proto::ToSupervisor::Prepare`],
+//! [`crate::gpu::lazy`]), and reads through it for every attempt it runs: a job's start
+//! reading is taken before its exec, so its figures cover its whole run.
 
 pub mod attempt;
 pub mod classify;
@@ -34,8 +35,8 @@ use tokio::net::UnixListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::gpu::lazy::LazyBackend;
-use crate::gpu::{self, GpuBackend};
+use crate::gpu::lazy::{LazyBackend, Opening};
+use crate::gpu::{self, BackendChoice, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes};
 use attempt::{AttemptEnd, SupervisorConfig};
 use direct::{Delivery, DirectLink, Renewal};
@@ -191,15 +192,18 @@ async fn serve_attempts(channel: std::os::unix::net::UnixStream, own_tree: bool)
         }
     };
     let mut served = 0;
+    // The GPU backend, opened once for every attempt this process runs.
+    let mut gpus: Option<Prepared> = None;
     loop {
-        let spec = match next_launch(&mut conn).await {
+        let spec = match next_launch(&mut conn, &mut gpus).await {
             Ok(spec) => spec,
             Err(code) => return code,
         };
         served += 1;
         let _ = nix::sys::prctl::set_name(COMM);
         let reuse = own_tree && served < MAX_ATTEMPTS;
-        match supervise(spec, conn, own_tree, reuse).await {
+        let opening = prepared(&mut gpus, &spec.gpu).opening.clone();
+        match supervise(spec, conn, own_tree, reuse, opening).await {
             Next::Exit(code) => return code,
             Next::Wait(c) => {
                 conn = c;
@@ -211,11 +215,38 @@ async fn serve_attempts(channel: std::os::unix::net::UnixStream, own_tree: bool)
     }
 }
 
-/// The next launch on `conn`; else the process's exit code.
-async fn next_launch(conn: &mut Conn) -> Result<Spec, i32> {
+/// The GPU backend a supervisor opened, and which one it is.
+struct Prepared {
+    choice: BackendChoice,
+    opening: Arc<Opening>,
+}
+
+/// The backend for `choice`: the one being opened since the supervisor started, or (told
+/// none, or another) one opened from now on.
+fn prepared<'a>(gpus: &'a mut Option<Prepared>, choice: &BackendChoice) -> &'a Prepared {
+    if gpus.as_ref().is_none_or(|p| p.choice != *choice) {
+        *gpus = Some(prepare(choice.clone()));
+    }
+    gpus.as_ref().expect("set above")
+}
+
+/// Starts opening `choice`'s backend off the runtime.
+fn prepare(choice: BackendChoice) -> Prepared {
+    let open = choice.clone();
+    let opening = Opening::new(move || gpu::open(&open).map_err(|e| e.to_string()));
+    opening.start();
+    Prepared { choice, opening }
+}
+
+/// The next launch on `conn`; else the process's exit code. A backend to prepare is
+/// opened meanwhile.
+async fn next_launch(conn: &mut Conn, gpus: &mut Option<Prepared>) -> Result<Spec, i32> {
     loop {
         match conn.recv::<ToSupervisor>().await {
             Ok(Some(ToSupervisor::Launch { spec })) => return Ok(*spec),
+            Ok(Some(ToSupervisor::Prepare { gpu })) => {
+                prepared(gpus, &gpu);
+            }
             // Sent for the attempt before while it ended, read only now: nothing runs to
             // renew or stop.
             Ok(Some(
@@ -242,7 +273,13 @@ enum Next {
 
 /// Runs one attempt from its launch to its journalled and told end. `reuse`: whether this
 /// process may serve another attempt afterwards, if this one ends clean.
-async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next {
+async fn supervise(
+    spec: Spec,
+    first: Conn,
+    own_tree: bool,
+    reuse: bool,
+    opening: Arc<Opening>,
+) -> Next {
     if let Some(c) = &spec.cgroups {
         crate::cgroup::attribute_by(c);
     }
@@ -279,16 +316,13 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
     };
     link.send(&hello(None)).await;
 
-    // Opened with the first reading, after the job started: an NVML init per attempt must
-    // not delay the job. One that cannot open reads as unknown (cleanup unverified).
-    let backend: Arc<dyn GpuBackend> = {
-        let choice = spec.gpu.clone();
-        Arc::new(LazyBackend::new(
-            move || gpu::open(&choice).map_err(|e| e.to_string()),
-            spec.job_env.clone(),
-            launch.gpus.clone(),
-        ))
-    };
+    // Opened since the supervisor started: one that cannot open reads as unknown (figures
+    // unknown, cleanup unverified).
+    let backend: Arc<dyn GpuBackend> = Arc::new(LazyBackend::new(
+        opening,
+        spec.job_env.clone(),
+        launch.gpus.clone(),
+    ));
     let cfg = SupervisorConfig {
         kill_grace: Duration::from_millis(spec.kill_grace_ms),
         verify_timeout: Duration::from_millis(spec.verify_timeout_ms),
@@ -349,7 +383,7 @@ async fn supervise(spec: Spec, first: Conn, own_tree: bool, reuse: bool) -> Next
                 Some(Ok(Some(ToSupervisor::Launch { .. }))) => {
                     tracing::warn!(%attempt, "a second launch is ignored");
                 }
-                Some(Ok(Some(ToSupervisor::Attach { .. }))) => {}
+                Some(Ok(Some(ToSupervisor::Attach { .. } | ToSupervisor::Prepare { .. }))) => {}
                 Some(Ok(None)) => {
                     // The agent exited or died: the job runs on, fenced by its deadline.
                     link.conn = None;

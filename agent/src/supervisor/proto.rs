@@ -82,7 +82,11 @@ pub struct Spec {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
 pub enum ToSupervisor {
-    /// First message on the spawn channel only.
+    /// First on the spawn channel, as the supervisor starts: the GPU backend its attempts
+    /// will read, opened now, while it waits for a lease, so that a job's start reading is
+    /// taken before its exec without waiting for NVML to open.
+    Prepare { gpu: BackendChoice },
+    /// On the spawn channel: run this attempt.
     Launch { spec: Box<Spec> },
     /// First message of a re-attaching agent on the supervisor's socket: the agent's attach
     /// key. The supervisor answers with its hello, or closes the connection.

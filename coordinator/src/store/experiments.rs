@@ -54,9 +54,10 @@ pub(super) async fn export(tx: &mut dyn Tx, id: Option<ExperimentId>) -> Result<
             limit: None,
         })
         .await?;
-    let attempts = tx
+    let mut attempts = tx
         .attempt_views(AttemptsWhere::Experiment(id.as_deref()))
         .await?;
+    super::sharing::label(tx, &mut attempts).await?;
     Ok(export_rows(jobs, attempts))
 }
 

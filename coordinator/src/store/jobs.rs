@@ -98,7 +98,8 @@ pub(super) async fn detail(tx: &mut dyn Tx, id: JobId) -> Result<JobDetail> {
         .await?
         .pop()
         .ok_or_else(not_found)?;
-    let attempts = tx.attempt_views(AttemptsWhere::Job(&id)).await?;
+    let mut attempts = tx.attempt_views(AttemptsWhere::Job(&id)).await?;
+    super::sharing::label(tx, &mut attempts).await?;
     tx.job_detail(&id, summary, attempts)
         .await?
         .ok_or_else(not_found)

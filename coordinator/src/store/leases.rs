@@ -339,8 +339,9 @@ pub(super) async fn expire(tx: &mut dyn Tx, now: Millis) -> Result<(Vec<AttemptI
 }
 
 pub(super) async fn attempt(tx: &mut dyn Tx, id: AttemptId) -> Result<AttemptView> {
-    tx.attempt_views(AttemptsWhere::Id(&id.to_string()))
-        .await?
+    let mut views = tx.attempt_views(AttemptsWhere::Id(&id.to_string())).await?;
+    super::sharing::label(tx, &mut views).await?;
+    views
         .pop()
         .ok_or_else(|| StoreError::not_found("attempt", id))
 }

@@ -4,7 +4,8 @@
 //! # Layout
 //! - `Store` (here): the operations handlers call, implemented once for every `Backend`.
 //! - `experiments`, `jobs`, `nodes`, `leases`, `telemetry`, `tokens`: the operations, one
-//!   file per resource, each written once over the transaction interface.
+//!   file per resource, each written once over the transaction interface; `sharing`: the
+//!   neighbours an attempt view is labelled shared by.
 //! - `tx`: that interface (`Tx`, the statements; `Backend`, transactions) and the lock order.
 //! - `sql`: every `Tx` statement's SQL, once, over `exec::Exec`: what a backend must run.
 //! - `sqlite`, `postgres`: the backends: `Exec` in their dialect, transactions, and what only
@@ -37,6 +38,7 @@ mod leases;
 mod nodes;
 pub mod postgres;
 pub(crate) mod rows;
+mod sharing;
 mod sql;
 pub mod sqlite;
 mod telemetry;

@@ -127,7 +127,7 @@ pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence,
      contamination_pid, contamination_command, waiting, exclusive_wait_ms, \
      cooldown_wait_ms, cooldown_from_mdeg, cooldown_start_mdeg, cooldown_timed_out, \
      background_pid, background_ready_ms, background_exit_code, background_signal, \
-     background_exited_early, host_peak_mib";
+     background_exited_early, host_peak_mib, first_reading_ms, covers_run, energy_counters";
 
 pub(crate) fn phase(s: &str) -> Result<AttemptPhase> {
     match s {
@@ -187,6 +187,9 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
         background_signal: r.int_opt(47)?.map(|s| s as i32),
         background_exited_early: r.flag_opt(48)?,
         host_peak_mib: r.mib_opt(49)?,
+        // Set by the store's read of its neighbours (`store::sharing`).
+        shared: false,
+        sharing: None,
     })
 }
 
@@ -210,6 +213,10 @@ fn measurements(r: &impl Cols, at: usize) -> Result<Measurements> {
             .int_opt(at + 11)?
             .map(|p| u32::try_from(p.max(0)).unwrap_or(u32::MAX)),
         contamination_command: r.text_opt(at + 12)?,
+        // After the columns up to `host_peak_mib` (49), in ATTEMPT_COLUMNS order.
+        first_reading_ms: r.mib_opt(50)?,
+        covers_run: r.flag_opt(51)?,
+        counters: r.json_opt(52)?.unwrap_or_default(),
     })
 }
 

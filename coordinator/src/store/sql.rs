@@ -328,20 +328,25 @@ impl<E: Exec> Tx for E {
     }
 
     async fn attempt_views(&mut self, which: AttemptsWhere<'_>) -> Result<Vec<AttemptView>> {
-        let (filter, arg) = match which {
-            AttemptsWhere::Id(id) => ("id = $1", Some(id)),
-            AttemptsWhere::Job(job) => ("job_id = $1 ORDER BY number", Some(job)),
+        let (filter, args): (&str, Vec<Arg>) = match which {
+            AttemptsWhere::Id(id) => ("id = $1", vec![id.into()]),
+            AttemptsWhere::Job(job) => ("job_id = $1 ORDER BY number", vec![job.into()]),
             AttemptsWhere::Experiment(exp) => (
                 "job_id IN (SELECT id FROM jobs \
                  WHERE CAST($1 AS TEXT) IS NULL OR experiment_id = $1) ORDER BY number",
-                exp,
+                vec![exp.into()],
+            ),
+            AttemptsWhere::RanOn { node, from, to } => (
+                "node = $1 AND started_at IS NOT NULL AND started_at < $3 \
+                 AND (ended_at IS NULL OR ended_at > $2)",
+                vec![node.into(), from.into(), to.into()],
             ),
         };
         let sql = format!(
             "SELECT {} FROM attempts WHERE {filter}",
             rows::ATTEMPT_COLUMNS
         );
-        all(self, &sql, args![arg], |r| rows::attempt_view(r)).await
+        all(self, &sql, &args, |r| rows::attempt_view(r)).await
     }
 
     async fn job_of_attempt(&mut self, attempt: &str) -> Result<Option<String>> {
@@ -540,6 +545,10 @@ impl<E: Exec> Tx for E {
             Some(t) => json(t)?,
             None => Arg::Null,
         };
+        let counters = match &report.measurements.counters[..] {
+            [] => Arg::Null,
+            c => json(&c)?,
+        };
         let ended = first(
             self,
             "UPDATE attempts SET phase = 'ended', ended_at = $1, exit_code = $2, signal = $3, \
@@ -551,7 +560,8 @@ impl<E: Exec> Tx for E {
              throttle_reasons = $21, contamination_reason = $22, contamination_pid = $23, \
              contamination_command = $24, background_pid = $25, background_ready_ms = $26, \
              background_exit_code = $27, background_signal = $28, \
-             background_exited_early = $29, host_peak_mib = $30 \
+             background_exited_early = $29, host_peak_mib = $30, first_reading_ms = $31, \
+             covers_run = $32, energy_counters = $33 \
              WHERE id = $9 RETURNING node, gpus, memory_key, estimate_mib",
             args![
                 report.ended_at.timestamp_millis(),
@@ -584,6 +594,9 @@ impl<E: Exec> Tx for E {
                 bg.and_then(|b| b.signal),
                 bg.map(|b| b.exited_early),
                 opt_i64(report.host_peak_mib),
+                opt_i64(report.measurements.first_reading_ms),
+                report.measurements.covers_run,
+                counters,
             ],
             |r| rows::ended(r),
         )

@@ -51,6 +51,12 @@ pub enum AttemptsWhere<'a> {
     Id(&'a str),
     Job(&'a str),
     Experiment(Option<&'a str>),
+    /// Attempts whose job ran on `node` at some time between `from` and `to` (ms).
+    RanOn {
+        node: &'a str,
+        from: i64,
+        to: i64,
+    },
 }
 
 /// An attempt row about to be written by a lease.

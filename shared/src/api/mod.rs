@@ -302,6 +302,13 @@ pub struct AttemptView {
     /// contaminated it.
     #[serde(flatten)]
     pub measurements: Measurements,
+    /// Another attempt ran on one of its GPUs during its run (its GPU figures are not its
+    /// own: left out of `--clean-only`).
+    #[serde(default)]
+    pub shared: bool,
+    /// With whom, for how much of its run, and its apportioned energy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<Sharing>,
     /// Name of the token that submitted the attempt's experiment.
     #[serde(default = "anonymous")]
     pub submitted_by: String,
@@ -620,6 +627,66 @@ pub struct Measurements {
     /// Its user and command line, as `/proc` told when it was seen (`alice: python x.py`).
     #[serde(default)]
     pub contamination_command: Option<String>,
+    /// How long after the job's exec its figures begin, milliseconds: 0 when the first
+    /// reading was taken before the exec (the figures cover the run from its first
+    /// instruction). `None`: no figure is known.
+    #[serde(default)]
+    pub first_reading_ms: Option<u64>,
+    /// The figures cover the job's whole run: read before its exec and after its end.
+    /// `false`: they begin late, or could not be read (left out of `--clean-only`); `None`:
+    /// the job never ran.
+    #[serde(default)]
+    pub covers_run: Option<bool>,
+    /// Each GPU's total-energy counter at the run's first and last readings, with the
+    /// readings' times: what a shared GPU's energy is apportioned from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub counters: Vec<CounterWindow>,
+}
+
+/// One GPU's total-energy counter at an attempt's first and last readings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CounterWindow {
+    pub gpu: u32,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    /// The counter at `from` and at `to`, joules.
+    pub from_j: f64,
+    pub to_j: f64,
+}
+
+/// An attempt that ran beside other attempts on one of its GPUs: its `energy_j` is its
+/// GPUs' energy over its run, theirs included; `energy_share_j` apportions it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Sharing {
+    /// The part of its run (0 to 1) during which another attempt ran on one of its GPUs.
+    pub overlap: f64,
+    /// The attempts it shared its GPUs with.
+    pub with: Vec<AttemptId>,
+    /// Its apportioned share of its GPUs' energy over its run, joules: an estimate by
+    /// `share_method`, never a measurement. `None` where the GPUs' counters are unknown.
+    pub energy_share_j: Option<f64>,
+    pub share_method: ShareMethod,
+}
+
+/// How a shared GPU's energy is apportioned among the attempts on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ShareMethod {
+    /// Each stretch of time between two counter readings is split equally among the
+    /// attempts that ran through it: the shares of a GPU's attempts add up to its counter's
+    /// delta over their runs together.
+    TimeWeighted,
+}
+
+impl ShareMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareMethod::TimeWeighted => "time_weighted",
+        }
+    }
 }
 
 impl Measurements {

@@ -216,3 +216,141 @@ fn export_has_a_colocated_attempts_background_and_its_gpus_figures() {
     let (_, kept) = csv_table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
     assert_eq!(kept.len(), 2, "{kept:?}");
 }
+
+/// NVML may take seconds to open on a node without persistence mode. A job shorter than
+/// that still gets figures from its first joule: its supervisor opened the GPUs while it
+/// waited for the lease and took the start reading before the job's exec.
+#[test]
+fn a_short_jobs_energy_covers_its_run_when_the_gpus_open_slowly() {
+    let mut h = Headroom::up(UpOptions::gpus("1x24GiB"));
+    // Every open of these fake GPUs takes 3 s from now on: the agent's and its supervisors'.
+    std::fs::write(h.fake_gpu_dir().join("open-delay"), "3s").expect("open delay");
+    h.stop().expect("stop");
+    h.restart().expect("restart");
+    // An idle GPU draws the fake model's 60 W.
+    let exp = h.submit_spec(serde_json::json!({"name": "short",
+        "command": ["sleep", "1"], "resources": {"memory": "1GiB"}}));
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let a = h.first_attempt(jobs[0].id);
+    let m = &a.measurements;
+    let run_s = match (a.started_at, a.ended_at) {
+        (Some(s), Some(e)) => (e - s).num_milliseconds() as f64 / 1000.0,
+        _ => panic!("no run: {a:#?}"),
+    };
+    assert_eq!(
+        (m.covers_run, m.first_reading_ms),
+        (Some(true), Some(0)),
+        "{a:#?}"
+    );
+    assert_eq!(m.energy_source, Some(EnergySource::Counter), "{a:#?}");
+    let want = 60.0 * run_s;
+    assert!(
+        m.energy_j.is_some_and(|e| (e - want).abs() <= want * 0.05),
+        "{a:#?}: want about {want} J over {run_s} s"
+    );
+}
+
+/// Figures that begin after the job started (its GPUs could not be read then) are given,
+/// flagged with how late they begin, and left out of `--clean-only`.
+#[test]
+fn figures_that_begin_late_are_flagged_and_not_clean() {
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
+    let fault = h.fake_gpu_dir().join("gpu0.fail-telemetry");
+    std::fs::write(&fault, "GPU is lost").expect("fault");
+    let exp = h.submit_spec(serde_json::json!({"name": "late",
+        "command": ["sleep", "3"], "resources": {"memory": "1GiB"}}));
+    let job = h.wait_for("the job to start", Duration::from_secs(30), || {
+        Ok(h.jobs(exp)?
+            .into_iter()
+            .find(|j| j.state == JobState::Running))
+    });
+    std::thread::sleep(Duration::from_millis(1000));
+    std::fs::remove_file(&fault).expect("GPU back");
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let a = h.first_attempt(job.id);
+    let m = &a.measurements;
+    assert_eq!(m.covers_run, Some(false), "{a:#?}");
+    assert!(
+        m.first_reading_ms
+            .is_some_and(|ms| (900..3000).contains(&ms)),
+        "{a:#?}"
+    );
+    assert!(m.energy_j.is_some_and(|e| e > 0.0), "{a:#?}");
+    let shown = h.cli_ok(&["show", &job.id.to_string()]);
+    assert!(shown.contains("PARTIAL: figures begin"), "{shown}");
+    let (header, rows) = csv_table(&h.cli_ok(&["export", "--csv"]));
+    let col = |name: &str| header.iter().position(|h| h == name).expect(name);
+    assert_eq!(rows[0][col("covers_run")], "false");
+    let (_, kept) = csv_table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
+    assert!(kept.is_empty(), "{kept:?}");
+}
+
+/// Two attempts that ran on one GPU together are both `shared`: their energy is the GPU's
+/// (so the two add up to more than the GPU drew), an apportioned share is given beside it
+/// (the shares add up to the GPU's counter delta over both runs), and `--clean-only` leaves
+/// both out.
+#[test]
+fn attempts_sharing_a_gpu_are_labelled_with_apportioned_shares_and_not_clean() {
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").plan("2"));
+    let job = fake_job().display().to_string();
+    let exp = h.submit_spec(serde_json::json!({"name": "pair",
+        "command": [job, "--mem", "1GiB", "--util", "{util}", "--seconds", "3"],
+        "grid": {"util": [30, 60]},
+        "resources": {"memory": "2GiB"}}));
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    let attempts: Vec<_> = jobs.iter().map(|j| h.first_attempt(j.id)).collect();
+    for a in &attempts {
+        let s = a
+            .sharing
+            .as_ref()
+            .unwrap_or_else(|| panic!("not shared: {a:#?}"));
+        assert!(a.shared);
+        assert!(s.overlap > 0.5, "{a:#?}");
+        assert_eq!(a.measurements.covers_run, Some(true), "{a:#?}");
+    }
+    let windows: Vec<_> = attempts
+        .iter()
+        .map(|a| a.measurements.counters[0].clone())
+        .collect();
+    let first = windows
+        .iter()
+        .map(|w| w.from_j)
+        .fold(f64::INFINITY, f64::min);
+    let last = windows.iter().map(|w| w.to_j).fold(0.0, f64::max);
+    let gpu_delta = last - first;
+    let shares: f64 = attempts
+        .iter()
+        .map(|a| {
+            a.sharing
+                .as_ref()
+                .and_then(|s| s.energy_share_j)
+                .expect("share")
+        })
+        .sum();
+    assert!((shares - gpu_delta).abs() < 1e-3, "{shares} vs {gpu_delta}");
+    let whole: f64 = attempts
+        .iter()
+        .filter_map(|a| a.measurements.energy_j)
+        .sum();
+    assert!(
+        whole > gpu_delta * 1.5,
+        "each counts the GPU's: {whole} vs {gpu_delta}"
+    );
+
+    let (header, rows) = csv_table(&h.cli_ok(&["export", "--csv"]));
+    let col = |name: &str| header.iter().position(|h| h == name).expect(name);
+    for r in &rows {
+        assert_eq!(r[col("shared")], "true");
+        assert_eq!(r[col("energy_share_method")], "time_weighted");
+        assert!(r[col("energy_share_j")].parse::<f64>().is_ok(), "{r:?}");
+    }
+    let (_, kept) = csv_table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
+    assert!(kept.is_empty(), "{kept:?}");
+    let shown = h.cli_ok(&["show", &jobs[0].id.to_string()]);
+    assert!(
+        shown.contains("SHARED") && shown.contains("time_weighted, an estimate"),
+        "{shown}"
+    );
+}

@@ -30,7 +30,7 @@ use running::Running;
 pub use running::kill_marked;
 use stop::Stop;
 pub use watch::Baseline;
-use watch::{lock, take_reading};
+use watch::lock;
 
 use crate::gpu::GpuBackend;
 use crate::supervisor::colocate;
@@ -67,14 +67,11 @@ pub async fn run_attempt(
         Err(end) => return end,
     };
     started(run.pid);
-    // The energy counter's reading at the start. Not awaited: the job is already running,
-    // and in an attempt's supervisor process this reading opens the GPU backend (NVML),
-    // so it comes a moment after the spawn: the attempt's figures start from there. With a
+    // The start reading was taken before the job's exec ([`spawn::start`]). With a
     // colocated background the figures are the foreground's run on the GPU, background
-    // included: its start and readiness wait come before this reading.
-    let start_reading = take_reading(&run.watch);
+    // included: its start and readiness wait come before that reading.
     let stop = until_stop(&mut run, &launch, &cancel).await;
-    stop::end(run, stop, start_reading, &launch, &backend, cfg).await
+    stop::end(run, stop, &launch, &backend, cfg).await
 }
 
 /// The run: waits for the job's exit, its timeout, a cancel or (with `on_background_exit:

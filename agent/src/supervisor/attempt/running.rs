@@ -20,6 +20,8 @@ pub(super) struct Running {
     /// The job's log, and where this attempt's part of it starts.
     pub(super) log: File,
     pub(super) log_start: u64,
+    /// The start reading, when it was not taken before the job's exec (still on its way).
+    pub(super) start_reading: Option<tokio::task::JoinHandle<()>>,
     pub(super) watch: Arc<Mutex<Watch>>,
     pub(super) sample_every: Duration,
     pub(super) child: Child,

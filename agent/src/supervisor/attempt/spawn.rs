@@ -15,11 +15,14 @@ use super::launch::{AttemptEnd, Launch, SupervisorConfig, not_started};
 use super::log::{note, open_log, read_tail};
 use super::running::{KillOnDrop, Running};
 use super::stop::stop_background_only;
-use super::watch::{Baseline, LogFollower, Peak, Watch};
+use super::watch::{Baseline, LogFollower, Peak, Watch, lock, take_reading};
 use crate::gpu::GpuBackend;
 use crate::procscan;
 use crate::supervisor::colocate;
 use crate::supervisor::measure::Meter;
+
+/// How long a job waits for its start reading (its supervisor's GPU backend opening).
+const START_READING_WAIT: Duration = Duration::from_secs(20);
 
 /// Starts the attempt: its background first when it has one, then its job. `Err`: the
 /// attempt ended without its job starting (a launch error, a background not ready, a
@@ -148,6 +151,26 @@ pub(super) async fn start(
         background_guard = Some(guard);
     }
 
+    // The start reading, before the job's exec, so that its figures cover its whole run
+    // (the backend has been opening since the supervisor started). Bounded: a backend that
+    // takes longer to open lets the job start, and its figures say how late they begin.
+    let mut start_reading = take_reading(&watch);
+    let start_reading = match tokio::time::timeout(START_READING_WAIT, &mut start_reading).await {
+        Ok(_) => None,
+        Err(_) => {
+            note(
+                &log,
+                &format!(
+                    "the GPUs could not be read within {}: the job starts, and its \
+                         figures begin when they can be read",
+                    humantime::format_duration(START_READING_WAIT)
+                ),
+            );
+            Some(start_reading)
+        }
+    };
+    lock(&watch).meter.mark_exec(std::time::Instant::now());
+
     let spawned = command(launch, backend.as_ref(), &log).and_then(|mut cmd| {
         let spawned = procscan::spawn_owned(|| cmd.spawn(), Child::id);
         // The command holds the log handles given to the child: close ours now.
@@ -193,6 +216,7 @@ pub(super) async fn start(
     Ok(Running {
         log,
         log_start,
+        start_reading,
         watch,
         sample_every,
         child,

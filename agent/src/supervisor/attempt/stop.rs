@@ -361,7 +361,6 @@ pub(super) enum Stop {
 pub(super) async fn end(
     mut run: Running,
     stop: Stop,
-    start_reading: tokio::task::JoinHandle<()>,
     launch: &Launch,
     backend: &Arc<dyn GpuBackend>,
     cfg: &SupervisorConfig,
@@ -369,11 +368,14 @@ pub(super) async fn end(
     let ended_at = Utc::now();
     let end_mark = Instant::now();
     // The reading at the end, beside the cleanup rather than before it (it must not delay
-    // freeing the GPU), after the start reading (which may still be opening the backend).
+    // freeing the GPU), after a start reading still on its way (the backend opening).
     let end_reading = {
         let w = run.watch.clone();
+        let start_reading = run.start_reading.take();
         tokio::spawn(async move {
-            let _ = start_reading.await;
+            if let Some(r) = start_reading {
+                let _ = r.await;
+            }
             let _ = take_reading(&w).await;
         })
     };
