@@ -1,13 +1,17 @@
 """The client against a real coordinator and agent (fake GPUs): submit, wait, jobs,
-attempts, logs, cancel, retry, nodes, plans and the mapping of API errors."""
+attempts, logs, cancel, retry, nodes, plans, telemetry, experiments by name, the token as
+the CLI finds it and the mapping of API errors."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import httpx
 import pandas as pd
 import pytest
 
@@ -17,8 +21,11 @@ from headroom_client import (
     Client,
     ConflictError,
     ConnectionFailed,
+    HeadroomError,
     InvalidError,
+    JobsFailedError,
     NotFoundError,
+    TokenFileError,
     load_spec,
 )
 
@@ -236,3 +243,273 @@ def test_the_client_reads_the_clis_variables(cluster: str, tmp_path, monkeypatch
     with Client() as c:
         assert str(c._http.base_url).rstrip("/") == cluster.rstrip("/")
         assert isinstance(c.experiments(), list)
+
+
+# ---- the token, as the CLI finds it ----
+
+
+def _sent_authorization(make) -> "str | None":
+    """The Authorization header a client built by ``make(transport)`` sends."""
+    seen = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={"status": "ok", "schema_version": 1})
+
+    with make(httpx.MockTransport(answer)) as c:
+        c.health()
+    return seen[0]
+
+
+@pytest.fixture()
+def no_token_env(tmp_path, monkeypatch):
+    """No token variable, and a HOME without a local `up`'s token."""
+    for var in ("HEADROOM_TOKEN", "HEADROOM_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return monkeypatch
+
+
+def test_a_token_file_argument_is_read_first_line_and_wins_over_the_variables(
+    tmp_path, no_token_env
+) -> None:
+    path = tmp_path / "token"
+    path.write_text("  file-secret  \nsecond line\n")
+    no_token_env.setenv("HEADROOM_TOKEN", "env-secret")
+    url = "http://127.0.0.1:7999"
+    assert (
+        _sent_authorization(lambda t: Client(url, token_file=path, transport=t))
+        == "Bearer file-secret"
+    )
+    # A token given outright comes before everything; both at once is a mistake.
+    assert _sent_authorization(lambda t: Client(url, "given", transport=t)) == "Bearer given"
+    with pytest.raises(ValueError, match="token or token_file"):
+        Client(url, "given", token_file=path)
+    # Without arguments: HEADROOM_TOKEN before HEADROOM_TOKEN_FILE, as the CLI.
+    other = tmp_path / "other"
+    other.write_text("other-secret\n")
+    no_token_env.setenv("HEADROOM_TOKEN_FILE", str(other))
+    assert _sent_authorization(lambda t: Client(url, transport=t)) == "Bearer env-secret"
+    no_token_env.delenv("HEADROOM_TOKEN")
+    assert _sent_authorization(lambda t: Client(url, transport=t)) == "Bearer other-secret"
+
+
+async def test_the_async_client_takes_a_token_file_too(tmp_path, no_token_env) -> None:
+    path = tmp_path / "token"
+    path.write_text("async-secret\n")
+    seen = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={"status": "ok", "schema_version": 1})
+
+    async with AsyncClient(
+        "http://127.0.0.1:7999", token_file=str(path), transport=httpx.MockTransport(answer)
+    ) as c:
+        await c.health()
+    assert seen == ["Bearer async-secret"]
+
+
+def test_a_token_file_that_cannot_be_read_is_an_error_naming_it(tmp_path, no_token_env) -> None:
+    missing = tmp_path / "no-such-token"
+    with pytest.raises(TokenFileError) as e:
+        Client("http://127.0.0.1:7999", token_file=missing)
+    assert e.value.path == str(missing)
+    assert str(missing) in str(e.value) and "token_file" in str(e.value)
+    assert "cannot be read" in str(e.value)
+    assert isinstance(e.value, HeadroomError)
+
+    # The variable's file: the message names the variable and the file.
+    no_token_env.setenv("HEADROOM_TOKEN_FILE", str(missing))
+    with pytest.raises(TokenFileError) as e:
+        Client("http://127.0.0.1:7999")
+    assert "HEADROOM_TOKEN_FILE" in str(e.value) and str(missing) in str(e.value)
+
+    # A directory, and a file whose first line is blank.
+    with pytest.raises(TokenFileError, match="cannot be read"):
+        Client("http://127.0.0.1:7999", token_file=tmp_path)
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(TokenFileError, match="is empty") as e:
+        Client("http://127.0.0.1:7999", token_file=empty)
+    assert str(empty) in str(e.value)
+
+
+# ---- experiments by name ----
+
+
+def test_experiments_are_named_by_name_wherever_an_id_is_taken(client: Client) -> None:
+    """wait, progress, jobs, job_list, attempts, experiment and cancel take a name: the
+    newest experiment of that name, as the CLI resolves it (the API takes ids only)."""
+    name = f"py-named-{uuid.uuid4().hex[:8]}"
+    older = client.submit(spec(name, ["true"], resources={"gpus": 0}))
+    older.wait(timeout=60)
+    newer = client.submit(spec(name, ["echo", "{x}"], grid={"x": [1, 2]}, resources={"gpus": 0}))
+
+    done = client.wait(name, timeout=60)
+    assert done.counts.total == 2 and done.counts.succeeded == 2, done.counts
+    assert client.progress(name).counts.total == 2
+    jobs = client.jobs(name, frame=False)
+    assert len(jobs) == 2 and {j["experiment"] for j in jobs} == {newer.id}
+    assert {j.experiment for j in client.job_list(name, state="succeeded")} == {newer.id}
+    assert set(client.attempts(name)["job_id"]) == {j["id"] for j in jobs}
+    assert client.experiment(name).id == newer.id
+    assert client.experiment(name).summary().name == name
+
+    # cancel: the newest of the name, now a running one.
+    running = client.submit(spec(name, ["sleep", "60"], resources={"gpus": 0}))
+    assert client.cancel(name).cancelled == 1
+    assert client.wait(name, timeout=60).counts.cancelled == 1
+    assert client.experiment(name).id == running.id
+    assert client.cancel_experiment(name).cancelled == 0
+
+    with pytest.raises(NotFoundError) as e:
+        client.jobs(f"no-such-{name}")
+    assert e.value.field == "experiment" and f"no-such-{name}" in str(e.value)
+
+
+async def test_the_async_client_takes_names_too(cluster: str, client: Client) -> None:
+    name = f"py-async-named-{uuid.uuid4().hex[:8]}"
+    exp = client.submit(spec(name, ["true"], resources={"gpus": 0}))
+    async with AsyncClient(cluster, TOKEN) as c:
+        assert (await c.wait(name, timeout=60)).counts.succeeded == 1
+        named = c.experiment(name)
+        assert (await named.wait(timeout=60)).counts.succeeded == 1
+        assert named.id == exp.id
+        assert [j["experiment"] for j in await c.jobs(name, frame=False)] == [exp.id]
+        assert len(await named.attempts(frame=False)) == 1
+        with pytest.raises(NotFoundError):
+            await c.experiment(f"no-such-{name}").jobs()
+
+
+# ---- dates ----
+
+
+def test_dates_are_datetimes_in_records_and_datetime64_in_frames(client: Client) -> None:
+    exp = client.submit(spec("py-dates", ["true"], resources={"gpus": 0}))
+    exp.wait(timeout=60)
+    job = exp.jobs(frame=False)[0]
+    assert isinstance(job["created_at"], datetime) and job["created_at"].tzinfo is not None
+    row = exp.attempts(frame=False)[0]
+    assert isinstance(row["started_at"], datetime) and isinstance(row["ended_at"], datetime)
+    assert row["started_at"] <= row["ended_at"]
+    jobs = exp.jobs()
+    assert str(jobs["created_at"].dt.tz) == "UTC"
+    attempts = exp.attempts()
+    for col in ("started_at", "ended_at"):
+        assert pd.api.types.is_datetime64_any_dtype(attempts[col]), attempts.dtypes
+    assert (attempts["ended_at"] >= attempts["started_at"]).all()
+
+
+# ---- telemetry ----
+
+
+def test_gpu_telemetry_as_a_series_and_a_frame(client: Client) -> None:
+    # The agent samples its fake GPUs every second and ships them with its heartbeats.
+    deadline = time.monotonic() + 40
+    while not (series := client.gpu_telemetry("py-node", 1, since=timedelta(minutes=30))).samples:
+        assert time.monotonic() < deadline, "no telemetry of py-node GPU 1"
+        client.progress(after=client.progress().version, timeout_ms=1000)
+    assert series.node == "py-node" and series.gpu == 1
+    first = series.samples[0]
+    assert first.gpu == 1 and first.total_mib == 24 * 1024
+    assert isinstance(first.at, datetime) and first.at.tzinfo is not None
+    ats = [s.at for s in series.samples]
+    assert ats == sorted(ats)
+
+    df = client.gpu_telemetry_frame("py-node", 1, since=first.at, until=ats[-1])
+    assert len(df) == len(series.samples)
+    assert list(df.columns[:3]) == ["node", "gpu", "at"]
+    assert str(df["at"].dt.tz) == "UTC"
+    assert df["at"].iloc[0] == pd.Timestamp(first.at)
+    assert (df["total_mib"] == 24 * 1024).all() and df["power_w"].dtype == "float64"
+    assert client.gpu_telemetry("py-node", 1, limit=1).samples[0].at == max(
+        s.at for s in client.gpu_telemetry("py-node", 1).samples
+    )
+
+    # A window before any sample: no rows, the same columns and types.
+    empty = client.gpu_telemetry_frame(
+        "py-node", 1, since=datetime(2000, 1, 1, tzinfo=timezone.utc), until="2000-01-02T00:00:00Z"
+    )
+    assert empty.empty and list(empty.columns) == list(df.columns)
+    assert str(empty["at"].dtype) == str(df["at"].dtype)
+    with pytest.raises(InvalidError) as e:
+        client.gpu_telemetry("py-node", 1, since=timedelta(minutes=1), until=timedelta(minutes=2))
+    assert e.value.field == "since"
+
+
+def test_attempt_telemetry_covers_its_run(client: Client) -> None:
+    exp = client.submit(
+        spec(
+            "py-telemetry",
+            ["headroom-fake-job", "--mem", "1GiB", "--seconds", "2"],
+            resources={"gpus": 1, "memory": "2GiB"},
+        )
+    )
+    assert exp.wait(timeout=120).counts.succeeded == 1
+    attempt = exp.attempts(frame=False)[0]["attempt_id"]
+    # Samples reach the coordinator with the agent's next heartbeats.
+    deadline = time.monotonic() + 40
+    while not any((t := client.attempt_telemetry(attempt)).gpus[0].samples):
+        assert time.monotonic() < deadline, f"no telemetry of attempt {attempt}"
+        client.progress(after=client.progress().version, timeout_ms=1000)
+    view = client.attempt(attempt)
+    assert t.attempt == attempt and t.node == "py-node"
+    assert [g.gpu for g in t.gpus] == view.gpus
+    assert t.from_ is not None and t.to is not None and t.from_ <= t.to
+    samples = t.gpus[0].samples
+    assert all(t.from_ <= s.at <= t.to for s in samples)
+    # The fake job held 1 GiB of the fake GPU while it ran.
+    assert max(s.used_mib or 0 for s in samples) >= 1024
+
+    df = client.attempt_telemetry_frame(attempt)
+    assert list(df.columns[:4]) == ["attempt", "node", "gpu", "at"]
+    assert set(df["attempt"]) == {attempt} and len(df) == len(samples)
+    assert pd.api.types.is_datetime64_any_dtype(df["at"])
+    assert df["used_mib"].max() >= 1024
+    assert client.attempt_telemetry(attempt, limit=1).gpus[0].samples == samples[-1:]
+
+
+async def test_the_async_client_reads_telemetry(cluster: str) -> None:
+    async with AsyncClient(cluster, TOKEN) as c:
+        series = await c.gpu_telemetry("py-node", 0, since=timedelta(hours=1))
+        assert series.node == "py-node" and series.gpu == 0
+        df = await c.gpu_telemetry_frame("py-node", 0, since=timedelta(hours=1))
+        assert len(df) >= len(series.samples) and "at" in df.columns
+        with pytest.raises(NotFoundError):
+            await c.attempt_telemetry(str(uuid.uuid4()))
+
+
+# ---- wait(raise_on_failure=True) ----
+
+
+def test_wait_raises_on_failure_with_the_failed_jobs_and_their_classes(client: Client) -> None:
+    name = f"py-fails-{uuid.uuid4().hex[:8]}"
+    exp = client.submit(spec(name, ["sh", "-c", "exit {code}"], grid={"code": [0, 3, 4]}, resources={"gpus": 0}))
+    with pytest.raises(JobsFailedError) as e:
+        exp.wait(timeout=60, raise_on_failure=True)
+    failed = {j["id"] for j in exp.jobs(state="failed", frame=False)}
+    assert len(failed) == 2
+    assert e.value.failures == {job: "nonzero" for job in failed}
+    assert sorted(e.value.job_ids) == sorted(failed)
+    assert e.value.experiment == exp.id
+    assert e.value.progress.counts.failed == 2 and e.value.progress.counts.succeeded == 1
+    assert isinstance(e.value, HeadroomError) and e.value.code == "jobs_failed"
+    assert "2 of 3 jobs" in str(e.value) and "nonzero: 2" in str(e.value)
+
+    # By name too; without the option, wait returns the counts.
+    with pytest.raises(JobsFailedError):
+        client.wait(name, timeout=60, raise_on_failure=True)
+    assert client.wait(name, timeout=60).counts.failed == 2
+
+    ok = client.submit(spec(f"{name}-ok", ["true"], resources={"gpus": 0}))
+    assert ok.wait(timeout=60, raise_on_failure=True).counts.succeeded == 1
+
+
+async def test_the_async_wait_raises_on_failure(cluster: str) -> None:
+    async with AsyncClient(cluster, TOKEN) as c:
+        exp = await c.submit(spec("py-async-fails", ["false"], resources={"gpus": 0}))
+        with pytest.raises(JobsFailedError) as e:
+            await exp.wait(timeout=60, raise_on_failure=True)
+        jobs = await exp.jobs(frame=False)
+        assert e.value.failures == {jobs[0]["id"]: "nonzero"}

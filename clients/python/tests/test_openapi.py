@@ -50,7 +50,8 @@ def test_models_match_the_served_components(model: Any, document: Dict[str, Any]
     schemas = document["components"]["schemas"]
     assert model.__schema__ in schemas, f"no component {model.__schema__}"
     props, required = _fields(schemas[model.__schema__], schemas)
-    fields = model.model_fields
+    # By the API's names: a field named like a Python keyword has an alias (`from_`: `from`).
+    fields = {f.alias or name: f for name, f in model.model_fields.items()}
     assert set(fields) == props, f"{model.__name__}: fields differ"
     model_required = {name for name, f in fields.items() if f.is_required()}
     assert model_required == required, f"{model.__name__}: required fields differ"

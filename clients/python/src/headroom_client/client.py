@@ -1,7 +1,10 @@
 """``Client`` (sync) and ``AsyncClient`` over the coordinator's REST API (``/v1``).
 
 Waiting is long-polling, never sleeping: ``wait`` holds ``/v1/progress?after=VERSION`` open
-until the counts change, ``logs(follow=True)`` holds the log route open with ``wait_ms``."""
+until the counts change, ``logs(follow=True)`` holds the log route open with ``wait_ms``.
+
+Experiments are named by id or by name (the newest of that name), as the CLI names them: the
+API takes ids only, so a name is resolved here through ``GET /v1/experiments``."""
 
 from __future__ import annotations
 
@@ -11,25 +14,43 @@ import io
 import os
 import re
 import time
+import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import (
+    TYPE_CHECKING,
     Any,
     AsyncIterator,
     Dict,
     Iterator,
     List,
+    Literal,
     Optional,
+    Sequence,
     Union,
+    overload,
 )
+from urllib.parse import quote
 
 import httpx
 import yaml
+from pydantic import TypeAdapter
 
-from .errors import ConnectionFailed, HeadroomError, NotFoundError, error_from_response
+from .errors import (
+    ConnectionFailed,
+    HeadroomError,
+    JobsFailedError,
+    NotFoundError,
+    TokenFileError,
+    error_from_response,
+)
+from .frames import ATTEMPT_TIMES, JOB_TIMES, Records, records_or_frame
 from .models import (
+    AttemptTelemetry,
     AttemptView,
     CancelResponse,
     ExperimentSummary,
+    GpuSeries,
     Health,
     JobDetail,
     JobSummary,
@@ -39,6 +60,9 @@ from .models import (
     SubmitResponse,
 )
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 DEFAULT_URL = "http://127.0.0.1:7420"
 #: How long one long-poll asks the server to hold (the server caps it).
 POLL_MS = 20_000
@@ -46,6 +70,10 @@ LOG_OFFSET_HEADER = "x-log-offset"
 ATTEMPT_ENDED_HEADER = "x-attempt-ended"
 
 SpecLike = Union[Dict[str, Any], str, "os.PathLike[str]"]
+PathLike = Union[str, "os.PathLike[str]"]
+#: A point in time for telemetry windows: a ``datetime`` (naive ones are local time), a
+#: ``timedelta`` before now, or an RFC 3339 string.
+Instant = Union[datetime, timedelta, str]
 
 
 class _SpecLoader(yaml.SafeLoader):
@@ -87,21 +115,6 @@ def load_spec(spec: SpecLike) -> Dict[str, Any]:
     return doc
 
 
-def _records_or_frame(rows: List[Dict[str, Any]], frame: Optional[bool]) -> Any:
-    """Rows as a pandas DataFrame (when ``frame`` or, by default, when pandas is installed),
-    else as a list of dicts. Parameters are spread into ``params.NAME`` columns."""
-    if frame is False:
-        return rows
-    try:
-        import pandas as pd
-    except ImportError:
-        if frame:
-            raise ImportError(
-                "pandas is not installed: pip install 'headroom-client[pandas]'"
-            ) from None
-        return rows
-    return pd.json_normalize(rows) if rows else pd.DataFrame()
-
 
 def _csv_value(v: str) -> Any:
     if v == "":
@@ -116,11 +129,19 @@ def _csv_value(v: str) -> Any:
     return v
 
 
-def _csv_rows(text: str) -> List[Dict[str, Any]]:
-    return [
-        {k: _csv_value(v) for k, v in row.items()}
-        for row in csv.DictReader(io.StringIO(text))
-    ]
+_DATETIME: TypeAdapter[datetime] = TypeAdapter(datetime)
+
+
+def _csv_rows(text: str) -> Records:
+    """The export's rows, numbers and booleans typed, its time columns as ``datetime``."""
+    rows: Records = []
+    for row in csv.DictReader(io.StringIO(text)):
+        typed = {k: _csv_value(v) for k, v in row.items()}
+        for col in ATTEMPT_TIMES:
+            if isinstance(typed.get(col), str):
+                typed[col] = _DATETIME.validate_python(typed[col])
+        rows.append(typed)
+    return rows
 
 
 def _export_params(experiment: Optional[str], clean_only: bool) -> Dict[str, str]:
@@ -130,12 +151,56 @@ def _export_params(experiment: Optional[str], clean_only: bool) -> Dict[str, str
     return params
 
 
+def _given(params: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _seg(value: Union[str, int]) -> str:
+    """A path segment, percent-encoded (a node name may hold any character)."""
+    return quote(str(value), safe="")
+
+
+def _instant(value: Optional[Instant]) -> Optional[str]:
+    """RFC 3339 (UTC) for the telemetry routes' ``since``/``until``."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, timedelta):
+        value = datetime.now(timezone.utc) - value
+    return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _telemetry_params(
+    since: Optional[Instant], until: Optional[Instant], limit: Optional[int]
+) -> Dict[str, Any]:
+    return _given({"since": _instant(since), "until": _instant(until), "limit": limit})
+
+
+def _is_id(given: str) -> bool:
+    """Whether ``given`` is an id (a UUID) rather than a name."""
+    try:
+        uuid.UUID(given)
+    except ValueError:
+        return False
+    return True
+
+
+def _newest_named(name: str, experiments: Sequence[ExperimentSummary]) -> str:
+    """The id of the newest experiment called ``name`` (the API lists oldest first)."""
+    for e in reversed(experiments):
+        if e.name == name:
+            return e.id
+    raise NotFoundError(404, "not_found", f"no experiment named `{name}`", "experiment")
+
+
+# ---- where the server and the token come from, as the CLI finds them ----
+
+
 def local_token_path(url: str) -> Optional[str]:
     """Where a local ``headroom up`` of this account leaves its admin token for ``url``
     (``~/.headroom/local/<host>_<port>``, 0600), as the CLI finds it."""
     authority = url.split("://", 1)[-1].split("/", 1)[0]
     host, sep, port = authority.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isdigit() or int(port) > 65535:
         return None
     host = "127.0.0.1" if host.lower() == "localhost" else host.strip("[]")
     if not host or not all(c.isalnum() or c in ".:-" for c in host):
@@ -153,22 +218,52 @@ def _local_token(url: str) -> Optional[str]:
     try:
         with open(path, encoding="utf-8") as f:
             token = f.read().strip()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return None
     return token or None
 
 
-def _headers(token: Optional[str], url: str = "") -> Dict[str, str]:
-    if token is None:
-        token = os.environ.get("HEADROOM_TOKEN")
-    if token is None and os.environ.get("HEADROOM_TOKEN_FILE"):
-        with open(os.environ["HEADROOM_TOKEN_FILE"], encoding="utf-8") as f:
-            token = f.read().strip()
-    if token is None:
-        token = _local_token(url)
+def read_token_file(path: PathLike, source: str = "token_file") -> str:
+    """The token in a file: its first line, trimmed. A file that cannot be read, or whose
+    first line is blank, raises ``TokenFileError`` naming it."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise TokenFileError(name, source, f"cannot be read ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise TokenFileError(name, source, "is not UTF-8 text") from e
+    lines = text.splitlines()
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise TokenFileError(name, source, "is empty")
+    return token
+
+
+def _token(token: Optional[str], token_file: Optional[PathLike], url: str) -> Optional[str]:
+    """As the CLI: the token given, else the token file given, else ``$HEADROOM_TOKEN``, else
+    ``$HEADROOM_TOKEN_FILE``, else what a local ``headroom up`` left for ``url``."""
+    if token is not None and token_file is not None:
+        raise ValueError("pass token or token_file, not both")
+    if token is not None:
+        return token
+    if token_file is not None:
+        return read_token_file(token_file, "token_file")
+    if os.environ.get("HEADROOM_TOKEN"):
+        return os.environ["HEADROOM_TOKEN"]
+    if os.environ.get("HEADROOM_TOKEN_FILE"):
+        return read_token_file(os.environ["HEADROOM_TOKEN_FILE"], "HEADROOM_TOKEN_FILE")
+    return _local_token(url)
+
+
+def _headers(
+    token: Optional[str], url: str = "", token_file: Optional[PathLike] = None
+) -> Dict[str, str]:
     h = {"accept": "application/json", "user-agent": "headroom-client/0.1"}
-    if token:
-        h["authorization"] = f"Bearer {token}"
+    found = _token(token, token_file, url)
+    if found:
+        h["authorization"] = f"Bearer {found}"
     return h
 
 
@@ -187,7 +282,9 @@ def _unreachable(url: str, e: Exception) -> ConnectionFailed:
     )
 
 
-def _http_options(url: Optional[str], token: Optional[str], timeout: float) -> Dict[str, Any]:
+def _http_options(
+    url: Optional[str], token: Optional[str], token_file: Optional[PathLike], timeout: float
+) -> Dict[str, Any]:
     """What both clients give httpx: the base URL, the headers, and a read timeout past one
     long-poll."""
     # The CLI's variable first; HEADROOM_URL is what earlier clients read.
@@ -196,13 +293,17 @@ def _http_options(url: Optional[str], token: Optional[str], timeout: float) -> D
     ).rstrip("/")
     return {
         "base_url": base,
-        "headers": _headers(token, base),
+        "headers": _headers(token, base, token_file),
         "timeout": httpx.Timeout(timeout, read=timeout + POLL_MS / 1000),
     }
 
 
 def _finished(p: Progress) -> bool:
     return p.counts.total > 0 and p.counts.finished == p.counts.total
+
+
+def _failures(experiment: Optional[str], p: Progress, failed: List[JobSummary]) -> JobsFailedError:
+    return JobsFailedError(experiment, {j.id: j.last_failure for j in failed}, p)
 
 
 class _Deadline:
@@ -274,19 +375,24 @@ class _Progress:
 
 
 class Client:
-    """A synchronous client. ``token`` defaults to ``$HEADROOM_TOKEN``, ``url`` to
-    ``$HEADROOM_SERVER`` (as the CLI; ``$HEADROOM_URL`` is still read) or
-    ``http://127.0.0.1:7420``."""
+    """A synchronous client. ``url`` defaults to ``$HEADROOM_SERVER`` (as the CLI;
+    ``$HEADROOM_URL`` is still read) or ``http://127.0.0.1:7420``; the token to ``token``,
+    else the first line of ``token_file``, else ``$HEADROOM_TOKEN``, else
+    ``$HEADROOM_TOKEN_FILE``, else the one a local ``headroom up`` left for that address.
+
+    Wherever an experiment is asked for, its id or its name (the newest of that name) will
+    do."""
 
     def __init__(
         self,
         url: Optional[str] = None,
         token: Optional[str] = None,
         *,
+        token_file: Optional[PathLike] = None,
         timeout: float = 30.0,
         transport: Optional[httpx.BaseTransport] = None,
     ) -> None:
-        options = _http_options(url, token, timeout)
+        options = _http_options(url, token, token_file, timeout)
         self.url: str = options["base_url"]
         self._http = httpx.Client(**options, transport=transport)
 
@@ -296,7 +402,7 @@ class Client:
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -307,6 +413,14 @@ class Client:
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
         return self._request(method, path, **kw).json()
+
+    def _experiment_id(self, given: str) -> str:
+        """An experiment's id from its id or its name (the newest of that name)."""
+        given = str(given)
+        return given if _is_id(given) else _newest_named(given, self.experiments())
+
+    def _experiment_id_or_all(self, given: Optional[str]) -> Optional[str]:
+        return None if given is None else self._experiment_id(given)
 
     # ---- reads and submissions ----
 
@@ -324,9 +438,11 @@ class Client:
         return Experiment(self, resp.experiment, resp)
 
     def experiment(self, id: str) -> "Experiment":
-        return Experiment(self, str(id))
+        """An experiment by id or by name (the newest of that name)."""
+        return Experiment(self, self._experiment_id(id))
 
     def experiments(self) -> List[ExperimentSummary]:
+        """Every experiment, oldest first."""
         return [ExperimentSummary.model_validate(e) for e in self._json("GET", "/v1/experiments")]
 
     def progress(
@@ -336,11 +452,13 @@ class Client:
         after: Optional[int] = None,
         timeout_ms: Optional[int] = None,
     ) -> Progress:
-        params = {
-            k: v
-            for k, v in {"experiment": experiment, "after": after, "timeout_ms": timeout_ms}.items()
-            if v is not None
-        }
+        params = _given(
+            {
+                "experiment": self._experiment_id_or_all(experiment),
+                "after": after,
+                "timeout_ms": timeout_ms,
+            }
+        )
         return Progress.model_validate(self._json("GET", "/v1/progress", params=params))
 
     def job_list(
@@ -349,12 +467,40 @@ class Client:
         state: Optional[str] = None,
         limit: Optional[int] = None,
     ) -> List[JobSummary]:
-        params = {
-            k: v
-            for k, v in {"experiment": experiment, "state": state, "limit": limit}.items()
-            if v is not None
-        }
+        params = _given(
+            {"experiment": self._experiment_id_or_all(experiment), "state": state, "limit": limit}
+        )
         return [JobSummary.model_validate(j) for j in self._json("GET", "/v1/jobs", params=params)]
+
+    @overload
+    def jobs(
+        self,
+        experiment: Optional[str] = ...,
+        state: Optional[str] = ...,
+        limit: Optional[int] = ...,
+        *,
+        frame: Literal[False],
+    ) -> Records: ...
+
+    @overload
+    def jobs(
+        self,
+        experiment: Optional[str] = ...,
+        state: Optional[str] = ...,
+        limit: Optional[int] = ...,
+        *,
+        frame: Literal[True, None] = ...,
+    ) -> pd.DataFrame: ...
+
+    @overload
+    def jobs(
+        self,
+        experiment: Optional[str] = ...,
+        state: Optional[str] = ...,
+        limit: Optional[int] = ...,
+        *,
+        frame: Optional[bool],
+    ) -> Union[pd.DataFrame, Records]: ...
 
     def jobs(
         self,
@@ -363,16 +509,36 @@ class Client:
         limit: Optional[int] = None,
         *,
         frame: Optional[bool] = None,
-    ) -> Any:
-        """Jobs as a DataFrame when pandas is installed (or ``frame=True``), else as dicts."""
-        rows = [j.model_dump(mode="json") for j in self.job_list(experiment, state, limit)]
-        return _records_or_frame(rows, frame)
+    ) -> Union[pd.DataFrame, Records]:
+        """Jobs as a DataFrame when pandas is installed (or ``frame=True``), else as dicts
+        (``frame=False``); ``created_at`` is a datetime."""
+        rows = [j.model_dump() for j in self.job_list(experiment, state, limit)]
+        return records_or_frame(rows, frame, JOB_TIMES)
 
     def job(self, id: str) -> JobDetail:
-        return JobDetail.model_validate(self._json("GET", f"/v1/jobs/{id}"))
+        return JobDetail.model_validate(self._json("GET", f"/v1/jobs/{_seg(id)}"))
 
     def attempt(self, id: str) -> AttemptView:
-        return AttemptView.model_validate(self._json("GET", f"/v1/attempts/{id}"))
+        return AttemptView.model_validate(self._json("GET", f"/v1/attempts/{_seg(id)}"))
+
+    @overload
+    def attempts(
+        self, experiment: Optional[str] = ..., *, clean_only: bool = ..., frame: Literal[False]
+    ) -> Records: ...
+
+    @overload
+    def attempts(
+        self,
+        experiment: Optional[str] = ...,
+        *,
+        clean_only: bool = ...,
+        frame: Literal[True, None] = ...,
+    ) -> pd.DataFrame: ...
+
+    @overload
+    def attempts(
+        self, experiment: Optional[str] = ..., *, clean_only: bool = ..., frame: Optional[bool]
+    ) -> Union[pd.DataFrame, Records]: ...
 
     def attempts(
         self,
@@ -380,13 +546,63 @@ class Client:
         *,
         clean_only: bool = False,
         frame: Optional[bool] = None,
-    ) -> Any:
+    ) -> Union[pd.DataFrame, Records]:
         """One row per attempt (the CSV export's columns: parameters, outcome, peak memory,
         energy...), as a DataFrame when pandas is installed, else as dicts. ``clean_only``
-        leaves out contaminated and throttled attempts (as ``headroom export --clean-only``)."""
-        params = _export_params(experiment, clean_only)
+        leaves out contaminated and throttled attempts (as ``headroom export --clean-only``).
+        ``started_at`` and ``ended_at`` are datetimes."""
+        params = _export_params(self._experiment_id_or_all(experiment), clean_only)
         text = self._request("GET", "/v1/export", params=params).text
-        return _records_or_frame(_csv_rows(text), frame)
+        return records_or_frame(_csv_rows(text), frame, ATTEMPT_TIMES)
+
+    # ---- telemetry ----
+
+    def attempt_telemetry(self, attempt: str, *, limit: Optional[int] = None) -> AttemptTelemetry:
+        """The telemetry of an attempt's GPUs over its run (empty before it started): one
+        series per GPU, the newest ``limit`` samples of each (default 10,000)."""
+        return AttemptTelemetry.model_validate(
+            self._json(
+                "GET", f"/v1/attempts/{_seg(attempt)}/telemetry", params=_given({"limit": limit})
+            )
+        )
+
+    def attempt_telemetry_frame(self, attempt: str, *, limit: Optional[int] = None) -> pd.DataFrame:
+        """``attempt_telemetry`` as a DataFrame: one row per sample (``attempt``, ``node``,
+        ``gpu``, ``at`` as datetime64 UTC, the readings)."""
+        return self.attempt_telemetry(attempt, limit=limit).to_frame()
+
+    def gpu_telemetry(
+        self,
+        node: str,
+        gpu: int,
+        *,
+        since: Optional[Instant] = None,
+        until: Optional[Instant] = None,
+        limit: Optional[int] = None,
+    ) -> GpuSeries:
+        """One GPU's series from ``since`` (default an hour before ``until``) to ``until``
+        (default now), oldest first: the newest ``limit`` samples (default 10,000). Times are
+        datetimes, timedeltas before now, or RFC 3339 strings."""
+        return GpuSeries.model_validate(
+            self._json(
+                "GET",
+                f"/v1/nodes/{_seg(node)}/gpus/{_seg(gpu)}/telemetry",
+                params=_telemetry_params(since, until, limit),
+            )
+        )
+
+    def gpu_telemetry_frame(
+        self,
+        node: str,
+        gpu: int,
+        *,
+        since: Optional[Instant] = None,
+        until: Optional[Instant] = None,
+        limit: Optional[int] = None,
+    ) -> pd.DataFrame:
+        """``gpu_telemetry`` as a DataFrame: one row per sample (``node``, ``gpu``, ``at`` as
+        datetime64 UTC, the readings)."""
+        return self.gpu_telemetry(node, gpu, since=since, until=until, limit=limit).to_frame()
 
     def nodes(self) -> List[NodeView]:
         return [NodeView.model_validate(n) for n in self._json("GET", "/v1/nodes")]
@@ -394,47 +610,62 @@ class Client:
     # ---- changes ----
 
     def cancel(self, id: str) -> CancelResponse:
-        """Cancels an experiment (every unfinished job) or a single job, by id."""
+        """Cancels an experiment (every unfinished job; by id or name) or a single job."""
+        if not _is_id(str(id)):
+            return self.cancel_experiment(id)
         try:
             return self.cancel_experiment(id)
         except NotFoundError:
             return self.cancel_job(id)
 
     def cancel_experiment(self, id: str) -> CancelResponse:
-        return CancelResponse.model_validate(self._json("POST", f"/v1/experiments/{id}/cancel"))
+        """Cancels every unfinished job of an experiment (by id or name)."""
+        exp = self._experiment_id(id)
+        return CancelResponse.model_validate(
+            self._json("POST", f"/v1/experiments/{_seg(exp)}/cancel")
+        )
 
     def cancel_job(self, id: str) -> CancelResponse:
-        return CancelResponse.model_validate(self._json("POST", f"/v1/jobs/{id}/cancel"))
+        return CancelResponse.model_validate(self._json("POST", f"/v1/jobs/{_seg(id)}/cancel"))
 
     def retry(self, job_id: str) -> RetryResponse:
         """Runs an ended job once more."""
-        return RetryResponse.model_validate(self._json("POST", f"/v1/jobs/{job_id}/retry"))
+        return RetryResponse.model_validate(self._json("POST", f"/v1/jobs/{_seg(job_id)}/retry"))
 
     def set_plan(self, node: str, plan: str) -> NodeView:
         """Sets a node's concurrency plan, slots per GPU: ``"2,2,1"``."""
-        from urllib.parse import quote
-
         return NodeView.model_validate(
-            self._json("PUT", f"/v1/nodes/{quote(node, safe='')}/plan", json={"plan": plan})
+            self._json("PUT", f"/v1/nodes/{_seg(node)}/plan", json={"plan": plan})
         )
 
     # ---- waiting ----
 
     def wait(
-        self, experiment: Optional[str] = None, *, progress: bool = False, timeout: Optional[float] = None
+        self,
+        experiment: Optional[str] = None,
+        *,
+        progress: bool = False,
+        timeout: Optional[float] = None,
+        raise_on_failure: bool = False,
     ) -> Progress:
-        """Blocks until every job (of ``experiment``) has ended; long-polls, never sleeps."""
+        """Blocks until every job (of ``experiment``, by id or name) has ended; long-polls,
+        never sleeps. With ``raise_on_failure``, raises ``JobsFailedError`` (the failed jobs'
+        ids and failure classes) when any job failed."""
         deadline = _Deadline(timeout)
+        exp = self._experiment_id_or_all(experiment)
         bar = _Progress(progress, experiment or "all")
         try:
-            p = self.progress(experiment)
+            p = self.progress(exp)
             while True:
                 bar.update(p)
                 if _finished(p):
-                    return p
-                p = self.progress(experiment, after=p.version, timeout_ms=deadline.hold_ms())
+                    break
+                p = self.progress(exp, after=p.version, timeout_ms=deadline.hold_ms())
         finally:
             bar.close()
+        if raise_on_failure and p.counts.failed:
+            raise _failures(exp, p, self.job_list(exp, state="failed"))
+        return p
 
     def _attempt_of(self, id: str, follow: bool) -> Optional[str]:
         """The latest attempt of job ``id``, or ``id`` itself when it names an attempt."""
@@ -460,7 +691,7 @@ class Client:
         cursor = _LogCursor(follow)
         done = False
         while not done:
-            resp = self._request("GET", f"/v1/attempts/{attempt}/log", params=cursor.params())
+            resp = self._request("GET", f"/v1/attempts/{_seg(attempt)}/log", params=cursor.params())
             texts, done = cursor.take(resp)
             yield from texts
 
@@ -468,7 +699,9 @@ class Client:
 class Experiment:
     """A submitted experiment: ``wait``, ``jobs``, ``attempts``, ``cancel``."""
 
-    def __init__(self, client: Client, id: Optional[str], submitted: Optional[SubmitResponse] = None):
+    def __init__(
+        self, client: Client, id: Optional[str], submitted: Optional[SubmitResponse] = None
+    ) -> None:
         self.client = client
         self.id = id
         #: What the submission answered (jobs, seed, warnings; the preview of a dry run).
@@ -484,19 +717,57 @@ class Experiment:
 
     def summary(self) -> ExperimentSummary:
         return ExperimentSummary.model_validate(
-            self.client._json("GET", f"/v1/experiments/{self._need_id()}")
+            self.client._json("GET", f"/v1/experiments/{_seg(self._need_id())}")
         )
 
     def progress(self) -> Progress:
         return self.client.progress(self._need_id())
 
-    def wait(self, progress: bool = False, timeout: Optional[float] = None) -> Progress:
-        return self.client.wait(self._need_id(), progress=progress, timeout=timeout)
+    def wait(
+        self,
+        progress: bool = False,
+        timeout: Optional[float] = None,
+        *,
+        raise_on_failure: bool = False,
+    ) -> Progress:
+        return self.client.wait(
+            self._need_id(), progress=progress, timeout=timeout, raise_on_failure=raise_on_failure
+        )
 
-    def jobs(self, state: Optional[str] = None, *, frame: Optional[bool] = None) -> Any:
+    @overload
+    def jobs(self, state: Optional[str] = ..., *, frame: Literal[False]) -> Records: ...
+
+    @overload
+    def jobs(
+        self, state: Optional[str] = ..., *, frame: Literal[True, None] = ...
+    ) -> pd.DataFrame: ...
+
+    @overload
+    def jobs(
+        self, state: Optional[str] = ..., *, frame: Optional[bool]
+    ) -> Union[pd.DataFrame, Records]: ...
+
+    def jobs(
+        self, state: Optional[str] = None, *, frame: Optional[bool] = None
+    ) -> Union[pd.DataFrame, Records]:
         return self.client.jobs(self._need_id(), state, frame=frame)
 
-    def attempts(self, *, clean_only: bool = False, frame: Optional[bool] = None) -> Any:
+    @overload
+    def attempts(self, *, clean_only: bool = ..., frame: Literal[False]) -> Records: ...
+
+    @overload
+    def attempts(
+        self, *, clean_only: bool = ..., frame: Literal[True, None] = ...
+    ) -> pd.DataFrame: ...
+
+    @overload
+    def attempts(
+        self, *, clean_only: bool = ..., frame: Optional[bool]
+    ) -> Union[pd.DataFrame, Records]: ...
+
+    def attempts(
+        self, *, clean_only: bool = False, frame: Optional[bool] = None
+    ) -> Union[pd.DataFrame, Records]:
         return self.client.attempts(self._need_id(), clean_only=clean_only, frame=frame)
 
     def cancel(self) -> CancelResponse:
@@ -505,17 +776,18 @@ class Experiment:
 
 class AsyncClient:
     """The asynchronous twin of ``Client`` (``await`` every call; ``logs`` is an async
-    iterator)."""
+    iterator), with the same defaults for the server and the token."""
 
     def __init__(
         self,
         url: Optional[str] = None,
         token: Optional[str] = None,
         *,
+        token_file: Optional[PathLike] = None,
         timeout: float = 30.0,
         transport: Optional[httpx.AsyncBaseTransport] = None,
     ) -> None:
-        options = _http_options(url, token, timeout)
+        options = _http_options(url, token, token_file, timeout)
         self.url: str = options["base_url"]
         self._http = httpx.AsyncClient(**options, transport=transport)
 
@@ -525,7 +797,7 @@ class AsyncClient:
     async def __aenter__(self) -> "AsyncClient":
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -536,6 +808,13 @@ class AsyncClient:
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
         return (await self._request(method, path, **kw)).json()
+
+    async def _experiment_id(self, given: str) -> str:
+        given = str(given)
+        return given if _is_id(given) else _newest_named(given, await self.experiments())
+
+    async def _experiment_id_or_all(self, given: Optional[str]) -> Optional[str]:
+        return None if given is None else await self._experiment_id(given)
 
     async def health(self) -> Health:
         return Health.model_validate(await self._json("GET", "/v1/health"))
@@ -550,7 +829,17 @@ class AsyncClient:
         return AsyncExperiment(self, resp.experiment, resp)
 
     def experiment(self, id: str) -> "AsyncExperiment":
-        return AsyncExperiment(self, str(id))
+        """An experiment by id, or by name (resolved, to the newest of that name, at its
+        first call)."""
+        given = str(id)
+        if _is_id(given):
+            return AsyncExperiment(self, given)
+        return AsyncExperiment(self, None, name=given)
+
+    async def experiments(self) -> List[ExperimentSummary]:
+        return [
+            ExperimentSummary.model_validate(e) for e in await self._json("GET", "/v1/experiments")
+        ]
 
     async def progress(
         self,
@@ -559,12 +848,61 @@ class AsyncClient:
         after: Optional[int] = None,
         timeout_ms: Optional[int] = None,
     ) -> Progress:
-        params = {
-            k: v
-            for k, v in {"experiment": experiment, "after": after, "timeout_ms": timeout_ms}.items()
-            if v is not None
-        }
+        params = _given(
+            {
+                "experiment": await self._experiment_id_or_all(experiment),
+                "after": after,
+                "timeout_ms": timeout_ms,
+            }
+        )
         return Progress.model_validate(await self._json("GET", "/v1/progress", params=params))
+
+    async def job_list(
+        self,
+        experiment: Optional[str] = None,
+        state: Optional[str] = None,
+        limit: Optional[int] = None,
+    ) -> List[JobSummary]:
+        params = _given(
+            {
+                "experiment": await self._experiment_id_or_all(experiment),
+                "state": state,
+                "limit": limit,
+            }
+        )
+        return [
+            JobSummary.model_validate(j) for j in await self._json("GET", "/v1/jobs", params=params)
+        ]
+
+    @overload
+    async def jobs(
+        self,
+        experiment: Optional[str] = ...,
+        state: Optional[str] = ...,
+        limit: Optional[int] = ...,
+        *,
+        frame: Literal[False],
+    ) -> Records: ...
+
+    @overload
+    async def jobs(
+        self,
+        experiment: Optional[str] = ...,
+        state: Optional[str] = ...,
+        limit: Optional[int] = ...,
+        *,
+        frame: Literal[True, None] = ...,
+    ) -> pd.DataFrame: ...
+
+    @overload
+    async def jobs(
+        self,
+        experiment: Optional[str] = ...,
+        state: Optional[str] = ...,
+        limit: Optional[int] = ...,
+        *,
+        frame: Optional[bool],
+    ) -> Union[pd.DataFrame, Records]: ...
 
     async def jobs(
         self,
@@ -573,23 +911,34 @@ class AsyncClient:
         limit: Optional[int] = None,
         *,
         frame: Optional[bool] = None,
-    ) -> Any:
-        params = {
-            k: v
-            for k, v in {"experiment": experiment, "state": state, "limit": limit}.items()
-            if v is not None
-        }
-        rows = [
-            JobSummary.model_validate(j).model_dump(mode="json")
-            for j in await self._json("GET", "/v1/jobs", params=params)
-        ]
-        return _records_or_frame(rows, frame)
+    ) -> Union[pd.DataFrame, Records]:
+        rows = [j.model_dump() for j in await self.job_list(experiment, state, limit)]
+        return records_or_frame(rows, frame, JOB_TIMES)
 
     async def job(self, id: str) -> JobDetail:
-        return JobDetail.model_validate(await self._json("GET", f"/v1/jobs/{id}"))
+        return JobDetail.model_validate(await self._json("GET", f"/v1/jobs/{_seg(id)}"))
 
     async def attempt(self, id: str) -> AttemptView:
-        return AttemptView.model_validate(await self._json("GET", f"/v1/attempts/{id}"))
+        return AttemptView.model_validate(await self._json("GET", f"/v1/attempts/{_seg(id)}"))
+
+    @overload
+    async def attempts(
+        self, experiment: Optional[str] = ..., *, clean_only: bool = ..., frame: Literal[False]
+    ) -> Records: ...
+
+    @overload
+    async def attempts(
+        self,
+        experiment: Optional[str] = ...,
+        *,
+        clean_only: bool = ...,
+        frame: Literal[True, None] = ...,
+    ) -> pd.DataFrame: ...
+
+    @overload
+    async def attempts(
+        self, experiment: Optional[str] = ..., *, clean_only: bool = ..., frame: Optional[bool]
+    ) -> Union[pd.DataFrame, Records]: ...
 
     async def attempts(
         self,
@@ -597,50 +946,109 @@ class AsyncClient:
         *,
         clean_only: bool = False,
         frame: Optional[bool] = None,
-    ) -> Any:
-        params = _export_params(experiment, clean_only)
+    ) -> Union[pd.DataFrame, Records]:
+        params = _export_params(await self._experiment_id_or_all(experiment), clean_only)
         text = (await self._request("GET", "/v1/export", params=params)).text
-        return _records_or_frame(_csv_rows(text), frame)
+        return records_or_frame(_csv_rows(text), frame, ATTEMPT_TIMES)
+
+    async def attempt_telemetry(
+        self, attempt: str, *, limit: Optional[int] = None
+    ) -> AttemptTelemetry:
+        return AttemptTelemetry.model_validate(
+            await self._json(
+                "GET", f"/v1/attempts/{_seg(attempt)}/telemetry", params=_given({"limit": limit})
+            )
+        )
+
+    async def attempt_telemetry_frame(
+        self, attempt: str, *, limit: Optional[int] = None
+    ) -> pd.DataFrame:
+        return (await self.attempt_telemetry(attempt, limit=limit)).to_frame()
+
+    async def gpu_telemetry(
+        self,
+        node: str,
+        gpu: int,
+        *,
+        since: Optional[Instant] = None,
+        until: Optional[Instant] = None,
+        limit: Optional[int] = None,
+    ) -> GpuSeries:
+        return GpuSeries.model_validate(
+            await self._json(
+                "GET",
+                f"/v1/nodes/{_seg(node)}/gpus/{_seg(gpu)}/telemetry",
+                params=_telemetry_params(since, until, limit),
+            )
+        )
+
+    async def gpu_telemetry_frame(
+        self,
+        node: str,
+        gpu: int,
+        *,
+        since: Optional[Instant] = None,
+        until: Optional[Instant] = None,
+        limit: Optional[int] = None,
+    ) -> pd.DataFrame:
+        series = await self.gpu_telemetry(node, gpu, since=since, until=until, limit=limit)
+        return series.to_frame()
 
     async def nodes(self) -> List[NodeView]:
         return [NodeView.model_validate(n) for n in await self._json("GET", "/v1/nodes")]
 
     async def cancel(self, id: str) -> CancelResponse:
+        if not _is_id(str(id)):
+            return await self.cancel_experiment(id)
         try:
             return await self.cancel_experiment(id)
         except NotFoundError:
             return await self.cancel_job(id)
 
     async def cancel_experiment(self, id: str) -> CancelResponse:
-        return CancelResponse.model_validate(await self._json("POST", f"/v1/experiments/{id}/cancel"))
+        exp = await self._experiment_id(id)
+        return CancelResponse.model_validate(
+            await self._json("POST", f"/v1/experiments/{_seg(exp)}/cancel")
+        )
 
     async def cancel_job(self, id: str) -> CancelResponse:
-        return CancelResponse.model_validate(await self._json("POST", f"/v1/jobs/{id}/cancel"))
+        return CancelResponse.model_validate(
+            await self._json("POST", f"/v1/jobs/{_seg(id)}/cancel")
+        )
 
     async def retry(self, job_id: str) -> RetryResponse:
-        return RetryResponse.model_validate(await self._json("POST", f"/v1/jobs/{job_id}/retry"))
+        return RetryResponse.model_validate(
+            await self._json("POST", f"/v1/jobs/{_seg(job_id)}/retry")
+        )
 
     async def set_plan(self, node: str, plan: str) -> NodeView:
-        from urllib.parse import quote
-
         return NodeView.model_validate(
-            await self._json("PUT", f"/v1/nodes/{quote(node, safe='')}/plan", json={"plan": plan})
+            await self._json("PUT", f"/v1/nodes/{_seg(node)}/plan", json={"plan": plan})
         )
 
     async def wait(
-        self, experiment: Optional[str] = None, *, progress: bool = False, timeout: Optional[float] = None
+        self,
+        experiment: Optional[str] = None,
+        *,
+        progress: bool = False,
+        timeout: Optional[float] = None,
+        raise_on_failure: bool = False,
     ) -> Progress:
         deadline = _Deadline(timeout)
+        exp = await self._experiment_id_or_all(experiment)
         bar = _Progress(progress, experiment or "all")
         try:
-            p = await self.progress(experiment)
+            p = await self.progress(exp)
             while True:
                 bar.update(p)
                 if _finished(p):
-                    return p
-                p = await self.progress(experiment, after=p.version, timeout_ms=deadline.hold_ms())
+                    break
+                p = await self.progress(exp, after=p.version, timeout_ms=deadline.hold_ms())
         finally:
             bar.close()
+        if raise_on_failure and p.counts.failed:
+            raise _failures(exp, p, await self.job_list(exp, state="failed"))
+        return p
 
     async def _attempt_of(self, id: str, follow: bool) -> Optional[str]:
         """The latest attempt of job ``id``, or ``id`` itself when it names an attempt."""
@@ -664,39 +1072,104 @@ class AsyncClient:
         cursor = _LogCursor(follow)
         done = False
         while not done:
-            resp = await self._request("GET", f"/v1/attempts/{attempt}/log", params=cursor.params())
+            resp = await self._request(
+                "GET", f"/v1/attempts/{_seg(attempt)}/log", params=cursor.params()
+            )
             texts, done = cursor.take(resp)
             for text in texts:
                 yield text
 
 
 class AsyncExperiment:
+    """A submitted experiment of ``AsyncClient``; one named by name is resolved at its first
+    call."""
+
     def __init__(
-        self, client: AsyncClient, id: Optional[str], submitted: Optional[SubmitResponse] = None
-    ):
+        self,
+        client: AsyncClient,
+        id: Optional[str],
+        submitted: Optional[SubmitResponse] = None,
+        *,
+        name: Optional[str] = None,
+    ) -> None:
         self.client = client
         self.id = id
         self.submitted = submitted
+        self._name = name
 
     def __repr__(self) -> str:
-        return f"AsyncExperiment({self.id!r})"
+        return f"AsyncExperiment({self.id or self._name!r})"
 
-    def _need_id(self) -> str:
+    async def _need_id(self) -> str:
         if self.id is None:
-            raise ValueError("a dry run stores nothing: there is no experiment")
+            if self._name is None:
+                raise ValueError("a dry run stores nothing: there is no experiment")
+            self.id = await self.client._experiment_id(self._name)
         return self.id
 
-    async def wait(self, progress: bool = False, timeout: Optional[float] = None) -> Progress:
-        return await self.client.wait(self._need_id(), progress=progress, timeout=timeout)
+    async def summary(self) -> ExperimentSummary:
+        exp = await self._need_id()
+        return ExperimentSummary.model_validate(
+            await self.client._json("GET", f"/v1/experiments/{_seg(exp)}")
+        )
 
-    async def jobs(self, state: Optional[str] = None, *, frame: Optional[bool] = None) -> Any:
-        return await self.client.jobs(self._need_id(), state, frame=frame)
+    async def progress(self) -> Progress:
+        return await self.client.progress(await self._need_id())
 
-    async def attempts(self, *, clean_only: bool = False, frame: Optional[bool] = None) -> Any:
-        return await self.client.attempts(self._need_id(), clean_only=clean_only, frame=frame)
+    async def wait(
+        self,
+        progress: bool = False,
+        timeout: Optional[float] = None,
+        *,
+        raise_on_failure: bool = False,
+    ) -> Progress:
+        return await self.client.wait(
+            await self._need_id(),
+            progress=progress,
+            timeout=timeout,
+            raise_on_failure=raise_on_failure,
+        )
+
+    @overload
+    async def jobs(self, state: Optional[str] = ..., *, frame: Literal[False]) -> Records: ...
+
+    @overload
+    async def jobs(
+        self, state: Optional[str] = ..., *, frame: Literal[True, None] = ...
+    ) -> pd.DataFrame: ...
+
+    @overload
+    async def jobs(
+        self, state: Optional[str] = ..., *, frame: Optional[bool]
+    ) -> Union[pd.DataFrame, Records]: ...
+
+    async def jobs(
+        self, state: Optional[str] = None, *, frame: Optional[bool] = None
+    ) -> Union[pd.DataFrame, Records]:
+        return await self.client.jobs(await self._need_id(), state, frame=frame)
+
+    @overload
+    async def attempts(self, *, clean_only: bool = ..., frame: Literal[False]) -> Records: ...
+
+    @overload
+    async def attempts(
+        self, *, clean_only: bool = ..., frame: Literal[True, None] = ...
+    ) -> pd.DataFrame: ...
+
+    @overload
+    async def attempts(
+        self, *, clean_only: bool = ..., frame: Optional[bool]
+    ) -> Union[pd.DataFrame, Records]: ...
+
+    async def attempts(
+        self, *, clean_only: bool = False, frame: Optional[bool] = None
+    ) -> Union[pd.DataFrame, Records]:
+        return await self.client.attempts(
+            await self._need_id(), clean_only=clean_only, frame=frame
+        )
 
     async def cancel(self) -> CancelResponse:
-        return await self.client.cancel_experiment(self._need_id())
+        return await self.client.cancel_experiment(await self._need_id())
 
 
 __all__ = [
@@ -705,5 +1178,9 @@ __all__ = [
     "Client",
     "Experiment",
     "HeadroomError",
+    "Instant",
+    "Records",
     "load_spec",
+    "local_token_path",
+    "read_token_file",
 ]

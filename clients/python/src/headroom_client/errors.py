@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from collections import Counter
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import httpx
+
+if TYPE_CHECKING:
+    from .models import Progress
 
 
 class HeadroomError(Exception):
@@ -60,6 +64,45 @@ class ServerError(HeadroomError):
 
 class ConnectionFailed(HeadroomError):
     """The coordinator could not be reached at all."""
+
+
+class TokenFileError(HeadroomError):
+    """The token file (``Client(token_file=...)`` or ``$HEADROOM_TOKEN_FILE``) cannot be read
+    or holds no token; ``path`` names it."""
+
+    def __init__(self, path: str, source: str, reason: str) -> None:
+        self.path = path
+        super().__init__(0, "token_file", f"{source} {path}: {reason}")
+
+
+class JobsFailedError(HeadroomError):
+    """``wait(..., raise_on_failure=True)``: every job ended, and some failed. ``failures``
+    maps each failed job's id to its failure class (``nonzero``, ``oom``, ``timeout``,
+    ``lost``...; None when the server recorded none); ``progress`` holds the final counts.
+    Cancelled jobs are not failures."""
+
+    def __init__(
+        self,
+        experiment: Optional[str],
+        failures: Dict[str, Optional[str]],
+        progress: "Progress",
+    ) -> None:
+        self.experiment = experiment
+        self.failures = failures
+        self.progress = progress
+        classes = Counter(c or "unknown" for c in failures.values())
+        why = ", ".join(f"{c}: {n}" for c, n in sorted(classes.items()))
+        of = f"experiment {experiment}" if experiment else "all experiments"
+        super().__init__(
+            0,
+            "jobs_failed",
+            f"{progress.counts.failed} of {progress.counts.total} jobs of {of} failed ({why})",
+        )
+
+    @property
+    def job_ids(self) -> List[str]:
+        """The failed jobs' ids."""
+        return list(self.failures)
 
 
 _BY_CODE = {

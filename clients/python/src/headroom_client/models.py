@@ -5,9 +5,12 @@ so a change on either side fails. Unknown fields from a newer server are kept, n
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, ClassVar, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class _Model(BaseModel):
@@ -116,6 +119,32 @@ class JobSummary(_Model):
     pending_reason: Optional[Dict[str, Any]] = None
 
 
+class CounterWindow(_Model):
+    """One GPU's total-energy counter at an attempt's first and last readings (``from_`` is
+    the API's ``from``)."""
+
+    __schema__ = "CounterWindow"
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    gpu: int
+    from_: datetime = Field(alias="from")
+    to: datetime
+    from_j: float
+    to_j: float
+
+
+class Sharing(_Model):
+    """An attempt that ran beside others on one of its GPUs: for how much of its run
+    (``overlap``, 0 to 1), with whom (``with_``, the API's ``with``), and its apportioned
+    energy (an estimate by ``share_method``)."""
+
+    __schema__ = "Sharing"
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    overlap: float
+    with_: List[str] = Field(alias="with")
+    energy_share_j: Optional[float] = None
+    share_method: str
+
+
 class AttemptView(_Model):
     __schema__ = "AttemptView"
     id: str
@@ -158,6 +187,15 @@ class AttemptView(_Model):
     contamination_reason: Optional[str] = None
     contamination_pid: Optional[int] = None
     contamination_command: Optional[str] = None
+    #: How long after the job's exec its figures begin (ms; 0: read before the exec).
+    first_reading_ms: Optional[int] = None
+    #: The figures cover the job's whole run (False: they begin late or could not be read).
+    covers_run: Optional[bool] = None
+    #: Each GPU's energy counter at the run's first and last readings.
+    counters: List[CounterWindow] = []
+    #: Another attempt ran on one of its GPUs during its run; ``sharing`` says with whom.
+    shared: bool = False
+    sharing: Optional[Sharing] = None
     waiting: Optional[str] = None
     exclusive_wait_ms: Optional[int] = None
     cooldown_wait_ms: Optional[int] = None
@@ -245,6 +283,63 @@ class NodeView(_Model):
     gpus: List[GpuView]
 
 
+class TelemetrySample(_Model):
+    """One GPU's reading at one instant (the agent samples once a second). A reading the GPU
+    does not support, or that failed, is None, never 0."""
+
+    __schema__ = "TelemetrySample"
+    gpu: int
+    at: datetime
+    used_mib: Optional[int] = None
+    free_mib: Optional[int] = None
+    total_mib: Optional[int] = None
+    utilization_pct: Optional[int] = None
+    power_w: Optional[float] = None
+    #: The GPU's total-energy counter (joules since the driver loaded): the energy of a
+    #: stretch of time is the difference of two readings.
+    energy_j: Optional[float] = None
+    temperature_c: Optional[float] = None
+    sm_clock_mhz: Optional[int] = None
+    #: Clock event reasons now (``sw_thermal_slowdown``...); empty: none; None: not available.
+    throttle: Optional[List[str]] = None
+    error: Optional[str] = None
+
+
+class GpuSeries(_Model):
+    """One GPU's samples, oldest first."""
+
+    __schema__ = "GpuSeries"
+    node: str
+    gpu: int
+    samples: List[TelemetrySample]
+
+    def to_frame(self) -> "pd.DataFrame":
+        """One row per sample: ``node``, ``gpu``, ``at`` (datetime64, UTC), the readings."""
+        from .frames import telemetry_frame
+
+        return telemetry_frame([self])
+
+
+class AttemptTelemetry(_Model):
+    """An attempt's GPUs over its run (start to end, or to now while it runs); ``from_`` and
+    ``to`` (the API's ``from``/``to``) are None before it started."""
+
+    __schema__ = "AttemptTelemetry"
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    attempt: str
+    node: str
+    from_: Optional[datetime] = Field(default=None, alias="from")
+    to: Optional[datetime] = None
+    gpus: List[GpuSeries]
+
+    def to_frame(self) -> "pd.DataFrame":
+        """One row per sample of each GPU: ``attempt``, ``node``, ``gpu``, ``at`` (datetime64,
+        UTC), the readings."""
+        from .frames import telemetry_frame
+
+        return telemetry_frame(self.gpus, attempt=self.attempt)
+
+
 #: Every model checked against the OpenAPI document.
 ALL_MODELS = [
     ErrorDetail,
@@ -263,4 +358,9 @@ ALL_MODELS = [
     QuarantineView,
     GpuView,
     NodeView,
+    TelemetrySample,
+    GpuSeries,
+    AttemptTelemetry,
+    CounterWindow,
+    Sharing,
 ]

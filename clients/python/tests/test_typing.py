@@ -1,0 +1,128 @@
+"""The package is typed (PEP 561) and its types are precise: ``mypy --strict`` passes on the
+package and on the notebook-style example, whose DataFrames, models and datetimes are the
+types it says, and the example runs against a real coordinator."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+import headroom_client
+
+from .conftest import BIN_DIR, REPO, TOKEN
+
+HERE = Path(__file__).resolve().parents[1]
+EXAMPLE = HERE / "examples" / "notebook.py"
+CACHE = REPO / "target" / "mypy-cache"
+
+# What users write, with each expression's type pinned: `assert_type` fails on Any too.
+PRECISE = '''
+from datetime import datetime
+from typing import Any, Dict, List, Optional
+
+import pandas as pd
+from typing_extensions import assert_type
+
+from headroom_client import (
+    AsyncClient, AttemptTelemetry, Client, GpuSeries, JobsFailedError, TelemetrySample,
+)
+from headroom_client.models import AttemptView, JobDetail, Progress
+
+
+def check(hr: Client) -> None:
+    exp = hr.submit("sweep.yaml")
+    assert_type(exp.wait(raise_on_failure=True), Progress)
+    assert_type(hr.wait("lr-sweep", progress=True), Progress)
+    assert_type(exp.attempts(), pd.DataFrame)
+    assert_type(exp.attempts(frame=False), List[Dict[str, Any]])
+    assert_type(exp.jobs(), pd.DataFrame)
+    assert_type(hr.jobs("lr-sweep"), pd.DataFrame)
+    assert_type(hr.jobs(frame=False), List[Dict[str, Any]])
+    assert_type(hr.attempts("lr-sweep", clean_only=True), pd.DataFrame)
+    assert_type(hr.job("j"), JobDetail)
+    assert_type(hr.job("j").created_at, datetime)
+    assert_type(hr.attempt("a"), AttemptView)
+    assert_type(hr.attempt("a").ended_at, Optional[datetime])
+    t = hr.attempt_telemetry("a")
+    assert_type(t, AttemptTelemetry)
+    assert_type(t.from_, Optional[datetime])
+    assert_type(t.gpus[0].samples[0], TelemetrySample)
+    assert_type(t.gpus[0].samples[0].at, datetime)
+    assert_type(t.to_frame(), pd.DataFrame)
+    assert_type(hr.attempt_telemetry_frame("a"), pd.DataFrame)
+    assert_type(hr.gpu_telemetry("node", 0, since=datetime(2024, 1, 1)), GpuSeries)
+    assert_type(hr.gpu_telemetry_frame("node", 0), pd.DataFrame)
+    try:
+        hr.wait(raise_on_failure=True)
+    except JobsFailedError as e:
+        assert_type(e.failures, Dict[str, Optional[str]])
+        assert_type(e.job_ids, List[str])
+
+
+async def acheck(hr: AsyncClient) -> None:
+    exp = hr.experiment("lr-sweep")
+    assert_type(await exp.wait(raise_on_failure=True), Progress)
+    assert_type(await exp.attempts(), pd.DataFrame)
+    assert_type(await exp.jobs(frame=False), List[Dict[str, Any]])
+    assert_type(await hr.attempt_telemetry_frame("a"), pd.DataFrame)
+    assert_type(await hr.gpu_telemetry("node", 0), GpuSeries)
+'''
+
+
+def mypy(args: List[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    try:
+        import mypy  # noqa: F401
+    except ImportError:
+        pytest.fail("mypy is not installed (requirements-test.txt; scripts/test installs it)")
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(CACHE), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_installed_package_is_marked_typed() -> None:
+    assert (Path(headroom_client.__file__).parent / "py.typed").is_file()
+
+
+def test_the_package_passes_mypy_strict() -> None:
+    # pyproject.toml's [tool.mypy]: strict, on src/headroom_client (this checkout's source).
+    done = mypy([], HERE)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_notebook_example_and_precise_types_pass_mypy_strict(tmp_path: Path) -> None:
+    """Run outside the project (no config; the installed package, found by its py.typed):
+    an untyped package would make every call Any, which `assert_type` refuses."""
+    (tmp_path / "precise.py").write_text(PRECISE)
+    done = mypy(["--strict", str(EXAMPLE), "precise.py"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no issues found in 2 source files" in done.stdout
+
+
+def test_the_notebook_example_runs(cluster: str, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "HEADROOM_SERVER": cluster,
+        "HEADROOM_TOKEN": TOKEN,
+        "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    env.pop("HEADROOM_URL", None)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 of 2 jobs succeeded" in done.stdout, done.stdout
+    assert "longest run:" in done.stdout, done.stdout
