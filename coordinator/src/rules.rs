@@ -9,6 +9,7 @@ use headroom_shared::api::{
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::routes::Access;
+use headroom_shared::spec::OnThrottle;
 use headroom_shared::{AttemptId, FailureClass, JobEvent, Plan};
 use serde_json::Value;
 
@@ -348,6 +349,8 @@ pub struct JobRules {
     /// Experiment name and the spec's memory-relevant parameters: the memory key's parts.
     pub experiment: String,
     pub key_params: Vec<String>,
+    /// What a run whose GPU throttled is (`flag`, `retry`, `fail`).
+    pub on_throttle: OnThrottle,
 }
 
 /// Decides whether a failed attempt earns another one.
@@ -484,6 +487,30 @@ pub fn peak_source(report: &FinishReport) -> Option<PeakSource> {
         .map(|_| report.peak_source.unwrap_or_default())
 }
 
+/// A report of a run whose GPU throttled, as the job's `on_throttle` has it: with `retry`
+/// or `fail`, the job's success becomes the failure class `throttled`, said in its log
+/// tail; with `flag` (or any other end) it is left as it is.
+pub fn apply_on_throttle(on_throttle: OnThrottle, report: &mut FinishReport) {
+    if on_throttle == OnThrottle::Flag
+        || report.failure.is_some()
+        || !report.measurements.throttled()
+    {
+        return;
+    }
+    report.failure = Some(FailureClass::Throttled);
+    let reasons = report
+        .measurements
+        .throttle_reasons
+        .as_deref()
+        .unwrap_or_default()
+        .join(", ");
+    report.log_tail.push_str(&format!(
+        "\n[headroom] the GPU slowed its clocks during the run ({reasons}): failure class \
+         `throttled` (on_throttle: {})\n",
+        on_throttle.as_str()
+    ));
+}
+
 pub fn finish(
     job: &JobRules,
     attempt_estimate: Option<u64>,
@@ -504,7 +531,12 @@ pub fn finish(
             event: JobEvent::Succeed,
         });
     };
-    let mut retry = retry_allowed(class, true, job.attempts, job.max_attempts, &job.retry_on);
+    let mut retry = match class {
+        FailureClass::Throttled => {
+            job.on_throttle == OnThrottle::Retry && job.attempts < job.max_attempts
+        }
+        _ => retry_allowed(class, true, job.attempts, job.max_attempts, &job.retry_on),
+    };
     let (mut floor, mut ladder) = (None, None);
     if class == FailureClass::Oom {
         floor = oom_floor(attempt_estimate, report.peak_mem_mib);
@@ -665,7 +697,71 @@ mod tests {
             run: 0,
             experiment: "exp".into(),
             key_params: vec![],
+            on_throttle: OnThrottle::Flag,
         }
+    }
+
+    #[test]
+    fn a_throttled_success_is_what_on_throttle_says() {
+        use headroom_shared::api::Measurements;
+        let report = |failure: Option<FailureClass>, throttle: &[&str]| FinishReport {
+            fence: 1,
+            failure,
+            exit_code: Some(0),
+            signal: None,
+            ended_at: chrono::Utc::now(),
+            peak_mem_mib: None,
+            peak_source: None,
+            cleanup_ms: 1,
+            cleanup_verified: true,
+            unverified: None,
+            contaminated: false,
+            measurements: Measurements {
+                throttled_thermal: Some(throttle.contains(&"sw_thermal_slowdown")),
+                throttled_power: Some(throttle.contains(&"sw_power_cap")),
+                throttle_reasons: Some(throttle.iter().map(|r| r.to_string()).collect()),
+                ..Measurements::default()
+            },
+            log_tail: String::new(),
+            gpus: vec![],
+            prestart: None,
+            background: None,
+            host_peak_mib: None,
+        };
+        let job = |on_throttle, attempts| JobRules {
+            on_throttle,
+            ..rules(vec![], attempts, 3)
+        };
+        let outcome = |on_throttle, attempts, mut r: FinishReport| {
+            apply_on_throttle(on_throttle, &mut r);
+            let f = finish(&job(on_throttle, attempts), None, &r).expect("finish");
+            (r.failure, f.event)
+        };
+        let hot = || report(None, &["sw_power_cap"]);
+        assert_eq!(
+            outcome(OnThrottle::Flag, 1, hot()),
+            (None, JobEvent::Succeed)
+        );
+        let (class, event) = outcome(OnThrottle::Retry, 1, hot());
+        assert_eq!(class, Some(FailureClass::Throttled));
+        assert_eq!(event, JobEvent::Fail { retry: true });
+        // Retried while attempts remain only.
+        let (_, event) = outcome(OnThrottle::Retry, 3, hot());
+        assert_eq!(event, JobEvent::Fail { retry: false });
+        let (class, event) = outcome(OnThrottle::Fail, 1, hot());
+        assert_eq!(class, Some(FailureClass::Throttled));
+        assert_eq!(event, JobEvent::Fail { retry: false });
+        // Not throttled, or failed anyway: left as it is.
+        assert_eq!(outcome(OnThrottle::Fail, 1, report(None, &[])).0, None);
+        let failed = report(Some(FailureClass::Nonzero), &["sw_power_cap"]);
+        assert_eq!(
+            outcome(OnThrottle::Fail, 1, failed).0,
+            Some(FailureClass::Nonzero)
+        );
+        // The log tail says why.
+        let mut r = hot();
+        apply_on_throttle(OnThrottle::Fail, &mut r);
+        assert!(r.log_tail.contains("sw_power_cap") && r.log_tail.contains("on_throttle: fail"));
     }
 
     fn halve() -> Vec<BTreeMap<String, Value>> {

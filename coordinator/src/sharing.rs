@@ -324,7 +324,10 @@ mod tests {
         let (sa, sb) = (sa.expect("a"), sb.expect("b"));
         assert!((sa + sb - gpu_energy(15_000)).abs() < 1e-9, "{sa} + {sb}");
         // The 0.1 J before b's first reading is a's alone.
-        assert!((sa - (0.1 + (gpu_energy(10_000) - 0.1) / 2.0)).abs() < 1e-9, "{sa}");
+        assert!(
+            (sa - (0.1 + (gpu_energy(10_000) - 0.1) / 2.0)).abs() < 1e-9,
+            "{sa}"
+        );
     }
 
     #[test]

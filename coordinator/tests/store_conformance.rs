@@ -1250,6 +1250,82 @@ async fn attempt_measurements_are_stored_and_read_back(s: Backend) {
     assert_eq!(rows[1].attempt.measurements, Measurements::default());
 }
 
+/// `on_throttle` from the stored spec: a throttled success is retried (`retry`), failed
+/// (`fail`) or kept (`flag`, and specs stored before the field existed), the attempt's
+/// failure class `throttled` either way.
+async fn a_throttled_run_is_what_its_specs_on_throttle_says(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    let throttled = |fence| FinishReport {
+        measurements: Measurements {
+            throttled_thermal: Some(true),
+            throttled_power: Some(false),
+            throttle_reasons: Some(vec!["sw_thermal_slowdown".into()]),
+            ..Measurements::default()
+        },
+        ..report(fence, None)
+    };
+    for (on_throttle, state, class) in [
+        (
+            Some("retry"),
+            JobState::Retrying,
+            Some(FailureClass::Throttled),
+        ),
+        (
+            Some("fail"),
+            JobState::Failed,
+            Some(FailureClass::Throttled),
+        ),
+        (Some("flag"), JobState::Succeeded, None),
+        (None, JobState::Succeeded, None),
+    ] {
+        let spec = match on_throttle {
+            Some(o) => serde_json::json!({"on_throttle": o}),
+            None => serde_json::json!({}),
+        };
+        let j = NewJob {
+            retry_on: vec![FailureClass::Lost],
+            ..job(0, Some(1_000), vec![], 3)
+        };
+        let job_id = j.id;
+        s.create_experiment(NewExperiment {
+            id: ExperimentId::new(),
+            name: "hot".into(),
+            seed: 1,
+            spec,
+            jobs: vec![j],
+            submitted_by: "anonymous".into(),
+        })
+        .await
+        .expect("create experiment");
+        let l = claim(&s, agent, 1).await.remove(0);
+        s.start_attempt(l.attempt, l.fence, 7, Utc::now().timestamp_millis())
+            .await
+            .expect("start");
+        let got = s
+            .finish_attempt(l.attempt, throttled(l.fence))
+            .await
+            .expect("finish");
+        assert_eq!(got, state, "on_throttle {on_throttle:?}");
+        let a = s.attempt(l.attempt).await.expect("attempt");
+        assert_eq!(a.failure_class, class, "on_throttle {on_throttle:?}");
+        if class.is_some() {
+            assert!(
+                a.log_tail
+                    .unwrap_or_default()
+                    .contains("sw_thermal_slowdown")
+            );
+        }
+        if state == JobState::Retrying {
+            // The retry runs; it is not throttled this time.
+            let again = claim(&s, agent, 1).await.remove(0);
+            assert_eq!(again.job, job_id);
+            s.finish_attempt(again.attempt, report(again.fence, None))
+                .await
+                .expect("finish");
+        }
+    }
+}
+
 /// Two attempts whose jobs ran on one GPU at the same time are both `shared`, wherever an
 /// attempt is read (the attempt, its job, the export), with their overlap and energy shares
 /// that add up to the GPU's counter delta over both runs; one that ran after them, or on
@@ -2085,6 +2161,7 @@ conformance!(sqlite, postgres: [
     peak_sources_are_stored_and_device_deltas_teach,
     attempt_measurements_are_stored_and_read_back,
     attempts_that_ran_on_one_gpu_together_are_labelled_shared,
+    a_throttled_run_is_what_its_specs_on_throttle_says,
     late_outcomes_of_lost_attempts,
     telemetry_is_stored_per_gpu_and_served_per_attempt,
     telemetry_retention_prunes_by_age_and_count_in_batches,

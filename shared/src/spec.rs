@@ -79,6 +79,44 @@ pub struct ExperimentSpec {
     /// ready and it is stopped whenever the foreground ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub colocate: Option<ColocateSpec>,
+    /// What a run whose GPU slowed its clocks for temperature or power is: `flag` (default:
+    /// a success, flagged and left out of `--clean-only`), `retry` (failure class
+    /// `throttled`, tried again while attempts remain) or `fail` (failure class
+    /// `throttled`, not tried again).
+    #[serde(default)]
+    pub on_throttle: OnThrottle,
+}
+
+/// `on_throttle`: what a throttled run is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OnThrottle {
+    #[default]
+    Flag,
+    Retry,
+    Fail,
+}
+
+impl OnThrottle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnThrottle::Flag => "flag",
+            OnThrottle::Retry => "retry",
+            OnThrottle::Fail => "fail",
+        }
+    }
+}
+
+impl std::str::FromStr for OnThrottle {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [OnThrottle::Flag, OnThrottle::Retry, OnThrottle::Fail]
+            .into_iter()
+            .find(|o| o.as_str() == s)
+            .ok_or_else(|| format!("unknown on_throttle `{s}`"))
+    }
 }
 
 /// `cooldown: {seconds: 60}` or `cooldown: {until_temp_c: 40, max_wait: 10m}`.
@@ -322,6 +360,12 @@ impl ExperimentSpec {
             return Err(SpecError::new(
                 "retry.on",
                 "a cancelled job is never retried by itself; use `headroom retry`",
+            ));
+        }
+        if self.retry.on.contains(&FailureClass::Throttled) {
+            return Err(SpecError::new(
+                "retry.on",
+                "a throttled run is retried by `on_throttle: retry`, not by `retry.on`",
             ));
         }
         for (key, value) in &self.env {

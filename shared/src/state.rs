@@ -179,10 +179,13 @@ pub enum FailureClass {
     BackgroundNotReady,
     /// Its colocated background exited while it ran, with `on_background_exit: fail`.
     BackgroundExited,
+    /// Its GPU slowed its clocks for temperature or power while it ran, with
+    /// `on_throttle: retry` or `fail` (its job's own end was a success).
+    Throttled,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 11] = [
+    pub const ALL: [FailureClass; 12] = [
         FailureClass::Oom,
         FailureClass::Timeout,
         FailureClass::Cancelled,
@@ -194,6 +197,7 @@ impl FailureClass {
         FailureClass::GpuBusy,
         FailureClass::BackgroundNotReady,
         FailureClass::BackgroundExited,
+        FailureClass::Throttled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -209,6 +213,7 @@ impl FailureClass {
             FailureClass::GpuBusy => "gpu_busy",
             FailureClass::BackgroundNotReady => "background_not_ready",
             FailureClass::BackgroundExited => "background_exited",
+            FailureClass::Throttled => "throttled",
         }
     }
 }

@@ -153,6 +153,14 @@ fn refusals_name_the_field() {
         ),
         ("name: a\ncommand: [x]\nprofile: turbo\n", "profile"),
         (
+            "name: a\ncommand: [x]\non_throttle: ignore\n",
+            "on_throttle",
+        ),
+        (
+            "name: a\ncommand: [x]\nretry: {on: [throttled]}\n",
+            "retry.on",
+        ),
+        (
             "name: a\ncommand: [x]\nenv: {CUDA_VISIBLE_DEVICES: '0'}\n",
             "env.CUDA_VISIBLE_DEVICES",
         ),
@@ -179,6 +187,19 @@ fn refusals_name_the_field() {
             "for\n{text}expected field {field}, got {err:?}"
         );
         assert!(!err.message.is_empty());
+    }
+}
+
+#[test]
+fn on_throttle_defaults_to_flag_and_takes_retry_and_fail() {
+    use headroom_shared::spec::OnThrottle;
+    assert_eq!(
+        parse("name: a\ncommand: [x]\n").on_throttle,
+        OnThrottle::Flag
+    );
+    for (text, want) in [("retry", OnThrottle::Retry), ("fail", OnThrottle::Fail)] {
+        let spec = parse(&format!("name: a\ncommand: [x]\non_throttle: {text}\n"));
+        assert_eq!(spec.on_throttle, want);
     }
 }
 

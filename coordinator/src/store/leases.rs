@@ -233,7 +233,7 @@ pub(super) async fn start(
 pub(super) async fn finish(
     tx: &mut dyn Tx,
     attempt: AttemptId,
-    report: FinishReport,
+    mut report: FinishReport,
 ) -> Result<(JobState, bool)> {
     let id = attempt.to_string();
     let not_found = || StoreError::not_found("attempt", attempt);
@@ -254,6 +254,8 @@ pub(super) async fn finish(
         tx.set_last_failure(&job, None).await?;
         tx.set_pending_reason(&job, None).await?;
     }
+    let rules_of_job = jobs::job_rules(tx, &job).await?;
+    rules::apply_on_throttle(rules_of_job.on_throttle, &mut report);
     let ended = tx
         .set_ended(&id, &report, rules::peak_source(&report))
         .await?
@@ -264,7 +266,7 @@ pub(super) async fn finish(
     // The attempt was placed by the pair's memory; the job's own key learns its own.
     let background = tx.background_mib(&job).await?;
     let estimate = rules::foreground_estimate(ended.estimate_mib, background);
-    let mut f = rules::finish(&jobs::job_rules(tx, &job).await?, estimate, &report)?;
+    let mut f = rules::finish(&rules_of_job, estimate, &report)?;
     if standing != rules::Report::OnTime {
         f.event = rules::late_event(f.event);
     }

@@ -309,7 +309,8 @@ pub(crate) fn job_detail(
 }
 
 /// The columns `job_rules` reads (`j` jobs, `e` experiments; the spec's `memory_key` list
-/// is the last column, extracted from the spec document by each backend's SQL).
+/// and `on_throttle` are the last columns, extracted from the spec document by each
+/// backend's SQL).
 pub(crate) const RULES_COLUMNS: &str = "j.attempts, j.max_attempts, j.retry_on, j.ladder, \
      j.ladder_step, j.params, j.command, j.shell, j.config, j.run, e.name";
 
@@ -327,6 +328,8 @@ pub(crate) fn job_rules(r: &impl Cols) -> Result<JobRules> {
         run: r.int(9)? as u32,
         experiment: r.text(10)?,
         key_params: r.json_opt(11)?.unwrap_or_default(),
+        // Specs stored before `on_throttle` existed flag.
+        on_throttle: r.json_opt(12)?.unwrap_or_default(),
     })
 }
 

@@ -205,7 +205,7 @@ impl<E: Exec> Tx for E {
 
     async fn job_rules(&mut self, job: &str) -> Result<Option<JobRules>> {
         let sql = format!(
-            "SELECT {}, e.spec -> 'memory_key' FROM jobs j \
+            "SELECT {}, e.spec -> 'memory_key', e.spec -> 'on_throttle' FROM jobs j \
              JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
             rows::RULES_COLUMNS
         );
