@@ -366,6 +366,12 @@ fn measure_lines(a: &AttemptView) -> Vec<String> {
     if a.shared {
         flags.push("SHARED");
     }
+    let ghost = m
+        .ghost_mib
+        .map(|g| format!("GHOST memory: {g} MiB held by no listed process"));
+    if let Some(g) = &ghost {
+        flags.push(g);
+    }
     let late = match (m.covers_run, m.first_reading_ms) {
         (Some(true), _) => None,
         (_, Some(ms)) => Some(format!("PARTIAL: figures begin {ms} ms after the start")),
@@ -463,6 +469,22 @@ pub fn nodes_table(nodes: &[NodeView]) {
                     q.attempt,
                     q.reason
                 );
+            }
+            match g.unattributed_mib {
+                Some(0) => {}
+                Some(u) => println!(
+                    "       unattributed {} (used memory no listed process holds{})",
+                    mib(u),
+                    if u > headroom_shared::api::ghost_tolerance_mib(g.total_mib) {
+                        ": GHOST memory"
+                    } else {
+                        ""
+                    }
+                ),
+                None if g.error.is_none() => {
+                    println!("       unattributed memory unknown (process memory not given)")
+                }
+                None => {}
             }
             for p in &g.foreign {
                 println!(

@@ -53,6 +53,7 @@ const OUTCOME: &[&str] = &[
     "contamination_reason",
     "contamination_pid",
     "contamination_command",
+    "ghost_mib",
     "exclusive_wait_ms",
     "cooldown_wait_ms",
     "cooldown_from_temp_c",
@@ -66,12 +67,13 @@ const OUTCOME: &[&str] = &[
 ];
 
 /// Whether an attempt's figures can go in an energy comparison (`clean_only`): not
-/// contaminated, not sharing its GPUs with another attempt, not throttled for temperature
-/// or power, and, if it ran on GPUs, with figures that cover its whole run and its throttle
-/// reasons read (unknown is not clean). Failure is no reason: `success` tells it.
+/// contaminated, not sharing its GPUs with another attempt, no memory nobody accounted for
+/// on them (`ghost_mib`), not throttled for temperature or power, and, if it ran on GPUs,
+/// with figures that cover its whole run and its throttle reasons read (unknown is not
+/// clean). Failure is no reason: `success` tells it.
 pub fn is_clean(a: &AttemptView) -> bool {
     let m = &a.measurements;
-    if a.contaminated == Some(true) || a.shared || m.throttled() {
+    if a.contaminated == Some(true) || a.shared || m.ghost_mib.is_some() || m.throttled() {
         return false;
     }
     let ran_on_gpus = a.pid.is_some() && !a.gpus.is_empty();
@@ -186,6 +188,7 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
             opt(m.contamination_reason.clone()),
             opt(m.contamination_pid.map(|p| p.to_string())),
             opt(m.contamination_command.clone()),
+            opt(m.ghost_mib.map(|v| v.to_string())),
         ]);
         // The wait before the job started: for an exclusive GPU to empty, for it to cool.
         rec.extend([

@@ -1,6 +1,7 @@
 //! The coordinator's Prometheus metrics (`GET /metrics`): jobs by state, queue depth,
-//! pending reasons, leases and agents read from the store at each scrape (so every replica
-//! tells the same), and this replica's claim and submit-to-start latencies.
+//! pending reasons, leases, agents, GPUs by status, attempts by outcome and jobs per user,
+//! read from the store at each scrape (so every replica tells the same); this replica's
+//! claim and submit-to-start latencies; the build.
 
 use std::sync::Arc;
 
@@ -31,6 +32,31 @@ struct ReasonLabels {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuStatusLabels {
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UserLabels {
+    user: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+/// A GPU of a live node is one of these: running an attempt, quarantined (an attempt's
+/// cleanup not verified), unreadable (its last reading failed), or idle.
+const GPU_STATUSES: &[&str] = &["allocated", "idle", "quarantined", "unreadable"];
+
 /// Every pending reason code, so a reason no job has now reads 0 rather than vanishing.
 const REASONS: &[&str] = &[
     "not_considered",
@@ -56,6 +82,9 @@ pub struct CoordinatorMetrics {
     claim: Histogram,
     submit_to_start: Histogram,
     refused: Family<RefusedLabels, prometheus_client::metrics::counter::Counter>,
+    outcomes: Family<OutcomeLabels, Gauge>,
+    gpus: Family<GpuStatusLabels, Gauge>,
+    users: Family<UserLabels, Gauge>,
 }
 
 impl Default for CoordinatorMetrics {
@@ -120,9 +149,39 @@ impl CoordinatorMetrics {
              throttled), by route, on this replica",
             refused.clone(),
         );
+        let outcomes = Family::<OutcomeLabels, Gauge>::default();
+        r.register(
+            "headroom_attempts_ended",
+            "Attempts ended, by outcome (`succeeded` or the failure class)",
+            outcomes.clone(),
+        );
+        let gpus = Family::<GpuStatusLabels, Gauge>::default();
+        r.register(
+            "headroom_gpus",
+            "GPUs of live nodes by status: allocated (an attempt holds it), quarantined, \
+             unreadable, idle",
+            gpus.clone(),
+        );
+        let users = Family::<UserLabels, Gauge>::default();
+        r.register(
+            "headroom_user_jobs",
+            "Jobs per submitter: queued (waiting to run) and running (holding a lease)",
+            users.clone(),
+        );
+        // `headroom_build_info{version="…"} 1`, an OpenMetrics info.
+        r.register(
+            "headroom_build",
+            "The coordinator's build",
+            prometheus_client::metrics::info::Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            }),
+        );
         Self {
             registry: Arc::new(r),
             refused,
+            outcomes,
+            gpus,
+            users,
             jobs,
             queue_depth,
             pending,
@@ -190,10 +249,67 @@ impl CoordinatorMetrics {
         self.agents_up
             .set(nodes.iter().filter(|n| n.alive).count() as i64);
         self.nodes.set(nodes.len() as i64);
+        for status in GPU_STATUSES {
+            let n = nodes
+                .iter()
+                .filter(|n| n.alive)
+                .flat_map(|n| &n.gpus)
+                .filter(|g| gpu_status(g) == *status)
+                .count();
+            self.gpus
+                .get_or_create(&GpuStatusLabels {
+                    status: (*status).into(),
+                })
+                .set(n as i64);
+        }
+        let tallies = store.tallies().await?;
+        // Every outcome, so one that has not happened reads 0 rather than vanishing.
+        let outcomes = std::iter::once("succeeded").chain(
+            headroom_shared::FailureClass::ALL
+                .iter()
+                .map(|c| c.as_str()),
+        );
+        for outcome in outcomes {
+            let n = tallies
+                .outcomes
+                .iter()
+                .find(|(o, _)| o == outcome)
+                .map_or(0, |(_, n)| *n);
+            self.outcomes
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.into(),
+                })
+                .set(to_i64(n));
+        }
+        // Only users with jobs waiting or running now.
+        self.users.clear();
+        for (user, jobs) in &tallies.by_user {
+            for (state, n) in [("queued", jobs.queued), ("running", jobs.running)] {
+                self.users
+                    .get_or_create(&UserLabels {
+                        user: user.clone(),
+                        state: state.into(),
+                    })
+                    .set(to_i64(n));
+            }
+        }
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::warn!("cannot encode metrics: {e}");
         }
         Ok(out)
+    }
+}
+
+/// What a GPU of a live node is doing, for `headroom_gpus`.
+fn gpu_status(g: &headroom_shared::api::GpuView) -> &'static str {
+    if !g.quarantine.is_empty() {
+        "quarantined"
+    } else if g.error.is_some() {
+        "unreadable"
+    } else if !g.attempts.is_empty() {
+        "allocated"
+    } else {
+        "idle"
     }
 }

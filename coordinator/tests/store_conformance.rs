@@ -1228,6 +1228,7 @@ async fn attempt_measurements_are_stored_and_read_back(s: Backend) {
             from_j: 10.5,
             to_j: 711.948,
         }],
+        ghost_mib: Some(2_048),
     };
     let l = claim(&s, agent, 1).await.remove(0);
     let full = FinishReport {
@@ -1248,6 +1249,74 @@ async fn attempt_measurements_are_stored_and_read_back(s: Backend) {
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0].attempt.measurements, measured);
     assert_eq!(rows[1].attempt.measurements, Measurements::default());
+}
+
+/// What `/metrics` counts from the store: ended attempts by outcome, and per submitter the
+/// jobs waiting and the jobs holding a lease.
+async fn tallies_count_outcomes_and_each_users_jobs(s: Backend) {
+    use headroom_coordinator::store::{Tallies, UserJobs};
+    let agent = register(&s, "n1", 1, None).await;
+    submit_as(
+        &s,
+        "alice",
+        (0..3).map(|i| job(i, Some(1_000), vec![], 1)).collect(),
+    )
+    .await;
+    submit_as(&s, "bob", vec![job(0, Some(1_000), vec![], 1)]).await;
+    assert_eq!(
+        s.tallies().await.expect("tallies"),
+        Tallies {
+            outcomes: vec![],
+            by_user: vec![
+                (
+                    "alice".into(),
+                    UserJobs {
+                        queued: 3,
+                        running: 0
+                    }
+                ),
+                (
+                    "bob".into(),
+                    UserJobs {
+                        queued: 1,
+                        running: 0
+                    }
+                ),
+            ],
+        }
+    );
+    // One slot: alice's first job runs and fails, her second then runs and succeeds.
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Oom)))
+        .await
+        .expect("finish");
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.finish_attempt(l.attempt, report(l.fence, None))
+        .await
+        .expect("finish");
+    let _running = claim(&s, agent, 1).await.remove(0);
+    let t = s.tallies().await.expect("tallies");
+    assert_eq!(
+        t.outcomes,
+        vec![("oom".to_string(), 1), ("succeeded".to_string(), 1)]
+    );
+    let of = |who: &str| t.by_user.iter().find(|(u, _)| u == who).map(|(_, j)| *j);
+    let (alice, bob) = (of("alice"), of("bob"));
+    // The third running is alice's or bob's (same priority: submission order says alice's).
+    assert_eq!(
+        alice,
+        Some(UserJobs {
+            queued: 0,
+            running: 1
+        })
+    );
+    assert_eq!(
+        bob,
+        Some(UserJobs {
+            queued: 1,
+            running: 0
+        })
+    );
 }
 
 /// `on_throttle` from the stored spec: a throttled success is retried (`retry`), failed
@@ -2162,6 +2231,7 @@ conformance!(sqlite, postgres: [
     attempt_measurements_are_stored_and_read_back,
     attempts_that_ran_on_one_gpu_together_are_labelled_shared,
     a_throttled_run_is_what_its_specs_on_throttle_says,
+    tallies_count_outcomes_and_each_users_jobs,
     late_outcomes_of_lost_attempts,
     telemetry_is_stored_per_gpu_and_served_per_attempt,
     telemetry_retention_prunes_by_age_and_count_in_batches,

@@ -89,6 +89,19 @@ fn start_secs(pid: u32) -> Option<u64> {
 pub struct Quarantine {
     pub gpus: Vec<u32>,
     pub held_by: Vec<HeldPid>,
+    /// GPUs whose unattributed memory must come down to these limits (MiB).
+    #[serde(default)]
+    pub ghost_limits: Vec<(u32, u64)>,
+}
+
+/// What an attempt whose cleanup was not verified left on its GPUs.
+#[derive(Clone, Debug, Default)]
+pub struct Left {
+    pub gpus: Vec<u32>,
+    /// Pids that still held memory.
+    pub pids: Vec<u32>,
+    /// GPUs whose unattributed memory stayed above these limits (MiB).
+    pub ghost_limits: Vec<(u32, u64)>,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -278,8 +291,13 @@ impl Attempts {
     /// The attempt has ended and its cleanup is over: it leaves the running set (the next
     /// claim must not watch it), and its GPUs stay quarantined while `held_by` is not empty
     /// or cleanup was not verified.
-    pub async fn end(&self, attempt: AttemptId, unverified: Option<(Vec<u32>, Vec<u32>)>) {
-        let Some((gpus, pids)) = unverified else {
+    pub async fn end(&self, attempt: AttemptId, unverified: Option<Left>) {
+        let Some(Left {
+            gpus,
+            pids,
+            ghost_limits,
+        }) = unverified
+        else {
             self.lock().running.remove(&attempt);
             return;
         };
@@ -291,9 +309,14 @@ impl Attempts {
         {
             let mut inner = self.lock();
             inner.running.remove(&attempt);
-            inner
-                .quarantined
-                .insert(attempt, Quarantine { gpus, held_by });
+            inner.quarantined.insert(
+                attempt,
+                Quarantine {
+                    gpus,
+                    held_by,
+                    ghost_limits,
+                },
+            );
         }
         self.persist().await;
     }
@@ -329,8 +352,17 @@ impl Attempts {
                         .any(|p| {
                             q.held_by.iter().any(|h| h.pid == p.pid) || p.attempt == Some(*attempt)
                         });
+                    // Memory nobody accounts for must have come down (unknown is not down).
+                    let ghost_gone = q.ghost_limits.iter().all(|&(gpu, limit)| {
+                        samples
+                            .iter()
+                            .find(|g| g.index == gpu)
+                            .and_then(GpuSample::unattributed_mib)
+                            .is_some_and(|u| u <= limit)
+                    });
                     // An unreadable GPU keeps its quarantine: unknown is not clean.
-                    !on_gpus
+                    ghost_gone
+                        && !on_gpus
                         && crate::gpu::unreadable(&samples, &q.gpus).is_none()
                         && !marked.contains_key(attempt)
                         && !q.held_by.iter().any(HeldPid::alive)
@@ -424,7 +456,15 @@ mod tests {
         a.begin(held, 2, &stop);
         assert_eq!(a.running_count(), 2);
         a.end(gone, None).await;
-        a.end(held, Some((vec![1], vec![std::process::id()]))).await;
+        a.end(
+            held,
+            Some(Left {
+                gpus: vec![1],
+                pids: vec![std::process::id()],
+                ..Left::default()
+            }),
+        )
+        .await;
         assert_eq!(a.running_count(), 0);
 
         // A new incarnation finds the quarantine, not the clean end.
@@ -453,7 +493,15 @@ mod tests {
             .spawn()
             .expect("sleep");
         a.begin(attempt, 1, &CancellationToken::new());
-        a.end(attempt, Some((vec![0], vec![child.id()]))).await;
+        a.end(
+            attempt,
+            Some(Left {
+                gpus: vec![0],
+                pids: vec![child.id()],
+                ..Left::default()
+            }),
+        )
+        .await;
         let gpu = GpuSample {
             index: 0,
             ..Default::default()

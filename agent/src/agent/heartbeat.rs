@@ -36,6 +36,7 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
         // Orphans re-parented to this subreaper that died between attempts are reaped here.
         let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
         let gpus = sample(&shared.backend).await;
+        shared.metrics.gpu_samples(&gpus);
         let released = attempts.releasable(&gpus).await;
         if shared.cfg.kill_foreign {
             kill_foreign_processes(&gpus, &mut suspects);
@@ -295,7 +296,7 @@ mod tests {
             telemetry,
             metrics: crate::agent::metrics::AgentMetrics::new(
                 "n",
-                vec![0],
+                vec![],
                 crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10),
                 Attempts::load(dir.path()).expect("attempts"),
             ),

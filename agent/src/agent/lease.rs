@@ -15,7 +15,7 @@ use headroom_shared::{AttemptId, FailureClass};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::attempts::{StopReason, StopSignal};
+use crate::agent::attempts::{Left, StopReason, StopSignal};
 use crate::agent::backoff::Backoff;
 use crate::agent::client::{Client, ClientError};
 use crate::agent::self_fence::SelfFenceBudget;
@@ -105,7 +105,11 @@ pub(crate) async fn run(
             let report = crate::supervisor::report(fence, end, None, sample(&shared.backend).await);
             let outcome = Outcome { attempt, report };
             journal(&shared, &outcome).await;
-            finish(&shared, outcome, gpus, vec![], &exit.giving_up).await;
+            let left = Left {
+                gpus,
+                ..Left::default()
+            };
+            finish(&shared, outcome, left, &exit.giving_up).await;
         }
     }
 }
@@ -212,11 +216,11 @@ pub(crate) async fn follow(
                     )));
                 }
                 Ok(Some(FromSupervisor::Hello { .. })) => {}
-                Ok(Some(FromSupervisor::Ended { held_by, report, reusable })) => {
+                Ok(Some(FromSupervisor::Ended { held_by, ghost_limits, report, reusable })) => {
                     if reusable && ours {
                         shared.standby.put_back(conn);
                     }
-                    break Some((held_by, *report));
+                    break Some((Left { gpus: gpus.clone(), pids: held_by, ghost_limits }, *report));
                 }
                 Ok(None) => break None,
                 Err(ProtoError::Format { line, source }) => {
@@ -255,18 +259,11 @@ pub(crate) async fn follow(
     }
     ship_stop.cancel();
     let _ = shipper.await;
-    let (held_by, report) = match ended {
+    let (left, report) = match ended {
         Some(end) => end,
-        None => gone(&shared, attempt, fence).await,
+        None => gone(&shared, attempt, fence, &gpus).await,
     };
-    finish(
-        &shared,
-        Outcome { attempt, report },
-        gpus,
-        held_by,
-        &exit.giving_up,
-    )
-    .await;
+    finish(&shared, Outcome { attempt, report }, left, &exit.giving_up).await;
 }
 
 async fn report_start(
@@ -288,10 +285,19 @@ async fn report_start(
 
 /// The supervisor went away without saying how the attempt ended: its journalled outcome if
 /// it wrote one, else the attempt is lost and whatever is left of it is killed.
-async fn gone(shared: &Arc<Shared>, attempt: AttemptId, fence: i64) -> (Vec<u32>, FinishReport) {
+async fn gone(
+    shared: &Arc<Shared>,
+    attempt: AttemptId,
+    fence: i64,
+    gpus: &[u32],
+) -> (Left, FinishReport) {
+    let left = Left {
+        gpus: gpus.to_vec(),
+        ..Left::default()
+    };
     let outcomes = shared.outcomes.clone();
     if let Ok(Ok(Some(o))) = tokio::task::spawn_blocking(move || outcomes.read(attempt)).await {
-        return (vec![], o.report);
+        return (left, o.report);
     }
     let killed = tokio::task::spawn_blocking(move || attempt::kill_marked(attempt))
         .await
@@ -327,7 +333,13 @@ async fn gone(shared: &Arc<Shared>, attempt: AttemptId, fence: i64) -> (Vec<u32>
         },
     )
     .await;
-    (killed, report)
+    (
+        Left {
+            pids: killed,
+            ..left
+        },
+        report,
+    )
 }
 
 async fn journal(shared: &Shared, outcome: &Outcome) {
@@ -345,15 +357,9 @@ async fn journal(shared: &Shared, outcome: &Outcome) {
 
 /// The attempt has ended (journalled): it leaves the running set, keeping its GPUs
 /// quarantined if its cleanup was not verified, and its end is reported.
-async fn finish(
-    shared: &Shared,
-    outcome: Outcome,
-    gpus: Vec<u32>,
-    held_by: Vec<u32>,
-    giving_up: &CancellationToken,
-) {
+async fn finish(shared: &Shared, outcome: Outcome, left: Left, giving_up: &CancellationToken) {
     // Leave the running set first (the next claim must not watch this attempt any more).
-    let unverified = (!outcome.report.cleanup_verified).then_some((gpus, held_by));
+    let unverified = (!outcome.report.cleanup_verified).then_some(left);
     shared.attempts.end(outcome.attempt, unverified).await;
     shared
         .metrics

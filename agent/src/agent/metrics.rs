@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use headroom_shared::api::FinishReport;
+use headroom_shared::api::{FinishReport, GpuInfo, GpuSample};
 use headroom_shared::{AttemptId, Plan};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -23,10 +23,15 @@ use crate::agent::telemetry::Telemetry;
 /// The content type of the text exposition this page is written in.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// A GPU's labels. `UUID` and `modelName` are the DCGM exporter's names for them, so that
+/// these series join with its own (`on (UUID)`).
+#[allow(non_snake_case)]
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
     node: String,
     gpu: String,
+    UUID: String,
+    modelName: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -44,10 +49,12 @@ struct Slots {
 /// Per-GPU figures, read at each scrape.
 struct GpuCollector {
     node: String,
-    gpus: Vec<u32>,
+    gpus: Vec<GpuInfo>,
     telemetry: Telemetry,
     attempts: Attempts,
     slots: Arc<Mutex<Slots>>,
+    /// Each GPU's memory no listed process held at the last reading, where it could be told.
+    unattributed: Arc<Mutex<HashMap<u32, u64>>>,
 }
 
 impl std::fmt::Debug for GpuCollector {
@@ -79,9 +86,14 @@ fn gauge_family(
 
 impl Collector for GpuCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let labels = |gpu: u32| GpuLabels {
-            node: self.node.clone(),
-            gpu: gpu.to_string(),
+        let labels = |gpu: u32| {
+            let info = self.gpus.iter().find(|g| g.index == gpu);
+            GpuLabels {
+                node: self.node.clone(),
+                gpu: gpu.to_string(),
+                UUID: info.map(|g| g.uuid.clone()).unwrap_or_default(),
+                modelName: info.map(|g| g.name.clone()).unwrap_or_default(),
+            }
         };
         let latest = self.telemetry.latest();
         let pick = |f: &dyn Fn(&headroom_shared::api::TelemetrySample) -> Option<f64>| {
@@ -166,9 +178,22 @@ impl Collector for GpuCollector {
             self.gpus
                 .iter()
                 .enumerate()
-                .filter_map(|(i, g)| f(i, *g).map(|v| (labels(*g), v)))
+                .filter_map(|(i, g)| f(i, g.index).map(|v| (labels(g.index), v)))
                 .collect::<Vec<_>>()
         };
+        let unattributed = self
+            .unattributed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        gauge_family(
+            &mut encoder,
+            "headroom_gpu_memory_unattributed",
+            "GPU memory in use that no listed process holds (ghost memory; absent where it \
+             cannot be told)",
+            Some(&bytes),
+            &per_gpu(&|_, g| unattributed.get(&g).map(|&m| m as f64 * MIB)),
+        )?;
         gauge_family(
             &mut encoder,
             "headroom_gpu_slots",
@@ -209,10 +234,11 @@ pub struct AgentMetrics {
     slots: Arc<Mutex<Slots>>,
     attempts: Family<OutcomeLabels, Counter>,
     cleanup: Histogram,
+    unattributed: Arc<Mutex<HashMap<u32, u64>>>,
 }
 
 impl AgentMetrics {
-    pub fn new(node: &str, gpus: Vec<u32>, telemetry: Telemetry, attempts: Attempts) -> Self {
+    pub fn new(node: &str, gpus: Vec<GpuInfo>, telemetry: Telemetry, attempts: Attempts) -> Self {
         let mut registry = Registry::default();
         let slots = Arc::new(Mutex::new(Slots::default()));
         let outcomes = Family::<OutcomeLabels, Counter>::default();
@@ -229,18 +255,35 @@ impl AgentMetrics {
             Unit::Seconds,
             cleanup.clone(),
         );
+        let unattributed = Arc::new(Mutex::new(HashMap::new()));
         registry.register_collector(Box::new(GpuCollector {
             node: node.to_string(),
             gpus,
             telemetry,
             attempts,
             slots: slots.clone(),
+            unattributed: unattributed.clone(),
         }));
         Self {
             registry: Arc::new(registry),
             slots,
             attempts: outcomes,
             cleanup,
+            unattributed,
+        }
+    }
+
+    /// The node's GPUs as the agent last read them (what the heartbeat sends).
+    pub fn gpu_samples(&self, samples: &[GpuSample]) {
+        let mut u = self
+            .unattributed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for s in samples {
+            match s.unattributed_mib() {
+                Some(mib) => u.insert(s.index, mib),
+                None => u.remove(&s.index),
+            };
         }
     }
 
@@ -318,7 +361,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let telemetry = Telemetry::new(Duration::from_secs(1), 10);
         let attempts = Attempts::load(dir.path()).expect("attempts");
-        let m = AgentMetrics::new("n", vec![0, 1], telemetry.clone(), attempts);
+        let gpu = |index: u32| GpuInfo {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "H100".into(),
+            total_mib: 2048,
+        };
+        let m = AgentMetrics::new("n", vec![gpu(0), gpu(1)], telemetry.clone(), attempts);
         m.set_plan("2,1");
         let at = chrono::Utc::now();
         telemetry.push(vec![
@@ -344,30 +393,43 @@ mod tests {
         let page = m.render();
         let has = |line: &str| page.lines().any(|l| l == line);
         assert!(
-            has(r#"headroom_gpu_memory_used_bytes{node="n",gpu="0"} 1073741824.0"#),
+            has(
+                r#"headroom_gpu_memory_used_bytes{node="n",gpu="0",UUID="GPU-0",modelName="H100"} 1073741824.0"#
+            ),
             "{page}"
         );
         assert!(
-            has(r#"headroom_gpu_power_watts{node="n",gpu="0"} 150.5"#),
+            has(
+                r#"headroom_gpu_power_watts{node="n",gpu="0",UUID="GPU-0",modelName="H100"} 150.5"#
+            ),
             "{page}"
         );
         assert!(
-            has(r#"headroom_gpu_utilization_ratio{node="n",gpu="0"} 0.5"#),
+            has(
+                r#"headroom_gpu_utilization_ratio{node="n",gpu="0",UUID="GPU-0",modelName="H100"} 0.5"#
+            ),
             "{page}"
         );
-        assert!(has(r#"headroom_gpu_slots{node="n",gpu="0"} 2.0"#), "{page}");
         assert!(
-            has(r#"headroom_gpu_slots_used{node="n",gpu="0"} 1.0"#),
+            has(r#"headroom_gpu_slots{node="n",gpu="0",UUID="GPU-0",modelName="H100"} 2.0"#),
+            "{page}"
+        );
+        assert!(
+            has(r#"headroom_gpu_slots_used{node="n",gpu="0",UUID="GPU-0",modelName="H100"} 1.0"#),
             "{page}"
         );
         // GPU 1 could not be read: no figure of it at all, rather than zeros.
-        assert!(!page.contains(r#"power_watts{node="n",gpu="1"}"#), "{page}");
         assert!(
-            !page.contains(r#"memory_used_bytes{node="n",gpu="1"}"#),
+            !page.contains(r#"power_watts{node="n",gpu="1",UUID="GPU-1",modelName="H100"}"#),
             "{page}"
         );
         assert!(
-            !page.contains(r#"energy_joules_total{node="n",gpu="1"}"#),
+            !page.contains(r#"memory_used_bytes{node="n",gpu="1",UUID="GPU-1",modelName="H100"}"#),
+            "{page}"
+        );
+        assert!(
+            !page
+                .contains(r#"energy_joules_total{node="n",gpu="1",UUID="GPU-1",modelName="H100"}"#),
             "{page}"
         );
         let report: FinishReport = serde_json::from_value(serde_json::json!({
@@ -387,7 +449,9 @@ mod tests {
             "{page}"
         );
         assert!(
-            page.contains(r#"headroom_gpu_slots_used{node="n",gpu="0"} 0.0"#),
+            page.contains(
+                r#"headroom_gpu_slots_used{node="n",gpu="0",UUID="GPU-0",modelName="H100"} 0.0"#
+            ),
             "{page}"
         );
     }

@@ -255,7 +255,7 @@ impl Agent {
             crate::agent::telemetry::Telemetry::new(cfg.telemetry_interval, cfg.telemetry_buffer);
         let metrics = crate::agent::metrics::AgentMetrics::new(
             &cfg.node,
-            backend.inventory().iter().map(|g| g.index).collect(),
+            backend.inventory(),
             telemetry.clone(),
             attempts.clone(),
         );

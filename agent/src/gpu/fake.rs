@@ -15,6 +15,9 @@
 //! error), and `gpu<N>.throttle` lists clock event reasons the GPU reports while the file
 //! is there (NVML's names, e.g. `sw_thermal_slowdown sw_power_cap`).
 //!
+//! `gpu<N>.ghost` holds a number of MiB used on GPU N that no process accounts for (as a
+//! process the driver does not list, or memory a dead one left behind, would).
+//!
 //! `open-delay` (a duration such as `3s`) makes opening the backend take that long, as
 //! NVML's initialisation does on a node without persistence mode.
 //!
@@ -424,6 +427,8 @@ pub enum Fault {
     Telemetry,
     /// Clock event (throttle) reasons reported, as the file lists them.
     Throttle,
+    /// MiB used that no process accounts for ("ghost" memory).
+    Ghost,
 }
 
 /// The control file that injects `fault` on GPU `gpu`.
@@ -437,6 +442,7 @@ pub fn fault_file(dir: &Path, gpu: u32, fault: Fault) -> PathBuf {
         Fault::NoEnergy => "no-energy",
         Fault::Telemetry => "fail-telemetry",
         Fault::Throttle => "throttle",
+        Fault::Ghost => "ghost",
     };
     dir.join(format!("gpu{gpu}.{what}"))
 }
@@ -712,7 +718,9 @@ impl FakeBackend {
         }
         let used = reported
             .iter()
-            .fold(0u64, |acc, r| acc.saturating_add(r.used_mib.unwrap_or(0)))
+            .fold(self.ghost_mib(gpu.index, controls), |acc, r| {
+                acc.saturating_add(r.used_mib.unwrap_or(0))
+            })
             .min(gpu.total_mib);
         if no_process_memory {
             for r in &mut reported {
@@ -756,6 +764,14 @@ impl FakeBackend {
             processes,
             error: (!errors.is_empty()).then(|| errors.join("; ")),
         }
+    }
+
+    /// GPU `gpu`'s memory that no process accounts for ([`Fault::Ghost`]).
+    fn ghost_mib(&self, gpu: u32, controls: &Controls) -> u64 {
+        controls
+            .read(&fault_file(&self.dir, gpu, Fault::Ghost))
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
     }
 
     pub fn dir(&self) -> &Path {
@@ -835,7 +851,9 @@ impl GpuBackend for FakeBackend {
                             .collect()
                     })
                     .unwrap_or_default();
-                let used = used_on(&uses, gpu.index).min(gpu.total_mib);
+                let used = used_on(&uses, gpu.index)
+                    .saturating_add(self.ghost_mib(gpu.index, &controls))
+                    .min(gpu.total_mib);
                 let memory_ok = memory_error.is_none();
                 TelemetrySample {
                     gpu: gpu.index,

@@ -550,6 +550,7 @@ async fn finish(
     mut reporter: Reporter,
 ) -> Next {
     let held_by = end.held_by.clone();
+    let ghost_limits = end.ghost_limits.clone();
     let clean = end.cleanup_verified;
     // A supervisor that could not start a job (descriptors, memory, a broken runtime) is
     // not trusted with another.
@@ -613,6 +614,7 @@ async fn finish(
     let reusable = reuse && clean && launched && written.is_ok() && !link.reattached;
     link.send(&FromSupervisor::Ended {
         held_by,
+        ghost_limits,
         report: Box::new(outcome.report),
         reusable,
     })

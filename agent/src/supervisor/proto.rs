@@ -126,6 +126,10 @@ pub enum FromSupervisor {
     /// gone).
     Ended {
         held_by: Vec<u32>,
+        /// GPUs whose unattributed ("ghost") memory stayed above these limits (MiB): the
+        /// agent quarantines them until it is at or below.
+        #[serde(default)]
+        ghost_limits: Vec<(u32, u64)>,
         report: Box<FinishReport>,
         /// The supervisor waits for another launch on this connection (a clean end); else
         /// it exits.

@@ -7,3 +7,6 @@ ALTER TABLE attempts ADD COLUMN covers_run INTEGER;
 ALTER TABLE attempts ADD COLUMN energy_counters TEXT;
 -- The attempts that ran on a node around a time (shared GPUs).
 CREATE INDEX attempts_node_started ON attempts (node, started_at);
+-- The most memory no listed process accounted for on one of the attempt's GPUs during its
+-- run, beyond what there was before it (MiB; "ghost" memory).
+ALTER TABLE attempts ADD COLUMN ghost_mib BIGINT;

@@ -7,7 +7,7 @@ use headroom_shared::api::{AttemptView, ExperimentSummary, JobSummary, StateCoun
 use headroom_shared::{ExperimentId, JobId};
 
 use super::tx::{AttemptsWhere, JobsWhere, Tx};
-use super::{ExportRow, NewExperiment, Result, StoreError, now_ms, rows};
+use super::{ExportRow, NewExperiment, Result, StoreError, Tallies, UserJobs, now_ms, rows};
 
 pub(super) async fn summary(tx: &mut dyn Tx, id: &str) -> Result<ExperimentSummary> {
     let (name, seed, created, by) = tx
@@ -42,6 +42,24 @@ pub(super) async fn get(tx: &mut dyn Tx, id: ExperimentId) -> Result<ExperimentS
 pub(super) async fn counts(tx: &mut dyn Tx, id: Option<ExperimentId>) -> Result<StateCounts> {
     let id = id.map(|e| e.to_string());
     tx.state_counts(id.as_deref()).await
+}
+
+/// What `/metrics` counts from the store.
+pub(super) async fn tallies(tx: &mut dyn Tx) -> Result<Tallies> {
+    let outcomes = tx.outcome_counts().await?;
+    let mut by_user: BTreeMap<String, UserJobs> = BTreeMap::new();
+    for (user, state, n) in tx.user_job_counts().await? {
+        let u = by_user.entry(user).or_default();
+        if state.is_pending() {
+            u.queued += n;
+        } else {
+            u.running += n;
+        }
+    }
+    Ok(Tallies {
+        outcomes,
+        by_user: by_user.into_iter().collect(),
+    })
 }
 
 /// One export row per attempt, in job order.

@@ -281,6 +281,22 @@ pub struct JobFilter {
     pub limit: Option<u32>,
 }
 
+/// Counts for `/metrics` that every replica reads alike from the store.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tallies {
+    /// Ended attempts by outcome: `succeeded` or the failure class.
+    pub outcomes: Vec<(String, u64)>,
+    /// Per submitter (token or user name): jobs waiting (queued, retrying) and holding a
+    /// lease (leased, running).
+    pub by_user: Vec<(String, UserJobs)>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserJobs {
+    pub queued: u64,
+    pub running: u64,
+}
+
 /// One row of `export --csv`: an attempt with its job's parameters.
 #[derive(Clone, Debug)]
 pub struct ExportRow {
@@ -378,6 +394,9 @@ pub trait Store: Send + Sync + 'static {
     async fn submitted_at(&self, attempt: AttemptId) -> Result<(Millis, u32)>;
     /// Waiting (queued or retrying) jobs per pending reason code, for `/metrics`.
     async fn pending_reason_counts(&self) -> Result<Vec<(String, u64)>>;
+    /// Ended attempts by outcome, and waiting and holding jobs by who submitted them, for
+    /// `/metrics`.
+    async fn tallies(&self) -> Result<Tallies>;
     /// Keeps a new token (hashed); a second token with the same id is refused.
     async fn create_token(&self, token: NewToken) -> Result<TokenView>;
     /// A token by its public id, revoked or not (`NotFound` when none has it).
@@ -603,6 +622,10 @@ impl<B: Backend> Store for B {
 
     async fn pending_reason_counts(&self) -> Result<Vec<(String, u64)>> {
         run!(self, read, "pending_reason_counts", |tx| tx.pending_reason_counts();)
+    }
+
+    async fn tallies(&self) -> Result<Tallies> {
+        run!(self, read, "tallies", experiments::tallies;)
     }
 
     async fn create_token(&self, token: NewToken) -> Result<TokenView> {

@@ -183,6 +183,7 @@ fn gpu_views(
                 used_mib: sample.map(|s| s.used_mib),
                 free_mib: sample.map(|s| s.free_mib),
                 error: sample.and_then(|s| s.error.clone()),
+                unattributed_mib: sample.and_then(GpuSample::unattributed_mib),
                 slots: plan.slots(i),
                 slots_used: here.len() as u32,
                 estimated_mib: here.iter().filter_map(|a| a.estimate).sum(),

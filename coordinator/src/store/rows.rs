@@ -127,7 +127,8 @@ pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence,
      contamination_pid, contamination_command, waiting, exclusive_wait_ms, \
      cooldown_wait_ms, cooldown_from_mdeg, cooldown_start_mdeg, cooldown_timed_out, \
      background_pid, background_ready_ms, background_exit_code, background_signal, \
-     background_exited_early, host_peak_mib, first_reading_ms, covers_run, energy_counters";
+     background_exited_early, host_peak_mib, first_reading_ms, covers_run, energy_counters, \
+     ghost_mib";
 
 pub(crate) fn phase(s: &str) -> Result<AttemptPhase> {
     match s {
@@ -217,6 +218,7 @@ fn measurements(r: &impl Cols, at: usize) -> Result<Measurements> {
         first_reading_ms: r.mib_opt(50)?,
         covers_run: r.flag_opt(51)?,
         counters: r.json_opt(52)?.unwrap_or_default(),
+        ghost_mib: r.mib_opt(53)?,
     })
 }
 

@@ -315,6 +315,33 @@ impl<E: Exec> Tx for E {
         .await
     }
 
+    async fn outcome_counts(&mut self) -> Result<Vec<(String, u64)>> {
+        all(
+            self,
+            "SELECT COALESCE(failure_class, 'succeeded'), COUNT(*) FROM attempts \
+             WHERE phase = 'ended' GROUP BY 1 ORDER BY 1",
+            &[],
+            |r| Ok((r.text(0)?, r.int(1)?.max(0) as u64)),
+        )
+        .await
+    }
+
+    async fn user_job_counts(&mut self) -> Result<Vec<(String, JobState, u64)>> {
+        let sql = format!(
+            "SELECT submitted_by, state, COUNT(*) FROM jobs \
+             WHERE state IN ({}, 'leased', 'running') GROUP BY 1, 2 ORDER BY 1, 2",
+            *WAITING
+        );
+        all(self, &sql, &[], |r| {
+            Ok((
+                r.text(0)?,
+                r.parsed(1, "job state")?,
+                r.int(2)?.max(0) as u64,
+            ))
+        })
+        .await
+    }
+
     async fn pending_reason_counts(&mut self) -> Result<Vec<(String, u64)>> {
         let sql = format!(
             "SELECT COALESCE(pending_reason ->> 'reason', 'not_considered'), COUNT(*) \
@@ -561,7 +588,7 @@ impl<E: Exec> Tx for E {
              contamination_command = $24, background_pid = $25, background_ready_ms = $26, \
              background_exit_code = $27, background_signal = $28, \
              background_exited_early = $29, host_peak_mib = $30, first_reading_ms = $31, \
-             covers_run = $32, energy_counters = $33 \
+             covers_run = $32, energy_counters = $33, ghost_mib = $34 \
              WHERE id = $9 RETURNING node, gpus, memory_key, estimate_mib",
             args![
                 report.ended_at.timestamp_millis(),
@@ -597,6 +624,7 @@ impl<E: Exec> Tx for E {
                 opt_i64(report.measurements.first_reading_ms),
                 report.measurements.covers_run,
                 counters,
+                opt_i64(report.measurements.ghost_mib),
             ],
             |r| rows::ended(r),
         )

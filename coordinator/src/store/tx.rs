@@ -133,6 +133,10 @@ pub trait Tx: Send {
     ) -> Result<Vec<PendingRow>>;
     /// Waiting jobs per pending reason code (`not_considered` without one).
     async fn pending_reason_counts(&mut self) -> Result<Vec<(String, u64)>>;
+    /// Ended attempts by `failure_class` (`succeeded` for none).
+    async fn outcome_counts(&mut self) -> Result<Vec<(String, u64)>>;
+    /// Jobs not ended and not cancelled, by submitter and state.
+    async fn user_job_counts(&mut self) -> Result<Vec<(String, JobState, u64)>>;
 
     // ---- attempts ---------------------------------------------------------------------
 

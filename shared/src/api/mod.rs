@@ -504,6 +504,29 @@ pub struct GpuSample {
     pub error: Option<String>,
 }
 
+impl GpuSample {
+    /// Used memory that no listed process accounts for ("ghost" memory: the driver's own
+    /// reserve, a process the driver does not list, memory a dead process left behind);
+    /// `None` when it cannot be told (the reading failed, or the driver cannot size a
+    /// process's memory).
+    pub fn unattributed_mib(&self) -> Option<u64> {
+        if self.error.is_some() || self.processes.iter().any(|p| p.used_mib_unknown) {
+            return None;
+        }
+        let listed = self
+            .processes
+            .iter()
+            .fold(0u64, |acc, p| acc.saturating_add(p.used_mib));
+        Some(self.used_mib.saturating_sub(listed))
+    }
+}
+
+/// How much more unattributed memory than a GPU had before an attempt is still noise: the
+/// larger of 256 MiB and 1 % of its memory.
+pub fn ghost_tolerance_mib(total_mib: u64) -> u64 {
+    (total_mib / 100).max(256)
+}
+
 /// Where an attempt's peak memory figure comes from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -641,6 +664,12 @@ pub struct Measurements {
     /// readings' times: what a shared GPU's energy is apportioned from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub counters: Vec<CounterWindow>,
+    /// The most memory, MiB, on one of its GPUs during the run that no listed process
+    /// accounted for, beyond what was unattributed before it started (and beyond the noise
+    /// of [`ghost_tolerance_mib`]): someone the driver does not list used its GPU. `None`:
+    /// none seen (or it could not be told).
+    #[serde(default)]
+    pub ghost_mib: Option<u64>,
 }
 
 /// One GPU's total-energy counter at an attempt's first and last readings.
@@ -734,6 +763,11 @@ pub struct GpuView {
     /// again, and its memory figures are not to be trusted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Used memory no listed process accounts for, at the last reading ("ghost" memory: the
+    /// driver's reserve, a process the driver does not list, memory left behind); `None`
+    /// when it cannot be told.
+    #[serde(default)]
+    pub unattributed_mib: Option<u64>,
 }
 
 /// A GPU held back because an attempt's cleanup could not be verified.

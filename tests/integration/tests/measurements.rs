@@ -354,3 +354,68 @@ fn attempts_sharing_a_gpu_are_labelled_with_apportioned_shares_and_not_clean() {
         "{shown}"
     );
 }
+
+/// Memory no listed process accounts for ("ghost" memory: a process the driver does not
+/// list, memory a dead one left behind) is shown per GPU in `nodes` and the API, flags the
+/// attempt it appeared under (left out of `--clean-only`), and, when it stays after the
+/// attempt's processes are gone, quarantines the GPU with that reason until it is gone.
+#[test]
+fn ghost_memory_is_shown_flagged_and_quarantines_until_it_is_gone() {
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .kill_grace("300ms")
+            .flags(&["--verify-timeout", "1s"]),
+    );
+    let job = fake_job().display().to_string();
+    let ghost = h.fake_gpu_dir().join("gpu0.ghost");
+    let pid_file = h.path("job.pid");
+    let exp = h.submit_spec(serde_json::json!({"name": "haunted",
+        "command": [job, "--mem", "1GiB", "--seconds", "3",
+                    "--pid-file", pid_file.display().to_string()],
+        "resources": {"memory": "2GiB"}, "retry": {"max_attempts": 1}}));
+    h.wait_for(
+        "the job to hold its memory",
+        Duration::from_secs(30),
+        || Ok(read_pid(&pid_file)),
+    );
+    // 2 GiB appear on the GPU that no process accounts for, and stay.
+    std::fs::write(&ghost, "2048").expect("ghost");
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    let a = h.first_attempt(jobs[0].id);
+    assert_eq!(a.measurements.ghost_mib, Some(2048), "{a:#?}");
+    assert_eq!(a.cleanup_verified, Some(false), "{a:#?}");
+    let gpu = h.nodes().expect("nodes")[0].gpus[0].clone();
+    assert_eq!(gpu.unattributed_mib, Some(2048), "{gpu:#?}");
+    let q = gpu
+        .quarantine
+        .first()
+        .unwrap_or_else(|| panic!("not quarantined: {gpu:#?}"));
+    assert!(
+        q.reason.contains("2048 MiB on GPU 0 stayed unattributed"),
+        "{q:?}"
+    );
+    let nodes = h.cli_ok(&["nodes"]);
+    assert!(
+        nodes.contains("GHOST memory") && nodes.contains("QUARANTINED"),
+        "{nodes}"
+    );
+    let shown = h.cli_ok(&["show", &jobs[0].id.to_string()]);
+    assert!(shown.contains("GHOST memory: 2048 MiB"), "{shown}");
+    let (header, rows) = csv_table(&h.cli_ok(&["export", "--csv"]));
+    let col = |name: &str| header.iter().position(|h| h == name).expect(name);
+    assert_eq!(rows[0][col("ghost_mib")], "2048");
+    let (_, kept) = csv_table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
+    assert!(kept.is_empty(), "{kept:?}");
+
+    // Nothing is placed on the GPU while the memory stays; it is lifted once it is gone.
+    let next = h.submit_spec(serde_json::json!({"name": "after",
+        "command": ["true"], "resources": {"memory": "1GiB"}}));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(h.jobs(next).expect("jobs")[0].state, JobState::Queued);
+    std::fs::remove_file(&ghost).expect("ghost gone");
+    let jobs = h.wait_done(next, Duration::from_secs(60));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let gpu = h.nodes().expect("nodes")[0].gpus[0].clone();
+    assert!(gpu.quarantine.is_empty(), "{gpu:#?}");
+    assert_eq!(gpu.unattributed_mib, Some(0), "{gpu:#?}");
+}

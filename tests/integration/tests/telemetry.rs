@@ -125,6 +125,23 @@ fn telemetry_series_and_metrics_say_what_ran() {
     assert_eq!(get("headroom_gpu_power_watts", &[("gpu", "1")]), 60.0);
     assert!(get("headroom_gpu_energy_joules_total", &[("gpu", "0")]) > 0.0);
     assert!(get("headroom_gpu_temperature_celsius", &[("gpu", "0")]) > 30.0);
+    // Labelled as the DCGM exporter labels its GPUs, so the two join on `UUID`.
+    assert_eq!(
+        get(
+            "headroom_gpu_power_watts",
+            &[
+                ("gpu", "1"),
+                ("UUID", "GPU-fake-0000-0000-0000-000000000001"),
+                ("modelName", "Fake GPU")
+            ]
+        ),
+        60.0
+    );
+    // The notebook's memory is its own: none unattributed.
+    assert_eq!(
+        get("headroom_gpu_memory_unattributed_bytes", &[("gpu", "0")]),
+        0.0
+    );
     let energy = page
         .iter()
         .find(|s| s.family == "headroom_gpu_energy_joules")
@@ -149,6 +166,21 @@ fn telemetry_series_and_metrics_say_what_ran() {
         0.0
     );
     assert_eq!(get("headroom_submit_to_start_seconds_count", &[]), 3.0);
+    assert_eq!(
+        get("headroom_attempts_ended", &[("outcome", "succeeded")]),
+        3.0
+    );
+    assert_eq!(get("headroom_attempts_ended", &[("outcome", "oom")]), 0.0);
+    assert_eq!(get("headroom_gpus", &[("status", "idle")]), 2.0);
+    assert_eq!(get("headroom_gpus", &[("status", "allocated")]), 0.0);
+    assert_eq!(get("headroom_gpus", &[("status", "quarantined")]), 0.0);
+    assert_eq!(
+        get(
+            "headroom_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
     assert!(get("headroom_claim_duration_seconds_count", &[]) >= 1.0);
 }
 

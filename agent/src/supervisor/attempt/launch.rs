@@ -103,6 +103,9 @@ pub struct AttemptEnd {
     /// The pids still holding memory when verification gave up; the GPUs are clean again
     /// once none of them is on them.
     pub held_by: Vec<u32>,
+    /// GPUs whose unattributed memory stayed above these limits (MiB) after the attempt's
+    /// processes were gone: clean again once it is at or below them.
+    pub ghost_limits: Vec<(u32, u64)>,
     /// A process of no attempt used the attempt's GPUs while it ran.
     pub contaminated: bool,
     /// Energy, power, temperature, utilization and throttling of its GPUs over the run, and
@@ -128,6 +131,7 @@ pub(crate) fn not_started(failure: Option<FailureClass>, log_tail: String) -> At
         cleanup_verified: true,
         unverified: None,
         held_by: vec![],
+        ghost_limits: vec![],
         contaminated: false,
         measurements: Measurements::default(),
         log_tail,

@@ -181,6 +181,8 @@ pub(super) struct Cleanup {
     pub(super) remaining: String,
     /// Pids still holding GPU memory when verification gave up.
     pub(super) held_by: Vec<u32>,
+    /// GPUs whose unattributed memory stayed too high, with the limit that clears them.
+    pub(super) ghost_limits: Vec<(u32, u64)>,
 }
 
 /// SIGTERM, grace, SIGKILL, sweep the marker, reap, and verify on the GPUs. Polls throughout:
@@ -262,6 +264,7 @@ pub(super) async fn cleanup(
                 leftovers,
                 remaining: String::new(),
                 held_by: vec![],
+                ghost_limits: vec![],
             };
         }
         remaining = match (gpu, main.exited()) {
@@ -297,6 +300,7 @@ pub(super) async fn cleanup(
         leftovers,
         remaining,
         held_by: held.iter().map(|&(pid, _)| pid).collect(),
+        ghost_limits: lock(watch).ghost_left.clone(),
     }
 }
 
@@ -338,6 +342,7 @@ pub(super) async fn stop_background_only(
         cleanup_verified: outcome.verified,
         unverified: (!outcome.verified).then(|| outcome.remaining.clone()),
         held_by: outcome.held_by,
+        ghost_limits: outcome.ghost_limits,
         contaminated,
         // No foreground ran: no figures, only what contaminated the wait.
         measurements,
@@ -468,6 +473,7 @@ pub(super) async fn end(
         cleanup_verified: outcome.verified,
         unverified: (!outcome.verified).then(|| outcome.remaining.clone()),
         held_by: outcome.held_by,
+        ghost_limits: outcome.ghost_limits,
         contaminated: f.contaminated,
         measurements: f.measurements,
         log_tail: f.log_tail,

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use headroom_shared::AttemptId;
-use headroom_shared::api::{GpuProcess, GpuSample, Measurements, PeakSource};
+use headroom_shared::api::{GpuProcess, GpuSample, Measurements, PeakSource, ghost_tolerance_mib};
 
 use crate::gpu::{self, GpuBackend};
 use crate::procscan::{self, ROLE_BACKGROUND, ROLE_VAR};
@@ -49,6 +49,11 @@ pub(crate) struct Watch {
     pub(super) roles: HashMap<u32, bool>,
     /// The background has held GPU memory.
     pub(super) background_memory: bool,
+    /// The most unattributed memory seen on one of its GPUs beyond the baseline's.
+    pub(super) ghost_mib: Option<u64>,
+    /// At the last look of the cleanup: the GPUs whose unattributed memory stayed above the
+    /// baseline's limit after the attempt's processes were gone, with that limit.
+    pub(super) ghost_left: Vec<(u32, u64)>,
 }
 
 /// A process of no attempt (or, beside a colocated pair, of another attempt) seen on the
@@ -166,6 +171,12 @@ pub struct Baseline {
     /// Used memory of each GPU that read fine.
     #[serde(with = "pairs")]
     used: HashMap<u32, u64>,
+    /// Memory no listed process accounted for, of each GPU where that could be told.
+    #[serde(with = "pairs", default)]
+    unattributed: HashMap<u32, u64>,
+    /// What more than that is noise: [`ghost_tolerance_mib`] of the GPU's memory.
+    #[serde(with = "pairs", default)]
+    tolerance: HashMap<u32, u64>,
 }
 
 /// A map with integer keys as a list of pairs: JSON object keys are strings, which serde
@@ -205,8 +216,36 @@ impl Baseline {
             if g.error.is_none() {
                 out.used.insert(g.index, g.used_mib);
             }
+            if let Some(u) = g.unattributed_mib() {
+                out.unattributed.insert(g.index, u);
+                let total = g.used_mib.saturating_add(g.free_mib);
+                out.tolerance.insert(g.index, ghost_tolerance_mib(total));
+            }
         }
         out
+    }
+
+    /// Unattributed memory on the attempt's `gpus` in `samples` beyond what there was before
+    /// and the noise: the most on one GPU, with that GPU. `None` where there is none, or it
+    /// cannot be told (no baseline for the GPU, or no figure now).
+    pub(super) fn ghost(&self, samples: &[GpuSample], gpus: &[u32]) -> Option<(u32, u64)> {
+        samples
+            .iter()
+            .filter(|g| gpus.contains(&g.index))
+            .filter_map(|g| {
+                let (before, _) = self.limit(g.index)?;
+                let excess = g.unattributed_mib()?.saturating_sub(before);
+                let tolerance = *self.tolerance.get(&g.index)?;
+                (excess > tolerance).then_some((g.index, excess))
+            })
+            .max_by_key(|&(_, excess)| excess)
+    }
+
+    /// GPU `gpu`'s unattributed memory before the attempt, and the most it may have after.
+    fn limit(&self, gpu: u32) -> Option<(u64, u64)> {
+        let before = *self.unattributed.get(&gpu)?;
+        let tolerance = *self.tolerance.get(&gpu)?;
+        Some((before, before.saturating_add(tolerance)))
     }
 }
 
@@ -232,6 +271,7 @@ impl Watch {
             contamination_reason: c.as_ref().map(|c| c.reason.clone()),
             contamination_pid: c.as_ref().map(|c| c.pid),
             contamination_command: c.and_then(|c| c.command),
+            ghost_mib: self.ghost_mib,
             ..self.meter.result()
         }
     }
@@ -265,6 +305,9 @@ impl Watch {
                 unknown |= p.used_mib_unknown;
                 sum = sum.saturating_add(p.used_mib);
             }
+        }
+        if let Some((_, excess)) = self.baseline.ghost(samples, &self.gpus) {
+            self.ghost_mib = Some(self.ghost_mib.unwrap_or(0).max(excess));
         }
         if !self.contaminated
             && let Some((gpu, p)) = self.intruder(samples)
@@ -329,9 +372,29 @@ impl Watch {
     /// What keeps the GPUs from being clean: the attempt's own processes, and processes of
     /// no attempt that were not there before it (a leftover that shed its marker). `Err`
     /// when one of the attempt's GPUs cannot be read: unknown is never clean.
-    pub(super) fn leftovers(&self, samples: &[GpuSample]) -> Result<Vec<(u32, u64)>, String> {
+    pub(super) fn leftovers(&mut self, samples: &[GpuSample]) -> Result<Vec<(u32, u64)>, String> {
+        self.ghost_left.clear();
         if let Some(error) = gpu::unreadable(samples, &self.gpus) {
             return Err(error);
+        }
+        // Memory the attempt's processes held that nobody accounts for once they are gone
+        // (a driver that has not released it yet, or never will): not clean while it stays.
+        if let Some((gpu, excess)) = self.baseline.ghost(samples, &self.gpus)
+            && !samples
+                .iter()
+                .filter(|g| g.index == gpu)
+                .flat_map(|g| &g.processes)
+                .any(|p| p.attempt == Some(self.attempt))
+        {
+            self.ghost_left = self
+                .gpus
+                .iter()
+                .filter_map(|&g| self.baseline.limit(g).map(|(_, limit)| (g, limit)))
+                .collect();
+            return Err(format!(
+                "{excess} MiB on GPU {gpu} stayed unattributed (held by no process the driver \
+                 lists) after the attempt's processes were gone"
+            ));
         }
         let own = samples
             .iter()

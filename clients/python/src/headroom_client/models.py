@@ -193,6 +193,9 @@ class AttemptView(_Model):
     covers_run: Optional[bool] = None
     #: Each GPU's energy counter at the run's first and last readings.
     counters: List[CounterWindow] = []
+    #: Memory no listed process held on one of its GPUs during the run, beyond what there
+    #: was before it (MiB): "ghost" memory; None: none seen.
+    ghost_mib: Optional[int] = None
     #: Another attempt ran on one of its GPUs during its run; ``sharing`` says with whom.
     shared: bool = False
     sharing: Optional[Sharing] = None
@@ -270,6 +273,8 @@ class GpuView(_Model):
     foreign: List[GpuProcess] = []
     quarantine: List[QuarantineView] = []
     error: Optional[str] = None
+    #: Used memory no listed process holds (ghost memory); None: cannot be told.
+    unattributed_mib: Optional[int] = None
 
 
 class NodeView(_Model):
