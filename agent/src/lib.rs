@@ -11,6 +11,7 @@
 //!   stop and verify), its wait (`prestart`) and colocated background (`colocate`),
 //!   classifies its end, journals it, and stops its job itself when its lease is not renewed
 //!   in time. `supervisor::proto` is what the agent says to it. It never imports `agent`.
+//! - `doctor`: `headroom doctor`, what headroom relies on of a node, checked.
 //! - `cgroup` (each attempt's cgroup: membership, kill, host RAM peak),
 //!   `gpu` (NVML and fake backends), `jobenv` (what of the agent's environment jobs get), `runas` (the Unix user
 //!   a job runs as), `procscan` (processes by their markers), `outcomes`
@@ -29,6 +30,7 @@ pub fn scope_hash(scope: &str) -> String {
 
 pub mod agent;
 pub mod cgroup;
+pub mod doctor;
 pub mod gpu;
 pub mod jobenv;
 pub mod outcomes;

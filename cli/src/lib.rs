@@ -4,7 +4,8 @@
 //! - here: the commands (`clap`) and what each does, over `client::Api`;
 //! - `client` (the shared typed client with the CLI's token and server), `config` (the CLI's
 //!   settings file), `output` (tables, JSON, progress);
-//! - `up`: the coordinator, an agent and a sample experiment in one process, on SQLite.
+//! - `up`: the coordinator, an agent and a sample experiment in one process, on SQLite;
+//! - `doctor`: the node checks, printed.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -17,6 +18,7 @@ use headroom_shared::{ExperimentId, JobId};
 
 pub mod client;
 pub mod config;
+pub mod doctor;
 pub mod output;
 pub mod up;
 
@@ -135,6 +137,10 @@ pub enum Command {
         #[command(subcommand)]
         command: NodeCommand,
     },
+    /// Check this node for headroom: driver, NVML readings (energy counter, power,
+    /// temperature, clocks, throttle reasons), process listing and pid mapping, persistence
+    /// and MIG, cgroups, and an allocation on each GPU and its release.
+    Doctor(doctor::DoctorArgs),
     /// Wait for an experiment (or everything) to finish, with a progress bar.
     Wait {
         /// Experiment id or name; all jobs when left out.
@@ -150,10 +156,11 @@ pub enum Command {
         /// Write to this file instead of standard output.
         #[arg(long, short)]
         output: Option<PathBuf>,
-        /// Leave out attempts that are contaminated (another process used their GPU) or
-        /// were throttled (thermal or power clock slowdown), and those that ran on GPUs
-        /// whose throttle reasons could not be read. Failed attempts stay: filter them by
-        /// the `success` column.
+        /// Leave out attempts that are contaminated (another process used their GPU),
+        /// shared their GPU with another attempt, saw ghost memory, were throttled
+        /// (thermal or power clock slowdown), whose figures do not cover their whole run,
+        /// and those that ran on GPUs whose throttle reasons could not be read. Failed
+        /// attempts stay: filter them by the `success` column.
         #[arg(long)]
         clean_only: bool,
     },
@@ -241,6 +248,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
     let api = Api::new(&cli.server)?.with_token(token.as_ref().map(BearerToken::expose))?;
     match cli.command {
         Command::Up(args) => up::run(*args, token).await,
+        Command::Doctor(args) => doctor::run(args).await,
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut cmd, "headroom", &mut std::io::stdout());
@@ -287,7 +295,7 @@ fn token_hash() -> Result<i32> {
 
 async fn command_on(api: &Api, command: Command) -> Result<i32> {
     match command {
-        Command::Up(_) | Command::Completions { .. } => unreachable_command()?,
+        Command::Up(_) | Command::Doctor(_) | Command::Completions { .. } => unreachable_command()?,
         Command::Submit {
             file,
             wait,

@@ -891,6 +891,29 @@ impl GpuBackend for FakeBackend {
         }
     }
 
+    fn facts(&self) -> super::BackendFacts {
+        let controls = scan(&self.dir, self.spec.gpu_count())
+            .map(|(_, c)| c)
+            .unwrap_or_default();
+        // A backend that opens slowly is what a driver without persistence mode is.
+        let persistent = !self.dir.join(OPEN_DELAY_FILE).exists();
+        super::BackendFacts {
+            driver_version: Ok("fake".to_string()),
+            nvml_version: Ok("fake".to_string()),
+            process_api: Some(format!("usage files in {}", self.dir.display())),
+            pid_namespace: self.pid_view(&controls).fact(),
+            gpus: self
+                .inventory
+                .iter()
+                .map(|g| super::GpuFacts {
+                    index: g.index,
+                    persistence: Ok(persistent),
+                    mig: Ok(false),
+                })
+                .collect(),
+        }
+    }
+
     fn job_env(&self) -> Vec<(String, String)> {
         vec![
             (DIR_VAR.to_string(), self.dir.display().to_string()),

@@ -120,6 +120,19 @@ impl GpuBackend for LazyBackend {
         self.job_env.clone()
     }
 
+    fn facts(&self) -> super::BackendFacts {
+        match self.backend() {
+            Ok(b) => b.facts(),
+            Err(e) => super::BackendFacts {
+                driver_version: Err(e.to_string()),
+                nvml_version: Err(e.to_string()),
+                process_api: None,
+                pid_namespace: Err(e.to_string()),
+                gpus: vec![],
+            },
+        }
+    }
+
     fn describe(&self) -> String {
         match self.opening.opened.get() {
             Some(Ok(b)) => b.describe(),

@@ -19,6 +19,8 @@ pub struct NvmlBackend {
     inventory: Vec<GpuInfo>,
     /// How NVML's (host) pids map to the agent's.
     pids: PidView,
+    /// The process-list call the last reading used (older drivers lack `_v3`).
+    process_api: std::sync::Mutex<Option<&'static str>>,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -187,6 +189,7 @@ impl NvmlBackend {
             nvml,
             inventory,
             pids: PidView::detect(),
+            process_api: std::sync::Mutex::new(None),
         })
     }
 
@@ -206,10 +209,19 @@ impl NvmlBackend {
         };
         // NotSupported included: a GPU whose processes cannot be listed cannot be verified.
         // Older drivers lack the `_v3` call: ask them with `_v2`.
-        let listed = match dev.running_compute_processes() {
-            Err(NvmlError::FailedToLoadSymbol(_)) => dev.running_compute_processes_v2(),
-            listed => listed,
+        let (listed, api) = match dev.running_compute_processes() {
+            Err(NvmlError::FailedToLoadSymbol(_)) => (
+                dev.running_compute_processes_v2(),
+                "nvmlDeviceGetComputeRunningProcesses_v2",
+            ),
+            listed => (listed, "nvmlDeviceGetComputeRunningProcesses_v3"),
         };
+        if listed.is_ok() {
+            *self
+                .process_api
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(api);
+        }
         let processes = match listed {
             Ok(list) => {
                 let reported: Vec<Reported> = list
@@ -268,6 +280,39 @@ impl GpuBackend for NvmlBackend {
 
     fn job_env(&self) -> Vec<(String, String)> {
         Vec::new()
+    }
+
+    fn facts(&self) -> super::BackendFacts {
+        let gpus = self
+            .inventory
+            .iter()
+            .map(|g| {
+                let dev = self.nvml.device_by_index(g.index);
+                let fact = |r: Result<bool, NvmlError>| r.map_err(|e| e.to_string());
+                super::GpuFacts {
+                    index: g.index,
+                    persistence: match &dev {
+                        Ok(d) => fact(d.is_in_persistent_mode()),
+                        Err(e) => Err(e.to_string()),
+                    },
+                    mig: match &dev {
+                        Ok(d) => fact(d.mig_mode().map(|m| m.current != 0)),
+                        Err(e) => Err(e.to_string()),
+                    },
+                }
+            })
+            .collect();
+        super::BackendFacts {
+            driver_version: self.nvml.sys_driver_version().map_err(|e| e.to_string()),
+            nvml_version: self.nvml.sys_nvml_version().map_err(|e| e.to_string()),
+            process_api: self
+                .process_api
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .map(str::to_string),
+            pid_namespace: self.pids.fact(),
+            gpus,
+        }
     }
 
     fn describe(&self) -> String {

@@ -200,3 +200,112 @@ fn nul_bytes_are_refused_at_submit() {
     let exps: Vec<serde_json::Value> = h.get("/v1/experiments").expect("experiments");
     assert!(exps.is_empty(), "{exps:?}");
 }
+
+/// `headroom doctor --json` on fake GPUs: every check passes, the allocation on each GPU
+/// seen with its memory and released. A node whose GPU 0 has no energy counter and whose
+/// GPU 1 cannot list its processes fails those two checks, naming the GPU and the reason,
+/// and exits 1; so does one whose agent could not map GPU pids, or whose driver is torn
+/// down between clients (GPUs that open slowly).
+#[test]
+fn doctor_passes_on_fake_gpus_and_names_what_fails() {
+    let doctor = |dir: &std::path::Path| {
+        let out = std::process::Command::new(headroom_integration_tests::binary("headroom"))
+            .args([
+                "doctor",
+                "--gpu-backend",
+                "fake",
+                "--fake-gpus",
+                "2x24GiB",
+                "--json",
+            ])
+            .arg("--data-dir")
+            .arg(dir)
+            .output()
+            .expect("doctor runs");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+        (out.status.code(), report)
+    };
+    let status = |report: &serde_json::Value, name: &str| {
+        let c = report["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {report:#}"))
+            .clone();
+        (c["status"].as_str().unwrap_or_default().to_string(), c)
+    };
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (code, report) = doctor(dir.path());
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(report["ok"], true);
+    for name in [
+        "backend",
+        "driver",
+        "memory",
+        "processes",
+        "pid_namespace",
+        "energy",
+        "power",
+        "temperature",
+        "clocks",
+        "throttle_reasons",
+        "persistence",
+        "mig",
+        "allocation",
+    ] {
+        assert_eq!(status(&report, name).0, "pass", "{name}: {report:#}");
+    }
+    let (_, alloc) = status(&report, "allocation");
+    let detail = alloc["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("GPU 0: pid")
+            && detail.contains("GPU 1: pid")
+            && detail.contains("512 MiB"),
+        "{alloc:#}"
+    );
+    // Cgroups are this machine's to have or not: said either way, never failed.
+    assert_ne!(status(&report, "cgroups").0, "fail", "{report:#}");
+
+    let gpus = dir.path().join("fake-gpus");
+    std::fs::write(gpus.join("gpu0.no-energy"), "").expect("fault");
+    std::fs::write(gpus.join("gpu1.fail-processes"), "GPU is lost").expect("fault");
+    std::fs::write(gpus.join("pid-namespace"), "isolated").expect("fault");
+    std::fs::write(gpus.join("open-delay"), "200ms").expect("fault");
+    let (code, report) = doctor(dir.path());
+    assert_eq!(code, Some(1), "{report:#}");
+    assert_eq!(report["ok"], false);
+    let (energy, c) = status(&report, "energy");
+    assert_eq!(energy, "fail");
+    assert!(
+        c["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("GPU 0: no total-energy counter"),
+        "{c:#}"
+    );
+    assert!(
+        c["meaning"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("integrated"),
+        "{c:#}"
+    );
+    let (processes, c) = status(&report, "processes");
+    assert_eq!(processes, "fail");
+    assert!(
+        c["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("GPU 1: process list: GPU is lost"),
+        "{c:#}"
+    );
+    assert_eq!(status(&report, "pid_namespace").0, "fail", "{report:#}");
+    assert_eq!(status(&report, "persistence").0, "fail", "{report:#}");
+    // GPU 1's power still reads: only the energy counter of GPU 0 is gone.
+    assert_eq!(status(&report, "power").0, "pass", "{report:#}");
+    // Nothing can be seen allocated where processes cannot be listed: not tried.
+    assert_eq!(status(&report, "allocation").0, "unavailable", "{report:#}");
+}

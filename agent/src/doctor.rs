@@ -1,0 +1,655 @@
+//! `headroom doctor`: checks what headroom relies on of a node (its driver, NVML's readings,
+//! process listing and pid mapping, cgroups, a real allocation and its release) and says,
+//! for each, what it means for headroom. Blocking throughout: run it off the runtime.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use headroom_shared::api::{GpuSample, TelemetrySample, ghost_tolerance_mib};
+use serde::Serialize;
+
+use crate::gpu::{self, BackendChoice, GpuBackend, fake};
+
+/// Memory the allocation check asks for on each GPU.
+const ALLOCATE_MIB: u64 = 512;
+/// How long the allocation check waits for the driver to show, then to release, it.
+const ALLOCATION_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pass,
+    Fail,
+    /// Not supported here, or not checked: headroom falls back (the meaning says how).
+    Unavailable,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::Fail => "fail",
+            Status::Unavailable => "unavailable",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub status: Status,
+    /// What was found.
+    pub detail: String,
+    /// What it means for headroom.
+    pub meaning: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// No check failed.
+    pub ok: bool,
+    pub backend: String,
+    pub checks: Vec<Check>,
+}
+
+/// What the checks may do besides reading.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Skip the allocation check (it starts a process on every GPU).
+    pub no_allocate: bool,
+    /// The Python to look for PyTorch with (default `python3`).
+    pub python: Option<String>,
+}
+
+fn check(name: &'static str, status: Status, detail: impl Into<String>, meaning: &str) -> Check {
+    Check {
+        name,
+        status,
+        detail: detail.into(),
+        meaning: meaning.to_string(),
+    }
+}
+
+/// Runs every check on the backend `choice` opens. Blocking.
+pub fn run(choice: &BackendChoice, opts: &Options) -> Report {
+    let mut checks = Vec::new();
+    let backend = match gpu::open(choice) {
+        Ok(b) => b,
+        Err(e) => {
+            checks.push(check(
+                "backend",
+                Status::Fail,
+                e.to_string(),
+                "the agent cannot start on this node: no GPU can be scheduled",
+            ));
+            checks.push(cgroups());
+            return report("none".into(), checks);
+        }
+    };
+    checks.push(check(
+        "backend",
+        Status::Pass,
+        backend.describe(),
+        "the agent opens these GPUs",
+    ));
+    checks.extend(on_gpus(backend.as_ref(), opts));
+    checks.push(cgroups());
+    report(backend.describe(), checks)
+}
+
+fn report(backend: String, checks: Vec<Check>) -> Report {
+    Report {
+        ok: checks.iter().all(|c| c.status != Status::Fail),
+        backend,
+        checks,
+    }
+}
+
+/// The checks of an opened backend.
+pub fn on_gpus(backend: &dyn GpuBackend, opts: &Options) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let samples = gpu::read(backend);
+    let facts = backend.facts();
+    checks.push(match (&facts.driver_version, &facts.nvml_version) {
+        (Ok(d), Ok(n)) => check(
+            "driver",
+            Status::Pass,
+            format!("driver {d}, NVML {n}"),
+            "recorded with the node's GPUs",
+        ),
+        (d, n) => check(
+            "driver",
+            Status::Unavailable,
+            format!(
+                "driver {}, NVML {}",
+                d.as_deref().unwrap_or_else(|e| e),
+                n.as_deref().unwrap_or_else(|e| e)
+            ),
+            "versions unknown; readings are checked below",
+        ),
+    });
+    checks.push(memory(&samples));
+    checks.push(processes(&samples, facts.process_api.as_deref()));
+    checks.push(match &facts.pid_namespace {
+        Ok(how) => check(
+            "pid_namespace",
+            Status::Pass,
+            how.clone(),
+            "GPU processes are attributed to their attempts, and leftovers can be killed",
+        ),
+        Err(why) => check(
+            "pid_namespace",
+            Status::Fail,
+            why.clone(),
+            "GPU processes cannot be told apart: no cleanup is verified, GPUs are quarantined",
+        ),
+    });
+    checks.extend(telemetry(backend));
+    checks.push(per_gpu(
+        "persistence",
+        facts.gpus.iter().map(|g| (g.index, g.persistence.clone())),
+        |on| on,
+        "on",
+        "off",
+        "NVML opens in milliseconds; off, each attempt supervisor's start takes seconds \
+         (enable it: `nvidia-smi -pm 1` or nvidia-persistenced)",
+    ));
+    checks.push(per_gpu(
+        "mig",
+        facts.gpus.iter().map(|g| (g.index, g.mig.clone())),
+        |on| !on,
+        "disabled",
+        "enabled",
+        "whole GPUs are scheduled; MIG instances are not (and their processes' memory \
+         cannot be sized)",
+    ));
+    let unseeable = checks
+        .iter()
+        .any(|c| c.status == Status::Fail && matches!(c.name, "processes" | "pid_namespace"));
+    checks.push(if opts.no_allocate {
+        check(
+            "allocation",
+            Status::Unavailable,
+            "skipped (--no-allocate)",
+            "not checked",
+        )
+    } else if unseeable {
+        check(
+            "allocation",
+            Status::Unavailable,
+            "skipped: processes cannot be listed or attributed here (above)",
+            "not checked until the failures above are mended",
+        )
+    } else {
+        allocation(backend, opts)
+    });
+    checks
+}
+
+fn memory(samples: &[GpuSample]) -> Check {
+    let failed: Vec<String> = samples
+        .iter()
+        .filter_map(|s| {
+            let e = s.error.as_deref()?;
+            e.contains("memory")
+                .then(|| format!("GPU {}: {e}", s.index))
+        })
+        .collect();
+    if failed.is_empty() {
+        let each: Vec<String> = samples
+            .iter()
+            .map(|s| {
+                let ghost = s
+                    .unattributed_mib()
+                    .map_or("unknown".to_string(), |u| format!("{u} MiB"));
+                format!(
+                    "GPU {}: {} MiB used, {} MiB free, unattributed {ghost}",
+                    s.index, s.used_mib, s.free_mib
+                )
+            })
+            .collect();
+        check(
+            "memory",
+            Status::Pass,
+            each.join("; "),
+            "admission reads live free memory; unattributed (ghost) memory is shown and \
+             flagged",
+        )
+    } else {
+        check(
+            "memory",
+            Status::Fail,
+            failed.join("; "),
+            "these GPUs are unreadable: nothing is placed on them",
+        )
+    }
+}
+
+fn processes(samples: &[GpuSample], api: Option<&str>) -> Check {
+    let failed: Vec<String> = samples
+        .iter()
+        .filter_map(|s| {
+            let e = s.error.as_deref()?;
+            (!e.contains("memory info")).then(|| format!("GPU {}: {e}", s.index))
+        })
+        .collect();
+    if !failed.is_empty() {
+        return check(
+            "processes",
+            Status::Fail,
+            failed.join("; "),
+            "processes on these GPUs cannot be listed: attempts there are never verified \
+             clean and the GPUs are quarantined",
+        );
+    }
+    let unsized_: Vec<u32> = samples
+        .iter()
+        .filter(|s| s.processes.iter().any(|p| p.used_mib_unknown))
+        .map(|s| s.index)
+        .collect();
+    let listed: usize = samples.iter().map(|s| s.processes.len()).sum();
+    let api = api.unwrap_or("the driver's process list");
+    if unsized_.is_empty() {
+        check(
+            "processes",
+            Status::Pass,
+            format!("{listed} process(es) listed with {api}, each with its memory"),
+            "peaks are per process; leftovers and foreign processes are seen",
+        )
+    } else {
+        check(
+            "processes",
+            Status::Unavailable,
+            format!(
+                "listed with {api}; the driver cannot size processes' memory on GPUs {unsized_:?}"
+            ),
+            "peaks there are device deltas, and ghost memory cannot be told",
+        )
+    }
+}
+
+/// Energy counter, power, temperature, clocks and throttle reasons: two readings apart.
+fn telemetry(backend: &dyn GpuBackend) -> Vec<Check> {
+    let first = backend.telemetry();
+    std::thread::sleep(Duration::from_millis(300));
+    let second = backend.telemetry();
+    let (first, second) = match (first, second) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
+            return vec![check(
+                "telemetry",
+                Status::Fail,
+                e.to_string(),
+                "no energy, power or throttle figures: no attempt is clean",
+            )];
+        }
+    };
+    let of = |s: &[TelemetrySample], gpu: u32| s.iter().find(|t| t.gpu == gpu).cloned();
+    let gpus: Vec<u32> = second.iter().map(|t| t.gpu).collect();
+    let mut energy = Vec::new();
+    let mut energy_failed = Vec::new();
+    for &g in &gpus {
+        let (a, b) = (of(&first, g), of(&second, g));
+        let why = a
+            .as_ref()
+            .and_then(|s| s.error.clone())
+            .or_else(|| b.as_ref().and_then(|s| s.error.clone()));
+        match (a.and_then(|s| s.energy_j), b.and_then(|s| s.energy_j)) {
+            (Some(x), Some(y)) if y >= x => {
+                energy.push(format!("GPU {g}: +{:.1} J in 0.3 s", y - x));
+            }
+            (Some(x), Some(y)) => {
+                energy_failed.push(format!("GPU {g}: the counter went back ({x} → {y} J)"));
+            }
+            _ => energy_failed.push(format!(
+                "GPU {g}: no total-energy counter{}",
+                why.map(|w| format!(" ({w})")).unwrap_or_default()
+            )),
+        }
+    }
+    let mut checks = vec![if energy_failed.is_empty() {
+        check(
+            "energy",
+            Status::Pass,
+            energy.join("; "),
+            "attempts' energy is the counter's delta over their run",
+        )
+    } else {
+        check(
+            "energy",
+            Status::Fail,
+            energy_failed.join("; "),
+            "energy is integrated from power readings there (energy_source integrated), \
+             only as fine as the sampling",
+        )
+    }];
+    let field = |name: &'static str,
+                 status_missing: Status,
+                 get: &dyn Fn(&TelemetrySample) -> Option<String>,
+                 meaning_ok: &str,
+                 meaning_missing: &str| {
+        let mut have = Vec::new();
+        let mut missing = Vec::new();
+        for s in &second {
+            match get(s) {
+                Some(v) => have.push(format!("GPU {}: {v}", s.gpu)),
+                None => missing.push(s.gpu),
+            }
+        }
+        if missing.is_empty() {
+            check(name, Status::Pass, have.join("; "), meaning_ok)
+        } else {
+            check(
+                name,
+                status_missing,
+                format!("not read on GPUs {missing:?}"),
+                meaning_missing,
+            )
+        }
+    };
+    checks.push(field(
+        "power",
+        Status::Fail,
+        &|s| s.power_w.map(|p| format!("{p:.1} W")),
+        "mean and peak power per attempt",
+        "no power: without the counter too, attempts there have no energy figure",
+    ));
+    checks.push(field(
+        "temperature",
+        Status::Unavailable,
+        &|s| s.temperature_c.map(|t| format!("{t:.0} °C")),
+        "start and peak temperatures; cooldown until_temp_c works",
+        "no temperatures: cooldown until_temp_c never releases a job there",
+    ));
+    checks.push(field(
+        "clocks",
+        Status::Unavailable,
+        &|s| s.sm_clock_mhz.map(|c| format!("SM {c} MHz")),
+        "SM clocks in the telemetry",
+        "no clock figures in the telemetry",
+    ));
+    checks.push(field(
+        "throttle_reasons",
+        Status::Fail,
+        &|s| {
+            s.throttle.as_ref().map(|r| {
+                if r.is_empty() {
+                    "none now".to_string()
+                } else {
+                    r.join(", ")
+                }
+            })
+        },
+        "throttled attempts are flagged (and on_throttle applies)",
+        "throttling unknown: no attempt there counts as clean",
+    ));
+    checks
+}
+
+/// One fact per GPU: pass when `good` holds on every GPU, fail when it does not on one,
+/// unavailable when it cannot be read on one.
+fn per_gpu(
+    name: &'static str,
+    facts: impl Iterator<Item = (u32, Result<bool, String>)>,
+    good: impl Fn(bool) -> bool,
+    yes: &str,
+    no: &str,
+    meaning: &str,
+) -> Check {
+    let mut status = Status::Pass;
+    let mut words = Vec::new();
+    for (index, fact) in facts {
+        match fact {
+            Ok(v) => {
+                words.push(format!("GPU {index}: {}", if good(v) { yes } else { no }));
+                if !good(v) {
+                    status = Status::Fail;
+                }
+            }
+            Err(e) => {
+                words.push(format!("GPU {index}: unknown ({e})"));
+                if status == Status::Pass {
+                    status = Status::Unavailable;
+                }
+            }
+        }
+    }
+    check(name, status, words.join("; "), meaning)
+}
+
+/// Whether per-attempt cgroups can be made here: makes one and removes it.
+fn cgroups() -> Check {
+    let scope = format!("doctor-{}", std::process::id());
+    match crate::cgroup::Cgroups::setup(&scope) {
+        Ok(c) => {
+            let probe = c.attempt(headroom_shared::AttemptId::new());
+            let made = probe.create().and_then(|()| probe.remove());
+            let detail = c.describe();
+            // Removes the directory the probe was made in.
+            drop(crate::cgroup::Tidy(Some(c)));
+            match made {
+                Ok(()) => check(
+                    "cgroups",
+                    Status::Pass,
+                    detail,
+                    "each attempt runs in its own cgroup: membership decides what is its own, \
+                     cgroup.kill ends it",
+                ),
+                Err(e) => check(
+                    "cgroups",
+                    Status::Unavailable,
+                    format!("cannot make an attempt's cgroup: {e}"),
+                    "attempts are tracked by their environment marker and process tree",
+                ),
+            }
+        }
+        Err(why) => check(
+            "cgroups",
+            Status::Unavailable,
+            why,
+            "attempts are tracked by their environment marker and process tree",
+        ),
+    }
+}
+
+/// A real allocation on each GPU (PyTorch on NVIDIA GPUs, the usage files on fake ones):
+/// headroom must see the process, with its memory, and see it released once it ends.
+fn allocation(backend: &dyn GpuBackend, opts: &Options) -> Check {
+    let fake_dir = backend
+        .job_env()
+        .into_iter()
+        .find(|(k, _)| k == fake::DIR_VAR)
+        .map(|(_, v)| v);
+    let python = opts.python.clone().unwrap_or_else(|| "python3".into());
+    if fake_dir.is_none() && !has_torch(&python) {
+        return check(
+            "allocation",
+            Status::Unavailable,
+            format!("PyTorch with CUDA not found by {python}"),
+            "not checked: install PyTorch (or pass --python) to see an allocation and its \
+             release",
+        );
+    }
+    let mut seen = Vec::new();
+    for g in backend.inventory() {
+        let unattributed = || {
+            gpu::read(backend)
+                .iter()
+                .find(|s| s.index == g.index)
+                .and_then(GpuSample::unattributed_mib)
+        };
+        let before = unattributed();
+        let started = match &fake_dir {
+            Some(dir) => allocate_fake(dir, g.index),
+            None => allocate_torch(&python, g.index),
+        };
+        let mut child = match started {
+            Ok(c) => c,
+            Err(e) => {
+                return check(
+                    "allocation",
+                    Status::Fail,
+                    format!("GPU {}: cannot allocate: {e}", g.index),
+                    "an allocation headroom cannot make cannot be checked",
+                );
+            }
+        };
+        let pid = child.id();
+        let t0 = Instant::now();
+        let held = wait_for(|| {
+            let samples = gpu::read(backend);
+            let s = samples.iter().find(|s| s.index == g.index)?;
+            s.processes
+                .iter()
+                .find(|p| p.pid == pid && !p.outside_pid_namespace)
+                .map(|p| (p.used_mib, s.unattributed_mib()))
+        });
+        let shown_ms = t0.elapsed().as_millis();
+        let _ = child.kill();
+        let _ = child.wait();
+        if let Some(dir) = &fake_dir {
+            let _ = fake::remove_usage(std::path::Path::new(dir), pid);
+        }
+        let Some((mib, _)) = held else {
+            return check(
+                "allocation",
+                Status::Fail,
+                format!(
+                    "GPU {}: process {pid} allocated but was not listed within {}s",
+                    g.index,
+                    ALLOCATION_WAIT.as_secs()
+                ),
+                "jobs' memory is not seen: peaks, leftovers and cleanup cannot be verified",
+            );
+        };
+        if mib < ALLOCATE_MIB {
+            return check(
+                "allocation",
+                Status::Fail,
+                format!(
+                    "GPU {}: process {pid} listed with {mib} MiB, allocated {ALLOCATE_MIB} MiB",
+                    g.index
+                ),
+                "jobs' peaks would read low and teach estimates that OOM",
+            );
+        }
+        let t1 = Instant::now();
+        // Released: the process is no longer listed, and no more memory than before is held
+        // by no one (a driver that lags is waited for).
+        let released = wait_for(|| {
+            let samples = gpu::read(backend);
+            let s = samples.iter().find(|s| s.index == g.index)?;
+            let gone = !s.processes.iter().any(|p| p.pid == pid);
+            let tolerance = ghost_tolerance_mib(s.used_mib.saturating_add(s.free_mib));
+            let settled = match (before, s.unattributed_mib()) {
+                (Some(b), Some(now)) => now <= b.saturating_add(tolerance),
+                _ => true,
+            };
+            (gone && settled).then_some(())
+        });
+        if released.is_none() {
+            return check(
+                "allocation",
+                Status::Fail,
+                format!(
+                    "GPU {}: process {pid} ended, but within {}s the driver still listed it or \
+                     its memory stayed held by no one",
+                    g.index,
+                    ALLOCATION_WAIT.as_secs()
+                ),
+                "cleanup would not verify: attempts' GPUs would be quarantined",
+            );
+        }
+        seen.push(format!(
+            "GPU {}: pid {pid} seen with {mib} MiB after {shown_ms} ms, released in {} ms",
+            g.index,
+            t1.elapsed().as_millis()
+        ));
+    }
+    check(
+        "allocation",
+        Status::Pass,
+        seen.join("; "),
+        "headroom sees a job's process, its memory and its release",
+    )
+}
+
+/// Polls `f` until it returns `Some`, for at most [`ALLOCATION_WAIT`].
+fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let end = Instant::now() + ALLOCATION_WAIT;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn has_torch(python: &str) -> bool {
+    Command::new(python)
+        .args([
+            "-c",
+            "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A process holding [`ALLOCATE_MIB`] on GPU `index` until it is killed, through the fake
+/// GPUs' usage files.
+fn allocate_fake(dir: &str, index: u32) -> std::io::Result<Child> {
+    let child = Command::new("sleep")
+        .arg("600")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()?;
+    fake::write_usage(
+        std::path::Path::new(dir),
+        child.id(),
+        &[(index, ALLOCATE_MIB)],
+    )?;
+    Ok(child)
+}
+
+/// A Python process holding [`ALLOCATE_MIB`] (and its CUDA context) on GPU `index`; it says
+/// `ready` once it does.
+fn allocate_torch(python: &str, index: u32) -> std::io::Result<Child> {
+    let script = format!(
+        "import torch, sys\n\
+         x = torch.empty({bytes}, dtype=torch.uint8, device='cuda')\n\
+         torch.cuda.synchronize()\n\
+         print('ready', flush=True)\n\
+         sys.stdin.read()\n",
+        bytes = ALLOCATE_MIB * 1024 * 1024
+    );
+    let mut child = Command::new(python)
+        .args(["-c", &script])
+        .env("CUDA_VISIBLE_DEVICES", index.to_string())
+        .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        BufReader::new(out).read_line(&mut line)?;
+    }
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(std::io::Error::other(
+            "the allocation did not start (no `ready`)",
+        ));
+    }
+    if let Some(stdin) = child.stdin.as_mut() {
+        let _ = stdin.flush();
+    }
+    Ok(child)
+}
