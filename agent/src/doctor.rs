@@ -6,10 +6,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use headroom_shared::api::{GpuSample, TelemetrySample, ghost_tolerance_mib};
+use headroom_shared::api::{GpuSample, TelemetrySample};
 use serde::Serialize;
 
 use crate::gpu::{self, BackendChoice, GpuBackend, fake};
+use crate::supervisor::attempt::Baseline;
 
 /// Memory the allocation check asks for on each GPU.
 const ALLOCATE_MIB: u64 = 512;
@@ -187,15 +188,17 @@ pub fn on_gpus(backend: &dyn GpuBackend, opts: &Options) -> Vec<Check> {
     checks
 }
 
-fn memory(samples: &[GpuSample]) -> Check {
-    let failed: Vec<String> = samples
+/// The GPUs whose reading failed (in part), with why: their memory and process list are
+/// not to be trusted.
+fn unreadable(samples: &[GpuSample]) -> Vec<String> {
+    samples
         .iter()
-        .filter_map(|s| {
-            let e = s.error.as_deref()?;
-            e.contains("memory")
-                .then(|| format!("GPU {}: {e}", s.index))
-        })
-        .collect();
+        .filter_map(|s| Some(format!("GPU {}: {}", s.index, s.error.as_deref()?)))
+        .collect()
+}
+
+fn memory(samples: &[GpuSample]) -> Check {
+    let failed = unreadable(samples);
     if failed.is_empty() {
         let each: Vec<String> = samples
             .iter()
@@ -227,13 +230,7 @@ fn memory(samples: &[GpuSample]) -> Check {
 }
 
 fn processes(samples: &[GpuSample], api: Option<&str>) -> Check {
-    let failed: Vec<String> = samples
-        .iter()
-        .filter_map(|s| {
-            let e = s.error.as_deref()?;
-            (!e.contains("memory info")).then(|| format!("GPU {}: {e}", s.index))
-        })
-        .collect();
+    let failed = unreadable(samples);
     if !failed.is_empty() {
         return check(
             "processes",
@@ -425,7 +422,11 @@ fn cgroups() -> Check {
         Ok(c) => {
             let probe = c.attempt(headroom_shared::AttemptId::new());
             let made = probe.create().and_then(|()| probe.remove());
-            let detail = c.describe();
+            let detail = format!(
+                "{} (this process's cgroup; an agent under systemd gets its own, delegated \
+                 with `Delegate=yes`)",
+                c.describe()
+            );
             // Removes the directory the probe was made in.
             drop(crate::cgroup::Tidy(Some(c)));
             match made {
@@ -473,13 +474,7 @@ fn allocation(backend: &dyn GpuBackend, opts: &Options) -> Check {
     }
     let mut seen = Vec::new();
     for g in backend.inventory() {
-        let unattributed = || {
-            gpu::read(backend)
-                .iter()
-                .find(|s| s.index == g.index)
-                .and_then(GpuSample::unattributed_mib)
-        };
-        let before = unattributed();
+        let baseline = Baseline::of(&gpu::read(backend), &[g.index]);
         let started = match &fake_dir {
             Some(dir) => allocate_fake(dir, g.index),
             None => allocate_torch(&python, g.index),
@@ -536,18 +531,26 @@ fn allocation(backend: &dyn GpuBackend, opts: &Options) -> Check {
         }
         let t1 = Instant::now();
         // Released: the process is no longer listed, and no more memory than before is held
-        // by no one (a driver that lags is waited for).
+        // by no one, as an attempt's cleanup decides it (a driver that lags is waited for).
         let released = wait_for(|| {
             let samples = gpu::read(backend);
             let s = samples.iter().find(|s| s.index == g.index)?;
             let gone = !s.processes.iter().any(|p| p.pid == pid);
-            let tolerance = ghost_tolerance_mib(s.used_mib.saturating_add(s.free_mib));
-            let settled = match (before, s.unattributed_mib()) {
-                (Some(b), Some(now)) => now <= b.saturating_add(tolerance),
-                _ => true,
-            };
-            (gone && settled).then_some(())
+            let settled = baseline.ghost(&samples, &[g.index]).is_none();
+            (gone && settled).then(|| baseline.tells_ghost(&samples, &[g.index]))
         });
+        if released == Some(false) {
+            return check(
+                "allocation",
+                Status::Unavailable,
+                format!(
+                    "GPU {}: process {pid} seen with {mib} MiB and gone once it ended, but \
+                     whether its memory came back cannot be told (unattributed memory unknown)",
+                    g.index
+                ),
+                "cleanup verifies the process list only here; ghost memory is not caught",
+            );
+        }
         if released.is_none() {
             return check(
                 "allocation",
@@ -590,7 +593,7 @@ fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
 }
 
 fn has_torch(python: &str) -> bool {
-    Command::new(python)
+    let child = Command::new(python)
         .args([
             "-c",
             "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)",
@@ -598,23 +601,31 @@ fn has_torch(python: &str) -> bool {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+        .spawn();
+    let Ok(mut child) = child else {
+        return false;
+    };
+    // A wedged driver must not hang the doctor.
+    let ok = wait_for(|| child.try_wait().ok().flatten()).is_some_and(|s| s.success());
+    let _ = child.kill();
+    let _ = child.wait();
+    ok
 }
 
 /// A process holding [`ALLOCATE_MIB`] on GPU `index` until it is killed, through the fake
 /// GPUs' usage files.
 fn allocate_fake(dir: &str, index: u32) -> std::io::Result<Child> {
-    let child = Command::new("sleep")
+    let mut child = Command::new("sleep")
         .arg("600")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()?;
-    fake::write_usage(
-        std::path::Path::new(dir),
-        child.id(),
-        &[(index, ALLOCATE_MIB)],
-    )?;
+    let usage = [(index, ALLOCATE_MIB)];
+    if let Err(e) = fake::write_usage(std::path::Path::new(dir), child.id(), &usage) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
     Ok(child)
 }
 
@@ -637,10 +648,16 @@ fn allocate_torch(python: &str, index: u32) -> std::io::Result<Child> {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
-    let mut line = String::new();
+    // Read aside: a wedged driver must not hang the doctor.
+    let (tx, rx) = std::sync::mpsc::channel();
     if let Some(out) = child.stdout.take() {
-        BufReader::new(out).read_line(&mut line)?;
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(out).read_line(&mut line);
+            let _ = tx.send(line);
+        });
     }
+    let line = rx.recv_timeout(ALLOCATION_WAIT).unwrap_or_default();
     if line.trim() != "ready" {
         let _ = child.kill();
         let _ = child.wait();

@@ -366,9 +366,11 @@ fn measure_lines(a: &AttemptView) -> Vec<String> {
     if a.shared {
         flags.push("SHARED");
     }
-    let ghost = m
-        .ghost_mib
-        .map(|g| format!("GHOST memory: {g} MiB held by no listed process"));
+    let ghost = match m.ghost_mib {
+        Some(0) => None,
+        Some(g) => Some(format!("GHOST memory: {g} MiB held by no listed process")),
+        None => Some("ghost memory unknown".to_string()),
+    };
     if let Some(g) = &ghost {
         flags.push(g);
     }

@@ -73,12 +73,16 @@ const OUTCOME: &[&str] = &[
 /// clean). Failure is no reason: `success` tells it.
 pub fn is_clean(a: &AttemptView) -> bool {
     let m = &a.measurements;
-    if a.contaminated == Some(true) || a.shared || m.ghost_mib.is_some() || m.throttled() {
+    if a.contaminated == Some(true) || a.shared || m.ghost_mib.is_some_and(|g| g > 0) {
+        return false;
+    }
+    if m.throttled() {
         return false;
     }
     let ran_on_gpus = a.pid.is_some() && !a.gpus.is_empty();
     !ran_on_gpus
         || (m.covers_run == Some(true)
+            && m.ghost_mib.is_some()
             && m.throttled_thermal.is_some()
             && m.throttled_power.is_some())
 }

@@ -305,7 +305,7 @@ impl CoordinatorMetrics {
 fn gpu_status(g: &headroom_shared::api::GpuView) -> &'static str {
     if !g.quarantine.is_empty() {
         "quarantined"
-    } else if g.error.is_some() {
+    } else if g.error.is_some() || g.used_mib.is_none() {
         "unreadable"
     } else if !g.attempts.is_empty() {
         "allocated"

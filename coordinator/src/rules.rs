@@ -531,12 +531,13 @@ pub fn finish(
             event: JobEvent::Succeed,
         });
     };
-    let mut retry = match class {
-        FailureClass::Throttled => {
-            job.on_throttle == OnThrottle::Retry && job.attempts < job.max_attempts
-        }
-        _ => retry_allowed(class, true, job.attempts, job.max_attempts, &job.retry_on),
+    // `on_throttle: retry` is the throttled class's own retry list.
+    let retry_on: &[FailureClass] = match (class, job.on_throttle) {
+        (FailureClass::Throttled, OnThrottle::Retry) => &[FailureClass::Throttled],
+        (FailureClass::Throttled, _) => &[],
+        _ => &job.retry_on,
     };
+    let mut retry = retry_allowed(class, true, job.attempts, job.max_attempts, retry_on);
     let (mut floor, mut ladder) = (None, None);
     if class == FailureClass::Oom {
         floor = oom_floor(attempt_estimate, report.peak_mem_mib);

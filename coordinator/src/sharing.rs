@@ -4,11 +4,12 @@
 //!
 //! An attempt's `energy_j` is its GPUs' counter delta over its run: the GPU's, other
 //! attempts on it included. Its share splits each stretch between two counter readings (any
-//! attempt's, on that GPU) equally among the attempts that ran through the stretch
-//! (`time_weighted`), so the shares of a GPU's attempts add up to the GPU's counter delta
-//! over their runs together.
+//! attempt's, on that GPU) among the attempts that ran through the stretch: by their
+//! processes' mean utilization where each has one (`utilization_weighted`), else equally
+//! (`time_weighted`). Either way the shares of a GPU's attempts add up to the GPU's counter
+//! delta over their runs together.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use headroom_shared::AttemptId;
@@ -49,19 +50,71 @@ fn covered(mut spans: Vec<Span>) -> i64 {
 /// Sets `shared` and `sharing` on each of `views` from the attempts in `beside` (those that
 /// ran on the same nodes around the same time; `views` themselves may be among them).
 pub fn label(views: &mut [AttemptView], beside: &[AttemptView], now: DateTime<Utc>) {
+    let near = Neighbours::of(beside, now);
     for v in views.iter_mut() {
-        let sharing = of(v, beside, now);
+        let sharing = with(v, &near.around(v, now), now);
         v.shared = sharing.is_some();
         v.sharing = sharing;
     }
 }
 
+/// Attempts by node, in the order they started, so that those around one are found without
+/// looking at every other.
+struct Neighbours<'a> {
+    by_node: HashMap<&'a str, OnNode<'a>>,
+}
+
+/// A node's attempts, (start, attempt) in start order, and the longest run among them.
+#[derive(Default)]
+struct OnNode<'a> {
+    started: Vec<(i64, &'a AttemptView)>,
+    longest: i64,
+}
+
+impl<'a> Neighbours<'a> {
+    fn of(beside: &'a [AttemptView], now: DateTime<Utc>) -> Self {
+        let mut by_node: HashMap<&str, OnNode> = HashMap::new();
+        for b in beside {
+            if let Some((from, to)) = run(b, now) {
+                let e = by_node.entry(b.node.as_str()).or_default();
+                e.started.push((from, b));
+                e.longest = e.longest.max(to - from);
+            }
+        }
+        for n in by_node.values_mut() {
+            n.started.sort_by_key(|(from, _)| *from);
+        }
+        Self { by_node }
+    }
+
+    /// Those of `a`'s node that started before it ended and may still have run when it
+    /// started (no run is longer than the longest).
+    fn around(&self, a: &AttemptView, now: DateTime<Utc>) -> Vec<&'a AttemptView> {
+        let (Some(own), Some(n)) = (run(a, now), self.by_node.get(a.node.as_str())) else {
+            return vec![];
+        };
+        let before_end = n.started.partition_point(|(from, _)| *from < own.1);
+        n.started[..before_end]
+            .iter()
+            .rev()
+            .take_while(|(from, _)| *from >= own.0 - n.longest)
+            .map(|(_, b)| *b)
+            .collect()
+    }
+}
+
 /// How `a` shared its GPUs with the attempts in `beside`; `None`: it ran alone on them.
 pub fn of(a: &AttemptView, beside: &[AttemptView], now: DateTime<Utc>) -> Option<Sharing> {
+    with(a, &beside.iter().collect::<Vec<_>>(), now)
+}
+
+/// [`of`], over the attempts that may have run beside `a`.
+fn with(a: &AttemptView, beside: &[&AttemptView], now: DateTime<Utc>) -> Option<Sharing> {
     let own = run(a, now)?;
     let gpus: BTreeSet<u32> = a.gpus.iter().copied().collect();
     let others: Vec<&AttemptView> = beside
         .iter()
+        .copied()
         .filter(|b| b.id != a.id && b.node == a.node && b.gpus.iter().any(|g| gpus.contains(g)))
         .filter(|b| run(b, now).and_then(|r| overlap(own, r)).is_some())
         .collect();
@@ -76,16 +129,21 @@ pub fn of(a: &AttemptView, beside: &[AttemptView], now: DateTime<Utc>) -> Option
             .collect(),
     );
     let with: BTreeSet<AttemptId> = others.iter().map(|b| b.id).collect();
-    let energy_share_j = a
+    let shares: Option<Vec<(f64, bool)>> = a
         .gpus
         .iter()
         .map(|&g| share_on(a, g, &others, now))
-        .sum::<Option<f64>>();
+        .collect();
+    let by_utilization = shares.as_ref().is_some_and(|s| s.iter().all(|x| x.1));
     Some(Sharing {
         overlap: (shared_ms as f64 / length as f64).clamp(0.0, 1.0),
         with: with.into_iter().collect(),
-        energy_share_j,
-        share_method: ShareMethod::TimeWeighted,
+        energy_share_j: shares.map(|s| s.iter().map(|x| x.0).sum()),
+        share_method: if by_utilization {
+            ShareMethod::UtilizationWeighted
+        } else {
+            ShareMethod::TimeWeighted
+        },
     })
 }
 
@@ -101,24 +159,31 @@ fn window(a: &AttemptView, gpu: u32) -> Option<&CounterWindow> {
         .find(|w| w.gpu == gpu && w.to_j >= w.from_j)
 }
 
-/// `a`'s share of GPU `gpu`'s energy over its counter window; `None` when it has no
-/// window there.
+/// `a`'s share of GPU `gpu`'s energy over its counter window, and whether every stretch it
+/// shared was split by utilization; `None` when it has no window there.
 ///
 /// The counter is the GPU's own clock: readings by different processes are ordered by its
 /// value (their timestamps may tie, or disagree by the time a reading takes), and a
-/// neighbour with readings ran through a stretch when its window holds both ends. Time
-/// only spreads a stretch over neighbours that have no readings of their own.
-fn share_on(a: &AttemptView, gpu: u32, others: &[&AttemptView], now: DateTime<Utc>) -> Option<f64> {
+/// neighbour with readings ran through a stretch when its window holds both ends. A stretch
+/// is split by the attempts' per-process utilization where every attempt in it has one
+/// (and they add up to more than 0), else equally. Time only spreads a stretch over
+/// neighbours that have no readings of their own (and so no utilization).
+fn share_on(
+    a: &AttemptView,
+    gpu: u32,
+    others: &[&AttemptView],
+    now: DateTime<Utc>,
+) -> Option<(f64, bool)> {
     let own = window(a, gpu)?;
     let micros = |t: DateTime<Utc>| t.timestamp_micros();
     let mut points: Vec<(f64, i64)> =
         vec![(own.from_j, micros(own.from)), (own.to_j, micros(own.to))];
-    let mut read: Vec<(f64, f64)> = Vec::new();
+    let mut read: Vec<&CounterWindow> = Vec::new();
     let mut unread: Vec<Span> = Vec::new();
     for b in others {
         match window(b, gpu) {
             Some(w) => {
-                read.push((w.from_j, w.to_j));
+                read.push(w);
                 for (j, t) in [(w.from_j, w.from), (w.to_j, w.to)] {
                     if own.from_j < j && j < own.to_j {
                         points.push((j, micros(t)));
@@ -130,12 +195,17 @@ fn share_on(a: &AttemptView, gpu: u32, others: &[&AttemptView], now: DateTime<Ut
     }
     points.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
     let mut share = 0.0;
+    let mut by_utilization = true;
     for pair in points.windows(2) {
         let ((j0, t0), (j1, t1)) = (pair[0], pair[1]);
         if j1 <= j0 {
             continue;
         }
-        let beside_read = read.iter().filter(|w| w.0 <= j0 && j1 <= w.1).count();
+        let beside_read: Vec<&CounterWindow> = read
+            .iter()
+            .copied()
+            .filter(|w| w.from_j <= j0 && j1 <= w.to_j)
+            .collect();
         // Between two readings the energy is spread evenly over time (all that is known):
         // cut where a neighbour without readings came or went.
         let (t0, t1) = (t0.min(t1), t0.max(t1));
@@ -148,20 +218,37 @@ fn share_on(a: &AttemptView, gpu: u32, others: &[&AttemptView], now: DateTime<Ut
         cuts.sort_unstable();
         cuts.dedup();
         let energy = j1 - j0;
-        if cuts.len() < 2 {
+        let pieces: Vec<(f64, usize)> = if cuts.len() < 2 {
             // No time between them: whoever was there at that instant.
             let beside = unread.iter().filter(|p| p.0 <= t0 && t0 <= p.1).count();
-            share += energy / (1 + beside_read + beside) as f64;
-            continue;
-        }
-        for piece in cuts.windows(2) {
-            let (p0, p1) = (piece[0], piece[1]);
-            let beside = unread.iter().filter(|p| p.0 <= p0 && p1 <= p.1).count();
-            share +=
-                energy * (p1 - p0) as f64 / (t1 - t0) as f64 / (1 + beside_read + beside) as f64;
+            vec![(energy, beside)]
+        } else {
+            cuts.windows(2)
+                .map(|piece| {
+                    let (p0, p1) = (piece[0], piece[1]);
+                    let beside = unread.iter().filter(|p| p.0 <= p0 && p1 <= p.1).count();
+                    (energy * (p1 - p0) as f64 / (t1 - t0) as f64, beside)
+                })
+                .collect()
+        };
+        for (energy, beside_unread) in pieces {
+            if beside_read.is_empty() && beside_unread == 0 {
+                share += energy;
+                continue;
+            }
+            let weights: Option<f64> = beside_read.iter().map(|w| w.util_pct).sum();
+            match (own.util_pct, weights) {
+                (Some(mine), Some(theirs)) if beside_unread == 0 && mine + theirs > 0.0 => {
+                    share += energy * mine / (mine + theirs);
+                }
+                _ => {
+                    by_utilization = false;
+                    share += energy / (1 + beside_read.len() + beside_unread) as f64;
+                }
+            }
         }
     }
-    Some(share)
+    Some((share, by_utilization))
 }
 
 #[cfg(test)]
@@ -218,6 +305,7 @@ mod tests {
                         to: t(to),
                         from_j: joules(from),
                         to_j: joules(to),
+                        util_pct: None,
                     })
                     .collect(),
                 ..Measurements::default()
@@ -328,6 +416,55 @@ mod tests {
             (sa - (0.1 + (gpu_energy(10_000) - 0.1) / 2.0)).abs() < 1e-9,
             "{sa}"
         );
+    }
+
+    #[test]
+    fn per_process_utilization_weighs_the_shares_where_every_attempt_has_it() {
+        let mut a = attempt("n", &[0], 0, 10_000, gpu_energy);
+        let mut b = attempt("n", &[0], 5_000, 15_000, gpu_energy);
+        a.measurements.counters[0].util_pct = Some(20.0);
+        b.measurements.counters[0].util_pct = Some(60.0);
+        let sa = of(&a, &[b.clone()], t(20_000)).expect("a shared");
+        let sb = of(&b, &[a.clone()], t(20_000)).expect("b shared");
+        assert_eq!(sa.share_method, ShareMethod::UtilizationWeighted);
+        assert_eq!(sb.share_method, ShareMethod::UtilizationWeighted);
+        let (ea, eb) = (sa.energy_share_j.expect("a"), sb.energy_share_j.expect("b"));
+        // 5-10 s (1500 J) split 1:3; each has its time alone to itself.
+        assert!((ea - (500.0 + 375.0)).abs() < 1e-9, "{ea}");
+        assert!((eb - (1125.0 + 1500.0)).abs() < 1e-9, "{eb}");
+        assert!((ea + eb - gpu_energy(15_000)).abs() < 1e-9);
+
+        // One of them without it: both split equally, and say so.
+        b.measurements.counters[0].util_pct = None;
+        let sa = of(&a, &[b.clone()], t(20_000)).expect("a shared");
+        assert_eq!(sa.share_method, ShareMethod::TimeWeighted);
+        assert!((sa.energy_share_j.expect("a") - 1250.0).abs() < 1e-9);
+        // Neither used the SMs: nothing to weigh by.
+        a.measurements.counters[0].util_pct = Some(0.0);
+        b.measurements.counters[0].util_pct = Some(0.0);
+        let sa = of(&a, &[b], t(20_000)).expect("a shared");
+        assert_eq!(sa.share_method, ShareMethod::TimeWeighted);
+    }
+
+    #[test]
+    fn label_finds_a_long_neighbour_that_started_long_before_among_many() {
+        let long = attempt("n", &[0], 0, 200_000, gpu_energy);
+        let mut beside = vec![long.clone()];
+        // A hundred short runs on GPU 1 in between, and one after.
+        beside.extend((0..100).map(|i| attempt("n", &[1], i * 1_000, i * 1_000 + 500, gpu_energy)));
+        let late = attempt("n", &[0], 300_000, 301_000, gpu_energy);
+        let mut views = vec![
+            attempt("n", &[0], 150_000, 151_000, gpu_energy),
+            late.clone(),
+        ];
+        beside.push(views[0].clone());
+        beside.push(late);
+        label(&mut views, &beside, t(400_000));
+        let s = views[0].sharing.clone().expect("shared with the long run");
+        assert_eq!(s.with, vec![long.id]);
+        assert!(!views[1].shared, "{:?}", views[1].sharing);
+        // The same answer as looking at every other.
+        assert_eq!(views[0].sharing, of(&views[0], &beside, t(400_000)));
     }
 
     #[test]

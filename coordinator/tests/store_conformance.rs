@@ -1227,6 +1227,7 @@ async fn attempt_measurements_are_stored_and_read_back(s: Backend) {
             to: chrono::DateTime::from_timestamp_millis(1_800_000_004_000).expect("t"),
             from_j: 10.5,
             to_j: 711.948,
+            util_pct: Some(37.5),
         }],
         ghost_mib: Some(2_048),
     };
@@ -1439,6 +1440,7 @@ async fn attempts_that_ran_on_one_gpu_together_are_labelled_shared(s: Backend) {
                         to: t(to),
                         from_j: joules(from),
                         to_j: joules(to),
+                        util_pct: None,
                     }],
                     ..Measurements::default()
                 },

@@ -141,12 +141,6 @@ impl Standby {
             });
         let mut child = crate::procscan::spawn_owned(|| cmd.spawn(), tokio::process::Child::id)?;
         drop(cmd);
-        // Written before anything else is sent (a fresh socket's buffer takes it whole), so
-        // the supervisor opens its GPUs while the lease is still on its way.
-        if let Some(line) = &self.prepare {
-            use std::io::Write;
-            (&ours).write_all(line)?;
-        }
         // Reaped when it exits, while this agent lives; it is never killed with the agent.
         tokio::spawn(async move {
             let pid = child.id();
@@ -155,6 +149,13 @@ impl Standby {
                 crate::procscan::disown(pid);
             }
         });
+        // Written before anything else is sent (a fresh socket's buffer takes it whole), so
+        // the supervisor opens its GPUs while the lease is still on its way. A supervisor
+        // that cannot be told exits when `ours` is dropped, and is reaped above.
+        if let Some(line) = &self.prepare {
+            use std::io::Write;
+            (&ours).write_all(line)?;
+        }
         Conn::new(ours)
     }
 }

@@ -482,6 +482,7 @@ fn parse_driver_pids(text: &str) -> Vec<Reported> {
             Some(Reported {
                 pid: pid.trim().parse().ok()?,
                 used_mib: Some(mib.trim().parse().ok()?),
+                sm_util_pct: None,
             })
         })
         .collect()
@@ -711,6 +712,8 @@ impl FakeBackend {
             .map(|u| Reported {
                 pid: u.pid,
                 used_mib: Some(u.mib),
+                // As a driver gives it: what the process declared.
+                sm_util_pct: Some(u.util_pct),
             })
             .collect();
         if let Some(text) = controls.read(&fault_file(&self.dir, gpu.index, Fault::DriverPids)) {
@@ -1072,6 +1075,7 @@ mod tests {
                 command: None,
                 used_mib_unknown: false,
                 outside_pid_namespace: false,
+                sm_util_pct: Some(0),
             }]
         );
         assert_eq!((s[1].used_mib, s[1].free_mib), (300, 724));
@@ -1085,6 +1089,7 @@ mod tests {
                 command: None,
                 used_mib_unknown: false,
                 outside_pid_namespace: false,
+                sm_util_pct: Some(0),
             }]
         );
         assert_eq!((s[2].used_mib, s[2].free_mib), (50, 462));

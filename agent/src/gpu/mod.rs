@@ -234,6 +234,8 @@ pub struct Reported {
     pub pid: u32,
     /// `None`: the driver cannot tell this process's memory.
     pub used_mib: Option<u64>,
+    /// Its SM utilization, percent, where the driver gives it.
+    pub sm_util_pct: Option<u32>,
 }
 
 /// The driver's process list of one GPU as the agent sees it: pids mapped to the agent's
@@ -264,6 +266,7 @@ pub fn attribute(view: &PidView, reported: &[Reported]) -> (Vec<GpuProcess>, Opt
             command: None,
             used_mib_unknown: r.used_mib.is_none(),
             outside_pid_namespace: outside,
+            sm_util_pct: r.sm_util_pct,
         });
     }
     unknown.dedup();

@@ -91,6 +91,35 @@ fn optional<T>(r: Result<T, NvmlError>) -> Option<T> {
     }
 }
 
+/// Each process's SM utilization over the driver's last couple of seconds, by (host) pid;
+/// `None` where the driver does not give it.
+fn process_utilization(
+    dev: &nvml_wrapper::Device<'_>,
+) -> Option<std::collections::HashMap<u32, u32>> {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_micros()
+        .saturating_sub(2_000_000);
+    let samples = match dev.process_utilization_stats(u64::try_from(since).ok()) {
+        Ok(s) => s,
+        // No sample in the window: nothing used the SMs.
+        Err(NvmlError::NotFound) => Vec::new(),
+        Err(e) => {
+            tracing::debug!(error = %e, "NVML per-process utilization unavailable");
+            return None;
+        }
+    };
+    let mut latest: std::collections::HashMap<u32, (u64, u32)> = std::collections::HashMap::new();
+    for s in samples {
+        let e = latest.entry(s.pid).or_insert((s.timestamp, s.sm_util));
+        if s.timestamp >= e.0 {
+            *e = (s.timestamp, s.sm_util);
+        }
+    }
+    Some(latest.into_iter().map(|(pid, (_, u))| (pid, u)).collect())
+}
+
 /// NVML's clock event (throttle) reasons as names, idle left out (not a slowdown).
 pub(crate) fn throttle_names(reasons: ThrottleReasons) -> Vec<String> {
     const NAMES: &[(ThrottleReasons, &str)] = &[
@@ -224,6 +253,7 @@ impl NvmlBackend {
         }
         let processes = match listed {
             Ok(list) => {
+                let util = process_utilization(&dev);
                 let reported: Vec<Reported> = list
                     .iter()
                     .map(|p| Reported {
@@ -232,6 +262,8 @@ impl NvmlBackend {
                             UsedGpuMemory::Used(bytes) => Some(bytes.div_ceil(MIB)),
                             UsedGpuMemory::Unavailable => None,
                         },
+                        // A listed process without a sample used no SM time meanwhile.
+                        sm_util_pct: util.as_ref().map(|u| u.get(&p.pid).copied().unwrap_or(0)),
                     })
                     .collect();
                 let (processes, error) = attribute(&self.pids, &reported);

@@ -114,6 +114,8 @@ impl GpuMeter {
             to,
             from_j,
             to_j,
+            // The watch, which sees the processes, adds it.
+            util_pct: None,
         })
     }
 }

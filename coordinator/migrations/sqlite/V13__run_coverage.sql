@@ -5,8 +5,8 @@ ALTER TABLE attempts ADD COLUMN covers_run INTEGER;
 -- Each GPU's total-energy counter at the run's first and last readings (a JSON list):
 -- what a shared GPU's energy is apportioned from.
 ALTER TABLE attempts ADD COLUMN energy_counters TEXT;
--- The attempts that ran on a node around a time (shared GPUs).
-CREATE INDEX attempts_node_started ON attempts (node, started_at);
+-- The attempts that ran on a node around a time (shared GPUs): ended since, or running.
+CREATE INDEX attempts_node_ended ON attempts (node, ended_at);
 -- The most memory no listed process accounted for on one of the attempt's GPUs during its
 -- run, beyond what there was before it (MiB; "ghost" memory).
 ALTER TABLE attempts ADD COLUMN ghost_mib BIGINT;

@@ -152,7 +152,7 @@ pub async fn read_log(
     ApiQuery(q): ApiQuery<LogQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
-    let owner = s.store.attempt(attempt).await?.submitted_by;
+    let owner = s.store.attempt_row(attempt).await?.submitted_by;
     if !may_see(&s, &who, &owner) {
         return Err(ApiError::new(
             ErrorCode::Forbidden,
@@ -167,7 +167,7 @@ pub async fn read_log(
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let seen = s.logs.changes().version();
-        let ended = s.store.attempt(attempt).await?.phase == AttemptPhase::Ended;
+        let ended = s.store.attempt_row(attempt).await?.phase == AttemptPhase::Ended;
         let logs = s.logs.clone();
         let bytes = tokio::task::spawn_blocking(move || logs.read(attempt, q.offset, LOG_READ_MAX))
             .await

@@ -340,9 +340,12 @@ pub(super) async fn expire(tx: &mut dyn Tx, now: Millis) -> Result<(Vec<AttemptI
     Ok((lost, changed))
 }
 
-pub(super) async fn attempt(tx: &mut dyn Tx, id: AttemptId) -> Result<AttemptView> {
+/// An attempt; `labelled`: with what the attempts beside it tell (`shared`).
+pub(super) async fn attempt(tx: &mut dyn Tx, id: AttemptId, labelled: bool) -> Result<AttemptView> {
     let mut views = tx.attempt_views(AttemptsWhere::Id(&id.to_string())).await?;
-    super::sharing::label(tx, &mut views).await?;
+    if labelled {
+        super::sharing::label(tx, &mut views).await?;
+    }
     views
         .pop()
         .ok_or_else(|| StoreError::not_found("attempt", id))

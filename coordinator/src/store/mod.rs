@@ -325,7 +325,11 @@ pub trait Store: Send + Sync + 'static {
 
     async fn list_jobs(&self, filter: JobFilter) -> Result<Vec<JobSummary>>;
     async fn job(&self, id: JobId) -> Result<JobDetail>;
+    /// An attempt, labelled `shared` or not by the attempts that ran beside it.
     async fn attempt(&self, id: AttemptId) -> Result<AttemptView>;
+    /// An attempt as stored, without reading its neighbours (`shared` unset): for checks of
+    /// its owner and phase on hot paths.
+    async fn attempt_row(&self, id: AttemptId) -> Result<AttemptView>;
     /// Whether a log chunk with this token may be appended (`rules::check_log_fence`).
     async fn check_log_fence(&self, attempt: AttemptId, fence: i64) -> Result<()>;
     async fn cancel_job(&self, id: JobId) -> Result<u64>;
@@ -478,7 +482,11 @@ impl<B: Backend> Store for B {
     }
 
     async fn attempt(&self, id: AttemptId) -> Result<AttemptView> {
-        run!(self, read, "attempt", leases::attempt, id; attempt = %id)
+        run!(self, read, "attempt", leases::attempt, id, true; attempt = %id)
+    }
+
+    async fn attempt_row(&self, id: AttemptId) -> Result<AttemptView> {
+        run!(self, read, "attempt_row", leases::attempt, id, false; attempt = %id)
     }
 
     async fn check_log_fence(&self, attempt: AttemptId, fence: i64) -> Result<()> {

@@ -355,24 +355,35 @@ impl<E: Exec> Tx for E {
     }
 
     async fn attempt_views(&mut self, which: AttemptsWhere<'_>) -> Result<Vec<AttemptView>> {
-        let (filter, args): (&str, Vec<Arg>) = match which {
-            AttemptsWhere::Id(id) => ("id = $1", vec![id.into()]),
-            AttemptsWhere::Job(job) => ("job_id = $1 ORDER BY number", vec![job.into()]),
+        let cols = rows::ATTEMPT_COLUMNS;
+        let (sql, args): (String, Vec<Arg>) = match which {
+            AttemptsWhere::Id(id) => (
+                format!("SELECT {cols} FROM attempts WHERE id = $1"),
+                vec![id.into()],
+            ),
+            AttemptsWhere::Job(job) => (
+                format!("SELECT {cols} FROM attempts WHERE job_id = $1 ORDER BY number"),
+                vec![job.into()],
+            ),
             AttemptsWhere::Experiment(exp) => (
-                "job_id IN (SELECT id FROM jobs \
-                 WHERE CAST($1 AS TEXT) IS NULL OR experiment_id = $1) ORDER BY number",
+                format!(
+                    "SELECT {cols} FROM attempts WHERE job_id IN (SELECT id FROM jobs \
+                     WHERE CAST($1 AS TEXT) IS NULL OR experiment_id = $1) ORDER BY number"
+                ),
                 vec![exp.into()],
             ),
+            // Two ranges of the (node, ended_at) index: those that ended after `from`, and
+            // those still running; each started before `to`.
             AttemptsWhere::RanOn { node, from, to } => (
-                "node = $1 AND started_at IS NOT NULL AND started_at < $3 \
-                 AND (ended_at IS NULL OR ended_at > $2)",
+                format!(
+                    "SELECT {cols} FROM attempts WHERE node = $1 AND ended_at > $2 \
+                     AND started_at < $3 \
+                     UNION ALL SELECT {cols} FROM attempts WHERE node = $1 \
+                     AND ended_at IS NULL AND started_at < $3"
+                ),
                 vec![node.into(), from.into(), to.into()],
             ),
         };
-        let sql = format!(
-            "SELECT {} FROM attempts WHERE {filter}",
-            rows::ATTEMPT_COLUMNS
-        );
         all(self, &sql, &args, |r| rows::attempt_view(r)).await
     }
 

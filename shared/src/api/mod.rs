@@ -480,6 +480,10 @@ pub struct GpuProcess {
     /// (host) pid, not one the agent can signal. Never the agent's, never killed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub outside_pid_namespace: bool,
+    /// Its share of the GPU's SM time over the driver's last sample period (NVML's
+    /// per-process utilization), percent; `None` where the driver does not give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_util_pct: Option<u32>,
 }
 
 /// Live state of one GPU.
@@ -666,8 +670,8 @@ pub struct Measurements {
     pub counters: Vec<CounterWindow>,
     /// The most memory, MiB, on one of its GPUs during the run that no listed process
     /// accounted for, beyond what was unattributed before it started (and beyond the noise
-    /// of [`ghost_tolerance_mib`]): someone the driver does not list used its GPU. `None`:
-    /// none seen (or it could not be told).
+    /// of [`ghost_tolerance_mib`]): someone the driver does not list used its GPU. `0`: none;
+    /// `None`: it could not be told (not clean).
     #[serde(default)]
     pub ghost_mib: Option<u64>,
 }
@@ -682,6 +686,10 @@ pub struct CounterWindow {
     /// The counter at `from` and at `to`, joules.
     pub from_j: f64,
     pub to_j: f64,
+    /// The attempt's processes' mean share of the GPU's SM time while they were on it,
+    /// percent (NVML's per-process utilization); `None` where the driver does not give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub util_pct: Option<f64>,
 }
 
 /// An attempt that ran beside other attempts on one of its GPUs: its `energy_j` is its
@@ -708,12 +716,16 @@ pub enum ShareMethod {
     /// attempts that ran through it: the shares of a GPU's attempts add up to its counter's
     /// delta over their runs together.
     TimeWeighted,
+    /// The same stretches, split by each attempt's processes' mean share of the GPU's SM
+    /// time (per-process utilization), where every attempt in a stretch has one.
+    UtilizationWeighted,
 }
 
 impl ShareMethod {
     pub fn as_str(self) -> &'static str {
         match self {
             ShareMethod::TimeWeighted => "time_weighted",
+            ShareMethod::UtilizationWeighted => "utilization_weighted",
         }
     }
 }

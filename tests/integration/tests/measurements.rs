@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use headroom_integration_tests::{Headroom, UpOptions, csv_table, fake_job};
 use headroom_shared::JobState;
-use headroom_shared::api::EnergySource;
+use headroom_shared::api::{EnergySource, ShareMethod};
 
 fn read_pid(path: &std::path::Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
@@ -227,6 +227,8 @@ fn a_short_jobs_energy_covers_its_run_when_the_gpus_open_slowly() {
     std::fs::write(h.fake_gpu_dir().join("open-delay"), "3s").expect("open delay");
     h.stop().expect("stop");
     h.restart().expect("restart");
+    // The supervisor waiting for the first lease opens its GPUs meanwhile.
+    std::thread::sleep(Duration::from_secs(4));
     // An idle GPU draws the fake model's 60 W.
     let exp = h.submit_spec(serde_json::json!({"name": "short",
         "command": ["sleep", "1"], "resources": {"memory": "1GiB"}}));
@@ -242,6 +244,12 @@ fn a_short_jobs_energy_covers_its_run_when_the_gpus_open_slowly() {
         (m.covers_run, m.first_reading_ms),
         (Some(true), Some(0)),
         "{a:#?}"
+    );
+    // Opened ahead of the lease: the job did not wait the 3 s open for its start reading.
+    let waited = a.started_at.expect("started") - a.leased_at;
+    assert!(
+        waited < chrono::TimeDelta::milliseconds(1500),
+        "the job waited {waited} for its start reading: {a:#?}"
     );
     assert_eq!(m.energy_source, Some(EnergySource::Counter), "{a:#?}");
     let want = 60.0 * run_s;
@@ -338,19 +346,40 @@ fn attempts_sharing_a_gpu_are_labelled_with_apportioned_shares_and_not_clean() {
         whole > gpu_delta * 1.5,
         "each counts the GPU's: {whole} vs {gpu_delta}"
     );
+    // The fake driver gives each process's utilization: the shares follow it.
+    let by_util = |util: i64| {
+        let (job, a) = jobs
+            .iter()
+            .zip(&attempts)
+            .find(|(j, _)| j.params.get("util").and_then(|v| v.as_i64()) == Some(util))
+            .unwrap_or_else(|| panic!("no util {util} job"));
+        let s = a.sharing.clone().expect("shared");
+        assert_eq!(
+            s.share_method,
+            ShareMethod::UtilizationWeighted,
+            "{job:?}: {a:#?}"
+        );
+        let w = &a.measurements.counters[0];
+        assert!(
+            w.util_pct.is_some_and(|u| (u - util as f64).abs() < 1.0),
+            "{w:?}"
+        );
+        s.energy_share_j.expect("share")
+    };
+    assert!(by_util(60) > by_util(30), "the busier attempt drew more");
 
     let (header, rows) = csv_table(&h.cli_ok(&["export", "--csv"]));
     let col = |name: &str| header.iter().position(|h| h == name).expect(name);
     for r in &rows {
         assert_eq!(r[col("shared")], "true");
-        assert_eq!(r[col("energy_share_method")], "time_weighted");
+        assert_eq!(r[col("energy_share_method")], "utilization_weighted");
         assert!(r[col("energy_share_j")].parse::<f64>().is_ok(), "{r:?}");
     }
     let (_, kept) = csv_table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
     assert!(kept.is_empty(), "{kept:?}");
     let shown = h.cli_ok(&["show", &jobs[0].id.to_string()]);
     assert!(
-        shown.contains("SHARED") && shown.contains("time_weighted, an estimate"),
+        shown.contains("SHARED") && shown.contains("utilization_weighted, an estimate"),
         "{shown}"
     );
 }

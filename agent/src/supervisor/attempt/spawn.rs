@@ -74,8 +74,8 @@ pub(super) async fn start(
         colocated: launch.background.is_some(),
         roles: HashMap::new(),
         background_memory: false,
-        ghost_mib: None,
-        ghost_left: vec![],
+        ghost: Default::default(),
+        own_util: HashMap::new(),
     }));
     let sample_every = cfg.sample_every.max(Duration::from_millis(10));
 

@@ -300,7 +300,8 @@ pub(super) async fn cleanup(
         leftovers,
         remaining,
         held_by: held.iter().map(|&(pid, _)| pid).collect(),
-        ghost_limits: lock(watch).ghost_left.clone(),
+        // Whatever kept it unverified, memory its processes leave behind must come down too.
+        ghost_limits: lock(watch).baseline.ghost_limits(&launch.gpus),
     }
 }
 

@@ -49,11 +49,50 @@ pub(crate) struct Watch {
     pub(super) roles: HashMap<u32, bool>,
     /// The background has held GPU memory.
     pub(super) background_memory: bool,
-    /// The most unattributed memory seen on one of its GPUs beyond the baseline's.
-    pub(super) ghost_mib: Option<u64>,
-    /// At the last look of the cleanup: the GPUs whose unattributed memory stayed above the
-    /// baseline's limit after the attempt's processes were gone, with that limit.
-    pub(super) ghost_left: Vec<(u32, u64)>,
+    /// Unattributed memory on its GPUs beyond the baseline's: the most seen on one (0: none),
+    /// `None` until a look could tell, and for good once one could not.
+    pub(super) ghost: GhostLooks,
+    /// Per GPU, its processes' SM utilization at the looks where they were on it.
+    pub(super) own_util: HashMap<u32, UtilMean>,
+}
+
+/// What the looks at an attempt's GPUs told of unattributed memory.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GhostLooks {
+    most: u64,
+    told: u32,
+    unknown: bool,
+}
+
+impl GhostLooks {
+    /// The figure to report: `None` unless every look could tell.
+    fn result(&self) -> Option<u64> {
+        (!self.unknown && self.told > 0).then_some(self.most)
+    }
+}
+
+/// A mean of per-process utilization over looks; unknown once one look lacked it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct UtilMean {
+    sum: f64,
+    looks: u32,
+    unknown: bool,
+}
+
+impl UtilMean {
+    fn add(&mut self, pcts: impl Iterator<Item = Option<u32>>) {
+        match pcts.map(|p| p.map(f64::from)).sum::<Option<f64>>() {
+            Some(v) => {
+                self.sum += v;
+                self.looks += 1;
+            }
+            None => self.unknown = true,
+        }
+    }
+
+    fn mean(&self) -> Option<f64> {
+        (!self.unknown && self.looks > 0).then(|| self.sum / f64::from(self.looks))
+    }
 }
 
 /// A process of no attempt (or, beside a colocated pair, of another attempt) seen on the
@@ -228,7 +267,7 @@ impl Baseline {
     /// Unattributed memory on the attempt's `gpus` in `samples` beyond what there was before
     /// and the noise: the most on one GPU, with that GPU. `None` where there is none, or it
     /// cannot be told (no baseline for the GPU, or no figure now).
-    pub(super) fn ghost(&self, samples: &[GpuSample], gpus: &[u32]) -> Option<(u32, u64)> {
+    pub(crate) fn ghost(&self, samples: &[GpuSample], gpus: &[u32]) -> Option<(u32, u64)> {
         samples
             .iter()
             .filter(|g| gpus.contains(&g.index))
@@ -239,6 +278,26 @@ impl Baseline {
                 (excess > tolerance).then_some((g.index, excess))
             })
             .max_by_key(|&(_, excess)| excess)
+    }
+
+    /// Whether unattributed memory can be told on every one of `gpus` in `samples` (a
+    /// figure before the attempt and one now).
+    pub(crate) fn tells_ghost(&self, samples: &[GpuSample], gpus: &[u32]) -> bool {
+        gpus.iter().all(|&g| {
+            self.limit(g).is_some()
+                && samples
+                    .iter()
+                    .find(|s| s.index == g)
+                    .and_then(GpuSample::unattributed_mib)
+                    .is_some()
+        })
+    }
+
+    /// The most unattributed memory each of `gpus` may hold to be as before the attempt.
+    pub(super) fn ghost_limits(&self, gpus: &[u32]) -> Vec<(u32, u64)> {
+        gpus.iter()
+            .filter_map(|&g| self.limit(g).map(|(_, limit)| (g, limit)))
+            .collect()
     }
 
     /// GPU `gpu`'s unattributed memory before the attempt, and the most it may have after.
@@ -267,12 +326,16 @@ impl Watch {
     /// The run's figures and what contaminated it.
     pub(super) fn measurements(&self) -> Measurements {
         let c = self.contamination.clone();
+        let mut figures = self.meter.result();
+        for w in &mut figures.counters {
+            w.util_pct = self.own_util.get(&w.gpu).and_then(UtilMean::mean);
+        }
         Measurements {
             contamination_reason: c.as_ref().map(|c| c.reason.clone()),
             contamination_pid: c.as_ref().map(|c| c.pid),
             contamination_command: c.and_then(|c| c.command),
-            ghost_mib: self.ghost_mib,
-            ..self.meter.result()
+            ghost_mib: self.ghost.result(),
+            ..figures
         }
     }
 
@@ -306,8 +369,31 @@ impl Watch {
                 sum = sum.saturating_add(p.used_mib);
             }
         }
-        if let Some((_, excess)) = self.baseline.ghost(samples, &self.gpus) {
-            self.ghost_mib = Some(self.ghost_mib.unwrap_or(0).max(excess));
+        for g in samples
+            .iter()
+            .filter(|g| g.error.is_none() && self.gpus.contains(&g.index))
+        {
+            let mut own = g
+                .processes
+                .iter()
+                .filter(|p| p.attempt == Some(self.attempt))
+                .peekable();
+            if own.peek().is_some() {
+                self.own_util
+                    .entry(g.index)
+                    .or_default()
+                    .add(own.map(|p| p.sm_util_pct));
+            }
+        }
+        if !self.gpus.is_empty() {
+            if self.baseline.tells_ghost(samples, &self.gpus) {
+                self.ghost.told += 1;
+                if let Some((_, excess)) = self.baseline.ghost(samples, &self.gpus) {
+                    self.ghost.most = self.ghost.most.max(excess);
+                }
+            } else {
+                self.ghost.unknown = true;
+            }
         }
         if !self.contaminated
             && let Some((gpu, p)) = self.intruder(samples)
@@ -372,8 +458,7 @@ impl Watch {
     /// What keeps the GPUs from being clean: the attempt's own processes, and processes of
     /// no attempt that were not there before it (a leftover that shed its marker). `Err`
     /// when one of the attempt's GPUs cannot be read: unknown is never clean.
-    pub(super) fn leftovers(&mut self, samples: &[GpuSample]) -> Result<Vec<(u32, u64)>, String> {
-        self.ghost_left.clear();
+    pub(super) fn leftovers(&self, samples: &[GpuSample]) -> Result<Vec<(u32, u64)>, String> {
         if let Some(error) = gpu::unreadable(samples, &self.gpus) {
             return Err(error);
         }
@@ -386,11 +471,6 @@ impl Watch {
                 .flat_map(|g| &g.processes)
                 .any(|p| p.attempt == Some(self.attempt))
         {
-            self.ghost_left = self
-                .gpus
-                .iter()
-                .filter_map(|&g| self.baseline.limit(g).map(|(_, limit)| (g, limit)))
-                .collect();
             return Err(format!(
                 "{excess} MiB on GPU {gpu} stayed unattributed (held by no process the driver \
                  lists) after the attempt's processes were gone"

@@ -130,6 +130,8 @@ class CounterWindow(_Model):
     to: datetime
     from_j: float
     to_j: float
+    #: The attempt's processes' mean share of the GPU's SM time, percent (None: not given).
+    util_pct: Optional[float] = None
 
 
 class Sharing(_Model):
@@ -248,6 +250,8 @@ class GpuProcess(_Model):
     command: Optional[str] = None
     used_mib_unknown: bool = False
     outside_pid_namespace: bool = False
+    #: Its share of the GPU's SM time, percent (None where the driver does not give it).
+    sm_util_pct: Optional[int] = None
 
 
 class QuarantineView(_Model):
