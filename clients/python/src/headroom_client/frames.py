@@ -4,12 +4,24 @@ for, and timestamps become ``datetime64[..., UTC]`` columns."""
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Protocol, Sequence, Union
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .models import GpuSeries
+
+class _Sample(Protocol):
+    def model_dump(self) -> Dict[str, Any]: ...
+
+
+class _Series(Protocol):
+    """A GPU's series (``models.GpuSeries``), as far as a frame needs it."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def samples(self) -> Sequence[_Sample]: ...
 
 #: Rows as plain dicts (``frame=False``); timestamps are ``datetime`` (UTC).
 Records = List[Dict[str, Any]]
@@ -70,17 +82,19 @@ def records_or_frame(
     return frame(rows, times)
 
 
-def telemetry_frame(series: Iterable["GpuSeries"], attempt: Optional[str] = None) -> "pd.DataFrame":
+def telemetry_frame(
+    series: Iterable[_Series], fields: Sequence[str], attempt: Optional[str] = None
+) -> "pd.DataFrame":
     """One row per sample: ``attempt`` (for an attempt's series), ``node``, ``gpu``, ``at``,
-    then the readings (None where the GPU gave none)."""
+    then the readings, a column per name of a sample's ``fields`` (None where the GPU gave
+    none)."""
     try:
         import pandas as pd
     except ImportError:
         raise _no_pandas() from None
-    from .models import TelemetrySample
 
     head = (["attempt"] if attempt is not None else []) + ["node", "gpu", "at"]
-    columns = head + [f for f in TelemetrySample.model_fields if f not in head]
+    columns = head + [f for f in fields if f not in head]
     rows: Records = []
     for s in series:
         for sample in s.samples:

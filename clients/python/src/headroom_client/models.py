@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Dict, List, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .frames import telemetry_frame
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -324,9 +326,7 @@ class GpuSeries(_Model):
 
     def to_frame(self) -> "pd.DataFrame":
         """One row per sample: ``node``, ``gpu``, ``at`` (datetime64, UTC), the readings."""
-        from .frames import telemetry_frame
-
-        return telemetry_frame([self])
+        return telemetry_frame([self], list(TelemetrySample.model_fields))
 
 
 class AttemptTelemetry(_Model):
@@ -344,9 +344,9 @@ class AttemptTelemetry(_Model):
     def to_frame(self) -> "pd.DataFrame":
         """One row per sample of each GPU: ``attempt``, ``node``, ``gpu``, ``at`` (datetime64,
         UTC), the readings."""
-        from .frames import telemetry_frame
-
-        return telemetry_frame(self.gpus, attempt=self.attempt)
+        return telemetry_frame(
+            self.gpus, list(TelemetrySample.model_fields), attempt=self.attempt
+        )
 
 
 #: Every model checked against the OpenAPI document.
