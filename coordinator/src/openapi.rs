@@ -128,6 +128,7 @@ fn table() -> Vec<(Route, RouteDoc)> {
     use routes as r;
     vec![
         (r::HEALTH, doc("health", "meta", Json(one::<Health>))),
+        (r::LIVE, doc("live", "meta", Json(one::<Ack>))),
         (
             r::SUBMIT,
             doc(

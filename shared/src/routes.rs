@@ -104,7 +104,18 @@ fn encode_segment(raw: &str, out: &mut String) {
 use Access::{Admin, Agent, Attempt, Owner, Public, User};
 use Method::{Get, Post, Put};
 
-pub const HEALTH: Route = Route::new(Get, "/v1/health", Public, "Liveness and schema version");
+pub const HEALTH: Route = Route::new(
+    Get,
+    "/v1/health",
+    Public,
+    "Readiness: the store answers and its schema is migrated (503 when it does not)",
+);
+pub const LIVE: Route = Route::new(
+    Get,
+    "/v1/live",
+    Public,
+    "Liveness: the process serves (the store is not asked)",
+);
 pub const SUBMIT: Route = Route::new(Post, "/v1/experiments", User, "Submit a spec");
 pub const EXPERIMENTS: Route = Route::new(Get, "/v1/experiments", User, "List experiments");
 pub const EXPERIMENT: Route = Route::new(Get, "/v1/experiments/{id}", User, "One experiment");
@@ -246,6 +257,7 @@ pub const REVOKE_TOKEN: Route = Route::new(
 /// Every route, in the order the API documents them.
 pub const ALL: &[Route] = &[
     HEALTH,
+    LIVE,
     SUBMIT,
     EXPERIMENTS,
     EXPERIMENT,

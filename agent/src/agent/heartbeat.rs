@@ -92,6 +92,7 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
         }
         match reply {
             Ok(Ok(resp)) => {
+                shared.metrics.heartbeat_answered();
                 renewed = renewed.max(sent);
                 // Every attempt's supervisor learns its new deadline.
                 attempts.renewed_until(budget.deadline(renewed));

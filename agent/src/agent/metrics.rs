@@ -1,10 +1,13 @@
 //! The agent's Prometheus metrics (`GET /metrics` on `--metrics-addr`): per GPU the last
 //! telemetry reading, slots and quarantine; attempts by outcome and cleanup durations.
-//! A reading the GPU could not give is left out of the page, never written as 0.
+//! A reading the GPU could not give is left out of the page, never written as 0. The same
+//! address answers probes: `GET /livez` (the agent serves) and `GET /readyz` (its
+//! coordinator answered its heartbeat and its GPUs read, lately).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use headroom_shared::api::{FinishReport, GpuInfo, GpuSample};
 use headroom_shared::{AttemptId, Plan};
@@ -44,6 +47,35 @@ struct OutcomeLabels {
 struct Slots {
     plan: Option<Plan>,
     running: HashMap<AttemptId, Vec<u32>>,
+}
+
+/// How recent an answered heartbeat and a reading of every GPU must be for `/readyz`.
+pub const READY_WITHIN: Duration = Duration::from_secs(60);
+
+/// What `/readyz` tells from.
+#[derive(Debug, Default)]
+struct Probe {
+    /// The coordinator last answered a heartbeat.
+    answered: Option<Instant>,
+    /// Every GPU last read without error, or why one could not be.
+    gpus: Option<(Instant, Result<(), String>)>,
+}
+
+impl Probe {
+    /// `Ok` when ready; else why not.
+    fn ready(&self, now: Instant) -> Result<(), String> {
+        let recent = |t: Instant| now.saturating_duration_since(t) <= READY_WITHIN;
+        match self.answered {
+            Some(t) if recent(t) => {}
+            Some(_) => return Err("no heartbeat answered by the coordinator lately".into()),
+            None => return Err("not registered with the coordinator yet".into()),
+        }
+        match &self.gpus {
+            Some((t, Ok(()))) if recent(*t) => Ok(()),
+            Some((t, Err(e))) if recent(*t) => Err(format!("GPUs cannot be read: {e}")),
+            _ => Err("no reading of the GPUs lately".into()),
+        }
+    }
 }
 
 /// Per-GPU figures, read at each scrape.
@@ -231,6 +263,7 @@ impl Collector for GpuCollector {
 #[derive(Clone, Debug)]
 pub struct AgentMetrics {
     registry: Arc<Registry>,
+    probe: Arc<Mutex<Probe>>,
     slots: Arc<Mutex<Slots>>,
     attempts: Family<OutcomeLabels, Counter>,
     cleanup: Histogram,
@@ -266,6 +299,7 @@ impl AgentMetrics {
         }));
         Self {
             registry: Arc::new(registry),
+            probe: Arc::default(),
             slots,
             attempts: outcomes,
             cleanup,
@@ -273,8 +307,34 @@ impl AgentMetrics {
         }
     }
 
+    /// The coordinator answered a heartbeat.
+    pub fn heartbeat_answered(&self) {
+        self.probe().answered = Some(Instant::now());
+    }
+
+    fn probe(&self) -> std::sync::MutexGuard<'_, Probe> {
+        self.probe.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `Ok` when the agent is ready for work; else why not.
+    pub fn ready(&self) -> Result<(), String> {
+        self.probe().ready(Instant::now())
+    }
+
     /// The node's GPUs as the agent last read them (what the heartbeat sends).
     pub fn gpu_samples(&self, samples: &[GpuSample]) {
+        let errors = crate::gpu::unreadable(
+            samples,
+            &samples.iter().map(|s| s.index).collect::<Vec<_>>(),
+        );
+        self.probe().gpus = Some((
+            Instant::now(),
+            match (errors, samples.is_empty()) {
+                (Some(e), _) => Err(e),
+                (None, true) => Err("no GPU reading".into()),
+                (None, false) => Ok(()),
+            },
+        ));
         let mut u = self
             .unattributed
             .lock()
@@ -334,13 +394,29 @@ impl AgentMetrics {
                 return;
             }
         };
-        let app = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let page = self.render();
-                async move { ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], page) }
-            }),
-        );
+        let ready = self.clone();
+        let app = axum::Router::new()
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let page = self.render();
+                    async move { ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], page) }
+                }),
+            )
+            .route("/livez", axum::routing::get(|| async { "ok\n" }))
+            .route(
+                "/readyz",
+                axum::routing::get(move || {
+                    let answer = match ready.ready() {
+                        Ok(()) => (axum::http::StatusCode::OK, "ready\n".to_string()),
+                        Err(why) => (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {why}\n"),
+                        ),
+                    };
+                    async move { answer }
+                }),
+            );
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await;
@@ -355,6 +431,34 @@ mod tests {
     use super::*;
     use headroom_shared::api::TelemetrySample;
     use std::time::Duration;
+
+    #[test]
+    fn ready_once_heartbeats_are_answered_and_gpus_read_lately() {
+        let t0 = Instant::now();
+        let later = |s: u64| t0 + Duration::from_secs(s);
+        let mut p = Probe::default();
+        assert!(p.ready(t0).is_err_and(|e| e.contains("not registered")));
+        p.answered = Some(t0);
+        assert!(
+            p.ready(t0)
+                .is_err_and(|e| e.contains("no reading of the GPUs"))
+        );
+        p.gpus = Some((t0, Err("GPU 1 could not be read: lost".into())));
+        assert!(p.ready(t0).is_err_and(|e| e.contains("GPU 1")));
+        p.gpus = Some((t0, Ok(())));
+        assert_eq!(p.ready(t0), Ok(()));
+        // Nothing new for longer than READY_WITHIN: not ready any more.
+        let stale = later(READY_WITHIN.as_secs() + 1);
+        assert!(
+            p.ready(stale)
+                .is_err_and(|e| e.contains("no heartbeat answered"))
+        );
+        p.answered = Some(stale);
+        assert!(
+            p.ready(stale)
+                .is_err_and(|e| e.contains("no reading of the GPUs"))
+        );
+    }
 
     #[test]
     fn readings_a_gpu_lacks_are_left_out_never_zero() {

@@ -8,14 +8,19 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use headroom_shared::ExperimentId;
 use headroom_shared::api::{
-    CancelResponse, ExperimentSummary, ExportQuery, Health, Principal, Progress, ProgressQuery,
-    SubmitRequest, SubmitResponse,
+    Ack, CancelResponse, ExperimentSummary, ExportQuery, Health, Principal, Progress,
+    ProgressQuery, SubmitRequest, SubmitResponse,
 };
 use headroom_shared::expand::expand;
 use headroom_shared::pending::PendingReason;
 use headroom_shared::spec::ExperimentSpec;
 
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, check_owner, parse_id};
+
+/// Liveness: answers whatever the store's state (a store that is down is readiness's to say).
+pub async fn live() -> ApiResult<Ack> {
+    Ok(ApiJson(Ack { ok: true }))
+}
 
 pub async fn health(State(s): State<AppState>) -> ApiResult<Health> {
     let schema_version = s.store.schema_version().await?;

@@ -48,6 +48,7 @@ pub fn router(state: AppState) -> Router {
     use headroom_shared::routes as r;
     Router::new()
         .route(r::HEALTH.path, on(r::HEALTH, experiments::health))
+        .route(r::LIVE.path, on(r::LIVE, experiments::live))
         .route(r::SUBMIT.path, on(r::SUBMIT, experiments::submit))
         .route(r::EXPERIMENTS.path, on(r::EXPERIMENTS, experiments::list))
         .route(r::EXPERIMENT.path, on(r::EXPERIMENT, experiments::get_one))

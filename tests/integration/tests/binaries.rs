@@ -309,3 +309,48 @@ fn doctor_passes_on_fake_gpus_and_names_what_fails() {
     // Nothing can be seen allocated where processes cannot be listed: not tried.
     assert_eq!(status(&report, "allocation").0, "unavailable", "{report:#}");
 }
+
+/// What Kubernetes probes: the coordinator's `/v1/live` (the process serves) and
+/// `/v1/health` (the store answers, its schema migrated); the agent's `/livez` and `/readyz`
+/// on its metrics address, ready once its coordinator answered a heartbeat and its GPUs
+/// read, not ready (503, saying why) while a GPU cannot be read.
+#[test]
+fn probes_say_live_and_ready_and_why_not() {
+    use headroom_integration_tests::http_get_text;
+    let port = free_port().expect("port");
+    let metrics = format!("http://127.0.0.1:{port}");
+    let h = Headroom::up(
+        UpOptions::gpus("2x24GiB")
+            .lease_ttl("3s")
+            .flags(&["--metrics-addr", &format!("127.0.0.1:{port}")]),
+    );
+    h.wait_agent();
+    let (status, body) = http_get_text(&format!("{}/v1/live", h.url)).expect("live");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = http_get_text(&format!("{}/v1/health", h.url)).expect("health");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("schema_version"), "{body}");
+    assert_eq!(
+        http_get_text(&format!("{metrics}/livez")).expect("livez").0,
+        200
+    );
+    h.wait_for("the agent to be ready", Duration::from_secs(20), || {
+        Ok((http_get_text(&format!("{metrics}/readyz"))?.0 == 200).then_some(()))
+    });
+    // GPU 1's memory cannot be read: not ready, and it says which GPU.
+    std::fs::write(h.fake_gpu_dir().join("gpu1.fail-memory"), "GPU is lost").expect("fault");
+    let why = h.wait_for(
+        "the agent to say it is not ready",
+        Duration::from_secs(20),
+        || {
+            let (status, body) = http_get_text(&format!("{metrics}/readyz"))?;
+            Ok((status == 503).then_some(body))
+        },
+    );
+    assert!(why.contains("GPU 1 could not be read"), "{why}");
+    assert_eq!(
+        http_get_text(&format!("{metrics}/livez")).expect("livez").0,
+        200,
+        "alive all the same"
+    );
+}
