@@ -144,6 +144,7 @@ async fn spawn_supervisor(
         kill_grace_ms: millis(cfg.kill_grace),
         verify_timeout_ms: millis(cfg.verify_timeout),
         sample_every_ms: millis(cfg.sample_every),
+        start_reading_wait_ms: millis(cfg.start_reading_wait),
         stop_in_ms: millis(stop_in),
         spare: shared.outcomes.take_spare(),
         key: shared.attach_key.clone(),

@@ -51,6 +51,12 @@ pub struct AgentSettings {
     /// the GPUs are quarantined.
     #[arg(long, env = "HEADROOM_VERIFY_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub verify_timeout: Duration,
+    /// Longest wait, before a job's exec, for its start reading of the GPUs (a supervisor
+    /// opens NVML while it waits for a lease; one started for the lease opens it then, which
+    /// takes seconds without persistence mode). Past it the job starts and its figures say
+    /// how late they begin (`covers_run: false`).
+    #[arg(long, env = "HEADROOM_START_READING_WAIT", default_value = "20s", value_parser = duration)]
+    pub start_reading_wait: Duration,
     /// Kill processes that belong to no job and hold GPU memory (default: report, never kill).
     #[arg(long, env = "HEADROOM_KILL_FOREIGN")]
     pub kill_foreign: bool,
@@ -151,6 +157,7 @@ impl AgentSettings {
             supervisor: SupervisorConfig {
                 kill_grace: self.kill_grace,
                 verify_timeout: self.verify_timeout,
+                start_reading_wait: self.start_reading_wait,
                 ..SupervisorConfig::default()
             },
             claim_wait: Duration::from_secs(20),

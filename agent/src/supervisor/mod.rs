@@ -327,6 +327,7 @@ async fn supervise(
         kill_grace: Duration::from_millis(spec.kill_grace_ms),
         verify_timeout: Duration::from_millis(spec.verify_timeout_ms),
         sample_every: Duration::from_millis(spec.sample_every_ms),
+        start_reading_wait: Duration::from_millis(spec.start_reading_wait_ms),
         own_tree,
     };
     let cancel = CancellationToken::new();

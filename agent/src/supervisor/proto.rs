@@ -61,6 +61,9 @@ pub struct Spec {
     pub kill_grace_ms: u64,
     pub verify_timeout_ms: u64,
     pub sample_every_ms: u64,
+    /// Longest wait for a job's start reading before its exec.
+    #[serde(default = "twenty_seconds")]
+    pub start_reading_wait_ms: u64,
     /// The job is stopped this long after the spec is read unless a `renew` comes first.
     pub stop_in_ms: u64,
     /// A spare journal file to write the outcome through (see [`crate::outcomes`]).
@@ -76,6 +79,10 @@ pub struct Spec {
     /// Where the attempt's cgroup goes (`None`: no cgroups; markers and the process tree).
     #[serde(default)]
     pub cgroups: Option<crate::cgroup::Cgroups>,
+}
+
+fn twenty_seconds() -> u64 {
+    20_000
 }
 
 /// Agent -> supervisor.
@@ -442,6 +449,7 @@ mod tests {
                 kill_grace_ms: 1,
                 verify_timeout_ms: 2,
                 sample_every_ms: 3,
+                start_reading_wait_ms: 20_000,
                 stop_in_ms: 4,
                 spare: None,
                 key: "k".repeat(64),

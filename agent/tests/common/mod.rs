@@ -39,6 +39,7 @@ pub fn spec(dir: &Path, argv: &[&str]) -> Spec {
         kill_grace_ms: 300,
         verify_timeout_ms: 5_000,
         sample_every_ms: 50,
+        start_reading_wait_ms: 20_000,
         stop_in_ms: 60_000,
         spare: None,
         key: "k".repeat(64),

@@ -448,3 +448,39 @@ fn ghost_memory_is_shown_flagged_and_quarantines_until_it_is_gone() {
     assert!(gpu.quarantine.is_empty(), "{gpu:#?}");
     assert_eq!(gpu.unattributed_mib, Some(0), "{gpu:#?}");
 }
+
+/// A job whose GPUs cannot be read within `--start-reading-wait` (its supervisor still
+/// opening NVML) starts anyway, its figures beginning at the first reading that came and
+/// saying how late; that reading, still on its way at the job's start, is taken before the
+/// end reading.
+#[test]
+fn a_job_whose_gpus_open_past_the_wait_starts_and_says_how_late_its_figures_begin() {
+    let mut h = Headroom::up(UpOptions::gpus("1x24GiB").flags(&["--start-reading-wait", "500ms"]));
+    std::fs::write(h.fake_gpu_dir().join("open-delay"), "6s").expect("open delay");
+    h.stop().expect("stop");
+    h.restart().expect("restart");
+    // At once: the supervisor waiting for this lease is still opening its GPUs.
+    let exp = h.submit_spec(serde_json::json!({"name": "early",
+        "command": ["sleep", "8"], "resources": {"memory": "1GiB"}}));
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let a = h.first_attempt(jobs[0].id);
+    let m = &a.measurements;
+    assert_eq!(m.covers_run, Some(false), "{a:#?}");
+    assert!(
+        m.first_reading_ms
+            .is_some_and(|ms| (500..7_000).contains(&ms)),
+        "{a:#?}"
+    );
+    assert!(m.energy_j.is_some_and(|e| e > 0.0), "{a:#?}");
+    let waited = a.started_at.expect("started") - a.leased_at;
+    assert!(
+        waited < chrono::TimeDelta::milliseconds(3_000),
+        "the job waited {waited} for the GPUs to open: {a:#?}"
+    );
+    let log = h.cli_ok(&["logs", &jobs[0].id.to_string()]);
+    assert!(
+        log.contains("the GPUs could not be read within 500ms"),
+        "{log}"
+    );
+}

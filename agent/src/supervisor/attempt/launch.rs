@@ -58,6 +58,8 @@ pub struct SupervisorConfig {
     pub verify_timeout: Duration,
     /// Interval of GPU memory sampling (peak memory) and of log scanning.
     pub sample_every: Duration,
+    /// Longest wait for a job's start reading (the GPU backend opening) before its exec.
+    pub start_reading_wait: Duration,
     /// This process is the child subreaper of the attempt's whole tree (the attempt's own
     /// supervisor process): its processes are found among this process's descendants, a
     /// walk over the tree, instead of by reading every process's environment for the marker.
@@ -70,6 +72,7 @@ impl Default for SupervisorConfig {
             kill_grace: Duration::from_secs(10),
             verify_timeout: Duration::from_secs(30),
             sample_every: Duration::from_secs(1),
+            start_reading_wait: Duration::from_secs(20),
             own_tree: false,
         }
     }

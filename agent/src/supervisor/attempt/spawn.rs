@@ -21,9 +21,6 @@ use crate::procscan;
 use crate::supervisor::colocate;
 use crate::supervisor::measure::Meter;
 
-/// How long a job waits for its start reading (its supervisor's GPU backend opening).
-const START_READING_WAIT: Duration = Duration::from_secs(20);
-
 /// Starts the attempt: its background first when it has one, then its job. `Err`: the
 /// attempt ended without its job starting (a launch error, a background not ready, a
 /// cancel meanwhile), cleaned up.
@@ -157,7 +154,8 @@ pub(super) async fn start(
     // (the backend has been opening since the supervisor started). Bounded: a backend that
     // takes longer to open lets the job start, and its figures say how late they begin.
     let mut start_reading = take_reading(&watch);
-    let start_reading = match tokio::time::timeout(START_READING_WAIT, &mut start_reading).await {
+    let start_reading = match tokio::time::timeout(cfg.start_reading_wait, &mut start_reading).await
+    {
         Ok(_) => None,
         Err(_) => {
             note(
@@ -165,7 +163,7 @@ pub(super) async fn start(
                 &format!(
                     "the GPUs could not be read within {}: the job starts, and its \
                          figures begin when they can be read",
-                    humantime::format_duration(START_READING_WAIT)
+                    humantime::format_duration(cfg.start_reading_wait)
                 ),
             );
             Some(start_reading)

@@ -103,6 +103,7 @@ pub(crate) fn quick() -> SupervisorConfig {
         kill_grace: Duration::from_millis(300),
         verify_timeout: Duration::from_secs(10),
         sample_every: Duration::from_millis(50),
+        start_reading_wait: Duration::from_secs(20),
         own_tree: false,
     }
 }
