@@ -107,6 +107,44 @@ fn report(backend: String, checks: Vec<Check>) -> Report {
     }
 }
 
+/// The checks without which a node must not take work: its GPUs' memory and processes read,
+/// and their pids map to this process's (else no attempt's cleanup can be verified).
+const REQUIRED: &[&str] = &["memory", "processes", "pid_namespace"];
+
+/// The agent's start check (`--require-doctor`): the doctor's checks of the opened backend,
+/// without the allocation. `Err` names each required check that failed, with what it means;
+/// other failures are only warned about. Blocking.
+pub fn gate(backend: &dyn GpuBackend) -> Result<(), String> {
+    let opts = Options {
+        no_allocate: true,
+        python: None,
+    };
+    let mut refused = Vec::new();
+    for c in on_gpus(backend, &opts)
+        .into_iter()
+        .filter(|c| c.status == Status::Fail)
+    {
+        if REQUIRED.contains(&c.name) {
+            refused.push(format!("{}: {} ({})", c.name, c.detail, c.meaning));
+        } else {
+            tracing::warn!(
+                "headroom doctor: {} failed: {} ({})",
+                c.name,
+                c.detail,
+                c.meaning
+            );
+        }
+    }
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "headroom doctor: this node must not take work: {}",
+            refused.join("; ")
+        ))
+    }
+}
+
 /// The checks of an opened backend.
 pub fn on_gpus(backend: &dyn GpuBackend, opts: &Options) -> Vec<Check> {
     let mut checks = Vec::new();

@@ -58,8 +58,14 @@ async fn run() -> anyhow::Result<()> {
     let data_dir = args.data_dir.canonicalize()?;
     let backend =
         gpu::open(&args.settings.backend_choice(&data_dir)).context("opening the GPU backend")?;
-    let config = args.settings.agent_config(args.coordinator, data_dir)?;
     eprintln!("headroom-agent: {}", backend.describe());
+    if args.settings.require_doctor {
+        let b = backend.clone();
+        tokio::task::spawn_blocking(move || headroom_agent::doctor::gate(b.as_ref()))
+            .await?
+            .map_err(anyhow::Error::msg)?;
+    }
+    let config = args.settings.agent_config(args.coordinator, data_dir)?;
     let agent = Agent::new(config, backend)?;
     agent.run(stop).await?;
     Ok(())

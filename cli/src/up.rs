@@ -81,6 +81,12 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     let gpu_choice = args.agent.backend_choice(&data_dir);
     let backend = gpu::open(&gpu_choice).context("opening the GPU backend")?;
     eprintln!("headroom: {}", backend.describe());
+    if args.agent.require_doctor {
+        let b = backend.clone();
+        tokio::task::spawn_blocking(move || headroom_agent::doctor::gate(b.as_ref()))
+            .await?
+            .map_err(anyhow::Error::msg)?;
+    }
     if let Some(p) = &args.agent.plan {
         headroom_shared::Plan::parse_for(p, backend.inventory().len())
             .with_context(|| format!("--plan {p:?}"))?;

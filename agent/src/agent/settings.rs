@@ -57,6 +57,12 @@ pub struct AgentSettings {
     /// how late they begin (`covers_run: false`).
     #[arg(long, env = "HEADROOM_START_READING_WAIT", default_value = "20s", value_parser = duration)]
     pub start_reading_wait: Duration,
+    /// Before taking work, run `headroom doctor`'s checks of the GPUs (without its
+    /// allocation) and refuse to start, naming what failed, when their memory or process
+    /// list cannot be read or their processes' pids cannot be mapped: such a node could
+    /// never verify a cleanup. Other failed checks are warned about.
+    #[arg(long, env = "HEADROOM_REQUIRE_DOCTOR")]
+    pub require_doctor: bool,
     /// Kill processes that belong to no job and hold GPU memory (default: report, never kill).
     #[arg(long, env = "HEADROOM_KILL_FOREIGN")]
     pub kill_foreign: bool,

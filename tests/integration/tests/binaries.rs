@@ -354,3 +354,24 @@ fn probes_say_live_and_ready_and_why_not() {
         "alive all the same"
     );
 }
+
+/// `--require-doctor`: a node whose GPUs' processes cannot be listed refuses to start,
+/// saying which check failed and what it means, and so never takes work; a sound one starts.
+#[test]
+fn require_doctor_keeps_a_node_that_cannot_list_processes_from_taking_work() {
+    let mut h = Headroom::up(UpOptions::gpus("2x24GiB").flags(&["--require-doctor"]));
+    h.wait_agent();
+    std::fs::write(
+        h.fake_gpu_dir().join("gpu1.fail-processes"),
+        "Insufficient Permissions",
+    )
+    .expect("fault");
+    h.stop().expect("stop");
+    assert!(h.restart().is_err(), "started on GPUs it cannot verify");
+    let log = h.server_log();
+    assert!(
+        log.contains("this node must not take work")
+            && log.contains("processes: GPU 1: process list: Insufficient Permissions"),
+        "{log}"
+    );
+}
