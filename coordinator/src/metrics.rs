@@ -85,6 +85,9 @@ pub struct CoordinatorMetrics {
     outcomes: Family<OutcomeLabels, Gauge>,
     gpus: Family<GpuStatusLabels, Gauge>,
     users: Family<UserLabels, Gauge>,
+    /// One render at a time on this replica: each sets the gauges, then encodes them (the
+    /// per-user family is cleared and refilled, which a concurrent scrape must not see).
+    rendering: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Default for CoordinatorMetrics {
@@ -182,6 +185,7 @@ impl CoordinatorMetrics {
             outcomes,
             gpus,
             users,
+            rendering: Arc::default(),
             jobs,
             queue_depth,
             pending,
@@ -213,6 +217,7 @@ impl CoordinatorMetrics {
 
     /// Reads the store's figures and renders the page (OpenMetrics text).
     pub async fn render(&self, store: &dyn Store, alive_within_ms: u64) -> Result<String> {
+        let _one_at_a_time = self.rendering.lock().await;
         let counts = store.counts(None).await?;
         let reasons = store.pending_reason_counts().await?;
         let nodes = store.list_nodes(alive_within_ms).await?;
