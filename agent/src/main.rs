@@ -65,7 +65,16 @@ async fn run() -> anyhow::Result<()> {
             .await?
             .map_err(anyhow::Error::msg)?;
     }
-    let config = args.settings.agent_config(args.coordinator, data_dir)?;
+    let mut config = args.settings.agent_config(args.coordinator, data_dir)?;
+    if config.token.is_none() {
+        config.token = headroom_agent::agent::join::credential(
+            &config.data_dir,
+            args.settings.join_token_file.as_deref(),
+            &config.coordinator,
+            &config.node,
+        )
+        .await?;
+    }
     let agent = Agent::new(config, backend)?;
     agent.run(stop).await?;
     Ok(())

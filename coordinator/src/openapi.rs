@@ -9,10 +9,10 @@ use headroom_shared::api::{
     Ack, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse, ClaimRequest,
     ClaimResponse, CreateTokenRequest, CreatedToken, ErrorBody, ExperimentSummary, ExportQuery,
     FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest,
-    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LeaseRenewal, LeaseRenewed, LogAppended,
-    LogChunkQuery, LogQuery, NodeView, Progress, ProgressQuery, PutUserRequest, RegisterRequest,
-    RegisterResponse, Released, RetryResponse, SetPlanRequest, StartReport, SubmitRequest,
-    SubmitResponse, TelemetryQuery, TokenView, UserView,
+    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, JoinRequest, LeaseRenewal, LeaseRenewed,
+    LogAppended, LogChunkQuery, LogQuery, NodeView, Progress, ProgressQuery, PutUserRequest,
+    RegisterRequest, RegisterResponse, Released, RetryResponse, SetPlanRequest, StartReport,
+    SubmitRequest, SubmitResponse, TelemetryQuery, TokenView, UserView,
 };
 use headroom_shared::routes::{self, Access, Method, Route};
 use utoipa::openapi::path::{
@@ -263,6 +263,12 @@ fn table() -> Vec<(Route, RouteDoc)> {
                 .conflicts(),
         ),
         (
+            r::JOIN,
+            doc("joinNode", "agents", Json(one::<CreatedToken>))
+                .body(one::<JoinRequest>)
+                .conflicts(),
+        ),
+        (
             r::CLAIM,
             doc("claim", "agents", Json(one::<ClaimResponse>))
                 .body(one::<ClaimRequest>)
@@ -362,6 +368,7 @@ fn role_text(access: Access) -> &'static str {
         Access::Owner => "Needs a `user` token of the user who submitted it, or an `admin` token.",
         Access::Admin => "Needs an `admin` token.",
         Access::Agent => "Needs an `agent` token.",
+        Access::Join => "Needs a `join` token.",
         Access::Attempt => {
             "Needs the key issued with this attempt's lease (its supervisor's; no token of any \
              role)."

@@ -606,6 +606,7 @@ pub fn may_call(access: Access, role: Role) -> std::result::Result<(), &'static 
         Access::User | Access::Owner => matches!(role, Role::User | Role::Admin),
         Access::Admin => role == Role::Admin,
         Access::Agent => role == Role::Agent,
+        Access::Join => role == Role::Join,
         // Only the attempt's own credential, checked by the gate; no role's token.
         Access::Attempt => false,
     };
@@ -617,6 +618,7 @@ pub fn may_call(access: Access, role: Role) -> std::result::Result<(), &'static 
         Access::User | Access::Owner => "user or admin",
         Access::Admin => "admin",
         Access::Agent => "agent",
+        Access::Join => "join",
         Access::Attempt => "the attempt's own credential",
     })
 }
@@ -651,7 +653,7 @@ pub fn may_act_as_node(who: &Principal, node: &str) -> bool {
     match who.role {
         Role::Admin => true,
         Role::Agent => who.name == node,
-        Role::User => false,
+        Role::User | Role::Join => false,
     }
 }
 

@@ -132,9 +132,10 @@ fn assert_error(v: &Value, code: &str, what: &str) {
 fn admits(access: Access, role: Role) -> bool {
     match access {
         Access::Public => true,
-        Access::User | Access::Owner => role != Role::Agent,
+        Access::User | Access::Owner => matches!(role, Role::User | Role::Admin),
         Access::Admin => role == Role::Admin,
         Access::Agent => role == Role::Agent,
+        Access::Join => role == Role::Join,
         // Only the key issued with the attempt's lease: no role's token is it.
         Access::Attempt => false,
     }
@@ -145,10 +146,12 @@ async fn every_route_admits_its_roles_and_refuses_the_rest() {
     let s = start(admin_config()).await;
     let user = s.create_token("alice", "user").await;
     let agent = s.create_token("node-1", "agent").await;
+    let join = s.create_token("lab-join", "join").await;
     let roles = [
         (Role::Admin, ADMIN),
         (Role::User, &user),
         (Role::Agent, &agent),
+        (Role::Join, &join),
     ];
     // A made-up stored token, a known id with the wrong secret, and a plain wrong secret.
     let known_id = agent.rsplit_once('_').map(|(id, _)| id).expect("id part");
@@ -192,6 +195,7 @@ async fn every_route_admits_its_roles_and_refuses_the_rest() {
                 assert_error(&v, "forbidden", &what);
                 let needed = match route.access {
                     Access::Agent => "needs role agent",
+                    Access::Join => "needs role join",
                     Access::Admin => "needs role admin",
                     _ => "needs role user or admin",
                 };
@@ -809,4 +813,85 @@ async fn an_attempt_key_acts_for_its_own_attempt_only() {
     // The key of the lease is never stored as it is, nor shown to users.
     let shown = detail.to_string();
     assert!(!shown.contains(key), "{shown}");
+}
+
+/// A join token, shared by a DaemonSet's agents as kubelets share a bootstrap token, gets
+/// each new node its own agent credential, once: that credential acts for its node only;
+/// the join token itself does nothing else; a node that joined, is registered, or whose
+/// name a token bears cannot be given another credential through it.
+#[tokio::test]
+async fn a_join_token_gets_each_new_node_its_own_credential_once() {
+    let s = start(admin_config()).await;
+    let join = s.create_token("lab-join", "join").await;
+    let path = routes::JOIN.path_with(&[]);
+    let ask = |node: &str| json!({ "node": node });
+    let gpus = json!([{"index": 0, "uuid": "GPU-0", "name": "t", "total_mib": 10_000}]);
+    let register = |node: &str, previous: Option<&str>| json!({"node": node, "gpus": gpus, "version": "t", "previous": previous});
+    let (status, v) = s
+        .call(Method::Post, &path, Some(&join), &ask("gpu-07"))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (&v["name"], &v["role"], &v["created_by"]),
+        (&json!("gpu-07"), &json!("agent"), &json!("lab-join"))
+    );
+    let node_token = v["token"]
+        .as_str()
+        .expect("the credential, once")
+        .to_string();
+
+    // It acts as its node, and no other.
+    s.submit(ADMIN).await;
+    let (_, lease) = s.node_with_lease(&node_token, "gpu-07").await;
+    assert!(lease["attempt"].is_string(), "{lease}");
+    let (status, v) = s
+        .call(
+            Method::Post,
+            routes::REGISTER.path,
+            Some(&node_token),
+            &register("gpu-08", None),
+        )
+        .await;
+    assert_eq!(status, 403, "{v}");
+    // The join token registers nothing itself.
+    let (status, v) = s
+        .call(
+            Method::Post,
+            routes::REGISTER.path,
+            Some(&join),
+            &register("gpu-07", None),
+        )
+        .await;
+    assert_eq!(status, 403, "{v}");
+    assert_error(&v, "forbidden", "join registers");
+
+    // Once per node: joined (and registered), or a name an admin gave a token.
+    let (status, v) = s
+        .call(Method::Post, &path, Some(&join), &ask("gpu-07"))
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("gpu-07 has joined already"),
+        "{v}"
+    );
+    s.create_token("gpu-09", "agent").await;
+    let (status, v) = s
+        .call(Method::Post, &path, Some(&join), &ask("gpu-09"))
+        .await;
+    assert_eq!(status, 409, "{v}");
+    // A name that is no name is refused naming the field; an agent's token cannot join.
+    let (status, v) = s.call(Method::Post, &path, Some(&join), &ask("a b")).await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["field"], "node");
+    let (status, _) = s
+        .call(Method::Post, &path, Some(&node_token), &ask("gpu-10"))
+        .await;
+    assert_eq!(status, 403);
+    let (status, v) = s
+        .call(Method::Post, &path, Some(&join), &ask("gpu-10"))
+        .await;
+    assert_eq!(status, 200, "{v}");
 }

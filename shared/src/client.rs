@@ -526,6 +526,15 @@ impl Client {
 
     // ---- agents ----------------------------------------------------------------------
 
+    /// With a join token: `node`'s first agent credential (its secret in `token`, once).
+    pub async fn join(&self, node: &str) -> Result<CreatedToken, ClientError> {
+        let req = crate::api::JoinRequest {
+            node: node.to_string(),
+        };
+        self.call(routes::JOIN, &[], Some(&req), DEFAULT_TIMEOUT)
+            .await
+    }
+
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, ClientError> {
         self.call(routes::REGISTER, &[], Some(req), DEFAULT_TIMEOUT)
             .await

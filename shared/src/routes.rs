@@ -34,6 +34,8 @@ pub enum Access {
     Admin,
     /// Agents only (registration, leases, reports).
     Agent,
+    /// Join tokens only: a node's first credential.
+    Join,
     /// The attempt named in the path, by the credential issued with its lease (its
     /// supervisor, while its agent is away); no token of any role.
     Attempt,
@@ -101,7 +103,7 @@ fn encode_segment(raw: &str, out: &mut String) {
     }
 }
 
-use Access::{Admin, Agent, Attempt, Owner, Public, User};
+use Access::{Admin, Agent, Attempt, Join, Owner, Public, User};
 use Method::{Get, Post, Put};
 
 pub const HEALTH: Route = Route::new(
@@ -210,6 +212,12 @@ pub const TAKEOVER: Route = Route::new(
     "Let another agent instance register as this node now (its agent is gone)",
 );
 pub const REGISTER: Route = Route::new(Post, "/v1/agents/register", Agent, "Register an agent");
+pub const JOIN: Route = Route::new(
+    Post,
+    "/v1/agents/join",
+    Join,
+    "Exchange a join token for a new node's agent credential (once per node)",
+);
 pub const CLAIM: Route = Route::new(
     Post,
     "/v1/agents/{id}/claim",
@@ -282,6 +290,7 @@ pub const ALL: &[Route] = &[
     RELEASE_GPU,
     TAKEOVER,
     REGISTER,
+    JOIN,
     CLAIM,
     HEARTBEAT,
     GPU_TELEMETRY,

@@ -8,6 +8,7 @@ pub mod attempts;
 pub mod backoff;
 pub mod client;
 mod heartbeat;
+pub mod join;
 mod lease;
 pub mod metrics;
 pub mod self_fence;

@@ -90,6 +90,12 @@ pub struct AgentSettings {
     /// environment; systemd's `LoadCredential=agent-token` is read when neither is given.
     #[arg(long, env = "HEADROOM_AGENT_TOKEN_FILE")]
     pub agent_token_file: Option<PathBuf>,
+    /// A file holding a join token (`headroom token create --role join`), shared by the
+    /// agents of many nodes: with no agent token, an agent exchanges it once for its node's
+    /// own credential, which it keeps in its data directory (`node-token`, 0600) and uses
+    /// from then on. The join token itself can do nothing else.
+    #[arg(long, env = "HEADROOM_JOIN_TOKEN_FILE")]
+    pub join_token_file: Option<PathBuf>,
     /// Variables of the agent's environment that jobs get too, besides PATH, HOME, USER,
     /// LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TERM, TMPDIR, LD_LIBRARY_PATH, CUDA_HOME and
     /// CUDA_PATH (comma-separated or repeated). Nothing else of the agent's environment

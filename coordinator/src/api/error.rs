@@ -95,6 +95,7 @@ impl From<StoreError> for ApiError {
             | StoreError::Conflict { .. }
             | StoreError::TokenExists { .. }
             | StoreError::NodeHeld { .. }
+            | StoreError::NodeJoined { .. }
             | StoreError::UserRole { .. } => Self::new(ErrorCode::Conflict, message),
             StoreError::InvalidPlan(p) => Self::invalid("plan", p.to_string()),
             StoreError::Database(_) => Self::new(ErrorCode::StoreUnavailable, message),

@@ -79,6 +79,7 @@ pub fn router(state: AppState) -> Router {
         .route(r::RELEASE_GPU.path, on(r::RELEASE_GPU, nodes::release_gpu))
         .route(r::TAKEOVER.path, on(r::TAKEOVER, nodes::takeover))
         .route(r::REGISTER.path, on(r::REGISTER, agents::register))
+        .route(r::JOIN.path, on(r::JOIN, tokens::join))
         .route(r::CLAIM.path, on(r::CLAIM, agents::claim))
         .route(r::HEARTBEAT.path, on(r::HEARTBEAT, agents::heartbeat))
         .route(r::GPU_TELEMETRY.path, on(r::GPU_TELEMETRY, telemetry::gpu))

@@ -1,10 +1,12 @@
 //! Tokens the coordinator keeps (admins only, by the route table): create (the secret is
-//! answered once, the store keeps an argon2 hash), list, revoke.
+//! answered once, the store keeps an argon2 hash), list, revoke; and a join token's
+//! exchange for a new node's agent credential.
 
 use axum::Extension;
 use axum::extract::State;
 use headroom_shared::api::{
-    CreateTokenRequest, CreatedToken, ErrorCode, Principal, PutUserRequest, TokenView, UserView,
+    CreateTokenRequest, CreatedToken, ErrorCode, JoinRequest, Principal, PutUserRequest, Role,
+    TokenView, UserView,
 };
 
 use super::{ApiError, ApiJson, ApiPath, ApiResult, AppState};
@@ -58,6 +60,37 @@ pub async fn create(
         })
         .await?;
     tracing::info!(id = %view.id, name = %view.name, role = %view.role, by = %view.created_by, "token created");
+    Ok(ApiJson(CreatedToken { token, view }))
+}
+
+/// A join token's exchange: the agent credential of a node that has none, made now and
+/// shown this once (the agent keeps it in its data directory). A node that is registered or
+/// has ever had an agent token of its name is refused: a join token makes first
+/// credentials, it never replaces one.
+pub async fn join(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+    ApiJson(req): ApiJson<JoinRequest>,
+) -> ApiResult<CreatedToken> {
+    auth::check_name(&req.node).map_err(|m| ApiError::invalid("node", m))?;
+    let (id, token) = auth::new_token();
+    let secret = token.clone();
+    let secret_hash = tokio::task::spawn_blocking(move || auth::hash_secret(&secret))
+        .await
+        .map_err(|e| ApiError::internal(format!("hashing task: {e}")))?
+        .map_err(ApiError::internal)?;
+    let view = s
+        .store
+        .join_node(NewToken {
+            id,
+            name: req.node,
+            role: Role::Agent,
+            secret_hash,
+            created_by: who.name,
+            expires_at: None,
+        })
+        .await?;
+    tracing::info!(id = %view.id, node = %view.name, by = %view.created_by, "node joined: its agent credential made");
     Ok(ApiJson(CreatedToken { token, view }))
 }
 

@@ -100,6 +100,13 @@ pub enum StoreError {
         name: String,
         role: headroom_shared::api::Role,
     },
+    /// A join token asked for the credential of a node that has or had one: 409.
+    #[error(
+        "node {node} has joined already ({why}): its agent keeps its credential in its data \
+         directory; to give it a new one, an admin makes it (`headroom token create --role \
+         agent --name {node}`) and puts it there"
+    )]
+    NodeJoined { node: String, why: String },
     /// Another agent instance is alive on the node: 409.
     #[error(
         "node {node} is held by a live agent (agent {agent}, last heard of {:.1} s ago): stop \
@@ -403,6 +410,9 @@ pub trait Store: Send + Sync + 'static {
     async fn tallies(&self) -> Result<Tallies>;
     /// Keeps a new token (hashed); a second token with the same id is refused.
     async fn create_token(&self, token: NewToken) -> Result<TokenView>;
+    /// Keeps a new node's first agent credential (`token`, named after the node): refused
+    /// (409) when the node is registered or a token of its name was ever made.
+    async fn join_node(&self, token: NewToken) -> Result<TokenView>;
     /// A token by its public id, revoked or not (`NotFound` when none has it).
     async fn token_by_id(&self, id: &str) -> Result<StoredToken>;
     /// Every kept token, oldest first.
@@ -634,6 +644,11 @@ impl<B: Backend> Store for B {
 
     async fn tallies(&self) -> Result<Tallies> {
         run!(self, read, "tallies", experiments::tallies;)
+    }
+
+    async fn join_node(&self, token: NewToken) -> Result<TokenView> {
+        let node = token.name.clone();
+        run!(self, write, "join_node", tokens::join_node, token; node = %node)
     }
 
     async fn create_token(&self, token: NewToken) -> Result<TokenView> {

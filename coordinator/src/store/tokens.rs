@@ -23,6 +23,22 @@ pub(super) async fn create(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, b
     Ok((by_id(tx, &t.id).await?.view, false))
 }
 
+/// A new node's first agent credential: none may have been made for its name, and the node
+/// is not registered (a join token makes first credentials, it never replaces one).
+pub(super) async fn join_node(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, bool)> {
+    let refused = |why: &str| StoreError::NodeJoined {
+        node: t.name.clone(),
+        why: why.to_string(),
+    };
+    if tx.node_gpus(&t.name, true).await?.is_some() {
+        return Err(refused("it is registered"));
+    }
+    if tx.tokens().await?.iter().any(|k| k.view.name == t.name) {
+        return Err(refused("a token of its name was made"));
+    }
+    create(tx, t).await
+}
+
 pub(super) async fn list(tx: &mut dyn Tx) -> Result<Vec<TokenView>> {
     Ok(tx.tokens().await?.into_iter().map(|t| t.view).collect())
 }

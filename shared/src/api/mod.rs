@@ -933,6 +933,10 @@ pub enum Role {
     Admin,
     User,
     Agent,
+    /// May only exchange itself, once per node, for that node's agent credential
+    /// (`POST /v1/agents/join`): what a DaemonSet's agents share, as kubelets share a
+    /// bootstrap token.
+    Join,
 }
 
 impl Role {
@@ -941,6 +945,7 @@ impl Role {
             Role::Admin => "admin",
             Role::User => "user",
             Role::Agent => "agent",
+            Role::Join => "join",
         }
     }
 }
@@ -958,7 +963,10 @@ impl FromStr for Role {
             "admin" => Ok(Role::Admin),
             "user" => Ok(Role::User),
             "agent" => Ok(Role::Agent),
-            other => Err(format!("`{other}` is not a role (admin, user or agent)")),
+            "join" => Ok(Role::Join),
+            other => Err(format!(
+                "`{other}` is not a role (admin, user, agent or join)"
+            )),
         }
     }
 }
@@ -1033,6 +1041,14 @@ pub struct PutUserRequest {
     pub unix_user: Option<String>,
     #[serde(default)]
     pub allow_root: bool,
+}
+
+/// A join token asks for the agent credential of a node that has none yet.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct JoinRequest {
+    pub node: String,
 }
 
 /// A new token: `token` is the secret, shown this once.

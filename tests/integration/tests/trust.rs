@@ -486,3 +486,65 @@ fn sudo_up_runs_the_admins_jobs_as_the_sudo_user() {
         "{log}"
     );
 }
+
+/// A DaemonSet's agents share one join token: each exchanges it once for its node's own
+/// credential, kept in its data directory (0600); neither reaches a job; restarted without
+/// the join token, the agent goes on with the credential it kept; a second node joins with
+/// the same token, and gets a credential of its own.
+#[test]
+fn agents_sharing_a_join_token_each_get_their_nodes_own_credential() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coord = Coordinator::start(dir.path(), &["--admin-token", ADMIN]).expect("coordinator");
+    let url = coord.url.clone();
+    let join = cli(
+        &url,
+        ADMIN,
+        &["token", "create", "--name", "lab-join", "--role", "join"],
+    )
+    .trim()
+    .to_string();
+    let join_file = dir.path().join("join-token");
+    std::fs::write(&join_file, format!("{join}\n")).expect("join token file");
+    // The agent instance now alive on `node`, once one other than `before` is.
+    let registered = |node: &str, before: Option<&str>| -> String {
+        wait_until(&format!("node {node}"), Duration::from_secs(30), || {
+            let nodes: Vec<headroom_shared::api::NodeView> =
+                serde_json::from_str(&cli(&url, ADMIN, &["nodes", "--output", "json"])).ok()?;
+            let n = nodes.into_iter().find(|n| n.name == node && n.alive)?;
+            let agent = n.agent?.to_string();
+            (Some(agent.as_str()) != before).then_some(agent)
+        })
+    };
+    let joined = |node: &str| {
+        AgentOptions::node(node).flags(&["--join-token-file", &join_file.display().to_string()])
+    };
+    let agent = Agent::start(&url, dir.path(), joined("gpu-a")).expect("agent");
+    let first = registered("gpu-a", None);
+    let kept = dir.path().join("gpu-a").join("node-token");
+    let credential = std::fs::read_to_string(&kept).expect("the node's credential is kept");
+    assert_ne!(credential.trim(), join);
+    assert_eq!(
+        std::fs::metadata(&kept).expect("meta").permissions().mode() & 0o777,
+        0o600
+    );
+    let env = job_env(&url, dir.path(), "joined");
+    assert_clean(&env, &[ADMIN, &join, credential.trim()]);
+    drop(agent);
+
+    // Without the join token now: the kept credential is enough.
+    std::fs::remove_file(&join_file).expect("join token gone");
+    let agent = Agent::start(&url, dir.path(), AgentOptions::node("gpu-a")).expect("agent");
+    registered("gpu-a", Some(&first));
+    drop(agent);
+    std::fs::write(&join_file, format!("{join}\n")).expect("join token file");
+    let _b = Agent::start(&url, dir.path(), joined("gpu-b")).expect("agent");
+    registered("gpu-b", None);
+    let other = std::fs::read_to_string(dir.path().join("gpu-b").join("node-token")).expect("b");
+    assert_ne!(other, credential);
+    let tokens = cli(&url, ADMIN, &["token", "ls"]);
+    assert!(
+        tokens.contains("gpu-a") && tokens.contains("gpu-b") && tokens.contains("lab-join"),
+        "{tokens}"
+    );
+}
