@@ -878,6 +878,11 @@ async fn a_join_token_gets_each_new_node_its_own_credential_once() {
         "{v}"
     );
     s.create_token("gpu-09", "agent").await;
+    // Nor a name a user of another role bears.
+    let (status, v) = s
+        .call(Method::Post, &path, Some(&join), &ask("lab-join"))
+        .await;
+    assert_eq!(status, 409, "{v}");
     let (status, v) = s
         .call(Method::Post, &path, Some(&join), &ask("gpu-09"))
         .await;

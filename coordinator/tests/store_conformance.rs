@@ -1783,6 +1783,46 @@ async fn telemetry_is_stored_per_gpu_and_served_per_attempt(s: Backend) {
 
 /// Tokens are kept with their hash, listed without it, revoked once (the first time stays),
 /// and ids are unique.
+/// A join gives a node its first credential once: of two at the same time exactly one gets
+/// it; a registered node, or a name a user or token bears, gets none.
+async fn a_node_joins_once_whoever_asks_at_the_same_time(s: Backend) {
+    let new = |id: &str, name: &str| NewToken {
+        id: id.into(),
+        name: name.into(),
+        role: Role::Agent,
+        secret_hash: format!("$argon2id$hash-of-{id}"),
+        created_by: "lab-join".into(),
+        expires_at: None,
+    };
+    let (a, b) = tokio::join!(
+        s.join_node(new("j1", "gpu-1")),
+        s.join_node(new("j2", "gpu-1"))
+    );
+    assert!(a.is_ok() != b.is_ok(), "exactly one: {a:?} {b:?}");
+    let lost = a.err().or(b.err()).expect("one refused");
+    assert!(matches!(lost, StoreError::NodeJoined { .. }), "{lost:?}");
+    assert!(s.joinable("gpu-1").await.is_err());
+    // A name a user bears, of any role; a node registered with a credential made by hand.
+    s.create_token(NewToken {
+        role: Role::User,
+        ..new("u1", "alice")
+    })
+    .await
+    .expect("alice");
+    assert!(matches!(
+        s.join_node(new("j3", "alice")).await,
+        Err(StoreError::NodeJoined { .. })
+    ));
+    register(&s, "gpu-2", 1, None).await;
+    assert!(matches!(
+        s.join_node(new("j4", "gpu-2")).await,
+        Err(StoreError::NodeJoined { .. })
+    ));
+    assert!(s.joinable("gpu-3").await.is_ok());
+    let made = s.join_node(new("j5", "gpu-3")).await.expect("gpu-3 joins");
+    assert_eq!((made.name.as_str(), made.role), ("gpu-3", Role::Agent));
+}
+
 async fn tokens_are_created_found_listed_and_revoked(s: Backend) {
     let new = |id: &str, name: &str, role| NewToken {
         id: id.into(),
@@ -2239,6 +2279,7 @@ conformance!(sqlite, postgres: [
     telemetry_retention_prunes_by_age_and_count_in_batches,
     pending_reasons_are_counted,
     tokens_are_created_found_listed_and_revoked,
+    a_node_joins_once_whoever_asks_at_the_same_time,
     runs_record_who_submitted_them,
     exclusive_jobs_hold_their_gpu_and_record_their_wait,
     colocated_jobs_carry_their_background_and_record_it,

@@ -63,6 +63,11 @@ pub async fn create(
     Ok(ApiJson(CreatedToken { token, view }))
 }
 
+/// Joins hashing their credential at once, at most.
+static JOIN_HASHES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+/// How long a join waits for one of them.
+const JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A join token's exchange: the agent credential of a node that has none, made now and
 /// shown this once (the agent keeps it in its data directory). A node that is registered or
 /// has ever had an agent token of its name is refused: a join token makes first
@@ -72,7 +77,20 @@ pub async fn join(
     Extension(who): Extension<Principal>,
     ApiJson(req): ApiJson<JoinRequest>,
 ) -> ApiResult<CreatedToken> {
+    if !s.auth.enabled() {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            "this coordinator runs without tokens: there is no credential to join for",
+        ));
+    }
     auth::check_name(&req.node).map_err(|m| ApiError::invalid("node", m))?;
+    // Refused before anything is hashed (argon2 costs ~19 MiB a time), and hashes made two
+    // at a time: a flood of joins must not cost the coordinator its memory.
+    s.store.joinable(&req.node).await?;
+    let _slot = tokio::time::timeout(JOIN_WAIT, JOIN_HASHES.acquire())
+        .await
+        .map_err(|_| ApiError::new(ErrorCode::Busy, "too many joins at once: try again"))?
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     let (id, token) = auth::new_token();
     let secret = token.clone();
     let secret_hash = tokio::task::spawn_blocking(move || auth::hash_secret(&secret))

@@ -413,6 +413,9 @@ pub trait Store: Send + Sync + 'static {
     /// Keeps a new node's first agent credential (`token`, named after the node): refused
     /// (409) when the node is registered or a token of its name was ever made.
     async fn join_node(&self, token: NewToken) -> Result<TokenView>;
+    /// Whether a join token may still give `node` its first credential (the cheap check
+    /// before a secret is hashed for it); `Err(NodeJoined)` says why not.
+    async fn joinable(&self, node: &str) -> Result<()>;
     /// A token by its public id, revoked or not (`NotFound` when none has it).
     async fn token_by_id(&self, id: &str) -> Result<StoredToken>;
     /// Every kept token, oldest first.
@@ -644,6 +647,11 @@ impl<B: Backend> Store for B {
 
     async fn tallies(&self) -> Result<Tallies> {
         run!(self, read, "tallies", experiments::tallies;)
+    }
+
+    async fn joinable(&self, node: &str) -> Result<()> {
+        let node = node.to_string();
+        run!(self, read, "joinable", tokens::joinable, node.clone(); node = %node)
     }
 
     async fn join_node(&self, token: NewToken) -> Result<TokenView> {

@@ -991,6 +991,17 @@ impl<E: Exec> Tx for E {
             .ok_or_else(|| super::StoreError::not_found("user", name))
     }
 
+    async fn insert_new_user(&mut self, name: &str, role: Role, now: Millis) -> Result<bool> {
+        let n = self
+            .execute(
+                "INSERT INTO users (name, role, created_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (name) DO NOTHING",
+                args![name, role.as_str(), now],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
     async fn put_user(&mut self, u: &UserView) -> Result<bool> {
         let n = self
             .execute(

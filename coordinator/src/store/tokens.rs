@@ -23,20 +23,44 @@ pub(super) async fn create(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, b
     Ok((by_id(tx, &t.id).await?.view, false))
 }
 
-/// A new node's first agent credential: none may have been made for its name, and the node
-/// is not registered (a join token makes first credentials, it never replaces one).
-pub(super) async fn join_node(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, bool)> {
+/// Whether `node` may still be given its first credential by a join token: it is not
+/// registered and no user (of a token, stored or configured) bears its name.
+pub(super) async fn joinable(tx: &mut dyn Tx, node: String) -> Result<()> {
+    refusal(tx, &node, false).await?.map_or(Ok(()), Err)
+}
+
+/// `lock`: in a write transaction, the node's row (where there is one) is locked.
+async fn refusal(tx: &mut dyn Tx, node: &str, lock: bool) -> Result<Option<StoreError>> {
     let refused = |why: &str| StoreError::NodeJoined {
-        node: t.name.clone(),
+        node: node.to_string(),
         why: why.to_string(),
     };
-    if tx.node_gpus(&t.name, true).await?.is_some() {
-        return Err(refused("it is registered"));
+    if tx.node_gpus(node, lock).await?.is_some() {
+        return Ok(Some(refused("it is registered")));
     }
-    if tx.tokens().await?.iter().any(|k| k.view.name == t.name) {
-        return Err(refused("a token of its name was made"));
+    if !tx.users(Some(node)).await?.is_empty() {
+        return Ok(Some(refused("a user or token of its name exists")));
     }
-    create(tx, t).await
+    Ok(None)
+}
+
+/// A new node's first agent credential: the node is not registered and its name is no
+/// user's yet, which the user row made here settles between concurrent joins (a join token
+/// makes first credentials, it never replaces one).
+pub(super) async fn join_node(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, bool)> {
+    if let Some(refused) = refusal(tx, &t.name, true).await? {
+        return Err(refused);
+    }
+    if !tx.insert_new_user(&t.name, t.role, now_ms()).await? {
+        return Err(StoreError::NodeJoined {
+            node: t.name,
+            why: "another join of it came first".to_string(),
+        });
+    }
+    if !tx.insert_token(&t, now_ms()).await? {
+        return Err(StoreError::TokenExists { id: t.id });
+    }
+    Ok((by_id(tx, &t.id).await?.view, false))
 }
 
 pub(super) async fn list(tx: &mut dyn Tx) -> Result<Vec<TokenView>> {

@@ -312,6 +312,9 @@ pub trait Tx: Send {
     // ---- users ----
     /// Adds the user unless one of that name exists; the role the name has now.
     async fn ensure_user(&mut self, name: &str, role: Role, now: Millis) -> Result<Role>;
+    /// Makes a user of `name` with `role`; false (nothing written) when the name exists,
+    /// whatever its role. The unique name decides between concurrent callers.
+    async fn insert_new_user(&mut self, name: &str, role: Role, now: Millis) -> Result<bool>;
     /// Creates or changes a user; `false` when the name has another role.
     async fn put_user(&mut self, u: &UserView) -> Result<bool>;
     /// Every user, or the one named.
