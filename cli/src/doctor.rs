@@ -61,9 +61,8 @@ fn print(report: &Report) {
     println!("headroom doctor: {}", report.backend);
     for c in &report.checks {
         let status = match c.status {
-            Status::Pass => "pass",
             Status::Fail => "FAIL",
-            Status::Unavailable => "unavailable",
+            other => other.as_str(),
         };
         println!("  {status:<11}  {:<16}  {}", c.name, c.detail);
         println!("  {:<11}  {:<16}  -> {}", "", "", c.meaning);

@@ -42,12 +42,7 @@ pub async fn create(
             Some(crate::store::now_ms().saturating_add(ms))
         }
     };
-    let (id, token) = auth::new_token();
-    let secret = token.clone();
-    let secret_hash = tokio::task::spawn_blocking(move || auth::hash_secret(&secret))
-        .await
-        .map_err(|e| ApiError::internal(format!("hashing task: {e}")))?
-        .map_err(ApiError::internal)?;
+    let (id, token, secret_hash) = new_hashed_token().await?;
     let view = s
         .store
         .create_token(NewToken {
@@ -91,12 +86,7 @@ pub async fn join(
         .await
         .map_err(|_| ApiError::new(ErrorCode::Busy, "too many joins at once: try again"))?
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    let (id, token) = auth::new_token();
-    let secret = token.clone();
-    let secret_hash = tokio::task::spawn_blocking(move || auth::hash_secret(&secret))
-        .await
-        .map_err(|e| ApiError::internal(format!("hashing task: {e}")))?
-        .map_err(ApiError::internal)?;
+    let (id, token, secret_hash) = new_hashed_token().await?;
     let view = s
         .store
         .join_node(NewToken {
@@ -110,6 +100,18 @@ pub async fn join(
         .await?;
     tracing::info!(id = %view.id, node = %view.name, by = %view.created_by, "node joined: its agent credential made");
     Ok(ApiJson(CreatedToken { token, view }))
+}
+
+/// A new token: its id, its secret (answered once) and the argon2 hash the store keeps,
+/// made off the runtime.
+async fn new_hashed_token() -> Result<(String, String, String), ApiError> {
+    let (id, token) = auth::new_token();
+    let secret = token.clone();
+    let secret_hash = tokio::task::spawn_blocking(move || auth::hash_secret(&secret))
+        .await
+        .map_err(|e| ApiError::internal(format!("hashing task: {e}")))?
+        .map_err(ApiError::internal)?;
+    Ok((id, token, secret_hash))
 }
 
 pub async fn list(State(s): State<AppState>) -> ApiResult<Vec<TokenView>> {
