@@ -218,10 +218,8 @@ pub(crate) async fn follow(
                 }
                 Ok(Some(FromSupervisor::Hello { .. })) => {}
                 Ok(Some(FromSupervisor::Ended { held_by, ghost_limits, report, reusable })) => {
-                    if reusable && ours {
-                        shared.standby.put_back(conn);
-                    }
-                    break Some((Left { gpus: gpus.clone(), pids: held_by, ghost_limits }, *report));
+                    let left = Left { gpus: gpus.clone(), pids: held_by, ghost_limits };
+                    break Some((left, *report, reusable && ours));
                 }
                 Ok(None) => break None,
                 Err(ProtoError::Format { line, source }) => {
@@ -260,11 +258,20 @@ pub(crate) async fn follow(
     }
     ship_stop.cancel();
     let _ = shipper.await;
-    let (left, report) = match ended {
+    let (left, report, reusable) = match ended {
         Some(end) => end,
-        None => gone(&shared, attempt, fence, &gpus).await,
+        None => {
+            let (left, report) = gone(&shared, attempt, fence, &gpus).await;
+            (left, report, false)
+        }
     };
     finish(&shared, Outcome { attempt, report }, left, &exit.giving_up).await;
+    // Only now, the end reported and out of the journal: until the supervisor hears from us
+    // again (a launch) or loses the connection, it keeps the end, and reports it itself if
+    // we go first.
+    if reusable {
+        shared.standby.put_back(conn);
+    }
 }
 
 async fn report_start(

@@ -18,6 +18,7 @@ pub mod attempt;
 pub mod classify;
 pub mod colocate;
 pub mod direct;
+mod handoff;
 pub mod measure;
 pub mod prestart;
 pub mod proto;
@@ -40,6 +41,7 @@ use crate::gpu::{self, BackendChoice, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes};
 use attempt::{AttemptEnd, SupervisorConfig};
 use direct::{Delivery, DirectLink, Renewal};
+use handoff::Handoff;
 use headroom_shared::prestart::{Prestart, PrestartReport};
 use proto::StopReason;
 use proto::{Conn, FromSupervisor, PROTOCOL, Spec, ToSupervisor};
@@ -194,8 +196,10 @@ async fn serve_attempts(channel: std::os::unix::net::UnixStream, own_tree: bool)
     let mut served = 0;
     // The GPU backend, opened once for every attempt this process runs.
     let mut gpus: Option<Prepared> = None;
+    // The last attempt's end, until the agent shows it reported it.
+    let mut handed: Option<Box<Handoff>> = None;
     loop {
-        let spec = match next_launch(&mut conn, &mut gpus).await {
+        let spec = match next_launch(&mut conn, &mut gpus, handed.take()).await {
             Ok(spec) => spec,
             Err(code) => return code,
         };
@@ -205,8 +209,9 @@ async fn serve_attempts(channel: std::os::unix::net::UnixStream, own_tree: bool)
         let opening = prepared(&mut gpus, &spec.gpu).opening.clone();
         match supervise(spec, conn, own_tree, reuse, opening).await {
             Next::Exit(code) => return code,
-            Next::Wait(c) => {
+            Next::Wait(c, handoff) => {
                 conn = c;
+                handed = handoff;
                 let _ = nix::sys::prctl::set_name(STANDBY_COMM);
                 // What exited before the reaper was told (its signals coalesce) goes now.
                 let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
@@ -239,10 +244,21 @@ fn prepare(choice: BackendChoice) -> Prepared {
 }
 
 /// The next launch on `conn`; else the process's exit code. A backend to prepare is
-/// opened meanwhile.
-async fn next_launch(conn: &mut Conn, gpus: &mut Option<Prepared>) -> Result<Spec, i32> {
+/// opened meanwhile. `handed`: the last attempt's end, reported here if the connection ends
+/// before any message (the agent went before reporting it; it gives a launch only after).
+async fn next_launch(
+    conn: &mut Conn,
+    gpus: &mut Option<Prepared>,
+    mut handed: Option<Box<Handoff>>,
+) -> Result<Spec, i32> {
     loop {
-        match conn.recv::<ToSupervisor>().await {
+        let msg = conn.recv::<ToSupervisor>().await;
+        if let Some(h) = handed.take()
+            && !matches!(msg, Ok(Some(_)))
+        {
+            h.settle().await;
+        }
+        match msg {
             Ok(Some(ToSupervisor::Launch { spec })) => return Ok(*spec),
             Ok(Some(ToSupervisor::Prepare { gpu })) => {
                 prepared(gpus, &gpu);
@@ -267,8 +283,9 @@ async fn next_launch(conn: &mut Conn, gpus: &mut Option<Prepared>) -> Result<Spe
 /// What a supervisor does after an attempt.
 enum Next {
     Exit(i32),
-    /// Handed back to its agent over this connection: waits for the next launch.
-    Wait(Conn),
+    /// Handed back to its agent over this connection: waits for the next launch, and
+    /// reports the last end itself if the agent goes before reporting it.
+    Wait(Conn, Option<Box<Handoff>>),
 }
 
 /// Runs one attempt from its launch to its journalled and told end. `reuse`: whether this
@@ -613,16 +630,42 @@ async fn finish(
         }
     }
     let reusable = reuse && clean && launched && written.is_ok() && !link.reattached;
+    let attempt = outcome.attempt;
     link.send(&FromSupervisor::Ended {
         held_by,
         ghost_limits,
-        report: Box::new(outcome.report),
+        report: Box::new(outcome.report.clone()),
         reusable,
     })
     .await;
-    match link.conn {
-        Some(conn) if reusable => Next::Wait(conn),
-        _ => Next::Exit(i32::from(written.is_err())),
+    // An end only the journal holds is the agent's to report; until it shows it did, this
+    // process keeps it, and reports it if the agent goes first.
+    let handoff = match reporter.direct {
+        Some(direct) if delivered == Delivery::Undelivered && written.is_ok() => {
+            Some(Box::new(Handoff::new(
+                attempt,
+                outcome.report,
+                spec.launch.log_path.clone(),
+                direct,
+                journal,
+                reporter.give_up_at,
+            )))
+        }
+        _ => None,
+    };
+    let code = i32::from(written.is_err());
+    match (link.conn, handoff) {
+        (Some(conn), handoff) if reusable => Next::Wait(conn, handoff),
+        (Some(mut conn), Some(h)) => {
+            h.wait_for_release(&mut conn).await;
+            Next::Exit(code)
+        }
+        // The agent went while the end was told: nobody else will report it.
+        (None, Some(h)) => {
+            h.settle().await;
+            Next::Exit(code)
+        }
+        (_, None) => Next::Exit(code),
     }
 }
 

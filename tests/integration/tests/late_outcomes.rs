@@ -1,8 +1,9 @@
 //! Outcomes survive an agent crash: an agent killed with `kill -9` after its job ended and
-//! before it reported the end journals the outcome first, and its next run (same data
-//! directory) reports it, within the lease TTL and beyond it (the attempt already recorded
-//! lost, its job requeued but not leased again): the job succeeds once, and does not run
-//! again.
+//! before it reported the end journals the outcome first. Its attempt's supervisor, alive,
+//! reports it at once (the agent may never come back); with the supervisor killed too, the
+//! agent's next run (same data directory) reports it, within the lease TTL and beyond it (the
+//! attempt already recorded lost, its job requeued but not leased again). Either way the job
+//! succeeds once, and does not run again.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -74,10 +75,11 @@ fn starts(record: &Path) -> usize {
         .count()
 }
 
-/// Runs one short job on an agent that pauses before reporting its end, kills the agent
-/// with `kill -9` once the outcome is journalled, lets `while_down` look at the coordinator,
-/// and restarts the agent on the same data directory: the journalled success is reported,
-/// and the job ends succeeded with its one attempt, run once.
+/// Runs one short job on an agent that pauses before reporting its end, kills the attempt's
+/// supervisor and then the agent with `kill -9` once the outcome is journalled, lets
+/// `while_down` look at the coordinator, and restarts the agent on the same data directory:
+/// the journalled success is reported, and the job ends succeeded with its one attempt, run
+/// once.
 fn killed_before_reporting(while_down: impl FnOnce(&Site, ExperimentId)) {
     let site = Site::new();
     let record = site.dir.path().join("timeline.jsonl");
@@ -92,6 +94,7 @@ fn killed_before_reporting(while_down: impl FnOnce(&Site, ExperimentId)) {
         Duration::from_secs(30),
         || journalled(&site.data_dir()).pop(),
     );
+    kill_supervisors(&agent);
     agent.kill9().expect("kill -9");
     let d = site.job(exp).expect("job");
     assert_eq!(
@@ -127,6 +130,98 @@ fn killed_before_reporting(while_down: impl FnOnce(&Site, ExperimentId)) {
     });
     assert_eq!(starts(&record), 1, "the job ran once");
     assert_eq!(site.job(exp).expect("job").attempts_detail.len(), 1);
+}
+
+/// Kills (`-9`) the processes of the agent's scope but the agent: its attempts' supervisors.
+fn kill_supervisors(agent: &Agent) {
+    let own = agent.pid();
+    let pids: Vec<u32> = agent
+        .scope_pids()
+        .into_iter()
+        .filter(|&p| Some(p) != own)
+        .collect();
+    assert!(!pids.is_empty(), "a supervisor waits");
+    for &pid in &pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    wait("the supervisors to die", Duration::from_secs(10), || {
+        pids.iter()
+            .all(|&p| !headroom_integration_tests::alive(p))
+            .then_some(())
+    });
+}
+
+/// The job's end is journalled and handed to the agent, which is killed (`-9`) before it
+/// reports it and never comes back: the supervisor reports it, at once rather than after
+/// the lease, so the attempt is not lost and the job does not run again. `reattached`: the
+/// agent that took the end had re-attached to the running attempt after a first agent's
+/// kill (its supervisor then exits after the end instead of waiting for another launch).
+fn gone_for_good_after_the_end(reattached: bool) {
+    let site = Site::new();
+    let record = site.dir.path().join("timeline.jsonl");
+    let seconds = if reattached { "3" } else { "0.2" };
+    // Dropped, an agent takes its scope's processes with it: the first is kept to the end.
+    let mut first = site.agent(if reattached { None } else { Some(600_000) });
+    let exp = site.submit(serde_json::json!({"name": "short", "command": [
+        fake_job().display().to_string(), "--seconds", seconds, "--record",
+        record.display().to_string()],
+        "retry": {"max_attempts": 3, "on": ["lost"]}}));
+    let mut again = None;
+    if reattached {
+        wait("the job to start", Duration::from_secs(30), || {
+            read_records(&record).ok().filter(|r| !r.is_empty())
+        });
+        first.kill9().expect("kill -9");
+        let second = site.agent(Some(600_000));
+        wait("the re-attach", Duration::from_secs(30), || {
+            second.output().contains("re-attached").then_some(())
+        });
+        again = Some(second);
+    }
+    let agent = again.as_mut().unwrap_or(&mut first);
+    wait(
+        "the outcome to be journalled",
+        Duration::from_secs(30),
+        || journalled(&site.data_dir()).pop(),
+    );
+    agent.kill9().expect("kill -9");
+    // Well within the 3 s TTL, and without any agent.
+    let done = wait("the job to end", Duration::from_secs(10), || {
+        site.job(exp).filter(|d| d.summary.state.is_terminal())
+    });
+    assert_eq!(done.summary.state, JobState::Succeeded, "{done:#?}");
+    assert_eq!(done.attempts_detail.len(), 1, "{:#?}", done.attempts_detail);
+    let a = &done.attempts_detail[0];
+    assert_eq!((a.failure_class, a.exit_code), (None, Some(0)), "{a:#?}");
+    wait("the journal to be cleared", Duration::from_secs(10), || {
+        journalled(&site.data_dir()).is_empty().then_some(())
+    });
+    // Past the TTL nothing changes: the job is not lost, nor run again.
+    std::thread::sleep(Duration::from_secs(4));
+    let later = site.job(exp).expect("job");
+    assert_eq!(
+        later.attempts_detail.len(),
+        1,
+        "{:#?}",
+        later.attempts_detail
+    );
+    assert_eq!(starts(&record), 1, "the job ran once");
+    wait("the supervisor to exit", Duration::from_secs(10), || {
+        agent.scope_pids().is_empty().then_some(())
+    });
+}
+
+#[test]
+fn an_agent_gone_for_good_before_reporting_an_end_leaves_it_to_the_supervisor() {
+    gone_for_good_after_the_end(false);
+}
+
+#[test]
+fn a_reattached_agent_gone_before_reporting_an_end_leaves_it_to_the_supervisor() {
+    gone_for_good_after_the_end(true);
 }
 
 #[test]
