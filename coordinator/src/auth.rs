@@ -82,6 +82,11 @@ pub enum TokenConfigError {
          (e.g. `openssl rand -hex 24`)"
     )]
     WeakAdminToken,
+    #[error(
+        "--bootstrap-join-token-file (HEADROOM_BOOTSTRAP_JOIN_TOKEN_FILE) must hold at least \
+         {MIN_SECRET_LEN} characters (e.g. `openssl rand -hex 24`)"
+    )]
+    WeakJoinToken,
     #[error("{0}")]
     Secret(#[from] headroom_shared::secret::SecretError),
 }
@@ -190,6 +195,22 @@ pub fn admin_token(secret: &str) -> Result<ConfigToken, TokenConfigError> {
         id: None,
         name: "admin".into(),
         role: Role::Admin,
+        secret: Secret::Plain(secret.to_string()),
+        unix_user: None,
+    })
+}
+
+/// The bootstrap join token given in the clear (a Helm chart's generated Secret): it may only
+/// exchange itself for new nodes' agent credentials.
+pub fn join_token(secret: &str) -> Result<ConfigToken, TokenConfigError> {
+    let secret = secret.trim();
+    if secret.chars().count() < MIN_SECRET_LEN {
+        return Err(TokenConfigError::WeakJoinToken);
+    }
+    Ok(ConfigToken {
+        id: None,
+        name: "join".into(),
+        role: Role::Join,
         secret: Secret::Plain(secret.to_string()),
         unix_user: None,
     })
@@ -679,6 +700,7 @@ mod tests {
             "tokens[0].unix_user",
         )?;
         assert!(admin_token("short").is_err());
+        assert!(join_token("short").is_err());
         Ok(())
     }
 }

@@ -58,6 +58,11 @@ pub struct CoordinatorSettings {
     /// (from `headroom token hash`).
     #[arg(long, env = "HEADROOM_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
+    /// A file holding a join token in the clear (at least 16 characters, one line), as the
+    /// bootstrap admin token is given: the one that a Helm chart generates for its agents,
+    /// which may only exchange it for each new node's own credential.
+    #[arg(long, env = "HEADROOM_BOOTSTRAP_JOIN_TOKEN_FILE")]
+    pub bootstrap_join_token_file: Option<PathBuf>,
 }
 
 /// A secret given on the command line or in the environment: never shown by `Debug`.
@@ -107,11 +112,15 @@ impl CoordinatorSettings {
         )?)
     }
 
-    /// The configured tokens: the bootstrap admin token, then the tokens file's.
+    /// The configured tokens: the bootstrap admin and join tokens, then the tokens file's.
     pub fn tokens(&self) -> Result<Vec<ConfigToken>, TokenConfigError> {
         let mut tokens = Vec::new();
         if let Some(secret) = self.admin_secret()? {
             tokens.push(auth::admin_token(&secret)?);
+        }
+        if let Some(path) = &self.bootstrap_join_token_file {
+            let secret = secret::read_file(path, "--bootstrap-join-token-file")?;
+            tokens.push(auth::join_token(&secret)?);
         }
         if let Some(path) = &self.tokens_file {
             tokens.extend(auth::read_tokens_file(path)?);

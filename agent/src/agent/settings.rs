@@ -36,6 +36,11 @@ pub struct AgentSettings {
     /// else one per GPU).
     #[arg(long, env = "HEADROOM_PLAN")]
     pub plan: Option<String>,
+    /// A TOML file of plans by node name, for agents that share one configuration (a
+    /// Kubernetes DaemonSet): `default = "1,1"` and a `[nodes]` table of `"NAME" = "PLAN"`.
+    /// This node's entry is used, else `default`; `--plan` wins over it.
+    #[arg(long, env = "HEADROOM_PLANS_FILE")]
+    pub plans_file: Option<PathBuf>,
     /// GPU memory kept free: a share (`10%`) or a size (`2GiB`).
     #[arg(long, env = "HEADROOM_HEADROOM", default_value = "10%")]
     pub headroom: Headroom,
@@ -151,19 +156,37 @@ impl AgentSettings {
         )
     }
 
+    /// The plan this node starts with: `--plan`, else its entry in the plans file, else the
+    /// file's default; `None`: the coordinator's.
+    pub fn start_plan(&self) -> Result<Option<String>, SettingsError> {
+        if self.plan.is_some() {
+            return Ok(self.plan.clone());
+        }
+        let Some(path) = &self.plans_file else {
+            return Ok(None);
+        };
+        let invalid = |message: String| SettingsError::PlansFile {
+            path: path.clone(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
+        let file: PlansFile = toml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+        Ok(plan_for(&file, &self.node_name()))
+    }
+
     /// The agent's configuration, talking to `coordinator`, keeping logs in `data_dir`.
     pub fn agent_config(
         &self,
         coordinator: String,
         data_dir: PathBuf,
-    ) -> Result<AgentConfig, SecretError> {
+    ) -> Result<AgentConfig, SettingsError> {
         Ok(AgentConfig {
             gpu: self.backend_choice(&data_dir),
             on_exit: self.on_exit,
             supervisor_exe: crate::supervisor::SELF_EXE.into(),
             coordinator,
             node: self.node_name(),
-            plan: self.plan.clone(),
+            plan: self.start_plan()?,
             headroom: self.headroom,
             data_dir,
             supervisor: SupervisorConfig {
@@ -185,10 +208,96 @@ impl AgentSettings {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    #[error("--plans-file {}: {message}", path.display())]
+    PlansFile { path: PathBuf, message: String },
+}
+
+/// `--plans-file`: plans by node name. The plans themselves are checked where every plan is,
+/// by the coordinator at registration, naming the plan.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlansFile {
+    default: Option<String>,
+    #[serde(default)]
+    nodes: std::collections::BTreeMap<String, String>,
+}
+
+fn plan_for(file: &PlansFile, node: &str) -> Option<String> {
+    file.nodes.get(node).or(file.default.as_ref()).cloned()
+}
+
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Args {
+        #[command(flatten)]
+        settings: AgentSettings,
+    }
+
+    fn settings(args: &[&str]) -> AgentSettings {
+        Args::try_parse_from(std::iter::once("agent").chain(args.iter().copied()))
+            .expect("flags")
+            .settings
+    }
+
+    fn plans(text: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().expect("temp file");
+        std::fs::write(f.path(), text).expect("write");
+        f
+    }
+
+    const PLANS: &str = "default = \"1,1\"\n[nodes]\n\"gpu-07\" = \"2,2,1,1\"\n";
+
+    #[test]
+    fn a_node_gets_its_entry_of_the_plans_file_else_its_default() {
+        let f = plans(PLANS);
+        let path = f.path().to_str().expect("utf-8");
+        let own = settings(&["--node", "gpu-07", "--plans-file", path]);
+        assert_eq!(own.start_plan().expect("plan").as_deref(), Some("2,2,1,1"));
+        let other = settings(&["--node", "gpu-08", "--plans-file", path]);
+        assert_eq!(other.start_plan().expect("plan").as_deref(), Some("1,1"));
+        let flag = settings(&["--node", "gpu-07", "--plans-file", path, "--plan", "3"]);
+        assert_eq!(flag.start_plan().expect("plan").as_deref(), Some("3"));
+    }
+
+    #[test]
+    fn without_a_default_an_unlisted_node_takes_the_coordinators_plan() {
+        let f = plans("[nodes]\na = \"2\"\n");
+        let s = settings(&[
+            "--node",
+            "b",
+            "--plans-file",
+            f.path().to_str().expect("utf-8"),
+        ]);
+        assert_eq!(s.start_plan().expect("plan"), None);
+    }
+
+    #[test]
+    fn a_bad_plans_file_is_refused_naming_the_file_and_the_key() {
+        let f = plans("default = \"1\"\nnode = { a = \"2\" }\n");
+        let path = f.path().to_str().expect("utf-8");
+        let err = settings(&["--plans-file", path])
+            .start_plan()
+            .expect_err("refused");
+        let msg = err.to_string();
+        assert!(msg.contains("--plans-file") && msg.contains(path), "{msg}");
+        assert!(msg.contains("unknown field `node`"), "{msg}");
+        let missing = settings(&["--plans-file", "/nonexistent/plans.toml"]);
+        assert!(missing.start_plan().is_err());
+    }
 }

@@ -1,0 +1,506 @@
+"""The Helm chart, offline (no cluster can be reached): `helm lint --strict`, renderings that
+`kubernetes-validate --strict` accepts, values the schema refuses by name, the rendered
+objects, and the real binaries started with exactly the environment, files and commands the
+chart gives their containers.
+
+Needs HEADROOM_HELM (the helm binary: scripts/test extracts it), kubernetes-validate on PATH
+or beside this interpreter, HEADROOM_BIN_DIR (the built binaries) and, for the end-to-end
+test, HEADROOM_TEST_DATABASE_URL (a PostgreSQL server the test may create a database on).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parent
+CHART = HERE.parent / "headroom"
+ROOT = HERE.parents[2]
+VALUE_SETS = ["default", "replicas", "bundled-postgres", "plans", "no-hostpid"]
+
+
+def helm() -> str:
+    path = os.environ.get("HEADROOM_HELM") or shutil.which("helm")
+    if not path:
+        pytest.fail("set HEADROOM_HELM to a helm binary (scripts/test installs one)")
+    return path
+
+
+def values_args(name: str) -> list[str]:
+    return [] if name == "default" else ["-f", str(HERE / "values" / f"{name}.yaml")]
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *args], capture_output=True, text=True, timeout=120)
+
+
+def render(value_set: str = "default", *extra: str) -> list[dict[str, Any]]:
+    out = run_helm("template", "r", str(CHART), *values_args(value_set), *extra)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} rendered"
+    return found[0]
+
+
+def kinds(docs: list[dict[str, Any]]) -> list[str]:
+    return sorted(d["kind"] for d in docs)
+
+
+def container(doc: dict[str, Any]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = doc["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+# --- lint and validation -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_the_chart_lints_strictly(value_set: str) -> None:
+    out = run_helm("lint", "--strict", str(CHART), *values_args(value_set))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def validator() -> str:
+    beside = Path(sys.executable).parent / "kubernetes-validate"
+    path = str(beside) if beside.exists() else shutil.which("kubernetes-validate")
+    if not path:
+        pytest.fail("kubernetes-validate is not installed (scripts/test installs it)")
+    return path
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_rendering_is_valid_kubernetes(value_set: str) -> None:
+    out = run_helm("template", "r", str(CHART), *values_args(value_set))
+    assert out.returncode == 0, out.stderr
+    check = subprocess.run(
+        [validator(), "--strict", "--quiet", "-"],
+        input=out.stdout,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_broken_manifest_is_caught_by_the_validator() -> None:
+    """The validation above can fail: a field Kubernetes does not have is refused."""
+    docs = render()
+    ds = find(docs, "DaemonSet")
+    container(ds)["hostPid"] = True
+    check = subprocess.run(
+        [validator(), "--strict", "--quiet", "-"],
+        input=yaml.safe_dump(ds),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert check.returncode != 0
+    assert "hostPid" in check.stdout + check.stderr
+
+
+REFUSED = [
+    ({"coordinator": {"replicas": 0}}, "/coordinator/replicas"),
+    (
+        {"coordinator": {"replicas": 2, "persistence": {"accessModes": ["ReadWriteOnce"]}}},
+        "/coordinator/persistence/accessModes",
+    ),
+    ({"coordinator": {"replica": 2}}, "replica"),
+    ({"coordinator": {"leaseTtl": "thirty seconds"}}, "/coordinator/leaseTtl"),
+    ({"agent": {"plan": "2,,2"}}, "/agent/plan"),
+    ({"agent": {"plans": {"gpu-01": "2,x"}}}, "/agent/plans/gpu-01"),
+    # A node name with a space: the message names the key.
+    ({"agent": {"plans": {"gpu 01": "2"}}}, "invalid propertyName 'gpu 01'"),
+    ({"agent": {"gpuBackend": "cuda"}}, "/agent/gpuBackend"),
+    ({"agent": {"hostPID": "yes"}}, "/agent/hostPID"),
+    ({"agent": {"runAsDefault": "root"}}, "/agent/runAsDefault"),
+    ({"agent": {"passEnv": ["HEADROOM_TOKEN"]}}, "/agent/passEnv/0"),
+    ({"agent": {"killGraceSeconds": 0}}, "/agent/killGraceSeconds"),
+    ({"database": {"existingSecret": ""}}, "/database/existingSecret"),
+    ({"tokens": {"existingSecret": "Not_A_Name"}}, "/tokens/existingSecret"),
+]
+
+
+@pytest.mark.parametrize("values,field", REFUSED, ids=[f for _, f in REFUSED])
+def test_bad_values_are_refused_naming_the_field(
+    values: dict[str, Any], field: str, tmp_path: Path
+) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(values))
+    for command in (["lint", "--strict", str(CHART)], ["template", "r", str(CHART)]):
+        out = run_helm(*command, "-f", str(f))
+        assert out.returncode != 0, f"{command[0]} took {values}"
+        said = out.stdout + out.stderr
+        assert "schema" in said and field in said, said
+
+
+# --- the rendered objects ------------------------------------------------------------------
+
+
+def test_by_default_agents_run_on_gpu_nodes_in_the_hosts_pid_namespace() -> None:
+    docs = render()
+    assert kinds(docs) == sorted(
+        ["ServiceAccount", "Secret", "ConfigMap", "PersistentVolumeClaim", "Service",
+         "DaemonSet", "Deployment"]
+    )
+    pod = find(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["hostPID"] is True
+    assert "runtimeClassName" not in pod
+    # Longer than the kill grace and the verification, so a drained node cleans up.
+    assert pod["terminationGracePeriodSeconds"] == 10 + 30 + 30
+    c = container(find(docs, "DaemonSet"))
+    env = env_of(c)
+    assert env["HEADROOM_NODE"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["HEADROOM_REQUIRE_DOCTOR"] == "true"
+    assert env["HEADROOM_ON_EXIT"] == "stop"
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert "SYS_ADMIN" not in sc["capabilities"]["add"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_no_secret_reaches_an_environment_variable_and_agents_get_the_join_token_only() -> None:
+    for value_set in VALUE_SETS:
+        docs = render(value_set)
+        for d in docs:
+            if d["kind"] in ("Deployment", "DaemonSet", "StatefulSet"):
+                for e in container(d).get("env", []):
+                    assert "secretKeyRef" not in e.get("valueFrom", {}), (value_set, e)
+        tokens = [d for d in docs if d["kind"] == "Secret" and "admin-token" in d.get("data", {})]
+        assert len(tokens) == 1
+        name = tokens[0]["metadata"]["name"]
+        agent_vols = find(docs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+        secret_vols = [v["secret"] for v in agent_vols if "secret" in v]
+        assert secret_vols == [
+            {"secretName": name, "items": [{"key": "join-token", "path": "join-token"}],
+             "defaultMode": 0o400}
+        ]
+        coord_vols = find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+        assert any(v.get("secret", {}).get("secretName") == name for v in coord_vols)
+
+
+def test_generated_tokens_are_long_random_and_distinct() -> None:
+    a = find(render(), "Secret", "r-headroom-tokens")["data"]
+    b = find(render(), "Secret", "r-headroom-tokens")["data"]
+    tokens = [base64.b64decode(v).decode() for v in (*a.values(), *b.values())]
+    assert all(len(t) >= 32 for t in tokens)
+    assert len(set(tokens)) == 4
+    docs = render("default", "--set", "tokens.existingSecret=lab-tokens")
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    vols = find(docs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+    assert {"secretName": "lab-tokens", "items": [{"key": "join-token", "path": "join-token"}],
+            "defaultMode": 0o400} in [v.get("secret") for v in vols]
+
+
+def test_several_replicas_get_a_disruption_budget_and_share_their_volume() -> None:
+    docs = render("replicas")
+    dep = find(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 3
+    assert "strategy" not in dep["spec"], "ReadWriteMany: rolling updates surge"
+    pdb = find(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert find(docs, "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteMany"]
+    ing = find(docs, "Ingress")
+    assert ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"] == (
+        find(docs, "Service")["metadata"]["name"]
+    )
+    assert "PodDisruptionBudget" not in kinds(render())
+    # One replica on a volume one node mounts: the old pod goes first.
+    assert find(render(), "Deployment")["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+
+
+def test_the_bundled_database_is_what_the_coordinator_reads() -> None:
+    docs = render("bundled-postgres")
+    sts = find(docs, "StatefulSet")
+    svc = find(docs, "Service", "r-headroom-postgresql")
+    assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    db = find(docs, "Secret", "r-headroom-database")["data"]
+    url = base64.b64decode(db["url"]).decode()
+    password = base64.b64decode(db["password"]).decode()
+    assert url == f"postgres://headroom:{password}@r-headroom-postgresql:5432/headroom"
+    assert len(password) >= 32
+    pg_env = env_of(container(sts))
+    assert "POSTGRES_PASSWORD" not in pg_env and pg_env["POSTGRES_PASSWORD_FILE"]
+    vols = find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"secretName": "r-headroom-database", "items": [{"key": "url", "path": "url"}],
+            "defaultMode": 0o440} in [v.get("secret") for v in vols]
+    assert {"name": "data", "emptyDir": {}} in vols
+    assert "StatefulSet" not in kinds(render())
+
+
+def test_plans_and_hostpid_values_reach_the_agents() -> None:
+    docs = render("plans")
+    plans = tomllib.loads(find(docs, "ConfigMap")["data"]["plans.toml"])
+    assert plans == {"default": "1,1", "nodes": {"gpu-07": "2,1", "gpu-08": "3,3"}}
+    pod = find(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["terminationGracePeriodSeconds"] == 5 + 10 + 30
+    assert env_of(container(find(docs, "DaemonSet")))["HEADROOM_PASS_ENV"] == "WANDB_API_KEY,HF_HOME"
+    # A changed plan rolls the agents.
+    def checksum(d: list[dict[str, Any]]) -> str:
+        value: str = find(d, "DaemonSet")["spec"]["template"]["metadata"]["annotations"][
+            "checksum/plans"
+        ]
+        return value
+
+    assert checksum(docs) != checksum(render("plans", "--set-string", "agent.plans.gpu-07=1"))
+    assert tomllib.loads(find(render(), "ConfigMap")["data"]["plans.toml"]) == {"nodes": {}}
+    off = render("no-hostpid")
+    pod = find(off, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["hostPID"] is False
+    sc = container(find(off, "DaemonSet"))["securityContext"]
+    assert sc == {"runAsUser": 0, "privileged": True}
+    notes = run_helm("install", "r", str(CHART), "--dry-run=client", *values_args("no-hostpid"))
+    assert notes.returncode == 0, notes.stderr
+    assert "agent.hostPID is false" in notes.stdout
+
+
+def test_the_images_binaries_are_the_ones_the_chart_runs() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    docs = render("bundled-postgres")
+    for kind in ("Deployment", "DaemonSet"):
+        command = container(find(docs, kind))["command"]
+        assert f"target/release/{command[0]}" in dockerfile, command
+        assert (Path(os.environ.get("HEADROOM_BIN_DIR", ROOT / "target/debug")) / command[0]).exists()
+
+
+# --- the real binaries, as the chart runs them ---------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http(url: str, token: str | None = None, body: Any = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, method="POST" if body is not None else "GET")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, data, timeout=10) as r:
+            text = r.read().decode()
+            return r.status, (json.loads(text) if text.strip().startswith(("{", "[")) else text)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, ConnectionError) as e:
+        return 0, str(e)
+
+
+def wait_for(what: str, check: Any, timeout: float = 60) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+class Pod:
+    """One container of a rendered workload, run here: its volumes are directories under
+    `root` holding what the rendered Secrets and ConfigMaps (or `given`) put in them."""
+
+    def __init__(self, doc: dict[str, Any], docs: list[dict[str, Any]], root: Path,
+                 given: dict[str, dict[str, str]], field_refs: dict[str, str]) -> None:
+        spec = doc["spec"]["template"]["spec"]
+        self.c = container(doc)
+        self.root = root
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        self.mounts: dict[str, Path] = {}
+        for m in self.c["volumeMounts"]:
+            where = root / m["mountPath"].lstrip("/")
+            where.mkdir(parents=True, exist_ok=True)
+            self.mounts[m["mountPath"]] = where
+            v = volumes[m["name"]]
+            source = v.get("secret") or v.get("configMap")
+            if not source:
+                continue
+            name = source.get("secretName") or source.get("name")
+            data = given.get(name)
+            if data is None:
+                obj = [d for d in docs if d["kind"] in ("Secret", "ConfigMap")
+                       and d["metadata"]["name"] == name]
+                assert obj, f"volume {m['name']}: {name} is neither rendered nor given"
+                raw = obj[0].get("data", {})
+                data = ({k: base64.b64decode(x).decode() for k, x in raw.items()}
+                        if obj[0]["kind"] == "Secret" else raw)
+            items = source.get("items") or [{"key": k, "path": k} for k in data]
+            for it in items:
+                f = where / it["path"]
+                f.write_text(data[it["key"]])
+                f.chmod(source.get("defaultMode", 0o644))
+        self.env = {}
+        for e in self.c["env"]:
+            if "value" in e:
+                self.env[e["name"]] = self.local(e["value"])
+            else:
+                self.env[e["name"]] = field_refs[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        self.ports = {p["name"]: p["containerPort"] for p in self.c["ports"]}
+        self.local_ports = {n: free_port() for n in self.ports}
+        for k, v in self.env.items():
+            for n, p in self.ports.items():
+                if v == f"0.0.0.0:{p}":
+                    self.env[k] = f"127.0.0.1:{self.local_ports[n]}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def local(self, value: str) -> str:
+        for path, where in self.mounts.items():
+            if value == path or value.startswith(path + "/"):
+                return str(where) + value[len(path):]
+        return value
+
+    def start(self, bin_dir: Path, log: Path) -> None:
+        command = [str(bin_dir / self.c["command"][0]), *self.c.get("args", [])]
+        env = {"PATH": os.environ["PATH"], "HOME": str(self.root), **self.env}
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def probe(self, kind: str) -> int:
+        get = self.c[kind]["httpGet"]
+        status, _ = http(f"http://127.0.0.1:{self.local_ports[get['port']]}{get['path']}")
+        return status
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    url = os.environ.get("HEADROOM_TEST_DATABASE_URL")
+    if not url:
+        pytest.skip("HEADROOM_TEST_DATABASE_URL is not set (scripts/test sets it)")
+    psql = shutil.which("psql") or "/usr/lib/postgresql/15/bin/psql"
+    name = f"helm_{secrets.token_hex(6)}"
+    subprocess.run([psql, url, "-qc", f"CREATE DATABASE {name}"], check=True, timeout=60)
+    base, _, _ = url.rpartition("/")
+    yield f"{base}/{name}"
+    subprocess.run([psql, url, "-qc", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"],
+                   timeout=60)
+
+
+def test_the_binaries_run_with_what_the_chart_renders(database: str) -> None:
+    """Coordinator and agents started with the rendered commands, environment and mounted
+    files: probes answer on their routes, each agent joins with the join token for its own
+    node's credential and registers with its node's plan, and a job runs."""
+    bin_dir = Path(os.environ.get("HEADROOM_BIN_DIR", ROOT / "target/debug")).resolve()
+    docs = render("plans")
+    user_token = f"hr_{secrets.token_hex(8)}_{secrets.token_hex(24)}"
+    hashed = subprocess.run([str(bin_dir / "headroom"), "token", "hash"], input=user_token,
+                            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    # `headroom token hash` prints the entry's id and token_hash lines.
+    tokens_toml = f'[[tokens]]\nname = "alice"\nrole = "user"\n{hashed}\n'
+    given = {
+        "headroom-database": {"url": database},
+        "lab-tokens": {"tokens.toml": tokens_toml},
+    }
+    admin = base64.b64decode(find(docs, "Secret", "r-headroom-tokens")["data"]["admin-token"]).decode()
+    pods: list[Pod] = []
+    with tempfile.TemporaryDirectory(prefix="helm-e2e") as tmp:
+        root = Path(tmp)
+        # Jobs run as `nobody` (the tokens file maps alice to no Unix user).
+        root.chmod(0o755)
+        try:
+            coord = Pod(find(docs, "Deployment"), docs, root / "coordinator", given, {})
+            coord.start(bin_dir, root / "coordinator.log")
+            pods.append(coord)
+            wait_for("the coordinator's readiness probe", lambda: coord.probe("readinessProbe") == 200)
+            assert coord.probe("livenessProbe") == 200
+            assert coord.probe("startupProbe") == 200
+            # The Service the agents' URL names leads to the coordinator's port.
+            svc = find(docs, "Service", "r-headroom-coordinator")
+            url = f"http://127.0.0.1:{coord.local_ports['http']}"
+            rendered = env_of(container(find(docs, "DaemonSet")))["HEADROOM_COORDINATOR"]
+            assert rendered == f"http://{svc['metadata']['name']}:{svc['spec']['ports'][0]['port']}"
+            assert svc["spec"]["ports"][0]["targetPort"] == "http"
+
+            for node in ("gpu-07", "gpu-99"):
+                agent = Pod(find(docs, "DaemonSet"), docs, root / node, given,
+                            {"spec.nodeName": node})
+                agent.env["HEADROOM_COORDINATOR"] = url
+                agent.start(bin_dir, root / f"{node}.log")
+                pods.append(agent)
+            for agent in pods[1:]:
+                wait_for("an agent's readiness probe",
+                         lambda: agent.probe("readinessProbe") == 200, timeout=90)
+                assert agent.probe("livenessProbe") == 200
+
+            status, nodes = http(f"{url}/v1/nodes", admin)
+            assert status == 200, nodes
+            plans = {n["name"]: n["plan"] for n in nodes}
+            assert plans == {"gpu-07": "2,1", "gpu-99": "1,1"}
+            # Each node has its own credential, kept in its data directory, and never in an
+            # environment or command line.
+            for node, agent in zip(("gpu-07", "gpu-99"), pods[1:]):
+                cred = Path(agent.env["HEADROOM_DATA_DIR"]) / "node-token"
+                assert cred.stat().st_mode & 0o777 == 0o600
+                token = cred.read_text().strip()
+                assert agent.proc is not None
+                for what in ("environ", "cmdline"):
+                    seen = Path(f"/proc/{agent.proc.pid}/{what}").read_bytes()
+                    assert token.encode() not in seen
+                    join = Path(agent.env["HEADROOM_JOIN_TOKEN_FILE"]).read_text().strip()
+                    assert join.encode() not in seen
+            status, _ = http(f"{url}/v1/nodes", user_token)
+            assert status == 200, "the tokens file's user token is taken"
+
+            spec = {"spec": {"name": "helm-e2e", "command": ["sh", "-c", "echo from {x}"],
+                             "grid": {"x": ["a", "b"]}}}
+            status, body = http(f"{url}/v1/experiments", user_token, spec)
+            assert status == 200, body
+            exp = body["experiment"]
+
+            def ended() -> Any:
+                _, p = http(f"{url}/v1/progress?experiment={exp}", user_token)
+                c = p["counts"]
+                return c if c["succeeded"] + c["failed"] + c["cancelled"] == 2 else None
+
+            counts = wait_for("the jobs to end", ended, timeout=90)
+            assert counts["succeeded"] == 2, counts
+        except BaseException:
+            for log in sorted(root.glob("*.log")):
+                print(f"==> {log.name}\n{log.read_text()[-4000:]}")
+            raise
+        finally:
+            for p in reversed(pods):
+                p.stop()
