@@ -200,13 +200,13 @@ impl Outcomes {
         }
     }
 
-    /// The coordinator has answered this outcome, and no agent will read it: unlinked
-    /// (blocking). For a supervisor that reported its end itself.
     /// Whether the attempt's end is journalled and not yet taken out (reported).
     pub fn holds(&self, attempt: AttemptId) -> bool {
         self.path_of(attempt).exists()
     }
 
+    /// The coordinator has answered this outcome, and no agent will read it: unlinked
+    /// (blocking). For a supervisor that reported its end itself.
     pub fn discard(&self, attempt: AttemptId) -> Result<(), OutcomesError> {
         let path = self.path_of(attempt);
         match std::fs::remove_file(&path) {

@@ -81,7 +81,12 @@ async fn main() -> anyhow::Result<()> {
     headroom_coordinator::app::private_umask();
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating data dir {}", data_dir.display()))?;
-    headroom_coordinator::app::private_dir(data_dir, 0o700)?;
+    headroom_coordinator::app::private_dir(data_dir, 0o700).with_context(|| {
+        format!(
+            "making the data dir {} private (mode 0700): this user must own it",
+            data_dir.display()
+        )
+    })?;
     let url = headroom_shared::secret::resolve(
         headroom_shared::secret::SecretSource {
             flag: "--database-url",

@@ -245,7 +245,7 @@ fn prepare(choice: BackendChoice) -> Prepared {
 
 /// The next launch on `conn`; else the process's exit code. A backend to prepare is
 /// opened meanwhile. `handed`: the last attempt's end, reported here if the connection ends
-/// before any message (the agent went before reporting it; it gives a launch only after).
+/// before a launch (the agent went before reporting it; it gives a launch only after).
 async fn next_launch(
     conn: &mut Conn,
     gpus: &mut Option<Prepared>,
@@ -253,10 +253,16 @@ async fn next_launch(
 ) -> Result<Spec, i32> {
     loop {
         let msg = conn.recv::<ToSupervisor>().await;
-        if let Some(h) = handed.take()
-            && !matches!(msg, Ok(Some(_)))
-        {
-            h.settle().await;
+        match &msg {
+            // The agent gives a launch only once it has reported the last end.
+            Ok(Some(ToSupervisor::Launch { .. })) => handed = None,
+            // Sent before the agent read the end (renewals, a stop): it may still go first.
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => {
+                if let Some(h) = handed.take() {
+                    h.settle().await;
+                }
+            }
         }
         match msg {
             Ok(Some(ToSupervisor::Launch { spec })) => return Ok(*spec),
@@ -480,7 +486,10 @@ async fn supervise(
         away: renewed_itself,
         give_up_at,
     };
-    finish(&spec, end, reason, gpus, prestart, link, reuse, reporter).await
+    finish(
+        &spec, end, reason, gpus, prestart, link, reuse, reporter, listener,
+    )
+    .await
 }
 
 /// Resolves at `when`; never when `None`.
@@ -566,6 +575,7 @@ async fn finish(
     mut link: Link,
     reuse: bool,
     mut reporter: Reporter,
+    listener: Option<UnixListener>,
 ) -> Next {
     let held_by = end.held_by.clone();
     let ghost_limits = end.ghost_limits.clone();
@@ -609,6 +619,9 @@ async fn finish(
             break;
         }
     }
+    // Journalled: a restarted agent reads the end there, and no longer looks for this
+    // process to re-attach to (which, no longer answering, it would kill).
+    drop(listener);
     if let Err(e) = &written {
         // An attached agent still gets it below; with none, it is lost as the attempt is.
         eprintln!(

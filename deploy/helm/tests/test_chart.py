@@ -142,6 +142,7 @@ REFUSED = [
     ({"agent": {"killGraceSeconds": 0}}, "/agent/killGraceSeconds"),
     ({"database": {"existingSecret": ""}}, "/database/existingSecret"),
     ({"tokens": {"existingSecret": "Not_A_Name"}}, "/tokens/existingSecret"),
+    ({"agent": {"updateStrategy": {"type": "Recreate"}}}, "/agent/updateStrategy/type"),
 ]
 
 
@@ -236,6 +237,13 @@ def test_several_replicas_get_a_disruption_budget_and_share_their_volume() -> No
     assert "PodDisruptionBudget" not in kinds(render())
     # One replica on a volume one node mounts: the old pod goes first.
     assert find(render(), "Deployment")["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+    rwop = render("default", "--set", "coordinator.persistence.accessModes={ReadWriteOncePod}")
+    assert find(rwop, "Deployment")["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+    # A budget that would never let a replica go is refused, naming both values.
+    out = run_helm("template", "r", str(CHART), *values_args("replicas"),
+                   "--set", "coordinator.podDisruptionBudget.minAvailable=3")
+    assert out.returncode != 0
+    assert "coordinator.podDisruptionBudget.minAvailable (3) must be below coordinator.replicas (3)" in out.stderr
 
 
 def test_the_bundled_database_is_what_the_coordinator_reads() -> None:
@@ -265,14 +273,12 @@ def test_plans_and_hostpid_values_reach_the_agents() -> None:
     assert pod["runtimeClassName"] == "nvidia"
     assert pod["terminationGracePeriodSeconds"] == 5 + 10 + 30
     assert env_of(container(find(docs, "DaemonSet")))["HEADROOM_PASS_ENV"] == "WANDB_API_KEY,HF_HOME"
-    # A changed plan rolls the agents.
-    def checksum(d: list[dict[str, Any]]) -> str:
-        value: str = find(d, "DaemonSet")["spec"]["template"]["metadata"]["annotations"][
-            "checksum/plans"
-        ]
-        return value
-
-    assert checksum(docs) != checksum(render("plans", "--set-string", "agent.plans.gpu-07=1"))
+    # A plan change restarts no agent (it would stop their jobs): it applies at their next start.
+    template = find(docs, "DaemonSet")["spec"]["template"]
+    assert template == find(render("plans", "--set-string", "agent.plans.gpu-07=1"), "DaemonSet")["spec"]["template"]
+    assert find(docs, "DaemonSet")["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    on_delete = render("plans", "--set", "agent.updateStrategy.type=OnDelete", "--set", "agent.updateStrategy.rollingUpdate=null")
+    assert find(on_delete, "DaemonSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
     assert tomllib.loads(find(render(), "ConfigMap")["data"]["plans.toml"]) == {"nodes": {}}
     off = render("no-hostpid")
     pod = find(off, "DaemonSet")["spec"]["template"]["spec"]
@@ -332,19 +338,34 @@ def wait_for(what: str, check: Any, timeout: float = 60) -> Any:
 
 
 class Pod:
-    """One container of a rendered workload, run here: its volumes are directories under
-    `root` holding what the rendered Secrets and ConfigMaps (or `given`) put in them."""
+    """One container of a rendered workload, run here as the kubelet would: its volumes are
+    directories under `root` holding what the rendered Secrets and ConfigMaps (or `given`)
+    put in them, owned by root and, with an `fsGroup`, given to that group (setgid, secret
+    files at their `defaultMode`); the process runs as the pod's `runAsUser`/`runAsGroup`
+    with the `fsGroup` as a supplementary group."""
 
     def __init__(self, doc: dict[str, Any], docs: list[dict[str, Any]], root: Path,
                  given: dict[str, dict[str, str]], field_refs: dict[str, str]) -> None:
         spec = doc["spec"]["template"]["spec"]
         self.c = container(doc)
         self.root = root
+        pod_sc = spec.get("securityContext", {})
+        sc = {**pod_sc, **self.c.get("securityContext", {})}
+        self.uid: int = sc.get("runAsUser", 0)
+        self.gid: int = sc.get("runAsGroup", self.uid)
+        self.fs_group: int | None = pod_sc.get("fsGroup")
         volumes = {v["name"]: v for v in spec["volumes"]}
         self.mounts: dict[str, Path] = {}
         for m in self.c["volumeMounts"]:
             where = root / m["mountPath"].lstrip("/")
             where.mkdir(parents=True, exist_ok=True)
+            for parent in [where, *where.parents]:
+                if parent == root.parent:
+                    break
+                parent.chmod(0o755)
+            if self.fs_group is not None:
+                os.chown(where, 0, self.fs_group)
+                where.chmod(0o2775)
             self.mounts[m["mountPath"]] = where
             v = volumes[m["name"]]
             source = v.get("secret") or v.get("configMap")
@@ -364,6 +385,8 @@ class Pod:
                 f = where / it["path"]
                 f.write_text(data[it["key"]])
                 f.chmod(source.get("defaultMode", 0o644))
+                if self.fs_group is not None:
+                    os.chown(f, 0, self.fs_group)
         self.env = {}
         for e in self.c["env"]:
             if "value" in e:
@@ -387,9 +410,13 @@ class Pod:
     def start(self, bin_dir: Path, log: Path) -> None:
         command = [str(bin_dir / self.c["command"][0]), *self.c.get("args", [])]
         env = {"PATH": os.environ["PATH"], "HOME": str(self.root), **self.env}
+        ids: dict[str, Any] = {}
+        if self.uid != os.geteuid():
+            ids = {"user": self.uid, "group": self.gid,
+                   "extra_groups": [self.fs_group] if self.fs_group is not None else []}
         with log.open("wb") as out:
             self.proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True, **ids)
 
     def probe(self, kind: str) -> int:
         get = self.c[kind]["httpGet"]
