@@ -170,6 +170,20 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         }
     };
 
+    // The dashboard. On a terminal, a link that logs this person in (the local admin token in
+    // the fragment, which no request carries), as Jupyter prints one; elsewhere (a service's
+    // log) the address alone, and where the token is.
+    match &local_admin {
+        Some(secret) if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
+            println!("headroom: dashboard at {url}/#token={secret}");
+        }
+        Some(_) => println!(
+            "headroom: dashboard at {url}/ (log in with the token in {})",
+            data_dir.join("admin-token").display()
+        ),
+        None => println!("headroom: dashboard at {url}/"),
+    }
+
     let tasks = TaskTracker::new();
     let coord_stop = CancellationToken::new();
     let coordinator = tasks.spawn(app.run(coord_stop.clone()));

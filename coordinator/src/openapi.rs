@@ -12,7 +12,7 @@ use headroom_shared::api::{
     HeartbeatResponse, JobDetail, JobSummary, JobsQuery, JoinRequest, LeaseRenewal, LeaseRenewed,
     LogAppended, LogChunkQuery, LogQuery, NodeView, Progress, ProgressQuery, PutUserRequest,
     RegisterRequest, RegisterResponse, Released, RetryResponse, SetPlanRequest, StartReport,
-    SubmitRequest, SubmitResponse, TelemetryQuery, TokenView, UserView,
+    SubmitRequest, SubmitResponse, TelemetryQuery, TokenView, UserView, WhoAmI,
 };
 use headroom_shared::routes::{self, Access, Method, Route};
 use utoipa::openapi::path::{
@@ -250,6 +250,7 @@ fn table() -> Vec<(Route, RouteDoc)> {
         ),
         (r::TAKEOVER, doc("takeoverNode", "nodes", Json(one::<Ack>))),
         (r::USERS, doc("listUsers", "tokens", Json(list::<UserView>))),
+        (r::WHOAMI, doc("whoAmI", "tokens", Json(one::<WhoAmI>))),
         (
             r::PUT_USER,
             doc("putUser", "tokens", Json(one::<UserView>))

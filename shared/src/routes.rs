@@ -300,9 +300,16 @@ pub const ALL: &[Route] = &[
     REVOKE_TOKEN,
     USERS,
     PUT_USER,
+    WHOAMI,
 ];
 
 pub const USERS: Route = Route::new(Get, "/v1/users", Admin, "Users and their Unix users");
+pub const WHOAMI: Route = Route::new(
+    Get,
+    "/v1/whoami",
+    User,
+    "The caller: its token's name and role (the dashboard shows what the role may do)",
+);
 pub const PUT_USER: Route = Route::new(
     Put,
     "/v1/users/{name}",

@@ -92,11 +92,16 @@ pub fn router(state: AppState) -> Router {
         .route(r::REVOKE_TOKEN.path, on(r::REVOKE_TOKEN, tokens::revoke))
         .route(r::USERS.path, on(r::USERS, tokens::users))
         .route(r::PUT_USER.path, on(r::PUT_USER, tokens::put_user))
+        .route(r::WHOAMI.path, on(r::WHOAMI, tokens::whoami))
         // One gate for every route above, deciding by the route table's `access` (`authorize`).
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize))
         // Public, outside the table and the gate: the description of everything above, and
         // the Prometheus page (counts only; scrapers are set up per target).
         .route(OPENAPI_PATH, get(openapi_json))
+        // The dashboard's page and assets: public (they hold no data; the page asks the API
+        // with the token the person gives it).
+        .route("/", get(crate::ui::page))
+        .route("/ui/{file}", get(crate::ui::asset))
         .route(r::METRICS.path, on(r::METRICS, telemetry::metrics))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route (see /v1/...)") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })

@@ -6,7 +6,7 @@ use axum::Extension;
 use axum::extract::State;
 use headroom_shared::api::{
     CreateTokenRequest, CreatedToken, ErrorCode, JoinRequest, Principal, PutUserRequest, Role,
-    TokenView, UserView,
+    TokenView, UserView, WhoAmI,
 };
 
 use super::{ApiError, ApiJson, ApiPath, ApiResult, AppState};
@@ -112,6 +112,13 @@ async fn new_hashed_token() -> Result<(String, String, String), ApiError> {
         .map_err(|e| ApiError::internal(format!("hashing task: {e}")))?
         .map_err(ApiError::internal)?;
     Ok((id, token, secret_hash))
+}
+
+pub async fn whoami(Extension(who): Extension<Principal>) -> ApiResult<WhoAmI> {
+    Ok(ApiJson(WhoAmI {
+        name: who.name,
+        role: who.role,
+    }))
 }
 
 pub async fn list(State(s): State<AppState>) -> ApiResult<Vec<TokenView>> {

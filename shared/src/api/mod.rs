@@ -971,6 +971,14 @@ impl FromStr for Role {
     }
 }
 
+/// `GET /v1/whoami`: the caller's token's name and role.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WhoAmI {
+    pub name: String,
+    pub role: Role,
+}
+
 /// The identity a request acts as: a token's name and role.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Principal {
