@@ -14,9 +14,7 @@ const state = {
 class AuthError extends Error {}
 
 async function api(path, opts = {}) {
-  const token = sessionStorage.getItem(TOKEN_KEY);
-  const headers = Object.assign({}, opts.headers || {}, { Authorization: "Bearer " + token });
-  const r = await fetch(path, Object.assign({}, opts, { headers }));
+  const r = await send(path, opts);
   if (r.status === 401) {
     logout(await messageOf(r, "the token was refused"));
     throw new AuthError("logged out");
@@ -24,6 +22,14 @@ async function api(path, opts = {}) {
   if (!r.ok) throw new Error(await messageOf(r, r.status + " " + r.statusText));
   const type = r.headers.get("content-type") || "";
   return type.includes("json") ? r.json() : r.text();
+}
+
+// A request with the tab's token (none on a coordinator that runs without tokens).
+function send(path, opts = {}) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const headers = Object.assign({}, opts.headers || {});
+  if (token) headers.Authorization = "Bearer " + token;
+  return fetch(path, Object.assign({}, opts, { headers }));
 }
 
 async function messageOf(r, fallback) {
@@ -101,7 +107,11 @@ async function login() {
   try {
     state.me = await api("/v1/whoami");
   } catch (e) {
-    if (!(e instanceof AuthError)) logout(e.message);
+    // Refused: back to the form (done). Unreachable or failing: the token stays; retry.
+    if (!(e instanceof AuthError)) {
+      setStatus(`Cannot reach the coordinator (${e.message}); trying again in 5 s.`);
+      setTimeout(login, 5000);
+    }
     return;
   }
   document.getElementById("login").hidden = true;
@@ -116,6 +126,7 @@ async function login() {
 
 const VIEWS = { gpus: viewGpus, queue: viewQueue, experiments: viewExperiments, runs: viewRuns, plots: viewPlots };
 let drawing = null;
+let redraw = false;
 
 function show(tab) {
   state.tab = tab;
@@ -126,9 +137,13 @@ function show(tab) {
   return refresh(true);
 }
 
+// One draw at a time; one asked for meanwhile (another tab, a change) runs after it.
 async function refresh(replace) {
   if (!state.me) return;
-  if (drawing) return drawing;
+  if (drawing) {
+    redraw = true;
+    return drawing;
+  }
   const tab = state.tab;
   drawing = (async () => {
     try {
@@ -150,6 +165,10 @@ async function refresh(replace) {
     } finally {
       drawing = null;
     }
+    if (redraw) {
+      redraw = false;
+      await refresh(true);
+    }
   })();
   return drawing;
 }
@@ -162,8 +181,9 @@ async function watchProgress() {
     try {
       const after = state.version === null ? "" : "&after=" + state.version;
       const p = await api("/v1/progress?timeout_ms=20000" + after);
-      // Plots redraw when the person picks, not under their pointer.
-      if (state.version !== null && p.version !== state.version && state.tab !== "plots") await refresh(false);
+      // Runs and plots redraw when the person asks (their Refresh), not under their pointer.
+      const live = state.tab !== "plots" && state.tab !== "runs";
+      if (state.version !== null && p.version !== state.version && live) await refresh(false);
       state.version = p.version;
     } catch (e) {
       if (e instanceof AuthError) return;
@@ -179,9 +199,9 @@ setInterval(() => {
 // ---- GPUs ------------------------------------------------------------------------------------
 
 async function latestTelemetry(node, gpu) {
-  const since = new Date(Date.now() - 120000).toISOString();
   try {
-    const series = await api(`/v1/nodes/${encodeURIComponent(node)}/gpus/${gpu}/telemetry?limit=1&since=${encodeURIComponent(since)}`);
+    // The server's window (the last hour, newest kept): the browser's clock may be off.
+    const series = await api(`/v1/nodes/${encodeURIComponent(node)}/gpus/${gpu}/telemetry?limit=1`);
     return series.samples.length ? series.samples[series.samples.length - 1] : null;
   } catch (e) {
     if (e instanceof AuthError) throw e;
@@ -192,20 +212,15 @@ async function latestTelemetry(node, gpu) {
 async function viewGpus() {
   const nodes = await api("/v1/nodes");
   const cards = [];
+  const attempt = (id) => api("/v1/attempts/" + id).catch((e) => {
+    if (e instanceof AuthError) throw e;
+    return null;
+  });
   for (const node of nodes) {
-    const gpus = [];
-    for (const g of node.gpus) {
-      const t = await latestTelemetry(node.name, g.index);
-      const attempts = [];
-      for (const id of g.attempts || []) {
-        try {
-          attempts.push(await api("/v1/attempts/" + id));
-        } catch (e) {
-          if (e instanceof AuthError) throw e;
-        }
-      }
-      gpus.push(gpuRow(node, g, t, attempts));
-    }
+    const gpus = await Promise.all(node.gpus.map(async (g) => {
+      const [t, attempts] = await Promise.all([latestTelemetry(node.name, g.index), Promise.all((g.attempts || []).map(attempt))]);
+      return gpuRow(node, g, t, attempts.filter(Boolean));
+    }));
     cards.push(h("div", { class: "card", "data-node": node.name },
       h("h3", {}, node.name,
         h("span", { class: "badge " + (node.alive ? "ok" : "bad") }, node.alive ? "alive" : "not seen " + ago(node.last_seen)),
@@ -280,13 +295,16 @@ function reasonText(r) {
 }
 
 async function viewQueue() {
-  const jobs = await api("/v1/jobs?limit=5000");
-  const waiting = jobs.filter((j) => j.state === "queued" || j.state === "retrying");
-  const running = jobs.filter((j) => j.state === "running" || j.state === "leased");
+  // By state: the list is in submission order, and a long history would hide the queue.
+  const of = (st) => api(`/v1/jobs?state=${st}&limit=2000`);
+  const [running, leased, queued, retrying] = await Promise.all(["running", "leased", "queued", "retrying"].map(of));
+  running.push(...leased);
+  const waiting = [...retrying, ...queued];
+  const details = await Promise.all(running.slice(0, 100).map((j) => api("/v1/jobs/" + j.id)));
   const runningRows = [];
-  for (const j of running.slice(0, 200)) {
-    const d = await api("/v1/jobs/" + j.id);
-    const a = d.attempts_detail[d.attempts_detail.length - 1] || {};
+  for (const [i, j] of running.entries()) {
+    const d = details[i];
+    const a = d ? d.attempts_detail[d.attempts_detail.length - 1] || {} : {};
     runningRows.push(h("tr", { "data-job": j.id },
       h("td", {}, j.experiment_name), h("td", {}, j.index), h("td", {}, paramsText(j.params)),
       h("td", {}, (j.node || "") + " " + (j.gpu_indices || []).join(",")),
@@ -318,6 +336,8 @@ const STATES = ["succeeded", "failed", "cancelled", "running", "leased", "retryi
 async function viewExperiments() {
   const exps = await api("/v1/experiments");
   state.experiments = exps;
+  const failedOf = Object.fromEntries(await Promise.all(exps.filter((e) => e.counts.failed)
+    .map(async (e) => [e.id, await api(`/v1/jobs?experiment=${e.id}&state=failed&limit=5000`)])));
   const cards = [];
   for (const e of exps) {
     const total = STATES.reduce((a, k) => a + (e.counts[k] || 0), 0);
@@ -329,10 +349,9 @@ async function viewExperiments() {
       bar.append(seg);
     }
     let failures = null;
-    if (e.counts.failed) {
-      const failed = await api(`/v1/jobs?experiment=${e.id}&state=failed&limit=5000`);
+    if (failedOf[e.id]) {
       const byClass = {};
-      for (const j of failed) byClass[j.last_failure || "unknown"] = (byClass[j.last_failure || "unknown"] || 0) + 1;
+      for (const j of failedOf[e.id]) byClass[j.last_failure || "unknown"] = (byClass[j.last_failure || "unknown"] || 0) + 1;
       failures = h("div", { class: "counts" }, "failures:", Object.entries(byClass).map(([k, v]) => h("span", { class: "badge bad" }, `${k} ${v}`)));
     }
     const unfinished = total - finished;
@@ -363,8 +382,17 @@ async function cancelExperiment(e) {
 async function retryFailed(e) {
   try {
     const failed = await api(`/v1/jobs?experiment=${e.id}&state=failed&limit=5000`);
-    for (const j of failed) await api(`/v1/jobs/${j.id}/retry`, { method: "POST" });
+    const refused = [];
+    for (const j of failed) {
+      try {
+        await api(`/v1/jobs/${j.id}/retry`, { method: "POST" });
+      } catch (err) {
+        if (err instanceof AuthError) return;
+        refused.push(`job ${j.index}: ${err.message}`);
+      }
+    }
     await refresh(true);
+    if (refused.length) setStatus(`${refused.length} of ${failed.length} not retried: ${refused.join("; ")}`);
   } catch (err) {
     if (!(err instanceof AuthError)) setStatus(err.message);
   }
@@ -404,13 +432,12 @@ function paramColumns(header) {
 }
 
 async function experimentPicker(id, current, onchange) {
-  if (!state.experiments.length) state.experiments = await api("/v1/experiments");
   return h("select", { id, onchange: (ev) => { if (ev.target.value !== current) onchange(ev.target.value); } },
     state.experiments.map((e) => h("option", { value: e.id, selected: e.id === current }, e.name + " (" + e.id.slice(-6) + ")")));
 }
 
 async function viewRuns() {
-  if (!state.experiments.length) state.experiments = await api("/v1/experiments");
+  state.experiments = await api("/v1/experiments");
   if (!state.experiments.length) return h("p", { class: "muted" }, "No experiment yet.");
   if (!state.runsExp || !state.experiments.some((e) => e.id === state.runsExp)) state.runsExp = state.experiments[0].id;
   const data = await exportOf(state.runsExp, false);
@@ -465,30 +492,55 @@ async function viewRuns() {
   } }, "Download CSV");
   return h("div", {},
     h("div", { class: "toolbar" }, await experimentPicker("runs-experiment", state.runsExp, (v) => { state.runsExp = v; refresh(true); }),
-      filter, count, download),
+      filter, count, download, h("button", { id: "runs-refresh", onclick: () => refresh(true) }, "Refresh")),
     h("div", { class: "table-wrap" }, h("table", { id: "runs-table" }, h("thead", {}, head), tbody)),
     detail);
 }
 
+let shownAttempt = null;
+
 async function showAttempt(id, into) {
+  shownAttempt = id;
+  const current = () => shownAttempt === id;
   try {
     const t = await api(`/v1/attempts/${id}/telemetry`);
     const samples = t.gpus.flatMap((g) => g.samples);
+    if (!current()) return;
     into.replaceChildren(h("h2", {}, `Attempt ${id.slice(-8)}: memory and power over its run`),
       lineChart(samples, "used_mib", "MiB", "plot-attempt-mem"), lineChart(samples, "power_w", "W", "plot-attempt-power"));
   } catch (e) {
-    if (e instanceof AuthError) return;
+    if (e instanceof AuthError || !current()) return;
     into.replaceChildren(h("p", { class: "muted" }, "No telemetry: " + e.message));
   }
   // Its log, where the API lets this token read it (its own jobs, or shared visibility).
   const log = h("pre", { id: "run-log", class: "log" });
   into.append(h("h2", {}, "Log"), log);
   try {
-    const text = await api(`/v1/attempts/${id}/log`);
-    log.textContent = text.length > 20000 ? "…" + text.slice(-20000) : text || "(empty)";
+    const text = await logTail(id, 20000);
+    if (current()) log.textContent = text || "(empty)";
   } catch (e) {
-    if (!(e instanceof AuthError)) log.textContent = e.message;
+    if (!(e instanceof AuthError) && current()) log.textContent = e.message;
   }
+}
+
+// The end of an attempt's log: read on from each answer's offset (a read returns at most
+// 1 MiB), keeping the last `keep` characters.
+async function logTail(id, keep) {
+  let offset = 0, text = "";
+  for (let reads = 0; reads < 64; reads++) {
+    const r = await send(`/v1/attempts/${id}/log?offset=${offset}`);
+    if (r.status === 401) {
+      logout(await messageOf(r, "the token was refused"));
+      throw new AuthError("logged out");
+    }
+    if (!r.ok) throw new Error(await messageOf(r, r.status + " " + r.statusText));
+    const chunk = await r.text();
+    const next = Number(r.headers.get("x-log-offset"));
+    text = (text + chunk).slice(-keep);
+    if (!chunk || !Number.isFinite(next) || next <= offset) break;
+    offset = next;
+  }
+  return text.length >= keep ? "…" + text : text;
 }
 
 // ---- plots -----------------------------------------------------------------------------------
@@ -556,8 +608,7 @@ async function viewPlots() {
   const drawGpu = async () => {
     if (!gpuPick.value) return gpuChart.replaceChildren(h("p", { class: "muted" }, "No GPU yet."));
     const [node, gpu] = gpuPick.value.split("/");
-    const since = new Date(Date.now() - 3600000).toISOString();
-    const series = await api(`/v1/nodes/${encodeURIComponent(node)}/gpus/${gpu}/telemetry?since=${encodeURIComponent(since)}&limit=3600`);
+    const series = await api(`/v1/nodes/${encodeURIComponent(node)}/gpus/${gpu}/telemetry?limit=3600`);
     const opt = fieldPick.selectedOptions[0];
     gpuChart.replaceChildren(lineChart(series.samples, fieldPick.value, opt ? opt.dataset.unit : "", "plot-gpu"));
   };
@@ -566,7 +617,7 @@ async function viewPlots() {
   await drawGpu();
 
   const expSection = h("div", {});
-  if (!state.experiments.length) state.experiments = await api("/v1/experiments");
+  state.experiments = await api("/v1/experiments");
   if (state.experiments.length) {
     if (!state.plotExp || !state.experiments.some((e) => e.id === state.plotExp)) state.plotExp = state.experiments[0].id;
     const all = await exportOf(state.plotExp, false);
@@ -582,7 +633,9 @@ async function viewPlots() {
       const points = all.rows.filter((r) => r[si] === "true" && r[yi] !== "" && !isNaN(parseFloat(r[yi])))
         .map((r) => ({ x: r[xi], y: parseFloat(r[yi]), flagged: !clean.has(r[ai]) }))
         .filter((p) => !cleanOnly.checked || !p.flagged);
-      chart.replaceChildren(scatter(points, xPick.value, yPick.value, "plot-exp"),
+      const svg = scatter(points, xPick.value, yPick.value, "plot-exp");
+      svg.setAttribute("data-experiment", state.plotExp);
+      chart.replaceChildren(svg,
         h("p", { class: "muted" }, cleanOnly.checked ? "Clean measurements only (not shared, contaminated, throttled or partly read)." : "Hollow red points are flagged: not clean measurements."));
     };
     for (const el of [xPick, yPick, cleanOnly]) el.addEventListener("change", draw);
@@ -592,7 +645,8 @@ async function viewPlots() {
       h("label", {}, "x ", xPick), h("label", {}, "y ", yPick), h("label", {}, cleanOnly, " clean only")), chart);
   }
   return h("div", {},
-    h("h2", {}, "A GPU over the last hour"), h("div", { class: "toolbar" }, gpuPick, fieldPick), gpuChart,
+    h("h2", {}, "A GPU over the last hour"),
+    h("div", { class: "toolbar" }, gpuPick, fieldPick, h("button", { id: "plots-refresh", onclick: () => refresh(true) }, "Refresh")), gpuChart,
     h("h2", {}, "An experiment: a metric against a parameter"), expSection);
 }
 
@@ -603,7 +657,11 @@ document.addEventListener("DOMContentLoaded", () => {
   // into this tab and out of the address bar and history.
   const m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
   if (m) {
-    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+    try {
+      sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+    } catch (_) {
+      sessionStorage.setItem(TOKEN_KEY, m[1]);
+    }
     history.replaceState(null, "", location.pathname + location.search);
   }
   for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => show(b.dataset.tab));
@@ -616,5 +674,8 @@ document.addEventListener("DOMContentLoaded", () => {
     login();
   });
   if (sessionStorage.getItem(TOKEN_KEY)) login();
-  else logout("");
+  else {
+    // A coordinator without tokens (`headroom up --no-auth`) answers without one.
+    send("/v1/whoami").then((r) => (r.ok ? login() : logout(""))).catch(() => logout(""));
+  }
 });
