@@ -1,0 +1,57 @@
+//! `headroom-bench-simulate`: the packing policies side by side on the seeds' workloads and
+//! a synthetic matrix, through the coordinator's own placement (see `headroom_bench::sim`).
+//!
+//! cargo run --release -p headroom-bench --bin headroom-bench-simulate [SEED] [JOBS]
+
+use anyhow::{Context, Result};
+use headroom_bench::sim::{Cluster, Job, Policy, simulate};
+use headroom_bench::workloads;
+
+fn table(name: &str, cluster: &Cluster, jobs: &[Job]) {
+    println!(
+        "\n{name}: {} jobs, {} GPUs, plan {}",
+        jobs.len(),
+        cluster.gpus_mib.len(),
+        cluster
+            .plan
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    println!(
+        "| policy | makespan | / lower bound | / exclusive | mean completion | memory used | OOMs | failed |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    let exclusive = simulate(cluster, jobs, Policy::Exclusive).makespan_s;
+    for policy in Policy::ALL {
+        let r = simulate(cluster, jobs, policy);
+        println!(
+            "| {} | {:.0} s | {:.2} | {:.2} | {:.0} s | {:.0} % | {} | {} |",
+            policy.name(),
+            r.makespan_s,
+            r.bound_ratio(),
+            r.makespan_s / exclusive,
+            r.mean_completion_s,
+            100.0 * r.memory_utilization,
+            r.ooms,
+            r.failed
+        );
+    }
+}
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let seed: u64 = args.next().map_or(Ok(1), |s| s.parse()).context("SEED")?;
+    let n: usize = args
+        .next()
+        .map_or(Ok(3000), |s| s.parse())
+        .context("JOBS")?;
+    let (c, j) = workloads::seed_matrix()?;
+    table("seed matrix (seeds 001 and 003)", &c, &j);
+    let (c, j) = workloads::lora_farm()?;
+    table("LoRA farm (seed 004)", &c, &j);
+    let (c, j) = workloads::synthetic(seed, n);
+    table(&format!("synthetic (seed {seed})"), &c, &j);
+    Ok(())
+}

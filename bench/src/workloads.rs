@@ -1,0 +1,160 @@
+//! The simulator's workloads: the seeds' measured figures (`bench/workloads/`, copied from
+//! the field notes' `workloads/`), and synthetic matrices with skewed memory and duration,
+//! the same for the same seed.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Deserialize;
+
+use crate::sim::{Cluster, Job};
+
+const SEED_MODELS: &str = include_str!("../workloads/seed-models.json");
+const LORA_FARM: &str = include_str!("../workloads/lora-farm.json");
+
+const GIB: f64 = 1024.0;
+
+#[derive(Debug, thiserror::Error)]
+#[error("workload {name}: {source}")]
+pub struct WorkloadError {
+    name: &'static str,
+    source: serde_json::Error,
+}
+
+#[derive(Deserialize)]
+struct SeedModels {
+    gpu_memory_mib: u64,
+    models: Vec<Model>,
+    matrix_160: Matrix,
+}
+
+#[derive(Deserialize)]
+struct Model {
+    repo: String,
+    memory_mib: u64,
+    epoch_s: f64,
+}
+
+#[derive(Deserialize)]
+struct Matrix {
+    runs_per_repo: std::collections::BTreeMap<String, u32>,
+}
+
+/// Seed 001's 160-run mutation matrix over seed 003's models, one epoch each, on eight GPUs
+/// of the seeds' size with plan 4. Each repository's runs are spread over its models; a run
+/// peaks at 1.3 its footprint for the last tenth (evaluation), and declares that peak.
+pub fn seed_matrix() -> Result<(Cluster, Vec<Job>), WorkloadError> {
+    let d: SeedModels = serde_json::from_str(SEED_MODELS).map_err(|source| WorkloadError {
+        name: "seed-models",
+        source,
+    })?;
+    let mut jobs = Vec::new();
+    for (repo, runs) in &d.matrix_160.runs_per_repo {
+        let models: Vec<(usize, &Model)> = d
+            .models
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| &m.repo == repo)
+            .collect();
+        for i in 0..*runs as usize {
+            let (kind, m) = models[i % models.len()];
+            let peak = (m.memory_mib as f64 * 1.3) as u64;
+            jobs.push(Job {
+                kind,
+                steady_mib: m.memory_mib,
+                peak_mib: peak,
+                peak_from: 0.9,
+                peak_until: 1.0,
+                duration_s: m.epoch_s,
+                declared_mib: Some(peak),
+            });
+        }
+    }
+    let cluster = Cluster {
+        gpus_mib: vec![d.gpu_memory_mib; 8],
+        plan: vec![4; 8],
+        headroom_mib: d.gpu_memory_mib / 10,
+    };
+    Ok((cluster, jobs))
+}
+
+#[derive(Deserialize)]
+struct LoraFarm {
+    gpus: usize,
+    gpu_memory_gib: f64,
+    job: LoraJob,
+}
+
+#[derive(Deserialize)]
+struct LoraJob {
+    observed_peaks_gib: Peaks,
+}
+
+#[derive(Deserialize)]
+struct Peaks {
+    eval: f64,
+    between_evals: f64,
+}
+
+/// Seed 004's LoRA farm: 14 jobs on 7 GPUs of 23.52 GiB with the plan that OOMed
+/// ("2,2,2,2,2,2,2"): 9 GiB between evaluations, an evaluation peak of 15 GiB in the middle
+/// of the run, one hour each. Nothing is declared: headroom learns.
+pub fn lora_farm() -> Result<(Cluster, Vec<Job>), WorkloadError> {
+    let d: LoraFarm = serde_json::from_str(LORA_FARM).map_err(|source| WorkloadError {
+        name: "lora-farm",
+        source,
+    })?;
+    let steady = d.job.observed_peaks_gib.between_evals;
+    let jobs = (0..2 * d.gpus)
+        .map(|_| Job {
+            kind: 0,
+            steady_mib: (steady * GIB) as u64,
+            peak_mib: (d.job.observed_peaks_gib.eval * GIB) as u64,
+            peak_from: 0.5,
+            peak_until: 0.55,
+            duration_s: 3600.0,
+            declared_mib: None,
+        })
+        .collect();
+    let cluster = Cluster {
+        gpus_mib: vec![(d.gpu_memory_gib * GIB) as u64; d.gpus],
+        plan: vec![2; d.gpus],
+        headroom_mib: 0,
+    };
+    Ok((cluster, jobs))
+}
+
+/// `n` jobs of 40 kinds with skewed memory (most small, a few near a GPU's size) and
+/// durations (most short, a long tail), declaring half again their peak (people pad what
+/// they declare), on 8 GPUs of 24 GiB, plan 4.
+pub fn synthetic(seed: u64, n: usize) -> (Cluster, Vec<Job>) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let kinds: Vec<(u64, f64)> = (0..40)
+        .map(|_| {
+            let mem_gib: f64 = 0.5 + 15.0 * rng.random::<f64>().powi(3);
+            let secs: f64 = 30.0 + 3600.0 * rng.random::<f64>().powi(4);
+            ((mem_gib * GIB) as u64, secs)
+        })
+        .collect();
+    let jobs = (0..n)
+        .map(|_| {
+            let kind = rng.random_range(0..kinds.len());
+            let (steady, secs) = kinds[kind];
+            let peak = steady + steady / 5;
+            Job {
+                kind,
+                steady_mib: steady,
+                peak_mib: peak,
+                peak_from: 0.8,
+                peak_until: 0.85,
+                duration_s: secs * (0.9 + 0.2 * rng.random::<f64>()),
+                declared_mib: Some((peak + peak / 2).min(22 * 1024)),
+            }
+        })
+        .collect();
+    let cluster = Cluster {
+        gpus_mib: vec![24 * 1024; 8],
+        plan: vec![4; 8],
+        headroom_mib: 1024,
+    };
+    (cluster, jobs)
+}
