@@ -4,8 +4,8 @@
 //! Dependencies point one way, top to bottom:
 //! - `app`, `config`: the process (settings, listener, background sweeps); `main.rs` is thin.
 //! - `api` (handlers, one gate `authorize`, one error mapping), `auth` (who a token is),
-//!   `metrics`, `openapi`, `export`, `logs`, `ui` (the dashboard's page, its assets in
-//!   `ui/`): the HTTP edge.
+//!   `metrics`, `openapi`, `export`, `logs`: the HTTP edge (`api/ui.rs` serves the
+//!   dashboard, its page and assets in `ui/`).
 //! - `matrix`: a submitted spec turned into the jobs to store.
 //! - `store`: every durable change, one transaction per operation, written once over the
 //!   transaction interface both backends (SQLite, PostgreSQL) implement.
@@ -29,7 +29,6 @@ pub mod placement;
 pub mod rules;
 pub mod sharing;
 pub mod store;
-pub mod ui;
 
 pub use app::Application;
 pub use config::{CoordinatorConfig, CoordinatorSettings};

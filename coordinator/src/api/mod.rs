@@ -27,6 +27,7 @@ mod nodes;
 mod supervisors;
 mod telemetry;
 mod tokens;
+mod ui;
 
 pub use error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 
@@ -100,8 +101,8 @@ pub fn router(state: AppState) -> Router {
         .route(OPENAPI_PATH, get(openapi_json))
         // The dashboard's page and assets: public (they hold no data; the page asks the API
         // with the token the person gives it).
-        .route("/", get(crate::ui::page))
-        .route("/ui/{file}", get(crate::ui::asset))
+        .route("/", get(ui::page))
+        .route("/ui/{file}", get(ui::asset))
         .route(r::METRICS.path, on(r::METRICS, telemetry::metrics))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route (see /v1/...)") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })

@@ -8,11 +8,11 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use headroom_shared::api::ErrorCode;
 
-use crate::api::ApiError;
+use super::ApiError;
 
-const INDEX: &str = include_str!("../ui/index.html");
-const APP_JS: &str = include_str!("../ui/app.js");
-const APP_CSS: &str = include_str!("../ui/app.css");
+const INDEX: &str = include_str!("../../ui/index.html");
+const APP_JS: &str = include_str!("../../ui/app.js");
+const APP_CSS: &str = include_str!("../../ui/app.css");
 
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
                    connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
