@@ -72,7 +72,7 @@ pub fn seed_matrix() -> Result<(Cluster, Vec<Job>), WorkloadError> {
     let cluster = Cluster {
         gpus_mib: vec![d.gpu_memory_mib; 8],
         plan: vec![4; 8],
-        headroom_mib: d.gpu_memory_mib / 10,
+        headroom_mib: vec![d.gpu_memory_mib / 10; 8],
     };
     Ok((cluster, jobs))
 }
@@ -118,7 +118,7 @@ pub fn lora_farm() -> Result<(Cluster, Vec<Job>), WorkloadError> {
     let cluster = Cluster {
         gpus_mib: vec![(d.gpu_memory_gib * GIB) as u64; d.gpus],
         plan: vec![2; d.gpus],
-        headroom_mib: 0,
+        headroom_mib: vec![0; d.gpus],
     };
     Ok((cluster, jobs))
 }
@@ -154,7 +154,81 @@ pub fn synthetic(seed: u64, n: usize) -> (Cluster, Vec<Job>) {
     let cluster = Cluster {
         gpus_mib: vec![24 * 1024; 8],
         plan: vec![4; 8],
-        headroom_mib: 1024,
+        headroom_mib: vec![1024; 8],
     };
     (cluster, jobs)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::sim::{Policy, simulate};
+    use crate::workloads;
+
+    #[test]
+    fn no_policy_exceeds_a_plan_and_every_job_ends() {
+        let (cluster, jobs) = workloads::synthetic(7, 300);
+        for policy in Policy::ALL {
+            let r = simulate(&cluster, &jobs, policy);
+            let most = if policy == Policy::Exclusive { 1 } else { 4 };
+            assert!(r.max_jobs_on_a_gpu <= most, "{policy:?}: {r:?}");
+            assert_eq!(r.completed + r.failed, 300, "{policy:?}: {r:?}");
+            assert!(
+                r.makespan_s >= r.lower_bound_s * 0.999 || r.failed > 0,
+                "{policy:?}: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn headroom_never_runs_a_gpu_out_of_memory() {
+        let workloads = [
+            workloads::synthetic(3, 300),
+            workloads::seed_matrix().expect("seed matrix"),
+            workloads::lora_farm().expect("lora farm"),
+        ];
+        for (cluster, jobs) in &workloads {
+            for policy in [Policy::Declared, Policy::Learned] {
+                let r = simulate(cluster, jobs, policy);
+                assert_eq!((r.ooms, r.failed), (0, 0), "{policy:?}: {r:?}");
+                assert!(r.max_used_fraction <= 1.0, "{policy:?}: {r:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_result() {
+        let (c, j) = workloads::synthetic(11, 200);
+        for policy in Policy::ALL {
+            assert_eq!(
+                simulate(&c, &j, policy),
+                simulate(&c, &j, policy),
+                "{policy:?}"
+            );
+        }
+        let (c2, j2) = workloads::synthetic(12, 200);
+        assert_ne!(
+            simulate(&c, &j, Policy::Learned),
+            simulate(&c2, &j2, Policy::Learned)
+        );
+    }
+
+    #[test]
+    fn the_lora_farms_plan_ooms_and_headroom_learns_to_avoid_it() {
+        let (cluster, jobs) = workloads::lora_farm().expect("lora farm");
+        let plan_only = simulate(&cluster, &jobs, Policy::PlanOnly);
+        assert!(plan_only.ooms > 0, "{plan_only:?}");
+        let learned = simulate(&cluster, &jobs, Policy::Learned);
+        assert_eq!((learned.ooms, learned.completed), (0, 14), "{learned:?}");
+    }
+
+    #[test]
+    fn headroom_ends_the_seed_matrix_at_least_a_quarter_sooner_than_exclusive() {
+        let (cluster, jobs) = workloads::seed_matrix().expect("seed matrix");
+        let exclusive = simulate(&cluster, &jobs, Policy::Exclusive);
+        let headroom = simulate(&cluster, &jobs, Policy::Declared);
+        assert!(
+            headroom.makespan_s <= 0.75 * exclusive.makespan_s,
+            "{headroom:?} against {exclusive:?}"
+        );
+    }
 }

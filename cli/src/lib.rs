@@ -5,7 +5,8 @@
 //! - `client` (the shared typed client with the CLI's token and server), `config` (the CLI's
 //!   settings file), `output` (tables, JSON, progress);
 //! - `up`: the coordinator, an agent and a sample experiment in one process, on SQLite;
-//! - `doctor`: the node checks, printed.
+//! - `doctor`: the node checks, printed;
+//! - `simulate`: an experiment replayed under other GPUs, plans and policies.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ pub mod client;
 pub mod config;
 pub mod doctor;
 pub mod output;
+pub mod simulate;
 pub mod up;
 
 use client::Api;
@@ -146,6 +148,9 @@ pub enum Command {
         /// Experiment id or name; all jobs when left out.
         experiment: Option<String>,
     },
+    /// Replay a finished experiment's jobs (their durations and peak memory) on other GPUs
+    /// and another plan, under each packing policy: exclusive, plan only, and headroom's.
+    Simulate(simulate::SimulateArgs),
     /// Export attempts as CSV (one row per attempt, parameters as columns).
     Export {
         /// CSV is the one format (the flag is accepted for clarity).
@@ -428,6 +433,7 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             let exp = resolve_experiment(api, experiment.as_deref()).await?;
             return output::wait(api, exp).await;
         }
+        Command::Simulate(args) => simulate::run(api, args).await?,
         Command::Export {
             csv: _,
             experiment,

@@ -10,8 +10,9 @@
 //! - `store`: every durable change, one transaction per operation, written once over the
 //!   transaction interface both backends (SQLite, PostgreSQL) implement.
 //! - `rules` (job decisions), `placement` (which GPUs), `sharing` (attempts that shared a
-//!   GPU, and their energy shares) and `attempt_keys` (the credential issued with a lease):
-//!   pure, no I/O; `changes`: the counter long-polls wait on.
+//!   GPU, and their energy shares), `attempt_keys` (the credential issued with a lease) and
+//!   `simulate` (placement over simulated GPUs and time): pure, no I/O; `changes`: the
+//!   counter long-polls wait on.
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -28,6 +29,7 @@ pub mod openapi;
 pub mod placement;
 pub mod rules;
 pub mod sharing;
+pub mod simulate;
 pub mod store;
 
 pub use app::Application;

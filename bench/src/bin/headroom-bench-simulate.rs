@@ -4,7 +4,7 @@
 //! cargo run --release -p headroom-bench --bin headroom-bench-simulate [SEED] [JOBS]
 
 use anyhow::{Context, Result};
-use headroom_bench::sim::{Cluster, Job, Policy, simulate};
+use headroom_bench::sim::{Cluster, Job, comparison};
 use headroom_bench::workloads;
 
 fn table(name: &str, cluster: &Cluster, jobs: &[Job]) {
@@ -19,25 +19,7 @@ fn table(name: &str, cluster: &Cluster, jobs: &[Job]) {
             .collect::<Vec<_>>()
             .join(",")
     );
-    println!(
-        "| policy | makespan | / lower bound | / exclusive | mean completion | memory used | OOMs | failed |"
-    );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let exclusive = simulate(cluster, jobs, Policy::Exclusive).makespan_s;
-    for policy in Policy::ALL {
-        let r = simulate(cluster, jobs, policy);
-        println!(
-            "| {} | {:.0} s | {:.2} | {:.2} | {:.0} s | {:.0} % | {} | {} |",
-            policy.name(),
-            r.makespan_s,
-            r.bound_ratio(),
-            r.makespan_s / exclusive,
-            r.mean_completion_s,
-            100.0 * r.memory_utilization,
-            r.ooms,
-            r.failed
-        );
-    }
+    print!("{}", comparison(cluster, jobs));
 }
 
 fn main() -> Result<()> {

@@ -126,3 +126,63 @@ fn memory_estimates_bind_before_slots() {
     );
     assert_eq!(peak, vec![1, 1]);
 }
+
+/// `headroom simulate` replays a finished experiment's jobs (each at its measured peak for its
+/// duration) on other GPUs and another plan: where the plan alone would pair two jobs whose
+/// peaks do not fit one GPU, it shows the OOMs, and headroom's placement none.
+#[test]
+fn a_finished_experiment_replays_on_other_gpus_and_plans() {
+    let h = Headroom::up(UpOptions::gpus("2x24GiB").plan("1,1"));
+    let spec = format!(
+        r#"
+name: replayed
+command: ["{job}", "--mem", "6GiB", "--seconds", "0.3"]
+runs_per_config: 4
+resources: {{gpus: 1, memory: 7GiB}}
+"#,
+        job = fake_job().display(),
+    );
+    let exp = h.submit("replayed.yaml", &spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    assert!(
+        jobs.iter().all(|j| j.state == JobState::Succeeded),
+        "{jobs:#?}"
+    );
+
+    let out = h.cli(&["simulate", "replayed", "--gpus", "2x10GiB", "--plan", "2,2"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("4 jobs of replayed"), "{stdout}");
+    let row = |policy: &str| -> Vec<String> {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {policy} |")))
+            .unwrap_or_else(|| panic!("no row for {policy}: {stdout}"));
+        line.split('|').map(|c| c.trim().to_string()).collect()
+    };
+    // Columns: policy, makespan, / bound, / exclusive, completion, memory, OOMs, failed.
+    assert_ne!(
+        row("plan only (FIFO)")[7],
+        "0",
+        "two 6 GiB peaks on a 10 GiB GPU: {stdout}"
+    );
+    for policy in ["exclusive", "headroom, declared", "headroom, learned"] {
+        assert_eq!(row(policy)[7], "0", "{policy}: {stdout}");
+        assert_eq!(row(policy)[8], "0", "{policy}: {stdout}");
+    }
+
+    for (plan, said) in [("2,x", "--plan"), ("2,2,2", "--plan")] {
+        let out = h.cli(&["simulate", "replayed", "--gpus", "2x10GiB", "--plan", plan]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(said),
+            "{plan}: {stderr}"
+        );
+    }
+    let out = h.cli(&["simulate", "nope", "--gpus", "2x10GiB", "--plan", "1,1"]);
+    assert!(!out.status.success());
+}
