@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use headroom_integration_tests::records::{DeathWatch, Timeline};
 use headroom_integration_tests::{
-    Link, Postgres, Proc, alive, binary, fake_job, free_port, http_get, http_post,
-    wait_until as wait,
+    Link, Postgres, Proc, alive, fake_job, free_port, http_get, http_post, wait_until as wait,
 };
 use headroom_shared::api::{JobDetail, JobSummary, Progress, SubmitResponse};
 use headroom_shared::{ExperimentId, FailureClass, JobState};
@@ -80,7 +79,8 @@ impl Cluster {
     }
 
     /// Starts replica `i`, its wall clock `skew` (`+3s`) off the machine's when given (by
-    /// `faketime`; its monotonic clock left alone).
+    /// libfaketime preloaded into the coordinator itself, not the `faketime` wrapper, whose
+    /// child outlived it; the monotonic clock left alone).
     fn start_coordinator_at(&mut self, i: usize, skew: Option<&str>) {
         let args: Vec<String> = vec![
             "--listen".into(),
@@ -100,16 +100,20 @@ impl Cluster {
         let p = match skew {
             None => Proc::start("headroom-coordinator", &args, log),
             Some(skew) => {
-                let mut wrapped = vec![
-                    "-f".to_string(),
-                    skew.to_string(),
-                    binary("headroom-coordinator").display().to_string(),
-                ];
-                wrapped.extend(args);
-                Proc::start_program(
-                    std::path::Path::new("faketime"),
-                    &wrapped,
-                    &[("FAKETIME_DONT_FAKE_MONOTONIC", "1")],
+                let lib = FAKETIME_LIBS
+                    .iter()
+                    .find(|l| std::path::Path::new(l).exists())
+                    .unwrap_or_else(|| {
+                        panic!("no libfaketime in {FAKETIME_LIBS:?} (apt: faketime)")
+                    });
+                Proc::start_with_env(
+                    "headroom-coordinator",
+                    &args,
+                    &[
+                        ("LD_PRELOAD", lib),
+                        ("FAKETIME", skew),
+                        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+                    ],
                     log,
                 )
             }
@@ -361,6 +365,12 @@ fn a_replica_with_a_skewed_clock_expires_no_lease_early() {
     let skewed = c.url(1);
     let health: serde_json::Value = http_get(&format!("{skewed}/v1/health")).expect("health");
     assert!(health.is_object());
+    // Its clock is ahead indeed (the `Date` it answers with).
+    let ahead = server_date(c.ports[1]) - chrono::Utc::now();
+    assert!(
+        ahead >= chrono::Duration::seconds(2),
+        "the skewed replica's clock is {ahead} ahead"
+    );
     c.add_agent(0, "1x24GiB", "4", false);
     let exp = c.submit("skew", 4, 6.0);
     c.wait_done(exp, Duration::from_secs(60));
@@ -374,6 +384,33 @@ fn a_replica_with_a_skewed_clock_expires_no_lease_early() {
     for j in c.jobs(exp) {
         assert_eq!(c.job(j.id).attempts_detail.len(), 1);
     }
+}
+
+/// Where Debian (and others) keep libfaketime.
+const FAKETIME_LIBS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+];
+
+/// The `Date` header a server on this port answers with.
+fn server_date(port: u16) -> chrono::DateTime<chrono::Utc> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.write_all(b"GET /v1/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("answer");
+    let date = answer
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("date: ")
+                .or_else(|| l.strip_prefix("Date: "))
+        })
+        .unwrap_or_else(|| panic!("no Date header: {answer}"));
+    chrono::DateTime::parse_from_rfc2822(date.trim())
+        .unwrap_or_else(|e| panic!("`{date}`: {e}"))
+        .with_timezone(&chrono::Utc)
 }
 
 #[test]
