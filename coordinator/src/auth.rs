@@ -187,30 +187,35 @@ pub fn read_tokens_file(path: &Path) -> Result<Vec<ConfigToken>, TokenConfigErro
 
 /// The bootstrap admin token given in the clear.
 pub fn admin_token(secret: &str) -> Result<ConfigToken, TokenConfigError> {
-    let secret = secret.trim();
-    if secret.chars().count() < MIN_SECRET_LEN {
-        return Err(TokenConfigError::WeakAdminToken);
-    }
-    Ok(ConfigToken {
-        id: None,
-        name: "admin".into(),
-        role: Role::Admin,
-        secret: Secret::Plain(secret.to_string()),
-        unix_user: None,
-    })
+    clear_token(
+        secret,
+        "admin",
+        Role::Admin,
+        TokenConfigError::WeakAdminToken,
+    )
 }
 
 /// The bootstrap join token given in the clear (a Helm chart's generated Secret): it may only
 /// exchange itself for new nodes' agent credentials.
 pub fn join_token(secret: &str) -> Result<ConfigToken, TokenConfigError> {
+    clear_token(secret, "join", Role::Join, TokenConfigError::WeakJoinToken)
+}
+
+/// A configured token given in the clear: `weak` when it is too short to be one.
+fn clear_token(
+    secret: &str,
+    name: &str,
+    role: Role,
+    weak: TokenConfigError,
+) -> Result<ConfigToken, TokenConfigError> {
     let secret = secret.trim();
     if secret.chars().count() < MIN_SECRET_LEN {
-        return Err(TokenConfigError::WeakJoinToken);
+        return Err(weak);
     }
     Ok(ConfigToken {
         id: None,
-        name: "join".into(),
-        role: Role::Join,
+        name: name.into(),
+        role,
         secret: Secret::Plain(secret.to_string()),
         unix_user: None,
     })

@@ -253,14 +253,9 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
             .map(|(j, _)| *j)
             .chain(rest)
             .collect();
-        // A start whose steady use does not fit OOMs at once (placement that ignores memory).
-        let mut oomed_at_start = Vec::new();
-        for (&run, r) in &running {
-            if used[r.gpu] > cluster.gpus_mib[r.gpu] && !r.in_peak && started_now.contains(&run) {
-                oomed_at_start.push(run);
-            }
-        }
-        for run in oomed_at_start {
+        // A start whose steady use does not fit OOMs at once (placement that ignores memory),
+        // in the order they started, until the rest fit.
+        for run in started_now {
             let gpu = running[&run].gpu;
             if used[gpu] <= cluster.gpus_mib[gpu] {
                 continue;

@@ -37,13 +37,14 @@ def free_port() -> int:
         return port
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60,
+             pause: Callable[[float], Any] = lambda ms: time.sleep(ms / 1000)) -> Any:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         got = check()
         if got:
             return got
-        time.sleep(0.2)
+        pause(200)
     pytest.fail(f"timed out waiting for {what}")
 
 
@@ -163,15 +164,9 @@ def log_in(pg: Page, up: Up, token: str) -> None:
 
 
 def until(pg: Page, what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
-    """Polls from here: the page's policy forbids the string evaluation `wait_for_function`
-    uses."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = check()
-        if got:
-            return got
-        pg.wait_for_timeout(200)
-    pytest.fail(f"timed out waiting for {what}")
+    """Polls from here (the page's policy forbids the string evaluation `wait_for_function`
+    uses), letting the page's events through between looks."""
+    return wait_for(what, check, timeout, pause=pg.wait_for_timeout)
 
 
 def rows(pg: Page) -> int:

@@ -22,33 +22,17 @@ use crate::outcomes::Outcomes;
 const AGENT_REPORT_WAIT: Duration = Duration::from_secs(30);
 
 pub(super) struct Handoff {
-    attempt: AttemptId,
-    report: FinishReport,
-    log: PathBuf,
-    direct: DirectLink,
-    journal: Outcomes,
-    give_up_at: Instant,
+    pub(super) attempt: AttemptId,
+    pub(super) report: FinishReport,
+    /// The attempt's log, shipped before the end is reported.
+    pub(super) log: PathBuf,
+    pub(super) direct: DirectLink,
+    pub(super) journal: Outcomes,
+    /// Past it, a report that does not go through is left to the journal.
+    pub(super) give_up_at: Instant,
 }
 
 impl Handoff {
-    pub(super) fn new(
-        attempt: AttemptId,
-        report: FinishReport,
-        log: PathBuf,
-        direct: DirectLink,
-        journal: Outcomes,
-        give_up_at: Instant,
-    ) -> Self {
-        Self {
-            attempt,
-            report,
-            log,
-            direct,
-            journal,
-            give_up_at,
-        }
-    }
-
     /// Reports the end unless the agent did: its journal entry is gone once it has.
     pub(super) async fn settle(mut self) {
         if !self.journal.holds(self.attempt) {

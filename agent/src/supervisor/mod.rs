@@ -655,14 +655,14 @@ async fn finish(
     // process keeps it, and reports it if the agent goes first.
     let handoff = match reporter.direct {
         Some(direct) if delivered == Delivery::Undelivered && written.is_ok() => {
-            Some(Box::new(Handoff::new(
+            Some(Box::new(Handoff {
                 attempt,
-                outcome.report,
-                spec.launch.log_path.clone(),
+                report: outcome.report,
+                log: spec.launch.log_path.clone(),
                 direct,
                 journal,
-                reporter.give_up_at,
-            )))
+                give_up_at: reporter.give_up_at,
+            }))
         }
         _ => None,
     };
