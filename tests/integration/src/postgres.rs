@@ -11,12 +11,23 @@ use crate::free_port;
 pub struct Postgres {
     dir: tempfile::TempDir,
     pub port: u16,
+    /// Tests need no durability; benches compare durable stores.
+    fsync: bool,
 }
 
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 impl Postgres {
     pub fn start() -> Result<Self> {
+        Self::start_with(false)
+    }
+
+    /// A cluster that flushes every commit to disk (PostgreSQL's default), for benches.
+    pub fn start_durable() -> Result<Self> {
+        Self::start_with(true)
+    }
+
+    fn start_with(fsync: bool) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("hr-pg")
             .tempdir_in("/tmp")?;
@@ -27,7 +38,7 @@ impl Postgres {
             &format!("{PG_BIN}/initdb -D {d}/data -U postgres --auth=trust -E UTF8 >/dev/null"),
             true,
         )?;
-        let pg = Self { dir, port };
+        let pg = Self { dir, port, fsync };
         pg.ctl("start")?;
         Ok(pg)
     }
@@ -37,8 +48,9 @@ impl Postgres {
         run_as_postgres(
             &format!(
                 "{PG_BIN}/pg_ctl -D {d}/data -o \"-p {} -k {d} -c listen_addresses=127.0.0.1 \
-                 -c fsync=off -c max_connections=200\" -l {d}/log -w -m fast {what} >/dev/null",
-                self.port
+                 -c fsync={} -c max_connections=200\" -l {d}/log -w -m fast {what} >/dev/null",
+                self.port,
+                if self.fsync { "on" } else { "off" }
             ),
             true,
         )

@@ -1,0 +1,143 @@
+//! The benchmark suite of the real system against task-spooler, each bench a module that
+//! returns its [`Report`]; `headroom-bench-suite` runs them and writes `bench/results/`.
+
+pub mod agent_cpu;
+pub mod dispatch;
+pub mod latency;
+pub mod makespan;
+pub mod scale;
+pub mod slot_free;
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+/// What one bench measured: its figures (JSON) and the same as a Markdown table.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub bench: &'static str,
+    /// The command that produced it.
+    pub command: String,
+    pub at: String,
+    pub machine: Machine,
+    pub figures: serde_json::Value,
+    /// Each target of the issue: what it asks, what was measured, whether it holds.
+    pub targets: Vec<Target>,
+    #[serde(skip)]
+    pub markdown: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Target {
+    pub what: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+impl Target {
+    pub fn new(what: &str, measured: String, met: bool) -> Self {
+        Self {
+            what: what.to_string(),
+            measured,
+            met,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub load_1m: f64,
+}
+
+impl Machine {
+    pub fn now() -> Self {
+        Self {
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            load_1m: std::fs::read_to_string("/proc/loadavg")
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .unwrap_or(f64::NAN),
+        }
+    }
+}
+
+impl Report {
+    pub fn new(
+        bench: &'static str,
+        figures: serde_json::Value,
+        targets: Vec<Target>,
+        table: String,
+    ) -> Self {
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        let at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
+        let machine = Machine::now();
+        let mut markdown = format!(
+            "### {bench}\n\n`{command}`, {at}, {} CPUs, load {:.1}\n\n{table}\n",
+            machine.cpus, machine.load_1m
+        );
+        for t in &targets {
+            markdown.push_str(&format!(
+                "- {} {}: {}\n",
+                if t.met { "met" } else { "MISSED" },
+                t.what,
+                t.measured
+            ));
+        }
+        Self {
+            bench,
+            command,
+            at,
+            machine,
+            figures,
+            targets,
+            markdown,
+        }
+    }
+
+    /// Writes `<dir>/<bench>.json` and `<dir>/<bench>.md`.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let json = dir.join(format!("{}.json", self.bench));
+        let md = dir.join(format!("{}.md", self.bench));
+        std::fs::write(&json, serde_json::to_string_pretty(self)? + "\n")?;
+        std::fs::write(&md, &self.markdown)?;
+        Ok(vec![json, md])
+    }
+}
+
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn now_ns() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or_default()
+}
+
+/// A stamp the bench job wrote (`headroom-bench-stamp`), in ns since the epoch.
+pub fn read_stamp(path: &Path) -> Option<i128> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// A directory every job can write to, whichever user it runs as.
+pub fn shared_dir(prefix: &str) -> Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::Builder::new().prefix(prefix).tempdir()?;
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777))?;
+    Ok(d)
+}
+
+/// The bench job's path (`headroom-bench-stamp`, beside the other binaries).
+pub fn stamp() -> String {
+    headroom_integration_tests::binary("headroom-bench-stamp")
+        .display()
+        .to_string()
+}

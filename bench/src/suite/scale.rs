@@ -1,0 +1,239 @@
+//! Coordinator scale: simulated agents in this process (real HTTP, one task each) on a
+//! coordinator alone with PostgreSQL, each with 8 GPUs, claiming from a deep queue and
+//! reporting start and end at once. Claim latency, jobs/s, the coordinator's CPU and memory.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use chrono::Utc;
+use headroom_integration_tests::{Postgres, stat_fields};
+use headroom_shared::api::{
+    ClaimRequest, FinishReport, GpuInfo, GpuSample, HeartbeatRequest, Measurements,
+    RegisterRequest, StartReport,
+};
+use headroom_shared::client::Client;
+
+use super::{Report, Target, percentile};
+use crate::system::Node;
+
+pub struct Size {
+    pub agents: usize,
+    pub gpus_per_agent: usize,
+    pub queued: usize,
+    /// How long the agents drain the queue (they stop early when it is empty).
+    pub window: Duration,
+}
+
+const GPU_MIB: u64 = 81_920;
+
+fn samples(gpus: usize) -> Vec<GpuSample> {
+    (0..gpus as u32)
+        .map(|index| GpuSample {
+            index,
+            used_mib: 0,
+            free_mib: GPU_MIB,
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn finish(fence: i64, gpus: usize) -> FinishReport {
+    FinishReport {
+        fence,
+        failure: None,
+        exit_code: Some(0),
+        signal: None,
+        ended_at: Utc::now(),
+        peak_mem_mib: Some(100),
+        peak_source: None,
+        cleanup_ms: 1,
+        cleanup_verified: true,
+        unverified: None,
+        contaminated: false,
+        measurements: Measurements::default(),
+        log_tail: String::new(),
+        gpus: samples(gpus),
+        prestart: None,
+        background: None,
+        host_peak_mib: None,
+    }
+}
+
+/// One simulated agent: register, then claim, start and end until the window closes or the
+/// queue is empty; the latencies (ms) of claims that brought work.
+async fn agent(
+    api: Client,
+    i: usize,
+    gpus: usize,
+    until: Instant,
+    done: Arc<AtomicUsize>,
+    total: usize,
+) -> Result<Vec<f64>> {
+    let plan = vec!["1"; gpus].join(",");
+    let reg = api
+        .register(&RegisterRequest {
+            node: format!("sim{i:03}"),
+            gpus: (0..gpus as u32)
+                .map(|g| GpuInfo {
+                    index: g,
+                    uuid: format!("GPU-sim-{i:03}-{g}"),
+                    name: "simulated".into(),
+                    total_mib: GPU_MIB,
+                })
+                .collect(),
+            plan: Some(plan.clone()),
+            headroom: None,
+            version: env!("CARGO_PKG_VERSION").into(),
+            running: vec![],
+            previous: None,
+        })
+        .await
+        .context("register")?;
+    let mut lat = Vec::new();
+    let mut beat = Instant::now();
+    while Instant::now() < until && done.load(Ordering::Relaxed) < total {
+        let t = Instant::now();
+        let r = api
+            .claim(
+                reg.agent,
+                &ClaimRequest {
+                    gpus: samples(gpus),
+                    max: gpus as u32,
+                    watching: vec![],
+                    known_plan: Some(plan.clone()),
+                    wait_ms: 500,
+                },
+            )
+            .await
+            .context("claim")?;
+        if !r.leases.is_empty() {
+            lat.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        for l in &r.leases {
+            api.start(
+                l.attempt,
+                &StartReport {
+                    fence: l.fence,
+                    pid: 1,
+                    started_at: Utc::now(),
+                },
+            )
+            .await
+            .context("start report")?;
+        }
+        for l in &r.leases {
+            api.finish(l.attempt, &finish(l.fence, gpus))
+                .await
+                .context("finish report")?;
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+        if beat.elapsed() > Duration::from_secs(5) {
+            api.heartbeat(
+                reg.agent,
+                &HeartbeatRequest {
+                    gpus: samples(gpus),
+                    attempts: vec![],
+                    released: vec![],
+                    telemetry: vec![],
+                    telemetry_dropped: 0,
+                },
+            )
+            .await
+            .context("heartbeat")?;
+            beat = Instant::now();
+        }
+    }
+    Ok(lat)
+}
+
+/// (CPU ms, resident MiB, peak resident MiB) of a process.
+fn usage(pid: u32) -> (f64, f64, f64) {
+    let cpu = stat_fields(pid).map_or(0.0, |f| {
+        f.get(11..13)
+            .map(|v| v.iter().filter_map(|x| x.parse::<f64>().ok()).sum::<f64>() * 10.0)
+            .unwrap_or_default()
+    });
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+            / 1024.0
+    };
+    (cpu, kib("VmRSS:"), kib("VmHWM:"))
+}
+
+pub fn run(size: &Size) -> Result<Report> {
+    let pg = Postgres::start_durable()?;
+    let node = Node::coordinator(Some(&pg.url()))?;
+    let pid = node.coordinator.pid().context("coordinator not running")?;
+    let t = Instant::now();
+    let exp = node.submit("deep", &["true"], size.queued)?;
+    let submit_s = t.elapsed().as_secs_f64();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (cpu0, _, _) = usage(pid);
+    let done = Arc::new(AtomicUsize::new(0));
+    let t = Instant::now();
+    let until = t + size.window;
+    let lat: Vec<Vec<f64>> = rt.block_on(async {
+        let tasks: Vec<_> = (0..size.agents)
+            .map(|i| {
+                let api = Client::new(&node.url)?;
+                Ok(tokio::spawn(agent(
+                    api,
+                    i,
+                    size.gpus_per_agent,
+                    until,
+                    done.clone(),
+                    size.queued,
+                )))
+            })
+            .collect::<Result<_>>()?;
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await??);
+        }
+        Ok::<_, anyhow::Error>(out)
+    })?;
+    let elapsed = t.elapsed().as_secs_f64();
+    let (cpu1, rss, hwm) = usage(pid);
+    let jobs = done.load(Ordering::Relaxed);
+    if jobs == 0 {
+        bail!("no job ran: {}", node.coordinator.output());
+    }
+    let _ = exp;
+    let mut claims: Vec<f64> = lat.into_iter().flatten().collect();
+    claims.sort_by(f64::total_cmp);
+    let (p50, p99) = (percentile(&claims, 0.5), percentile(&claims, 0.99));
+    let rate = jobs as f64 / elapsed;
+    let cpu_share = (cpu1 - cpu0) / (elapsed * 1e3) * 100.0;
+    let table = format!(
+        "| agents x GPUs | queued | jobs run | jobs/s | claims | claim p50 | p99 | coordinator CPU | per job | RSS (peak) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
+         | {} x {} | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) |\n",
+        size.agents,
+        size.gpus_per_agent,
+        size.queued,
+        claims.len(),
+        (cpu1 - cpu0) / jobs as f64,
+    );
+    let targets = vec![Target::new(
+        "claim p99 at most 50 ms",
+        format!("{p99:.1} ms"),
+        p99 <= 50.0,
+    )];
+    let figures = serde_json::json!({
+        "agents": size.agents, "gpus_per_agent": size.gpus_per_agent, "queued": size.queued,
+        "submit_s": submit_s, "jobs": jobs, "seconds": elapsed, "jobs_per_s": rate,
+        "claims": claims.len(), "claim_ms": {"p50": p50, "p99": p99},
+        "coordinator": {"cpu_core_pct": cpu_share, "cpu_ms_per_job": (cpu1 - cpu0) / jobs as f64,
+            "rss_mib": rss, "peak_rss_mib": hwm},
+    });
+    Ok(Report::new("scale", figures, targets, table))
+}

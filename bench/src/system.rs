@@ -1,0 +1,203 @@
+//! A headroom node for the benches: `headroom-coordinator` and one `headroom-agent` on fake
+//! GPUs, both (and so every supervisor and job) inside one CPU-accounting group.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use headroom_integration_tests::{Proc, binary, block_on, free_port};
+use headroom_shared::ExperimentId;
+use headroom_shared::api::SubmitRequest;
+use headroom_shared::client::Client;
+
+use crate::cpugroup::CpuGroup;
+
+pub struct NodeOptions<'a> {
+    /// `None`: the embedded SQLite store.
+    pub database_url: Option<&'a str>,
+    /// The fake GPUs (`8x80GiB`).
+    pub gpus: &'a str,
+    /// The concurrency plan (`1,1,1,1`).
+    pub plan: &'a str,
+}
+
+/// A running coordinator and agent; killed when dropped.
+pub struct Node {
+    pub api: Client,
+    pub url: String,
+    pub coordinator: Proc,
+    /// `None` for a coordinator alone.
+    pub agent: Option<Proc>,
+    pub group: Option<CpuGroup>,
+    pub dir: tempfile::TempDir,
+}
+
+fn start_in(group: Option<&CpuGroup>, name: &str, args: &[String], log: &Path) -> Result<Proc> {
+    let program = binary(name).display().to_string();
+    match group {
+        Some(g) => {
+            let (sh, argv) = g.wrap(&program, args);
+            Proc::start_program(Path::new(&sh), &argv, &[], log.to_path_buf())
+        }
+        None => Proc::start(name, args, log.to_path_buf()),
+    }
+}
+
+impl Node {
+    /// A coordinator alone (the scale bench's simulated agents talk to it).
+    pub fn coordinator(database_url: Option<&str>) -> Result<Self> {
+        Self::start_parts(database_url, None)
+    }
+
+    pub fn start(o: &NodeOptions) -> Result<Self> {
+        Self::start_parts(o.database_url, Some((o.gpus, o.plan)))
+    }
+
+    fn start_parts(database_url: Option<&str>, agent: Option<(&str, &str)>) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("hr-bench").tempdir()?;
+        let group = CpuGroup::create("headroom");
+        let port = free_port()?;
+        let url = format!("http://127.0.0.1:{port}");
+        let mut args = vec![
+            "--listen".to_string(),
+            format!("127.0.0.1:{port}"),
+            "--data-dir".into(),
+            dir.path().join("coord").display().to_string(),
+        ];
+        if let Some(db) = database_url {
+            args.extend(["--database-url".to_string(), db.to_string()]);
+        }
+        let coordinator = start_in(
+            group.as_ref(),
+            "headroom-coordinator",
+            &args,
+            &dir.path().join("coord.log"),
+        )?;
+        let api = Client::new(&url)?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while block_on(api.health())?.is_err() {
+            if Instant::now() > deadline {
+                bail!("coordinator did not start: {}", coordinator.output());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let agent = match agent {
+            None => None,
+            Some((gpus, plan)) => {
+                let a: Vec<String> = [
+                    "--coordinator",
+                    &url,
+                    "--node",
+                    "bench",
+                    "--gpu-backend",
+                    "fake",
+                    "--fake-gpus",
+                    gpus,
+                    "--plan",
+                    plan,
+                    "--kill-grace",
+                    "1s",
+                    "--data-dir",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([dir.path().join("agent").display().to_string()])
+                .collect();
+                let agent = start_in(
+                    group.as_ref(),
+                    "headroom-agent",
+                    &a,
+                    &dir.path().join("agent.log"),
+                )?;
+                while block_on(api.nodes())??.is_empty() {
+                    if Instant::now() > deadline {
+                        bail!("agent did not register: {}", agent.output());
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Some(agent)
+            }
+        };
+        Ok(Self {
+            api,
+            url,
+            coordinator,
+            agent,
+            group,
+            dir,
+        })
+    }
+
+    /// One experiment of `runs` copies of `argv` (100 MiB estimate each).
+    pub fn submit(&self, name: &str, argv: &[&str], runs: usize) -> Result<ExperimentId> {
+        let req = SubmitRequest {
+            spec: serde_json::json!({"name": name, "command": argv,
+                "runs_per_config": runs, "resources": {"memory": "100MiB"}}),
+            seed: None,
+            dry_run: false,
+        };
+        let r = block_on(self.api.submit(&req))?.context("submit refused")?;
+        r.experiment.context("stored")
+    }
+
+    /// Waits for every job of `exp` to end; fails if any did not succeed (a figure of jobs
+    /// that failed at launch would flatter the build).
+    pub fn wait_done(&self, exp: ExperimentId, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut after = None;
+        loop {
+            let p = block_on(
+                self.api
+                    .progress_within(Some(exp), after, Duration::from_secs(2)),
+            )??;
+            if p.counts.finished() == p.counts.total() {
+                if p.counts.succeeded != p.counts.total() {
+                    bail!(
+                        "{} of {} jobs did not succeed; agent log:\n{}",
+                        p.counts.total() - p.counts.succeeded,
+                        p.counts.total(),
+                        tail(
+                            &self.agent.as_ref().map(Proc::output).unwrap_or_default(),
+                            3000
+                        )
+                    );
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} of {} jobs ended after {timeout:?}",
+                    p.counts.finished(),
+                    p.counts.total()
+                );
+            }
+            after = Some(p.version);
+        }
+    }
+
+    /// CPU of everything the node ran so far (coordinator, agent, supervisors, jobs), in ms.
+    pub fn cpu_ms(&self) -> Option<f64> {
+        self.group.as_ref().and_then(|g| g.usage_ms().ok())
+    }
+}
+
+fn tail(s: &str, n: usize) -> &str {
+    let mut start = s.len().saturating_sub(n);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // SIGTERM first: the agent stops its supervisors and jobs on the way out.
+        if let Some(a) = &mut self.agent {
+            let _ = a.signal(nix::sys::signal::Signal::SIGTERM);
+            let _ = a.wait_exit(Duration::from_secs(10));
+        }
+        if let Some(g) = &self.group {
+            let _ = g.kill_all();
+        }
+    }
+}
