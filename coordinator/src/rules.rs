@@ -42,8 +42,12 @@ pub const OOM_BUMP: f64 = 1.25;
 
 // ---- estimates ------------------------------------------------------------------------
 
-/// The estimate a job is placed by: max(declared, p95 of observed peaks x 1.1, the key's
-/// floor after OOMs), and where it came from; `None` when nothing is known.
+/// How many of a key's most recent observed peaks its learned estimate is taken over: the
+/// key's current behaviour, and a bounded read at every claim however many attempts it had.
+pub const LEARNED_WINDOW: u32 = 256;
+
+/// The estimate a job is placed by: max(declared, p95 of observed peaks (the key's latest
+/// [`LEARNED_WINDOW`]) x 1.1, the key's floor after OOMs), and where it came from; `None` when nothing is known.
 pub fn effective_estimate(
     declared: Option<u64>,
     observed_peaks: &mut [u64],

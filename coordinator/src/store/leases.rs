@@ -14,12 +14,24 @@ use super::{
 use crate::placement::{GpuState, Placer, Snapshot};
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
 
-/// Pending jobs read (and, on PostgreSQL, locked) at a time by a claim; it reads the next
+/// Most pending jobs read (and, on PostgreSQL, locked) at a time by a claim; it reads the next
 /// window while its node could take more, at most [`CLAIM_WINDOWS`] of them: a node with a
 /// free slot and little memory would otherwise read the whole queue at every claim, holding
 /// its locks meanwhile.
 const CLAIM_WINDOW: u32 = 512;
 const CLAIM_WINDOWS: usize = 16;
+
+/// The size of a claim's `k`th window (from 1) for `max` leases: the first a few times what
+/// the node can take (locking 512 rows to lease 8 made concurrent claims skip each other's
+/// locks and write a row lock each), doubling up to [`CLAIM_WINDOW`] while jobs ahead do
+/// not fit.
+fn window_size(max: usize, k: usize) -> u32 {
+    let first = (max as u64)
+        .saturating_mul(4)
+        .clamp(32, u64::from(CLAIM_WINDOW));
+    let grown = first.saturating_mul(1u64 << (k.saturating_sub(1)).min(16));
+    grown.min(u64::from(CLAIM_WINDOW)) as u32
+}
 
 /// Checks a report's fencing token, locking the job and then the attempt; returns the job
 /// and the attempt's phase.
@@ -104,9 +116,8 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let mut after = None;
     let max = input.max as usize;
     for window in 1.. {
-        let pending = tx
-            .lock_pending(node.gpus.len() as u32, after, CLAIM_WINDOW)
-            .await?;
+        let size = window_size(max, window);
+        let pending = tx.lock_pending(node.gpus.len() as u32, after, size).await?;
         // What each memory key has taught so far, read once per key.
         for p in &pending {
             if !learned.contains_key(&p.memory_key) {
@@ -122,7 +133,7 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         }
         match pending.last() {
             Some(last)
-                if pending.len() == CLAIM_WINDOW as usize
+                if pending.len() == size as usize
                     && leases.len() < max
                     && window < CLAIM_WINDOWS
                     && placer.open() =>
@@ -422,5 +433,24 @@ impl<'a> LeaseTo<'a> {
             now,
             ttl_ms: input.lease_ttl_ms,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_reads_a_few_times_what_it_can_take_then_looks_further_ahead() {
+        assert_eq!(window_size(8, 1), 32);
+        assert_eq!(window_size(1, 1), 32);
+        assert_eq!(window_size(64, 1), 256);
+        assert_eq!(window_size(8, 2), 64);
+        assert_eq!(window_size(8, 5), 512);
+        assert_eq!(window_size(1000, 1), CLAIM_WINDOW);
+        assert_eq!(window_size(usize::MAX, 16), CLAIM_WINDOW);
+        // Behind jobs that fit nowhere, a claim still looks thousands of jobs ahead.
+        let ahead: u32 = (1..=CLAIM_WINDOWS).map(|k| window_size(1, k)).sum();
+        assert!(ahead > 6000, "{ahead}");
     }
 }

@@ -691,9 +691,16 @@ impl<E: Exec> Tx for E {
     }
 
     async fn peaks(&mut self, key: &str) -> Result<Vec<u64>> {
+        // The most recent ones only: a claim reads them for every key in its window, and a
+        // key of a large matrix has as many as its attempts.
         let sql = "SELECT peak_mem_mib FROM attempts \
-                   WHERE memory_key = $1 AND peak_mem_mib IS NOT NULL";
-        all(self, sql, args![key], |r| Ok(r.int(0)?.max(0) as u64)).await
+                   WHERE memory_key = $1 AND peak_mem_mib IS NOT NULL \
+                   ORDER BY ended_at DESC LIMIT $2";
+        let window = i64::from(crate::rules::LEARNED_WINDOW);
+        all(self, sql, args![key, window], |r| {
+            Ok(r.int(0)?.max(0) as u64)
+        })
+        .await
     }
 
     async fn lock_floor(&mut self, key: &str) -> Result<Option<u64>> {
@@ -1034,5 +1041,27 @@ impl<E: Exec> Tx for E {
             })
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The partial index the claim reads its window from (`jobs_waiting`, migration V14)
+    /// names the waiting states in its predicate; the database uses it only while the
+    /// claim's list is the same.
+    #[test]
+    fn the_waiting_states_are_those_the_claim_index_holds() {
+        assert_eq!(*super::WAITING, "'queued', 'retrying'");
+        for backend in ["postgres", "sqlite"] {
+            let path = format!(
+                "{}/migrations/{backend}/V14__waiting_order.sql",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let sql = std::fs::read_to_string(&path).expect("the migration");
+            assert!(
+                sql.contains(&format!("WHERE state IN ({})", *super::WAITING)),
+                "{path}"
+            );
+        }
     }
 }
