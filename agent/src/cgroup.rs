@@ -51,6 +51,40 @@ fn mount_of(mountinfo: &str, fstype: &str, option: Option<&str>) -> Option<PathB
     })
 }
 
+/// Whether the v2 hierarchy is mounted with `favordynmods` (`None`: no v2 hierarchy). Without
+/// it, moving a process into a cgroup waits for an RCU grace period once the host has been
+/// quiet for a moment: 5-15 ms at each job start on an idle node, where a job joins its
+/// attempt's cgroup. Set at boot (`cgroup_favordynmods=true`) or by remounting.
+pub fn favors_dynmods(mountinfo: &str) -> Option<bool> {
+    mountinfo.lines().find_map(|line| {
+        let (_, right) = line.split_once(" - ")?;
+        let mut r = right.split_whitespace();
+        let (ty, _source, supers) = (r.next()?, r.next()?, r.next().unwrap_or(""));
+        (ty == "cgroup2").then(|| supers.split(',').any(|o| o == "favordynmods"))
+    })
+}
+
+/// What a host without `favordynmods` should be told (the mount is named).
+pub fn dynmods_advice(mount: &Path) -> String {
+    format!(
+        "cgroup v2 at {} is not mounted with favordynmods: a job start may wait for an RCU \
+         grace period (5-15 ms on an idle node) to join its attempt's cgroup; \
+         `mount -o remount,favordynmods {}` (or the kernel parameter \
+         `cgroup_favordynmods=true`) cuts that to well under a millisecond",
+        mount.display(),
+        mount.display()
+    )
+}
+
+/// The v2 mount and whether it favors dynamic modifications, from this process's mountinfo.
+pub fn dynmods() -> Option<(PathBuf, bool)> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    Some((
+        mount_of(&mountinfo, "cgroup2", None)?,
+        favors_dynmods(&mountinfo)?,
+    ))
+}
+
 /// This process's cgroup in the v2 hierarchy (`0::<path>`), or in the v1 hierarchy of
 /// `controller`.
 fn own_path(proc_cgroup: &str, controller: Option<&str>) -> Option<String> {
@@ -361,6 +395,9 @@ pub fn for_agent(wanted: bool, scope: &str) -> Option<Cgroups> {
     match setup {
         Ok(c) => {
             tracing::info!("{}", c.describe());
+            if let Some((mount, false)) = dynmods() {
+                tracing::info!("{} (`headroom doctor` measures it)", dynmods_advice(&mount));
+            }
             attribute_by(&c);
             Some(c)
         }
@@ -447,6 +484,20 @@ mod tests {
             Some("/lab/batch-7")
         );
         assert_eq!(own_path("4:memory:/x\n", None), None);
+    }
+
+    #[test]
+    fn favordynmods_is_read_from_the_v2_mount_options() {
+        assert_eq!(favors_dynmods(HYBRID), Some(false));
+        let favored = HYBRID.replace(
+            "cgroup2 cgroup2 rw",
+            "cgroup2 cgroup2 rw,nsdelegate,favordynmods",
+        );
+        assert_eq!(favors_dynmods(&favored), Some(true));
+        // A v1 hierarchy with the option (CONFIG_CGROUP_FAVOR_DYNMODS) says nothing of v2.
+        let v1_only =
+            "36 25 0:31 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory,favordynmods";
+        assert_eq!(favors_dynmods(v1_only), None);
     }
 
     #[test]

@@ -465,16 +465,24 @@ fn cgroups() -> Check {
                  with `Delegate=yes`)",
                 c.describe()
             );
+            let joins = made.is_ok().then(|| join_cost(&c));
             // Removes the directory the probe was made in.
             drop(crate::cgroup::Tidy(Some(c)));
             match made {
-                Ok(()) => check(
-                    "cgroups",
-                    Status::Pass,
-                    detail,
-                    "each attempt runs in its own cgroup: membership decides what is its own, \
-                     cgroup.kill ends it",
-                ),
+                Ok(()) => {
+                    let detail = match joins {
+                        Some(Ok(ms)) => format!("{detail}; {}", join_words(ms)),
+                        Some(Err(e)) => format!("{detail}; joining one not measured: {e}"),
+                        None => detail,
+                    };
+                    check(
+                        "cgroups",
+                        Status::Pass,
+                        detail,
+                        "each attempt runs in its own cgroup: membership decides what is its \
+                         own, cgroup.kill ends it",
+                    )
+                }
                 Err(e) => check(
                     "cgroups",
                     Status::Unavailable,
@@ -490,6 +498,61 @@ fn cgroups() -> Check {
             "attempts are tracked by their environment marker and process tree",
         ),
     }
+}
+
+/// Median ms a process takes to join an attempt's cgroups (all of them, as a job does between
+/// fork and exec), each join after a quiet moment, as at a job's start on an idle node.
+fn join_cost(c: &crate::cgroup::Cgroups) -> Result<f64, String> {
+    let mut child = std::process::Command::new("sleep")
+        .arg("10")
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start `sleep`: {e}"))?;
+    let pid = child.id().to_string();
+    let probes: Vec<_> = (0..3)
+        .map(|_| c.attempt(headroom_shared::AttemptId::new()))
+        .collect();
+    let mut ms = Vec::new();
+    let mut result = Ok(());
+    for p in &probes {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let joined = p.create().and_then(|()| p.join_files()).and_then(|files| {
+            let t = std::time::Instant::now();
+            for mut f in files {
+                std::io::Write::write_all(&mut f, pid.as_bytes())?;
+            }
+            Ok(t.elapsed().as_secs_f64() * 1e3)
+        });
+        match joined {
+            Ok(t) => ms.push(t),
+            Err(e) => {
+                result = Err(format!(
+                    "cannot move a process into {}: {e}",
+                    p.dir().display()
+                ));
+                break;
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    for p in &probes {
+        let _ = p.remove();
+    }
+    result?;
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[ms.len() / 2])
+}
+
+/// What a join's cost means for job starts, with the host's `favordynmods` advice if it has
+/// none.
+fn join_words(ms: f64) -> String {
+    let mut words = format!("a job joins its attempt's cgroups in {ms:.2} ms");
+    // The mount option is the usual cause; the figure says whether this host pays it.
+    if let (true, Some((mount, false))) = (ms > 1.0, crate::cgroup::dynmods()) {
+        words.push_str(&format!(" ({})", crate::cgroup::dynmods_advice(&mount)));
+    }
+    words
 }
 
 /// A real allocation on each GPU (PyTorch on NVIDIA GPUs, the usage files on fake ones):
