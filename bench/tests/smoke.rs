@@ -74,6 +74,7 @@ fn scale() {
         gpus_per_agent: 2,
         queued: 20,
         window: Duration::from_secs(60),
+        job: Duration::from_millis(50),
     })
     .expect("scale");
     check(

@@ -1,7 +1,8 @@
 //! `headroom-bench-suite [BENCH...] [--tiny] [--out DIR]`: the real system against
 //! task-spooler (see `bench/README.md`); prints each report and writes it to `DIR`
 //! (default `bench/results`). Benches: dispatch latency makespan slot_free scale agent_cpu
-//! (default all). `--tiny` runs each at a size that only checks it still works.
+//! scale_ceiling (default all; `scale` holds each simulated job 5 s, `scale_ceiling` ends it
+//! at once). `--tiny` runs each at a size that only checks it still works.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,12 +10,13 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use headroom_bench::suite::{self, Report};
 
-const ALL: [&str; 6] = [
+const ALL: [&str; 7] = [
     "dispatch",
     "latency",
     "makespan",
     "slot_free",
     "scale",
+    "scale_ceiling",
     "agent_cpu",
 ];
 
@@ -42,12 +44,21 @@ fn run(name: &str, tiny: bool) -> Result<Report> {
             gpus_per_agent: 8,
             queued: 100_000,
             window: Duration::from_secs(60),
+            job: Duration::from_secs(5),
         }),
-        ("scale", true) => scale::run(&scale::Size {
+        ("scale_ceiling", false) => scale::run(&scale::Size {
+            agents: 100,
+            gpus_per_agent: 8,
+            queued: 100_000,
+            window: Duration::from_secs(60),
+            job: Duration::ZERO,
+        }),
+        ("scale" | "scale_ceiling", true) => scale::run(&scale::Size {
             agents: 2,
             gpus_per_agent: 2,
             queued: 20,
             window: Duration::from_secs(30),
+            job: Duration::from_millis(50),
         }),
         ("agent_cpu", false) => agent_cpu::run(Duration::from_secs(30)),
         ("agent_cpu", true) => agent_cpu::run(Duration::from_secs(1)),

@@ -24,6 +24,9 @@ pub struct Size {
     pub queued: usize,
     /// How long the agents drain the queue (they stop early when it is empty).
     pub window: Duration,
+    /// How long each simulated job holds its GPU before it ends: zero claims as fast as the
+    /// coordinator answers (its ceiling); a few seconds is a node's real pace.
+    pub job: Duration,
 }
 
 const GPU_MIB: u64 = 81_920;
@@ -61,8 +64,8 @@ fn finish(fence: i64, gpus: usize) -> FinishReport {
     }
 }
 
-/// One simulated agent: register, then claim, start and end until the window closes or the
-/// queue is empty; the latencies (ms) of claims that brought work.
+/// One simulated agent: register, then claim, start and (after `job`) end until the window
+/// closes or the queue is empty; the latencies (ms) of claims that brought work.
 async fn agent(
     api: Client,
     i: usize,
@@ -70,6 +73,7 @@ async fn agent(
     until: Instant,
     done: Arc<AtomicUsize>,
     total: usize,
+    job: Duration,
 ) -> Result<Vec<f64>> {
     let plan = vec!["1"; gpus].join(",");
     let reg = api
@@ -93,22 +97,47 @@ async fn agent(
         .context("register")?;
     let mut lat = Vec::new();
     let mut beat = Instant::now();
+    // Leases running on this agent's GPUs: (when it ends, attempt, fence).
+    let mut running: Vec<(Instant, headroom_shared::AttemptId, i64)> = Vec::new();
+    let steady = Instant::now() + job;
     while Instant::now() < until && done.load(Ordering::Relaxed) < total {
+        let now = Instant::now();
+        for (_, attempt, fence) in running.iter().filter(|r| r.0 <= now) {
+            api.finish(*attempt, &finish(*fence, gpus))
+                .await
+                .context("finish report")?;
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+        running.retain(|r| r.0 > now);
+        let free = gpus - running.len();
+        let next_end = running.iter().map(|r| r.0).min();
+        if free == 0 {
+            if let Some(t) = next_end {
+                tokio::time::sleep_until(t.into()).await;
+            }
+            continue;
+        }
+        let wait = next_end.map_or(Duration::from_millis(500), |t| {
+            t.saturating_duration_since(now)
+                .min(Duration::from_millis(500))
+        });
         let t = Instant::now();
         let r = api
             .claim(
                 reg.agent,
                 &ClaimRequest {
                     gpus: samples(gpus),
-                    max: gpus as u32,
+                    max: free as u32,
                     watching: vec![],
                     known_plan: Some(plan.clone()),
-                    wait_ms: 500,
+                    wait_ms: wait.as_millis() as u64,
                 },
             )
             .await
             .context("claim")?;
-        if !r.leases.is_empty() {
+        // Steady state only: the first round of claims, every GPU of every agent at once, is
+        // start-up.
+        if !r.leases.is_empty() && t >= steady {
             lat.push(t.elapsed().as_secs_f64() * 1e3);
         }
         for l in &r.leases {
@@ -122,19 +151,24 @@ async fn agent(
             )
             .await
             .context("start report")?;
-        }
-        for l in &r.leases {
-            api.finish(l.attempt, &finish(l.fence, gpus))
-                .await
-                .context("finish report")?;
-            done.fetch_add(1, Ordering::Relaxed);
+            // Durations spread over 0.5-1.5x, so ends do not come in waves.
+            let spread = 0.5 + f64::from(l.attempt.0.as_u128() as u16) / 65_535.0;
+            running.push((Instant::now() + job.mul_f64(spread), l.attempt, l.fence));
         }
         if beat.elapsed() > Duration::from_secs(5) {
+            let attempts = running
+                .iter()
+                .map(|(_, attempt, fence)| headroom_shared::api::AttemptRef {
+                    attempt: *attempt,
+                    fence: *fence,
+                    waiting: None,
+                })
+                .collect();
             api.heartbeat(
                 reg.agent,
                 &HeartbeatRequest {
                     gpus: samples(gpus),
-                    attempts: vec![],
+                    attempts,
                     released: vec![],
                     telemetry: vec![],
                     telemetry_dropped: 0,
@@ -193,6 +227,7 @@ pub fn run(size: &Size) -> Result<Report> {
                     until,
                     done.clone(),
                     size.queued,
+                    size.job,
                 )))
             })
             .collect::<Result<_>>()?;
@@ -215,10 +250,11 @@ pub fn run(size: &Size) -> Result<Report> {
     let rate = jobs as f64 / elapsed;
     let cpu_share = (cpu1 - cpu0) / (elapsed * 1e3) * 100.0;
     let table = format!(
-        "| agents x GPUs | queued | jobs run | jobs/s | claims | claim p50 | p99 | coordinator CPU | per job | RSS (peak) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
-         | {} x {} | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) |\n",
+        "| agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | coordinator CPU | per job | RSS (peak) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
+         | {} x {} | {:.1} s | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) |\n",
         size.agents,
         size.gpus_per_agent,
+        size.job.as_secs_f64(),
         size.queued,
         claims.len(),
         (cpu1 - cpu0) / jobs as f64,
@@ -230,10 +266,20 @@ pub fn run(size: &Size) -> Result<Report> {
     )];
     let figures = serde_json::json!({
         "agents": size.agents, "gpus_per_agent": size.gpus_per_agent, "queued": size.queued,
+        "job_s": size.job.as_secs_f64(),
         "submit_s": submit_s, "jobs": jobs, "seconds": elapsed, "jobs_per_s": rate,
         "claims": claims.len(), "claim_ms": {"p50": p50, "p99": p99},
         "coordinator": {"cpu_core_pct": cpu_share, "cpu_ms_per_job": (cpu1 - cpu0) / jobs as f64,
             "rss_mib": rss, "peak_rss_mib": hwm},
     });
-    Ok(Report::new("scale", figures, targets, table))
+    Ok(Report::new(
+        if size.job.is_zero() {
+            "scale_ceiling"
+        } else {
+            "scale"
+        },
+        figures,
+        targets,
+        table,
+    ))
 }
