@@ -76,8 +76,21 @@ pub fn dynmods_advice(mount: &Path) -> String {
     )
 }
 
-/// The v2 mount and whether it favors dynamic modifications, from this process's mountinfo.
+/// Whether a kernel release (`6.1.0-13-amd64`) has `favordynmods` (Linux 6.0 and later).
+fn has_favordynmods(release: &str) -> bool {
+    let mut v = release
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    v.next().unwrap_or(0) >= 6
+}
+
+/// The v2 mount and whether it favors dynamic modifications, from this process's mountinfo;
+/// `None` also where the kernel has no such option (before 6.0).
 pub fn dynmods() -> Option<(PathBuf, bool)> {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    if !has_favordynmods(release.trim()) {
+        return None;
+    }
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
     Some((
         mount_of(&mountinfo, "cgroup2", None)?,
@@ -498,6 +511,11 @@ mod tests {
         let v1_only =
             "36 25 0:31 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory,favordynmods";
         assert_eq!(favors_dynmods(v1_only), None);
+        // The option (and the advice) exist from Linux 6.0 on.
+        assert!(has_favordynmods("6.1.0-13-amd64"));
+        assert!(has_favordynmods("6.18.44-fc-v595"));
+        assert!(!has_favordynmods("5.15.0-91-generic"));
+        assert!(!has_favordynmods("4.18.0-513.el8.x86_64"));
     }
 
     #[test]

@@ -23,6 +23,7 @@ impl CpuGroup {
         if !root.join("cpuacct.usage").exists() {
             return None;
         }
+        remove_stale(&root);
         let dir = root.join(format!("headroom-bench-{}-{name}", std::process::id()));
         std::fs::create_dir(&dir).ok()?;
         Some(Self { dir })
@@ -91,6 +92,29 @@ impl CpuGroup {
             self.dir.display(),
             self.pids()
         )
+    }
+}
+
+/// Groups of benches that were killed (no `Drop` ran): their processes killed, their
+/// directories removed.
+fn remove_stale(root: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("headroom-bench-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let stale = CpuGroup { dir: e.path() };
+        drop(stale);
     }
 }
 

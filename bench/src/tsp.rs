@@ -41,40 +41,99 @@ pub fn ensure_installed() -> Result<PathBuf> {
 pub struct TaskSpooler {
     tsp: PathBuf,
     dir: tempfile::TempDir,
+    /// Where its server, and the clients [`TaskSpooler::submit_many`] starts (each runs its
+    /// job), are counted.
     pub group: Option<CpuGroup>,
 }
 
 impl TaskSpooler {
     pub fn start(slots: usize) -> Result<Self> {
+        Self::start_with(slots, None)
+    }
+
+    /// [`TaskSpooler::start`] with its CPU counted (where a `cpuacct` group can be made).
+    pub fn start_counted(slots: usize) -> Result<Self> {
+        Self::start_with(slots, CpuGroup::create("tsp"))
+    }
+
+    fn start_with(slots: usize, group: Option<CpuGroup>) -> Result<Self> {
         let tsp = ensure_installed()?;
         let dir = tempfile::Builder::new().prefix("hr-tsp").tempdir()?;
-        let t = Self {
-            tsp,
-            dir,
-            group: CpuGroup::create("tsp"),
-        };
-        t.run(&["-S", &slots.to_string()])?;
+        let t = Self { tsp, dir, group };
+        // The first call starts the server: inside the group, where there is one.
+        let slots = slots.to_string();
+        let mut first = t.in_group(&["-S", &slots]);
+        let st = first
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .context("tsp -S")?;
+        if !st.success() {
+            bail!("tsp -S {slots} failed: {st}");
+        }
         Ok(t)
     }
 
-    fn command(&self, args: &[&str]) -> Command {
-        let program = self.tsp.display().to_string();
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    /// `sh -c SCRIPT tsp ARGS...` inside the group (plain `sh` without one).
+    fn in_group_script(&self, script: &str, args: &[&str]) -> Command {
+        let mut argv = vec!["-c".to_string(), script.to_string(), "sh".to_string()];
+        argv.extend(args.iter().map(|s| s.to_string()));
         let mut c = match &self.group {
-            Some(g) => g.command(&program, &args),
+            Some(g) => g.command("/bin/sh", &argv),
             None => {
-                let mut c = Command::new(&program);
-                c.args(&args);
+                let mut c = Command::new("/bin/sh");
+                c.args(&argv);
                 c
             }
         };
+        self.env(&mut c);
+        c
+    }
+
+    fn in_group(&self, args: &[&str]) -> Command {
+        let tsp = self.tsp.display().to_string();
+        let mut all = vec![tsp.as_str()];
+        all.extend_from_slice(args);
+        self.in_group_script(r#"exec "$@""#, &all)
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.tsp);
+        c.args(args);
+        self.env(&mut c);
+        c
+    }
+
+    fn env(&self, c: &mut Command) {
         c.env("TS_SOCKET", self.dir.path().join("socket"))
             .env("TMPDIR", self.dir.path())
             // Every job of a run stays listed, so the end is seen from the list.
             .env("TS_MAXFINISHED", "1000000")
             .env_remove("TS_SAVELIST")
             .stdin(Stdio::null());
-        c
+    }
+
+    /// Queues `argv` `n` times the way its users do, a shell loop of `tsp` calls: in the
+    /// group, so the clients (each runs its job) are counted.
+    pub fn submit_many(&self, argv: &[&str], n: usize) -> Result<()> {
+        let out = std::fs::File::create(self.dir.path().join("ids"))?;
+        let tsp = self.tsp.display().to_string();
+        let n = n.to_string();
+        let mut args = vec![n.as_str(), tsp.as_str()];
+        args.extend_from_slice(argv);
+        let st = self
+            .in_group_script(
+                r#"n=$1; shift; i=0; while [ $i -lt $n ]; do "$@" || exit 1; i=$((i+1)); done"#,
+                &args,
+            )
+            .stdout(out)
+            .stderr(Stdio::null())
+            .status()
+            .context("a loop of tsp")?;
+        if !st.success() {
+            bail!("a loop of tsp {argv:?} failed: {st}");
+        }
+        Ok(())
     }
 
     fn run(&self, args: &[&str]) -> Result<String> {

@@ -2102,7 +2102,7 @@ async fn prestart_is_stored_per_job(s: Backend) {
     assert_eq!(s.job(b).await.expect("job").prestart, None);
 }
 
-/// More waiting jobs than one claim looks at (512), so racing claims on PostgreSQL each find
+/// More waiting jobs than one claim's window holds (at most 512), so racing claims on PostgreSQL each find
 /// rows of their own (`SKIP LOCKED`): only the node's lock keeps them from overfilling it.
 const BEYOND_CLAIM_WINDOW: u32 = 600;
 

@@ -36,9 +36,7 @@ pub fn run(size: &Size) -> Result<Report> {
 
     let tsp = TaskSpooler::start(size.slots)?;
     let t = Instant::now();
-    for _ in 0..size.jobs {
-        tsp.submit(&["sleep", &secs])?;
-    }
+    tsp.submit_many(&["sleep", &secs], size.jobs)?;
     tsp.wait_finished(size.jobs, Duration::from_secs_f64(ideal * 10.0 + 60.0))?;
     let theirs = t.elapsed().as_secs_f64();
 

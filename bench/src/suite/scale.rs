@@ -250,7 +250,7 @@ pub fn run(size: &Size) -> Result<Report> {
     let rate = jobs as f64 / elapsed;
     let cpu_share = (cpu1 - cpu0) / (elapsed * 1e3) * 100.0;
     let table = format!(
-        "| agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | coordinator CPU | per job | RSS (peak) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
+        "| agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | coordinator CPU | per job | RSS (peak) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
          | {} x {} | {:.1} s | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) |\n",
         size.agents,
         size.gpus_per_agent,

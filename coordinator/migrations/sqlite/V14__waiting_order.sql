@@ -5,4 +5,4 @@
 CREATE INDEX jobs_waiting ON jobs (priority DESC, seq) WHERE state IN ('queued', 'retrying');
 -- A key's learned estimate is taken over its most recent observed peaks: read from here,
 -- newest first, without visiting its other attempts.
-CREATE INDEX attempts_key_peaks ON attempts (memory_key, ended_at) WHERE peak_mem_mib IS NOT NULL;
+CREATE INDEX attempts_key_peaks ON attempts (memory_key, leased_at) WHERE peak_mem_mib IS NOT NULL;

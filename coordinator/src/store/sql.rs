@@ -691,11 +691,12 @@ impl<E: Exec> Tx for E {
     }
 
     async fn peaks(&mut self, key: &str) -> Result<Vec<u64>> {
-        // The most recent ones only: a claim reads them for every key in its window, and a
-        // key of a large matrix has as many as its attempts.
+        // The most recent ones only (by the coordinator's clock: an end's time is the
+        // agent's): a claim reads them for every key in its window, and a key of a large
+        // matrix has as many as its attempts.
         let sql = "SELECT peak_mem_mib FROM attempts \
                    WHERE memory_key = $1 AND peak_mem_mib IS NOT NULL \
-                   ORDER BY ended_at DESC LIMIT $2";
+                   ORDER BY leased_at DESC LIMIT $2";
         let window = i64::from(crate::rules::LEARNED_WINDOW);
         all(self, sql, args![key, window], |r| {
             Ok(r.int(0)?.max(0) as u64)
