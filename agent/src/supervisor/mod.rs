@@ -477,7 +477,12 @@ async fn supervise(
     if let Some(r) = renewing {
         r.abort();
     }
-    let gpus = gpu::read(backend.as_ref());
+    // A verified cleanup's last reading found the attempt gone from its GPUs: reported as
+    // is, rather than read once more on the way from the job's end to the free slot.
+    let gpus = match end.gpus_after.clone() {
+        Some(g) => g,
+        None => gpu::read(backend.as_ref()),
+    };
     // Past the fence and one more budget, the coordinator has long given the lease up.
     let give_up_at = fence.deadline() + direct.as_ref().map_or(Duration::ZERO, |d| d.fence_after());
     let reporter = Reporter {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use headroom_shared::api::{BackgroundReport, Measurements, PeakSource};
+use headroom_shared::api::{BackgroundReport, GpuSample, Measurements, PeakSource};
 use headroom_shared::prestart::Prestart;
 use headroom_shared::{AttemptId, FailureClass, JobId};
 
@@ -106,6 +106,9 @@ pub struct AttemptEnd {
     /// The pids still holding memory when verification gave up; the GPUs are clean again
     /// once none of them is on them.
     pub held_by: Vec<u32>,
+    /// The GPUs as the verified cleanup last read them (nothing of the attempt left): what
+    /// the end reports, read once; `None` when not verified or never started (read anew).
+    pub gpus_after: Option<Vec<GpuSample>>,
     /// GPUs whose unattributed memory stayed above these limits (MiB) after the attempt's
     /// processes were gone: clean again once it is at or below them.
     pub ghost_limits: Vec<(u32, u64)>,
@@ -134,6 +137,7 @@ pub(crate) fn not_started(failure: Option<FailureClass>, log_tail: String) -> At
         cleanup_verified: true,
         unverified: None,
         held_by: vec![],
+        gpus_after: None,
         ghost_limits: vec![],
         contaminated: false,
         measurements: Measurements::default(),

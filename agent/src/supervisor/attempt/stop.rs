@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use chrono::Utc;
-use headroom_shared::api::PeakSource;
+use headroom_shared::api::{GpuSample, PeakSource};
 use headroom_shared::{AttemptId, FailureClass};
 use nix::sys::signal::Signal;
 use tokio::process::Child;
@@ -141,20 +141,22 @@ pub(super) async fn marked(attempt: AttemptId) -> Vec<u32> {
     scan.get(&attempt).cloned().unwrap_or_default()
 }
 
-/// The pids of the attempt still on a GPU, or why its GPUs cannot be read.
+/// The pids of the attempt still on a GPU, or why its GPUs cannot be read; with the
+/// reading they come from.
 pub(super) async fn on_gpus(
     backend: &Arc<dyn GpuBackend>,
     watch: &Arc<Mutex<Watch>>,
-) -> Result<Vec<(u32, u64)>, String> {
+) -> (Vec<GpuSample>, Result<Vec<(u32, u64)>, String>) {
     let (backend, watch) = (backend.clone(), watch.clone());
     tokio::task::spawn_blocking(move || {
         let samples = gpu::read(backend.as_ref());
         let mut w = lock(&watch);
         w.observe(&samples);
-        w.leftovers(&samples)
+        let left = w.leftovers(&samples);
+        (samples, left)
     })
     .await
-    .unwrap_or_else(|e| Err(format!("GPU reading task failed: {e}")))
+    .unwrap_or_else(|e| (Vec::new(), Err(format!("GPU reading task failed: {e}"))))
 }
 
 /// `pid 4242 (alice: python train.py) holds 5632 MiB`, for quarantine reports.
@@ -183,6 +185,8 @@ pub(super) struct Cleanup {
     pub(super) held_by: Vec<u32>,
     /// GPUs whose unattributed memory stayed too high, with the limit that clears them.
     pub(super) ghost_limits: Vec<(u32, u64)>,
+    /// The reading that found nothing of a verified attempt left on its GPUs.
+    pub(super) gpus_after: Option<Vec<GpuSample>>,
 }
 
 /// SIGTERM, grace, SIGKILL, sweep the marker, reap, and verify on the GPUs. Polls throughout:
@@ -246,8 +250,11 @@ pub(super) async fn cleanup(
             let _ = tokio::task::spawn_blocking(procscan::reap_orphans).await;
         }
         // `None`: not looked at yet, processes of the attempt are still alive.
+        let mut reading = None;
         let gpu = if alive.is_empty() && unknown.is_none() && main.exited() {
-            Some(on_gpus(backend, watch).await)
+            let (samples, left) = on_gpus(backend, watch).await;
+            reading = Some(samples);
+            Some(left)
         } else {
             None
         };
@@ -265,6 +272,7 @@ pub(super) async fn cleanup(
                 remaining: String::new(),
                 held_by: vec![],
                 ghost_limits: vec![],
+                gpus_after: reading,
             };
         }
         remaining = match (gpu, main.exited()) {
@@ -302,6 +310,7 @@ pub(super) async fn cleanup(
         held_by: held.iter().map(|&(pid, _)| pid).collect(),
         // Whatever kept it unverified, memory its processes leave behind must come down too.
         ghost_limits: lock(watch).baseline.ghost_limits(&launch.gpus),
+        gpus_after: None,
     }
 }
 
@@ -343,6 +352,7 @@ pub(super) async fn stop_background_only(
         cleanup_verified: outcome.verified,
         unverified: (!outcome.verified).then(|| outcome.remaining.clone()),
         held_by: outcome.held_by,
+        gpus_after: outcome.gpus_after,
         ghost_limits: outcome.ghost_limits,
         contaminated,
         // No foreground ran: no figures, only what contaminated the wait.
@@ -474,6 +484,7 @@ pub(super) async fn end(
         cleanup_verified: outcome.verified,
         unverified: (!outcome.verified).then(|| outcome.remaining.clone()),
         held_by: outcome.held_by,
+        gpus_after: outcome.gpus_after,
         ghost_limits: outcome.ghost_limits,
         contaminated: f.contaminated,
         measurements: f.measurements,

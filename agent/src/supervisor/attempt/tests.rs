@@ -156,6 +156,10 @@ async fn a_job_succeeds_with_its_environment_and_log() {
     assert!(end.started_at.is_some_and(|s| s <= end.ended_at));
     assert!(end.cleanup_verified);
     assert_eq!(end.peak_mem_mib, None);
+    // The verified cleanup's reading, which the end reports: every GPU, none unreadable.
+    let after = end.gpus_after.as_ref().expect("the cleanup's reading");
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert!(after.iter().all(|g| g.error.is_none()), "{after:?}");
     let log = log_of(&launch);
     for want in [
         "hello\n".to_string(),
@@ -474,6 +478,8 @@ async fn a_failed_memory_query_is_unknown_for_that_gpu_only() {
     on_1.gpus = vec![1];
     let end = run_with(&f, on_1, &impatient()).await;
     assert!(!end.cleanup_verified, "{end:?}");
+    // Not verified: no reading stands for "gone"; the end reads the GPUs anew.
+    assert!(end.gpus_after.is_none(), "{end:?}");
     assert!(
         end.unverified
             .as_deref()
