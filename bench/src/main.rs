@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use headroom_bench::system::{agent_args, coordinator_args};
 use headroom_integration_tests::{
     Postgres, Proc, block_on, children_of, client_for, free_port, stat_fields,
 };
@@ -107,15 +108,7 @@ const BENCH_ADMIN: &str = "bench-admin-token-0123456789";
 fn start(dir: &Path, database_url: Option<&str>, tokens: bool) -> Result<Setup> {
     let port = free_port()?;
     let url = format!("http://127.0.0.1:{port}");
-    let mut args = vec![
-        "--listen".to_string(),
-        format!("127.0.0.1:{port}"),
-        "--data-dir".into(),
-        dir.join("coord").display().to_string(),
-    ];
-    if let Some(db) = database_url {
-        args.extend(["--database-url".to_string(), db.to_string()]);
-    }
+    let mut args = coordinator_args(port, &dir.join("coord"), database_url);
     if tokens {
         args.extend(["--admin-token".to_string(), BENCH_ADMIN.to_string()]);
     }
@@ -128,25 +121,7 @@ fn start(dir: &Path, database_url: Option<&str>, tokens: bool) -> Result<Setup> 
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let mut agent_args: Vec<String> = [
-        "--coordinator",
-        &url,
-        "--node",
-        "bench",
-        "--gpu-backend",
-        "fake",
-        "--fake-gpus",
-        "4x80GiB",
-        "--plan",
-        "16,16,16,16",
-        "--kill-grace",
-        "1s",
-        "--data-dir",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([dir.join("agent").display().to_string()])
-    .collect();
+    let mut agent_args = agent_args(&url, "4x80GiB", "16,16,16,16", &dir.join("agent"));
     if tokens {
         // An agent token is its node's: named after it, kept in a file (not in argv).
         let t = block_on(api.create_token("bench", Role::Agent, None))??;

@@ -32,6 +32,44 @@ pub struct Node {
     pub dir: tempfile::TempDir,
 }
 
+/// `headroom-coordinator`'s arguments: listening on `port`, its data in `data_dir`, on
+/// `database_url` (the embedded SQLite store when `None`).
+pub fn coordinator_args(port: u16, data_dir: &Path, database_url: Option<&str>) -> Vec<String> {
+    let mut args = vec![
+        "--listen".to_string(),
+        format!("127.0.0.1:{port}"),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+    ];
+    if let Some(db) = database_url {
+        args.extend(["--database-url".to_string(), db.to_string()]);
+    }
+    args
+}
+
+/// `headroom-agent`'s arguments: node `bench` on fake `gpus` with `plan`, a 1 s kill grace.
+pub fn agent_args(url: &str, gpus: &str, plan: &str, data_dir: &Path) -> Vec<String> {
+    [
+        "--coordinator",
+        url,
+        "--node",
+        "bench",
+        "--gpu-backend",
+        "fake",
+        "--fake-gpus",
+        gpus,
+        "--plan",
+        plan,
+        "--kill-grace",
+        "1s",
+        "--data-dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([data_dir.display().to_string()])
+    .collect()
+}
+
 fn start_in(group: Option<&CpuGroup>, name: &str, args: &[String], log: &Path) -> Result<Proc> {
     let program = binary(name).display().to_string();
     match group {
@@ -58,15 +96,7 @@ impl Node {
         let group = CpuGroup::create("headroom");
         let port = free_port()?;
         let url = format!("http://127.0.0.1:{port}");
-        let mut args = vec![
-            "--listen".to_string(),
-            format!("127.0.0.1:{port}"),
-            "--data-dir".into(),
-            dir.path().join("coord").display().to_string(),
-        ];
-        if let Some(db) = database_url {
-            args.extend(["--database-url".to_string(), db.to_string()]);
-        }
+        let args = coordinator_args(port, &dir.path().join("coord"), database_url);
         let coordinator = start_in(
             group.as_ref(),
             "headroom-coordinator",
@@ -84,25 +114,7 @@ impl Node {
         let agent = match agent {
             None => None,
             Some((gpus, plan)) => {
-                let a: Vec<String> = [
-                    "--coordinator",
-                    &url,
-                    "--node",
-                    "bench",
-                    "--gpu-backend",
-                    "fake",
-                    "--fake-gpus",
-                    gpus,
-                    "--plan",
-                    plan,
-                    "--kill-grace",
-                    "1s",
-                    "--data-dir",
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .chain([dir.path().join("agent").display().to_string()])
-                .collect();
+                let a = agent_args(&url, gpus, plan, &dir.path().join("agent"));
                 let agent = start_in(
                     group.as_ref(),
                     "headroom-agent",

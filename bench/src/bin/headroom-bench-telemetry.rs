@@ -29,15 +29,7 @@ struct Row {
 fn measure(store: &'static str, dir: &Path, database_url: Option<&str>, n: usize) -> Result<Row> {
     let port = free_port()?;
     let url = format!("http://127.0.0.1:{port}");
-    let mut args = vec![
-        "--listen".to_string(),
-        format!("127.0.0.1:{port}"),
-        "--data-dir".into(),
-        dir.join(store).display().to_string(),
-    ];
-    if let Some(db) = database_url {
-        args.extend(["--database-url".to_string(), db.to_string()]);
-    }
+    let args = headroom_bench::system::coordinator_args(port, &dir.join(store), database_url);
     let coordinator = Proc::start(
         "headroom-coordinator",
         &args,
