@@ -153,6 +153,8 @@ async function refresh(replace) {
         const focused = document.activeElement && document.activeElement.id;
         view.replaceChildren(content);
         view.dataset.tab = tab;
+        const filter = document.getElementById("runs-filter");
+        if (filter && filter.catchUp) filter.catchUp();
         // Typing in the runs filter goes on through a redraw.
         if (focused && !replace) {
           const again = document.getElementById(focused);
@@ -479,6 +481,14 @@ async function viewRuns() {
       idx.map((c) => h("td", {}, r[c])))));
   };
   filter.addEventListener("input", () => { state.runsFilter = filter.value; draw(); });
+  // This view was built from the filter as it was when the build began: what was typed into
+  // the view it replaces meanwhile is taken over once it is shown.
+  filter.catchUp = () => {
+    if (filter.value !== state.runsFilter) {
+      filter.value = state.runsFilter;
+      draw();
+    }
+  };
   const head = h("tr", {}, cols.map((c, i) => h("th", { "data-column": c, onclick: () => {
     state.runsDesc = state.runsSort === i ? !state.runsDesc : false;
     state.runsSort = i;
