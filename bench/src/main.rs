@@ -12,12 +12,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use headroom_bench::system::{agent_args, coordinator_args};
+use headroom_bench::system::{agent_args, coordinator_args, submit, wait_done};
 use headroom_integration_tests::{
     Postgres, Proc, block_on, children_of, client_for, free_port, stat_fields,
 };
 use headroom_shared::ExperimentId;
-use headroom_shared::api::{Role, SubmitRequest};
+use headroom_shared::api::Role;
 use headroom_shared::client::Client;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -100,6 +100,9 @@ fn own_and_reaped(pid: u32) -> (f64, f64) {
     stat_fields(pid).map_or((0.0, 0.0), |f| (ticks_ms(&f, 11..13), ticks_ms(&f, 13..15)))
 }
 
+/// Longest a run of the bench's jobs may take.
+const WAIT: Duration = Duration::from_secs(900);
+
 /// The bootstrap admin token of the runs with tokens on.
 const BENCH_ADMIN: &str = "bench-admin-token-0123456789";
 
@@ -143,36 +146,6 @@ fn start(dir: &Path, database_url: Option<&str>, tokens: bool) -> Result<Setup> 
     })
 }
 
-fn submit(api: &Client, name: &str, runs: usize) -> Result<ExperimentId> {
-    let req = SubmitRequest {
-        spec: serde_json::json!({"name": name, "command": ["true"],
-            "runs_per_config": runs, "resources": {"memory": "100MiB"}}),
-        seed: None,
-        dry_run: false,
-    };
-    let r = block_on(api.submit(&req))?.context("submit refused")?;
-    r.experiment.context("stored")
-}
-
-fn wait_done(api: &Client, exp: ExperimentId) -> Result<()> {
-    let mut after = None;
-    loop {
-        let p = block_on(api.progress_within(Some(exp), after, Duration::from_secs(2)))??;
-        if p.counts.finished() == p.counts.total() {
-            // A figure of jobs that failed (at launch, say) would flatter the build.
-            if p.counts.succeeded != p.counts.total() {
-                bail!(
-                    "{} of {} jobs did not succeed",
-                    p.counts.total() - p.counts.succeeded,
-                    p.counts.total()
-                );
-            }
-            return Ok(());
-        }
-        after = Some(p.version);
-    }
-}
-
 /// Per job: (submit -> lease, submit -> start) in ms.
 fn latencies(api: &Client, exp: ExperimentId) -> Result<Vec<(f64, f64)>> {
     let jobs = block_on(api.jobs(Some(exp), None))??;
@@ -210,8 +183,8 @@ fn measure(
     let s = start(dir.path(), database_url, tokens)?;
     let (mut claim, mut start_ms) = (Vec::new(), Vec::new());
     for i in 0..40 {
-        let exp = submit(&s.api, &format!("idle{i}"), 1)?;
-        wait_done(&s.api, exp)?;
+        let exp = submit(&s.api, &format!("idle{i}"), &["true"], 1)?;
+        wait_done(&s.api, exp, WAIT)?;
         for (c, st) in latencies(&s.api, exp)? {
             claim.push(c);
             start_ms.push(st);
@@ -221,8 +194,8 @@ fn measure(
     start_ms.sort_by(f64::total_cmp);
     let cpu_before = Cpu::read(&s);
     let t = Instant::now();
-    let exp = submit(&s.api, "burst", jobs)?;
-    wait_done(&s.api, exp)?;
+    let exp = submit(&s.api, "burst", &["true"], jobs)?;
+    wait_done(&s.api, exp, WAIT)?;
     let rate = jobs as f64 / t.elapsed().as_secs_f64();
     // The last ends are reported before their supervisors finish exiting.
     std::thread::sleep(Duration::from_millis(500));

@@ -81,6 +81,51 @@ fn start_in(group: Option<&CpuGroup>, name: &str, args: &[String], log: &Path) -
     }
 }
 
+/// One experiment of `runs` copies of `argv` (100 MiB estimate each).
+pub fn submit(api: &Client, name: &str, argv: &[&str], runs: usize) -> Result<ExperimentId> {
+    let req = SubmitRequest {
+        spec: serde_json::json!({"name": name, "command": argv,
+            "runs_per_config": runs, "resources": {"memory": "100MiB"}}),
+        seed: None,
+        dry_run: false,
+    };
+    let r = block_on(api.submit(&req))?.context("submit refused")?;
+    r.experiment.context("stored")
+}
+
+/// Waits for every job of `exp` to end; fails if any did not succeed (a figure of jobs that
+/// failed at launch would flatter the build), or after `timeout`.
+pub fn wait_done(api: &Client, exp: ExperimentId, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut after = None;
+    loop {
+        let p = block_on(api.progress_within(Some(exp), after, Duration::from_secs(2)))??;
+        let (finished, total) = (p.counts.finished(), p.counts.total());
+        if finished == total {
+            if p.counts.succeeded != total {
+                bail!(
+                    "{} of {total} jobs did not succeed",
+                    total - p.counts.succeeded
+                );
+            }
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{finished} of {total} jobs ended after {timeout:?}");
+        }
+        after = Some(p.version);
+    }
+}
+
+/// Runs `cmd` to its end; an error naming `what` unless it succeeded.
+pub fn run_ok(cmd: &mut std::process::Command, what: &str) -> Result<()> {
+    let st = cmd.status().with_context(|| format!("starting {what}"))?;
+    if !st.success() {
+        bail!("{what} failed: {st}");
+    }
+    Ok(())
+}
+
 impl Node {
     /// A coordinator alone (the scale bench's simulated agents talk to it).
     pub fn coordinator(database_url: Option<&str>) -> Result<Self> {
@@ -142,49 +187,17 @@ impl Node {
 
     /// One experiment of `runs` copies of `argv` (100 MiB estimate each).
     pub fn submit(&self, name: &str, argv: &[&str], runs: usize) -> Result<ExperimentId> {
-        let req = SubmitRequest {
-            spec: serde_json::json!({"name": name, "command": argv,
-                "runs_per_config": runs, "resources": {"memory": "100MiB"}}),
-            seed: None,
-            dry_run: false,
-        };
-        let r = block_on(self.api.submit(&req))?.context("submit refused")?;
-        r.experiment.context("stored")
+        submit(&self.api, name, argv, runs)
     }
 
-    /// Waits for every job of `exp` to end; fails if any did not succeed (a figure of jobs
-    /// that failed at launch would flatter the build).
+    /// [`wait_done`], with the agent's log in the error.
     pub fn wait_done(&self, exp: ExperimentId, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let mut after = None;
-        loop {
-            let p = block_on(
-                self.api
-                    .progress_within(Some(exp), after, Duration::from_secs(2)),
-            )??;
-            if p.counts.finished() == p.counts.total() {
-                if p.counts.succeeded != p.counts.total() {
-                    bail!(
-                        "{} of {} jobs did not succeed; agent log:\n{}",
-                        p.counts.total() - p.counts.succeeded,
-                        p.counts.total(),
-                        tail(
-                            &self.agent.as_ref().map(Proc::output).unwrap_or_default(),
-                            3000
-                        )
-                    );
-                }
-                return Ok(());
+        wait_done(&self.api, exp, timeout).map_err(|e| {
+            match self.agent.as_ref().map(Proc::output) {
+                Some(log) => e.context(format!("agent log:\n{}", tail(&log, 3000))),
+                None => e,
             }
-            if Instant::now() > deadline {
-                bail!(
-                    "{} of {} jobs ended after {timeout:?}",
-                    p.counts.finished(),
-                    p.counts.total()
-                );
-            }
-            after = Some(p.version);
-        }
+        })
     }
 
     /// CPU of everything the node ran so far (coordinator, agent, supervisors, jobs), in ms.

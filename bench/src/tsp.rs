@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::cpugroup::CpuGroup;
+use crate::system::run_ok;
 
 /// `tsp`'s path; installs Debian's `task-spooler` when it is missing and this is root.
 pub fn ensure_installed() -> Result<PathBuf> {
@@ -63,14 +64,10 @@ impl TaskSpooler {
         // The first call starts the server: inside the group, where there is one.
         let slots = slots.to_string();
         let mut first = t.in_group(&["-S", &slots]);
-        let st = first
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .context("tsp -S")?;
-        if !st.success() {
-            bail!("tsp -S {slots} failed: {st}");
-        }
+        run_ok(
+            first.stdout(Stdio::null()).stderr(Stdio::null()),
+            &format!("tsp -S {slots}"),
+        )?;
         Ok(t)
     }
 
@@ -121,19 +118,14 @@ impl TaskSpooler {
         let n = n.to_string();
         let mut args = vec![n.as_str(), tsp.as_str()];
         args.extend_from_slice(argv);
-        let st = self
-            .in_group_script(
-                r#"n=$1; shift; i=0; while [ $i -lt $n ]; do "$@" || exit 1; i=$((i+1)); done"#,
-                &args,
-            )
-            .stdout(out)
-            .stderr(Stdio::null())
-            .status()
-            .context("a loop of tsp")?;
-        if !st.success() {
-            bail!("a loop of tsp {argv:?} failed: {st}");
-        }
-        Ok(())
+        let mut looped = self.in_group_script(
+            r#"n=$1; shift; i=0; while [ $i -lt $n ]; do "$@" || exit 1; i=$((i+1)); done"#,
+            &args,
+        );
+        run_ok(
+            looped.stdout(out).stderr(Stdio::null()),
+            &format!("a loop of tsp {argv:?}"),
+        )
     }
 
     fn run(&self, args: &[&str]) -> Result<String> {
@@ -153,16 +145,10 @@ impl TaskSpooler {
     pub fn submit(&self, argv: &[&str]) -> Result<()> {
         // The background client keeps the client's stdout: a file, not a pipe to wait on.
         let out = std::fs::File::create(self.dir.path().join("last-id"))?;
-        let st = self
-            .command(argv)
-            .stdout(out)
-            .stderr(Stdio::null())
-            .status()
-            .context("tsp")?;
-        if !st.success() {
-            bail!("tsp {argv:?} failed: {st}");
-        }
-        Ok(())
+        run_ok(
+            self.command(argv).stdout(out).stderr(Stdio::null()),
+            &format!("tsp {argv:?}"),
+        )
     }
 
     /// Fills every slot with a job that waits, without spinning, until the gate is opened

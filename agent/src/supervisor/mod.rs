@@ -381,7 +381,7 @@ async fn supervise(
         },
     );
     tokio::pin!(run);
-    let (end, prestart) = loop {
+    let (mut end, prestart) = loop {
         tokio::select! {
             end = &mut run => break end,
             Some((pid, at)) = started_rx.recv() => {
@@ -479,7 +479,7 @@ async fn supervise(
     }
     // A verified cleanup's last reading found the attempt gone from its GPUs: reported as
     // is, rather than read once more on the way from the job's end to the free slot.
-    let gpus = match end.gpus_after.clone() {
+    let gpus = match end.gpus_after.take() {
         Some(g) => g,
         None => gpu::read(backend.as_ref()),
     };

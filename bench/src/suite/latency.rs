@@ -5,11 +5,11 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use headroom_integration_tests::binary;
 
 use super::{Report, Target, now_ns, percentile, read_stamp, shared_dir, stamp};
-use crate::system::{Node, NodeOptions};
+use crate::system::{Node, NodeOptions, run_ok};
 use crate::tsp::TaskSpooler;
 
 fn wait_stamp(path: &std::path::Path) -> Result<i128> {
@@ -46,16 +46,14 @@ pub fn run(submissions: usize) -> Result<Report> {
             .to_string(),
         )?;
         let t0 = now_ns();
-        let st = Command::new(&cli)
-            .args(["submit", "--server", &node.url])
-            .arg(&spec)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .status()
-            .context("headroom submit")?;
-        if !st.success() {
-            bail!("headroom submit failed: {st}");
-        }
+        run_ok(
+            Command::new(&cli)
+                .args(["submit", "--server", &node.url])
+                .arg(&spec)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null()),
+            "headroom submit",
+        )?;
         let h = wait_stamp(&dir.path().join(format!("h{i}.start")))? - t0;
 
         let d = dir.path().display().to_string();
