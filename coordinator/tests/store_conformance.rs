@@ -771,6 +771,42 @@ async fn exports_one_row_per_attempt(s: Backend) {
     assert_eq!(jobs.len(), 1);
 }
 
+/// A key's estimate follows its latest 256 peaks: jobs that once peaked high no longer hold
+/// the key up once 256 newer attempts peaked lower (over all of them the p95 would still be
+/// the old peak).
+async fn estimates_follow_the_latest_peaks(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("64")).await;
+    submit(&s, (0..320).map(|i| job(i, Some(100), vec![], 1)).collect()).await;
+    let old = claim_with(&s, agent, Some(free(1, 10_000)), 20).await;
+    assert_eq!(old.len(), 20);
+    for l in &old {
+        s.finish_attempt(l.attempt, report_peak(l.fence, None, 3000))
+            .await
+            .expect("finish");
+    }
+    let mut newer = 0;
+    while newer < 300 {
+        // Later leases than the old ones' (the store's clock counts milliseconds).
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        let leases = claim(&s, agent, 1).await;
+        assert!(!leases.is_empty(), "nothing leased after {newer}");
+        for l in &leases {
+            s.finish_attempt(l.attempt, report_peak(l.fence, None, 1000))
+                .await
+                .expect("finish");
+        }
+        newer += leases.len();
+    }
+    submit(&s, vec![job(999, Some(100), vec![], 1)]).await;
+    let last = claim(&s, agent, 1).await;
+    assert_eq!(last.len(), 1);
+    assert_eq!(
+        last[0].estimate_mib,
+        Some(1100),
+        "p95 of the latest 256 x 1.1"
+    );
+}
+
 async fn estimates_are_learned_per_memory_key(s: Backend) {
     let agent = register(&s, "n1", 1, Some("4")).await;
     // No declared memory: the first job of the key runs alone.
@@ -2262,6 +2298,7 @@ conformance!(sqlite, postgres: [
     expired_leases_become_lost,
     exports_one_row_per_attempt,
     estimates_are_learned_per_memory_key,
+    estimates_follow_the_latest_peaks,
     oom_ladder_degrades_and_retries,
     unverified_cleanup_quarantines_gpus,
     stale_heartbeats_and_logs_are_refused_and_change_nothing,

@@ -258,6 +258,19 @@ fn doctor_passes_on_fake_gpus_and_names_what_fails() {
     ] {
         assert_eq!(status(&report, name).0, "pass", "{name}: {report:#}");
     }
+    // Where attempts get cgroups (root, as CI), the doctor says what joining one costs: the
+    // wait at every job start that a host without `favordynmods` adds.
+    let (cg, check) = status(&report, "cgroups");
+    if cg == "pass" {
+        let detail = check["detail"].as_str().unwrap_or_default();
+        let ms: f64 = detail
+            .split("a job joins its attempt's cgroups in ")
+            .nth(1)
+            .and_then(|rest| rest.split(" ms").next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no join cost in {detail}"));
+        assert!(ms.is_finite() && ms > 0.0, "{detail}");
+    }
     let (_, alloc) = status(&report, "allocation");
     let detail = alloc["detail"].as_str().unwrap_or_default();
     assert!(
