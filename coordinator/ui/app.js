@@ -6,7 +6,7 @@ const TOKEN_KEY = "headroom-token";
 const state = {
   tab: "gpus", me: null, version: null, experiments: [],
   // What the person picked, kept across the redraws live updates make.
-  runsExp: "", runsFilter: "", runsSort: -1, runsDesc: false, plotExp: "",
+  runsExp: "", runsFilter: "", runsSort: -1, runsDesc: false, runsAttempt: "", plotExp: "",
 };
 
 // ---- the API ------------------------------------------------------------------------------
@@ -442,15 +442,16 @@ async function viewRuns() {
   state.experiments = await api("/v1/experiments");
   if (!state.experiments.length) return h("p", { class: "muted" }, "No experiment yet.");
   if (!state.runsExp || !state.experiments.some((e) => e.id === state.runsExp)) state.runsExp = state.experiments[0].id;
-  const data = await exportOf(state.runsExp, false);
+  const exp = state.runsExp;
+  const data = await exportOf(exp, false);
   const wanted = ["attempt", "success", "failure_class", "node", "gpus", "duration_s", "peak_mem_mib", "energy_j",
     "mean_power_w", "max_temp_c", "shared", "contaminated", "covers_run"];
   const params = paramColumns(data.header);
   const cols = ["job_index", ...params, ...wanted].filter((c) => data.header.includes(c));
   const idx = cols.map((c) => data.header.indexOf(c));
   const attemptCol = data.header.indexOf("attempt_id");
-  if (state.runsExpShown !== state.runsExp) {
-    state.runsExpShown = state.runsExp;
+  if (state.runsExpShown !== exp) {
+    state.runsExpShown = exp;
     state.runsSort = -1;
   }
   const filter = h("input", { id: "runs-filter", type: "search", placeholder: "filter: text, or column=value ...", value: state.runsFilter });
@@ -477,7 +478,7 @@ async function viewRuns() {
       });
     }
     count.textContent = `${rows.length} of ${data.rows.length} attempts`;
-    tbody.replaceChildren(...rows.map((r) => h("tr", { "data-attempt": r[attemptCol], onclick: () => showAttempt(r[attemptCol], detail) },
+    tbody.replaceChildren(...rows.map((r) => h("tr", { "data-attempt": r[attemptCol], onclick: () => { state.runsAttempt = r[attemptCol]; showAttempt(r[attemptCol], detail); } },
       idx.map((c) => h("td", {}, r[c])))));
   };
   filter.addEventListener("input", () => { state.runsFilter = filter.value; draw(); });
@@ -495,15 +496,18 @@ async function viewRuns() {
     draw();
   } }, c)));
   draw();
+  // The attempt chosen before a redraw of this experiment (Refresh, or a click while the view
+  // was being rebuilt) stays shown.
+  if (state.runsAttempt && data.rows.some((r) => r[attemptCol] === state.runsAttempt)) showAttempt(state.runsAttempt, detail);
   const download = h("button", { id: "runs-download", onclick: () => {
-    const a = h("a", { href: URL.createObjectURL(new Blob([data.text], { type: "text/csv" })), download: `attempts-${state.runsExp}.csv` });
+    const a = h("a", { href: URL.createObjectURL(new Blob([data.text], { type: "text/csv" })), download: `attempts-${exp}.csv` });
     a.click();
     setTimeout(() => URL.revokeObjectURL(a.href), 1000);
   } }, "Download CSV");
   return h("div", {},
-    h("div", { class: "toolbar" }, await experimentPicker("runs-experiment", state.runsExp, (v) => { state.runsExp = v; refresh(true); }),
+    h("div", { class: "toolbar" }, await experimentPicker("runs-experiment", exp, (v) => { state.runsExp = v; refresh(true); }),
       filter, count, download, h("button", { id: "runs-refresh", onclick: () => refresh(true) }, "Refresh")),
-    h("div", { class: "table-wrap" }, h("table", { id: "runs-table" }, h("thead", {}, head), tbody)),
+    h("div", { class: "table-wrap" }, h("table", { id: "runs-table", "data-experiment": exp }, h("thead", {}, head), tbody)),
     detail);
 }
 

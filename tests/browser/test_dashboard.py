@@ -173,6 +173,16 @@ def rows(pg: Page) -> int:
     return len(pg.query_selector_all("#runs-table tbody tr"))
 
 
+def show_runs(pg: Page, exp: str, n: int) -> None:
+    """Chooses an experiment on the runs tab and waits for its own table: the view shown while
+    it is being rebuilt may be another experiment's with as many rows."""
+    pg.click("#tabs button[data-tab=runs]")
+    pg.wait_for_selector("#runs-experiment")
+    pg.select_option("#runs-experiment", exp)
+    until(pg, "the experiment's rows", lambda: pg.query_selector(f"#runs-table[data-experiment='{exp}']") is not None
+          and rows(pg) == n)
+
+
 def submit(up: Up, token: str, spec: dict[str, Any]) -> str:
     status, body = up.call("/v1/experiments", token, {"spec": spec})
     assert status == 200, body
@@ -261,10 +271,7 @@ def test_the_runs_table_is_the_export_and_filters(up: Up, page: Page, watched: s
     log_in(page, up, up.admin)
     exp = watched
     csv_rows = up.get(f"/v1/export?experiment={exp}").strip().splitlines()[1:]
-    page.click("#tabs button[data-tab=runs]")
-    page.wait_for_selector("#runs-experiment")
-    page.select_option("#runs-experiment", exp)
-    until(page, "the experiment's rows", lambda: rows(page) == len(csv_rows))
+    show_runs(page, exp, len(csv_rows))
     assert page.inner_text("#runs-count") == f"{len(csv_rows)} of {len(csv_rows)} attempts"
     page.fill("#runs-filter", "util=60")
     until(page, "the filtered rows", lambda: rows(page) == 2)
@@ -277,16 +284,18 @@ def test_the_runs_table_is_the_export_and_filters(up: Up, page: Page, watched: s
     page.click("#runs-table tbody tr")
     page.wait_for_selector("#plot-attempt-mem")
     until(page, "the attempt's log", lambda: "training at 60" in (page.text_content("#run-log") or ""))
+    # A redraw of the same experiment keeps the chosen attempt shown.
+    shown = page.query_selector("#run-log")
+    page.click("#runs-refresh")
+    until(page, "the redrawn view", lambda: shown is not None and not shown.is_visible())
+    until(page, "the attempt's log again", lambda: "training at 60" in (page.text_content("#run-log") or ""))
     page.fill("#runs-filter", "")
 
 
 def test_a_user_reads_no_other_users_log(up: Up, page: Page, watched: str) -> None:
     log_in(page, up, up.token("carol"))
     exp = watched
-    page.click("#tabs button[data-tab=runs]")
-    page.wait_for_selector("#runs-experiment")
-    page.select_option("#runs-experiment", exp)
-    until(page, "the rows", lambda: rows(page) == 6)
+    show_runs(page, exp, 6)
     page.click("#runs-table tbody tr")
     until(page, "the refusal", lambda: "`admin`'s: only they or an admin may read it"
           in (page.text_content("#run-log") or ""))
