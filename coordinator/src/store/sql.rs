@@ -14,7 +14,7 @@ use headroom_shared::api::{
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, FailureClass, JobState, Plan};
 
-use super::exec::{Arg, Exec, RowRef, json};
+use super::exec::{Arg, Dialect, Exec, RowRef, json};
 use super::rows::{self, Cols, LeaseRow, NodeRow, i64_of, opt_i64};
 use super::tx::{AttemptsWhere, Ended, JobsWhere, NewAttempt, Tx};
 use super::{Active, Millis, NewExperiment, NewToken, Result, SeriesWindow, StoredToken};
@@ -295,16 +295,7 @@ impl<E: Exec> Tx for E {
         after: Option<QueueCursor>,
         limit: u32,
     ) -> Result<Vec<PendingRow>> {
-        // The order placement considers them in: priority, then the longest waiting; a
-        // window starts after the last job of the one before.
-        let sql = format!(
-            "SELECT {} FROM jobs WHERE state IN ({}) AND gpus <= $1 \
-             AND (CAST($2 AS BIGINT) IS NULL OR priority < $2 OR (priority = $2 AND seq > $3)) \
-             ORDER BY priority DESC, seq LIMIT $4{}",
-            rows::PENDING_COLUMNS,
-            *WAITING,
-            self.dialect().skip_locked
-        );
+        let sql = pending_window(self.dialect());
         let (priority, seq) = match after {
             Some(c) => (Some(c.priority), c.seq),
             None => (None, 0),
@@ -1043,6 +1034,20 @@ impl<E: Exec> Tx for E {
         })
         .await
     }
+}
+
+/// The read of a claim's window of waiting jobs (`$1` the node's GPUs, `$2`, `$3` the cursor,
+/// `$4` the window's size), in the order placement considers them: priority, then the longest
+/// waiting; a window starts after the last job of the one before.
+pub(super) fn pending_window(dialect: &Dialect) -> String {
+    format!(
+        "SELECT {} FROM jobs WHERE state IN ({}) AND gpus <= $1 \
+         AND (CAST($2 AS BIGINT) IS NULL OR priority < $2 OR (priority = $2 AND seq > $3)) \
+         ORDER BY priority DESC, seq LIMIT $4{}",
+        rows::PENDING_COLUMNS,
+        *WAITING,
+        dialect.skip_locked
+    )
 }
 
 #[cfg(test)]
