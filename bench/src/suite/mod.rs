@@ -50,6 +50,9 @@ impl Target {
 pub struct Machine {
     pub cpus: usize,
     pub load_1m: f64,
+    /// Whether the cgroup v2 mount favours dynamic changes (a job's start waits for an RCU
+    /// grace period without it); `None` where the kernel has no such option.
+    pub cgroup_favordynmods: Option<bool>,
 }
 
 impl Machine {
@@ -60,6 +63,7 @@ impl Machine {
                 .ok()
                 .and_then(|s| s.split_whitespace().next()?.parse().ok())
                 .unwrap_or(f64::NAN),
+            cgroup_favordynmods: headroom_agent::cgroup::dynmods().map(|(_, on)| on),
         }
     }
 }
@@ -75,8 +79,14 @@ impl Report {
         let at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
         let machine = Machine::now();
         let mut markdown = format!(
-            "### {bench}\n\n`{command}`, {at}, {} CPUs, load {:.1}\n\n{table}\n",
-            machine.cpus, machine.load_1m
+            "### {bench}\n\n`{command}`, {at}, {} CPUs, load {:.1}, cgroup favordynmods {}\n\n{table}\n",
+            machine.cpus,
+            machine.load_1m,
+            match machine.cgroup_favordynmods {
+                Some(true) => "on",
+                Some(false) => "off",
+                None => "not available",
+            }
         );
         for t in &targets {
             markdown.push_str(&format!(
