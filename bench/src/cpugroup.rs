@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
 
@@ -24,19 +25,19 @@ impl CpuGroup {
             return None;
         }
         remove_stale(&root);
-        let dir = root.join(format!("headroom-bench-{}-{name}", std::process::id()));
+        // Numbered: groups of one process (tests on threads of one binary) never share.
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = root.join(format!("headroom-bench-{}-{n}-{name}", std::process::id()));
         std::fs::create_dir(&dir).ok()?;
         Some(Self { dir })
     }
 
     /// `program args...` started inside this group: a shell joins it, then execs.
     pub fn command(&self, program: &str, args: &[String]) -> Command {
-        let mut c = Command::new("/bin/sh");
-        c.arg("-c")
-            .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
-            .arg(&self.dir)
-            .arg(program)
-            .args(args);
+        let (sh, argv) = self.wrap(program, args);
+        let mut c = Command::new(sh);
+        c.args(argv);
         c
     }
 

@@ -8,33 +8,20 @@
 //! jobs under them) is read from `/proc`, which machine load disturbs far less than rates.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use headroom_bench::system::{agent_args, coordinator_args, submit, wait_done};
+use anyhow::Result;
+use headroom_bench::suite::dispatch::raw_spawn_rate;
+use headroom_bench::suite::percentile;
+use headroom_bench::system::{
+    agent_args, coordinator_args, submit, wait_done, wait_healthy, wait_registered,
+};
 use headroom_integration_tests::{
     Postgres, Proc, block_on, children_of, client_for, free_port, stat_fields,
 };
 use headroom_shared::ExperimentId;
 use headroom_shared::api::Role;
 use headroom_shared::client::Client;
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-/// Sequential spawn-and-wait of `true`: the floor any process launcher pays.
-fn raw_spawn_rate(n: usize) -> Result<f64> {
-    let t = Instant::now();
-    for _ in 0..n {
-        Command::new("true").status().context("spawning true")?;
-    }
-    Ok(n as f64 / t.elapsed().as_secs_f64())
-}
 
 struct Setup {
     api: Client,
@@ -117,13 +104,7 @@ fn start(dir: &Path, database_url: Option<&str>, tokens: bool) -> Result<Setup> 
     }
     let coordinator = Proc::start("headroom-coordinator", &args, dir.join("coord.log"))?;
     let api = client_for(&url)?.with_token(tokens.then_some(BENCH_ADMIN))?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while block_on(api.health())?.is_err() {
-        if Instant::now() > deadline {
-            bail!("coordinator did not start: {}", coordinator.output());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_healthy(&api, &coordinator)?;
     let mut agent_args = agent_args(&url, "4x80GiB", "16,16,16,16", &dir.join("agent"));
     if tokens {
         // An agent token is its node's: named after it, kept in a file (not in argv).
@@ -133,12 +114,7 @@ fn start(dir: &Path, database_url: Option<&str>, tokens: bool) -> Result<Setup> 
         agent_args.extend(["--agent-token-file".to_string(), file.display().to_string()]);
     }
     let agent = Proc::start("headroom-agent", &agent_args, dir.join("agent.log"))?;
-    while block_on(api.nodes())??.is_empty() {
-        if Instant::now() > deadline {
-            bail!("agent did not register: {}", agent.output());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_registered(&api, &agent)?;
     Ok(Setup {
         api,
         coordinator,
@@ -215,7 +191,8 @@ fn main() -> Result<()> {
     // Without the token runs, this bench also drives builds from before tokens existed (put
     // it beside their binaries), for a comparison within one run.
     let tokens = !args.iter().any(|a| a == "--no-tokens");
-    let raw = raw_spawn_rate(jobs)?;
+    // Sequential spawn-and-wait: the floor any process launcher pays.
+    let raw = raw_spawn_rate(jobs, 1)?;
     let sqlite = measure("SQLite", None, false, jobs)?;
     let pg = Postgres::start()?;
     let postgres = measure("PostgreSQL", Some(&pg.url()), false, jobs)?;

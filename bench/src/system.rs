@@ -93,6 +93,37 @@ pub fn submit(api: &Client, name: &str, argv: &[&str], runs: usize) -> Result<Ex
     r.experiment.context("stored")
 }
 
+/// How long a coordinator has to answer, and an agent to register, once started.
+const STARTUP: Duration = Duration::from_secs(60);
+
+/// Waits for the coordinator behind `api` to answer; fails with its output.
+pub fn wait_healthy(api: &Client, coordinator: &Proc) -> Result<()> {
+    poll(
+        || Ok(block_on(api.health())?.is_ok()),
+        || format!("coordinator did not start: {}", coordinator.output()),
+    )
+}
+
+/// Waits for a node to register with the coordinator behind `api`; fails with the agent's
+/// output.
+pub fn wait_registered(api: &Client, agent: &Proc) -> Result<()> {
+    poll(
+        || Ok(!block_on(api.nodes())??.is_empty()),
+        || format!("agent did not register: {}", agent.output()),
+    )
+}
+
+fn poll(mut ready: impl FnMut() -> Result<bool>, failed: impl Fn() -> String) -> Result<()> {
+    let deadline = Instant::now() + STARTUP;
+    while !ready()? {
+        if Instant::now() > deadline {
+            bail!("{}", failed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 /// Waits for every job of `exp` to end; fails if any did not succeed (a figure of jobs that
 /// failed at launch would flatter the build), or after `timeout`.
 pub fn wait_done(api: &Client, exp: ExperimentId, timeout: Duration) -> Result<()> {
@@ -149,13 +180,7 @@ impl Node {
             &dir.path().join("coord.log"),
         )?;
         let api = Client::new(&url)?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while block_on(api.health())?.is_err() {
-            if Instant::now() > deadline {
-                bail!("coordinator did not start: {}", coordinator.output());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_healthy(&api, &coordinator)?;
         let agent = match agent {
             None => None,
             Some((gpus, plan)) => {
@@ -166,12 +191,7 @@ impl Node {
                     &a,
                     &dir.path().join("agent.log"),
                 )?;
-                while block_on(api.nodes())??.is_empty() {
-                    if Instant::now() > deadline {
-                        bail!("agent did not register: {}", agent.output());
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                wait_registered(&api, &agent)?;
                 Some(agent)
             }
         };

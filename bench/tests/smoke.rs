@@ -1,10 +1,13 @@
 //! Every bench of the suite at a tiny size, so none rots: each runs end to end against the
 //! real binaries and task-spooler, every job succeeds, and its report is written with
-//! figures that are measured (finite, above zero), not placeholders.
-
-use std::time::Duration;
+//! figures that are measured (finite, above zero), not placeholders. The sizes are the
+//! suite's own `--tiny` ones.
 
 use headroom_bench::suite::{self, Report};
+
+fn tiny(bench: &str) -> Report {
+    suite::run(bench, true).unwrap_or_else(|e| panic!("{bench}: {e:#}"))
+}
 
 fn check(r: Report, figures: &[&str]) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -41,7 +44,7 @@ fn cpu_counted() -> bool {
 
 #[test]
 fn dispatch() {
-    let r = suite::dispatch::run(&suite::dispatch::Size { jobs: 12, gpus: 2 }).expect("dispatch");
+    let r = tiny("dispatch");
     let mut figures = vec![
         "/raw_spawn_per_s",
         "/task_spooler_per_s",
@@ -58,42 +61,28 @@ fn dispatch() {
 #[test]
 fn latency() {
     check(
-        suite::latency::run(3).expect("latency"),
+        tiny("latency"),
         &["/headroom_ms/p50", "/task_spooler_ms/p50"],
     );
 }
 
 #[test]
 fn makespan() {
-    let r = suite::makespan::run(&suite::makespan::Size {
-        jobs: 4,
-        slots: 2,
-        seconds: 0.2,
-    })
-    .expect("makespan");
-    check(r, &["/headroom_s", "/task_spooler_s"]);
+    check(tiny("makespan"), &["/headroom_s", "/task_spooler_s"]);
 }
 
 #[test]
 fn slot_free() {
     check(
-        suite::slot_free::run(3).expect("slot_free"),
+        tiny("slot_free"),
         &["/headroom_ms/median", "/task_spooler_ms/median"],
     );
 }
 
 #[test]
 fn scale() {
-    let r = suite::scale::run(&suite::scale::Size {
-        agents: 2,
-        gpus_per_agent: 2,
-        queued: 20,
-        window: Duration::from_secs(60),
-        job: Duration::from_millis(50),
-    })
-    .expect("scale");
     check(
-        r,
+        tiny("scale"),
         &[
             "/jobs",
             "/jobs_per_s",
@@ -105,7 +94,7 @@ fn scale() {
 
 #[test]
 fn agent_cpu() {
-    let r = suite::agent_cpu::run(Duration::from_secs(1)).expect("agent_cpu");
+    let r = tiny("agent_cpu");
     // An idle agent may use no CPU tick in a second: its CPU is measured, zero or more.
     let cpu = r.figures["cpu_ms"].as_f64().expect("cpu_ms");
     assert!(cpu.is_finite() && cpu >= 0.0, "cpu_ms = {cpu}");

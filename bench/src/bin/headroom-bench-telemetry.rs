@@ -7,18 +7,15 @@
 //!   target/release/headroom-bench-telemetry [HEARTBEATS]
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use headroom_bench::suite::percentile;
 use headroom_integration_tests::{Postgres, Proc, block_on, client_for, free_port};
 use headroom_shared::api::{GpuInfo, HeartbeatRequest, RegisterRequest, TelemetrySample};
 
 const GPUS: u32 = 8;
 const PER_HEARTBEAT: i64 = 10;
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
 
 struct Row {
     store: &'static str,
@@ -36,13 +33,7 @@ fn measure(store: &'static str, dir: &Path, database_url: Option<&str>, n: usize
         dir.join(format!("{store}.log")),
     )?;
     let api = client_for(&url)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while block_on(api.health())?.is_err() {
-        if Instant::now() > deadline {
-            bail!("coordinator did not start: {}", coordinator.output());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    headroom_bench::system::wait_healthy(&api, &coordinator)?;
     let reg = block_on(
         api.register(&RegisterRequest {
             node: "bench".into(),

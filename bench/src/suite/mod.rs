@@ -1,5 +1,6 @@
 //! The benchmark suite of the real system against task-spooler, each bench a module that
-//! returns its [`Report`]; `headroom-bench-suite` runs them and writes `bench/results/`.
+//! returns its [`Report`]; [`run`] runs one at its full or tiny size (`headroom-bench-suite`
+//! and the smoke test), `headroom-bench-suite` writes them to `bench/results/`.
 
 pub mod agent_cpu;
 pub mod dispatch;
@@ -9,10 +10,65 @@ pub mod scale;
 pub mod slot_free;
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use serde::Serialize;
+
+/// Every bench, in the order a whole run takes them.
+pub const ALL: [&str; 7] = [
+    "dispatch",
+    "latency",
+    "makespan",
+    "slot_free",
+    "scale",
+    "scale_ceiling",
+    "agent_cpu",
+];
+
+/// Runs bench `name` at the size, or (`tiny`) at one that only checks it still works.
+pub fn run(name: &str, tiny: bool) -> Result<Report> {
+    match (name, tiny) {
+        ("dispatch", false) => dispatch::run(&dispatch::Size { jobs: 990, gpus: 8 }),
+        ("dispatch", true) => dispatch::run(&dispatch::Size { jobs: 12, gpus: 2 }),
+        ("latency", false) => latency::run(200),
+        ("latency", true) => latency::run(3),
+        ("makespan", false) => makespan::run(&makespan::Size {
+            jobs: 64,
+            slots: 16,
+            seconds: 1.0,
+        }),
+        ("makespan", true) => makespan::run(&makespan::Size {
+            jobs: 4,
+            slots: 2,
+            seconds: 0.2,
+        }),
+        ("slot_free", false) => slot_free::run(100),
+        ("slot_free", true) => slot_free::run(3),
+        ("scale" | "scale_ceiling", false) => scale::run(&scale::Size {
+            agents: 100,
+            gpus_per_agent: 8,
+            queued: 100_000,
+            window: Duration::from_secs(60),
+            // `scale_ceiling`: each job ends at once, the coordinator's ceiling.
+            job: if name == "scale" {
+                Duration::from_secs(5)
+            } else {
+                Duration::ZERO
+            },
+        }),
+        ("scale" | "scale_ceiling", true) => scale::run(&scale::Size {
+            agents: 2,
+            gpus_per_agent: 2,
+            queued: 20,
+            window: Duration::from_secs(60),
+            job: Duration::from_millis(50),
+        }),
+        ("agent_cpu", false) => agent_cpu::run(Duration::from_secs(30)),
+        ("agent_cpu", true) => agent_cpu::run(Duration::from_secs(1)),
+        _ => bail!("unknown bench `{name}`: one of {}", ALL.join(" ")),
+    }
+}
 
 /// What one bench measured: its figures (JSON) and the same as a Markdown table.
 #[derive(Debug, Serialize)]
