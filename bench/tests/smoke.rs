@@ -34,6 +34,18 @@ fn check(r: Report, figures: &[&str]) {
     }
     let md = std::fs::read_to_string(&written[1]).expect("the Markdown report");
     assert!(md.contains('|'), "{}: no table in {md}", r.bench);
+    // Whether a job's start waited for an RCU grace period, in both forms.
+    let favored = headroom_agent::cgroup::dynmods().map(|(_, on)| on);
+    assert_eq!(
+        json["machine"]["cgroup_favordynmods"],
+        serde_json::json!(favored)
+    );
+    let said = match favored {
+        Some(true) => "cgroup favordynmods on",
+        Some(false) => "cgroup favordynmods off",
+        None => "cgroup favordynmods not available",
+    };
+    assert!(md.contains(said), "{}: no `{said}` in {md}", r.bench);
 }
 
 /// CPU per job is counted where a `cpuacct` group can be made (root on a host with the v1

@@ -685,11 +685,8 @@ impl<E: Exec> Tx for E {
         // The most recent ones only (by the coordinator's clock: an end's time is the
         // agent's): a claim reads them for every key in its window, and a key of a large
         // matrix has as many as its attempts.
-        let sql = "SELECT peak_mem_mib FROM attempts \
-                   WHERE memory_key = $1 AND peak_mem_mib IS NOT NULL \
-                   ORDER BY leased_at DESC LIMIT $2";
         let window = i64::from(crate::rules::LEARNED_WINDOW);
-        all(self, sql, args![key, window], |r| {
+        all(self, LATEST_PEAKS, args![key, window], |r| {
             Ok(r.int(0)?.max(0) as u64)
         })
         .await
@@ -1035,6 +1032,12 @@ impl<E: Exec> Tx for E {
         .await
     }
 }
+
+/// A memory key's (`$1`) latest observed peaks, at most `$2`, newest first (from the partial
+/// index `attempts_key_peaks`).
+pub(super) const LATEST_PEAKS: &str = "SELECT peak_mem_mib FROM attempts \
+     WHERE memory_key = $1 AND peak_mem_mib IS NOT NULL \
+     ORDER BY leased_at DESC LIMIT $2";
 
 /// The read of a claim's window of waiting jobs (`$1` the node's GPUs, `$2`, `$3` the cursor,
 /// `$4` the window's size), in the order placement considers them: priority, then the longest

@@ -355,6 +355,26 @@ mod tests {
         assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0);
     }
 
+    /// Plans that do not depend on bound values still use a partial index whose predicate the
+    /// statement names as a literal: a key's latest peaks come from `attempts_key_peaks`.
+    #[test]
+    fn a_keys_latest_peaks_are_read_from_their_index() {
+        let store = SqliteStore::open_in_memory().expect("store");
+        let conn = store.conn.lock().expect("connection");
+        let sql = placeholders(super::super::sql::LATEST_PEAKS);
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("explain")
+            .query_map(params!["key", 256], |r| r.get::<_, String>(3))
+            .expect("plan")
+            .collect::<rusqlite::Result<_>>()
+            .expect("plan rows");
+        assert!(
+            plan.iter().any(|step| step.contains("attempts_key_peaks")),
+            "{plan:?}"
+        );
+    }
+
     #[test]
     fn numbered_placeholders_become_sqlites() {
         assert_eq!(
