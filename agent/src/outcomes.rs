@@ -314,6 +314,7 @@ mod tests {
                 prestart: None,
                 background: None,
                 host_peak_mib: None,
+                started: None,
             },
         }
     }

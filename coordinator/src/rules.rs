@@ -734,6 +734,7 @@ mod tests {
             prestart: None,
             background: None,
             host_peak_mib: None,
+            started: None,
         };
         let job = |on_throttle, attempts| JobRules {
             on_throttle,

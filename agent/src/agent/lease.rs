@@ -332,6 +332,7 @@ async fn gone(
         prestart: None,
         background: None,
         host_peak_mib: None,
+        started: None,
     };
     journal(
         shared,

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use headroom_shared::FailureClass;
-use headroom_shared::api::FinishReport;
+use headroom_shared::api::{FinishReport, JobStarted};
 use tokio::net::UnixListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -696,6 +696,11 @@ pub fn report(
 ) -> FinishReport {
     let mut failure = end.failure;
     let mut log_tail = end.log_tail;
+    // Carried with the end, so that an end reported before its start was starts it too.
+    let started = end
+        .pid
+        .zip(end.started_at)
+        .map(|(pid, started_at)| JobStarted { pid, started_at });
     if failure == Some(FailureClass::Cancelled) {
         match reason {
             Some(StopReason::User) => {}
@@ -728,5 +733,34 @@ pub fn report(
         prestart: None,
         background: end.background,
         host_peak_mib: None,
+        started,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The end's report carries the job's start, so that an end that reaches the
+    /// coordinator without its start report (it failed, or the agent died first) still
+    /// records when the job started and as which process.
+    #[test]
+    fn an_end_report_carries_the_jobs_start() {
+        let at = Utc::now();
+        let end = AttemptEnd {
+            pid: Some(4242),
+            started_at: Some(at),
+            ..attempt::not_started(None, String::new())
+        };
+        let r = report(7, end, None, vec![]);
+        assert_eq!(
+            r.started,
+            Some(JobStarted {
+                pid: 4242,
+                started_at: at
+            })
+        );
+        let never = report(7, attempt::not_started(None, String::new()), None, vec![]);
+        assert_eq!(never.started, None, "a job that never started has no start");
     }
 }

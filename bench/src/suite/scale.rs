@@ -61,6 +61,7 @@ fn finish(fence: i64, gpus: usize) -> FinishReport {
         prestart: None,
         background: None,
         host_peak_mib: None,
+        started: None,
     }
 }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
+use chrono::{DateTime, Utc};
 use headroom_shared::api::{
     Ack, ClaimRequest, ClaimResponse, FinishReport, FinishResponse, HandBackRequest,
     HeartbeatRequest, HeartbeatResponse, LogAppended, LogChunkQuery, Principal, RegisterRequest,
@@ -17,7 +18,7 @@ use super::{
     ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, check_node, check_node_name,
     check_samples, parse_id,
 };
-use crate::store::{ClaimInput, NodeOf, Registration, Renewal};
+use crate::store::{ClaimInput, Finished, NodeOf, Registration, Renewal, Started};
 
 pub async fn register(
     State(s): State<AppState>,
@@ -172,7 +173,8 @@ pub async fn start(
 ) -> ApiResult<Ack> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
     check_node(&s, &who, NodeOf::Attempt(attempt)).await?;
-    s.store
+    let started = s
+        .store
         .start_attempt(
             attempt,
             req.fence,
@@ -180,16 +182,19 @@ pub async fn start(
             req.started_at.timestamp_millis(),
         )
         .await?;
-    // Queue wait of fresh submissions: first attempts only (a retry waited after its
-    // earlier attempt, not since the submission).
-    match s.store.submitted_at(attempt).await {
-        Ok((submitted, 1)) => s.metrics.observe_submit_to_start(
-            (req.started_at.timestamp_millis() - submitted) as f64 / 1000.0,
-        ),
-        Ok(_) => {}
-        Err(e) => tracing::debug!(%attempt, "no submission time for the metrics: {e}"),
+    if let Some(started) = started {
+        observe_queue_wait(&s, started, req.started_at);
     }
     Ok(ApiJson(Ack { ok: true }))
+}
+
+/// Queue wait of fresh submissions: first attempts only (a retry waited after its earlier
+/// attempt, not since the submission), once each (not again for a repeated report).
+fn observe_queue_wait(s: &AppState, started: Started, at: DateTime<Utc>) {
+    if started.number == 1 {
+        let waited_ms = at.timestamp_millis() - started.submitted_at;
+        s.metrics.observe_submit_to_start(waited_ms as f64 / 1000.0);
+    }
 }
 
 pub async fn finish(
@@ -213,7 +218,11 @@ pub(super) async fn record_end(
     check_samples(&req.gpus)?;
     super::telemetry::check_measurements(&req.measurements)?;
     let failure = req.failure;
-    let job_state = s.store.finish_attempt(attempt, req).await?;
+    let started_at = req.started.map(|st| st.started_at);
+    let Finished { job_state, started } = s.store.end_attempt(attempt, req).await?;
+    if let (Some(started), Some(at)) = (started, started_at) {
+        observe_queue_wait(s, started, at);
+    }
     tracing::info!(%attempt, failure = ?failure, %job_state, "attempt finished, reported by {by}");
     Ok(ApiJson(FinishResponse { job_state }))
 }

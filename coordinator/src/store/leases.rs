@@ -9,7 +9,8 @@ use super::Active;
 use super::rows::{self, NodeRow, i64_of, parse};
 use super::tx::{AttemptsWhere, NewAttempt, Tx};
 use super::{
-    ClaimInput, Claimed, Millis, Renewal, Renewed, Result, StoreError, jobs, nodes, now_ms,
+    ClaimInput, Claimed, Finished, Millis, Renewal, Renewed, Result, Started, StoreError, jobs,
+    nodes, now_ms,
 };
 use crate::placement::{GpuState, Placer, Snapshot};
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
@@ -229,23 +230,44 @@ pub(super) async fn start(
     fence: i64,
     pid: u32,
     at: Millis,
-) -> Result<((), bool)> {
+) -> Result<(Option<Started>, bool)> {
     let (job, phase) = check_fence(tx, attempt, fence).await?;
     if phase != AttemptPhase::Leased {
-        return Ok(((), false)); // a repeated report
+        return Ok((None, false)); // a repeated report
     }
-    tx.set_running(&attempt.to_string(), pid, at).await?;
-    if jobs::lock_job(tx, &job).await? != JobState::Cancelled {
-        jobs::transition(tx, &job, JobEvent::Start).await?;
+    let started = mark_started(tx, attempt, &job, pid, at).await?;
+    Ok((Some(started), true))
+}
+
+/// A leased attempt's job runs: the one place an attempt's start is written (its start
+/// report, or its end's report when that came first).
+async fn mark_started(
+    tx: &mut dyn Tx,
+    attempt: AttemptId,
+    job: &str,
+    pid: u32,
+    at: Millis,
+) -> Result<Started> {
+    let id = attempt.to_string();
+    tx.set_running(&id, pid, at).await?;
+    if jobs::lock_job(tx, job).await? != JobState::Cancelled {
+        jobs::transition(tx, job, JobEvent::Start).await?;
     }
-    Ok(((), true))
+    let (submitted_at, number) = tx
+        .submitted_at(&id)
+        .await?
+        .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
+    Ok(Started {
+        submitted_at,
+        number,
+    })
 }
 
 pub(super) async fn finish(
     tx: &mut dyn Tx,
     attempt: AttemptId,
     mut report: FinishReport,
-) -> Result<(JobState, bool)> {
+) -> Result<(Finished, bool)> {
     let id = attempt.to_string();
     let not_found = || StoreError::not_found("attempt", attempt);
     let node = tx.lock_node_of_attempt(&id).await?.ok_or_else(not_found)?;
@@ -255,7 +277,9 @@ pub(super) async fn finish(
     if standing == rules::Report::Again {
         // Its supervisor reported it while the agent was away, and the agent's journal now
         // does: the end is recorded once.
-        return Ok((jobs::lock_job(tx, &job).await?, false));
+        let job_state = jobs::lock_job(tx, &job).await?;
+        let started = None;
+        return Ok((Finished { job_state, started }, false));
     }
     if let rules::Report::Late { refunded } = standing {
         // Undo what recording the attempt lost wrote to its job, before the report applies.
@@ -265,6 +289,14 @@ pub(super) async fn finish(
         tx.set_last_failure(&job, None).await?;
         tx.set_pending_reason(&job, None).await?;
     }
+    let started = match report.started {
+        Some(s) if standing == rules::Report::OnTime && row.fence.phase == AttemptPhase::Leased => {
+            // Ended before its start report was taken: started here, as that report would.
+            let at = s.started_at.timestamp_millis();
+            Some(mark_started(tx, attempt, &job, s.pid, at).await?)
+        }
+        _ => None,
+    };
     let rules_of_job = jobs::job_rules(tx, &job).await?;
     rules::apply_on_throttle(rules_of_job.on_throttle, &mut report);
     let ended = tx
@@ -298,7 +330,8 @@ pub(super) async fn finish(
     if let Some(l) = &f.ladder {
         tx.set_job_ladder(&job, l).await?;
     }
-    Ok((jobs::transition(tx, &job, f.event).await?, true))
+    let job_state = jobs::transition(tx, &job, f.event).await?;
+    Ok((Finished { job_state, started }, true))
 }
 
 pub(super) async fn hand_back(
@@ -368,12 +401,6 @@ pub(super) async fn check_log_fence(tx: &mut dyn Tx, attempt: AttemptId, fence: 
         .await?
         .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
     Ok(rules::check_log_fence(attempt, fence, &row, failure)?)
-}
-
-pub(super) async fn submitted_at(tx: &mut dyn Tx, attempt: AttemptId) -> Result<(Millis, u32)> {
-    tx.submitted_at(&attempt.to_string())
-        .await?
-        .ok_or_else(|| StoreError::not_found("attempt", attempt))
 }
 
 /// The placement snapshot of one node: its GPUs with plan slots, headroom, live free memory,

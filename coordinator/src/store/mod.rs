@@ -257,6 +257,22 @@ pub struct Renewal {
     pub lease_ttl_ms: u64,
 }
 
+/// A job's start as just recorded: when the job was submitted, and which of its attempts
+/// started (the queue wait is a first attempt's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Started {
+    pub submitted_at: Millis,
+    pub number: u32,
+}
+
+/// An attempt's end as recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Finished {
+    pub job_state: JobState,
+    /// The report's start, recorded with it (no start report had been taken).
+    pub started: Option<Started>,
+}
+
 #[derive(Clone, Debug)]
 pub struct Renewed {
     pub cancel: Vec<AttemptId>,
@@ -357,8 +373,18 @@ pub trait Store: Send + Sync + 'static {
     /// Renews the leases of the agent's attempts and stores its samples. A stale token for
     /// any attempt refuses the whole heartbeat (`StaleFence`, nothing written).
     async fn renew_leases(&self, r: Renewal) -> Result<Renewed>;
-    async fn start_attempt(&self, a: AttemptId, fence: i64, pid: u32, at: Millis) -> Result<()>;
+    /// Records the job's start; `None` for a repeated report (nothing recorded again).
+    async fn start_attempt(
+        &self,
+        a: AttemptId,
+        fence: i64,
+        pid: u32,
+        at: Millis,
+    ) -> Result<Option<Started>>;
+    /// [`Store::end_attempt`], for the job's new state alone.
     async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState>;
+    /// Records an attempt's end (and its start, when the report carries one not recorded).
+    async fn end_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<Finished>;
     async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()>;
     /// The attempt's supervisor renews its lease for `ttl_ms` (its agent is away); whether
     /// the job's cancel was asked.
@@ -401,8 +427,6 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes telemetry beyond `keep` (at most `keep.batch` rows, one transaction);
     /// returns how many rows went, so callers repeat while it is a full batch.
     async fn prune_telemetry(&self, keep: Retention) -> Result<u64>;
-    /// When the attempt's job was submitted, and the attempt's number (1 for the first).
-    async fn submitted_at(&self, attempt: AttemptId) -> Result<(Millis, u32)>;
     /// Waiting (queued or retrying) jobs per pending reason code, for `/metrics`.
     async fn pending_reason_counts(&self) -> Result<Vec<(String, u64)>>;
     /// Ended attempts by outcome, and waiting and holding jobs by who submitted them, for
@@ -556,11 +580,21 @@ impl<B: Backend> Store for B {
         run!(self, write, "renew_leases", leases::renew, r; agent = %agent)
     }
 
-    async fn start_attempt(&self, a: AttemptId, fence: i64, pid: u32, at: Millis) -> Result<()> {
+    async fn start_attempt(
+        &self,
+        a: AttemptId,
+        fence: i64,
+        pid: u32,
+        at: Millis,
+    ) -> Result<Option<Started>> {
         run!(self, write, "start_attempt", leases::start, a, fence, pid, at; attempt = %a, fence)
     }
 
     async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState> {
+        Ok(self.end_attempt(attempt, report).await?.job_state)
+    }
+
+    async fn end_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<Finished> {
         let fence = report.fence;
         run!(self, write, "finish_attempt", leases::finish, attempt, report; attempt = %attempt, fence)
     }
@@ -635,10 +669,6 @@ impl<B: Backend> Store for B {
 
     async fn prune_telemetry(&self, keep: Retention) -> Result<u64> {
         run!(self, write, "prune_telemetry", telemetry::prune, keep;)
-    }
-
-    async fn submitted_at(&self, attempt: AttemptId) -> Result<(Millis, u32)> {
-        run!(self, read, "submitted_at", leases::submitted_at, attempt; attempt = %attempt)
     }
 
     async fn pending_reason_counts(&self) -> Result<Vec<(String, u64)>> {

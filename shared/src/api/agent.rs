@@ -262,6 +262,15 @@ pub struct StartReport {
     pub started_at: DateTime<Utc>,
 }
 
+/// A job's start as its end's report carries it: an attempt that ends before its start was
+/// reported is started and ended by one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JobStarted {
+    pub pid: u32,
+    pub started_at: DateTime<Utc>,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FinishReport {
@@ -298,6 +307,10 @@ pub struct FinishReport {
     /// Highest host RAM the attempt's processes used together (MiB), from its cgroup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_peak_mib: Option<u64>,
+    /// The job's start, when it started: recorded with the end where no start report was
+    /// taken before it (a repeated start changes nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<JobStarted>,
 }
 
 /// A colocated background's record in a finish report.

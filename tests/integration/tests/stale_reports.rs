@@ -149,6 +149,7 @@ impl Coordinator {
             prestart: None,
             background: None,
             host_peak_mib: None,
+            started: None,
         };
         self.post(&format!("/v1/attempts/{}/finish", lease.attempt), &req)
     }
