@@ -4,11 +4,20 @@
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// The counter, with when it last moved and the gap before that.
+#[derive(Clone, Copy, Debug)]
+struct Stamp {
+    version: u64,
+    at: Instant,
+    gap: Duration,
+}
 
 #[derive(Clone)]
 pub struct Changes {
-    tx: watch::Sender<u64>,
+    tx: watch::Sender<Stamp>,
     /// Set when the server drains: waiters return at once so long-polls are answered.
     closing: CancellationToken,
 }
@@ -16,7 +25,11 @@ pub struct Changes {
 impl Default for Changes {
     fn default() -> Self {
         Self {
-            tx: watch::Sender::new(0),
+            tx: watch::Sender::new(Stamp {
+                version: 0,
+                at: Instant::now(),
+                gap: Duration::MAX,
+            }),
             closing: CancellationToken::new(),
         }
     }
@@ -25,26 +38,45 @@ impl Default for Changes {
 impl Changes {
     /// Something changed: wake every waiter.
     pub fn bump(&self) {
-        self.tx.send_modify(|v| *v = v.wrapping_add(1));
+        self.tx.send_modify(|s| {
+            let now = Instant::now();
+            s.version = s.version.wrapping_add(1);
+            s.gap = now.saturating_duration_since(s.at);
+            s.at = now;
+        });
     }
 
     pub fn version(&self) -> u64 {
-        *self.tx.borrow()
-    }
-
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.tx.subscribe()
+        self.tx.borrow().version
     }
 
     /// Waits until the version differs from `seen`, `timeout` passes or the server drains;
     /// returns the version.
     pub async fn wait_past(&self, seen: u64, timeout: Duration) -> u64 {
-        let mut rx = self.subscribe();
+        let mut rx = self.tx.subscribe();
         tokio::select! {
-            _ = tokio::time::timeout(timeout, rx.wait_for(|v| *v != seen)) => {}
+            _ = tokio::time::timeout(timeout, rx.wait_for(|s| s.version != seen)) => {}
             _ = self.closing.cancelled() => {}
         }
-        *rx.borrow()
+        rx.borrow().version
+    }
+
+    /// [`Changes::wait_past`] for a watcher that wants the state, not every step to it (a
+    /// progress bar): a change after a quiet spell is answered at once; one of a run of
+    /// changes less than `gather` apart waits `gather` more and is answered with the changes
+    /// made meanwhile, so a matrix draining hundreds of jobs a second costs each watcher one
+    /// answer per `gather`, not one per change.
+    pub async fn wait_past_gathered(&self, seen: u64, timeout: Duration, gather: Duration) -> u64 {
+        let version = self.wait_past(seen, timeout).await;
+        let busy = self.tx.borrow().gap < gather;
+        if version == seen || !busy || self.is_closing() {
+            return version;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(gather) => {}
+            _ = self.closing.cancelled() => {}
+        }
+        self.version()
     }
 
     /// The server drains: answer every long-poll now, hold no new one open.
@@ -87,5 +119,58 @@ mod tests {
         assert!(c.is_closing());
         assert_eq!(c.wait_past(v, Duration::from_secs(3600)).await, v);
         assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_change_is_answered_at_once_and_a_run_of_them_together() {
+        let gather = Duration::from_millis(20);
+        let c = Changes::default();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let v = c.version();
+        let c2 = c.clone();
+        let lone = tokio::spawn(async move {
+            let t = Instant::now();
+            (
+                c2.wait_past_gathered(v, Duration::from_secs(10), gather)
+                    .await,
+                t.elapsed(),
+            )
+        });
+        tokio::task::yield_now().await;
+        c.bump();
+        assert_eq!(lone.await.ok(), Some((v + 1, Duration::ZERO)));
+
+        // A change 1 ms after the last: the answer waits for the gather and carries the
+        // changes made meanwhile, not the first alone.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let v = c.version();
+        let c2 = c.clone();
+        let run = tokio::spawn(async move {
+            let t = Instant::now();
+            (
+                c2.wait_past_gathered(v, Duration::from_secs(10), gather)
+                    .await,
+                t.elapsed(),
+            )
+        });
+        tokio::task::yield_now().await;
+        c.bump();
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            c.bump();
+        }
+        let (seen, waited) = run.await.expect("waiter");
+        assert_eq!(seen, v + 6);
+        assert_eq!(waited, gather);
+
+        // Nothing changes: the timeout answers, with the same version.
+        let t = Instant::now();
+        let v = c.version();
+        assert_eq!(
+            c.wait_past_gathered(v, Duration::from_secs(3), gather)
+                .await,
+            v
+        );
+        assert_eq!(t.elapsed(), Duration::from_secs(3));
     }
 }
