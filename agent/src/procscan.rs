@@ -278,6 +278,9 @@ pub fn disown(pid: u32) {
 /// Reaps every zombie child of this process that no owner waits for: the orphans that
 /// re-parented to the agent (a child subreaper) and died.
 pub fn reap_orphans() -> Vec<u32> {
+    if !may_have_zombies() {
+        return Vec::new();
+    }
     let zombies = zombie_children();
     if zombies.is_empty() {
         return zombies;
@@ -285,6 +288,17 @@ pub fn reap_orphans() -> Vec<u32> {
     let owned = owned();
     let keep: HashSet<u32> = owned.iter().copied().collect();
     reap_pids(zombies.into_iter().filter(|pid| !keep.contains(pid)))
+}
+
+/// Whether a child of this process may have exited unreaped: `waitid` asked without reaping
+/// (one call, where the lists of children take a read per thread). `false` only when it
+/// says no child has exited, or that there is no child.
+fn may_have_zombies() -> bool {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    !matches!(
+        nix::sys::wait::waitid(nix::sys::wait::Id::All, flags),
+        Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(nix::errno::Errno::ECHILD)
+    )
 }
 
 /// `waitpid(pid, WNOHANG)` for each pid; errors (already reaped, not our child) are ignored.

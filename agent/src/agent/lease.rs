@@ -432,7 +432,9 @@ async fn ship_log(
 ) {
     const CHUNK: usize = 1 << 20;
     let mut offset: u64 = 0;
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    // The first look a tick after the start: the log of a job just started is empty.
+    let every = Duration::from_millis(250);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let last = tokio::select! {
