@@ -61,22 +61,11 @@ impl Changes {
         rx.borrow().version
     }
 
-    /// [`Changes::wait_past`] for a watcher that wants the state, not every step to it (a
-    /// progress bar): a change after a quiet spell is answered at once; one of a run of
-    /// changes less than `gather` apart waits `gather` more and is answered with the changes
-    /// made meanwhile, so a matrix draining hundreds of jobs a second costs each watcher one
-    /// answer per `gather`, not one per change.
-    pub async fn wait_past_gathered(&self, seen: u64, timeout: Duration, gather: Duration) -> u64 {
-        let version = self.wait_past(seen, timeout).await;
-        let busy = self.tx.borrow().gap < gather;
-        if version == seen || !busy || self.is_closing() {
-            return version;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(gather) => {}
-            _ = self.closing.cancelled() => {}
-        }
-        self.version()
+    /// The last change came less than `gap` after the one before it: changes come in a run
+    /// (a matrix draining), and a watcher that wants the state rather than every step to it
+    /// (a progress bar) may wait a moment for the rest.
+    pub fn in_a_run(&self, gap: Duration) -> bool {
+        self.tx.borrow().gap < gap
     }
 
     /// The server drains: answer every long-poll now, hold no new one open.
@@ -122,55 +111,22 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_lone_change_is_answered_at_once_and_a_run_of_them_together() {
-        let gather = Duration::from_millis(20);
+    async fn changes_close_together_are_a_run_and_a_pause_ends_it() {
+        let gap = Duration::from_millis(20);
         let c = Changes::default();
+        assert!(!c.in_a_run(gap), "no change yet");
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let v = c.version();
-        let c2 = c.clone();
-        let lone = tokio::spawn(async move {
-            let t = Instant::now();
-            (
-                c2.wait_past_gathered(v, Duration::from_secs(10), gather)
-                    .await,
-                t.elapsed(),
-            )
-        });
-        tokio::task::yield_now().await;
         c.bump();
-        assert_eq!(lone.await.ok(), Some((v + 1, Duration::ZERO)));
-
-        // A change 1 ms after the last: the answer waits for the gather and carries the
-        // changes made meanwhile, not the first alone.
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        let v = c.version();
-        let c2 = c.clone();
-        let run = tokio::spawn(async move {
-            let t = Instant::now();
-            (
-                c2.wait_past_gathered(v, Duration::from_secs(10), gather)
-                    .await,
-                t.elapsed(),
-            )
-        });
-        tokio::task::yield_now().await;
+        assert!(!c.in_a_run(gap), "a change after a quiet second is alone");
+        tokio::time::sleep(Duration::from_millis(2)).await;
         c.bump();
-        for _ in 0..5 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            c.bump();
-        }
-        let (seen, waited) = run.await.expect("waiter");
-        assert_eq!(seen, v + 6);
-        assert_eq!(waited, gather);
-
-        // Nothing changes: the timeout answers, with the same version.
-        let t = Instant::now();
-        let v = c.version();
-        assert_eq!(
-            c.wait_past_gathered(v, Duration::from_secs(3), gather)
-                .await,
-            v
+        assert!(c.in_a_run(gap), "2 ms after the last");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        assert!(
+            c.in_a_run(gap),
+            "still the run's last change until another comes"
         );
-        assert_eq!(t.elapsed(), Duration::from_secs(3));
+        c.bump();
+        assert!(!c.in_a_run(gap), "25 ms after the last: a new start");
     }
 }
