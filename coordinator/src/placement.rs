@@ -264,12 +264,17 @@ impl Placer {
     /// quarantined nor reserved with a slot free. When none is, reading further down the
     /// queue is wasted.
     pub fn open(&self) -> bool {
-        self.cpu_jobs < CPU_SLOTS
-            || self
-                .gpus
-                .iter()
-                .zip(&self.reserved)
-                .any(|(g, &r)| !r && !g.quarantined && !g.slots_full(false))
+        self.cpu_jobs < CPU_SLOTS || self.gpu_open()
+    }
+
+    /// Whether a later candidate that needs a GPU could still be placed: a GPU neither
+    /// quarantined nor reserved with a slot free. When none is, only CPU-only jobs are worth
+    /// reading further down the queue.
+    pub fn gpu_open(&self) -> bool {
+        self.gpus
+            .iter()
+            .zip(&self.reserved)
+            .any(|(g, &r)| !r && !g.quarantined && !g.slots_full(false))
     }
 
     /// Places `candidates` in order after those of earlier batches, at most `max` of them;

@@ -326,6 +326,40 @@ async fn plan_slots_bound_leases(s: Backend) {
     );
 }
 
+/// A job that needs no GPU starts on a node whose GPUs are all taken, with more GPU jobs
+/// waiting ahead of it than the claim's first window holds: past that window the claim reads
+/// on only for such jobs (from their own index), not every waiting job.
+async fn a_cpu_job_behind_a_full_node_s_queue_still_starts(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("1")).await;
+    let mut jobs: Vec<NewJob> = (0..700).map(|i| job(i, Some(1000), vec![], 1)).collect();
+    let mut cpu = job(700, None, vec![], 1);
+    cpu.gpus = 0;
+    let cpu_id = cpu.id;
+    jobs.push(cpu);
+    submit(&s, jobs).await;
+
+    let first = claim(&s, agent, 1).await;
+    let ids: Vec<JobId> = first.iter().map(|l| l.job).collect();
+    assert_eq!(ids.len(), 2, "the GPU's one slot and a CPU slot: {ids:?}");
+    assert!(
+        ids.contains(&cpu_id),
+        "the CPU-only job, 700 jobs back, starts"
+    );
+    assert_ne!(ids[0], cpu_id, "the queue's head takes the GPU first");
+
+    // The GPU taken and the CPU job leased: nothing more to lease, however often asked.
+    assert!(claim(&s, agent, 1).await.is_empty());
+    // The first window's jobs were looked at and say why they wait; the GPU jobs behind it
+    // were not read (a full node's claim read every waiting job before).
+    let jobs = s.list_jobs(JobFilter::default()).await.expect("jobs");
+    let reason = |index: u32| {
+        let j = jobs.iter().find(|j| j.index == index).expect("job");
+        j.pending_reason.clone()
+    };
+    assert_eq!(reason(1), Some(PendingReason::NoFreeSlot));
+    assert_eq!(reason(600), None, "not read");
+}
+
 /// A job that ends before its start was reported is started by its end's report, in the
 /// same write: its attempt shows its pid and start, and its job ran. A start already taken
 /// is kept, whatever an end's report says of it.
@@ -2347,6 +2381,7 @@ macro_rules! conformance {
 
 conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
+    a_cpu_job_behind_a_full_node_s_queue_still_starts,
     an_end_carries_a_start_not_yet_reported,
     stale_fences_are_refused,
     retry_policy_decides_requeue,

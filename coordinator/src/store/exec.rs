@@ -19,6 +19,11 @@ pub struct Dialect {
     pub lock_node: &'static str,
     /// Appended to the read of waiting jobs a claim considers.
     pub skip_locked: &'static str,
+    /// After `FROM jobs` in the claim's windows of waiting jobs, of any jobs and of CPU-only
+    /// ones: SQLite's planner, without statistics, prefers `jobs_pending` and a sort of every
+    /// waiting job to the partial index in order (`INDEXED BY` there; nothing on PostgreSQL).
+    pub waiting_index: &'static str,
+    pub waiting_cpu_index: &'static str,
     /// The function giving a JSON array's length.
     pub json_array_length: &'static str,
     /// The statement reading the database's clock in ms since the epoch: lease times come

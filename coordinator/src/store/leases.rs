@@ -118,7 +118,14 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let max = input.max as usize;
     for window in 1.. {
         let size = window_size(max, window);
-        let pending = tx.lock_pending(node.gpus.len() as u32, after, size).await?;
+        // The first window whatever is free (its jobs' pending reasons stay current); past
+        // it, with every GPU taken, only the jobs that need none (a CPU slot may be free).
+        let gpus = if window == 1 || placer.gpu_open() {
+            node.gpus.len() as u32
+        } else {
+            0
+        };
+        let pending = tx.lock_pending(gpus, after, size).await?;
         // What each memory key has taught so far, read once per key.
         for p in &pending {
             if !learned.contains_key(&p.memory_key) {

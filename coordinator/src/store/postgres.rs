@@ -182,6 +182,8 @@ static DIALECT: Dialect = Dialect {
     lock_attempt: " FOR UPDATE OF a",
     lock_node: " FOR UPDATE OF n",
     skip_locked: " FOR UPDATE SKIP LOCKED",
+    waiting_index: "",
+    waiting_cpu_index: "",
     clock: Some("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"),
     json_array_length: "jsonb_array_length",
 };

@@ -295,7 +295,7 @@ impl<E: Exec> Tx for E {
         after: Option<QueueCursor>,
         limit: u32,
     ) -> Result<Vec<PendingRow>> {
-        let sql = pending_window(self.dialect());
+        let sql = pending_window(self.dialect(), max_gpus == 0);
         let (priority, seq) = match after {
             Some(c) => (Some(c.priority), c.seq),
             None => (None, 0),
@@ -1041,10 +1041,16 @@ pub(super) const LATEST_PEAKS: &str = "SELECT peak_mem_mib FROM attempts \
 
 /// The read of a claim's window of waiting jobs (`$1` the node's GPUs, `$2`, `$3` the cursor,
 /// `$4` the window's size), in the order placement considers them: priority, then the longest
-/// waiting; a window starts after the last job of the one before.
-pub(super) fn pending_window(dialect: &Dialect) -> String {
+/// waiting; a window starts after the last job of the one before. With `$1` zero, only jobs
+/// that need no GPU, from their own index (`jobs_waiting_cpu`).
+pub(super) fn pending_window(dialect: &Dialect, cpu_only: bool) -> String {
+    let (index, gpus) = if cpu_only {
+        (dialect.waiting_cpu_index, "gpus = 0 AND gpus <= $1")
+    } else {
+        (dialect.waiting_index, "gpus <= $1")
+    };
     format!(
-        "SELECT {} FROM jobs WHERE state IN ({}) AND gpus <= $1 \
+        "SELECT {} FROM jobs{index} WHERE state IN ({}) AND {gpus} \
          AND (CAST($2 AS BIGINT) IS NULL OR priority < $2 OR (priority = $2 AND seq > $3)) \
          ORDER BY priority DESC, seq LIMIT $4{}",
         rows::PENDING_COLUMNS,
@@ -1055,15 +1061,19 @@ pub(super) fn pending_window(dialect: &Dialect) -> String {
 
 #[cfg(test)]
 mod tests {
-    /// The partial index the claim reads its window from (`jobs_waiting`, migration V14)
-    /// names the waiting states in its predicate; the database uses it only while the
-    /// claim's list is the same.
+    /// The partial indexes the claim reads its windows from (`jobs_waiting`, migration V14;
+    /// `jobs_waiting_cpu`, V15) name the waiting states in their predicates; the database
+    /// uses them only while the claim's list is the same.
     #[test]
     fn the_waiting_states_are_those_the_claim_index_holds() {
         assert_eq!(*super::WAITING, "'queued', 'retrying'");
-        for backend in ["postgres", "sqlite"] {
+        let migrations = ["V14__waiting_order", "V15__waiting_cpu_jobs"];
+        for (backend, migration) in ["postgres", "sqlite"]
+            .into_iter()
+            .flat_map(|b| migrations.map(|m| (b, m)))
+        {
             let path = format!(
-                "{}/migrations/{backend}/V14__waiting_order.sql",
+                "{}/migrations/{backend}/{migration}.sql",
                 env!("CARGO_MANIFEST_DIR")
             );
             let sql = std::fs::read_to_string(&path).expect("the migration");

@@ -164,6 +164,8 @@ static DIALECT: Dialect = Dialect {
     lock_attempt: "",
     lock_node: "",
     skip_locked: "",
+    waiting_index: " INDEXED BY jobs_waiting",
+    waiting_cpu_index: " INDEXED BY jobs_waiting_cpu",
     clock: None,
     json_array_length: "json_array_length",
 };
@@ -342,7 +344,7 @@ mod tests {
     fn the_claims_window_stays_prepared() {
         let store = SqliteStore::open_in_memory().expect("store");
         let conn = store.conn.lock().expect("connection");
-        let sql = placeholders(&super::super::sql::pending_window(&DIALECT));
+        let sql = placeholders(&super::super::sql::pending_window(&DIALECT, false));
         let mut stmt = conn.prepare_cached(&sql).expect("prepare");
         for (gpus, priority, seq, limit) in
             [(8, None, 0, 32), (4, Some(0), 17, 64), (1, Some(5), 2, 8)]
@@ -373,6 +375,34 @@ mod tests {
             plan.iter().any(|step| step.contains("attempts_key_peaks")),
             "{plan:?}"
         );
+    }
+
+    /// A claim's windows of waiting jobs are read in order from their partial indexes, a
+    /// window at a time: never every waiting job sorted at each claim (SQLite's planner, left
+    /// to itself, chose that), and, once the node's GPUs are taken, only jobs that need none.
+    #[test]
+    fn a_claims_windows_are_read_from_their_indexes_without_a_sort() {
+        let store = SqliteStore::open_in_memory().expect("store");
+        let conn = store.conn.lock().expect("connection");
+        for (cpu_only, index) in [(false, "jobs_waiting"), (true, "jobs_waiting_cpu")] {
+            let sql = placeholders(&super::super::sql::pending_window(&DIALECT, cpu_only));
+            let plan: Vec<String> = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .expect("explain")
+                .query_map(params![8, None::<i64>, 0, 32], |r| r.get::<_, String>(3))
+                .expect("plan")
+                .collect::<rusqlite::Result<_>>()
+                .expect("plan rows");
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains(&format!("USING INDEX {index}"))),
+                "{plan:?}"
+            );
+            assert!(
+                !plan.iter().any(|step| step.contains("TEMP B-TREE")),
+                "{plan:?}"
+            );
+        }
     }
 
     #[test]
