@@ -285,8 +285,13 @@ pub(super) async fn finish(
         // Its supervisor reported it while the agent was away, and the agent's journal now
         // does: the end is recorded once.
         let job_state = jobs::lock_job(tx, &job).await?;
-        let started = None;
-        return Ok((Finished { job_state, started }, false));
+        return Ok((
+            Finished {
+                job_state,
+                started: None,
+            },
+            false,
+        ));
     }
     if let rules::Report::Late { refunded } = standing {
         // Undo what recording the attempt lost wrote to its job, before the report applies.

@@ -1044,6 +1044,8 @@ pub(super) const LATEST_PEAKS: &str = "SELECT peak_mem_mib FROM attempts \
 /// waiting; a window starts after the last job of the one before. With `$1` zero, only jobs
 /// that need no GPU, from their own index (`jobs_waiting_cpu`).
 pub(super) fn pending_window(dialect: &Dialect, cpu_only: bool) -> String {
+    // `gpus = 0` is the CPU index's own predicate, so the database reads from it; `$1` stays
+    // named (PostgreSQL types every parameter from the statement).
     let (index, gpus) = if cpu_only {
         (dialect.waiting_cpu_index, "gpus = 0 AND gpus <= $1")
     } else {

@@ -357,20 +357,23 @@ mod tests {
         assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0);
     }
 
+    /// The steps of SQLite's plan for `sql` (numbered placeholders) with `values` bound.
+    fn plan_of(conn: &Connection, sql: &str, values: impl rusqlite::Params) -> Vec<String> {
+        conn.prepare(&format!("EXPLAIN QUERY PLAN {}", placeholders(sql)))
+            .expect("explain")
+            .query_map(values, |r| r.get::<_, String>(3))
+            .expect("plan")
+            .collect::<rusqlite::Result<_>>()
+            .expect("plan rows")
+    }
+
     /// Plans that do not depend on bound values still use a partial index whose predicate the
     /// statement names as a literal: a key's latest peaks come from `attempts_key_peaks`.
     #[test]
     fn a_keys_latest_peaks_are_read_from_their_index() {
         let store = SqliteStore::open_in_memory().expect("store");
         let conn = store.conn.lock().expect("connection");
-        let sql = placeholders(super::super::sql::LATEST_PEAKS);
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-            .expect("explain")
-            .query_map(params!["key", 256], |r| r.get::<_, String>(3))
-            .expect("plan")
-            .collect::<rusqlite::Result<_>>()
-            .expect("plan rows");
+        let plan = plan_of(&conn, super::super::sql::LATEST_PEAKS, params!["key", 256]);
         assert!(
             plan.iter().any(|step| step.contains("attempts_key_peaks")),
             "{plan:?}"
@@ -385,14 +388,8 @@ mod tests {
         let store = SqliteStore::open_in_memory().expect("store");
         let conn = store.conn.lock().expect("connection");
         for (cpu_only, index) in [(false, "jobs_waiting"), (true, "jobs_waiting_cpu")] {
-            let sql = placeholders(&super::super::sql::pending_window(&DIALECT, cpu_only));
-            let plan: Vec<String> = conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .expect("explain")
-                .query_map(params![8, None::<i64>, 0, 32], |r| r.get::<_, String>(3))
-                .expect("plan")
-                .collect::<rusqlite::Result<_>>()
-                .expect("plan rows");
+            let sql = super::super::sql::pending_window(&DIALECT, cpu_only);
+            let plan = plan_of(&conn, &sql, params![8, None::<i64>, 0, 32]);
             assert!(
                 plan.iter()
                     .any(|step| step.contains(&format!("USING INDEX {index}"))),
