@@ -277,6 +277,20 @@ impl Placer {
             .any(|(g, &r)| !r && !g.quarantined && !g.slots_full(false))
     }
 
+    /// The most jobs this node could still take: the free slots of the GPUs neither
+    /// quarantined nor reserved, and the free CPU slots (every job holds at least one).
+    pub fn open_slots(&self) -> usize {
+        let gpu_slots: u64 = self
+            .gpus
+            .iter()
+            .zip(&self.reserved)
+            .filter(|(g, r)| !**r && !g.quarantined && !g.slots_full(false))
+            .map(|(g, _)| u64::from(g.slots).saturating_sub(g.placed.len() as u64))
+            .sum();
+        let cpu_slots = CPU_SLOTS.saturating_sub(self.cpu_jobs);
+        usize::try_from(gpu_slots + u64::from(cpu_slots)).unwrap_or(usize::MAX)
+    }
+
     /// Places `candidates` in order after those of earlier batches, at most `max` of them;
     /// positions in the result are within this batch.
     pub fn place(&mut self, candidates: &[Candidate], max: usize) -> Placed {
@@ -805,7 +819,48 @@ mod tests {
         assert!(!p.open(), "both GPUs' one slot is taken");
     }
 
+    #[test]
+    fn open_slots_count_free_slots_of_gpus_that_can_take_a_job_and_cpu_slots() {
+        let mut half = gpu(0, 8_000, 2);
+        half.placed.push(Some(100));
+        let mut quarantined = gpu(1, 8_000, 3);
+        quarantined.quarantined = true;
+        let mut held = gpu(2, 8_000, 4);
+        held.held_alone = true;
+        let s = Snapshot {
+            cpu_jobs: CPU_SLOTS - 1,
+            ..snap(vec![half, quarantined, held, gpu(3, 8_000, 2)])
+        };
+        let mut p = Placer::new(&s);
+        // One on GPU 0, two on GPU 3, one CPU slot.
+        assert_eq!(p.open_slots(), 4);
+        p.place(&[job(Some(1_000))], 1);
+        assert_eq!(p.open_slots(), 3);
+    }
+
     proptest! {
+        /// No placement takes more jobs than the placer's open slots: a claim sized by them
+        /// leaves nothing out.
+        #[test]
+        fn open_slots_bound_what_can_be_placed(
+            mut gpus in prop::collection::vec(arb_gpu(), 1..6),
+            jobs in prop::collection::vec((0u32..3, prop::option::of(1u64..30_000), prop::bool::weighted(0.2)), 0..40),
+            busy in prop::collection::vec((prop::option::of(1u64..10_000), prop::bool::weighted(0.3)), 0..6),
+            cpu_jobs in 0u32..6,
+        ) {
+            for (i, g) in gpus.iter_mut().enumerate() { g.index = i as u32; }
+            for (g, (est, alone)) in gpus.iter_mut().zip(&busy) {
+                g.placed.push(*est);
+                g.held_alone = *alone;
+            }
+            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone)| Candidate { gpus: n, estimate_mib: e, waited_ms: 0, alone }).collect();
+            let mut placer = Placer::new(&Snapshot { cpu_jobs, ..snap(gpus) });
+            let open = placer.open_slots();
+            let placed = placer.place(&cands, usize::MAX).placements.len();
+            prop_assert!(placed <= open, "{placed} placed, {open} open");
+            prop_assert!(placer.open_slots() <= open - placed);
+        }
+
         /// Whatever the queue, no GPU gets more jobs than slots or more estimated memory
         /// than total minus headroom, and a loner is alone.
         #[test]

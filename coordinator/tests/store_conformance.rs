@@ -360,6 +360,26 @@ async fn a_cpu_job_behind_a_full_node_s_queue_still_starts(s: Backend) {
     assert_eq!(reason(600), None, "not read");
 }
 
+/// A claim reads the queue in windows sized by what its node has open, not by what its
+/// agent asks for (64): a node with one GPU slot and its CPU slots reads the smallest window.
+async fn a_claim_reads_a_window_sized_by_the_node_s_open_slots(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("1")).await;
+    submit(
+        &s,
+        (0..100).map(|i| job(i, Some(1000), vec![], 1)).collect(),
+    )
+    .await;
+    assert_eq!(claim(&s, agent, 1).await.len(), 1, "the GPU's one slot");
+    let jobs = s.list_jobs(JobFilter::default()).await.expect("jobs");
+    let reason = |index: u32| {
+        let j = jobs.iter().find(|j| j.index == index).expect("job");
+        j.pending_reason.clone()
+    };
+    assert_eq!(reason(31), Some(PendingReason::NoFreeSlot), "in the window");
+    // A window sized by the 64 asked for held 256 jobs.
+    assert_eq!(reason(32), None, "past the window: not read");
+}
+
 /// A job that ends before its start was reported is started by its end's report, in the
 /// same write: its attempt shows its pid and start, and its job ran. A start already taken
 /// is kept, whatever an end's report says of it.
@@ -2382,6 +2402,7 @@ macro_rules! conformance {
 conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
     a_cpu_job_behind_a_full_node_s_queue_still_starts,
+    a_claim_reads_a_window_sized_by_the_node_s_open_slots,
     an_end_carries_a_start_not_yet_reported,
     stale_fences_are_refused,
     retry_policy_decides_requeue,

@@ -22,8 +22,8 @@ use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
 const CLAIM_WINDOW: u32 = 512;
 const CLAIM_WINDOWS: usize = 16;
 
-/// The size of a claim's `k`th window (from 1) for `max` leases: the first a few times what
-/// the node can take (locking 512 rows to lease 8 made concurrent claims skip each other's
+/// The size of a claim's `k`th window (from 1) for a node that can take `max` more: the first a
+/// few times that (locking 512 rows to lease 8 made concurrent claims skip each other's
 /// locks and write a row lock each), doubling up to [`CLAIM_WINDOW`] while jobs ahead do
 /// not fit.
 fn window_size(max: usize, k: usize) -> u32 {
@@ -116,8 +116,11 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let mut leases = Vec::new();
     let mut after = None;
     let max = input.max as usize;
+    // Windows sized by what the node can take, not by what its agent asks for (an agent
+    // asks for many): a node with one slot open reads a few rows, not hundreds.
+    let room = max.min(placer.open_slots());
     for window in 1.. {
-        let size = window_size(max, window);
+        let size = window_size(room, window);
         // The first window whatever is free (its jobs' pending reasons stay current); past
         // it, with every GPU taken, only the jobs that need none (a CPU slot may be free).
         let gpus = if window == 1 || placer.gpu_open() {
