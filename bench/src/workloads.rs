@@ -195,6 +195,23 @@ mod tests {
         }
     }
 
+    /// Declared estimates are held for the whole run and never placed past a GPU's memory
+    /// less headroom: no run of that policy beats the bound those reservations set.
+    #[test]
+    fn headroom_declared_never_beats_the_bound_of_what_it_reserves() {
+        let workloads = [
+            workloads::synthetic(3, 300),
+            workloads::seed_matrix().expect("seed matrix"),
+            workloads::lora_farm().expect("lora farm"),
+        ];
+        for (cluster, jobs) in &workloads {
+            let r = simulate(cluster, jobs, Policy::Declared);
+            let bound = r.reserved_bound_s.expect("a bound for declared estimates");
+            assert!(bound >= r.lower_bound_s, "{r:?}");
+            assert!(r.makespan_s >= bound * 0.999, "{r:?}");
+        }
+    }
+
     #[test]
     fn the_same_seed_gives_the_same_result() {
         let (c, j) = workloads::synthetic(11, 200);

@@ -84,6 +84,9 @@ pub struct Report {
     /// Time-averaged used memory over all GPUs' memory, until the makespan.
     pub memory_utilization: f64,
     pub lower_bound_s: f64,
+    /// For a policy that holds each job's declared estimate for its whole run (headroom,
+    /// declared): no order of the queue ends sooner ([`reserved_bound`]).
+    pub reserved_bound_s: Option<f64>,
     /// Most jobs a GPU held at once, and most memory in use on one (checks).
     pub max_jobs_on_a_gpu: u32,
     pub max_used_fraction: f64,
@@ -339,6 +342,9 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
         0.0
     };
     report.lower_bound_s = lower_bound(cluster, jobs);
+    if policy == Policy::Declared {
+        report.reserved_bound_s = Some(reserved_bound(cluster, jobs));
+    }
     // Jobs that could never be placed (larger than every GPU) stay queued: failed.
     report.failed += queue.len() as u32;
     report
@@ -368,11 +374,30 @@ pub fn lower_bound(cluster: &Cluster, jobs: &[Job]) -> f64 {
         .max(run_time / f64::from(slots.max(1)))
 }
 
+/// No schedule that holds each job's declared estimate for its whole run ends sooner than
+/// the jobs' estimate-time over the GPUs' memory less headroom (placement never estimates a
+/// GPU past that), nor than [`lower_bound`]. A job declaring nothing runs alone: it holds
+/// a whole GPU, counted as the smallest one's.
+pub fn reserved_bound(cluster: &Cluster, jobs: &[Job]) -> f64 {
+    let budgets = cluster
+        .gpus_mib
+        .iter()
+        .zip(&cluster.headroom_mib)
+        .map(|(total, headroom)| total.saturating_sub(*headroom));
+    let smallest = budgets.clone().min().unwrap_or(0);
+    let budget: u64 = budgets.sum();
+    let held: f64 = jobs
+        .iter()
+        .map(|j| j.declared_mib.unwrap_or(smallest) as f64 * j.duration_s)
+        .sum();
+    lower_bound(cluster, jobs).max(held / budget.max(1) as f64)
+}
+
 /// The policies side by side on one workload, as a Markdown table.
 pub fn comparison(cluster: &Cluster, jobs: &[Job]) -> String {
     let mut out = String::from(
-        "| policy | makespan | / lower bound | / exclusive | mean completion | memory used | OOMs | failed |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| policy | makespan | / lower bound | / reserved bound | / exclusive | mean completion | memory used | OOMs | failed |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let exclusive = simulate(cluster, jobs, Policy::Exclusive).makespan_s;
     for policy in Policy::ALL {
@@ -382,11 +407,16 @@ pub fn comparison(cluster: &Cluster, jobs: &[Job]) -> String {
         } else {
             1.0
         };
+        let vs_reserved = match r.reserved_bound_s {
+            Some(b) if b > 0.0 => format!("{:.2}", r.makespan_s / b),
+            _ => "-".to_string(),
+        };
         out.push_str(&format!(
-            "| {} | {} | {:.2} | {:.2} | {} | {:.0} % | {} | {} |\n",
+            "| {} | {} | {:.2} | {} | {:.2} | {} | {:.0} % | {} | {} |\n",
             policy.name(),
             seconds(r.makespan_s),
             r.bound_ratio(),
+            vs_reserved,
             vs_exclusive,
             seconds(r.mean_completion_s),
             100.0 * r.memory_utilization,
@@ -445,8 +475,26 @@ mod tests {
         // Memory ignored, the second pair OOMs at once and waits its turn.
         let plan_only = simulate(&cluster, &vec![job(6144, 100.0); 4], Policy::PlanOnly);
         assert!(plan_only.ooms > 0, "{plan_only:?}");
+        // Holding 5 GiB each on 9 GiB budgets, no order beats 4 x 5 x 100 / 18 GiB-s.
+        let bound = reserved_bound(&cluster, &vec![job(5120, 100.0); 4]);
+        assert!(
+            (bound - 4.0 * 5120.0 * 100.0 / 18_432.0).abs() < 1e-9,
+            "{bound}"
+        );
+        assert!(big.reserved_bound_s == Some(bound) && big.makespan_s >= bound);
+        assert_eq!(
+            plan_only.reserved_bound_s, None,
+            "a bound of declared estimates only"
+        );
         let table = comparison(&cluster, &jobs);
         assert_eq!(table.lines().count(), 2 + Policy::ALL.len(), "{table}");
-        assert!(table.contains("| headroom, declared | 100 s |"), "{table}");
+        assert!(
+            table.contains("| headroom, declared | 100 s | 1.00 | 1.00 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| exclusive | 200 s | 2.00 | - |"),
+            "{table}"
+        );
     }
 }
