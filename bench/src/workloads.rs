@@ -161,7 +161,7 @@ pub fn synthetic(seed: u64, n: usize) -> (Cluster, Vec<Job>) {
 
 #[cfg(test)]
 mod tests {
-    use crate::sim::{Policy, simulate};
+    use crate::sim::{Cluster, Job, Policy, simulate};
     use crate::workloads;
 
     #[test]
@@ -179,14 +179,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn headroom_never_runs_a_gpu_out_of_memory() {
-        let workloads = [
+    /// A synthetic matrix, the seed matrix and the LoRA farm.
+    fn three_workloads() -> [(Cluster, Vec<Job>); 3] {
+        [
             workloads::synthetic(3, 300),
             workloads::seed_matrix().expect("seed matrix"),
             workloads::lora_farm().expect("lora farm"),
-        ];
-        for (cluster, jobs) in &workloads {
+        ]
+    }
+
+    #[test]
+    fn headroom_never_runs_a_gpu_out_of_memory() {
+        for (cluster, jobs) in &three_workloads() {
             for policy in [Policy::Declared, Policy::Learned] {
                 let r = simulate(cluster, jobs, policy);
                 assert_eq!((r.ooms, r.failed), (0, 0), "{policy:?}: {r:?}");
@@ -199,12 +203,7 @@ mod tests {
     /// less headroom: no run of that policy beats the bound those reservations set.
     #[test]
     fn headroom_declared_never_beats_the_bound_of_what_it_reserves() {
-        let workloads = [
-            workloads::synthetic(3, 300),
-            workloads::seed_matrix().expect("seed matrix"),
-            workloads::lora_farm().expect("lora farm"),
-        ];
-        for (cluster, jobs) in &workloads {
+        for (cluster, jobs) in &three_workloads() {
             let r = simulate(cluster, jobs, Policy::Declared);
             let bound = r.reserved_bound_s.expect("a bound for declared estimates");
             assert!(bound >= r.lower_bound_s, "{r:?}");
