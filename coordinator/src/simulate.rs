@@ -377,7 +377,8 @@ pub fn lower_bound(cluster: &Cluster, jobs: &[Job]) -> f64 {
 /// No schedule that holds each job's declared estimate for its whole run ends sooner than
 /// the jobs' estimate-time over the GPUs' memory less headroom (placement never estimates a
 /// GPU past that), nor than [`lower_bound`]. A job declaring nothing runs alone: it holds
-/// a whole GPU, counted as the smallest one's.
+/// a whole GPU, counted as the smallest one's. Like [`lower_bound`], it bounds schedules
+/// that run every job (a report with jobs failed is not held to it).
 pub fn reserved_bound(cluster: &Cluster, jobs: &[Job]) -> f64 {
     let budgets = cluster
         .gpus_mib
