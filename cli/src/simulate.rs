@@ -63,6 +63,11 @@ pub async fn run(api: &Api, args: SimulateArgs) -> Result<()> {
         args.headroom
     );
     print!("{}", simulate::comparison(&cluster, &jobs));
+    println!(
+        "\nlower bound: no schedule ends sooner (the longest job, memory-time over the GPUs' \
+         memory, run time over the slots); reserved bound: no queue order ends sooner while \
+         each declared estimate is held for the whole run"
+    );
     Ok(())
 }
 

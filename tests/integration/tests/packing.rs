@@ -186,6 +186,10 @@ resources: {{gpus: 1, memory: 7GiB}}
         .parse()
         .unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert!(reserved >= 1.0, "{stdout}");
+    assert!(
+        stdout.contains("reserved bound: no queue order ends sooner"),
+        "{stdout}"
+    );
 
     for (plan, said) in [("2,x", "--plan"), ("2,2,2", "--plan")] {
         let out = h.cli(&["simulate", "replayed", "--gpus", "2x10GiB", "--plan", plan]);
