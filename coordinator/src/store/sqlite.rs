@@ -1,12 +1,14 @@
 //! The embedded SQLite store (one file, WAL) for `headroom up` on one machine: how it runs
 //! the SQL of `sql` (its `Exec`), and the statements SQLite does its own way. SQLite calls
-//! block, so each operation runs whole on the blocking pool behind the one connection (its
-//! statements never wait, so the operation's future is driven there to completion). Write
+//! block, so the one connection lives on a thread of its own and each operation runs whole
+//! there, in the order they come (its statements never wait, so the operation's future is
+//! driven there to completion; operations that arrive together run back to back). Write
 //! transactions are `BEGIN IMMEDIATE`: they hold the database's write lock from the start,
 //! which is why locking reads only read here.
 
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc;
 
 use async_trait::async_trait;
 use headroom_shared::api::TelemetrySample;
@@ -27,9 +29,13 @@ mod embedded {
 /// Prepared statements kept on the connection (the store's distinct statements, with room).
 const STATEMENT_CACHE: usize = 512;
 
+/// An operation for the connection's thread.
+type Task = Box<dyn FnOnce(&mut Connection) + Send>;
+
 #[derive(Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    /// To the thread that owns the connection; it ends when the last clone is dropped.
+    tasks: mpsc::Sender<Task>,
     changes: Changes,
 }
 
@@ -56,45 +62,34 @@ impl SqliteStore {
         Self::init(Connection::open_in_memory()?)
     }
 
-    fn init(mut conn: Connection) -> Result<Self> {
-        // WAL + NORMAL: durable at checkpoints, no fsync per job; a crash of the process
-        // loses nothing, a power cut at most the last moments.
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        // Every statement the store runs stays prepared: rusqlite keeps 16 by default, fewer
-        // than a job's claim, start and finish use, so each was parsed again.
-        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        // Plans never depend on bound values: without this, a statement whose parameter
-        // meets a partial index's predicate or a LIMIT was compiled again whenever the value
-        // changed (most of the claim's time). The partial indexes' predicates are literals in
-        // the statements, so they are still used.
-        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
-        embedded::migrations::runner()
-            .run(&mut conn)
-            .map_err(|e| StoreError::Database(format!("migration failed: {e}")))?;
+    fn init(conn: Connection) -> Result<Self> {
+        let conn = configured(conn)?;
+        let (tasks, queue) = mpsc::channel::<Task>();
+        std::thread::Builder::new()
+            .name("sqlite-store".into())
+            .spawn(move || serve(conn, queue))
+            .map_err(|e| StoreError::Database(format!("cannot start the store's thread: {e}")))?;
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            tasks,
             changes: Changes::default(),
         })
     }
 
-    /// Runs `f` on the blocking pool over the one connection.
+    /// Runs `f` on the connection's thread, after the operations sent before it.
     async fn blocking<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut guard = conn
-                .lock()
-                .map_err(|_| StoreError::Database("connection lock poisoned".into()))?;
-            f(&mut guard)
-        })
-        .await
-        .map_err(|e| StoreError::Database(format!("store task failed: {e}")))?
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.tasks
+            .send(Box::new(move |conn: &mut Connection| {
+                let _ = answer.send(f(conn));
+            }))
+            .map_err(|_| StoreError::Database("the store's thread has stopped".into()))?;
+        answered
+            .await
+            .map_err(|_| StoreError::Database("a store operation panicked".into()))?
     }
 
     /// Runs `op` over the connection; a write inside `BEGIN IMMEDIATE`/`COMMIT`, rolled back
@@ -155,6 +150,42 @@ impl Backend for SqliteStore {
             self.changes.bump();
         }
         Ok(out)
+    }
+}
+
+/// The connection with the store's settings, its schema migrated.
+fn configured(mut conn: Connection) -> Result<Connection> {
+    // WAL + NORMAL: durable at checkpoints, no fsync per job; a crash of the process
+    // loses nothing, a power cut at most the last moments.
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    // Every statement the store runs stays prepared: rusqlite keeps 16 by default, fewer
+    // than a job's claim, start and finish use, so each was parsed again.
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    // Plans never depend on bound values: without this, a statement whose parameter
+    // meets a partial index's predicate or a LIMIT was compiled again whenever the value
+    // changed (most of the claim's time). The partial indexes' predicates are literals in
+    // the statements, so they are still used.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    embedded::migrations::runner()
+        .run(&mut conn)
+        .map_err(|e| StoreError::Database(format!("migration failed: {e}")))?;
+    Ok(conn)
+}
+
+/// The connection's thread: each operation in turn until the store is dropped. A panicking
+/// operation fails alone (its caller hears of it), its transaction rolled back.
+fn serve(mut conn: Connection, queue: mpsc::Receiver<Task>) {
+    while let Ok(task) = queue.recv() {
+        let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| task(&mut conn))).is_err();
+        if panicked
+            && !conn.is_autocommit()
+            && let Err(e) = conn.execute_batch("ROLLBACK")
+        {
+            tracing::error!("SQLite: rolling back after a panicked operation failed: {e}");
+        }
     }
 }
 
@@ -342,8 +373,7 @@ mod tests {
     /// not compiled again for each (it was, whenever the window's size changed).
     #[test]
     fn the_claims_window_stays_prepared() {
-        let store = SqliteStore::open_in_memory().expect("store");
-        let conn = store.conn.lock().expect("connection");
+        let conn = configured(Connection::open_in_memory().expect("open")).expect("migrated");
         let sql = placeholders(&super::super::sql::pending_window(&DIALECT, false));
         let mut stmt = conn.prepare_cached(&sql).expect("prepare");
         for (gpus, priority, seq, limit) in
@@ -371,8 +401,7 @@ mod tests {
     /// statement names as a literal: a key's latest peaks come from `attempts_key_peaks`.
     #[test]
     fn a_keys_latest_peaks_are_read_from_their_index() {
-        let store = SqliteStore::open_in_memory().expect("store");
-        let conn = store.conn.lock().expect("connection");
+        let conn = configured(Connection::open_in_memory().expect("open")).expect("migrated");
         let plan = plan_of(&conn, super::super::sql::LATEST_PEAKS, params!["key", 256]);
         assert!(
             plan.iter().any(|step| step.contains("attempts_key_peaks")),
@@ -385,8 +414,7 @@ mod tests {
     /// to itself, chose that), and, once the node's GPUs are taken, only jobs that need none.
     #[test]
     fn a_claims_windows_are_read_from_their_indexes_without_a_sort() {
-        let store = SqliteStore::open_in_memory().expect("store");
-        let conn = store.conn.lock().expect("connection");
+        let conn = configured(Connection::open_in_memory().expect("open")).expect("migrated");
         for (cpu_only, index) in [(false, "jobs_waiting"), (true, "jobs_waiting_cpu")] {
             let sql = super::super::sql::pending_window(&DIALECT, cpu_only);
             let plan = plan_of(&conn, &sql, params![8, None::<i64>, 0, 32]);
@@ -400,6 +428,32 @@ mod tests {
                 "{plan:?}"
             );
         }
+    }
+
+    /// An operation that panics mid-transaction fails alone: its writes are rolled back and
+    /// the store goes on serving (a poisoned lock used to fail every later operation).
+    #[tokio::test]
+    async fn a_panicking_operation_fails_alone_and_its_transaction_is_rolled_back() {
+        let store = SqliteStore::open_in_memory().expect("store");
+        store
+            .blocking(|conn| Ok(conn.execute_batch("CREATE TABLE t (x INTEGER)")?))
+            .await
+            .expect("table");
+        let failed = store
+            .blocking(|conn| -> Result<()> {
+                conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES (1)")?;
+                panic!("an operation's bug");
+            })
+            .await;
+        assert!(failed.is_err());
+        let after = store
+            .blocking(|conn| {
+                let rows: i64 = conn.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?;
+                Ok((rows, conn.is_autocommit()))
+            })
+            .await
+            .expect("the store still serves");
+        assert_eq!(after, (0, true));
     }
 
     #[test]
