@@ -206,7 +206,6 @@ mod tests {
         for (cluster, jobs) in &three_workloads() {
             let r = simulate(cluster, jobs, Policy::Declared);
             let bound = r.reserved_bound_s.expect("a bound for declared estimates");
-            assert!(bound >= r.lower_bound_s, "{r:?}");
             assert!(r.makespan_s >= bound * 0.999, "{r:?}");
         }
     }

@@ -271,21 +271,24 @@ impl Placer {
     /// quarantined nor reserved with a slot free. When none is, only CPU-only jobs are worth
     /// reading further down the queue.
     pub fn gpu_open(&self) -> bool {
+        self.open_gpus().next().is_some()
+    }
+
+    /// The GPUs neither quarantined nor reserved with a slot free.
+    fn open_gpus(&self) -> impl Iterator<Item = &GpuState> {
         self.gpus
             .iter()
             .zip(&self.reserved)
-            .any(|(g, &r)| !r && !g.quarantined && !g.slots_full(false))
+            .filter(|(g, r)| !**r && !g.quarantined && !g.slots_full(false))
+            .map(|(g, _)| g)
     }
 
     /// The most jobs this node could still take: the free slots of the GPUs neither
     /// quarantined nor reserved, and the free CPU slots (every job holds at least one).
     pub fn open_slots(&self) -> usize {
         let gpu_slots: u64 = self
-            .gpus
-            .iter()
-            .zip(&self.reserved)
-            .filter(|(g, r)| !**r && !g.quarantined && !g.slots_full(false))
-            .map(|(g, _)| u64::from(g.slots).saturating_sub(g.placed.len() as u64))
+            .open_gpus()
+            .map(|g| u64::from(g.slots).saturating_sub(g.placed.len() as u64))
             .sum();
         let cpu_slots = CPU_SLOTS.saturating_sub(self.cpu_jobs);
         usize::try_from(gpu_slots + u64::from(cpu_slots)).unwrap_or(usize::MAX)

@@ -16,7 +16,7 @@ use headroom_shared::api::{
     PeakSource, Role, TelemetrySample,
 };
 use headroom_shared::pending::PendingReason;
-use headroom_shared::{AgentId, ExperimentId, FailureClass, JobId, JobState, Plan};
+use headroom_shared::{AgentId, AttemptId, ExperimentId, FailureClass, JobId, JobState, Plan};
 
 type Backend = Arc<dyn Store>;
 
@@ -222,6 +222,15 @@ async fn register_again(s: &Backend, node: &str, n: u32, previous: AgentId) -> A
     agent
 }
 
+/// An attempt's end recorded, for the job's new state alone.
+async fn finish_attempt(
+    s: &Backend,
+    attempt: AttemptId,
+    report: FinishReport,
+) -> headroom_coordinator::store::Result<JobState> {
+    Ok(s.end_attempt(attempt, report).await?.job_state)
+}
+
 async fn claim(s: &Backend, agent: AgentId, n: u32) -> Vec<Lease> {
     claim_with(s, agent, Some(free(n, 10_000)), 64).await
 }
@@ -306,7 +315,7 @@ async fn plan_slots_bound_leases(s: Backend) {
         .await
         .expect("start");
     assert_eq!(state(&s, first[0].job).await, JobState::Running);
-    s.finish_attempt(first[0].attempt, report(first[0].fence, None))
+    finish_attempt(&s, first[0].attempt, report(first[0].fence, None))
         .await
         .expect("finish");
     assert_eq!(state(&s, first[0].job).await, JobState::Succeeded);
@@ -389,30 +398,30 @@ async fn an_end_carries_a_start_not_yet_reported(s: Backend) {
     let leases = claim(&s, agent, 2).await;
     let (quick, slow) = (&leases[0], &leases[1]);
     let at = |ms: i64| chrono::DateTime::from_timestamp_millis(ms).expect("time");
-    let end = |l: &Lease, pid: u32, ms: i64| FinishReport {
-        started: Some(JobStarted {
-            pid,
-            started_at: at(ms),
-        }),
-        ..report(l.fence, None)
+    // An end whose report carries a start at `ms` by `pid`, and what a success records.
+    let end = |l: &Lease, pid: u32, ms: i64| {
+        let report = FinishReport {
+            started: Some(JobStarted {
+                pid,
+                started_at: at(ms),
+            }),
+            ..report(l.fence, None)
+        };
+        s.end_attempt(l.attempt, report)
+    };
+    let succeeded = |started| Finished {
+        job_state: JobState::Succeeded,
+        started,
     };
 
     let submitted_at = s.job(quick.job).await.expect("job").summary.created_at;
     let submitted_at = submitted_at.timestamp_millis();
-    let finished = s
-        .end_attempt(quick.attempt, end(quick, 4242, 1_700_000_000_123))
-        .await
-        .expect("finish");
-    assert_eq!(
-        finished,
-        Finished {
-            job_state: JobState::Succeeded,
-            started: Some(Started {
-                submitted_at,
-                number: 1
-            })
-        }
-    );
+    let finished = end(quick, 4242, 1_700_000_000_123).await.expect("finish");
+    let started = Started {
+        submitted_at,
+        number: 1,
+    };
+    assert_eq!(finished, succeeded(Some(started)));
     let a = s.attempt(quick.attempt).await.expect("attempt");
     assert_eq!(a.pid, Some(4242));
     assert_eq!(a.started_at, Some(at(1_700_000_000_123)));
@@ -428,17 +437,8 @@ async fn an_end_carries_a_start_not_yet_reported(s: Backend) {
         None,
         "a repeated report records nothing"
     );
-    let finished = s
-        .end_attempt(slow.attempt, end(slow, 99, 1_700_000_000_500))
-        .await
-        .expect("finish");
-    assert_eq!(
-        finished,
-        Finished {
-            job_state: JobState::Succeeded,
-            started: None
-        }
-    );
+    let finished = end(slow, 99, 1_700_000_000_500).await.expect("finish");
+    assert_eq!(finished, succeeded(None));
     let a = s.attempt(slow.attempt).await.expect("attempt");
     assert_eq!(a.pid, Some(7), "the start report's pid stays");
     assert_eq!(a.started_at, Some(at(1_700_000_000_000)));
@@ -448,21 +448,19 @@ async fn stale_fences_are_refused(s: Backend) {
     let agent = register(&s, "n1", 1, None).await;
     submit(&s, vec![job(0, Some(1000), vec![], 1)]).await;
     let l = claim(&s, agent, 1).await.remove(0);
-    let wrong = s.finish_attempt(l.attempt, report(l.fence + 1, None)).await;
+    let wrong = finish_attempt(&s, l.attempt, report(l.fence + 1, None)).await;
     assert!(
         matches!(wrong, Err(StoreError::StaleFence { .. })),
         "{wrong:?}"
     );
-    s.finish_attempt(l.attempt, report(l.fence, None))
+    finish_attempt(&s, l.attempt, report(l.fence, None))
         .await
         .expect("finish");
     // The end again with its token (the supervisor reported it, then the agent's journal
     // did): answered with the job's state, and nothing changes, whatever it says.
-    let again = s.finish_attempt(l.attempt, report(l.fence, None)).await;
+    let again = finish_attempt(&s, l.attempt, report(l.fence, None)).await;
     assert!(matches!(again, Ok(JobState::Succeeded)), "{again:?}");
-    let other = s
-        .finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Nonzero)))
-        .await;
+    let other = finish_attempt(&s, l.attempt, report(l.fence, Some(FailureClass::Nonzero))).await;
     assert!(matches!(other, Ok(JobState::Succeeded)), "{other:?}");
     assert_eq!(state(&s, l.job).await, JobState::Succeeded);
     let d = s.job(l.job).await.expect("job");
@@ -488,8 +486,7 @@ async fn one_running(s: &Backend, retry_on: Vec<FailureClass>, max: u32) -> (Age
 
 async fn retry_policy_decides_requeue(s: Backend) {
     let (agent, l) = one_running(&s, vec![FailureClass::Oom], 2).await;
-    let st = s
-        .finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Oom)))
+    let st = finish_attempt(&s, l.attempt, report(l.fence, Some(FailureClass::Oom)))
         .await
         .expect("finish");
     assert_eq!(st, JobState::Retrying);
@@ -497,8 +494,7 @@ async fn retry_policy_decides_requeue(s: Backend) {
     assert_eq!(l2.job, l.job);
     assert_eq!(l2.number, 2);
     assert!(l2.fence > l.fence);
-    let st = s
-        .finish_attempt(l2.attempt, report(l2.fence, Some(FailureClass::Oom)))
+    let st = finish_attempt(&s, l2.attempt, report(l2.fence, Some(FailureClass::Oom)))
         .await
         .expect("finish");
     assert_eq!(st, JobState::Failed, "max_attempts reached");
@@ -508,10 +504,13 @@ async fn retry_policy_decides_requeue(s: Backend) {
     // A class not in `retry.on` fails at once.
     submit(&s, vec![job(1, Some(1000), vec![FailureClass::Oom], 3)]).await;
     let l3 = claim(&s, agent, 1).await.remove(0);
-    let st = s
-        .finish_attempt(l3.attempt, report(l3.fence, Some(FailureClass::Nonzero)))
-        .await
-        .expect("finish");
+    let st = finish_attempt(
+        &s,
+        l3.attempt,
+        report(l3.fence, Some(FailureClass::Nonzero)),
+    )
+    .await
+    .expect("finish");
     assert_eq!(st, JobState::Failed);
     // A manual retry makes one more attempt.
     assert_eq!(
@@ -544,7 +543,7 @@ async fn reregistration_loses_old_attempts(s: Backend) {
     assert!(matches!(unknown, Err(StoreError::UnknownAgent { .. })));
     assert_eq!(claim(&s, agent2, 1).await[0].job, l.job);
     // The old incarnation's report comes after the job was leased again: refused.
-    let old = s.finish_attempt(l.attempt, report(l.fence, None)).await;
+    let old = finish_attempt(&s, l.attempt, report(l.fence, None)).await;
     assert!(matches!(old, Err(StoreError::StaleFence { .. })));
 }
 
@@ -601,7 +600,7 @@ async fn reregistration_resumes_current_attempts(s: Backend) {
     .await
     .expect("renew");
     assert!(renewed.cancel.is_empty());
-    s.finish_attempt(leases[0].attempt, report(leases[0].fence, None))
+    finish_attempt(&s, leases[0].attempt, report(leases[0].fence, None))
         .await
         .expect("finish");
     assert_eq!(state(&s, leases[0].job).await, JobState::Succeeded);
@@ -765,10 +764,13 @@ async fn cancel_stops_queued_and_flags_running(s: Backend) {
     );
     // Slot still held until the agent reports the end.
     assert!(claim(&s, agent, 1).await.is_empty());
-    let st = s
-        .finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Cancelled)))
-        .await
-        .expect("finish");
+    let st = finish_attempt(
+        &s,
+        l.attempt,
+        report(l.fence, Some(FailureClass::Cancelled)),
+    )
+    .await
+    .expect("finish");
     assert_eq!(st, JobState::Cancelled);
     assert!(
         claim(&s, agent, 1).await.is_empty(),
@@ -868,11 +870,11 @@ async fn exports_one_row_per_attempt(s: Backend) {
     let agent = register(&s, "n1", 1, None).await;
     let exp = submit(&s, vec![job(0, Some(1000), vec![FailureClass::Nonzero], 2)]).await;
     let l = claim(&s, agent, 1).await.remove(0);
-    s.finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Nonzero)))
+    finish_attempt(&s, l.attempt, report(l.fence, Some(FailureClass::Nonzero)))
         .await
         .expect("finish");
     let l = claim(&s, agent, 1).await.remove(0);
-    s.finish_attempt(l.attempt, report(l.fence, None))
+    finish_attempt(&s, l.attempt, report(l.fence, None))
         .await
         .expect("finish");
     let rows = s.export_rows(Some(exp)).await.expect("export");
@@ -899,7 +901,7 @@ async fn estimates_follow_the_latest_peaks(s: Backend) {
     let old = claim_with(&s, agent, Some(free(1, 10_000)), 20).await;
     assert_eq!(old.len(), 20);
     for l in &old {
-        s.finish_attempt(l.attempt, report_peak(l.fence, None, 3000))
+        finish_attempt(&s, l.attempt, report_peak(l.fence, None, 3000))
             .await
             .expect("finish");
     }
@@ -910,7 +912,7 @@ async fn estimates_follow_the_latest_peaks(s: Backend) {
         let leases = claim(&s, agent, 1).await;
         assert!(!leases.is_empty(), "nothing leased after {newer}");
         for l in &leases {
-            s.finish_attempt(l.attempt, report_peak(l.fence, None, 1000))
+            finish_attempt(&s, l.attempt, report_peak(l.fence, None, 1000))
                 .await
                 .expect("finish");
         }
@@ -934,9 +936,13 @@ async fn estimates_are_learned_per_memory_key(s: Backend) {
     assert_eq!(first.len(), 1, "unknown memory: alone on the GPU");
     assert_eq!(first[0].estimate_mib, None);
     assert!(claim(&s, agent, 1).await.is_empty());
-    s.finish_attempt(first[0].attempt, report_peak(first[0].fence, None, 2000))
-        .await
-        .expect("finish");
+    finish_attempt(
+        &s,
+        first[0].attempt,
+        report_peak(first[0].fence, None, 2000),
+    )
+    .await
+    .expect("finish");
     // Now the key has a peak: 2000 x 1.1, and the rest pack.
     let next = claim(&s, agent, 1).await;
     assert_eq!(next.len(), 2);
@@ -944,7 +950,8 @@ async fn estimates_are_learned_per_memory_key(s: Backend) {
     let a = s.attempt(next[0].attempt).await.expect("attempt");
     assert_eq!(a.estimate_source, "learned");
     // An OOM raises the key's estimate at once (x1.25 of what the attempt had).
-    s.finish_attempt(
+    finish_attempt(
+        &s,
         next[0].attempt,
         report_peak(next[0].fence, Some(FailureClass::Oom), 2100),
     )
@@ -1003,7 +1010,8 @@ async fn colocated_jobs_carry_their_background_and_record_it(s: Backend) {
         signal: None,
         exited_early: true,
     };
-    s.finish_attempt(
+    finish_attempt(
+        &s,
         lease.attempt,
         FinishReport {
             background: Some(record),
@@ -1043,8 +1051,7 @@ async fn oom_ladder_degrades_and_retries(s: Backend) {
     )])];
     submit(&s, vec![j]).await;
     let l = claim(&s, agent, 1).await.remove(0);
-    let st = s
-        .finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Oom)))
+    let st = finish_attempt(&s, l.attempt, report(l.fence, Some(FailureClass::Oom)))
         .await
         .expect("finish");
     assert_eq!(
@@ -1055,8 +1062,7 @@ async fn oom_ladder_degrades_and_retries(s: Backend) {
     let l2 = claim(&s, agent, 1).await.remove(0);
     assert_eq!(l2.argv, vec!["train".to_string(), "--bs=128".into()]);
     assert_eq!(l2.params["batch_size"], serde_json::json!(128));
-    let st = s
-        .finish_attempt(l2.attempt, report(l2.fence, Some(FailureClass::Oom)))
+    let st = finish_attempt(&s, l2.attempt, report(l2.fence, Some(FailureClass::Oom)))
         .await
         .expect("finish");
     assert_eq!(st, JobState::Failed, "the ladder is exhausted");
@@ -1081,14 +1087,14 @@ async fn unverified_cleanup_quarantines_gpus(s: Backend) {
     let mut r = report(on0.fence, None);
     r.cleanup_verified = false;
     r.unverified = Some("pid 4242 (python) still holds 5.5 GiB".into());
-    s.finish_attempt(on0.attempt, r).await.expect("finish");
+    finish_attempt(&s, on0.attempt, r).await.expect("finish");
     let nodes = s.list_nodes(60_000).await.expect("nodes");
     let q = &nodes[0].gpus[0].quarantine;
     assert_eq!(q.len(), 1);
     assert!(q[0].reason.contains("4242"));
     // GPU 0 takes nothing while quarantined, GPU 1 still does.
     for l in leases.iter().filter(|l| l.attempt != on0.attempt) {
-        s.finish_attempt(l.attempt, report(l.fence, None))
+        finish_attempt(&s, l.attempt, report(l.fence, None))
             .await
             .expect("finish");
     }
@@ -1179,7 +1185,7 @@ async fn heartbeats_racing_a_normal_end_renew_the_rest(s: Backend) {
             .await
             .expect("start");
     }
-    s.finish_attempt(leases[0].attempt, report(leases[0].fence, None))
+    finish_attempt(&s, leases[0].attempt, report(leases[0].fence, None))
         .await
         .expect("finish");
     // The freed slot goes to the third job at once.
@@ -1196,7 +1202,7 @@ async fn heartbeats_racing_a_normal_end_renew_the_rest(s: Backend) {
         .await
         .expect("a heartbeat racing a finish is accepted");
     assert!(renewed.cancel.is_empty());
-    s.finish_attempt(leases[1].attempt, report(leases[1].fence, None))
+    finish_attempt(&s, leases[1].attempt, report(leases[1].fence, None))
         .await
         .expect("the other attempt is still ours");
 }
@@ -1224,13 +1230,13 @@ async fn oom_ladder_steps_get_their_own_estimate_and_repeat(s: Backend) {
         let l = &leases[0];
         bs.push(l.params["batch_size"].clone());
         // OOM at 9_500 MiB: the key's floor (11_875) exceeds the GPU.
-        let st = s
-            .finish_attempt(
-                l.attempt,
-                report_peak(l.fence, Some(FailureClass::Oom), 9_500),
-            )
-            .await
-            .expect("finish");
+        let st = finish_attempt(
+            &s,
+            l.attempt,
+            report_peak(l.fence, Some(FailureClass::Oom), 9_500),
+        )
+        .await
+        .expect("finish");
         if bs.len() < 4 {
             assert_eq!(st, JobState::Retrying, "bs {bs:?}");
         } else {
@@ -1272,7 +1278,7 @@ async fn writes_announce_their_changes(s: Backend) {
         .await
         .expect("start");
     advanced("start");
-    s.finish_attempt(a.attempt, report(a.fence, None))
+    finish_attempt(&s, a.attempt, report(a.fence, None))
         .await
         .expect("finish");
     advanced("finish");
@@ -1322,7 +1328,7 @@ async fn peak_sources_are_stored_and_device_deltas_teach(s: Backend) {
         peak_source: Some(PeakSource::DeviceDelta),
         ..report_peak(l.fence, None, 2000)
     };
-    s.finish_attempt(l.attempt, delta).await.expect("finish");
+    finish_attempt(&s, l.attempt, delta).await.expect("finish");
     let a = s.attempt(l.attempt).await.expect("attempt");
     assert_eq!(a.peak_mem_mib, Some(2000));
     assert_eq!(a.peak_source, Some(PeakSource::DeviceDelta));
@@ -1330,7 +1336,7 @@ async fn peak_sources_are_stored_and_device_deltas_teach(s: Backend) {
     let l = claim(&s, agent, 1).await.remove(0);
     assert_eq!(l.estimate_mib, Some(2200));
     // An older agent sends no source: its peak is per process.
-    s.finish_attempt(l.attempt, report_peak(l.fence, None, 1000))
+    finish_attempt(&s, l.attempt, report_peak(l.fence, None, 1000))
         .await
         .expect("finish");
     assert_eq!(
@@ -1344,7 +1350,7 @@ async fn peak_sources_are_stored_and_device_deltas_teach(s: Backend) {
         peak_source: Some(PeakSource::DeviceDelta),
         ..report(l.fence, None)
     };
-    s.finish_attempt(l.attempt, none).await.expect("finish");
+    finish_attempt(&s, l.attempt, none).await.expect("finish");
     let rows = s.export_rows(Some(exp)).await.expect("export");
     let sources: Vec<_> = rows.iter().map(|r| r.attempt.peak_source).collect();
     assert_eq!(
@@ -1392,13 +1398,13 @@ async fn attempt_measurements_are_stored_and_read_back(s: Backend) {
         measurements: measured.clone(),
         ..report(l.fence, None)
     };
-    s.finish_attempt(l.attempt, full).await.expect("finish");
+    finish_attempt(&s, l.attempt, full).await.expect("finish");
     let a = s.attempt(l.attempt).await.expect("attempt");
     assert_eq!(a.measurements, measured);
     assert_eq!(a.contaminated, Some(true));
     // An older supervisor's report carries none: every figure unknown, none 0.
     let l = claim(&s, agent, 1).await.remove(0);
-    s.finish_attempt(l.attempt, report(l.fence, None))
+    finish_attempt(&s, l.attempt, report(l.fence, None))
         .await
         .expect("finish");
     let rows = s.export_rows(Some(exp)).await.expect("export");
@@ -1443,11 +1449,11 @@ async fn tallies_count_outcomes_and_each_users_jobs(s: Backend) {
     );
     // One slot: alice's first job runs and fails, her second then runs and succeeds.
     let l = claim(&s, agent, 1).await.remove(0);
-    s.finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Oom)))
+    finish_attempt(&s, l.attempt, report(l.fence, Some(FailureClass::Oom)))
         .await
         .expect("finish");
     let l = claim(&s, agent, 1).await.remove(0);
-    s.finish_attempt(l.attempt, report(l.fence, None))
+    finish_attempt(&s, l.attempt, report(l.fence, None))
         .await
         .expect("finish");
     let _running = claim(&s, agent, 1).await.remove(0);
@@ -1526,8 +1532,7 @@ async fn a_throttled_run_is_what_its_specs_on_throttle_says(s: Backend) {
         s.start_attempt(l.attempt, l.fence, 7, Utc::now().timestamp_millis())
             .await
             .expect("start");
-        let got = s
-            .finish_attempt(l.attempt, throttled(l.fence))
+        let got = finish_attempt(&s, l.attempt, throttled(l.fence))
             .await
             .expect("finish");
         assert_eq!(got, state, "on_throttle {on_throttle:?}");
@@ -1544,7 +1549,7 @@ async fn a_throttled_run_is_what_its_specs_on_throttle_says(s: Backend) {
             // The retry runs; it is not throttled this time.
             let again = claim(&s, agent, 1).await.remove(0);
             assert_eq!(again.job, job_id);
-            s.finish_attempt(again.attempt, report(again.fence, None))
+            finish_attempt(&s, again.attempt, report(again.fence, None))
                 .await
                 .expect("finish");
         }
@@ -1601,7 +1606,7 @@ async fn attempts_that_ran_on_one_gpu_together_are_labelled_shared(s: Backend) {
                 },
                 ..report(fence, None)
             };
-            s.finish_attempt(attempt, finish).await.expect("finish");
+            finish_attempt(s, attempt, finish).await.expect("finish");
         }
     };
     run(a, 0, 0, 10_000).await;
@@ -1687,8 +1692,7 @@ async fn late_outcomes_of_lost_attempts(s: Backend) {
     let mut late = report(l.fence, None);
     late.ended_at = Utc::now() - chrono::Duration::seconds(3);
     late.log_tail = "the real tail".into();
-    let st = s
-        .finish_attempt(l.attempt, late.clone())
+    let st = finish_attempt(&s, l.attempt, late.clone())
         .await
         .expect("a late outcome of a job not leased again is taken");
     assert_eq!(st, JobState::Succeeded);
@@ -1708,7 +1712,7 @@ async fn late_outcomes_of_lost_attempts(s: Backend) {
     );
     assert_eq!(a.log_tail.as_deref(), Some("the real tail"));
     assert!(claim(&s, agent, 1).await.is_empty(), "no second attempt");
-    let again = s.finish_attempt(l.attempt, late).await;
+    let again = finish_attempt(&s, l.attempt, late).await;
     assert!(
         matches!(again, Ok(JobState::Succeeded)),
         "taken once: {again:?}"
@@ -1731,7 +1735,7 @@ async fn late_outcomes_of_lost_attempts(s: Backend) {
     s.start_attempt(l2.attempt, l2.fence, 2, 0)
         .await
         .expect("start");
-    let refused = s.finish_attempt(l.attempt, report(l.fence, None)).await;
+    let refused = finish_attempt(&s, l.attempt, report(l.fence, None)).await;
     assert!(
         matches!(refused, Err(StoreError::StaleFence { .. })),
         "{refused:?}"
@@ -1745,7 +1749,7 @@ async fn late_outcomes_of_lost_attempts(s: Backend) {
     assert_eq!(d.attempts_detail[0].failure_class, Some(FailureClass::Lost));
     assert_eq!(d.attempts_detail[1].ended_at, None);
     assert_eq!(
-        s.finish_attempt(l2.attempt, report(l2.fence, None))
+        finish_attempt(&s, l2.attempt, report(l2.fence, None))
             .await
             .expect("the new attempt reports"),
         JobState::Succeeded
@@ -1755,7 +1759,7 @@ async fn late_outcomes_of_lost_attempts(s: Backend) {
     let l = one_lost(&s, agent, job(2, Some(1000), vec![], 1), true).await;
     assert_eq!(state(&s, l.job).await, JobState::Failed);
     assert_eq!(
-        s.finish_attempt(l.attempt, report(l.fence, None))
+        finish_attempt(&s, l.attempt, report(l.fence, None))
             .await
             .expect("late"),
         JobState::Succeeded
@@ -1772,7 +1776,7 @@ async fn late_outcomes_of_lost_attempts(s: Backend) {
     .await;
     assert_eq!(state(&s, l.job).await, JobState::Retrying);
     assert_eq!(
-        s.finish_attempt(l.attempt, report(l.fence, Some(FailureClass::Nonzero)))
+        finish_attempt(&s, l.attempt, report(l.fence, Some(FailureClass::Nonzero)))
             .await
             .expect("late"),
         JobState::Failed,
@@ -1910,7 +1914,9 @@ async fn telemetry_is_stored_per_gpu_and_served_per_attempt(s: Backend) {
         .expect("start");
     let mut end = report(lease.fence, None);
     end.ended_at = chrono::DateTime::from_timestamp_millis(base + 3000).expect("time");
-    s.finish_attempt(lease.attempt, end).await.expect("finish");
+    finish_attempt(&s, lease.attempt, end)
+        .await
+        .expect("finish");
     let t = s
         .telemetry_of_attempt(lease.attempt, 100)
         .await
@@ -2204,7 +2210,8 @@ async fn exclusive_jobs_hold_their_gpu_and_record_their_wait(s: Backend) {
         cooldown_start_temp_c: Some(39.5),
         cooldown_timed_out: Some(false),
     };
-    s.finish_attempt(
+    finish_attempt(
+        &s,
         l.attempt,
         FinishReport {
             prestart: Some(wait.clone()),

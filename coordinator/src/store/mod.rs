@@ -381,8 +381,6 @@ pub trait Store: Send + Sync + 'static {
         pid: u32,
         at: Millis,
     ) -> Result<Option<Started>>;
-    /// [`Store::end_attempt`], for the job's new state alone.
-    async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState>;
     /// Records an attempt's end (and its start, when the report carries one not recorded).
     async fn end_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<Finished>;
     async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()>;
@@ -590,13 +588,9 @@ impl<B: Backend> Store for B {
         run!(self, write, "start_attempt", leases::start, a, fence, pid, at; attempt = %a, fence)
     }
 
-    async fn finish_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<JobState> {
-        Ok(self.end_attempt(attempt, report).await?.job_state)
-    }
-
     async fn end_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<Finished> {
         let fence = report.fence;
-        run!(self, write, "finish_attempt", leases::finish, attempt, report; attempt = %attempt, fence)
+        run!(self, write, "end_attempt", leases::finish, attempt, report; attempt = %attempt, fence)
     }
 
     async fn renew_lease(&self, attempt: AttemptId, fence: i64, ttl_ms: u64) -> Result<bool> {
