@@ -87,7 +87,7 @@ impl Application {
         let stop = shutdown.clone();
         tasks.spawn(async move {
             store
-                .watch_changes(Arc::new(move || changes.bump()), stop)
+                .watch_changes(Arc::new(move |c| changes.bump(c)), stop)
                 .await
         });
         let app = router(self.state.clone());

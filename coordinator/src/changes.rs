@@ -1,5 +1,8 @@
-//! Change notification: a version counter that long-polls (claims, progress, log follows)
-//! wait on, so work is dispatched the moment it appears instead of on a polling tick.
+//! Change notification: version counters that long-polls (claims, progress, log follows)
+//! wait on, so work is dispatched the moment it appears instead of on a polling tick. Every
+//! change moves one counter; a change that may give a claim something to do (work queued,
+//! capacity freed, a plan or a cancel) moves a second one too, the only one claims wait on:
+//! a job's start or another node's lease wakes watchers, not every idle agent's claim.
 
 use std::time::Duration;
 
@@ -7,10 +10,31 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The counter, with when it last moved and the gap before that.
+/// What a committed transaction changed, for who waits on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Change {
+    /// Nothing anyone waits on.
+    None,
+    /// Something watchers show (a job started, leased, a sample stored), nothing a claim
+    /// could act on.
+    Shown,
+    /// Something a claim may act on: jobs queued or requeued, capacity or memory freed, a
+    /// plan changed, a cancel asked. Shown too.
+    Work,
+}
+
+impl Change {
+    /// `Work` when `yes`, else `None`.
+    pub fn work_if(yes: bool) -> Self {
+        if yes { Change::Work } else { Change::None }
+    }
+}
+
+/// The counters, with when the first last moved and the gap before that.
 #[derive(Clone, Copy, Debug)]
 struct Stamp {
     version: u64,
+    work: u64,
     at: Instant,
     gap: Duration,
 }
@@ -27,6 +51,7 @@ impl Default for Changes {
         Self {
             tx: watch::Sender::new(Stamp {
                 version: 0,
+                work: 0,
                 at: Instant::now(),
                 gap: Duration::MAX,
             }),
@@ -36,29 +61,51 @@ impl Default for Changes {
 }
 
 impl Changes {
-    /// Something changed: wake every waiter.
-    pub fn bump(&self) {
+    /// Something changed: wake the waiters it concerns.
+    pub fn bump(&self, change: Change) {
+        if change == Change::None {
+            return;
+        }
         self.tx.send_modify(|s| {
             let now = Instant::now();
             s.version = s.version.wrapping_add(1);
+            if change == Change::Work {
+                s.work = s.work.wrapping_add(1);
+            }
             s.gap = now.saturating_duration_since(s.at);
             s.at = now;
         });
     }
 
+    /// The count of every change.
     pub fn version(&self) -> u64 {
         self.tx.borrow().version
+    }
+
+    /// The count of changes a claim may act on.
+    pub fn work_version(&self) -> u64 {
+        self.tx.borrow().work
     }
 
     /// Waits until the version differs from `seen`, `timeout` passes or the server drains;
     /// returns the version.
     pub async fn wait_past(&self, seen: u64, timeout: Duration) -> u64 {
+        self.wait(timeout, |s| s.version != seen).await.version
+    }
+
+    /// Waits until the count of work changes differs from `seen`, `timeout` passes or the
+    /// server drains; returns that count.
+    pub async fn wait_for_work(&self, seen: u64, timeout: Duration) -> u64 {
+        self.wait(timeout, |s| s.work != seen).await.work
+    }
+
+    async fn wait(&self, timeout: Duration, past: impl FnMut(&Stamp) -> bool) -> Stamp {
         let mut rx = self.tx.subscribe();
         tokio::select! {
-            _ = tokio::time::timeout(timeout, rx.wait_for(|s| s.version != seen)) => {}
+            _ = tokio::time::timeout(timeout, rx.wait_for(past)) => {}
             _ = self.closing.cancelled() => {}
         }
-        rx.borrow().version
+        *rx.borrow()
     }
 
     /// The last change came less than `gap` after the one before it: changes come in a run
@@ -91,8 +138,28 @@ mod tests {
         let c2 = c.clone();
         let waiter = tokio::spawn(async move { c2.wait_past(v, Duration::from_secs(3600)).await });
         tokio::task::yield_now().await;
-        c.bump();
+        c.bump(Change::Shown);
         assert_eq!(waiter.await.ok(), Some(v + 1));
+        c.bump(Change::None);
+        assert_eq!(c.version(), v + 1, "no change moves nothing");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_waits_through_changes_it_cannot_act_on() {
+        let c = Changes::default();
+        let (v, w) = (c.version(), c.work_version());
+        let c2 = c.clone();
+        let claim =
+            tokio::spawn(async move { c2.wait_for_work(w, Duration::from_secs(3600)).await });
+        tokio::task::yield_now().await;
+        c.bump(Change::Shown);
+        c.bump(Change::Shown);
+        tokio::task::yield_now().await;
+        assert!(!claim.is_finished(), "a shown change woke a claim");
+        assert_eq!(c.version(), v + 2, "watchers see both");
+        c.bump(Change::Work);
+        assert_eq!(claim.await.ok(), Some(w + 1));
+        assert_eq!(c.version(), v + 3, "work is shown too");
     }
 
     #[tokio::test(start_paused = true)]
@@ -116,17 +183,17 @@ mod tests {
         let c = Changes::default();
         assert!(!c.in_a_run(gap), "no change yet");
         tokio::time::sleep(Duration::from_secs(1)).await;
-        c.bump();
+        c.bump(Change::Work);
         assert!(!c.in_a_run(gap), "a change after a quiet second is alone");
         tokio::time::sleep(Duration::from_millis(2)).await;
-        c.bump();
+        c.bump(Change::Shown);
         assert!(c.in_a_run(gap), "2 ms after the last");
         tokio::time::sleep(Duration::from_millis(25)).await;
         assert!(
             c.in_a_run(gap),
             "still the run's last change until another comes"
         );
-        c.bump();
+        c.bump(Change::Shown);
         assert!(!c.in_a_run(gap), "25 ms after the last: a new start");
     }
 }

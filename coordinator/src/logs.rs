@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use headroom_shared::AttemptId;
 
-use crate::changes::Changes;
+use crate::changes::{Change, Changes};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
@@ -66,7 +66,7 @@ impl LogStore {
         let skip = (len - offset) as usize;
         if skip < bytes.len() {
             f.write_all(&bytes[skip..])?;
-            self.changes.bump();
+            self.changes.bump(Change::Shown);
         }
         Ok(len.max(offset + bytes.len() as u64))
     }

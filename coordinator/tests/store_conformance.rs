@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::Utc;
+use headroom_coordinator::changes::Change;
 use headroom_coordinator::store::postgres::PostgresStore;
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::store::{
@@ -301,6 +302,68 @@ async fn renew(
 
 async fn state(s: &Backend, job: JobId) -> JobState {
     s.job(job).await.expect("job").summary.state
+}
+
+/// Claims wait on the changes that may give them work (a submit, an end, a cancel, a plan),
+/// not on those that cannot (another node's lease, a start): with an idle agent on every
+/// node, each of those woke every claim to find nothing.
+async fn claims_wake_for_work_and_sleep_through_starts_and_leases(s: Backend) {
+    let changes = s.changes();
+    let agent = register(&s, "n1", 1, None).await;
+    let moved = |v: u64, w: u64| (changes.version() != v, changes.work_version() != w);
+    let (v, w) = (changes.version(), changes.work_version());
+    submit(
+        &s,
+        vec![job(0, Some(10), vec![], 1), job(1, Some(10), vec![], 1)],
+    )
+    .await;
+    assert_eq!(moved(v, w), (true, true), "a submit queues work");
+
+    let (v, w) = (changes.version(), changes.work_version());
+    let lease = claim(&s, agent, 1).await.pop().expect("a lease");
+    assert_eq!(
+        moved(v, w),
+        (true, false),
+        "a lease is shown, and gives no claim work"
+    );
+
+    let (v, w) = (changes.version(), changes.work_version());
+    s.start_attempt(lease.attempt, lease.fence, 42, 0)
+        .await
+        .expect("start");
+    assert_eq!(
+        moved(v, w),
+        (true, false),
+        "a start is shown, and frees nothing"
+    );
+
+    let (v, w) = (changes.version(), changes.work_version());
+    s.start_attempt(lease.attempt, lease.fence, 42, 0)
+        .await
+        .expect("start again");
+    assert_eq!(
+        moved(v, w),
+        (false, false),
+        "a repeated start changes nothing"
+    );
+
+    let (v, w) = (changes.version(), changes.work_version());
+    finish_attempt(&s, lease.attempt, report(lease.fence, None))
+        .await
+        .expect("finish");
+    assert_eq!(moved(v, w), (true, true), "an end frees its slot");
+
+    let next = claim(&s, agent, 1)
+        .await
+        .pop()
+        .expect("the freed slot's lease");
+    let (v, w) = (changes.version(), changes.work_version());
+    assert_eq!(s.cancel_job(next.job).await.expect("cancel"), 1);
+    assert_eq!(
+        moved(v, w),
+        (true, true),
+        "a claim answers with the cancel it asks"
+    );
 }
 
 async fn plan_slots_bound_leases(s: Backend) {
@@ -2408,6 +2471,7 @@ macro_rules! conformance {
 
 conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
+    claims_wake_for_work_and_sleep_through_starts_and_leases,
     a_cpu_job_behind_a_full_node_s_queue_still_starts,
     a_claim_reads_a_window_sized_by_the_node_s_open_slots,
     an_end_carries_a_start_not_yet_reported,
@@ -2631,16 +2695,29 @@ async fn postgres_stores_starting_together_migrate_once() {
     }
 }
 
-/// Counts `on_change` calls, for waiting on them.
+/// Counts `on_change` calls, for waiting on them, and keeps the last one's kind.
 #[derive(Clone, Default)]
-struct Wakes(Arc<std::sync::atomic::AtomicUsize>);
+struct Wakes(
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::Mutex<Option<Change>>>,
+);
 
 impl Wakes {
     fn hook(&self) -> headroom_coordinator::store::OnChange {
-        let n = self.0.clone();
-        Arc::new(move || {
+        let (n, last) = (self.0.clone(), self.1.clone());
+        Arc::new(move |c| {
+            *last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(c);
             n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         })
+    }
+
+    fn last(&self) -> Option<Change> {
+        *self
+            .1
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn get(&self) -> usize {
@@ -2676,6 +2753,11 @@ async fn postgres_changes_wake_other_replicas_and_survive_reconnects() {
     let seen = wakes
         .wait_past(seen, "a change through the other replica")
         .await;
+    assert_eq!(
+        wakes.last(),
+        Some(Change::Work),
+        "a submit is work for claims"
+    );
 
     // The listener's connection dies (database restart, failover): it reconnects, and
     // wakes its waiters once since notifications may have been lost meanwhile.
@@ -2695,8 +2777,18 @@ async fn postgres_changes_wake_other_replicas_and_survive_reconnects() {
     let seen = wakes.wait_past(seen, "after reconnecting").await;
     let agent = register(&a, "n1", 1, None).await;
     let seen = wakes.wait_past(seen, "a change after reconnecting").await;
-    assert_eq!(claim(&a, agent, 1).await.len(), 1);
-    wakes.wait_past(seen, "a lease").await;
+    let lease = claim(&a, agent, 1).await.pop().expect("a lease");
+    let seen = wakes.wait_past(seen, "a lease").await;
+    assert_eq!(
+        wakes.last(),
+        Some(Change::Shown),
+        "another replica's lease wakes watchers, not claims"
+    );
+    finish_attempt(&a, lease.attempt, report(lease.fence, None))
+        .await
+        .expect("finish");
+    wakes.wait_past(seen, "an end").await;
+    assert_eq!(wakes.last(), Some(Change::Work), "an end frees a slot");
 
     stop.cancel();
     tokio::time::timeout(std::time::Duration::from_secs(5), watcher)

@@ -92,7 +92,8 @@ pub async fn claim(
     let deadline = tokio::time::Instant::now() + wait;
     let mut fresh = Some(req.gpus);
     loop {
-        let seen = s.changes.version();
+        // Only changes that may give this claim something to do wake it again.
+        let seen = s.changes.work_version();
         let timer = std::time::Instant::now();
         let claimed = s
             .store
@@ -124,7 +125,7 @@ pub async fn claim(
                 plan,
             }));
         }
-        s.changes.wait_past(seen, deadline - now).await;
+        s.changes.wait_for_work(seen, deadline - now).await;
     }
 }
 

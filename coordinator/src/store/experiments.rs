@@ -8,6 +8,7 @@ use headroom_shared::{ExperimentId, JobId};
 
 use super::tx::{AttemptsWhere, JobsWhere, Tx};
 use super::{ExportRow, NewExperiment, Result, StoreError, Tallies, UserJobs, now_ms, rows};
+use crate::changes::Change;
 
 pub(super) async fn summary(tx: &mut dyn Tx, id: &str) -> Result<ExperimentSummary> {
     let (name, seed, created, by) = tx
@@ -21,9 +22,9 @@ pub(super) async fn summary(tx: &mut dyn Tx, id: &str) -> Result<ExperimentSumma
 pub(super) async fn create(
     tx: &mut dyn Tx,
     exp: NewExperiment,
-) -> Result<(ExperimentSummary, bool)> {
+) -> Result<(ExperimentSummary, Change)> {
     tx.insert_experiment(&exp, now_ms()).await?;
-    Ok((summary(tx, &exp.id.to_string()).await?, true))
+    Ok((summary(tx, &exp.id.to_string()).await?, Change::Work))
 }
 
 pub(super) async fn list(tx: &mut dyn Tx) -> Result<Vec<ExperimentSummary>> {

@@ -7,6 +7,7 @@ use headroom_shared::{ExperimentId, JobEvent, JobId, JobState};
 
 use super::tx::{AttemptsWhere, JobsWhere, Tx};
 use super::{JobFilter, Millis, Result, StoreError, now_ms};
+use crate::changes::Change;
 use crate::rules;
 
 /// A job's state, the job locked.
@@ -105,12 +106,12 @@ pub(super) async fn detail(tx: &mut dyn Tx, id: JobId) -> Result<JobDetail> {
         .ok_or_else(not_found)
 }
 
-pub(super) async fn cancel(tx: &mut dyn Tx, id: JobId) -> Result<(u64, bool)> {
+pub(super) async fn cancel(tx: &mut dyn Tx, id: JobId) -> Result<(u64, Change)> {
     let n = cancel_one(tx, &id.to_string()).await?;
-    Ok((n, n > 0))
+    Ok((n, Change::work_if(n > 0)))
 }
 
-pub(super) async fn cancel_experiment(tx: &mut dyn Tx, id: ExperimentId) -> Result<(u64, bool)> {
+pub(super) async fn cancel_experiment(tx: &mut dyn Tx, id: ExperimentId) -> Result<(u64, Change)> {
     let id = id.to_string();
     super::experiments::summary(tx, &id).await?;
     let mut n = 0;
@@ -119,14 +120,14 @@ pub(super) async fn cancel_experiment(tx: &mut dyn Tx, id: ExperimentId) -> Resu
             n += cancel_one(tx, &job).await?;
         }
     }
-    Ok((n, n > 0))
+    Ok((n, Change::work_if(n > 0)))
 }
 
-pub(super) async fn retry(tx: &mut dyn Tx, id: JobId) -> Result<(JobState, bool)> {
+pub(super) async fn retry(tx: &mut dyn Tx, id: JobId) -> Result<(JobState, Change)> {
     let id = id.to_string();
     let state = transition(tx, &id, JobEvent::Retry).await?;
     let r = job_rules(tx, &id).await?;
     tx.set_job_tries(&id, r.attempts, rules::manual_retry(r.attempts))
         .await?;
-    Ok((state, true))
+    Ok((state, Change::Work))
 }

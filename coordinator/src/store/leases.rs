@@ -12,6 +12,7 @@ use super::{
     ClaimInput, Claimed, Finished, Millis, Renewal, Renewed, Result, Started, StoreError, jobs,
     nodes, now_ms,
 };
+use crate::changes::Change;
 use crate::placement::{GpuState, Placer, Snapshot};
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
 
@@ -86,14 +87,17 @@ async fn lease_job(tx: &mut dyn Tx, to: &LeaseTo<'_>, job: &str, slot: &Slot) ->
     Ok(new.lease)
 }
 
-pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Claimed, bool)> {
+pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Claimed, Change)> {
     // Claims for one node serialize on its row: each sees the slots the previous one took.
     let node: NodeRow = nodes::of_agent(tx, input.agent, true).await?;
-    let mut changed = false;
+    let mut changed = Change::None;
     let now = tx.clock().await?;
     let samples = match input.gpus.take() {
         Some(g) => {
-            changed |= nodes::record_samples(tx, &node, &g, now).await?;
+            // Memory freed here concerns this claim alone, which reads it now.
+            if nodes::record_samples(tx, &node, &g, now).await? {
+                changed = Change::Shown;
+            }
             g
         }
         None => node.samples.clone(),
@@ -154,7 +158,10 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
             _ => break,
         }
     }
-    changed |= !leases.is_empty();
+    // A lease takes work; no other node's claim gets any from it.
+    if !leases.is_empty() {
+        changed = Change::Shown;
+    }
     let claimed = Claimed {
         leases,
         plan: node.plan,
@@ -177,7 +184,7 @@ pub(super) async fn pending_cancels(
         .collect()
 }
 
-pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, bool)> {
+pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, Change)> {
     let node = nodes::of_agent(tx, r.agent, true).await?;
     // A stale token for any attempt refuses the whole heartbeat, before it writes.
     let mut renew = Vec::new();
@@ -207,7 +214,7 @@ pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, bool)
         cancel,
         plan: node.plan,
     };
-    Ok((renewed, freed))
+    Ok((renewed, Change::work_if(freed)))
 }
 
 /// A supervisor renews its attempt's lease itself (its agent is away): fenced as a
@@ -217,14 +224,14 @@ pub(super) async fn renew_one(
     attempt: AttemptId,
     fence: i64,
     ttl_ms: u64,
-) -> Result<(bool, bool)> {
+) -> Result<(bool, Change)> {
     check_fence(tx, attempt, fence).await?;
     let until = tx.clock().await?.saturating_add(i64_of(ttl_ms));
     let cancel = tx
         .extend_lease(&attempt.to_string(), until)
         .await?
         .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
-    Ok((cancel, false))
+    Ok((cancel, Change::None))
 }
 
 /// The digest of the attempt's key; `None` when it has none (leased before keys existed).
@@ -240,13 +247,14 @@ pub(super) async fn start(
     fence: i64,
     pid: u32,
     at: Millis,
-) -> Result<(Option<Started>, bool)> {
+) -> Result<(Option<Started>, Change)> {
     let (job, phase) = check_fence(tx, attempt, fence).await?;
     if phase != AttemptPhase::Leased {
-        return Ok((None, false)); // a repeated report
+        return Ok((None, Change::None)); // a repeated report
     }
     let started = mark_started(tx, attempt, &job, pid, at).await?;
-    Ok((Some(started), true))
+    // A start frees nothing and queues nothing: watchers see it, claims sleep on.
+    Ok((Some(started), Change::Shown))
 }
 
 /// A leased attempt's job runs: the one place an attempt's start is written (its start
@@ -277,7 +285,7 @@ pub(super) async fn finish(
     tx: &mut dyn Tx,
     attempt: AttemptId,
     mut report: FinishReport,
-) -> Result<(Finished, bool)> {
+) -> Result<(Finished, Change)> {
     let id = attempt.to_string();
     let not_found = || StoreError::not_found("attempt", attempt);
     let node = tx.lock_node_of_attempt(&id).await?.ok_or_else(not_found)?;
@@ -293,7 +301,7 @@ pub(super) async fn finish(
                 job_state,
                 started: None,
             },
-            false,
+            Change::None,
         ));
     }
     if let rules::Report::Late { refunded } = standing {
@@ -346,7 +354,7 @@ pub(super) async fn finish(
         tx.set_job_ladder(&job, l).await?;
     }
     let job_state = jobs::transition(tx, &job, f.event).await?;
-    Ok((Finished { job_state, started }, true))
+    Ok((Finished { job_state, started }, Change::Work))
 }
 
 pub(super) async fn hand_back(
@@ -354,7 +362,7 @@ pub(super) async fn hand_back(
     attempt: AttemptId,
     fence: i64,
     gpus: Vec<GpuSample>,
-) -> Result<((), bool)> {
+) -> Result<((), Change)> {
     let id = attempt.to_string();
     let node = tx
         .lock_node_of_attempt(&id)
@@ -377,15 +385,15 @@ pub(super) async fn hand_back(
     tx.set_job_tries(&job, left, r.max_attempts).await?;
     tx.set_node_samples(&node, &gpus, now_ms()).await?;
     jobs::transition(tx, &job, event).await?;
-    Ok(((), true))
+    Ok(((), Change::Work))
 }
 
-pub(super) async fn expire_due(tx: &mut dyn Tx) -> Result<(Vec<AttemptId>, bool)> {
+pub(super) async fn expire_due(tx: &mut dyn Tx) -> Result<(Vec<AttemptId>, Change)> {
     let now = tx.clock().await?;
     expire(tx, now).await
 }
 
-pub(super) async fn expire(tx: &mut dyn Tx, now: Millis) -> Result<(Vec<AttemptId>, bool)> {
+pub(super) async fn expire(tx: &mut dyn Tx, now: Millis) -> Result<(Vec<AttemptId>, Change)> {
     // Every replica sweeps: an attempt another sweep (or a late report) ended first is not
     // lost twice.
     let mut lost = Vec::new();
@@ -395,7 +403,7 @@ pub(super) async fn expire(tx: &mut dyn Tx, now: Millis) -> Result<(Vec<AttemptI
             lost.push(parse(&a, "attempt id")?);
         }
     }
-    let changed = !lost.is_empty();
+    let changed = Change::work_if(!lost.is_empty());
     Ok((lost, changed))
 }
 

@@ -58,7 +58,7 @@ pub struct Active {
 }
 
 /// Called when another process sharing the database changed something.
-pub type OnChange = std::sync::Arc<dyn Fn() + Send + Sync>;
+pub type OnChange = std::sync::Arc<dyn Fn(crate::changes::Change) + Send + Sync>;
 
 pub use crate::rules::Millis;
 

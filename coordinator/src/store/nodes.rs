@@ -7,6 +7,7 @@ use headroom_shared::{AgentId, AttemptId, Plan};
 use super::rows::{self, NodeRow, i64_of, parse};
 use super::tx::Tx;
 use super::{Active, Millis, NodeOf, Registered, Registration, Result, StoreError, jobs};
+use crate::changes::Change;
 use crate::rules;
 
 /// The agent's node; locked when `lock` (claims, heartbeats and reports of one node
@@ -37,7 +38,7 @@ pub(super) async fn record_samples(
     Ok(rules::memory_freed(&node.samples, gpus))
 }
 
-pub(super) async fn register(tx: &mut dyn Tx, reg: Registration) -> Result<(Registered, bool)> {
+pub(super) async fn register(tx: &mut dyn Tx, reg: Registration) -> Result<(Registered, Change)> {
     let now = tx.clock().await?;
     let stored = tx.lock_node_settings(&reg.node).await?;
     // Under the node's lock: two instances registering at once see each other.
@@ -72,7 +73,7 @@ pub(super) async fn register(tx: &mut dyn Tx, reg: Registration) -> Result<(Regi
             lost.push(parse(&a.id, "attempt id")?);
         }
     }
-    Ok((Registered { plan, lost }, true))
+    Ok((Registered { plan, lost }, Change::Work))
 }
 
 /// The node an agent or an attempt belongs to; `None` when unknown.
@@ -84,19 +85,23 @@ pub(super) async fn node_of(tx: &mut dyn Tx, of: NodeOf) -> Result<Option<String
 }
 
 /// Lets another agent instance register as the node at once: its agent counts as gone.
-pub(super) async fn takeover(tx: &mut dyn Tx, node: String) -> Result<((), bool)> {
+pub(super) async fn takeover(tx: &mut dyn Tx, node: String) -> Result<((), Change)> {
     if tx.lock_node_settings(&node).await?.is_none() {
         return Err(StoreError::not_found("node", node));
     }
     tx.forget_node_seen(&node).await?;
-    Ok(((), true))
+    Ok(((), Change::Work))
 }
 
-pub(super) async fn set_plan(tx: &mut dyn Tx, node: String, plan: String) -> Result<(Plan, bool)> {
+pub(super) async fn set_plan(
+    tx: &mut dyn Tx,
+    node: String,
+    plan: String,
+) -> Result<(Plan, Change)> {
     let gpus = gpus(tx, &node, true).await?;
     let plan = Plan::parse_for(&plan, gpus.len())?;
     tx.set_plan(&node, &plan).await?;
-    Ok((plan, true))
+    Ok((plan, Change::Work))
 }
 
 pub(super) async fn list(tx: &mut dyn Tx, alive_within_ms: u64) -> Result<Vec<NodeView>> {
@@ -114,18 +119,18 @@ pub(super) async fn release_attempts(
     tx: &mut dyn Tx,
     agent: AgentId,
     attempts: Vec<AttemptId>,
-) -> Result<(u64, bool)> {
+) -> Result<(u64, Change)> {
     let node = of_agent(tx, agent, true).await?;
     let attempts: Vec<String> = attempts.iter().map(AttemptId::to_string).collect();
     let n = tx.release_quarantine_of(&node.name, &attempts).await?;
-    Ok((n, n > 0))
+    Ok((n, Change::work_if(n > 0)))
 }
 
-pub(super) async fn release_gpu(tx: &mut dyn Tx, node: String, gpu: u32) -> Result<(u64, bool)> {
+pub(super) async fn release_gpu(tx: &mut dyn Tx, node: String, gpu: u32) -> Result<(u64, Change)> {
     let gpus = gpus(tx, &node, true).await?;
     check_gpu(&node, &gpus, gpu)?;
     let n = tx.release_quarantine_on(&node, gpu).await?;
-    Ok((n, n > 0))
+    Ok((n, Change::work_if(n > 0)))
 }
 
 /// A node as `headroom nodes` shows it, from its stored row, active attempts and quarantine.

@@ -23,7 +23,7 @@ use super::exec::{Arg, Dialect, EachRow, Exec, Raw, RowRef};
 use super::rows::{self, i64_of, opt_i64};
 use super::tx::{Backend, Op};
 use super::{Millis, NewExperiment, OnChange, Result, StoreError};
-use crate::changes::Changes;
+use crate::changes::{Change, Changes};
 
 mod embedded {
     refinery::embed_migrations!("migrations/postgres");
@@ -287,6 +287,30 @@ fn params<'a>(args: &'a [Arg<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
 
 // ---- change listener --------------------------------------------------------------
 
+/// A change's notification payload: the replica that made it, and `shown` when it concerns
+/// watchers only.
+fn notice(origin: &str, change: Change) -> String {
+    match change {
+        Change::Shown => format!("{origin} shown"),
+        _ => origin.to_string(),
+    }
+}
+
+/// The change another replica announced (`None`: this replica's own). A payload of no
+/// known kind (a replica of another version) is taken as work, so no claim sleeps through
+/// it.
+fn noticed(payload: &str, origin: &str) -> Option<Change> {
+    let (from, kind) = payload.split_once(' ').unwrap_or((payload, ""));
+    if from == origin {
+        return None;
+    }
+    Some(if kind == "shown" {
+        Change::Shown
+    } else {
+        Change::Work
+    })
+}
+
 /// Polls the listener's connection: notifications arrive only while it is polled. Returns
 /// why the connection ended.
 async fn deliver(
@@ -297,8 +321,8 @@ async fn deliver(
     loop {
         match poll_fn(|cx| connection.poll_message(cx)).await {
             Some(Ok(AsyncMessage::Notification(n))) => {
-                if n.payload() != origin {
-                    on_change();
+                if let Some(change) = noticed(n.payload(), origin) {
+                    on_change(change);
                 }
             }
             Some(Ok(_)) => {}
@@ -315,7 +339,7 @@ async fn subscribe(client: &Client, on_change: &OnChange, backoff: &mut Duration
     }
     *backoff = BACKOFF_MIN;
     // Changes made while no one listened were never delivered: wake the waiters once.
-    on_change();
+    on_change(Change::Work);
     let mut tick = tokio::time::interval(PING_EVERY);
     tick.tick().await;
     loop {
@@ -384,17 +408,16 @@ impl Backend for PostgresStore {
 
     /// READ COMMITTED plus explicit row locks (`tx` states their order). A change is
     /// announced to every replica at commit and to this process's waiters after it.
-    async fn write<T: Send + 'static>(&self, op: Op<(T, bool)>) -> Result<T> {
+    async fn write<T: Send + 'static>(&self, op: Op<(T, Change)>) -> Result<T> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let (out, changed) = op(&mut PgTx { tx: &tx }).await?;
-        if changed {
-            exec(&tx, "SELECT pg_notify($1, $2)", &[&CHANNEL, &self.origin]).await?;
+        if changed != Change::None {
+            let payload = notice(&self.origin, changed);
+            exec(&tx, "SELECT pg_notify($1, $2)", &[&CHANNEL, &payload]).await?;
         }
         tx.commit().await?;
-        if changed {
-            self.changes.bump();
-        }
+        self.changes.bump(changed);
         Ok(out)
     }
 
@@ -588,5 +611,27 @@ impl Exec for PgTx<'_> {
         rows.iter()
             .map(|r| r.try_get(0).map_err(|e| StoreError::Corrupt(e.to_string())))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_carry_their_kind_and_an_unknown_one_is_work() {
+        assert_eq!(
+            noticed(&notice("r1", Change::Shown), "r2"),
+            Some(Change::Shown)
+        );
+        assert_eq!(
+            noticed(&notice("r1", Change::Work), "r2"),
+            Some(Change::Work)
+        );
+        assert_eq!(noticed(&notice("r1", Change::Work), "r1"), None, "its own");
+        assert_eq!(noticed(&notice("r1", Change::Shown), "r1"), None, "its own");
+        // A replica of an earlier version sends its origin alone, for any change.
+        assert_eq!(noticed("r1", "r2"), Some(Change::Work));
+        assert_eq!(noticed("r1 later-kind", "r2"), Some(Change::Work));
     }
 }

@@ -20,7 +20,7 @@ use super::exec::{Arg, Dialect, EachRow, Exec, Raw, RowRef};
 use super::rows::{self, i64_of, opt_i64};
 use super::tx::{Backend, Op};
 use super::{Millis, NewExperiment, Result, StoreError};
-use crate::changes::Changes;
+use crate::changes::{Change, Changes};
 
 mod embedded {
     refinery::embed_migrations!("migrations/sqlite");
@@ -144,11 +144,9 @@ impl Backend for SqliteStore {
         self.run(false, op).await
     }
 
-    async fn write<T: Send + 'static>(&self, op: Op<(T, bool)>) -> Result<T> {
+    async fn write<T: Send + 'static>(&self, op: Op<(T, Change)>) -> Result<T> {
         let (out, changed) = self.run(true, op).await?;
-        if changed {
-            self.changes.bump();
-        }
+        self.changes.bump(changed);
         Ok(out)
     }
 }

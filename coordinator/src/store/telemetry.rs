@@ -6,16 +6,20 @@ use headroom_shared::{AgentId, AttemptId};
 
 use super::tx::{AttemptsWhere, Tx};
 use super::{Result, Retention, SeriesWindow, StoreError, nodes, now_ms};
+use crate::changes::Change;
 
 pub(super) async fn record(
     tx: &mut dyn Tx,
     agent: AgentId,
     samples: Vec<TelemetrySample>,
-) -> Result<(u64, bool)> {
+) -> Result<(u64, Change)> {
     // No row lock: telemetry must not queue behind the node's claims.
     let node = nodes::of_agent(tx, agent, false).await?;
     check_telemetry_gpus(&node.gpus, &samples)?;
-    Ok((tx.insert_telemetry(&node.name, &samples).await?, false))
+    Ok((
+        tx.insert_telemetry(&node.name, &samples).await?,
+        Change::None,
+    ))
 }
 
 pub(super) async fn of_gpu(
@@ -55,13 +59,13 @@ pub(super) async fn of_attempt(
     Ok(attempt_telemetry(&a, gpus))
 }
 
-pub(super) async fn prune(tx: &mut dyn Tx, keep: Retention) -> Result<(u64, bool)> {
+pub(super) async fn prune(tx: &mut dyn Tx, keep: Retention) -> Result<(u64, Change)> {
     let mut gone = tx.prune_older(keep.older_than, keep.batch).await?;
     for node in tx.nodes().await? {
         for g in &node.gpus {
             let left = u64::from(keep.batch).saturating_sub(gone);
             if left == 0 {
-                return Ok((gone, false));
+                return Ok((gone, Change::None));
             }
             // The newest sample beyond the count kept: it and older ones go.
             if let Some(cutoff) = tx
@@ -74,7 +78,7 @@ pub(super) async fn prune(tx: &mut dyn Tx, keep: Retention) -> Result<(u64, bool
             }
         }
     }
-    Ok((gone, false))
+    Ok((gone, Change::None))
 }
 
 /// The stored telemetry of a node's GPUs must name GPUs the node has.

@@ -4,6 +4,7 @@ use headroom_shared::api::{Role, TokenView, UserView};
 
 use super::tx::Tx;
 use super::{NewToken, Result, StoreError, StoredToken, now_ms};
+use crate::changes::Change;
 
 pub(super) async fn by_id(tx: &mut dyn Tx, id: &str) -> Result<StoredToken> {
     tx.token(id)
@@ -11,7 +12,7 @@ pub(super) async fn by_id(tx: &mut dyn Tx, id: &str) -> Result<StoredToken> {
         .ok_or_else(|| StoreError::not_found("token", id))
 }
 
-pub(super) async fn create(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, bool)> {
+pub(super) async fn create(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, Change)> {
     // A token belongs to the user of its name, who has one role.
     let role = tx.ensure_user(&t.name, t.role, now_ms()).await?;
     if role != t.role {
@@ -20,7 +21,7 @@ pub(super) async fn create(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, b
     if !tx.insert_token(&t, now_ms()).await? {
         return Err(StoreError::TokenExists { id: t.id });
     }
-    Ok((by_id(tx, &t.id).await?.view, false))
+    Ok((by_id(tx, &t.id).await?.view, Change::None))
 }
 
 /// Whether `node` may still be given its first credential by a join token: it is not
@@ -47,7 +48,7 @@ async fn refusal(tx: &mut dyn Tx, node: &str, lock: bool) -> Result<Option<Store
 /// A new node's first agent credential: the node is not registered and its name is no
 /// user's yet, which the user row made here settles between concurrent joins (a join token
 /// makes first credentials, it never replaces one).
-pub(super) async fn join_node(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, bool)> {
+pub(super) async fn join_node(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, Change)> {
     if let Some(refused) = refusal(tx, &t.name, true).await? {
         return Err(refused);
     }
@@ -60,18 +61,18 @@ pub(super) async fn join_node(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView
     if !tx.insert_token(&t, now_ms()).await? {
         return Err(StoreError::TokenExists { id: t.id });
     }
-    Ok((by_id(tx, &t.id).await?.view, false))
+    Ok((by_id(tx, &t.id).await?.view, Change::None))
 }
 
 pub(super) async fn list(tx: &mut dyn Tx) -> Result<Vec<TokenView>> {
     Ok(tx.tokens().await?.into_iter().map(|t| t.view).collect())
 }
 
-pub(super) async fn revoke(tx: &mut dyn Tx, id: String) -> Result<(TokenView, bool)> {
+pub(super) async fn revoke(tx: &mut dyn Tx, id: String) -> Result<(TokenView, Change)> {
     if !tx.revoke_token(&id, now_ms()).await? {
         return Err(StoreError::not_found("token", id));
     }
-    Ok((by_id(tx, &id).await?.view, false))
+    Ok((by_id(tx, &id).await?.view, Change::None))
 }
 
 /// The users configuration names (admin token, tokens file, a local agent): made when
@@ -79,7 +80,7 @@ pub(super) async fn revoke(tx: &mut dyn Tx, id: String) -> Result<(TokenView, bo
 pub(super) async fn ensure_users(
     tx: &mut dyn Tx,
     users: Vec<(String, Role, Option<String>)>,
-) -> Result<((), bool)> {
+) -> Result<((), Change)> {
     for (name, role, unix_user) in users {
         let stored = tx.ensure_user(&name, role, now_ms()).await?;
         if stored != role {
@@ -96,10 +97,10 @@ pub(super) async fn ensure_users(
             tx.put_user(&u).await?;
         }
     }
-    Ok(((), true))
+    Ok(((), Change::Work))
 }
 
-pub(super) async fn put_user(tx: &mut dyn Tx, u: UserView) -> Result<(UserView, bool)> {
+pub(super) async fn put_user(tx: &mut dyn Tx, u: UserView) -> Result<(UserView, Change)> {
     if !tx.put_user(&u).await? {
         let role = tx.ensure_user(&u.name, u.role, now_ms()).await?;
         return Err(StoreError::UserRole { name: u.name, role });
@@ -107,7 +108,7 @@ pub(super) async fn put_user(tx: &mut dyn Tx, u: UserView) -> Result<(UserView, 
     let stored = tx.users(Some(&u.name)).await?.pop();
     Ok((
         stored.ok_or_else(|| StoreError::not_found("user", &u.name))?,
-        true,
+        Change::Work,
     ))
 }
 

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 pub use super::rows::Ended;
 use super::rows::{LeaseRow, NodeRow};
 use super::{Active, Millis, NewExperiment, NewToken, OnChange, Result, SeriesWindow, StoredToken};
-use crate::changes::Changes;
+use crate::changes::{Change, Changes};
 use crate::rules::{
     FenceRow, FinishRow, JobRules, LadderStep, PendingRow, QueueCursor, RenewalRow,
 };
@@ -333,9 +333,9 @@ pub trait Backend: Send + Sync + 'static {
     async fn schema_version(&self) -> Result<i64>;
     /// Runs `op` in one read-only transaction on one snapshot.
     async fn read<T: Send + 'static>(&self, op: Op<T>) -> Result<T>;
-    /// Runs `op` in one write transaction; when it says it changed something, the change
-    /// is announced (to other replicas at commit, to this process's waiters after it).
-    async fn write<T: Send + 'static>(&self, op: Op<(T, bool)>) -> Result<T>;
+    /// Runs `op` in one write transaction; the change it says it made is announced (to
+    /// other replicas at commit, to this process's waiters after it).
+    async fn write<T: Send + 'static>(&self, op: Op<(T, Change)>) -> Result<T>;
     /// See `Store::watch_changes`.
     async fn watch_changes(&self, on_change: OnChange, shutdown: CancellationToken) {
         let _ = (on_change, shutdown);
