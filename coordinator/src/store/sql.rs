@@ -241,7 +241,10 @@ impl<E: Exec> Tx for E {
         };
         done(
             self,
-            "UPDATE jobs SET pending_reason = $1 WHERE id = $2",
+            // A reason that stays as it was is not written again: each claim sets the reasons
+            // of the jobs it looked at, and most are what the last claim set.
+            "UPDATE jobs SET pending_reason = $1 \
+             WHERE id = $2 AND pending_reason IS DISTINCT FROM $1",
             &[reason, job.into()],
         )
         .await
