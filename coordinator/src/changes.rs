@@ -1,9 +1,13 @@
 //! Change notification: version counters that long-polls (claims, progress, log follows)
 //! wait on, so work is dispatched the moment it appears instead of on a polling tick. Every
-//! change moves one counter; a change that may give a claim something to do (work queued,
-//! capacity freed, a plan or a cancel) moves a second one too, the only one claims wait on:
-//! a job's start or another node's lease wakes watchers, not every idle agent's claim.
+//! change moves one counter, the one watchers wait on. Claims wait on two others: work for
+//! every node (jobs queued or requeued, a plan, a cancel) wakes them at once; capacity freed
+//! on one node (an end) wakes that node's claim at once and the others only a moment later,
+//! once per moment however many ends come in it (an end may teach an estimate that lets a
+//! job fit elsewhere). A job's start or another node's lease wakes no claim.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -11,15 +15,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// What a committed transaction changed, for who waits on it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
     /// Nothing anyone waits on.
     None,
     /// Something watchers show (a job started, leased, a sample stored), nothing a claim
     /// could act on.
     Shown,
-    /// Something a claim may act on: jobs queued or requeued, capacity or memory freed, a
-    /// plan changed, a cancel asked. Shown too.
+    /// Capacity or memory freed on this node (an attempt ended, a quarantine lifted):
+    /// work for its claim, and perhaps for others (an end teaches its memory key).
+    Freed(String),
+    /// Work for any node's claim: jobs queued or requeued, a plan changed, a cancel asked.
     Work,
 }
 
@@ -28,6 +34,15 @@ impl Change {
     pub fn work_if(yes: bool) -> Self {
         if yes { Change::Work } else { Change::None }
     }
+
+    /// `Freed(node)` when `yes`, else `None`.
+    pub fn freed_if(yes: bool, node: &str) -> Self {
+        if yes {
+            Change::Freed(node.to_string())
+        } else {
+            Change::None
+        }
+    }
 }
 
 /// The counters, with when the first last moved and the gap before that.
@@ -35,13 +50,38 @@ impl Change {
 struct Stamp {
     version: u64,
     work: u64,
+    /// Capacity freed on any node.
+    freed: u64,
     at: Instant,
     gap: Duration,
+}
+
+/// What a claim saw of the counters before it read the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkSeen {
+    work: u64,
+    freed: u64,
+    own: u64,
+}
+
+impl WorkSeen {
+    /// Whether `now` holds what wakes this claim at once: work for every node, or capacity
+    /// freed on its own.
+    pub fn at_once(&self, now: &WorkSeen) -> bool {
+        self.work != now.work || self.own != now.own
+    }
+
+    /// Whether `now` holds capacity freed on some node (another's wakes it a moment later).
+    pub fn freed(&self, now: &WorkSeen) -> bool {
+        self.freed != now.freed
+    }
 }
 
 #[derive(Clone)]
 pub struct Changes {
     tx: watch::Sender<Stamp>,
+    /// Capacity freed, per node.
+    freed: Arc<Mutex<HashMap<String, u64>>>,
     /// Set when the server drains: waiters return at once so long-polls are answered.
     closing: CancellationToken,
 }
@@ -52,9 +92,11 @@ impl Default for Changes {
             tx: watch::Sender::new(Stamp {
                 version: 0,
                 work: 0,
+                freed: 0,
                 at: Instant::now(),
                 gap: Duration::MAX,
             }),
+            freed: Arc::default(),
             closing: CancellationToken::new(),
         }
     }
@@ -66,11 +108,18 @@ impl Changes {
         if change == Change::None {
             return;
         }
+        if let Change::Freed(node) = &change {
+            let mut freed = self.freed.lock().unwrap_or_else(PoisonError::into_inner);
+            let n = freed.entry(node.clone()).or_default();
+            *n = n.wrapping_add(1);
+        }
         self.tx.send_modify(|s| {
             let now = Instant::now();
             s.version = s.version.wrapping_add(1);
-            if change == Change::Work {
-                s.work = s.work.wrapping_add(1);
+            match change {
+                Change::Work => s.work = s.work.wrapping_add(1),
+                Change::Freed(_) => s.freed = s.freed.wrapping_add(1),
+                Change::None | Change::Shown => {}
             }
             s.gap = now.saturating_duration_since(s.at);
             s.at = now;
@@ -82,30 +131,64 @@ impl Changes {
         self.tx.borrow().version
     }
 
-    /// The count of changes a claim may act on.
-    pub fn work_version(&self) -> u64 {
-        self.tx.borrow().work
+    fn freed_on(&self, node: &str) -> u64 {
+        let freed = self.freed.lock().unwrap_or_else(PoisonError::into_inner);
+        freed.get(node).copied().unwrap_or(0)
+    }
+
+    /// The work counters as a claim for `node` sees them (`None`: a node not known yet,
+    /// whose own ends then wake it as another node's would).
+    pub fn work_seen(&self, node: Option<&str>) -> WorkSeen {
+        let s = *self.tx.borrow();
+        WorkSeen {
+            work: s.work,
+            freed: s.freed,
+            own: node.map_or(0, |n| self.freed_on(n)),
+        }
+    }
+
+    /// Waits until work for every node or capacity freed on `node` comes (then at once),
+    /// capacity freed elsewhere came `others_after` ago, `timeout` passes or the server
+    /// drains.
+    pub async fn wait_for_work(
+        &self,
+        node: &str,
+        seen: WorkSeen,
+        timeout: Duration,
+        others_after: Duration,
+    ) {
+        let deadline = Instant::now() + timeout;
+        let mut rx = self.tx.subscribe();
+        let mut due = deadline;
+        loop {
+            rx.borrow_and_update();
+            let now = self.work_seen(Some(node));
+            if seen.at_once(&now) {
+                return;
+            }
+            if seen.freed(&now) {
+                due = due.min(Instant::now() + others_after);
+            }
+            if Instant::now() >= due || self.closing.is_cancelled() {
+                return;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep_until(due) => return,
+                _ = self.closing.cancelled() => return,
+            }
+        }
     }
 
     /// Waits until the version differs from `seen`, `timeout` passes or the server drains;
     /// returns the version.
     pub async fn wait_past(&self, seen: u64, timeout: Duration) -> u64 {
-        self.wait(timeout, |s| s.version != seen).await.version
-    }
-
-    /// Waits until the count of work changes differs from `seen`, `timeout` passes or the
-    /// server drains; returns that count.
-    pub async fn wait_for_work(&self, seen: u64, timeout: Duration) -> u64 {
-        self.wait(timeout, |s| s.work != seen).await.work
-    }
-
-    async fn wait(&self, timeout: Duration, past: impl FnMut(&Stamp) -> bool) -> Stamp {
         let mut rx = self.tx.subscribe();
         tokio::select! {
-            _ = tokio::time::timeout(timeout, rx.wait_for(past)) => {}
+            _ = tokio::time::timeout(timeout, rx.wait_for(|s| s.version != seen)) => {}
             _ = self.closing.cancelled() => {}
         }
-        *rx.borrow()
+        rx.borrow().version
     }
 
     /// The last change came less than `gap` after the one before it: changes come in a run
@@ -144,22 +227,75 @@ mod tests {
         assert_eq!(c.version(), v + 1, "no change moves nothing");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_claim_waits_through_changes_it_cannot_act_on() {
-        let c = Changes::default();
-        let (v, w) = (c.version(), c.work_version());
+    /// The time a claim of `node` waited, from `seen`, for the changes `then` makes.
+    async fn waited(c: &Changes, node: &'static str, then: impl FnOnce(&Changes)) -> Duration {
+        let seen = c.work_seen(Some(node));
         let c2 = c.clone();
-        let claim =
-            tokio::spawn(async move { c2.wait_for_work(w, Duration::from_secs(3600)).await });
+        let t = Instant::now();
+        let claim = tokio::spawn(async move {
+            c2.wait_for_work(
+                node,
+                seen,
+                Duration::from_secs(20),
+                Duration::from_millis(200),
+            )
+            .await;
+            t.elapsed()
+        });
         tokio::task::yield_now().await;
-        c.bump(Change::Shown);
-        c.bump(Change::Shown);
-        tokio::task::yield_now().await;
-        assert!(!claim.is_finished(), "a shown change woke a claim");
-        assert_eq!(c.version(), v + 2, "watchers see both");
-        c.bump(Change::Work);
-        assert_eq!(claim.await.ok(), Some(w + 1));
-        assert_eq!(c.version(), v + 3, "work is shown too");
+        then(c);
+        claim.await.unwrap_or(Duration::MAX)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_wakes_at_once_for_work_and_its_node_s_ends_later_for_others_and_never_for_starts()
+     {
+        let c = Changes::default();
+        let v = c.version();
+        let shown = waited(&c, "a", |c| {
+            c.bump(Change::Shown);
+            c.bump(Change::Shown);
+        })
+        .await;
+        assert_eq!(
+            shown,
+            Duration::from_secs(20),
+            "starts and leases wake no claim"
+        );
+        assert_eq!(c.version(), v + 2, "watchers see them");
+
+        let work = waited(&c, "a", |c| c.bump(Change::Work)).await;
+        assert_eq!(work, Duration::ZERO, "queued work: at once");
+        let own = waited(&c, "a", |c| c.bump(Change::Freed("a".into()))).await;
+        assert_eq!(own, Duration::ZERO, "its own node's end: at once");
+
+        // Another node's ends: one wake a moment after the first, however many come.
+        let c2 = c.clone();
+        let ends = tokio::spawn(async move {
+            for _ in 0..50 {
+                c2.bump(Change::Freed("b".into()));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        let other = waited(&c, "a", |_| {}).await;
+        assert_eq!(
+            other,
+            Duration::from_millis(200),
+            "another node's ends: once, later"
+        );
+        ends.await.ok();
+
+        // Work while another node's end is being gathered still wakes at once.
+        let c2 = c.clone();
+        let mixed = waited(&c, "a", move |c| {
+            c.bump(Change::Freed("b".into()));
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                c2.bump(Change::Work);
+            });
+        })
+        .await;
+        assert_eq!(mixed, Duration::from_millis(50));
     }
 
     #[tokio::test(start_paused = true)]

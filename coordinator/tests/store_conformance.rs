@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::Utc;
-use headroom_coordinator::changes::Change;
+use headroom_coordinator::changes::{Change, WorkSeen};
 use headroom_coordinator::store::postgres::PostgresStore;
 use headroom_coordinator::store::sqlite::SqliteStore;
 use headroom_coordinator::store::{
@@ -304,65 +304,108 @@ async fn state(s: &Backend, job: JobId) -> JobState {
     s.job(job).await.expect("job").summary.state
 }
 
-/// Claims wait on the changes that may give them work (a submit, an end, a cancel, a plan),
-/// not on those that cannot (another node's lease, a start): with an idle agent on every
-/// node, each of those woke every claim to find nothing.
+/// Claims wait on the changes that may give them work: a submit, a requeue or a cancel
+/// wakes every claim at once, an end its own node's at once (others only later: see
+/// `changes`); another node's lease or a start wakes none. With an idle agent on every
+/// node, each start and each end woke every claim to find nothing.
 async fn claims_wake_for_work_and_sleep_through_starts_and_leases(s: Backend) {
     let changes = s.changes();
-    let agent = register(&s, "n1", 1, None).await;
-    let moved = |v: u64, w: u64| (changes.version() != v, changes.work_version() != w);
-    let (v, w) = (changes.version(), changes.work_version());
+    let busy = register(&s, "n1", 1, None).await;
+    register(&s, "n2", 1, None).await;
+    // What moved for each node's claim, and whether watchers saw a change.
+    let look = || {
+        (
+            changes.version(),
+            changes.work_seen(Some("n1")),
+            changes.work_seen(Some("n2")),
+        )
+    };
+    let moved = |before: (u64, WorkSeen, WorkSeen)| {
+        let now = look();
+        (
+            now.0 != before.0,
+            before.1.at_once(&now.1),
+            before.2.at_once(&now.2),
+            before.2.freed(&now.2),
+        )
+    };
+    let before = look();
     submit(
         &s,
-        vec![job(0, Some(10), vec![], 1), job(1, Some(10), vec![], 1)],
+        vec![
+            job(0, Some(10), vec![], 1),
+            job(1, Some(10), vec![FailureClass::Nonzero], 2),
+        ],
     )
     .await;
-    assert_eq!(moved(v, w), (true, true), "a submit queues work");
-
-    let (v, w) = (changes.version(), changes.work_version());
-    let lease = claim(&s, agent, 1).await.pop().expect("a lease");
     assert_eq!(
-        moved(v, w),
-        (true, false),
-        "a lease is shown, and gives no claim work"
+        moved(before),
+        (true, true, true, false),
+        "a submit queues work for all"
     );
 
-    let (v, w) = (changes.version(), changes.work_version());
+    let before = look();
+    let lease = claim(&s, busy, 1).await.pop().expect("a lease");
+    assert_eq!(
+        moved(before),
+        (true, false, false, false),
+        "a lease is only shown"
+    );
+
+    let before = look();
     s.start_attempt(lease.attempt, lease.fence, 42, 0)
         .await
         .expect("start");
     assert_eq!(
-        moved(v, w),
-        (true, false),
-        "a start is shown, and frees nothing"
+        moved(before),
+        (true, false, false, false),
+        "a start is only shown"
     );
-
-    let (v, w) = (changes.version(), changes.work_version());
+    let before = look();
     s.start_attempt(lease.attempt, lease.fence, 42, 0)
         .await
         .expect("start again");
     assert_eq!(
-        moved(v, w),
-        (false, false),
-        "a repeated start changes nothing"
+        moved(before),
+        (false, false, false, false),
+        "a repeated start: nothing"
     );
 
-    let (v, w) = (changes.version(), changes.work_version());
+    let before = look();
     finish_attempt(&s, lease.attempt, report(lease.fence, None))
         .await
         .expect("finish");
-    assert_eq!(moved(v, w), (true, true), "an end frees its slot");
+    assert_eq!(
+        moved(before),
+        (true, true, false, true),
+        "an end frees its own node's slot; other nodes hear of it, to look later"
+    );
 
-    let next = claim(&s, agent, 1)
+    let retried = claim(&s, busy, 1)
         .await
         .pop()
         .expect("the freed slot's lease");
-    let (v, w) = (changes.version(), changes.work_version());
+    let before = look();
+    let failed = report(retried.fence, Some(FailureClass::Nonzero));
+    assert_eq!(
+        finish_attempt(&s, retried.attempt, failed)
+            .await
+            .expect("finish"),
+        JobState::Retrying
+    );
+    assert_eq!(
+        moved(before),
+        (true, true, true, false),
+        "a requeued job is work for all"
+    );
+
+    let next = claim(&s, busy, 1).await.pop().expect("the retry's lease");
+    let before = look();
     assert_eq!(s.cancel_job(next.job).await.expect("cancel"), 1);
     assert_eq!(
-        moved(v, w),
-        (true, true),
-        "a claim answers with the cancel it asks"
+        moved(before),
+        (true, true, true, false),
+        "a claim answers with cancels"
     );
 }
 
@@ -2714,10 +2757,10 @@ impl Wakes {
     }
 
     fn last(&self) -> Option<Change> {
-        *self
-            .1
+        self.1
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     fn get(&self) -> usize {
@@ -2788,7 +2831,11 @@ async fn postgres_changes_wake_other_replicas_and_survive_reconnects() {
         .await
         .expect("finish");
     wakes.wait_past(seen, "an end").await;
-    assert_eq!(wakes.last(), Some(Change::Work), "an end frees a slot");
+    assert_eq!(
+        wakes.last(),
+        Some(Change::Freed("n1".into())),
+        "an end frees a slot on its node"
+    );
 
     stop.cancel();
     tokio::time::timeout(std::time::Duration::from_secs(5), watcher)

@@ -77,6 +77,11 @@ pub async fn register(
     }))
 }
 
+/// How long after another node's end a waiting claim looks again: that end freed a slot
+/// there, not here, unless it taught an estimate that lets a job fit here. Ends that come
+/// meanwhile wake it no more often.
+const OTHER_NODES_ENDS: Duration = Duration::from_millis(250);
+
 /// Leases work to the agent, holding the request open until work (or a cancellation, or a
 /// plan change) appears, so a submitted job starts without waiting for a polling tick.
 pub async fn claim(
@@ -91,9 +96,11 @@ pub async fn claim(
     let wait = Duration::from_millis(req.wait_ms).min(s.config.long_poll);
     let deadline = tokio::time::Instant::now() + wait;
     let mut fresh = Some(req.gpus);
+    let mut node: Option<String> = None;
     loop {
-        // Only changes that may give this claim something to do wake it again.
-        let seen = s.changes.work_version();
+        // Only changes that may give this claim something to do wake it again; its node is
+        // known from its first round (an end there meanwhile wakes it as another's would).
+        let seen = s.changes.work_seen(node.as_deref());
         let timer = std::time::Instant::now();
         let claimed = s
             .store
@@ -125,7 +132,10 @@ pub async fn claim(
                 plan,
             }));
         }
-        s.changes.wait_for_work(seen, deadline - now).await;
+        let node = node.insert(claimed.node);
+        s.changes
+            .wait_for_work(node, seen, deadline - now, OTHER_NODES_ENDS)
+            .await;
     }
 }
 

@@ -110,6 +110,7 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         let claimed = Claimed {
             leases: vec![],
             plan: node.plan,
+            node: node.name,
         };
         return Ok((claimed, changed));
     }
@@ -165,6 +166,7 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let claimed = Claimed {
         leases,
         plan: node.plan,
+        node: node.name,
     };
     Ok((claimed, changed))
 }
@@ -214,7 +216,7 @@ pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, Chang
         cancel,
         plan: node.plan,
     };
-    Ok((renewed, Change::work_if(freed)))
+    Ok((renewed, Change::freed_if(freed, &node.name)))
 }
 
 /// A supervisor renews its attempt's lease itself (its agent is away): fenced as a
@@ -354,7 +356,13 @@ pub(super) async fn finish(
         tx.set_job_ladder(&job, l).await?;
     }
     let job_state = jobs::transition(tx, &job, f.event).await?;
-    Ok((Finished { job_state, started }, Change::Work))
+    // Its slot is free on its node; a job back in the queue is work for every node.
+    let change = if job_state.is_terminal() {
+        Change::Freed(node)
+    } else {
+        Change::Work
+    };
+    Ok((Finished { job_state, started }, change))
 }
 
 pub(super) async fn hand_back(

@@ -246,6 +246,8 @@ pub struct ClaimInput {
 pub struct Claimed {
     pub leases: Vec<Lease>,
     pub plan: Plan,
+    /// The agent's node, whose ends wake its next claim at once.
+    pub node: String,
 }
 
 /// A heartbeat: the agent's attempts with their tokens, and its samples.

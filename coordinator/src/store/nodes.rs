@@ -123,14 +123,14 @@ pub(super) async fn release_attempts(
     let node = of_agent(tx, agent, true).await?;
     let attempts: Vec<String> = attempts.iter().map(AttemptId::to_string).collect();
     let n = tx.release_quarantine_of(&node.name, &attempts).await?;
-    Ok((n, Change::work_if(n > 0)))
+    Ok((n, Change::freed_if(n > 0, &node.name)))
 }
 
 pub(super) async fn release_gpu(tx: &mut dyn Tx, node: String, gpu: u32) -> Result<(u64, Change)> {
     let gpus = gpus(tx, &node, true).await?;
     check_gpu(&node, &gpus, gpu)?;
     let n = tx.release_quarantine_on(&node, gpu).await?;
-    Ok((n, Change::work_if(n > 0)))
+    Ok((n, Change::freed_if(n > 0, &node)))
 }
 
 /// A node as `headroom nodes` shows it, from its stored row, active attempts and quarantine.

@@ -287,12 +287,13 @@ fn params<'a>(args: &'a [Arg<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
 
 // ---- change listener --------------------------------------------------------------
 
-/// A change's notification payload: the replica that made it, and `shown` when it concerns
-/// watchers only.
-fn notice(origin: &str, change: Change) -> String {
+/// A change's notification payload: the replica that made it, then `shown` (watchers
+/// only) or `freed <node>`; the origin alone is work for every node.
+fn notice(origin: &str, change: &Change) -> String {
     match change {
         Change::Shown => format!("{origin} shown"),
-        _ => origin.to_string(),
+        Change::Freed(node) => format!("{origin} freed {node}"),
+        Change::None | Change::Work => origin.to_string(),
     }
 }
 
@@ -304,10 +305,10 @@ fn noticed(payload: &str, origin: &str) -> Option<Change> {
     if from == origin {
         return None;
     }
-    Some(if kind == "shown" {
-        Change::Shown
-    } else {
-        Change::Work
+    Some(match kind.split_once(' ') {
+        _ if kind == "shown" => Change::Shown,
+        Some(("freed", node)) if !node.is_empty() => Change::Freed(node.to_string()),
+        _ => Change::Work,
     })
 }
 
@@ -413,7 +414,7 @@ impl Backend for PostgresStore {
         let tx = client.transaction().await?;
         let (out, changed) = op(&mut PgTx { tx: &tx }).await?;
         if changed != Change::None {
-            let payload = notice(&self.origin, changed);
+            let payload = notice(&self.origin, &changed);
             exec(&tx, "SELECT pg_notify($1, $2)", &[&CHANNEL, &payload]).await?;
         }
         tx.commit().await?;
@@ -620,16 +621,23 @@ mod tests {
 
     #[test]
     fn notices_carry_their_kind_and_an_unknown_one_is_work() {
+        let freed = Change::Freed("gpu box 7".into());
         assert_eq!(
-            noticed(&notice("r1", Change::Shown), "r2"),
+            noticed(&notice("r1", &Change::Shown), "r2"),
             Some(Change::Shown)
         );
         assert_eq!(
-            noticed(&notice("r1", Change::Work), "r2"),
+            noticed(&notice("r1", &Change::Work), "r2"),
             Some(Change::Work)
         );
-        assert_eq!(noticed(&notice("r1", Change::Work), "r1"), None, "its own");
-        assert_eq!(noticed(&notice("r1", Change::Shown), "r1"), None, "its own");
+        assert_eq!(noticed(&notice("r1", &freed), "r2"), Some(freed.clone()));
+        assert_eq!(noticed(&notice("r1", &Change::Work), "r1"), None, "its own");
+        assert_eq!(noticed(&notice("r1", &freed), "r1"), None, "its own");
+        assert_eq!(
+            noticed("r1 freed ", "r2"),
+            Some(Change::Work),
+            "no node named"
+        );
         // A replica of an earlier version sends its origin alone, for any change.
         assert_eq!(noticed("r1", "r2"), Some(Change::Work));
         assert_eq!(noticed("r1 later-kind", "r2"), Some(Change::Work));
