@@ -61,14 +61,16 @@ struct Stamp {
 pub struct WorkSeen {
     work: u64,
     freed: u64,
-    own: u64,
+    /// `None`: its node not known yet.
+    own: Option<u64>,
 }
 
 impl WorkSeen {
     /// Whether `now` holds what wakes this claim at once: work for every node, or capacity
     /// freed on its own.
     pub fn at_once(&self, now: &WorkSeen) -> bool {
-        self.work != now.work || self.own != now.own
+        let own_freed = matches!((self.own, now.own), (Some(a), Some(b)) if a != b);
+        self.work != now.work || own_freed
     }
 
     /// Whether `now` holds capacity freed on some node (another's wakes it a moment later).
@@ -143,7 +145,7 @@ impl Changes {
         WorkSeen {
             work: s.work,
             freed: s.freed,
-            own: node.map_or(0, |n| self.freed_on(n)),
+            own: node.map(|n| self.freed_on(n)),
         }
     }
 
@@ -227,9 +229,15 @@ mod tests {
         assert_eq!(c.version(), v + 1, "no change moves nothing");
     }
 
-    /// The time a claim of `node` waited, from `seen`, for the changes `then` makes.
-    async fn waited(c: &Changes, node: &'static str, then: impl FnOnce(&Changes)) -> Duration {
-        let seen = c.work_seen(Some(node));
+    /// The time a claim of `node` waited for the changes `then` makes, from what it saw
+    /// knowing its node or not.
+    async fn waited_from(
+        c: &Changes,
+        node: &'static str,
+        known: bool,
+        then: impl FnOnce(&Changes),
+    ) -> Duration {
+        let seen = c.work_seen(known.then_some(node));
         let c2 = c.clone();
         let t = Instant::now();
         let claim = tokio::spawn(async move {
@@ -245,6 +253,10 @@ mod tests {
         tokio::task::yield_now().await;
         then(c);
         claim.await.unwrap_or(Duration::MAX)
+    }
+
+    async fn waited(c: &Changes, node: &'static str, then: impl FnOnce(&Changes)) -> Duration {
+        waited_from(c, node, true, then).await
     }
 
     #[tokio::test(start_paused = true)]
@@ -284,6 +296,14 @@ mod tests {
             "another node's ends: once, later"
         );
         ends.await.ok();
+
+        // A claim that looked before it knew its node: its node's end counts as another's
+        // (it did not wake it at once for every end there had ever been).
+        c.bump(Change::Freed("a".into()));
+        let unknown = waited_from(&c, "a", false, |_| {}).await;
+        assert_eq!(unknown, Duration::from_secs(20), "nothing new: it waits");
+        let unknown = waited_from(&c, "a", false, |c| c.bump(Change::Freed("a".into()))).await;
+        assert_eq!(unknown, Duration::from_millis(200));
 
         // Work while another node's end is being gathered still wakes at once.
         let c2 = c.clone();
