@@ -7,7 +7,7 @@
 //! job fit elsewhere). A job's start or another node's lease wakes no claim.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -45,15 +45,28 @@ impl Change {
     }
 }
 
-/// The counters, with when the first last moved and the gap before that.
-#[derive(Clone, Copy, Debug)]
+/// The counters, with when the first last moved and the gap before that. One value, so a
+/// claim reads all its counters at one instant.
+#[derive(Clone, Debug)]
 struct Stamp {
     version: u64,
     work: u64,
     /// Capacity freed on any node.
     freed: u64,
+    /// Capacity freed, per node.
+    freed_on: Arc<HashMap<String, u64>>,
     at: Instant,
     gap: Duration,
+}
+
+impl Stamp {
+    fn seen(&self, node: Option<&str>) -> WorkSeen {
+        WorkSeen {
+            work: self.work,
+            freed: self.freed,
+            own: node.map(|n| self.freed_on.get(n).copied().unwrap_or(0)),
+        }
+    }
 }
 
 /// What a claim saw of the counters before it read the queue.
@@ -82,8 +95,6 @@ impl WorkSeen {
 #[derive(Clone)]
 pub struct Changes {
     tx: watch::Sender<Stamp>,
-    /// Capacity freed, per node.
-    freed: Arc<Mutex<HashMap<String, u64>>>,
     /// Set when the server drains: waiters return at once so long-polls are answered.
     closing: CancellationToken,
 }
@@ -95,10 +106,10 @@ impl Default for Changes {
                 version: 0,
                 work: 0,
                 freed: 0,
+                freed_on: Arc::default(),
                 at: Instant::now(),
                 gap: Duration::MAX,
             }),
-            freed: Arc::default(),
             closing: CancellationToken::new(),
         }
     }
@@ -110,17 +121,16 @@ impl Changes {
         if change == Change::None {
             return;
         }
-        if let Change::Freed(node) = &change {
-            let mut freed = self.freed.lock().unwrap_or_else(PoisonError::into_inner);
-            let n = freed.entry(node.clone()).or_default();
-            *n = n.wrapping_add(1);
-        }
         self.tx.send_modify(|s| {
             let now = Instant::now();
             s.version = s.version.wrapping_add(1);
             match change {
                 Change::Work => s.work = s.work.wrapping_add(1),
-                Change::Freed(_) => s.freed = s.freed.wrapping_add(1),
+                Change::Freed(node) => {
+                    s.freed = s.freed.wrapping_add(1);
+                    let n = Arc::make_mut(&mut s.freed_on).entry(node).or_default();
+                    *n = n.wrapping_add(1);
+                }
                 Change::None | Change::Shown => {}
             }
             s.gap = now.saturating_duration_since(s.at);
@@ -133,20 +143,21 @@ impl Changes {
         self.tx.borrow().version
     }
 
-    fn freed_on(&self, node: &str) -> u64 {
-        let freed = self.freed.lock().unwrap_or_else(PoisonError::into_inner);
-        freed.get(node).copied().unwrap_or(0)
+    /// `seen`, taken before its claim knew its node, completed with `node`'s count; `None`
+    /// when some node's end came since (it may have been this node's: the claim looks
+    /// again).
+    pub fn with_node(&self, seen: WorkSeen, node: &str) -> Option<WorkSeen> {
+        let now = self.tx.borrow().seen(Some(node));
+        (now.freed == seen.freed).then_some(WorkSeen {
+            own: now.own,
+            ..seen
+        })
     }
 
-    /// The work counters as a claim for `node` sees them (`None`: a node not known yet,
-    /// whose own ends then wake it as another node's would).
+    /// The work counters as a claim for `node` sees them (`None`: its node not known yet;
+    /// see [`Self::with_node`]).
     pub fn work_seen(&self, node: Option<&str>) -> WorkSeen {
-        let s = *self.tx.borrow();
-        WorkSeen {
-            work: s.work,
-            freed: s.freed,
-            own: node.map(|n| self.freed_on(n)),
-        }
+        self.tx.borrow().seen(node)
     }
 
     /// Waits until work for every node or capacity freed on `node` comes (then at once),
@@ -163,8 +174,7 @@ impl Changes {
         let mut rx = self.tx.subscribe();
         let mut due = deadline;
         loop {
-            rx.borrow_and_update();
-            let now = self.work_seen(Some(node));
+            let now = rx.borrow_and_update().seen(Some(node));
             if seen.at_once(&now) {
                 return;
             }
@@ -316,6 +326,29 @@ mod tests {
         })
         .await;
         assert_eq!(mixed, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_claim_that_learns_its_node_looks_again_when_an_end_came_meanwhile() {
+        let c = Changes::default();
+        c.bump(Change::Freed("a".into()));
+        let before = c.work_seen(None);
+        let seen = c.with_node(before, "a").expect("no end since");
+        assert!(
+            !seen.at_once(&c.work_seen(Some("a"))),
+            "the earlier end is not new"
+        );
+        c.bump(Change::Freed("a".into()));
+        assert!(
+            seen.at_once(&c.work_seen(Some("a"))),
+            "a later one wakes it"
+        );
+        c.bump(Change::Freed("b".into()));
+        assert_eq!(
+            c.with_node(before, "a"),
+            None,
+            "an end during its round: look again"
+        );
     }
 
     #[tokio::test(start_paused = true)]

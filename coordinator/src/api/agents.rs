@@ -99,7 +99,7 @@ pub async fn claim(
     let mut node: Option<String> = None;
     loop {
         // Only changes that may give this claim something to do wake it again; its node is
-        // known from its first round (an end there meanwhile wakes it as another's would).
+        // known from its first round.
         let seen = s.changes.work_seen(node.as_deref());
         let timer = std::time::Instant::now();
         let claimed = s
@@ -132,7 +132,17 @@ pub async fn claim(
                 plan,
             }));
         }
-        let node = node.insert(claimed.node);
+        let first = node.is_none();
+        let node = node.get_or_insert(claimed.node);
+        let seen = if first {
+            // An end during the first round may have been this node's: look again now.
+            match s.changes.with_node(seen, node) {
+                Some(seen) => seen,
+                None => continue,
+            }
+        } else {
+            seen
+        };
         s.changes
             .wait_for_work(node, seen, deadline - now, OTHER_NODES_ENDS)
             .await;
