@@ -51,8 +51,6 @@ impl Change {
 struct Stamp {
     version: u64,
     work: u64,
-    /// Capacity freed on any node.
-    freed: u64,
     /// Capacity freed, per node.
     freed_on: Arc<HashMap<String, u64>>,
     at: Instant,
@@ -63,7 +61,7 @@ impl Stamp {
     fn seen(&self, node: Option<&str>) -> WorkSeen {
         WorkSeen {
             work: self.work,
-            freed: self.freed,
+            freed: self.freed_on.values().fold(0, |a, n| a.wrapping_add(*n)),
             own: node.map(|n| self.freed_on.get(n).copied().unwrap_or(0)),
         }
     }
@@ -105,7 +103,6 @@ impl Default for Changes {
             tx: watch::Sender::new(Stamp {
                 version: 0,
                 work: 0,
-                freed: 0,
                 freed_on: Arc::default(),
                 at: Instant::now(),
                 gap: Duration::MAX,
@@ -127,7 +124,6 @@ impl Changes {
             match change {
                 Change::Work => s.work = s.work.wrapping_add(1),
                 Change::Freed(node) => {
-                    s.freed = s.freed.wrapping_add(1);
                     let n = Arc::make_mut(&mut s.freed_on).entry(node).or_default();
                     *n = n.wrapping_add(1);
                 }

@@ -329,6 +329,10 @@ async fn claims_wake_for_work_and_sleep_through_starts_and_leases(s: Backend) {
             before.2.freed(&now.2),
         )
     };
+    // (watchers saw it, the busy node's claim wakes at once, the idle node's at once, the
+    // idle node's later)
+    const FOR_ALL: (bool, bool, bool, bool) = (true, true, true, false);
+    const SHOWN: (bool, bool, bool, bool) = (true, false, false, false);
     let before = look();
     submit(
         &s,
@@ -338,29 +342,17 @@ async fn claims_wake_for_work_and_sleep_through_starts_and_leases(s: Backend) {
         ],
     )
     .await;
-    assert_eq!(
-        moved(before),
-        (true, true, true, false),
-        "a submit queues work for all"
-    );
+    assert_eq!(moved(before), FOR_ALL, "a submit queues work for all");
 
     let before = look();
     let lease = claim(&s, busy, 1).await.pop().expect("a lease");
-    assert_eq!(
-        moved(before),
-        (true, false, false, false),
-        "a lease is only shown"
-    );
+    assert_eq!(moved(before), SHOWN, "a lease is only shown");
 
     let before = look();
     s.start_attempt(lease.attempt, lease.fence, 42, 0)
         .await
         .expect("start");
-    assert_eq!(
-        moved(before),
-        (true, false, false, false),
-        "a start is only shown"
-    );
+    assert_eq!(moved(before), SHOWN, "a start is only shown");
     let before = look();
     s.start_attempt(lease.attempt, lease.fence, 42, 0)
         .await
@@ -393,20 +385,12 @@ async fn claims_wake_for_work_and_sleep_through_starts_and_leases(s: Backend) {
             .expect("finish"),
         JobState::Retrying
     );
-    assert_eq!(
-        moved(before),
-        (true, true, true, false),
-        "a requeued job is work for all"
-    );
+    assert_eq!(moved(before), FOR_ALL, "a requeued job is work for all");
 
     let next = claim(&s, busy, 1).await.pop().expect("the retry's lease");
     let before = look();
     assert_eq!(s.cancel_job(next.job).await.expect("cancel"), 1);
-    assert_eq!(
-        moved(before),
-        (true, true, true, false),
-        "a claim answers with cancels"
-    );
+    assert_eq!(moved(before), FOR_ALL, "a claim answers with cancels");
 }
 
 async fn plan_slots_bound_leases(s: Backend) {

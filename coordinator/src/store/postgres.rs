@@ -305,9 +305,10 @@ fn noticed(payload: &str, origin: &str) -> Option<Change> {
     if from == origin {
         return None;
     }
-    Some(match kind.split_once(' ') {
-        _ if kind == "shown" => Change::Shown,
-        Some(("freed", node)) if !node.is_empty() => Change::Freed(node.to_string()),
+    let freed = kind.strip_prefix("freed ").filter(|node| !node.is_empty());
+    Some(match (kind, freed) {
+        ("shown", _) => Change::Shown,
+        (_, Some(node)) => Change::Freed(node.to_string()),
         _ => Change::Work,
     })
 }
