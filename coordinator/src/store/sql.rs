@@ -116,15 +116,14 @@ impl<E: Exec> Tx for E {
 
     async fn state_counts(&mut self, experiment: Option<&str>) -> Result<StateCounts> {
         let mut counts = StateCounts::default();
-        for (state, n) in all(
-            self,
-            "SELECT state, COUNT(*) FROM jobs \
-             WHERE (CAST($1 AS TEXT) IS NULL OR experiment_id = $1) GROUP BY state",
-            args![experiment],
-            |r| Ok((r.parsed(0, "job state")?, r.int(1)?)),
-        )
-        .await?
-        {
+        // Two statements, not one with `$1 IS NULL OR ...`: a plan made once for any value
+        // could use no index for that, so every progress count read the whole table.
+        let one = |r: &RowRef<'_>| Ok((r.parsed(0, "job state")?, r.int(1)?));
+        let counted = match experiment {
+            Some(e) => all(self, EXPERIMENT_STATE_COUNTS, args![e], one).await?,
+            None => all(self, STATE_COUNTS, args![], one).await?,
+        };
+        for (state, n) in counted {
             counts.add(state, n.max(0) as u64);
         }
         Ok(counts)
@@ -434,18 +433,11 @@ impl<E: Exec> Tx for E {
     }
 
     async fn active_on(&mut self, node: &str) -> Result<Vec<Active>> {
-        let sql = format!(
-            "SELECT {} FROM attempts a JOIN jobs j ON j.id = a.job_id \
-             WHERE a.node = $1 AND a.phase != 'ended' ORDER BY j.seq",
-            rows::ACTIVE_COLUMNS
-        );
-        all(self, &sql, args![node], |r| rows::active(r)).await
+        all(self, &active_on_sql(), args![node], |r| rows::active(r)).await
     }
 
     async fn expired(&mut self, now: Millis) -> Result<Vec<String>> {
-        let sql = "SELECT a.id FROM attempts a JOIN jobs j ON j.id = a.job_id \
-                   WHERE a.phase != 'ended' AND a.lease_expires_at < $1 ORDER BY j.seq";
-        all(self, sql, args![now], text).await
+        all(self, EXPIRED, args![now], text).await
     }
 
     async fn insert_attempt(&mut self, a: &NewAttempt<'_>) -> Result<()> {
@@ -1035,6 +1027,29 @@ impl<E: Exec> Tx for E {
         .await
     }
 }
+
+/// How many jobs of experiment `$1` are in each state, from the index `jobs_experiment_state`
+/// alone.
+pub(super) const EXPERIMENT_STATE_COUNTS: &str =
+    "SELECT state, COUNT(*) FROM jobs WHERE experiment_id = $1 GROUP BY state";
+
+/// How many jobs are in each state.
+pub(super) const STATE_COUNTS: &str = "SELECT state, COUNT(*) FROM jobs GROUP BY state";
+
+/// The live attempts of node `$1` (each claim reads them), from the partial index
+/// `attempts_live`: not through every attempt the node ever ran.
+pub(super) fn active_on_sql() -> String {
+    format!(
+        "SELECT {} FROM attempts a JOIN jobs j ON j.id = a.job_id \
+         WHERE a.node = $1 AND a.phase != 'ended' ORDER BY j.seq",
+        rows::ACTIVE_COLUMNS
+    )
+}
+
+/// Live attempts whose lease ran out before `$1`, from the partial index
+/// `attempts_live_expiry`.
+pub(super) const EXPIRED: &str = "SELECT a.id FROM attempts a JOIN jobs j ON j.id = a.job_id \
+     WHERE a.phase != 'ended' AND a.lease_expires_at < $1 ORDER BY j.seq";
 
 /// A memory key's (`$1`) latest observed peaks, at most `$2`, newest first (from the partial
 /// index `attempts_key_peaks`).

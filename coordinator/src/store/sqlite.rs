@@ -407,6 +407,32 @@ mod tests {
         );
     }
 
+    /// A claim reads its node's live attempts, and an expiry sweep the live leases, from
+    /// partial indexes of the live attempts: not through every attempt the node or the store
+    /// ever ran (0.6 ms a claim after 3,000 jobs on one node). A progress count of one
+    /// experiment reads its jobs' states from an index alone, not the whole table.
+    #[test]
+    fn live_attempts_and_progress_counts_are_read_from_their_indexes() {
+        use super::super::sql;
+        let conn = configured(Connection::open_in_memory().expect("open")).expect("migrated");
+        let uses = |plan: &[String], what: &str| plan.iter().any(|step| step.contains(what));
+        let active = plan_of(&conn, &sql::active_on_sql(), params!["node"]);
+        assert!(
+            uses(&active, "USING INDEX attempts_live (node=?)"),
+            "{active:?}"
+        );
+        let expired = plan_of(&conn, sql::EXPIRED, params![0]);
+        assert!(
+            uses(&expired, "USING INDEX attempts_live_expiry"),
+            "{expired:?}"
+        );
+        let counts = plan_of(&conn, sql::EXPERIMENT_STATE_COUNTS, params!["experiment"]);
+        assert!(
+            uses(&counts, "USING COVERING INDEX jobs_experiment_state"),
+            "{counts:?}"
+        );
+    }
+
     /// A claim's windows of waiting jobs are read in order from their partial indexes, a
     /// window at a time: never every waiting job sorted at each claim (SQLite's planner, left
     /// to itself, chose that), and, once the node's GPUs are taken, only jobs that need none.
