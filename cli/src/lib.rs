@@ -241,6 +241,18 @@ pub enum PlanCommand {
 
 pub use config::parse_args;
 
+/// The runtime a command runs on: `up` serves a coordinator and an agent on every core; the
+/// others make a few requests, on this thread (worker threads would cost a short command a
+/// good part of its start).
+pub fn runtime_for(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
+    match command {
+        Command::Up(_) => tokio::runtime::Runtime::new(),
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    }
+}
+
 pub async fn run(cli: Cli) -> Result<i32> {
     let token = match (&cli.token, &cli.token_file) {
         (Some(t), _) => Some(t.clone()),

@@ -1,11 +1,11 @@
 fn main() {
     // An attempt's supervisor process: supervises its attempt and exits.
     headroom_agent::supervisor::run_if_supervisor();
-    let result = match (headroom::parse_args(), tokio::runtime::Runtime::new()) {
-        (Ok(cli), Ok(rt)) => rt.block_on(headroom::run(cli)),
-        (Err(e), _) => Err(e),
-        (_, Err(e)) => Err(e.into()),
-    };
+    let result = headroom::parse_args().and_then(|cli| {
+        headroom::runtime_for(&cli.command)
+            .map_err(anyhow::Error::from)?
+            .block_on(headroom::run(cli))
+    });
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
