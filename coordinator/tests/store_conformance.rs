@@ -1166,6 +1166,57 @@ async fn oom_ladder_degrades_and_retries(s: Backend) {
     );
 }
 
+/// One GPU's samples: `used` MiB of 10,000 taken.
+fn used(used_mib: u64) -> Vec<GpuSample> {
+    vec![GpuSample {
+        index: 0,
+        used_mib,
+        free_mib: 10_000 - used_mib,
+        ..Default::default()
+    }]
+}
+
+/// A claim woken without samples of its own (a long-poll's later rounds) places with the
+/// newer of the node's samples and those its latest end brought (kept apart from the node's
+/// row): the memory an end freed is placed at once and shown, and a later reading of the
+/// node wins over an older end's.
+async fn a_claim_without_samples_places_with_what_the_latest_end_freed(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("2")).await;
+    submit(&s, vec![job(0, Some(6000), vec![], 1)]).await;
+    let first = claim_with(&s, agent, Some(used(0)), 8).await;
+    assert_eq!(first.len(), 1);
+    submit(&s, vec![job(1, Some(6000), vec![], 1)]).await;
+    // The first job holds 6,000 MiB: the second does not fit beside it.
+    assert!(claim_with(&s, agent, Some(used(6000)), 8).await.is_empty());
+    let mut r = report(first[0].fence, None);
+    r.gpus = used(0);
+    finish_attempt(&s, first[0].attempt, r)
+        .await
+        .expect("finish");
+    let view = s.list_nodes(60_000).await.expect("nodes");
+    assert_eq!(
+        view[0].gpus[0].free_mib,
+        Some(10_000),
+        "`headroom nodes` shows it too"
+    );
+    let second = claim_with(&s, agent, None, 8).await;
+    assert_eq!(second.len(), 1, "the end's samples show the GPU free");
+    // The node read later (something else took 9,000 MiB): that reading wins.
+    finish_attempt(&s, second[0].attempt, {
+        let mut r = report(second[0].fence, None);
+        r.gpus = used(0);
+        r
+    })
+    .await
+    .expect("finish");
+    submit(&s, vec![job(2, Some(6000), vec![], 1)]).await;
+    assert!(claim_with(&s, agent, Some(used(9000)), 0).await.is_empty());
+    assert!(
+        claim_with(&s, agent, None, 8).await.is_empty(),
+        "the node's newer samples, not the older end's, say the GPU is taken"
+    );
+}
+
 async fn unverified_cleanup_quarantines_gpus(s: Backend) {
     let agent = register(&s, "n1", 2, Some("2,2")).await;
     submit(&s, (0..4).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
@@ -2518,6 +2569,7 @@ conformance!(sqlite, postgres: [
     estimates_follow_the_latest_peaks,
     oom_ladder_degrades_and_retries,
     unverified_cleanup_quarantines_gpus,
+    a_claim_without_samples_places_with_what_the_latest_end_freed,
     stale_heartbeats_and_logs_are_refused_and_change_nothing,
     heartbeats_racing_a_normal_end_renew_the_rest,
     oom_ladder_steps_get_their_own_estimate_and_repeat,
@@ -2584,6 +2636,59 @@ async fn backends_share_migrations_and_schema_version() {
 
 fn many_slots() -> Option<&'static str> {
     Some("64,64,64,64")
+}
+
+/// A clean end does not take its node's row, so it does not wait for a claim (or anything)
+/// holding it: on PostgreSQL a node's finishes and claims used to run one at a time. An end
+/// that quarantines its GPUs still takes it first, so no claim places on them meanwhile.
+#[tokio::test]
+async fn postgres_only_an_end_that_quarantines_waits_for_its_node_s_row() {
+    use std::time::Duration;
+    let db = PgDatabase::create().await;
+    let s: Backend = Arc::new(db.store().await);
+    let agent = register(&s, "n1", 2, Some("1,1")).await;
+    submit(&s, (0..2).map(|i| job(i, Some(100), vec![], 1)).collect()).await;
+    let leases = claim(&s, agent, 2).await;
+    assert_eq!(leases.len(), 2);
+    // Another transaction holds the node's row, as a claim of the node does.
+    let (holder, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    holder
+        .batch_execute("BEGIN; SELECT 1 FROM nodes WHERE name = 'n1' FOR UPDATE")
+        .await
+        .expect("lock the node");
+    let mut clean = report(leases[0].fence, None);
+    clean.gpus = free(2, 10_000);
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        finish_attempt(&s, leases[0].attempt, clean),
+    )
+    .await
+    .expect("a clean end waits for no lock of its node")
+    .expect("finish");
+    let mut dirty = report(leases[1].fence, None);
+    dirty.cleanup_verified = false;
+    dirty.unverified = Some("pid 4242 still holds memory".into());
+    let (s2, attempt) = (s.clone(), leases[1].attempt);
+    let quarantining = tokio::spawn(async move { finish_attempt(&s2, attempt, dirty).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !quarantining.is_finished(),
+        "an end that quarantines waits for its node's row"
+    );
+    holder.batch_execute("ROLLBACK").await.expect("release");
+    tokio::time::timeout(Duration::from_secs(10), quarantining)
+        .await
+        .expect("it ends once the row is free")
+        .expect("task")
+        .expect("finish");
+    let nodes = s.list_nodes(60_000).await.expect("nodes");
+    assert_eq!(
+        nodes[0].gpus[leases[1].gpus[0] as usize].quarantine.len(),
+        1
+    );
 }
 
 /// Two coordinator replicas on one database, each serving one node, claiming at the same

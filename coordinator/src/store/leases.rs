@@ -100,7 +100,8 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
             }
             g
         }
-        None => node.samples.clone(),
+        // Woken: what the latest end freed shows there (see `nodes::latest_samples`).
+        None => nodes::latest_samples(tx, &node).await?,
     };
     let to = LeaseTo::new(&node, &input, now);
     let active = tx.active_on(&node.name).await?;
@@ -290,7 +291,16 @@ pub(super) async fn finish(
 ) -> Result<(Finished, Change)> {
     let id = attempt.to_string();
     let not_found = || StoreError::not_found("attempt", attempt);
-    let node = tx.lock_node_of_attempt(&id).await?.ok_or_else(not_found)?;
+    // Only an end that quarantines its GPUs takes its node's row (before the job's, as every
+    // operation does), so that no claim of the node places on them meanwhile. Others leave
+    // it to the node's claims and heartbeats: holding it to the commit made a node's finishes
+    // and claims run one at a time on PostgreSQL.
+    let node = if report.cleanup_verified {
+        tx.node_of_attempt(&id).await?
+    } else {
+        tx.lock_node_of_attempt(&id).await?
+    }
+    .ok_or_else(not_found)?;
     let job = jobs::lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
     let row = tx.lock_finish_row(&id).await?.ok_or_else(not_found)?;
     let standing = rules::check_finish(attempt, report.fence, &row)?;
@@ -328,9 +338,6 @@ pub(super) async fn finish(
         .set_ended(&id, &report, rules::peak_source(&report))
         .await?
         .ok_or_else(not_found)?;
-    if !report.gpus.is_empty() {
-        tx.set_node_samples(&node, &report.gpus, now_ms()).await?;
-    }
     // The attempt was placed by the pair's memory; the job's own key learns its own.
     let background = tx.background_mib(&job).await?;
     let estimate = rules::foreground_estimate(ended.estimate_mib, background);
@@ -356,6 +363,11 @@ pub(super) async fn finish(
         tx.set_job_ladder(&job, l).await?;
     }
     let job_state = jobs::transition(tx, &job, f.event).await?;
+    if !report.gpus.is_empty() {
+        // Last: the row is held from here to the commit (every finish of the node writes it).
+        let at = tx.clock().await?;
+        tx.set_end_samples(&node, &report.gpus, at).await?;
+    }
     // Its slot is free on its node; a job back in the queue is work for every node.
     let change = if job_state.is_terminal() {
         Change::Freed(node)

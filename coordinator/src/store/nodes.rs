@@ -104,10 +104,21 @@ pub(super) async fn set_plan(
     Ok((plan, Change::Work))
 }
 
+/// The node's latest GPU reading: its own (a claim's or a heartbeat's) or the one its latest
+/// attempt end brought (taken after that end's verified cleanup), whichever is newer. Ends
+/// keep theirs apart so that they need not take the node's row.
+pub(super) async fn latest_samples(tx: &mut dyn Tx, node: &NodeRow) -> Result<Vec<GpuSample>> {
+    Ok(match tx.end_samples(&node.name).await? {
+        Some((end, at)) if node.last_seen.is_none_or(|seen| at > seen) => end,
+        _ => node.samples.clone(),
+    })
+}
+
 pub(super) async fn list(tx: &mut dyn Tx, alive_within_ms: u64) -> Result<Vec<NodeView>> {
     let now = tx.clock().await?;
     let mut out = Vec::new();
-    for row in tx.nodes().await? {
+    for mut row in tx.nodes().await? {
+        row.samples = latest_samples(tx, &row).await?;
         let active = tx.active_on(&row.name).await?;
         let quarantine = tx.quarantine_of(&row.name).await?;
         out.push(node_view(row, &active, &quarantine, alive_within_ms, now)?);

@@ -808,6 +808,17 @@ impl<E: Exec> Tx for E {
         done(self, sql, args![json(&gpus)?, now, node]).await
     }
 
+    async fn set_end_samples(&mut self, node: &str, gpus: &[GpuSample], at: Millis) -> Result<()> {
+        let sql = "INSERT INTO node_end_samples (node, samples, at) VALUES ($1, $2, $3) \
+                   ON CONFLICT (node) DO UPDATE SET samples = excluded.samples, at = excluded.at";
+        done(self, sql, args![node, json(&gpus)?, at]).await
+    }
+
+    async fn end_samples(&mut self, node: &str) -> Result<Option<(Vec<GpuSample>, Millis)>> {
+        let sql = "SELECT samples, at FROM node_end_samples WHERE node = $1";
+        first(self, sql, args![node], |r| Ok((r.json(0)?, r.int(1)?))).await
+    }
+
     async fn max_node_gpus(&mut self) -> Result<Option<u32>> {
         let sql = format!(
             "SELECT CAST(MAX({}(gpus)) AS BIGINT) FROM nodes",
