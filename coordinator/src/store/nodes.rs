@@ -105,11 +105,12 @@ pub(super) async fn set_plan(
 }
 
 /// The node's latest GPU reading: its own (a claim's or a heartbeat's) or the one its latest
-/// attempt end brought (taken after that end's verified cleanup), whichever is newer. Ends
+/// attempt end brought (taken after that end's verified cleanup), whichever was stored later;
+/// in the same millisecond the end's (the node's may have been read before that end). Ends
 /// keep theirs apart so that they need not take the node's row.
 pub(super) async fn latest_samples(tx: &mut dyn Tx, node: &NodeRow) -> Result<Vec<GpuSample>> {
     Ok(match tx.end_samples(&node.name).await? {
-        Some((end, at)) if node.last_seen.is_none_or(|seen| at > seen) => end,
+        Some((end, at)) if node.last_seen.is_none_or(|seen| at >= seen) => end,
         _ => node.samples.clone(),
     })
 }
