@@ -433,7 +433,7 @@ impl<E: Exec> Tx for E {
     }
 
     async fn active_on(&mut self, node: &str) -> Result<Vec<Active>> {
-        all(self, &active_on_sql(), args![node], |r| rows::active(r)).await
+        all(self, &ACTIVE_ON, args![node], |r| rows::active(r)).await
     }
 
     async fn expired(&mut self, now: Millis) -> Result<Vec<String>> {
@@ -1048,14 +1048,15 @@ pub(super) const EXPERIMENT_STATE_COUNTS: &str =
 pub(super) const STATE_COUNTS: &str = "SELECT state, COUNT(*) FROM jobs GROUP BY state";
 
 /// The live attempts of node `$1` (each claim reads them), from the partial index
-/// `attempts_live`: not through every attempt the node ever ran.
-pub(super) fn active_on_sql() -> String {
+/// `attempts_live`: not through every attempt the node ever ran. Written once, not at each
+/// claim.
+pub(super) static ACTIVE_ON: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "SELECT {} FROM attempts a JOIN jobs j ON j.id = a.job_id \
          WHERE a.node = $1 AND a.phase != 'ended' ORDER BY j.seq",
         rows::ACTIVE_COLUMNS
     )
-}
+});
 
 /// Live attempts whose lease ran out before `$1`, from the partial index
 /// `attempts_live_expiry`.

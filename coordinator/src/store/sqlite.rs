@@ -416,7 +416,7 @@ mod tests {
         use super::super::sql;
         let conn = configured(Connection::open_in_memory().expect("open")).expect("migrated");
         let uses = |plan: &[String], what: &str| plan.iter().any(|step| step.contains(what));
-        let active = plan_of(&conn, &sql::active_on_sql(), params!["node"]);
+        let active = plan_of(&conn, &sql::ACTIVE_ON, params!["node"]);
         assert!(
             uses(&active, "USING INDEX attempts_live (node=?)"),
             "{active:?}"
