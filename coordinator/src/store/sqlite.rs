@@ -4,11 +4,12 @@
 //! there, in the order they come (its statements never wait, so the operation's future is
 //! driven there to completion; operations that arrive together run back to back). Write
 //! transactions are `BEGIN IMMEDIATE`: they hold the database's write lock from the start,
-//! which is why locking reads only read here.
+//! which is why locking reads only read here. The WAL is checkpointed by a second connection
+//! on a thread of its own (`checkpoint`), so no operation waits for its flushes.
 
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 
 use async_trait::async_trait;
 use headroom_shared::api::TelemetrySample;
@@ -22,9 +23,12 @@ use super::tx::{Backend, Op};
 use super::{Millis, NewExperiment, Result, StoreError};
 use crate::changes::{Change, Changes};
 
+mod checkpoint;
 mod embedded {
     refinery::embed_migrations!("migrations/sqlite");
 }
+
+pub use checkpoint::Checkpoints;
 
 /// Prepared statements kept on the connection (the store's distinct statements, with room).
 const STATEMENT_CACHE: usize = 512;
@@ -37,6 +41,8 @@ pub struct SqliteStore {
     /// To the thread that owns the connection; it ends when the last clone is dropped.
     tasks: mpsc::Sender<Task>,
     changes: Changes,
+    /// How the WAL was checkpointed (a file's store; none in memory).
+    checkpoints: Option<Arc<Checkpoints>>,
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -54,16 +60,21 @@ impl From<serde_json::Error> for StoreError {
 impl SqliteStore {
     /// Opens (creating if needed) the database file and runs pending migrations.
     pub fn open(path: &Path) -> Result<Self> {
-        let conn = Connection::open(path)?;
-        Self::init(conn)
+        let mut conn = configured(Connection::open(path)?)?;
+        let checkpoints = checkpoint::start(&mut conn, path)?;
+        Self::init(conn, Some(checkpoints))
     }
 
     pub fn open_in_memory() -> Result<Self> {
-        Self::init(Connection::open_in_memory()?)
+        Self::init(configured(Connection::open_in_memory()?)?, None)
     }
 
-    fn init(conn: Connection) -> Result<Self> {
-        let conn = configured(conn)?;
+    /// How the WAL has been checkpointed so far; `None` for a store in memory.
+    pub fn checkpoints(&self) -> Option<&Checkpoints> {
+        self.checkpoints.as_deref()
+    }
+
+    fn init(conn: Connection, checkpoints: Option<Arc<Checkpoints>>) -> Result<Self> {
         let (tasks, queue) = mpsc::channel::<Task>();
         std::thread::Builder::new()
             .name("sqlite-store".into())
@@ -72,6 +83,7 @@ impl SqliteStore {
         Ok(Self {
             tasks,
             changes: Changes::default(),
+            checkpoints,
         })
     }
 
@@ -366,6 +378,44 @@ impl Exec for SqliteTx<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file's store has its WAL checkpointed mostly beside it: its commits checkpoint
+    /// (only what is left) once per 4,000 pages, not once per 1,000 pages (each of which
+    /// made every operation queued behind it wait for two flushes), and the WAL is still
+    /// written over from its start again and again.
+    #[tokio::test]
+    async fn the_wal_is_checkpointed_beside_the_store_not_by_its_commits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("headroom.db");
+        let store = SqliteStore::open(&path).expect("open");
+        store
+            .blocking(|c| Ok(c.execute_batch("CREATE TABLE scratch (v BLOB)")?))
+            .await
+            .expect("table");
+        // Each commit adds a page or two to the WAL: several times the checkpoint threshold.
+        const COMMITS: u64 = 4_000;
+        for _ in 0..COMMITS {
+            store
+                .blocking(|c| Ok(c.execute("INSERT INTO scratch VALUES (zeroblob(3000))", [])?))
+                .await
+                .expect("insert");
+        }
+        let checkpoints = store.checkpoints().expect("a file's store is checkpointed");
+        assert_eq!(checkpoints.failed(), 0);
+        assert!(checkpoints.background() >= 1, "{checkpoints:?}");
+        // Each commit writes at least three pages (a leaf, its parent, the header), and
+        // SQLite's own checkpoint would have run in a commit once per 1,000 of them.
+        assert!(
+            checkpoints.inline() <= COMMITS / 1_000,
+            "{checkpoints:?} after {COMMITS} commits"
+        );
+        let wal = std::fs::metadata(dir.path().join("headroom.db-wal"))
+            .expect("the WAL")
+            .len();
+        // Never started over, it would hold a frame (a page and its header) per page written.
+        let bound = (checkpoint::INLINE_AFTER as u64 + 1_000) * (4096 + 24);
+        assert!(wal < bound, "WAL of {wal} bytes, more than {bound}");
+    }
 
     /// The claim's window, read with other values bound each time (as every claim does), is
     /// not compiled again for each (it was, whenever the window's size changed).
