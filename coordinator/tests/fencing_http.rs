@@ -1,9 +1,12 @@
-//! Fencing over real HTTP: a heartbeat or a log chunk carrying a stale token is refused with
-//! 409 (`stale_fence`) and changes nothing.
+//! The agents' API over real HTTP: a heartbeat or a log chunk carrying a stale token is
+//! refused with 409 (`stale_fence`) and changes nothing; a claim held open is answered when
+//! an end frees a slot on its own node, and held on through ends elsewhere.
 
 mod common;
 
-use headroom_shared::api::{ClaimResponse, Lease, NodeView, RegisterResponse};
+use std::time::Duration;
+
+use headroom_shared::api::{ClaimResponse, FinishReport, Lease, NodeView, RegisterResponse};
 use serde_json::{Value, json};
 
 use common::Server;
@@ -42,13 +45,60 @@ impl Server {
 
     /// Registers node n1; `previous`: as the same agent instance again (restarted).
     async fn register(&self, previous: Option<&RegisterResponse>) -> RegisterResponse {
-        let gpus = json!([{"index": 0, "uuid": "GPU-0", "name": "t", "total_mib": 10_000}]);
+        self.register_node("n1", previous).await
+    }
+
+    /// Registers `node`, one GPU of 10,000 MiB.
+    async fn register_node(
+        &self,
+        node: &str,
+        previous: Option<&RegisterResponse>,
+    ) -> RegisterResponse {
+        let gpus =
+            json!([{"index": 0, "uuid": format!("GPU-{node}"), "name": "t", "total_mib": 10_000}]);
         let previous = previous.map(|r| r.agent);
         self.ok(
             "/v1/agents/register",
-            &json!({"node": "n1", "gpus": gpus, "version": "t", "previous": previous}),
+            &json!({"node": node, "gpus": gpus, "version": "t", "previous": previous}),
         )
         .await
+    }
+
+    async fn start_attempt(&self, lease: &Lease) {
+        let _: Value = self
+            .ok(
+                &format!("/v1/attempts/{}/start", lease.attempt),
+                &json!({"fence": lease.fence, "pid": 42, "started_at": chrono::Utc::now()}),
+            )
+            .await;
+    }
+
+    /// A clean end of `lease`, its GPU free again.
+    async fn finish(&self, lease: &Lease) {
+        let report = FinishReport {
+            fence: lease.fence,
+            failure: None,
+            exit_code: Some(0),
+            signal: None,
+            ended_at: chrono::Utc::now(),
+            peak_mem_mib: None,
+            peak_source: None,
+            cleanup_ms: 0,
+            cleanup_verified: true,
+            unverified: None,
+            contaminated: false,
+            measurements: Default::default(),
+            log_tail: String::new(),
+            gpus: serde_json::from_value(samples(10_000)).expect("samples"),
+            prestart: None,
+            background: None,
+            host_peak_mib: None,
+            started: None,
+        };
+        let body = serde_json::to_value(&report).expect("report");
+        let _: Value = self
+            .ok(&format!("/v1/attempts/{}/finish", lease.attempt), &body)
+            .await;
     }
 
     async fn claim(&self, agent: &RegisterResponse) -> Vec<Lease> {
@@ -140,4 +190,60 @@ async fn stale_heartbeats_and_log_chunks_get_409_and_change_nothing() {
         .await
         .expect("text");
     assert_eq!(log, "first ");
+}
+
+#[tokio::test]
+async fn a_claim_held_open_is_answered_by_an_end_on_its_node_and_not_by_one_elsewhere() {
+    let s = Server::start(|c| headroom_coordinator::CoordinatorConfig {
+        long_poll: Duration::from_secs(60),
+        ..c
+    })
+    .await;
+    let n1 = s.register_node("n1", None).await;
+    let n2 = s.register_node("n2", None).await;
+    let spec = json!({"name": "w", "command": ["true"], "runs_per_config": 3});
+    let _: Value = s.ok("/v1/experiments", &json!({"spec": spec})).await;
+    // One slot per GPU: each node takes one job, the third waits.
+    let on_n1 = s.claim(&n1).await;
+    let on_n2 = s.claim(&n2).await;
+    assert_eq!((on_n1.len(), on_n2.len()), (1, 1));
+    s.start_attempt(&on_n1[0]).await;
+    s.start_attempt(&on_n2[0]).await;
+
+    // n1 waits for work, with a deadline far beyond what this test waits for; it knows its
+    // plan, so only work (or the deadline) answers it.
+    let mut held = tokio::spawn(
+        s.http
+            .post(format!("{}/v1/agents/{}/claim", s.base, n1.agent))
+            .json(
+                &json!({"gpus": samples(10_000), "max": 4, "known_plan": n1.plan,
+                          "wait_ms": 50_000}),
+            )
+            .send(),
+    );
+    // n2's end frees n2's slot, not n1's: n1's claim looks again and waits on.
+    s.finish(&on_n2[0]).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(800), &mut held)
+            .await
+            .is_err(),
+        "an end on another node answered the claim of a node with no free slot"
+    );
+    // n1's own end frees its slot: the held claim is answered with the third job, long
+    // before its deadline.
+    s.finish(&on_n1[0]).await;
+    let answer: ClaimResponse = tokio::time::timeout(Duration::from_secs(20), held)
+        .await
+        .expect("the held claim was not answered by its node's end")
+        .expect("claim task")
+        .expect("claim")
+        .json()
+        .await
+        .expect("decode");
+    assert_eq!(answer.leases.len(), 1, "{answer:?}");
+    let third = &answer.leases[0];
+    assert!(
+        third.job != on_n1[0].job && third.job != on_n2[0].job,
+        "the waiting job, not one that ran: {third:?}"
+    );
 }
