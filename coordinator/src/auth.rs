@@ -440,7 +440,7 @@ impl Authenticator {
         if let Some(wait) = self.throttled(client) {
             return Err(AuthError::Throttled(wait));
         }
-        let result = self.verify_token(token, key).await;
+        let result = self.verify_token(token, key, client).await;
         if matches!(result, Err(AuthError::Rejected)) {
             self.remember_failure(key);
             self.count_failure(client);
@@ -450,12 +450,17 @@ impl Authenticator {
 
     /// Checks a token not remembered either way: against the store by its id, or the
     /// configuration.
-    async fn verify_token(&self, token: &str, key: [u8; 32]) -> Result<Principal, AuthError> {
+    async fn verify_token(
+        &self,
+        token: &str,
+        key: [u8; 32],
+        client: Option<std::net::IpAddr>,
+    ) -> Result<Principal, AuthError> {
         let (principal, token_id, until) = if let Some((id, _)) = split_token(token) {
             // A tokens-file entry is found by its id, like a stored token: one hash at most.
             if let Some(t) = self.config.iter().find(|t| t.id.as_deref() == Some(id)) {
                 let ok = match &t.secret {
-                    Secret::Hash(h) => self.verify_slow(token, h).await?,
+                    Secret::Hash(h) => self.verify_slow(token, h, key, client).await?,
                     Secret::Plain(_) => false,
                 };
                 if !ok {
@@ -474,7 +479,9 @@ impl Authenticator {
                 Err(e) => return Err(AuthError::Store(e)),
             };
             // The hash is of the whole token, id included.
-            let ok = self.verify_slow(token, &stored.secret_hash).await?;
+            let ok = self
+                .verify_slow(token, &stored.secret_hash, key, client)
+                .await?;
             if !ok {
                 return Err(AuthError::Rejected);
             }
@@ -525,12 +532,26 @@ impl Authenticator {
             .ok_or(AuthError::Rejected)
     }
 
-    /// One argon2 verification, off the runtime, a few at a time.
-    async fn verify_slow(&self, token: &str, hash: &str) -> Result<bool, AuthError> {
+    /// One argon2 verification, off the runtime, a few at a time. A guess that waited for
+    /// its turn costs no hash when its client has since failed too often, or when the same
+    /// token has since failed (a flood arrives before any of it has failed).
+    async fn verify_slow(
+        &self,
+        token: &str,
+        hash: &str,
+        key: [u8; 32],
+        client: Option<std::net::IpAddr>,
+    ) -> Result<bool, AuthError> {
         let _slot = tokio::time::timeout(HASH_WAIT, self.hash_slots.acquire())
             .await
             .map_err(|_| AuthError::Busy)?
             .map_err(|_| AuthError::Busy)?;
+        if let Some(wait) = self.throttled(client) {
+            return Err(AuthError::Throttled(wait));
+        }
+        if self.failed_lately(&key) {
+            return Ok(false);
+        }
         let (answer, answered) = tokio::sync::oneshot::channel();
         // With a slot held, at most HASH_SLOTS jobs are queued or running: there is room.
         self.verifier

@@ -595,7 +595,10 @@ fn peak_rss_mib() -> u64 {
 
 /// Hundreds of concurrent guesses at a known token id cost a bounded number of argon2
 /// hashes at a time (each ~19 MiB): memory stays bounded, the guesser is throttled (429),
-/// and a valid caller is answered meanwhile. A guess repeated costs no hash at all.
+/// and a valid caller is answered meanwhile. Guesses that arrived together and waited for a
+/// hash are throttled at their turn once their client has failed too often: the flood costs
+/// the window's 20 failures and the two in flight, not a hash per guess (150 of 300 were
+/// hashed before). A guess repeated costs no hash at all.
 #[tokio::test]
 async fn a_flood_of_wrong_tokens_leaves_memory_bounded_and_valid_callers_answered() {
     let s = start(admin_config()).await;
@@ -644,6 +647,11 @@ async fn a_flood_of_wrong_tokens_leaves_memory_bounded_and_valid_callers_answere
     assert!(
         statuses.get(&429).copied().unwrap_or(0) > 0,
         "not throttled: {statuses:?}"
+    );
+    // Each 401 is a guess that was hashed: 20 failures per window, 2 verifications at once.
+    assert!(
+        statuses.get(&401).copied().unwrap_or(0) <= 20 + 2,
+        "guesses hashed after their client was throttled: {statuses:?}"
     );
     // Unbounded, 300 hashes at once held ~5.7 GiB; bounded, a few hashes' worth.
     assert!(
