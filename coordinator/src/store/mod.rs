@@ -9,7 +9,8 @@
 //! - `tx`: that interface (`Tx`, the statements; `Backend`, transactions) and the lock order.
 //! - `sql`: every `Tx` statement's SQL, once, over `exec::Exec`: what a backend must run.
 //! - `sqlite`, `postgres`: the backends: `Exec` in their dialect, transactions, and what only
-//!   one has (pools, batch inserts, advisory locks, NOTIFY, migrations).
+//!   one has (pools, batch inserts, advisory locks, NOTIFY, migrations; SQLite's WAL
+//!   checkpointer, `sqlite::checkpoint`).
 //! - `rows`: one row decoder for both backends.
 //!
 //! The decisions live in `crate::rules` (pure); this module reads their facts and writes
