@@ -26,7 +26,7 @@ pub struct Dialect {
     pub waiting_cpu_index: &'static str,
     /// The function giving a JSON array's length.
     pub json_array_length: &'static str,
-    /// The statement reading the database's clock in ms since the epoch: lease times come
+    /// The database's clock in ms since the epoch, as an SQL expression: lease times come
     /// from one clock, not each replica's. `None`: the process's own (SQLite, one process).
     pub clock: Option<&'static str>,
 }

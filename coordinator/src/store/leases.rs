@@ -365,8 +365,7 @@ pub(super) async fn finish(
     let job_state = jobs::transition(tx, &job, f.event).await?;
     if !report.gpus.is_empty() {
         // Last: the row is held from here to the commit (every finish of the node writes it).
-        let at = tx.clock().await?;
-        tx.set_end_samples(&node, &report.gpus, at).await?;
+        tx.set_end_samples(&node, &report.gpus).await?;
     }
     // Its slot is free on its node; a job back in the queue is work for every node.
     let change = if job_state.is_terminal() {

@@ -184,7 +184,7 @@ static DIALECT: Dialect = Dialect {
     skip_locked: " FOR UPDATE SKIP LOCKED",
     waiting_index: "",
     waiting_cpu_index: "",
-    clock: Some("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"),
+    clock: Some("CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"),
     json_array_length: "jsonb_array_length",
 };
 

@@ -521,7 +521,7 @@ impl<E: Exec> Tx for E {
 
     async fn clock(&mut self) -> Result<Millis> {
         match self.dialect().clock {
-            Some(sql) => first(self, sql, &[], |r| r.int(0))
+            Some(now) => first(self, &format!("SELECT {now}"), &[], |r| r.int(0))
                 .await?
                 .ok_or_else(|| super::StoreError::Database("the clock read no row".into())),
             None => Ok(super::now_ms()),
@@ -808,10 +808,18 @@ impl<E: Exec> Tx for E {
         done(self, sql, args![json(&gpus)?, now, node]).await
     }
 
-    async fn set_end_samples(&mut self, node: &str, gpus: &[GpuSample], at: Millis) -> Result<()> {
-        let sql = "INSERT INTO node_end_samples (node, samples, at) VALUES ($1, $2, $3) \
-                   ON CONFLICT (node) DO UPDATE SET samples = excluded.samples, at = excluded.at";
-        done(self, sql, args![node, json(&gpus)?, at]).await
+    async fn set_end_samples(&mut self, node: &str, gpus: &[GpuSample]) -> Result<()> {
+        // The database's clock, where it has one, is read in the statement itself: no round
+        // trip of its own.
+        let clock = self.dialect().clock;
+        let sql = format!(
+            "INSERT INTO node_end_samples (node, samples, at) VALUES ($1, $2, {}) \
+             ON CONFLICT (node) DO UPDATE SET samples = excluded.samples, at = excluded.at",
+            clock.unwrap_or("$3")
+        );
+        let all = args![node, json(&gpus)?, super::now_ms()];
+        let args = if clock.is_some() { &all[..2] } else { all };
+        done(self, &sql, args).await
     }
 
     async fn end_samples(&mut self, node: &str) -> Result<Option<(Vec<GpuSample>, Millis)>> {

@@ -254,8 +254,9 @@ pub trait Tx: Send {
     /// Stores the node's latest samples and when it was last heard of.
     async fn set_node_samples(&mut self, node: &str, gpus: &[GpuSample], now: Millis)
     -> Result<()>;
-    /// Stores the samples an attempt's end on the node brought, outside the node's row.
-    async fn set_end_samples(&mut self, node: &str, gpus: &[GpuSample], at: Millis) -> Result<()>;
+    /// Stores the samples an attempt's end on the node brought, outside the node's row, at
+    /// the clock `clock` reads (as of the write).
+    async fn set_end_samples(&mut self, node: &str, gpus: &[GpuSample]) -> Result<()>;
     /// The samples the node's latest attempt end brought, and when.
     async fn end_samples(&mut self, node: &str) -> Result<Option<(Vec<GpuSample>, Millis)>>;
     async fn max_node_gpus(&mut self) -> Result<Option<u32>>;
