@@ -384,6 +384,16 @@ fn members(dir: &Path, out: &mut Vec<u32>) -> io::Result<()> {
 }
 
 fn remove_tree(dir: &Path) -> io::Result<()> {
+    // Most attempts nest nothing: one `rmdir`, without listing the cgroup's many files.
+    match fs::remove_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        // A cgroup with cgroups below it is busy (a plain directory is not empty).
+        Err(e)
+            if e.raw_os_error().is_some_and(|n| {
+                n == nix::errno::Errno::EBUSY as i32 || n == nix::errno::Errno::ENOTEMPTY as i32
+            }) => {}
+        other => return other,
+    }
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
@@ -497,6 +507,26 @@ mod tests {
             Some("/lab/batch-7")
         );
         assert_eq!(own_path("4:memory:/x\n", None), None);
+    }
+
+    #[test]
+    fn a_tree_is_removed_with_what_was_nested_below_it_and_an_absent_one_is_no_error() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let flat = root.path().join("flat");
+        fs::create_dir(&flat).expect("mkdir");
+        remove_tree(&flat).expect("flat");
+        assert!(!flat.exists());
+        let nested = root.path().join("attempt");
+        fs::create_dir_all(nested.join("job/inner")).expect("mkdir");
+        fs::create_dir(nested.join("other")).expect("mkdir");
+        remove_tree(&nested).expect("nested");
+        assert!(!nested.exists());
+        remove_tree(&nested).expect("absent");
+        // A file in the way (a cgroup's files vanish with it; a plain one does not): an
+        // error, not a half-told success.
+        fs::create_dir(&nested).expect("mkdir");
+        fs::write(nested.join("x"), "").expect("file");
+        assert!(remove_tree(&nested).is_err());
     }
 
     #[test]
