@@ -487,6 +487,7 @@ mod tests {
             reason: None,
             alone: false,
             background_mib: background,
+            state: headroom_shared::JobState::Queued,
             cursor: Default::default(),
         };
         let learned = Default::default();

@@ -10,7 +10,7 @@ use headroom_shared::api::{
 use headroom_shared::pending::PendingReason;
 use headroom_shared::routes::Access;
 use headroom_shared::spec::OnThrottle;
-use headroom_shared::{AttemptId, FailureClass, JobEvent, Plan};
+use headroom_shared::{AttemptId, FailureClass, JobEvent, JobState, Plan};
 use serde_json::Value;
 
 use crate::placement::{Candidate, Placement, Placer};
@@ -104,6 +104,8 @@ pub struct PendingRow {
     pub alone: bool,
     /// Memory of its colocated background (`colocate`), which shares its GPU.
     pub background_mib: Option<u64>,
+    /// `queued` or `retrying`, as read (and, on PostgreSQL, locked) with the row.
+    pub state: JobState,
     /// Its place in the queue (priority, then submission), from which the next window of
     /// pending jobs is read.
     pub cursor: QueueCursor,
@@ -355,6 +357,8 @@ pub struct JobRules {
     pub key_params: Vec<String>,
     /// What a run whose GPU throttled is (`flag`, `retry`, `fail`).
     pub on_throttle: OnThrottle,
+    /// Memory of its colocated background (`colocate`), which shared its GPU.
+    pub background_mib: Option<u64>,
 }
 
 /// Decides whether a failed attempt earns another one.
@@ -705,6 +709,7 @@ mod tests {
             experiment: "exp".into(),
             key_params: vec![],
             on_throttle: OnThrottle::Flag,
+            background_mib: None,
         }
     }
 

@@ -14,8 +14,9 @@ use super::{Millis, NewExperiment, Result, StoreError};
 pub struct Dialect {
     /// Appended to a read that locks its row (`FOR UPDATE`; nothing on SQLite).
     pub lock: &'static str,
-    /// The same, locking only the attempt (`a`) or the node (`n`) of a join.
+    /// The same, locking only the attempt (`a`), the job (`j`) or the node (`n`) of a join.
     pub lock_attempt: &'static str,
+    pub lock_job: &'static str,
     pub lock_node: &'static str,
     /// Appended to the read of waiting jobs a claim considers.
     pub skip_locked: &'static str,

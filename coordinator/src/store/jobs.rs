@@ -10,23 +10,42 @@ use super::{JobFilter, Millis, Result, StoreError, now_ms};
 use crate::changes::Change;
 use crate::rules;
 
-/// A job's state, the job locked.
-pub(super) async fn lock_job(tx: &mut dyn Tx, job: &str) -> Result<JobState> {
-    tx.lock_job(job)
+/// A job this transaction holds locked, with its state as read under that lock: its
+/// transitions start from that state rather than reading it again.
+#[derive(Debug)]
+pub(super) struct LockedJob {
+    pub id: String,
+    pub state: JobState,
+}
+
+/// The job, locked.
+pub(super) async fn lock_job(tx: &mut dyn Tx, job: &str) -> Result<LockedJob> {
+    let state = tx
+        .lock_job(job)
         .await?
-        .ok_or_else(|| StoreError::not_found("job", job))
+        .ok_or_else(|| StoreError::not_found("job", job))?;
+    Ok(LockedJob {
+        id: job.to_string(),
+        state,
+    })
 }
 
 /// The one place a job's state changes: the state machine decides, the update is
-/// conditional on the state read, and a lost race is a conflict, not a silent overwrite.
-pub(super) async fn transition(tx: &mut dyn Tx, job: &str, event: JobEvent) -> Result<JobState> {
-    let from = lock_job(tx, job).await?;
+/// conditional on the state read under the job's lock, and a lost race is a conflict, not
+/// a silent overwrite.
+pub(super) async fn transition(
+    tx: &mut dyn Tx,
+    job: &mut LockedJob,
+    event: JobEvent,
+) -> Result<JobState> {
+    let from = job.state;
     let to = from.on(event)?;
-    if to != from && tx.set_job_state(job, from, to, now_ms()).await? != 1 {
+    if to != from && tx.set_job_state(&job.id, from, to, now_ms()).await? != 1 {
         return Err(StoreError::Conflict {
-            job: Some(job.to_string()),
+            job: Some(job.id.clone()),
         });
     }
+    job.state = to;
     Ok(to)
 }
 
@@ -39,12 +58,11 @@ pub(super) async fn job_rules(tx: &mut dyn Tx, job: &str) -> Result<rules::JobRu
 
 /// The job of an attempt, locked (the job first, as every transition locks); `None` when no
 /// such attempt exists.
-pub(super) async fn lock_job_of(tx: &mut dyn Tx, attempt: &str) -> Result<Option<String>> {
-    let job = tx.job_of_attempt(attempt).await?;
-    if let Some(job) = &job {
-        lock_job(tx, job).await?;
-    }
-    Ok(job)
+pub(super) async fn lock_job_of(tx: &mut dyn Tx, attempt: &str) -> Result<Option<LockedJob>> {
+    Ok(tx
+        .lock_job_of_attempt(attempt)
+        .await?
+        .map(|(id, state)| LockedJob { id, state }))
 }
 
 /// Records an active attempt as lost and requeues its job if the policy allows; false when
@@ -54,29 +72,30 @@ pub(super) async fn lose_attempt(
     attempt: &str,
     expired_before: Option<Millis>,
 ) -> Result<bool> {
-    let Some(job) = lock_job_of(tx, attempt).await? else {
+    let Some(mut job) = lock_job_of(tx, attempt).await? else {
         return Ok(false);
     };
     let now = tx.clock().await?;
     let Some(started) = tx.end_lost(attempt, now, expired_before).await? else {
         return Ok(false);
     };
-    let r = job_rules(tx, &job).await?;
+    let r = job_rules(tx, &job.id).await?;
     let loss = rules::lose(&r, started);
-    tx.set_last_failure(&job, Some(headroom_shared::FailureClass::Lost))
+    tx.set_last_failure(&job.id, Some(headroom_shared::FailureClass::Lost))
         .await?;
-    tx.set_job_tries(&job, r.attempts, loss.max_attempts)
+    tx.set_job_tries(&job.id, r.attempts, loss.max_attempts)
         .await?;
-    transition(tx, &job, loss.event).await?;
+    transition(tx, &mut job, loss.event).await?;
     Ok(true)
 }
 
 /// Cancels a job not yet ended and asks its live attempts to stop; 1 when it did.
 async fn cancel_one(tx: &mut dyn Tx, job: &str) -> Result<u64> {
-    if lock_job(tx, job).await?.is_terminal() {
+    let mut locked = lock_job(tx, job).await?;
+    if locked.state.is_terminal() {
         return Ok(0);
     }
-    transition(tx, job, JobEvent::Cancel).await?;
+    transition(tx, &mut locked, JobEvent::Cancel).await?;
     tx.request_cancel(job).await?;
     Ok(1)
 }
@@ -125,7 +144,8 @@ pub(super) async fn cancel_experiment(tx: &mut dyn Tx, id: ExperimentId) -> Resu
 
 pub(super) async fn retry(tx: &mut dyn Tx, id: JobId) -> Result<(JobState, Change)> {
     let id = id.to_string();
-    let state = transition(tx, &id, JobEvent::Retry).await?;
+    let mut job = lock_job(tx, &id).await?;
+    let state = transition(tx, &mut job, JobEvent::Retry).await?;
     let r = job_rules(tx, &id).await?;
     tx.set_job_tries(&id, r.attempts, rules::manual_retry(r.attempts))
         .await?;

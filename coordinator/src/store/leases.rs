@@ -6,6 +6,7 @@ use headroom_shared::api::{AttemptPhase, AttemptView, FinishReport, GpuSample, L
 use headroom_shared::{AgentId, AttemptId, JobEvent, JobState};
 
 use super::Active;
+use super::jobs::LockedJob;
 use super::rows::{self, NodeRow, i64_of, parse};
 use super::tx::{AttemptsWhere, NewAttempt, Tx};
 use super::{
@@ -41,7 +42,7 @@ async fn check_fence(
     tx: &mut dyn Tx,
     attempt: AttemptId,
     fence: i64,
-) -> Result<(String, AttemptPhase)> {
+) -> Result<(LockedJob, AttemptPhase)> {
     let id = attempt.to_string();
     let not_found = || StoreError::not_found("attempt", attempt);
     let job = jobs::lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
@@ -55,17 +56,24 @@ async fn key_memory(tx: &mut dyn Tx, key: &str) -> Result<(Vec<u64>, Option<u64>
     Ok((tx.peaks(key).await?, tx.floor(key).await?))
 }
 
-async fn lease_job(tx: &mut dyn Tx, to: &LeaseTo<'_>, job: &str, slot: &Slot) -> Result<Lease> {
+/// Leases a waiting job, locked by the claim's read of the queue (`job`, with the state read
+/// there).
+async fn lease_job(
+    tx: &mut dyn Tx,
+    to: &LeaseTo<'_>,
+    mut job: LockedJob,
+    slot: &Slot,
+) -> Result<Lease> {
     let row = tx
-        .lease_row(job)
+        .lease_row(&job.id)
         .await?
-        .ok_or_else(|| StoreError::not_found("job", job))?;
-    let mut new = rows::lease_row_into(row, AttemptId::new(), job, &slot.gpus, slot.estimate)?;
+        .ok_or_else(|| StoreError::not_found("job", &job.id))?;
+    let mut new = rows::lease_row_into(row, AttemptId::new(), &job.id, &slot.gpus, slot.estimate)?;
     let (key, key_hash) = crate::attempt_keys::new_key();
     new.lease.report_key = Some(headroom_shared::api::AttemptKey(key));
     tx.insert_attempt(&NewAttempt {
         id: new.lease.attempt.to_string(),
-        job,
+        job: &job.id,
         number: new.lease.number,
         node: to.node,
         agent: to.agent,
@@ -81,9 +89,9 @@ async fn lease_job(tx: &mut dyn Tx, to: &LeaseTo<'_>, job: &str, slot: &Slot) ->
         report_key_hash: &key_hash,
     })
     .await?;
-    tx.set_job_leased(job, new.lease.number, new.lease.fence)
+    tx.set_job_leased(&job.id, new.lease.number, new.lease.fence)
         .await?;
-    jobs::transition(tx, job, JobEvent::Lease).await?;
+    jobs::transition(tx, &mut job, JobEvent::Lease).await?;
     Ok(new.lease)
 }
 
@@ -143,7 +151,12 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         }
         let plan = rules::claim(&mut placer, &pending, &learned, now, max - leases.len());
         for slot in &plan.leases {
-            leases.push(lease_job(tx, &to, &pending[slot.candidate].id, slot).await?);
+            let p = &pending[slot.candidate];
+            let job = LockedJob {
+                id: p.id.clone(),
+                state: p.state,
+            };
+            leases.push(lease_job(tx, &to, job, slot).await?);
         }
         for (i, reason) in &plan.reasons {
             tx.set_pending_reason(&pending[*i].id, Some(reason)).await?;
@@ -251,11 +264,11 @@ pub(super) async fn start(
     pid: u32,
     at: Millis,
 ) -> Result<(Option<Started>, Change)> {
-    let (job, phase) = check_fence(tx, attempt, fence).await?;
+    let (mut job, phase) = check_fence(tx, attempt, fence).await?;
     if phase != AttemptPhase::Leased {
         return Ok((None, Change::None)); // a repeated report
     }
-    let started = mark_started(tx, attempt, &job, pid, at).await?;
+    let started = mark_started(tx, attempt, &mut job, pid, at).await?;
     // A start frees nothing and queues nothing: watchers see it, claims sleep on.
     Ok((Some(started), Change::Shown))
 }
@@ -265,13 +278,13 @@ pub(super) async fn start(
 async fn mark_started(
     tx: &mut dyn Tx,
     attempt: AttemptId,
-    job: &str,
+    job: &mut LockedJob,
     pid: u32,
     at: Millis,
 ) -> Result<Started> {
     let id = attempt.to_string();
     tx.set_running(&id, pid, at).await?;
-    if jobs::lock_job(tx, job).await? != JobState::Cancelled {
+    if job.state != JobState::Cancelled {
         jobs::transition(tx, job, JobEvent::Start).await?;
     }
     let (submitted_at, number) = tx
@@ -301,16 +314,15 @@ pub(super) async fn finish(
         tx.lock_node_of_attempt(&id).await?
     }
     .ok_or_else(not_found)?;
-    let job = jobs::lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
+    let mut job = jobs::lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
     let row = tx.lock_finish_row(&id).await?.ok_or_else(not_found)?;
     let standing = rules::check_finish(attempt, report.fence, &row)?;
     if standing == rules::Report::Again {
         // Its supervisor reported it while the agent was away, and the agent's journal now
         // does: the end is recorded once.
-        let job_state = jobs::lock_job(tx, &job).await?;
         return Ok((
             Finished {
-                job_state,
+                job_state: job.state,
                 started: None,
             },
             Change::None,
@@ -318,29 +330,32 @@ pub(super) async fn finish(
     }
     if let rules::Report::Late { refunded } = standing {
         // Undo what recording the attempt lost wrote to its job, before the report applies.
-        let r = jobs::job_rules(tx, &job).await?;
-        tx.set_job_tries(&job, r.attempts, rules::undo_loss(r.max_attempts, refunded))
-            .await?;
-        tx.set_last_failure(&job, None).await?;
-        tx.set_pending_reason(&job, None).await?;
+        let r = jobs::job_rules(tx, &job.id).await?;
+        tx.set_job_tries(
+            &job.id,
+            r.attempts,
+            rules::undo_loss(r.max_attempts, refunded),
+        )
+        .await?;
+        tx.set_last_failure(&job.id, None).await?;
+        tx.set_pending_reason(&job.id, None).await?;
     }
     let started = match report.started {
         Some(s) if standing == rules::Report::OnTime && row.fence.phase == AttemptPhase::Leased => {
             // Ended before its start report was taken: started here, as that report would.
             let at = s.started_at.timestamp_millis();
-            Some(mark_started(tx, attempt, &job, s.pid, at).await?)
+            Some(mark_started(tx, attempt, &mut job, s.pid, at).await?)
         }
         _ => None,
     };
-    let rules_of_job = jobs::job_rules(tx, &job).await?;
+    let rules_of_job = jobs::job_rules(tx, &job.id).await?;
     rules::apply_on_throttle(rules_of_job.on_throttle, &mut report);
     let ended = tx
         .set_ended(&id, &report, rules::peak_source(&report))
         .await?
         .ok_or_else(not_found)?;
     // The attempt was placed by the pair's memory; the job's own key learns its own.
-    let background = tx.background_mib(&job).await?;
-    let estimate = rules::foreground_estimate(ended.estimate_mib, background);
+    let estimate = rules::foreground_estimate(ended.estimate_mib, rules_of_job.background_mib);
     let mut f = rules::finish(&rules_of_job, estimate, &report)?;
     if standing != rules::Report::OnTime {
         f.event = rules::late_event(f.event);
@@ -351,7 +366,7 @@ pub(super) async fn finish(
         }
     }
     if let Some(class) = f.last_failure {
-        tx.set_last_failure(&job, Some(class)).await?;
+        tx.set_last_failure(&job.id, Some(class)).await?;
     }
     if let Some(wanted) = f.floor {
         let stored = tx.lock_floor(&ended.memory_key).await?;
@@ -360,9 +375,9 @@ pub(super) async fn finish(
         }
     }
     if let Some(l) = &f.ladder {
-        tx.set_job_ladder(&job, l).await?;
+        tx.set_job_ladder(&job.id, l).await?;
     }
-    let job_state = jobs::transition(tx, &job, f.event).await?;
+    let job_state = jobs::transition(tx, &mut job, f.event).await?;
     if !report.gpus.is_empty() {
         // Last: the row is held from here to the commit (every finish of the node writes it).
         tx.set_end_samples(&node, &report.gpus).await?;
@@ -387,7 +402,7 @@ pub(super) async fn hand_back(
         .lock_node_of_attempt(&id)
         .await?
         .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
-    let (job, phase) = check_fence(tx, attempt, fence).await?;
+    let (mut job, phase) = check_fence(tx, attempt, fence).await?;
     if phase != AttemptPhase::Leased {
         return Err(StoreError::StaleFence { attempt });
     }
@@ -399,11 +414,11 @@ pub(super) async fn hand_back(
     for gpu in on {
         tx.avoid_gpu(&node, gpu, until).await?;
     }
-    let r = jobs::job_rules(tx, &job).await?;
+    let r = jobs::job_rules(tx, &job.id).await?;
     let (left, event) = rules::hand_back(r.attempts);
-    tx.set_job_tries(&job, left, r.max_attempts).await?;
+    tx.set_job_tries(&job.id, left, r.max_attempts).await?;
     tx.set_node_samples(&node, &gpus, now_ms()).await?;
-    jobs::transition(tx, &job, event).await?;
+    jobs::transition(tx, &mut job, event).await?;
     Ok(((), Change::Work))
 }
 

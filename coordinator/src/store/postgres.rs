@@ -180,6 +180,7 @@ async fn migrate(config: &tokio_postgres::Config) -> Result<()> {
 static DIALECT: Dialect = Dialect {
     lock: " FOR UPDATE",
     lock_attempt: " FOR UPDATE OF a",
+    lock_job: " FOR UPDATE OF j",
     lock_node: " FOR UPDATE OF n",
     skip_locked: " FOR UPDATE SKIP LOCKED",
     waiting_index: "",

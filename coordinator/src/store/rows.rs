@@ -332,6 +332,7 @@ pub(crate) fn job_rules(r: &impl Cols) -> Result<JobRules> {
         key_params: r.json_opt(11)?.unwrap_or_default(),
         // Specs stored before `on_throttle` existed flag.
         on_throttle: r.json_opt(12)?.unwrap_or_default(),
+        background_mib: r.mib_opt(13)?,
     })
 }
 
@@ -398,7 +399,7 @@ pub(crate) fn active(r: &impl Cols) -> Result<Active> {
 
 /// Columns of a pending job, read by [`pending`].
 pub(crate) const PENDING_COLUMNS: &str = "id, gpus, estimate_mib, updated_at, memory_key, pending_reason, prestart, background_mib, \
-     priority, seq";
+     priority, seq, state";
 
 pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
     Ok(PendingRow {
@@ -416,6 +417,7 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
             priority: r.int(8)?,
             seq: r.int(9)?,
         },
+        state: r.parsed(10, "job state")?,
     })
 }
 

@@ -204,8 +204,8 @@ impl<E: Exec> Tx for E {
 
     async fn job_rules(&mut self, job: &str) -> Result<Option<JobRules>> {
         let sql = format!(
-            "SELECT {}, e.spec -> 'memory_key', e.spec -> 'on_throttle' FROM jobs j \
-             JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
+            "SELECT {}, e.spec -> 'memory_key', e.spec -> 'on_throttle', j.background_mib \
+             FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
             rows::RULES_COLUMNS
         );
         first(self, &sql, args![job], |r| rows::job_rules(r)).await
@@ -273,13 +273,6 @@ impl<E: Exec> Tx for E {
             ],
         )
         .await
-    }
-
-    async fn background_mib(&mut self, job: &str) -> Result<Option<u64>> {
-        let sql = "SELECT background_mib FROM jobs WHERE id = $1";
-        Ok(first(self, sql, args![job], |r| r.mib_opt(0))
-            .await?
-            .flatten())
     }
 
     async fn lease_row(&mut self, job: &str) -> Result<Option<LeaseRow>> {
@@ -380,9 +373,16 @@ impl<E: Exec> Tx for E {
         all(self, &sql, &args, |r| rows::attempt_view(r)).await
     }
 
-    async fn job_of_attempt(&mut self, attempt: &str) -> Result<Option<String>> {
-        let sql = "SELECT job_id FROM attempts WHERE id = $1";
-        first(self, sql, args![attempt], text).await
+    async fn lock_job_of_attempt(&mut self, attempt: &str) -> Result<Option<(String, JobState)>> {
+        let sql = format!(
+            "SELECT j.id, j.state FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.id = $1{}",
+            self.dialect().lock_job
+        );
+        first(self, &sql, args![attempt], |r| {
+            Ok((r.text(0)?, r.parsed(1, "job state")?))
+        })
+        .await
     }
 
     async fn lock_fence(&mut self, attempt: &str) -> Result<Option<FenceRow>> {

@@ -203,6 +203,7 @@ fn serve(mut conn: Connection, queue: mpsc::Receiver<Task>) {
 static DIALECT: Dialect = Dialect {
     lock: "",
     lock_attempt: "",
+    lock_job: "",
     lock_node: "",
     skip_locked: "",
     waiting_index: " INDEXED BY jobs_waiting",

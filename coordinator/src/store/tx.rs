@@ -119,8 +119,6 @@ pub trait Tx: Send {
     /// A new lease's job columns: its attempt count and token; its pending reason cleared.
     async fn set_job_leased(&mut self, job: &str, attempts: u32, fence: i64) -> Result<()>;
     async fn set_job_ladder(&mut self, job: &str, step: &LadderStep) -> Result<()>;
-    /// Memory of the job's colocated background, if it has one.
-    async fn background_mib(&mut self, job: &str) -> Result<Option<u64>>;
     /// The columns a new lease of the job is made of.
     async fn lease_row(&mut self, job: &str) -> Result<Option<LeaseRow>>;
     /// Waiting jobs fitting `max_gpus`, highest priority first then oldest, at most `limit`;
@@ -141,8 +139,9 @@ pub trait Tx: Send {
     // ---- attempts ---------------------------------------------------------------------
 
     async fn attempt_views(&mut self, which: AttemptsWhere<'_>) -> Result<Vec<AttemptView>>;
-    /// The job of an attempt (no lock: callers lock the job next).
-    async fn job_of_attempt(&mut self, attempt: &str) -> Result<Option<String>>;
+    /// The job of an attempt and its state, the job locked (not the attempt: callers lock
+    /// it next, the job first as every operation locks).
+    async fn lock_job_of_attempt(&mut self, attempt: &str) -> Result<Option<(String, JobState)>>;
     /// An attempt's fencing columns, the attempt locked.
     async fn lock_fence(&mut self, attempt: &str) -> Result<Option<FenceRow>>;
     /// What a finish report is checked against, the attempt locked.
