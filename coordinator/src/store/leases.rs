@@ -282,15 +282,13 @@ async fn mark_started(
     pid: u32,
     at: Millis,
 ) -> Result<Started> {
-    let id = attempt.to_string();
-    tx.set_running(&id, pid, at).await?;
+    let (submitted_at, number) = tx
+        .set_running(&attempt.to_string(), pid, at)
+        .await?
+        .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
     if job.state != JobState::Cancelled {
         jobs::transition(tx, job, JobEvent::Start).await?;
     }
-    let (submitted_at, number) = tx
-        .submitted_at(&id)
-        .await?
-        .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
     Ok(Started {
         submitted_at,
         number,
@@ -308,13 +306,13 @@ pub(super) async fn finish(
     // operation does), so that no claim of the node places on them meanwhile. Others leave
     // it to the node's claims and heartbeats: holding it to the commit made a node's finishes
     // and claims run one at a time on PostgreSQL.
-    let node = if report.cleanup_verified {
-        tx.node_of_attempt(&id).await?
+    let (node, mut job) = if report.cleanup_verified {
+        jobs::lock_job_and_node_of(tx, &id).await?
     } else {
-        tx.lock_node_of_attempt(&id).await?
+        let node = tx.lock_node_of_attempt(&id).await?.ok_or_else(not_found)?;
+        jobs::lock_job_of(tx, &id).await?.map(|job| (node, job))
     }
     .ok_or_else(not_found)?;
-    let mut job = jobs::lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
     let row = tx.lock_finish_row(&id).await?.ok_or_else(not_found)?;
     let standing = rules::check_finish(attempt, report.fence, &row)?;
     if standing == rules::Report::Again {

@@ -373,14 +373,17 @@ impl<E: Exec> Tx for E {
         all(self, &sql, &args, |r| rows::attempt_view(r)).await
     }
 
-    async fn lock_job_of_attempt(&mut self, attempt: &str) -> Result<Option<(String, JobState)>> {
+    async fn lock_job_of_attempt(
+        &mut self,
+        attempt: &str,
+    ) -> Result<Option<(String, JobState, String)>> {
         let sql = format!(
-            "SELECT j.id, j.state FROM attempts a JOIN jobs j ON j.id = a.job_id \
+            "SELECT j.id, j.state, a.node FROM attempts a JOIN jobs j ON j.id = a.job_id \
              WHERE a.id = $1{}",
             self.dialect().lock_job
         );
         first(self, &sql, args![attempt], |r| {
-            Ok((r.text(0)?, r.parsed(1, "job state")?))
+            Ok((r.text(0)?, r.parsed(1, "job state")?, r.text(2)?))
         })
         .await
     }
@@ -548,11 +551,18 @@ impl<E: Exec> Tx for E {
         .await
     }
 
-    async fn set_running(&mut self, attempt: &str, pid: u32, at: Millis) -> Result<()> {
-        done(
+    async fn set_running(
+        &mut self,
+        attempt: &str,
+        pid: u32,
+        at: Millis,
+    ) -> Result<Option<(Millis, u32)>> {
+        first(
             self,
-            "UPDATE attempts SET phase = 'running', pid = $1, started_at = $2 WHERE id = $3",
+            "UPDATE attempts SET phase = 'running', pid = $1, started_at = $2 WHERE id = $3 \
+             RETURNING (SELECT j.created_at FROM jobs j WHERE j.id = job_id), number",
             args![pid, at, attempt],
+            |r| Ok((r.int(0)?, r.int(1)?.clamp(0, i64::from(u32::MAX)) as u32)),
         )
         .await
     }
@@ -663,17 +673,6 @@ impl<E: Exec> Tx for E {
         attempts: &[String],
     ) -> Result<Vec<String>> {
         self.cancels_asked(&agent.to_string(), attempts).await
-    }
-
-    async fn submitted_at(&mut self, attempt: &str) -> Result<Option<(Millis, u32)>> {
-        first(
-            self,
-            "SELECT j.created_at, a.number FROM attempts a JOIN jobs j ON j.id = a.job_id \
-             WHERE a.id = $1",
-            args![attempt],
-            |r| Ok((r.int(0)?, r.int(1)?.clamp(0, i64::from(u32::MAX)) as u32)),
-        )
-        .await
     }
 
     async fn peaks(&mut self, key: &str) -> Result<Vec<u64>> {

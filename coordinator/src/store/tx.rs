@@ -140,8 +140,11 @@ pub trait Tx: Send {
 
     async fn attempt_views(&mut self, which: AttemptsWhere<'_>) -> Result<Vec<AttemptView>>;
     /// The job of an attempt and its state, the job locked (not the attempt: callers lock
-    /// it next, the job first as every operation locks).
-    async fn lock_job_of_attempt(&mut self, attempt: &str) -> Result<Option<(String, JobState)>>;
+    /// it next, the job first as every operation locks), and the attempt's node.
+    async fn lock_job_of_attempt(
+        &mut self,
+        attempt: &str,
+    ) -> Result<Option<(String, JobState, String)>>;
     /// An attempt's fencing columns, the attempt locked.
     async fn lock_fence(&mut self, attempt: &str) -> Result<Option<FenceRow>>;
     /// What a finish report is checked against, the attempt locked.
@@ -191,7 +194,14 @@ pub trait Tx: Send {
     async fn extend_lease(&mut self, attempt: &str, until: Millis) -> Result<Option<bool>>;
     /// The digest of the attempt's key (`None`: no such attempt; `Some(None)`: none issued).
     async fn attempt_key(&mut self, attempt: &str) -> Result<Option<Option<String>>>;
-    async fn set_running(&mut self, attempt: &str, pid: u32, at: Millis) -> Result<()>;
+    /// Records the attempt running; returns when its job was submitted and the attempt's
+    /// number (`None`: no such attempt).
+    async fn set_running(
+        &mut self,
+        attempt: &str,
+        pid: u32,
+        at: Millis,
+    ) -> Result<Option<(Millis, u32)>>;
     /// Records the attempt's end as its report says, measurements and wait included.
     async fn set_ended(
         &mut self,
@@ -209,8 +219,6 @@ pub trait Tx: Send {
         agent: AgentId,
         attempts: &[String],
     ) -> Result<Vec<String>>;
-    /// When the attempt's job was submitted, and the attempt's number.
-    async fn submitted_at(&mut self, attempt: &str) -> Result<Option<(Millis, u32)>>;
     /// Observed peaks of a memory key's attempts.
     async fn peaks(&mut self, key: &str) -> Result<Vec<u64>>;
     /// A memory key's OOM floor, locked (an advisory lock on PostgreSQL, so writers of a key
