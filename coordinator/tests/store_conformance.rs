@@ -249,6 +249,7 @@ async fn claim_with(
         max,
         lease_ttl_ms: 30_000,
         reserve_after_ms: u64::MAX,
+        watching: vec![],
     })
     .await
     .expect("claim")
@@ -628,6 +629,7 @@ async fn reregistration_loses_old_attempts(s: Backend) {
             max: 1,
             lease_ttl_ms: 1000,
             reserve_after_ms: 0,
+            watching: vec![],
         })
         .await;
     assert!(matches!(unknown, Err(StoreError::UnknownAgent { .. })));
@@ -846,14 +848,21 @@ async fn cancel_stops_queued_and_flags_running(s: Backend) {
         .await
         .expect("start");
     assert_eq!(s.cancel_experiment(exp).await.expect("cancel"), 3);
-    assert_eq!(
-        s.pending_cancels(agent, &[l.attempt])
-            .await
-            .expect("cancels"),
-        vec![l.attempt]
-    );
-    // Slot still held until the agent reports the end.
-    assert!(claim(&s, agent, 1).await.is_empty());
+    // The agent's next claim, watching the attempt, is told; the slot stays held until
+    // the agent reports the end.
+    let claimed = s
+        .claim_jobs(ClaimInput {
+            agent,
+            gpus: None,
+            max: 1,
+            lease_ttl_ms: 30_000,
+            reserve_after_ms: u64::MAX,
+            watching: vec![l.attempt],
+        })
+        .await
+        .expect("claim");
+    assert_eq!(claimed.cancel, vec![l.attempt]);
+    assert!(claimed.leases.is_empty());
     let st = finish_attempt(
         &s,
         l.attempt,
@@ -926,6 +935,7 @@ async fn expired_leases_become_lost(s: Backend) {
             max: 4,
             lease_ttl_ms: 30_000,
             reserve_after_ms: u64::MAX,
+            watching: vec![],
         })
         .await
         .expect("claim")
@@ -1800,6 +1810,7 @@ async fn one_lost(s: &Backend, agent: AgentId, job: NewJob, start: bool) -> Leas
             max: 1,
             lease_ttl_ms: 0,
             reserve_after_ms: u64::MAX,
+            watching: vec![],
         })
         .await
         .expect("claim")
@@ -2712,6 +2723,7 @@ async fn postgres_replicas_never_lease_a_job_twice() {
             max: 7,
             lease_ttl_ms: 60_000,
             reserve_after_ms: u64::MAX,
+            watching: vec![],
         })
         .await
         .expect("claim")

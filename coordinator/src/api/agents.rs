@@ -110,14 +110,11 @@ pub async fn claim(
                 max: req.max,
                 lease_ttl_ms: s.config.lease_ttl.as_millis() as u64,
                 reserve_after_ms: s.config.reserve_after.as_millis() as u64,
+                watching: req.watching.clone(),
             })
             .await?;
         s.metrics.observe_claim(timer.elapsed().as_secs_f64());
-        let cancel = if req.watching.is_empty() {
-            vec![]
-        } else {
-            s.store.pending_cancels(agent, &req.watching).await?
-        };
+        let cancel = claimed.cancel;
         let plan = claimed.plan.to_string();
         let now = tokio::time::Instant::now();
         if !claimed.leases.is_empty()

@@ -115,9 +115,12 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let active = tx.active_on(&node.name).await?;
     let blocked = tx.blocked_gpus(&node.name, now).await?;
     let snapshot = node_snapshot(&node, &samples, &active, &blocked, &input);
+    // In the claim's transaction, not one of its own: a claim round is one store operation.
+    let cancel = pending_cancels(tx, input.agent, std::mem::take(&mut input.watching)).await?;
     if input.max == 0 {
         let claimed = Claimed {
             leases: vec![],
+            cancel,
             plan: node.plan,
             node: node.name,
         };
@@ -179,17 +182,22 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     }
     let claimed = Claimed {
         leases,
+        cancel,
         plan: node.plan,
         node: node.name,
     };
     Ok((claimed, changed))
 }
 
-pub(super) async fn pending_cancels(
+/// Of `of`, the attempts a user asked to cancel, in the order given.
+async fn pending_cancels(
     tx: &mut dyn Tx,
     agent: AgentId,
     of: Vec<AttemptId>,
 ) -> Result<Vec<AttemptId>> {
+    if of.is_empty() {
+        return Ok(vec![]);
+    }
     let watching: Vec<String> = of.iter().map(AttemptId::to_string).collect();
     let wanted = tx.cancel_requested(agent, &watching).await?;
     // In the order the agent asked.

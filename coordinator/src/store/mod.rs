@@ -241,11 +241,16 @@ pub struct ClaimInput {
     pub max: u32,
     pub lease_ttl_ms: u64,
     pub reserve_after_ms: u64,
+    /// The agent's attempts whose cancellation it watches for: those a user cancelled come
+    /// back in [`Claimed::cancel`].
+    pub watching: Vec<AttemptId>,
 }
 
 #[derive(Clone, Debug)]
 pub struct Claimed {
     pub leases: Vec<Lease>,
+    /// Of the attempts watched, those a user asked to cancel, in the order asked.
+    pub cancel: Vec<AttemptId>,
     pub plan: Plan,
     /// The agent's node, whose ends wake its next claim at once.
     pub node: String,
@@ -371,8 +376,6 @@ pub trait Store: Send + Sync + 'static {
 
     /// Leases fitting pending jobs to the agent's node, placed by `placement::place`.
     async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed>;
-    /// Of `watching`, the attempts a user asked to cancel.
-    async fn pending_cancels(&self, agent: AgentId, of: &[AttemptId]) -> Result<Vec<AttemptId>>;
     /// Renews the leases of the agent's attempts and stores its samples. A stale token for
     /// any attempt refuses the whole heartbeat (`StaleFence`, nothing written).
     async fn renew_leases(&self, r: Renewal) -> Result<Renewed>;
@@ -569,11 +572,6 @@ impl<B: Backend> Store for B {
     async fn claim_jobs(&self, input: ClaimInput) -> Result<Claimed> {
         let agent = input.agent;
         run!(self, write, "claim_jobs", leases::claim, input; agent = %agent)
-    }
-
-    async fn pending_cancels(&self, agent: AgentId, of: &[AttemptId]) -> Result<Vec<AttemptId>> {
-        let of = of.to_vec();
-        run!(self, read, "pending_cancels", leases::pending_cancels, agent, of; agent = %agent)
     }
 
     async fn renew_leases(&self, r: Renewal) -> Result<Renewed> {
