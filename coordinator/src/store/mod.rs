@@ -7,7 +7,8 @@
 //!   file per resource, each written once over the transaction interface; `sharing`: the
 //!   neighbours an attempt view is labelled shared by.
 //! - `tx`: that interface (`Tx`, the statements; `Backend`, transactions) and the lock order.
-//! - `sql`: every `Tx` statement's SQL, once, over `exec::Exec`: what a backend must run.
+//! - `sql`: every `Tx` statement's SQL, once, over `exec::Exec` (a file per section of
+//!   `Tx`): what a backend must run.
 //! - `sqlite`, `postgres`: the backends: `Exec` in their dialect, transactions, and what only
 //!   one has (pools, batch inserts, advisory locks, NOTIFY, migrations; SQLite's WAL
 //!   checkpointer, `sqlite::checkpoint`).

@@ -1,6 +1,7 @@
 //! The transaction interface every store operation is written over: the statements a
-//! transaction is made of, named by what they read or write (`Tx`), and how a backend opens
-//! transactions (`Backend`). The operations (`experiments`, `jobs`, `nodes`, `leases`,
+//! transaction is made of, named by what they read or write (`Tx`, the sum of one trait
+//! per section: `JobsTx`, `AttemptsTx`, `NodesTx`, `TelemetryTx`, `AccessTx`), and how a
+//! backend opens transactions (`Backend`). The operations (`experiments`, `jobs`, `nodes`, `leases`,
 //! `telemetry`, `tokens`) are written once over `Tx`; its SQL is written once in `sql`, over
 //! what each backend (`sqlite`, `postgres`) implements of `exec::Exec`.
 //!
@@ -79,11 +80,14 @@ pub struct NewAttempt<'a> {
     pub report_key_hash: &'a str,
 }
 
-/// The statements of one transaction.
-#[async_trait]
-pub trait Tx: Send {
-    // ---- experiments and jobs ---------------------------------------------------------
+/// The statements of one transaction: every section's.
+pub trait Tx: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx {}
 
+impl<T: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + ?Sized> Tx for T {}
+
+/// Experiments and jobs: inserting, reading and changing them.
+#[async_trait]
+pub trait JobsTx: Send {
     /// Inserts an experiment and all its jobs (`queued`), each with its own columns.
     async fn insert_experiment(&mut self, exp: &NewExperiment, now: Millis) -> Result<()>;
     async fn experiment_ids(&mut self) -> Result<Vec<String>>;
@@ -135,9 +139,11 @@ pub trait Tx: Send {
     async fn outcome_counts(&mut self) -> Result<Vec<(String, u64)>>;
     /// Jobs not ended and not cancelled, by submitter and state.
     async fn user_job_counts(&mut self) -> Result<Vec<(String, JobState, u64)>>;
+}
 
-    // ---- attempts ---------------------------------------------------------------------
-
+/// Attempts: leases, fences, starts, ends, cancellations and what ends teach.
+#[async_trait]
+pub trait AttemptsTx: Send {
     async fn attempt_views(&mut self, which: AttemptsWhere<'_>) -> Result<Vec<AttemptView>>;
     /// The job of an attempt and its state, the job locked (not the attempt: callers lock
     /// it next, the job first as every operation locks), and the attempt's node.
@@ -227,9 +233,11 @@ pub trait Tx: Send {
     /// A memory key's OOM floor, read without a lock.
     async fn floor(&mut self, key: &str) -> Result<Option<u64>>;
     async fn set_floor(&mut self, key: &str, mib: u64) -> Result<()>;
+}
 
-    // ---- nodes ------------------------------------------------------------------------
-
+/// Nodes: registration, plans, samples and quarantine.
+#[async_trait]
+pub trait NodesTx: Send {
     /// The node an agent registered as; locked when `lock`.
     async fn node_of_agent(&mut self, agent: AgentId, lock: bool) -> Result<Option<NodeRow>>;
     /// The node an attempt runs on, locked; its name.
@@ -281,9 +289,11 @@ pub trait Tx: Send {
     async fn avoid_gpu(&mut self, node: &str, gpu: u32, until: Millis) -> Result<()>;
     async fn release_quarantine_of(&mut self, node: &str, attempts: &[String]) -> Result<u64>;
     async fn release_quarantine_on(&mut self, node: &str, gpu: u32) -> Result<u64>;
+}
 
-    // ---- telemetry --------------------------------------------------------------------
-
+/// Telemetry series: stored, read and pruned.
+#[async_trait]
+pub trait TelemetryTx: Send {
     /// Stores samples of a node's GPUs; a sample already stored (GPU and instant) is not
     /// stored twice. How many were new.
     async fn insert_telemetry(&mut self, node: &str, samples: &[TelemetrySample]) -> Result<u64>;
@@ -311,9 +321,11 @@ pub trait Tx: Send {
         cutoff: (i64, i64),
         batch: u32,
     ) -> Result<u64>;
+}
 
-    // ---- tokens -----------------------------------------------------------------------
-
+/// Tokens and users.
+#[async_trait]
+pub trait AccessTx: Send {
     /// Inserts a token; false when one with its id exists.
     async fn insert_token(&mut self, token: &NewToken, now: Millis) -> Result<bool>;
     async fn token(&mut self, id: &str) -> Result<Option<StoredToken>>;

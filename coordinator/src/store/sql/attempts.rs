@@ -1,0 +1,383 @@
+//! Attempts: their statements, over `Exec`.
+
+use async_trait::async_trait;
+use headroom_shared::api::{AttemptView, FinishReport, PeakSource};
+use headroom_shared::{AgentId, FailureClass, JobState};
+
+use super::super::exec::{Arg, Exec, json};
+use super::super::rows::{self, Cols, i64_of, opt_i64};
+use super::super::tx::{AttemptsTx, AttemptsWhere, Ended, NewAttempt};
+use super::super::{Active, Millis, Result};
+use super::{ACTIVE_ON, EXPIRED, LATEST_PEAKS, all, done, first, text};
+use crate::rules::{FenceRow, FinishRow, RenewalRow};
+
+#[async_trait]
+impl<E: Exec> AttemptsTx for E {
+    async fn attempt_views(&mut self, which: AttemptsWhere<'_>) -> Result<Vec<AttemptView>> {
+        let cols = rows::ATTEMPT_COLUMNS;
+        let (sql, args): (String, Vec<Arg>) = match which {
+            AttemptsWhere::Id(id) => (
+                format!("SELECT {cols} FROM attempts WHERE id = $1"),
+                vec![id.into()],
+            ),
+            AttemptsWhere::Job(job) => (
+                format!("SELECT {cols} FROM attempts WHERE job_id = $1 ORDER BY number"),
+                vec![job.into()],
+            ),
+            AttemptsWhere::Experiment(exp) => (
+                format!(
+                    "SELECT {cols} FROM attempts WHERE job_id IN (SELECT id FROM jobs \
+                     WHERE CAST($1 AS TEXT) IS NULL OR experiment_id = $1) ORDER BY number"
+                ),
+                vec![exp.into()],
+            ),
+            // Two ranges of the (node, ended_at) index: those that ended after `from`, and
+            // those still running; each started before `to`.
+            AttemptsWhere::RanOn { node, from, to } => (
+                format!(
+                    "SELECT {cols} FROM attempts WHERE node = $1 AND ended_at > $2 \
+                     AND started_at < $3 \
+                     UNION ALL SELECT {cols} FROM attempts WHERE node = $1 \
+                     AND ended_at IS NULL AND started_at < $3"
+                ),
+                vec![node.into(), from.into(), to.into()],
+            ),
+        };
+        all(self, &sql, &args, |r| rows::attempt_view(r)).await
+    }
+
+    async fn lock_job_of_attempt(
+        &mut self,
+        attempt: &str,
+    ) -> Result<Option<(String, JobState, String)>> {
+        let sql = format!(
+            "SELECT j.id, j.state, a.node FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.id = $1{}",
+            self.dialect().lock_job
+        );
+        first(self, &sql, args![attempt], |r| {
+            Ok((r.text(0)?, r.parsed(1, "job state")?, r.text(2)?))
+        })
+        .await
+    }
+
+    async fn lock_fence(&mut self, attempt: &str) -> Result<Option<FenceRow>> {
+        let sql = format!(
+            "SELECT a.phase, a.fence, j.fence FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.id = $1{}",
+            self.dialect().lock_attempt
+        );
+        first(self, &sql, args![attempt], |r| rows::fence_row(r)).await
+    }
+
+    async fn lock_finish_row(&mut self, attempt: &str) -> Result<Option<FinishRow>> {
+        let sql = format!(
+            "SELECT a.phase, a.fence, j.fence, a.failure_class, a.started_at IS NOT NULL \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1{}",
+            self.dialect().lock_attempt
+        );
+        first(self, &sql, args![attempt], |r| rows::finish_row(r)).await
+    }
+
+    async fn renewal_row(
+        &mut self,
+        attempt: &str,
+        agent: AgentId,
+    ) -> Result<Option<(RenewalRow, i64)>> {
+        first(
+            self,
+            "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = $2, j.seq \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
+            args![attempt, &agent.to_string()],
+            |r| Ok((rows::renewal_row(r)?, r.int(5)?)),
+        )
+        .await
+    }
+
+    async fn log_fence_row(
+        &mut self,
+        attempt: &str,
+    ) -> Result<Option<(FenceRow, Option<FailureClass>)>> {
+        first(
+            self,
+            "SELECT a.phase, a.fence, j.fence, a.failure_class FROM attempts a \
+             JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
+            args![attempt],
+            |r| Ok((rows::fence_row(r)?, r.parsed_opt(3, "failure class")?)),
+        )
+        .await
+    }
+
+    async fn active_on(&mut self, node: &str) -> Result<Vec<Active>> {
+        all(self, &ACTIVE_ON, args![node], |r| rows::active(r)).await
+    }
+
+    async fn expired(&mut self, now: Millis) -> Result<Vec<String>> {
+        all(self, EXPIRED, args![now], text).await
+    }
+
+    async fn insert_attempt(&mut self, a: &NewAttempt<'_>) -> Result<()> {
+        done(
+            self,
+            "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, \
+             estimate_mib, leased_at, lease_expires_at, memory_key, estimate_source, params, \
+             ladder_step, report_key_hash, submitted_by) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'leased', $8, $9, $10, $11, $12, $13, $14, \
+             $15, (SELECT submitted_by FROM jobs WHERE id = $2))",
+            args![
+                &a.id,
+                a.job,
+                a.number,
+                a.node,
+                &a.agent.to_string(),
+                json(&a.gpus)?,
+                a.fence,
+                opt_i64(a.estimate_mib),
+                a.leased_at,
+                a.expires_at,
+                a.memory_key,
+                a.estimate_source,
+                json(a.params)?,
+                a.ladder_step,
+                a.report_key_hash
+            ],
+        )
+        .await
+    }
+
+    async fn end_lost(
+        &mut self,
+        attempt: &str,
+        now: Millis,
+        expired_before: Option<Millis>,
+    ) -> Result<Option<bool>> {
+        // `expired_before`: a renewal that committed since the sweep read the lease wins.
+        first(
+            self,
+            "UPDATE attempts SET phase = 'ended', ended_at = $1, failure_class = 'lost', \
+             log_tail = COALESCE(log_tail, 'lost: the agent went away before reporting an end') \
+             WHERE id = $2 AND phase != 'ended' \
+             AND (CAST($3 AS BIGINT) IS NULL OR lease_expires_at < $3) \
+             RETURNING started_at IS NOT NULL",
+            args![now, attempt, expired_before],
+            |r| r.flag(0),
+        )
+        .await
+    }
+
+    async fn resume_attempt(
+        &mut self,
+        attempt: &str,
+        agent: AgentId,
+        until: Millis,
+    ) -> Result<bool> {
+        let sql = "UPDATE attempts SET agent_id = $1, lease_expires_at = $2 \
+                   WHERE id = $3 AND phase != 'ended'";
+        let n = self
+            .execute(sql, args![&agent.to_string(), until, attempt])
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn renew_attempt(
+        &mut self,
+        attempt: &str,
+        until: Millis,
+        waiting: Option<&str>,
+    ) -> Result<Option<bool>> {
+        first(
+            self,
+            "UPDATE attempts SET lease_expires_at = $1, waiting = $3 WHERE id = $2 \
+             RETURNING cancel_requested",
+            args![until, attempt, waiting],
+            |r| r.flag(0),
+        )
+        .await
+    }
+
+    async fn clock(&mut self) -> Result<Millis> {
+        match self.dialect().clock {
+            Some(now) => first(self, &format!("SELECT {now}"), &[], |r| r.int(0))
+                .await?
+                .ok_or_else(|| super::super::StoreError::Database("the clock read no row".into())),
+            None => Ok(super::super::now_ms()),
+        }
+    }
+
+    async fn extend_lease(&mut self, attempt: &str, until: Millis) -> Result<Option<bool>> {
+        first(
+            self,
+            "UPDATE attempts SET lease_expires_at = $1 WHERE id = $2 RETURNING cancel_requested",
+            args![until, attempt],
+            |r| r.flag(0),
+        )
+        .await
+    }
+
+    async fn attempt_key(&mut self, attempt: &str) -> Result<Option<Option<String>>> {
+        first(
+            self,
+            "SELECT report_key_hash FROM attempts WHERE id = $1",
+            args![attempt],
+            |r| r.text_opt(0),
+        )
+        .await
+    }
+
+    async fn set_running(
+        &mut self,
+        attempt: &str,
+        pid: u32,
+        at: Millis,
+    ) -> Result<Option<(Millis, u32)>> {
+        first(
+            self,
+            "UPDATE attempts SET phase = 'running', pid = $1, started_at = $2 WHERE id = $3 \
+             RETURNING (SELECT j.created_at FROM jobs j WHERE j.id = job_id), number",
+            args![pid, at, attempt],
+            |r| Ok((r.int(0)?, r.int(1)?.clamp(0, i64::from(u32::MAX)) as u32)),
+        )
+        .await
+    }
+
+    async fn set_ended(
+        &mut self,
+        attempt: &str,
+        report: &FinishReport,
+        peak_source: Option<PeakSource>,
+    ) -> Result<Option<Ended>> {
+        let m = rows::measure_row(&report.measurements);
+        let bg = report.background.as_ref();
+        let throttle = match &m.throttle_reasons {
+            Some(t) => json(t)?,
+            None => Arg::Null,
+        };
+        let counters = match &report.measurements.counters[..] {
+            [] => Arg::Null,
+            c => json(&c)?,
+        };
+        let ended = first(
+            self,
+            "UPDATE attempts SET phase = 'ended', ended_at = $1, exit_code = $2, signal = $3, \
+             failure_class = $4, peak_mem_mib = $5, cleanup_ms = $6, cleanup_verified = $7, \
+             log_tail = $8, started_at = COALESCE(started_at, $1), contaminated = $10, \
+             peak_source = $11, energy_mj = $12, energy_source = $13, mean_power_mw = $14, \
+             max_power_mw = $15, max_temp_mdeg = $16, start_temp_mdeg = $17, \
+             mean_util_mpct = $18, throttled_thermal = $19, throttled_power = $20, \
+             throttle_reasons = $21, contamination_reason = $22, contamination_pid = $23, \
+             contamination_command = $24, background_pid = $25, background_ready_ms = $26, \
+             background_exit_code = $27, background_signal = $28, \
+             background_exited_early = $29, host_peak_mib = $30, first_reading_ms = $31, \
+             covers_run = $32, energy_counters = $33, ghost_mib = $34 \
+             WHERE id = $9 RETURNING node, gpus, memory_key, estimate_mib",
+            args![
+                report.ended_at.timestamp_millis(),
+                report.exit_code,
+                report.signal,
+                report.failure.map(|f| f.as_str()),
+                opt_i64(report.peak_mem_mib),
+                i64_of(report.cleanup_ms),
+                report.cleanup_verified,
+                &report.log_tail,
+                attempt,
+                report.contaminated,
+                peak_source.map(PeakSource::as_str),
+                m.energy_mj,
+                m.energy_source,
+                m.mean_power_mw,
+                m.max_power_mw,
+                m.max_temp_mdeg,
+                m.start_temp_mdeg,
+                m.mean_util_mpct,
+                m.throttled_thermal,
+                m.throttled_power,
+                throttle,
+                m.contamination_reason.as_deref(),
+                m.contamination_pid,
+                m.contamination_command.as_deref(),
+                bg.and_then(|b| b.pid),
+                bg.and_then(|b| opt_i64(b.ready_ms)),
+                bg.and_then(|b| b.exit_code),
+                bg.and_then(|b| b.signal),
+                bg.map(|b| b.exited_early),
+                opt_i64(report.host_peak_mib),
+                opt_i64(report.measurements.first_reading_ms),
+                report.measurements.covers_run,
+                counters,
+                opt_i64(report.measurements.ghost_mib),
+            ],
+            |r| rows::ended(r),
+        )
+        .await?;
+        if let (Some(p), Some(_)) = (&report.prestart, &ended) {
+            done(
+                self,
+                "UPDATE attempts SET exclusive_wait_ms = $1, cooldown_wait_ms = $2, \
+                 cooldown_from_mdeg = $3, cooldown_start_mdeg = $4, cooldown_timed_out = $5 \
+                 WHERE id = $6",
+                args![
+                    opt_i64(p.exclusive_wait_ms),
+                    opt_i64(p.cooldown_wait_ms),
+                    rows::mdeg(p.cooldown_from_temp_c),
+                    rows::mdeg(p.cooldown_start_temp_c),
+                    p.cooldown_timed_out,
+                    attempt,
+                ],
+            )
+            .await?;
+        }
+        Ok(ended)
+    }
+
+    async fn delete_attempt(&mut self, attempt: &str) -> Result<Option<Vec<u32>>> {
+        let sql = "DELETE FROM attempts WHERE id = $1 RETURNING gpus";
+        first(self, sql, args![attempt], |r| r.json(0)).await
+    }
+
+    async fn request_cancel(&mut self, job: &str) -> Result<()> {
+        let sql = "UPDATE attempts SET cancel_requested = TRUE \
+                   WHERE job_id = $1 AND phase != 'ended'";
+        done(self, sql, args![job]).await
+    }
+
+    async fn cancel_requested(
+        &mut self,
+        agent: AgentId,
+        attempts: &[String],
+    ) -> Result<Vec<String>> {
+        self.cancels_asked(&agent.to_string(), attempts).await
+    }
+
+    async fn peaks(&mut self, key: &str) -> Result<Vec<u64>> {
+        // The most recent ones only (by the coordinator's clock: an end's time is the
+        // agent's): a claim reads them for every key in its window, and a key of a large
+        // matrix has as many as its attempts.
+        let window = i64::from(crate::rules::LEARNED_WINDOW);
+        all(self, LATEST_PEAKS, args![key, window], |r| {
+            Ok(r.int(0)?.max(0) as u64)
+        })
+        .await
+    }
+
+    async fn lock_floor(&mut self, key: &str) -> Result<Option<u64>> {
+        self.lock_key(key).await?;
+        self.floor(key).await
+    }
+
+    async fn floor(&mut self, key: &str) -> Result<Option<u64>> {
+        let sql = "SELECT floor_mib FROM memory_floors WHERE memory_key = $1";
+        Ok(first(self, sql, args![key], |r| r.mib_opt(0))
+            .await?
+            .flatten())
+    }
+
+    async fn set_floor(&mut self, key: &str, mib: u64) -> Result<()> {
+        done(
+            self,
+            "INSERT INTO memory_floors (memory_key, floor_mib) VALUES ($1, $2) \
+             ON CONFLICT (memory_key) DO UPDATE SET floor_mib = excluded.floor_mib",
+            args![key, i64_of(mib)],
+        )
+        .await
+    }
+}

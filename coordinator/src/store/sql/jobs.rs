@@ -1,0 +1,278 @@
+//! Experiments and jobs: their statements, over `Exec`.
+
+use async_trait::async_trait;
+use headroom_shared::api::{AttemptView, JobDetail, JobSummary, StateCounts};
+use headroom_shared::pending::PendingReason;
+use headroom_shared::{FailureClass, JobState};
+
+use super::super::exec::{Arg, Exec, RowRef, json};
+use super::super::rows::{self, Cols, LeaseRow};
+use super::super::tx::{JobsTx, JobsWhere};
+use super::super::{Millis, NewExperiment, Result};
+use super::{
+    EXPERIMENT_STATE_COUNTS, STATE_COUNTS, WAITING, all, done, first, pending_window, text,
+};
+use crate::rules::{JobRules, LadderStep, PendingRow, QueueCursor};
+
+#[async_trait]
+impl<E: Exec> JobsTx for E {
+    async fn insert_experiment(&mut self, exp: &NewExperiment, now: Millis) -> Result<()> {
+        let id = exp.id.to_string();
+        done(
+            self,
+            "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+            args![
+                &id,
+                &exp.name,
+                exp.seed as i64,
+                json(&exp.spec)?,
+                now,
+                &exp.submitted_by
+            ],
+        )
+        .await?;
+        self.insert_jobs(exp, now).await
+    }
+
+    async fn experiment_ids(&mut self) -> Result<Vec<String>> {
+        let sql = "SELECT id FROM experiments ORDER BY created_at, id";
+        all(self, sql, &[], text).await
+    }
+
+    async fn experiment_row(&mut self, id: &str) -> Result<Option<(String, i64, Millis, String)>> {
+        first(
+            self,
+            "SELECT name, seed, created_at, submitted_by FROM experiments WHERE id = $1",
+            args![id],
+            |r| Ok((r.text(0)?, r.int(1)?, r.int(2)?, r.text(3)?)),
+        )
+        .await
+    }
+
+    async fn state_counts(&mut self, experiment: Option<&str>) -> Result<StateCounts> {
+        let mut counts = StateCounts::default();
+        // Two statements, not one with `$1 IS NULL OR ...`: a plan made once for any value
+        // could use no index for that, so every progress count read the whole table.
+        let one = |r: &RowRef<'_>| Ok((r.parsed(0, "job state")?, r.int(1)?));
+        let counted = match experiment {
+            Some(e) => all(self, EXPERIMENT_STATE_COUNTS, args![e], one).await?,
+            None => all(self, STATE_COUNTS, args![], one).await?,
+        };
+        for (state, n) in counted {
+            counts.add(state, n.max(0) as u64);
+        }
+        Ok(counts)
+    }
+
+    async fn job_summaries(&mut self, which: JobsWhere<'_>) -> Result<Vec<JobSummary>> {
+        let (cols, from) = (rows::JOB_COLUMNS, rows::JOB_FROM);
+        match which {
+            JobsWhere::Id(id) => {
+                let sql = format!("SELECT {cols} {from} WHERE j.id = $1");
+                all(self, &sql, args![id], |r| rows::job_summary(r)).await
+            }
+            JobsWhere::Filter {
+                experiment,
+                state,
+                limit,
+            } => {
+                // Bound, not written into the SQL: one prepared statement whatever the limit.
+                let bound = if limit.is_some() { " LIMIT $3" } else { "" };
+                let sql = format!(
+                    "SELECT {cols} {from} WHERE (CAST($1 AS TEXT) IS NULL OR j.experiment_id = $1) \
+                     AND (CAST($2 AS TEXT) IS NULL OR j.state = $2) ORDER BY j.seq{bound}"
+                );
+                let state = state.map(JobState::as_str);
+                let args = match limit {
+                    Some(n) => vec![Arg::from(experiment), Arg::from(state), Arg::from(n)],
+                    None => vec![Arg::from(experiment), Arg::from(state)],
+                };
+                all(self, &sql, &args, |r| rows::job_summary(r)).await
+            }
+        }
+    }
+
+    async fn job_detail(
+        &mut self,
+        id: &str,
+        summary: JobSummary,
+        attempts: Vec<AttemptView>,
+    ) -> Result<Option<JobDetail>> {
+        let sql = format!("SELECT {} FROM jobs WHERE id = $1", rows::DETAIL_COLUMNS);
+        first(self, &sql, args![id], |r| {
+            rows::job_detail(summary.clone(), r, attempts.clone())
+        })
+        .await
+    }
+
+    async fn jobs_of_experiment(&mut self, experiment: &str) -> Result<Vec<(String, JobState)>> {
+        all(
+            self,
+            "SELECT id, state FROM jobs WHERE experiment_id = $1 ORDER BY seq",
+            args![experiment],
+            |r| Ok((r.text(0)?, r.parsed(1, "job state")?)),
+        )
+        .await
+    }
+
+    async fn lock_job(&mut self, job: &str) -> Result<Option<JobState>> {
+        let sql = format!(
+            "SELECT state FROM jobs WHERE id = $1{}",
+            self.dialect().lock
+        );
+        first(self, &sql, args![job], |r| r.parsed(0, "job state")).await
+    }
+
+    async fn set_job_state(
+        &mut self,
+        job: &str,
+        from: JobState,
+        to: JobState,
+        now: Millis,
+    ) -> Result<u64> {
+        self.execute(
+            "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state = $4",
+            args![to.as_str(), now, job, from.as_str()],
+        )
+        .await
+    }
+
+    async fn job_rules(&mut self, job: &str) -> Result<Option<JobRules>> {
+        let sql = format!(
+            "SELECT {}, e.spec -> 'memory_key', e.spec -> 'on_throttle', j.background_mib \
+             FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
+            rows::RULES_COLUMNS
+        );
+        first(self, &sql, args![job], |r| rows::job_rules(r)).await
+    }
+
+    async fn set_job_tries(&mut self, job: &str, attempts: u32, max_attempts: u32) -> Result<()> {
+        done(
+            self,
+            "UPDATE jobs SET attempts = $1, max_attempts = $2 WHERE id = $3",
+            args![attempts, max_attempts, job],
+        )
+        .await
+    }
+
+    async fn set_last_failure(&mut self, job: &str, class: Option<FailureClass>) -> Result<()> {
+        done(
+            self,
+            "UPDATE jobs SET last_failure = $1 WHERE id = $2",
+            args![class.map(FailureClass::as_str), job],
+        )
+        .await
+    }
+
+    async fn set_pending_reason(
+        &mut self,
+        job: &str,
+        reason: Option<&PendingReason>,
+    ) -> Result<()> {
+        let reason = match reason {
+            Some(r) => json(r)?,
+            None => Arg::Null,
+        };
+        done(
+            self,
+            // A reason that stays as it was is not written again: each claim sets the reasons
+            // of the jobs it looked at, and most are what the last claim set.
+            "UPDATE jobs SET pending_reason = $1 \
+             WHERE id = $2 AND pending_reason IS DISTINCT FROM $1",
+            &[reason, job.into()],
+        )
+        .await
+    }
+
+    async fn set_job_leased(&mut self, job: &str, attempts: u32, fence: i64) -> Result<()> {
+        done(
+            self,
+            "UPDATE jobs SET attempts = $1, fence = $2, pending_reason = NULL WHERE id = $3",
+            args![attempts, fence, job],
+        )
+        .await
+    }
+
+    async fn set_job_ladder(&mut self, job: &str, l: &LadderStep) -> Result<()> {
+        done(
+            self,
+            "UPDATE jobs SET params = $1, argv = $2, memory_key = $3, ladder_step = $4, \
+             max_attempts = $5 WHERE id = $6",
+            args![
+                json(&l.params)?,
+                json(&l.argv)?,
+                &l.memory_key,
+                l.ladder_step,
+                l.max_attempts,
+                job
+            ],
+        )
+        .await
+    }
+
+    async fn lease_row(&mut self, job: &str) -> Result<Option<LeaseRow>> {
+        let sql = format!(
+            "SELECT {} FROM jobs j JOIN experiments e ON e.id = j.experiment_id \
+             LEFT JOIN users u ON u.name = e.submitted_by WHERE j.id = $1",
+            rows::LEASE_COLUMNS
+        );
+        first(self, &sql, args![job], |r| rows::lease_row(r)).await
+    }
+
+    async fn lock_pending(
+        &mut self,
+        max_gpus: u32,
+        after: Option<QueueCursor>,
+        limit: u32,
+    ) -> Result<Vec<PendingRow>> {
+        let sql = pending_window(self.dialect(), max_gpus == 0);
+        let (priority, seq) = match after {
+            Some(c) => (Some(c.priority), c.seq),
+            None => (None, 0),
+        };
+        all(self, &sql, args![max_gpus, priority, seq, limit], |r| {
+            rows::pending(r)
+        })
+        .await
+    }
+
+    async fn outcome_counts(&mut self) -> Result<Vec<(String, u64)>> {
+        all(
+            self,
+            "SELECT COALESCE(failure_class, 'succeeded'), COUNT(*) FROM attempts \
+             WHERE phase = 'ended' GROUP BY 1 ORDER BY 1",
+            &[],
+            |r| Ok((r.text(0)?, r.int(1)?.max(0) as u64)),
+        )
+        .await
+    }
+
+    async fn user_job_counts(&mut self) -> Result<Vec<(String, JobState, u64)>> {
+        let sql = format!(
+            "SELECT submitted_by, state, COUNT(*) FROM jobs \
+             WHERE state IN ({}, 'leased', 'running') GROUP BY 1, 2 ORDER BY 1, 2",
+            *WAITING
+        );
+        all(self, &sql, &[], |r| {
+            Ok((
+                r.text(0)?,
+                r.parsed(1, "job state")?,
+                r.int(2)?.max(0) as u64,
+            ))
+        })
+        .await
+    }
+
+    async fn pending_reason_counts(&mut self) -> Result<Vec<(String, u64)>> {
+        let sql = format!(
+            "SELECT COALESCE(pending_reason ->> 'reason', 'not_considered'), COUNT(*) \
+             FROM jobs WHERE state IN ({}) GROUP BY 1 ORDER BY 1",
+            *WAITING
+        );
+        all(self, &sql, &[], |r| {
+            Ok((r.text(0)?, r.int(1)?.max(0) as u64))
+        })
+        .await
+    }
+}
