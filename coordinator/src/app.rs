@@ -67,6 +67,7 @@ impl Application {
             logs,
             config: Arc::new(config),
             metrics: crate::metrics::CoordinatorMetrics::new(),
+            progress: Default::default(),
         };
         Ok(Self { listener, state })
     }

@@ -840,6 +840,48 @@ async fn users_have_one_role_and_their_unix_user_reaches_their_leases(s: Backend
     assert_eq!(names, [("admin", Role::Admin), ("alice", Role::User)]);
 }
 
+/// What a progress watcher asks before counting: whether any job (of the experiment, or of
+/// any) has not ended, through queued, leased, running and ended.
+async fn unfinished_is_true_until_every_job_has_ended(s: Backend) {
+    let agent = register(&s, "n1", 2, None).await;
+    assert!(
+        !s.unfinished(None).await.expect("unfinished"),
+        "no jobs at all"
+    );
+    let a = submit(&s, (0..2).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
+    assert!(s.unfinished(Some(a)).await.expect("unfinished"), "queued");
+    let leases = claim(&s, agent, 2).await;
+    assert_eq!(leases.len(), 2);
+    assert!(s.unfinished(Some(a)).await.expect("unfinished"), "leased");
+    s.start_attempt(leases[0].attempt, leases[0].fence, 7, 0)
+        .await
+        .expect("start");
+    finish_attempt(&s, leases[1].attempt, report(leases[1].fence, None))
+        .await
+        .expect("finish");
+    assert!(
+        s.unfinished(Some(a)).await.expect("unfinished"),
+        "one running"
+    );
+    // Another experiment's queued job is unfinished work of all, not of `a`.
+    let b = submit(&s, vec![job(0, Some(1000), vec![], 1)]).await;
+    finish_attempt(
+        &s,
+        leases[0].attempt,
+        report(leases[0].fence, Some(FailureClass::Nonzero)),
+    )
+    .await
+    .expect("finish");
+    assert!(
+        !s.unfinished(Some(a)).await.expect("unfinished"),
+        "all ended"
+    );
+    assert!(s.unfinished(Some(b)).await.expect("unfinished"));
+    assert!(s.unfinished(None).await.expect("unfinished"));
+    let c = s.counts(Some(a)).await.expect("counts");
+    assert_eq!(c.finished(), c.total());
+}
+
 async fn cancel_stops_queued_and_flags_running(s: Backend) {
     let agent = register(&s, "n1", 1, None).await;
     let exp = submit(&s, (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
@@ -2574,6 +2616,7 @@ conformance!(sqlite, postgres: [
     a_live_node_is_registered_again_only_by_its_instance,
     users_have_one_role_and_their_unix_user_reaches_their_leases,
     cancel_stops_queued_and_flags_running,
+    unfinished_is_true_until_every_job_has_ended,
     plans_change_at_run_time,
     hand_back_requeues_without_cost,
     expired_leases_become_lost,

@@ -138,6 +138,52 @@ pub async fn cancel(
 /// matrix drained.
 const PROGRESS_GATHER: Duration = Duration::from_millis(20);
 
+/// A count reads every job of the experiment, so its cost grows with the experiment: a
+/// watcher is answered in a run of changes at most every this many times the last count's
+/// time, which keeps a watcher's counts to about a tenth of a database core.
+const COUNTS_PER_GATHER: u32 = 10;
+
+/// The longest a run of changes is gathered, however slow counting is.
+const PROGRESS_GATHER_MAX: Duration = Duration::from_secs(2);
+
+/// How long the latest progress count took, shared by every watcher.
+#[derive(Debug, Default)]
+pub struct ProgressPace {
+    last_count_us: std::sync::atomic::AtomicU64,
+}
+
+impl ProgressPace {
+    fn counted(&self, took: Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.last_count_us
+            .store(us, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn gather(&self) -> Duration {
+        let last = self
+            .last_count_us
+            .load(std::sync::atomic::Ordering::Relaxed);
+        gather_after(Duration::from_micros(last))
+    }
+}
+
+/// The gathering window after a count that took `last`.
+fn gather_after(last: Duration) -> Duration {
+    last.saturating_mul(COUNTS_PER_GATHER)
+        .clamp(PROGRESS_GATHER, PROGRESS_GATHER_MAX)
+}
+
+/// The experiment's counts (every job's without one), timed for the next watcher's pace.
+async fn counted(
+    s: &AppState,
+    experiment: Option<ExperimentId>,
+) -> Result<headroom_shared::api::StateCounts, ApiError> {
+    let started = std::time::Instant::now();
+    let counts = s.store.counts(experiment).await?;
+    s.progress.counted(started.elapsed());
+    Ok(counts)
+}
+
 pub async fn progress(
     State(s): State<AppState>,
     ApiQuery(q): ApiQuery<ProgressQuery>,
@@ -156,18 +202,19 @@ pub async fn progress(
                 version
             } else {
                 // One of a run of changes: answered with the rest of the run a moment later,
-                // unless it ended the last job (whoever waits for the end hears it now).
-                let counts = s.store.counts(experiment).await?;
-                if counts.finished() == counts.total() {
+                // unless it ended the last job (whoever waits for the end hears it now). Asked
+                // without counting: a count reads every job.
+                if !s.store.unfinished(experiment).await? {
+                    let counts = counted(&s, experiment).await?;
                     return Ok(ApiJson(Progress { version, counts }));
                 }
-                tokio::time::sleep(PROGRESS_GATHER).await;
+                tokio::time::sleep(s.progress.gather()).await;
                 s.changes.version()
             }
         }
         None => s.changes.version(),
     };
-    let counts = s.store.counts(experiment).await?;
+    let counts = counted(&s, experiment).await?;
     Ok(ApiJson(Progress { version, counts }))
 }
 
@@ -186,4 +233,25 @@ pub async fn export(
     }
     let csv = crate::export::to_csv(&rows).map_err(|e| ApiError::internal(format!("csv: {e}")))?;
     Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], csv))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_count_spaces_the_answers_of_a_run_and_a_fast_one_does_not() {
+        assert_eq!(gather_after(Duration::ZERO), PROGRESS_GATHER);
+        assert_eq!(gather_after(Duration::from_millis(1)), PROGRESS_GATHER);
+        // A 30 ms count (100,000 jobs on PostgreSQL): answers 300 ms apart.
+        assert_eq!(
+            gather_after(Duration::from_millis(30)),
+            Duration::from_millis(300)
+        );
+        assert_eq!(gather_after(Duration::from_secs(60)), PROGRESS_GATHER_MAX);
+        let pace = ProgressPace::default();
+        assert_eq!(pace.gather(), PROGRESS_GATHER);
+        pace.counted(Duration::from_millis(50));
+        assert_eq!(pace.gather(), Duration::from_millis(500));
+    }
 }

@@ -41,6 +41,8 @@ pub struct AppState {
     pub metrics: crate::metrics::CoordinatorMetrics,
     /// Who each request is (bearer tokens).
     pub auth: Arc<Authenticator>,
+    /// How often progress watchers may be answered (`experiments::progress`).
+    pub progress: Arc<experiments::ProgressPace>,
 }
 
 /// The router, built from the shared route table (`headroom_shared::routes`): the method

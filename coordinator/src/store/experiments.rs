@@ -45,6 +45,11 @@ pub(super) async fn counts(tx: &mut dyn Tx, id: Option<ExperimentId>) -> Result<
     tx.state_counts(id.as_deref()).await
 }
 
+pub(super) async fn unfinished(tx: &mut dyn Tx, id: Option<ExperimentId>) -> Result<bool> {
+    let id = id.map(|e| e.to_string());
+    tx.unfinished(id.as_deref()).await
+}
+
 /// What `/metrics` counts from the store.
 pub(super) async fn tallies(tx: &mut dyn Tx) -> Result<Tallies> {
     let outcomes = tx.outcome_counts().await?;

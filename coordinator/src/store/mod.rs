@@ -354,6 +354,9 @@ pub trait Store: Send + Sync + 'static {
     async fn list_experiments(&self) -> Result<Vec<ExperimentSummary>>;
     async fn experiment(&self, id: ExperimentId) -> Result<ExperimentSummary>;
     async fn counts(&self, experiment: Option<ExperimentId>) -> Result<StateCounts>;
+    /// Whether some job of the experiment (of any, with `None`) has not ended; cheap where
+    /// [`Store::counts`] reads every job.
+    async fn unfinished(&self, experiment: Option<ExperimentId>) -> Result<bool>;
 
     async fn list_jobs(&self, filter: JobFilter) -> Result<Vec<JobSummary>>;
     async fn job(&self, id: JobId) -> Result<JobDetail>;
@@ -513,6 +516,10 @@ impl<B: Backend> Store for B {
 
     async fn counts(&self, experiment: Option<ExperimentId>) -> Result<StateCounts> {
         run!(self, read, "counts", experiments::counts, experiment; experiment = ?experiment)
+    }
+
+    async fn unfinished(&self, experiment: Option<ExperimentId>) -> Result<bool> {
+        run!(self, read, "unfinished", experiments::unfinished, experiment; experiment = ?experiment)
     }
 
     async fn list_jobs(&self, filter: JobFilter) -> Result<Vec<JobSummary>> {

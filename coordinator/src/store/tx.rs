@@ -94,6 +94,9 @@ pub trait JobsTx: Send {
     /// `name, seed, created_at, submitted_by` of an experiment.
     async fn experiment_row(&mut self, id: &str) -> Result<Option<(String, i64, Millis, String)>>;
     async fn state_counts(&mut self, experiment: Option<&str>) -> Result<StateCounts>;
+    /// Whether some job (of the experiment, or any) has not ended: one index probe, where a
+    /// count reads every job.
+    async fn unfinished(&mut self, experiment: Option<&str>) -> Result<bool>;
     async fn job_summaries(&mut self, which: JobsWhere<'_>) -> Result<Vec<JobSummary>>;
     /// The job's detail columns around its summary and attempts.
     async fn job_detail(

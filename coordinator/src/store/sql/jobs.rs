@@ -10,7 +10,8 @@ use super::super::rows::{self, Cols, LeaseRow};
 use super::super::tx::{JobsTx, JobsWhere};
 use super::super::{Millis, NewExperiment, Result};
 use super::{
-    EXPERIMENT_STATE_COUNTS, STATE_COUNTS, WAITING, all, done, first, pending_window, text,
+    EXPERIMENT_STATE_COUNTS, STATE_COUNTS, UNFINISHED, WAITING, all, done, first, pending_window,
+    text,
 };
 use crate::rules::{JobRules, LadderStep, PendingRow, QueueCursor};
 
@@ -63,6 +64,26 @@ impl<E: Exec> JobsTx for E {
             counts.add(state, n.max(0) as u64);
         }
         Ok(counts)
+    }
+
+    async fn unfinished(&mut self, experiment: Option<&str>) -> Result<bool> {
+        let found = match experiment {
+            Some(e) => {
+                let sql = format!(
+                    "SELECT 1 FROM jobs WHERE experiment_id = $1 AND state IN ({}) LIMIT 1",
+                    *UNFINISHED
+                );
+                first(self, &sql, args![e], |_| Ok(())).await?
+            }
+            None => {
+                let sql = format!(
+                    "SELECT 1 FROM jobs WHERE state IN ({}) LIMIT 1",
+                    *UNFINISHED
+                );
+                first(self, &sql, args![], |_| Ok(())).await?
+            }
+        };
+        Ok(found.is_some())
     }
 
     async fn job_summaries(&mut self, which: JobsWhere<'_>) -> Result<Vec<JobSummary>> {

@@ -22,6 +22,16 @@ macro_rules! args {
     ($($a:expr),* $(,)?) => { &[$(Arg::from($a)),*] };
 }
 
+/// The states of a job that has not ended, as an SQL list: the state machine says which.
+static UNFINISHED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    JobState::ALL
+        .iter()
+        .filter(|s| !s.is_terminal())
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+});
+
 /// The states of a job waiting for a lease, as the SQL list `'queued', 'retrying'`: the
 /// state machine says which they are (`JobState::is_pending`), not the SQL.
 static WAITING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
