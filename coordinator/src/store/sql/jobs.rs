@@ -10,8 +10,8 @@ use super::super::rows::{self, Cols, LeaseRow};
 use super::super::tx::{JobsTx, JobsWhere};
 use super::super::{Millis, NewExperiment, Result};
 use super::{
-    EXPERIMENT_STATE_COUNTS, STATE_COUNTS, UNFINISHED, WAITING, all, done, first, pending_window,
-    text,
+    EXPERIMENT_STATE_COUNTS, EXPERIMENT_UNFINISHED, STATE_COUNTS, UNFINISHED, WAITING, all, done,
+    first, pending_window, text,
 };
 use crate::rules::{JobRules, LadderStep, PendingRow, QueueCursor};
 
@@ -67,21 +67,10 @@ impl<E: Exec> JobsTx for E {
     }
 
     async fn unfinished(&mut self, experiment: Option<&str>) -> Result<bool> {
+        // Two statements, as for the counts: each plans with its own index.
         let found = match experiment {
-            Some(e) => {
-                let sql = format!(
-                    "SELECT 1 FROM jobs WHERE experiment_id = $1 AND state IN ({}) LIMIT 1",
-                    *UNFINISHED
-                );
-                first(self, &sql, args![e], |_| Ok(())).await?
-            }
-            None => {
-                let sql = format!(
-                    "SELECT 1 FROM jobs WHERE state IN ({}) LIMIT 1",
-                    *UNFINISHED
-                );
-                first(self, &sql, args![], |_| Ok(())).await?
-            }
+            Some(e) => first(self, &EXPERIMENT_UNFINISHED, args![e], |_| Ok(())).await?,
+            None => first(self, &UNFINISHED, args![], |_| Ok(())).await?,
         };
         Ok(found.is_some())
     }

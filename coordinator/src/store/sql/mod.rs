@@ -22,26 +22,20 @@ macro_rules! args {
     ($($a:expr),* $(,)?) => { &[$(Arg::from($a)),*] };
 }
 
-/// The states of a job that has not ended, as an SQL list: the state machine says which.
-static UNFINISHED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+/// The job states `which` holds, as an SQL list (`'queued', 'retrying'`): the state machine
+/// says which states those are, not the SQL.
+fn states(which: fn(&JobState) -> bool) -> String {
     JobState::ALL
         .iter()
-        .filter(|s| !s.is_terminal())
+        .filter(|s| which(s))
         .map(|s| format!("'{}'", s.as_str()))
         .collect::<Vec<_>>()
         .join(", ")
-});
+}
 
-/// The states of a job waiting for a lease, as the SQL list `'queued', 'retrying'`: the
-/// state machine says which they are (`JobState::is_pending`), not the SQL.
-static WAITING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    JobState::ALL
-        .iter()
-        .filter(|s| s.is_pending())
-        .map(|s| format!("'{}'", s.as_str()))
-        .collect::<Vec<_>>()
-        .join(", ")
-});
+/// The states of a job waiting for a lease (`JobState::is_pending`).
+static WAITING: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| states(|s| s.is_pending()));
 
 async fn all<E: Exec + ?Sized, T: Send>(
     e: &mut E,
@@ -96,6 +90,23 @@ pub(super) const EXPERIMENT_STATE_COUNTS: &str =
 
 /// How many jobs are in each state.
 pub(super) const STATE_COUNTS: &str = "SELECT state, COUNT(*) FROM jobs GROUP BY state";
+
+/// A job of experiment `$1` that has not ended, if any (one probe of `jobs_experiment_state`).
+static EXPERIMENT_UNFINISHED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT 1 FROM jobs WHERE experiment_id = $1 AND state IN ({}) LIMIT 1",
+        states(|s| !s.is_terminal())
+    )
+});
+
+/// A job that has not ended, if any (one probe of `jobs_pending`, whose first column is the
+/// state).
+static UNFINISHED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT 1 FROM jobs WHERE state IN ({}) LIMIT 1",
+        states(|s| !s.is_terminal())
+    )
+});
 
 /// The live attempts of node `$1` (each claim reads them), from the partial index
 /// `attempts_live`: not through every attempt the node ever ran. Written once, not at each
