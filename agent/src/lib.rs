@@ -8,15 +8,16 @@
 //!   off (`heartbeat`, `self_fence`), sweeps strays, samples telemetry, serves metrics.
 //! - `supervisor`: the per-attempt supervisor process (the same binary, started with
 //!   `supervisor::SUPERVISOR_ARG`): runs one attempt (`attempt`: spawn, run, watch and measure,
-//!   stop and verify), its wait (`prestart`) and colocated background (`colocate`),
-//!   classifies its end, journals it, and stops its job itself when its lease is not renewed
+//!   stop and verify; `process` starts its processes), its wait (`prestart`) and colocated
+//!   background (`colocate`), classifies its end, journals it, and stops its job itself when its lease is not renewed
 //!   in time. `supervisor::proto` is what the agent says to it. It never imports `agent`.
 //! - `doctor`: `headroom doctor`, what headroom relies on of a node, checked.
 //! - `cgroup` (each attempt's cgroup: membership, kill, host RAM peak),
 //!   `gpu` (NVML and fake backends), `jobenv` (what of the agent's environment jobs get), `runas` (the Unix user
 //!   a job runs as), `procscan` (processes by their markers), `outcomes`
 //!   (the journal of end reports): used by both.
-// `unsafe` is denied except where a child must call setsid/prctl between fork and exec.
+// `unsafe` is denied except where an attempt's process is started (`supervisor::process`: a
+// clone sharing the supervisor's memory, raw system calls until the exec).
 #![deny(unsafe_code)]
 
 /// A fixed-length name for an agent's scope (its data directory, a path of any length): what

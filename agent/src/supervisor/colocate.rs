@@ -10,9 +10,9 @@ use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::supervisor::process::Child;
 use headroom_shared::api::BackgroundReport;
 use headroom_shared::colocate::Background;
-use tokio::process::Child;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -104,12 +104,11 @@ impl Running {
         let start = log.metadata().map(|m| m.len()).unwrap_or(0);
         let mut env = bg.env.clone();
         env.insert(ROLE_VAR.to_string(), ROLE_BACKGROUND.to_string());
-        let mut cmd = build_command(launch, &bg.argv, &env, backend, &log)?;
-        let spawned = procscan::spawn_owned(|| cmd.spawn(), Child::id);
-        drop(cmd);
+        let spec = build_command(launch, &bg.argv, &env, backend, &log)?;
+        let spawned = procscan::spawn_owned(|| spec.spawn(), |c| Some(c.id()));
         let child =
             spawned.map_err(|e| format!("cannot start the background `{}`: {e}", bg.argv[0]))?;
-        let Some(pid) = child.id().filter(|&p| p > 0) else {
+        let Some(pid) = Some(child.id()).filter(|&p| p > 0) else {
             return Err("the background vanished at spawn".to_string());
         };
         let ready = match ready {

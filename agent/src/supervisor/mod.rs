@@ -21,6 +21,7 @@ pub mod direct;
 mod handoff;
 pub mod measure;
 pub mod prestart;
+pub mod process;
 pub mod proto;
 pub mod self_fence;
 

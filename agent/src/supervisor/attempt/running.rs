@@ -5,11 +5,11 @@ use std::fs::File;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::supervisor::process::Child;
 use chrono::{DateTime, Utc};
 use headroom_shared::AttemptId;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use tokio::process::Child;
 
 use super::watch::Watch;
 use crate::procscan;

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use chrono::Utc;
 use headroom_shared::FailureClass;
-use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
 
 use super::command::command;
@@ -171,15 +170,14 @@ pub(super) async fn start(
     };
     lock(&watch).meter.mark_exec(std::time::Instant::now());
 
-    let spawned = command(launch, backend.as_ref(), &log).and_then(|mut cmd| {
-        let spawned = procscan::spawn_owned(|| cmd.spawn(), Child::id);
-        // The command holds the log handles given to the child: close ours now.
-        drop(cmd);
-        spawned.map_err(|e| format!("cannot start `{}`: {e}", launch.argv[0]))
+    // The spec holds the log handles given to the child: they close with it.
+    let spawned = command(launch, backend.as_ref(), &log).and_then(|spec| {
+        procscan::spawn_owned(|| spec.spawn(), |c| Some(c.id()))
+            .map_err(|e| format!("cannot start `{}`: {e}", launch.argv[0]))
     });
     // A fresh child always has a pid; without one there is nothing to supervise, and pid 0
     // must never reach killpg (it would signal the agent's own group).
-    let spawned = spawned.and_then(|child| match child.id().filter(|&p| p > 0) {
+    let spawned = spawned.and_then(|child| match Some(child.id()).filter(|&p| p > 0) {
         Some(pid) => Ok((child, pid)),
         None => Err("the process vanished at spawn".to_string()),
     });

@@ -8,11 +8,11 @@ use std::process::ExitStatus;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::supervisor::process::Child;
 use chrono::Utc;
 use headroom_shared::api::{GpuSample, PeakSource};
 use headroom_shared::{AttemptId, FailureClass};
 use nix::sys::signal::Signal;
-use tokio::process::Child;
 use tokio::time::Instant;
 
 use crate::gpu::{self, GpuBackend};

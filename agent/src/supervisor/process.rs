@@ -1,0 +1,491 @@
+//! An attempt's processes (its job, its background): started the way `posix_spawn` starts
+//! one, by a `clone` that shares the supervisor's memory and holds the supervisor's thread
+//! until the exec, with what `posix_spawn` cannot do set in between (cgroups joined, its own
+//! session, the job's user and groups, death with the supervisor); and the handle that waits
+//! for it, reaps it and kills it.
+//!
+//! A fork would copy the supervisor's page tables only for the exec to throw them away, and
+//! every page the supervisor then writes would be copied once more: about a tenth of all the
+//! CPU a trivial job costs (`bench/README.md`). Sharing the memory makes the child's part
+//! strict: between the clone and the exec it runs on a stack of its own, makes only raw
+//! system calls over what [`Spec::spawn`] prepared, allocates nothing, takes no lock and
+//! changes no state of the supervisor's. Identity calls are made as the kernel's per-thread
+//! ones: the C library's `setuid` would ask every thread of the supervisor to change too.
+
+use std::ffi::{CString, c_int, c_void};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use nix::libc;
+use rustix::process::{Gid, Pid, Uid, WaitOptions};
+use tokio::io::unix::AsyncFd;
+
+/// The child's stack: its code calls nothing deep, and a signal cannot reach it there (all
+/// are blocked until the exec).
+const STACK: usize = 64 * 1024;
+
+/// How often a child whose pid file descriptor said "exited" too soon is looked at again.
+const RELOOK: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The PATH an `execvp` uses where the environment has none.
+const DEFAULT_PATH: &str = "/bin:/usr/bin";
+
+/// A process to start: everything the child needs, prepared before it exists.
+pub struct Spec {
+    /// The program as given: a path when it holds a `/`, else looked up in the `PATH` of `env`.
+    pub program: String,
+    /// Arguments after the program (`argv[0]` is the program as given).
+    pub args: Vec<String>,
+    /// The whole environment, `NAME=value` (later entries of one name win).
+    pub env: Vec<(String, String)>,
+    /// Its working directory (the supervisor's when none).
+    pub cwd: Option<std::path::PathBuf>,
+    /// Its standard output and error (its standard input is `/dev/null`).
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    /// `cgroup.procs` files it joins first, as the supervisor's user, who may move it.
+    pub join: Vec<File>,
+    /// Supplementary groups, group and user it becomes (after joining): none keeps the
+    /// supervisor's.
+    pub identity: Option<(Vec<u32>, u32, u32)>,
+}
+
+/// Where the child stopped, with its `errno`, when it could not exec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Stdio = 1,
+    Cwd,
+    Cgroup,
+    Session,
+    Groups,
+    Group,
+    User,
+    DeathSignal,
+    Exec,
+}
+
+impl Step {
+    fn from_code(code: i32) -> Option<Step> {
+        [
+            Step::Stdio,
+            Step::Cwd,
+            Step::Cgroup,
+            Step::Session,
+            Step::Groups,
+            Step::Group,
+            Step::User,
+            Step::DeathSignal,
+            Step::Exec,
+        ]
+        .into_iter()
+        .find(|s| *s as i32 == code)
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Step::Stdio => "cannot set up its standard input and output",
+            Step::Cwd => "cannot enter its working directory",
+            Step::Cgroup => "cannot join the attempt's cgroup",
+            Step::Session => "cannot start a session of its own",
+            Step::Groups => "cannot take the user's groups",
+            Step::Group => "cannot take the user's group",
+            Step::User => "cannot become the user",
+            Step::DeathSignal => "cannot tie it to its supervisor",
+            Step::Exec => "exec",
+        }
+    }
+}
+
+/// What the child reads, and the one thing it writes (why it could not exec).
+struct Prepared {
+    /// Full paths to try in order (one when the program holds a `/`).
+    paths: Vec<CString>,
+    argv: Vec<CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
+    envp: Vec<CString>,
+    envp_ptrs: Vec<*const libc::c_char>,
+    cwd: Option<CString>,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    join: Vec<File>,
+    groups: Vec<Gid>,
+    ids: Option<(Gid, Uid)>,
+    /// `step << 16 | errno`, written by the child when it gives up; 0 while it has not.
+    failed: AtomicI32,
+}
+
+fn c_string(what: &str, s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} holds a NUL byte: {s:?}"),
+        )
+    })
+}
+
+/// `execvp`'s candidates for `program`: itself when it holds a `/`, else each directory of
+/// `path` (an empty one is the working directory) joined to it.
+fn candidates(program: &str, path: Option<&str>) -> io::Result<Vec<CString>> {
+    if program.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    }
+    if program.contains('/') {
+        return Ok(vec![c_string("the program", program)?]);
+    }
+    path.unwrap_or(DEFAULT_PATH)
+        .split(':')
+        .map(|dir| {
+            let dir = if dir.is_empty() { "." } else { dir };
+            c_string("PATH", &format!("{}/{program}", dir.trim_end_matches('/')))
+        })
+        .collect()
+}
+
+impl Spec {
+    /// Starts the process; returns once it has exec'd, or with why it could not.
+    pub fn spawn(self) -> io::Result<Child> {
+        let mut env: Vec<(String, String)> = Vec::with_capacity(self.env.len());
+        for (k, v) in self.env {
+            match env.iter_mut().find(|(name, _)| *name == k) {
+                Some(slot) => slot.1 = v,
+                None => env.push((k, v)),
+            }
+        }
+        let path = env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_str());
+        let paths = candidates(&self.program, path)?;
+        let argv = std::iter::once(&self.program)
+            .chain(&self.args)
+            .map(|a| c_string("an argument", a))
+            .collect::<io::Result<Vec<_>>>()?;
+        let envp = env
+            .iter()
+            .map(|(k, v)| {
+                if k.is_empty() || k.contains('=') {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("an environment variable's name is not valid: {k:?}"),
+                    ));
+                }
+                c_string("an environment variable", &format!("{k}={v}"))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        let cwd = self
+            .cwd
+            .as_ref()
+            .map(|d| {
+                CString::new(d.as_os_str().as_encoded_bytes()).map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "the working directory holds a NUL byte",
+                    )
+                })
+            })
+            .transpose()?;
+        let stdin = OwnedFd::from(File::open("/dev/null")?);
+        let (groups, ids) = match self.identity {
+            Some((groups, gid, uid)) => (
+                groups.into_iter().map(Gid::from_raw).collect(),
+                Some((Gid::from_raw(gid), Uid::from_raw(uid))),
+            ),
+            None => (Vec::new(), None),
+        };
+        let mut prepared = Box::new(Prepared {
+            paths,
+            argv_ptrs: Vec::new(),
+            argv,
+            envp_ptrs: Vec::new(),
+            envp,
+            cwd,
+            stdin,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            join: self.join,
+            groups,
+            ids,
+            failed: AtomicI32::new(0),
+        });
+        prepared.argv_ptrs = prepared
+            .argv
+            .iter()
+            .map(|a| a.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        prepared.envp_ptrs = prepared
+            .envp
+            .iter()
+            .map(|a| a.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        let mut stack = vec![0u8; STACK];
+        let pid = clone_and_exec(&prepared, &mut stack)?;
+        let failed = prepared.failed.load(Ordering::SeqCst);
+        if failed != 0 {
+            // It has exited (the clone returns only after its exec or its exit): reap it.
+            let _ = rustix::process::waitpid(Pid::from_raw(pid), WaitOptions::empty());
+            let errno = io::Error::from_raw_os_error(failed & 0xffff);
+            return Err(match Step::from_code(failed >> 16) {
+                Some(Step::Exec) | None => errno,
+                Some(step) => io::Error::new(errno.kind(), format!("{}: {errno}", step.describe())),
+            });
+        }
+        let pid = u32::try_from(pid).map_err(|_| io::Error::other("clone returned no pid"))?;
+        // Opened at once, while the process cannot have been reaped by anyone else (it is
+        // ours and unreaped): a pid file descriptor names this process and no later one.
+        let exits = rustix::process::pidfd_open(
+            Pid::from_raw(pid as i32).ok_or_else(|| io::Error::other("pid 0"))?,
+            rustix::process::PidfdFlags::NONBLOCK,
+        )
+        .ok();
+        Ok(Child {
+            pid,
+            status: None,
+            exits: exits.map(Exits::Fd),
+        })
+    }
+}
+
+/// Blocks every signal around the clone, so that none runs one of the supervisor's handlers
+/// on the child's stack; the child puts back default handlers before it lets them in.
+#[allow(unsafe_code)]
+fn clone_and_exec(prepared: &Prepared, stack: &mut [u8]) -> io::Result<i32> {
+    // SAFETY: plain libc calls over valid, initialised sets; the old mask is restored below.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
+    // The stack grows down from its end, which must be 16-byte aligned.
+    let top = stack.as_mut_ptr_range().end as usize & !15;
+    // SAFETY: CLONE_VM | CLONE_VFORK: the child shares this memory and this thread waits
+    // until it has exec'd or exited, so `prepared` and `stack` outlive its use of them. The
+    // child runs `child_main` only, whose contract is above (no allocation, no lock, raw
+    // system calls). SIGCHLD tells the supervisor of its exit like any child's.
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            top as *mut c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            prepared as *const Prepared as *mut c_void,
+        )
+    };
+    let err = io::Error::last_os_error();
+    // SAFETY: restores the mask saved above.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+    if pid < 0 {
+        return Err(err);
+    }
+    Ok(pid)
+}
+
+/// The child, between the clone and the exec.
+#[allow(unsafe_code)]
+extern "C" fn child_main(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `Prepared` the parent passed, alive while it waits for us.
+    let p = unsafe { &*(arg as *const Prepared) };
+    let (step, errno) = child_setup(p);
+    p.failed
+        .store(((step as i32) << 16) | (errno & 0xffff), Ordering::SeqCst);
+    127
+}
+
+/// Runs the child's steps; returns only where one failed (the exec included).
+#[allow(unsafe_code)]
+fn child_setup(p: &Prepared) -> (Step, i32) {
+    let raw = |e: rustix::io::Errno| e.raw_os_error();
+    // Handlers of the supervisor must not run here: back to the defaults (what an exec would
+    // do), and SIGPIPE too, which the Rust runtime ignores and a job expects to kill it.
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: rt_sigaction on this task's own table (no CLONE_SIGHAND: a copy of the
+        // supervisor's), with structures on this stack.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+                continue;
+            }
+            if old.sa_sigaction != libc::SIG_DFL
+                && (old.sa_sigaction != libc::SIG_IGN || sig == libc::SIGPIPE)
+            {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        }
+    }
+    if let Err(e) = rustix::stdio::dup2_stdin(p.stdin.as_fd())
+        .and_then(|()| rustix::stdio::dup2_stdout(p.stdout.as_fd()))
+        .and_then(|()| rustix::stdio::dup2_stderr(p.stderr.as_fd()))
+    {
+        return (Step::Stdio, raw(e));
+    }
+    if let Some(dir) = &p.cwd
+        && let Err(e) = rustix::process::chdir(dir.as_c_str())
+    {
+        return (Step::Cwd, raw(e));
+    }
+    for f in &p.join {
+        if let Err(e) = rustix::io::write(f, b"0") {
+            return (Step::Cgroup, raw(e));
+        }
+    }
+    if let Err(e) = rustix::process::setsid() {
+        return (Step::Session, raw(e));
+    }
+    // Not the agent's private umask: the job's files are made as users expect.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+    if let Some((gid, uid)) = p.ids {
+        if let Err(e) = rustix::thread::set_thread_groups(&p.groups) {
+            return (Step::Groups, raw(e));
+        }
+        if let Err(e) = rustix::thread::set_thread_gid(gid) {
+            return (Step::Group, raw(e));
+        }
+        if let Err(e) = rustix::thread::set_thread_uid(uid) {
+            return (Step::User, raw(e));
+        }
+    }
+    // Last: changing user clears it.
+    if let Err(e) =
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+    {
+        return (Step::DeathSignal, raw(e));
+    }
+    // SAFETY: an empty set on this stack; the job starts with no signal blocked.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
+    // `execvp`'s search: a directory that does not hold it is passed over, one that may not
+    // be searched or run is remembered, anything else ends the search.
+    let mut errno = libc::ENOENT;
+    let mut denied = false;
+    for path in &p.paths {
+        // SAFETY: NUL-terminated strings and NULL-terminated arrays prepared by the parent.
+        unsafe {
+            libc::execve(path.as_ptr(), p.argv_ptrs.as_ptr(), p.envp_ptrs.as_ptr());
+        }
+        errno = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOENT);
+        match errno {
+            libc::EACCES => denied = true,
+            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+            _ => return (Step::Exec, errno),
+        }
+    }
+    (Step::Exec, if denied { libc::EACCES } else { errno })
+}
+
+/// How a child's exit is awaited: its pid file descriptor, or (a kernel without them)
+/// SIGCHLD.
+enum Exits {
+    Fd(OwnedFd),
+    Registered(AsyncFd<OwnedFd>),
+}
+
+/// A started process of the attempt. Dropped unreaped, it is killed and left to the
+/// supervisor's reaper (`procscan::reap_orphans`).
+pub struct Child {
+    pid: u32,
+    status: Option<ExitStatus>,
+    exits: Option<Exits>,
+}
+
+impl Child {
+    pub fn id(&self) -> u32 {
+        self.pid
+    }
+
+    /// Its exit status if it has exited (reaping it), else `None`.
+    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        if let Some(s) = self.status {
+            return Ok(Some(s));
+        }
+        let pid = Pid::from_raw(self.pid as i32).ok_or_else(|| io::Error::other("pid 0"))?;
+        match rustix::process::waitpid(Some(pid), WaitOptions::NOHANG) {
+            Ok(Some((_, status))) => {
+                let status = ExitStatus::from_raw(status.as_raw());
+                self.status = Some(status);
+                self.exits = None;
+                Ok(Some(status))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Waits for it to exit and reaps it.
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        loop {
+            if let Some(s) = self.try_wait()? {
+                return Ok(s);
+            }
+            match self.exits.take() {
+                Some(Exits::Fd(fd)) => {
+                    // SAFETY: the `AsyncFd` owns the descriptor: it stays open and the same
+                    // until the `AsyncFd` is dropped.
+                    #[allow(unsafe_code)]
+                    let registered = unsafe { AsyncFd::register(fd) };
+                    self.exits = Some(Exits::Registered(registered.map_err(|e| e.into_parts().1)?));
+                }
+                Some(Exits::Registered(fd)) => {
+                    let mut ready = fd.readable().await?;
+                    if let Some(s) = self.try_wait()? {
+                        return Ok(s);
+                    }
+                    // Readable yet not reapable: wait for the next change, and look again
+                    // now and then whatever the descriptor says.
+                    ready.clear_ready();
+                    drop(ready);
+                    let _ = tokio::time::timeout(RELOOK, fd.readable()).await;
+                    self.exits = Some(Exits::Registered(fd));
+                }
+                None => {
+                    // No pid file descriptor: SIGCHLD, registered before the look above
+                    // repeats, so an exit between the two is not missed.
+                    let mut chld =
+                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+                    if let Some(s) = self.try_wait()? {
+                        return Ok(s);
+                    }
+                    chld.recv().await;
+                }
+            }
+        }
+    }
+
+    /// Sends it SIGKILL, unless it has been reaped.
+    pub fn start_kill(&mut self) -> io::Result<()> {
+        if self.status.is_some() {
+            return Ok(());
+        }
+        let pid = Pid::from_raw(self.pid as i32).ok_or_else(|| io::Error::other("pid 0"))?;
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).map_err(Into::into)
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if self.status.is_none() && !matches!(self.try_wait(), Ok(Some(_))) {
+            let _ = self.start_kill();
+            crate::procscan::disown(self.pid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
