@@ -10,9 +10,11 @@
 //! Answered files are renamed aside as spares and reused for the next outcome rather than
 //! unlinked and created again: on ext4 without a journal every inode allocation skips the
 //! inodes freed in the last seconds one by one, so a create and an unlink per job made each
-//! later create in the data directory slower, the more so the faster jobs ran.
+//! later create in the data directory slower, the more so the faster jobs ran. A spare is
+//! overwritten in place and cut to length, so its data block is reused too.
 
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -160,14 +162,29 @@ impl Outcomes {
         let path = self.path_of(outcome.attempt);
         // A spare, when there is one, is the temporary file: its inode is reused. A kill
         // before the rename leaves it a spare, never read (the report was not sent yet).
+        let reused = spare.is_some();
         let tmp = spare.unwrap_or_else(|| path.with_extension("json.tmp"));
         let bytes = serde_json::to_vec(outcome).map_err(|source| OutcomesError::Format {
             path: path.clone(),
             source,
         })?;
-        let mut file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        file.write_all(&bytes).map_err(io(&tmp))?;
-        file.sync_data().map_err(io(&tmp))?;
+        if reused {
+            // Overwritten in place and cut to length, not truncated first: its data block
+            // stays allocated, so the write frees and allocates none (nor discards one).
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&tmp)
+                .map_err(io(&tmp))?;
+            file.write_all_at(&bytes, 0).map_err(io(&tmp))?;
+            file.set_len(bytes.len() as u64).map_err(io(&tmp))?;
+            file.sync_data().map_err(io(&tmp))?;
+        } else {
+            let mut file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+            file.write_all(&bytes).map_err(io(&tmp))?;
+            file.sync_data().map_err(io(&tmp))?;
+        }
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
         std::fs::File::open(&self.dir)
             .and_then(|d| d.sync_all())
@@ -358,7 +375,9 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().expect("tempdir");
         let j = Outcomes::open(dir.path()).expect("open");
-        let first = outcome(1, 2);
+        // Longer than the next: the reused file must not keep the end of it.
+        let mut first = outcome(1, 2);
+        first.report.log_tail = "a long last line of the log\n".repeat(40);
         j.write(&first).expect("write");
         let inode = std::fs::metadata(j.path_of(first.attempt))
             .expect("journalled")
