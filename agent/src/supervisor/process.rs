@@ -10,13 +10,16 @@
 //! strict: between the clone and the exec it runs on a stack of its own, makes only raw
 //! system calls over what [`Spec::spawn`] prepared, allocates nothing, takes no lock and
 //! changes no state of the supervisor's. Identity calls are made as the kernel's per-thread
-//! ones: the C library's `setuid` would ask every thread of the supervisor to change too.
+//! ones: the C library's `setuid` would ask every thread of the supervisor to change too. Its
+//! errno is the supervisor's thread's (the same thread-local storage), which waits meanwhile.
 
-use std::ffi::{CString, c_int, c_void};
+use std::ffi::{CStr, CString, OsStr, OsString, c_int, c_void};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -24,15 +27,18 @@ use nix::libc;
 use rustix::process::{Gid, Pid, Uid, WaitOptions};
 use tokio::io::unix::AsyncFd;
 
-/// The child's stack: its code calls nothing deep, and a signal cannot reach it there (all
-/// are blocked until the exec).
+/// The child's stack, above a guard page: its code calls nothing deep, and no signal
+/// handler runs there (all are blocked until the exec).
 const STACK: usize = 64 * 1024;
 
 /// How often a child whose pid file descriptor said "exited" too soon is looked at again.
 const RELOOK: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The PATH an `execvp` uses where the environment has none.
-const DEFAULT_PATH: &str = "/bin:/usr/bin";
+const DEFAULT_PATH: &[u8] = b"/bin:/usr/bin";
+
+/// What runs a file the kernel cannot (a script without `#!`), as `execvp` does.
+const SHELL: &CStr = c"/bin/sh";
 
 /// A process to start: everything the child needs, prepared before it exists.
 pub struct Spec {
@@ -40,10 +46,10 @@ pub struct Spec {
     pub program: String,
     /// Arguments after the program (`argv[0]` is the program as given).
     pub args: Vec<String>,
-    /// The whole environment, `NAME=value` (later entries of one name win).
-    pub env: Vec<(String, String)>,
+    /// The whole environment (later entries of one name win).
+    pub env: Vec<(OsString, OsString)>,
     /// Its working directory (the supervisor's when none).
-    pub cwd: Option<std::path::PathBuf>,
+    pub cwd: Option<PathBuf>,
     /// Its standard output and error (its standard input is `/dev/null`).
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
@@ -106,6 +112,8 @@ struct Prepared {
     paths: Vec<CString>,
     argv: Vec<CString>,
     argv_ptrs: Vec<*const libc::c_char>,
+    /// For each path, `/bin/sh PATH ARGS...`: where the kernel cannot run the file itself.
+    script_ptrs: Vec<Vec<*const libc::c_char>>,
     envp: Vec<CString>,
     envp_ptrs: Vec<*const libc::c_char>,
     cwd: Option<CString>,
@@ -119,37 +127,66 @@ struct Prepared {
     failed: AtomicI32,
 }
 
-fn c_string(what: &str, s: &str) -> io::Result<CString> {
-    CString::new(s).map_err(|_| {
+fn c_string(what: &str, bytes: &[u8]) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{what} holds a NUL byte: {s:?}"),
+            format!(
+                "{what} holds a NUL byte: {:?}",
+                String::from_utf8_lossy(bytes)
+            ),
         )
     })
 }
 
 /// `execvp`'s candidates for `program`: itself when it holds a `/`, else each directory of
 /// `path` (an empty one is the working directory) joined to it.
-fn candidates(program: &str, path: Option<&str>) -> io::Result<Vec<CString>> {
+fn candidates(program: &str, path: Option<&[u8]>) -> io::Result<Vec<CString>> {
     if program.is_empty() {
         return Err(io::Error::from_raw_os_error(libc::ENOENT));
     }
     if program.contains('/') {
-        return Ok(vec![c_string("the program", program)?]);
+        return Ok(vec![c_string("the program", program.as_bytes())?]);
     }
     path.unwrap_or(DEFAULT_PATH)
-        .split(':')
+        .split(|&b| b == b':')
         .map(|dir| {
-            let dir = if dir.is_empty() { "." } else { dir };
-            c_string("PATH", &format!("{}/{program}", dir.trim_end_matches('/')))
+            let mut full = if dir.is_empty() {
+                b".".to_vec()
+            } else {
+                dir.to_vec()
+            };
+            while full.len() > 1 && full.ends_with(b"/") {
+                full.pop();
+            }
+            full.push(b'/');
+            full.extend_from_slice(program.as_bytes());
+            c_string("PATH", &full)
         })
+        .collect()
+}
+
+/// `fd` numbered above the standard streams, so that setting those up in the child cannot
+/// overwrite it or leave it close-on-exec (a supervisor whose own were closed).
+fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    Ok(rustix::io::fcntl_dupfd_cloexec(&fd, 3)?)
+}
+
+fn pointers(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
         .collect()
 }
 
 impl Spec {
     /// Starts the process; returns once it has exec'd, or with why it could not.
     pub fn spawn(self) -> io::Result<Child> {
-        let mut env: Vec<(String, String)> = Vec::with_capacity(self.env.len());
+        let mut env: Vec<(OsString, OsString)> = Vec::with_capacity(self.env.len());
         for (k, v) in self.env {
             match env.iter_mut().find(|(name, _)| *name == k) {
                 Some(slot) => slot.1 = v,
@@ -158,38 +195,38 @@ impl Spec {
         }
         let path = env
             .iter()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| v.as_str());
+            .find(|(k, _)| k == OsStr::new("PATH"))
+            .map(|(_, v)| v.as_bytes());
         let paths = candidates(&self.program, path)?;
         let argv = std::iter::once(&self.program)
             .chain(&self.args)
-            .map(|a| c_string("an argument", a))
+            .map(|a| c_string("an argument", a.as_bytes()))
             .collect::<io::Result<Vec<_>>>()?;
         let envp = env
             .iter()
             .map(|(k, v)| {
-                if k.is_empty() || k.contains('=') {
+                let k = k.as_bytes();
+                if k.is_empty() || k.contains(&b'=') {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
-                        format!("an environment variable's name is not valid: {k:?}"),
+                        format!(
+                            "an environment variable's name is not valid: {:?}",
+                            String::from_utf8_lossy(k)
+                        ),
                     ));
                 }
-                c_string("an environment variable", &format!("{k}={v}"))
+                let mut entry = k.to_vec();
+                entry.push(b'=');
+                entry.extend_from_slice(v.as_bytes());
+                c_string("an environment variable", &entry)
             })
             .collect::<io::Result<Vec<_>>>()?;
         let cwd = self
             .cwd
             .as_ref()
-            .map(|d| {
-                CString::new(d.as_os_str().as_encoded_bytes()).map_err(|_| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "the working directory holds a NUL byte",
-                    )
-                })
-            })
+            .map(|d| c_string("the working directory", d.as_os_str().as_bytes()))
             .transpose()?;
-        let stdin = OwnedFd::from(File::open("/dev/null")?);
+        let stdin = above_stdio(OwnedFd::from(File::open("/dev/null")?))?;
         let (groups, ids) = match self.identity {
             Some((groups, gid, uid)) => (
                 groups.into_iter().map(Gid::from_raw).collect(),
@@ -200,32 +237,35 @@ impl Spec {
         let mut prepared = Box::new(Prepared {
             paths,
             argv_ptrs: Vec::new(),
+            script_ptrs: Vec::new(),
             argv,
             envp_ptrs: Vec::new(),
             envp,
             cwd,
             stdin,
-            stdout: self.stdout,
-            stderr: self.stderr,
+            stdout: above_stdio(self.stdout)?,
+            stderr: above_stdio(self.stderr)?,
             join: self.join,
             groups,
             ids,
             failed: AtomicI32::new(0),
         });
-        prepared.argv_ptrs = prepared
-            .argv
+        prepared.argv_ptrs = pointers(&prepared.argv);
+        prepared.envp_ptrs = pointers(&prepared.envp);
+        prepared.script_ptrs = prepared
+            .paths
             .iter()
-            .map(|a| a.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
+            .map(|path| {
+                [SHELL.as_ptr(), path.as_ptr()]
+                    .into_iter()
+                    .chain(prepared.argv.iter().skip(1).map(|a| a.as_ptr()))
+                    .chain(std::iter::once(std::ptr::null()))
+                    .collect()
+            })
             .collect();
-        prepared.envp_ptrs = prepared
-            .envp
-            .iter()
-            .map(|a| a.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect();
-        let mut stack = vec![0u8; STACK];
-        let pid = clone_and_exec(&prepared, &mut stack)?;
+        let stack = Stack::new()?;
+        let pid = clone_and_exec(&prepared, &stack)?;
+        drop(stack);
         let failed = prepared.failed.load(Ordering::SeqCst);
         if failed != 0 {
             // It has exited (the clone returns only after its exec or its exit): reap it.
@@ -237,25 +277,78 @@ impl Spec {
             });
         }
         let pid = u32::try_from(pid).map_err(|_| io::Error::other("clone returned no pid"))?;
+        let raw = Pid::from_raw(pid as i32).ok_or_else(|| io::Error::other("pid 0"))?;
         // Opened at once, while the process cannot have been reaped by anyone else (it is
         // ours and unreaped): a pid file descriptor names this process and no later one.
-        let exits = rustix::process::pidfd_open(
-            Pid::from_raw(pid as i32).ok_or_else(|| io::Error::other("pid 0"))?,
-            rustix::process::PidfdFlags::NONBLOCK,
-        )
-        .ok();
+        let exits = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty())
+            .ok()
+            .map(Exits::Fd);
         Ok(Child {
             pid,
             status: None,
-            exits: exits.map(Exits::Fd),
+            exits,
         })
+    }
+}
+
+/// The child's stack: mapped for it, with a page below that faults rather than let an
+/// overflow write over the supervisor's memory.
+struct Stack {
+    base: *mut c_void,
+    len: usize,
+}
+
+impl Stack {
+    #[allow(unsafe_code)]
+    fn new() -> io::Result<Stack> {
+        // SAFETY: sysconf reads a constant of the system.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+            .ok()
+            .filter(|&p| p > 0)
+            .unwrap_or(4096);
+        let len = STACK + page;
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let stack = Stack { base, len };
+        // SAFETY: the lowest page of the mapping made above.
+        if unsafe { libc::mprotect(base, page, libc::PROT_NONE) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+
+    /// Its top, where a stack growing down starts: 16-byte aligned.
+    fn top(&self) -> *mut c_void {
+        ((self.base as usize + self.len) & !15) as *mut c_void
+    }
+}
+
+impl Drop for Stack {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, used by no one after the child's exec or exit.
+        unsafe {
+            libc::munmap(self.base, self.len);
+        }
     }
 }
 
 /// Blocks every signal around the clone, so that none runs one of the supervisor's handlers
 /// on the child's stack; the child puts back default handlers before it lets them in.
 #[allow(unsafe_code)]
-fn clone_and_exec(prepared: &Prepared, stack: &mut [u8]) -> io::Result<i32> {
+fn clone_and_exec(prepared: &Prepared, stack: &Stack) -> io::Result<i32> {
     // SAFETY: plain libc calls over valid, initialised sets; the old mask is restored below.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -263,8 +356,6 @@ fn clone_and_exec(prepared: &Prepared, stack: &mut [u8]) -> io::Result<i32> {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
     }
-    // The stack grows down from its end, which must be 16-byte aligned.
-    let top = stack.as_mut_ptr_range().end as usize & !15;
     // SAFETY: CLONE_VM | CLONE_VFORK: the child shares this memory and this thread waits
     // until it has exec'd or exited, so `prepared` and `stack` outlive its use of them. The
     // child runs `child_main` only, whose contract is above (no allocation, no lock, raw
@@ -272,7 +363,7 @@ fn clone_and_exec(prepared: &Prepared, stack: &mut [u8]) -> io::Result<i32> {
     let pid = unsafe {
         libc::clone(
             child_main,
-            top as *mut c_void,
+            stack.top(),
             libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
             prepared as *const Prepared as *mut c_void,
         )
@@ -288,7 +379,8 @@ fn clone_and_exec(prepared: &Prepared, stack: &mut [u8]) -> io::Result<i32> {
     Ok(pid)
 }
 
-/// The child, between the clone and the exec.
+/// The child, between the clone and the exec. Nothing in it can panic (an abort here would
+/// be raised on the supervisor's thread id, through its thread-local storage).
 #[allow(unsafe_code)]
 extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the `Prepared` the parent passed, alive while it waits for us.
@@ -369,32 +461,52 @@ fn child_setup(p: &Prepared) -> (Step, i32) {
         libc::sigemptyset(&mut none);
         libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
-    // `execvp`'s search: a directory that does not hold it is passed over, one that may not
-    // be searched or run is remembered, anything else ends the search.
-    let mut errno = libc::ENOENT;
+    // `execvp`'s search: a file the kernel cannot run is run by the shell; a directory that
+    // does not hold it is passed over, one that may not be searched or run is remembered,
+    // anything else ends the search.
+    let errno = || {
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOENT)
+    };
+    let mut last = libc::ENOENT;
     let mut denied = false;
-    for path in &p.paths {
+    for (path, script) in p.paths.iter().zip(&p.script_ptrs) {
         // SAFETY: NUL-terminated strings and NULL-terminated arrays prepared by the parent.
         unsafe {
             libc::execve(path.as_ptr(), p.argv_ptrs.as_ptr(), p.envp_ptrs.as_ptr());
         }
-        errno = io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::ENOENT);
-        match errno {
+        last = errno();
+        if last == libc::ENOEXEC {
+            // SAFETY: as above.
+            unsafe {
+                libc::execve(SHELL.as_ptr(), script.as_ptr(), p.envp_ptrs.as_ptr());
+            }
+            last = errno();
+        }
+        match last {
             libc::EACCES => denied = true,
             libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
-            _ => return (Step::Exec, errno),
+            _ => return (Step::Exec, last),
         }
     }
-    (Step::Exec, if denied { libc::EACCES } else { errno })
+    (Step::Exec, if denied { libc::EACCES } else { last })
 }
 
-/// How a child's exit is awaited: its pid file descriptor, or (a kernel without them)
-/// SIGCHLD.
+/// How a child's exit is awaited: its pid file descriptor (registered with the runtime at
+/// the first wait), or (a kernel without them) SIGCHLD.
 enum Exits {
     Fd(OwnedFd),
     Registered(AsyncFd<OwnedFd>),
+}
+
+impl Exits {
+    fn fd(&self) -> &OwnedFd {
+        match self {
+            Exits::Fd(fd) => fd,
+            Exits::Registered(fd) => fd.get_ref(),
+        }
+    }
 }
 
 /// A started process of the attempt. Dropped unreaped, it is killed and left to the
@@ -428,35 +540,43 @@ impl Child {
         }
     }
 
-    /// Waits for it to exit and reaps it.
+    /// Its pid file descriptor registered with the runtime, where it has one and it can be.
+    #[allow(unsafe_code)]
+    fn registered(&mut self) -> Option<&AsyncFd<OwnedFd>> {
+        if let Some(Exits::Fd(_)) = self.exits
+            && let Some(Exits::Fd(fd)) = self.exits.take()
+        {
+            // SAFETY: the `AsyncFd` owns the descriptor: it stays open and the same until
+            // the `AsyncFd` is dropped.
+            self.exits = unsafe { AsyncFd::register(fd) }.ok().map(Exits::Registered);
+        }
+        match &self.exits {
+            Some(Exits::Registered(fd)) => Some(fd),
+            _ => None,
+        }
+    }
+
+    /// Waits for it to exit and reaps it. Cancel-safe: dropped before the exit, it can be
+    /// called again.
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        let mut told = false;
         loop {
             if let Some(s) = self.try_wait()? {
                 return Ok(s);
             }
-            match self.exits.take() {
-                Some(Exits::Fd(fd)) => {
-                    // SAFETY: the `AsyncFd` owns the descriptor: it stays open and the same
-                    // until the `AsyncFd` is dropped.
-                    #[allow(unsafe_code)]
-                    let registered = unsafe { AsyncFd::register(fd) };
-                    self.exits = Some(Exits::Registered(registered.map_err(|e| e.into_parts().1)?));
-                }
-                Some(Exits::Registered(fd)) => {
-                    let mut ready = fd.readable().await?;
-                    if let Some(s) = self.try_wait()? {
-                        return Ok(s);
-                    }
-                    // Readable yet not reapable: wait for the next change, and look again
-                    // now and then whatever the descriptor says.
-                    ready.clear_ready();
-                    drop(ready);
-                    let _ = tokio::time::timeout(RELOOK, fd.readable()).await;
-                    self.exits = Some(Exits::Registered(fd));
+            if told {
+                // Said "exited" yet not reapable: look again a moment later.
+                tokio::time::sleep(RELOOK).await;
+                continue;
+            }
+            match self.registered() {
+                Some(fd) => {
+                    fd.readable().await?.clear_ready();
+                    told = true;
                 }
                 None => {
-                    // No pid file descriptor: SIGCHLD, registered before the look above
-                    // repeats, so an exit between the two is not missed.
+                    // No pid file descriptor: SIGCHLD, registered before the look below,
+                    // so an exit between the two is not missed.
                     let mut chld =
                         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
                     if let Some(s) = self.try_wait()? {
@@ -468,20 +588,33 @@ impl Child {
         }
     }
 
-    /// Sends it SIGKILL, unless it has been reaped.
+    /// Sends it SIGKILL, unless it has been reaped: through its pid file descriptor where it
+    /// has one, which cannot name a later process with its pid.
     pub fn start_kill(&mut self) -> io::Result<()> {
         if self.status.is_some() {
             return Ok(());
         }
+        if let Some(exits) = &self.exits {
+            return rustix::process::pidfd_send_signal(exits.fd(), rustix::process::Signal::KILL)
+                .map_err(Into::into);
+        }
         let pid = Pid::from_raw(self.pid as i32).ok_or_else(|| io::Error::other("pid 0"))?;
         rustix::process::kill_process(pid, rustix::process::Signal::KILL).map_err(Into::into)
+    }
+
+    /// Whether it is awaited through its pid file descriptor.
+    #[cfg(test)]
+    fn by_pidfd(&self) -> bool {
+        self.exits.is_some()
     }
 }
 
 impl Drop for Child {
     fn drop(&mut self) {
-        if self.status.is_none() && !matches!(self.try_wait(), Ok(Some(_))) {
-            let _ = self.start_kill();
+        if self.status.is_none() {
+            if !matches!(self.try_wait(), Ok(Some(_))) {
+                let _ = self.start_kill();
+            }
             crate::procscan::disown(self.pid);
         }
     }

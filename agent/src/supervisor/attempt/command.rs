@@ -2,6 +2,7 @@
 //! output appended to the attempt's log.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -96,31 +97,29 @@ pub(crate) fn build_command(
     };
     // Nothing inherited (the supervisor's environment is the agent's, credentials and all):
     // the pass-through variables, the user's own, then the job's, then what headroom owns.
-    let mut env: Vec<(String, String)> = launch
-        .base_env
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let mut env: Vec<(OsString, OsString)> = Vec::new();
+    let text = |k: &str, v: &str| (OsString::from(k), OsString::from(v));
+    env.extend(launch.base_env.iter().map(|(k, v)| text(k, v)));
     if let Some(id) = &identity {
-        env.push(("HOME".into(), id.home.display().to_string()));
-        env.push(("USER".into(), id.name.clone()));
-        env.push(("LOGNAME".into(), id.name.clone()));
-        env.push(("SHELL".into(), id.shell.display().to_string()));
+        // Paths as they are (not made text).
+        env.push(("HOME".into(), id.home.clone().into()));
+        env.push(text("USER", &id.name));
+        env.push(text("LOGNAME", &id.name));
+        env.push(("SHELL".into(), id.shell.clone().into()));
         // The log is the user's: what the job writes, and what it may read back.
         std::os::unix::fs::fchown(log, Some(id.uid.as_raw()), Some(id.gid.as_raw()))
             .map_err(|e| format!("cannot give the log to `{}`: {e}", id.name))?;
     }
-    env.extend(launch.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-    env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.extend(launch.env.iter().chain(extra).map(|(k, v)| text(k, v)));
     let gpus: Vec<String> = launch.gpus.iter().map(u32::to_string).collect();
-    env.push(("CUDA_VISIBLE_DEVICES".into(), gpus.join(",")));
-    env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
-    env.push(("HEADROOM_JOB_ID".into(), launch.job.to_string()));
-    env.push((ATTEMPT_VAR.into(), launch.attempt.to_string()));
+    env.push(text("CUDA_VISIBLE_DEVICES", &gpus.join(",")));
+    env.push(text("CUDA_DEVICE_ORDER", "PCI_BUS_ID"));
+    env.push(text("HEADROOM_JOB_ID", &launch.job.to_string()));
+    env.push(text(ATTEMPT_VAR, &launch.attempt.to_string()));
     for (name, value) in &launch.params {
-        env.push((param_var(name), value_text(value)));
+        env.push(text(&param_var(name), &value_text(value)));
     }
-    env.extend(backend.job_env());
+    env.extend(backend.job_env().iter().map(|(k, v)| text(k, v)));
 
     let handle = || {
         log.try_clone()

@@ -1,88 +1,129 @@
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 use std::time::Duration;
 
 use super::*;
 
-fn out_file(dir: &tempfile::TempDir) -> (std::path::PathBuf, OwnedFd, OwnedFd) {
-    let path = dir.path().join("out");
-    let f = std::fs::File::create(&path).expect("create output");
-    let g = f.try_clone().expect("clone output");
-    (path, OwnedFd::from(f), OwnedFd::from(g))
-}
+const PATH: &str = "/nonexistent:/usr/bin:/bin";
 
-fn spec(
-    program: &str,
-    args: &[&str],
-    env: &[(&str, &str)],
-    dir: &tempfile::TempDir,
-) -> (Spec, std::path::PathBuf) {
-    let (path, stdout, stderr) = out_file(dir);
+fn spec(program: &str, args: &[&str], env: &[(&str, &str)], dir: &Path) -> (Spec, PathBuf) {
+    let path = dir.join("out");
+    let f = File::create(&path).expect("create output");
+    let g = f.try_clone().expect("clone output");
     let spec = Spec {
         program: program.to_string(),
         args: args.iter().map(|a| a.to_string()).collect(),
         env: env
             .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
             .collect(),
         cwd: None,
-        stdout,
-        stderr,
+        stdout: OwnedFd::from(f),
+        stderr: OwnedFd::from(g),
         join: Vec::new(),
         identity: None,
     };
     (spec, path)
 }
 
-const PATH: (&str, &str) = ("PATH", "/nonexistent:/usr/bin:/bin");
+/// Spawned as the supervisor spawns: recorded, so that no reaper of this test process
+/// (other tests reap orphans) takes its exit status.
+fn start(s: Spec) -> io::Result<Child> {
+    crate::procscan::spawn_owned(|| s.spawn(), |c| Some(c.id()))
+}
+
+async fn run(s: Spec) -> ExitStatus {
+    let mut child = start(s).expect("spawn");
+    let status = child.wait().await.expect("wait");
+    crate::procscan::disown(child.id());
+    status
+}
+
+fn executable(path: &Path, text: &str, mode: u32) {
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
 
 #[tokio::test]
 async fn a_program_is_found_on_its_own_path_and_gets_exactly_its_environment() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("bin");
+    // Only on the job's PATH, not on this process's nor on the default one.
+    executable(&bin.join("hr-test-env"), "#!/bin/sh\nexec env\n", 0o755);
+    let path = format!("/nonexistent:{}:/usr/bin:/bin", bin.display());
     let (s, out) = spec(
-        "env",
+        "hr-test-env",
         &[],
-        &[PATH, ("A", "1"), ("B", "two"), ("A", "3")],
-        &dir,
+        &[("PATH", &path), ("A", "1"), ("B", "two"), ("A", "3")],
+        dir.path(),
     );
-    let mut child = s.spawn().expect("spawn");
-    let status = child.wait().await.expect("wait");
-    assert!(status.success(), "{status:?}");
+    assert!(run(s).await.success());
     let text = std::fs::read_to_string(out).expect("read output");
-    let mut lines: Vec<&str> = text.lines().collect();
+    let mut lines: Vec<&str> = text.lines().filter(|l| !l.starts_with("PWD=")).collect();
     lines.sort_unstable();
     // Later entries of one name win; nothing of this process's environment leaks in.
-    assert_eq!(
-        lines,
-        vec!["A=3", "B=two", "PATH=/nonexistent:/usr/bin:/bin"]
+    assert_eq!(lines, vec!["A=3", "B=two", format!("PATH={path}").as_str()]);
+}
+
+#[tokio::test]
+async fn the_path_search_passes_over_a_file_that_may_not_run_and_runs_a_script_without_shebang() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+    std::fs::create_dir(&first).expect("first");
+    std::fs::create_dir(&second).expect("second");
+    // Not executable in the first directory: remembered, and the search goes on.
+    executable(
+        &first.join("hr-test-prog"),
+        "#!/bin/sh\necho first\n",
+        0o644,
     );
+    // No `#!` line: the shell runs it, with its arguments.
+    executable(&second.join("hr-test-prog"), "echo second \"$1\"\n", 0o755);
+    let path = format!("{}:{}", first.display(), second.display());
+    let (s, out) = spec("hr-test-prog", &["arg"], &[("PATH", &path)], dir.path());
+    assert!(run(s).await.success());
+    assert_eq!(std::fs::read_to_string(out).expect("read"), "second arg\n");
+
+    // Only the one that may not run: that is the error, not "not found".
+    let (s, _) = spec(
+        "hr-test-prog",
+        &[],
+        &[("PATH", &first.display().to_string())],
+        dir.path(),
+    );
+    let e = start(s).err().expect("a file that may not run is an error");
+    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
 }
 
 #[tokio::test]
 async fn an_exit_code_and_a_killing_signal_are_told_apart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (s, _) = spec("sh", &["-c", "exit 7"], &[PATH], &dir);
-    let mut child = s.spawn().expect("spawn");
-    assert_eq!(child.wait().await.expect("wait").code(), Some(7));
-    let (s, _) = spec("sh", &["-c", "kill -9 $$"], &[PATH], &dir);
-    let mut child = s.spawn().expect("spawn");
-    assert_eq!(child.wait().await.expect("wait").signal(), Some(9));
+    let (s, _) = spec("sh", &["-c", "exit 7"], &[("PATH", PATH)], dir.path());
+    assert_eq!(run(s).await.code(), Some(7));
+    let (s, _) = spec("sh", &["-c", "kill -9 $$"], &[("PATH", PATH)], dir.path());
+    assert_eq!(run(s).await.signal(), Some(9));
 }
 
 #[test]
-fn a_program_that_cannot_run_is_an_error_of_the_spawn() {
+fn a_program_that_cannot_start_is_an_error_of_the_spawn_naming_why() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (s, _) = spec("no-such-program-here", &[], &[PATH], &dir);
-    let e = s.spawn().err().expect("a missing program is an error");
+    let (s, _) = spec("no-such-program-here", &[], &[("PATH", PATH)], dir.path());
+    let e = start(s).err().expect("a missing program is an error");
     assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
-    let script = dir.path().join("not-executable");
-    std::fs::write(&script, "#!/bin/sh\n").expect("write");
-    let (s, _) = spec(script.to_str().expect("utf-8"), &[], &[PATH], &dir);
-    let e = s
-        .spawn()
+    let (mut s, _) = spec("true", &[], &[("PATH", PATH)], dir.path());
+    s.cwd = Some(dir.path().join("gone"));
+    let e = start(s)
         .err()
-        .expect("a file that may not run is an error");
-    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        .expect("a missing working directory is an error");
+    assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("cannot enter its working directory"),
+        "{e}"
+    );
 }
 
 #[tokio::test]
@@ -92,11 +133,10 @@ async fn the_job_starts_with_no_signal_blocked_and_sigpipe_at_its_default() {
     let (s, out) = spec(
         "grep",
         &["-E", "^Sig(Blk|Ign)", "/proc/self/status"],
-        &[PATH],
-        &dir,
+        &[("PATH", PATH)],
+        dir.path(),
     );
-    let mut child = s.spawn().expect("spawn");
-    assert!(child.wait().await.expect("wait").success());
+    assert!(run(s).await.success());
     let text = std::fs::read_to_string(out).expect("read output");
     let mask = |name: &str| {
         let line = text
@@ -111,32 +151,64 @@ async fn the_job_starts_with_no_signal_blocked_and_sigpipe_at_its_default() {
     assert_eq!(mask("SigIgn:") & (1 << (libc::SIGPIPE - 1)), 0, "{text}");
 }
 
+/// Its own session and process group, which the supervisor signals as a whole.
 #[tokio::test]
-async fn the_working_directory_is_the_one_given() {
+async fn the_job_leads_a_session_of_its_own_in_the_working_directory_given() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut s, out) = spec("pwd", &[], &[PATH], &dir);
+    let (mut s, out) = spec(
+        "sh",
+        &["-c", "echo $$; cut -d' ' -f5,6 /proc/$$/stat; pwd"],
+        &[("PATH", PATH)],
+        dir.path(),
+    );
     s.cwd = Some(dir.path().to_path_buf());
-    let mut child = s.spawn().expect("spawn");
-    assert!(child.wait().await.expect("wait").success());
+    assert!(run(s).await.success());
     let text = std::fs::read_to_string(out).expect("read output");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    let pid = lines[0];
     assert_eq!(
-        std::path::Path::new(text.trim())
-            .canonicalize()
-            .expect("canonical"),
+        lines[1],
+        format!("{pid} {pid}"),
+        "process group and session: {text}"
+    );
+    assert_eq!(
+        Path::new(lines[2]).canonicalize().expect("canonical"),
         dir.path().canonicalize().expect("canonical")
     );
 }
 
 #[tokio::test]
+async fn a_wait_given_up_keeps_its_pid_descriptor_and_sees_the_exit_later() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (s, _) = spec("sleep", &["0.3"], &[("PATH", PATH)], dir.path());
+    let mut child = start(s).expect("spawn");
+    let mut given_up = 0;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status.expect("wait"),
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {
+                given_up += 1;
+                assert!(child.by_pidfd(), "the pid descriptor was lost after {given_up} waits");
+            }
+        }
+    };
+    crate::procscan::disown(child.id());
+    assert!(status.success());
+    assert!(given_up >= 5, "{given_up}");
+}
+
+#[tokio::test]
 async fn a_killed_or_dropped_child_dies() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (s, _) = spec("sleep", &["100"], &[PATH], &dir);
-    let mut child = s.spawn().expect("spawn");
+    let (s, _) = spec("sleep", &["100"], &[("PATH", PATH)], dir.path());
+    let mut child = start(s).expect("spawn");
     child.start_kill().expect("kill");
     assert_eq!(child.wait().await.expect("wait").signal(), Some(9));
+    crate::procscan::disown(child.id());
 
-    let (s, _) = spec("sleep", &["100"], &[PATH], &dir);
-    let child = s.spawn().expect("spawn");
+    let (s, _) = spec("sleep", &["100"], &[("PATH", PATH)], dir.path());
+    let child = start(s).expect("spawn");
     let pid = child.id();
     drop(child);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -170,10 +242,9 @@ async fn the_job_becomes_its_user_and_the_supervisor_stays_root() {
         let _ = rx.recv();
     });
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut s, out) = spec("id", &[], &[PATH], &dir);
+    let (mut s, out) = spec("id", &[], &[("PATH", PATH)], dir.path());
     s.identity = Some((vec![65534, 4242], 65534, 65534));
-    let mut child = s.spawn().expect("spawn");
-    assert!(child.wait().await.expect("wait").success());
+    assert!(run(s).await.success());
     let text = std::fs::read_to_string(out).expect("read output");
     assert!(text.starts_with("uid=65534"), "{text}");
     assert!(text.contains("gid=65534"), "{text}");
