@@ -121,6 +121,8 @@ struct Prepared {
     stdout: OwnedFd,
     stderr: OwnedFd,
     join: Vec<File>,
+    /// The supervisor: the child's parent, unless it died before the death signal was set.
+    supervisor: Pid,
     groups: Vec<Gid>,
     ids: Option<(Gid, Uid)>,
     /// `step << 16 | errno`, written by the child when it gives up; 0 while it has not.
@@ -245,7 +247,12 @@ impl Spec {
             stdin,
             stdout: above_stdio(self.stdout)?,
             stderr: above_stdio(self.stderr)?,
-            join: self.join,
+            join: self
+                .join
+                .into_iter()
+                .map(|f| above_stdio(OwnedFd::from(f)).map(File::from))
+                .collect::<io::Result<_>>()?,
+            supervisor: rustix::process::getpid(),
             groups,
             ids,
             failed: AtomicI32::new(0),
@@ -345,17 +352,30 @@ impl Drop for Stack {
     }
 }
 
+/// Sets this thread's signal mask to `mask` (the kernel's 64 bits) with the system call
+/// itself; returns the mask before.
+#[allow(unsafe_code)]
+fn set_mask(mask: &[u8; 8]) -> [u8; 8] {
+    let mut old = [0u8; 8];
+    // SAFETY: rt_sigprocmask over two 8-byte sets on this stack, the size the kernel takes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            mask.as_ptr(),
+            old.as_mut_ptr(),
+            8usize,
+        );
+    }
+    old
+}
+
 /// Blocks every signal around the clone, so that none runs one of the supervisor's handlers
 /// on the child's stack; the child puts back default handlers before it lets them in.
 #[allow(unsafe_code)]
 fn clone_and_exec(prepared: &Prepared, stack: &Stack) -> io::Result<i32> {
-    // SAFETY: plain libc calls over valid, initialised sets; the old mask is restored below.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
+    // The C library's own two signals too, which its `pthread_sigmask` leaves open.
+    let old = set_mask(&[0xff; 8]);
     // SAFETY: CLONE_VM | CLONE_VFORK: the child shares this memory and this thread waits
     // until it has exec'd or exited, so `prepared` and `stack` outlive its use of them. The
     // child runs `child_main` only, whose contract is above (no allocation, no lock, raw
@@ -369,10 +389,7 @@ fn clone_and_exec(prepared: &Prepared, stack: &Stack) -> io::Result<i32> {
         )
     };
     let err = io::Error::last_os_error();
-    // SAFETY: restores the mask saved above.
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-    }
+    set_mask(&old);
     if pid < 0 {
         return Err(err);
     }
@@ -455,12 +472,12 @@ fn child_setup(p: &Prepared) -> (Step, i32) {
     {
         return (Step::DeathSignal, raw(e));
     }
-    // SAFETY: an empty set on this stack; the job starts with no signal blocked.
-    unsafe {
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    // A supervisor that died before the line above sends no signal: nothing to tie to.
+    if rustix::process::getppid() != Some(p.supervisor) {
+        return (Step::DeathSignal, libc::ESRCH);
     }
+    // The job starts with no signal blocked.
+    set_mask(&[0; 8]);
     // `execvp`'s search: a file the kernel cannot run is run by the shell; a directory that
     // does not hold it is passed over, one that may not be searched or run is remembered,
     // anything else ends the search.
@@ -571,7 +588,10 @@ impl Child {
             }
             match self.registered() {
                 Some(fd) => {
-                    fd.readable().await?.clear_ready();
+                    // An exit is final: its readiness is kept (a wait given up and called
+                    // again sees it at once), and a child not reapable yet (a tracer has it
+                    // first) is looked at again shortly.
+                    drop(fd.readable().await?);
                     told = true;
                 }
                 None => {
@@ -612,8 +632,14 @@ impl Child {
 impl Drop for Child {
     fn drop(&mut self) {
         if self.status.is_none() {
-            if !matches!(self.try_wait(), Ok(Some(_))) {
-                let _ = self.start_kill();
+            match self.try_wait() {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    let _ = self.start_kill();
+                }
+                // Reaped by someone else (the reaper, once it was disowned): its pid may
+                // be another process's by now, so nothing is signalled.
+                Err(_) => self.exits = None,
             }
             crate::procscan::disown(self.pid);
         }
