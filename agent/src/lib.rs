@@ -9,8 +9,9 @@
 //! - `supervisor`: the per-attempt supervisor process (the same binary, started with
 //!   `supervisor::SUPERVISOR_ARG`): runs one attempt (`attempt`: spawn, run, watch and measure,
 //!   stop and verify; `process` starts its processes), its wait (`prestart`) and colocated
-//!   background (`colocate`), classifies its end, journals it, and stops its job itself when its lease is not renewed
-//!   in time. `supervisor::proto` is what the agent says to it. It never imports `agent`.
+//!   background (`colocate`), classifies its end, journals it, and stops its job itself when
+//!   its lease is not renewed in time. `supervisor::proto` is what the agent says to it. It
+//!   never imports `agent`.
 //! - `doctor`: `headroom doctor`, what headroom relies on of a node, checked.
 //! - `cgroup` (each attempt's cgroup: membership, kill, host RAM peak),
 //!   `gpu` (NVML and fake backends), `jobenv` (what of the agent's environment jobs get), `runas` (the Unix user

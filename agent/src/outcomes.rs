@@ -13,7 +13,6 @@
 //! later create in the data directory slower, the more so the faster jobs ran. A spare is
 //! overwritten in place and cut to length, so its data block is reused too.
 
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -162,29 +161,22 @@ impl Outcomes {
         let path = self.path_of(outcome.attempt);
         // A spare, when there is one, is the temporary file: its inode is reused. A kill
         // before the rename leaves it a spare, never read (the report was not sent yet).
-        let reused = spare.is_some();
         let tmp = spare.unwrap_or_else(|| path.with_extension("json.tmp"));
         let bytes = serde_json::to_vec(outcome).map_err(|source| OutcomesError::Format {
             path: path.clone(),
             source,
         })?;
-        if reused {
-            // Overwritten in place and cut to length, not truncated first: its data block
-            // stays allocated, so the write frees and allocates none (nor discards one).
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&tmp)
-                .map_err(io(&tmp))?;
-            file.write_all_at(&bytes, 0).map_err(io(&tmp))?;
-            file.set_len(bytes.len() as u64).map_err(io(&tmp))?;
-            file.sync_data().map_err(io(&tmp))?;
-        } else {
-            let mut file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-            file.write_all(&bytes).map_err(io(&tmp))?;
-            file.sync_data().map_err(io(&tmp))?;
-        }
+        // Overwritten in place and cut to length, not truncated first: a spare's data block
+        // stays allocated, so the write frees and allocates none (nor discards one).
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&tmp)
+            .map_err(io(&tmp))?;
+        file.write_all_at(&bytes, 0).map_err(io(&tmp))?;
+        file.set_len(bytes.len() as u64).map_err(io(&tmp))?;
+        file.sync_data().map_err(io(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
         std::fs::File::open(&self.dir)
             .and_then(|d| d.sync_all())
