@@ -1,4 +1,5 @@
-# headroom's image: the CLI, the coordinator and the agent (the Helm chart runs both from it).
+# headroom's image: the CLI (`headroom`, with `headroom-node` for `up` and `doctor`), the
+# coordinator and the agent (the Helm chart runs both from it).
 #   docker build -t headroom:0.1.0 .
 # Jobs run inside the agent's container: for a lab's agents, build FROM this image with the
 # training stack and the Unix users jobs run as, and point the chart's image at it.
@@ -8,7 +9,8 @@ WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --bins \
  && install -D -m 0755 -t /out \
-      target/release/headroom target/release/headroom-coordinator target/release/headroom-agent
+      target/release/headroom target/release/headroom-node \
+      target/release/headroom-coordinator target/release/headroom-agent
 
 FROM debian:bookworm-slim
 # ca-certificates: a coordinator behind TLS; procps: `ps` when looking into a node.

@@ -6,6 +6,9 @@
 //!   settings file), `output` (tables, JSON, progress);
 //! - `up`: the coordinator, an agent and a sample experiment in one process, on SQLite;
 //! - `doctor`: the node checks, printed;
+//! - `node`: `up` and `doctor` run in the second binary, `headroom-node` (`src/bin/`), which
+//!   holds the coordinator, the agent and the attempt supervisors; `headroom` (`main.rs`)
+//!   holds the client's commands only and becomes `headroom-node` for those two;
 //! - `simulate`: an experiment replayed under other GPUs, plans and policies.
 #![forbid(unsafe_code)]
 
@@ -20,6 +23,7 @@ use headroom_shared::{ExperimentId, JobId};
 pub mod client;
 pub mod config;
 pub mod doctor;
+pub mod node;
 pub mod output;
 pub mod simulate;
 pub mod up;
@@ -171,6 +175,17 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// `up` and `doctor`, which `headroom-node` runs: their name.
+    pub fn node_command(&self) -> Option<&'static str> {
+        match self {
+            Command::Up(_) => Some("up"),
+            Command::Doctor(_) => Some("doctor"),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum TokenCommand {
     /// Create a token; its secret is printed this once (the coordinator keeps a hash).
@@ -241,9 +256,9 @@ pub enum PlanCommand {
 
 pub use config::parse_args;
 
-/// The runtime a command runs on: `up` serves a coordinator and an agent on every core; the
-/// others make a few requests, on this thread (worker threads would cost a short command a
-/// good part of its start).
+/// The runtime `headroom-node` runs a command on: `up` serves a coordinator and an agent on
+/// every core; the others make a few requests, on this thread (worker threads would cost a
+/// short command a good part of its start).
 pub fn runtime_for(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
     match command {
         Command::Up(_) => tokio::runtime::Runtime::new(),
@@ -253,22 +268,34 @@ pub fn runtime_for(command: &Command) -> std::io::Result<tokio::runtime::Runtime
     }
 }
 
-pub async fn run(cli: Cli) -> Result<i32> {
-    let token = match (&cli.token, &cli.token_file) {
+/// The token a command acts with: `--token`, else `--token-file`, else the one a local
+/// `headroom up` of this account left for this server.
+fn token_of(cli: &Cli) -> Result<Option<BearerToken>> {
+    Ok(match (&cli.token, &cli.token_file) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(path)) => Some(client::read_token_file(path)?),
-        // A local `headroom up` of this account leaves its admin token for us.
         (None, None) => {
             headroom_shared::secret::read_local_token(&cli.server).and_then(|t| t.parse().ok())
         }
-    };
+    })
+}
+
+/// `headroom`: the client's commands. `up` and `doctor` are `headroom-node`'s: this process
+/// becomes it ([`node::exec`]), so that a client command loads none of their code.
+pub async fn run(cli: Cli) -> Result<i32> {
+    if let Some(name) = cli.command.node_command() {
+        return Err(node::exec(name).into());
+    }
+    let token = token_of(&cli)?;
     let api = Api::new(&cli.server)?.with_token(token.as_ref().map(BearerToken::expose))?;
     match cli.command {
-        Command::Up(args) => up::run(*args, token).await,
-        Command::Doctor(args) => doctor::run(args).await,
         Command::Completions { shell } => {
+            // Into a buffer first: the generator panics when its writer fails (`| head`).
             let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "headroom", &mut std::io::stdout());
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "headroom", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout(), &script)
+                .context("writing the completion script")?;
             Ok(0)
         }
         Command::Token {
@@ -277,6 +304,19 @@ pub async fn run(cli: Cli) -> Result<i32> {
         command => command_on(&api, command)
             .await
             .map_err(|e| client::with_hint(e, &api)),
+    }
+}
+
+/// `headroom-node`: `up` and `doctor`, and every other command as [`run`] does it.
+pub async fn run_node(cli: Cli) -> Result<i32> {
+    let token = match &cli.command {
+        Command::Up(_) => token_of(&cli)?,
+        _ => None,
+    };
+    match cli.command {
+        Command::Up(args) => up::run(*args, token).await,
+        Command::Doctor(args) => doctor::run(args).await,
+        _ => run(cli).await,
     }
 }
 

@@ -1,8 +1,12 @@
+//! `headroom`: the command line. `up` and `doctor` become `headroom-node` (`node::exec`).
+
 fn main() {
-    // An attempt's supervisor process: supervises its attempt and exits.
-    headroom_agent::supervisor::run_if_supervisor();
     let result = headroom::parse_args().and_then(|cli| {
-        headroom::runtime_for(&cli.command)
+        // One thread: a command makes a few requests, and worker threads would cost a short
+        // command a good part of its start.
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
             .map_err(anyhow::Error::from)?
             .block_on(headroom::run(cli))
     });

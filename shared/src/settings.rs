@@ -63,8 +63,9 @@ where
     T: Into<OsString> + Clone,
 {
     let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
-    let matches = C::command().try_get_matches_from(&argv)?;
-    let cmd = C::command();
+    // Built once: the whole tree of commands and their arguments is most of a parse's cost.
+    let mut cmd = C::command();
+    let matches = cmd.try_get_matches_from_mut(&argv)?;
     let (leaf_cmd, leaf) = leaf(&cmd, &matches);
     let Some(path) = leaf
         .try_get_one::<PathBuf>(CONFIG_ARG)
@@ -81,13 +82,12 @@ where
     // Flags of the file go after the command line's: they belong to the innermost
     // subcommand, and only settings that neither a flag nor a variable gave are added.
     let full: Vec<OsString> = argv.into_iter().chain(extra).collect();
-    let matches =
-        C::command()
-            .try_get_matches_from(&full)
-            .map_err(|source| SettingsError::Invalid {
-                path: path.clone(),
-                source,
-            })?;
+    let matches = cmd
+        .try_get_matches_from_mut(&full)
+        .map_err(|source| SettingsError::Invalid {
+            path: path.clone(),
+            source,
+        })?;
     Ok(C::from_arg_matches(&matches)?)
 }
 
@@ -118,8 +118,11 @@ fn file_args(
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
+    // A global flag (the CLI's `--server`) belongs to the command line, not to a
+    // subcommand's file; the parsed tree holds it in every subcommand.
     let settable = |a: &&clap::Arg| {
         a.get_long().is_some()
+            && !a.is_global_set()
             && a.get_id() != CONFIG_ARG
             && !matches!(a.get_id().as_str(), "help" | "version")
     };

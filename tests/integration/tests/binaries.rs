@@ -66,6 +66,63 @@ fn up_and_agent_exit_zero_on_sigterm() {
     assert_eq!(status.code(), Some(0), "{}", agent.output());
 }
 
+/// `headroom up` becomes `headroom-node` in the same process: whatever started it (a shell,
+/// systemd, a test) holds the server's pid and stops it with a signal, and the supervisors
+/// of its jobs are `headroom-node`'s. The client's commands need only `headroom`; without
+/// `headroom-node` beside it, `up` and `doctor` say what is missing and where.
+#[test]
+fn up_runs_as_headroom_node_and_the_client_runs_alone() {
+    let mut h = Headroom::up(UpOptions::default());
+    let pid = h.pid().expect("pid");
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("exe");
+    assert_eq!(
+        exe.file_name().and_then(|n| n.to_str()),
+        Some("headroom-node"),
+        "{}",
+        exe.display()
+    );
+    // The client reaches the server it started (`cli_ok` fails on any error).
+    h.cli_ok(&["experiments"]);
+    let status = h.stop().expect("stop");
+    assert_eq!(status.code(), Some(0), "{}", h.server_log());
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let alone = dir.path().join("headroom");
+    std::fs::copy(headroom_integration_tests::binary("headroom"), &alone).expect("copy");
+    let out = std::process::Command::new(&alone)
+        .args(["completions", "bash"])
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("headroom__subcmd__up") && text.contains("headroom__subcmd__submit"),
+        "{text}"
+    );
+    for command in ["up", "doctor"] {
+        let out = std::process::Command::new(&alone)
+            .arg(command)
+            .env("HEADROOM_DATA_DIR", dir.path().join("data"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command}: {err}");
+        let missing = dir.path().join("headroom-node");
+        assert!(
+            err.contains(&format!(
+                "`headroom {command}` runs {}, which is missing",
+                missing.display()
+            )),
+            "{command}: {err}"
+        );
+    }
+}
+
 /// Writes `toml` to `file` and starts `bin --config FILE`.
 fn with_config(bin: &str, file: &std::path::Path, toml: &str, log: std::path::PathBuf) -> Proc {
     std::fs::write(file, toml).expect("write");

@@ -1,0 +1,19 @@
+//! `headroom-node`: `headroom up` and `headroom doctor` (which `headroom` becomes for them),
+//! and the attempt supervisors of `up`'s agent.
+
+fn main() {
+    // An attempt's supervisor process: supervises its attempt and exits.
+    headroom_agent::supervisor::run_if_supervisor();
+    let result = headroom::parse_args().and_then(|cli| {
+        headroom::runtime_for(&cli.command)
+            .map_err(anyhow::Error::from)?
+            .block_on(headroom::run_node(cli))
+    });
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
