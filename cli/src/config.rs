@@ -4,12 +4,21 @@
 //! the agent's settings, as `headroom-coordinator` and `headroom-agent` take them.
 
 use anyhow::Result;
+pub use headroom_shared::settings::Parsed;
 
 use crate::Cli;
 
 /// Parses the process's command line (help, version and usage errors exit as clap does).
 pub fn parse_args() -> Result<Cli> {
     Ok(headroom_shared::settings::parse()?)
+}
+
+/// `parse_args` for `headroom`: `up` and `doctor` are checked and named, their config file
+/// left for `headroom-node` to read (once: it may be a pipe).
+pub fn parse_client_args() -> Result<Parsed<Cli>> {
+    Ok(headroom_shared::settings::parse_or_hand_over(
+        crate::NODE_COMMANDS,
+    )?)
 }
 
 #[cfg(test)]

@@ -175,12 +175,15 @@ pub enum Command {
     },
 }
 
+/// The commands `headroom-node` runs, by name.
+pub const NODE_COMMANDS: &[&str] = &["up", "doctor"];
+
 impl Command {
     /// `up` and `doctor`, which `headroom-node` runs: their name.
     pub fn node_command(&self) -> Option<&'static str> {
         match self {
-            Command::Up(_) => Some("up"),
-            Command::Doctor(_) => Some("doctor"),
+            Command::Up(_) => Some(NODE_COMMANDS[0]),
+            Command::Doctor(_) => Some(NODE_COMMANDS[1]),
             _ => None,
         }
     }
@@ -254,7 +257,7 @@ pub enum PlanCommand {
     Set { node: String, plan: String },
 }
 
-pub use config::parse_args;
+pub use config::{Parsed, parse_args, parse_client_args};
 
 /// The runtime `headroom-node` runs a command on: `up` serves a coordinator and an agent on
 /// every core; the others make a few requests, on this thread (worker threads would cost a
@@ -265,6 +268,17 @@ pub fn runtime_for(command: &Command) -> std::io::Result<tokio::runtime::Runtime
         _ => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
+    }
+}
+
+/// Exits with a command's code, or prints its error and exits 1: both binaries end this way.
+pub fn exit_with(result: Result<i32>) -> ! {
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
     }
 }
 

@@ -14,7 +14,7 @@ pub enum NodeError {
         "`headroom {command}` runs {NODE_BINARY} beside headroom, but headroom's own path cannot be read: {source}"
     )]
     OwnPath {
-        command: &'static str,
+        command: String,
         #[source]
         source: std::io::Error,
     },
@@ -23,13 +23,10 @@ pub enum NodeError {
          (`cargo build --release` builds both into target/release)",
         path.display()
     )]
-    Missing {
-        command: &'static str,
-        path: PathBuf,
-    },
+    Missing { command: String, path: PathBuf },
     #[error("`headroom {command}` runs {}, which could not be started: {source}", path.display())]
     Exec {
-        command: &'static str,
+        command: String,
         path: PathBuf,
         #[source]
         source: std::io::Error,
@@ -37,22 +34,30 @@ pub enum NodeError {
 }
 
 /// Where `headroom-node` is: beside this program (links resolved).
-pub fn path(command: &'static str) -> Result<PathBuf, NodeError> {
+pub fn path(command: &str) -> Result<PathBuf, NodeError> {
     std::env::current_exe()
         .map(|exe| exe.with_file_name(NODE_BINARY))
-        .map_err(|source| NodeError::OwnPath { command, source })
+        .map_err(|source| NodeError::OwnPath {
+            command: command.to_string(),
+            source,
+        })
 }
 
-/// Becomes `headroom-node` with this process's arguments, environment and descriptors (the
-/// same pid, so whatever started `headroom up` still holds it); returns only on failure.
-pub fn exec(command: &'static str) -> NodeError {
+/// Becomes `headroom-node` with this process's arguments (its name too: `ps` and usage
+/// errors say `headroom`), environment and descriptors (the same pid, so whatever started
+/// `headroom up` still holds it); returns only on failure.
+pub fn exec(command: &str) -> NodeError {
     let path = match path(command) {
         Ok(path) => path,
         Err(e) => return e,
     };
+    let mut args = std::env::args_os();
+    let name = args.next().unwrap_or_else(|| "headroom".into());
     let source = std::process::Command::new(&path)
-        .args(std::env::args_os().skip(1))
+        .arg0(name)
+        .args(args)
         .exec();
+    let command = command.to_string();
     if source.kind() == std::io::ErrorKind::NotFound {
         NodeError::Missing { command, path }
     } else {

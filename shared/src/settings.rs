@@ -55,8 +55,44 @@ pub fn parse<C: CommandFactory + FromArgMatches>() -> Result<C, SettingsError> {
     }
 }
 
+/// What [`parse_or_hand_over`] found: the command, or the name of a subcommand that another
+/// program parses whole.
+#[derive(Debug)]
+pub enum Parsed<C> {
+    Command(C),
+    HandOver(String),
+}
+
+/// `parse`, except that a command line whose subcommand is one of `hand_over` is only
+/// checked (its flags, not its config file) and named: the program hands the command line
+/// to another that reads the file, once (it may be a pipe).
+pub fn parse_or_hand_over<C: CommandFactory + FromArgMatches>(
+    hand_over: &[&str],
+) -> Result<Parsed<C>, SettingsError> {
+    match parse_inner(std::env::args_os(), hand_over) {
+        Err(SettingsError::Args(e)) => e.exit(),
+        other => other,
+    }
+}
+
 /// `parse` over an explicit command line (the first item is the program name).
 pub fn parse_from<C, I, T>(argv: I) -> Result<C, SettingsError>
+where
+    C: CommandFactory + FromArgMatches,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    match parse_inner(argv, &[])? {
+        Parsed::Command(c) => Ok(c),
+        // Nothing is handed over when nothing may be.
+        Parsed::HandOver(name) => Err(SettingsError::Args(clap::Error::raw(
+            clap::error::ErrorKind::InvalidSubcommand,
+            format!("`{name}` is not parsed here"),
+        ))),
+    }
+}
+
+fn parse_inner<C, I, T>(argv: I, hand_over: &[&str]) -> Result<Parsed<C>, SettingsError>
 where
     C: CommandFactory + FromArgMatches,
     I: IntoIterator<Item = T>,
@@ -66,6 +102,11 @@ where
     // Built once: the whole tree of commands and their arguments is most of a parse's cost.
     let mut cmd = C::command();
     let matches = cmd.try_get_matches_from_mut(&argv)?;
+    if let Some((name, _)) = matches.subcommand()
+        && hand_over.contains(&name)
+    {
+        return Ok(Parsed::HandOver(name.to_string()));
+    }
     let (leaf_cmd, leaf) = leaf(&cmd, &matches);
     let Some(path) = leaf
         .try_get_one::<PathBuf>(CONFIG_ARG)
@@ -73,11 +114,11 @@ where
         .flatten()
         .cloned()
     else {
-        return Ok(C::from_arg_matches(&matches)?);
+        return Ok(Parsed::Command(C::from_arg_matches(&matches)?));
     };
     let extra = file_args(leaf_cmd, leaf, &path)?;
     if extra.is_empty() {
-        return Ok(C::from_arg_matches(&matches)?);
+        return Ok(Parsed::Command(C::from_arg_matches(&matches)?));
     }
     // Flags of the file go after the command line's: they belong to the innermost
     // subcommand, and only settings that neither a flag nor a variable gave are added.
@@ -88,7 +129,7 @@ where
             path: path.clone(),
             source,
         })?;
-    Ok(C::from_arg_matches(&matches)?)
+    Ok(Parsed::Command(C::from_arg_matches(&matches)?))
 }
 
 /// The innermost subcommand that was given, with its matches.
@@ -276,5 +317,10 @@ mod tests {
             .expect_err("config in config")
             .to_string();
         assert!(e.contains("unknown key `config`"), "{e}");
+        // A global flag is the command line's, though the parsed tree holds it in `up`.
+        let e = up("server = \"x\"\n", &[])
+            .expect_err("global in config")
+            .to_string();
+        assert!(e.contains("unknown key `server`"), "{e}");
     }
 }

@@ -86,8 +86,9 @@ impl Standby {
         }
     }
 
-    /// Starts a supervisor to wait unless one waits or is being started. On a runtime
-    /// worker: a spawn blocks for about the exec, as a lease's own spawn would.
+    /// Starts a supervisor to wait unless one waits or is being started. On the runtime's
+    /// thread: a spawn holds it for about the exec (a millisecond), as a lease's own spawn
+    /// would.
     pub fn refill(self: &Arc<Self>) {
         {
             let mut pool = self.pool();

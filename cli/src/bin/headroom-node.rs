@@ -9,11 +9,5 @@ fn main() {
             .map_err(anyhow::Error::from)?
             .block_on(headroom::run_node(cli))
     });
-    match result {
-        Ok(code) => std::process::exit(code),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::exit(1);
-        }
-    }
+    headroom::exit_with(result)
 }

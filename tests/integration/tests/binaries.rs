@@ -229,6 +229,44 @@ fn unknown_config_keys_are_refused_by_name() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "up accepted an unknown key: {err}");
     assert!(err.contains("leese_ttl"), "up: {err}");
+
+    // A config file that can be read once (a pipe: `--config <(...)`, `/dev/stdin`) reaches
+    // `up` whole: `headroom` leaves it to `headroom-node`. Read first by `headroom`, it
+    // reached `up` empty, and `up` started on its defaults. Its data directory here cannot
+    // be made, so `up` stops at once when, and only when, it has read the file.
+    let piped = dir.path().join("piped");
+    std::fs::create_dir_all(&piped).expect("mkdir");
+    let mut child = std::process::Command::new(headroom_integration_tests::binary("headroom"))
+        .args(["up", "--config", "/dev/stdin", "--listen", "127.0.0.1:0"])
+        .current_dir(&piped)
+        .env_remove("HEADROOM_DATA_DIR")
+        .env("HEADROOM_FAKE_GPUS", "1x1GiB")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run");
+    if let Some(mut stdin) = child.stdin.take() {
+        use std::io::Write;
+        stdin
+            .write_all(b"data-dir = \"/proc/headroom-none/data\"\n")
+            .expect("write the config");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let started = child.try_wait().expect("wait").is_none();
+    if started {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("output");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !started,
+        "up started without the piped config's data dir: {err}"
+    );
+    assert!(err.contains("/proc/headroom-none/data"), "up, piped: {err}");
 }
 
 /// A NUL byte cannot reach `execve`: refused at submit with 422 naming the field (it used
