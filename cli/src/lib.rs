@@ -175,19 +175,9 @@ pub enum Command {
     },
 }
 
-/// The commands `headroom-node` runs, by name.
+/// The commands `headroom-node` runs, by name: `headroom` hands them over before reading
+/// their config file ([`parse_client_args`]).
 pub const NODE_COMMANDS: &[&str] = &["up", "doctor"];
-
-impl Command {
-    /// `up` and `doctor`, which `headroom-node` runs: their name.
-    pub fn node_command(&self) -> Option<&'static str> {
-        match self {
-            Command::Up(_) => Some(NODE_COMMANDS[0]),
-            Command::Doctor(_) => Some(NODE_COMMANDS[1]),
-            _ => None,
-        }
-    }
-}
 
 #[derive(Subcommand, Debug)]
 pub enum TokenCommand {
@@ -294,12 +284,9 @@ fn token_of(cli: &Cli) -> Result<Option<BearerToken>> {
     })
 }
 
-/// `headroom`: the client's commands. `up` and `doctor` are `headroom-node`'s: this process
-/// becomes it ([`node::exec`]), so that a client command loads none of their code.
+/// `headroom`: the client's commands. `up` and `doctor` are `headroom-node`'s ([`run_node`]):
+/// `headroom` becomes it ([`node::exec`]), so that a client command loads none of their code.
 pub async fn run(cli: Cli) -> Result<i32> {
-    if let Some(name) = cli.command.node_command() {
-        return Err(node::exec(name).into());
-    }
     let token = token_of(&cli)?;
     let api = Api::new(&cli.server)?.with_token(token.as_ref().map(BearerToken::expose))?;
     match cli.command {
@@ -520,9 +507,9 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
     Ok(0)
 }
 
-/// A command `run` handles itself.
+/// A command `run` handles itself, or `headroom-node`'s (`run_node`).
 fn unreachable_command() -> Result<()> {
-    bail!("internal: command dispatched twice")
+    bail!("internal: command dispatched to the wrong place (`up` and `doctor` are headroom-node's)")
 }
 
 async fn token(api: &Api, command: TokenCommand) -> Result<()> {

@@ -34,7 +34,7 @@ pub enum NodeError {
 }
 
 /// Where `headroom-node` is: beside this program (links resolved).
-pub fn path(command: &str) -> Result<PathBuf, NodeError> {
+fn path(command: &str) -> Result<PathBuf, NodeError> {
     std::env::current_exe()
         .map(|exe| exe.with_file_name(NODE_BINARY))
         .map_err(|source| NodeError::OwnPath {

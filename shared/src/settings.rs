@@ -69,9 +69,19 @@ pub enum Parsed<C> {
 pub fn parse_or_hand_over<C: CommandFactory + FromArgMatches>(
     hand_over: &[&str],
 ) -> Result<Parsed<C>, SettingsError> {
-    match parse_inner(std::env::args_os(), hand_over) {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let mut cmd = C::command();
+    let matches = cmd
+        .try_get_matches_from_mut(&argv)
+        .unwrap_or_else(|e| e.exit());
+    if let Some((name, _)) = matches.subcommand()
+        && hand_over.contains(&name)
+    {
+        return Ok(Parsed::HandOver(name.to_string()));
+    }
+    match with_file(cmd, &matches, argv) {
         Err(SettingsError::Args(e)) => e.exit(),
-        other => other,
+        other => other.map(Parsed::Command),
     }
 }
 
@@ -82,43 +92,31 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    match parse_inner(argv, &[])? {
-        Parsed::Command(c) => Ok(c),
-        // Nothing is handed over when nothing may be.
-        Parsed::HandOver(name) => Err(SettingsError::Args(clap::Error::raw(
-            clap::error::ErrorKind::InvalidSubcommand,
-            format!("`{name}` is not parsed here"),
-        ))),
-    }
-}
-
-fn parse_inner<C, I, T>(argv: I, hand_over: &[&str]) -> Result<Parsed<C>, SettingsError>
-where
-    C: CommandFactory + FromArgMatches,
-    I: IntoIterator<Item = T>,
-    T: Into<OsString> + Clone,
-{
     let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
     // Built once: the whole tree of commands and their arguments is most of a parse's cost.
     let mut cmd = C::command();
     let matches = cmd.try_get_matches_from_mut(&argv)?;
-    if let Some((name, _)) = matches.subcommand()
-        && hand_over.contains(&name)
-    {
-        return Ok(Parsed::HandOver(name.to_string()));
-    }
-    let (leaf_cmd, leaf) = leaf(&cmd, &matches);
+    with_file(cmd, &matches, argv)
+}
+
+/// The command line's `matches`, with the config file it names (if any) laid under them.
+fn with_file<C: FromArgMatches>(
+    mut cmd: Command,
+    matches: &ArgMatches,
+    argv: Vec<OsString>,
+) -> Result<C, SettingsError> {
+    let (leaf_cmd, leaf) = leaf(&cmd, matches);
     let Some(path) = leaf
         .try_get_one::<PathBuf>(CONFIG_ARG)
         .ok()
         .flatten()
         .cloned()
     else {
-        return Ok(Parsed::Command(C::from_arg_matches(&matches)?));
+        return Ok(C::from_arg_matches(matches)?);
     };
     let extra = file_args(leaf_cmd, leaf, &path)?;
     if extra.is_empty() {
-        return Ok(Parsed::Command(C::from_arg_matches(&matches)?));
+        return Ok(C::from_arg_matches(matches)?);
     }
     // Flags of the file go after the command line's: they belong to the innermost
     // subcommand, and only settings that neither a flag nor a variable gave are added.
@@ -129,7 +127,7 @@ where
             path: path.clone(),
             source,
         })?;
-    Ok(Parsed::Command(C::from_arg_matches(&matches)?))
+    Ok(C::from_arg_matches(&matches)?)
 }
 
 /// The innermost subcommand that was given, with its matches.
