@@ -8,6 +8,14 @@ use std::path::PathBuf;
 /// The binary that runs `up` and `doctor`, looked for in `headroom`'s own directory.
 pub const NODE_BINARY: &str = "headroom-node";
 
+/// The version of the `headroom` that started `headroom-node`, set in its environment: two
+/// binaries of different releases refuse to run together rather than misread each other's
+/// flags and files.
+pub const CLIENT_VERSION_VAR: &str = "HEADROOM_CLIENT_VERSION";
+
+/// This build's version, the same in both binaries of one build.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error(
@@ -31,6 +39,22 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "headroom {client} started {NODE_BINARY} {VERSION} (beside it): install both from the \
+         same release (`cargo install --path cli` installs both)"
+    )]
+    Skew { client: String },
+}
+
+/// In `headroom-node`: refuses to run for a `headroom` of another version (an upgrade that
+/// replaced one binary of the two). Run without `headroom` (no variable), it runs.
+pub fn check_client_version() -> Result<(), NodeError> {
+    match std::env::var_os(CLIENT_VERSION_VAR) {
+        Some(client) if client != VERSION => Err(NodeError::Skew {
+            client: client.to_string_lossy().into_owned(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Where `headroom-node` is: beside this program (links resolved).
@@ -56,6 +80,7 @@ pub fn exec(command: &str) -> NodeError {
     let source = std::process::Command::new(&path)
         .arg0(name)
         .args(args)
+        .env(CLIENT_VERSION_VAR, VERSION)
         .exec();
     let command = command.to_string();
     if source.kind() == std::io::ErrorKind::NotFound {

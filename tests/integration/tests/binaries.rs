@@ -123,6 +123,87 @@ fn up_runs_as_headroom_node_and_the_client_runs_alone() {
     }
 }
 
+/// `headroom` names its version to the `headroom-node` it starts, and a `headroom-node` of
+/// another release (an upgrade that replaced one of the two) refuses to run, naming both,
+/// before it reads or creates anything.
+#[test]
+fn headroom_node_of_another_release_refuses_to_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    for command in ["up", "doctor"] {
+        let err_file = dir.path().join(format!("{command}.err"));
+        let mut child =
+            std::process::Command::new(headroom_integration_tests::binary("headroom-node"))
+                .arg(command)
+                .env("HEADROOM_CLIENT_VERSION", "0.0.0-older")
+                .env("HEADROOM_DATA_DIR", &data)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(&err_file).expect("stderr file"))
+                .spawn()
+                .expect("run");
+        // `up` that does not refuse serves until stopped.
+        let t = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if t.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{command} ran for another release's headroom instead of refusing");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err = std::fs::read_to_string(&err_file).expect("stderr");
+        assert_eq!(status.code(), Some(1), "{command}: {err}");
+        assert!(
+            err.contains("headroom 0.0.0-older started headroom-node ")
+                && err.contains("install both from the same release"),
+            "{command}: {err}"
+        );
+        assert!(!data.exists(), "{command} created its data directory");
+    }
+
+    // What `headroom` hands over: a stand-in `headroom-node` beside a copy of it writes down
+    // the version it was given.
+    let version = std::process::Command::new(headroom_integration_tests::binary("headroom"))
+        .arg("--version")
+        .output()
+        .expect("run");
+    let version = String::from_utf8_lossy(&version.stdout);
+    let version = version
+        .split_whitespace()
+        .nth(1)
+        .expect("a version")
+        .to_string();
+    let alone = dir.path().join("headroom");
+    std::fs::copy(headroom_integration_tests::binary("headroom"), &alone).expect("copy");
+    let seen = dir.path().join("seen");
+    let node = dir.path().join("headroom-node");
+    std::fs::write(
+        &node,
+        format!(
+            "#!/bin/sh\nprintf %s \"$HEADROOM_CLIENT_VERSION\" > {}\n",
+            seen.display()
+        ),
+    )
+    .expect("write");
+    std::fs::set_permissions(&node, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let out = std::process::Command::new(&alone)
+        .arg("doctor")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&seen).expect("seen"), version);
+}
+
 /// Writes `toml` to `file` and starts `bin --config FILE`.
 fn with_config(bin: &str, file: &std::path::Path, toml: &str, log: std::path::PathBuf) -> Proc {
     std::fs::write(file, toml).expect("write");
