@@ -5,7 +5,7 @@
 use headroom_shared::api::{JobDetail, JobSummary};
 use headroom_shared::{ExperimentId, JobEvent, JobId, JobState};
 
-use super::tx::{AttemptsWhere, JobsWhere, Tx};
+use super::tx::{AttemptsWhere, JobLeased, JobsWhere, Tx};
 use super::{JobFilter, Millis, Result, StoreError, now_ms};
 use crate::changes::Change;
 use crate::rules;
@@ -38,9 +38,32 @@ pub(super) async fn transition(
     job: &mut LockedJob,
     event: JobEvent,
 ) -> Result<JobState> {
+    apply(tx, job, event, None).await
+}
+
+/// [`transition`] by a lease, which sets the lease's columns of the job in the same write.
+pub(super) async fn lease(
+    tx: &mut dyn Tx,
+    job: &mut LockedJob,
+    leased: JobLeased,
+) -> Result<JobState> {
+    apply(tx, job, JobEvent::Lease, Some(leased)).await
+}
+
+async fn apply(
+    tx: &mut dyn Tx,
+    job: &mut LockedJob,
+    event: JobEvent,
+    leased: Option<JobLeased>,
+) -> Result<JobState> {
     let from = job.state;
     let to = from.on(event)?;
-    if to != from && tx.set_job_state(&job.id, from, to, now_ms()).await? != 1 {
+    if to != from
+        && tx
+            .set_job_state(&job.id, from, to, now_ms(), leased)
+            .await?
+            != 1
+    {
         return Err(StoreError::Conflict {
             job: Some(job.id.clone()),
         });

@@ -8,7 +8,7 @@ use headroom_shared::{AgentId, AttemptId, JobEvent, JobState};
 use super::Active;
 use super::jobs::LockedJob;
 use super::rows::{self, NodeRow, i64_of, parse};
-use super::tx::{AttemptsWhere, NewAttempt, Tx};
+use super::tx::{AttemptsWhere, JobLeased, NewAttempt, Tx};
 use super::{
     ClaimInput, Claimed, Finished, Millis, Renewal, Renewed, Result, Started, StoreError, jobs,
     nodes, now_ms,
@@ -89,9 +89,11 @@ async fn lease_job(
         report_key_hash: &key_hash,
     })
     .await?;
-    tx.set_job_leased(&job.id, new.lease.number, new.lease.fence)
-        .await?;
-    jobs::transition(tx, &mut job, JobEvent::Lease).await?;
+    let leased = JobLeased {
+        attempts: new.lease.number,
+        fence: new.lease.fence,
+    };
+    jobs::lease(tx, &mut job, leased).await?;
     Ok(new.lease)
 }
 

@@ -60,6 +60,15 @@ pub enum AttemptsWhere<'a> {
     },
 }
 
+/// A lease's columns of its job, written with its state: its attempt count and token (its
+/// pending reason cleared). One update of the row, not two (on PostgreSQL a second update
+/// of a row the transaction wrote also checks its foreign keys again).
+#[derive(Clone, Copy, Debug)]
+pub struct JobLeased {
+    pub attempts: u32,
+    pub fence: i64,
+}
+
 /// An attempt row about to be written by a lease.
 pub struct NewAttempt<'a> {
     pub id: String,
@@ -109,13 +118,15 @@ pub trait JobsTx: Send {
     async fn jobs_of_experiment(&mut self, experiment: &str) -> Result<Vec<(String, JobState)>>;
     /// A job's state, the job locked.
     async fn lock_job(&mut self, job: &str) -> Result<Option<JobState>>;
-    /// Sets the state if it still is `from`; the rows changed (0: another transaction won).
+    /// Sets the state if it still is `from`, and on a lease the lease's columns in the same
+    /// update; the rows changed (0: another transaction won).
     async fn set_job_state(
         &mut self,
         job: &str,
         from: JobState,
         to: JobState,
         now: Millis,
+        leased: Option<JobLeased>,
     ) -> Result<u64>;
     /// The job's columns the outcome rules read (the job is locked by the caller).
     async fn job_rules(&mut self, job: &str) -> Result<Option<JobRules>>;
@@ -123,8 +134,6 @@ pub trait JobsTx: Send {
     async fn set_last_failure(&mut self, job: &str, class: Option<FailureClass>) -> Result<()>;
     async fn set_pending_reason(&mut self, job: &str, reason: Option<&PendingReason>)
     -> Result<()>;
-    /// A new lease's job columns: its attempt count and token; its pending reason cleared.
-    async fn set_job_leased(&mut self, job: &str, attempts: u32, fence: i64) -> Result<()>;
     async fn set_job_ladder(&mut self, job: &str, step: &LadderStep) -> Result<()>;
     /// The columns a new lease of the job is made of.
     async fn lease_row(&mut self, job: &str) -> Result<Option<LeaseRow>>;

@@ -7,7 +7,7 @@ use headroom_shared::{FailureClass, JobState};
 
 use super::super::exec::{Arg, Exec, RowRef, json};
 use super::super::rows::{self, Cols, LeaseRow};
-use super::super::tx::{JobsTx, JobsWhere};
+use super::super::tx::{JobLeased, JobsTx, JobsWhere};
 use super::super::{Millis, NewExperiment, Result};
 use super::{
     EXPERIMENT_STATE_COUNTS, EXPERIMENT_UNFINISHED, STATE_COUNTS, UNFINISHED, WAITING, all, done,
@@ -140,12 +140,25 @@ impl<E: Exec> JobsTx for E {
         from: JobState,
         to: JobState,
         now: Millis,
+        leased: Option<JobLeased>,
     ) -> Result<u64> {
-        self.execute(
-            "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state = $4",
-            args![to.as_str(), now, job, from.as_str()],
-        )
-        .await
+        match leased {
+            None => {
+                self.execute(
+                    "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state = $4",
+                    args![to.as_str(), now, job, from.as_str()],
+                )
+                .await
+            }
+            Some(l) => {
+                self.execute(
+                    "UPDATE jobs SET state = $1, updated_at = $2, attempts = $5, fence = $6, \
+                     pending_reason = NULL WHERE id = $3 AND state = $4",
+                    args![to.as_str(), now, job, from.as_str(), l.attempts, l.fence],
+                )
+                .await
+            }
+        }
     }
 
     async fn job_rules(&mut self, job: &str) -> Result<Option<JobRules>> {
@@ -191,15 +204,6 @@ impl<E: Exec> JobsTx for E {
             "UPDATE jobs SET pending_reason = $1 \
              WHERE id = $2 AND pending_reason IS DISTINCT FROM $1",
             &[reason, job.into()],
-        )
-        .await
-    }
-
-    async fn set_job_leased(&mut self, job: &str, attempts: u32, fence: i64) -> Result<()> {
-        done(
-            self,
-            "UPDATE jobs SET attempts = $1, fence = $2, pending_reason = NULL WHERE id = $3",
-            args![attempts, fence, job],
         )
         .await
     }
