@@ -272,15 +272,21 @@ pub fn exit_with(result: Result<i32>) -> ! {
     }
 }
 
-/// The token a command acts with: `--token`, else `--token-file`, else the one a local
+/// The token a command acts with: the one given ([`given_token`]), else the one a local
 /// `headroom up` of this account left for this server.
 fn token_of(cli: &Cli) -> Result<Option<BearerToken>> {
+    Ok(match given_token(cli)? {
+        Some(t) => Some(t),
+        None => headroom_shared::secret::read_local_token(&cli.server).and_then(|t| t.parse().ok()),
+    })
+}
+
+/// `--token`, else `--token-file`.
+fn given_token(cli: &Cli) -> Result<Option<BearerToken>> {
     Ok(match (&cli.token, &cli.token_file) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(path)) => Some(client::read_token_file(path)?),
-        (None, None) => {
-            headroom_shared::secret::read_local_token(&cli.server).and_then(|t| t.parse().ok())
-        }
+        (None, None) => None,
     })
 }
 
@@ -310,8 +316,10 @@ pub async fn run(cli: Cli) -> Result<i32> {
 
 /// `headroom-node`: `up` and `doctor`, and every other command as [`run`] does it.
 pub async fn run_node(cli: Cli) -> Result<i32> {
+    // `up --run` submits to the coordinator it starts: a token left for `--server` (another
+    // coordinator's, or a killed `up`'s) is not one of its.
     let token = match &cli.command {
-        Command::Up(_) => token_of(&cli)?,
+        Command::Up(_) => given_token(&cli)?,
         _ => None,
     };
     match cli.command {

@@ -137,6 +137,9 @@ fn headroom_node_of_another_release_refuses_to_run() {
                 .arg(command)
                 .env("HEADROOM_CLIENT_VERSION", "0.0.0-older")
                 .env("HEADROOM_DATA_DIR", &data)
+                // Were it to run: on no one's port, leaving nothing in anyone's home.
+                .env("HEADROOM_LISTEN", "127.0.0.1:0")
+                .env("HOME", dir.path())
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())
                 .stderr(std::fs::File::create(&err_file).expect("stderr file"))
@@ -202,6 +205,61 @@ fn headroom_node_of_another_release_refuses_to_run() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(std::fs::read_to_string(&seen).expect("seen"), version);
+}
+
+/// `headroom up --run` submits as the admin of the coordinator it starts, not with a token
+/// another coordinator left for the CLI's default server (an `up` there killed before it
+/// could remove its file): that token is refused, and the run with it.
+#[test]
+fn up_run_submits_as_its_own_admin_whatever_another_server_left() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    let local = home.join(".headroom").join("local");
+    std::fs::create_dir_all(&local).expect("mkdir");
+    let stale = local.join("127.0.0.1_7420");
+    std::fs::write(&stale, "hr_stale0_0123456789abcdef\n").expect("write");
+    std::fs::set_permissions(&stale, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    let spec = dir.path().join("one.json");
+    std::fs::write(
+        &spec,
+        r#"{"name": "one", "command": ["true"], "resources": {"memory": "100MiB"}}"#,
+    )
+    .expect("spec");
+    let log = dir.path().join("up.log");
+    let out = std::fs::File::create(&log).expect("log");
+    let mut child = std::process::Command::new(headroom_integration_tests::binary("headroom"))
+        .args(["up", "--run"])
+        .arg(&spec)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["--listen", "127.0.0.1:0", "--fake-gpus", "1x24GiB"])
+        .env("HOME", &home)
+        .env_remove("HEADROOM_SERVER")
+        .env_remove("HEADROOM_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().expect("log"))
+        .stderr(out)
+        .spawn()
+        .expect("headroom up");
+    let t = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the run did not end in 60 s:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(status.success(), "{status}:\n{text}");
+    assert!(text.contains("submitted experiment one"), "{text}");
 }
 
 /// Writes `toml` to `file` and starts `bin --config FILE`.
