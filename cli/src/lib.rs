@@ -36,7 +36,7 @@ pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7420";
 #[derive(Parser, Debug)]
 #[command(
     name = "headroom",
-    version,
+    version = node::VERSION,
     about = "Run experiment matrices on GPUs: packed by plan and memory, cleaned up completely"
 )]
 pub struct Cli {
@@ -272,22 +272,39 @@ pub fn exit_with(result: Result<i32>) -> ! {
     }
 }
 
-/// The token a command acts with: the one given ([`given_token`]), else the one a local
+/// The token a command acts with: `--token`, else `--token-file`, else the one a local
 /// `headroom up` of this account left for this server.
 fn token_of(cli: &Cli) -> Result<Option<BearerToken>> {
-    Ok(match given_token(cli)? {
-        Some(t) => Some(t),
-        None => headroom_shared::secret::read_local_token(&cli.server).and_then(|t| t.parse().ok()),
-    })
-}
-
-/// `--token`, else `--token-file`.
-fn given_token(cli: &Cli) -> Result<Option<BearerToken>> {
     Ok(match (&cli.token, &cli.token_file) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(path)) => Some(client::read_token_file(path)?),
-        (None, None) => None,
+        (None, None) => {
+            headroom_shared::secret::read_local_token(&cli.server).and_then(|t| t.parse().ok())
+        }
     })
+}
+
+/// The token `up --run` submits with besides its own admin: `--token` or `--token-file` on
+/// its command line. It submits to the coordinator it starts, so a token left for `--server`
+/// (another coordinator's, or a killed `up`'s) is not one of its, nor what `HEADROOM_TOKEN` or
+/// `HEADROOM_TOKEN_FILE` hold (the server a shell is set up for).
+fn token_for_up(cli: &Cli, args: &up::UpArgs) -> Result<Option<BearerToken>> {
+    if args.run.is_none() {
+        return Ok(None);
+    }
+    let from_env =
+        |var: &str, given: &std::ffi::OsStr| std::env::var_os(var).as_deref() == Some(given);
+    if let Some(t) = &cli.token
+        && !from_env("HEADROOM_TOKEN", t.expose().as_ref())
+    {
+        return Ok(Some(t.clone()));
+    }
+    match &cli.token_file {
+        Some(path) if !from_env("HEADROOM_TOKEN_FILE", path.as_os_str()) => {
+            Ok(Some(client::read_token_file(path)?))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// `headroom`: the client's commands. `up` and `doctor` are `headroom-node`'s ([`run_node`]):
@@ -316,10 +333,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
 
 /// `headroom-node`: `up` and `doctor`, and every other command as [`run`] does it.
 pub async fn run_node(cli: Cli) -> Result<i32> {
-    // `up --run` submits to the coordinator it starts: a token left for `--server` (another
-    // coordinator's, or a killed `up`'s) is not one of its.
     let token = match &cli.command {
-        Command::Up(_) => given_token(&cli)?,
+        Command::Up(args) => token_for_up(&cli, args)?,
         _ => None,
     };
     match cli.command {

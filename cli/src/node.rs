@@ -8,13 +8,14 @@ use std::path::PathBuf;
 /// The binary that runs `up` and `doctor`, looked for in `headroom`'s own directory.
 pub const NODE_BINARY: &str = "headroom-node";
 
-/// The version of the `headroom` that started `headroom-node`, set in its environment: two
-/// binaries of different releases refuse to run together rather than misread each other's
+/// The build of the `headroom` that started `headroom-node`, set in its environment: two
+/// binaries of different builds refuse to run together rather than misread each other's
 /// flags and files.
 pub const CLIENT_VERSION_VAR: &str = "HEADROOM_CLIENT_VERSION";
 
-/// This build's version, the same in both binaries of one build.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// This build: the version and, built from a git checkout, the commit (`build.rs`); the same
+/// in both binaries of one build, and what `--version` prints.
+pub const VERSION: &str = env!("HEADROOM_BUILD");
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -41,12 +42,12 @@ pub enum NodeError {
     },
     #[error(
         "headroom {client} started {NODE_BINARY} {VERSION} (beside it): install both from the \
-         same release (`cargo install --path cli` installs both)"
+         same build (`cargo install --path cli` installs both)"
     )]
     Skew { client: String },
 }
 
-/// In `headroom-node`: refuses to run for a `headroom` of another version (an upgrade that
+/// In `headroom-node`: refuses to run for a `headroom` of another build (an upgrade that
 /// replaced one binary of the two). Run without `headroom` (no variable), it runs.
 pub fn check_client_version() -> Result<(), NodeError> {
     match std::env::var_os(CLIENT_VERSION_VAR) {

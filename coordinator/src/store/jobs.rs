@@ -30,9 +30,7 @@ pub(super) async fn lock_job(tx: &mut dyn Tx, job: &str) -> Result<LockedJob> {
     })
 }
 
-/// The one place a job's state changes: the state machine decides, the update is
-/// conditional on the state read under the job's lock, and a lost race is a conflict, not
-/// a silent overwrite.
+/// A job's state changes by `event` ([`apply`]).
 pub(super) async fn transition(
     tx: &mut dyn Tx,
     job: &mut LockedJob,
@@ -50,6 +48,9 @@ pub(super) async fn lease(
     apply(tx, job, JobEvent::Lease, Some(leased)).await
 }
 
+/// The one place a job's state changes: the state machine decides, the update is
+/// conditional on the state read under the job's lock, and a lost race is a conflict, not
+/// a silent overwrite.
 async fn apply(
     tx: &mut dyn Tx,
     job: &mut LockedJob,
@@ -58,6 +59,11 @@ async fn apply(
 ) -> Result<JobState> {
     let from = job.state;
     let to = from.on(event)?;
+    // A lease always moves a waiting job: its columns are never left unwritten.
+    debug_assert!(
+        leased.is_none() || to != from,
+        "a lease that changes no state"
+    );
     if to != from
         && tx
             .set_job_state(&job.id, from, to, now_ms(), leased)

@@ -1,5 +1,7 @@
 //! The binaries as operators run them: signals stop them cleanly, a config file works for
-//! each of them, and a client's mistake is a 4xx naming the field.
+//! each of them, a client's mistake is a 4xx naming the field, `headroom` and
+//! `headroom-node` of different builds refuse to run together, and `up --run` submits as the
+//! coordinator it starts.
 
 use std::time::{Duration, Instant};
 
@@ -88,7 +90,7 @@ fn up_runs_as_headroom_node_and_the_client_runs_alone() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let alone = dir.path().join("headroom");
-    std::fs::copy(headroom_integration_tests::binary("headroom"), &alone).expect("copy");
+    install(&headroom_integration_tests::binary("headroom"), &alone);
     let out = std::process::Command::new(&alone)
         .args(["completions", "bash"])
         .output()
@@ -162,7 +164,7 @@ fn headroom_node_of_another_release_refuses_to_run() {
         assert_eq!(status.code(), Some(1), "{command}: {err}");
         assert!(
             err.contains("headroom 0.0.0-older started headroom-node ")
-                && err.contains("install both from the same release"),
+                && err.contains("install both from the same build"),
             "{command}: {err}"
         );
         assert!(!data.exists(), "{command} created its data directory");
@@ -181,19 +183,18 @@ fn headroom_node_of_another_release_refuses_to_run() {
         .expect("a version")
         .to_string();
     let alone = dir.path().join("headroom");
-    std::fs::copy(headroom_integration_tests::binary("headroom"), &alone).expect("copy");
+    install(&headroom_integration_tests::binary("headroom"), &alone);
     let seen = dir.path().join("seen");
-    let node = dir.path().join("headroom-node");
+    let script = dir.path().join("stand-in");
     std::fs::write(
-        &node,
+        &script,
         format!(
             "#!/bin/sh\nprintf %s \"$HEADROOM_CLIENT_VERSION\" > {}\n",
             seen.display()
         ),
     )
     .expect("write");
-    std::fs::set_permissions(&node, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
+    install(&script, &dir.path().join("headroom-node"));
     let out = std::process::Command::new(&alone)
         .arg("doctor")
         .stdin(std::process::Stdio::null())
@@ -209,7 +210,8 @@ fn headroom_node_of_another_release_refuses_to_run() {
 
 /// `headroom up --run` submits as the admin of the coordinator it starts, not with a token
 /// another coordinator left for the CLI's default server (an `up` there killed before it
-/// could remove its file): that token is refused, and the run with it.
+/// could remove its file) nor the one a shell set up for another coordinator holds in
+/// `HEADROOM_TOKEN`: either would be refused, and the run with it.
 #[test]
 fn up_run_submits_as_its_own_admin_whatever_another_server_left() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -233,10 +235,19 @@ fn up_run_submits_as_its_own_admin_whatever_another_server_left() {
         .arg(&spec)
         .arg("--data-dir")
         .arg(dir.path().join("data"))
-        .args(["--listen", "127.0.0.1:0", "--fake-gpus", "1x24GiB"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--gpu-backend",
+            "fake",
+            "--fake-gpus",
+            "1x24GiB",
+        ])
         .env("HOME", &home)
-        .env_remove("HEADROOM_SERVER")
-        .env_remove("HEADROOM_TOKEN")
+        // A shell set up for another coordinator (README: remote use) changes nothing.
+        .env("HEADROOM_SERVER", "http://127.0.0.1:7420")
+        .env("HEADROOM_TOKEN", "hr_elsewhere0_0123456789abcdef")
+        .env_remove("HEADROOM_TOKEN_FILE")
         .stdin(std::process::Stdio::null())
         .stdout(out.try_clone().expect("log"))
         .stderr(out)
@@ -260,6 +271,24 @@ fn up_run_submits_as_its_own_admin_whatever_another_server_left() {
     let text = std::fs::read_to_string(&log).expect("log");
     assert!(status.success(), "{status}:\n{text}");
     assert!(text.contains("submitted experiment one"), "{text}");
+}
+
+/// Copies an executable with `install(1)`, in a process of its own: a file this process had
+/// open for writing could be inherited by a process another test forks meanwhile, and then
+/// fail to run ("text file busy").
+fn install(from: &std::path::Path, to: &std::path::Path) {
+    let status = std::process::Command::new("install")
+        .args(["-m", "0755"])
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("install");
+    assert!(
+        status.success(),
+        "install {} {}",
+        from.display(),
+        to.display()
+    );
 }
 
 /// Writes `toml` to `file` and starts `bin --config FILE`.
