@@ -46,7 +46,8 @@ fn cause(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Replaces setup failures with what to do about them; other errors pass unchanged.
-pub fn with_hint(e: anyhow::Error, api: &Api) -> anyhow::Error {
+/// `left_by_up`: the file the token came from, when a local `headroom up` left it.
+pub fn with_hint(e: anyhow::Error, api: &Api, left_by_up: Option<&Path>) -> anyhow::Error {
     let Some(ce) = e.downcast_ref::<ClientError>() else {
         return e;
     };
@@ -61,7 +62,15 @@ pub fn with_hint(e: anyhow::Error, api: &Api) -> anyhow::Error {
             message,
             ..
         } => {
-            if api.has_token() {
+            if let Some(file) = left_by_up {
+                anyhow!(
+                    "the coordinator at {} refused the token left by a `headroom up` in {}: \
+                     {message} (an `up` there that stopped without removing it, most likely: \
+                     remove the file, or give --token, HEADROOM_TOKEN or --token-file)",
+                    api.base(),
+                    file.display()
+                )
+            } else if api.has_token() {
                 anyhow!(
                     "the coordinator at {} refused the token: {message} (check --token, \
                      HEADROOM_TOKEN or --token-file; an admin makes a new one with \

@@ -273,13 +273,20 @@ pub fn exit_with(result: Result<i32>) -> ! {
 }
 
 /// The token a command acts with: `--token`, else `--token-file`, else the one a local
-/// `headroom up` of this account left for this server.
-fn token_of(cli: &Cli) -> Result<Option<BearerToken>> {
+/// `headroom up` of this account left for this server (with that file, for what a refusal
+/// says).
+fn token_of(cli: &Cli) -> Result<(Option<BearerToken>, Option<PathBuf>)> {
     Ok(match (&cli.token, &cli.token_file) {
-        (Some(t), _) => Some(t.clone()),
-        (None, Some(path)) => Some(client::read_token_file(path)?),
+        (Some(t), _) => (Some(t.clone()), None),
+        (None, Some(path)) => (Some(client::read_token_file(path)?), None),
         (None, None) => {
-            headroom_shared::secret::read_local_token(&cli.server).and_then(|t| t.parse().ok())
+            let left =
+                headroom_shared::secret::read_local_token(&cli.server).and_then(|t| t.parse().ok());
+            let file = left
+                .is_some()
+                .then(|| headroom_shared::secret::local_token_path(&cli.server))
+                .flatten();
+            (left, file)
         }
     })
 }
@@ -310,7 +317,7 @@ fn token_for_up(cli: &Cli, args: &up::UpArgs) -> Result<Option<BearerToken>> {
 /// `headroom`: the client's commands. `up` and `doctor` are `headroom-node`'s ([`run_node`]):
 /// `headroom` becomes it ([`node::exec`]), so that a client command loads none of their code.
 pub async fn run(cli: Cli) -> Result<i32> {
-    let token = token_of(&cli)?;
+    let (token, left_by_up) = token_of(&cli)?;
     let api = Api::new(&cli.server)?.with_token(token.as_ref().map(BearerToken::expose))?;
     match cli.command {
         Command::Completions { shell } => {
@@ -327,7 +334,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         } => token_hash(),
         command => command_on(&api, command)
             .await
-            .map_err(|e| client::with_hint(e, &api)),
+            .map_err(|e| client::with_hint(e, &api, left_by_up.as_deref())),
     }
 }
 

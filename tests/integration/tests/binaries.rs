@@ -273,6 +273,41 @@ fn up_run_submits_as_its_own_admin_whatever_another_server_left() {
     assert!(text.contains("submitted experiment one"), "{text}");
 }
 
+/// A client command that sent the token a local `headroom up` left for this address (an `up`
+/// stopped without removing it, and another coordinator there now) says which file it came
+/// from, rather than pointing at flags the user never set.
+#[test]
+fn a_refused_token_left_by_a_local_up_is_named_by_its_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coord = Coordinator::start(
+        dir.path(),
+        &["--admin-token", "binaries-admin-token-0123456789"],
+    )
+    .expect("coordinator");
+    let port = coord.url.rsplit(':').next().expect("port");
+    let home = dir.path().join("home");
+    let local = home.join(".headroom").join("local");
+    std::fs::create_dir_all(&local).expect("mkdir");
+    let stale = local.join(format!("127.0.0.1_{port}"));
+    std::fs::write(&stale, "hr_stale0_0123456789abcdef\n").expect("write");
+    std::fs::set_permissions(&stale, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    let out = std::process::Command::new(headroom_integration_tests::binary("headroom"))
+        .args(["experiments", "--server", &coord.url])
+        .env("HOME", &home)
+        .env_remove("HEADROOM_TOKEN")
+        .env_remove("HEADROOM_TOKEN_FILE")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&stale.display().to_string()) && err.contains("left by a `headroom up`"),
+        "{err}"
+    );
+}
+
 /// Copies an executable with `install(1)`, in a process of its own: a file this process had
 /// open for writing could be inherited by a process another test forks meanwhile, and then
 /// fail to run ("text file busy").
