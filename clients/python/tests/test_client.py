@@ -29,7 +29,7 @@ from headroom_client import (
     load_spec,
 )
 
-from .conftest import TOKEN, free_port
+from .conftest import TOKEN, free_port, start_coordinator
 
 
 def spec(name: str, command: list, **extra) -> dict:
@@ -268,6 +268,31 @@ def no_token_env(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     return monkeypatch
+
+
+def test_a_refused_token_left_by_a_local_up_is_named_by_its_file(tmp_path, no_token_env) -> None:
+    """A coordinator that refuses the token a local ``headroom up`` left for its address (an
+    ``up`` there stopped without removing it): the error names the file; a token given
+    outright is not blamed on it."""
+    from headroom_client import UnauthorizedError, local_token_path
+
+    url, coord = start_coordinator(tmp_path / "c", "--admin-token", "py-admin-token-0123456789ab")
+    try:
+        path = local_token_path(url)
+        assert path is not None
+        os.makedirs(os.path.dirname(path), mode=0o700)
+        with open(path, "w") as f:
+            f.write("hr_stale0_0123456789abcdef\n")
+        with Client(url) as c, pytest.raises(UnauthorizedError) as left:
+            c.experiments()
+        assert path in str(left.value) and "left by a `headroom up`" in str(left.value)
+        with Client(url, "hr_given0_0123456789abcdef") as c, pytest.raises(
+            UnauthorizedError
+        ) as given:
+            c.experiments()
+        assert path not in str(given.value)
+    finally:
+        coord.stop()
 
 
 def test_a_token_file_argument_is_read_first_line_and_wins_over_the_variables(

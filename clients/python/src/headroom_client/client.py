@@ -42,6 +42,7 @@ from .errors import (
     JobsFailedError,
     NotFoundError,
     TokenFileError,
+    UnauthorizedError,
     error_from_response,
 )
 from .frames import ATTEMPT_TIMES, JOB_TIMES, Records, records_or_frame
@@ -269,8 +270,28 @@ def _headers(
 
 def _check(resp: httpx.Response) -> httpx.Response:
     if resp.status_code >= 400:
-        raise error_from_response(resp)
+        raise _naming_a_left_token(error_from_response(resp), resp.request)
     return resp
+
+
+def _naming_a_left_token(err: HeadroomError, request: httpx.Request) -> HeadroomError:
+    """A 401 for the token a local ``headroom up`` left for this address (an ``up`` there
+    stopped without removing it) says which file it came from, as the CLI does."""
+    if not isinstance(err, UnauthorizedError) or request.url.port is None:
+        return err
+    url = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+    path, left = local_token_path(url), _local_token(url)
+    if path is None or left is None or request.headers.get("authorization") != f"Bearer {left}":
+        return err
+    return UnauthorizedError(
+        err.status,
+        err.code,
+        f"{err.message} (the token left by a `headroom up` in {path}: an `up` there that "
+        "stopped without removing it, most likely: remove the file, or pass token= or set "
+        "HEADROOM_TOKEN)",
+        err.field,
+        err.attempt,
+    )
 
 
 def _unreachable(url: str, e: Exception) -> ConnectionFailed:
