@@ -148,18 +148,9 @@ fn headroom_node_of_another_release_refuses_to_run() {
                 .spawn()
                 .expect("run");
         // `up` that does not refuse serves until stopped.
-        let t = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                break status;
-            }
-            if t.elapsed() > Duration::from_secs(20) {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("{command} ran for another release's headroom instead of refusing");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = exit_within(&mut child, Duration::from_secs(20)).unwrap_or_else(|| {
+            panic!("{command} ran for another release's headroom instead of refusing")
+        });
         let err = std::fs::read_to_string(&err_file).expect("stderr");
         assert_eq!(status.code(), Some(1), "{command}: {err}");
         assert!(
@@ -253,21 +244,12 @@ fn up_run_submits_as_its_own_admin_whatever_another_server_left() {
         .stderr(out)
         .spawn()
         .expect("headroom up");
-    let t = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if t.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "the run did not end in 60 s:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within(&mut child, Duration::from_secs(60)).unwrap_or_else(|| {
+        panic!(
+            "the run did not end in 60 s:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    });
     let text = std::fs::read_to_string(&log).expect("log");
     assert!(status.success(), "{status}:\n{text}");
     assert!(text.contains("submitted experiment one"), "{text}");
@@ -306,6 +288,25 @@ fn a_refused_token_left_by_a_local_up_is_named_by_its_file() {
         err.contains(&stale.display().to_string()) && err.contains("left by a `headroom up`"),
         "{err}"
     );
+}
+
+/// The child's exit status once it exits, or `None` (it killed) when it runs past `limit`.
+fn exit_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    let t = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return Some(status);
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Copies an executable with `install(1)`, in a process of its own: a file this process had
