@@ -229,6 +229,9 @@ impl Headroom {
             cmd.args(["--plan", p]);
         }
         cmd.args(&self.opts.extra);
+        // The token `up` leaves for this account's CLI goes under the test's own directory,
+        // not the home of whoever runs the suite (a test that kills `up` leaves it there).
+        cmd.env("HOME", self.dir.path().join("home"));
         cmd.envs(self.opts.env.iter().map(|(k, v)| (k, v)));
         let log = std::fs::OpenOptions::new()
             .create(true)
