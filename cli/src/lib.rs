@@ -279,15 +279,9 @@ fn token_of(cli: &Cli) -> Result<(Option<BearerToken>, Option<PathBuf>)> {
     Ok(match (&cli.token, &cli.token_file) {
         (Some(t), _) => (Some(t.clone()), None),
         (None, Some(path)) => (Some(client::read_token_file(path)?), None),
-        (None, None) => {
-            let left =
-                headroom_shared::secret::read_local_token(&cli.server).and_then(|t| t.parse().ok());
-            let file = left
-                .is_some()
-                .then(|| headroom_shared::secret::local_token_path(&cli.server))
-                .flatten();
-            (left, file)
-        }
+        (None, None) => headroom_shared::secret::read_local_token(&cli.server)
+            .and_then(|(t, file)| Some((t.parse().ok()?, file)))
+            .map_or((None, None), |(t, file)| (Some(t), Some(file))),
     })
 }
 

@@ -194,10 +194,11 @@ pub fn write_local_token(url: &str, token: &str) -> std::io::Result<Option<PathB
     Ok(Some(path))
 }
 
-/// The token a local `headroom up` left for `url`, when there is one.
-pub fn read_local_token(url: &str) -> Option<String> {
+/// The token a local `headroom up` left for `url`, when there is one, with its file.
+pub fn read_local_token(url: &str) -> Option<(String, PathBuf)> {
     let path = local_token_path(url)?;
-    read_file(&path, "local token").ok()
+    let token = read_file(&path, "local token").ok()?;
+    Some((token, path))
 }
 
 #[cfg(test)]

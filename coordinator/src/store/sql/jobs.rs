@@ -142,23 +142,18 @@ impl<E: Exec> JobsTx for E {
         now: Millis,
         leased: Option<JobLeased>,
     ) -> Result<u64> {
-        match leased {
-            None => {
-                self.execute(
-                    "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state = $4",
-                    args![to.as_str(), now, job, from.as_str()],
-                )
-                .await
-            }
-            Some(l) => {
-                self.execute(
-                    "UPDATE jobs SET state = $1, updated_at = $2, attempts = $5, fence = $6, \
-                     pending_reason = NULL WHERE id = $3 AND state = $4",
-                    args![to.as_str(), now, job, from.as_str(), l.attempts, l.fence],
-                )
-                .await
-            }
-        }
+        let (sql, args): (&str, &[Arg]) = match leased {
+            None => (
+                "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state = $4",
+                args![to.as_str(), now, job, from.as_str()],
+            ),
+            Some(l) => (
+                "UPDATE jobs SET state = $1, updated_at = $2, attempts = $5, fence = $6, \
+                 pending_reason = NULL WHERE id = $3 AND state = $4",
+                args![to.as_str(), now, job, from.as_str(), l.attempts, l.fence],
+            ),
+        };
+        self.execute(sql, args).await
     }
 
     async fn job_rules(&mut self, job: &str) -> Result<Option<JobRules>> {
