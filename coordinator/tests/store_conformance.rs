@@ -13,8 +13,8 @@ use headroom_coordinator::store::{
     Renewal, Renewed, Retention, SeriesWindow, Started, Store, StoreError, now_ms,
 };
 use headroom_shared::api::{
-    AttemptRef, EnergySource, FinishReport, GpuInfo, GpuSample, JobStarted, Lease, Measurements,
-    PeakSource, Role, TelemetrySample,
+    AttemptRef, EnergySource, FinishReport, GpuInfo, GpuSample, JobStarted, JobSummary, Lease,
+    Measurements, PeakSource, Role, TelemetrySample,
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, AttemptId, ExperimentId, FailureClass, JobId, JobState, Plan};
@@ -1514,6 +1514,49 @@ async fn pending_jobs_say_why(s: Backend) {
     assert_eq!(shown.summary.pending_reason, jobs[2].pending_reason);
 }
 
+/// A job leased and back in the queue (its attempt failed and is retried) shows no reason
+/// from before its lease: what a claim said of it then no longer holds, and no claim has
+/// looked at it since.
+async fn a_requeued_job_shows_no_reason_from_before_its_lease(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await; // one slot
+    submit(
+        &s,
+        vec![
+            job(0, Some(1000), vec![], 1),
+            job(1, Some(1000), vec![FailureClass::Oom], 2),
+        ],
+    )
+    .await;
+    let first = claim(&s, agent, 1).await.remove(0);
+    let reason = |jobs: &[JobSummary], index: u32| {
+        let j = jobs.iter().find(|j| j.index == index).expect("job");
+        j.pending_reason.clone()
+    };
+    let jobs = s.list_jobs(JobFilter::default()).await.expect("jobs");
+    assert_eq!(reason(&jobs, 1), Some(PendingReason::NoFreeSlot));
+
+    finish_attempt(&s, first.attempt, report(first.fence, None))
+        .await
+        .expect("finish");
+    let second = claim(&s, agent, 1).await.remove(0);
+    let st = finish_attempt(
+        &s,
+        second.attempt,
+        report(second.fence, Some(FailureClass::Oom)),
+    )
+    .await
+    .expect("finish");
+    assert_eq!(st, JobState::Retrying);
+    let jobs = s.list_jobs(JobFilter::default()).await.expect("jobs");
+    assert_eq!(
+        reason(&jobs, 1),
+        None,
+        "the reason from before its lease is gone"
+    );
+    let shown = s.job(second.job).await.expect("job");
+    assert_eq!(shown.summary.pending_reason, None);
+}
+
 async fn peak_sources_are_stored_and_device_deltas_teach(s: Backend) {
     let agent = register(&s, "n1", 1, None).await;
     let exp = submit(&s, (0..3).map(|i| job(i, None, vec![], 1)).collect()).await;
@@ -2630,6 +2673,7 @@ conformance!(sqlite, postgres: [
     heartbeats_racing_a_normal_end_renew_the_rest,
     oom_ladder_steps_get_their_own_estimate_and_repeat,
     pending_jobs_say_why,
+    a_requeued_job_shows_no_reason_from_before_its_lease,
     writes_announce_their_changes,
     peak_sources_are_stored_and_device_deltas_teach,
     attempt_measurements_are_stored_and_read_back,
