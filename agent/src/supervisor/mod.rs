@@ -593,20 +593,15 @@ async fn finish(
     report.prestart = prestart;
     if let Some(c) = crate::cgroup::attribution() {
         let cg = c.attempt(spec.launch.attempt);
-        report.host_peak_mib = tokio::task::spawn_blocking(move || {
-            let peak = cg.peak_mib();
-            // Left in place when not verified empty: the agent's sweep kills what is in it.
-            if clean && let Err(e) = cg.remove() {
-                tracing::warn!(
-                    "cannot remove the attempt's cgroup {}: {e}",
-                    cg.dir().display()
-                );
-            }
-            peak
-        })
-        .await
-        .ok()
-        .flatten();
+        // On the runtime: cgroupfs answers at once (see `attempt::stop::attempt_pids`).
+        report.host_peak_mib = cg.peak_mib();
+        // Left in place when not verified empty: the agent's sweep kills what is in it.
+        if clean && let Err(e) = cg.remove() {
+            tracing::warn!(
+                "cannot remove the attempt's cgroup {}: {e}",
+                cg.dir().display()
+            );
+        }
     }
     let outcome = Outcome {
         attempt: spec.launch.attempt,

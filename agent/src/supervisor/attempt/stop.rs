@@ -67,17 +67,17 @@ impl Main {
 /// they cannot be told (the cgroup or `/proc` cannot be read), which is never "none".
 pub(super) async fn attempt_pids(attempt: AttemptId, own_tree: bool) -> Result<Vec<u32>, String> {
     if let Some(c) = crate::cgroup::attribution() {
+        // On the runtime, as the cgroup was made ([`super::command`]): cgroupfs answers at
+        // once and reads no process's memory, and a hand-off to the blocking pool and back
+        // cost more than the read. `/proc` scans (another process's environment can wait on
+        // its memory map) and GPU readings stay off it.
         let cg = c.attempt(attempt);
-        return tokio::task::spawn_blocking(move || {
-            cg.pids().map_err(|e| {
-                format!(
-                    "cannot read the attempt's cgroup {}: {e}",
-                    cg.dir().display()
-                )
-            })
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("cgroup read task failed: {e}")));
+        return cg.pids().map_err(|e| {
+            format!(
+                "cannot read the attempt's cgroup {}: {e}",
+                cg.dir().display()
+            )
+        });
     }
     if own_tree {
         tokio::task::spawn_blocking(procscan::descendants)
@@ -105,10 +105,10 @@ async fn members(attempt: AttemptId, own_tree: bool, unknown: &mut Option<String
 
 /// SIGKILLs the attempt's whole cgroup, where it has one: what left its process group and
 /// its supervisor's tree (`setsid`, double forks) is still in it.
-pub(super) async fn kill_cgroup(attempt: AttemptId) {
+/// On the runtime, as [`attempt_pids`] reads it.
+pub(super) fn kill_cgroup(attempt: AttemptId) {
     if let Some(c) = crate::cgroup::attribution() {
-        let cg = c.attempt(attempt);
-        let _ = tokio::task::spawn_blocking(move || cg.kill()).await;
+        let _ = c.attempt(attempt).kill();
     }
 }
 
@@ -240,7 +240,7 @@ pub(super) async fn cleanup(
             alive = members(attempt, cfg.own_tree, &mut unknown).await;
         }
         first = false;
-        kill_cgroup(attempt).await;
+        kill_cgroup(attempt);
         signal_each(&alive, Signal::SIGKILL);
         main.poll(child);
         if !alive.is_empty() || !leftovers.is_empty() {
