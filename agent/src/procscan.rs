@@ -28,8 +28,18 @@ pub const ROLE_BACKGROUND: &str = "background";
 /// `None` when the process is gone, unreadable (another user's), a zombie (its environment
 /// reads empty) or lacks the variable.
 pub fn env_var(pid: u32, name: &str) -> Option<String> {
+    read_env_var(pid, name).flatten()
+}
+
+/// [`env_var`], telling a variable the environment lacks (`Some(None)`) from an environment
+/// that cannot be told (`None`): the process is gone or another user's, or its environment
+/// reads empty, as a zombie's does and as a process's does while it is caught in its exec.
+pub fn read_env_var(pid: u32, name: &str) -> Option<Option<String>> {
     let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
-    find_var(&environ, name.as_bytes()).map(|v| String::from_utf8_lossy(v).into_owned())
+    if environ.is_empty() {
+        return None;
+    }
+    Some(find_var(&environ, name.as_bytes()).map(|v| String::from_utf8_lossy(v).into_owned()))
 }
 
 /// Finds `name=value` in a NUL-separated environment block without building a map.
@@ -375,6 +385,37 @@ pub(crate) mod tests {
         child.wait().expect("wait");
         disown(pid);
         assert_eq!(attempt_of(pid), None);
+    }
+
+    #[test]
+    fn an_environment_that_reads_empty_is_unknown_not_one_without_the_variable() {
+        let mut child = spawn(
+            Command::new("sleep")
+                .arg("30")
+                .env(ROLE_VAR, ROLE_BACKGROUND),
+        );
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while read_env_var(pid, ROLE_VAR).is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            read_env_var(pid, ROLE_VAR),
+            Some(Some(ROLE_BACKGROUND.to_string()))
+        );
+        assert_eq!(read_env_var(pid, "HEADROOM_NO_SUCH_VARIABLE"), Some(None));
+
+        child.kill().expect("kill");
+        // A zombie's environment reads empty, as an exec's does for a moment: not "without it".
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while is_alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(read_env_var(pid, ROLE_VAR), None);
+        assert_eq!(env_var(pid, ROLE_VAR), None);
+        child.wait().expect("wait");
+        disown(pid);
+        assert_eq!(read_env_var(pid, ROLE_VAR), None, "gone");
     }
 
     #[test]

@@ -348,10 +348,9 @@ impl Watch {
 
     /// Whether `pid` (one of the attempt's) is its colocated background's.
     pub(super) fn is_background(&mut self, pid: u32) -> bool {
-        *self
-            .roles
-            .entry(pid)
-            .or_insert_with(|| procscan::env_var(pid, ROLE_VAR).as_deref() == Some(ROLE_BACKGROUND))
+        role_of(&mut self.roles, pid, |pid| {
+            procscan::read_env_var(pid, ROLE_VAR)
+        })
     }
 
     pub(super) fn observe(&mut self, samples: &[GpuSample]) {
@@ -544,6 +543,29 @@ impl LogFollower {
     }
 }
 
+/// Whether `pid` is the background, from its environment's role variable (`read`), and
+/// remembered once its environment was read. One that could not be read (a background's
+/// shell caught in `exec`, whose environment reads empty for that instant) counts as the
+/// foreground's for this reading and is asked again at the next: remembered, it kept the
+/// background's memory from ever being seen, and its attempt failed as not ready.
+fn role_of(
+    roles: &mut HashMap<u32, bool>,
+    pid: u32,
+    read: impl FnOnce(u32) -> Option<Option<String>>,
+) -> bool {
+    if let Some(&known) = roles.get(&pid) {
+        return known;
+    }
+    match read(pid) {
+        Some(role) => {
+            let background = role.as_deref() == Some(ROLE_BACKGROUND);
+            roles.insert(pid, background);
+            background
+        }
+        None => false,
+    }
+}
+
 /// What the watch saw over the whole run, once everything has stopped writing.
 pub(super) struct Figures {
     pub(super) saw_oom: bool,
@@ -587,4 +609,25 @@ pub(super) async fn figures(watch: &Arc<Mutex<Watch>>, log: &Path, log_start: u6
         measurements: Measurements::default(),
         log_tail: String::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_role_is_remembered_once_read_and_asked_again_when_it_could_not_be() {
+        let mut roles = HashMap::new();
+        let background = || Some(Some(ROLE_BACKGROUND.to_string()));
+        // Caught in its exec: counted as the foreground's this time, not remembered.
+        assert!(!role_of(&mut roles, 7, |_| None));
+        assert!(role_of(&mut roles, 7, |_| background()));
+        assert!(
+            role_of(&mut roles, 7, |_| unreachable!("remembered")),
+            "read once"
+        );
+        // Read, and without the variable: the foreground's, for good.
+        assert!(!role_of(&mut roles, 8, |_| Some(None)));
+        assert!(!role_of(&mut roles, 8, |_| background()));
+    }
 }
