@@ -207,6 +207,21 @@ async fn oom_text_in_the_log_makes_an_oom_failure() {
     assert_eq!(end.failure, None);
 }
 
+/// A log left long unscanned at the end (its rest is scanned off the supervisor's runtime,
+/// a short rest on it) says the same: the OOM after 300 KB of output is seen.
+#[tokio::test]
+async fn oom_text_at_the_end_of_a_long_log_is_seen() {
+    let f = fixture();
+    let end = f
+        .run(
+            f.sh("yes 'epoch 1 step 1 loss 0.5' | head -c 300000; echo; \
+             echo 'torch.OutOfMemoryError: CUDA out of memory.' >&2; exit 1"),
+        )
+        .await;
+    assert_eq!(end.failure, Some(FailureClass::Oom), "{end:?}");
+    assert!(end.log_tail.contains("CUDA out of memory"));
+}
+
 #[tokio::test]
 async fn a_missing_program_is_a_launch_error() {
     let f = fixture();

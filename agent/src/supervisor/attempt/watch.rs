@@ -519,6 +519,13 @@ impl LogFollower {
         }
     }
 
+    /// How much of the log is not scanned yet, where that can be told.
+    fn unread(&self) -> Option<u64> {
+        let mut file = self.file.as_ref()?;
+        let at = file.stream_position().ok()?;
+        Some(file.metadata().ok()?.len().saturating_sub(at))
+    }
+
     /// Scans up to `limit` new bytes. Blocking.
     pub(super) fn pump(&mut self, limit: u64) {
         let Some(file) = self.file.as_mut() else {
@@ -579,36 +586,49 @@ pub(super) struct Figures {
 /// Scans the rest of the log and takes its tail (from `log_start`), with the run's peak and
 /// measurements; a peak taken as a device delta says so in the log.
 pub(super) async fn figures(watch: &Arc<Mutex<Watch>>, log: &Path, log_start: u64) -> Figures {
+    // Most jobs leave little of their log unscanned by the end (the run's samples scan it):
+    // that little is read on the runtime, as the journal is written there; a hand-off to the
+    // blocking pool and back costs more. A long rest is scanned off it.
+    let unread = lock(watch).log.unread();
+    if unread.is_some_and(|n| n <= SCAN_ON_RUNTIME) {
+        return figures_now(watch, log, log_start);
+    }
     let w = watch.clone();
     let path = log.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        let mut w = lock(&w);
-        w.log.pump(u64::MAX);
-        let (peak, peak_source) = w.peak.result();
-        if peak_source == PeakSource::DeviceDelta {
-            // In the log, so that `show` (the log tail) says how the peak was taken.
-            if let Ok(log) = open_log(&path) {
-                note(&log, &peak_note(peak));
-            }
+    tokio::task::spawn_blocking(move || figures_now(&w, &path, log_start))
+        .await
+        .unwrap_or_else(|_| Figures {
+            saw_oom: false,
+            peak: None,
+            peak_source: PeakSource::Processes,
+            contaminated: false,
+            measurements: Measurements::default(),
+            log_tail: String::new(),
+        })
+}
+
+/// The most of a log [`figures`] scans on the runtime.
+const SCAN_ON_RUNTIME: u64 = 64 * 1024;
+
+/// [`figures`], here and now. Blocking.
+fn figures_now(watch: &Arc<Mutex<Watch>>, path: &Path, log_start: u64) -> Figures {
+    let mut w = lock(watch);
+    w.log.pump(u64::MAX);
+    let (peak, peak_source) = w.peak.result();
+    if peak_source == PeakSource::DeviceDelta {
+        // In the log, so that `show` (the log tail) says how the peak was taken.
+        if let Ok(log) = open_log(path) {
+            note(&log, &peak_note(peak));
         }
-        Figures {
-            saw_oom: w.log.scanner.saw_oom(),
-            peak,
-            peak_source,
-            contaminated: w.contaminated,
-            measurements: w.measurements(),
-            log_tail: read_tail(&path, log_start),
-        }
-    })
-    .await
-    .unwrap_or_else(|_| Figures {
-        saw_oom: false,
-        peak: None,
-        peak_source: PeakSource::Processes,
-        contaminated: false,
-        measurements: Measurements::default(),
-        log_tail: String::new(),
-    })
+    }
+    Figures {
+        saw_oom: w.log.scanner.saw_oom(),
+        peak,
+        peak_source,
+        contaminated: w.contaminated,
+        measurements: w.measurements(),
+        log_tail: read_tail(path, log_start),
+    }
 }
 
 #[cfg(test)]
