@@ -256,6 +256,28 @@ pub fn first_visible_gpu(cuda_visible_devices: &str) -> Option<u32> {
         .and_then(visible_index)
 }
 
+/// The GPU a usage file without one is on: the process's first visible GPU, or 0. Its
+/// environment (`read`) reads empty for the instant the process is caught in an exec (a
+/// shell's `exec`, after it wrote its file): read again a few times (`pause` between), or the
+/// usage would show on GPU 0 for that reading.
+fn visible_gpu_of(
+    mut read: impl FnMut() -> Option<Option<String>>,
+    mut pause: impl FnMut(),
+) -> u32 {
+    const TRIES: u32 = 20;
+    for _ in 1..TRIES {
+        if let Some(visible) = read() {
+            return visible.as_deref().and_then(first_visible_gpu).unwrap_or(0);
+        }
+        pause();
+    }
+    read()
+        .flatten()
+        .as_deref()
+        .and_then(first_visible_gpu)
+        .unwrap_or(0)
+}
+
 /// Parses a usage file: `MiB` (on `default_gpu`) or `INDEX:MiB[:PCT][,INDEX:MiB[:PCT]…]`
 /// into (GPU, MiB, utilization %).
 fn parse_usage(text: &str, default_gpu: impl FnOnce() -> u32) -> Option<Vec<(u32, u64, u32)>> {
@@ -327,10 +349,10 @@ fn scan(dir: &Path, gpu_count: u32) -> io::Result<(Vec<FakeUse>, Controls)> {
             continue;
         };
         let default_gpu = || {
-            procscan::env_var(pid, "CUDA_VISIBLE_DEVICES")
-                .as_deref()
-                .and_then(first_visible_gpu)
-                .unwrap_or(0)
+            visible_gpu_of(
+                || procscan::read_env_var(pid, "CUDA_VISIBLE_DEVICES"),
+                || std::thread::sleep(Duration::from_micros(100)),
+            )
         };
         let Some(uses) = parse_usage(&text, default_gpu) else {
             tracing::debug!(pid, text = %text.trim(), "ignoring malformed fake GPU usage file");
@@ -934,6 +956,28 @@ mod tests {
     use proptest::prelude::*;
     use std::process::{Child, Command};
     use std::time::Instant;
+
+    /// A usage file naming no GPU is on the process's first visible one, also when its
+    /// environment is first read while it is caught in an exec (it reads empty then).
+    #[test]
+    fn a_usage_without_a_gpu_is_on_the_first_visible_one_read_again_after_an_exec() {
+        let mut reads = vec![None, None, Some(Some("2,3".to_string()))].into_iter();
+        let mut pauses = 0;
+        let gpu = visible_gpu_of(|| reads.next().flatten(), || pauses += 1);
+        assert_eq!((gpu, pauses), (2, 2));
+        // Without the variable, or never readable: GPU 0.
+        assert_eq!(visible_gpu_of(|| Some(None), || {}), 0);
+        let mut tries = 0;
+        let gpu = visible_gpu_of(
+            || {
+                tries += 1;
+                None
+            },
+            || {},
+        );
+        assert_eq!(gpu, 0);
+        assert!(tries > 2 && tries <= 20, "{tries} reads");
+    }
 
     /// Writes a usage file directly, as a shell job would.
     fn write_raw(dir: &Path, pid: u32, text: &str) {
