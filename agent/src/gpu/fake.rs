@@ -265,17 +265,18 @@ fn visible_gpu_of(
     mut pause: impl FnMut(),
 ) -> u32 {
     const TRIES: u32 = 20;
-    for _ in 1..TRIES {
-        if let Some(visible) = read() {
-            return visible.as_deref().and_then(first_visible_gpu).unwrap_or(0);
+    let mut tries = 1;
+    let visible = loop {
+        match read() {
+            Some(visible) => break visible,
+            None if tries < TRIES => {
+                tries += 1;
+                pause();
+            }
+            None => break None,
         }
-        pause();
-    }
-    read()
-        .flatten()
-        .as_deref()
-        .and_then(first_visible_gpu)
-        .unwrap_or(0)
+    };
+    visible.as_deref().and_then(first_visible_gpu).unwrap_or(0)
 }
 
 /// Parses a usage file: `MiB` (on `default_gpu`) or `INDEX:MiB[:PCT][,INDEX:MiB[:PCT]…]`

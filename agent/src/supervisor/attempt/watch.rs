@@ -519,34 +519,29 @@ impl LogFollower {
         }
     }
 
-    /// How much of the log is not scanned yet, where that can be told.
-    fn unread(&self) -> Option<u64> {
-        let mut file = self.file.as_ref()?;
-        let at = file.stream_position().ok()?;
-        Some(file.metadata().ok()?.len().saturating_sub(at))
-    }
-
-    /// Scans up to `limit` new bytes. Blocking.
-    pub(super) fn pump(&mut self, limit: u64) {
+    /// Scans up to `limit` new bytes; whether it got to the log's end (or to an OOM, after
+    /// which nothing more is read). Blocking.
+    pub(super) fn pump(&mut self, limit: u64) -> bool {
         let Some(file) = self.file.as_mut() else {
-            return;
+            return true;
         };
         if self.scanner.saw_oom() {
-            return;
+            return true;
         }
         let mut buf = vec![0u8; 64 * 1024];
         let mut read = 0u64;
         while read < limit {
             match file.read(&mut buf) {
-                Ok(0) | Err(_) => break,
+                Ok(0) | Err(_) => return true,
                 Ok(n) => {
                     read += n as u64;
                     if self.scanner.feed(&buf[..n]) {
-                        break;
+                        return true;
                     }
                 }
             }
         }
+        false
     }
 }
 
@@ -589,31 +584,35 @@ pub(super) async fn figures(watch: &Arc<Mutex<Watch>>, log: &Path, log_start: u6
     // Most jobs leave little of their log unscanned by the end (the run's samples scan it):
     // that little is read on the runtime, as the journal is written there; a hand-off to the
     // blocking pool and back costs more. A long rest is scanned off it.
-    let unread = lock(watch).log.unread();
-    if unread.is_some_and(|n| n <= SCAN_ON_RUNTIME) {
-        return figures_now(watch, log, log_start);
+    {
+        let mut w = lock(watch);
+        if w.log.pump(SCAN_ON_RUNTIME) {
+            return figures_of(&mut w, log, log_start);
+        }
     }
     let w = watch.clone();
     let path = log.to_path_buf();
-    tokio::task::spawn_blocking(move || figures_now(&w, &path, log_start))
-        .await
-        .unwrap_or_else(|_| Figures {
-            saw_oom: false,
-            peak: None,
-            peak_source: PeakSource::Processes,
-            contaminated: false,
-            measurements: Measurements::default(),
-            log_tail: String::new(),
-        })
+    tokio::task::spawn_blocking(move || {
+        let mut w = lock(&w);
+        w.log.pump(u64::MAX);
+        figures_of(&mut w, &path, log_start)
+    })
+    .await
+    .unwrap_or_else(|_| Figures {
+        saw_oom: false,
+        peak: None,
+        peak_source: PeakSource::Processes,
+        contaminated: false,
+        measurements: Measurements::default(),
+        log_tail: String::new(),
+    })
 }
 
 /// The most of a log [`figures`] scans on the runtime.
 const SCAN_ON_RUNTIME: u64 = 64 * 1024;
 
-/// [`figures`], here and now. Blocking.
-fn figures_now(watch: &Arc<Mutex<Watch>>, path: &Path, log_start: u64) -> Figures {
-    let mut w = lock(watch);
-    w.log.pump(u64::MAX);
+/// [`figures`] of a log scanned to its end. Blocking.
+fn figures_of(w: &mut Watch, path: &Path, log_start: u64) -> Figures {
     let (peak, peak_source) = w.peak.result();
     if peak_source == PeakSource::DeviceDelta {
         // In the log, so that `show` (the log tail) says how the peak was taken.
