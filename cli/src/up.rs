@@ -27,8 +27,9 @@ pub struct UpArgs {
     /// A TOML file of settings (keys are the flags' names); variables and flags win over it.
     #[arg(long, env = "HEADROOM_CONFIG")]
     pub config: Option<PathBuf>,
-    /// No tokens at all: every local account may submit, cancel and read everything, and
-    /// jobs run as this service's user. Loopback only. By default `up` is private: it makes
+    /// No tokens at all: every local account may submit, cancel and read everything; users
+    /// cannot be mapped, and jobs run as this service's user (as `--run-as-default`, never
+    /// root, when it is root). Loopback names and this machine's own programs only. By default `up` is private: it makes
     /// an admin token (`<data dir>/admin-token`, 0600) that this account's CLI and Python
     /// client find by themselves.
     #[arg(long, env = "HEADROOM_NO_AUTH")]
@@ -109,8 +110,14 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         }
         eprintln!(
             "warning: --no-auth: every local account may submit, cancel and read every job on \
-             {}, and jobs run as this service's user",
-            config.listen
+             {} (from this machine only: a foreign Host or web page is refused); users cannot \
+             be mapped to Unix users, and jobs run as {}",
+            config.listen,
+            if headroom_agent::runas::is_root() {
+                format!("`{}`, never root", args.agent.run_as_default)
+            } else {
+                "this account".to_string()
+            }
         );
     } else if args.coordinator.admin_secret()?.is_none() {
         let secret = local_admin_token(&data_dir)?;

@@ -46,6 +46,15 @@ impl Application {
     /// Binds `config.listen` (port 0 picks a free port) over `store`.
     pub async fn build(config: CoordinatorConfig, store: Arc<dyn Store>) -> Result<Self, AppError> {
         check_exposure(&config)?;
+        if config.tokens.is_empty() {
+            tracing::warn!(
+                listen = %config.listen,
+                "no tokens: every local account is this coordinator's admin (submit, cancel, \
+                 plans). Only requests to a loopback name from this machine's own programs are \
+                 answered, users cannot be mapped to Unix users, and jobs run as the agent's own \
+                 or default user (never root). Give --admin-token to make it private."
+            );
+        }
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| AppError::Bind {

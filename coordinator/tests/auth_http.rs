@@ -67,12 +67,17 @@ impl Server {
     /// Registers `node` (one 10 GiB GPU) with its agent `token`, then claims one lease for
     /// it (a job must be waiting): the agent's id and the lease.
     async fn node_with_lease(&self, token: &str, node: &str) -> (String, Value) {
+        self.node_with_lease_as(Some(token), node).await
+    }
+
+    /// As [`Server::node_with_lease`], with no token where the coordinator has none.
+    async fn node_with_lease_as(&self, token: Option<&str>, node: &str) -> (String, Value) {
         let gpus = json!([{"index": 0, "uuid": "GPU-0", "name": "t", "total_mib": 10_000}]);
         let (status, reg) = self
             .call(
                 Method::Post,
                 routes::REGISTER.path,
-                Some(token),
+                token,
                 &json!({"node": node, "gpus": gpus, "version": "t"}),
             )
             .await;
@@ -82,7 +87,7 @@ impl Server {
             .call(
                 Method::Post,
                 &routes::CLAIM.path_with(&[&agent]),
-                Some(token),
+                token,
                 &json!({"gpus": samples(), "max": 1, "wait_ms": 0}),
             )
             .await;
@@ -418,6 +423,138 @@ async fn configured_hashed_tokens_work_and_open_coordinators_allow_everything_on
         .await;
     assert_eq!(status, 409, "{v}");
     assert!(v.to_string().contains("--admin-token"), "{v}");
+}
+
+/// A tokenless coordinator is no road to another Unix user: its anonymous admin cannot map a
+/// user (root above all), a mapping its store kept from a run with tokens is not handed to
+/// agents, and a foreign `Host` (DNS rebinding) or a foreign page's `Origin` is refused.
+#[tokio::test]
+async fn a_tokenless_coordinator_maps_no_user_and_answers_only_its_own_machine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(&dir.path().join("store.db")).expect("store");
+    // What a run with tokens may have left: the anonymous user mapped to root.
+    use headroom_coordinator::store::Store;
+    store
+        .put_user(headroom_shared::api::UserView {
+            name: "anonymous".into(),
+            role: Role::Admin,
+            unix_user: Some("root".into()),
+            allow_root: true,
+            created_at: chrono::Utc::now(),
+        })
+        .await
+        .expect("a stored mapping");
+    let open = Server::start_on(dir, store, |c| c).await;
+
+    let (status, v) = open
+        .call(
+            Method::Put,
+            &routes::PUT_USER.path_with(&[&"anonymous"]),
+            None,
+            &json!({"role": "admin", "unix_user": "root", "allow_root": true}),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert!(v.to_string().contains("without tokens"), "{v}");
+    let (status, v) = open
+        .call(
+            Method::Put,
+            &routes::PUT_USER.path_with(&[&"mallory"]),
+            None,
+            &json!({"role": "user", "unix_user": "nobody"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+
+    // The job of the anonymous admin leases with no Unix user: the agent runs it as its own
+    // or default user.
+    let spec = json!({"spec": {"name": "shadow", "command": ["cat", "/etc/shadow"]}});
+    let (status, v) = open
+        .call(Method::Post, routes::SUBMIT.path, None, &spec)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let (_, lease) = open.node_with_lease_as(None, "node-x").await;
+    assert_eq!(lease["argv"][0], "cat", "{lease}");
+    assert!(
+        lease["run_as"].is_null(),
+        "a mapped user reached the agent: {lease}"
+    );
+
+    // DNS rebinding: a foreign name resolved to 127.0.0.1.
+    for (method, path) in [
+        (reqwest::Method::GET, routes::JOBS.path.to_string()),
+        (
+            reqwest::Method::POST,
+            routes::CANCEL_EXPERIMENT.path_with(&[&"x"]),
+        ),
+    ] {
+        let r = open
+            .http
+            .request(method.clone(), format!("{}{path}", open.base))
+            .header("host", "rebound.evil.example:7420")
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status().as_u16(), 403, "{method} {path}");
+        let v: Value = r.json().await.expect("json");
+        assert_error(&v, "forbidden", "a foreign Host");
+        assert!(v.to_string().contains("rebound.evil.example"), "{v}");
+    }
+    // A foreign page's body-less POST (no preflight) and a cross-site fetch.
+    let host = open.base.trim_start_matches("http://").to_string();
+    for (origin, site) in [
+        (Some("http://evil.example"), None),
+        (Some("null"), None),
+        (None, Some("cross-site")),
+    ] {
+        let mut req = open.http.post(format!(
+            "{}{}",
+            open.base,
+            routes::CANCEL_EXPERIMENT.path_with(&[&"x"])
+        ));
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        if let Some(s) = site {
+            req = req.header("sec-fetch-site", s);
+        }
+        let r = req.send().await.expect("request");
+        assert_eq!(r.status().as_u16(), 403, "{origin:?} {site:?}");
+    }
+    // Its own page, and a loopback name with the port of an SSH tunnel, are served.
+    let r = open
+        .http
+        .get(format!("{}{}", open.base, routes::JOBS.path))
+        .header("origin", format!("http://{host}"))
+        .header("sec-fetch-site", "same-origin")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status().as_u16(), 200);
+    let r = open
+        .http
+        .get(format!("{}{}", open.base, routes::JOBS.path))
+        .header("host", "localhost:8080")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status().as_u16(), 200);
+
+    // With tokens, the same store's mapping is the admin's decision and reaches the agent.
+    let s = start(admin_config()).await;
+    let (status, v) = s
+        .call(
+            Method::Put,
+            &routes::PUT_USER.path_with(&[&"admin"]),
+            Some(ADMIN),
+            &json!({"role": "admin", "unix_user": "nobody"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    s.submit(ADMIN).await;
+    let agent = s.create_token("node-y", "agent").await;
+    let (_, lease) = s.node_with_lease(&agent, "node-y").await;
+    assert_eq!(lease["run_as"]["unix_user"], "nobody", "{lease}");
 }
 
 #[tokio::test]

@@ -117,14 +117,23 @@ pub async fn claim(
         let cancel = claimed.cancel;
         let plan = claimed.plan.to_string();
         let now = tokio::time::Instant::now();
-        if !claimed.leases.is_empty()
+        let mut leases = claimed.leases;
+        if !s.auth.enabled() {
+            // Every local account is the anonymous admin: no job runs as a mapped user (a
+            // mapping a store kept from a run with tokens included), only as the agent's
+            // own or default one.
+            for lease in &mut leases {
+                lease.run_as = None;
+            }
+        }
+        if !leases.is_empty()
             || !cancel.is_empty()
             || req.known_plan.as_deref() != Some(plan.as_str())
             || now >= deadline
             || s.changes.is_closing()
         {
             return Ok(ApiJson(ClaimResponse {
-                leases: claimed.leases,
+                leases,
                 cancel,
                 plan,
             }));

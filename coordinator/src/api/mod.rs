@@ -23,6 +23,7 @@ mod agents;
 pub mod error;
 mod experiments;
 mod jobs;
+pub mod local;
 mod nodes;
 mod supervisors;
 mod telemetry;
@@ -108,6 +109,11 @@ pub fn router(state: AppState) -> Router {
         .route(r::METRICS.path, on(r::METRICS, telemetry::metrics))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route (see /v1/...)") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        // Without tokens, before anything else: only this machine's own programs and pages.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            local::loopback_only,
+        ))
         .layer(middleware::from_fn(request_span))
         .with_state(state)
 }

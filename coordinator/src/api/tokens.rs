@@ -146,6 +146,17 @@ pub async fn put_user(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<PutUserRequest>,
 ) -> ApiResult<UserView> {
+    // Without tokens every local account is this anonymous admin: mapping a user (root
+    // above all) would let any of them run jobs as another Unix user.
+    if !s.auth.enabled() {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            "this coordinator runs without tokens (every local account is its anonymous \
+             admin), so its jobs run as the agent's own or default user and users cannot be \
+             mapped to Unix users: start it with --admin-token (HEADROOM_ADMIN_TOKEN) to use \
+             users",
+        ));
+    }
     auth::check_name(&name).map_err(|m| ApiError::invalid("name", m))?;
     if let Some(u) = &req.unix_user {
         auth::check_unix_user(u, req.allow_root).map_err(|m| ApiError::invalid("unix_user", m))?;

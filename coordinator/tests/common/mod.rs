@@ -19,6 +19,16 @@ impl Server {
     pub async fn start(configure: impl FnOnce(CoordinatorConfig) -> CoordinatorConfig) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SqliteStore::open(&dir.path().join("store.db")).expect("store");
+        Self::start_on(dir, store, configure).await
+    }
+
+    /// As [`Server::start`], over a store the test prepared in `dir` (what an earlier run
+    /// left).
+    pub async fn start_on(
+        dir: tempfile::TempDir,
+        store: SqliteStore,
+        configure: impl FnOnce(CoordinatorConfig) -> CoordinatorConfig,
+    ) -> Self {
         let config = configure(CoordinatorConfig::new(
             "127.0.0.1:0".parse().expect("addr"),
             dir.path().to_path_buf(),

@@ -457,6 +457,58 @@ fn jobs_run_as_their_users_unix_user() {
     );
 }
 
+/// `headroom up --no-auth` on a root machine, as any local account would try it: mapping the
+/// anonymous admin to root is refused, and its jobs run as the default user (`nobody`),
+/// never as root, even under `sudo` (no `SUDO_USER` mapping without tokens).
+#[test]
+fn a_tokenless_up_runs_no_job_as_root() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("not root: a tokenless up runs jobs as this account; nothing to escalate");
+        return;
+    }
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB")
+            .flags(&["--no-auth"])
+            .env("SUDO_USER", "root"),
+    );
+    h.wait_agent();
+    let out = h.cli(&[
+        "user",
+        "create",
+        "anonymous",
+        "--role",
+        "admin",
+        "--unix-user",
+        "root",
+        "--allow-root",
+    ]);
+    assert!(
+        !out.status.success(),
+        "the anonymous admin mapped itself to root"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("without tokens"), "{err}");
+    let spec = h.path("whoami.yaml");
+    std::fs::write(
+        &spec,
+        "name: whoami\ncommand: [\"id\", \"-u\"]\nresources: {gpus: 1, memory: 1GiB}\n",
+    )
+    .expect("spec");
+    h.cli_ok(&["submit", &spec.display().to_string(), "--wait"]);
+    let jobs: Vec<JobSummary> =
+        serde_json::from_str(&h.cli_ok(&["ls", "--output", "json"])).expect("json");
+    assert_eq!(jobs[0].state.as_str(), "succeeded", "{jobs:?}");
+    let log = h.cli_ok(&["logs", &jobs[0].id.to_string()]);
+    let nobody = nix::unistd::User::from_name("nobody")
+        .expect("getpwnam")
+        .expect("nobody");
+    let uid: u32 = log
+        .lines()
+        .find_map(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no uid in the log: {log}"));
+    assert_eq!(uid, nobody.uid.as_raw(), "{log}");
+}
+
 /// `sudo headroom up`: the admin is the account that ran sudo, and its jobs run as it.
 #[test]
 fn sudo_up_runs_the_admins_jobs_as_the_sudo_user() {
