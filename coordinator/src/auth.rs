@@ -24,7 +24,8 @@ pub const TOKEN_PREFIX: &str = "hr_";
 /// The shortest secret accepted for configured tokens (`--admin-token`).
 pub const MIN_SECRET_LEN: usize = 16;
 /// A verified stored token is checked against the store again after this long, so a
-/// revocation made through another coordinator replica takes effect here too.
+/// revocation made through another coordinator replica takes effect here too (by its id, no
+/// hash: the digest in memory proves it is the secret that verified).
 const CACHE_TTL: Duration = Duration::from_secs(30);
 /// Bound on remembered identities; beyond it the oldest half is dropped.
 const CACHE_MAX: usize = 10_000;
@@ -35,7 +36,8 @@ const HASH_SLOTS: usize = 2;
 const HASH_WAIT: Duration = Duration::from_secs(5);
 /// A token that failed verification is refused without a hash for this long.
 const FAILED_TTL: Duration = Duration::from_secs(60);
-/// Failed verifications one client address may cause per window before it is answered 429.
+/// Failed verifications of one token id from one client address per window before that
+/// address's guesses at that id are answered 429.
 const FAILURES_PER_WINDOW: u32 = 20;
 const FAILURE_WINDOW: Duration = Duration::from_secs(10);
 
@@ -337,6 +339,19 @@ struct Cached {
     until: Option<Instant>,
 }
 
+/// What memory says of a token, by digest.
+enum Remembered {
+    /// Verified, and still within its recheck time.
+    Fresh(Principal),
+    /// The stored token of this id verified with this very secret; its revocation and expiry
+    /// are due to be read again.
+    Due(String),
+    Unknown,
+}
+
+/// Where failed guesses are counted: a client address and the token id it guessed at.
+type GuessKey = (std::net::IpAddr, String);
+
 /// Checks bearer tokens. With no configured token, every request is the anonymous admin
 /// (the coordinator may then listen on loopback only).
 pub struct Authenticator {
@@ -345,8 +360,11 @@ pub struct Authenticator {
     cache: Mutex<HashMap<[u8; 32], Cached>>,
     /// Tokens that failed verification lately (by digest): refused again without a hash.
     failed: Mutex<HashMap<[u8; 32], Instant>>,
-    /// Failed verifications per client address in the current window.
-    failures: Mutex<HashMap<std::net::IpAddr, (Instant, u32)>>,
+    /// Failed verifications per client address and token id in the current window.
+    failures: Mutex<HashMap<GuessKey, (Instant, u32)>>,
+    /// How long a verified stored token is served from memory before its store row is read
+    /// again ([`CACHE_TTL`]).
+    recheck_after: Duration,
     hash_slots: tokio::sync::Semaphore,
     /// The verifier threads' queue (see [`Verifier`]).
     verifier: Verifier,
@@ -399,9 +417,17 @@ impl Authenticator {
             cache: Mutex::new(HashMap::new()),
             failed: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
+            recheck_after: CACHE_TTL,
             hash_slots: tokio::sync::Semaphore::new(HASH_SLOTS),
             verifier: Verifier::start(),
         }
+    }
+
+    /// Reads a verified stored token's row again after `every` instead of [`CACHE_TTL`]
+    /// (tests).
+    pub fn recheck_after(mut self, every: Duration) -> Self {
+        self.recheck_after = every;
+        self
     }
 
     /// Whether tokens are required (some token is configured).
@@ -410,9 +436,11 @@ impl Authenticator {
     }
 
     /// The identity of a request with this `Authorization` header value, from `client`.
-    /// Remembered identities cost nothing; a token that failed lately, nothing either; a
-    /// client that failed too often is throttled before any hash; verifications run a few
-    /// at a time.
+    /// A token that verified here is served whatever others send: from memory, or, when its
+    /// row is due to be read again, by its id without a hash. A configured clear token costs
+    /// a digest. Only a guess at a known token id costs a hash: a token that failed lately
+    /// costs nothing, an address that failed too often at that id is throttled before any
+    /// hash, and verifications run a few at a time.
     pub async fn identify(
         &self,
         header: Option<&str>,
@@ -430,95 +458,131 @@ impl Authenticator {
             return Err(AuthError::Missing);
         }
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        if let Some(p) = self.cached(&key) {
+        match self.remembered(&key) {
+            Remembered::Fresh(p) => return Ok(p),
+            Remembered::Due(id) => return self.recheck(key, &id).await,
+            Remembered::Unknown => {}
+        }
+        if let Some(p) = self.match_plain(key) {
+            self.remember(key, &p, None, None);
             return Ok(p);
         }
+        // Neither configured in the clear nor of the `hr_<id>_` form: no hash can match it.
+        let Some((id, _)) = split_token(token) else {
+            return Err(AuthError::Rejected);
+        };
         if self.failed_lately(&key) {
-            self.count_failure(client);
+            self.count_failure(client, id);
             return Err(AuthError::Rejected);
         }
-        if let Some(wait) = self.throttled(client) {
+        if let Some(wait) = self.throttled(client, id) {
             return Err(AuthError::Throttled(wait));
         }
-        let result = self.verify_token(token, key, client).await;
+        let result = self.verify_token(token, id, key, client).await;
         if matches!(result, Err(AuthError::Rejected)) {
             self.remember_failure(key);
-            self.count_failure(client);
+            self.count_failure(client, id);
         }
         result
     }
 
-    /// Checks a token not remembered either way: against the store by its id, or the
-    /// configuration.
+    /// A stored token that verified here, read again by its id: still usable (served and
+    /// remembered for another while), or revoked or expired (forgotten, refused).
+    async fn recheck(&self, key: [u8; 32], id: &str) -> Result<Principal, AuthError> {
+        let stored = match self.store.token_by_id(id).await {
+            Ok(t) => t,
+            Err(StoreError::NotFound { .. }) => {
+                self.forget(id);
+                return Err(AuthError::Rejected);
+            }
+            Err(e) => return Err(AuthError::Store(e)),
+        };
+        let (principal, until) = match self.usable(&stored) {
+            Ok(v) => v,
+            Err(e) => {
+                self.forget(id);
+                return Err(e);
+            }
+        };
+        self.remember(key, &principal, Some(stored.view.id), Some(until));
+        Ok(principal)
+    }
+
+    /// Whether a stored token (whose secret matched) may be used now: its identity, and when
+    /// to read its row again.
+    fn usable(
+        &self,
+        stored: &crate::store::StoredToken,
+    ) -> Result<(Principal, Instant), AuthError> {
+        let now = crate::store::now_ms();
+        let expires = stored.view.expires_at.map(|t| t.timestamp_millis());
+        let revoked = stored.view.revoked_at.map(|t| t.timestamp_millis());
+        match crate::rules::token_usable(revoked, expires, now) {
+            Ok(()) => {}
+            Err(TokenRefusal::Revoked) => return Err(AuthError::Rejected),
+            Err(TokenRefusal::Expired) => {
+                let at = stored.view.expires_at.map(|t| t.to_rfc3339());
+                return Err(AuthError::Expired(at.unwrap_or_default()));
+            }
+        }
+        // Read again after the recheck time, or when it expires if sooner.
+        let mut until = Instant::now() + self.recheck_after;
+        if let Some(e) = expires {
+            let left = Duration::from_millis(u64::try_from(e - now).unwrap_or(0));
+            until = until.min(Instant::now() + left);
+        }
+        let p = Principal {
+            name: stored.view.name.clone(),
+            role: stored.view.role,
+        };
+        Ok((p, until))
+    }
+
+    /// Checks a token of the `hr_<id>_` form not remembered either way: against the
+    /// tokens file's entry or the stored token of its id, one hash at most.
     async fn verify_token(
         &self,
         token: &str,
+        id: &str,
         key: [u8; 32],
         client: Option<std::net::IpAddr>,
     ) -> Result<Principal, AuthError> {
-        let (principal, token_id, until) = if let Some((id, _)) = split_token(token) {
-            // A tokens-file entry is found by its id, like a stored token: one hash at most.
-            if let Some(t) = self.config.iter().find(|t| t.id.as_deref() == Some(id)) {
-                let ok = match &t.secret {
-                    Secret::Hash(h) => self.verify_slow(token, h, key, client).await?,
-                    Secret::Plain(_) => false,
-                };
-                if !ok {
-                    return Err(AuthError::Rejected);
-                }
-                let p = Principal {
-                    name: t.name.clone(),
-                    role: t.role,
-                };
-                self.remember(key, &p, None, None);
-                return Ok(p);
-            }
-            let stored = match self.store.token_by_id(id).await {
-                Ok(t) => t,
-                Err(StoreError::NotFound { .. }) => return Err(AuthError::Rejected),
-                Err(e) => return Err(AuthError::Store(e)),
+        if let Some(t) = self.config.iter().find(|t| t.id.as_deref() == Some(id)) {
+            let ok = match &t.secret {
+                Secret::Hash(h) => self.verify_slow(token, h, id, key, client).await?,
+                Secret::Plain(_) => false,
             };
-            // The hash is of the whole token, id included.
-            let ok = self
-                .verify_slow(token, &stored.secret_hash, key, client)
-                .await?;
             if !ok {
                 return Err(AuthError::Rejected);
             }
-            // Only the holder of the secret learns that it expired.
-            let now = crate::store::now_ms();
-            let expires = stored.view.expires_at.map(|t| t.timestamp_millis());
-            let revoked = stored.view.revoked_at.map(|t| t.timestamp_millis());
-            match crate::rules::token_usable(revoked, expires, now) {
-                Ok(()) => {}
-                Err(TokenRefusal::Revoked) => return Err(AuthError::Rejected),
-                Err(TokenRefusal::Expired) => {
-                    let at = stored.view.expires_at.map(|t| t.to_rfc3339());
-                    return Err(AuthError::Expired(at.unwrap_or_default()));
-                }
-            }
-            // Checked again after the cache's TTL, or when it expires if sooner.
-            let mut until = Instant::now() + CACHE_TTL;
-            if let Some(e) = expires {
-                let left = Duration::from_millis(u64::try_from(e - now).unwrap_or(0));
-                until = until.min(Instant::now() + left);
-            }
             let p = Principal {
-                name: stored.view.name,
-                role: stored.view.role,
+                name: t.name.clone(),
+                role: t.role,
             };
-            (p, Some(stored.view.id), Some(until))
-        } else {
-            let p = self.match_plain(key)?;
-            (p, None, None)
+            self.remember(key, &p, None, None);
+            return Ok(p);
+        }
+        let stored = match self.store.token_by_id(id).await {
+            Ok(t) => t,
+            Err(StoreError::NotFound { .. }) => return Err(AuthError::Rejected),
+            Err(e) => return Err(AuthError::Store(e)),
         };
-        self.remember(key, &principal, token_id, until);
+        // The hash is of the whole token, id included.
+        let ok = self
+            .verify_slow(token, &stored.secret_hash, id, key, client)
+            .await?;
+        if !ok {
+            return Err(AuthError::Rejected);
+        }
+        // Only the holder of the secret learns that it expired.
+        let (principal, until) = self.usable(&stored)?;
+        self.remember(key, &principal, Some(stored.view.id), Some(until));
         Ok(principal)
     }
 
     /// The configured clear token (the bootstrap admin's, `up`'s agent's) this is, by digest:
     /// no hash. Tokens-file entries are found by id instead.
-    fn match_plain(&self, key: [u8; 32]) -> Result<Principal, AuthError> {
+    fn match_plain(&self, key: [u8; 32]) -> Option<Principal> {
         self.config
             .iter()
             .find(|t| match &t.secret {
@@ -529,7 +593,6 @@ impl Authenticator {
                 name: t.name.clone(),
                 role: t.role,
             })
-            .ok_or(AuthError::Rejected)
     }
 
     /// One argon2 verification, off the runtime, a few at a time. A guess that waited for
@@ -539,6 +602,7 @@ impl Authenticator {
         &self,
         token: &str,
         hash: &str,
+        id: &str,
         key: [u8; 32],
         client: Option<std::net::IpAddr>,
     ) -> Result<bool, AuthError> {
@@ -546,7 +610,7 @@ impl Authenticator {
             .await
             .map_err(|_| AuthError::Busy)?
             .map_err(|_| AuthError::Busy)?;
-        if let Some(wait) = self.throttled(client) {
+        if let Some(wait) = self.throttled(client, id) {
             return Err(AuthError::Throttled(wait));
         }
         if self.failed_lately(&key) {
@@ -588,37 +652,46 @@ impl Authenticator {
         }
     }
 
-    fn count_failure(&self, client: Option<std::net::IpAddr>) {
+    fn count_failure(&self, client: Option<std::net::IpAddr>, id: &str) {
         let (Some(ip), Ok(mut failures)) = (client, self.failures.lock()) else {
             return;
         };
         if failures.len() >= CACHE_MAX {
             failures.retain(|_, (start, _)| start.elapsed() < FAILURE_WINDOW);
+            if failures.len() >= CACHE_MAX {
+                failures.clear();
+            }
         }
-        let entry = failures.entry(ip).or_insert((Instant::now(), 0));
+        let entry = failures
+            .entry((ip, id.to_string()))
+            .or_insert((Instant::now(), 0));
         if entry.0.elapsed() >= FAILURE_WINDOW {
             *entry = (Instant::now(), 0);
         }
         entry.1 = entry.1.saturating_add(1);
     }
 
-    /// Seconds `client` must wait, when it failed too often in the current window.
-    fn throttled(&self, client: Option<std::net::IpAddr>) -> Option<u64> {
+    /// Seconds `client` must wait before guessing at token `id` again, when it failed too
+    /// often at it in the current window.
+    fn throttled(&self, client: Option<std::net::IpAddr>, id: &str) -> Option<u64> {
         let ip = client?;
         let failures = self.failures.lock().ok()?;
-        let (start, n) = failures.get(&ip)?;
+        let (start, n) = failures.get(&(ip, id.to_string()))?;
         let left = FAILURE_WINDOW.checked_sub(start.elapsed())?;
         (*n >= FAILURES_PER_WINDOW).then(|| left.as_secs().max(1))
     }
 
-    fn cached(&self, key: &[u8; 32]) -> Option<Principal> {
-        let mut cache = self.cache.lock().ok()?;
-        let hit = cache.get(key)?;
-        if hit.until.is_some_and(|u| u <= Instant::now()) {
-            cache.remove(key);
-            return None;
+    fn remembered(&self, key: &[u8; 32]) -> Remembered {
+        let Ok(cache) = self.cache.lock() else {
+            return Remembered::Unknown;
+        };
+        match cache.get(key) {
+            None => Remembered::Unknown,
+            Some(hit) => match (&hit.token_id, hit.until) {
+                (Some(id), Some(u)) if u <= Instant::now() => Remembered::Due(id.clone()),
+                _ => Remembered::Fresh(hit.principal.clone()),
+            },
         }
-        Some(hit.principal.clone())
     }
 
     fn remember(
@@ -679,6 +752,94 @@ mod tests {
         assert!(verify("s3cret-s3cret-s3cret", &h));
         assert!(!verify("s3cret-s3cret-s3creT", &h));
         assert!(!verify("s3cret-s3cret-s3cret", "not a hash"));
+    }
+
+    /// Someone else's wrong guesses never refuse a valid token: a job on an agent's node
+    /// flooding the coordinator with wrong tokens (random ids, the agent's own id with wrong
+    /// secrets, plain strings) is throttled at the ids it guessed, while the agent's stored
+    /// token, due to be read again, is served, and so is another valid token first seen from
+    /// that address, and the bootstrap admin's clear one.
+    #[tokio::test]
+    async fn a_valid_token_is_served_whatever_its_address_failed() -> anyhow::Result<()> {
+        use crate::store::{NewToken, Store};
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("s.db");
+        let store: Arc<dyn Store> = Arc::new(
+            tokio::task::spawn_blocking(move || crate::store::sqlite::SqliteStore::open(&path))
+                .await??,
+        );
+        let mut made = Vec::new();
+        for name in ["node-a", "node-b"] {
+            let (id, token) = new_token();
+            let secret = token.clone();
+            let secret_hash = tokio::task::spawn_blocking(move || hash_secret(&secret))
+                .await?
+                .map_err(anyhow::Error::msg)?;
+            store
+                .create_token(NewToken {
+                    id: id.clone(),
+                    name: name.into(),
+                    role: Role::Agent,
+                    secret_hash,
+                    created_by: "admin".into(),
+                    expires_at: None,
+                })
+                .await?;
+            made.push((id, token));
+        }
+        let admin = admin_token("bootstrap-admin-secret-0123456789")?;
+        let auth =
+            Authenticator::new(vec![admin], store.clone()).recheck_after(Duration::from_millis(1));
+        let node: std::net::IpAddr = "10.0.0.7".parse()?;
+        let bearer = |t: &str| format!("Bearer {t}");
+        let (a_id, a) = &made[0];
+        assert_eq!(
+            auth.identify(Some(&bearer(a)), Some(node)).await?.name,
+            "node-a"
+        );
+
+        // The job's flood: wrong secrets for the agent's id, random ids, plain strings.
+        let mut throttled = 0;
+        for i in 0..25 {
+            for guess in [
+                format!("hr_{a_id}_wrong-secret-{i}"),
+                format!("hr_{i:016x}_wrong-secret"),
+                format!("not-a-token-{i}"),
+            ] {
+                match auth.identify(Some(&bearer(&guess)), Some(node)).await {
+                    Err(AuthError::Throttled(_)) => throttled += 1,
+                    Err(AuthError::Rejected) => {}
+                    other => panic!("{guess}: {other:?}"),
+                }
+            }
+        }
+        assert!(throttled > 0, "guesses at one id were never throttled");
+
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(
+            auth.identify(Some(&bearer(a)), Some(node)).await?.name,
+            "node-a",
+            "the agent's token, read again after its recheck time"
+        );
+        let (_, b) = &made[1];
+        assert_eq!(
+            auth.identify(Some(&bearer(b)), Some(node)).await?.name,
+            "node-b",
+            "a valid token first seen from the flooding address"
+        );
+        let p = auth
+            .identify(Some("Bearer bootstrap-admin-secret-0123456789"), Some(node))
+            .await?;
+        assert_eq!(p.role, Role::Admin);
+
+        // Revoked: refused at its next read, though memory knew it.
+        store.revoke_token(a_id).await?;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(matches!(
+            auth.identify(Some(&bearer(a)), Some(node)).await,
+            Err(AuthError::Rejected)
+        ));
+        Ok(())
     }
 
     #[test]
