@@ -576,6 +576,9 @@ pub fn preview(resp: &SubmitResponse) {
             j.argv.join(" ")
         );
     }
+    if resp.preview_omitted > 0 {
+        println!("  ... and {} more jobs, not shown", resp.preview_omitted);
+    }
 }
 
 /// Waits for the experiment (or all jobs), showing a progress bar; exit code 0 only when

@@ -10,6 +10,7 @@ use headroom_shared::secret::{self, SecretSource};
 use headroom_shared::settings::duration;
 
 use crate::auth::{self, ConfigToken, TokenConfigError};
+use headroom_shared::MemSize;
 use headroom_shared::spec::DEFAULT_MAX_JOBS;
 
 /// The coordinator's settings, as flags (config-file keys are the same names).
@@ -28,6 +29,10 @@ pub struct CoordinatorSettings {
     /// Most jobs one spec may expand into.
     #[arg(long, env = "HEADROOM_MAX_JOBS", default_value_t = DEFAULT_MAX_JOBS)]
     pub max_jobs: u64,
+    /// Most the jobs of one spec may take once expanded (each carries the spec's `env`,
+    /// command and ladder beside its own parameters), e.g. `64MiB`.
+    #[arg(long, env = "HEADROOM_MAX_SUBMIT_SIZE", default_value = "64MiB")]
+    pub max_submit_size: MemSize,
     /// Longest a claim, progress or log read is held open waiting for a change.
     #[arg(long, env = "HEADROOM_LONG_POLL", default_value = "25s", value_parser = duration)]
     pub long_poll: Duration,
@@ -88,6 +93,7 @@ impl CoordinatorSettings {
         Ok(CoordinatorConfig {
             lease_ttl: self.lease_ttl,
             max_jobs: self.max_jobs,
+            max_submit_bytes: self.max_submit_size.mib.saturating_mul(1024 * 1024),
             long_poll: self.long_poll,
             telemetry_retention: self.telemetry_retention,
             telemetry_max_samples: self.telemetry_max_samples,
@@ -140,6 +146,8 @@ pub struct CoordinatorConfig {
     pub long_poll: Duration,
     /// Most jobs one spec may expand into.
     pub max_jobs: u64,
+    /// Most bytes the jobs of one spec may take once expanded.
+    pub max_submit_bytes: u64,
     /// A job waiting longer than this holds GPUs for itself instead of being overtaken.
     pub reserve_after: Duration,
     /// How long a stop signal waits for requests in flight before dropping them (under
@@ -165,6 +173,7 @@ impl CoordinatorConfig {
             lease_ttl: Duration::from_secs(30),
             long_poll: Duration::from_secs(25),
             max_jobs: DEFAULT_MAX_JOBS,
+            max_submit_bytes: headroom_shared::expand::DEFAULT_MAX_EXPANDED_BYTES,
             reserve_after: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(20),
             telemetry_retention: Duration::from_secs(24 * 3600),

@@ -14,7 +14,7 @@ use headroom_shared::api::Role;
 use headroom_shared::routes::{self, Access, Method, Route};
 use serde_json::{Value, json};
 
-use common::Server;
+use common::{Server, peak_rss_mib};
 
 const ADMIN: &str = "bootstrap-admin-secret-0123456789";
 
@@ -717,17 +717,6 @@ async fn an_agent_token_acts_only_for_its_own_node() {
         )
         .await;
     assert_eq!(status, 200, "{v}");
-}
-
-/// This process's peak resident memory (the coordinator runs in it), in MiB.
-fn peak_rss_mib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb / 1024)
-        .expect("VmHWM")
 }
 
 /// Hundreds of concurrent guesses at a known token id cost a bounded number of argon2

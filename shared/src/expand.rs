@@ -28,13 +28,36 @@ pub struct ExpandedJob {
     pub background: Option<crate::colocate::Background>,
 }
 
-/// Expands `spec` (validated against `max_jobs` first) with `seed`.
+/// The most bytes the jobs of one spec may take once expanded, by default: what a client
+/// sends is bounded after expansion, not only as it arrives (a 20 KB `env` copied into each of
+/// 100,000 jobs is 2 GB).
+pub const DEFAULT_MAX_EXPANDED_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Expands `spec` (validated against `max_jobs` first) with `seed`, within
+/// [`DEFAULT_MAX_EXPANDED_BYTES`].
 pub fn expand(
     spec: &ExperimentSpec,
     seed: u64,
     max_jobs: u64,
 ) -> Result<Vec<ExpandedJob>, SpecError> {
+    expand_within(spec, seed, max_jobs, DEFAULT_MAX_EXPANDED_BYTES)
+}
+
+/// Expands `spec` with `seed`: at most `max_jobs` jobs, taking at most `max_bytes` as the
+/// store keeps them (each job carries the spec's `env`, command and ladder beside its own
+/// parameters and arguments). Refused before anything is expanded where the parts every
+/// job copies are already too large, and otherwise as soon as the expansion passes the
+/// bound, so a refusal costs at most `max_bytes`.
+pub fn expand_within(
+    spec: &ExperimentSpec,
+    seed: u64,
+    max_jobs: u64,
+    max_bytes: u64,
+) -> Result<Vec<ExpandedJob>, SpecError> {
     spec.validate(max_jobs)?;
+    let budget = Budget::of(spec, max_bytes);
+    budget.check_before(spec.job_count().unwrap_or(u64::MAX))?;
+    let mut used: u64 = 0;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let axes: Vec<(&String, &Vec<Value>)> = spec.grid.iter().collect();
     let grid_points: usize = axes.iter().map(|(_, v)| v.len()).product();
@@ -59,19 +82,134 @@ pub fn expand(
                     Some(c) => c.resolve(&params, config, run)?,
                     None => None,
                 };
-                jobs.push(ExpandedJob {
+                let job = ExpandedJob {
                     index: jobs.len() as u32,
                     config,
                     run,
                     params: params.clone(),
                     argv,
                     background,
-                });
+                };
+                used = used.saturating_add(budget.of_job(&job));
+                budget.check(used, jobs.len() as u64 + 1, spec)?;
+                jobs.push(job);
             }
             config += 1;
         }
     }
     Ok(jobs)
+}
+
+/// The bytes a spec's jobs may take, and what each of them copies from the spec.
+struct Budget {
+    max: u64,
+    /// JSON bytes every job carries whatever its parameters: the profile's and the spec's
+    /// `env`, the command template, the OOM ladder, the colocated background's template.
+    per_job: u64,
+    /// Of which `env`.
+    env: u64,
+}
+
+impl Budget {
+    fn of(spec: &ExperimentSpec, max: u64) -> Self {
+        use erased::Json;
+        let profile_env = spec
+            .profile
+            .as_deref()
+            .and_then(crate::profile::builtin)
+            .or_else(|| crate::profile::builtin(crate::profile::DEFAULT_PROFILE))
+            .map_or(0, |vars| {
+                vars.iter()
+                    .map(|(k, v)| k.len() as u64 + v.len() as u64 + 6)
+                    .sum()
+            });
+        let env = spec.env.json_len() + profile_env;
+        let per_job = env
+            + spec.command.json_len()
+            + spec.oom_ladder.json_len()
+            + spec.colocate.json_len()
+            // The job's own columns: ids, states, counters, the memory key's name.
+            + 256
+            + spec.name.len() as u64;
+        Self { max, per_job, env }
+    }
+
+    /// The bytes one expanded job takes beyond what every job copies.
+    fn of_job(&self, job: &ExpandedJob) -> u64 {
+        use erased::Json;
+        self.per_job + job.params.json_len() + job.argv.json_len() + job.background.json_len()
+    }
+
+    /// Refuses at once when the parts every job copies already pass the bound.
+    fn check_before(&self, jobs: u64) -> Result<(), SpecError> {
+        if self.per_job.saturating_mul(jobs) > self.max {
+            return Err(self.refusal(jobs, self.per_job.saturating_mul(jobs), None));
+        }
+        Ok(())
+    }
+
+    fn check(&self, used: u64, made: u64, spec: &ExperimentSpec) -> Result<(), SpecError> {
+        if used > self.max {
+            let total = spec.job_count().unwrap_or(made);
+            return Err(self.refusal(total, used, Some(made)));
+        }
+        Ok(())
+    }
+
+    fn refusal(&self, jobs: u64, bytes: u64, made: Option<u64>) -> SpecError {
+        let size = |b: u64| bytesize::ByteSize::b(b).display().iec().to_string();
+        let so_far = match made {
+            Some(n) => format!("its first {n} of {jobs} jobs already take {}", size(bytes)),
+            None => format!("its {jobs} jobs would take at least {}", size(bytes)),
+        };
+        // `env` is named when it is what makes the jobs large: it is copied into every job.
+        let field = if self.env * 2 >= self.per_job && self.env > 1024 {
+            "env"
+        } else {
+            "spec"
+        };
+        SpecError::new(
+            field,
+            format!(
+                "too large once expanded: {so_far} (each carries {} of the spec's own, `env` \
+                 {}), over the {} one submission may expand into. Keep large values in a file \
+                 the jobs read rather than in `env` or arguments, or submit the matrix in \
+                 parts (the coordinator's --max-submit-size)",
+                size(self.per_job),
+                size(self.env),
+                size(self.max)
+            ),
+        )
+    }
+}
+
+/// JSON sizes without building the JSON text (counted by a writer that keeps nothing).
+mod erased {
+    pub trait Json {
+        fn json_len(&self) -> u64;
+    }
+
+    impl<T: serde::Serialize> Json for T {
+        fn json_len(&self) -> u64 {
+            let mut counter = Counter(0);
+            match serde_json::to_writer(&mut counter, self) {
+                Ok(()) => counter.0,
+                Err(_) => 0,
+            }
+        }
+    }
+
+    struct Counter(u64);
+
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 }
 
 fn draw(dist: &Distribution, rng: &mut ChaCha8Rng) -> Value {

@@ -11,11 +11,14 @@ use headroom_shared::api::{
     Ack, CancelResponse, ExperimentSummary, ExportQuery, Health, Principal, Progress,
     ProgressQuery, SubmitRequest, SubmitResponse,
 };
-use headroom_shared::expand::expand;
+use headroom_shared::expand::expand_within;
 use headroom_shared::pending::PendingReason;
 use headroom_shared::spec::ExperimentSpec;
 
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, check_owner, parse_id};
+
+/// Most jobs a dry run's answer shows (it says how many more there are).
+const PREVIEW_MAX: usize = 1_000;
 
 /// Liveness: answers whatever the store's state (a store that is down is readiness's to say).
 pub async fn live() -> ApiResult<Ack> {
@@ -37,7 +40,7 @@ pub async fn submit(
 ) -> ApiResult<SubmitResponse> {
     let spec = ExperimentSpec::from_value(req.spec)?;
     let seed = req.seed.or(spec.seed).unwrap_or_else(rand::random);
-    let expanded = expand(&spec, seed, s.config.max_jobs)?;
+    let expanded = expand_within(&spec, seed, s.config.max_jobs, s.config.max_submit_bytes)?;
     if let Some(max) = s.store.max_node_gpus().await?
         && spec.resources.gpus > max
     {
@@ -51,13 +54,18 @@ pub async fn submit(
     }
     let warnings = fit_warnings(&s, &spec).await?;
     if req.dry_run {
+        let jobs = expanded.len() as u64;
+        // The answer is bounded too: the first jobs, and how many more there are.
+        let mut preview = expanded;
+        preview.truncate(PREVIEW_MAX);
         return Ok(ApiJson(SubmitResponse {
             experiment: None,
             name: spec.name,
             seed,
-            jobs: expanded.len() as u64,
+            jobs,
             dry_run: true,
-            preview: Some(expanded),
+            preview_omitted: jobs - preview.len() as u64,
+            preview: Some(preview),
             warnings,
         }));
     }
@@ -72,6 +80,7 @@ pub async fn submit(
         jobs: count,
         dry_run: false,
         preview: None,
+        preview_omitted: 0,
         warnings,
     }))
 }

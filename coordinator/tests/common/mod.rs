@@ -53,3 +53,15 @@ impl Drop for Server {
         self.stop.cancel();
     }
 }
+
+/// This process's peak resident memory (the coordinator runs in it), in MiB.
+#[allow(dead_code)] // Not every test binary measures memory.
+pub fn peak_rss_mib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb / 1024)
+        .expect("VmHWM")
+}

@@ -138,12 +138,19 @@ pub struct SubmitResponse {
     pub seed: u64,
     pub jobs: u64,
     pub dry_run: bool,
-    /// The expanded jobs, for a dry run.
+    /// The expanded jobs, for a dry run: the first 1,000 at most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preview: Option<Vec<ExpandedJob>>,
+    /// How many jobs of a dry run `preview` leaves out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub preview_omitted: u64,
     /// What may keep the jobs waiting, e.g. larger than every GPU of every live node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Jobs per state.

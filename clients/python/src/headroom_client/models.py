@@ -85,6 +85,8 @@ class SubmitResponse(_Model):
     jobs: int
     dry_run: bool
     preview: Optional[List[ExpandedJob]] = None
+    #: How many jobs of a dry run ``preview`` leaves out (it shows the first 1,000).
+    preview_omitted: int = 0
     warnings: List[str] = []
 
 
