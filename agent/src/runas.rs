@@ -81,6 +81,48 @@ pub fn resolve(run_as: &RunAs) -> Result<Identity, String> {
     })
 }
 
+/// The part of `path` (a `PATH` value) that `id` may use: the directories it may search,
+/// every folder above them included. A root agent's `PATH` may name root's own tool folders
+/// (`/root/.cargo/bin`), which another user's job would only try and be refused; relative
+/// and empty entries (the working directory) are dropped too. Where nothing is left, the
+/// system's default.
+pub fn path_for(path: &str, id: &Identity) -> String {
+    let kept: Vec<&str> = path
+        .split(':')
+        .filter(|dir| dir.starts_with('/') && searchable(std::path::Path::new(dir), id))
+        .collect();
+    if kept.is_empty() {
+        "/usr/local/bin:/usr/bin:/bin".to_string()
+    } else {
+        kept.join(":")
+    }
+}
+
+/// Whether `id` may search `dir` and every folder above it, by their modes (the supervisor
+/// is root: `access` would answer for root).
+fn searchable(dir: &std::path::Path, id: &Identity) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if id.uid.is_root() {
+        return true;
+    }
+    dir.ancestors().all(|d| {
+        let Ok(meta) = std::fs::metadata(d) else {
+            return false;
+        };
+        let mode = meta.mode();
+        let bit = if meta.uid() == id.uid.as_raw() {
+            0o100
+        } else if meta.gid() == id.gid.as_raw()
+            || id.groups.iter().any(|g| g.as_raw() == meta.gid())
+        {
+            0o010
+        } else {
+            0o001
+        };
+        meta.is_dir() && mode & bit != 0
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +155,56 @@ mod tests {
                 Some("nobody".to_string())
             );
         }
+    }
+
+    /// A root agent's `PATH` as seen by another user: root's private tool folder (and one
+    /// under a private parent) and relative entries are dropped, the rest kept in order.
+    #[test]
+    fn a_jobs_path_holds_what_its_user_may_search() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mode = |p: &std::path::Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod")
+        };
+        mode(dir.path(), 0o755);
+        let private = dir.path().join("root-home");
+        let open = dir.path().join("opt");
+        for d in [private.join("bin"), open.join("bin")] {
+            std::fs::create_dir_all(&d).expect("mkdir");
+            mode(&d, 0o755);
+        }
+        mode(&private, 0o700);
+        mode(&open, 0o755);
+        let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .expect("this user");
+        let other = Identity {
+            name: "other".into(),
+            uid: Uid::from_raw(me.uid.as_raw() + 4242),
+            gid: Gid::from_raw(me.gid.as_raw() + 4242),
+            groups: vec![],
+            home: "/nonexistent".into(),
+            shell: "/bin/sh".into(),
+        };
+        let path = format!(
+            "{}:.::{}:/usr/bin:relative/bin:/no/such/dir",
+            private.join("bin").display(),
+            open.join("bin").display()
+        );
+        assert_eq!(
+            path_for(&path, &other),
+            format!("{}:/usr/bin", open.join("bin").display())
+        );
+        assert_eq!(
+            path_for("relative:", &other),
+            "/usr/local/bin:/usr/bin:/bin"
+        );
+        // Its owner, and a member of its group where the group may search, keep it.
+        let owner = Identity {
+            uid: me.uid,
+            ..other.clone()
+        };
+        assert!(path_for(&path, &owner).starts_with(&private.join("bin").display().to_string()));
     }
 }

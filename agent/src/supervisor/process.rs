@@ -71,6 +71,7 @@ enum Step {
     Group,
     User,
     DeathSignal,
+    CloseFds,
     Exec,
 }
 
@@ -85,6 +86,7 @@ impl Step {
             Step::Group,
             Step::User,
             Step::DeathSignal,
+            Step::CloseFds,
             Step::Exec,
         ]
         .into_iter()
@@ -101,6 +103,7 @@ impl Step {
             Step::Group => "cannot take the user's group",
             Step::User => "cannot become the user",
             Step::DeathSignal => "cannot tie it to its supervisor",
+            Step::CloseFds => "cannot close the descriptors it must not inherit",
             Step::Exec => "exec",
         }
     }
@@ -125,6 +128,9 @@ struct Prepared {
     supervisor: Pid,
     groups: Vec<Gid>,
     ids: Option<(Gid, Uid)>,
+    /// Above the highest descriptor the child may hold (its `RLIMIT_NOFILE`): where the
+    /// kernel has no `close_range`, it closes them one by one up to here.
+    fd_limit: u32,
     /// `step << 16 | errno`, written by the child when it gives up; 0 while it has not.
     failed: AtomicI32,
 }
@@ -255,6 +261,9 @@ impl Spec {
             supervisor: rustix::process::getpid(),
             groups,
             ids,
+            fd_limit: rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                .current
+                .map_or(u32::MAX, |n| u32::try_from(n).unwrap_or(u32::MAX)),
             failed: AtomicI32::new(0),
         });
         prepared.argv_ptrs = pointers(&prepared.argv);
@@ -476,6 +485,12 @@ fn child_setup(p: &Prepared) -> (Step, i32) {
     if rustix::process::getppid() != Some(p.supervisor) {
         return (Step::DeathSignal, libc::ESRCH);
     }
+    // Its standard streams only: whatever the supervisor holds or inherited (a descriptor
+    // that whoever started the agent left open, to a file the job's user may not read) is
+    // not the job's. Last, as the cgroup's files were needed above.
+    if let Err(errno) = close_above_stdio(p.fd_limit) {
+        return (Step::CloseFds, errno);
+    }
     // The job starts with no signal blocked.
     set_mask(&[0; 8]);
     // `execvp`'s search: a file the kernel cannot run is run by the shell; a directory that
@@ -508,6 +523,33 @@ fn child_setup(p: &Prepared) -> (Step, i32) {
         }
     }
     (Step::Exec, if denied { libc::EACCES } else { last })
+}
+
+/// Closes every descriptor above 2 in the child (whose descriptor table is its own: no
+/// `CLONE_FILES`): `close_range` at once, or, on a kernel older than 5.9, one by one below
+/// `limit`.
+#[allow(unsafe_code)]
+fn close_above_stdio(limit: u32) -> Result<(), i32> {
+    // SAFETY: close_range on this process's own table, with plain integers.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    if r == 0 {
+        return Ok(());
+    }
+    let errno = io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::ENOSYS);
+    if errno != libc::ENOSYS {
+        return Err(errno);
+    }
+    // The kernel's own ceiling on descriptors (`nr_open`, 1 << 20 by default).
+    for fd in 3..limit.min(1 << 20) {
+        // SAFETY: closing a descriptor number of this process's own table; one not open
+        // answers EBADF, which is what is wanted.
+        unsafe {
+            libc::close(fd as c_int);
+        }
+    }
+    Ok(())
 }
 
 /// How a child's exit is awaited: its pid file descriptor (registered with the runtime at

@@ -125,6 +125,9 @@ pub struct UpOptions {
     pub extra: Vec<String>,
     /// Variables added to its environment.
     pub env: Vec<(String, String)>,
+    /// A file `up` inherits open on descriptor 3 (not close-on-exec), as a service manager
+    /// or a careless wrapper leaves one.
+    pub fd3: Option<PathBuf>,
 }
 
 impl Default for UpOptions {
@@ -137,6 +140,7 @@ impl Default for UpOptions {
             node: "test-node".into(),
             extra: vec![],
             env: vec![],
+            fd3: None,
         }
     }
 }
@@ -174,6 +178,12 @@ impl UpOptions {
     /// A variable in its environment.
     pub fn env(mut self, name: &str, value: &str) -> Self {
         self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// `up` inherits `file` open on descriptor 3.
+    pub fn fd3(mut self, file: &Path) -> Self {
+        self.fd3 = Some(file.to_path_buf());
         self
     }
 }
@@ -215,7 +225,17 @@ impl Headroom {
     }
 
     fn spawn(&mut self) -> Result<()> {
-        let mut cmd = Command::new(binary("headroom"));
+        let mut cmd = match &self.opts.fd3 {
+            // The shell opens it on descriptor 3, then becomes `headroom` (the same pid).
+            Some(file) => {
+                let mut sh = Command::new("sh");
+                sh.args(["-c", r#"exec "$0" "$@" 3<"$HR_TEST_FD3""#])
+                    .arg(binary("headroom"))
+                    .env("HR_TEST_FD3", file);
+                sh
+            }
+            None => Command::new(binary("headroom")),
+        };
         cmd.arg("up")
             .args(["--listen", "127.0.0.1:0"])
             .arg("--data-dir")

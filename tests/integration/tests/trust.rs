@@ -457,6 +457,59 @@ fn jobs_run_as_their_users_unix_user() {
     );
 }
 
+/// A job starts with its standard streams only: `up` inherited a descriptor to a file its
+/// jobs' user may not read (as a service manager or a wrapper may leave one), and the job
+/// cannot read through it. Under root, its `PATH` holds only what its user may search (not
+/// the agent's private tool folder).
+#[test]
+fn a_job_inherits_no_descriptor_of_its_agent() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = dir.path().join("root-only");
+    std::fs::write(&secret, "inherited-secret-42\n").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    // The agent's own tool folder, in a folder private to it.
+    let private_bin = dir.path().join("private").join("bin");
+    std::fs::create_dir_all(&private_bin).expect("bin");
+    std::fs::set_permissions(
+        dir.path().join("private"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .expect("chmod");
+    let path = format!(
+        "{}:{}",
+        private_bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").fd3(&secret).env("PATH", &path));
+    h.wait_agent();
+    let spec = h.path("fd3.yaml");
+    std::fs::write(
+        &spec,
+        "name: fd3\ncommand: [\"sh\", \"-c\", \"echo PATH=$PATH; cat <&3; ls /proc/$$/fd | tr '\\\\n' ' '\"]\n\
+         retry: {max_attempts: 1}\n",
+    )
+    .expect("spec");
+    h.cli(&["submit", &spec.display().to_string(), "--wait"]);
+    let jobs: Vec<JobSummary> =
+        serde_json::from_str(&h.cli_ok(&["ls", "--output", "json"])).expect("json");
+    let log = h.cli_ok(&["logs", &jobs[0].id.to_string()]);
+    assert!(!log.contains("inherited-secret-42"), "{log}");
+    assert!(log.contains("0 1 2 "), "{log}");
+    assert!(!log.contains("0 1 2 3"), "{log}");
+    let job_path = log
+        .lines()
+        .find_map(|l| l.strip_prefix("PATH="))
+        .unwrap_or_else(|| panic!("no PATH in {log}"));
+    if nix::unistd::geteuid().is_root() {
+        assert!(
+            !job_path.contains(&private_bin.display().to_string()),
+            "{job_path}"
+        );
+        assert!(job_path.contains("/usr/bin"), "{job_path}");
+    }
+}
+
 /// `headroom up --no-auth` on a root machine, as any local account would try it: mapping the
 /// anonymous admin to root is refused, and its jobs run as the default user (`nobody`),
 /// never as root, even under `sudo` (no `SUDO_USER` mapping without tokens).

@@ -101,6 +101,9 @@ pub(crate) fn build_command(
     let text = |k: &str, v: &str| (OsString::from(k), OsString::from(v));
     env.extend(launch.base_env.iter().map(|(k, v)| text(k, v)));
     if let Some(id) = &identity {
+        if let Some((_, path)) = launch.base_env.iter().find(|(k, _)| *k == "PATH") {
+            env.push(text("PATH", &crate::runas::path_for(path, id)));
+        }
         // Paths as they are (not made text).
         env.push(("HOME".into(), id.home.clone().into()));
         env.push(text("USER", &id.name));

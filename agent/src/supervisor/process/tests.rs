@@ -261,3 +261,37 @@ async fn the_job_becomes_its_user_and_the_supervisor_stays_root() {
     let _ = tx.send(());
     let _ = other.join();
 }
+
+/// A job holds its standard streams only: a descriptor the supervisor inherited without
+/// close-on-exec (from whoever started the agent, to a file the job's user may not read) is
+/// closed before the exec.
+#[tokio::test]
+async fn a_job_inherits_no_descriptor_but_its_standard_streams() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = dir.path().join("root-only");
+    std::fs::write(&secret, "the-secret-content\n").expect("secret");
+    let held = File::open(&secret).expect("open");
+    nix::fcntl::fcntl(
+        &held,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .expect("clear close-on-exec");
+    let fd = held.as_raw_fd();
+    let script = format!("cat <&{fd}; echo status=$?; ls /proc/$$/fd");
+    let (s, out) = spec("sh", &["-c", &script], &[("PATH", PATH)], dir.path());
+    run(s).await;
+    let text = std::fs::read_to_string(out).expect("output");
+    assert!(!text.contains("the-secret-content"), "{text}");
+    assert!(
+        text.contains("status=") && !text.contains("status=0"),
+        "{text}"
+    );
+    let fds: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("status="))
+        .skip(1)
+        .collect();
+    assert_eq!(fds, ["0", "1", "2"], "{text}");
+    drop(held);
+}
