@@ -1,7 +1,6 @@
 //! `Application`: binds the listener, wires the store into the router, runs the lease
 //! sweeper and the store's change watch, and shuts down cleanly on cancellation.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -107,17 +106,14 @@ impl Application {
             self.state.logs.changes().clone(),
         );
         let stop = shutdown.clone();
-        let serve = axum::serve(
-            self.listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
+        tasks.spawn(async move {
             stop.cancelled().await;
             tracing::info!("draining: no new requests, answering long-polls");
             changes.close();
             log_changes.close();
-        })
-        .into_future();
+        });
+        let serve =
+            crate::serve::serve(self.listener, app, self.state.config.http, shutdown.clone());
         // A request stuck on an unreachable database must not hold the exit for ever.
         let limit = self.state.config.drain_timeout;
         let stop = shutdown.clone();

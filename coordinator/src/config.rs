@@ -163,6 +163,8 @@ pub struct CoordinatorConfig {
     pub tokens: Vec<ConfigToken>,
     /// Users see other users' `env` values and logs.
     pub shared_visibility: bool,
+    /// What one client may hold of the server (header and body deadlines, connections).
+    pub http: crate::serve::Limits,
 }
 
 impl CoordinatorConfig {
@@ -181,6 +183,7 @@ impl CoordinatorConfig {
             telemetry_prune_every: Duration::from_secs(60),
             tokens: Vec::new(),
             shared_visibility: false,
+            http: crate::serve::Limits::default(),
         }
     }
 }

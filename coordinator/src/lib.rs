@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! Dependencies point one way, top to bottom:
-//! - `app`, `config`: the process (settings, listener, background sweeps); `main.rs` is thin.
+//! - `app`, `config`, `serve`: the process (settings, listener and the bounds a slow client
+//!   cannot outlast, background sweeps); `main.rs` is thin.
 //! - `api` (handlers, one gate `authorize`, one error mapping), `auth` (who a token is),
 //!   `metrics`, `openapi`, `export`, `logs`: the HTTP edge (`api/ui.rs` serves the
 //!   dashboard, its page and assets in `ui/`).
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod placement;
 pub mod rules;
+pub mod serve;
 pub mod sharing;
 pub mod simulate;
 pub mod store;

@@ -113,3 +113,132 @@ async fn a_dry_run_answers_a_bounded_preview() {
     assert_eq!(v["preview"][999]["index"], 999);
     assert!(len < 1_000_000, "the answer took {len} bytes");
 }
+
+/// Reads from `stream` until the server closes it (or `limit` passes): when it closed, and
+/// what it sent.
+async fn read_until_closed(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+    limit: std::time::Duration,
+) -> Option<(std::time::Duration, String)> {
+    use tokio::io::AsyncReadExt;
+    let started = std::time::Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        let left = limit.checked_sub(started.elapsed())?;
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                return Some((
+                    started.elapsed(),
+                    String::from_utf8_lossy(&got).into_owned(),
+                ));
+            }
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A slow client cannot hold a connection: a head trickled a byte at a time (slowloris), a
+/// kept-alive connection left idle, and a body that stops part way are each closed within
+/// the bounds, while a long-poll whose head arrived is answered when its wait ends, past
+/// the header bound.
+#[tokio::test]
+async fn slow_and_idle_connections_are_closed_and_long_polls_are_not() {
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    let limits = headroom_coordinator::serve::Limits {
+        header: Duration::from_secs(1),
+        body_idle: Duration::from_secs(1),
+        connections: 64,
+    };
+    let s = Server::start(|c| headroom_coordinator::CoordinatorConfig {
+        http: limits,
+        long_poll: Duration::from_millis(2500),
+        ..c
+    })
+    .await;
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let bound = Duration::from_secs(4);
+
+    // Slowloris: a header line every 300 ms, never the blank line that ends the head.
+    let slow = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let (mut reader, mut writer) = slow.into_split();
+    let trickle = tokio::spawn(async move {
+        let _ = writer
+            .write_all(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .await;
+        for i in 0..30 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let line = format!("X-Slow-{i}: x\r\n");
+            if writer.write_all(line.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    });
+    let closed = read_until_closed(&mut reader, bound).await;
+    trickle.abort();
+    assert!(
+        closed.is_some(),
+        "a trickled head held its connection past {bound:?}"
+    );
+
+    // A kept-alive connection left idle after one answer.
+    let mut idle = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    idle.write_all(b"GET /v1/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .expect("write");
+    let (after, sent) = read_until_closed(&mut idle, bound)
+        .await
+        .expect("an idle kept-alive connection was held open");
+    assert!(sent.starts_with("HTTP/1.1 200"), "{sent}");
+    assert!(
+        after >= Duration::from_millis(900),
+        "closed after {after:?}"
+    );
+
+    // A body that stops part way.
+    let mut body = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    body.write_all(
+        b"POST /v1/experiments HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+          Content-Length: 500\r\n\r\n{\"spec\": {\"name\": ",
+    )
+    .await
+    .expect("write");
+    read_until_closed(&mut body, bound)
+        .await
+        .expect("a stalled body held its connection");
+
+    // A long-poll outlasts the header bound: its head arrived at once.
+    let p: Value = s
+        .http
+        .get(format!("{}/v1/progress", s.base))
+        .send()
+        .await
+        .expect("progress")
+        .json()
+        .await
+        .expect("json");
+    let started = std::time::Instant::now();
+    let r = s
+        .http
+        .get(format!(
+            "{}/v1/progress?after={}&timeout_ms=2000",
+            s.base, p["version"]
+        ))
+        .send()
+        .await
+        .expect("long-poll");
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        started.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        started.elapsed()
+    );
+}
