@@ -650,7 +650,8 @@ pub async fn logs(api: &Api, id: &str, follow: bool) -> Result<()> {
         out.write_all(&chunk.bytes)?;
         out.flush()?;
         offset = chunk.next;
-        if !follow || (chunk.ended && chunk.bytes.is_empty()) {
+        // Answers come a megabyte at a time: without `-f`, read on to what is there now.
+        if chunk.bytes.is_empty() && (!follow || chunk.ended) {
             return Ok(());
         }
         if chunk.bytes.is_empty() {

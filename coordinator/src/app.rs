@@ -60,7 +60,7 @@ impl Application {
                 addr: config.listen,
                 source,
             })?;
-        let logs = LogStore::new(config.data_dir.join("logs"))?;
+        let logs = LogStore::new(config.data_dir.join("logs"), config.max_log_bytes)?;
         // Names the configuration gives are users too: a stored token cannot take them.
         let users = config
             .tokens

@@ -33,6 +33,10 @@ pub struct CoordinatorSettings {
     /// command and ladder beside its own parameters), e.g. `64MiB`.
     #[arg(long, env = "HEADROOM_MAX_SUBMIT_SIZE", default_value = "64MiB")]
     pub max_submit_size: MemSize,
+    /// Most of an attempt's output its log keeps here (past it, a line saying so; the node
+    /// keeps the whole log), e.g. `64MiB`.
+    #[arg(long, env = "HEADROOM_MAX_LOG_SIZE", default_value = "64MiB")]
+    pub max_log_size: MemSize,
     /// Longest a claim, progress or log read is held open waiting for a change.
     #[arg(long, env = "HEADROOM_LONG_POLL", default_value = "25s", value_parser = duration)]
     pub long_poll: Duration,
@@ -94,6 +98,7 @@ impl CoordinatorSettings {
             lease_ttl: self.lease_ttl,
             max_jobs: self.max_jobs,
             max_submit_bytes: self.max_submit_size.mib.saturating_mul(1024 * 1024),
+            max_log_bytes: self.max_log_size.mib.saturating_mul(1024 * 1024),
             long_poll: self.long_poll,
             telemetry_retention: self.telemetry_retention,
             telemetry_max_samples: self.telemetry_max_samples,
@@ -148,6 +153,8 @@ pub struct CoordinatorConfig {
     pub max_jobs: u64,
     /// Most bytes the jobs of one spec may take once expanded.
     pub max_submit_bytes: u64,
+    /// Most bytes of an attempt's output its log keeps here.
+    pub max_log_bytes: u64,
     /// A job waiting longer than this holds GPUs for itself instead of being overtaken.
     pub reserve_after: Duration,
     /// How long a stop signal waits for requests in flight before dropping them (under
@@ -176,6 +183,7 @@ impl CoordinatorConfig {
             long_poll: Duration::from_secs(25),
             max_jobs: DEFAULT_MAX_JOBS,
             max_submit_bytes: headroom_shared::expand::DEFAULT_MAX_EXPANDED_BYTES,
+            max_log_bytes: crate::logs::DEFAULT_MAX_LOG_BYTES,
             reserve_after: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(20),
             telemetry_retention: Duration::from_secs(24 * 3600),

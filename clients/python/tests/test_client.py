@@ -115,6 +115,22 @@ def test_logs_follow_streams_until_the_attempt_ends(client: Client) -> None:
     assert client.job(job).state == "succeeded"
 
 
+def test_a_log_over_a_megabyte_is_read_whole(client: Client) -> None:
+    # The server answers a megabyte at a time: a log of 2.5 MB comes back whole.
+    exp = client.submit(
+        spec(
+            "py-long-log",
+            ["sh", "-c", "head -c 2500000 /dev/zero | tr '\\0' y; echo; echo tail-line"],
+            resources={"gpus": 0},
+        )
+    )
+    exp.wait(timeout=120)
+    job = client.jobs(exp.id, frame=False)[0]["id"]
+    text = "".join(client.logs(job))
+    assert text.count("y") == 2_500_000
+    assert text.endswith("tail-line\n")
+
+
 def test_cancel_and_retry(client: Client) -> None:
     exp = client.submit(spec("py-cancel", ["sleep", "60"], resources={"gpus": 0}))
     job = client.jobs(exp.id, frame=False)[0]["id"]

@@ -149,3 +149,42 @@ fn jobs_get_their_environment_and_logs_reach_the_user() {
     let ls = h.cli_ok(&["ls"]);
     assert!(ls.contains("succeeded") && ls.contains("bs=64"), "{ls}");
 }
+
+/// A job that prints more than the coordinator keeps: its log there holds the bound's worth
+/// and a line saying it was cut (not 3 MB beside the store), the job succeeds, and its
+/// node's own log file keeps every byte.
+#[test]
+fn a_log_past_its_bound_is_cut_with_a_line_saying_so() {
+    let h = Headroom::up(UpOptions::default().flags(&["--max-log-size", "1MiB"]));
+    let spec = serde_json::json!({
+        "name": "chatty", "command": ["sh", "-c",
+            "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo the-very-end"],
+    });
+    let exp = h.submit_spec(spec);
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    assert_eq!(jobs[0].state, JobState::Succeeded);
+    let log = h.cli_ok(&["logs", &jobs[0].id.to_string()]);
+    assert!(log.len() < 1024 * 1024 + 1024, "{} bytes kept", log.len());
+    assert!(log.starts_with(&"x".repeat(1000)));
+    assert!(
+        log.contains("[headroom: this log is cut here, at 1.0 MiB of output"),
+        "{}",
+        &log[log.len().saturating_sub(300)..]
+    );
+    assert!(!log.contains("the-very-end"));
+    let stored: u64 = std::fs::read_dir(h.data_dir().join("logs"))
+        .expect("the coordinator's logs")
+        .filter_map(|e| e.ok()?.metadata().ok().map(|m| m.len()))
+        .sum();
+    assert!(
+        stored < 1024 * 1024 + 1024,
+        "{stored} bytes beside the store"
+    );
+    // The node's own file has it all.
+    let node_logs = h.data_dir().join("agent").join("logs");
+    let whole = std::fs::read_dir(&node_logs)
+        .expect("the node's logs")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .any(|text| text.contains("the-very-end") && text.len() > 3_000_000);
+    assert!(whole, "the node's log lost the end");
+}

@@ -360,7 +360,8 @@ class _LogCursor:
         self.offset = int(resp.headers.get(LOG_OFFSET_HEADER, self.offset + len(chunk)))
         texts = [self.decoder.decode(chunk)]
         ended = resp.headers.get(ATTEMPT_ENDED_HEADER) == "true"
-        done = not self.follow or (ended and not chunk)
+        # Answers come a megabyte at a time: without ``follow``, read on to what is there.
+        done = not chunk and (not self.follow or ended)
         if done:
             texts.append(self.decoder.decode(b"", final=True))
         return [t for t in texts if t], done
