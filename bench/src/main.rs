@@ -108,7 +108,12 @@ fn start(dir: &Path, database_url: Option<&str>, tokens: bool) -> Result<Setup> 
     let mut agent_args = agent_args(&url, "4x80GiB", "16,16,16,16", &dir.join("agent"));
     if tokens {
         // An agent token is its node's: named after it, kept in a file (not in argv).
-        let t = block_on(api.create_token("bench", Role::Agent, None))??;
+        let t = block_on(api.create_token(&headroom_shared::api::CreateTokenRequest {
+            name: "bench".into(),
+            role: Role::Agent,
+            expires_in: None,
+            nodes: None,
+        }))??;
         let file = dir.join("agent-token");
         std::fs::write(&file, &t.token)?;
         agent_args.extend(["--agent-token-file".to_string(), file.display().to_string()]);

@@ -186,12 +186,17 @@ pub enum TokenCommand {
         /// Who holds it (`alice`, `gpu-node-3`); runs they submit record this name.
         #[arg(long)]
         name: String,
-        /// admin, user or agent.
+        /// admin, user, agent or join.
         #[arg(long)]
         role: Role,
-        /// How long it works (`90d`, `12h`); never expires when left out.
+        /// How long it works (`90d`, `12h`); never expires when left out. The credentials a
+        /// join token makes expire with it.
         #[arg(long)]
         expires_in: Option<String>,
+        /// A join token's nodes, required for one: names and patterns, comma-separated
+        /// (`gpu-*,dgx-a`; `*` any run of characters, `?` one).
+        #[arg(long)]
+        nodes: Option<String>,
         /// `table`, or `json`: the API's documents, with its field names.
         #[arg(long, value_enum, default_value_t)]
         output: Format,
@@ -542,9 +547,24 @@ async fn token(api: &Api, command: TokenCommand) -> Result<()> {
             name,
             role,
             expires_in,
+            nodes,
             output: format,
         } => {
-            let t = api.create_token(&name, role, expires_in.as_deref()).await?;
+            let nodes = nodes.map(|n| {
+                n.split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            });
+            let t = api
+                .create_token(&headroom_shared::api::CreateTokenRequest {
+                    name,
+                    role,
+                    expires_in,
+                    nodes,
+                })
+                .await?;
             match format {
                 Format::Json => output::json(&t)?,
                 Format::Table => {

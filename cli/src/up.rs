@@ -138,6 +138,8 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
             role: Role::Agent,
             secret: Secret::Plain(secret.clone()),
             unix_user: None,
+            nodes: None,
+            expires_at: None,
         });
         agent_token = Some(secret.parse()?);
     }

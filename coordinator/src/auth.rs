@@ -68,6 +68,10 @@ pub struct ConfigToken {
     pub secret: Secret,
     /// The Unix user the holder's jobs run as (tokens file).
     pub unix_user: Option<String>,
+    /// A join token's nodes (names and patterns, [`crate::joins`]).
+    pub nodes: Option<Vec<String>>,
+    /// When it stops working (ms since the epoch); `None`: never.
+    pub expires_at: Option<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +93,10 @@ pub enum TokenConfigError {
          {MIN_SECRET_LEN} characters (e.g. `openssl rand -hex 24`)"
     )]
     WeakJoinToken,
+    #[error("--bootstrap-join-nodes (HEADROOM_BOOTSTRAP_JOIN_NODES): {0}")]
+    JoinNodes(String),
+    #[error("--bootstrap-join-expires-at (HEADROOM_BOOTSTRAP_JOIN_EXPIRES_AT): {0}")]
+    JoinExpiry(String),
     #[error("{0}")]
     Secret(#[from] headroom_shared::secret::SecretError),
 }
@@ -112,6 +120,9 @@ struct FileToken {
     token_hash: String,
     #[serde(default)]
     unix_user: Option<String>,
+    /// Role `join` only, and required there: the nodes it may make.
+    #[serde(default)]
+    nodes: Option<Vec<String>>,
 }
 
 /// Reads a tokens file, checking every entry (the name, and that the hash is argon2's).
@@ -168,6 +179,8 @@ pub fn read_tokens_file(path: &Path) -> Result<Vec<ConfigToken>, TokenConfigErro
                 check_unix_user(u, false)
                     .map_err(|m| invalid(format!("tokens[{i}].unix_user: {m}")))?;
             }
+            check_join_nodes(t.role, t.nodes.as_deref())
+                .map_err(|m| invalid(format!("tokens[{i}].nodes: {m}")))?;
             let hash = PasswordHash::new(&t.token_hash)
                 .map_err(|e| invalid(format!("tokens[{i}].token_hash: not an argon2 hash: {e}")))?;
             if !hash.algorithm.as_str().starts_with("argon2") {
@@ -182,6 +195,8 @@ pub fn read_tokens_file(path: &Path) -> Result<Vec<ConfigToken>, TokenConfigErro
                 role: t.role,
                 secret: Secret::Hash(t.token_hash),
                 unix_user: t.unix_user,
+                nodes: t.nodes,
+                expires_at: None,
             })
         })
         .collect()
@@ -198,9 +213,29 @@ pub fn admin_token(secret: &str) -> Result<ConfigToken, TokenConfigError> {
 }
 
 /// The bootstrap join token given in the clear (a Helm chart's generated Secret): it may only
-/// exchange itself for new nodes' agent credentials.
-pub fn join_token(secret: &str) -> Result<ConfigToken, TokenConfigError> {
-    clear_token(secret, "join", Role::Join, TokenConfigError::WeakJoinToken)
+/// exchange itself for the agent credentials of new nodes of `nodes`' names, which expire
+/// when it does (`expires_at`, ms since the epoch).
+pub fn join_token(
+    secret: &str,
+    nodes: Vec<String>,
+    expires_at: Option<i64>,
+) -> Result<ConfigToken, TokenConfigError> {
+    crate::joins::check_patterns(&nodes).map_err(TokenConfigError::JoinNodes)?;
+    Ok(ConfigToken {
+        nodes: Some(nodes),
+        expires_at,
+        ..clear_token(secret, "join", Role::Join, TokenConfigError::WeakJoinToken)?
+    })
+}
+
+/// A join token names the nodes it may make; no other token names any.
+pub fn check_join_nodes(role: Role, nodes: Option<&[String]>) -> Result<(), String> {
+    match (role, nodes) {
+        (Role::Join, Some(n)) => crate::joins::check_patterns(n),
+        (Role::Join, None) => crate::joins::check_patterns(&[]),
+        (_, Some(_)) => Err("only a join token names nodes".to_string()),
+        (_, None) => Ok(()),
+    }
 }
 
 /// A configured token given in the clear: `weak` when it is too short to be one.
@@ -220,6 +255,8 @@ fn clear_token(
         role,
         secret: Secret::Plain(secret.to_string()),
         unix_user: None,
+        nodes: None,
+        expires_at: None,
     })
 }
 
@@ -463,8 +500,25 @@ impl Authenticator {
             Remembered::Due(id) => return self.recheck(key, &id).await,
             Remembered::Unknown => {}
         }
-        if let Some(p) = self.match_plain(key) {
-            self.remember(key, &p, None, None);
+        if let Some(t) = self.match_plain(key) {
+            // A configured token that expires (the bootstrap join token) is checked each
+            // time: it is never remembered.
+            if let Some(at) = t.expires_at
+                && at <= crate::store::now_ms()
+            {
+                let when = chrono::DateTime::from_timestamp_millis(at)
+                    .map(|t| t.to_rfc3339())
+                    .unwrap_or_default();
+                return Err(AuthError::Expired(when));
+            }
+            let p = Principal {
+                name: t.name.clone(),
+                role: t.role,
+                token_id: None,
+            };
+            if t.expires_at.is_none() {
+                self.remember(key, &p, None, None);
+            }
             return Ok(p);
         }
         // Neither configured in the clear nor of the `hr_<id>_` form: no hash can match it.
@@ -534,6 +588,7 @@ impl Authenticator {
         let p = Principal {
             name: stored.view.name.clone(),
             role: stored.view.role,
+            token_id: Some(stored.view.id.clone()),
         };
         Ok((p, until))
     }
@@ -558,6 +613,7 @@ impl Authenticator {
             let p = Principal {
                 name: t.name.clone(),
                 role: t.role,
+                token_id: t.id.clone(),
             };
             self.remember(key, &p, None, None);
             return Ok(p);
@@ -582,17 +638,11 @@ impl Authenticator {
 
     /// The configured clear token (the bootstrap admin's, `up`'s agent's) this is, by digest:
     /// no hash. Tokens-file entries are found by id instead.
-    fn match_plain(&self, key: [u8; 32]) -> Option<Principal> {
-        self.config
-            .iter()
-            .find(|t| match &t.secret {
-                Secret::Plain(p) => <[u8; 32]>::from(Sha256::digest(p.as_bytes())) == key,
-                Secret::Hash(_) => false,
-            })
-            .map(|t| Principal {
-                name: t.name.clone(),
-                role: t.role,
-            })
+    fn match_plain(&self, key: [u8; 32]) -> Option<&ConfigToken> {
+        self.config.iter().find(|t| match &t.secret {
+            Secret::Plain(p) => <[u8; 32]>::from(Sha256::digest(p.as_bytes())) == key,
+            Secret::Hash(_) => false,
+        })
     }
 
     /// One argon2 verification, off the runtime, a few at a time. A guess that waited for
@@ -783,6 +833,7 @@ mod tests {
                     secret_hash,
                     created_by: "admin".into(),
                     expires_at: None,
+                    nodes: None,
                 })
                 .await?;
             made.push((id, token));
@@ -887,7 +938,7 @@ mod tests {
             "tokens[0].unix_user",
         )?;
         assert!(admin_token("short").is_err());
-        assert!(join_token("short").is_err());
+        assert!(join_token("short", vec!["gpu-*".into()], None).is_err());
         Ok(())
     }
 }

@@ -72,6 +72,14 @@ pub struct CoordinatorSettings {
     /// which may only exchange it for each new node's own credential.
     #[arg(long, env = "HEADROOM_BOOTSTRAP_JOIN_TOKEN_FILE")]
     pub bootstrap_join_token_file: Option<PathBuf>,
+    /// The nodes the bootstrap join token may make, required with it: names and patterns,
+    /// comma-separated (`gpu-*,dgx-a`; `*` any run of characters, `?` one).
+    #[arg(long, env = "HEADROOM_BOOTSTRAP_JOIN_NODES")]
+    pub bootstrap_join_nodes: Option<String>,
+    /// When the bootstrap join token stops working (RFC 3339, `2026-12-31T00:00:00Z`), and
+    /// with it the credentials it made; never when left out.
+    #[arg(long, env = "HEADROOM_BOOTSTRAP_JOIN_EXPIRES_AT")]
+    pub bootstrap_join_expires_at: Option<String>,
 }
 
 /// A secret given on the command line or in the environment: never shown by `Debug`.
@@ -131,7 +139,29 @@ impl CoordinatorSettings {
         }
         if let Some(path) = &self.bootstrap_join_token_file {
             let secret = secret::read_file(path, "--bootstrap-join-token-file")?;
-            tokens.push(auth::join_token(&secret)?);
+            let nodes = self
+                .bootstrap_join_nodes
+                .as_deref()
+                .map(crate::joins::parse_list)
+                .unwrap_or_default();
+            let expires_at = self
+                .bootstrap_join_expires_at
+                .as_deref()
+                .map(|t| {
+                    chrono::DateTime::parse_from_rfc3339(t.trim())
+                        .map(|d| d.timestamp_millis())
+                        .map_err(|e| {
+                            TokenConfigError::JoinExpiry(format!(
+                                "`{t}` is not an RFC 3339 time like 2026-12-31T00:00:00Z: {e}"
+                            ))
+                        })
+                })
+                .transpose()?;
+            tokens.push(auth::join_token(&secret, nodes, expires_at)?);
+        } else if self.bootstrap_join_nodes.is_some() || self.bootstrap_join_expires_at.is_some() {
+            return Err(TokenConfigError::JoinNodes(
+                "given without --bootstrap-join-token-file".to_string(),
+            ));
         }
         if let Some(path) = &self.tokens_file {
             tokens.extend(auth::read_tokens_file(path)?);

@@ -11,7 +11,8 @@
 //! - `store`: every durable change, one transaction per operation, written once over the
 //!   transaction interface both backends (SQLite, PostgreSQL) implement.
 //! - `rules` (job decisions), `placement` (which GPUs), `sharing` (attempts that shared a
-//!   GPU, and their energy shares), `attempt_keys` (the credential issued with a lease) and
+//!   GPU, and their energy shares), `attempt_keys` (the credential issued with a lease),
+//!   `joins` (which nodes a join token may make) and
 //!   `simulate` (placement over simulated GPUs and time): pure, no I/O; `changes`: the
 //!   counter long-polls wait on.
 #![forbid(unsafe_code)]
@@ -23,6 +24,7 @@ pub mod auth;
 pub mod changes;
 pub mod config;
 pub mod export;
+pub mod joins;
 pub mod logs;
 pub mod matrix;
 pub mod metrics;

@@ -1051,6 +1051,7 @@ mod tests {
         let p = |name: &str, role| Principal {
             name: name.into(),
             role,
+            token_id: None,
         };
         assert!(may_act_on(&p("alice", User), "alice"));
         assert!(!may_act_on(&p("alice", User), "bob"));

@@ -52,13 +52,19 @@ impl Server {
     }
 
     async fn create_token(&self, name: &str, role: &str) -> String {
+        self.create_token_with(json!({"name": name, "role": role}))
+            .await
+    }
+
+    /// A join token that may make the nodes `gpu-*`.
+    async fn create_join_token(&self, name: &str) -> String {
+        self.create_token_with(json!({"name": name, "role": "join", "nodes": ["gpu-*"]}))
+            .await
+    }
+
+    async fn create_token_with(&self, body: Value) -> String {
         let (status, v) = self
-            .call(
-                Method::Post,
-                routes::CREATE_TOKEN.path,
-                Some(ADMIN),
-                &json!({"name": name, "role": role}),
-            )
+            .call(Method::Post, routes::CREATE_TOKEN.path, Some(ADMIN), &body)
             .await;
         assert_eq!(status, 200, "{v}");
         v["token"].as_str().expect("token").to_string()
@@ -151,7 +157,7 @@ async fn every_route_admits_its_roles_and_refuses_the_rest() {
     let s = start(admin_config()).await;
     let user = s.create_token("alice", "user").await;
     let agent = s.create_token("node-1", "agent").await;
-    let join = s.create_token("lab-join", "join").await;
+    let join = s.create_join_token("lab-join").await;
     let roles = [
         (Role::Admin, ADMIN),
         (Role::User, &user),
@@ -391,6 +397,8 @@ async fn configured_hashed_tokens_work_and_open_coordinators_allow_everything_on
         role: Role::Agent,
         secret: Secret::Hash(auth::hash_secret(secret).expect("hash")),
         unix_user: None,
+        nodes: None,
+        expires_at: None,
     };
     let s = start(vec![hashed]).await;
     let (status, v) = s
@@ -956,7 +964,7 @@ async fn an_attempt_key_acts_for_its_own_attempt_only() {
 #[tokio::test]
 async fn a_join_token_gets_each_new_node_its_own_credential_once() {
     let s = start(admin_config()).await;
-    let join = s.create_token("lab-join", "join").await;
+    let join = s.create_join_token("lab-join").await;
     let path = routes::JOIN.path_with(&[]);
     let ask = |node: &str| json!({ "node": node });
     let gpus = json!([{"index": 0, "uuid": "GPU-0", "name": "t", "total_mib": 10_000}]);
@@ -1013,8 +1021,9 @@ async fn a_join_token_gets_each_new_node_its_own_credential_once() {
     );
     s.create_token("gpu-09", "agent").await;
     // Nor a name a user of another role bears.
+    s.create_token("gpu-alice", "user").await;
     let (status, v) = s
-        .call(Method::Post, &path, Some(&join), &ask("lab-join"))
+        .call(Method::Post, &path, Some(&join), &ask("gpu-alice"))
         .await;
     assert_eq!(status, 409, "{v}");
     let (status, v) = s
@@ -1033,4 +1042,121 @@ async fn a_join_token_gets_each_new_node_its_own_credential_once() {
         .call(Method::Post, &path, Some(&join), &ask("gpu-10"))
         .await;
     assert_eq!(status, 200, "{v}");
+}
+
+/// A node identity is the admin's decision and lives no longer than what made it: a join
+/// token names the nodes it may make (required; a name outside them is refused, 403, and
+/// nothing is made), and the credentials it makes expire when it does. A join token kept
+/// from before join tokens named nodes joins none; the bootstrap join token given in the
+/// clear is held to its nodes and expiry too.
+#[tokio::test]
+async fn a_join_token_makes_only_the_nodes_it_names_for_no_longer_than_it_lives() {
+    let s = start(admin_config()).await;
+    // Nodes are required, for join tokens only, and checked.
+    for (body, field) in [
+        (json!({"name": "j", "role": "join"}), "nodes"),
+        (json!({"name": "j", "role": "join", "nodes": []}), "nodes"),
+        (
+            json!({"name": "j", "role": "join", "nodes": ["gpu-[0-9]"]}),
+            "nodes",
+        ),
+        (
+            json!({"name": "u", "role": "user", "nodes": ["gpu-*"]}),
+            "nodes",
+        ),
+    ] {
+        let (status, v) = s
+            .call(Method::Post, routes::CREATE_TOKEN.path, Some(ADMIN), &body)
+            .await;
+        assert_eq!(status, 422, "{body}: {v}");
+        assert_eq!(v["error"]["field"], field, "{v}");
+    }
+    let join = s
+        .create_token_with(json!({"name": "burst-join", "role": "join",
+                                  "nodes": ["gpu-*", "dgx-a"], "expires_in": "3s"}))
+        .await;
+    let path = routes::JOIN.path_with(&[]);
+    // The reproduction: a name the admin never decided on mints nothing.
+    for node in ["rogue-1", "dgx-b", "xgpu-1"] {
+        let (status, v) = s
+            .call(Method::Post, &path, Some(&join), &json!({ "node": node }))
+            .await;
+        assert_eq!(status, 403, "{node}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("gpu-*, dgx-a") && msg.contains(node), "{msg}");
+    }
+    let (_, tokens) = s
+        .call(Method::Get, routes::TOKENS.path, Some(ADMIN), &json!({}))
+        .await;
+    assert!(!tokens.to_string().contains("rogue-1"), "{tokens}");
+    let listed = tokens
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["name"] == "burst-join"))
+        .cloned()
+        .expect("listed");
+    assert_eq!(listed["nodes"], json!(["gpu-*", "dgx-a"]), "{listed}");
+
+    let (status, made) = s
+        .call(Method::Post, &path, Some(&join), &json!({"node": "gpu-11"}))
+        .await;
+    assert_eq!(status, 200, "{made}");
+    assert_eq!(made["expires_at"], listed["expires_at"], "{made}");
+    let node = made["token"].as_str().expect("credential").to_string();
+    let gpus = json!([{"index": 0, "uuid": "GPU-0", "name": "t", "total_mib": 10_000}]);
+    let register = json!({"node": "gpu-11", "gpus": gpus, "version": "t"});
+    let (status, v) = s
+        .call(Method::Post, routes::REGISTER.path, Some(&node), &register)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    // The join token expires: so does what it made.
+    tokio::time::sleep(std::time::Duration::from_millis(3200)).await;
+    let (status, v) = s
+        .call(Method::Post, routes::REGISTER.path, Some(&node), &register)
+        .await;
+    assert_eq!(status, 401, "{v}");
+    assert!(v.to_string().contains("expired"), "{v}");
+
+    // The bootstrap join token given in the clear: held to its nodes and its expiry.
+    let secret = "bootstrap-join-secret-0123456789";
+    let past = chrono::Utc::now().timestamp_millis() - 1000;
+    let open = start(vec![
+        auth::admin_token(ADMIN).expect("admin"),
+        auth::join_token(secret, vec!["node-?".into()], None).expect("join"),
+    ])
+    .await;
+    let (status, v) = open
+        .call(
+            Method::Post,
+            &path,
+            Some(secret),
+            &json!({"node": "node-12"}),
+        )
+        .await;
+    assert_eq!(status, 403, "{v}");
+    let (status, v) = open
+        .call(
+            Method::Post,
+            &path,
+            Some(secret),
+            &json!({"node": "node-1"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["expires_at"].is_null(), "{v}");
+    let expired = start(vec![
+        auth::admin_token(ADMIN).expect("admin"),
+        auth::join_token(secret, vec!["node-?".into()], Some(past)).expect("join"),
+    ])
+    .await;
+    let (status, v) = expired
+        .call(
+            Method::Post,
+            &path,
+            Some(secret),
+            &json!({"node": "node-2"}),
+        )
+        .await;
+    assert_eq!(status, 401, "{v}");
+    assert!(v.to_string().contains("expired"), "{v}");
+    assert!(auth::join_token(secret, vec![], None).is_err(), "no nodes");
 }

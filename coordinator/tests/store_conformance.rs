@@ -785,6 +785,7 @@ async fn users_have_one_role_and_their_unix_user_reaches_their_leases(s: Backend
         secret_hash: "$argon2id$x".into(),
         created_by: "admin".into(),
         expires_at: None,
+        nodes: None,
     };
     let named_admin = s.create_token(token("admin", Role::User)).await;
     assert!(
@@ -2190,6 +2191,7 @@ async fn a_node_joins_once_whoever_asks_at_the_same_time(s: Backend) {
         secret_hash: format!("$argon2id$hash-of-{id}"),
         created_by: "lab-join".into(),
         expires_at: None,
+        nodes: None,
     };
     let (a, b) = tokio::join!(
         s.join_node(new("j1", "gpu-1")),
@@ -2228,6 +2230,7 @@ async fn tokens_are_created_found_listed_and_revoked(s: Backend) {
         secret_hash: format!("$argon2id$hash-of-{id}"),
         created_by: "admin".into(),
         expires_at: (id == "n1").then_some(4_102_444_800_000),
+        nodes: (role == Role::Join).then(|| vec!["gpu-*".to_string(), "dgx-a".to_string()]),
     };
     let alice = s
         .create_token(new("a1", "alice", Role::User))
@@ -2251,6 +2254,16 @@ async fn tokens_are_created_found_listed_and_revoked(s: Backend) {
     assert_eq!(found.secret_hash, "$argon2id$hash-of-a1");
     assert_eq!(found.view.name, "alice", "the duplicate changed nothing");
     assert!(found.view.expires_at.is_none());
+    // A join token keeps the nodes it may make; others name none.
+    s.create_token(new("j1", "lab-join", Role::Join))
+        .await
+        .expect("create join");
+    let join = s.token_by_id("j1").await.expect("by id").view;
+    assert_eq!(
+        join.nodes.as_deref(),
+        Some(&["gpu-*".to_string(), "dgx-a".to_string()][..])
+    );
+    assert!(found.view.nodes.is_none());
     let agent = s.token_by_id("n1").await.expect("by id").view;
     assert_eq!(
         agent.expires_at.map(|t| t.timestamp_millis()),
@@ -2263,7 +2276,7 @@ async fn tokens_are_created_found_listed_and_revoked(s: Backend) {
     let listed = s.list_tokens().await.expect("list");
     let mut ids: Vec<&str> = listed.iter().map(|t| t.id.as_str()).collect();
     ids.sort_unstable();
-    assert_eq!(ids, ["a1", "n1"]);
+    assert_eq!(ids, ["a1", "j1", "n1"]);
     let revoked = s.revoke_token("a1").await.expect("revoke");
     let at = revoked.revoked_at.expect("revoked time");
     let again = s.revoke_token("a1").await.expect("revoke again");

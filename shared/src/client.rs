@@ -15,8 +15,8 @@ use crate::api::{
     FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest, HeartbeatResponse,
     JobDetail, JobSummary, JobsQuery, LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery,
     LogQuery, NodeView, Progress, ProgressQuery, RegisterRequest, RegisterResponse, Released,
-    RetryResponse, Role, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
-    TelemetryQuery, TokenView,
+    RetryResponse, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse, TelemetryQuery,
+    TokenView,
 };
 use crate::ids::{AgentId, AttemptId, ExperimentId, JobId};
 use crate::routes::{self, Method, Route};
@@ -483,20 +483,13 @@ impl Client {
 
     // ---- tokens (admins) ---------------------------------------------------------------
 
-    /// Creates a token, expiring after `expires_in` (`90d`) when given; the answer carries
-    /// its secret, which is shown this once.
+    /// Creates a token (expiring after `expires_in` when given, a join token naming its
+    /// nodes); the answer carries its secret, which is shown this once.
     pub async fn create_token(
         &self,
-        name: &str,
-        role: Role,
-        expires_in: Option<&str>,
+        req: &CreateTokenRequest,
     ) -> Result<CreatedToken, ClientError> {
-        let req = CreateTokenRequest {
-            name: name.to_string(),
-            role,
-            expires_in: expires_in.map(str::to_string),
-        };
-        self.call(routes::CREATE_TOKEN, &[], Some(&req), DEFAULT_TIMEOUT)
+        self.call(routes::CREATE_TOKEN, &[], Some(req), DEFAULT_TIMEOUT)
             .await
     }
 

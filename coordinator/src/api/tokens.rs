@@ -26,6 +26,8 @@ pub async fn create(
         ));
     }
     auth::check_name(&req.name).map_err(|m| ApiError::invalid("name", m))?;
+    auth::check_join_nodes(req.role, req.nodes.as_deref())
+        .map_err(|m| ApiError::invalid("nodes", m))?;
     let expires_at = match req.expires_in.as_deref() {
         None => None,
         Some(text) => {
@@ -52,9 +54,10 @@ pub async fn create(
             secret_hash,
             created_by: who.name,
             expires_at,
+            nodes: req.nodes,
         })
         .await?;
-    tracing::info!(id = %view.id, name = %view.name, role = %view.role, by = %view.created_by, "token created");
+    tracing::info!(id = %view.id, name = %view.name, role = %view.role, by = %view.created_by, nodes = ?view.nodes, "token created");
     Ok(ApiJson(CreatedToken { token, view }))
 }
 
@@ -63,10 +66,50 @@ static JOIN_HASHES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2
 /// How long a join waits for one of them.
 const JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// What a join token may make: its nodes, and when the credentials it makes expire (with it).
+struct Grant {
+    nodes: Vec<String>,
+    expires_at: Option<i64>,
+}
+
+/// The grant of the join token `who` presented: from the store, or from the configuration
+/// (the bootstrap join token, a tokens file's entry). A join token that names no nodes (one
+/// kept from before they were named) grants nothing.
+async fn grant_of(s: &AppState, who: &Principal) -> Result<Grant, ApiError> {
+    let configured = s.config.tokens.iter().find(|t| {
+        t.role == Role::Join
+            && match &who.token_id {
+                Some(id) => t.id.as_deref() == Some(id.as_str()),
+                None => t.id.is_none() && t.name == who.name,
+            }
+    });
+    let (nodes, expires_at) = match (configured, &who.token_id) {
+        (Some(t), _) => (t.nodes.clone(), t.expires_at),
+        (None, Some(id)) => {
+            let view = s.store.token_by_id(id).await?.view;
+            (view.nodes, view.expires_at.map(|t| t.timestamp_millis()))
+        }
+        (None, None) => (None, None),
+    };
+    let nodes = nodes.filter(|n| !n.is_empty()).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "join token `{}` names no nodes it may make (made before join tokens named \
+                 them): an admin makes a new one with `headroom token create --role join \
+                 --nodes 'gpu-*'`",
+                who.name
+            ),
+        )
+    })?;
+    Ok(Grant { nodes, expires_at })
+}
+
 /// A join token's exchange: the agent credential of a node that has none, made now and
-/// shown this once (the agent keeps it in its data directory). A node that is registered or
-/// has ever had an agent token of its name is refused: a join token makes first
-/// credentials, it never replaces one.
+/// shown this once (the agent keeps it in its data directory). Only a node the join token
+/// names (the admin's decision), and the credential expires when the join token does. A
+/// node that is registered or has ever had an agent token of its name is refused: a join
+/// token makes first credentials, it never replaces one.
 pub async fn join(
     State(s): State<AppState>,
     Extension(who): Extension<Principal>,
@@ -79,6 +122,20 @@ pub async fn join(
         ));
     }
     auth::check_name(&req.node).map_err(|m| ApiError::invalid("node", m))?;
+    let grant = grant_of(&s, &who).await?;
+    if !crate::joins::allows(&grant.nodes, &req.node) {
+        tracing::warn!(join = %who.name, node = %req.node, "a join for a node its token does not name: refused");
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "join token `{}` may make nodes {} only: `{}` is not one of them (an admin \
+                 decides which nodes join)",
+                who.name,
+                grant.nodes.join(", "),
+                req.node
+            ),
+        ));
+    }
     // Refused before anything is hashed (argon2 costs ~19 MiB a time), and hashes made two
     // at a time: a flood of joins must not cost the coordinator its memory.
     s.store.joinable(&req.node).await?;
@@ -95,7 +152,9 @@ pub async fn join(
             role: Role::Agent,
             secret_hash,
             created_by: who.name,
-            expires_at: None,
+            // What a join made lives no longer than what made it.
+            expires_at: grant.expires_at,
+            nodes: None,
         })
         .await?;
     tracing::info!(id = %view.id, node = %view.name, by = %view.created_by, "node joined: its agent credential made");

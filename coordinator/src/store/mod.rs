@@ -201,6 +201,8 @@ pub struct NewToken {
     pub secret_hash: String,
     pub created_by: String,
     pub expires_at: Option<Millis>,
+    /// A join token's nodes (names and patterns); `None` for other tokens.
+    pub nodes: Option<Vec<String>>,
 }
 
 /// A kept token with the hash its secret is checked against.

@@ -269,7 +269,7 @@ fn from_mdeg(m: i64) -> f64 {
 
 /// The columns `token_row` reads, in order.
 pub(crate) const TOKEN_COLUMNS: &str =
-    "id, name, role, created_by, created_at, revoked_at, secret_hash, expires_at";
+    "id, name, role, created_by, created_at, revoked_at, secret_hash, expires_at, nodes";
 
 pub(crate) fn token_row(r: &impl Cols) -> Result<super::StoredToken> {
     Ok(super::StoredToken {
@@ -281,6 +281,7 @@ pub(crate) fn token_row(r: &impl Cols) -> Result<super::StoredToken> {
             created_at: r.time(4)?,
             revoked_at: r.int_opt(5)?.map(ts),
             expires_at: r.int_opt(7)?.map(ts),
+            nodes: r.json_opt(8)?,
         },
         secret_hash: r.text(6)?,
     })

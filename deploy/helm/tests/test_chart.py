@@ -42,8 +42,13 @@ def helm() -> str:
     return path
 
 
+# The one value the chart requires: which nodes may join (the admin's decision).
+JOIN_NODES = ["--set-json", 'tokens.joinNodes=["gpu-*"]']
+
+
 def values_args(name: str) -> list[str]:
-    return [] if name == "default" else ["-f", str(HERE / "values" / f"{name}.yaml")]
+    given = [] if name == "default" else ["-f", str(HERE / "values" / f"{name}.yaml")]
+    return [*JOIN_NODES, *given]
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
@@ -143,6 +148,9 @@ REFUSED = [
     ({"database": {"existingSecret": ""}}, "/database/existingSecret"),
     ({"tokens": {"existingSecret": "Not_A_Name"}}, "/tokens/existingSecret"),
     ({"agent": {"updateStrategy": {"type": "Recreate"}}}, "/agent/updateStrategy/type"),
+    ({"tokens": {"joinNodes": []}}, "/tokens/joinNodes"),
+    ({"tokens": {"joinNodes": ["gpu-[0-9]"]}}, "/tokens/joinNodes/0"),
+    ({"tokens": {"joinNodes": ["gpu-*"], "joinExpiresAt": "next week"}}, "/tokens/joinExpiresAt"),
 ]
 
 
@@ -151,7 +159,9 @@ def test_bad_values_are_refused_naming_the_field(
     values: dict[str, Any], field: str, tmp_path: Path
 ) -> None:
     f = tmp_path / "bad.yaml"
-    f.write_text(yaml.safe_dump(values))
+    # Over the one required value, so that only the bad one is refused.
+    tokens = {"joinNodes": ["gpu-*"], **values.get("tokens", {})}
+    f.write_text(yaml.safe_dump({**values, "tokens": tokens}))
     for command in (["lint", "--strict", str(CHART)], ["template", "r", str(CHART)]):
         out = run_helm(*command, "-f", str(f))
         assert out.returncode != 0, f"{command[0]} took {values}"
@@ -206,6 +216,19 @@ def test_no_secret_reaches_an_environment_variable_and_agents_get_the_join_token
         ]
         coord_vols = find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
         assert any(v.get("secret", {}).get("secretName") == name for v in coord_vols)
+
+
+def test_the_join_token_makes_only_the_nodes_the_admin_names_until_it_expires() -> None:
+    # Without joinNodes the chart is refused: a join token that mints any node is no default.
+    out = run_helm("template", "r", str(CHART))
+    assert out.returncode != 0
+    assert "joinNodes" in out.stdout + out.stderr
+    docs = render("default", "--set-json", 'tokens.joinNodes=["gpu-*","dgx-a"]',
+                  "--set", "tokens.joinExpiresAt=2027-01-31T00:00:00Z")
+    env = env_of(container(find(docs, "Deployment")))
+    assert env["HEADROOM_BOOTSTRAP_JOIN_NODES"] == "gpu-*,dgx-a"
+    assert env["HEADROOM_BOOTSTRAP_JOIN_EXPIRES_AT"] == "2027-01-31T00:00:00Z"
+    assert "HEADROOM_BOOTSTRAP_JOIN_EXPIRES_AT" not in env_of(container(find(render(), "Deployment")))
 
 
 def test_generated_tokens_are_long_random_and_distinct() -> None:

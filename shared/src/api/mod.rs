@@ -991,6 +991,10 @@ pub struct WhoAmI {
 pub struct Principal {
     pub name: String,
     pub role: Role,
+    /// The id of the token it presented (`hr_<id>_...`); `None` for a token configured in
+    /// the clear. What a join token may make is found by it.
+    #[serde(skip)]
+    pub token_id: Option<String>,
 }
 
 impl Principal {
@@ -999,6 +1003,7 @@ impl Principal {
         Self {
             name: ANONYMOUS.to_string(),
             role: Role::Admin,
+            token_id: None,
         }
     }
 }
@@ -1010,9 +1015,14 @@ pub struct CreateTokenRequest {
     /// Who holds it (`alice`, `gpu-node-3`): letters, digits, `_ - . @`.
     pub name: String,
     pub role: Role,
-    /// How long it works (`90d`, `12h`); never expires when left out.
+    /// How long it works (`90d`, `12h`); never expires when left out. The credentials a join
+    /// token makes expire with it.
     #[serde(default)]
     pub expires_in: Option<String>,
+    /// Role `join` only, and required there: the nodes it may make, as names or patterns
+    /// (`gpu-*`: `*` any run of characters, `?` one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<String>>,
 }
 
 /// A token the coordinator keeps (its secret is stored hashed and never shown again).
@@ -1029,6 +1039,9 @@ pub struct TokenView {
     /// After this the token is refused (401); `None`: never.
     #[serde(default)]
     pub expires_at: Option<DateTime<Utc>>,
+    /// A join token's nodes: the names (`*` any run, `?` one character) it may make.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<String>>,
 }
 
 /// A user: every token of this name is theirs; their role is the tokens' role; with

@@ -605,7 +605,9 @@ fn agents_sharing_a_join_token_each_get_their_nodes_own_credential() {
     let join = cli(
         &url,
         ADMIN,
-        &["token", "create", "--name", "lab-join", "--role", "join"],
+        &[
+            "token", "create", "--name", "lab-join", "--role", "join", "--nodes", "gpu-*",
+        ],
     )
     .trim()
     .to_string();

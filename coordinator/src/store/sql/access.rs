@@ -15,7 +15,8 @@ impl<E: Exec> AccessTx for E {
         let n = self
             .execute(
                 "INSERT INTO tokens (id, name, role, secret_hash, created_by, created_at, \
-                 expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+                 expires_at, nodes) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (id) DO NOTHING",
                 args![
                     &t.id,
                     &t.name,
@@ -23,7 +24,11 @@ impl<E: Exec> AccessTx for E {
                     &t.secret_hash,
                     &t.created_by,
                     now,
-                    t.expires_at
+                    t.expires_at,
+                    match &t.nodes {
+                        Some(n) => super::super::exec::json(n)?,
+                        None => Arg::Null,
+                    }
                 ],
             )
             .await?;
