@@ -127,6 +127,25 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         config.tokens.push(admin);
         local_admin = Some(secret);
     }
+    // Not root: every job runs as this account, which holds the admin token and the store.
+    // One user, then: its admin (a second user's jobs could read both).
+    if !headroom_agent::runas::is_root() && !args.no_auth {
+        let others: Vec<&str> = config
+            .tokens
+            .iter()
+            .filter(|t| matches!(t.role, Role::User | Role::Admin) && t.name != "admin")
+            .map(|t| t.name.as_str())
+            .collect();
+        if !others.is_empty() {
+            eprintln!(
+                "warning: this `headroom up` is not root, so every job runs as this account, \
+                 which holds its admin token: the configured users {} could read it through \
+                 their jobs. Run `sudo headroom up` to serve several users.",
+                others.join(", ")
+            );
+        }
+        config.single_user = Some("admin".to_string());
+    }
     // With tokens on, the local agent needs one of role agent: unless one was given, it gets
     // a fresh secret that lives as long as this process.
     let mut agent_token = args.agent.token()?;

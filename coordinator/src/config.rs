@@ -202,6 +202,11 @@ pub struct CoordinatorConfig {
     pub shared_visibility: bool,
     /// What one client may hold of the server (header and body deadlines, connections).
     pub http: crate::serve::Limits,
+    /// Where every job runs as one account (a `headroom up` not run as root): the user
+    /// that account is. Tokens are then made for this user, agents and joins only: another
+    /// user's jobs would run as this account and could read its files, its admin token
+    /// among them.
+    pub single_user: Option<String>,
 }
 
 impl CoordinatorConfig {
@@ -222,6 +227,7 @@ impl CoordinatorConfig {
             tokens: Vec::new(),
             shared_visibility: false,
             http: crate::serve::Limits::default(),
+            single_user: None,
         }
     }
 }

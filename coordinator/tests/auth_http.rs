@@ -1160,3 +1160,47 @@ async fn a_join_token_makes_only_the_nodes_it_names_for_no_longer_than_it_lives(
     assert!(v.to_string().contains("expired"), "{v}");
     assert!(auth::join_token(secret, vec![], None).is_err(), "no nodes");
 }
+
+/// A coordinator whose jobs all run as one account (a `headroom up` not run as root) serves
+/// one user: tokens for another user or admin, and user mappings, are refused (409, saying
+/// why); the admin's own tokens, agents' and join tokens are made as ever.
+#[tokio::test]
+async fn a_single_account_coordinator_serves_one_user() {
+    let s = Server::start(|config| CoordinatorConfig {
+        tokens: admin_config(),
+        single_user: Some("admin".into()),
+        ..config
+    })
+    .await;
+    for (body, who) in [
+        (json!({"name": "alice", "role": "user"}), "alice"),
+        (json!({"name": "bob", "role": "admin"}), "bob"),
+    ] {
+        let (status, v) = s
+            .call(Method::Post, routes::CREATE_TOKEN.path, Some(ADMIN), &body)
+            .await;
+        assert_eq!(status, 409, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains(who) && msg.contains("sudo headroom up"),
+            "{msg}"
+        );
+    }
+    for (name, body) in [
+        ("alice", json!({"role": "user"})),
+        ("admin", json!({"role": "admin", "unix_user": "nobody"})),
+    ] {
+        let (status, v) = s
+            .call(
+                Method::Put,
+                &routes::PUT_USER.path_with(&[&name]),
+                Some(ADMIN),
+                &body,
+            )
+            .await;
+        assert_eq!(status, 409, "{name}: {v}");
+    }
+    s.create_token("admin", "admin").await;
+    s.create_token("node-1", "agent").await;
+    s.create_join_token("lab-join").await;
+}

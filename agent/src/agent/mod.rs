@@ -216,7 +216,10 @@ impl Agent {
         crate::jobenv::check_extra(&cfg.pass_env)?;
         match crate::runas::check_default(&cfg.run_as_default).map_err(AgentError::RunAs)? {
             Some(me) => tracing::warn!(
-                "not running as root: every job runs as this agent's user ({me}), whoever submitted it"
+                "not running as root: every job runs as this agent's user ({me}), whoever \
+                 submitted it, and can read what that user can (this agent's token and data \
+                 directory among it): serve one user's jobs with it, or run the agent as root \
+                 so that each job runs as its submitter's Unix user"
             ),
             None => tracing::info!(
                 default = %cfg.run_as_default,

@@ -28,6 +28,12 @@ pub async fn create(
     auth::check_name(&req.name).map_err(|m| ApiError::invalid("name", m))?;
     auth::check_join_nodes(req.role, req.nodes.as_deref())
         .map_err(|m| ApiError::invalid("nodes", m))?;
+    if let Some(owner) = &s.config.single_user
+        && matches!(req.role, Role::User | Role::Admin)
+        && req.name != *owner
+    {
+        return Err(single_user_refusal(owner, &req.name));
+    }
     let expires_at = match req.expires_in.as_deref() {
         None => None,
         Some(text) => {
@@ -161,6 +167,20 @@ pub async fn join(
     Ok(ApiJson(CreatedToken { token, view }))
 }
 
+/// Why a coordinator whose jobs all run as one account serves no second user.
+fn single_user_refusal(owner: &str, name: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::Conflict,
+        format!(
+            "this coordinator's jobs all run as one account (a `headroom up` not run as root), \
+             whose user is `{owner}`: `{name}`'s jobs would run as that account too and could \
+             read its files, its admin token among them. To serve several users, run \
+             `sudo headroom up` (each user's jobs then run as their own Unix user) or a \
+             coordinator with root agents"
+        ),
+    )
+}
+
 /// A new token: its id, its secret (answered once) and the argon2 hash the store keeps,
 /// made off the runtime.
 async fn new_hashed_token() -> Result<(String, String, String), ApiError> {
@@ -217,6 +237,11 @@ pub async fn put_user(
         ));
     }
     auth::check_name(&name).map_err(|m| ApiError::invalid("name", m))?;
+    if let Some(owner) = &s.config.single_user
+        && (name != *owner || req.unix_user.is_some())
+    {
+        return Err(single_user_refusal(owner, &name));
+    }
     if let Some(u) = &req.unix_user {
         auth::check_unix_user(u, req.allow_root).map_err(|m| ApiError::invalid("unix_user", m))?;
     }

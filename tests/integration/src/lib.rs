@@ -128,6 +128,8 @@ pub struct UpOptions {
     /// A file `up` inherits open on descriptor 3 (not close-on-exec), as a service manager
     /// or a careless wrapper leaves one.
     pub fd3: Option<PathBuf>,
+    /// The account `up` runs as (uid, gid), where the test may choose (root).
+    pub account: Option<(u32, u32)>,
 }
 
 impl Default for UpOptions {
@@ -141,6 +143,7 @@ impl Default for UpOptions {
             extra: vec![],
             env: vec![],
             fd3: None,
+            account: None,
         }
     }
 }
@@ -184,6 +187,12 @@ impl UpOptions {
     /// `up` inherits `file` open on descriptor 3.
     pub fn fd3(mut self, file: &Path) -> Self {
         self.fd3 = Some(file.to_path_buf());
+        self
+    }
+
+    /// `up` runs as this account rather than the test's.
+    pub fn account(mut self, user: &nix::unistd::User) -> Self {
+        self.account = Some((user.uid.as_raw(), user.gid.as_raw()));
         self
     }
 }
@@ -253,6 +262,11 @@ impl Headroom {
         // not the home of whoever runs the suite (a test that kills `up` leaves it there).
         cmd.env("HOME", self.dir.path().join("home"));
         cmd.envs(self.opts.env.iter().map(|(k, v)| (k, v)));
+        if let Some((uid, gid)) = self.opts.account {
+            use std::os::unix::process::CommandExt;
+            // std drops root's supplementary groups with the change of user.
+            cmd.uid(uid).gid(gid);
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -655,3 +655,36 @@ fn agents_sharing_a_join_token_each_get_their_nodes_own_credential() {
         "{tokens}"
     );
 }
+
+/// A `headroom up` not run as root runs every job as its own account, which holds its admin
+/// token: it serves that one user. A second user's token (or a user mapping) is refused,
+/// saying why and what to run instead, and the admin's own jobs run as that account.
+#[test]
+fn a_non_root_up_serves_one_user() {
+    let Some(other) = headroom_integration_tests::other_user() else {
+        return;
+    };
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").account(&other));
+    h.wait_agent();
+    let out = h.cli(&["token", "create", "--name", "alice", "--role", "user"]);
+    assert!(!out.status.success(), "a second user was given a token");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sudo headroom up"), "{err}");
+    let out = h.cli(&["user", "create", "alice", "--unix-user", "nobody"]);
+    assert!(!out.status.success(), "a user was mapped");
+    let spec = h.path("whoami.yaml");
+    std::fs::write(
+        &spec,
+        "name: whoami\ncommand: [\"id\", \"-u\"]\nresources: {gpus: 1, memory: 1GiB}\n",
+    )
+    .expect("spec");
+    h.cli_ok(&["submit", &spec.display().to_string(), "--wait"]);
+    let jobs: Vec<JobSummary> =
+        serde_json::from_str(&h.cli_ok(&["ls", "--output", "json"])).expect("json");
+    let log = h.cli_ok(&["logs", &jobs[0].id.to_string()]);
+    assert!(
+        log.lines()
+            .any(|l| l.trim() == other.uid.as_raw().to_string()),
+        "{log}"
+    );
+}
