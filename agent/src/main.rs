@@ -60,9 +60,7 @@ async fn run() -> anyhow::Result<()> {
     let args: Args = headroom_shared::settings::parse()?;
     // What it writes (logs, journal, keys) is for it alone; jobs get their own umask.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating data dir {}", args.data_dir.display()))?;
-    let data_dir = args.data_dir.canonicalize()?;
+    let data_dir = headroom_shared::datadir::adopt(&args.data_dir)?;
     let backend =
         gpu::open(&args.settings.backend_choice(&data_dir)).context("opening the GPU backend")?;
     eprintln!("headroom-agent: {}", backend.describe());

@@ -32,7 +32,7 @@ pub struct DoctorArgs {
 }
 
 pub async fn run(args: DoctorArgs) -> Result<i32> {
-    let dir = args.data_dir.join("fake-gpus");
+    let dir = headroom_shared::datadir::adopt(&args.data_dir)?.join("fake-gpus");
     let choice = match args.gpu_backend {
         GpuBackendKind::Nvml => BackendChoice::Nvml,
         GpuBackendKind::Fake => BackendChoice::Fake {

@@ -68,12 +68,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     headroom_coordinator::app::check_exposure(&args.coordinator.config(PathBuf::new())?)?;
     // The store, logs and keys are for this account alone; jobs get their own umask.
     headroom_coordinator::app::private_umask();
-    let given_dir = &args.coordinator.data_dir;
-    std::fs::create_dir_all(given_dir)
-        .with_context(|| format!("creating data dir {}", given_dir.display()))?;
-    let data_dir = given_dir
-        .canonicalize()
-        .with_context(|| format!("data dir {}", given_dir.display()))?;
+    let data_dir = headroom_shared::datadir::adopt(&args.coordinator.data_dir)?;
     // One `headroom up` per data directory: a second one would register the same node and
     // declare the first one's running jobs lost.
     let _lock = lock_data_dir(&data_dir)?;
@@ -276,7 +271,7 @@ fn sudo_user() -> Option<String> {
 fn local_admin_token(dir: &std::path::Path) -> Result<String> {
     use std::os::unix::fs::PermissionsExt;
     let path = dir.join("admin-token");
-    if path.exists() {
+    if headroom_shared::datadir::not_a_link(&path)? {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("{}", path.display()))?;
         return Ok(headroom_shared::secret::read_file(&path, "admin token")?);

@@ -183,6 +183,10 @@ pub fn private_umask() {
 /// they are made with the process's umask (077) but may come from an older version.
 pub fn private_dir(dir: &std::path::Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
+    let no_link = |p: &std::path::Path| {
+        headroom_shared::datadir::not_a_link(p).map_err(std::io::Error::other)
+    };
+    no_link(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))?;
     for (name, mode) in [
         ("logs", 0o700),
@@ -191,7 +195,8 @@ pub fn private_dir(dir: &std::path::Path, mode: u32) -> std::io::Result<()> {
         ("headroom.db-shm", 0o600),
     ] {
         let path = dir.join(name);
-        if path.exists() {
+        // A link planted there would turn the chmod on its target.
+        if no_link(&path)? {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
         }
     }

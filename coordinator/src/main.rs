@@ -74,13 +74,11 @@ async fn main() -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     headroom_shared::signals::cancel_on_stop_signal(stop.clone())?;
     let args: Args = headroom_shared::settings::parse()?;
-    let data_dir = &args.settings.data_dir;
-    let config = args.settings.config(data_dir.clone())?;
-    headroom_coordinator::app::check_exposure(&config)?;
+    headroom_coordinator::app::check_exposure(&args.settings.config(PathBuf::new())?)?;
     // The store (env values, token hashes) and logs are for it alone.
     headroom_coordinator::app::private_umask();
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    let data_dir = &headroom_shared::datadir::adopt(&args.settings.data_dir)?;
+    let config = args.settings.config(data_dir.clone())?;
     headroom_coordinator::app::private_dir(data_dir, 0o700).with_context(|| {
         format!(
             "making the data dir {} private (mode 0700): this user must own it",

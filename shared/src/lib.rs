@@ -5,7 +5,8 @@
 //! From the bottom up (each imports only those above it in this list):
 //! - `ids`, `size`, `state` (job states, events, failure classes), `plan`, `pending`,
 //!   `profile`, `field` (a refused spec field), `template` (command placeholders).
-//! - `secret` (secrets from files, systemd credentials or values).
+//! - `secret` (secrets from files, systemd credentials or values), `datadir` (state
+//!   directories taken only when this user's and private).
 //! - `prestart`, `colocate`, `spec` (what a user submits, validated), `expand` (the matrix
 //!   of jobs a spec makes).
 //! - `api` (the REST API's types; `api::agent`: the agent protocol), `routes` (every route
@@ -18,6 +19,7 @@ pub mod api;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod colocate;
+pub mod datadir;
 pub mod expand;
 pub mod field;
 pub mod ids;

@@ -137,10 +137,13 @@ pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
         .and_then(|n| n.to_str())
         .unwrap_or("secret");
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    // A new file of its own: never an existing one, nor through a link planted in its name
+    // (one left by a crash of this same pid is removed first; removing follows no link).
+    let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
         .mode(0o600)
         .open(&tmp)?;
     f.write_all(contents.as_bytes())?;

@@ -531,7 +531,9 @@ impl FakeBackend {
             dir: dir.to_path_buf(),
             source,
         };
-        fs::create_dir_all(dir).map_err(dir_err)?;
+        // Never through a link, nor another user's: it is made world-writable below.
+        headroom_shared::datadir::own_subdir(dir, true)
+            .map_err(|e| dir_err(std::io::Error::other(e)))?;
         // Jobs of any user write their memory there, as they would allocate on a real GPU
         // (sticky: none removes another's file).
         {

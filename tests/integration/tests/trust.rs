@@ -688,3 +688,59 @@ fn a_non_root_up_serves_one_user() {
         "{log}"
     );
 }
+
+/// A root `up`, agent or doctor takes no data directory of another user, and follows no link
+/// planted in its own: the reproduction (a `fake-gpus` link to a root directory, which the
+/// chmod meant for the fake GPUs' folder made world-writable) leaves the target as it was.
+#[test]
+fn a_root_process_takes_no_other_users_data_directory_nor_its_links() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("not root: a directory of another user cannot be made here");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // `headroom up` or `headroom doctor` on `data`: whether it refused, and what it said.
+    let start = |data: &Path, command: &str| -> (bool, String) {
+        let data = data.display().to_string();
+        let mut args = vec![command, "--data-dir", &data, "--gpu-backend", "fake"];
+        args.extend(["--fake-gpus", "1x8GiB"]);
+        if command == "up" {
+            args.extend(["--listen", "127.0.0.1:0"]);
+        }
+        let log = tmp.path().join(format!("{command}.log"));
+        let mut p = headroom_integration_tests::Proc::start_program(
+            &binary("headroom"),
+            &args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            &[("HOME", &tmp.path().display().to_string())],
+            log.clone(),
+        )
+        .expect("start");
+        let exited = p.wait_exit(Duration::from_secs(20)).expect("wait");
+        (
+            exited.is_some_and(|s| !s.success()),
+            std::fs::read_to_string(&log).unwrap_or_default(),
+        )
+    };
+    // Another user's directory.
+    let theirs = tmp.path().join("theirs");
+    std::fs::create_dir(&theirs).expect("dir");
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown");
+    for command in ["up", "doctor"] {
+        let (refused, log) = start(&theirs, command);
+        assert!(refused, "{command} took another user's directory:\n{log}");
+        assert!(log.contains("belongs to uid 65534"), "{command}: {log}");
+    }
+    // Root's own, with a link planted where the fake GPUs' folder goes.
+    let target = tmp.path().join("root-only");
+    std::fs::create_dir(&target).expect("target");
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let ours = tmp.path().join("ours");
+    std::fs::create_dir(&ours).expect("dir");
+    std::os::unix::fs::symlink(&target, ours.join("fake-gpus")).expect("link");
+    let (refused, log) = start(&ours, "up");
+    assert!(refused, "up followed the link:\n{log}");
+    assert!(log.contains("symbolic link"), "{log}");
+    let mode = std::fs::metadata(&target).expect("meta").mode() & 0o7777;
+    assert_eq!(mode, 0o700, "the link's target was changed");
+}
