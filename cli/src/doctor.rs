@@ -50,7 +50,7 @@ pub async fn run(args: DoctorArgs) -> Result<i32> {
     };
     let report = tokio::task::spawn_blocking(move || doctor::run(&choice, &opts)).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print(&report);
     }
@@ -58,14 +58,14 @@ pub async fn run(args: DoctorArgs) -> Result<i32> {
 }
 
 fn print(report: &Report) {
-    println!("headroom doctor: {}", report.backend);
+    outln!("headroom doctor: {}", report.backend);
     for c in &report.checks {
         let status = match c.status {
             Status::Fail => "FAIL",
             other => other.as_str(),
         };
-        println!("  {status:<11}  {:<16}  {}", c.name, c.detail);
-        println!("  {:<11}  {:<16}  -> {}", "", "", c.meaning);
+        outln!("  {status:<11}  {:<16}  {}", c.name, c.detail);
+        outln!("  {:<11}  {:<16}  -> {}", "", "", c.meaning);
     }
     let failed = report
         .checks
@@ -73,8 +73,8 @@ fn print(report: &Report) {
         .filter(|c| c.status == Status::Fail)
         .count();
     if failed == 0 {
-        println!("no check failed");
+        outln!("no check failed");
     } else {
-        println!("{failed} check(s) failed");
+        outln!("{failed} check(s) failed");
     }
 }

@@ -20,6 +20,18 @@ use headroom_shared::api::{Role, SubmitRequest};
 use headroom_shared::client::BearerToken;
 use headroom_shared::{ExperimentId, JobId};
 
+/// `println!` for what a command prints: a reader that went away (`headroom ls | head -1`)
+/// ends the command quietly, as it ends `ls`, rather than with a panic.
+macro_rules! outln {
+    () => { $crate::stdout_text(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::stdout_text(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!`, as [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::stdout_text(format_args!($($arg)*)) };
+}
+
 pub mod client;
 pub mod config;
 pub mod doctor;
@@ -270,10 +282,34 @@ pub fn runtime_for(command: &Command) -> std::io::Result<tokio::runtime::Runtime
 pub fn exit_with(result: Result<i32>) -> ! {
     match result {
         Ok(code) => std::process::exit(code),
+        Err(e) if is_broken_pipe(&e) => std::process::exit(BROKEN_PIPE_EXIT),
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::exit(1);
         }
+    }
+}
+
+/// How a command whose reader went away ends: as a process SIGPIPE killed (128 + 13).
+const BROKEN_PIPE_EXIT: i32 = 141;
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Writes what a command prints to standard output (see [`outln!`]).
+pub fn stdout_text(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(text).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(BROKEN_PIPE_EXIT);
+        }
+        eprintln!("error: writing to standard output: {e}");
+        std::process::exit(1);
     }
 }
 
@@ -376,7 +412,7 @@ fn token_hash() -> Result<i32> {
         );
     }
     let hash = headroom_coordinator::auth::hash_secret(token).map_err(anyhow::Error::msg)?;
-    println!("id = \"{id}\"\ntoken_hash = \"{hash}\"");
+    outln!("id = \"{id}\"\ntoken_hash = \"{hash}\"");
     Ok(0)
 }
 
@@ -441,18 +477,18 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
                 && api.find_job(job).await?.is_some()
             {
                 let r = api.cancel_job(job).await?;
-                println!("cancelled {} job", r.cancelled);
+                outln!("cancelled {} job", r.cancelled);
                 return Ok(0);
             }
             let exp = resolve_experiment(api, Some(&id))
                 .await?
                 .ok_or_else(|| anyhow!("no job or experiment `{id}`"))?;
             let r = api.cancel_experiment(exp).await?;
-            println!("cancelled {} jobs of experiment {exp}", r.cancelled);
+            outln!("cancelled {} jobs of experiment {exp}", r.cancelled);
         }
         Command::Retry { id } => {
             api.retry(id).await?;
-            println!("job {id} queued for another attempt");
+            outln!("job {id} queued for another attempt");
         }
         Command::Nodes { output: format } => {
             let nodes = api.nodes().await?;
@@ -466,13 +502,13 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             command: PlanCommand::Set { node, plan },
         } => {
             let n = api.set_plan(&node, &plan).await?;
-            println!("node {} plan is now {}", n.name, n.plan);
+            outln!("node {} plan is now {}", n.name, n.plan);
         }
         Command::Node {
             command: NodeCommand::Release { node, gpu },
         } => {
             let n = api.release_gpu(&node, gpu).await?;
-            println!("node {node} GPU {gpu}: {n} quarantine(s) lifted");
+            outln!("node {node} GPU {gpu}: {n} quarantine(s) lifted");
         }
         Command::User {
             command:
@@ -489,7 +525,7 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
                 allow_root,
             };
             let u = api.put_user(&name, &req).await?;
-            println!(
+            outln!(
                 "user {} (role {}): jobs run as {}",
                 u.name,
                 u.role,
@@ -509,7 +545,7 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             command: NodeCommand::Takeover { node },
         } => {
             api.takeover(&node).await?;
-            println!("node {node}: another agent may register as it now");
+            outln!("node {node}: another agent may register as it now");
         }
         Command::Wait { experiment } => {
             let exp = resolve_experiment(api, experiment.as_deref()).await?;
@@ -529,7 +565,7 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
                     std::fs::write(&path, text)
                         .with_context(|| format!("writing {}", path.display()))?;
                 }
-                None => print!("{text}"),
+                None => out!("{text}"),
             }
         }
     }
@@ -568,7 +604,7 @@ async fn token(api: &Api, command: TokenCommand) -> Result<()> {
             match format {
                 Format::Json => output::json(&t)?,
                 Format::Table => {
-                    println!("{}", t.token);
+                    outln!("{}", t.token);
                     eprintln!(
                         "token {} for {} (role {}): shown this once, keep it secret; \
                          revoke with `headroom token revoke {}`",
@@ -586,7 +622,7 @@ async fn token(api: &Api, command: TokenCommand) -> Result<()> {
         }
         TokenCommand::Revoke { id } => {
             let t = api.revoke_token(&id).await?;
-            println!("token {} ({}, role {}) revoked", t.id, t.name, t.role);
+            outln!("token {} ({}, role {}) revoked", t.id, t.name, t.role);
         }
         TokenCommand::Hash => token_hash().map(|_| ())?,
     }
@@ -625,9 +661,12 @@ pub async fn submit(
     let Some(exp) = resp.experiment else {
         bail!("the coordinator stored nothing");
     };
-    println!(
+    outln!(
         "submitted experiment {} ({}): {} jobs, seed {}",
-        resp.name, exp, resp.jobs, resp.seed
+        resp.name,
+        exp,
+        resp.jobs,
+        resp.seed
     );
     if wait {
         return output::wait(api, Some(exp)).await;

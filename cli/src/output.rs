@@ -27,9 +27,17 @@ fn params_text(j: &JobSummary) -> String {
 }
 
 pub fn jobs_table(jobs: &[JobSummary]) {
-    println!(
+    outln!(
         "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  {:<21}  {:<12}  PARAMS",
-        "JOB", "EXPERIMENT", "INDEX", "STATE", "ATT", "NODE:GPUS", "FAILURE", "WAITING", "BY"
+        "JOB",
+        "EXPERIMENT",
+        "INDEX",
+        "STATE",
+        "ATT",
+        "NODE:GPUS",
+        "FAILURE",
+        "WAITING",
+        "BY"
     );
     for j in jobs {
         let place = match &j.node {
@@ -43,7 +51,7 @@ pub fn jobs_table(jobs: &[JobSummary]) {
             ),
             None => "-".into(),
         };
-        println!(
+        outln!(
             "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  {:<21}  {:<12}  {}",
             j.id,
             j.experiment_name,
@@ -72,12 +80,15 @@ fn counts_text(c: &StateCounts) -> String {
 }
 
 pub fn experiments_table(exps: &[ExperimentSummary]) {
-    println!(
+    outln!(
         "{:<36}  {:<20}  {:<12}  {:>6}  PROGRESS",
-        "EXPERIMENT", "NAME", "BY", "JOBS"
+        "EXPERIMENT",
+        "NAME",
+        "BY",
+        "JOBS"
     );
     for e in exps {
-        println!(
+        outln!(
             "{:<36}  {:<20}  {:<12}  {:>6}  {}",
             e.id,
             e.name,
@@ -90,40 +101,42 @@ pub fn experiments_table(exps: &[ExperimentSummary]) {
 
 pub fn job_detail(d: &JobDetail) {
     let j = &d.summary;
-    println!("job        {}", j.id);
-    println!("experiment {} ({})", j.experiment_name, j.experiment);
-    println!("submitted  by {}", j.submitted_by);
-    println!(
+    outln!("job        {}", j.id);
+    outln!("experiment {} ({})", j.experiment_name, j.experiment);
+    outln!("submitted  by {}", j.submitted_by);
+    outln!(
         "index      {} (config {}, run {})",
-        j.index, j.config, j.run
+        j.index,
+        j.config,
+        j.run
     );
-    println!("state      {}", j.state);
+    outln!("state      {}", j.state);
     if let Some(why) = &j.pending_reason {
-        println!("waiting    {why}");
+        outln!("waiting    {why}");
     }
-    println!("params     {}", params_text(j));
-    println!("command    {}", d.argv.join(" "));
-    println!(
+    outln!("params     {}", params_text(j));
+    outln!("command    {}", d.argv.join(" "));
+    outln!(
         "resources  {} GPU(s), declared estimate {}, memory key `{}`",
         j.gpus,
         j.estimate_mib.map(mib).unwrap_or_else(|| "none".into()),
         d.memory_key
     );
     if !d.oom_ladder.is_empty() {
-        println!(
+        outln!(
             "oom ladder {} of {} steps applied",
             d.ladder_step,
             d.oom_ladder.len()
         );
     }
     if let Some(p) = &d.prestart {
-        println!("before     {}", prestart_text(p));
+        outln!("before     {}", prestart_text(p));
     }
-    println!("profile    {}", d.profile);
+    outln!("profile    {}", d.profile);
     if let Some(t) = d.timeout_ms {
-        println!("timeout    {}", humantime_ms(t));
+        outln!("timeout    {}", humantime_ms(t));
     }
-    println!(
+    outln!(
         "attempts   {} of at most {} (retry on: {})",
         j.attempts,
         j.max_attempts,
@@ -139,7 +152,7 @@ pub fn job_detail(d: &JobDetail) {
             (_, Some(c)) => format!("failed: {c}"),
             _ => format!("{:?}", a.phase).to_lowercase(),
         };
-        println!(
+        outln!(
             "  #{} {}  node {} GPU {}  {}  exit {}  estimate {} ({})  peak {}  cleanup {}{}{}",
             a.number,
             a.id,
@@ -183,19 +196,19 @@ pub fn job_detail(d: &JobDetail) {
             }
         );
         if let (Some(s), Some(e)) = (a.started_at, a.ended_at) {
-            println!("      {} -> {}", s.to_rfc3339(), e.to_rfc3339());
+            outln!("      {} -> {}", s.to_rfc3339(), e.to_rfc3339());
         }
         for line in prestart_lines(a).into_iter().chain(measure_lines(a)) {
-            println!("      {line}");
+            outln!("      {line}");
         }
         if let Some(line) = background_line(a) {
-            println!("      {line}");
+            outln!("      {line}");
         }
     }
     if let Some(tail) = d.attempts_detail.last().and_then(|a| a.log_tail.as_deref())
         && !tail.trim().is_empty()
     {
-        println!("log tail of the last attempt:");
+        outln!("log tail of the last attempt:");
         for line in tail
             .lines()
             .rev()
@@ -204,7 +217,7 @@ pub fn job_detail(d: &JobDetail) {
             .into_iter()
             .rev()
         {
-            println!("  | {line}");
+            outln!("  | {line}");
         }
     }
 }
@@ -232,13 +245,13 @@ pub fn background_line(a: &headroom_shared::api::AttemptView) -> Option<String> 
 
 pub fn attempt_telemetry(number: u32, t: &AttemptTelemetry) {
     if t.from.is_none() {
-        println!("telemetry of attempt #{number}: not started");
+        outln!("telemetry of attempt #{number}: not started");
         return;
     }
     for series in &t.gpus {
-        println!("telemetry of attempt #{number}, GPU {}:", series.gpu);
+        outln!("telemetry of attempt #{number}, GPU {}:", series.gpu);
         for line in telemetry_lines(series) {
-            println!("      {line}");
+            outln!("      {line}");
         }
     }
 }
@@ -434,7 +447,7 @@ fn humantime_secs(s: u64) -> String {
 
 pub fn nodes_table(nodes: &[NodeView]) {
     for n in nodes {
-        println!(
+        outln!(
             "node {}  plan {}  headroom {}  {}",
             n.name,
             n.plan,
@@ -445,12 +458,17 @@ pub fn nodes_table(nodes: &[NodeView]) {
                 "NOT SEEN RECENTLY"
             }
         );
-        println!(
+        outln!(
             "  {:>3}  {:<18}  {:>9}  {:>9}  {:>9}  {:>9}  SLOTS",
-            "GPU", "NAME", "TOTAL", "USED", "FREE", "PLACED"
+            "GPU",
+            "NAME",
+            "TOTAL",
+            "USED",
+            "FREE",
+            "PLACED"
         );
         for g in &n.gpus {
-            println!(
+            outln!(
                 "  {:>3}  {:<18}  {:>9}  {:>9}  {:>9}  {:>9}  {}/{}",
                 g.index,
                 g.name,
@@ -462,10 +480,10 @@ pub fn nodes_table(nodes: &[NodeView]) {
                 g.slots
             );
             if let Some(e) = &g.error {
-                println!("       CANNOT BE READ (no work placed here): {e}");
+                outln!("       CANNOT BE READ (no work placed here): {e}");
             }
             for q in &g.quarantine {
-                println!(
+                outln!(
                     "       QUARANTINED since {} (attempt {}): {}",
                     q.since.to_rfc3339(),
                     q.attempt,
@@ -474,7 +492,7 @@ pub fn nodes_table(nodes: &[NodeView]) {
             }
             match g.unattributed_mib {
                 Some(0) => {}
-                Some(u) => println!(
+                Some(u) => outln!(
                     "       unattributed {} (used memory no listed process holds{})",
                     mib(u),
                     if u > headroom_shared::api::ghost_tolerance_mib(g.total_mib) {
@@ -484,12 +502,12 @@ pub fn nodes_table(nodes: &[NodeView]) {
                     }
                 ),
                 None if g.error.is_none() => {
-                    println!("       unattributed memory unknown (process memory not given)")
+                    outln!("       unattributed memory unknown (process memory not given)")
                 }
                 None => {}
             }
             for p in &g.foreign {
-                println!(
+                outln!(
                     "       foreign process {} ({}) holds {}: {}",
                     p.pid,
                     p.user.as_deref().unwrap_or("?"),
@@ -512,14 +530,14 @@ pub enum Format {
 
 /// Prints `v` as the API returns it (pretty JSON).
 pub fn json<T: serde::Serialize>(v: &T) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
 pub fn users_table(users: &[headroom_shared::api::UserView]) {
-    println!("{:<24}  {:<6}  {:<16}  ROOT", "NAME", "ROLE", "UNIX USER");
+    outln!("{:<24}  {:<6}  {:<16}  ROOT", "NAME", "ROLE", "UNIX USER");
     for u in users {
-        println!(
+        outln!(
             "{:<24}  {:<6}  {:<16}  {}",
             u.name,
             u.role.as_str(),
@@ -530,16 +548,21 @@ pub fn users_table(users: &[headroom_shared::api::UserView]) {
 }
 
 pub fn tokens_table(tokens: &[TokenView]) {
-    println!(
+    outln!(
         "{:<16}  {:<20}  {:<6}  {:<12}  {:<20}  {:<20}  REVOKED",
-        "ID", "NAME", "ROLE", "CREATED BY", "CREATED", "EXPIRES"
+        "ID",
+        "NAME",
+        "ROLE",
+        "CREATED BY",
+        "CREATED",
+        "EXPIRES"
     );
     let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
         t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
             .unwrap_or_else(|| "-".into())
     };
     for t in tokens {
-        println!(
+        outln!(
             "{:<16}  {:<20}  {:<6}  {:<12}  {:<20}  {:<20}  {}",
             t.id,
             t.name,
@@ -559,9 +582,11 @@ pub fn warnings(resp: &SubmitResponse) {
 }
 
 pub fn preview(resp: &SubmitResponse) {
-    println!(
+    outln!(
         "dry run: experiment {} expands to {} jobs (seed {}); nothing stored",
-        resp.name, resp.jobs, resp.seed
+        resp.name,
+        resp.jobs,
+        resp.seed
     );
     for j in resp.preview.iter().flatten() {
         let params: Vec<String> = j
@@ -569,7 +594,7 @@ pub fn preview(resp: &SubmitResponse) {
             .iter()
             .map(|(k, v)| format!("{k}={}", value_text(v)))
             .collect();
-        println!(
+        outln!(
             "{:>5}  {}  | {}",
             j.index,
             params.join(" "),
@@ -577,7 +602,7 @@ pub fn preview(resp: &SubmitResponse) {
         );
     }
     if resp.preview_omitted > 0 {
-        println!("  ... and {} more jobs, not shown", resp.preview_omitted);
+        outln!("  ... and {} more jobs, not shown", resp.preview_omitted);
     }
 }
 
@@ -623,7 +648,7 @@ pub async fn wait(api: &Api, experiment: Option<ExperimentId>) -> Result<i32> {
     }
     bar.finish();
     let c = &p.counts;
-    println!("done: {}", counts_text(c));
+    outln!("done: {}", counts_text(c));
     Ok(if c.failed + c.cancelled == 0 { 0 } else { 2 })
 }
 

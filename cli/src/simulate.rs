@@ -48,7 +48,7 @@ pub async fn run(api: &Api, args: SimulateArgs) -> Result<()> {
         plan: (0..gpus_mib.len()).map(|g| plan.slots(g)).collect(),
         gpus_mib,
     };
-    println!(
+    outln!(
         "{} jobs of {} (each at its peak for its whole run{}), on {} GPUs with plan {}, \
          headroom {}:\n",
         jobs.len(),
@@ -62,8 +62,8 @@ pub async fn run(api: &Api, args: SimulateArgs) -> Result<()> {
         args.plan,
         args.headroom
     );
-    print!("{}", simulate::comparison(&cluster, &jobs));
-    println!(
+    out!("{}", simulate::comparison(&cluster, &jobs));
+    outln!(
         "\nlower bound: no schedule ends sooner (the longest job, memory-time over the GPUs' \
          memory, run time over the slots); reserved bound: no queue order ends sooner while \
          each declared estimate is held for the whole run"

@@ -170,7 +170,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     let addr = app.local_addr();
     let url = format!("http://{addr}");
     // A plain line on stdout that scripts and tests can wait for.
-    println!(
+    outln!(
         "headroom: coordinator listening on {url} (store {})",
         db.display()
     );
@@ -198,13 +198,13 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     // log) the address alone, and where the token is.
     match &local_admin {
         Some(secret) if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
-            println!("headroom: dashboard at {url}/#token={secret}");
+            outln!("headroom: dashboard at {url}/#token={secret}");
         }
-        Some(_) => println!(
+        Some(_) => outln!(
             "headroom: dashboard at {url}/ (log in with the token in {})",
             data_dir.join("admin-token").display()
         ),
-        None => println!("headroom: dashboard at {url}/"),
+        None => outln!("headroom: dashboard at {url}/"),
     }
 
     let tasks = TaskTracker::new();

@@ -188,3 +188,41 @@ fn a_log_past_its_bound_is_cut_with_a_line_saying_so() {
         .any(|text| text.contains("the-very-end") && text.len() > 3_000_000);
     assert!(whole, "the node's log lost the end");
 }
+
+/// `headroom submit --dry-run ... | head -1`: the reader goes away after a line, and the
+/// command ends quietly as `ls` would (141, nothing on stderr), not with a panic (101). A
+/// dry run of 50,000 jobs prints its first 1,000 and says how many more.
+#[test]
+fn a_reader_that_goes_away_ends_the_command_quietly() {
+    use std::io::BufRead;
+    let h = up();
+    let path = h.path("wide.yaml");
+    std::fs::write(
+        &path,
+        "name: wide\ncommand: [train, '--lr={lr}', '--padding-to-fill-the-pipe-well-past-its-sixty-four-kilobytes-of-buffer-{run}']\n\
+         grid: {lr: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}\nruns_per_config: 5000\n",
+    )
+    .expect("write");
+    let whole = h.cli_ok(&["submit", "--dry-run", path.to_str().expect("path")]);
+    assert!(whole.contains("expands to 50000 jobs"), "{}", &whole[..200]);
+    assert!(whole.contains("and 49000 more jobs, not shown"));
+    let mut child = std::process::Command::new(headroom_integration_tests::binary("headroom"))
+        .args(["--server", &h.url, "submit", "--dry-run"])
+        .arg(&path)
+        .env("HEADROOM_TOKEN", h.admin_token().expect("token"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut first = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut first)
+        .expect("a line");
+    assert!(first.starts_with("dry run"), "{first}");
+    // `head -1` is done: its end of the pipe closes here.
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(141), "{err}");
+}
