@@ -88,12 +88,25 @@ pub fn run(choice: &BackendChoice, opts: &Options) -> Report {
             return report("none".into(), checks);
         }
     };
-    checks.push(check(
-        "backend",
-        Status::Pass,
-        backend.describe(),
-        "the agent opens these GPUs",
-    ));
+    // Asked to check a node and no driver was found: fake GPUs stand in, and every check
+    // of them would pass. That node runs no GPU job, which is what the doctor must say.
+    let fell_back = matches!(choice, BackendChoice::Auto { .. }) && backend.kind() == "fake";
+    checks.push(if fell_back {
+        check(
+            "backend",
+            Status::Fail,
+            backend.describe(),
+            "no NVIDIA driver was found, so fake GPUs stand in: this node cannot run GPU \
+             jobs. Install the driver, or check the simulator itself with --gpu-backend fake",
+        )
+    } else {
+        check(
+            "backend",
+            Status::Pass,
+            backend.describe(),
+            "the agent opens these GPUs",
+        )
+    });
     checks.extend(on_gpus(backend.as_ref(), opts));
     checks.push(cgroups());
     report(backend.describe(), checks)
@@ -693,8 +706,17 @@ fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
     }
 }
 
+/// `python` to run `-c` with, as the doctor may be root: from `/` and with no working
+/// directory on `sys.path` (`PYTHONSAFEPATH`, 3.11 and later), so that a `torch.py` planted
+/// where the doctor was started is never imported.
+fn python_command(python: &str) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.current_dir("/").env("PYTHONSAFEPATH", "1");
+    cmd
+}
+
 fn has_torch(python: &str) -> bool {
-    let child = Command::new(python)
+    let child = python_command(python)
         .args([
             "-c",
             "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)",
@@ -741,7 +763,7 @@ fn allocate_torch(python: &str, index: u32) -> std::io::Result<Child> {
          sys.stdin.read()\n",
         bytes = ALLOCATE_MIB * 1024 * 1024
     );
-    let mut child = Command::new(python)
+    let mut child = python_command(python)
         .args(["-c", &script])
         .env("CUDA_VISIBLE_DEVICES", index.to_string())
         .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -770,4 +792,29 @@ fn allocate_torch(python: &str, index: u32) -> std::io::Result<Child> {
         let _ = stdin.flush();
     }
     Ok(child)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The doctor's Python (run as root on a node) imports nothing from where the doctor was
+    /// started: it runs from `/`, with no working directory on `sys.path`.
+    #[test]
+    fn the_doctors_python_imports_nothing_from_the_working_directory() {
+        let Ok(out) = python_command("python3")
+            .args([
+                "-c",
+                "import os, sys; print(os.getcwd()); print('' in sys.path or os.getcwd() in sys.path)",
+            ])
+            .output()
+        else {
+            eprintln!("no python3 here");
+            return;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.first(), Some(&"/"), "{text}");
+        assert_eq!(lines.get(1), Some(&"False"), "{text}");
+    }
 }

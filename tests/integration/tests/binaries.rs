@@ -263,7 +263,7 @@ fn a_refused_token_left_by_a_local_up_is_named_by_its_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let coord = Coordinator::start(
         dir.path(),
-        &["--admin-token", "binaries-admin-token-0123456789"],
+        &["--admin-token", "binaries-admin-token-0123456789abcdef"],
     )
     .expect("coordinator");
     let port = coord.url.rsplit(':').next().expect("port");
@@ -537,6 +537,29 @@ fn doctor_passes_on_fake_gpus_and_names_what_fails() {
     };
 
     let dir = tempfile::tempdir().expect("tempdir");
+    // Asked to check this node (the default backend) where no driver is found: fake GPUs
+    // stand in, and the doctor says the node cannot run GPU jobs, exit 1, rather than pass.
+    let out = std::process::Command::new(headroom_integration_tests::binary("headroom"))
+        .args(["doctor", "--json", "--no-allocate"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .expect("doctor runs");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    if report["backend"]
+        .as_str()
+        .is_some_and(|b| b.starts_with("no NVIDIA driver"))
+    {
+        assert_eq!(out.status.code(), Some(1), "{report:#}");
+        let (s, c) = status(&report, "backend");
+        assert_eq!(s, "fail", "{c:#}");
+        assert!(
+            c["meaning"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("cannot run GPU jobs")
+        );
+    }
     let (code, report) = doctor(dir.path());
     assert_eq!(code, Some(0), "{report:#}");
     assert_eq!(report["ok"], true);
