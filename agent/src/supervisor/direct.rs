@@ -76,15 +76,23 @@ pub struct DirectLink {
     attempt: AttemptId,
     fence: i64,
     client: Option<Client>,
+    /// How much earlier than the rule this supervisor renews, drawn once: the supervisors
+    /// of a node whose agent went away all see its heartbeats stop at once, and would
+    /// otherwise renew together (after a coordinator's failover too, all at one moment).
+    /// Earlier is always safe.
+    jitter: Duration,
 }
 
 impl DirectLink {
     pub fn new(params: Direct, attempt: AttemptId, fence: i64) -> Self {
+        let spread = Duration::from_millis(params.every_ms) / 4;
+        let jitter = spread.mul_f64(rand::random::<f64>());
         Self {
             params,
             attempt,
             fence,
             client: None,
+            jitter,
         }
     }
 
@@ -96,9 +104,9 @@ impl DirectLink {
         Duration::from_millis(self.params.every_ms)
     }
 
-    /// Between failed tries.
+    /// Between failed tries, spread as the renewals are.
     pub fn retry(&self) -> Duration {
-        (self.every() / 4).max(FLOOR)
+        (self.every() / 4).max(FLOOR) + self.jitter / 4
     }
 
     /// When a renewal is due for a fence falling at `deadline`: once no renewal came for a
@@ -106,9 +114,10 @@ impl DirectLink {
     /// budget, when the budget is that short), leaving the rest for the request.
     pub fn due(&self, deadline: Instant) -> Instant {
         let overdue = (self.every() * 5 / 4).min(self.fence_after() * 3 / 4);
-        deadline
+        let due = deadline
             .checked_sub(self.fence_after().saturating_sub(overdue))
-            .unwrap_or(deadline)
+            .unwrap_or(deadline);
+        due.checked_sub(self.jitter).unwrap_or(due)
     }
 
     /// The client, built on first use (most attempts never need it).
@@ -233,14 +242,16 @@ impl DirectLink {
     }
 }
 
-/// The coordinator's own word that the lease is not ours (stale, unknown attempt, key
-/// refused). Anything else (a proxy's page, a replica without these routes, a client that
-/// cannot be built) is retried until the fence falls: a healthy job is not stopped, nor its
-/// end dropped, for an answer that does not say so.
+/// The coordinator's own word that the lease is not ours: stale, or the attempt's key
+/// refused (how an unknown or ended attempt is answered on these routes). Anything else is
+/// retried until the fence falls: a proxy's page, a client that cannot be built, and
+/// `not_found`, which is what an older replica without these routes answers during a
+/// rolling upgrade. A healthy job is not stopped, nor its end dropped, for an answer that
+/// does not say so.
 fn permanent(e: &ClientError) -> bool {
     matches!(
         e.code(),
-        Some(ErrorCode::StaleFence | ErrorCode::NotFound | ErrorCode::Unauthenticated)
+        Some(ErrorCode::StaleFence | ErrorCode::Unauthenticated)
     )
 }
 
@@ -265,7 +276,8 @@ mod tests {
     #[test]
     fn a_renewal_is_due_a_quarter_beat_after_the_agents_would_have_come() {
         // TTL 4 s, grace 1 s: fence after 2.6 s, the agent beats every 1.33 s.
-        let l = link(2_600, 1_333);
+        let mut l = link(2_600, 1_333);
+        l.jitter = Duration::ZERO;
         let now = Instant::now();
         let deadline = now + Duration::from_millis(2_600);
         let due = l.due(deadline) - now;
@@ -274,9 +286,53 @@ mod tests {
             "{due:?}"
         );
         // A fence budget no longer than a beat: due at three quarters of it.
-        let short = link(1_000, 1_000);
+        let mut short = link(1_000, 1_000);
+        short.jitter = Duration::ZERO;
         let due = short.due(now + Duration::from_millis(1_000)) - now;
         assert_eq!(due, Duration::from_millis(750));
+    }
+
+    /// The supervisors of one node renew spread over a quarter beat, never later than the
+    /// rule: a node's worth of them, whose agent went away at once, do not renew together.
+    #[test]
+    fn supervisors_renew_spread_out_and_never_late() {
+        let now = Instant::now();
+        let deadline = now + Duration::from_millis(2_600);
+        let dues: Vec<Duration> = (0..64)
+            .map(|_| link(2_600, 1_333).due(deadline) - now)
+            .collect();
+        let (lo, hi) = (
+            dues.iter().min().copied().unwrap_or_default(),
+            dues.iter().max().copied().unwrap_or_default(),
+        );
+        assert!(
+            hi <= Duration::from_millis(1_670),
+            "later than the rule: {hi:?}"
+        );
+        assert!(lo >= Duration::from_millis(1_660 - 334), "{lo:?}");
+        assert!(
+            hi - lo >= Duration::from_millis(100),
+            "not spread: {lo:?}..{hi:?}"
+        );
+    }
+
+    /// Only the coordinator's word that the lease is not ours stops a job: `not_found` (an
+    /// older replica without the supervisors' routes, in a rolling upgrade) is retried.
+    #[test]
+    fn only_a_stale_or_refused_lease_is_gone() {
+        let refused = |code| ClientError::Refused {
+            status: 404,
+            code,
+            message: "no such route (see /v1/...)".into(),
+            field: None,
+        };
+        assert!(!permanent(&refused(ErrorCode::NotFound)));
+        assert!(!permanent(&refused(ErrorCode::StoreUnavailable)));
+        assert!(permanent(&refused(ErrorCode::Unauthenticated)));
+        assert!(permanent(&ClientError::Stale {
+            message: "stale".into(),
+            attempt: None
+        }));
     }
 
     #[test]
