@@ -70,6 +70,7 @@ enum Step {
     Groups,
     Group,
     User,
+    NoNewPrivs,
     DeathSignal,
     CloseFds,
     Exec,
@@ -85,6 +86,7 @@ impl Step {
             Step::Groups,
             Step::Group,
             Step::User,
+            Step::NoNewPrivs,
             Step::DeathSignal,
             Step::CloseFds,
             Step::Exec,
@@ -102,6 +104,7 @@ impl Step {
             Step::Groups => "cannot take the user's groups",
             Step::Group => "cannot take the user's group",
             Step::User => "cannot become the user",
+            Step::NoNewPrivs => "cannot give up gaining privileges",
             Step::DeathSignal => "cannot tie it to its supervisor",
             Step::CloseFds => "cannot close the descriptors it must not inherit",
             Step::Exec => "exec",
@@ -473,6 +476,12 @@ fn child_setup(p: &Prepared) -> (Step, i32) {
         }
         if let Err(e) = rustix::thread::set_thread_uid(uid) {
             return (Step::User, raw(e));
+        }
+        // A job started as its user by a root supervisor stays that user: a set-uid program
+        // in its reach (an image's `sudo`, a privileged container's binaries) cannot make it
+        // root again, as `allowPrivilegeEscalation: false` would have it.
+        if let Err(e) = rustix::thread::set_no_new_privs(true) {
+            return (Step::NoNewPrivs, raw(e));
         }
     }
     // Last: changing user clears it.

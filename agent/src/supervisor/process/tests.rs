@@ -233,6 +233,10 @@ async fn a_killed_or_dropped_child_dies() {
 #[tokio::test]
 async fn the_job_becomes_its_user_and_the_supervisor_stays_root() {
     if !crate::runas::is_root() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true, but not root: this case would pass without running"
+        );
         eprintln!("skipped: needs root");
         return;
     }
@@ -294,4 +298,33 @@ async fn a_job_inherits_no_descriptor_but_its_standard_streams() {
         .collect();
     assert_eq!(fds, ["0", "1", "2"], "{text}");
     drop(held);
+}
+
+/// A job a root supervisor starts as its user cannot become root again through a set-uid
+/// program (`no_new_privs`): a set-uid-root copy of `id` still says the job's user.
+#[tokio::test]
+async fn a_job_started_as_its_user_gains_no_privilege_through_a_setuid_program() {
+    if !crate::runas::is_root() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true, but not root: this case would pass without running"
+        );
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let id = dir.path().join("setuid-id");
+    std::fs::copy("/usr/bin/id", &id).expect("copy id");
+    std::fs::set_permissions(&id, std::fs::Permissions::from_mode(0o4755)).expect("setuid");
+    let program = id.display().to_string();
+    let (mut s, out) = spec(&program, &["-u"], &[("PATH", PATH)], dir.path());
+    s.identity = Some((vec![65534], 65534, 65534));
+    assert!(run(s).await.success());
+    let text = std::fs::read_to_string(out).expect("read output");
+    assert_eq!(
+        text.trim(),
+        "65534",
+        "the set-uid program made the job root"
+    );
 }
