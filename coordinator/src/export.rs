@@ -98,6 +98,18 @@ fn param_column(name: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// A cell a spreadsheet will not run: text that starts like a formula (`=`, `+`, `-`, `@`, a
+/// tab or a return: a parameter value, a foreign process's command line) gets a leading `'`,
+/// as OWASP advises; numbers (`-0.5`, `+3`) stay numbers.
+fn inert(cell: &str) -> std::borrow::Cow<'_, str> {
+    let formula = cell.starts_with(['=', '+', '-', '@', '\t', '\r']);
+    if formula && cell.parse::<f64>().is_err() {
+        format!("'{cell}").into()
+    } else {
+        cell.into()
+    }
+}
+
 pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
     let params: BTreeSet<&str> = rows
         .iter()
@@ -116,8 +128,7 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
         .chain(params.iter().map(|p| param_column(p)))
         .chain(OUTCOME.iter().map(|&c| c.into()))
         .collect();
-    let header: Vec<&str> = header.iter().map(|c| c.as_ref()).collect();
-    w.write_record(&header)?;
+    w.write_record(header.iter().map(|c| inert(c).into_owned()))?;
     let opt = |v: Option<String>| v.unwrap_or_default();
     for r in rows {
         let (j, a) = (&r.job, &r.attempt);
@@ -210,8 +221,30 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
             opt(a.background_signal.map(|v| v.to_string())),
             opt(a.background_exited_early.map(|v| v.to_string())),
         ]);
-        w.write_record(&rec)?;
+        w.write_record(rec.iter().map(|c| inert(c).into_owned()))?;
     }
     let bytes = w.into_inner().map_err(|e| e.into_error())?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inert;
+
+    /// A value a spreadsheet would run as a formula is made text; numbers stay numbers.
+    #[test]
+    fn formulas_are_made_text_and_numbers_stay_numbers() {
+        for formula in [
+            "=HYPERLINK(\"http://x\")",
+            "+cmd|' /C calc'!A0",
+            "-2+3",
+            "@SUM(A1)",
+            "\tx",
+        ] {
+            assert_eq!(inert(formula), format!("'{formula}"), "{formula}");
+        }
+        for plain in ["-0.5", "+3", "-1e-4", "adam", "0.001", "", "a=b"] {
+            assert_eq!(inert(plain), plain, "{plain}");
+        }
+    }
 }
