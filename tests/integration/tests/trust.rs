@@ -368,8 +368,10 @@ fn up_is_private_to_its_account() {
 
 /// Jobs run as their user: a user mapped to a Unix user runs as it (`id -u`, and owns its
 /// log), one without a mapping as the agent's default (`nobody`), never as root; a mapping
-/// to a user that does not exist, or to root without the admin's leave, is refused naming
-/// the field; a name has one role, so a user token cannot be named like the admin.
+/// to root without the admin's leave is refused naming the field; a user that does not exist
+/// is for the node to say (the coordinator's host need not know the lab's users): its job
+/// fails at launch naming it, once; a name has one role, so a user token cannot be named
+/// like the admin.
 #[test]
 fn jobs_run_as_their_users_unix_user() {
     let Some(other) = headroom_integration_tests::other_user() else {
@@ -441,20 +443,43 @@ fn jobs_run_as_their_users_unix_user() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{args:?}: {err}");
     };
-    refused(
+    // A user the node lacks: taken here, refused where the job runs.
+    cli(
+        &h.url,
+        &admin,
         &["user", "create", "bob", "--unix-user", "no-such-user-hr"],
-        "unix_user",
     );
+    let bob = cli(
+        &h.url,
+        &admin,
+        &["token", "create", "--name", "bob", "--role", "user"],
+    )
+    .trim()
+    .to_string();
+    let spec = h.path("as-bob.yaml");
+    std::fs::write(
+        &spec,
+        "name: as-bob\ncommand: [\"id\", \"-u\"]\nretry: {max_attempts: 3}\n",
+    )
+    .expect("spec");
+    cli(&h.url, &bob, &["submit", &spec.display().to_string()]);
+    let job = wait_until("bob's job to end", Duration::from_secs(30), || {
+        let jobs: Vec<JobSummary> =
+            serde_json::from_str(&cli(&h.url, &admin, &["ls", "--output", "json"])).ok()?;
+        jobs.into_iter()
+            .find(|j| j.experiment_name == "as-bob" && j.state.is_terminal())
+    });
+    assert_eq!(job.state.as_str(), "failed", "{job:?}");
+    let shown = cli(&h.url, &admin, &["show", &job.id.to_string()]);
+    assert!(shown.contains("no Unix user `no-such-user-hr`"), "{shown}");
+    assert!(shown.contains("launch_error"), "{shown}");
     refused(&["user", "create", "carol", "--unix-user", "root"], "root");
     refused(
         &["token", "create", "--name", "admin", "--role", "user"],
         "role admin",
     );
     let users = cli(&h.url, &admin, &["user", "ls"]);
-    assert!(
-        !users.contains("bob") && !users.contains("carol"),
-        "{users}"
-    );
+    assert!(users.contains("bob") && !users.contains("carol"), "{users}");
 }
 
 /// A job starts with its standard streams only: `up` inherited a descriptor to a file its
@@ -516,7 +541,7 @@ fn a_job_inherits_no_descriptor_of_its_agent() {
 #[test]
 fn a_tokenless_up_runs_no_job_as_root() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("not root: a tokenless up runs jobs as this account; nothing to escalate");
+        headroom_integration_tests::premise_missing("root");
         return;
     }
     let h = Headroom::up(
@@ -696,7 +721,7 @@ fn a_non_root_up_serves_one_user() {
 fn a_root_process_takes_no_other_users_data_directory_nor_its_links() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("not root: a directory of another user cannot be made here");
+        headroom_integration_tests::premise_missing("root");
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
