@@ -962,12 +962,29 @@ impl DroppingLink {
     }
 }
 
+/// Whether the suite runs as CI (`CI=true`): there, what a test needs of the machine (root,
+/// cgroup v2) is a premise, and its absence fails the test rather than skipping its cases.
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Under CI, fails the test: the machine lacks `what` the suite's cases need. Elsewhere,
+/// says which cases are skipped.
+pub fn premise_missing(what: &str) {
+    assert!(
+        !ci(),
+        "CI=true, but this machine lacks {what}: its cases would pass without running"
+    );
+    eprintln!("{what} missing: its cases are skipped");
+}
+
 /// A second local Unix user for tests of what another account can do, made when missing;
-/// `None` when this process cannot make one (not root): the caller skips those cases.
+/// `None` when this process cannot make one (not root): the caller skips those cases (under
+/// CI, the test fails instead).
 pub fn other_user() -> Option<nix::unistd::User> {
     const NAME: &str = "headroom-test-other";
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("not root: cannot make a second Unix user; its cases are skipped");
+        premise_missing("root (to make a second Unix user)");
         return None;
     }
     if nix::unistd::User::from_name(NAME).ok().flatten().is_none() {

@@ -213,7 +213,11 @@ fn notebook_for(h: &Headroom, seconds: &str) -> KillOnDrop {
 /// Whether this `headroom up` gives each attempt a cgroup (root, or a delegated subtree):
 /// its agent says so at start.
 fn uses_cgroups(h: &Headroom) -> bool {
-    h.server_log().contains("each attempt in its own cgroup")
+    let uses = h.server_log().contains("each attempt in its own cgroup");
+    if !uses {
+        headroom_integration_tests::premise_missing("per-attempt cgroups (root and cgroup v2)");
+    }
+    uses
 }
 
 /// A job that clears its environment (`env -i`, as `apptainer --cleanenv` or `sudo` do) is
