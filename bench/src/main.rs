@@ -91,7 +91,7 @@ fn own_and_reaped(pid: u32) -> (f64, f64) {
 const WAIT: Duration = Duration::from_secs(900);
 
 /// The bootstrap admin token of the runs with tokens on.
-const BENCH_ADMIN: &str = "bench-admin-token-0123456789";
+const BENCH_ADMIN: &str = "bench-admin-token-0123456789abcdef";
 
 /// `tokens`: the coordinator requires tokens (bootstrap admin; the agent gets a stored agent
 /// token), so every claim, heartbeat and report goes through token checks.

@@ -54,7 +54,7 @@ pub struct CoordinatorSettings {
     /// default a user sees those of their own jobs only (others' read `<redacted>` and 403).
     #[arg(long, env = "HEADROOM_SHARED_VISIBILITY")]
     pub shared_visibility: bool,
-    /// Bootstrap admin token (at least 16 characters). With it, or a tokens file, every
+    /// Bootstrap admin token (at least 32 characters). With it, or a tokens file, every
     /// request needs a token; without either the coordinator listens on loopback only.
     #[arg(long, env = "HEADROOM_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<SecretArg>,
@@ -67,7 +67,7 @@ pub struct CoordinatorSettings {
     /// (from `headroom token hash`).
     #[arg(long, env = "HEADROOM_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
-    /// A file holding a join token in the clear (at least 16 characters, one line), as the
+    /// A file holding a join token in the clear (at least 32 characters, one line), as the
     /// bootstrap admin token is given: the one that a Helm chart generates for its agents,
     /// which may only exchange it for each new node's own credential.
     #[arg(long, env = "HEADROOM_BOOTSTRAP_JOIN_TOKEN_FILE")]
