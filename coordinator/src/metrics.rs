@@ -215,8 +215,15 @@ impl CoordinatorMetrics {
         self.submit_to_start.observe(seconds.max(0.0));
     }
 
-    /// Reads the store's figures and renders the page (OpenMetrics text).
-    pub async fn render(&self, store: &dyn Store, alive_within_ms: u64) -> Result<String> {
+    /// Reads the store's figures and renders the page (OpenMetrics text). `users`: whether
+    /// the jobs per submitter (`headroom_user_jobs`, which names users) are shown: only to a
+    /// scrape that holds a user's or an admin's token.
+    pub async fn render(
+        &self,
+        store: &dyn Store,
+        alive_within_ms: u64,
+        users: bool,
+    ) -> Result<String> {
         let _one_at_a_time = self.rendering.lock().await;
         let counts = store.counts(None).await?;
         let reasons = store.pending_reason_counts().await?;
@@ -286,9 +293,9 @@ impl CoordinatorMetrics {
                 })
                 .set(to_i64(n));
         }
-        // Only users with jobs waiting or running now.
+        // Only users with jobs waiting or running now, and to a scrape that may see them.
         self.users.clear();
-        for (user, jobs) in &tallies.by_user {
+        for (user, jobs) in tallies.by_user.iter().filter(|_| users) {
             for (state, n) in [("queued", jobs.queued), ("running", jobs.running)] {
                 self.users
                     .get_or_create(&UserLabels {

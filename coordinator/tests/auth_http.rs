@@ -1204,3 +1204,35 @@ async fn a_single_account_coordinator_serves_one_user() {
     s.create_token("node-1", "agent").await;
     s.create_join_token("lab-join").await;
 }
+
+/// `/metrics` is public, but who has jobs waiting is not: the jobs per submitter (which
+/// name users) are on the page only for a scrape with a user's or an admin's token; without
+/// one, or with an agent's or a wrong one, the counts stay and the names go.
+#[tokio::test]
+async fn metrics_name_users_only_to_a_scrape_with_a_users_token() {
+    let s = start(admin_config()).await;
+    let alice = s.create_token("alice", "user").await;
+    let agent = s.create_token("node-1", "agent").await;
+    s.submit(&alice).await;
+    let page = |token: Option<String>| {
+        let (http, url) = (s.http.clone(), format!("{}/metrics", s.base));
+        async move {
+            let mut req = http.get(url);
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            let r = req.send().await.expect("scrape");
+            assert_eq!(r.status().as_u16(), 200);
+            r.text().await.expect("page")
+        }
+    };
+    let named = "headroom_user_jobs{user=\"alice\"";
+    for token in [None, Some(agent), Some("hr_0123_wrong".to_string())] {
+        let p = page(token.clone()).await;
+        assert!(!p.contains(named), "{token:?}: {p}");
+        assert!(p.contains("headroom_jobs{state=\"queued\"} 1"), "{p}");
+    }
+    for token in [alice, ADMIN.to_string()] {
+        assert!(page(Some(token)).await.contains(named));
+    }
+}

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use headroom_shared::AttemptId;
 use headroom_shared::api::{
-    AttemptTelemetry, AttemptTelemetryQuery, GpuSeries, Measurements, TelemetryQuery,
+    AttemptTelemetry, AttemptTelemetryQuery, GpuSeries, Measurements, Role, TelemetryQuery,
     TelemetrySample,
 };
 
@@ -153,9 +153,24 @@ pub(super) fn check_measurements(m: &Measurements) -> Result<(), ApiError> {
 }
 
 /// `GET /metrics`: the Prometheus page.
-pub async fn metrics(State(s): State<AppState>) -> Response {
+/// `/metrics`, public: counts and GPU gauges for any scraper; the jobs per submitter, which
+/// name users, only for a scrape with a user's or an admin's token (a wrong one is counted
+/// as any wrong token is, and shows the public page).
+pub async fn metrics(
+    State(s): State<AppState>,
+    client: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
     let alive = s.config.lease_ttl.as_millis() as u64;
-    match s.metrics.render(s.store.as_ref(), alive).await {
+    let users = match headers.get(header::AUTHORIZATION) {
+        None => !s.auth.enabled(),
+        Some(h) => s
+            .auth
+            .identify(h.to_str().ok(), client.map(|c| c.0.0.ip()))
+            .await
+            .is_ok_and(|who| matches!(who.role, Role::User | Role::Admin)),
+    };
+    match s.metrics.render(s.store.as_ref(), alive, users).await {
         Ok(page) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], page).into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }
