@@ -91,6 +91,25 @@ def test_submit_a_yaml_file_wait_and_read_jobs_and_attempts(client: Client, tmp_
     assert f"lr={detail.params['lr']}" in log
 
 
+def test_a_spec_of_nested_aliases_is_refused_before_it_expands(tmp_path: Path) -> None:
+    # 562 bytes that expand to 10**9 values (the "billion laughs"): refused at once, naming
+    # the file, rather than a MemoryError; a spec that reuses a block with an alias is fine.
+    lines = ["name: laughs", "command: [x]", 'a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 9):
+        refs = ",".join(f"*a{i - 1}" for _ in range(10))
+        lines.append(f"a{i}: &a{i} [{refs}]")
+    lines.append("grid: {x: *a8}")
+    path = tmp_path / "laughs.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="aliases"):
+        load_spec(path)
+    assert time.monotonic() - started < 10
+    reuse = tmp_path / "reuse.yaml"
+    reuse.write_text("name: r\ncommand: [x]\nenv: &e {A: '1'}\ncolocate_env: *e\n")
+    assert load_spec(reuse)["colocate_env"] == {"A": "1"}
+
+
 def test_yaml_reads_numbers_and_words_as_the_cli_does(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("name: n\ncommand: [x]\ngrid: {lr: [1e-4], flag: [yes, on], n: [3]}\n")

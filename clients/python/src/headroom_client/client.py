@@ -113,7 +113,33 @@ def load_spec(spec: SpecLike) -> Dict[str, Any]:
         raise ValueError(f"{path}: not valid YAML/JSON: {e}") from e
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: a spec is a mapping (name, command, ...)")
+    _check_expanded_size(doc, path)
     return doc
+
+
+#: Most values a spec may hold once its YAML aliases are expanded (each alias stands for a
+#: copy of what it names): a 562-byte file of nested aliases is billions of values.
+MAX_SPEC_VALUES = 1_000_000
+
+
+def _check_expanded_size(doc: Any, path: Path) -> None:
+    """Counts the values of ``doc`` as they would be sent (aliases as copies), stopping at
+    the bound: it costs at most ``MAX_SPEC_VALUES`` steps, whatever the aliases."""
+    seen = 0
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_SPEC_VALUES:
+            raise ValueError(
+                f"{path}: the spec holds more than {MAX_SPEC_VALUES:,} values once its YAML "
+                "aliases are expanded (an alias is a copy of what it names): refused"
+            )
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 
