@@ -76,6 +76,7 @@ impl Application {
             config: Arc::new(config),
             metrics: crate::metrics::CoordinatorMetrics::new(),
             progress: Default::default(),
+            refusals: Default::default(),
         };
         Ok(Self { listener, state })
     }

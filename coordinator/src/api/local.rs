@@ -29,6 +29,9 @@ pub(super) async fn loopback_only(State(s): State<AppState>, req: Request, next:
         let origin = header(ORIGIN);
         let fetch_site = header(axum::http::HeaderName::from_static("sec-fetch-site"));
         check(host, origin, fetch_site).inspect_err(|why| {
+            if s.refusals.admit(std::time::Instant::now()) == super::refusals::Verdict::Skip {
+                return;
+            }
             tracing::warn!(
                 target: "headroom::audit",
                 host = host.unwrap_or_default(),

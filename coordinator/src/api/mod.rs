@@ -25,6 +25,7 @@ mod experiments;
 mod jobs;
 pub mod local;
 mod nodes;
+pub mod refusals;
 mod supervisors;
 mod telemetry;
 mod tokens;
@@ -44,6 +45,8 @@ pub struct AppState {
     pub auth: Arc<Authenticator>,
     /// How often progress watchers may be answered (`experiments::progress`).
     pub progress: Arc<experiments::ProgressPace>,
+    /// How many refusals are logged (`refusals`).
+    pub refusals: Arc<refusals::RefusalLog>,
 }
 
 /// The router, built from the shared route table (`headroom_shared::routes`): the method
@@ -323,6 +326,17 @@ fn refused(
     status: u16,
 ) {
     s.metrics.refused(route.path, status);
+    let left_out = match s.refusals.admit(std::time::Instant::now()) {
+        refusals::Verdict::Skip => return,
+        refusals::Verdict::Log { left_out } => left_out,
+    };
+    if left_out > 0 {
+        tracing::warn!(
+            target: "headroom::audit",
+            left_out,
+            "refusals not logged in the second before (too many; headroom_refused_requests_total counts them)"
+        );
+    }
     tracing::warn!(
         target: "headroom::audit",
         actor = %who.map_or("", |w| w.name.as_str()),
