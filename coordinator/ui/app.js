@@ -666,18 +666,33 @@ async function viewPlots() {
 
 // ---- start -----------------------------------------------------------------------------------
 
-document.addEventListener("DOMContentLoaded", () => {
-  // The link `headroom up` prints: the token in the fragment (never sent to a server), taken
-  // into this tab and out of the address bar and history.
+// The link `headroom up` prints: the token in the fragment (never sent to a server), out of
+// the address bar and history at once, and taken into this tab only once the person has seen
+// whose it is and said yes. Anyone can make such a link: taken silently, a page could log this
+// tab in as the link's maker, who would then read whatever is submitted from it.
+async function takeLinkToken() {
   const m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
-  if (m) {
-    try {
-      sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
-    } catch (_) {
-      sessionStorage.setItem(TOKEN_KEY, m[1]);
-    }
-    history.replaceState(null, "", location.pathname + location.search);
+  if (!m) return;
+  history.replaceState(null, "", location.pathname + location.search);
+  let token;
+  try {
+    token = decodeURIComponent(m[1]);
+  } catch (_) {
+    token = m[1];
   }
+  let who = null;
+  try {
+    const r = await fetch("/v1/whoami", { headers: { Authorization: "Bearer " + token } });
+    if (r.ok) who = await r.json();
+  } catch (_) {}
+  if (!who) return setStatus("The link's token was refused: log in below.");
+  if (confirm(`This link logs this tab in as ${who.name} (role ${who.role}): what you submit here will be ${who.name}'s. Log in as ${who.name}?`)) {
+    sessionStorage.setItem(TOKEN_KEY, token);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", async () => {
+  await takeLinkToken();
   for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => show(b.dataset.tab));
   document.getElementById("logout").addEventListener("click", () => logout("Logged out."));
   document.getElementById("login").addEventListener("submit", (ev) => {

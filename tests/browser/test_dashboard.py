@@ -238,14 +238,43 @@ def test_the_login_form_then_the_gpus_the_api_lists(up: Up, page: Page) -> None:
 
 
 def test_the_link_up_prints_logs_in_once_and_leaves_the_address_bar(up: Up, page: Page) -> None:
+    asked: list[str] = []
+
+    def accept(d: Any) -> None:
+        asked.append(d.message)
+        d.accept()
+
+    page.on("dialog", accept)
     page.goto(f"{up.url}/#token={up.admin}")
     page.wait_for_selector("#tabs:not([hidden])")
+    assert len(asked) == 1 and "as admin (role admin)" in asked[0], asked
     assert up.admin not in page.url and page.evaluate("location.hash") == ""
     page.reload()
     page.wait_for_selector("#tabs:not([hidden])")
     page.click("#logout")
     page.wait_for_selector("#login:not([hidden])")
     assert page.evaluate("sessionStorage.length") == 0
+
+
+def test_a_link_made_by_someone_else_logs_in_nobody_unless_the_person_says_so(
+    up: Up, page: Page
+) -> None:
+    # Mallory's link: the page says whose it is, and a "no" leaves the tab logged out, the
+    # token out of the address bar and of the tab.
+    mallory = up.token("mallory")
+    asked: list[str] = []
+
+    def dismiss(d: Any) -> None:
+        asked.append(d.message)
+        d.dismiss()
+
+    page.on("dialog", dismiss)
+    page.goto(f"{up.url}/#token={mallory}")
+    page.wait_for_selector("#login:not([hidden])")
+    assert len(asked) == 1 and "as mallory (role user)" in asked[0], asked
+    assert mallory not in page.url
+    assert page.evaluate("sessionStorage.length") == 0
+    assert page.is_hidden("#tabs")
 
 
 def test_an_experiment_reaches_its_end_on_the_page(up: Up, page: Page) -> None:
