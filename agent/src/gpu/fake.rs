@@ -482,10 +482,29 @@ struct Controls {
 }
 
 impl Controls {
-    /// The text of a control file, `None` when there is none.
+    /// The text of a control file, `None` when there is none. Only a file of the user the
+    /// fake GPUs run as (the agent's, a test's) controls them: the folder is every job's to
+    /// write its memory in, and a job must not fake faults, throttling or delays for the
+    /// others. Never through a link.
     fn read(&self, path: &Path) -> Option<String> {
-        let listed = path.file_name().is_some_and(|n| self.present.contains(n));
-        listed.then(|| fs::read_to_string(path).ok()).flatten()
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        if !path.file_name().is_some_and(|n| self.present.contains(n)) {
+            return None;
+        }
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(path)
+            .ok()?;
+        let owner = file.metadata().ok()?.uid();
+        if owner != nix::unistd::geteuid().as_raw() {
+            tracing::debug!(path = %path.display(), owner, "a fake GPU control file of another user: ignored");
+            return None;
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text).ok()?;
+        Some(text)
     }
 
     /// The error a fault file stands for: its text, or a default like NVML's.

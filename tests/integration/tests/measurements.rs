@@ -50,19 +50,38 @@ fn export_has_the_measurements_and_clean_only_leaves_out_flagged_rows() {
     let shown = h.cli_ok(&["show", &clean[0].id.to_string()]);
     assert!(shown.contains("J (counter)  power mean"), "{shown}");
 
-    // The GPU caps its power while this one runs.
-    let script = format!(
-        "{job} --mem 1GiB --util 90 --seconds 1.5 & \
-         echo sw_power_cap > {d}/gpu0.throttle; wait; rm -f {d}/gpu0.throttle",
-        d = dir.display()
-    );
-    let throttled = run(serde_json::json!({"name": "throttled",
-        "command": ["sh", "-c", script], "resources": {"memory": "2GiB"}}));
+    // The GPU caps its power while this one runs (as the fake GPUs' own user sets it).
+    let pid_file = h.path("throttled.pid");
+    let exp = h.submit_spec(serde_json::json!({"name": "throttled",
+        "command": [job, "--mem", "1GiB", "--util", "90", "--seconds", "2",
+                    "--pid-file", pid_file.display().to_string()],
+        "resources": {"memory": "2GiB"}}));
+    h.wait_for("the job to start", Duration::from_secs(30), || {
+        Ok(read_pid(&pid_file))
+    });
+    std::fs::write(dir.join("gpu0.throttle"), "sw_power_cap").expect("throttle");
+    let throttled = h.wait_done(exp, Duration::from_secs(60));
+    std::fs::remove_file(dir.join("gpu0.throttle")).expect("unthrottle");
     let a = h.first_attempt(throttled[0].id);
     assert_eq!(a.measurements.throttled_power, Some(true), "{a:#?}");
     assert_eq!(a.measurements.throttled_thermal, Some(false), "{a:#?}");
     let shown = h.cli_ok(&["show", &throttled[0].id.to_string()]);
     assert!(shown.contains("THROTTLED power"), "{shown}");
+
+    // A job of another user cannot fake its GPU's faults for the others: its control file
+    // is not the fake GPUs' user's, and is ignored.
+    let faked = nix::unistd::geteuid().is_root();
+    if faked {
+        let script = format!(
+            "{job} --mem 1GiB --util 90 --seconds 1.5 & \
+             echo sw_power_cap > {d}/gpu0.throttle; wait; rm -f {d}/gpu0.throttle",
+            d = dir.display()
+        );
+        let faked = run(serde_json::json!({"name": "faked",
+            "command": ["sh", "-c", script], "resources": {"memory": "2GiB"}}));
+        let a = h.first_attempt(faked[0].id);
+        assert_eq!(a.measurements.throttled_power, Some(false), "{a:#?}");
+    }
 
     // Someone's process shares the GPU for a while.
     let pid_file = h.path("job.pid");
@@ -127,12 +146,17 @@ fn export_has_the_measurements_and_clean_only_leaves_out_flagged_rows() {
         shared_row[col("contamination_reason")].contains("on GPU 0"),
         "{shared_row:?}"
     );
-    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.len(), 4 + usize::from(faked));
 
     let (_, kept) = csv_table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
     let mut names: Vec<&str> = kept.iter().map(|r| r[col("experiment")].as_str()).collect();
     names.sort_unstable();
-    assert_eq!(names, ["clean", "failed"], "{kept:?}");
+    let clean: &[&str] = if faked {
+        &["clean", "failed", "faked"]
+    } else {
+        &["clean", "failed"]
+    };
+    assert_eq!(names, clean, "{kept:?}");
 }
 
 /// A colocated attempt through the binaries: its figures are its GPU's (foreground and
