@@ -29,6 +29,11 @@ struct Args {
     /// A TOML file of settings (keys are the flags' names); variables and flags win over it.
     #[arg(long, env = "HEADROOM_CONFIG")]
     config: Option<PathBuf>,
+    /// Get this node's credential and exit: exchange the join token for it where the data
+    /// directory keeps none yet. The Helm chart's init container does this, so that the
+    /// agent's own container, where jobs run, never holds the join token.
+    #[arg(long)]
+    join_only: bool,
     #[command(flatten)]
     settings: AgentSettings,
 }
@@ -61,6 +66,27 @@ async fn run() -> anyhow::Result<()> {
     // What it writes (logs, journal, keys) is for it alone; jobs get their own umask.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let data_dir = headroom_shared::datadir::adopt(&args.data_dir)?;
+    if args.join_only {
+        let node = args.settings.node_name();
+        let kept = headroom_agent::agent::join::credential(
+            &data_dir,
+            args.settings.join_token_file.as_deref(),
+            &args.coordinator,
+            &node,
+        )
+        .await?;
+        anyhow::ensure!(
+            kept.is_some(),
+            "--join-only: {} keeps no credential of node {node}, and no join token \
+             (--join-token-file) was given to get one",
+            data_dir.display()
+        );
+        eprintln!(
+            "headroom-agent: node {node}'s credential is kept in {}",
+            data_dir.join(headroom_agent::agent::join::CREDENTIAL_FILE).display()
+        );
+        return Ok(());
+    }
     let backend =
         gpu::open(&args.settings.backend_choice(&data_dir)).context("opening the GPU backend")?;
     eprintln!("headroom-agent: {}", backend.describe());

@@ -42,13 +42,14 @@ def helm() -> str:
     return path
 
 
-# The one value the chart requires: which nodes may join (the admin's decision).
-JOIN_NODES = ["--set-json", 'tokens.joinNodes=["gpu-*"]']
+# The values the chart requires, the admin's decisions: which nodes may join, and how many
+# GPUs a GPU node has (the agent requests them all).
+REQUIRED = ["--set-json", 'tokens.joinNodes=["gpu-*"]', "--set", "agent.gpusPerNode=8"]
 
 
 def values_args(name: str) -> list[str]:
     given = [] if name == "default" else ["-f", str(HERE / "values" / f"{name}.yaml")]
-    return [*JOIN_NODES, *given]
+    return [*REQUIRED, *given]
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
@@ -151,6 +152,7 @@ REFUSED = [
     ({"tokens": {"joinNodes": []}}, "/tokens/joinNodes"),
     ({"tokens": {"joinNodes": ["gpu-[0-9]"]}}, "/tokens/joinNodes/0"),
     ({"tokens": {"joinNodes": ["gpu-*"], "joinExpiresAt": "next week"}}, "/tokens/joinExpiresAt"),
+    ({"agent": {"gpusPerNode": 0}}, "/agent/gpusPerNode"),
 ]
 
 
@@ -159,9 +161,10 @@ def test_bad_values_are_refused_naming_the_field(
     values: dict[str, Any], field: str, tmp_path: Path
 ) -> None:
     f = tmp_path / "bad.yaml"
-    # Over the one required value, so that only the bad one is refused.
+    # Over the required values, so that only the bad one is refused.
     tokens = {"joinNodes": ["gpu-*"], **values.get("tokens", {})}
-    f.write_text(yaml.safe_dump({**values, "tokens": tokens}))
+    agent = {"gpusPerNode": 8, **values.get("agent", {})}
+    f.write_text(yaml.safe_dump({**values, "tokens": tokens, "agent": agent}))
     for command in (["lint", "--strict", str(CHART)], ["template", "r", str(CHART)]):
         out = run_helm(*command, "-f", str(f))
         assert out.returncode != 0, f"{command[0]} took {values}"
@@ -176,7 +179,7 @@ def test_by_default_agents_run_on_gpu_nodes_in_the_hosts_pid_namespace() -> None
     docs = render()
     assert kinds(docs) == sorted(
         ["ServiceAccount", "Secret", "ConfigMap", "PersistentVolumeClaim", "Service",
-         "DaemonSet", "Deployment"]
+         "DaemonSet", "Deployment", "NetworkPolicy", "NetworkPolicy"]
     )
     pod = find(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
@@ -188,7 +191,9 @@ def test_by_default_agents_run_on_gpu_nodes_in_the_hosts_pid_namespace() -> None
     c = container(find(docs, "DaemonSet"))
     env = env_of(c)
     assert env["HEADROOM_NODE"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    # Its node's GPUs, from the device plugin (none handed to another pod).
+    assert "NVIDIA_VISIBLE_DEVICES" not in env
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 8}
     assert env["HEADROOM_REQUIRE_DOCTOR"] == "true"
     assert env["HEADROOM_ON_EXIT"] == "stop"
     sc = c["securityContext"]
@@ -208,19 +213,27 @@ def test_no_secret_reaches_an_environment_variable_and_agents_get_the_join_token
         tokens = [d for d in docs if d["kind"] == "Secret" and "admin-token" in d.get("data", {})]
         assert len(tokens) == 1
         name = tokens[0]["metadata"]["name"]
-        agent_vols = find(docs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
-        secret_vols = [v["secret"] for v in agent_vols if "secret" in v]
+        pod = find(docs, "DaemonSet")["spec"]["template"]["spec"]
+        secret_vols = [v["secret"] for v in pod["volumes"] if "secret" in v]
         assert secret_vols == [
             {"secretName": name, "items": [{"key": "join-token", "path": "join-token"}],
              "defaultMode": 0o400}
         ]
+        # Only the init container holds it: jobs run in the agent's container, which does not.
+        agent = container(find(docs, "DaemonSet"))
+        assert "join" not in [m["name"] for m in agent["volumeMounts"]], value_set
+        assert "HEADROOM_JOIN_TOKEN_FILE" not in env_of(agent)
+        [join] = pod["initContainers"]
+        assert join["command"] == ["headroom-agent", "--join-only"]
+        assert "join" in [m["name"] for m in join["volumeMounts"]]
+        assert join["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         coord_vols = find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
         assert any(v.get("secret", {}).get("secretName") == name for v in coord_vols)
 
 
 def test_the_join_token_makes_only_the_nodes_the_admin_names_until_it_expires() -> None:
     # Without joinNodes the chart is refused: a join token that mints any node is no default.
-    out = run_helm("template", "r", str(CHART))
+    out = run_helm("template", "r", str(CHART), "--set", "agent.gpusPerNode=8")
     assert out.returncode != 0
     assert "joinNodes" in out.stdout + out.stderr
     docs = render("default", "--set-json", 'tokens.joinNodes=["gpu-*","dgx-a"]',
@@ -229,6 +242,30 @@ def test_the_join_token_makes_only_the_nodes_the_admin_names_until_it_expires() 
     assert env["HEADROOM_BOOTSTRAP_JOIN_NODES"] == "gpu-*,dgx-a"
     assert env["HEADROOM_BOOTSTRAP_JOIN_EXPIRES_AT"] == "2027-01-31T00:00:00Z"
     assert "HEADROOM_BOOTSTRAP_JOIN_EXPIRES_AT" not in env_of(container(find(render(), "Deployment")))
+
+
+def test_agents_hold_their_nodes_gpus_and_take_connections_on_their_metrics_port_only() -> None:
+    # With NVML the GPU count is required, and the agent requests every GPU of its node.
+    out = run_helm("template", "r", str(CHART), "--set-json", 'tokens.joinNodes=["gpu-*"]')
+    assert out.returncode != 0 and "gpusPerNode" in out.stdout + out.stderr
+    docs = render("default", "--set", "agent.gpusPerNode=4",
+                  "--set-json", 'agent.resources={"limits": {"memory": "4Gi"}}')
+    agent = container(find(docs, "DaemonSet"))
+    assert agent["resources"]["limits"] == {"nvidia.com/gpu": 4, "memory": "4Gi"}
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_of(agent)
+    # Fake GPUs request none.
+    fake = container(find(render("plans"), "DaemonSet"))
+    assert "nvidia.com/gpu" not in fake.get("resources", {}).get("limits", {})
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    assert policies["r-headroom-agent"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9421}]}]
+    assert "r-headroom-postgresql" not in policies
+    bundled = render("bundled-postgres")
+    db = [d["spec"] for d in bundled if d["kind"] == "NetworkPolicy"
+          and d["metadata"]["name"] == "r-headroom-postgresql"]
+    assert db and db[0]["ingress"][0]["from"][0]["podSelector"]["matchLabels"][
+        "app.kubernetes.io/component"] == "coordinator"
+    assert not [d for d in render("default", "--set", "networkPolicy.enabled=false")
+                if d["kind"] == "NetworkPolicy"]
 
 
 def test_generated_tokens_are_long_random_and_distinct() -> None:
@@ -368,9 +405,12 @@ class Pod:
     with the `fsGroup` as a supplementary group."""
 
     def __init__(self, doc: dict[str, Any], docs: list[dict[str, Any]], root: Path,
-                 given: dict[str, dict[str, str]], field_refs: dict[str, str]) -> None:
+                 given: dict[str, dict[str, str]], field_refs: dict[str, str],
+                 init: str | None = None) -> None:
         spec = doc["spec"]["template"]["spec"]
-        self.c = container(doc)
+        # The pod's container, or (`init`) the init container of that name.
+        self.c = (container(doc) if init is None
+                  else next(c for c in spec["initContainers"] if c["name"] == init))
         self.root = root
         pod_sc = spec.get("securityContext", {})
         sc = {**pod_sc, **self.c.get("securityContext", {})}
@@ -416,7 +456,7 @@ class Pod:
                 self.env[e["name"]] = self.local(e["value"])
             else:
                 self.env[e["name"]] = field_refs[e["valueFrom"]["fieldRef"]["fieldPath"]]
-        self.ports = {p["name"]: p["containerPort"] for p in self.c["ports"]}
+        self.ports = {p["name"]: p["containerPort"] for p in self.c.get("ports", [])}
         self.local_ports = {n: free_port() for n in self.ports}
         for k, v in self.env.items():
             for n, p in self.ports.items():
@@ -431,7 +471,8 @@ class Pod:
         return value
 
     def start(self, bin_dir: Path, log: Path) -> None:
-        command = [str(bin_dir / self.c["command"][0]), *self.c.get("args", [])]
+        command = [str(bin_dir / self.c["command"][0]), *self.c["command"][1:],
+                   *self.c.get("args", [])]
         env = {"PATH": os.environ["PATH"], "HOME": str(self.root), **self.env}
         ids: dict[str, Any] = {}
         if self.uid != os.geteuid():
@@ -505,6 +546,13 @@ def test_the_binaries_run_with_what_the_chart_renders(database: str) -> None:
             assert svc["spec"]["ports"][0]["targetPort"] == "http"
 
             for node in ("gpu-07", "gpu-99"):
+                # The init container first: the node's credential, then it ends.
+                join = Pod(find(docs, "DaemonSet"), docs, root / node, given,
+                           {"spec.nodeName": node}, init="join")
+                join.env["HEADROOM_COORDINATOR"] = url
+                join.start(bin_dir, root / f"{node}-join.log")
+                assert join.proc is not None and join.proc.wait(timeout=60) == 0, \
+                    (root / f"{node}-join.log").read_text()
                 agent = Pod(find(docs, "DaemonSet"), docs, root / node, given,
                             {"spec.nodeName": node})
                 agent.env["HEADROOM_COORDINATOR"] = url
@@ -529,8 +577,9 @@ def test_the_binaries_run_with_what_the_chart_renders(database: str) -> None:
                 for what in ("environ", "cmdline"):
                     seen = Path(f"/proc/{agent.proc.pid}/{what}").read_bytes()
                     assert token.encode() not in seen
-                    join = Path(agent.env["HEADROOM_JOIN_TOKEN_FILE"]).read_text().strip()
-                    assert join.encode() not in seen
+                # The agent's container has no join token to read.
+                assert "HEADROOM_JOIN_TOKEN_FILE" not in agent.env
+                assert "/etc/headroom/join" not in agent.mounts
             status, _ = http(f"{url}/v1/nodes", user_token)
             assert status == 200, "the tokens file's user token is taken"
 

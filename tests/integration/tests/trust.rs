@@ -679,6 +679,30 @@ fn agents_sharing_a_join_token_each_get_their_nodes_own_credential() {
         tokens.contains("gpu-a") && tokens.contains("gpu-b") && tokens.contains("lab-join"),
         "{tokens}"
     );
+
+    // `--join-only` (the chart's init container): the credential made and kept, the agent
+    // gone; the agent then starts without the join token. A node the join token does not
+    // name gets nothing, and the refusal says which nodes it names.
+    let join_only = |node: &str| {
+        Command::new(binary("headroom-agent"))
+            .args(["--join-only", "--coordinator", &url, "--node", node])
+            .arg("--data-dir")
+            .arg(dir.path().join(node))
+            .arg("--join-token-file")
+            .arg(&join_file)
+            .output()
+            .expect("headroom-agent --join-only")
+    };
+    let out = join_only("gpu-c");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(dir.path().join("gpu-c").join("node-token").exists());
+    let _c = Agent::start(&url, dir.path(), AgentOptions::node("gpu-c")).expect("agent");
+    registered("gpu-c", None);
+    let out = join_only("cpu-x");
+    assert!(!out.status.success(), "a node the join token does not name joined");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("gpu-*") && err.contains("cpu-x"), "{err}");
+    assert!(!dir.path().join("cpu-x").join("node-token").exists());
 }
 
 /// A `headroom up` not run as root runs every job as its own account, which holds its admin

@@ -69,3 +69,8 @@ A generated secret value, kept across upgrades: the existing Secret's, else rand
 {{- randAlphaNum (int .length) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Whether the agent requests its node's GPUs (real ones, a count given): "true" or "". */}}
+{{- define "headroom.requestsGpus" -}}
+{{- if and (ne .Values.agent.gpuBackend "fake") (gt (int .Values.agent.gpusPerNode) 0) -}}true{{- end -}}
+{{- end -}}
