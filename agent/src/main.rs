@@ -72,6 +72,7 @@ async fn run() -> anyhow::Result<()> {
             &data_dir,
             args.settings.join_token_file.as_deref(),
             &args.coordinator,
+            args.settings.ca_file.as_deref(),
             &node,
         )
         .await?;
@@ -83,7 +84,9 @@ async fn run() -> anyhow::Result<()> {
         );
         eprintln!(
             "headroom-agent: node {node}'s credential is kept in {}",
-            data_dir.join(headroom_agent::agent::join::CREDENTIAL_FILE).display()
+            data_dir
+                .join(headroom_agent::agent::join::CREDENTIAL_FILE)
+                .display()
         );
         return Ok(());
     }
@@ -102,6 +105,7 @@ async fn run() -> anyhow::Result<()> {
             &config.data_dir,
             args.settings.join_token_file.as_deref(),
             &config.coordinator,
+            config.ca_file.as_deref(),
             &config.node,
         )
         .await?;

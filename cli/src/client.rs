@@ -52,6 +52,13 @@ pub fn with_hint(e: anyhow::Error, api: &Api, left_by_up: Option<&Path>) -> anyh
         return e;
     };
     match ce {
+        ClientError::Unreachable { base, source } if cause(source).contains("certificate") => {
+            anyhow!(
+                "cannot reach the coordinator at {base}: {} (its certificate is not one this \
+                 machine trusts: give its CA with --ca-file or HEADROOM_CA_FILE)",
+                cause(source)
+            )
+        }
         ClientError::Unreachable { base, source } => anyhow!(
             "cannot reach the coordinator at {base}: {} (set --server or HEADROOM_SERVER; is \
              `headroom up` running?)",

@@ -66,6 +66,10 @@ pub struct Cli {
         conflicts_with = "token"
     )]
     pub token_file: Option<PathBuf>,
+    /// A PEM file of certificates to trust for an `https://` coordinator, beside the system's
+    /// (a lab's own CA, a proxy's self-signed certificate).
+    #[arg(long, global = true, env = "HEADROOM_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -353,7 +357,8 @@ fn token_for_up(cli: &Cli, args: &up::UpArgs) -> Result<Option<BearerToken>> {
 /// `headroom` becomes it ([`node::exec`]), so that a client command loads none of their code.
 pub async fn run(cli: Cli) -> Result<i32> {
     let (token, left_by_up) = token_of(&cli)?;
-    let api = Api::new(&cli.server)?.with_token(token.as_ref().map(BearerToken::expose))?;
+    let api = Api::new_with(&cli.server, cli.ca_file.as_deref())?
+        .with_token(token.as_ref().map(BearerToken::expose))?;
     match cli.command {
         Command::Completions { shell } => {
             // Into a buffer first: the generator panics when its writer fails (`| head`).

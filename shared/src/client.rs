@@ -69,6 +69,12 @@ pub enum ClientError {
     /// A token that cannot go in a header (a newline, a non-ASCII character).
     #[error("the token is not usable in an HTTP header (control or non-ASCII characters)")]
     BadToken,
+    /// The CA file (`--ca-file`) cannot be used.
+    #[error("CA file {}: {message}", path.display())]
+    Ca {
+        path: std::path::PathBuf,
+        message: String,
+    },
 }
 
 fn refusal_text(field: &Option<String>, message: &str) -> String {
@@ -102,7 +108,8 @@ impl ClientError {
             ClientError::Stale { .. }
             | ClientError::UnknownAgent(_)
             | ClientError::Build(_)
-            | ClientError::BadToken => false,
+            | ClientError::BadToken
+            | ClientError::Ca { .. } => false,
         }
     }
 }
@@ -154,14 +161,36 @@ impl fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client of the coordinator at `base` (`http://host:port`).
+    /// A client of the coordinator at `base` (`http://host:port` or `https://...`, trusted by
+    /// the system's roots).
     pub fn new(base: &str) -> Result<Self, ClientError> {
-        let http = reqwest::Client::builder()
+        Self::new_with(base, None)
+    }
+
+    /// A client of the coordinator at `base`; an `https://` one is trusted by the system's
+    /// roots and, when given, the certificates of `ca_file` (PEM: a lab's own CA, a
+    /// self-signed proxy).
+    pub fn new_with(base: &str, ca_file: Option<&std::path::Path>) -> Result<Self, ClientError> {
+        // Once per process; a second install finds it done.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_keepalive(Duration::from_secs(30))
-            .build()
-            .map_err(ClientError::Build)?;
+            .tcp_keepalive(Duration::from_secs(30));
+        if let Some(path) = ca_file {
+            let ca = |message: String| ClientError::Ca {
+                path: path.to_path_buf(),
+                message,
+            };
+            let pem = std::fs::read(path).map_err(|e| ca(e.to_string()))?;
+            let certs =
+                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ca(e.to_string()))?;
+            if certs.is_empty() {
+                return Err(ca("holds no PEM certificate".to_string()));
+            }
+            builder = builder.tls_certs_merge(certs);
+        }
+        let http = builder.build().map_err(ClientError::Build)?;
         Ok(Self {
             http,
             base: base.trim_end_matches('/').to_string(),

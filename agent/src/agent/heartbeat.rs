@@ -282,6 +282,7 @@ mod tests {
                 telemetry_buffer: 10,
                 metrics_addr: None,
                 token: None,
+                ca_file: None,
                 gpu: crate::gpu::BackendChoice::Nvml,
                 on_exit: Default::default(),
                 supervisor_exe: crate::supervisor::SELF_EXE.into(),

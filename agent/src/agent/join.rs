@@ -35,6 +35,7 @@ pub async fn credential(
     data_dir: &Path,
     join_token_file: Option<&Path>,
     coordinator: &str,
+    ca_file: Option<&Path>,
     node: &str,
 ) -> Result<Option<BearerToken>, JoinError> {
     let kept = data_dir.join(CREDENTIAL_FILE);
@@ -50,7 +51,7 @@ pub async fn credential(
         node: node.to_string(),
         source,
     };
-    let client = Client::new(coordinator)
+    let client = Client::new_with(coordinator, ca_file)
         .and_then(|c| c.with_token(Some(&join)))
         .map_err(exchange)?;
     let made = client.join(node).await.map_err(exchange)?;

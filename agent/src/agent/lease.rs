@@ -58,6 +58,7 @@ pub(crate) async fn run(
         fence_after_ms: millis(budget.fence_after),
         every_ms: millis(budget.every),
         ttl_ms: millis(budget.ttl),
+        ca_file: shared.cfg.ca_file.clone(),
     });
     let fence = lease.fence;
     let gpus = lease.gpus.clone();

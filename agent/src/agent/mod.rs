@@ -65,6 +65,8 @@ pub struct AgentConfig {
     /// Where `GET /metrics` is served (none: not at all).
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Sent as `Authorization: Bearer` on every call (a token of role `agent`).
+    /// Certificates to trust for an `https://` coordinator, beside the system's.
+    pub ca_file: Option<std::path::PathBuf>,
     pub token: Option<BearerToken>,
     /// The GPU backend, as each attempt's supervisor process opens it too.
     pub gpu: BackendChoice,
@@ -274,7 +276,7 @@ impl Agent {
         );
         Ok(Self {
             shared: Arc::new(Shared {
-                client: Client::new(&cfg.coordinator)?
+                client: Client::new_with(&cfg.coordinator, cfg.ca_file.as_deref())?
                     .with_token(cfg.token.as_ref().map(BearerToken::expose))?,
                 scope,
                 cgroups,

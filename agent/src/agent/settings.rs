@@ -101,6 +101,10 @@ pub struct AgentSettings {
     /// from then on. The join token itself can do nothing else.
     #[arg(long, env = "HEADROOM_JOIN_TOKEN_FILE")]
     pub join_token_file: Option<PathBuf>,
+    /// A PEM file of certificates to trust for an `https://` coordinator, beside the
+    /// system's (a lab's own CA); the agent's supervisors use it too.
+    #[arg(long, env = "HEADROOM_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
     /// Variables of the agent's environment that jobs get too, besides PATH, HOME, USER,
     /// LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TERM, TMPDIR, LD_LIBRARY_PATH, CUDA_HOME and
     /// CUDA_PATH (comma-separated or repeated). Nothing else of the agent's environment
@@ -202,6 +206,7 @@ impl AgentSettings {
             telemetry_buffer: self.telemetry_buffer,
             metrics_addr: self.metrics_addr,
             token: self.token()?,
+            ca_file: self.ca_file.clone(),
             pass_env: self.pass_env.clone(),
             run_as_default: self.run_as_default.clone(),
         })

@@ -33,6 +33,9 @@ pub struct Direct {
     /// with a shorter one brings the fence in by the difference.
     #[serde(default)]
     pub ttl_ms: u64,
+    /// Certificates to trust for an `https://` coordinator (the agent's `--ca-file`).
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl fmt::Debug for Direct {
@@ -43,6 +46,7 @@ impl fmt::Debug for Direct {
             .field("fence_after_ms", &self.fence_after_ms)
             .field("every_ms", &self.every_ms)
             .field("ttl_ms", &self.ttl_ms)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -125,7 +129,8 @@ impl DirectLink {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let c = Client::new(&self.params.server)?.with_token(Some(&self.params.key))?;
+        let c = Client::new_with(&self.params.server, self.params.ca_file.as_deref())?
+            .with_token(Some(&self.params.key))?;
         self.client = Some(c.clone());
         Ok(c)
     }
@@ -267,6 +272,7 @@ mod tests {
                 fence_after_ms,
                 every_ms,
                 ttl_ms: 0,
+                ca_file: None,
             },
             AttemptId::new(),
             1,

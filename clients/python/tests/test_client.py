@@ -573,3 +573,68 @@ async def test_the_async_wait_raises_on_failure(cluster: str) -> None:
             await exp.wait(timeout=60, raise_on_failure=True)
         jobs = await exp.jobs(frame=False)
         assert e.value.failures == {jobs[0]["id"]: "nonzero"}
+
+
+def _tls_front(backend: str, dir: Path) -> "tuple[str, Path]":
+    """A TLS front for the coordinator at ``backend``, as a lab's proxy puts one: a
+    certificate for 127.0.0.1 signed by a CA of the test's own; its URL and the CA's PEM."""
+    import asyncio
+    import ssl
+    import subprocess
+    import threading
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=dir, check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+            "ca.pem", "-days", "1", "-subj", "/CN=headroom test CA")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr",
+            "-subj", "/CN=127.0.0.1")
+    (dir / "ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "srv.pem", "-days", "1", "-extfile", "ext")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(dir / "srv.pem", dir / "srv.key")
+    host, port = backend.removeprefix("http://").split(":")
+    started: "list[int]" = []
+    ready = threading.Event()
+
+    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            w.close()
+
+    async def serve() -> None:
+        async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+            sr, sw = await asyncio.open_connection(host, int(port))
+            await asyncio.gather(pipe(cr, sw), pipe(sr, cw))
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+        started.append(server.sockets[0].getsockname()[1])
+        ready.set()
+        await server.serve_forever()
+
+    threading.Thread(target=lambda: asyncio.run(serve()), daemon=True).start()
+    assert ready.wait(30)
+    return f"https://127.0.0.1:{started[0]}", dir / "ca.pem"
+
+
+def test_an_https_coordinator_is_reached_with_its_ca(cluster: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("HEADROOM_CA_FILE", raising=False)
+    url, ca = _tls_front(cluster, tmp_path)
+    with Client(url, TOKEN, ca_file=ca) as c:
+        assert any(n.alive for n in c.nodes())
+    monkeypatch.setenv("HEADROOM_CA_FILE", str(ca))
+    with Client(url, TOKEN) as c:
+        assert c.progress().version >= 0
+    monkeypatch.delenv("HEADROOM_CA_FILE")
+    with Client(url, TOKEN) as c:
+        with pytest.raises(ConnectionFailed, match="ca_file"):
+            c.nodes()
+    with pytest.raises(ValueError, match="ca_file"):
+        Client(url, TOKEN, ca_file=tmp_path / "ext")

@@ -11,7 +11,7 @@
 //!   `Tx`): what a backend must run.
 //! - `sqlite`, `postgres`: the backends: `Exec` in their dialect, transactions, and what only
 //!   one has (pools, batch inserts, advisory locks, NOTIFY, migrations; SQLite's WAL
-//!   checkpointer, `sqlite::checkpoint`).
+//!   checkpointer, `sqlite::checkpoint`; PostgreSQL's TLS in libpq's words, `pgtls`).
 //! - `rows`: one row decoder for both backends.
 //!
 //! The decisions live in `crate::rules` (pure); this module reads their facts and writes
@@ -38,6 +38,7 @@ mod experiments;
 mod jobs;
 mod leases;
 mod nodes;
+mod pgtls;
 pub mod postgres;
 pub(crate) mod rows;
 mod sharing;

@@ -14,9 +14,9 @@ use deadpool_postgres::{
 };
 use headroom_shared::api::TelemetrySample;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::types::{FromSql, IsNull, Json, ToSql, Type, to_sql_checked};
-use tokio_postgres::{AsyncMessage, Client, Connection, IsolationLevel, NoTls, Row, Socket};
+use tokio_postgres::{AsyncMessage, Client, Connection, IsolationLevel, Row, Socket};
+use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 
 use super::exec::{Arg, Dialect, EachRow, Exec, Raw, RowRef};
@@ -56,6 +56,8 @@ pub const LISTENER_APPLICATION_NAME: &str = "headroom-listen";
 pub struct PostgresStore {
     pool: Pool,
     config: tokio_postgres::Config,
+    /// How connections are made over TLS (`sslmode`, `sslrootcert`: `pgtls`).
+    tls: MakeRustlsConnect,
     /// Payload of this store's notifications: its own are skipped by its listener, since
     /// the store already woke this process's waiters.
     origin: String,
@@ -116,19 +118,26 @@ impl PostgresStore {
     /// Connects a pool to `url` (`postgres://user:password@host:port/dbname?...`) and runs
     /// pending migrations.
     pub async fn connect(url: &str) -> Result<Self> {
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+        let bad = |e: String| {
             StoreError::Database(format!("bad database URL `{}`: {e}", redact_url(url)))
-        })?;
+        };
+        let asked = super::pgtls::asked(url).map_err(bad)?;
+        let tls = super::pgtls::connector(asked.mode, asked.root_cert.as_deref()).map_err(bad)?;
+        let mut config: tokio_postgres::Config = asked
+            .url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| bad(e.to_string()))?;
+        config.ssl_mode(asked.mode.ssl_mode());
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         if config.get_application_name().is_none() {
             config.application_name("headroom-coordinator");
         }
-        migrate(&config).await?;
+        migrate(&config, tls.clone()).await?;
         let manager = Manager::from_config(
             config.clone(),
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 // A connection whose socket closed (database restart) is dropped on checkout.
                 recycling_method: RecyclingMethod::Fast,
@@ -145,6 +154,7 @@ impl PostgresStore {
         Ok(Self {
             pool,
             config,
+            tls,
             origin: uuid::Uuid::new_v4().simple().to_string(),
             changes: Changes::default(),
         })
@@ -156,8 +166,8 @@ impl PostgresStore {
 }
 
 /// Runs pending migrations on a connection of its own, under an advisory lock.
-async fn migrate(config: &tokio_postgres::Config) -> Result<()> {
-    let (mut client, connection) = config.connect(NoTls).await?;
+async fn migrate(config: &tokio_postgres::Config, tls: MakeRustlsConnect) -> Result<()> {
+    let (mut client, connection) = config.connect(tls).await?;
     let driver = tokio::spawn(connection);
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
@@ -316,8 +326,8 @@ fn noticed(payload: &str, origin: &str) -> Option<Change> {
 
 /// Polls the listener's connection: notifications arrive only while it is polled. Returns
 /// why the connection ended.
-async fn deliver(
-    connection: &mut Connection<Socket, NoTlsStream>,
+async fn deliver<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    connection: &mut Connection<Socket, T>,
     origin: &str,
     on_change: &OnChange,
 ) -> String {
@@ -358,13 +368,14 @@ async fn subscribe(client: &Client, on_change: &OnChange, backoff: &mut Duration
 /// One listening session on a dedicated connection; returns why it ended.
 async fn listen_once(
     config: &tokio_postgres::Config,
+    tls: MakeRustlsConnect,
     origin: &str,
     on_change: &OnChange,
     backoff: &mut Duration,
 ) -> String {
     let mut config = config.clone();
     config.application_name(LISTENER_APPLICATION_NAME);
-    let (client, mut connection) = match config.connect(NoTls).await {
+    let (client, mut connection) = match config.connect(tls).await {
         Ok(c) => c,
         Err(e) => return db_error(&e),
     };
@@ -431,7 +442,7 @@ impl Backend for PostgresStore {
         loop {
             let why = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                why = listen_once(&self.config, &self.origin, &on_change, &mut backoff) => why,
+                why = listen_once(&self.config, self.tls.clone(), &self.origin, &on_change, &mut backoff) => why,
             };
             tracing::warn!(
                 "change notifications from PostgreSQL interrupted ({why}); reconnecting in {backoff:?}"

@@ -2,7 +2,8 @@
 //! directory with fake GPUs, talk to it over HTTP and through the CLI. The one place tests
 //! share their setup: `standalone` starts a coordinator and agents as separate binaries,
 //! `records` reads what fake jobs recorded, `prom` parses Prometheus pages with a real parser,
-//! `postgres` starts a throwaway cluster, `link` is a connection a test can cut.
+//! `postgres` starts a throwaway cluster, `link` is a connection a test can cut, `tls` a TLS
+//! front as a lab's proxy puts one before a coordinator.
 
 mod link;
 mod postgres;
@@ -10,6 +11,7 @@ pub mod prom;
 pub mod records;
 pub mod standalone;
 mod tables;
+pub mod tls;
 
 pub use link::Link;
 pub use postgres::Postgres;

@@ -694,12 +694,19 @@ fn agents_sharing_a_join_token_each_get_their_nodes_own_credential() {
             .expect("headroom-agent --join-only")
     };
     let out = join_only("gpu-c");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(dir.path().join("gpu-c").join("node-token").exists());
     let _c = Agent::start(&url, dir.path(), AgentOptions::node("gpu-c")).expect("agent");
     registered("gpu-c", None);
     let out = join_only("cpu-x");
-    assert!(!out.status.success(), "a node the join token does not name joined");
+    assert!(
+        !out.status.success(),
+        "a node the join token does not name joined"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("gpu-*") && err.contains("cpu-x"), "{err}");
     assert!(!dir.path().join("cpu-x").join("node-token").exists());
@@ -792,4 +799,76 @@ fn a_root_process_takes_no_other_users_data_directory_nor_its_links() {
     assert!(log.contains("symbolic link"), "{log}");
     let mode = std::fs::metadata(&target).expect("meta").mode() & 0o7777;
     assert_eq!(mode, 0o700, "the link's target was changed");
+}
+
+/// A coordinator behind TLS (a lab's proxy or ingress with its own CA): the CLI and an agent
+/// reach its `https://` address with the CA given (`--ca-file`, `HEADROOM_CA_FILE`), run a
+/// job through it end to end, and without the CA the CLI says the certificate is not
+/// trusted and what to give, rather than that the scheme is not http.
+#[test]
+fn the_cli_and_agents_reach_a_coordinator_behind_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let coord = Coordinator::start(dir.path(), &["--admin-token", ADMIN]).expect("coordinator");
+    let plain = coord.url.trim_start_matches("http://").to_string();
+    let front = headroom_integration_tests::tls::TlsFront::start(&plain, dir.path()).expect("tls");
+    let ca = front.ca_file.display().to_string();
+    let https = |args: &[&str], ca: Option<&str>| {
+        let mut cmd = Command::new(binary("headroom"));
+        cmd.args(["--server", &front.url])
+            .env("HEADROOM_TOKEN", ADMIN)
+            .env_remove("HEADROOM_CA_FILE");
+        if let Some(ca) = ca {
+            cmd.env("HEADROOM_CA_FILE", ca);
+        }
+        cmd.args(args).output().expect("cli")
+    };
+    let out = https(&["nodes"], None);
+    assert!(!out.status.success(), "an unknown CA was trusted");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--ca-file") && !err.contains("scheme"),
+        "{err}"
+    );
+    let out = https(&["nodes"], Some(&ca));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let token = cli(
+        &coord.url,
+        ADMIN,
+        &["token", "create", "--name", "tls-node", "--role", "agent"],
+    )
+    .trim()
+    .to_string();
+    let _agent = Agent::start(
+        &front.url,
+        dir.path(),
+        AgentOptions::node("tls-node")
+            .env("HEADROOM_AGENT_TOKEN", &token)
+            .flags(&["--ca-file", &ca]),
+    )
+    .expect("agent");
+    wait_until("the agent over TLS", Duration::from_secs(30), || {
+        cli(&coord.url, ADMIN, &["nodes"])
+            .contains("tls-node")
+            .then_some(())
+    });
+    let spec = dir.path().join("tls.yaml");
+    std::fs::write(
+        &spec,
+        "name: over-tls\ncommand: [\"echo\", \"hello over tls\"]\n",
+    )
+    .expect("spec");
+    let out = https(
+        &["submit", &spec.display().to_string(), "--wait"],
+        Some(&ca),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -13,6 +13,7 @@ import csv
 import io
 import os
 import re
+import ssl
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -321,6 +322,13 @@ def _naming_a_left_token(err: HeadroomError, request: httpx.Request) -> Headroom
 
 
 def _unreachable(url: str, e: Exception) -> ConnectionFailed:
+    if "CERTIFICATE_VERIFY_FAILED" in str(e):
+        return ConnectionFailed(
+            0,
+            "unreachable",
+            f"cannot reach the coordinator at {url} ({e}): its certificate is not one this "
+            "machine trusts; pass Client(..., ca_file=...) or set HEADROOM_CA_FILE",
+        )
     return ConnectionFailed(
         0,
         "unreachable",
@@ -330,10 +338,14 @@ def _unreachable(url: str, e: Exception) -> ConnectionFailed:
 
 
 def _http_options(
-    url: Optional[str], token: Optional[str], token_file: Optional[PathLike], timeout: float
+    url: Optional[str],
+    token: Optional[str],
+    token_file: Optional[PathLike],
+    timeout: float,
+    ca_file: Optional[PathLike] = None,
 ) -> Dict[str, Any]:
-    """What both clients give httpx: the base URL, the headers, and a read timeout past one
-    long-poll."""
+    """What both clients give httpx: the base URL, the headers, a read timeout past one
+    long-poll, and the certificates an ``https://`` coordinator is trusted by."""
     # The CLI's variable first; HEADROOM_URL is what earlier clients read.
     base = (
         url or os.environ.get("HEADROOM_SERVER") or os.environ.get("HEADROOM_URL") or DEFAULT_URL
@@ -342,7 +354,23 @@ def _http_options(
         "base_url": base,
         "headers": _headers(token, base, token_file),
         "timeout": httpx.Timeout(timeout, read=timeout + POLL_MS / 1000),
+        "verify": _trust(ca_file),
     }
+
+
+def _trust(ca_file: Optional[PathLike]) -> Any:
+    """The system's roots, and the certificates of ``ca_file`` (else ``$HEADROOM_CA_FILE``),
+    as the CLI trusts them: a lab's own CA, a proxy's self-signed certificate."""
+    path = ca_file if ca_file is not None else os.environ.get("HEADROOM_CA_FILE")
+    if not path:
+        return True
+    context = ssl.create_default_context()
+    try:
+        context.load_verify_locations(cafile=os.fspath(path))
+    except (OSError, ssl.SSLError) as e:
+        source = "ca_file" if ca_file is not None else "HEADROOM_CA_FILE"
+        raise ValueError(f"{source} {path}: not a PEM file of certificates: {e}") from e
+    return context
 
 
 def _finished(p: Progress) -> bool:
@@ -437,10 +465,11 @@ class Client:
         token: Optional[str] = None,
         *,
         token_file: Optional[PathLike] = None,
+        ca_file: Optional[PathLike] = None,
         timeout: float = 30.0,
         transport: Optional[httpx.BaseTransport] = None,
     ) -> None:
-        options = _http_options(url, token, token_file, timeout)
+        options = _http_options(url, token, token_file, timeout, ca_file)
         self.url: str = options["base_url"]
         self._http = httpx.Client(**options, transport=transport)
 
@@ -832,10 +861,11 @@ class AsyncClient:
         token: Optional[str] = None,
         *,
         token_file: Optional[PathLike] = None,
+        ca_file: Optional[PathLike] = None,
         timeout: float = 30.0,
         transport: Optional[httpx.AsyncBaseTransport] = None,
     ) -> None:
-        options = _http_options(url, token, token_file, timeout)
+        options = _http_options(url, token, token_file, timeout, ca_file)
         self.url: str = options["base_url"]
         self._http = httpx.AsyncClient(**options, transport=transport)
 
