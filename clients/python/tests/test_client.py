@@ -311,7 +311,7 @@ def test_a_refused_token_left_by_a_local_up_is_named_by_its_file(tmp_path, no_to
     outright is not blamed on it."""
     from headroom_client import UnauthorizedError, local_token_path
 
-    url, coord = start_coordinator(tmp_path / "c", "--admin-token", "py-admin-token-0123456789ab")
+    url, coord = start_coordinator(tmp_path / "c", "--admin-token", "py-admin-token-0123456789abcdefgh")
     try:
         path = local_token_path(url)
         assert path is not None
