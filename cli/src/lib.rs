@@ -111,7 +111,8 @@ pub enum Command {
     },
     /// A job with its attempts.
     Show {
-        id: JobId,
+        /// The job: its id, a unique start of it (`0193ab7c`), or `EXPERIMENT/INDEX`.
+        id: String,
         /// Also each attempt's GPU telemetry over its run: power, energy, temperature,
         /// utilization, memory, clocks and throttling.
         #[arg(long)]
@@ -122,15 +123,17 @@ pub enum Command {
     },
     /// The log of a job's latest attempt (or of an attempt).
     Logs {
+        /// The job (its id, a unique start of it, or `EXPERIMENT/INDEX`) or an attempt's id.
         id: String,
         /// Follow the log until the attempt ends.
         #[arg(long, short)]
         follow: bool,
     },
-    /// Cancel a job, or every unfinished job of an experiment (id or name).
+    /// Cancel a job (its id, a unique start of it, or `EXPERIMENT/INDEX`), or every unfinished
+    /// job of an experiment (id or name).
     Cancel { id: String },
-    /// Run a finished job once more.
-    Retry { id: JobId },
+    /// Run a finished job once more (its id, a unique start of it, or `EXPERIMENT/INDEX`).
+    Retry { id: String },
     /// Nodes, their GPUs, memory and slots in use.
     Nodes {
         /// `table`, or `json`: the API's documents, with its field names.
@@ -454,7 +457,7 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             telemetry,
             output: format,
         } => {
-            let job = api.job(id).await?;
+            let job = api.job(resolve_job(api, &id).await?).await?;
             let mut series = Vec::new();
             if telemetry {
                 for a in &job.attempts_detail {
@@ -478,20 +481,34 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
         }
         Command::Logs { id, follow } => output::logs(api, &id, follow).await?,
         Command::Cancel { id } => {
-            if let Ok(job) = id.parse::<JobId>()
-                && api.find_job(job).await?.is_some()
-            {
+            let job = match id.parse::<JobId>() {
+                Ok(job) => api.find_job(job).await?.map(|_| job),
+                Err(_) if id.contains('/') => Some(resolve_job(api, &id).await?),
+                Err(_) => None,
+            };
+            if let Some(job) = job {
                 let r = api.cancel_job(job).await?;
                 outln!("cancelled {} job", r.cancelled);
                 return Ok(0);
             }
-            let exp = resolve_experiment(api, Some(&id))
-                .await?
-                .ok_or_else(|| anyhow!("no job or experiment `{id}`"))?;
+            // An experiment by id or name, else a short job id.
+            let exp = match resolve_experiment(api, Some(&id)).await {
+                Ok(exp) => exp,
+                Err(e) => match resolve_job(api, &id).await {
+                    Ok(job) => {
+                        let r = api.cancel_job(job).await?;
+                        outln!("cancelled {} job", r.cancelled);
+                        return Ok(0);
+                    }
+                    Err(_) => return Err(e.context(format!("no job or experiment `{id}`"))),
+                },
+            };
+            let exp = exp.ok_or_else(|| anyhow!("no job or experiment `{id}`"))?;
             let r = api.cancel_experiment(exp).await?;
             outln!("cancelled {} jobs of experiment {exp}", r.cancelled);
         }
         Command::Retry { id } => {
+            let id = resolve_job(api, &id).await?;
             api.retry(id).await?;
             outln!("job {id} queued for another attempt");
         }
@@ -677,6 +694,69 @@ pub async fn submit(
         return output::wait(api, Some(exp)).await;
     }
     Ok(0)
+}
+
+/// The fewest characters of a job id taken as a short id.
+const SHORT_ID_MIN: usize = 4;
+
+/// A job given by its id, by a unique start of it (as git takes a short commit id), or as
+/// `EXPERIMENT/INDEX` (the experiment by id or name, the job's index in it).
+pub async fn resolve_job(api: &Api, given: &str) -> Result<JobId> {
+    use headroom_shared::api::JobsQuery;
+    if let Ok(id) = given.parse::<JobId>() {
+        return Ok(id);
+    }
+    if let Some((exp, index)) = given.rsplit_once('/') {
+        let index: u32 = index.parse().map_err(|_| {
+            anyhow!("`{given}`: after the `/` comes the job's index in its experiment (0, 1, ...)")
+        })?;
+        let exp = resolve_experiment(api, Some(exp))
+            .await?
+            .ok_or_else(|| anyhow!("`{given}`: no experiment"))?;
+        let found = api
+            .jobs_where(&JobsQuery {
+                experiment: Some(exp.to_string()),
+                index: Some(index),
+                ..Default::default()
+            })
+            .await?;
+        return found
+            .first()
+            .map(|j| j.id)
+            .ok_or_else(|| anyhow!("experiment {exp} has no job of index {index}"));
+    }
+    let prefix = given.to_ascii_lowercase();
+    let hex = prefix.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+    if !hex || prefix.len() < SHORT_ID_MIN {
+        bail!(
+            "`{given}` is not a job: give its id, at least {SHORT_ID_MIN} of its first characters, \
+             or EXPERIMENT/INDEX"
+        );
+    }
+    let found = api
+        .jobs_where(&JobsQuery {
+            id_prefix: Some(prefix),
+            limit: Some(5),
+            ..Default::default()
+        })
+        .await?;
+    match found.as_slice() {
+        [] => bail!("no job id starts with `{given}`"),
+        [one] => Ok(one.id),
+        several => bail!(
+            "`{given}` starts {} job ids ({}): give more of it",
+            if several.len() >= 5 {
+                "at least 5"
+            } else {
+                "several"
+            },
+            several
+                .iter()
+                .map(|j| j.id.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
 }
 
 /// An experiment given by id or by name (the newest of that name).

@@ -653,18 +653,20 @@ pub async fn wait(api: &Api, experiment: Option<ExperimentId>) -> Result<i32> {
 }
 
 pub async fn logs(api: &Api, id: &str, follow: bool) -> Result<()> {
-    let attempt: AttemptId = match id.parse::<JobId>() {
-        Ok(job) => match api.find_job(job).await? {
-            Some(d) => d
-                .attempts_detail
-                .last()
-                .map(|a| a.id)
-                .ok_or_else(|| anyhow!("job {job} has not started yet"))?,
-            None => id
-                .parse()
-                .map_err(|_| anyhow!("no job or attempt `{id}`"))?,
-        },
-        Err(_) => return Err(anyhow!("`{id}` is not a job or attempt id")),
+    // A full id is a job's or an attempt's; anything shorter names a job.
+    let job = match id.parse::<JobId>() {
+        Ok(job) => api.find_job(job).await?,
+        Err(_) => Some(api.job(crate::resolve_job(api, id).await?).await?),
+    };
+    let attempt: AttemptId = match job {
+        Some(d) => d
+            .attempts_detail
+            .last()
+            .map(|a| a.id)
+            .ok_or_else(|| anyhow!("job {} has not started yet", d.summary.id))?,
+        None => id
+            .parse()
+            .map_err(|_| anyhow!("no job or attempt `{id}`"))?,
     };
     let mut offset = 0;
     let mut out = std::io::stdout();

@@ -2578,9 +2578,8 @@ async fn a_job_that_fits_starts_behind_any_number_that_do_not(s: Backend) {
     // The ones ahead say why they wait.
     let waiting = s
         .list_jobs(JobFilter {
-            experiment: None,
             state: Some(JobState::Queued),
-            limit: None,
+            ..Default::default()
         })
         .await
         .expect("jobs");
@@ -2608,6 +2607,7 @@ async fn jobs_are_listed_by_experiment_state_and_limit(s: Backend) {
                 experiment,
                 state,
                 limit,
+                ..Default::default()
             })
             .await
             .expect("jobs")
@@ -2638,6 +2638,38 @@ async fn jobs_are_listed_by_experiment_state_and_limit(s: Backend) {
             .len(),
         3
     );
+    // A short id, as git takes one: a prefix names the jobs whose id starts with it, and an
+    // experiment's index names its job.
+    let target = of_second[2].id.to_string();
+    let by_prefix = |p: String| {
+        let s = s.clone();
+        async move {
+            s.list_jobs(JobFilter {
+                id_prefix: Some(p),
+                limit: Some(2),
+                ..Default::default()
+            })
+            .await
+            .expect("jobs")
+        }
+    };
+    let found = by_prefix(target.clone()).await;
+    assert_eq!(
+        found.iter().map(|j| j.id).collect::<Vec<_>>(),
+        [of_second[2].id]
+    );
+    // Ids of one experiment share their first characters: a short prefix matches several.
+    assert_eq!(by_prefix(target[..4].to_string()).await.len(), 2);
+    assert!(by_prefix("ffffffff-ffff".to_string()).await.is_empty());
+    let third = s
+        .list_jobs(JobFilter {
+            experiment: Some(second),
+            index: Some(3),
+            ..Default::default()
+        })
+        .await
+        .expect("jobs");
+    assert_eq!(third.iter().map(|j| j.index).collect::<Vec<_>>(), [3]);
 }
 
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.

@@ -352,6 +352,8 @@ impl Client {
             experiment: experiment.map(|e| e.to_string()),
             state: state.map(str::to_string),
             limit: None,
+            id_prefix: None,
+            index: None,
         })
         .await
     }

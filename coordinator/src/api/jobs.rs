@@ -27,6 +27,19 @@ pub async fn list(
         ),
         None => None,
     };
+    if let Some(p) = &q.id_prefix {
+        let short = p.is_empty()
+            || p.len() > 36
+            || !p
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c) || c == '-');
+        if short {
+            return Err(ApiError::invalid(
+                "id_prefix",
+                format!("`{p}` is not the start of a job id (1 to 36 of 0-9, a-f and -)"),
+            ));
+        }
+    }
     let filter = JobFilter {
         experiment: q
             .experiment
@@ -35,6 +48,8 @@ pub async fn list(
             .transpose()?,
         state,
         limit: q.limit,
+        id_prefix: q.id_prefix,
+        index: q.index,
     };
     let mut jobs = s.store.list_jobs(filter).await?;
     read_time_reasons(&s, jobs.iter_mut()).await?;

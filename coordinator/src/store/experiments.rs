@@ -76,6 +76,8 @@ pub(super) async fn export(tx: &mut dyn Tx, id: Option<ExperimentId>) -> Result<
             experiment: id.as_deref(),
             state: None,
             limit: None,
+            id_prefix: None,
+            index: None,
         })
         .await?;
     let mut attempts = tx

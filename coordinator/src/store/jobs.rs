@@ -143,6 +143,8 @@ pub(super) async fn list(tx: &mut dyn Tx, filter: JobFilter) -> Result<Vec<JobSu
         experiment: exp.as_deref(),
         state: filter.state,
         limit: filter.limit,
+        id_prefix: filter.id_prefix.as_deref(),
+        index: filter.index,
     })
     .await
 }

@@ -314,6 +314,10 @@ pub struct JobFilter {
     pub experiment: Option<ExperimentId>,
     pub state: Option<JobState>,
     pub limit: Option<u32>,
+    /// Jobs whose id starts with this (hex digits and dashes only: no pattern characters).
+    pub id_prefix: Option<String>,
+    /// The job of this index in its experiment.
+    pub index: Option<u32>,
 }
 
 /// Counts for `/metrics` that every replica reads alike from the store.

@@ -42,6 +42,8 @@ pub enum JobsWhere<'a> {
         experiment: Option<&'a str>,
         state: Option<JobState>,
         limit: Option<u32>,
+        id_prefix: Option<&'a str>,
+        index: Option<u32>,
     },
 }
 

@@ -855,6 +855,13 @@ pub struct JobsQuery {
     /// At most this many jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
+    /// Only jobs whose id starts with this (a short id, as git takes one: hex digits and
+    /// dashes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_prefix: Option<String>,
+    /// Only the job of this index in its experiment (with `experiment`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
 }
 
 /// `GET /v1/progress`: with `after`, wait up to `timeout_ms` for the version to move past it.

@@ -226,3 +226,35 @@ fn a_reader_that_goes_away_ends_the_command_quietly() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(out.status.code(), Some(141), "{err}");
 }
+
+/// A job is named as people name it: `EXPERIMENT/INDEX`, or a unique start of its id (as git
+/// takes a short commit id); a start several ids share is refused naming them, so nothing
+/// acts on the wrong job.
+#[test]
+fn jobs_are_named_by_experiment_and_index_or_a_unique_start_of_their_id() {
+    let h = up();
+    let exp = h.submit_spec(serde_json::json!({"name": "named",
+        "command": ["sh", "-c", "echo job-{x}"], "grid": {"x": [0, 1, 2]}}));
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    let by_index = |i: u32| jobs.iter().find(|j| j.index == i).expect("job").id;
+    let shown = h.cli_ok(&["show", "named/1", "--output", "json"]);
+    let detail: serde_json::Value = serde_json::from_str(&shown).expect("json");
+    assert_eq!(detail["id"], by_index(1).to_string(), "{detail}");
+    assert!(h.cli_ok(&["logs", "named/2"]).contains("job-2"));
+    // The whole id but its last character: one job.
+    let full = by_index(0).to_string();
+    let log = h.cli_ok(&["logs", &full[..full.len() - 1]]);
+    assert!(log.contains("job-0"), "{log}");
+    // Ids of one experiment share their first characters: refused, naming the candidates.
+    let out = h.cli(&["retry", &full[..8]]);
+    assert!(!out.status.success(), "a shared start retried some job");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("give more of it") && err.contains(&full[..8]),
+        "{err}"
+    );
+    let out = h.cli(&["show", "named/7"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no job of index 7"));
+    let retried = h.cli_ok(&["retry", "named/0"]);
+    assert!(retried.contains(&full), "{retried}");
+}

@@ -86,18 +86,27 @@ impl<E: Exec> JobsTx for E {
                 experiment,
                 state,
                 limit,
+                id_prefix,
+                index,
             } => {
                 // Bound, not written into the SQL: one prepared statement whatever the limit.
-                let bound = if limit.is_some() { " LIMIT $3" } else { "" };
+                let bound = if limit.is_some() { " LIMIT $5" } else { "" };
                 let sql = format!(
                     "SELECT {cols} {from} WHERE (CAST($1 AS TEXT) IS NULL OR j.experiment_id = $1) \
-                     AND (CAST($2 AS TEXT) IS NULL OR j.state = $2) ORDER BY j.seq{bound}"
+                     AND (CAST($2 AS TEXT) IS NULL OR j.state = $2) \
+                     AND (CAST($3 AS TEXT) IS NULL OR j.id LIKE $3) \
+                     AND (CAST($4 AS BIGINT) IS NULL OR j.idx = $4) ORDER BY j.seq{bound}"
                 );
                 let state = state.map(JobState::as_str);
-                let args = match limit {
-                    Some(n) => vec![Arg::from(experiment), Arg::from(state), Arg::from(n)],
-                    None => vec![Arg::from(experiment), Arg::from(state)],
-                };
+                // The caller checked it holds no pattern character.
+                let like = id_prefix.map(|p| format!("{p}%"));
+                let mut args = vec![
+                    Arg::from(experiment),
+                    Arg::from(state),
+                    Arg::from(like.as_deref()),
+                    Arg::from(index),
+                ];
+                args.extend(limit.map(Arg::from));
                 all(self, &sql, &args, |r| rows::job_summary(r)).await
             }
         }
