@@ -160,6 +160,15 @@ impl fmt::Debug for Client {
     }
 }
 
+/// An HTTP client builder with TLS ready: every reqwest client of headroom's (and of its
+/// tests) is built from this, as TLS here is rustls over ring, which must be the process's
+/// provider before a client is built (reqwest panics otherwise).
+pub fn http_builder() -> reqwest::ClientBuilder {
+    // Once per process; a second install finds it done.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
 impl Client {
     /// A client of the coordinator at `base` (`http://host:port` or `https://...`, trusted by
     /// the system's roots).
@@ -171,9 +180,7 @@ impl Client {
     /// roots and, when given, the certificates of `ca_file` (PEM: a lab's own CA, a
     /// self-signed proxy).
     pub fn new_with(base: &str, ca_file: Option<&std::path::Path>) -> Result<Self, ClientError> {
-        // Once per process; a second install finds it done.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = reqwest::Client::builder()
+        let mut builder = http_builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_keepalive(Duration::from_secs(30));

@@ -464,7 +464,7 @@ mod tests {
         let base = format!("http://{}", app.local_addr());
         let stop = CancellationToken::new();
         let server = tokio::spawn(app.run(stop.clone()));
-        let http = reqwest::Client::new();
+        let http = headroom_shared::client::http_builder().build()?;
         for route in routes::ALL {
             let args: Vec<String> = route.params().map(|_| "0".to_string()).collect();
             let args: Vec<&dyn std::fmt::Display> =

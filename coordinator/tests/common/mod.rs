@@ -41,7 +41,9 @@ impl Server {
         tokio::spawn(app.run(stop.clone()));
         Self {
             base,
-            http: reqwest::Client::new(),
+            http: headroom_shared::client::http_builder()
+                .build()
+                .expect("an HTTP client"),
             stop,
             _dir: dir,
         }

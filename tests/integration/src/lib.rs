@@ -846,7 +846,13 @@ pub fn http_get_text(url: &str) -> Result<(u16, String)> {
 
 fn text_request(method: reqwest::Method, url: &str, body: Option<String>) -> Result<(u16, String)> {
     static HTTP: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    let http = HTTP.get_or_init(reqwest::Client::new).clone();
+    let http = HTTP
+        .get_or_init(|| {
+            headroom_shared::client::http_builder()
+                .build()
+                .expect("an HTTP client")
+        })
+        .clone();
     let mut req = http
         .request(method.clone(), url)
         .timeout(Duration::from_secs(30));

@@ -79,7 +79,15 @@ pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<
 
 /// GETs a page over plain HTTP/1.1 (no client library between the test and the bytes).
 pub fn fetch(url: &str) -> Result<String> {
-    let resp =
-        crate::block_on(async { reqwest::get(url).await?.error_for_status()?.text().await })??;
+    let resp = crate::block_on(async {
+        headroom_shared::client::http_builder()
+            .build()?
+            .get(url)
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await
+    })??;
     Ok(resp)
 }
