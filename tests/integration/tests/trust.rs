@@ -511,7 +511,8 @@ fn a_job_inherits_no_descriptor_of_its_agent() {
     let spec = h.path("fd3.yaml");
     std::fs::write(
         &spec,
-        "name: fd3\ncommand: [\"sh\", \"-c\", \"echo PATH=$PATH; cat <&3; ls /proc/$$/fd | tr '\\\\n' ' '\"]\n\
+        "name: fd3\ncommand: [\"sh\", \"-c\", \"echo PATH=$PATH; stat -c tmp=%U:%a $TMPDIR; \
+         cat <&3; ls /proc/$$/fd | tr '\\\\n' ' '\"]\n\
          retry: {max_attempts: 1}\n",
     )
     .expect("spec");
@@ -532,6 +533,8 @@ fn a_job_inherits_no_descriptor_of_its_agent() {
             "{job_path}"
         );
         assert!(job_path.contains("/usr/bin"), "{job_path}");
+        // Its temporary directory is its own user's, and no one else's to enter.
+        assert!(log.contains("tmp=nobody:700"), "{log}");
     }
 }
 

@@ -31,6 +31,76 @@ pub(super) fn param_var(name: &str) -> String {
     format!("HP_{name}")
 }
 
+/// Where the attempt's own temporary directory is: under the node's (the agent's `TMPDIR`,
+/// else `/tmp`), named after the attempt.
+pub(crate) fn tmp_dir(launch: &Launch) -> PathBuf {
+    let base = launch
+        .base_env
+        .get("TMPDIR")
+        .filter(|d| d.starts_with('/'))
+        .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+    base.join(format!("headroom-{}", launch.attempt))
+}
+
+/// The attempt's own temporary directory (its `TMPDIR`), made for its user (0700) when the
+/// first of its processes starts, and taken again by the second (a colocated background's
+/// foreground) only when it is that same user's directory and no link: a name planted
+/// in a shared `/tmp` is refused rather than used.
+fn private_tmp(
+    launch: &Launch,
+    identity: Option<&crate::runas::Identity>,
+) -> Result<PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = tmp_dir(launch);
+    let (uid, gid) = owner(identity);
+    let refused =
+        |why: String| format!("the attempt's temporary directory {}: {why}", dir.display());
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => std::os::unix::fs::lchown(&dir, Some(uid), Some(gid))
+            .map_err(|e| refused(e.to_string()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            private_dir_of(&dir, uid).map_err(refused)?;
+        }
+        Err(e) => return Err(refused(e.to_string())),
+    }
+    Ok(dir)
+}
+
+/// Whose the attempt's temporary directory is: its user's, else this process's.
+fn owner(identity: Option<&crate::runas::Identity>) -> (u32, u32) {
+    match identity {
+        Some(id) => (id.uid.as_raw(), id.gid.as_raw()),
+        None => (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        ),
+    }
+}
+
+/// Whether `dir` is the attempt's own temporary directory: a directory (no link) of its
+/// user's that no one else may enter.
+pub(crate) fn is_own_tmp(launch: &Launch, dir: &std::path::Path) -> bool {
+    let identity = launch
+        .run_as
+        .as_ref()
+        .and_then(|r| crate::runas::resolve(r).ok());
+    private_dir_of(dir, owner(identity.as_ref()).0).is_ok()
+}
+
+/// `dir` is a directory (no link) of `uid`'s that no one else may enter; else why not.
+fn private_dir_of(dir: &std::path::Path, uid: u32) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "it exists and is not this attempt's (owner uid {}, mode {:o}): refused",
+            meta.uid(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
 /// The command for the attempt, or a message saying why it cannot be built.
 pub(super) fn command(
     launch: &Launch,
@@ -114,6 +184,12 @@ pub(crate) fn build_command(
             .map_err(|e| format!("cannot give the log to `{}`: {e}", id.name))?;
     }
     env.extend(launch.env.iter().chain(extra).map(|(k, v)| text(k, v)));
+    // Over the agent's and the spec's: the attempt's own, which no other user can read or
+    // plant files in, gone with the attempt.
+    env.push((
+        "TMPDIR".into(),
+        private_tmp(launch, identity.as_ref())?.into(),
+    ));
     let gpus: Vec<String> = launch.gpus.iter().map(u32::to_string).collect();
     env.push(text("CUDA_VISIBLE_DEVICES", &gpus.join(",")));
     env.push(text("CUDA_DEVICE_ORDER", "PCI_BUS_ID"));

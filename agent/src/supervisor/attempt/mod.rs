@@ -64,14 +64,40 @@ pub async fn run_attempt(
     }
     let mut run = match spawn::start(&launch, &backend, cfg, &cancel).await {
         Ok(run) => run,
-        Err(end) => return end,
+        Err(end) => {
+            remove_tmp(&launch);
+            return end;
+        }
     };
     started(run.pid);
     // The start reading was taken before the job's exec ([`spawn::start`]). With a
     // colocated background the figures are the foreground's run on the GPU, background
     // included: its start and readiness wait come before that reading.
     let stop = until_stop(&mut run, &launch, &cancel).await;
-    stop::end(run, stop, &launch, &backend, cfg).await
+    let end = stop::end(run, stop, &launch, &backend, cfg).await;
+    if end.cleanup_verified {
+        remove_tmp(&launch);
+    }
+    end
+}
+
+/// The attempt's temporary directory goes with it, once nothing of it can write there any
+/// more (the removal follows no link a job left in it; where the tree was not verified gone,
+/// it stays, as the attempt's cgroup does). Only the attempt's own: a directory of that name
+/// that is not its user's and private (one planted there, which the launch refused) stays.
+fn remove_tmp(launch: &Launch) {
+    let tmp = command::tmp_dir(launch);
+    if !command::is_own_tmp(launch, &tmp) {
+        return;
+    }
+    if let Err(e) = std::fs::remove_dir_all(&tmp)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(
+            "cannot remove the attempt's temporary directory {}: {e}",
+            tmp.display()
+        );
+    }
 }
 
 /// The run: waits for the job's exit, its timeout, a cancel or (with `on_background_exit:

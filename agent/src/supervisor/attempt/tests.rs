@@ -821,3 +821,33 @@ async fn a_job_inherits_nothing_of_its_supervisors_environment() {
     assert!(env.contains("HEADROOM_ATTEMPT_ID="), "{env}");
     assert!(!env.contains("CARGO_MANIFEST_DIR"), "{env}");
 }
+
+/// The job's `TMPDIR` is its attempt's own: made for it (0700) under the node's temporary
+/// directory, there while it runs, gone once the attempt ended clean.
+#[tokio::test]
+async fn a_job_gets_a_private_temporary_directory_gone_with_its_attempt() {
+    use std::os::unix::fs::MetadataExt;
+    let f = fixture();
+    let launch = f.sh("echo tmp=$TMPDIR; touch $TMPDIR/scratch; stat -c 'mode=%a' $TMPDIR");
+    let dir = super::command::tmp_dir(&launch);
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure, None, "{end:?}");
+    let log = std::fs::read_to_string(&launch.log_path).expect("log");
+    assert!(log.contains(&format!("tmp={}", dir.display())), "{log}");
+    assert!(log.contains("mode=700"), "{log}");
+    assert!(end.cleanup_verified, "{end:?}");
+    assert!(!dir.exists(), "{} outlived its attempt", dir.display());
+    // A name planted where the next attempt's would be is refused, not used.
+    let next = f.sh("true");
+    let planted = super::command::tmp_dir(&next);
+    std::fs::create_dir(&planted).expect("plant");
+    std::fs::set_permissions(
+        &planted,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("chmod");
+    let end = f.run(next).await;
+    assert_eq!(end.failure, Some(FailureClass::LaunchError), "{end:?}");
+    assert!(std::fs::metadata(&planted).is_ok_and(|m| m.mode() & 0o777 == 0o777));
+    let _ = std::fs::remove_dir(&planted);
+}
