@@ -51,9 +51,33 @@ fn find_var<'a>(environ: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     })
 }
 
-/// The attempt a process belongs to, from the marker in its environment.
+/// The attempt a process belongs to, from the marker in its environment. An environment
+/// that reads empty (the process caught in an exec) is read again before the process is
+/// taken for one of no attempt: once taken so, an attempt's own process made it
+/// contaminated for good.
 pub fn attempt_of(pid: u32) -> Option<AttemptId> {
-    env_var(pid, ATTEMPT_VAR)?.trim().parse().ok()
+    let pause = || std::thread::sleep(Duration::from_micros(100));
+    settled(|| read_env_var(pid, ATTEMPT_VAR), pause)
+        .flatten()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A read of a process's environment (`read`), asked again a few times (`pause` between)
+/// while it reads empty, as it does for the instant the process is caught in an exec;
+/// `None` still after that (a zombie's reads empty for good).
+pub fn settled<T>(mut read: impl FnMut() -> Option<T>, mut pause: impl FnMut()) -> Option<T> {
+    const TRIES: u32 = 20;
+    for tries in 1..=TRIES {
+        if let Some(v) = read() {
+            return Some(v);
+        }
+        if tries < TRIES {
+            pause();
+        }
+    }
+    None
 }
 
 /// The numeric entries of `/proc`: every pid visible to us, our own included.
@@ -385,6 +409,28 @@ pub(crate) mod tests {
         child.wait().expect("wait");
         disown(pid);
         assert_eq!(attempt_of(pid), None);
+    }
+
+    /// A read that comes back empty (a process caught in its exec) is asked again, a bounded
+    /// number of times: the marker read a moment later wins, one that never comes is `None`.
+    #[test]
+    fn an_empty_read_is_asked_again_a_few_times() {
+        let mut reads = [None, None, Some(7)].into_iter();
+        let mut pauses = 0;
+        assert_eq!(settled(|| reads.next().flatten(), || pauses += 1), Some(7));
+        assert_eq!(pauses, 2);
+        let mut tries = 0;
+        assert_eq!(
+            settled(
+                || {
+                    tries += 1;
+                    None::<u32>
+                },
+                || {}
+            ),
+            None
+        );
+        assert_eq!(tries, 20);
     }
 
     #[test]

@@ -354,13 +354,17 @@ def test_plots_show_a_gpu_and_a_metric_against_a_parameter(up: Up, page: Page, w
 
 
 def test_a_quarantined_gpu_is_released_by_an_admin_and_not_by_a_user(up: Up, page: Page) -> None:
-    # The job breaks its GPU's process list as it ends: its cleanup cannot be verified.
+    # Both GPUs' process lists break while the job runs (set by the fake GPUs' own user: a
+    # job's control file does not count): its cleanup cannot be verified.
+    started = up.root / "breaks.started"
     exp = submit(up, up.admin, {"name": "breaks", "command": ["sh", "-c",
-                 "for g in 0 1; do printf 'GPU has fallen off the bus' > $HEADROOM_FAKE_GPU_DIR/gpu$g.fail-processes; done"],
-                 "resources": {"memory": "1GiB"}})
+                 f"touch {started}; sleep 1"], "resources": {"memory": "1GiB"}})
+    fake = up.root / "data" / "fake-gpus"
+    wait_for("the job to start", started.exists)
+    for g in (0, 1):
+        (fake / f"gpu{g}.fail-processes").write_text("GPU has fallen off the bus")
     wait_for("the job to end", lambda: up.get(f"/v1/progress?experiment={exp}")["counts"]["failed"]
              + up.get(f"/v1/progress?experiment={exp}")["counts"]["succeeded"] == 1)
-    fake = up.root / "data" / "fake-gpus"
     quarantined = wait_for("a quarantine", lambda: [f"{n}/{g['index']}" for n, g in up.gpus(up.admin) if g["quarantine"]])
     assert len(quarantined) == 1, quarantined
     target = quarantined[0]

@@ -260,23 +260,12 @@ pub fn first_visible_gpu(cuda_visible_devices: &str) -> Option<u32> {
 /// environment (`read`) reads empty for the instant the process is caught in an exec (a
 /// shell's `exec`, after it wrote its file): read again a few times (`pause` between), or the
 /// usage would show on GPU 0 for that reading.
-fn visible_gpu_of(
-    mut read: impl FnMut() -> Option<Option<String>>,
-    mut pause: impl FnMut(),
-) -> u32 {
-    const TRIES: u32 = 20;
-    let mut tries = 1;
-    let visible = loop {
-        match read() {
-            Some(visible) => break visible,
-            None if tries < TRIES => {
-                tries += 1;
-                pause();
-            }
-            None => break None,
-        }
-    };
-    visible.as_deref().and_then(first_visible_gpu).unwrap_or(0)
+fn visible_gpu_of(read: impl FnMut() -> Option<Option<String>>, pause: impl FnMut()) -> u32 {
+    procscan::settled(read, pause)
+        .flatten()
+        .as_deref()
+        .and_then(first_visible_gpu)
+        .unwrap_or(0)
 }
 
 /// Parses a usage file: `MiB` (on `default_gpu`) or `INDEX:MiB[:PCT][,INDEX:MiB[:PCT]…]`

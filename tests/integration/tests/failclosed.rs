@@ -69,13 +69,23 @@ fn a_process_list_that_fails_quarantines_the_gpu_with_the_error() {
             .lease_ttl("3s")
             .flags(&["--verify-timeout", "1s"]),
     );
-    // The job breaks its GPU's process list as it ends (the driver lost the GPU).
+    // The GPU's process list breaks while the job runs (the driver lost the GPU): as the
+    // fake GPUs' own user sets it (a job's control file would not count).
+    let started = h.path("started");
     let exp = submit(
         &h,
         serde_json::json!({"name": "breaks", "command": ["sh", "-c",
-            "printf 'GPU has fallen off the bus' > $HEADROOM_FAKE_GPU_DIR/gpu0.fail-processes"],
+            format!("touch {}; sleep 1", started.display())],
             "resources": {"memory": "1GiB"}}),
     );
+    h.wait_for("the job to start", Duration::from_secs(30), || {
+        Ok(started.exists().then_some(()))
+    });
+    std::fs::write(
+        fake_dir(&h).join("gpu0.fail-processes"),
+        "GPU has fallen off the bus",
+    )
+    .expect("break the GPU");
     let jobs = h.wait_done(exp, Duration::from_secs(30));
     let attempt = &h.first_attempt(jobs[0].id);
     assert_eq!(

@@ -287,11 +287,21 @@ fn a_supervisor_takes_the_next_attempt_only_after_a_clean_end() {
         clean.windows(2).all(|w| w[0] == w[1]),
         "one supervisor ran the three jobs in turn: {clean:?}"
     );
-    // The job breaks its GPU's process list as it ends: its cleanup cannot be verified.
-    let jobs = run(
-        "breaks",
-        "printf 'GPU has fallen off the bus' > $HEADROOM_FAKE_GPU_DIR/gpu0.fail-processes",
-    );
+    // The GPU's process list breaks while the job runs (set by the fake GPUs' own user, as
+    // a job's control file does not count): its cleanup cannot be verified.
+    let started = h.path("breaks.started");
+    let exp = h.submit_spec(serde_json::json!({"name": "breaks", "command": ["sh", "-c",
+        format!("echo $PPID >> {}; touch {}; sleep 1", parents.display(), started.display())],
+        "resources": {"memory": "100MiB"}}));
+    h.wait_for("the job to start", Duration::from_secs(30), || {
+        Ok(started.exists().then_some(()))
+    });
+    std::fs::write(
+        h.fake_gpu_dir().join("gpu0.fail-processes"),
+        "GPU has fallen off the bus",
+    )
+    .expect("break the GPU");
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
     assert_eq!(
         h.first_attempt(jobs[0].id).cleanup_verified,
         Some(false),
