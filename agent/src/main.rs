@@ -23,9 +23,10 @@ struct Args {
         default_value = "http://127.0.0.1:7420"
     )]
     coordinator: String,
-    /// Attempt logs and fake GPU files.
-    #[arg(long, env = "HEADROOM_DATA_DIR", default_value = ".headroom-agent")]
-    data_dir: PathBuf,
+    /// Its journal, credential, attempt logs and fake GPU files: `/var/lib/headroom-agent`
+    /// as root, else `.headroom-agent` in the working directory.
+    #[arg(long, env = "HEADROOM_DATA_DIR")]
+    data_dir: Option<PathBuf>,
     /// A TOML file of settings (keys are the flags' names); variables and flags win over it.
     #[arg(long, env = "HEADROOM_CONFIG")]
     config: Option<PathBuf>,
@@ -65,7 +66,10 @@ async fn run() -> anyhow::Result<()> {
     let args: Args = headroom_shared::settings::parse()?;
     // What it writes (logs, journal, keys) is for it alone; jobs get their own umask.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-    let data_dir = headroom_shared::datadir::adopt(&args.data_dir)?;
+    let given = args.data_dir.clone().unwrap_or_else(|| {
+        headroom_shared::datadir::service_default("headroom-agent", ".headroom-agent")
+    });
+    let data_dir = headroom_shared::datadir::adopt(&given)?;
     if args.join_only {
         let node = args.settings.node_name();
         let kept = headroom_agent::agent::join::credential(

@@ -68,7 +68,13 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     headroom_coordinator::app::check_exposure(&args.coordinator.config(PathBuf::new())?)?;
     // The store, logs and keys are for this account alone; jobs get their own umask.
     headroom_coordinator::app::private_umask();
-    let data_dir = headroom_shared::datadir::adopt(&args.coordinator.data_dir)?;
+    // A person's own project: its `.headroom`, root or not.
+    let given = args
+        .coordinator
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(".headroom"));
+    let data_dir = headroom_shared::datadir::adopt(&given)?;
     // One `headroom up` per data directory: a second one would register the same node and
     // declare the first one's running jobs lost.
     let _lock = lock_data_dir(&data_dir)?;

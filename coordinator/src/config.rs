@@ -20,9 +20,11 @@ pub struct CoordinatorSettings {
     /// Address the REST API listens on.
     #[arg(long, env = "HEADROOM_LISTEN", default_value = "127.0.0.1:7420")]
     pub listen: SocketAddr,
-    /// Attempt logs live here, and the embedded store (unless a database URL is given).
-    #[arg(long, env = "HEADROOM_DATA_DIR", default_value = ".headroom")]
-    pub data_dir: PathBuf,
+    /// Attempt logs live here, and the embedded store (unless a database URL is given):
+    /// `.headroom` in the working directory for `headroom up`; for `headroom-coordinator`,
+    /// `/var/lib/headroom` as root, else `.headroom`.
+    #[arg(long, env = "HEADROOM_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
     /// An agent silent this long loses its leases.
     #[arg(long, env = "HEADROOM_LEASE_TTL", default_value = "30s", value_parser = duration)]
     pub lease_ttl: Duration,

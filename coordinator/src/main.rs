@@ -77,7 +77,12 @@ async fn main() -> anyhow::Result<()> {
     headroom_coordinator::app::check_exposure(&args.settings.config(PathBuf::new())?)?;
     // The store (env values, token hashes) and logs are for it alone.
     headroom_coordinator::app::private_umask();
-    let data_dir = &headroom_shared::datadir::adopt(&args.settings.data_dir)?;
+    let given = args
+        .settings
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| headroom_shared::datadir::service_default("headroom", ".headroom"));
+    let data_dir = &headroom_shared::datadir::adopt(&given)?;
     let config = args.settings.config(data_dir.clone())?;
     headroom_coordinator::app::private_dir(data_dir, 0o700).with_context(|| {
         format!(

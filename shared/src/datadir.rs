@@ -35,6 +35,18 @@ pub enum DataDirError {
     Link { path: PathBuf },
 }
 
+/// A service's data directory when none is given: under `/var/lib` for root (a service
+/// started by systemd or an init system runs in `/`, and a path relative to it, or to
+/// whatever directory root happened to be in, is no place for a store or its keys), else
+/// `relative` under the working directory, as a person running it by hand expects.
+pub fn service_default(name: &str, relative: &str) -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        Path::new("/var/lib").join(name)
+    } else {
+        PathBuf::from(relative)
+    }
+}
+
 /// The uids whose directories this process takes: its own, and, for root run through
 /// `sudo`, the user who ran it (a `sudo headroom up` in their own project).
 fn trusted_owners() -> Vec<u32> {
@@ -162,6 +174,18 @@ mod tests {
         assert!(not_a_link(&link).is_err());
         assert!(!not_a_link(&tmp.path().join("missing")).expect("missing"));
         own_subdir(&tmp.path().join("logs"), false).expect("made");
+    }
+
+    /// A service run as root keeps its state under `/var/lib`, never relative to wherever it
+    /// was started; a person's run, in its working directory.
+    #[test]
+    fn a_root_service_keeps_its_state_under_var_lib() {
+        let dir = service_default("headroom-agent", ".headroom-agent");
+        if nix::unistd::geteuid().is_root() {
+            assert_eq!(dir, Path::new("/var/lib/headroom-agent"));
+        } else {
+            assert_eq!(dir, Path::new(".headroom-agent"));
+        }
     }
 
     /// Root takes no directory of another user (the test runs as root on CI).
