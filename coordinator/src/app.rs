@@ -11,7 +11,6 @@ use tokio_util::task::TaskTracker;
 use crate::api::{AppState, router};
 use crate::auth::Authenticator;
 use crate::config::CoordinatorConfig;
-use crate::logs::{LogError, LogStore};
 use crate::store::Store;
 
 #[derive(Debug, thiserror::Error)]
@@ -21,8 +20,6 @@ pub enum AppError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("log directory: {0}")]
-    Logs(#[from] LogError),
     #[error("server: {0}")]
     Serve(std::io::Error),
     #[error("the configured tokens' users: {0}")]
@@ -60,7 +57,6 @@ impl Application {
                 addr: config.listen,
                 source,
             })?;
-        let logs = LogStore::new(config.data_dir.join("logs"), config.max_log_bytes)?;
         // Names the configuration gives are users too: a stored token cannot take them.
         let users = config
             .tokens
@@ -72,7 +68,6 @@ impl Application {
             changes: store.changes(),
             auth: Arc::new(Authenticator::new(config.tokens.clone(), store.clone())),
             store,
-            logs,
             config: Arc::new(config),
             metrics: crate::metrics::CoordinatorMetrics::new(),
             progress: Default::default(),
@@ -102,16 +97,12 @@ impl Application {
         });
         let app = router(self.state.clone());
         // Draining: stop accepting, answer held long-polls at once, finish requests in flight.
-        let (changes, log_changes) = (
-            self.state.changes.clone(),
-            self.state.logs.changes().clone(),
-        );
+        let changes = self.state.changes.clone();
         let stop = shutdown.clone();
         tasks.spawn(async move {
             stop.cancelled().await;
             tracing::info!("draining: no new requests, answering long-polls");
             changes.close();
-            log_changes.close();
         });
         let serve =
             crate::serve::serve(self.listener, app, self.state.config.http, shutdown.clone());

@@ -220,7 +220,7 @@ impl CoordinatorConfig {
             long_poll: Duration::from_secs(25),
             max_jobs: DEFAULT_MAX_JOBS,
             max_submit_bytes: headroom_shared::expand::DEFAULT_MAX_EXPANDED_BYTES,
-            max_log_bytes: crate::logs::DEFAULT_MAX_LOG_BYTES,
+            max_log_bytes: crate::store::logs::DEFAULT_MAX_LOG_BYTES,
             reserve_after: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(20),
             telemetry_retention: Duration::from_secs(24 * 3600),

@@ -2672,6 +2672,86 @@ async fn jobs_are_listed_by_experiment_state_and_limit(s: Backend) {
     assert_eq!(third.iter().map(|j| j.index).collect::<Vec<_>>(), [3]);
 }
 
+/// Attempt logs live in the store: chunks resent by an agent and its supervisor are kept
+/// once, whoever sends them first (concurrently too); a chunk past the end is refused naming
+/// the offset; reads go by offset across chunks; past the bound, the log keeps its first
+/// bytes and a line saying it was cut, and the sender is told it was all taken.
+async fn attempt_logs_are_kept_once_by_offset_and_to_their_bound(s: Backend) {
+    let a = AttemptId::new();
+    assert_eq!(
+        s.append_log(a, 0, b"hello ".to_vec(), 1000)
+            .await
+            .expect("append"),
+        6
+    );
+    assert_eq!(
+        s.append_log(a, 0, b"hello ".to_vec(), 1000)
+            .await
+            .expect("resent"),
+        6
+    );
+    assert_eq!(
+        s.append_log(a, 3, b"lo world".to_vec(), 1000)
+            .await
+            .expect("overlap"),
+        11
+    );
+    assert_eq!(s.read_log(a, 0, 100).await.expect("read"), b"hello world");
+    assert_eq!(s.read_log(a, 6, 3).await.expect("read"), b"wor");
+    assert_eq!(s.read_log(a, 4, 4).await.expect("across chunks"), b"o wo");
+    assert!(
+        s.read_log(a, 11, 10)
+            .await
+            .expect("past the end")
+            .is_empty()
+    );
+    assert!(matches!(
+        s.append_log(a, 50, b"x".to_vec(), 1000).await,
+        Err(StoreError::Invalid { ref field, .. }) if field == "offset"
+    ));
+    assert!(
+        s.read_log(AttemptId::new(), 0, 10)
+            .await
+            .expect("none")
+            .is_empty()
+    );
+
+    // An agent and its supervisor ship the same bytes at once: kept once.
+    let b = AttemptId::new();
+    let chunk: Vec<u8> = (0..200u8).collect();
+    let (x, y) = tokio::join!(
+        s.append_log(b, 0, chunk.clone(), 1000),
+        s.append_log(b, 0, chunk.clone(), 1000)
+    );
+    assert_eq!((x.expect("one"), y.expect("other")), (200, 200));
+    assert_eq!(s.read_log(b, 0, 1000).await.expect("read"), chunk);
+
+    // Kept to 10 bytes of output, then the line; what comes after is taken and dropped.
+    let c = AttemptId::new();
+    s.append_log(c, 0, b"0123456".to_vec(), 10)
+        .await
+        .expect("append");
+    assert_eq!(
+        s.append_log(c, 7, b"789abcdef".to_vec(), 10)
+            .await
+            .expect("cut"),
+        16
+    );
+    let kept = String::from_utf8(s.read_log(c, 0, 1000).await.expect("read")).expect("text");
+    assert!(
+        kept.starts_with("0123456789\n[headroom: this log is cut here, at 10 B"),
+        "{kept}"
+    );
+    assert_eq!(
+        s.append_log(c, 16, vec![b'x'; 5000], 10)
+            .await
+            .expect("dropped"),
+        5016
+    );
+    let again = String::from_utf8(s.read_log(c, 0, 10_000).await.expect("read")).expect("text");
+    assert_eq!(again, kept);
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -2730,6 +2810,7 @@ conformance!(sqlite, postgres: [
     telemetry_retention_prunes_by_age_and_count_in_batches,
     pending_reasons_are_counted,
     tokens_are_created_found_listed_and_revoked,
+    attempt_logs_are_kept_once_by_offset_and_to_their_bound,
     a_node_joins_once_whoever_asks_at_the_same_time,
     runs_record_who_submitted_them,
     exclusive_jobs_hold_their_gpu_and_record_their_wait,

@@ -288,13 +288,9 @@ pub(super) async fn append(
     body: Bytes,
 ) -> ApiResult<LogAppended> {
     s.store.check_log_fence(attempt, q.fence).await?;
-    let logs = s.logs.clone();
-    let len = tokio::task::spawn_blocking(move || logs.append(attempt, q.offset, &body))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| match e {
-            crate::logs::LogError::Gap { .. } => ApiError::invalid("offset", e.to_string()),
-            other => ApiError::internal(other.to_string()),
-        })?;
+    let len = s
+        .store
+        .append_log(attempt, q.offset, body.to_vec(), s.config.max_log_bytes)
+        .await?;
     Ok(ApiJson(LogAppended { len }))
 }

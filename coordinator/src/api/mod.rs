@@ -16,7 +16,6 @@ use headroom_shared::routes::{self, Access, Method, Route};
 use crate::auth::{AuthError, Authenticator};
 use crate::changes::Changes;
 use crate::config::CoordinatorConfig;
-use crate::logs::LogStore;
 use crate::store::{NodeOf, Store};
 
 mod agents;
@@ -38,7 +37,6 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     /// The store's change counter: long-polls wait on it, the store bumps it.
     pub changes: Changes,
-    pub logs: LogStore,
     pub config: Arc<CoordinatorConfig>,
     pub metrics: crate::metrics::CoordinatorMetrics,
     /// Who each request is (bearer tokens).

@@ -41,6 +41,8 @@ pub enum Arg<'a> {
     Bool(bool),
     /// JSON text, stored as JSON (TEXT on SQLite, JSONB on PostgreSQL).
     Json(String),
+    /// Bytes (BLOB on SQLite, BYTEA on PostgreSQL).
+    Bytes(&'a [u8]),
 }
 
 impl From<i64> for Arg<'_> {
@@ -97,6 +99,7 @@ pub trait Raw {
     fn flag_opt(&self, i: usize) -> Result<Option<bool>>;
     /// Hands a JSON column's text to `f` (`None` when NULL) without copying it.
     fn json_with(&self, i: usize, f: &mut dyn FnMut(Option<&str>) -> Result<()>) -> Result<()>;
+    fn bytes_opt(&self, i: usize) -> Result<Option<Vec<u8>>>;
 }
 
 /// A row of either backend, decoded through `Cols` (by `rows`).
@@ -124,6 +127,9 @@ impl Cols for RowRef<'_> {
     }
     fn flag_opt(&self, i: usize) -> Result<Option<bool>> {
         self.0.flag_opt(i)
+    }
+    fn bytes(&self, i: usize) -> Result<Vec<u8>> {
+        self.0.bytes_opt(i)?.ok_or_else(|| missing(i, "bytes"))
     }
     fn json<T: DeserializeOwned>(&self, i: usize) -> Result<T> {
         self.json_opt(i)?.ok_or_else(|| missing(i, "JSON"))

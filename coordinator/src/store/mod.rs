@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //! - `Store` (here): the operations handlers call, implemented once for every `Backend`.
-//! - `experiments`, `jobs`, `nodes`, `leases`, `telemetry`, `tokens`: the operations, one
+//! - `experiments`, `jobs`, `nodes`, `leases`, `telemetry`, `tokens`, `logs`: the operations, one
 //!   file per resource, each written once over the transaction interface; `sharing`: the
 //!   neighbours an attempt view is labelled shared by.
 //! - `tx`: that interface (`Tx`, the statements; `Backend`, transactions) and the lock order.
@@ -37,6 +37,7 @@ mod exec;
 mod experiments;
 mod jobs;
 mod leases;
+pub mod logs;
 mod nodes;
 mod pgtls;
 pub mod postgres;
@@ -374,6 +375,17 @@ pub trait Store: Send + Sync + 'static {
     async fn attempt_row(&self, id: AttemptId) -> Result<AttemptView>;
     /// Whether a log chunk with this token may be appended (`rules::check_log_fence`).
     async fn check_log_fence(&self, attempt: AttemptId, fence: i64) -> Result<()>;
+    /// Appends a chunk of an attempt's log that starts at `offset` of its sender's, keeping
+    /// `max` bytes of output at most (`logs::append`); how much of the sender's log is taken.
+    async fn append_log(
+        &self,
+        attempt: AttemptId,
+        offset: u64,
+        bytes: Vec<u8>,
+        max: u64,
+    ) -> Result<u64>;
+    /// Up to `max` bytes of an attempt's kept log from `offset`.
+    async fn read_log(&self, attempt: AttemptId, offset: u64, max: u64) -> Result<Vec<u8>>;
     async fn cancel_job(&self, id: JobId) -> Result<u64>;
     async fn cancel_experiment(&self, id: ExperimentId) -> Result<u64>;
     async fn retry_job(&self, id: JobId) -> Result<JobState>;
@@ -547,6 +559,21 @@ impl<B: Backend> Store for B {
 
     async fn check_log_fence(&self, attempt: AttemptId, fence: i64) -> Result<()> {
         run!(self, read, "check_log_fence", leases::check_log_fence, attempt, fence; attempt = %attempt, fence)
+    }
+
+    async fn append_log(
+        &self,
+        attempt: AttemptId,
+        offset: u64,
+        bytes: Vec<u8>,
+        max: u64,
+    ) -> Result<u64> {
+        let len = bytes.len();
+        run!(self, write, "append_log", logs::append, attempt, offset, bytes, max; attempt = %attempt, offset, len)
+    }
+
+    async fn read_log(&self, attempt: AttemptId, offset: u64, max: u64) -> Result<Vec<u8>> {
+        run!(self, read, "read_log", logs::read, attempt, offset, max; attempt = %attempt, offset)
     }
 
     async fn cancel_job(&self, id: JobId) -> Result<u64> {

@@ -228,6 +228,7 @@ impl ToSql for Arg<'_> {
                 Ok(IsNull::No)
             }
             Arg::Json(_) => Err(format!("JSON bound to a {ty} parameter").into()),
+            Arg::Bytes(b) => b.to_sql_checked(ty, out),
         }
     }
 
@@ -280,6 +281,9 @@ impl Raw for Row {
         column(self, i)
     }
     fn flag_opt(&self, i: usize) -> Result<Option<bool>> {
+        column(self, i)
+    }
+    fn bytes_opt(&self, i: usize) -> Result<Option<Vec<u8>>> {
         column(self, i)
     }
     fn json_with(&self, i: usize, f: &mut dyn FnMut(Option<&str>) -> Result<()>) -> Result<()> {

@@ -21,6 +21,7 @@ pub(crate) trait Cols {
     fn int_opt(&self, i: usize) -> Result<Option<i64>>;
     fn flag(&self, i: usize) -> Result<bool>;
     fn flag_opt(&self, i: usize) -> Result<Option<bool>>;
+    fn bytes(&self, i: usize) -> Result<Vec<u8>>;
     fn json<T: DeserializeOwned>(&self, i: usize) -> Result<T>;
     fn json_opt<T: DeserializeOwned>(&self, i: usize) -> Result<Option<T>>;
 

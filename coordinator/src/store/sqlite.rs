@@ -235,6 +235,7 @@ impl rusqlite::ToSql for Arg<'_> {
             Arg::Text(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
             Arg::Bool(b) => ToSqlOutput::Owned(Value::Integer(i64::from(*b))),
             Arg::Json(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+            Arg::Bytes(b) => ToSqlOutput::Borrowed(ValueRef::Blob(b)),
         })
     }
 }
@@ -247,6 +248,9 @@ impl Raw for Row<'_> {
         Ok(self.get(i)?)
     }
     fn flag_opt(&self, i: usize) -> Result<Option<bool>> {
+        Ok(self.get(i)?)
+    }
+    fn bytes_opt(&self, i: usize) -> Result<Option<Vec<u8>>> {
         Ok(self.get(i)?)
     }
     fn json_with(&self, i: usize, f: &mut dyn FnMut(Option<&str>) -> Result<()>) -> Result<()> {

@@ -1,6 +1,6 @@
 //! The transaction interface every store operation is written over: the statements a
 //! transaction is made of, named by what they read or write (`Tx`, the sum of one trait
-//! per section: `JobsTx`, `AttemptsTx`, `NodesTx`, `TelemetryTx`, `AccessTx`), and how a
+//! per section: `JobsTx`, `AttemptsTx`, `NodesTx`, `TelemetryTx`, `AccessTx`, `LogsTx`), and how a
 //! backend opens transactions (`Backend`). The operations (`experiments`, `jobs`, `nodes`, `leases`,
 //! `telemetry`, `tokens`) are written once over `Tx`; its SQL is written once in `sql`, over
 //! what each backend (`sqlite`, `postgres`) implements of `exec::Exec`.
@@ -92,9 +92,9 @@ pub struct NewAttempt<'a> {
 }
 
 /// The statements of one transaction: every section's.
-pub trait Tx: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx {}
+pub trait Tx: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx {}
 
-impl<T: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + ?Sized> Tx for T {}
+impl<T: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx + ?Sized> Tx for T {}
 
 /// Experiments and jobs: inserting, reading and changing them.
 #[async_trait]
@@ -357,6 +357,26 @@ pub trait AccessTx: Send {
     async fn put_user(&mut self, u: &UserView) -> Result<bool>;
     /// Every user, or the one named.
     async fn users(&mut self, name: Option<&str>) -> Result<Vec<UserView>>;
+}
+
+/// Attempt logs: how much of each is kept, and its chunks.
+#[async_trait]
+pub trait LogsTx: Send {
+    /// How many bytes of the attempt's log are kept, and whether it was cut (nothing yet:
+    /// its row is made). Locks the attempt's log until the transaction ends, its first
+    /// chunk's included (two first chunks at once: the second waits for the first's row).
+    async fn lock_log(&mut self, attempt: &str) -> Result<(u64, bool)>;
+    /// Sets how much of the attempt's log is kept.
+    async fn set_log(&mut self, attempt: &str, kept: u64, cut: bool) -> Result<()>;
+    /// Stores a chunk at `at` in the kept text.
+    async fn insert_log_chunk(&mut self, attempt: &str, at: u64, data: &[u8]) -> Result<()>;
+    /// The chunks that hold bytes of `[from, to)`, in order: each with where it starts.
+    async fn log_chunks(
+        &mut self,
+        attempt: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<(u64, Vec<u8>)>>;
 }
 
 /// A store operation over one transaction.

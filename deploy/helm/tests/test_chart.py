@@ -131,10 +131,6 @@ def test_a_broken_manifest_is_caught_by_the_validator() -> None:
 
 REFUSED = [
     ({"coordinator": {"replicas": 0}}, "/coordinator/replicas"),
-    (
-        {"coordinator": {"replicas": 2, "persistence": {"accessModes": ["ReadWriteOnce"]}}},
-        "/coordinator/persistence/accessModes",
-    ),
     ({"coordinator": {"replica": 2}}, "replica"),
     ({"coordinator": {"leaseTtl": "thirty seconds"}}, "/coordinator/leaseTtl"),
     ({"agent": {"plan": "2,,2"}}, "/agent/plan"),
@@ -178,7 +174,7 @@ def test_bad_values_are_refused_naming_the_field(
 def test_by_default_agents_run_on_gpu_nodes_in_the_hosts_pid_namespace() -> None:
     docs = render()
     assert kinds(docs) == sorted(
-        ["ServiceAccount", "Secret", "ConfigMap", "PersistentVolumeClaim", "Service",
+        ["ServiceAccount", "Secret", "ConfigMap", "Service",
          "DaemonSet", "Deployment", "NetworkPolicy", "NetworkPolicy"]
     )
     pod = find(docs, "DaemonSet")["spec"]["template"]["spec"]
@@ -281,23 +277,27 @@ def test_generated_tokens_are_long_random_and_distinct() -> None:
             "defaultMode": 0o400} in [v.get("secret") for v in vols]
 
 
-def test_several_replicas_get_a_disruption_budget_and_share_their_volume() -> None:
+def test_several_replicas_get_a_disruption_budget_and_share_only_the_database() -> None:
     docs = render("replicas")
     dep = find(docs, "Deployment")
     assert dep["spec"]["replicas"] == 3
-    assert "strategy" not in dep["spec"], "ReadWriteMany: rolling updates surge"
+    assert "strategy" not in dep["spec"], "nothing mounted once: rolling updates surge"
     pdb = find(docs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
-    assert find(docs, "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteMany"]
+    # Logs are in the database: no volume to share (ReadWriteMany, which many clusters lack).
+    assert "PersistentVolumeClaim" not in kinds(docs)
     ing = find(docs, "Ingress")
     assert ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"] == (
         find(docs, "Service")["metadata"]["name"]
     )
     assert "PodDisruptionBudget" not in kinds(render())
-    # One replica on a volume one node mounts: the old pod goes first.
-    assert find(render(), "Deployment")["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
-    rwop = render("default", "--set", "coordinator.persistence.accessModes={ReadWriteOncePod}")
+    # A volume kept from an earlier release (its logs), mounted by one node: the old pod
+    # goes first.
+    kept = render("default", "--set", "coordinator.persistence.enabled=true")
+    assert find(kept, "Deployment")["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+    rwop = render("default", "--set", "coordinator.persistence.enabled=true",
+                  "--set", "coordinator.persistence.accessModes={ReadWriteOncePod}")
     assert find(rwop, "Deployment")["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
     # A budget that would never let a replica go is refused, naming both values.
     out = run_helm("template", "r", str(CHART), *values_args("replicas"),

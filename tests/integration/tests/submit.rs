@@ -150,9 +150,9 @@ fn jobs_get_their_environment_and_logs_reach_the_user() {
     assert!(ls.contains("succeeded") && ls.contains("bs=64"), "{ls}");
 }
 
-/// A job that prints more than the coordinator keeps: its log there holds the bound's worth
-/// and a line saying it was cut (not 3 MB beside the store), the job succeeds, and its
-/// node's own log file keeps every byte.
+/// A job that prints more than the coordinator keeps: its log there (in the store, which
+/// replicas share) holds the bound's worth and a line saying it was cut, not 3 MB; the job
+/// succeeds, and its node's own log file keeps every byte.
 #[test]
 fn a_log_past_its_bound_is_cut_with_a_line_saying_so() {
     let h = Headroom::up(UpOptions::default().flags(&["--max-log-size", "1MiB"]));
@@ -172,14 +172,8 @@ fn a_log_past_its_bound_is_cut_with_a_line_saying_so() {
         &log[log.len().saturating_sub(300)..]
     );
     assert!(!log.contains("the-very-end"));
-    let stored: u64 = std::fs::read_dir(h.data_dir().join("logs"))
-        .expect("the coordinator's logs")
-        .filter_map(|e| e.ok()?.metadata().ok().map(|m| m.len()))
-        .sum();
-    assert!(
-        stored < 1024 * 1024 + 1024,
-        "{stored} bytes beside the store"
-    );
+    // In the store (which replicas share), not in files beside it.
+    assert!(!h.data_dir().join("logs").exists());
     // The node's own file has it all.
     let node_logs = h.data_dir().join("agent").join("logs");
     let whole = std::fs::read_dir(&node_logs)

@@ -326,7 +326,6 @@ fn up_is_private_to_its_account() {
     for (path, mode) in [
         (data.clone(), 0o711),
         (data.join("headroom.db"), 0o600),
-        (data.join("logs"), 0o700),
         (data.join("agent").join("logs"), 0o700),
         (data.join("agent").join("attach.key"), 0o600),
     ] {

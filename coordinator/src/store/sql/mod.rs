@@ -4,7 +4,8 @@
 //!
 //! # Layout
 //! One file per section of `Tx`: `jobs` (experiments and jobs), `attempts`, `nodes`,
-//! `telemetry`, `access` (tokens and users); here the helpers they share and the statements
+//! `telemetry`, `access` (tokens and users), `logs` (attempt logs); here the helpers they
+//! share and the statements
 //! a backend also plans in its own tests.
 //!
 //! Statements use PostgreSQL's `$n` placeholders (SQLite's `Exec` reads them as `?n`), and
@@ -80,6 +81,7 @@ fn text(r: &RowRef<'_>) -> Result<String> {
 mod access;
 mod attempts;
 mod jobs;
+mod logs;
 mod nodes;
 mod telemetry;
 
