@@ -135,6 +135,11 @@ def browser() -> Iterator[Browser]:
         b.close()
 
 
+def accept_dialog(d: Any) -> None:
+    """What every page does with a dialog (the page's confirmations), unless a test says."""
+    d.accept()
+
+
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
     ctx = browser.new_context(viewport={"width": 1440, "height": 900})
@@ -144,7 +149,7 @@ def page(browser: Browser) -> Iterator[Page]:
     # What the content security policy blocks is only said on the console.
     pg.on("console", lambda m: errors.append(m.text)
           if m.type == "error" and "Content Security Policy" in m.text else None)
-    pg.on("dialog", lambda d: d.accept())
+    pg.on("dialog", accept_dialog)
     yield pg
     ctx.close()
     assert not errors, f"the page's script failed: {errors}"
@@ -244,6 +249,7 @@ def test_the_link_up_prints_logs_in_once_and_leaves_the_address_bar(up: Up, page
         asked.append(d.message)
         d.accept()
 
+    page.remove_listener("dialog", accept_dialog)
     page.on("dialog", accept)
     page.goto(f"{up.url}/#token={up.admin}")
     page.wait_for_selector("#tabs:not([hidden])")
@@ -268,6 +274,7 @@ def test_a_link_made_by_someone_else_logs_in_nobody_unless_the_person_says_so(
         asked.append(d.message)
         d.dismiss()
 
+    page.remove_listener("dialog", accept_dialog)
     page.on("dialog", dismiss)
     page.goto(f"{up.url}/#token={mallory}")
     page.wait_for_selector("#login:not([hidden])")

@@ -116,10 +116,14 @@ fn killed_before_reporting(while_down: impl FnOnce(&Site, ExperimentId)) {
     assert_eq!(done.attempts_detail.len(), 1, "{:#?}", done.attempts_detail);
     let a = &done.attempts_detail[0];
     assert_eq!((a.failure_class, a.exit_code), (None, Some(0)), "{a:#?}");
-    assert!(
-        journalled(&site.data_dir()).is_empty(),
-        "the acknowledged outcome leaves the journal ({})",
-        entry.display()
+    // Taken off once the coordinator acknowledged it, which it does after the job ended.
+    wait(
+        &format!(
+            "the acknowledged outcome to leave the journal ({})",
+            entry.display()
+        ),
+        Duration::from_secs(10),
+        || journalled(&site.data_dir()).is_empty().then_some(()),
     );
     // Whatever the agent does next, the job does not run again.
     let more = site.submit(serde_json::json!({"name": "after", "command": [
