@@ -28,6 +28,20 @@ fn spec(program: &str, args: &[&str], env: &[(&str, &str)], dir: &Path) -> (Spec
     (spec, path)
 }
 
+/// Whether this test runs as root, which its case needs; under CI it must (the case would
+/// otherwise pass without running).
+fn root() -> bool {
+    if crate::runas::is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true, but not root: this case would pass without running"
+    );
+    eprintln!("skipped: needs root");
+    false
+}
+
 /// Spawned as the supervisor spawns: recorded, so that no reaper of this test process
 /// (other tests reap orphans) takes its exit status.
 fn start(s: Spec) -> io::Result<Child> {
@@ -232,12 +246,7 @@ async fn a_killed_or_dropped_child_dies() {
 /// The job runs as its user and groups, and the supervisor (all its threads) stays root.
 #[tokio::test]
 async fn the_job_becomes_its_user_and_the_supervisor_stays_root() {
-    if !crate::runas::is_root() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true, but not root: this case would pass without running"
-        );
-        eprintln!("skipped: needs root");
+    if !root() {
         return;
     }
     // A second thread of this process, alive across the spawn.
@@ -304,12 +313,7 @@ async fn a_job_inherits_no_descriptor_but_its_standard_streams() {
 /// program (`no_new_privs`): a set-uid-root copy of `id` still says the job's user.
 #[tokio::test]
 async fn a_job_started_as_its_user_gains_no_privilege_through_a_setuid_program() {
-    if !crate::runas::is_root() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true, but not root: this case would pass without running"
-        );
-        eprintln!("skipped: needs root");
+    if !root() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
