@@ -532,8 +532,11 @@ impl Authenticator {
         if let Some(wait) = self.throttled(client, id) {
             return Err(AuthError::Throttled(wait));
         }
-        let result = self.verify_token(token, id, key, client).await;
-        if matches!(result, Err(AuthError::Rejected)) {
+        let (result, known) = self.verify_token(token, id, key, client).await;
+        // Only guesses at a token's id count: one no token has costs nothing and is no step
+        // towards a secret, and counting it would let a flood of made-up ids fill the
+        // table that throttles the real guesses.
+        if known && matches!(result, Err(AuthError::Rejected)) {
             self.remember_failure(key);
             self.count_failure(client, id);
         }
@@ -594,21 +597,25 @@ impl Authenticator {
     }
 
     /// Checks a token of the `hr_<id>_` form not remembered either way: against the
-    /// tokens file's entry or the stored token of its id, one hash at most.
+    /// tokens file's entry or the stored token of its id, one hash at most; and whether a
+    /// token has that id (only a guess at one counts towards a throttle).
     async fn verify_token(
         &self,
         token: &str,
         id: &str,
         key: [u8; 32],
         client: Option<std::net::IpAddr>,
-    ) -> Result<Principal, AuthError> {
+    ) -> (Result<Principal, AuthError>, bool) {
         if let Some(t) = self.config.iter().find(|t| t.id.as_deref() == Some(id)) {
             let ok = match &t.secret {
-                Secret::Hash(h) => self.verify_slow(token, h, id, key, client).await?,
+                Secret::Hash(h) => match self.verify_slow(token, h, id, key, client).await {
+                    Ok(ok) => ok,
+                    Err(e) => return (Err(e), true),
+                },
                 Secret::Plain(_) => false,
             };
             if !ok {
-                return Err(AuthError::Rejected);
+                return (Err(AuthError::Rejected), true);
             }
             let p = Principal {
                 name: t.name.clone(),
@@ -616,24 +623,29 @@ impl Authenticator {
                 token_id: t.id.clone(),
             };
             self.remember(key, &p, None, None);
-            return Ok(p);
+            return (Ok(p), true);
         }
         let stored = match self.store.token_by_id(id).await {
             Ok(t) => t,
-            Err(StoreError::NotFound { .. }) => return Err(AuthError::Rejected),
-            Err(e) => return Err(AuthError::Store(e)),
+            Err(StoreError::NotFound { .. }) => return (Err(AuthError::Rejected), false),
+            Err(e) => return (Err(AuthError::Store(e)), false),
         };
         // The hash is of the whole token, id included.
-        let ok = self
+        match self
             .verify_slow(token, &stored.secret_hash, id, key, client)
-            .await?;
-        if !ok {
-            return Err(AuthError::Rejected);
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => return (Err(AuthError::Rejected), true),
+            Err(e) => return (Err(e), true),
         }
         // Only the holder of the secret learns that it expired.
-        let (principal, until) = self.usable(&stored)?;
+        let (principal, until) = match self.usable(&stored) {
+            Ok(v) => v,
+            Err(e) => return (Err(e), true),
+        };
         self.remember(key, &principal, Some(stored.view.id), Some(until));
-        Ok(principal)
+        (Ok(principal), true)
     }
 
     /// The configured clear token (the bootstrap admin's, `up`'s agent's) this is, by digest:
@@ -708,8 +720,11 @@ impl Authenticator {
         };
         if failures.len() >= CACHE_MAX {
             failures.retain(|_, (start, _)| start.elapsed() < FAILURE_WINDOW);
-            if failures.len() >= CACHE_MAX {
-                failures.clear();
+            // Still full of live windows (only hashed guesses at real ids count, two at a
+            // time, so this takes many addresses): nothing is forgotten, nothing new
+            // recorded; the verification slots still bound what guesses cost.
+            if failures.len() >= CACHE_MAX && !failures.contains_key(&(ip, id.to_string())) {
+                return;
             }
         }
         let entry = failures
@@ -865,6 +880,14 @@ mod tests {
             }
         }
         assert!(throttled > 0, "guesses at one id were never throttled");
+        // Made-up ids cost no hash and are not counted: a flood of them cannot fill the
+        // table that throttles the guesses at a real id (and so make it forget them).
+        let counted: Vec<String> = auth
+            .failures
+            .lock()
+            .map(|f| f.keys().map(|(_, id)| id.clone()).collect())
+            .unwrap_or_default();
+        assert_eq!(counted, [a_id.clone()]);
 
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(

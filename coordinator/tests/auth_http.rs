@@ -101,6 +101,15 @@ impl Server {
         (agent, claimed["leases"][0].clone())
     }
 
+    /// A job on a coordinator without tokens.
+    async fn submit_open(&self) {
+        let spec = json!({"spec": {"name": "open", "command": ["true"]}});
+        let (status, v) = self
+            .call(Method::Post, routes::SUBMIT.path, None, &spec)
+            .await;
+        assert_eq!(status, 200, "{v}");
+    }
+
     async fn submit(&self, token: &str) -> String {
         let spec = json!({"spec": {"name": "own", "command": ["true"]}});
         let (status, v) = self
@@ -1235,4 +1244,54 @@ async fn metrics_name_users_only_to_a_scrape_with_a_users_token() {
     for token in [alice, ADMIN.to_string()] {
         assert!(page(Some(token)).await.contains(named));
     }
+}
+
+/// An attempt that runs across an upgrade from a version that kept logs as files: its
+/// sender goes on from its offset, the bytes before it are taken from the file into the
+/// store, and the whole log reads back in order.
+#[tokio::test]
+async fn a_log_begun_in_an_earlier_versions_file_goes_on_in_the_store() {
+    let s = start(vec![]).await;
+    s.submit_open().await;
+    let (_, lease) = s.node_with_lease_as(None, "gpu-1").await;
+    let attempt = lease["attempt"].as_str().expect("attempt").to_string();
+    let fence = lease["fence"].as_i64().expect("fence");
+    std::fs::create_dir_all(s.data_dir.join("logs")).expect("logs");
+    std::fs::write(
+        s.data_dir.join("logs").join(format!("{attempt}.log")),
+        "hello ",
+    )
+    .expect("the earlier version's file");
+    let r = s
+        .http
+        .post(format!(
+            "{}{}",
+            s.base,
+            routes::APPEND_LOG.path_with(&[&attempt])
+        ))
+        .query(&[("fence", fence.to_string()), ("offset", "6".to_string())])
+        .body("world")
+        .send()
+        .await
+        .expect("append");
+    assert_eq!(
+        r.status().as_u16(),
+        200,
+        "{}",
+        r.text().await.unwrap_or_default()
+    );
+    let text = s
+        .http
+        .get(format!(
+            "{}{}",
+            s.base,
+            routes::READ_LOG.path_with(&[&attempt])
+        ))
+        .send()
+        .await
+        .expect("read")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(text, "hello world");
 }

@@ -64,12 +64,19 @@ fn trusted_owners() -> Vec<u32> {
 
 /// Makes `dir` (and its parents) when missing, or takes it when it is this user's and no
 /// one else may write in it; its absolute path. A link given as the directory itself (a
-/// `.headroom` that points at a scratch disk) is followed, and its target checked.
+/// `.headroom` that points at a scratch disk) is followed when the link is this user's too,
+/// and its target checked: one another user planted where root runs (`/tmp/.headroom ->
+/// /etc`) is refused, else root would make its target private.
 pub fn adopt(dir: &Path) -> Result<PathBuf, DataDirError> {
     let io = |source| DataDirError::Io {
         path: dir.to_path_buf(),
         source,
     };
+    if let Ok(link) = std::fs::symlink_metadata(dir)
+        && link.file_type().is_symlink()
+    {
+        owned(dir, &link)?;
+    }
     if !dir.exists() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
@@ -204,5 +211,22 @@ mod tests {
             "{e}"
         );
         assert!(own_subdir(&theirs, true).is_err());
+        // A link of theirs to a root directory, where root would take its data directory.
+        let target = tmp.path().join("root-only");
+        std::fs::create_dir(&target).expect("target");
+        let link = tmp.path().join(".headroom");
+        std::os::unix::fs::symlink(&target, &link).expect("link");
+        std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).expect("lchown");
+        let e = adopt(&link).expect_err("another user's link");
+        assert!(
+            matches!(e, DataDirError::Foreign { owner: 65534, .. }),
+            "{e}"
+        );
+        // Root's own link is followed.
+        std::os::unix::fs::lchown(&link, Some(0), Some(0)).expect("lchown");
+        assert_eq!(
+            adopt(&link).expect("root's link"),
+            target.canonicalize().expect("path")
+        );
     }
 }

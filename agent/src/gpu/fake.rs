@@ -335,7 +335,7 @@ fn scan(dir: &Path, gpu_count: u32) -> io::Result<(Vec<FakeUse>, Controls)> {
         {
             continue;
         }
-        let Ok(text) = fs::read_to_string(&path) else {
+        let Some((text, _)) = read_regular(&path) else {
             continue;
         };
         let default_gpu = || {
@@ -462,6 +462,38 @@ pub fn fault_file(dir: &Path, gpu: u32, fault: Fault) -> PathBuf {
 /// Control file: `isolated` simulates an agent in a pid namespace of its own.
 pub const PID_NAMESPACE_FILE: &str = "pid-namespace";
 
+/// A control file's text, when it is a regular file (no link, no FIFO a reader would block
+/// on) of the user the fake GPUs run as (the agent's, a test's): the folder is every job's
+/// to write its memory in, and a job must not fake faults, throttling or delays for the
+/// others.
+fn read_control(path: &Path) -> Option<String> {
+    let (text, owner) = read_regular(path)?;
+    if owner != nix::unistd::geteuid().as_raw() {
+        tracing::debug!(path = %path.display(), owner, "a fake GPU control file of another user: ignored");
+        return None;
+    }
+    Some(text)
+}
+
+/// A regular file's text and owner, opened without following a link or blocking on a FIFO
+/// (a job may leave either in the shared folder).
+fn read_regular(path: &Path) -> Option<(String, u32)> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    Some((text, meta.uid()))
+}
+
 /// The names in the directory that are not usage files, as one sample listed them: only
 /// those are opened, rather than probing every control file of every GPU at every sample
 /// (17 failed opens a sample on four GPUs).
@@ -476,24 +508,10 @@ impl Controls {
     /// write its memory in, and a job must not fake faults, throttling or delays for the
     /// others. Never through a link.
     fn read(&self, path: &Path) -> Option<String> {
-        use std::io::Read;
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         if !path.file_name().is_some_and(|n| self.present.contains(n)) {
             return None;
         }
-        let mut file = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(path)
-            .ok()?;
-        let owner = file.metadata().ok()?.uid();
-        if owner != nix::unistd::geteuid().as_raw() {
-            tracing::debug!(path = %path.display(), owner, "a fake GPU control file of another user: ignored");
-            return None;
-        }
-        let mut text = String::new();
-        file.read_to_string(&mut text).ok()?;
-        Some(text)
+        read_control(path)
     }
 
     /// The error a fault file stands for: its text, or a default like NVML's.
@@ -550,7 +568,7 @@ impl FakeBackend {
         }
         // Jobs get the path in their environment and may change directory: make it absolute.
         let dir = fs::canonicalize(dir).map_err(dir_err)?;
-        if let Ok(text) = fs::read_to_string(dir.join(OPEN_DELAY_FILE))
+        if let Some(text) = read_control(&dir.join(OPEN_DELAY_FILE))
             && let Ok(delay) = humantime::parse_duration(text.trim())
         {
             std::thread::sleep(delay);
@@ -970,6 +988,28 @@ mod tests {
 
     /// A usage file naming no GPU is on the process's first visible one, also when its
     /// environment is first read while it is caught in an exec (it reads empty then).
+    /// A job may leave a FIFO or a link where a control or usage file goes: neither blocks
+    /// nor steers the reader; a regular file of this user is read.
+    #[test]
+    fn control_files_are_regular_files_of_this_user_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join(OPEN_DELAY_FILE);
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666))
+            .expect("mkfifo");
+        let started = std::time::Instant::now();
+        assert_eq!(read_control(&fifo), None);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "blocked on a FIFO"
+        );
+        let target = dir.path().join("elsewhere");
+        fs::write(&target, "3s").expect("target");
+        let link = dir.path().join("gpu0.throttle");
+        std::os::unix::fs::symlink(&target, &link).expect("link");
+        assert_eq!(read_control(&link), None);
+        assert_eq!(read_control(&target).as_deref(), Some("3s"));
+    }
+
     #[test]
     fn a_usage_without_a_gpu_is_on_the_first_visible_one_read_again_after_an_exec() {
         let mut reads = vec![None, None, Some(Some("2,3".to_string()))].into_iter();

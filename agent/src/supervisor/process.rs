@@ -131,7 +131,7 @@ struct Prepared {
     supervisor: Pid,
     groups: Vec<Gid>,
     ids: Option<(Gid, Uid)>,
-    /// Above the highest descriptor the child may hold (its `RLIMIT_NOFILE`): where the
+    /// Above the highest descriptor the child may hold (its hard `RLIMIT_NOFILE`): where the
     /// kernel has no `close_range`, it closes them one by one up to here.
     fd_limit: u32,
     /// `step << 16 | errno`, written by the child when it gives up; 0 while it has not.
@@ -264,8 +264,10 @@ impl Spec {
             supervisor: rustix::process::getpid(),
             groups,
             ids,
+            // The hard limit: a descriptor inherited from before a lower soft limit was set
+            // may sit above the soft one.
             fd_limit: rustix::process::getrlimit(rustix::process::Resource::Nofile)
-                .current
+                .maximum
                 .map_or(u32::MAX, |n| u32::try_from(n).unwrap_or(u32::MAX)),
             failed: AtomicI32::new(0),
         });
@@ -547,7 +549,9 @@ fn close_above_stdio(limit: u32) -> Result<(), i32> {
     let errno = io::Error::last_os_error()
         .raw_os_error()
         .unwrap_or(libc::ENOSYS);
-    if errno != libc::ENOSYS {
+    // No such call (before 5.9), or a seccomp profile that answers EPERM for calls it
+    // does not know: one by one instead.
+    if errno != libc::ENOSYS && errno != libc::EPERM {
         return Err(errno);
     }
     // The kernel's own ceiling on descriptors (`nr_open`, 1 << 20 by default).

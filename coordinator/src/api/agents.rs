@@ -288,9 +288,30 @@ pub(super) async fn append(
     body: Bytes,
 ) -> ApiResult<LogAppended> {
     s.store.check_log_fence(attempt, q.fence).await?;
-    let len = s
+    let max = s.config.max_log_bytes;
+    let len = match s
         .store
-        .append_log(attempt, q.offset, body.to_vec(), s.config.max_log_bytes)
-        .await?;
+        .append_log(attempt, q.offset, body.to_vec(), max)
+        .await
+    {
+        Err(crate::store::StoreError::Invalid { ref field, .. }) if field == "offset" => {
+            // An attempt that ran across an upgrade: the bytes before this chunk are in the
+            // file an earlier version kept. Taken into the store first, then this chunk.
+            let dir = s.config.data_dir.clone();
+            let earlier = tokio::task::spawn_blocking(move || {
+                crate::logs::read_legacy(&dir, attempt, 0, u64::MAX)
+            })
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+            if !earlier.is_empty() {
+                s.store.append_log(attempt, 0, earlier, max).await?;
+            }
+            s.store
+                .append_log(attempt, q.offset, body.to_vec(), max)
+                .await?
+        }
+        other => other?,
+    };
     Ok(ApiJson(LogAppended { len }))
 }

@@ -185,8 +185,9 @@ pub async fn read_log(
         let seen = s.changes.version();
         let ended = s.store.attempt_row(attempt).await?.phase == AttemptPhase::Ended;
         let mut bytes = s.store.read_log(attempt, q.offset, LOG_READ_MAX).await?;
-        if bytes.is_empty() && ended {
-            // An attempt that ended under an earlier version has its log in a file.
+        if bytes.is_empty() && ended && s.store.read_log(attempt, 0, 1).await?.is_empty() {
+            // An attempt that ended under an earlier version has its log in a file (and
+            // none in the store).
             let dir = s.config.data_dir.clone();
             bytes = tokio::task::spawn_blocking(move || {
                 crate::logs::read_legacy(&dir, attempt, q.offset, LOG_READ_MAX)

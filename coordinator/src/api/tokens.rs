@@ -93,6 +93,14 @@ async fn grant_of(s: &AppState, who: &Principal) -> Result<Grant, ApiError> {
         (Some(t), _) => (t.nodes.clone(), t.expires_at),
         (None, Some(id)) => {
             let view = s.store.token_by_id(id).await?.view;
+            // Revoked on another replica, and still in this one's memory for a while: it
+            // makes nothing more.
+            if view.revoked_at.is_some() {
+                return Err(ApiError::new(
+                    ErrorCode::Unauthenticated,
+                    "the token is not known to this coordinator (wrong, or revoked)",
+                ));
+            }
             (view.nodes, view.expires_at.map(|t| t.timestamp_millis()))
         }
         (None, None) => (None, None),

@@ -1,8 +1,10 @@
 //! How the coordinator reaches PostgreSQL over TLS, in libpq's words: the URL's `sslmode`
 //! (`disable`, `prefer` the default, `require`, `verify-ca`, `verify-full`) and
-//! `sslrootcert` (a PEM file of the CAs to trust beside the system's). As libpq does,
-//! `prefer` and `require` encrypt without checking who answers; `verify-ca` checks the
-//! server's certificate against the CAs, and `verify-full` its host name too.
+//! `sslrootcert` (a PEM file of the CAs to trust). As libpq does, `prefer` and `require`
+//! encrypt without checking who answers; `verify-ca` checks the server's certificate against
+//! `sslrootcert`'s CAs alone (required: any public CA's certificate, for any name, would
+//! pass otherwise), and `verify-full` its host name too, against `sslrootcert`'s CAs or,
+//! without it, the system's.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,7 +31,9 @@ pub enum Mode {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Asked {
     pub url: String,
-    pub mode: Mode,
+    /// `None` where the URL said nothing (or is a `key=value` string, whose `sslmode`
+    /// tokio-postgres reads itself).
+    pub mode: Option<Mode>,
     pub root_cert: Option<PathBuf>,
 }
 
@@ -38,7 +42,7 @@ pub struct Asked {
 pub fn asked(url: &str) -> Result<Asked, String> {
     let mut asked = Asked {
         url: url.to_string(),
-        mode: Mode::Prefer,
+        mode: None,
         root_cert: None,
     };
     let Some((base, query)) = url.split_once('?') else {
@@ -52,7 +56,7 @@ pub fn asked(url: &str) -> Result<Asked, String> {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         match k {
             "sslmode" => {
-                asked.mode = match v {
+                asked.mode = Some(match v {
                     "disable" => Mode::Disable,
                     "prefer" | "allow" => Mode::Prefer,
                     "require" => Mode::Require,
@@ -64,7 +68,7 @@ pub fn asked(url: &str) -> Result<Asked, String> {
                              verify-ca, verify-full"
                         ));
                     }
-                }
+                })
             }
             "sslrootcert" => asked.root_cert = Some(PathBuf::from(percent_decoded(v))),
             _ => kept.push(pair),
@@ -103,6 +107,15 @@ fn percent_decoded(v: &str) -> String {
 }
 
 impl Mode {
+    /// The mode tokio-postgres read from a `key=value` string (it knows three).
+    pub fn of(mode: SslMode) -> Mode {
+        match mode {
+            SslMode::Disable => Mode::Disable,
+            SslMode::Require => Mode::Require,
+            _ => Mode::Prefer,
+        }
+    }
+
     /// What tokio-postgres is told: whether TLS is tried, and whether it is required.
     pub fn ssl_mode(self) -> SslMode {
         match self {
@@ -126,8 +139,21 @@ pub fn connector(mode: Mode, root_cert: Option<&Path>) -> Result<MakeRustlsConne
             .with_no_client_auth(),
         Mode::VerifyCa | Mode::VerifyFull => {
             let mut roots = rustls::RootCertStore::empty();
-            let native = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(native.certs);
+            match root_cert {
+                None if mode == Mode::VerifyCa => {
+                    return Err(
+                        "sslmode verify-ca checks the server against sslrootcert's CAs \
+                                alone: give sslrootcert=/path/to/ca.pem (or use verify-full, \
+                                which checks the host name against the system's CAs)"
+                            .to_string(),
+                    );
+                }
+                None => {
+                    let native = rustls_native_certs::load_native_certs();
+                    roots.add_parsable_certificates(native.certs);
+                }
+                Some(_) => {}
+            }
             if let Some(path) = root_cert {
                 let certs = CertificateDer::pem_file_iter(path)
                     .and_then(|it| it.collect::<Result<Vec<_>, _>>())
@@ -274,20 +300,30 @@ mod tests {
     fn libpq_words_are_taken_out_of_the_url() {
         let a = asked("postgres://u:p@db:5432/hr?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&application_name=x")
             .expect("parsed");
-        assert_eq!(a.mode, Mode::VerifyFull);
+        assert_eq!(a.mode, Some(Mode::VerifyFull));
         assert_eq!(a.root_cert.as_deref(), Some(Path::new("/etc/ca.pem")));
         assert_eq!(a.url, "postgres://u:p@db:5432/hr?application_name=x");
         let plain = asked("postgres://u@db/hr").expect("parsed");
         assert_eq!(
             (plain.mode, plain.url.as_str()),
-            (Mode::Prefer, "postgres://u@db/hr")
+            (None, "postgres://u@db/hr")
         );
         assert_eq!(
             asked("postgres://u@db/hr?sslmode=disable")
                 .expect("parsed")
                 .mode,
-            Mode::Disable
+            Some(Mode::Disable)
         );
+        // A key=value string is tokio-postgres's to read, its sslmode included.
+        let kv = asked("host=db sslmode=require").expect("parsed");
+        assert_eq!(
+            (kv.mode, kv.url.as_str()),
+            (None, "host=db sslmode=require")
+        );
+        assert_eq!(Mode::of(SslMode::Require), Mode::Require);
+        // verify-ca without its CAs would take any public certificate: refused.
+        let e = connector(Mode::VerifyCa, None).err().expect("refused");
+        assert!(e.contains("sslrootcert"), "{e}");
         let e = asked("postgres://u@db/hr?sslmode=verify-everything").expect_err("refused");
         assert!(e.contains("verify-everything"), "{e}");
         assert_eq!(Mode::VerifyCa.ssl_mode(), SslMode::Require);

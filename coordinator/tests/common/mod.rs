@@ -10,6 +10,9 @@ use tokio_util::sync::CancellationToken;
 pub struct Server {
     pub base: String,
     pub http: reqwest::Client,
+    /// The coordinator's data directory.
+    #[allow(dead_code)] // Not every test binary looks into it.
+    pub data_dir: std::path::PathBuf,
     stop: CancellationToken,
     _dir: tempfile::TempDir,
 }
@@ -40,6 +43,7 @@ impl Server {
         let stop = CancellationToken::new();
         tokio::spawn(app.run(stop.clone()));
         Self {
+            data_dir: dir.path().to_path_buf(),
             base,
             http: headroom_shared::client::http_builder()
                 .build()
