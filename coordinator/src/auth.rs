@@ -887,7 +887,7 @@ mod tests {
             .lock()
             .map(|f| f.keys().map(|(_, id)| id.clone()).collect())
             .unwrap_or_default();
-        assert_eq!(counted, [a_id.clone()]);
+        assert_eq!(counted, std::slice::from_ref(a_id));
 
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(
