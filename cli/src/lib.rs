@@ -608,13 +608,9 @@ async fn token(api: &Api, command: TokenCommand) -> Result<()> {
             nodes,
             output: format,
         } => {
-            let nodes = nodes.map(|n| {
-                n.split(',')
-                    .map(str::trim)
-                    .filter(|p| !p.is_empty())
-                    .map(str::to_string)
-                    .collect()
-            });
+            let nodes = nodes
+                .as_deref()
+                .map(headroom_coordinator::joins::parse_list);
             let t = api
                 .create_token(&headroom_shared::api::CreateTokenRequest {
                     name,

@@ -1,10 +1,7 @@
 //! Turning a submitted experiment spec into the jobs the store keeps: each expanded point of
 //! the matrix with the profile's environment, the spec's limits and rules resolved once.
 
-use std::collections::BTreeMap;
-
 use headroom_shared::expand::{ExpandedJob, memory_key};
-use headroom_shared::profile;
 use headroom_shared::spec::{ExperimentSpec, SpecError};
 use headroom_shared::{ExperimentId, JobId};
 
@@ -17,16 +14,7 @@ pub fn new_experiment(
     seed: u64,
     submitted_by: String,
 ) -> Result<NewExperiment, SpecError> {
-    let profile_name = spec
-        .profile
-        .clone()
-        .unwrap_or_else(|| profile::DEFAULT_PROFILE.to_string());
-    let mut env: BTreeMap<String, String> = profile::builtin(&profile_name)
-        .unwrap_or_default()
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    env.extend(spec.env.clone());
+    let env = spec.job_env();
     let timeout_ms = spec.timeout()?.map(|d| d.as_millis() as u64);
     let prestart = spec.prestart()?.into_option();
     let jobs = expanded
@@ -38,7 +26,7 @@ pub fn new_experiment(
             run: j.run,
             argv: j.argv,
             env: env.clone(),
-            profile: profile_name.clone(),
+            profile: spec.profile_name().to_string(),
             gpus: spec.resources.gpus,
             estimate_mib: spec.resources.memory.map(|m| m.mib),
             timeout_ms,

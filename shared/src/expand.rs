@@ -113,17 +113,7 @@ struct Budget {
 impl Budget {
     fn of(spec: &ExperimentSpec, max: u64) -> Self {
         use erased::Json;
-        let profile_env = spec
-            .profile
-            .as_deref()
-            .and_then(crate::profile::builtin)
-            .or_else(|| crate::profile::builtin(crate::profile::DEFAULT_PROFILE))
-            .map_or(0, |vars| {
-                vars.iter()
-                    .map(|(k, v)| k.len() as u64 + v.len() as u64 + 6)
-                    .sum()
-            });
-        let env = spec.env.json_len() + profile_env;
+        let env = spec.job_env().json_len();
         let per_job = env
             + spec.command.json_len()
             + spec.oom_ladder.json_len()

@@ -216,6 +216,23 @@ pub enum Distribution {
 }
 
 impl ExperimentSpec {
+    /// The environment profile's name: `default` where the spec names none.
+    pub fn profile_name(&self) -> &str {
+        self.profile.as_deref().unwrap_or(profile::DEFAULT_PROFILE)
+    }
+
+    /// The environment each of the spec's jobs runs with: its profile's variables, the
+    /// spec's `env` over them.
+    pub fn job_env(&self) -> BTreeMap<String, String> {
+        let mut env: BTreeMap<String, String> = profile::builtin(self.profile_name())
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.extend(self.env.clone());
+        env
+    }
+
     /// Parses YAML or JSON text (JSON is read as YAML's subset).
     pub fn from_text(text: &str) -> Result<Self, SpecError> {
         let value: Value = serde_saphyr::from_str(text)

@@ -18,7 +18,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// libpq's `sslmode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+enum Mode {
     Disable,
     Prefer,
     Require,
@@ -29,17 +29,17 @@ pub enum Mode {
 /// What the URL asked for TLS, and the URL without the parameters tokio-postgres does not
 /// know.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Asked {
-    pub url: String,
+struct Asked {
+    url: String,
     /// `None` where the URL said nothing (or is a `key=value` string, whose `sslmode`
     /// tokio-postgres reads itself).
-    pub mode: Option<Mode>,
-    pub root_cert: Option<PathBuf>,
+    mode: Option<Mode>,
+    root_cert: Option<PathBuf>,
 }
 
 /// Takes `sslmode` and `sslrootcert` out of a URL's query (a `key=value` connection string
 /// is left to tokio-postgres, which knows `disable`, `prefer` and `require`).
-pub fn asked(url: &str) -> Result<Asked, String> {
+fn asked(url: &str) -> Result<Asked, String> {
     let mut asked = Asked {
         url: url.to_string(),
         mode: None,
@@ -108,7 +108,7 @@ fn percent_decoded(v: &str) -> String {
 
 impl Mode {
     /// The mode tokio-postgres read from a `key=value` string (it knows three).
-    pub fn of(mode: SslMode) -> Mode {
+    fn of(mode: SslMode) -> Mode {
         match mode {
             SslMode::Disable => Mode::Disable,
             SslMode::Require => Mode::Require,
@@ -117,7 +117,7 @@ impl Mode {
     }
 
     /// What tokio-postgres is told: whether TLS is tried, and whether it is required.
-    pub fn ssl_mode(self) -> SslMode {
+    fn ssl_mode(self) -> SslMode {
         match self {
             Mode::Disable => SslMode::Disable,
             Mode::Prefer => SslMode::Prefer,
@@ -126,8 +126,32 @@ impl Mode {
     }
 }
 
+/// The connection settings and TLS connector a database URL asks for: a URL's `sslmode` in
+/// libpq's words, else what tokio-postgres read (a `key=value` string's, or its default,
+/// `prefer`).
+pub fn resolve(url: &str) -> Result<(tokio_postgres::Config, MakeRustlsConnect), String> {
+    let (config, mode, root_cert) = settings(url)?;
+    Ok((config, connector(mode, root_cert.as_deref())?))
+}
+
+fn settings(url: &str) -> Result<(tokio_postgres::Config, Mode, Option<PathBuf>), String> {
+    let asked = asked(url)?;
+    let mut config: tokio_postgres::Config = asked
+        .url
+        .parse()
+        .map_err(|e: tokio_postgres::Error| e.to_string())?;
+    let mode = match asked.mode {
+        Some(m) => {
+            config.ssl_mode(m.ssl_mode());
+            m
+        }
+        None => Mode::of(config.get_ssl_mode()),
+    };
+    Ok((config, mode, asked.root_cert))
+}
+
 /// The connector for `mode`: the system's CAs and `root_cert`'s where the server is checked.
-pub fn connector(mode: Mode, root_cert: Option<&Path>) -> Result<MakeRustlsConnect, String> {
+fn connector(mode: Mode, root_cert: Option<&Path>) -> Result<MakeRustlsConnect, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -135,7 +159,10 @@ pub fn connector(mode: Mode, root_cert: Option<&Path>) -> Result<MakeRustlsConne
     let config = match mode {
         Mode::Disable | Mode::Prefer | Mode::Require => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Unchecked(provider)))
+            .with_custom_certificate_verifier(Arc::new(Relaxed {
+                chain: None,
+                provider,
+            }))
             .with_no_client_auth(),
         Mode::VerifyCa | Mode::VerifyFull => {
             let mut roots = rustls::RootCertStore::empty();
@@ -177,12 +204,17 @@ pub fn connector(mode: Mode, root_cert: Option<&Path>) -> Result<MakeRustlsConne
                         .to_string(),
                 );
             }
-            let webpki =
-                rustls::client::WebPkiServerVerifier::builder_with_provider(roots.into(), provider)
-                    .build()
-                    .map_err(|e| format!("TLS: {e}"))?;
+            let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                roots.into(),
+                provider.clone(),
+            )
+            .build()
+            .map_err(|e| format!("TLS: {e}"))?;
             let verifier: Arc<dyn ServerCertVerifier> = if mode == Mode::VerifyCa {
-                Arc::new(AnyName(webpki))
+                Arc::new(Relaxed {
+                    chain: Some(webpki),
+                    provider,
+                })
             } else {
                 webpki
             };
@@ -195,61 +227,16 @@ pub fn connector(mode: Mode, root_cert: Option<&Path>) -> Result<MakeRustlsConne
     Ok(MakeRustlsConnect::new(config))
 }
 
-/// `prefer` and `require`: encrypted, whoever answers (libpq's meaning of them). The
-/// handshake's signatures are still checked against the certificate presented.
+/// `prefer` and `require` (no chain: encrypted, whoever answers, libpq's meaning of them)
+/// and `verify-ca` (the chain checked against `sslrootcert`, the host name not). The
+/// handshake's signatures are checked against the certificate presented either way.
 #[derive(Debug)]
-struct Unchecked(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Relaxed {
+    chain: Option<Arc<rustls::client::WebPkiServerVerifier>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
 }
 
-/// `verify-ca`: the chain checked, the host name not.
-#[derive(Debug)]
-struct AnyName(Arc<rustls::client::WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Relaxed {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -258,10 +245,10 @@ impl ServerCertVerifier for AnyName {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -275,7 +262,8 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algs = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algs)
     }
 
     fn verify_tls13_signature(
@@ -284,11 +272,14 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algs = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algs)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -321,6 +312,17 @@ mod tests {
             (None, "host=db sslmode=require")
         );
         assert_eq!(Mode::of(SslMode::Require), Mode::Require);
+        let (config, mode, _) = settings("host=db sslmode=require").expect("parsed");
+        assert_eq!(
+            (mode, config.get_ssl_mode()),
+            (Mode::Require, SslMode::Require)
+        );
+        let (config, mode, ca) =
+            settings("postgres://u@db/hr?sslmode=verify-ca&sslrootcert=ca.pem").expect("parsed");
+        assert_eq!(
+            (mode, config.get_ssl_mode(), ca.as_deref()),
+            (Mode::VerifyCa, SslMode::Require, Some(Path::new("ca.pem")))
+        );
         // verify-ca without its CAs would take any public certificate: refused.
         let e = connector(Mode::VerifyCa, None).err().expect("refused");
         assert!(e.contains("sslrootcert"), "{e}");

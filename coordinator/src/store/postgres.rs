@@ -121,21 +121,7 @@ impl PostgresStore {
         let bad = |e: String| {
             StoreError::Database(format!("bad database URL `{}`: {e}", redact_url(url)))
         };
-        let asked = super::pgtls::asked(url).map_err(bad)?;
-        let mut config: tokio_postgres::Config = asked
-            .url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| bad(e.to_string()))?;
-        // A URL's sslmode in libpq's words, else what tokio-postgres read (a key=value
-        // string's, or its default, `prefer`).
-        let mode = match asked.mode {
-            Some(m) => {
-                config.ssl_mode(m.ssl_mode());
-                m
-            }
-            None => super::pgtls::Mode::of(config.get_ssl_mode()),
-        };
-        let tls = super::pgtls::connector(mode, asked.root_cert.as_deref()).map_err(bad)?;
+        let (mut config, tls) = super::pgtls::resolve(url).map_err(bad)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
