@@ -1053,6 +1053,58 @@ async fn a_join_token_gets_each_new_node_its_own_credential_once() {
     assert_eq!(status, 200, "{v}");
 }
 
+/// Replicas share one store: a join token revoked through one replica makes no node through
+/// another, though that one still remembers the token as verified for a while.
+#[tokio::test]
+async fn a_join_token_revoked_on_another_replica_makes_nothing_more() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("store.db");
+    let one = SqliteStore::open(&db).expect("store");
+    let two = SqliteStore::open(&db).expect("the same store");
+    let configure = |config| CoordinatorConfig {
+        tokens: admin_config(),
+        ..config
+    };
+    let a = Server::start_on(dir, one, configure).await;
+    let b = Server::start_on(tempfile::tempdir().expect("tempdir"), two, configure).await;
+    let (status, made) = a
+        .call(
+            Method::Post,
+            routes::CREATE_TOKEN.path,
+            Some(ADMIN),
+            &json!({"name": "lab-join", "role": "join", "nodes": ["gpu-*"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{made}");
+    let join = made["token"].as_str().expect("token");
+    let id = made["id"].as_str().expect("id");
+    let path = routes::JOIN.path_with(&[]);
+    // Verified once on `a`, which remembers it.
+    let (status, v) = a
+        .call(Method::Post, &path, Some(join), &json!({"node": "gpu-01"}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = b
+        .call(
+            Method::Post,
+            &routes::REVOKE_TOKEN.path_with(&[&id]),
+            Some(ADMIN),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = a
+        .call(Method::Post, &path, Some(join), &json!({"node": "gpu-02"}))
+        .await;
+    assert_eq!(status, 401, "{v}");
+    assert_error(&v, "unauthenticated", "revoked");
+    let (status, tokens) = b
+        .call(Method::Get, routes::TOKENS.path, Some(ADMIN), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{tokens}");
+    assert!(!tokens.to_string().contains("gpu-02"), "{tokens}");
+}
+
 /// A node identity is the admin's decision and lives no longer than what made it: a join
 /// token names the nodes it may make (required; a name outside them is refused, 403, and
 /// nothing is made), and the credentials it makes expire when it does. A join token kept

@@ -979,8 +979,12 @@ pub fn ci() -> bool {
 /// Under CI, fails the test: the machine lacks `what` the suite's cases need. Elsewhere,
 /// says which cases are skipped.
 pub fn premise_missing(what: &str) {
+    premise_missing_under(ci(), what);
+}
+
+fn premise_missing_under(ci: bool, what: &str) {
     assert!(
-        !ci(),
+        !ci,
         "CI=true, but this machine lacks {what}: its cases would pass without running"
     );
     eprintln!("{what} missing: its cases are skipped");
@@ -1017,4 +1021,20 @@ pub fn open_to_jobs(dir: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::premise_missing_under;
+
+    #[test]
+    #[should_panic(expected = "CI=true, but this machine lacks root")]
+    fn under_ci_a_missing_premise_fails_the_test() {
+        premise_missing_under(true, "root");
+    }
+
+    #[test]
+    fn elsewhere_a_missing_premise_skips_its_cases() {
+        premise_missing_under(false, "root");
+    }
 }

@@ -99,9 +99,11 @@ fn export_has_the_measurements_and_clean_only_leaves_out_flagged_rows() {
     drop(foreign);
     assert_eq!(h.first_attempt(shared[0].id).contaminated, Some(true));
 
-    // A failure is no reason to leave a row out: `success` says it.
+    // A failure is no reason to leave a row out: `success` says it. Its parameter reads
+    // like a spreadsheet formula, which the export must not hand a spreadsheet to run.
     let failed = run(serde_json::json!({"name": "failed",
-        "command": ["sh", "-c", "exit 3"], "resources": {"memory": "1GiB"},
+        "command": ["sh", "-c", "exit 3"], "grid": {"note": ["=1+1"]},
+        "resources": {"memory": "1GiB"},
         "retry": {"max_attempts": 1}}));
     assert_eq!(failed[0].state, JobState::Failed);
 
@@ -146,6 +148,7 @@ fn export_has_the_measurements_and_clean_only_leaves_out_flagged_rows() {
         shared_row[col("contamination_reason")].contains("on GPU 0"),
         "{shared_row:?}"
     );
+    assert_eq!(by_name(&rows, "failed")[col("note")], "'=1+1");
     assert_eq!(rows.len(), 4 + usize::from(faked));
 
     let (_, kept) = csv_table(&h.cli_ok(&["export", "--csv", "--clean-only"]));
