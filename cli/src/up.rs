@@ -80,6 +80,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
     let _lock = lock_data_dir(&data_dir)?;
     // Others may only pass through it, to the fake GPUs' folder their jobs write to.
     headroom_coordinator::app::private_dir(&data_dir, 0o711)?;
+    keep_out_of_git(&data_dir)?;
     let gpu_choice = args.agent.backend_choice(&data_dir);
     let backend = gpu::open(&gpu_choice).context("opening the GPU backend")?;
     eprintln!("headroom: {}", backend.describe());
@@ -286,6 +287,24 @@ fn local_admin_token(dir: &std::path::Path) -> Result<String> {
     headroom_shared::secret::write_private(&path, &format!("{secret}\n"))
         .with_context(|| format!("creating {}", path.display()))?;
     Ok(secret)
+}
+
+/// A `.gitignore` of `*` in the data directory, as a venv has: a `.headroom` in a project's
+/// checkout (the default) is never committed with it, its admin token included. One the
+/// user wrote is left as it is.
+fn keep_out_of_git(dir: &std::path::Path) -> Result<()> {
+    let path = dir.join(".gitignore");
+    // `create_new` follows no link: a planted one is left alone, not written through.
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+    {
+        Ok(mut file) => std::io::Write::write_all(&mut file, b"# made by headroom up\n*\n")
+            .with_context(|| format!("writing {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("creating {}", path.display())),
+    }
 }
 
 /// Holds an exclusive lock on `<data dir>/lock` for the life of the process.

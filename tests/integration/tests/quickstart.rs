@@ -50,6 +50,42 @@ fn the_readmes_first_command_runs_on_a_one_gpu_machine() {
     run_readme_command(Some("1x24GiB"));
 }
 
+/// `headroom up` run at the root of a project's git checkout (its data directory the default
+/// `./.headroom`) leaves nothing of its own for `git add -A` to commit: not its store, not
+/// its admin token.
+#[test]
+fn up_in_a_git_checkout_leaves_nothing_to_commit() {
+    let project = tempfile::tempdir().expect("tempdir");
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(project.path())
+            .output()
+    };
+    if git(&["init", "-q"]).is_err() {
+        headroom_integration_tests::premise_missing("git");
+        return;
+    }
+    std::fs::write(
+        project.path().join("study.yaml"),
+        "name: study\ncommand: [\"true\"]\nresources: {memory: 1GiB}\n",
+    )
+    .expect("spec");
+    let status = Command::new(binary("headroom"))
+        .args(["up", "--run", "study.yaml", "--listen", "127.0.0.1:0"])
+        .current_dir(project.path())
+        .env("HEADROOM_FAKE_GPUS", "1x24GiB")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("headroom up");
+    assert!(status.success(), "{status}");
+    assert!(project.path().join(".headroom/admin-token").is_file());
+    let out = git(&["status", "--porcelain", "--untracked-files=all"]).expect("git status");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "?? study.yaml\n");
+}
+
 fn run_readme_command(fake_gpus: Option<&str>) {
     let args = readme_up_args();
     let tmp = tempfile::tempdir().expect("tempdir");
