@@ -970,6 +970,10 @@ mod tests {
             Some("no-such-user-hr")
         );
         assert!(admin_token("short").is_err());
+        // 32 characters at least: a 31-character secret is refused, as a join token's.
+        assert!(admin_token(&"s".repeat(MIN_SECRET_LEN - 1)).is_err());
+        assert!(admin_token(&"s".repeat(MIN_SECRET_LEN)).is_ok());
+        assert_eq!(MIN_SECRET_LEN, 32);
         assert!(join_token("short", vec!["gpu-*".into()], None).is_err());
         Ok(())
     }

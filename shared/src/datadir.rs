@@ -199,6 +199,11 @@ mod tests {
     #[test]
     fn root_takes_no_directory_of_another_user() {
         if !nix::unistd::geteuid().is_root() {
+            // Under CI (root) the case must run: it would otherwise pass without running.
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true, but not root: this case would pass without running"
+            );
             return;
         }
         let tmp = tempfile::tempdir().expect("tempdir");

@@ -227,6 +227,24 @@ mod tests {
         }
     }
 
+    /// A link planted in the temporary file's name (another file's name, where a crash or
+    /// someone left it) is not written through: what it points at stays as it was.
+    #[test]
+    fn a_secret_is_written_through_no_planted_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("someone-elses");
+        std::fs::write(&target, "theirs\n").expect("write");
+        let path = dir.path().join("admin-token");
+        let tmp = dir
+            .path()
+            .join(format!(".admin-token.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&target, &tmp).expect("plant a link");
+        write_private(&path, "secret\n").expect("written");
+        assert_eq!(std::fs::read_to_string(&target).expect("read"), "theirs\n");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "secret\n");
+        assert!(!std::fs::symlink_metadata(&path).expect("meta").is_symlink());
+    }
+
     #[test]
     fn a_secret_file_holds_one_word_on_one_line() {
         let dir = std::env::temp_dir().join(format!("hr-secret-{}", std::process::id()));
