@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
 use common::{Server, peak_rss_mib};
@@ -118,8 +120,8 @@ async fn a_dry_run_answers_a_bounded_preview() {
 /// what it sent.
 async fn read_until_closed(
     stream: &mut (impl tokio::io::AsyncRead + Unpin),
-    limit: std::time::Duration,
-) -> Option<(std::time::Duration, String)> {
+    limit: Duration,
+) -> Option<(Duration, String)> {
     use tokio::io::AsyncReadExt;
     let started = std::time::Instant::now();
     let mut got = Vec::new();
@@ -240,5 +242,56 @@ async fn slow_and_idle_connections_are_closed_and_long_polls_are_not() {
         started.elapsed() >= Duration::from_millis(1900),
         "{:?}",
         started.elapsed()
+    );
+}
+
+/// A client lets an idle connection go before the coordinator closes it. The coordinator
+/// closes a connection idle for [`SERVER_IDLE_CLOSE`]; a request sent on it at that instant
+/// fails ("error sending request"), and an agent's heartbeats, every 10 s with the default
+/// TTL, would meet that instant again and again. Idle past [`POOL_IDLE`], the client's next
+/// request opens a new connection (counted by a relay in front of the coordinator).
+#[tokio::test]
+async fn a_client_lets_an_idle_connection_go_before_the_coordinator_closes_it() {
+    use headroom_shared::client::{Client, POOL_IDLE, SERVER_IDLE_CLOSE};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    assert!(POOL_IDLE * 2 <= SERVER_IDLE_CLOSE);
+    assert_eq!(
+        headroom_coordinator::serve::Limits::default().header,
+        SERVER_IDLE_CLOSE
+    );
+    let s = Server::start(|c| c).await;
+    let upstream = s.base.trim_start_matches("http://").to_string();
+    let relay = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = relay.local_addr().expect("addr").port();
+    let opened = Arc::new(AtomicUsize::new(0));
+    let counted = opened.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = relay.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    let client = Client::new(&format!("http://127.0.0.1:{port}")).expect("client");
+    client.health().await.expect("health");
+    client
+        .health()
+        .await
+        .expect("health, on the same connection");
+    assert_eq!(opened.load(Ordering::SeqCst), 1);
+    tokio::time::sleep(POOL_IDLE + Duration::from_millis(500)).await;
+    client.health().await.expect("health, after a while");
+    assert_eq!(
+        opened.load(Ordering::SeqCst),
+        2,
+        "a connection idle for {POOL_IDLE:?} was reused: the coordinator closes it at \
+         {SERVER_IDLE_CLOSE:?}"
     );
 }

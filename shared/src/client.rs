@@ -27,6 +27,14 @@ type Arg<'a> = dyn fmt::Display + Sync + 'a;
 /// A plain call's limit; long-polls get their wait on top of it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the coordinator keeps a kept-alive connection that sits idle: it closes it then
+/// (the deadline for a request's head, which also bounds a slow client).
+pub const SERVER_IDLE_CLOSE: Duration = Duration::from_secs(10);
+/// How long a client keeps an idle connection for reuse: half of [`SERVER_IDLE_CLOSE`], so
+/// that no request is sent on a connection the coordinator is closing at that instant (it
+/// would fail, and an agent's heartbeats, every 10 s with the default lease TTL, would meet
+/// every close). httpx, under the Python client, keeps them 5 s too.
+pub const POOL_IDLE: Duration = Duration::from_secs(5);
 /// How long `progress` holds a long-poll open by default.
 pub const PROGRESS_WAIT: Duration = Duration::from_secs(10);
 
@@ -160,13 +168,14 @@ impl fmt::Debug for Client {
     }
 }
 
-/// An HTTP client builder with TLS ready: every reqwest client of headroom's (and of its
-/// tests) is built from this, as TLS here is rustls over ring, which must be the process's
-/// provider before a client is built (reqwest panics otherwise).
+/// An HTTP client builder with TLS ready and idle connections let go in time ([`POOL_IDLE`]):
+/// every reqwest client of headroom's (and of its tests) is built from this, as TLS here is
+/// rustls over ring, which must be the process's provider before a client is built (reqwest
+/// panics otherwise).
 pub fn http_builder() -> reqwest::ClientBuilder {
     // Once per process; a second install finds it done.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    reqwest::Client::builder().pool_idle_timeout(POOL_IDLE)
 }
 
 impl Client {
@@ -182,7 +191,6 @@ impl Client {
     pub fn new_with(base: &str, ca_file: Option<&std::path::Path>) -> Result<Self, ClientError> {
         let mut builder = http_builder()
             .connect_timeout(CONNECT_TIMEOUT)
-            .pool_idle_timeout(Duration::from_secs(90))
             .tcp_keepalive(Duration::from_secs(30));
         if let Some(path) = ca_file {
             let ca = |message: String| ClientError::Ca {
