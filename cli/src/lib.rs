@@ -132,7 +132,8 @@ pub enum Command {
     /// Cancel a job (its id, a unique start of it, or `EXPERIMENT/INDEX`), or every unfinished
     /// job of an experiment (id or name).
     Cancel { id: String },
-    /// Run a finished job once more (its id, a unique start of it, or `EXPERIMENT/INDEX`).
+    /// Run a finished job once more (its id, a unique start of it, or `EXPERIMENT/INDEX`), or
+    /// every failed job of an experiment (id or name) in one request.
     Retry { id: String },
     /// Nodes, their GPUs, memory and slots in use.
     Nodes {
@@ -480,38 +481,30 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             }
         }
         Command::Logs { id, follow } => output::logs(api, &id, follow).await?,
-        Command::Cancel { id } => {
-            let job = match id.parse::<JobId>() {
-                Ok(job) => api.find_job(job).await?.map(|_| job),
-                Err(_) if id.contains('/') => Some(resolve_job(api, &id).await?),
-                Err(_) => None,
-            };
-            if let Some(job) = job {
+        Command::Cancel { id } => match job_or_experiment(api, &id).await? {
+            Target::Job(job) => {
                 let r = api.cancel_job(job).await?;
                 outln!("cancelled {} job", r.cancelled);
-                return Ok(0);
             }
-            // An experiment by id or name, else a short job id.
-            let exp = match resolve_experiment(api, Some(&id)).await {
-                Ok(exp) => exp,
-                Err(e) => match resolve_job(api, &id).await {
-                    Ok(job) => {
-                        let r = api.cancel_job(job).await?;
-                        outln!("cancelled {} job", r.cancelled);
-                        return Ok(0);
-                    }
-                    Err(_) => return Err(e.context(format!("no job or experiment `{id}`"))),
-                },
-            };
-            let exp = exp.ok_or_else(|| anyhow!("no job or experiment `{id}`"))?;
-            let r = api.cancel_experiment(exp).await?;
-            outln!("cancelled {} jobs of experiment {exp}", r.cancelled);
-        }
-        Command::Retry { id } => {
-            let id = resolve_job(api, &id).await?;
-            api.retry(id).await?;
-            outln!("job {id} queued for another attempt");
-        }
+            Target::Experiment(exp) => {
+                let r = api.cancel_experiment(exp).await?;
+                outln!("cancelled {} jobs of experiment {exp}", r.cancelled);
+            }
+        },
+        Command::Retry { id } => match job_or_experiment(api, &id).await? {
+            Target::Job(job) => {
+                api.retry(job).await?;
+                outln!("job {job} queued for another attempt");
+            }
+            Target::Experiment(exp) => {
+                let r = api.retry_failed(exp).await?;
+                outln!(
+                    "{} failed job{} of experiment {exp} queued for another attempt",
+                    r.retried.len(),
+                    if r.retried.len() == 1 { "" } else { "s" }
+                );
+            }
+        },
         Command::Nodes { output: format } => {
             let nodes = api.nodes().await?;
             match format {
@@ -694,6 +687,32 @@ pub async fn submit(
 
 /// The fewest characters of a job id taken as a short id.
 const SHORT_ID_MIN: usize = 4;
+
+/// What `cancel` and `retry` act on: one job, or an experiment's jobs.
+enum Target {
+    Job(JobId),
+    Experiment(ExperimentId),
+}
+
+/// A job (its id, `EXPERIMENT/INDEX`), else an experiment (id or name), else a short job id.
+async fn job_or_experiment(api: &Api, id: &str) -> Result<Target> {
+    let job = match id.parse::<JobId>() {
+        Ok(job) => api.find_job(job).await?.map(|_| job),
+        Err(_) if id.contains('/') => Some(resolve_job(api, id).await?),
+        Err(_) => None,
+    };
+    if let Some(job) = job {
+        return Ok(Target::Job(job));
+    }
+    match resolve_experiment(api, Some(id)).await {
+        Ok(Some(exp)) => Ok(Target::Experiment(exp)),
+        Ok(None) => Err(anyhow!("no job or experiment `{id}`")),
+        Err(e) => match resolve_job(api, id).await {
+            Ok(job) => Ok(Target::Job(job)),
+            Err(_) => Err(e.context(format!("no job or experiment `{id}`"))),
+        },
+    }
+}
 
 /// A job given by its id, by a unique start of it (as git takes a short commit id), or as
 /// `EXPERIMENT/INDEX` (the experiment by id or name, the job's index in it).

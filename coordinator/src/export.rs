@@ -1,70 +1,17 @@
-//! `export --csv`: one row per attempt with the job's parameters as columns, the seeds'
-//! `summary.csv` without hand work, and which rows are clean measurements.
+//! The export: one row per attempt with the job's parameters as columns, the seeds'
+//! `summary.csv` without hand work, and which rows are clean measurements. Its columns are
+//! declared once (`FIXED`, `OUTCOME`: name, type, unit, meaning, value); the CSV file, the JSON pages
+//! and their column list are all read from that table.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 
-use headroom_shared::api::AttemptView;
+use chrono::{DateTime, Utc};
+use headroom_shared::api::{AttemptView, ColumnType, ExportColumn};
 use headroom_shared::expand::value_text;
+use serde_json::{Map, Value};
 
 use crate::store::ExportRow;
-
-const FIXED: &[&str] = &[
-    "experiment",
-    "job_id",
-    "job_index",
-    "config",
-    "run",
-    "attempt",
-    "attempt_id",
-];
-const OUTCOME: &[&str] = &[
-    "success",
-    "failure_class",
-    "node",
-    "gpus",
-    "started_at",
-    "ended_at",
-    "duration_s",
-    "exit_code",
-    "signal",
-    "estimate_mib",
-    "estimate_source",
-    "peak_mem_mib",
-    "peak_source",
-    "ladder_step",
-    "cleanup_ms",
-    "cleanup_verified",
-    "energy_j",
-    "energy_source",
-    "first_reading_ms",
-    "covers_run",
-    "shared",
-    "shared_overlap",
-    "energy_share_j",
-    "energy_share_method",
-    "mean_power_w",
-    "max_power_w",
-    "max_temp_c",
-    "start_temp_c",
-    "mean_util_pct",
-    "throttled_thermal",
-    "throttled_power",
-    "contaminated",
-    "contamination_reason",
-    "contamination_pid",
-    "contamination_command",
-    "ghost_mib",
-    "exclusive_wait_ms",
-    "cooldown_wait_ms",
-    "cooldown_from_temp_c",
-    "cooldown_start_temp_c",
-    "cooldown_timed_out",
-    "background_pid",
-    "background_ready_ms",
-    "background_exit_code",
-    "background_signal",
-    "background_exited_early",
-];
 
 /// Whether an attempt's figures can go in an energy comparison (`clean_only`): not
 /// contaminated, not sharing its GPUs with another attempt, no memory nobody accounted for
@@ -87,14 +34,503 @@ pub fn is_clean(a: &AttemptView) -> bool {
             && m.throttled_power.is_some())
 }
 
+/// One value of a row, typed: the CSV writes it as text, the JSON as its JSON value.
+#[derive(Clone, Debug, PartialEq)]
+enum Cell {
+    Empty,
+    Text(String),
+    Int(i64),
+    Num(f64),
+    /// A figure the CSV prints with three decimals (a duration, a fraction).
+    Num3(f64),
+    Bool(bool),
+    Time(DateTime<Utc>),
+    Ints(Vec<u32>),
+}
+
+impl Cell {
+    fn csv(&self) -> String {
+        match self {
+            Cell::Empty => String::new(),
+            Cell::Text(t) => t.clone(),
+            Cell::Int(i) => i.to_string(),
+            Cell::Num(x) => x.to_string(),
+            Cell::Num3(x) => format!("{x:.3}"),
+            Cell::Bool(b) => b.to_string(),
+            Cell::Time(t) => t.to_rfc3339(),
+            Cell::Ints(v) => v.iter().map(u32::to_string).collect::<Vec<_>>().join(";"),
+        }
+    }
+
+    fn json(self) -> Value {
+        match self {
+            Cell::Empty => Value::Null,
+            Cell::Text(t) => Value::String(t),
+            Cell::Int(i) => i.into(),
+            Cell::Num(x) | Cell::Num3(x) => x.into(),
+            Cell::Bool(b) => b.into(),
+            Cell::Time(t) => Value::String(t.to_rfc3339()),
+            Cell::Ints(v) => v.into(),
+        }
+    }
+}
+
+fn text(v: Option<impl ToString>) -> Cell {
+    v.map_or(Cell::Empty, |t| Cell::Text(t.to_string()))
+}
+
+fn int(v: Option<impl Into<i128>>) -> Cell {
+    v.map_or(Cell::Empty, |i| {
+        Cell::Int(i64::try_from(i.into()).unwrap_or(i64::MAX))
+    })
+}
+
+fn num(v: Option<f64>) -> Cell {
+    v.map_or(Cell::Empty, Cell::Num)
+}
+
+fn flag(v: Option<bool>) -> Cell {
+    v.map_or(Cell::Empty, Cell::Bool)
+}
+
+fn time(v: Option<DateTime<Utc>>) -> Cell {
+    v.map_or(Cell::Empty, Cell::Time)
+}
+
+/// One column: its header, type, unit, meaning, whether `clean_only` reads it, and its value.
+struct Column {
+    name: &'static str,
+    kind: ColumnType,
+    unit: Option<&'static str>,
+    about: &'static str,
+    decides_clean: bool,
+    value: fn(&ExportRow) -> Cell,
+}
+
+const fn col(
+    name: &'static str,
+    kind: ColumnType,
+    unit: Option<&'static str>,
+    about: &'static str,
+    value: fn(&ExportRow) -> Cell,
+) -> Column {
+    Column {
+        name,
+        kind,
+        unit,
+        about,
+        decides_clean: false,
+        value,
+    }
+}
+
+impl Column {
+    const fn clean(mut self) -> Self {
+        self.decides_clean = true;
+        self
+    }
+
+    fn describe(&self) -> ExportColumn {
+        ExportColumn {
+            name: self.name.to_string(),
+            kind: self.kind,
+            unit: self.unit.map(str::to_string),
+            description: self.about.to_string(),
+            decides_clean: self.decides_clean,
+        }
+    }
+}
+
+use ColumnType::{Boolean, Integer, List, Number, String as Str, Time};
+
+const MIB: Option<&str> = Some("MiB");
+const MS: Option<&str> = Some("ms");
+const J: Option<&str> = Some("J");
+const W: Option<&str> = Some("W");
+const C: Option<&str> = Some("°C");
+
+/// Where the job's parameters go: after these columns, before `OUTCOME`.
+const FIXED: &[Column] = &[
+    col("experiment", Str, None, "The experiment's name", |r| {
+        Cell::Text(r.experiment.clone())
+    }),
+    col("job_id", Str, None, "The job's id", |r| {
+        Cell::Text(r.job.id.to_string())
+    }),
+    col(
+        "job_index",
+        Integer,
+        None,
+        "The job's index in its experiment",
+        |r| int(Some(r.job.index)),
+    ),
+    col(
+        "config",
+        Integer,
+        None,
+        "The parameter combination's index",
+        |r| int(Some(r.job.config)),
+    ),
+    col("run", Integer, None, "The run of that combination", |r| {
+        int(Some(r.job.run))
+    }),
+    col(
+        "attempt",
+        Integer,
+        None,
+        "The attempt's number (1: first)",
+        |r| int(Some(r.attempt.number)),
+    ),
+    col("attempt_id", Str, None, "The attempt's id", |r| {
+        Cell::Text(r.attempt.id.to_string())
+    }),
+];
+
+const OUTCOME: &[Column] = &[
+    col(
+        "success",
+        Boolean,
+        None,
+        "Whether the attempt succeeded",
+        |r| flag(r.attempt.success),
+    ),
+    col(
+        "failure_class",
+        Str,
+        None,
+        "Why it failed (oom, timeout, exit...)",
+        |r| text(r.attempt.failure_class),
+    ),
+    col("node", Str, None, "The node it ran on", |r| {
+        Cell::Text(r.attempt.node.clone())
+    }),
+    col("gpus", List, None, "The GPU indices it held", |r| {
+        Cell::Ints(r.attempt.gpus.clone())
+    }),
+    col(
+        "started_at",
+        Time,
+        None,
+        "When the job's process started",
+        |r| time(r.attempt.started_at),
+    ),
+    col("ended_at", Time, None, "When the attempt ended", |r| {
+        time(r.attempt.ended_at)
+    }),
+    col(
+        "duration_s",
+        Number,
+        Some("s"),
+        "From start to end",
+        |r| match (r.attempt.started_at, r.attempt.ended_at) {
+            (Some(s), Some(e)) => Cell::Num3((e - s).num_milliseconds() as f64 / 1000.0),
+            _ => Cell::Empty,
+        },
+    ),
+    col(
+        "exit_code",
+        Integer,
+        None,
+        "The process's exit status",
+        |r| int(r.attempt.exit_code),
+    ),
+    col(
+        "signal",
+        Integer,
+        None,
+        "The signal that ended the process",
+        |r| int(r.attempt.signal),
+    ),
+    col(
+        "estimate_mib",
+        Integer,
+        MIB,
+        "GPU memory admitted for (per GPU)",
+        |r| int(r.attempt.estimate_mib),
+    ),
+    col(
+        "estimate_source",
+        Str,
+        None,
+        "Where the estimate came from",
+        |r| Cell::Text(r.attempt.estimate_source.clone()),
+    ),
+    col(
+        "peak_mem_mib",
+        Integer,
+        MIB,
+        "Peak GPU memory of the job's processes",
+        |r| int(r.attempt.peak_mem_mib),
+    ),
+    col("peak_source", Str, None, "How the peak was measured", |r| {
+        text(r.attempt.peak_source.map(|s| s.as_str()))
+    }),
+    col(
+        "ladder_step",
+        Integer,
+        None,
+        "OOM ladder step the attempt ran at",
+        |r| int(Some(r.attempt.ladder_step)),
+    ),
+    col(
+        "cleanup_ms",
+        Integer,
+        MS,
+        "Time to verified cleanup after the end",
+        |r| int(r.attempt.cleanup_ms),
+    ),
+    col(
+        "cleanup_verified",
+        Boolean,
+        None,
+        "Whether the GPUs were seen released",
+        |r| flag(r.attempt.cleanup_verified),
+    ),
+    col(
+        "energy_j",
+        Number,
+        J,
+        "GPU energy over the run (the GPUs' counters)",
+        |r| num(r.attempt.measurements.energy_j),
+    ),
+    col(
+        "energy_source",
+        Str,
+        None,
+        "How the energy was measured",
+        |r| text(r.attempt.measurements.energy_source.map(|s| s.as_str())),
+    ),
+    col(
+        "first_reading_ms",
+        Integer,
+        MS,
+        "Start to the first energy reading",
+        |r| int(r.attempt.measurements.first_reading_ms),
+    ),
+    col(
+        "covers_run",
+        Boolean,
+        None,
+        "Whether the figures cover the whole run",
+        |r| flag(r.attempt.measurements.covers_run),
+    )
+    .clean(),
+    col(
+        "shared",
+        Boolean,
+        None,
+        "Whether another attempt ran on its GPUs",
+        |r| Cell::Bool(r.attempt.shared),
+    )
+    .clean(),
+    col(
+        "shared_overlap",
+        Number,
+        None,
+        "Part of the run shared (0 to 1)",
+        |r| {
+            r.attempt
+                .sharing
+                .as_ref()
+                .map_or(Cell::Empty, |s| Cell::Num3(s.overlap))
+        },
+    ),
+    col(
+        "energy_share_j",
+        Number,
+        J,
+        "Apportioned share of shared GPUs' energy (an estimate)",
+        |r| num(r.attempt.sharing.as_ref().and_then(|s| s.energy_share_j)),
+    ),
+    col(
+        "energy_share_method",
+        Str,
+        None,
+        "How the share was apportioned",
+        |r| text(r.attempt.sharing.as_ref().map(|s| s.share_method.as_str())),
+    ),
+    col(
+        "mean_power_w",
+        Number,
+        W,
+        "Mean GPU power over the run",
+        |r| num(r.attempt.measurements.mean_power_w),
+    ),
+    col("max_power_w", Number, W, "Highest GPU power sampled", |r| {
+        num(r.attempt.measurements.max_power_w)
+    }),
+    col(
+        "max_temp_c",
+        Number,
+        C,
+        "Highest GPU temperature sampled",
+        |r| num(r.attempt.measurements.max_temp_c),
+    ),
+    col(
+        "start_temp_c",
+        Number,
+        C,
+        "GPU temperature at the start",
+        |r| num(r.attempt.measurements.start_temp_c),
+    ),
+    col(
+        "mean_util_pct",
+        Number,
+        Some("%"),
+        "Mean GPU utilisation",
+        |r| num(r.attempt.measurements.mean_util_pct),
+    ),
+    col(
+        "throttled_thermal",
+        Boolean,
+        None,
+        "Whether a GPU throttled for heat",
+        |r| flag(r.attempt.measurements.throttled_thermal),
+    )
+    .clean(),
+    col(
+        "throttled_power",
+        Boolean,
+        None,
+        "Whether a GPU throttled for power",
+        |r| flag(r.attempt.measurements.throttled_power),
+    )
+    .clean(),
+    col(
+        "contaminated",
+        Boolean,
+        None,
+        "Whether a foreign process used its GPUs",
+        |r| flag(r.attempt.contaminated),
+    )
+    .clean(),
+    col(
+        "contamination_reason",
+        Str,
+        None,
+        "What contaminated it",
+        |r| text(r.attempt.measurements.contamination_reason.as_ref()),
+    ),
+    col(
+        "contamination_pid",
+        Integer,
+        None,
+        "The foreign process",
+        |r| int(r.attempt.measurements.contamination_pid),
+    ),
+    col(
+        "contamination_command",
+        Str,
+        None,
+        "The foreign process's command",
+        |r| text(r.attempt.measurements.contamination_command.as_ref()),
+    ),
+    col(
+        "ghost_mib",
+        Integer,
+        MIB,
+        "GPU memory no process accounted for",
+        |r| int(r.attempt.measurements.ghost_mib),
+    )
+    .clean(),
+    col(
+        "exclusive_wait_ms",
+        Integer,
+        MS,
+        "Wait for an exclusive GPU to empty",
+        |r| int(r.attempt.exclusive_wait_ms),
+    ),
+    col(
+        "cooldown_wait_ms",
+        Integer,
+        MS,
+        "Wait for the GPU to cool",
+        |r| int(r.attempt.cooldown_wait_ms),
+    ),
+    col(
+        "cooldown_from_temp_c",
+        Number,
+        C,
+        "Temperature the cooldown began at",
+        |r| num(r.attempt.cooldown_from_temp_c),
+    ),
+    col(
+        "cooldown_start_temp_c",
+        Number,
+        C,
+        "Temperature the job started at",
+        |r| num(r.attempt.cooldown_start_temp_c),
+    ),
+    col(
+        "cooldown_timed_out",
+        Boolean,
+        None,
+        "Whether the cooldown gave up",
+        |r| flag(r.attempt.cooldown_timed_out),
+    ),
+    col(
+        "background_pid",
+        Integer,
+        None,
+        "The colocated background's process",
+        |r| int(r.attempt.background_pid),
+    ),
+    col(
+        "background_ready_ms",
+        Integer,
+        MS,
+        "Start to the background's readiness",
+        |r| int(r.attempt.background_ready_ms),
+    ),
+    col(
+        "background_exit_code",
+        Integer,
+        None,
+        "The background's exit status",
+        |r| int(r.attempt.background_exit_code),
+    ),
+    col(
+        "background_signal",
+        Integer,
+        None,
+        "The signal that ended the background",
+        |r| int(r.attempt.background_signal),
+    ),
+    col(
+        "background_exited_early",
+        Boolean,
+        None,
+        "Whether the background ended before the job",
+        |r| flag(r.attempt.background_exited_early),
+    ),
+];
+
+/// Every column but the parameters, in the order they are written.
+fn columns() -> impl Iterator<Item = &'static Column> {
+    FIXED.iter().chain(OUTCOME)
+}
+
+/// The export's columns, as the JSON pages list them.
+pub fn describe() -> Vec<ExportColumn> {
+    columns().map(Column::describe).collect()
+}
+
 /// A parameter's column: its name, or `params.NAME` where the name is one of the fixed
-/// columns (a grid axis named `node` or `run`), as the Python client spreads a job's
-/// parameters, so neither hides the other.
-fn param_column(name: &str) -> std::borrow::Cow<'_, str> {
-    if FIXED.contains(&name) || OUTCOME.contains(&name) || name.starts_with("params.") {
+/// columns (a grid axis named `node` or `run`), so neither hides the other.
+fn param_column(name: &str) -> Cow<'_, str> {
+    if columns().any(|c| c.name == name) || name.starts_with("params.") {
         format!("params.{name}").into()
     } else {
         name.into()
+    }
+}
+
+/// The parameters this attempt ran with (the OOM ladder may have changed them).
+fn ran_with(r: &ExportRow) -> &std::collections::BTreeMap<String, Value> {
+    if r.attempt.params.is_empty() {
+        &r.job.params
+    } else {
+        &r.attempt.params
     }
 }
 
@@ -122,109 +558,46 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
         })
         .collect();
     let mut w = csv::Writer::from_writer(Vec::new());
-    let header: Vec<std::borrow::Cow<'_, str>> = FIXED
+    let header: Vec<Cow<'_, str>> = FIXED
         .iter()
-        .map(|&c| c.into())
+        .map(|c| c.name.into())
         .chain(params.iter().map(|p| param_column(p)))
-        .chain(OUTCOME.iter().map(|&c| c.into()))
+        .chain(OUTCOME.iter().map(|c| c.name.into()))
         .collect();
     w.write_record(header.iter().map(|c| inert(c).into_owned()))?;
-    let opt = |v: Option<String>| v.unwrap_or_default();
     for r in rows {
-        let (j, a) = (&r.job, &r.attempt);
-        let mut rec: Vec<String> = vec![
-            r.experiment.clone(),
-            j.id.to_string(),
-            j.index.to_string(),
-            j.config.to_string(),
-            j.run.to_string(),
-            a.number.to_string(),
-            a.id.to_string(),
-        ];
-        // The parameters this attempt ran with (the OOM ladder may have changed them).
-        let ran_with = if a.params.is_empty() {
-            &j.params
-        } else {
-            &a.params
-        };
-        for p in &params {
-            rec.push(ran_with.get(*p).map(value_text).unwrap_or_default());
-        }
-        let duration = match (a.started_at, a.ended_at) {
-            (Some(s), Some(e)) => {
-                Some(format!("{:.3}", (e - s).num_milliseconds() as f64 / 1000.0))
-            }
-            _ => None,
-        };
-        rec.extend([
-            opt(a.success.map(|s| s.to_string())),
-            opt(a.failure_class.map(|c| c.to_string())),
-            a.node.clone(),
-            a.gpus
+        let cells =
+            |cols: &[Column]| -> Vec<String> { cols.iter().map(|c| (c.value)(r).csv()).collect() };
+        let ran_with = ran_with(r);
+        let mut rec = cells(FIXED);
+        rec.extend(
+            params
                 .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(";"),
-            opt(a.started_at.map(|t| t.to_rfc3339())),
-            opt(a.ended_at.map(|t| t.to_rfc3339())),
-            opt(duration),
-            opt(a.exit_code.map(|c| c.to_string())),
-            opt(a.signal.map(|s| s.to_string())),
-            opt(a.estimate_mib.map(|m| m.to_string())),
-            a.estimate_source.clone(),
-            opt(a.peak_mem_mib.map(|m| m.to_string())),
-            opt(a.peak_source.map(|s| s.as_str().to_string())),
-            a.ladder_step.to_string(),
-            opt(a.cleanup_ms.map(|m| m.to_string())),
-            opt(a.cleanup_verified.map(|v| v.to_string())),
-        ]);
-        let m = &a.measurements;
-        let figure = |v: Option<f64>| opt(v.map(|x| x.to_string()));
-        rec.extend([
-            figure(m.energy_j),
-            opt(m.energy_source.map(|s| s.as_str().to_string())),
-            opt(m.first_reading_ms.map(|v| v.to_string())),
-            opt(m.covers_run.map(|v| v.to_string())),
-            a.shared.to_string(),
-            opt(a.sharing.as_ref().map(|s| format!("{:.3}", s.overlap))),
-            figure(a.sharing.as_ref().and_then(|s| s.energy_share_j)),
-            opt(a
-                .sharing
-                .as_ref()
-                .map(|s| s.share_method.as_str().to_string())),
-            figure(m.mean_power_w),
-            figure(m.max_power_w),
-            figure(m.max_temp_c),
-            figure(m.start_temp_c),
-            figure(m.mean_util_pct),
-            opt(m.throttled_thermal.map(|v| v.to_string())),
-            opt(m.throttled_power.map(|v| v.to_string())),
-            opt(a.contaminated.map(|v| v.to_string())),
-            opt(m.contamination_reason.clone()),
-            opt(m.contamination_pid.map(|p| p.to_string())),
-            opt(m.contamination_command.clone()),
-            opt(m.ghost_mib.map(|v| v.to_string())),
-        ]);
-        // The wait before the job started: for an exclusive GPU to empty, for it to cool.
-        rec.extend([
-            opt(a.exclusive_wait_ms.map(|v| v.to_string())),
-            opt(a.cooldown_wait_ms.map(|v| v.to_string())),
-            figure(a.cooldown_from_temp_c),
-            figure(a.cooldown_start_temp_c),
-            opt(a.cooldown_timed_out.map(|v| v.to_string())),
-        ]);
-        // The colocated background's record; empty when the attempt ran alone.
-        rec.extend([
-            opt(a.background_pid.map(|v| v.to_string())),
-            opt(a.background_ready_ms.map(|v| v.to_string())),
-            opt(a.background_exit_code.map(|v| v.to_string())),
-            opt(a.background_signal.map(|v| v.to_string())),
-            opt(a.background_exited_early.map(|v| v.to_string())),
-        ]);
+                .map(|p| ran_with.get(*p).map(value_text).unwrap_or_default()),
+        );
+        rec.extend(cells(OUTCOME));
         w.write_record(rec.iter().map(|c| inert(c).into_owned()))?;
     }
     let bytes = w.into_inner().map_err(|e| e.into_error())?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// One JSON row: every column by name, and `params`, the parameters it ran with. Values
+/// keep their types (no spreadsheet quoting: JSON is not opened as a formula).
+pub fn to_json(r: &ExportRow) -> Map<String, Value> {
+    let mut row: Map<String, Value> = columns()
+        .map(|c| (c.name.to_string(), (c.value)(r).json()))
+        .collect();
+    row.insert(
+        "params".into(),
+        Value::Object(
+            ran_with(r)
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+    );
+    row
 }
 
 #[cfg(test)]

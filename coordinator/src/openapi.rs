@@ -7,12 +7,13 @@ use std::sync::OnceLock;
 
 use headroom_shared::api::{
     Ack, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse, ClaimRequest,
-    ClaimResponse, CreateTokenRequest, CreatedToken, ErrorBody, ExperimentSummary, ExportQuery,
-    FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest,
-    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, JoinRequest, LeaseRenewal, LeaseRenewed,
-    LogAppended, LogChunkQuery, LogQuery, NodeView, Progress, ProgressQuery, PutUserRequest,
-    RegisterRequest, RegisterResponse, Released, RetryResponse, SetPlanRequest, StartReport,
-    SubmitRequest, SubmitResponse, TelemetryQuery, TokenView, UserView, WhoAmI,
+    ClaimResponse, CreateTokenRequest, CreatedToken, ErrorBody, ExperimentSummary, ExportPage,
+    ExportQuery, FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health,
+    HeartbeatRequest, HeartbeatResponse, JobDetail, JobSummary, JobsQuery, JoinRequest,
+    LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery, LogQuery, NodeView, Progress,
+    ProgressQuery, PutUserRequest, RegisterRequest, RegisterResponse, Released,
+    RetryFailedResponse, RetryResponse, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
+    TelemetryQuery, TokenView, UserView, WhoAmI,
 };
 use headroom_shared::routes::{self, Access, Method, Route};
 use utoipa::openapi::path::{
@@ -77,7 +78,8 @@ enum Body {
 #[derive(Clone, Copy)]
 enum Answer {
     Json(SchemaFn),
-    Csv,
+    /// CSV text, or with `format=json` this JSON page.
+    Export(SchemaFn),
     /// Log bytes with the `x-log-offset` and `x-attempt-ended` headers.
     LogBytes,
 }
@@ -163,12 +165,25 @@ fn table() -> Vec<(Route, RouteDoc)> {
             ),
         ),
         (
+            r::RETRY_FAILED,
+            doc(
+                "retryFailedJobs",
+                "experiments",
+                Json(one::<RetryFailedResponse>),
+            ),
+        ),
+        (
             r::PROGRESS,
             doc("progress", "experiments", Json(one::<Progress>)).query(query::<ProgressQuery>),
         ),
         (
             r::EXPORT,
-            doc("exportAttempts", "experiments", Answer::Csv).query(query::<ExportQuery>),
+            doc(
+                "exportAttempts",
+                "experiments",
+                Answer::Export(one::<ExportPage>),
+            )
+            .query(query::<ExportQuery>),
         ),
         (
             r::JOBS,
@@ -480,13 +495,17 @@ fn operation(route: &Route, doc: Option<RouteDoc>, schemas: &mut Schemas) -> Pat
                     "application/json",
                     ContentBuilder::new().schema(Some(schema(schemas))).build(),
                 ),
-                Answer::Csv => ResponseBuilder::new()
-                    .description("One row per attempt, with a header row")
+                Answer::Export(page) => ResponseBuilder::new()
+                    .description("One row per attempt: CSV with a header row, or a JSON page")
                     .content(
                         "text/csv",
                         ContentBuilder::new()
                             .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
                             .build(),
+                    )
+                    .content(
+                        "application/json",
+                        ContentBuilder::new().schema(Some(page(schemas))).build(),
                     ),
                 Answer::LogBytes => ResponseBuilder::new()
                     .description("Log bytes from `offset` (empty when none came within `wait_ms`)")

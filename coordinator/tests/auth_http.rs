@@ -310,6 +310,21 @@ async fn users_cancel_and_retry_only_their_own_runs_admins_any() {
         )
         .await;
     assert_eq!(status, 200, "bob retries his cancelled job: {v}");
+    // An experiment's failed jobs in one request: its owner's or an admin's to ask.
+    let retry_all = routes::RETRY_FAILED.path_with(&[&bobs]);
+    let (status, v) = s
+        .call(Method::Post, &retry_all, Some(&alice), &json!({}))
+        .await;
+    assert_eq!(status, 403, "alice retries bob's experiment: {v}");
+    assert_error(&v, "forbidden", "experiment");
+    for who in [&bob, ADMIN] {
+        let (status, v) = s
+            .call(Method::Post, &retry_all, Some(who), &json!({}))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["experiment"], bobs.as_str());
+        assert_eq!(v["retried"], json!([]), "nothing of bob's had failed: {v}");
+    }
 }
 
 #[tokio::test]

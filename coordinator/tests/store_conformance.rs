@@ -611,6 +611,61 @@ async fn retry_policy_decides_requeue(s: Backend) {
     assert_eq!(claim(&s, agent, 1).await[0].job, l3.job);
 }
 
+/// An experiment's failed jobs run once more, all in one operation; its succeeded jobs are
+/// left as they are, and another experiment's failed and queued ones too.
+async fn retry_failed_requeues_every_failed_job_of_the_experiment_only(s: Backend) {
+    let agent = register(&s, "n1", 3, None).await;
+    let exp = submit(&s, (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
+    let leases = claim(&s, agent, 3).await;
+    assert_eq!(leases.len(), 3);
+    let ends = [Some(FailureClass::Nonzero), None, Some(FailureClass::Oom)];
+    for (l, end) in leases.iter().zip(ends) {
+        s.start_attempt(l.attempt, l.fence, 1, 0)
+            .await
+            .expect("start");
+        finish_attempt(&s, l.attempt, report(l.fence, end))
+            .await
+            .expect("finish");
+    }
+    let other = submit(&s, (0..2).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
+    let o = claim_with(&s, agent, Some(free(3, 10_000)), 1)
+        .await
+        .remove(0);
+    finish_attempt(&s, o.attempt, report(o.fence, Some(FailureClass::Nonzero)))
+        .await
+        .expect("finish");
+    let mut retried = s.retry_failed(exp).await.expect("retry failed");
+    retried.sort();
+    let mut failed = vec![leases[0].job, leases[2].job];
+    failed.sort();
+    assert_eq!(retried, failed);
+    for job in &failed {
+        assert_eq!(state(&s, *job).await, JobState::Retrying);
+    }
+    assert_eq!(state(&s, leases[1].job).await, JobState::Succeeded);
+    assert_eq!(
+        state(&s, o.job).await,
+        JobState::Failed,
+        "{other}'s job is left"
+    );
+    let queued = s
+        .list_jobs(JobFilter {
+            experiment: Some(other),
+            state: Some(JobState::Queued),
+            ..JobFilter::default()
+        })
+        .await
+        .expect("jobs");
+    assert_eq!(queued.len(), 1, "{other}'s queued job is left");
+    // Nothing failed any more: nothing to retry, and no error.
+    assert!(s.retry_failed(exp).await.expect("again").is_empty());
+    let unknown = s.retry_failed(ExperimentId::new()).await;
+    assert!(
+        matches!(unknown, Err(StoreError::NotFound { .. })),
+        "{unknown:?}"
+    );
+}
+
 async fn reregistration_loses_old_attempts(s: Backend) {
     let agent = register(&s, "n1", 1, None).await;
     submit(&s, vec![job(0, Some(1000), vec![FailureClass::Lost], 3)]).await;
@@ -2778,6 +2833,7 @@ conformance!(sqlite, postgres: [
     an_end_carries_a_start_not_yet_reported,
     stale_fences_are_refused,
     retry_policy_decides_requeue,
+    retry_failed_requeues_every_failed_job_of_the_experiment_only,
     reregistration_loses_old_attempts,
     reregistration_resumes_current_attempts,
     lost_without_retry_fails,

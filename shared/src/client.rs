@@ -401,6 +401,15 @@ impl Client {
             .await
     }
 
+    /// Every failed job of the experiment runs once more.
+    pub async fn retry_failed(
+        &self,
+        id: ExperimentId,
+    ) -> Result<crate::api::RetryFailedResponse, ClientError> {
+        self.call::<(), _>(routes::RETRY_FAILED, &[&id], None, DEFAULT_TIMEOUT)
+            .await
+    }
+
     pub async fn attempt(&self, id: AttemptId) -> Result<crate::api::AttemptView, ClientError> {
         self.get(routes::ATTEMPT, &[&id]).await
     }
@@ -469,6 +478,7 @@ impl Client {
         let q = ExportQuery {
             experiment: experiment.map(|e| e.to_string()),
             clean_only,
+            ..ExportQuery::default()
         };
         // Exports of big experiments take a while to write.
         let req = self

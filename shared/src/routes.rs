@@ -127,13 +127,24 @@ pub const CANCEL_EXPERIMENT: Route = Route::new(
     Owner,
     "Cancel every unfinished job of an experiment",
 );
+pub const RETRY_FAILED: Route = Route::new(
+    Post,
+    "/v1/experiments/{id}/retry",
+    Owner,
+    "Run every failed job of an experiment once more",
+);
 pub const PROGRESS: Route = Route::new(
     Get,
     "/v1/progress",
     User,
     "Job counts per state; long-polls with `after`",
 );
-pub const EXPORT: Route = Route::new(Get, "/v1/export", User, "Attempts as CSV");
+pub const EXPORT: Route = Route::new(
+    Get,
+    "/v1/export",
+    User,
+    "Attempts, one row each, as CSV or paged JSON (`format`)",
+);
 pub const JOBS: Route = Route::new(Get, "/v1/jobs", User, "List jobs");
 pub const JOB: Route = Route::new(Get, "/v1/jobs/{id}", User, "A job with its attempts");
 pub const CANCEL_JOB: Route = Route::new(Post, "/v1/jobs/{id}/cancel", Owner, "Cancel a job");
@@ -270,6 +281,7 @@ pub const ALL: &[Route] = &[
     EXPERIMENTS,
     EXPERIMENT,
     CANCEL_EXPERIMENT,
+    RETRY_FAILED,
     PROGRESS,
     EXPORT,
     JOBS,

@@ -1,15 +1,15 @@
-//! Submitting experiments, their progress, cancellation and CSV export.
+//! Submitting experiments, their progress, cancellation, retry of their failures and export.
 
 use std::time::Duration;
 
 use axum::Extension;
 use axum::extract::State;
 use axum::http::header;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use headroom_shared::ExperimentId;
 use headroom_shared::api::{
-    Ack, CancelResponse, ExperimentSummary, ExportQuery, Health, Principal, Progress,
-    ProgressQuery, SubmitRequest, SubmitResponse,
+    Ack, CancelResponse, EXPORT_PAGE_MAX, ExperimentSummary, ExportFormat, ExportPage, ExportQuery,
+    Health, Principal, Progress, ProgressQuery, RetryFailedResponse, SubmitRequest, SubmitResponse,
 };
 use headroom_shared::expand::expand_within;
 use headroom_shared::pending::PendingReason;
@@ -230,18 +230,58 @@ pub async fn progress(
 pub async fn export(
     State(s): State<AppState>,
     ApiQuery(q): ApiQuery<ExportQuery>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     let experiment = q
         .experiment
         .as_deref()
         .map(|e| parse_id(e, "experiment"))
         .transpose()?;
+    let limit = q.limit.unwrap_or(EXPORT_PAGE_MAX);
+    if !(1..=EXPORT_PAGE_MAX).contains(&limit) {
+        return Err(ApiError::invalid(
+            "limit",
+            format!("must be 1 to {EXPORT_PAGE_MAX} rows"),
+        ));
+    }
+    if q.format == ExportFormat::Csv && (q.after.is_some() || q.limit.is_some()) {
+        return Err(ApiError::invalid(
+            "format",
+            "`after` and `limit` page the JSON export (format=json); CSV is one file",
+        ));
+    }
     let mut rows = s.store.export_rows(experiment).await?;
     if q.clean_only {
         rows.retain(|r| crate::export::is_clean(&r.attempt));
     }
+    if q.format == ExportFormat::Json {
+        let after = usize::try_from(q.after.unwrap_or(0)).unwrap_or(usize::MAX);
+        let end = after.saturating_add(limit as usize).min(rows.len());
+        let page = rows.get(after..end).unwrap_or_default();
+        return Ok(ApiJson(ExportPage {
+            columns: crate::export::describe(),
+            rows: page.iter().map(crate::export::to_json).collect(),
+            next_after: (end < rows.len()).then_some(end as u64),
+        })
+        .into_response());
+    }
     let csv = crate::export::to_csv(&rows).map_err(|e| ApiError::internal(format!("csv: {e}")))?;
-    Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], csv))
+    Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], csv).into_response())
+}
+
+/// Every failed job of the experiment runs once more, in one request.
+pub async fn retry_failed(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<RetryFailedResponse> {
+    let id: ExperimentId = parse_id(&id, "experiment")?;
+    let exp = s.store.experiment(id).await?;
+    check_owner(&who, &exp.submitted_by, &format!("experiment {id}"))?;
+    let retried = s.store.retry_failed(id).await?;
+    Ok(ApiJson(RetryFailedResponse {
+        experiment: id,
+        retried,
+    }))
 }
 
 #[cfg(test)]

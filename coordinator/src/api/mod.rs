@@ -61,6 +61,10 @@ pub fn router(state: AppState) -> Router {
             r::CANCEL_EXPERIMENT.path,
             on(r::CANCEL_EXPERIMENT, experiments::cancel),
         )
+        .route(
+            r::RETRY_FAILED.path,
+            on(r::RETRY_FAILED, experiments::retry_failed),
+        )
         .route(r::PROGRESS.path, on(r::PROGRESS, experiments::progress))
         .route(r::EXPORT.path, on(r::EXPORT, experiments::export))
         .route(r::JOBS.path, on(r::JOBS, jobs::list))

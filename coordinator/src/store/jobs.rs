@@ -182,11 +182,33 @@ pub(super) async fn cancel_experiment(tx: &mut dyn Tx, id: ExperimentId) -> Resu
 }
 
 pub(super) async fn retry(tx: &mut dyn Tx, id: JobId) -> Result<(JobState, Change)> {
-    let id = id.to_string();
-    let mut job = lock_job(tx, &id).await?;
-    let state = transition(tx, &mut job, JobEvent::Retry).await?;
-    let r = job_rules(tx, &id).await?;
-    tx.set_job_tries(&id, r.attempts, rules::manual_retry(r.attempts))
-        .await?;
+    let state = retry_one(tx, &id.to_string()).await?;
     Ok((state, Change::Work))
+}
+
+/// Every failed job of the experiment runs once more, in one transaction: all or none.
+pub(super) async fn retry_failed(
+    tx: &mut dyn Tx,
+    id: ExperimentId,
+) -> Result<(Vec<JobId>, Change)> {
+    let id = id.to_string();
+    super::experiments::summary(tx, &id).await?;
+    let mut retried = Vec::new();
+    for (job, state) in tx.jobs_of_experiment(&id).await? {
+        if state == JobState::Failed {
+            retry_one(tx, &job).await?;
+            retried.push(super::rows::parse(&job, "job id")?);
+        }
+    }
+    let change = Change::work_if(!retried.is_empty());
+    Ok((retried, change))
+}
+
+async fn retry_one(tx: &mut dyn Tx, id: &str) -> Result<JobState> {
+    let mut job = lock_job(tx, id).await?;
+    let state = transition(tx, &mut job, JobEvent::Retry).await?;
+    let r = job_rules(tx, id).await?;
+    tx.set_job_tries(id, r.attempts, rules::manual_retry(r.attempts))
+        .await?;
+    Ok(state)
 }

@@ -389,6 +389,8 @@ pub trait Store: Send + Sync + 'static {
     async fn cancel_job(&self, id: JobId) -> Result<u64>;
     async fn cancel_experiment(&self, id: ExperimentId) -> Result<u64>;
     async fn retry_job(&self, id: JobId) -> Result<JobState>;
+    /// Every failed job of the experiment runs once more; the jobs retried.
+    async fn retry_failed(&self, experiment: ExperimentId) -> Result<Vec<JobId>>;
     async fn export_rows(&self, experiment: Option<ExperimentId>) -> Result<Vec<ExportRow>>;
 
     async fn register_agent(&self, reg: Registration) -> Result<Registered>;
@@ -586,6 +588,10 @@ impl<B: Backend> Store for B {
 
     async fn retry_job(&self, id: JobId) -> Result<JobState> {
         run!(self, write, "retry_job", jobs::retry, id; job = %id)
+    }
+
+    async fn retry_failed(&self, experiment: ExperimentId) -> Result<Vec<JobId>> {
+        run!(self, write, "retry_failed", jobs::retry_failed, experiment; experiment = %experiment)
     }
 
     async fn export_rows(&self, experiment: Option<ExperimentId>) -> Result<Vec<ExportRow>> {

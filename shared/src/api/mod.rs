@@ -833,6 +833,15 @@ pub struct RetryResponse {
     pub state: JobState,
 }
 
+/// `POST /v1/experiments/{id}/retry`: the failed jobs that run once more (none: nothing
+/// had failed).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RetryFailedResponse {
+    pub experiment: ExperimentId,
+    pub retried: Vec<JobId>,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Released {
@@ -891,6 +900,78 @@ pub struct ExportQuery {
     /// whose throttling could not be read although they ran on GPUs; failed attempts stay.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub clean_only: bool,
+    /// `csv` (the default: one file, every row) or `json` (pages of `limit` rows).
+    #[serde(default, skip_serializing_if = "ExportFormat::is_csv")]
+    #[cfg_attr(feature = "openapi", param(inline))]
+    pub format: ExportFormat,
+    /// JSON: rows after this many (the `next_after` of the previous page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
+    /// JSON: at most this many rows (default and most: 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", param(minimum = 1, maximum = 10000))]
+    pub limit: Option<u32>,
+}
+
+/// Most rows a JSON export page holds.
+pub const EXPORT_PAGE_MAX: u32 = 10_000;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum ExportFormat {
+    #[default]
+    Csv,
+    Json,
+}
+
+impl ExportFormat {
+    fn is_csv(&self) -> bool {
+        *self == ExportFormat::Csv
+    }
+}
+
+/// What an export column holds: the JSON value's type, and a frame's dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum ColumnType {
+    String,
+    Integer,
+    Number,
+    Boolean,
+    /// RFC 3339 text.
+    Time,
+    /// A list of integers (`gpus`; `;`-joined in CSV).
+    List,
+}
+
+/// One column of the export, as the CSV header names it and the JSON rows key it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ExportColumn {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: ColumnType,
+    /// The unit of a figure (`J`, `W`, `MiB`, `ms`...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    pub description: String,
+    /// Whether `clean_only` reads the column (the attempt is left out on its value).
+    #[serde(default)]
+    pub decides_clean: bool,
+}
+
+/// `GET /v1/export?format=json`: a page of rows, each keyed by the columns' names and with
+/// `params`, the parameters the attempt ran with.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ExportPage {
+    pub columns: Vec<ExportColumn>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
+    pub rows: Vec<serde_json::Map<String, Value>>,
+    /// Pass as `after` for the next page; `None`: this was the last.
+    pub next_after: Option<u64>,
 }
 
 /// `GET /v1/attempts/{id}/log`: bytes from `offset`, waiting up to `wait_ms` for some.

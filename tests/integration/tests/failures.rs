@@ -168,3 +168,93 @@ fn nonzero_exit_and_launch_errors() {
     assert_eq!(class(0), Some(FailureClass::Nonzero));
     assert_eq!(class(1), Some(FailureClass::LaunchError));
 }
+
+/// `headroom retry EXPERIMENT` runs every failed job once more in one request; the JSON
+/// export holds the CSV's rows, typed, in pages, with the parameters under `params`.
+#[test]
+fn an_experiment_s_failed_jobs_retry_at_once_and_the_json_export_pages_its_rows() {
+    let h = up();
+    let spec = serde_json::json!({
+        "name": "halfbad", "command": ["sh", "-c", "echo loss=0.{x}; [ $(( {x} % 2 )) -eq 0 ]"],
+        "grid": {"x": [1, 2, 3, 4]}, "resources": {"memory": "1GiB"}
+    });
+    let exp = h.submit_spec(spec);
+    let jobs = h.wait_done(exp, Duration::from_secs(30));
+    let failed = jobs.iter().filter(|j| j.state == JobState::Failed).count();
+    assert_eq!(failed, 2, "{jobs:#?}");
+    let out = h.cli_ok(&["retry", "halfbad"]);
+    assert!(
+        out.contains("2 failed jobs of experiment") && out.contains("queued"),
+        "{out}"
+    );
+    h.wait_for(
+        "both retried attempts to end",
+        Duration::from_secs(30),
+        || {
+            let jobs = h.jobs(exp)?;
+            let ended = jobs.iter().all(|j| j.state.is_terminal());
+            Ok((ended && jobs.iter().map(|j| j.attempts).sum::<u32>() == 6).then_some(()))
+        },
+    );
+    let csv = h.cli_ok(&["export", "--csv", "-e", "halfbad"]);
+    assert_eq!(csv.lines().count(), 1 + 6, "{csv}");
+    // Pages of 4: the first says where the next starts; the last says none.
+    let first: serde_json::Value = h
+        .get(&format!("/v1/export?experiment={exp}&format=json&limit=4"))
+        .expect("page 1");
+    assert_eq!(first["rows"].as_array().map(Vec::len), Some(4), "{first}");
+    assert_eq!(first["next_after"], 4);
+    let second: serde_json::Value = h
+        .get(&format!(
+            "/v1/export?experiment={exp}&format=json&limit=4&after=4"
+        ))
+        .expect("page 2");
+    assert_eq!(second["rows"].as_array().map(Vec::len), Some(2), "{second}");
+    assert!(second["next_after"].is_null(), "{second}");
+    let columns: Vec<&str> = first["columns"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let header: Vec<&str> = csv.lines().next().expect("header").split(',').collect();
+    let without_params: Vec<&str> = header.iter().copied().filter(|c| *c != "x").collect();
+    assert_eq!(columns, without_params, "one column list for CSV and JSON");
+    let energy = first["columns"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "energy_j"))
+        .expect("energy_j");
+    assert_eq!(energy["type"], "number");
+    assert_eq!(energy["unit"], "J");
+    let rows: Vec<&serde_json::Value> = first["rows"]
+        .as_array()
+        .into_iter()
+        .chain(second["rows"].as_array())
+        .flatten()
+        .collect();
+    for (row, line) in rows.iter().zip(csv.lines().skip(1)) {
+        let cells: Vec<&str> = line.split(',').collect();
+        assert_eq!(row["attempt_id"], cells[6], "same order as the CSV");
+        assert_eq!(row["params"]["x"].to_string(), cells[7], "{row}");
+        assert!(row["success"].is_boolean(), "{row}");
+        assert!(row["gpus"].is_array(), "{row}");
+    }
+    let x_of_failures: Vec<i64> = rows
+        .iter()
+        .filter(|r| r["success"] == false)
+        .filter_map(|r| r["params"]["x"].as_i64())
+        .collect();
+    assert_eq!(
+        x_of_failures.len(),
+        4,
+        "odd x fail twice each: {x_of_failures:?}"
+    );
+    assert!(x_of_failures.iter().all(|x| x % 2 == 1));
+    let (status, refused) = h
+        .post("/v1/experiments/not-an-id/retry", &serde_json::json!({}))
+        .expect("post");
+    assert_eq!(status, 400, "{refused}");
+    let bad = h.get::<serde_json::Value>("/v1/export?format=json&limit=0");
+    let err = format!("{:#}", bad.expect_err("limit 0 is refused"));
+    assert!(err.contains("limit"), "{err}");
+}
