@@ -37,7 +37,8 @@ def main() -> None:
     jobs: pd.DataFrame = hr.jobs(SPEC["name"])
     print(jobs[["id", "state", "params.lr", "created_at"]])
     attempts: pd.DataFrame = exp.attempts()
-    per_lr = attempts.groupby("lr")[["duration_s", "peak_mem_mib", "energy_j"]].mean()
+    # A parameter's column is `params.NAME` in both frames.
+    per_lr = attempts.groupby("params.lr")[["duration_s", "peak_mem_mib", "energy_j"]].mean()
     print(per_lr)
     print("longest run:", (attempts["ended_at"] - attempts["started_at"]).max())
 

@@ -1,6 +1,6 @@
 """The client against a real coordinator and agent (fake GPUs): submit, wait, jobs,
-attempts, logs, cancel, retry, nodes, plans, telemetry, experiments by name, the token as
-the CLI finds it and the mapping of API errors."""
+attempts, logs, cancel, retry, retry_failed, export, nodes, plans, telemetry, experiments by
+name, the token as the CLI finds it, the mapping of API errors, and the frames' columns."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_submit_a_yaml_file_wait_and_read_jobs_and_attempts(client: Client, tmp_
     assert done.counts.succeeded == 2, done.counts
 
     jobs = exp.jobs(frame=False)
-    assert sorted(j["params"]["lr"] for j in jobs) == [1e-4, 0.01]
+    assert sorted(j["params.lr"] for j in jobs) == [1e-4, 0.01]
     assert all(j["state"] == "succeeded" for j in jobs)
 
     frame = exp.jobs()  # pandas is installed: a DataFrame, parameters spread into columns
@@ -242,7 +242,7 @@ def test_the_readme_notebook_example_runs(client: Client) -> None:
     done = exp.wait(progress=True, timeout=300)
     assert done.counts.succeeded == 12, done.counts
     df = exp.attempts()
-    means = df.groupby("batch_size")[["duration_s", "peak_mem_mib"]].mean()
+    means = df.groupby("params.batch_size")[["duration_s", "peak_mem_mib"]].mean()
     assert sorted(means.index) == [32, 64]
     # The fake job held 1 GiB of fake GPU memory, and the agent measured it.
     assert (df["peak_mem_mib"] >= 1024).all(), df["peak_mem_mib"].tolist()
@@ -545,7 +545,8 @@ async def test_the_async_client_reads_telemetry(cluster: str) -> None:
 
 def test_wait_raises_on_failure_with_the_failed_jobs_and_their_classes(client: Client) -> None:
     name = f"py-fails-{uuid.uuid4().hex[:8]}"
-    exp = client.submit(spec(name, ["sh", "-c", "exit {code}"], grid={"code": [0, 3, 4]}, resources={"gpus": 0}))
+    command = ["sh", "-c", "exit {code}"]
+    exp = client.submit(spec(name, command, grid={"code": [0, 3, 4]}, resources={"gpus": 0}))
     with pytest.raises(JobsFailedError) as e:
         exp.wait(timeout=60, raise_on_failure=True)
     failed = {j["id"] for j in exp.jobs(state="failed", frame=False)}
@@ -638,3 +639,152 @@ def test_an_https_coordinator_is_reached_with_its_ca(cluster: str, tmp_path: Pat
             c.nodes()
     with pytest.raises(ValueError, match="ca_file"):
         Client(url, TOKEN, ca_file=tmp_path / "ext")
+
+
+# ---- stable columns, the export, retry_failed ----
+
+ATTEMPT_KEYS = ["experiment", "job_id", "job_index", "config", "run", "attempt", "attempt_id"]
+
+
+def _without_params(columns) -> list:
+    return [c for c in columns if not c.startswith("params.")]
+
+
+def test_frames_have_the_same_columns_and_dtypes_whatever_the_data(client: Client) -> None:
+    """Every parameter is `params.NAME` in jobs() and attempts() alike, after the columns
+    that name the job or attempt; the other columns and their dtypes do not change with the
+    parameters, the values or the number of rows (none included)."""
+    cpu, gpu = {"gpus": 0}, {"gpus": 1, "memory": "1GiB"}
+    a = client.submit(spec("py-cols-a", ["true"], grid={"lr": [0.5, 1], "flag": [True]}, resources=cpu))
+    # Parameters named like the attempt's own columns.
+    b = client.submit(spec("py-cols-b", ["true"], grid={"node": ["x"], "success": [7]}, resources=gpu))
+    a.wait(timeout=120)
+    b.wait(timeout=120)
+
+    fa, fb = a.attempts(), b.attempts()
+    assert list(fa.columns[:7]) == ATTEMPT_KEYS
+    assert list(fa.columns[7:9]) == ["params.flag", "params.lr"] and fa.columns[9] == "success"
+    assert list(fb.columns[7:9]) == ["params.node", "params.success"] and fb.columns[9] == "success"
+    assert _without_params(fa.columns) == _without_params(fb.columns)
+    assert fa.drop(columns=["params.flag", "params.lr"]).dtypes.equals(
+        fb.drop(columns=["params.node", "params.success"]).dtypes
+    )
+    assert str(fa["job_index"].dtype) == "Int64" and str(fa["success"].dtype) == "boolean"
+    assert str(fa["started_at"].dtype) == "datetime64[us, UTC]"
+    assert fa["energy_j"].dtype == "float64" and fa["duration_s"].dtype == "float64"
+    assert fa["gpus"].tolist() == [[], []] and fb["gpus"].tolist() in ([[0]], [[1]])
+    assert sorted(fa["params.lr"]) == [0.5, 1.0] and fa["params.flag"].tolist() == [True, True]
+    assert fb["params.success"].tolist() == [7] and fb["success"].tolist() == [True]
+
+    # Records: the same keys, in the same order, as the frame's columns.
+    rows = a.attempts(frame=False)
+    assert all(list(r) == list(fa.columns) for r in rows)
+    assert isinstance(rows[0]["started_at"], datetime) and rows[0]["gpus"] == []
+
+    # No rows: every fixed column, typed all the same.
+    empty = client.attempts(str(uuid.uuid4()))
+    assert empty.empty and list(empty.columns) == _without_params(fa.columns)
+    assert empty.dtypes.equals(fa.drop(columns=["params.flag", "params.lr"]).dtypes)
+
+    ja, jb = a.jobs(), b.jobs()
+    keys = ["id", "experiment", "experiment_name", "index", "config", "run"]
+    assert list(ja.columns[:6]) == keys and list(ja.columns[6:8]) == ["params.flag", "params.lr"]
+    assert list(jb.columns[6:8]) == ["params.node", "params.success"]
+    assert _without_params(ja.columns) == _without_params(jb.columns)
+    assert str(ja["created_at"].dtype) == "datetime64[us, UTC]"
+    assert ja["index"].dtype == "int64" and str(ja["estimate_mib"].dtype) == "Int64"
+    none = client.jobs(a.id, state="failed")
+    assert none.empty and list(none.columns) == _without_params(ja.columns)
+    jrows = a.jobs(frame=False)
+    assert all(list(r) == list(ja.columns) for r in jrows) and "params" not in jrows[0]
+
+
+def test_export_as_csv_and_as_json_and_to_a_file(client: Client, tmp_path: Path) -> None:
+    name = f"py-export-{uuid.uuid4().hex[:8]}"
+    exp = client.submit(spec(name, ["true"], grid={"lr": [0.1, 0.2]}, resources={"gpus": 0}))
+    exp.wait(timeout=120)
+
+    text = client.export(name)
+    lines = text.splitlines()
+    assert lines[0].startswith("experiment,job_id,job_index") and len(lines) == 3
+    assert exp.export(path=tmp_path / "a.csv") == text
+    assert (tmp_path / "a.csv").read_text() == text
+
+    rows = client.export(name, format="json", path=tmp_path / "a.json")
+    assert len(rows) == 2 and sorted(r["params"]["lr"] for r in rows) == [0.1, 0.2]
+    assert all(isinstance(r["started_at"], str) and r["experiment"] == name for r in rows)
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc["rows"] == rows and doc["columns"][0]["name"] == "experiment"
+    assert {c["name"]: c["type"] for c in doc["columns"]}["energy_j"] == "number"
+    assert exp.export(format="json", clean_only=True) == rows  # alone, CPU-only: clean
+    with pytest.raises(ValueError, match="format"):
+        client.export(name, format="xml")  # type: ignore[call-overload]
+
+
+def _paging(limit: int, seen: list) -> httpx.HTTPTransport:
+    """The real coordinator, its JSON export asked for pages of ``limit`` rows."""
+
+    class Paging(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/v1/export" and request.url.params.get("format") == "json":
+                request.url = request.url.copy_merge_params({"limit": str(limit)})
+                seen.append(request.url.params.get("after"))
+            return super().handle_request(request)
+
+    return Paging()
+
+
+def test_attempts_follow_the_json_exports_pages(cluster: str, client: Client) -> None:
+    grid = {"x": [1, 2, 3, 4, 5]}
+    exp = client.submit(spec("py-pages", ["true"], grid=grid, resources={"gpus": 0}))
+    exp.wait(timeout=120)
+    whole = exp.attempts(frame=False)
+    seen: list = []
+    with Client(cluster, TOKEN, transport=_paging(2, seen)) as paged:
+        rows = paged.attempts(exp.id, frame=False)
+        assert paged.export(exp.id, format="json") == client.export(exp.id, format="json")
+    assert seen[:3] == [None, "2", "4"]
+    assert rows == whole and sorted(r["params.x"] for r in rows) == [1, 2, 3, 4, 5]
+
+
+def test_retry_failed_retries_every_failed_job(client: Client) -> None:
+    name = f"py-retry-failed-{uuid.uuid4().hex[:8]}"
+    command = ["sh", "-c", "exit {code}"]
+    exp = client.submit(spec(name, command, grid={"code": [0, 3, 4]}, resources={"gpus": 0}))
+    assert exp.wait(timeout=60).counts.failed == 2
+    failed = sorted(j["id"] for j in exp.jobs(state="failed", frame=False))
+
+    again = client.retry_failed(name)  # by name
+    assert again.experiment == exp.id and sorted(again.retried) == failed
+    done = exp.wait(timeout=60)
+    assert done.counts.failed == 2 and done.counts.succeeded == 1
+    tries = {j["id"]: j["attempts"] for j in exp.jobs(frame=False)}
+    assert [tries[j] for j in failed] == [2, 2]
+
+    assert sorted(exp.retry_failed().retried) == failed  # from the Experiment
+    exp.wait(timeout=60)
+    ok = client.submit(spec(f"{name}-ok", ["true"], resources={"gpus": 0}))
+    ok.wait(timeout=60)
+    assert client.retry_failed(ok.id).retried == []
+    with pytest.raises(NotFoundError):
+        client.retry_failed(f"no-such-{name}")
+
+
+async def test_the_async_client_exports_and_retries_failed(cluster: str) -> None:
+    async with AsyncClient(cluster, TOKEN) as c:
+        name = f"py-async-retry-{uuid.uuid4().hex[:8]}"
+        exp = await c.submit(spec(name, ["sh", "-c", "exit 3"], resources={"gpus": 0}))
+        assert (await exp.wait(timeout=60)).counts.failed == 1
+        jobs = await exp.jobs(frame=False)
+        named = c.experiment(name)
+        assert (await named.retry_failed()).retried == [jobs[0]["id"]]
+        assert named.id == exp.id
+        assert (await c.wait(name, timeout=60)).counts.failed == 1
+        assert (await c.retry_failed(name)).retried == [jobs[0]["id"]]
+        await exp.wait(timeout=60)
+        rows = await c.export(name, format="json")
+        assert [r["attempt"] for r in sorted(rows, key=lambda r: r["attempt"])] == [1, 2, 3]
+        text = await exp.export(clean_only=False)
+        assert len(text.splitlines()) == 4
+        frame = await exp.attempts()
+        assert list(frame.columns[:7]) == ATTEMPT_KEYS and str(frame["attempt"].dtype) == "Int64"

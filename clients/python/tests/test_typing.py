@@ -31,7 +31,7 @@ from typing_extensions import assert_type
 from headroom_client import (
     AsyncClient, AttemptTelemetry, Client, GpuSeries, JobsFailedError, TelemetrySample,
 )
-from headroom_client.models import AttemptView, JobDetail, Progress
+from headroom_client.models import AttemptView, JobDetail, Progress, RetryFailedResponse
 
 
 def check(hr: Client) -> None:
@@ -57,6 +57,12 @@ def check(hr: Client) -> None:
     assert_type(hr.attempt_telemetry_frame("a"), pd.DataFrame)
     assert_type(hr.gpu_telemetry("node", 0, since=datetime(2024, 1, 1)), GpuSeries)
     assert_type(hr.gpu_telemetry_frame("node", 0), pd.DataFrame)
+    assert_type(hr.export("lr-sweep"), str)
+    assert_type(hr.export("lr-sweep", clean_only=True, format="json"), List[Dict[str, Any]])
+    assert_type(exp.export(format="csv", path="summary.csv"), str)
+    assert_type(exp.export(format="json"), List[Dict[str, Any]])
+    assert_type(hr.retry_failed("lr-sweep"), RetryFailedResponse)
+    assert_type(exp.retry_failed().retried, List[str])
     try:
         hr.wait(raise_on_failure=True)
     except JobsFailedError as e:
@@ -71,6 +77,10 @@ async def acheck(hr: AsyncClient) -> None:
     assert_type(await exp.jobs(frame=False), List[Dict[str, Any]])
     assert_type(await hr.attempt_telemetry_frame("a"), pd.DataFrame)
     assert_type(await hr.gpu_telemetry("node", 0), GpuSeries)
+    assert_type(await hr.export(format="json"), List[Dict[str, Any]])
+    assert_type(await exp.export(), str)
+    assert_type(await hr.retry_failed("lr-sweep"), RetryFailedResponse)
+    assert_type(await exp.retry_failed(), RetryFailedResponse)
 '''
 
 

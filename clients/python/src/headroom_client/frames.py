@@ -1,10 +1,15 @@
 """Records as pandas DataFrames. pandas is optional: it is imported when a frame is asked
-for, and timestamps become ``datetime64[..., UTC]`` columns."""
+for. A table's columns get one dtype each whatever the rows (none included): integers
+``Int64`` (``int64`` where never missing), booleans ``boolean`` (``bool``), numbers
+``float64``, text pandas' text dtype, times ``datetime64[us, UTC]``, lists and nested values
+as Python objects; a parameter's column, whose type no one declares, by its values."""
 
 from __future__ import annotations
 
 import importlib.util
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Protocol, Sequence, Union
+
+from ._tables import Column, Records as Records, Table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -23,9 +28,6 @@ class _Series(Protocol):
     @property
     def samples(self) -> Sequence[_Sample]: ...
 
-#: Rows as plain dicts (``frame=False``); timestamps are ``datetime`` (UTC).
-Records = List[Dict[str, Any]]
-
 #: Telemetry readings: float64 columns (NaN where the GPU gave none), whether any row has one.
 TELEMETRY_READINGS = (
     "used_mib",
@@ -38,10 +40,6 @@ TELEMETRY_READINGS = (
     "sm_clock_mhz",
 )
 
-#: The time columns of ``jobs()`` and ``attempts()``.
-JOB_TIMES = ("created_at",)
-ATTEMPT_TIMES = ("started_at", "ended_at")
-
 
 def _no_pandas() -> ImportError:
     return ImportError("pandas is not installed: pip install 'headroom-client[pandas]'")
@@ -52,34 +50,78 @@ def have_pandas() -> bool:
 
 
 def _times(df: "pd.DataFrame", columns: Iterable[str]) -> "pd.DataFrame":
-    import pandas as pd
-
     for col in columns:
         if col in df.columns:
-            # Microseconds whatever the rows (pandas infers seconds for none).
-            df[col] = pd.to_datetime(df[col], utc=True).dt.as_unit("us")
+            df[col] = _as_time(df[col])
     return df
 
 
-def frame(rows: Records, times: Sequence[str] = ()) -> "pd.DataFrame":
-    """Rows as a DataFrame, nested dicts spread into ``NAME.KEY`` columns (``params.lr``)."""
+def _by_values(values: List[Any]) -> "pd.Series":
+    """A column no one typed (a parameter's): integers and booleans as themselves
+    (nullable where one is missing), anything else as pandas infers it."""
+    import pandas as pd
+
+    given = [v for v in values if v is not None]
+    missing = len(given) < len(values)
+    if given and all(isinstance(v, bool) for v in given):
+        return pd.Series(values, dtype="boolean" if missing else "bool")
+    if given and all(isinstance(v, int) and not isinstance(v, bool) for v in given):
+        try:
+            return pd.Series(values, dtype="Int64" if missing else "int64")
+        except (OverflowError, TypeError, ValueError):
+            return pd.Series(values, dtype=object)
+    return pd.Series(values, dtype=None if given else object)
+
+
+def _column(values: List[Any], column: Column) -> "pd.Series":
+    """One column's values with the dtype of its type."""
+    import pandas as pd
+
+    nullable = column.nullable or any(v is None for v in values)
+    kind = column.type
+    try:
+        if kind == "integer":
+            return pd.Series(values, dtype="Int64" if nullable else "int64")
+        if kind == "boolean":
+            return pd.Series(values, dtype="boolean" if nullable else "bool")
+        if kind == "number":
+            return pd.Series(values, dtype="float64")
+        if kind == "time":
+            return _as_time(pd.Series(values, dtype=object))
+        if kind == "string":
+            text = pd.Series(values, dtype=object)
+            # pandas' text dtype: `str` from pandas 3, object before (as it infers text).
+            return text.astype("str") if int(pd.__version__.split(".")[0]) >= 3 else text
+    except (OverflowError, TypeError, ValueError):
+        return pd.Series(values, dtype=object)
+    if kind in ("list", "object"):
+        return pd.Series(values, dtype=object)
+    return _by_values(values)
+
+
+def _as_time(values: "pd.Series") -> "pd.Series":
+    import pandas as pd
+
+    # Microseconds whatever the rows (pandas infers seconds for none).
+    return pd.to_datetime(values, utc=True).dt.as_unit("us")
+
+
+def table_frame(table: Table) -> "pd.DataFrame":
+    """A table as a DataFrame: its columns in order, each with its type's dtype."""
     try:
         import pandas as pd
     except ImportError:
         raise _no_pandas() from None
-    if not rows:
-        return pd.DataFrame()
-    return _times(pd.json_normalize(rows), times)
+    data = {c.name: _column([r.get(c.name) for r in table.rows], c) for c in table.columns}
+    return pd.DataFrame(data, index=pd.RangeIndex(len(table.rows)))
 
 
-def records_or_frame(
-    rows: Records, want: Optional[bool], times: Sequence[str] = ()
-) -> Union["pd.DataFrame", Records]:
+def records_or_frame(table: Table, want: Optional[bool]) -> Union["pd.DataFrame", Records]:
     """A DataFrame when ``want`` or, by default (None), when pandas is installed; else the
     rows."""
     if want is False or (want is None and not have_pandas()):
-        return rows
-    return frame(rows, times)
+        return table.rows
+    return table_frame(table)
 
 
 def telemetry_frame(

@@ -245,6 +245,15 @@ class RetryResponse(_Model):
     state: str
 
 
+class RetryFailedResponse(_Model):
+    """``retry_failed``: the experiment's id, and the ids of the failed jobs given one more
+    attempt (empty: none had failed)."""
+
+    __schema__ = "RetryFailedResponse"
+    experiment: str
+    retried: List[str]
+
+
 class GpuProcess(_Model):
     __schema__ = "GpuProcess"
     pid: int
@@ -365,6 +374,7 @@ ALL_MODELS = [
     JobDetail,
     CancelResponse,
     RetryResponse,
+    RetryFailedResponse,
     GpuProcess,
     QuarantineView,
     GpuView,
