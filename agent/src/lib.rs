@@ -17,8 +17,9 @@
 //!   `gpu` (NVML and fake backends), `jobenv` (what of the agent's environment jobs get), `runas` (the Unix user
 //!   a job runs as), `procscan` (processes by their markers), `outcomes`
 //!   (the journal of end reports): used by both.
-// `unsafe` is denied except where an attempt's process is started (`supervisor::process`: a
-// clone sharing the supervisor's memory, raw system calls until the exec).
+// `unsafe` is denied except where an attempt's process is started (`supervisor::process`:
+// `Command::pre_exec` and the `close_range` it makes) and its exit is awaited (a pid file
+// descriptor registered with the runtime).
 #![deny(unsafe_code)]
 
 /// A fixed-length name for an agent's scope (its data directory, a path of any length): what

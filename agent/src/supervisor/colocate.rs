@@ -105,7 +105,7 @@ impl Running {
         let mut env = bg.env.clone();
         env.insert(ROLE_VAR.to_string(), ROLE_BACKGROUND.to_string());
         let spec = build_command(launch, &bg.argv, &env, backend, &log)?;
-        let spawned = procscan::spawn_owned(|| spec.spawn(), |c| Some(c.id()));
+        let spawned = procscan::spawn_owned(|| spec.spawn().map_err(Into::into), |c| Some(c.id()));
         let child =
             spawned.map_err(|e| format!("cannot start the background `{}`: {e}", bg.argv[0]))?;
         let Some(pid) = Some(child.id()).filter(|&p| p > 0) else {

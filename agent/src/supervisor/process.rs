@@ -1,44 +1,31 @@
-//! An attempt's processes (its job, its background): started the way `posix_spawn` starts
-//! one, by a `clone` that shares the supervisor's memory and holds the supervisor's thread
-//! until the exec, with what `posix_spawn` cannot do set in between (cgroups joined, its own
-//! session, the job's user and groups, death with the supervisor); and the handle that waits
-//! for it, reaps it and kills it.
+//! An attempt's processes (its job, its background): started by `std::process::Command`
+//! with one `pre_exec` for what the standard library cannot do in the child (join the
+//! attempt's cgroups, a session of its own, the job's user *with its supplementary groups*,
+//! no new privileges, death with the supervisor, its working directory entered as that
+//! user, no inherited descriptor); and the handle that waits for it, reaps it and kills it.
 //!
-//! A fork would copy the supervisor's page tables only for the exec to throw them away, and
-//! every page the supervisor then writes would be copied once more: about a tenth of all the
-//! CPU a trivial job costs (`bench/README.md`). Sharing the memory makes the child's part
-//! strict: between the clone and the exec it runs on a stack of its own, makes only raw
-//! system calls over what [`Spec::spawn`] prepared, allocates nothing, takes no lock and
-//! changes no state of the supervisor's. Identity calls are made as the kernel's per-thread
-//! ones: the C library's `setuid` would ask every thread of the supervisor to change too. Its
-//! errno is the supervisor's thread's (the same thread-local storage), which waits meanwhile.
+//! The identity is set in the `pre_exec`, not by `CommandExt::uid`/`gid`: those drop the
+//! user's supplementary groups (setting them is unstable in std), and the standard library
+//! enters `current_dir` before a `pre_exec` runs, as root, which a root-squashed NFS home
+//! refuses. What the child does between the fork and the exec is raw system calls over what
+//! [`Spec::spawn`] prepared: no allocation, no lock.
 
-use std::ffi::{CStr, CString, OsStr, OsString, c_int, c_void};
+use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
-use std::process::ExitStatus;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::process::{Command, ExitStatus, Stdio};
 
 use nix::libc;
+use rustix::pipe::PipeFlags;
 use rustix::process::{Gid, Pid, Uid, WaitOptions};
 use tokio::io::unix::AsyncFd;
 
-/// The child's stack, above a guard page: its code calls nothing deep, and no signal
-/// handler runs there (all are blocked until the exec).
-const STACK: usize = 64 * 1024;
-
 /// How often a child whose pid file descriptor said "exited" too soon is looked at again.
 const RELOOK: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// The PATH an `execvp` uses where the environment has none.
-const DEFAULT_PATH: &[u8] = b"/bin:/usr/bin";
-
-/// What runs a file the kernel cannot (a script without `#!`), as `execvp` does.
-const SHELL: &CStr = c"/bin/sh";
 
 /// A process to start: everything the child needs, prepared before it exists.
 pub struct Spec {
@@ -48,7 +35,7 @@ pub struct Spec {
     pub args: Vec<String>,
     /// The whole environment (later entries of one name win).
     pub env: Vec<(OsString, OsString)>,
-    /// Its working directory (the supervisor's when none).
+    /// Its working directory (the supervisor's when none), entered as the job's user.
     pub cwd: Option<PathBuf>,
     /// Its standard output and error (its standard input is `/dev/null`).
     pub stdout: OwnedFd,
@@ -60,45 +47,40 @@ pub struct Spec {
     pub identity: Option<(Vec<u32>, u32, u32)>,
 }
 
-/// Where the child stopped, with its `errno`, when it could not exec.
+/// Where the child stopped before its exec, sent to the supervisor as one byte (the
+/// standard library reports only the `errno`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Step {
-    Stdio = 1,
-    Cwd,
-    Cgroup,
+pub enum Step {
+    Cgroup = 1,
     Session,
     Groups,
     Group,
     User,
     NoNewPrivs,
     DeathSignal,
+    Cwd,
     CloseFds,
-    Exec,
 }
 
 impl Step {
-    fn from_code(code: i32) -> Option<Step> {
-        [
-            Step::Stdio,
-            Step::Cwd,
-            Step::Cgroup,
-            Step::Session,
-            Step::Groups,
-            Step::Group,
-            Step::User,
-            Step::NoNewPrivs,
-            Step::DeathSignal,
-            Step::CloseFds,
-            Step::Exec,
-        ]
-        .into_iter()
-        .find(|s| *s as i32 == code)
+    const ALL: [Step; 9] = [
+        Step::Cgroup,
+        Step::Session,
+        Step::Groups,
+        Step::Group,
+        Step::User,
+        Step::NoNewPrivs,
+        Step::DeathSignal,
+        Step::Cwd,
+        Step::CloseFds,
+    ];
+
+    fn from_code(code: u8) -> Option<Step> {
+        Step::ALL.into_iter().find(|s| *s as u8 == code)
     }
 
     fn describe(self) -> &'static str {
         match self {
-            Step::Stdio => "cannot set up its standard input and output",
-            Step::Cwd => "cannot enter its working directory",
             Step::Cgroup => "cannot join the attempt's cgroup",
             Step::Session => "cannot start a session of its own",
             Step::Groups => "cannot take the user's groups",
@@ -106,138 +88,161 @@ impl Step {
             Step::User => "cannot become the user",
             Step::NoNewPrivs => "cannot give up gaining privileges",
             Step::DeathSignal => "cannot tie it to its supervisor",
+            Step::Cwd => "cannot enter its working directory",
             Step::CloseFds => "cannot close the descriptors it must not inherit",
-            Step::Exec => "exec",
         }
     }
 }
 
-/// What the child reads, and the one thing it writes (why it could not exec).
-struct Prepared {
-    /// Full paths to try in order (one when the program holds a `/`).
-    paths: Vec<CString>,
-    argv: Vec<CString>,
-    argv_ptrs: Vec<*const libc::c_char>,
-    /// For each path, `/bin/sh PATH ARGS...`: where the kernel cannot run the file itself.
-    script_ptrs: Vec<Vec<*const libc::c_char>>,
-    envp: Vec<CString>,
-    envp_ptrs: Vec<*const libc::c_char>,
-    cwd: Option<CString>,
-    stdin: OwnedFd,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+/// Why a process could not start: the step of the child's setup that failed, if one did
+/// (else the exec, or the fork), and the system's error.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{source}", step.map(|s| format!("{}: ", s.describe())).unwrap_or_default())]
+pub struct SpawnError {
+    pub step: Option<Step>,
+    #[source]
+    pub source: io::Error,
+}
+
+impl From<SpawnError> for io::Error {
+    fn from(e: SpawnError) -> io::Error {
+        match e.step {
+            None => e.source,
+            Some(_) => io::Error::new(e.source.kind(), e.to_string()),
+        }
+    }
+}
+
+/// What the child does between the fork and the exec, all prepared in the supervisor.
+struct ChildSetup {
     join: Vec<File>,
-    /// The supervisor: the child's parent, unless it died before the death signal was set.
-    supervisor: Pid,
     groups: Vec<Gid>,
     ids: Option<(Gid, Uid)>,
+    cwd: Option<CString>,
+    /// The supervisor: the child's parent, unless it died before the death signal was set.
+    supervisor: Pid,
     /// Above the highest descriptor the child may hold (its hard `RLIMIT_NOFILE`): where the
-    /// kernel has no `close_range`, it closes them one by one up to here.
+    /// kernel cannot mark them all at once, they are marked one by one up to here.
     fd_limit: u32,
-    /// `step << 16 | errno`, written by the child when it gives up; 0 while it has not.
-    failed: AtomicI32,
+    /// Where a failed step is written (close-on-exec; non-blocking).
+    report: OwnedFd,
 }
 
-fn c_string(what: &str, bytes: &[u8]) -> io::Result<CString> {
-    CString::new(bytes).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "{what} holds a NUL byte: {:?}",
-                String::from_utf8_lossy(bytes)
-            ),
-        )
-    })
-}
-
-/// `execvp`'s candidates for `program`: itself when it holds a `/`, else each directory of
-/// `path` (an empty one is the working directory) joined to it.
-fn candidates(program: &str, path: Option<&[u8]>) -> io::Result<Vec<CString>> {
-    if program.is_empty() {
-        return Err(io::Error::from_raw_os_error(libc::ENOENT));
-    }
-    if program.contains('/') {
-        return Ok(vec![c_string("the program", program.as_bytes())?]);
-    }
-    path.unwrap_or(DEFAULT_PATH)
-        .split(|&b| b == b':')
-        .map(|dir| {
-            let mut full = if dir.is_empty() {
-                b".".to_vec()
-            } else {
-                dir.to_vec()
-            };
-            while full.len() > 1 && full.ends_with(b"/") {
-                full.pop();
-            }
-            full.push(b'/');
-            full.extend_from_slice(program.as_bytes());
-            c_string("PATH", &full)
+impl ChildSetup {
+    /// Runs in the child; an error ends it before the exec, its step written to `report`.
+    fn run(&self) -> io::Result<()> {
+        self.steps().map_err(|(step, errno)| {
+            let _ = rustix::io::write(&self.report, &[step as u8]);
+            io::Error::from_raw_os_error(errno)
         })
-        .collect()
-}
-
-/// `fd` numbered above the standard streams, so that setting those up in the child cannot
-/// overwrite it or leave it close-on-exec (a supervisor whose own were closed).
-fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 2 {
-        return Ok(fd);
     }
-    Ok(rustix::io::fcntl_dupfd_cloexec(&fd, 3)?)
+
+    fn steps(&self) -> Result<(), (Step, i32)> {
+        let fail = |step: Step| move |e: rustix::io::Errno| (step, e.raw_os_error());
+        for f in &self.join {
+            rustix::io::write(f, b"0").map_err(fail(Step::Cgroup))?;
+        }
+        rustix::process::setsid().map_err(fail(Step::Session))?;
+        // Not the agent's private umask: the job's files are made as users expect.
+        rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+        if let Some((gid, uid)) = self.ids {
+            // The kernel's per-task calls: the child is one thread, and the C library's
+            // `setuid` would signal threads of the supervisor's it has not got.
+            rustix::thread::set_thread_groups(&self.groups).map_err(fail(Step::Groups))?;
+            rustix::thread::set_thread_gid(gid).map_err(fail(Step::Group))?;
+            rustix::thread::set_thread_uid(uid).map_err(fail(Step::User))?;
+            // A job started as its user by a root supervisor stays that user: a set-uid
+            // program in its reach (an image's `sudo`) cannot make it root again, as
+            // `allowPrivilegeEscalation: false` would have it.
+            rustix::thread::set_no_new_privs(true).map_err(fail(Step::NoNewPrivs))?;
+        }
+        // After the change of user, which clears it.
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+            .map_err(fail(Step::DeathSignal))?;
+        // A supervisor that died before the line above sends no signal: nothing to tie to.
+        if rustix::process::getppid() != Some(self.supervisor) {
+            return Err((Step::DeathSignal, libc::ESRCH));
+        }
+        // As the job's user: a directory root may not enter (root-squashed NFS) is entered,
+        // one the user may not is refused.
+        if let Some(dir) = &self.cwd {
+            rustix::process::chdir(dir.as_c_str()).map_err(fail(Step::Cwd))?;
+        }
+        // Its standard streams only: whatever the supervisor holds or inherited (a
+        // descriptor left open by whoever started the agent, to a file the job's user may
+        // not read) is closed at the exec. Marked, not closed: the standard library's own
+        // report of a failed exec travels on one of them.
+        mark_close_on_exec(self.fd_limit).map_err(|errno| (Step::CloseFds, errno))
+    }
 }
 
-fn pointers(strings: &[CString]) -> Vec<*const libc::c_char> {
-    strings
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect()
+/// Marks every descriptor above 2 close-on-exec: `close_range` at once (Linux 5.11), or one
+/// by one below `limit`.
+#[allow(unsafe_code)]
+fn mark_close_on_exec(limit: u32) -> Result<(), i32> {
+    // SAFETY: close_range over this process's own table with plain integers; with
+    // CLOSE_RANGE_CLOEXEC it closes nothing, it marks.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let errno = io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::ENOSYS);
+    // No such call or flag (before 5.11), or a seccomp profile that answers EPERM for
+    // calls it does not know: one by one instead.
+    if !matches!(errno, libc::ENOSYS | libc::EINVAL | libc::EPERM) {
+        return Err(errno);
+    }
+    // The kernel's own ceiling on descriptors (`nr_open`, 1 << 20 by default).
+    for fd in 3..limit.min(1 << 20) {
+        // SAFETY: fcntl on a descriptor number of this process's own table; one not open
+        // answers EBADF, which is what is wanted.
+        unsafe {
+            libc::fcntl(fd as libc::c_int, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+    Ok(())
+}
+
+fn invalid(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, what)
 }
 
 impl Spec {
     /// Starts the process; returns once it has exec'd, or with why it could not.
-    pub fn spawn(self) -> io::Result<Child> {
-        let mut env: Vec<(OsString, OsString)> = Vec::with_capacity(self.env.len());
-        for (k, v) in self.env {
-            match env.iter_mut().find(|(name, _)| *name == k) {
-                Some(slot) => slot.1 = v,
-                None => env.push((k, v)),
+    pub fn spawn(self) -> Result<Child, SpawnError> {
+        let plain = |source: io::Error| SpawnError { step: None, source };
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args).env_clear();
+        for (k, v) in &self.env {
+            if k.is_empty() || k.as_bytes().contains(&b'=') {
+                return Err(plain(invalid(format!(
+                    "an environment variable's name is not valid: {k:?}"
+                ))));
             }
+            // Later entries of one name win.
+            cmd.env(k, v);
         }
-        let path = env
-            .iter()
-            .find(|(k, _)| k == OsStr::new("PATH"))
-            .map(|(_, v)| v.as_bytes());
-        let paths = candidates(&self.program, path)?;
-        let argv = std::iter::once(&self.program)
-            .chain(&self.args)
-            .map(|a| c_string("an argument", a.as_bytes()))
-            .collect::<io::Result<Vec<_>>>()?;
-        let envp = env
-            .iter()
-            .map(|(k, v)| {
-                let k = k.as_bytes();
-                if k.is_empty() || k.contains(&b'=') {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!(
-                            "an environment variable's name is not valid: {:?}",
-                            String::from_utf8_lossy(k)
-                        ),
-                    ));
-                }
-                let mut entry = k.to_vec();
-                entry.push(b'=');
-                entry.extend_from_slice(v.as_bytes());
-                c_string("an environment variable", &entry)
-            })
-            .collect::<io::Result<Vec<_>>>()?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(self.stdout))
+            .stderr(Stdio::from(self.stderr));
         let cwd = self
             .cwd
             .as_ref()
-            .map(|d| c_string("the working directory", d.as_os_str().as_bytes()))
-            .transpose()?;
-        let stdin = above_stdio(OwnedFd::from(File::open("/dev/null")?))?;
+            .map(|d| {
+                CString::new(d.as_os_str().as_bytes())
+                    .map_err(|_| invalid(format!("the working directory holds a NUL byte: {d:?}")))
+            })
+            .transpose()
+            .map_err(plain)?;
         let (groups, ids) = match self.identity {
             Some((groups, gid, uid)) => (
                 groups.into_iter().map(Gid::from_raw).collect(),
@@ -245,62 +250,43 @@ impl Spec {
             ),
             None => (Vec::new(), None),
         };
-        let mut prepared = Box::new(Prepared {
-            paths,
-            argv_ptrs: Vec::new(),
-            script_ptrs: Vec::new(),
-            argv,
-            envp_ptrs: Vec::new(),
-            envp,
-            cwd,
-            stdin,
-            stdout: above_stdio(self.stdout)?,
-            stderr: above_stdio(self.stderr)?,
-            join: self
-                .join
-                .into_iter()
-                .map(|f| above_stdio(OwnedFd::from(f)).map(File::from))
-                .collect::<io::Result<_>>()?,
-            supervisor: rustix::process::getpid(),
+        let (steps, report) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)
+            .map_err(|e| plain(e.into()))?;
+        let setup = ChildSetup {
+            join: self.join,
             groups,
             ids,
+            cwd,
+            supervisor: rustix::process::getpid(),
             // The hard limit: a descriptor inherited from before a lower soft limit was set
             // may sit above the soft one.
             fd_limit: rustix::process::getrlimit(rustix::process::Resource::Nofile)
                 .maximum
                 .map_or(u32::MAX, |n| u32::try_from(n).unwrap_or(u32::MAX)),
-            failed: AtomicI32::new(0),
-        });
-        prepared.argv_ptrs = pointers(&prepared.argv);
-        prepared.envp_ptrs = pointers(&prepared.envp);
-        prepared.script_ptrs = prepared
-            .paths
-            .iter()
-            .map(|path| {
-                [SHELL.as_ptr(), path.as_ptr()]
-                    .into_iter()
-                    .chain(prepared.argv.iter().skip(1).map(|a| a.as_ptr()))
-                    .chain(std::iter::once(std::ptr::null()))
-                    .collect()
-            })
-            .collect();
-        let stack = Stack::new()?;
-        let pid = clone_and_exec(&prepared, &stack)?;
-        drop(stack);
-        let failed = prepared.failed.load(Ordering::SeqCst);
-        if failed != 0 {
-            // It has exited (the clone returns only after its exec or its exit): reap it.
-            let _ = rustix::process::waitpid(Pid::from_raw(pid), WaitOptions::empty());
-            let errno = io::Error::from_raw_os_error(failed & 0xffff);
-            return Err(match Step::from_code(failed >> 16) {
-                Some(Step::Exec) | None => errno,
-                Some(step) => io::Error::new(errno.kind(), format!("{}: {errno}", step.describe())),
-            });
+            report,
+        };
+        // SAFETY: the closure runs in the forked child before the exec and makes system
+        // calls only, over data prepared above; it allocates nothing and takes no lock.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || setup.run());
         }
-        let pid = u32::try_from(pid).map_err(|_| io::Error::other("clone returned no pid"))?;
-        let raw = Pid::from_raw(pid as i32).ok_or_else(|| io::Error::other("pid 0"))?;
-        // Opened at once, while the process cannot have been reaped by anyone else (it is
-        // ours and unreaped): a pid file descriptor names this process and no later one.
+        let child = cmd.spawn().map_err(|source| {
+            // The child has exited (the standard library reaped it): its step, if it said.
+            let mut code = [0u8; 1];
+            let step = match rustix::io::read(steps.as_fd(), &mut code) {
+                Ok(1) => Step::from_code(code[0]),
+                _ => None,
+            };
+            SpawnError { step, source }
+        })?;
+        let pid = child.id();
+        // The standard library's handle is let go (dropping it neither waits nor kills):
+        // this one waits through a pid file descriptor, opened while the process cannot
+        // have been reaped by anyone else (it is ours and unreaped), so it names this
+        // process and no later one with its pid.
+        drop(child);
+        let raw = Pid::from_raw(pid as i32).ok_or_else(|| plain(io::Error::other("pid 0")))?;
         let exits = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty())
             .ok()
             .map(Exits::Fd);
@@ -310,259 +296,6 @@ impl Spec {
             exits,
         })
     }
-}
-
-/// The child's stack: mapped for it, with a page below that faults rather than let an
-/// overflow write over the supervisor's memory.
-struct Stack {
-    base: *mut c_void,
-    len: usize,
-}
-
-impl Stack {
-    #[allow(unsafe_code)]
-    fn new() -> io::Result<Stack> {
-        // SAFETY: sysconf reads a constant of the system.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
-            .ok()
-            .filter(|&p| p > 0)
-            .unwrap_or(4096);
-        let len = STACK + page;
-        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let stack = Stack { base, len };
-        // SAFETY: the lowest page of the mapping made above.
-        if unsafe { libc::mprotect(base, page, libc::PROT_NONE) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(stack)
-    }
-
-    /// Its top, where a stack growing down starts: 16-byte aligned.
-    fn top(&self) -> *mut c_void {
-        ((self.base as usize + self.len) & !15) as *mut c_void
-    }
-}
-
-impl Drop for Stack {
-    #[allow(unsafe_code)]
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, used by no one after the child's exec or exit.
-        unsafe {
-            libc::munmap(self.base, self.len);
-        }
-    }
-}
-
-/// Sets this thread's signal mask to `mask` (the kernel's 64 bits) with the system call
-/// itself; returns the mask before.
-#[allow(unsafe_code)]
-fn set_mask(mask: &[u8; 8]) -> [u8; 8] {
-    let mut old = [0u8; 8];
-    // SAFETY: rt_sigprocmask over two 8-byte sets on this stack, the size the kernel takes.
-    unsafe {
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            mask.as_ptr(),
-            old.as_mut_ptr(),
-            8usize,
-        );
-    }
-    old
-}
-
-/// Blocks every signal around the clone, so that none runs one of the supervisor's handlers
-/// on the child's stack; the child puts back default handlers before it lets them in.
-#[allow(unsafe_code)]
-fn clone_and_exec(prepared: &Prepared, stack: &Stack) -> io::Result<i32> {
-    // The C library's own two signals too, which its `pthread_sigmask` leaves open.
-    let old = set_mask(&[0xff; 8]);
-    // SAFETY: CLONE_VM | CLONE_VFORK: the child shares this memory and this thread waits
-    // until it has exec'd or exited, so `prepared` and `stack` outlive its use of them. The
-    // child runs `child_main` only, whose contract is above (no allocation, no lock, raw
-    // system calls). SIGCHLD tells the supervisor of its exit like any child's.
-    let pid = unsafe {
-        libc::clone(
-            child_main,
-            stack.top(),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            prepared as *const Prepared as *mut c_void,
-        )
-    };
-    let err = io::Error::last_os_error();
-    set_mask(&old);
-    if pid < 0 {
-        return Err(err);
-    }
-    Ok(pid)
-}
-
-/// The child, between the clone and the exec. Nothing in it can panic (an abort here would
-/// be raised on the supervisor's thread id, through its thread-local storage).
-#[allow(unsafe_code)]
-extern "C" fn child_main(arg: *mut c_void) -> c_int {
-    // SAFETY: `arg` is the `Prepared` the parent passed, alive while it waits for us.
-    let p = unsafe { &*(arg as *const Prepared) };
-    let (step, errno) = child_setup(p);
-    p.failed
-        .store(((step as i32) << 16) | (errno & 0xffff), Ordering::SeqCst);
-    127
-}
-
-/// Runs the child's steps; returns only where one failed (the exec included).
-#[allow(unsafe_code)]
-fn child_setup(p: &Prepared) -> (Step, i32) {
-    let raw = |e: rustix::io::Errno| e.raw_os_error();
-    // Handlers of the supervisor must not run here: back to the defaults (what an exec would
-    // do), and SIGPIPE too, which the Rust runtime ignores and a job expects to kill it.
-    for sig in 1..=64 {
-        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-            continue;
-        }
-        // SAFETY: rt_sigaction on this task's own table (no CLONE_SIGHAND: a copy of the
-        // supervisor's), with structures on this stack.
-        unsafe {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
-                continue;
-            }
-            if old.sa_sigaction != libc::SIG_DFL
-                && (old.sa_sigaction != libc::SIG_IGN || sig == libc::SIGPIPE)
-            {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            }
-        }
-    }
-    if let Err(e) = rustix::stdio::dup2_stdin(p.stdin.as_fd())
-        .and_then(|()| rustix::stdio::dup2_stdout(p.stdout.as_fd()))
-        .and_then(|()| rustix::stdio::dup2_stderr(p.stderr.as_fd()))
-    {
-        return (Step::Stdio, raw(e));
-    }
-    if let Some(dir) = &p.cwd
-        && let Err(e) = rustix::process::chdir(dir.as_c_str())
-    {
-        return (Step::Cwd, raw(e));
-    }
-    for f in &p.join {
-        if let Err(e) = rustix::io::write(f, b"0") {
-            return (Step::Cgroup, raw(e));
-        }
-    }
-    if let Err(e) = rustix::process::setsid() {
-        return (Step::Session, raw(e));
-    }
-    // Not the agent's private umask: the job's files are made as users expect.
-    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
-    if let Some((gid, uid)) = p.ids {
-        if let Err(e) = rustix::thread::set_thread_groups(&p.groups) {
-            return (Step::Groups, raw(e));
-        }
-        if let Err(e) = rustix::thread::set_thread_gid(gid) {
-            return (Step::Group, raw(e));
-        }
-        if let Err(e) = rustix::thread::set_thread_uid(uid) {
-            return (Step::User, raw(e));
-        }
-        // A job started as its user by a root supervisor stays that user: a set-uid program
-        // in its reach (an image's `sudo`, a privileged container's binaries) cannot make it
-        // root again, as `allowPrivilegeEscalation: false` would have it.
-        if let Err(e) = rustix::thread::set_no_new_privs(true) {
-            return (Step::NoNewPrivs, raw(e));
-        }
-    }
-    // Last: changing user clears it.
-    if let Err(e) =
-        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-    {
-        return (Step::DeathSignal, raw(e));
-    }
-    // A supervisor that died before the line above sends no signal: nothing to tie to.
-    if rustix::process::getppid() != Some(p.supervisor) {
-        return (Step::DeathSignal, libc::ESRCH);
-    }
-    // Its standard streams only: whatever the supervisor holds or inherited (a descriptor
-    // that whoever started the agent left open, to a file the job's user may not read) is
-    // not the job's. Last, as the cgroup's files were needed above.
-    if let Err(errno) = close_above_stdio(p.fd_limit) {
-        return (Step::CloseFds, errno);
-    }
-    // The job starts with no signal blocked.
-    set_mask(&[0; 8]);
-    // `execvp`'s search: a file the kernel cannot run is run by the shell; a directory that
-    // does not hold it is passed over, one that may not be searched or run is remembered,
-    // anything else ends the search.
-    let errno = || {
-        io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::ENOENT)
-    };
-    let mut last = libc::ENOENT;
-    let mut denied = false;
-    for (path, script) in p.paths.iter().zip(&p.script_ptrs) {
-        // SAFETY: NUL-terminated strings and NULL-terminated arrays prepared by the parent.
-        unsafe {
-            libc::execve(path.as_ptr(), p.argv_ptrs.as_ptr(), p.envp_ptrs.as_ptr());
-        }
-        last = errno();
-        if last == libc::ENOEXEC {
-            // SAFETY: as above.
-            unsafe {
-                libc::execve(SHELL.as_ptr(), script.as_ptr(), p.envp_ptrs.as_ptr());
-            }
-            last = errno();
-        }
-        match last {
-            libc::EACCES => denied = true,
-            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
-            _ => return (Step::Exec, last),
-        }
-    }
-    (Step::Exec, if denied { libc::EACCES } else { last })
-}
-
-/// Closes every descriptor above 2 in the child (whose descriptor table is its own: no
-/// `CLONE_FILES`): `close_range` at once, or, on a kernel older than 5.9, one by one below
-/// `limit`.
-#[allow(unsafe_code)]
-fn close_above_stdio(limit: u32) -> Result<(), i32> {
-    // SAFETY: close_range on this process's own table, with plain integers.
-    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
-    if r == 0 {
-        return Ok(());
-    }
-    let errno = io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::ENOSYS);
-    // No such call (before 5.9), or a seccomp profile that answers EPERM for calls it
-    // does not know: one by one instead.
-    if errno != libc::ENOSYS && errno != libc::EPERM {
-        return Err(errno);
-    }
-    // The kernel's own ceiling on descriptors (`nr_open`, 1 << 20 by default).
-    for fd in 3..limit.min(1 << 20) {
-        // SAFETY: closing a descriptor number of this process's own table; one not open
-        // answers EBADF, which is what is wanted.
-        unsafe {
-            libc::close(fd as c_int);
-        }
-    }
-    Ok(())
 }
 
 /// How a child's exit is awaited: its pid file descriptor (registered with the runtime at

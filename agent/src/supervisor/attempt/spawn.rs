@@ -172,7 +172,7 @@ pub(super) async fn start(
 
     // The spec holds the log handles given to the child: they close with it.
     let spawned = command(launch, backend.as_ref(), &log).and_then(|spec| {
-        procscan::spawn_owned(|| spec.spawn(), |c| Some(c.id()))
+        procscan::spawn_owned(|| spec.spawn().map_err(Into::into), |c| Some(c.id()))
             .map_err(|e| format!("cannot start `{}`: {e}", launch.argv[0]))
     });
     // A fresh child always has a pid; without one there is nothing to supervise, and pid 0

@@ -45,7 +45,7 @@ fn root() -> bool {
 /// Spawned as the supervisor spawns: recorded, so that no reaper of this test process
 /// (other tests reap orphans) takes its exit status.
 fn start(s: Spec) -> io::Result<Child> {
-    crate::procscan::spawn_owned(|| s.spawn(), |c| Some(c.id()))
+    crate::procscan::spawn_owned(|| s.spawn().map_err(Into::into), |c| Some(c.id()))
 }
 
 async fn run(s: Spec) -> ExitStatus {
@@ -331,4 +331,39 @@ async fn a_job_started_as_its_user_gains_no_privilege_through_a_setuid_program()
         "65534",
         "the set-uid program made the job root"
     );
+}
+
+/// The working directory is entered as the job's user, after the change of user: one only
+/// root may enter is refused, naming the step (a root-squashed NFS home is the converse:
+/// the user may enter it, root may not), and one the user may enter is its directory.
+#[tokio::test]
+async fn the_working_directory_is_entered_as_the_job_s_user() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let closed = dir.path().join("root-only");
+    std::fs::create_dir(&closed).expect("mkdir");
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let (mut s, _) = spec("true", &[], &[("PATH", PATH)], dir.path());
+    s.cwd = Some(closed.clone());
+    s.identity = Some((vec![65534], 65534, 65534));
+    let e = s
+        .spawn()
+        .err()
+        .expect("nobody may not enter a root-only directory");
+    assert_eq!(e.step, Some(Step::Cwd), "{e}");
+    assert_eq!(e.source.kind(), io::ErrorKind::PermissionDenied, "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("cannot enter its working directory"),
+        "{e}"
+    );
+    // Root itself may: the same directory without the change of user.
+    let (mut s, out) = spec("pwd", &[], &[("PATH", PATH)], dir.path());
+    s.cwd = Some(closed.clone());
+    assert!(run(s).await.success());
+    let text = std::fs::read_to_string(out).expect("read output");
+    assert_eq!(text.trim(), closed.display().to_string());
 }
