@@ -28,8 +28,9 @@ use headroom_shared::api::{
     AttemptView, JobDetail, JobSummary, NodeView, SubmitRequest, SubmitResponse,
 };
 use headroom_shared::client::Client;
+use headroom_shared::pending::PendingReason;
 use headroom_shared::routes::Method;
-use headroom_shared::{ExperimentId, JobId};
+use headroom_shared::{ExperimentId, JobId, JobState};
 use serde::de::DeserializeOwned;
 
 /// The runtime every synchronous helper drives the typed client on: one for the process,
@@ -512,6 +513,20 @@ impl Headroom {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Waits until a claim has looked at the experiment's first job and left it queued, and
+    /// returns why (its pending reason): the event a "nothing was placed" check waits for,
+    /// instead of a guess at how long placement takes. A job placed and run never comes
+    /// back to this, and the wait times out.
+    pub fn wait_refused(&self, exp: ExperimentId, timeout: Duration) -> PendingReason {
+        self.wait_for("a claim to look at the job and leave it", timeout, || {
+            let job = self.jobs(exp)?.into_iter().next();
+            Ok(job
+                .filter(|j| j.state == JobState::Queued)
+                .and_then(|j| j.pending_reason)
+                .filter(|r| *r != PendingReason::NotConsidered))
+        })
     }
 
     /// Waits until every job of the experiment has ended (long-polls the progress counter,

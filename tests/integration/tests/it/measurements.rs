@@ -7,6 +7,7 @@ use std::time::Duration;
 use headroom_integration_tests::{Headroom, UpOptions, csv_table, fake_job};
 use headroom_shared::JobState;
 use headroom_shared::api::{EnergySource, ShareMethod};
+use headroom_shared::pending::PendingReason;
 
 fn read_pid(path: &std::path::Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
@@ -469,8 +470,12 @@ fn ghost_memory_is_shown_flagged_and_quarantines_until_it_is_gone() {
     // Nothing is placed on the GPU while the memory stays; it is lifted once it is gone.
     let next = h.submit_spec(serde_json::json!({"name": "after",
         "command": ["true"], "resources": {"memory": "1GiB"}}));
-    std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(h.jobs(next).expect("jobs")[0].state, JobState::Queued);
+    let why = h.wait_refused(next, Duration::from_secs(30));
+    assert_eq!(
+        why,
+        PendingReason::GpuQuarantined,
+        "placed beside ghost memory?"
+    );
     std::fs::remove_file(&ghost).expect("ghost gone");
     let jobs = h.wait_done(next, Duration::from_secs(60));
     assert_eq!(jobs[0].state, JobState::Succeeded);

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use headroom_integration_tests::{Headroom, KillOnDrop, UpOptions, alive, fake_job};
 use headroom_shared::JobState;
+use headroom_shared::pending::PendingReason;
 
 #[test]
 fn foreign_memory_blocks_admission_is_reported_and_left_alone() {
@@ -40,12 +41,10 @@ fn foreign_memory_blocks_admission_is_reported_and_left_alone() {
         job = fake_job().display()
     );
     let exp = h.submit("w.json", &spec).expect("submit");
-    std::thread::sleep(Duration::from_secs(2));
-    let jobs = h.jobs(exp).expect("jobs");
-    assert_eq!(
-        jobs[0].state,
-        JobState::Queued,
-        "admitted despite foreign memory"
+    let why = h.wait_refused(exp, Duration::from_secs(30));
+    assert!(
+        matches!(why, PendingReason::NotEnoughMemory { .. }),
+        "admitted despite foreign memory? {why:?}"
     );
     assert!(alive(pid), "the foreign process must never be killed");
 

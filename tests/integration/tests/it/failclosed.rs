@@ -11,6 +11,7 @@ use headroom_integration_tests::{
     Headroom, KillOnDrop, Proc, UpOptions, alive, fake_job, wait_until,
 };
 use headroom_shared::api::PeakSource;
+use headroom_shared::pending::PendingReason;
 use headroom_shared::{ExperimentId, JobState};
 
 fn fake_dir(h: &Headroom) -> PathBuf {
@@ -48,11 +49,15 @@ fn a_gpu_whose_memory_cannot_be_read_gets_no_work_until_it_reads_again() {
         nodes.contains("CANNOT BE READ") && nodes.contains("GPU is lost"),
         "{nodes}"
     );
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(
-        h.jobs(exp).expect("jobs")[0].state,
-        JobState::Queued,
-        "placed on a GPU whose memory is unknown"
+    // Left for its memory, or avoided after a claim that leased it on the older reading
+    // was handed back at launch.
+    let why = h.wait_refused(exp, Duration::from_secs(30));
+    assert!(
+        matches!(
+            why,
+            PendingReason::NotEnoughMemory { .. } | PendingReason::GpuQuarantined
+        ),
+        "placed on a GPU whose memory is unknown? {why:?}"
     );
     std::fs::remove_file(&fault).expect("heal");
     // A claim already waiting when the fault appeared may have leased the job on its older
@@ -107,8 +112,8 @@ fn a_process_list_that_fails_quarantines_the_gpu_with_the_error() {
     );
     // Several heartbeats (every second with a 3 s lease): an unreadable GPU does not count
     // as "the leftovers are gone", so the quarantine stays.
-    std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(h.jobs(next).expect("jobs")[0].state, JobState::Queued);
+    let why = h.wait_refused(next, Duration::from_secs(30));
+    assert_eq!(why, PendingReason::GpuQuarantined);
     assert!(
         !h.nodes().expect("nodes")[0].gpus[0].quarantine.is_empty(),
         "quarantine lifted while the GPU cannot be read"
@@ -183,15 +188,22 @@ fn an_agent_that_cannot_map_pids_neither_verifies_nor_kills() {
             .expect("sleep"),
     );
     std::fs::write(dir.join(other.0.id().to_string()), "0:2048\n").expect("usage");
+    h.wait_agent();
     let exp = submit(
         &h,
         serde_json::json!({"name": "job", "command": ["true"], "resources": {"memory": "1GiB"}}),
     );
     // Not run: the GPU's reading is unknown (a claim that leased it on an older reading is
     // handed back at launch).
-    std::thread::sleep(Duration::from_secs(3));
+    let why = h.wait_refused(exp, Duration::from_secs(30));
+    assert!(
+        matches!(
+            why,
+            PendingReason::NotEnoughMemory { .. } | PendingReason::GpuQuarantined
+        ),
+        "{why:?}"
+    );
     let job = h.jobs(exp).expect("jobs")[0].clone();
-    assert_eq!(job.state, JobState::Queued);
     let detail = h.job(job.id).expect("job");
     assert!(
         detail

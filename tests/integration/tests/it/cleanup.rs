@@ -8,6 +8,7 @@ use headroom_integration_tests::{
     supervisor_pids,
 };
 use headroom_shared::JobState;
+use headroom_shared::pending::PendingReason;
 
 /// The job holds 1 GiB and 300 MiB of host RAM, spawns a grandchild in a new session that
 /// holds 4 GiB for ten minutes and ignores SIGTERM, then exits 0 after a second: cleanup
@@ -109,11 +110,11 @@ fn an_unverified_cleanup_quarantines_the_gpu_until_released() {
         "{nodes}"
     );
     let waiting = queued_behind("after-leak1");
-    std::thread::sleep(Duration::from_millis(1500));
+    let why = h.wait_refused(waiting, Duration::from_secs(30));
     assert_eq!(
-        h.jobs(waiting).expect("jobs")[0].state,
-        JobState::Queued,
-        "placed on a quarantined GPU"
+        why,
+        PendingReason::GpuQuarantined,
+        "placed on a quarantined GPU?"
     );
     assert!(
         alive(holder.0.id()),
@@ -126,8 +127,8 @@ fn an_unverified_cleanup_quarantines_the_gpu_until_released() {
     // 2. Or a person looks and releases the GPU.
     let _holder = leak("leak2");
     let waiting = queued_behind("after-leak2");
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(h.jobs(waiting).expect("jobs")[0].state, JobState::Queued);
+    let why = h.wait_refused(waiting, Duration::from_secs(30));
+    assert_eq!(why, PendingReason::GpuQuarantined);
     let out = h.cli_ok(&["node", "release", "test-node", "0"]);
     assert!(out.contains("1 quarantine(s) lifted"), "{out}");
     let jobs = h.wait_done(waiting, Duration::from_secs(30));

@@ -1,0 +1,31 @@
+//! End-to-end tests over the real binaries (built first: `cargo build --workspace --bins`),
+//! real HTTP, real stores and fake GPUs: one test binary, a module per topic, so the
+//! workspace is linked once.
+
+mod auth;
+mod binaries;
+mod chaos;
+mod cleanup;
+mod cluster;
+mod coordinator_restart;
+mod drain;
+mod failclosed;
+mod failures;
+mod fencing;
+mod foreign;
+mod late_outcomes;
+mod measurements;
+mod memory;
+mod packing;
+mod pending;
+mod plan;
+mod prestart;
+mod quickstart;
+mod reattach;
+mod restart;
+mod stale_reports;
+mod submit;
+mod supervision;
+mod sweep;
+mod telemetry;
+mod trust;
