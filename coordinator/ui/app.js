@@ -6,7 +6,7 @@ const TOKEN_KEY = "headroom-token";
 const state = {
   tab: "gpus", me: null, version: null, experiments: [],
   // What the person picked, kept across the redraws live updates make.
-  runsExp: "", runsFilter: "", runsSort: -1, runsDesc: false, runsAttempt: "", plotExp: "",
+  runsExp: "", runsFilter: "", runsSort: "", runsDesc: false, runsAttempt: "", plotExp: "",
 };
 
 // ---- the API ------------------------------------------------------------------------------
@@ -58,14 +58,6 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
-const SVG = "http://www.w3.org/2000/svg";
-function s(tag, attrs, ...children) {
-  const el = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, String(v));
-  for (const c of children) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  return el;
-}
-
 function mib(n) {
   if (n === null || n === undefined) return "?";
   return n >= 1024 ? (n / 1024).toFixed(1) + " GiB" : n + " MiB";
@@ -83,8 +75,19 @@ function pct(part, whole) {
   return whole > 0 ? Math.max(0, Math.min(100, (100 * part) / whole)) : 0;
 }
 
-function setStatus(text) {
+// The line above the view: what an action did or why it failed, or why a draw failed. A
+// successful draw takes away a draw's failure, and an action's note once it has been read
+// (the live redraws a retry or a cancel sets off come at once and would hide it at once).
+const NOTE_MS = 10000;
+let status = { at: 0, ofDraw: false };
+
+function setStatus(text, ofDraw) {
   document.getElementById("status").textContent = text || "";
+  status = { at: Date.now(), ofDraw: !!ofDraw };
+}
+
+function drawnFine() {
+  if (status.ofDraw || Date.now() - status.at > NOTE_MS) setStatus("");
 }
 
 const isAdmin = () => state.me && state.me.role === "admin";
@@ -130,6 +133,7 @@ let redraw = false;
 
 function show(tab) {
   state.tab = tab;
+  setStatus("");
   for (const b of document.querySelectorAll("#tabs button")) {
     if (b.dataset.tab === tab) b.setAttribute("aria-current", "page");
     else b.removeAttribute("aria-current");
@@ -153,6 +157,7 @@ async function refresh(replace) {
         const focused = document.activeElement && document.activeElement.id;
         view.replaceChildren(content);
         view.dataset.tab = tab;
+        sweepCharts();
         const filter = document.getElementById("runs-filter");
         if (filter && filter.catchUp) filter.catchUp();
         // Typing in the runs filter goes on through a redraw.
@@ -160,10 +165,10 @@ async function refresh(replace) {
           const again = document.getElementById(focused);
           if (again) again.focus();
         }
-        setStatus("");
+        drawnFine();
       }
     } catch (e) {
-      if (!(e instanceof AuthError)) setStatus(e.message);
+      if (!(e instanceof AuthError)) setStatus(e.message, true);
     } finally {
       drawing = null;
     }
@@ -383,18 +388,10 @@ async function cancelExperiment(e) {
 
 async function retryFailed(e) {
   try {
-    const failed = await api(`/v1/jobs?experiment=${e.id}&state=failed&limit=5000`);
-    const refused = [];
-    for (const j of failed) {
-      try {
-        await api(`/v1/jobs/${j.id}/retry`, { method: "POST" });
-      } catch (err) {
-        if (err instanceof AuthError) return;
-        refused.push(`job ${j.index}: ${err.message}`);
-      }
-    }
+    // One request: the server retries every failed job of the experiment, all or none.
+    const r = await api(`/v1/experiments/${e.id}/retry`, { method: "POST" });
     await refresh(true);
-    if (refused.length) setStatus(`${refused.length} of ${failed.length} not retried: ${refused.join("; ")}`);
+    setStatus(`${r.retried.length} failed job${r.retried.length === 1 ? "" : "s"} of ${e.name} queued again`);
   } catch (err) {
     if (!(err instanceof AuthError)) setStatus(err.message);
   }
@@ -402,36 +399,71 @@ async function retryFailed(e) {
 
 // ---- runs: the export, one row per attempt --------------------------------------------------
 
-function parseCsv(text) {
-  const rows = [];
-  let row = [], field = "", quoted = false;
-  for (let i = 0; i < text.length; i++) {
-    const c = text[i];
-    if (quoted) {
-      if (c === '"' && text[i + 1] === '"') { field += '"'; i++; }
-      else if (c === '"') quoted = false;
-      else field += c;
-    } else if (c === '"') quoted = true;
-    else if (c === ",") { row.push(field); field = ""; }
-    else if (c === "\n") { row.push(field); rows.push(row); row = []; field = ""; }
-    else if (c !== "\r") field += c;
-  }
-  if (field !== "" || row.length) { row.push(field); rows.push(row); }
-  return rows;
-}
-
+// An experiment's JSON export: its columns as the server describes them (name, type, unit,
+// description), and its rows, each with every column by name and the parameters the attempt
+// ran with in `params` (never found by position). Read page after page (`next_after`).
 async function exportOf(exp, cleanOnly) {
-  const text = await api(`/v1/export?experiment=${exp}` + (cleanOnly ? "&clean_only=true" : ""));
-  const [header, ...rows] = parseCsv(text);
-  return { header: header || [], rows, text };
+  const rows = [];
+  let columns = [];
+  let after = 0;
+  for (;;) {
+    const page = await api(`/v1/export?format=json&experiment=${encodeURIComponent(exp)}` +
+      (cleanOnly ? "&clean_only=true" : "") + `&after=${after}&limit=10000`);
+    columns = page.columns;
+    rows.push(...page.rows);
+    const next = page.next_after;
+    if (next === null || next === undefined || !(next > after)) break;
+    after = next;
+  }
+  const params = new Set();
+  for (const r of rows) for (const k of Object.keys(r.params || {})) params.add(k);
+  return { columns: new Map(columns.map((c) => [c.name, c])), rows, params: [...params].sort() };
 }
 
-// The export's columns: fixed ones, then the spec's parameters, then the outcome from `success`.
-function paramColumns(header) {
-  const from = header.indexOf("attempt_id") + 1;
-  const to = header.indexOf("success");
-  return from > 0 && to > from ? header.slice(from, to) : [];
+// A value as the table shows it (and as `column=value` matches it).
+function cellText(v) {
+  if (v === null || v === undefined) return "";
+  if (Array.isArray(v) && v.every((x) => typeof x === "number")) return v.join(",");
+  if (typeof v === "object") return JSON.stringify(v);
+  if (typeof v === "number" && !Number.isInteger(v)) return String(+v.toPrecision(6));
+  return String(v);
 }
+
+// Numbers (and booleans) by value, text in natural order; empty cells last either way.
+function compareCells(a, b, desc) {
+  const none = (v) => v === null || v === undefined || v === "";
+  if (none(a) || none(b)) return none(a) - none(b);
+  let cmp;
+  if (typeof a === typeof b && (typeof a === "number" || typeof a === "boolean")) cmp = a - b;
+  else cmp = cellText(a).localeCompare(cellText(b), undefined, { numeric: true });
+  return desc ? -cmp : cmp;
+}
+
+function columnTitle(c) {
+  return c.unit ? `${c.description} (${c.unit})` : c.description;
+}
+
+// A column of the runs table: a fixed one by its name, a parameter as `params.NAME` (so a
+// parameter named like a fixed column, a grid axis `node`, stays apart from it).
+function fixedColumn(data, name) {
+  const c = data.columns.get(name);
+  return c ? { key: name, title: columnTitle(c), value: (r) => r[name] } : null;
+}
+
+function paramColumn(name) {
+  return { key: "params." + name, param: name, title: `Parameter ${name}, as the attempt ran with it`,
+    value: (r) => (r.params || {})[name] };
+}
+
+// What a filter's `column=value` names: `params.NAME`, a fixed column, or a parameter by its
+// bare name where no fixed column has it.
+function namedColumn(data, name) {
+  if (name.startsWith("params.")) return paramColumn(name.slice(7));
+  return fixedColumn(data, name) || (data.params.includes(name) ? paramColumn(name) : null);
+}
+
+const RUN_COLUMNS = ["attempt", "success", "failure_class", "node", "gpus", "duration_s", "peak_mem_mib", "energy_j",
+  "mean_power_w", "max_temp_c", "shared", "contaminated", "covers_run"];
 
 async function experimentPicker(id, current, onchange) {
   return h("select", { id, onchange: (ev) => { if (ev.target.value !== current) onchange(ev.target.value); } },
@@ -444,42 +476,36 @@ async function viewRuns() {
   if (!state.runsExp || !state.experiments.some((e) => e.id === state.runsExp)) state.runsExp = state.experiments[0].id;
   const exp = state.runsExp;
   const data = await exportOf(exp, false);
-  const wanted = ["attempt", "success", "failure_class", "node", "gpus", "duration_s", "peak_mem_mib", "energy_j",
-    "mean_power_w", "max_temp_c", "shared", "contaminated", "covers_run"];
-  const params = paramColumns(data.header);
-  const cols = ["job_index", ...params, ...wanted].filter((c) => data.header.includes(c));
-  const idx = cols.map((c) => data.header.indexOf(c));
-  const attemptCol = data.header.indexOf("attempt_id");
+  const cols = [fixedColumn(data, "job_index"), ...data.params.map(paramColumn), ...RUN_COLUMNS.map((c) => fixedColumn(data, c))]
+    .filter(Boolean);
+  // Free text matches any value of the row, shown or not (ids, times, ...).
+  const texts = new Map(data.rows.map((r) => [r, [...Object.entries(r).filter(([k]) => k !== "params").map(([, v]) => v),
+    ...Object.values(r.params || {})].map((v) => cellText(v).toLowerCase()).join("\n")]));
   if (state.runsExpShown !== exp) {
     state.runsExpShown = exp;
-    state.runsSort = -1;
+    state.runsSort = "";
   }
-  const filter = h("input", { id: "runs-filter", type: "search", placeholder: "filter: text, or column=value ...", value: state.runsFilter });
+  const filter = h("input", { id: "runs-filter", type: "search", placeholder: "filter: text, or column=value ...", value: state.runsFilter,
+    title: "Words match any value; column=value one column's (a parameter: params.NAME, or NAME where no fixed column has it)" });
   const count = h("span", { id: "runs-count", class: "muted" });
   const tbody = h("tbody", {});
   const detail = h("div", { id: "run-detail" });
   const draw = () => {
-    const terms = filter.value.trim().split(/\s+/).filter(Boolean);
-    let rows = data.rows.filter((r) => terms.every((t) => {
+    const tests = filter.value.trim().split(/\s+/).filter(Boolean).map((t) => {
       const eq = t.indexOf("=");
       if (eq > 0) {
-        const c = data.header.indexOf(t.slice(0, eq));
-        return c >= 0 && r[c] === t.slice(eq + 1);
+        const c = namedColumn(data, t.slice(0, eq)), want = t.slice(eq + 1);
+        return (r) => c !== null && cellText(c.value(r)) === want;
       }
-      return r.some((v) => v.toLowerCase().includes(t.toLowerCase()));
-    }));
-    const desc = state.runsDesc;
-    if (state.runsSort >= 0 && state.runsSort < idx.length) {
-      const c = idx[state.runsSort];
-      rows = rows.slice().sort((a, b) => {
-        const x = parseFloat(a[c]), y = parseFloat(b[c]);
-        const cmp = !isNaN(x) && !isNaN(y) ? x - y : String(a[c]).localeCompare(String(b[c]));
-        return desc ? -cmp : cmp;
-      });
-    }
+      const low = t.toLowerCase();
+      return (r) => texts.get(r).includes(low);
+    });
+    let rows = data.rows.filter((r) => tests.every((t) => t(r)));
+    const by = cols.find((c) => c.key === state.runsSort);
+    if (by) rows = rows.slice().sort((a, b) => compareCells(by.value(a), by.value(b), state.runsDesc));
     count.textContent = `${rows.length} of ${data.rows.length} attempts`;
-    tbody.replaceChildren(...rows.map((r) => h("tr", { "data-attempt": r[attemptCol], onclick: () => { state.runsAttempt = r[attemptCol]; showAttempt(r[attemptCol], detail); } },
-      idx.map((c) => h("td", {}, r[c])))));
+    tbody.replaceChildren(...rows.map((r) => h("tr", { "data-attempt": r.attempt_id, onclick: () => { state.runsAttempt = r.attempt_id; showAttempt(r.attempt_id, detail); } },
+      cols.map((c) => h("td", {}, cellText(c.value(r)))))));
   };
   filter.addEventListener("input", () => { state.runsFilter = filter.value; draw(); });
   // This view was built from the filter as it was when the build began: what was typed into
@@ -490,19 +516,25 @@ async function viewRuns() {
       draw();
     }
   };
-  const head = h("tr", {}, cols.map((c, i) => h("th", { "data-column": c, onclick: () => {
-    state.runsDesc = state.runsSort === i ? !state.runsDesc : false;
-    state.runsSort = i;
+  const head = h("tr", {}, cols.map((c) => h("th", { "data-column": c.key, title: c.title, class: c.param !== undefined ? "param" : null, onclick: () => {
+    state.runsDesc = state.runsSort === c.key ? !state.runsDesc : false;
+    state.runsSort = c.key;
     draw();
-  } }, c)));
+  } }, c.key)));
   draw();
   // The attempt chosen before a redraw of this experiment (Refresh, or a click while the view
   // was being rebuilt) stays shown.
-  if (state.runsAttempt && data.rows.some((r) => r[attemptCol] === state.runsAttempt)) showAttempt(state.runsAttempt, detail);
-  const download = h("button", { id: "runs-download", onclick: () => {
-    const a = h("a", { href: URL.createObjectURL(new Blob([data.text], { type: "text/csv" })), download: `attempts-${exp}.csv` });
-    a.click();
-    setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+  if (state.runsAttempt && data.rows.some((r) => r.attempt_id === state.runsAttempt)) showAttempt(state.runsAttempt, detail);
+  // The same rows as the CSV file the API writes (for a spreadsheet), asked for when wanted.
+  const download = h("button", { id: "runs-download", onclick: async () => {
+    try {
+      const text = await api(`/v1/export?experiment=${encodeURIComponent(exp)}`);
+      const a = h("a", { href: URL.createObjectURL(new Blob([text], { type: "text/csv" })), download: `attempts-${exp}.csv` });
+      a.click();
+      setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+    } catch (e) {
+      if (!(e instanceof AuthError)) setStatus(e.message);
+    }
   } }, "Download CSV");
   return h("div", {},
     h("div", { class: "toolbar" }, await experimentPicker("runs-experiment", exp, (v) => { state.runsExp = v; refresh(true); }),
@@ -557,58 +589,156 @@ async function logTail(id, keep) {
   return text.length >= keep ? "…" + text : text;
 }
 
-// ---- plots -----------------------------------------------------------------------------------
+// ---- charts: uPlot (vendored, served from the binary at /ui/uPlot.iife.min.js) ----------------
 
-function axes(svg, w, hgt, pad, x0, x1, y0, y1, xLabel, yLabel) {
-  svg.append(s("line", { class: "axis", x1: pad, y1: hgt - pad, x2: w - 10, y2: hgt - pad }));
-  svg.append(s("line", { class: "axis", x1: pad, y1: 10, x2: pad, y2: hgt - pad }));
-  svg.append(s("text", { x: pad, y: hgt - pad + 16 }, x0));
-  svg.append(s("text", { x: w - 10, y: hgt - pad + 16, "text-anchor": "end" }, x1));
-  svg.append(s("text", { x: pad - 4, y: hgt - pad, "text-anchor": "end" }, y0));
-  svg.append(s("text", { x: pad - 4, y: 18, "text-anchor": "end" }, y1));
-  svg.append(s("text", { x: (w + pad) / 2, y: hgt - 6, "text-anchor": "middle" }, xLabel));
-  svg.append(s("text", { x: 12, y: hgt / 2, transform: `rotate(-90 12 ${hgt / 2})`, "text-anchor": "middle" }, yLabel));
+// The page's colours (light or dark) for what uPlot draws on its canvas.
+function palette() {
+  const css = getComputedStyle(document.documentElement);
+  const v = (name) => css.getPropertyValue(name).trim();
+  return { fg: v("--fg"), muted: v("--muted"), line: v("--line"), accent: v("--accent"), bad: v("--bad"), card: v("--card") };
 }
 
+// A number as a tick or the legend shows it: short, and 1e-5 rather than 0.00001.
+function fmtNum(v) {
+  if (v === null || v === undefined || !Number.isFinite(v)) return "";
+  if (v === 0) return "0";
+  const a = Math.abs(v);
+  if (a >= 1e6 || a < 1e-3) return v.toExponential(3).replace(/\.?0+e/, "e").replace("e+", "e");
+  return String(+v.toPrecision(6));
+}
+
+// A log axis's ends: out to the next round value (6e-6, 0.2), where its ticks start.
+function roundOut(v, up) {
+  const inc = Math.pow(10, Math.floor(Math.log10(v)));
+  return +((up ? Math.ceil(v / inc - 1e-9) : Math.floor(v / inc + 1e-9)) * inc).toPrecision(12);
+}
+
+function axis(p, label, extra) {
+  return Object.assign({ label, stroke: p.muted, font: "12px system-ui, sans-serif", labelFont: "bold 12px system-ui, sans-serif",
+    grid: { stroke: p.line, width: 1 }, ticks: { stroke: p.line, width: 1 } }, extra);
+}
+
+// The charts on the page: each made once its box is shown (uPlot takes the box's width), sized
+// with it, and destroyed once its view is gone (uPlot listens on the window).
+const charts = new Set();
+
+function dropChart(c) {
+  c.ro.disconnect();
+  if (c.plot) c.plot.destroy();
+  charts.delete(c);
+}
+
+function sweepCharts() {
+  for (const c of charts) if (!c.box.isConnected) dropChart(c);
+}
+
+function chartBox(id, attrs, make) {
+  const box = h("div", Object.assign({ class: "chart", id }, attrs));
+  const c = { box, plot: null, ro: null };
+  c.ro = new ResizeObserver(() => {
+    // Built before its view is shown: made once it is; taken out of the page: gone.
+    if (!box.isConnected) return c.plot ? dropChart(c) : undefined;
+    const width = Math.floor(box.clientWidth) - 16; // less its padding
+    if (width <= 0) return;
+    if (!c.plot) {
+      sweepCharts();
+      c.plot = make(box, width);
+      box.uplot = c.plot;
+      charts.add(c);
+    } else if (Math.abs(c.plot.width - width) >= 1) {
+      c.plot.setSize({ width, height: c.plot.height });
+    }
+  });
+  c.ro.observe(box);
+  return box;
+}
+
+// Drag across a chart to zoom in on x; a double click zooms back out (uPlot's own).
+const ZOOM = { drag: { x: true, y: false, setScale: true } };
+
+// One reading over time (a GPU's or an attempt's telemetry).
 function lineChart(samples, field, unit, id) {
-  const w = 800, hgt = 260, pad = 56;
-  const pts = samples.filter((p) => p[field] !== null && p[field] !== undefined).map((p) => [Date.parse(p.at), Number(p[field])]);
-  const svg = s("svg", { class: "chart", id, viewBox: `0 0 ${w} ${hgt}`, "data-points": pts.length });
-  if (!pts.length) {
-    svg.append(s("text", { x: w / 2, y: hgt / 2, "text-anchor": "middle" }, `no ${field} readings`));
-    return svg;
-  }
-  const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]);
-  const xmin = Math.min(...xs), xmax = Math.max(...xs, xmin + 1), ymin = Math.min(0, ...ys), ymax = Math.max(...ys, ymin + 1);
-  const X = (x) => pad + ((x - xmin) / (xmax - xmin)) * (w - pad - 10);
-  const Y = (y) => hgt - pad - ((y - ymin) / (ymax - ymin)) * (hgt - pad - 10);
-  axes(svg, w, hgt, pad, new Date(xmin).toLocaleTimeString(), new Date(xmax).toLocaleTimeString(), ymin.toFixed(0), ymax.toFixed(0), "time", `${field} (${unit})`);
-  svg.append(s("polyline", { class: "line", points: pts.map((p) => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" ") }));
-  return svg;
+  const pts = samples.filter((p) => p[field] !== null && p[field] !== undefined)
+    .map((p) => [Date.parse(p.at) / 1000, Number(p[field])]).sort((a, b) => a[0] - b[0]);
+  if (!pts.length) return h("div", { class: "chart empty", id, "data-points": 0 }, `no ${field} readings`);
+  const label = unit ? `${field} (${unit})` : field;
+  return chartBox(id, { "data-points": pts.length, "data-y": field }, (box, width) => {
+    const p = palette();
+    return new uPlot({
+      width, height: 260, cursor: ZOOM,
+      scales: { x: { time: true } },
+      series: [{ label: "time" },
+        { label, stroke: p.accent, width: 1.6, value: (u, v) => (v === null ? "--" : fmtNum(v)) }],
+      axes: [axis(p, "time"), axis(p, label, { size: 64, values: (u, splits) => splits.map(fmtNum) })],
+    }, [pts.map((q) => q[0]), pts.map((q) => q[1])], box);
+  });
 }
 
-function scatter(points, xLabel, yLabel, id) {
-  const w = 800, hgt = 300, pad = 56;
-  const svg = s("svg", { class: "chart", id, viewBox: `0 0 ${w} ${hgt}`, "data-points": points.length, "data-x": xLabel, "data-y": yLabel });
-  if (!points.length) {
-    svg.append(s("text", { x: w / 2, y: hgt / 2, "text-anchor": "middle" }, "nothing to plot"));
-    return svg;
-  }
-  const numeric = points.every((p) => !isNaN(parseFloat(p.x)));
-  const cats = numeric ? [] : [...new Set(points.map((p) => p.x))];
-  const xv = (p) => (numeric ? parseFloat(p.x) : cats.indexOf(p.x));
-  const xs = points.map(xv), ys = points.map((p) => p.y);
-  const xmin = Math.min(...xs), xmax = Math.max(...xs, xmin + 1), ymin = Math.min(0, ...ys), ymax = Math.max(...ys, ymin + 1e-9);
-  const X = (x) => pad + 20 + ((x - xmin) / (xmax - xmin)) * (w - pad - 50);
-  const Y = (y) => hgt - pad - ((y - ymin) / (ymax - ymin)) * (hgt - pad - 10);
-  axes(svg, w, hgt, pad, numeric ? xmin : cats[0], numeric ? xmax : cats[cats.length - 1], ymin.toPrecision(3), ymax.toPrecision(3), xLabel, yLabel);
-  for (const p of points) {
-    const dot = s("circle", { class: "dot" + (p.flagged ? " flagged" : ""), cx: X(xv(p)).toFixed(1), cy: Y(p.y).toFixed(1), r: 4 });
-    dot.append(s("title", {}, `${xLabel}=${p.x} ${yLabel}=${p.y}${p.flagged ? " (flagged: not a clean measurement)" : ""}`));
-    svg.append(dot);
-  }
-  return svg;
+// A parameter's value as a number, or null (text, a list: the axis is then one place per value).
+function numericValue(v) {
+  if (typeof v === "number" && Number.isFinite(v)) return v;
+  if (typeof v === "string" && v.trim() !== "" && Number.isFinite(Number(v))) return Number(v);
+  return null;
 }
+
+// A metric against a parameter, one point per attempt: clean ones filled, flagged ones hollow
+// red. A numeric parameter spanning more than two decades, all positive (a learning rate from
+// 1e-5 to 0.1), gets a log axis; one that is not a number, a place per value.
+function scatter(points, xName, yName, yUnit, id) {
+  const attrs = { "data-points": points.length, "data-x": xName, "data-y": yName };
+  if (!points.length) return h("div", Object.assign({ class: "chart empty", id }, attrs), "nothing to plot");
+  const numeric = points.every((q) => numericValue(q.x) !== null);
+  const cats = numeric ? [] : [...new Set(points.map((q) => cellText(q.x)))]
+    .sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+  const pts = points.map((q) => ({ x: numeric ? numericValue(q.x) : cats.indexOf(cellText(q.x)), y: q.y, flagged: q.flagged }))
+    .sort((a, b) => a.x - b.x);
+  const xs = pts.map((q) => q.x);
+  const lo = xs[0], hi = xs[xs.length - 1];
+  const log = numeric && lo > 0 && hi / lo > 100;
+  attrs["data-x-scale"] = log ? "log" : numeric ? "linear" : "category";
+  const xLabel = log ? `${xName} (log scale)` : xName;
+  const yLabel = yUnit ? `${yName} (${yUnit})` : yName;
+  return chartBox(id, attrs, (box, width) => {
+    const p = palette();
+    // The whole data with some room around its outer points; a zoom as chosen (a log axis's
+    // ends rounded out, where its ticks start).
+    const range = (u, min, max) => {
+      if (min === lo && max === hi) {
+        if (!numeric) return [-0.5, cats.length - 0.5];
+        if (log) return [roundOut(lo / 1.5, false), roundOut(hi * 1.5, true)];
+        const pad = hi > lo ? (hi - lo) * 0.05 : Math.abs(lo) * 0.1 || 1;
+        return [lo - pad, hi + pad];
+      }
+      return log ? [roundOut(min, false), roundOut(max, true)] : [min, max];
+    };
+    const xText = (v) => (numeric ? fmtNum(v) : Number.isInteger(v) && cats[v] !== undefined ? cats[v] : "");
+    // The labels drawn, also kept on the box (a canvas has no text to read).
+    const ticks = (u, splits) => {
+      const labels = splits.map((v) => (v === null ? "" : xText(v)));
+      box.dataset.xTicks = labels.filter(Boolean).join(" ");
+      return labels;
+    };
+    const dots = (stroke, fill) => ({ paths: () => null, stroke, fill, points: { show: true, size: 8, width: 1.5, stroke, fill } });
+    const yValue = (u, v) => (v === null ? "--" : fmtNum(v));
+    const series = [{ label: xName, value: (u, v) => (v === null ? "--" : xText(v)) },
+      Object.assign({ label: "clean", value: yValue }, dots(p.accent, p.accent))];
+    const data = [xs, pts.map((q) => (q.flagged ? null : q.y))];
+    if (pts.some((q) => q.flagged)) {
+      series.push(Object.assign({ label: "flagged (not clean)", value: yValue }, dots(p.bad, p.card)));
+      data.push(pts.map((q) => (q.flagged ? q.y : null)));
+    }
+    const xAxis = axis(p, xLabel, { values: ticks, space: log ? 40 : 60 });
+    if (!numeric) xAxis.splits = (u, i, min, max) => cats.map((_, k) => k).filter((k) => k >= min && k <= max);
+    return new uPlot({
+      width, height: 300, cursor: ZOOM,
+      scales: { x: Object.assign({ time: false, range }, log ? { distr: 3, log: 10 } : {}) },
+      series,
+      axes: [xAxis, axis(p, yLabel, { size: 64, values: (u, splits) => splits.map(fmtNum) })],
+    }, data, box);
+  });
+}
+
+// ---- plots -----------------------------------------------------------------------------------
 
 const METRICS = ["energy_j", "duration_s", "peak_mem_mib", "mean_power_w", "max_power_w", "max_temp_c", "mean_util_pct", "energy_share_j"];
 
@@ -635,22 +765,24 @@ async function viewPlots() {
   if (state.experiments.length) {
     if (!state.plotExp || !state.experiments.some((e) => e.id === state.plotExp)) state.plotExp = state.experiments[0].id;
     const all = await exportOf(state.plotExp, false);
-    const clean = new Set((await exportOf(state.plotExp, true)).rows.map((r) => r[all.header.indexOf("attempt_id")]));
-    const params = paramColumns(all.header);
-    const xPick = h("select", { id: "plot-exp-x" }, params.map((p) => h("option", { value: p }, p)));
-    const yPick = h("select", { id: "plot-exp-y" }, METRICS.filter((m) => all.header.includes(m)).map((m) => h("option", { value: m }, m)));
+    const clean = new Set((await exportOf(state.plotExp, true)).rows.map((r) => r.attempt_id));
+    const xPick = h("select", { id: "plot-exp-x" }, all.params.map((p) => h("option", { value: p }, p)));
+    const yPick = h("select", { id: "plot-exp-y" }, METRICS.filter((m) => all.columns.has(m))
+      .map((m) => h("option", { value: m, title: columnTitle(all.columns.get(m)) }, m)));
     const cleanOnly = h("input", { id: "plot-exp-clean", type: "checkbox", checked: true });
     const chart = h("div", {});
     const draw = () => {
-      const xi = all.header.indexOf(xPick.value), yi = all.header.indexOf(yPick.value), ai = all.header.indexOf("attempt_id");
-      const si = all.header.indexOf("success");
-      const points = all.rows.filter((r) => r[si] === "true" && r[yi] !== "" && !isNaN(parseFloat(r[yi])))
-        .map((r) => ({ x: r[xi], y: parseFloat(r[yi]), flagged: !clean.has(r[ai]) }))
+      const param = xPick.value, metric = yPick.value;
+      const points = all.rows.filter((r) => r.success === true && typeof r[metric] === "number"
+          && r.params && r.params[param] !== undefined && r.params[param] !== null)
+        .map((r) => ({ x: r.params[param], y: r[metric], flagged: !clean.has(r.attempt_id) }))
         .filter((p) => !cleanOnly.checked || !p.flagged);
-      const svg = scatter(points, xPick.value, yPick.value, "plot-exp");
-      svg.setAttribute("data-experiment", state.plotExp);
-      chart.replaceChildren(svg,
-        h("p", { class: "muted" }, cleanOnly.checked ? "Clean measurements only (not shared, contaminated, throttled or partly read)." : "Hollow red points are flagged: not clean measurements."));
+      const col = all.columns.get(metric);
+      const box = scatter(points, param, metric, col && col.unit, "plot-exp");
+      box.setAttribute("data-experiment", state.plotExp);
+      chart.replaceChildren(box,
+        h("p", { class: "muted" }, (cleanOnly.checked ? "Clean measurements only (not shared, contaminated, throttled or partly read)."
+          : "Hollow red points are flagged: not clean measurements.") + " Drag across the chart to zoom in; double-click to zoom out."));
     };
     for (const el of [xPick, yPick, cleanOnly]) el.addEventListener("change", draw);
     draw();

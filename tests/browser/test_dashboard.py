@@ -1,7 +1,8 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a real
 `headroom up` on fake GPUs: log in, see the GPUs, watch an experiment reach its end, filter
-the runs table, plot, release a quarantined GPU as admin and be refused as a user, and be sent
-back to the login form when a token expires. What the page shows is checked against what the
+the runs table (the JSON export, parameters from `params`), plot with the vendored uPlot (a
+log axis for a parameter spanning decades, drag to zoom), release a quarantined GPU as admin
+and be refused as a user, and be sent back to the login form when a token expires. What the page shows is checked against what the
 API returns. Each view's screenshot is saved under target/screenshots/ for a person to look at.
 
 Needs HEADROOM_BIN_DIR (the built binaries; default target/debug) and Chromium at
@@ -303,18 +304,50 @@ def test_an_experiment_reaches_its_end_on_the_page(up: Up, page: Page) -> None:
     shot(page, "experiments")
 
 
+def export_rows(up: Up, exp: str, clean_only: bool = False) -> list[dict[str, Any]]:
+    """The experiment's JSON export, every page of it."""
+    rows: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = up.get(f"/v1/export?format=json&experiment={exp}&after={after}"
+                      + ("&clean_only=true" if clean_only else ""))
+        rows += page["rows"]
+        if page["next_after"] is None:
+            return rows
+        after = page["next_after"]
+
+
+def table(pg: Page) -> tuple[list[str], list[list[str]]]:
+    """The runs table as shown: its headers' columns and its rows' cells."""
+    head = [th.get_attribute("data-column") or "" for th in pg.query_selector_all("#runs-table th")]
+    body = [[td.inner_text() for td in tr.query_selector_all("td")]
+            for tr in pg.query_selector_all("#runs-table tbody tr")]
+    return head, body
+
+
 def test_the_runs_table_is_the_export_and_filters(up: Up, page: Page, watched: str) -> None:
     log_in(page, up, up.admin)
     exp = watched
-    csv_rows = up.get(f"/v1/export?experiment={exp}").strip().splitlines()[1:]
-    show_runs(page, exp, len(csv_rows))
-    assert page.inner_text("#runs-count") == f"{len(csv_rows)} of {len(csv_rows)} attempts"
+    api_rows = export_rows(up, exp)
+    n = len(api_rows)
+    show_runs(page, exp, n)
+    assert page.inner_text("#runs-count") == f"{n} of {n} attempts"
+    # The parameter's column is the rows' `params`, by name; the fixed columns say what they
+    # hold (the export's description and unit) when pointed at.
+    head, body = table(page)
+    assert head[:2] == ["job_index", "params.util"], head
+    assert sorted(r[1] for r in body) == sorted(str(r["params"]["util"]) for r in api_rows)
+    assert page.get_attribute("th[data-column=duration_s]", "title") == "From start to end (s)"
     page.fill("#runs-filter", "util=60")
     until(page, "the filtered rows", lambda: rows(page) == 2)
-    assert page.inner_text("#runs-count") == f"2 of {len(csv_rows)} attempts"
+    assert page.inner_text("#runs-count") == f"2 of {n} attempts"
     for row in page.query_selector_all("#runs-table tbody tr"):
         assert "60" in row.inner_text()
-    page.click("th[data-column=util]")
+    page.fill("#runs-filter", "params.util=90")
+    until(page, "the rows filtered by params.util", lambda: rows(page) == 2)
+    page.fill("#runs-filter", "util=60")
+    until(page, "the filtered rows again", lambda: rows(page) == 2)
+    page.click("th[data-column='params.util']")
     shot(page, "runs")
     # An attempt's own telemetry and log, from its row.
     page.click("#runs-table tbody tr")
@@ -326,6 +359,98 @@ def test_the_runs_table_is_the_export_and_filters(up: Up, page: Page, watched: s
     until(page, "the redrawn view", lambda: shown is not None and not shown.is_visible())
     until(page, "the attempt's log again", lambda: "training at 60" in (page.text_content("#run-log") or ""))
     page.fill("#runs-filter", "")
+
+
+@pytest.fixture(scope="module")
+def sweep(up: Up) -> str:
+    """An experiment over a learning rate spanning four decades and a grid axis named `node`,
+    like the export's own column, run to its end."""
+    exp = submit(up, up.admin, {"name": "sweep",
+                                "command": fake_job(0.2) + ["--print", "lr {lr} on {node}"],
+                                "grid": {"lr": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1], "node": ["left", "right"]}})
+    wait_for("the sweep to end", lambda: up.get(f"/v1/progress?experiment={exp}")["counts"]["succeeded"] == 10,
+             timeout=90)
+    return exp
+
+
+def test_parameters_come_from_params_even_one_named_like_a_column(up: Up, page: Page, sweep: str) -> None:
+    log_in(page, up, up.admin)
+    api_rows = export_rows(up, sweep)
+    show_runs(page, sweep, 10)
+    head, body = table(page)
+    # Both: the attempt's node, and the grid's `node`, each under its own header.
+    assert "node" in head and "params.node" in head and "params.lr" in head, head
+    by_id = {r["attempt_id"]: r for r in api_rows}
+    ids = [tr.get_attribute("data-attempt") for tr in page.query_selector_all("#runs-table tbody tr")]
+    for attempt, cells in zip(ids, body):
+        row = by_id[attempt or ""]
+        cell = dict(zip(head, cells))
+        assert cell["params.node"] == row["params"]["node"] in ("left", "right"), cell
+        assert cell["node"] == row["node"] and cell["node"] not in ("left", "right"), cell
+        assert float(cell["params.lr"]) == row["params"]["lr"], cell
+        assert cell["job_index"] == str(row["job_index"])
+    # `node=` is the fixed column, `params.node=` the parameter.
+    page.fill("#runs-filter", "params.node=left")
+    until(page, "the left half", lambda: rows(page) == 5)
+    assert all(dict(zip(head, r))["params.node"] == "left" for r in table(page)[1])
+    page.fill("#runs-filter", "node=left")
+    until(page, "no attempt ran on a node named left", lambda: rows(page) == 0)
+    page.fill("#runs-filter", f"node={api_rows[0]['node']} params.node=right")
+    until(page, "the right half on its node",
+          lambda: rows(page) == sum(r["node"] == api_rows[0]["node"] and r["params"]["node"] == "right" for r in api_rows))
+    # Sorted by the learning rate as a number (1e-05 before 0.0001).
+    page.fill("#runs-filter", "params.node=left")
+    until(page, "the left half again", lambda: rows(page) == 5)
+    page.click("th[data-column='params.lr']")
+    lrs = [float(dict(zip(head, r))["params.lr"]) for r in table(page)[1]]
+    assert lrs == sorted(lrs) and len(set(lrs)) == 5, lrs
+    shot(page, "runs-params")
+    page.fill("#runs-filter", "")
+
+
+def uplot(pg: Page, sel: str, expr: str) -> Any:
+    """A property of the uPlot chart drawn in `sel` (`expr` of `u`, e.g. `u.scales.x.distr`)."""
+    return pg.evaluate(f"(() => {{ const el = document.querySelector({json.dumps(sel)}); "
+                       f"const u = el && el.uplot; return u ? ({expr}) : null; }})()")
+
+
+def test_a_parameter_spanning_decades_is_drawn_on_a_log_axis_that_zooms(up: Up, page: Page, sweep: str) -> None:
+    log_in(page, up, up.admin)
+    page.click("#tabs button[data-tab=plots]")
+    page.wait_for_selector("#plot-exp-pick")
+    page.select_option("#plot-exp-pick", sweep)
+    until(page, "the sweep's chart", lambda: page.get_attribute("#plot-exp", "data-experiment") == sweep)
+    page.select_option("#plot-exp-x", "lr")
+    page.select_option("#plot-exp-y", "duration_s")
+    until(page, "the chart of duration against lr", lambda: page.get_attribute("#plot-exp", "data-x") == "lr"
+          and uplot(page, "#plot-exp", "u.series.length") is not None)
+    assert page.get_attribute("#plot-exp", "data-x-scale") == "log"
+    assert uplot(page, "#plot-exp", "u.scales.x.distr") == 3
+    lo, hi = uplot(page, "#plot-exp", "[u.scales.x.min, u.scales.x.max]")
+    assert 1e-6 <= lo <= 1e-5 and 0.1 <= hi <= 1, (lo, hi)
+    # A label at every decade, not only the ends.
+    ticks = (page.get_attribute("#plot-exp", "data-x-ticks") or "").split()
+    assert {"1e-5", "1e-4", "0.001", "0.01", "0.1"} <= set(ticks), ticks
+    # Every attempt is a point (the fake GPUs' figures are clean).
+    assert page.get_attribute("#plot-exp", "data-points") == "10"
+    assert uplot(page, "#plot-exp", "u.data[1].filter((y) => y !== null).length") == 10
+    shot(page, "plots-log")
+    # Drag across the middle to zoom in on x; a double click zooms back out.
+    box = page.locator("#plot-exp .u-over").bounding_box()
+    assert box is not None
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.3, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.5, y, steps=5)
+    page.mouse.move(box["x"] + box["width"] * 0.7, y, steps=5)
+    page.mouse.up()
+    until(page, "the zoom", lambda: (uplot(page, "#plot-exp", "u.scales.x.min") or 0) > lo * 5)
+    zoomed = uplot(page, "#plot-exp", "[u.scales.x.min, u.scales.x.max]")
+    assert lo < zoomed[0] < zoomed[1] < hi, zoomed
+    assert uplot(page, "#plot-exp", "u.scales.x.distr") == 3
+    shot(page, "plots-zoomed")
+    page.mouse.dblclick(box["x"] + box["width"] / 2, y)
+    until(page, "the zoom out", lambda: uplot(page, "#plot-exp", "[u.scales.x.min, u.scales.x.max]") == [lo, hi])
 
 
 def test_a_user_reads_no_other_users_log(up: Up, page: Page, watched: str) -> None:
@@ -351,9 +476,13 @@ def test_plots_show_a_gpu_and_a_metric_against_a_parameter(up: Up, page: Page, w
     until(page, "the chart of duration against util",
           lambda: page.get_attribute("#plot-exp", "data-y") == "duration_s"
           and page.get_attribute("#plot-exp", "data-x") == "util")
-    clean = up.get(f"/v1/export?experiment={exp}&clean_only=true").strip().splitlines()[1:]
+    clean = export_rows(up, exp, clean_only=True)
     assert clean, "the fake GPUs' figures are clean"
     assert page.get_attribute("#plot-exp", "data-points") == str(len(clean))
+    # Utilizations from 20 to 90: a linear axis, drawn by uPlot with the time series above.
+    assert page.get_attribute("#plot-exp", "data-x-scale") == "linear"
+    until(page, "the charts drawn", lambda: uplot(page, "#plot-exp", "u.scales.x.distr") == 1
+          and uplot(page, "#plot-gpu", "u.scales.x.time") is True)
     page.uncheck("#plot-exp-clean")
     assert page.get_attribute("#plot-exp", "data-points") == "6"
     assert page.get_attribute("#plot-exp", "data-y") == "duration_s"
@@ -453,3 +582,42 @@ def test_owners_cancel_and_retry_their_experiments_and_no_one_else(up: Up, page:
     wait_for("the cancel", lambda: up.get(f"/v1/progress?experiment={long}")["counts"]["cancelled"] == 1)
     page.click(f"[data-retry='{broken}']")
     wait_for("the retry", lambda: up.get(f"/v1/jobs?experiment={broken}")[0]["attempts"] == 2)
+    # One request retried the experiment's failed jobs; the page says how many.
+    wait_for("the retry's note", lambda: "1 failed job of broken queued again" in page.inner_text("#status"))
+
+
+def test_the_charting_library_comes_from_the_binary_under_the_same_policy(up: Up, page: Page, watched: str) -> None:
+    with urllib.request.urlopen(up.url + "/", timeout=10) as r:
+        csp = r.headers["content-security-policy"]
+        assert "unsafe" not in csp and "style-src 'self'" in csp
+    for file, kind, start in [("uPlot.iife.min.js", "text/javascript", "/*! https://github.com/leeoniya/uPlot (v1.6.32) */"),
+                              ("uPlot.min.css", "text/css", ".uplot"),
+                              ("uPlot.LICENSE", "text/plain", "The MIT License (MIT)")]:
+        with urllib.request.urlopen(f"{up.url}/ui/{file}", timeout=10) as r:
+            assert r.headers["content-type"].startswith(kind), file
+            assert r.headers["content-security-policy"] == csp, file
+            assert r.headers["x-content-type-options"] == "nosniff", file
+            assert r.read().decode().startswith(start), file
+    # The page with its charts drawn: nothing asked of anywhere else, and no error on the
+    # console (what the policy refuses is said there; the fixture fails on it too).
+    asked: list[str] = []
+    errors: list[str] = []
+    page.on("request", lambda q: asked.append(q.url))
+    # (but the page's first question, whether this coordinator runs without tokens: no, 401)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" and not (
+        "401" in m.text and m.location.get("url", "").endswith("/v1/whoami")) else None)
+    log_in(page, up, up.admin)
+    page.click("#tabs button[data-tab=plots]")
+    page.wait_for_selector("#plot-exp-pick")
+    page.select_option("#plot-exp-pick", watched)
+    until(page, "both charts drawn", lambda: page.get_attribute("#plot-exp", "data-experiment") == watched
+          and uplot(page, "#plot-exp", "u.series.length") is not None
+          and uplot(page, "#plot-gpu", "u.series.length") is not None)
+    assert page.evaluate("typeof uPlot") == "function"
+    # uPlot's own style sheet is in force (its legend as a table), and its canvases are drawn.
+    assert page.eval_on_selector("#plot-exp .u-wrap", "el => getComputedStyle(el).position") == "relative"
+    assert page.eval_on_selector("#plot-exp canvas", "el => el.width") > 0
+    assert f"{up.url}/ui/uPlot.iife.min.js" in asked and f"{up.url}/ui/uPlot.min.css" in asked
+    elsewhere = [u for u in asked if not u.startswith(up.url + "/") and not u.startswith("data:")]
+    assert not elsewhere, elsewhere
+    assert not errors, errors
