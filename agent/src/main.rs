@@ -56,13 +56,7 @@ async fn run() -> anyhow::Result<()> {
     // First: a stop signal during start-up must stop us cleanly too.
     let stop = CancellationToken::new();
     headroom_shared::signals::cancel_on_stop_signal(stop.clone())?;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HEADROOM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    headroom_shared::logging::init("info");
     let args: Args = headroom_shared::settings::parse()?;
     // What it writes (logs, journal, keys) is for it alone; jobs get their own umask.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));

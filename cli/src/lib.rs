@@ -90,6 +90,10 @@ pub enum Command {
         /// Seed for `mutate` draws (overrides the spec's).
         #[arg(long)]
         seed: Option<u64>,
+        /// `table`, or `json`: the API's answer (`experiment`, `name`, `jobs`, `seed`, ...),
+        /// for scripts; with `--wait`, progress goes to standard error only.
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
     },
     /// List jobs.
     Ls {
@@ -128,6 +132,12 @@ pub enum Command {
         /// Follow the log until the attempt ends.
         #[arg(long, short)]
         follow: bool,
+        /// Only the last N lines (then follow, with `-f`).
+        #[arg(long, short = 'n', value_name = "N")]
+        tail: Option<usize>,
+        /// Attempt N of the job (1 is the first) instead of its latest.
+        #[arg(long, value_name = "N")]
+        attempt: Option<u32>,
     },
     /// Cancel a job (its id, a unique start of it, or `EXPERIMENT/INDEX`), or every unfinished
     /// job of an experiment (id or name).
@@ -153,6 +163,12 @@ pub enum Command {
     },
     /// Print a shell completion script, e.g. `headroom completions bash > /etc/bash_completion.d/headroom`.
     Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff), e.g. `headroom man > ~/.local/share/man/man1/headroom.1`;
+    /// with `--dir`, one page per command (`headroom-submit.1`, ...) written there.
+    Man {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Concurrency plans.
     Plan {
         #[command(subcommand)]
@@ -301,6 +317,10 @@ pub fn exit_with(result: Result<i32>) -> ! {
 /// How a command whose reader went away ends: as a process SIGPIPE killed (128 + 13).
 const BROKEN_PIPE_EXIT: i32 = 141;
 
+/// `wait`, `submit --wait` and `up --run` when some job did not succeed (failed or was
+/// cancelled): not 1 (an error of the command) nor 2 (clap's bad usage).
+pub const JOBS_FAILED_EXIT: i32 = 3;
+
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.downcast_ref::<std::io::Error>()
@@ -373,6 +393,24 @@ pub async fn run(cli: Cli) -> Result<i32> {
                 .context("writing the completion script")?;
             Ok(0)
         }
+        Command::Man { dir } => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            match dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(&dir)
+                        .with_context(|| format!("creating {}", dir.display()))?;
+                    clap_mangen::generate_to(cmd, &dir)
+                        .with_context(|| format!("writing manual pages to {}", dir.display()))?;
+                }
+                None => {
+                    let mut page = Vec::new();
+                    clap_mangen::Man::new(cmd).render(&mut page)?;
+                    std::io::Write::write_all(&mut std::io::stdout(), &page)
+                        .context("writing the manual page")?;
+                }
+            }
+            Ok(0)
+        }
         Command::Token {
             command: TokenCommand::Hash,
         } => token_hash(),
@@ -427,13 +465,16 @@ fn token_hash() -> Result<i32> {
 
 async fn command_on(api: &Api, command: Command) -> Result<i32> {
     match command {
-        Command::Up(_) | Command::Doctor(_) | Command::Completions { .. } => unreachable_command()?,
+        Command::Up(_) | Command::Doctor(_) | Command::Completions { .. } | Command::Man { .. } => {
+            unreachable_command()?
+        }
         Command::Submit {
             file,
             wait,
             dry_run,
             seed,
-        } => return submit(api, &file, wait, dry_run, seed).await,
+            output: format,
+        } => return submit(api, &file, wait, dry_run, seed, format).await,
         Command::Ls {
             experiment,
             state,
@@ -480,7 +521,12 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
                 Format::Json => output::json(&job)?,
             }
         }
-        Command::Logs { id, follow } => output::logs(api, &id, follow).await?,
+        Command::Logs {
+            id,
+            follow,
+            tail,
+            attempt,
+        } => output::logs(api, &id, follow, attempt, tail).await?,
         Command::Cancel { id } => match job_or_experiment(api, &id).await? {
             Target::Job(job) => {
                 let r = api.cancel_job(job).await?;
@@ -564,7 +610,7 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
         }
         Command::Wait { experiment } => {
             let exp = resolve_experiment(api, experiment.as_deref()).await?;
-            return output::wait(api, exp).await;
+            return output::wait(api, exp, true).await;
         }
         Command::Simulate(args) => simulate::run(api, args).await?,
         Command::Export {
@@ -654,6 +700,7 @@ pub async fn submit(
     wait: bool,
     dry_run: bool,
     seed: Option<u64>,
+    format: Format,
 ) -> Result<i32> {
     let req = SubmitRequest {
         spec: read_spec(file)?,
@@ -664,23 +711,31 @@ pub async fn submit(
         .submit(&req)
         .await
         .with_context(|| format!("{} was refused", file.display()))?;
-    output::warnings(&resp);
+    if format == Format::Json {
+        output::json(&resp)?;
+    } else {
+        output::warnings(&resp);
+    }
     if dry_run {
-        output::preview(&resp);
+        if format == Format::Table {
+            output::preview(&resp);
+        }
         return Ok(0);
     }
     let Some(exp) = resp.experiment else {
         bail!("the coordinator stored nothing");
     };
-    outln!(
-        "submitted experiment {} ({}): {} jobs, seed {}",
-        resp.name,
-        exp,
-        resp.jobs,
-        resp.seed
-    );
+    if format == Format::Table {
+        outln!(
+            "submitted experiment {} ({}): {} jobs, seed {}",
+            resp.name,
+            exp,
+            resp.jobs,
+            resp.seed
+        );
+    }
     if wait {
-        return output::wait(api, Some(exp)).await;
+        return output::wait(api, Some(exp), format == Format::Table).await;
     }
     Ok(0)
 }

@@ -3,7 +3,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
-use anyhow::{Result, anyhow};
+use anyhow::{Result, anyhow, bail};
 use headroom_shared::api::{
     AttemptPhase, AttemptTelemetry, AttemptView, ExperimentSummary, GpuSeries, JobDetail,
     JobSummary, NodeView, PeakSource, StateCounts, SubmitResponse, TelemetrySample, TokenView,
@@ -26,45 +26,87 @@ fn params_text(j: &JobSummary) -> String {
         .join(" ")
 }
 
-pub fn jobs_table(jobs: &[JobSummary]) {
-    outln!(
-        "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  {:<21}  {:<12}  PARAMS",
-        "JOB",
-        "EXPERIMENT",
-        "INDEX",
-        "STATE",
-        "ATT",
-        "NODE:GPUS",
-        "FAILURE",
-        "WAITING",
-        "BY"
-    );
-    for j in jobs {
-        let place = match &j.node {
-            Some(n) => format!(
-                "{n}:{}",
-                j.gpu_indices
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-            None => "-".into(),
-        };
-        outln!(
-            "{:<36}  {:<16}  {:>5}  {:<10}  {:>3}  {:<12}  {:<10}  {:<21}  {:<12}  {}",
-            j.id,
-            j.experiment_name,
-            j.index,
-            j.state.as_str(),
-            j.attempts,
-            place,
-            j.last_failure.map(|f| f.as_str()).unwrap_or("-"),
-            j.pending_reason.as_ref().map(|r| r.code()).unwrap_or("-"),
-            j.submitted_by,
-            params_text(j)
-        );
+/// Prints rows under a header, each column as wide as its widest cell (a long experiment
+/// name moves no other column out of line; wide characters count double), two spaces
+/// apart; `right` columns align right; the last column is not padded.
+fn table(header: &[&str], right: &[usize], rows: Vec<Vec<String>>) {
+    use unicode_width::UnicodeWidthStr;
+    let mut widths: Vec<usize> = header.iter().map(|h| h.width()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.width());
+        }
     }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len().saturating_sub(1);
+        let mut text = String::new();
+        for (i, (cell, w)) in cells.into_iter().zip(&widths).enumerate() {
+            let pad = " ".repeat(w.saturating_sub(cell.width()));
+            match (i == last, right.contains(&i)) {
+                (_, true) => text.push_str(&format!("{pad}{cell}")),
+                (true, false) => text.push_str(cell),
+                (false, false) => text.push_str(&format!("{cell}{pad}")),
+            }
+            if i != last {
+                text.push_str("  ");
+            }
+        }
+        outln!("{}", text.trim_end());
+    };
+    line(header.to_vec());
+    for row in &rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+pub fn jobs_table(jobs: &[JobSummary]) {
+    let rows = jobs
+        .iter()
+        .map(|j| {
+            let place = match &j.node {
+                Some(n) => format!(
+                    "{n}:{}",
+                    j.gpu_indices
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+                None => "-".into(),
+            };
+            vec![
+                j.id.to_string(),
+                j.experiment_name.clone(),
+                j.index.to_string(),
+                j.state.as_str().to_string(),
+                j.attempts.to_string(),
+                place,
+                j.last_failure.map_or("-", |f| f.as_str()).to_string(),
+                j.pending_reason
+                    .as_ref()
+                    .map_or("-", |r| r.code())
+                    .to_string(),
+                j.submitted_by.clone(),
+                params_text(j),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "JOB",
+            "EXPERIMENT",
+            "INDEX",
+            "STATE",
+            "ATT",
+            "NODE:GPUS",
+            "FAILURE",
+            "WAITING",
+            "BY",
+            "PARAMS",
+        ],
+        &[2, 4],
+        rows,
+    );
 }
 
 fn counts_text(c: &StateCounts) -> String {
@@ -80,23 +122,23 @@ fn counts_text(c: &StateCounts) -> String {
 }
 
 pub fn experiments_table(exps: &[ExperimentSummary]) {
-    outln!(
-        "{:<36}  {:<20}  {:<12}  {:>6}  PROGRESS",
-        "EXPERIMENT",
-        "NAME",
-        "BY",
-        "JOBS"
+    let rows = exps
+        .iter()
+        .map(|e| {
+            vec![
+                e.id.to_string(),
+                e.name.clone(),
+                e.submitted_by.clone(),
+                e.counts.total().to_string(),
+                counts_text(&e.counts),
+            ]
+        })
+        .collect();
+    table(
+        &["EXPERIMENT", "NAME", "BY", "JOBS", "PROGRESS"],
+        &[3],
+        rows,
     );
-    for e in exps {
-        outln!(
-            "{:<36}  {:<20}  {:<12}  {:>6}  {}",
-            e.id,
-            e.name,
-            e.submitted_by,
-            e.counts.total(),
-            counts_text(&e.counts)
-        );
-    }
 }
 
 pub fn job_detail(d: &JobDetail) {
@@ -606,9 +648,14 @@ pub fn preview(resp: &SubmitResponse) {
     }
 }
 
-/// Waits for the experiment (or all jobs), showing a progress bar; exit code 0 only when
-/// every job succeeded.
-pub async fn wait(api: &Api, experiment: Option<ExperimentId>) -> Result<i32> {
+/// Waits for the experiment (or all jobs), showing a progress bar named after it on standard
+/// error; `summary`: the counts at the end on standard output. Exit code 0 only when every
+/// job succeeded, else [`crate::JOBS_FAILED_EXIT`].
+pub async fn wait(api: &Api, experiment: Option<ExperimentId>, summary: bool) -> Result<i32> {
+    let name = match experiment {
+        Some(id) => api.experiment(id).await?.name,
+        None => "all jobs".to_string(),
+    };
     let mut p = api.progress(experiment, None).await?;
     // Without a terminal the bar is invisible: print a line now and then instead.
     let terminal = std::io::stderr().is_terminal();
@@ -619,10 +666,13 @@ pub async fn wait(api: &Api, experiment: Option<ExperimentId>) -> Result<i32> {
         ProgressBar::hidden()
     };
     bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} done  {msg}")
-            .map_err(|e| anyhow!("{e}"))?
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{prefix} {elapsed_precise} [{bar:30}] {pos}/{len} done  {msg}",
+        )
+        .map_err(|e| anyhow!("{e}"))?
+        .progress_chars("=> "),
     );
+    bar.set_prefix(name.clone());
     loop {
         bar.set_length(p.counts.total());
         bar.set_position(p.counts.finished());
@@ -637,7 +687,7 @@ pub async fn wait(api: &Api, experiment: Option<ExperimentId>) -> Result<i32> {
         }
         if !terminal && last_line.elapsed() >= Duration::from_secs(5) {
             eprintln!(
-                "progress: {}/{} done, {}",
+                "{name}: {}/{} done, {}",
                 p.counts.finished(),
                 p.counts.total(),
                 counts_text(&p.counts)
@@ -648,28 +698,76 @@ pub async fn wait(api: &Api, experiment: Option<ExperimentId>) -> Result<i32> {
     }
     bar.finish();
     let c = &p.counts;
-    outln!("done: {}", counts_text(c));
-    Ok(if c.failed + c.cancelled == 0 { 0 } else { 2 })
+    if summary {
+        outln!("{name} done: {}", counts_text(c));
+    } else {
+        eprintln!("{name} done: {}", counts_text(c));
+    }
+    Ok(if c.failed + c.cancelled == 0 {
+        0
+    } else {
+        crate::JOBS_FAILED_EXIT
+    })
 }
 
-pub async fn logs(api: &Api, id: &str, follow: bool) -> Result<()> {
+/// `headroom logs`: the log of a job's latest attempt (or of attempt `number`, or of the
+/// attempt named by its id); `tail`: only its last lines; `follow`: until the attempt ends.
+pub async fn logs(
+    api: &Api,
+    id: &str,
+    follow: bool,
+    number: Option<u32>,
+    tail: Option<usize>,
+) -> Result<()> {
     // A full id is a job's or an attempt's; anything shorter names a job.
     let job = match id.parse::<JobId>() {
         Ok(job) => api.find_job(job).await?,
         Err(_) => Some(api.job(crate::resolve_job(api, id).await?).await?),
     };
-    let attempt: AttemptId = match job {
-        Some(d) => d
+    let attempt: AttemptId = match (job, number) {
+        (Some(d), None) => d
             .attempts_detail
             .last()
             .map(|a| a.id)
             .ok_or_else(|| anyhow!("job {} has not started yet", d.summary.id))?,
-        None => id
+        (Some(d), Some(n)) => d
+            .attempts_detail
+            .iter()
+            .find(|a| a.number == n)
+            .map(|a| a.id)
+            .ok_or_else(|| {
+                anyhow!(
+                    "--attempt: job {} has no attempt #{n} (it has {})",
+                    d.summary.id,
+                    d.attempts_detail.len()
+                )
+            })?,
+        (None, Some(_)) => bail!("--attempt picks an attempt of a job: no job `{id}`"),
+        (None, None) => id
             .parse()
             .map_err(|_| anyhow!("no job or attempt `{id}`"))?,
     };
     let mut offset = 0;
     let mut out = std::io::stdout();
+    if let Some(lines) = tail {
+        // What is there now, keeping only its last `lines` lines as it is read.
+        let mut kept: Vec<u8> = Vec::new();
+        loop {
+            let chunk = api.log(attempt, offset, 0).await?;
+            offset = chunk.next;
+            if chunk.bytes.is_empty() {
+                break;
+            }
+            kept.extend_from_slice(&chunk.bytes);
+            let start = last_lines_start(&kept, lines);
+            kept.drain(..start);
+        }
+        out.write_all(&kept)?;
+        out.flush()?;
+        if !follow {
+            return Ok(());
+        }
+    }
     loop {
         let chunk = api
             .log(attempt, offset, if follow { 10_000 } else { 0 })
@@ -685,6 +783,20 @@ pub async fn logs(api: &Api, id: &str, follow: bool) -> Result<()> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// Where the last `n` lines of `text` start (a last line without its newline counts).
+fn last_lines_start(text: &[u8], n: usize) -> usize {
+    if n == 0 {
+        return text.len();
+    }
+    let body = text.strip_suffix(b"\n").unwrap_or(text);
+    body.iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, b)| **b == b'\n')
+        .nth(n - 1)
+        .map_or(0, |(i, _)| i + 1)
 }
 
 /// What a job's attempts wait for before it starts, in words.
@@ -742,6 +854,22 @@ fn prestart_lines(a: &headroom_shared::api::AttemptView) -> Vec<String> {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tail_tests {
+    use super::last_lines_start;
+
+    #[test]
+    fn the_last_lines_are_found_with_or_without_a_final_newline() {
+        let t = b"a\nb\nc\n";
+        assert_eq!(&t[last_lines_start(t, 2)..], b"b\nc\n");
+        assert_eq!(&t[last_lines_start(t, 9)..], t);
+        assert_eq!(&t[last_lines_start(t, 0)..], b"");
+        let u = b"a\nb\nc";
+        assert_eq!(&u[last_lines_start(u, 1)..], b"c");
+        assert_eq!(&u[last_lines_start(u, 2)..], b"b\nc");
+    }
 }
 
 #[cfg(test)]

@@ -42,15 +42,7 @@ pub struct UpArgs {
 
 /// `quiet`: only warnings by default, so a progress bar is not buried under log lines.
 fn init_tracing(quiet: bool) {
-    use tracing_subscriber::EnvFilter;
-    let default = if quiet { "warn" } else { "info" };
-    let filter =
-        EnvFilter::try_from_env("HEADROOM_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+    headroom_shared::logging::init(if quiet { "warn" } else { "info" });
 }
 
 /// `token`: the CLI's own (`--token`), for `--run`'s submission.
@@ -234,7 +226,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         let api = crate::client::Api::new(&url)?
             .with_token(submit_token.as_ref().map(BearerToken::expose))?;
         tokio::select! {
-            r = crate::submit(&api, spec, true, false, None) => {
+            r = crate::submit(&api, spec, true, false, None, crate::output::Format::Table) => {
                 code = match r {
                     Ok(c) => c,
                     Err(e) => { eprintln!("error: {e:#}"); 1 }

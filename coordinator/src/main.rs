@@ -63,13 +63,7 @@ async fn open_store(url: Option<&str>, data_dir: &Path) -> anyhow::Result<Arc<dy
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HEADROOM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    headroom_shared::logging::init("info");
     // First: a stop signal during start-up must stop us cleanly too.
     let stop = CancellationToken::new();
     headroom_shared::signals::cancel_on_stop_signal(stop.clone())?;

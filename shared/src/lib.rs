@@ -23,6 +23,8 @@ pub mod datadir;
 pub mod expand;
 pub mod field;
 pub mod ids;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod pending;
 pub mod plan;
 pub mod prestart;

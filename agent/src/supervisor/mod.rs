@@ -92,10 +92,7 @@ fn main() -> i32 {
             false
         }
     };
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(std::io::stderr)
-        .try_init();
+    headroom_shared::logging::init("warn");
     // The agent's end of the spawn channel is our stdin.
     let channel = match std::io::stdin().as_fd().try_clone_to_owned() {
         Ok(fd) => std::os::unix::net::UnixStream::from(fd),

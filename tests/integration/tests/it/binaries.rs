@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use headroom_integration_tests::standalone::{
     Agent, AgentOptions, Coordinator, nodes_of, wait_healthy, wait_registered,
 };
-use headroom_integration_tests::{Headroom, Proc, UpOptions, free_port, http_get};
+use headroom_integration_tests::{
+    Headroom, Proc, UpOptions, binary, free_port, http_get, run_binary,
+};
 use nix::sys::signal::Signal;
 
 /// Kubernetes and systemd stop a service with SIGTERM: the coordinator stops accepting,
@@ -714,4 +716,71 @@ fn require_doctor_keeps_a_node_that_cannot_list_processes_from_taking_work() {
             && log.contains("processes: GPU 1: process list: Insufficient Permissions"),
         "{log}"
     );
+}
+
+/// `HEADROOM_LOG_FORMAT=json`: every line the coordinator logs is one JSON object (what
+/// `kubectl logs` and Loki read); a file or a pipe never gets colour codes, either format.
+#[test]
+fn logs_are_json_lines_when_asked_and_never_coloured_in_a_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for format in ["json", "text"] {
+        let port = free_port().expect("port");
+        let log = dir.path().join(format!("{format}.log"));
+        let mut coord = Proc::start_with_env(
+            "headroom-coordinator",
+            &[
+                "--listen".to_string(),
+                format!("127.0.0.1:{port}"),
+                "--data-dir".into(),
+                dir.path().join(format).display().to_string(),
+            ],
+            &[("HEADROOM_LOG_FORMAT", format)],
+            log.clone(),
+        )
+        .expect("coordinator");
+        wait_healthy(&format!("http://127.0.0.1:{port}"));
+        coord.stop_with(nix::sys::signal::Signal::SIGTERM, Duration::from_secs(10));
+        let text = std::fs::read_to_string(&log).expect("log");
+        assert!(!text.contains('\u{1b}'), "colour codes in a file: {text}");
+        // Standard output's one plain line (the address, for scripts) aside: the log's.
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with("headroom: coordinator listening"))
+            .collect();
+        assert!(!lines.is_empty(), "nothing logged");
+        let parsed = lines
+            .iter()
+            .filter(|l| {
+                serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v["level"].is_string())
+            })
+            .count();
+        match format {
+            "json" => assert_eq!(parsed, lines.len(), "{text}"),
+            _ => assert_eq!(parsed, 0, "{text}"),
+        }
+    }
+}
+
+/// `headroom man` prints a manual page naming every command; `--dir` writes one per command.
+#[test]
+fn the_manual_page_is_generated_from_the_commands() {
+    let out = std::process::Command::new(binary("headroom"))
+        .arg("man")
+        .output()
+        .expect("headroom man");
+    assert!(out.status.success(), "{out:?}");
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(page.contains(".TH headroom 1"), "{page}");
+    for command in ["submit", "retry", "export", "logs", "man"] {
+        assert!(
+            page.contains(&format!("headroom\\-{command}")),
+            "{command} missing: {page}"
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pages = dir.path().join("man1");
+    let (status, err) = run_binary("headroom", &["man", "--dir", pages.to_str().expect("dir")]);
+    assert!(status.success(), "{err}");
+    let logs = std::fs::read_to_string(pages.join("headroom-logs.1")).expect("logs page");
+    assert!(logs.contains("\\-\\-tail"), "{logs}");
 }

@@ -89,8 +89,8 @@ fn cancel_one_job_then_the_rest_of_the_experiment() {
     let code = h.cli(&["wait", "long"]).status.code();
     assert_eq!(
         code,
-        Some(2),
-        "wait exits non-zero when jobs did not succeed"
+        Some(3),
+        "wait exits 3 when jobs did not succeed (2 is bad usage)"
     );
 }
 

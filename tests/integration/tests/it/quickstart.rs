@@ -133,4 +133,8 @@ fn run_readme_command(fake_gpus: Option<&str>) {
         status.success(),
         "headroom up {args:?} exited {status}:\n{log}"
     );
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes written to a file:\n{log}"
+    );
 }

@@ -252,3 +252,74 @@ fn jobs_are_named_by_experiment_and_index_or_a_unique_start_of_their_id() {
     let retried = h.cli_ok(&["retry", "named/0"]);
     assert!(retried.contains(&full), "{retried}");
 }
+
+/// The edges a script touches: `submit --output json` prints the API's answer (the id in a
+/// field, no prose); `logs --attempt N --tail K` reads the last lines of one attempt; `ls`
+/// keeps its columns in line whatever the experiment names' lengths; a failed job makes
+/// `submit --wait` exit 3, not 2 (bad usage).
+#[test]
+fn submit_speaks_json_logs_take_an_attempt_and_a_tail_and_ls_keeps_its_columns() {
+    let h = up();
+    let spec = h.path("count.yaml");
+    std::fs::write(
+        &spec,
+        "name: a-rather-long-experiment-name-for-the-table\ncommand: [sh, -c, 'for i in 1 2 3 4 5; do echo line$i; done; exit 1']\nretry: {max_attempts: 2, on: [nonzero]}\n",
+    )
+    .expect("spec");
+    let out = h.cli(&[
+        "submit",
+        "--wait",
+        "--output",
+        "json",
+        spec.to_str().expect("path"),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let answer: serde_json::Value =
+        serde_json::from_str(&stdout).expect("stdout is one JSON document");
+    assert_eq!(
+        answer["name"],
+        "a-rather-long-experiment-name-for-the-table"
+    );
+    assert_eq!(answer["jobs"], 1);
+    let exp = answer["experiment"]
+        .as_str()
+        .expect("experiment id")
+        .to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("a-rather-long-experiment-name-for-the-table done:"),
+        "the progress names the experiment: {stderr}"
+    );
+    let job = format!("{exp}/0");
+    assert_eq!(
+        h.cli_ok(&["logs", &job, "--attempt", "1", "--tail", "2"]),
+        "line4\nline5\n"
+    );
+    assert_eq!(h.cli_ok(&["logs", &job, "-n", "1"]), "line5\n");
+    let refused = h.cli(&["logs", &job, "--attempt", "3"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("no attempt #3 (it has 2)"), "{err}");
+
+    h.submit_spec(serde_json::json!({"name": "b", "command": ["true"]}));
+    let table = h.cli_ok(&["ls"]);
+    let state_at: Vec<usize> = table
+        .lines()
+        .map(|l| {
+            [
+                "STATE",
+                "failed",
+                "queued",
+                "leased",
+                "running",
+                "succeeded",
+            ]
+            .iter()
+            .filter_map(|w| l.find(&format!("  {w}")))
+            .min()
+            .expect("a state on every line")
+        })
+        .collect();
+    assert!(state_at.windows(2).all(|w| w[0] == w[1]), "{table}");
+}
