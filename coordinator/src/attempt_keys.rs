@@ -3,6 +3,7 @@
 //! SHA-256 is stored; the key is 192 random bits, so a plain digest (no slow hash) is enough.
 
 use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 /// A fresh key and the digest to store.
 pub fn new_key() -> (String, String) {
@@ -12,21 +13,12 @@ pub fn new_key() -> (String, String) {
 }
 
 fn digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(key.as_bytes()))
 }
 
 /// Whether `presented` is the key whose digest is `stored` (compared in constant time).
 pub fn matches(stored: &str, presented: &str) -> bool {
-    let got = digest(presented);
-    got.len() == stored.len()
-        && got
-            .bytes()
-            .zip(stored.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    bool::from(digest(presented).as_bytes().ct_eq(stored.as_bytes()))
 }
 
 #[cfg(test)]

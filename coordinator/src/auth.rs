@@ -299,10 +299,6 @@ pub fn check_unix_user(name: &str, allow_root: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// A random secret for a configured token (not of the `hr_` form: no stored id).
 pub fn random_secret() -> String {
     headroom_shared::secret::random_hex(24)
@@ -316,8 +312,8 @@ pub fn new_token() -> (String, String) {
     let mut rng = rand::rng();
     rng.fill(&mut id);
     rng.fill(&mut secret);
-    let id = hex(&id);
-    let token = format!("{TOKEN_PREFIX}{id}_{}", hex(&secret));
+    let id = hex::encode(id);
+    let token = format!("{TOKEN_PREFIX}{id}_{}", hex::encode(secret));
     (id, token)
 }
 
@@ -652,7 +648,10 @@ impl Authenticator {
     /// no hash. Tokens-file entries are found by id instead.
     fn match_plain(&self, key: [u8; 32]) -> Option<&ConfigToken> {
         self.config.iter().find(|t| match &t.secret {
-            Secret::Plain(p) => <[u8; 32]>::from(Sha256::digest(p.as_bytes())) == key,
+            Secret::Plain(p) => {
+                use subtle::ConstantTimeEq;
+                bool::from(Sha256::digest(p.as_bytes()).as_slice().ct_eq(&key))
+            }
             Secret::Hash(_) => false,
         })
     }

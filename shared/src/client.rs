@@ -122,15 +122,25 @@ impl ClientError {
     }
 }
 
-/// A bearer token as configured (flag, variable, file): `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct BearerToken(String);
+/// A bearer token as configured (flag, variable, file): `Debug` never shows it, and its
+/// memory is wiped when it is dropped (`secrecy`).
+#[derive(Clone)]
+pub struct BearerToken(secrecy::SecretString);
 
 impl BearerToken {
     pub fn expose(&self) -> &str {
-        &self.0
+        secrecy::ExposeSecret::expose_secret(&self.0)
     }
 }
+
+impl PartialEq for BearerToken {
+    fn eq(&self, other: &Self) -> bool {
+        use subtle::ConstantTimeEq;
+        bool::from(self.expose().as_bytes().ct_eq(other.expose().as_bytes()))
+    }
+}
+
+impl Eq for BearerToken {}
 
 impl fmt::Debug for BearerToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -141,7 +151,7 @@ impl fmt::Debug for BearerToken {
 impl std::str::FromStr for BearerToken {
     type Err = std::convert::Infallible;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Self(s.trim().to_string()))
+        Ok(Self(s.trim().into()))
     }
 }
 

@@ -124,7 +124,7 @@ pub fn random_hex(bytes: usize) -> String {
     use rand::Rng;
     let mut b = vec![0u8; bytes];
     rand::rng().fill(&mut b[..]);
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    hex::encode(b)
 }
 
 /// Writes a secret file whole or not at all, readable by its owner only (0600): a temporary

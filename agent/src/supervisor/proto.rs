@@ -294,11 +294,8 @@ impl Conn {
 
 /// Compares keys in time independent of where they differ.
 fn same_key(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+    use subtle::ConstantTimeEq;
+    bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
 /// The agent's attach key, from `<data_dir>/attach.key` (0600), made at the first start.
