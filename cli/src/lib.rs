@@ -764,6 +764,8 @@ async fn job_or_experiment(api: &Api, id: &str) -> Result<Target> {
         Ok(None) => Err(anyhow!("no job or experiment `{id}`")),
         Err(e) => match resolve_job(api, id).await {
             Ok(job) => Ok(Target::Job(job)),
+            // What looks like the start of a job id is answered as one (`give more of it`).
+            Err(job) if headroom_shared::api::bounds::ID_PREFIX.accepts(id) => Err(job),
             Err(_) => Err(e.context(format!("no job or experiment `{id}`"))),
         },
     }

@@ -260,20 +260,9 @@ fn clear_token(
     })
 }
 
-/// A token holder's name: 1 to 64 of letters, digits and `_ - . @`.
+/// A token holder's name: 1 to 64 of letters, digits and `_ - . @` (`bounds::TOKEN_NAME`).
 pub fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '@'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{name}` must be 1 to 64 letters, digits, `_`, `-`, `.` or `@`"
-        ))
-    }
+    headroom_shared::api::bounds::TOKEN_NAME.check(name)
 }
 
 /// A Unix user jobs may run as: a user name, and not `root` unless `allow_root`. Whether
@@ -281,15 +270,7 @@ pub fn check_name(name: &str) -> Result<(), String> {
 /// container, need not know the lab's users): a node that has no such user, or where it is
 /// uid 0 without the admin's leave, fails the attempt at launch naming it.
 pub fn check_unix_user(name: &str, allow_root: bool) -> Result<(), String> {
-    let valid = !name.is_empty()
-        && name.len() <= 32
-        && !name.starts_with('-')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if !valid {
-        return Err(format!("`{name}` is not a Unix user name"));
-    }
+    headroom_shared::api::bounds::UNIX_USER.check(name)?;
     if name == "root" && !allow_root {
         return Err(format!(
             "`{name}` is root: jobs run as root only when the admin allows it for this user \

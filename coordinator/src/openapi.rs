@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
+use headroom_shared::api::bounds::{self, Rule, Site};
 use headroom_shared::api::{
     Ack, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse, ClaimRequest,
     ClaimResponse, CreateTokenRequest, CreatedToken, ErrorBody, ExperimentSummary, ExportPage,
@@ -16,6 +17,7 @@ use headroom_shared::api::{
     TelemetryQuery, TokenView, UserView, WhoAmI,
 };
 use headroom_shared::routes::{self, Access, Method, Route};
+use serde_json::Value;
 use utoipa::openapi::path::{
     HttpMethod, OperationBuilder, Parameter, ParameterBuilder, ParameterIn,
 };
@@ -257,7 +259,9 @@ fn table() -> Vec<(Route, RouteDoc)> {
         (r::NODES, doc("listNodes", "nodes", Json(list::<NodeView>))),
         (
             r::SET_PLAN,
-            doc("setPlan", "nodes", Json(one::<NodeView>)).body(one::<SetPlanRequest>),
+            doc("setPlan", "nodes", Json(one::<NodeView>))
+                .body(one::<SetPlanRequest>)
+                .conflicts(),
         ),
         (
             r::RELEASE_GPU,
@@ -618,9 +622,125 @@ fn build(all: &[Route]) -> OpenApi {
 }
 
 /// The served document, built once.
-pub fn document() -> &'static OpenApi {
-    static DOC: OnceLock<OpenApi> = OnceLock::new();
-    DOC.get_or_init(|| build(routes::ALL))
+/// The document as served: built from the route tables, then each field's rule written in
+/// from `bounds::APPLIED`, the rules the handlers check with.
+pub fn document() -> &'static Value {
+    static DOC: OnceLock<Value> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut doc = serde_json::to_value(build(routes::ALL)).unwrap_or_default();
+        // A site missing from the document is a mistake of the table: the test below says
+        // which; serving the rest is better than serving nothing.
+        let _ = apply_bounds(&mut doc);
+        unsigned_integers(&mut doc);
+        doc
+    })
+}
+
+/// utoipa writes `u32` and `u64` as `int32` and `int64` (signed) with `minimum: 0`: the
+/// server takes every value of the unsigned type, so the document says that range.
+fn unsigned_integers(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            let integer = match m.get("type") {
+                Some(Value::String(t)) => t == "integer",
+                Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+                _ => false,
+            };
+            let unsigned = m
+                .get("minimum")
+                .and_then(Value::as_u64)
+                .is_some_and(|n| n <= 1);
+            if integer && unsigned {
+                let max = match m.get("format").and_then(Value::as_str) {
+                    Some("int32") => Some(u64::from(u32::MAX)),
+                    Some("int64") => Some(u64::MAX),
+                    _ => None,
+                };
+                if let Some(max) = max {
+                    m.insert(
+                        "format".into(),
+                        if max == u64::MAX { "uint64" } else { "uint32" }.into(),
+                    );
+                    m.entry("maximum").or_insert(max.into());
+                }
+            }
+            m.values_mut().for_each(unsigned_integers);
+        }
+        Value::Array(items) => items.iter_mut().for_each(unsigned_integers),
+        _ => {}
+    }
+}
+
+/// Writes each rule of `bounds::APPLIED` into the schema of the field it governs; the
+/// sites it could not find.
+fn apply_bounds(doc: &mut Value) -> Vec<Site> {
+    let mut missing = Vec::new();
+    for (site, rule) in bounds::APPLIED {
+        match field_schema(doc, *site) {
+            Some(schema) => write_rule(schema, *rule),
+            None => missing.push(*site),
+        }
+    }
+    for (operation, rules) in bounds::CROSS_FIELD {
+        match operation_mut(doc, operation) {
+            Some(op) => {
+                op.insert("x-cross-field-rules".into(), (*rules).into());
+            }
+            None => missing.push(Site::Query(operation, "")),
+        }
+    }
+    missing
+}
+
+fn operation_mut<'a>(
+    doc: &'a mut Value,
+    operation: &str,
+) -> Option<&'a mut serde_json::Map<String, Value>> {
+    doc.get_mut("paths")?
+        .as_object_mut()?
+        .values_mut()
+        .flat_map(|item| {
+            item.as_object_mut()
+                .into_iter()
+                .flat_map(|m| m.values_mut())
+        })
+        .find(|op| op["operationId"] == operation)?
+        .as_object_mut()
+}
+
+fn field_schema(doc: &mut Value, site: Site) -> Option<&mut serde_json::Map<String, Value>> {
+    let schema = match site {
+        Site::Property(component, field) => doc.pointer_mut(&format!(
+            "/components/schemas/{component}/properties/{field}"
+        ))?,
+        Site::Query(operation, param) => {
+            let op = operation_mut(doc, operation)?;
+            op.get_mut("parameters")?
+                .as_array_mut()?
+                .iter_mut()
+                .find(|p| p["name"] == param && p["in"] == "query")?
+                .get_mut("schema")?
+        }
+    };
+    schema.as_object_mut()
+}
+
+fn write_rule(schema: &mut serde_json::Map<String, Value>, rule: Rule) {
+    match rule {
+        Rule::Text(t) => {
+            schema.insert("pattern".into(), t.pattern.into());
+        }
+        Rule::Number(r) => {
+            schema.insert("minimum".into(), r.min.into());
+            schema.insert("maximum".into(), r.max.into());
+        }
+        Rule::FirstItemNotEmpty => {
+            schema.insert(
+                "prefixItems".into(),
+                serde_json::json!([{"type": "string", "minLength": 1}]),
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -649,7 +769,26 @@ mod tests {
     }
 
     fn json() -> serde_json::Value {
-        serde_json::to_value(document()).expect("the document serializes")
+        document().clone()
+    }
+
+    /// Every rule of the shared table lands on a field of the document (a renamed field or
+    /// operation would otherwise leave the document without it).
+    #[test]
+    fn every_field_rule_is_in_the_document() {
+        let mut doc = serde_json::to_value(build(routes::ALL)).expect("serializes");
+        assert_eq!(apply_bounds(&mut doc), Vec::<Site>::new());
+        let name = doc.pointer("/components/schemas/CreateTokenRequest/properties/name/pattern");
+        assert_eq!(name, Some(&Value::from(bounds::TOKEN_NAME.pattern)));
+        let jobs = &doc["paths"]["/v1/jobs"]["get"]["parameters"];
+        let limit = jobs
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == "limit")
+            .expect("limit");
+        assert_eq!(limit["schema"]["minimum"], bounds::JOBS.min);
+        assert_eq!(limit["schema"]["maximum"], bounds::JOBS.max);
     }
 
     #[test]

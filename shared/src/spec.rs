@@ -332,18 +332,18 @@ impl ExperimentSpec {
             }
             validate_distribution(dist, &field)?;
         }
-        if self.mutations == 0 {
-            return Err(SpecError::new("mutations", "must be at least 1"));
-        }
+        crate::api::bounds::COUNT
+            .check(self.mutations.into())
+            .map_err(|m| SpecError::new("mutations", m))?;
         if self.mutations > 1 && self.mutate.is_empty() {
             return Err(SpecError::new(
                 "mutations",
                 "draws random values, but the spec has no `mutate` axes",
             ));
         }
-        if self.runs_per_config == 0 {
-            return Err(SpecError::new("runs_per_config", "must be at least 1"));
-        }
+        crate::api::bounds::COUNT
+            .check(self.runs_per_config.into())
+            .map_err(|m| SpecError::new("runs_per_config", m))?;
         let params = self.parameter_names();
         for (i, arg) in self.command.iter().enumerate() {
             for name in placeholders(arg).map_err(|m| SpecError::new(format!("command[{i}]"), m))? {

@@ -93,6 +93,9 @@ pub async fn claim(
     let agent: AgentId = parse_id(&id, "agent")?;
     check_node(&s, &who, NodeOf::Agent(agent)).await?;
     check_samples(&req.gpus)?;
+    headroom_shared::api::bounds::WAIT_MS
+        .check(req.wait_ms)
+        .map_err(|m| ApiError::invalid("wait_ms", m))?;
     let wait = Duration::from_millis(req.wait_ms).min(s.config.long_poll);
     let deadline = tokio::time::Instant::now() + wait;
     let mut fresh = Some(req.gpus);

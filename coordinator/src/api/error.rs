@@ -97,6 +97,11 @@ impl From<StoreError> for ApiError {
             | StoreError::NodeHeld { .. }
             | StoreError::NodeJoined { .. }
             | StoreError::UserRole { .. } => Self::new(ErrorCode::Conflict, message),
+            // A well-formed plan of another length than the node has GPUs: the node's state
+            // refuses it, not its form (which the document describes).
+            StoreError::InvalidPlan(p @ headroom_shared::plan::PlanError::WrongLength { .. }) => {
+                Self::new(ErrorCode::Conflict, format!("plan: {p}"))
+            }
             StoreError::InvalidPlan(p) => Self::invalid("plan", p.to_string()),
             StoreError::Database(_) => Self::new(ErrorCode::StoreUnavailable, message),
             StoreError::Corrupt(_) => Self::internal(message),

@@ -7,9 +7,10 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use headroom_shared::ExperimentId;
+use headroom_shared::api::bounds;
 use headroom_shared::api::{
-    Ack, CancelResponse, EXPORT_PAGE_MAX, ExperimentSummary, ExportFormat, ExportPage, ExportQuery,
-    Health, Principal, Progress, ProgressQuery, RetryFailedResponse, SubmitRequest, SubmitResponse,
+    Ack, CancelResponse, ExperimentSummary, ExportFormat, ExportPage, ExportQuery, Health,
+    Principal, Progress, ProgressQuery, RetryFailedResponse, SubmitRequest, SubmitResponse,
 };
 use headroom_shared::expand::expand_within;
 use headroom_shared::pending::PendingReason;
@@ -202,6 +203,11 @@ pub async fn progress(
         .as_deref()
         .map(|e| parse_id(e, "experiment"))
         .transpose()?;
+    if let Some(ms) = q.timeout_ms {
+        bounds::WAIT_MS
+            .check(ms)
+            .map_err(|m| ApiError::invalid("timeout_ms", m))?;
+    }
     let version = match q.after {
         Some(seen) => {
             let wait =
@@ -236,27 +242,27 @@ pub async fn export(
         .as_deref()
         .map(|e| parse_id(e, "experiment"))
         .transpose()?;
-    let limit = q.limit.unwrap_or(EXPORT_PAGE_MAX);
-    if !(1..=EXPORT_PAGE_MAX).contains(&limit) {
-        return Err(ApiError::invalid(
-            "limit",
-            format!("must be 1 to {EXPORT_PAGE_MAX} rows"),
-        ));
-    }
-    if q.format == ExportFormat::Csv && (q.after.is_some() || q.limit.is_some()) {
-        return Err(ApiError::invalid(
-            "format",
-            "`after` and `limit` page the JSON export (format=json); CSV is one file",
-        ));
+    if let Some(n) = q.limit {
+        bounds::EXPORT_ROWS
+            .check(n.into())
+            .map_err(|m| ApiError::invalid("limit", m))?;
     }
     let mut rows = s.store.export_rows(experiment).await?;
     if q.clean_only {
         rows.retain(|r| crate::export::is_clean(&r.attempt));
     }
+    // A page: JSON always (at most `EXPORT_ROWS.max` rows), CSV when asked for one.
+    let after = usize::try_from(q.after.unwrap_or(0)).unwrap_or(usize::MAX);
+    let limit = q.limit.map_or(
+        match q.format {
+            ExportFormat::Json => bounds::EXPORT_ROWS.max as usize,
+            ExportFormat::Csv => usize::MAX,
+        },
+        |n| n as usize,
+    );
+    let end = after.saturating_add(limit).min(rows.len());
+    let page = rows.get(after..end).unwrap_or_default();
     if q.format == ExportFormat::Json {
-        let after = usize::try_from(q.after.unwrap_or(0)).unwrap_or(usize::MAX);
-        let end = after.saturating_add(limit as usize).min(rows.len());
-        let page = rows.get(after..end).unwrap_or_default();
         return Ok(ApiJson(ExportPage {
             columns: crate::export::describe(),
             rows: page.iter().map(crate::export::to_json).collect(),
@@ -264,7 +270,7 @@ pub async fn export(
         })
         .into_response());
     }
-    let csv = crate::export::to_csv(&rows).map_err(|e| ApiError::internal(format!("csv: {e}")))?;
+    let csv = crate::export::to_csv(page).map_err(|e| ApiError::internal(format!("csv: {e}")))?;
     Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], csv).into_response())
 }
 

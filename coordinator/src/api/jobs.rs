@@ -1,5 +1,6 @@
 //! Jobs and attempts as users see them: listing, detail, cancel, retry, logs.
 
+use headroom_shared::api::bounds;
 use std::time::Duration;
 
 use axum::Extension;
@@ -28,17 +29,14 @@ pub async fn list(
         None => None,
     };
     if let Some(p) = &q.id_prefix {
-        let short = p.is_empty()
-            || p.len() > 36
-            || !p
-                .chars()
-                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c) || c == '-');
-        if short {
-            return Err(ApiError::invalid(
-                "id_prefix",
-                format!("`{p}` is not the start of a job id (1 to 36 of 0-9, a-f and -)"),
-            ));
-        }
+        bounds::ID_PREFIX
+            .check(p)
+            .map_err(|m| ApiError::invalid("id_prefix", m))?;
+    }
+    if let Some(n) = q.limit {
+        bounds::JOBS
+            .check(n.into())
+            .map_err(|m| ApiError::invalid("limit", m))?;
     }
     let filter = JobFilter {
         experiment: q
@@ -178,6 +176,9 @@ pub async fn read_log(
             ),
         ));
     }
+    bounds::WAIT_MS
+        .check(q.wait_ms)
+        .map_err(|m| ApiError::invalid("wait_ms", m))?;
     let wait = Duration::from_millis(q.wait_ms).min(s.config.long_poll);
     let deadline = tokio::time::Instant::now() + wait;
     loop {

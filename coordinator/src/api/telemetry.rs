@@ -14,8 +14,6 @@ use headroom_shared::api::{
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, parse_id};
 use crate::store::SeriesWindow;
 
-/// Most samples one answer carries per GPU.
-pub const MAX_SAMPLES: u32 = 100_000;
 /// Samples per GPU when the request names no limit.
 pub const DEFAULT_SAMPLES: u32 = 10_000;
 /// Most samples one heartbeat may carry (agents send at most 2,000; this many stays well
@@ -25,12 +23,10 @@ pub const MAX_PER_HEARTBEAT: usize = 5_000;
 fn limit_of(limit: Option<u32>) -> Result<u32, ApiError> {
     match limit {
         None => Ok(DEFAULT_SAMPLES),
-        Some(0) => Err(ApiError::invalid("limit", "limit must be at least 1")),
-        Some(n) if n > MAX_SAMPLES => Err(ApiError::invalid(
-            "limit",
-            format!("limit {n} is above the most one answer carries ({MAX_SAMPLES})"),
-        )),
-        Some(n) => Ok(n),
+        Some(n) => headroom_shared::api::bounds::SAMPLES
+            .check(n.into())
+            .map(|()| n)
+            .map_err(|m| ApiError::invalid("limit", m)),
     }
 }
 

@@ -16,6 +16,7 @@ use crate::size::MemSize;
 use crate::state::{FailureClass, JobState};
 
 mod agent;
+pub mod bounds;
 pub use agent::*;
 
 /// Every error the API returns: `{"error": {"code", "message", "field"?}}`.
@@ -904,17 +905,13 @@ pub struct ExportQuery {
     #[serde(default, skip_serializing_if = "ExportFormat::is_csv")]
     #[cfg_attr(feature = "openapi", param(inline))]
     pub format: ExportFormat,
-    /// JSON: rows after this many (the `next_after` of the previous page).
+    /// Rows after this many (the `next_after` of the previous JSON page).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<u64>,
-    /// JSON: at most this many rows (default and most: 10000).
+    /// At most this many rows (JSON: by default and at most 10000; CSV: all by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", param(minimum = 1, maximum = 10000))]
     pub limit: Option<u32>,
 }
-
-/// Most rows a JSON export page holds.
-pub const EXPORT_PAGE_MAX: u32 = 10_000;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
