@@ -104,6 +104,7 @@ struct Column {
     unit: Option<&'static str>,
     about: &'static str,
     decides_clean: bool,
+    figure: bool,
     value: fn(&ExportRow) -> Cell,
 }
 
@@ -120,6 +121,7 @@ const fn col(
         unit,
         about,
         decides_clean: false,
+        figure: false,
         value,
     }
 }
@@ -130,6 +132,11 @@ impl Column {
         self
     }
 
+    const fn figure(mut self) -> Self {
+        self.figure = true;
+        self
+    }
+
     fn describe(&self) -> ExportColumn {
         ExportColumn {
             name: self.name.to_string(),
@@ -137,6 +144,7 @@ impl Column {
             unit: self.unit.map(str::to_string),
             description: self.about.to_string(),
             decides_clean: self.decides_clean,
+            figure: self.figure,
         }
     }
 }
@@ -226,7 +234,8 @@ const OUTCOME: &[Column] = &[
             (Some(s), Some(e)) => Cell::Num3((e - s).num_milliseconds() as f64 / 1000.0),
             _ => Cell::Empty,
         },
-    ),
+    )
+    .figure(),
     col(
         "exit_code",
         Integer,
@@ -261,7 +270,8 @@ const OUTCOME: &[Column] = &[
         MIB,
         "Peak GPU memory of the job's processes",
         |r| int(r.attempt.peak_mem_mib),
-    ),
+    )
+    .figure(),
     col("peak_source", Str, None, "How the peak was measured", |r| {
         text(r.attempt.peak_source.map(|s| s.as_str()))
     }),
@@ -292,7 +302,8 @@ const OUTCOME: &[Column] = &[
         J,
         "GPU energy over the run (the GPUs' counters)",
         |r| num(r.attempt.measurements.energy_j),
-    ),
+    )
+    .figure(),
     col(
         "energy_source",
         Str,
@@ -341,7 +352,8 @@ const OUTCOME: &[Column] = &[
         J,
         "Apportioned share of shared GPUs' energy (an estimate)",
         |r| num(r.attempt.sharing.as_ref().and_then(|s| s.energy_share_j)),
-    ),
+    )
+    .figure(),
     col(
         "energy_share_method",
         Str,
@@ -355,17 +367,20 @@ const OUTCOME: &[Column] = &[
         W,
         "Mean GPU power over the run",
         |r| num(r.attempt.measurements.mean_power_w),
-    ),
+    )
+    .figure(),
     col("max_power_w", Number, W, "Highest GPU power sampled", |r| {
         num(r.attempt.measurements.max_power_w)
-    }),
+    })
+    .figure(),
     col(
         "max_temp_c",
         Number,
         C,
         "Highest GPU temperature sampled",
         |r| num(r.attempt.measurements.max_temp_c),
-    ),
+    )
+    .figure(),
     col(
         "start_temp_c",
         Number,
@@ -379,7 +394,8 @@ const OUTCOME: &[Column] = &[
         Some("%"),
         "Mean GPU utilisation",
         |r| num(r.attempt.measurements.mean_util_pct),
-    ),
+    )
+    .figure(),
     col(
         "throttled_thermal",
         Boolean,

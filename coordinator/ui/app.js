@@ -740,8 +740,6 @@ function scatter(points, xName, yName, yUnit, id) {
 
 // ---- plots -----------------------------------------------------------------------------------
 
-const METRICS = ["energy_j", "duration_s", "peak_mem_mib", "mean_power_w", "max_power_w", "max_temp_c", "mean_util_pct", "energy_share_j"];
-
 async function viewPlots() {
   const nodes = await api("/v1/nodes");
   const gpuChoices = nodes.flatMap((n) => n.gpus.map((g) => n.name + "/" + g.index));
@@ -767,7 +765,9 @@ async function viewPlots() {
     const all = await exportOf(state.plotExp, false);
     const clean = new Set((await exportOf(state.plotExp, true)).rows.map((r) => r.attempt_id));
     const xPick = h("select", { id: "plot-exp-x" }, all.params.map((p) => h("option", { value: p }, p)));
-    const yPick = h("select", { id: "plot-exp-y" }, METRICS.filter((m) => all.columns.has(m))
+    // The figures the export marks as such: a new measured column is offered here at once.
+    const figures = [...all.columns.values()].filter((c) => c.figure).map((c) => c.name);
+    const yPick = h("select", { id: "plot-exp-y" }, figures
       .map((m) => h("option", { value: m, title: columnTitle(all.columns.get(m)) }, m)));
     const cleanOnly = h("input", { id: "plot-exp-clean", type: "checkbox", checked: true });
     const chart = h("div", {});

@@ -957,6 +957,10 @@ pub struct ExportColumn {
     /// Whether `clean_only` reads the column (the attempt is left out on its value).
     #[serde(default)]
     pub decides_clean: bool,
+    /// Whether it is a figure of the run to compare runs by (what the dashboard plots
+    /// against a parameter).
+    #[serde(default)]
+    pub figure: bool,
 }
 
 /// `GET /v1/export?format=json`: a page of rows, each keyed by the columns' names and with

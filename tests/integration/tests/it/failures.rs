@@ -226,6 +226,12 @@ fn an_experiment_s_failed_jobs_retry_at_once_and_the_json_export_pages_its_rows(
         .expect("energy_j");
     assert_eq!(energy["type"], "number");
     assert_eq!(energy["unit"], "J");
+    assert_eq!(energy["figure"], true, "a figure to plot: {energy}");
+    let success = first["columns"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "success"))
+        .expect("success");
+    assert_eq!(success["figure"], false);
     let rows: Vec<&serde_json::Value> = first["rows"]
         .as_array()
         .into_iter()
