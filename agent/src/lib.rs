@@ -3,20 +3,24 @@
 //!
 //! # Layout
 //! One binary, two programs, and what both use:
-//! - `agent`: the agent process. Registers, claims leases, admits each against live GPU
-//!   memory, hands it to a supervisor (`lease`), renews leases and fences itself when cut
-//!   off (`heartbeat`, `self_fence`), sweeps strays, samples telemetry, serves metrics.
+//! - `agent`: the agent process, a state machine run in its `mod.rs`. Re-attaches to what
+//!   an earlier run left running (`recover`), registers (`register`), claims leases and
+//!   admits each against live GPU memory (`claim`), hands it to a supervisor (`lease`),
+//!   renews leases and fences itself when cut off (`heartbeat`, `self_fence`), sweeps strays,
+//!   samples telemetry, serves metrics.
 //! - `supervisor`: the per-attempt supervisor process (the same binary, started with
 //!   `supervisor::SUPERVISOR_ARG`): runs one attempt (`attempt`: spawn, run, watch and measure,
 //!   stop and verify; `process` starts its processes), its wait (`prestart`) and colocated
-//!   background (`colocate`), classifies its end, journals it, and stops its job itself when
-//!   its lease is not renewed in time. `supervisor::proto` is what the agent says to it. It
-//!   never imports `agent`.
+//!   background (`colocate`), decides its end's failure class in one place from the facts
+//!   recorded (`classify`; `oom` finds OOM text in its log), journals it, and stops its job
+//!   itself when its lease is not renewed in time (`lease`, `self_fence`, `direct`).
+//!   `supervisor::proto` is what the agent says to it. It never imports `agent`.
 //! - `doctor`: `headroom doctor`, what headroom relies on of a node, checked.
-//! - `cgroup` (each attempt's cgroup: membership, kill, host RAM peak),
-//!   `gpu` (NVML and fake backends), `jobenv` (what of the agent's environment jobs get), `runas` (the Unix user
-//!   a job runs as), `procscan` (processes by their markers), `outcomes`
-//!   (the journal of end reports): used by both.
+//! - `cgroup` (each attempt's cgroup: membership, kill, host RAM peak), `gpu` (NVML and
+//!   fake backends; `gpu::fake`: its spec, usage and control files, shared power state),
+//!   `jobenv` (what of the agent's environment jobs get), `runas` (the Unix user a job runs
+//!   as), `procscan` (processes by their markers), `outcomes` (the journal of end reports):
+//!   used by both.
 // `unsafe` is denied except where an attempt's process is started (`supervisor::process`:
 // `Command::pre_exec` and the `close_range` it makes) and its exit is awaited (a pid file
 // descriptor registered with the runtime).

@@ -88,7 +88,7 @@ async fn holds_memory_on_its_gpu_and_releases_it() {
     let mut launch = f.launch(&["--mem", "3GiB", "--seconds", "0.5"]);
     launch.gpus = vec![1];
     let end = f.run(launch.clone()).await;
-    assert_eq!(end.failure, None, "{end:?}\n{}", log(&launch));
+    assert_eq!(end.failure(), None, "{end:?}\n{}", log(&launch));
     assert_eq!(end.peak_mem_mib, Some(3072));
     assert!(end.cleanup_verified);
     assert!(log(&launch).contains("step 1/1 loss"));
@@ -133,7 +133,7 @@ async fn memory_beyond_the_gpu_is_a_torch_oom() {
 
     let launch = f.launch(&["--mem", "2GiB"]);
     let end = f.run(launch.clone()).await;
-    assert_eq!(end.failure, Some(FailureClass::Oom), "{end:?}");
+    assert_eq!(end.failure(), Some(FailureClass::Oom), "{end:?}");
     assert_eq!(end.exit_code, Some(1));
     assert!(
         end.log_tail.contains(
@@ -145,7 +145,7 @@ async fn memory_beyond_the_gpu_is_a_torch_oom() {
     );
     // 1 GiB still fits.
     let end = f.run(f.launch(&["--mem", "1GiB", "--seconds", "0"])).await;
-    assert_eq!(end.failure, None, "{end:?}");
+    assert_eq!(end.failure(), None, "{end:?}");
 
     let _ = holder.kill();
     let _ = holder.wait();
@@ -161,7 +161,7 @@ async fn a_parameter_above_a_bound_is_an_oom() {
             .params
             .insert("batch_size".into(), serde_json::json!(batch));
         let end = f.run(launch).await;
-        assert_eq!(end.failure, want, "batch {batch}: {end:?}");
+        assert_eq!(end.failure(), want, "batch {batch}: {end:?}");
     }
 }
 
@@ -184,7 +184,7 @@ async fn exit_code_print_and_records() {
     ]);
     launch.gpus = vec![0];
     let end = f.run(launch.clone()).await;
-    assert_eq!(end.failure, Some(FailureClass::Nonzero));
+    assert_eq!(end.failure(), Some(FailureClass::Nonzero));
     assert_eq!(end.exit_code, Some(3));
     assert!(log(&launch).contains("hello from the job"));
 
@@ -228,7 +228,7 @@ async fn an_orphan_holding_memory_and_ignoring_sigterm_is_cleaned_up() {
     ]);
     let end = f.run(launch.clone()).await;
     let text = log(&launch);
-    assert_eq!(end.failure, None, "{end:?}\n{text}");
+    assert_eq!(end.failure(), None, "{end:?}\n{text}");
     assert!(end.cleanup_verified, "{end:?}\n{text}");
     // Both held memory at once: the job and its orphan.
     assert_eq!(end.peak_mem_mib, Some(3072), "{text}");
@@ -276,7 +276,7 @@ async fn a_missing_program_is_a_launch_error() {
     )
     .await;
     assert_eq!(
-        end.failure,
+        end.failure(),
         Some(headroom_shared::FailureClass::LaunchError)
     );
     assert!(
@@ -376,7 +376,7 @@ async fn a_colocated_job_of_the_seed_003_example_runs_on_fake_gpus() {
     let t0 = Instant::now();
     let end = f.run(launch.clone()).await;
     let log = log(&launch);
-    assert_eq!(end.failure, None, "{end:?}\n{log}");
+    assert_eq!(end.failure(), None, "{end:?}\n{log}");
     let bg = end.background.as_ref().expect("background record");
     assert!(bg.ready_ms.is_some_and(|ms| ms >= 1000), "{bg:?}");
     assert_eq!(bg.signal, Some(15), "stopped with the foreground: {bg:?}");

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use headroom_shared::AttemptId;
 use headroom_shared::api::{FinishReport, Lease, StartReport};
-use headroom_shared::{AttemptId, FailureClass};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +22,7 @@ use crate::agent::self_fence::SelfFenceBudget;
 use crate::agent::{Shared, sample};
 use crate::outcomes::Outcome;
 use crate::supervisor::attempt::{self, Baseline, Launch};
+use crate::supervisor::classify::{self, EndFacts, Unstarted};
 use crate::supervisor::direct::Direct;
 use crate::supervisor::proto::{Conn, FromSupervisor, ProtoError, Spec, ToSupervisor};
 
@@ -100,7 +101,7 @@ pub(crate) async fn run(
         Err(e) => {
             tracing::error!(%attempt, "cannot start the attempt's supervisor: {e}");
             let end = attempt::not_started(
-                Some(FailureClass::LaunchError),
+                Unstarted::LaunchFailed,
                 format!("[headroom] cannot start the attempt's supervisor: {e}\n"),
             );
             let report = crate::supervisor::report(fence, end, None, sample(&shared.backend).await);
@@ -316,7 +317,7 @@ async fn gone(
         format!("the attempt's supervisor process died; its processes {killed:?} were killed");
     let report = FinishReport {
         fence,
-        failure: Some(FailureClass::Lost),
+        failure: classify::decide(&EndFacts::unseen()),
         exit_code: None,
         signal: None,
         ended_at: Utc::now(),

@@ -1,105 +1,182 @@
-//! Decides why an attempt failed: how its main process ended, plus CUDA out-of-memory text
-//! found in its log.
+//! Decides an attempt's failure class, in one place: [`decide`] weighs the facts its
+//! supervisor recorded ([`EndFacts`]: how its job ended or why it never started, what
+//! headroom did to stop it and why, OOM text in its log). Pure; everything else only records
+//! facts.
+//!
+//! `throttled` is not decided here: `on_throttle` is the coordinator's policy, applied there
+//! to the throttle flags the end reports (`coordinator::rules::apply_on_throttle`).
 
-use std::borrow::Cow;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
 
 use headroom_shared::FailureClass;
 
-/// Text that frameworks print when the GPU runs out of memory. Matched case-sensitively, as
-/// printed; the torch and `RuntimeError` forms contain the shorter ones.
-pub const OOM_PATTERNS: &[&str] = &[
-    // PyTorch: `torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ...`
-    // (also `torch.cuda.OutOfMemoryError` and `RuntimeError: CUDA out of memory`).
-    "CUDA out of memory",
-    // CUDA runtime errors surfaced by PyTorch: `RuntimeError: CUDA error: out of memory`.
-    "CUDA error: out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-    // Driver API name (JAX, CuPy, numba) and runtime API name (CuPy).
-    "CUDA_ERROR_OUT_OF_MEMORY",
-    "cudaErrorMemoryAllocation",
-    // XLA (JAX) and TensorFlow.
-    "RESOURCE_EXHAUSTED: Out of memory",
-    "OOM when allocating tensor",
-];
+use crate::supervisor::proto::StopReason;
 
-/// Watches a log fed in chunks of any size for CUDA out-of-memory text.
-#[derive(Debug, Default)]
-pub struct OomScanner {
-    /// The end of the previous chunk, so that a pattern split across two chunks is found.
-    tail: Vec<u8>,
-    seen: bool,
-}
-
-impl OomScanner {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Scans the next piece of the log; returns whether OOM text has been seen so far.
-    pub fn feed(&mut self, chunk: &[u8]) -> bool {
-        if self.seen || chunk.is_empty() {
-            return self.seen;
-        }
-        let overlap = Self::overlap();
-        let mut window = std::mem::take(&mut self.tail);
-        window.extend_from_slice(chunk);
-        // The patterns are ASCII: replacing invalid UTF-8 cannot hide or invent a match, and
-        // the lossy view borrows (no copy) when the log is valid UTF-8.
-        let text: Cow<'_, str> = String::from_utf8_lossy(&window);
-        self.seen = OOM_PATTERNS.iter().any(|p| text.contains(p));
-        let keep = window.len().min(overlap);
-        window.drain(..window.len() - keep);
-        self.tail = window;
-        self.seen
-    }
-
-    pub fn saw_oom(&self) -> bool {
-        self.seen
-    }
-
-    /// Bytes kept between chunks: one less than the longest pattern.
-    fn overlap() -> usize {
-        OOM_PATTERNS
-            .iter()
-            .map(|p| p.len())
-            .max()
-            .unwrap_or(1)
-            .saturating_sub(1)
-    }
-}
-
-/// How the main process of an attempt ended.
+/// How an attempt's job (its foreground process) ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExitKind {
+pub enum Ended {
     /// Exited with this code.
     Code(i32),
     /// Killed by this signal.
     Signal(i32),
-    /// Never started (program missing, not executable, log not writable...).
-    SpawnFailed,
+    /// It ran, but its exit status was lost (waiting for it failed, or it could not be killed
+    /// in time).
+    StatusLost,
+    /// It never started, for this reason.
+    NotStarted(Unstarted),
+    /// Nobody saw it end: its supervisor died without journalling an outcome.
+    Unseen,
 }
 
-/// The failure class of an attempt, `None` for success.
+impl Ended {
+    /// The end of a process that ran, from its exit status (`None`: lost).
+    pub fn of(status: Option<ExitStatus>) -> Self {
+        match status.map(|s| (s.code(), s.signal())) {
+            Some((Some(code), _)) => Ended::Code(code),
+            Some((None, Some(sig))) => Ended::Signal(sig),
+            Some((None, None)) | None => Ended::StatusLost,
+        }
+    }
+}
+
+/// Why an attempt's job never started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unstarted {
+    /// Its log, its process, its colocated background or its supervisor could not be started.
+    LaunchFailed,
+    /// A stop came first (a cancel, see [`EndFacts::stop`]).
+    Stopped,
+    /// Exclusive: its GPUs still held a process when the wait for them to empty ran out.
+    GpusBusy,
+    /// Its GPUs did not cool within `max_wait`, with `on_timeout: fail`.
+    CooldownTimedOut,
+    /// Its colocated background exited, or was not ready within `colocate.start_timeout`.
+    BackgroundNotReady,
+}
+
+/// What headroom did to end the run: the first such stop. What the job did after it (exit
+/// non-zero on SIGTERM, die by SIGKILL) is its reaction, not its failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// Its cancel token fired: a user's cancel, the lease lost (the agent's stop or the
+    /// supervisor's own fence), the agent's shutdown. Why: [`EndFacts::cancel_reason`].
+    Cancel,
+    /// It ran past its `timeout`.
+    Timeout,
+    /// Its colocated background exited while it ran, with `on_background_exit: fail`.
+    BackgroundExited,
+}
+
+/// Everything the class of an attempt's end is decided from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndFacts {
+    pub ended: Ended,
+    pub stop: Option<Stopped>,
+    /// Why the supervisor cancelled, once it says ([`EndFacts::told`]); `None` while only the
+    /// attempt knows of the cancel, which is then the user's.
+    pub cancel_reason: Option<StopReason>,
+    /// CUDA out-of-memory text was found in the attempt's log.
+    pub saw_oom: bool,
+}
+
+impl EndFacts {
+    /// A job that ran and ended as `ended`, stopped by headroom as `stop` (if it was).
+    pub fn ran(ended: Ended, stop: Option<Stopped>, saw_oom: bool) -> Self {
+        Self {
+            ended,
+            stop,
+            cancel_reason: None,
+            saw_oom,
+        }
+    }
+
+    /// A job that never started, for `why`.
+    pub fn not_started(why: Unstarted) -> Self {
+        Self {
+            ended: Ended::NotStarted(why),
+            stop: (why == Unstarted::Stopped).then_some(Stopped::Cancel),
+            cancel_reason: None,
+            saw_oom: false,
+        }
+    }
+
+    /// An attempt whose end nobody saw (its supervisor died without an outcome).
+    pub fn unseen() -> Self {
+        Self {
+            ended: Ended::Unseen,
+            stop: None,
+            cancel_reason: None,
+            saw_oom: false,
+        }
+    }
+
+    /// With the supervisor's account of a cancel: why it asked for the stop. A cancel it has
+    /// no reason for is taken as the agent's shutdown.
+    pub fn told(self, reason: Option<StopReason>) -> Self {
+        Self {
+            cancel_reason: match self.stop {
+                Some(Stopped::Cancel) => Some(reason.unwrap_or(StopReason::Shutdown)),
+                _ => self.cancel_reason,
+            },
+            ..self
+        }
+    }
+}
+
+/// The failure class of an attempt's end, `None` for success.
 ///
-/// Precedence: a launch failure is always `launch_error`; then what headroom did to the job
-/// (cancel, then timeout) wins over how the job reacted to being stopped; then OOM text
-/// explains a non-zero exit or a signal (e.g. `SIGABRT` after a CUDA error). OOM text in a job
-/// that still exited 0 (it recovered, e.g. by retrying with a smaller batch) is a success.
-pub fn classify(
-    exit: ExitKind,
-    saw_oom: bool,
-    timed_out: bool,
-    cancelled: bool,
-) -> Option<FailureClass> {
-    match exit {
-        ExitKind::SpawnFailed => Some(FailureClass::LaunchError),
-        _ if cancelled => Some(FailureClass::Cancelled),
-        _ if timed_out => Some(FailureClass::Timeout),
-        ExitKind::Code(0) => None,
-        _ if saw_oom => Some(FailureClass::Oom),
-        ExitKind::Code(_) => Some(FailureClass::Nonzero),
-        ExitKind::Signal(_) => Some(FailureClass::Signal),
+/// Precedence: an end nobody saw is `lost`, and a job that could not start for a reason of
+/// its own (launch, busy GPUs, cooldown, background) has that reason's class; then what
+/// headroom did to the job (a cancel: `cancelled`, or `lost` when the lease was lost or the
+/// agent shut down; a timeout; the background's exit) wins over how the job reacted to being
+/// stopped; then OOM text explains a non-zero exit or a signal (e.g. `SIGABRT` after a CUDA
+/// error). OOM text in a job that still exited 0 (it recovered, e.g. by retrying with a
+/// smaller batch) is a success.
+pub fn decide(f: &EndFacts) -> Option<FailureClass> {
+    use FailureClass as F;
+    match f.ended {
+        Ended::Unseen => return Some(F::Lost),
+        Ended::NotStarted(Unstarted::LaunchFailed) => return Some(F::LaunchError),
+        Ended::NotStarted(Unstarted::GpusBusy) => return Some(F::GpuBusy),
+        Ended::NotStarted(Unstarted::CooldownTimedOut) => return Some(F::CooldownTimeout),
+        Ended::NotStarted(Unstarted::BackgroundNotReady) => return Some(F::BackgroundNotReady),
+        Ended::NotStarted(Unstarted::Stopped)
+        | Ended::Code(_)
+        | Ended::Signal(_)
+        | Ended::StatusLost => {}
+    }
+    match f.stop {
+        Some(Stopped::Cancel) => {
+            return Some(match f.cancel_reason {
+                None | Some(StopReason::User) => F::Cancelled,
+                // Retried as the job's policy says for `lost`, now rather than at lease expiry.
+                Some(StopReason::LeaseLost | StopReason::Shutdown) => F::Lost,
+            });
+        }
+        Some(Stopped::Timeout) => return Some(F::Timeout),
+        Some(Stopped::BackgroundExited) => return Some(F::BackgroundExited),
+        None => {}
+    }
+    match f.ended {
+        Ended::Code(0) => None,
+        // Stopped before it started, with no stop on record: still headroom's doing.
+        Ended::NotStarted(_) => Some(F::Cancelled),
+        _ if f.saw_oom => Some(F::Oom),
+        Ended::Signal(_) => Some(F::Signal),
+        // A lost exit status is no success.
+        Ended::Code(_) | Ended::StatusLost | Ended::Unseen => Some(F::Nonzero),
+    }
+}
+
+/// Why headroom stopped a job whose cancel made its end `lost`, for its log tail.
+pub fn lost_note(f: &EndFacts) -> Option<&'static str> {
+    if f.stop != Some(Stopped::Cancel) || decide(f) != Some(FailureClass::Lost) {
+        return None;
+    }
+    match f.cancel_reason {
+        Some(StopReason::LeaseLost) => Some("stopped: the lease could not be renewed in time"),
+        _ => Some("stopped because the agent shut down"),
     }
 }
 
@@ -109,89 +186,210 @@ mod tests {
     use FailureClass as F;
     use proptest::prelude::*;
 
+    fn ran(ended: Ended, stop: Option<Stopped>, oom: bool) -> Option<F> {
+        decide(&EndFacts::ran(ended, stop, oom))
+    }
+
     #[test]
-    fn classification_table() {
-        let (code, sig, spawn) = (ExitKind::Code, ExitKind::Signal, ExitKind::SpawnFailed);
-        // (exit, saw_oom, timed_out, cancelled) -> class
-        let table: &[(ExitKind, bool, bool, bool, Option<F>)] = &[
-            (code(0), false, false, false, None),
-            (code(0), true, false, false, None),
-            (code(1), false, false, false, Some(F::Nonzero)),
-            (code(2), true, false, false, Some(F::Oom)),
-            (sig(9), false, false, false, Some(F::Signal)),
-            (sig(6), true, false, false, Some(F::Oom)),
-            (code(0), false, true, false, Some(F::Timeout)),
-            (sig(15), false, true, false, Some(F::Timeout)),
-            (code(1), true, true, false, Some(F::Timeout)),
-            (sig(15), false, false, true, Some(F::Cancelled)),
-            (code(0), false, false, true, Some(F::Cancelled)),
-            (sig(9), true, true, true, Some(F::Cancelled)),
-            (spawn, false, false, false, Some(F::LaunchError)),
-            (spawn, true, true, true, Some(F::LaunchError)),
+    fn how_the_job_ended_alone() {
+        let (code, sig) = (Ended::Code, Ended::Signal);
+        // (ended, saw_oom) -> class, with no stop by headroom.
+        let table: &[(Ended, bool, Option<F>)] = &[
+            (code(0), false, None),
+            (code(1), false, Some(F::Nonzero)),
+            (code(-1), false, Some(F::Nonzero)),
+            (sig(9), false, Some(F::Signal)),
+            (Ended::StatusLost, false, Some(F::Nonzero)),
+            // OOM text explains a failure, but not a success.
+            (code(0), true, None),
+            (code(2), true, Some(F::Oom)),
+            (sig(6), true, Some(F::Oom)),
+            (Ended::StatusLost, true, Some(F::Oom)),
         ];
-        for &(exit, oom, timed_out, cancelled, want) in table {
+        for &(ended, oom, want) in table {
+            assert_eq!(ran(ended, None, oom), want, "{ended:?} oom={oom}");
+        }
+    }
+
+    #[test]
+    fn a_stop_by_headroom_wins_over_how_the_job_reacted() {
+        for ended in [
+            Ended::Code(0),
+            Ended::Code(143),
+            Ended::Signal(9),
+            Ended::Signal(15),
+            Ended::StatusLost,
+        ] {
+            for oom in [false, true] {
+                let at = format!("{ended:?} oom={oom}");
+                // A timeout whose process died by SIGKILL (or exited 0 on SIGTERM) is a timeout.
+                assert_eq!(
+                    ran(ended, Some(Stopped::Timeout), oom),
+                    Some(F::Timeout),
+                    "{at}"
+                );
+                // A cancel that also saw OOM text is a cancel.
+                assert_eq!(
+                    ran(ended, Some(Stopped::Cancel), oom),
+                    Some(F::Cancelled),
+                    "{at}"
+                );
+                assert_eq!(
+                    ran(ended, Some(Stopped::BackgroundExited), oom),
+                    Some(F::BackgroundExited),
+                    "{at}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_cancel_is_classed_by_why_the_supervisor_asked() {
+        let cancelled = EndFacts::ran(Ended::Signal(15), Some(Stopped::Cancel), true);
+        assert_eq!(decide(&cancelled), Some(F::Cancelled), "the attempt alone");
+        for (reason, want) in [
+            (Some(StopReason::User), F::Cancelled),
+            (Some(StopReason::LeaseLost), F::Lost),
+            (Some(StopReason::Shutdown), F::Lost),
+            // A cancel the supervisor has no reason for: the agent's shutdown.
+            (None, F::Lost),
+        ] {
+            let told = cancelled.told(reason);
+            assert_eq!(decide(&told), Some(want), "{reason:?}");
             assert_eq!(
-                classify(exit, oom, timed_out, cancelled),
-                want,
-                "{exit:?} oom={oom} timed_out={timed_out} cancelled={cancelled}"
+                lost_note(&told).is_some(),
+                want == F::Lost,
+                "a lost end says why: {reason:?}"
             );
         }
+        assert_eq!(
+            lost_note(&cancelled.told(Some(StopReason::LeaseLost))),
+            Some("stopped: the lease could not be renewed in time")
+        );
+        assert_eq!(
+            lost_note(&cancelled.told(None)),
+            Some("stopped because the agent shut down")
+        );
+        // Before the start, too.
+        let unstarted = EndFacts::not_started(Unstarted::Stopped);
+        assert_eq!(decide(&unstarted), Some(F::Cancelled));
+        assert_eq!(
+            decide(&unstarted.told(Some(StopReason::LeaseLost))),
+            Some(F::Lost)
+        );
     }
 
     #[test]
-    fn finds_every_known_oom_text() {
-        for text in [
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
-            "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be ...",
-            "RuntimeError: CUDA out of memory.",
-            "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
-            "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while",
+    fn a_reason_for_a_stop_that_was_no_cancel_changes_nothing() {
+        // The agent's stop came after the job had ended by itself, or timed out.
+        for reason in [None, Some(StopReason::LeaseLost), Some(StopReason::User)] {
+            let exited = EndFacts::ran(Ended::Code(3), None, false).told(reason);
+            assert_eq!(decide(&exited), Some(F::Nonzero), "{reason:?}");
+            assert_eq!(lost_note(&exited), None);
+            let timed_out = EndFacts::ran(Ended::Signal(9), Some(Stopped::Timeout), false);
+            assert_eq!(decide(&timed_out.told(reason)), Some(F::Timeout));
+            let busy = EndFacts::not_started(Unstarted::GpusBusy).told(reason);
+            assert_eq!(decide(&busy), Some(F::GpuBusy));
+        }
+    }
+
+    #[test]
+    fn a_job_that_never_started_has_its_reasons_class() {
+        for (why, want) in [
+            (Unstarted::LaunchFailed, F::LaunchError),
+            (Unstarted::Stopped, F::Cancelled),
+            (Unstarted::GpusBusy, F::GpuBusy),
+            (Unstarted::CooldownTimedOut, F::CooldownTimeout),
+            (Unstarted::BackgroundNotReady, F::BackgroundNotReady),
         ] {
-            let mut s = OomScanner::new();
-            assert!(s.feed(text.as_bytes()), "{text}");
+            assert_eq!(decide(&EndFacts::not_started(why)), Some(want), "{why:?}");
         }
-        let mut s = OomScanner::new();
-        assert!(!s.feed(b"epoch 1 loss 0.3\nout of memory? no: cuda fine\n"));
-        assert!(!s.saw_oom());
+        // A launch error stays one, whatever else was recorded.
+        for stop in [None, Some(Stopped::Cancel), Some(Stopped::Timeout)] {
+            for oom in [false, true] {
+                let f = EndFacts {
+                    stop,
+                    saw_oom: oom,
+                    ..EndFacts::not_started(Unstarted::LaunchFailed)
+                };
+                assert_eq!(decide(&f), Some(F::LaunchError));
+                assert_eq!(
+                    decide(&f.told(Some(StopReason::LeaseLost))),
+                    Some(F::LaunchError)
+                );
+            }
+        }
+        // Stopped before its start with no stop on record: still not a success.
+        let f = EndFacts {
+            stop: None,
+            ..EndFacts::not_started(Unstarted::Stopped)
+        };
+        assert_eq!(decide(&f), Some(F::Cancelled));
     }
 
     #[test]
-    fn finds_text_split_across_chunks_and_stays_set() {
-        let text = b"step 9\ntorch.OutOfMemoryError: CUDA out of memory. Tried\n";
-        for cut in 0..text.len() {
-            let mut s = OomScanner::new();
-            s.feed(&text[..cut]);
-            assert!(s.feed(&text[cut..]), "cut at {cut}");
-        }
-        // One byte at a time.
-        let mut s = OomScanner::new();
-        for b in text {
-            s.feed(std::slice::from_ref(b));
-        }
-        assert!(s.saw_oom());
-        assert!(s.feed(b"later lines"));
+    fn an_end_nobody_saw_is_lost() {
+        assert_eq!(decide(&EndFacts::unseen()), Some(F::Lost));
+        assert_eq!(lost_note(&EndFacts::unseen()), None, "it was not stopped");
+    }
+
+    #[test]
+    fn an_exit_status_is_read_as_code_signal_or_lost() {
+        assert_eq!(Ended::of(Some(ExitStatus::from_raw(0))), Ended::Code(0));
+        assert_eq!(
+            Ended::of(Some(ExitStatus::from_raw(3 << 8))),
+            Ended::Code(3)
+        );
+        assert_eq!(Ended::of(Some(ExitStatus::from_raw(9))), Ended::Signal(9));
+        assert_eq!(Ended::of(None), Ended::StatusLost);
+    }
+
+    fn ended() -> impl Strategy<Value = Ended> {
+        prop_oneof![
+            (-1i32..256).prop_map(Ended::Code),
+            (1i32..65).prop_map(Ended::Signal),
+            Just(Ended::StatusLost),
+            Just(Ended::Unseen),
+            prop_oneof![
+                Just(Unstarted::LaunchFailed),
+                Just(Unstarted::Stopped),
+                Just(Unstarted::GpusBusy),
+                Just(Unstarted::CooldownTimedOut),
+                Just(Unstarted::BackgroundNotReady),
+            ]
+            .prop_map(Ended::NotStarted),
+        ]
+    }
+
+    fn stop() -> impl Strategy<Value = Option<Stopped>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(Stopped::Cancel)),
+            Just(Some(Stopped::Timeout)),
+            Just(Some(Stopped::BackgroundExited)),
+        ]
+    }
+
+    fn reason() -> impl Strategy<Value = Option<StopReason>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(StopReason::User)),
+            Just(Some(StopReason::LeaseLost)),
+            Just(Some(StopReason::Shutdown)),
+        ]
     }
 
     proptest! {
+        /// Only a job that ran, exited 0 and was not stopped by headroom succeeds.
         #[test]
-        fn any_chunking_finds_the_pattern(
-            before in proptest::collection::vec(any::<u8>(), 0..300),
-            after in proptest::collection::vec(any::<u8>(), 0..300),
-            cuts in proptest::collection::vec(0usize..700, 0..6),
-            which in 0..OOM_PATTERNS.len(),
+        fn success_is_only_a_clean_exit(
+            ended in ended(), stop in stop(), reason in reason(), oom in any::<bool>(),
         ) {
-            let mut log = before.clone();
-            log.extend_from_slice(OOM_PATTERNS[which].as_bytes());
-            log.extend_from_slice(&after);
-            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(log.len())).collect();
-            cuts.sort_unstable();
-            let mut s = OomScanner::new();
-            let mut at = 0;
-            for c in cuts.into_iter().chain([log.len()]) {
-                s.feed(&log[at..c]);
-                at = c;
-            }
-            prop_assert!(s.saw_oom());
+            let f = EndFacts { ended, stop, cancel_reason: reason, saw_oom: oom };
+            prop_assert_eq!(
+                decide(&f).is_none(),
+                ended == Ended::Code(0) && stop.is_none()
+            );
         }
     }
 }

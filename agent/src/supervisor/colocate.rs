@@ -350,7 +350,7 @@ mod tests {
         let launch = f.launch(&fg, bg);
         let spawned = std::time::SystemTime::now();
         let end = f.run(launch.clone(), CancellationToken::new()).await;
-        assert_eq!(end.failure, None, "{end:?}");
+        assert_eq!(end.failure(), None, "{end:?}");
         let (bg_mem, fg_start) = (millis(&bg_at), millis(&fg_at));
         assert!(
             fg_start >= bg_mem,
@@ -393,7 +393,7 @@ mod tests {
             let mut launch = f.launch(fg, bg());
             launch.timeout = timeout.map(Duration::from_millis);
             let end = f.run(launch.clone(), CancellationToken::new()).await;
-            assert_eq!(end.failure, want, "{fg}: {end:?}");
+            assert_eq!(end.failure(), want, "{fg}: {end:?}");
             f.assert_gone(&end, launch.attempt);
             let b = end.background.as_ref().expect("bg");
             assert_eq!(b.signal, Some(15), "stopped by SIGTERM: {b:?}");
@@ -409,7 +409,7 @@ mod tests {
             c.cancel();
         });
         let end = f.run(launch.clone(), cancel).await;
-        assert_eq!(end.failure, Some(FailureClass::Cancelled), "{end:?}");
+        assert_eq!(end.failure(), Some(FailureClass::Cancelled), "{end:?}");
         assert!(
             end.started_at.is_some(),
             "cancelled while the foreground ran"
@@ -433,7 +433,7 @@ mod tests {
             },
         )
         .await;
-        assert_eq!(end.failure, Some(FailureClass::Signal), "{end:?}");
+        assert_eq!(end.failure(), Some(FailureClass::Signal), "{end:?}");
         f.assert_gone(&end, launch.attempt);
     }
 
@@ -446,7 +446,7 @@ mod tests {
         let mut launch = f.launch("true", bg);
         launch.argv = vec!["/nonexistent/headroom-no-such-program".into()];
         let end = f.run(launch.clone(), CancellationToken::new()).await;
-        assert_eq!(end.failure, Some(FailureClass::LaunchError), "{end:?}");
+        assert_eq!(end.failure(), Some(FailureClass::LaunchError), "{end:?}");
         assert!(end.cleanup_verified, "{end:?}");
         let b = end.background.as_ref().expect("the background is recorded");
         assert!(b.pid.is_some() && b.ready_ms.is_some(), "{b:?}");
@@ -466,7 +466,7 @@ mod tests {
         bg.ready_log = Some("READY$".into());
         let launch = f.launch("echo fg ran", bg);
         let end = f.run(launch.clone(), CancellationToken::new()).await;
-        assert_eq!(end.failure, None, "{end:?}");
+        assert_eq!(end.failure(), None, "{end:?}");
         let waited = end
             .background
             .as_ref()
@@ -486,7 +486,7 @@ mod tests {
         let launch = f.launch(&format!("touch {marker}"), bg);
         let end = f.run(launch.clone(), CancellationToken::new()).await;
         assert_eq!(
-            end.failure,
+            end.failure(),
             Some(FailureClass::BackgroundNotReady),
             "{end:?}"
         );
@@ -512,7 +512,7 @@ mod tests {
         );
         let end = f.run(launch.clone(), CancellationToken::new()).await;
         assert_eq!(
-            end.failure,
+            end.failure(),
             Some(FailureClass::BackgroundNotReady),
             "{end:?}"
         );
@@ -533,7 +533,11 @@ mod tests {
         let dying = || background("echo 0:256 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.4; exit 5");
         let launch = f.launch("sleep 30", dying());
         let end = f.run(launch.clone(), CancellationToken::new()).await;
-        assert_eq!(end.failure, Some(FailureClass::BackgroundExited), "{end:?}");
+        assert_eq!(
+            end.failure(),
+            Some(FailureClass::BackgroundExited),
+            "{end:?}"
+        );
         assert_eq!(end.signal, Some(15), "the foreground was stopped");
         let b = end.background.as_ref().expect("bg");
         assert_eq!((b.exit_code, b.exited_early), (Some(5), true));
@@ -548,7 +552,11 @@ mod tests {
         bg.on_exit = OnBackgroundExit::Flag;
         let launch = f.launch("sleep 1", bg);
         let end = f.run(launch.clone(), CancellationToken::new()).await;
-        assert_eq!(end.failure, None, "the foreground ran to its end: {end:?}");
+        assert_eq!(
+            end.failure(),
+            None,
+            "the foreground ran to its end: {end:?}"
+        );
         let b = end.background.as_ref().expect("bg");
         assert_eq!((b.exit_code, b.exited_early), (Some(5), true));
         assert!(
@@ -567,7 +575,7 @@ mod tests {
         let bg = background("echo 0:2048:40 > $HEADROOM_FAKE_GPU_DIR/$$; exec sleep 300");
         let launch = f.launch("echo 0:2048:40 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 2", bg);
         let end = f.run(launch.clone(), CancellationToken::new()).await;
-        assert_eq!(end.failure, None, "{end:?}");
+        assert_eq!(end.failure(), None, "{end:?}");
         let m = &end.measurements;
         assert!(!end.contaminated, "{end:?}");
         assert_eq!(
@@ -605,7 +613,7 @@ mod tests {
         launch.prestart.exclusive = true;
         let attempt = launch.attempt;
         let end = f.run(launch, CancellationToken::new()).await;
-        assert_eq!(end.failure, None, "{end:?}");
+        assert_eq!(end.failure(), None, "{end:?}");
         // Exclusive: any process not the attempt's own would contaminate it; the pair is
         // one attempt.
         assert!(!end.contaminated, "{:?}", end.measurements);
@@ -633,7 +641,7 @@ mod tests {
         let _ = intruder.kill();
         let _ = intruder.wait();
         let _ = std::fs::remove_file(dir.join(intruder.id().to_string()));
-        assert_eq!(end.failure, None, "{end:?}");
+        assert_eq!(end.failure(), None, "{end:?}");
         assert!(
             end.contaminated,
             "a process beyond the declared pair was on the GPU"

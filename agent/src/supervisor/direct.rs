@@ -370,7 +370,10 @@ mod tests {
         let mut l = link(1_000, 400);
         let report = crate::supervisor::report(
             1,
-            crate::supervisor::attempt::not_started(None, String::new()),
+            crate::supervisor::attempt::not_started(
+                crate::supervisor::classify::Unstarted::LaunchFailed,
+                String::new(),
+            ),
             None,
             vec![],
         );

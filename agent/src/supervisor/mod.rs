@@ -19,34 +19,37 @@ pub mod classify;
 pub mod colocate;
 pub mod direct;
 mod handoff;
+mod lease;
 pub mod measure;
+pub mod oom;
 pub mod prestart;
 pub mod process;
 pub mod proto;
 pub mod self_fence;
 
 use std::ffi::OsStr;
+use std::future::Future;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use headroom_shared::FailureClass;
-use headroom_shared::api::{FinishReport, JobStarted};
+use headroom_shared::api::{FinishReport, GpuSample, JobStarted};
 use tokio::net::UnixListener;
-use tokio::time::Instant;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use crate::gpu::lazy::{LazyBackend, Opening};
 use crate::gpu::{self, BackendChoice, GpuBackend};
 use crate::outcomes::{Outcome, Outcomes};
 use attempt::{AttemptEnd, SupervisorConfig};
-use direct::{Delivery, DirectLink, Renewal};
+use direct::Delivery;
 use handoff::Handoff;
 use headroom_shared::prestart::{Prestart, PrestartReport};
+use lease::{HeldLease, Reporter};
 use proto::StopReason;
 use proto::{Conn, FromSupervisor, PROTOCOL, Spec, ToSupervisor};
-use self_fence::SelfFence;
 
 /// Attempts one supervisor process runs, one after another, before it exits. Handed back
 /// to its agent after each clean end, it saves the next job an exec and a process start;
@@ -304,45 +307,74 @@ async fn supervise(
     if let Some(c) = &spec.cgroups {
         crate::cgroup::attribute_by(c);
     }
-    let mut fence = SelfFence::new(Duration::from_millis(spec.stop_in_ms));
-    let launch = spec.launch.clone();
-    let attempt = launch.attempt;
-    let hello = |started: Option<(u32, DateTime<Utc>)>| FromSupervisor::Hello {
+    let listener = listen(&spec);
+    let mut link = Link {
+        conn: Some(first),
+        started: None,
+        reattached: false,
+    };
+    link.send(&hello(&spec, None)).await;
+    let (backend, cfg) = ready(&spec, opening, own_tree);
+    let cancel = CancellationToken::new();
+    let mut lease = HeldLease::new(&spec, cancel.clone());
+    // Its wait, its job's start, run, stop and verified cleanup: `attempt` and `prestart`.
+    let run = prestart_then_run(spec.launch.clone(), backend.clone(), &cfg, cancel);
+    let (end, prestart) = serve_run(run, &spec, &mut link, &mut lease, &listener).await;
+    let (end, gpus) = gpus_after(end, backend.as_ref());
+    let (reason, reporter) = lease.end();
+    let (outcome, kept) = outcome(&spec, end, reason, gpus, prestart);
+    let journalled = journal(&spec, &outcome);
+    // Journalled: a restarted agent reads the end there, and no longer looks for this
+    // process to re-attach to (which, no longer answering, it would kill).
+    drop(listener);
+    finish(&spec, outcome, kept, journalled, link, reuse, reporter).await
+}
+
+/// What the supervisor says of its attempt when an agent attaches.
+fn hello(spec: &Spec, started: Option<(u32, DateTime<Utc>)>) -> FromSupervisor {
+    FromSupervisor::Hello {
         version: PROTOCOL,
-        attempt,
-        job: launch.job,
+        attempt: spec.launch.attempt,
+        job: spec.launch.job,
         fence: spec.fence,
-        gpus: launch.gpus.clone(),
+        gpus: spec.launch.gpus.clone(),
         pid: started.map(|s| s.0),
         started_at: started.map(|s| s.1),
-    };
-    // Bound before the job starts: from here on, a restarted agent can find us.
-    let listener = match proto::socket_addr(&spec.scope, attempt)
+    }
+}
+
+/// Binds the attempt's socket, before the job starts: from here on, a restarted agent can
+/// find this supervisor.
+fn listen(spec: &Spec) -> Option<UnixListener> {
+    let attempt = spec.launch.attempt;
+    let bound = proto::socket_addr(&spec.scope, attempt)
         .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
         .and_then(|l| {
             l.set_nonblocking(true)?;
             UnixListener::from_std(l)
-        }) {
+        });
+    match bound {
         Ok(l) => Some(l),
         Err(e) => {
             // Still supervised and fenced; a restarted agent will not find it and sweeps it.
             tracing::warn!(%attempt, "cannot listen for a restarted agent: {e}");
             None
         }
-    };
-    let mut link = Link {
-        conn: Some(first),
-        started: None,
-        reattached: false,
-    };
-    link.send(&hello(None)).await;
+    }
+}
 
+/// The attempt's GPU backend and its supervision's settings.
+fn ready(
+    spec: &Spec,
+    opening: Arc<Opening>,
+    own_tree: bool,
+) -> (Arc<dyn GpuBackend>, SupervisorConfig) {
     // Opened since the supervisor started: one that cannot open reads as unknown (figures
     // unknown, cleanup unverified).
     let backend: Arc<dyn GpuBackend> = Arc::new(LazyBackend::new(
         opening,
         spec.job_env.clone(),
-        launch.gpus.clone(),
+        spec.launch.gpus.clone(),
     ));
     let cfg = SupervisorConfig {
         kill_grace: Duration::from_millis(spec.kill_grace_ms),
@@ -351,241 +383,206 @@ async fn supervise(
         start_reading_wait: Duration::from_millis(spec.start_reading_wait_ms),
         own_tree,
     };
-    let cancel = CancellationToken::new();
-    let mut reason: Option<StopReason> = None;
-    // The line to the coordinator for while the agent is away: when the next renewal of our
-    // own is due (none while one is on its way), and whether we renewed the lease ourselves
-    // (then the agent is not renewing it, and may not report the end either).
-    let mut direct = spec
-        .direct
-        .clone()
-        .map(|d| DirectLink::new(d, attempt, spec.fence));
-    let mut renew_due = direct.as_ref().map(|d| d.due(fence.deadline()));
-    let mut renewing: Option<tokio::task::JoinHandle<Renewal>> = None;
-    let mut renewed_itself = false;
+    (backend, cfg)
+}
+
+/// An attempt on its way: its wait, its run, its stop and cleanup, with what it tells
+/// meanwhile (its job's start, what it waits for).
+struct Run<F> {
+    end: F,
+    started: UnboundedReceiver<(u32, DateTime<Utc>)>,
+    waiting: UnboundedReceiver<Option<String>>,
+}
+
+/// Drives the attempt to its end while serving its agent and its lease: tells the agent of
+/// the job's start and wait, takes its renewals and stops, lets a restarted agent attach,
+/// renews the lease itself while the agent is away, and stops the job when the fence falls.
+async fn serve_run(
+    run: Run<impl Future<Output = (AttemptEnd, Option<PrestartReport>)>>,
+    spec: &Spec,
+    link: &mut Link,
+    lease: &mut HeldLease,
+    listener: &Option<UnixListener>,
+) -> (AttemptEnd, Option<PrestartReport>) {
+    let attempt = spec.launch.attempt;
     let (attach_tx, mut attach_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (waiting_tx, mut waiting_rx) = tokio::sync::mpsc::unbounded_channel();
-    let run = prestart_then_run(
-        launch.clone(),
-        backend.clone(),
-        &cfg,
-        cancel.clone(),
-        move |w| {
-            let _ = waiting_tx.send(w);
-        },
-        move |pid| {
-            let _ = started_tx.send((pid, Utc::now()));
-        },
-    );
-    tokio::pin!(run);
-    let (mut end, prestart) = loop {
+    let Run {
+        end,
+        mut started,
+        mut waiting,
+    } = run;
+    let mut end = std::pin::pin!(end);
+    loop {
+        // Read before the select, which holds the lease for its renewal's answer.
+        let (renew_due, fence_due) = (lease.renewal_due(), lease.fence_due());
         tokio::select! {
-            end = &mut run => break end,
-            Some((pid, at)) = started_rx.recv() => {
+            end = &mut end => return end,
+            Some((pid, at)) = started.recv() => {
                 link.started = Some((pid, at));
                 link.send(&FromSupervisor::Started { pid, started_at: at }).await;
             }
-            Some(reason) = waiting_rx.recv() => {
+            Some(reason) = waiting.recv() => {
                 link.send(&FromSupervisor::Waiting { reason }).await;
             }
-            msg = link.recv() => match msg {
-                Some(Ok(Some(ToSupervisor::Renew { stop_in_ms }))) => {
-                    fence.renew(Duration::from_millis(stop_in_ms));
-                    // The agent renews again: the end is its to report.
-                    renewed_itself = false;
-                    if let Some(d) = &direct && renewing.is_none() {
-                        renew_due = Some(d.due(fence.deadline()));
-                    }
-                }
-                Some(Ok(Some(ToSupervisor::Stop { reason: r }))) => {
-                    reason.get_or_insert(r);
-                    cancel.cancel();
-                }
-                Some(Ok(Some(ToSupervisor::Launch { .. }))) => {
-                    tracing::warn!(%attempt, "a second launch is ignored");
-                }
-                Some(Ok(Some(ToSupervisor::Attach { .. } | ToSupervisor::Prepare { .. }))) => {}
-                Some(Ok(None)) => {
-                    // The agent exited or died: the job runs on, fenced by its deadline.
-                    link.conn = None;
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(%attempt, "agent connection: {e}");
-                    link.conn = None;
-                }
-                None => {}
-            },
-            accepted = accept(&listener) => match accepted.and_then(|s| s.into_std()) {
-                // Checked aside (a peer that says nothing must not hold the attempt up): only
-                // one of the agent's user that proves the attach key takes over.
-                Ok(stream) => {
-                    let (tx, key) = (attach_tx.clone(), spec.key.clone());
-                    tokio::spawn(async move {
-                        match Conn::accept_attach(stream, &key, ATTACH_WAIT).await {
-                            Ok(conn) => { let _ = tx.send(conn); }
-                            Err(e) => tracing::warn!(%attempt, "refused a connection: {e}"),
-                        }
-                    });
-                }
+            msg = link.recv() => from_agent(msg, attempt, link, lease),
+            accepted = accept(listener) => match accepted.and_then(|s| s.into_std()) {
+                Ok(stream) => check_attach(stream, spec, attach_tx.clone()),
                 Err(e) => tracing::warn!(%attempt, "cannot accept a connection: {e}"),
             },
             Some(conn) = attach_rx.recv() => {
                 // A restarted agent takes over; the old connection (if any) is dropped.
                 link.conn = Some(conn);
                 link.reattached = true;
-                link.send(&hello(link.started)).await;
+                link.send(&hello(spec, link.started)).await;
             }
-            _ = at(renew_due), if reason.is_none() && renewing.is_none() => {
-                renew_due = None;
-                if let Some(d) = direct.as_mut() {
-                    renewing = Some(tokio::spawn(d.renew(fence.deadline())));
-                }
-            }
-            renewal = joined(&mut renewing) => {
-                renewing = None;
-                match renewal {
-                    Renewal::Renewed { until, cancel: cancelled } => {
-                        fence.extend_to(until);
-                        renewed_itself = true;
-                        renew_due = direct.as_ref().map(|d| d.due(fence.deadline()));
-                        if cancelled && reason.is_none() {
-                            reason = Some(StopReason::User);
-                            cancel.cancel();
-                        }
-                    }
-                    Renewal::Gone(why) => {
-                        tracing::warn!(%attempt, "the lease is no longer this attempt's ({why}): stopping the job");
-                        reason.get_or_insert(StopReason::LeaseLost);
-                        cancel.cancel();
-                    }
-                    Renewal::Failed(why) => {
-                        tracing::warn!(%attempt, "cannot renew the lease itself, retrying: {why}");
-                        renew_due = direct.as_ref().map(|d| Instant::now() + d.retry());
-                    }
-                }
-            }
-            _ = fence.due(), if reason.is_none() => {
-                tracing::warn!(%attempt, "lease not renewed in time: stopping the job");
-                reason = Some(StopReason::LeaseLost);
-                cancel.cancel();
-            }
+            _ = lease::at(renew_due) => lease.renew(),
+            renewal = lease.answer() => lease.answered(renewal),
+            _ = lease::at(fence_due) => lease.fence_fell(),
         }
-    };
-    if let Some(r) = renewing {
-        r.abort();
     }
-    // A verified cleanup's last reading found the attempt gone from its GPUs: reported as
-    // is, rather than read once more on the way from the job's end to the free slot.
+}
+
+/// Takes a message of the attached agent (`None`: none is attached).
+fn from_agent(
+    msg: Option<Result<Option<ToSupervisor>, proto::ProtoError>>,
+    attempt: headroom_shared::AttemptId,
+    link: &mut Link,
+    lease: &mut HeldLease,
+) {
+    match msg {
+        Some(Ok(Some(ToSupervisor::Renew { stop_in_ms }))) => {
+            lease.renewed_by_agent(Duration::from_millis(stop_in_ms));
+        }
+        Some(Ok(Some(ToSupervisor::Stop { reason }))) => lease.stop(reason),
+        Some(Ok(Some(ToSupervisor::Launch { .. }))) => {
+            tracing::warn!(%attempt, "a second launch is ignored");
+        }
+        Some(Ok(Some(ToSupervisor::Attach { .. } | ToSupervisor::Prepare { .. }))) => {}
+        Some(Ok(None)) => {
+            // The agent exited or died: the job runs on, fenced by its deadline.
+            link.conn = None;
+        }
+        Some(Err(e)) => {
+            tracing::warn!(%attempt, "agent connection: {e}");
+            link.conn = None;
+        }
+        None => {}
+    }
+}
+
+/// Checks a connection to the socket aside (a peer that says nothing must not hold the
+/// attempt up): only one of the agent's user that proves the attach key takes over.
+fn check_attach(
+    stream: std::os::unix::net::UnixStream,
+    spec: &Spec,
+    attached: UnboundedSender<Conn>,
+) {
+    let (attempt, key) = (spec.launch.attempt, spec.key.clone());
+    tokio::spawn(async move {
+        match Conn::accept_attach(stream, &key, ATTACH_WAIT).await {
+            Ok(conn) => {
+                let _ = attached.send(conn);
+            }
+            Err(e) => tracing::warn!(%attempt, "refused a connection: {e}"),
+        }
+    });
+}
+
+/// The GPUs as the end reports them. A verified cleanup's last reading found the attempt
+/// gone from its GPUs: reported as is, rather than read once more on the way from the job's
+/// end to the free slot.
+fn gpus_after(mut end: AttemptEnd, backend: &dyn GpuBackend) -> (AttemptEnd, Vec<GpuSample>) {
     let gpus = match end.gpus_after.take() {
         Some(g) => g,
-        None => gpu::read(backend.as_ref()),
+        None => gpu::read(backend),
     };
-    // Past the fence and one more budget, the coordinator has long given the lease up.
-    let give_up_at = fence.deadline() + direct.as_ref().map_or(Duration::ZERO, |d| d.fence_after());
-    let reporter = Reporter {
-        direct,
-        // The agent is away, or was not renewing: the end goes to the coordinator directly.
-        away: renewed_itself,
-        give_up_at,
-    };
-    finish(
-        &spec, end, reason, gpus, prestart, link, reuse, reporter, listener,
-    )
-    .await
+    (end, gpus)
 }
 
-/// Resolves at `when`; never when `None`.
-async fn at(when: Option<Instant>) {
-    match when {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The answer of the renewal on its way; pending while none is.
-async fn joined(renewing: &mut Option<tokio::task::JoinHandle<Renewal>>) -> Renewal {
-    match renewing.as_mut() {
-        Some(h) => h
-            .await
-            .unwrap_or_else(|e| Renewal::Failed(format!("renewal task: {e}"))),
-        None => std::future::pending().await,
-    }
-}
-
-/// Who hears of the end besides the journal.
-struct Reporter {
-    direct: Option<DirectLink>,
-    /// The agent did not renew the lease lately, or is not attached.
-    away: bool,
-    give_up_at: Instant,
-}
-
-/// The attempt's wait before its job starts ([`crate::supervisor::prestart`]), then the attempt itself;
-/// a wait that ends without a start (a stop, `max_wait`) ends the attempt unstarted.
-async fn prestart_then_run(
+/// The attempt's wait before its job starts ([`crate::supervisor::prestart`]), then the
+/// attempt itself; a wait that ends without a start (a stop, `max_wait`) ends the attempt
+/// unstarted.
+fn prestart_then_run<'a>(
     mut launch: attempt::Launch,
     backend: Arc<dyn GpuBackend>,
-    cfg: &SupervisorConfig,
+    cfg: &'a SupervisorConfig,
     cancel: CancellationToken,
-    waiting: impl FnMut(Option<String>) + Send,
-    started: impl FnOnce(u32) + Send,
-) -> (AttemptEnd, Option<PrestartReport>) {
-    if launch.prestart == Prestart::default() {
-        return (
-            attempt::run_attempt(launch, backend, cfg, cancel, started).await,
-            None,
-        );
-    }
-    let mut probe = prestart::BackendProbe::new(backend.clone(), &launch.gpus);
-    let waited = prestart::wait(
-        &launch.prestart,
-        &mut probe,
-        cfg.sample_every,
-        &cancel,
-        Some(&launch.log_path),
-        waiting,
-    )
-    .await;
-    match waited {
-        Ok(report) => {
-            // What is on the GPUs now, not at admission before the wait, is what cleanup
-            // returns to.
-            if let Some(samples) = &probe.last {
-                launch.baseline = Some(attempt::Baseline::of(samples, &launch.gpus));
-            }
-            let end = attempt::run_attempt(launch, backend, cfg, cancel, started).await;
-            (end, Some(report))
+) -> Run<impl Future<Output = (AttemptEnd, Option<PrestartReport>)> + 'a> {
+    let (started_tx, started) = tokio::sync::mpsc::unbounded_channel();
+    let (waiting_tx, waiting) = tokio::sync::mpsc::unbounded_channel();
+    let started_fn = move |pid| {
+        let _ = started_tx.send((pid, Utc::now()));
+    };
+    let waiting_fn = move |w| {
+        let _ = waiting_tx.send(w);
+    };
+    let end = async move {
+        if launch.prestart == Prestart::default() {
+            return (
+                attempt::run_attempt(launch, backend, cfg, cancel, started_fn).await,
+                None,
+            );
         }
-        Err(n) => (
-            attempt::not_started(Some(n.failure), format!("[headroom] {}\n", n.message)),
-            Some(n.report),
-        ),
+        let mut probe = prestart::BackendProbe::new(backend.clone(), &launch.gpus);
+        let waited = prestart::wait(
+            &launch.prestart,
+            &mut probe,
+            cfg.sample_every,
+            &cancel,
+            Some(&launch.log_path),
+            waiting_fn,
+        )
+        .await;
+        match waited {
+            Ok(report) => {
+                // What is on the GPUs now, not at admission before the wait, is what cleanup
+                // returns to.
+                if let Some(samples) = &probe.last {
+                    launch.baseline = Some(attempt::Baseline::of(samples, &launch.gpus));
+                }
+                let end = attempt::run_attempt(launch, backend, cfg, cancel, started_fn).await;
+                (end, Some(report))
+            }
+            Err(n) => (
+                attempt::not_started(n.why, format!("[headroom] {}\n", n.message)),
+                Some(n.report),
+            ),
+        }
+    };
+    Run {
+        end,
+        started,
+        waiting,
     }
 }
 
-/// Journals the end (flushed to disk), reports it to the coordinator itself when the agent
-/// is away, then tells the attached agent (if any), and whether this process can take
-/// another attempt: only after a clean end (journalled, its whole tree verified gone) and
-/// for the agent that started it.
-#[allow(clippy::too_many_arguments)]
-async fn finish(
+/// What of an attempt's end is told besides its report, and what says whether its process
+/// may serve another attempt.
+struct Kept {
+    held_by: Vec<u32>,
+    ghost_limits: Vec<(u32, u64)>,
+    /// Its whole tree was verified gone.
+    clean: bool,
+    /// Its job could be started: a supervisor that could not start one (descriptors,
+    /// memory, a broken runtime) is not trusted with another.
+    launched: bool,
+}
+
+/// The attempt's outcome: its end report (class decided, prestart, host RAM peak). Its
+/// cgroup goes once its tree was verified gone.
+fn outcome(
     spec: &Spec,
     end: AttemptEnd,
     reason: Option<StopReason>,
-    gpus: Vec<headroom_shared::api::GpuSample>,
+    gpus: Vec<GpuSample>,
     prestart: Option<PrestartReport>,
-    mut link: Link,
-    reuse: bool,
-    mut reporter: Reporter,
-    listener: Option<UnixListener>,
-) -> Next {
-    let held_by = end.held_by.clone();
-    let ghost_limits = end.ghost_limits.clone();
-    let clean = end.cleanup_verified;
-    // A supervisor that could not start a job (descriptors, memory, a broken runtime) is
-    // not trusted with another.
-    let launched = end.failure != Some(FailureClass::LaunchError);
+) -> (Outcome, Kept) {
+    let kept = Kept {
+        held_by: end.held_by.clone(),
+        ghost_limits: end.ghost_limits.clone(),
+        clean: end.cleanup_verified,
+        launched: end.failure() != Some(FailureClass::LaunchError),
+    };
     let mut report = report(spec.fence, end, reason, gpus);
     report.prestart = prestart;
     if let Some(c) = crate::cgroup::attribution() {
@@ -593,7 +590,9 @@ async fn finish(
         // On the runtime: cgroupfs answers at once (see `attempt::stop::attempt_pids`).
         report.host_peak_mib = cg.peak_mib();
         // Left in place when not verified empty: the agent's sweep kills what is in it.
-        if clean && let Err(e) = cg.remove() {
+        if kept.clean
+            && let Err(e) = cg.remove()
+        {
             tracing::warn!(
                 "cannot remove the attempt's cgroup {}: {e}",
                 cg.dir().display()
@@ -604,6 +603,17 @@ async fn finish(
         attempt: spec.launch.attempt,
         report,
     };
+    (outcome, kept)
+}
+
+/// The journal, and whether the outcome is in it.
+struct Journalled {
+    journal: Outcomes,
+    written: Result<(), String>,
+}
+
+/// Journals the outcome, flushed to disk, before anyone is told.
+fn journal(spec: &Spec, outcome: &Outcome) -> Journalled {
     let journal = Outcomes::writer(&spec.data_dir);
     // A restarting agent clears temporary files it finds (a write a kill cut short): try
     // again with a fresh one if ours went away under us.
@@ -611,22 +621,36 @@ async fn finish(
     let mut written = Err(String::new());
     for _ in 0..3 {
         written = journal
-            .write_through(&outcome, spare.take())
+            .write_through(outcome, spare.take())
             .map_err(|e| e.to_string());
         if written.is_ok() {
             break;
         }
     }
-    // Journalled: a restarted agent reads the end there, and no longer looks for this
-    // process to re-attach to (which, no longer answering, it would kill).
-    drop(listener);
     if let Err(e) = &written {
-        // An attached agent still gets it below; with none, it is lost as the attempt is.
+        // An attached agent still gets it; with none, it is lost as the attempt is.
         eprintln!(
             "headroom attempt supervisor: cannot journal the outcome of {}: {e}",
             spec.launch.attempt
         );
     }
+    Journalled { journal, written }
+}
+
+/// Reports the journalled end to the coordinator itself when the agent is away, then tells
+/// the attached agent (if any), and whether this process can take another attempt: only
+/// after a clean end (journalled, its whole tree verified gone) and for the agent that
+/// started it.
+async fn finish(
+    spec: &Spec,
+    outcome: Outcome,
+    kept: Kept,
+    journalled: Journalled,
+    mut link: Link,
+    reuse: bool,
+    mut reporter: Reporter,
+) -> Next {
+    let Journalled { journal, written } = journalled;
     let delivered = match reporter.direct.as_mut() {
         Some(d) if reporter.away || link.conn.is_none() => {
             d.deliver(&outcome.report, &spec.launch.log_path, reporter.give_up_at)
@@ -640,11 +664,11 @@ async fn finish(
             tracing::warn!(attempt = %spec.launch.attempt, "cannot clear the journalled outcome: {e}");
         }
     }
-    let reusable = reuse && clean && launched && written.is_ok() && !link.reattached;
+    let reusable = reuse && kept.clean && kept.launched && written.is_ok() && !link.reattached;
     let attempt = outcome.attempt;
     link.send(&FromSupervisor::Ended {
-        held_by,
-        ghost_limits,
+        held_by: kept.held_by,
+        ghost_limits: kept.ghost_limits,
         report: Box::new(outcome.report.clone()),
         reusable,
     })
@@ -680,37 +704,27 @@ async fn finish(
     }
 }
 
-/// The end report of an attempt, its failure class saying why headroom stopped it.
+/// The end report of an attempt, its failure class decided from its facts and (for a
+/// cancel) why this supervisor asked for it.
 pub fn report(
     fence: i64,
     end: AttemptEnd,
     reason: Option<StopReason>,
-    gpus: Vec<headroom_shared::api::GpuSample>,
+    gpus: Vec<GpuSample>,
 ) -> FinishReport {
-    let mut failure = end.failure;
+    let facts = end.facts.told(reason);
     let mut log_tail = end.log_tail;
+    if let Some(why) = classify::lost_note(&facts) {
+        log_tail.push_str(&format!("\n[headroom] {why}\n"));
+    }
     // Carried with the end, so that an end reported before its start was starts it too.
     let started = end
         .pid
         .zip(end.started_at)
         .map(|(pid, started_at)| JobStarted { pid, started_at });
-    if failure == Some(FailureClass::Cancelled) {
-        match reason {
-            Some(StopReason::User) => {}
-            Some(StopReason::LeaseLost) => {
-                failure = Some(FailureClass::Lost);
-                log_tail.push_str("\n[headroom] stopped: the lease could not be renewed in time\n");
-            }
-            // Retried as the job's policy says for `lost`, now rather than at lease expiry.
-            Some(StopReason::Shutdown) | None => {
-                failure = Some(FailureClass::Lost);
-                log_tail.push_str("\n[headroom] stopped because the agent shut down\n");
-            }
-        }
-    }
     FinishReport {
         fence,
-        failure,
+        failure: classify::decide(&facts),
         exit_code: end.exit_code,
         signal: end.signal,
         ended_at: end.ended_at,
@@ -733,6 +747,7 @@ pub fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use classify::Unstarted;
 
     /// The end's report carries the job's start, so that an end that reaches the
     /// coordinator without its start report (it failed, or the agent died first) still
@@ -743,7 +758,7 @@ mod tests {
         let end = AttemptEnd {
             pid: Some(4242),
             started_at: Some(at),
-            ..attempt::not_started(None, String::new())
+            ..attempt::not_started(Unstarted::LaunchFailed, String::new())
         };
         let r = report(7, end, None, vec![]);
         assert_eq!(
@@ -753,7 +768,44 @@ mod tests {
                 started_at: at
             })
         );
-        let never = report(7, attempt::not_started(None, String::new()), None, vec![]);
+        let never = report(
+            7,
+            attempt::not_started(Unstarted::LaunchFailed, String::new()),
+            None,
+            vec![],
+        );
         assert_eq!(never.started, None, "a job that never started has no start");
+    }
+
+    /// A cancel is reported as why this supervisor asked for it; the end it stopped, as is.
+    #[test]
+    fn a_cancel_is_reported_by_why_it_was_asked() {
+        use classify::{EndFacts, Ended, Stopped};
+        let end = |stop| AttemptEnd {
+            facts: EndFacts::ran(Ended::Signal(15), stop, true),
+            ..attempt::not_started(Unstarted::LaunchFailed, "tail".into())
+        };
+        let cancel = Some(Stopped::Cancel);
+        let user = report(7, end(cancel), Some(StopReason::User), vec![]);
+        assert_eq!(user.failure, Some(FailureClass::Cancelled));
+        assert_eq!(user.log_tail, "tail");
+        let fenced = report(7, end(cancel), Some(StopReason::LeaseLost), vec![]);
+        assert_eq!(fenced.failure, Some(FailureClass::Lost));
+        assert!(
+            fenced.log_tail.ends_with("could not be renewed in time\n"),
+            "{fenced:?}"
+        );
+        for reason in [Some(StopReason::Shutdown), None] {
+            let r = report(7, end(cancel), reason, vec![]);
+            assert_eq!(r.failure, Some(FailureClass::Lost), "{reason:?}");
+            assert!(
+                r.log_tail.ends_with("because the agent shut down\n"),
+                "{r:?}"
+            );
+        }
+        // The job ended by itself (OOM) before the agent's stop took effect.
+        let oom = report(7, end(None), Some(StopReason::LeaseLost), vec![]);
+        assert_eq!(oom.failure, Some(FailureClass::Oom));
+        assert_eq!(oom.log_tail, "tail");
     }
 }

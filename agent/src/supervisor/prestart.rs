@@ -9,13 +9,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use headroom_shared::FailureClass;
 use headroom_shared::api::GpuSample;
 use headroom_shared::prestart::{Cooldown, OnCooldownTimeout, Prestart, PrestartReport};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::gpu::{self, GpuBackend};
+use crate::supervisor::classify::Unstarted;
 
 /// What the wait reads of the attempt's GPUs (the backend, or a script in tests).
 pub trait Probe: Send {
@@ -108,8 +108,8 @@ fn hottest_of(
 /// Why the job did not start.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NotStarted {
-    /// `Cancelled` (a stop came first), `GpuBusy` or `CooldownTimeout`.
-    pub failure: FailureClass,
+    /// `Stopped` (a cancel came first), `GpusBusy` or `CooldownTimedOut`.
+    pub why: Unstarted,
     pub message: String,
     pub report: PrestartReport,
 }
@@ -136,10 +136,10 @@ pub async fn wait<P: Probe>(
             said = Some(what);
         }
     };
-    let stop = |failure, message: String, report: &PrestartReport| {
+    let stop = |why, message: String, report: &PrestartReport| {
         note(log, &message);
         Err(NotStarted {
-            failure,
+            why,
             message,
             report: report.clone(),
         })
@@ -152,7 +152,7 @@ pub async fn wait<P: Probe>(
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
-                    return stop(FailureClass::Cancelled, "cancelled while waiting for its GPUs to empty".into(), &report);
+                    return stop(Unstarted::Stopped, "cancelled while waiting for its GPUs to empty".into(), &report);
                 }
                 _ = ticker.tick() => {}
             }
@@ -171,7 +171,7 @@ pub async fn wait<P: Probe>(
                 let waited = begin.elapsed();
                 report.exclusive_wait_ms = Some(ms(waited));
                 return stop(
-                    FailureClass::GpuBusy,
+                    Unstarted::GpusBusy,
                     format!("not started: its GPUs did not empty within {waited:.0?} ({why})"),
                     &report,
                 );
@@ -203,7 +203,7 @@ pub async fn wait<P: Probe>(
                     biased;
                     _ = cancel.cancelled() => {
                         report.cooldown_wait_ms = Some(ms(began.elapsed()));
-                        return stop(FailureClass::Cancelled, "cancelled while cooling".into(), &report);
+                        return stop(Unstarted::Stopped, "cancelled while cooling".into(), &report);
                     }
                     _ = tokio::time::sleep(idle) => {}
                 }
@@ -241,7 +241,7 @@ pub async fn wait<P: Probe>(
                         match on_timeout {
                             OnCooldownTimeout::Fail => {
                                 return stop(
-                                    FailureClass::CooldownTimeout,
+                                    Unstarted::CooldownTimedOut,
                                     format!(
                                         "not started: not cool within max_wait {waited:.0?} ({why})"
                                     ),
@@ -265,7 +265,7 @@ pub async fn wait<P: Probe>(
                         biased;
                         _ = cancel.cancelled() => {
                             report.cooldown_wait_ms = Some(ms(began.elapsed()));
-                            return stop(FailureClass::Cancelled, "cancelled while cooling".into(), &report);
+                            return stop(Unstarted::Stopped, "cancelled while cooling".into(), &report);
                         }
                         _ = ticker.tick() => {}
                     }
@@ -404,7 +404,7 @@ mod tests {
         .await
         .expect_err("never cools");
         assert_eq!(start.elapsed(), Duration::from_secs(30));
-        assert_eq!(e.failure, FailureClass::CooldownTimeout);
+        assert_eq!(e.why, Unstarted::CooldownTimedOut);
         assert!(e.message.contains("70 °C → 40 °C"), "{}", e.message);
         assert_eq!(e.report.cooldown_timed_out, Some(true));
         assert_eq!(e.report.cooldown_start_temp_c, Some(70.0));
@@ -435,7 +435,7 @@ mod tests {
         )
         .await
         .expect_err("unknown is not cool");
-        assert_eq!(e.failure, FailureClass::CooldownTimeout);
+        assert_eq!(e.why, Unstarted::CooldownTimedOut);
         assert_eq!(e.report.cooldown_start_temp_c, None);
         assert!(
             said[0]
@@ -503,7 +503,7 @@ mod tests {
         let e = wait_on(&rules, &mut p, &CancellationToken::new(), |_| {})
             .await
             .expect_err("busy");
-        assert_eq!(e.failure, FailureClass::GpuBusy);
+        assert_eq!(e.why, Unstarted::GpusBusy);
         assert_eq!(
             start.elapsed(),
             Duration::from_millis(headroom_shared::prestart::DEFAULT_EXCLUSIVE_WAIT_MS)
@@ -528,7 +528,7 @@ mod tests {
         )
         .await
         .expect_err("stopped");
-        assert_eq!(e.failure, FailureClass::Cancelled);
+        assert_eq!(e.why, Unstarted::Stopped);
         assert_eq!(start.elapsed(), Duration::from_secs(5));
     }
 }

@@ -11,6 +11,7 @@ use headroom_shared::prestart::Prestart;
 use headroom_shared::{AttemptId, FailureClass, JobId};
 
 use super::watch::Baseline;
+use crate::supervisor::classify::{self, EndFacts, Unstarted};
 
 /// Everything needed to run one attempt (sent to the attempt's supervisor process as JSON).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -81,8 +82,8 @@ impl Default for SupervisorConfig {
 /// How an attempt ended.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttemptEnd {
-    /// `None` means success.
-    pub failure: Option<FailureClass>,
+    /// What its class is decided from ([`AttemptEnd::failure`]).
+    pub facts: EndFacts,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     /// `None` when the process never started.
@@ -123,9 +124,18 @@ pub struct AttemptEnd {
     pub background: Option<BackgroundReport>,
 }
 
-pub(crate) fn not_started(failure: Option<FailureClass>, log_tail: String) -> AttemptEnd {
+impl AttemptEnd {
+    /// Its failure class as the attempt alone tells it (`None`: success); the supervisor
+    /// adds why it cancelled ([`crate::supervisor::report`]).
+    pub fn failure(&self) -> Option<FailureClass> {
+        classify::decide(&self.facts)
+    }
+}
+
+/// The end of an attempt whose job never started, for `why`.
+pub(crate) fn not_started(why: Unstarted, log_tail: String) -> AttemptEnd {
     AttemptEnd {
-        failure,
+        facts: EndFacts::not_started(why),
         exit_code: None,
         signal: None,
         started_at: None,

@@ -18,7 +18,6 @@ pub(crate) mod watch;
 use std::sync::Arc;
 use std::time::Duration;
 
-use headroom_shared::FailureClass;
 use headroom_shared::colocate::OnBackgroundExit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -33,6 +32,7 @@ pub use watch::Baseline;
 use watch::lock;
 
 use crate::gpu::GpuBackend;
+use crate::supervisor::classify::Unstarted;
 use crate::supervisor::colocate;
 
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +60,7 @@ pub async fn run_attempt(
     started: impl FnOnce(u32) + Send,
 ) -> AttemptEnd {
     if cancel.is_cancelled() {
-        return not_started(Some(FailureClass::Cancelled), String::new());
+        return not_started(Unstarted::Stopped, String::new());
     }
     let mut run = match spawn::start(&launch, &backend, cfg, &cancel).await {
         Ok(run) => run,

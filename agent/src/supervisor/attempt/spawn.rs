@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use headroom_shared::FailureClass;
 use tokio_util::sync::CancellationToken;
 
 use super::command::command;
@@ -17,6 +16,7 @@ use super::stop::stop_background_only;
 use super::watch::{Baseline, LogFollower, Peak, Watch, lock, take_reading};
 use crate::gpu::GpuBackend;
 use crate::procscan;
+use crate::supervisor::classify::Unstarted;
 use crate::supervisor::colocate;
 use crate::supervisor::measure::Meter;
 
@@ -34,7 +34,7 @@ pub(super) async fn start(
         Err(e) => {
             let msg = format!("cannot open log {}: {e}", launch.log_path.display());
             return Err(not_started(
-                Some(FailureClass::LaunchError),
+                Unstarted::LaunchFailed,
                 format!("[headroom] {msg}\n"),
             ));
         }
@@ -43,7 +43,7 @@ pub(super) async fn start(
     let launch_error = |msg: String| {
         note(&log, &msg);
         let tail = read_tail(&launch.log_path, log_start);
-        not_started(Some(FailureClass::LaunchError), tail)
+        not_started(Unstarted::LaunchFailed, tail)
     };
 
     // What was on the GPUs before: cleanup returns to this, not to "empty".
@@ -102,14 +102,14 @@ pub(super) async fn start(
         let failed = match waited {
             colocate::Wait::Ready => None,
             colocate::Wait::Exited => Some((
-                FailureClass::BackgroundNotReady,
+                Unstarted::BackgroundNotReady,
                 format!(
                     "the background exited ({}) before it was ready: the foreground did not start",
                     bg.describe_exit()
                 ),
             )),
             colocate::Wait::TimedOut(t) => Some((
-                FailureClass::BackgroundNotReady,
+                Unstarted::BackgroundNotReady,
                 format!(
                     "the background was not ready within colocate.start_timeout ({}): {}; \
                      the foreground did not start",
@@ -121,13 +121,13 @@ pub(super) async fn start(
                 ),
             )),
             colocate::Wait::Cancelled => Some((
-                FailureClass::Cancelled,
+                Unstarted::Stopped,
                 "cancelled while waiting for the background to be ready".to_string(),
             )),
         };
-        if let Some((class, msg)) = failed {
+        if let Some((why, msg)) = failed {
             note(&log, &msg);
-            let end = stop_background_only(bg, launch, backend, cfg, &watch, class).await;
+            let end = stop_background_only(bg, launch, backend, cfg, &watch, why).await;
             guard.armed = false;
             return Err(AttemptEnd {
                 log_tail: read_tail(&launch.log_path, log_start),
@@ -188,15 +188,9 @@ pub(super) async fn start(
             // the attempt, and recorded, not left to an unverified kill.
             if let (Some(bg), Some(mut guard)) = (background, background_guard) {
                 note(&log, &format!("{msg}; stopping the background"));
-                let end = stop_background_only(
-                    bg,
-                    launch,
-                    backend,
-                    cfg,
-                    &watch,
-                    FailureClass::LaunchError,
-                )
-                .await;
+                let end =
+                    stop_background_only(bg, launch, backend, cfg, &watch, Unstarted::LaunchFailed)
+                        .await;
                 guard.armed = false;
                 return Err(AttemptEnd {
                     log_tail: read_tail(&launch.log_path, log_start),

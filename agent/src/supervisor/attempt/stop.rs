@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use crate::supervisor::process::Child;
 use chrono::Utc;
+use headroom_shared::AttemptId;
 use headroom_shared::api::{GpuSample, PeakSource};
-use headroom_shared::{AttemptId, FailureClass};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 use crate::gpu::{self, GpuBackend};
 use crate::procscan::{self};
-use crate::supervisor::classify::{ExitKind, classify};
+use crate::supervisor::classify::{EndFacts, Ended, Stopped, Unstarted};
 use crate::supervisor::colocate::{self};
 
 use super::launch::{AttemptEnd, Launch, SupervisorConfig};
@@ -314,15 +314,15 @@ pub(super) async fn cleanup(
     }
 }
 
-/// The end of an attempt whose foreground never started: its background is stopped with
-/// the attempt's verified cleanup, as the main process of the attempt.
+/// The end of an attempt whose foreground never started (for `why`): its background is
+/// stopped with the attempt's verified cleanup, as the main process of the attempt.
 pub(super) async fn stop_background_only(
     mut bg: colocate::Running,
     launch: &Launch,
     backend: &Arc<dyn GpuBackend>,
     cfg: &SupervisorConfig,
     watch: &Arc<Mutex<Watch>>,
-    failure: FailureClass,
+    why: Unstarted,
 ) -> AttemptEnd {
     let end_mark = Instant::now();
     let ended_at = Utc::now();
@@ -340,7 +340,7 @@ pub(super) async fn stop_background_only(
         (w.contaminated, w.measurements())
     };
     AttemptEnd {
-        failure: Some(failure),
+        facts: EndFacts::not_started(why),
         exit_code: None,
         signal: None,
         started_at: None,
@@ -396,18 +396,17 @@ pub(super) async fn end(
         })
     };
     let log = &run.log;
-    let background_failed = matches!(stop, Stop::BackgroundExited);
-    let (main, timed_out, cancelled) = match stop {
-        Stop::Exited(status) => (Main::Exited(status), false, false),
-        Stop::BackgroundExited => (Main::Running, false, false),
+    let (main, stopped) = match stop {
+        Stop::Exited(status) => (Main::Exited(status), None),
+        Stop::BackgroundExited => (Main::Running, Some(Stopped::BackgroundExited)),
         Stop::Timeout => {
             let t = launch.timeout.unwrap_or_default();
             note(log, &format!("timeout after {t:?}: stopping the job"));
-            (Main::Running, true, false)
+            (Main::Running, Some(Stopped::Timeout))
         }
         Stop::Cancelled => {
             note(log, "cancelled: stopping the job");
-            (Main::Running, false, true)
+            (Main::Running, Some(Stopped::Cancel))
         }
     };
 
@@ -457,22 +456,8 @@ pub(super) async fn end(
 
     let _ = end_reading.await;
     let f = figures(&run.watch, &launch.log_path, run.log_start).await;
-    let exit = match outcome.status {
-        Some(s) => match (s.code(), s.signal()) {
-            (Some(code), _) => ExitKind::Code(code),
-            (None, Some(sig)) => ExitKind::Signal(sig),
-            (None, None) => ExitKind::Code(-1),
-        },
-        // The exit status was lost (the process could not be killed in time): not a success.
-        None => ExitKind::Code(-1),
-    };
-    let failure = if background_failed {
-        Some(FailureClass::BackgroundExited)
-    } else {
-        classify(exit, f.saw_oom, timed_out, cancelled)
-    };
     AttemptEnd {
-        failure,
+        facts: EndFacts::ran(Ended::of(outcome.status), stopped, f.saw_oom),
         exit_code: outcome.status.and_then(|s| s.code()),
         signal: outcome.status.and_then(|s| s.signal()),
         started_at: Some(run.started_at),

@@ -150,7 +150,7 @@ async fn a_job_succeeds_with_its_environment_and_log() {
     )
     .await;
 
-    assert_eq!(end.failure, None, "{end:?}");
+    assert_eq!(end.failure(), None, "{end:?}");
     assert_eq!((end.exit_code, end.signal), (Some(0), None));
     assert_eq!(end.pid, Some(seen.load(Ordering::SeqCst)));
     assert!(end.started_at.is_some_and(|s| s <= end.ended_at));
@@ -182,11 +182,11 @@ async fn a_job_succeeds_with_its_environment_and_log() {
 async fn exit_codes_and_signals_are_classified() {
     let f = fixture();
     let end = f.run(f.sh("exit 3")).await;
-    assert_eq!(end.failure, Some(FailureClass::Nonzero));
+    assert_eq!(end.failure(), Some(FailureClass::Nonzero));
     assert_eq!(end.exit_code, Some(3));
 
     let end = f.run(f.sh("kill -KILL $$")).await;
-    assert_eq!(end.failure, Some(FailureClass::Signal));
+    assert_eq!(end.failure(), Some(FailureClass::Signal));
     assert_eq!((end.exit_code, end.signal), (None, Some(9)));
 }
 
@@ -197,14 +197,14 @@ async fn oom_text_in_the_log_makes_an_oom_failure() {
          echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB' >&2; \
          exit 1");
     let end = f.run(launch).await;
-    assert_eq!(end.failure, Some(FailureClass::Oom), "{end:?}");
+    assert_eq!(end.failure(), Some(FailureClass::Oom), "{end:?}");
     assert!(end.log_tail.contains("CUDA out of memory"));
 
     // The same text followed by success is a success.
     let end = f
         .run(f.sh("echo 'CUDA error: out of memory'; exit 0"))
         .await;
-    assert_eq!(end.failure, None);
+    assert_eq!(end.failure(), None);
 }
 
 /// A log left long unscanned at the end (its rest is scanned off the supervisor's runtime,
@@ -218,7 +218,7 @@ async fn oom_text_at_the_end_of_a_long_log_is_seen() {
              echo 'torch.OutOfMemoryError: CUDA out of memory.' >&2; exit 1"),
         )
         .await;
-    assert_eq!(end.failure, Some(FailureClass::Oom), "{end:?}");
+    assert_eq!(end.failure(), Some(FailureClass::Oom), "{end:?}");
     assert!(end.log_tail.contains("CUDA out of memory"));
 }
 
@@ -238,7 +238,7 @@ async fn a_missing_program_is_a_launch_error() {
         },
     )
     .await;
-    assert_eq!(end.failure, Some(FailureClass::LaunchError));
+    assert_eq!(end.failure(), Some(FailureClass::LaunchError));
     assert_eq!((end.pid, end.started_at), (None, None));
     assert_eq!(called.load(Ordering::SeqCst), 0);
     assert!(
@@ -250,7 +250,7 @@ async fn a_missing_program_is_a_launch_error() {
     let mut launch = f.launch(&["true"]);
     launch.workdir = Some(f.tmp.path().join("missing"));
     let end = f.run(launch).await;
-    assert_eq!(end.failure, Some(FailureClass::LaunchError));
+    assert_eq!(end.failure(), Some(FailureClass::LaunchError));
     assert!(
         end.log_tail.contains("working directory"),
         "{}",
@@ -258,7 +258,7 @@ async fn a_missing_program_is_a_launch_error() {
     );
 
     let end = f.run(f.launch(&[])).await;
-    assert_eq!(end.failure, Some(FailureClass::LaunchError));
+    assert_eq!(end.failure(), Some(FailureClass::LaunchError));
 }
 
 #[tokio::test]
@@ -268,7 +268,7 @@ async fn a_job_past_its_timeout_is_stopped() {
     launch.timeout = Some(Duration::from_millis(200));
     let t0 = std::time::Instant::now();
     let end = f.run(launch.clone()).await;
-    assert_eq!(end.failure, Some(FailureClass::Timeout));
+    assert_eq!(end.failure(), Some(FailureClass::Timeout));
     assert_eq!(end.signal, Some(15));
     assert!(end.cleanup_verified);
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
@@ -282,7 +282,7 @@ async fn a_job_that_ignores_sigterm_is_killed_after_the_grace() {
     let mut launch = f.sh("trap '' TERM; sleep 30");
     launch.timeout = Some(Duration::from_millis(100));
     let end = f.run(launch.clone()).await;
-    assert_eq!(end.failure, Some(FailureClass::Timeout));
+    assert_eq!(end.failure(), Some(FailureClass::Timeout));
     assert_eq!(end.signal, Some(9));
     assert!(end.cleanup_verified);
     assert!(end.cleanup_ms >= 300, "{}", end.cleanup_ms);
@@ -300,7 +300,7 @@ async fn cancel_stops_the_job() {
         c.cancel();
     });
     let end = run_attempt(launch.clone(), f.backend.clone(), &quick(), cancel, |_| {}).await;
-    assert_eq!(end.failure, Some(FailureClass::Cancelled));
+    assert_eq!(end.failure(), Some(FailureClass::Cancelled));
     assert!(end.cleanup_verified);
     assert!(log_of(&launch).contains("[headroom] cancelled"));
     f.assert_gone(launch.attempt);
@@ -316,7 +316,7 @@ async fn cancel_stops_the_job() {
         |_| {},
     )
     .await;
-    assert_eq!(end.failure, Some(FailureClass::Cancelled));
+    assert_eq!(end.failure(), Some(FailureClass::Cancelled));
     assert_eq!(end.pid, None);
 }
 
@@ -327,7 +327,7 @@ async fn peak_memory_sums_the_attempts_processes() {
          sh -c 'echo 1:256 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.6' & \
          sleep 0.3; echo 0:2048 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.3; wait");
     let end = f.run(launch.clone()).await;
-    assert_eq!(end.failure, None, "{end:?}");
+    assert_eq!(end.failure(), None, "{end:?}");
     assert_eq!(end.peak_mem_mib, Some(2048 + 256));
     f.assert_gone(launch.attempt);
 }
@@ -337,7 +337,7 @@ async fn children_left_behind_by_a_successful_job_are_stopped() {
     let f = fixture();
     let launch = f.sh("sleep 300 & echo started");
     let end = f.run(launch.clone()).await;
-    assert_eq!(end.failure, None);
+    assert_eq!(end.failure(), None);
     assert!(end.cleanup_verified);
     let log = log_of(&launch);
     assert!(
@@ -359,7 +359,7 @@ async fn a_double_forked_orphan_holding_memory_is_killed_and_verified() {
          sleep 0.3; echo parent done",
     );
     let end = f.run(launch.clone()).await;
-    assert_eq!(end.failure, None, "{end:?}");
+    assert_eq!(end.failure(), None, "{end:?}");
     assert!(end.cleanup_verified, "{end:?}");
     assert_eq!(end.peak_mem_mib, Some(1024));
     // The orphan ignored SIGTERM, so it took the grace period and a SIGKILL.
@@ -387,7 +387,7 @@ async fn a_subreaper_finds_its_whole_tree_without_markers() {
         ..quick()
     };
     let end = run_with(&f, launch.clone(), &cfg).await;
-    assert_eq!(end.failure, None, "{end:?}");
+    assert_eq!(end.failure(), None, "{end:?}");
     assert!(end.cleanup_verified, "{end:?}");
     assert!(
         log_of(&launch).contains("stopped 2 leftover process(es)"),
@@ -530,12 +530,12 @@ async fn an_exclusive_attempt_is_contaminated_by_any_process_not_its_own() {
         AttemptId::new()
     );
     let shared = f.run(f.sh(&script)).await;
-    assert_eq!(shared.failure, None, "{shared:?}");
+    assert_eq!(shared.failure(), None, "{shared:?}");
     assert!(!shared.contaminated, "{shared:?}");
     let mut exclusive = f.sh(&script);
     exclusive.prestart.exclusive = true;
     let alone = f.run(exclusive).await;
-    assert_eq!(alone.failure, None, "{alone:?}");
+    assert_eq!(alone.failure(), None, "{alone:?}");
     assert!(alone.contaminated, "{alone:?}");
 }
 
@@ -553,7 +553,7 @@ async fn unavailable_process_memory_learns_the_device_delta_not_zero() {
     let _ = other.kill();
     let _ = other.wait();
     procscan::disown(other.id());
-    assert_eq!(end.failure, None, "{end:?}");
+    assert_eq!(end.failure(), None, "{end:?}");
     assert!(end.cleanup_verified, "{end:?}");
     assert_eq!(end.peak_mem_mib, Some(2048), "{end:?}");
     assert_eq!(end.peak_source, PeakSource::DeviceDelta);
@@ -640,7 +640,7 @@ async fn energy_of_an_attempt_is_the_counter_delta_over_its_run() {
         ..quick()
     };
     let end = run_with(&f, launch, &cfg).await;
-    assert_eq!(end.failure, None, "{end:?}");
+    assert_eq!(end.failure(), None, "{end:?}");
     let m = &end.measurements;
     assert_eq!(m.energy_source, Some(EnergySource::Counter), "{m:?}");
     assert!(
@@ -687,7 +687,7 @@ async fn readings_that_fail_leave_energy_unknown_not_zero() {
     let f = fixture();
     inject(&f, 0, Fault::Telemetry, "GPU is lost");
     let end = f.run(loaded(&f, 1024, 50, 0.3).0).await;
-    assert_eq!(end.failure, None, "{end:?}");
+    assert_eq!(end.failure(), None, "{end:?}");
     let m = &end.measurements;
     assert_eq!((m.energy_j, m.energy_source), (None, None), "{m:?}");
     assert_eq!(
@@ -815,7 +815,7 @@ async fn a_job_inherits_nothing_of_its_supervisors_environment() {
     let mut launch = f.sh("env");
     launch.base_env = BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]);
     let end = f.run(launch.clone()).await;
-    assert_eq!(end.failure, None, "{}", end.log_tail);
+    assert_eq!(end.failure(), None, "{}", end.log_tail);
     let env = log_of(&launch);
     assert!(env.contains("PATH=/usr/bin:/bin"), "{env}");
     assert!(env.contains("HEADROOM_ATTEMPT_ID="), "{env}");
@@ -831,7 +831,7 @@ async fn a_job_gets_a_private_temporary_directory_gone_with_its_attempt() {
     let launch = f.sh("echo tmp=$TMPDIR; touch $TMPDIR/scratch; stat -c 'mode=%a' $TMPDIR");
     let dir = super::command::tmp_dir(&launch);
     let end = f.run(launch.clone()).await;
-    assert_eq!(end.failure, None, "{end:?}");
+    assert_eq!(end.failure(), None, "{end:?}");
     let log = std::fs::read_to_string(&launch.log_path).expect("log");
     assert!(log.contains(&format!("tmp={}", dir.display())), "{log}");
     assert!(log.contains("mode=700"), "{log}");
@@ -847,7 +847,7 @@ async fn a_job_gets_a_private_temporary_directory_gone_with_its_attempt() {
     )
     .expect("chmod");
     let end = f.run(next).await;
-    assert_eq!(end.failure, Some(FailureClass::LaunchError), "{end:?}");
+    assert_eq!(end.failure(), Some(FailureClass::LaunchError), "{end:?}");
     assert!(std::fs::metadata(&planted).is_ok_and(|m| m.mode() & 0o777 == 0o777));
     let _ = std::fs::remove_dir(&planted);
 }

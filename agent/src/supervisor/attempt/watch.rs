@@ -12,8 +12,8 @@ use headroom_shared::api::{GpuProcess, GpuSample, Measurements, PeakSource, ghos
 
 use crate::gpu::{self, GpuBackend};
 use crate::procscan::{self, ROLE_BACKGROUND, ROLE_VAR};
-use crate::supervisor::classify::OomScanner;
 use crate::supervisor::measure::Meter;
+use crate::supervisor::oom::OomScanner;
 
 use super::log::{note, open_log, read_tail};
 
