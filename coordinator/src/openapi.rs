@@ -1,21 +1,13 @@
-//! The OpenAPI 3.1 document served at `/openapi.json`, built from the shared route table
-//! (`routes::ALL`: paths, methods, who may call) and one table here of each route's request,
-//! query and answer types, so the document follows the code.
+//! The OpenAPI 3.1 document served at `/openapi.json`, written from the endpoints' own
+//! declarations (`routes`: paths, methods, who may call, operation ids, and the types of
+//! each body, query and answer) and the field rules of `api::bounds`, so the document
+//! follows the code.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
+use headroom_shared::api::ErrorBody;
 use headroom_shared::api::bounds::{self, Rule, Site};
-use headroom_shared::api::{
-    Ack, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse, ClaimRequest,
-    ClaimResponse, CreateTokenRequest, CreatedToken, ErrorBody, ExperimentSummary, ExportPage,
-    ExportQuery, FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health,
-    HeartbeatRequest, HeartbeatResponse, JobDetail, JobSummary, JobsQuery, JoinRequest,
-    LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery, LogQuery, NodeView, Progress,
-    ProgressQuery, PutUserRequest, RegisterRequest, RegisterResponse, Released,
-    RetryFailedResponse, RetryResponse, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
-    TelemetryQuery, TokenView, UserView, WhoAmI,
-};
 use headroom_shared::routes::{self, Access, Method, Route};
 use serde_json::Value;
 use utoipa::openapi::path::{
@@ -99,231 +91,83 @@ struct RouteDoc {
     conflicts: bool,
 }
 
-const fn doc(operation_id: &'static str, tag: &'static str, answer: Answer) -> RouteDoc {
-    RouteDoc {
-        operation_id,
-        tag,
-        body: Body::None,
-        query: None,
-        answer,
-        conflicts: false,
-    }
+/// How each body marker of `routes` is documented.
+trait BodyDoc {
+    const BODY: Body;
 }
 
-impl RouteDoc {
-    const fn body(mut self, body: SchemaFn) -> Self {
-        self.body = Body::Json(body);
-        self
-    }
-    const fn query(mut self, params: fn() -> Vec<Parameter>) -> Self {
-        self.query = Some(params);
-        self
-    }
-    const fn conflicts(mut self) -> Self {
-        self.conflicts = true;
-        self
-    }
+impl BodyDoc for routes::NoBody {
+    const BODY: Body = Body::None;
 }
 
-/// Every route's request, query and answer types. A test checks that it covers exactly
-/// `routes::ALL`.
+impl BodyDoc for routes::RawBytes {
+    const BODY: Body = Body::Bytes;
+}
+
+impl<T: ToSchema> BodyDoc for routes::Json<T> {
+    const BODY: Body = Body::Json(one::<T>);
+}
+
+/// How each query marker is documented.
+trait QueryDoc {
+    const QUERY: Option<fn() -> Vec<Parameter>>;
+}
+
+impl QueryDoc for routes::NoQuery {
+    const QUERY: Option<fn() -> Vec<Parameter>> = None;
+}
+
+impl<Q: IntoParams> QueryDoc for routes::Query<Q> {
+    const QUERY: Option<fn() -> Vec<Parameter>> = Some(query::<Q>);
+}
+
+/// How each answer marker is documented.
+trait AnswerDoc {
+    const ANSWER: Answer;
+}
+
+impl<T: ToSchema> AnswerDoc for routes::Json<T> {
+    const ANSWER: Answer = Answer::Json(one::<T>);
+}
+
+impl<T: ToSchema> AnswerDoc for routes::JsonList<T> {
+    const ANSWER: Answer = Answer::Json(list::<T>);
+}
+
+impl<T: ToSchema> AnswerDoc for routes::Export<T> {
+    const ANSWER: Answer = Answer::Export(one::<T>);
+}
+
+impl AnswerDoc for routes::LogBytes {
+    const ANSWER: Answer = Answer::LogBytes;
+}
+
+/// An endpoint's documentation, from its declaration (types included).
+fn doc_of<B: BodyDoc, Q: QueryDoc, A: AnswerDoc>(
+    e: routes::Endpoint<B, Q, A>,
+) -> (Route, RouteDoc) {
+    (
+        e.route,
+        RouteDoc {
+            operation_id: e.operation_id,
+            tag: e.tag,
+            body: B::BODY,
+            query: Q::QUERY,
+            answer: A::ANSWER,
+            conflicts: e.conflicts,
+        },
+    )
+}
+
+macro_rules! documented {
+    ($($endpoint:path,)*) => {
+        vec![$(doc_of($endpoint)),*]
+    };
+}
+
+/// Every route's documentation, from the endpoints' declarations.
 fn table() -> Vec<(Route, RouteDoc)> {
-    use Answer::Json;
-    use routes as r;
-    vec![
-        (r::HEALTH, doc("health", "meta", Json(one::<Health>))),
-        (r::LIVE, doc("live", "meta", Json(one::<Ack>))),
-        (
-            r::SUBMIT,
-            doc(
-                "submitExperiment",
-                "experiments",
-                Json(one::<SubmitResponse>),
-            )
-            .body(one::<SubmitRequest>),
-        ),
-        (
-            r::EXPERIMENTS,
-            doc(
-                "listExperiments",
-                "experiments",
-                Json(list::<ExperimentSummary>),
-            ),
-        ),
-        (
-            r::EXPERIMENT,
-            doc(
-                "getExperiment",
-                "experiments",
-                Json(one::<ExperimentSummary>),
-            ),
-        ),
-        (
-            r::CANCEL_EXPERIMENT,
-            doc(
-                "cancelExperiment",
-                "experiments",
-                Json(one::<CancelResponse>),
-            ),
-        ),
-        (
-            r::RETRY_FAILED,
-            doc(
-                "retryFailedJobs",
-                "experiments",
-                Json(one::<RetryFailedResponse>),
-            ),
-        ),
-        (
-            r::PROGRESS,
-            doc("progress", "experiments", Json(one::<Progress>)).query(query::<ProgressQuery>),
-        ),
-        (
-            r::EXPORT,
-            doc(
-                "exportAttempts",
-                "experiments",
-                Answer::Export(one::<ExportPage>),
-            )
-            .query(query::<ExportQuery>),
-        ),
-        (
-            r::JOBS,
-            doc("listJobs", "jobs", Json(list::<JobSummary>)).query(query::<JobsQuery>),
-        ),
-        (r::JOB, doc("getJob", "jobs", Json(one::<JobDetail>))),
-        (
-            r::CANCEL_JOB,
-            doc("cancelJob", "jobs", Json(one::<CancelResponse>)),
-        ),
-        (
-            r::RETRY_JOB,
-            doc("retryJob", "jobs", Json(one::<RetryResponse>)).conflicts(),
-        ),
-        (
-            r::ATTEMPT,
-            doc("getAttempt", "jobs", Json(one::<AttemptView>)),
-        ),
-        (
-            r::READ_LOG,
-            doc("readLog", "jobs", Answer::LogBytes).query(query::<LogQuery>),
-        ),
-        (
-            r::APPEND_LOG,
-            RouteDoc {
-                body: Body::Bytes,
-                ..doc("appendLog", "agents", Json(one::<LogAppended>))
-                    .query(query::<LogChunkQuery>)
-                    .conflicts()
-            },
-        ),
-        (
-            r::START,
-            doc("startAttempt", "agents", Json(one::<Ack>))
-                .body(one::<StartReport>)
-                .conflicts(),
-        ),
-        (
-            r::FINISH,
-            doc("finishAttempt", "agents", Json(one::<FinishResponse>))
-                .body(one::<FinishReport>)
-                .conflicts(),
-        ),
-        (
-            r::RENEW_LEASE,
-            doc("renewLease", "supervisors", Json(one::<LeaseRenewed>))
-                .body(one::<LeaseRenewal>)
-                .conflicts(),
-        ),
-        (
-            r::REPORT_OUTCOME,
-            doc("reportOutcome", "supervisors", Json(one::<FinishResponse>))
-                .body(one::<FinishReport>)
-                .conflicts(),
-        ),
-        (
-            r::SHIP_LOG,
-            RouteDoc {
-                body: Body::Bytes,
-                ..doc("shipLog", "supervisors", Json(one::<LogAppended>))
-                    .query(query::<LogChunkQuery>)
-                    .conflicts()
-            },
-        ),
-        (
-            r::HAND_BACK,
-            doc("handBack", "agents", Json(one::<Ack>))
-                .body(one::<HandBackRequest>)
-                .conflicts(),
-        ),
-        (r::NODES, doc("listNodes", "nodes", Json(list::<NodeView>))),
-        (
-            r::SET_PLAN,
-            doc("setPlan", "nodes", Json(one::<NodeView>))
-                .body(one::<SetPlanRequest>)
-                .conflicts(),
-        ),
-        (
-            r::RELEASE_GPU,
-            doc("releaseGpu", "nodes", Json(one::<Released>)),
-        ),
-        (r::TAKEOVER, doc("takeoverNode", "nodes", Json(one::<Ack>))),
-        (r::USERS, doc("listUsers", "tokens", Json(list::<UserView>))),
-        (r::WHOAMI, doc("whoAmI", "tokens", Json(one::<WhoAmI>))),
-        (
-            r::PUT_USER,
-            doc("putUser", "tokens", Json(one::<UserView>))
-                .body(one::<PutUserRequest>)
-                .conflicts(),
-        ),
-        (
-            r::REGISTER,
-            doc("registerAgent", "agents", Json(one::<RegisterResponse>))
-                .body(one::<RegisterRequest>)
-                .conflicts(),
-        ),
-        (
-            r::JOIN,
-            doc("joinNode", "agents", Json(one::<CreatedToken>))
-                .body(one::<JoinRequest>)
-                .conflicts(),
-        ),
-        (
-            r::CLAIM,
-            doc("claim", "agents", Json(one::<ClaimResponse>))
-                .body(one::<ClaimRequest>)
-                .conflicts(),
-        ),
-        (
-            r::HEARTBEAT,
-            doc("heartbeat", "agents", Json(one::<HeartbeatResponse>))
-                .body(one::<HeartbeatRequest>)
-                .conflicts(),
-        ),
-        (
-            r::GPU_TELEMETRY,
-            doc("gpuTelemetry", "nodes", Json(one::<GpuSeries>)).query(query::<TelemetryQuery>),
-        ),
-        (
-            r::TOKENS,
-            doc("listTokens", "tokens", Json(list::<TokenView>)),
-        ),
-        (
-            r::CREATE_TOKEN,
-            doc("createToken", "tokens", Json(one::<CreatedToken>))
-                .body(one::<CreateTokenRequest>)
-                .conflicts(),
-        ),
-        (
-            r::REVOKE_TOKEN,
-            doc("revokeToken", "tokens", Json(one::<TokenView>)),
-        ),
-        (
-            r::ATTEMPT_TELEMETRY,
-            doc("attemptTelemetry", "jobs", Json(one::<AttemptTelemetry>))
-                .query(query::<AttemptTelemetryQuery>),
-        ),
-    ]
+    headroom_shared::for_each_endpoint!(documented)
 }
 
 /// The error answers, each with the one error shape (`ErrorBody`), as reusable responses.
@@ -748,23 +592,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_route_is_documented_once_and_nothing_else() {
+    fn every_operation_has_its_own_id_and_every_route_its_own_path() {
         let docs = table();
-        for route in routes::ALL {
-            let n = docs.iter().filter(|(r, _)| r == route).count();
-            assert_eq!(
-                n, 1,
-                "{} {} is documented {n} times",
-                route.method, route.path
-            );
-        }
-        for (r, _) in &docs {
+        assert_eq!(docs.len(), routes::ALL.len());
+        for (i, (r, d)) in docs.iter().enumerate() {
             assert!(
-                routes::ALL.contains(r),
-                "{} {} is documented but not routed",
+                !d.operation_id.is_empty(),
+                "{} {} has no operation id",
                 r.method,
                 r.path
             );
+            assert!(!d.tag.is_empty(), "{} {} has no tag", r.method, r.path);
+            for (o, od) in &docs[..i] {
+                assert_ne!(od.operation_id, d.operation_id, "{} {}", r.method, r.path);
+                assert!(
+                    !(o.method == r.method && o.path == r.path),
+                    "{} {} is declared twice",
+                    r.method,
+                    r.path
+                );
+            }
         }
     }
 

@@ -34,7 +34,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            header: headroom_shared::client::SERVER_IDLE_CLOSE,
+            header: headroom_shared::routes::SERVER_IDLE_CLOSE,
             body_idle: Duration::from_secs(10),
             connections: 4096,
         }

@@ -19,7 +19,7 @@ use crate::api::{
     TokenView,
 };
 use crate::ids::{AgentId, AttemptId, ExperimentId, JobId};
-use crate::routes::{self, Method, Route};
+use crate::routes::{self, BodyType, Endpoint, JsonAnswer, Method, NoBody, Query, RawBytes};
 
 /// A path argument (an id, a node name); `Sync` so calls' futures stay `Send`.
 type Arg<'a> = dyn fmt::Display + Sync + 'a;
@@ -27,9 +27,7 @@ type Arg<'a> = dyn fmt::Display + Sync + 'a;
 /// A plain call's limit; long-polls get their wait on top of it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long the coordinator keeps a kept-alive connection that sits idle: it closes it then
-/// (the deadline for a request's head, which also bounds a slow client).
-pub const SERVER_IDLE_CLOSE: Duration = Duration::from_secs(10);
+pub use crate::routes::SERVER_IDLE_CLOSE;
 /// How long a client keeps an idle connection for reuse: half of [`SERVER_IDLE_CLOSE`], so
 /// that no request is sent on a connection the coordinator is closing at that instant (it
 /// would fail, and an agent's heartbeats, every 10 s with the default lease TTL, would meet
@@ -247,12 +245,13 @@ impl Client {
         &self.base
     }
 
-    fn request(
+    fn request<B, Q, A>(
         &self,
-        route: Route,
+        ep: Endpoint<B, Q, A>,
         args: &[&Arg<'_>],
         timeout: Duration,
     ) -> reqwest::RequestBuilder {
+        let route = ep.route;
         let args: Vec<&dyn fmt::Display> = args.iter().map(|a| *a as &dyn fmt::Display).collect();
         let url = format!("{}{}", self.base, route.path_with(&args));
         let method = match route.method {
@@ -321,26 +320,48 @@ impl Client {
         })
     }
 
-    async fn call<B: Serialize + ?Sized, R: DeserializeOwned>(
+    /// `ep` with its JSON body, decoded as its answer.
+    async fn call<B: BodyType, Q, A: JsonAnswer>(
         &self,
-        route: Route,
+        ep: Endpoint<B, Q, A>,
         args: &[&Arg<'_>],
-        body: Option<&B>,
+        body: Option<&B::Value>,
         timeout: Duration,
-    ) -> Result<R, ClientError> {
-        let mut req = self.request(route, args, timeout);
+    ) -> Result<A::Value, ClientError>
+    where
+        B::Value: Serialize,
+        A::Value: DeserializeOwned,
+    {
+        let mut req = self.request(ep, args, timeout);
         if let Some(b) = body {
             req = req.json(b);
         }
         self.send(req).await
     }
 
-    async fn get<R: DeserializeOwned>(
+    async fn get<Q, A: JsonAnswer>(
         &self,
-        route: Route,
+        ep: Endpoint<NoBody, Q, A>,
         args: &[&Arg<'_>],
-    ) -> Result<R, ClientError> {
-        self.call::<(), R>(route, args, None, DEFAULT_TIMEOUT).await
+    ) -> Result<A::Value, ClientError>
+    where
+        A::Value: DeserializeOwned,
+    {
+        self.call(ep, args, None, DEFAULT_TIMEOUT).await
+    }
+
+    /// `ep` with its query string, decoded as its answer.
+    async fn get_query<Q: Serialize, A: JsonAnswer>(
+        &self,
+        ep: Endpoint<NoBody, Query<Q>, A>,
+        args: &[&Arg<'_>],
+        q: &Q,
+        timeout: Duration,
+    ) -> Result<A::Value, ClientError>
+    where
+        A::Value: DeserializeOwned,
+    {
+        self.send(self.request(ep, args, timeout).query(q)).await
     }
 
     // ---- people: experiments, jobs, nodes --------------------------------------------
@@ -363,7 +384,7 @@ impl Client {
     }
 
     pub async fn cancel_experiment(&self, id: ExperimentId) -> Result<CancelResponse, ClientError> {
-        self.call::<(), _>(routes::CANCEL_EXPERIMENT, &[&id], None, DEFAULT_TIMEOUT)
+        self.call(routes::CANCEL_EXPERIMENT, &[&id], None, DEFAULT_TIMEOUT)
             .await
     }
 
@@ -384,8 +405,7 @@ impl Client {
     }
 
     pub async fn jobs_where(&self, q: &JobsQuery) -> Result<Vec<JobSummary>, ClientError> {
-        let req = self.request(routes::JOBS, &[], DEFAULT_TIMEOUT).query(q);
-        self.send(req).await
+        self.get_query(routes::JOBS, &[], q, DEFAULT_TIMEOUT).await
     }
 
     pub async fn job(&self, id: JobId) -> Result<JobDetail, ClientError> {
@@ -402,12 +422,12 @@ impl Client {
     }
 
     pub async fn cancel_job(&self, id: JobId) -> Result<CancelResponse, ClientError> {
-        self.call::<(), _>(routes::CANCEL_JOB, &[&id], None, DEFAULT_TIMEOUT)
+        self.call(routes::CANCEL_JOB, &[&id], None, DEFAULT_TIMEOUT)
             .await
     }
 
     pub async fn retry(&self, id: JobId) -> Result<RetryResponse, ClientError> {
-        self.call::<(), _>(routes::RETRY_JOB, &[&id], None, DEFAULT_TIMEOUT)
+        self.call(routes::RETRY_JOB, &[&id], None, DEFAULT_TIMEOUT)
             .await
     }
 
@@ -416,7 +436,7 @@ impl Client {
         &self,
         id: ExperimentId,
     ) -> Result<crate::api::RetryFailedResponse, ClientError> {
-        self.call::<(), _>(routes::RETRY_FAILED, &[&id], None, DEFAULT_TIMEOUT)
+        self.call(routes::RETRY_FAILED, &[&id], None, DEFAULT_TIMEOUT)
             .await
     }
 
@@ -439,7 +459,7 @@ impl Client {
     /// Lifts a GPU's quarantine; returns how many quarantines were lifted.
     pub async fn release_gpu(&self, node: &str, gpu: u32) -> Result<u64, ClientError> {
         let r: Released = self
-            .call::<(), _>(routes::RELEASE_GPU, &[&node, &gpu], None, DEFAULT_TIMEOUT)
+            .call(routes::RELEASE_GPU, &[&node, &gpu], None, DEFAULT_TIMEOUT)
             .await?;
         Ok(r.released)
     }
@@ -448,7 +468,7 @@ impl Client {
     /// good, or must make way).
     pub async fn takeover(&self, node: &str) -> Result<(), ClientError> {
         let _: crate::api::Ack = self
-            .call::<(), _>(routes::TAKEOVER, &[&node], None, DEFAULT_TIMEOUT)
+            .call(routes::TAKEOVER, &[&node], None, DEFAULT_TIMEOUT)
             .await?;
         Ok(())
     }
@@ -473,10 +493,8 @@ impl Client {
             after,
             timeout_ms: Some(wait.as_millis() as u64),
         };
-        let req = self
-            .request(routes::PROGRESS, &[], DEFAULT_TIMEOUT + wait)
-            .query(&q);
-        self.send(req).await
+        self.get_query(routes::PROGRESS, &[], &q, DEFAULT_TIMEOUT + wait)
+            .await
     }
 
     /// One row per attempt, as CSV text.
@@ -533,10 +551,8 @@ impl Client {
         gpu: u32,
         q: &TelemetryQuery,
     ) -> Result<GpuSeries, ClientError> {
-        let req = self
-            .request(routes::GPU_TELEMETRY, &[&node, &gpu], DEFAULT_TIMEOUT)
-            .query(q);
-        self.send(req).await
+        self.get_query(routes::GPU_TELEMETRY, &[&node, &gpu], q, DEFAULT_TIMEOUT)
+            .await
     }
 
     /// The telemetry of an attempt's GPUs over its run.
@@ -565,7 +581,7 @@ impl Client {
 
     /// Revokes a token by its id (`token ls`); it stops working at once.
     pub async fn revoke_token(&self, id: &str) -> Result<TokenView, ClientError> {
-        self.call::<(), _>(routes::REVOKE_TOKEN, &[&id], None, DEFAULT_TIMEOUT)
+        self.call(routes::REVOKE_TOKEN, &[&id], None, DEFAULT_TIMEOUT)
             .await
     }
 
@@ -712,17 +728,17 @@ impl Client {
             .map(|_| ())
     }
 
-    /// A log chunk to `route`; the coordinator's length of the log after it.
+    /// A log chunk to `ep`; the coordinator's length of the log after it.
     async fn log_chunk(
         &self,
-        route: Route,
+        ep: Endpoint<RawBytes, Query<LogChunkQuery>, routes::Json<LogAppended>>,
         attempt: AttemptId,
         fence: i64,
         offset: u64,
         bytes: Vec<u8>,
     ) -> Result<u64, ClientError> {
         let req = self
-            .request(route, &[&attempt], DEFAULT_TIMEOUT)
+            .request(ep, &[&attempt], DEFAULT_TIMEOUT)
             .query(&LogChunkQuery { fence, offset })
             .body(bytes);
         let appended: LogAppended = self.send(req).await?;

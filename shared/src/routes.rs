@@ -1,7 +1,23 @@
-//! The REST API's routes in one table (`ALL`): the coordinator's router, the typed client and
-//! the OpenAPI document are built from it, so a path is written once.
+//! The REST API's routes, each declared once as an [`Endpoint`]: its method, path, who may
+//! call it, its operation id and tag, and the types of its body, query and answer. The
+//! coordinator's router checks each handler against its endpoint's types, the typed client
+//! sends and decodes by them, and the OpenAPI document is written from them
+//! ([`for_each_endpoint!`]), so a route whose handler, client or document disagree does not
+//! compile.
 
 use std::fmt;
+use std::marker::PhantomData;
+
+use crate::api::{
+    Ack, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse, ClaimRequest,
+    ClaimResponse, CreateTokenRequest, CreatedToken, ExperimentSummary, ExportPage, ExportQuery,
+    FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest,
+    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, JoinRequest, LeaseRenewal, LeaseRenewed,
+    LogAppended, LogChunkQuery, LogQuery, NodeView, Progress, ProgressQuery, PutUserRequest,
+    RegisterRequest, RegisterResponse, Released, RetryFailedResponse, RetryResponse,
+    SetPlanRequest, StartReport, SubmitRequest, SubmitResponse, TelemetryQuery, TokenView,
+    UserView, WhoAmI,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Method {
@@ -92,6 +108,117 @@ impl Route {
     }
 }
 
+/// How long the coordinator keeps a kept-alive connection that sits idle: it closes it then
+/// (the deadline for a request's head, which also bounds a slow client). Clients let one go
+/// sooner (`client::POOL_IDLE`).
+pub const SERVER_IDLE_CLOSE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A route with its types: `B` its body, `Q` its query, `A` its answer (the markers below).
+pub struct Endpoint<B, Q, A> {
+    pub route: Route,
+    /// The OpenAPI `operationId` and tag.
+    pub operation_id: &'static str,
+    pub tag: &'static str,
+    /// It can refuse because of state: a stale fence, an unknown agent, a job in the wrong
+    /// state (409).
+    pub conflicts: bool,
+    types: PhantomData<Types<B, Q, A>>,
+}
+
+/// What `Endpoint` holds of its types: nothing (a function pointer type is `Send`, `Sync`
+/// and `Copy` whatever they are).
+type Types<B, Q, A> = fn() -> (B, Q, A);
+
+impl<B, Q, A> Clone for Endpoint<B, Q, A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B, Q, A> Copy for Endpoint<B, Q, A> {}
+
+impl<B, Q, A> std::ops::Deref for Endpoint<B, Q, A> {
+    type Target = Route;
+    fn deref(&self) -> &Route {
+        &self.route
+    }
+}
+
+impl<B, Q, A> Endpoint<B, Q, A> {
+    const fn new(
+        method: Method,
+        path: &'static str,
+        access: Access,
+        summary: &'static str,
+    ) -> Self {
+        Self {
+            route: Route::new(method, path, access, summary),
+            operation_id: "",
+            tag: "",
+            conflicts: false,
+            types: PhantomData,
+        }
+    }
+
+    const fn doc(mut self, operation_id: &'static str, tag: &'static str) -> Self {
+        self.operation_id = operation_id;
+        self.tag = tag;
+        self
+    }
+
+    const fn conflicts(mut self) -> Self {
+        self.conflicts = true;
+        self
+    }
+}
+
+/// A JSON body or answer of `T`.
+pub struct Json<T>(PhantomData<fn() -> T>);
+/// A JSON answer of a list of `T`.
+pub struct JsonList<T>(PhantomData<fn() -> T>);
+/// No body.
+pub enum NoBody {}
+/// Raw bytes (`application/octet-stream`).
+pub enum RawBytes {}
+/// No query string.
+pub enum NoQuery {}
+/// A query string of `Q`'s fields.
+pub struct Query<Q>(PhantomData<fn() -> Q>);
+/// The export: CSV text, or with `format=json` a JSON page of `T`.
+pub struct Export<T>(PhantomData<fn() -> T>);
+/// Log bytes with the `x-log-offset` and `x-attempt-ended` headers.
+pub enum LogBytes {}
+
+/// What a body marker carries, as the client sends it.
+pub trait BodyType {
+    type Value: ?Sized;
+}
+
+impl<T> BodyType for Json<T> {
+    type Value = T;
+}
+
+impl BodyType for NoBody {
+    type Value = ();
+}
+
+impl BodyType for RawBytes {
+    type Value = [u8];
+}
+
+/// What a JSON answer marker decodes to, as the client reads it.
+pub trait JsonAnswer {
+    type Value;
+}
+
+impl<T> JsonAnswer for Json<T> {
+    type Value = T;
+}
+
+impl<T> JsonAnswer for JsonList<T> {
+    type Value = Vec<T>;
+}
+
 /// Percent-encodes everything but RFC 3986's unreserved characters.
 fn encode_segment(raw: &str, out: &mut String) {
     for b in raw.bytes() {
@@ -106,228 +233,309 @@ fn encode_segment(raw: &str, out: &mut String) {
 use Access::{Admin, Agent, Attempt, Join, Owner, Public, User};
 use Method::{Get, Post, Put};
 
-pub const HEALTH: Route = Route::new(
+pub const HEALTH: Endpoint<NoBody, NoQuery, Json<Health>> = Endpoint::new(
     Get,
     "/v1/health",
     Public,
     "Readiness: the store answers and its schema is migrated (503 when it does not)",
-);
-pub const LIVE: Route = Route::new(
+)
+.doc("health", "meta");
+pub const LIVE: Endpoint<NoBody, NoQuery, Json<Ack>> = Endpoint::new(
     Get,
     "/v1/live",
     Public,
     "Liveness: the process serves (the store is not asked)",
-);
-pub const SUBMIT: Route = Route::new(Post, "/v1/experiments", User, "Submit a spec");
-pub const EXPERIMENTS: Route = Route::new(Get, "/v1/experiments", User, "List experiments");
-pub const EXPERIMENT: Route = Route::new(Get, "/v1/experiments/{id}", User, "One experiment");
-pub const CANCEL_EXPERIMENT: Route = Route::new(
+)
+.doc("live", "meta");
+pub const SUBMIT: Endpoint<Json<SubmitRequest>, NoQuery, Json<SubmitResponse>> =
+    Endpoint::new(Post, "/v1/experiments", User, "Submit a spec")
+        .doc("submitExperiment", "experiments");
+pub const EXPERIMENTS: Endpoint<NoBody, NoQuery, JsonList<ExperimentSummary>> =
+    Endpoint::new(Get, "/v1/experiments", User, "List experiments")
+        .doc("listExperiments", "experiments");
+pub const EXPERIMENT: Endpoint<NoBody, NoQuery, Json<ExperimentSummary>> =
+    Endpoint::new(Get, "/v1/experiments/{id}", User, "One experiment")
+        .doc("getExperiment", "experiments");
+pub const CANCEL_EXPERIMENT: Endpoint<NoBody, NoQuery, Json<CancelResponse>> = Endpoint::new(
     Post,
     "/v1/experiments/{id}/cancel",
     Owner,
     "Cancel every unfinished job of an experiment",
-);
-pub const RETRY_FAILED: Route = Route::new(
+)
+.doc("cancelExperiment", "experiments");
+pub const RETRY_FAILED: Endpoint<NoBody, NoQuery, Json<RetryFailedResponse>> = Endpoint::new(
     Post,
     "/v1/experiments/{id}/retry",
     Owner,
     "Run every failed job of an experiment once more",
-);
-pub const PROGRESS: Route = Route::new(
+)
+.doc("retryFailedJobs", "experiments");
+pub const PROGRESS: Endpoint<NoBody, Query<ProgressQuery>, Json<Progress>> = Endpoint::new(
     Get,
     "/v1/progress",
     User,
     "Job counts per state; long-polls with `after`",
-);
-pub const EXPORT: Route = Route::new(
+)
+.doc("progress", "experiments");
+pub const EXPORT: Endpoint<NoBody, Query<ExportQuery>, Export<ExportPage>> = Endpoint::new(
     Get,
     "/v1/export",
     User,
     "Attempts, one row each, as CSV or paged JSON (`format`)",
-);
-pub const JOBS: Route = Route::new(Get, "/v1/jobs", User, "List jobs");
-pub const JOB: Route = Route::new(Get, "/v1/jobs/{id}", User, "A job with its attempts");
-pub const CANCEL_JOB: Route = Route::new(Post, "/v1/jobs/{id}/cancel", Owner, "Cancel a job");
-pub const RETRY_JOB: Route = Route::new(
+)
+.doc("exportAttempts", "experiments");
+pub const JOBS: Endpoint<NoBody, Query<JobsQuery>, JsonList<JobSummary>> =
+    Endpoint::new(Get, "/v1/jobs", User, "List jobs").doc("listJobs", "jobs");
+pub const JOB: Endpoint<NoBody, NoQuery, Json<JobDetail>> =
+    Endpoint::new(Get, "/v1/jobs/{id}", User, "A job with its attempts").doc("getJob", "jobs");
+pub const CANCEL_JOB: Endpoint<NoBody, NoQuery, Json<CancelResponse>> =
+    Endpoint::new(Post, "/v1/jobs/{id}/cancel", Owner, "Cancel a job").doc("cancelJob", "jobs");
+pub const RETRY_JOB: Endpoint<NoBody, NoQuery, Json<RetryResponse>> = Endpoint::new(
     Post,
     "/v1/jobs/{id}/retry",
     Owner,
     "Run a finished job once more",
-);
-pub const ATTEMPT: Route = Route::new(Get, "/v1/attempts/{id}", User, "One attempt");
-pub const READ_LOG: Route = Route::new(
+)
+.doc("retryJob", "jobs")
+.conflicts();
+pub const ATTEMPT: Endpoint<NoBody, NoQuery, Json<AttemptView>> =
+    Endpoint::new(Get, "/v1/attempts/{id}", User, "One attempt").doc("getAttempt", "jobs");
+pub const READ_LOG: Endpoint<NoBody, Query<LogQuery>, LogBytes> = Endpoint::new(
     Get,
     "/v1/attempts/{id}/log",
     User,
     "Log bytes from an offset; long-polls with `wait_ms`",
-);
-pub const APPEND_LOG: Route = Route::new(
+)
+.doc("readLog", "jobs");
+pub const APPEND_LOG: Endpoint<RawBytes, Query<LogChunkQuery>, Json<LogAppended>> = Endpoint::new(
     Post,
     "/v1/attempts/{id}/log",
     Agent,
     "Append log bytes (fenced)",
-);
-pub const START: Route = Route::new(
+)
+.doc("appendLog", "agents")
+.conflicts();
+pub const START: Endpoint<Json<StartReport>, NoQuery, Json<Ack>> = Endpoint::new(
     Post,
     "/v1/attempts/{id}/start",
     Agent,
     "An attempt's process started (fenced)",
-);
-pub const FINISH: Route = Route::new(
+)
+.doc("startAttempt", "agents")
+.conflicts();
+pub const FINISH: Endpoint<Json<FinishReport>, NoQuery, Json<FinishResponse>> = Endpoint::new(
     Post,
     "/v1/attempts/{id}/finish",
     Agent,
     "An attempt ended (fenced)",
-);
-pub const RENEW_LEASE: Route = Route::new(
+)
+.doc("finishAttempt", "agents")
+.conflicts();
+pub const RENEW_LEASE: Endpoint<Json<LeaseRenewal>, NoQuery, Json<LeaseRenewed>> = Endpoint::new(
     Post,
     "/v1/attempts/{id}/lease",
     Attempt,
     "The attempt's supervisor renews its lease itself (fenced)",
-);
-pub const REPORT_OUTCOME: Route = Route::new(
-    Post,
-    "/v1/attempts/{id}/outcome",
-    Attempt,
-    "The attempt's supervisor reports its end itself (fenced)",
-);
-pub const SHIP_LOG: Route = Route::new(
+)
+.doc("renewLease", "supervisors")
+.conflicts();
+pub const REPORT_OUTCOME: Endpoint<Json<FinishReport>, NoQuery, Json<FinishResponse>> =
+    Endpoint::new(
+        Post,
+        "/v1/attempts/{id}/outcome",
+        Attempt,
+        "The attempt's supervisor reports its end itself (fenced)",
+    )
+    .doc("reportOutcome", "supervisors")
+    .conflicts();
+pub const SHIP_LOG: Endpoint<RawBytes, Query<LogChunkQuery>, Json<LogAppended>> = Endpoint::new(
     Post,
     "/v1/attempts/{id}/outcome/log",
     Attempt,
     "The attempt's supervisor ships its log itself (fenced)",
-);
-pub const HAND_BACK: Route = Route::new(
+)
+.doc("shipLog", "supervisors")
+.conflicts();
+pub const HAND_BACK: Endpoint<Json<HandBackRequest>, NoQuery, Json<Ack>> = Endpoint::new(
     Post,
     "/v1/attempts/{id}/handback",
     Agent,
     "Give a lease back unlaunched (fenced)",
-);
-pub const NODES: Route = Route::new(Get, "/v1/nodes", User, "Nodes, GPUs, memory and slots");
-pub const SET_PLAN: Route = Route::new(
+)
+.doc("handBack", "agents")
+.conflicts();
+pub const NODES: Endpoint<NoBody, NoQuery, JsonList<NodeView>> =
+    Endpoint::new(Get, "/v1/nodes", User, "Nodes, GPUs, memory and slots")
+        .doc("listNodes", "nodes");
+pub const SET_PLAN: Endpoint<Json<SetPlanRequest>, NoQuery, Json<NodeView>> = Endpoint::new(
     Put,
     "/v1/nodes/{name}/plan",
     Admin,
     "Set a node's concurrency plan",
-);
-pub const RELEASE_GPU: Route = Route::new(
+)
+.doc("setPlan", "nodes")
+.conflicts();
+pub const RELEASE_GPU: Endpoint<NoBody, NoQuery, Json<Released>> = Endpoint::new(
     Post,
     "/v1/nodes/{name}/gpus/{gpu}/release",
     Admin,
     "Lift a GPU's quarantine",
-);
-pub const TAKEOVER: Route = Route::new(
+)
+.doc("releaseGpu", "nodes");
+pub const TAKEOVER: Endpoint<NoBody, NoQuery, Json<Ack>> = Endpoint::new(
     Post,
     "/v1/nodes/{name}/takeover",
     Admin,
     "Let another agent instance register as this node now (its agent is gone)",
-);
-pub const REGISTER: Route = Route::new(Post, "/v1/agents/register", Agent, "Register an agent");
-pub const JOIN: Route = Route::new(
+)
+.doc("takeoverNode", "nodes");
+pub const REGISTER: Endpoint<Json<RegisterRequest>, NoQuery, Json<RegisterResponse>> =
+    Endpoint::new(Post, "/v1/agents/register", Agent, "Register an agent")
+        .doc("registerAgent", "agents")
+        .conflicts();
+pub const JOIN: Endpoint<Json<JoinRequest>, NoQuery, Json<CreatedToken>> = Endpoint::new(
     Post,
     "/v1/agents/join",
     Join,
     "Exchange a join token for a new node's agent credential (once per node)",
-);
-pub const CLAIM: Route = Route::new(
+)
+.doc("joinNode", "agents")
+.conflicts();
+pub const CLAIM: Endpoint<Json<ClaimRequest>, NoQuery, Json<ClaimResponse>> = Endpoint::new(
     Post,
     "/v1/agents/{id}/claim",
     Agent,
     "Lease fitting jobs; long-polls with `wait_ms`",
-);
-pub const HEARTBEAT: Route = Route::new(
-    Post,
-    "/v1/agents/{id}/heartbeat",
-    Agent,
-    "Renew leases, report telemetry",
-);
-pub const GPU_TELEMETRY: Route = Route::new(
+)
+.doc("claim", "agents")
+.conflicts();
+pub const HEARTBEAT: Endpoint<Json<HeartbeatRequest>, NoQuery, Json<HeartbeatResponse>> =
+    Endpoint::new(
+        Post,
+        "/v1/agents/{id}/heartbeat",
+        Agent,
+        "Renew leases, report telemetry",
+    )
+    .doc("heartbeat", "agents")
+    .conflicts();
+pub const GPU_TELEMETRY: Endpoint<NoBody, Query<TelemetryQuery>, Json<GpuSeries>> = Endpoint::new(
     Get,
     "/v1/nodes/{name}/gpus/{gpu}/telemetry",
     User,
     "A GPU's telemetry series over a time window",
-);
-pub const ATTEMPT_TELEMETRY: Route = Route::new(
+)
+.doc("gpuTelemetry", "nodes");
+pub const ATTEMPT_TELEMETRY: Endpoint<
+    NoBody,
+    Query<AttemptTelemetryQuery>,
+    Json<AttemptTelemetry>,
+> = Endpoint::new(
     Get,
     "/v1/attempts/{id}/telemetry",
     User,
     "Telemetry of an attempt's GPUs over its run",
-);
+)
+.doc("attemptTelemetry", "jobs");
 
 /// Prometheus metrics (text exposition). Outside `/v1` and outside `ALL` (not part of the
 /// JSON API): no token needed, because scrapers are configured per target and the page holds
 /// only aggregate counts and histograms, no names, ids, commands or parameters.
 pub const METRICS: Route = Route::new(Get, "/metrics", Public, "Prometheus metrics");
 
-pub const TOKENS: Route = Route::new(Get, "/v1/tokens", Admin, "Tokens the coordinator keeps");
-pub const CREATE_TOKEN: Route = Route::new(
-    Post,
-    "/v1/tokens",
-    Admin,
-    "Create a token (its secret is returned once)",
-);
-pub const REVOKE_TOKEN: Route = Route::new(
+pub const TOKENS: Endpoint<NoBody, NoQuery, JsonList<TokenView>> =
+    Endpoint::new(Get, "/v1/tokens", Admin, "Tokens the coordinator keeps")
+        .doc("listTokens", "tokens");
+pub const CREATE_TOKEN: Endpoint<Json<CreateTokenRequest>, NoQuery, Json<CreatedToken>> =
+    Endpoint::new(
+        Post,
+        "/v1/tokens",
+        Admin,
+        "Create a token (its secret is returned once)",
+    )
+    .doc("createToken", "tokens")
+    .conflicts();
+pub const REVOKE_TOKEN: Endpoint<NoBody, NoQuery, Json<TokenView>> = Endpoint::new(
     Post,
     "/v1/tokens/{id}/revoke",
     Admin,
     "Revoke a token at once",
-);
+)
+.doc("revokeToken", "tokens");
 
-/// Every route, in the order the API documents them.
-pub const ALL: &[Route] = &[
-    HEALTH,
-    LIVE,
-    SUBMIT,
-    EXPERIMENTS,
-    EXPERIMENT,
-    CANCEL_EXPERIMENT,
-    RETRY_FAILED,
-    PROGRESS,
-    EXPORT,
-    JOBS,
-    JOB,
-    CANCEL_JOB,
-    RETRY_JOB,
-    ATTEMPT,
-    READ_LOG,
-    APPEND_LOG,
-    START,
-    FINISH,
-    RENEW_LEASE,
-    REPORT_OUTCOME,
-    SHIP_LOG,
-    HAND_BACK,
-    NODES,
-    SET_PLAN,
-    RELEASE_GPU,
-    TAKEOVER,
-    REGISTER,
-    JOIN,
-    CLAIM,
-    HEARTBEAT,
-    GPU_TELEMETRY,
-    ATTEMPT_TELEMETRY,
-    TOKENS,
-    CREATE_TOKEN,
-    REVOKE_TOKEN,
-    USERS,
-    PUT_USER,
-    WHOAMI,
-];
+/// Calls `$callback!` with every endpoint of the API, in the order the API documents them:
+/// the one list the route table (`ALL`), the router's test and the OpenAPI document read.
+#[macro_export]
+macro_rules! for_each_endpoint {
+    ($callback:ident) => {
+        $callback! {
+            $crate::routes::HEALTH,
+            $crate::routes::LIVE,
+            $crate::routes::SUBMIT,
+            $crate::routes::EXPERIMENTS,
+            $crate::routes::EXPERIMENT,
+            $crate::routes::CANCEL_EXPERIMENT,
+            $crate::routes::RETRY_FAILED,
+            $crate::routes::PROGRESS,
+            $crate::routes::EXPORT,
+            $crate::routes::JOBS,
+            $crate::routes::JOB,
+            $crate::routes::CANCEL_JOB,
+            $crate::routes::RETRY_JOB,
+            $crate::routes::ATTEMPT,
+            $crate::routes::READ_LOG,
+            $crate::routes::APPEND_LOG,
+            $crate::routes::START,
+            $crate::routes::FINISH,
+            $crate::routes::RENEW_LEASE,
+            $crate::routes::REPORT_OUTCOME,
+            $crate::routes::SHIP_LOG,
+            $crate::routes::HAND_BACK,
+            $crate::routes::NODES,
+            $crate::routes::SET_PLAN,
+            $crate::routes::RELEASE_GPU,
+            $crate::routes::TAKEOVER,
+            $crate::routes::REGISTER,
+            $crate::routes::JOIN,
+            $crate::routes::CLAIM,
+            $crate::routes::HEARTBEAT,
+            $crate::routes::GPU_TELEMETRY,
+            $crate::routes::ATTEMPT_TELEMETRY,
+            $crate::routes::TOKENS,
+            $crate::routes::CREATE_TOKEN,
+            $crate::routes::REVOKE_TOKEN,
+            $crate::routes::USERS,
+            $crate::routes::PUT_USER,
+            $crate::routes::WHOAMI,
+        }
+    };
+}
 
-pub const USERS: Route = Route::new(Get, "/v1/users", Admin, "Users and their Unix users");
-pub const WHOAMI: Route = Route::new(
+macro_rules! route_table {
+    ($($name:path,)*) => {
+        /// Every route, in the order the API documents them.
+        pub const ALL: &[Route] = &[$($name.route),*];
+    };
+}
+
+for_each_endpoint!(route_table);
+
+pub const USERS: Endpoint<NoBody, NoQuery, JsonList<UserView>> =
+    Endpoint::new(Get, "/v1/users", Admin, "Users and their Unix users").doc("listUsers", "tokens");
+pub const WHOAMI: Endpoint<NoBody, NoQuery, Json<WhoAmI>> = Endpoint::new(
     Get,
     "/v1/whoami",
     User,
     "The caller: its token's name and role (the dashboard shows what the role may do)",
-);
-pub const PUT_USER: Route = Route::new(
+)
+.doc("whoAmI", "tokens");
+pub const PUT_USER: Endpoint<Json<PutUserRequest>, NoQuery, Json<UserView>> = Endpoint::new(
     Put,
     "/v1/users/{name}",
     Admin,
     "Create or change a user (role, Unix user)",
-);
+)
+.doc("putUser", "tokens")
+.conflicts();
 
 /// Response headers of `READ_LOG`: where the next read starts, and whether the attempt ended.
 pub const LOG_OFFSET_HEADER: &str = "x-log-offset";

@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use headroom_shared::api::{
     AttemptPhase, AttemptView, CancelResponse, ErrorCode, JobDetail, JobSummary, JobsQuery,
     LogQuery, Principal, RetryResponse,
@@ -163,7 +163,7 @@ pub async fn read_log(
     Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<LogQuery>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     let attempt: AttemptId = parse_id(&id, "attempt")?;
     let owner = s.store.attempt_row(attempt).await?.submitted_by;
     if !may_see(&s, &who, &owner) {
@@ -206,7 +206,7 @@ pub async fn read_log(
                 routes::ATTEMPT_ENDED_HEADER,
                 HeaderValue::from_static(if ended { "true" } else { "false" }),
             );
-            return Ok((headers, bytes));
+            return Ok((headers, bytes).into_response());
         }
         // Wake on new log bytes (on any replica) or any job change (the attempt may end).
         s.changes.wait_past(seen, deadline - now).await;

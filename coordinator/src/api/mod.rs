@@ -5,11 +5,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
-use axum::handler::Handler;
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, get, post, put};
+use axum::routing::get;
 use headroom_shared::api::{ErrorCode, GpuSample, Principal, Role};
 use headroom_shared::routes::{self, Access, Method, Route};
 
@@ -28,9 +27,11 @@ pub mod refusals;
 mod supervisors;
 mod telemetry;
 mod tokens;
+mod typed;
 mod ui;
 
 pub use error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
+use typed::Endpoints;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -52,56 +53,44 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     use headroom_shared::routes as r;
     Router::new()
-        .route(r::HEALTH.path, on(r::HEALTH, experiments::health))
-        .route(r::LIVE.path, on(r::LIVE, experiments::live))
-        .route(r::SUBMIT.path, on(r::SUBMIT, experiments::submit))
-        .route(r::EXPERIMENTS.path, on(r::EXPERIMENTS, experiments::list))
-        .route(r::EXPERIMENT.path, on(r::EXPERIMENT, experiments::get_one))
-        .route(
-            r::CANCEL_EXPERIMENT.path,
-            on(r::CANCEL_EXPERIMENT, experiments::cancel),
-        )
-        .route(
-            r::RETRY_FAILED.path,
-            on(r::RETRY_FAILED, experiments::retry_failed),
-        )
-        .route(r::PROGRESS.path, on(r::PROGRESS, experiments::progress))
-        .route(r::EXPORT.path, on(r::EXPORT, experiments::export))
-        .route(r::JOBS.path, on(r::JOBS, jobs::list))
-        .route(r::JOB.path, on(r::JOB, jobs::get_one))
-        .route(r::CANCEL_JOB.path, on(r::CANCEL_JOB, jobs::cancel))
-        .route(r::RETRY_JOB.path, on(r::RETRY_JOB, jobs::retry))
-        .route(r::ATTEMPT.path, on(r::ATTEMPT, jobs::attempt))
-        .route(r::READ_LOG.path, on(r::READ_LOG, jobs::read_log))
-        .route(r::APPEND_LOG.path, on(r::APPEND_LOG, agents::append_log))
-        .route(r::START.path, on(r::START, agents::start))
-        .route(r::FINISH.path, on(r::FINISH, agents::finish))
-        .route(r::HAND_BACK.path, on(r::HAND_BACK, agents::hand_back))
-        .route(r::RENEW_LEASE.path, on(r::RENEW_LEASE, supervisors::renew))
-        .route(
-            r::REPORT_OUTCOME.path,
-            on(r::REPORT_OUTCOME, supervisors::outcome),
-        )
-        .route(r::SHIP_LOG.path, on(r::SHIP_LOG, supervisors::ship_log))
-        .route(r::NODES.path, on(r::NODES, nodes::list))
-        .route(r::SET_PLAN.path, on(r::SET_PLAN, nodes::set_plan))
-        .route(r::RELEASE_GPU.path, on(r::RELEASE_GPU, nodes::release_gpu))
-        .route(r::TAKEOVER.path, on(r::TAKEOVER, nodes::takeover))
-        .route(r::REGISTER.path, on(r::REGISTER, agents::register))
-        .route(r::JOIN.path, on(r::JOIN, tokens::join))
-        .route(r::CLAIM.path, on(r::CLAIM, agents::claim))
-        .route(r::HEARTBEAT.path, on(r::HEARTBEAT, agents::heartbeat))
-        .route(r::GPU_TELEMETRY.path, on(r::GPU_TELEMETRY, telemetry::gpu))
-        .route(
-            r::ATTEMPT_TELEMETRY.path,
-            on(r::ATTEMPT_TELEMETRY, telemetry::attempt),
-        )
-        .route(r::TOKENS.path, on(r::TOKENS, tokens::list))
-        .route(r::CREATE_TOKEN.path, on(r::CREATE_TOKEN, tokens::create))
-        .route(r::REVOKE_TOKEN.path, on(r::REVOKE_TOKEN, tokens::revoke))
-        .route(r::USERS.path, on(r::USERS, tokens::users))
-        .route(r::PUT_USER.path, on(r::PUT_USER, tokens::put_user))
-        .route(r::WHOAMI.path, on(r::WHOAMI, tokens::whoami))
+        .endpoint(r::HEALTH, experiments::health)
+        .endpoint(r::LIVE, experiments::live)
+        .endpoint(r::SUBMIT, experiments::submit)
+        .endpoint(r::EXPERIMENTS, experiments::list)
+        .endpoint(r::EXPERIMENT, experiments::get_one)
+        .endpoint(r::CANCEL_EXPERIMENT, experiments::cancel)
+        .endpoint(r::RETRY_FAILED, experiments::retry_failed)
+        .endpoint(r::PROGRESS, experiments::progress)
+        .endpoint(r::EXPORT, experiments::export)
+        .endpoint(r::JOBS, jobs::list)
+        .endpoint(r::JOB, jobs::get_one)
+        .endpoint(r::CANCEL_JOB, jobs::cancel)
+        .endpoint(r::RETRY_JOB, jobs::retry)
+        .endpoint(r::ATTEMPT, jobs::attempt)
+        .endpoint(r::READ_LOG, jobs::read_log)
+        .endpoint(r::APPEND_LOG, agents::append_log)
+        .endpoint(r::START, agents::start)
+        .endpoint(r::FINISH, agents::finish)
+        .endpoint(r::HAND_BACK, agents::hand_back)
+        .endpoint(r::RENEW_LEASE, supervisors::renew)
+        .endpoint(r::REPORT_OUTCOME, supervisors::outcome)
+        .endpoint(r::SHIP_LOG, supervisors::ship_log)
+        .endpoint(r::NODES, nodes::list)
+        .endpoint(r::SET_PLAN, nodes::set_plan)
+        .endpoint(r::RELEASE_GPU, nodes::release_gpu)
+        .endpoint(r::TAKEOVER, nodes::takeover)
+        .endpoint(r::REGISTER, agents::register)
+        .endpoint(r::JOIN, tokens::join)
+        .endpoint(r::CLAIM, agents::claim)
+        .endpoint(r::HEARTBEAT, agents::heartbeat)
+        .endpoint(r::GPU_TELEMETRY, telemetry::gpu)
+        .endpoint(r::ATTEMPT_TELEMETRY, telemetry::attempt)
+        .endpoint(r::TOKENS, tokens::list)
+        .endpoint(r::CREATE_TOKEN, tokens::create)
+        .endpoint(r::REVOKE_TOKEN, tokens::revoke)
+        .endpoint(r::USERS, tokens::users)
+        .endpoint(r::PUT_USER, tokens::put_user)
+        .endpoint(r::WHOAMI, tokens::whoami)
         // One gate for every route above, deciding by the route table's `access` (`authorize`).
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize))
         // Public, outside the table and the gate: the description of everything above, and
@@ -111,7 +100,8 @@ pub fn router(state: AppState) -> Router {
         // with the token the person gives it).
         .route("/", get(ui::page))
         .route("/ui/{file}", get(ui::asset))
-        .route(r::METRICS.path, on(r::METRICS, telemetry::metrics))
+        // Prometheus text, outside the JSON API's endpoints.
+        .route(r::METRICS.path, get(telemetry::metrics))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route (see /v1/...)") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         // Without tokens, before anything else: only this machine's own programs and pages.
@@ -406,19 +396,6 @@ fn check_node_name(who: &Principal, node: &str) -> Result<(), ApiError> {
             who.name
         ),
     ))
-}
-
-/// The handler for the route's method.
-fn on<H, T>(route: Route, handler: H) -> MethodRouter<AppState>
-where
-    H: Handler<T, AppState>,
-    T: 'static,
-{
-    match route.method {
-        Method::Get => get(handler),
-        Method::Post => post(handler),
-        Method::Put => put(handler),
-    }
 }
 
 /// Parses an id from the path, naming it in the error.
