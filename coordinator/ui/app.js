@@ -13,6 +13,38 @@ const state = {
 
 class AuthError extends Error {}
 
+// The API's operations by their OpenAPI operationId, read once from /openapi.json (public):
+// the page names no path of its own, so a route the server changes changes here too.
+let operations = null;
+async function operation(id) {
+  if (!operations) {
+    const r = await fetch("/openapi.json");
+    if (!r.ok) throw new Error("the API's description could not be read: " + r.status);
+    const doc = await r.json();
+    operations = {};
+    for (const [path, item] of Object.entries(doc.paths)) {
+      for (const [method, op] of Object.entries(item)) operations[op.operationId] = { method: method.toUpperCase(), path };
+    }
+  }
+  const op = operations[id];
+  if (!op) throw new Error("this coordinator has no operation " + id);
+  return op;
+}
+
+// Calls the operation `id`: `path` fills its {segments}, `query` its query string (undefined
+// values left out); a JSON or text answer, as `api`.
+async function call(id, { path = {}, query = {}, body } = {}) {
+  const op = await operation(id);
+  const url = op.path.replace(/\{(\w+)\}/g, (_, name) => encodeURIComponent(String(path[name])));
+  const q = new URLSearchParams(Object.entries(query).filter(([, v]) => v !== undefined && v !== null).map(([k, v]) => [k, String(v)]));
+  const opts = { method: op.method };
+  if (body !== undefined) {
+    opts.body = JSON.stringify(body);
+    opts.headers = { "Content-Type": "application/json" };
+  }
+  return api(url + (q.toString() ? "?" + q : ""), opts);
+}
+
 async function api(path, opts = {}) {
   const r = await send(path, opts);
   if (r.status === 401) {
@@ -108,7 +140,7 @@ function logout(message) {
 
 async function login() {
   try {
-    state.me = await api("/v1/whoami");
+    state.me = await call("whoAmI");
   } catch (e) {
     // Refused: back to the form (done). Unreachable or failing: the token stays; retry.
     if (!(e instanceof AuthError)) {
@@ -186,8 +218,7 @@ async function watchProgress() {
   const me = state.me;
   while (state.me === me) {
     try {
-      const after = state.version === null ? "" : "&after=" + state.version;
-      const p = await api("/v1/progress?timeout_ms=20000" + after);
+      const p = await call("progress", { query: { timeout_ms: 20000, after: state.version } });
       // Runs and plots redraw when the person asks (their Refresh), not under their pointer.
       const live = state.tab !== "plots" && state.tab !== "runs";
       if (state.version !== null && p.version !== state.version && live) await refresh(false);
@@ -208,7 +239,7 @@ setInterval(() => {
 async function latestTelemetry(node, gpu) {
   try {
     // The server's window (the last hour, newest kept): the browser's clock may be off.
-    const series = await api(`/v1/nodes/${encodeURIComponent(node)}/gpus/${gpu}/telemetry?limit=1`);
+    const series = await call("gpuTelemetry", { path: { name: node, gpu }, query: { limit: 1 } });
     return series.samples.length ? series.samples[series.samples.length - 1] : null;
   } catch (e) {
     if (e instanceof AuthError) throw e;
@@ -217,9 +248,9 @@ async function latestTelemetry(node, gpu) {
 }
 
 async function viewGpus() {
-  const nodes = await api("/v1/nodes");
+  const nodes = await call("listNodes");
   const cards = [];
-  const attempt = (id) => api("/v1/attempts/" + id).catch((e) => {
+  const attempt = (id) => call("getAttempt", { path: { id } }).catch((e) => {
     if (e instanceof AuthError) throw e;
     return null;
   });
@@ -284,7 +315,7 @@ function gpuRow(node, g, t, attempts) {
 async function releaseGpu(node, gpu) {
   if (!confirm(`Release GPU ${gpu} of ${node}? Only when nothing of the quarantined attempts is left on it.`)) return;
   try {
-    await api(`/v1/nodes/${encodeURIComponent(node)}/gpus/${gpu}/release`, { method: "POST" });
+    await call("releaseGpu", { path: { name: node, gpu } });
     await refresh(true);
   } catch (e) {
     if (!(e instanceof AuthError)) setStatus(e.message);
@@ -303,11 +334,11 @@ function reasonText(r) {
 
 async function viewQueue() {
   // By state: the list is in submission order, and a long history would hide the queue.
-  const of = (st) => api(`/v1/jobs?state=${st}&limit=2000`);
+  const of = (st) => call("listJobs", { query: { state: st, limit: 2000 } });
   const [running, leased, queued, retrying] = await Promise.all(["running", "leased", "queued", "retrying"].map(of));
   running.push(...leased);
   const waiting = [...retrying, ...queued];
-  const details = await Promise.all(running.slice(0, 100).map((j) => api("/v1/jobs/" + j.id)));
+  const details = await Promise.all(running.slice(0, 100).map((j) => call("getJob", { path: { id: j.id } })));
   const runningRows = [];
   for (const [i, j] of running.entries()) {
     const d = details[i];
@@ -341,10 +372,10 @@ function paramsText(p) {
 const STATES = ["succeeded", "failed", "cancelled", "running", "leased", "retrying", "queued"];
 
 async function viewExperiments() {
-  const exps = await api("/v1/experiments");
+  const exps = await call("listExperiments");
   state.experiments = exps;
   const failedOf = Object.fromEntries(await Promise.all(exps.filter((e) => e.counts.failed)
-    .map(async (e) => [e.id, await api(`/v1/jobs?experiment=${e.id}&state=failed&limit=5000`)])));
+    .map(async (e) => [e.id, await call("listJobs", { query: { experiment: e.id, state: "failed", limit: 5000 } })])));
   const cards = [];
   for (const e of exps) {
     const total = STATES.reduce((a, k) => a + (e.counts[k] || 0), 0);
@@ -379,7 +410,7 @@ async function viewExperiments() {
 async function cancelExperiment(e) {
   if (!confirm(`Cancel every unfinished job of ${e.name}?`)) return;
   try {
-    await api(`/v1/experiments/${e.id}/cancel`, { method: "POST" });
+    await call("cancelExperiment", { path: { id: e.id } });
     await refresh(true);
   } catch (err) {
     if (!(err instanceof AuthError)) setStatus(err.message);
@@ -389,7 +420,7 @@ async function cancelExperiment(e) {
 async function retryFailed(e) {
   try {
     // One request: the server retries every failed job of the experiment, all or none.
-    const r = await api(`/v1/experiments/${e.id}/retry`, { method: "POST" });
+    const r = await call("retryFailedJobs", { path: { id: e.id } });
     await refresh(true);
     setStatus(`${r.retried.length} failed job${r.retried.length === 1 ? "" : "s"} of ${e.name} queued again`);
   } catch (err) {
@@ -407,8 +438,9 @@ async function exportOf(exp, cleanOnly) {
   let columns = [];
   let after = 0;
   for (;;) {
-    const page = await api(`/v1/export?format=json&experiment=${encodeURIComponent(exp)}` +
-      (cleanOnly ? "&clean_only=true" : "") + `&after=${after}&limit=10000`);
+    const page = await call("exportAttempts", {
+      query: { format: "json", experiment: exp, clean_only: cleanOnly || undefined, after, limit: 10000 },
+    });
     columns = page.columns;
     rows.push(...page.rows);
     const next = page.next_after;
@@ -471,7 +503,7 @@ async function experimentPicker(id, current, onchange) {
 }
 
 async function viewRuns() {
-  state.experiments = await api("/v1/experiments");
+  state.experiments = await call("listExperiments");
   if (!state.experiments.length) return h("p", { class: "muted" }, "No experiment yet.");
   if (!state.runsExp || !state.experiments.some((e) => e.id === state.runsExp)) state.runsExp = state.experiments[0].id;
   const exp = state.runsExp;
@@ -528,7 +560,7 @@ async function viewRuns() {
   // The same rows as the CSV file the API writes (for a spreadsheet), asked for when wanted.
   const download = h("button", { id: "runs-download", onclick: async () => {
     try {
-      const text = await api(`/v1/export?experiment=${encodeURIComponent(exp)}`);
+      const text = await call("exportAttempts", { query: { experiment: exp } });
       const a = h("a", { href: URL.createObjectURL(new Blob([text], { type: "text/csv" })), download: `attempts-${exp}.csv` });
       a.click();
       setTimeout(() => URL.revokeObjectURL(a.href), 1000);
@@ -549,7 +581,7 @@ async function showAttempt(id, into) {
   shownAttempt = id;
   const current = () => shownAttempt === id;
   try {
-    const t = await api(`/v1/attempts/${id}/telemetry`);
+    const t = await call("attemptTelemetry", { path: { id } });
     const samples = t.gpus.flatMap((g) => g.samples);
     if (!current()) return;
     into.replaceChildren(h("h2", {}, `Attempt ${id.slice(-8)}: memory and power over its run`),
@@ -573,8 +605,9 @@ async function showAttempt(id, into) {
 // 1 MiB), keeping the last `keep` characters.
 async function logTail(id, keep) {
   let offset = 0, text = "";
+  const path = (await operation("readLog")).path.replace("{id}", encodeURIComponent(id));
   for (let reads = 0; reads < 64; reads++) {
-    const r = await send(`/v1/attempts/${id}/log?offset=${offset}`);
+    const r = await send(`${path}?offset=${offset}`);
     if (r.status === 401) {
       logout(await messageOf(r, "the token was refused"));
       throw new AuthError("logged out");
@@ -741,7 +774,7 @@ function scatter(points, xName, yName, yUnit, id) {
 // ---- plots -----------------------------------------------------------------------------------
 
 async function viewPlots() {
-  const nodes = await api("/v1/nodes");
+  const nodes = await call("listNodes");
   const gpuChoices = nodes.flatMap((n) => n.gpus.map((g) => n.name + "/" + g.index));
   const gpuPick = h("select", { id: "plot-gpu-pick" }, gpuChoices.map((c) => h("option", { value: c }, c)));
   const fieldPick = h("select", { id: "plot-gpu-field" }, [["used_mib", "MiB"], ["power_w", "W"], ["temperature_c", "°C"], ["utilization_pct", "%"]]
@@ -750,7 +783,7 @@ async function viewPlots() {
   const drawGpu = async () => {
     if (!gpuPick.value) return gpuChart.replaceChildren(h("p", { class: "muted" }, "No GPU yet."));
     const [node, gpu] = gpuPick.value.split("/");
-    const series = await api(`/v1/nodes/${encodeURIComponent(node)}/gpus/${gpu}/telemetry?limit=3600`);
+    const series = await call("gpuTelemetry", { path: { name: node, gpu }, query: { limit: 3600 } });
     const opt = fieldPick.selectedOptions[0];
     gpuChart.replaceChildren(lineChart(series.samples, fieldPick.value, opt ? opt.dataset.unit : "", "plot-gpu"));
   };
@@ -759,7 +792,7 @@ async function viewPlots() {
   await drawGpu();
 
   const expSection = h("div", {});
-  state.experiments = await api("/v1/experiments");
+  state.experiments = await call("listExperiments");
   if (state.experiments.length) {
     if (!state.plotExp || !state.experiments.some((e) => e.id === state.plotExp)) state.plotExp = state.experiments[0].id;
     const all = await exportOf(state.plotExp, false);
@@ -814,7 +847,7 @@ async function takeLinkToken() {
   }
   let who = null;
   try {
-    const r = await fetch("/v1/whoami", { headers: { Authorization: "Bearer " + token } });
+    const r = await fetch((await operation("whoAmI")).path, { headers: { Authorization: "Bearer " + token } });
     if (r.ok) who = await r.json();
   } catch (_) {}
   if (!who) return setStatus("The link's token was refused: log in below.");
@@ -837,6 +870,6 @@ document.addEventListener("DOMContentLoaded", async () => {
   if (sessionStorage.getItem(TOKEN_KEY)) login();
   else {
     // A coordinator without tokens (`headroom up --no-auth`) answers without one.
-    send("/v1/whoami").then((r) => (r.ok ? login() : logout(""))).catch(() => logout(""));
+    operation("whoAmI").then((op) => send(op.path)).then((r) => (r.ok ? login() : logout(""))).catch(() => logout(""));
   }
 });

@@ -67,6 +67,14 @@ pub async fn asset(Path(file): Path<String>) -> Response {
 mod tests {
     use super::*;
 
+    /// The page names no route of the API: it finds each by its operation id in the served
+    /// OpenAPI document, so a route the server changes cannot leave it calling a stale path.
+    #[test]
+    fn the_script_names_no_api_path() {
+        assert!(!APP_JS.contains("/v1/"), "app.js names an API path itself");
+        assert!(APP_JS.contains("/openapi.json"));
+    }
+
     #[test]
     fn the_page_loads_only_its_own_script_and_style() {
         // The charting library first: app.js uses it (both deferred, run in this order).
