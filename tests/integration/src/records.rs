@@ -12,7 +12,28 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
 
-use crate::Record;
+/// One line of a `headroom-fake-job --record` file.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Record {
+    pub event: String,
+    pub job: String,
+    #[serde(default)]
+    pub attempt: String,
+    #[serde(default)]
+    pub pid: u32,
+    pub gpus: String,
+    pub mem_mib: u64,
+    pub t_ms: i64,
+}
+
+pub fn read_records(path: &Path) -> Result<Vec<Record>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("bad record line `{l}`")))
+        .collect()
+}
 
 /// How often the watcher looks at the record file and at the processes it lists.
 const TICK: Duration = Duration::from_millis(10);

@@ -1,0 +1,51 @@
+//! The binaries of this workspace a test runs (found next to the test's executable), and the
+//! commands tests give fake jobs.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// A binary of this workspace, built next to the executable running this code (a test in
+/// `target/<profile>/deps/`, or a bench in `target/<profile>/`).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let candidates: Vec<PathBuf> = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|d| d.join(name))
+        .collect();
+    match candidates.iter().find(|p| p.exists()) {
+        Some(p) => p.clone(),
+        None => panic!(
+            "{name} is missing next to {}: build the binaries first (`cargo build --workspace --bins`, done by scripts/test)",
+            exe.display()
+        ),
+    }
+}
+
+/// Runs a binary of this workspace to its end with stdin closed: its exit status and stderr.
+pub fn run_binary(name: &str, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let out = Command::new(binary(name))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {name}: {e}"));
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn fake_job() -> PathBuf {
+    binary("headroom-fake-job")
+}
+
+/// The command of a job that books 3 GiB on its GPU 0 for process `pid` as it exits (a
+/// leftover in the fake GPU folder the agent gives its jobs).
+pub fn books_for(pid: u32) -> serde_json::Value {
+    serde_json::json!([
+        "sh",
+        "-c",
+        format!("echo 0:3072 > \"$HEADROOM_FAKE_GPU_DIR/{pid}\"")
+    ])
+}
