@@ -1,13 +1,15 @@
 //! The export: one row per attempt with the job's parameters as columns, the seeds'
 //! `summary.csv` without hand work, and which rows are clean measurements. Its columns are
-//! declared once (`FIXED`, `OUTCOME`: name, type, unit, meaning, value); the CSV file, the JSON pages
+//! declared once (`FIXED`, `OUTCOME`, `MEASURED`: name, type, unit, meaning, value; the
+//! figures between come from `Measurements::FIGURES`); the CSV file, the JSON pages
 //! and their column list are all read from that table.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
-use headroom_shared::api::{AttemptView, ColumnType, ExportColumn};
+use headroom_shared::api::{AttemptView, ColumnType, ExportColumn, FIGURES, Figure, Measurements};
 use headroom_shared::expand::value_text;
 use serde_json::{Map, Value};
 
@@ -98,6 +100,7 @@ fn time(v: Option<DateTime<Utc>>) -> Cell {
 }
 
 /// One column: its header, type, unit, meaning, whether `clean_only` reads it, and its value.
+#[derive(Clone, Copy)]
 struct Column {
     name: &'static str,
     kind: ColumnType,
@@ -105,7 +108,37 @@ struct Column {
     about: &'static str,
     decides_clean: bool,
     figure: bool,
-    value: fn(&ExportRow) -> Cell,
+    value: Of,
+}
+
+/// Where a column's value comes from.
+#[derive(Clone, Copy)]
+enum Of {
+    Row(fn(&ExportRow) -> Cell),
+    /// A figure of the attempt's measurements (`Figure::get`).
+    Figure(fn(&Measurements) -> Option<f64>),
+}
+
+impl Column {
+    fn value(&self, r: &ExportRow) -> Cell {
+        match self.value {
+            Of::Row(f) => f(r),
+            Of::Figure(get) => num(get(&r.attempt.measurements)),
+        }
+    }
+
+    /// A figure's column: its name, unit and meaning as `measurements!` declares them.
+    fn of_figure(f: &'static Figure) -> Column {
+        Column {
+            name: f.name,
+            kind: ColumnType::Number,
+            unit: Some(f.unit),
+            about: f.about,
+            decides_clean: false,
+            figure: true,
+            value: Of::Figure(f.get),
+        }
+    }
 }
 
 const fn col(
@@ -122,7 +155,7 @@ const fn col(
         about,
         decides_clean: false,
         figure: false,
-        value,
+        value: Of::Row(value),
     }
 }
 
@@ -154,10 +187,9 @@ use ColumnType::{Boolean, Integer, List, Number, String as Str, Time};
 const MIB: Option<&str> = Some("MiB");
 const MS: Option<&str> = Some("ms");
 const J: Option<&str> = Some("J");
-const W: Option<&str> = Some("W");
 const C: Option<&str> = Some("°C");
 
-/// Where the job's parameters go: after these columns, before `OUTCOME`.
+/// Where the job's parameters go: after these columns, before the others.
 const FIXED: &[Column] = &[
     col("experiment", Str, None, "The experiment's name", |r| {
         Cell::Text(r.experiment.clone())
@@ -296,14 +328,10 @@ const OUTCOME: &[Column] = &[
         "Whether the GPUs were seen released",
         |r| flag(r.attempt.cleanup_verified),
     ),
-    col(
-        "energy_j",
-        Number,
-        J,
-        "GPU energy over the run (the GPUs' counters)",
-        |r| num(r.attempt.measurements.energy_j),
-    )
-    .figure(),
+];
+
+/// After the figures (`Measurements::FIGURES`, written between).
+const MEASURED: &[Column] = &[
     col(
         "energy_source",
         Str,
@@ -361,41 +389,6 @@ const OUTCOME: &[Column] = &[
         "How the share was apportioned",
         |r| text(r.attempt.sharing.as_ref().map(|s| s.share_method.as_str())),
     ),
-    col(
-        "mean_power_w",
-        Number,
-        W,
-        "Mean GPU power over the run",
-        |r| num(r.attempt.measurements.mean_power_w),
-    )
-    .figure(),
-    col("max_power_w", Number, W, "Highest GPU power sampled", |r| {
-        num(r.attempt.measurements.max_power_w)
-    })
-    .figure(),
-    col(
-        "max_temp_c",
-        Number,
-        C,
-        "Highest GPU temperature sampled",
-        |r| num(r.attempt.measurements.max_temp_c),
-    )
-    .figure(),
-    col(
-        "start_temp_c",
-        Number,
-        C,
-        "GPU temperature at the start",
-        |r| num(r.attempt.measurements.start_temp_c),
-    ),
-    col(
-        "mean_util_pct",
-        Number,
-        Some("%"),
-        "Mean GPU utilisation",
-        |r| num(r.attempt.measurements.mean_util_pct),
-    )
-    .figure(),
     col(
         "throttled_thermal",
         Boolean,
@@ -521,9 +514,19 @@ const OUTCOME: &[Column] = &[
     ),
 ];
 
+/// The columns after the parameters: the outcome, each figure, the other measurements.
+static AFTER_PARAMS: LazyLock<Vec<Column>> = LazyLock::new(|| {
+    OUTCOME
+        .iter()
+        .copied()
+        .chain(FIGURES.iter().map(Column::of_figure))
+        .chain(MEASURED.iter().copied())
+        .collect()
+});
+
 /// Every column but the parameters, in the order they are written.
 fn columns() -> impl Iterator<Item = &'static Column> {
-    FIXED.iter().chain(OUTCOME)
+    FIXED.iter().chain(AFTER_PARAMS.iter())
 }
 
 /// The export's columns, as the JSON pages list them.
@@ -578,12 +581,12 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
         .iter()
         .map(|c| c.name.into())
         .chain(params.iter().map(|p| param_column(p)))
-        .chain(OUTCOME.iter().map(|c| c.name.into()))
+        .chain(AFTER_PARAMS.iter().map(|c| c.name.into()))
         .collect();
     w.write_record(header.iter().map(|c| inert(c).into_owned()))?;
     for r in rows {
         let cells =
-            |cols: &[Column]| -> Vec<String> { cols.iter().map(|c| (c.value)(r).csv()).collect() };
+            |cols: &[Column]| -> Vec<String> { cols.iter().map(|c| c.value(r).csv()).collect() };
         let ran_with = ran_with(r);
         let mut rec = cells(FIXED);
         rec.extend(
@@ -591,7 +594,7 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
                 .iter()
                 .map(|p| ran_with.get(*p).map(value_text).unwrap_or_default()),
         );
-        rec.extend(cells(OUTCOME));
+        rec.extend(cells(&AFTER_PARAMS));
         w.write_record(rec.iter().map(|c| inert(c).into_owned()))?;
     }
     let bytes = w.into_inner().map_err(|e| e.into_error())?;
@@ -602,7 +605,7 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
 /// keep their types (no spreadsheet quoting: JSON is not opened as a formula).
 pub fn to_json(r: &ExportRow) -> Map<String, Value> {
     let mut row: Map<String, Value> = columns()
-        .map(|c| (c.name.to_string(), (c.value)(r).json()))
+        .map(|c| (c.name.to_string(), c.value(r).json()))
         .collect();
     row.insert(
         "params".into(),

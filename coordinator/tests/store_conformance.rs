@@ -666,6 +666,33 @@ async fn retry_failed_requeues_every_failed_job_of_the_experiment_only(s: Backen
     );
 }
 
+/// Every figure `Measurements` declares (`FIGURES`) is stored by its end report and read back
+/// as it was: a figure added to the table is kept by the store once its migration adds its
+/// column, with nothing else written for it.
+async fn every_figure_round_trips_through_the_store(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    submit(&s, vec![job(0, Some(1000), vec![], 1)]).await;
+    let l = claim(&s, agent, 1).await.remove(0);
+    s.start_attempt(l.attempt, l.fence, 1, 0)
+        .await
+        .expect("start");
+    let mut end = report(l.fence, None);
+    for (i, f) in headroom_shared::api::FIGURES.iter().enumerate() {
+        (f.set)(&mut end.measurements, Some(10.0 + i as f64 + 0.125));
+    }
+    finish_attempt(&s, l.attempt, end).await.expect("finish");
+    let a = s.attempt(l.attempt).await.expect("attempt");
+    for (i, f) in headroom_shared::api::FIGURES.iter().enumerate() {
+        assert_eq!(
+            (f.get)(&a.measurements),
+            Some(10.0 + i as f64 + 0.125),
+            "{} (column {})",
+            f.name,
+            f.column
+        );
+    }
+}
+
 async fn reregistration_loses_old_attempts(s: Backend) {
     let agent = register(&s, "n1", 1, None).await;
     submit(&s, vec![job(0, Some(1000), vec![FailureClass::Lost], 3)]).await;
@@ -2834,6 +2861,7 @@ conformance!(sqlite, postgres: [
     stale_fences_are_refused,
     retry_policy_decides_requeue,
     retry_failed_requeues_every_failed_job_of_the_experiment_only,
+    every_figure_round_trips_through_the_store,
     reregistration_loses_old_attempts,
     reregistration_resumes_current_attempts,
     lost_without_retry_fails,

@@ -130,15 +130,9 @@ pub(super) fn check_telemetry(samples: &[TelemetrySample]) -> Result<(), ApiErro
 /// An end report's measurements must be figures GPUs can give (they are stored in
 /// milli-units as i64): a refusal names the field.
 pub(super) fn check_measurements(m: &Measurements) -> Result<(), ApiError> {
-    for (name, v, lo, hi) in [
-        ("energy_j", m.energy_j, 0.0, 1e15),
-        ("mean_power_w", m.mean_power_w, 0.0, 1e9),
-        ("max_power_w", m.max_power_w, 0.0, 1e9),
-        ("max_temp_c", m.max_temp_c, -273.15, 1000.0),
-        ("start_temp_c", m.start_temp_c, -273.15, 1000.0),
-        ("mean_util_pct", m.mean_util_pct, 0.0, 100.0),
-    ] {
-        if let Some(x) = v.filter(|x| !x.is_finite() || *x < lo || *x > hi) {
+    for f in headroom_shared::api::FIGURES {
+        let (name, lo, hi) = (f.name, f.min, f.max);
+        if let Some(x) = (f.get)(m).filter(|x| !x.is_finite() || *x < lo || *x > hi) {
             return Err(ApiError::invalid(
                 name,
                 format!("{x} is not a possible figure ({lo} to {hi})"),

@@ -1,9 +1,11 @@
 //! One row decoder for both backends: each backend exposes its rows through `Cols` (as an
 //! `exec::RowRef`), and every table's columns are turned into domain types here, once.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, TimeZone, Utc};
 use headroom_shared::api::{
-    AttemptPhase, AttemptView, EnergySource, GpuInfo, GpuSample, Headroom, JobSummary,
+    AttemptPhase, AttemptView, EnergySource, FIGURES, GpuInfo, GpuSample, Headroom, JobSummary,
     Measurements, QuarantineView,
 };
 use headroom_shared::{FailureClass, Plan};
@@ -118,8 +120,9 @@ pub(crate) fn job_summary(r: &impl Cols) -> Result<JobSummary> {
     })
 }
 
-/// The columns `attempt_view` reads, in order.
-pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence, phase, \
+/// The columns `attempt_view` reads, in order: these, then the figures' columns not among
+/// them ([`ATTEMPT_COLUMNS`]).
+const BASE_ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence, phase, \
      leased_at, started_at, ended_at, pid, exit_code, signal, failure_class, estimate_mib, \
      peak_mem_mib, cleanup_ms, cleanup_verified, log_tail, estimate_source, params, \
      ladder_step, contaminated, peak_source, submitted_by, energy_mj, energy_source, \
@@ -130,6 +133,23 @@ pub(crate) const ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence,
      background_pid, background_ready_ms, background_exit_code, background_signal, \
      background_exited_early, host_peak_mib, first_reading_ms, covers_run, energy_counters, \
      ghost_mib";
+
+/// Every column `attempt_view` reads, by name in order: the base ones, then each figure's
+/// (`Measurements::FIGURES`) that is not among them, so a new figure is read once its
+/// migration adds its column.
+static ATTEMPT_COLUMN_NAMES: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+    let mut names: Vec<&'static str> = BASE_ATTEMPT_COLUMNS.split(", ").map(str::trim).collect();
+    for f in FIGURES {
+        if !names.contains(&f.column) {
+            names.push(f.column);
+        }
+    }
+    names
+});
+
+/// [`ATTEMPT_COLUMN_NAMES`] as a select list.
+pub(crate) static ATTEMPT_COLUMNS: LazyLock<String> =
+    LazyLock::new(|| ATTEMPT_COLUMN_NAMES.join(", "));
 
 pub(crate) fn phase(s: &str) -> Result<AttemptPhase> {
     match s {
@@ -195,18 +215,11 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
     })
 }
 
-/// Decodes the measurement columns of [`ATTEMPT_COLUMNS`] from `at` on.
+/// Decodes the measurement columns of [`ATTEMPT_COLUMNS`] from `at` on; the figures by their
+/// columns' names.
 fn measurements(r: &impl Cols, at: usize) -> Result<Measurements> {
-    let unmilli =
-        |i: usize| -> Result<Option<f64>> { Ok(r.int_opt(at + i)?.map(|x| x as f64 / 1000.0)) };
-    Ok(Measurements {
-        energy_j: unmilli(0)?,
+    let mut m = Measurements {
         energy_source: r.parsed_opt(at + 1, "energy source")?,
-        mean_power_w: unmilli(2)?,
-        max_power_w: unmilli(3)?,
-        max_temp_c: unmilli(4)?,
-        start_temp_c: unmilli(5)?,
-        mean_util_pct: unmilli(6)?,
         throttled_thermal: r.flag_opt(at + 7)?,
         throttled_power: r.flag_opt(at + 8)?,
         throttle_reasons: r.json_opt(at + 9)?,
@@ -220,18 +233,24 @@ fn measurements(r: &impl Cols, at: usize) -> Result<Measurements> {
         covers_run: r.flag_opt(51)?,
         counters: r.json_opt(52)?.unwrap_or_default(),
         ghost_mib: r.mib_opt(53)?,
-    })
+        ..Measurements::default()
+    };
+    for f in FIGURES {
+        let i = ATTEMPT_COLUMN_NAMES
+            .iter()
+            .position(|c| *c == f.column)
+            .ok_or_else(|| StoreError::Corrupt(format!("no column {} read", f.column)))?;
+        (f.set)(&mut m, r.int_opt(i)?.map(|x| x as f64 / 1000.0));
+    }
+    Ok(m)
 }
 
-/// A report's measurements as the columns store them (milli-units, as `gpu_telemetry`).
+/// A report's measurements as the columns store them (figures in milli-units, as
+/// `gpu_telemetry`).
 pub(crate) struct MeasureRow {
-    pub energy_mj: Option<i64>,
+    /// Each of `FIGURES`, in its order.
+    pub figures: Vec<Option<i64>>,
     pub energy_source: Option<&'static str>,
-    pub mean_power_mw: Option<i64>,
-    pub max_power_mw: Option<i64>,
-    pub max_temp_mdeg: Option<i64>,
-    pub start_temp_mdeg: Option<i64>,
-    pub mean_util_mpct: Option<i64>,
     pub throttled_thermal: Option<bool>,
     pub throttled_power: Option<bool>,
     pub throttle_reasons: Option<Vec<String>>,
@@ -242,13 +261,8 @@ pub(crate) struct MeasureRow {
 
 pub(crate) fn measure_row(m: &Measurements) -> MeasureRow {
     MeasureRow {
-        energy_mj: milli(m.energy_j),
+        figures: FIGURES.iter().map(|f| milli((f.get)(m))).collect(),
         energy_source: m.energy_source.map(EnergySource::as_str),
-        mean_power_mw: milli(m.mean_power_w),
-        max_power_mw: milli(m.max_power_w),
-        max_temp_mdeg: milli(m.max_temp_c),
-        start_temp_mdeg: milli(m.start_temp_c),
-        mean_util_mpct: milli(m.mean_util_pct),
         throttled_thermal: m.throttled_thermal,
         throttled_power: m.throttled_power,
         throttle_reasons: m.throttle_reasons.clone(),

@@ -11,10 +11,32 @@ use super::super::{Active, Millis, Result};
 use super::{ACTIVE_ON, EXPIRED, LATEST_PEAKS, all, done, first, text};
 use crate::rules::{FenceRow, FinishRow, RenewalRow};
 
+/// An attempt's end: its outcome, then each figure of `Measurements::FIGURES` into its own
+/// column (parameters from 29 on, in that order).
+static ENDED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let figures: String = headroom_shared::api::FIGURES
+        .iter()
+        .enumerate()
+        .map(|(i, f)| format!(", {} = ${}", f.column, 29 + i))
+        .collect();
+    format!(
+        "UPDATE attempts SET phase = 'ended', ended_at = $1, exit_code = $2, signal = $3, \
+         failure_class = $4, peak_mem_mib = $5, cleanup_ms = $6, cleanup_verified = $7, \
+         log_tail = $8, started_at = COALESCE(started_at, $1), contaminated = $10, \
+         peak_source = $11, energy_source = $12, throttled_thermal = $13, \
+         throttled_power = $14, throttle_reasons = $15, contamination_reason = $16, \
+         contamination_pid = $17, contamination_command = $18, background_pid = $19, \
+         background_ready_ms = $20, background_exit_code = $21, background_signal = $22, \
+         background_exited_early = $23, host_peak_mib = $24, first_reading_ms = $25, \
+         covers_run = $26, energy_counters = $27, ghost_mib = $28{figures} \
+         WHERE id = $9 RETURNING node, gpus, memory_key, estimate_mib"
+    )
+});
+
 #[async_trait]
 impl<E: Exec> AttemptsTx for E {
     async fn attempt_views(&mut self, which: AttemptsWhere<'_>) -> Result<Vec<AttemptView>> {
-        let cols = rows::ATTEMPT_COLUMNS;
+        let cols = rows::ATTEMPT_COLUMNS.as_str();
         let (sql, args): (String, Vec<Arg>) = match which {
             AttemptsWhere::Id(id) => (
                 format!("SELECT {cols} FROM attempts WHERE id = $1"),
@@ -256,59 +278,39 @@ impl<E: Exec> AttemptsTx for E {
             [] => Arg::Null,
             c => json(&c)?,
         };
-        let ended = first(
-            self,
-            "UPDATE attempts SET phase = 'ended', ended_at = $1, exit_code = $2, signal = $3, \
-             failure_class = $4, peak_mem_mib = $5, cleanup_ms = $6, cleanup_verified = $7, \
-             log_tail = $8, started_at = COALESCE(started_at, $1), contaminated = $10, \
-             peak_source = $11, energy_mj = $12, energy_source = $13, mean_power_mw = $14, \
-             max_power_mw = $15, max_temp_mdeg = $16, start_temp_mdeg = $17, \
-             mean_util_mpct = $18, throttled_thermal = $19, throttled_power = $20, \
-             throttle_reasons = $21, contamination_reason = $22, contamination_pid = $23, \
-             contamination_command = $24, background_pid = $25, background_ready_ms = $26, \
-             background_exit_code = $27, background_signal = $28, \
-             background_exited_early = $29, host_peak_mib = $30, first_reading_ms = $31, \
-             covers_run = $32, energy_counters = $33, ghost_mib = $34 \
-             WHERE id = $9 RETURNING node, gpus, memory_key, estimate_mib",
-            args![
-                report.ended_at.timestamp_millis(),
-                report.exit_code,
-                report.signal,
-                report.failure.map(|f| f.as_str()),
-                opt_i64(report.peak_mem_mib),
-                i64_of(report.cleanup_ms),
-                report.cleanup_verified,
-                &report.log_tail,
-                attempt,
-                report.contaminated,
-                peak_source.map(PeakSource::as_str),
-                m.energy_mj,
-                m.energy_source,
-                m.mean_power_mw,
-                m.max_power_mw,
-                m.max_temp_mdeg,
-                m.start_temp_mdeg,
-                m.mean_util_mpct,
-                m.throttled_thermal,
-                m.throttled_power,
-                throttle,
-                m.contamination_reason.as_deref(),
-                m.contamination_pid,
-                m.contamination_command.as_deref(),
-                bg.and_then(|b| b.pid),
-                bg.and_then(|b| opt_i64(b.ready_ms)),
-                bg.and_then(|b| b.exit_code),
-                bg.and_then(|b| b.signal),
-                bg.map(|b| b.exited_early),
-                opt_i64(report.host_peak_mib),
-                opt_i64(report.measurements.first_reading_ms),
-                report.measurements.covers_run,
-                counters,
-                opt_i64(report.measurements.ghost_mib),
-            ],
-            |r| rows::ended(r),
-        )
-        .await?;
+        let mut args = arg_vec![
+            report.ended_at.timestamp_millis(),
+            report.exit_code,
+            report.signal,
+            report.failure.map(|f| f.as_str()),
+            opt_i64(report.peak_mem_mib),
+            i64_of(report.cleanup_ms),
+            report.cleanup_verified,
+            &report.log_tail,
+            attempt,
+            report.contaminated,
+            peak_source.map(PeakSource::as_str),
+            m.energy_source,
+            m.throttled_thermal,
+            m.throttled_power,
+            throttle,
+            m.contamination_reason.as_deref(),
+            m.contamination_pid,
+            m.contamination_command.as_deref(),
+            bg.and_then(|b| b.pid),
+            bg.and_then(|b| opt_i64(b.ready_ms)),
+            bg.and_then(|b| b.exit_code),
+            bg.and_then(|b| b.signal),
+            bg.map(|b| b.exited_early),
+            opt_i64(report.host_peak_mib),
+            opt_i64(report.measurements.first_reading_ms),
+            report.measurements.covers_run,
+            counters,
+            opt_i64(report.measurements.ghost_mib),
+        ];
+        // The figures, one parameter each after the rest (`ENDED_SQL`).
+        args.extend(m.figures.iter().map(|f| Arg::from(*f)));
+        let ended = first(self, &ENDED_SQL, &args, |r| rows::ended(r)).await?;
         if let (Some(p), Some(_)) = (&report.prestart, &ended) {
             done(
                 self,

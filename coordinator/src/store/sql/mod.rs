@@ -23,6 +23,11 @@ macro_rules! args {
     ($($a:expr),* $(,)?) => { &[$(Arg::from($a)),*] };
 }
 
+/// `args!`, owned: for a statement that takes more after them.
+macro_rules! arg_vec {
+    ($($a:expr),* $(,)?) => { vec![$(Arg::from($a)),*] };
+}
+
 /// The job states `which` holds, as an SQL list (`'queued', 'retrying'`): the state machine
 /// says which states those are, not the SQL.
 fn states(which: fn(&JobState) -> bool) -> String {
