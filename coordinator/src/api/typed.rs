@@ -1,6 +1,7 @@
-//! Binds each handler to its endpoint's declaration: [`on`] takes a handler only when what it
-//! answers and the body it takes are the endpoint's (`routes::Endpoint`'s types), so a
-//! handler, the client and the OpenAPI document cannot disagree about a route and compile.
+//! Binds each handler to its endpoint's declaration: [`Endpoints::endpoint`] takes a handler
+//! only when what it answers, the body it takes and the query it reads are the endpoint's
+//! (`routes::Endpoint`'s types), so a handler, the client and the OpenAPI document cannot
+//! disagree about a route and compile.
 
 use std::future::Future;
 
@@ -10,7 +11,7 @@ use axum::response::Response;
 use axum::routing::{MethodRouter, get, post, put};
 use axum::{Extension, Router, body::Bytes};
 use headroom_shared::routes::{
-    Endpoint, Export, Json, JsonList, LogBytes, Method, NoBody, RawBytes,
+    Endpoint, Export, Json, JsonList, LogBytes, Method, NoBody, NoQuery, Query, RawBytes,
 };
 
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
@@ -48,10 +49,79 @@ impl<T> TakesBody<NoBody> for ApiPath<T> {}
 impl<T> TakesBody<NoBody> for ApiQuery<T> {}
 impl<T> TakesBody<NoBody> for ConnectInfo<T> {}
 
-/// A handler of `Args` that takes the body `B` and answers `A`.
-pub trait Serves<B, A, Args> {}
+/// The query marker an extractor reads: [`Query`] for `ApiQuery`, else [`NoQuery`].
+pub trait ReadsQuery {
+    type Query;
+}
 
-impl<F, Fut, A> Serves<NoBody, A, ()> for F
+impl<T> ReadsQuery for ApiQuery<T> {
+    type Query = Query<T>;
+}
+
+macro_rules! reads_no_query {
+    ($($t:ty),*) => {$(
+        impl<T> ReadsQuery for $t {
+            type Query = NoQuery;
+        }
+    )*};
+}
+
+reads_no_query!(
+    State<T>,
+    Extension<T>,
+    ApiPath<T>,
+    ApiJson<T>,
+    ConnectInfo<T>
+);
+
+impl ReadsQuery for Bytes {
+    type Query = NoQuery;
+}
+
+/// The query of two extractors together: at most one reads one.
+pub trait WithQuery<R> {
+    type Out;
+}
+
+impl WithQuery<NoQuery> for NoQuery {
+    type Out = NoQuery;
+}
+
+impl<T> WithQuery<Query<T>> for NoQuery {
+    type Out = Query<T>;
+}
+
+impl<T> WithQuery<NoQuery> for Query<T> {
+    type Out = Query<T>;
+}
+
+/// The query marker of a list of extractors (`(first, (second, ... ()))`): the one that reads
+/// a query's, or [`NoQuery`].
+pub trait QueryOf {
+    type Query;
+}
+
+impl QueryOf for () {
+    type Query = NoQuery;
+}
+
+impl<H: ReadsQuery, T: QueryOf> QueryOf for (H, T)
+where
+    H::Query: WithQuery<T::Query>,
+{
+    type Query = <H::Query as WithQuery<T::Query>>::Out;
+}
+
+/// `(T1, (T2, ... ()))`: a handler's extractors as a list [`QueryOf`] reads.
+macro_rules! list {
+    () => { () };
+    ($t:ident $(, $rest:ident)*) => { ($t, list!($($rest),*)) };
+}
+
+/// A handler of `Args` that takes the body `B`, reads the query `Q` and answers `A`.
+pub trait Serves<B, Q, A, Args> {}
+
+impl<F, Fut, A> Serves<NoBody, NoQuery, A, ()> for F
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<A::Out, ApiError>>,
@@ -61,12 +131,13 @@ where
 
 macro_rules! serves {
     ($($arg:ident),*) => {
-        impl<F, Fut, B, A, $($arg,)* Last> Serves<B, A, ($($arg,)* Last,)> for F
+        impl<F, Fut, B, Q, A, $($arg,)* Last> Serves<B, Q, A, ($($arg,)* Last,)> for F
         where
             F: FnOnce($($arg,)* Last) -> Fut,
             Fut: Future<Output = Result<A::Out, ApiError>>,
             A: ServerAnswer,
             Last: TakesBody<B>,
+            list!($($arg,)* Last): QueryOf<Query = Q>,
         {
         }
     };
@@ -82,7 +153,7 @@ serves!(T1, T2, T3, T4, T5);
 /// The handler for the endpoint's method, if it serves the endpoint's types.
 fn on<B, Q, A, H, T, Args>(endpoint: Endpoint<B, Q, A>, handler: H) -> MethodRouter<AppState>
 where
-    H: Handler<T, AppState> + Serves<B, A, Args>,
+    H: Handler<T, AppState> + Serves<B, Q, A, Args>,
     T: 'static,
 {
     match endpoint.method {
@@ -97,14 +168,14 @@ where
 pub trait Endpoints {
     fn endpoint<B, Q, A, H, T, Args>(self, endpoint: Endpoint<B, Q, A>, handler: H) -> Self
     where
-        H: Handler<T, AppState> + Serves<B, A, Args>,
+        H: Handler<T, AppState> + Serves<B, Q, A, Args>,
         T: 'static;
 }
 
 impl Endpoints for Router<AppState> {
     fn endpoint<B, Q, A, H, T, Args>(self, endpoint: Endpoint<B, Q, A>, handler: H) -> Self
     where
-        H: Handler<T, AppState> + Serves<B, A, Args>,
+        H: Handler<T, AppState> + Serves<B, Q, A, Args>,
         T: 'static,
     {
         self.route(endpoint.path, on(endpoint, handler))
