@@ -534,7 +534,11 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             }
             Target::Experiment(exp) => {
                 let r = api.cancel_experiment(exp).await?;
-                outln!("cancelled {} jobs of experiment {exp}", r.cancelled);
+                let name = api.experiment(exp).await?.name;
+                outln!(
+                    "cancelled {} jobs of experiment {name} ({exp})",
+                    r.cancelled
+                );
             }
         },
         Command::Retry { id } => match job_or_experiment(api, &id).await? {
@@ -544,8 +548,9 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             }
             Target::Experiment(exp) => {
                 let r = api.retry_failed(exp).await?;
+                let name = api.experiment(exp).await?.name;
                 outln!(
-                    "{} failed job{} of experiment {exp} queued for another attempt",
+                    "{} failed job{} of experiment {name} ({exp}) queued for another attempt",
                     r.retried.len(),
                     if r.retried.len() == 1 { "" } else { "s" }
                 );

@@ -184,7 +184,7 @@ fn an_experiment_s_failed_jobs_retry_at_once_and_the_json_export_pages_its_rows(
     assert_eq!(failed, 2, "{jobs:#?}");
     let out = h.cli_ok(&["retry", "halfbad"]);
     assert!(
-        out.contains("2 failed jobs of experiment") && out.contains("queued"),
+        out.contains("2 failed jobs of experiment halfbad (") && out.contains("queued"),
         "{out}"
     );
     h.wait_for(
