@@ -10,8 +10,20 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
 use headroom_shared::FailureClass;
+use serde::{Deserialize, Serialize};
 
-use crate::supervisor::proto::StopReason;
+/// Why the agent stopped an attempt before it ended by itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A user cancelled the job.
+    User,
+    /// The lease could not be renewed in time: the coordinator may give the job to another
+    /// node, so this one must not keep running it.
+    LeaseLost,
+    /// The agent is shutting down (SIGTERM, SIGINT).
+    Shutdown,
+}
 
 /// How an attempt's job (its foreground process) ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

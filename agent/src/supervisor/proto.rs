@@ -26,19 +26,9 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::gpu::BackendChoice;
 use crate::supervisor::attempt::Launch;
-
-/// Why the agent stopped an attempt before it ended by itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    /// A user cancelled the job.
-    User,
-    /// The lease could not be renewed in time: the coordinator may give the job to another
-    /// node, so this one must not keep running it.
-    LeaseLost,
-    /// The agent is shutting down (SIGTERM, SIGINT).
-    Shutdown,
-}
+/// Why the agent stopped an attempt, as the protocol carries it (a fact the class is
+/// decided from).
+pub use crate::supervisor::classify::StopReason;
 
 /// Version of this protocol; a supervisor speaking another one is not re-attached.
 pub const PROTOCOL: u32 = 1;
