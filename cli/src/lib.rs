@@ -532,9 +532,8 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
                 let r = api.cancel_job(job).await?;
                 outln!("cancelled {} job", r.cancelled);
             }
-            Target::Experiment(exp) => {
+            Target::Experiment(exp, name) => {
                 let r = api.cancel_experiment(exp).await?;
-                let name = api.experiment(exp).await?.name;
                 outln!(
                     "cancelled {} jobs of experiment {name} ({exp})",
                     r.cancelled
@@ -546,9 +545,8 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
                 api.retry(job).await?;
                 outln!("job {job} queued for another attempt");
             }
-            Target::Experiment(exp) => {
+            Target::Experiment(exp, name) => {
                 let r = api.retry_failed(exp).await?;
-                let name = api.experiment(exp).await?.name;
                 outln!(
                     "{} failed job{} of experiment {name} ({exp}) queued for another attempt",
                     r.retried.len(),
@@ -615,7 +613,7 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
         }
         Command::Wait { experiment } => {
             let exp = resolve_experiment(api, experiment.as_deref()).await?;
-            return output::wait(api, exp, true).await;
+            return output::wait(api, exp, None, true).await;
         }
         Command::Simulate(args) => simulate::run(api, args).await?,
         Command::Export {
@@ -740,7 +738,7 @@ pub async fn submit(
         );
     }
     if wait {
-        return output::wait(api, Some(exp), format == Format::Table).await;
+        return output::wait(api, Some(exp), Some(resp.name), format == Format::Table).await;
     }
     Ok(0)
 }
@@ -748,10 +746,10 @@ pub async fn submit(
 /// The fewest characters of a job id taken as a short id.
 const SHORT_ID_MIN: usize = 4;
 
-/// What `cancel` and `retry` act on: one job, or an experiment's jobs.
+/// What `cancel` and `retry` act on: one job, or an experiment's jobs (with its name).
 enum Target {
     Job(JobId),
-    Experiment(ExperimentId),
+    Experiment(ExperimentId, String),
 }
 
 /// A job (its id, `EXPERIMENT/INDEX`), else an experiment (id or name), else a short job id.
@@ -765,7 +763,14 @@ async fn job_or_experiment(api: &Api, id: &str) -> Result<Target> {
         return Ok(Target::Job(job));
     }
     match resolve_experiment(api, Some(id)).await {
-        Ok(Some(exp)) => Ok(Target::Experiment(exp)),
+        Ok(Some(exp)) => {
+            let name = api
+                .experiment(exp)
+                .await
+                .with_context(|| format!("no job or experiment `{id}`"))?
+                .name;
+            Ok(Target::Experiment(exp, name))
+        }
         Ok(None) => Err(anyhow!("no job or experiment `{id}`")),
         Err(e) => match resolve_job(api, id).await {
             Ok(job) => Ok(Target::Job(job)),

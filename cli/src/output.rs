@@ -648,13 +648,19 @@ pub fn preview(resp: &SubmitResponse) {
     }
 }
 
-/// Waits for the experiment (or all jobs), showing a progress bar named after it on standard
-/// error; `summary`: the counts at the end on standard output. Exit code 0 only when every
-/// job succeeded, else [`crate::JOBS_FAILED_EXIT`].
-pub async fn wait(api: &Api, experiment: Option<ExperimentId>, summary: bool) -> Result<i32> {
-    let name = match experiment {
-        Some(id) => api.experiment(id).await?.name,
-        None => "all jobs".to_string(),
+/// Waits for the experiment (or all jobs), showing a progress bar named after it (`name`, or
+/// asked for) on standard error; `summary`: the counts at the end on standard output. Exit
+/// code 0 only when every job succeeded, else [`crate::JOBS_FAILED_EXIT`].
+pub async fn wait(
+    api: &Api,
+    experiment: Option<ExperimentId>,
+    name: Option<String>,
+    summary: bool,
+) -> Result<i32> {
+    let name = match (name, experiment) {
+        (Some(name), _) => name,
+        (None, Some(id)) => api.experiment(id).await?.name,
+        (None, None) => "all jobs".to_string(),
     };
     let mut p = api.progress(experiment, None).await?;
     // Without a terminal the bar is invisible: print a line now and then instead.

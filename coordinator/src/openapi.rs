@@ -530,7 +530,7 @@ fn apply_bounds(doc: &mut Value) -> Vec<Site> {
             Some(op) => {
                 op.insert("x-cross-field-rules".into(), (*rules).into());
             }
-            None => missing.push(Site::Query(operation, "")),
+            None => missing.push(Site::Operation(operation)),
         }
     }
     missing
@@ -565,6 +565,8 @@ fn field_schema(doc: &mut Value, site: Site) -> Option<&mut serde_json::Map<Stri
                 .find(|p| p["name"] == param && p["in"] == "query")?
                 .get_mut("schema")?
         }
+        // A field rule has a field: the cross-field rules go on the operation itself.
+        Site::Operation(_) => return None,
     };
     schema.as_object_mut()
 }

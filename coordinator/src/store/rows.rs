@@ -235,15 +235,25 @@ fn measurements(r: &impl Cols, at: usize) -> Result<Measurements> {
         ghost_mib: r.mib_opt(53)?,
         ..Measurements::default()
     };
-    for f in FIGURES {
-        let i = ATTEMPT_COLUMN_NAMES
-            .iter()
-            .position(|c| *c == f.column)
-            .ok_or_else(|| StoreError::Corrupt(format!("no column {} read", f.column)))?;
+    for (f, &i) in FIGURES.iter().zip(FIGURE_AT.iter()) {
         (f.set)(&mut m, r.int_opt(i)?.map(|x| x as f64 / 1000.0));
     }
     Ok(m)
 }
+
+/// Where each figure's column stands in [`ATTEMPT_COLUMN_NAMES`] (every one is there: that
+/// list is made from them).
+static FIGURE_AT: LazyLock<Vec<usize>> = LazyLock::new(|| {
+    FIGURES
+        .iter()
+        .map(|f| {
+            ATTEMPT_COLUMN_NAMES
+                .iter()
+                .position(|c| *c == f.column)
+                .unwrap_or(usize::MAX)
+        })
+        .collect()
+});
 
 /// A report's measurements as the columns store them (figures in milli-units, as
 /// `gpu_telemetry`).

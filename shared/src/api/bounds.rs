@@ -138,6 +138,8 @@ pub enum Site {
     Property(&'static str, &'static str),
     /// A query parameter `.1` of the operation `.0` (its `operationId`).
     Query(&'static str, &'static str),
+    /// An operation itself (its `operationId`): where cross-field rules are listed.
+    Operation(&'static str),
 }
 
 /// Every rule with the fields it governs: the document is patched from this table, and
