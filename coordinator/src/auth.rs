@@ -287,14 +287,11 @@ pub fn random_secret() -> String {
 
 /// A fresh token: its public id and the whole token (`hr_<id>_<secret>`).
 pub fn new_token() -> (String, String) {
-    use rand::Rng;
-    let mut id = [0u8; 8];
-    let mut secret = [0u8; 24];
-    let mut rng = rand::rng();
-    rng.fill(&mut id);
-    rng.fill(&mut secret);
-    let id = hex::encode(id);
-    let token = format!("{TOKEN_PREFIX}{id}_{}", hex::encode(secret));
+    let id = headroom_shared::secret::random_hex(8);
+    let token = format!(
+        "{TOKEN_PREFIX}{id}_{}",
+        headroom_shared::secret::random_hex(24)
+    );
     (id, token)
 }
 

@@ -465,7 +465,6 @@ fn build(all: &[Route]) -> OpenApi {
         .build()
 }
 
-/// The served document, built once.
 /// The document as served: built from the route tables, then each field's rule written in
 /// from `bounds::APPLIED`, the rules the handlers check with.
 pub fn document() -> &'static Value {

@@ -122,13 +122,17 @@ impl Plan {
     }
 }
 
-/// Spaces next to a comma are fine; a space anywhere else (`"2 2"`, `" 2,2"`) is noise that
-/// more likely hides a typo than intent.
+/// Spaces next to a comma are fine; a space anywhere else (`"2 2"`, `" 2,2"`), or any other
+/// white space (a tab), is noise that more likely hides a typo than intent. As
+/// `api::bounds::PLAN` says it in the API's document.
 fn check_whitespace(s: &str) -> Result<(), PlanError> {
     let chars: Vec<char> = s.chars().collect();
     for (i, c) in chars.iter().enumerate() {
         if !c.is_whitespace() {
             continue;
+        }
+        if *c != ' ' {
+            return Err(PlanError::Whitespace { column: i + 1 });
         }
         let before = chars[..i].iter().rev().find(|c| !c.is_whitespace());
         let after = chars[i + 1..].iter().find(|c| !c.is_whitespace());

@@ -202,10 +202,6 @@ impl BodyType for NoBody {
     type Value = ();
 }
 
-impl BodyType for RawBytes {
-    type Value = [u8];
-}
-
 /// What a JSON answer marker decodes to, as the client reads it.
 pub trait JsonAnswer {
     type Value;

@@ -151,7 +151,7 @@ measurements! {
     pub struct Measurements {
         figures {
             energy_j: "energy_mj", "J", 0.0 ..= 1e15,
-                "Energy the attempt's GPUs used over the run (their counters), joules";
+                "Energy the attempt's GPUs used over the run, joules (how: `energy_source`)";
             mean_power_w: "mean_power_mw", "W", 0.0 ..= 1e9,
                 "Mean board power over the run (time-weighted over the readings), watts";
             max_power_w: "max_power_mw", "W", 0.0 ..= 1e9,
