@@ -96,6 +96,10 @@ fn main() -> i32 {
         }
     };
     headroom_shared::logging::init("warn");
+    if let Err(e) = process::mark_inherited_close_on_exec() {
+        eprintln!("headroom attempt supervisor: cannot mark inherited descriptors: {e}");
+        return 2;
+    }
     // The agent's end of the spawn channel is our stdin.
     let channel = match std::io::stdin().as_fd().try_clone_to_owned() {
         Ok(fd) => std::os::unix::net::UnixStream::from(fd),

@@ -121,8 +121,10 @@ struct ChildSetup {
     cwd: Option<CString>,
     /// The supervisor: the child's parent, unless it died before the death signal was set.
     supervisor: Pid,
-    /// Above the highest descriptor the child may hold (its hard `RLIMIT_NOFILE`): where the
-    /// kernel cannot mark them all at once, they are marked one by one up to here.
+    /// Above the highest descriptor opened since the supervisor started (its soft
+    /// `RLIMIT_NOFILE`): where the kernel cannot mark them all at once, they are marked one
+    /// by one up to here (the inherited ones, which may sit higher, were marked at its start:
+    /// [`mark_inherited_close_on_exec`]).
     fd_limit: u32,
     /// Where a failed step is written (close-on-exec; non-blocking).
     report: OwnedFd,
@@ -177,7 +179,7 @@ impl ChildSetup {
 }
 
 /// Marks every descriptor above 2 close-on-exec: `close_range` at once (Linux 5.11), or one
-/// by one below `limit`.
+/// by one below `limit` (the soft limit: a few thousand calls at most).
 #[allow(unsafe_code)]
 fn mark_close_on_exec(limit: u32) -> Result<(), i32> {
     // SAFETY: close_range over this process's own table with plain integers; with
@@ -207,6 +209,27 @@ fn mark_close_on_exec(limit: u32) -> Result<(), i32> {
         // answers EBADF, which is what is wanted.
         unsafe {
             libc::fcntl(fd as libc::c_int, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+    Ok(())
+}
+
+/// Marks every descriptor this process inherited above the standard streams close-on-exec,
+/// once, at its start: whatever whoever started the agent left open (to a file the job's user
+/// may not read) never reaches a job, even where a job's start must mark descriptors one by
+/// one below the soft limit and an inherited one sits above it. Everything the process opens
+/// itself is opened close-on-exec.
+#[allow(unsafe_code)]
+pub fn mark_inherited_close_on_exec() -> io::Result<()> {
+    let fds: Vec<libc::c_int> = std::fs::read_dir("/proc/self/fd")?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: fcntl on a descriptor number of this process's own table; the directory's
+        // own descriptor, closed by now, answers EBADF.
+        unsafe {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
         }
     }
     Ok(())
@@ -258,10 +281,8 @@ impl Spec {
             ids,
             cwd,
             supervisor: rustix::process::getpid(),
-            // The hard limit: a descriptor inherited from before a lower soft limit was set
-            // may sit above the soft one.
             fd_limit: rustix::process::getrlimit(rustix::process::Resource::Nofile)
-                .maximum
+                .current
                 .map_or(u32::MAX, |n| u32::try_from(n).unwrap_or(u32::MAX)),
             report,
         };

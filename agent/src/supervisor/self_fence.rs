@@ -37,11 +37,6 @@ impl SelfFence {
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
-
-    /// Resolves once the deadline has passed.
-    pub async fn due(&self) {
-        tokio::time::sleep_until(self.deadline).await;
-    }
 }
 
 #[cfg(test)]
@@ -52,7 +47,9 @@ mod tests {
 
     /// Whether the fence falls within `within` of now, on the paused clock.
     async fn falls_within(fence: &SelfFence, within: Duration) -> bool {
-        tokio::time::timeout(within, fence.due()).await.is_ok()
+        tokio::time::timeout(within, tokio::time::sleep_until(fence.deadline()))
+            .await
+            .is_ok()
     }
 
     #[tokio::test(start_paused = true)]
@@ -60,7 +57,7 @@ mod tests {
         let start = Instant::now();
         let fence = SelfFence::new(S(17));
         assert!(!falls_within(&fence, S(17) - Duration::from_millis(1)).await);
-        fence.due().await;
+        tokio::time::sleep_until(fence.deadline()).await;
         assert_eq!(start.elapsed(), S(17));
     }
 
@@ -74,7 +71,7 @@ mod tests {
             !falls_within(&fence, S(16)).await,
             "renewed at 10 s: due at 27 s"
         );
-        fence.due().await;
+        tokio::time::sleep_until(fence.deadline()).await;
         assert_eq!(start.elapsed(), S(27));
     }
 
@@ -84,7 +81,7 @@ mod tests {
         let mut fence = SelfFence::new(S(17));
         tokio::time::sleep(S(5)).await;
         fence.renew(S(2));
-        fence.due().await;
+        tokio::time::sleep_until(fence.deadline()).await;
         assert_eq!(start.elapsed(), S(7));
     }
 

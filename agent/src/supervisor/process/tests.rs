@@ -159,7 +159,7 @@ async fn the_job_starts_with_no_signal_blocked_and_sigpipe_at_its_default() {
             .unwrap_or_else(|| panic!("no {name} in {text}"));
         u64::from_str_radix(line.split_whitespace().nth(1).expect("a mask"), 16).expect("hex")
     };
-    // The supervisor blocks every signal around the clone; none may stay blocked.
+    // Whatever the supervisor's thread has blocked, the job starts with nothing blocked.
     assert_eq!(mask("SigBlk:"), 0, "{text}");
     // The Rust runtime ignores SIGPIPE; a job must not inherit that.
     assert_eq!(mask("SigIgn:") & (1 << (libc::SIGPIPE - 1)), 0, "{text}");
