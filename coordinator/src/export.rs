@@ -414,6 +414,13 @@ const MEASURED: &[Column] = &[
     )
     .clean(),
     col(
+        "clean",
+        Boolean,
+        None,
+        "Whether its figures can go in an energy comparison (what clean_only keeps)",
+        |r| Cell::Bool(is_clean(&r.attempt)),
+    ),
+    col(
         "contamination_reason",
         Str,
         None,

@@ -433,13 +433,13 @@ async function retryFailed(e) {
 // An experiment's JSON export: its columns as the server describes them (name, type, unit,
 // description), and its rows, each with every column by name and the parameters the attempt
 // ran with in `params` (never found by position). Read page after page (`next_after`).
-async function exportOf(exp, cleanOnly) {
+async function exportOf(exp) {
   const rows = [];
   let columns = [];
   let after = 0;
   for (;;) {
     const page = await call("exportAttempts", {
-      query: { format: "json", experiment: exp, clean_only: cleanOnly || undefined, after, limit: 10000 },
+      query: { format: "json", experiment: exp, after },
     });
     columns = page.columns;
     rows.push(...page.rows);
@@ -507,7 +507,7 @@ async function viewRuns() {
   if (!state.experiments.length) return h("p", { class: "muted" }, "No experiment yet.");
   if (!state.runsExp || !state.experiments.some((e) => e.id === state.runsExp)) state.runsExp = state.experiments[0].id;
   const exp = state.runsExp;
-  const data = await exportOf(exp, false);
+  const data = await exportOf(exp);
   const cols = [fixedColumn(data, "job_index"), ...data.params.map(paramColumn), ...RUN_COLUMNS.map((c) => fixedColumn(data, c))]
     .filter(Boolean);
   // Free text matches any value of the row, shown or not (ids, times, ...).
@@ -628,7 +628,7 @@ async function logTail(id, keep) {
 function palette() {
   const css = getComputedStyle(document.documentElement);
   const v = (name) => css.getPropertyValue(name).trim();
-  return { fg: v("--fg"), muted: v("--muted"), line: v("--line"), accent: v("--accent"), bad: v("--bad"), card: v("--card") };
+  return { muted: v("--muted"), line: v("--line"), accent: v("--accent"), bad: v("--bad"), card: v("--card") };
 }
 
 // A number as a tick or the legend shows it: short, and 1e-5 rather than 0.00001.
@@ -795,8 +795,8 @@ async function viewPlots() {
   state.experiments = await call("listExperiments");
   if (state.experiments.length) {
     if (!state.plotExp || !state.experiments.some((e) => e.id === state.plotExp)) state.plotExp = state.experiments[0].id;
-    const all = await exportOf(state.plotExp, false);
-    const clean = new Set((await exportOf(state.plotExp, true)).rows.map((r) => r.attempt_id));
+    const all = await exportOf(state.plotExp);
+    const clean = new Set(all.rows.filter((r) => r.clean).map((r) => r.attempt_id));
     const xPick = h("select", { id: "plot-exp-x" }, all.params.map((p) => h("option", { value: p }, p)));
     // The figures the export marks as such: a new measured column is offered here at once.
     const figures = [...all.columns.values()].filter((c) => c.figure).map((c) => c.name);

@@ -136,3 +136,13 @@ def test_the_notebook_example_runs(cluster: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 of 2 jobs succeeded" in done.stdout, done.stdout
     assert "longest run:" in done.stdout, done.stdout
+
+
+def test_the_jobs_frame_columns_are_the_job_model_s_fields() -> None:
+    """`jobs()`' fixed columns are `JobSummary`'s fields (its parameters spread as
+    `params.NAME`): a field added to the model without a column would trail untyped."""
+    from headroom_client._tables import JOB_COLUMNS
+    from headroom_client.models import JobSummary
+
+    model = {f.alias or n for n, f in JobSummary.model_fields.items() if n != "params"}
+    assert {c.name for c in JOB_COLUMNS} == model

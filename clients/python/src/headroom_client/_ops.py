@@ -1,4 +1,5 @@
-"""Every operation of the client, written once and without I/O ("sans-IO"). Each is a
+"""Every operation of the client, written once and without network I/O ("sans-IO"; a spec
+file is read and an export file written here). Each is a
 generator that yields the requests it needs (``Call``), is sent each one's answer (an
 ``httpx.Response`` below 400: an error answer or a failure to reach the coordinator is raised
 at the ``yield`` as a ``HeadroomError``, which the operation may catch), and returns its

@@ -1,5 +1,5 @@
 """``Client`` (sync) and ``AsyncClient`` over the coordinator's REST API (``/v1``): two faces
-of one implementation. Each operation is written once, without I/O, in ``_ops`` (a generator
+of one implementation. Each operation is written once, without network I/O, in ``_ops`` (a generator
 of the requests it needs); a face sends those requests through its httpx client
 (``httpx.Client`` or ``httpx.AsyncClient``) and returns the operation's result, so both make
 the same requests and give the same results. What is left here is each method's signature,

@@ -256,6 +256,23 @@ fn an_experiment_s_failed_jobs_retry_at_once_and_the_json_export_pages_its_rows(
         "odd x fail twice each: {x_of_failures:?}"
     );
     assert!(x_of_failures.iter().all(|x| x % 2 == 1));
+    // `clean` says of each row what `clean_only` keeps.
+    let kept: serde_json::Value = h
+        .get(&format!(
+            "/v1/export?experiment={exp}&format=json&clean_only=true"
+        ))
+        .expect("clean page");
+    let ids = |rows: Vec<&serde_json::Value>| -> Vec<String> {
+        rows.iter().map(|r| r["attempt_id"].to_string()).collect()
+    };
+    let marked = rows
+        .iter()
+        .copied()
+        .filter(|r| r["clean"] == true)
+        .collect();
+    let kept_rows = kept["rows"].as_array().into_iter().flatten().collect();
+    assert_eq!(ids(marked), ids(kept_rows));
+    assert!(rows.iter().all(|r| r["clean"].is_boolean()), "{rows:?}");
     let (status, refused) = h
         .post("/v1/experiments/not-an-id/retry", &serde_json::json!({}))
         .expect("post");
