@@ -101,26 +101,51 @@ pub fn path_for(path: &str, id: &Identity) -> String {
 /// Whether `id` may search `dir` and every folder above it, by their modes (the supervisor
 /// is root: `access` would answer for root).
 fn searchable(dir: &std::path::Path, id: &Identity) -> bool {
-    use std::os::unix::fs::MetadataExt;
     if id.uid.is_root() {
         return true;
     }
-    dir.ancestors().all(|d| {
-        let Ok(meta) = std::fs::metadata(d) else {
-            return false;
-        };
-        let mode = meta.mode();
-        let bit = if meta.uid() == id.uid.as_raw() {
-            0o100
-        } else if meta.gid() == id.gid.as_raw()
-            || id.groups.iter().any(|g| g.as_raw() == meta.gid())
-        {
-            0o010
-        } else {
-            0o001
-        };
-        meta.is_dir() && mode & bit != 0
-    })
+    dir.ancestors()
+        .all(|d| std::fs::metadata(d).is_ok_and(|meta| meta.is_dir() && may_search(&meta, id)))
+}
+
+/// Whether `id` may search a folder of `meta`, by its mode.
+fn may_search(meta: &std::fs::Metadata, id: &Identity) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let bit = if meta.uid() == id.uid.as_raw() {
+        0o100
+    } else if meta.gid() == id.gid.as_raw() || id.groups.iter().any(|g| g.as_raw() == meta.gid()) {
+        0o010
+    } else {
+        0o001
+    };
+    meta.mode() & bit != 0
+}
+
+/// The first folder on the way to `dir` (itself included) that `id` may not search by its
+/// mode, with its owner and mode; `None` where the modes allow every one, or a folder
+/// cannot be looked at from here.
+pub fn first_unsearchable(dir: &std::path::Path, id: &Identity) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut way: Vec<&std::path::Path> = dir.ancestors().collect();
+    way.reverse();
+    for d in way {
+        let meta = std::fs::metadata(d).ok()?;
+        if !may_search(&meta, id) {
+            let name = |uid| {
+                User::from_uid(Uid::from_raw(uid))
+                    .ok()
+                    .flatten()
+                    .map_or_else(|| format!("uid {uid}"), |u| u.name)
+            };
+            return Some(format!(
+                "{} (owner {}, mode {:o})",
+                d.display(),
+                name(meta.uid()),
+                meta.mode() & 0o7777
+            ));
+        }
+    }
+    None
 }
 
 #[cfg(test)]

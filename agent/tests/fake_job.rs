@@ -61,6 +61,7 @@ impl Fixture {
             timeout: None,
             log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
             workdir: None,
+            environment: None,
             baseline: None,
             prestart: Default::default(),
             background: None,

@@ -88,6 +88,7 @@ pub fn submit(api: &Client, name: &str, argv: &[&str], runs: usize) -> Result<Ex
             "runs_per_config": runs, "resources": {"memory": "100MiB"}}),
         seed: None,
         dry_run: false,
+        ..Default::default()
     };
     let r = block_on(api.submit(&req))?.context("submit refused")?;
     r.experiment.context("stored")

@@ -9,7 +9,8 @@
 //! - `node`: `up` and `doctor` run in the second binary, `headroom-node` (`src/bin/`), which
 //!   holds the coordinator, the agent and the attempt supervisors; `headroom` (`main.rs`)
 //!   holds the client's commands only and becomes `headroom-node` for those two;
-//! - `simulate`: an experiment replayed under other GPUs, plans and policies.
+//! - `simulate`: an experiment replayed under other GPUs, plans and policies;
+//! - `source`: where submitted jobs run from (working directory, git, environment, bundle).
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -38,6 +39,7 @@ pub mod doctor;
 pub mod node;
 pub mod output;
 pub mod simulate;
+pub mod source;
 pub mod up;
 
 use client::Api;
@@ -90,6 +92,10 @@ pub enum Command {
         /// Seed for `mutate` draws (overrides the spec's).
         #[arg(long)]
         seed: Option<u64>,
+        /// Run every job from a bundle of the code as it is now (`code: snapshot`): on any
+        /// node, whatever changes in the checkout afterwards.
+        #[arg(long)]
+        snapshot: bool,
         /// `table`, or `json`: the API's answer (`experiment`, `name`, `jobs`, `seed`, ...),
         /// for scripts; with `--wait`, progress goes to standard error only.
         #[arg(long, value_enum, default_value_t)]
@@ -472,9 +478,19 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             file,
             wait,
             dry_run,
+            snapshot,
             seed,
             output: format,
-        } => return submit(api, &file, wait, dry_run, seed, format).await,
+        } => {
+            let how = SubmitHow {
+                wait,
+                dry_run,
+                seed,
+                snapshot,
+                format,
+            };
+            return submit(api, &file, how).await;
+        }
         Command::Ls {
             experiment,
             state,
@@ -509,6 +525,8 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             match format {
                 Format::Table => {
                     output::job_detail(&job);
+                    let exp = api.experiment(job.summary.experiment).await?;
+                    output::source(&exp.source);
                     for (number, t) in &series {
                         output::attempt_telemetry(*number, t);
                     }
@@ -697,18 +715,62 @@ pub fn read_spec(file: &std::path::Path) -> Result<serde_json::Value> {
         .map_err(|e| anyhow!("{}: not valid YAML/JSON: {e}", file.display()))
 }
 
-pub async fn submit(
-    api: &Api,
-    file: &std::path::Path,
-    wait: bool,
-    dry_run: bool,
-    seed: Option<u64>,
-    format: Format,
-) -> Result<i32> {
+/// How `submit` goes about it (its flags).
+pub struct SubmitHow {
+    pub wait: bool,
+    pub dry_run: bool,
+    pub seed: Option<u64>,
+    /// `--snapshot`: as the spec's `code: snapshot`.
+    pub snapshot: bool,
+    pub format: Format,
+}
+
+pub async fn submit(api: &Api, file: &std::path::Path, how: SubmitHow) -> Result<i32> {
+    let SubmitHow {
+        wait,
+        dry_run,
+        seed,
+        snapshot,
+        format,
+    } = how;
+    let mut spec = read_spec(file)?;
+    if snapshot && let Some(o) = spec.as_object_mut() {
+        o.insert("code".into(), "snapshot".into());
+    }
+    let local = source::is_local(api.base());
+    let workdir = source::workdir(&spec, file, local)?;
+    let vars: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let environment = source::environment(&spec, file, &vars, local)?;
+    let git = source::git_state(&workdir);
+    let mut bundle = None;
+    if spec.get("code").and_then(|c| c.as_str()) == Some("snapshot") && !dry_run {
+        let b = source::bundle(&workdir, headroom_shared::bundle::DEFAULT_MAX_BYTES)?;
+        let stored = api
+            .put_bundle(&b.hash, b.bytes)
+            .await
+            .context("uploading the code bundle")?;
+        if format == Format::Table {
+            eprintln!(
+                "code bundle {} ({}) of {}",
+                &b.hash[..12],
+                bytesize::ByteSize::b(stored.bytes).display().iec(),
+                workdir.display()
+            );
+        }
+        bundle = Some(headroom_shared::api::source::Snapshot {
+            hash: b.hash,
+            subdir: b.subdir,
+            bytes: 0,
+        });
+    }
     let req = SubmitRequest {
-        spec: read_spec(file)?,
+        spec,
         seed,
         dry_run,
+        workdir: Some(workdir.display().to_string()),
+        git,
+        snapshot: bundle,
+        environment,
     };
     let resp = api
         .submit(&req)

@@ -141,6 +141,54 @@ pub fn experiments_table(exps: &[ExperimentSummary]) {
     );
 }
 
+/// Where an experiment's jobs run from, as `show` prints it.
+pub fn source(s: &headroom_shared::api::source::Source) {
+    use headroom_shared::api::source::EnvironmentFrom;
+    match (&s.snapshot, &s.workdir) {
+        (Some(b), dir) => outln!(
+            "code       snapshot {} ({}){}{}",
+            &b.hash[..b.hash.len().min(12)],
+            bytesize::ByteSize::b(b.bytes).display().iec(),
+            dir.as_ref().map_or(String::new(), |d| format!(" of {d}")),
+            if b.subdir.is_empty() {
+                String::new()
+            } else {
+                format!(", runs in {}", b.subdir)
+            }
+        ),
+        (None, Some(d)) => outln!("workdir    {d}"),
+        (None, None) => outln!("workdir    the job user's home"),
+    }
+    if let Some(g) = &s.git {
+        outln!(
+            "git        {}{}{}",
+            &g.commit[..g.commit.len().min(12)],
+            g.branch
+                .as_ref()
+                .map_or(String::new(), |b| format!(" on {b}")),
+            if g.dirty {
+                format!(
+                    ", with uncommitted changes{}",
+                    g.diff_hash.as_ref().map_or(String::new(), |h| format!(
+                        " (diff {})",
+                        &h[..h.len().min(12)]
+                    ))
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    if let Some(e) = &s.environment {
+        let from = match s.environment_from {
+            Some(EnvironmentFrom::Spec) => " (the spec's)",
+            Some(EnvironmentFrom::Submitter) => " (the submitter's, taken at submit)",
+            None => "",
+        };
+        outln!("python     {e}{from}");
+    }
+}
+
 pub fn job_detail(d: &JobDetail) {
     let j = &d.summary;
     outln!("job        {}", j.id);

@@ -118,6 +118,16 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         let mut admin = auth::admin_token(&secret)?;
         // `sudo headroom up`: the admin is the person who ran sudo, and their jobs run as them.
         admin.unix_user = sudo_user();
+        if headroom_agent::runas::is_root() && admin.unix_user.is_none() {
+            eprintln!(
+                "warning: this `headroom up` runs as root, not through sudo: your jobs run as \
+                 `{}`, which may not enter your project or read its files (a home such as \
+                 /root is private). `sudo headroom up` from your own account runs them as you; \
+                 where everything is root's (a container), `headroom user create admin --role \
+                 admin --unix-user root --allow-root` runs them as root",
+                args.agent.run_as_default
+            );
+        }
         config.tokens.push(admin);
         local_admin = Some(secret);
     }
@@ -226,7 +236,13 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         let api = crate::client::Api::new(&url)?
             .with_token(submit_token.as_ref().map(BearerToken::expose))?;
         tokio::select! {
-            r = crate::submit(&api, spec, true, false, None, crate::output::Format::Table) => {
+            r = crate::submit(&api, spec, crate::SubmitHow {
+                wait: true,
+                dry_run: false,
+                seed: None,
+                snapshot: false,
+                format: crate::output::Format::Table,
+            }) => {
                 code = match r {
                     Ok(c) => c,
                     Err(e) => { eprintln!("error: {e:#}"); 1 }

@@ -39,6 +39,10 @@ pub struct CoordinatorSettings {
     /// keeps the whole log), e.g. `64MiB`.
     #[arg(long, env = "HEADROOM_MAX_LOG_SIZE", default_value = "64MiB")]
     pub max_log_size: MemSize,
+    /// Largest code bundle (`code: snapshot`, compressed) this coordinator keeps, e.g.
+    /// `100MiB`. Bundles live in the database.
+    #[arg(long, env = "HEADROOM_MAX_BUNDLE_SIZE", default_value = "100MiB")]
+    pub max_bundle_size: MemSize,
     /// Longest a claim, progress or log read is held open waiting for a change.
     #[arg(long, env = "HEADROOM_LONG_POLL", default_value = "25s", value_parser = duration)]
     pub long_poll: Duration,
@@ -109,6 +113,7 @@ impl CoordinatorSettings {
             max_jobs: self.max_jobs,
             max_submit_bytes: self.max_submit_size.mib.saturating_mul(1024 * 1024),
             max_log_bytes: self.max_log_size.mib.saturating_mul(1024 * 1024),
+            max_bundle_bytes: self.max_bundle_size.mib.saturating_mul(1024 * 1024),
             long_poll: self.long_poll,
             telemetry_retention: self.telemetry_retention,
             telemetry_max_samples: self.telemetry_max_samples,
@@ -187,6 +192,8 @@ pub struct CoordinatorConfig {
     pub max_submit_bytes: u64,
     /// Most bytes of an attempt's output its log keeps here.
     pub max_log_bytes: u64,
+    /// Largest code bundle kept.
+    pub max_bundle_bytes: u64,
     /// A job waiting longer than this holds GPUs for itself instead of being overtaken.
     pub reserve_after: Duration,
     /// How long a stop signal waits for requests in flight before dropping them (under
@@ -221,6 +228,7 @@ impl CoordinatorConfig {
             max_jobs: DEFAULT_MAX_JOBS,
             max_submit_bytes: headroom_shared::expand::DEFAULT_MAX_EXPANDED_BYTES,
             max_log_bytes: crate::store::logs::DEFAULT_MAX_LOG_BYTES,
+            max_bundle_bytes: 100 * 1024 * 1024,
             reserve_after: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(20),
             telemetry_retention: Duration::from_secs(24 * 3600),

@@ -1,6 +1,6 @@
 //! The export: one row per attempt with the job's parameters as columns, the seeds'
 //! `summary.csv` without hand work, and which rows are clean measurements. Its columns are
-//! declared once (`FIXED`, `OUTCOME`, `MEASURED`: name, type, unit, meaning, value; the
+//! declared once (`FIXED`, `OUTCOME`, `MEASURED`, `CODE`: name, type, unit, meaning, value; the
 //! figures between come from `Measurements::FIGURES`); the CSV file, the JSON pages
 //! and their column list are all read from that table.
 
@@ -522,12 +522,66 @@ const MEASURED: &[Column] = &[
 ];
 
 /// The columns after the parameters: the outcome, each figure, the other measurements.
+/// Where the experiment's jobs ran from, as its submitter's client recorded it.
+const CODE: &[Column] = &[
+    col(
+        "workdir",
+        Str,
+        None,
+        "The directory the jobs ran in (with a snapshot, the one it was taken from)",
+        |r| text(r.source.as_ref().and_then(|s| s.workdir.as_ref())),
+    ),
+    col(
+        "git_commit",
+        Str,
+        None,
+        "The commit checked out in the working directory at submit",
+        |r| {
+            text(
+                r.source
+                    .as_ref()
+                    .and_then(|s| s.git.as_ref())
+                    .map(|g| &g.commit),
+            )
+        },
+    ),
+    col(
+        "git_dirty",
+        Boolean,
+        None,
+        "Whether the checkout had uncommitted changes at submit",
+        |r| {
+            flag(
+                r.source
+                    .as_ref()
+                    .and_then(|s| s.git.as_ref())
+                    .map(|g| g.dirty),
+            )
+        },
+    ),
+    col(
+        "code_hash",
+        Str,
+        None,
+        "The SHA-256 of the code bundle the jobs ran from (`code: snapshot`)",
+        |r| {
+            text(
+                r.source
+                    .as_ref()
+                    .and_then(|s| s.snapshot.as_ref())
+                    .map(|b| &b.hash),
+            )
+        },
+    ),
+];
+
 static AFTER_PARAMS: LazyLock<Vec<Column>> = LazyLock::new(|| {
     OUTCOME
         .iter()
         .copied()
         .chain(FIGURES.iter().map(Column::of_figure))
         .chain(MEASURED.iter().copied())
+        .chain(CODE.iter().copied())
         .collect()
 });
 

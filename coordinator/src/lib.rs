@@ -7,7 +7,8 @@
 //! - `api` (handlers, one gate `authorize`, one error mapping), `auth` (who a token is),
 //!   `metrics`, `openapi`, `export`, `logs`: the HTTP edge (`api/ui.rs` serves the
 //!   dashboard, its page and assets in `ui/`).
-//! - `matrix`: a submitted spec turned into the jobs to store.
+//! - `matrix`: a submitted spec turned into the jobs to store; `source`: where they run
+//!   from (working directory, code, environment).
 //! - `store`: every durable change, one transaction per operation, written once over the
 //!   transaction interface both backends (SQLite, PostgreSQL) implement.
 //! - `rules` (job decisions), `placement` (which GPUs), `sharing` (attempts that shared a
@@ -34,6 +35,7 @@ pub mod rules;
 pub mod serve;
 pub mod sharing;
 pub mod simulate;
+pub mod source;
 pub mod store;
 
 pub use app::Application;

@@ -13,6 +13,7 @@ pub fn new_experiment(
     expanded: Vec<ExpandedJob>,
     seed: u64,
     submitted_by: String,
+    source: Option<headroom_shared::api::source::Source>,
 ) -> Result<NewExperiment, SpecError> {
     let env = spec.job_env();
     let timeout_ms = spec.timeout()?.map(|d| d.as_millis() as u64);
@@ -52,5 +53,6 @@ pub fn new_experiment(
         })?,
         jobs,
         submitted_by,
+        source,
     })
 }

@@ -76,6 +76,8 @@ enum Answer {
     Export(SchemaFn),
     /// Log bytes with the `x-log-offset` and `x-attempt-ended` headers.
     LogBytes,
+    /// Raw bytes.
+    OctetStream,
 }
 
 /// One route's documentation beyond what `routes::Route` says.
@@ -140,6 +142,10 @@ impl<T: ToSchema> AnswerDoc for routes::Export<T> {
 
 impl AnswerDoc for routes::LogBytes {
     const ANSWER: Answer = Answer::LogBytes;
+}
+
+impl AnswerDoc for routes::OctetStream {
+    const ANSWER: Answer = Answer::OctetStream;
 }
 
 /// An endpoint's documentation, from its declaration (types included).
@@ -355,6 +361,10 @@ fn operation(route: &Route, doc: Option<RouteDoc>, schemas: &mut Schemas) -> Pat
                         "application/json",
                         ContentBuilder::new().schema(Some(page(schemas))).build(),
                     ),
+                Answer::OctetStream => ResponseBuilder::new().description("The bytes").content(
+                    "application/octet-stream",
+                    ContentBuilder::new().schema(Some(binary())).build(),
+                ),
                 Answer::LogBytes => ResponseBuilder::new()
                     .description("Log bytes from `offset` (empty when none came within `wait_ms`)")
                     .content(

@@ -543,6 +543,8 @@ pub fn finish(
     let retry_on: &[FailureClass] = match (class, job.on_throttle) {
         (FailureClass::Throttled, OnThrottle::Retry) => &[FailureClass::Throttled],
         (FailureClass::Throttled, _) => &[],
+        // The node lacks the job's directory or environment: it would fail again the same way.
+        (c, _) if c.is_setup() => &[],
         _ => &job.retry_on,
     };
     let mut retry = retry_allowed(class, true, job.attempts, job.max_attempts, retry_on);

@@ -159,6 +159,7 @@ async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
         spec: serde_json::json!({}),
         jobs,
         submitted_by: who.into(),
+        source: None,
     })
     .await
     .expect("create experiment");
@@ -1846,6 +1847,7 @@ async fn a_throttled_run_is_what_its_specs_on_throttle_says(s: Backend) {
             spec,
             jobs: vec![j],
             submitted_by: "anonymous".into(),
+            source: None,
         })
         .await
         .expect("create experiment");
@@ -2754,6 +2756,62 @@ async fn jobs_are_listed_by_experiment_state_and_limit(s: Backend) {
     assert_eq!(third.iter().map(|j| j.index).collect::<Vec<_>>(), [3]);
 }
 
+/// Where an experiment's jobs run from is kept with it, read back by the experiment, given
+/// to each lease and written in the export; code bundles are kept once per hash.
+async fn an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash(s: Backend) {
+    use headroom_shared::api::source::{Environment, EnvironmentFrom, GitState, Snapshot, Source};
+    let source = Source {
+        workdir: Some("/home/alice/proj".into()),
+        git: Some(GitState {
+            commit: "a".repeat(40),
+            branch: Some("main".into()),
+            dirty: true,
+            diff_hash: Some("b".repeat(64)),
+        }),
+        snapshot: Some(Snapshot {
+            hash: "c".repeat(64),
+            subdir: "train".into(),
+            bytes: 3,
+        }),
+        environment: Some(Environment::Venv("/home/alice/proj/.venv".into())),
+        environment_from: Some(EnvironmentFrom::Submitter),
+    };
+    let id = ExperimentId::new();
+    s.create_experiment(NewExperiment {
+        id,
+        name: "exp".into(),
+        seed: 1,
+        spec: serde_json::json!({}),
+        jobs: vec![job(0, Some(1000), vec![], 1)],
+        submitted_by: "anonymous".into(),
+        source: Some(source.clone()),
+    })
+    .await
+    .expect("create experiment");
+    assert_eq!(s.experiment(id).await.expect("experiment").source, source);
+    let agent = register(&s, "n1", 1, None).await;
+    let leases = claim(&s, agent, 1).await;
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0].source.as_ref(), Some(&source));
+    let rows = s.export_rows(Some(id)).await.expect("export");
+    assert_eq!(rows[0].source.as_deref(), Some(&source));
+
+    let hash = "d".repeat(64);
+    assert_eq!(s.bundle_size(hash.clone()).await.expect("size"), None);
+    assert!(
+        s.put_bundle(hash.clone(), b"abc".to_vec(), "alice".into())
+            .await
+            .expect("put")
+    );
+    assert!(
+        !s.put_bundle(hash.clone(), b"abc".to_vec(), "bob".into())
+            .await
+            .expect("again")
+    );
+    assert_eq!(s.bundle_size(hash.clone()).await.expect("size"), Some(3));
+    assert_eq!(s.bundle(hash).await.expect("bundle"), Some(b"abc".to_vec()));
+}
+
 /// Attempt logs live in the store: chunks resent by an agent and its supervisor are kept
 /// once, whoever sends them first (concurrently too); a chunk past the end is refused naming
 /// the offset; reads go by offset across chunks; past the bound, the log keeps its first
@@ -2854,6 +2912,7 @@ macro_rules! conformance {
 
 conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
+    an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash,
     claims_wake_for_work_and_sleep_through_starts_and_leases,
     a_cpu_job_behind_a_full_node_s_queue_still_starts,
     a_claim_reads_a_window_sized_by_the_node_s_open_slots,

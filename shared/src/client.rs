@@ -29,6 +29,8 @@ type Arg<'a> = dyn fmt::Display + Sync + 'a;
 /// A plain call's limit; long-polls get their wait on top of it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a code bundle's transfer may take (up to the default 100 MiB cap).
+const BUNDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub use crate::routes::SERVER_IDLE_CLOSE;
 /// How long a client keeps an idle connection for reuse: at most half of
 /// [`SERVER_IDLE_CLOSE`] (a test holds it to that), so
@@ -545,6 +547,25 @@ impl Client {
             next,
             ended,
         })
+    }
+
+    /// Keeps a code bundle under the SHA-256 of its bytes (`code: snapshot`).
+    pub async fn put_bundle(
+        &self,
+        hash: &str,
+        data: Vec<u8>,
+    ) -> Result<crate::api::source::BundleStored, ClientError> {
+        let req = self
+            .request(routes::PUT_BUNDLE, &[&hash], BUNDLE_TIMEOUT)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(data);
+        self.send(req).await
+    }
+
+    /// A code bundle's bytes (agents, for the jobs they run).
+    pub async fn bundle(&self, hash: &str) -> Result<Vec<u8>, ClientError> {
+        let req = self.request(routes::GET_BUNDLE, &[&hash], BUNDLE_TIMEOUT);
+        Ok(self.send_raw(req).await?.1)
     }
 
     /// One GPU's telemetry series over `q`'s window.

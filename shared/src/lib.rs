@@ -9,13 +9,16 @@
 //!   directories taken only when this user's and private).
 //! - `prestart`, `colocate`, `spec` (what a user submits, validated), `expand` (the matrix
 //!   of jobs a spec makes).
-//! - `api` (the REST API's types; `api::agent`: the agent protocol), `routes` (every route
+//! - `api` (the REST API's types; `api::agent`: the agent protocol; `api::source`: where an
+//!   experiment's jobs run from), `routes` (every route
 //!   once, with who may call it).
 //! - Behind features: `client` (the typed HTTP client), `settings` (defaults, file, env,
-//!   flags), `signals`.
+//!   flags), `signals`, `bundle` (code bundles of `code: snapshot`).
 #![forbid(unsafe_code)]
 
 pub mod api;
+#[cfg(feature = "bundle")]
+pub mod bundle;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod colocate;

@@ -8,6 +8,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use crate::api::source::BundleStored;
 use crate::api::{
     Ack, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse, ClaimRequest,
     ClaimResponse, CreateTokenRequest, CreatedToken, ExperimentSummary, ExportPage, ExportQuery,
@@ -188,6 +189,8 @@ pub struct Query<Q>(PhantomData<fn() -> Q>);
 pub struct Export<T>(PhantomData<fn() -> T>);
 /// Log bytes with the `x-log-offset` and `x-attempt-ended` headers.
 pub enum LogBytes {}
+/// Raw bytes (`application/octet-stream`), as an answer.
+pub enum OctetStream {}
 
 /// What a body marker carries, as the client sends it.
 pub trait BodyType {
@@ -473,6 +476,8 @@ macro_rules! for_each_endpoint {
             $crate::routes::RETRY_FAILED,
             $crate::routes::PROGRESS,
             $crate::routes::EXPORT,
+            $crate::routes::PUT_BUNDLE,
+            $crate::routes::GET_BUNDLE,
             $crate::routes::JOBS,
             $crate::routes::JOB,
             $crate::routes::CANCEL_JOB,
@@ -514,6 +519,21 @@ macro_rules! route_table {
 }
 
 for_each_endpoint!(route_table);
+
+pub const PUT_BUNDLE: Endpoint<RawBytes, NoQuery, Json<BundleStored>> = Endpoint::new(
+    Put,
+    "/v1/bundles/{hash}",
+    User,
+    "Keep a code bundle (`code: snapshot`) under the SHA-256 of its bytes",
+)
+.doc("putBundle", "experiments");
+pub const GET_BUNDLE: Endpoint<NoBody, NoQuery, OctetStream> = Endpoint::new(
+    Get,
+    "/v1/bundles/{hash}",
+    Agent,
+    "A code bundle's bytes, for the nodes that run its jobs",
+)
+.doc("getBundle", "agents");
 
 pub const USERS: Endpoint<NoBody, NoQuery, JsonList<UserView>> =
     Endpoint::new(Get, "/v1/users", Admin, "Users and their Unix users").doc("listUsers", "tokens");

@@ -85,6 +85,52 @@ pub struct ExperimentSpec {
     /// `throttled`, not tried again).
     #[serde(default)]
     pub on_throttle: OnThrottle,
+    /// The directory the jobs run in: absolute, or relative to the spec file (the client
+    /// resolves it). Without it, the directory the spec was submitted from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// `checkout` (default): jobs run in their working directory as it is when each starts;
+    /// `snapshot`: from a bundle of the code the client takes at submit, on any node.
+    #[serde(default)]
+    pub code: CodeMode,
+    /// The Python environment the jobs run with: `inherit` (default: the submitter's
+    /// activated venv or conda environment, if any), `none`, `{venv: PATH}` (absolute, or
+    /// relative to the spec file) or `{conda: NAME}` (a name or an absolute prefix).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<EnvironmentSpec>,
+}
+
+/// `code`: what the jobs' code is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum CodeMode {
+    /// The working directory as it is when each attempt starts (its commit is recorded at
+    /// submit).
+    #[default]
+    Checkout,
+    /// A bundle of the working directory's tree taken at submit (git-tracked files with
+    /// their uncommitted changes, and untracked files not ignored).
+    Snapshot,
+}
+
+/// `environment`: a keyword or an environment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum EnvironmentSpec {
+    Keyword(EnvironmentKeyword),
+    Given(crate::api::source::Environment),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum EnvironmentKeyword {
+    /// The submitter's activated venv or conda environment, if any.
+    Inherit,
+    /// None: the node's `PATH` as it is.
+    None,
 }
 
 /// `on_throttle`: what a throttled run is.
@@ -383,6 +429,28 @@ impl ExperimentSpec {
             return Err(SpecError::new(
                 "retry.on",
                 "a throttled run is retried by `on_throttle: retry`, not by `retry.on`",
+            ));
+        }
+        if let Some(w) = &self.workdir {
+            if w.is_empty() {
+                return Err(SpecError::new("workdir", "is empty"));
+            }
+            refuse_nul(w, "workdir")?;
+        }
+        if let Some(EnvironmentSpec::Given(e)) = &self.environment {
+            match e {
+                // A relative venv is resolved by the client, against the spec file.
+                crate::api::source::Environment::Venv(p) => refuse_nul(p, "environment.venv")?,
+                crate::api::source::Environment::Conda(_) => {
+                    e.check().map_err(|(f, m)| SpecError::new(f, m))?
+                }
+            }
+        }
+        if self.retry.on.iter().any(|c| c.is_setup()) {
+            return Err(SpecError::new(
+                "retry.on",
+                "a working directory or environment the node lacks is not retried: it would \
+                 fail the same way",
             ));
         }
         for (key, value) in &self.env {

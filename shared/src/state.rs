@@ -182,10 +182,16 @@ pub enum FailureClass {
     /// Its GPU slowed its clocks for temperature or power while it ran, with
     /// `on_throttle: retry` or `fail` (its job's own end was a success).
     Throttled,
+    /// Its working directory is missing on its node, or its user may not enter it (never
+    /// started; not retried).
+    Workdir,
+    /// Its Python environment (`environment`) is missing on its node (never started; not
+    /// retried).
+    Environment,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 12] = [
+    pub const ALL: [FailureClass; 14] = [
         FailureClass::Oom,
         FailureClass::Timeout,
         FailureClass::Cancelled,
@@ -198,6 +204,8 @@ impl FailureClass {
         FailureClass::BackgroundNotReady,
         FailureClass::BackgroundExited,
         FailureClass::Throttled,
+        FailureClass::Workdir,
+        FailureClass::Environment,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -214,7 +222,15 @@ impl FailureClass {
             FailureClass::BackgroundNotReady => "background_not_ready",
             FailureClass::BackgroundExited => "background_exited",
             FailureClass::Throttled => "throttled",
+            FailureClass::Workdir => "workdir",
+            FailureClass::Environment => "environment",
         }
+    }
+
+    /// What the node could not set up for the job (its directory, its environment): the
+    /// same job fails the same way there again.
+    pub fn is_setup(self) -> bool {
+        matches!(self, FailureClass::Workdir | FailureClass::Environment)
     }
 }
 

@@ -310,6 +310,7 @@ mod tests {
             ),
             job_base_env: Default::default(),
             attach_key: "k".repeat(64),
+            bundles: Default::default(),
         });
         let attempts = shared.attempts.clone();
         let start = Instant::now();

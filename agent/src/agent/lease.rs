@@ -70,6 +70,25 @@ pub(crate) async fn run(
         crate::agent::sweep::AGENT_VAR.to_string(),
         shared.scope.clone(),
     );
+    let run_as = crate::runas::effective(lease.run_as, &shared.cfg.run_as_default);
+    let source = lease.source.unwrap_or_default();
+    let workdir = match &source.snapshot {
+        Some(snap) => {
+            if let Some(dir) = &source.workdir {
+                // Where the code came from: a job may write its results back there.
+                env.insert("HEADROOM_SUBMIT_DIR".to_string(), dir.clone());
+            }
+            match crate::agent::code::tree(&shared, snap, run_as.as_ref()).await {
+                Ok(tree) => Some(tree.join(&snap.subdir)),
+                Err(e) => {
+                    tracing::error!(%attempt, "cannot ready the job's code: {e}");
+                    let msg = format!("[headroom] cannot ready the job's code: {e}\n");
+                    return unlaunched(&shared, attempt, fence, gpus, msg, &exit).await;
+                }
+            }
+        }
+        None => source.workdir.map(PathBuf::from),
+    };
     let launch = Launch {
         attempt,
         job: lease.job,
@@ -80,11 +99,12 @@ pub(crate) async fn run(
         gpus: lease.gpus,
         timeout: lease.timeout_ms.map(Duration::from_millis),
         log_path: log_path(&shared, attempt),
-        workdir: None,
+        workdir,
+        environment: source.environment,
         baseline: Some(baseline),
         prestart: lease.prestart.unwrap_or_default(),
         background: lease.background,
-        run_as: crate::runas::effective(lease.run_as, &shared.cfg.run_as_default),
+        run_as,
     };
     // Subscribed before the deadline is read for the launch: a renewal in between reaches
     // the supervisor as its first `renew`, rather than being taken as already sent.
@@ -100,20 +120,30 @@ pub(crate) async fn run(
         }
         Err(e) => {
             tracing::error!(%attempt, "cannot start the attempt's supervisor: {e}");
-            let end = attempt::not_started(
-                Unstarted::LaunchFailed,
-                format!("[headroom] cannot start the attempt's supervisor: {e}\n"),
-            );
-            let report = crate::supervisor::report(fence, end, None, sample(&shared.backend).await);
-            let outcome = Outcome { attempt, report };
-            journal(&shared, &outcome).await;
-            let left = Left {
-                gpus,
-                ..Left::default()
-            };
-            finish(&shared, outcome, left, &exit.giving_up).await;
+            let msg = format!("[headroom] cannot start the attempt's supervisor: {e}\n");
+            unlaunched(&shared, attempt, fence, gpus, msg, &exit).await;
         }
     }
+}
+
+/// An attempt whose supervisor never started: a launch error, journalled and reported.
+async fn unlaunched(
+    shared: &Arc<Shared>,
+    attempt: AttemptId,
+    fence: i64,
+    gpus: Vec<u32>,
+    msg: String,
+    exit: &Exit,
+) {
+    let end = attempt::not_started(Unstarted::LaunchFailed, msg);
+    let report = crate::supervisor::report(fence, end, None, sample(&shared.backend).await);
+    let outcome = Outcome { attempt, report };
+    journal(shared, &outcome).await;
+    let left = Left {
+        gpus,
+        ..Left::default()
+    };
+    finish(shared, outcome, left, &exit.giving_up).await;
 }
 
 fn log_path(shared: &Shared, attempt: AttemptId) -> PathBuf {

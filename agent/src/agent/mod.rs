@@ -10,6 +10,7 @@ pub mod attempts;
 pub mod backoff;
 mod claim;
 pub mod client;
+mod code;
 mod heartbeat;
 pub mod join;
 mod lease;
@@ -175,6 +176,8 @@ pub(crate) struct Shared {
     pub job_base_env: std::collections::BTreeMap<String, String>,
     /// What a re-attach proves to a supervisor ([`crate::supervisor::proto::attach_key`]).
     pub attach_key: String,
+    /// Code bundles being fetched and unpacked ([`crate::agent::code`]).
+    pub bundles: crate::agent::code::Bundles,
 }
 
 pub struct Agent {
@@ -287,6 +290,7 @@ impl Agent {
                 standby,
                 job_base_env: crate::jobenv::for_jobs(std::env::vars_os(), &pass_env),
                 attach_key,
+                bundles: Default::default(),
             }),
             attempt_tasks: TaskTracker::new(),
             tasks: TaskTracker::new(),

@@ -65,6 +65,10 @@ pub enum Unstarted {
     CooldownTimedOut,
     /// Its colocated background exited, or was not ready within `colocate.start_timeout`.
     BackgroundNotReady,
+    /// Its working directory is missing here, or its user may not enter it.
+    Workdir,
+    /// Its Python environment (`environment`) is missing here.
+    Environment,
 }
 
 /// What headroom did to end the run: the first such stop. What the job did after it (exit
@@ -153,6 +157,8 @@ pub fn decide(f: &EndFacts) -> Option<FailureClass> {
         Ended::NotStarted(Unstarted::GpusBusy) => return Some(F::GpuBusy),
         Ended::NotStarted(Unstarted::CooldownTimedOut) => return Some(F::CooldownTimeout),
         Ended::NotStarted(Unstarted::BackgroundNotReady) => return Some(F::BackgroundNotReady),
+        Ended::NotStarted(Unstarted::Workdir) => return Some(F::Workdir),
+        Ended::NotStarted(Unstarted::Environment) => return Some(F::Environment),
         Ended::NotStarted(Unstarted::Stopped)
         | Ended::Code(_)
         | Ended::Signal(_)
@@ -313,6 +319,8 @@ mod tests {
             (Unstarted::GpusBusy, F::GpuBusy),
             (Unstarted::CooldownTimedOut, F::CooldownTimeout),
             (Unstarted::BackgroundNotReady, F::BackgroundNotReady),
+            (Unstarted::Workdir, F::Workdir),
+            (Unstarted::Environment, F::Environment),
         ] {
             assert_eq!(decide(&EndFacts::not_started(why)), Some(want), "{why:?}");
         }
@@ -368,6 +376,8 @@ mod tests {
                 Just(Unstarted::GpusBusy),
                 Just(Unstarted::CooldownTimedOut),
                 Just(Unstarted::BackgroundNotReady),
+                Just(Unstarted::Workdir),
+                Just(Unstarted::Environment),
             ]
             .prop_map(Ended::NotStarted),
         ]

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::gpu::GpuBackend;
 use crate::procscan;
-use crate::supervisor::attempt::command::build_command;
+use crate::supervisor::attempt::command::{NotStarted, build_command, spawn};
 use crate::supervisor::attempt::launch::Launch;
 use crate::supervisor::attempt::watch::{Watch, lock};
 
@@ -75,9 +75,9 @@ impl Running {
         launch: &Launch,
         bg: &Background,
         backend: &dyn GpuBackend,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, NotStarted> {
         if bg.argv.is_empty() {
-            return Err("the background has an empty command".to_string());
+            return Err("the background has an empty command".to_string().into());
         }
         let ready = match &bg.ready_log {
             None => Readiness::GpuMemory,
@@ -105,11 +105,9 @@ impl Running {
         let mut env = bg.env.clone();
         env.insert(ROLE_VAR.to_string(), ROLE_BACKGROUND.to_string());
         let spec = build_command(launch, &bg.argv, &env, backend, &log)?;
-        let spawned = procscan::spawn_owned(|| spec.spawn().map_err(Into::into), |c| Some(c.id()));
-        let child =
-            spawned.map_err(|e| format!("cannot start the background `{}`: {e}", bg.argv[0]))?;
+        let child = spawn(spec, launch, &format!("the background `{}`", bg.argv[0]))?;
         let Some(pid) = Some(child.id()).filter(|&p| p > 0) else {
-            return Err("the background vanished at spawn".to_string());
+            return Err("the background vanished at spawn".to_string().into());
         };
         let ready = match ready {
             Readiness::Log { re, line, .. } => Readiness::Log {

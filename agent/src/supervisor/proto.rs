@@ -417,6 +417,7 @@ mod tests {
             timeout: Some(Duration::from_secs(5)),
             log_path: "/tmp/x.log".into(),
             workdir: None,
+            environment: None,
             baseline: Some(crate::supervisor::attempt::Baseline::of(&samples, &[3])),
             prestart: Default::default(),
             background: None,

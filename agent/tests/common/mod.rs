@@ -23,6 +23,7 @@ pub fn spec(dir: &Path, argv: &[&str]) -> Spec {
             timeout: None,
             log_path: dir.join("logs").join(format!("{attempt}.log")),
             workdir: None,
+            environment: None,
             baseline: None,
             prestart: Default::default(),
             background: None,

@@ -39,8 +39,24 @@ pub async fn submit(
     Extension(who): Extension<Principal>,
     ApiJson(req): ApiJson<SubmitRequest>,
 ) -> ApiResult<SubmitResponse> {
-    let spec = ExperimentSpec::from_value(req.spec)?;
+    let spec = ExperimentSpec::from_value(req.spec.clone())?;
     let seed = req.seed.or(spec.seed).unwrap_or_else(rand::random);
+    let mut source = crate::source::resolve(&spec, &req)?;
+    if let Some(snap) = &mut source.snapshot {
+        snap.bytes = s
+            .store
+            .bundle_size(snap.hash.clone())
+            .await?
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "snapshot.hash",
+                    format!(
+                        "no bundle {} is kept here: upload it first (`PUT /v1/bundles/{{hash}}`)",
+                        snap.hash
+                    ),
+                )
+            })?;
+    }
     let expanded = expand_within(&spec, seed, s.config.max_jobs, s.config.max_submit_bytes)?;
     if let Some(max) = s.store.max_node_gpus().await?
         && spec.resources.gpus > max
@@ -70,7 +86,8 @@ pub async fn submit(
             warnings,
         }));
     }
-    let exp = crate::matrix::new_experiment(&spec, expanded, seed, who.name)?;
+    let source = (!source.is_empty()).then_some(source);
+    let exp = crate::matrix::new_experiment(&spec, expanded, seed, who.name, source)?;
     let count = exp.jobs.len() as u64;
     let stored = s.store.create_experiment(exp).await?;
     tracing::info!(experiment = %stored.id, name = %stored.name, jobs = count, by = %stored.submitted_by, "experiment submitted");

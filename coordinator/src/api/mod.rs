@@ -18,6 +18,7 @@ use crate::config::CoordinatorConfig;
 use crate::store::{NodeOf, Store};
 
 mod agents;
+mod bundles;
 pub mod error;
 mod experiments;
 mod jobs;
@@ -62,6 +63,8 @@ pub fn router(state: AppState) -> Router {
         .endpoint(r::RETRY_FAILED, experiments::retry_failed)
         .endpoint(r::PROGRESS, experiments::progress)
         .endpoint(r::EXPORT, experiments::export)
+        .endpoint(r::PUT_BUNDLE, bundles::put)
+        .endpoint(r::GET_BUNDLE, bundles::get)
         .endpoint(r::JOBS, jobs::list)
         .endpoint(r::JOB, jobs::get_one)
         .endpoint(r::CANCEL_JOB, jobs::cancel)

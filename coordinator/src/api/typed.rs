@@ -11,7 +11,8 @@ use axum::response::Response;
 use axum::routing::{MethodRouter, get, post, put};
 use axum::{Extension, Router, body::Bytes};
 use headroom_shared::routes::{
-    Endpoint, Export, Json, JsonList, LogBytes, Method, NoBody, NoQuery, Query, RawBytes,
+    Endpoint, Export, Json, JsonList, LogBytes, Method, NoBody, NoQuery, OctetStream, Query,
+    RawBytes,
 };
 
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, AppState};
@@ -37,12 +38,18 @@ impl ServerAnswer for LogBytes {
     type Out = Response;
 }
 
+impl ServerAnswer for OctetStream {
+    type Out = Response;
+}
+
 /// An extractor that takes the body `B` (a body marker), or, for [`NoBody`], one that takes
 /// none. A handler's last extractor is its body's, as axum wants it.
 pub trait TakesBody<B> {}
 
 impl<T> TakesBody<Json<T>> for ApiJson<T> {}
 impl TakesBody<RawBytes> for Bytes {}
+/// A raw body read by the handler itself, against a bound of its own.
+impl TakesBody<RawBytes> for axum::body::Body {}
 impl<S> TakesBody<NoBody> for State<S> {}
 impl<T> TakesBody<NoBody> for Extension<T> {}
 impl<T> TakesBody<NoBody> for ApiPath<T> {}
@@ -75,6 +82,10 @@ reads_no_query!(
 );
 
 impl ReadsQuery for Bytes {
+    type Query = NoQuery;
+}
+
+impl ReadsQuery for axum::body::Body {
     type Query = NoQuery;
 }
 

@@ -2,7 +2,9 @@
 //! the export (one row per attempt).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use headroom_shared::api::source::Source;
 use headroom_shared::api::{AttemptView, ExperimentSummary, JobSummary, StateCounts};
 use headroom_shared::{ExperimentId, JobId};
 
@@ -11,12 +13,12 @@ use super::{ExportRow, NewExperiment, Result, StoreError, Tallies, UserJobs, now
 use crate::changes::Change;
 
 pub(super) async fn summary(tx: &mut dyn Tx, id: &str) -> Result<ExperimentSummary> {
-    let (name, seed, created, by) = tx
+    let row = tx
         .experiment_row(id)
         .await?
         .ok_or_else(|| StoreError::not_found("experiment", id))?;
     let counts = tx.state_counts(Some(id)).await?;
-    rows::experiment(id, (name, seed, rows::ts(created), by), counts)
+    rows::experiment(id, row, counts)
 }
 
 pub(super) async fn create(
@@ -84,11 +86,21 @@ pub(super) async fn export(tx: &mut dyn Tx, id: Option<ExperimentId>) -> Result<
         .attempt_views(AttemptsWhere::Experiment(id.as_deref()))
         .await?;
     super::sharing::label(tx, &mut attempts).await?;
-    Ok(export_rows(jobs, attempts))
+    let sources = tx
+        .experiment_sources(id.as_deref())
+        .await?
+        .into_iter()
+        .filter_map(|(id, s)| Some((id, Arc::new(s?))))
+        .collect();
+    Ok(export_rows(jobs, attempts, &sources))
 }
 
 /// One export row per attempt, in job order: both backends read jobs and attempts, this joins.
-fn export_rows(jobs: Vec<JobSummary>, attempts: Vec<AttemptView>) -> Vec<ExportRow> {
+fn export_rows(
+    jobs: Vec<JobSummary>,
+    attempts: Vec<AttemptView>,
+    sources: &BTreeMap<String, Arc<Source>>,
+) -> Vec<ExportRow> {
     let mut by_job: BTreeMap<JobId, Vec<AttemptView>> = BTreeMap::new();
     for a in attempts {
         by_job.entry(a.job).or_default().push(a);
@@ -98,6 +110,7 @@ fn export_rows(jobs: Vec<JobSummary>, attempts: Vec<AttemptView>) -> Vec<ExportR
         for attempt in by_job.remove(&job.id).unwrap_or_default() {
             out.push(ExportRow {
                 experiment: job.experiment_name.clone(),
+                source: sources.get(&job.experiment.to_string()).cloned(),
                 job: job.clone(),
                 attempt,
             });

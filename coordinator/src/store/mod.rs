@@ -33,6 +33,7 @@ use serde_json::Value;
 use crate::changes::Changes;
 use tokio_util::sync::CancellationToken;
 
+mod bundles;
 mod exec;
 mod experiments;
 mod jobs;
@@ -192,6 +193,8 @@ pub struct NewExperiment {
     pub jobs: Vec<NewJob>,
     /// The submitting token's name; its jobs and their attempts record it too.
     pub submitted_by: String,
+    /// Where its jobs run from (`None`: a submission that said nothing of it).
+    pub source: Option<headroom_shared::api::source::Source>,
 }
 
 /// A token to keep: its public id, holder, role and the argon2 hash of its secret.
@@ -343,6 +346,8 @@ pub struct ExportRow {
     pub experiment: String,
     pub job: JobSummary,
     pub attempt: AttemptView,
+    /// Where the experiment's jobs ran from (shared by its rows).
+    pub source: Option<std::sync::Arc<headroom_shared::api::source::Source>>,
 }
 
 pub use crate::rules::{
@@ -386,6 +391,13 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<u64>;
     /// Up to `max` bytes of an attempt's kept log from `offset`.
     async fn read_log(&self, attempt: AttemptId, offset: u64, max: u64) -> Result<Vec<u8>>;
+
+    /// Keeps a code bundle under its hash unless one is kept; whether it was new.
+    async fn put_bundle(&self, hash: String, data: Vec<u8>, by: String) -> Result<bool>;
+    /// The size of the bundle kept under `hash`, if one is.
+    async fn bundle_size(&self, hash: String) -> Result<Option<u64>>;
+    /// The bytes of the bundle kept under `hash`, if one is.
+    async fn bundle(&self, hash: String) -> Result<Option<Vec<u8>>>;
     async fn cancel_job(&self, id: JobId) -> Result<u64>;
     async fn cancel_experiment(&self, id: ExperimentId) -> Result<u64>;
     async fn retry_job(&self, id: JobId) -> Result<JobState>;
@@ -576,6 +588,19 @@ impl<B: Backend> Store for B {
 
     async fn read_log(&self, attempt: AttemptId, offset: u64, max: u64) -> Result<Vec<u8>> {
         run!(self, read, "read_log", logs::read, attempt, offset, max; attempt = %attempt, offset)
+    }
+
+    async fn put_bundle(&self, hash: String, data: Vec<u8>, by: String) -> Result<bool> {
+        let len = data.len();
+        run!(self, write, "put_bundle", bundles::put, hash.clone(), data, by; hash = %hash, len)
+    }
+
+    async fn bundle_size(&self, hash: String) -> Result<Option<u64>> {
+        run!(self, read, "bundle_size", bundles::size, hash.clone(); hash = %hash)
+    }
+
+    async fn bundle(&self, hash: String) -> Result<Option<Vec<u8>>> {
+        run!(self, read, "bundle", bundles::data, hash.clone(); hash = %hash)
     }
 
     async fn cancel_job(&self, id: JobId) -> Result<u64> {

@@ -75,18 +75,28 @@ pub(crate) const JOB_FROM: &str = "FROM jobs j JOIN experiments e ON e.id = j.ex
      LEFT JOIN attempts a ON a.job_id = j.id AND a.number = j.attempts";
 
 /// An experiment's columns `name, seed, created_at, submitted_by`, with its counts.
+/// An experiment's own columns.
+pub struct ExperimentRow {
+    pub name: String,
+    pub seed: i64,
+    pub created_at: Millis,
+    pub submitted_by: String,
+    pub source: Option<headroom_shared::api::source::Source>,
+}
+
 pub(crate) fn experiment(
     id: &str,
-    r: (String, i64, DateTime<Utc>, String),
+    r: ExperimentRow,
     counts: headroom_shared::api::StateCounts,
 ) -> Result<headroom_shared::api::ExperimentSummary> {
     Ok(headroom_shared::api::ExperimentSummary {
         counts,
         id: parse(id, "experiment id")?,
-        name: r.0,
-        seed: r.1 as u64,
-        created_at: r.2,
-        submitted_by: r.3,
+        name: r.name,
+        seed: r.seed as u64,
+        created_at: ts(r.created_at),
+        submitted_by: r.submitted_by,
+        source: r.source.unwrap_or_default(),
     })
 }
 
@@ -487,7 +497,7 @@ pub(crate) fn quarantine(r: &impl Cols) -> Result<(u32, QuarantineView)> {
 /// The job columns a new lease is made of (`j` jobs, `e` experiments).
 pub(crate) const LEASE_COLUMNS: &str = "j.argv, j.env, j.params, e.name, j.memory_key, \
      j.timeout_ms, j.attempts, j.fence, j.ladder_step, j.prestart, j.background, u.unix_user, \
-     u.allow_root";
+     u.allow_root, e.source";
 
 pub struct LeaseRow {
     pub argv: Vec<String>,
@@ -503,6 +513,7 @@ pub struct LeaseRow {
     pub background: Option<headroom_shared::colocate::Background>,
     /// The submitter's Unix user, as mapped now.
     pub run_as: Option<headroom_shared::api::RunAs>,
+    pub source: Option<headroom_shared::api::source::Source>,
 }
 
 pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
@@ -525,6 +536,7 @@ pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
             }),
             None => None,
         },
+        source: r.json_opt(13)?,
     })
 }
 
@@ -560,6 +572,7 @@ pub(crate) fn lease_row_into(
             prestart: row.prestart,
             background: row.background,
             run_as: row.run_as,
+            source: row.source,
             report_key: None,
         },
         memory_key: row.memory_key,

@@ -27,12 +27,13 @@ use headroom_shared::{AgentId, FailureClass, JobState, Plan};
 use tokio_util::sync::CancellationToken;
 
 pub use super::rows::Ended;
-use super::rows::{LeaseRow, NodeRow};
+use super::rows::{ExperimentRow, LeaseRow, NodeRow};
 use super::{Active, Millis, NewExperiment, NewToken, OnChange, Result, SeriesWindow, StoredToken};
 use crate::changes::{Change, Changes};
 use crate::rules::{
     FenceRow, FinishRow, JobRules, LadderStep, PendingRow, QueueCursor, RenewalRow,
 };
+use headroom_shared::api::source::Source;
 
 /// Which jobs a summary read returns, in `seq` order.
 #[derive(Clone, Copy, Debug)]
@@ -92,9 +93,12 @@ pub struct NewAttempt<'a> {
 }
 
 /// The statements of one transaction: every section's.
-pub trait Tx: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx {}
+pub trait Tx: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx + BundlesTx {}
 
-impl<T: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx + ?Sized> Tx for T {}
+impl<T: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx + BundlesTx + ?Sized> Tx
+    for T
+{
+}
 
 /// Experiments and jobs: inserting, reading and changing them.
 #[async_trait]
@@ -102,8 +106,13 @@ pub trait JobsTx: Send {
     /// Inserts an experiment and all its jobs (`queued`), each with its own columns.
     async fn insert_experiment(&mut self, exp: &NewExperiment, now: Millis) -> Result<()>;
     async fn experiment_ids(&mut self) -> Result<Vec<String>>;
-    /// `name, seed, created_at, submitted_by` of an experiment.
-    async fn experiment_row(&mut self, id: &str) -> Result<Option<(String, i64, Millis, String)>>;
+    /// `name, seed, created_at, submitted_by, source` of an experiment.
+    async fn experiment_row(&mut self, id: &str) -> Result<Option<ExperimentRow>>;
+    /// The sources of an experiment (or of every one), by id.
+    async fn experiment_sources(
+        &mut self,
+        experiment: Option<&str>,
+    ) -> Result<Vec<(String, Option<Source>)>>;
     async fn state_counts(&mut self, experiment: Option<&str>) -> Result<StateCounts>;
     /// Whether some job (of the experiment, or any) has not ended: one index probe, where a
     /// count reads every job.
@@ -377,6 +386,21 @@ pub trait LogsTx: Send {
         from: u64,
         to: u64,
     ) -> Result<Vec<(u64, Vec<u8>)>>;
+}
+
+/// Code bundles, by the SHA-256 of their bytes.
+#[async_trait]
+pub trait BundlesTx: Send {
+    /// Keeps a bundle unless one of that hash is kept; whether it was new.
+    async fn insert_bundle(
+        &mut self,
+        hash: &str,
+        data: &[u8],
+        by: &str,
+        now: Millis,
+    ) -> Result<bool>;
+    async fn bundle_size(&mut self, hash: &str) -> Result<Option<u64>>;
+    async fn bundle_data(&mut self, hash: &str) -> Result<Option<Vec<u8>>>;
 }
 
 /// A store operation over one transaction.

@@ -88,6 +88,9 @@ pub struct Lease {
     /// (the agent's default user when `None`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as: Option<RunAs>,
+    /// Where the job runs from: its working directory, code bundle and environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<super::source::Source>,
     /// The attempt's own credential: with it, and for this attempt only, its supervisor
     /// renews the lease and reports the outcome itself while its agent is away. Never
     /// handed to the job.

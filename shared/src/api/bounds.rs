@@ -89,6 +89,22 @@ pub static PLAN: TextRule = TextRule::new(
     "is not a plan: slots per GPU (0 to 64), comma-separated, e.g. \"2,2,1\"",
 );
 
+/// A SHA-256 digest in lowercase hex (a code bundle, an uncommitted diff).
+pub static SHA256: TextRule = TextRule::new("^[0-9a-f]{64}$", "is not a SHA-256 in lowercase hex");
+
+/// A git commit id (SHA-1 or SHA-256, lowercase hex).
+pub static GIT_COMMIT: TextRule = TextRule::new(
+    "^([0-9a-f]{40}|[0-9a-f]{64})$",
+    "is not a git commit id (40 or 64 lowercase hex digits)",
+);
+
+/// A conda environment's name (its prefix is an absolute path instead).
+pub static CONDA_NAME: TextRule = TextRule::new(
+    "^[A-Za-z0-9_.+-]{1,128}$",
+    "is not a conda environment's name (letters, digits, `_`, `.`, `+`, `-`) nor an \
+     absolute prefix",
+);
+
 /// Samples per GPU one telemetry answer carries (`limit`).
 pub const SAMPLES: Range = Range {
     min: 1,

@@ -19,6 +19,7 @@ mod agent;
 pub mod bounds;
 mod export;
 mod measurements;
+pub mod source;
 pub use agent::*;
 pub use export::*;
 pub use measurements::*;
@@ -120,7 +121,7 @@ impl fmt::Display for ErrorCode {
 
 // ---- experiments and jobs -------------------------------------------------------------
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SubmitRequest {
     /// The spec as a JSON document (YAML is converted by the client).
@@ -132,6 +133,22 @@ pub struct SubmitRequest {
     /// Expand and return the jobs without storing anything.
     #[serde(default)]
     pub dry_run: bool,
+    /// The directory the jobs run in (absolute): where the client was run, or the spec's
+    /// `workdir` resolved against the spec file. Without it (and without an absolute
+    /// `workdir` in the spec), the job user's home.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// The repository state of `workdir` at submit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<source::GitState>,
+    /// The uploaded bundle the jobs run from; required by `code: snapshot`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<source::Snapshot>,
+    /// The Python environment the client resolved: the spec's `environment` (a relative
+    /// venv made absolute), or, where the spec says `inherit` or nothing, the submitter's
+    /// activated one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<source::Environment>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -211,6 +228,9 @@ pub struct ExperimentSummary {
     /// Name of the token that submitted it (`anonymous` where the coordinator has no tokens).
     #[serde(default = "anonymous")]
     pub submitted_by: String,
+    /// Where its jobs run from: working directory, code, environment.
+    #[serde(default, skip_serializing_if = "source::Source::is_empty")]
+    pub source: source::Source,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

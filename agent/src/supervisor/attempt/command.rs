@@ -11,9 +11,60 @@ use headroom_shared::expand::value_text;
 
 use crate::gpu::GpuBackend;
 use crate::procscan::ATTEMPT_VAR;
-use crate::supervisor::process::Spec;
+use crate::supervisor::classify::Unstarted;
+use crate::supervisor::process::{Child, Spec, Step};
 
 use super::launch::Launch;
+use super::workspace;
+
+/// Why one of the attempt's processes did not start: the attempt's end then, and what its
+/// log says.
+#[derive(Debug)]
+pub(crate) struct NotStarted {
+    pub why: Unstarted,
+    pub message: String,
+}
+
+impl NotStarted {
+    pub fn new(why: Unstarted, message: String) -> Self {
+        Self { why, message }
+    }
+}
+
+impl From<String> for NotStarted {
+    fn from(message: String) -> Self {
+        Self::new(Unstarted::LaunchFailed, message)
+    }
+}
+
+/// Starts `spec` (`what`: how the log names the process), recording it as the agent's own;
+/// a working directory its user could not enter is the attempt's `workdir` failure.
+pub(crate) fn spawn(spec: Spec, launch: &Launch, what: &str) -> Result<Child, NotStarted> {
+    let cwd = spec.cwd.clone();
+    let mut refused = None;
+    let spawned = crate::procscan::spawn_owned(
+        || {
+            spec.spawn().map_err(|e| {
+                if e.step == Some(Step::Cwd) {
+                    refused = e.source.raw_os_error();
+                }
+                e.into()
+            })
+        },
+        |c| Some(c.id()),
+    );
+    match (spawned, refused, cwd) {
+        (Ok(child), _, _) => Ok(child),
+        (Err(_), Some(errno), Some(dir)) => {
+            let identity = launch
+                .run_as
+                .as_ref()
+                .and_then(|r| crate::runas::resolve(r).ok());
+            Err(workspace::cannot_enter(&dir, identity.as_ref(), errno))
+        }
+        (Err(e), _, _) => Err(format!("cannot start {what}: {e}").into()),
+    }
+}
 
 /// `HP_<NAME>`: parameter names are identifiers (the spec validates them); anything else is
 /// made one so that the variable can be read from a shell.
@@ -101,14 +152,14 @@ fn private_dir_of(dir: &std::path::Path, uid: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// The command for the attempt, or a message saying why it cannot be built.
+/// The command for the attempt, or why it cannot be built.
 pub(super) fn command(
     launch: &Launch,
     backend: &dyn GpuBackend,
     log: &File,
-) -> Result<Spec, String> {
+) -> Result<Spec, NotStarted> {
     if launch.argv.is_empty() {
-        return Err("the job has an empty command".to_string());
+        return Err("the job has an empty command".to_string().into());
     }
     build_command(launch, &launch.argv, &BTreeMap::new(), backend, log)
 }
@@ -124,9 +175,9 @@ pub(crate) fn build_command(
     extra: &BTreeMap<String, String>,
     backend: &dyn GpuBackend,
     log: &File,
-) -> Result<Spec, String> {
+) -> Result<Spec, NotStarted> {
     let Some((program, args)) = argv.split_first() else {
-        return Err("empty command".to_string());
+        return Err("empty command".to_string().into());
     };
     let identity = launch
         .run_as
@@ -147,13 +198,7 @@ pub(crate) fn build_command(
         None => Vec::new(),
     };
     let cwd = if let Some(dir) = &launch.workdir {
-        // Spawning would report a missing directory as a missing program.
-        if !dir.is_dir() {
-            return Err(format!(
-                "working directory {} does not exist",
-                dir.display()
-            ));
-        }
+        workspace::check_workdir(dir)?;
         Some(dir.clone())
     } else {
         // Not the agent's directory (the user may not enter it): the user's home.
@@ -165,22 +210,43 @@ pub(crate) fn build_command(
             }
         })
     };
+    let activated = launch
+        .environment
+        .as_ref()
+        .map(|e| workspace::activate(e, identity.as_ref(), &launch.base_env))
+        .transpose()?;
     // Nothing inherited (the supervisor's environment is the agent's, credentials and all):
     // the pass-through variables, the user's own, then the job's, then what headroom owns.
     let mut env: Vec<(OsString, OsString)> = Vec::new();
     let text = |k: &str, v: &str| (OsString::from(k), OsString::from(v));
     env.extend(launch.base_env.iter().map(|(k, v)| text(k, v)));
+    let base_path = launch.base_env.get("PATH").map(|path| match &identity {
+        Some(id) => crate::runas::path_for(path, id),
+        None => path.clone(),
+    });
+    // The job's environment first on `PATH`, as its `activate` would put it.
+    if let Some(a) = &activated {
+        let path = match &base_path {
+            Some(p) => format!("{}:{p}", a.bin.display()),
+            None => a.bin.display().to_string(),
+        };
+        env.push(text("PATH", &path));
+        env.extend(a.vars.iter().map(|(k, v)| text(k, v)));
+    } else if let Some(path) = &base_path {
+        env.push(text("PATH", path));
+    }
     if let Some(id) = &identity {
-        if let Some((_, path)) = launch.base_env.iter().find(|(k, _)| *k == "PATH") {
-            env.push(text("PATH", &crate::runas::path_for(path, id)));
-        }
         // Paths as they are (not made text).
         env.push(("HOME".into(), id.home.clone().into()));
         env.push(text("USER", &id.name));
         env.push(text("LOGNAME", &id.name));
         env.push(("SHELL".into(), id.shell.clone().into()));
-        // The log is the user's: what the job writes, and what it may read back.
-        std::os::unix::fs::fchown(log, Some(id.uid.as_raw()), Some(id.gid.as_raw()))
+        // The log is the user's: what the job writes, and what it may read back. Its group
+        // stays the supervisor's, which reads it back by that (0640): root without
+        // CAP_DAC_OVERRIDE (a root-squashed node) may not read another user's 0600 file.
+        use std::os::unix::fs::PermissionsExt;
+        log.set_permissions(std::fs::Permissions::from_mode(0o640))
+            .and_then(|()| std::os::unix::fs::fchown(log, Some(id.uid.as_raw()), None))
             .map_err(|e| format!("cannot give the log to `{}`: {e}", id.name))?;
     }
     env.extend(launch.env.iter().chain(extra).map(|(k, v)| text(k, v)));

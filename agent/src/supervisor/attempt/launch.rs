@@ -33,7 +33,11 @@ pub struct Launch {
     pub timeout: Option<Duration>,
     /// stdout and stderr are appended here; parent directories are created.
     pub log_path: PathBuf,
+    /// Where the job runs (its user's home when `None`), entered as its user.
     pub workdir: Option<PathBuf>,
+    /// The Python environment activated for it (`environment`).
+    #[serde(default)]
+    pub environment: Option<headroom_shared::api::source::Environment>,
     /// What was on the GPUs just before, from a reading the caller made anyway (the agent's
     /// admission), so that the job's start does not wait for another; `None`: read here.
     #[serde(default)]

@@ -14,6 +14,7 @@ mod stop;
 #[cfg(test)]
 pub(crate) mod tests;
 pub(crate) mod watch;
+mod workspace;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,14 +8,13 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
-use super::command::command;
+use super::command::{NotStarted, command, spawn};
 use super::launch::{AttemptEnd, Launch, SupervisorConfig, not_started};
 use super::log::{note, open_log, read_tail};
 use super::running::{KillOnDrop, Running};
 use super::stop::stop_background_only;
 use super::watch::{Baseline, LogFollower, Peak, Watch, lock, take_reading};
 use crate::gpu::GpuBackend;
-use crate::procscan;
 use crate::supervisor::classify::Unstarted;
 use crate::supervisor::colocate;
 use crate::supervisor::measure::Meter;
@@ -40,10 +39,10 @@ pub(super) async fn start(
         }
     };
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
-    let launch_error = |msg: String| {
-        note(&log, &msg);
+    let launch_error = |e: NotStarted| {
+        note(&log, &e.message);
         let tail = read_tail(&launch.log_path, log_start);
-        not_started(Unstarted::LaunchFailed, tail)
+        not_started(e.why, tail)
     };
 
     // What was on the GPUs before: cleanup returns to this, not to "empty".
@@ -81,7 +80,7 @@ pub(super) async fn start(
     if let Some(spec) = &launch.background {
         let mut bg = match colocate::Running::spawn(launch, spec, backend.as_ref()) {
             Ok(bg) => bg,
-            Err(msg) => return Err(launch_error(msg)),
+            Err(e) => return Err(launch_error(e)),
         };
         let mut guard = KillOnDrop {
             pgid: bg.pid,
@@ -171,33 +170,29 @@ pub(super) async fn start(
     lock(&watch).meter.mark_exec(std::time::Instant::now());
 
     // The spec holds the log handles given to the child: they close with it.
-    let spawned = command(launch, backend.as_ref(), &log).and_then(|spec| {
-        procscan::spawn_owned(|| spec.spawn().map_err(Into::into), |c| Some(c.id()))
-            .map_err(|e| format!("cannot start `{}`: {e}", launch.argv[0]))
-    });
+    let spawned = command(launch, backend.as_ref(), &log)
+        .and_then(|spec| spawn(spec, launch, &format!("`{}`", launch.argv[0])));
     // A fresh child always has a pid; without one there is nothing to supervise, and pid 0
     // must never reach killpg (it would signal the agent's own group).
     let spawned = spawned.and_then(|child| match Some(child.id()).filter(|&p| p > 0) {
         Some(pid) => Ok((child, pid)),
-        None => Err("the process vanished at spawn".to_string()),
+        None => Err("the process vanished at spawn".to_string().into()),
     });
     let (child, pid) = match spawned {
         Ok(spawned) => spawned,
-        Err(msg) => {
+        Err(e) => {
             // A background already runs: it is stopped and verified gone like any end of
             // the attempt, and recorded, not left to an unverified kill.
             if let (Some(bg), Some(mut guard)) = (background, background_guard) {
-                note(&log, &format!("{msg}; stopping the background"));
-                let end =
-                    stop_background_only(bg, launch, backend, cfg, &watch, Unstarted::LaunchFailed)
-                        .await;
+                note(&log, &format!("{}; stopping the background", e.message));
+                let end = stop_background_only(bg, launch, backend, cfg, &watch, e.why).await;
                 guard.armed = false;
                 return Err(AttemptEnd {
                     log_tail: read_tail(&launch.log_path, log_start),
                     ..end
                 });
             }
-            return Err(launch_error(msg));
+            return Err(launch_error(e));
         }
     };
     let guard = KillOnDrop {

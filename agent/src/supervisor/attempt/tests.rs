@@ -58,6 +58,7 @@ impl Fixture {
             timeout: None,
             log_path: self.tmp.path().join(format!("logs/{attempt}.log")),
             workdir: None,
+            environment: None,
             baseline: None,
             prestart: Prestart::default(),
             background: None,
@@ -222,6 +223,38 @@ async fn oom_text_at_the_end_of_a_long_log_is_seen() {
     assert!(end.log_tail.contains("CUDA out of memory"));
 }
 
+/// The job's environment is activated as `activate` would: its `bin/` first on `PATH` (so
+/// `python` is its interpreter), `VIRTUAL_ENV` set; one the node lacks is the attempt's
+/// `environment` failure, and nothing starts.
+#[tokio::test]
+async fn a_job_runs_with_its_environment_and_one_the_node_lacks_fails_on_its_own() {
+    use headroom_shared::api::source::Environment;
+    let f = fixture();
+    let venv = f.tmp.path().join("venv");
+    std::fs::create_dir_all(venv.join("bin")).expect("venv");
+    let mut launch = f.sh("echo \"venv=$VIRTUAL_ENV path=$PATH\"");
+    launch
+        .base_env
+        .insert("PATH".into(), "/usr/bin:/bin".into());
+    launch.environment = Some(Environment::Venv(venv.display().to_string()));
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure(), None, "{end:?}");
+    let want = format!("venv={0} path={0}/bin:/usr/bin:/bin", venv.display());
+    assert!(log_of(&launch).contains(&want), "{}", log_of(&launch));
+
+    let mut launch = f.sh("echo started");
+    launch.environment = Some(Environment::Conda("no-such-env".into()));
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure(), Some(FailureClass::Environment));
+    assert_eq!(end.pid, None);
+    assert!(
+        end.log_tail.contains("no conda environment `no-such-env`"),
+        "{}",
+        end.log_tail
+    );
+    assert!(!log_of(&launch).contains("started"));
+}
+
 #[tokio::test]
 async fn a_missing_program_is_a_launch_error() {
     let f = fixture();
@@ -250,9 +283,10 @@ async fn a_missing_program_is_a_launch_error() {
     let mut launch = f.launch(&["true"]);
     launch.workdir = Some(f.tmp.path().join("missing"));
     let end = f.run(launch).await;
-    assert_eq!(end.failure(), Some(FailureClass::LaunchError));
+    // Its own class: the node lacks the directory, the job is not to blame.
+    assert_eq!(end.failure(), Some(FailureClass::Workdir));
     assert!(
-        end.log_tail.contains("working directory"),
+        end.log_tail.contains("working directory") && end.log_tail.contains("does not exist"),
         "{}",
         end.log_tail
     );

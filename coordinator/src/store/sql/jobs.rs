@@ -6,7 +6,7 @@ use headroom_shared::pending::PendingReason;
 use headroom_shared::{FailureClass, JobState};
 
 use super::super::exec::{Arg, Exec, RowRef, json};
-use super::super::rows::{self, Cols, LeaseRow};
+use super::super::rows::{self, Cols, ExperimentRow, LeaseRow};
 use super::super::tx::{JobLeased, JobsTx, JobsWhere};
 use super::super::{Millis, NewExperiment, Result};
 use super::{
@@ -14,22 +14,28 @@ use super::{
     first, pending_window, text,
 };
 use crate::rules::{JobRules, LadderStep, PendingRow, QueueCursor};
+use headroom_shared::api::source::Source;
 
 #[async_trait]
 impl<E: Exec> JobsTx for E {
     async fn insert_experiment(&mut self, exp: &NewExperiment, now: Millis) -> Result<()> {
         let id = exp.id.to_string();
+        let source = match &exp.source {
+            Some(s) => json(s)?,
+            None => Arg::Null,
+        };
         done(
             self,
-            "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-            args![
-                &id,
-                &exp.name,
-                exp.seed as i64,
+            "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by, source) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[
+                Arg::from(&id),
+                Arg::from(&exp.name),
+                Arg::from(exp.seed as i64),
                 json(&exp.spec)?,
-                now,
-                &exp.submitted_by
+                Arg::from(now),
+                Arg::from(&exp.submitted_by),
+                source,
             ],
         )
         .await?;
@@ -41,12 +47,33 @@ impl<E: Exec> JobsTx for E {
         all(self, sql, &[], text).await
     }
 
-    async fn experiment_row(&mut self, id: &str) -> Result<Option<(String, i64, Millis, String)>> {
+    async fn experiment_row(&mut self, id: &str) -> Result<Option<ExperimentRow>> {
         first(
             self,
-            "SELECT name, seed, created_at, submitted_by FROM experiments WHERE id = $1",
+            "SELECT name, seed, created_at, submitted_by, source FROM experiments WHERE id = $1",
             args![id],
-            |r| Ok((r.text(0)?, r.int(1)?, r.int(2)?, r.text(3)?)),
+            |r| {
+                Ok(ExperimentRow {
+                    name: r.text(0)?,
+                    seed: r.int(1)?,
+                    created_at: r.int(2)?,
+                    submitted_by: r.text(3)?,
+                    source: r.json_opt(4)?,
+                })
+            },
+        )
+        .await
+    }
+
+    async fn experiment_sources(
+        &mut self,
+        experiment: Option<&str>,
+    ) -> Result<Vec<(String, Option<Source>)>> {
+        all(
+            self,
+            "SELECT id, source FROM experiments WHERE CAST($1 AS TEXT) IS NULL OR id = $1",
+            args![experiment],
+            |r| Ok((r.text(0)?, r.json_opt(1)?)),
         )
         .await
     }

@@ -4,7 +4,7 @@
 //!
 //! # Layout
 //! One file per section of `Tx`: `jobs` (experiments and jobs), `attempts`, `nodes`,
-//! `telemetry`, `access` (tokens and users), `logs` (attempt logs); here the helpers they
+//! `telemetry`, `access` (tokens and users), `logs` (attempt logs), `bundles` (code bundles); here the helpers they
 //! share and the statements
 //! a backend also plans in its own tests.
 //!
@@ -85,6 +85,7 @@ fn text(r: &RowRef<'_>) -> Result<String> {
 
 mod access;
 mod attempts;
+mod bundles;
 mod jobs;
 mod logs;
 mod nodes;

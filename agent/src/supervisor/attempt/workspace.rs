@@ -1,0 +1,261 @@
+//! What the job runs in on this node: its working directory and its Python environment.
+//! Both are looked at before any of the attempt's processes starts; one that is missing
+//! here, or a directory the job's user may not enter, ends the attempt with a failure class
+//! of its own and a message that names the path, the user and what is missing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use headroom_shared::api::source::Environment;
+
+use super::command::NotStarted;
+use crate::runas::Identity;
+use crate::supervisor::classify::Unstarted;
+
+/// Where conda installations are looked for under a user's home and system-wide.
+const CONDA_HOMES: &[&str] = &[
+    "miniconda3",
+    "anaconda3",
+    "miniforge3",
+    "mambaforge",
+    ".conda",
+];
+const CONDA_ROOTS: &[&str] = &[
+    "/opt/conda",
+    "/opt/miniconda3",
+    "/opt/anaconda3",
+    "/opt/miniforge3",
+    "/usr/local/miniconda3",
+    "/usr/local/anaconda3",
+];
+
+fn node() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The working directory exists here (looked at as the supervisor: where it may not look,
+/// the job's own entering decides).
+pub(crate) fn check_workdir(dir: &Path) -> Result<(), NotStarted> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(NotStarted::new(
+            Unstarted::Workdir,
+            format!(
+                "the job's working directory {} on node {} is not a directory",
+                dir.display(),
+                node()
+            ),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(NotStarted::new(
+            Unstarted::Workdir,
+            format!(
+                "the job's working directory {} does not exist on node {}: jobs run in the \
+                 directory they were submitted from, which a node must have (a shared file \
+                 system); `code: snapshot` (`headroom submit --snapshot`) ships the code to \
+                 nodes that lack it",
+                dir.display(),
+                node()
+            ),
+        )),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Why the job's user could not enter `dir` (`errno` from its `chdir`).
+pub(crate) fn cannot_enter(dir: &Path, identity: Option<&Identity>, errno: i32) -> NotStarted {
+    let err = std::io::Error::from_raw_os_error(errno);
+    let who = identity.map_or_else(
+        || format!("uid {}", nix::unistd::geteuid()),
+        |id| format!("`{}` (uid {})", id.name, id.uid),
+    );
+    let mut msg = format!(
+        "the job's user {who} cannot enter its working directory {} on node {}: {err}",
+        dir.display(),
+        node()
+    );
+    if errno == libc_eacces() {
+        match identity.and_then(|id| crate::runas::first_unsearchable(dir, id)) {
+            Some(blocked) => msg.push_str(&format!("; it may not search (x) {blocked}")),
+            None => msg.push_str(
+                "; the folders' modes allow it, so an ACL or the mount refuses it (a \
+                 root-squashed NFS export maps root to nobody)",
+            ),
+        }
+        msg.push_str(
+            ". A job runs as the Unix user its headroom user maps to (`headroom user create \
+             NAME --unix-user USER`; in a container where everything is root's, `--unix-user \
+             root --allow-root`), else as the agent's --run-as-default (`nobody`); `sudo \
+             headroom up` runs your own jobs as you",
+        );
+    }
+    NotStarted::new(Unstarted::Workdir, msg)
+}
+
+fn libc_eacces() -> i32 {
+    nix::errno::Errno::EACCES as i32
+}
+
+/// An environment made active for the job: its `bin` goes first on `PATH`, and these
+/// variables are set.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Activation {
+    pub bin: PathBuf,
+    pub vars: Vec<(String, String)>,
+}
+
+/// The job's environment on this node, or why it is not here.
+pub(crate) fn activate(
+    env: &Environment,
+    identity: Option<&Identity>,
+    base_env: &BTreeMap<String, String>,
+) -> Result<Activation, NotStarted> {
+    let missing = |msg: String| NotStarted::new(Unstarted::Environment, msg);
+    match env {
+        Environment::Venv(dir) => {
+            let dir = PathBuf::from(dir);
+            if !looks_present(&dir.join("bin")) {
+                return Err(missing(format!(
+                    "environment.venv: {} is not a venv on node {} (it has no bin/)",
+                    dir.display(),
+                    node()
+                )));
+            }
+            Ok(Activation {
+                bin: dir.join("bin"),
+                vars: vec![("VIRTUAL_ENV".into(), dir.display().to_string())],
+            })
+        }
+        Environment::Conda(given) => {
+            let (prefix, looked) = if given.starts_with('/') {
+                let p = PathBuf::from(given);
+                (is_conda_env(&p).then(|| p.clone()), vec![p])
+            } else {
+                find_conda(given, identity, base_env)
+            };
+            let Some(prefix) = prefix else {
+                let looked: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
+                return Err(missing(format!(
+                    "environment.conda: no conda environment `{given}` on node {} (looked for \
+                     conda-meta/ in {})",
+                    node(),
+                    looked.join(", ")
+                )));
+            };
+            let name = if given.starts_with('/') {
+                prefix
+                    .file_name()
+                    .map_or_else(|| given.clone(), |n| n.to_string_lossy().into_owned())
+            } else {
+                given.clone()
+            };
+            Ok(Activation {
+                bin: prefix.join("bin"),
+                vars: vec![
+                    ("CONDA_PREFIX".into(), prefix.display().to_string()),
+                    ("CONDA_DEFAULT_ENV".into(), name),
+                    ("CONDA_SHLVL".into(), "1".into()),
+                ],
+            })
+        }
+    }
+}
+
+/// Present, or where the supervisor may not look (the job's user may).
+fn looks_present(p: &Path) -> bool {
+    match std::fs::metadata(p) {
+        Ok(m) => m.is_dir(),
+        Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied,
+    }
+}
+
+fn is_conda_env(prefix: &Path) -> bool {
+    looks_present(&prefix.join("conda-meta"))
+}
+
+/// A conda environment by name: `base` is an installation's root, others are in its
+/// `envs/`. Installations: the agent's `CONDA_EXE`'s, the user's home's, the system's.
+fn find_conda(
+    name: &str,
+    identity: Option<&Identity>,
+    base_env: &BTreeMap<String, String>,
+) -> (Option<PathBuf>, Vec<PathBuf>) {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    if let Some(exe) = base_env.get("CONDA_EXE")
+        && let Some(root) = Path::new(exe).parent().and_then(Path::parent)
+    {
+        roots.push(root.to_path_buf());
+    }
+    if let Some(id) = identity {
+        roots.extend(CONDA_HOMES.iter().map(|h| id.home.join(h)));
+    }
+    roots.extend(CONDA_ROOTS.iter().map(PathBuf::from));
+    let candidates: Vec<PathBuf> = roots
+        .iter()
+        .map(|r| {
+            if name == "base" {
+                r.clone()
+            } else {
+                r.join("envs").join(name)
+            }
+        })
+        .collect();
+    let found = candidates
+        .iter()
+        .find(|p| std::fs::metadata(p.join("conda-meta")).is_ok_and(|m| m.is_dir()))
+        .cloned();
+    (found, candidates)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_directory_or_environment_is_its_own_failure() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let gone = dir.path().join("gone");
+        let e = check_workdir(&gone).expect_err("missing");
+        assert_eq!(e.why, Unstarted::Workdir);
+        assert!(
+            e.message.contains(&gone.display().to_string()),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("--snapshot"), "{}", e.message);
+        assert!(check_workdir(dir.path()).is_ok());
+
+        let venv = Environment::Venv(gone.display().to_string());
+        let e = activate(&venv, None, &BTreeMap::new()).expect_err("no venv");
+        assert_eq!(e.why, Unstarted::Environment);
+        assert!(e.message.starts_with("environment.venv"), "{}", e.message);
+        let e = activate(&Environment::Conda("nope".into()), None, &BTreeMap::new())
+            .expect_err("no conda");
+        assert!(e.message.contains("`nope`") && e.message.contains("/opt/conda/envs/nope"));
+    }
+
+    #[test]
+    fn an_environment_here_is_activated() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("venv/bin")).expect("venv");
+        let venv = dir.path().join("venv").display().to_string();
+        let a = activate(&Environment::Venv(venv.clone()), None, &BTreeMap::new()).expect("venv");
+        assert_eq!(a.bin, dir.path().join("venv/bin"));
+        assert_eq!(a.vars, vec![("VIRTUAL_ENV".to_string(), venv)]);
+        // A conda installation found through the agent's CONDA_EXE.
+        std::fs::create_dir_all(dir.path().join("conda/bin")).expect("conda");
+        std::fs::create_dir_all(dir.path().join("conda/envs/torch/conda-meta")).expect("env");
+        let base = BTreeMap::from([(
+            "CONDA_EXE".to_string(),
+            dir.path().join("conda/bin/conda").display().to_string(),
+        )]);
+        let a = activate(&Environment::Conda("torch".into()), None, &base).expect("conda");
+        assert_eq!(a.bin, dir.path().join("conda/envs/torch/bin"));
+        assert!(
+            a.vars
+                .contains(&("CONDA_DEFAULT_ENV".to_string(), "torch".to_string()))
+        );
+    }
+}

@@ -1,0 +1,55 @@
+//! Code bundles: their statements, over `Exec`.
+
+use async_trait::async_trait;
+
+use super::super::exec::{Arg, Exec};
+use super::super::rows::Cols;
+use super::super::tx::BundlesTx;
+use super::super::{Millis, Result};
+use super::first;
+
+#[async_trait]
+impl<E: Exec> BundlesTx for E {
+    async fn insert_bundle(
+        &mut self,
+        hash: &str,
+        data: &[u8],
+        by: &str,
+        now: Millis,
+    ) -> Result<bool> {
+        let n = self
+            .execute(
+                "INSERT INTO bundles (hash, data, bytes, uploaded_by, created_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (hash) DO NOTHING",
+                &[
+                    Arg::from(hash),
+                    Arg::Bytes(data),
+                    Arg::from(i64::try_from(data.len()).unwrap_or(i64::MAX)),
+                    Arg::from(by),
+                    Arg::from(now),
+                ],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn bundle_size(&mut self, hash: &str) -> Result<Option<u64>> {
+        first(
+            self,
+            "SELECT bytes FROM bundles WHERE hash = $1",
+            args![hash],
+            |r| Ok(u64::try_from(r.int(0)?).unwrap_or(0)),
+        )
+        .await
+    }
+
+    async fn bundle_data(&mut self, hash: &str) -> Result<Option<Vec<u8>>> {
+        first(
+            self,
+            "SELECT data FROM bundles WHERE hash = $1",
+            args![hash],
+            |r| r.bytes(0),
+        )
+        .await
+    }
+}

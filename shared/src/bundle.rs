@@ -1,0 +1,221 @@
+//! Code bundles (`code: snapshot`): a project's tree as a gzip-compressed tar that is the
+//! same bytes for the same tree (sorted entries, no owners, no times), named by the SHA-256
+//! of its bytes. The CLI makes one at submit, the coordinator keeps it, agents unpack it.
+//! Entries are regular files (mode 0755 or 0644) and symbolic links that stay inside the
+//! tree; nothing else is written or read back.
+
+use std::io::{Read, Write};
+use std::path::{Component, Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// The largest bundle (compressed) clients make and coordinators keep, by default.
+pub const DEFAULT_MAX_BYTES: u64 = 100 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{} is a link to {} outside the bundled tree: bundle what it points to instead, \
+         or leave it out (.gitignore, .headroomignore)",
+        path.display(),
+        target.display()
+    )]
+    LinkOutside { path: PathBuf, target: PathBuf },
+    #[error("{what}: {source}")]
+    Archive {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("the bundle holds {0}, which is not a file, a link or a folder inside it")]
+    BadEntry(String),
+}
+
+/// The SHA-256 of `bytes`, in lowercase hex: a bundle's name.
+pub fn hash(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// The bundle of `files` (paths relative to `root`; folders and vanished paths are skipped).
+pub fn make(root: &Path, files: &[PathBuf]) -> Result<Vec<u8>, BundleError> {
+    let mut files: Vec<&PathBuf> = files.iter().collect();
+    files.sort();
+    files.dedup();
+    let gz = flate2::GzBuilder::new().write(Vec::new(), flate2::Compression::default());
+    let mut tar = tar::Builder::new(gz);
+    tar.mode(tar::HeaderMode::Deterministic);
+    let archive = |source| BundleError::Archive {
+        what: "writing the bundle",
+        source,
+    };
+    for rel in files {
+        let path = root.join(rel);
+        let read = |source| BundleError::Read {
+            path: path.clone(),
+            source,
+        };
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(read(e)),
+        };
+        let mut header = tar::Header::new_gnu();
+        header.set_mtime(0);
+        header.set_uid(0);
+        header.set_gid(0);
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&path).map_err(read)?;
+            if !stays_inside(rel, &target) {
+                return Err(BundleError::LinkOutside {
+                    path: rel.clone(),
+                    target,
+                });
+            }
+            header.set_entry_type(tar::EntryType::Symlink);
+            header.set_mode(0o777);
+            header.set_size(0);
+            tar.append_link(&mut header, rel, &target)
+                .map_err(archive)?;
+        } else if meta.is_file() {
+            use std::os::unix::fs::PermissionsExt;
+            let exec = meta.permissions().mode() & 0o111 != 0;
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_mode(if exec { 0o755 } else { 0o644 });
+            header.set_size(meta.len());
+            let file = std::fs::File::open(&path).map_err(read)?;
+            // What is read is what the header says: a file that grew is cut, one that shrank
+            // fails the bundle rather than padding it.
+            tar.append_data(&mut header, rel, file.take(meta.len()))
+                .map_err(read)?;
+        }
+    }
+    let gz = tar.into_inner().map_err(archive)?;
+    gz.finish().map_err(archive)
+}
+
+/// Whether a link at `rel` to `target` points inside the tree it is in.
+fn stays_inside(rel: &Path, target: &Path) -> bool {
+    if target.is_absolute() {
+        return false;
+    }
+    let mut depth: i64 = rel.components().count() as i64 - 1;
+    for c in target.components() {
+        match c {
+            Component::ParentDir => depth -= 1,
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => return false,
+        }
+        if depth < 0 {
+            return false;
+        }
+    }
+    true
+}
+
+/// Unpacks `bytes` into `dest` (an empty folder): files, links inside the tree and folders
+/// only; an entry that would land outside `dest` fails it.
+pub fn unpack(bytes: &[u8], dest: &Path) -> Result<(), BundleError> {
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes));
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_mtime(false);
+    archive.set_unpack_xattrs(false);
+    archive.set_overwrite(false);
+    let bad = |source| BundleError::Archive {
+        what: "reading the bundle",
+        source,
+    };
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        let path = entry.path().map_err(bad)?.into_owned();
+        let kind = entry.header().entry_type();
+        let fine = match kind {
+            tar::EntryType::Regular | tar::EntryType::Directory => true,
+            tar::EntryType::Symlink => entry
+                .link_name()
+                .map_err(bad)?
+                .is_some_and(|t| stays_inside(&path, &t)),
+            _ => false,
+        };
+        if !fine || !entry.unpack_in(dest).map_err(bad)? {
+            return Err(BundleError::BadEntry(path.display().to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` through a temporary file beside it, renamed once complete.
+pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("part-{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("src/data")).expect("mkdir");
+        std::fs::write(dir.path().join("train.py"), "print('v1')\n").expect("write");
+        std::fs::write(dir.path().join("src/data/x.csv"), "1,2\n").expect("write");
+        std::os::unix::fs::symlink("data/x.csv", dir.path().join("src/x.csv")).expect("link");
+        dir
+    }
+
+    fn files() -> Vec<PathBuf> {
+        ["train.py", "src/data/x.csv", "src/x.csv"]
+            .iter()
+            .map(PathBuf::from)
+            .collect()
+    }
+
+    #[test]
+    fn the_same_tree_makes_the_same_bundle_and_unpacks_as_it_was() {
+        let a = tree();
+        let one = make(a.path(), &files()).expect("bundle");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut reversed = files();
+        reversed.reverse();
+        let two = make(tree().path(), &reversed).expect("bundle");
+        assert_eq!(hash(&one), hash(&two));
+        let out = tempfile::tempdir().expect("tempdir");
+        unpack(&one, out.path()).expect("unpack");
+        let read = |p: &str| std::fs::read_to_string(out.path().join(p)).expect(p);
+        assert_eq!(read("train.py"), "print('v1')\n");
+        assert_eq!(read("src/x.csv"), "1,2\n");
+        std::fs::write(a.path().join("train.py"), "print('v2')\n").expect("write");
+        assert_ne!(hash(&make(a.path(), &files()).expect("bundle")), hash(&one));
+    }
+
+    #[test]
+    fn a_link_out_of_the_tree_is_refused_both_ways() {
+        let a = tree();
+        std::os::unix::fs::symlink("../../etc/passwd", a.path().join("src/evil")).expect("link");
+        let mut with = files();
+        with.push("src/evil".into());
+        let err = make(a.path(), &with).expect_err("refused");
+        assert!(matches!(err, BundleError::LinkOutside { .. }), "{err}");
+        assert!(!stays_inside(Path::new("a"), Path::new("/etc")));
+        assert!(stays_inside(Path::new("a/b"), Path::new("../c")));
+        assert!(!stays_inside(Path::new("a/b"), Path::new("../../c")));
+        // A hand-made bundle with an escaping link is not unpacked.
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        tar.append_link(&mut h, "up", "../..").expect("link");
+        let raw = tar.into_inner().expect("tar");
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&raw).expect("gz");
+        let out = tempfile::tempdir().expect("tempdir");
+        assert!(unpack(&gz.finish().expect("gz"), out.path()).is_err());
+    }
+}
