@@ -20,11 +20,20 @@ from .errors import (
     JobsFailedError,
     NotFoundError,
     ServerError,
+    SourceError,
     TokenFileError,
     UnauthorizedError,
 )
 from .frames import Records
-from .models import AttemptTelemetry, GpuSeries, TelemetrySample
+from .models import (
+    AttemptTelemetry,
+    Environment,
+    GitState,
+    GpuSeries,
+    Snapshot,
+    Source,
+    TelemetrySample,
+)
 
 __all__ = [
     "AsyncClient",
@@ -34,8 +43,10 @@ __all__ = [
     "Client",
     "ConflictError",
     "ConnectionFailed",
+    "Environment",
     "Experiment",
     "ForbiddenError",
+    "GitState",
     "GpuSeries",
     "HeadroomError",
     "Instant",
@@ -44,6 +55,9 @@ __all__ = [
     "NotFoundError",
     "Records",
     "ServerError",
+    "Snapshot",
+    "Source",
+    "SourceError",
     "TelemetrySample",
     "TokenFileError",
     "UnauthorizedError",

@@ -26,7 +26,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ._spec import SpecLike, load_spec
+from ._source import MAX_SNAPSHOT_BYTES, EnvironmentLike, Submission, prepare_submission
+from ._spec import SpecLike
 from ._tables import (
     Records,
     Table,
@@ -65,12 +66,15 @@ Instant = Union[datetime, timedelta, str]
 
 @dataclass(frozen=True)
 class Call:
-    """A request, as both faces send it through httpx."""
+    """A request, as both faces send it through httpx: a JSON body (``json``), or raw bytes
+    (``content``, with their ``headers``: a code bundle)."""
 
     method: str
     path: str
     params: Optional[Dict[str, Any]] = None
     json: Any = None
+    content: Optional[bytes] = None
+    headers: Optional[Dict[str, str]] = None
 
 
 #: An operation: yields requests, is sent their answers, returns its result.
@@ -93,11 +97,48 @@ def health() -> Op[Health]:
     return Health.model_validate((yield from _json("GET", "/v1/health")))
 
 
-def submit(spec: SpecLike, seed: Optional[int], dry_run: bool) -> Op[SubmitResponse]:
-    body: Dict[str, Any] = {"spec": load_spec(spec), "dry_run": dry_run}
-    if seed is not None:
-        body["seed"] = seed
+def submit(
+    spec: SpecLike,
+    seed: Optional[int],
+    dry_run: bool,
+    workdir: Optional[PathLike] = None,
+    environment: Optional[EnvironmentLike] = None,
+    snapshot: Optional[bool] = None,
+    max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
+) -> Op[SubmitResponse]:
+    """The spec with its source (``_source``): the code bundle uploaded first when it is
+    run from one, then the submission, which names it."""
+    prepared = prepare_submission(
+        spec,
+        seed=seed,
+        dry_run=dry_run,
+        workdir=workdir,
+        environment=environment,
+        snapshot=snapshot,
+        max_snapshot_bytes=max_snapshot_bytes,
+    )
+    return (yield from submit_prepared(prepared))
+
+
+def submit_prepared(prepared: Submission) -> Op[SubmitResponse]:
+    """``submit`` once its source is worked out (``AsyncClient`` does that in a thread: it
+    runs git and reads files)."""
+    if prepared.bundle is not None:
+        yield from upload_bundle(prepared.bundle.data, prepared.bundle.hash)
+    body = prepared.body
     return SubmitResponse.model_validate((yield from _json("POST", "/v1/experiments", body=body)))
+
+
+def upload_bundle(data: bytes, digest: str) -> Op[Dict[str, Any]]:
+    """``PUT /v1/bundles/{digest}``: the coordinator's answer, ``{hash, bytes, stored}``
+    (``stored`` False: it had it already)."""
+    path = f"/v1/bundles/{_seg(digest)}"
+    headers = {"content-type": "application/octet-stream"}
+    resp = yield Call("PUT", path, content=data, headers=headers)
+    answer = resp.json()
+    if not isinstance(answer, dict) or answer.get("hash") != digest:
+        raise HeadroomError(0, "bad_answer", f"PUT {path}: the answer names another bundle")
+    return answer
 
 
 def experiments() -> Op[List[ExperimentSummary]]:

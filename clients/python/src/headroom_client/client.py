@@ -13,6 +13,7 @@ API takes ids only, so a name is resolved through ``GET /v1/experiments``."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import (
     TYPE_CHECKING,
     AsyncIterator,
@@ -30,6 +31,7 @@ import httpx
 
 from . import _ops as ops
 from ._ops import Call, Instant, Op, Stream
+from ._source import MAX_SNAPSHOT_BYTES, EnvironmentLike, prepare_submission
 from ._spec import MAX_SPEC_VALUES, SpecLike, load_spec
 # Names of this module before it was split, still importable from it.
 from ._transport import (
@@ -43,7 +45,7 @@ from ._transport import (
     local_token_path,
     read_token_file,
 )
-from .errors import HeadroomError
+from .errors import HeadroomError, SourceError
 from .frames import Records, records_or_frame
 from .models import (
     AttemptTelemetry,
@@ -106,7 +108,14 @@ class Client:
 
     def _send(self, call: Call) -> httpx.Response:
         try:
-            resp = self._http.request(call.method, call.path, params=call.params, json=call.json)
+            resp = self._http.request(
+                call.method,
+                call.path,
+                params=call.params,
+                json=call.json,
+                content=call.content,
+                headers=call.headers,
+            )
         except httpx.TransportError as e:
             raise _unreachable(self.url, e) from e
         return _check(resp)
@@ -155,10 +164,27 @@ class Client:
         return self._run(ops.health())
 
     def submit(
-        self, spec: SpecLike, *, seed: Optional[int] = None, dry_run: bool = False
+        self,
+        spec: SpecLike,
+        *,
+        seed: Optional[int] = None,
+        dry_run: bool = False,
+        workdir: Optional[PathLike] = None,
+        environment: Optional[EnvironmentLike] = None,
+        snapshot: Optional[bool] = None,
+        max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
     ) -> "Experiment":
-        """Submits a spec (a dict, or the path of a YAML/JSON file)."""
-        resp = self._run(ops.submit(spec, seed, dry_run))
+        """Submits a spec (a dict, or the path of a YAML/JSON file) with where its jobs run
+        from: ``workdir`` (default: the spec's ``workdir``, relative to the spec file, else
+        the current directory), the repository state of that directory (git), the Python
+        ``environment`` (``"inherit"``: the activated venv or conda environment, the default
+        unless the spec says otherwise; ``"none"``; ``{"venv": PATH}``; ``{"conda": NAME}``),
+        and with ``snapshot=True`` (or the spec's ``code: snapshot``) a bundle of the code,
+        uploaded first (at most ``max_snapshot_bytes`` compressed; not on a dry run).
+        A wrong ``workdir``, ``environment`` or bundle raises ``SourceError`` naming it, and
+        nothing is sent."""
+        op = ops.submit(spec, seed, dry_run, workdir, environment, snapshot, max_snapshot_bytes)
+        resp = self._run(op)
         return Experiment(self, resp.experiment, resp)
 
     def experiment(self, id: str) -> "Experiment":
@@ -574,7 +600,12 @@ class AsyncClient:
     async def _send(self, call: Call) -> httpx.Response:
         try:
             resp = await self._http.request(
-                call.method, call.path, params=call.params, json=call.json
+                call.method,
+                call.path,
+                params=call.params,
+                json=call.json,
+                content=call.content,
+                headers=call.headers,
             )
         except httpx.TransportError as e:
             raise _unreachable(self.url, e) from e
@@ -621,10 +652,37 @@ class AsyncClient:
         return await self._run(ops.health())
 
     async def submit(
-        self, spec: SpecLike, *, seed: Optional[int] = None, dry_run: bool = False
+        self,
+        spec: SpecLike,
+        *,
+        seed: Optional[int] = None,
+        dry_run: bool = False,
+        workdir: Optional[PathLike] = None,
+        environment: Optional[EnvironmentLike] = None,
+        snapshot: Optional[bool] = None,
+        max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
     ) -> "AsyncExperiment":
-        """Submits a spec (a dict, or the path of a YAML/JSON file)."""
-        resp = await self._run(ops.submit(spec, seed, dry_run))
+        """Submits a spec (a dict, or the path of a YAML/JSON file) with where its jobs run
+        from: ``workdir`` (default: the spec's ``workdir``, relative to the spec file, else
+        the current directory), the repository state of that directory (git), the Python
+        ``environment`` (``"inherit"``: the activated venv or conda environment, the default
+        unless the spec says otherwise; ``"none"``; ``{"venv": PATH}``; ``{"conda": NAME}``),
+        and with ``snapshot=True`` (or the spec's ``code: snapshot``) a bundle of the code,
+        uploaded first (at most ``max_snapshot_bytes`` compressed; not on a dry run).
+        A wrong ``workdir``, ``environment`` or bundle raises ``SourceError`` naming it, and
+        nothing is sent."""
+        # Git and the bundle's files are read in a thread: the event loop goes on meanwhile.
+        prepared = await asyncio.to_thread(
+            prepare_submission,
+            spec,
+            seed=seed,
+            dry_run=dry_run,
+            workdir=workdir,
+            environment=environment,
+            snapshot=snapshot,
+            max_snapshot_bytes=max_snapshot_bytes,
+        )
+        resp = await self._run(ops.submit_prepared(prepared))
         return AsyncExperiment(self, resp.experiment, resp)
 
     def experiment(self, id: str) -> "AsyncExperiment":
@@ -960,6 +1018,7 @@ __all__ = [
     "HeadroomError",
     "Instant",
     "Records",
+    "SourceError",
     "load_spec",
     "local_token_path",
     "read_token_file",

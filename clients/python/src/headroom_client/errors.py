@@ -58,6 +58,16 @@ class InvalidError(HeadroomError):
     """A field of the request is wrong; ``field`` names it (422)."""
 
 
+class SourceError(InvalidError):
+    """A field of a submission found wrong by the client, before anything is sent: ``field``
+    names it (``workdir``: no such directory; ``environment``: not ``inherit``, ``none``,
+    ``{venv: PATH}`` or ``{conda: NAME}``; ``snapshot``: the code bundle is over its cap or
+    holds a file it cannot). ``status`` is 0: no answer came."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(0, "invalid", message, field)
+
+
 class ServerError(HeadroomError):
     """The coordinator failed (5xx); ``store_unavailable`` is worth retrying."""
 
@@ -78,8 +88,9 @@ class TokenFileError(HeadroomError):
 class JobsFailedError(HeadroomError):
     """``wait(..., raise_on_failure=True)``: every job ended, and some failed. ``failures``
     maps each failed job's id to its failure class (``nonzero``, ``oom``, ``timeout``,
-    ``lost``...; None when the server recorded none); ``progress`` holds the final counts.
-    Cancelled jobs are not failures."""
+    ``lost``, ``workdir`` or ``environment`` (the node lacks the job's directory or Python
+    environment: never retried)...; None when the server recorded none); ``progress`` holds
+    the final counts. Cancelled jobs are not failures."""
 
     def __init__(
         self,

@@ -90,6 +90,49 @@ class SubmitResponse(_Model):
     warnings: List[str] = []
 
 
+class GitState(_Model):
+    """The repository state of an experiment's working directory at submit: ``commit``,
+    ``branch`` (None: a detached HEAD), ``dirty`` and ``diff_hash`` (SHA-256 of the
+    uncommitted changes; None when clean)."""
+
+    __schema__ = "GitState"
+    commit: str
+    branch: Optional[str] = None
+    dirty: bool
+    diff_hash: Optional[str] = None
+
+
+class Snapshot(_Model):
+    """The code bundle an experiment's jobs run from (``code: snapshot``): its SHA-256, the
+    working directory within it (``""``: its root) and its size."""
+
+    __schema__ = "Snapshot"
+    hash: str
+    subdir: str = ""
+    bytes: int = 0
+
+
+class Environment(_Model):
+    """A Python environment the jobs run with: a venv's directory, or a conda environment's
+    name or prefix (one of the two is set)."""
+
+    venv: Optional[str] = None
+    conda: Optional[str] = None
+
+
+class Source(_Model):
+    """Where an experiment's jobs run from: the directory (``workdir``), the code's state
+    (``git``; ``snapshot`` when they run from a bundle) and the Python ``environment``, with
+    whence it came (``environment_from``: ``spec`` or ``submitter``)."""
+
+    __schema__ = "Source"
+    workdir: Optional[str] = None
+    git: Optional[GitState] = None
+    snapshot: Optional[Snapshot] = None
+    environment: Optional[Environment] = None
+    environment_from: Optional[str] = None
+
+
 class ExperimentSummary(_Model):
     __schema__ = "ExperimentSummary"
     id: str
@@ -98,6 +141,8 @@ class ExperimentSummary(_Model):
     created_at: datetime
     counts: StateCounts
     submitted_by: str = "anonymous"
+    #: Where its jobs run from (None: a coordinator that records none).
+    source: Optional[Source] = None
 
 
 class JobSummary(_Model):
@@ -369,6 +414,9 @@ ALL_MODELS = [
     ExpandedJob,
     SubmitResponse,
     ExperimentSummary,
+    GitState,
+    Snapshot,
+    Source,
     JobSummary,
     AttemptView,
     JobDetail,
