@@ -259,7 +259,15 @@ impl Headroom {
 
     /// Runs the CLI against this server, as its admin.
     pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_in(None, &[], args)
+    }
+
+    /// Runs the CLI against this server as its admin, from `dir` (the test's own directory
+    /// when `None`) with `env` added, as a person in their project would.
+    pub fn cli_in(&self, dir: Option<&Path>, env: &[(&str, &str)], args: &[&str]) -> Output {
         let mut cmd = Command::new(binary("headroom"));
+        cmd.current_dir(dir.unwrap_or(self.dir.path()))
+            .envs(env.iter().copied());
         if let Some(t) = self.admin_token() {
             cmd.env("HEADROOM_TOKEN", t);
         }
@@ -336,6 +344,7 @@ impl Headroom {
             spec,
             seed: None,
             dry_run: false,
+            ..Default::default()
         };
         self.api(|c| async move { c.submit(&req).await })
             .context("submit refused")

@@ -20,6 +20,7 @@ mod packing;
 mod pending;
 mod plan;
 mod prestart;
+mod project;
 mod quickstart;
 mod reattach;
 mod restart;
