@@ -273,6 +273,13 @@ fn path_param(route: &Route, name: &str) -> Parameter {
             ObjectBuilder::new().schema_type(Type::String).build(),
             "Node name".into(),
         ),
+        "hash" => (
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(headroom_shared::api::bounds::SHA256.pattern))
+                .build(),
+            "The SHA-256 of the bundle's bytes, in lowercase hex".into(),
+        ),
         _ => {
             let kind = route
                 .path
@@ -338,7 +345,8 @@ fn operation(route: &Route, doc: Option<RouteDoc>, schemas: &mut Schemas) -> Pat
                             )
                             .build(),
                     ));
-                    errors.push(413);
+                    // Over the route's bound; bytes refused for what they hold, naming it.
+                    errors.extend([413, 422]);
                 }
             }
             if d.conflicts || route.access == Access::Owner {

@@ -2795,6 +2795,11 @@ async fn an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash(
     assert_eq!(leases[0].source.as_ref(), Some(&source));
     let rows = s.export_rows(Some(id)).await.expect("export");
     assert_eq!(rows[0].source.as_deref(), Some(&source));
+    // A node fetches the code of its own live attempts only.
+    let leased = |hash: String, node: &str| s.bundle_leased_to(hash, node.into());
+    assert!(leased("c".repeat(64), "n1").await.expect("leased"));
+    assert!(!leased("c".repeat(64), "n2").await.expect("other node"));
+    assert!(!leased("e".repeat(64), "n1").await.expect("other bundle"));
 
     let hash = "d".repeat(64);
     assert_eq!(s.bundle_size(hash.clone()).await.expect("size"), None);

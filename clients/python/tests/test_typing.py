@@ -5,8 +5,10 @@ types it says, and the example runs against a real coordinator."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import List
 
@@ -117,7 +119,11 @@ def test_the_notebook_example_and_precise_types_pass_mypy_strict(tmp_path: Path)
     assert "no issues found in 2 source files" in done.stdout
 
 
-def test_the_notebook_example_runs(cluster: str, tmp_path: Path) -> None:
+def test_the_notebook_example_runs(cluster: str) -> None:
+    # Jobs run in the directory the notebook runs in, as the agent's user (`nobody` under a
+    # root agent): pytest's own temporary directories are private to root.
+    workdir = tempfile.mkdtemp(prefix="headroom-notebook-")
+    os.chmod(workdir, 0o755)
     env = {
         **os.environ,
         "HEADROOM_SERVER": cluster,
@@ -127,12 +133,13 @@ def test_the_notebook_example_runs(cluster: str, tmp_path: Path) -> None:
     env.pop("HEADROOM_URL", None)
     done = subprocess.run(
         [sys.executable, str(EXAMPLE)],
-        cwd=tmp_path,
+        cwd=workdir,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
+    shutil.rmtree(workdir, ignore_errors=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 of 2 jobs succeeded" in done.stdout, done.stdout
     assert "longest run:" in done.stdout, done.stdout

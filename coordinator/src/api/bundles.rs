@@ -8,15 +8,16 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use headroom_shared::api::bounds;
 use headroom_shared::api::source::BundleStored;
-use headroom_shared::api::{ErrorCode, Principal};
+use headroom_shared::api::{ErrorCode, Principal, Role};
 use sha2::{Digest, Sha256};
 
 use super::{ApiError, ApiJson, ApiPath, ApiResult, AppState};
 
+/// A bundle's name in the path: a malformed one is a malformed request, as a bad id is.
 fn checked(hash: &str) -> Result<(), ApiError> {
     bounds::SHA256
         .check(hash)
-        .map_err(|m| ApiError::invalid("hash", m))
+        .map_err(|m| ApiError::new(ErrorCode::BadRequest, format!("bundle {m}")))
 }
 
 pub async fn put(
@@ -29,7 +30,7 @@ pub async fn put(
     let max = s.config.max_bundle_bytes;
     let limit = usize::try_from(max).unwrap_or(usize::MAX);
     let data = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::invalid(
+        ApiError::too_large(
             "snapshot",
             format!(
                 "the bundle is over this coordinator's --max-bundle-size ({}): leave large \
@@ -57,11 +58,29 @@ pub async fn put(
     }))
 }
 
+/// A bundle's bytes, to an agent whose node runs an attempt from it (or an admin): a node
+/// fetches only the code of the jobs leased to it.
 pub async fn get(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(hash): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     checked(&hash)?;
+    if who.role != Role::Admin
+        && !s
+            .store
+            .bundle_leased_to(hash.clone(), who.name.clone())
+            .await?
+    {
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "node `{}` runs no attempt from bundle {hash}: a node fetches only the code of \
+                 the jobs leased to it",
+                who.name
+            ),
+        ));
+    }
     match s.store.bundle(hash.clone()).await? {
         Some(data) => {
             Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())

@@ -41,6 +41,14 @@ impl ApiError {
         }
     }
 
+    /// A body over a bound of the route's own (413), naming the field it carries.
+    pub fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            status: Some(StatusCode::PAYLOAD_TOO_LARGE),
+            ..Self::invalid(field, message)
+        }
+    }
+
     /// A known path asked with a method it does not take (405, in the error shape).
     pub fn method_not_allowed() -> Self {
         Self {

@@ -23,3 +23,7 @@ pub(super) async fn size(tx: &mut dyn Tx, hash: String) -> Result<Option<u64>> {
 pub(super) async fn data(tx: &mut dyn Tx, hash: String) -> Result<Option<Vec<u8>>> {
     tx.bundle_data(&hash).await
 }
+
+pub(super) async fn leased_to(tx: &mut dyn Tx, hash: String, node: String) -> Result<bool> {
+    tx.bundle_leased_to(&hash, &node).await
+}

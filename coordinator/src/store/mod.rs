@@ -398,6 +398,8 @@ pub trait Store: Send + Sync + 'static {
     async fn bundle_size(&self, hash: String) -> Result<Option<u64>>;
     /// The bytes of the bundle kept under `hash`, if one is.
     async fn bundle(&self, hash: String) -> Result<Option<Vec<u8>>>;
+    /// Whether an attempt not ended on `node` runs from the bundle `hash`.
+    async fn bundle_leased_to(&self, hash: String, node: String) -> Result<bool>;
     async fn cancel_job(&self, id: JobId) -> Result<u64>;
     async fn cancel_experiment(&self, id: ExperimentId) -> Result<u64>;
     async fn retry_job(&self, id: JobId) -> Result<JobState>;
@@ -601,6 +603,10 @@ impl<B: Backend> Store for B {
 
     async fn bundle(&self, hash: String) -> Result<Option<Vec<u8>>> {
         run!(self, read, "bundle", bundles::data, hash.clone(); hash = %hash)
+    }
+
+    async fn bundle_leased_to(&self, hash: String, node: String) -> Result<bool> {
+        run!(self, read, "bundle_leased_to", bundles::leased_to, hash.clone(), node.clone(); hash = %hash, node = %node)
     }
 
     async fn cancel_job(&self, id: JobId) -> Result<u64> {

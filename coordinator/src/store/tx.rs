@@ -400,6 +400,8 @@ pub trait BundlesTx: Send {
         now: Millis,
     ) -> Result<bool>;
     async fn bundle_size(&mut self, hash: &str) -> Result<Option<u64>>;
+    /// Whether an attempt not ended on `node` runs from the bundle `hash`.
+    async fn bundle_leased_to(&mut self, hash: &str, node: &str) -> Result<bool>;
     async fn bundle_data(&mut self, hash: &str) -> Result<Option<Vec<u8>>>;
 }
 

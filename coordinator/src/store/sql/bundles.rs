@@ -43,6 +43,21 @@ impl<E: Exec> BundlesTx for E {
         .await
     }
 
+    async fn bundle_leased_to(&mut self, hash: &str, node: &str) -> Result<bool> {
+        // Through the node's live attempts (an index of their own), then their experiments.
+        let found = first(
+            self,
+            "SELECT 1 FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             JOIN experiments e ON e.id = j.experiment_id \
+             WHERE a.node = $1 AND a.phase != 'ended' \
+             AND e.source -> 'snapshot' ->> 'hash' = $2 LIMIT 1",
+            args![node, hash],
+            |_| Ok(()),
+        )
+        .await?;
+        Ok(found.is_some())
+    }
+
     async fn bundle_data(&mut self, hash: &str) -> Result<Option<Vec<u8>>> {
         first(
             self,
