@@ -739,6 +739,10 @@ pub async fn submit(api: &Api, file: &std::path::Path, how: SubmitHow) -> Result
     }
     let local = source::is_local(api.base());
     let workdir = source::workdir(&spec, file, local)?;
+    // On the nodes' own host, a directory the jobs' user may not enter is known now.
+    if local && let Some(user) = api.whoami().await?.unix_user {
+        source::enterable_by(&workdir, &user)?;
+    }
     let vars: std::collections::BTreeMap<String, String> = std::env::vars().collect();
     let environment = source::environment(&spec, file, &vars, local)?;
     let git = source::git_state(&workdir);

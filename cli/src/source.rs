@@ -54,6 +54,32 @@ pub fn workdir(spec: &Value, spec_file: &Path, local: bool) -> Result<PathBuf> {
     }
 }
 
+/// Whether `user` (the Unix user the jobs run as, on this host) may enter `dir`, by the
+/// modes of it and the folders above it; why not, naming the folder.
+pub fn enterable_by(dir: &Path, user: &str) -> Result<()> {
+    let run_as = headroom_shared::api::RunAs {
+        unix_user: user.to_string(),
+        allow_root: true,
+    };
+    // A user this host does not know is the nodes' to resolve.
+    let Ok(id) = headroom_agent::runas::resolve(&run_as) else {
+        return Ok(());
+    };
+    match headroom_agent::runas::first_unsearchable(dir, &id) {
+        None => Ok(()),
+        Some(blocked) => Err(refused(
+            "workdir",
+            format!(
+                "your jobs run as `{user}` here, who may not enter {}: it may not search (x) \
+                 {blocked}. Open the folder to them, submit from a directory they may enter, \
+                 or map your user to another Unix user (`headroom user create NAME --unix-user \
+                 USER`)",
+                dir.display()
+            ),
+        )),
+    }
+}
+
 /// Runs `git` in `dir`; its output when it succeeds.
 fn git(dir: &Path, args: &[&str]) -> Option<Vec<u8>> {
     let out = Command::new("git")

@@ -611,6 +611,11 @@ impl Client {
             .await
     }
 
+    /// Who this client's token is, and which Unix user its jobs run as.
+    pub async fn whoami(&self) -> Result<crate::api::WhoAmI, ClientError> {
+        self.get(routes::WHOAMI, &[]).await
+    }
+
     pub async fn users(&self) -> Result<Vec<crate::api::UserView>, ClientError> {
         self.get(routes::USERS, &[]).await
     }

@@ -201,10 +201,21 @@ async fn new_hashed_token() -> Result<(String, String, String), ApiError> {
     Ok((id, token, secret_hash))
 }
 
-pub async fn whoami(Extension(who): Extension<Principal>) -> ApiResult<WhoAmI> {
+pub async fn whoami(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+) -> ApiResult<WhoAmI> {
+    let unix_user = s
+        .store
+        .users()
+        .await?
+        .into_iter()
+        .find(|u| u.name == who.name)
+        .and_then(|u| u.unix_user);
     Ok(ApiJson(WhoAmI {
         name: who.name,
         role: who.role,
+        unix_user,
     }))
 }
 

@@ -806,6 +806,10 @@ impl FromStr for Role {
 pub struct WhoAmI {
     pub name: String,
     pub role: Role,
+    /// The Unix user its jobs run as where agents run as root (`None`: the agents' default
+    /// user): a client on the nodes' host checks its working directory against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix_user: Option<String>,
 }
 
 /// The identity a request acts as: a token's name and role.

@@ -282,7 +282,7 @@ fn a_snapshot_runs_the_code_as_submitted_on_any_node() {
 
 /// What a submit can tell on this host is refused before anything is stored, naming the
 /// field: a working directory that does not exist, a conda environment this host lacks, a
-/// snapshot over the cap (the coordinator's own cap, for a bundle sent over REST).
+/// snapshot over the coordinator's cap, a directory the jobs' Unix user may not enter.
 #[test]
 fn a_submission_this_host_shows_wrong_is_refused_naming_the_field() {
     let h = Headroom::up(UpOptions::gpus("1x24GiB").flags(&["--max-bundle-size", "1MiB"]));
@@ -318,6 +318,20 @@ fn a_submission_this_host_shows_wrong_is_refused_naming_the_field() {
         err.contains("snapshot") && err.contains("--max-bundle-size"),
         "{err}"
     );
+    // Jobs that run as another user, from a folder that user may not enter.
+    if let Some(other) = headroom_integration_tests::other_user() {
+        use std::os::unix::fs::PermissionsExt;
+        h.cli_ok(&["user", "create", "admin", "--role", "admin", "--unix-user", &other.name]);
+        std::fs::remove_file(dir.join("weights.bin")).expect("rm");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let err = refused(base, &[]);
+        assert!(
+            err.contains("workdir:")
+                && err.contains(&format!("`{}`", other.name))
+                && err.contains(&format!("may not search (x) {}", dir.display())),
+            "{err}"
+        );
+    }
     assert!(
         h.api(|c| async move { c.experiments().await })
             .expect("experiments")
