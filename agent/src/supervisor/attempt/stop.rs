@@ -455,7 +455,12 @@ pub(super) async fn end(
     }
 
     let _ = end_reading.await;
-    let f = figures(&run.watch, &launch.log_path, run.log_start).await;
+    let mut f = figures(&run.watch, &launch.log_path, run.log_start).await;
+    let failed = outcome.status.is_none_or(|s| !s.success());
+    if let Some(hint) = failed.then(|| denied_hint(launch, &f.log_tail)).flatten() {
+        note(log, &hint);
+        f.log_tail.push_str(&format!("[headroom] {hint}\n"));
+    }
     AttemptEnd {
         facts: EndFacts::ran(Ended::of(outcome.status), stopped, f.saw_oom),
         exit_code: outcome.status.and_then(|s| s.code()),
@@ -476,4 +481,21 @@ pub(super) async fn end(
         log_tail: f.log_tail,
         background,
     }
+}
+
+/// What to say of a failed job whose output says `Permission denied` while it ran as a user
+/// of the agent's choosing (a root agent's): who it ran as, and what would run it as
+/// someone who may read the files.
+fn denied_hint(launch: &Launch, tail: &str) -> Option<String> {
+    if !tail.contains("Permission denied") {
+        return None;
+    }
+    let user = &launch.run_as.as_ref()?.unix_user;
+    Some(format!(
+        "the job's output says `Permission denied`: it ran as the Unix user `{user}`, who may \
+         not read what it needs. A job runs as the Unix user its headroom user maps to \
+         (`headroom user create NAME --unix-user USER`; where everything is root's, as in many \
+         containers, `--unix-user root --allow-root`), else as the agent's --run-as-default; \
+         `sudo headroom up` runs your own jobs as you"
+    ))
 }

@@ -255,6 +255,43 @@ async fn a_job_runs_with_its_environment_and_one_the_node_lacks_fails_on_its_own
     assert!(!log_of(&launch).contains("started"));
 }
 
+/// A job that fails saying `Permission denied` while it ran as a user the agent chose gets
+/// a line naming that user and the mappings that fix it, instead of the bare error.
+#[tokio::test]
+async fn a_job_denied_its_files_is_told_who_it_ran_as_and_what_fixes_it() {
+    let f = fixture();
+    let script =
+        "echo \"python3: can't open file 'train.py': [Errno 13] Permission denied\" >&2; exit 2";
+    let mut launch = f.sh(script);
+    launch.run_as = None;
+    let end = f.run(launch).await;
+    assert_eq!(end.failure(), Some(FailureClass::Nonzero));
+    assert!(
+        !end.log_tail.contains("ran as the Unix user"),
+        "{}",
+        end.log_tail
+    );
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let mut launch = f.sh(script);
+    launch.run_as = Some(headroom_shared::api::RunAs {
+        unix_user: "nobody".into(),
+        allow_root: false,
+    });
+    launch.workdir = Some("/".into());
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure(), Some(FailureClass::Nonzero));
+    for said in [
+        "ran as the Unix user `nobody`",
+        "--unix-user root --allow-root",
+        "sudo headroom up",
+    ] {
+        assert!(end.log_tail.contains(said), "{said}: {}", end.log_tail);
+        assert!(log_of(&launch).contains(said));
+    }
+}
+
 #[tokio::test]
 async fn a_missing_program_is_a_launch_error() {
     let f = fixture();

@@ -321,7 +321,15 @@ fn a_submission_this_host_shows_wrong_is_refused_naming_the_field() {
     // Jobs that run as another user, from a folder that user may not enter.
     if let Some(other) = headroom_integration_tests::other_user() {
         use std::os::unix::fs::PermissionsExt;
-        h.cli_ok(&["user", "create", "admin", "--role", "admin", "--unix-user", &other.name]);
+        h.cli_ok(&[
+            "user",
+            "create",
+            "admin",
+            "--role",
+            "admin",
+            "--unix-user",
+            &other.name,
+        ]);
         std::fs::remove_file(dir.join("weights.bin")).expect("rm");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
         let err = refused(base, &[]);
