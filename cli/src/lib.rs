@@ -524,9 +524,8 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             }
             match format {
                 Format::Table => {
-                    output::job_detail(&job);
                     let exp = api.experiment(job.summary.experiment).await?;
-                    output::source(&exp.source);
+                    output::job_detail(&job, &exp.source);
                     for (number, t) in &series {
                         output::attempt_telemetry(*number, t);
                     }

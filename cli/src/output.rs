@@ -189,7 +189,8 @@ pub fn source(s: &headroom_shared::api::source::Source) {
     }
 }
 
-pub fn job_detail(d: &JobDetail) {
+/// A job with its attempts, and where its experiment's jobs run from.
+pub fn job_detail(d: &JobDetail, source: &headroom_shared::api::source::Source) {
     let j = &d.summary;
     outln!("job        {}", j.id);
     outln!("experiment {} ({})", j.experiment_name, j.experiment);
@@ -206,6 +207,7 @@ pub fn job_detail(d: &JobDetail) {
     }
     outln!("params     {}", params_text(j));
     outln!("command    {}", d.argv.join(" "));
+    self::source(source);
     outln!(
         "resources  {} GPU(s), declared estimate {}, memory key `{}`",
         j.gpus,

@@ -41,6 +41,13 @@ impl From<String> for NotStarted {
 /// a working directory its user could not enter is the attempt's `workdir` failure.
 pub(crate) fn spawn(spec: Spec, launch: &Launch, what: &str) -> Result<Child, NotStarted> {
     let cwd = spec.cwd.clone();
+    let program = spec.program.clone();
+    let path = spec
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.to_string_lossy().into_owned());
     let mut refused = None;
     let spawned = crate::procscan::spawn_owned(
         || {
@@ -62,7 +69,24 @@ pub(crate) fn spawn(spec: Spec, launch: &Launch, what: &str) -> Result<Child, No
                 .and_then(|r| crate::runas::resolve(r).ok());
             Err(workspace::cannot_enter(&dir, identity.as_ref(), errno))
         }
-        (Err(e), _, _) => Err(format!("cannot start {what}: {e}").into()),
+        (Err(e), _, cwd) => {
+            let mut msg = format!("cannot start {what}: {e}");
+            let identity = launch
+                .run_as
+                .as_ref()
+                .and_then(|r| crate::runas::resolve(r).ok());
+            if e.kind() == std::io::ErrorKind::PermissionDenied
+                && let Some(id) = &identity
+            {
+                msg.push_str(&workspace::cannot_run(
+                    &program,
+                    path.as_deref(),
+                    cwd.as_deref(),
+                    id,
+                ));
+            }
+            Err(msg.into())
+        }
     }
 }
 

@@ -94,6 +94,54 @@ pub(crate) fn cannot_enter(dir: &Path, identity: Option<&Identity>, errno: i32) 
     NotStarted::new(Unstarted::Workdir, msg)
 }
 
+/// What a job's user was refused in running `program` (looked up in `path` as the exec
+/// would, from `cwd`): the folder on the way it may not search, or the file it may not
+/// execute, and the mappings that run it as someone who may.
+pub(crate) fn cannot_run(
+    program: &str,
+    path: Option<&str>,
+    cwd: Option<&Path>,
+    id: &Identity,
+) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let found = if program.contains('/') {
+        Some(cwd.map_or_else(|| PathBuf::from(program), |d| d.join(program)))
+    } else {
+        path.unwrap_or_default()
+            .split(':')
+            .map(|d| Path::new(d).join(program))
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
+    };
+    let mut msg = format!(" as `{}` (uid {})", id.name, id.uid);
+    if let Some(file) = found {
+        // Where it leads (a venv's `python` is a link to its base interpreter).
+        let real = std::fs::canonicalize(&file).unwrap_or_else(|_| file.clone());
+        let blocked = real
+            .parent()
+            .and_then(|dir| crate::runas::first_unsearchable(dir, id));
+        match (blocked, std::fs::metadata(&real)) {
+            (Some(b), _) => msg.push_str(&format!(
+                ": {} is {}, and it may not search (x) {b}",
+                file.display(),
+                real.display()
+            )),
+            (None, Ok(m)) => msg.push_str(&format!(
+                ": it may not execute {} (owner uid {}, mode {:o})",
+                real.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            )),
+            (None, Err(_)) => {}
+        }
+    }
+    msg.push_str(
+        ". A job runs as the Unix user its headroom user maps to (`headroom user create NAME \
+         --unix-user USER`; where everything is root's, `--unix-user root --allow-root`), else \
+         as the agent's --run-as-default; `sudo headroom up` runs your own jobs as you",
+    );
+    msg
+}
+
 fn libc_eacces() -> i32 {
     nix::errno::Errno::EACCES as i32
 }
