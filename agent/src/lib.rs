@@ -19,7 +19,7 @@
 //! - `cgroup` (each attempt's cgroup: membership, kill, host RAM peak), `gpu` (NVML and
 //!   fake backends; `gpu::fake`: its spec, usage and control files, shared power state),
 //!   `jobenv` (what of the agent's environment jobs get), `runas` (the Unix user a job runs
-//!   as), `procscan` (processes by their markers), `outcomes` (the journal of end reports):
+//!   as), `pyenv` (conda environments by name), `procscan` (processes by their markers), `outcomes` (the journal of end reports):
 //!   used by both.
 // `unsafe` is denied except where an attempt's process is started (`supervisor::process`:
 // `Command::pre_exec` and the `close_range` it makes) and its exit is awaited (a pid file
@@ -42,5 +42,6 @@ pub mod gpu;
 pub mod jobenv;
 pub mod outcomes;
 pub mod procscan;
+pub mod pyenv;
 pub mod runas;
 pub mod supervisor;

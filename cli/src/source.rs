@@ -234,44 +234,16 @@ fn inherited(vars: &BTreeMap<String, String>) -> Option<Environment> {
         .or_else(|| set("CONDA_PREFIX").map(Environment::Conda))
 }
 
-/// A conda environment by name on this host: in the active installation's `envs/` (or
-/// it, for `base`), the home's usual installations, `/opt/conda`.
+/// A conda environment by name on this host (`headroom_agent::pyenv`, as a node looks).
 fn find_conda(name: &str, vars: &BTreeMap<String, String>) -> (Option<PathBuf>, Vec<String>) {
-    let mut roots: Vec<PathBuf> = Vec::new();
-    if let Some(exe) = vars.get("CONDA_EXE")
-        && let Some(r) = Path::new(exe).parent().and_then(Path::parent)
-    {
-        roots.push(r.to_path_buf());
-    }
-    if let Some(home) = vars.get("HOME") {
-        for d in [
-            "miniconda3",
-            "anaconda3",
-            "miniforge3",
-            "mambaforge",
-            ".conda",
-        ] {
-            roots.push(Path::new(home).join(d));
-        }
-    }
-    roots.push(PathBuf::from("/opt/conda"));
-    let candidates: Vec<PathBuf> = roots
-        .into_iter()
-        .map(|r| {
-            if name == "base" {
-                r
-            } else {
-                r.join("envs").join(name)
-            }
-        })
-        .collect();
-    let found = candidates
-        .iter()
-        .find(|p| p.join("conda-meta").is_dir())
-        .cloned();
+    let (found, looked) = headroom_agent::pyenv::find_conda(
+        name,
+        vars.get("CONDA_EXE").map(String::as_str),
+        vars.get("HOME").map(Path::new),
+    );
     (
         found,
-        candidates.iter().map(|p| p.display().to_string()).collect(),
+        looked.iter().map(|p| p.display().to_string()).collect(),
     )
 }
 

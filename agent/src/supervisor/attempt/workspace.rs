@@ -12,23 +12,6 @@ use super::command::NotStarted;
 use crate::runas::Identity;
 use crate::supervisor::classify::Unstarted;
 
-/// Where conda installations are looked for under a user's home and system-wide.
-const CONDA_HOMES: &[&str] = &[
-    "miniconda3",
-    "anaconda3",
-    "miniforge3",
-    "mambaforge",
-    ".conda",
-];
-const CONDA_ROOTS: &[&str] = &[
-    "/opt/conda",
-    "/opt/miniconda3",
-    "/opt/anaconda3",
-    "/opt/miniforge3",
-    "/usr/local/miniconda3",
-    "/usr/local/anaconda3",
-];
-
 fn node() -> String {
     rustix::system::uname()
         .nodename()
@@ -223,38 +206,16 @@ fn is_conda_env(prefix: &Path) -> bool {
     looks_present(&prefix.join("conda-meta"))
 }
 
-/// A conda environment by name: `base` is an installation's root, others are in its
-/// `envs/`. Installations: the agent's `CONDA_EXE`'s, the user's home's, the system's.
 fn find_conda(
     name: &str,
     identity: Option<&Identity>,
     base_env: &BTreeMap<String, String>,
 ) -> (Option<PathBuf>, Vec<PathBuf>) {
-    let mut roots: Vec<PathBuf> = Vec::new();
-    if let Some(exe) = base_env.get("CONDA_EXE")
-        && let Some(root) = Path::new(exe).parent().and_then(Path::parent)
-    {
-        roots.push(root.to_path_buf());
-    }
-    if let Some(id) = identity {
-        roots.extend(CONDA_HOMES.iter().map(|h| id.home.join(h)));
-    }
-    roots.extend(CONDA_ROOTS.iter().map(PathBuf::from));
-    let candidates: Vec<PathBuf> = roots
-        .iter()
-        .map(|r| {
-            if name == "base" {
-                r.clone()
-            } else {
-                r.join("envs").join(name)
-            }
-        })
-        .collect();
-    let found = candidates
-        .iter()
-        .find(|p| std::fs::metadata(p.join("conda-meta")).is_ok_and(|m| m.is_dir()))
-        .cloned();
-    (found, candidates)
+    crate::pyenv::find_conda(
+        name,
+        base_env.get("CONDA_EXE").map(String::as_str),
+        identity.map(|id| id.home.as_path()),
+    )
 }
 
 #[cfg(test)]
@@ -305,5 +266,36 @@ mod tests {
             a.vars
                 .contains(&("CONDA_DEFAULT_ENV".to_string(), "torch".to_string()))
         );
+    }
+
+    #[test]
+    fn a_program_its_user_may_not_reach_is_named_with_the_folder_that_stops_it() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let id = crate::runas::resolve(&headroom_shared::api::RunAs {
+            unix_user: "nobody".into(),
+            allow_root: false,
+        })
+        .expect("nobody");
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("bin")).expect("mkdir");
+        let tool = dir.path().join("bin/tool");
+        std::fs::write(&tool, "#!/bin/sh\n").expect("tool");
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        let path = dir.path().join("bin").display().to_string();
+        let msg = cannot_run("tool", Some(&path), None, &id);
+        let blocked = format!(
+            "may not search (x) {} (owner root, mode 700)",
+            dir.path().display()
+        );
+        assert!(
+            msg.contains("as `nobody`") && msg.contains(&blocked),
+            "{msg}"
+        );
+        assert!(msg.contains("--unix-user root --allow-root"), "{msg}");
     }
 }
