@@ -207,6 +207,10 @@ pub const APPLIED: &[(Site, Rule)] = &[
         Site::Property("ExperimentSpec", "runs_per_config"),
         Rule::Number(COUNT),
     ),
+    // experiments::submit, source::check
+    (Site::Property("Snapshot", "hash"), Rule::Text(&SHA256)),
+    (Site::Property("GitState", "commit"), Rule::Text(&GIT_COMMIT)),
+    (Site::Property("GitState", "diff_hash"), Rule::Text(&SHA256)),
 ];
 
 /// Rules that tie fields together, which a schema of each field cannot state: the operations
@@ -220,6 +224,10 @@ pub const CROSS_FIELD: &[(&str, &[&str])] = &[
              mutate axis, or a built-in), and each parameter is named once",
             "`mutations` above 1 needs `mutate` axes",
             "a job fits the largest GPU and asks for no more GPUs than a node has",
+            "`workdir` is absolute; a spec's relative `workdir` needs the request's",
+            "`code: snapshot` needs `snapshot` naming a bundle kept here (`PUT \
+             /v1/bundles/{hash}`), and `snapshot` needs `code: snapshot`",
+            "a spec's `environment` and the request's are of one kind (venv or conda)",
         ],
     ),
     (
