@@ -2802,18 +2802,24 @@ async fn an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash(
     assert!(!leased("e".repeat(64), "n1").await.expect("other bundle"));
 
     let hash = "d".repeat(64);
-    assert_eq!(s.bundle_size(hash.clone()).await.expect("size"), None);
+    let size = |by: Option<&str>| s.bundle_size(hash.clone(), by.map(str::to_string));
+    assert_eq!(size(None).await.expect("size"), None);
     assert!(
         s.put_bundle(hash.clone(), b"abc".to_vec(), "alice".into())
             .await
             .expect("put")
     );
+    // Kept once; each uploader may name it, no one else.
+    assert_eq!(size(Some("bob")).await.expect("bob's"), None);
     assert!(
         !s.put_bundle(hash.clone(), b"abc".to_vec(), "bob".into())
             .await
             .expect("again")
     );
-    assert_eq!(s.bundle_size(hash.clone()).await.expect("size"), Some(3));
+    assert_eq!(size(None).await.expect("size"), Some(3));
+    assert_eq!(size(Some("alice")).await.expect("alice's"), Some(3));
+    assert_eq!(size(Some("bob")).await.expect("bob's"), Some(3));
+    assert_eq!(size(Some("carol")).await.expect("carol's"), None);
     assert_eq!(s.bundle(hash).await.expect("bundle"), Some(b"abc".to_vec()));
 }
 

@@ -12,6 +12,11 @@ use sha2::{Digest, Sha256};
 /// The largest bundle (compressed) clients make and coordinators keep, by default.
 pub const DEFAULT_MAX_BYTES: u64 = 100 * 1024 * 1024;
 
+/// The most a bundle unpacks to, and the most entries it holds: a node's disk is not
+/// filled by a bundle that compresses a thousand to one.
+pub const MAX_UNPACKED_BYTES: u64 = 8 * 1024 * 1024 * 1024;
+pub const MAX_ENTRIES: u64 = 500_000;
+
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
     #[error("{}: {source}", path.display())]
@@ -33,6 +38,8 @@ pub enum BundleError {
     },
     #[error("the bundle holds {0}, which is not a file, a link or a folder inside it")]
     BadEntry(String),
+    #[error("the bundle unpacks to more than {bytes} bytes or {entries} entries: refused")]
+    TooLarge { bytes: u64, entries: u64 },
 }
 
 /// The SHA-256 of `bytes`, in lowercase hex: a bundle's name.
@@ -120,6 +127,16 @@ fn stays_inside(rel: &Path, target: &Path) -> bool {
 /// Unpacks `bytes` into `dest` (an empty folder): files, links inside the tree and folders
 /// only; an entry that would land outside `dest` fails it.
 pub fn unpack(bytes: &[u8], dest: &Path) -> Result<(), BundleError> {
+    unpack_within(bytes, dest, MAX_UNPACKED_BYTES, MAX_ENTRIES)
+}
+
+/// [`unpack`] within `max_bytes` unpacked and `max_entries` entries.
+fn unpack_within(
+    bytes: &[u8],
+    dest: &Path,
+    max_bytes: u64,
+    max_entries: u64,
+) -> Result<(), BundleError> {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes));
     archive.set_preserve_permissions(true);
     archive.set_preserve_mtime(false);
@@ -129,8 +146,17 @@ pub fn unpack(bytes: &[u8], dest: &Path) -> Result<(), BundleError> {
         what: "reading the bundle",
         source,
     };
+    let (mut bytes, mut entries) = (0u64, 0u64);
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
+        bytes = bytes.saturating_add(entry.header().size().map_err(bad)?);
+        entries += 1;
+        if bytes > max_bytes || entries > max_entries {
+            return Err(BundleError::TooLarge {
+                bytes: max_bytes,
+                entries: max_entries,
+            });
+        }
         let path = entry.path().map_err(bad)?.into_owned();
         let kind = entry.header().entry_type();
         let fine = match kind {
@@ -186,6 +212,15 @@ mod tests {
         reversed.reverse();
         let two = make(tree().path(), &reversed).expect("bundle");
         assert_eq!(hash(&one), hash(&two));
+        let out = tempfile::tempdir().expect("tempdir");
+        // A bundle that unpacks past the bounds is refused (a compression bomb).
+        let err = unpack_within(&one, out.path(), 8, 100).expect_err("bytes");
+        assert!(matches!(err, BundleError::TooLarge { .. }), "{err}");
+        let out = tempfile::tempdir().expect("tempdir");
+        assert!(
+            unpack_within(&one, out.path(), 1 << 20, 2).is_err(),
+            "entries"
+        );
         let out = tempfile::tempdir().expect("tempdir");
         unpack(&one, out.path()).expect("unpack");
         let read = |p: &str| std::fs::read_to_string(out.path().join(p)).expect(p);

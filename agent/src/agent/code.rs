@@ -36,37 +36,63 @@ pub(crate) async fn tree(
         let mut locks = shared.bundles.locks.lock().await;
         locks.entry(snap.hash.clone()).or_default().clone()
     };
-    let _held = lock.lock().await;
+    let made = {
+        let _held = lock.lock().await;
+        ready(shared, snap, run_as.cloned()).await
+    };
+    // The last one through lets its lock go: the map holds the bundles being readied only.
+    drop(lock);
+    let mut locks = shared.bundles.locks.lock().await;
+    if locks
+        .get(&snap.hash)
+        .is_some_and(|l| Arc::strong_count(l) == 1)
+    {
+        locks.remove(&snap.hash);
+    }
+    made
+}
+
+async fn ready(shared: &Shared, snap: &Snapshot, run_as: Option<RunAs>) -> Result<PathBuf, String> {
     let kept = shared
         .cfg
         .data_dir
         .join("bundles")
         .join(format!("{}.tar.gz", snap.hash));
-    if !kept.is_file() {
+    let path = kept.clone();
+    if !blocking(move || Ok(path.is_file())).await? {
         let bytes = fetch(shared, &snap.hash).await?;
         let path = kept.clone();
-        tokio::task::spawn_blocking(move || keep(&path, &bytes))
-            .await
-            .map_err(|e| e.to_string())??;
+        blocking(move || keep(&path, &bytes)).await?;
         tracing::info!(hash = %snap.hash, bytes = snap.bytes, "code bundle fetched");
     }
-    let (uid, gid) = match run_as {
-        Some(r) => {
-            let id = crate::runas::resolve(r)?;
-            (id.uid.as_raw(), id.gid.as_raw())
-        }
-        None => (
-            nix::unistd::geteuid().as_raw(),
-            nix::unistd::getegid().as_raw(),
-        ),
-    };
     let base = shared
         .job_base_env
         .get("TMPDIR")
         .filter(|d| d.starts_with('/'))
         .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
     let hash = snap.hash.clone();
-    tokio::task::spawn_blocking(move || unpacked(&kept, &base, &hash, uid, gid))
+    blocking(move || {
+        // Looked up off the runtime: a user database may be a network service.
+        let (uid, gid) = match &run_as {
+            Some(r) => {
+                let id = crate::runas::resolve(r)?;
+                (id.uid.as_raw(), id.gid.as_raw())
+            }
+            None => (
+                nix::unistd::geteuid().as_raw(),
+                nix::unistd::getegid().as_raw(),
+            ),
+        };
+        unpacked(&kept, &base, &hash, uid, gid)
+    })
+    .await
+}
+
+/// `f` on the blocking pool (file system and user database work).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| e.to_string())?
 }

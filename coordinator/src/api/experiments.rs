@@ -10,7 +10,7 @@ use headroom_shared::ExperimentId;
 use headroom_shared::api::bounds;
 use headroom_shared::api::{
     Ack, CancelResponse, ExperimentSummary, ExportFormat, ExportPage, ExportQuery, Health,
-    Principal, Progress, ProgressQuery, RetryFailedResponse, SubmitRequest, SubmitResponse,
+    Principal, Progress, ProgressQuery, RetryFailedResponse, Role, SubmitRequest, SubmitResponse,
 };
 use headroom_shared::expand::expand_within;
 use headroom_shared::pending::PendingReason;
@@ -43,16 +43,20 @@ pub async fn submit(
     let seed = req.seed.or(spec.seed).unwrap_or_else(rand::random);
     let mut source = crate::source::resolve(&spec, &req)?;
     if let Some(snap) = &mut source.snapshot {
+        // Only a bundle the submitter uploaded (its bytes sent, so held): a hash seen in an
+        // export runs no one else's code. An admin may name any.
+        let by = (who.role != Role::Admin).then(|| who.name.clone());
         snap.bytes = s
             .store
-            .bundle_size(snap.hash.clone())
+            .bundle_size(snap.hash.clone(), by)
             .await?
             .ok_or_else(|| {
                 ApiError::invalid(
                     "snapshot.hash",
                     format!(
-                        "no bundle {} is kept here: upload it first (`PUT /v1/bundles/{{hash}}`)",
-                        snap.hash
+                        "no bundle {} of `{}` is kept here: upload it first (`PUT \
+                         /v1/bundles/{{hash}}`)",
+                        snap.hash, who.name
                     ),
                 )
             })?;

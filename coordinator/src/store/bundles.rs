@@ -5,7 +5,8 @@ use super::now_ms;
 use super::tx::Tx;
 use crate::changes::Change;
 
-/// Keeps a bundle unless one of that hash is kept; whether it was new.
+/// Keeps a bundle unless one of that hash is kept, and that `by` uploaded it; whether the
+/// bundle was new.
 pub(super) async fn put(
     tx: &mut dyn Tx,
     hash: String,
@@ -16,8 +17,12 @@ pub(super) async fn put(
     Ok((new, Change::None))
 }
 
-pub(super) async fn size(tx: &mut dyn Tx, hash: String) -> Result<Option<u64>> {
-    tx.bundle_size(&hash).await
+pub(super) async fn size(
+    tx: &mut dyn Tx,
+    hash: String,
+    uploaded_by: Option<String>,
+) -> Result<Option<u64>> {
+    tx.bundle_size(&hash, uploaded_by.as_deref()).await
 }
 
 pub(super) async fn data(tx: &mut dyn Tx, hash: String) -> Result<Option<Vec<u8>>> {

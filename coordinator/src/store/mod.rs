@@ -394,8 +394,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Keeps a code bundle under its hash unless one is kept; whether it was new.
     async fn put_bundle(&self, hash: String, data: Vec<u8>, by: String) -> Result<bool>;
-    /// The size of the bundle kept under `hash`, if one is.
-    async fn bundle_size(&self, hash: String) -> Result<Option<u64>>;
+    /// The size of the bundle kept under `hash`, if one is (and, where `uploaded_by` is
+    /// given, that one uploaded it).
+    async fn bundle_size(&self, hash: String, uploaded_by: Option<String>) -> Result<Option<u64>>;
     /// The bytes of the bundle kept under `hash`, if one is.
     async fn bundle(&self, hash: String) -> Result<Option<Vec<u8>>>;
     /// Whether an attempt not ended on `node` runs from the bundle `hash`.
@@ -597,8 +598,8 @@ impl<B: Backend> Store for B {
         run!(self, write, "put_bundle", bundles::put, hash.clone(), data, by; hash = %hash, len)
     }
 
-    async fn bundle_size(&self, hash: String) -> Result<Option<u64>> {
-        run!(self, read, "bundle_size", bundles::size, hash.clone(); hash = %hash)
+    async fn bundle_size(&self, hash: String, uploaded_by: Option<String>) -> Result<Option<u64>> {
+        run!(self, read, "bundle_size", bundles::size, hash.clone(), uploaded_by; hash = %hash)
     }
 
     async fn bundle(&self, hash: String) -> Result<Option<Vec<u8>>> {

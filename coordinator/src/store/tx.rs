@@ -391,7 +391,8 @@ pub trait LogsTx: Send {
 /// Code bundles, by the SHA-256 of their bytes.
 #[async_trait]
 pub trait BundlesTx: Send {
-    /// Keeps a bundle unless one of that hash is kept; whether it was new.
+    /// Keeps a bundle unless one of that hash is kept, and that `by` uploaded it; whether
+    /// the bundle was new.
     async fn insert_bundle(
         &mut self,
         hash: &str,
@@ -399,7 +400,8 @@ pub trait BundlesTx: Send {
         by: &str,
         now: Millis,
     ) -> Result<bool>;
-    async fn bundle_size(&mut self, hash: &str) -> Result<Option<u64>>;
+    /// The bundle's size, if one is kept (and `uploaded_by` uploaded it, where given).
+    async fn bundle_size(&mut self, hash: &str, uploaded_by: Option<&str>) -> Result<Option<u64>>;
     /// Whether an attempt not ended on `node` runs from the bundle `hash`.
     async fn bundle_leased_to(&mut self, hash: &str, node: &str) -> Result<bool>;
     async fn bundle_data(&mut self, hash: &str) -> Result<Option<Vec<u8>>>;

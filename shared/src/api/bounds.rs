@@ -209,7 +209,10 @@ pub const APPLIED: &[(Site, Rule)] = &[
     ),
     // experiments::submit, source::check
     (Site::Property("Snapshot", "hash"), Rule::Text(&SHA256)),
-    (Site::Property("GitState", "commit"), Rule::Text(&GIT_COMMIT)),
+    (
+        Site::Property("GitState", "commit"),
+        Rule::Text(&GIT_COMMIT),
+    ),
     (Site::Property("GitState", "diff_hash"), Rule::Text(&SHA256)),
 ];
 

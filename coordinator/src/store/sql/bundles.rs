@@ -19,25 +19,32 @@ impl<E: Exec> BundlesTx for E {
     ) -> Result<bool> {
         let n = self
             .execute(
-                "INSERT INTO bundles (hash, data, bytes, uploaded_by, created_at) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (hash) DO NOTHING",
+                "INSERT INTO bundles (hash, data, bytes, created_at) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (hash) DO NOTHING",
                 &[
                     Arg::from(hash),
                     Arg::Bytes(data),
                     Arg::from(i64::try_from(data.len()).unwrap_or(i64::MAX)),
-                    Arg::from(by),
                     Arg::from(now),
                 ],
             )
             .await?;
+        self.execute(
+            "INSERT INTO bundle_uploads (hash, uploaded_by) VALUES ($1, $2) \
+             ON CONFLICT (hash, uploaded_by) DO NOTHING",
+            args![hash, by],
+        )
+        .await?;
         Ok(n > 0)
     }
 
-    async fn bundle_size(&mut self, hash: &str) -> Result<Option<u64>> {
+    async fn bundle_size(&mut self, hash: &str, uploaded_by: Option<&str>) -> Result<Option<u64>> {
         first(
             self,
-            "SELECT bytes FROM bundles WHERE hash = $1",
-            args![hash],
+            "SELECT b.bytes FROM bundles b WHERE b.hash = $1 AND (CAST($2 AS TEXT) IS NULL \
+             OR EXISTS (SELECT 1 FROM bundle_uploads u WHERE u.hash = b.hash \
+             AND u.uploaded_by = $2))",
+            args![hash, uploaded_by],
             |r| Ok(u64::try_from(r.int(0)?).unwrap_or(0)),
         )
         .await
