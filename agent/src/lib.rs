@@ -19,7 +19,8 @@
 //! - `cgroup` (each attempt's cgroup: membership, kill, host RAM peak), `gpu` (NVML and
 //!   fake backends; `gpu::fake`: its spec, usage and control files, shared power state),
 //!   `jobenv` (what of the agent's environment jobs get), `runas` (the Unix user a job runs
-//!   as), `pyenv` (conda environments by name), `procscan` (processes by their markers), `outcomes` (the journal of end reports):
+//!   as), `pyenv` (conda environments by name), `codetree` (a code bundle unpacked for an
+//!   attempt, by its user), `procscan` (processes by their markers), `outcomes` (the journal of end reports):
 //!   used by both.
 // `unsafe` is denied except where an attempt's process is started (`supervisor::process`:
 // `Command::pre_exec` and the `close_range` it makes) and its exit is awaited (a pid file
@@ -37,6 +38,7 @@ pub fn scope_hash(scope: &str) -> String {
 
 pub mod agent;
 pub mod cgroup;
+pub mod codetree;
 pub mod doctor;
 pub mod gpu;
 pub mod jobenv;

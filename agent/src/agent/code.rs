@@ -1,19 +1,20 @@
 //! Code bundles on this node (`code: snapshot`): fetched from the coordinator once per node
-//! and kept in the data directory (checked against their hash), then unpacked once per job
-//! user into a private directory of theirs that every attempt of that user runs from,
-//! whatever has changed in the checkout since the submit.
+//! and kept in the data directory (checked against their hash), then unpacked for each
+//! attempt by the job's own user into its private temporary directory
+//! ([`crate::codetree`]), so every attempt starts from the code as submitted, whatever has
+//! changed in the checkout, or in an earlier attempt's tree, since.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use headroom_shared::AttemptId;
 use headroom_shared::api::RunAs;
 use headroom_shared::api::source::Snapshot;
 use headroom_shared::bundle;
 
 use crate::agent::Shared;
-use crate::agent::client::ClientError;
 
 /// Tries at fetching a bundle while the coordinator answers with a transient error.
 const FETCH_TRIES: u32 = 6;
@@ -25,34 +26,62 @@ pub(crate) struct Bundles {
     locks: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-/// The directory the job runs from: `snap` unpacked for its user, fetched first if this
-/// node has not got it yet.
+/// The directory the attempt's job runs from: `snap` unpacked for its user (`run_as`;
+/// `None`: this process's), fetched first if this node has not got it yet.
 pub(crate) async fn tree(
     shared: &Shared,
     snap: &Snapshot,
     run_as: Option<&RunAs>,
+    attempt: AttemptId,
 ) -> Result<PathBuf, String> {
     let lock = {
         let mut locks = shared.bundles.locks.lock().await;
         locks.entry(snap.hash.clone()).or_default().clone()
     };
-    let made = {
+    let kept = {
         let _held = lock.lock().await;
-        ready(shared, snap, run_as.cloned()).await
+        fetched(shared, snap).await
     };
-    // The last one through lets its lock go: the map holds the bundles being readied only.
+    // The last one through lets its lock go: the map holds the bundles being fetched only.
     drop(lock);
-    let mut locks = shared.bundles.locks.lock().await;
-    if locks
-        .get(&snap.hash)
-        .is_some_and(|l| Arc::strong_count(l) == 1)
     {
-        locks.remove(&snap.hash);
+        let mut locks = shared.bundles.locks.lock().await;
+        if locks
+            .get(&snap.hash)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            locks.remove(&snap.hash);
+        }
     }
-    made
+    let kept = kept?;
+    let dest = crate::codetree::attempt_tmp(
+        shared.job_base_env.get("TMPDIR").map(String::as_str),
+        &attempt.to_string(),
+    )
+    .join("code");
+    let (run_as, subdir, exe) = (
+        run_as.cloned(),
+        snap.subdir.clone(),
+        shared.cfg.supervisor_exe.clone(),
+    );
+    blocking(move || {
+        let bytes = std::fs::read(&kept).map_err(|e| format!("{}: {e}", kept.display()))?;
+        match run_as {
+            // As the job's user, in a process of its own: nothing is written as root into
+            // a directory another user owns.
+            Some(r) => {
+                // Looked up off the runtime: a user database may be a network service.
+                let id = crate::runas::resolve(&r)?;
+                unpack_as(&exe, &id, &dest, &subdir, &bytes)
+            }
+            None => crate::codetree::unpack_into(&dest, &subdir, &bytes).map_err(|e| e.to_string()),
+        }
+    })
+    .await
 }
 
-async fn ready(shared: &Shared, snap: &Snapshot, run_as: Option<RunAs>) -> Result<PathBuf, String> {
+/// The bundle kept on this node, fetched first if it is not.
+async fn fetched(shared: &Shared, snap: &Snapshot) -> Result<PathBuf, String> {
     let kept = shared
         .cfg
         .data_dir
@@ -65,27 +94,53 @@ async fn ready(shared: &Shared, snap: &Snapshot, run_as: Option<RunAs>) -> Resul
         blocking(move || keep(&path, &bytes)).await?;
         tracing::info!(hash = %snap.hash, bytes = snap.bytes, "code bundle fetched");
     }
-    let base = shared
-        .job_base_env
-        .get("TMPDIR")
-        .filter(|d| d.starts_with('/'))
-        .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
-    let hash = snap.hash.clone();
-    blocking(move || {
-        // Looked up off the runtime: a user database may be a network service.
-        let (uid, gid) = match &run_as {
-            Some(r) => {
-                let id = crate::runas::resolve(r)?;
-                (id.uid.as_raw(), id.gid.as_raw())
-            }
-            None => (
-                nix::unistd::geteuid().as_raw(),
-                nix::unistd::getegid().as_raw(),
-            ),
-        };
-        unpacked(&kept, &base, &hash, uid, gid)
-    })
-    .await
+    Ok(kept)
+}
+
+/// Runs the unpacking helper (this binary, [`crate::codetree::UNPACK_ARG`]) as `id`, the
+/// bundle on its standard input. Blocking.
+fn unpack_as(
+    exe: &Path,
+    id: &crate::runas::Identity,
+    dest: &Path,
+    subdir: &str,
+    bytes: &[u8],
+) -> Result<PathBuf, String> {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(exe);
+    cmd.arg(crate::codetree::UNPACK_ARG)
+        .arg(dest)
+        .arg(subdir)
+        .env_clear()
+        .current_dir("/")
+        // Its primary group only (the standard library drops root's supplementary groups):
+        // what it writes is the user's own.
+        .gid(id.gid.as_raw())
+        .uid(id.uid.as_raw())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = crate::procscan::spawn_owned(|| cmd.spawn(), |c| Some(c.id()))
+        .map_err(|e| format!("cannot start the unpacking helper as `{}`: {e}", id.name))?;
+    let pid = child.id();
+    // Its input closed once written (dropped), so that it reads to the end.
+    let fed = child.stdin.take().map(|mut i| i.write_all(bytes));
+    let out = child.wait_with_output();
+    crate::procscan::disown(pid);
+    let out = out.map_err(|e| format!("the unpacking helper: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "unpacking the code as `{}`: {}",
+            id.name,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    if let Some(Err(e)) = fed {
+        return Err(format!("feeding the unpacking helper: {e}"));
+    }
+    Ok(dest.join(subdir))
 }
 
 /// `f` on the blocking pool (file system and user database work).
@@ -108,17 +163,13 @@ async fn fetch(shared: &Shared, hash: &str) -> Result<Vec<u8>, String> {
                     "the code bundle {hash} fetched from the coordinator does not match its hash"
                 ));
             }
-            Err(e) if is_transient(&e) && tries < FETCH_TRIES => {
+            Err(e) if e.is_transient() && tries < FETCH_TRIES => {
                 tracing::warn!(%hash, "fetching the code bundle: {e}; trying again");
                 tokio::time::sleep(Duration::from_secs(1 << tries.min(4))).await;
             }
             Err(e) => return Err(format!("cannot fetch the code bundle {hash}: {e}")),
         }
     }
-}
-
-fn is_transient(e: &ClientError) -> bool {
-    e.is_transient()
 }
 
 /// Keeps a fetched bundle in the data directory (the agent's alone).
@@ -131,113 +182,4 @@ fn keep(path: &Path, bytes: &[u8]) -> Result<(), String> {
         .create(dir)
         .and_then(|()| bundle::write_whole(path, bytes))
         .map_err(|e| format!("cannot keep the code bundle at {}: {e}", path.display()))
-}
-
-/// The bundle at `kept` unpacked for `uid` under `base`: made once (unpacked in a private
-/// directory of this process's, given to the user, then renamed into place, so a directory
-/// of that name is always whole), then taken again only when it is that user's own and
-/// no one else's (a name planted in a shared `/tmp` is refused).
-fn unpacked(kept: &Path, base: &Path, hash: &str, uid: u32, gid: u32) -> Result<PathBuf, String> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    let short = &hash[..16.min(hash.len())];
-    let tree = base.join(format!("headroom-code-{short}-{uid}"));
-    let refused = |why: String| format!("the code directory {}: {why}", tree.display());
-    let owned = |p: &Path| -> Result<bool, String> {
-        match std::fs::symlink_metadata(p) {
-            Ok(m) if m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0 => Ok(true),
-            Ok(m) => Err(refused(format!(
-                "it exists and is not this user's (owner uid {}, mode {:o}): refused",
-                m.uid(),
-                m.mode() & 0o7777
-            ))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(refused(e.to_string())),
-        }
-    };
-    if owned(&tree)? {
-        return Ok(tree);
-    }
-    let bytes = std::fs::read(kept).map_err(|e| format!("{}: {e}", kept.display()))?;
-    let partial = base.join(format!(
-        ".headroom-code-{short}-{uid}.{}",
-        rand::random::<u64>()
-    ));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&partial)
-        .map_err(|e| format!("{}: {e}", partial.display()))?;
-    let made = bundle::unpack(&bytes, &partial)
-        .map_err(|e| e.to_string())
-        .and_then(|()| give(&partial, uid, gid))
-        .and_then(|()| std::fs::rename(&partial, &tree).map_err(|e| refused(e.to_string())));
-    if let Err(e) = made {
-        let _ = std::fs::remove_dir_all(&partial);
-        // Another agent on this node may have made it meanwhile.
-        return if owned(&tree).unwrap_or(false) {
-            Ok(tree)
-        } else {
-            Err(e)
-        };
-    }
-    Ok(tree)
-}
-
-/// Gives `dir` and everything under it to `uid:gid`, links themselves and not what they
-/// point to.
-fn give(dir: &Path, uid: u32, gid: u32) -> Result<(), String> {
-    let chown = |p: &Path| {
-        std::os::unix::fs::lchown(p, Some(uid), Some(gid))
-            .map_err(|e| format!("cannot give {} to uid {uid}: {e}", p.display()))
-    };
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        chown(&d)?;
-        for entry in std::fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))? {
-            let entry = entry.map_err(|e| format!("{}: {e}", d.display()))?;
-            let kind = entry.file_type().map_err(|e| e.to_string())?;
-            if kind.is_dir() {
-                todo.push(entry.path());
-            } else {
-                chown(&entry.path())?;
-            }
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_bundle_is_unpacked_once_for_its_user_and_a_planted_name_is_refused() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("train.py"), "print('v1')\n").expect("write");
-        let bytes = bundle::make(dir.path(), &[PathBuf::from("train.py")]).expect("bundle");
-        let hash = bundle::hash(&bytes);
-        let kept = dir.path().join("kept.tar.gz");
-        keep(&kept, &bytes).expect("keep");
-        let base = tempfile::tempdir().expect("base");
-        let (uid, gid) = (
-            nix::unistd::geteuid().as_raw(),
-            nix::unistd::getegid().as_raw(),
-        );
-        let tree = unpacked(&kept, base.path(), &hash, uid, gid).expect("unpacked");
-        assert_eq!(
-            std::fs::read_to_string(tree.join("train.py")).expect("read"),
-            "print('v1')\n"
-        );
-        // Taken again as it is (a job's own changes to it stay).
-        std::fs::write(tree.join("out.txt"), "x").expect("write");
-        let again = unpacked(&kept, base.path(), &hash, uid, gid).expect("again");
-        assert_eq!(again, tree);
-        assert!(again.join("out.txt").exists());
-        // Someone else's directory of that name is not used.
-        let other = base
-            .path()
-            .join(format!("headroom-code-{}-{}", &hash[..16], uid + 1));
-        std::fs::create_dir(&other).expect("plant");
-        let err = unpacked(&kept, base.path(), &hash, uid + 1, gid).expect_err("planted");
-        assert!(err.contains("refused"), "{err}");
-    }
 }

@@ -78,8 +78,8 @@ pub(crate) async fn run(
                 // Where the code came from: a job may write its results back there.
                 env.insert("HEADROOM_SUBMIT_DIR".to_string(), dir.clone());
             }
-            match crate::agent::code::tree(&shared, snap, run_as.as_ref()).await {
-                Ok(tree) => Some(tree.join(&snap.subdir)),
+            match crate::agent::code::tree(&shared, snap, run_as.as_ref(), attempt).await {
+                Ok(tree) => Some(tree),
                 Err(e) => {
                     tracing::error!(%attempt, "cannot ready the job's code: {e}");
                     let msg = format!("[headroom] cannot ready the job's code: {e}\n");

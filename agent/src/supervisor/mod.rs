@@ -75,6 +75,8 @@ pub const SELF_EXE: &str = "/proc/self/exe";
 /// Call first thing in `main` of every binary that runs jobs: when started as an attempt
 /// supervisor, this process supervises its attempt and exits; it never returns.
 pub fn run_if_supervisor() {
+    // The helper that unpacks an attempt's code as its user is the same binary too.
+    crate::codetree::run_if_unpacker();
     if std::env::args_os().nth(1).as_deref() != Some(OsStr::new(SUPERVISOR_ARG)) {
         return;
     }

@@ -109,12 +109,10 @@ pub(super) fn param_var(name: &str) -> String {
 /// Where the attempt's own temporary directory is: under the node's (the agent's `TMPDIR`,
 /// else `/tmp`), named after the attempt.
 pub(crate) fn tmp_dir(launch: &Launch) -> PathBuf {
-    let base = launch
-        .base_env
-        .get("TMPDIR")
-        .filter(|d| d.starts_with('/'))
-        .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
-    base.join(format!("headroom-{}", launch.attempt))
+    crate::codetree::attempt_tmp(
+        launch.base_env.get("TMPDIR").map(String::as_str),
+        &launch.attempt.to_string(),
+    )
 }
 
 /// The attempt's own temporary directory (its `TMPDIR`), made for its user (0700) when the

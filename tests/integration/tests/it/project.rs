@@ -186,7 +186,9 @@ fn a_snapshot_runs_the_code_as_submitted_on_any_node() {
     std::fs::write(repo.join("data/v.txt"), "submitted\n").expect("data");
     std::fs::write(
         repo.join("run.sh"),
-        "#!/bin/sh\nsleep 0.3\necho \"code=$(cat data/v.txt) from=$HEADROOM_SUBMIT_DIR\"\n",
+        // A job that changes its tree: the next attempt starts from the code as submitted.
+        "#!/bin/sh\nsleep 0.3\necho \"code=$(cat data/v.txt) from=$HEADROOM_SUBMIT_DIR \
+         owner=$(stat -c %U .)\"\necho tampered >> data/v.txt\n",
     )
     .expect("script");
     git(&repo, &["init", "-q", "-b", "main"]);
@@ -208,9 +210,22 @@ fn a_snapshot_runs_the_code_as_submitted_on_any_node() {
         "{jobs:?}"
     );
     let canon = repo.canonicalize().expect("canonical");
+    // Unpacked for each attempt by the job's own user (`nobody` under a root agent).
+    let owner = if nix::unistd::geteuid().is_root() {
+        "nobody".to_string()
+    } else {
+        nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .unwrap_or_default()
+    };
     for log in log_of(&h, exp) {
         assert!(
-            log.contains(&format!("code=submitted from={}", canon.display())),
+            log.contains(&format!(
+                "code=submitted from={} owner={owner}",
+                canon.display()
+            )),
             "{log}"
         );
     }
