@@ -123,6 +123,27 @@ fn split_nul(out: &[u8]) -> Vec<String> {
         .collect()
 }
 
+/// Paths of NUL-separated output, as the bytes say (a name need not be UTF-8).
+fn split_paths(out: &[u8]) -> Vec<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    out.split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| PathBuf::from(std::ffi::OsStr::from_bytes(s)))
+        .collect()
+}
+
+/// What is never bundled, whatever the ignore files say: headroom's own state (a data
+/// directory such as `up`'s `.headroom` or an agent's `.headroom-agent` holds credentials),
+/// its token files, git's folder and Python's caches.
+fn never_bundled(path: &Path) -> bool {
+    path.components().any(|c| {
+        let name = c.as_os_str().to_string_lossy();
+        name.starts_with(".headroom") || name == ".git" || name == "__pycache__"
+    }) || path
+        .file_name()
+        .is_some_and(|n| n == "admin-token" || n == "agent-token" || n == "join-token")
+}
+
 /// The git state of `dir` (nothing when it is no repository or has no commit yet): the
 /// Python client records the same.
 pub fn git_state(dir: &Path) -> Option<GitState> {
@@ -255,10 +276,6 @@ pub struct Bundle {
     pub subdir: String,
 }
 
-/// Folders never bundled: headroom's data directory (it holds an admin token), git's,
-/// Python's caches.
-const NEVER: &[&str] = &[".git", ".headroom", "__pycache__"];
-
 /// The bundle of `workdir`'s code: in a git work tree, the files git tracks (as they are
 /// now) and the untracked ones it does not ignore, from the repository's top; elsewhere,
 /// the directory less `.headroomignore`'s patterns, venvs and caches. Over `max` bytes:
@@ -277,15 +294,11 @@ pub fn bundle(workdir: &Path, max: u64) -> Result<Bundle> {
                 ],
             )
             .ok_or_else(|| anyhow!("git ls-files failed in {}", root.display()))?;
-            let files: Vec<PathBuf> = split_nul(&listed)
+            let files: Vec<PathBuf> = split_paths(&listed)
                 .into_iter()
-                .map(PathBuf::from)
-                .filter(|p| {
-                    !p.components()
-                        .any(|c| NEVER.contains(&c.as_os_str().to_string_lossy().as_ref()))
-                })
-                // Submodules are listed as folders: their own repositories are not bundled.
-                .filter(|p| !root.join(p).is_dir())
+                .filter(|p| !never_bundled(p))
+                // Submodules are listed as folders (a link to one is kept as the link).
+                .filter(|p| !std::fs::symlink_metadata(root.join(p)).is_ok_and(|m| m.is_dir()))
                 .collect();
             (root, files)
         }
@@ -336,14 +349,30 @@ pub fn bundle(workdir: &Path, max: u64) -> Result<Bundle> {
 
 /// The files of a directory that is no repository, relative to it.
 fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
+    // A home or the root is no project: it would bundle everything of the user's.
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let canon = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    if canon == Path::new("/") || home.is_some_and(|h| h.canonicalize().ok() == Some(canon.clone()))
+    {
+        bail!(refused(
+            "snapshot",
+            format!(
+                "{} is not a project's directory (a home or the root): submit from the project",
+                dir.display()
+            )
+        ));
+    }
     let mut files = Vec::new();
     let walker = ignore::WalkBuilder::new(dir)
         .standard_filters(false)
+        // A `.gitignore` applies outside git too (`up`'s data directory holds one of `*`).
+        .git_ignore(true)
+        .require_git(false)
         .add_custom_ignore_filename(".headroomignore")
         .filter_entry(|e| {
-            let name = e.file_name().to_string_lossy();
             let is_dir = e.file_type().is_some_and(|t| t.is_dir());
-            !(is_dir && (NEVER.contains(&name.as_ref()) || e.path().join("pyvenv.cfg").exists()))
+            !never_bundled(Path::new(e.file_name()))
+                && !(is_dir && e.path().join("pyvenv.cfg").exists())
         })
         .build();
     for entry in walker {
@@ -442,12 +471,17 @@ mod tests {
         std::fs::write(d.join(".venv/pyvenv.cfg"), "home = /usr\n").expect("write");
         std::fs::create_dir_all(d.join(".headroom")).expect("mkdir");
         std::fs::write(d.join(".headroom/admin-token"), "secret").expect("write");
+        // An agent's data directory, a data directory of another name (its `.gitignore` of
+        // `*` keeps it out), a token file: none of headroom's credentials travel.
+        std::fs::create_dir_all(d.join(".headroom-agent")).expect("mkdir");
+        std::fs::write(d.join(".headroom-agent/agent-token"), "secret").expect("write");
+        std::fs::create_dir_all(d.join("state")).expect("mkdir");
+        std::fs::write(d.join("state/.gitignore"), "*\n").expect("write");
+        std::fs::write(d.join("state/headroom.db"), "db").expect("write");
+        std::fs::write(d.join("agent-token"), "secret").expect("write");
         let mut files = walk(d).expect("walk");
         files.sort();
-        assert_eq!(
-            files,
-            vec![PathBuf::from(".headroomignore"), PathBuf::from("train.py")]
-        );
+        assert_eq!(files, vec![PathBuf::from("train.py")]);
     }
 
     #[test]

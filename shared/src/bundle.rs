@@ -95,13 +95,36 @@ pub fn make(root: &Path, files: &[PathBuf]) -> Result<Vec<u8>, BundleError> {
             header.set_size(meta.len());
             let file = std::fs::File::open(&path).map_err(read)?;
             // What is read is what the header says: a file that grew is cut, one that shrank
-            // fails the bundle rather than padding it.
-            tar.append_data(&mut header, rel, file.take(meta.len()))
-                .map_err(read)?;
+            // fails the bundle (the tar writer would pad it with zeros).
+            let exact = Exact {
+                inner: file.take(meta.len()),
+                left: meta.len(),
+            };
+            tar.append_data(&mut header, rel, exact).map_err(read)?;
         }
     }
     let gz = tar.into_inner().map_err(archive)?;
     gz.finish().map_err(archive)
+}
+
+/// A reader of exactly `left` bytes: one that ends sooner is an error.
+struct Exact<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Exact<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n == 0 && self.left > 0 && !buf.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file shrank while it was bundled",
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 /// Whether a link at `rel` to `target` points inside the tree it is in.
@@ -138,7 +161,8 @@ fn unpack_within(
     max_entries: u64,
 ) -> Result<(), BundleError> {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes));
-    archive.set_preserve_permissions(true);
+    // Modes as `make` writes them (0755 or 0644): no set-id bit survives from a bundle.
+    archive.set_preserve_permissions(false);
     archive.set_preserve_mtime(false);
     archive.set_unpack_xattrs(false);
     archive.set_overwrite(false);
@@ -149,7 +173,8 @@ fn unpack_within(
     let (mut bytes, mut entries) = (0u64, 0u64);
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
-        bytes = bytes.saturating_add(entry.header().size().map_err(bad)?);
+        // The size the archive reads (a PAX record's over the header's).
+        bytes = bytes.saturating_add(entry.size());
         entries += 1;
         if bytes > max_bytes || entries > max_entries {
             return Err(BundleError::TooLarge {
@@ -228,6 +253,17 @@ mod tests {
         assert_eq!(read("src/x.csv"), "1,2\n");
         std::fs::write(a.path().join("train.py"), "print('v2')\n").expect("write");
         assert_ne!(hash(&make(a.path(), &files()).expect("bundle")), hash(&one));
+    }
+
+    #[test]
+    fn a_file_that_shrinks_while_it_is_bundled_fails_the_bundle() {
+        let mut short = Exact {
+            inner: &b"abc"[..],
+            left: 5,
+        };
+        let mut out = Vec::new();
+        let err = std::io::copy(&mut short, &mut out).expect_err("short");
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

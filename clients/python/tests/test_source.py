@@ -181,10 +181,18 @@ def test_a_walk_honours_headroomignore_and_skips_venvs(tmp_path: Path) -> None:
     (root / ".headroom").mkdir()
     (root / ".headroom" / "admin-token").write_text("secret\n")
     (root / ".headroomignore").write_text("# comment\n*.bin\nout/\n*.log\n!keep.log\n")
+    # None of headroom's credentials travel: an agent's data directory, one of another
+    # name (its `.gitignore` of `*`), a token file.
+    (root / ".headroom-agent").mkdir()
+    (root / ".headroom-agent" / "agent-token").write_text("secret\n")
+    (root / "state").mkdir()
+    (root / "state" / ".gitignore").write_text("*\n")
+    (root / "state" / "headroom.db").write_text("db\n")
+    (root / "agent-token").write_text("secret\n")
     os.symlink("src/main.py", root / "link.py")
     bundle = make_bundle(str(root))
     assert bundle.subdir == ""
-    assert names(bundle.data) == [".headroomignore", "keep.log", "link.py", "src/main.py"]
+    assert names(bundle.data) == ["keep.log", "link.py", "src/main.py"]
     with tarfile.open(fileobj=io.BytesIO(bundle.data), mode="r:gz") as tar:
         assert tar.getmember("link.py").linkname == "src/main.py"
 

@@ -40,7 +40,19 @@ MAX_SNAPSHOT_BYTES = 100 * 1024 * 1024
 #: How long one git command may take; past it the repository state is left out.
 GIT_TIMEOUT_S = 60.0
 #: Directories a walk (outside git) never bundles, by name.
-SKIPPED_DIRS = frozenset({".git", ".headroom", "__pycache__"})
+SKIPPED_DIRS = frozenset({".git", "__pycache__"})
+#: Files never bundled by name: headroom's tokens.
+TOKEN_FILES = frozenset({"admin-token", "agent-token", "join-token"})
+
+
+def _never_bundled(rel: str) -> bool:
+    """headroom's own state (a data directory such as ``.headroom`` or an agent's
+    ``.headroom-agent`` holds credentials), its token files, git's folder, Python's caches."""
+    parts = rel.split("/")
+    return (
+        any(p.startswith(".headroom") or p in SKIPPED_DIRS for p in parts)
+        or parts[-1] in TOKEN_FILES
+    )
 #: Patterns of the files a walk leaves out, one per line, at the working directory's top.
 IGNORE_FILE = ".headroomignore"
 
@@ -300,7 +312,7 @@ def _git_files(root: str) -> Optional[List[str]]:
     files = set()
     for raw in listed.split(b"\0"):
         rel = os.fsdecode(raw).rstrip("/")
-        if not rel or ".headroom" in rel.split("/")[:-1]:
+        if not rel or _never_bundled(rel):
             continue
         if _bundled_kind(os.path.join(root, rel)) is not None:
             files.add(rel)
@@ -324,7 +336,9 @@ def _walked_files(root: str) -> List[str]:
             if os.path.islink(full):
                 filenames.append(d)  # a link to a directory is bundled as a link
             elif not (
-                d in SKIPPED_DIRS
+                _never_bundled(d)
+                # A data directory of another name: `headroom up` writes a `.gitignore` of `*`.
+                or _ignores_everything(full)
                 or os.path.isfile(os.path.join(full, "pyvenv.cfg"))  # a venv
                 or ignore.ignores(at + d, True)
             ):
@@ -333,9 +347,19 @@ def _walked_files(root: str) -> List[str]:
         for name in filenames:
             rel = at + name
             kind = _bundled_kind(os.path.join(root, rel))
-            if kind is not None and not ignore.ignores(rel, False):
+            if kind is not None and not _never_bundled(rel) and not ignore.ignores(rel, False):
                 files.append(rel)
     return files
+
+
+def _ignores_everything(directory: str) -> bool:
+    """Whether ``directory`` holds a ``.gitignore`` of ``*`` (a venv's or a data
+    directory's way of keeping itself out)."""
+    try:
+        with open(os.path.join(directory, ".gitignore"), encoding="utf-8") as f:
+            return any(line.strip() == "*" for line in f)
+    except OSError:
+        return False
 
 
 def bundle_files(workdir: str) -> Tuple[str, str, List[str], bool]:
@@ -347,6 +371,12 @@ def bundle_files(workdir: str) -> Tuple[str, str, List[str], bool]:
         prefix = _line(_git(workdir, "rev-parse", "--show-prefix"))
         if files is not None and prefix is not None:
             return root, prefix.rstrip("/"), sorted(files, key=os.fsencode), True
+    real = os.path.realpath(workdir)
+    if real == "/" or real == os.path.realpath(os.path.expanduser("~")):
+        raise SourceError(
+            "snapshot",
+            f"{workdir} is not a project's directory (a home or the root): submit from the project",
+        )
     return workdir, "", sorted(_walked_files(workdir), key=os.fsencode), False
 
 
