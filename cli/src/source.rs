@@ -371,8 +371,8 @@ fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
         .add_custom_ignore_filename(".headroomignore")
         .filter_entry(|e| {
             let is_dir = e.file_type().is_some_and(|t| t.is_dir());
-            !never_bundled(Path::new(e.file_name()))
-                && !(is_dir && e.path().join("pyvenv.cfg").exists())
+            let venv = is_dir && e.path().join("pyvenv.cfg").exists();
+            !(venv || never_bundled(Path::new(e.file_name())))
         })
         .build();
     for entry in walker {
