@@ -44,6 +44,13 @@ pub fn check_default(default: &str) -> Result<Option<String>, String> {
     Ok(None)
 }
 
+/// What runs a job as a Unix user who may read its files, said wherever a job's user was
+/// refused.
+pub const MAPPING_HINT: &str = "A job runs as the Unix user its headroom user maps to \
+     (`headroom user create NAME --unix-user USER`; where everything is root's, as in many \
+     containers, `--unix-user root --allow-root`), else as the agent's --run-as-default; \
+     `sudo headroom up` runs your own jobs as you";
+
 /// A Unix user resolved on this node, ready for the job's process to become.
 #[derive(Clone, Debug)]
 pub struct Identity {

@@ -738,15 +738,27 @@ pub async fn submit(api: &Api, file: &std::path::Path, how: SubmitHow) -> Result
     }
     let local = source::is_local(api.base());
     let workdir = source::workdir(&spec, file, local)?;
-    // On the nodes' own host, a directory the jobs' user may not enter is known now.
-    if local && let Some(user) = api.whoami().await?.unix_user {
+    let snapshot = spec.get("code").and_then(|c| c.as_str()) == Some("snapshot");
+    // On the nodes' own host, a directory the jobs' user may not enter is known now (a
+    // snapshot runs from its own copy, which that user unpacks).
+    if local
+        && !snapshot
+        && let Some(user) = api.whoami().await?.unix_user
+    {
         source::enterable_by(&workdir, &user)?;
+    }
+    if !local && !snapshot && format == Format::Table {
+        eprintln!(
+            "note: the jobs run in {} on the nodes, which must have it (a shared file system); \
+             `--snapshot` ships the code instead",
+            workdir.display()
+        );
     }
     let vars: std::collections::BTreeMap<String, String> = std::env::vars().collect();
     let environment = source::environment(&spec, file, &vars, local)?;
     let git = source::git_state(&workdir);
     let mut bundle = None;
-    if spec.get("code").and_then(|c| c.as_str()) == Some("snapshot") && !dry_run {
+    if snapshot && !dry_run {
         let b = source::bundle(&workdir, headroom_shared::bundle::DEFAULT_MAX_BYTES)?;
         let stored = api
             .put_bundle(&b.hash, b.bytes)

@@ -144,8 +144,8 @@ fn never_bundled(path: &Path) -> bool {
         .is_some_and(|n| n == "admin-token" || n == "agent-token" || n == "join-token")
 }
 
-/// The git state of `dir` (nothing when it is no repository or has no commit yet): the
-/// Python client records the same.
+/// The git state of `dir` (nothing when it is no repository or has no commit yet), as the
+/// Python client records it too.
 pub fn git_state(dir: &Path) -> Option<GitState> {
     let root = repo_root(dir)?;
     let commit = git_text(&root, &["rev-parse", "--verify", "-q", "HEAD"])?;
@@ -178,7 +178,19 @@ pub fn git_state(dir: &Path) -> Option<GitState> {
             let p = root.join(&path);
             match std::fs::read_link(&p) {
                 Ok(target) => h.update(target.as_os_str().as_encoded_bytes()),
-                Err(_) => h.update(std::fs::read(&p).unwrap_or_default()),
+                // Streamed: an untracked dataset is not read into memory.
+                Err(_) => {
+                    if let Ok(mut f) = std::fs::File::open(&p) {
+                        use std::io::Read;
+                        let mut buf = [0u8; 64 * 1024];
+                        while let Ok(n) = f.read(&mut buf) {
+                            if n == 0 {
+                                break;
+                            }
+                            h.update(&buf[..n]);
+                        }
+                    }
+                }
             }
         }
         hex::encode(h.finalize())
@@ -208,7 +220,8 @@ pub fn environment(
         Some(v) => match serde_json::from_value::<Environment>(v.clone()) {
             Ok(Environment::Venv(p)) => {
                 let p = absolute(base, &p);
-                if !p.join("bin").is_dir() {
+                // An absolute venv elsewhere may be the nodes' own.
+                if local && !p.join("bin").is_dir() {
                     bail!(refused(
                         "environment.venv",
                         format!("{} is not a venv here (it has no bin/)", p.display())

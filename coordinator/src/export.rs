@@ -521,7 +521,6 @@ const MEASURED: &[Column] = &[
     ),
 ];
 
-/// The columns after the parameters: the outcome, each figure, the other measurements.
 /// Where the experiment's jobs ran from, as its submitter's client recorded it.
 const CODE: &[Column] = &[
     col(
@@ -575,6 +574,8 @@ const CODE: &[Column] = &[
     ),
 ];
 
+/// The columns after the parameters: the outcome, each figure, the other measurements,
+/// where the code came from.
 static AFTER_PARAMS: LazyLock<Vec<Column>> = LazyLock::new(|| {
     OUTCOME
         .iter()

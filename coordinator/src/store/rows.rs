@@ -74,7 +74,6 @@ pub(crate) const JOB_COLUMNS: &str = "j.id, j.experiment_id, e.name, j.idx, j.co
 pub(crate) const JOB_FROM: &str = "FROM jobs j JOIN experiments e ON e.id = j.experiment_id \
      LEFT JOIN attempts a ON a.job_id = j.id AND a.number = j.attempts";
 
-/// An experiment's columns `name, seed, created_at, submitted_by`, with its counts.
 /// An experiment's own columns.
 pub struct ExperimentRow {
     pub name: String,
@@ -84,6 +83,7 @@ pub struct ExperimentRow {
     pub source: Option<headroom_shared::api::source::Source>,
 }
 
+/// An experiment from its own columns, with its counts.
 pub(crate) fn experiment(
     id: &str,
     r: ExperimentRow,

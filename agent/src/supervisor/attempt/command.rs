@@ -62,7 +62,9 @@ pub(crate) fn spawn(spec: Spec, launch: &Launch, what: &str) -> Result<Child, No
     );
     match (spawned, refused, cwd) {
         (Ok(child), _, _) => Ok(child),
-        (Err(_), Some(errno), Some(dir)) => {
+        // Missing, refused, or a link loop: the directory is the node's to fix; another
+        // error (a stale NFS handle) is the launch's, retried as its policy says.
+        (Err(_), Some(errno), Some(dir)) if is_workdir_errno(errno) => {
             let identity = launch
                 .run_as
                 .as_ref()
@@ -88,6 +90,13 @@ pub(crate) fn spawn(spec: Spec, launch: &Launch, what: &str) -> Result<Child, No
             Err(msg.into())
         }
     }
+}
+
+fn is_workdir_errno(errno: i32) -> bool {
+    use nix::errno::Errno;
+    [Errno::ENOENT, Errno::ENOTDIR, Errno::EACCES, Errno::ELOOP]
+        .iter()
+        .any(|e| *e as i32 == errno)
 }
 
 /// `HP_<NAME>`: parameter names are identifiers (the spec validates them); anything else is

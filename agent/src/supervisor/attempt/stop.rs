@@ -487,15 +487,21 @@ pub(super) async fn end(
 /// of the agent's choosing (a root agent's): who it ran as, and what would run it as
 /// someone who may read the files.
 fn denied_hint(launch: &Launch, tail: &str) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
     if !tail.contains("Permission denied") {
         return None;
     }
-    let user = &launch.run_as.as_ref()?.unix_user;
+    let id = crate::runas::resolve(launch.run_as.as_ref()?).ok()?;
+    // In a directory of its own user's, the refusal is not about who it ran as.
+    if let Some(dir) = &launch.workdir
+        && std::fs::metadata(dir).is_ok_and(|m| m.uid() == id.uid.as_raw())
+    {
+        return None;
+    }
     Some(format!(
-        "the job's output says `Permission denied`: it ran as the Unix user `{user}`, who may \
-         not read what it needs. A job runs as the Unix user its headroom user maps to \
-         (`headroom user create NAME --unix-user USER`; where everything is root's, as in many \
-         containers, `--unix-user root --allow-root`), else as the agent's --run-as-default; \
-         `sudo headroom up` runs your own jobs as you"
+        "the job's output says `Permission denied`: it ran as the Unix user `{}`, who may \
+         not read what it needs. {}",
+        id.name,
+        crate::runas::MAPPING_HINT
     ))
 }

@@ -59,7 +59,7 @@ pub(crate) fn cannot_enter(dir: &Path, identity: Option<&Identity>, errno: i32) 
         dir.display(),
         node()
     );
-    if errno == libc_eacces() {
+    if errno == nix::errno::Errno::EACCES as i32 {
         match identity.and_then(|id| crate::runas::first_unsearchable(dir, id)) {
             Some(blocked) => msg.push_str(&format!("; it may not search (x) {blocked}")),
             None => msg.push_str(
@@ -67,12 +67,8 @@ pub(crate) fn cannot_enter(dir: &Path, identity: Option<&Identity>, errno: i32) 
                  root-squashed NFS export maps root to nobody)",
             ),
         }
-        msg.push_str(
-            ". A job runs as the Unix user its headroom user maps to (`headroom user create \
-             NAME --unix-user USER`; in a container where everything is root's, `--unix-user \
-             root --allow-root`), else as the agent's --run-as-default (`nobody`); `sudo \
-             headroom up` runs your own jobs as you",
-        );
+        msg.push_str(". ");
+        msg.push_str(crate::runas::MAPPING_HINT);
     }
     NotStarted::new(Unstarted::Workdir, msg)
 }
@@ -117,16 +113,9 @@ pub(crate) fn cannot_run(
             (None, Err(_)) => {}
         }
     }
-    msg.push_str(
-        ". A job runs as the Unix user its headroom user maps to (`headroom user create NAME \
-         --unix-user USER`; where everything is root's, `--unix-user root --allow-root`), else \
-         as the agent's --run-as-default; `sudo headroom up` runs your own jobs as you",
-    );
+    msg.push_str(". ");
+    msg.push_str(crate::runas::MAPPING_HINT);
     msg
-}
-
-fn libc_eacces() -> i32 {
-    nix::errno::Errno::EACCES as i32
 }
 
 /// An environment made active for the job: its `bin` goes first on `PATH`, and these
