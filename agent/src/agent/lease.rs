@@ -78,12 +78,27 @@ pub(crate) async fn run(
                 // Where the code came from: a job may write its results back there.
                 env.insert("HEADROOM_SUBMIT_DIR".to_string(), dir.clone());
             }
-            match crate::agent::code::tree(&shared, snap, run_as.as_ref(), attempt).await {
+            // A cancel or the agent's exit does not wait for a fetch.
+            let readied = tokio::select! {
+                r = crate::agent::code::tree(&shared, snap, run_as.as_ref(), attempt) => r,
+                _ = stop.cancel.cancelled() => {
+                    let msg = "[headroom] stopped while its code was being readied\n".to_string();
+                    let why = (Unstarted::Stopped, stop.reason());
+                    return unlaunched(&shared, attempt, fence, gpus, why, msg, &exit).await;
+                }
+                _ = exit.detach.cancelled() => {
+                    let msg = "[headroom] the agent left while its code was being readied\n";
+                    let why = (Unstarted::Stopped, Some(StopReason::Shutdown));
+                    return unlaunched(&shared, attempt, fence, gpus, why, msg.into(), &exit).await;
+                }
+            };
+            match readied {
                 Ok(tree) => Some(tree),
                 Err(e) => {
                     tracing::error!(%attempt, "cannot ready the job's code: {e}");
                     let msg = format!("[headroom] cannot ready the job's code: {e}\n");
-                    return unlaunched(&shared, attempt, fence, gpus, msg, &exit).await;
+                    let why = (Unstarted::LaunchFailed, None);
+                    return unlaunched(&shared, attempt, fence, gpus, why, msg, &exit).await;
                 }
             }
         }
@@ -121,21 +136,25 @@ pub(crate) async fn run(
         Err(e) => {
             tracing::error!(%attempt, "cannot start the attempt's supervisor: {e}");
             let msg = format!("[headroom] cannot start the attempt's supervisor: {e}\n");
-            unlaunched(&shared, attempt, fence, gpus, msg, &exit).await;
+            let why = (Unstarted::LaunchFailed, None);
+            unlaunched(&shared, attempt, fence, gpus, why, msg, &exit).await;
         }
     }
 }
 
-/// An attempt whose supervisor never started: a launch error, journalled and reported.
+/// An attempt whose supervisor never started (`why`, with the stop's reason if it was
+/// stopped), journalled and reported.
 async fn unlaunched(
     shared: &Arc<Shared>,
     attempt: AttemptId,
     fence: i64,
     gpus: Vec<u32>,
+    why: (Unstarted, Option<StopReason>),
     msg: String,
     exit: &Exit,
 ) {
-    let end = attempt::not_started(Unstarted::LaunchFailed, msg);
+    let mut end = attempt::not_started(why.0, msg);
+    end.facts = end.facts.told(why.1);
     let report = crate::supervisor::report(fence, end, None, sample(&shared.backend).await);
     let outcome = Outcome { attempt, report };
     journal(shared, &outcome).await;
