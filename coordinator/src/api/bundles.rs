@@ -13,6 +13,10 @@ use sha2::{Digest, Sha256};
 
 use super::{ApiError, ApiJson, ApiPath, ApiResult, AppState};
 
+/// Bundle uploads held at once by this coordinator.
+const UPLOADS_AT_ONCE: usize = 4;
+static UPLOADS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(UPLOADS_AT_ONCE);
+
 /// A bundle's name in the path: a malformed one is a malformed request, as a bad id is.
 fn checked(hash: &str) -> Result<(), ApiError> {
     bounds::SHA256
@@ -27,6 +31,13 @@ pub async fn put(
     body: Body,
 ) -> ApiResult<BundleStored> {
     checked(&hash)?;
+    // A bundle is held whole in memory to be hashed and stored: a few at a time.
+    let _permit = UPLOADS.try_acquire().map_err(|_| {
+        ApiError::new(
+            ErrorCode::Busy,
+            format!("{UPLOADS_AT_ONCE} bundles are being uploaded: try again shortly"),
+        )
+    })?;
     let max = s.config.max_bundle_bytes;
     let limit = usize::try_from(max).unwrap_or(usize::MAX);
     let data = axum::body::to_bytes(body, limit).await.map_err(|_| {
@@ -49,7 +60,7 @@ pub async fn put(
     let bytes = data.len() as u64;
     let stored = s
         .store
-        .put_bundle(hash.clone(), data.to_vec(), who.name)
+        .put_bundle(hash.clone(), data.into(), who.name)
         .await?;
     Ok(ApiJson(BundleStored {
         hash,
