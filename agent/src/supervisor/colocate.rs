@@ -18,8 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::gpu::GpuBackend;
 use crate::procscan;
-use crate::supervisor::attempt::command::{NotStarted, build_command, spawn};
+use crate::supervisor::attempt::command::{build_command, spawn};
 use crate::supervisor::attempt::launch::Launch;
+use crate::supervisor::attempt::launch::NotStarted;
 use crate::supervisor::attempt::watch::{Watch, lock};
 
 pub use crate::procscan::{ROLE_BACKGROUND, ROLE_VAR};

@@ -11,31 +11,10 @@ use headroom_shared::expand::value_text;
 
 use crate::gpu::GpuBackend;
 use crate::procscan::ATTEMPT_VAR;
-use crate::supervisor::classify::Unstarted;
 use crate::supervisor::process::{Child, Spec, Step};
 
-use super::launch::Launch;
+use super::launch::{Launch, NotStarted};
 use super::workspace;
-
-/// Why one of the attempt's processes did not start: the attempt's end then, and what its
-/// log says.
-#[derive(Debug)]
-pub(crate) struct NotStarted {
-    pub why: Unstarted,
-    pub message: String,
-}
-
-impl NotStarted {
-    pub fn new(why: Unstarted, message: String) -> Self {
-        Self { why, message }
-    }
-}
-
-impl From<String> for NotStarted {
-    fn from(message: String) -> Self {
-        Self::new(Unstarted::LaunchFailed, message)
-    }
-}
 
 /// Starts `spec` (`what`: how the log names the process), recording it as the agent's own;
 /// a working directory its user could not enter is the attempt's `workdir` failure.

@@ -159,3 +159,23 @@ pub(crate) fn not_started(why: Unstarted, log_tail: String) -> AttemptEnd {
         background: None,
     }
 }
+
+/// Why one of the attempt's processes did not start: the attempt's end then, and what its
+/// log says.
+#[derive(Debug)]
+pub(crate) struct NotStarted {
+    pub why: Unstarted,
+    pub message: String,
+}
+
+impl NotStarted {
+    pub fn new(why: Unstarted, message: String) -> Self {
+        Self { why, message }
+    }
+}
+
+impl From<String> for NotStarted {
+    fn from(message: String) -> Self {
+        Self::new(Unstarted::LaunchFailed, message)
+    }
+}

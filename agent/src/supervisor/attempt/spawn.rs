@@ -8,8 +8,8 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
-use super::command::{NotStarted, command, spawn};
-use super::launch::{AttemptEnd, Launch, SupervisorConfig, not_started};
+use super::command::{command, spawn};
+use super::launch::{AttemptEnd, Launch, NotStarted, SupervisorConfig, not_started};
 use super::log::{note, open_log, read_tail};
 use super::running::{KillOnDrop, Running};
 use super::stop::stop_background_only;

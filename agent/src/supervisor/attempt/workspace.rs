@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use headroom_shared::api::source::Environment;
 
-use super::command::NotStarted;
+use super::launch::NotStarted;
 use crate::runas::Identity;
 use crate::supervisor::classify::Unstarted;
 
