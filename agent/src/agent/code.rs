@@ -19,6 +19,40 @@ use crate::agent::Shared;
 /// Tries at fetching a bundle while the coordinator answers with a transient error.
 const FETCH_TRIES: u32 = 6;
 
+/// A kept bundle no attempt has used for this long is deleted (the next use fetches it
+/// again): the cache holds what the node runs, not every bundle it ever ran.
+const KEEP_UNUSED: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Why an attempt's code could not be readied on this node.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CodeError {
+    #[error("cannot fetch the code bundle {hash}: {source}")]
+    Fetch {
+        hash: String,
+        source: crate::agent::client::ClientError,
+    },
+    #[error("the code bundle {0} fetched from the coordinator does not match its hash")]
+    Mismatch(String),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the job's user: {0}")]
+    User(String),
+    #[error("unpacking the code as `{user}`: {message}")]
+    Unpack { user: String, message: String },
+    #[error(transparent)]
+    Tree(#[from] crate::codetree::TreeError),
+    #[error("the blocking pool: {0}")]
+    Pool(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CodeError + use<> {
+    let path = path.to_path_buf();
+    move |source| CodeError::Io { path, source }
+}
+
 /// One fetch and unpack per bundle at a time: the attempts of one experiment that start
 /// together wait for the first one's.
 #[derive(Default)]
@@ -33,7 +67,7 @@ pub(crate) async fn tree(
     snap: &Snapshot,
     run_as: Option<&RunAs>,
     attempt: AttemptId,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, CodeError> {
     let lock = {
         let mut locks = shared.bundles.locks.lock().await;
         locks.entry(snap.hash.clone()).or_default().clone()
@@ -65,36 +99,68 @@ pub(crate) async fn tree(
         shared.cfg.supervisor_exe.clone(),
     );
     blocking(move || {
-        let bytes = std::fs::read(&kept).map_err(|e| format!("{}: {e}", kept.display()))?;
+        let bytes = std::fs::read(&kept).map_err(io(&kept))?;
         match run_as {
             // As the job's user, in a process of its own: nothing is written as root into
             // a directory another user owns.
             Some(r) => {
                 // Looked up off the runtime: a user database may be a network service.
-                let id = crate::runas::resolve(&r)?;
+                let id = crate::runas::resolve(&r).map_err(CodeError::User)?;
                 unpack_as(&exe, &id, &dest, &subdir, &bytes)
             }
-            None => crate::codetree::unpack_into(&dest, &subdir, &bytes).map_err(|e| e.to_string()),
+            None => Ok(crate::codetree::unpack_into(&dest, &subdir, &bytes)?),
         }
     })
     .await
 }
 
-/// The bundle kept on this node, fetched first if it is not.
-async fn fetched(shared: &Shared, snap: &Snapshot) -> Result<PathBuf, String> {
+/// The bundle kept on this node, fetched first if it is not; marked used (what has not
+/// been for [`KEEP_UNUSED`] is deleted when another is fetched).
+async fn fetched(shared: &Shared, snap: &Snapshot) -> Result<PathBuf, CodeError> {
     let kept = shared
         .cfg
         .data_dir
         .join("bundles")
         .join(format!("{}.tar.gz", snap.hash));
     let path = kept.clone();
-    if !blocking(move || Ok(path.is_file())).await? {
+    let here = blocking(move || {
+        Ok(std::fs::File::options()
+            .append(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+            .is_ok())
+    })
+    .await?;
+    if !here {
         let bytes = fetch(shared, &snap.hash).await?;
         let path = kept.clone();
-        blocking(move || keep(&path, &bytes)).await?;
+        blocking(move || {
+            keep(&path, &bytes)?;
+            forget_unused(path.parent().unwrap_or(Path::new(".")), KEEP_UNUSED);
+            Ok(())
+        })
+        .await?;
         tracing::info!(hash = %snap.hash, bytes = snap.bytes, "code bundle fetched");
     }
     Ok(kept)
+}
+
+/// Deletes the kept bundles in `dir` not used for `unused` (best effort).
+fn forget_unused(dir: &Path, unused: Duration) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let stale = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > unused);
+        if stale {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Runs the unpacking helper (this binary, [`crate::codetree::UNPACK_ARG`]) as `id`, the
@@ -105,7 +171,7 @@ fn unpack_as(
     dest: &Path,
     subdir: &str,
     bytes: &[u8],
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, CodeError> {
     use std::io::Write;
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
@@ -122,58 +188,61 @@ fn unpack_as(
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    let mut child = crate::procscan::spawn_owned(|| cmd.spawn(), |c| Some(c.id()))
-        .map_err(|e| format!("cannot start the unpacking helper as `{}`: {e}", id.name))?;
+    let mut child =
+        crate::procscan::spawn_owned(|| cmd.spawn(), |c| Some(c.id())).map_err(io(exe))?;
     let pid = child.id();
     // Its input closed once written (dropped), so that it reads to the end.
     let fed = child.stdin.take().map(|mut i| i.write_all(bytes));
     let out = child.wait_with_output();
     crate::procscan::disown(pid);
-    let out = out.map_err(|e| format!("the unpacking helper: {e}"))?;
+    let out = out.map_err(io(exe))?;
+    let failed = |message: String| CodeError::Unpack {
+        user: id.name.clone(),
+        message,
+    };
     if !out.status.success() {
-        return Err(format!(
-            "unpacking the code as `{}`: {}",
-            id.name,
-            String::from_utf8_lossy(&out.stderr).trim()
+        return Err(failed(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
         ));
     }
     if let Some(Err(e)) = fed {
-        return Err(format!("feeding the unpacking helper: {e}"));
+        return Err(failed(format!("its input: {e}")));
     }
     Ok(dest.join(subdir))
 }
 
 /// `f` on the blocking pool (file system and user database work).
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
+    f: impl FnOnce() -> Result<T, CodeError> + Send + 'static,
+) -> Result<T, CodeError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| CodeError::Pool(e.to_string()))?
 }
 
-async fn fetch(shared: &Shared, hash: &str) -> Result<Vec<u8>, String> {
+async fn fetch(shared: &Shared, hash: &str) -> Result<Vec<u8>, CodeError> {
     let mut tries = 0;
     loop {
         tries += 1;
         match shared.client.bundle(hash).await {
             Ok(bytes) if bundle::hash(&bytes) == hash => return Ok(bytes),
-            Ok(_) => {
-                return Err(format!(
-                    "the code bundle {hash} fetched from the coordinator does not match its hash"
-                ));
-            }
+            Ok(_) => return Err(CodeError::Mismatch(hash.to_string())),
             Err(e) if e.is_transient() && tries < FETCH_TRIES => {
                 tracing::warn!(%hash, "fetching the code bundle: {e}; trying again");
                 tokio::time::sleep(Duration::from_secs(1 << tries.min(4))).await;
             }
-            Err(e) => return Err(format!("cannot fetch the code bundle {hash}: {e}")),
+            Err(source) => {
+                return Err(CodeError::Fetch {
+                    hash: hash.to_string(),
+                    source,
+                });
+            }
         }
     }
 }
 
 /// Keeps a fetched bundle in the data directory (the agent's alone).
-fn keep(path: &Path, bytes: &[u8]) -> Result<(), String> {
+fn keep(path: &Path, bytes: &[u8]) -> Result<(), CodeError> {
     use std::os::unix::fs::DirBuilderExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::DirBuilder::new()
@@ -181,5 +250,27 @@ fn keep(path: &Path, bytes: &[u8]) -> Result<(), String> {
         .mode(0o700)
         .create(dir)
         .and_then(|()| bundle::write_whole(path, bytes))
-        .map_err(|e| format!("cannot keep the code bundle at {}: {e}", path.display()))
+        .map_err(io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_bundle_unused_for_long_is_forgotten_and_a_recent_one_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = dir.path().join("old.tar.gz");
+        let new = dir.path().join("new.tar.gz");
+        keep(&old, b"old").expect("keep");
+        keep(&new, b"new").expect("keep");
+        let long_ago = std::time::SystemTime::now() - Duration::from_secs(30 * 24 * 3600);
+        std::fs::File::options()
+            .append(true)
+            .open(&old)
+            .and_then(|f| f.set_modified(long_ago))
+            .expect("age");
+        forget_unused(dir.path(), KEEP_UNUSED);
+        assert!(!old.exists() && new.exists());
+    }
 }
