@@ -1362,3 +1362,74 @@ async fn a_log_begun_in_an_earlier_versions_file_goes_on_in_the_store() {
         .expect("text");
     assert_eq!(text, "hello world");
 }
+
+/// A code bundle is named by a submission only of someone who uploaded it (its bytes sent)
+/// and fetched only by an agent whose node runs an attempt from it; a body whose hash is
+/// not its name is refused naming `hash`.
+#[tokio::test]
+async fn a_bundle_is_named_only_by_its_uploaders_and_fetched_only_by_the_node_running_it() {
+    use sha2::{Digest, Sha256};
+    let s = start(admin_config()).await;
+    let alice = s.create_token("alice", "user").await;
+    let bob = s.create_token("bob", "user").await;
+    let node_a = s.create_token("node-a", "agent").await;
+    let node_b = s.create_token("node-b", "agent").await;
+    let bytes = b"alice's code".to_vec();
+    let hash = hex::encode(Sha256::digest(&bytes));
+    let path = routes::PUT_BUNDLE.path_with(&[&hash]);
+    let put = |token: &str, body: Vec<u8>| {
+        s.http
+            .put(format!("{}{path}", s.base))
+            .bearer_auth(token)
+            .header("content-type", "application/octet-stream")
+            .body(body)
+            .send()
+    };
+    let resp = put(&alice, bytes.clone()).await.expect("put");
+    assert_eq!(resp.status().as_u16(), 200);
+    let resp = put(&bob, b"other bytes".to_vec()).await.expect("put");
+    assert_eq!(resp.status().as_u16(), 422);
+    let v: Value = resp.json().await.expect("json");
+    assert_error(&v, "invalid", "a body that is not its hash's");
+    assert_eq!(v["error"]["field"], "hash");
+
+    let submit = |token: &str| {
+        let body = json!({
+            "spec": {"name": "snap", "command": ["true"], "code": "snapshot",
+                     "resources": {"gpus": 1, "memory": "1GiB"}},
+            "workdir": "/home/alice/proj",
+            "snapshot": {"hash": hash, "subdir": ""},
+        });
+        let token = token.to_string();
+        let s = &s;
+        async move {
+            s.call(Method::Post, routes::SUBMIT.path, Some(&token), &body)
+                .await
+        }
+    };
+    let (status, v) = submit(&bob).await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["field"], "snapshot.hash", "{v}");
+    let (status, v) = submit(&alice).await;
+    assert_eq!(status, 200, "{v}");
+
+    let get = |token: &str| {
+        s.http
+            .get(format!(
+                "{}{}",
+                s.base,
+                routes::GET_BUNDLE.path_with(&[&hash])
+            ))
+            .bearer_auth(token)
+            .send()
+    };
+    // Before any node runs it, and for a node that does not: refused.
+    assert_eq!(get(&node_a).await.expect("get").status().as_u16(), 403);
+    let (_, lease) = s.node_with_lease(&node_a, "node-a").await;
+    assert_eq!(lease["source"]["snapshot"]["hash"], hash, "{lease}");
+    let resp = get(&node_a).await.expect("get");
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.bytes().await.expect("bytes").to_vec(), bytes);
+    assert_eq!(get(&node_b).await.expect("get").status().as_u16(), 403);
+    assert_eq!(get(&bob).await.expect("get").status().as_u16(), 403);
+}
