@@ -400,3 +400,33 @@ def test_the_export_s_source_columns_pass_through() -> None:
     table = attempts_table(columns, [row])
     assert [c.name for c in table.columns] == [c["name"] for c in columns]
     assert table.rows[0]["failure_class"] == "workdir" and table.rows[0]["git_dirty"] is False
+
+
+def test_a_directory_the_jobs_user_may_not_enter_is_refused_on_this_host() -> None:
+    """As the CLI: where the coordinator is this host's, a working directory the jobs' Unix
+    user may not search into is refused naming ``workdir``, and the folder that stops it."""
+    import pwd
+
+    from headroom_client._source import enterable_by, is_local
+
+    assert is_local("http://127.0.0.1:7420") and is_local("http://localhost:1")
+    assert not is_local("https://headroom.lab.example.org")
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a folder another user may not enter")
+    # Not under pytest's own folders, which are root's alone.
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="headroom-enter-"))
+    os.chmod(base, 0o755)
+    closed = base / "closed"
+    (closed / "proj").mkdir(parents=True)
+    os.chmod(closed, 0o700)
+    nobody = pwd.getpwnam("nobody").pw_name
+    with pytest.raises(SourceError) as refused:
+        enterable_by(str(closed / "proj"), nobody)
+    assert refused.value.field == "workdir"
+    assert f"may not search (x) {closed}" in str(refused.value)
+    os.chmod(closed, 0o755)
+    enterable_by(str(closed / "proj"), nobody)
+    shutil.rmtree(base)

@@ -26,7 +26,13 @@ from urllib.parse import quote
 
 import httpx
 
-from ._source import MAX_SNAPSHOT_BYTES, EnvironmentLike, Submission, prepare_submission
+from ._source import (
+    MAX_SNAPSHOT_BYTES,
+    EnvironmentLike,
+    Submission,
+    enterable_by,
+    prepare_submission,
+)
 from ._spec import SpecLike
 from ._tables import (
     Records,
@@ -105,9 +111,10 @@ def submit(
     environment: Optional[EnvironmentLike] = None,
     snapshot: Optional[bool] = None,
     max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
+    local: bool = False,
 ) -> Op[SubmitResponse]:
     """The spec with its source (``_source``): the code bundle uploaded first when it is
-    run from one, then the submission, which names it."""
+    run from one, then the submission, which names it (``local``: see ``submit_prepared``)."""
     prepared = prepare_submission(
         spec,
         seed=seed,
@@ -117,15 +124,23 @@ def submit(
         snapshot=snapshot,
         max_snapshot_bytes=max_snapshot_bytes,
     )
-    return (yield from submit_prepared(prepared))
+    return (yield from submit_prepared(prepared, local))
 
 
-def submit_prepared(prepared: Submission) -> Op[SubmitResponse]:
+def submit_prepared(prepared: Submission, local: bool = False) -> Op[SubmitResponse]:
     """``submit`` once its source is worked out (``AsyncClient`` does that in a thread: it
-    runs git and reads files)."""
+    runs git and reads files). ``local``: the coordinator is this host's, so a working
+    directory the jobs' Unix user may not enter is refused before anything is sent (a
+    snapshot runs from its own copy)."""
+    body = prepared.body
+    snapshot = "snapshot" in body or body.get("spec", {}).get("code") == "snapshot"
+    if local and not snapshot and isinstance(body.get("workdir"), str):
+        who = yield from _json("GET", "/v1/whoami")
+        user = who.get("unix_user") if isinstance(who, dict) else None
+        if isinstance(user, str):
+            enterable_by(body["workdir"], user)
     if prepared.bundle is not None:
         yield from upload_bundle(prepared.bundle.data, prepared.bundle.hash)
-    body = prepared.body
     return SubmitResponse.model_validate((yield from _json("POST", "/v1/experiments", body=body)))
 
 

@@ -28,6 +28,7 @@ import re
 import stat
 import subprocess
 import tarfile
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
@@ -472,6 +473,58 @@ def make_bundle(workdir: str, max_bytes: int = MAX_SNAPSHOT_BYTES) -> Bundle:
     if len(data) > max_bytes:
         raise _over_cap(root, files, len(files), len(data), max_bytes, by_git)
     return Bundle(data, hashlib.sha256(data).hexdigest(), root, subdir, files)
+
+
+# ---- what this host can tell of the nodes' ----
+
+
+def is_local(url: str) -> bool:
+    """Whether the coordinator at ``url`` is this host's (a loopback address): what its
+    jobs see of the file system is what this host sees."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def enterable_by(directory: str, user: str) -> None:
+    """Raises ``SourceError`` naming ``workdir`` when the Unix ``user`` (the one the jobs
+    run as, known on this host) may not enter ``directory``, by the modes of it and the
+    folders above it, as the agent judges it; a user this host does not know is the nodes'
+    to resolve."""
+    import pwd
+
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        return
+    if pw.pw_uid == 0:
+        return
+    groups = set(os.getgrouplist(user, pw.pw_gid))
+    way = ["/"]
+    for part in [p for p in os.path.realpath(directory).split("/") if p]:
+        way.append(posixpath.join(way[-1], part))
+    for d in way:
+        try:
+            st = os.stat(d)
+        except OSError:
+            return
+        if st.st_uid == pw.pw_uid:
+            bit = 0o100
+        elif st.st_gid in groups:
+            bit = 0o010
+        else:
+            bit = 0o001
+        if not st.st_mode & bit:
+            try:
+                owner = pwd.getpwuid(st.st_uid).pw_name
+            except KeyError:
+                owner = f"uid {st.st_uid}"
+            raise SourceError(
+                "workdir",
+                f"your jobs run as `{user}` here, who may not enter {directory}: it may not "
+                f"search (x) {d} (owner {owner}, mode {st.st_mode & 0o7777:o}). Open the folder "
+                "to them, submit from a directory they may enter, or map your user to another "
+                "Unix user (`headroom user create NAME --unix-user USER`)",
+            )
 
 
 # ---- the submission ----

@@ -31,7 +31,7 @@ import httpx
 
 from . import _ops as ops
 from ._ops import Call, Instant, Op, Stream
-from ._source import MAX_SNAPSHOT_BYTES, EnvironmentLike, prepare_submission
+from ._source import MAX_SNAPSHOT_BYTES, EnvironmentLike, is_local, prepare_submission
 from ._spec import MAX_SPEC_VALUES, SpecLike, load_spec
 # Names of this module before it was split, still importable from it.
 from ._transport import (
@@ -183,7 +183,16 @@ class Client:
         uploaded first (at most ``max_snapshot_bytes`` compressed; not on a dry run).
         A wrong ``workdir``, ``environment`` or bundle raises ``SourceError`` naming it, and
         nothing is sent."""
-        op = ops.submit(spec, seed, dry_run, workdir, environment, snapshot, max_snapshot_bytes)
+        op = ops.submit(
+            spec,
+            seed,
+            dry_run,
+            workdir,
+            environment,
+            snapshot,
+            max_snapshot_bytes,
+            is_local(self.url),
+        )
         resp = self._run(op)
         return Experiment(self, resp.experiment, resp)
 
@@ -682,7 +691,7 @@ class AsyncClient:
             snapshot=snapshot,
             max_snapshot_bytes=max_snapshot_bytes,
         )
-        resp = await self._run(ops.submit_prepared(prepared))
+        resp = await self._run(ops.submit_prepared(prepared, is_local(self.url)))
         return AsyncExperiment(self, resp.experiment, resp)
 
     def experiment(self, id: str) -> "AsyncExperiment":
