@@ -202,6 +202,13 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         }
     };
 
+    // `sudo headroom up`: the person who ran sudo, whose jobs these are, finds the token
+    // too, as their own account's CLI and Python client look for it.
+    let operator_token = match (&local_admin, sudo_user()) {
+        (Some(secret), Some(name)) => operator_token(&url, secret, &name),
+        _ => None,
+    };
+
     // The dashboard. On a terminal, a link that logs this person in (the local admin token in
     // the fragment, which no request carries), as Jupyter prints one; elsewhere (a service's
     // log) the address alone, and where the token is.
@@ -264,7 +271,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         tracing::warn!("coordinator: {e}");
     }
     tasks.wait().await;
-    if let Some(path) = local_token {
+    for path in local_token.into_iter().chain(operator_token) {
         let _ = std::fs::remove_file(path);
     }
     Ok(code)
@@ -280,6 +287,24 @@ fn sudo_user() -> Option<String> {
     headroom_coordinator::auth::check_unix_user(&name, false)
         .ok()
         .map(|()| name)
+}
+
+/// Leaves the admin token for `name` (the account that ran `sudo`) in its home; where.
+fn operator_token(url: &str, secret: &str, name: &str) -> Option<std::path::PathBuf> {
+    let user = nix::unistd::User::from_name(name).ok().flatten()?;
+    match headroom_shared::secret::write_local_token_for(
+        url,
+        secret,
+        &user.dir,
+        user.uid.as_raw(),
+        user.gid.as_raw(),
+    ) {
+        Ok(path) => path,
+        Err(e) => {
+            tracing::warn!("cannot leave the admin token for `{name}`'s CLI: {e}");
+            None
+        }
+    }
 }
 
 /// The admin token of this data directory (`admin-token`, 0600), made at the first start.

@@ -155,6 +155,13 @@ pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
 /// client (as Jupyter leaves its server's token): `~/.headroom/local/<host>_<port>`, in a
 /// 0700 directory, 0600. `None` without a home or for a URL without a port.
 pub fn local_token_path(url: &str) -> Option<PathBuf> {
+    let name = local_token_name(url)?;
+    let home = std::env::var_os("HOME")?;
+    Some(Path::new(&home).join(".headroom").join("local").join(name))
+}
+
+/// The file name of a local `up`'s token at `url` (`127.0.0.1_7420`).
+fn local_token_name(url: &str) -> Option<String> {
     let authority = url.split_once("://").map_or(url, |(_, rest)| rest);
     let authority = authority.split('/').next()?;
     let (host, port) = authority.rsplit_once(':')?;
@@ -171,13 +178,44 @@ pub fn local_token_path(url: &str) -> Option<PathBuf> {
     {
         return None;
     }
-    let home = std::env::var_os("HOME")?;
-    Some(
-        Path::new(&home)
-            .join(".headroom")
-            .join("local")
-            .join(format!("{}_{port}", host.replace(':', "."))),
-    )
+    Some(format!("{}_{port}", host.replace(':', ".")))
+}
+
+/// As [`write_local_token`], for another account (`sudo headroom up`'s operator): in its
+/// home, the folders made and the file given to `uid:gid`. `None` when the path would not
+/// be its own home's (no such home).
+pub fn write_local_token_for(
+    url: &str,
+    token: &str,
+    home: &Path,
+    uid: u32,
+    gid: u32,
+) -> std::io::Result<Option<PathBuf>> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let Some(name) = local_token_name(url) else {
+        return Ok(None);
+    };
+    if !std::fs::metadata(home).is_ok_and(|m| m.is_dir() && m.uid() == uid) {
+        return Ok(None);
+    }
+    let dirs = [home.join(".headroom"), home.join(".headroom").join("local")];
+    for dir in &dirs {
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // Taken only as that account's own folder, no link.
+                let m = std::fs::symlink_metadata(dir)?;
+                if !m.is_dir() || m.uid() != uid {
+                    return Ok(None);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let path = dirs[1].join(name);
+    write_private(&path, &format!("{token}\n"))?;
+    std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
+    Ok(Some(path))
 }
 
 /// Writes `token` where [`local_token_path`] says, private to this user.

@@ -619,6 +619,54 @@ fn sudo_up_runs_the_admins_jobs_as_the_sudo_user() {
     );
 }
 
+/// `sudo headroom up`: the account that ran sudo finds the admin token as its own `up`'s,
+/// in its own home (its CLI needs no token given), and no other account does; it is gone
+/// when `up` stops.
+#[test]
+fn sudo_up_leaves_its_token_to_the_sudo_user_s_own_cli() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let Some(other) = headroom_integration_tests::other_user() else {
+        return;
+    };
+    // The test user has no home of its own: one is made, its own and private.
+    if !other.dir.is_dir() {
+        std::fs::create_dir_all(&other.dir).expect("home");
+    }
+    nix::unistd::chown(&other.dir, Some(other.uid), Some(other.gid)).expect("chown");
+    std::fs::set_permissions(&other.dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let mut h = Headroom::up(UpOptions::gpus("1x24GiB").env("SUDO_USER", &other.name));
+    h.wait_agent();
+    let as_other = |args: &[&str]| {
+        Command::new(binary("headroom"))
+            .args(["--server", &h.url])
+            .args(args)
+            .env_clear()
+            .env("HOME", &other.dir)
+            .current_dir("/")
+            .uid(other.uid.as_raw())
+            .gid(other.gid.as_raw())
+            .output()
+            .expect("cli")
+    };
+    let out = as_other(&["nodes"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let port = h.url.rsplit(':').next().expect("port").to_string();
+    let kept = other.dir.join(format!(".headroom/local/127.0.0.1_{port}"));
+    let meta = std::fs::metadata(&kept).expect("the token file");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (meta.uid(), meta.mode() & 0o777),
+        (other.uid.as_raw(), 0o600)
+    );
+    h.stop().expect("stop");
+    assert!(!kept.exists(), "left behind after up stopped");
+}
+
 /// A DaemonSet's agents share one join token: each exchanges it once for its node's own
 /// credential, kept in its data directory (0600); neither reaches a job; restarted without
 /// the join token, the agent goes on with the credential it kept; a second node joins with
