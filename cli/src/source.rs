@@ -108,19 +108,12 @@ pub fn repo_root(dir: &Path) -> Option<PathBuf> {
 }
 
 /// Untracked files git does not ignore, relative to the top, sorted.
-fn untracked(root: &Path) -> Vec<String> {
-    let mut v: Vec<String> = git(root, &["ls-files", "-z", "--others", "--exclude-standard"])
-        .map(|out| split_nul(&out))
+fn untracked(root: &Path) -> Vec<PathBuf> {
+    let mut v = git(root, &["ls-files", "-z", "--others", "--exclude-standard"])
+        .map(|out| split_paths(&out))
         .unwrap_or_default();
     v.sort();
     v
-}
-
-fn split_nul(out: &[u8]) -> Vec<String> {
-    out.split(|b| *b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect()
 }
 
 /// Paths of NUL-separated output, as the bytes say (a name need not be UTF-8).
@@ -173,7 +166,7 @@ pub fn git_state(dir: &Path) -> Option<GitState> {
             .unwrap_or_default(),
         );
         for path in untracked(&root) {
-            h.update(path.as_bytes());
+            h.update(path.as_os_str().as_encoded_bytes());
             h.update([0]);
             let p = root.join(&path);
             match std::fs::read_link(&p) {
@@ -512,6 +505,10 @@ mod tests {
         let missing = serde_json::json!({"workdir": "gone"});
         let err = workdir(&missing, &spec_file, false).expect_err("missing");
         assert!(err.to_string().starts_with("workdir:"), "{err}");
+        // An absolute venv this host lacks may be the nodes' own: checked only here.
+        let remote = serde_json::json!({"environment": {"venv": "/opt/cluster/venv"}});
+        assert!(environment(&remote, &spec_file, &BTreeMap::new(), false).is_ok());
+        assert!(environment(&remote, &spec_file, &BTreeMap::new(), true).is_err());
         let conda = serde_json::json!({"environment": {"conda": "nope"}});
         let err = environment(&conda, &spec_file, &BTreeMap::new(), true).expect_err("conda");
         assert!(err.to_string().starts_with("environment.conda:"), "{err}");
