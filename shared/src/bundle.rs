@@ -266,6 +266,60 @@ mod tests {
         assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
+    fn gz(raw: &[u8]) -> Vec<u8> {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(raw).expect("gz");
+        gz.finish().expect("gz")
+    }
+
+    /// A size told by a PAX record counts, not the header's 0 beside it.
+    #[test]
+    fn a_size_a_pax_record_tells_counts_against_the_bound() {
+        let record = |body: &str| {
+            let mut n = body.len() + 2;
+            while format!("{n}{body}").len() != n {
+                n += 1;
+            }
+            format!("{n}{body}")
+        };
+        let pax = record(" size=10485760\n");
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut x = tar::Header::new_ustar();
+        x.set_entry_type(tar::EntryType::XHeader);
+        x.set_size(pax.len() as u64);
+        x.set_cksum();
+        tar.append_data(&mut x, "PaxHeaders/big", pax.as_bytes())
+            .expect("pax");
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(0);
+        h.set_mode(0o644);
+        tar.append_data(&mut h, "big", &b""[..]).expect("entry");
+        let bomb = gz(&tar.into_inner().expect("tar"));
+        let out = tempfile::tempdir().expect("tempdir");
+        let err = unpack_within(&bomb, out.path(), 1 << 20, 100).expect_err("bound");
+        assert!(matches!(err, BundleError::TooLarge { .. }), "{err}");
+    }
+
+    /// Modes are `make`'s, whatever the archive says: no set-id bit reaches the tree.
+    #[test]
+    fn no_set_id_bit_survives_unpacking() {
+        use std::os::unix::fs::PermissionsExt;
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(2);
+        h.set_mode(0o6755);
+        tar.append_data(&mut h, "tool", &b"x\n"[..]).expect("entry");
+        let out = tempfile::tempdir().expect("tempdir");
+        unpack(&gz(&tar.into_inner().expect("tar")), out.path()).expect("unpack");
+        let mode = std::fs::metadata(out.path().join("tool"))
+            .expect("tool")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7000, 0, "{mode:o}");
+    }
+
     #[test]
     fn a_link_out_of_the_tree_is_refused_both_ways() {
         let a = tree();
@@ -283,10 +337,7 @@ mod tests {
         h.set_entry_type(tar::EntryType::Symlink);
         h.set_size(0);
         tar.append_link(&mut h, "up", "../..").expect("link");
-        let raw = tar.into_inner().expect("tar");
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        gz.write_all(&raw).expect("gz");
         let out = tempfile::tempdir().expect("tempdir");
-        assert!(unpack(&gz.finish().expect("gz"), out.path()).is_err());
+        assert!(unpack(&gz(&tar.into_inner().expect("tar")), out.path()).is_err());
     }
 }

@@ -298,3 +298,20 @@ pub(crate) fn build_command(
         }),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use nix::errno::Errno;
+
+    /// Missing, refused or looping: the node's directory to fix (`workdir`); a stale NFS
+    /// handle or an I/O error is the launch's.
+    #[test]
+    fn only_a_directory_the_node_lacks_or_refuses_is_a_workdir_failure() {
+        for e in [Errno::ENOENT, Errno::ENOTDIR, Errno::EACCES, Errno::ELOOP] {
+            assert!(super::is_workdir_errno(e as i32), "{e}");
+        }
+        for e in [Errno::ESTALE, Errno::EIO, Errno::ENOMEM] {
+            assert!(!super::is_workdir_errno(e as i32), "{e}");
+        }
+    }
+}
