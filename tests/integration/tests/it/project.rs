@@ -63,6 +63,13 @@ fn up_as_the_lab() -> Headroom {
     let h = Headroom::up(UpOptions::gpus("1x24GiB"));
     h.wait_agent();
     if nix::unistd::geteuid().is_root() {
+        // Root, not through sudo: `up` says once at start whom its jobs run as, and how
+        // to change it.
+        let log = h.server_log();
+        assert!(
+            log.contains("your jobs run as `nobody`") && log.contains("--allow-root"),
+            "{log}"
+        );
         h.cli_ok(&[
             "user",
             "create",
