@@ -324,6 +324,7 @@ mod tests {
                 background: None,
                 host_peak_mib: None,
                 started: None,
+                metrics: None,
             },
         }
     }

@@ -66,6 +66,7 @@ impl Fixture {
             prestart: Default::default(),
             background: None,
             run_as: None,
+            results: None,
         }
     }
 

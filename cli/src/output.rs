@@ -9,7 +9,7 @@ use headroom_shared::api::{
     JobSummary, NodeView, PeakSource, StateCounts, SubmitResponse, TelemetrySample, TokenView,
 };
 use headroom_shared::expand::value_text;
-use headroom_shared::{AttemptId, ExperimentId, JobId, MemSize};
+use headroom_shared::{AttemptId, ExperimentId, FailureClass, JobId, MemSize};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::client::Api;
@@ -109,15 +109,56 @@ pub fn jobs_table(jobs: &[JobSummary]) {
     );
 }
 
+/// What the run reported of itself, early stopping's decisions and where its results went.
+fn results_lines(a: &AttemptView) -> Vec<String> {
+    let mut lines = Vec::new();
+    if !a.metrics.is_empty() || a.metrics_ignored.is_some_and(|n| n > 0) {
+        let values = a
+            .metrics
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let ignored = match a.metrics_ignored {
+            Some(n) if n > 0 => {
+                format!("  ({n} metric line(s) ignored: malformed or not a number)")
+            }
+            _ => String::new(),
+        };
+        lines.push(format!("metrics {values}{ignored}"));
+    }
+    for r in &a.rungs {
+        let verdict = match (r.pruned, r.cutoff) {
+            (true, Some(c)) => format!("pruned: behind the cutoff {c}"),
+            (true, None) => "pruned: too few attempts reached it (bootstrap_count)".into(),
+            (false, Some(c)) => format!("goes on: cutoff {c}"),
+            (false, None) => "goes on".into(),
+        };
+        lines.push(format!(
+            "early_stop rung {} at step {}: {} among {} attempt(s), {verdict}",
+            r.rung, r.step, r.value, r.competitors
+        ));
+    }
+    if let Some(t) = &a.tracking {
+        lines.push(format!("tracking {t}"));
+    }
+    lines
+}
+
 fn counts_text(c: &StateCounts) -> String {
     format!(
-        "{} queued, {} running, {} retrying, {} succeeded, {} failed, {} cancelled",
+        "{} queued, {} running, {} retrying, {} succeeded, {} failed, {} cancelled{}",
         c.queued + c.leased,
         c.running,
         c.retrying,
         c.succeeded,
         c.failed,
-        c.cancelled
+        c.cancelled,
+        if c.pruned > 0 {
+            format!(", {} pruned", c.pruned)
+        } else {
+            String::new()
+        }
     )
 }
 
@@ -241,6 +282,7 @@ pub fn job_detail(d: &JobDetail, source: &headroom_shared::api::source::Source) 
     for a in &d.attempts_detail {
         let outcome = match (a.success, a.failure_class) {
             (Some(true), _) => "succeeded".to_string(),
+            (_, Some(FailureClass::Pruned)) => "pruned (early_stop)".to_string(),
             (_, Some(c)) => format!("failed: {c}"),
             _ => format!("{:?}", a.phase).to_lowercase(),
         };
@@ -294,6 +336,9 @@ pub fn job_detail(d: &JobDetail, source: &headroom_shared::api::source::Source) 
             outln!("      {line}");
         }
         if let Some(line) = background_line(a) {
+            outln!("      {line}");
+        }
+        for line in results_lines(a) {
             outln!("      {line}");
         }
     }

@@ -19,9 +19,13 @@ use crate::store::ExportRow;
 /// contaminated, not sharing its GPUs with another attempt, no memory nobody accounted for
 /// on them (`ghost_mib`), not throttled for temperature or power, and, if it ran on GPUs,
 /// with figures that cover its whole run and its throttle reasons read (unknown is not
-/// clean). Failure is no reason: `success` tells it.
+/// clean). Failure is no reason: `success` tells it; but an attempt `early_stop` stopped is a
+/// partial run, whose figures compare with no finished one's.
 pub fn is_clean(a: &AttemptView) -> bool {
     let m = &a.measurements;
+    if a.failure_class == Some(headroom_shared::FailureClass::Pruned) {
+        return false;
+    }
     if a.contaminated == Some(true) || a.shared || m.ghost_mib.is_some_and(|g| g > 0) {
         return false;
     }
@@ -606,6 +610,12 @@ fn param_column(name: &str) -> Cow<'_, str> {
     }
 }
 
+/// A metric's column: `metric.NAME`. Parameter names hold no `.` and no fixed column
+/// starts so, so it never collides with either.
+fn metric_column(name: &str) -> String {
+    format!("metric.{name}")
+}
+
 /// The parameters this attempt ran with (the OOM ladder may have changed them).
 fn ran_with(r: &ExportRow) -> &std::collections::BTreeMap<String, Value> {
     if r.attempt.params.is_empty() {
@@ -638,11 +648,16 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
                 .map(String::as_str)
         })
         .collect();
+    let metrics: BTreeSet<&str> = rows
+        .iter()
+        .flat_map(|r| r.attempt.metrics.keys().map(String::as_str))
+        .collect();
     let mut w = csv::Writer::from_writer(Vec::new());
     let header: Vec<Cow<'_, str>> = FIXED
         .iter()
         .map(|c| c.name.into())
         .chain(params.iter().map(|p| param_column(p)))
+        .chain(metrics.iter().map(|m| metric_column(m).into()))
         .chain(AFTER_PARAMS.iter().map(|c| c.name.into()))
         .collect();
     w.write_record(header.iter().map(|c| inert(c).into_owned()))?;
@@ -656,6 +671,14 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
                 .iter()
                 .map(|p| ran_with.get(*p).map(value_text).unwrap_or_default()),
         );
+        // A metric the run never reported is empty, never 0.
+        rec.extend(metrics.iter().map(|m| {
+            r.attempt
+                .metrics
+                .get(*m)
+                .map(|v| Cell::Num(*v).csv())
+                .unwrap_or_default()
+        }));
         rec.extend(cells(&AFTER_PARAMS));
         w.write_record(rec.iter().map(|c| inert(c).into_owned()))?;
     }
@@ -663,8 +686,9 @@ pub fn to_csv(rows: &[ExportRow]) -> Result<String, csv::Error> {
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// One JSON row: every column by name, and `params`, the parameters it ran with. Values
-/// keep their types (no spreadsheet quoting: JSON is not opened as a formula).
+/// One JSON row: every column by name, `params`, the parameters it ran with, and
+/// `metrics`, the run's final values (each also as a `metric.NAME` column). Values keep
+/// their types (no spreadsheet quoting: JSON is not opened as a formula).
 pub fn to_json(r: &ExportRow) -> Map<String, Value> {
     let mut row: Map<String, Value> = columns()
         .map(|c| (c.name.to_string(), c.value(r).json()))
@@ -675,6 +699,19 @@ pub fn to_json(r: &ExportRow) -> Map<String, Value> {
             ran_with(r)
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+    );
+    for (name, v) in &r.attempt.metrics {
+        row.insert(metric_column(name), Value::from(*v));
+    }
+    row.insert(
+        "metrics".into(),
+        Value::Object(
+            r.attempt
+                .metrics
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::from(*v)))
                 .collect(),
         ),
     );

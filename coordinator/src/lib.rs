@@ -5,7 +5,7 @@
 //! - `app`, `config`, `serve`: the process (settings, listener and the bounds a slow client
 //!   cannot outlast, background sweeps); `main.rs` is thin.
 //! - `api` (handlers, one gate `authorize`, one error mapping), `auth` (who a token is),
-//!   `metrics`, `openapi`, `export`, `logs`: the HTTP edge (`api/ui.rs` serves the
+//!   `metrics`, `openapi`, `export`, `logs`, `tracking` (MLflow): the HTTP edge (`api/ui.rs` serves the
 //!   dashboard, its page and assets in `ui/`).
 //! - `matrix`: a submitted spec turned into the jobs to store; `source`: where they run
 //!   from (working directory, code, environment).
@@ -13,7 +13,7 @@
 //!   transaction interface both backends (SQLite, PostgreSQL) implement.
 //! - `rules` (job decisions), `placement` (which GPUs), `sharing` (attempts that shared a
 //!   GPU, and their energy shares), `attempt_keys` (the credential issued with a lease),
-//!   `joins` (which nodes a join token may make) and
+//!   `joins` (which nodes a join token may make), `early_stop` (successive halving's rule) and
 //!   `simulate` (placement over simulated GPUs and time): pure, no I/O; `changes`: the
 //!   counter long-polls wait on.
 #![forbid(unsafe_code)]
@@ -24,6 +24,7 @@ pub mod attempt_keys;
 pub mod auth;
 pub mod changes;
 pub mod config;
+pub mod early_stop;
 pub mod export;
 pub mod joins;
 pub mod logs;
@@ -37,6 +38,7 @@ pub mod sharing;
 pub mod simulate;
 pub mod source;
 pub mod store;
+pub mod tracking;
 
 pub use app::Application;
 pub use config::{CoordinatorConfig, CoordinatorSettings};

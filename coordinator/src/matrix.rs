@@ -54,5 +54,6 @@ pub fn new_experiment(
         jobs,
         submitted_by,
         source,
+        results: Some(spec.results()).filter(|r| !r.is_empty()),
     })
 }

@@ -539,6 +539,16 @@ pub fn finish(
             event: JobEvent::Succeed,
         });
     };
+    if class == FailureClass::Pruned {
+        // Stopped by `early_stop`: not a failure, never retried.
+        return Ok(Finish {
+            quarantine,
+            last_failure: None,
+            floor: None,
+            ladder: None,
+            event: JobEvent::Prune,
+        });
+    }
     // `on_throttle: retry` is the throttled class's own retry list.
     let retry_on: &[FailureClass] = match (class, job.on_throttle) {
         (FailureClass::Throttled, OnThrottle::Retry) => &[FailureClass::Throttled],
@@ -742,6 +752,7 @@ mod tests {
             background: None,
             host_peak_mib: None,
             started: None,
+            metrics: None,
         };
         let job = |on_throttle, attempts| JobRules {
             on_throttle,

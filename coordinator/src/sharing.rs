@@ -325,6 +325,10 @@ mod tests {
             host_peak_mib: None,
             shared: false,
             sharing: None,
+            metrics: Default::default(),
+            metrics_ignored: None,
+            rungs: vec![],
+            tracking: None,
         }
     }
 

@@ -160,6 +160,7 @@ async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
         jobs,
         submitted_by: who.into(),
         source: None,
+        results: None,
     })
     .await
     .expect("create experiment");
@@ -284,6 +285,7 @@ fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
         background: None,
         host_peak_mib: Some(321),
         started: None,
+        metrics: None,
     }
 }
 
@@ -1848,6 +1850,7 @@ async fn a_throttled_run_is_what_its_specs_on_throttle_says(s: Backend) {
             jobs: vec![j],
             submitted_by: "anonymous".into(),
             source: None,
+            results: None,
         })
         .await
         .expect("create experiment");
@@ -2785,6 +2788,7 @@ async fn an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash(
         jobs: vec![job(0, Some(1000), vec![], 1)],
         submitted_by: "anonymous".into(),
         source: Some(source.clone()),
+        results: None,
     })
     .await
     .expect("create experiment");

@@ -10,13 +10,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::api::{
-    Ack, AttemptTelemetry, CancelResponse, ClaimRequest, ClaimResponse, CreateTokenRequest,
-    CreatedToken, ErrorBody, ErrorCode, ExperimentSummary, ExportQuery, FinishReport,
-    FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest, HeartbeatResponse,
-    JobDetail, JobSummary, JobsQuery, LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery,
-    LogQuery, NodeView, Progress, ProgressQuery, RegisterRequest, RegisterResponse, Released,
-    RetryResponse, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse, TelemetryQuery,
-    TokenView,
+    Ack, AttemptSeries, AttemptTelemetry, CancelResponse, ClaimRequest, ClaimResponse,
+    CreateTokenRequest, CreatedToken, ErrorBody, ErrorCode, ExperimentSummary, ExportQuery,
+    FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest,
+    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, LeaseRenewal, LeaseRenewed, LogAppended,
+    LogChunkQuery, LogQuery, MetricsAnswer, MetricsReport, NodeView, Progress, ProgressQuery,
+    RegisterRequest, RegisterResponse, Released, RetryResponse, SetPlanRequest, StartReport,
+    SubmitRequest, SubmitResponse, TelemetryQuery, TokenView,
 };
 use crate::ids::{AgentId, AttemptId, ExperimentId, JobId};
 use crate::routes::{
@@ -388,6 +388,14 @@ impl Client {
         self.get(routes::EXPERIMENT, &[&id]).await
     }
 
+    /// Every attempt's metric series and final values.
+    pub async fn experiment_metrics(
+        &self,
+        id: ExperimentId,
+    ) -> Result<Vec<AttemptSeries>, ClientError> {
+        self.get(routes::EXPERIMENT_METRICS, &[&id]).await
+    }
+
     pub async fn cancel_experiment(&self, id: ExperimentId) -> Result<CancelResponse, ClientError> {
         self.call(routes::CANCEL_EXPERIMENT, &[&id], None, DEFAULT_TIMEOUT)
             .await
@@ -723,6 +731,21 @@ impl Client {
     ) -> Result<FinishResponse, ClientError> {
         self.call(
             routes::REPORT_OUTCOME,
+            &[&attempt],
+            Some(req),
+            Duration::from_secs(10),
+        )
+        .await
+    }
+
+    /// An attempt's supervisor reports its metrics so far (with the attempt's key as token).
+    pub async fn report_metrics(
+        &self,
+        attempt: AttemptId,
+        req: &MetricsReport,
+    ) -> Result<MetricsAnswer, ClientError> {
+        self.call(
+            routes::REPORT_METRICS,
             &[&attempt],
             Some(req),
             Duration::from_secs(10),

@@ -7,6 +7,7 @@
 //!   `profile`, `field` (a refused spec field), `template` (command placeholders).
 //! - `secret` (secrets from files, systemd credentials or values), `datadir` (state
 //!   directories taken only when this user's and private).
+//! - `results` (metrics, early stopping, tracking: what a run achieved).
 //! - `prestart`, `colocate`, `spec` (what a user submits, validated), `expand` (the matrix
 //!   of jobs a spec makes).
 //! - `api` (the REST API's types; `api::agent`: the agent protocol; `api::source`: where an
@@ -32,6 +33,7 @@ pub mod pending;
 pub mod plan;
 pub mod prestart;
 pub mod profile;
+pub mod results;
 pub mod routes;
 pub mod secret;
 #[cfg(feature = "settings")]

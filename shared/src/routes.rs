@@ -10,14 +10,14 @@ use std::marker::PhantomData;
 
 use crate::api::source::BundleStored;
 use crate::api::{
-    Ack, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse, ClaimRequest,
-    ClaimResponse, CreateTokenRequest, CreatedToken, ExperimentSummary, ExportPage, ExportQuery,
-    FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health, HeartbeatRequest,
-    HeartbeatResponse, JobDetail, JobSummary, JobsQuery, JoinRequest, LeaseRenewal, LeaseRenewed,
-    LogAppended, LogChunkQuery, LogQuery, NodeView, Progress, ProgressQuery, PutUserRequest,
-    RegisterRequest, RegisterResponse, Released, RetryFailedResponse, RetryResponse,
-    SetPlanRequest, StartReport, SubmitRequest, SubmitResponse, TelemetryQuery, TokenView,
-    UserView, WhoAmI,
+    Ack, AttemptSeries, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse,
+    ClaimRequest, ClaimResponse, CreateTokenRequest, CreatedToken, ExperimentSummary, ExportPage,
+    ExportQuery, FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health,
+    HeartbeatRequest, HeartbeatResponse, JobDetail, JobSummary, JobsQuery, JoinRequest,
+    LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery, LogQuery, MetricsAnswer, MetricsReport,
+    NodeView, Progress, ProgressQuery, PutUserRequest, RegisterRequest, RegisterResponse, Released,
+    RetryFailedResponse, RetryResponse, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
+    TelemetryQuery, TokenView, UserView, WhoAmI,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -355,6 +355,23 @@ pub const SHIP_LOG: Endpoint<RawBytes, Query<LogChunkQuery>, Json<LogAppended>> 
 )
 .doc("shipLog", "supervisors")
 .conflicts();
+pub const REPORT_METRICS: Endpoint<Json<MetricsReport>, NoQuery, Json<MetricsAnswer>> =
+    Endpoint::new(
+        Post,
+        "/v1/attempts/{id}/metrics",
+        Attempt,
+        "The attempt's supervisor reports its metrics so far; the answer says whether \
+         `early_stop` stops it (fenced)",
+    )
+    .doc("reportMetrics", "supervisors")
+    .conflicts();
+pub const EXPERIMENT_METRICS: Endpoint<NoBody, NoQuery, JsonList<AttemptSeries>> = Endpoint::new(
+    Get,
+    "/v1/experiments/{id}/metrics",
+    User,
+    "Every attempt's metric series and final values (learning curves)",
+)
+.doc("experimentMetrics", "experiments");
 pub const HAND_BACK: Endpoint<Json<HandBackRequest>, NoQuery, Json<Ack>> = Endpoint::new(
     Post,
     "/v1/attempts/{id}/handback",
@@ -490,6 +507,8 @@ macro_rules! for_each_endpoint {
             $crate::routes::RENEW_LEASE,
             $crate::routes::REPORT_OUTCOME,
             $crate::routes::SHIP_LOG,
+            $crate::routes::REPORT_METRICS,
+            $crate::routes::EXPERIMENT_METRICS,
             $crate::routes::HAND_BACK,
             $crate::routes::NODES,
             $crate::routes::SET_PLAN,

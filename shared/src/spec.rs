@@ -98,6 +98,21 @@ pub struct ExperimentSpec {
     /// relative to the spec file) or `{conda: NAME}` (a name or an absolute prefix).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<EnvironmentSpec>,
+    /// What the run achieved, read from its output: `val_acc: {pattern: 'Test Accuracy:
+    /// ([0-9.]+)%', take: max, scale: 0.01}`; `HEADROOM_METRIC {json}` lines are read too.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, crate::results::MetricSpec>,
+    /// A pattern whose first group is the step of the metric values after it (`Epoch
+    /// ([0-9]+)`); without it, a value's step is the count of that metric's values so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric_step: Option<String>,
+    /// Stops attempts whose metric falls behind at a rung (successive halving); they end
+    /// `pruned`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stop: Option<crate::results::EarlyStop>,
+    /// `{mlflow: URI}`: each attempt is logged as a run of that MLflow tracking server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<crate::results::Tracking>,
 }
 
 /// `code`: what the jobs' code is.
@@ -326,6 +341,16 @@ impl ExperimentSpec {
         })
     }
 
+    /// The results settings its experiment stores and its leases carry.
+    pub fn results(&self) -> crate::results::ResultsSpec {
+        crate::results::ResultsSpec {
+            metrics: self.metrics.clone(),
+            metric_step: self.metric_step.clone(),
+            early_stop: self.early_stop.clone(),
+            tracking: self.tracking.clone(),
+        }
+    }
+
     /// Parameter names: grid axes and mutate axes.
     pub fn parameter_names(&self) -> BTreeSet<&str> {
         self.grid
@@ -378,6 +403,7 @@ impl ExperimentSpec {
             }
             validate_distribution(dist, &field)?;
         }
+        self.results().validate()?;
         crate::api::bounds::COUNT
             .check(self.mutations.into())
             .map_err(|m| SpecError::new("mutations", m))?;

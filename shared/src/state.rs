@@ -5,8 +5,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// Where a job stands. `queued -> leased -> running -> succeeded | failed | cancelled`,
-/// with `retrying` between attempts.
+/// Where a job stands. `queued -> leased -> running -> succeeded | failed | cancelled |
+/// pruned`, with `retrying` between attempts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
@@ -18,10 +18,12 @@ pub enum JobState {
     Succeeded,
     Failed,
     Cancelled,
+    /// Stopped by `early_stop`: behind the others at a rung. Not a failure, not retried.
+    Pruned,
 }
 
 impl JobState {
-    pub const ALL: [JobState; 7] = [
+    pub const ALL: [JobState; 8] = [
         JobState::Queued,
         JobState::Leased,
         JobState::Running,
@@ -29,6 +31,7 @@ impl JobState {
         JobState::Succeeded,
         JobState::Failed,
         JobState::Cancelled,
+        JobState::Pruned,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -40,6 +43,7 @@ impl JobState {
             JobState::Succeeded => "succeeded",
             JobState::Failed => "failed",
             JobState::Cancelled => "cancelled",
+            JobState::Pruned => "pruned",
         }
     }
 
@@ -56,7 +60,7 @@ impl JobState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Pruned
         )
     }
 
@@ -76,6 +80,7 @@ impl JobState {
                 }
             }
             (S::Leased | S::Running, E::Succeed) => S::Succeeded,
+            (S::Leased | S::Running, E::Prune) => S::Pruned,
             (S::Leased | S::Running, E::Fail { retry: true }) => S::Retrying,
             (S::Leased | S::Running, E::Fail { retry: false }) => S::Failed,
             // The late end of an attempt recorded lost replaces the loss: the job, not leased
@@ -88,13 +93,14 @@ impl JobState {
             ) => S::Succeeded,
             (S::Retrying | S::Failed, E::LateEnd { retry: true, .. }) => S::Retrying,
             (S::Retrying | S::Failed, E::LateEnd { retry: false, .. }) => S::Failed,
+            (S::Retrying | S::Failed, E::Prune) => S::Pruned,
             // The attempt of a cancelled job still reports its end; the job stays cancelled.
             (
                 S::Cancelled,
-                E::Succeed | E::Fail { .. } | E::HandBack { .. } | E::LateEnd { .. },
+                E::Succeed | E::Fail { .. } | E::Prune | E::HandBack { .. } | E::LateEnd { .. },
             ) => S::Cancelled,
             (s, E::Cancel) if !s.is_terminal() => S::Cancelled,
-            (S::Failed | S::Cancelled | S::Succeeded, E::Retry) => S::Retrying,
+            (S::Failed | S::Cancelled | S::Succeeded | S::Pruned, E::Retry) => S::Retrying,
             (state, event) => return Err(TransitionError { state, event }),
         };
         Ok(next)
@@ -114,6 +120,8 @@ pub enum JobEvent {
     Succeed,
     /// The attempt failed (or was lost); `retry` when the policy allows another attempt.
     Fail { retry: bool },
+    /// The attempt was stopped by `early_stop`.
+    Prune,
     /// The end of an attempt already recorded lost arrived after all, and the job was not
     /// leased again: it replaces the loss. `succeeded`, else `retry` as for `Fail`.
     LateEnd { succeeded: bool, retry: bool },
@@ -188,10 +196,13 @@ pub enum FailureClass {
     /// Its Python environment (`environment`) is missing on its node (never started; not
     /// retried).
     Environment,
+    /// Stopped by `early_stop` at a rung where its metric fell behind (not a failure of the
+    /// job: it ends `pruned`, never retried).
+    Pruned,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 14] = [
+    pub const ALL: [FailureClass; 15] = [
         FailureClass::Oom,
         FailureClass::Timeout,
         FailureClass::Cancelled,
@@ -206,6 +217,7 @@ impl FailureClass {
         FailureClass::Throttled,
         FailureClass::Workdir,
         FailureClass::Environment,
+        FailureClass::Pruned,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -224,6 +236,7 @@ impl FailureClass {
             FailureClass::Throttled => "throttled",
             FailureClass::Workdir => "workdir",
             FailureClass::Environment => "environment",
+            FailureClass::Pruned => "pruned",
         }
     }
 

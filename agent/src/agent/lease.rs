@@ -120,6 +120,7 @@ pub(crate) async fn run(
         prestart: lease.prestart.unwrap_or_default(),
         background: lease.background,
         run_as,
+        results: lease.results,
     };
     // Subscribed before the deadline is read for the launch: a renewal in between reaches
     // the supervisor as its first `renew`, rather than being taken as already sent.
@@ -384,6 +385,7 @@ async fn gone(
         background: None,
         host_peak_mib: None,
         started: None,
+        metrics: None,
     };
     journal(
         shared,

@@ -23,6 +23,8 @@ pub enum StopReason {
     LeaseLost,
     /// The agent is shutting down (SIGTERM, SIGINT).
     Shutdown,
+    /// `early_stop`: its metric fell behind at a rung.
+    Pruned,
 }
 
 /// How an attempt's job (its foreground process) ended.
@@ -168,6 +170,7 @@ pub fn decide(f: &EndFacts) -> Option<FailureClass> {
         Some(Stopped::Cancel) => {
             return Some(match f.cancel_reason {
                 None | Some(StopReason::User) => F::Cancelled,
+                Some(StopReason::Pruned) => F::Pruned,
                 // Retried as the job's policy says for `lost`, now rather than at lease expiry.
                 Some(StopReason::LeaseLost | StopReason::Shutdown) => F::Lost,
             });
@@ -267,6 +270,7 @@ mod tests {
         assert_eq!(decide(&cancelled), Some(F::Cancelled), "the attempt alone");
         for (reason, want) in [
             (Some(StopReason::User), F::Cancelled),
+            (Some(StopReason::Pruned), F::Pruned),
             (Some(StopReason::LeaseLost), F::Lost),
             (Some(StopReason::Shutdown), F::Lost),
             // A cancel the supervisor has no reason for: the agent's shutdown.

@@ -10,8 +10,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use headroom_shared::AttemptId;
-use headroom_shared::api::{ErrorCode, FinishReport, LeaseRenewed};
+use headroom_shared::api::{ErrorCode, FinishReport, LeaseRenewed, MetricsAnswer, MetricsReport};
 use headroom_shared::client::{Client, ClientError};
+use headroom_shared::results::AttemptMetrics;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -165,6 +166,23 @@ impl DirectLink {
     /// Ships what the coordinator lacks of the attempt's log at `log` (from what it has:
     /// the agent may have shipped most of it), then reports the attempt's end, trying again
     /// until `give_up_at`.
+    /// Reports the running attempt's metrics so far; the answer says whether `early_stop`
+    /// stops it.
+    pub fn report_metrics(
+        &mut self,
+        metrics: AttemptMetrics,
+    ) -> impl std::future::Future<Output = Result<MetricsAnswer, String>> + Send + 'static {
+        let client = self.client();
+        let (attempt, fence) = (self.attempt, self.fence);
+        async move {
+            let client = client.map_err(|e| format!("no client for the coordinator: {e}"))?;
+            client
+                .report_metrics(attempt, &MetricsReport { fence, metrics })
+                .await
+                .map_err(|e| e.to_string())
+        }
+    }
+
     pub async fn deliver(
         &mut self,
         report: &FinishReport,

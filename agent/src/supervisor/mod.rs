@@ -21,10 +21,12 @@ pub mod direct;
 mod handoff;
 mod lease;
 pub mod measure;
+pub mod metrics;
 pub mod oom;
 pub mod prestart;
 pub mod process;
 pub mod proto;
+mod results;
 pub mod self_fence;
 
 use std::ffi::OsStr;
@@ -398,11 +400,14 @@ struct Run<F> {
     end: F,
     started: UnboundedReceiver<(u32, DateTime<Utc>)>,
     waiting: UnboundedReceiver<Option<String>>,
+    /// The job's latest metrics, while it runs.
+    metrics: tokio::sync::watch::Receiver<Option<headroom_shared::results::AttemptMetrics>>,
 }
 
 /// Drives the attempt to its end while serving its agent and its lease: tells the agent of
 /// the job's start and wait, takes its renewals and stops, lets a restarted agent attach,
-/// renews the lease itself while the agent is away, and stops the job when the fence falls.
+/// renews the lease itself while the agent is away, stops the job when the fence falls,
+/// and reports its metrics, stopping it when `early_stop` says so.
 async fn serve_run(
     run: Run<impl Future<Output = (AttemptEnd, Option<PrestartReport>)>>,
     spec: &Spec,
@@ -416,7 +421,9 @@ async fn serve_run(
         end,
         mut started,
         mut waiting,
+        mut metrics,
     } = run;
+    let mut results = results::MetricsLink::new(spec);
     let mut end = std::pin::pin!(end);
     loop {
         // Read before the select, which holds the lease for its renewal's answer.
@@ -444,6 +451,20 @@ async fn serve_run(
             _ = lease::at(renew_due) => lease.renew(),
             renewal = lease.answer() => lease.answered(renewal),
             _ = lease::at(fence_due) => lease.fence_fell(),
+            Ok(()) = metrics.changed() => {
+                if let Some(m) = metrics.borrow_and_update().clone() {
+                    results.send(m);
+                }
+            }
+            answer = results.answer() => {
+                if let Some(rung) = results.answered(attempt, answer) {
+                    let metric = spec.launch.results.as_ref()
+                        .and_then(|r| r.early_stop.as_ref())
+                        .map_or("the metric", |e| e.metric.as_str());
+                    attempt::note_at(&spec.launch.log_path, &results::pruned_note(metric, &rung));
+                    lease.stop(StopReason::Pruned);
+                }
+            }
         }
     }
 }
@@ -516,6 +537,7 @@ fn prestart_then_run<'a>(
 ) -> Run<impl Future<Output = (AttemptEnd, Option<PrestartReport>)> + 'a> {
     let (started_tx, started) = tokio::sync::mpsc::unbounded_channel();
     let (waiting_tx, waiting) = tokio::sync::mpsc::unbounded_channel();
+    let (metrics_tx, metrics) = tokio::sync::watch::channel(None);
     let started_fn = move |pid| {
         let _ = started_tx.send((pid, Utc::now()));
     };
@@ -525,7 +547,15 @@ fn prestart_then_run<'a>(
     let end = async move {
         if launch.prestart == Prestart::default() {
             return (
-                attempt::run_attempt(launch, backend, cfg, cancel, started_fn).await,
+                attempt::run_attempt_reporting(
+                    launch,
+                    backend,
+                    cfg,
+                    cancel,
+                    started_fn,
+                    Some(metrics_tx),
+                )
+                .await,
                 None,
             );
         }
@@ -546,7 +576,15 @@ fn prestart_then_run<'a>(
                 if let Some(samples) = &probe.last {
                     launch.baseline = Some(attempt::Baseline::of(samples, &launch.gpus));
                 }
-                let end = attempt::run_attempt(launch, backend, cfg, cancel, started_fn).await;
+                let end = attempt::run_attempt_reporting(
+                    launch,
+                    backend,
+                    cfg,
+                    cancel,
+                    started_fn,
+                    Some(metrics_tx),
+                )
+                .await;
                 (end, Some(report))
             }
             Err(n) => (
@@ -559,6 +597,7 @@ fn prestart_then_run<'a>(
         end,
         started,
         waiting,
+        metrics,
     }
 }
 
@@ -747,6 +786,7 @@ pub fn report(
         background: end.background,
         host_peak_mib: None,
         started,
+        metrics: end.metrics,
     }
 }
 

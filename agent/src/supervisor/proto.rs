@@ -422,6 +422,7 @@ mod tests {
             prestart: Default::default(),
             background: None,
             run_as: None,
+            results: None,
         };
         let msg = ToSupervisor::Launch {
             spec: Box::new(Spec {

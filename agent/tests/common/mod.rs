@@ -28,6 +28,7 @@ pub fn spec(dir: &Path, argv: &[&str]) -> Spec {
             prestart: Default::default(),
             background: None,
             run_as: None,
+            results: None,
         },
         fence: 1,
         data_dir: dir.to_path_buf(),

@@ -62,6 +62,7 @@ fn finish(fence: i64, gpus: usize) -> FinishReport {
         background: None,
         host_peak_mib: None,
         started: None,
+        metrics: None,
     }
 }
 

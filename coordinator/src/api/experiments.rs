@@ -151,6 +151,18 @@ pub async fn get_one(
     ))
 }
 
+/// Every attempt's metric series and final values: learning curves.
+pub async fn metrics(
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Vec<headroom_shared::api::AttemptSeries>> {
+    Ok(ApiJson(
+        s.store
+            .experiment_series(parse_id(&id, "experiment")?)
+            .await?,
+    ))
+}
+
 pub async fn cancel(
     State(s): State<AppState>,
     Extension(who): Extension<Principal>,

@@ -78,6 +78,8 @@ pub fn router(state: AppState) -> Router {
         .endpoint(r::RENEW_LEASE, supervisors::renew)
         .endpoint(r::REPORT_OUTCOME, supervisors::outcome)
         .endpoint(r::SHIP_LOG, supervisors::ship_log)
+        .endpoint(r::REPORT_METRICS, supervisors::metrics)
+        .endpoint(r::EXPERIMENT_METRICS, experiments::metrics)
         .endpoint(r::NODES, nodes::list)
         .endpoint(r::SET_PLAN, nodes::set_plan)
         .endpoint(r::RELEASE_GPU, nodes::release_gpu)

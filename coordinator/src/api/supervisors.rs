@@ -1,13 +1,15 @@
 //! What an attempt's supervisor does itself while its agent is away (crashed, restarting,
 //! cut off): renew its lease and report its end, with the key issued with that lease and
 //! for that attempt only (checked by the gate, `AttemptCaller`), as slurmstepd reports a
-//! step's end to slurmctld whatever became of slurmd.
+//! step's end to slurmctld whatever became of slurmd. Its metrics go this way too, while it
+//! runs, and the answer says whether `early_stop` stops it.
 
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
 use headroom_shared::api::{
     FinishReport, FinishResponse, LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery,
+    MetricsAnswer, MetricsReport,
 };
 
 use super::{ApiJson, ApiQuery, ApiResult, AppState, AttemptCaller};
@@ -38,4 +40,19 @@ pub async fn outcome(
     ApiJson(req): ApiJson<FinishReport>,
 ) -> ApiResult<FinishResponse> {
     super::agents::record_end(&s, attempt, req, "its supervisor").await
+}
+
+pub async fn metrics(
+    State(s): State<AppState>,
+    Extension(AttemptCaller(attempt)): Extension<AttemptCaller>,
+    ApiJson(req): ApiJson<MetricsReport>,
+) -> ApiResult<MetricsAnswer> {
+    let answer = s
+        .store
+        .report_metrics(attempt, req.fence, req.metrics)
+        .await?;
+    if let Some(d) = &answer.prune {
+        tracing::info!(%attempt, rung = d.rung, step = d.step, value = d.value, cutoff = ?d.cutoff, "early_stop prunes the attempt");
+    }
+    Ok(ApiJson(answer))
 }

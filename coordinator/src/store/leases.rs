@@ -7,6 +7,7 @@ use headroom_shared::{AgentId, AttemptId, JobEvent, JobState};
 
 use super::Active;
 use super::jobs::LockedJob;
+use super::results;
 use super::rows::{self, NodeRow, i64_of, parse};
 use super::tx::{AttemptsWhere, JobLeased, NewAttempt, Tx};
 use super::{
@@ -49,6 +50,15 @@ async fn check_fence(
     let row = tx.lock_fence(&id).await?.ok_or_else(not_found)?;
     rules::check_fence(attempt, fence, &row)?;
     Ok((job, row.phase))
+}
+
+/// The attempt's phase, once its fence is checked (its job's row locked meanwhile).
+pub(super) async fn check_live_fence(
+    tx: &mut dyn Tx,
+    attempt: AttemptId,
+    fence: i64,
+) -> Result<AttemptPhase> {
+    Ok(check_fence(tx, attempt, fence).await?.1)
 }
 
 /// Observed peaks and the OOM floor of a memory key.
@@ -386,6 +396,7 @@ pub(super) async fn finish(
         tx.set_job_ladder(&job.id, l).await?;
     }
     let job_state = jobs::transition(tx, &mut job, f.event).await?;
+    results::at_end(tx, &id, report.metrics.as_ref(), now_ms()).await?;
     if !report.gpus.is_empty() {
         // Last: the row is held from here to the commit (every finish of the node writes it).
         tx.set_end_samples(&node, &report.gpus).await?;

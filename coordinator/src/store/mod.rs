@@ -42,6 +42,7 @@ pub mod logs;
 mod nodes;
 mod pgtls;
 pub mod postgres;
+mod results;
 pub(crate) mod rows;
 mod sharing;
 mod sql;
@@ -49,6 +50,7 @@ pub mod sqlite;
 mod telemetry;
 mod tokens;
 pub(crate) mod tx;
+pub use tx::TrackingRow;
 
 use tx::{Backend, Op, Tx};
 
@@ -195,6 +197,8 @@ pub struct NewExperiment {
     pub submitted_by: String,
     /// Where its jobs run from (`None`: a submission that said nothing of it).
     pub source: Option<headroom_shared::api::source::Source>,
+    /// What its runs' output is read for, early stopping and tracking (`None`: nothing).
+    pub results: Option<headroom_shared::results::ResultsSpec>,
 }
 
 /// A token to keep: its public id, holder, role and the argon2 hash of its secret.
@@ -430,6 +434,30 @@ pub trait Store: Send + Sync + 'static {
     /// Records an attempt's end (and its start, when the report carries one not recorded).
     async fn end_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<Finished>;
     async fn hand_back(&self, attempt: AttemptId, fence: i64, gpus: &[GpuSample]) -> Result<()>;
+    /// A running attempt's metrics so far (fenced); whether `early_stop` stops it.
+    async fn report_metrics(
+        &self,
+        attempt: AttemptId,
+        fence: i64,
+        metrics: headroom_shared::results::AttemptMetrics,
+    ) -> Result<headroom_shared::api::MetricsAnswer>;
+    /// Every attempt's metric series of an experiment.
+    async fn experiment_series(
+        &self,
+        id: ExperimentId,
+    ) -> Result<Vec<headroom_shared::api::AttemptSeries>>;
+    /// Claims up to `limit` ended attempts whose results are due to their tracking server,
+    /// for `hold_ms`; each with its tries so far.
+    async fn claim_tracking(&self, hold_ms: i64, limit: u32) -> Result<Vec<(AttemptId, u32)>>;
+    /// An attempt's view and its experiment's row, for its tracked run.
+    async fn tracking_record(&self, attempt: AttemptId) -> Result<(AttemptView, TrackingRow)>;
+    /// Where an attempt's results went, or why not; `due`: when to try again.
+    async fn set_tracking(
+        &self,
+        attempt: AttemptId,
+        note: String,
+        due: Option<Millis>,
+    ) -> Result<()>;
     /// The attempt's supervisor renews its lease for `ttl_ms` (its agent is away); whether
     /// the job's cancel was asked.
     async fn renew_lease(&self, attempt: AttemptId, fence: i64, ttl_ms: u64) -> Result<bool>;
@@ -667,6 +695,40 @@ impl<B: Backend> Store for B {
         at: Millis,
     ) -> Result<Option<Started>> {
         run!(self, write, "start_attempt", leases::start, a, fence, pid, at; attempt = %a, fence)
+    }
+
+    async fn report_metrics(
+        &self,
+        attempt: AttemptId,
+        fence: i64,
+        metrics: headroom_shared::results::AttemptMetrics,
+    ) -> Result<headroom_shared::api::MetricsAnswer> {
+        run!(self, write, "report_metrics", results::report, attempt, fence, metrics; attempt = %attempt, fence)
+    }
+
+    async fn experiment_series(
+        &self,
+        id: ExperimentId,
+    ) -> Result<Vec<headroom_shared::api::AttemptSeries>> {
+        run!(self, read, "experiment_series", results::series, id; experiment = %id)
+    }
+
+    async fn claim_tracking(&self, hold_ms: i64, limit: u32) -> Result<Vec<(AttemptId, u32)>> {
+        let now = now_ms();
+        run!(self, write, "claim_tracking", results::claim_tracking, now, hold_ms, limit;)
+    }
+
+    async fn tracking_record(&self, attempt: AttemptId) -> Result<(AttemptView, TrackingRow)> {
+        run!(self, read, "tracking_record", results::tracking_record, attempt; attempt = %attempt)
+    }
+
+    async fn set_tracking(
+        &self,
+        attempt: AttemptId,
+        note: String,
+        due: Option<Millis>,
+    ) -> Result<()> {
+        run!(self, write, "set_tracking", results::set_tracking, attempt, note, due; attempt = %attempt)
     }
 
     async fn end_attempt(&self, attempt: AttemptId, report: FinishReport) -> Result<Finished> {

@@ -154,8 +154,12 @@ static ATTEMPT_COLUMN_NAMES: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
             names.push(f.column);
         }
     }
+    names.extend(RESULT_COLUMNS);
     names
 });
+
+/// What the run achieved, last in [`ATTEMPT_COLUMNS`].
+const RESULT_COLUMNS: [&str; 4] = ["metric_finals", "metrics_ignored", "rungs", "tracking"];
 
 /// [`ATTEMPT_COLUMN_NAMES`] as a select list.
 pub(crate) static ATTEMPT_COLUMNS: LazyLock<String> =
@@ -222,7 +226,16 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
         // Set by the store's read of its neighbours (`store::sharing`).
         shared: false,
         sharing: None,
+        metrics: r.json_opt(results_at())?.unwrap_or_default(),
+        metrics_ignored: r.mib_opt(results_at() + 1)?,
+        rungs: r.json_opt(results_at() + 2)?.unwrap_or_default(),
+        tracking: r.text_opt(results_at() + 3)?,
     })
+}
+
+/// Where [`RESULT_COLUMNS`] start.
+fn results_at() -> usize {
+    ATTEMPT_COLUMN_NAMES.len() - RESULT_COLUMNS.len()
 }
 
 /// Decodes the measurement columns of [`ATTEMPT_COLUMNS`] from `at` on; the figures by their
@@ -497,7 +510,7 @@ pub(crate) fn quarantine(r: &impl Cols) -> Result<(u32, QuarantineView)> {
 /// The job columns a new lease is made of (`j` jobs, `e` experiments).
 pub(crate) const LEASE_COLUMNS: &str = "j.argv, j.env, j.params, e.name, j.memory_key, \
      j.timeout_ms, j.attempts, j.fence, j.ladder_step, j.prestart, j.background, u.unix_user, \
-     u.allow_root, e.source";
+     u.allow_root, e.source, e.results";
 
 pub struct LeaseRow {
     pub argv: Vec<String>,
@@ -514,6 +527,7 @@ pub struct LeaseRow {
     /// The submitter's Unix user, as mapped now.
     pub run_as: Option<headroom_shared::api::RunAs>,
     pub source: Option<headroom_shared::api::source::Source>,
+    pub results: Option<headroom_shared::results::ResultsSpec>,
 }
 
 pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
@@ -537,6 +551,7 @@ pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
             None => None,
         },
         source: r.json_opt(13)?,
+        results: r.json_opt(14)?,
     })
 }
 
@@ -573,6 +588,7 @@ pub(crate) fn lease_row_into(
             background: row.background,
             run_as: row.run_as,
             source: row.source,
+            results: row.results,
             report_key: None,
         },
         memory_key: row.memory_key,

@@ -93,10 +93,22 @@ pub struct NewAttempt<'a> {
 }
 
 /// The statements of one transaction: every section's.
-pub trait Tx: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx + BundlesTx {}
+pub trait Tx:
+    JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx + BundlesTx + ResultsTx
+{
+}
 
-impl<T: JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx + BundlesTx + ?Sized> Tx
-    for T
+impl<
+    T: JobsTx
+        + AttemptsTx
+        + NodesTx
+        + TelemetryTx
+        + AccessTx
+        + LogsTx
+        + BundlesTx
+        + ResultsTx
+        + ?Sized,
+> Tx for T
 {
 }
 
@@ -426,4 +438,86 @@ pub trait Backend: Send + Sync + 'static {
     async fn watch_changes(&self, on_change: OnChange, shutdown: CancellationToken) {
         let _ = (on_change, shutdown);
     }
+}
+
+/// An attempt's row of [`ResultsTx::experiment_series`].
+#[derive(Clone, Debug)]
+pub struct SeriesRow {
+    pub attempt: String,
+    pub job: String,
+    pub index: i64,
+    pub number: i64,
+    pub params: std::collections::BTreeMap<String, serde_json::Value>,
+    pub state: String,
+    pub phase: String,
+    pub finals: std::collections::BTreeMap<String, f64>,
+    pub ignored: u64,
+    pub rungs: Vec<headroom_shared::results::RungDecision>,
+    pub series: std::collections::BTreeMap<String, Vec<headroom_shared::results::Point>>,
+}
+
+/// An attempt's row of [`ResultsTx::tracking_row`].
+#[derive(Clone, Debug)]
+pub struct TrackingRow {
+    pub experiment: String,
+    pub index: i64,
+    pub results: Option<headroom_shared::results::ResultsSpec>,
+    pub source: Option<Source>,
+    pub series: std::collections::BTreeMap<String, Vec<headroom_shared::results::Point>>,
+}
+
+/// What runs achieved: attempts' metrics, early stopping's rungs, the tracking outbox.
+#[async_trait]
+pub trait ResultsTx: Send {
+    /// Replaces an attempt's final values, ignored count and series.
+    async fn set_attempt_metrics(
+        &mut self,
+        attempt: &str,
+        finals: &std::collections::BTreeMap<String, f64>,
+        ignored: u64,
+        series: &std::collections::BTreeMap<String, Vec<headroom_shared::results::Point>>,
+    ) -> Result<()>;
+    /// The attempt's experiment, its results settings and the attempt's rung decisions.
+    async fn results_of_attempt(
+        &mut self,
+        attempt: &str,
+    ) -> Result<
+        Option<(
+            String,
+            Option<headroom_shared::results::ResultsSpec>,
+            Vec<headroom_shared::results::RungDecision>,
+        )>,
+    >;
+    /// The rung decisions of the experiment's other attempts.
+    async fn others_rungs(
+        &mut self,
+        experiment: &str,
+        attempt: &str,
+    ) -> Result<Vec<Vec<headroom_shared::results::RungDecision>>>;
+    async fn set_attempt_rungs(
+        &mut self,
+        attempt: &str,
+        rungs: &[headroom_shared::results::RungDecision],
+    ) -> Result<()>;
+    /// Every attempt of the experiment that reported metrics, in job and attempt order.
+    async fn experiment_series(&mut self, experiment: &str) -> Result<Vec<SeriesRow>>;
+    /// Sets the attempt's tracking note (kept when `None`) and when it is due again (`None`:
+    /// never).
+    async fn set_tracking(
+        &mut self,
+        attempt: &str,
+        note: Option<&str>,
+        due: Option<Millis>,
+    ) -> Result<()>;
+    /// What an attempt's tracked run is made of besides its view: its experiment's name, its
+    /// job's index, the experiment's results settings and source, the attempt's series.
+    async fn tracking_row(&mut self, attempt: &str) -> Result<Option<TrackingRow>>;
+    /// Claims up to `limit` attempts whose tracking is due at `now`, holding them until
+    /// `hold_until`; each with its number of tries so far (this one included).
+    async fn claim_tracking(
+        &mut self,
+        now: Millis,
+        hold_until: Millis,
+        limit: u32,
+    ) -> Result<Vec<(String, u32)>>;
 }

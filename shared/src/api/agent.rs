@@ -91,6 +91,10 @@ pub struct Lease {
     /// Where the job runs from: its working directory, code bundle and environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<super::source::Source>,
+    /// What the run's output is read for (`metrics`, `metric_step`) and the rungs it reports
+    /// (`early_stop`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<crate::results::ResultsSpec>,
     /// The attempt's own credential: with it, and for this attempt only, its supervisor
     /// renews the lease and reports the outcome itself while its agent is away. Never
     /// handed to the job.
@@ -314,6 +318,26 @@ pub struct FinishReport {
     /// taken before it (a repeated start changes nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<JobStarted>,
+    /// What the run reported of itself (`metrics`, `HEADROOM_METRIC` lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<crate::results::AttemptMetrics>,
+}
+
+/// A running attempt's metrics so far, from its supervisor (replaces what was sent before).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MetricsReport {
+    pub fence: i64,
+    pub metrics: crate::results::AttemptMetrics,
+}
+
+/// The answer to a metrics report: whether `early_stop` stops the attempt.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MetricsAnswer {
+    /// The rung where it fell behind: stop it, its end is `pruned`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prune: Option<crate::results::RungDecision>,
 }
 
 /// A colocated background's record in a finish report.

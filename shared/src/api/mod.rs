@@ -186,6 +186,9 @@ pub struct StateCounts {
     pub succeeded: u64,
     pub failed: u64,
     pub cancelled: u64,
+    /// Stopped by `early_stop`.
+    #[serde(default)]
+    pub pruned: u64,
 }
 
 impl StateCounts {
@@ -198,6 +201,7 @@ impl StateCounts {
             JobState::Succeeded => &mut self.succeeded,
             JobState::Failed => &mut self.failed,
             JobState::Cancelled => &mut self.cancelled,
+            JobState::Pruned => &mut self.pruned,
         };
         *slot += n;
     }
@@ -210,10 +214,11 @@ impl StateCounts {
             + self.succeeded
             + self.failed
             + self.cancelled
+            + self.pruned
     }
 
     pub fn finished(&self) -> u64 {
-        self.succeeded + self.failed + self.cancelled
+        self.succeeded + self.failed + self.cancelled + self.pruned
     }
 }
 
@@ -378,6 +383,18 @@ pub struct AttemptView {
     /// attempts have no cgroup with a memory controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_peak_mib: Option<u64>,
+    /// What the run reported of itself: each metric's final value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, f64>,
+    /// Metric lines it printed that were ignored (malformed, not a number, too many names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_ignored: Option<u64>,
+    /// `early_stop`'s decision at each rung it reached.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rungs: Vec<crate::results::RungDecision>,
+    /// Where its results went (`tracking`): the MLflow run, or why they did not get there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -912,4 +929,26 @@ pub struct CreatedToken {
     pub token: String,
     #[serde(flatten)]
     pub view: TokenView,
+}
+
+/// One attempt's metric series, for learning curves (`GET /v1/experiments/{id}/metrics`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AttemptSeries {
+    pub attempt: AttemptId,
+    pub job: JobId,
+    /// The job's index in its experiment.
+    pub index: u64,
+    pub number: u32,
+    /// The parameters it ran with.
+    pub params: BTreeMap<String, Value>,
+    /// Its job's state now.
+    pub state: JobState,
+    /// Still running: its series grows.
+    pub live: bool,
+    pub finals: BTreeMap<String, f64>,
+    pub series: BTreeMap<String, Vec<crate::results::Point>>,
+    pub ignored: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rungs: Vec<crate::results::RungDecision>,
 }

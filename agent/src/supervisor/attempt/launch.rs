@@ -53,6 +53,9 @@ pub struct Launch {
     /// (an agent not running as root).
     #[serde(default)]
     pub run_as: Option<headroom_shared::api::RunAs>,
+    /// What its output is read for (`metrics`, `early_stop`'s rungs).
+    #[serde(default)]
+    pub results: Option<headroom_shared::results::ResultsSpec>,
 }
 
 #[derive(Clone, Debug)]
@@ -126,6 +129,8 @@ pub struct AttemptEnd {
     pub log_tail: String,
     /// What became of the colocated background, when the attempt had one.
     pub background: Option<BackgroundReport>,
+    /// What the run reported of itself (`metrics`, `HEADROOM_METRIC` lines).
+    pub metrics: Option<headroom_shared::results::AttemptMetrics>,
 }
 
 impl AttemptEnd {
@@ -157,6 +162,7 @@ pub(crate) fn not_started(why: Unstarted, log_tail: String) -> AttemptEnd {
         measurements: Measurements::default(),
         log_tail,
         background: None,
+        metrics: None,
     }
 }
 

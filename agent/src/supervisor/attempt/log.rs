@@ -27,6 +27,13 @@ pub(crate) async fn read_from(path: &Path, offset: u64, max: u64) -> io::Result<
     Ok(buf)
 }
 
+/// [`note`] in the log at `path`.
+pub(crate) fn note_at(path: &Path, msg: &str) {
+    if let Ok(log) = open_log(path) {
+        note(&log, msg);
+    }
+}
+
 pub(super) fn note(log: &File, msg: &str) {
     let mut log = log;
     let _ = log.write_all(format!("[headroom] {msg}\n").as_bytes());

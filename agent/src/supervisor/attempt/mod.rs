@@ -20,12 +20,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use headroom_shared::colocate::OnBackgroundExit;
+use headroom_shared::results::AttemptMetrics;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use launch::not_started;
 pub use launch::{AttemptEnd, Launch, SupervisorConfig};
-pub(crate) use log::read_from;
+pub(crate) use log::{note_at, read_from};
 use running::Running;
 pub use running::kill_marked;
 use stop::Stop;
@@ -60,6 +61,25 @@ pub async fn run_attempt(
     cancel: CancellationToken,
     started: impl FnOnce(u32) + Send,
 ) -> AttemptEnd {
+    run_attempt_reporting(launch, backend, cfg, cancel, started, None).await
+}
+
+/// The latest metrics of a running attempt, for its supervisor to report.
+pub type MetricsTx = tokio::sync::watch::Sender<Option<AttemptMetrics>>;
+
+/// How often a running attempt's metrics are handed on when they changed.
+pub const METRICS_EVERY: Duration = Duration::from_secs(2);
+
+/// [`run_attempt`], handing its metrics to `metrics` while it runs (at most every
+/// [`METRICS_EVERY`], when they changed).
+pub async fn run_attempt_reporting(
+    launch: Launch,
+    backend: Arc<dyn GpuBackend>,
+    cfg: &SupervisorConfig,
+    cancel: CancellationToken,
+    started: impl FnOnce(u32) + Send,
+    metrics: Option<MetricsTx>,
+) -> AttemptEnd {
     if cancel.is_cancelled() {
         return not_started(Unstarted::Stopped, String::new());
     }
@@ -74,7 +94,7 @@ pub async fn run_attempt(
     // The start reading was taken before the job's exec ([`spawn::start`]). With a
     // colocated background the figures are the foreground's run on the GPU, background
     // included: its start and readiness wait come before that reading.
-    let stop = until_stop(&mut run, &launch, &cancel).await;
+    let stop = until_stop(&mut run, &launch, &cancel, metrics.as_ref()).await;
     let end = stop::end(run, stop, &launch, &backend, cfg).await;
     if end.cleanup_verified {
         remove_tmp(&launch);
@@ -103,12 +123,18 @@ fn remove_tmp(launch: &Launch) {
 
 /// The run: waits for the job's exit, its timeout, a cancel or (with `on_background_exit:
 /// fail`) its background's exit, sampling its GPUs and log meanwhile.
-async fn until_stop(run: &mut Running, launch: &Launch, cancel: &CancellationToken) -> Stop {
+async fn until_stop(
+    run: &mut Running,
+    launch: &Launch,
+    cancel: &CancellationToken,
+    metrics: Option<&MetricsTx>,
+) -> Stop {
     // Sample early and then less often: a short job must still be seen on its GPU once
     // (its peak teaches the estimate), a long one costs one sample per `sample_every`.
     let mut gap = Duration::from_millis(50).min(run.sample_every);
     let mut next_sample = Instant::now() + gap;
     let deadline = launch.timeout.map(|t| Instant::now() + t);
+    let mut metrics_due = Instant::now() + METRICS_EVERY;
     loop {
         tokio::select! {
             // A job that has finished is reported as finished, whatever else is ready.
@@ -137,7 +163,18 @@ async fn until_stop(run: &mut Running, launch: &Launch, cancel: &CancellationTok
             }
             _ = tokio::time::sleep_until(next_sample) => {
                 let w = run.watch.clone();
-                let _ = tokio::task::spawn_blocking(move || lock(&w).step()).await;
+                let hand_on = metrics.is_some() && Instant::now() >= metrics_due;
+                let latest = tokio::task::spawn_blocking(move || {
+                    let mut w = lock(&w);
+                    w.step();
+                    let m = &mut w.log.metrics;
+                    (hand_on && m.take_changed()).then(|| m.snapshot())
+                })
+                .await;
+                if let (Some(tx), Ok(Some(latest))) = (metrics, latest) {
+                    tx.send_replace(Some(latest));
+                    metrics_due = Instant::now() + METRICS_EVERY;
+                }
                 gap = (gap * 2).min(run.sample_every);
                 next_sample = Instant::now() + gap;
             }

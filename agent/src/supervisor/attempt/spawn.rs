@@ -59,7 +59,7 @@ pub(super) async fn start(
         backend: backend.clone(),
         attempt: launch.attempt,
         peak: Peak::default(),
-        log: LogFollower::open(&launch.log_path, log_start),
+        log: LogFollower::open(&launch.log_path, log_start, launch.results.as_ref()),
         gpus: launch.gpus.clone(),
         baseline,
         contaminated: false,

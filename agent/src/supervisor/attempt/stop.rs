@@ -359,6 +359,7 @@ pub(super) async fn stop_background_only(
         measurements,
         log_tail: String::new(),
         background: Some(report),
+        metrics: None,
     }
 }
 
@@ -480,6 +481,7 @@ pub(super) async fn end(
         measurements: f.measurements,
         log_tail: f.log_tail,
         background,
+        metrics: f.metrics,
     }
 }
 

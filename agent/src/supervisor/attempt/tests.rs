@@ -63,6 +63,7 @@ impl Fixture {
             prestart: Prestart::default(),
             background: None,
             run_as: None,
+            results: None,
         }
     }
 

@@ -9,10 +9,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use headroom_shared::AttemptId;
 use headroom_shared::api::{GpuProcess, GpuSample, Measurements, PeakSource, ghost_tolerance_mib};
+use headroom_shared::results::{AttemptMetrics, ResultsSpec};
 
 use crate::gpu::{self, GpuBackend};
 use crate::procscan::{self, ROLE_BACKGROUND, ROLE_VAR};
 use crate::supervisor::measure::Meter;
+use crate::supervisor::metrics::MetricScanner;
 use crate::supervisor::oom::OomScanner;
 
 use super::log::{note, open_log, read_tail};
@@ -501,14 +503,16 @@ pub(super) fn holds_other_attempt(p: &GpuProcess, attempt: AttemptId) -> bool {
     p.attempt.is_some_and(|a| a != attempt) && (p.used_mib > 0 || p.used_mib_unknown)
 }
 
-/// Reads the log as it grows and feeds the OOM scanner; streaming, whatever the log's size.
+/// Reads the log as it grows and feeds the OOM and metric scanners; streaming, whatever the
+/// log's size.
 pub(super) struct LogFollower {
     pub(super) file: Option<File>,
     pub(super) scanner: OomScanner,
+    pub(super) metrics: MetricScanner,
 }
 
 impl LogFollower {
-    pub(super) fn open(path: &Path, start: u64) -> Self {
+    pub(super) fn open(path: &Path, start: u64, results: Option<&ResultsSpec>) -> Self {
         let file = File::open(path)
             .and_then(|mut f| f.seek(SeekFrom::Start(start)).map(|_| f))
             .map_err(|e| tracing::warn!(path = %path.display(), error = %e, "cannot read job log"))
@@ -516,18 +520,15 @@ impl LogFollower {
         Self {
             file,
             scanner: OomScanner::new(),
+            metrics: MetricScanner::new(results),
         }
     }
 
-    /// Scans up to `limit` new bytes; whether it got to the log's end (or to an OOM, after
-    /// which nothing more is read). Blocking.
+    /// Scans up to `limit` new bytes; whether it got to the log's end. Blocking.
     pub(super) fn pump(&mut self, limit: u64) -> bool {
         let Some(file) = self.file.as_mut() else {
             return true;
         };
-        if self.scanner.saw_oom() {
-            return true;
-        }
         let mut buf = vec![0u8; 64 * 1024];
         let mut read = 0u64;
         while read < limit {
@@ -535,9 +536,8 @@ impl LogFollower {
                 Ok(0) | Err(_) => return true,
                 Ok(n) => {
                     read += n as u64;
-                    if self.scanner.feed(&buf[..n]) {
-                        return true;
-                    }
+                    self.scanner.feed(&buf[..n]);
+                    self.metrics.feed(&buf[..n]);
                 }
             }
         }
@@ -576,6 +576,8 @@ pub(super) struct Figures {
     pub(super) contaminated: bool,
     pub(super) measurements: Measurements,
     pub(super) log_tail: String,
+    /// What the run reported of itself; `None` when it reported nothing.
+    pub(super) metrics: Option<AttemptMetrics>,
 }
 
 /// Scans the rest of the log and takes its tail (from `log_start`), with the run's peak and
@@ -605,6 +607,7 @@ pub(super) async fn figures(watch: &Arc<Mutex<Watch>>, log: &Path, log_start: u6
         contaminated: false,
         measurements: Measurements::default(),
         log_tail: String::new(),
+        metrics: None,
     })
 }
 
@@ -620,7 +623,10 @@ fn figures_of(w: &mut Watch, path: &Path, log_start: u64) -> Figures {
             note(&log, &peak_note(peak));
         }
     }
+    w.log.metrics.finish();
+    let metrics = Some(w.log.metrics.snapshot()).filter(|m| !m.is_empty());
     Figures {
+        metrics,
         saw_oom: w.log.scanner.saw_oom(),
         peak,
         peak_source,

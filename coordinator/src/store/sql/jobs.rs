@@ -24,10 +24,14 @@ impl<E: Exec> JobsTx for E {
             Some(s) => json(s)?,
             None => Arg::Null,
         };
+        let results = match &exp.results {
+            Some(r) => json(r)?,
+            None => Arg::Null,
+        };
         done(
             self,
-            "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by, source) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by, source, \
+             results) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             &[
                 Arg::from(&id),
                 Arg::from(&exp.name),
@@ -36,6 +40,7 @@ impl<E: Exec> JobsTx for E {
                 Arg::from(now),
                 Arg::from(&exp.submitted_by),
                 source,
+                results,
             ],
         )
         .await?;

@@ -4,7 +4,7 @@
 //!
 //! # Layout
 //! One file per section of `Tx`: `jobs` (experiments and jobs), `attempts`, `nodes`,
-//! `telemetry`, `access` (tokens and users), `logs` (attempt logs), `bundles` (code bundles); here the helpers they
+//! `telemetry`, `access` (tokens and users), `logs` (attempt logs), `bundles` (code bundles), `results` (metrics, rungs, tracking); here the helpers they
 //! share and the statements
 //! a backend also plans in its own tests.
 //!
@@ -89,6 +89,7 @@ mod bundles;
 mod jobs;
 mod logs;
 mod nodes;
+mod results;
 mod telemetry;
 
 /// How many jobs of experiment `$1` are in each state, from the index `jobs_experiment_state`

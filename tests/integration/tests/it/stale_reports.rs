@@ -150,6 +150,7 @@ impl Coordinator {
             background: None,
             host_peak_mib: None,
             started: None,
+            metrics: None,
         };
         self.post(&format!("/v1/attempts/{}/finish", lease.attempt), &req)
     }

@@ -1,0 +1,167 @@
+//! What runs achieved: an attempt's metrics as its supervisor reports them while it runs and
+//! with its end, early stopping's decision at each rung it reaches, the series behind
+//! learning curves, and the outbox of results to write to a tracking server.
+
+use headroom_shared::api::{AttemptSeries, MetricsAnswer};
+use headroom_shared::results::{AttemptMetrics, RungDecision};
+use headroom_shared::{AttemptId, ExperimentId};
+
+use super::tx::Tx;
+use super::{Millis, Result, StoreError, leases};
+use crate::changes::Change;
+use crate::early_stop;
+
+/// A running attempt's metrics so far (fenced): kept, and its new rungs decided; the answer
+/// says whether it is stopped.
+pub(super) async fn report(
+    tx: &mut dyn Tx,
+    attempt: AttemptId,
+    fence: i64,
+    metrics: AttemptMetrics,
+) -> Result<(MetricsAnswer, Change)> {
+    metrics.check().map_err(|message| StoreError::Invalid {
+        field: "metrics".into(),
+        message,
+    })?;
+    let phase = leases::check_live_fence(tx, attempt, fence).await?;
+    if phase == headroom_shared::api::AttemptPhase::Ended {
+        // The end's own report carries the last word.
+        return Ok((MetricsAnswer::default(), Change::None));
+    }
+    let prune = record(tx, &attempt.to_string(), &metrics).await?;
+    Ok((MetricsAnswer { prune }, Change::None))
+}
+
+/// What an attempt's end adds: its metrics as the end reports them (kept, their rungs
+/// decided for the attempts after it), and its results due to its tracking server.
+pub(super) async fn at_end(
+    tx: &mut dyn Tx,
+    attempt: &str,
+    metrics: Option<&AttemptMetrics>,
+    now: Millis,
+) -> Result<()> {
+    if let Some(m) = metrics {
+        m.check().map_err(|message| StoreError::Invalid {
+            field: "metrics".into(),
+            message,
+        })?;
+        record(tx, attempt, m).await?;
+    }
+    let tracked = tx
+        .results_of_attempt(attempt)
+        .await?
+        .and_then(|(_, r, _)| r)
+        .is_some_and(|r| r.tracking.is_some());
+    if tracked {
+        tx.set_tracking(attempt, Some("waiting to be written"), Some(now))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Keeps `metrics` as the attempt's, and decides the rungs it reached since its last report,
+/// in order, up to the first that stops it; that one (or an earlier stop) is returned.
+pub(super) async fn record(
+    tx: &mut dyn Tx,
+    attempt: &str,
+    metrics: &AttemptMetrics,
+) -> Result<Option<RungDecision>> {
+    tx.set_attempt_metrics(attempt, &metrics.finals, metrics.ignored, &metrics.series)
+        .await?;
+    let Some((experiment, results, mut decided)) = tx.results_of_attempt(attempt).await? else {
+        return Err(StoreError::not_found("attempt", attempt));
+    };
+    let Some(rule) = results.and_then(|r| r.early_stop) else {
+        return Ok(None);
+    };
+    if let Some(stop) = decided.iter().find(|d| d.pruned) {
+        return Ok(Some(*stop));
+    }
+    let new: Vec<_> = metrics.rungs.iter().skip(decided.len()).copied().collect();
+    if new.is_empty() {
+        return Ok(None);
+    }
+    let others = tx.others_rungs(&experiment, attempt).await?;
+    let mut stop = None;
+    for at in new {
+        let d = early_stop::decide(&rule, at, &early_stop::values_at(at.rung, &others));
+        decided.push(d);
+        if d.pruned {
+            stop = Some(d);
+            break;
+        }
+    }
+    tx.set_attempt_rungs(attempt, &decided).await?;
+    Ok(stop)
+}
+
+/// Every attempt's series of an experiment that reported metrics.
+pub(super) async fn series(tx: &mut dyn Tx, id: ExperimentId) -> Result<Vec<AttemptSeries>> {
+    // An unknown experiment is a 404, not an empty list.
+    tx.experiment_row(&id.to_string())
+        .await?
+        .ok_or_else(|| StoreError::not_found("experiment", id))?;
+    tx.experiment_series(&id.to_string())
+        .await?
+        .into_iter()
+        .map(|r| {
+            Ok(AttemptSeries {
+                attempt: super::rows::parse(&r.attempt, "attempt id")?,
+                job: super::rows::parse(&r.job, "job id")?,
+                index: u64::try_from(r.index).unwrap_or(0),
+                number: u32::try_from(r.number).unwrap_or(0),
+                params: r.params,
+                state: super::rows::parse(&r.state, "job state")?,
+                live: r.phase != "ended",
+                finals: r.finals,
+                series: r.series,
+                ignored: r.ignored,
+                rungs: r.rungs,
+            })
+        })
+        .collect()
+}
+
+/// Claims attempts whose tracking is due, for `hold_ms` (another replica takes them after).
+pub(super) async fn claim_tracking(
+    tx: &mut dyn Tx,
+    now: Millis,
+    hold_ms: i64,
+    limit: u32,
+) -> Result<(Vec<(AttemptId, u32)>, Change)> {
+    let claimed = tx
+        .claim_tracking(now, now.saturating_add(hold_ms), limit)
+        .await?
+        .into_iter()
+        .map(|(id, tries)| Ok((super::rows::parse(&id, "attempt id")?, tries)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((claimed, Change::None))
+}
+
+/// Records where an attempt's results went (or why not), and when to try again (`None`:
+/// done).
+pub(super) async fn set_tracking(
+    tx: &mut dyn Tx,
+    attempt: AttemptId,
+    note: String,
+    due: Option<Millis>,
+) -> Result<((), Change)> {
+    tx.set_tracking(&attempt.to_string(), Some(&note), due)
+        .await?;
+    Ok(((), Change::None))
+}
+
+/// What an attempt's tracked run is made of: its view (figures, params, final metrics) and
+/// its experiment's row.
+pub(super) async fn tracking_record(
+    tx: &mut dyn Tx,
+    attempt: AttemptId,
+) -> Result<(headroom_shared::api::AttemptView, super::tx::TrackingRow)> {
+    let id = attempt.to_string();
+    let row = tx
+        .tracking_row(&id)
+        .await?
+        .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
+    let view = super::leases::attempt(tx, attempt, true).await?;
+    Ok((view, row))
+}

@@ -1,0 +1,174 @@
+//! What runs achieved: their statements, over `Exec`.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use headroom_shared::results::{Point, ResultsSpec, RungDecision};
+
+use super::super::exec::{Arg, Exec, json};
+use super::super::rows::Cols;
+use super::super::tx::{ResultsTx, SeriesRow, TrackingRow};
+use super::super::{Millis, Result};
+use super::{all, done, first};
+
+#[async_trait]
+impl<E: Exec> ResultsTx for E {
+    async fn set_attempt_metrics(
+        &mut self,
+        attempt: &str,
+        finals: &BTreeMap<String, f64>,
+        ignored: u64,
+        series: &BTreeMap<String, Vec<Point>>,
+    ) -> Result<()> {
+        done(
+            self,
+            "UPDATE attempts SET metric_finals = $2, metrics_ignored = $3 WHERE id = $1",
+            &[
+                Arg::from(attempt),
+                json(finals)?,
+                Arg::from(i64::try_from(ignored).unwrap_or(i64::MAX)),
+            ],
+        )
+        .await?;
+        done(
+            self,
+            "INSERT INTO attempt_series (attempt_id, series) VALUES ($1, $2) \
+             ON CONFLICT (attempt_id) DO UPDATE SET series = excluded.series",
+            &[Arg::from(attempt), json(series)?],
+        )
+        .await
+    }
+
+    async fn results_of_attempt(
+        &mut self,
+        attempt: &str,
+    ) -> Result<Option<(String, Option<ResultsSpec>, Vec<RungDecision>)>> {
+        first(
+            self,
+            "SELECT j.experiment_id, e.results, a.rungs FROM attempts a \
+             JOIN jobs j ON j.id = a.job_id JOIN experiments e ON e.id = j.experiment_id \
+             WHERE a.id = $1",
+            &[Arg::from(attempt)],
+            |r| {
+                Ok((
+                    r.text(0)?,
+                    r.json_opt(1)?,
+                    r.json_opt(2)?.unwrap_or_default(),
+                ))
+            },
+        )
+        .await
+    }
+
+    async fn others_rungs(
+        &mut self,
+        experiment: &str,
+        attempt: &str,
+    ) -> Result<Vec<Vec<RungDecision>>> {
+        all(
+            self,
+            "SELECT a.rungs FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE j.experiment_id = $1 AND a.id <> $2 AND a.rungs IS NOT NULL",
+            &[Arg::from(experiment), Arg::from(attempt)],
+            |r| r.json(0),
+        )
+        .await
+    }
+
+    async fn set_attempt_rungs(&mut self, attempt: &str, rungs: &[RungDecision]) -> Result<()> {
+        done(
+            self,
+            "UPDATE attempts SET rungs = $2 WHERE id = $1",
+            &[Arg::from(attempt), json(&rungs)?],
+        )
+        .await
+    }
+
+    async fn experiment_series(&mut self, experiment: &str) -> Result<Vec<SeriesRow>> {
+        all(
+            self,
+            "SELECT a.id, a.job_id, j.idx, a.number, a.params, j.state, a.phase, \
+             a.metric_finals, a.metrics_ignored, a.rungs, s.series \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             LEFT JOIN attempt_series s ON s.attempt_id = a.id \
+             WHERE j.experiment_id = $1 AND (s.series IS NOT NULL OR a.metric_finals IS NOT NULL) \
+             ORDER BY j.seq, a.number",
+            &[Arg::from(experiment)],
+            |r| {
+                Ok(SeriesRow {
+                    attempt: r.text(0)?,
+                    job: r.text(1)?,
+                    index: r.int(2)?,
+                    number: r.int(3)?,
+                    params: r.json(4)?,
+                    state: r.text(5)?,
+                    phase: r.text(6)?,
+                    finals: r.json_opt(7)?.unwrap_or_default(),
+                    ignored: r.mib_opt(8)?.unwrap_or(0),
+                    rungs: r.json_opt(9)?.unwrap_or_default(),
+                    series: r.json_opt(10)?.unwrap_or_default(),
+                })
+            },
+        )
+        .await
+    }
+
+    async fn set_tracking(
+        &mut self,
+        attempt: &str,
+        note: Option<&str>,
+        due: Option<Millis>,
+    ) -> Result<()> {
+        done(
+            self,
+            "UPDATE attempts SET tracking = COALESCE($2, tracking), tracking_due = $3 \
+             WHERE id = $1",
+            &[
+                Arg::from(attempt),
+                note.map_or(Arg::Null, Arg::from),
+                due.map_or(Arg::Null, Arg::from),
+            ],
+        )
+        .await
+    }
+
+    async fn tracking_row(&mut self, attempt: &str) -> Result<Option<TrackingRow>> {
+        first(
+            self,
+            "SELECT e.name, j.idx, e.results, e.source, s.series FROM attempts a \
+             JOIN jobs j ON j.id = a.job_id JOIN experiments e ON e.id = j.experiment_id \
+             LEFT JOIN attempt_series s ON s.attempt_id = a.id WHERE a.id = $1",
+            &[Arg::from(attempt)],
+            |r| {
+                Ok(TrackingRow {
+                    experiment: r.text(0)?,
+                    index: r.int(1)?,
+                    results: r.json_opt(2)?,
+                    source: r.json_opt(3)?,
+                    series: r.json_opt(4)?.unwrap_or_default(),
+                })
+            },
+        )
+        .await
+    }
+
+    async fn claim_tracking(
+        &mut self,
+        now: Millis,
+        hold_until: Millis,
+        limit: u32,
+    ) -> Result<Vec<(String, u32)>> {
+        // The outer `tracking_due <= $1` is checked again on a row another replica claimed
+        // meanwhile (PostgreSQL re-reads a row it waited for): each is claimed once.
+        all(
+            self,
+            "UPDATE attempts SET tracking_due = $2, tracking_tries = tracking_tries + 1 \
+             WHERE tracking_due <= $1 AND id IN (SELECT id FROM attempts \
+             WHERE tracking_due <= $1 ORDER BY tracking_due LIMIT $3) \
+             RETURNING id, tracking_tries",
+            &[Arg::from(now), Arg::from(hold_until), Arg::from(limit)],
+            |r| Ok((r.text(0)?, u32::try_from(r.int(1)?).unwrap_or(u32::MAX))),
+        )
+        .await
+    }
+}
