@@ -2927,6 +2927,7 @@ macro_rules! conformance {
 
 conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
+    early_stop_decides_each_rung_once_against_the_experiment_s_other_attempts,
     an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash,
     claims_wake_for_work_and_sleep_through_starts_and_leases,
     a_cpu_job_behind_a_full_node_s_queue_still_starts,
@@ -3334,4 +3335,161 @@ async fn postgres_unreachable_or_bad_urls_are_database_errors() {
         }
         other => panic!("{:?}", other.err()),
     }
+}
+
+/// A running attempt's metrics as its supervisor reports them (rung values in order).
+fn reported(
+    acc: &[(u64, f64)],
+    rungs: &[(u32, u64, f64)],
+) -> headroom_shared::results::AttemptMetrics {
+    use headroom_shared::results::{AttemptMetrics, Point, RungValue};
+    let points: Vec<Point> = acc
+        .iter()
+        .map(|&(step, value)| Point {
+            step,
+            t: step as f64,
+            value,
+        })
+        .collect();
+    AttemptMetrics {
+        finals: points
+            .last()
+            .map(|p| ("acc".to_string(), p.value))
+            .into_iter()
+            .collect(),
+        series: [("acc".to_string(), points)].into_iter().collect(),
+        ignored: 0,
+        rungs: rungs
+            .iter()
+            .map(|&(rung, step, value)| RungValue { rung, step, value })
+            .collect(),
+    }
+}
+
+async fn early_stop_decides_each_rung_once_against_the_experiment_s_other_attempts(s: Backend) {
+    use headroom_shared::results::{EarlyStop, Mode, ResultsSpec, Rule, Tracking};
+    let results = ResultsSpec {
+        early_stop: Some(EarlyStop {
+            metric: "acc".into(),
+            mode: Mode::Max,
+            rule: Rule::Asha,
+            grace_steps: 1,
+            reduction_factor: 2,
+            min_early_stopping_rate: 0,
+            bootstrap_count: 0,
+        }),
+        tracking: Some(Tracking {
+            mlflow: "http://127.0.0.1:9".into(),
+        }),
+        ..ResultsSpec::default()
+    };
+    let id = ExperimentId::new();
+    s.create_experiment(NewExperiment {
+        id,
+        name: "exp".into(),
+        seed: 1,
+        spec: serde_json::json!({}),
+        jobs: vec![job(0, Some(1000), vec![], 1), job(1, Some(1000), vec![], 1)],
+        submitted_by: "anonymous".into(),
+        source: None,
+        results: Some(results.clone()),
+    })
+    .await
+    .expect("create experiment");
+    let agent = register(&s, "n1", 2, Some("1,1")).await;
+    let leases = claim(&s, agent, 2).await;
+    assert_eq!(leases.len(), 2);
+    assert_eq!(
+        leases[0].results.as_ref(),
+        Some(&results),
+        "the lease carries them"
+    );
+    let (a, b) = (&leases[0], &leases[1]);
+
+    // The first at rung 0 goes on; a report again decides nothing twice.
+    let first = reported(&[(1, 0.9)], &[(0, 1, 0.9)]);
+    for _ in 0..2 {
+        let answer = s
+            .report_metrics(a.attempt, a.fence, first.clone())
+            .await
+            .expect("report");
+        assert!(answer.prune.is_none());
+    }
+    // A stale token is refused, and writes nothing.
+    let stale = s
+        .report_metrics(b.attempt, b.fence - 1, reported(&[(1, 1.0)], &[]))
+        .await;
+    assert!(
+        matches!(stale, Err(StoreError::StaleFence { .. })),
+        "{stale:?}"
+    );
+    // Behind the other at rung 0: stopped, with the cutoff; asked again, the same answer.
+    for _ in 0..2 {
+        let answer = s
+            .report_metrics(
+                b.attempt,
+                b.fence,
+                reported(&[(1, 0.4), (2, 0.5)], &[(0, 1, 0.4), (1, 2, 0.5)]),
+            )
+            .await
+            .expect("report");
+        let d = answer.prune.expect("pruned");
+        assert_eq!(
+            (d.rung, d.value, d.cutoff, d.competitors),
+            (0, 0.4, Some(0.9), 2)
+        );
+    }
+    let view = s.attempt(b.attempt).await.expect("attempt");
+    assert_eq!(
+        view.rungs.len(),
+        1,
+        "no rung after the one that stopped it: {view:?}"
+    );
+    assert_eq!(view.metrics.get("acc"), Some(&0.5));
+
+    // Its end: pruned, not retried, its results due to the tracking server.
+    let mut end = report(b.fence, Some(FailureClass::Pruned));
+    end.metrics = Some(reported(&[(1, 0.4), (2, 0.5)], &[(0, 1, 0.4), (1, 2, 0.5)]));
+    assert_eq!(
+        finish_attempt(&s, b.attempt, end).await.expect("end"),
+        JobState::Pruned
+    );
+    assert_eq!(s.counts(Some(id)).await.expect("counts").pruned, 1);
+    let series = s.experiment_series(id).await.expect("series");
+    assert_eq!(series.len(), 2);
+    let mine = series.iter().find(|r| r.attempt == b.attempt).expect("b's");
+    assert_eq!(mine.series["acc"].len(), 2);
+    assert!(!mine.live && series.iter().any(|r| r.live));
+
+    // Claimed once, however many replicas ask, until its hold runs out.
+    let claimed = s.claim_tracking(60_000, 8).await.expect("claim");
+    assert_eq!(claimed, vec![(b.attempt, 1)]);
+    assert!(s.claim_tracking(60_000, 8).await.expect("again").is_empty());
+    s.set_tracking(b.attempt, "mlflow run r1".into(), None)
+        .await
+        .expect("note");
+    assert_eq!(
+        s.attempt(b.attempt)
+            .await
+            .expect("attempt")
+            .tracking
+            .as_deref(),
+        Some("mlflow run r1")
+    );
+    // A metric report after the end is refused, and changes nothing.
+    let late = s
+        .report_metrics(b.attempt, b.fence, reported(&[(9, 9.0)], &[]))
+        .await;
+    assert!(
+        matches!(late, Err(StoreError::StaleFence { .. })),
+        "{late:?}"
+    );
+    assert_eq!(
+        s.attempt(b.attempt)
+            .await
+            .expect("attempt")
+            .metrics
+            .get("acc"),
+        Some(&0.5)
+    );
 }

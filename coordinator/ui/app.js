@@ -7,6 +7,7 @@ const state = {
   tab: "gpus", me: null, version: null, experiments: [],
   // What the person picked, kept across the redraws live updates make.
   runsExp: "", runsFilter: "", runsSort: "", runsDesc: false, runsAttempt: "", plotExp: "",
+  resultsExp: "", resultsMetric: "", resultsParam: "", resultsMode: "max", resultsFlagged: false,
 };
 
 // ---- the API ------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ async function login() {
 
 // ---- tabs and live updates -------------------------------------------------------------------
 
-const VIEWS = { gpus: viewGpus, queue: viewQueue, experiments: viewExperiments, runs: viewRuns, plots: viewPlots };
+const VIEWS = { gpus: viewGpus, queue: viewQueue, experiments: viewExperiments, results: viewResults, runs: viewRuns, plots: viewPlots };
 let drawing = null;
 let redraw = false;
 
@@ -219,8 +220,9 @@ async function watchProgress() {
   while (state.me === me) {
     try {
       const p = await call("progress", { query: { timeout_ms: 20000, after: state.version } });
-      // Runs and plots redraw when the person asks (their Refresh), not under their pointer.
-      const live = state.tab !== "plots" && state.tab !== "runs";
+      // Runs and plots redraw when the person asks (their Refresh), not under their pointer;
+      // results read their live attempts' metrics themselves.
+      const live = !["plots", "runs", "results"].includes(state.tab);
       if (state.version !== null && p.version !== state.version && live) await refresh(false);
       state.version = p.version;
     } catch (e) {
@@ -369,7 +371,7 @@ function paramsText(p) {
 
 // ---- experiments -------------------------------------------------------------------------------
 
-const STATES = ["succeeded", "failed", "cancelled", "running", "leased", "retrying", "queued"];
+const STATES = ["succeeded", "pruned", "failed", "cancelled", "running", "leased", "retrying", "queued"];
 
 async function viewExperiments() {
   const exps = await call("listExperiments");
@@ -379,7 +381,7 @@ async function viewExperiments() {
   const cards = [];
   for (const e of exps) {
     const total = STATES.reduce((a, k) => a + (e.counts[k] || 0), 0);
-    const finished = (e.counts.succeeded || 0) + (e.counts.failed || 0) + (e.counts.cancelled || 0);
+    const finished = (e.counts.succeeded || 0) + (e.counts.pruned || 0) + (e.counts.failed || 0) + (e.counts.cancelled || 0);
     const bar = h("div", { class: "progress", title: `${finished} of ${total} finished` });
     for (const k of STATES) {
       const seg = h("span", { class: "st-" + k });
@@ -401,6 +403,7 @@ async function viewExperiments() {
       failures,
       h("div", { class: "toolbar" },
         h("button", { onclick: () => { state.runsExp = e.id; show("runs"); } }, "Runs"),
+        h("button", { "data-results": e.id, onclick: () => { state.resultsExp = e.id; show("results"); } }, "Results"),
         mayAct(e.submitted_by) && unfinished ? h("button", { class: "danger", "data-cancel": e.id, onclick: () => cancelExperiment(e) }, "Cancel") : null,
         mayAct(e.submitted_by) && e.counts.failed ? h("button", { "data-retry": e.id, onclick: () => retryFailed(e) }, "Retry failed") : null)));
   }
@@ -628,7 +631,8 @@ async function logTail(id, keep) {
 function palette() {
   const css = getComputedStyle(document.documentElement);
   const v = (name) => css.getPropertyValue(name).trim();
-  return { muted: v("--muted"), line: v("--line"), accent: v("--accent"), bad: v("--bad"), card: v("--card") };
+  return { muted: v("--muted"), line: v("--line"), accent: v("--accent"), bad: v("--bad"), ok: v("--ok"), pruned: v("--pruned"),
+    card: v("--card") };
 }
 
 // A number as a tick or the legend shows it: short, and 1e-5 rather than 0.00001.
@@ -714,10 +718,16 @@ function numericValue(v) {
   return null;
 }
 
+// A series drawn as points only, filled or hollow (`fill` the card's colour).
+function dots(stroke, fill) {
+  return { paths: () => null, stroke, fill, points: { show: true, size: 8, width: 1.5, stroke, fill } };
+}
+
 // A metric against a parameter, one point per attempt: clean ones filled, flagged ones hollow
-// red. A numeric parameter spanning more than two decades, all positive (a learning rate from
-// 1e-5 to 0.1), gets a log axis; one that is not a number, a place per value.
-function scatter(points, xName, yName, yUnit, id) {
+// red (or as `kinds` names the two, and the colour of the hollow ones). A numeric parameter spanning two decades or more, all
+// positive (a learning rate from 1e-5 to 0.1), gets a log axis; one that is not a number, a
+// place per value.
+function scatter(points, xName, yName, yUnit, id, kinds = ["clean", "flagged (not clean)", "bad"]) {
   const attrs = { "data-points": points.length, "data-x": xName, "data-y": yName };
   if (!points.length) return h("div", Object.assign({ class: "chart empty", id }, attrs), "nothing to plot");
   const numeric = points.every((q) => numericValue(q.x) !== null);
@@ -727,7 +737,7 @@ function scatter(points, xName, yName, yUnit, id) {
     .sort((a, b) => a.x - b.x);
   const xs = pts.map((q) => q.x);
   const lo = xs[0], hi = xs[xs.length - 1];
-  const log = numeric && lo > 0 && hi / lo > 100;
+  const log = numeric && lo > 0 && Math.log10(hi / lo) >= 2 - 1e-9;
   attrs["data-x-scale"] = log ? "log" : numeric ? "linear" : "category";
   const xLabel = log ? `${xName} (log scale)` : xName;
   const yLabel = yUnit ? `${yName} (${yUnit})` : yName;
@@ -751,13 +761,12 @@ function scatter(points, xName, yName, yUnit, id) {
       box.dataset.xTicks = labels.filter(Boolean).join(" ");
       return labels;
     };
-    const dots = (stroke, fill) => ({ paths: () => null, stroke, fill, points: { show: true, size: 8, width: 1.5, stroke, fill } });
     const yValue = (u, v) => (v === null ? "--" : fmtNum(v));
     const series = [{ label: xName, value: (u, v) => (v === null ? "--" : xText(v)) },
-      Object.assign({ label: "clean", value: yValue }, dots(p.accent, p.accent))];
+      Object.assign({ label: kinds[0], value: yValue }, dots(p.accent, p.accent))];
     const data = [xs, pts.map((q) => (q.flagged ? null : q.y))];
     if (pts.some((q) => q.flagged)) {
-      series.push(Object.assign({ label: "flagged (not clean)", value: yValue }, dots(p.bad, p.card)));
+      series.push(Object.assign({ label: kinds[1], value: yValue }, dots(p[kinds[2]], p.card)));
       data.push(pts.map((q) => (q.flagged ? q.y : null)));
     }
     const xAxis = axis(p, xLabel, { values: ticks, space: log ? 40 : 60 });
@@ -827,6 +836,286 @@ async function viewPlots() {
     h("h2", {}, "A GPU over the last hour"),
     h("div", { class: "toolbar" }, gpuPick, fieldPick, h("button", { id: "plots-refresh", onclick: () => refresh(true) }, "Refresh")), gpuChart,
     h("h2", {}, "An experiment: a metric against a parameter"), expSection);
+}
+
+// ---- results: what the runs achieved, beside the energy they used ----------------------------
+
+// The attempts' metrics as the API keeps them (`experimentMetrics`): read again every few
+// seconds while one of them is live (or a job of the experiment is yet to end, whose attempt
+// has not reported yet), until the view is left.
+const POLL_MS = 3000;
+let resultsPoll = null;
+
+// A row of the export's final value of `metric` (its `metrics`, or the flat `metric.NAME`).
+function metricOf(row, metric) {
+  const v = row.metrics ? row.metrics[metric] : undefined;
+  const flat = row["metric." + metric];
+  return typeof v === "number" ? v : typeof flat === "number" ? flat : null;
+}
+
+// The metric names of an experiment: those its attempts report, those its export rows hold.
+function metricNames(attempts, rows) {
+  return [...new Set([...attempts.flatMap((a) => [...Object.keys(a.series || {}), ...Object.keys(a.finals || {})]),
+    ...rows.flatMap((r) => Object.keys(r.metrics || {}))])].sort();
+}
+
+// The Pareto front of points {x: cost (the joules), y: a metric}: those no other point beats at
+// no more cost with a value as good or better. `mode` "max": higher is better; "min": lower.
+// In order of cost; of points equal in both, the first given is kept.
+function paretoFront(points, mode) {
+  const better = mode === "min" ? (a, b) => a < b : (a, b) => a > b;
+  const order = points.map((p, i) => ({ p, i }))
+    .sort((a, b) => a.p.x - b.p.x || (better(a.p.y, b.p.y) ? -1 : better(b.p.y, a.p.y) ? 1 : a.i - b.i));
+  const front = [];
+  for (const { p } of order) if (!front.length || better(p.y, front[front.length - 1].y)) front.push(p);
+  return front;
+}
+
+// An attempt as a legend names it: its job's index (its number after a first attempt) and
+// its parameters, briefly.
+function attemptLabel(a) {
+  const params = paramsText(a.params);
+  return `#${a.index}` + (a.number > 1 ? ` (attempt ${a.number})` : "")
+    + (params ? " " + (params.length > 40 ? params.slice(0, 39) + "…" : params) : "");
+}
+
+// Whether `early_stop` stopped the attempt (its job's state says so of its latest attempt only).
+function wasPruned(a, attempts) {
+  if ((a.rungs || []).some((r) => r.pruned)) return true;
+  return a.state === "pruned" && !attempts.some((b) => b.job === a.job && b.number > a.number);
+}
+
+// A line's colour, apart from its neighbours' (hues a golden angle apart); faded when pruned.
+function lineColour(i, faded) {
+  return `hsl(${Math.round((i * 137.508) % 360)} 70% 42%${faded ? " / 0.6" : ""})`;
+}
+
+// `metric` over steps: x the steps any attempt reported it at, a series per attempt (in order
+// of job index), null where that attempt has no value.
+function curvesData(attempts, metric) {
+  const shown = attempts.filter((a) => ((a.series || {})[metric] || []).length)
+    .sort((a, b) => a.index - b.index || a.number - b.number);
+  const steps = [...new Set(shown.flatMap((a) => a.series[metric].map((q) => q.step)))].sort((x, y) => x - y);
+  const at = new Map(steps.map((s, i) => [s, i]));
+  const data = [steps, ...shown.map((a) => {
+    const ys = steps.map(() => null);
+    for (const q of a.series[metric]) ys[at.get(q.step)] = q.value;
+    return ys;
+  })];
+  return { shown, data };
+}
+
+// Learning curves: a line per attempt, pruned ones dashed and faded. The box names its
+// attempts in the series' order (`data-attempts`); its data is kept on it for live updates.
+function curvesChart(attempts, metric, id) {
+  const { shown, data } = curvesData(attempts, metric);
+  const attrs = { "data-y": metric, "data-series": shown.length, "data-attempts": shown.map((a) => a.attempt).join(" ") };
+  if (!shown.length) return h("div", Object.assign({ class: "chart empty", id }, attrs), `no attempt has reported ${metric} yet`);
+  const box = chartBox(id, attrs, (el, width) => {
+    const p = palette();
+    const yValue = (u, v) => (v === null ? "--" : fmtNum(v));
+    const series = shown.map((a, i) => {
+      const pruned = wasPruned(a, attempts);
+      return Object.assign({ label: attemptLabel(a) + (pruned ? " (pruned)" : ""), stroke: lineColour(i, pruned),
+        width: pruned ? 1.2 : 1.8, spanGaps: true, value: yValue }, pruned ? { dash: [6, 4] } : {});
+    });
+    return new uPlot({
+      width, height: 320, cursor: ZOOM,
+      scales: { x: { time: false } },
+      series: [{ label: "step" }, ...series],
+      axes: [axis(p, "step"), axis(p, metric, { size: 64, values: (u, splits) => splits.map(fmtNum) })],
+    }, el.curves, el);
+  });
+  box.curves = data;
+  return box;
+}
+
+// Gives a curves chart its attempts' new points; false when they are other attempts (or
+// another metric) and it must be drawn anew.
+function updateCurves(box, attempts, metric) {
+  const { shown, data } = curvesData(attempts, metric);
+  if (!box || box.dataset.y !== metric || box.dataset.attempts !== shown.map((a) => a.attempt).join(" ")) return false;
+  box.curves = data;
+  if (box.uplot) box.uplot.setData(data);
+  return true;
+}
+
+// `early_stop`'s decision at each rung each attempt reached (on the metric it stops by).
+function rungsTable(attempts) {
+  const rows = attempts.slice().sort((a, b) => a.index - b.index || a.number - b.number)
+    .flatMap((a) => (a.rungs || []).map((r) => h("tr", { "data-attempt": a.attempt, "data-rung": r.rung, "data-step": r.step,
+      "data-value": r.value, "data-cutoff": r.cutoff, class: r.pruned ? "pruned" : null },
+    h("td", {}, attemptLabel(a)), h("td", {}, r.rung), h("td", {}, r.step), h("td", {}, fmtNum(r.value)),
+    h("td", {}, r.cutoff === null || r.cutoff === undefined ? "none yet" : fmtNum(r.cutoff)), h("td", {}, r.competitors),
+    h("td", {}, r.pruned ? "pruned" : "went on"))));
+  if (!rows.length) return null;
+  return h("div", {}, h("h3", {}, "Early stopping: the decision at each rung"),
+    h("div", { class: "table-wrap" }, h("table", { id: "results-rungs", class: "compact" },
+      h("thead", {}, h("tr", {}, ["attempt", "rung", "step", "value", "cutoff", "compared", "decision"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, rows))));
+}
+
+// A metric against the energy its attempt used: clean points filled, flagged ones hollow, and
+// the Pareto front over them as a step line: at each energy, the best value for at most that.
+function energyChart(points, front, metric, mode, id) {
+  const attrs = { "data-points": points.length, "data-front": front.length, "data-y": metric, "data-mode": mode };
+  if (!points.length) return h("div", Object.assign({ class: "chart empty", id }, attrs), `no attempt has both ${metric} and energy_j`);
+  const pts = points.slice().sort((a, b) => a.x - b.x);
+  const xs = pts.map((q) => q.x);
+  const lo = xs[0], hi = xs[xs.length - 1];
+  return chartBox(id, attrs, (box, width) => {
+    const p = palette();
+    const yValue = (u, v) => (v === null ? "--" : fmtNum(v));
+    const series = [{ label: "energy_j", value: yValue }, Object.assign({ label: "clean", value: yValue }, dots(p.accent, p.accent))];
+    const data = [xs, pts.map((q) => (q.flagged ? null : q.y))];
+    if (pts.some((q) => q.flagged)) {
+      series.push(Object.assign({ label: "flagged (not clean)", value: yValue }, dots(p.bad, p.card)));
+      data.push(pts.map((q) => (q.flagged ? q.y : null)));
+    }
+    series.push({ label: `Pareto front (${mode})`, stroke: p.ok, width: 1.6, value: yValue,
+      paths: uPlot.paths.stepped({ align: 1 }), points: { show: false } });
+    data.push(xs.map((x) => {
+      const reached = front.filter((q) => q.x <= x);
+      return reached.length ? reached[reached.length - 1].y : null;
+    }));
+    // The whole data with some room around its outer points; a zoom as chosen.
+    const range = (u, min, max) => {
+      if (min !== lo || max !== hi) return [min, max];
+      const pad = hi > lo ? (hi - lo) * 0.05 : Math.abs(lo) * 0.1 || 1;
+      return [lo - pad, hi + pad];
+    };
+    return new uPlot({
+      width, height: 320, cursor: ZOOM,
+      scales: { x: { time: false, range } },
+      series,
+      axes: [axis(p, "energy_j (J)", { values: (u, splits) => splits.map(fmtNum) }),
+        axis(p, metric, { size: 64, values: (u, splits) => splits.map(fmtNum) })],
+    }, data, box);
+  });
+}
+
+// The front's points as numbers to read (the chart is a canvas): the exact values are on
+// each row too.
+function frontTable(front, metric, mode) {
+  return h("div", { class: "table-wrap" }, h("table", { id: "results-front", class: "compact", "data-mode": mode, "data-y": metric },
+    h("thead", {}, h("tr", {}, ["job", "energy_j (J)", metric].map((c) => h("th", {}, c)))),
+    h("tbody", {}, front.map((q) => h("tr", { "data-attempt": q.attempt, "data-job-index": q.index, "data-energy": q.x, "data-value": q.y,
+      class: q.flagged ? "flagged" : null },
+    h("td", {}, `#${q.index}` + (q.number > 1 ? ` (attempt ${q.number})` : "") + (q.flagged ? " (flagged)" : "")),
+    h("td", {}, fmtNum(q.x)), h("td", {}, fmtNum(q.y)))))));
+}
+
+async function viewResults() {
+  clearTimeout(resultsPoll);
+  state.experiments = await call("listExperiments");
+  if (!state.experiments.length) return h("p", { class: "muted" }, "No experiment yet.");
+  if (!state.resultsExp || !state.experiments.some((e) => e.id === state.resultsExp)) state.resultsExp = state.experiments[0].id;
+  const exp = state.resultsExp;
+  let [attempts, data] = await Promise.all([call("experimentMetrics", { path: { id: exp } }), exportOf(exp)]);
+  const names = metricNames(attempts, data.rows);
+  const toolbar = h("div", { class: "toolbar" },
+    await experimentPicker("results-experiment", exp, (v) => { state.resultsExp = v; refresh(true); }));
+  const root = h("div", { id: "results", "data-experiment": exp }, toolbar);
+  const refreshButton = h("button", { id: "results-refresh", onclick: () => refresh(true) }, "Refresh");
+
+  // Live attempts: their curves grow in place. An attempt that ends or starts, a job that
+  // changes state or a new metric draws the view anew (the export has its energy then).
+  const counts = (state.experiments.find((e) => e.id === exp) || {}).counts || {};
+  const liveKey = (list, c) => list.filter((a) => a.live).map((a) => a.attempt).sort().join(" ") + "/" + list.length
+    + "/" + STATES.map((k) => c[k] || 0).join(",");
+  const unfinished = ["queued", "leased", "running", "retrying"].some((k) => counts[k]);
+  const live = attempts.some((a) => a.live) || unfinished;
+  let onPoll = () => {};
+  const poll = async () => {
+    if (!root.isConnected) return;
+    try {
+      const [now, progress] = await Promise.all([call("experimentMetrics", { path: { id: exp } }),
+        call("progress", { query: { experiment: exp } })]);
+      if (!root.isConnected) return;
+      if (liveKey(now, progress.counts) !== liveKey(attempts, counts)
+        || metricNames(now, data.rows).join("\n") !== names.join("\n")) return refresh(false);
+      attempts = now;
+      onPoll();
+    } catch (e) {
+      if (e instanceof AuthError) return;
+    }
+    resultsPoll = setTimeout(poll, POLL_MS);
+  };
+  if (live) resultsPoll = setTimeout(poll, POLL_MS);
+
+  if (!names.length) {
+    toolbar.append(refreshButton);
+    root.append(h("p", { class: "muted", id: "results-none" }, "No metrics reported yet. A job reports them by printing lines like "
+      + "HEADROOM_METRIC {\"step\": 1, \"acc\": 0.5}, or the spec's metrics: read them from its output."));
+    return root;
+  }
+  if (!names.includes(state.resultsMetric)) state.resultsMetric = names[0];
+  const metricPick = h("select", { id: "results-metric" }, names.map((n) => h("option", { value: n, selected: n === state.resultsMetric }, n)));
+  toolbar.append(h("label", {}, "metric ", metricPick), refreshButton);
+
+  // 1. Learning curves, and early stopping's decisions.
+  const curves = h("div", {});
+  const rungs = h("div", {});
+  const drawCurves = () => curves.replaceChildren(curvesChart(attempts, metricPick.value, "results-curves"));
+  const drawRungs = () => rungs.replaceChildren(...[rungsTable(attempts)].filter(Boolean));
+  onPoll = () => {
+    if (!updateCurves(curves.querySelector("#results-curves"), attempts, metricPick.value)) drawCurves();
+    drawRungs();
+  };
+
+  // 2. The final value against a numeric parameter: finished attempts filled, pruned hollow.
+  const counted = data.rows.filter((r) => r.success === true || r.failure_class === "pruned");
+  const numericParams = data.params.filter((k) => {
+    const vs = data.rows.map((r) => (r.params || {})[k]).filter((v) => v !== undefined && v !== null);
+    return vs.length > 0 && vs.every((v) => numericValue(v) !== null);
+  });
+  if (!numericParams.includes(state.resultsParam)) state.resultsParam = numericParams[0] || "";
+  const paramPick = h("select", { id: "results-param" }, numericParams.map((k) => h("option", { value: k, selected: k === state.resultsParam }, k)));
+  const vsParam = h("div", {});
+  const drawParam = () => {
+    const metric = metricPick.value, param = paramPick.value;
+    if (!param) return vsParam.replaceChildren(h("p", { class: "muted" }, "No parameter with numeric values to plot against."));
+    const points = counted.filter((r) => metricOf(r, metric) !== null && numericValue((r.params || {})[param]) !== null)
+      .map((r) => ({ x: r.params[param], y: metricOf(r, metric), flagged: r.failure_class === "pruned" }));
+    vsParam.replaceChildren(scatter(points, param, metric, "", "results-param-plot", ["finished", "pruned", "pruned"]));
+  };
+
+  // 3. The final value against the energy used, with its Pareto front: clean measurements
+  // only unless asked (a shared or contaminated GPU's energy is not the attempt's alone).
+  const modePick = h("select", { id: "results-mode" }, [["max", "higher is better"], ["min", "lower is better"]]
+    .map(([v, t]) => h("option", { value: v, selected: v === state.resultsMode }, `${v}: ${t}`)));
+  const flaggedToo = h("input", { id: "results-flagged", type: "checkbox", checked: state.resultsFlagged });
+  const vsEnergy = h("div", {});
+  const drawEnergy = () => {
+    const metric = metricPick.value, mode = modePick.value;
+    const points = counted.filter((r) => metricOf(r, metric) !== null && typeof r.energy_j === "number" && (flaggedToo.checked || r.clean))
+      .sort((a, b) => a.job_index - b.job_index || a.attempt - b.attempt)
+      .map((r) => ({ x: r.energy_j, y: metricOf(r, metric), flagged: !r.clean, attempt: r.attempt_id, index: r.job_index, number: r.attempt }));
+    const front = paretoFront(points, mode);
+    vsEnergy.replaceChildren(energyChart(points, front, metric, mode, "results-energy"),
+      h("p", { class: "muted" }, (flaggedToo.checked ? "Hollow red points are flagged: their energy is not a clean measurement. "
+        : "Clean measurements only (not shared, contaminated, throttled or partly read). ")
+        + `The line is the Pareto front: the best ${metric} for at most that energy. Its points:`),
+      frontTable(front, metric, mode));
+  };
+
+  metricPick.addEventListener("change", () => { state.resultsMetric = metricPick.value; drawCurves(); drawParam(); drawEnergy(); });
+  paramPick.addEventListener("change", () => { state.resultsParam = paramPick.value; drawParam(); });
+  modePick.addEventListener("change", () => { state.resultsMode = modePick.value; drawEnergy(); });
+  flaggedToo.addEventListener("change", () => { state.resultsFlagged = flaggedToo.checked; drawEnergy(); });
+  drawCurves();
+  drawRungs();
+  drawParam();
+  drawEnergy();
+  root.append(
+    h("h2", {}, "Learning curves"), curves,
+    h("p", { class: "muted" }, (live ? `Live: read again every ${POLL_MS / 1000} s until every job has ended. ` : "")
+      + "Dashed, faded lines are attempts early stopping pruned. Drag across a chart to zoom in; double-click to zoom out."),
+    rungs,
+    h("h2", {}, "The final value against a parameter"), h("div", { class: "toolbar" }, h("label", {}, "x ", paramPick)), vsParam,
+    h("h2", {}, "The final value against the energy used"),
+    h("div", { class: "toolbar" }, h("label", {}, "best ", modePick), h("label", {}, flaggedToo, " include flagged runs")), vsEnergy);
+  return root;
 }
 
 // ---- start -----------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a real
 `headroom up` on fake GPUs: log in, see the GPUs, watch an experiment reach its end, filter
 the runs table (the JSON export, parameters from `params`), plot with the vendored uPlot (a
-log axis for a parameter spanning decades, drag to zoom), release a quarantined GPU as admin
-and be refused as a user, and be sent back to the login form when a token expires. What the page shows is checked against what the
-API returns. Each view's screenshot is saved under target/screenshots/ for a person to look at.
+log axis for a parameter spanning decades, drag to zoom), see what an experiment's runs
+achieved (learning curves, a metric against a parameter, and against energy with its Pareto
+front), release a quarantined GPU as admin and be refused as a user, and be sent back to the
+login form when a token expires. What the page shows is checked against what the API returns.
+Each view's screenshot is saved under target/screenshots/ for a person to look at.
 
 Needs HEADROOM_BIN_DIR (the built binaries; default target/debug) and Chromium at
 HEADROOM_CHROMIUM (default /usr/bin/chromium): scripts/test installs both.
@@ -487,6 +489,166 @@ def test_plots_show_a_gpu_and_a_metric_against_a_parameter(up: Up, page: Page, w
     assert page.get_attribute("#plot-exp", "data-points") == "6"
     assert page.get_attribute("#plot-exp", "data-y") == "duration_s"
     shot(page, "plots")
+
+
+# Four steps of a metric, printed as the job goes: `acc` grows with `width` (0.12 to 0.30), and
+# a wider job sleeps longer (so uses more energy). `{{`/`}}` are the template's literal braces.
+LEARN = ("for s in 1 2 3 4; do printf 'HEADROOM_METRIC {{\"step\": %d, \"acc\": 0.%d}}\\n' $s $((10 + s * {width})); "
+         "sleep 0.{width}; done")
+
+
+@pytest.fixture(scope="module")
+def learned(up: Up) -> str:
+    """An experiment whose jobs report a metric (`HEADROOM_METRIC` lines), over a learning rate
+    spanning two decades and a width, run to its end."""
+    exp = submit(up, up.admin, {"name": "learned", "command": ["sh", "-c", LEARN],
+                                "grid": {"lr": [0.001, 0.01, 0.1], "width": [2, 5]},
+                                "resources": {"memory": "1GiB"}})
+    wait_for("the learning to end", lambda: up.get(f"/v1/progress?experiment={exp}")["counts"]["succeeded"] == 6,
+             timeout=120)
+    return exp
+
+
+Point = tuple[int, float, float]
+
+
+def pareto(points: list[Point], mode: str) -> list[Point]:
+    """The Pareto front of (job index, energy, value) by its definition: the points no other
+    dominates (as much energy or less and a value as good or better, one of them strictly), in
+    order of energy."""
+    sign = 1 if mode == "max" else -1
+
+    def dominates(q: Point, p: Point) -> bool:
+        return q[1] <= p[1] and sign * q[2] >= sign * p[2] and (q[1] < p[1] or sign * q[2] > sign * p[2])
+
+    return sorted((p for p in points if not any(dominates(q, p) for q in points)), key=lambda p: (p[1], p[0]))
+
+
+def front_table(pg: Page) -> list[Point]:
+    """The Pareto front as the page lists it: each row's exact numbers."""
+    return [(int(tr.get_attribute("data-job-index") or "-1"), float(tr.get_attribute("data-energy") or "nan"),
+             float(tr.get_attribute("data-value") or "nan")) for tr in pg.query_selector_all("#results-front tbody tr")]
+
+
+def test_results_show_learning_curves_a_parameter_and_the_energy_front(up: Up, page: Page, learned: str) -> None:
+    api = up.get(f"/v1/experiments/{learned}/metrics")
+    assert len(api) == 6 and not any(a["live"] for a in api), api
+    assert all(len(a["series"]["acc"]) == 4 and a["ignored"] == 0 for a in api), api
+    by_id = {a["attempt"]: a for a in api}
+    log_in(page, up, up.admin)
+    # From the experiment's card to its results.
+    page.click("#tabs button[data-tab=experiments]")
+    page.click(f"[data-results='{learned}']")
+    until(page, "the experiment's results", lambda: page.get_attribute("#results", "data-experiment") == learned)
+    page.select_option("#results-metric", "acc")
+    until(page, "the learning curves drawn", lambda: uplot(page, "#results-curves", "u.series.length") is not None)
+
+    # One line per attempt, each with the API's points exactly (a gap where it has no step).
+    ids = (page.get_attribute("#results-curves", "data-attempts") or "").split()
+    assert sorted(ids) == sorted(by_id), ids
+    assert uplot(page, "#results-curves", "u.series.length") == len(api) + 1
+    xs, *ys = uplot(page, "#results-curves", "u.data")
+    assert len(ys) == len(api)
+    for attempt, y in zip(ids, ys):
+        drawn = [(x, v) for x, v in zip(xs, y) if v is not None]
+        assert drawn == [(p["step"], p["value"]) for p in by_id[attempt]["series"]["acc"]], attempt
+    labels = uplot(page, "#results-curves", "u.series.slice(1).map((s) => s.label)")
+    for attempt, label in zip(ids, labels):
+        a = by_id[attempt]
+        assert label.startswith(f"#{a['index']} ") and f"width={a['params']['width']}" in label, label
+        assert "pruned" not in label
+    assert page.query_selector("#results-rungs") is None, "no early_stop, no rungs"
+    shot(page, "results")
+
+    # The final value against the learning rate: 0.001 to 0.1, two decades, a log axis.
+    rows = export_rows(up, learned)
+    assert all(r["metrics"]["acc"] == r["metric.acc"] == by_id[r["attempt_id"]]["finals"]["acc"] for r in rows), rows
+    page.select_option("#results-param", "lr")
+    until(page, "acc against lr", lambda: page.get_attribute("#results-param-plot", "data-x") == "lr"
+          and uplot(page, "#results-param-plot", "u.scales.x.distr") is not None)
+    assert page.get_attribute("#results-param-plot", "data-x-scale") == "log"
+    assert uplot(page, "#results-param-plot", "u.scales.x.distr") == 3
+    assert page.get_attribute("#results-param-plot", "data-points") == str(len(rows))
+
+    # Against energy: the Pareto front of the clean rows (the export's clean_only), both ways.
+    clean = export_rows(up, learned, clean_only=True)
+    assert {r["attempt_id"] for r in clean} == {r["attempt_id"] for r in rows if r["clean"]}
+    points = [(r["job_index"], r["energy_j"], r["metrics"]["acc"]) for r in clean if r["energy_j"] is not None]
+    assert len(points) >= 2, clean
+    for mode in ("max", "min"):
+        page.select_option("#results-mode", mode)
+        until(page, f"the {mode} front", lambda: page.get_attribute("#results-front", "data-mode") == mode)
+        assert front_table(page) == pareto(points, mode), (mode, front_table(page), points)
+        assert page.get_attribute("#results-energy", "data-points") == str(len(points))
+        until(page, "the energy chart drawn", lambda: uplot(page, "#results-energy", "u.series.length") is not None)
+        assert f"Pareto front ({mode})" in uplot(page, "#results-energy", "u.series.map((s) => s.label)")
+    assert len(pareto(points, "max")) >= 1 and len(pareto(points, "min")) == 1
+    shot(page, "results-energy")
+    # Flagged rows too, when asked (hollow): every row with an energy.
+    page.check("#results-flagged")
+    every = [(r["job_index"], r["energy_j"], r["metrics"]["acc"]) for r in rows if r["energy_j"] is not None]
+    until(page, "every row", lambda: page.get_attribute("#results-energy", "data-points") == str(len(every)))
+    assert front_table(page) == pareto(every, "min")
+    page.uncheck("#results-flagged")
+    page.select_option("#results-mode", "max")
+
+
+def test_results_follow_live_attempts_and_show_early_stoppings_decisions(up: Up, page: Page) -> None:
+    # Eight steps each, the best widths first: the narrow ones, behind them at the rung of
+    # step 2, are pruned (which of the first two goes on depends on which reports first).
+    log_in(page, up, up.admin)
+    exp = submit(up, up.admin, {"name": "halving", "command": ["sh", "-c", LEARN.replace("1 2 3 4", "1 2 3 4 5 6 7 8")
+                                                                .replace("sleep 0.{width}", "sleep 0.6")],
+                                "grid": {"width": [9, 8, 2, 1]}, "resources": {"memory": "1GiB"},
+                                "early_stop": {"metric": "acc", "mode": "max", "grace_steps": 2, "reduction_factor": 2}})
+    asked: list[str] = []
+    page.on("request", lambda q: asked.append(q.url))
+    page.click("#tabs button[data-tab=experiments]")
+    page.click(f"[data-results='{exp}']")
+    until(page, "the experiment's results", lambda: page.get_attribute("#results", "data-experiment") == exp)
+    metrics_url = f"{up.url}/v1/experiments/{exp}/metrics"
+    # No reload and no Refresh: the view reads the attempts again until every job has ended.
+    counts = wait_for("the experiment to end", lambda: (lambda c: c if c["succeeded"] + c["pruned"] == 4 else None)(
+        up.get(f"/v1/progress?experiment={exp}")["counts"]), timeout=120)
+    assert counts["pruned"] >= 2, counts
+    api = up.get(f"/v1/experiments/{exp}/metrics")
+    by_id = {a["attempt"]: a for a in api}
+    until(page, "every attempt's curve", lambda: sorted((page.get_attribute("#results-curves", "data-attempts") or "").split())
+          == sorted(by_id) and uplot(page, "#results-curves", "u.series.length") == len(api) + 1
+          and page.query_selector_all("#results-rungs tbody tr"), timeout=30)
+    assert asked.count(metrics_url) >= 2, asked
+    ids = (page.get_attribute("#results-curves", "data-attempts") or "").split()
+    xs, *ys = uplot(page, "#results-curves", "u.data")
+    dashes = uplot(page, "#results-curves", "u.series.slice(1).map((s) => s.dash || null)")
+    labels = uplot(page, "#results-curves", "u.series.slice(1).map((s) => s.label)")
+    for attempt, y, dash, label in zip(ids, ys, dashes, labels):
+        a = by_id[attempt]
+        assert [(x, v) for x, v in zip(xs, y) if v is not None] == [(p["step"], p["value"]) for p in a["series"]["acc"]]
+        pruned = any(r["pruned"] for r in a["rungs"])
+        assert pruned == (a["state"] == "pruned"), a
+        # Pruned: dashed (and faded), and said so in the legend.
+        assert (dash is not None) == pruned and ("(pruned)" in label) == pruned, (label, dash, a)
+    # The rung decisions listed are the API's, attempt by attempt.
+    shown = [(tr.get_attribute("data-attempt"), int(tr.get_attribute("data-rung") or "-1"),
+              int(tr.get_attribute("data-step") or "-1"), float(tr.get_attribute("data-value") or "nan"),
+              tr.get_attribute("data-cutoff"), "pruned" in (tr.get_attribute("class") or ""))
+             for tr in page.query_selector_all("#results-rungs tbody tr")]
+    want = [(a["attempt"], r["rung"], r["step"], r["value"], None if r["cutoff"] is None else str(float(r["cutoff"])), r["pruned"])
+            for a in sorted(api, key=lambda a: (a["index"], a["number"])) for r in a["rungs"]]
+    assert [s[:4] + (None if s[4] is None else str(float(s[4])), s[5]) for s in shown] == want, (shown, want)
+    shot(page, "results-pruned")
+    # Its card counts the pruned jobs among the finished, in their own colour.
+    page.click("#tabs button[data-tab=experiments]")
+    card = f".card[data-experiment='{exp}']"
+    page.wait_for_selector(card)
+    assert page.get_attribute(card, "data-finished") == "4"
+    assert page.inner_text(f"{card} [data-state=pruned]") == f"pruned {counts['pruned']}"
+    assert float((page.get_attribute(f"{card} .st-pruned", "style") or "width: 0%").split(":")[1].strip(" %;")) > 0
+    # The view closed, its reading stops.
+    page.wait_for_timeout(4000)
+    before = asked.count(metrics_url)
+    page.wait_for_timeout(7000)
+    assert asked.count(metrics_url) == before, "the results view still reads after it closed"
 
 
 def test_a_quarantined_gpu_is_released_by_an_admin_and_not_by_a_user(up: Up, page: Page) -> None:

@@ -52,13 +52,13 @@ async fn check_fence(
     Ok((job, row.phase))
 }
 
-/// The attempt's phase, once its fence is checked (its job's row locked meanwhile).
+/// Checks a running attempt's token (its job's row locked meanwhile).
 pub(super) async fn check_live_fence(
     tx: &mut dyn Tx,
     attempt: AttemptId,
     fence: i64,
-) -> Result<AttemptPhase> {
-    Ok(check_fence(tx, attempt, fence).await?.1)
+) -> Result<()> {
+    check_fence(tx, attempt, fence).await.map(|_| ())
 }
 
 /// Observed peaks and the OOM floor of a memory key.

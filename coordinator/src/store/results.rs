@@ -11,8 +11,8 @@ use super::{Millis, Result, StoreError, leases};
 use crate::changes::Change;
 use crate::early_stop;
 
-/// A running attempt's metrics so far (fenced): kept, and its new rungs decided; the answer
-/// says whether it is stopped.
+/// A running attempt's metrics so far (fenced, refused once it ended): kept, and its new
+/// rungs decided; the answer says whether it is stopped.
 pub(super) async fn report(
     tx: &mut dyn Tx,
     attempt: AttemptId,
@@ -23,11 +23,8 @@ pub(super) async fn report(
         field: "metrics".into(),
         message,
     })?;
-    let phase = leases::check_live_fence(tx, attempt, fence).await?;
-    if phase == headroom_shared::api::AttemptPhase::Ended {
-        // The end's own report carries the last word.
-        return Ok((MetricsAnswer::default(), Change::None));
-    }
+    // An ended attempt's token is stale: its end's report carried the last word.
+    leases::check_live_fence(tx, attempt, fence).await?;
     let prune = record(tx, &attempt.to_string(), &metrics).await?;
     Ok((MetricsAnswer { prune }, Change::None))
 }

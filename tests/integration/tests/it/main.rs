@@ -24,6 +24,7 @@ mod project;
 mod quickstart;
 mod reattach;
 mod restart;
+mod results;
 mod stale_reports;
 mod submit;
 mod supervision;
