@@ -112,3 +112,18 @@ fn agent_cpu() {
     assert!(cpu.is_finite() && cpu >= 0.0, "cpu_ms = {cpu}");
     check(r, &["/window_s"]);
 }
+
+#[test]
+fn metric_lines() {
+    let r = tiny("metric_lines");
+    assert!(
+        r.targets[0].met,
+        "bounded series with the latest point: {}",
+        r.targets[0].measured
+    );
+    let mut figures = vec!["/kept_points", "/metrics/wall_s"];
+    if cpu_counted() {
+        figures.push("/metrics/cpu_ms");
+    }
+    check(r, &figures);
+}

@@ -6,6 +6,7 @@ pub mod agent_cpu;
 pub mod dispatch;
 pub mod latency;
 pub mod makespan;
+pub mod metric_lines;
 pub mod scale;
 pub mod slot_free;
 
@@ -16,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 /// Every bench, in the order a whole run takes them.
-pub const ALL: [&str; 7] = [
+pub const ALL: [&str; 8] = [
     "dispatch",
     "latency",
     "makespan",
@@ -24,6 +25,7 @@ pub const ALL: [&str; 7] = [
     "scale",
     "scale_ceiling",
     "agent_cpu",
+    "metric_lines",
 ];
 
 /// Runs bench `name` at the size, or (`tiny`) at one that only checks it still works.
@@ -66,6 +68,8 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
         }),
         ("agent_cpu", false) => agent_cpu::run(Duration::from_secs(30)),
         ("agent_cpu", true) => agent_cpu::run(Duration::from_secs(1)),
+        ("metric_lines", false) => metric_lines::run(1_000_000),
+        ("metric_lines", true) => metric_lines::run(20_000),
         _ => bail!("unknown bench `{name}`: one of {}", ALL.join(" ")),
     }
 }
