@@ -60,6 +60,11 @@ pub struct CoordinatorSettings {
     /// default a user sees those of their own jobs only (others' read `<redacted>` and 403).
     #[arg(long, env = "HEADROOM_SHARED_VISIBILITY")]
     pub shared_visibility: bool,
+    /// The MLflow tracking servers experiments may send their runs to (`tracking: {mlflow:
+    /// URL}`), comma-separated base URLs. None by default: the coordinator sends requests to
+    /// no server a user names unless an admin allowed it.
+    #[arg(long, env = "HEADROOM_MLFLOW_SERVERS")]
+    pub mlflow_servers: Option<String>,
     /// Bootstrap admin token (at least 32 characters). With it, or a tokens file, every
     /// request needs a token; without either the coordinator listens on loopback only.
     #[arg(long, env = "HEADROOM_ADMIN_TOKEN", hide_env_values = true)]
@@ -118,6 +123,11 @@ impl CoordinatorSettings {
             telemetry_retention: self.telemetry_retention,
             telemetry_max_samples: self.telemetry_max_samples,
             shared_visibility: self.shared_visibility,
+            mlflow_servers: self
+                .mlflow_servers
+                .as_deref()
+                .map(crate::tracking::allowed_servers)
+                .unwrap_or_default(),
             tokens: self.tokens()?,
             ..CoordinatorConfig::new(self.listen, data_dir)
         })
@@ -216,6 +226,8 @@ pub struct CoordinatorConfig {
     /// user's jobs would run as this account and could read its files, its admin token
     /// among them.
     pub single_user: Option<String>,
+    /// MLflow servers runs may be written to (base URLs, no trailing `/`).
+    pub mlflow_servers: Vec<String>,
 }
 
 impl CoordinatorConfig {
@@ -238,6 +250,7 @@ impl CoordinatorConfig {
             shared_visibility: false,
             http: crate::serve::Limits::default(),
             single_user: None,
+            mlflow_servers: Vec::new(),
         }
     }
 }

@@ -61,6 +61,23 @@ pub async fn submit(
                 )
             })?;
     }
+    if let Some(t) = &spec.tracking
+        && !crate::tracking::allowed(&s.config.mlflow_servers, &t.mlflow)
+    {
+        let allowed = if s.config.mlflow_servers.is_empty() {
+            "none is".to_string()
+        } else {
+            format!("only {} are", s.config.mlflow_servers.join(", "))
+        };
+        return Err(ApiError::invalid(
+            "tracking.mlflow",
+            format!(
+                "{} is not a tracking server this coordinator may write to: {allowed} \
+                 (its admin lists them with --mlflow-servers or HEADROOM_MLFLOW_SERVERS)",
+                t.mlflow
+            ),
+        ));
+    }
     let expanded = expand_within(&spec, seed, s.config.max_jobs, s.config.max_submit_bytes)?;
     if let Some(max) = s.store.max_node_gpus().await?
         && spec.resources.gpus > max

@@ -603,3 +603,14 @@ def test_the_binaries_run_with_what_the_chart_renders(database: str) -> None:
         finally:
             for p in reversed(pods):
                 p.stop()
+
+
+def test_the_mlflow_servers_an_admin_lists_reach_the_coordinator_and_none_by_default() -> None:
+    def coordinator_env(*extra: str) -> dict[str, str]:
+        return env_of(container(find(render("default", *extra), "Deployment")))
+
+    assert "HEADROOM_MLFLOW_SERVERS" not in coordinator_env()
+    env = coordinator_env("--set", "coordinator.mlflowServers={http://mlflow.lab:5000,https://m.example.org}")
+    assert env["HEADROOM_MLFLOW_SERVERS"] == "http://mlflow.lab:5000,https://m.example.org"
+    refused = run_helm("template", "r", str(CHART), "--set", "coordinator.mlflowServers={file:///etc}")
+    assert refused.returncode != 0 and "mlflowServers" in refused.stderr, refused.stderr

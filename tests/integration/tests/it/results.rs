@@ -172,3 +172,56 @@ fn early_stop_prunes_the_attempts_behind_at_a_rung_frees_their_gpu_and_keeps_the
     assert_eq!(clean.len(), 2, "only the finished runs are clean");
     assert!(clean.iter().all(|r| r[class].is_empty()));
 }
+
+#[test]
+fn results_go_only_to_a_tracking_server_the_admin_allowed_and_bad_fields_are_named() {
+    let h = Headroom::up(
+        UpOptions::gpus("1x24GiB").flags(&["--mlflow-servers", "http://127.0.0.1:9/"]),
+    );
+    let refused = |spec: serde_json::Value, field: &str| {
+        let (status, body) = h
+            .post("/v1/experiments", &json!({ "spec": spec }))
+            .expect("post");
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["error"]["field"], field, "{body}");
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let spec = |extra: serde_json::Value| {
+        let mut s = json!({"name": "e", "command": ["true"]});
+        if let (Some(o), Some(x)) = (s.as_object_mut(), extra.as_object()) {
+            o.extend(x.clone());
+        }
+        s
+    };
+    // A server a user names is never written to unless an admin listed it.
+    let why = refused(
+        spec(json!({"tracking": {"mlflow": "http://169.254.169.254"}})),
+        "tracking.mlflow",
+    );
+    assert!(
+        why.contains("--mlflow-servers") && why.contains("http://127.0.0.1:9"),
+        "{why}"
+    );
+    refused(
+        spec(json!({"metrics": {"acc": {"pattern": "(unclosed"}}})),
+        "metrics.acc.pattern",
+    );
+    refused(
+        spec(json!({"early_stop": {"metric": "acc", "mode": "max", "reduction_factor": 1}})),
+        "early_stop.reduction_factor",
+    );
+    refused(
+        spec(json!({"early_stop": {"metric": "acc", "mode": "best"}})),
+        "early_stop.mode",
+    );
+    let listed = h
+        .post(
+            "/v1/experiments",
+            &json!({ "spec": spec(json!({"tracking": {"mlflow": "http://127.0.0.1:9"}})) }),
+        )
+        .expect("post");
+    assert_eq!(listed.0, 200, "{}", listed.1);
+}
