@@ -31,7 +31,8 @@ import pandas as pd
 from typing_extensions import assert_type
 
 from headroom_client import (
-    AsyncClient, AttemptTelemetry, Client, GpuSeries, JobsFailedError, TelemetrySample,
+    AsyncClient, AttemptSeries, AttemptTelemetry, Client, GpuSeries, JobsFailedError, Point,
+    RungDecision, TelemetrySample, report,
 )
 from headroom_client.models import AttemptView, JobDetail, Progress, RetryFailedResponse
 
@@ -65,6 +66,17 @@ def check(hr: Client) -> None:
     assert_type(exp.export(format="json"), List[Dict[str, Any]])
     assert_type(hr.retry_failed("lr-sweep"), RetryFailedResponse)
     assert_type(exp.retry_failed().retried, List[str])
+    assert_type(hr.metrics("lr-sweep"), pd.DataFrame)
+    assert_type(exp.metrics(frame=False), List[Dict[str, Any]])
+    series = hr.metric_series("lr-sweep")
+    assert_type(series, List[AttemptSeries])
+    assert_type(series[0].series["loss"][0], Point)
+    assert_type(series[0].rungs[0], RungDecision)
+    assert_type(series[0].rungs[0].cutoff, Optional[float])
+    assert_type(hr.attempt("a").metrics, Dict[str, float])
+    assert_type(hr.attempt("a").tracking, Optional[str])
+    assert_type(exp.progress().counts.pruned, int)
+    assert_type(report(step=3, val_acc=0.91), None)
     try:
         hr.wait(raise_on_failure=True)
     except JobsFailedError as e:
@@ -83,6 +95,9 @@ async def acheck(hr: AsyncClient) -> None:
     assert_type(await exp.export(), str)
     assert_type(await hr.retry_failed("lr-sweep"), RetryFailedResponse)
     assert_type(await exp.retry_failed(), RetryFailedResponse)
+    assert_type(await hr.metrics("lr-sweep"), pd.DataFrame)
+    assert_type(await exp.metrics(frame=False), List[Dict[str, Any]])
+    assert_type(await exp.metric_series(), List[AttemptSeries])
 '''
 
 

@@ -1,43 +1,110 @@
-"""Python client for the headroom coordinator: ``Client(url, token)`` and ``AsyncClient``."""
+"""Python client for the headroom coordinator: ``Client(url, token)`` and ``AsyncClient``;
+``report(step, **metrics)`` for a running job to report its metrics.
 
-from .client import (
-    AsyncClient,
-    AsyncExperiment,
-    Client,
-    Experiment,
-    Instant,
-    load_spec,
-    local_token_path,
-    read_token_file,
-)
-from .errors import (
-    BadRequestError,
-    ConflictError,
-    ConnectionFailed,
-    ForbiddenError,
-    HeadroomError,
-    InvalidError,
-    JobsFailedError,
-    NotFoundError,
-    ServerError,
-    SourceError,
-    TokenFileError,
-    UnauthorizedError,
-)
-from .frames import Records
-from .models import (
-    AttemptTelemetry,
-    Environment,
-    GitState,
-    GpuSeries,
-    Snapshot,
-    Source,
-    TelemetrySample,
-)
+``report`` needs nothing beyond the standard library: ``from headroom_client import report``
+in a training script imports neither httpx nor pydantic. The rest is imported when first
+named (``headroom_client.Client``, ``from headroom_client import Client``)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, List
+
+from ._report import report
+
+if TYPE_CHECKING:
+    from .client import (
+        AsyncClient,
+        AsyncExperiment,
+        Client,
+        Experiment,
+        Instant,
+        load_spec,
+        local_token_path,
+        read_token_file,
+    )
+    from .errors import (
+        BadRequestError,
+        ConflictError,
+        ConnectionFailed,
+        ForbiddenError,
+        HeadroomError,
+        InvalidError,
+        JobsFailedError,
+        NotFoundError,
+        ServerError,
+        SourceError,
+        TokenFileError,
+        UnauthorizedError,
+    )
+    from .frames import Records
+    from .models import (
+        AttemptSeries,
+        AttemptTelemetry,
+        Environment,
+        GitState,
+        GpuSeries,
+        Point,
+        RungDecision,
+        Snapshot,
+        Source,
+        TelemetrySample,
+    )
+
+#: Where each name but ``report`` is defined; imported at its first use.
+_LAZY = {
+    **dict.fromkeys(
+        [
+            "AsyncClient",
+            "AsyncExperiment",
+            "Client",
+            "Experiment",
+            "Instant",
+            "load_spec",
+            "local_token_path",
+            "read_token_file",
+        ],
+        ".client",
+    ),
+    **dict.fromkeys(
+        [
+            "BadRequestError",
+            "ConflictError",
+            "ConnectionFailed",
+            "ForbiddenError",
+            "HeadroomError",
+            "InvalidError",
+            "JobsFailedError",
+            "NotFoundError",
+            "ServerError",
+            "SourceError",
+            "TokenFileError",
+            "UnauthorizedError",
+        ],
+        ".errors",
+    ),
+    "Records": ".frames",
+    **dict.fromkeys(
+        [
+            "AttemptSeries",
+            "AttemptTelemetry",
+            "Environment",
+            "GitState",
+            "GpuSeries",
+            "Point",
+            "RungDecision",
+            "Snapshot",
+            "Source",
+            "TelemetrySample",
+        ],
+        ".models",
+    ),
+}
 
 __all__ = [
     "AsyncClient",
     "AsyncExperiment",
+    "AttemptSeries",
     "AttemptTelemetry",
     "BadRequestError",
     "Client",
@@ -53,7 +120,9 @@ __all__ = [
     "InvalidError",
     "JobsFailedError",
     "NotFoundError",
+    "Point",
     "Records",
+    "RungDecision",
     "ServerError",
     "Snapshot",
     "Source",
@@ -64,4 +133,21 @@ __all__ = [
     "load_spec",
     "local_token_path",
     "read_token_file",
+    "report",
 ]
+
+if not TYPE_CHECKING:
+    # Hidden from type checkers: for them every name is imported above, and a misspelt one
+    # stays an error rather than becoming Any.
+
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -40,10 +40,12 @@ from ._tables import (
     attempts_table,
     export_rows,
     jobs_table,
+    metrics_table,
 )
 from ._transport import POLL_MS, PathLike
 from .errors import HeadroomError, JobsFailedError, NotFoundError
 from .models import (
+    AttemptSeries,
     AttemptTelemetry,
     AttemptView,
     CancelResponse,
@@ -64,6 +66,8 @@ T = TypeVar("T")
 LOG_OFFSET_HEADER = "x-log-offset"
 ATTEMPT_ENDED_HEADER = "x-attempt-ended"
 EXPORT = "/v1/export"
+#: The states a job ends in (``pruned``: stopped by ``early_stop``).
+ENDED = ("succeeded", "failed", "cancelled", "pruned")
 
 #: A point in time for telemetry windows: a ``datetime`` (naive ones are local time), a
 #: ``timedelta`` before now, or an RFC 3339 string.
@@ -267,6 +271,22 @@ def export(
     return rows
 
 
+# ---- metrics ----
+
+
+def metric_series(experiment: str) -> Op[List[AttemptSeries]]:
+    """Every attempt's metric series and final values (``GET /v1/experiments/{id}/metrics``)."""
+    exp = yield from experiment_id(experiment)
+    found = yield from _json("GET", f"/v1/experiments/{_seg(exp)}/metrics")
+    return [AttemptSeries.model_validate(a) for a in found]
+
+
+def metrics(experiment: str) -> Op[Table]:
+    """``metrics()``'s table: one row per point of each attempt's metrics."""
+    found = yield from metric_series(experiment)
+    return metrics_table(a.model_dump() for a in found)
+
+
 # ---- telemetry ----
 
 
@@ -360,7 +380,7 @@ def attempt_of(id: str, follow: bool) -> Op[Optional[str]]:
         yield from attempt(id)  # raises NotFoundError when it is neither
         return id
     while not d.attempts_detail:
-        if not follow or d.state in ("succeeded", "failed", "cancelled"):
+        if not follow or d.state in ENDED:
             return None
         p = yield from progress(d.experiment)
         yield from progress(d.experiment, after=p.version, timeout_ms=POLL_MS)
@@ -504,7 +524,11 @@ class _Progress:
         self.bar.total = c.total
         self.bar.n = c.finished
         self.bar.set_postfix(
-            running=c.running, queued=c.queued + c.retrying, failed=c.failed, refresh=False
+            running=c.running,
+            queued=c.queued + c.retrying,
+            failed=c.failed,
+            **({"pruned": c.pruned} if c.pruned else {}),
+            refresh=False,
         )
         self.bar.refresh()
 

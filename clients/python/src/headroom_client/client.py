@@ -48,6 +48,7 @@ from ._transport import (
 from .errors import HeadroomError, SourceError
 from .frames import Records, records_or_frame
 from .models import (
+    AttemptSeries,
     AttemptTelemetry,
     AttemptView,
     CancelResponse,
@@ -347,6 +348,36 @@ class Client:
         writes it there (the JSON as ``{"columns": [...], "rows": [...]}``)."""
         return self._run(ops.export(experiment, clean_only, format, path))
 
+    # ---- metrics ----
+
+    def metric_series(self, experiment: str) -> List[AttemptSeries]:
+        """What each attempt of ``experiment`` (by id or name) reported of itself: its
+        metrics' final values (``finals``), their points (``series``: ``step``, ``t``
+        seconds since its start, ``value``), the metric lines ignored, ``early_stop``'s
+        decisions (``rungs``), with its job, parameters and state (``live``: still running)."""
+        return self._run(ops.metric_series(experiment))
+
+    @overload
+    def metrics(self, experiment: str, *, frame: Literal[False]) -> Records: ...
+
+    @overload
+    def metrics(self, experiment: str, *, frame: Literal[True, None] = ...) -> pd.DataFrame: ...
+
+    @overload
+    def metrics(
+        self, experiment: str, *, frame: Optional[bool]
+    ) -> Union[pd.DataFrame, Records]: ...
+
+    def metrics(
+        self, experiment: str, *, frame: Optional[bool] = None
+    ) -> Union[pd.DataFrame, Records]:
+        """Learning curves, long-form: one row per point of each attempt's metrics
+        (``attempt``, ``job``, ``index``, ``number``, each parameter as ``params.NAME``,
+        ``metric``, ``step``, ``t``: seconds since the attempt started, ``value``), as a
+        DataFrame when pandas is installed, else as dicts. Final values are ``attempts()``'
+        ``metric.NAME`` columns."""
+        return records_or_frame(self._run(ops.metrics(experiment)), frame)
+
     # ---- telemetry ----
 
     def attempt_telemetry(self, attempt: str, *, limit: Optional[int] = None) -> AttemptTelemetry:
@@ -471,8 +502,8 @@ class _ExperimentBase:
 
 
 class Experiment(_ExperimentBase):
-    """A submitted experiment: ``wait``, ``jobs``, ``attempts``, ``cancel``, ``retry_failed``,
-    ``export``."""
+    """A submitted experiment: ``wait``, ``jobs``, ``attempts``, ``metrics``, ``cancel``,
+    ``retry_failed``, ``export``."""
 
     def __init__(
         self,
@@ -568,6 +599,24 @@ class Experiment(_ExperimentBase):
     ) -> Union[str, Records]:
         """``Client.export`` of this experiment."""
         return self.client._run(self._on(lambda exp: ops.export(exp, clean_only, format, path)))
+
+    def metric_series(self) -> List[AttemptSeries]:
+        """``Client.metric_series`` of this experiment."""
+        return self.client._run(self._on(ops.metric_series))
+
+    @overload
+    def metrics(self, *, frame: Literal[False]) -> Records: ...
+
+    @overload
+    def metrics(self, *, frame: Literal[True, None] = ...) -> pd.DataFrame: ...
+
+    @overload
+    def metrics(self, *, frame: Optional[bool]) -> Union[pd.DataFrame, Records]: ...
+
+    def metrics(self, *, frame: Optional[bool] = None) -> Union[pd.DataFrame, Records]:
+        """``Client.metrics`` of this experiment: one row per point of each attempt's
+        metrics."""
+        return records_or_frame(self.client._run(self._on(ops.metrics)), frame)
 
     def cancel(self) -> CancelResponse:
         return self.client._run(self._on(ops.cancel_experiment))
@@ -840,6 +889,29 @@ class AsyncClient:
         """``Client.export``."""
         return await self._run(ops.export(experiment, clean_only, format, path))
 
+    async def metric_series(self, experiment: str) -> List[AttemptSeries]:
+        """``Client.metric_series``."""
+        return await self._run(ops.metric_series(experiment))
+
+    @overload
+    async def metrics(self, experiment: str, *, frame: Literal[False]) -> Records: ...
+
+    @overload
+    async def metrics(
+        self, experiment: str, *, frame: Literal[True, None] = ...
+    ) -> pd.DataFrame: ...
+
+    @overload
+    async def metrics(
+        self, experiment: str, *, frame: Optional[bool]
+    ) -> Union[pd.DataFrame, Records]: ...
+
+    async def metrics(
+        self, experiment: str, *, frame: Optional[bool] = None
+    ) -> Union[pd.DataFrame, Records]:
+        """``Client.metrics``."""
+        return records_or_frame(await self._run(ops.metrics(experiment)), frame)
+
     async def attempt_telemetry(
         self, attempt: str, *, limit: Optional[int] = None
     ) -> AttemptTelemetry:
@@ -1010,6 +1082,23 @@ class AsyncExperiment(_ExperimentBase):
         return await self.client._run(
             self._on(lambda exp: ops.export(exp, clean_only, format, path))
         )
+
+    async def metric_series(self) -> List[AttemptSeries]:
+        """``Client.metric_series`` of this experiment."""
+        return await self.client._run(self._on(ops.metric_series))
+
+    @overload
+    async def metrics(self, *, frame: Literal[False]) -> Records: ...
+
+    @overload
+    async def metrics(self, *, frame: Literal[True, None] = ...) -> pd.DataFrame: ...
+
+    @overload
+    async def metrics(self, *, frame: Optional[bool]) -> Union[pd.DataFrame, Records]: ...
+
+    async def metrics(self, *, frame: Optional[bool] = None) -> Union[pd.DataFrame, Records]:
+        """``Client.metrics`` of this experiment."""
+        return records_or_frame(await self.client._run(self._on(ops.metrics)), frame)
 
     async def cancel(self) -> CancelResponse:
         return await self.client._run(self._on(ops.cancel_experiment))

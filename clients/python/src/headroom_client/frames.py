@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Protocol, Sequence, Union
 
-from ._tables import Column, Records as Records, Table
+from ._tables import METRIC, Column, Records as Records, Table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -84,7 +84,7 @@ def _column(values: List[Any], column: Column) -> "pd.Series":
             return pd.Series(values, dtype="Int64" if nullable else "int64")
         if kind == "boolean":
             return pd.Series(values, dtype="boolean" if nullable else "bool")
-        if kind == "number":
+        if kind in ("number", METRIC):
             return pd.Series(values, dtype="float64")
         if kind == "time":
             return _as_time(pd.Series(values, dtype=object))

@@ -43,6 +43,8 @@ class StateCounts(_Model):
     succeeded: int
     failed: int
     cancelled: int
+    #: Stopped by ``early_stop`` (ended, not failed; 0 from a coordinator without it).
+    pruned: int = 0
 
     @property
     def total(self) -> int:
@@ -54,11 +56,12 @@ class StateCounts(_Model):
             + self.succeeded
             + self.failed
             + self.cancelled
+            + self.pruned
         )
 
     @property
     def finished(self) -> int:
-        return self.succeeded + self.failed + self.cancelled
+        return self.succeeded + self.failed + self.cancelled + self.pruned
 
 
 class Progress(_Model):
@@ -196,6 +199,53 @@ class Sharing(_Model):
     share_method: str
 
 
+class Point(_Model):
+    """A value of a metric: its ``step``, when (``t``, seconds since the job started) and
+    the ``value``."""
+
+    __schema__ = "Point"
+    step: int
+    t: float
+    value: float
+
+
+class RungDecision(_Model):
+    """``early_stop``'s decision for an attempt at a rung (step ``step``): its ``value``
+    there, the ``cutoff`` it had to reach (at least for ``mode: max``, at most for ``min``;
+    None when stopped before more than ``bootstrap_count`` attempts reached the rung), how
+    many attempts' values it was compared with (``competitors``, its own included), and
+    whether it was stopped (``pruned``)."""
+
+    __schema__ = "RungDecision"
+    rung: int
+    step: int
+    value: float
+    cutoff: Optional[float] = None
+    competitors: int
+    pruned: bool
+
+
+class AttemptSeries(_Model):
+    """One attempt's metrics (``GET /v1/experiments/{id}/metrics``): its job (``job``, its
+    ``index`` in the experiment), its ``number`` (1: the first attempt), the parameters it ran
+    with, its job's ``state`` now, whether it still runs (``live``: its series grow), each
+    metric's final value (``finals``) and points (``series``, oldest first), the metric lines
+    it printed that were ignored (``ignored``) and ``early_stop``'s decisions (``rungs``)."""
+
+    __schema__ = "AttemptSeries"
+    attempt: str
+    job: str
+    index: int
+    number: int
+    params: Dict[str, Any]
+    state: str
+    live: bool
+    finals: Dict[str, float]
+    series: Dict[str, List[Point]]
+    ignored: int
+    rungs: List[RungDecision] = []
+
+
 class AttemptView(_Model):
     __schema__ = "AttemptView"
     id: str
@@ -264,6 +314,17 @@ class AttemptView(_Model):
     background_exited_early: Optional[bool] = None
     # Highest host RAM of the attempt's processes together (MiB), from its cgroup.
     host_peak_mib: Optional[int] = None
+    #: What the run reported of itself (the spec's ``metrics``, ``HEADROOM_METRIC`` lines):
+    #: each metric's final value; a metric never reported is absent, never 0.
+    metrics: Dict[str, float] = {}
+    #: Metric lines it printed that were ignored (malformed, no finite number, too many
+    #: names); None: none.
+    metrics_ignored: Optional[int] = None
+    #: ``early_stop``'s decision at each rung it reached.
+    rungs: List[RungDecision] = []
+    #: Where its results went (``tracking``): ``mlflow run RUN_ID``, or why not
+    #: (``mlflow unreachable: ...``); None: no tracking, or not yet.
+    tracking: Optional[str] = None
 
 
 class JobDetail(JobSummary):
@@ -432,4 +493,7 @@ ALL_MODELS = [
     AttemptTelemetry,
     CounterWindow,
     Sharing,
+    Point,
+    RungDecision,
+    AttemptSeries,
 ]
