@@ -40,14 +40,6 @@ pub fn decide(rule: &EarlyStop, at: RungValue, others: &[f64]) -> RungDecision {
     decision(Some(cutoff), !promoted)
 }
 
-/// The values other attempts had at `rung`, from their decisions.
-pub fn values_at(rung: u32, others: &[Vec<RungDecision>]) -> Vec<f64> {
-    others
-        .iter()
-        .flat_map(|d| d.iter().filter(|d| d.rung == rung).map(|d| d.value))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -237,6 +237,7 @@ impl CoordinatorMetrics {
             ("succeeded", counts.succeeded),
             ("failed", counts.failed),
             ("cancelled", counts.cancelled),
+            ("pruned", counts.pruned),
         ] {
             self.jobs
                 .get_or_create(&StateLabels {

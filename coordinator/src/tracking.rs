@@ -19,10 +19,12 @@ use crate::store::TrackingRow;
 
 /// Tries before an attempt's run is given up.
 pub const MAX_TRIES: u32 = 8;
-/// How long a claimed attempt is another replica's to leave alone.
-const HOLD_MS: i64 = 120_000;
-/// Attempts written at once per replica.
-const BATCH: u32 = 8;
+/// How long a claimed attempt is another replica's to leave alone: longer than its write
+/// can take (a few requests per 1,000 points, each at most [`REQUEST_TIMEOUT`]).
+const HOLD_MS: i64 = 600_000;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// The most of an answer read: MLflow's are small.
+const MAX_ANSWER: usize = 1 << 20;
 /// MLflow's `log-batch` takes at most 1000 metrics (and 100 params) per request.
 const METRICS_PER_BATCH: usize = 1000;
 const PARAMS_PER_BATCH: usize = 100;
@@ -62,9 +64,11 @@ pub fn allowed(servers: &[String], url: &str) -> bool {
 
 /// Writes due runs until `shutdown`, polling the outbox every second.
 pub async fn run(state: AppState, shutdown: CancellationToken) {
+    // No redirect is followed: the allowed server is the only host written to.
     let http = match headroom_shared::client::http_builder()
         .connect_timeout(Duration::from_secs(3))
-        .timeout(Duration::from_secs(15))
+        .timeout(REQUEST_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
         .build()
     {
         Ok(c) => c,
@@ -80,39 +84,57 @@ pub async fn run(state: AppState, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let due = match state.store.claim_tracking(HOLD_MS, BATCH).await {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!("tracking outbox: {e}");
-                continue;
-            }
-        };
-        for (attempt, tries) in due {
-            let note = write_one(&state, &http, attempt, tries).await;
-            let (note, due) = match note {
-                Ok(run) => (format!("mlflow run {run}"), None),
-                Err(e) if tries >= MAX_TRIES => {
-                    tracing::warn!(%attempt, "tracking given up after {tries} tries: {e}");
-                    (
-                        format!("mlflow unreachable, given up after {tries} tries: {e}"),
-                        None,
-                    )
-                }
+        // One attempt at a time, each claimed just before it is written, until none is due.
+        loop {
+            let due = match state.store.claim_tracking(HOLD_MS, 1).await {
+                Ok(d) => d,
                 Err(e) => {
-                    let wait = backoff(tries);
-                    tracing::warn!(%attempt, tries, "tracking failed, trying again in {wait:?}: {e}");
-                    (
-                        format!(
-                            "mlflow unreachable (try {tries} of {MAX_TRIES}, again in {}s): {e}",
-                            wait.as_secs()
-                        ),
-                        Some(crate::store::now_ms() + wait.as_millis() as i64),
-                    )
+                    tracing::warn!("tracking outbox: {e}");
+                    break;
                 }
             };
+            let Some(&(attempt, tries)) = due.first() else {
+                break;
+            };
+            let written = tokio::select! {
+                // Left claimed: another replica (or this one, restarted) takes it once its
+                // hold runs out.
+                _ = shutdown.cancelled() => return,
+                w = write_one(&state, &http, attempt) => w,
+            };
+            let (note, due) = outcome(attempt, tries, written);
             if let Err(e) = state.store.set_tracking(attempt, note, due).await {
                 tracing::warn!(%attempt, "cannot record the tracking note: {e}");
             }
+        }
+    }
+}
+
+/// The attempt's tracking note after a try, and when to try again (`None`: never).
+fn outcome(
+    attempt: AttemptId,
+    tries: u32,
+    written: Result<String, String>,
+) -> (String, Option<crate::store::Millis>) {
+    match written {
+        Ok(run) => (format!("mlflow run {run}"), None),
+        Err(e) if tries >= MAX_TRIES => {
+            tracing::warn!(%attempt, "tracking given up after {tries} tries: {e}");
+            (
+                format!("mlflow unreachable, given up after {tries} tries: {e}"),
+                None,
+            )
+        }
+        Err(e) => {
+            let wait = backoff(tries);
+            tracing::warn!(%attempt, tries, "tracking failed, trying again in {wait:?}: {e}");
+            (
+                format!(
+                    "mlflow unreachable (try {tries} of {MAX_TRIES}, again in {}s): {e}",
+                    wait.as_secs()
+                ),
+                Some(crate::store::now_ms() + wait.as_millis() as i64),
+            )
         }
     }
 }
@@ -126,7 +148,6 @@ async fn write_one(
     state: &AppState,
     http: &reqwest::Client,
     attempt: AttemptId,
-    _tries: u32,
 ) -> Result<String, String> {
     let (view, row) = state
         .store
@@ -170,21 +191,20 @@ impl Mlflow<'_> {
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|source| TrackingError::Unreachable {
-                url: url.clone(),
-                source,
-            })?;
+        let unreachable = |source| TrackingError::Unreachable {
+            url: url.clone(),
+            source,
+        };
+        let mut resp = req.send().await.map_err(unreachable)?;
         let status = resp.status();
-        let text = resp
-            .text()
-            .await
-            .map_err(|source| TrackingError::Unreachable {
-                url: url.clone(),
-                source,
-            })?;
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(unreachable)? {
+            body.extend_from_slice(&chunk);
+            if body.len() > MAX_ANSWER {
+                return Err(self.unexpected(path, "an answer past 1 MiB"));
+            }
+        }
+        let text = String::from_utf8_lossy(&body);
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if status.is_success() {
             Ok(Ok(value))

@@ -3455,11 +3455,33 @@ async fn early_stop_decides_each_rung_once_against_the_experiment_s_other_attemp
         JobState::Pruned
     );
     assert_eq!(s.counts(Some(id)).await.expect("counts").pruned, 1);
-    let series = s.experiment_series(id).await.expect("series");
+    let series = s.experiment_series(id, None, 513).await.expect("series");
     assert_eq!(series.len(), 2);
     let mine = series.iter().find(|r| r.attempt == b.attempt).expect("b's");
     assert_eq!(mine.series["acc"].len(), 2);
     assert!(!mine.live && series.iter().any(|r| r.live));
+    // One metric's series alone, thinned; a metric none reported reads empty.
+    let mut three = reported(&[(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)], &[(0, 1, 0.9)]);
+    three.finals.insert("other".into(), 1.0);
+    s.report_metrics(a.attempt, a.fence, three)
+        .await
+        .expect("report");
+    let thin = s
+        .experiment_series(id, Some("acc".into()), 2)
+        .await
+        .expect("thinned");
+    let a_series = thin.iter().find(|r| r.attempt == a.attempt).expect("a's");
+    let steps: Vec<u64> = a_series.series["acc"].iter().map(|p| p.step).collect();
+    assert_eq!(steps, [1, 4], "the first and the latest");
+    assert_eq!(a_series.finals.keys().collect::<Vec<_>>(), ["acc"]);
+    let none = s
+        .experiment_series(id, Some("nothing".into()), 10)
+        .await
+        .expect("none");
+    assert!(
+        none.iter()
+            .all(|r| r.series.is_empty() && r.finals.is_empty())
+    );
 
     // Claimed once, however many replicas ask, until its hold runs out.
     let claimed = s.claim_tracking(60_000, 8).await.expect("claim");

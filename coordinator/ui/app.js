@@ -1005,13 +1005,18 @@ function frontTable(front, metric, mode) {
     h("td", {}, fmtNum(q.x)), h("td", {}, fmtNum(q.y)))))));
 }
 
+// Points per attempt's curve the Results view asks for.
+const CURVE_POINTS = 200;
+
 async function viewResults() {
   clearTimeout(resultsPoll);
   state.experiments = await call("listExperiments");
   if (!state.experiments.length) return h("p", { class: "muted" }, "No experiment yet.");
   if (!state.resultsExp || !state.experiments.some((e) => e.id === state.resultsExp)) state.resultsExp = state.experiments[0].id;
   const exp = state.resultsExp;
-  let [attempts, data] = await Promise.all([call("experimentMetrics", { path: { id: exp } }), exportOf(exp)]);
+  // Curves need no more points than a chart is wide: the API thins each series.
+  const metricsOf = () => call("experimentMetrics", { path: { id: exp }, query: { points: CURVE_POINTS } });
+  let [attempts, data] = await Promise.all([metricsOf(), exportOf(exp)]);
   const names = metricNames(attempts, data.rows);
   const toolbar = h("div", { class: "toolbar" },
     await experimentPicker("results-experiment", exp, (v) => { state.resultsExp = v; refresh(true); }));
@@ -1029,7 +1034,7 @@ async function viewResults() {
   const poll = async () => {
     if (!root.isConnected) return;
     try {
-      const [now, progress] = await Promise.all([call("experimentMetrics", { path: { id: exp } }),
+      const [now, progress] = await Promise.all([metricsOf(),
         call("progress", { query: { experiment: exp } })]);
       if (!root.isConnected) return;
       if (liveKey(now, progress.counts) !== liveKey(attempts, counts)

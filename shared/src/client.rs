@@ -9,6 +9,7 @@ use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::api::MetricsQuery;
 use crate::api::{
     Ack, AttemptSeries, AttemptTelemetry, CancelResponse, ClaimRequest, ClaimResponse,
     CreateTokenRequest, CreatedToken, ErrorBody, ErrorCode, ExperimentSummary, ExportQuery,
@@ -392,8 +393,10 @@ impl Client {
     pub async fn experiment_metrics(
         &self,
         id: ExperimentId,
+        query: &MetricsQuery,
     ) -> Result<Vec<AttemptSeries>, ClientError> {
-        self.get(routes::EXPERIMENT_METRICS, &[&id]).await
+        self.get_query(routes::EXPERIMENT_METRICS, &[&id], query, DEFAULT_TIMEOUT)
+            .await
     }
 
     pub async fn cancel_experiment(&self, id: ExperimentId) -> Result<CancelResponse, ClientError> {

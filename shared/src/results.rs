@@ -211,13 +211,32 @@ impl ResultsSpec {
             }
         }
         if let Some(t) = &self.tracking {
-            let ok = (t.mlflow.starts_with("http://") || t.mlflow.starts_with("https://"))
+            let rest = t
+                .mlflow
+                .strip_prefix("http://")
+                .or_else(|| t.mlflow.strip_prefix("https://"));
+            let ok = rest.is_some_and(|r| !r.is_empty())
                 && t.mlflow.len() <= 2048
-                && !t.mlflow.chars().any(char::is_whitespace);
+                && !t
+                    .mlflow
+                    .chars()
+                    .any(|c| c.is_whitespace() || c.is_control());
             if !ok {
                 return Err(SpecError::new(
                     "tracking.mlflow",
                     "must be the tracking server's http:// or https:// URL",
+                ));
+            }
+            // A URL is shown to every user and in every log: no password in it.
+            let host = rest
+                .unwrap_or_default()
+                .split('/')
+                .next()
+                .unwrap_or_default();
+            if host.contains('@') {
+                return Err(SpecError::new(
+                    "tracking.mlflow",
+                    "holds a user or password: headroom sends the tracking server no credential",
                 ));
             }
         }
@@ -340,6 +359,15 @@ pub struct RungDecision {
     pub pruned: bool,
 }
 
+/// At most `n` of `points`: evenly spread, the first and the latest kept.
+pub fn thin(points: &[Point], n: usize) -> Vec<Point> {
+    if points.len() <= n || n < 2 {
+        return points.to_vec();
+    }
+    let last = points.len() - 1;
+    (0..n).map(|i| points[i * last / (n - 1)]).collect()
+}
+
 /// The names of `series` and `finals` in order, once each.
 pub fn names(m: &AttemptMetrics) -> BTreeSet<&str> {
     m.finals
@@ -417,6 +445,21 @@ mod tests {
             mlflow: "file:///tmp/mlruns".into(),
         });
         assert_eq!(r.validate().expect_err("refused").field, "tracking.mlflow");
+        r.tracking = Some(Tracking {
+            mlflow: "https://lab:secret@mlflow.lab".into(),
+        });
+        let e = r.validate().expect_err("refused");
+        assert!(
+            e.field == "tracking.mlflow" && e.message.contains("credential"),
+            "{e:?}"
+        );
+        r.tracking = Some(Tracking {
+            mlflow: "http://mlflow.lab:5000/path@x".into(),
+        });
+        assert!(
+            r.validate().is_ok(),
+            "an `@` past the host is no credential"
+        );
     }
 
     #[test]

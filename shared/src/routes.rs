@@ -8,6 +8,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use crate::api::MetricsQuery;
 use crate::api::source::BundleStored;
 use crate::api::{
     Ack, AttemptSeries, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse,
@@ -365,13 +366,15 @@ pub const REPORT_METRICS: Endpoint<Json<MetricsReport>, NoQuery, Json<MetricsAns
     )
     .doc("reportMetrics", "supervisors")
     .conflicts();
-pub const EXPERIMENT_METRICS: Endpoint<NoBody, NoQuery, JsonList<AttemptSeries>> = Endpoint::new(
-    Get,
-    "/v1/experiments/{id}/metrics",
-    User,
-    "Every attempt's metric series and final values (learning curves)",
-)
-.doc("experimentMetrics", "experiments");
+pub const EXPERIMENT_METRICS: Endpoint<NoBody, Query<MetricsQuery>, JsonList<AttemptSeries>> =
+    Endpoint::new(
+        Get,
+        "/v1/experiments/{id}/metrics",
+        User,
+        "Every attempt's metric series and final values (learning curves), one metric's or \
+         all, thinned to `points` per series",
+    )
+    .doc("experimentMetrics", "experiments");
 pub const HAND_BACK: Endpoint<Json<HandBackRequest>, NoQuery, Json<Ack>> = Endpoint::new(
     Post,
     "/v1/attempts/{id}/handback",

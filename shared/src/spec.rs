@@ -451,6 +451,12 @@ impl ExperimentSpec {
                 "a cancelled job is never retried by itself; use `headroom retry`",
             ));
         }
+        if self.retry.on.contains(&FailureClass::Pruned) {
+            return Err(SpecError::new(
+                "retry.on",
+                "a job `early_stop` pruned is never retried by itself; use `headroom retry`",
+            ));
+        }
         if self.retry.on.contains(&FailureClass::Throttled) {
             return Err(SpecError::new(
                 "retry.on",

@@ -11,7 +11,14 @@ use headroom_shared::results::{
     Point, ResultsSpec, RungValue, Take,
 };
 use memchr::{memchr, memmem};
-use regex::Regex;
+use regex::{Regex, RegexSet};
+
+/// headroom's own lines in the log (`[headroom] ...`): never read as the job's metrics.
+const OWN_LINE: &[u8] = b"[headroom] ";
+
+/// Points per metric a running attempt's reports carry (evenly spread, the latest kept);
+/// its whole series goes with its end.
+pub const LIVE_POINTS: usize = 64;
 
 /// One metric of the spec read by a pattern.
 #[derive(Debug)]
@@ -78,6 +85,9 @@ pub struct MetricScanner {
     /// The line being read is longer than [`MAX_LINE`]: its rest is skipped.
     overlong: bool,
     patterns: Vec<Pattern>,
+    /// Every pattern at once (the metrics', then the step's), so that a line no pattern
+    /// matches costs one pass whatever their number.
+    any: Option<RegexSet>,
     step_pattern: Option<Regex>,
     /// The step the last `metric_step` match gave.
     step: Option<u64>,
@@ -86,9 +96,11 @@ pub struct MetricScanner {
     early_stop: Option<EarlyStop>,
     rungs: Vec<RungValue>,
     ignored: u64,
-    /// The series' times count from here (the attempt's log opening, just before its start).
+    /// The series' times count from here: the job's exec.
     started: Instant,
     changed: bool,
+    /// A rung was reached since the last report: `early_stop` decides now.
+    rung_reached: bool,
 }
 
 impl MetricScanner {
@@ -113,10 +125,16 @@ impl MetricScanner {
             .metric_step
             .as_deref()
             .and_then(|p| results::compile(p).ok());
+        let sources = patterns
+            .iter()
+            .map(|p| p.regex.as_str())
+            .chain(step_pattern.iter().map(Regex::as_str));
+        let any = RegexSet::new(sources).ok().filter(|set| !set.is_empty());
         Self {
             partial: Vec::new(),
             overlong: false,
             patterns,
+            any,
             step_pattern,
             step: None,
             takes: spec
@@ -130,7 +148,13 @@ impl MetricScanner {
             ignored: 0,
             started: Instant::now(),
             changed: false,
+            rung_reached: false,
         }
+    }
+
+    /// The job starts now: its series' times count from here.
+    pub fn started(&mut self) {
+        self.started = Instant::now();
     }
 
     /// Reads the next piece of the log.
@@ -155,6 +179,21 @@ impl MetricScanner {
     /// Whether anything changed since the last call.
     pub fn take_changed(&mut self) -> bool {
         std::mem::take(&mut self.changed)
+    }
+
+    /// Whether a rung was reached since the last call (its decision should not wait).
+    pub fn take_rung_reached(&mut self) -> bool {
+        std::mem::take(&mut self.rung_reached)
+    }
+
+    /// What a running attempt reports: finals and rungs whole, each series thinned to
+    /// [`LIVE_POINTS`] (evenly spread, first and latest kept).
+    pub fn live_snapshot(&self) -> AttemptMetrics {
+        let mut m = self.snapshot();
+        for points in m.series.values_mut() {
+            *points = results::thin(points, LIVE_POINTS);
+        }
+        m
     }
 
     /// What was collected so far.
@@ -199,6 +238,9 @@ impl MetricScanner {
 
     fn line(&mut self, line: &[u8], overlong: bool) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.starts_with(OWN_LINE) {
+            return;
+        }
         if let Some(at) = memmem::find(line, METRIC_LINE.as_bytes()) {
             let json = &line[at + METRIC_LINE.len()..];
             if overlong {
@@ -209,16 +251,24 @@ impl MetricScanner {
             }
             return;
         }
-        if self.patterns.is_empty() && self.step_pattern.is_none() {
+        let Some(any) = &self.any else {
+            return;
+        };
+        let text: Cow<'_, str> = String::from_utf8_lossy(line);
+        let matched = any.matches(&text);
+        if !matched.matched_any() {
             return;
         }
-        let text: Cow<'_, str> = String::from_utf8_lossy(line);
         if let Some(re) = &self.step_pattern
+            && matched.matched(self.patterns.len())
             && let Some(step) = first_group(re, &text).and_then(|s| s.trim().parse::<u64>().ok())
         {
             self.step = Some(step);
         }
         for i in 0..self.patterns.len() {
+            if !matched.matched(i) {
+                continue;
+            }
             let p = &self.patterns[i];
             let Some(found) = first_group(&p.regex, &text) else {
                 continue;
@@ -254,23 +304,21 @@ impl MetricScanner {
                 }
             },
         };
-        let mut any = false;
         for (name, v) in &map {
             if name == "step" {
                 continue;
             }
             match v.as_f64().filter(|v| v.is_finite()) {
-                Some(v) if results::validate_metric_name(name).is_ok() => {
-                    any = true;
-                    self.value(name, step, v);
-                }
+                Some(v) if results::validate_metric_name(name).is_ok() => self.value(name, step, v),
                 _ => {
                     self.ignored += 1;
                     self.changed = true;
                 }
             }
         }
-        if !any {
+        if map.keys().all(|k| k == "step") {
+            // Nothing to record (`{}`, a step alone): said, as any line that was no metric.
+            self.ignored += 1;
             self.changed = true;
         }
     }
@@ -301,6 +349,7 @@ impl MetricScanner {
             {
                 let rung = self.rungs.len() as u32;
                 self.rungs.push(RungValue { rung, step, value });
+                self.rung_reached = true;
             }
         }
     }
@@ -369,6 +418,8 @@ mod tests {
               HEADROOM_METRIC {not json\n\
               HEADROOM_METRIC {\"step\": -1, \"loss\": 1}\n\
               HEADROOM_METRIC {\"loss\": \"high\", \"9bad\": 1}\n\
+              HEADROOM_METRIC {}\n\
+              [headroom] HEADROOM_METRIC {\"loss\": 9}\n\
               plain output 12\n",
         );
         let m = s.snapshot();
@@ -379,7 +430,45 @@ mod tests {
             [10, 2],
             "without a step, the count of the metric's values"
         );
-        assert_eq!(m.ignored, 4);
+        assert_eq!(
+            m.ignored, 5,
+            "`{{}}` too; headroom's own line is no job's metric"
+        );
+    }
+
+    #[test]
+    fn a_live_report_carries_a_thinned_series_with_its_first_and_latest_points() {
+        let mut s = MetricScanner::new(None);
+        for i in 1..=300 {
+            s.feed(format!("HEADROOM_METRIC {{\"step\": {i}, \"x\": {i}}}\n").as_bytes());
+        }
+        let live = s.live_snapshot();
+        let steps: Vec<u64> = live.series["x"].iter().map(|p| p.step).collect();
+        assert_eq!(steps.len(), LIVE_POINTS);
+        assert_eq!((steps[0], steps[LIVE_POINTS - 1]), (1, 300));
+        assert!(steps.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(live.finals["x"], 300.0);
+        assert_eq!(
+            s.snapshot().series["x"].len(),
+            300,
+            "the end's report has them all"
+        );
+    }
+
+    #[test]
+    fn headroom_s_own_notes_are_never_read_by_a_pattern() {
+        let mut spec = ResultsSpec::default();
+        spec.metrics.insert(
+            "acc".into(),
+            MetricSpec {
+                pattern: Some("acc ([0-9.]+)".into()),
+                take: Take::Last,
+                scale: None,
+            },
+        );
+        let mut s = MetricScanner::new(Some(&spec));
+        s.feed(b"epoch 1 acc 0.5\n[headroom] early_stop: acc 0.9 was the cutoff\n");
+        assert_eq!(s.snapshot().finals["acc"], 0.5);
     }
 
     #[test]

@@ -457,7 +457,8 @@ async fn serve_run(
                 }
             }
             answer = results.answer() => {
-                if let Some(rung) = results.answered(attempt, answer) {
+                // A job already being stopped (a cancel, a lost lease) keeps that reason.
+                if let Some(rung) = results.answered(attempt, answer).filter(|_| !lease.stopping()) {
                     let metric = spec.launch.results.as_ref()
                         .and_then(|r| r.early_stop.as_ref())
                         .map_or("the metric", |e| e.metric.as_str());

@@ -89,7 +89,7 @@ pub(super) fn pruned_note(metric: &str, d: &RungDecision) -> String {
         ),
     };
     format!(
-        "early_stop: {metric} = {} at step {} (rung {}) is {cutoff}: stopping the job (pruned)",
+        "early_stop: {metric} was {} at step {} (rung {}), {cutoff}: stopping the job (pruned)",
         d.value, d.step, d.rung
     )
 }

@@ -57,9 +57,10 @@ pub fn run(lines: usize) -> Result<Report> {
     let (plain_cpu, plain_wall, _) = one_run(&node, "plain", &printer(lines, false))?;
     let (metric_cpu, metric_wall, exp) = one_run(&node, "metrics", &printer(lines, true))?;
 
-    let series: Vec<AttemptSeries> =
-        headroom_integration_tests::block_on(node.api.experiment_metrics(exp))?
-            .context("metrics")?;
+    let series: Vec<AttemptSeries> = headroom_integration_tests::block_on(
+        node.api.experiment_metrics(exp, &Default::default()),
+    )?
+    .context("metrics")?;
     let Some(a) = series.first() else {
         bail!("the metric run reported no metrics");
     };

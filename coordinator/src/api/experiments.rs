@@ -64,16 +64,12 @@ pub async fn submit(
     if let Some(t) = &spec.tracking
         && !crate::tracking::allowed(&s.config.mlflow_servers, &t.mlflow)
     {
-        let allowed = if s.config.mlflow_servers.is_empty() {
-            "none is".to_string()
-        } else {
-            format!("only {} are", s.config.mlflow_servers.join(", "))
-        };
+        // The list is not told: an admin's server URLs are not every user's to read.
         return Err(ApiError::invalid(
             "tracking.mlflow",
             format!(
-                "{} is not a tracking server this coordinator may write to: {allowed} \
-                 (its admin lists them with --mlflow-servers or HEADROOM_MLFLOW_SERVERS)",
+                "{} is not a tracking server this coordinator may write to (its admin lists \
+                 them with --mlflow-servers or HEADROOM_MLFLOW_SERVERS)",
                 t.mlflow
             ),
         ));
@@ -172,10 +168,26 @@ pub async fn get_one(
 pub async fn metrics(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<headroom_shared::api::MetricsQuery>,
 ) -> ApiResult<Vec<headroom_shared::api::AttemptSeries>> {
+    use headroom_shared::results::{MAX_POINTS, validate_metric_name};
+    if let Some(m) = &q.metric {
+        validate_metric_name(m).map_err(|e| ApiError::invalid("metric", e))?;
+    }
+    let most = MAX_POINTS as u32 + 1;
+    let points = match q.points {
+        None => most,
+        Some(n) if (2..=most).contains(&n) => n,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "points",
+                format!("must be from 2 to {most}"),
+            ));
+        }
+    };
     Ok(ApiJson(
         s.store
-            .experiment_series(parse_id(&id, "experiment")?)
+            .experiment_series(parse_id(&id, "experiment")?, q.metric, points as usize)
             .await?,
     ))
 }

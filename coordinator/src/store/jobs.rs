@@ -123,6 +123,10 @@ pub(super) async fn lose_attempt(
     tx.set_job_tries(&job.id, r.attempts, loss.max_attempts)
         .await?;
     transition(tx, &mut job, loss.event).await?;
+    if started {
+        // A run that started is tracked however it ended.
+        super::results::at_end(tx, attempt, None, now).await?;
+    }
     Ok(true)
 }
 

@@ -441,10 +441,13 @@ pub trait Store: Send + Sync + 'static {
         fence: i64,
         metrics: headroom_shared::results::AttemptMetrics,
     ) -> Result<headroom_shared::api::MetricsAnswer>;
-    /// Every attempt's metric series of an experiment.
+    /// Every attempt's metric series of an experiment (`metric`'s only, where given), each
+    /// thinned to `points`.
     async fn experiment_series(
         &self,
         id: ExperimentId,
+        metric: Option<String>,
+        points: usize,
     ) -> Result<Vec<headroom_shared::api::AttemptSeries>>;
     /// Claims up to `limit` ended attempts whose results are due to their tracking server,
     /// for `hold_ms`; each with its tries so far.
@@ -709,8 +712,10 @@ impl<B: Backend> Store for B {
     async fn experiment_series(
         &self,
         id: ExperimentId,
+        metric: Option<String>,
+        points: usize,
     ) -> Result<Vec<headroom_shared::api::AttemptSeries>> {
-        run!(self, read, "experiment_series", results::series, id; experiment = %id)
+        run!(self, read, "experiment_series", results::series, id, metric, points; experiment = %id)
     }
 
     async fn claim_tracking(&self, hold_ms: i64, limit: u32) -> Result<Vec<(AttemptId, u32)>> {

@@ -29,35 +29,46 @@ pub(super) async fn report(
     Ok((MetricsAnswer { prune }, Change::None))
 }
 
-/// What an attempt's end adds: its metrics as the end reports them (kept, their rungs
-/// decided for the attempts after it), and its results due to its tracking server.
+/// What an attempt's end adds: its metrics as the end reports them (kept, and its rung
+/// values entered in the ledger for the attempts after it; decisions are taken only while
+/// it runs), and its results due to its tracking server. Metrics that break their bounds
+/// are left out, never the end.
 pub(super) async fn at_end(
     tx: &mut dyn Tx,
     attempt: &str,
     metrics: Option<&AttemptMetrics>,
     now: Millis,
 ) -> Result<()> {
-    if let Some(m) = metrics {
-        m.check().map_err(|message| StoreError::Invalid {
-            field: "metrics".into(),
-            message,
-        })?;
-        record(tx, attempt, m).await?;
+    let Some((experiment, results, decided)) = tx.results_of_attempt(attempt).await? else {
+        return Err(StoreError::not_found("attempt", attempt));
+    };
+    match metrics.map(|m| (m, m.check())) {
+        Some((_, Err(why))) => {
+            tracing::warn!(%attempt, "the end's metrics are left out: {why}");
+        }
+        Some((m, Ok(()))) => {
+            tx.set_attempt_metrics(attempt, &m.finals, m.ignored, &m.series)
+                .await?;
+            if results.as_ref().is_some_and(|r| r.early_stop.is_some()) {
+                // Up to the rung that stopped it, if one did: it ran on a little after.
+                let last = decided.iter().find(|d| d.pruned).map(|d| d.rung);
+                for at in m.rungs.iter().filter(|r| last.is_none_or(|l| r.rung <= l)) {
+                    tx.insert_rung_value(&experiment, attempt, at).await?;
+                }
+            }
+        }
+        None => {}
     }
-    let tracked = tx
-        .results_of_attempt(attempt)
-        .await?
-        .and_then(|(_, r, _)| r)
-        .is_some_and(|r| r.tracking.is_some());
-    if tracked {
+    if results.is_some_and(|r| r.tracking.is_some()) {
         tx.set_tracking(attempt, Some("waiting to be written"), Some(now))
             .await?;
     }
     Ok(())
 }
 
-/// Keeps `metrics` as the attempt's, and decides the rungs it reached since its last report,
-/// in order, up to the first that stops it; that one (or an earlier stop) is returned.
+/// Keeps `metrics` as the running attempt's, and decides the rungs it reached since its
+/// last report, in order, up to the first that stops it; that one (or an earlier stop) is
+/// returned. Each rung's value enters the experiment's ledger whatever is decided.
 pub(super) async fn record(
     tx: &mut dyn Tx,
     attempt: &str,
@@ -78,10 +89,11 @@ pub(super) async fn record(
     if new.is_empty() {
         return Ok(None);
     }
-    let others = tx.others_rungs(&experiment, attempt).await?;
     let mut stop = None;
     for at in new {
-        let d = early_stop::decide(&rule, at, &early_stop::values_at(at.rung, &others));
+        let others = tx.rung_values(&experiment, at.rung, attempt).await?;
+        tx.insert_rung_value(&experiment, attempt, &at).await?;
+        let d = early_stop::decide(&rule, at, &others);
         decided.push(d);
         if d.pruned {
             stop = Some(d);
@@ -92,16 +104,28 @@ pub(super) async fn record(
     Ok(stop)
 }
 
-/// Every attempt's series of an experiment that reported metrics.
-pub(super) async fn series(tx: &mut dyn Tx, id: ExperimentId) -> Result<Vec<AttemptSeries>> {
+/// Every attempt's series of an experiment that reported metrics (only `metric`, where
+/// given), each thinned to `points`.
+pub(super) async fn series(
+    tx: &mut dyn Tx,
+    id: ExperimentId,
+    metric: Option<String>,
+    points: usize,
+) -> Result<Vec<AttemptSeries>> {
     // An unknown experiment is a 404, not an empty list.
     tx.experiment_row(&id.to_string())
         .await?
         .ok_or_else(|| StoreError::not_found("experiment", id))?;
-    tx.experiment_series(&id.to_string())
+    tx.experiment_series(&id.to_string(), metric.as_deref())
         .await?
         .into_iter()
-        .map(|r| {
+        .map(|mut r| {
+            if let Some(m) = &metric {
+                r.finals.retain(|k, _| k == m);
+            }
+            for s in r.series.values_mut() {
+                *s = headroom_shared::results::thin(s, points);
+            }
             Ok(AttemptSeries {
                 attempt: super::rows::parse(&r.attempt, "attempt id")?,
                 job: super::rows::parse(&r.job, "job id")?,

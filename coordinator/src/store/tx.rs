@@ -488,19 +488,28 @@ pub trait ResultsTx: Send {
             Vec<headroom_shared::results::RungDecision>,
         )>,
     >;
-    /// The rung decisions of the experiment's other attempts.
-    async fn others_rungs(
+    /// Records an attempt's value at a rung in the experiment's ledger (once).
+    async fn insert_rung_value(
         &mut self,
         experiment: &str,
         attempt: &str,
-    ) -> Result<Vec<Vec<headroom_shared::results::RungDecision>>>;
+        at: &headroom_shared::results::RungValue,
+    ) -> Result<()>;
+    /// The values other jobs' attempts had at `rung` of the experiment.
+    async fn rung_values(&mut self, experiment: &str, rung: u32, attempt: &str)
+    -> Result<Vec<f64>>;
     async fn set_attempt_rungs(
         &mut self,
         attempt: &str,
         rungs: &[headroom_shared::results::RungDecision],
     ) -> Result<()>;
-    /// Every attempt of the experiment that reported metrics, in job and attempt order.
-    async fn experiment_series(&mut self, experiment: &str) -> Result<Vec<SeriesRow>>;
+    /// Every attempt of the experiment that reported metrics, in job and attempt order;
+    /// with `metric`, only its series is read.
+    async fn experiment_series(
+        &mut self,
+        experiment: &str,
+        metric: Option<&str>,
+    ) -> Result<Vec<SeriesRow>>;
     /// Sets the attempt's tracking note (kept when `None`) and when it is due again (`None`:
     /// never).
     async fn set_tracking(

@@ -931,6 +931,19 @@ pub struct CreatedToken {
     pub view: TokenView,
 }
 
+/// `GET /v1/experiments/{id}/metrics`: which metric, and how many points per series.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams), into_params(parameter_in = Query))]
+pub struct MetricsQuery {
+    /// Only this metric (every metric by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    /// Most points per series, evenly spread with the first and the latest kept (default
+    /// and most: 513, every point kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub points: Option<u32>,
+}
+
 /// One attempt's metric series, for learning curves (`GET /v1/experiments/{id}/metrics`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -67,11 +67,12 @@ pub async fn run_attempt(
 /// The latest metrics of a running attempt, for its supervisor to report.
 pub type MetricsTx = tokio::sync::watch::Sender<Option<AttemptMetrics>>;
 
-/// How often a running attempt's metrics are handed on when they changed.
-pub const METRICS_EVERY: Duration = Duration::from_secs(2);
+/// How often a running attempt's metrics are handed on when they changed (at once when the
+/// job reached a rung of `early_stop`, whose decision should not wait).
+pub const METRICS_EVERY: Duration = Duration::from_secs(5);
 
 /// [`run_attempt`], handing its metrics to `metrics` while it runs (at most every
-/// [`METRICS_EVERY`], when they changed).
+/// [`METRICS_EVERY`] when they changed, at the next sampling tick when a rung was reached).
 pub async fn run_attempt_reporting(
     launch: Launch,
     backend: Arc<dyn GpuBackend>,
@@ -163,12 +164,13 @@ async fn until_stop(
             }
             _ = tokio::time::sleep_until(next_sample) => {
                 let w = run.watch.clone();
-                let hand_on = metrics.is_some() && Instant::now() >= metrics_due;
+                let (wanted, due) = (metrics.is_some(), Instant::now() >= metrics_due);
                 let latest = tokio::task::spawn_blocking(move || {
                     let mut w = lock(&w);
                     w.step();
                     let m = &mut w.log.metrics;
-                    (hand_on && m.take_changed()).then(|| m.snapshot())
+                    let now = wanted && (m.take_rung_reached() || due);
+                    (now && m.take_changed()).then(|| m.live_snapshot())
                 })
                 .await;
                 if let (Some(tx), Ok(Some(latest))) = (metrics, latest) {

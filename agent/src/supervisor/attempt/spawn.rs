@@ -167,7 +167,11 @@ pub(super) async fn start(
             Some(start_reading)
         }
     };
-    lock(&watch).meter.mark_exec(std::time::Instant::now());
+    {
+        let mut w = lock(&watch);
+        w.meter.mark_exec(std::time::Instant::now());
+        w.log.metrics.started();
+    }
 
     // The spec holds the log handles given to the child: they close with it.
     let spawned = command(launch, backend.as_ref(), &log)

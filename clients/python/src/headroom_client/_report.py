@@ -35,7 +35,7 @@ def metric_name_problem(name: str) -> Optional[str]:
     return None
 
 
-def _value(name: str, value: object) -> float:
+def _value(name: str, value: object) -> Optional[float]:
     # A bool is an int to Python, but no measurement; text is refused before float() parses it.
     if isinstance(value, (bool, str, bytes, bytearray)):
         raise ValueError(f"metric {name!r}: {value!r} is not a number")
@@ -43,9 +43,9 @@ def _value(name: str, value: object) -> float:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ValueError(f"metric {name!r}: {value!r} is not a number") from None
-    if not math.isfinite(number):
-        raise ValueError(f"metric {name!r}: {value!r} is not a finite number")
-    return number
+    # A diverged loss (NaN, infinity) must not crash the training that reports it: it is
+    # written as `null`, which headroom counts among the ignored values.
+    return number if math.isfinite(number) else None
 
 
 def _step(step: SupportsIndex) -> int:
@@ -82,10 +82,12 @@ def report(step: Optional[SupportsIndex] = None, **metrics: SupportsFloat) -> No
     and flushes it; headroom reads it from the job's log as a value of each metric at that
     step (without ``step``, a metric's step is the count of its values so far).
 
-    ``step``: a non-negative integer (a NumPy integer will do). Each metric: a finite number,
-    or anything ``float()`` takes (a NumPy scalar, a one-element tensor). Names are letters,
-    digits, ``_ . / -``, starting with a letter or ``_``, at most 64 bytes. A wrong name or
-    value raises ``ValueError`` naming the metric, and nothing is written.
+    ``step``: a non-negative integer (a NumPy integer will do). Each metric: a number, or
+    anything ``float()`` takes (a NumPy scalar, a one-element tensor); NaN and infinity are
+    written as ``null``, which headroom ignores and counts (``metrics_ignored``), so a run
+    whose loss diverged goes on. Names are letters, digits, ``_ . / -``, starting with a
+    letter or ``_``, at most 64 bytes. A wrong name, or a value that is no number at all,
+    raises ``ValueError`` naming the metric, and nothing is written.
 
     No network, no token: outside headroom it is just a line of output."""
     line = metric_line(step, **metrics) + "\n"

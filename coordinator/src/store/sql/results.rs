@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use headroom_shared::results::{Point, ResultsSpec, RungDecision};
+use headroom_shared::results::{Point, ResultsSpec, RungDecision, RungValue};
 
 use super::super::exec::{Arg, Exec, json};
 use super::super::rows::Cols;
@@ -60,16 +60,39 @@ impl<E: Exec> ResultsTx for E {
         .await
     }
 
-    async fn others_rungs(
+    async fn insert_rung_value(
         &mut self,
         experiment: &str,
         attempt: &str,
-    ) -> Result<Vec<Vec<RungDecision>>> {
+        at: &RungValue,
+    ) -> Result<()> {
+        done(
+            self,
+            "INSERT INTO metric_rungs (experiment_id, rung, attempt_id, job_id, value) \
+             SELECT $1, $2, a.id, a.job_id, $4 FROM attempts a WHERE a.id = $3 \
+             ON CONFLICT (experiment_id, rung, attempt_id) DO NOTHING",
+            &[
+                Arg::from(experiment),
+                Arg::from(at.rung),
+                Arg::from(attempt),
+                json(&at.value)?,
+            ],
+        )
+        .await
+    }
+
+    async fn rung_values(
+        &mut self,
+        experiment: &str,
+        rung: u32,
+        attempt: &str,
+    ) -> Result<Vec<f64>> {
+        // Another attempt of the same job is no competitor: as in Optuna, a job is one trial.
         all(
             self,
-            "SELECT a.rungs FROM attempts a JOIN jobs j ON j.id = a.job_id \
-             WHERE j.experiment_id = $1 AND a.id <> $2 AND a.rungs IS NOT NULL",
-            &[Arg::from(experiment), Arg::from(attempt)],
+            "SELECT r.value FROM metric_rungs r WHERE r.experiment_id = $1 AND r.rung = $2 \
+             AND r.job_id <> (SELECT a.job_id FROM attempts a WHERE a.id = $3)",
+            &[Arg::from(experiment), Arg::from(rung), Arg::from(attempt)],
             |r| r.json(0),
         )
         .await
@@ -84,32 +107,51 @@ impl<E: Exec> ResultsTx for E {
         .await
     }
 
-    async fn experiment_series(&mut self, experiment: &str) -> Result<Vec<SeriesRow>> {
-        all(
-            self,
+    async fn experiment_series(
+        &mut self,
+        experiment: &str,
+        metric: Option<&str>,
+    ) -> Result<Vec<SeriesRow>> {
+        // With a metric, only its array leaves the database (`->`), not every series.
+        let series = if metric.is_some() {
+            "s.series -> $2"
+        } else {
+            "s.series"
+        };
+        let sql = format!(
             "SELECT a.id, a.job_id, j.idx, a.number, a.params, j.state, a.phase, \
-             a.metric_finals, a.metrics_ignored, a.rungs, s.series \
+             a.metric_finals, a.metrics_ignored, a.rungs, {series} \
              FROM attempts a JOIN jobs j ON j.id = a.job_id \
              LEFT JOIN attempt_series s ON s.attempt_id = a.id \
              WHERE j.experiment_id = $1 AND (s.series IS NOT NULL OR a.metric_finals IS NOT NULL) \
-             ORDER BY j.seq, a.number",
-            &[Arg::from(experiment)],
-            |r| {
-                Ok(SeriesRow {
-                    attempt: r.text(0)?,
-                    job: r.text(1)?,
-                    index: r.int(2)?,
-                    number: r.int(3)?,
-                    params: r.json(4)?,
-                    state: r.text(5)?,
-                    phase: r.text(6)?,
-                    finals: r.json_opt(7)?.unwrap_or_default(),
-                    ignored: r.mib_opt(8)?.unwrap_or(0),
-                    rungs: r.json_opt(9)?.unwrap_or_default(),
-                    series: r.json_opt(10)?.unwrap_or_default(),
-                })
-            },
-        )
+             ORDER BY j.seq, a.number"
+        );
+        let mut args = vec![Arg::from(experiment)];
+        if let Some(m) = metric {
+            args.push(Arg::from(m));
+        }
+        all(self, &sql, &args, |r| {
+            let series = match metric {
+                Some(m) => r
+                    .json_opt::<Vec<Point>>(10)?
+                    .map(|s| BTreeMap::from([(m.to_string(), s)]))
+                    .unwrap_or_default(),
+                None => r.json_opt(10)?.unwrap_or_default(),
+            };
+            Ok(SeriesRow {
+                attempt: r.text(0)?,
+                job: r.text(1)?,
+                index: r.int(2)?,
+                number: r.int(3)?,
+                params: r.json(4)?,
+                state: r.text(5)?,
+                phase: r.text(6)?,
+                finals: r.json_opt(7)?.unwrap_or_default(),
+                ignored: r.mib_opt(8)?.unwrap_or(0),
+                rungs: r.json_opt(9)?.unwrap_or_default(),
+                series,
+            })
+        })
         .await
     }
 
