@@ -1,8 +1,10 @@
 //! What a job's metric lines cost: one job printing N `HEADROOM_METRIC` lines as fast as it
-//! can, against the same job printing N plain lines of the same length (its log read, kept
-//! and shipped all the same), on one slot of the real system; the CPU of everything the node
-//! ran (coordinator, agent, supervisors, the job) from its `cpuacct` group, and what the
-//! attempt kept (its series bounded, its final value over every line).
+//! can, and the same N plain lines read by two `metrics:` patterns (one matching every line,
+//! one none), against the same job printing N plain lines of the same length with no metric
+//! read (its log read, kept and shipped all the same), on one slot of the real system; the
+//! CPU of everything the node ran (coordinator, agent, supervisors, the job) from its
+//! `cpuacct` group, and what the attempt kept (its series bounded, its final value over every
+//! line).
 
 use std::time::{Duration, Instant};
 
@@ -29,17 +31,37 @@ fn printer(lines: usize, metrics: bool) -> Vec<String> {
     ]
 }
 
-/// One run of `argv` on the node: the node's CPU it took (ms; `None` where no group could
-/// be made), its wall time, and the experiment.
+/// Patterns over the plain lines: one that matches each (`loss`), one that matches none.
+fn patterns() -> serde_json::Value {
+    serde_json::json!({
+        "loss": {"pattern": "\"loss\": ([0-9.]+)"},
+        "never": {"pattern": "Test Accuracy: ([0-9.]+)%", "take": "max"},
+    })
+}
+
+/// One run of `argv` on the node (with `metrics`, the spec's patterns): the node's CPU it
+/// took (ms; `None` where no group could be made), its wall time, and the experiment.
 fn one_run(
     node: &Node,
     name: &str,
     argv: &[String],
+    metrics: Option<serde_json::Value>,
 ) -> Result<(Option<f64>, Duration, headroom_shared::ExperimentId)> {
     let before = node.cpu_ms();
     let t = Instant::now();
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let exp = node.submit(name, &argv, 1)?;
+    let mut spec = serde_json::json!({"name": name, "command": argv,
+        "resources": {"memory": "100MiB"}});
+    if let Some(m) = metrics {
+        spec["metrics"] = m;
+    }
+    let req = headroom_shared::api::SubmitRequest {
+        spec,
+        ..Default::default()
+    };
+    let exp = headroom_integration_tests::block_on(node.api.submit(&req))?
+        .context("submit refused")?
+        .experiment
+        .context("stored")?;
     node.wait_done(exp, Duration::from_secs(1800))?;
     let wall = t.elapsed();
     let used = before.zip(node.cpu_ms()).map(|(b, a)| a - b);
@@ -53,9 +75,20 @@ pub fn run(lines: usize) -> Result<Report> {
         plan: "1",
     })?;
     // A warm-up: the first attempt's supervisor starts, the store warms.
-    one_run(&node, "warm", &["true".to_string()])?;
-    let (plain_cpu, plain_wall, _) = one_run(&node, "plain", &printer(lines, false))?;
-    let (metric_cpu, metric_wall, exp) = one_run(&node, "metrics", &printer(lines, true))?;
+    one_run(&node, "warm", &["true".to_string()], None)?;
+    let (plain_cpu, plain_wall, _) = one_run(&node, "plain", &printer(lines, false), None)?;
+    let (metric_cpu, metric_wall, exp) = one_run(&node, "metrics", &printer(lines, true), None)?;
+    let (pattern_cpu, pattern_wall, pattern_exp) =
+        one_run(&node, "patterns", &printer(lines, false), Some(patterns()))?;
+    let by_pattern: Vec<AttemptSeries> = headroom_integration_tests::block_on(
+        node.api
+            .experiment_metrics(pattern_exp, &Default::default()),
+    )?
+    .context("metrics")?;
+    let pattern_kept = by_pattern
+        .first()
+        .and_then(|a| a.series.get("loss"))
+        .map_or(0, Vec::len);
 
     let series: Vec<AttemptSeries> = headroom_integration_tests::block_on(
         node.api.experiment_metrics(exp, &Default::default()),
@@ -69,12 +102,15 @@ pub fn run(lines: usize) -> Result<Report> {
     let final_loss = a.finals.get("loss").copied();
     let per_10k = |cpu: Option<f64>| cpu.map(|c| c / lines as f64 * 10_000.0);
     let extra = per_10k(metric_cpu.zip(plain_cpu).map(|(m, p)| (m - p).max(0.0)));
+    let pattern_extra = per_10k(pattern_cpu.zip(plain_cpu).map(|(m, p)| (m - p).max(0.0)));
     let shown = |v: Option<f64>| v.map_or("not measured".to_string(), |v| format!("{v:.1} ms"));
     let table = format!(
         "| job printing {lines} lines | node CPU | per 10^4 lines | wall |\n| --- | --- | --- | --- |\n\
          | plain lines | {} | {} | {:.1} s |\n\
          | `HEADROOM_METRIC` lines | {} | {} | {:.1} s |\n\
-         | the metric lines' own cost | | {} | |\n\n\
+         | the metric lines' own cost | | {} | |\n\
+         | plain lines read by 2 `metrics:` patterns | {} | {} | {:.1} s |\n\
+         | the patterns' own cost | | {} | |\n\n\
          Series kept: {kept} points of {lines} (bound {MAX_POINTS} + the latest), last step \
          {}, final `loss` {}.\n",
         shown(plain_cpu),
@@ -84,6 +120,10 @@ pub fn run(lines: usize) -> Result<Report> {
         shown(per_10k(metric_cpu)),
         metric_wall.as_secs_f64(),
         shown(extra),
+        shown(pattern_cpu),
+        shown(per_10k(pattern_cpu)),
+        pattern_wall.as_secs_f64(),
+        shown(pattern_extra),
         last_step.map_or("-".into(), |s| s.to_string()),
         final_loss.map_or("-".into(), |v| v.to_string()),
     );
@@ -98,13 +138,20 @@ pub fn run(lines: usize) -> Result<Report> {
             shown(extra),
             extra.is_none_or(|e| e <= 50.0),
         ),
+        Target::new(
+            "two patterns cost the node at most 50 ms of CPU per 10^4 lines beyond none",
+            format!("{}, {pattern_kept} points kept", shown(pattern_extra)),
+            pattern_extra.is_none_or(|e| e <= 50.0) && (1..=MAX_POINTS + 1).contains(&pattern_kept),
+        ),
     ];
     let figures = serde_json::json!({
         "lines": lines,
         "kept_points": kept,
         "plain": {"cpu_ms": plain_cpu, "wall_s": plain_wall.as_secs_f64()},
         "metrics": {"cpu_ms": metric_cpu, "wall_s": metric_wall.as_secs_f64()},
+        "patterns": {"cpu_ms": pattern_cpu, "wall_s": pattern_wall.as_secs_f64(), "kept_points": pattern_kept},
         "extra_cpu_ms_per_10k_lines": extra,
+        "pattern_extra_cpu_ms_per_10k_lines": pattern_extra,
     });
     Ok(Report::new("metric_lines", figures, targets, table))
 }
