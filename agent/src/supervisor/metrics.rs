@@ -274,8 +274,8 @@ impl MetricScanner {
                 continue;
             };
             let (name, scale) = (p.name.clone(), p.scale);
-            match found.trim().parse::<f64>() {
-                Ok(v) if (v * scale).is_finite() => self.value(&name, None, v * scale),
+            match found.trim().parse::<f64>().map(|v| scaled(v, scale)) {
+                Ok(v) if v.is_finite() => self.value(&name, None, v),
                 _ => {
                     self.ignored += 1;
                     self.changed = true;
@@ -355,6 +355,17 @@ impl MetricScanner {
     }
 }
 
+/// `v * scale`, as a person reads it: a scale of `0.01` divides by 100 (91.2 % reads 0.912,
+/// not 0.9120000000000001).
+fn scaled(v: f64, scale: f64) -> f64 {
+    let inverse = 1.0 / scale;
+    if inverse.abs() >= 1.0 && (inverse - inverse.round()).abs() < 1e-9 {
+        v / inverse.round()
+    } else {
+        v * scale
+    }
+}
+
 /// The first capture group's text (the whole match without groups).
 fn first_group<'t>(re: &Regex, text: &'t str) -> Option<&'t str> {
     let caps = re.captures(text)?;
@@ -400,6 +411,12 @@ mod tests {
         s.finish();
         let m = s.snapshot();
         assert_eq!(m.finals.get("val_acc").copied(), Some(0.912));
+        let firsts: Vec<f64> = m.series["val_acc"].iter().map(|p| p.value).collect();
+        assert_eq!(
+            firsts,
+            [0.805, 0.912, 0.89],
+            "a percentage reads as written, over 100"
+        );
         let steps: Vec<_> = m.series["val_acc"].iter().map(|p| p.step).collect();
         assert_eq!(steps, [1, 2, 3]);
         assert!(

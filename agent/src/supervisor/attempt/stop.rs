@@ -406,7 +406,8 @@ pub(super) async fn end(
             (Main::Running, Some(Stopped::Timeout))
         }
         Stop::Cancelled => {
-            note(log, "cancelled: stopping the job");
+            // Why (a user's cancel, early stopping, a lost lease) is said where it was decided.
+            note(log, "asked to stop: stopping the job");
             (Main::Running, Some(Stopped::Cancel))
         }
     };
