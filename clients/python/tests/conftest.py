@@ -4,6 +4,7 @@ on free ports, as the Rust integration tests do. The binaries come from
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -97,25 +98,28 @@ def start_coordinator(dir: Path, *extra: str) -> "tuple[str, Proc]":
     return url, proc
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A coordinator and one agent with two fake 24 GiB GPUs; yields the coordinator's URL.
-    Its folder is one other users may pass through: an agent running as root (CI) runs jobs
-    as ``nobody``, and they reach the fake GPUs' folder in the agent's data directory."""
-    dir = Path(tempfile.mkdtemp(prefix="headroom-py-"))
+@contextlib.contextmanager
+def running_cluster(
+    node: str, fake_gpus: str, plan: Optional[str] = None, *coordinator_flags: str
+) -> Iterator[str]:
+    """A coordinator (with `coordinator_flags`) and one agent with `fake_gpus` (and `plan`);
+    yields the coordinator's URL. Its folder is one other users may pass through: an agent
+    running as root (CI) runs jobs as ``nobody``, and they reach the fake GPUs' folder in the
+    agent's data directory."""
+    dir = Path(tempfile.mkdtemp(prefix=f"headroom-{node}-"))
     os.chmod(dir, 0o711)
-    url, coord = start_coordinator(dir)
+    url, coord = start_coordinator(dir, *coordinator_flags)
     agent = Proc(
         [
             binary("headroom-agent"),
             "--coordinator",
             url,
             "--node",
-            "py-node",
+            node,
             "--gpu-backend",
             "fake",
             "--fake-gpus",
-            "2x24GiB",
+            fake_gpus,
             "--data-dir",
             str(dir / "agent"),
         ],
@@ -131,13 +135,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 if agent.proc.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"the agent did not register:\n{agent.output()}")
                 c.progress(after=c.progress().version, timeout_ms=200)
+            if plan is not None:
+                c.set_plan(node, plan)
         yield url
     finally:
         agent.stop()
         coord.stop()
         if os.environ.get("HEADROOM_KEEP_LOGS"):
-            shutil.copytree(dir, Path(os.environ["HEADROOM_KEEP_LOGS"]), dirs_exist_ok=True)
+            shutil.copytree(dir, Path(os.environ["HEADROOM_KEEP_LOGS"]) / node, dirs_exist_ok=True)
         shutil.rmtree(dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A coordinator and one agent with two fake 24 GiB GPUs; yields the coordinator's URL."""
+    with running_cluster("py-node", "2x24GiB") as url:
+        yield url
 
 
 @pytest.fixture()

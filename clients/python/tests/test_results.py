@@ -37,7 +37,7 @@ from headroom_client._report import metric_line
 from headroom_client._tables import attempts_table, metrics_table
 from headroom_client.models import AttemptSeries, AttemptView, JobDetail, StateCounts
 
-from .conftest import BIN_DIR, TOKEN, Proc, binary, free_port, start_coordinator
+from .conftest import TOKEN, free_port, running_cluster
 
 try:
     import pwd
@@ -651,41 +651,10 @@ print("finished all steps")
 def _one_gpu_cluster(node: str, *coordinator_flags: str) -> Iterator[str]:
     """A coordinator (with `coordinator_flags`) and an agent with one fake GPU of one slot:
     jobs run one at a time, in the order they were submitted."""
-    dir = Path(tempfile.mkdtemp(prefix=f"headroom-{node}-"))
-    os.chmod(dir, 0o711)
-    url, coord = start_coordinator(dir, *coordinator_flags)
-    agent = Proc(
-        [
-            binary("headroom-agent"),
-            "--coordinator",
-            url,
-            "--node",
-            node,
-            "--gpu-backend",
-            "fake",
-            "--fake-gpus",
-            "1x24GiB",
-            "--data-dir",
-            str(dir / "agent"),
-        ],
-        dir / "agent.log",
-        env={"PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"},
-    )
-    try:
+    with running_cluster(node, "1x24GiB", "1", *coordinator_flags) as url:
         with Client(url, TOKEN) as c:
-            deadline = time.monotonic() + 30
-            while not any(n.alive for n in c.nodes()):
-                if agent.proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the agent did not register:\n{agent.output()}")
-                c.progress(after=c.progress().version, timeout_ms=200)
-            assert [g.slots for g in c.set_plan(node, "1").gpus] == [1]
+            assert [g.slots for g in c.nodes()[0].gpus] == [1]
         yield url
-    finally:
-        agent.stop()
-        coord.stop()
-        if os.environ.get("HEADROOM_KEEP_LOGS"):
-            shutil.copytree(dir, Path(os.environ["HEADROOM_KEEP_LOGS"]) / node, dirs_exist_ok=True)
-        shutil.rmtree(dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
