@@ -126,7 +126,7 @@ impl CoordinatorSettings {
             mlflow_servers: self
                 .mlflow_servers
                 .as_deref()
-                .map(crate::tracking::allowed_servers)
+                .map(allowed_servers)
                 .unwrap_or_default(),
             tokens: self.tokens()?,
             ..CoordinatorConfig::new(self.listen, data_dir)
@@ -230,7 +230,21 @@ pub struct CoordinatorConfig {
     pub mlflow_servers: Vec<String>,
 }
 
+/// The base URLs of a comma-separated list, without trailing `/`.
+pub fn allowed_servers(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(|u| u.trim().trim_end_matches('/').to_string())
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
 impl CoordinatorConfig {
+    /// Whether runs may be written to the tracking server at `url`: one the admin listed.
+    pub fn mlflow_allowed(&self, url: &str) -> bool {
+        let url = url.trim_end_matches('/');
+        self.mlflow_servers.iter().any(|s| s == url)
+    }
+
     pub fn new(listen: SocketAddr, data_dir: PathBuf) -> Self {
         Self {
             listen,
@@ -252,5 +266,31 @@ impl CoordinatorConfig {
             single_user: None,
             mlflow_servers: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod mlflow_tests {
+    use super::*;
+
+    #[test]
+    fn only_the_tracking_servers_an_admin_listed_are_written_to() {
+        let mut c = CoordinatorConfig::new(
+            "127.0.0.1:7420".parse().expect("addr"),
+            PathBuf::from("/tmp"),
+        );
+        assert!(
+            !c.mlflow_allowed("http://mlflow.lab:5000"),
+            "none by default"
+        );
+        c.mlflow_servers = allowed_servers(" http://mlflow.lab:5000/ ,https://m.example.org,");
+        assert_eq!(
+            c.mlflow_servers,
+            ["http://mlflow.lab:5000", "https://m.example.org"]
+        );
+        assert!(c.mlflow_allowed("http://mlflow.lab:5000"));
+        assert!(c.mlflow_allowed("http://mlflow.lab:5000/"));
+        assert!(!c.mlflow_allowed("http://mlflow.lab:5001"));
+        assert!(!c.mlflow_allowed("http://169.254.169.254"));
     }
 }

@@ -49,19 +49,6 @@ pub enum TrackingError {
     Unexpected { url: String, what: String },
 }
 
-/// The base URLs of a comma-separated list, without trailing `/`.
-pub fn allowed_servers(list: &str) -> Vec<String> {
-    list.split(',')
-        .map(|u| u.trim().trim_end_matches('/').to_string())
-        .filter(|u| !u.is_empty())
-        .collect()
-}
-
-/// Whether runs may be written to `url`: one of the servers the admin allowed.
-pub fn allowed(servers: &[String], url: &str) -> bool {
-    servers.iter().any(|s| s == url.trim_end_matches('/'))
-}
-
 /// Writes due runs until `shutdown`, polling the outbox every second.
 pub async fn run(state: AppState, shutdown: CancellationToken) {
     // No redirect is followed: the allowed server is the only host written to.
@@ -158,7 +145,7 @@ async fn write_one(
         return Err("the experiment has no tracking server".into());
     };
     // Allowed at submit; checked again, as the list may have changed since.
-    if !allowed(&state.config.mlflow_servers, &uri.mlflow) {
+    if !state.config.mlflow_allowed(&uri.mlflow) {
         return Err(format!(
             "{} is not among the MLflow servers this coordinator may write to \
              (--mlflow-servers)",
@@ -450,17 +437,6 @@ fn metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_the_servers_an_admin_listed_are_written_to() {
-        let list = allowed_servers(" http://mlflow.lab:5000/ ,https://m.example.org,");
-        assert_eq!(list, ["http://mlflow.lab:5000", "https://m.example.org"]);
-        assert!(allowed(&list, "http://mlflow.lab:5000"));
-        assert!(allowed(&list, "http://mlflow.lab:5000/"));
-        assert!(!allowed(&list, "http://mlflow.lab:5001"));
-        assert!(!allowed(&list, "http://169.254.169.254"));
-        assert!(!allowed(&[], "http://mlflow.lab:5000"));
-    }
 
     #[test]
     fn backoff_doubles_to_a_minute() {

@@ -62,7 +62,7 @@ pub async fn submit(
             })?;
     }
     if let Some(t) = &spec.tracking
-        && !crate::tracking::allowed(&s.config.mlflow_servers, &t.mlflow)
+        && !s.config.mlflow_allowed(&t.mlflow)
     {
         // The list is not told: an admin's server URLs are not every user's to read.
         return Err(ApiError::invalid(

@@ -52,15 +52,6 @@ async fn check_fence(
     Ok((job, row.phase))
 }
 
-/// Checks a running attempt's token (its job's row locked meanwhile).
-pub(super) async fn check_live_fence(
-    tx: &mut dyn Tx,
-    attempt: AttemptId,
-    fence: i64,
-) -> Result<()> {
-    check_fence(tx, attempt, fence).await.map(|_| ())
-}
-
 /// Observed peaks and the OOM floor of a memory key.
 async fn key_memory(tx: &mut dyn Tx, key: &str) -> Result<(Vec<u64>, Option<u64>)> {
     Ok((tx.peaks(key).await?, tx.floor(key).await?))
@@ -537,6 +528,40 @@ impl<'a> LeaseTo<'a> {
             ttl_ms: input.lease_ttl_ms,
         }
     }
+}
+
+// ---- results ------------------------------------------------------------------------------
+
+/// A running attempt's metrics so far (fenced, refused once it ended): kept, and its new
+/// rungs decided; the answer says whether it is stopped.
+pub(super) async fn report_metrics(
+    tx: &mut dyn Tx,
+    attempt: AttemptId,
+    fence: i64,
+    metrics: headroom_shared::results::AttemptMetrics,
+) -> Result<(headroom_shared::api::MetricsAnswer, Change)> {
+    metrics.check().map_err(|message| StoreError::Invalid {
+        field: "metrics".into(),
+        message,
+    })?;
+    // An ended attempt's token is stale: its end's report carried the last word.
+    check_fence(tx, attempt, fence).await?;
+    let prune = results::record(tx, &attempt.to_string(), &metrics).await?;
+    Ok((headroom_shared::api::MetricsAnswer { prune }, Change::None))
+}
+
+/// What an attempt's tracked run is made of: its view (figures, params, final metrics) and
+/// its experiment's row.
+pub(super) async fn tracking_record(
+    tx: &mut dyn Tx,
+    which: AttemptId,
+) -> Result<(headroom_shared::api::AttemptView, super::tx::TrackingRow)> {
+    let row = tx
+        .tracking_row(&which.to_string())
+        .await?
+        .ok_or_else(|| StoreError::not_found("attempt", which))?;
+    let view = attempt(tx, which, true).await?;
+    Ok((view, row))
 }
 
 #[cfg(test)]

@@ -706,7 +706,7 @@ impl<B: Backend> Store for B {
         fence: i64,
         metrics: headroom_shared::results::AttemptMetrics,
     ) -> Result<headroom_shared::api::MetricsAnswer> {
-        run!(self, write, "report_metrics", results::report, attempt, fence, metrics; attempt = %attempt, fence)
+        run!(self, write, "report_metrics", leases::report_metrics, attempt, fence, metrics; attempt = %attempt, fence)
     }
 
     async fn experiment_series(
@@ -724,7 +724,7 @@ impl<B: Backend> Store for B {
     }
 
     async fn tracking_record(&self, attempt: AttemptId) -> Result<(AttemptView, TrackingRow)> {
-        run!(self, read, "tracking_record", results::tracking_record, attempt; attempt = %attempt)
+        run!(self, read, "tracking_record", leases::tracking_record, attempt; attempt = %attempt)
     }
 
     async fn set_tracking(

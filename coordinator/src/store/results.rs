@@ -1,33 +1,15 @@
-//! What runs achieved: an attempt's metrics as its supervisor reports them while it runs and
-//! with its end, early stopping's decision at each rung it reaches, the series behind
+//! What runs achieved: an attempt's metrics as its supervisor reports them while it runs
+//! (fenced in `leases`) and with its end, early stopping's decision at each rung it reaches, the series behind
 //! learning curves, and the outbox of results to write to a tracking server.
 
-use headroom_shared::api::{AttemptSeries, MetricsAnswer};
+use headroom_shared::api::AttemptSeries;
 use headroom_shared::results::{AttemptMetrics, RungDecision};
 use headroom_shared::{AttemptId, ExperimentId};
 
 use super::tx::Tx;
-use super::{Millis, Result, StoreError, leases};
+use super::{Millis, Result, StoreError};
 use crate::changes::Change;
 use crate::early_stop;
-
-/// A running attempt's metrics so far (fenced, refused once it ended): kept, and its new
-/// rungs decided; the answer says whether it is stopped.
-pub(super) async fn report(
-    tx: &mut dyn Tx,
-    attempt: AttemptId,
-    fence: i64,
-    metrics: AttemptMetrics,
-) -> Result<(MetricsAnswer, Change)> {
-    metrics.check().map_err(|message| StoreError::Invalid {
-        field: "metrics".into(),
-        message,
-    })?;
-    // An ended attempt's token is stale: its end's report carried the last word.
-    leases::check_live_fence(tx, attempt, fence).await?;
-    let prune = record(tx, &attempt.to_string(), &metrics).await?;
-    Ok((MetricsAnswer { prune }, Change::None))
-}
 
 /// What an attempt's end adds: its metrics as the end reports them (kept, and its rung
 /// values entered in the ledger for the attempts after it; decisions are taken only while
@@ -170,19 +152,4 @@ pub(super) async fn set_tracking(
     tx.set_tracking(&attempt.to_string(), Some(&note), due)
         .await?;
     Ok(((), Change::None))
-}
-
-/// What an attempt's tracked run is made of: its view (figures, params, final metrics) and
-/// its experiment's row.
-pub(super) async fn tracking_record(
-    tx: &mut dyn Tx,
-    attempt: AttemptId,
-) -> Result<(headroom_shared::api::AttemptView, super::tx::TrackingRow)> {
-    let id = attempt.to_string();
-    let row = tx
-        .tracking_row(&id)
-        .await?
-        .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
-    let view = super::leases::attempt(tx, attempt, true).await?;
-    Ok((view, row))
 }
