@@ -61,12 +61,26 @@ pub fn expand_within(
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let axes: Vec<(&String, &Vec<Value>)> = spec.grid.iter().collect();
     let grid_points: usize = axes.iter().map(|(_, v)| v.len()).product();
+    let no_row = BTreeMap::new();
+    let rows: Vec<&BTreeMap<String, Value>> = if spec.rows.is_empty() {
+        vec![&no_row]
+    } else {
+        spec.rows.iter().collect()
+    };
     let mut jobs = Vec::with_capacity(spec.job_count().unwrap_or(0) as usize);
     let mut config: u32 = 0;
-    for point in 0..grid_points {
+    // Configurations: each row, in order; within it each zip position; within that each
+    // grid point (the last axis fastest); then the draws and the runs.
+    let points = rows.iter().flat_map(|row| {
+        (0..spec.zip_len()).flat_map(move |z| (0..grid_points).map(move |g| (*row, z, g)))
+    });
+    for (row, z, point) in points {
         // Mixed-radix decoding of `point`: the last axis varies fastest.
         let mut rest = point;
-        let mut base = BTreeMap::new();
+        let mut base = row.clone();
+        for (name, values) in &spec.zip {
+            base.insert(name.clone(), values[z].clone());
+        }
         for (name, values) in axes.iter().rev() {
             base.insert((*name).clone(), values[rest % values.len()].clone());
             rest /= values.len();

@@ -40,6 +40,14 @@ pub struct ExperimentSpec {
     /// Randomly drawn parameters.
     #[serde(default)]
     pub mutate: BTreeMap<String, Distribution>,
+    /// Axes that advance together: `zip: {fg_model: [a, b], bg_model: [x, y]}` is two
+    /// configurations (`a` with `x`, `b` with `y`), times the grid's points.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub zip: BTreeMap<String, Vec<Value>>,
+    /// Hand-picked configurations, each naming the same parameters: `rows: [{model: a, lr:
+    /// 0.1}, {model: b, lr: 0.01}]`, times the grid's points and the zip's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rows: Vec<BTreeMap<String, Value>>,
     /// How many random draws of the `mutate` axes per grid point.
     #[serde(default = "one")]
     pub mutations: u32,
@@ -351,23 +359,107 @@ impl ExperimentSpec {
         }
     }
 
-    /// Parameter names: grid axes and mutate axes.
+    /// Parameter names: grid, mutate and zip axes, and the rows' columns.
     pub fn parameter_names(&self) -> BTreeSet<&str> {
         self.grid
             .keys()
             .chain(self.mutate.keys())
+            .chain(self.zip.keys())
+            .chain(self.rows.first().into_iter().flat_map(BTreeMap::keys))
             .map(String::as_str)
             .collect()
     }
 
-    /// Number of jobs the spec expands into, `None` on overflow.
+    /// Positions of the zipped axes (1 without any).
+    pub fn zip_len(&self) -> usize {
+        self.zip.values().next().map_or(1, Vec::len)
+    }
+
+    /// Number of jobs the spec expands into: grid points x zip positions x rows x
+    /// `mutations` x `runs_per_config`; `None` on overflow.
     pub fn job_count(&self) -> Option<u64> {
         let mut n: u64 = 1;
         for values in self.grid.values() {
             n = n.checked_mul(values.len() as u64)?;
         }
+        n = n.checked_mul(self.zip_len() as u64)?;
+        n = n.checked_mul(self.rows.len().max(1) as u64)?;
         n = n.checked_mul(u64::from(self.mutations))?;
         n.checked_mul(u64::from(self.runs_per_config))
+    }
+
+    /// `zip` and `rows`: names once each, zipped axes of one length, rows of one set of
+    /// columns, scalar values; errors name the field.
+    fn validate_linked(&self) -> Result<(), SpecError> {
+        let taken = |name: &str, field: &str, by_zip: bool| {
+            let other = if self.grid.contains_key(name) {
+                Some("a grid axis")
+            } else if self.mutate.contains_key(name) {
+                Some("a mutate axis")
+            } else if !by_zip && self.zip.contains_key(name) {
+                Some("a zip axis")
+            } else {
+                None
+            };
+            match other {
+                Some(o) => Err(SpecError::new(
+                    field,
+                    format!("parameter `{name}` is also {o}; name each parameter once"),
+                )),
+                None => Ok(()),
+            }
+        };
+        let len = self.zip_len();
+        let first = self.zip.keys().next().cloned().unwrap_or_default();
+        for (axis, values) in &self.zip {
+            let field = format!("zip.{axis}");
+            validate_param_name(axis, &field)?;
+            taken(axis, &field, true)?;
+            if values.is_empty() {
+                return Err(SpecError::new(field, "axis has no values"));
+            }
+            if values.len() != len {
+                return Err(SpecError::new(
+                    field,
+                    format!(
+                        "has {} values but `zip.{first}` has {len}: zipped axes advance together",
+                        values.len()
+                    ),
+                ));
+            }
+            for (i, v) in values.iter().enumerate() {
+                validate_scalar(v, &format!("{field}[{i}]"))?;
+            }
+        }
+        let Some(columns) = self.rows.first() else {
+            return Ok(());
+        };
+        if columns.is_empty() {
+            return Err(SpecError::new("rows[0]", "names no parameter"));
+        }
+        for name in columns.keys() {
+            let field = format!("rows[0].{name}");
+            validate_param_name(name, &field)?;
+            taken(name, &field, false)?;
+        }
+        for (i, row) in self.rows.iter().enumerate() {
+            if let Some(missing) = columns.keys().find(|k| !row.contains_key(*k)) {
+                return Err(SpecError::new(
+                    format!("rows[{i}]"),
+                    format!("lacks `{missing}`, which rows[0] has: every row names the same parameters"),
+                ));
+            }
+            if let Some(extra) = row.keys().find(|k| !columns.contains_key(*k)) {
+                return Err(SpecError::new(
+                    format!("rows[{i}].{extra}"),
+                    "is not in rows[0]: every row names the same parameters",
+                ));
+            }
+            for (name, v) in row {
+                validate_scalar(v, &format!("rows[{i}].{name}"))?;
+            }
+        }
+        Ok(())
     }
 
     /// Checks everything that can be checked without a node.
@@ -403,6 +495,7 @@ impl ExperimentSpec {
             }
             validate_distribution(dist, &field)?;
         }
+        self.validate_linked()?;
         self.results().validate()?;
         crate::api::bounds::COUNT
             .check(self.mutations.into())
@@ -423,7 +516,7 @@ impl ExperimentSpec {
                 {
                     return Err(SpecError::new(
                         format!("command[{i}]"),
-                        format!("placeholder {{{name}}} names no parameter (grid or mutate axis)"),
+                        format!("placeholder {{{name}}} names no parameter (grid, mutate or zip axis, or a rows column)"),
                     ));
                 }
             }

@@ -592,3 +592,107 @@ fn the_seed_003_matrix_is_one_spec() {
     assert!(bg.argv[2].contains("cut -d: -f4"), "{:?}", bg.argv);
     assert_eq!(bg.memory_mib, 3500);
 }
+
+/// Seed 003's feasibility pairs: a foreground and a background that travel together.
+const PAIRS: &str = r#"
+name: pairs
+command: [run, "{fg_model}", "{bg_model}", "--lr={lr}", "--bs={bs}"]
+zip:
+  fg_model: [resnet20, vgg16, densenet121]
+  bg_model: [mobilenet, resnet20, vgg16]
+rows:
+  - {lr: 0.1, bs: 32}
+  - {lr: 0.01, bs: 64}
+grid: {seed_axis: [1, 2]}
+runs_per_config: 2
+"#;
+
+#[test]
+fn zipped_axes_advance_together_and_rows_are_taken_whole() {
+    let spec = parse(PAIRS);
+    assert_eq!(spec.job_count(), Some(2 * 3 * 2 * 2));
+    let jobs = expand(&spec, 1, DEFAULT_MAX_JOBS).expect("expand");
+    assert_eq!(jobs.len(), 24);
+    let table: Vec<(String, String, String, String, u32)> = jobs
+        .iter()
+        .map(|j| {
+            let t = |k: &str| headroom_shared::expand::value_text(&j.params[k]);
+            (t("lr"), t("fg_model"), t("bg_model"), t("seed_axis"), j.run)
+        })
+        .collect();
+    // Rows outermost, then the zip's positions, then the grid, then the runs.
+    let first: Vec<_> = table.iter().take(5).cloned().collect();
+    let row = |lr: &str, fg: &str, bg: &str, s: &str, run: u32| {
+        (lr.to_string(), fg.to_string(), bg.to_string(), s.to_string(), run)
+    };
+    assert_eq!(
+        first,
+        [
+            row("0.1", "resnet20", "mobilenet", "1", 0),
+            row("0.1", "resnet20", "mobilenet", "1", 1),
+            row("0.1", "resnet20", "mobilenet", "2", 0),
+            row("0.1", "resnet20", "mobilenet", "2", 1),
+            row("0.1", "vgg16", "resnet20", "1", 0),
+        ]
+    );
+    // A pair never splits, and every row keeps its own batch size.
+    for j in &jobs {
+        let pair = (j.params["fg_model"].clone(), j.params["bg_model"].clone());
+        assert!(
+            [
+                ("resnet20", "mobilenet"),
+                ("vgg16", "resnet20"),
+                ("densenet121", "vgg16")
+            ]
+            .iter()
+            .any(|(f, b)| pair == (serde_json::json!(f), serde_json::json!(b))),
+            "{pair:?}"
+        );
+        let bs = if j.params["lr"] == serde_json::json!(0.1) { 32 } else { 64 };
+        assert_eq!(j.params["bs"], serde_json::json!(bs));
+    }
+    assert_eq!(jobs[23].argv, ["run", "densenet121", "vgg16", "--lr=0.01", "--bs=64"]);
+}
+
+#[test]
+fn zip_and_rows_refusals_name_the_field() {
+    let base = "name: e\ncommand: [run]\n";
+    for (extra, field, says) in [
+        ("zip: {a: [1, 2], b: [1]}", "zip.b", "advance together"),
+        ("zip: {a: []}", "zip.a", "no values"),
+        ("zip: {a: [1]}\ngrid: {a: [1]}", "zip.a", "name each parameter once"),
+        ("rows: [{a: 1}, {b: 2}]", "rows[1]", "lacks `a`"),
+        ("rows: [{a: 1}, {a: 2, b: 3}]", "rows[1].b", "not in rows[0]"),
+        ("rows: [{a: [1]}]", "rows[0].a", "strings, numbers or booleans"),
+        ("rows: [{}]", "rows[0]", "names no parameter"),
+        ("rows: [{a: 1}]\nmutate: {a: {uniform: [0, 1]}}", "rows[0].a", "name each parameter once"),
+        ("rows: [{a: 1}]\nzip: {a: [1]}", "rows[0].a", "name each parameter once"),
+        ("rows: [{9a: 1}]", "rows[0].9a", "parameter names"),
+    ] {
+        let e = refused(&format!("{base}{extra}\n"));
+        assert_eq!(e.field, field, "{extra}: {e:?}");
+        assert!(e.message.contains(says), "{extra}: {e:?}");
+    }
+}
+
+proptest! {
+    #[test]
+    fn zip_and_rows_multiply_the_grid_as_documented(seed in any::<u64>(), width in 1usize..4,
+                                                     zip in 1usize..4, rows in 1usize..4,
+                                                     runs in 1u32..3) {
+        let z: Vec<String> = (0..zip).map(|i| i.to_string()).collect();
+        let r: Vec<String> = (0..rows).map(|i| format!("{{r: {i}}}")).collect();
+        let g: Vec<String> = (0..width).map(|i| i.to_string()).collect();
+        let text = format!(
+            "name: p\ncommand: [run, '{{r}}', '{{z1}}', '{{g}}']\ngrid: {{g: [{}]}}\nzip: {{z1: [{}], z2: [{}]}}\nrows: [{}]\nmutate: {{x: {{uniform: [0, 1]}}}}\nruns_per_config: {runs}\n",
+            g.join(","), z.join(","), z.join(","), r.join(","));
+        let spec = ExperimentSpec::from_text(&text).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let a = expand(&spec, seed, DEFAULT_MAX_JOBS).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(&a, &expand(&spec, seed, DEFAULT_MAX_JOBS).map_err(|e| TestCaseError::fail(e.to_string()))?);
+        prop_assert_eq!(a.len(), width * zip * rows * runs as usize);
+        prop_assert_eq!(spec.job_count(), Some(a.len() as u64));
+        for j in &a {
+            prop_assert_eq!(&j.params["z1"], &j.params["z2"], "zipped axes advance together");
+        }
+    }
+}
