@@ -9,12 +9,118 @@ use crate::client::Api;
 use crate::output::{self, Format};
 use crate::source;
 
-/// Reads a spec file (YAML or JSON) into the JSON document the API takes.
+/// Reads a spec file (YAML or JSON) into the JSON document the API takes; `rows: FILE.csv`
+/// (relative to the spec) is read here and sent inline.
 pub fn read_spec(file: &std::path::Path) -> Result<serde_json::Value> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    serde_saphyr::from_str(&text)
-        .map_err(|e| anyhow!("{}: not valid YAML/JSON: {e}", file.display()))
+    let mut spec: serde_json::Value = serde_saphyr::from_str(&text)
+        .map_err(|e| anyhow!("{}: not valid YAML/JSON: {e}", file.display()))?;
+    if let Some(name) = spec
+        .get("rows")
+        .and_then(|r| r.as_str())
+        .map(str::to_string)
+    {
+        let path = file
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join(&name);
+        let csv = std::fs::read_to_string(&path)
+            .with_context(|| format!("rows: reading {}", path.display()))?;
+        let rows = rows_of_csv(&csv).map_err(|e| anyhow!("rows: {}: {e}", path.display()))?;
+        spec["rows"] = serde_json::Value::Array(rows);
+    }
+    Ok(spec)
+}
+
+/// A rows file: a header of parameter names, then one configuration a line. A cell reads as
+/// an integer, a number, `true`/`false`, or else text; an empty one is refused.
+pub fn rows_of_csv(text: &str) -> Result<Vec<serde_json::Value>, String> {
+    let mut r = csv::ReaderBuilder::new()
+        .trim(csv::Trim::All)
+        .from_reader(text.as_bytes());
+    let header: Vec<String> = r
+        .headers()
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(str::to_string)
+        .collect();
+    if header.iter().all(String::is_empty) {
+        return Err("no header line of parameter names".into());
+    }
+    let mut rows = Vec::new();
+    for (i, rec) in r.records().enumerate() {
+        // Line numbers as an editor shows them: the header is line 1.
+        let line = i + 2;
+        let rec = rec.map_err(|e| format!("line {line}: {e}"))?;
+        let mut row = serde_json::Map::new();
+        for (name, cell) in header.iter().zip(rec.iter()) {
+            if cell.is_empty() {
+                return Err(format!("line {line}: `{name}` is empty"));
+            }
+            let value = if let Ok(n) = cell.parse::<i64>() {
+                n.into()
+            } else if let Some(x) = cell.parse::<f64>().ok().filter(|x| x.is_finite()) {
+                x.into()
+            } else {
+                match cell {
+                    "true" => true.into(),
+                    "false" => false.into(),
+                    _ => cell.into(),
+                }
+            };
+            row.insert(name.clone(), value);
+        }
+        rows.push(serde_json::Value::Object(row));
+    }
+    if rows.is_empty() {
+        return Err("no row under the header".into());
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rows_file_reads_typed_cells_and_refuses_gaps_naming_the_line() {
+        let rows =
+            rows_of_csv("model, lr, bs, amp\nresnet20, 0.1, 32, true\nvgg16, 1e-3, 64, false\n")
+                .expect("rows");
+        assert_eq!(
+            rows,
+            [
+                serde_json::json!({"model": "resnet20", "lr": 0.1, "bs": 32, "amp": true}),
+                serde_json::json!({"model": "vgg16", "lr": 0.001, "bs": 64, "amp": false}),
+            ]
+        );
+        let e = rows_of_csv("model,lr\nresnet20,0.1\nvgg16\n").expect_err("short line");
+        assert!(e.contains("line 3"), "{e}");
+        let e = rows_of_csv("model,lr\nresnet20,\n").expect_err("empty cell");
+        assert!(e.contains("line 2: `lr` is empty"), "{e}");
+        assert!(rows_of_csv("model,lr\n").is_err(), "no rows");
+    }
+
+    #[test]
+    fn a_spec_s_rows_file_is_read_beside_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("pairs.csv"), "fg,bg\na,b\nc,d\n").expect("csv");
+        let spec = dir.path().join("spec.yaml");
+        std::fs::write(
+            &spec,
+            "name: p\ncommand: [run, '{fg}', '{bg}']\nrows: pairs.csv\n",
+        )
+        .expect("spec");
+        let v = read_spec(&spec).expect("read");
+        assert_eq!(
+            v["rows"],
+            serde_json::json!([{"fg": "a", "bg": "b"}, {"fg": "c", "bg": "d"}])
+        );
+        std::fs::write(&spec, "name: p\ncommand: [run]\nrows: missing.csv\n").expect("spec");
+        let e = read_spec(&spec).expect_err("missing");
+        assert!(format!("{e:#}").contains("rows: reading"), "{e:#}");
+    }
 }
 
 /// How `submit` goes about it (its flags).

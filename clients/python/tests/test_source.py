@@ -430,3 +430,21 @@ def test_a_directory_the_jobs_user_may_not_enter_is_refused_on_this_host() -> No
     os.chmod(closed, 0o755)
     enterable_by(str(closed / "proj"), nobody)
     shutil.rmtree(base)
+
+
+def test_a_rows_file_beside_the_spec_is_read_as_the_cli_reads_it(tmp_path: Path) -> None:
+    from headroom_client._spec import load_spec
+
+    (tmp_path / "pairs.csv").write_text("model, lr, bs, amp\nresnet20, 0.1, 32, true\nvgg16, 1e-3, 64, false\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: p\ncommand: [run, '{model}']\nrows: pairs.csv\n")
+    assert load_spec(spec)["rows"] == [
+        {"model": "resnet20", "lr": 0.1, "bs": 32, "amp": True},
+        {"model": "vgg16", "lr": 0.001, "bs": 64, "amp": False},
+    ]
+    (tmp_path / "pairs.csv").write_text("model,lr\nresnet20,\n")
+    with pytest.raises(ValueError, match="line 2: `lr` is empty"):
+        load_spec(spec)
+    spec.write_text("name: p\ncommand: [run]\nrows: missing.csv\n")
+    with pytest.raises(ValueError, match="rows: reading"):
+        load_spec(spec)

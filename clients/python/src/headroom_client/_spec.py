@@ -1,12 +1,16 @@
 """Experiment specs as the API takes them: a dict as is, or a YAML/JSON file read as the CLI
-reads it (YAML 1.2 scalars), refused when its aliases would expand past a bound."""
+reads it (YAML 1.2 scalars; ``rows: FILE.csv`` read beside it and sent inline), refused when
+its aliases would expand past a bound."""
 
 from __future__ import annotations
 
+import csv
+import io
+import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Union
+from typing import Any, Dict, List, Union
 
 import yaml
 
@@ -50,7 +54,55 @@ def load_spec(spec: SpecLike) -> Dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: a spec is a mapping (name, command, ...)")
     _check_expanded_size(doc, path)
+    if isinstance(doc.get("rows"), str):
+        rows_file = path.parent / doc["rows"]
+        try:
+            text = rows_file.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ValueError(f"rows: reading {rows_file}: {e}") from e
+        doc["rows"] = rows_of_csv(text, rows_file)
     return doc
+
+
+def _cell(text: str) -> Any:
+    """A rows file's cell as the CLI reads it: an integer, a number, ``true``/``false``, or
+    else text."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        number = None
+    if number is not None and math.isfinite(number):
+        return number
+    return {"true": True, "false": False}.get(text, text)
+
+
+def rows_of_csv(text: str, path: Union[str, Path] = "rows") -> List[Dict[str, Any]]:
+    """A rows file: a header of parameter names, then one configuration a line; an empty
+    cell or a short line is refused naming its line (the header is line 1)."""
+    reader = csv.reader(io.StringIO(text))
+    header = [h.strip() for h in next(reader, [])]
+    if not any(header):
+        raise ValueError(f"rows: {path}: no header line of parameter names")
+    rows: List[Dict[str, Any]] = []
+    for line, record in enumerate(reader, start=2):
+        if not record:
+            continue
+        cells = [c.strip() for c in record]
+        if len(cells) != len(header):
+            raise ValueError(f"rows: {path}: line {line}: {len(cells)} cells for {len(header)} columns")
+        row: Dict[str, Any] = {}
+        for name, cell in zip(header, cells):
+            if not cell:
+                raise ValueError(f"rows: {path}: line {line}: `{name}` is empty")
+            row[name] = _cell(cell)
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"rows: {path}: no row under the header")
+    return rows
 
 
 #: Most values a spec may hold once its YAML aliases are expanded (each alias stands for a
