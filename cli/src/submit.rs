@@ -79,50 +79,6 @@ pub fn rows_of_csv(text: &str) -> Result<Vec<serde_json::Value>, String> {
     Ok(rows)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_rows_file_reads_typed_cells_and_refuses_gaps_naming_the_line() {
-        let rows =
-            rows_of_csv("model, lr, bs, amp\nresnet20, 0.1, 32, true\nvgg16, 1e-3, 64, false\n")
-                .expect("rows");
-        assert_eq!(
-            rows,
-            [
-                serde_json::json!({"model": "resnet20", "lr": 0.1, "bs": 32, "amp": true}),
-                serde_json::json!({"model": "vgg16", "lr": 0.001, "bs": 64, "amp": false}),
-            ]
-        );
-        let e = rows_of_csv("model,lr\nresnet20,0.1\nvgg16\n").expect_err("short line");
-        assert!(e.contains("line 3"), "{e}");
-        let e = rows_of_csv("model,lr\nresnet20,\n").expect_err("empty cell");
-        assert!(e.contains("line 2: `lr` is empty"), "{e}");
-        assert!(rows_of_csv("model,lr\n").is_err(), "no rows");
-    }
-
-    #[test]
-    fn a_spec_s_rows_file_is_read_beside_it() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("pairs.csv"), "fg,bg\na,b\nc,d\n").expect("csv");
-        let spec = dir.path().join("spec.yaml");
-        std::fs::write(
-            &spec,
-            "name: p\ncommand: [run, '{fg}', '{bg}']\nrows: pairs.csv\n",
-        )
-        .expect("spec");
-        let v = read_spec(&spec).expect("read");
-        assert_eq!(
-            v["rows"],
-            serde_json::json!([{"fg": "a", "bg": "b"}, {"fg": "c", "bg": "d"}])
-        );
-        std::fs::write(&spec, "name: p\ncommand: [run]\nrows: missing.csv\n").expect("spec");
-        let e = read_spec(&spec).expect_err("missing");
-        assert!(format!("{e:#}").contains("rows: reading"), "{e:#}");
-    }
-}
-
 /// How `submit` goes about it (its flags).
 pub struct SubmitHow {
     pub wait: bool,
@@ -227,4 +183,48 @@ pub async fn submit(api: &Api, file: &std::path::Path, how: SubmitHow) -> Result
         return output::wait(api, Some(exp), Some(resp.name), format == Format::Table).await;
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rows_file_reads_typed_cells_and_refuses_gaps_naming_the_line() {
+        let rows =
+            rows_of_csv("model, lr, bs, amp\nresnet20, 0.1, 32, true\nvgg16, 1e-3, 64, false\n")
+                .expect("rows");
+        assert_eq!(
+            rows,
+            [
+                serde_json::json!({"model": "resnet20", "lr": 0.1, "bs": 32, "amp": true}),
+                serde_json::json!({"model": "vgg16", "lr": 0.001, "bs": 64, "amp": false}),
+            ]
+        );
+        let e = rows_of_csv("model,lr\nresnet20,0.1\nvgg16\n").expect_err("short line");
+        assert!(e.contains("line 3"), "{e}");
+        let e = rows_of_csv("model,lr\nresnet20,\n").expect_err("empty cell");
+        assert!(e.contains("line 2: `lr` is empty"), "{e}");
+        assert!(rows_of_csv("model,lr\n").is_err(), "no rows");
+    }
+
+    #[test]
+    fn a_spec_s_rows_file_is_read_beside_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("pairs.csv"), "fg,bg\na,b\nc,d\n").expect("csv");
+        let spec = dir.path().join("spec.yaml");
+        std::fs::write(
+            &spec,
+            "name: p\ncommand: [run, '{fg}', '{bg}']\nrows: pairs.csv\n",
+        )
+        .expect("spec");
+        let v = read_spec(&spec).expect("read");
+        assert_eq!(
+            v["rows"],
+            serde_json::json!([{"fg": "a", "bg": "b"}, {"fg": "c", "bg": "d"}])
+        );
+        std::fs::write(&spec, "name: p\ncommand: [run]\nrows: missing.csv\n").expect("spec");
+        let e = read_spec(&spec).expect_err("missing");
+        assert!(format!("{e:#}").contains("rows: reading"), "{e:#}");
+    }
 }
