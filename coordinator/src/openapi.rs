@@ -497,6 +497,52 @@ pub fn document() -> &'static Value {
     })
 }
 
+/// Where the spec's JSON Schema is served, for editors (`# yaml-language-server: $schema=`).
+pub const SPEC_SCHEMA_PATH: &str = "/spec.schema.json";
+
+/// The experiment spec as a JSON Schema (draft 2020-12), from the same types the coordinator
+/// parses specs with: every type it names under `$defs`.
+pub fn spec_schema() -> &'static Value {
+    static SCHEMA: OnceLock<Value> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        let mut s = Schemas::default();
+        s.of::<headroom_shared::spec::ExperimentSpec>();
+        let mut defs = serde_json::to_value(&s.0).unwrap_or_default();
+        refs_to_defs(&mut defs);
+        unsigned_integers(&mut defs);
+        let mut root = defs
+            .get("ExperimentSpec")
+            .cloned()
+            .unwrap_or(Value::Object(Default::default()));
+        if let Value::Object(m) = &mut root {
+            m.insert(
+                "$schema".into(),
+                "https://json-schema.org/draft/2020-12/schema".into(),
+            );
+            m.insert("$id".into(), "https://headroom.dev/spec.schema.json".into());
+            m.insert("title".into(), "headroom experiment spec".into());
+            m.insert("$defs".into(), defs);
+        }
+        root
+    })
+}
+
+/// `#/components/schemas/X` (OpenAPI's place for a type) becomes `#/$defs/X`.
+fn refs_to_defs(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            if let Some(Value::String(r)) = m.get_mut("$ref")
+                && let Some(name) = r.strip_prefix("#/components/schemas/")
+            {
+                *r = format!("#/$defs/{name}");
+            }
+            m.values_mut().for_each(refs_to_defs);
+        }
+        Value::Array(a) => a.iter_mut().for_each(refs_to_defs),
+        _ => {}
+    }
+}
+
 /// utoipa writes `u32` and `u64` as `int32` and `int64` (signed) with `minimum: 0`: the
 /// server takes every value of the unsigned type, so the document says that range.
 fn unsigned_integers(v: &mut Value) {
@@ -609,6 +655,29 @@ fn write_rule(schema: &mut serde_json::Map<String, Value>, rule: Rule) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The schema kept in the repository (`docs/spec.schema.json`, for editors that read
+    /// files) is the one served; `HEADROOM_WRITE_SCHEMA=1` writes it anew.
+    #[test]
+    fn the_spec_schema_in_the_repository_is_the_one_served() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/spec.schema.json");
+        let want = serde_json::to_string_pretty(spec_schema()).expect("json") + "\n";
+        if std::env::var_os("HEADROOM_WRITE_SCHEMA").is_some() {
+            std::fs::write(path, &want).expect("writing the schema");
+        }
+        let have = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            have == want,
+            "docs/spec.schema.json is not the served schema: run \
+             `HEADROOM_WRITE_SCHEMA=1 cargo test -p headroom-coordinator --lib spec_schema`"
+        );
+        // Every field of a spec, and no other (`deny_unknown_fields`).
+        let props = spec_schema()["properties"].as_object().expect("properties");
+        for field in ["name", "command", "grid", "zip", "rows", "metrics", "early_stop", "tracking"] {
+            assert!(props.contains_key(field), "{field}");
+        }
+        assert_eq!(spec_schema()["additionalProperties"], Value::Bool(false));
+    }
 
     #[test]
     fn every_operation_has_its_own_id_and_every_route_its_own_path() {

@@ -101,6 +101,7 @@ pub fn router(state: AppState) -> Router {
         // Public, outside the table and the gate: the description of everything above, and
         // the Prometheus page (counts only; scrapers are set up per target).
         .route(OPENAPI_PATH, get(openapi_json))
+        .route(crate::openapi::SPEC_SCHEMA_PATH, get(spec_schema))
         // The dashboard's page and assets: public (they hold no data; the page asks the API
         // with the token the person gives it).
         .route("/", get(ui::page))
@@ -140,6 +141,12 @@ pub const OPENAPI_PATH: &str = "/openapi.json";
 
 async fn openapi_json() -> axum::Json<&'static serde_json::Value> {
     axum::Json(crate::openapi::document())
+}
+
+/// The spec's JSON Schema: public, as the OpenAPI document is (editors fetch it without a
+/// token).
+async fn spec_schema() -> axum::Json<&'static serde_json::Value> {
+    axum::Json(crate::openapi::spec_schema())
 }
 
 /// The route of the shared table that axum matched, by method and path template.

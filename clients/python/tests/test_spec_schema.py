@@ -1,0 +1,57 @@
+"""The spec's JSON Schema as editors get it: served by the coordinator without a token, the
+same as ``docs/spec.schema.json``, accepting every example spec and refusing bad ones by the
+field, as the coordinator does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict
+
+import httpx
+import jsonschema
+import pytest
+
+from headroom_client._spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def served(cluster: str) -> Dict[str, Any]:
+    answer = httpx.get(f"{cluster}/spec.schema.json", timeout=10)
+    assert answer.status_code == 200, answer.text
+    schema: Dict[str, Any] = answer.json()
+    return schema
+
+
+def test_the_served_schema_is_the_repository_s_and_a_valid_json_schema(served: Dict[str, Any]) -> None:
+    assert served == json.loads((ROOT / "docs" / "spec.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(served)
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_spec_is_valid(served: Dict[str, Any], example: Path) -> None:
+    text = example.read_text()
+    assert text.startswith("# yaml-language-server: $schema=../docs/spec.schema.json"), example
+    errors = list(jsonschema.Draft202012Validator(served).iter_errors(load_spec(example)))
+    assert not errors, [e.message for e in errors]
+
+
+@pytest.mark.parametrize(
+    "spec, path",
+    [
+        ({"name": "e", "command": ["x"], "bogus": 1}, []),
+        ({"name": "e"}, []),
+        ({"name": "e", "command": ["x"], "metrics": {"acc": {"pattern": "x", "take": "avg"}}}, ["metrics", "acc", "take"]),
+        ({"name": "e", "command": ["x"], "early_stop": {"metric": "a", "mode": "best"}}, ["early_stop"]),
+        ({"name": "e", "command": ["x"], "zip": {"a": "not a list"}}, ["zip", "a"]),
+        ({"name": "e", "command": ["x"], "rows": [["a", 1]]}, ["rows", 0]),
+    ],
+)
+def test_bad_specs_are_refused_at_their_field(served: Dict[str, Any], spec: Dict[str, Any], path: list) -> None:
+    errors = list(jsonschema.Draft202012Validator(served).iter_errors(spec))
+    assert errors, spec
+    assert any(list(e.absolute_path)[: len(path)] == path for e in errors), [
+        (list(e.absolute_path), e.message) for e in errors
+    ]
