@@ -262,6 +262,9 @@ pub fn job_detail(d: &JobDetail, source: &headroom_shared::api::source::Source) 
             d.oom_ladder.len()
         );
     }
+    if let Some(why) = &d.ladder_from {
+        outln!("           {why}");
+    }
     if let Some(p) = &d.prestart {
         outln!("before     {}", prestart_text(p));
     }

@@ -673,7 +673,16 @@ mod tests {
         );
         // Every field of a spec, and no other (`deny_unknown_fields`).
         let props = spec_schema()["properties"].as_object().expect("properties");
-        for field in ["name", "command", "grid", "zip", "rows", "metrics", "early_stop", "tracking"] {
+        for field in [
+            "name",
+            "command",
+            "grid",
+            "zip",
+            "rows",
+            "metrics",
+            "early_stop",
+            "tracking",
+        ] {
             assert!(props.contains_key(field), "{field}");
         }
         assert_eq!(spec_schema()["additionalProperties"], Value::Bool(false));

@@ -2928,6 +2928,7 @@ macro_rules! conformance {
 conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
     early_stop_decides_each_rung_once_against_the_experiment_s_other_attempts,
+    runs_of_a_configuration_start_where_it_last_fit,
     an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash,
     claims_wake_for_work_and_sleep_through_starts_and_leases,
     a_cpu_job_behind_a_full_node_s_queue_still_starts,
@@ -3514,4 +3515,90 @@ async fn early_stop_decides_each_rung_once_against_the_experiment_s_other_attemp
             .get("acc"),
         Some(&0.5)
     );
+}
+
+/// A configuration whose first run needed two OOM ladder steps: its other runs, and later
+/// runs of its key, start at step 2; another configuration is left as it is.
+async fn runs_of_a_configuration_start_where_it_last_fit(s: Backend) {
+    let agent = register(&s, "n1", 1, None).await;
+    let config = |index: u32, run: u32, bs: u64| {
+        let mut j = job(index, Some(1000), vec![], 1);
+        j.run = run;
+        j.config = if bs == 256 { 0 } else { 1 };
+        j.params = BTreeMap::from([("batch_size".to_string(), serde_json::json!(bs))]);
+        j.argv = vec!["train".into(), format!("--bs={bs}")];
+        j.memory_key = format!("exp/batch_size={bs}");
+        j.oom_ladder = vec![
+            BTreeMap::from([("batch_size".to_string(), serde_json::json!("/2"))]),
+            BTreeMap::from([("batch_size".to_string(), serde_json::json!("/2"))]),
+        ];
+        j
+    };
+    let exp = submit(
+        &s,
+        vec![
+            config(0, 0, 256),
+            config(1, 1, 256),
+            config(2, 2, 256),
+            config(3, 0, 64),
+        ],
+    )
+    .await;
+    let first = s
+        .list_jobs(JobFilter {
+            experiment: Some(exp),
+            ..Default::default()
+        })
+        .await
+        .expect("jobs")[0]
+        .id;
+    for (bs, failure) in [
+        (256, Some(FailureClass::Oom)),
+        (128, Some(FailureClass::Oom)),
+        (64, None),
+    ] {
+        let l = claim(&s, agent, 1).await.remove(0);
+        assert_eq!(
+            (l.job, l.params["batch_size"].clone()),
+            (first, serde_json::json!(bs))
+        );
+        finish_attempt(&s, l.attempt, report(l.fence, failure))
+            .await
+            .expect("finish");
+    }
+    let jobs = s
+        .list_jobs(JobFilter {
+            experiment: Some(exp),
+            ..Default::default()
+        })
+        .await
+        .expect("jobs");
+    for j in &jobs[1..3] {
+        let d = s.job(j.id).await.expect("job");
+        assert_eq!(d.ladder_step, 2, "{d:?}");
+        assert_eq!(d.argv, ["train", "--bs=64"]);
+        assert!(
+            d.ladder_from
+                .as_deref()
+                .is_some_and(|w| w.contains("step 2")),
+            "{:?}",
+            d.ladder_from
+        );
+    }
+    let other = s.job(jobs[3].id).await.expect("job");
+    assert_eq!((other.ladder_step, other.ladder_from.as_deref()), (0, None));
+    // Placed by the stepped key, where the run that fit taught its peak.
+    let l = claim(&s, agent, 1).await.remove(0);
+    assert_eq!(l.params["batch_size"], serde_json::json!(64));
+    // A later submission of the same configuration starts there too.
+    let later = submit(&s, vec![config(0, 0, 256)]).await;
+    let j = s
+        .list_jobs(JobFilter {
+            experiment: Some(later),
+            ..Default::default()
+        })
+        .await
+        .expect("jobs")[0]
+        .id;
+    assert_eq!(s.job(j).await.expect("job").ladder_step, 2);
 }

@@ -26,7 +26,12 @@ pub(super) async fn create(
     exp: NewExperiment,
 ) -> Result<(ExperimentSummary, Change)> {
     tx.insert_experiment(&exp, now_ms()).await?;
-    Ok((summary(tx, &exp.id.to_string()).await?, Change::Work))
+    let id = exp.id.to_string();
+    // Configurations an earlier run of the same key fit only at a ladder step start there.
+    for (job, step, attempt) in tx.fits_of_experiment(&id).await? {
+        super::jobs::start_at_step(tx, &job, step, &super::jobs::fit_note(step, &attempt)).await?;
+    }
+    Ok((summary(tx, &id).await?, Change::Work))
 }
 
 pub(super) async fn list(tx: &mut dyn Tx) -> Result<Vec<ExperimentSummary>> {

@@ -336,8 +336,8 @@ pub(crate) fn token_row(r: &impl Cols) -> Result<super::StoredToken> {
 }
 
 /// The columns of `JobDetail` beyond the summary, in order.
-pub(crate) const DETAIL_COLUMNS: &str =
-    "argv, env, profile, timeout_ms, retry_on, memory_key, ladder, ladder_step, prestart";
+pub(crate) const DETAIL_COLUMNS: &str = "argv, env, profile, timeout_ms, retry_on, memory_key, ladder, ladder_step, prestart, \
+     ladder_from";
 
 pub(crate) fn job_detail(
     summary: JobSummary,
@@ -356,6 +356,7 @@ pub(crate) fn job_detail(
         ladder_step: r.int(7)? as u32,
         attempts_detail: attempts,
         prestart: r.json_opt(8)?,
+        ladder_from: r.text_opt(9)?,
     })
 }
 

@@ -158,6 +158,25 @@ pub trait JobsTx: Send {
     async fn set_pending_reason(&mut self, job: &str, reason: Option<&PendingReason>)
     -> Result<()>;
     async fn set_job_ladder(&mut self, job: &str, step: &LadderStep) -> Result<()>;
+    /// The memory key the job had before any ladder step (`None`: not known).
+    async fn fit_of_job(&mut self, job: &str) -> Result<Option<String>>;
+    /// Records that a run of `key` fit at ladder step `step` (kept when a higher one is); the
+    /// step kept.
+    async fn raise_ladder_fit(
+        &mut self,
+        key: &str,
+        step: u32,
+        attempt: &str,
+        now: Millis,
+    ) -> Result<u32>;
+    /// Jobs of the experiment whose key fit at a higher step than theirs: (job, step, the
+    /// attempt that fit).
+    async fn fits_of_experiment(&mut self, experiment: &str) -> Result<Vec<(String, u32, String)>>;
+    /// Locks the waiting jobs of `key` that never ran, below ladder step `below` (a job a
+    /// claim holds is skipped on PostgreSQL).
+    async fn lock_unstarted_of_key(&mut self, key: &str, below: u32) -> Result<Vec<String>>;
+    /// Why the job starts at its ladder step.
+    async fn set_ladder_from(&mut self, job: &str, why: &str) -> Result<()>;
     /// The columns a new lease of the job is made of.
     async fn lease_row(&mut self, job: &str) -> Result<Option<LeaseRow>>;
     /// Waiting jobs fitting `max_gpus`, highest priority first then oldest, at most `limit`;

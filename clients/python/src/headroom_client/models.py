@@ -339,6 +339,8 @@ class JobDetail(JobSummary):
     ladder_step: int
     attempts_detail: List[AttemptView]
     prestart: Optional[Dict[str, Any]] = None
+    #: Why the job starts at its ladder step: another run of its configuration fit only there.
+    ladder_from: Optional[str] = None
 
 
 class CancelResponse(_Model):

@@ -44,7 +44,15 @@ impl<E: Exec> JobsTx for E {
             ],
         )
         .await?;
-        self.insert_jobs(exp, now).await
+        self.insert_jobs(exp, now).await?;
+        // The key each job has before any ladder step: where its configuration last fit is
+        // kept under it.
+        done(
+            self,
+            "UPDATE jobs SET base_memory_key = memory_key WHERE experiment_id = $1",
+            &[Arg::from(&id)],
+        )
+        .await
     }
 
     async fn experiment_ids(&mut self) -> Result<Vec<String>> {
@@ -240,6 +248,80 @@ impl<E: Exec> JobsTx for E {
             "UPDATE jobs SET pending_reason = $1 \
              WHERE id = $2 AND pending_reason IS DISTINCT FROM $1",
             &[reason, job.into()],
+        )
+        .await
+    }
+
+    async fn fit_of_job(&mut self, job: &str) -> Result<Option<String>> {
+        first(
+            self,
+            "SELECT base_memory_key FROM jobs WHERE id = $1",
+            args![job],
+            |r| r.text_opt(0),
+        )
+        .await
+        .map(Option::flatten)
+    }
+
+    async fn raise_ladder_fit(
+        &mut self,
+        key: &str,
+        step: u32,
+        attempt: &str,
+        now: Millis,
+    ) -> Result<u32> {
+        done(
+            self,
+            "INSERT INTO ladder_fits (memory_key, step, attempt_id, fitted_at) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT (memory_key) DO UPDATE \
+             SET step = excluded.step, attempt_id = excluded.attempt_id, \
+             fitted_at = excluded.fitted_at WHERE ladder_fits.step < excluded.step",
+            args![key, step, attempt, now],
+        )
+        .await?;
+        first(
+            self,
+            "SELECT step FROM ladder_fits WHERE memory_key = $1",
+            args![key],
+            |r| r.int(0),
+        )
+        .await
+        .map(|s| s.map_or(step, |s| u32::try_from(s).unwrap_or(step)))
+    }
+
+    async fn fits_of_experiment(&mut self, experiment: &str) -> Result<Vec<(String, u32, String)>> {
+        all(
+            self,
+            "SELECT j.id, f.step, f.attempt_id FROM jobs j \
+             JOIN ladder_fits f ON f.memory_key = j.base_memory_key \
+             WHERE j.experiment_id = $1 AND j.ladder_step < f.step ORDER BY j.seq",
+            args![experiment],
+            |r| {
+                Ok((
+                    r.text(0)?,
+                    u32::try_from(r.int(1)?).unwrap_or(0),
+                    r.text(2)?,
+                ))
+            },
+        )
+        .await
+    }
+
+    async fn lock_unstarted_of_key(&mut self, key: &str, below: u32) -> Result<Vec<String>> {
+        // Skipped when a claim holds one: it starts where it is, and learns as any run.
+        let sql = format!(
+            "SELECT id FROM jobs WHERE base_memory_key = $1 AND state = 'queued' \
+             AND attempts = 0 AND ladder_step < $2 ORDER BY seq{}",
+            self.dialect().skip_locked
+        );
+        all(self, &sql, args![key, below], |r| r.text(0)).await
+    }
+
+    async fn set_ladder_from(&mut self, job: &str, why: &str) -> Result<()> {
+        done(
+            self,
+            "UPDATE jobs SET ladder_from = $1 WHERE id = $2",
+            args![why, job],
         )
         .await
     }

@@ -186,3 +186,67 @@ fn the_memory_key_composes_every_named_parameter_and_only_those() {
         "only (a, 1) was seen before, with another lr"
     );
 }
+
+/// A configuration whose first run needed two ladder steps to fit its GPU: its two other runs
+/// start at that step and never OOM; the other configuration keeps its own parameters.
+#[test]
+fn runs_start_at_the_ladder_step_where_their_configuration_last_fit() {
+    // One 24 GiB GPU, one slot: the runs go one after another, in order.
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
+    let spec = format!(
+        r#"
+name: fit
+command: ["{job}", "--mem", "{{mem_gib}}GiB", "--seconds", "0.2"]
+rows:
+  - {{cfg: big, mem_gib: 64}}
+  - {{cfg: small, mem_gib: 4}}
+runs_per_config: 3
+resources: {{memory: 2GiB}}
+memory_key: [cfg, mem_gib]
+oom_ladder:
+  - {{mem_gib: "/2"}}
+  - {{mem_gib: "/2"}}
+"#,
+        job = fake_job().display()
+    );
+    let exp = h.submit("fit.yaml", &spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(120));
+    assert!(
+        jobs.iter().all(|j| j.state == JobState::Succeeded),
+        "{jobs:?}"
+    );
+    let details: Vec<_> = jobs.iter().map(|j| h.job(j.id).expect("job")).collect();
+    // The first run of `big`: 64 and 32 GiB overflow the GPU, 16 fits.
+    let first: Vec<_> = details[0]
+        .attempts_detail
+        .iter()
+        .map(|a| (a.ladder_step, a.failure_class))
+        .collect();
+    assert_eq!(
+        first,
+        [
+            (0, Some(FailureClass::Oom)),
+            (1, Some(FailureClass::Oom)),
+            (2, None)
+        ]
+    );
+    for d in &details[1..3] {
+        let a: Vec<_> = d
+            .attempts_detail
+            .iter()
+            .map(|a| (a.ladder_step, a.failure_class, a.params["mem_gib"].clone()))
+            .collect();
+        assert_eq!(
+            a,
+            [(2, None, serde_json::json!(16))],
+            "started where it fit"
+        );
+        let shown = h.cli_ok(&["show", &d.summary.id.to_string()]);
+        assert!(shown.contains("starts at OOM ladder step 2"), "{shown}");
+    }
+    for d in &details[3..] {
+        assert_eq!(d.attempts_detail.len(), 1);
+        assert_eq!(d.attempts_detail[0].ladder_step, 0, "another configuration");
+        assert_eq!(d.attempts_detail[0].params["mem_gib"], serde_json::json!(4));
+    }
+}
