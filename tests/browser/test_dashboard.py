@@ -614,8 +614,18 @@ def test_results_follow_live_attempts_and_show_early_stoppings_decisions(up: Up,
     assert counts["pruned"] >= 2, counts
     api = up.get(f"/v1/experiments/{exp}/metrics")
     by_id = {a["attempt"]: a for a in api}
-    until(page, "every attempt's curve", lambda: sorted((page.get_attribute("#results-curves", "data-attempts") or "").split())
-          == sorted(by_id) and uplot(page, "#results-curves", "u.series.length") == len(api) + 1
+
+    def curves_are_the_api_s() -> bool:
+        # The page reads the attempts every few seconds: it has the ended ones' whole series
+        # once it read them after their end.
+        ids = (page.get_attribute("#results-curves", "data-attempts") or "").split()
+        if sorted(ids) != sorted(by_id) or uplot(page, "#results-curves", "u.series.length") != len(api) + 1:
+            return False
+        xs, *ys = uplot(page, "#results-curves", "u.data")
+        return all([(x, v) for x, v in zip(xs, y) if v is not None]
+                   == [(p["step"], p["value"]) for p in by_id[a]["series"]["acc"]] for a, y in zip(ids, ys))
+
+    until(page, "every attempt's whole curve", lambda: curves_are_the_api_s()
           and page.query_selector_all("#results-rungs tbody tr"), timeout=30)
     assert asked.count(metrics_url) >= 2, asked
     ids = (page.get_attribute("#results-curves", "data-attempts") or "").split()

@@ -374,7 +374,7 @@ async fn cancel_stops_the_job() {
     let end = run_attempt(launch.clone(), f.backend.clone(), &quick(), cancel, |_| {}).await;
     assert_eq!(end.failure(), Some(FailureClass::Cancelled));
     assert!(end.cleanup_verified);
-    assert!(log_of(&launch).contains("[headroom] cancelled"));
+    assert!(log_of(&launch).contains("[headroom] asked to stop"));
     f.assert_gone(launch.attempt);
 
     // Cancelled before it started: nothing runs.
