@@ -446,7 +446,9 @@ impl ExperimentSpec {
             if let Some(missing) = columns.keys().find(|k| !row.contains_key(*k)) {
                 return Err(SpecError::new(
                     format!("rows[{i}]"),
-                    format!("lacks `{missing}`, which rows[0] has: every row names the same parameters"),
+                    format!(
+                        "lacks `{missing}`, which rows[0] has: every row names the same parameters"
+                    ),
                 ));
             }
             if let Some(extra) = row.keys().find(|k| !columns.contains_key(*k)) {
@@ -516,7 +518,9 @@ impl ExperimentSpec {
                 {
                     return Err(SpecError::new(
                         format!("command[{i}]"),
-                        format!("placeholder {{{name}}} names no parameter (grid, mutate or zip axis, or a rows column)"),
+                        format!(
+                            "placeholder {{{name}}} names no parameter (grid, mutate or zip axis, or a rows column)"
+                        ),
                     ));
                 }
             }

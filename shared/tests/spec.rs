@@ -623,7 +623,13 @@ fn zipped_axes_advance_together_and_rows_are_taken_whole() {
     // Rows outermost, then the zip's positions, then the grid, then the runs.
     let first: Vec<_> = table.iter().take(5).cloned().collect();
     let row = |lr: &str, fg: &str, bg: &str, s: &str, run: u32| {
-        (lr.to_string(), fg.to_string(), bg.to_string(), s.to_string(), run)
+        (
+            lr.to_string(),
+            fg.to_string(),
+            bg.to_string(),
+            s.to_string(),
+            run,
+        )
     };
     assert_eq!(
         first,
@@ -648,10 +654,17 @@ fn zipped_axes_advance_together_and_rows_are_taken_whole() {
             .any(|(f, b)| pair == (serde_json::json!(f), serde_json::json!(b))),
             "{pair:?}"
         );
-        let bs = if j.params["lr"] == serde_json::json!(0.1) { 32 } else { 64 };
+        let bs = if j.params["lr"] == serde_json::json!(0.1) {
+            32
+        } else {
+            64
+        };
         assert_eq!(j.params["bs"], serde_json::json!(bs));
     }
-    assert_eq!(jobs[23].argv, ["run", "densenet121", "vgg16", "--lr=0.01", "--bs=64"]);
+    assert_eq!(
+        jobs[23].argv,
+        ["run", "densenet121", "vgg16", "--lr=0.01", "--bs=64"]
+    );
 }
 
 #[test]
@@ -660,13 +673,33 @@ fn zip_and_rows_refusals_name_the_field() {
     for (extra, field, says) in [
         ("zip: {a: [1, 2], b: [1]}", "zip.b", "advance together"),
         ("zip: {a: []}", "zip.a", "no values"),
-        ("zip: {a: [1]}\ngrid: {a: [1]}", "zip.a", "name each parameter once"),
+        (
+            "zip: {a: [1]}\ngrid: {a: [1]}",
+            "zip.a",
+            "name each parameter once",
+        ),
         ("rows: [{a: 1}, {b: 2}]", "rows[1]", "lacks `a`"),
-        ("rows: [{a: 1}, {a: 2, b: 3}]", "rows[1].b", "not in rows[0]"),
-        ("rows: [{a: [1]}]", "rows[0].a", "strings, numbers or booleans"),
+        (
+            "rows: [{a: 1}, {a: 2, b: 3}]",
+            "rows[1].b",
+            "not in rows[0]",
+        ),
+        (
+            "rows: [{a: [1]}]",
+            "rows[0].a",
+            "strings, numbers or booleans",
+        ),
         ("rows: [{}]", "rows[0]", "names no parameter"),
-        ("rows: [{a: 1}]\nmutate: {a: {uniform: [0, 1]}}", "rows[0].a", "name each parameter once"),
-        ("rows: [{a: 1}]\nzip: {a: [1]}", "rows[0].a", "name each parameter once"),
+        (
+            "rows: [{a: 1}]\nmutate: {a: {uniform: [0, 1]}}",
+            "rows[0].a",
+            "name each parameter once",
+        ),
+        (
+            "rows: [{a: 1}]\nzip: {a: [1]}",
+            "rows[0].a",
+            "name each parameter once",
+        ),
         ("rows: [{9a: 1}]", "rows[0].9a", "parameter names"),
     ] {
         let e = refused(&format!("{base}{extra}\n"));

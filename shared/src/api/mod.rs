@@ -285,6 +285,10 @@ pub struct JobDetail {
     /// What each attempt waits for before the job starts (`exclusive`, `cooldown`).
     #[serde(default)]
     pub prestart: Option<Prestart>,
+    /// Why the job starts at its ladder step: another run of its configuration fit only
+    /// there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ladder_from: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
