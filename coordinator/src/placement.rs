@@ -251,6 +251,14 @@ pub struct Placer {
 }
 
 impl Placer {
+    /// The most memory a GPU of the node offers (its total less its headroom).
+    pub fn largest_usable_mib(&self) -> Option<u64> {
+        self.gpus
+            .iter()
+            .map(|g| g.total_mib.saturating_sub(g.headroom_mib))
+            .max()
+    }
+
     pub fn new(snapshot: &Snapshot) -> Self {
         Self {
             gpus: snapshot.gpus.clone(),

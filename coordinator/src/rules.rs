@@ -47,16 +47,26 @@ pub const OOM_BUMP: f64 = 1.25;
 pub const LEARNED_WINDOW: u32 = 256;
 
 /// The estimate a job is placed by: max(declared, p95 of observed peaks (the key's latest
-/// [`LEARNED_WINDOW`]) x 1.1, the key's floor after OOMs), and where it came from; `None` when nothing is known.
+/// [`LEARNED_WINDOW`]) x 1.1, the key's floor after OOMs), and where it came from; `None` when
+/// nothing is known. The margin never takes the learned figure past `largest` (the most a GPU
+/// of the node offers) when the p95 peak itself fits there: a configuration that ran on such a
+/// GPU is placed there again (alone, as its estimate fills it), not refused as larger than
+/// every GPU. A floor an OOM raised is kept whatever the GPUs.
 pub fn effective_estimate(
     declared: Option<u64>,
     observed_peaks: &mut [u64],
     floor: Option<u64>,
+    largest: Option<u64>,
 ) -> (Option<u64>, &'static str) {
     observed_peaks.sort_unstable();
     let learned = (!observed_peaks.is_empty()).then(|| {
         let i = ((observed_peaks.len() - 1) as f64 * 0.95).round() as usize;
-        (observed_peaks[i] as f64 * LEARNED_MARGIN).ceil() as u64
+        let p95 = observed_peaks[i];
+        let with_margin = (p95 as f64 * LEARNED_MARGIN).ceil() as u64;
+        match largest {
+            Some(l) if p95 <= l && with_margin > l => l,
+            _ => with_margin,
+        }
     });
     let learned = learned.max(floor);
     match (declared, learned) {
@@ -146,11 +156,12 @@ pub fn claim(
     now: Millis,
     max: usize,
 ) -> ClaimPlan {
+    let largest = placer.largest_usable_mib();
     let estimates: Vec<(Option<u64>, &'static str)> = pending
         .iter()
         .map(|p| {
             let (mut peaks, floor) = learned.get(&p.memory_key).cloned().unwrap_or_default();
-            let (estimate, source) = effective_estimate(p.declared, &mut peaks, floor);
+            let (estimate, source) = effective_estimate(p.declared, &mut peaks, floor, largest);
             (pair_estimate(estimate, p.background_mib), source)
         })
         .collect();
@@ -799,28 +810,55 @@ mod tests {
 
     #[test]
     fn estimates_take_the_safest_known_figure() {
-        assert_eq!(effective_estimate(None, &mut [], None), (None, "none"));
         assert_eq!(
-            effective_estimate(Some(1000), &mut [], None),
+            effective_estimate(None, &mut [], None, None),
+            (None, "none")
+        );
+        assert_eq!(
+            effective_estimate(Some(1000), &mut [], None, None),
             (Some(1000), "declared")
         );
         assert_eq!(
-            effective_estimate(Some(1000), &mut [500, 600], None),
+            effective_estimate(Some(1000), &mut [500, 600], None, None),
             (Some(1000), "declared")
         );
         assert_eq!(
-            effective_estimate(Some(1000), &mut [2000], None),
+            effective_estimate(Some(1000), &mut [2000], None, None),
             (Some(2200), "learned")
         );
         assert_eq!(
-            effective_estimate(None, &mut [100; 3], Some(900)),
+            effective_estimate(None, &mut [100; 3], Some(900), None),
             (Some(900), "learned")
         );
         // p95 of 20 peaks is the 19th smallest.
         let mut peaks: Vec<u64> = (1..=20).map(|i| i * 100).collect();
         assert_eq!(
-            effective_estimate(None, &mut peaks, None),
+            effective_estimate(None, &mut peaks, None, None),
             (Some(2090), "learned")
+        );
+    }
+
+    #[test]
+    fn the_margin_never_keeps_a_run_from_the_gpu_its_peak_fits() {
+        // 20 GiB peak, 21.6 GiB usable: 22 GiB with the margin would fit no GPU.
+        assert_eq!(
+            effective_estimate(None, &mut [20_480], None, Some(22_118)),
+            (Some(22_118), "learned")
+        );
+        // Room for the margin: it stays.
+        assert_eq!(
+            effective_estimate(None, &mut [10_000], None, Some(22_118)),
+            (Some(11_000), "learned")
+        );
+        // A peak past the GPU, or a floor an OOM raised there, is kept as it is.
+        assert_eq!(
+            effective_estimate(None, &mut [23_000], None, Some(22_118)),
+            (Some(25_301), "learned"),
+            "23,000 x 1.1, rounded up"
+        );
+        assert_eq!(
+            effective_estimate(None, &mut [20_480], Some(23_000), Some(22_118)),
+            (Some(23_000), "learned")
         );
     }
 

@@ -250,3 +250,31 @@ oom_ladder:
         assert_eq!(d.attempts_detail[0].params["mem_gib"], serde_json::json!(4));
     }
 }
+
+/// A configuration whose run used most of its GPU (20 of 24 GiB, more than the usable memory
+/// over the learned margin's 1.1) runs again: the margin never keeps a job from the GPU its
+/// measured peak fits.
+#[test]
+fn a_configuration_that_peaked_near_its_gpu_s_size_runs_again() {
+    let h = Headroom::up(UpOptions::gpus("1x24GiB"));
+    let spec = format!(
+        r#"{{"name": "near", "command": ["{job}", "--mem", "20GiB", "--seconds", "0.2"],
+             "runs_per_config": 3}}"#,
+        job = fake_job().display()
+    );
+    let exp = h.submit("near.json", &spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    assert!(
+        jobs.iter().all(|j| j.state == JobState::Succeeded),
+        "{jobs:?}"
+    );
+    let later = h.job(jobs[2].id).expect("job");
+    let a = &later.attempts_detail[0];
+    assert_eq!(a.estimate_source, "learned", "{a:?}");
+    assert!(
+        a.estimate_mib
+            .is_some_and(|e| (20 * 1024..22 * 1024).contains(&e)),
+        "placed by its peak, capped at what the GPU offers: {:?}",
+        a.estimate_mib
+    );
+}
