@@ -582,14 +582,27 @@ fn the_seed_003_matrix_is_one_spec() {
     let colocated: Vec<_> = jobs.iter().filter(|j| j.background.is_some()).collect();
     assert_eq!(colocated.len(), 36);
     assert!(colocated.iter().all(|j| j.params["mode"] == "colocated"));
+    // A pair travels whole (a row): 12 of them, never mixed.
     let pairs: std::collections::BTreeSet<_> = colocated
         .iter()
-        .map(|j| j.params["pair"].to_string())
+        .map(|j| (j.params["fg"].to_string(), j.params["bg"].to_string()))
         .collect();
     assert_eq!(pairs.len(), 12);
-    let bg = colocated[0].background.as_ref().expect("bg");
-    assert_eq!(bg.argv[0], "sh");
-    assert!(bg.argv[2].contains("cut -d: -f4"), "{:?}", bg.argv);
+    let first = colocated
+        .iter()
+        .find(|j| j.params["fg"] == "mnist_ff" && j.params["bg"] == "resnet20")
+        .expect("pair 1");
+    assert_eq!(first.argv[..3], ["headroom-fake-job", "--mem", "500MiB"]);
+    let bg = first.background.as_ref().expect("bg");
+    assert_eq!(
+        bg.argv[..5],
+        ["headroom-fake-job", "--delay", "1", "--mem", "800MiB"]
+    );
+    assert!(
+        bg.argv.contains(&"background=resnet20".to_string()),
+        "{:?}",
+        bg.argv
+    );
     assert_eq!(bg.memory_mib, 3500);
 }
 
