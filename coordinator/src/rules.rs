@@ -48,10 +48,11 @@ pub const LEARNED_WINDOW: u32 = 256;
 
 /// The estimate a job is placed by: max(declared, p95 of observed peaks (the key's latest
 /// [`LEARNED_WINDOW`]) x 1.1, the key's floor after OOMs), and where it came from; `None` when
-/// nothing is known. The margin never takes the learned figure past `largest` (the most a GPU
-/// of the node offers) when the p95 peak itself fits there: a configuration that ran on such a
-/// GPU is placed there again (alone, as its estimate fills it), not refused as larger than
-/// every GPU. A floor an OOM raised is kept whatever the GPUs.
+/// nothing is known. When the margin alone would take it past `largest` (the most a GPU of
+/// the node offers) while the p95 peak itself fits there, it runs alone on an idle GPU as a job
+/// with no estimate does (`None`): a configuration that ran on such a GPU runs there again,
+/// rather than waiting as larger than every GPU. A floor an OOM raised, or a declared figure,
+/// past the GPU is kept.
 pub fn effective_estimate(
     declared: Option<u64>,
     observed_peaks: &mut [u64],
@@ -59,15 +60,19 @@ pub fn effective_estimate(
     largest: Option<u64>,
 ) -> (Option<u64>, &'static str) {
     observed_peaks.sort_unstable();
-    let learned = (!observed_peaks.is_empty()).then(|| {
+    let p95 = (!observed_peaks.is_empty()).then(|| {
         let i = ((observed_peaks.len() - 1) as f64 * 0.95).round() as usize;
-        let p95 = observed_peaks[i];
-        let with_margin = (p95 as f64 * LEARNED_MARGIN).ceil() as u64;
-        match largest {
-            Some(l) if p95 <= l && with_margin > l => l,
-            _ => with_margin,
-        }
+        observed_peaks[i]
     });
+    let learned = p95.map(|p| (p as f64 * LEARNED_MARGIN).ceil() as u64);
+    if let (Some(p), Some(m), Some(l)) = (p95, learned, largest)
+        && p <= l
+        && m > l
+        && floor.is_none_or(|f| f <= l)
+        && declared.is_none_or(|d| d <= l)
+    {
+        return (None, "none");
+    }
     let learned = learned.max(floor);
     match (declared, learned) {
         (Some(d), Some(l)) if l > d => (Some(l), "learned"),
@@ -840,17 +845,23 @@ mod tests {
 
     #[test]
     fn the_margin_never_keeps_a_run_from_the_gpu_its_peak_fits() {
-        // 20 GiB peak, 21.6 GiB usable: 22 GiB with the margin would fit no GPU.
+        // 20 GiB peak, 21.6 GiB usable: 22 GiB with the margin would fit no GPU; it runs
+        // alone on an idle one instead, as a job with no estimate does.
         assert_eq!(
             effective_estimate(None, &mut [20_480], None, Some(22_118)),
-            (Some(22_118), "learned")
+            (None, "none")
+        );
+        assert_eq!(
+            effective_estimate(Some(4_096), &mut [20_480], None, Some(22_118)),
+            (None, "none"),
+            "a stale declaration below the peak is no reason to share"
         );
         // Room for the margin: it stays.
         assert_eq!(
             effective_estimate(None, &mut [10_000], None, Some(22_118)),
             (Some(11_000), "learned")
         );
-        // A peak past the GPU, or a floor an OOM raised there, is kept as it is.
+        // A peak past the GPU, or a floor an OOM raised past it, is kept as it is.
         assert_eq!(
             effective_estimate(None, &mut [23_000], None, Some(22_118)),
             (Some(25_301), "learned"),

@@ -3541,6 +3541,13 @@ async fn runs_of_a_configuration_start_where_it_last_fit(s: Backend) {
             config(1, 1, 256),
             config(2, 2, 256),
             config(3, 0, 64),
+            // Another configuration that shares the memory key (`memory_key` names no
+            // parameter that tells them apart): it is not the one that needed the step.
+            {
+                let mut j = config(4, 0, 512);
+                j.memory_key = "exp/batch_size=256".into();
+                j
+            },
         ],
     )
     .await;
@@ -3585,8 +3592,10 @@ async fn runs_of_a_configuration_start_where_it_last_fit(s: Backend) {
             d.ladder_from
         );
     }
-    let other = s.job(jobs[3].id).await.expect("job");
-    assert_eq!((other.ladder_step, other.ladder_from.as_deref()), (0, None));
+    for other in &jobs[3..] {
+        let other = s.job(other.id).await.expect("job");
+        assert_eq!((other.ladder_step, other.ladder_from.as_deref()), (0, None));
+    }
     // Placed by the stepped key, where the run that fit taught its peak.
     let l = claim(&s, agent, 1).await.remove(0);
     assert_eq!(l.params["batch_size"], serde_json::json!(64));

@@ -45,12 +45,14 @@ impl<E: Exec> JobsTx for E {
         )
         .await?;
         self.insert_jobs(exp, now).await?;
-        // The key each job has before any ladder step: where its configuration last fit is
-        // kept under it.
+        // Each job's configuration (its submitter's spec, its parameters before any ladder
+        // step, its ladder): where a configuration last fit is kept under it.
+        let spec_of = format!("{};{}", exp.submitted_by, exp.name);
         done(
             self,
-            "UPDATE jobs SET base_memory_key = memory_key WHERE experiment_id = $1",
-            &[Arg::from(&id)],
+            "UPDATE jobs SET base_memory_key = CAST($2 AS TEXT) || ';' || CAST(params AS TEXT) \
+             || ';' || CAST(ladder AS TEXT) WHERE experiment_id = $1",
+            &[Arg::from(&id), Arg::from(&spec_of)],
         )
         .await
     }
