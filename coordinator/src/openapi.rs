@@ -514,6 +514,15 @@ pub fn spec_schema() -> &'static Value {
             .get("ExperimentSpec")
             .cloned()
             .unwrap_or(Value::Object(Default::default()));
+        // A spec file may name its rows' CSV file instead (the client reads it at submit).
+        if let Some(rows) = root.pointer_mut("/properties/rows") {
+            let inline = rows.take();
+            *rows = serde_json::json!({"oneOf": [
+                inline,
+                {"type": "string", "description": "a CSV file beside the spec (a header of \
+                 parameter names, one configuration a line), read by the client at submit"},
+            ]});
+        }
         if let Value::Object(m) = &mut root {
             m.insert(
                 "$schema".into(),

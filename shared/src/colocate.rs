@@ -131,12 +131,15 @@ impl ColocateSpec {
                 let values = grid.get(axis).ok_or_else(|| {
                     SpecError::new(
                         "colocate.memory",
-                        format!("`{{{axis}}}` must name a grid axis whose values are sizes"),
+                        format!(
+                            "`{{{axis}}}` must name a grid or zip axis or a rows column whose \
+                             values are sizes"
+                        ),
                     )
                 })?;
                 for (i, v) in values.iter().enumerate() {
                     parse_memory(&value_text(v)).map_err(|m| {
-                        SpecError::new("colocate.memory", format!("grid.{axis}[{i}]: {m}"))
+                        SpecError::new("colocate.memory", format!("{axis}[{i}]: {m}"))
                     })?;
                 }
             }
@@ -150,7 +153,9 @@ impl ColocateSpec {
             if !params.contains(name.as_str()) {
                 return Err(SpecError::new(
                     field,
-                    format!("`{name}` is not a parameter (grid or mutate axis)"),
+                    format!(
+                        "`{name}` is not a parameter (grid, mutate or zip axis, or a rows column)"
+                    ),
                 ));
             }
             if matches!(value, Value::Null | Value::Array(_) | Value::Object(_)) {
@@ -210,7 +215,9 @@ fn known_placeholder(name: &str, params: &BTreeSet<&str>, field: &str) -> Result
     } else {
         Err(SpecError::new(
             field,
-            format!("placeholder {{{name}}} names no parameter (grid or mutate axis)"),
+            format!(
+                "placeholder {{{name}}} names no parameter (grid, mutate or zip axis, or a rows column)"
+            ),
         ))
     }
 }
@@ -299,7 +306,7 @@ mod tests {
             .validate(&params, &grid)
             .expect_err("12 has no unit");
         assert_eq!(e.field, "colocate.memory");
-        assert!(e.message.contains("grid.bg_mem[1]"), "{e}");
+        assert!(e.message.contains("bg_mem[1]"), "{e}");
         let e = spec("{bg_mem}GiB")
             .validate(&params, &grid)
             .expect_err("not whole");

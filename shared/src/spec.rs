@@ -599,7 +599,9 @@ impl ExperimentSpec {
             if !params.contains(name.as_str()) {
                 return Err(SpecError::new(
                     format!("memory_key[{i}]"),
-                    format!("`{name}` is not a parameter (grid or mutate axis)"),
+                    format!(
+                        "`{name}` is not a parameter (grid, mutate or zip axis, or a rows column)"
+                    ),
                 ));
             }
         }
@@ -635,7 +637,16 @@ impl ExperimentSpec {
                     "a background shares its foreground's one GPU: needs `resources.gpus: 1`",
                 ));
             }
-            c.validate(&params, &self.grid)?;
+            // Every axis with its values: `colocate.memory` may name any of them.
+            let mut axes = self.grid.clone();
+            axes.extend(self.zip.clone());
+            if let Some(columns) = self.rows.first() {
+                for name in columns.keys() {
+                    let values = self.rows.iter().filter_map(|r| r.get(name).cloned());
+                    axes.insert(name.clone(), values.collect());
+                }
+            }
+            c.validate(&params, &axes)?;
         }
         if let Some(p) = &self.profile
             && profile::builtin(p).is_none()

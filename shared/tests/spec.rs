@@ -603,7 +603,10 @@ fn the_seed_003_matrix_is_one_spec() {
         "{:?}",
         bg.argv
     );
-    assert_eq!(bg.memory_mib, 3500);
+    assert_eq!(
+        bg.memory_mib, 800,
+        "its own background's memory (a rows column)"
+    );
 }
 
 /// Seed 003's feasibility pairs: a foreground and a background that travel together.

@@ -442,6 +442,9 @@ def test_a_rows_file_beside_the_spec_is_read_as_the_cli_reads_it(tmp_path: Path)
         {"model": "resnet20", "lr": 0.1, "bs": 32, "amp": True},
         {"model": "vgg16", "lr": 0.001, "bs": 64, "amp": False},
     ]
+    # A spreadsheet's "CSV UTF-8" starts with a byte order mark: not part of the first name.
+    (tmp_path / "pairs.csv").write_bytes("\ufeffmodel,lr\nresnet20,0.1\n".encode())
+    assert load_spec(spec)["rows"] == [{"model": "resnet20", "lr": 0.1}]
     (tmp_path / "pairs.csv").write_text("model,lr\nresnet20,\n")
     with pytest.raises(ValueError, match="line 2: `lr` is empty"):
         load_spec(spec)

@@ -38,6 +38,11 @@ def test_every_example_spec_is_valid(served: Dict[str, Any], example: Path) -> N
     assert not errors, [e.message for e in errors]
 
 
+def test_a_rows_file_is_a_valid_rows(served: Dict[str, Any]) -> None:
+    spec = {"name": "e", "command": ["x", "{model}"], "rows": "configs.csv"}
+    assert not list(jsonschema.Draft202012Validator(served).iter_errors(spec))
+
+
 @pytest.mark.parametrize(
     "spec, path",
     [
@@ -46,7 +51,8 @@ def test_every_example_spec_is_valid(served: Dict[str, Any], example: Path) -> N
         ({"name": "e", "command": ["x"], "metrics": {"acc": {"pattern": "x", "take": "avg"}}}, ["metrics", "acc", "take"]),
         ({"name": "e", "command": ["x"], "early_stop": {"metric": "a", "mode": "best"}}, ["early_stop"]),
         ({"name": "e", "command": ["x"], "zip": {"a": "not a list"}}, ["zip", "a"]),
-        ({"name": "e", "command": ["x"], "rows": [["a", 1]]}, ["rows", 0]),
+        ({"name": "e", "command": ["x"], "rows": [["a", 1]]}, ["rows"]),
+        ({"name": "e", "command": ["x"], "rows": 3}, ["rows"]),
     ],
 )
 def test_bad_specs_are_refused_at_their_field(served: Dict[str, Any], spec: Dict[str, Any], path: list) -> None:

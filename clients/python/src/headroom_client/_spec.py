@@ -57,7 +57,8 @@ def load_spec(spec: SpecLike) -> Dict[str, Any]:
     if isinstance(doc.get("rows"), str):
         rows_file = path.parent / doc["rows"]
         try:
-            text = rows_file.read_text(encoding="utf-8")
+            # `utf-8-sig`: a file saved by a spreadsheet as "CSV UTF-8" starts with a BOM.
+            text = rows_file.read_text(encoding="utf-8-sig")
         except OSError as e:
             raise ValueError(f"rows: reading {rows_file}: {e}") from e
         doc["rows"] = rows_of_csv(text, rows_file)
