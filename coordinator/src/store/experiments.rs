@@ -29,7 +29,8 @@ pub(super) async fn create(
     let id = exp.id.to_string();
     // Configurations an earlier run of the same key fit only at a ladder step start there.
     for (job, step, attempt) in tx.fits_of_experiment(&id).await? {
-        super::jobs::start_at_step(tx, &job, step, &super::jobs::fit_note(step, &attempt)).await?;
+        super::ladder::start_at_step(tx, &job, step, &super::ladder::fit_note(step, &attempt))
+            .await?;
     }
     Ok((summary(tx, &id).await?, Change::Work))
 }

@@ -388,7 +388,7 @@ pub(super) async fn finish(
     }
     let job_state = jobs::transition(tx, &mut job, f.event).await?;
     if report.failure.is_none() && rules_of_job.ladder_step > 0 {
-        jobs::spread_fit(tx, &job.id, rules_of_job.ladder_step, &id).await?;
+        super::ladder::spread_fit(tx, &job.id, rules_of_job.ladder_step, &id).await?;
     }
     results::at_end(tx, &id, report.metrics.as_ref(), now_ms()).await?;
     if !report.gpus.is_empty() {

@@ -37,6 +37,7 @@ mod bundles;
 mod exec;
 mod experiments;
 mod jobs;
+mod ladder;
 mod leases;
 pub mod logs;
 mod nodes;
