@@ -66,6 +66,8 @@ pub fn seed_matrix() -> Result<(Cluster, Vec<Job>), WorkloadError> {
                 peak_until: 1.0,
                 duration_s: m.epoch_s,
                 declared_mib: Some(peak),
+                gpus: 1,
+                alone: false,
             });
         }
     }
@@ -73,6 +75,7 @@ pub fn seed_matrix() -> Result<(Cluster, Vec<Job>), WorkloadError> {
         gpus_mib: vec![d.gpu_memory_mib; 8],
         plan: vec![4; 8],
         headroom_mib: vec![d.gpu_memory_mib / 10; 8],
+        nodes: Vec::new(),
     };
     Ok((cluster, jobs))
 }
@@ -113,12 +116,15 @@ pub fn lora_farm() -> Result<(Cluster, Vec<Job>), WorkloadError> {
             peak_until: 0.55,
             duration_s: 3600.0,
             declared_mib: None,
+            gpus: 1,
+            alone: false,
         })
         .collect();
     let cluster = Cluster {
         gpus_mib: vec![(d.gpu_memory_gib * GIB) as u64; d.gpus],
         plan: vec![2; d.gpus],
         headroom_mib: vec![0; d.gpus],
+        nodes: Vec::new(),
     };
     Ok((cluster, jobs))
 }
@@ -148,6 +154,8 @@ pub fn synthetic(seed: u64, n: usize) -> (Cluster, Vec<Job>) {
                 peak_until: 0.85,
                 duration_s: secs * (0.9 + 0.2 * rng.random::<f64>()),
                 declared_mib: Some((peak + peak / 2).min(22 * 1024)),
+                gpus: 1,
+                alone: false,
             }
         })
         .collect();
@@ -155,6 +163,7 @@ pub fn synthetic(seed: u64, n: usize) -> (Cluster, Vec<Job>) {
         gpus_mib: vec![24 * 1024; 8],
         plan: vec![4; 8],
         headroom_mib: vec![1024; 8],
+        nodes: Vec::new(),
     };
     (cluster, jobs)
 }

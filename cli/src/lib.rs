@@ -153,7 +153,13 @@ pub enum Command {
     Cancel { id: String },
     /// Run a finished job once more (its id, a unique start of it, or `EXPERIMENT/INDEX`), or
     /// every failed job of an experiment (id or name) in one request.
-    Retry { id: String },
+    Retry {
+        id: String,
+        /// With a job: also the jobs of its study that wait for it (`after`), on down, that
+        /// have ended (cancelled when it failed, say).
+        #[arg(long)]
+        cascade: bool,
+    },
     /// Nodes, their GPUs, memory and slots in use.
     Nodes {
         /// `table`, or `json`: the API's documents, with its field names.
@@ -528,7 +534,7 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             match format {
                 Format::Table => {
                     let exp = api.experiment(job.summary.experiment).await?;
-                    output::job_detail(&job, &exp.source);
+                    output::job_detail(&job, &exp);
                     for (number, t) in &series {
                         output::attempt_telemetry(*number, t);
                     }
@@ -560,10 +566,23 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
                 );
             }
         },
-        Command::Retry { id } => match job_or_experiment(api, &id).await? {
+        Command::Retry { id, cascade } => match job_or_experiment(api, &id).await? {
+            Target::Job(job) if cascade => {
+                let r = api
+                    .retry_with(job, &headroom_shared::api::RetryQuery { cascade })
+                    .await?;
+                outln!(
+                    "job {job} and {} job{} waiting for it queued for another attempt",
+                    r.retried.len().saturating_sub(1),
+                    if r.retried.len() == 2 { "" } else { "s" }
+                );
+            }
             Target::Job(job) => {
                 api.retry(job).await?;
                 outln!("job {job} queued for another attempt");
+            }
+            Target::Experiment(..) if cascade => {
+                bail!("--cascade takes a job: the one whose dependants should run again too")
             }
             Target::Experiment(exp, name) => {
                 let r = api.retry_failed(exp).await?;

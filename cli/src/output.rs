@@ -231,10 +231,13 @@ pub fn source(s: &headroom_shared::api::source::Source) {
 }
 
 /// A job with its attempts, and where its experiment's jobs run from.
-pub fn job_detail(d: &JobDetail, source: &headroom_shared::api::source::Source) {
+pub fn job_detail(d: &JobDetail, exp: &ExperimentSummary) {
     let j = &d.summary;
     outln!("job        {}", j.id);
     outln!("experiment {} ({})", j.experiment_name, j.experiment);
+    if let Some(study) = &exp.study {
+        outln!("study      {} ({})", study.name, study.id);
+    }
     outln!("submitted  by {}", j.submitted_by);
     outln!(
         "index      {} (config {}, run {})",
@@ -248,7 +251,7 @@ pub fn job_detail(d: &JobDetail, source: &headroom_shared::api::source::Source) 
     }
     outln!("params     {}", params_text(j));
     outln!("command    {}", d.argv.join(" "));
-    self::source(source);
+    self::source(&exp.source);
     outln!(
         "resources  {} GPU(s), declared estimate {}, memory key `{}`",
         j.gpus,
@@ -722,13 +725,85 @@ pub fn warnings(resp: &SubmitResponse) {
 }
 
 pub fn preview(resp: &SubmitResponse) {
+    if !resp.variants.is_empty() {
+        return study_preview(resp);
+    }
     outln!(
         "dry run: experiment {} expands to {} jobs (seed {}); nothing stored",
         resp.name,
         resp.jobs,
         resp.seed
     );
-    for j in resp.preview.iter().flatten() {
+    preview_jobs(resp.preview.as_deref().unwrap_or_default());
+    if resp.preview_omitted > 0 {
+        outln!("  ... and {} more jobs, not shown", resp.preview_omitted);
+    }
+}
+
+/// A study's dry run: each variant's count, resources and memory key, then its first jobs
+/// (the preview holds the variants' jobs in order).
+fn study_preview(resp: &SubmitResponse) {
+    outln!(
+        "dry run: study {} expands to {} jobs in {} experiments (seed {}); nothing stored",
+        resp.name,
+        resp.jobs,
+        resp.variants.len(),
+        resp.seed
+    );
+    let mut rest = resp.preview.as_deref().unwrap_or_default();
+    for v in &resp.variants {
+        outln!("\n{}", variant_line(v));
+        let n = rest.len().min(v.jobs as usize);
+        let (mine, after) = rest.split_at(n);
+        preview_jobs(mine);
+        rest = after;
+        if (n as u64) < v.jobs {
+            outln!("  ... and {} more jobs, not shown", v.jobs - n as u64);
+        }
+    }
+}
+
+/// One variant of a study: its experiment, count, resources, memory key and waits.
+fn variant_line(v: &headroom_shared::api::SubmittedVariant) -> String {
+    let mut line = format!(
+        "{} ({} job{}, seed {}): {} GPU{}",
+        v.name,
+        v.jobs,
+        if v.jobs == 1 { "" } else { "s" },
+        v.seed,
+        v.gpus,
+        if v.gpus == 1 { "" } else { "s" }
+    );
+    match v.memory {
+        Some(m) => line.push_str(&format!(", {m} each")),
+        None => line.push_str(", no memory declared (learned, or alone on a GPU)"),
+    }
+    if !v.memory_key.is_empty() {
+        line.push_str(&format!(", memory key {}", v.memory_key.join(",")));
+    }
+    if !v.after.is_empty() {
+        line.push_str(&format!(", after {}", v.after.join(", ")));
+    }
+    line
+}
+
+/// What `submit` prints of a study it stored.
+pub fn study_submitted(resp: &SubmitResponse, study: headroom_shared::StudyId) {
+    outln!(
+        "submitted study {} ({study}): {} jobs in {} experiments, seed {}",
+        resp.name,
+        resp.jobs,
+        resp.variants.len(),
+        resp.seed
+    );
+    for v in &resp.variants {
+        let id = v.experiment.map(|e| e.to_string()).unwrap_or_default();
+        outln!("  {id}  {}", variant_line(v));
+    }
+}
+
+fn preview_jobs(jobs: &[headroom_shared::expand::ExpandedJob]) {
+    for j in jobs {
         let params: Vec<String> = j
             .params
             .iter()
@@ -740,9 +815,6 @@ pub fn preview(resp: &SubmitResponse) {
             params.join(" "),
             j.argv.join(" ")
         );
-    }
-    if resp.preview_omitted > 0 {
-        outln!("  ... and {} more jobs, not shown", resp.preview_omitted);
     }
 }
 

@@ -47,6 +47,7 @@ pub async fn run(api: &Api, args: SimulateArgs) -> Result<()> {
         headroom_mib: gpus_mib.iter().map(|&t| args.headroom.mib_of(t)).collect(),
         plan: (0..gpus_mib.len()).map(|g| plan.slots(g)).collect(),
         gpus_mib,
+        nodes: Vec::new(),
     };
     outln!(
         "{} jobs of {} (each at its peak for its whole run{}), on {} GPUs with plan {}, \
@@ -113,6 +114,8 @@ fn jobs_of(csv: &str) -> Result<(Vec<Job>, usize)> {
                 peak_until: 1.0,
                 duration_s: duration,
                 declared_mib: field(estimate_c).parse().ok(),
+                gpus: 1,
+                alone: false,
             },
         ));
     }

@@ -16,6 +16,8 @@
 //!   `joins` (which nodes a join token may make), `early_stop` (successive halving's rule) and
 //!   `simulate` (placement over simulated GPUs and time): pure, no I/O; `changes`: the
 //!   counter long-polls wait on.
+//! - `preview` (a spec's schedule before it runs, for `submit --dry-run`): over `placement`
+//!   and `simulate`, pure.
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -32,6 +34,7 @@ pub mod matrix;
 pub mod metrics;
 pub mod openapi;
 pub mod placement;
+pub mod preview;
 pub mod rules;
 pub mod serve;
 pub mod sharing;

@@ -1,11 +1,26 @@
 //! Turning a submitted experiment spec into the jobs the store keeps: each expanded point of
-//! the matrix with the profile's environment, the spec's limits and rules resolved once.
+//! the matrix with the profile's environment, the spec's limits and rules resolved once; and
+//! a study's `after` into the jobs each job waits for.
+
+use std::collections::BTreeMap;
 
 use headroom_shared::expand::{ExpandedJob, memory_key};
 use headroom_shared::spec::{ExperimentSpec, SpecError};
-use headroom_shared::{ExperimentId, JobId};
+use headroom_shared::study::{StudySpec, VARIANTS_KEY};
+use headroom_shared::{ExperimentId, JobId, StudyId};
 
-use crate::store::{NewExperiment, NewJob};
+use crate::store::{NewDependency, NewExperiment, NewJob};
+
+/// The study an experiment is stored in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StudyOf {
+    pub id: StudyId,
+    pub name: String,
+}
+
+/// Most waits (a job and a job it waits for) one study may hold: `after` without `match`
+/// pairs every job with every job of the other variant.
+pub const MAX_DEPENDENCIES: usize = 200_000;
 
 /// The experiment to store for `spec`, expanded (with `seed`) into `expanded`.
 pub fn new_experiment(
@@ -55,5 +70,56 @@ pub fn new_experiment(
         submitted_by,
         source,
         results: Some(spec.results()).filter(|r| !r.is_empty()),
+        study: None,
     })
+}
+
+/// The waits of `study`'s jobs (`exps` in the study's variant order): each job of a variant
+/// with `after` waits for the jobs of the named variant whose `match` parameters hold the
+/// same values (all of them without `match`).
+pub fn dependencies(
+    study: &StudySpec,
+    exps: &[NewExperiment],
+) -> Result<Vec<NewDependency>, SpecError> {
+    let mut out = Vec::new();
+    for (i, v) in study.variants.iter().enumerate() {
+        for (k, a) in v.after.iter().enumerate() {
+            let Some(j) = study.variants.iter().position(|o| o.name == a.experiment) else {
+                continue; // refused when the study was parsed
+            };
+            let key = |params: &BTreeMap<String, serde_json::Value>| -> String {
+                a.matching
+                    .iter()
+                    .map(|m| params.get(m).map(|v| v.to_string()).unwrap_or_default())
+                    .collect::<Vec<_>>()
+                    .join("\u{1f}")
+            };
+            let mut theirs: BTreeMap<String, Vec<JobId>> = BTreeMap::new();
+            for job in &exps[j].jobs {
+                theirs.entry(key(&job.params)).or_default().push(job.id);
+            }
+            for job in &exps[i].jobs {
+                for &needs in theirs.get(&key(&job.params)).into_iter().flatten() {
+                    out.push(NewDependency {
+                        job: job.id,
+                        needs,
+                        when: a.when,
+                        on_failure: a.on_failure,
+                    });
+                }
+                if out.len() > MAX_DEPENDENCIES {
+                    return Err(SpecError::new(
+                        format!("{VARIANTS_KEY}[{i}].after[{k}].match"),
+                        format!(
+                            "the study's jobs would wait for more than {MAX_DEPENDENCIES} jobs \
+                             in all: name the parameters that pair a job of `{}` with the \
+                             jobs of `{}` it needs",
+                            v.name, a.experiment
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(out)
 }

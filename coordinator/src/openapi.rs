@@ -507,15 +507,12 @@ pub fn spec_schema() -> &'static Value {
     SCHEMA.get_or_init(|| {
         let mut s = Schemas::default();
         s.of::<headroom_shared::spec::ExperimentSpec>();
+        s.of::<headroom_shared::study::After>();
         let mut defs = serde_json::to_value(&s.0).unwrap_or_default();
         refs_to_defs(&mut defs);
         unsigned_integers(&mut defs);
-        let mut root = defs
-            .get("ExperimentSpec")
-            .cloned()
-            .unwrap_or(Value::Object(Default::default()));
         // A spec file may name its rows' CSV file instead (the client reads it at submit).
-        if let Some(rows) = root.pointer_mut("/properties/rows") {
+        if let Some(rows) = defs.pointer_mut("/ExperimentSpec/properties/rows") {
             let inline = rows.take();
             *rows = serde_json::json!({"oneOf": [
                 inline,
@@ -523,6 +520,13 @@ pub fn spec_schema() -> &'static Value {
                  parameter names, one configuration a line), read by the client at submit"},
             ]});
         }
+        study_schemas(&mut defs);
+        // A file with `experiments:` is a study; any other an experiment spec.
+        let mut root = serde_json::json!({
+            "if": {"type": "object", "required": ["experiments"]},
+            "then": {"$ref": "#/$defs/StudySpec"},
+            "else": {"$ref": "#/$defs/ExperimentSpec"},
+        });
         if let Value::Object(m) = &mut root {
             m.insert(
                 "$schema".into(),
@@ -534,6 +538,53 @@ pub fn spec_schema() -> &'static Value {
         }
         root
     })
+}
+
+/// A study (`StudySpec`: the experiment spec's keys as defaults, its `name` and
+/// `experiments`) and its variants (`StudyVariant`: the same keys, `name` and `after`), from
+/// the experiment spec's schema: no key is required but the names.
+fn study_schemas(defs: &mut Value) {
+    let Some(exp) = defs.get("ExperimentSpec").cloned() else {
+        return;
+    };
+    let with = |extra: Value, description: &str, required: Value| {
+        let mut s = exp.clone();
+        if let Some(Value::Object(props)) = s.get_mut("properties")
+            && let Value::Object(extra) = extra
+        {
+            props.extend(extra);
+        }
+        if let Value::Object(m) = &mut s {
+            m.insert("required".into(), required);
+            m.insert("description".into(), description.into());
+        }
+        s
+    };
+    let variant = with(
+        serde_json::json!({"after": {
+            "type": "array",
+            "items": {"$ref": "#/$defs/After"},
+            "description": "the variants this one's jobs wait for",
+        }}),
+        "A variant of a study: its own keys over the study's defaults; its experiment is \
+         named STUDY.VARIANT.",
+        serde_json::json!(["name"]),
+    );
+    let study = with(
+        serde_json::json!({"experiments": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"$ref": "#/$defs/StudyVariant"},
+            "description": "the study's variants, each an experiment of its own",
+        }}),
+        "A study: its keys are defaults every variant of `experiments` starts from (a \
+         variant's mapping adds to the default's, entry by entry).",
+        serde_json::json!(["name", "experiments"]),
+    );
+    if let Value::Object(d) = defs {
+        d.insert("StudyVariant".into(), variant);
+        d.insert("StudySpec".into(), study);
+    }
 }
 
 /// `#/components/schemas/X` (OpenAPI's place for a type) becomes `#/$defs/X`.
@@ -681,7 +732,8 @@ mod tests {
              `HEADROOM_WRITE_SCHEMA=1 cargo test -p headroom-coordinator --lib spec_schema`"
         );
         // Every field of a spec, and no other (`deny_unknown_fields`).
-        let props = spec_schema()["properties"].as_object().expect("properties");
+        let exp = &spec_schema()["$defs"]["ExperimentSpec"];
+        let props = exp["properties"].as_object().expect("properties");
         for field in [
             "name",
             "command",
@@ -694,7 +746,22 @@ mod tests {
         ] {
             assert!(props.contains_key(field), "{field}");
         }
-        assert_eq!(spec_schema()["additionalProperties"], Value::Bool(false));
+        assert_eq!(exp["additionalProperties"], Value::Bool(false));
+        // A study takes the same keys as defaults, its variants `after` too; neither any other.
+        let defs = &spec_schema()["$defs"];
+        for (def, own) in [("StudySpec", "experiments"), ("StudyVariant", "after")] {
+            let props = defs[def]["properties"].as_object().expect("properties");
+            assert!(
+                props.contains_key(own) && props.contains_key("grid"),
+                "{def}"
+            );
+            assert_eq!(
+                defs[def]["additionalProperties"],
+                Value::Bool(false),
+                "{def}"
+            );
+        }
+        assert_eq!(spec_schema()["then"]["$ref"], "#/$defs/StudySpec");
     }
 
     #[test]

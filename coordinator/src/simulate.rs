@@ -1,14 +1,15 @@
 //! A discrete-event packing simulator over the coordinator's own placement
 //! ([`crate::placement`], not a copy): jobs with a steady memory use, a peak
-//! phase and a duration run on simulated GPUs under a policy. A GPU whose jobs' actual use
-//! passes its memory OOMs the job whose use just rose (requeued, up to three attempts). It
-//! reports makespan, mean completion time, memory utilization and OOMs, and the makespan's
-//! ratio to a lower bound.
+//! phase and a duration run on simulated nodes' GPUs under a policy; a job holds one or
+//! more GPUs of one node, or none (a CPU-only job, in one of its node's CPU slots). A GPU
+//! whose jobs' actual use passes its memory OOMs the job whose use just rose (requeued, up
+//! to three attempts). It reports makespan, mean completion time, memory utilization and
+//! OOMs, and the makespan's ratio to a lower bound.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
-use crate::placement::{self, Candidate, GpuState, Snapshot};
+use crate::placement::{CPU_SLOTS, Candidate, GpuState, Placer, Snapshot};
 
 /// The most attempts a job gets; past them it is failed.
 pub const MAX_ATTEMPTS: u32 = 3;
@@ -56,6 +57,38 @@ pub struct Cluster {
     pub plan: Vec<u32>,
     /// Memory headroom keeps free on each GPU.
     pub headroom_mib: Vec<u64>,
+    /// GPUs per node, in the order of `gpus_mib` (0: a node with CPU slots and no GPU).
+    /// A multi-GPU job's GPUs are on one node, as the coordinator places a node at a time.
+    /// GPUs past those counted form one last node: an empty list is one node of every GPU.
+    pub nodes: Vec<u32>,
+}
+
+impl Cluster {
+    /// Every GPU on one node.
+    pub fn one_node(gpus_mib: Vec<u64>, plan: Vec<u32>, headroom_mib: Vec<u64>) -> Self {
+        Self {
+            gpus_mib,
+            plan,
+            headroom_mib,
+            nodes: Vec::new(),
+        }
+    }
+
+    /// Each node's GPUs, as indices into `gpus_mib`.
+    pub fn node_gpus(&self) -> Vec<Vec<usize>> {
+        let n = self.gpus_mib.len();
+        let mut out = Vec::new();
+        let mut next = 0usize;
+        for &count in &self.nodes {
+            let end = next.saturating_add(count as usize).min(n);
+            out.push((next..end).collect());
+            next = end;
+        }
+        if next < n || out.is_empty() {
+            out.push((next..n).collect());
+        }
+        out
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -70,6 +103,11 @@ pub struct Job {
     pub duration_s: f64,
     /// What its spec declares (`resources.memory`); `None`: nothing.
     pub declared_mib: Option<u64>,
+    /// GPUs it holds, all on one node, each using its steady and peak memory; 0: a CPU-only
+    /// job (no GPU, a CPU slot of its node: [`CPU_SLOTS`]).
+    pub gpus: u32,
+    /// It needs its GPUs to itself (`exclusive`): [`Candidate::alone`].
+    pub alone: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -137,14 +175,49 @@ impl Ord for Event {
 
 struct Running {
     job: usize,
-    gpu: usize,
+    node: usize,
+    /// Empty for a CPU-only job.
+    gpus: Vec<usize>,
     estimate: Option<u64>,
     in_peak: bool,
+}
+
+/// What one pass placed: the candidate (its position), the node, the GPUs (their
+/// [`GpuState::index`]; none for a CPU-only job).
+pub(crate) type NodePlacement = (usize, usize, Vec<u32>);
+
+/// One placement pass over the nodes in order, each placing what the nodes before it left,
+/// in queue order, through its own [`Placer`] (the coordinator's claim): a job's GPUs are on
+/// one node.
+pub(crate) fn place_on_nodes(nodes: &[Snapshot], candidates: &[Candidate]) -> Vec<NodePlacement> {
+    let mut left: Vec<usize> = (0..candidates.len()).collect();
+    let mut out = Vec::new();
+    for (n, snapshot) in nodes.iter().enumerate() {
+        if left.is_empty() {
+            break;
+        }
+        let batch: Vec<Candidate> = left.iter().map(|&i| candidates[i].clone()).collect();
+        let placed = Placer::new(snapshot).place(&batch, usize::MAX).placements;
+        let mut taken = vec![false; left.len()];
+        for p in placed {
+            taken[p.candidate] = true;
+            out.push((left[p.candidate], n, p.gpus));
+        }
+        left = left
+            .iter()
+            .zip(&taken)
+            .filter(|(_, t)| !**t)
+            .map(|(i, _)| *i)
+            .collect();
+    }
+    out.sort_by_key(|p| p.0);
+    out
 }
 
 /// Runs `jobs` (queued at time 0, in order) on `cluster` under `policy`.
 pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
     let n_gpus = cluster.gpus_mib.len();
+    let node_gpus = cluster.node_gpus();
     let mut queue: VecDeque<usize> = (0..jobs.len()).collect();
     let mut attempts = vec![0u32; jobs.len()];
     let mut learned: BTreeMap<usize, u64> = BTreeMap::new();
@@ -157,6 +230,7 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
     let mut completion_sum = 0.0;
     let mut used_integral = 0.0;
     let capacity: u64 = cluster.gpus_mib.iter().sum();
+    let over = |used: &[u64], gpus: &[usize]| gpus.iter().any(|&g| used[g] > cluster.gpus_mib[g]);
 
     let mut schedule = |events: &mut BinaryHeap<Event>, at: f64, run: u64, kind: Kind| {
         seq += 1;
@@ -164,7 +238,7 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
     };
 
     loop {
-        // Place what fits now, through the coordinator's placement.
+        // Place what fits now, through the coordinator's placement, a node at a time.
         let estimate_of = |j: usize, learned: &BTreeMap<usize, u64>| -> Option<u64> {
             match policy {
                 Policy::Exclusive | Policy::PlanOnly => Some(0),
@@ -172,68 +246,81 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
                 Policy::Learned => learned.get(&jobs[j].kind).copied().or(jobs[j].declared_mib),
             }
         };
-        let snapshot = Snapshot {
-            gpus: (0..n_gpus)
-                .map(|g| GpuState {
-                    index: g as u32,
-                    total_mib: cluster.gpus_mib[g],
-                    slots: match policy {
-                        Policy::Exclusive => 1,
-                        _ => cluster.plan[g],
-                    },
-                    headroom_mib: match policy {
-                        Policy::Declared | Policy::Learned => cluster.headroom_mib[g],
-                        _ => 0,
-                    },
-                    live_free_mib: match policy {
-                        Policy::Declared | Policy::Learned => {
-                            Some(cluster.gpus_mib[g].saturating_sub(used[g]))
-                        }
-                        _ => None,
-                    },
-                    placed: running
-                        .values()
-                        .filter(|r| r.gpu == g)
-                        .map(|r| r.estimate)
-                        .collect(),
-                    quarantined: false,
-                    held_alone: false,
-                })
+        let gpu_state = |g: usize| GpuState {
+            index: g as u32,
+            total_mib: cluster.gpus_mib[g],
+            slots: match policy {
+                Policy::Exclusive => 1,
+                _ => cluster.plan.get(g).copied().unwrap_or(0),
+            },
+            headroom_mib: match policy {
+                Policy::Declared | Policy::Learned => {
+                    cluster.headroom_mib.get(g).copied().unwrap_or(0)
+                }
+                _ => 0,
+            },
+            live_free_mib: match policy {
+                Policy::Declared | Policy::Learned => {
+                    Some(cluster.gpus_mib[g].saturating_sub(used[g]))
+                }
+                _ => None,
+            },
+            placed: running
+                .values()
+                .filter(|r| r.gpus.contains(&g))
+                .map(|r| r.estimate)
                 .collect(),
-            cpu_jobs: 0,
-            reserve_after_ms: u64::MAX,
+            quarantined: false,
+            held_alone: running
+                .values()
+                .any(|r| jobs[r.job].alone && r.gpus.contains(&g)),
         };
+        let snapshots: Vec<Snapshot> = node_gpus
+            .iter()
+            .enumerate()
+            .map(|(n, gpus)| Snapshot {
+                gpus: gpus.iter().map(|&g| gpu_state(g)).collect(),
+                cpu_jobs: running
+                    .values()
+                    .filter(|r| r.node == n && r.gpus.is_empty())
+                    .count() as u32,
+                reserve_after_ms: u64::MAX,
+            })
+            .collect();
         let waiting: Vec<usize> = queue.iter().copied().take(WINDOW).collect();
         let candidates: Vec<Candidate> = waiting
             .iter()
             .map(|&j| Candidate {
-                gpus: 1,
+                gpus: jobs[j].gpus,
                 estimate_mib: estimate_of(j, &learned),
                 waited_ms: 0,
-                alone: false,
+                alone: jobs[j].alone,
             })
             .collect();
-        let placed = placement::place(&snapshot, &candidates, candidates.len());
+        let placed = place_on_nodes(&snapshots, &candidates);
         let mut taken = vec![false; waiting.len()];
         let mut started_now = Vec::new();
-        for p in &placed {
-            let j = waiting[p.candidate];
-            let gpu = p.gpus[0] as usize;
-            taken[p.candidate] = true;
+        for (c, node, gpus) in placed {
+            let j = waiting[c];
+            let gpus: Vec<usize> = gpus.into_iter().map(|g| g as usize).collect();
+            taken[c] = true;
             attempts[j] += 1;
             next_run += 1;
             started_now.push(next_run);
             let job = &jobs[j];
+            for &g in &gpus {
+                used[g] += job.steady_mib;
+            }
             running.insert(
                 next_run,
                 Running {
                     job: j,
-                    gpu,
-                    estimate: candidates[p.candidate].estimate_mib,
+                    node,
+                    gpus,
+                    estimate: candidates[c].estimate_mib,
                     in_peak: false,
                 },
             );
-            used[gpu] += job.steady_mib;
             schedule(&mut events, now + job.duration_s, next_run, Kind::Ends);
             schedule(
                 &mut events,
@@ -259,13 +346,19 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
         // A start whose steady use does not fit OOMs at once (placement that ignores memory),
         // in the order they started, until the rest fit.
         for run in started_now {
-            let gpu = running[&run].gpu;
-            if used[gpu] <= cluster.gpus_mib[gpu] {
+            let Some(r) = running.get(&run) else {
+                continue;
+            };
+            if !over(&used, &r.gpus) {
                 continue;
             }
-            let r = running.remove(&run).expect("running");
+            let Some(r) = running.remove(&run) else {
+                continue;
+            };
             let job = &jobs[r.job];
-            used[gpu] -= job.steady_mib;
+            for &g in &r.gpus {
+                used[g] -= job.steady_mib;
+            }
             report.ooms += 1;
             learn(&mut learned, job);
             if attempts[r.job] < MAX_ATTEMPTS {
@@ -276,7 +369,7 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
             }
         }
         for g in 0..n_gpus {
-            let on = running.values().filter(|r| r.gpu == g).count() as u32;
+            let on = running.values().filter(|r| r.gpus.contains(&g)).count() as u32;
             report.max_jobs_on_a_gpu = report.max_jobs_on_a_gpu.max(on);
         }
 
@@ -292,12 +385,18 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
         match ev.kind {
             Kind::PeakStarts => {
                 r.in_peak = true;
-                used[r.gpu] += job.peak_mib.saturating_sub(job.steady_mib);
-                let gpu = r.gpu;
-                if used[gpu] > cluster.gpus_mib[gpu] {
+                let rise = job.peak_mib.saturating_sub(job.steady_mib);
+                for &g in &r.gpus {
+                    used[g] += rise;
+                }
+                if over(&used, &r.gpus) {
                     // The job whose use just rose asks for memory that is not there.
-                    let r = running.remove(&ev.run).expect("running");
-                    used[gpu] -= job.peak_mib;
+                    let Some(r) = running.remove(&ev.run) else {
+                        continue;
+                    };
+                    for &g in &r.gpus {
+                        used[g] -= job.peak_mib;
+                    }
                     report.ooms += 1;
                     learn(&mut learned, job);
                     if attempts[r.job] < MAX_ATTEMPTS {
@@ -307,23 +406,33 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
                         completion_sum += now;
                     }
                 } else {
-                    let frac = used[gpu] as f64 / cluster.gpus_mib[gpu] as f64;
-                    report.max_used_fraction = report.max_used_fraction.max(frac);
+                    for &g in &r.gpus {
+                        let frac = used[g] as f64 / cluster.gpus_mib[g] as f64;
+                        report.max_used_fraction = report.max_used_fraction.max(frac);
+                    }
                 }
             }
             Kind::PeakEnds => {
                 if r.in_peak {
                     r.in_peak = false;
-                    used[r.gpu] -= job.peak_mib.saturating_sub(job.steady_mib);
+                    let rise = job.peak_mib.saturating_sub(job.steady_mib);
+                    for &g in &r.gpus {
+                        used[g] -= rise;
+                    }
                 }
             }
             Kind::Ends => {
-                let r = running.remove(&ev.run).expect("running");
-                used[r.gpu] -= if r.in_peak {
+                let Some(r) = running.remove(&ev.run) else {
+                    continue;
+                };
+                let held = if r.in_peak {
                     job.peak_mib
                 } else {
                     job.steady_mib
                 };
+                for &g in &r.gpus {
+                    used[g] -= held;
+                }
                 learn(&mut learned, job);
                 completion_sum += now;
                 report.completed += 1;
@@ -359,26 +468,34 @@ fn learn(learned: &mut BTreeMap<usize, u64>, job: &Job) {
 }
 
 /// No schedule ends sooner than the longest job, than the jobs' memory-time over the GPUs'
-/// memory, or than their run time over the slots (one slot per GPU per job).
+/// memory, than their GPU time over the slots (one slot per GPU per job), or than the
+/// CPU-only jobs' run time over the nodes' CPU slots.
 pub fn lower_bound(cluster: &Cluster, jobs: &[Job]) -> f64 {
     let longest = jobs.iter().map(|j| j.duration_s).fold(0.0, f64::max);
     let memory_time: f64 = jobs
         .iter()
-        .map(|j| j.steady_mib as f64 * j.duration_s)
+        .map(|j| j.steady_mib as f64 * j.duration_s * f64::from(j.gpus))
         .sum();
     let capacity: u64 = cluster.gpus_mib.iter().sum();
     let slots: u32 = cluster.plan.iter().sum();
-    let run_time: f64 = jobs.iter().map(|j| j.duration_s).sum();
+    let gpu_time: f64 = jobs.iter().map(|j| j.duration_s * f64::from(j.gpus)).sum();
+    let cpu_time: f64 = jobs
+        .iter()
+        .filter(|j| j.gpus == 0)
+        .map(|j| j.duration_s)
+        .sum();
+    let cpu_slots = CPU_SLOTS as usize * cluster.node_gpus().len();
     longest
         .max(memory_time / capacity.max(1) as f64)
-        .max(run_time / f64::from(slots.max(1)))
+        .max(gpu_time / f64::from(slots.max(1)))
+        .max(cpu_time / cpu_slots.max(1) as f64)
 }
 
 /// No schedule that holds each job's declared estimate for its whole run ends sooner than
 /// the jobs' estimate-time over the GPUs' memory less headroom (placement never estimates a
-/// GPU past that), nor than [`lower_bound`]. A job declaring nothing runs alone: it holds
-/// a whole GPU, counted as the smallest one's. Like [`lower_bound`], it bounds schedules
-/// that run every job (a report with jobs failed is not held to it).
+/// GPU past that), nor than [`lower_bound`]. A job declaring nothing, or needing its GPUs to
+/// itself, holds whole GPUs, each counted as the smallest one's. Like [`lower_bound`], it
+/// bounds schedules that run every job (a report with jobs failed is not held to it).
 pub fn reserved_bound(cluster: &Cluster, jobs: &[Job]) -> f64 {
     let budgets = cluster
         .gpus_mib
@@ -389,7 +506,14 @@ pub fn reserved_bound(cluster: &Cluster, jobs: &[Job]) -> f64 {
     let budget: u64 = budgets.sum();
     let held: f64 = jobs
         .iter()
-        .map(|j| j.declared_mib.unwrap_or(smallest) as f64 * j.duration_s)
+        .map(|j| {
+            let per_gpu = match j.declared_mib {
+                Some(d) if j.alone => d.max(smallest),
+                Some(d) => d,
+                None => smallest,
+            };
+            per_gpu as f64 * j.duration_s * f64::from(j.gpus)
+        })
         .sum();
     lower_bound(cluster, jobs).max(held / budget.max(1) as f64)
 }
@@ -450,16 +574,21 @@ mod tests {
             peak_until: 0.6,
             duration_s: secs,
             declared_mib: Some(mib),
+            gpus: 1,
+            alone: false,
+        }
+    }
+
+    fn cluster(gpus: usize, slots: u32, nodes: Vec<u32>) -> Cluster {
+        Cluster {
+            nodes,
+            ..Cluster::one_node(vec![10_240; gpus], vec![slots; gpus], vec![1024; gpus])
         }
     }
 
     #[test]
     fn four_small_jobs_share_two_gpus_where_exclusive_runs_them_in_two_rounds() {
-        let cluster = Cluster {
-            gpus_mib: vec![10_240; 2],
-            plan: vec![2, 2],
-            headroom_mib: vec![1024; 2],
-        };
+        let cluster = cluster(2, 2, vec![]);
         let jobs = vec![job(4096, 100.0); 4];
         let shared = simulate(&cluster, &jobs, Policy::Declared);
         assert_eq!(
@@ -497,5 +626,82 @@ mod tests {
             table.contains("| exclusive | 200 s | 2.00 | - |"),
             "{table}"
         );
+    }
+
+    #[test]
+    fn a_two_gpu_job_holds_two_gpus_of_one_node_at_once() {
+        let two = Job {
+            gpus: 2,
+            ..job(5120, 100.0)
+        };
+        // Two nodes of two GPUs: one job on each, both at once, each using both its GPUs.
+        let r = simulate(
+            &cluster(4, 1, vec![2, 2]),
+            &vec![two.clone(); 2],
+            Policy::Declared,
+        );
+        assert_eq!(
+            (r.makespan_s, r.completed, r.max_jobs_on_a_gpu),
+            (100.0, 2, 1)
+        );
+        assert!((r.memory_utilization - 0.5).abs() < 1e-9, "{r:?}");
+        // Three GPUs on one node and one on another: only the first holds such a job.
+        let r = simulate(
+            &cluster(4, 1, vec![3, 1]),
+            &vec![two.clone(); 2],
+            Policy::Declared,
+        );
+        assert_eq!((r.makespan_s, r.completed), (200.0, 2), "{r:?}");
+        // Four nodes of one GPU: four GPUs, none of them two on one node.
+        let r = simulate(
+            &cluster(4, 1, vec![1; 4]),
+            std::slice::from_ref(&two),
+            Policy::Declared,
+        );
+        assert_eq!((r.completed, r.failed), (0, 1), "{r:?}");
+        // No node listed: one node of every GPU, as before nodes were.
+        let r = simulate(&cluster(4, 1, vec![]), &vec![two; 2], Policy::Declared);
+        assert_eq!(r.makespan_s, 100.0);
+    }
+
+    #[test]
+    fn a_cpu_job_never_waits_for_a_gpu() {
+        let cpu = Job {
+            gpus: 0,
+            ..job(0, 50.0)
+        };
+        let jobs = vec![job(8192, 100.0), job(8192, 100.0), cpu.clone()];
+        let r = simulate(&cluster(1, 1, vec![]), &jobs, Policy::Declared);
+        assert_eq!((r.makespan_s, r.completed), (200.0, 3));
+        assert!((r.mean_completion_s - 350.0 / 3.0).abs() < 1e-9, "{r:?}");
+        // A node with no GPU runs them too, a node's CPU slots at a time.
+        let no_gpu = Cluster {
+            nodes: vec![0],
+            ..Cluster::one_node(vec![], vec![], vec![])
+        };
+        let n = CPU_SLOTS as usize + 1;
+        let r = simulate(&no_gpu, &vec![cpu; n], Policy::Declared);
+        assert_eq!((r.makespan_s, r.completed), (100.0, n as u32), "{r:?}");
+        assert_eq!(r.lower_bound_s, 62.5, "five 50 s runs over four CPU slots");
+    }
+
+    #[test]
+    fn an_exclusive_job_is_alone_on_its_gpu() {
+        let alone = Job {
+            alone: true,
+            ..job(4096, 100.0)
+        };
+        // Plan 2 and memory for both, yet nothing joins it, in its pass nor at a later one
+        // (its peak at 50 s places again).
+        for jobs in [
+            vec![alone.clone(), job(4096, 100.0)],
+            vec![job(4096, 100.0), alone.clone()],
+        ] {
+            let r = simulate(&cluster(1, 2, vec![]), &jobs, Policy::Declared);
+            assert_eq!((r.makespan_s, r.max_jobs_on_a_gpu), (200.0, 1), "{r:?}");
+        }
+        // Holding a whole GPU of 9 GiB budget for 100 s: two such jobs on one GPU take 200 s.
+        let c = cluster(1, 2, vec![]);
+        assert_eq!(reserved_bound(&c, &vec![alone; 2]), 200.0);
     }
 }

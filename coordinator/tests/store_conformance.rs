@@ -161,6 +161,7 @@ async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
         submitted_by: who.into(),
         source: None,
         results: None,
+        study: None,
     })
     .await
     .expect("create experiment");
@@ -1851,6 +1852,7 @@ async fn a_throttled_run_is_what_its_specs_on_throttle_says(s: Backend) {
             submitted_by: "anonymous".into(),
             source: None,
             results: None,
+            study: None,
         })
         .await
         .expect("create experiment");
@@ -2789,6 +2791,7 @@ async fn an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash(
         submitted_by: "anonymous".into(),
         source: Some(source.clone()),
         results: None,
+        study: None,
     })
     .await
     .expect("create experiment");
@@ -2907,6 +2910,119 @@ async fn attempt_logs_are_kept_once_by_offset_and_to_their_bound(s: Backend) {
     assert_eq!(again, kept);
 }
 
+/// A study's waits (`after`): a job waiting for another is never claimed until it has
+/// succeeded, says what it waits for, is cancelled with it (and its own waiting job after
+/// it) when it fails, and `retry_cascade` runs the chain again in order.
+async fn a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain(s: Backend) {
+    use headroom_coordinator::store::NewDependency;
+    use headroom_shared::study::{AfterWhen, OnDependencyFailure};
+    let agent = register(&s, "n1", 2, Some("4,4")).await;
+    let study = headroom_coordinator::matrix::StudyOf {
+        id: headroom_shared::StudyId::new(),
+        name: "lab".into(),
+    };
+    let exp = |name: &str, jobs: Vec<NewJob>| NewExperiment {
+        id: ExperimentId::new(),
+        name: format!("lab.{name}"),
+        seed: 1,
+        spec: serde_json::json!({}),
+        jobs,
+        submitted_by: "anonymous".into(),
+        source: None,
+        results: None,
+        study: Some(study.clone()),
+    };
+    let train = exp(
+        "train",
+        (0..2).map(|i| job(i, Some(1000), vec![], 1)).collect(),
+    );
+    let eval = exp(
+        "eval",
+        (0..2).map(|i| job(i, Some(1000), vec![], 1)).collect(),
+    );
+    let report_ = exp(
+        "report",
+        (0..2).map(|i| job(i, Some(1000), vec![], 1)).collect(),
+    );
+    let wait = |job: &NewJob, needs: &NewJob| NewDependency {
+        job: job.id,
+        needs: needs.id,
+        when: AfterWhen::Succeeded,
+        on_failure: OnDependencyFailure::Cancel,
+    };
+    let waits = (0..2)
+        .flat_map(|i| {
+            [
+                wait(&eval.jobs[i], &train.jobs[i]),
+                wait(&report_.jobs[i], &eval.jobs[i]),
+            ]
+        })
+        .collect();
+    let (t, e, r) = (
+        [train.jobs[0].id, train.jobs[1].id],
+        [eval.jobs[0].id, eval.jobs[1].id],
+        [report_.jobs[0].id, report_.jobs[1].id],
+    );
+    let stored = s
+        .create_study(vec![train, eval, report_], waits)
+        .await
+        .expect("study");
+    assert_eq!(stored.len(), 3);
+    assert!(
+        stored
+            .iter()
+            .all(|x| x.study.as_ref().map(|st| &st.id) == Some(&study.id))
+    );
+    // Only the training is claimed; the rest says what it waits for.
+    let leases = claim(&s, agent, 2).await;
+    let mut claimed: Vec<JobId> = leases.iter().map(|l| l.job).collect();
+    claimed.sort();
+    let mut want = t.to_vec();
+    want.sort();
+    assert_eq!(claimed, want);
+    let eval0 = s.job(e[0]).await.expect("job");
+    assert_eq!(
+        eval0
+            .summary
+            .pending_reason
+            .map(|r| r.to_string())
+            .as_deref(),
+        Some("waits for 1 job of `lab.train` to succeed")
+    );
+    // Training 0 succeeds, training 1 fails: eval 0 is free, eval 1 and report 1 cancelled.
+    let by_job = |j: JobId| leases.iter().find(|l| l.job == j).expect("lease").clone();
+    for (j, end) in [(t[0], None), (t[1], Some(FailureClass::Nonzero))] {
+        let l = by_job(j);
+        s.start_attempt(l.attempt, l.fence, 1, 0)
+            .await
+            .expect("start");
+        finish_attempt(&s, l.attempt, report(l.fence, end))
+            .await
+            .expect("finish");
+    }
+    assert_eq!(state(&s, e[1]).await, JobState::Cancelled);
+    assert_eq!(
+        state(&s, r[1]).await,
+        JobState::Cancelled,
+        "and the chain below"
+    );
+    assert_eq!(state(&s, r[0]).await, JobState::Queued);
+    let next = claim(&s, agent, 2).await;
+    assert_eq!(next.iter().map(|l| l.job).collect::<Vec<_>>(), [e[0]]);
+    // The chain again: training 1, then its eval and report, each waiting for the one before.
+    let retried = s.retry_cascade(t[1]).await.expect("cascade");
+    assert_eq!(retried, [t[1], e[1], r[1]]);
+    assert_eq!(state(&s, e[1]).await, JobState::Retrying);
+    let again = claim(&s, agent, 2).await;
+    assert_eq!(
+        again.iter().map(|l| l.job).collect::<Vec<_>>(),
+        [t[1]],
+        "eval 1 waits again"
+    );
+    // A job that has not ended is not retried.
+    assert!(s.retry_cascade(e[1]).await.is_err());
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -2927,6 +3043,7 @@ macro_rules! conformance {
 
 conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
+    a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain,
     early_stop_decides_each_rung_once_against_the_experiment_s_other_attempts,
     runs_of_a_configuration_start_where_it_last_fit,
     an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash,
@@ -3394,6 +3511,7 @@ async fn early_stop_decides_each_rung_once_against_the_experiment_s_other_attemp
         submitted_by: "anonymous".into(),
         source: None,
         results: Some(results.clone()),
+        study: None,
     })
     .await
     .expect("create experiment");

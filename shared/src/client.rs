@@ -443,7 +443,17 @@ impl Client {
     }
 
     pub async fn retry(&self, id: JobId) -> Result<RetryResponse, ClientError> {
-        self.call(routes::RETRY_JOB, &[&id], None, DEFAULT_TIMEOUT)
+        self.retry_with(id, &crate::api::RetryQuery::default())
+            .await
+    }
+
+    /// [`Self::retry`], `cascade` also running again the jobs that wait for it.
+    pub async fn retry_with(
+        &self,
+        id: JobId,
+        q: &crate::api::RetryQuery,
+    ) -> Result<RetryResponse, ClientError> {
+        self.get_query(routes::RETRY_JOB, &[&id], q, DEFAULT_TIMEOUT)
             .await
     }
 

@@ -55,6 +55,10 @@ typed_id!(
     ExperimentId
 );
 typed_id!(
+    /// Experiments submitted together from one study spec (`experiments:`).
+    StudyId
+);
+typed_id!(
     /// One incarnation of an agent: a restarted agent registers under a new id.
     AgentId
 );

@@ -9,7 +9,7 @@
 //!   directories taken only when this user's and private).
 //! - `results` (metrics, early stopping, tracking: what a run achieved).
 //! - `prestart`, `colocate`, `spec` (what a user submits, validated), `expand` (the matrix
-//!   of jobs a spec makes).
+//!   of jobs a spec makes), `study` (variants over shared defaults, and their `after`).
 //! - `api` (the REST API's types; `api::agent`: the agent protocol; `api::source`: where an
 //!   experiment's jobs run from), `routes` (every route
 //!   once, with who may call it).
@@ -43,9 +43,10 @@ pub mod signals;
 pub mod size;
 pub mod spec;
 pub mod state;
+pub mod study;
 pub mod template;
 
-pub use ids::{AgentId, AttemptId, ExperimentId, JobId};
+pub use ids::{AgentId, AttemptId, ExperimentId, JobId, StudyId};
 pub use plan::Plan;
 pub use size::MemSize;
 pub use state::{FailureClass, JobEvent, JobState};

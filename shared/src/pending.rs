@@ -29,6 +29,16 @@ pub enum PendingReason {
     TooManyGpus { wanted: u32, max: u32 },
     /// Its estimate exceeds every GPU's memory less headroom: it can never be placed.
     LargerThanEveryGpu { needed_mib: u64, largest_mib: u64 },
+    /// It waits (a study's `after`) for `jobs` jobs of `experiment` to end as `when` asks
+    /// (`succeeded` or `ended`); `ended_otherwise` of them ended otherwise and wait for a
+    /// retry.
+    WaitsFor {
+        experiment: String,
+        jobs: u64,
+        when: String,
+        #[serde(default)]
+        ended_otherwise: u64,
+    },
 }
 
 impl PendingReason {
@@ -43,6 +53,7 @@ impl PendingReason {
             Self::BehindReservation => "behind_reservation",
             Self::TooManyGpus { .. } => "too_many_gpus",
             Self::LargerThanEveryGpu { .. } => "larger_than_every_gpu",
+            Self::WaitsFor { .. } => "waits_for",
         }
     }
 }
@@ -83,6 +94,24 @@ impl fmt::Display for PendingReason {
                 mib(*needed_mib),
                 mib(*largest_mib)
             ),
+            Self::WaitsFor {
+                experiment,
+                jobs,
+                when,
+                ended_otherwise,
+            } => {
+                let s = if *jobs == 1 { "" } else { "s" };
+                let verb = if when == "ended" { "end" } else { "succeed" };
+                write!(f, "waits for {jobs} job{s} of `{experiment}` to {verb}")?;
+                if *ended_otherwise > 0 {
+                    write!(
+                        f,
+                        "; {ended_otherwise} ended otherwise: `headroom retry JOB --cascade` \
+                         runs it and the jobs waiting for it again"
+                    )?;
+                }
+                Ok(())
+            }
         }
     }
 }

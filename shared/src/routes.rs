@@ -17,8 +17,8 @@ use crate::api::{
     HeartbeatRequest, HeartbeatResponse, JobDetail, JobSummary, JobsQuery, JoinRequest,
     LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery, LogQuery, MetricsAnswer, MetricsReport,
     NodeView, Progress, ProgressQuery, PutUserRequest, RegisterRequest, RegisterResponse, Released,
-    RetryFailedResponse, RetryResponse, SetPlanRequest, StartReport, SubmitRequest, SubmitResponse,
-    TelemetryQuery, TokenView, UserView, WhoAmI,
+    RetryFailedResponse, RetryQuery, RetryResponse, SetPlanRequest, StartReport, SubmitRequest,
+    SubmitResponse, TelemetryQuery, TokenView, UserView, WhoAmI,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -290,7 +290,7 @@ pub const JOB: Endpoint<NoBody, NoQuery, Json<JobDetail>> =
     Endpoint::new(Get, "/v1/jobs/{id}", User, "A job with its attempts").doc("getJob", "jobs");
 pub const CANCEL_JOB: Endpoint<NoBody, NoQuery, Json<CancelResponse>> =
     Endpoint::new(Post, "/v1/jobs/{id}/cancel", Owner, "Cancel a job").doc("cancelJob", "jobs");
-pub const RETRY_JOB: Endpoint<NoBody, NoQuery, Json<RetryResponse>> = Endpoint::new(
+pub const RETRY_JOB: Endpoint<NoBody, Query<RetryQuery>, Json<RetryResponse>> = Endpoint::new(
     Post,
     "/v1/jobs/{id}/retry",
     Owner,

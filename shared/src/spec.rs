@@ -673,7 +673,7 @@ impl ExperimentSpec {
     }
 }
 
-fn validate_name(name: &str) -> Result<(), SpecError> {
+pub fn validate_name(name: &str) -> Result<(), SpecError> {
     if name.is_empty() || name.len() > 128 {
         return Err(SpecError::new("name", "must be 1 to 128 characters"));
     }

@@ -1,4 +1,4 @@
-//! Submitting experiments, their progress, cancellation, retry of their failures and export.
+//! Experiments: reading them, their progress, cancellation, retry of their failures and export.
 
 use std::time::Duration;
 
@@ -10,16 +10,10 @@ use headroom_shared::ExperimentId;
 use headroom_shared::api::bounds;
 use headroom_shared::api::{
     Ack, CancelResponse, ExperimentSummary, ExportFormat, ExportPage, ExportQuery, Health,
-    Principal, Progress, ProgressQuery, RetryFailedResponse, Role, SubmitRequest, SubmitResponse,
+    Principal, Progress, ProgressQuery, RetryFailedResponse,
 };
-use headroom_shared::expand::expand_within;
-use headroom_shared::pending::PendingReason;
-use headroom_shared::spec::ExperimentSpec;
 
 use super::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult, AppState, check_owner, parse_id};
-
-/// Most jobs a dry run's answer shows (it says how many more there are).
-const PREVIEW_MAX: usize = 1_000;
 
 /// Liveness: answers whatever the store's state (a store that is down is readiness's to say).
 pub async fn live() -> ApiResult<Ack> {
@@ -32,123 +26,6 @@ pub async fn health(State(s): State<AppState>) -> ApiResult<Health> {
         status: "ok".into(),
         schema_version,
     }))
-}
-
-pub async fn submit(
-    State(s): State<AppState>,
-    Extension(who): Extension<Principal>,
-    ApiJson(req): ApiJson<SubmitRequest>,
-) -> ApiResult<SubmitResponse> {
-    let spec = ExperimentSpec::from_value(req.spec.clone())?;
-    let seed = req.seed.or(spec.seed).unwrap_or_else(rand::random);
-    let mut source = crate::source::resolve(&spec, &req)?;
-    if let Some(snap) = &mut source.snapshot {
-        // Only a bundle the submitter uploaded (its bytes sent, so held): a hash seen in an
-        // export runs no one else's code. An admin may name any.
-        let by = (who.role != Role::Admin).then(|| who.name.clone());
-        snap.bytes = s
-            .store
-            .bundle_size(snap.hash.clone(), by)
-            .await?
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    "snapshot.hash",
-                    format!(
-                        "no bundle {} of `{}` is kept here: upload it first (`PUT \
-                         /v1/bundles/{{hash}}`)",
-                        snap.hash, who.name
-                    ),
-                )
-            })?;
-    }
-    if let Some(t) = &spec.tracking
-        && !s.config.mlflow_allowed(&t.mlflow)
-    {
-        // The list is not told: an admin's server URLs are not every user's to read.
-        return Err(ApiError::invalid(
-            "tracking.mlflow",
-            format!(
-                "{} is not a tracking server this coordinator may write to (its admin lists \
-                 them with --mlflow-servers or HEADROOM_MLFLOW_SERVERS)",
-                t.mlflow
-            ),
-        ));
-    }
-    let expanded = expand_within(&spec, seed, s.config.max_jobs, s.config.max_submit_bytes)?;
-    if let Some(max) = s.store.max_node_gpus().await?
-        && spec.resources.gpus > max
-    {
-        return Err(ApiError::invalid(
-            "resources.gpus",
-            format!(
-                "asks for {} GPUs per job but the largest node has {max}",
-                spec.resources.gpus
-            ),
-        ));
-    }
-    let warnings = fit_warnings(&s, &spec).await?;
-    if req.dry_run {
-        let jobs = expanded.len() as u64;
-        // The answer is bounded too: the first jobs, and how many more there are.
-        let mut preview = expanded;
-        preview.truncate(PREVIEW_MAX);
-        return Ok(ApiJson(SubmitResponse {
-            experiment: None,
-            name: spec.name,
-            seed,
-            jobs,
-            dry_run: true,
-            preview_omitted: jobs - preview.len() as u64,
-            preview: Some(preview),
-            warnings,
-        }));
-    }
-    let source = (!source.is_empty()).then_some(source);
-    let exp = crate::matrix::new_experiment(&spec, expanded, seed, who.name, source)?;
-    let count = exp.jobs.len() as u64;
-    let stored = s.store.create_experiment(exp).await?;
-    tracing::info!(experiment = %stored.id, name = %stored.name, jobs = count, by = %stored.submitted_by, "experiment submitted");
-    Ok(ApiJson(SubmitResponse {
-        experiment: Some(stored.id),
-        name: stored.name,
-        seed,
-        jobs: count,
-        dry_run: false,
-        preview: None,
-        preview_omitted: 0,
-        warnings,
-    }))
-}
-
-/// What would keep the jobs waiting for ever on the live nodes: a declared memory larger
-/// than every live GPU (less headroom). Said at submit as well as in the jobs' reasons.
-async fn fit_warnings(s: &AppState, spec: &ExperimentSpec) -> Result<Vec<String>, ApiError> {
-    let Some(needed) = spec.resources.memory.map(|m| m.mib) else {
-        return Ok(vec![]);
-    };
-    if spec.resources.gpus == 0 {
-        return Ok(vec![]);
-    }
-    let nodes = s
-        .store
-        .list_nodes(s.config.lease_ttl.as_millis() as u64)
-        .await?;
-    let largest = nodes
-        .iter()
-        .filter(|n| n.alive)
-        .flat_map(|n| n.gpus.iter())
-        .map(|g| g.total_mib.saturating_sub(g.headroom_mib))
-        .max();
-    Ok(match largest {
-        Some(largest) if needed > largest => vec![format!(
-            "resources.memory: {}",
-            PendingReason::LargerThanEveryGpu {
-                needed_mib: needed,
-                largest_mib: largest,
-            }
-        )],
-        _ => vec![],
-    })
 }
 
 pub async fn list(State(s): State<AppState>) -> ApiResult<Vec<ExperimentSummary>> {

@@ -134,12 +134,22 @@ pub async fn retry(
     State(s): State<AppState>,
     Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<headroom_shared::api::RetryQuery>,
 ) -> ApiResult<RetryResponse> {
     let id: JobId = parse_id(&id, "job")?;
     let job = s.store.job(id).await?;
     check_owner(&who, &job.summary.submitted_by, &format!("job {id}"))?;
-    let state = s.store.retry_job(id).await?;
-    Ok(ApiJson(RetryResponse { state }))
+    if !q.cascade {
+        let state = s.store.retry_job(id).await?;
+        return Ok(ApiJson(RetryResponse {
+            state,
+            retried: vec![],
+        }));
+    }
+    // The jobs waiting for it are the submitter's too: a study is one submitter's.
+    let retried = s.store.retry_cascade(id).await?;
+    let state = s.store.job(id).await?.summary.state;
+    Ok(ApiJson(RetryResponse { state, retried }))
 }
 
 pub async fn attempt(

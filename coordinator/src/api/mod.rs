@@ -25,6 +25,7 @@ mod jobs;
 pub mod local;
 mod nodes;
 pub mod refusals;
+mod submit;
 mod supervisors;
 mod telemetry;
 mod tokens;
@@ -56,7 +57,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .endpoint(r::HEALTH, experiments::health)
         .endpoint(r::LIVE, experiments::live)
-        .endpoint(r::SUBMIT, experiments::submit)
+        .endpoint(r::SUBMIT, submit::submit)
         .endpoint(r::EXPERIMENTS, experiments::list)
         .endpoint(r::EXPERIMENT, experiments::get_one)
         .endpoint(r::CANCEL_EXPERIMENT, experiments::cancel)

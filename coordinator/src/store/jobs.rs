@@ -75,6 +75,10 @@ async fn apply(
         });
     }
     job.state = to;
+    if from.is_terminal() != to.is_terminal() {
+        // Jobs of a study that wait for this one (`after`) may start, or end, with it.
+        super::waits::changed(tx, &job.id, to).await?;
+    }
     Ok(to)
 }
 
@@ -210,9 +214,14 @@ pub(super) async fn retry_failed(
 
 async fn retry_one(tx: &mut dyn Tx, id: &str) -> Result<JobState> {
     let mut job = lock_job(tx, id).await?;
-    let state = transition(tx, &mut job, JobEvent::Retry).await?;
-    let r = job_rules(tx, id).await?;
-    tx.set_job_tries(id, r.attempts, rules::manual_retry(r.attempts))
+    retry_locked(tx, &mut job).await
+}
+
+/// A manual retry of a locked job: it waits again, with one more attempt to spend.
+pub(super) async fn retry_locked(tx: &mut dyn Tx, job: &mut LockedJob) -> Result<JobState> {
+    let state = transition(tx, job, JobEvent::Retry).await?;
+    let r = job_rules(tx, &job.id).await?;
+    tx.set_job_tries(&job.id, r.attempts, rules::manual_retry(r.attempts))
         .await?;
     Ok(state)
 }

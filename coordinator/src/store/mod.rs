@@ -5,7 +5,8 @@
 //! - `Store` (here): the operations handlers call, implemented once for every `Backend`.
 //! - `experiments`, `jobs`, `nodes`, `leases`, `telemetry`, `tokens`, `logs`: the operations, one
 //!   file per resource, each written once over the transaction interface; `sharing`: the
-//!   neighbours an attempt view is labelled shared by.
+//!   neighbours an attempt view is labelled shared by; `waits`: a study's jobs that wait
+//!   for others (`after`).
 //! - `tx`: that interface (`Tx`, the statements; `Backend`, transactions) and the lock order.
 //! - `sql`: every `Tx` statement's SQL, once, over `exec::Exec` (a file per section of
 //!   `Tx`): what a backend must run.
@@ -51,6 +52,7 @@ pub mod sqlite;
 mod telemetry;
 mod tokens;
 pub(crate) mod tx;
+mod waits;
 pub use tx::TrackingRow;
 
 use tx::{Backend, Op, Tx};
@@ -200,6 +202,17 @@ pub struct NewExperiment {
     pub source: Option<headroom_shared::api::source::Source>,
     /// What its runs' output is read for, early stopping and tracking (`None`: nothing).
     pub results: Option<headroom_shared::results::ResultsSpec>,
+    /// The study it was submitted in (`None`: submitted alone).
+    pub study: Option<crate::matrix::StudyOf>,
+}
+
+/// A job of a study that waits for another (`after`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewDependency {
+    pub job: headroom_shared::JobId,
+    pub needs: headroom_shared::JobId,
+    pub when: headroom_shared::study::AfterWhen,
+    pub on_failure: headroom_shared::study::OnDependencyFailure,
 }
 
 /// A token to keep: its public id, holder, role and the argon2 hash of its secret.
@@ -409,6 +422,15 @@ pub trait Store: Send + Sync + 'static {
     async fn cancel_job(&self, id: JobId) -> Result<u64>;
     async fn cancel_experiment(&self, id: ExperimentId) -> Result<u64>;
     async fn retry_job(&self, id: JobId) -> Result<JobState>;
+    /// The job and every ended job that waits for it (`after`, on down) run once more; the
+    /// jobs retried, the job first.
+    async fn retry_cascade(&self, id: JobId) -> Result<Vec<JobId>>;
+    /// A study's experiments and their waits, stored all or none.
+    async fn create_study(
+        &self,
+        exps: Vec<NewExperiment>,
+        waits: Vec<NewDependency>,
+    ) -> Result<Vec<ExperimentSummary>>;
     /// Every failed job of the experiment runs once more; the jobs retried.
     async fn retry_failed(&self, experiment: ExperimentId) -> Result<Vec<JobId>>;
     async fn export_rows(&self, experiment: Option<ExperimentId>) -> Result<Vec<ExportRow>>;
@@ -652,6 +674,19 @@ impl<B: Backend> Store for B {
 
     async fn retry_job(&self, id: JobId) -> Result<JobState> {
         run!(self, write, "retry_job", jobs::retry, id; job = %id)
+    }
+
+    async fn retry_cascade(&self, id: JobId) -> Result<Vec<JobId>> {
+        run!(self, write, "retry_cascade", waits::retry_cascade, id; job = %id)
+    }
+
+    async fn create_study(
+        &self,
+        exps: Vec<NewExperiment>,
+        waits: Vec<NewDependency>,
+    ) -> Result<Vec<ExperimentSummary>> {
+        let n = exps.len();
+        run!(self, write, "create_study", waits::create_study, exps, waits; experiments = n)
     }
 
     async fn retry_failed(&self, experiment: ExperimentId) -> Result<Vec<JobId>> {

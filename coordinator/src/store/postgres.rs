@@ -181,7 +181,7 @@ async fn migrate(config: &tokio_postgres::Config, tls: MakeRustlsConnect) -> Res
 // ---- statements ----------------------------------------------------------------------
 
 /// Where PostgreSQL's SQL differs: row locks, held to the transaction's end.
-static DIALECT: Dialect = Dialect {
+pub(crate) static DIALECT: Dialect = Dialect {
     lock: " FOR UPDATE",
     lock_attempt: " FOR UPDATE OF a",
     lock_job: " FOR UPDATE OF j",

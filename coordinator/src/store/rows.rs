@@ -81,6 +81,7 @@ pub struct ExperimentRow {
     pub created_at: Millis,
     pub submitted_by: String,
     pub source: Option<headroom_shared::api::source::Source>,
+    pub study: Option<headroom_shared::api::StudyRef>,
 }
 
 /// An experiment from its own columns, with its counts.
@@ -97,6 +98,7 @@ pub(crate) fn experiment(
         created_at: ts(r.created_at),
         submitted_by: r.submitted_by,
         source: r.source.unwrap_or_default(),
+        study: r.study,
     })
 }
 

@@ -94,7 +94,7 @@ pub struct NewAttempt<'a> {
 
 /// The statements of one transaction: every section's.
 pub trait Tx:
-    JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx + BundlesTx + ResultsTx
+    JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx + BundlesTx + ResultsTx + WaitsTx
 {
 }
 
@@ -107,6 +107,7 @@ impl<
         + LogsTx
         + BundlesTx
         + ResultsTx
+        + WaitsTx
         + ?Sized,
 > Tx for T
 {
@@ -548,4 +549,28 @@ pub trait ResultsTx: Send {
         hold_until: Millis,
         limit: u32,
     ) -> Result<Vec<(String, u32)>>;
+}
+
+/// One wait of a job (`after`), with the state of the job it needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitRow {
+    pub needs: String,
+    pub needs_state: JobState,
+    pub needs_experiment: String,
+    pub when: headroom_shared::study::AfterWhen,
+    pub on_failure: headroom_shared::study::OnDependencyFailure,
+}
+
+/// A study's waits between jobs (`after`).
+#[async_trait]
+pub trait WaitsTx: Send {
+    async fn insert_waits(&mut self, waits: &[super::NewDependency]) -> Result<()>;
+    /// The jobs that wait for `job`, in `seq` order, with their states.
+    async fn dependants(&mut self, job: &str) -> Result<Vec<(String, JobState)>>;
+    /// The waits of `job`.
+    async fn waits_of(&mut self, job: &str) -> Result<Vec<WaitRow>>;
+    /// Sets how many of the job's waits are not met yet (a claim reads only jobs with none).
+    async fn set_waiting_on(&mut self, job: &str, unmet: u64) -> Result<()>;
+    /// The jobs of the experiment that wait for some job, in `seq` order.
+    async fn waiting_jobs_of(&mut self, experiment: &str) -> Result<Vec<String>>;
 }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::expand::ExpandedJob;
-use crate::ids::{AgentId, AttemptId, ExperimentId, JobId};
+use crate::ids::{AgentId, AttemptId, ExperimentId, JobId, StudyId};
 use crate::pending::PendingReason;
 use crate::prestart::{Prestart, PrestartReport};
 use crate::size::MemSize;
@@ -149,6 +149,56 @@ pub struct SubmitRequest {
     /// activated one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<source::Environment>,
+    /// A study's variants that run from a source of their own (their own `workdir`,
+    /// `environment` or bundle), by variant name; the others take the fields above.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub variants: BTreeMap<String, VariantSource>,
+}
+
+/// Where one variant of a study runs from, as the client resolved it (see
+/// [`SubmitRequest`]'s fields of the same names).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct VariantSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<source::GitState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<source::Snapshot>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<source::Environment>,
+}
+
+/// One variant of a submitted study: its experiment (`None` for a dry run) and job count.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SubmittedVariant {
+    /// Its name in the study (`train`); its experiment is named `STUDY.VARIANT`.
+    pub variant: String,
+    pub name: String,
+    pub experiment: Option<ExperimentId>,
+    pub jobs: u64,
+    pub seed: u64,
+    /// GPUs per job, the declared memory per GPU and the parameters its estimate is learned
+    /// by (`resources`, `memory_key`).
+    pub gpus: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemSize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory_key: Vec<String>,
+    /// The variants it waits for (`after`), by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<String>,
+}
+
+/// The study an experiment was submitted in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StudyRef {
+    pub id: StudyId,
+    pub name: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -169,6 +219,12 @@ pub struct SubmitResponse {
     /// What may keep the jobs waiting, e.g. larger than every GPU of every live node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// A study's id (`None` for a single experiment or a dry run); `experiment` is `None`
+    /// then, and `variants` lists its experiments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub study: Option<StudyId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<SubmittedVariant>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -236,6 +292,9 @@ pub struct ExperimentSummary {
     /// Where its jobs run from: working directory, code, environment.
     #[serde(default, skip_serializing_if = "source::Source::is_empty")]
     pub source: source::Source,
+    /// The study it was submitted in, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub study: Option<StudyRef>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -671,6 +730,19 @@ pub struct LogAppended {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RetryResponse {
     pub state: JobState,
+    /// With `cascade`: the job and the jobs waiting for it (`after`) that run again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retried: Vec<JobId>,
+}
+
+/// `POST /v1/jobs/{id}/retry?cascade=true`: also the jobs of its study that wait for it
+/// (and for those, on down) and have ended.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[serde(deny_unknown_fields)]
+pub struct RetryQuery {
+    #[serde(default)]
+    pub cascade: bool,
 }
 
 /// `POST /v1/experiments/{id}/retry`: the failed jobs that run once more (none: nothing

@@ -28,10 +28,11 @@ impl<E: Exec> JobsTx for E {
             Some(r) => json(r)?,
             None => Arg::Null,
         };
+        let study_id = exp.study.as_ref().map(|s| s.id.to_string());
         done(
             self,
             "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by, source, \
-             results) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+             results, study_id, study_name) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             &[
                 Arg::from(&id),
                 Arg::from(&exp.name),
@@ -41,6 +42,8 @@ impl<E: Exec> JobsTx for E {
                 Arg::from(&exp.submitted_by),
                 source,
                 results,
+                Arg::from(study_id.as_ref()),
+                Arg::from(exp.study.as_ref().map(|s| &s.name)),
             ],
         )
         .await?;
@@ -65,7 +68,8 @@ impl<E: Exec> JobsTx for E {
     async fn experiment_row(&mut self, id: &str) -> Result<Option<ExperimentRow>> {
         first(
             self,
-            "SELECT name, seed, created_at, submitted_by, source FROM experiments WHERE id = $1",
+            "SELECT name, seed, created_at, submitted_by, source, study_id, study_name \
+             FROM experiments WHERE id = $1",
             args![id],
             |r| {
                 Ok(ExperimentRow {
@@ -74,6 +78,13 @@ impl<E: Exec> JobsTx for E {
                     created_at: r.int(2)?,
                     submitted_by: r.text(3)?,
                     source: r.json_opt(4)?,
+                    study: match (r.text_opt(5)?, r.text_opt(6)?) {
+                        (Some(id), Some(name)) => Some(headroom_shared::api::StudyRef {
+                            id: rows::parse(&id, "study id")?,
+                            name,
+                        }),
+                        _ => None,
+                    },
                 })
             },
         )

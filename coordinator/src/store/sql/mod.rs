@@ -91,6 +91,7 @@ mod logs;
 mod nodes;
 mod results;
 mod telemetry;
+mod waits;
 
 /// How many jobs of experiment `$1` are in each state, from the index `jobs_experiment_state`
 /// alone.
@@ -152,7 +153,7 @@ pub(super) fn pending_window(dialect: &Dialect, cpu_only: bool) -> String {
         (dialect.waiting_index, "gpus <= $1")
     };
     format!(
-        "SELECT {} FROM jobs{index} WHERE state IN ({}) AND {gpus} \
+        "SELECT {} FROM jobs{index} WHERE state IN ({}) AND waiting_on = 0 AND {gpus} \
          AND (CAST($2 AS BIGINT) IS NULL OR priority < $2 OR (priority = $2 AND seq > $3)) \
          ORDER BY priority DESC, seq LIMIT $4{}",
         rows::PENDING_COLUMNS,
@@ -169,7 +170,11 @@ mod tests {
     #[test]
     fn the_waiting_states_are_those_the_claim_index_holds() {
         assert_eq!(*super::WAITING, "'queued', 'retrying'");
-        let migrations = ["V14__waiting_order", "V15__waiting_cpu_jobs"];
+        let migrations = [
+            "V14__waiting_order",
+            "V15__waiting_cpu_jobs",
+            "V25__studies_and_waits",
+        ];
         for (backend, migration) in ["postgres", "sqlite"]
             .into_iter()
             .flat_map(|b| migrations.map(|m| (b, m)))
@@ -182,6 +187,18 @@ mod tests {
             assert!(
                 sql.contains(&format!("WHERE state IN ({})", *super::WAITING)),
                 "{path}"
+            );
+        }
+        // The claim's windows name the indexes' predicate whole (SQLite uses a partial index
+        // only then).
+        for cpu_only in [false, true] {
+            let sql = super::pending_window(&crate::store::postgres::DIALECT, cpu_only);
+            assert!(
+                sql.contains(&format!(
+                    "WHERE state IN ({}) AND waiting_on = 0",
+                    *super::WAITING
+                )),
+                "{sql}"
             );
         }
     }

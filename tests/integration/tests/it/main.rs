@@ -26,6 +26,7 @@ mod reattach;
 mod restart;
 mod results;
 mod stale_reports;
+mod studies;
 mod submit;
 mod supervision;
 mod sweep;

@@ -1,0 +1,222 @@
+//! A study's waits between jobs (`after`): storing a study with them, what a job's end or
+//! retry does to the jobs waiting for it, and `retry --cascade`.
+//!
+//! A job's `waiting_on` counts its waits not met yet; a claim reads only jobs with none. It
+//! is counted again whenever a job it waits for ends or is retried, in the transaction that
+//! changed that job's state ([`super::jobs`]'s one place of change calls [`changed`]).
+
+use futures::future::BoxFuture;
+use headroom_shared::api::ExperimentSummary;
+use headroom_shared::pending::PendingReason;
+use headroom_shared::study::{AfterWhen, OnDependencyFailure};
+use headroom_shared::{JobEvent, JobId, JobState};
+
+use super::tx::{Tx, WaitRow};
+use super::{NewDependency, NewExperiment, Result};
+use crate::changes::Change;
+
+/// What one wait is, from the state of the job it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitIs {
+    Met,
+    Pending,
+    /// The job it needs ended otherwise than `when` asks (failed, cancelled, pruned).
+    EndedOtherwise,
+}
+
+pub(crate) fn wait_is(needs: JobState, when: AfterWhen) -> WaitIs {
+    match (needs, when) {
+        (JobState::Succeeded, _) => WaitIs::Met,
+        (s, AfterWhen::Ended) if s.is_terminal() => WaitIs::Met,
+        (s, AfterWhen::Succeeded) if s.is_terminal() => WaitIs::EndedOtherwise,
+        _ => WaitIs::Pending,
+    }
+}
+
+/// A job's waits counted: how many are not met, whether one ended otherwise under
+/// `on_failure: cancel`, and the reason a waiting job gives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Counted {
+    pub unmet: u64,
+    pub cancel: bool,
+    pub reason: Option<PendingReason>,
+}
+
+pub(crate) fn count(waits: &[WaitRow]) -> Counted {
+    let mut unmet = 0;
+    let mut otherwise = 0;
+    let mut cancel = false;
+    let mut first: Option<&WaitRow> = None;
+    for w in waits {
+        match wait_is(w.needs_state, w.when) {
+            WaitIs::Met => continue,
+            WaitIs::Pending => {}
+            WaitIs::EndedOtherwise => {
+                otherwise += 1;
+                cancel |= w.on_failure == OnDependencyFailure::Cancel;
+            }
+        }
+        unmet += 1;
+        first.get_or_insert(w);
+    }
+    Counted {
+        unmet,
+        cancel,
+        reason: first.map(|w| PendingReason::WaitsFor {
+            experiment: w.needs_experiment.clone(),
+            jobs: unmet,
+            when: w.when.as_str().into(),
+            ended_otherwise: otherwise,
+        }),
+    }
+}
+
+/// Stores a study's experiments and their waits, all or none.
+pub(super) async fn create_study(
+    tx: &mut dyn Tx,
+    exps: Vec<NewExperiment>,
+    waits: Vec<NewDependency>,
+) -> Result<(Vec<ExperimentSummary>, Change)> {
+    let mut out = Vec::with_capacity(exps.len());
+    for exp in exps {
+        out.push(super::experiments::create(tx, exp).await?.0);
+    }
+    tx.insert_waits(&waits).await?;
+    for exp in &out {
+        for job in tx.waiting_jobs_of(&exp.id.to_string()).await? {
+            recount(tx, &job).await?;
+        }
+    }
+    Ok((out, Change::Work))
+}
+
+/// Counts the job's waits again and records the count and its reason; what was counted.
+async fn recount(tx: &mut dyn Tx, job: &str) -> Result<Counted> {
+    let counted = count(&tx.waits_of(job).await?);
+    tx.set_waiting_on(job, counted.unmet).await?;
+    tx.set_pending_reason(job, counted.reason.as_ref()).await?;
+    Ok(counted)
+}
+
+/// After `job` ended or was retried (now `to`): its own waits counted again where it waits
+/// once more, and those of the waiting jobs that wait for it; where it ended otherwise than
+/// they ask and they say `on_failure: cancel`, they are cancelled (and theirs in turn).
+pub(super) fn changed<'a>(
+    tx: &'a mut dyn Tx,
+    job: &'a str,
+    to: JobState,
+) -> BoxFuture<'a, Result<()>> {
+    Box::pin(async move {
+        if to.is_pending() {
+            recount(tx, job).await?;
+        }
+        for (d, state) in tx.dependants(job).await? {
+            if !state.is_pending() {
+                continue;
+            }
+            let counted = recount(tx, &d).await?;
+            if counted.cancel && to.is_terminal() {
+                let mut locked = super::jobs::lock_job(tx, &d).await?;
+                if locked.state.is_pending() {
+                    super::jobs::transition(tx, &mut locked, JobEvent::Cancel).await?;
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `retry --cascade`: the job, then every job waiting for it (and for those, on down) that
+/// has ended, run again; each waits again for what it needs. The ids retried, in order.
+pub(super) async fn retry_cascade(tx: &mut dyn Tx, id: JobId) -> Result<(Vec<JobId>, Change)> {
+    let mut retried = Vec::new();
+    let mut next = vec![id.to_string()];
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(job) = next.pop() {
+        if !seen.insert(job.clone()) {
+            continue;
+        }
+        let mut locked = super::jobs::lock_job(tx, &job).await?;
+        // The job asked for is retried as `retry` does (refused where it has not ended);
+        // the jobs waiting for it where they ended.
+        if retried.is_empty() || locked.state.is_terminal() {
+            super::jobs::retry_locked(tx, &mut locked).await?;
+            retried.push(super::rows::parse(&job, "job id")?);
+        }
+        let mut deps: Vec<String> = tx
+            .dependants(&job)
+            .await?
+            .into_iter()
+            .map(|(d, _)| d)
+            .collect();
+        deps.reverse();
+        next.extend(deps);
+    }
+    let change = Change::work_if(!retried.is_empty());
+    Ok((retried, change))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wait(state: JobState, when: AfterWhen, on: OnDependencyFailure) -> WaitRow {
+        WaitRow {
+            needs: "n".into(),
+            needs_state: state,
+            needs_experiment: "lab.train".into(),
+            when,
+            on_failure: on,
+        }
+    }
+
+    #[test]
+    fn a_wait_is_met_by_success_or_any_end_as_asked() {
+        use AfterWhen::*;
+        for s in [
+            JobState::Queued,
+            JobState::Leased,
+            JobState::Running,
+            JobState::Retrying,
+        ] {
+            assert_eq!(wait_is(s, Succeeded), WaitIs::Pending);
+            assert_eq!(wait_is(s, Ended), WaitIs::Pending);
+        }
+        assert_eq!(wait_is(JobState::Succeeded, Succeeded), WaitIs::Met);
+        for s in [JobState::Failed, JobState::Cancelled, JobState::Pruned] {
+            assert_eq!(wait_is(s, Succeeded), WaitIs::EndedOtherwise);
+            assert_eq!(wait_is(s, Ended), WaitIs::Met);
+        }
+    }
+
+    #[test]
+    fn counting_names_the_first_unmet_and_cancels_only_as_asked() {
+        use OnDependencyFailure::*;
+        let c = count(&[
+            wait(JobState::Succeeded, AfterWhen::Succeeded, Cancel),
+            wait(JobState::Running, AfterWhen::Succeeded, Cancel),
+            wait(JobState::Failed, AfterWhen::Succeeded, Wait),
+        ]);
+        assert_eq!(c.unmet, 2);
+        assert!(!c.cancel, "the failed one says wait");
+        assert_eq!(
+            c.reason.map(|r| r.to_string()),
+            Some(
+                "waits for 2 jobs of `lab.train` to succeed; 1 ended otherwise: `headroom \
+                 retry JOB --cascade` runs it and the jobs waiting for it again"
+                    .into()
+            )
+        );
+        let c = count(&[wait(JobState::Failed, AfterWhen::Succeeded, Cancel)]);
+        assert!(c.cancel);
+        let c = count(&[wait(JobState::Failed, AfterWhen::Ended, Cancel)]);
+        assert_eq!(
+            c,
+            Counted {
+                unmet: 0,
+                cancel: false,
+                reason: None
+            }
+        );
+    }
+}
