@@ -725,18 +725,71 @@ pub fn warnings(resp: &SubmitResponse) {
 }
 
 pub fn preview(resp: &SubmitResponse) {
-    if !resp.variants.is_empty() {
-        return study_preview(resp);
+    if resp.variants.is_empty() {
+        outln!(
+            "dry run: experiment {} expands to {} jobs (seed {}); nothing stored",
+            resp.name,
+            resp.jobs,
+            resp.seed
+        );
+        preview_jobs(resp.preview.as_deref().unwrap_or_default());
+        if resp.preview_omitted > 0 {
+            outln!("  ... and {} more jobs, not shown", resp.preview_omitted);
+        }
+    } else {
+        study_preview(resp);
     }
+    if let Some(s) = &resp.schedule {
+        schedule(s);
+    }
+}
+
+/// A dry run's schedule on the live nodes, as placement would run it.
+fn schedule(s: &headroom_shared::api::schedule::SchedulePreview) {
+    use headroom_shared::api::schedule::EstimateFrom;
     outln!(
-        "dry run: experiment {} expands to {} jobs (seed {}); nothing stored",
-        resp.name,
-        resp.jobs,
-        resp.seed
+        "\nschedule on the live nodes ({} slot{} in their plans): {} job{} at once{}",
+        s.slots,
+        if s.slots == 1 { "" } else { "s" },
+        s.at_once,
+        if s.at_once == 1 { "" } else { "s" },
+        if s.never_fit > 0 {
+            format!(", {} never fit", s.never_fit)
+        } else {
+            String::new()
+        }
     );
-    preview_jobs(resp.preview.as_deref().unwrap_or_default());
-    if resp.preview_omitted > 0 {
-        outln!("  ... and {} more jobs, not shown", resp.preview_omitted);
+    for g in &s.groups {
+        let estimate = match (g.estimate_mib, g.estimate_from) {
+            (Some(m), EstimateFrom::Learned) => format!("{} learned", mib(m)),
+            (Some(m), _) => format!("{} declared", mib(m)),
+            (None, _) => "no estimate: alone on a GPU".into(),
+        };
+        outln!(
+            "  {}: {} job{}, {} at once, {estimate}",
+            g.group,
+            g.jobs,
+            if g.jobs == 1 { "" } else { "s" },
+            g.at_once
+        );
+        if let Some(why) = &g.cannot_share {
+            outln!("    {why}");
+        }
+        for why in &g.never_fit_reasons {
+            outln!("    never fits: {why}");
+        }
+    }
+    match s.makespan_s {
+        _ if s.at_once == 0 => outln!("  no job can run on the live nodes"),
+        Some(m) => outln!(
+            "  expected makespan: {} (run times of earlier runs of each memory key)",
+            humantime::format_duration(Duration::from_secs(m.round() as u64))
+        ),
+        None => outln!(
+            "  makespan unknown: {} job{} of no earlier run of their memory key",
+            s.unknown_durations,
+            if s.unknown_durations == 1 { "" } else { "s" }
+        ),
     }
 }
 

@@ -53,6 +53,13 @@ def test_a_rows_file_is_a_valid_rows(served: Dict[str, Any]) -> None:
         ({"name": "e", "command": ["x"], "zip": {"a": "not a list"}}, ["zip", "a"]),
         ({"name": "e", "command": ["x"], "rows": [["a", 1]]}, ["rows"]),
         ({"name": "e", "command": ["x"], "rows": 3}, ["rows"]),
+        # studies: a variant's unknown key, a variant without a name, a bad `after`, none
+        ({"name": "s", "experiments": [{"name": "a", "colour": "red"}]}, ["experiments", 0]),
+        ({"name": "s", "experiments": [{"command": ["x"]}]}, ["experiments", 0]),
+        ({"name": "s", "experiments": [{"name": "a", "after": [{"experiment": "b", "when": "soon"}]}]},
+         ["experiments", 0, "after", 0, "when"]),
+        ({"name": "s", "experiments": []}, ["experiments"]),
+        ({"name": "s", "bogus": 1, "experiments": [{"name": "a"}]}, []),
     ],
 )
 def test_bad_specs_are_refused_at_their_field(served: Dict[str, Any], spec: Dict[str, Any], path: list) -> None:
@@ -61,3 +68,16 @@ def test_bad_specs_are_refused_at_their_field(served: Dict[str, Any], spec: Dict
     assert any(list(e.absolute_path)[: len(path)] == path for e in errors), [
         (list(e.absolute_path), e.message) for e in errors
     ]
+
+
+def test_a_study_is_valid_without_a_command_at_the_top(served: Dict[str, Any]) -> None:
+    spec = {
+        "name": "lab",
+        "grid": {"model": ["a", "b"]},
+        "experiments": [
+            {"name": "train", "command": ["python", "train.py", "{model}"]},
+            {"name": "eval", "command": ["python", "eval.py", "{model}"],
+             "after": [{"experiment": "train", "match": ["model"], "on_failure": "wait"}]},
+        ],
+    }
+    assert not list(jsonschema.Draft202012Validator(served).iter_errors(spec))

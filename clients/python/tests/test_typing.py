@@ -31,10 +31,12 @@ import pandas as pd
 from typing_extensions import assert_type
 
 from headroom_client import (
-    AsyncClient, AttemptSeries, AttemptTelemetry, Client, GpuSeries, JobsFailedError, Point,
-    RungDecision, TelemetrySample, report,
+    AsyncClient, AsyncExperiment, AttemptSeries, AttemptTelemetry, Client, Experiment, GpuSeries,
+    JobsFailedError, Point, RungDecision, TelemetrySample, report,
 )
-from headroom_client.models import AttemptView, JobDetail, Progress, RetryFailedResponse
+from headroom_client.models import (
+    AttemptView, JobDetail, Progress, RetryFailedResponse, StudyRef, SubmittedVariant,
+)
 
 
 def check(hr: Client) -> None:
@@ -76,6 +78,14 @@ def check(hr: Client) -> None:
     assert_type(hr.attempt("a").metrics, Dict[str, float])
     assert_type(hr.attempt("a").tracking, Optional[str])
     assert_type(exp.progress().counts.pruned, int)
+    assert_type(exp.study, Optional[str])
+    assert_type(exp.variants["train"], Experiment)
+    assert_type(exp.variants["train"].wait(), Progress)
+    assert exp.submitted is not None
+    assert_type(exp.submitted.variants[0], SubmittedVariant)
+    assert_type(exp.submitted.variants[0].experiment, Optional[str])
+    assert_type(hr.retry("j", cascade=True).retried, List[str])
+    assert_type(hr.experiments()[0].study, Optional[StudyRef])
     assert_type(report(step=3, val_acc=0.91), None)
     try:
         hr.wait(raise_on_failure=True)
@@ -98,6 +108,8 @@ async def acheck(hr: AsyncClient) -> None:
     assert_type(await hr.metrics("lr-sweep"), pd.DataFrame)
     assert_type(await exp.metrics(frame=False), List[Dict[str, Any]])
     assert_type(await exp.metric_series(), List[AttemptSeries])
+    assert_type(exp.variants["eval"], AsyncExperiment)
+    assert_type((await hr.retry("j", cascade=True)).retried, List[str])
 '''
 
 

@@ -19,6 +19,7 @@ use crate::store::{NodeOf, Store};
 
 mod agents;
 mod bundles;
+mod dry_run;
 pub mod error;
 mod experiments;
 mod jobs;

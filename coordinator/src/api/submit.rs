@@ -12,7 +12,7 @@ use headroom_shared::spec::{ExperimentSpec, SpecError};
 use headroom_shared::study::{self, StudySpec};
 use headroom_shared::{StudyId, api::source::Source};
 
-use super::{ApiError, ApiJson, ApiResult, AppState};
+use super::{ApiError, ApiJson, ApiResult, AppState, dry_run};
 use crate::matrix::StudyOf;
 
 /// Most jobs a dry run's answer shows (it says how many more there are).
@@ -36,6 +36,15 @@ pub async fn submit(
     let seed = req.seed.or(spec.seed).unwrap_or_else(rand::random);
     let ready = prepare(&s, &who, &spec, &req, seed, s.config.max_jobs).await?;
     if req.dry_run {
+        let schedule = dry_run::schedule(
+            &s,
+            &[dry_run::Group {
+                name: &spec.name,
+                spec: &spec,
+                jobs: &ready.expanded,
+            }],
+        )
+        .await?;
         let jobs = ready.expanded.len() as u64;
         // The answer is bounded too: the first jobs, and how many more there are.
         let mut preview = ready.expanded;
@@ -51,6 +60,7 @@ pub async fn submit(
             warnings: ready.warnings,
             study: None,
             variants: vec![],
+            schedule: Some(schedule),
         }));
     }
     let exp = crate::matrix::new_experiment(&spec, ready.expanded, seed, who.name, ready.source)?;
@@ -68,6 +78,7 @@ pub async fn submit(
         warnings: ready.warnings,
         study: None,
         variants: vec![],
+        schedule: None,
     }))
 }
 
@@ -119,6 +130,15 @@ async fn submit_study(
         after: v.after.iter().map(|a| a.experiment.clone()).collect(),
     };
     if req.dry_run {
+        let groups: Vec<dry_run::Group<'_>> = ready
+            .iter()
+            .map(|(v, _, r)| dry_run::Group {
+                name: &v.spec.name,
+                spec: &v.spec,
+                jobs: &r.expanded,
+            })
+            .collect();
+        let schedule = dry_run::schedule(s, &groups).await?;
         let mut preview: Vec<ExpandedJob> = Vec::new();
         let mut variants = Vec::with_capacity(ready.len());
         for (v, seed, r) in ready {
@@ -137,6 +157,7 @@ async fn submit_study(
             warnings,
             study: None,
             variants,
+            schedule: Some(schedule),
         }));
     }
     let id = StudyId::new();
@@ -171,6 +192,7 @@ async fn submit_study(
             .into_iter()
             .map(|(v, seed, n, id)| listed(v, seed, n, Some(id)))
             .collect(),
+        schedule: None,
     }))
 }
 

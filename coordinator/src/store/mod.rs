@@ -6,7 +6,7 @@
 //! - `experiments`, `jobs`, `nodes`, `leases`, `telemetry`, `tokens`, `logs`: the operations, one
 //!   file per resource, each written once over the transaction interface; `sharing`: the
 //!   neighbours an attempt view is labelled shared by; `waits`: a study's jobs that wait
-//!   for others (`after`).
+//!   for others (`after`); `history`: what earlier runs of a memory key tell a dry run.
 //! - `tx`: that interface (`Tx`, the statements; `Backend`, transactions) and the lock order.
 //! - `sql`: every `Tx` statement's SQL, once, over `exec::Exec` (a file per section of
 //!   `Tx`): what a backend must run.
@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 mod bundles;
 mod exec;
 mod experiments;
+mod history;
 mod jobs;
 mod ladder;
 mod leases;
@@ -53,6 +54,7 @@ mod telemetry;
 mod tokens;
 pub(crate) mod tx;
 mod waits;
+pub use history::KeyHistory;
 pub use tx::TrackingRow;
 
 use tx::{Backend, Op, Tx};
@@ -425,6 +427,11 @@ pub trait Store: Send + Sync + 'static {
     /// The job and every ended job that waits for it (`after`, on down) run once more; the
     /// jobs retried, the job first.
     async fn retry_cascade(&self, id: JobId) -> Result<Vec<JobId>>;
+    /// The history of each memory key (peaks, floor, run time), those with one.
+    async fn key_history(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<std::collections::BTreeMap<String, KeyHistory>>;
     /// A study's experiments and their waits, stored all or none.
     async fn create_study(
         &self,
@@ -678,6 +685,14 @@ impl<B: Backend> Store for B {
 
     async fn retry_cascade(&self, id: JobId) -> Result<Vec<JobId>> {
         run!(self, write, "retry_cascade", waits::retry_cascade, id; job = %id)
+    }
+
+    async fn key_history(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<std::collections::BTreeMap<String, KeyHistory>> {
+        let n = keys.len();
+        run!(self, read, "key_history", history::of_keys, keys; keys = n)
     }
 
     async fn create_study(

@@ -282,6 +282,8 @@ pub trait AttemptsTx: Send {
     ) -> Result<Vec<String>>;
     /// Observed peaks of a memory key's attempts.
     async fn peaks(&mut self, key: &str) -> Result<Vec<u64>>;
+    /// The mean run time of a memory key's latest successful attempts, if it had any.
+    async fn key_duration_ms(&mut self, key: &str) -> Result<Option<u64>>;
     /// A memory key's OOM floor, locked (an advisory lock on PostgreSQL, so writers of a key
     /// with no floor yet serialize too).
     async fn lock_floor(&mut self, key: &str) -> Result<Option<u64>>;

@@ -19,6 +19,7 @@ mod agent;
 pub mod bounds;
 mod export;
 mod measurements;
+pub mod schedule;
 pub mod source;
 pub use agent::*;
 pub use export::*;
@@ -225,6 +226,10 @@ pub struct SubmitResponse {
     pub study: Option<StudyId>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub variants: Vec<SubmittedVariant>,
+    /// A dry run's schedule on the live nodes: what runs at once, what never fits and why,
+    /// the expected makespan (`None` when stored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<schedule::SchedulePreview>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -58,6 +58,7 @@ from .models import (
     Progress,
     RetryFailedResponse,
     RetryResponse,
+    StateCounts,
     SubmitResponse,
 )
 
@@ -135,16 +136,17 @@ def submit_prepared(prepared: Submission, local: bool = False) -> Op[SubmitRespo
     """``submit`` once its source is worked out (``AsyncClient`` does that in a thread: it
     runs git and reads files). ``local``: the coordinator is this host's, so a working
     directory the jobs' Unix user may not enter is refused before anything is sent (a
-    snapshot runs from its own copy)."""
-    body = prepared.body
-    snapshot = "snapshot" in body or body.get("spec", {}).get("code") == "snapshot"
-    if local and not snapshot and isinstance(body.get("workdir"), str):
+    snapshot runs from its own copy). Every bundle (a study's variants may have their own)
+    is uploaded before the submission that names it."""
+    if local and prepared.entered:
         who = yield from _json("GET", "/v1/whoami")
         user = who.get("unix_user") if isinstance(who, dict) else None
         if isinstance(user, str):
-            enterable_by(body["workdir"], user)
-    if prepared.bundle is not None:
-        yield from upload_bundle(prepared.bundle.data, prepared.bundle.hash)
+            for workdir in prepared.entered:
+                enterable_by(workdir, user)
+    for bundle in prepared.bundles:
+        yield from upload_bundle(bundle.data, bundle.hash)
+    body = prepared.body
     return SubmitResponse.model_validate((yield from _json("POST", "/v1/experiments", body=body)))
 
 
@@ -331,9 +333,12 @@ def cancel_job(id: str) -> Op[CancelResponse]:
     return CancelResponse.model_validate((yield from _json("POST", f"/v1/jobs/{_seg(id)}/cancel")))
 
 
-def retry(job_id: str) -> Op[RetryResponse]:
+def retry(job_id: str, cascade: bool = False) -> Op[RetryResponse]:
+    """``POST /v1/jobs/{id}/retry``; ``cascade``: also the ended jobs of its study that wait
+    for it, on down. Without it the request is the plain one it always was (no query)."""
     path = f"/v1/jobs/{_seg(job_id)}/retry"
-    return RetryResponse.model_validate((yield from _json("POST", path)))
+    params = {"cascade": "true"} if cascade else None
+    return RetryResponse.model_validate((yield from _json("POST", path, params)))
 
 
 def retry_failed(experiment: str) -> Op[RetryFailedResponse]:
@@ -356,19 +361,68 @@ def wait(
     """Until every job (of ``experiment``) has ended, long-polling; ``bar``: a progress bar."""
     deadline = _Deadline(timeout)
     exp = yield from experiment_id_or_all(experiment)
-    shown = _Progress(bar, experiment or "all")
+    p = yield from _until_ended(exp, bar, experiment or "all", deadline)
+    if raise_on_failure and p.counts.failed:
+        raise _failures(exp, p, (yield from job_list(exp, state="failed")))
+    return p
+
+
+def _until_ended(
+    exp: Optional[str], bar: bool, label: str, deadline: "_Deadline"
+) -> Op[Progress]:
+    """The progress of ``exp`` (an id; None: every experiment) once its jobs have ended."""
+    shown = _Progress(bar, label)
     try:
         p = yield from progress(exp)
         while True:
             shown.update(p)
             if _finished(p):
-                break
+                return p
             p = yield from progress(exp, after=p.version, timeout_ms=deadline.hold_ms())
     finally:
         shown.close()
-    if raise_on_failure and p.counts.failed:
-        raise _failures(exp, p, (yield from job_list(exp, state="failed")))
-    return p
+
+
+def wait_study(
+    study: str,
+    experiments: Sequence[Tuple[str, str]],
+    bar: bool,
+    timeout: Optional[float],
+    raise_on_failure: bool,
+) -> Op[Progress]:
+    """Until every job of each of ``experiments`` (a study's variants: id and name) has
+    ended, one experiment after the other within the one ``timeout`` (the API has no
+    progress of a study: a study's jobs are its experiments'); their counts added up. With
+    ``raise_on_failure``, raises once they all ended, listing every variant's failed jobs."""
+    deadline = _Deadline(timeout)
+    ended = []
+    for exp, name in experiments:
+        ended.append((yield from _until_ended(exp, bar, name, deadline)))
+    total = _sum_progress(ended)
+    if raise_on_failure and total.counts.failed:
+        failed: List[JobSummary] = []
+        for (exp, _), p in zip(experiments, ended):
+            if p.counts.failed:
+                failed.extend((yield from job_list(exp, state="failed")))
+        raise JobsFailedError(None, {j.id: j.last_failure for j in failed}, total, study=study)
+    return total
+
+
+def study_progress(experiments: Sequence[str]) -> Op[Progress]:
+    """The counts of a study's experiments (ids) added up, as one ``Progress``."""
+    found = []
+    for exp in experiments:
+        found.append((yield from progress(exp)))
+    return _sum_progress(found)
+
+
+def _sum_progress(found: Sequence[Progress]) -> Progress:
+    """Several experiments' progress as one: counts added, the newest ``version`` (the
+    coordinator's one change counter)."""
+    names = list(StateCounts.model_fields)
+    counts = {n: sum(getattr(p.counts, n) for p in found) for n in names}
+    version = max((p.version for p in found), default=0)
+    return Progress(version=version, counts=StateCounts(**counts))
 
 
 def attempt_of(id: str, follow: bool) -> Op[Optional[str]]:

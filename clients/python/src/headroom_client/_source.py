@@ -30,9 +30,9 @@ import subprocess
 import tarfile
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Literal, Mapping, Optional, Set, Tuple, Union
 
-from ._spec import SpecLike, load_spec
+from ._spec import VARIANTS_KEY, SpecLike, load_spec, merged
 from ._transport import PathLike
 from .errors import SourceError
 
@@ -532,11 +532,71 @@ def enterable_by(directory: str, user: str) -> None:
 
 @dataclass(frozen=True)
 class Submission:
-    """What ``submit`` sends: the request's body, and the bundle to upload first (None
-    without ``code: snapshot``, or on a dry run)."""
+    """What ``submit`` sends: the request's body; the code bundles to upload first, one per
+    distinct bundle (none without ``code: snapshot``, or on a dry run): the top level's, then
+    a study's variants' own; and the working directories the jobs run in from this host's
+    tree rather than from a bundle (``entered``: the ones ``submit`` checks the jobs' Unix
+    user may enter, where the coordinator is this host's)."""
 
     body: Dict[str, Any]
-    bundle: Optional[Bundle] = None
+    bundles: Tuple[Bundle, ...] = ()
+    entered: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """Where one spec's (or one variant's) jobs run from, as the request says it."""
+
+    workdir: str
+    git: Optional[Dict[str, Any]]
+    environment: Optional[Dict[str, str]]
+    snapshot: Optional[Dict[str, str]]
+
+    def fields(self) -> Dict[str, Any]:
+        """The request's fields of that name (a variant's: ``variants.NAME``)."""
+        out: Dict[str, Any] = {"workdir": self.workdir}
+        if self.git is not None:
+            out["git"] = self.git
+        if self.snapshot is not None:
+            out["snapshot"] = self.snapshot
+        if self.environment is not None:
+            out["environment"] = self.environment
+        return out
+
+
+class _Sources:
+    """Resolves sources, sharing what a study's variants have in common: a directory's git
+    state is read and its bundle made once, however many variants run from it."""
+
+    def __init__(self, dry_run: bool, max_bytes: int) -> None:
+        self.dry_run = dry_run
+        self.max_bytes = max_bytes
+        self.gits: Dict[str, Optional[Dict[str, Any]]] = {}
+        self.bundles: Dict[str, Bundle] = {}
+        self.entered: List[str] = []
+
+    def resolve(
+        self, workdir: str, environment: Optional[Dict[str, str]], snapshot: bool
+    ) -> _Resolved:
+        if workdir not in self.gits:
+            self.gits[workdir] = git_state(workdir)
+        snap = None
+        # A dry run stores nothing: no bundle is made or uploaded.
+        if snapshot and not self.dry_run:
+            bundle = self.bundles.get(workdir)
+            if bundle is None:
+                bundle = self.bundles[workdir] = make_bundle(workdir, self.max_bytes)
+            snap = {"hash": bundle.hash, "subdir": bundle.subdir}
+        if not snapshot and workdir not in self.entered:
+            self.entered.append(workdir)
+        return _Resolved(workdir, self.gits[workdir], environment, snap)
+
+    def distinct_bundles(self) -> Tuple[Bundle, ...]:
+        """Each bundle once: two directories of one git work tree bundle the same files."""
+        by_hash: Dict[str, Bundle] = {}
+        for b in self.bundles.values():
+            by_hash.setdefault(b.hash, b)
+        return tuple(by_hash.values())
 
 
 def prepare_submission(
@@ -553,7 +613,13 @@ def prepare_submission(
     ``git``, ``environment``, and ``snapshot`` (the bundle made; not on a dry run). The
     keywords override the spec's ``workdir``, ``environment`` and ``code``; the spec sent
     says what was resolved (its relative paths made absolute), so that it and the request
-    agree. The caller's dict is not changed."""
+    agree. The caller's dict is not changed.
+
+    A study (``experiments:``): the top level is resolved as above (the keywords stand for
+    its keys, the defaults), then each variant's own merged spec the same way; a variant
+    whose source differs from the top level's (another ``workdir``, ``environment`` or
+    ``code``) is sent under ``variants.NAME``, its bundle made once per directory. A
+    refusal names the variant's field (``experiments[1].workdir``) where it set the key."""
     doc = dict(load_spec(spec))
     base = spec_dir(spec)
     wd = resolve_workdir(workdir, doc.get("workdir"), base)
@@ -574,17 +640,61 @@ def prepare_submission(
     elif snapshot is not None and "code" in doc:
         doc["code"] = "checkout"
 
+    sources = _Sources(dry_run, max_snapshot_bytes)
+    top = sources.resolve(wd, env, doc.get("code") == "snapshot")
     body: Dict[str, Any] = {"spec": doc, "dry_run": dry_run, "workdir": wd}
     if seed is not None:
         body["seed"] = seed
-    git = git_state(wd)
-    if git is not None:
-        body["git"] = git
-    if env is not None:
-        body["environment"] = env
-    bundle = None
-    # A dry run stores nothing: no bundle is made or uploaded.
-    if doc.get("code") == "snapshot" and not dry_run:
-        bundle = make_bundle(wd, max_snapshot_bytes)
-        body["snapshot"] = {"hash": bundle.hash, "subdir": bundle.subdir}
-    return Submission(body, bundle)
+    body.update({k: v for k, v in top.fields().items() if k != "workdir"})
+    own = _variant_sources(doc, base, top, sources)
+    if own:
+        body["variants"] = own
+    return Submission(body, sources.distinct_bundles(), tuple(sources.entered))
+
+
+def _variant_sources(
+    doc: Dict[str, Any], base: Optional[str], top: _Resolved, sources: _Sources
+) -> Dict[str, Dict[str, Any]]:
+    """A study's variants whose source is not ``top``'s, by name (``SubmitRequest.variants``);
+    ``doc``'s variants get their own relative paths made absolute, as the top level does.
+    Empty for a plain spec."""
+    listed = doc.get(VARIANTS_KEY)
+    if not isinstance(listed, list):
+        return {}
+    defaults = {k: v for k, v in doc.items() if k not in ("name", VARIANTS_KEY)}
+    own: Dict[str, Dict[str, Any]] = {}
+    variants: List[Any] = []
+    for i, variant in enumerate(listed):
+        name = variant.get("name") if isinstance(variant, dict) else None
+        if not isinstance(variant, dict) or not isinstance(name, str):
+            variants.append(variant)  # the coordinator refuses it, naming the field
+            continue
+        over = {k: v for k, v in variant.items() if k not in ("name", "after")}
+        wanted = merged(defaults, over)
+        try:
+            wd = resolve_workdir(None, wanted.get("workdir"), base)
+            env = resolve_environment(wanted.get("environment"), base)
+            resolved = sources.resolve(wd, env, wanted.get("code") == "snapshot")
+        except SourceError as e:
+            raise _in_variant(e, i, name, set(over)) from None
+        variant = dict(variant)
+        if isinstance(over.get("workdir"), str):
+            variant["workdir"] = wd
+        if isinstance(over.get("environment"), Mapping):
+            variant["environment"] = env
+        variants.append(variant)
+        if resolved != top:
+            own[name] = resolved.fields()
+    doc[VARIANTS_KEY] = variants
+    return own
+
+
+def _in_variant(e: SourceError, i: int, name: str, own: Set[str]) -> SourceError:
+    """A refusal of variant ``i``'s source: at ``experiments[i].FIELD`` where the variant set
+    the key itself (its bundle: where it set ``code`` or ``workdir``), else at the top
+    level's field, naming the variant (as the coordinator places a variant's refusals)."""
+    field = e.field or ""
+    head = field.split(".")[0]
+    if head in own or (head == "snapshot" and own & {"code", "workdir"}):
+        return SourceError(f"{VARIANTS_KEY}[{i}].{field}", e.message)
+    return SourceError(field, f"{e.message} (in variant `{name}`)")

@@ -1,6 +1,6 @@
 """Experiment specs as the API takes them: a dict as is, or a YAML/JSON file read as the CLI
-reads it (YAML 1.2 scalars; ``rows: FILE.csv`` read beside it and sent inline), refused when
-its aliases would expand past a bound."""
+reads it (YAML 1.2 scalars; ``rows: FILE.csv`` read beside it and sent inline, in a study's
+variants too), refused when its aliases would expand past a bound."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from typing import Any, Dict, List, Union
 import yaml
 
 SpecLike = Union[Dict[str, Any], str, "os.PathLike[str]"]
+
+#: The key that makes a spec a study: a list of variants over the top level's defaults.
+VARIANTS_KEY = "experiments"
 
 
 class _SpecLoader(yaml.SafeLoader):
@@ -43,7 +46,9 @@ for _first in "-+0123456789":
 
 
 def load_spec(spec: SpecLike) -> Dict[str, Any]:
-    """A spec as the API takes it: a dict as is, a path to a YAML or JSON file read."""
+    """A spec as the API takes it: a dict as is, a path to a YAML or JSON file read. A
+    ``rows: FILE.csv`` (relative to the file), at the top or in a study's variant
+    (``experiments[i].rows``), is read and put inline; a refusal names that field."""
     if isinstance(spec, dict):
         return spec
     path = Path(spec)
@@ -54,15 +59,52 @@ def load_spec(spec: SpecLike) -> Dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: a spec is a mapping (name, command, ...)")
     _check_expanded_size(doc, path)
-    if isinstance(doc.get("rows"), str):
-        rows_file = path.parent / doc["rows"]
-        try:
-            # `utf-8-sig`: a file saved by a spreadsheet as "CSV UTF-8" starts with a BOM.
-            text = rows_file.read_text(encoding="utf-8-sig")
-        except OSError as e:
-            raise ValueError(f"rows: reading {rows_file}: {e}") from e
-        doc["rows"] = rows_of_csv(text, rows_file)
+    _inline_rows(doc, path, "rows")
+    variants = doc.get(VARIANTS_KEY)
+    if isinstance(variants, list):
+        for i, variant in enumerate(variants):
+            # Anything but a mapping is the coordinator's to refuse, naming the field.
+            if isinstance(variant, dict):
+                _inline_rows(variant, path, f"{VARIANTS_KEY}[{i}].rows")
     return doc
+
+
+def merged(defaults: Dict[str, Any], variant: Dict[str, Any]) -> Dict[str, Any]:
+    """A study's variant as the coordinator merges it (``study::merged``): ``defaults`` (the
+    top level less ``name`` and ``experiments``) with the variant's keys (less ``name`` and
+    ``after``) over them. A key replaces the default of its name; where both are mappings,
+    the variant's entries are added, each replacing the entry of its name whole, and an
+    entry set to None removes the default's; a key set to None removes the default."""
+    out = dict(defaults)
+    for key, value in variant.items():
+        base = out.get(key)
+        if isinstance(base, dict) and isinstance(value, dict):
+            entries = dict(base)
+            for k, v in value.items():
+                if v is None:
+                    entries.pop(k, None)
+                else:
+                    entries[k] = v
+            out[key] = entries
+        elif value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
+def _inline_rows(spec: Dict[str, Any], path: Path, field: str) -> None:
+    """``rows: FILE.csv`` of ``spec`` (a spec or a study's variant, read from ``path``) read
+    and put inline, as the CLI sends it; a refusal starts with ``field``."""
+    if not isinstance(spec.get("rows"), str):
+        return
+    rows_file = path.parent / spec["rows"]
+    try:
+        # `utf-8-sig`: a file saved by a spreadsheet as "CSV UTF-8" starts with a BOM.
+        text = rows_file.read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise ValueError(f"{field}: reading {rows_file}: {e}") from e
+    spec["rows"] = rows_of_csv(text, rows_file, field=field)
 
 
 def _cell(text: str) -> Any:
@@ -81,28 +123,33 @@ def _cell(text: str) -> Any:
     return {"true": True, "false": False}.get(text, text)
 
 
-def rows_of_csv(text: str, path: Union[str, Path] = "rows") -> List[Dict[str, Any]]:
+def rows_of_csv(
+    text: str, path: Union[str, Path] = "rows", *, field: str = "rows"
+) -> List[Dict[str, Any]]:
     """A rows file: a header of parameter names, then one configuration a line; an empty
-    cell or a short line is refused naming its line (the header is line 1)."""
+    cell or a short line is refused naming its line (the header is line 1), after ``field``
+    (the spec's key it was read for: ``rows``, ``experiments[1].rows``)."""
     reader = csv.reader(io.StringIO(text))
     header = [h.strip() for h in next(reader, [])]
     if not any(header):
-        raise ValueError(f"rows: {path}: no header line of parameter names")
+        raise ValueError(f"{field}: {path}: no header line of parameter names")
     rows: List[Dict[str, Any]] = []
     for line, record in enumerate(reader, start=2):
         if not record:
             continue
         cells = [c.strip() for c in record]
         if len(cells) != len(header):
-            raise ValueError(f"rows: {path}: line {line}: {len(cells)} cells for {len(header)} columns")
+            raise ValueError(
+                f"{field}: {path}: line {line}: {len(cells)} cells for {len(header)} columns"
+            )
         row: Dict[str, Any] = {}
         for name, cell in zip(header, cells):
             if not cell:
-                raise ValueError(f"rows: {path}: line {line}: `{name}` is empty")
+                raise ValueError(f"{field}: {path}: line {line}: `{name}` is empty")
             row[name] = _cell(cell)
         rows.append(row)
     if not rows:
-        raise ValueError(f"rows: {path}: no row under the header")
+        raise ValueError(f"{field}: {path}: no row under the header")
     return rows
 
 

@@ -18,10 +18,12 @@ from typing import (
     TYPE_CHECKING,
     AsyncIterator,
     Callable,
+    Dict,
     Iterator,
     List,
     Literal,
     Optional,
+    Tuple,
     TypeVar,
     Union,
     overload,
@@ -183,7 +185,13 @@ class Client:
         and with ``snapshot=True`` (or the spec's ``code: snapshot``) a bundle of the code,
         uploaded first (at most ``max_snapshot_bytes`` compressed; not on a dry run).
         A wrong ``workdir``, ``environment`` or bundle raises ``SourceError`` naming it, and
-        nothing is sent."""
+        nothing is sent.
+
+        A study (a spec with ``experiments:``) returns one handle too: its ``study`` is the
+        study's id, ``variants`` maps each variant's name to its experiment's handle, and
+        ``wait()``/``progress()`` cover every variant (the other calls are its variants').
+        The keywords stand for the study's top-level keys (its defaults); a variant that
+        sets ``workdir``, ``environment`` or ``code`` itself runs from its own source."""
         op = ops.submit(
             spec,
             seed,
@@ -433,9 +441,12 @@ class Client:
     def cancel_job(self, id: str) -> CancelResponse:
         return self._run(ops.cancel_job(id))
 
-    def retry(self, job_id: str) -> RetryResponse:
-        """Runs an ended job once more."""
-        return self._run(ops.retry(job_id))
+    def retry(self, job_id: str, *, cascade: bool = False) -> RetryResponse:
+        """Runs an ended job once more. With ``cascade``, also the jobs of its study that
+        wait for it (``after``), and those waiting for them, on down, that have ended (a
+        failed ``train`` job cancelled its ``eval`` jobs: both run again, in order); the
+        answer's ``retried`` lists every job that runs again."""
+        return self._run(ops.retry(job_id, cascade))
 
     def retry_failed(self, experiment: str) -> RetryFailedResponse:
         """Gives every failed job of an experiment (by id or name) one more attempt; the
@@ -479,21 +490,54 @@ class _ExperimentBase:
         name: Optional[str] = None,
     ) -> None:
         self.id = id
-        #: What the submission answered (jobs, seed, warnings; the preview of a dry run).
+        #: What the submission answered (jobs, seed, warnings; the preview of a dry run; a
+        #: study's ``variants``).
         self.submitted = submitted
+        #: The study's id, when this handle is a submitted study (then ``id`` is None and
+        #: ``variants`` holds its experiments); None otherwise.
+        self.study: Optional[str] = submitted.study if submitted is not None else None
         self._name = name
 
     def __repr__(self) -> str:
+        if self.study is not None:
+            return f"{type(self).__name__}(study={self.study!r})"
         return f"{type(self).__name__}({self.id or self._name!r})"
+
+    def _variant_ids(self) -> List[Tuple[str, str]]:
+        """A study's experiments (id, name), in the file's order."""
+        found = self.submitted.variants if self.submitted is not None else []
+        return [(v.experiment, v.name) for v in found if v.experiment is not None]
 
     def _need_id(self) -> Op[str]:
         if self.id is not None:
             return self.id
+        if self.study is not None:
+            names = ", ".join(name for _, name in self._variant_ids())
+            raise ValueError(
+                f"a study is several experiments ({names}): ask one of them, "
+                "`.variants[NAME]`; `wait()` and `progress()` take them all"
+            )
         if self._name is None:
             raise ValueError("a dry run stores nothing: there is no experiment")
         found = yield from ops.experiment_id(self._name)
         self.id = found
         return found
+
+    def _progress(self) -> Op[Progress]:
+        """``progress()``: a study's is its experiments' counts added up."""
+        if self.study is not None:
+            return ops.study_progress([exp for exp, _ in self._variant_ids()])
+        return self._on(ops.progress)
+
+    def _wait(
+        self, bar: bool, timeout: Optional[float], raise_on_failure: bool
+    ) -> Op[Progress]:
+        """``wait()``: a study waits for each of its experiments in turn."""
+        if self.study is not None:
+            return ops.wait_study(
+                self.study, self._variant_ids(), bar, timeout, raise_on_failure
+            )
+        return self._on(lambda exp: ops.wait(exp, bar, timeout, raise_on_failure))
 
     def _on(self, make: Callable[[str], Op[T]]) -> Op[T]:
         """``make``'s operation on this experiment's id."""
@@ -503,7 +547,9 @@ class _ExperimentBase:
 
 class Experiment(_ExperimentBase):
     """A submitted experiment: ``wait``, ``jobs``, ``attempts``, ``metrics``, ``cancel``,
-    ``retry_failed``, ``export``."""
+    ``retry_failed``, ``export``. A submitted study is one too: ``study`` is its id,
+    ``variants`` its experiments' handles by variant name, and ``wait``/``progress`` cover
+    them all."""
 
     def __init__(
         self,
@@ -515,12 +561,19 @@ class Experiment(_ExperimentBase):
     ) -> None:
         super().__init__(id, submitted, name=name)
         self.client = client
+        #: A study's experiments by variant name (``train``), in the file's order; empty for
+        #: one experiment. A dry run's hold no experiment.
+        self.variants: Dict[str, Experiment] = {
+            v.variant: Experiment(client, v.experiment)
+            for v in (submitted.variants if submitted is not None else [])
+        }
 
     def summary(self) -> ExperimentSummary:
         return self.client._run(self._on(ops.experiment_summary))
 
     def progress(self) -> Progress:
-        return self.client._run(self._on(ops.progress))
+        """Its jobs' counts (a study's: every variant's, added up)."""
+        return self.client._run(self._progress())
 
     def wait(
         self,
@@ -529,9 +582,12 @@ class Experiment(_ExperimentBase):
         *,
         raise_on_failure: bool = False,
     ) -> Progress:
-        return self.client._run(
-            self._on(lambda exp: ops.wait(exp, progress, timeout, raise_on_failure))
-        )
+        """``Client.wait`` for this experiment; for a study, every variant's jobs, one
+        experiment after the other (a bar each), their counts added up, and with
+        ``raise_on_failure`` one ``JobsFailedError`` (``study`` set) for all of them. Jobs
+        that ``on_failure: wait`` holds have not ended: only a retry of the job they wait
+        for, or ``timeout``, ends the wait."""
+        return self.client._run(self._wait(progress, timeout, raise_on_failure))
 
     @overload
     def jobs(self, state: Optional[str] = ..., *, frame: Literal[False]) -> Records: ...
@@ -728,7 +784,7 @@ class AsyncClient:
         and with ``snapshot=True`` (or the spec's ``code: snapshot``) a bundle of the code,
         uploaded first (at most ``max_snapshot_bytes`` compressed; not on a dry run).
         A wrong ``workdir``, ``environment`` or bundle raises ``SourceError`` naming it, and
-        nothing is sent."""
+        nothing is sent. A study returns one handle, as ``Client.submit`` says."""
         # Git and the bundle's files are read in a thread: the event loop goes on meanwhile.
         prepared = await asyncio.to_thread(
             prepare_submission,
@@ -957,8 +1013,10 @@ class AsyncClient:
     async def cancel_job(self, id: str) -> CancelResponse:
         return await self._run(ops.cancel_job(id))
 
-    async def retry(self, job_id: str) -> RetryResponse:
-        return await self._run(ops.retry(job_id))
+    async def retry(self, job_id: str, *, cascade: bool = False) -> RetryResponse:
+        """``Client.retry``: ``cascade`` also runs again the ended jobs of its study that
+        wait for it, on down."""
+        return await self._run(ops.retry(job_id, cascade))
 
     async def retry_failed(self, experiment: str) -> RetryFailedResponse:
         """``Client.retry_failed``."""
@@ -983,8 +1041,8 @@ class AsyncClient:
 
 
 class AsyncExperiment(_ExperimentBase):
-    """A submitted experiment of ``AsyncClient``; one named by name is resolved at its first
-    call."""
+    """A submitted experiment (or study, as ``Experiment``) of ``AsyncClient``; one named by
+    name is resolved at its first call."""
 
     def __init__(
         self,
@@ -996,12 +1054,18 @@ class AsyncExperiment(_ExperimentBase):
     ) -> None:
         super().__init__(id, submitted, name=name)
         self.client = client
+        #: ``Experiment.variants``: a study's experiments by variant name.
+        self.variants: Dict[str, AsyncExperiment] = {
+            v.variant: AsyncExperiment(client, v.experiment)
+            for v in (submitted.variants if submitted is not None else [])
+        }
 
     async def summary(self) -> ExperimentSummary:
         return await self.client._run(self._on(ops.experiment_summary))
 
     async def progress(self) -> Progress:
-        return await self.client._run(self._on(ops.progress))
+        """``Experiment.progress``."""
+        return await self.client._run(self._progress())
 
     async def wait(
         self,
@@ -1010,9 +1074,8 @@ class AsyncExperiment(_ExperimentBase):
         *,
         raise_on_failure: bool = False,
     ) -> Progress:
-        return await self.client._run(
-            self._on(lambda exp: ops.wait(exp, progress, timeout, raise_on_failure))
-        )
+        """``Experiment.wait``."""
+        return await self.client._run(self._wait(progress, timeout, raise_on_failure))
 
     @overload
     async def jobs(self, state: Optional[str] = ..., *, frame: Literal[False]) -> Records: ...

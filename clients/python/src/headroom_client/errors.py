@@ -90,20 +90,27 @@ class JobsFailedError(HeadroomError):
     maps each failed job's id to its failure class (``nonzero``, ``oom``, ``timeout``,
     ``lost``, ``workdir`` or ``environment`` (the node lacks the job's directory or Python
     environment: never retried)...; None when the server recorded none); ``progress`` holds
-    the final counts. Cancelled jobs are not failures."""
+    the final counts. Cancelled jobs are not failures. ``study``: the study's id when a
+    submitted study was waited for (its experiments' jobs, ``experiment`` None)."""
 
     def __init__(
         self,
         experiment: Optional[str],
         failures: Dict[str, Optional[str]],
         progress: "Progress",
+        *,
+        study: Optional[str] = None,
     ) -> None:
         self.experiment = experiment
+        self.study = study
         self.failures = failures
         self.progress = progress
         classes = Counter(c or "unknown" for c in failures.values())
         why = ", ".join(f"{c}: {n}" for c, n in sorted(classes.items()))
-        of = f"experiment {experiment}" if experiment else "all experiments"
+        if study:
+            of = f"study {study}"
+        else:
+            of = f"experiment {experiment}" if experiment else "all experiments"
         super().__init__(
             0,
             "jobs_failed",

@@ -80,7 +80,61 @@ class ExpandedJob(_Model):
     background: Optional[Dict[str, Any]] = None
 
 
+class SubmittedVariant(_Model):
+    """One variant of a submitted study: its name in the study (``variant``: ``train``), its
+    experiment's name (``STUDY.VARIANT``) and id (None on a dry run), its job count and seed,
+    GPUs per job, the declared memory per GPU (``"8GiB"``; None: learned), the parameters
+    its estimate is learned by (``memory_key``) and the variants it waits for (``after``)."""
+
+    __schema__ = "SubmittedVariant"
+    variant: str
+    name: str
+    experiment: Optional[str] = None
+    jobs: int
+    seed: int
+    gpus: int
+    memory: Optional[str] = None
+    memory_key: List[str] = []
+    after: List[str] = []
+
+
+class GroupPreview(_Model):
+    """One experiment's (or variant's) share of a dry run's schedule: its jobs, how many run
+    at once, its largest estimate per GPU (MiB) and where it comes from (``declared``,
+    ``learned`` or ``none``), jobs that never fit and why, and where the plans' slots promise
+    sharing its estimates do not allow (``cannot_share``, in words)."""
+
+    __schema__ = "GroupPreview"
+    group: str
+    jobs: int
+    at_once: int
+    estimate_mib: Optional[int] = None
+    estimate_from: str
+    never_fit: int
+    never_fit_reasons: List[str]
+    cannot_share: Optional[str] = None
+
+
+class SchedulePreview(_Model):
+    """A dry run's schedule on the live nodes through the coordinator's placement: the plans'
+    slots, the jobs that run at once, those that never fit, per experiment, and the expected
+    makespan (seconds; None while some job's run time is unknown: ``unknown_durations``)."""
+
+    __schema__ = "SchedulePreview"
+    slots: int
+    at_once: int
+    never_fit: int
+    groups: List[GroupPreview]
+    makespan_s: Optional[float] = None
+    unknown_durations: int
+
+
 class SubmitResponse(_Model):
+    """What a submission stored: one experiment (``experiment``, its id; None on a dry run),
+    or a study's experiments (``study``, its id, with ``experiment`` None; ``variants``, one
+    per variant in the file's order, also on a dry run). ``name``, ``seed`` and ``jobs`` are
+    the study's for a study (its jobs: every variant's)."""
+
     __schema__ = "SubmitResponse"
     experiment: Optional[str] = None
     name: str
@@ -91,6 +145,12 @@ class SubmitResponse(_Model):
     #: How many jobs of a dry run ``preview`` leaves out (it shows the first 1,000).
     preview_omitted: int = 0
     warnings: List[str] = []
+    #: A study's id (None for one experiment or a dry run).
+    study: Optional[str] = None
+    #: A study's variants (empty for one experiment).
+    variants: List[SubmittedVariant] = []
+    #: A dry run's schedule on the live nodes (None when stored).
+    schedule: Optional[SchedulePreview] = None
 
 
 class GitState(_Model):
@@ -136,6 +196,14 @@ class Source(_Model):
     environment_from: Optional[str] = None
 
 
+class StudyRef(_Model):
+    """The study an experiment was submitted in: its id and name."""
+
+    __schema__ = "StudyRef"
+    id: str
+    name: str
+
+
 class ExperimentSummary(_Model):
     __schema__ = "ExperimentSummary"
     id: str
@@ -146,6 +214,8 @@ class ExperimentSummary(_Model):
     submitted_by: str = "anonymous"
     #: Where its jobs run from (None: a coordinator that records none).
     source: Optional[Source] = None
+    #: The study it was submitted in (None: submitted alone).
+    study: Optional[StudyRef] = None
 
 
 class JobSummary(_Model):
@@ -168,6 +238,10 @@ class JobSummary(_Model):
     last_failure: Optional[str] = None
     created_at: datetime
     submitted_by: str = "anonymous"
+    #: Why it waits, as the API gives it: ``{"reason": KIND, ...}``; e.g. a study's
+    #: ``{"reason": "waits_for", "experiment": ..., "jobs": N, "when": "succeeded" or
+    #: "ended", "ended_otherwise": N}`` (``ended_otherwise``: how many of those ended
+    #: otherwise; ``retry(THAT_JOB, cascade=True)`` runs one again, and the jobs waiting).
     pending_reason: Optional[Dict[str, Any]] = None
 
 
@@ -349,8 +423,12 @@ class CancelResponse(_Model):
 
 
 class RetryResponse(_Model):
+    """``retry``: the job's state now, and with ``cascade`` the ids of the jobs that run
+    again (the job and the ended jobs of its study that wait for it, on down)."""
+
     __schema__ = "RetryResponse"
     state: str
+    retried: List[str] = []
 
 
 class RetryFailedResponse(_Model):
@@ -471,12 +549,16 @@ class AttemptTelemetry(_Model):
 #: Every model checked against the OpenAPI document.
 ALL_MODELS = [
     ErrorDetail,
+    GroupPreview,
+    SchedulePreview,
     Health,
     StateCounts,
     Progress,
     ExpandedJob,
     SubmitResponse,
+    SubmittedVariant,
     ExperimentSummary,
+    StudyRef,
     GitState,
     Snapshot,
     Source,

@@ -361,6 +361,18 @@ impl<E: Exec> AttemptsTx for E {
         .await
     }
 
+    async fn key_duration_ms(&mut self, key: &str) -> Result<Option<u64>> {
+        // The latest ones, from the key's peaks index, as its estimate is learned.
+        let window = i64::from(crate::rules::LEARNED_WINDOW);
+        let sql = "SELECT CAST(AVG(d) AS BIGINT) FROM (SELECT ended_at - started_at AS d \
+                   FROM attempts WHERE memory_key = $1 AND peak_mem_mib IS NOT NULL \
+                   AND failure_class IS NULL AND started_at IS NOT NULL \
+                   AND ended_at IS NOT NULL ORDER BY leased_at DESC LIMIT $2) latest";
+        Ok(first(self, sql, args![key, window], |r| r.mib_opt(0))
+            .await?
+            .flatten())
+    }
+
     async fn lock_floor(&mut self, key: &str) -> Result<Option<u64>> {
         self.lock_key(key).await?;
         self.floor(key).await

@@ -323,3 +323,69 @@ fn submit_speaks_json_logs_take_an_attempt_and_a_tail_and_ls_keeps_its_columns()
         .collect();
     assert!(state_at.windows(2).all(|w| w[0] == w[1]), "{table}");
 }
+
+/// Seed 004's farm: plan `2,2,2,2,2,2,2` on 7 x 23.52 GiB. Declared at its steady 10 GiB the
+/// dry run fills the 14 slots; once runs of each task have peaked at 15 GiB (evaluation),
+/// the learned estimate says no two share a GPU: 7 at once, said in words, with the makespan
+/// from those runs' times. Nothing is stored by either dry run.
+#[test]
+fn a_dry_run_schedules_the_farm_on_the_live_nodes_with_learned_peaks() {
+    let h = Headroom::up(UpOptions::gpus("7x23.52GiB").plan("2,2,2,2,2,2,2"));
+    h.wait_agent();
+    let farm =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/lora-farm.yaml");
+    let farm = farm.to_str().expect("path");
+    let out = h.cli_ok(&["submit", farm, "--dry-run"]);
+    assert!(
+        out.contains("schedule on the live nodes (14 slots in their plans): 14 jobs at once"),
+        "{out}"
+    );
+    assert!(
+        out.contains("gla-lora: 14 jobs, 14 at once, 10GiB declared"),
+        "{out}"
+    );
+    assert!(out.contains("makespan unknown: 14 jobs"), "{out}");
+    // One run of each task, peaking at its evaluation's 15 GiB (as the seed found, two of
+    // them meeting on a GPU OOM; their retries run with the raised estimate).
+    let learn = h.path("learn.yaml");
+    std::fs::write(
+        &learn,
+        format!(
+            "name: gla-lora\ncommand: [{}, --mem, 15GiB, --seconds, '0.5']\n\
+             grid: {{task: [qnli, sst2, mnli, rte, cola, mrpc, qqp], batch_size: [4], grad_accum: [8]}}\n\
+             memory_key: [task, batch_size]\nresources: {{gpus: 1, memory: 10GiB}}\n\
+             retry: {{max_attempts: 3, on: [oom]}}\n",
+            headroom_integration_tests::fake_job().display()
+        ),
+    )
+    .expect("spec");
+    let exp = h
+        .submit("learn", &std::fs::read_to_string(&learn).expect("spec"))
+        .expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(120));
+    assert!(
+        jobs.iter().all(|j| j.state == JobState::Succeeded),
+        "{jobs:?}"
+    );
+    let before: Vec<serde_json::Value> = h.get("/v1/experiments").expect("experiments");
+    // The farm with the same memory key, as the example declares it.
+    let keyed = h.path("farm.yaml");
+    let spec = std::fs::read_to_string(farm).expect("farm") + "memory_key: [task, batch_size]\n";
+    std::fs::write(&keyed, spec).expect("spec");
+    let out = h.cli_ok(&["submit", keyed.to_str().expect("path"), "--dry-run"]);
+    assert!(
+        out.contains("14 slots in their plans): 7 jobs at once"),
+        "{out}"
+    );
+    assert!(
+        out.contains("gla-lora: 14 jobs, 7 at once, 16.5GiB learned"),
+        "{out}"
+    );
+    assert!(
+        out.contains("no two share a GPU") && out.contains("21.2 GiB usable"),
+        "{out}"
+    );
+    assert!(out.contains("expected makespan: "), "{out}");
+    let after: Vec<serde_json::Value> = h.get("/v1/experiments").expect("experiments");
+    assert_eq!(before.len(), after.len(), "a dry run stores nothing");
+}

@@ -1,0 +1,36 @@
+//! What earlier runs of a memory key tell a spec not yet run (`submit --dry-run`): the
+//! peaks its estimate is learned from, its OOM floor and how long a run of it took.
+
+use std::collections::BTreeMap;
+
+use super::Result;
+use super::tx::Tx;
+
+/// A memory key's history.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyHistory {
+    /// Its latest observed peaks (MiB), as a claim reads them.
+    pub peaks: Vec<u64>,
+    pub floor: Option<u64>,
+    /// The mean run time of its latest successful attempts.
+    pub duration_ms: Option<u64>,
+}
+
+/// The history of each key (those with none are left out).
+pub(super) async fn of_keys(
+    tx: &mut dyn Tx,
+    keys: Vec<String>,
+) -> Result<BTreeMap<String, KeyHistory>> {
+    let mut out = BTreeMap::new();
+    for key in keys {
+        let h = KeyHistory {
+            peaks: tx.peaks(&key).await?,
+            floor: tx.floor(&key).await?,
+            duration_ms: tx.key_duration_ms(&key).await?,
+        };
+        if h != KeyHistory::default() {
+            out.insert(key, h);
+        }
+    }
+    Ok(out)
+}
