@@ -327,6 +327,27 @@ def table(pg: Page) -> tuple[list[str], list[list[str]]]:
     return head, body
 
 
+def test_the_queue_says_what_a_study_s_waiting_job_waits_for(up: Up, page: Page) -> None:
+    log_in(page, up, up.admin)
+    status, body = up.call("/v1/experiments", up.admin, {"spec": {
+        "name": "chain",
+        "experiments": [
+            {"name": "train", "command": fake_job(4)},
+            {"name": "eval", "command": fake_job(0.2), "after": [{"experiment": "train"}]},
+        ]}})
+    assert status == 200, body
+    page.click("#tabs button[data-tab=queue]")
+    row = "#queue-pending tbody tr"
+    until(page, "the eval job's reason", lambda: any(
+        "chain.eval" in r.inner_text() and "waits for 1 job of chain.train to succeed" in r.inner_text()
+        for r in page.query_selector_all(row)))
+    shot(page, "queue-waits-for")
+    for v in body["variants"]:
+        exp = v["experiment"]
+        wait_for("the study to end", lambda: up.get(f"/v1/progress?experiment={exp}")["counts"]["succeeded"] == 1,
+                 timeout=60)
+
+
 def test_the_runs_table_is_the_export_and_filters(up: Up, page: Page, watched: str) -> None:
     log_in(page, up, up.admin)
     exp = watched
