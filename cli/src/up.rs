@@ -66,6 +66,7 @@ pub async fn run(args: UpArgs, token: Option<BearerToken>) -> Result<i32> {
         .data_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from(".headroom"));
+    refuse_the_operators_token_folder(&given)?;
     let data_dir = headroom_shared::datadir::adopt(&given)?;
     // One `headroom up` per data directory: a second one would register the same node and
     // declare the first one's running jobs lost.
@@ -289,6 +290,36 @@ fn sudo_user() -> Option<String> {
         .map(|()| name)
 }
 
+/// Under `sudo`, the operator's `~/.headroom` is where their CLI and Python client find the
+/// tokens they are given (`~/.headroom/local`, theirs): a root `up` started in their home
+/// would make it its own private data directory and leave them no token. Refused, naming the
+/// flag, before anything is made.
+fn refuse_the_operators_token_folder(given: &std::path::Path) -> Result<()> {
+    let Some(name) = sudo_user() else {
+        return Ok(());
+    };
+    let Some(user) = nix::unistd::User::from_name(&name).ok().flatten() else {
+        return Ok(());
+    };
+    let tokens = user.dir.join(".headroom");
+    let dir = std::path::absolute(given).unwrap_or_else(|_| given.to_path_buf());
+    let same = |a: &std::path::Path, b: &std::path::Path| {
+        a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+    };
+    if same(&dir, &tokens) {
+        anyhow::bail!(
+            "--data-dir: {} is where `{name}`'s CLI and Python client keep the tokens they are \
+             given ({}/local); a root `headroom up` cannot keep its private data there. Start \
+             it from a project directory (its `.headroom` is the default) or pass --data-dir \
+             elsewhere, e.g. --data-dir {}",
+            dir.display(),
+            tokens.display(),
+            user.dir.join("headroom-data").display()
+        );
+    }
+    Ok(())
+}
+
 /// Leaves the admin token for `name` (the account that ran `sudo`) in its home; where.
 fn operator_token(url: &str, secret: &str, name: &str) -> Option<std::path::PathBuf> {
     let user = nix::unistd::User::from_name(name).ok().flatten()?;
@@ -299,7 +330,15 @@ fn operator_token(url: &str, secret: &str, name: &str) -> Option<std::path::Path
         user.uid.as_raw(),
         user.gid.as_raw(),
     ) {
-        Ok(path) => path,
+        Ok(Some(path)) => Some(path),
+        Ok(None) => {
+            tracing::warn!(
+                "cannot leave the admin token for `{name}`'s CLI: {}/.headroom is not `{name}`'s \
+                 own folder; give it the token in the data directory's admin-token",
+                user.dir.display()
+            );
+            None
+        }
         Err(e) => {
             tracing::warn!("cannot leave the admin token for `{name}`'s CLI: {e}");
             None

@@ -922,3 +922,37 @@ fn the_cli_and_agents_reach_a_coordinator_behind_tls() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `sudo headroom up` started in the operator's home would make their `~/.headroom` (where
+/// their CLI finds the tokens it is given) its own root-private data directory and leave
+/// them no token: refused before anything is made, naming the flag.
+#[test]
+fn sudo_up_refuses_the_sudo_user_s_token_folder_as_its_data_dir() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(other) = headroom_integration_tests::other_user() else {
+        return;
+    };
+    if !other.dir.is_dir() {
+        std::fs::create_dir_all(&other.dir).expect("home");
+    }
+    nix::unistd::chown(&other.dir, Some(other.uid), Some(other.gid)).expect("chown");
+    std::fs::set_permissions(&other.dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let tokens = other.dir.join(".headroom");
+    let _ = std::fs::remove_dir_all(&tokens);
+    // From the home, as `cd ~ && sudo headroom up`: the default `.headroom` is that folder.
+    let out = Command::new(binary("headroom"))
+        .args(["up", "--fake-gpus", "1x24GiB", "--listen", "127.0.0.1:0"])
+        .current_dir(&other.dir)
+        .env("SUDO_USER", &other.name)
+        .env("HOME", &other.dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("headroom up");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--data-dir:") && err.contains("keep the tokens they are given"),
+        "{err}"
+    );
+    assert!(!tokens.exists(), "nothing made");
+}
