@@ -781,6 +781,10 @@ fn schedule(s: &headroom_shared::api::schedule::SchedulePreview) {
     }
     match s.makespan_s {
         _ if s.at_once == 0 => outln!("  no job can run on the live nodes"),
+        _ if s.too_many_to_simulate => outln!(
+            "  makespan not simulated: more jobs than a dry run simulates (the first thousands \
+             of a matrix tell as much)"
+        ),
         Some(m) => outln!(
             "  expected makespan: {} (run times of earlier runs of each memory key)",
             humantime::format_duration(Duration::from_secs(m.round() as u64))

@@ -5,7 +5,8 @@
 //! - `app`, `config`, `serve`: the process (settings, listener and the bounds a slow client
 //!   cannot outlast, background sweeps); `main.rs` is thin.
 //! - `api` (handlers, one gate `authorize`, one error mapping), `auth` (who a token is),
-//!   `metrics`, `openapi`, `export`, `logs`, `tracking` (MLflow): the HTTP edge (`api/ui.rs` serves the
+//!   `metrics`, `openapi`, `export`, `logs`, `tracking` (MLflow), `settle` (a study's waits
+//!   counted again after the changes that move them): the HTTP edge and its tasks (`api/ui.rs` serves the
 //!   dashboard, its page and assets in `ui/`).
 //! - `matrix`: a submitted spec turned into the jobs to store; `source`: where they run
 //!   from (working directory, code, environment).
@@ -37,6 +38,7 @@ pub mod placement;
 pub mod preview;
 pub mod rules;
 pub mod serve;
+pub mod settle;
 pub mod sharing;
 pub mod simulate;
 pub mod source;

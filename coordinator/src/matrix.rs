@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use headroom_shared::expand::{ExpandedJob, memory_key};
 use headroom_shared::spec::{ExperimentSpec, SpecError};
 use headroom_shared::study::{StudySpec, VARIANTS_KEY};
+use headroom_shared::template::value_text;
 use headroom_shared::{ExperimentId, JobId, StudyId};
 
 use crate::store::{NewDependency, NewExperiment, NewJob};
@@ -87,10 +88,17 @@ pub fn dependencies(
             let Some(j) = study.variants.iter().position(|o| o.name == a.experiment) else {
                 continue; // refused when the study was parsed
             };
+            // Numbers pair by value (`1` and `1.0` are one learning rate).
             let key = |params: &BTreeMap<String, serde_json::Value>| -> String {
                 a.matching
                     .iter()
-                    .map(|m| params.get(m).map(|v| v.to_string()).unwrap_or_default())
+                    .map(|m| match params.get(m) {
+                        Some(serde_json::Value::Number(n)) => {
+                            n.as_f64().map_or_else(|| n.to_string(), |f| f.to_string())
+                        }
+                        Some(v) => v.to_string(),
+                        None => String::new(),
+                    })
                     .collect::<Vec<_>>()
                     .join("\u{1f}")
             };
@@ -99,7 +107,29 @@ pub fn dependencies(
                 theirs.entry(key(&job.params)).or_default().push(job.id);
             }
             for job in &exps[i].jobs {
-                for &needs in theirs.get(&key(&job.params)).into_iter().flatten() {
+                // A job that pairs with none would start at once: refused, not guessed.
+                let Some(needs) = theirs.get(&key(&job.params)) else {
+                    let values: Vec<String> = a
+                        .matching
+                        .iter()
+                        .map(|m| {
+                            let v = job.params.get(m).map(value_text).unwrap_or_default();
+                            format!("{m}={v}")
+                        })
+                        .collect();
+                    return Err(SpecError::new(
+                        format!("{VARIANTS_KEY}[{i}].after[{k}].match"),
+                        format!(
+                            "job {} of `{}` ({}) matches no job of `{}`: every job needs one \
+                             to wait for",
+                            job.index,
+                            v.name,
+                            values.join(" "),
+                            a.experiment
+                        ),
+                    ));
+                };
+                for &needs in needs {
                     out.push(NewDependency {
                         job: job.id,
                         needs,
@@ -122,4 +152,48 @@ pub fn dependencies(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_shared::expand::expand_within;
+    use serde_json::json;
+
+    fn study_jobs(v: serde_json::Value) -> Result<usize, SpecError> {
+        let study = headroom_shared::study::parse(&v)?.expect("a study");
+        let exps: Vec<NewExperiment> = study
+            .variants
+            .iter()
+            .map(|v| {
+                let jobs = expand_within(&v.spec, 1, 1000, 1 << 20).expect("expand");
+                new_experiment(&v.spec, jobs, 1, "a".into(), None).expect("experiment")
+            })
+            .collect();
+        dependencies(&study, &exps).map(|d| d.len())
+    }
+
+    #[test]
+    fn jobs_pair_by_value_and_one_without_a_partner_is_refused() {
+        // `1` and `1.0` are one learning rate; each eval waits for its own training's runs.
+        let n = study_jobs(json!({"name": "s", "experiments": [
+            {"name": "train", "command": ["t", "{lr}"], "grid": {"lr": [1, 0.5]}, "runs_per_config": 2},
+            {"name": "eval", "command": ["e", "{lr}"], "grid": {"lr": [1.0, 0.5]},
+             "after": [{"experiment": "train", "match": ["lr"]}]},
+        ]}));
+        assert_eq!(n, Ok(4));
+        let e = study_jobs(json!({"name": "s", "experiments": [
+            {"name": "train", "command": ["t", "{lr}"], "grid": {"lr": [1]}},
+            {"name": "eval", "command": ["e", "{lr}"], "grid": {"lr": [1, 2]},
+             "after": [{"experiment": "train", "match": ["lr"]}]},
+        ]}))
+        .expect_err("no partner");
+        assert_eq!(e.field, "experiments[1].after[0].match");
+        assert!(
+            e.message
+                .contains("job 1 of `eval` (lr=2) matches no job of `train`"),
+            "{}",
+            e.message
+        );
+    }
 }

@@ -44,6 +44,9 @@ pub struct PreviewNode {
     pub gpus: Vec<PreviewGpu>,
 }
 
+/// Most jobs whose makespan a dry run simulates.
+pub const MAX_SIMULATED: usize = 5_000;
+
 /// The preview of `jobs` (in queue order) on `nodes` with nothing running.
 pub fn preview(nodes: &[PreviewNode], jobs: &[PreviewJob]) -> SchedulePreview {
     let snapshots = snapshots(nodes);
@@ -99,7 +102,10 @@ pub fn preview(nodes: &[PreviewNode], jobs: &[PreviewJob]) -> SchedulePreview {
         .iter()
         .filter(|j| known_duration(j).is_none())
         .count();
-    let makespan_s = (unknown == 0).then(|| makespan(nodes, &runnable, &order));
+    // The simulator's cost grows with the square of the jobs (5,000: about 1.5 s of a core):
+    // a dry run of more says so rather than hold a request for minutes.
+    let too_many = runnable.len() > MAX_SIMULATED;
+    let makespan_s = (unknown == 0 && !too_many).then(|| makespan(nodes, &runnable, &order));
 
     SchedulePreview {
         slots: nodes
@@ -111,6 +117,7 @@ pub fn preview(nodes: &[PreviewNode], jobs: &[PreviewJob]) -> SchedulePreview {
         groups,
         makespan_s,
         unknown_durations: count(unknown),
+        too_many_to_simulate: too_many,
     }
 }
 
@@ -526,6 +533,17 @@ mod tests {
             &[job("cpu", 0, None), job("gpu", 1, Some(GIB))],
         );
         assert_eq!((p.at_once, p.never_fit), (1, 1));
+    }
+
+    #[test]
+    fn past_the_simulated_bound_the_makespan_is_not_guessed() {
+        let timed = PreviewJob {
+            duration_s: Some(100.0),
+            ..job("many", 1, Some(GIB))
+        };
+        let p = preview(&farm(), &vec![timed; MAX_SIMULATED + 1]);
+        assert_eq!((p.makespan_s, p.too_many_to_simulate), (None, true));
+        assert_eq!(p.at_once, 14);
     }
 
     #[test]

@@ -2910,6 +2910,19 @@ async fn attempt_logs_are_kept_once_by_offset_and_to_their_bound(s: Backend) {
     assert_eq!(again, kept);
 }
 
+/// Settles every note of a changed job that others wait for, as the coordinator's task does.
+async fn settle_all(s: &Backend) {
+    loop {
+        let due = s.wait_changes_due(64).await.expect("due");
+        if due.is_empty() {
+            return;
+        }
+        for (job, ids) in due {
+            s.settle_waits(job, ids).await.expect("settle");
+        }
+    }
+}
+
 /// A study's waits (`after`): a job waiting for another is never claimed until it has
 /// succeeded, says what it waits for, is cancelled with it (and its own waiting job after
 /// it) when it fails, and `retry_cascade` runs the chain again in order.
@@ -3000,6 +3013,13 @@ async fn a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain(s: 
             .await
             .expect("finish");
     }
+    // An end locks no other job: the jobs waiting for it move once its note is settled.
+    assert_eq!(state(&s, e[1]).await, JobState::Queued, "not yet settled");
+    assert!(
+        claim(&s, agent, 2).await.is_empty(),
+        "nothing is free before it is"
+    );
+    settle_all(&s).await;
     assert_eq!(state(&s, e[1]).await, JobState::Cancelled);
     assert_eq!(
         state(&s, r[1]).await,

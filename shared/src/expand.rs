@@ -115,6 +115,14 @@ pub fn expand_within(
 }
 
 /// The bytes a spec's jobs may take, and what each of them copies from the spec.
+/// The bytes `jobs` (expanded from `spec`) count against the bound of
+/// [`expand_within`]: a study's variants share one.
+pub fn expanded_bytes(spec: &ExperimentSpec, jobs: &[ExpandedJob]) -> u64 {
+    let budget = Budget::of(spec, 0);
+    jobs.iter()
+        .fold(0u64, |n, j| n.saturating_add(budget.of_job(j)))
+}
+
 struct Budget {
     max: u64,
     /// JSON bytes every job carries whatever its parameters: the profile's and the spec's

@@ -80,5 +80,8 @@ pub(super) async fn schedule(
             });
         }
     }
-    Ok(crate::preview::preview(&live, &jobs))
+    // Placement over every job, and the simulation: CPU work, off the runtime's threads.
+    tokio::task::spawn_blocking(move || crate::preview::preview(&live, &jobs))
+        .await
+        .map_err(|e| ApiError::internal(format!("the dry run's schedule: {e}")))
 }

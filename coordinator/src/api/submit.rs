@@ -6,7 +6,7 @@ use axum::extract::State;
 use headroom_shared::api::{
     Principal, Role, SubmitRequest, SubmitResponse, SubmittedVariant, VariantSource,
 };
-use headroom_shared::expand::{ExpandedJob, expand_within};
+use headroom_shared::expand::{ExpandedJob, expand_within, expanded_bytes};
 use headroom_shared::pending::PendingReason;
 use headroom_shared::spec::{ExperimentSpec, SpecError};
 use headroom_shared::study::{self, StudySpec};
@@ -34,7 +34,8 @@ pub async fn submit(
     }
     let spec = ExperimentSpec::from_value(req.spec.clone())?;
     let seed = req.seed.or(spec.seed).unwrap_or_else(rand::random);
-    let ready = prepare(&s, &who, &spec, &req, seed, s.config.max_jobs).await?;
+    let bounds = (s.config.max_jobs, s.config.max_submit_bytes);
+    let ready = prepare(&s, &who, &spec, &req, seed, bounds).await?;
     if req.dry_run {
         let schedule = dry_run::schedule(
             &s,
@@ -101,16 +102,17 @@ async fn submit_study(
         ));
     }
     let study_seed = req.seed.or(study.seed).unwrap_or_else(rand::random);
-    let mut left = s.config.max_jobs;
+    // The jobs and bytes one submission may hold are the study's, shared by its variants.
+    let (mut jobs_left, mut bytes_left) = (s.config.max_jobs, s.config.max_submit_bytes);
     let mut ready = Vec::with_capacity(study.variants.len());
     for v in &study.variants {
         let vreq = variant_request(&req, req.variants.get(&v.name));
         let seed = req.seed.or(v.spec.seed).unwrap_or(study_seed);
-        // The jobs one submission may hold are the study's, shared by its variants.
-        let r = prepare(s, &who, &v.spec, &vreq, seed, left)
+        let r = prepare(s, &who, &v.spec, &vreq, seed, (jobs_left, bytes_left))
             .await
             .map_err(|e| e.in_variant(v))?;
-        left -= r.expanded.len() as u64;
+        jobs_left -= r.expanded.len() as u64;
+        bytes_left = bytes_left.saturating_sub(expanded_bytes(&v.spec, &r.expanded));
         ready.push((v, seed, r));
     }
     let jobs: u64 = ready.iter().map(|(_, _, r)| r.expanded.len() as u64).sum();
@@ -130,6 +132,21 @@ async fn submit_study(
         after: v.after.iter().map(|a| a.experiment.clone()).collect(),
     };
     if req.dry_run {
+        // Checked as a submission would be (the waits included), then dropped.
+        let mut exps = Vec::with_capacity(ready.len());
+        for (v, seed, r) in &ready {
+            let exp = crate::matrix::new_experiment(
+                &v.spec,
+                r.expanded.clone(),
+                *seed,
+                who.name.clone(),
+                r.source.clone(),
+            )
+            .map_err(|e| v.refusal(e))?;
+            exps.push(exp);
+        }
+        crate::matrix::dependencies(&study, &exps)?;
+        drop(exps);
         let groups: Vec<dry_run::Group<'_>> = ready
             .iter()
             .map(|(v, _, r)| dry_run::Group {
@@ -273,7 +290,7 @@ async fn prepare(
     spec: &ExperimentSpec,
     req: &SubmitRequest,
     seed: u64,
-    max_jobs: u64,
+    (max_jobs, max_bytes): (u64, u64),
 ) -> Result<Ready, Refused> {
     let mut source = crate::source::resolve(spec, req)?;
     if let Some(snap) = &mut source.snapshot {
@@ -309,7 +326,7 @@ async fn prepare(
         )
         .into());
     }
-    let expanded = expand_within(spec, seed, max_jobs, s.config.max_submit_bytes)?;
+    let expanded = expand_within(spec, seed, max_jobs, max_bytes)?;
     if let Some(max) = s.store.max_node_gpus().await?
         && spec.resources.gpus > max
     {

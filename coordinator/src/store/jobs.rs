@@ -75,9 +75,9 @@ async fn apply(
         });
     }
     job.state = to;
-    if from.is_terminal() != to.is_terminal() {
+    if to != from {
         // Jobs of a study that wait for this one (`after`) may start, or end, with it.
-        super::waits::changed(tx, &job.id, to).await?;
+        super::waits::changed(tx, &job.id, from, to).await?;
     }
     Ok(to)
 }

@@ -432,6 +432,11 @@ pub trait Store: Send + Sync + 'static {
         &self,
         keys: Vec<String>,
     ) -> Result<std::collections::BTreeMap<String, KeyHistory>>;
+    /// Jobs that changed while others wait for them, at most `limit`: (job, its notes).
+    async fn wait_changes_due(&self, limit: u32) -> Result<Vec<(JobId, Vec<i64>)>>;
+    /// Counts again the waits of the jobs waiting for `job` (each locked), cancels those its
+    /// other end calls for, and drops the notes `ids`; how many waiting jobs it counted.
+    async fn settle_waits(&self, job: JobId, ids: Vec<i64>) -> Result<u32>;
     /// A study's experiments and their waits, stored all or none.
     async fn create_study(
         &self,
@@ -693,6 +698,18 @@ impl<B: Backend> Store for B {
     ) -> Result<std::collections::BTreeMap<String, KeyHistory>> {
         let n = keys.len();
         run!(self, read, "key_history", history::of_keys, keys; keys = n)
+    }
+
+    async fn wait_changes_due(&self, limit: u32) -> Result<Vec<(JobId, Vec<i64>)>> {
+        let due = run!(self, read, "wait_changes_due", waits::due, limit;)?;
+        due.into_iter()
+            .map(|(job, ids)| Ok((rows::parse(&job, "job id")?, ids)))
+            .collect()
+    }
+
+    async fn settle_waits(&self, job: JobId, ids: Vec<i64>) -> Result<u32> {
+        let job = job.to_string();
+        run!(self, write, "settle_waits", |tx| Box::pin(waits::settle(tx, job, ids)); notes = 1)
     }
 
     async fn create_study(

@@ -14,6 +14,10 @@
 //!
 //! **node → jobs (by `seq`) → attempts → memory floors.**
 //!
+//! A job's change never locks the jobs of a study that wait for it: it notes itself
+//! (`note_wait_change`) and a transaction of its own settles those, locking them alone, in
+//! `seq` order (`store::waits`).
+//!
 //! Read transactions (`Backend::read`) see one snapshot and must not call `lock_*` methods.
 
 use async_trait::async_trait;
@@ -575,4 +579,13 @@ pub trait WaitsTx: Send {
     async fn set_waiting_on(&mut self, job: &str, unmet: u64) -> Result<()>;
     /// The jobs of the experiment that wait for some job, in `seq` order.
     async fn waiting_jobs_of(&mut self, experiment: &str) -> Result<Vec<String>>;
+    /// Every job of the experiment that waits: as many waits unmet as it has (a study's jobs
+    /// are all queued when stored).
+    async fn count_new_waits(&mut self, experiment: &str) -> Result<()>;
+    /// Notes that `job` changed so that the jobs waiting for it must be counted again; a
+    /// job no one waits for notes nothing.
+    async fn note_wait_change(&mut self, job: &str, now: Millis) -> Result<()>;
+    /// The oldest notes, at most `limit`: (note id, job).
+    async fn wait_changes_due(&mut self, limit: u32) -> Result<Vec<(i64, String)>>;
+    async fn drop_wait_changes(&mut self, ids: &[i64]) -> Result<()>;
 }

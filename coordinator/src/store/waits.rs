@@ -1,14 +1,18 @@
-//! A study's waits between jobs (`after`): storing a study with them, what a job's end or
-//! retry does to the jobs waiting for it, and `retry --cascade`.
+//! A study's waits between jobs (`after`): storing a study with them, what a job's change
+//! does to the jobs waiting for it, and `retry --cascade`.
 //!
-//! A job's `waiting_on` counts its waits not met yet; a claim reads only jobs with none. It
-//! is counted again whenever a job it waits for ends or is retried, in the transaction that
-//! changed that job's state ([`super::jobs`]'s one place of change calls [`changed`]).
+//! A job's `waiting_on` counts its waits not met yet; a claim reads only jobs with none. The
+//! change of a job that others wait for (an end, or a retry of an ended one) only notes itself
+//! (`wait_changes`) in its own transaction, which locks no other job; [`settle`] then counts
+//! the waiting jobs' waits again, each under its own lock in `seq` order, and cancels those
+//! whose `on_failure: cancel` a need's other end calls for. A waiting job that is queued
+//! again (retried, handed back) counts its own waits at once, under the lock it holds.
 
-use futures::future::BoxFuture;
 use headroom_shared::api::ExperimentSummary;
 use headroom_shared::pending::PendingReason;
 use headroom_shared::study::{AfterWhen, OnDependencyFailure};
+use std::collections::BTreeMap;
+
 use headroom_shared::{JobEvent, JobId, JobState};
 
 use super::tx::{Tx, WaitRow};
@@ -71,21 +75,51 @@ pub(crate) fn count(waits: &[WaitRow]) -> Counted {
     }
 }
 
-/// Stores a study's experiments and their waits, all or none.
+/// Stores a study's experiments and their waits, all or none: every waiting job waits for
+/// all it needs (each is new, so queued) and says what for.
 pub(super) async fn create_study(
     tx: &mut dyn Tx,
     exps: Vec<NewExperiment>,
     waits: Vec<NewDependency>,
 ) -> Result<(Vec<ExperimentSummary>, Change)> {
+    let experiment_of: BTreeMap<JobId, &str> = exps
+        .iter()
+        .flat_map(|e| e.jobs.iter().map(move |j| (j.id, e.name.as_str())))
+        .collect();
+    // Each waiting job's reason: how many it waits for, naming the first one's experiment.
+    let mut reasons: BTreeMap<JobId, PendingReason> = BTreeMap::new();
+    for w in &waits {
+        match reasons.get_mut(&w.job) {
+            Some(PendingReason::WaitsFor { jobs, .. }) => *jobs += 1,
+            _ => {
+                reasons.insert(
+                    w.job,
+                    PendingReason::WaitsFor {
+                        experiment: experiment_of
+                            .get(&w.needs)
+                            .copied()
+                            .unwrap_or_default()
+                            .to_string(),
+                        jobs: 1,
+                        when: w.when.as_str().into(),
+                        ended_otherwise: 0,
+                    },
+                );
+            }
+        }
+    }
+    let ids: Vec<String> = exps.iter().map(|e| e.id.to_string()).collect();
     let mut out = Vec::with_capacity(exps.len());
     for exp in exps {
         out.push(super::experiments::create(tx, exp).await?.0);
     }
     tx.insert_waits(&waits).await?;
-    for exp in &out {
-        for job in tx.waiting_jobs_of(&exp.id.to_string()).await? {
-            recount(tx, &job).await?;
-        }
+    for id in &ids {
+        tx.count_new_waits(id).await?;
+    }
+    for (job, reason) in &reasons {
+        tx.set_pending_reason(&job.to_string(), Some(reason))
+            .await?;
     }
     Ok((out, Change::Work))
 }
@@ -98,32 +132,60 @@ async fn recount(tx: &mut dyn Tx, job: &str) -> Result<Counted> {
     Ok(counted)
 }
 
-/// After `job` ended or was retried (now `to`): its own waits counted again where it waits
-/// once more, and those of the waiting jobs that wait for it; where it ended otherwise than
-/// they ask and they say `on_failure: cancel`, they are cancelled (and theirs in turn).
-pub(super) fn changed<'a>(
-    tx: &'a mut dyn Tx,
-    job: &'a str,
+/// In the transaction that moved `job` (locked) from `from` to `to`: a job others wait for
+/// that ended, or ran again after its end, notes itself for [`settle`]; a job queued again
+/// that waits itself counts its own waits now (what it needs may have been retried since it
+/// last started).
+pub(super) async fn changed(
+    tx: &mut dyn Tx,
+    job: &str,
+    from: JobState,
     to: JobState,
-) -> BoxFuture<'a, Result<()>> {
-    Box::pin(async move {
-        if to.is_pending() {
-            recount(tx, job).await?;
+) -> Result<()> {
+    if from.is_terminal() || to.is_terminal() {
+        let now = tx.clock().await?;
+        tx.note_wait_change(job, now).await?;
+    }
+    if to.is_pending() && !from.is_pending() && !tx.waits_of(job).await?.is_empty() {
+        recount(tx, job).await?;
+    }
+    Ok(())
+}
+
+/// Settles the notes `ids` of `job`: each waiting job that waits for it, locked in `seq`
+/// order, counts its waits again; one whose need ended otherwise than it asks, under
+/// `on_failure: cancel`, is cancelled (and notes itself for those waiting for it in turn).
+/// The notes are dropped with it, all or none.
+pub(super) async fn settle(tx: &mut dyn Tx, job: String, ids: Vec<i64>) -> Result<(u32, Change)> {
+    let mut moved = 0;
+    for (d, state) in tx.dependants(&job).await? {
+        if !state.is_pending() {
+            continue;
         }
-        for (d, state) in tx.dependants(job).await? {
-            if !state.is_pending() {
-                continue;
-            }
-            let counted = recount(tx, &d).await?;
-            if counted.cancel && to.is_terminal() {
-                let mut locked = super::jobs::lock_job(tx, &d).await?;
-                if locked.state.is_pending() {
-                    super::jobs::transition(tx, &mut locked, JobEvent::Cancel).await?;
-                }
-            }
+        let mut locked = super::jobs::lock_job(tx, &d).await?;
+        if !locked.state.is_pending() {
+            continue;
         }
-        Ok(())
-    })
+        let counted = recount(tx, &d).await?;
+        if counted.cancel {
+            super::jobs::transition(tx, &mut locked, JobEvent::Cancel).await?;
+        }
+        moved += 1;
+    }
+    tx.drop_wait_changes(&ids).await?;
+    Ok((moved, Change::work_if(moved > 0)))
+}
+
+/// The oldest notes of changed jobs, at most `limit`, by job: (job, its notes).
+pub(super) async fn due(tx: &mut dyn Tx, limit: u32) -> Result<Vec<(String, Vec<i64>)>> {
+    let mut by_job: Vec<(String, Vec<i64>)> = Vec::new();
+    for (id, job) in tx.wait_changes_due(limit).await? {
+        match by_job.iter_mut().find(|(j, _)| *j == job) {
+            Some((_, ids)) => ids.push(id),
+            None => by_job.push((job, vec![id])),
+        }
+    }
+    Ok(by_job)
 }
 
 /// `retry --cascade`: the job, then every job waiting for it (and for those, on down) that

@@ -53,4 +53,7 @@ pub struct SchedulePreview {
     pub makespan_s: Option<f64>,
     /// Jobs that can run whose duration is not known (no makespan while any is).
     pub unknown_durations: u32,
+    /// More jobs than a dry run simulates: no makespan.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub too_many_to_simulate: bool,
 }

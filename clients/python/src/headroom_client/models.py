@@ -127,6 +127,8 @@ class SchedulePreview(_Model):
     groups: List[GroupPreview]
     makespan_s: Optional[float] = None
     unknown_durations: int
+    #: More jobs than a dry run simulates: no makespan.
+    too_many_to_simulate: bool = False
 
 
 class SubmitResponse(_Model):

@@ -6,7 +6,7 @@ use headroom_shared::JobState;
 use super::super::exec::{Arg, Exec};
 use super::super::rows::Cols;
 use super::super::tx::{WaitRow, WaitsTx};
-use super::super::{NewDependency, Result};
+use super::super::{Millis, NewDependency, Result};
 use super::{all, done};
 
 /// Waits inserted per statement: four parameters each, well under either database's limit.
@@ -85,6 +85,43 @@ impl<E: Exec> WaitsTx for E {
             args![i64::try_from(unmet).unwrap_or(i64::MAX), job],
         )
         .await
+    }
+
+    async fn count_new_waits(&mut self, experiment: &str) -> Result<()> {
+        done(
+            self,
+            "UPDATE jobs SET waiting_on = (SELECT COUNT(*) FROM job_waits w \
+             WHERE w.job_id = jobs.id) WHERE experiment_id = $1",
+            args![experiment],
+        )
+        .await
+    }
+
+    async fn note_wait_change(&mut self, job: &str, now: Millis) -> Result<()> {
+        done(
+            self,
+            "INSERT INTO wait_changes (job_id, at) SELECT $1, $2 \
+             WHERE EXISTS (SELECT 1 FROM job_waits WHERE needs_job_id = $1)",
+            args![job, now],
+        )
+        .await
+    }
+
+    async fn wait_changes_due(&mut self, limit: u32) -> Result<Vec<(i64, String)>> {
+        all(
+            self,
+            "SELECT id, job_id FROM wait_changes ORDER BY id LIMIT $1",
+            args![limit],
+            |r| Ok((r.int(0)?, r.text(1)?)),
+        )
+        .await
+    }
+
+    async fn drop_wait_changes(&mut self, ids: &[i64]) -> Result<()> {
+        for id in ids {
+            done(self, "DELETE FROM wait_changes WHERE id = $1", args![*id]).await?;
+        }
+        Ok(())
     }
 
     async fn waiting_jobs_of(&mut self, experiment: &str) -> Result<Vec<String>> {
