@@ -38,6 +38,9 @@ pub enum PendingReason {
         when: String,
         #[serde(default)]
         ended_otherwise: u64,
+        /// The first job that ended otherwise: the one to retry.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry: Option<String>,
     },
 }
 
@@ -99,14 +102,16 @@ impl fmt::Display for PendingReason {
                 jobs,
                 when,
                 ended_otherwise,
+                retry,
             } => {
                 let s = if *jobs == 1 { "" } else { "s" };
                 let verb = if when == "ended" { "end" } else { "succeed" };
                 write!(f, "waits for {jobs} job{s} of `{experiment}` to {verb}")?;
                 if *ended_otherwise > 0 {
+                    let job = retry.as_deref().unwrap_or("JOB");
                     write!(
                         f,
-                        "; {ended_otherwise} ended otherwise: `headroom retry JOB --cascade` \
+                        "; {ended_otherwise} ended otherwise: `headroom retry {job} --cascade` \
                          runs it and the jobs waiting for it again"
                     )?;
                 }

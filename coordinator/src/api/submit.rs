@@ -243,15 +243,12 @@ struct Ready {
 }
 
 /// A refusal of one spec, to be placed under its variant's field in a study.
+#[derive(Debug, thiserror::Error)]
 enum Refused {
-    Spec(SpecError),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("{0:?}")]
     Other(ApiError),
-}
-
-impl From<SpecError> for Refused {
-    fn from(e: SpecError) -> Self {
-        Refused::Spec(e)
-    }
 }
 
 impl From<ApiError> for Refused {

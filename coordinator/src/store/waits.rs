@@ -51,12 +51,14 @@ pub(crate) fn count(waits: &[WaitRow]) -> Counted {
     let mut otherwise = 0;
     let mut cancel = false;
     let mut first: Option<&WaitRow> = None;
+    let mut retry: Option<&WaitRow> = None;
     for w in waits {
         match wait_is(w.needs_state, w.when) {
             WaitIs::Met => continue,
             WaitIs::Pending => {}
             WaitIs::EndedOtherwise => {
                 otherwise += 1;
+                retry.get_or_insert(w);
                 cancel |= w.on_failure == OnDependencyFailure::Cancel;
             }
         }
@@ -71,6 +73,7 @@ pub(crate) fn count(waits: &[WaitRow]) -> Counted {
             jobs: unmet,
             when: w.when.as_str().into(),
             ended_otherwise: otherwise,
+            retry: retry.map(|w| w.needs.clone()),
         }),
     }
 }
@@ -103,6 +106,7 @@ pub(super) async fn create_study(
                         jobs: 1,
                         when: w.when.as_str().into(),
                         ended_otherwise: 0,
+                        retry: None,
                     },
                 );
             }
@@ -265,7 +269,7 @@ mod tests {
             c.reason.map(|r| r.to_string()),
             Some(
                 "waits for 2 jobs of `lab.train` to succeed; 1 ended otherwise: `headroom \
-                 retry JOB --cascade` runs it and the jobs waiting for it again"
+                 retry n --cascade` runs it and the jobs waiting for it again"
                     .into()
             )
         );

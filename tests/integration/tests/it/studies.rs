@@ -240,17 +240,15 @@ fn with_on_failure_wait_the_eval_waits_for_a_retry_and_says_so() {
     let evals = jobs_of(&h, "lab.eval");
     let waiting = by_params(&evals)["\"a\"-2"].clone();
     assert_eq!(waiting.state, JobState::Queued);
+    let train = jobs_of(&h, "lab.train");
+    let failed = by_params(&train)["\"a\"-2"].id;
+    // It names the job to run again.
     let why = waiting.pending_reason.as_ref().map(|r| r.to_string());
-    assert!(
-        why.as_deref()
-            .is_some_and(|w| w.contains("1 ended otherwise")),
-        "{why:?}"
-    );
+    let want = format!("1 ended otherwise: `headroom retry {failed} --cascade`");
+    assert!(why.as_deref().is_some_and(|w| w.contains(&want)), "{why:?}");
     // A plain retry of the training is enough: the eval waiting for it starts once it
     // succeeds.
     std::fs::remove_file(h.path("fail-a-2")).expect("unflag");
-    let train = jobs_of(&h, "lab.train");
-    let failed = by_params(&train)["\"a\"-2"].id;
     h.cli_ok(&["retry", &failed.to_string()]);
     wait_until(&h, "the waiting eval", |h| all_ended(h, "lab.eval"));
     let eval = h.job(waiting.id).expect("job");
