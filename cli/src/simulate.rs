@@ -1,5 +1,5 @@
-//! `headroom simulate`: a finished experiment's jobs (each one's duration and peak memory,
-//! from its attempts) replayed on GPUs and a plan of your choosing under each packing
+//! `headroom simulate`: a finished experiment's jobs (each one's duration, peak memory, GPUs
+//! and whether it ran alone, from its attempts) replayed on GPUs and a plan of your choosing under each packing
 //! policy, through the coordinator's own placement: a plan tried before it is run on.
 
 use std::collections::BTreeMap;
@@ -90,6 +90,9 @@ fn jobs_of(csv: &str) -> Result<(Vec<Job>, usize)> {
         column("peak_mem_mib")?,
         column("estimate_mib")?,
     );
+    // GPUs it held (none: a CPU-only job) and whether it ran alone (`exclusive` records its
+    // wait); an export without them replays 1-GPU shareable jobs.
+    let (gpus_c, alone_c) = (column("gpus").ok(), column("exclusive_wait_ms").ok());
     // By job: (ran to success, job), the best attempt seen so far.
     let mut best: BTreeMap<String, Option<(bool, Job)>> = BTreeMap::new();
     for row in reader.records() {
@@ -114,8 +117,10 @@ fn jobs_of(csv: &str) -> Result<(Vec<Job>, usize)> {
                 peak_until: 1.0,
                 duration_s: duration,
                 declared_mib: field(estimate_c).parse().ok(),
-                gpus: 1,
-                alone: false,
+                gpus: gpus_c.map_or(1, |c| {
+                    field(c).split(';').filter(|g| !g.is_empty()).count() as u32
+                }),
+                alone: alone_c.is_some_and(|c| !field(c).is_empty()),
             },
         ));
     }
@@ -144,5 +149,17 @@ mod tests {
         );
         assert_eq!((jobs[1].kind, jobs[1].declared_mib), (1, None));
         assert!(jobs_of("job_id,config\n").is_err());
+    }
+
+    #[test]
+    fn a_job_replays_with_the_gpus_it_held_and_alone_when_it_ran_exclusive() {
+        let csv = "job_id,config,attempt,success,duration_s,peak_mem_mib,estimate_mib,gpus,\
+                   exclusive_wait_ms\n\
+                   a,0,1,true,10,3000,4096,0;1,\n\
+                   b,1,1,true,10,0,,,\n\
+                   c,2,1,true,10,3000,4096,2,15\n";
+        let (jobs, _) = jobs_of(csv).expect("parsed");
+        let shape: Vec<(u32, bool)> = jobs.iter().map(|j| (j.gpus, j.alone)).collect();
+        assert_eq!(shape, [(2, false), (0, false), (1, true)]);
     }
 }

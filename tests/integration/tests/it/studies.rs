@@ -259,6 +259,7 @@ fn with_on_failure_wait_the_eval_waits_for_a_retry_and_says_so() {
 fn bad_studies_are_refused_naming_the_variant_s_field_and_store_nothing() {
     let h = up("2x24GiB", None);
     std::fs::write(h.path("short.csv"), "model\na\nb\n").expect("csv");
+    std::fs::write(h.path("ragged.csv"), "model,lr\na,1\nb\n").expect("csv");
     let cases: &[(&str, &str)] = &[
         (
             "name: s\ncommand: [x]\nexperiments: [{name: a, colour: red}]\n",
@@ -274,7 +275,12 @@ fn bad_studies_are_refused_naming_the_variant_s_field_and_store_nothing() {
         ),
         (
             "name: s\ncommand: [x, '{model}', '{lr}']\nexperiments: [{name: a, rows: short.csv}]\n",
-            "lr",
+            "command[2]: placeholder {lr} names no parameter (grid, mutate or zip axis, or a rows \
+             column) (in variant `a`)",
+        ),
+        (
+            "name: s\ncommand: [x, '{model}', '{lr}']\nexperiments: [{name: a, rows: ragged.csv}]\n",
+            "experiments[0].rows: ",
         ),
         (
             "name: s\ncommand: [x]\nexperiments:\n  - {name: a, after: [{experiment: b}]}\n  - {name: b, after: [{experiment: a}]}\n",
