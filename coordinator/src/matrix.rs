@@ -8,16 +8,9 @@ use headroom_shared::expand::{ExpandedJob, memory_key};
 use headroom_shared::spec::{ExperimentSpec, SpecError};
 use headroom_shared::study::{StudySpec, VARIANTS_KEY};
 use headroom_shared::template::value_text;
-use headroom_shared::{ExperimentId, JobId, StudyId};
+use headroom_shared::{ExperimentId, JobId};
 
 use crate::store::{NewDependency, NewExperiment, NewJob};
-
-/// The study an experiment is stored in.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StudyOf {
-    pub id: StudyId,
-    pub name: String,
-}
 
 /// Most waits (a job and a job it waits for) one study may hold: `after` without `match`
 /// pairs every job with every job of the other variant.

@@ -2930,7 +2930,7 @@ async fn a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain(s: 
     use headroom_coordinator::store::NewDependency;
     use headroom_shared::study::{AfterWhen, OnDependencyFailure};
     let agent = register(&s, "n1", 2, Some("4,4")).await;
-    let study = headroom_coordinator::matrix::StudyOf {
+    let study = headroom_coordinator::store::StudyOf {
         id: headroom_shared::StudyId::new(),
         name: "lab".into(),
     };

@@ -13,7 +13,7 @@ use headroom_shared::study::{self, StudySpec};
 use headroom_shared::{StudyId, api::source::Source};
 
 use super::{ApiError, ApiJson, ApiResult, AppState, dry_run};
-use crate::matrix::StudyOf;
+use crate::store::StudyOf;
 
 /// Most jobs a dry run's answer shows (it says how many more there are).
 const PREVIEW_MAX: usize = 1_000;

@@ -77,7 +77,7 @@ async fn apply(
     job.state = to;
     if to != from {
         // Jobs of a study that wait for this one (`after`) may start, or end, with it.
-        super::waits::changed(tx, &job.id, from, to).await?;
+        super::waiting::changed(tx, &job.id, from, to).await?;
     }
     Ok(to)
 }

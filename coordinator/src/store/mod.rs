@@ -5,8 +5,8 @@
 //! - `Store` (here): the operations handlers call, implemented once for every `Backend`.
 //! - `experiments`, `jobs`, `nodes`, `leases`, `telemetry`, `tokens`, `logs`: the operations, one
 //!   file per resource, each written once over the transaction interface; `sharing`: the
-//!   neighbours an attempt view is labelled shared by; `waits`: a study's jobs that wait
-//!   for others (`after`); `history`: what earlier runs of a memory key tell a dry run.
+//!   neighbours an attempt view is labelled shared by; `waits` and `waiting`: a study's
+//!   jobs that wait for others (`after`): storing and settling them, and counting one's waits; `history`: what earlier runs of a memory key tell a dry run.
 //! - `tx`: that interface (`Tx`, the statements; `Backend`, transactions) and the lock order.
 //! - `sql`: every `Tx` statement's SQL, once, over `exec::Exec` (a file per section of
 //!   `Tx`): what a backend must run.
@@ -53,6 +53,7 @@ pub mod sqlite;
 mod telemetry;
 mod tokens;
 pub(crate) mod tx;
+mod waiting;
 mod waits;
 pub use history::KeyHistory;
 pub use tx::TrackingRow;
@@ -205,7 +206,14 @@ pub struct NewExperiment {
     /// What its runs' output is read for, early stopping and tracking (`None`: nothing).
     pub results: Option<headroom_shared::results::ResultsSpec>,
     /// The study it was submitted in (`None`: submitted alone).
-    pub study: Option<crate::matrix::StudyOf>,
+    pub study: Option<StudyOf>,
+}
+
+/// The study an experiment is stored in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StudyOf {
+    pub id: headroom_shared::StudyId,
+    pub name: String,
 }
 
 /// A job of a study that waits for another (`after`).
