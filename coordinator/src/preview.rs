@@ -26,6 +26,9 @@ pub struct PreviewJob {
     pub alone: bool,
     /// Known from earlier runs of its memory key.
     pub duration_s: Option<f64>,
+    /// The jobs (positions in the preview's list) it waits for (a study's `after`): it starts
+    /// once they have ended.
+    pub after: Vec<usize>,
 }
 
 /// One GPU of a live node, as its plan and headroom leave it.
@@ -70,9 +73,14 @@ pub fn preview(nodes: &[PreviewNode], jobs: &[PreviewJob]) -> SchedulePreview {
         })
         .collect();
 
+    // At once: of the jobs free to start (waiting for none), what placement takes.
+    let free: Vec<usize> = (0..jobs.len())
+        .filter(|&i| jobs[i].after.is_empty())
+        .collect();
+    let free_candidates: Vec<Candidate> = free.iter().map(|&i| candidates[i].clone()).collect();
     let mut running = vec![false; jobs.len()];
-    for (c, _, _) in simulate::place_on_nodes(&snapshots, &candidates) {
-        running[c] = true;
+    for (c, _, _) in simulate::place_on_nodes(&snapshots, &free_candidates) {
+        running[free[c]] = true;
     }
 
     let mut order: Vec<&str> = Vec::new();
@@ -92,20 +100,15 @@ pub fn preview(nodes: &[PreviewNode], jobs: &[PreviewJob]) -> SchedulePreview {
         })
         .collect();
 
-    let runnable: Vec<&PreviewJob> = jobs
-        .iter()
-        .zip(&fits)
-        .filter(|(_, f)| **f)
-        .map(|(j, _)| j)
-        .collect();
+    let runnable: Vec<usize> = (0..jobs.len()).filter(|&i| fits[i]).collect();
     let unknown = runnable
         .iter()
-        .filter(|j| known_duration(j).is_none())
+        .filter(|&&i| known_duration(&jobs[i]).is_none())
         .count();
     // The simulator's cost grows with the square of the jobs (5,000: about 1.5 s of a core):
     // a dry run of more says so rather than hold a request for minutes.
     let too_many = runnable.len() > MAX_SIMULATED;
-    let makespan_s = (unknown == 0 && !too_many).then(|| makespan(nodes, &runnable, &order));
+    let makespan_s = (unknown == 0 && !too_many).then(|| makespan(nodes, jobs, &runnable, &order));
 
     SchedulePreview {
         slots: nodes
@@ -319,9 +322,22 @@ fn cannot_share<'a>(
     Some(said.join("; "))
 }
 
-/// The simulator's makespan for `jobs` (all with a known duration) on the empty cluster,
-/// each holding its estimate for its whole run as declared, in one attempt.
-fn makespan(nodes: &[PreviewNode], jobs: &[&PreviewJob], groups: &[&str]) -> f64 {
+/// The simulator's makespan for the `runnable` of `jobs` (each with a known duration) on the
+/// empty cluster, each holding its estimate for its whole run as declared, in one attempt,
+/// each starting once those it waits for have ended (a need that never fits waits for none).
+fn makespan(nodes: &[PreviewNode], all: &[PreviewJob], runnable: &[usize], groups: &[&str]) -> f64 {
+    let at: BTreeMap<usize, usize> = runnable.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+    let after: Vec<Vec<usize>> = runnable
+        .iter()
+        .map(|&i| {
+            all[i]
+                .after
+                .iter()
+                .filter_map(|n| at.get(n).copied())
+                .collect()
+        })
+        .collect();
+    let jobs: Vec<&PreviewJob> = runnable.iter().map(|&i| &all[i]).collect();
     let gpus = nodes.iter().flat_map(|n| &n.gpus);
     let cluster = Cluster {
         gpus_mib: gpus.clone().map(|g| g.total_mib).collect(),
@@ -346,7 +362,7 @@ fn makespan(nodes: &[PreviewNode], jobs: &[&PreviewJob], groups: &[&str]) -> f64
             }
         })
         .collect();
-    simulate::simulate(&cluster, &sim, Policy::Declared).makespan_s
+    simulate::simulate_after(&cluster, &sim, Policy::Declared, &after).makespan_s
 }
 
 /// A duration the simulator can run: finite and not negative.
@@ -413,6 +429,7 @@ mod tests {
             },
             alone: false,
             duration_s: None,
+            after: vec![],
         }
     }
 
@@ -533,6 +550,39 @@ mod tests {
             &[job("cpu", 0, None), job("gpu", 1, Some(GIB))],
         );
         assert_eq!((p.at_once, p.never_fit), (1, 1));
+    }
+
+    #[test]
+    fn a_job_that_waits_starts_after_what_it_waits_for() {
+        // 7 trainings of 100 s, each followed by its evaluation of 50 s: the evaluations are
+        // not running at once at the start, and the makespan holds them after their training.
+        let timed = |group: &str, s: f64| PreviewJob {
+            duration_s: Some(s),
+            ..job(group, 1, Some(15 * GIB))
+        };
+        let mut jobs: Vec<PreviewJob> = (0..7).map(|_| timed("train", 100.0)).collect();
+        jobs.extend((0..7).map(|i| PreviewJob {
+            after: vec![i],
+            ..timed("eval", 50.0)
+        }));
+        let p = preview(&farm(), &jobs);
+        assert_eq!(p.at_once, 7);
+        assert_eq!((p.groups[0].at_once, p.groups[1].at_once), (7, 0));
+        assert_eq!(p.makespan_s, Some(150.0));
+        // One pair: waiting, the evaluation runs after the training (150 s); free, beside it.
+        let pair = vec![
+            timed("train", 100.0),
+            PreviewJob {
+                after: vec![0],
+                ..timed("eval", 50.0)
+            },
+        ];
+        assert_eq!(preview(&farm(), &pair).makespan_s, Some(150.0));
+        let free: Vec<PreviewJob> = pair
+            .into_iter()
+            .map(|j| PreviewJob { after: vec![], ..j })
+            .collect();
+        assert_eq!(preview(&farm(), &free).makespan_s, Some(100.0));
     }
 
     #[test]

@@ -216,6 +216,30 @@ pub(crate) fn place_on_nodes(nodes: &[Snapshot], candidates: &[Candidate]) -> Ve
 
 /// Runs `jobs` (queued at time 0, in order) on `cluster` under `policy`.
 pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
+    simulate_after(cluster, jobs, policy, &[])
+}
+
+/// [`simulate`], job `j` starting only once every job `after[j]` names has ended (a study's
+/// `after`; a job that fails for good ends too). A job missing from `after` waits for none.
+pub fn simulate_after(
+    cluster: &Cluster,
+    jobs: &[Job],
+    policy: Policy,
+    after: &[Vec<usize>],
+) -> Report {
+    let mut needs: Vec<usize> = (0..jobs.len())
+        .map(|j| {
+            after
+                .get(j)
+                .map_or(0, |a| a.iter().filter(|&&n| n < jobs.len()).count())
+        })
+        .collect();
+    let mut dependants: Vec<Vec<usize>> = vec![Vec::new(); jobs.len()];
+    for (j, a) in after.iter().enumerate().take(jobs.len()) {
+        for &n in a.iter().filter(|&&n| n < jobs.len()) {
+            dependants[n].push(j);
+        }
+    }
     let n_gpus = cluster.gpus_mib.len();
     let node_gpus = cluster.node_gpus();
     let mut queue: VecDeque<usize> = (0..jobs.len()).collect();
@@ -287,7 +311,13 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
                 reserve_after_ms: u64::MAX,
             })
             .collect();
-        let waiting: Vec<usize> = queue.iter().copied().take(WINDOW).collect();
+        // The window: queued jobs whose needs have all ended, in queue order.
+        let waiting: Vec<usize> = queue
+            .iter()
+            .copied()
+            .filter(|&j| needs[j] == 0)
+            .take(WINDOW)
+            .collect();
         let candidates: Vec<Candidate> = waiting
             .iter()
             .map(|&j| Candidate {
@@ -335,14 +365,13 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
                 Kind::PeakEnds,
             );
         }
-        let rest = queue.split_off(waiting.len());
-        queue = waiting
+        let started: std::collections::BTreeSet<usize> = waiting
             .iter()
             .zip(&taken)
-            .filter(|(_, t)| !**t)
+            .filter(|(_, t)| **t)
             .map(|(j, _)| *j)
-            .chain(rest)
             .collect();
+        queue.retain(|j| !started.contains(j));
         // A start whose steady use does not fit OOMs at once (placement that ignores memory),
         // in the order they started, until the rest fit.
         for run in started_now {
@@ -366,6 +395,9 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
             } else {
                 report.failed += 1;
                 completion_sum += now;
+                for &d in &dependants[r.job] {
+                    needs[d] -= 1;
+                }
             }
         }
         for g in 0..n_gpus {
@@ -404,6 +436,9 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
                     } else {
                         report.failed += 1;
                         completion_sum += now;
+                        for &d in &dependants[r.job] {
+                            needs[d] -= 1;
+                        }
                     }
                 } else {
                     for &g in &r.gpus {
@@ -436,6 +471,9 @@ pub fn simulate(cluster: &Cluster, jobs: &[Job], policy: Policy) -> Report {
                 learn(&mut learned, job);
                 completion_sum += now;
                 report.completed += 1;
+                for &d in &dependants[r.job] {
+                    needs[d] -= 1;
+                }
             }
         }
     }

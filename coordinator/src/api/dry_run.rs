@@ -17,9 +17,11 @@ pub(super) struct Group<'a> {
     pub jobs: &'a [ExpandedJob],
 }
 
+/// `after`: (a job, a job it waits for), by their positions in the groups' jobs in order.
 pub(super) async fn schedule(
     s: &AppState,
     groups: &[Group<'_>],
+    after: &[(usize, usize)],
 ) -> Result<SchedulePreview, ApiError> {
     let nodes = s
         .store
@@ -77,7 +79,13 @@ pub(super) async fn schedule(
                 },
                 alone: g.spec.exclusive || g.spec.cooldown.is_some(),
                 duration_s: h.and_then(|h| h.duration_ms).map(|ms| ms as f64 / 1000.0),
+                after: vec![],
             });
+        }
+    }
+    for &(job, needs) in after {
+        if let Some(j) = jobs.get_mut(job) {
+            j.after.push(needs);
         }
     }
     // Placement over every job, and the simulation: CPU work, off the runtime's threads.

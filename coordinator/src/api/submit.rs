@@ -44,6 +44,7 @@ pub async fn submit(
                 spec: &spec,
                 jobs: &ready.expanded,
             }],
+            &[],
         )
         .await?;
         let jobs = ready.expanded.len() as u64;
@@ -145,7 +146,18 @@ async fn submit_study(
             .map_err(|e| v.refusal(e))?;
             exps.push(exp);
         }
-        crate::matrix::dependencies(&study, &exps)?;
+        let waits = crate::matrix::dependencies(&study, &exps)?;
+        // The schedule places a job that waits once what it waits for has ended.
+        let position: std::collections::BTreeMap<headroom_shared::JobId, usize> = exps
+            .iter()
+            .flat_map(|e| e.jobs.iter())
+            .enumerate()
+            .map(|(i, j)| (j.id, i))
+            .collect();
+        let after: Vec<(usize, usize)> = waits
+            .iter()
+            .filter_map(|w| Some((*position.get(&w.job)?, *position.get(&w.needs)?)))
+            .collect();
         drop(exps);
         let groups: Vec<dry_run::Group<'_>> = ready
             .iter()
@@ -155,7 +167,7 @@ async fn submit_study(
                 jobs: &r.expanded,
             })
             .collect();
-        let schedule = dry_run::schedule(s, &groups).await?;
+        let schedule = dry_run::schedule(s, &groups, &after).await?;
         let mut preview: Vec<ExpandedJob> = Vec::new();
         let mut variants = Vec::with_capacity(ready.len());
         for (v, seed, r) in ready {

@@ -122,6 +122,13 @@ fn a_dry_run_of_the_study_lists_each_variant_and_stores_nothing() {
             && out.contains("mutation-2x.densenet121 (16 jobs, seed 2025): 1 GPU, 4GiB each"),
         "{out}"
     );
+    // A job that waits is not among those that run at once.
+    h.wait_agent();
+    let chain = h.path("chain.yaml");
+    std::fs::write(&chain, train_eval_study(h.dir.path(), "cancel")).expect("spec");
+    let out = h.cli_ok(&["submit", chain.to_str().expect("path"), "--dry-run"]);
+    assert!(out.contains("lab.eval: 4 jobs, 0 at once"), "{out}");
+    assert!(!out.contains("lab.train: 4 jobs, 0 at once"), "{out}");
     assert!(experiments(&h).is_empty());
 }
 

@@ -75,6 +75,8 @@ fn refused_specs_name_the_field_and_store_nothing() {
 #[test]
 fn dry_run_expands_deterministically_and_stores_nothing() {
     let h = up();
+    // The schedule a dry run prints is the live nodes': the same once the node is there.
+    h.wait_agent();
     let path = h.path("sweep.yaml");
     std::fs::write(
         &path,
