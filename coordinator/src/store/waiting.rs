@@ -68,6 +68,7 @@ pub(crate) fn count(waits: &[WaitRow]) -> Counted {
         }),
     }
 }
+
 /// Counts the job's waits again and records the count and its reason; what was counted.
 pub(super) async fn recount(tx: &mut dyn Tx, job: &str) -> Result<Counted> {
     let counted = count(&tx.waits_of(job).await?);
@@ -77,7 +78,7 @@ pub(super) async fn recount(tx: &mut dyn Tx, job: &str) -> Result<Counted> {
 }
 
 /// In the transaction that moved `job` (locked) from `from` to `to`: a job others wait for
-/// that ended, or ran again after its end, notes itself for [`settle`]; a job queued again
+/// that ended, or ran again after its end, notes itself for `store::waits::settle`; a job queued again
 /// that waits itself counts its own waits now (what it needs may have been retried since it
 /// last started).
 pub(super) async fn changed(
