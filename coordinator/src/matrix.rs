@@ -65,6 +65,7 @@ pub fn new_experiment(
         source,
         results: Some(spec.results()).filter(|r| !r.is_empty()),
         study: None,
+        max_concurrent: spec.max_concurrent,
     })
 }
 

@@ -480,6 +480,87 @@ mod tests {
         assert_eq!(place(&s, &[job(Some(4_001))], 1).len(), 0);
     }
 
+    /// `max_concurrent`: a claim leases no more of an experiment than its cap leaves room for
+    /// (counting what already runs and what it leases itself), says why of the others, and
+    /// places other experiments' jobs past them.
+    #[test]
+    fn a_claim_keeps_an_experiment_under_its_concurrency_cap() {
+        use crate::rules::{Caps, PendingRow, claim};
+        let pending = |id: &str, exp: &str| PendingRow {
+            id: id.into(),
+            gpus: 1,
+            declared: Some(1_000),
+            since: 0,
+            memory_key: "k".into(),
+            reason: None,
+            alone: false,
+            background_mib: None,
+            state: headroom_shared::JobState::Queued,
+            cursor: Default::default(),
+            experiment: exp.into(),
+        };
+        let s = snap(vec![gpu(0, 24_000, 8), gpu(1, 24_000, 8)]);
+        let queue: Vec<PendingRow> = ["a1", "a2", "a3", "a4"]
+            .iter()
+            .map(|id| pending(id, "capped"))
+            .chain([pending("b1", "free")])
+            .collect();
+        // A cap of 3 with one running: two more, then the free experiment's job.
+        let mut caps: Caps = [("capped".to_string(), (3, 1))].into_iter().collect();
+        let plan = claim(
+            &mut Placer::new(&s),
+            &queue,
+            &Default::default(),
+            &mut caps,
+            0,
+            8,
+        );
+        let leased: Vec<&str> = plan
+            .leases
+            .iter()
+            .map(|l| queue[l.candidate].id.as_str())
+            .collect();
+        assert_eq!(leased, ["a1", "a2", "b1"]);
+        assert_eq!(
+            caps["capped"],
+            (3, 3),
+            "its count includes this claim's leases"
+        );
+        let said: Vec<(&str, String)> = plan
+            .reasons
+            .iter()
+            .map(|(i, r)| (queue[*i].id.as_str(), r.to_string()))
+            .collect();
+        assert_eq!(
+            said,
+            [
+                (
+                    "a3",
+                    "its experiment's max_concurrent: 3 of at most 3 leased or running".to_string()
+                ),
+                (
+                    "a4",
+                    "its experiment's max_concurrent: 3 of at most 3 leased or running".to_string()
+                ),
+            ]
+        );
+        // At its cap, the next claim leases none of it.
+        let plan = claim(
+            &mut Placer::new(&s),
+            &queue[2..],
+            &Default::default(),
+            &mut caps,
+            0,
+            8,
+        );
+        let leased: Vec<&str> = plan
+            .leases
+            .iter()
+            .map(|l| queue[2 + l.candidate].id.as_str())
+            .collect();
+        assert_eq!(leased, ["b1"]);
+    }
+
     /// A colocated pair is one attempt whose memory is the sum of the foreground's estimate
     /// and the background's memory: it fits where the sum fits, takes one slot, and the next
     /// job sees the sum placed.
@@ -497,6 +578,7 @@ mod tests {
             background_mib: background,
             state: headroom_shared::JobState::Queued,
             cursor: Default::default(),
+            experiment: "e".into(),
         };
         let learned = Default::default();
         // 10000 total, 1000 headroom: 5000 + 4000 fits, 5000 + 4001 does not.
@@ -505,6 +587,7 @@ mod tests {
             &mut Placer::new(&s),
             &[pending(Some(5_000), Some(4_000))],
             &learned,
+            &mut Default::default(),
             0,
             1,
         );
@@ -518,6 +601,7 @@ mod tests {
             &mut Placer::new(&s),
             &[pending(Some(5_000), Some(4_001))],
             &learned,
+            &mut Default::default(),
             0,
             1,
         );
@@ -539,6 +623,7 @@ mod tests {
                 &mut Placer::new(&s),
                 &[pending(Some(5_000), None)],
                 &learned,
+                &mut Default::default(),
                 0,
                 1
             )
@@ -551,6 +636,7 @@ mod tests {
             &mut Placer::new(&s),
             &[pending(None, Some(4_000))],
             &learned,
+            &mut Default::default(),
             0,
             1,
         );

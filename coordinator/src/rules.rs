@@ -124,6 +124,7 @@ pub struct PendingRow {
     /// Its place in the queue (priority, then submission), from which the next window of
     /// pending jobs is read.
     pub cursor: QueueCursor,
+    pub experiment: String,
 }
 
 /// A place in the queue: priority (higher first), then submission sequence (older first).
@@ -154,13 +155,66 @@ pub struct ClaimPlan {
     pub reasons: Vec<(usize, PendingReason)>,
 }
 
+/// Experiments with `max_concurrent`, by id: (the cap, their jobs leased or running now,
+/// this claim's leases counted in as it makes them).
+pub type Caps = HashMap<String, (u32, u32)>;
+
 pub fn claim(
     placer: &mut Placer,
     pending: &[PendingRow],
     learned: &Learned,
+    caps: &mut Caps,
     now: Millis,
     max: usize,
 ) -> ClaimPlan {
+    // A job whose experiment is at its cap (counting the jobs before it here) is not looked
+    // at: placement never sees more of an experiment than its cap leaves room for.
+    let mut room: HashMap<&str, u32> = HashMap::new();
+    let mut capped: Vec<usize> = Vec::new();
+    let open: Vec<usize> = (0..pending.len())
+        .filter(|&i| {
+            let exp = pending[i].experiment.as_str();
+            let Some(&(cap, running)) = caps.get(exp) else {
+                return true;
+            };
+            let left = room.entry(exp).or_insert(cap.saturating_sub(running));
+            if *left == 0 {
+                capped.push(i);
+                return false;
+            }
+            *left -= 1;
+            true
+        })
+        .collect();
+    let mut plan = claim_open(placer, pending, &open, learned, now, max);
+    for slot in &plan.leases {
+        if let Some((_, running)) = caps.get_mut(pending[slot.candidate].experiment.as_str()) {
+            *running += 1;
+        }
+    }
+    // Said with the count this claim leaves (only reasons that changed are written).
+    for i in capped {
+        if let Some(&(limit, running)) = caps.get(pending[i].experiment.as_str()) {
+            let reason = PendingReason::ConcurrencyCap { limit, running };
+            if pending[i].reason.as_ref() != Some(&reason) {
+                plan.reasons.push((i, reason));
+            }
+        }
+    }
+    plan
+}
+
+/// [`claim`] over the pending jobs at positions `open` (positions in the plan are
+/// `pending`'s).
+fn claim_open(
+    placer: &mut Placer,
+    all: &[PendingRow],
+    open: &[usize],
+    learned: &Learned,
+    now: Millis,
+    max: usize,
+) -> ClaimPlan {
+    let pending: Vec<&PendingRow> = open.iter().map(|&i| &all[i]).collect();
     let largest = placer.largest_usable_mib();
     let estimates: Vec<(Option<u64>, &'static str)> = pending
         .iter()
@@ -185,6 +239,9 @@ pub fn claim(
     placed
         .reasons
         .retain(|(i, r)| pending[*i].reason.as_ref() != Some(r));
+    for (i, _) in &mut placed.reasons {
+        *i = open[*i];
+    }
     ClaimPlan {
         leases: placed
             .placements
@@ -192,7 +249,7 @@ pub fn claim(
             .map(|p: Placement| {
                 let (estimate, source) = estimates[p.candidate];
                 Slot {
-                    candidate: p.candidate,
+                    candidate: open[p.candidate],
                     gpus: p.gpus,
                     estimate,
                     source,

@@ -162,6 +162,7 @@ async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
         source: None,
         results: None,
         study: None,
+        max_concurrent: None,
     })
     .await
     .expect("create experiment");
@@ -1853,6 +1854,7 @@ async fn a_throttled_run_is_what_its_specs_on_throttle_says(s: Backend) {
             source: None,
             results: None,
             study: None,
+            max_concurrent: None,
         })
         .await
         .expect("create experiment");
@@ -2792,6 +2794,7 @@ async fn an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash(
         source: Some(source.clone()),
         results: None,
         study: None,
+        max_concurrent: None,
     })
     .await
     .expect("create experiment");
@@ -2910,6 +2913,99 @@ async fn attempt_logs_are_kept_once_by_offset_and_to_their_bound(s: Backend) {
     assert_eq!(again, kept);
 }
 
+/// `max_concurrent`: claims for two nodes never lease more of an experiment than its cap
+/// between them, the others say why, and an end makes room for one more.
+async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
+    let a = register(&s, "n1", 2, Some("8,8")).await;
+    let b = register(&s, "n2", 2, Some("8,8")).await;
+    let exp = ExperimentId::new();
+    s.create_experiment(NewExperiment {
+        id: exp,
+        name: "capped".into(),
+        seed: 1,
+        spec: serde_json::json!({}),
+        jobs: (0..5).map(|i| job(i, Some(1000), vec![], 1)).collect(),
+        submitted_by: "anonymous".into(),
+        source: None,
+        results: None,
+        study: None,
+        max_concurrent: Some(2),
+    })
+    .await
+    .expect("create experiment");
+    let first = claim(&s, a, 2).await;
+    let second = claim(&s, b, 2).await;
+    assert_eq!(first.len() + second.len(), 2, "{first:?} {second:?}");
+    let waiting = s
+        .list_jobs(JobFilter {
+            experiment: Some(exp),
+            state: Some(JobState::Queued),
+            ..JobFilter::default()
+        })
+        .await
+        .expect("jobs");
+    assert_eq!(waiting.len(), 3);
+    for j in &waiting {
+        assert_eq!(
+            j.pending_reason.as_ref().map(|r| r.to_string()).as_deref(),
+            Some("its experiment's max_concurrent: 2 of at most 2 leased or running"),
+            "{j:?}"
+        );
+    }
+    let l = first.into_iter().chain(second).next().expect("a lease");
+    s.start_attempt(l.attempt, l.fence, 1, 0)
+        .await
+        .expect("start");
+    finish_attempt(&s, l.attempt, report(l.fence, None))
+        .await
+        .expect("finish");
+    let third = claim(&s, b, 2).await;
+    assert_eq!(third.len(), 1, "one more once one ended");
+    // Claims of both nodes at the same moment: still no more than the cap between them.
+    for round in 0..4 {
+        let exp = ExperimentId::new();
+        s.create_experiment(NewExperiment {
+            id: exp,
+            name: format!("race{round}"),
+            seed: 1,
+            spec: serde_json::json!({}),
+            jobs: (0..10).map(|i| job(i, Some(100), vec![], 1)).collect(),
+            submitted_by: "anonymous".into(),
+            source: None,
+            results: None,
+            study: None,
+            max_concurrent: Some(3),
+        })
+        .await
+        .expect("create experiment");
+        let leased = || async {
+            s.list_jobs(JobFilter {
+                experiment: Some(exp),
+                state: Some(JobState::Leased),
+                ..JobFilter::default()
+            })
+            .await
+            .expect("jobs")
+            .len()
+        };
+        let (x, y) = tokio::join!(claim(&s, a, 4), claim(&s, b, 4));
+        // Each may skip the jobs the other holds locked: at most the cap, never past it.
+        assert!(
+            leased().await <= 3,
+            "round {round}: {} + {}",
+            x.len(),
+            y.len()
+        );
+        claim(&s, a, 4).await;
+        claim(&s, b, 4).await;
+        assert_eq!(
+            leased().await,
+            3,
+            "round {round}: filled to its cap, not past it"
+        );
+    }
+}
+
 /// Settles every note of a changed job that others wait for, as the coordinator's task does.
 async fn settle_all(s: &Backend) {
     loop {
@@ -2944,6 +3040,7 @@ async fn a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain(s: 
         source: None,
         results: None,
         study: Some(study.clone()),
+        max_concurrent: None,
     };
     let train = exp(
         "train",
@@ -3063,6 +3160,7 @@ macro_rules! conformance {
 
 conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
+    an_experiment_s_cap_holds_across_nodes,
     a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain,
     early_stop_decides_each_rung_once_against_the_experiment_s_other_attempts,
     runs_of_a_configuration_start_where_it_last_fit,
@@ -3532,6 +3630,7 @@ async fn early_stop_decides_each_rung_once_against_the_experiment_s_other_attemp
         source: None,
         results: Some(results.clone()),
         study: None,
+        max_concurrent: None,
     })
     .await
     .expect("create experiment");

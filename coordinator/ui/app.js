@@ -330,6 +330,7 @@ function reasonText(r) {
   if (!r) return "";
   switch (r.reason) {
     case "not_enough_memory": return `not enough memory: needs ${mib(r.needed_mib)}, at most ${mib(r.available_mib)} free`;
+    case "concurrency_cap": return `its experiment's max_concurrent: ${r.running} of at most ${r.limit} leased or running`;
     case "waits_for": return `waits for ${r.jobs} job${r.jobs === 1 ? "" : "s"} of ${r.experiment} to ${r.when === "ended" ? "end" : "succeed"}`
       + (r.ended_otherwise ? `; ${r.ended_otherwise} ended otherwise: headroom retry ${r.retry || "JOB"} --cascade` : "");
     default: return r.reason.replace(/_/g, " ") + Object.entries(r).filter(([k]) => k !== "reason").map(([k, v]) => ` ${k}=${v}`).join("");

@@ -29,6 +29,8 @@ pub enum PendingReason {
     TooManyGpus { wanted: u32, max: u32 },
     /// Its estimate exceeds every GPU's memory less headroom: it can never be placed.
     LargerThanEveryGpu { needed_mib: u64, largest_mib: u64 },
+    /// Its experiment has `max_concurrent` (`limit`) jobs leased or running already.
+    ConcurrencyCap { limit: u32, running: u32 },
     /// It waits (a study's `after`) for `jobs` jobs of `experiment` to end as `when` asks
     /// (`succeeded` or `ended`); `ended_otherwise` of them ended otherwise and wait for a
     /// retry.
@@ -57,6 +59,7 @@ impl PendingReason {
             Self::TooManyGpus { .. } => "too_many_gpus",
             Self::LargerThanEveryGpu { .. } => "larger_than_every_gpu",
             Self::WaitsFor { .. } => "waits_for",
+            Self::ConcurrencyCap { .. } => "concurrency_cap",
         }
     }
 }
@@ -96,6 +99,10 @@ impl fmt::Display for PendingReason {
                 "larger than every GPU: needs {}, the largest GPU offers {} (less headroom)",
                 mib(*needed_mib),
                 mib(*largest_mib)
+            ),
+            Self::ConcurrencyCap { limit, running } => write!(
+                f,
+                "its experiment's max_concurrent: {running} of at most {limit} leased or running"
             ),
             Self::WaitsFor {
                 experiment,

@@ -67,6 +67,11 @@ pub struct ExperimentSpec {
     /// Higher runs first.
     #[serde(default)]
     pub priority: i32,
+    /// The most of its jobs leased or running at once (Slurm's array `%N`); none: as many
+    /// as the plans and memory allow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub max_concurrent: Option<u32>,
     /// Parameters that change a job's GPU memory (e.g. `batch_size`, `model`): jobs of one
     /// experiment with equal values share a learned memory estimate.
     #[serde(default)]
@@ -511,6 +516,12 @@ impl ExperimentSpec {
         crate::api::bounds::COUNT
             .check(self.runs_per_config.into())
             .map_err(|m| SpecError::new("runs_per_config", m))?;
+        if self.max_concurrent == Some(0) {
+            return Err(SpecError::new(
+                "max_concurrent",
+                "must be at least 1 (leave it out for no bound)",
+            ));
+        }
         let params = self.parameter_names();
         for (i, arg) in self.command.iter().enumerate() {
             for name in placeholders(arg).map_err(|m| SpecError::new(format!("command[{i}]"), m))? {

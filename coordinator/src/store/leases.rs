@@ -135,6 +135,9 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let mut learned = Learned::new();
     let mut leases = Vec::new();
     let mut after = None;
+    let mut caps = rules::Caps::new();
+    let mut checked = std::collections::HashSet::new();
+    let mut caps_locked = false;
     let max = input.max as usize;
     // Windows sized by what the node can take, not by what its agent asks for (an agent
     // asks for many): a node with one slot open reads a few rows, not hundreds.
@@ -149,13 +152,35 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
             0
         };
         let pending = tx.lock_pending(gpus, after, size).await?;
+        // Experiments with `max_concurrent`: counted once each, under one lock that every
+        // claim of a capped job takes (on PostgreSQL; SQLite has one writer), so claims for
+        // other nodes or on other replicas never pass a cap together.
+        for p in &pending {
+            if checked.insert(p.experiment.clone())
+                && let Some(cap) = tx.experiment_cap(&p.experiment).await?
+            {
+                if !caps_locked {
+                    tx.lock_concurrency_caps().await?;
+                    caps_locked = true;
+                }
+                let running = tx.active_jobs_of(&p.experiment).await?;
+                caps.insert(p.experiment.clone(), (cap, running));
+            }
+        }
         // What each memory key has taught so far, read once per key.
         for p in &pending {
             if !learned.contains_key(&p.memory_key) {
                 learned.insert(p.memory_key.clone(), key_memory(tx, &p.memory_key).await?);
             }
         }
-        let plan = rules::claim(&mut placer, &pending, &learned, now, max - leases.len());
+        let plan = rules::claim(
+            &mut placer,
+            &pending,
+            &learned,
+            &mut caps,
+            now,
+            max - leases.len(),
+        );
         for slot in &plan.leases {
             let p = &pending[slot.candidate];
             let job = LockedJob {

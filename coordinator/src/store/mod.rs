@@ -207,6 +207,8 @@ pub struct NewExperiment {
     pub results: Option<headroom_shared::results::ResultsSpec>,
     /// The study it was submitted in (`None`: submitted alone).
     pub study: Option<StudyOf>,
+    /// The most of its jobs leased or running at once (`max_concurrent`).
+    pub max_concurrent: Option<u32>,
 }
 
 /// The study an experiment is stored in.

@@ -451,7 +451,7 @@ pub(crate) fn active(r: &impl Cols) -> Result<Active> {
 
 /// Columns of a pending job, read by [`pending`].
 pub(crate) const PENDING_COLUMNS: &str = "id, gpus, estimate_mib, updated_at, memory_key, pending_reason, prestart, background_mib, \
-     priority, seq, state";
+     priority, seq, state, experiment_id";
 
 pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
     Ok(PendingRow {
@@ -470,6 +470,7 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
             seq: r.int(9)?,
         },
         state: r.parsed(10, "job state")?,
+        experiment: r.text(11)?,
     })
 }
 

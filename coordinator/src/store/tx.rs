@@ -14,6 +14,9 @@
 //!
 //! **node → jobs (by `seq`) → attempts → memory floors.**
 //!
+//! Claims of jobs with `max_concurrent` also take one advisory lock (`lock_concurrency_caps`)
+//! after their jobs; nothing that holds an attempt or a floor ever asks for it.
+//!
 //! A job's change never locks the jobs of a study that wait for it: it notes itself
 //! (`note_wait_change`) and a transaction of its own settles those, locking them alone, in
 //! `seq` order (`store::waits`).
@@ -120,6 +123,13 @@ impl<
 /// Experiments and jobs: inserting, reading and changing them.
 #[async_trait]
 pub trait JobsTx: Send {
+    /// Serializes the claims of jobs with `max_concurrent` until the transaction ends
+    /// (nothing to do where a write transaction holds the whole database).
+    async fn lock_concurrency_caps(&mut self) -> Result<()>;
+    /// An experiment's `max_concurrent`, if it has one.
+    async fn experiment_cap(&mut self, experiment: &str) -> Result<Option<u32>>;
+    /// How many of an experiment's jobs are leased or running.
+    async fn active_jobs_of(&mut self, experiment: &str) -> Result<u32>;
     /// Inserts an experiment and all its jobs (`queued`), each with its own columns.
     async fn insert_experiment(&mut self, exp: &NewExperiment, now: Millis) -> Result<()>;
     async fn experiment_ids(&mut self) -> Result<Vec<String>>;

@@ -32,7 +32,8 @@ impl<E: Exec> JobsTx for E {
         done(
             self,
             "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by, source, \
-             results, study_id, study_name) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+             results, study_id, study_name, max_concurrent) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             &[
                 Arg::from(&id),
                 Arg::from(&exp.name),
@@ -44,6 +45,7 @@ impl<E: Exec> JobsTx for E {
                 results,
                 Arg::from(study_id.as_ref()),
                 Arg::from(exp.study.as_ref().map(|s| &s.name)),
+                Arg::from(exp.max_concurrent),
             ],
         )
         .await?;
@@ -58,6 +60,35 @@ impl<E: Exec> JobsTx for E {
             &[Arg::from(&id), Arg::from(&spec_of)],
         )
         .await
+    }
+
+    async fn lock_concurrency_caps(&mut self) -> Result<()> {
+        // A memory floor's lock class, under a name no memory key has (names hold no space).
+        self.lock_key("headroom max_concurrent").await
+    }
+
+    async fn experiment_cap(&mut self, experiment: &str) -> Result<Option<u32>> {
+        Ok(first(
+            self,
+            "SELECT max_concurrent FROM experiments WHERE id = $1",
+            args![experiment],
+            |r| r.int_opt(0),
+        )
+        .await?
+        .flatten()
+        .map(|n| u32::try_from(n).unwrap_or(u32::MAX)))
+    }
+
+    async fn active_jobs_of(&mut self, experiment: &str) -> Result<u32> {
+        let n = first(
+            self,
+            "SELECT COUNT(*) FROM jobs WHERE experiment_id = $1 AND state IN ('leased', 'running')",
+            args![experiment],
+            |r| r.int(0),
+        )
+        .await?
+        .unwrap_or(0);
+        Ok(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
     async fn experiment_ids(&mut self) -> Result<Vec<String>> {

@@ -391,3 +391,46 @@ fn a_dry_run_schedules_the_farm_on_the_live_nodes_with_learned_peaks() {
     let after: Vec<serde_json::Value> = h.get("/v1/experiments").expect("experiments");
     assert_eq!(before.len(), after.len(), "a dry run stores nothing");
 }
+
+/// `max_concurrent: 3` (Slurm's array `%3`): 9 jobs on 8 free slots never run more than 3
+/// at a time, and all of them end.
+#[test]
+fn max_concurrent_never_runs_one_more_than_asked() {
+    let h = Headroom::up(UpOptions::gpus("2x24GiB").plan("4,4"));
+    let spec = format!(
+        "name: capped\ncommand: [{}, --seconds, '0.6']\nruns_per_config: 9\n\
+         resources: {{gpus: 1, memory: 1GiB}}\nmax_concurrent: 3\n",
+        headroom_integration_tests::fake_job().display()
+    );
+    let exp = h.submit("capped", &spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(120));
+    assert!(
+        jobs.iter().all(|j| j.state == JobState::Succeeded),
+        "{jobs:?}"
+    );
+    // Each attempt held its job from its lease to its end: at no moment more than 3 at once.
+    let spans: Vec<(i64, i64)> = jobs
+        .iter()
+        .map(|j| {
+            let a = h.first_attempt(j.id);
+            let end = a.ended_at.expect("ended");
+            (a.leased_at.timestamp_millis(), end.timestamp_millis())
+        })
+        .collect();
+    let most = spans
+        .iter()
+        .map(|&(at, _)| spans.iter().filter(|&&(s, e)| s <= at && at < e).count())
+        .max()
+        .unwrap_or(0);
+    assert!(most <= 3, "{most} at once: {spans:?}");
+    assert!(
+        most >= 2,
+        "the cap, not a single slot, bounds it: {spans:?}"
+    );
+    // A cap of 0 is refused, naming the field.
+    let zero = h.path("zero.yaml");
+    std::fs::write(&zero, "name: z\ncommand: [x]\nmax_concurrent: 0\n").expect("spec");
+    let out = h.cli(&["submit", zero.to_str().expect("path")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("max_concurrent: must be at least 1"), "{err}");
+}
