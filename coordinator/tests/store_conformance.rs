@@ -151,22 +151,29 @@ async fn submit(s: &Backend, jobs: Vec<NewJob>) -> ExperimentId {
 }
 
 async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
-    let id = ExperimentId::new();
-    s.create_experiment(NewExperiment {
-        id,
-        name: "exp".into(),
+    let exp = NewExperiment {
+        submitted_by: who.into(),
+        ..experiment("exp", jobs)
+    };
+    let id = exp.id;
+    s.create_experiment(exp).await.expect("create experiment");
+    id
+}
+
+/// An experiment of `jobs` named `name`, of `anonymous`, with nothing else set.
+fn experiment(name: &str, jobs: Vec<NewJob>) -> NewExperiment {
+    NewExperiment {
+        id: ExperimentId::new(),
+        name: name.into(),
         seed: 1,
         spec: serde_json::json!({}),
         jobs,
-        submitted_by: who.into(),
+        submitted_by: "anonymous".into(),
         source: None,
         results: None,
         study: None,
         max_concurrent: None,
-    })
-    .await
-    .expect("create experiment");
-    id
+    }
 }
 
 fn gpus(n: u32, total: u64) -> Vec<GpuInfo> {
@@ -2918,21 +2925,17 @@ async fn attempt_logs_are_kept_once_by_offset_and_to_their_bound(s: Backend) {
 async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
     let a = register(&s, "n1", 2, Some("8,8")).await;
     let b = register(&s, "n2", 2, Some("8,8")).await;
-    let exp = ExperimentId::new();
-    s.create_experiment(NewExperiment {
-        id: exp,
-        name: "capped".into(),
-        seed: 1,
-        spec: serde_json::json!({}),
-        jobs: (0..5).map(|i| job(i, Some(1000), vec![], 1)).collect(),
-        submitted_by: "anonymous".into(),
-        source: None,
-        results: None,
-        study: None,
+    let capped = NewExperiment {
         max_concurrent: Some(2),
-    })
-    .await
-    .expect("create experiment");
+        ..experiment(
+            "capped",
+            (0..5).map(|i| job(i, Some(1000), vec![], 1)).collect(),
+        )
+    };
+    let exp = capped.id;
+    s.create_experiment(capped)
+        .await
+        .expect("create experiment");
     let first = claim(&s, a, 2).await;
     let second = claim(&s, b, 2).await;
     assert_eq!(first.len() + second.len(), 2, "{first:?} {second:?}");
@@ -2963,21 +2966,15 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
     assert_eq!(third.len(), 1, "one more once one ended");
     // Claims of both nodes at the same moment: still no more than the cap between them.
     for round in 0..4 {
-        let exp = ExperimentId::new();
-        s.create_experiment(NewExperiment {
-            id: exp,
-            name: format!("race{round}"),
-            seed: 1,
-            spec: serde_json::json!({}),
-            jobs: (0..10).map(|i| job(i, Some(100), vec![], 1)).collect(),
-            submitted_by: "anonymous".into(),
-            source: None,
-            results: None,
-            study: None,
+        let race = NewExperiment {
             max_concurrent: Some(3),
-        })
-        .await
-        .expect("create experiment");
+            ..experiment(
+                &format!("race{round}"),
+                (0..10).map(|i| job(i, Some(100), vec![], 1)).collect(),
+            )
+        };
+        let exp = race.id;
+        s.create_experiment(race).await.expect("create experiment");
         let leased = || async {
             s.list_jobs(JobFilter {
                 experiment: Some(exp),
@@ -3031,16 +3028,8 @@ async fn a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain(s: 
         name: "lab".into(),
     };
     let exp = |name: &str, jobs: Vec<NewJob>| NewExperiment {
-        id: ExperimentId::new(),
-        name: format!("lab.{name}"),
-        seed: 1,
-        spec: serde_json::json!({}),
-        jobs,
-        submitted_by: "anonymous".into(),
-        source: None,
-        results: None,
         study: Some(study.clone()),
-        max_concurrent: None,
+        ..experiment(&format!("lab.{name}"), jobs)
     };
     let train = exp(
         "train",

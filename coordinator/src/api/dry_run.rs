@@ -4,32 +4,22 @@
 
 use std::collections::BTreeSet;
 
-use headroom_shared::expand::{ExpandedJob, memory_key};
-use headroom_shared::spec::ExperimentSpec;
+use headroom_shared::api::NodeView;
 
 use super::{ApiError, AppState};
 use crate::preview::{EstimateFrom, PreviewGpu, PreviewJob, PreviewNode, SchedulePreview};
+use crate::store::NewExperiment;
 
-/// The jobs of one experiment (or variant) of the spec, in queue order.
-pub(super) struct Group<'a> {
-    pub name: &'a str,
-    pub spec: &'a ExperimentSpec,
-    pub jobs: &'a [ExpandedJob],
-}
-
-/// `after`: (a job, a job it waits for), by their positions in the groups' jobs in order.
+/// The schedule of `exps`' jobs (as they would be stored, in order) on the `live` nodes.
+/// `after`: (a job, a job it waits for), by their positions in those jobs in order.
 pub(super) async fn schedule(
     s: &AppState,
-    groups: &[Group<'_>],
+    live: &[NodeView],
+    exps: &[NewExperiment],
     after: &[(usize, usize)],
 ) -> Result<SchedulePreview, ApiError> {
-    let nodes = s
-        .store
-        .list_nodes(s.config.lease_ttl.as_millis() as u64)
-        .await?;
-    let live: Vec<PreviewNode> = nodes
+    let live: Vec<PreviewNode> = live
         .iter()
-        .filter(|n| n.alive)
         .map(|n| PreviewNode {
             name: n.name.clone(),
             gpus: n
@@ -48,36 +38,33 @@ pub(super) async fn schedule(
         .flat_map(|n| n.gpus.iter())
         .map(|g| g.total_mib.saturating_sub(g.headroom_mib))
         .max();
-    let key_of =
-        |g: &Group<'_>, j: &ExpandedJob| memory_key(&g.spec.name, &g.spec.memory_key, &j.params);
-    let keys: BTreeSet<String> = groups
+    let keys: BTreeSet<String> = exps
         .iter()
-        .flat_map(|g| g.jobs.iter().map(move |j| key_of(g, j)))
+        .flat_map(|e| e.jobs.iter().map(|j| j.memory_key.clone()))
         .collect();
     let history = s.store.key_history(keys.into_iter().collect()).await?;
     let mut jobs = Vec::new();
-    for g in groups {
-        let declared = g.spec.resources.memory.map(|m| m.mib);
-        for j in g.jobs {
-            let h = history.get(&key_of(g, j));
+    for e in exps {
+        for j in &e.jobs {
+            let h = history.get(&j.memory_key);
             let mut peaks = h.map(|h| h.peaks.clone()).unwrap_or_default();
             let (estimate, from) = crate::rules::effective_estimate(
-                declared,
+                j.estimate_mib,
                 &mut peaks,
                 h.and_then(|h| h.floor),
                 largest,
             );
             let background = j.background.as_ref().map(|b| b.memory_mib);
             jobs.push(PreviewJob {
-                group: g.name.to_string(),
-                gpus: g.spec.resources.gpus,
+                group: e.name.clone(),
+                gpus: j.gpus,
                 estimate_mib: crate::rules::pair_estimate(estimate, background),
                 estimate_from: match from {
                     "learned" => EstimateFrom::Learned,
                     "declared" => EstimateFrom::Declared,
                     _ => EstimateFrom::None,
                 },
-                alone: g.spec.exclusive || g.spec.cooldown.is_some(),
+                alone: j.prestart.as_ref().is_some_and(|p| p.holds_gpu()),
                 duration_s: h.and_then(|h| h.duration_ms).map(|ms| ms as f64 / 1000.0),
                 after: vec![],
             });

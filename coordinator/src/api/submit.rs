@@ -4,7 +4,7 @@
 use axum::Extension;
 use axum::extract::State;
 use headroom_shared::api::{
-    Principal, Role, SubmitRequest, SubmitResponse, SubmittedVariant, VariantSource,
+    NodeView, Principal, Role, SubmitRequest, SubmitResponse, SubmittedVariant, VariantSource,
 };
 use headroom_shared::expand::{ExpandedJob, expand_within, expanded_bytes};
 use headroom_shared::pending::PendingReason;
@@ -13,7 +13,7 @@ use headroom_shared::study::{self, StudySpec};
 use headroom_shared::{StudyId, api::source::Source};
 
 use super::{ApiError, ApiJson, ApiResult, AppState, dry_run};
-use crate::store::StudyOf;
+use crate::store::{NewExperiment, StudyOf};
 
 /// Most jobs a dry run's answer shows (it says how many more there are).
 const PREVIEW_MAX: usize = 1_000;
@@ -34,30 +34,21 @@ pub async fn submit(
     }
     let spec = ExperimentSpec::from_value(req.spec.clone())?;
     let seed = req.seed.or(spec.seed).unwrap_or_else(rand::random);
+    let fleet = Fleet::load(&s, req.dry_run || declares_memory(&spec)).await?;
     let bounds = (s.config.max_jobs, s.config.max_submit_bytes);
-    let ready = prepare(&s, &who, &spec, &req, seed, bounds).await?;
+    let ready = prepare(&s, &who, &spec, &req, seed, bounds, &fleet).await?;
+    let exp = crate::matrix::new_experiment(&spec, ready.expanded, seed, who.name, ready.source)?;
+    let count = exp.jobs.len() as u64;
     if req.dry_run {
-        let schedule = dry_run::schedule(
-            &s,
-            &[dry_run::Group {
-                name: &spec.name,
-                spec: &spec,
-                jobs: &ready.expanded,
-            }],
-            &[],
-        )
-        .await?;
-        let jobs = ready.expanded.len() as u64;
-        // The answer is bounded too: the first jobs, and how many more there are.
-        let mut preview = ready.expanded;
-        preview.truncate(PREVIEW_MAX);
+        let schedule = dry_run::schedule(&s, &fleet.live, std::slice::from_ref(&exp), &[]).await?;
+        let (preview, preview_omitted) = preview_of(std::slice::from_ref(&exp));
         return Ok(ApiJson(SubmitResponse {
             experiment: None,
             name: spec.name,
             seed,
-            jobs,
+            jobs: count,
             dry_run: true,
-            preview_omitted: jobs - preview.len() as u64,
+            preview_omitted,
             preview: Some(preview),
             warnings: ready.warnings,
             study: None,
@@ -65,8 +56,6 @@ pub async fn submit(
             schedule: Some(schedule),
         }));
     }
-    let exp = crate::matrix::new_experiment(&spec, ready.expanded, seed, who.name, ready.source)?;
-    let count = exp.jobs.len() as u64;
     let stored = s.store.create_experiment(exp).await?;
     tracing::info!(experiment = %stored.id, name = %stored.name, jobs = count, by = %stored.submitted_by, "experiment submitted");
     Ok(ApiJson(SubmitResponse {
@@ -103,50 +92,55 @@ async fn submit_study(
         ));
     }
     let study_seed = req.seed.or(study.seed).unwrap_or_else(rand::random);
+    let need_live = req.dry_run || study.variants.iter().any(|v| declares_memory(&v.spec));
+    let fleet = Fleet::load(s, need_live).await?;
     // The jobs and bytes one submission may hold are the study's, shared by its variants.
     let (mut jobs_left, mut bytes_left) = (s.config.max_jobs, s.config.max_submit_bytes);
-    let mut ready = Vec::with_capacity(study.variants.len());
+    let id = StudyId::new();
+    let of = StudyOf {
+        id,
+        name: study.name.clone(),
+    };
+    let mut exps = Vec::with_capacity(study.variants.len());
+    let mut listed = Vec::with_capacity(study.variants.len());
+    let mut warnings = Vec::new();
     for v in &study.variants {
         let vreq = variant_request(&req, req.variants.get(&v.name));
         let seed = req.seed.or(v.spec.seed).unwrap_or(study_seed);
-        let r = prepare(s, &who, &v.spec, &vreq, seed, (jobs_left, bytes_left))
-            .await
-            .map_err(|e| e.in_variant(v))?;
+        let r = prepare(
+            s,
+            &who,
+            &v.spec,
+            &vreq,
+            seed,
+            (jobs_left, bytes_left),
+            &fleet,
+        )
+        .await
+        .map_err(|e| e.in_variant(v))?;
         jobs_left -= r.expanded.len() as u64;
         bytes_left = bytes_left.saturating_sub(expanded_bytes(&v.spec, &r.expanded));
-        ready.push((v, seed, r));
+        warnings.extend(r.warnings.iter().map(|w| format!("{}: {w}", v.name)));
+        let mut exp =
+            crate::matrix::new_experiment(&v.spec, r.expanded, seed, who.name.clone(), r.source)
+                .map_err(|e| v.refusal(e))?;
+        exp.study = Some(of.clone());
+        listed.push(SubmittedVariant {
+            variant: v.name.clone(),
+            name: v.spec.name.clone(),
+            experiment: (!req.dry_run).then_some(exp.id),
+            jobs: exp.jobs.len() as u64,
+            seed,
+            gpus: v.spec.resources.gpus,
+            memory: v.spec.resources.memory,
+            memory_key: v.spec.memory_key.clone(),
+            after: v.after.iter().map(|a| a.experiment.clone()).collect(),
+        });
+        exps.push(exp);
     }
-    let jobs: u64 = ready.iter().map(|(_, _, r)| r.expanded.len() as u64).sum();
-    let warnings: Vec<String> = ready
-        .iter()
-        .flat_map(|(v, _, r)| r.warnings.iter().map(move |w| format!("{}: {w}", v.name)))
-        .collect();
-    let listed = |v: &study::Variant, seed: u64, jobs: u64, id| SubmittedVariant {
-        variant: v.name.clone(),
-        name: v.spec.name.clone(),
-        experiment: id,
-        jobs,
-        seed,
-        gpus: v.spec.resources.gpus,
-        memory: v.spec.resources.memory,
-        memory_key: v.spec.memory_key.clone(),
-        after: v.after.iter().map(|a| a.experiment.clone()).collect(),
-    };
+    let jobs: u64 = exps.iter().map(|e| e.jobs.len() as u64).sum();
+    let waits = crate::matrix::dependencies(&study, &exps)?;
     if req.dry_run {
-        // Checked as a submission would be (the waits included), then dropped.
-        let mut exps = Vec::with_capacity(ready.len());
-        for (v, seed, r) in &ready {
-            let exp = crate::matrix::new_experiment(
-                &v.spec,
-                r.expanded.clone(),
-                *seed,
-                who.name.clone(),
-                r.source.clone(),
-            )
-            .map_err(|e| v.refusal(e))?;
-            exps.push(exp);
-        }
-        let waits = crate::matrix::dependencies(&study, &exps)?;
         // The schedule places a job that waits once what it waits for has ended.
         let position: std::collections::BTreeMap<headroom_shared::JobId, usize> = exps
             .iter()
@@ -158,58 +152,27 @@ async fn submit_study(
             .iter()
             .filter_map(|w| Some((*position.get(&w.job)?, *position.get(&w.needs)?)))
             .collect();
-        drop(exps);
-        let groups: Vec<dry_run::Group<'_>> = ready
-            .iter()
-            .map(|(v, _, r)| dry_run::Group {
-                name: &v.spec.name,
-                spec: &v.spec,
-                jobs: &r.expanded,
-            })
-            .collect();
-        let schedule = dry_run::schedule(s, &groups, &after).await?;
-        let mut preview: Vec<ExpandedJob> = Vec::new();
-        let mut variants = Vec::with_capacity(ready.len());
-        for (v, seed, r) in ready {
-            variants.push(listed(v, seed, r.expanded.len() as u64, None));
-            let room = PREVIEW_MAX.saturating_sub(preview.len());
-            preview.extend(r.expanded.into_iter().take(room));
-        }
+        let schedule = dry_run::schedule(s, &fleet.live, &exps, &after).await?;
+        let (preview, preview_omitted) = preview_of(&exps);
         return Ok(ApiJson(SubmitResponse {
             experiment: None,
             name: study.name,
             seed: study_seed,
             jobs,
             dry_run: true,
-            preview_omitted: jobs - preview.len() as u64,
+            preview_omitted,
             preview: Some(preview),
             warnings,
             study: None,
-            variants,
+            variants: listed,
             schedule: Some(schedule),
         }));
     }
-    let id = StudyId::new();
-    let of = StudyOf {
-        id,
-        name: study.name.clone(),
-    };
-    let mut exps = Vec::with_capacity(ready.len());
-    let mut counts = Vec::with_capacity(ready.len());
-    for (v, seed, r) in ready {
-        let mut exp =
-            crate::matrix::new_experiment(&v.spec, r.expanded, seed, who.name.clone(), r.source)
-                .map_err(|e| v.refusal(e))?;
-        exp.study = Some(of.clone());
-        counts.push((v, seed, exp.jobs.len() as u64, exp.id));
-        exps.push(exp);
-    }
-    let deps = crate::matrix::dependencies(&study, &exps)?;
-    s.store.create_study(exps, deps).await?;
-    tracing::info!(study = %id, name = %study.name, variants = counts.len(), jobs, by = %who.name, "study submitted");
+    s.store.create_study(exps, waits).await?;
+    tracing::info!(study = %id, name = %study.name, variants = listed.len(), jobs, by = %who.name, "study submitted");
     Ok(ApiJson(SubmitResponse {
         experiment: None,
-        name: study.name.clone(),
+        name: study.name,
         seed: study_seed,
         jobs,
         dry_run: false,
@@ -217,12 +180,65 @@ async fn submit_study(
         preview_omitted: 0,
         warnings,
         study: Some(id),
-        variants: counts
-            .into_iter()
-            .map(|(v, seed, n, id)| listed(v, seed, n, Some(id)))
-            .collect(),
+        variants: listed,
         schedule: None,
     }))
+}
+
+/// A dry run's answer is bounded too: the first jobs as expanded, and how many more there are.
+fn preview_of(exps: &[NewExperiment]) -> (Vec<ExpandedJob>, u64) {
+    let all = exps.iter().flat_map(|e| e.jobs.iter());
+    let preview: Vec<ExpandedJob> = all
+        .clone()
+        .take(PREVIEW_MAX)
+        .map(|j| ExpandedJob {
+            index: j.index,
+            config: j.config,
+            run: j.run,
+            params: j.params.clone(),
+            argv: j.argv.clone(),
+            background: j.background.clone(),
+        })
+        .collect();
+    let omitted = (all.count() - preview.len()) as u64;
+    (preview, omitted)
+}
+
+/// Whether a spec's jobs declare GPU memory (checked against the live GPUs at submit).
+fn declares_memory(spec: &ExperimentSpec) -> bool {
+    spec.resources.memory.is_some() && spec.resources.gpus > 0
+}
+
+/// What a submission checks its specs against, read once: the largest GPU count of any known
+/// node, and the live nodes (their GPUs and plans) where a dry run or a declared memory
+/// needs them (a node's view is not read for every submit of a large cluster).
+struct Fleet {
+    max_gpus: Option<u32>,
+    live: Vec<NodeView>,
+}
+
+impl Fleet {
+    async fn load(s: &AppState, live_too: bool) -> Result<Self, ApiError> {
+        let max_gpus = s.store.max_node_gpus().await?;
+        let mut live = Vec::new();
+        if live_too {
+            live = s
+                .store
+                .list_nodes(s.config.lease_ttl.as_millis() as u64)
+                .await?;
+            live.retain(|n| n.alive);
+        }
+        Ok(Self { max_gpus, live })
+    }
+
+    /// The most memory any live GPU offers, less headroom.
+    fn largest_usable_mib(&self) -> Option<u64> {
+        self.live
+            .iter()
+            .flat_map(|n| n.gpus.iter())
+            .map(|g| g.total_mib.saturating_sub(g.headroom_mib))
+            .max()
+    }
 }
 
 /// The request one variant is resolved with: its own source where the client sent one.
@@ -263,12 +279,6 @@ enum Refused {
     Other(ApiError),
 }
 
-impl From<ApiError> for Refused {
-    fn from(e: ApiError) -> Self {
-        Refused::Other(e)
-    }
-}
-
 impl From<crate::store::StoreError> for Refused {
     fn from(e: crate::store::StoreError) -> Self {
         Refused::Other(e.into())
@@ -300,6 +310,7 @@ async fn prepare(
     req: &SubmitRequest,
     seed: u64,
     (max_jobs, max_bytes): (u64, u64),
+    fleet: &Fleet,
 ) -> Result<Ready, Refused> {
     let mut source = crate::source::resolve(spec, req)?;
     if let Some(snap) = &mut source.snapshot {
@@ -336,7 +347,7 @@ async fn prepare(
         .into());
     }
     let expanded = expand_within(spec, seed, max_jobs, max_bytes)?;
-    if let Some(max) = s.store.max_node_gpus().await?
+    if let Some(max) = fleet.max_gpus
         && spec.resources.gpus > max
     {
         return Err(SpecError::new(
@@ -348,7 +359,7 @@ async fn prepare(
         )
         .into());
     }
-    let warnings = fit_warnings(s, spec).await?;
+    let warnings = fit_warnings(spec, fleet);
     Ok(Ready {
         source: (!source.is_empty()).then_some(source),
         expanded,
@@ -358,25 +369,12 @@ async fn prepare(
 
 /// What would keep the jobs waiting for ever on the live nodes: a declared memory larger
 /// than every live GPU (less headroom). Said at submit as well as in the jobs' reasons.
-async fn fit_warnings(s: &AppState, spec: &ExperimentSpec) -> Result<Vec<String>, ApiError> {
+fn fit_warnings(spec: &ExperimentSpec, fleet: &Fleet) -> Vec<String> {
     let Some(needed) = spec.resources.memory.map(|m| m.mib) else {
-        return Ok(vec![]);
+        return vec![];
     };
-    if spec.resources.gpus == 0 {
-        return Ok(vec![]);
-    }
-    let nodes = s
-        .store
-        .list_nodes(s.config.lease_ttl.as_millis() as u64)
-        .await?;
-    let largest = nodes
-        .iter()
-        .filter(|n| n.alive)
-        .flat_map(|n| n.gpus.iter())
-        .map(|g| g.total_mib.saturating_sub(g.headroom_mib))
-        .max();
-    Ok(match largest {
-        Some(largest) if needed > largest => vec![format!(
+    match fleet.largest_usable_mib() {
+        Some(largest) if declares_memory(spec) && needed > largest => vec![format!(
             "resources.memory: {}",
             PendingReason::LargerThanEveryGpu {
                 needed_mib: needed,
@@ -384,5 +382,5 @@ async fn fit_warnings(s: &AppState, spec: &ExperimentSpec) -> Result<Vec<String>
             }
         )],
         _ => vec![],
-    })
+    }
 }

@@ -71,7 +71,13 @@ pub(crate) fn count(waits: &[WaitRow]) -> Counted {
 
 /// Counts the job's waits again and records the count and its reason; what was counted.
 pub(super) async fn recount(tx: &mut dyn Tx, job: &str) -> Result<Counted> {
-    let counted = count(&tx.waits_of(job).await?);
+    let waits = tx.waits_of(job).await?;
+    record(tx, job, &waits).await
+}
+
+/// Records the count of `waits` (the job's, as read) and its reason.
+async fn record(tx: &mut dyn Tx, job: &str, waits: &[WaitRow]) -> Result<Counted> {
+    let counted = count(waits);
     tx.set_waiting_on(job, counted.unmet).await?;
     tx.set_pending_reason(job, counted.reason.as_ref()).await?;
     Ok(counted)
@@ -91,8 +97,11 @@ pub(super) async fn changed(
         let now = tx.clock().await?;
         tx.note_wait_change(job, now).await?;
     }
-    if to.is_pending() && !from.is_pending() && !tx.waits_of(job).await?.is_empty() {
-        recount(tx, job).await?;
+    if to.is_pending() && !from.is_pending() {
+        let waits = tx.waits_of(job).await?;
+        if !waits.is_empty() {
+            record(tx, job, &waits).await?;
+        }
     }
     Ok(())
 }

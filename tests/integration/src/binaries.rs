@@ -36,6 +36,19 @@ pub fn run_binary(name: &str, args: &[&str]) -> (std::process::ExitStatus, Strin
     )
 }
 
+/// `PATH` with this workspace's binaries first, as after an install: a spec names
+/// `headroom-fake-job` by name.
+pub fn path_with_binaries() -> std::ffi::OsString {
+    let bin_dir = binary("headroom")
+        .parent()
+        .expect("binary dir")
+        .to_path_buf();
+    std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .expect("PATH")
+}
+
 pub fn fake_job() -> PathBuf {
     binary("headroom-fake-job")
 }

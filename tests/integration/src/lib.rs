@@ -38,7 +38,7 @@ mod tables;
 pub mod tls;
 mod wait;
 
-pub use binaries::{binary, books_for, fake_job, run_binary};
+pub use binaries::{binary, books_for, fake_job, path_with_binaries, run_binary};
 pub use headroom::{Headroom, UpOptions};
 pub use http::{
     block_on, client_for, free_port, http_get, http_get_text, http_post, http_post_text,

@@ -89,14 +89,7 @@ fn up_in_a_git_checkout_leaves_nothing_to_commit() {
 fn run_readme_command(fake_gpus: Option<&str>) {
     let args = readme_up_args();
     let tmp = tempfile::tempdir().expect("tempdir");
-    let bin_dir = binary("headroom")
-        .parent()
-        .expect("binary dir")
-        .to_path_buf();
-    let path = std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(
-        &std::env::var_os("PATH").unwrap_or_default(),
-    )))
-    .expect("PATH");
+    let path = headroom_integration_tests::path_with_binaries();
     let out = std::fs::File::create(tmp.path().join("up.log")).expect("log");
     let mut child = Command::new(binary("headroom"))
         .arg("up")

@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use headroom_integration_tests::{Headroom, UpOptions, binary};
+use headroom_integration_tests::{Headroom, UpOptions, path_with_binaries};
 use headroom_shared::api::{ExperimentSummary, JobSummary};
 use headroom_shared::{JobId, JobState};
 
@@ -18,14 +18,7 @@ fn repo_root() -> &'static Path {
 /// `headroom up` with the built binaries first on its `PATH`, as after an install: the
 /// example's `headroom-fake-job` is found by name.
 fn up(gpus: &str, plan: Option<&str>) -> Headroom {
-    let bin_dir = binary("headroom")
-        .parent()
-        .expect("binary dir")
-        .to_path_buf();
-    let path = std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(
-        &std::env::var_os("PATH").unwrap_or_default(),
-    )))
-    .expect("PATH");
+    let path = path_with_binaries();
     let mut opts = UpOptions::gpus(gpus).env("PATH", path.to_str().expect("PATH"));
     if let Some(p) = plan {
         opts = opts.plan(p);

@@ -624,17 +624,11 @@ fn sudo_up_runs_the_admins_jobs_as_the_sudo_user() {
 /// when `up` stops.
 #[test]
 fn sudo_up_leaves_its_token_to_the_sudo_user_s_own_cli() {
-    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     let Some(other) = headroom_integration_tests::other_user() else {
         return;
     };
-    // The test user has no home of its own: one is made, its own and private.
-    if !other.dir.is_dir() {
-        std::fs::create_dir_all(&other.dir).expect("home");
-    }
-    nix::unistd::chown(&other.dir, Some(other.uid), Some(other.gid)).expect("chown");
-    std::fs::set_permissions(&other.dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    own_home(&other);
     let mut h = Headroom::up(UpOptions::gpus("1x24GiB").env("SUDO_USER", &other.name));
     h.wait_agent();
     let as_other = |args: &[&str]| {
@@ -928,15 +922,10 @@ fn the_cli_and_agents_reach_a_coordinator_behind_tls() {
 /// them no token: refused before anything is made, naming the flag.
 #[test]
 fn sudo_up_refuses_the_sudo_user_s_token_folder_as_its_data_dir() {
-    use std::os::unix::fs::PermissionsExt;
     let Some(other) = headroom_integration_tests::other_user() else {
         return;
     };
-    if !other.dir.is_dir() {
-        std::fs::create_dir_all(&other.dir).expect("home");
-    }
-    nix::unistd::chown(&other.dir, Some(other.uid), Some(other.gid)).expect("chown");
-    std::fs::set_permissions(&other.dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    own_home(&other);
     let tokens = other.dir.join(".headroom");
     let _ = std::fs::remove_dir_all(&tokens);
     // From the home, as `cd ~ && sudo headroom up`: the default `.headroom` is that folder.
@@ -955,4 +944,14 @@ fn sudo_up_refuses_the_sudo_user_s_token_folder_as_its_data_dir() {
         "{err}"
     );
     assert!(!tokens.exists(), "nothing made");
+}
+
+/// The test user's home, made where missing: its own and private, as a person's is.
+fn own_home(user: &nix::unistd::User) {
+    use std::os::unix::fs::PermissionsExt;
+    if !user.dir.is_dir() {
+        std::fs::create_dir_all(&user.dir).expect("home");
+    }
+    nix::unistd::chown(&user.dir, Some(user.uid), Some(user.gid)).expect("chown");
+    std::fs::set_permissions(&user.dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
 }
