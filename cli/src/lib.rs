@@ -224,6 +224,18 @@ pub enum Command {
         #[arg(long)]
         clean_only: bool,
     },
+    /// What each user (or experiment) used: GPU-hours, GiB-hours of reserved GPU memory,
+    /// energy (all, and of clean runs), jobs by end state; then every user's fair-share
+    /// standing (the lowest goes first).
+    Usage {
+        /// How far back: `30d`, `12h`.
+        #[arg(long, default_value = "30d")]
+        since: String,
+        #[arg(long, value_enum, default_value_t)]
+        by: headroom_shared::api::usage::UsageBy,
+        #[arg(long, value_enum, default_value_t)]
+        output: Format,
+    },
 }
 
 /// The commands `headroom-node` runs, by name: `headroom` hands them over before reading
@@ -266,7 +278,8 @@ pub enum TokenCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum UserCommand {
-    /// Create a user, or change its Unix user: `headroom user create alice --unix-user alice`.
+    /// Create a user, or change its Unix user, share and caps: `headroom user create alice
+    /// --unix-user alice --share 2 --max-gpus 4` (each run sets them all).
     /// Its tokens (`token create --name alice`) act as it; where an agent runs as root, its
     /// jobs run as the Unix user (never root unless `--allow-root`).
     Create {
@@ -280,6 +293,19 @@ pub enum UserCommand {
         /// Let its jobs run as root (only with `--unix-user root`).
         #[arg(long)]
         allow_root: bool,
+        /// Weight in fair share: a user of share 2 is due twice the GPU memory-time of one
+        /// of share 1.
+        #[arg(long, default_value_t = 1)]
+        share: u32,
+        /// The most of their jobs leased or running at once.
+        #[arg(long)]
+        max_jobs: Option<u32>,
+        /// The most GPUs their jobs hold at once.
+        #[arg(long)]
+        max_gpus: Option<u32>,
+        /// The most GPU memory their jobs reserve at once, e.g. `80GiB`.
+        #[arg(long)]
+        max_gpu_memory: Option<headroom_shared::MemSize>,
     },
     /// List users.
     Ls {
@@ -620,12 +646,20 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
                     role,
                     unix_user,
                     allow_root,
+                    share,
+                    max_jobs,
+                    max_gpus,
+                    max_gpu_memory,
                 },
         } => {
             let req = headroom_shared::api::PutUserRequest {
                 role,
                 unix_user,
                 allow_root,
+                share,
+                max_jobs,
+                max_gpus,
+                max_gpu_mib: max_gpu_memory.map(|m| m.mib),
             };
             let u = api.put_user(&name, &req).await?;
             outln!(
@@ -655,6 +689,17 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             return output::wait(api, exp, None, true).await;
         }
         Command::Simulate(args) => simulate::run(api, args).await?,
+        Command::Usage { since, by, output } => {
+            let q = headroom_shared::api::usage::UsageQuery {
+                since: Some(since),
+                by,
+            };
+            let report = api.usage(&q).await?;
+            match output {
+                Format::Table => output::usage_table(&report),
+                Format::Json => output::json(&report)?,
+            }
+        }
         Command::Export {
             csv: _,
             experiment,

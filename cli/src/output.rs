@@ -678,14 +678,103 @@ pub fn json<T: serde::Serialize>(v: &T) -> Result<()> {
 }
 
 pub fn users_table(users: &[headroom_shared::api::UserView]) {
-    outln!("{:<24}  {:<6}  {:<16}  ROOT", "NAME", "ROLE", "UNIX USER");
+    outln!(
+        "{:<24}  {:<6}  {:<16}  {:<7}  {:>5}  {:<20}",
+        "NAME",
+        "ROLE",
+        "UNIX USER",
+        "ROOT",
+        "SHARE",
+        "CAPS"
+    );
     for u in users {
+        let l = &u.limits;
+        let caps: Vec<String> = [
+            l.max_jobs.map(|n| format!("{n} jobs")),
+            l.max_gpus.map(|n| format!("{n} GPUs")),
+            l.max_gpu_mib
+                .map(|m| headroom_shared::MemSize { mib: m }.to_string()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         outln!(
-            "{:<24}  {:<6}  {:<16}  {}",
+            "{:<24}  {:<6}  {:<16}  {:<7}  {:>5}  {}",
             u.name,
             u.role.as_str(),
             u.unix_user.as_deref().unwrap_or("-"),
-            if u.allow_root { "allowed" } else { "-" }
+            if u.allow_root { "allowed" } else { "-" },
+            l.share,
+            if caps.is_empty() {
+                "-".to_string()
+            } else {
+                caps.join(", ")
+            }
+        );
+    }
+}
+
+/// `headroom usage`: a row per user (or experiment), then each user's fair-share standing.
+pub fn usage_table(r: &headroom_shared::api::usage::UsageReport) {
+    use headroom_shared::api::usage::UsageBy;
+    let since = r.since.format("%Y-%m-%d %H:%M");
+    outln!("usage since {since} UTC");
+    let what = match r.by {
+        UsageBy::User => "USER",
+        UsageBy::Experiment => "EXPERIMENT",
+    };
+    outln!(
+        "{:<28}  {:>9}  {:>10}  {:>10}  {:>10}  {:>8}  JOBS ENDED",
+        what,
+        "GPU-H",
+        "GIB-H",
+        "KWH",
+        "CLEAN KWH",
+        "ATTEMPTS"
+    );
+    for row in &r.rows {
+        let label = match &row.name {
+            Some(name) => format!("{name} ({})", &row.key[..row.key.len().min(8)]),
+            None => row.key.clone(),
+        };
+        let jobs: Vec<String> = row.jobs.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        outln!(
+            "{:<28}  {:>9.2}  {:>10.2}  {:>10.3}  {:>10.3}  {:>8}  {}",
+            label,
+            row.gpu_hours,
+            row.gib_hours,
+            row.energy_kwh,
+            row.clean_energy_kwh,
+            row.attempts,
+            if jobs.is_empty() {
+                "-".to_string()
+            } else {
+                jobs.join(", ")
+            }
+        );
+    }
+    let days = r.half_life_s as f64 / 86_400.0;
+    outln!("\nfair share (half-life {days:.1} days; the lowest per share goes first)");
+    outln!(
+        "{:<24}  {:>5}  {:>12}  {:>12}  {:>7}  {:>5}  {:>10}",
+        "USER",
+        "SHARE",
+        "USED GIB-H",
+        "PER SHARE",
+        "RUNNING",
+        "GPUS",
+        "RESERVED"
+    );
+    for s in &r.shares {
+        outln!(
+            "{:<24}  {:>5}  {:>12.2}  {:>12.2}  {:>7}  {:>5}  {:>10}",
+            s.user,
+            s.share,
+            s.used_gib_hours,
+            s.normalized,
+            s.running_jobs,
+            s.running_gpus,
+            headroom_shared::MemSize { mib: s.running_mib }.to_string()
         );
     }
 }

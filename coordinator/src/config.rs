@@ -65,6 +65,15 @@ pub struct CoordinatorSettings {
     /// no server a user names unless an admin allowed it.
     #[arg(long, env = "HEADROOM_MLFLOW_SERVERS")]
     pub mlflow_servers: Option<String>,
+    /// Fair share's half-life: GPU memory-time used this long ago counts half when ordering
+    /// users' waiting jobs (`0s`: only what runs now counts).
+    #[arg(
+        long,
+        env = "HEADROOM_FAIR_SHARE_HALF_LIFE",
+        default_value = "7d",
+        value_parser = duration
+    )]
+    pub fair_share_half_life: Duration,
     /// Bootstrap admin token (at least 32 characters). With it, or a tokens file, every
     /// request needs a token; without either the coordinator listens on loopback only.
     #[arg(long, env = "HEADROOM_ADMIN_TOKEN", hide_env_values = true)]
@@ -120,6 +129,7 @@ impl CoordinatorSettings {
             max_log_bytes: self.max_log_size.mib.saturating_mul(1024 * 1024),
             max_bundle_bytes: self.max_bundle_size.mib.saturating_mul(1024 * 1024),
             long_poll: self.long_poll,
+            half_life: self.fair_share_half_life,
             telemetry_retention: self.telemetry_retention,
             telemetry_max_samples: self.telemetry_max_samples,
             shared_visibility: self.shared_visibility,
@@ -206,6 +216,8 @@ pub struct CoordinatorConfig {
     pub max_bundle_bytes: u64,
     /// A job waiting longer than this holds GPUs for itself instead of being overtaken.
     pub reserve_after: Duration,
+    /// Fair share's half-life.
+    pub half_life: Duration,
     /// How long a stop signal waits for requests in flight before dropping them (under
     /// Kubernetes' default 30 s grace before SIGKILL).
     pub drain_timeout: Duration,
@@ -256,6 +268,7 @@ impl CoordinatorConfig {
             max_log_bytes: crate::store::logs::DEFAULT_MAX_LOG_BYTES,
             max_bundle_bytes: 100 * 1024 * 1024,
             reserve_after: Duration::from_secs(600),
+            half_life: Duration::from_millis(crate::fair::DEFAULT_HALF_LIFE_MS),
             drain_timeout: Duration::from_secs(20),
             telemetry_retention: Duration::from_secs(24 * 3600),
             telemetry_max_samples: 100_000,

@@ -49,6 +49,13 @@ struct UserLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShareLabels {
+    user: String,
+}
+
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
 }
@@ -67,6 +74,10 @@ const REASONS: &[&str] = &[
     "behind_reservation",
     "too_many_gpus",
     "larger_than_every_gpu",
+    "concurrency_cap",
+    "user_cap",
+    "fair_share",
+    "waits_for",
 ];
 
 /// The coordinator's metrics; cheap to clone.
@@ -85,6 +96,9 @@ pub struct CoordinatorMetrics {
     outcomes: Family<OutcomeLabels, Gauge>,
     gpus: Family<GpuStatusLabels, Gauge>,
     users: Family<UserLabels, Gauge>,
+    share_used: Family<ShareLabels, FloatGauge>,
+    share_weight: Family<ShareLabels, Gauge>,
+    share_normalized: Family<ShareLabels, FloatGauge>,
     /// One render at a time on this replica: each sets the gauges, then encodes them (the
     /// per-user family is cleared and refilled, which a concurrent scrape must not see).
     rendering: Arc<tokio::sync::Mutex<()>>,
@@ -171,6 +185,24 @@ impl CoordinatorMetrics {
             "Jobs per submitter: queued (waiting to run) and running (holding a lease)",
             users.clone(),
         );
+        let share_used = Family::<ShareLabels, FloatGauge>::default();
+        r.register(
+            "headroom_user_share_used_gib_hours",
+            "Fair share: each user's decayed usage in GiB-hours of reserved GPU memory",
+            share_used.clone(),
+        );
+        let share_weight = Family::<ShareLabels, Gauge>::default();
+        r.register(
+            "headroom_user_share",
+            "Fair share: each user's weight (`user create --share`)",
+            share_weight.clone(),
+        );
+        let share_normalized = Family::<ShareLabels, FloatGauge>::default();
+        r.register(
+            "headroom_user_share_normalized",
+            "Fair share: usage per unit of share (the lowest user's jobs go first)",
+            share_normalized.clone(),
+        );
         // `headroom_build_info{version="…"} 1`, an OpenMetrics info.
         r.register(
             "headroom_build",
@@ -185,6 +217,9 @@ impl CoordinatorMetrics {
             outcomes,
             gpus,
             users,
+            share_used,
+            share_weight,
+            share_normalized,
             rendering: Arc::default(),
             jobs,
             queue_depth,
@@ -217,12 +252,14 @@ impl CoordinatorMetrics {
 
     /// Reads the store's figures and renders the page (OpenMetrics text). `users`: whether
     /// the jobs per submitter (`headroom_user_jobs`, which names users) are shown: only to a
-    /// scrape that holds a user's or an admin's token.
+    /// scrape that holds a user's or an admin's token (so are the fair-share gauges, read with
+    /// `half_life_ms`).
     pub async fn render(
         &self,
         store: &dyn Store,
         alive_within_ms: u64,
         users: bool,
+        half_life_ms: u64,
     ) -> Result<String> {
         let _one_at_a_time = self.rendering.lock().await;
         let counts = store.counts(None).await?;
@@ -304,6 +341,21 @@ impl CoordinatorMetrics {
                         state: state.into(),
                     })
                     .set(to_i64(n));
+            }
+        }
+        self.share_used.clear();
+        self.share_weight.clear();
+        self.share_normalized.clear();
+        if users {
+            for s in store.share_standings(half_life_ms).await? {
+                let labels = ShareLabels { user: s.user };
+                self.share_used.get_or_create(&labels).set(s.used_gib_hours);
+                self.share_weight
+                    .get_or_create(&labels)
+                    .set(i64::from(s.share));
+                self.share_normalized
+                    .get_or_create(&labels)
+                    .set(s.normalized);
             }
         }
         let mut out = String::new();

@@ -485,7 +485,7 @@ mod tests {
     /// places other experiments' jobs past them.
     #[test]
     fn a_claim_keeps_an_experiment_under_its_concurrency_cap() {
-        use crate::rules::{Caps, PendingRow, claim};
+        use crate::rules::{PendingRow, claim};
         let pending = |id: &str, exp: &str| PendingRow {
             id: id.into(),
             gpus: 1,
@@ -498,6 +498,7 @@ mod tests {
             state: headroom_shared::JobState::Queued,
             cursor: Default::default(),
             experiment: exp.into(),
+            user: "u".into(),
         };
         let s = snap(vec![gpu(0, 24_000, 8), gpu(1, 24_000, 8)]);
         let queue: Vec<PendingRow> = ["a1", "a2", "a3", "a4"]
@@ -506,12 +507,16 @@ mod tests {
             .chain([pending("b1", "free")])
             .collect();
         // A cap of 3 with one running: two more, then the free experiment's job.
-        let mut caps: Caps = [("capped".to_string(), (3, 1))].into_iter().collect();
+        let mut caps = crate::fair::Caps {
+            experiments: [("capped".to_string(), (3, 1))].into_iter().collect(),
+            ..Default::default()
+        };
         let plan = claim(
             &mut Placer::new(&s),
             &queue,
             &Default::default(),
             &mut caps,
+            &Default::default(),
             0,
             8,
         );
@@ -522,7 +527,7 @@ mod tests {
             .collect();
         assert_eq!(leased, ["a1", "a2", "b1"]);
         assert_eq!(
-            caps["capped"],
+            caps.experiments["capped"],
             (3, 3),
             "its count includes this claim's leases"
         );
@@ -550,6 +555,7 @@ mod tests {
             &queue[2..],
             &Default::default(),
             &mut caps,
+            &Default::default(),
             0,
             8,
         );
@@ -579,6 +585,7 @@ mod tests {
             state: headroom_shared::JobState::Queued,
             cursor: Default::default(),
             experiment: "e".into(),
+            user: "u".into(),
         };
         let learned = Default::default();
         // 10000 total, 1000 headroom: 5000 + 4000 fits, 5000 + 4001 does not.
@@ -588,6 +595,7 @@ mod tests {
             &[pending(Some(5_000), Some(4_000))],
             &learned,
             &mut Default::default(),
+            &Default::default(),
             0,
             1,
         );
@@ -602,6 +610,7 @@ mod tests {
             &[pending(Some(5_000), Some(4_001))],
             &learned,
             &mut Default::default(),
+            &Default::default(),
             0,
             1,
         );
@@ -624,6 +633,7 @@ mod tests {
                 &[pending(Some(5_000), None)],
                 &learned,
                 &mut Default::default(),
+                &Default::default(),
                 0,
                 1
             )
@@ -637,6 +647,7 @@ mod tests {
             &[pending(None, Some(4_000))],
             &learned,
             &mut Default::default(),
+            &Default::default(),
             0,
             1,
         );

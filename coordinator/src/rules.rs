@@ -13,6 +13,7 @@ use headroom_shared::spec::OnThrottle;
 use headroom_shared::{AttemptId, FailureClass, JobEvent, JobState, Plan};
 use serde_json::Value;
 
+use crate::fair::{self, Caps, Shares};
 use crate::placement::{Candidate, Placement, Placer};
 
 /// Milliseconds since the Unix epoch: the one time unit the rules and the stores use.
@@ -125,6 +126,8 @@ pub struct PendingRow {
     /// pending jobs is read.
     pub cursor: QueueCursor,
     pub experiment: String,
+    /// Who submitted it: fair share orders and caps by user.
+    pub user: String,
 }
 
 /// A place in the queue: priority (higher first), then submission sequence (older first).
@@ -155,66 +158,17 @@ pub struct ClaimPlan {
     pub reasons: Vec<(usize, PendingReason)>,
 }
 
-/// Experiments with `max_concurrent`, by id: (the cap, their jobs leased or running now,
-/// this claim's leases counted in as it makes them).
-pub type Caps = HashMap<String, (u32, u32)>;
-
+/// A claim over `pending` (in the order they go: users by fair share, then priority and
+/// submission): caps first, then placement of what they leave.
 pub fn claim(
     placer: &mut Placer,
     pending: &[PendingRow],
     learned: &Learned,
     caps: &mut Caps,
+    shares: &Shares,
     now: Millis,
     max: usize,
 ) -> ClaimPlan {
-    // A job whose experiment is at its cap (counting the jobs before it here) is not looked
-    // at: placement never sees more of an experiment than its cap leaves room for.
-    let mut room: HashMap<&str, u32> = HashMap::new();
-    let mut capped: Vec<usize> = Vec::new();
-    let open: Vec<usize> = (0..pending.len())
-        .filter(|&i| {
-            let exp = pending[i].experiment.as_str();
-            let Some(&(cap, running)) = caps.get(exp) else {
-                return true;
-            };
-            let left = room.entry(exp).or_insert(cap.saturating_sub(running));
-            if *left == 0 {
-                capped.push(i);
-                return false;
-            }
-            *left -= 1;
-            true
-        })
-        .collect();
-    let mut plan = claim_open(placer, pending, &open, learned, now, max);
-    for slot in &plan.leases {
-        if let Some((_, running)) = caps.get_mut(pending[slot.candidate].experiment.as_str()) {
-            *running += 1;
-        }
-    }
-    // Said with the count this claim leaves (only reasons that changed are written).
-    for i in capped {
-        if let Some(&(limit, running)) = caps.get(pending[i].experiment.as_str()) {
-            let reason = PendingReason::ConcurrencyCap { limit, running };
-            if pending[i].reason.as_ref() != Some(&reason) {
-                plan.reasons.push((i, reason));
-            }
-        }
-    }
-    plan
-}
-
-/// [`claim`] over the pending jobs at positions `open` (positions in the plan are
-/// `pending`'s).
-fn claim_open(
-    placer: &mut Placer,
-    all: &[PendingRow],
-    open: &[usize],
-    learned: &Learned,
-    now: Millis,
-    max: usize,
-) -> ClaimPlan {
-    let pending: Vec<&PendingRow> = open.iter().map(|&i| &all[i]).collect();
     let largest = placer.largest_usable_mib();
     let estimates: Vec<(Option<u64>, &'static str)> = pending
         .iter()
@@ -224,21 +178,102 @@ fn claim_open(
             (pair_estimate(estimate, p.background_mib), source)
         })
         .collect();
-    let candidates: Vec<Candidate> = pending
+    // What a job would reserve: its estimate on each GPU, a whole GPU where it runs alone.
+    let reserves = |i: usize| {
+        let per_gpu = estimates[i].0.or(largest).unwrap_or(0);
+        per_gpu.saturating_mul(u64::from(pending[i].gpus))
+    };
+    // A job that would take its experiment or its user past a cap (counting the jobs before
+    // it here) is not looked at: placement never sees more than the caps leave room for.
+    let mut room: HashMap<&str, u32> = HashMap::new();
+    let mut held = caps.users.clone();
+    let mut capped: Vec<(usize, PendingReason)> = Vec::new();
+    let mut open = Vec::new();
+    for (i, p) in pending.iter().enumerate() {
+        if let Some(&(limit, running)) = caps.experiments.get(&p.experiment) {
+            let left = room
+                .entry(&p.experiment)
+                .or_insert(limit.saturating_sub(running));
+            if *left == 0 {
+                capped.push((i, PendingReason::ConcurrencyCap { limit, running }));
+                continue;
+            }
+            *left -= 1;
+        }
+        if let Some((limits, h)) = held.get_mut(&p.user) {
+            if let Some(reason) = fair::over_cap(&p.user, limits, h, p.gpus, reserves(i)) {
+                capped.push((i, reason));
+                continue;
+            }
+            h.add(p.gpus, reserves(i));
+        }
+        open.push(i);
+    }
+    let mut plan = claim_open(placer, pending, &open, &estimates, now, max);
+    for slot in &plan.leases {
+        let p = &pending[slot.candidate];
+        if let Some((_, running)) = caps.experiments.get_mut(&p.experiment) {
+            *running += 1;
+        }
+        if let Some((_, h)) = caps.users.get_mut(&p.user) {
+            h.add(p.gpus, reserves(slot.candidate));
+        }
+    }
+    // A job that found no room while another user's jobs go first waits for fair share.
+    for (i, reason) in &mut plan.reasons {
+        if matches!(
+            reason,
+            PendingReason::NoFreeSlot
+                | PendingReason::NotEnoughMemory { .. }
+                | PendingReason::BehindReservation
+        ) && let Some(held_back) = shares.held_back(&pending[*i].user)
+        {
+            *reason = held_back;
+        }
+    }
+    // Said with the counts this claim leaves; only reasons that changed are written.
+    for (i, reason) in capped {
+        let p = &pending[i];
+        let now_held =
+            match &reason {
+                PendingReason::ConcurrencyCap { limit, .. } => caps
+                    .experiments
+                    .get(&p.experiment)
+                    .map(|&(_, running)| PendingReason::ConcurrencyCap {
+                        limit: *limit,
+                        running,
+                    }),
+                _ => caps.users.get(&p.user).and_then(|(limits, h)| {
+                    fair::over_cap(&p.user, limits, h, p.gpus, reserves(i))
+                }),
+            };
+        plan.reasons.push((i, now_held.unwrap_or(reason)));
+    }
+    plan.reasons
+        .retain(|(i, r)| pending[*i].reason.as_ref() != Some(r));
+    plan
+}
+
+/// [`claim`] over the pending jobs at positions `open` (positions in the plan are
+/// `pending`'s), placed by `estimates` (`all`'s).
+fn claim_open(
+    placer: &mut Placer,
+    all: &[PendingRow],
+    open: &[usize],
+    estimates: &[(Option<u64>, &'static str)],
+    now: Millis,
+    max: usize,
+) -> ClaimPlan {
+    let candidates: Vec<Candidate> = open
         .iter()
-        .zip(&estimates)
-        .map(|(p, (estimate, _))| Candidate {
-            gpus: p.gpus,
-            estimate_mib: *estimate,
-            waited_ms: (now - p.since).max(0) as u64,
-            alone: p.alone,
+        .map(|&i| Candidate {
+            gpus: all[i].gpus,
+            estimate_mib: estimates[i].0,
+            waited_ms: (now - all[i].since).max(0) as u64,
+            alone: all[i].alone,
         })
         .collect();
     let mut placed = placer.place(&candidates, max);
-    // Only reasons that changed are written.
-    placed
-        .reasons
-        .retain(|(i, r)| pending[*i].reason.as_ref() != Some(r));
     for (i, _) in &mut placed.reasons {
         *i = open[*i];
     }
@@ -247,9 +282,10 @@ fn claim_open(
             .placements
             .into_iter()
             .map(|p: Placement| {
-                let (estimate, source) = estimates[p.candidate];
+                let i = open[p.candidate];
+                let (estimate, source) = estimates[i];
                 Slot {
-                    candidate: open[p.candidate],
+                    candidate: i,
                     gpus: p.gpus,
                     estimate,
                     source,

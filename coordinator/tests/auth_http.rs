@@ -472,6 +472,7 @@ async fn a_tokenless_coordinator_maps_no_user_and_answers_only_its_own_machine()
             role: Role::Admin,
             unix_user: Some("root".into()),
             allow_root: true,
+            limits: Default::default(),
             created_at: chrono::Utc::now(),
         })
         .await

@@ -14,7 +14,7 @@ use headroom_coordinator::store::{
 };
 use headroom_shared::api::{
     AttemptRef, EnergySource, FinishReport, GpuInfo, GpuSample, JobStarted, JobSummary, Lease,
-    Measurements, PeakSource, Role, TelemetrySample,
+    Measurements, PeakSource, Role, TelemetrySample, UserLimits, UserView,
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, AttemptId, ExperimentId, FailureClass, JobId, JobState, Plan};
@@ -260,6 +260,7 @@ async fn claim_with(
         max,
         lease_ttl_ms: 30_000,
         reserve_after_ms: u64::MAX,
+        half_life_ms: headroom_coordinator::fair::DEFAULT_HALF_LIFE_MS,
         watching: vec![],
     })
     .await
@@ -723,6 +724,7 @@ async fn reregistration_loses_old_attempts(s: Backend) {
             max: 1,
             lease_ttl_ms: 1000,
             reserve_after_ms: 0,
+            half_life_ms: headroom_coordinator::fair::DEFAULT_HALF_LIFE_MS,
             watching: vec![],
         })
         .await;
@@ -905,6 +907,7 @@ async fn users_have_one_role_and_their_unix_user_reaches_their_leases(s: Backend
         role,
         unix_user: unix_user.map(String::from),
         allow_root: false,
+        limits: Default::default(),
         created_at: chrono::Utc::now(),
     };
     assert!(matches!(
@@ -994,6 +997,7 @@ async fn cancel_stops_queued_and_flags_running(s: Backend) {
             max: 1,
             lease_ttl_ms: 30_000,
             reserve_after_ms: u64::MAX,
+            half_life_ms: headroom_coordinator::fair::DEFAULT_HALF_LIFE_MS,
             watching: vec![l.attempt],
         })
         .await
@@ -1072,6 +1076,7 @@ async fn expired_leases_become_lost(s: Backend) {
             max: 4,
             lease_ttl_ms: 30_000,
             reserve_after_ms: u64::MAX,
+            half_life_ms: headroom_coordinator::fair::DEFAULT_HALF_LIFE_MS,
             watching: vec![],
         })
         .await
@@ -1994,6 +1999,7 @@ async fn one_lost(s: &Backend, agent: AgentId, job: NewJob, start: bool) -> Leas
             max: 1,
             lease_ttl_ms: 0,
             reserve_after_ms: u64::MAX,
+            half_life_ms: headroom_coordinator::fair::DEFAULT_HALF_LIFE_MS,
             watching: vec![],
         })
         .await
@@ -3003,6 +3009,146 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
     }
 }
 
+/// Runs a lease's job for `hours` (started that long ago, ended now).
+async fn run_for(s: &Backend, l: &Lease, hours: i64) {
+    let started = now_ms() - hours * 3_600_000;
+    s.start_attempt(l.attempt, l.fence, 1, started)
+        .await
+        .expect("start");
+    finish_attempt(s, l.attempt, report(l.fence, None))
+        .await
+        .expect("finish");
+}
+
+/// Sets a user's share and caps (the user made if new).
+async fn limit(s: &Backend, user: &str, limits: UserLimits) {
+    s.put_user(UserView {
+        name: user.into(),
+        role: Role::User,
+        unix_user: None,
+        allow_root: false,
+        limits,
+        created_at: Utc::now(),
+    })
+    .await
+    .expect("put user");
+}
+
+/// Fair share on both stores: the user who has used less GPU memory-time per unit of share
+/// goes first whoever submitted first, a job held back says why with the figures, ended runs
+/// are charged to the ledger once, and a user's GPU cap is never passed.
+async fn users_go_by_usage_per_share_and_their_caps_hold(s: Backend) {
+    const H: u64 = 7 * 24 * 3_600_000;
+    let n1 = register(&s, "n1", 1, Some("1")).await;
+    let jobs = |n: u32| (0..n).map(|i| job(i, Some(1000), vec![], 1)).collect();
+    let alice = submit_as(&s, "alice", jobs(6)).await;
+    let bob = submit_as(&s, "bob", jobs(3)).await;
+    let of = |exp: ExperimentId| {
+        let s = s.clone();
+        async move {
+            s.list_jobs(JobFilter {
+                experiment: Some(exp),
+                ..JobFilter::default()
+            })
+            .await
+            .expect("jobs")
+            .into_iter()
+            .map(|j| j.id)
+            .collect::<Vec<_>>()
+        }
+    };
+    let (alices, bobs) = (of(alice).await, of(bob).await);
+    // Neither has used anything: the older submission goes first.
+    let first = claim(&s, n1, 1).await;
+    assert_eq!(first[0].job, alices[0]);
+    run_for(&s, &first[0], 1).await;
+    // Alice used 1000 MiB for an hour, Bob nothing: Bob's later jobs go first now.
+    let second = claim(&s, n1, 1).await;
+    assert_eq!(second[0].job, bobs[0], "the user who used less goes first");
+    let waiting = s
+        .list_jobs(JobFilter {
+            experiment: Some(alice),
+            state: Some(JobState::Queued),
+            ..JobFilter::default()
+        })
+        .await
+        .expect("jobs");
+    let reason = waiting[0].pending_reason.clone().expect("a reason");
+    assert!(
+        matches!(&reason, PendingReason::FairShare { user, ahead, used_mib_h: 1000, share: 1, .. }
+            if user == "alice" && ahead == "bob"),
+        "{reason:?}"
+    );
+    assert!(reason.to_string().contains("bob"), "{reason}");
+    // Ended runs are charged once, whichever replica's task gets there.
+    assert_eq!(s.charge_usage(H, 100).await.expect("charge"), 1);
+    assert_eq!(s.charge_usage(H, 100).await.expect("charge"), 0);
+    let standings = s.share_standings(H).await.expect("standings");
+    let alice_used = standings
+        .iter()
+        .find(|u| u.user == "alice")
+        .expect("alice")
+        .used_gib_hours;
+    assert!((alice_used - 1000.0 / 1024.0).abs() < 0.01, "{standings:?}");
+    // Bob runs two hours: 2000 MiB-h against Alice's 1000, so Alice goes first again.
+    run_for(&s, &second[0], 2).await;
+    let third = claim(&s, n1, 1).await;
+    assert_eq!(third[0].job, alices[1]);
+    run_for(&s, &third[0], 2).await;
+    // 3000 (Alice) against 2000 (Bob): Bob. With a share of 2 Bob stays first at 4000
+    // against 3000 (2000 per share).
+    limit(
+        &s,
+        "bob",
+        UserLimits {
+            share: 2,
+            ..Default::default()
+        },
+    )
+    .await;
+    let fourth = claim(&s, n1, 1).await;
+    assert_eq!(fourth[0].job, bobs[1]);
+    run_for(&s, &fourth[0], 2).await;
+    let fifth = claim(&s, n1, 1).await;
+    assert_eq!(fifth[0].job, bobs[2], "share 2: 4000 / 2 < 3000");
+    run_for(&s, &fifth[0], 0).await;
+    // Caps: Alice may hold 2 GPUs; a node with four free slots gives her two.
+    limit(
+        &s,
+        "alice",
+        UserLimits {
+            max_gpus: Some(2),
+            ..Default::default()
+        },
+    )
+    .await;
+    let n2 = register(&s, "n2", 2, Some("2,2")).await;
+    let capped = claim(&s, n2, 4).await;
+    assert_eq!(capped.len(), 2, "{capped:?}");
+    assert_eq!(claim(&s, n1, 1).await.len(), 0, "not a third, on any node");
+    let waiting = s
+        .list_jobs(JobFilter {
+            experiment: Some(alice),
+            state: Some(JobState::Queued),
+            ..JobFilter::default()
+        })
+        .await
+        .expect("jobs");
+    assert_eq!(waiting.len(), 2);
+    for j in waiting {
+        assert_eq!(
+            j.pending_reason.map(|r| r.to_string()).as_deref(),
+            Some("alice's cap: holds 2 GPUs, at most 2"),
+        );
+    }
+    // One ends: one more starts, still two.
+    run_for(&s, &capped[0], 0).await;
+    assert_eq!(claim(&s, n2, 4).await.len(), 1);
+    let held = s.share_standings(H).await.expect("standings");
+    let alice_now = held.iter().find(|u| u.user == "alice").expect("alice");
+    assert_eq!((alice_now.running_jobs, alice_now.running_gpus), (2, 2));
+}
+
 /// Settles every note of a changed job that others wait for, as the coordinator's task does.
 async fn settle_all(s: &Backend) {
     loop {
@@ -3149,6 +3295,7 @@ macro_rules! conformance {
 
 conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
+    users_go_by_usage_per_share_and_their_caps_hold,
     an_experiment_s_cap_holds_across_nodes,
     a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain,
     early_stop_decides_each_rung_once_against_the_experiment_s_other_attempts,
@@ -3320,6 +3467,7 @@ async fn postgres_replicas_never_lease_a_job_twice() {
             max: 7,
             lease_ttl_ms: 60_000,
             reserve_after_ms: u64::MAX,
+            half_life_ms: headroom_coordinator::fair::DEFAULT_HALF_LIFE_MS,
             watching: vec![],
         })
         .await

@@ -641,6 +641,14 @@ impl Client {
         self.get(routes::USERS, &[]).await
     }
 
+    /// What each user (or experiment) used, and every user's fair-share standing.
+    pub async fn usage(
+        &self,
+        q: &crate::api::usage::UsageQuery,
+    ) -> Result<crate::api::usage::UsageReport, ClientError> {
+        self.get_query(routes::USAGE, &[], q, DEFAULT_TIMEOUT).await
+    }
+
     /// Creates or changes a user.
     pub async fn put_user(
         &self,

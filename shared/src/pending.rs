@@ -31,6 +31,25 @@ pub enum PendingReason {
     LargerThanEveryGpu { needed_mib: u64, largest_mib: u64 },
     /// Its experiment has `max_concurrent` (`limit`) jobs leased or running already.
     ConcurrencyCap { limit: u32, running: u32 },
+    /// Its user holds `held` of the `limit` their cap allows (`headroom user create
+    /// --max-jobs/--max-gpus/--max-gpu-memory`); memory in MiB.
+    UserCap {
+        user: String,
+        cap: UserCapKind,
+        limit: u64,
+        held: u64,
+    },
+    /// Fair share: its user has used more GPU memory-time (decayed, per unit of share) than
+    /// `ahead`, whose jobs wait too and go first. Usage in MiB-hours, to two significant
+    /// figures.
+    FairShare {
+        user: String,
+        used_mib_h: u64,
+        share: u32,
+        ahead: String,
+        ahead_used_mib_h: u64,
+        ahead_share: u32,
+    },
     /// It waits (a study's `after`) for `jobs` jobs of `experiment` to end as `when` asks
     /// (`succeeded` or `ended`); `ended_otherwise` of them ended otherwise and wait for a
     /// retry.
@@ -60,8 +79,35 @@ impl PendingReason {
             Self::LargerThanEveryGpu { .. } => "larger_than_every_gpu",
             Self::WaitsFor { .. } => "waits_for",
             Self::ConcurrencyCap { .. } => "concurrency_cap",
+            Self::UserCap { .. } => "user_cap",
+            Self::FairShare { .. } => "fair_share",
         }
     }
+}
+
+/// Which of a user's caps: running jobs, GPUs, or GiB of GPU memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum UserCapKind {
+    Jobs,
+    Gpus,
+    GpuMemory,
+}
+
+impl fmt::Display for UserCapKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Jobs => "jobs",
+            Self::Gpus => "GPUs",
+            Self::GpuMemory => "GPU memory",
+        })
+    }
+}
+
+/// MiB-hours as GiB-hours, one decimal.
+fn gib_hours(mib_h: u64) -> String {
+    format!("{:.1} GiB-h", mib_h as f64 / 1024.0)
 }
 
 fn mib(m: u64) -> MemSize {
@@ -103,6 +149,34 @@ impl fmt::Display for PendingReason {
             Self::ConcurrencyCap { limit, running } => write!(
                 f,
                 "its experiment's max_concurrent: {running} of at most {limit} leased or running"
+            ),
+            Self::UserCap {
+                user,
+                cap,
+                limit,
+                held,
+            } => match cap {
+                UserCapKind::GpuMemory => write!(
+                    f,
+                    "{user}'s cap: holds {} of GPU memory, at most {}",
+                    mib(*held),
+                    mib(*limit)
+                ),
+                _ => write!(f, "{user}'s cap: holds {held} {cap}, at most {limit}"),
+            },
+            Self::FairShare {
+                user,
+                used_mib_h,
+                share,
+                ahead,
+                ahead_used_mib_h,
+                ahead_share,
+            } => write!(
+                f,
+                "fair share: {user} used {} (share {share}), {ahead} {} (share {ahead_share}) \
+                 and goes first",
+                gib_hours(*used_mib_h),
+                gib_hours(*ahead_used_mib_h)
             ),
             Self::WaitsFor {
                 experiment,

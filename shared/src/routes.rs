@@ -10,6 +10,7 @@ use std::marker::PhantomData;
 
 use crate::api::MetricsQuery;
 use crate::api::source::BundleStored;
+use crate::api::usage::{UsageQuery, UsageReport};
 use crate::api::{
     Ack, AttemptSeries, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse,
     ClaimRequest, ClaimResponse, CreateTokenRequest, CreatedToken, ExperimentSummary, ExportPage,
@@ -528,6 +529,7 @@ macro_rules! for_each_endpoint {
             $crate::routes::REVOKE_TOKEN,
             $crate::routes::USERS,
             $crate::routes::PUT_USER,
+            $crate::routes::USAGE,
             $crate::routes::WHOAMI,
         }
     };
@@ -557,6 +559,14 @@ pub const GET_BUNDLE: Endpoint<NoBody, NoQuery, OctetStream> = Endpoint::new(
 )
 .doc("getBundle", "agents");
 
+pub const USAGE: Endpoint<NoBody, Query<UsageQuery>, Json<UsageReport>> = Endpoint::new(
+    Get,
+    "/v1/usage",
+    User,
+    "What each user or experiment used (GPU-hours, GiB-hours, energy, jobs by end state) and \
+     every user's fair-share standing",
+)
+.doc("usage", "tokens");
 pub const USERS: Endpoint<NoBody, NoQuery, JsonList<UserView>> =
     Endpoint::new(Get, "/v1/users", Admin, "Users and their Unix users").doc("listUsers", "tokens");
 pub const WHOAMI: Endpoint<NoBody, NoQuery, Json<WhoAmI>> = Endpoint::new(

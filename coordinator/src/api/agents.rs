@@ -113,6 +113,7 @@ pub async fn claim(
                 max: req.max,
                 lease_ttl_ms: s.config.lease_ttl.as_millis() as u64,
                 reserve_after_ms: s.config.reserve_after.as_millis() as u64,
+                half_life_ms: s.config.half_life.as_millis() as u64,
                 watching: req.watching.clone(),
             })
             .await?;

@@ -32,6 +32,7 @@ mod telemetry;
 mod tokens;
 mod typed;
 mod ui;
+mod usage;
 
 pub use error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use typed::Endpoints;
@@ -96,6 +97,7 @@ pub fn router(state: AppState) -> Router {
         .endpoint(r::CREATE_TOKEN, tokens::create)
         .endpoint(r::REVOKE_TOKEN, tokens::revoke)
         .endpoint(r::USERS, tokens::users)
+        .endpoint(r::USAGE, usage::usage)
         .endpoint(r::PUT_USER, tokens::put_user)
         .endpoint(r::WHOAMI, tokens::whoami)
         // One gate for every route above, deciding by the route table's `access` (`authorize`).

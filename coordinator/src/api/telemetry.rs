@@ -160,7 +160,12 @@ pub async fn metrics(
             .await
             .is_ok_and(|who| matches!(who.role, Role::User | Role::Admin)),
     };
-    match s.metrics.render(s.store.as_ref(), alive, users).await {
+    let half_life = s.config.half_life.as_millis() as u64;
+    match s
+        .metrics
+        .render(s.store.as_ref(), alive, users, half_life)
+        .await
+    {
         Ok(page) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], page).into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }

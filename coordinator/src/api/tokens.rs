@@ -6,7 +6,7 @@ use axum::Extension;
 use axum::extract::State;
 use headroom_shared::api::{
     CreateTokenRequest, CreatedToken, ErrorCode, JoinRequest, Principal, PutUserRequest, Role,
-    TokenView, UserView, WhoAmI,
+    TokenView, UserLimits, UserView, WhoAmI,
 };
 
 use super::{ApiError, ApiJson, ApiPath, ApiResult, AppState};
@@ -237,7 +237,30 @@ pub async fn users(State(s): State<AppState>) -> ApiResult<Vec<UserView>> {
     Ok(ApiJson(s.store.users().await?))
 }
 
-/// Creates a user or changes its Unix user; its role is fixed once it exists.
+/// A request's share and caps, each at least 1 (a cap of 0 would hold every job forever
+/// without saying who meant it: revoke the user's tokens instead).
+fn user_limits(req: &PutUserRequest) -> Result<UserLimits, ApiError> {
+    let at_least_one = |field: &str, v: Option<u64>| match v {
+        Some(0) => Err(ApiError::invalid(
+            field,
+            format!("{field} must be at least 1"),
+        )),
+        _ => Ok(()),
+    };
+    at_least_one("share", Some(u64::from(req.share)))?;
+    at_least_one("max_jobs", req.max_jobs.map(u64::from))?;
+    at_least_one("max_gpus", req.max_gpus.map(u64::from))?;
+    at_least_one("max_gpu_mib", req.max_gpu_mib)?;
+    Ok(UserLimits {
+        share: req.share,
+        max_jobs: req.max_jobs,
+        max_gpus: req.max_gpus,
+        max_gpu_mib: req.max_gpu_mib,
+    })
+}
+
+/// Creates a user or changes its Unix user, share and caps; its role is fixed once it
+/// exists.
 pub async fn put_user(
     State(s): State<AppState>,
     Extension(who): Extension<Principal>,
@@ -264,6 +287,7 @@ pub async fn put_user(
     if let Some(u) = &req.unix_user {
         auth::check_unix_user(u, req.allow_root).map_err(|m| ApiError::invalid("unix_user", m))?;
     }
+    let limits = user_limits(&req)?;
     let user = s
         .store
         .put_user(UserView {
@@ -271,6 +295,7 @@ pub async fn put_user(
             role: req.role,
             unix_user: req.unix_user,
             allow_root: req.allow_root,
+            limits,
             created_at: chrono::Utc::now(),
         })
         .await?;

@@ -25,6 +25,8 @@ pub struct Dialect {
     /// waiting job to the partial index in order (`INDEXED BY` there; nothing on PostgreSQL).
     pub waiting_index: &'static str,
     pub waiting_cpu_index: &'static str,
+    /// The same for one user's waiting jobs (fair share reads each user's queue).
+    pub waiting_user_index: &'static str,
     /// The function giving a JSON array's length.
     pub json_array_length: &'static str,
     /// The database's clock in ms since the epoch, as an SQL expression: lease times come

@@ -15,8 +15,11 @@ use super::{
     nodes, now_ms,
 };
 use crate::changes::Change;
+use crate::fair::{self, Caps, Shares};
 use crate::placement::{GpuState, Placer, Snapshot};
 use crate::rules::{self, AVOID_AFTER_HAND_BACK_MS, Learned, Slot};
+use headroom_shared::api::UserLimits;
+use std::collections::HashMap;
 
 /// Most pending jobs read (and, on PostgreSQL, locked) at a time by a claim; it reads the next
 /// window while its node could take more, at most [`CLAIM_WINDOWS`] of them: a node with a
@@ -35,6 +38,48 @@ fn window_size(max: usize, k: usize) -> u32 {
         .clamp(32, u64::from(CLAIM_WINDOW));
     let grown = first.saturating_mul(1u64 << (k.saturating_sub(1)).min(16));
     grown.min(u64::from(CLAIM_WINDOW)) as u32
+}
+
+/// One queue a claim reads a window at a time: one user's (fair share), or everyone's.
+struct Queue {
+    user: Option<String>,
+    after: Option<rules::QueueCursor>,
+    more: bool,
+}
+
+impl Queue {
+    fn of(user: impl Into<Option<String>>) -> Self {
+        Self {
+            user: user.into(),
+            after: None,
+            more: true,
+        }
+    }
+}
+
+/// The fair-share order of the users whose jobs are in `pending` (a claim's first window):
+/// their ledgers and runs not yet charged, read now; a tie goes to the user whose first
+/// waiting job is older.
+async fn share_order(
+    tx: &mut dyn Tx,
+    pending: &[rules::PendingRow],
+    limits: &HashMap<String, UserLimits>,
+    now: Millis,
+    half_life_ms: u64,
+) -> Result<Shares> {
+    let mut head: HashMap<String, i64> = HashMap::new();
+    for p in pending {
+        let seq = head.entry(p.user.clone()).or_insert(p.cursor.seq);
+        *seq = (*seq).min(p.cursor.seq);
+    }
+    let users: Vec<(String, u32)> = head
+        .keys()
+        .map(|u| (u.clone(), limits.get(u).map_or(1, |l| l.share)))
+        .collect();
+    let ledgers = tx.ledgers().await?.into_iter().collect();
+    let runs = tx.uncharged_runs().await?;
+    let standings = fair::standings(&users, &ledgers, &runs, now, half_life_ms);
+    Ok(fair::order(standings, &head))
 }
 
 /// Checks a report's fencing token, locking the job and then the attempt; returns the job
@@ -88,6 +133,7 @@ async fn lease_job(
         params: &new.lease.params,
         ladder_step: new.ladder_step,
         report_key_hash: &key_hash,
+        reserved_mib: to.reserves(slot),
     })
     .await?;
     let leased = JobLeased {
@@ -130,15 +176,24 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         return Ok((claimed, changed));
     }
     // The queue is read a window at a time for as long as this node could take more, so a
-    // job that fits starts whatever number of jobs that fit nowhere wait ahead of it.
+    // job that fits starts whatever number of jobs that fit nowhere wait ahead of it. With
+    // several users waiting, each user's queue is read (a window each) and their jobs go in
+    // fair-share order.
     let mut placer = Placer::new(&snapshot);
     let mut learned = Learned::new();
     let mut leases = Vec::new();
-    let mut after = None;
-    let mut caps = rules::Caps::new();
+    let mut caps = Caps::default();
+    let limits: HashMap<String, UserLimits> = tx.user_limits().await?.into_iter().collect();
     let mut checked = std::collections::HashSet::new();
     let mut caps_locked = false;
     let max = input.max as usize;
+    let users = tx.waiting_users(node.gpus.len() as u32).await?;
+    let mut queues: Vec<Queue> = if users.len() > 1 {
+        users.into_iter().map(Queue::of).collect()
+    } else {
+        vec![Queue::of(None)]
+    };
+    let mut shares = Shares::default();
     // Windows sized by what the node can take, not by what its agent asks for (an agent
     // asks for many): a node with one slot open reads a few rows, not hundreds.
     let room = max.min(placer.open_slots());
@@ -151,10 +206,25 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         } else {
             0
         };
-        let pending = tx.lock_pending(gpus, after, size).await?;
-        // Experiments with `max_concurrent`: counted once each, under one lock that every
-        // claim of a capped job takes (on PostgreSQL; SQLite has one writer), so claims for
-        // other nodes or on other replicas never pass a cap together.
+        let mut pending = Vec::new();
+        for q in queues.iter_mut().filter(|q| q.more) {
+            let rows = tx
+                .lock_pending(q.user.as_deref(), gpus, q.after, size)
+                .await?;
+            q.more = rows.len() == size as usize;
+            q.after = rows.last().map(|r| r.cursor).or(q.after);
+            pending.extend(rows);
+        }
+        if window == 1 && queues.len() > 1 {
+            shares = share_order(tx, &pending, &limits, now, input.half_life_ms).await?;
+        }
+        if queues.len() > 1 {
+            // Stable: each user's jobs keep their queue's order.
+            pending.sort_by_key(|p| shares.rank(&p.user));
+        }
+        // Experiments with `max_concurrent` and capped users: counted once each, under one
+        // lock that every claim of a capped job takes (on PostgreSQL; SQLite has one writer),
+        // so claims for other nodes or on other replicas never pass a cap together.
         for p in &pending {
             if checked.insert(p.experiment.clone())
                 && let Some(cap) = tx.experiment_cap(&p.experiment).await?
@@ -164,7 +234,19 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
                     caps_locked = true;
                 }
                 let running = tx.active_jobs_of(&p.experiment).await?;
-                caps.insert(p.experiment.clone(), (cap, running));
+                caps.experiments
+                    .insert(p.experiment.clone(), (cap, running));
+            }
+            if let Some(l) = limits.get(&p.user)
+                && l.is_capped()
+                && !caps.users.contains_key(&p.user)
+            {
+                if !caps_locked {
+                    tx.lock_concurrency_caps().await?;
+                    caps_locked = true;
+                }
+                let held = tx.held_by(&p.user).await?;
+                caps.users.insert(p.user.clone(), (l.clone(), held));
             }
         }
         // What each memory key has taught so far, read once per key.
@@ -178,6 +260,7 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
             &pending,
             &learned,
             &mut caps,
+            &shares,
             now,
             max - leases.len(),
         );
@@ -192,16 +275,12 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         for (i, reason) in &plan.reasons {
             tx.set_pending_reason(&pending[*i].id, Some(reason)).await?;
         }
-        match pending.last() {
-            Some(last)
-                if pending.len() == size as usize
-                    && leases.len() < max
-                    && window < CLAIM_WINDOWS
-                    && placer.open() =>
-            {
-                after = Some(last.cursor);
-            }
-            _ => break,
+        if !(queues.iter().any(|q| q.more)
+            && leases.len() < max
+            && window < CLAIM_WINDOWS
+            && placer.open())
+        {
+            break;
         }
     }
     // A lease takes work; no other node's claim gets any from it.
@@ -542,6 +621,8 @@ fn node_snapshot(
 /// Where a claim's leases go.
 struct LeaseTo<'a> {
     pub node: &'a str,
+    /// The node's GPUs: a job that runs alone reserves the whole of each of its GPUs.
+    pub gpus: &'a [headroom_shared::api::GpuInfo],
     pub agent: AgentId,
     pub now: Millis,
     pub ttl_ms: u64,
@@ -551,9 +632,26 @@ impl<'a> LeaseTo<'a> {
     pub fn new(node: &'a rows::NodeRow, input: &ClaimInput, now: Millis) -> Self {
         Self {
             node: &node.name,
+            gpus: &node.gpus,
             agent: input.agent,
             now,
             ttl_ms: input.lease_ttl_ms,
+        }
+    }
+}
+
+impl LeaseTo<'_> {
+    /// The GPU memory a lease reserves over its GPUs: its estimate on each, or each whole GPU
+    /// for a job that runs alone.
+    fn reserves(&self, slot: &Slot) -> u64 {
+        match slot.estimate {
+            Some(e) => e.saturating_mul(slot.gpus.len() as u64),
+            None => slot
+                .gpus
+                .iter()
+                .filter_map(|i| self.gpus.iter().find(|g| g.index == *i))
+                .map(|g| g.total_mib)
+                .sum(),
         }
     }
 }

@@ -47,6 +47,7 @@ mod pgtls;
 pub mod postgres;
 mod results;
 pub(crate) mod rows;
+mod shares;
 mod sharing;
 mod sql;
 pub mod sqlite;
@@ -279,6 +280,8 @@ pub struct ClaimInput {
     pub max: u32,
     pub lease_ttl_ms: u64,
     pub reserve_after_ms: u64,
+    /// Fair share's half-life: how fast past usage stops counting.
+    pub half_life_ms: u64,
     /// The agent's attempts whose cancellation it watches for: those a user cancelled come
     /// back in [`Claimed::cancel`].
     pub watching: Vec<AttemptId>,
@@ -572,6 +575,20 @@ pub trait Store: Send + Sync + 'static {
     /// Creates or changes a user (its role stays).
     async fn put_user(&self, user: UserView) -> Result<UserView>;
     async fn users(&self) -> Result<Vec<UserView>>;
+    /// Charges up to `limit` ended runs to their users' fair-share ledgers; how many.
+    async fn charge_usage(&self, half_life_ms: u64, limit: u32) -> Result<usize>;
+    /// Every user's fair-share standing now, lowest first.
+    async fn share_standings(
+        &self,
+        half_life_ms: u64,
+    ) -> Result<Vec<headroom_shared::api::usage::ShareStanding>>;
+    /// What each user (or experiment) used since `from`, and every user's standing now.
+    async fn usage_report(
+        &self,
+        from: Millis,
+        by: headroom_shared::api::usage::UsageBy,
+        half_life_ms: u64,
+    ) -> Result<headroom_shared::api::usage::UsageReport>;
 
     /// Calls `on_change` whenever another process sharing the database (a coordinator
     /// replica) may have changed something, until `shutdown`, so this process's long-polls
@@ -940,6 +957,29 @@ impl<B: Backend> Store for B {
 
     async fn users(&self) -> Result<Vec<UserView>> {
         run!(self, read, "users", tokens::users;)
+    }
+
+    async fn charge_usage(&self, half_life_ms: u64, limit: u32) -> Result<usize> {
+        run!(self, write, "charge_usage", shares::charge, half_life_ms, limit;)
+    }
+
+    async fn share_standings(
+        &self,
+        half_life_ms: u64,
+    ) -> Result<Vec<headroom_shared::api::usage::ShareStanding>> {
+        run!(self, read, "share_standings", |tx| Box::pin(async move {
+            let now = tx.clock().await?;
+            shares::standings(tx, now, half_life_ms).await
+        });)
+    }
+
+    async fn usage_report(
+        &self,
+        from: Millis,
+        by: headroom_shared::api::usage::UsageBy,
+        half_life_ms: u64,
+    ) -> Result<headroom_shared::api::usage::UsageReport> {
+        run!(self, read, "usage_report", shares::report, from, by, half_life_ms;)
     }
 
     async fn watch_changes(&self, on_change: OnChange, shutdown: CancellationToken) {

@@ -189,6 +189,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     skip_locked: " FOR UPDATE SKIP LOCKED",
     waiting_index: "",
     waiting_cpu_index: "",
+    waiting_user_index: "",
     clock: Some("CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"),
     json_array_length: "jsonb_array_length",
 };

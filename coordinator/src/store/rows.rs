@@ -449,9 +449,20 @@ pub(crate) fn active(r: &impl Cols) -> Result<Active> {
     })
 }
 
+/// A user's share and caps from `share, max_jobs, max_gpus, max_gpu_mib` at `i`..
+pub(crate) fn user_limits(r: &impl Cols, i: usize) -> Result<headroom_shared::api::UserLimits> {
+    let u32_opt = |v: Option<i64>| v.map(|n| u32::try_from(n.max(0)).unwrap_or(u32::MAX));
+    Ok(headroom_shared::api::UserLimits {
+        share: u32::try_from(r.int(i)?.max(1)).unwrap_or(u32::MAX),
+        max_jobs: u32_opt(r.int_opt(i + 1)?),
+        max_gpus: u32_opt(r.int_opt(i + 2)?),
+        max_gpu_mib: r.mib_opt(i + 3)?,
+    })
+}
+
 /// Columns of a pending job, read by [`pending`].
 pub(crate) const PENDING_COLUMNS: &str = "id, gpus, estimate_mib, updated_at, memory_key, pending_reason, prestart, background_mib, \
-     priority, seq, state, experiment_id";
+     priority, seq, state, experiment_id, submitted_by";
 
 pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
     Ok(PendingRow {
@@ -471,6 +482,7 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
         },
         state: r.parsed(10, "job state")?,
         experiment: r.text(11)?,
+        user: r.text(12)?,
     })
 }
 

@@ -208,6 +208,7 @@ static DIALECT: Dialect = Dialect {
     skip_locked: "",
     waiting_index: " INDEXED BY jobs_waiting",
     waiting_cpu_index: " INDEXED BY jobs_waiting_cpu",
+    waiting_user_index: " INDEXED BY jobs_waiting_by_user",
     clock: None,
     json_array_length: "json_array_length",
 };
@@ -427,7 +428,7 @@ mod tests {
     #[test]
     fn the_claims_window_stays_prepared() {
         let conn = configured(Connection::open_in_memory().expect("open")).expect("migrated");
-        let sql = placeholders(&super::super::sql::pending_window(&DIALECT, false));
+        let sql = placeholders(&super::super::sql::pending_window(&DIALECT, false, false));
         let mut stmt = conn.prepare_cached(&sql).expect("prepare");
         for (gpus, priority, seq, limit) in
             [(8, None, 0, 32), (4, Some(0), 17, 64), (1, Some(5), 2, 8)]
@@ -494,9 +495,17 @@ mod tests {
     #[test]
     fn a_claims_windows_are_read_from_their_indexes_without_a_sort() {
         let conn = configured(Connection::open_in_memory().expect("open")).expect("migrated");
-        for (cpu_only, index) in [(false, "jobs_waiting"), (true, "jobs_waiting_cpu")] {
-            let sql = super::super::sql::pending_window(&DIALECT, cpu_only);
-            let plan = plan_of(&conn, &sql, params![8, None::<i64>, 0, 32]);
+        for (cpu_only, by_user, index) in [
+            (false, false, "jobs_waiting"),
+            (true, false, "jobs_waiting_cpu"),
+            (false, true, "jobs_waiting_by_user"),
+        ] {
+            let sql = super::super::sql::pending_window(&DIALECT, cpu_only, by_user);
+            let plan = if by_user {
+                plan_of(&conn, &sql, params![8, None::<i64>, 0, 32, "alice"])
+            } else {
+                plan_of(&conn, &sql, params![8, None::<i64>, 0, 32])
+            };
             assert!(
                 plan.iter()
                     .any(|step| step.contains(&format!("USING INDEX {index}"))),
@@ -507,6 +516,22 @@ mod tests {
                 "{plan:?}"
             );
         }
+    }
+
+    /// Fair share finds the users with waiting jobs by probing their index once per user,
+    /// not by reading every waiting job.
+    #[test]
+    fn the_waiting_users_are_found_from_their_index() {
+        let conn = configured(Connection::open_in_memory().expect("open")).expect("migrated");
+        let sql = super::super::sql::shares::waiting_users(&DIALECT);
+        let plan = plan_of(&conn, &sql, params![8]);
+        assert!(
+            plan.iter()
+                .filter(|step| step.contains("jobs_waiting_by_user"))
+                .count()
+                >= 2,
+            "{plan:?}"
+        );
     }
 
     /// An operation that panics mid-transaction fails alone: its writes are rolled back and

@@ -92,6 +92,7 @@ pub(super) async fn ensure_users(
                 role,
                 unix_user,
                 allow_root: false,
+                limits: Default::default(),
                 created_at: chrono::Utc::now(),
             };
             tx.put_user(&u).await?;
@@ -105,6 +106,7 @@ pub(super) async fn put_user(tx: &mut dyn Tx, u: UserView) -> Result<(UserView, 
         let role = tx.ensure_user(&u.name, u.role, now_ms()).await?;
         return Err(StoreError::UserRole { name: u.name, role });
     }
+    tx.set_user_limits(&u.name, &u.limits).await?;
     let stored = tx.users(Some(&u.name)).await?.pop();
     Ok((
         stored.ok_or_else(|| StoreError::not_found("user", &u.name))?,

@@ -14,8 +14,10 @@
 //!
 //! **node → jobs (by `seq`) → attempts → memory floors.**
 //!
-//! Claims of jobs with `max_concurrent` also take one advisory lock (`lock_concurrency_caps`)
-//! after their jobs; nothing that holds an attempt or a floor ever asks for it.
+//! Claims of jobs with `max_concurrent`, or of a capped user's, also take one advisory lock
+//! (`lock_concurrency_caps`) after their jobs; nothing that holds an attempt or a floor ever
+//! asks for it. Charging usage locks ended attempts (skipping locked ones), then users'
+//! ledgers in name order; nothing else locks a ledger.
 //!
 //! A job's change never locks the jobs of a study that wait for it: it notes itself
 //! (`note_wait_change`) and a transaction of its own settles those, locking them alone, in
@@ -27,7 +29,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use headroom_shared::api::{
     AttemptView, FinishReport, GpuInfo, GpuSample, Headroom, JobDetail, JobSummary, PeakSource,
-    QuarantineView, Role, StateCounts, TelemetrySample, UserView,
+    QuarantineView, Role, StateCounts, TelemetrySample, UserLimits, UserView,
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, FailureClass, JobState, Plan};
@@ -37,6 +39,7 @@ pub use super::rows::Ended;
 use super::rows::{ExperimentRow, LeaseRow, NodeRow};
 use super::{Active, Millis, NewExperiment, NewToken, OnChange, Result, SeriesWindow, StoredToken};
 use crate::changes::{Change, Changes};
+use crate::fair::{Held, Ledger, Run};
 use crate::rules::{
     FenceRow, FinishRow, JobRules, LadderStep, PendingRow, QueueCursor, RenewalRow,
 };
@@ -97,11 +100,22 @@ pub struct NewAttempt<'a> {
     pub ladder_step: i64,
     /// Digest of the attempt's key (`attempt_keys`).
     pub report_key_hash: &'a str,
+    /// GPU memory the lease reserves over all its GPUs (fair share charges it).
+    pub reserved_mib: u64,
 }
 
 /// The statements of one transaction: every section's.
 pub trait Tx:
-    JobsTx + AttemptsTx + NodesTx + TelemetryTx + AccessTx + LogsTx + BundlesTx + ResultsTx + WaitsTx
+    JobsTx
+    + AttemptsTx
+    + NodesTx
+    + TelemetryTx
+    + AccessTx
+    + LogsTx
+    + BundlesTx
+    + ResultsTx
+    + WaitsTx
+    + SharesTx
 {
 }
 
@@ -115,6 +129,7 @@ impl<
         + BundlesTx
         + ResultsTx
         + WaitsTx
+        + SharesTx
         + ?Sized,
 > Tx for T
 {
@@ -194,10 +209,12 @@ pub trait JobsTx: Send {
     async fn set_ladder_from(&mut self, job: &str, why: &str) -> Result<()>;
     /// The columns a new lease of the job is made of.
     async fn lease_row(&mut self, job: &str) -> Result<Option<LeaseRow>>;
-    /// Waiting jobs fitting `max_gpus`, highest priority first then oldest, at most `limit`;
-    /// on PostgreSQL locked, skipping those another transaction holds.
+    /// Waiting jobs fitting `max_gpus` (of `user` alone when given), highest priority first
+    /// then oldest, at most `limit`; on PostgreSQL locked, skipping those another transaction
+    /// holds.
     async fn lock_pending(
         &mut self,
+        user: Option<&str>,
         max_gpus: u32,
         after: Option<QueueCursor>,
         limit: u32,
@@ -412,6 +429,8 @@ pub trait AccessTx: Send {
     async fn insert_new_user(&mut self, name: &str, role: Role, now: Millis) -> Result<bool>;
     /// Creates or changes a user; `false` when the name has another role.
     async fn put_user(&mut self, u: &UserView) -> Result<bool>;
+    /// Sets a user's fair-share weight and caps.
+    async fn set_user_limits(&mut self, name: &str, limits: &UserLimits) -> Result<()>;
     /// Every user, or the one named.
     async fn users(&mut self, name: Option<&str>) -> Result<Vec<UserView>>;
 }
@@ -598,4 +617,49 @@ pub trait WaitsTx: Send {
     /// The oldest notes, at most `limit`: (note id, job).
     async fn wait_changes_due(&mut self, limit: u32) -> Result<Vec<(i64, String)>>;
     async fn drop_wait_changes(&mut self, ids: &[i64]) -> Result<()>;
+}
+
+/// Fair share and users' caps: who waits, each user's ledger and runs not yet charged, and
+/// the usage report's reads.
+#[async_trait]
+pub trait SharesTx: Send {
+    /// The users with jobs waiting that fit `max_gpus`, by name.
+    async fn waiting_users(&mut self, max_gpus: u32) -> Result<Vec<String>>;
+    /// Users whose share or caps differ from the defaults (share 1, no cap).
+    async fn user_limits(&mut self) -> Result<Vec<(String, UserLimits)>>;
+    /// Every user's ledger.
+    async fn ledgers(&mut self) -> Result<Vec<(String, Ledger)>>;
+    /// Attempts not yet charged (running, or ended since the last charge).
+    async fn uncharged_runs(&mut self) -> Result<Vec<Run>>;
+    /// What `user`'s attempts not ended hold.
+    async fn held_by(&mut self, user: &str) -> Result<Held>;
+    /// Ended attempts not yet charged, at most `limit`, locked (skipping locked ones).
+    async fn lock_uncharged_ended(&mut self, limit: u32) -> Result<Vec<(String, Run)>>;
+    /// Locks `user`'s ledger (made empty when missing).
+    async fn lock_ledger(&mut self, user: &str, now: Millis) -> Result<Ledger>;
+    async fn set_ledger(&mut self, user: &str, ledger: Ledger) -> Result<()>;
+    async fn mark_charged(&mut self, attempts: &[String]) -> Result<()>;
+    /// Attempts that ran (or were leased) in `[from, to)`, for the usage report.
+    async fn usage_attempts(&mut self, from: Millis, to: Millis) -> Result<Vec<UsageAttempt>>;
+    /// Jobs that ended in `[from, to)`: (user, experiment id, experiment name, state).
+    async fn ended_jobs(
+        &mut self,
+        from: Millis,
+        to: Millis,
+    ) -> Result<Vec<(String, String, String, JobState)>>;
+}
+
+/// An attempt as the usage report reads it.
+#[derive(Clone, Debug)]
+pub struct UsageAttempt {
+    pub user: String,
+    pub experiment: String,
+    pub experiment_name: String,
+    pub gpus: u32,
+    pub reserved_mib: Option<u64>,
+    pub started: Option<Millis>,
+    pub ended: Option<Millis>,
+    pub energy_mj: Option<u64>,
+    /// Its GPUs' energy was not its own (another process, or another attempt, shared them).
+    pub contaminated: bool,
 }

@@ -21,9 +21,11 @@ mod export;
 mod measurements;
 pub mod schedule;
 pub mod source;
+pub mod usage;
 pub use agent::*;
 pub use export::*;
 pub use measurements::*;
+pub use usage::UserLimits;
 
 /// Every error the API returns: `{"error": {"code", "message", "field"?}}`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -980,6 +982,9 @@ pub struct UserView {
     /// Whether `unix_user` may be root (refused otherwise).
     #[serde(default)]
     pub allow_root: bool,
+    /// What they may hold at once and their weight in fair share.
+    #[serde(flatten)]
+    pub limits: UserLimits,
     pub created_at: DateTime<Utc>,
 }
 
@@ -993,6 +998,19 @@ pub struct PutUserRequest {
     pub unix_user: Option<String>,
     #[serde(default)]
     pub allow_root: bool,
+    /// Weight in fair share (`--share`): a user of share 2 is due twice the GPU memory-time
+    /// of a user of share 1. At least 1.
+    #[serde(default = "usage::default_share")]
+    pub share: u32,
+    /// The most of their jobs leased or running at once.
+    #[serde(default)]
+    pub max_jobs: Option<u32>,
+    /// The most GPUs their jobs hold at once.
+    #[serde(default)]
+    pub max_gpus: Option<u32>,
+    /// The most GPU memory (MiB) their jobs reserve at once.
+    #[serde(default)]
+    pub max_gpu_mib: Option<u64>,
 }
 
 /// A join token asks for the agent credential of a node that has none yet.

@@ -1,13 +1,13 @@
 //! Tokens and users: their statements, over `Exec`.
 
 use async_trait::async_trait;
-use headroom_shared::api::{Role, UserView};
+use headroom_shared::api::{Role, UserLimits, UserView};
 
 use super::super::exec::{Arg, Exec};
-use super::super::rows::{self, Cols};
+use super::super::rows::{self, Cols, opt_i64};
 use super::super::tx::AccessTx;
 use super::super::{Millis, NewToken, Result, StoredToken};
-use super::{all, first};
+use super::{all, done, first};
 
 #[async_trait]
 impl<E: Exec> AccessTx for E {
@@ -96,8 +96,25 @@ impl<E: Exec> AccessTx for E {
         Ok(n == 1)
     }
 
+    async fn set_user_limits(&mut self, name: &str, l: &UserLimits) -> Result<()> {
+        done(
+            self,
+            "UPDATE users SET share = $2, max_jobs = $3, max_gpus = $4, max_gpu_mib = $5 \
+             WHERE name = $1",
+            args![
+                name,
+                i64::from(l.share),
+                l.max_jobs.map(i64::from),
+                l.max_gpus.map(i64::from),
+                opt_i64(l.max_gpu_mib)
+            ],
+        )
+        .await
+    }
+
     async fn users(&mut self, name: Option<&str>) -> Result<Vec<UserView>> {
-        let sql = "SELECT name, role, unix_user, allow_root, created_at FROM users \
+        let sql = "SELECT name, role, unix_user, allow_root, created_at, share, max_jobs, \
+                   max_gpus, max_gpu_mib FROM users \
                    WHERE CAST($1 AS TEXT) IS NULL OR name = $1 ORDER BY name";
         all(self, sql, args![name], |r| {
             Ok(UserView {
@@ -106,6 +123,7 @@ impl<E: Exec> AccessTx for E {
                 unix_user: r.text_opt(2)?,
                 allow_root: r.flag(3)?,
                 created_at: rows::ts(r.int(4)?),
+                limits: rows::user_limits(r, 5)?,
             })
         })
         .await

@@ -143,9 +143,9 @@ impl<E: Exec> AttemptsTx for E {
             self,
             "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, \
              estimate_mib, leased_at, lease_expires_at, memory_key, estimate_source, params, \
-             ladder_step, report_key_hash, submitted_by) \
+             ladder_step, report_key_hash, submitted_by, reserved_mib, charged) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, 'leased', $8, $9, $10, $11, $12, $13, $14, \
-             $15, (SELECT submitted_by FROM jobs WHERE id = $2))",
+             $15, (SELECT submitted_by FROM jobs WHERE id = $2), $16, 0)",
             args![
                 &a.id,
                 a.job,
@@ -161,7 +161,8 @@ impl<E: Exec> AttemptsTx for E {
                 a.estimate_source,
                 json(a.params)?,
                 a.ladder_step,
-                a.report_key_hash
+                a.report_key_hash,
+                i64_of(a.reserved_mib)
             ],
         )
         .await

@@ -398,19 +398,21 @@ impl<E: Exec> JobsTx for E {
 
     async fn lock_pending(
         &mut self,
+        user: Option<&str>,
         max_gpus: u32,
         after: Option<QueueCursor>,
         limit: u32,
     ) -> Result<Vec<PendingRow>> {
-        let sql = pending_window(self.dialect(), max_gpus == 0);
+        let sql = pending_window(self.dialect(), max_gpus == 0, user.is_some());
         let (priority, seq) = match after {
             Some(c) => (Some(c.priority), c.seq),
             None => (None, 0),
         };
-        all(self, &sql, args![max_gpus, priority, seq, limit], |r| {
-            rows::pending(r)
-        })
-        .await
+        let mut args = arg_vec![max_gpus, priority, seq, limit];
+        if let Some(u) = user {
+            args.push(Arg::from(u));
+        }
+        all(self, &sql, &args, |r| rows::pending(r)).await
     }
 
     async fn outcome_counts(&mut self) -> Result<Vec<(String, u64)>> {

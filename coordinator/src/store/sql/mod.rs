@@ -90,6 +90,7 @@ mod jobs;
 mod logs;
 mod nodes;
 mod results;
+pub(super) mod shares;
 mod telemetry;
 mod waits;
 
@@ -144,10 +145,16 @@ pub(super) const LATEST_PEAKS: &str = "SELECT peak_mem_mib FROM attempts \
 /// `$4` the window's size), in the order placement considers them: priority, then the longest
 /// waiting; a window starts after the last job of the one before. With `$1` zero, only jobs
 /// that need no GPU, from their own index (`jobs_waiting_cpu`).
-pub(super) fn pending_window(dialect: &Dialect, cpu_only: bool) -> String {
+pub(super) fn pending_window(dialect: &Dialect, cpu_only: bool, by_user: bool) -> String {
     // `gpus = 0` is the CPU index's own predicate, so the database reads from it; `$1` stays
-    // named (PostgreSQL types every parameter from the statement).
-    let (index, gpus) = if cpu_only {
+    // named (PostgreSQL types every parameter from the statement). One user's window reads
+    // their own index (`$5` the user), which `gpus <= 0` narrows to CPU-only jobs.
+    let (index, gpus) = if by_user {
+        (
+            dialect.waiting_user_index,
+            "submitted_by = $5 AND gpus <= $1",
+        )
+    } else if cpu_only {
         (dialect.waiting_cpu_index, "gpus = 0 AND gpus <= $1")
     } else {
         (dialect.waiting_index, "gpus <= $1")
@@ -174,6 +181,7 @@ mod tests {
             "V14__waiting_order",
             "V15__waiting_cpu_jobs",
             "V25__studies_and_waits",
+            "V28__fair_share_and_user_caps",
         ];
         for (backend, migration) in ["postgres", "sqlite"]
             .into_iter()
@@ -191,8 +199,8 @@ mod tests {
         }
         // The claim's windows name the indexes' predicate whole (SQLite uses a partial index
         // only then).
-        for cpu_only in [false, true] {
-            let sql = super::pending_window(&crate::store::postgres::DIALECT, cpu_only);
+        for (cpu_only, by_user) in [(false, false), (true, false), (false, true)] {
+            let sql = super::pending_window(&crate::store::postgres::DIALECT, cpu_only, by_user);
             assert!(
                 sql.contains(&format!(
                     "WHERE state IN ({}) AND waiting_on = 0",
