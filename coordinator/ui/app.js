@@ -8,6 +8,7 @@ const state = {
   // What the person picked, kept across the redraws live updates make.
   runsExp: "", runsFilter: "", runsSort: "", runsDesc: false, runsAttempt: "", plotExp: "",
   resultsExp: "", resultsMetric: "", resultsParam: "", resultsMode: "max", resultsFlagged: false,
+  usageSince: "30d", usageBy: "user",
 };
 
 // ---- the API ------------------------------------------------------------------------------
@@ -160,7 +161,8 @@ async function login() {
 
 // ---- tabs and live updates -------------------------------------------------------------------
 
-const VIEWS = { gpus: viewGpus, queue: viewQueue, experiments: viewExperiments, results: viewResults, runs: viewRuns, plots: viewPlots };
+const VIEWS = { gpus: viewGpus, queue: viewQueue, usage: viewUsage, experiments: viewExperiments, results: viewResults, runs: viewRuns,
+  plots: viewPlots };
 let drawing = null;
 let redraw = false;
 
@@ -326,11 +328,30 @@ async function releaseGpu(node, gpu) {
 
 // ---- queue -----------------------------------------------------------------------------------
 
+// GPU memory as the server says it in a reason: whole GiB without a decimal (`20 GiB`).
+function memText(n) {
+  return n >= 1024 && n % 1024 === 0 ? n / 1024 + " GiB" : mib(n);
+}
+
+// MiB-hours as GiB-hours, one decimal (fair share's figures).
+function gibHours(mibH) {
+  return (mibH / 1024).toFixed(1) + " GiB-h";
+}
+
+function plural(n, one, many) {
+  return `${n} ${n === 1 ? one : many}`;
+}
+
 function reasonText(r) {
   if (!r) return "";
   switch (r.reason) {
     case "not_enough_memory": return `not enough memory: needs ${mib(r.needed_mib)}, at most ${mib(r.available_mib)} free`;
     case "concurrency_cap": return `its experiment's max_concurrent: ${r.running} of at most ${r.limit} leased or running`;
+    case "user_cap": return `${r.user}'s cap: holds ` + (r.cap === "gpu_memory"
+      ? `${memText(r.held)} of GPU memory, at most ${memText(r.limit)}`
+      : `${plural(r.held, r.cap === "gpus" ? "GPU" : "job", r.cap === "gpus" ? "GPUs" : "jobs")}, at most ${r.limit}`);
+    case "fair_share": return `fair share: ${r.user} used ${gibHours(r.used_mib_h)} (share ${r.share}), `
+      + `${r.ahead} ${gibHours(r.ahead_used_mib_h)} (share ${r.ahead_share}) and goes first`;
     case "waits_for": return `waits for ${r.jobs} job${r.jobs === 1 ? "" : "s"} of ${r.experiment} to ${r.when === "ended" ? "end" : "succeed"}`
       + (r.ended_otherwise ? `; ${r.ended_otherwise} ended otherwise: headroom retry ${r.retry || "JOB"} --cascade` : "");
     default: return r.reason.replace(/_/g, " ") + Object.entries(r).filter(([k]) => k !== "reason").map(([k, v]) => ` ${k}=${v}`).join("");
@@ -366,6 +387,74 @@ async function viewQueue() {
       h("tbody", {}, waiting.slice(0, 500).map((j) => h("tr", { "data-job": j.id },
         h("td", {}, j.experiment_name), h("td", {}, j.index), h("td", {}, paramsText(j.params)),
         h("td", {}, j.state), h("td", {}, reasonText(j.pending_reason)), h("td", {}, j.submitted_by)))))));
+}
+
+// ---- usage: what each user used, and fair share's order ----------------------------------------
+
+const USAGE_SINCE = [["24h", "the last 24 hours"], ["7d", "the last 7 days"], ["30d", "the last 30 days"], ["90d", "the last 90 days"]];
+
+// Hours (GPU-hours, GiB-hours) and kWh: short, more digits for small values.
+function amount(v) {
+  if (v === null || v === undefined || !Number.isFinite(v)) return "";
+  const a = Math.abs(v);
+  return a === 0 ? "0" : a >= 100 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : a >= 0.01 ? v.toFixed(2) : String(+v.toPrecision(2));
+}
+
+function halfLifeText(s) {
+  if (!s) return "Only what runs now counts (no half-life).";
+  const d = s % 86400 === 0 ? plural(s / 86400, "day", "days") : s % 3600 === 0 ? plural(s / 3600, "hour", "hours") : plural(s, "second", "seconds");
+  return `Usage counts half after ${d}.`;
+}
+
+function jobsText(jobs) {
+  const order = ["succeeded", "pruned", "failed", "cancelled"];
+  return Object.entries(jobs || {}).filter(([, n]) => n)
+    .sort(([a], [b]) => (order.indexOf(a) + 1 || 99) - (order.indexOf(b) + 1 || 99) || a.localeCompare(b))
+    .map(([k, n]) => `${k} ${n}`).join(" · ");
+}
+
+async function viewUsage() {
+  const report = await call("usage", { query: { since: state.usageSince, by: state.usageBy } });
+  const byExp = report.by === "experiment";
+  const since = h("select", { id: "usage-since", onchange: (ev) => { state.usageSince = ev.target.value; refresh(true); } },
+    USAGE_SINCE.map(([v, t]) => h("option", { value: v, selected: v === state.usageSince }, t)));
+  const by = h("select", { id: "usage-by", onchange: (ev) => { state.usageBy = ev.target.value; refresh(true); } },
+    [["user", "by user"], ["experiment", "by experiment"]].map(([v, t]) => h("option", { value: v, selected: v === report.by }, t)));
+  const me = state.me && state.me.name;
+
+  const shares = report.shares.map((s, i) => h("tr", { "data-user": s.user, "data-share": s.share, "data-used": s.used_gib_hours,
+    "data-normalized": s.normalized, "data-running-jobs": s.running_jobs, "data-running-gpus": s.running_gpus,
+    class: s.user === me ? "me" : null },
+  h("td", {}, i + 1), h("td", {}, s.user), h("td", {}, s.share), h("td", {}, amount(s.used_gib_hours)), h("td", {}, amount(s.normalized)),
+  h("td", {}, s.running_jobs), h("td", {}, s.running_gpus), h("td", {}, s.running_mib ? mib(s.running_mib) : "")));
+
+  const rows = report.rows.map((r) => h("tr", { "data-key": r.key, "data-attempts": r.attempts, "data-gib-hours": r.gib_hours,
+    "data-gpu-hours": r.gpu_hours, class: !byExp && r.key === me ? "me" : null },
+  h("td", { title: byExp ? r.key : null }, byExp ? `${r.name || "?"} (${r.key.slice(-6)})` : r.key),
+  h("td", {}, amount(r.gpu_hours)), h("td", {}, amount(r.gib_hours)), h("td", {}, amount(r.energy_kwh)),
+  h("td", {}, amount(r.clean_energy_kwh)), h("td", {}, r.attempts), h("td", {}, jobsText(r.jobs))));
+
+  const span = `From ${new Date(report.since).toLocaleString()} to ${new Date(report.until).toLocaleString()}.`;
+  return h("div", { id: "usage", "data-since": state.usageSince, "data-by": report.by },
+    h("h2", {}, "Fair share"),
+    h("p", { class: "muted" }, "Whose waiting jobs go first: the lowest GPU memory-time used per unit of share. "
+      + halfLifeText(report.half_life_s)),
+    report.shares.length
+      ? h("div", { class: "table-wrap" }, h("table", { id: "usage-shares", class: "compact" },
+        h("thead", {}, h("tr", {}, ["order", "user", "share", "used GiB-h", "per share", "running jobs", "running GPUs", "GPU memory held"]
+          .map((c) => h("th", {}, c)))),
+        h("tbody", {}, shares)))
+      : h("p", { class: "muted", id: "usage-no-shares" }, "No user has a share set or has used a GPU yet."),
+    h("h2", {}, "Usage"),
+    h("div", { class: "toolbar" }, since, by),
+    rows.length
+      ? h("div", { class: "table-wrap" }, h("table", { id: "usage-rows", class: "compact" },
+        h("thead", {}, h("tr", {}, [byExp ? "experiment" : "user", "GPU-h", "GiB-h", "energy kWh", "clean kWh", "attempts", "jobs ended"]
+          .map((c) => h("th", {}, c)))),
+        h("tbody", {}, rows)))
+      : h("p", { class: "muted", id: "usage-none" }, "Nothing ran in this window."),
+    h("p", { class: "muted" }, span + " GiB-h: GiB of GPU memory reserved × hours, what fair share charges. "
+      + "Clean kWh: of runs that had their GPUs to themselves."));
 }
 
 function paramsText(p) {

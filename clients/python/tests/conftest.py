@@ -98,17 +98,45 @@ def start_coordinator(dir: Path, *extra: str) -> "tuple[str, Proc]":
     return url, proc
 
 
+def agent_token(url: str, admin_token: str, node: str) -> str:
+    """A token of role `agent` for `node`, made with the admin token."""
+    made = httpx.post(
+        f"{url}/v1/tokens",
+        json={"name": node, "role": "agent"},
+        headers={"authorization": f"Bearer {admin_token}"},
+    )
+    assert made.status_code == 200, made.text
+    token: str = made.json()["token"]
+    return token
+
+
 @contextlib.contextmanager
 def running_cluster(
-    node: str, fake_gpus: str, plan: Optional[str] = None, *coordinator_flags: str
+    node: str,
+    fake_gpus: str,
+    plan: Optional[str] = None,
+    *coordinator_flags: str,
+    admin_token: Optional[str] = None,
 ) -> Iterator[str]:
     """A coordinator (with `coordinator_flags`) and one agent with `fake_gpus` (and `plan`);
     yields the coordinator's URL. Its folder is one other users may pass through: an agent
     running as root (CI) runs jobs as ``nobody``, and they reach the fake GPUs' folder in the
-    agent's data directory."""
+    agent's data directory. With `admin_token` the coordinator needs tokens (users, shares,
+    caps): it starts with that bootstrap admin token, and the agent with a token of its own."""
     dir = Path(tempfile.mkdtemp(prefix=f"headroom-{node}-"))
     os.chmod(dir, 0o711)
+    if admin_token is not None:
+        coordinator_flags = (*coordinator_flags, "--admin-token", admin_token)
     url, coord = start_coordinator(dir, *coordinator_flags)
+    # Jobs find `headroom-fake-job` and friends beside the binaries.
+    env = {"PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"}
+    try:
+        if admin_token is not None:
+            env["HEADROOM_AGENT_TOKEN"] = agent_token(url, admin_token, node)
+    except BaseException:
+        coord.stop()
+        shutil.rmtree(dir, ignore_errors=True)
+        raise
     agent = Proc(
         [
             binary("headroom-agent"),
@@ -124,12 +152,11 @@ def running_cluster(
             str(dir / "agent"),
         ],
         dir / "agent.log",
-        # Jobs find `headroom-fake-job` and friends beside the binaries.
-        env={"PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"},
+        env=env,
     )
     try:
         # The agent registers at once; wait for it through the API the client uses.
-        with Client(url, TOKEN) as c:
+        with Client(url, admin_token or TOKEN) as c:
             deadline = time.monotonic() + 30
             while not any(n.alive for n in c.nodes()):
                 if agent.proc.poll() is not None or time.monotonic() > deadline:

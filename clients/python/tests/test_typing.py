@@ -24,7 +24,7 @@ CACHE = REPO / "target" / "mypy-cache"
 
 # What users write, with each expression's type pinned: `assert_type` fails on Any too.
 PRECISE = '''
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Dict, List, Optional
 
 import pandas as pd
@@ -32,7 +32,8 @@ from typing_extensions import assert_type
 
 from headroom_client import (
     AsyncClient, AsyncExperiment, AttemptSeries, AttemptTelemetry, Client, Experiment, GpuSeries,
-    JobsFailedError, Point, RungDecision, TelemetrySample, report,
+    JobsFailedError, Point, RungDecision, ShareStanding, TelemetrySample, UsageReport, UsageRow,
+    report,
 )
 from headroom_client.models import (
     AttemptView, JobDetail, Progress, RetryFailedResponse, StudyRef, SubmittedVariant,
@@ -87,6 +88,14 @@ def check(hr: Client) -> None:
     assert_type(hr.retry("j", cascade=True).retried, List[str])
     assert_type(hr.experiments()[0].study, Optional[StudyRef])
     assert_type(report(step=3, val_acc=0.91), None)
+    used = hr.usage()
+    assert_type(used, UsageReport)
+    assert_type(hr.usage(timedelta(days=7), by="experiment").rows[0], UsageRow)
+    assert_type(used.rows[0].name, Optional[str])
+    assert_type(used.rows[0].jobs, Dict[str, int])
+    assert_type(used.shares[0], ShareStanding)
+    assert_type(used.shares[0].normalized, float)
+    assert_type(used.until, datetime)
     try:
         hr.wait(raise_on_failure=True)
     except JobsFailedError as e:
@@ -110,6 +119,7 @@ async def acheck(hr: AsyncClient) -> None:
     assert_type(await exp.metric_series(), List[AttemptSeries])
     assert_type(exp.variants["eval"], AsyncExperiment)
     assert_type((await hr.retry("j", cascade=True)).retried, List[str])
+    assert_type(await hr.usage("12h", by="user"), UsageReport)
 '''
 
 

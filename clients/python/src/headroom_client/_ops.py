@@ -60,6 +60,7 @@ from .models import (
     RetryResponse,
     StateCounts,
     SubmitResponse,
+    UsageReport,
 )
 
 T = TypeVar("T")
@@ -73,6 +74,11 @@ ENDED = ("succeeded", "failed", "cancelled", "pruned")
 #: A point in time for telemetry windows: a ``datetime`` (naive ones are local time), a
 #: ``timedelta`` before now, or an RFC 3339 string.
 Instant = Union[datetime, timedelta, str]
+#: How far back a usage report reads: ``"30d"``, ``"12h"`` (as the CLI's ``--since``) or a
+#: ``timedelta``.
+Duration = Union[str, timedelta]
+#: How a usage report groups its rows.
+USAGE_BY = ("user", "experiment")
 
 
 @dataclass(frozen=True)
@@ -310,6 +316,18 @@ def nodes() -> Op[List[NodeView]]:
     return [NodeView.model_validate(n) for n in (yield from _json("GET", "/v1/nodes"))]
 
 
+# ---- usage ----
+
+
+def usage(since: Duration, by: str) -> Op[UsageReport]:
+    """``GET /v1/usage``: what each user (or experiment) used over ``since``, and every
+    user's fair-share standing."""
+    if by not in USAGE_BY:
+        raise ValueError(f"by is 'user' or 'experiment', not {by!r}")
+    params = {"since": _duration(since), "by": by}
+    return UsageReport.model_validate((yield from _json("GET", "/v1/usage", params)))
+
+
 # ---- changes ----
 
 
@@ -485,6 +503,15 @@ def _instant(value: Optional[Instant]) -> Optional[str]:
     if isinstance(value, timedelta):
         value = datetime.now(timezone.utc) - value
     return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _duration(value: Duration) -> str:
+    """A duration as the coordinator reads one: a ``timedelta`` in whole seconds (``90s``), or
+    milliseconds when it has a fraction of one; a string as given."""
+    if isinstance(value, str):
+        return value
+    ms = round(value.total_seconds() * 1000)
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 def _telemetry_params(

@@ -32,7 +32,7 @@ from typing import (
 import httpx
 
 from . import _ops as ops
-from ._ops import Call, Instant, Op, Stream
+from ._ops import Call, Duration, Instant, Op, Stream
 from ._source import MAX_SNAPSHOT_BYTES, EnvironmentLike, is_local, prepare_submission
 from ._spec import MAX_SPEC_VALUES, SpecLike, load_spec
 # Names of this module before it was split, still importable from it.
@@ -64,6 +64,7 @@ from .models import (
     RetryFailedResponse,
     RetryResponse,
     SubmitResponse,
+    UsageReport,
 )
 
 if TYPE_CHECKING:
@@ -73,6 +74,9 @@ T = TypeVar("T")
 
 #: The export's formats: ``csv`` (the CLI's ``export --csv``) or ``json``.
 ExportFormat = Literal["csv", "json"]
+#: How ``usage()`` groups its rows: by ``user`` (the CLI's ``usage --by user``) or by
+#: ``experiment``.
+UsageBy = Literal["user", "experiment"]
 
 
 class Client:
@@ -427,6 +431,17 @@ class Client:
 
     def nodes(self) -> List[NodeView]:
         return self._run(ops.nodes())
+
+    # ---- usage ----
+
+    def usage(self, since: Duration = "30d", *, by: UsageBy = "user") -> UsageReport:
+        """What each user (``by="experiment"``: each experiment) used over the last ``since``
+        (``"30d"``, ``"12h"``, or a ``timedelta``), as ``headroom usage``: ``rows`` of GPU-hours,
+        GiB-hours of reserved GPU memory, energy, attempts and ended jobs by state; and every
+        user's fair-share standing now (``shares``: share, decayed GiB-hours, running jobs,
+        lowest ``normalized`` first, whose waiting jobs go first). A ``since`` the coordinator
+        cannot read raises ``InvalidError`` naming ``since``."""
+        return self._run(ops.usage(since, by))
 
     # ---- changes ----
 
@@ -1004,6 +1019,10 @@ class AsyncClient:
     async def nodes(self) -> List[NodeView]:
         return await self._run(ops.nodes())
 
+    async def usage(self, since: Duration = "30d", *, by: UsageBy = "user") -> UsageReport:
+        """``Client.usage``."""
+        return await self._run(ops.usage(since, by))
+
     async def cancel(self, id: str) -> CancelResponse:
         return await self._run(ops.cancel(id))
 
@@ -1175,11 +1194,13 @@ __all__ = [
     "AsyncClient",
     "AsyncExperiment",
     "Client",
+    "Duration",
     "Experiment",
     "HeadroomError",
     "Instant",
     "Records",
     "SourceError",
+    "UsageBy",
     "load_spec",
     "local_token_path",
     "read_token_file",

@@ -244,6 +244,10 @@ class JobSummary(_Model):
     #: ``{"reason": "waits_for", "experiment": ..., "jobs": N, "when": "succeeded" or
     #: "ended", "ended_otherwise": N}`` (``ended_otherwise``: how many of those ended
     #: otherwise; ``retry(THAT_JOB, cascade=True)`` runs one again, and the jobs waiting).
+    #: Held back by its user's cap: ``{"reason": "user_cap", "user": ..., "cap": "jobs",
+    #: "gpus" or "gpu_memory", "limit": N, "held": N}`` (memory in MiB); by fair share:
+    #: ``{"reason": "fair_share", "user": ..., "used_mib_h": N, "share": N, "ahead": USER,
+    #: "ahead_used_mib_h": N, "ahead_share": N}`` (``ahead``'s jobs go first; ``usage()``).
     pending_reason: Optional[Dict[str, Any]] = None
 
 
@@ -548,6 +552,58 @@ class AttemptTelemetry(_Model):
         )
 
 
+class UsageRow(_Model):
+    """What the runs of one user (or one experiment) used within a usage report's window:
+    the part of each attempt's run inside it. ``key`` is the user's name, or the experiment's
+    id (``by="experiment"``, its ``name`` beside it); ``gpu_hours``: GPUs held x hours;
+    ``gib_hours``: GiB of GPU memory reserved x hours (what fair share charges);
+    ``energy_kwh``: of the attempts that measured one, ``clean_energy_kwh`` of those that had
+    their GPUs to themselves; ``jobs``: the jobs that ended in the window, by end state
+    (``succeeded``, ``failed``, ``cancelled``...)."""
+
+    __schema__ = "UsageRow"
+    key: str
+    #: The experiment's name (``by="experiment"``; None by user).
+    name: Optional[str] = None
+    gpu_hours: float
+    gib_hours: float
+    energy_kwh: float
+    clean_energy_kwh: float
+    attempts: int
+    jobs: Dict[str, int]
+
+
+class ShareStanding(_Model):
+    """A user's fair-share standing now: their ``share`` (weight), their decayed usage
+    (``used_gib_hours``, GiB-hours of reserved GPU memory, halved every ``half_life_s``,
+    running attempts included), ``normalized`` (``used_gib_hours / share``: the lower, the
+    sooner their waiting jobs go), and what their jobs hold now (leased or running: jobs,
+    GPUs, GPU memory in MiB)."""
+
+    __schema__ = "ShareStanding"
+    user: str
+    share: int
+    used_gib_hours: float
+    normalized: float
+    running_jobs: int
+    running_gpus: int
+    running_mib: int
+
+
+class UsageReport(_Model):
+    """``usage()``: what each user (or experiment, ``by``) used from ``since`` to ``until``
+    (``rows``), and every user's fair-share standing now (``shares``, lowest ``normalized``
+    first: whose jobs go first), with the coordinator's half-life (seconds)."""
+
+    __schema__ = "UsageReport"
+    since: datetime
+    until: datetime
+    by: str
+    half_life_s: int
+    rows: List[UsageRow]
+    shares: List[ShareStanding]
+
+
 #: Every model checked against the OpenAPI document.
 ALL_MODELS = [
     ErrorDetail,
@@ -582,4 +638,7 @@ ALL_MODELS = [
     Point,
     RungDecision,
     AttemptSeries,
+    UsageRow,
+    ShareStanding,
+    UsageReport,
 ]

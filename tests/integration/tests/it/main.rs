@@ -11,6 +11,7 @@ mod coordinator_restart;
 mod drain;
 mod failclosed;
 mod failures;
+mod fair_share;
 mod fencing;
 mod foreign;
 mod late_outcomes;
