@@ -128,6 +128,10 @@ pub struct Report {
     /// Most jobs a GPU held at once, and most memory in use on one (checks).
     pub max_jobs_on_a_gpu: u32,
     pub max_used_fraction: f64,
+    /// Each user's mean wait from submission to first start, and when their last job
+    /// ended ([`simulate_queue`]).
+    pub mean_wait_by_user: Vec<f64>,
+    pub last_end_by_user: Vec<f64>,
 }
 
 impl Report {
@@ -145,6 +149,8 @@ enum Kind {
     PeakStarts,
     PeakEnds,
     Ends,
+    /// A job submitted later joins the queue (`run` is the job).
+    Arrives,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -180,6 +186,34 @@ struct Running {
     gpus: Vec<usize>,
     estimate: Option<u64>,
     in_peak: bool,
+    /// When it started (ms), for fair share's cost.
+    started_ms: i64,
+}
+
+/// Who submitted a job and when (seconds from the start): a queue of several users.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Submission {
+    pub user: usize,
+    pub at_s: f64,
+}
+
+/// The order waiting jobs go in.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Order {
+    /// Priority and submission alone: the first to submit holds the GPUs.
+    Fifo,
+    /// headroom's fair share ([`crate::fair`]): users by decayed GPU memory-time per unit of
+    /// `shares[user]` (1 past the list), then submission.
+    FairShare { shares: Vec<u32>, half_life_s: f64 },
+}
+
+/// What a run reserved over its GPUs: its estimate on each, or its steady use where the
+/// policy places by none.
+fn reserved(job: &Job, estimate: Option<u64>) -> u64 {
+    estimate
+        .filter(|e| *e > 0)
+        .unwrap_or(job.steady_mib)
+        .saturating_mul(u64::from(job.gpus))
 }
 
 /// What one pass placed: the candidate (its position), the node, the GPUs (their
@@ -227,6 +261,28 @@ pub fn simulate_after(
     policy: Policy,
     after: &[Vec<usize>],
 ) -> Report {
+    simulate_queue(cluster, jobs, policy, after, &[], &Order::Fifo)
+}
+
+/// [`simulate_after`] with users: job `j` joins the queue at `submissions[j].at_s` (at 0 past
+/// the list) and waiting jobs go in `order`. The report's `mean_wait_by_user` is each user's
+/// mean wait from submission to first start.
+pub fn simulate_queue(
+    cluster: &Cluster,
+    jobs: &[Job],
+    policy: Policy,
+    after: &[Vec<usize>],
+    submissions: &[Submission],
+    order: &Order,
+) -> Report {
+    let submission = |j: usize| submissions.get(j).copied().unwrap_or_default();
+    let users = (0..jobs.len())
+        .map(|j| submission(j).user)
+        .max()
+        .map_or(0, |u| u + 1);
+    let mut ledgers: BTreeMap<usize, crate::fair::Ledger> = BTreeMap::new();
+    let mut first_start: Vec<Option<f64>> = vec![None; jobs.len()];
+    let to_ms = |s: f64| (s * 1000.0).round() as i64;
     let mut needs: Vec<usize> = (0..jobs.len())
         .map(|j| {
             after
@@ -242,7 +298,9 @@ pub fn simulate_after(
     }
     let n_gpus = cluster.gpus_mib.len();
     let node_gpus = cluster.node_gpus();
-    let mut queue: VecDeque<usize> = (0..jobs.len()).collect();
+    let mut queue: VecDeque<usize> = (0..jobs.len())
+        .filter(|&j| submission(j).at_s <= 0.0)
+        .collect();
     let mut attempts = vec![0u32; jobs.len()];
     let mut learned: BTreeMap<usize, u64> = BTreeMap::new();
     let mut running: BTreeMap<u64, Running> = BTreeMap::new();
@@ -260,6 +318,9 @@ pub fn simulate_after(
         seq += 1;
         events.push(Event { at, seq, run, kind });
     };
+    for j in (0..jobs.len()).filter(|&j| submission(j).at_s > 0.0) {
+        schedule(&mut events, submission(j).at_s, j as u64, Kind::Arrives);
+    }
 
     loop {
         // Place what fits now, through the coordinator's placement, a node at a time.
@@ -311,13 +372,35 @@ pub fn simulate_after(
                 reserve_after_ms: u64::MAX,
             })
             .collect();
-        // The window: queued jobs whose needs have all ended, in queue order.
-        let waiting: Vec<usize> = queue
-            .iter()
-            .copied()
-            .filter(|&j| needs[j] == 0)
-            .take(WINDOW)
-            .collect();
+        // The window: queued jobs whose needs have all ended, in queue order (with fair
+        // share, users by their standing first, as each claim orders them).
+        let mut waiting: Vec<usize> = queue.iter().copied().filter(|&j| needs[j] == 0).collect();
+        if let Order::FairShare {
+            shares,
+            half_life_s,
+        } = order
+        {
+            let half_life = to_ms(*half_life_s).max(0) as u64;
+            let runs: Vec<crate::fair::Run> = running
+                .values()
+                .map(|r| crate::fair::Run {
+                    user: submission(r.job).user.to_string(),
+                    reserved_mib: reserved(&jobs[r.job], r.estimate),
+                    gpus: jobs[r.job].gpus,
+                    started: Some(r.started_ms),
+                    ended: None,
+                })
+                .collect();
+            let ledgers: std::collections::HashMap<String, crate::fair::Ledger> =
+                ledgers.iter().map(|(u, l)| (u.to_string(), *l)).collect();
+            let users: Vec<(String, u32)> = (0..users)
+                .map(|u| (u.to_string(), shares.get(u).copied().unwrap_or(1)))
+                .collect();
+            let standings = crate::fair::standings(&users, &ledgers, &runs, to_ms(now), half_life);
+            let shares = crate::fair::order(standings, &std::collections::HashMap::new());
+            waiting.sort_by_key(|&j| shares.rank(&submission(j).user.to_string()));
+        }
+        waiting.truncate(WINDOW);
         let candidates: Vec<Candidate> = waiting
             .iter()
             .map(|&j| Candidate {
@@ -335,6 +418,7 @@ pub fn simulate_after(
             let gpus: Vec<usize> = gpus.into_iter().map(|g| g as usize).collect();
             taken[c] = true;
             attempts[j] += 1;
+            first_start[j].get_or_insert(now);
             next_run += 1;
             started_now.push(next_run);
             let job = &jobs[j];
@@ -349,6 +433,7 @@ pub fn simulate_after(
                     gpus,
                     estimate: candidates[c].estimate_mib,
                     in_peak: false,
+                    started_ms: to_ms(now),
                 },
             );
             schedule(&mut events, now + job.duration_s, next_run, Kind::Ends);
@@ -410,6 +495,24 @@ pub fn simulate_after(
         };
         used_integral += used.iter().sum::<u64>() as f64 * (ev.at - now);
         now = ev.at;
+        if ev.kind == Kind::Arrives {
+            queue.push_back(ev.run as usize);
+            continue;
+        }
+        // A run that ends (or OOMs) now is charged to its user's ledger.
+        let charge = |ledgers: &mut BTreeMap<usize, crate::fair::Ledger>, r: &Running| {
+            if let Order::FairShare { half_life_s, .. } = order {
+                let half_life = to_ms(*half_life_s).max(0) as u64;
+                let cost =
+                    reserved(&jobs[r.job], r.estimate) as f64 * (to_ms(now) - r.started_ms) as f64;
+                let user = submission(r.job).user;
+                let l = ledgers.get(&user).copied();
+                ledgers.insert(
+                    user,
+                    crate::fair::Ledger::charged(l, cost, to_ms(now), half_life),
+                );
+            }
+        };
         let Some(r) = running.get_mut(&ev.run) else {
             continue; // an OOM ended this run before
         };
@@ -426,6 +529,7 @@ pub fn simulate_after(
                     let Some(r) = running.remove(&ev.run) else {
                         continue;
                     };
+                    charge(&mut ledgers, &r);
                     for &g in &r.gpus {
                         used[g] -= job.peak_mib;
                     }
@@ -447,6 +551,7 @@ pub fn simulate_after(
                     }
                 }
             }
+            Kind::Arrives => {}
             Kind::PeakEnds => {
                 if r.in_peak {
                     r.in_peak = false;
@@ -460,6 +565,12 @@ pub fn simulate_after(
                 let Some(r) = running.remove(&ev.run) else {
                     continue;
                 };
+                charge(&mut ledgers, &r);
+                let user = submission(r.job).user;
+                if report.last_end_by_user.len() <= user {
+                    report.last_end_by_user.resize(user + 1, 0.0);
+                }
+                report.last_end_by_user[user] = now;
                 let held = if r.in_peak {
                     job.peak_mib
                 } else {
@@ -494,6 +605,15 @@ pub fn simulate_after(
     }
     // Jobs that could never be placed (larger than every GPU) stay queued: failed.
     report.failed += queue.len() as u32;
+    report.mean_wait_by_user = (0..users)
+        .map(|u| {
+            let waits: Vec<f64> = (0..jobs.len())
+                .filter(|&j| submission(j).user == u)
+                .filter_map(|j| first_start[j].map(|s| s - submission(j).at_s))
+                .collect();
+            waits.iter().sum::<f64>() / waits.len().max(1) as f64
+        })
+        .collect();
     report
 }
 
@@ -741,5 +861,59 @@ mod tests {
         // Holding a whole GPU of 9 GiB budget for 100 s: two such jobs on one GPU take 200 s.
         let c = cluster(1, 2, vec![]);
         assert_eq!(reserved_bound(&c, &vec![alone; 2]), 200.0);
+    }
+
+    /// Fair share in the simulator: a user who submits 10 jobs a minute after another's 200
+    /// waits about one job's length under fair share, most of the other's queue under FIFO;
+    /// with shares 2:1 and equal queues, the share-2 user gets two thirds of the GPU time
+    /// while both wait (their last job ends at about 3/4 of the makespan).
+    #[test]
+    fn fair_share_starts_a_later_user_s_jobs_and_shares_follow_their_weights() {
+        let cluster = Cluster::one_node(vec![24 * 1024], vec![2], vec![0]);
+        let jobs: Vec<Job> = (0..210).map(|_| job(2048, 10.0)).collect();
+        let submissions: Vec<Submission> = (0..210)
+            .map(|j| Submission {
+                user: usize::from(j >= 200),
+                at_s: if j >= 200 { 60.0 } else { 0.0 },
+            })
+            .collect();
+        let fair = Order::FairShare {
+            shares: vec![1, 1],
+            half_life_s: 7.0 * 86_400.0,
+        };
+        let run = |order: &Order| {
+            simulate_queue(&cluster, &jobs, Policy::Declared, &[], &submissions, order)
+        };
+        let (fifo, shared) = (run(&Order::Fifo), run(&fair));
+        assert_eq!(shared.completed, 210);
+        assert!(
+            shared.mean_wait_by_user[1] <= 30.0,
+            "{:?}",
+            shared.mean_wait_by_user
+        );
+        assert!(
+            fifo.mean_wait_by_user[1] >= 900.0,
+            "{:?}",
+            fifo.mean_wait_by_user
+        );
+        assert!(
+            (shared.makespan_s - fifo.makespan_s).abs() < 1e-6,
+            "no GPU time lost"
+        );
+
+        let equal: Vec<Submission> = (0..300)
+            .map(|j| Submission {
+                user: j % 2,
+                at_s: 0.0,
+            })
+            .collect();
+        let jobs: Vec<Job> = (0..300).map(|_| job(2048, 10.0)).collect();
+        let weighted = Order::FairShare {
+            shares: vec![2, 1],
+            half_life_s: 7.0 * 86_400.0,
+        };
+        let r = simulate_queue(&cluster, &jobs, Policy::Declared, &[], &equal, &weighted);
+        let share2_done = r.last_end_by_user[0] / r.makespan_s;
+        assert!((share2_done - 0.75).abs() < 0.03, "{share2_done}");
     }
 }

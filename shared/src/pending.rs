@@ -162,7 +162,14 @@ impl fmt::Display for PendingReason {
                     mib(*held),
                     mib(*limit)
                 ),
-                _ => write!(f, "{user}'s cap: holds {held} {cap}, at most {limit}"),
+                UserCapKind::Jobs => {
+                    let s = if *held == 1 { "" } else { "s" };
+                    write!(f, "{user}'s cap: holds {held} job{s}, at most {limit}")
+                }
+                UserCapKind::Gpus => {
+                    let s = if *held == 1 { "" } else { "s" };
+                    write!(f, "{user}'s cap: holds {held} GPU{s}, at most {limit}")
+                }
             },
             Self::FairShare {
                 user,

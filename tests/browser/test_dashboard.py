@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a real
 `headroom up` on fake GPUs: log in, see the GPUs, watch an experiment reach its end, filter
-the runs table (the JSON export, parameters from `params`), plot with the vendored uPlot (a
+the runs table (the JSON export, parameters from `params`), read fair share's order and what
+each user used, see a user's cap hold a job back, plot with the vendored uPlot (a
 log axis for a parameter spanning decades, drag to zoom), see what an experiment's runs
 achieved (learning curves, a metric against a parameter, and against energy with its Pareto
 front), release a quarantined GPU as admin and be refused as a user, and be sent back to the
@@ -72,8 +73,8 @@ class Up:
         self.admin = wait_for("the admin token", lambda: token.exists() and token.read_text().strip())
         wait_for("the GPUs", lambda: len(self.gpus(self.admin)) == 2)
 
-    def call(self, path: str, token: str, body: Any = None) -> tuple[int, Any]:
-        req = urllib.request.Request(self.url + path, method="POST" if body is not None else "GET")
+    def call(self, path: str, token: str, body: Any = None, method: str | None = None) -> tuple[int, Any]:
+        req = urllib.request.Request(self.url + path, method=method or ("POST" if body is not None else "GET"))
         req.add_header("Authorization", f"Bearer {token}")
         data = None
         if body is not None:
@@ -346,6 +347,73 @@ def test_the_queue_says_what_a_study_s_waiting_job_waits_for(up: Up, page: Page)
         exp = v["experiment"]
         wait_for("the study to end", lambda: up.get(f"/v1/progress?experiment={exp}")["counts"]["succeeded"] == 1,
                  timeout=60)
+
+
+def put_user(up: Up, name: str, **limits: int) -> str:
+    """Makes a user with a fair-share weight and caps (`headroom user create NAME --share N
+    --max-jobs N ...`); their token."""
+    status, body = up.call(f"/v1/users/{name}", up.admin, {"role": "user", **limits}, method="PUT")
+    assert status == 200, body
+    assert {k: body[k] for k in limits} == limits, body
+    return up.token(name)
+
+
+def test_the_usage_view_shows_fair_share_and_what_each_user_used(up: Up, page: Page, watched: str) -> None:
+    hana = put_user(up, "hana", share=3)
+    exp = submit(up, hana, {"name": "hana-usage", "command": fake_job(0.2)})
+    wait_for("hana's job to end", lambda: up.get(f"/v1/progress?experiment={exp}")["counts"]["succeeded"] == 1,
+             timeout=60)
+    log_in(page, up, hana)
+    page.click("#tabs button[data-tab=usage]")
+    page.wait_for_selector("#usage-rows")
+    api = up.get("/v1/usage?since=30d&by=user", hana)
+    # Fair share's order as the API gives it (lowest usage per share first), with each share.
+    shares = [(tr.get_attribute("data-user"), tr.get_attribute("data-share"))
+              for tr in page.query_selector_all("#usage-shares tbody tr")]
+    assert shares == [(s["user"], str(s["share"])) for s in api["shares"]], (shares, api["shares"])
+    assert ("hana", "3") in shares and "admin" in {u for u, _ in shares}, shares
+    assert "me" in (page.get_attribute("#usage-shares tr[data-user=hana]", "class") or "")
+    # What each user used over the last 30 days: the admin's watched jobs, hana's one.
+    rows = {tr.get_attribute("data-key"): tr for tr in page.query_selector_all("#usage-rows tbody tr")}
+    assert set(rows) == {r["key"] for r in api["rows"]}, (list(rows), api["rows"])
+    mine = next(r for r in api["rows"] if r["key"] == "hana")
+    assert rows["hana"].get_attribute("data-attempts") == str(mine["attempts"]) == "1"
+    assert "succeeded 1" in rows["hana"].inner_text()
+    assert int(rows["admin"].get_attribute("data-attempts") or "0") >= 6
+    shot(page, "usage")
+    # By experiment: one row each, named.
+    page.select_option("#usage-by", "experiment")
+    until(page, "the rows by experiment", lambda: page.get_attribute("#usage", "data-by") == "experiment"
+          and page.query_selector(f"#usage-rows tr[data-key='{exp}']") is not None)
+    assert "hana-usage" in page.inner_text(f"#usage-rows tr[data-key='{exp}']")
+    assert page.query_selector(f"#usage-rows tr[data-key='{watched}']") is not None
+
+
+def test_the_queue_says_a_user_s_cap_holds_a_job_back(up: Up, page: Page) -> None:
+    ivo = put_user(up, "ivo", max_jobs=1)
+    # Two GPUs free, but ivo may run one job at once: the other waits, saying why.
+    exp = submit(up, ivo, {"name": "capped", "command": fake_job(6), "runs_per_config": 2})
+    capped = {"reason": "user_cap", "user": "ivo", "cap": "jobs", "limit": 1, "held": 1}
+    wait_for("the API's reason", lambda: capped in [j["pending_reason"] for j in
+                                                    up.get(f"/v1/jobs?experiment={exp}&state=queued")])
+    log_in(page, up, ivo)
+    page.click("#tabs button[data-tab=queue]")
+    until(page, "the capped job's reason", lambda: any(
+        "capped" in r.inner_text() and "ivo's cap: holds 1 job, at most 1" in r.inner_text()
+        for r in page.query_selector_all("#queue-pending tbody tr")))
+    shot(page, "queue-user-cap")
+    # The other reasons, as the server words them (`headroom ls`).
+    said = page.evaluate("""[
+        reasonText({reason: "user_cap", user: "alice", cap: "gpus", limit: 2, held: 2}),
+        reasonText({reason: "user_cap", user: "alice", cap: "gpu_memory", limit: 24576, held: 20480}),
+        reasonText({reason: "fair_share", user: "alice", used_mib_h: 12288, share: 1, ahead: "bob",
+                    ahead_used_mib_h: 512, ahead_share: 1}),
+    ]""")
+    assert said == ["alice's cap: holds 2 GPUs, at most 2",
+                    "alice's cap: holds 20 GiB of GPU memory, at most 24 GiB",
+                    "fair share: alice used 12.0 GiB-h (share 1), bob 0.5 GiB-h (share 1) and goes first"], said
+    wait_for("ivo's jobs to end", lambda: up.get(f"/v1/progress?experiment={exp}")["counts"]["succeeded"] == 2,
+             timeout=60)
 
 
 def test_the_runs_table_is_the_export_and_filters(up: Up, page: Page, watched: str) -> None:
