@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use headroom_shared::api::UserLimits;
 use headroom_shared::pending::{PendingReason, UserCapKind};
 
-use crate::rules::Millis;
+/// Milliseconds since the Unix epoch, the stores' time unit (fair share sits below `rules`,
+/// which orders claims by it, so it names the unit itself).
+type Millis = i64;
 
 /// The default half-life of usage (Slurm's `PriorityDecayHalfLife`).
 pub const DEFAULT_HALF_LIFE_MS: u64 = 7 * 24 * 3_600_000;
