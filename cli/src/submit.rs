@@ -128,6 +128,8 @@ struct Resolver<'a> {
     unix_user: Option<String>,
     vars: BTreeMap<String, String>,
     bundles: BTreeMap<std::path::PathBuf, Snapshot>,
+    /// Each directory's repository state (a few `git` runs), read once.
+    gits: BTreeMap<std::path::PathBuf, Option<GitState>>,
     /// The directories the note on shared file systems was printed for.
     noted: std::collections::BTreeSet<std::path::PathBuf>,
 }
@@ -145,7 +147,11 @@ impl Resolver<'_> {
             source::enterable_by(&workdir, user)?;
         }
         let environment = source::environment(spec, self.file, &self.vars, self.local)?;
-        let git = source::git_state(&workdir);
+        let git = self
+            .gits
+            .entry(workdir.clone())
+            .or_insert_with(|| source::git_state(&workdir))
+            .clone();
         let mut bundle = None;
         if snapshot && !self.dry_run {
             if let Some(b) = self.bundles.get(&workdir) {
@@ -215,6 +221,7 @@ pub async fn submit(api: &Api, file: &std::path::Path, how: SubmitHow) -> Result
         },
         vars: std::env::vars().collect(),
         bundles: BTreeMap::new(),
+        gits: BTreeMap::new(),
         noted: Default::default(),
     };
     let top = resolver.resolve(&spec).await?;
@@ -225,9 +232,7 @@ pub async fn submit(api: &Api, file: &std::path::Path, how: SubmitHow) -> Result
         spec.get(study::VARIANTS_KEY).and_then(|v| v.as_array()),
         spec.as_object(),
     ) {
-        let mut defaults = top_map.clone();
-        defaults.remove("name");
-        defaults.remove(study::VARIANTS_KEY);
+        let defaults = study::defaults(top_map);
         for v in list {
             let (Some(name), Some(over)) = (v.get("name").and_then(|n| n.as_str()), v.as_object())
             else {

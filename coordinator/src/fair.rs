@@ -59,6 +59,15 @@ impl Run {
     }
 }
 
+/// The GPU memory a lease reserves: its estimate on each of its GPUs (`totals`, one per
+/// GPU), or each whole GPU for a job that runs alone (no estimate).
+pub fn reservation(estimate: Option<u64>, totals: impl IntoIterator<Item = u64>) -> u64 {
+    totals
+        .into_iter()
+        .map(|total| estimate.unwrap_or(total))
+        .fold(0, u64::saturating_add)
+}
+
 /// A user's charged usage as stored: MiB-ms decayed up to `at`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ledger {

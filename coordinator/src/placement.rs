@@ -499,6 +499,7 @@ mod tests {
             cursor: Default::default(),
             experiment: exp.into(),
             user: "u".into(),
+            max_concurrent: None,
         };
         let s = snap(vec![gpu(0, 24_000, 8), gpu(1, 24_000, 8)]);
         let queue: Vec<PendingRow> = ["a1", "a2", "a3", "a4"]
@@ -586,6 +587,7 @@ mod tests {
             cursor: Default::default(),
             experiment: "e".into(),
             user: "u".into(),
+            max_concurrent: None,
         };
         let learned = Default::default();
         // 10000 total, 1000 headroom: 5000 + 4000 fits, 5000 + 4001 does not.

@@ -128,6 +128,8 @@ pub struct PendingRow {
     pub experiment: String,
     /// Who submitted it: fair share orders and caps by user.
     pub user: String,
+    /// Its experiment's `max_concurrent`.
+    pub max_concurrent: Option<u32>,
 }
 
 /// A place in the queue: priority (higher first), then submission sequence (older first).
@@ -178,10 +180,10 @@ pub fn claim(
             (pair_estimate(estimate, p.background_mib), source)
         })
         .collect();
-    // What a job would reserve: its estimate on each GPU, a whole GPU where it runs alone.
+    // What a job would reserve, before it has GPUs: a whole GPU is the largest here.
     let reserves = |i: usize| {
-        let per_gpu = estimates[i].0.or(largest).unwrap_or(0);
-        per_gpu.saturating_mul(u64::from(pending[i].gpus))
+        let gpus = std::iter::repeat_n(largest.unwrap_or(0), pending[i].gpus as usize);
+        fair::reservation(estimates[i].0, gpus)
     };
     // A job that would take its experiment or its user past a cap (counting the jobs before
     // it here) is not looked at: placement never sees more than the caps leave room for.

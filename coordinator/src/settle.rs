@@ -37,13 +37,19 @@ pub async fn run(state: AppState, shutdown: CancellationToken) {
     }
 }
 
-/// One round: the oldest notes, each job's settled; how many jobs' notes were.
+/// One round: the oldest notes, each job's settled; how many jobs' notes were. A job whose
+/// settling fails is said and left for the next round; the others' go on.
 async fn round(state: &AppState) -> Result<usize, crate::store::StoreError> {
     let due = state.store.wait_changes_due(BATCH).await?;
-    let n = due.len();
+    let mut settled = 0;
     for (job, ids) in due {
-        let counted = state.store.settle_waits(job, ids).await?;
-        tracing::debug!(%job, counted, "waits settled");
+        match state.store.settle_waits(job, ids).await {
+            Ok(counted) => {
+                settled += 1;
+                tracing::debug!(%job, counted, "waits settled");
+            }
+            Err(e) => tracing::warn!(%job, "settling the waits on this job: {e}"),
+        }
     }
-    Ok(n)
+    Ok(settled)
 }

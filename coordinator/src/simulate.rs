@@ -283,6 +283,10 @@ pub fn simulate_queue(
     let mut ledgers: BTreeMap<usize, crate::fair::Ledger> = BTreeMap::new();
     let mut first_start: Vec<Option<f64>> = vec![None; jobs.len()];
     let to_ms = |s: f64| (s * 1000.0).round() as i64;
+    let half_life_ms = match order {
+        Order::FairShare { half_life_s, .. } => Some(to_ms(*half_life_s).max(0) as u64),
+        Order::Fifo => None,
+    };
     let mut needs: Vec<usize> = (0..jobs.len())
         .map(|j| {
             after
@@ -375,12 +379,7 @@ pub fn simulate_queue(
         // The window: queued jobs whose needs have all ended, in queue order (with fair
         // share, users by their standing first, as each claim orders them).
         let mut waiting: Vec<usize> = queue.iter().copied().filter(|&j| needs[j] == 0).collect();
-        if let Order::FairShare {
-            shares,
-            half_life_s,
-        } = order
-        {
-            let half_life = to_ms(*half_life_s).max(0) as u64;
+        if let (Order::FairShare { shares, .. }, Some(half_life)) = (order, half_life_ms) {
             let runs: Vec<crate::fair::Run> = running
                 .values()
                 .map(|r| crate::fair::Run {
@@ -501,8 +500,7 @@ pub fn simulate_queue(
         }
         // A run that ends (or OOMs) now is charged to its user's ledger.
         let charge = |ledgers: &mut BTreeMap<usize, crate::fair::Ledger>, r: &Running| {
-            if let Order::FairShare { half_life_s, .. } = order {
-                let half_life = to_ms(*half_life_s).max(0) as u64;
+            if let Some(half_life) = half_life_ms {
                 let cost =
                     reserved(&jobs[r.job], r.estimate) as f64 * (to_ms(now) - r.started_ms) as f64;
                 let user = submission(r.job).user;

@@ -131,9 +131,12 @@ impl std::str::FromStr for OnDependencyFailure {
     }
 }
 
-/// Whether `spec` is a study (it has `experiments:`).
-pub fn is_study(spec: &Value) -> bool {
-    spec.get(VARIANTS_KEY).is_some()
+/// A study's defaults: its top level less `name` and `experiments`.
+pub fn defaults(top: &Map<String, Value>) -> Map<String, Value> {
+    let mut defaults = top.clone();
+    defaults.remove("name");
+    defaults.remove(VARIANTS_KEY);
+    defaults
 }
 
 /// A variant's spec: the defaults (the study's top level less `name` and `experiments`) with
@@ -187,9 +190,7 @@ pub fn parse(spec: &Value) -> Result<Option<StudySpec>, SpecError> {
             "belongs to a variant of `experiments`, naming another variant",
         ));
     }
-    let mut defaults = top.clone();
-    defaults.remove("name");
-    defaults.remove(VARIANTS_KEY);
+    let defaults = defaults(top);
     check_defaults(&defaults)?;
     let Some(list) = list.as_array().filter(|l| !l.is_empty()) else {
         return Err(SpecError::new(

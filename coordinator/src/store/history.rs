@@ -23,9 +23,10 @@ pub(super) async fn of_keys(
 ) -> Result<BTreeMap<String, KeyHistory>> {
     let mut out = BTreeMap::new();
     for key in keys {
+        let (peaks, floor) = super::leases::key_memory(tx, &key).await?;
         let h = KeyHistory {
-            peaks: tx.peaks(&key).await?,
-            floor: tx.floor(&key).await?,
+            peaks,
+            floor,
             duration_ms: tx.key_duration_ms(&key).await?,
         };
         if h != KeyHistory::default() {

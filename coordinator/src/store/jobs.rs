@@ -64,12 +64,8 @@ async fn apply(
         leased.is_none() || to != from,
         "a lease that changes no state"
     );
-    if to != from
-        && tx
-            .set_job_state(&job.id, from, to, now_ms(), leased)
-            .await?
-            != 1
-    {
+    let now = now_ms();
+    if to != from && tx.set_job_state(&job.id, from, to, now, leased).await? != 1 {
         return Err(StoreError::Conflict {
             job: Some(job.id.clone()),
         });
@@ -77,7 +73,7 @@ async fn apply(
     job.state = to;
     if to != from {
         // Jobs of a study that wait for this one (`after`) may start, or end, with it.
-        super::waiting::changed(tx, &job.id, from, to).await?;
+        super::waiting::changed(tx, &job.id, from, to, now).await?;
     }
     Ok(to)
 }

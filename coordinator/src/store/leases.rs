@@ -98,7 +98,7 @@ async fn check_fence(
 }
 
 /// Observed peaks and the OOM floor of a memory key.
-async fn key_memory(tx: &mut dyn Tx, key: &str) -> Result<(Vec<u64>, Option<u64>)> {
+pub(super) async fn key_memory(tx: &mut dyn Tx, key: &str) -> Result<(Vec<u64>, Option<u64>)> {
     Ok((tx.peaks(key).await?, tx.floor(key).await?))
 }
 
@@ -226,8 +226,8 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         // lock that every claim of a capped job takes (on PostgreSQL; SQLite has one writer),
         // so claims for other nodes or on other replicas never pass a cap together.
         for p in &pending {
-            if checked.insert(p.experiment.clone())
-                && let Some(cap) = tx.experiment_cap(&p.experiment).await?
+            if let Some(cap) = p.max_concurrent
+                && checked.insert(p.experiment.clone())
             {
                 if !caps_locked {
                     tx.lock_concurrency_caps().await?;
@@ -644,15 +644,13 @@ impl LeaseTo<'_> {
     /// The GPU memory a lease reserves over its GPUs: its estimate on each, or each whole GPU
     /// for a job that runs alone.
     fn reserves(&self, slot: &Slot) -> u64 {
-        match slot.estimate {
-            Some(e) => e.saturating_mul(slot.gpus.len() as u64),
-            None => slot
-                .gpus
+        let totals = slot.gpus.iter().map(|i| {
+            self.gpus
                 .iter()
-                .filter_map(|i| self.gpus.iter().find(|g| g.index == *i))
-                .map(|g| g.total_mib)
-                .sum(),
-        }
+                .find(|g| g.index == *i)
+                .map_or(0, |g| g.total_mib)
+        });
+        fair::reservation(slot.estimate, totals)
     }
 }
 

@@ -462,7 +462,8 @@ pub(crate) fn user_limits(r: &impl Cols, i: usize) -> Result<headroom_shared::ap
 
 /// Columns of a pending job, read by [`pending`].
 pub(crate) const PENDING_COLUMNS: &str = "id, gpus, estimate_mib, updated_at, memory_key, pending_reason, prestart, background_mib, \
-     priority, seq, state, experiment_id, submitted_by";
+     priority, seq, state, experiment_id, submitted_by, \
+     (SELECT max_concurrent FROM experiments e WHERE e.id = jobs.experiment_id)";
 
 pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
     Ok(PendingRow {
@@ -483,6 +484,9 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
         state: r.parsed(10, "job state")?,
         experiment: r.text(11)?,
         user: r.text(12)?,
+        max_concurrent: r
+            .int_opt(13)?
+            .map(|n| u32::try_from(n.max(0)).unwrap_or(u32::MAX)),
     })
 }
 

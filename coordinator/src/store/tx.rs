@@ -141,8 +141,6 @@ pub trait JobsTx: Send {
     /// Serializes the claims of jobs with `max_concurrent` until the transaction ends
     /// (nothing to do where a write transaction holds the whole database).
     async fn lock_concurrency_caps(&mut self) -> Result<()>;
-    /// An experiment's `max_concurrent`, if it has one.
-    async fn experiment_cap(&mut self, experiment: &str) -> Result<Option<u32>>;
     /// How many of an experiment's jobs are leased or running.
     async fn active_jobs_of(&mut self, experiment: &str) -> Result<u32>;
     /// Inserts an experiment and all its jobs (`queued`), each with its own columns.
@@ -606,8 +604,6 @@ pub trait WaitsTx: Send {
     async fn waits_of(&mut self, job: &str) -> Result<Vec<WaitRow>>;
     /// Sets how many of the job's waits are not met yet (a claim reads only jobs with none).
     async fn set_waiting_on(&mut self, job: &str, unmet: u64) -> Result<()>;
-    /// The jobs of the experiment that wait for some job, in `seq` order.
-    async fn waiting_jobs_of(&mut self, experiment: &str) -> Result<Vec<String>>;
     /// Every job of the experiment that waits: as many waits unmet as it has (a study's jobs
     /// are all queued when stored).
     async fn count_new_waits(&mut self, experiment: &str) -> Result<()>;

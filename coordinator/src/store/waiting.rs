@@ -7,8 +7,8 @@ use headroom_shared::JobState;
 use headroom_shared::pending::PendingReason;
 use headroom_shared::study::{AfterWhen, OnDependencyFailure};
 
-use super::Result;
 use super::tx::{Tx, WaitRow};
+use super::{Millis, Result};
 
 /// What one wait is, from the state of the job it needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,9 +92,9 @@ pub(super) async fn changed(
     job: &str,
     from: JobState,
     to: JobState,
+    now: Millis,
 ) -> Result<()> {
     if from.is_terminal() || to.is_terminal() {
-        let now = tx.clock().await?;
         tx.note_wait_change(job, now).await?;
     }
     if to.is_pending() && !from.is_pending() {

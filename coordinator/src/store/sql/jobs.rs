@@ -11,7 +11,7 @@ use super::super::tx::{JobLeased, JobsTx, JobsWhere};
 use super::super::{Millis, NewExperiment, Result};
 use super::{
     EXPERIMENT_STATE_COUNTS, EXPERIMENT_UNFINISHED, STATE_COUNTS, UNFINISHED, WAITING, all, done,
-    first, pending_window, text,
+    first, pending_window, states, text,
 };
 use crate::rules::{JobRules, LadderStep, PendingRow, QueueCursor};
 use headroom_shared::api::source::Source;
@@ -67,22 +67,13 @@ impl<E: Exec> JobsTx for E {
         self.lock_key("headroom max_concurrent").await
     }
 
-    async fn experiment_cap(&mut self, experiment: &str) -> Result<Option<u32>> {
-        Ok(first(
-            self,
-            "SELECT max_concurrent FROM experiments WHERE id = $1",
-            args![experiment],
-            |r| r.int_opt(0),
-        )
-        .await?
-        .flatten()
-        .map(|n| u32::try_from(n).unwrap_or(u32::MAX)))
-    }
-
     async fn active_jobs_of(&mut self, experiment: &str) -> Result<u32> {
         let n = first(
             self,
-            "SELECT COUNT(*) FROM jobs WHERE experiment_id = $1 AND state IN ('leased', 'running')",
+            &format!(
+                "SELECT COUNT(*) FROM jobs WHERE experiment_id = $1 AND state IN ({})",
+                states(|s| s.is_active())
+            ),
             args![experiment],
             |r| r.int(0),
         )

@@ -196,6 +196,16 @@ mod tests {
                 sql.contains(&format!("WHERE state IN ({})", *super::WAITING)),
                 "{path}"
             );
+            // Since studies, the claim's indexes hold only jobs free to start.
+            if migration >= "V25" {
+                assert!(
+                    sql.contains(&format!(
+                        "WHERE state IN ({}) AND waiting_on = 0",
+                        *super::WAITING
+                    )),
+                    "{path}"
+                );
+            }
         }
         // The claim's windows name the indexes' predicate whole (SQLite uses a partial index
         // only then).

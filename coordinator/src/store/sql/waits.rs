@@ -123,15 +123,4 @@ impl<E: Exec> WaitsTx for E {
         }
         Ok(())
     }
-
-    async fn waiting_jobs_of(&mut self, experiment: &str) -> Result<Vec<String>> {
-        all(
-            self,
-            "SELECT j.id FROM jobs j WHERE j.experiment_id = $1 \
-             AND EXISTS (SELECT 1 FROM job_waits w WHERE w.job_id = j.id) ORDER BY j.seq",
-            args![experiment],
-            |r| r.text(0),
-        )
-        .await
-    }
 }
