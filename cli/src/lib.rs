@@ -663,10 +663,12 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             };
             let u = api.put_user(&name, &req).await?;
             outln!(
-                "user {} (role {}): jobs run as {}",
+                "user {} (role {}): jobs run as {}; share {}, caps {}",
                 u.name,
                 u.role,
-                u.unix_user.as_deref().unwrap_or("the agents' default user")
+                u.unix_user.as_deref().unwrap_or("the agents' default user"),
+                u.limits.share,
+                output::caps_text(&u.limits)
             );
         }
         Command::User {

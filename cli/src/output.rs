@@ -677,6 +677,25 @@ pub fn json<T: serde::Serialize>(v: &T) -> Result<()> {
     Ok(())
 }
 
+/// A user's caps in words (`4 GPUs, 80GiB`); `-` for none.
+pub fn caps_text(l: &headroom_shared::api::UserLimits) -> String {
+    let plural = |n: u32, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let caps: Vec<String> = [
+        l.max_jobs.map(|n| plural(n, "job", "jobs")),
+        l.max_gpus.map(|n| plural(n, "GPU", "GPUs")),
+        l.max_gpu_mib
+            .map(|m| format!("{} of GPU memory", headroom_shared::MemSize { mib: m })),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if caps.is_empty() {
+        "-".to_string()
+    } else {
+        caps.join(", ")
+    }
+}
+
 pub fn users_table(users: &[headroom_shared::api::UserView]) {
     outln!(
         "{:<24}  {:<6}  {:<16}  {:<7}  {:>5}  {:<20}",
@@ -688,28 +707,14 @@ pub fn users_table(users: &[headroom_shared::api::UserView]) {
         "CAPS"
     );
     for u in users {
-        let l = &u.limits;
-        let caps: Vec<String> = [
-            l.max_jobs.map(|n| format!("{n} jobs")),
-            l.max_gpus.map(|n| format!("{n} GPUs")),
-            l.max_gpu_mib
-                .map(|m| headroom_shared::MemSize { mib: m }.to_string()),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
         outln!(
             "{:<24}  {:<6}  {:<16}  {:<7}  {:>5}  {}",
             u.name,
             u.role.as_str(),
             u.unix_user.as_deref().unwrap_or("-"),
             if u.allow_root { "allowed" } else { "-" },
-            l.share,
-            if caps.is_empty() {
-                "-".to_string()
-            } else {
-                caps.join(", ")
-            }
+            u.limits.share,
+            caps_text(&u.limits)
         );
     }
 }
@@ -1197,6 +1202,19 @@ mod tail_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_user_s_caps_read_as_words() {
+        use headroom_shared::api::UserLimits;
+        assert_eq!(caps_text(&UserLimits::default()), "-");
+        let caps = UserLimits {
+            max_jobs: Some(1),
+            max_gpus: Some(4),
+            max_gpu_mib: Some(80 * 1024),
+            ..Default::default()
+        };
+        assert_eq!(caps_text(&caps), "1 job, 4 GPUs, 80GiB of GPU memory");
+    }
 
     #[test]
     fn show_tells_what_became_of_a_background() {
