@@ -345,6 +345,36 @@ impl AttemptCgroup {
         Some(bytes.div_ceil(1024 * 1024))
     }
 
+    /// Limits its processes' memory together to `mib` (`memory.max`, or the v1
+    /// controller's `memory.limit_in_bytes`), swap left out so the limit holds; where no
+    /// memory controller counts it, nothing is limited.
+    pub fn limit_memory(&self, mib: u64) -> io::Result<()> {
+        let bytes = mib.saturating_mul(1024 * 1024).to_string();
+        if self.memory_peak {
+            fs::write(self.dir.join("memory.max"), &bytes)?;
+            // Absent without swap accounting: nothing to hold then.
+            let _ = fs::write(self.dir.join("memory.swap.max"), "0");
+        } else if let Some(v1) = &self.memory_v1 {
+            fs::write(v1.join("memory.limit_in_bytes"), &bytes)?;
+            let _ = fs::write(v1.join("memory.swappiness"), "0");
+        }
+        Ok(())
+    }
+
+    /// Whether the kernel killed one of its processes at its memory limit (`oom_kill` of
+    /// `memory.events`, or of the v1 controller's `memory.oom_control`).
+    pub fn oom_killed(&self) -> bool {
+        let (dir, file) = if self.memory_peak {
+            (&self.dir, "memory.events")
+        } else {
+            match self.memory_v1.as_ref() {
+                Some(d) => (d, "memory.oom_control"),
+                None => return false,
+            }
+        };
+        fs::read_to_string(dir.join(file)).is_ok_and(|t| oom_kills(&t) > 0)
+    }
+
     /// Removes it once empty (and whatever a job nested below it).
     pub fn remove(&self) -> io::Result<()> {
         for dir in std::iter::once(&self.dir).chain(self.memory_v1.as_ref()) {
@@ -352,6 +382,14 @@ impl AttemptCgroup {
         }
         Ok(())
     }
+}
+
+/// The `oom_kill` count of a `memory.events` or `memory.oom_control` text.
+fn oom_kills(text: &str) -> u64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("oom_kill "))
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .sum()
 }
 
 fn sigkill_each(pids: &[u32]) {
@@ -480,6 +518,14 @@ pub fn attempt_of(pid: u32) -> Option<AttemptId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oom_kills_are_read_from_either_controller_s_file() {
+        let v2 = "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n";
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
+        assert_eq!((oom_kills(v2), oom_kills(v1)), (1, 2));
+        assert_eq!(oom_kills("oom_kill_disable 0\nunder_oom 0\n"), 0);
+    }
 
     const HYBRID: &str = "\
 36 25 0:31 / /sys/fs/cgroup/memory rw,relatime shared:14 - cgroup cgroup rw,memory

@@ -66,6 +66,7 @@ pub fn new_experiment(
         results: Some(spec.results()).filter(|r| !r.is_empty()),
         study: None,
         max_concurrent: spec.max_concurrent,
+        host_memory_mib: spec.resources.host_memory.map(|m| m.mib),
     })
 }
 

@@ -70,6 +70,7 @@ const REASONS: &[&str] = &[
     "no_live_node",
     "no_free_slot",
     "not_enough_memory",
+    "not_enough_host_memory",
     "gpu_quarantined",
     "behind_reservation",
     "too_many_gpus",

@@ -138,6 +138,8 @@ pub struct Candidate {
     /// It needs its GPUs to itself (`exclusive`, `cooldown`): placed only on GPUs with no
     /// other lease, and nothing else is placed there while it holds them.
     pub alone: bool,
+    /// Host memory it holds (`resources.host_memory`, or learned); `None`: not admitted by it.
+    pub host_mib: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,6 +156,9 @@ pub struct Snapshot {
     pub cpu_jobs: u32,
     /// Jobs older than this reserve GPUs instead of being overtaken forever.
     pub reserve_after_ms: u64,
+    /// Host memory the node has left for jobs (its usable memory less what its attempts
+    /// hold); `None`: the node does not admit by host memory.
+    pub host_free_mib: Option<u64>,
 }
 
 /// Why one GPU cannot take a job now.
@@ -248,6 +253,7 @@ pub struct Placer {
     reserved: Vec<bool>,
     cpu_jobs: u32,
     reserve_after_ms: u64,
+    host_free_mib: Option<u64>,
 }
 
 impl Placer {
@@ -265,6 +271,7 @@ impl Placer {
             reserved: vec![false; snapshot.gpus.len()],
             cpu_jobs: snapshot.cpu_jobs,
             reserve_after_ms: snapshot.reserve_after_ms,
+            host_free_mib: snapshot.host_free_mib,
         }
     }
 
@@ -312,8 +319,29 @@ impl Placer {
             if out.len() >= max {
                 break;
             }
+            // The node's host memory is admitted like a GPU's: a job that would take more
+            // than is left waits, whatever GPU it might find.
+            if let (Some(free), Some(needed)) = (self.host_free_mib, c.host_mib)
+                && needed > free
+            {
+                reasons.push((
+                    i,
+                    PendingReason::NotEnoughHostMemory {
+                        needed_mib: needed,
+                        available_mib: free,
+                    },
+                ));
+                continue;
+            }
+            let host = &mut self.host_free_mib;
+            let mut hold_host = || {
+                if let (Some(free), Some(needed)) = (host.as_mut(), c.host_mib) {
+                    *free -= needed;
+                }
+            };
             if c.gpus == 0 {
                 if self.cpu_jobs < CPU_SLOTS {
+                    hold_host();
                     self.cpu_jobs += 1;
                     out.push(Placement {
                         candidate: i,
@@ -343,6 +371,7 @@ impl Placer {
                 for &g in &chosen {
                     gpus[g].take(c.estimate_mib, c.alone);
                 }
+                hold_host();
                 let mut indices: Vec<u32> = chosen.iter().map(|&g| gpus[g].index).collect();
                 indices.sort_unstable();
                 out.push(Placement {
@@ -431,6 +460,7 @@ mod tests {
 
     fn job(est: Option<u64>) -> Candidate {
         Candidate {
+            host_mib: None,
             gpus: 1,
             estimate_mib: est,
             waited_ms: 0,
@@ -440,6 +470,7 @@ mod tests {
 
     fn exclusive(est: Option<u64>) -> Candidate {
         Candidate {
+            host_mib: None,
             alone: true,
             ..job(est)
         }
@@ -447,10 +478,59 @@ mod tests {
 
     fn snap(gpus: Vec<GpuState>) -> Snapshot {
         Snapshot {
+            host_free_mib: None,
             gpus,
             cpu_jobs: 0,
             reserve_after_ms: u64::MAX,
         }
+    }
+
+    /// A node of 8 GiB of host memory for jobs takes two jobs holding 3 GiB each, whatever
+    /// room its GPUs have; the third waits saying so, and a CPU-only job is held the same.
+    #[test]
+    fn host_memory_is_admitted_like_a_gpu_s() {
+        let s = Snapshot {
+            host_free_mib: Some(8 * 1024),
+            ..snap(vec![gpu(0, 24_000, 4)])
+        };
+        let host = |gpus: u32| Candidate {
+            host_mib: Some(3 * 1024),
+            gpus,
+            ..job(Some(1000))
+        };
+        let placed = Placer::new(&s).place(&[host(1), host(1), host(1), host(0)], 8);
+        let at: Vec<usize> = placed.placements.iter().map(|p| p.candidate).collect();
+        assert_eq!(at, [0, 1]);
+        for (i, r) in &placed.reasons {
+            assert_eq!(
+                r,
+                &PendingReason::NotEnoughHostMemory {
+                    needed_mib: 3 * 1024,
+                    available_mib: 2 * 1024
+                },
+                "{i}"
+            );
+        }
+        assert_eq!(placed.reasons.len(), 2);
+        // A job that declares none, or a node that admits by none, is not held by it.
+        let free = Candidate {
+            host_mib: None,
+            ..host(1)
+        };
+        assert_eq!(
+            Placer::new(&s)
+                .place(&[host(1), host(1), free], 8)
+                .placements
+                .len(),
+            3
+        );
+        assert_eq!(
+            Placer::new(&snap(s.gpus.clone()))
+                .place(&[host(1), host(1), host(1)], 8)
+                .placements
+                .len(),
+            3
+        );
     }
 
     #[test]
@@ -500,6 +580,7 @@ mod tests {
             experiment: exp.into(),
             user: "u".into(),
             max_concurrent: None,
+            host_declared: None,
         };
         let s = snap(vec![gpu(0, 24_000, 8), gpu(1, 24_000, 8)]);
         let queue: Vec<PendingRow> = ["a1", "a2", "a3", "a4"]
@@ -588,6 +669,7 @@ mod tests {
             experiment: "e".into(),
             user: "u".into(),
             max_concurrent: None,
+            host_declared: None,
         };
         let learned = Default::default();
         // 10000 total, 1000 headroom: 5000 + 4000 fits, 5000 + 4001 does not.
@@ -711,6 +793,7 @@ mod tests {
         q.quarantined = true;
         let s = snap(vec![full.clone(), q.clone()]);
         let two = Candidate {
+            host_mib: None,
             gpus: 3,
             estimate_mib: Some(1),
             waited_ms: 0,
@@ -744,6 +827,7 @@ mod tests {
         let mut s = snap(vec![half]);
         s.reserve_after_ms = 1;
         let big = Candidate {
+            host_mib: None,
             gpus: 1,
             estimate_mib: Some(8_000),
             waited_ms: 60_000,
@@ -851,6 +935,7 @@ mod tests {
             gpu(2, 10_000, 1),
         ]);
         let two = Candidate {
+            host_mib: None,
             gpus: 2,
             estimate_mib: Some(1_000),
             waited_ms: 0,
@@ -867,6 +952,7 @@ mod tests {
         a.placed.push(Some(5_000));
         let mut s = snap(vec![a]);
         let big = Candidate {
+            host_mib: None,
             gpus: 1,
             estimate_mib: Some(8_000),
             waited_ms: 60_000,
@@ -922,6 +1008,7 @@ mod tests {
         let mut full = gpu(0, 8_000, 1);
         full.placed.push(Some(100));
         let mut p = Placer::new(&Snapshot {
+            host_free_mib: None,
             cpu_jobs: CPU_SLOTS,
             ..snap(vec![full.clone(), gpu(1, 8_000, 1)])
         });
@@ -939,6 +1026,7 @@ mod tests {
         let mut held = gpu(2, 8_000, 4);
         held.held_alone = true;
         let s = Snapshot {
+            host_free_mib: None,
             cpu_jobs: CPU_SLOTS - 1,
             ..snap(vec![half, quarantined, held, gpu(3, 8_000, 2)])
         };
@@ -964,7 +1052,7 @@ mod tests {
                 g.placed.push(*est);
                 g.held_alone = *alone;
             }
-            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone)| Candidate { gpus: n, estimate_mib: e, waited_ms: 0, alone }).collect();
+            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone)| Candidate { gpus: n, estimate_mib: e, waited_ms: 0, alone, host_mib: None }).collect();
             let mut placer = Placer::new(&Snapshot { cpu_jobs, ..snap(gpus) });
             let open = placer.open_slots();
             let placed = placer.place(&cands, usize::MAX).placements.len();
@@ -987,7 +1075,7 @@ mod tests {
                 g.placed.push(*est);
                 g.held_alone = *alone;
             }
-            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone)| Candidate { gpus: n, estimate_mib: e, waited_ms: 0, alone }).collect();
+            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone)| Candidate { gpus: n, estimate_mib: e, waited_ms: 0, alone, host_mib: None }).collect();
             let s = snap(gpus.clone());
             let placed = place(&s, &cands, max);
             prop_assert!(placed.len() <= max);
@@ -1045,6 +1133,7 @@ mod tests {
         ) {
             for (i, g) in gpus.iter_mut().enumerate() { g.index = i as u32; }
             let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone, old)| Candidate {
+                host_mib: None,
                 gpus: n, estimate_mib: e, waited_ms: if old { 10_000 } else { 0 }, alone,
             }).collect();
             let s = Snapshot { reserve_after_ms: 5_000, ..snap(gpus) };

@@ -130,6 +130,7 @@ fn snapshots(nodes: &[PreviewNode]) -> Vec<Snapshot> {
     nodes
         .iter()
         .map(|n| Snapshot {
+            host_free_mib: None,
             gpus: n
                 .gpus
                 .iter()
@@ -156,6 +157,7 @@ fn snapshots(nodes: &[PreviewNode]) -> Vec<Snapshot> {
 
 fn candidate(j: &PreviewJob) -> Candidate {
     Candidate {
+        host_mib: None,
         gpus: j.gpus,
         estimate_mib: j.estimate_mib,
         waited_ms: 0,

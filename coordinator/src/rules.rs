@@ -130,6 +130,8 @@ pub struct PendingRow {
     pub user: String,
     /// Its experiment's `max_concurrent`.
     pub max_concurrent: Option<u32>,
+    /// Host memory its spec declares (`resources.host_memory`).
+    pub host_declared: Option<u64>,
 }
 
 /// A place in the queue: priority (higher first), then submission sequence (older first).
@@ -139,8 +141,28 @@ pub struct QueueCursor {
     pub seq: i64,
 }
 
-/// What a memory key has taught: observed peaks and the floor after OOMs.
-pub type Learned = HashMap<String, (Vec<u64>, Option<u64>)>;
+/// What a memory key has taught: observed GPU memory peaks and the floor after OOMs, and
+/// observed host memory peaks.
+#[derive(Clone, Debug, Default)]
+pub struct KeyMemory {
+    pub peaks: Vec<u64>,
+    pub floor: Option<u64>,
+    pub host_peaks: Vec<u64>,
+}
+
+/// What each memory key has taught.
+pub type Learned = HashMap<String, KeyMemory>;
+
+/// The host memory a job is admitted with (and its cgroup limited to): max(declared, p95 of
+/// its key's host peaks x 1.1), as GPU memory is learned; `None` when nothing is known.
+pub fn host_estimate(declared: Option<u64>, host_peaks: &mut [u64]) -> Option<u64> {
+    host_peaks.sort_unstable();
+    let learned = (!host_peaks.is_empty()).then(|| {
+        let i = ((host_peaks.len() - 1) as f64 * 0.95).round() as usize;
+        (host_peaks[i] as f64 * LEARNED_MARGIN).ceil() as u64
+    });
+    declared.max(learned)
+}
 
 /// One lease a claim makes: the pending job (by position), its GPUs, and the estimate it is
 /// placed by with where that came from.
@@ -150,6 +172,11 @@ pub struct Slot {
     pub gpus: Vec<u32>,
     pub estimate: Option<u64>,
     pub source: &'static str,
+    /// Host memory it is admitted with.
+    pub host_mib: Option<u64>,
+    /// Its cgroup is limited to `host_mib`: only where its spec declares host memory (a
+    /// limit the user set, which what runs taught may raise); learned alone, it admits.
+    pub host_limited: bool,
 }
 
 /// A claim's decision: which pending jobs go where with which estimate, and why each job it
@@ -175,9 +202,21 @@ pub fn claim(
     let estimates: Vec<(Option<u64>, &'static str)> = pending
         .iter()
         .map(|p| {
-            let (mut peaks, floor) = learned.get(&p.memory_key).cloned().unwrap_or_default();
+            let KeyMemory {
+                mut peaks, floor, ..
+            } = learned.get(&p.memory_key).cloned().unwrap_or_default();
             let (estimate, source) = effective_estimate(p.declared, &mut peaks, floor, largest);
             (pair_estimate(estimate, p.background_mib), source)
+        })
+        .collect();
+    let hosts: Vec<Option<u64>> = pending
+        .iter()
+        .map(|p| {
+            let mut peaks = learned
+                .get(&p.memory_key)
+                .map(|k| k.host_peaks.clone())
+                .unwrap_or_default();
+            host_estimate(p.host_declared, &mut peaks)
         })
         .collect();
     // What a job would reserve, before it has GPUs: a whole GPU is the largest here.
@@ -211,7 +250,7 @@ pub fn claim(
         }
         open.push(i);
     }
-    let mut plan = claim_open(placer, pending, &open, &estimates, now, max);
+    let mut plan = claim_open(placer, pending, &open, &estimates, &hosts, now, max);
     for slot in &plan.leases {
         let p = &pending[slot.candidate];
         if let Some((_, running)) = caps.experiments.get_mut(&p.experiment) {
@@ -263,12 +302,14 @@ fn claim_open(
     all: &[PendingRow],
     open: &[usize],
     estimates: &[(Option<u64>, &'static str)],
+    hosts: &[Option<u64>],
     now: Millis,
     max: usize,
 ) -> ClaimPlan {
     let candidates: Vec<Candidate> = open
         .iter()
         .map(|&i| Candidate {
+            host_mib: hosts[i],
             gpus: all[i].gpus,
             estimate_mib: estimates[i].0,
             waited_ms: (now - all[i].since).max(0) as u64,
@@ -291,6 +332,8 @@ fn claim_open(
                     gpus: p.gpus,
                     estimate,
                     source,
+                    host_mib: hosts[i],
+                    host_limited: all[i].host_declared.is_some(),
                 }
             })
             .collect(),
@@ -811,6 +854,21 @@ pub fn may_register(
 
 pub fn may_act_on(who: &Principal, submitted_by: &str) -> bool {
     who.role == Role::Admin || (who.role == Role::User && who.name == submitted_by)
+}
+
+#[cfg(test)]
+mod host_tests {
+    use super::*;
+
+    #[test]
+    fn a_host_estimate_is_the_declared_or_the_learned_p95_with_its_margin() {
+        assert_eq!(host_estimate(None, &mut []), None);
+        assert_eq!(host_estimate(Some(3000), &mut []), Some(3000));
+        let mut peaks: Vec<u64> = (1..=100).map(|i| i * 100).collect();
+        // p95 of 100..10000 is 9500 (index 94 of 0..99, rounded), times 1.1.
+        assert_eq!(host_estimate(Some(3000), &mut peaks), Some(10_450));
+        assert_eq!(host_estimate(Some(20_000), &mut peaks), Some(20_000));
+    }
 }
 
 #[cfg(test)]

@@ -368,6 +368,7 @@ pub fn simulate_queue(
             .iter()
             .enumerate()
             .map(|(n, gpus)| Snapshot {
+                host_free_mib: None,
                 gpus: gpus.iter().map(|&g| gpu_state(g)).collect(),
                 cpu_jobs: running
                     .values()
@@ -403,6 +404,7 @@ pub fn simulate_queue(
         let candidates: Vec<Candidate> = waiting
             .iter()
             .map(|&j| Candidate {
+                host_mib: None,
                 gpus: jobs[j].gpus,
                 estimate_mib: estimate_of(j, &learned),
                 waited_ms: 0,

@@ -152,6 +152,7 @@ async fn submit(s: &Backend, jobs: Vec<NewJob>) -> ExperimentId {
 
 async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
     let exp = NewExperiment {
+        host_memory_mib: None,
         submitted_by: who.into(),
         ..experiment("exp", jobs)
     };
@@ -163,6 +164,7 @@ async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
 /// An experiment of `jobs` named `name`, of `anonymous`, with nothing else set.
 fn experiment(name: &str, jobs: Vec<NewJob>) -> NewExperiment {
     NewExperiment {
+        host_memory_mib: None,
         id: ExperimentId::new(),
         name: name.into(),
         seed: 1,
@@ -201,6 +203,7 @@ fn free(n: u32, total: u64) -> Vec<GpuSample> {
 async fn register(s: &Backend, node: &str, n: u32, plan: Option<&str>) -> AgentId {
     let agent = AgentId::new();
     s.register_agent(Registration {
+        host_memory_mib: None,
         agent,
         node: node.into(),
         gpus: gpus(n, 10_000),
@@ -220,6 +223,7 @@ async fn register(s: &Backend, node: &str, n: u32, plan: Option<&str>) -> AgentI
 async fn register_again(s: &Backend, node: &str, n: u32, previous: AgentId) -> AgentId {
     let agent = AgentId::new();
     s.register_agent(Registration {
+        host_memory_mib: None,
         agent,
         node: node.into(),
         gpus: gpus(n, 10_000),
@@ -750,6 +754,7 @@ async fn reregistration_resumes_current_attempts(s: Backend) {
     let agent2 = AgentId::new();
     let reg = s
         .register_agent(Registration {
+            host_memory_mib: None,
             agent: agent2,
             node: "n1".into(),
             gpus: gpus(2, 10_000),
@@ -814,6 +819,7 @@ async fn a_live_node_is_registered_again_only_by_its_instance(s: Backend) {
     let l = claim(&s, agent, 1).await.remove(0);
     let second = AgentId::new();
     let reg = |previous: Option<AgentId>| Registration {
+        host_memory_mib: None,
         agent: second,
         node: "n1".into(),
         gpus: gpus(1, 10_000),
@@ -1857,6 +1863,7 @@ async fn a_throttled_run_is_what_its_specs_on_throttle_says(s: Backend) {
         };
         let job_id = j.id;
         s.create_experiment(NewExperiment {
+            host_memory_mib: None,
             id: ExperimentId::new(),
             name: "hot".into(),
             seed: 1,
@@ -2798,6 +2805,7 @@ async fn an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash(
     };
     let id = ExperimentId::new();
     s.create_experiment(NewExperiment {
+        host_memory_mib: None,
         id,
         name: "exp".into(),
         seed: 1,
@@ -2932,6 +2940,7 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
     let a = register(&s, "n1", 2, Some("8,8")).await;
     let b = register(&s, "n2", 2, Some("8,8")).await;
     let capped = NewExperiment {
+        host_memory_mib: None,
         max_concurrent: Some(2),
         ..experiment(
             "capped",
@@ -2973,6 +2982,7 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
     // Claims of both nodes at the same moment: still no more than the cap between them.
     for round in 0..4 {
         let race = NewExperiment {
+            host_memory_mib: None,
             max_concurrent: Some(3),
             ..experiment(
                 &format!("race{round}"),
@@ -3149,6 +3159,67 @@ async fn users_go_by_usage_per_share_and_their_caps_hold(s: Backend) {
     assert_eq!((alice_now.running_jobs, alice_now.running_gpus), (2, 2));
 }
 
+/// Host memory on both stores: a node's memory for jobs admits jobs by their declared host
+/// memory (two of 3 GiB in 8 GiB, the third waits saying so), their leases carry it as their
+/// cgroups' limit, and a run that peaked higher raises the next one's.
+async fn host_memory_is_admitted_on_the_node_and_learned_from_runs(s: Backend) {
+    let agent = AgentId::new();
+    s.register_agent(Registration {
+        host_memory_mib: Some(8 * 1024),
+        agent,
+        node: "n1".into(),
+        gpus: gpus(1, 10_000),
+        plan: Some(Plan::parse("4").expect("plan")),
+        headroom: None,
+        resume: vec![],
+        lease_ttl_ms: 30_000,
+        previous: None,
+    })
+    .await
+    .expect("register");
+    let exp = NewExperiment {
+        host_memory_mib: Some(3 * 1024),
+        ..experiment(
+            "hostmem",
+            (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect(),
+        )
+    };
+    let id = exp.id;
+    s.create_experiment(exp).await.expect("create experiment");
+    let first = claim(&s, agent, 1).await;
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(first.iter().all(|l| l.host_memory_mib == Some(3 * 1024)));
+    let waiting = s
+        .list_jobs(JobFilter {
+            experiment: Some(id),
+            state: Some(JobState::Queued),
+            ..JobFilter::default()
+        })
+        .await
+        .expect("jobs");
+    assert_eq!(
+        waiting[0].pending_reason,
+        Some(PendingReason::NotEnoughHostMemory {
+            needed_mib: 3 * 1024,
+            available_mib: 2 * 1024
+        })
+    );
+    // One run peaked at 4000 MiB: the next is admitted with (and limited to) 4400.
+    s.start_attempt(first[0].attempt, first[0].fence, 1, now_ms())
+        .await
+        .expect("start");
+    let peaked = FinishReport {
+        host_peak_mib: Some(4000),
+        ..report(first[0].fence, None)
+    };
+    finish_attempt(&s, first[0].attempt, peaked)
+        .await
+        .expect("finish");
+    let next = claim(&s, agent, 1).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].host_memory_mib, Some(4400));
+}
+
 /// Settles every note of a changed job that others wait for, as the coordinator's task does.
 async fn settle_all(s: &Backend) {
     loop {
@@ -3174,6 +3245,7 @@ async fn a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain(s: 
         name: "lab".into(),
     };
     let exp = |name: &str, jobs: Vec<NewJob>| NewExperiment {
+        host_memory_mib: None,
         study: Some(study.clone()),
         ..experiment(&format!("lab.{name}"), jobs)
     };
@@ -3295,6 +3367,7 @@ macro_rules! conformance {
 
 conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
+    host_memory_is_admitted_on_the_node_and_learned_from_runs,
     users_go_by_usage_per_share_and_their_caps_hold,
     an_experiment_s_cap_holds_across_nodes,
     a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain,
@@ -3758,6 +3831,7 @@ async fn early_stop_decides_each_rung_once_against_the_experiment_s_other_attemp
     };
     let id = ExperimentId::new();
     s.create_experiment(NewExperiment {
+        host_memory_mib: None,
         id,
         name: "exp".into(),
         seed: 1,

@@ -346,6 +346,7 @@ function reasonText(r) {
   if (!r) return "";
   switch (r.reason) {
     case "not_enough_memory": return `not enough memory: needs ${mib(r.needed_mib)}, at most ${mib(r.available_mib)} free`;
+    case "not_enough_host_memory": return `not enough host memory: needs ${mib(r.needed_mib)}, the node has ${mib(r.available_mib)} left for jobs`;
     case "concurrency_cap": return `its experiment's max_concurrent: ${r.running} of at most ${r.limit} leased or running`;
     case "user_cap": return `${r.user}'s cap: holds ` + (r.cap === "gpu_memory"
       ? `${memText(r.held)} of GPU memory, at most ${memText(r.limit)}`

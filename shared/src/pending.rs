@@ -20,6 +20,9 @@ pub enum PendingReason {
     /// A GPU has a free slot, but not the memory: `needed_mib` against the most that any
     /// GPU has left after placed estimates, live free memory and headroom.
     NotEnoughMemory { needed_mib: u64, available_mib: u64 },
+    /// The node's host memory left for jobs (its usable memory less what its attempts hold)
+    /// is less than the job holds (`resources.host_memory`, or learned from its runs).
+    NotEnoughHostMemory { needed_mib: u64, available_mib: u64 },
     /// The GPUs that could take it are quarantined (cleanup not verified) or avoided for a
     /// while after a hand-back.
     GpuQuarantined,
@@ -73,6 +76,7 @@ impl PendingReason {
             Self::NoLiveNode => "no_live_node",
             Self::NoFreeSlot => "no_free_slot",
             Self::NotEnoughMemory { .. } => "not_enough_memory",
+            Self::NotEnoughHostMemory { .. } => "not_enough_host_memory",
             Self::GpuQuarantined => "gpu_quarantined",
             Self::BehindReservation => "behind_reservation",
             Self::TooManyGpus { .. } => "too_many_gpus",
@@ -126,6 +130,15 @@ impl fmt::Display for PendingReason {
             } => write!(
                 f,
                 "not enough memory: needs {}, at most {} available on a GPU",
+                mib(*needed_mib),
+                mib(*available_mib)
+            ),
+            Self::NotEnoughHostMemory {
+                needed_mib,
+                available_mib,
+            } => write!(
+                f,
+                "not enough host memory: needs {}, the node has {} left for jobs",
                 mib(*needed_mib),
                 mib(*available_mib)
             ),

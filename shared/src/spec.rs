@@ -233,6 +233,10 @@ pub struct Resources {
     /// GPU memory estimate per GPU; without it the job runs alone on its GPU.
     #[serde(default)]
     pub memory: Option<MemSize>,
+    /// Host memory the job holds (its DataLoader workers included): admitted against its
+    /// node's memory, and the limit of its cgroup; learned from its runs' peaks when larger.
+    #[serde(default)]
+    pub host_memory: Option<MemSize>,
 }
 
 impl Default for Resources {
@@ -240,6 +244,7 @@ impl Default for Resources {
         Self {
             gpus: 1,
             memory: None,
+            host_memory: None,
         }
     }
 }

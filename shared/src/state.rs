@@ -196,13 +196,16 @@ pub enum FailureClass {
     /// Its Python environment (`environment`) is missing on its node (never started; not
     /// retried).
     Environment,
+    /// Killed by the kernel at its cgroup's memory limit (`resources.host_memory`, or what
+    /// its runs taught): the node's host memory, not its GPU's.
+    HostOom,
     /// Stopped by `early_stop` at a rung where its metric fell behind (not a failure of the
     /// job: it ends `pruned`, never retried).
     Pruned,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 15] = [
+    pub const ALL: [FailureClass; 16] = [
         FailureClass::Oom,
         FailureClass::Timeout,
         FailureClass::Cancelled,
@@ -217,6 +220,7 @@ impl FailureClass {
         FailureClass::Throttled,
         FailureClass::Workdir,
         FailureClass::Environment,
+        FailureClass::HostOom,
         FailureClass::Pruned,
     ];
 
@@ -236,6 +240,7 @@ impl FailureClass {
             FailureClass::Throttled => "throttled",
             FailureClass::Workdir => "workdir",
             FailureClass::Environment => "environment",
+            FailureClass::HostOom => "host_oom",
             FailureClass::Pruned => "pruned",
         }
     }

@@ -273,6 +273,7 @@ mod tests {
                 node: "n".into(),
                 plan: None,
                 headroom: "10%".parse().expect("headroom"),
+                host_memory_mib: None,
                 data_dir: dir.path().to_path_buf(),
                 supervisor: Default::default(),
                 claim_wait: S(1),

@@ -121,6 +121,7 @@ pub(crate) async fn run(
         background: lease.background,
         run_as,
         results: lease.results,
+        host_memory_mib: lease.host_memory_mib,
     };
     // Subscribed before the deadline is read for the launch: a renewal in between reaches
     // the supervisor as its first `renew`, rather than being taken as already sent.

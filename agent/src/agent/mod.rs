@@ -49,6 +49,9 @@ pub struct AgentConfig {
     /// Applied at registration; `None` keeps the plan the coordinator has.
     pub plan: Option<String>,
     pub headroom: Headroom,
+    /// Host memory usable by jobs (MiB), reported at registration: jobs are admitted
+    /// against it.
+    pub host_memory_mib: Option<u64>,
     /// Attempt logs are written under `<data_dir>/logs`; quarantines are kept here too, and
     /// the directory names this agent's jobs on the host (see [`crate::agent::sweep`]).
     pub data_dir: PathBuf,

@@ -33,6 +33,7 @@ impl Agent {
         // of attempts this agent does not run must go, and the GPUs be free of them.
         let killed = self.sweep().await;
         let req = RegisterRequest {
+            host_memory_mib: self.shared.cfg.host_memory_mib,
             node: self.shared.cfg.node.clone(),
             gpus: self.shared.backend.inventory(),
             // The plan given at start applies once: a later re-registration (coordinator

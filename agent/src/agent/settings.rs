@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::ValueEnum;
 use std::str::FromStr;
 
+use headroom_shared::MemSize;
 use headroom_shared::api::Headroom;
 use headroom_shared::secret::{self, SecretError, SecretSource};
 use headroom_shared::settings::duration;
@@ -44,6 +45,14 @@ pub struct AgentSettings {
     /// GPU memory kept free: a share (`10%`) or a size (`2GiB`).
     #[arg(long, env = "HEADROOM_HEADROOM", default_value = "10%")]
     pub headroom: Headroom,
+    /// The node's host memory, e.g. `64GiB` (default: the kernel's `MemTotal`). Jobs are
+    /// admitted against it less `--host-headroom`, by their `resources.host_memory` or what
+    /// their runs' peaks taught.
+    #[arg(long, env = "HEADROOM_HOST_MEMORY")]
+    pub host_memory: Option<MemSize>,
+    /// Host memory kept free for the system and the agent: a share (`10%`) or a size.
+    #[arg(long, env = "HEADROOM_HOST_HEADROOM", default_value = "10%")]
+    pub host_headroom: Headroom,
     #[arg(long, value_enum, env = "HEADROOM_GPU_BACKEND", default_value = "auto")]
     pub gpu_backend: GpuBackendKind,
     /// Fake GPUs, e.g. `4x24GiB` (with `--gpu-backend fake`, or when no driver is found).
@@ -192,6 +201,11 @@ impl AgentSettings {
             node: self.node_name(),
             plan: self.start_plan()?,
             headroom: self.headroom,
+            host_memory_mib: self
+                .host_memory
+                .map(|m| m.mib)
+                .or_else(mem_total_mib)
+                .map(|total| total.saturating_sub(self.host_headroom.mib_of(total))),
             data_dir,
             supervisor: SupervisorConfig {
                 kill_grace: self.kill_grace,
@@ -241,6 +255,20 @@ fn host_name() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+/// The kernel's `MemTotal`, in MiB.
+fn mem_total_mib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024)
 }
 
 #[cfg(test)]

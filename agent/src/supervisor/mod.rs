@@ -635,6 +635,24 @@ fn outcome(
         let cg = c.attempt(spec.launch.attempt);
         // On the runtime: cgroupfs answers at once (see `attempt::stop::attempt_pids`).
         report.host_peak_mib = cg.peak_mib();
+        // Killed by the kernel at its cgroup's memory limit: host memory, not a signal of
+        // its own or a GPU OOM.
+        if matches!(
+            report.failure,
+            Some(FailureClass::Signal | FailureClass::Nonzero)
+        ) && cg.oom_killed()
+        {
+            report.failure = Some(FailureClass::HostOom);
+            report.log_tail.push_str(&format!(
+                "\nhost_oom: killed by the kernel at its cgroup's memory limit ({})",
+                spec.launch
+                    .host_memory_mib
+                    .map_or("unknown".to_string(), |m| headroom_shared::MemSize {
+                        mib: m
+                    }
+                    .to_string())
+            ));
+        }
         // Left in place when not verified empty: the agent's sweep kills what is in it.
         if kept.clean
             && let Err(e) = cg.remove()

@@ -423,6 +423,7 @@ mod tests {
             background: None,
             run_as: None,
             results: None,
+            host_memory_mib: None,
         };
         let msg = ToSupervisor::Launch {
             spec: Box::new(Spec {

@@ -29,6 +29,7 @@ pub fn spec(dir: &Path, argv: &[&str]) -> Spec {
             background: None,
             run_as: None,
             results: None,
+            host_memory_mib: None,
         },
         fence: 1,
         data_dir: dir.to_path_buf(),

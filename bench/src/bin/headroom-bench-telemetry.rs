@@ -36,6 +36,7 @@ fn measure(store: &'static str, dir: &Path, database_url: Option<&str>, n: usize
     headroom_bench::system::wait_healthy(&api, &coordinator)?;
     let reg = block_on(
         api.register(&RegisterRequest {
+            host_memory_mib: None,
             node: "bench".into(),
             gpus: (0..GPUS)
                 .map(|i| GpuInfo {

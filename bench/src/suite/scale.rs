@@ -80,6 +80,7 @@ async fn agent(
     let plan = vec!["1"; gpus].join(",");
     let reg = api
         .register(&RegisterRequest {
+            host_memory_mib: None,
             node: format!("sim{i:03}"),
             gpus: (0..gpus as u32)
                 .map(|g| GpuInfo {

@@ -63,6 +63,7 @@ pub async fn register(
             resume: req.running,
             lease_ttl_ms: s.config.lease_ttl.as_millis() as u64,
             previous: req.previous,
+            host_memory_mib: req.host_memory_mib,
         })
         .await?;
     if !reg.lost.is_empty() {

@@ -117,6 +117,7 @@ async fn lease_job(
     let mut new = rows::lease_row_into(row, AttemptId::new(), &job.id, &slot.gpus, slot.estimate)?;
     let (key, key_hash) = crate::attempt_keys::new_key();
     new.lease.report_key = Some(headroom_shared::api::AttemptKey(key));
+    new.lease.host_memory_mib = slot.host_mib.filter(|_| slot.host_limited);
     tx.insert_attempt(&NewAttempt {
         id: new.lease.attempt.to_string(),
         job: &job.id,
@@ -134,6 +135,7 @@ async fn lease_job(
         ladder_step: new.ladder_step,
         report_key_hash: &key_hash,
         reserved_mib: to.reserves(slot),
+        host_mib: slot.host_mib,
     })
     .await?;
     let leased = JobLeased {
@@ -252,7 +254,14 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         // What each memory key has taught so far, read once per key.
         for p in &pending {
             if !learned.contains_key(&p.memory_key) {
-                learned.insert(p.memory_key.clone(), key_memory(tx, &p.memory_key).await?);
+                let (peaks, floor) = key_memory(tx, &p.memory_key).await?;
+                let host_peaks = tx.host_peaks(&p.memory_key).await?;
+                let memory = rules::KeyMemory {
+                    peaks,
+                    floor,
+                    host_peaks,
+                };
+                learned.insert(p.memory_key.clone(), memory);
             }
         }
         let plan = rules::claim(
@@ -588,6 +597,11 @@ fn node_snapshot(
 ) -> Snapshot {
     let (gpus, plan, headroom) = (&node.gpus, &node.plan, &node.headroom);
     Snapshot {
+        // Attempts leased before host memory was admitted hold none by this count.
+        host_free_mib: node.host_memory_mib.map(|usable| {
+            let held: u64 = active.iter().filter_map(|a| a.host_mib).sum();
+            usable.saturating_sub(held)
+        }),
         gpus: gpus
             .iter()
             .enumerate()

@@ -69,6 +69,8 @@ pub struct Active {
     pub fence: i64,
     /// Its job is exclusive or cools first: nothing else goes on its GPUs.
     pub alone: bool,
+    /// Host memory it was admitted with.
+    pub host_mib: Option<u64>,
 }
 
 /// Called when another process sharing the database changed something.
@@ -210,6 +212,8 @@ pub struct NewExperiment {
     pub study: Option<StudyOf>,
     /// The most of its jobs leased or running at once (`max_concurrent`).
     pub max_concurrent: Option<u32>,
+    /// Host memory each of its jobs holds (`resources.host_memory`).
+    pub host_memory_mib: Option<u64>,
 }
 
 /// The study an experiment is stored in.
@@ -262,6 +266,8 @@ pub struct Registration {
     pub lease_ttl_ms: u64,
     /// The agent id this instance registered with before (see `rules::may_register`).
     pub previous: Option<AgentId>,
+    /// The node's host memory usable by jobs.
+    pub host_memory_mib: Option<u64>,
 }
 
 #[derive(Clone, Debug)]

@@ -62,6 +62,7 @@ pub(super) async fn register(tx: &mut dyn Tx, reg: Registration) -> Result<(Regi
         rules::merge_registration(reg.gpus.len(), (reg.plan.as_ref(), reg.headroom), stored)?;
     tx.upsert_node(&reg.node, reg.agent, &reg.gpus, &plan, &headroom, now)
         .await?;
+    tx.set_host_memory(&reg.node, reg.host_memory_mib).await?;
     // Attempts the agent still runs with a current token stay its own; the rest belonged to
     // an incarnation that is gone.
     let until = now.saturating_add(i64_of(reg.lease_ttl_ms));

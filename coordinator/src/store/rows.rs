@@ -435,7 +435,8 @@ pub(crate) fn renewal_row(r: &impl Cols) -> Result<RenewalRow> {
 }
 
 /// Columns of an active attempt: `a.id, a.gpus, a.estimate_mib, a.fence, j.prestart`.
-pub(crate) const ACTIVE_COLUMNS: &str = "a.id, a.gpus, a.estimate_mib, a.fence, j.prestart";
+pub(crate) const ACTIVE_COLUMNS: &str =
+    "a.id, a.gpus, a.estimate_mib, a.fence, j.prestart, a.host_estimate_mib";
 
 pub(crate) fn active(r: &impl Cols) -> Result<Active> {
     Ok(Active {
@@ -446,6 +447,7 @@ pub(crate) fn active(r: &impl Cols) -> Result<Active> {
         alone: r
             .json_opt::<headroom_shared::prestart::Prestart>(4)?
             .is_some_and(|p| p.holds_gpu()),
+        host_mib: r.mib_opt(5)?,
     })
 }
 
@@ -463,7 +465,8 @@ pub(crate) fn user_limits(r: &impl Cols, i: usize) -> Result<headroom_shared::ap
 /// Columns of a pending job, read by [`pending`].
 pub(crate) const PENDING_COLUMNS: &str = "id, gpus, estimate_mib, updated_at, memory_key, pending_reason, prestart, background_mib, \
      priority, seq, state, experiment_id, submitted_by, \
-     (SELECT max_concurrent FROM experiments e WHERE e.id = jobs.experiment_id)";
+     (SELECT max_concurrent FROM experiments e WHERE e.id = jobs.experiment_id), \
+     (SELECT host_memory_mib FROM experiments e WHERE e.id = jobs.experiment_id)";
 
 pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
     Ok(PendingRow {
@@ -487,6 +490,7 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
         max_concurrent: r
             .int_opt(13)?
             .map(|n| u32::try_from(n.max(0)).unwrap_or(u32::MAX)),
+        host_declared: r.mib_opt(14)?,
     })
 }
 
@@ -499,9 +503,12 @@ pub struct NodeRow {
     pub headroom: Headroom,
     pub samples: Vec<GpuSample>,
     pub last_seen: Option<Millis>,
+    /// Host memory usable by jobs; `None`: not admitted by it.
+    pub host_memory_mib: Option<u64>,
 }
 
-pub(crate) const NODE_COLUMNS: &str = "name, agent_id, gpus, plan, headroom, telemetry, last_seen";
+pub(crate) const NODE_COLUMNS: &str =
+    "name, agent_id, gpus, plan, headroom, telemetry, last_seen, host_memory_mib";
 
 pub(crate) fn node(r: &impl Cols) -> Result<NodeRow> {
     Ok(NodeRow {
@@ -512,6 +519,7 @@ pub(crate) fn node(r: &impl Cols) -> Result<NodeRow> {
         headroom: r.parsed(4, "headroom")?,
         samples: r.json_opt(5)?.unwrap_or_default(),
         last_seen: r.int_opt(6)?,
+        host_memory_mib: r.mib_opt(7)?,
     })
 }
 
@@ -610,6 +618,7 @@ pub(crate) fn lease_row_into(
             source: row.source,
             results: row.results,
             report_key: None,
+            host_memory_mib: None,
         },
         memory_key: row.memory_key,
         ladder_step: row.ladder_step,

@@ -102,6 +102,8 @@ pub struct NewAttempt<'a> {
     pub report_key_hash: &'a str,
     /// GPU memory the lease reserves over all its GPUs (fair share charges it).
     pub reserved_mib: u64,
+    /// Host memory it is admitted with (its cgroup's limit).
+    pub host_mib: Option<u64>,
 }
 
 /// The statements of one transaction: every section's.
@@ -311,6 +313,9 @@ pub trait AttemptsTx: Send {
     ) -> Result<Vec<String>>;
     /// Observed peaks of a memory key's attempts.
     async fn peaks(&mut self, key: &str) -> Result<Vec<u64>>;
+    /// Observed host memory peaks of a memory key's latest attempts that succeeded or were
+    /// killed at their memory limit.
+    async fn host_peaks(&mut self, key: &str) -> Result<Vec<u64>>;
     /// The mean run time of a memory key's latest successful attempts, if it had any.
     async fn key_duration_ms(&mut self, key: &str) -> Result<Option<u64>>;
     /// A memory key's OOM floor, locked (an advisory lock on PostgreSQL, so writers of a key
@@ -342,6 +347,8 @@ pub trait NodesTx: Send {
     async fn nodes(&mut self) -> Result<Vec<NodeRow>>;
     /// Inserts or replaces a node's registration (its latest samples cleared).
     #[allow(clippy::too_many_arguments)]
+    /// Sets the node's host memory usable by jobs (after its row exists).
+    async fn set_host_memory(&mut self, node: &str, mib: Option<u64>) -> Result<()>;
     async fn upsert_node(
         &mut self,
         node: &str,

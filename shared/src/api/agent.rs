@@ -22,6 +22,10 @@ pub struct RegisterRequest {
     /// whose agent is alive is registered again only by that same instance.
     #[serde(default)]
     pub previous: Option<AgentId>,
+    /// The node's host memory usable by jobs (its total less the agent's host headroom), in
+    /// MiB: jobs are admitted against it. `None`: the node does not admit by host memory.
+    #[serde(default)]
+    pub host_memory_mib: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -101,6 +105,10 @@ pub struct Lease {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub report_key: Option<AttemptKey>,
+    /// Host memory the attempt is admitted with (MiB): where cgroups allow, its cgroup's
+    /// memory limit, past which the kernel kills it (`host_oom`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_mib: Option<u64>,
 }
 
 /// An attempt's key, as it travels (a plain string); `Debug` never shows it.

@@ -198,12 +198,18 @@ pub(crate) fn build_command(
     let join = match crate::cgroup::attribution() {
         Some(c) => {
             let cg = c.attempt(launch.attempt);
-            cg.create().and_then(|()| cg.join_files()).map_err(|e| {
-                format!(
-                    "cannot set up the attempt's cgroup {}: {e}",
-                    cg.dir().display()
-                )
-            })?
+            cg.create()
+                .and_then(|()| match launch.host_memory_mib {
+                    Some(mib) => cg.limit_memory(mib),
+                    None => Ok(()),
+                })
+                .and_then(|()| cg.join_files())
+                .map_err(|e| {
+                    format!(
+                        "cannot set up the attempt's cgroup {}: {e}",
+                        cg.dir().display()
+                    )
+                })?
         }
         None => Vec::new(),
     };

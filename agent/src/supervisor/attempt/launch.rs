@@ -56,6 +56,9 @@ pub struct Launch {
     /// What its output is read for (`metrics`, `early_stop`'s rungs).
     #[serde(default)]
     pub results: Option<headroom_shared::results::ResultsSpec>,
+    /// Its cgroup's memory limit (MiB), where attempts have cgroups.
+    #[serde(default)]
+    pub host_memory_mib: Option<u64>,
 }
 
 #[derive(Clone, Debug)]

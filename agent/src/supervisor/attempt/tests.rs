@@ -64,6 +64,7 @@ impl Fixture {
             background: None,
             run_as: None,
             results: None,
+            host_memory_mib: None,
         }
     }
 

@@ -143,9 +143,10 @@ impl<E: Exec> AttemptsTx for E {
             self,
             "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, \
              estimate_mib, leased_at, lease_expires_at, memory_key, estimate_source, params, \
-             ladder_step, report_key_hash, submitted_by, reserved_mib, charged) \
+             ladder_step, report_key_hash, submitted_by, reserved_mib, charged, \
+             host_estimate_mib) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, 'leased', $8, $9, $10, $11, $12, $13, $14, \
-             $15, (SELECT submitted_by FROM jobs WHERE id = $2), $16, 0)",
+             $15, (SELECT submitted_by FROM jobs WHERE id = $2), $16, 0, $17)",
             args![
                 &a.id,
                 a.job,
@@ -162,7 +163,8 @@ impl<E: Exec> AttemptsTx for E {
                 json(a.params)?,
                 a.ladder_step,
                 a.report_key_hash,
-                i64_of(a.reserved_mib)
+                i64_of(a.reserved_mib),
+                opt_i64(a.host_mib)
             ],
         )
         .await
@@ -349,6 +351,22 @@ impl<E: Exec> AttemptsTx for E {
         attempts: &[String],
     ) -> Result<Vec<String>> {
         self.cancels_asked(&agent.to_string(), attempts).await
+    }
+
+    async fn host_peaks(&mut self, key: &str) -> Result<Vec<u64>> {
+        let window = i64::from(crate::rules::LEARNED_WINDOW);
+        all(
+            self,
+            // Runs that ended well, and those killed at their limit (what they reached
+            // raises the next one's): not an early failure's small peak.
+            "SELECT host_peak_mib FROM attempts \
+             WHERE memory_key = $1 AND host_peak_mib IS NOT NULL \
+             AND (failure_class IS NULL OR failure_class = 'host_oom') \
+             ORDER BY leased_at DESC LIMIT $2",
+            args![key, window],
+            |r| Ok(r.int(0)?.max(0) as u64),
+        )
+        .await
     }
 
     async fn peaks(&mut self, key: &str) -> Result<Vec<u64>> {

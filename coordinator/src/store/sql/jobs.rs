@@ -32,8 +32,8 @@ impl<E: Exec> JobsTx for E {
         done(
             self,
             "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by, source, \
-             results, study_id, study_name, max_concurrent) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+             results, study_id, study_name, max_concurrent, host_memory_mib) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
             &[
                 Arg::from(&id),
                 Arg::from(&exp.name),
@@ -46,6 +46,7 @@ impl<E: Exec> JobsTx for E {
                 Arg::from(study_id.as_ref()),
                 Arg::from(exp.study.as_ref().map(|s| &s.name)),
                 Arg::from(exp.max_concurrent),
+                Arg::from(exp.host_memory_mib.map(super::super::rows::i64_of)),
             ],
         )
         .await?;

@@ -96,6 +96,11 @@ impl<E: Exec> NodesTx for E {
         .await
     }
 
+    async fn set_host_memory(&mut self, node: &str, mib: Option<u64>) -> Result<()> {
+        let sql = "UPDATE nodes SET host_memory_mib = $2 WHERE name = $1";
+        done(self, sql, args![node, mib.map(rows::i64_of)]).await
+    }
+
     async fn set_plan(&mut self, node: &str, plan: &Plan) -> Result<()> {
         let sql = "UPDATE nodes SET plan = $1 WHERE name = $2";
         done(self, sql, args![&plan.to_string(), node]).await

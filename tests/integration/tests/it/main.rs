@@ -14,6 +14,7 @@ mod failures;
 mod fair_share;
 mod fencing;
 mod foreign;
+mod host_memory;
 mod late_outcomes;
 mod measurements;
 mod memory;

@@ -55,6 +55,7 @@ impl Coordinator {
     /// An agent of its own node, speaking the protocol by hand.
     fn register(&self, node: &str) -> AgentId {
         let req = RegisterRequest {
+            host_memory_mib: None,
             node: node.into(),
             gpus: vec![GpuInfo {
                 index: 0,
