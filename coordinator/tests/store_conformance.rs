@@ -665,14 +665,7 @@ async fn retry_failed_requeues_every_failed_job_of_the_experiment_only(s: Backen
         JobState::Failed,
         "{other}'s job is left"
     );
-    let queued = s
-        .list_jobs(JobFilter {
-            experiment: Some(other),
-            state: Some(JobState::Queued),
-            ..JobFilter::default()
-        })
-        .await
-        .expect("jobs");
+    let queued = queued_of(&s, other).await;
     assert_eq!(queued.len(), 1, "{other}'s queued job is left");
     // Nothing failed any more: nothing to retry, and no error.
     assert!(s.retry_failed(exp).await.expect("again").is_empty());
@@ -2954,14 +2947,7 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
     let first = claim(&s, a, 2).await;
     let second = claim(&s, b, 2).await;
     assert_eq!(first.len() + second.len(), 2, "{first:?} {second:?}");
-    let waiting = s
-        .list_jobs(JobFilter {
-            experiment: Some(exp),
-            state: Some(JobState::Queued),
-            ..JobFilter::default()
-        })
-        .await
-        .expect("jobs");
+    let waiting = queued_of(&s, exp).await;
     assert_eq!(waiting.len(), 3);
     for j in &waiting {
         assert_eq!(
@@ -3017,6 +3003,17 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
             "round {round}: filled to its cap, not past it"
         );
     }
+}
+
+/// The experiment's queued jobs, in order.
+async fn queued_of(s: &Backend, exp: ExperimentId) -> Vec<JobSummary> {
+    s.list_jobs(JobFilter {
+        experiment: Some(exp),
+        state: Some(JobState::Queued),
+        ..JobFilter::default()
+    })
+    .await
+    .expect("jobs")
 }
 
 /// Runs a lease's job for `hours` (started that long ago, ended now).
@@ -3075,14 +3072,7 @@ async fn users_go_by_usage_per_share_and_their_caps_hold(s: Backend) {
     // Alice used 1000 MiB for an hour, Bob nothing: Bob's later jobs go first now.
     let second = claim(&s, n1, 1).await;
     assert_eq!(second[0].job, bobs[0], "the user who used less goes first");
-    let waiting = s
-        .list_jobs(JobFilter {
-            experiment: Some(alice),
-            state: Some(JobState::Queued),
-            ..JobFilter::default()
-        })
-        .await
-        .expect("jobs");
+    let waiting = queued_of(&s, alice).await;
     let reason = waiting[0].pending_reason.clone().expect("a reason");
     assert!(
         matches!(&reason, PendingReason::FairShare { user, ahead, used_mib_h: 1000, share: 1, .. }
@@ -3136,14 +3126,7 @@ async fn users_go_by_usage_per_share_and_their_caps_hold(s: Backend) {
     let capped = claim(&s, n2, 4).await;
     assert_eq!(capped.len(), 2, "{capped:?}");
     assert_eq!(claim(&s, n1, 1).await.len(), 0, "not a third, on any node");
-    let waiting = s
-        .list_jobs(JobFilter {
-            experiment: Some(alice),
-            state: Some(JobState::Queued),
-            ..JobFilter::default()
-        })
-        .await
-        .expect("jobs");
+    let waiting = queued_of(&s, alice).await;
     assert_eq!(waiting.len(), 2);
     for j in waiting {
         assert_eq!(
@@ -3189,14 +3172,7 @@ async fn host_memory_is_admitted_on_the_node_and_learned_from_runs(s: Backend) {
     let first = claim(&s, agent, 1).await;
     assert_eq!(first.len(), 2, "{first:?}");
     assert!(first.iter().all(|l| l.host_memory_mib == Some(3 * 1024)));
-    let waiting = s
-        .list_jobs(JobFilter {
-            experiment: Some(id),
-            state: Some(JobState::Queued),
-            ..JobFilter::default()
-        })
-        .await
-        .expect("jobs");
+    let waiting = queued_of(&s, id).await;
     assert_eq!(
         waiting[0].pending_reason,
         Some(PendingReason::NotEnoughHostMemory {
