@@ -68,6 +68,7 @@ impl Fixture {
             run_as: None,
             results: None,
             host_memory_mib: None,
+            restart: Default::default(),
         }
     }
 

@@ -150,7 +150,13 @@ pub enum Command {
     },
     /// Cancel a job (its id, a unique start of it, or `EXPERIMENT/INDEX`), or every unfinished
     /// job of an experiment (id or name).
-    Cancel { id: String },
+    Cancel {
+        id: String,
+        /// Instead of cancelling: stop the running job(s) after their `checkpoint` signal and
+        /// queue them again, without spending an attempt.
+        #[arg(long)]
+        requeue: bool,
+    },
     /// Run a finished job once more (its id, a unique start of it, or `EXPERIMENT/INDEX`), or
     /// every failed job of an experiment (id or name) in one request.
     Retry {
@@ -579,7 +585,28 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             tail,
             attempt,
         } => output::logs(api, &id, follow, attempt, tail).await?,
-        Command::Cancel { id } => match job_or_experiment(api, &id).await? {
+        Command::Cancel { id, requeue: true } => match job_or_experiment(api, &id).await? {
+            Target::Job(job) => {
+                let r = api.requeue_job(job).await?;
+                if r.requeued == 0 {
+                    outln!("job {job} runs no attempt: nothing to requeue");
+                } else {
+                    outln!(
+                        "job {job} requeued: it stops after its checkpoint signal and runs again"
+                    );
+                }
+            }
+            Target::Experiment(exp, name) => {
+                let r = api.requeue_experiment(exp).await?;
+                outln!(
+                    "requeued {} running job{} of experiment {name} ({exp}): they stop after \
+                     their checkpoint signal and run again",
+                    r.requeued,
+                    if r.requeued == 1 { "" } else { "s" }
+                );
+            }
+        },
+        Command::Cancel { id, requeue: false } => match job_or_experiment(api, &id).await? {
             Target::Job(job) => {
                 let r = api.cancel_job(job).await?;
                 outln!("cancelled {} job", r.cancelled);

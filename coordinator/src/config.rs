@@ -74,6 +74,15 @@ pub struct CoordinatorSettings {
         value_parser = duration
     )]
     pub fair_share_half_life: Duration,
+    /// A job of a `preemptible` experiment that was preempted is not preempted again for
+    /// this long.
+    #[arg(
+        long,
+        env = "HEADROOM_PREEMPT_INTERVAL",
+        default_value = "10m",
+        value_parser = duration
+    )]
+    pub preempt_interval: Duration,
     /// Bootstrap admin token (at least 32 characters). With it, or a tokens file, every
     /// request needs a token; without either the coordinator listens on loopback only.
     #[arg(long, env = "HEADROOM_ADMIN_TOKEN", hide_env_values = true)]
@@ -130,6 +139,7 @@ impl CoordinatorSettings {
             max_bundle_bytes: self.max_bundle_size.mib.saturating_mul(1024 * 1024),
             long_poll: self.long_poll,
             half_life: self.fair_share_half_life,
+            preempt_interval: self.preempt_interval,
             telemetry_retention: self.telemetry_retention,
             telemetry_max_samples: self.telemetry_max_samples,
             shared_visibility: self.shared_visibility,
@@ -218,6 +228,8 @@ pub struct CoordinatorConfig {
     pub reserve_after: Duration,
     /// Fair share's half-life.
     pub half_life: Duration,
+    /// A preempted job is not preempted again for this long.
+    pub preempt_interval: Duration,
     /// How long a stop signal waits for requests in flight before dropping them (under
     /// Kubernetes' default 30 s grace before SIGKILL).
     pub drain_timeout: Duration,
@@ -269,6 +281,7 @@ impl CoordinatorConfig {
             max_bundle_bytes: 100 * 1024 * 1024,
             reserve_after: Duration::from_secs(600),
             half_life: Duration::from_millis(crate::fair::DEFAULT_HALF_LIFE_MS),
+            preempt_interval: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(20),
             telemetry_retention: Duration::from_secs(24 * 3600),
             telemetry_max_samples: 100_000,

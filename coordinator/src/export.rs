@@ -19,11 +19,16 @@ use crate::store::ExportRow;
 /// contaminated, not sharing its GPUs with another attempt, no memory nobody accounted for
 /// on them (`ghost_mib`), not throttled for temperature or power, and, if it ran on GPUs,
 /// with figures that cover its whole run and its throttle reasons read (unknown is not
-/// clean). Failure is no reason: `success` tells it; but an attempt `early_stop` stopped is a
-/// partial run, whose figures compare with no finished one's.
+/// clean). Failure is no reason: `success` tells it; but an attempt `early_stop` stopped, or
+/// one stopped to requeue its job (preempted, requeued), is a partial run, whose figures
+/// compare with no finished one's.
 pub fn is_clean(a: &AttemptView) -> bool {
+    use headroom_shared::FailureClass as F;
     let m = &a.measurements;
-    if a.failure_class == Some(headroom_shared::FailureClass::Pruned) {
+    if matches!(
+        a.failure_class,
+        Some(F::Pruned | F::Preempted | F::Requeued)
+    ) {
         return false;
     }
     if a.contaminated == Some(true) || a.shared || m.ghost_mib.is_some_and(|g| g > 0) {

@@ -165,6 +165,28 @@ impl Shares {
             .unwrap_or(self.order.len())
     }
 
+    /// Whether `user` has used more than their share of what the users here used: their
+    /// part of the usage above their part of the shares. Nobody is, while nobody used any.
+    pub fn over(&self, user: &str) -> bool {
+        self.part(user).is_some_and(|(used, share)| used > share)
+    }
+
+    /// Whether `user` has used less than their share (a user not here used nothing).
+    pub fn under(&self, user: &str) -> bool {
+        self.part(user).is_none_or(|(used, share)| used < share)
+    }
+
+    /// `user`'s part of the usage and of the shares, each from 0 to 1.
+    fn part(&self, user: &str) -> Option<(f64, f64)> {
+        let used: f64 = self.order.iter().map(|s| s.used_mib_ms).sum();
+        let shares: f64 = self.order.iter().map(|s| f64::from(s.share.max(1))).sum();
+        let own = self.order.iter().find(|s| s.user == user)?;
+        if used <= 0.0 {
+            return Some((0.0, 0.0));
+        }
+        Some((own.used_mib_ms / used, f64::from(own.share.max(1)) / shares))
+    }
+
     /// Why `user`'s job that found no room waits: another user's jobs go first. `None` for
     /// the first user (their job waits for the resources alone).
     pub fn held_back(&self, user: &str) -> Option<PendingReason> {

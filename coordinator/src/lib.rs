@@ -7,14 +7,15 @@
 //! - `api` (handlers, one gate `authorize`, one error mapping), `auth` (who a token is),
 //!   `metrics`, `openapi`, `export`, `logs`, `tracking` (MLflow), `settle` (a study's waits
 //!   counted again after the changes that move them), `charging` (ended runs charged to their
-//!   users' fair-share ledgers): the HTTP edge and its tasks (`api/ui.rs` serves the
+//!   users' fair-share ledgers), `preempting` (running preemptible jobs stopped and requeued
+//!   for those under their share): the HTTP edge and its tasks (`api/ui.rs` serves the
 //!   dashboard, its page and assets in `ui/`).
 //! - `matrix`: a submitted spec turned into the jobs to store; `source`: where they run
 //!   from (working directory, code, environment).
 //! - `store`: every durable change, one transaction per operation, written once over the
 //!   transaction interface both backends (SQLite, PostgreSQL) implement.
 //! - `rules` (job decisions), `fair` (fair share and users' caps, below `rules`),
-//!   `placement` (which GPUs), `sharing` (attempts that shared a
+//!   `placement` (which GPUs), `preempt` (which running jobs make room, over `placement`), `sharing` (attempts that shared a
 //!   GPU, and their energy shares), `attempt_keys` (the credential issued with a lease),
 //!   `joins` (which nodes a join token may make), `early_stop` (successive halving's rule) and
 //!   `simulate` (placement over simulated GPUs and time): pure, no I/O; `changes`: the
@@ -39,6 +40,8 @@ pub mod matrix;
 pub mod metrics;
 pub mod openapi;
 pub mod placement;
+pub mod preempt;
+pub mod preempting;
 pub mod preview;
 pub mod rules;
 pub mod serve;

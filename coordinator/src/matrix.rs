@@ -67,6 +67,8 @@ pub fn new_experiment(
         study: None,
         max_concurrent: spec.max_concurrent,
         host_memory_mib: spec.resources.host_memory.map(|m| m.mib),
+        checkpoint: spec.checkpoint()?,
+        preemptible: spec.preemptible,
     })
 }
 

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use headroom_shared::api::{
     AttemptPhase, AttemptRef, FinishReport, GpuSample, Headroom, PeakSource, Principal, Role,
 };
+use headroom_shared::checkpoint::Requeue;
 use headroom_shared::pending::PendingReason;
 use headroom_shared::routes::Access;
 use headroom_shared::spec::OnThrottle;
@@ -179,6 +180,25 @@ pub struct Slot {
     pub host_limited: bool,
 }
 
+/// What a waiting job is placed by (with its colocated background's memory), from what its
+/// memory key has taught; `largest`: the largest usable GPU memory of the nodes at hand.
+pub fn pending_estimate(p: &PendingRow, memory: &KeyMemory, largest: Option<u64>) -> Option<u64> {
+    pending_estimate_of(p, memory.clone(), largest).0
+}
+
+/// [`pending_estimate`], with where the estimate comes from.
+fn pending_estimate_of(
+    p: &PendingRow,
+    memory: KeyMemory,
+    largest: Option<u64>,
+) -> (Option<u64>, &'static str) {
+    let KeyMemory {
+        mut peaks, floor, ..
+    } = memory;
+    let (estimate, source) = effective_estimate(p.declared, &mut peaks, floor, largest);
+    (pair_estimate(estimate, p.background_mib), source)
+}
+
 /// A claim's decision: which pending jobs go where with which estimate, and why each job it
 /// looked at and did not place still waits.
 pub struct ClaimPlan {
@@ -202,11 +222,8 @@ pub fn claim(
     let estimates: Vec<(Option<u64>, &'static str)> = pending
         .iter()
         .map(|p| {
-            let KeyMemory {
-                mut peaks, floor, ..
-            } = learned.get(&p.memory_key).cloned().unwrap_or_default();
-            let (estimate, source) = effective_estimate(p.declared, &mut peaks, floor, largest);
-            (pair_estimate(estimate, p.background_mib), source)
+            let memory = learned.get(&p.memory_key).cloned().unwrap_or_default();
+            pending_estimate_of(p, memory, largest)
         })
         .collect();
     let hosts: Vec<Option<u64>> = pending
@@ -637,6 +654,8 @@ pub struct Finish {
     pub floor: Option<u64>,
     pub ladder: Option<LadderStep>,
     pub event: JobEvent,
+    /// The attempt does not count against the job's `max_attempts` (it was requeued).
+    pub refund: bool,
 }
 
 /// How an attempt's peak is recorded: as the agent measured it (per process when it does not
@@ -652,6 +671,18 @@ pub fn peak_source(report: &FinishReport) -> Option<PeakSource> {
 /// A report of a run whose GPU throttled, as the job's `on_throttle` has it: with `retry`
 /// or `fail`, the job's success becomes the failure class `throttled`, said in its log
 /// tail; with `flag` (or any other end) it is left as it is.
+/// A requeued end only where the coordinator asked for that requeue (`asked`): an agent
+/// cannot give its jobs free attempts. Any other is taken as `lost`, which the job's
+/// retry policy weighs as usual.
+pub fn check_requeue(report: &mut FinishReport, asked: Option<Requeue>) {
+    if let Some(class) = report.failure
+        && class.is_requeue()
+        && asked.map(Requeue::class) != Some(class)
+    {
+        report.failure = Some(FailureClass::Lost);
+    }
+}
+
 pub fn apply_on_throttle(on_throttle: OnThrottle, report: &mut FinishReport) {
     if on_throttle == OnThrottle::Flag
         || report.failure.is_some()
@@ -691,6 +722,7 @@ pub fn finish(
             floor: None,
             ladder: None,
             event: JobEvent::Succeed,
+            refund: false,
         });
     };
     if class == FailureClass::Pruned {
@@ -701,6 +733,19 @@ pub fn finish(
             floor: None,
             ladder: None,
             event: JobEvent::Prune,
+            refund: false,
+        });
+    }
+    if class.is_requeue() {
+        // Stopped by headroom (a preemption) or a user (`cancel --requeue`) to run again
+        // later, after its checkpoint signal: back to the queue, no attempt spent.
+        return Ok(Finish {
+            quarantine,
+            last_failure: Some(class),
+            floor: None,
+            ladder: None,
+            event: JobEvent::Fail { retry: true },
+            refund: true,
         });
     }
     // `on_throttle: retry` is the throttled class's own retry list.
@@ -724,6 +769,7 @@ pub fn finish(
         floor,
         ladder,
         event: JobEvent::Fail { retry },
+        refund: false,
     })
 }
 
@@ -894,10 +940,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_throttled_success_is_what_on_throttle_says() {
-        use headroom_shared::api::Measurements;
-        let report = |failure: Option<FailureClass>, throttle: &[&str]| FinishReport {
+    /// A verified end that exited 0, classed `failure`.
+    fn ended(failure: Option<FailureClass>) -> FinishReport {
+        FinishReport {
             fence: 1,
             failure,
             exit_code: Some(0),
@@ -909,12 +954,7 @@ mod tests {
             cleanup_verified: true,
             unverified: None,
             contaminated: false,
-            measurements: Measurements {
-                throttled_thermal: Some(throttle.contains(&"sw_thermal_slowdown")),
-                throttled_power: Some(throttle.contains(&"sw_power_cap")),
-                throttle_reasons: Some(throttle.iter().map(|r| r.to_string()).collect()),
-                ..Measurements::default()
-            },
+            measurements: Default::default(),
             log_tail: String::new(),
             gpus: vec![],
             prestart: None,
@@ -922,6 +962,20 @@ mod tests {
             host_peak_mib: None,
             started: None,
             metrics: None,
+        }
+    }
+
+    #[test]
+    fn a_throttled_success_is_what_on_throttle_says() {
+        use headroom_shared::api::Measurements;
+        let report = |failure: Option<FailureClass>, throttle: &[&str]| FinishReport {
+            measurements: Measurements {
+                throttled_thermal: Some(throttle.contains(&"sw_thermal_slowdown")),
+                throttled_power: Some(throttle.contains(&"sw_power_cap")),
+                throttle_reasons: Some(throttle.iter().map(|r| r.to_string()).collect()),
+                ..Measurements::default()
+            },
+            ..ended(failure)
         };
         let job = |on_throttle, attempts| JobRules {
             on_throttle,
@@ -957,6 +1011,42 @@ mod tests {
         let mut r = hot();
         apply_on_throttle(OnThrottle::Fail, &mut r);
         assert!(r.log_tail.contains("sw_power_cap") && r.log_tail.contains("on_throttle: fail"));
+    }
+
+    #[test]
+    fn a_requeued_attempt_goes_back_spending_no_attempt_only_when_it_was_asked() {
+        // Its last attempt, with nothing in `retry.on`: requeued all the same.
+        let job = rules(vec![], 3, 3);
+        for (class, why) in [
+            (FailureClass::Preempted, Requeue::Preempted),
+            (FailureClass::Requeued, Requeue::Requeued),
+        ] {
+            let mut r = ended(Some(class));
+            check_requeue(&mut r, Some(why));
+            let f = finish(&job, None, &r).expect("finish");
+            assert_eq!(f.event, JobEvent::Fail { retry: true }, "{class}");
+            assert!(f.refund, "{class} spends no attempt");
+            assert_eq!(f.last_failure, Some(class));
+            // Not asked (or asked otherwise): an agent cannot give its jobs free attempts.
+            for asked in [
+                None,
+                Some(if why == Requeue::Preempted {
+                    Requeue::Requeued
+                } else {
+                    Requeue::Preempted
+                }),
+            ] {
+                let mut r = ended(Some(class));
+                check_requeue(&mut r, asked);
+                assert_eq!(
+                    r.failure,
+                    Some(FailureClass::Lost),
+                    "{class} asked {asked:?}"
+                );
+                let f = finish(&job, None, &r).expect("finish");
+                assert!(!f.refund);
+            }
+        }
     }
 
     fn halve() -> Vec<BTreeMap<String, Value>> {

@@ -153,6 +153,8 @@ async fn submit(s: &Backend, jobs: Vec<NewJob>) -> ExperimentId {
 async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
     let exp = NewExperiment {
         host_memory_mib: None,
+        checkpoint: None,
+        preemptible: false,
         submitted_by: who.into(),
         ..experiment("exp", jobs)
     };
@@ -165,6 +167,8 @@ async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
 fn experiment(name: &str, jobs: Vec<NewJob>) -> NewExperiment {
     NewExperiment {
         host_memory_mib: None,
+        checkpoint: None,
+        preemptible: false,
         id: ExperimentId::new(),
         name: name.into(),
         seed: 1,
@@ -1857,6 +1861,8 @@ async fn a_throttled_run_is_what_its_specs_on_throttle_says(s: Backend) {
         let job_id = j.id;
         s.create_experiment(NewExperiment {
             host_memory_mib: None,
+            checkpoint: None,
+            preemptible: false,
             id: ExperimentId::new(),
             name: "hot".into(),
             seed: 1,
@@ -2799,6 +2805,8 @@ async fn an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash(
     let id = ExperimentId::new();
     s.create_experiment(NewExperiment {
         host_memory_mib: None,
+        checkpoint: None,
+        preemptible: false,
         id,
         name: "exp".into(),
         seed: 1,
@@ -2934,6 +2942,8 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
     let b = register(&s, "n2", 2, Some("8,8")).await;
     let capped = NewExperiment {
         host_memory_mib: None,
+        checkpoint: None,
+        preemptible: false,
         max_concurrent: Some(2),
         ..experiment(
             "capped",
@@ -2969,6 +2979,8 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
     for round in 0..4 {
         let race = NewExperiment {
             host_memory_mib: None,
+            checkpoint: None,
+            preemptible: false,
             max_concurrent: Some(3),
             ..experiment(
                 &format!("race{round}"),
@@ -3142,6 +3154,133 @@ async fn users_go_by_usage_per_share_and_their_caps_hold(s: Backend) {
     assert_eq!((alice_now.running_jobs, alice_now.running_gpus), (2, 2));
 }
 
+/// Preemption on both stores: with a `preemptible` experiment holding the GPU and another
+/// user, under their share, waiting for memory, a round asks the fewest of its attempts to
+/// stop after their checkpoint signal (one here), the next round asks no more while that
+/// memory is on its way, the agent hears it at its heartbeat, and the stopped attempt's job
+/// goes back to the queue spending no attempt; the waiting job starts first, and the
+/// requeued one is told why and is not preempted again within the interval.
+async fn a_preemptible_job_makes_room_for_a_user_under_their_share(s: Backend) {
+    use headroom_coordinator::store::PreemptInput;
+    use headroom_shared::checkpoint::{Checkpoint, Requeue};
+    let round = PreemptInput {
+        half_life_ms: headroom_coordinator::fair::DEFAULT_HALF_LIFE_MS,
+        interval_ms: 3_600_000,
+    };
+    let n1 = register(&s, "n1", 1, Some("2")).await;
+    let checkpoint = Checkpoint {
+        signal: "USR1".into(),
+        lead_ms: 120_000,
+    };
+    let alices = NewExperiment {
+        submitted_by: "alice".into(),
+        preemptible: true,
+        checkpoint: Some(checkpoint.clone()),
+        ..experiment(
+            "alice",
+            (0..2).map(|i| job(i, Some(4500), vec![], 1)).collect(),
+        )
+    };
+    s.create_experiment(alices).await.expect("create");
+    let held = claim(&s, n1, 1).await;
+    assert_eq!(held.len(), 2, "two slots, 9000 MiB usable: both of Alice's");
+    assert_eq!(held[0].checkpoint.as_ref(), Some(&checkpoint));
+    for l in &held {
+        s.start_attempt(l.attempt, l.fence, 1, now_ms() - 3_600_000)
+            .await
+            .expect("start");
+    }
+    assert!(
+        s.preempt(round).await.expect("round").is_empty(),
+        "nobody waits"
+    );
+
+    let bob = submit_as(&s, "bob", vec![job(0, Some(4000), vec![], 1)]).await;
+    assert!(claim(&s, n1, 1).await.is_empty(), "no slot is free");
+    let waiting = queued_of(&s, bob).await;
+    assert_eq!(waiting[0].pending_reason, Some(PendingReason::NoFreeSlot));
+    // Two replicas' rounds at once: one makes room, the other finds it on its way.
+    let (one, two) = tokio::join!(s.preempt(round), s.preempt(round));
+    let mut preempted = one.expect("round");
+    preempted.extend(two.expect("round"));
+    assert_eq!(
+        preempted.len(),
+        1,
+        "one of Alice's makes room: {preempted:?}"
+    );
+    assert_eq!(preempted[0].for_job, waiting[0].id.to_string());
+    assert!(
+        s.preempt(round).await.expect("round").is_empty(),
+        "room is on its way"
+    );
+    let victim = held
+        .iter()
+        .find(|l| l.attempt.to_string() == preempted[0].attempt)
+        .expect("one of Alice's");
+    let refs = held
+        .iter()
+        .map(|l| AttemptRef {
+            attempt: l.attempt,
+            fence: l.fence,
+            waiting: None,
+        })
+        .collect();
+    let heard = renew(&s, n1, refs, free(1, 10_000)).await.expect("renew");
+    assert!(heard.cancel.is_empty());
+    assert_eq!(heard.requeue.len(), 1);
+    assert_eq!(
+        (heard.requeue[0].attempt, heard.requeue[0].why),
+        (victim.attempt, Requeue::Preempted)
+    );
+    // It saved and stopped: back in the queue although it had used its one attempt.
+    let after = finish_attempt(
+        &s,
+        victim.attempt,
+        report(victim.fence, Some(FailureClass::Preempted)),
+    )
+    .await
+    .expect("finish");
+    assert_eq!(after, JobState::Retrying);
+    // Bob's job goes first; Alice's goes when there is room again, told why it restarts.
+    let next = claim(&s, n1, 1).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].job, waiting[0].id);
+    run_for(&s, &next[0], 0).await;
+    let again = claim(&s, n1, 1).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].job, victim.job);
+    assert_eq!(
+        (again[0].number, again[0].previous_end),
+        (2, Some(FailureClass::Preempted))
+    );
+    s.start_attempt(again[0].attempt, again[0].fence, 1, now_ms())
+        .await
+        .expect("start");
+    // Bob waits again: Alice's other job is preempted, not the one preempted within the hour.
+    let bob2 = submit_as(&s, "bob", vec![job(0, Some(4000), vec![], 1)]).await;
+    assert!(claim(&s, n1, 1).await.is_empty());
+    assert_eq!(queued_of(&s, bob2).await.len(), 1);
+    let preempted = s.preempt(round).await.expect("round");
+    assert_eq!(preempted.len(), 1, "{preempted:?}");
+    assert_ne!(preempted[0].job, victim.job.to_string());
+
+    // `cancel --requeue`: only a running job's attempt is asked; a queued one is left alone.
+    assert_eq!(s.requeue_job(again[0].job).await.expect("requeue"), 1);
+    assert_eq!(s.requeue_job(waiting[0].id).await.expect("ended job"), 0);
+    // An end claiming a requeue nobody asked for is taken as lost.
+    assert_eq!(
+        finish_attempt(
+            &s,
+            again[0].attempt,
+            report(again[0].fence, Some(FailureClass::Preempted))
+        )
+        .await
+        .expect("finish"),
+        JobState::Failed,
+        "asked to requeue, not preempted: lost, and its one attempt is spent"
+    );
+}
+
 /// Host memory on both stores: a node's memory for jobs admits jobs by their declared host
 /// memory (two of 3 GiB in 8 GiB, the third waits saying so), their leases carry it as their
 /// cgroups' limit, and a run that peaked higher raises the next one's.
@@ -3162,6 +3301,8 @@ async fn host_memory_is_admitted_on_the_node_and_learned_from_runs(s: Backend) {
     .expect("register");
     let exp = NewExperiment {
         host_memory_mib: Some(3 * 1024),
+        checkpoint: None,
+        preemptible: false,
         ..experiment(
             "hostmem",
             (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect(),
@@ -3222,6 +3363,8 @@ async fn a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain(s: 
     };
     let exp = |name: &str, jobs: Vec<NewJob>| NewExperiment {
         host_memory_mib: None,
+        checkpoint: None,
+        preemptible: false,
         study: Some(study.clone()),
         ..experiment(&format!("lab.{name}"), jobs)
     };
@@ -3345,6 +3488,7 @@ conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
     host_memory_is_admitted_on_the_node_and_learned_from_runs,
     users_go_by_usage_per_share_and_their_caps_hold,
+    a_preemptible_job_makes_room_for_a_user_under_their_share,
     an_experiment_s_cap_holds_across_nodes,
     a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain,
     early_stop_decides_each_rung_once_against_the_experiment_s_other_attempts,
@@ -3808,6 +3952,8 @@ async fn early_stop_decides_each_rung_once_against_the_experiment_s_other_attemp
     let id = ExperimentId::new();
     s.create_experiment(NewExperiment {
         host_memory_mib: None,
+        checkpoint: None,
+        preemptible: false,
         id,
         name: "exp".into(),
         seed: 1,

@@ -400,7 +400,19 @@ impl Client {
     }
 
     pub async fn cancel_experiment(&self, id: ExperimentId) -> Result<CancelResponse, ClientError> {
-        self.call(routes::CANCEL_EXPERIMENT, &[&id], None, DEFAULT_TIMEOUT)
+        let q = crate::api::CancelQuery::default();
+        self.get_query(routes::CANCEL_EXPERIMENT, &[&id], &q, DEFAULT_TIMEOUT)
+            .await
+    }
+
+    /// Stops the experiment's running jobs after their checkpoint signal and queues them
+    /// again (`headroom cancel --requeue`).
+    pub async fn requeue_experiment(
+        &self,
+        id: ExperimentId,
+    ) -> Result<CancelResponse, ClientError> {
+        let q = crate::api::CancelQuery { requeue: true };
+        self.get_query(routes::CANCEL_EXPERIMENT, &[&id], &q, DEFAULT_TIMEOUT)
             .await
     }
 
@@ -438,7 +450,16 @@ impl Client {
     }
 
     pub async fn cancel_job(&self, id: JobId) -> Result<CancelResponse, ClientError> {
-        self.call(routes::CANCEL_JOB, &[&id], None, DEFAULT_TIMEOUT)
+        let q = crate::api::CancelQuery::default();
+        self.get_query(routes::CANCEL_JOB, &[&id], &q, DEFAULT_TIMEOUT)
+            .await
+    }
+
+    /// Stops the running job after its checkpoint signal and queues it again, without
+    /// spending an attempt (`headroom cancel --requeue`).
+    pub async fn requeue_job(&self, id: JobId) -> Result<CancelResponse, ClientError> {
+        let q = crate::api::CancelQuery { requeue: true };
+        self.get_query(routes::CANCEL_JOB, &[&id], &q, DEFAULT_TIMEOUT)
             .await
     }
 

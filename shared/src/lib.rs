@@ -8,8 +8,9 @@
 //! - `secret` (secrets from files, systemd credentials or values), `datadir` (state
 //!   directories taken only when this user's and private).
 //! - `results` (metrics, early stopping, tracking: what a run achieved).
-//! - `prestart`, `colocate`, `spec` (what a user submits, validated), `expand` (the matrix
-//!   of jobs a spec makes), `study` (variants over shared defaults, and their `after`).
+//! - `prestart`, `colocate`, `checkpoint` (the signal before a requeueing stop), `spec`
+//!   (what a user submits, validated), `expand` (the matrix of jobs a spec makes), `study`
+//!   (variants over shared defaults, and their `after`).
 //! - `api` (the REST API's types; `api::agent`: the agent protocol; `api::source`: where an
 //!   experiment's jobs run from), `routes` (every route
 //!   once, with who may call it).
@@ -20,6 +21,7 @@
 pub mod api;
 #[cfg(feature = "bundle")]
 pub mod bundle;
+pub mod checkpoint;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod colocate;

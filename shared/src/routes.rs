@@ -12,14 +12,14 @@ use crate::api::MetricsQuery;
 use crate::api::source::BundleStored;
 use crate::api::usage::{UsageQuery, UsageReport};
 use crate::api::{
-    Ack, AttemptSeries, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelResponse,
-    ClaimRequest, ClaimResponse, CreateTokenRequest, CreatedToken, ExperimentSummary, ExportPage,
-    ExportQuery, FinishReport, FinishResponse, GpuSeries, HandBackRequest, Health,
-    HeartbeatRequest, HeartbeatResponse, JobDetail, JobSummary, JobsQuery, JoinRequest,
-    LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery, LogQuery, MetricsAnswer, MetricsReport,
-    NodeView, Progress, ProgressQuery, PutUserRequest, RegisterRequest, RegisterResponse, Released,
-    RetryFailedResponse, RetryQuery, RetryResponse, SetPlanRequest, StartReport, SubmitRequest,
-    SubmitResponse, TelemetryQuery, TokenView, UserView, WhoAmI,
+    Ack, AttemptSeries, AttemptTelemetry, AttemptTelemetryQuery, AttemptView, CancelQuery,
+    CancelResponse, ClaimRequest, ClaimResponse, CreateTokenRequest, CreatedToken,
+    ExperimentSummary, ExportPage, ExportQuery, FinishReport, FinishResponse, GpuSeries,
+    HandBackRequest, Health, HeartbeatRequest, HeartbeatResponse, JobDetail, JobSummary, JobsQuery,
+    JoinRequest, LeaseRenewal, LeaseRenewed, LogAppended, LogChunkQuery, LogQuery, MetricsAnswer,
+    MetricsReport, NodeView, Progress, ProgressQuery, PutUserRequest, RegisterRequest,
+    RegisterResponse, Released, RetryFailedResponse, RetryQuery, RetryResponse, SetPlanRequest,
+    StartReport, SubmitRequest, SubmitResponse, TelemetryQuery, TokenView, UserView, WhoAmI,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -257,13 +257,14 @@ pub const EXPERIMENTS: Endpoint<NoBody, NoQuery, JsonList<ExperimentSummary>> =
 pub const EXPERIMENT: Endpoint<NoBody, NoQuery, Json<ExperimentSummary>> =
     Endpoint::new(Get, "/v1/experiments/{id}", User, "One experiment")
         .doc("getExperiment", "experiments");
-pub const CANCEL_EXPERIMENT: Endpoint<NoBody, NoQuery, Json<CancelResponse>> = Endpoint::new(
-    Post,
-    "/v1/experiments/{id}/cancel",
-    Owner,
-    "Cancel every unfinished job of an experiment",
-)
-.doc("cancelExperiment", "experiments");
+pub const CANCEL_EXPERIMENT: Endpoint<NoBody, Query<CancelQuery>, Json<CancelResponse>> =
+    Endpoint::new(
+        Post,
+        "/v1/experiments/{id}/cancel",
+        Owner,
+        "Cancel every unfinished job of an experiment",
+    )
+    .doc("cancelExperiment", "experiments");
 pub const RETRY_FAILED: Endpoint<NoBody, NoQuery, Json<RetryFailedResponse>> = Endpoint::new(
     Post,
     "/v1/experiments/{id}/retry",
@@ -289,7 +290,7 @@ pub const JOBS: Endpoint<NoBody, Query<JobsQuery>, JsonList<JobSummary>> =
     Endpoint::new(Get, "/v1/jobs", User, "List jobs").doc("listJobs", "jobs");
 pub const JOB: Endpoint<NoBody, NoQuery, Json<JobDetail>> =
     Endpoint::new(Get, "/v1/jobs/{id}", User, "A job with its attempts").doc("getJob", "jobs");
-pub const CANCEL_JOB: Endpoint<NoBody, NoQuery, Json<CancelResponse>> =
+pub const CANCEL_JOB: Endpoint<NoBody, Query<CancelQuery>, Json<CancelResponse>> =
     Endpoint::new(Post, "/v1/jobs/{id}/cancel", Owner, "Cancel a job").doc("cancelJob", "jobs");
 pub const RETRY_JOB: Endpoint<NoBody, Query<RetryQuery>, Json<RetryResponse>> = Endpoint::new(
     Post,

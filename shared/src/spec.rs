@@ -58,6 +58,14 @@ pub struct ExperimentSpec {
     /// `2h`, `90s`, or a number of seconds.
     #[serde(default)]
     pub timeout: Option<Value>,
+    /// `{signal: USR1, lead: 120s}`: the signal the job gets `lead` before a timeout, a
+    /// `cancel --requeue` or a preemption stops it, to save its state in `HEADROOM_JOB_DIR`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::checkpoint::CheckpointSpec>,
+    /// Its running jobs may be stopped (after their `checkpoint` signal) and requeued for a
+    /// user under their share, or a job of higher priority, who needs the memory they hold.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preemptible: bool,
     #[serde(default)]
     pub retry: RetryPolicy,
     #[serde(default)]
@@ -336,6 +344,15 @@ impl ExperimentSpec {
         parse_timeout(self.timeout.as_ref())
     }
 
+    /// Its checkpoint signal, validated against its timeout.
+    pub fn checkpoint(&self) -> Result<Option<crate::checkpoint::Checkpoint>, SpecError> {
+        let timeout = self.timeout()?;
+        self.checkpoint
+            .as_ref()
+            .map(|c| c.check(timeout))
+            .transpose()
+    }
+
     /// The pre-start rules every job of this spec gets (`exclusive`, `cooldown`).
     pub fn prestart(&self) -> Result<Prestart, SpecError> {
         let cooldown = match &self.cooldown {
@@ -551,6 +568,7 @@ impl ExperimentSpec {
             return Err(SpecError::new("resources.memory", "must be more than 0"));
         }
         self.timeout()?;
+        self.checkpoint()?;
         self.prestart()?;
         if self.retry.max_attempts == 0 || self.retry.max_attempts > 100 {
             return Err(SpecError::new(
@@ -568,6 +586,12 @@ impl ExperimentSpec {
             return Err(SpecError::new(
                 "retry.on",
                 "a job `early_stop` pruned is never retried by itself; use `headroom retry`",
+            ));
+        }
+        if let Some(c) = self.retry.on.iter().find(|c| c.is_requeue()) {
+            return Err(SpecError::new(
+                "retry.on",
+                format!("a `{c}` attempt is always requeued, without spending an attempt"),
             ));
         }
         if self.retry.on.contains(&FailureClass::Throttled) {

@@ -202,10 +202,16 @@ pub enum FailureClass {
     /// Stopped by `early_stop` at a rung where its metric fell behind (not a failure of the
     /// job: it ends `pruned`, never retried).
     Pruned,
+    /// Stopped for a user under their share, or a job of higher priority (`preemptible:
+    /// true`), after its `checkpoint` signal: requeued without spending an attempt.
+    Preempted,
+    /// Stopped by `headroom cancel --requeue`, after its `checkpoint` signal: requeued
+    /// without spending an attempt.
+    Requeued,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 16] = [
+    pub const ALL: [FailureClass; 18] = [
         FailureClass::Oom,
         FailureClass::Timeout,
         FailureClass::Cancelled,
@@ -222,6 +228,8 @@ impl FailureClass {
         FailureClass::Environment,
         FailureClass::HostOom,
         FailureClass::Pruned,
+        FailureClass::Preempted,
+        FailureClass::Requeued,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -242,7 +250,15 @@ impl FailureClass {
             FailureClass::Environment => "environment",
             FailureClass::HostOom => "host_oom",
             FailureClass::Pruned => "pruned",
+            FailureClass::Preempted => "preempted",
+            FailureClass::Requeued => "requeued",
         }
+    }
+
+    /// Stopped by headroom to run again later: the job goes back to the queue and the
+    /// attempt is not counted against its `max_attempts`.
+    pub fn is_requeue(self) -> bool {
+        matches!(self, FailureClass::Preempted | FailureClass::Requeued)
     }
 
     /// What the node could not set up for the job (its directory, its environment): the

@@ -30,10 +30,12 @@ impl StopSignal {
         self.reason.get().copied()
     }
 
-    fn stop(&self, reason: StopReason) {
+    /// Whether this was its first stop.
+    fn stop(&self, reason: StopReason) -> bool {
         // The first reason wins: a cancel that arrives while fencing stays a fence.
-        let _ = self.reason.set(reason);
+        let first = self.reason.set(reason).is_ok();
         self.cancel.cancel();
+        first
     }
 }
 
@@ -254,13 +256,11 @@ impl Attempts {
         self.lock().running.len()
     }
 
-    /// Stops one attempt; `false` if it is not running here.
+    /// Stops one attempt; `false` if it is not running here or was stopped already (a
+    /// cancel named again by the next answer).
     pub fn stop(&self, attempt: AttemptId, reason: StopReason) -> bool {
         match self.lock().running.get(&attempt) {
-            Some(r) => {
-                r.stop.stop(reason);
-                true
-            }
+            Some(r) => r.stop.stop(reason),
             None => false,
         }
     }
@@ -285,7 +285,7 @@ impl Attempts {
             .running
             .values()
             .filter(|r| !r.stop.cancel.is_cancelled());
-        live.map(|r| r.stop.stop(reason)).count()
+        live.filter(|r| r.stop.stop(reason)).count()
     }
 
     /// The attempt has ended and its cleanup is over: it leaves the running set (the next
@@ -536,6 +536,7 @@ mod tests {
         let sx = a.begin(x, 1, &parent);
         let sy = a.begin(y, 1, &parent);
         assert!(a.stop(x, StopReason::User));
+        assert!(!a.stop(x, StopReason::User), "stopped already");
         assert!(!a.stop(AttemptId::new(), StopReason::User));
         assert_eq!(a.watching(), vec![y]);
         assert_eq!(a.stop_all(StopReason::LeaseLost), 1);

@@ -56,6 +56,15 @@ impl Agent {
                             tracing::info!(%attempt, "cancelling attempt");
                         }
                     }
+                    for o in resp.requeue {
+                        if self
+                            .shared
+                            .attempts
+                            .stop(o.attempt, StopReason::Requeue(o.why))
+                        {
+                            tracing::info!(attempt = %o.attempt, why = o.why.as_str(), "stopping the attempt to requeue its job");
+                        }
+                    }
                     if !resp.leases.is_empty() {
                         self.admit(resp.leases, sent, session.budget).await;
                     }

@@ -102,6 +102,11 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
                 for id in resp.cancel {
                     attempts.stop(id, StopReason::User);
                 }
+                for order in resp.requeue {
+                    if attempts.stop(order.attempt, StopReason::Requeue(order.why)) {
+                        tracing::info!(attempt = %order.attempt, why = order.why.as_str(), "stopping the attempt to requeue its job");
+                    }
+                }
                 for id in resp.stale {
                     if attempts.stop(id, StopReason::LeaseLost) {
                         tracing::warn!(attempt = %id, "lease is stale: stopping the attempt");
@@ -234,6 +239,7 @@ mod tests {
                     let _ = conn.read(&mut buf).await;
                     tokio::time::sleep(delay).await;
                     let body = serde_json::to_string(&HeartbeatResponse {
+                        requeue: vec![],
                         cancel: vec![],
                         stale: vec![],
                         plan: "1".into(),
@@ -288,6 +294,7 @@ mod tests {
                 on_exit: Default::default(),
                 supervisor_exe: crate::supervisor::SELF_EXE.into(),
                 pass_env: vec![],
+                job_dirs: "/var/tmp".into(),
                 run_as_default: "nobody".into(),
             },
             client: crate::agent::client::Client::new(url).expect("client"),
@@ -446,6 +453,7 @@ mod tests {
                     (
                         "200 OK",
                         serde_json::to_string(&HeartbeatResponse {
+                            requeue: vec![],
                             cancel: vec![],
                             stale: vec![],
                             plan: "1".into(),

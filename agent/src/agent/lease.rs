@@ -21,6 +21,7 @@ use crate::agent::client::{Client, ClientError};
 use crate::agent::self_fence::SelfFenceBudget;
 use crate::agent::{Shared, sample};
 use crate::outcomes::Outcome;
+use crate::supervisor::attempt::Restart;
 use crate::supervisor::attempt::{self, Baseline, Launch};
 use crate::supervisor::classify::{self, EndFacts, Unstarted};
 use crate::supervisor::direct::Direct;
@@ -122,6 +123,15 @@ pub(crate) async fn run(
         run_as,
         results: lease.results,
         host_memory_mib: lease.host_memory_mib,
+        restart: Restart {
+            checkpoint: lease.checkpoint,
+            job_dir: Some(crate::supervisor::attempt::job_dir(
+                &shared.cfg.job_dirs,
+                lease.job,
+            )),
+            count: lease.number.saturating_sub(1),
+            previous_end: lease.previous_end,
+        },
     };
     // Subscribed before the deadline is read for the launch: a renewal in between reaches
     // the supervisor as its first `renew`, rather than being taken as already sent.

@@ -81,6 +81,8 @@ pub struct AgentConfig {
     pub supervisor_exe: PathBuf,
     /// Variables of the agent's environment passed to jobs besides [`crate::jobenv::PASS_THROUGH`].
     pub pass_env: Vec<String>,
+    /// Where each job's own directory (`HEADROOM_JOB_DIR`) is made.
+    pub job_dirs: PathBuf,
     /// The Unix user of jobs whose submitter maps to none (agents running as root).
     pub run_as_default: String,
 }

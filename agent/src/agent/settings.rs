@@ -53,6 +53,11 @@ pub struct AgentSettings {
     /// Host memory kept free for the system and the agent: a share (`10%`) or a size.
     #[arg(long, env = "HEADROOM_HOST_HEADROOM", default_value = "10%")]
     pub host_headroom: Headroom,
+    /// Where each job's own directory (`HEADROOM_JOB_DIR`, the same for every attempt of
+    /// the job on this node: its checkpoints) is made, private to its user. On a cluster,
+    /// a filesystem every node mounts lets a requeued job resume on any node.
+    #[arg(long, env = "HEADROOM_JOB_DIRS", default_value = "/var/tmp")]
+    pub job_dirs: PathBuf,
     #[arg(long, value_enum, env = "HEADROOM_GPU_BACKEND", default_value = "auto")]
     pub gpu_backend: GpuBackendKind,
     /// Fake GPUs, e.g. `4x24GiB` (with `--gpu-backend fake`, or when no driver is found).
@@ -222,6 +227,7 @@ impl AgentSettings {
             token: self.token()?,
             ca_file: self.ca_file.clone(),
             pass_env: self.pass_env.clone(),
+            job_dirs: self.job_dirs.clone(),
             run_as_default: self.run_as_default.clone(),
         })
     }

@@ -25,6 +25,8 @@ pub enum StopReason {
     Shutdown,
     /// `early_stop`: its metric fell behind at a rung.
     Pruned,
+    /// To run again later (a preemption, `cancel --requeue`), after its checkpoint signal.
+    Requeue(headroom_shared::checkpoint::Requeue),
 }
 
 /// How an attempt's job (its foreground process) ended.
@@ -171,6 +173,7 @@ pub fn decide(f: &EndFacts) -> Option<FailureClass> {
             return Some(match f.cancel_reason {
                 None | Some(StopReason::User) => F::Cancelled,
                 Some(StopReason::Pruned) => F::Pruned,
+                Some(StopReason::Requeue(why)) => why.class(),
                 // Retried as the job's policy says for `lost`, now rather than at lease expiry.
                 Some(StopReason::LeaseLost | StopReason::Shutdown) => F::Lost,
             });
@@ -205,6 +208,7 @@ pub fn lost_note(f: &EndFacts) -> Option<&'static str> {
 mod tests {
     use super::*;
     use FailureClass as F;
+    use headroom_shared::checkpoint::Requeue;
     use proptest::prelude::*;
 
     fn ran(ended: Ended, stop: Option<Stopped>, oom: bool) -> Option<F> {
@@ -271,6 +275,8 @@ mod tests {
         for (reason, want) in [
             (Some(StopReason::User), F::Cancelled),
             (Some(StopReason::Pruned), F::Pruned),
+            (Some(StopReason::Requeue(Requeue::Preempted)), F::Preempted),
+            (Some(StopReason::Requeue(Requeue::Requeued)), F::Requeued),
             (Some(StopReason::LeaseLost), F::Lost),
             (Some(StopReason::Shutdown), F::Lost),
             // A cancel the supervisor has no reason for: the agent's shutdown.
@@ -402,6 +408,7 @@ mod tests {
             Just(Some(StopReason::User)),
             Just(Some(StopReason::LeaseLost)),
             Just(Some(StopReason::Shutdown)),
+            Just(Some(StopReason::Requeue(Requeue::Preempted))),
         ]
     }
 

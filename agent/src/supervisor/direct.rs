@@ -58,8 +58,13 @@ const FLOOR: Duration = Duration::from_millis(100);
 /// What a renewal came to.
 #[derive(Debug)]
 pub enum Renewal {
-    /// Renewed: the fence may fall at `until`; `cancel`: a user cancelled the job.
-    Renewed { until: Instant, cancel: bool },
+    /// Renewed: the fence may fall at `until`; `cancel`: a user cancelled the job;
+    /// `requeue`: stop it after its checkpoint signal, to run again later.
+    Renewed {
+        until: Instant,
+        cancel: bool,
+        requeue: Option<headroom_shared::checkpoint::Requeue>,
+    },
     /// The lease is not this attempt's any more (lost, ended, another's): stop now.
     Gone(String),
     /// Not reached (or refused for now): try again after `retry`.
@@ -153,9 +158,14 @@ impl DirectLink {
             let sent = Instant::now();
             let timeout = deadline.saturating_duration_since(sent).max(FLOOR);
             match client.renew_lease(attempt, fence, timeout).await {
-                Ok(LeaseRenewed { cancel, ttl_ms }) => Renewal::Renewed {
+                Ok(LeaseRenewed {
+                    cancel,
+                    ttl_ms,
+                    requeue,
+                }) => Renewal::Renewed {
                     until: sent + fence_after_for(fence_after, budget_ttl, ttl_ms),
                     cancel,
+                    requeue,
                 },
                 Err(e) if permanent(&e) => Renewal::Gone(e.to_string()),
                 Err(e) => Renewal::Failed(e.to_string()),

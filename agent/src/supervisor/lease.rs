@@ -17,8 +17,14 @@ use super::self_fence::SelfFence;
 pub(super) struct HeldLease {
     attempt: AttemptId,
     fence: SelfFence,
-    /// Fired once, at the first stop.
+    /// Fired once, at the first stop (a requeue's, after its checkpoint lead).
     cancel: CancellationToken,
+    /// Fired at a requeueing stop of a started job with a checkpoint signal: the attempt
+    /// signals it, and stops it `lead` later.
+    checkpoint: CancellationToken,
+    /// The job has a checkpoint signal, and it has started.
+    checkpoints: bool,
+    started: bool,
     /// Why the job was stopped: the first stop asked wins.
     reason: Option<StopReason>,
     /// The line to the coordinator for while the agent is away.
@@ -40,8 +46,13 @@ pub(super) struct Reporter {
 }
 
 impl HeldLease {
-    /// The lease of `spec`'s launch; `cancel` stops its attempt.
-    pub(super) fn new(spec: &Spec, cancel: CancellationToken) -> Self {
+    /// The lease of `spec`'s launch; `cancel` stops its attempt, `checkpoint` stops it after
+    /// its checkpoint signal and lead.
+    pub(super) fn new(
+        spec: &Spec,
+        cancel: CancellationToken,
+        checkpoint: CancellationToken,
+    ) -> Self {
         let attempt = spec.launch.attempt;
         let fence = SelfFence::new(Duration::from_millis(spec.stop_in_ms));
         let direct = spec
@@ -53,6 +64,9 @@ impl HeldLease {
             attempt,
             fence,
             cancel,
+            checkpoints: spec.launch.restart.checkpoint.is_some(),
+            checkpoint,
+            started: false,
             reason: None,
             direct,
             renew_due,
@@ -61,15 +75,35 @@ impl HeldLease {
         }
     }
 
-    /// Stops the attempt for `reason`, unless it was stopped already.
+    /// Stops the attempt for `reason` (the first reason stays): a requeue of a started job
+    /// with a checkpoint signal after its signal and lead, any other at once.
     pub(super) fn stop(&mut self, reason: StopReason) {
+        let first = self.reason.is_none();
         self.reason.get_or_insert(reason);
-        self.cancel.cancel();
+        match reason {
+            StopReason::Requeue(_) if first && self.checkpoints && self.started => {
+                self.checkpoint.cancel();
+            }
+            // A second requeue leaves the first's lead as it is.
+            StopReason::Requeue(_) if !first => {}
+            _ => self.cancel.cancel(),
+        }
+    }
+
+    /// Its job has started: a requeue now gives it its checkpoint signal first.
+    pub(super) fn job_started(&mut self) {
+        self.started = true;
     }
 
     /// Whether the job is being stopped.
     pub(super) fn stopping(&self) -> bool {
         self.reason.is_some()
+    }
+
+    /// Whether the job is past any grace: the lease no longer needs keeping (a job within
+    /// its checkpoint lead still runs, and is fenced and renewed as any running job).
+    fn stopped(&self) -> bool {
+        self.cancel.is_cancelled()
     }
 
     /// The agent renewed the lease: the fence falls `stop_in` from now, and the end is the
@@ -84,9 +118,9 @@ impl HeldLease {
         }
     }
 
-    /// When our own renewal is due: never while the job is stopping or one is on its way.
+    /// When our own renewal is due: never once the job is stopped or while one is on its way.
     pub(super) fn renewal_due(&self) -> Option<Instant> {
-        if self.stopping() || self.renewing.is_some() {
+        if self.stopped() || self.renewing.is_some() {
             return None;
         }
         self.renew_due
@@ -115,11 +149,17 @@ impl HeldLease {
         let attempt = self.attempt;
         self.renewing = None;
         match renewal {
-            Renewal::Renewed { until, cancel } => {
+            Renewal::Renewed {
+                until,
+                cancel,
+                requeue,
+            } => {
                 self.fence.extend_to(until);
                 self.renewed_itself = true;
                 self.renew_due = self.direct.as_ref().map(|d| d.due(self.fence.deadline()));
-                if cancel && !self.stopping() {
+                if let Some(why) = requeue {
+                    self.stop(StopReason::Requeue(why));
+                } else if cancel && !self.stopped() {
                     self.stop(StopReason::User);
                 }
             }
@@ -134,9 +174,10 @@ impl HeldLease {
         }
     }
 
-    /// When the fence falls; never while the job is stopping already.
+    /// When the fence falls; never once the job is stopped (within its checkpoint lead it
+    /// still runs, and a fallen fence stops it then).
     pub(super) fn fence_due(&self) -> Option<Instant> {
-        (!self.stopping()).then(|| self.fence.deadline())
+        (!self.stopped()).then(|| self.fence.deadline())
     }
 
     /// The fence fell with no renewal: the job stops before the coordinator may give it away.

@@ -323,10 +323,16 @@ async fn supervise(
     };
     link.send(&hello(&spec, None)).await;
     let (backend, cfg) = ready(&spec, opening, own_tree);
-    let cancel = CancellationToken::new();
-    let mut lease = HeldLease::new(&spec, cancel.clone());
+    let (cancel, checkpoint) = (CancellationToken::new(), CancellationToken::new());
+    let mut lease = HeldLease::new(&spec, cancel.clone(), checkpoint.clone());
     // Its wait, its job's start, run, stop and verified cleanup: `attempt` and `prestart`.
-    let run = prestart_then_run(spec.launch.clone(), backend.clone(), &cfg, cancel);
+    let run = prestart_then_run(
+        spec.launch.clone(),
+        backend.clone(),
+        &cfg,
+        cancel,
+        checkpoint,
+    );
     let (end, prestart) = serve_run(run, &spec, &mut link, &mut lease, &listener).await;
     let (end, gpus) = gpus_after(end, backend.as_ref());
     let (reason, reporter) = lease.end();
@@ -432,6 +438,7 @@ async fn serve_run(
             end = &mut end => return end,
             Some((pid, at)) = started.recv() => {
                 link.started = Some((pid, at));
+                lease.job_started();
                 link.send(&FromSupervisor::Started { pid, started_at: at }).await;
             }
             Some(reason) = waiting.recv() => {
@@ -535,6 +542,7 @@ fn prestart_then_run<'a>(
     backend: Arc<dyn GpuBackend>,
     cfg: &'a SupervisorConfig,
     cancel: CancellationToken,
+    checkpoint: CancellationToken,
 ) -> Run<impl Future<Output = (AttemptEnd, Option<PrestartReport>)> + 'a> {
     let (started_tx, started) = tokio::sync::mpsc::unbounded_channel();
     let (waiting_tx, waiting) = tokio::sync::mpsc::unbounded_channel();
@@ -553,6 +561,7 @@ fn prestart_then_run<'a>(
                     backend,
                     cfg,
                     cancel,
+                    checkpoint,
                     started_fn,
                     Some(metrics_tx),
                 )
@@ -582,6 +591,7 @@ fn prestart_then_run<'a>(
                     backend,
                     cfg,
                     cancel,
+                    checkpoint,
                     started_fn,
                     Some(metrics_tx),
                 )

@@ -424,6 +424,7 @@ mod tests {
             run_as: None,
             results: None,
             host_memory_mib: None,
+            restart: Default::default(),
         };
         let msg = ToSupervisor::Launch {
             spec: Box::new(Spec {

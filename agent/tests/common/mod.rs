@@ -30,6 +30,7 @@ pub fn spec(dir: &Path, argv: &[&str]) -> Spec {
             run_as: None,
             results: None,
             host_memory_mib: None,
+            restart: Default::default(),
         },
         fence: 1,
         data_dir: dir.to_path_buf(),

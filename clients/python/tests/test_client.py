@@ -167,6 +167,43 @@ def test_cancel_and_retry(client: Client) -> None:
     assert client.job(job).state == "cancelled"
 
 
+def test_a_running_job_is_requeued_after_its_checkpoint_signal_spending_no_attempt(
+    client: Client,
+) -> None:
+    # Saves its step on SIGUSR1 and exits; a later attempt reads it back.
+    script = (
+        'step=$(cat "$HEADROOM_JOB_DIR/step" 2>/dev/null || echo 0); '
+        'echo "from $step, restart $HEADROOM_RESTART_COUNT $HEADROOM_STOP_REASON"; '
+        "trap 'echo 5 > \"$HEADROOM_JOB_DIR/step\"; exit 0' USR1; "
+        '[ "$step" = 0 ] && while true; do sleep 0.05; done; exit 0'
+    )
+    exp = client.submit(
+        spec(
+            "py-requeue",
+            ["sh", "-c", script],
+            resources={"gpus": 0},
+            retry={"max_attempts": 1},
+            checkpoint={"signal": "USR1", "lead": "20s"},
+        )
+    )
+    job = client.jobs(exp.id, frame=False)[0]["id"]
+    deadline = time.monotonic() + 30
+    while client.job(job).state != "running":
+        assert time.monotonic() < deadline, "the job never ran"
+        time.sleep(0.1)
+    assert client.cancel_job(job, requeue=True).requeued == 1
+    done = exp.wait(timeout=60)
+    assert done.counts.succeeded == 1
+    attempts = client.attempts(exp.id, frame=False)
+    assert [a["failure_class"] for a in attempts] == ["requeued", None]
+    # A stopped run's figures compare with no finished one's: not clean.
+    clean = client.attempts(exp.id, clean_only=True, frame=False)
+    assert [a["failure_class"] for a in clean] == [None]
+    assert "from 5, restart 1 requeued" in "".join(client.logs(job))
+    # A job that runs nothing has nothing to requeue.
+    assert client.cancel_job(job, requeue=True).requeued == 0
+
+
 def test_nodes_and_plans(client: Client) -> None:
     nodes = client.nodes()
     node = next(n for n in nodes if n.name == "py-node")

@@ -119,7 +119,7 @@ pub async fn claim(
             })
             .await?;
         s.metrics.observe_claim(timer.elapsed().as_secs_f64());
-        let cancel = claimed.cancel;
+        let (cancel, requeue) = (claimed.cancel, claimed.requeue);
         let plan = claimed.plan.to_string();
         let now = tokio::time::Instant::now();
         let mut leases = claimed.leases;
@@ -133,6 +133,7 @@ pub async fn claim(
         }
         if !leases.is_empty()
             || !cancel.is_empty()
+            || !requeue.is_empty()
             || req.known_plan.as_deref() != Some(plan.as_str())
             || now >= deadline
             || s.changes.is_closing()
@@ -140,6 +141,7 @@ pub async fn claim(
             return Ok(ApiJson(ClaimResponse {
                 leases,
                 cancel,
+                requeue,
                 plan,
             }));
         }
@@ -191,6 +193,7 @@ pub async fn heartbeat(
     }
     Ok(ApiJson(HeartbeatResponse {
         cancel: r.cancel,
+        requeue: r.requeue,
         // A stale token refuses the whole heartbeat (409) instead.
         stale: vec![],
         plan: r.plan.to_string(),

@@ -73,12 +73,23 @@ pub async fn cancel(
     State(s): State<AppState>,
     Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<headroom_shared::api::CancelQuery>,
 ) -> ApiResult<CancelResponse> {
     let id: ExperimentId = parse_id(&id, "experiment")?;
     let exp = s.store.experiment(id).await?;
     check_owner(&who, &exp.submitted_by, &format!("experiment {id}"))?;
+    if q.requeue {
+        let requeued = s.store.requeue_experiment(id).await?;
+        return Ok(ApiJson(CancelResponse {
+            cancelled: 0,
+            requeued,
+        }));
+    }
     let cancelled = s.store.cancel_experiment(id).await?;
-    Ok(ApiJson(CancelResponse { cancelled }))
+    Ok(ApiJson(CancelResponse {
+        cancelled,
+        requeued: 0,
+    }))
 }
 
 /// How long a progress long-poll gathers a run of changes before it answers (a lone change,

@@ -122,12 +122,23 @@ pub async fn cancel(
     State(s): State<AppState>,
     Extension(who): Extension<Principal>,
     ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<headroom_shared::api::CancelQuery>,
 ) -> ApiResult<CancelResponse> {
     let id: JobId = parse_id(&id, "job")?;
     let job = s.store.job(id).await?;
     check_owner(&who, &job.summary.submitted_by, &format!("job {id}"))?;
+    if q.requeue {
+        let requeued = s.store.requeue_job(id).await?;
+        return Ok(ApiJson(CancelResponse {
+            cancelled: 0,
+            requeued,
+        }));
+    }
     let cancelled = s.store.cancel_job(id).await?;
-    Ok(ApiJson(CancelResponse { cancelled }))
+    Ok(ApiJson(CancelResponse {
+        cancelled,
+        requeued: 0,
+    }))
 }
 
 pub async fn retry(

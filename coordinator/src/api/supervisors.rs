@@ -20,9 +20,17 @@ pub async fn renew(
     ApiJson(req): ApiJson<LeaseRenewal>,
 ) -> ApiResult<LeaseRenewed> {
     let ttl_ms = s.config.lease_ttl.as_millis() as u64;
-    let cancel = s.store.renew_lease(attempt, req.fence, ttl_ms).await?;
+    let asked = s.store.renew_lease(attempt, req.fence, ttl_ms).await?;
     tracing::debug!(%attempt, "lease renewed by its supervisor");
-    Ok(ApiJson(LeaseRenewed { ttl_ms, cancel }))
+    let requeue = match asked {
+        Some(crate::store::StopAsk::Requeue(why)) => Some(why),
+        _ => None,
+    };
+    Ok(ApiJson(LeaseRenewed {
+        ttl_ms,
+        cancel: asked == Some(crate::store::StopAsk::Cancel),
+        requeue,
+    }))
 }
 
 pub async fn ship_log(

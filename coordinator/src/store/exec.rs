@@ -166,5 +166,9 @@ pub trait Exec: Send {
     /// to do where a write transaction holds the whole database).
     async fn lock_key(&mut self, key: &str) -> Result<()>;
     /// See `Tx::cancel_requested`.
-    async fn cancels_asked(&mut self, agent: &str, attempts: &[String]) -> Result<Vec<String>>;
+    async fn cancels_asked(
+        &mut self,
+        agent: &str,
+        attempts: &[String],
+    ) -> Result<Vec<(String, super::StopAsk)>>;
 }

@@ -3,6 +3,7 @@
 //! losing an attempt).
 
 use headroom_shared::api::{JobDetail, JobSummary};
+use headroom_shared::checkpoint::Requeue;
 use headroom_shared::{ExperimentId, JobEvent, JobId, JobState};
 
 use super::tx::{AttemptsWhere, JobLeased, JobsWhere, Tx};
@@ -180,6 +181,33 @@ pub(super) async fn cancel_experiment(tx: &mut dyn Tx, id: ExperimentId) -> Resu
     for (job, state) in tx.jobs_of_experiment(&id).await? {
         if !state.is_terminal() {
             n += cancel_one(tx, &job).await?;
+        }
+    }
+    Ok((n, Change::work_if(n > 0)))
+}
+
+/// Asks a running job's live attempt to stop after its checkpoint signal and requeue; 1
+/// when it did (a job that runs nothing, or was asked already, is left as it is).
+async fn requeue_one(tx: &mut dyn Tx, job: &str) -> Result<u64> {
+    let locked = lock_job(tx, job).await?;
+    if !matches!(locked.state, JobState::Leased | JobState::Running) {
+        return Ok(0);
+    }
+    Ok(tx.request_requeue(job, Requeue::Requeued).await?.min(1))
+}
+
+pub(super) async fn requeue(tx: &mut dyn Tx, id: JobId) -> Result<(u64, Change)> {
+    let n = requeue_one(tx, &id.to_string()).await?;
+    Ok((n, Change::work_if(n > 0)))
+}
+
+pub(super) async fn requeue_experiment(tx: &mut dyn Tx, id: ExperimentId) -> Result<(u64, Change)> {
+    let id = id.to_string();
+    super::experiments::summary(tx, &id).await?;
+    let mut n = 0;
+    for (job, state) in tx.jobs_of_experiment(&id).await? {
+        if matches!(state, JobState::Leased | JobState::Running) {
+            n += requeue_one(tx, &job).await?;
         }
     }
     Ok((n, Change::work_if(n > 0)))

@@ -2,7 +2,9 @@
 //! back leases, and losing those whose lease ran out. Every report is fenced: its token must
 //! still be the attempt's and the job's.
 
-use headroom_shared::api::{AttemptPhase, AttemptView, FinishReport, GpuSample, Lease};
+use headroom_shared::api::{
+    AttemptPhase, AttemptView, FinishReport, GpuSample, Lease, RequeueOrder,
+};
 use headroom_shared::{AgentId, AttemptId, JobEvent, JobState};
 
 use super::Active;
@@ -11,8 +13,8 @@ use super::results;
 use super::rows::{self, NodeRow, i64_of, parse};
 use super::tx::{AttemptsWhere, JobLeased, NewAttempt, Tx};
 use super::{
-    ClaimInput, Claimed, Finished, Millis, Renewal, Renewed, Result, Started, StoreError, jobs,
-    nodes, now_ms,
+    ClaimInput, Claimed, Finished, Millis, Renewal, Renewed, Result, Started, StopAsk, StoreError,
+    jobs, nodes, now_ms,
 };
 use crate::changes::Change;
 use crate::fair::{self, Caps, Shares};
@@ -98,7 +100,10 @@ async fn check_fence(
 }
 
 /// Observed peaks and the OOM floor of a memory key.
-pub(super) async fn key_memory(tx: &mut dyn Tx, key: &str) -> Result<(Vec<u64>, Option<u64>)> {
+pub(in crate::store) async fn key_memory(
+    tx: &mut dyn Tx,
+    key: &str,
+) -> Result<(Vec<u64>, Option<u64>)> {
     Ok((tx.peaks(key).await?, tx.floor(key).await?))
 }
 
@@ -167,11 +172,13 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let blocked = tx.blocked_gpus(&node.name, now).await?;
     let snapshot = node_snapshot(&node, &samples, &active, &blocked, &input);
     // In the claim's transaction, not one of its own: a claim round is one store operation.
-    let cancel = pending_cancels(tx, input.agent, std::mem::take(&mut input.watching)).await?;
+    let (cancel, requeue) =
+        pending_cancels(tx, input.agent, std::mem::take(&mut input.watching)).await?;
     if input.max == 0 {
         let claimed = Claimed {
             leases: vec![],
             cancel,
+            requeue,
             plan: node.plan,
             node: node.name,
         };
@@ -299,29 +306,39 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let claimed = Claimed {
         leases,
         cancel,
+        requeue,
         plan: node.plan,
         node: node.name,
     };
     Ok((claimed, changed))
 }
 
-/// Of `of`, the attempts a user asked to cancel, in the order given.
+/// Of `of`, the attempts a user asked to cancel, and those to stop and requeue, in the
+/// order given.
 async fn pending_cancels(
     tx: &mut dyn Tx,
     agent: AgentId,
     of: Vec<AttemptId>,
-) -> Result<Vec<AttemptId>> {
+) -> Result<(Vec<AttemptId>, Vec<RequeueOrder>)> {
     if of.is_empty() {
-        return Ok(vec![]);
+        return Ok((vec![], vec![]));
     }
     let watching: Vec<String> = of.iter().map(AttemptId::to_string).collect();
-    let wanted = tx.cancel_requested(agent, &watching).await?;
+    let wanted: HashMap<String, StopAsk> = tx
+        .cancel_requested(agent, &watching)
+        .await?
+        .into_iter()
+        .collect();
+    let (mut cancel, mut requeue) = (Vec::new(), Vec::new());
     // In the order the agent asked.
-    watching
-        .iter()
-        .filter(|a| wanted.contains(a))
-        .map(|a| parse(a, "attempt id"))
-        .collect()
+    for (a, id) in watching.iter().zip(of) {
+        match wanted.get(a) {
+            Some(StopAsk::Cancel) => cancel.push(id),
+            Some(&StopAsk::Requeue(why)) => requeue.push(RequeueOrder { attempt: id, why }),
+            None => {}
+        }
+    }
+    Ok((cancel, requeue))
 }
 
 pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, Change)> {
@@ -341,30 +358,33 @@ pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, Chang
     let now = tx.clock().await?;
     let freed = nodes::record_samples(tx, &node, &r.gpus, now).await?;
     let until = now.saturating_add(i64_of(r.lease_ttl_ms));
-    let mut cancel = Vec::new();
+    let (mut cancel, mut requeue) = (Vec::new(), Vec::new());
     for (_, a, waiting) in renew {
         let wanted = tx
             .renew_attempt(&a.to_string(), until, waiting.as_deref())
             .await?;
-        if wanted == Some(true) {
-            cancel.push(a);
+        match wanted.flatten() {
+            Some(StopAsk::Cancel) => cancel.push(a),
+            Some(StopAsk::Requeue(why)) => requeue.push(RequeueOrder { attempt: a, why }),
+            None => {}
         }
     }
     let renewed = Renewed {
         cancel,
+        requeue,
         plan: node.plan,
     };
     Ok((renewed, Change::freed_if(freed, &node.name)))
 }
 
 /// A supervisor renews its attempt's lease itself (its agent is away): fenced as a
-/// heartbeat is; whether the job's cancel was asked.
+/// heartbeat is; what was asked of the attempt.
 pub(super) async fn renew_one(
     tx: &mut dyn Tx,
     attempt: AttemptId,
     fence: i64,
     ttl_ms: u64,
-) -> Result<(bool, Change)> {
+) -> Result<(Option<StopAsk>, Change)> {
     check_fence(tx, attempt, fence).await?;
     let until = tx.clock().await?.saturating_add(i64_of(ttl_ms));
     let cancel = tx
@@ -472,6 +492,7 @@ pub(super) async fn finish(
     };
     let rules_of_job = jobs::job_rules(tx, &job.id).await?;
     rules::apply_on_throttle(rules_of_job.on_throttle, &mut report);
+    rules::check_requeue(&mut report, tx.requeue_asked(&id).await?);
     let ended = tx
         .set_ended(&id, &report, rules::peak_source(&report))
         .await?
@@ -489,6 +510,14 @@ pub(super) async fn finish(
     }
     if let Some(class) = f.last_failure {
         tx.set_last_failure(&job.id, Some(class)).await?;
+    }
+    if f.refund {
+        tx.set_job_tries(
+            &job.id,
+            rules_of_job.attempts,
+            rules_of_job.max_attempts + 1,
+        )
+        .await?;
     }
     if let Some(wanted) = f.floor {
         let stored = tx.lock_floor(&ended.memory_key).await?;

@@ -6,7 +6,9 @@
 //! - `experiments`, `jobs`, `nodes`, `leases`, `telemetry`, `tokens`, `logs`: the operations, one
 //!   file per resource, each written once over the transaction interface; `sharing`: the
 //!   neighbours an attempt view is labelled shared by; `waits` and `waiting`: a study's
-//!   jobs that wait for others (`after`): storing and settling them, and counting one's waits; `history`: what earlier runs of a memory key tell a dry run.
+//!   jobs that wait for others (`after`): storing and settling them, and counting one's
+//!   waits; `history`: what earlier runs of a memory key tell a dry run; `shares`: fair
+//!   share's ledgers; `preemption`: a round of preemption.
 //! - `tx`: that interface (`Tx`, the statements; `Backend`, transactions) and the lock order.
 //! - `sql`: every `Tx` statement's SQL, once, over `exec::Exec` (a file per section of
 //!   `Tx`): what a backend must run.
@@ -32,6 +34,7 @@ use headroom_shared::{AgentId, AttemptId, ExperimentId, FailureClass, JobId, Job
 use serde_json::Value;
 
 use crate::changes::Changes;
+pub use preemption::{PreemptInput, Preempted};
 use tokio_util::sync::CancellationToken;
 
 mod bundles;
@@ -45,6 +48,7 @@ pub mod logs;
 mod nodes;
 mod pgtls;
 pub mod postgres;
+mod preemption;
 mod results;
 pub(crate) mod rows;
 mod shares;
@@ -77,6 +81,24 @@ pub struct Active {
 pub type OnChange = std::sync::Arc<dyn Fn(crate::changes::Change) + Send + Sync>;
 
 pub use crate::rules::Millis;
+
+/// What was asked of a live attempt: to stop (a user's cancel), or to stop after its
+/// checkpoint signal and requeue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopAsk {
+    Cancel,
+    Requeue(headroom_shared::checkpoint::Requeue),
+}
+
+impl StopAsk {
+    /// From an attempt's `cancel_requested` and `requeue` columns.
+    pub(crate) fn of(cancel: bool, requeue: Option<&str>) -> Option<Self> {
+        match requeue.and_then(headroom_shared::checkpoint::Requeue::parse) {
+            Some(r) => Some(StopAsk::Requeue(r)),
+            None => cancel.then_some(StopAsk::Cancel),
+        }
+    }
+}
 
 pub fn now_ms() -> Millis {
     chrono::Utc::now().timestamp_millis()
@@ -214,6 +236,10 @@ pub struct NewExperiment {
     pub max_concurrent: Option<u32>,
     /// Host memory each of its jobs holds (`resources.host_memory`).
     pub host_memory_mib: Option<u64>,
+    /// The signal its jobs get before a requeueing stop or their timeout (`checkpoint`).
+    pub checkpoint: Option<headroom_shared::checkpoint::Checkpoint>,
+    /// Its running jobs may be preempted (`preemptible`).
+    pub preemptible: bool,
 }
 
 /// The study an experiment is stored in.
@@ -298,6 +324,8 @@ pub struct Claimed {
     pub leases: Vec<Lease>,
     /// Of the attempts watched, those a user asked to cancel, in the order asked.
     pub cancel: Vec<AttemptId>,
+    /// Of the attempts watched, those to stop after their checkpoint signal and requeue.
+    pub requeue: Vec<headroom_shared::api::RequeueOrder>,
     pub plan: Plan,
     /// The agent's node, whose ends wake its next claim at once.
     pub node: String,
@@ -331,6 +359,8 @@ pub struct Finished {
 #[derive(Clone, Debug)]
 pub struct Renewed {
     pub cancel: Vec<AttemptId>,
+    /// Attempts to stop after their checkpoint signal and requeue.
+    pub requeue: Vec<headroom_shared::api::RequeueOrder>,
     pub plan: Plan,
 }
 
@@ -442,6 +472,11 @@ pub trait Store: Send + Sync + 'static {
     async fn bundle_leased_to(&self, hash: String, node: String) -> Result<bool>;
     async fn cancel_job(&self, id: JobId) -> Result<u64>;
     async fn cancel_experiment(&self, id: ExperimentId) -> Result<u64>;
+    /// Asks the running job's attempt to stop after its checkpoint signal and requeue
+    /// (`cancel --requeue`); 1 when it did, 0 when the job runs no attempt.
+    async fn requeue_job(&self, id: JobId) -> Result<u64>;
+    /// [`Store::requeue_job`] for every running job of the experiment.
+    async fn requeue_experiment(&self, id: ExperimentId) -> Result<u64>;
     async fn retry_job(&self, id: JobId) -> Result<JobState>;
     /// The job and every ended job that waits for it (`after`, on down) run once more; the
     /// jobs retried, the job first.
@@ -517,7 +552,12 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<()>;
     /// The attempt's supervisor renews its lease for `ttl_ms` (its agent is away); whether
     /// the job's cancel was asked.
-    async fn renew_lease(&self, attempt: AttemptId, fence: i64, ttl_ms: u64) -> Result<bool>;
+    async fn renew_lease(
+        &self,
+        attempt: AttemptId,
+        fence: i64,
+        ttl_ms: u64,
+    ) -> Result<Option<StopAsk>>;
     /// The digest of the key issued with the attempt's lease, if one was.
     async fn attempt_key(&self, attempt: AttemptId) -> Result<Option<String>>;
     /// Attempts whose lease ran out before `now` become `lost`; returns them. (The time is
@@ -583,6 +623,10 @@ pub trait Store: Send + Sync + 'static {
     async fn users(&self) -> Result<Vec<UserView>>;
     /// Charges up to `limit` ended runs to their users' fair-share ledgers; how many.
     async fn charge_usage(&self, half_life_ms: u64, limit: u32) -> Result<usize>;
+    /// A preemption round: running jobs of `preemptible` experiments asked to stop after
+    /// their checkpoint signal and requeue, for waiting jobs of users under their share or
+    /// of higher priority; those asked.
+    async fn preempt(&self, input: PreemptInput) -> Result<Vec<Preempted>>;
     /// Every user's fair-share standing now, lowest first.
     async fn share_standings(
         &self,
@@ -717,6 +761,14 @@ impl<B: Backend> Store for B {
         run!(self, write, "cancel_experiment", jobs::cancel_experiment, id; experiment = %id)
     }
 
+    async fn requeue_job(&self, id: JobId) -> Result<u64> {
+        run!(self, write, "requeue_job", jobs::requeue, id; job = %id)
+    }
+
+    async fn requeue_experiment(&self, id: ExperimentId) -> Result<u64> {
+        run!(self, write, "requeue_experiment", jobs::requeue_experiment, id; experiment = %id)
+    }
+
     async fn retry_job(&self, id: JobId) -> Result<JobState> {
         run!(self, write, "retry_job", jobs::retry, id; job = %id)
     }
@@ -842,7 +894,12 @@ impl<B: Backend> Store for B {
         run!(self, write, "end_attempt", leases::finish, attempt, report; attempt = %attempt, fence)
     }
 
-    async fn renew_lease(&self, attempt: AttemptId, fence: i64, ttl_ms: u64) -> Result<bool> {
+    async fn renew_lease(
+        &self,
+        attempt: AttemptId,
+        fence: i64,
+        ttl_ms: u64,
+    ) -> Result<Option<StopAsk>> {
         run!(self, write, "renew_lease", leases::renew_one, attempt, fence, ttl_ms; attempt = %attempt, fence)
     }
 
@@ -967,6 +1024,10 @@ impl<B: Backend> Store for B {
 
     async fn charge_usage(&self, half_life_ms: u64, limit: u32) -> Result<usize> {
         run!(self, write, "charge_usage", shares::charge, half_life_ms, limit;)
+    }
+
+    async fn preempt(&self, input: PreemptInput) -> Result<Vec<Preempted>> {
+        run!(self, write, "preempt", preemption::preempt, input;)
     }
 
     async fn share_standings(

@@ -616,14 +616,25 @@ impl Exec for PgTx<'_> {
         exec(self.tx, sql, &[&FLOOR_LOCK, &key]).await.map(drop)
     }
 
-    async fn cancels_asked(&mut self, agent: &str, attempts: &[String]) -> Result<Vec<String>> {
-        let sql = "SELECT id FROM attempts WHERE id = ANY($1) AND agent_id = $2 \
+    async fn cancels_asked(
+        &mut self,
+        agent: &str,
+        attempts: &[String],
+    ) -> Result<Vec<(String, super::StopAsk)>> {
+        let sql = "SELECT id, requeue FROM attempts WHERE id = ANY($1) AND agent_id = $2 \
                    AND cancel_requested AND phase != 'ended'";
         let stmt = self.tx.prepare_cached(sql).await?;
         let rows = self.tx.query(&stmt, &[&attempts, &agent]).await?;
-        rows.iter()
-            .map(|r| r.try_get(0).map_err(|e| StoreError::Corrupt(e.to_string())))
-            .collect()
+        let corrupt = |e: tokio_postgres::Error| StoreError::Corrupt(e.to_string());
+        let mut out = Vec::new();
+        for r in &rows {
+            let id: String = r.try_get(0).map_err(corrupt)?;
+            let requeue: Option<String> = r.try_get(1).map_err(corrupt)?;
+            if let Some(ask) = super::StopAsk::of(true, requeue.as_deref()) {
+                out.push((id, ask));
+            }
+        }
+        Ok(out)
     }
 }
 

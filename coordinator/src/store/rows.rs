@@ -538,7 +538,7 @@ pub(crate) fn quarantine(r: &impl Cols) -> Result<(u32, QuarantineView)> {
 /// The job columns a new lease is made of (`j` jobs, `e` experiments).
 pub(crate) const LEASE_COLUMNS: &str = "j.argv, j.env, j.params, e.name, j.memory_key, \
      j.timeout_ms, j.attempts, j.fence, j.ladder_step, j.prestart, j.background, u.unix_user, \
-     u.allow_root, e.source, e.results";
+     u.allow_root, e.source, e.results, e.checkpoint, j.last_failure";
 
 pub struct LeaseRow {
     pub argv: Vec<String>,
@@ -556,6 +556,9 @@ pub struct LeaseRow {
     pub run_as: Option<headroom_shared::api::RunAs>,
     pub source: Option<headroom_shared::api::source::Source>,
     pub results: Option<headroom_shared::results::ResultsSpec>,
+    pub checkpoint: Option<headroom_shared::checkpoint::Checkpoint>,
+    /// How the job's last attempt ended, when it failed or was requeued.
+    pub last_failure: Option<headroom_shared::FailureClass>,
 }
 
 pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
@@ -580,6 +583,11 @@ pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
         },
         source: r.json_opt(13)?,
         results: r.json_opt(14)?,
+        checkpoint: r.json_opt(15)?,
+        last_failure: match r.text_opt(16)? {
+            Some(c) => Some(parse(&c, "failure class")?),
+            None => None,
+        },
     })
 }
 
@@ -619,6 +627,8 @@ pub(crate) fn lease_row_into(
             results: row.results,
             report_key: None,
             host_memory_mib: None,
+            checkpoint: row.checkpoint,
+            previous_end: row.last_failure,
         },
         memory_key: row.memory_key,
         ladder_step: row.ladder_step,

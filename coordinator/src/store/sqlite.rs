@@ -366,15 +366,24 @@ impl Exec for SqliteTx<'_> {
         Ok(())
     }
 
-    async fn cancels_asked(&mut self, agent: &str, attempts: &[String]) -> Result<Vec<String>> {
+    async fn cancels_asked(
+        &mut self,
+        agent: &str,
+        attempts: &[String],
+    ) -> Result<Vec<(String, super::StopAsk)>> {
+        use rusqlite::OptionalExtension;
         let mut stmt = self.conn.prepare_cached(
-            "SELECT 1 FROM attempts WHERE id = ?1 AND agent_id = ?2 AND cancel_requested = 1 \
-             AND phase != 'ended'",
+            "SELECT requeue FROM attempts WHERE id = ?1 AND agent_id = ?2 \
+             AND cancel_requested = 1 AND phase != 'ended'",
         )?;
         let mut out = Vec::new();
         for a in attempts {
-            if stmt.exists(params![a, agent])? {
-                out.push(a.clone());
+            let asked: Option<Option<String>> =
+                stmt.query_row(params![a, agent], |r| r.get(0)).optional()?;
+            if let Some(requeue) = asked
+                && let Some(ask) = super::StopAsk::of(true, requeue.as_deref())
+            {
+                out.push((a.clone(), ask));
             }
         }
         Ok(out)
@@ -428,7 +437,9 @@ mod tests {
     #[test]
     fn the_claims_window_stays_prepared() {
         let conn = configured(Connection::open_in_memory().expect("open")).expect("migrated");
-        let sql = placeholders(&super::super::sql::pending_window(&DIALECT, false, false));
+        let sql = placeholders(&super::super::sql::pending_window(
+            &DIALECT, false, false, true,
+        ));
         let mut stmt = conn.prepare_cached(&sql).expect("prepare");
         for (gpus, priority, seq, limit) in
             [(8, None, 0, 32), (4, Some(0), 17, 64), (1, Some(5), 2, 8)]
@@ -500,7 +511,7 @@ mod tests {
             (true, false, "jobs_waiting_cpu"),
             (false, true, "jobs_waiting_by_user"),
         ] {
-            let sql = super::super::sql::pending_window(&DIALECT, cpu_only, by_user);
+            let sql = super::super::sql::pending_window(&DIALECT, cpu_only, by_user, true);
             let plan = if by_user {
                 plan_of(&conn, &sql, params![8, None::<i64>, 0, 32, "alice"])
             } else {

@@ -17,7 +17,8 @@
 //! Claims of jobs with `max_concurrent`, or of a capped user's, also take one advisory lock
 //! (`lock_concurrency_caps`) after their jobs; nothing that holds an attempt or a floor ever
 //! asks for it. Charging usage locks ended attempts (skipping locked ones), then users'
-//! ledgers in name order; nothing else locks a ledger.
+//! ledgers in name order; nothing else locks a ledger. A preemption round takes one advisory
+//! lock (`lock_preemption`) before anything else, then the jobs it preempts in `seq` order.
 //!
 //! A job's change never locks the jobs of a study that wait for it: it notes itself
 //! (`note_wait_change`) and a transaction of its own settles those, locking them alone, in
@@ -37,13 +38,16 @@ use tokio_util::sync::CancellationToken;
 
 pub use super::rows::Ended;
 use super::rows::{ExperimentRow, LeaseRow, NodeRow};
-use super::{Active, Millis, NewExperiment, NewToken, OnChange, Result, SeriesWindow, StoredToken};
+use super::{
+    Active, Millis, NewExperiment, NewToken, OnChange, Result, SeriesWindow, StopAsk, StoredToken,
+};
 use crate::changes::{Change, Changes};
 use crate::fair::{Held, Ledger, Run};
 use crate::rules::{
     FenceRow, FinishRow, JobRules, LadderStep, PendingRow, QueueCursor, RenewalRow,
 };
 use headroom_shared::api::source::Source;
+use headroom_shared::checkpoint::Requeue;
 
 /// Which jobs a summary read returns, in `seq` order.
 #[derive(Clone, Copy, Debug)]
@@ -272,18 +276,22 @@ pub trait AttemptsTx: Send {
         agent: AgentId,
         until: Millis,
     ) -> Result<bool>;
-    /// Renews a lease; whether its cancel was asked (`None`: no such attempt).
+    /// Renews a lease; what was asked of it (`None`: no such attempt).
     async fn renew_attempt(
         &mut self,
         attempt: &str,
         until: Millis,
         waiting: Option<&str>,
-    ) -> Result<Option<bool>>;
+    ) -> Result<Option<Option<StopAsk>>>;
     /// Now, by the clock every replica shares (the database's), in ms since the epoch.
     async fn clock(&mut self) -> Result<Millis>;
     /// Renews a lease for its supervisor, leaving what the agent said of its wait as it
-    /// is; whether its cancel was asked (`None`: no such attempt).
-    async fn extend_lease(&mut self, attempt: &str, until: Millis) -> Result<Option<bool>>;
+    /// is; what was asked of it (`None`: no such attempt).
+    async fn extend_lease(
+        &mut self,
+        attempt: &str,
+        until: Millis,
+    ) -> Result<Option<Option<StopAsk>>>;
     /// The digest of the attempt's key (`None`: no such attempt; `Some(None)`: none issued).
     async fn attempt_key(&mut self, attempt: &str) -> Result<Option<Option<String>>>;
     /// Records the attempt running; returns when its job was submitted and the attempt's
@@ -303,14 +311,19 @@ pub trait AttemptsTx: Send {
     ) -> Result<Option<Ended>>;
     /// Deletes a leased attempt; its GPUs.
     async fn delete_attempt(&mut self, attempt: &str) -> Result<Option<Vec<u32>>>;
-    /// Asks the job's live attempts to stop.
+    /// Asks the job's live attempts to stop (a user's cancel wins over a requeue).
     async fn request_cancel(&mut self, job: &str) -> Result<()>;
-    /// Of `attempts`, those of `agent` not ended whose cancel was asked.
+    /// Asks the job's live attempts not asked anything yet to stop after their checkpoint
+    /// signal and requeue; how many were asked.
+    async fn request_requeue(&mut self, job: &str, why: Requeue) -> Result<u64>;
+    /// Why the attempt was asked to requeue, if it was.
+    async fn requeue_asked(&mut self, attempt: &str) -> Result<Option<Requeue>>;
+    /// Of `attempts`, those of `agent` not ended that were asked to stop, and how.
     async fn cancel_requested(
         &mut self,
         agent: AgentId,
         attempts: &[String],
-    ) -> Result<Vec<String>>;
+    ) -> Result<Vec<(String, StopAsk)>>;
     /// Observed peaks of a memory key's attempts.
     async fn peaks(&mut self, key: &str) -> Result<Vec<u64>>;
     /// Observed host memory peaks of a memory key's latest attempts that succeeded or were
@@ -622,10 +635,26 @@ pub trait WaitsTx: Send {
     async fn drop_wait_changes(&mut self, ids: &[i64]) -> Result<()>;
 }
 
-/// Fair share and users' caps: who waits, each user's ledger and runs not yet charged, and
-/// the usage report's reads.
+/// Fair share, users' caps and preemption: who waits, each user's ledger and runs not yet
+/// charged, the usage report's reads, and who holds what on nodes that run preemptible jobs.
 #[async_trait]
 pub trait SharesTx: Send {
+    /// Nodes with a live attempt of a `preemptible` experiment, by name.
+    async fn preemptible_nodes(&mut self) -> Result<Vec<String>>;
+    /// The live attempts of `node`, as preemption weighs them.
+    async fn holders_on(&mut self, node: &str) -> Result<Vec<HolderRow>>;
+    /// [`JobsTx::lock_pending`] for `user`, without locking: the head of their queue.
+    async fn read_pending(
+        &mut self,
+        user: &str,
+        max_gpus: u32,
+        limit: u32,
+    ) -> Result<Vec<PendingRow>>;
+    /// Taken by each preemption round: one replica's at a time, so that two do not each
+    /// make room for the same job.
+    async fn lock_preemption(&mut self) -> Result<()>;
+    /// When the job was last preempted.
+    async fn set_preempted_at(&mut self, job: &str, at: Millis) -> Result<()>;
     /// The users with jobs waiting that fit `max_gpus`, by name.
     async fn waiting_users(&mut self, max_gpus: u32) -> Result<Vec<String>>;
     /// Users whose share or caps differ from the defaults (share 1, no cap).
@@ -650,6 +679,22 @@ pub trait SharesTx: Send {
         from: Millis,
         to: Millis,
     ) -> Result<Vec<(String, String, String, JobState)>>;
+}
+
+/// A live attempt as preemption reads it.
+#[derive(Clone, Debug)]
+pub struct HolderRow {
+    pub attempt: String,
+    pub job: String,
+    /// Its job's place in submission order (the order jobs are locked in).
+    pub seq: i64,
+    pub user: String,
+    pub priority: i64,
+    /// Its experiment is `preemptible`.
+    pub preemptible: bool,
+    /// Its cancel or requeue was asked.
+    pub stopping: bool,
+    pub preempted_at: Option<Millis>,
 }
 
 /// An attempt as the usage report reads it.

@@ -62,7 +62,19 @@ pub struct ClaimRequest {
 pub struct ClaimResponse {
     pub leases: Vec<Lease>,
     pub cancel: Vec<AttemptId>,
+    /// Of the attempts watched, those to stop (after their `checkpoint` signal) and run
+    /// again later.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requeue: Vec<RequeueOrder>,
     pub plan: String,
+}
+
+/// An attempt to stop and requeue, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RequeueOrder {
+    pub attempt: AttemptId,
+    pub why: crate::checkpoint::Requeue,
 }
 
 /// A job leased to an agent: everything needed to run it.
@@ -109,6 +121,13 @@ pub struct Lease {
     /// memory limit, past which the kernel kills it (`host_oom`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_memory_mib: Option<u64>,
+    /// The signal the job gets before a requeueing stop or its timeout (`checkpoint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::checkpoint::Checkpoint>,
+    /// How the job's previous attempt ended (`HEADROOM_STOP_REASON`): `preempted`,
+    /// `requeued`, `timeout`, ...; none for its first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_end: Option<crate::FailureClass>,
 }
 
 /// An attempt's key, as it travels (a plain string); `Debug` never shows it.
@@ -137,6 +156,9 @@ pub struct LeaseRenewed {
     pub ttl_ms: u64,
     /// A user cancelled the job: stop it.
     pub cancel: bool,
+    /// Stop it (after its `checkpoint` signal) and run it again later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue: Option<crate::checkpoint::Requeue>,
 }
 
 /// Who a job runs as on the node.
@@ -262,6 +284,9 @@ pub struct AttemptTelemetry {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HeartbeatResponse {
     pub cancel: Vec<AttemptId>,
+    /// Attempts to stop (after their `checkpoint` signal) and run again later.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requeue: Vec<RequeueOrder>,
     /// Always empty now: a heartbeat naming an attempt whose lease was lost or reassigned
     /// is refused whole with 409 `stale_fence` naming the attempt. Kept for older agents.
     #[serde(default)]

@@ -472,6 +472,21 @@ pub struct AttemptView {
 pub struct CancelResponse {
     /// Jobs that were cancelled by this call.
     pub cancelled: u64,
+    /// With `requeue`: running jobs asked to stop after their checkpoint signal and run
+    /// again later (none are cancelled).
+    #[serde(default)]
+    pub requeued: u64,
+}
+
+/// `POST /v1/jobs/{id}/cancel` and `/v1/experiments/{id}/cancel`: `requeue` stops running
+/// jobs after their `checkpoint` signal and queues them again, without spending an attempt,
+/// instead of cancelling them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[serde(deny_unknown_fields)]
+pub struct CancelQuery {
+    #[serde(default)]
+    pub requeue: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -62,3 +62,27 @@ pub fn books_for(pid: u32) -> serde_json::Value {
         format!("echo 0:3072 > \"$HEADROOM_FAKE_GPU_DIR/{pid}\"")
     ])
 }
+
+/// `headroom --server URL ARGS` as the holder of `token` (and of no token file), no stdin.
+pub fn headroom_as(url: &str, token: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(binary("headroom"))
+        .args(["--server", url])
+        .env_remove("HEADROOM_TOKEN_FILE")
+        .env("HEADROOM_TOKEN", token)
+        .stdin(std::process::Stdio::null())
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("headroom {args:?}: {e}"))
+}
+
+/// [`headroom_as`] that must succeed: its standard output.
+pub fn headroom_ok(url: &str, token: &str, args: &[&str]) -> String {
+    let out = headroom_as(url, token, args);
+    assert!(
+        out.status.success(),
+        "headroom {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -38,7 +38,9 @@ mod tables;
 pub mod tls;
 mod wait;
 
-pub use binaries::{binary, books_for, fake_job, path_with_binaries, run_binary};
+pub use binaries::{
+    binary, books_for, fake_job, headroom_as, headroom_ok, path_with_binaries, run_binary,
+};
 pub use headroom::{Headroom, UpOptions};
 pub use http::{
     block_on, client_for, free_port, http_get, http_get_text, http_post, http_post_text,

@@ -103,6 +103,12 @@ pub(crate) fn tmp_dir(launch: &Launch) -> PathBuf {
     )
 }
 
+/// The job's own directory under `base` (the agent's `--job-dirs`): the same for each of
+/// its attempts on the node (`HEADROOM_JOB_DIR`), where it keeps what a restart resumes from.
+pub fn job_dir(base: &std::path::Path, job: headroom_shared::JobId) -> PathBuf {
+    base.join(format!("headroom-job-{job}"))
+}
+
 /// The attempt's own temporary directory (its `TMPDIR`), made for its user (0700) when the
 /// first of its processes starts, and taken again by the second (a colocated background's
 /// foreground) only when it is that same user's directory and no link: a name planted
@@ -111,11 +117,23 @@ fn private_tmp(
     launch: &Launch,
     identity: Option<&crate::runas::Identity>,
 ) -> Result<PathBuf, String> {
+    private_dir(
+        tmp_dir(launch),
+        identity,
+        "the attempt's temporary directory",
+    )
+}
+
+/// `dir`, made for the job's user (0700), or taken as it is when it is that user's already
+/// and private (a job directory its earlier attempts made); anything else there is refused.
+fn private_dir(
+    dir: PathBuf,
+    identity: Option<&crate::runas::Identity>,
+    what: &str,
+) -> Result<PathBuf, String> {
     use std::os::unix::fs::DirBuilderExt;
-    let dir = tmp_dir(launch);
     let (uid, gid) = owner(identity);
-    let refused =
-        |why: String| format!("the attempt's temporary directory {}: {why}", dir.display());
+    let refused = |why: String| format!("{what} {}: {why}", dir.display());
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => std::os::unix::fs::lchown(&dir, Some(uid), Some(gid))
             .map_err(|e| refused(e.to_string()))?,
@@ -272,6 +290,16 @@ pub(crate) fn build_command(
         "TMPDIR".into(),
         private_tmp(launch, identity.as_ref())?.into(),
     ));
+    // Its job's: where it saves what its next attempt resumes from, and why it restarts.
+    let restart = &launch.restart;
+    if let Some(dir) = &restart.job_dir {
+        let dir = private_dir(dir.clone(), identity.as_ref(), "the job's directory")?;
+        env.push(("HEADROOM_JOB_DIR".into(), dir.into()));
+    }
+    env.push(text("HEADROOM_RESTART_COUNT", &restart.count.to_string()));
+    if let Some(end) = restart.previous_end {
+        env.push(text("HEADROOM_STOP_REASON", end.as_str()));
+    }
     let gpus: Vec<String> = launch.gpus.iter().map(u32::to_string).collect();
     env.push(text("CUDA_VISIBLE_DEVICES", &gpus.join(",")));
     env.push(text("CUDA_DEVICE_ORDER", "PCI_BUS_ID"));

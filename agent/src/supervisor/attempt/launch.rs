@@ -59,6 +59,27 @@ pub struct Launch {
     /// Its cgroup's memory limit (MiB), where attempts have cgroups.
     #[serde(default)]
     pub host_memory_mib: Option<u64>,
+    /// What it is told of its job's restarts, and the signal it gets before a stop that
+    /// requeues it or its timeout.
+    #[serde(default)]
+    pub restart: Restart,
+}
+
+/// An attempt's part in its job's restarts.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Restart {
+    /// The signal sent `lead` before a requeueing stop or the timeout (`checkpoint`).
+    #[serde(default)]
+    pub checkpoint: Option<headroom_shared::checkpoint::Checkpoint>,
+    /// `HEADROOM_JOB_DIR`: the job's own directory, the same for each of its attempts here.
+    #[serde(default)]
+    pub job_dir: Option<PathBuf>,
+    /// `HEADROOM_RESTART_COUNT`: the job's attempts before this one.
+    #[serde(default)]
+    pub count: u32,
+    /// `HEADROOM_STOP_REASON`: how the previous attempt ended (`preempted`, `timeout`, ...).
+    #[serde(default)]
+    pub previous_end: Option<headroom_shared::FailureClass>,
 }
 
 #[derive(Clone, Debug)]

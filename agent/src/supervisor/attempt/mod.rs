@@ -24,8 +24,9 @@ use headroom_shared::results::AttemptMetrics;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use command::job_dir;
 pub(crate) use launch::not_started;
-pub use launch::{AttemptEnd, Launch, SupervisorConfig};
+pub use launch::{AttemptEnd, Launch, Restart, SupervisorConfig};
 pub(crate) use log::{note_at, read_from};
 use running::Running;
 pub use running::kill_marked;
@@ -34,7 +35,7 @@ pub use watch::Baseline;
 use watch::lock;
 
 use crate::gpu::GpuBackend;
-use crate::supervisor::classify::Unstarted;
+use crate::supervisor::classify::{Stopped, Unstarted};
 use crate::supervisor::colocate;
 
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +62,8 @@ pub async fn run_attempt(
     cancel: CancellationToken,
     started: impl FnOnce(u32) + Send,
 ) -> AttemptEnd {
-    run_attempt_reporting(launch, backend, cfg, cancel, started, None).await
+    let checkpoint = CancellationToken::new();
+    run_attempt_reporting(launch, backend, cfg, cancel, checkpoint, started, None).await
 }
 
 /// The latest metrics of a running attempt, for its supervisor to report.
@@ -73,11 +75,15 @@ pub const METRICS_EVERY: Duration = Duration::from_secs(5);
 
 /// [`run_attempt`], handing its metrics to `metrics` while it runs (at most every
 /// [`METRICS_EVERY`] when they changed, at the next sampling tick when a rung was reached).
+/// `checkpoint` asks for a stop that requeues: the job gets its checkpoint signal, then
+/// its `lead`, then the usual stop (a job without one is stopped at once, through `cancel`).
+#[allow(clippy::too_many_arguments)]
 pub async fn run_attempt_reporting(
     launch: Launch,
     backend: Arc<dyn GpuBackend>,
     cfg: &SupervisorConfig,
     cancel: CancellationToken,
+    checkpoint: CancellationToken,
     started: impl FnOnce(u32) + Send,
     metrics: Option<MetricsTx>,
 ) -> AttemptEnd {
@@ -95,7 +101,7 @@ pub async fn run_attempt_reporting(
     // The start reading was taken before the job's exec ([`spawn::start`]). With a
     // colocated background the figures are the foreground's run on the GPU, background
     // included: its start and readiness wait come before that reading.
-    let stop = until_stop(&mut run, &launch, &cancel, metrics.as_ref()).await;
+    let stop = until_stop(&mut run, &launch, &cancel, &checkpoint, metrics.as_ref()).await;
     let end = stop::end(run, stop, &launch, &backend, cfg).await;
     if end.cleanup_verified {
         remove_tmp(&launch);
@@ -122,12 +128,15 @@ fn remove_tmp(launch: &Launch) {
     }
 }
 
-/// The run: waits for the job's exit, its timeout, a cancel or (with `on_background_exit:
-/// fail`) its background's exit, sampling its GPUs and log meanwhile.
+/// The run: waits for the job's exit, its timeout, a cancel, a requeue's checkpoint lead
+/// or (with `on_background_exit: fail`) its background's exit, sampling its GPUs and log
+/// meanwhile. With `checkpoint`, the job gets its signal `lead` before its timeout, and at
+/// once on a requeue, whose stop comes `lead` later.
 async fn until_stop(
     run: &mut Running,
     launch: &Launch,
     cancel: &CancellationToken,
+    checkpoint: &CancellationToken,
     metrics: Option<&MetricsTx>,
 ) -> Stop {
     // Sample early and then less often: a short job must still be seen on its GPU once
@@ -136,13 +145,44 @@ async fn until_stop(
     let mut next_sample = Instant::now() + gap;
     let deadline = launch.timeout.map(|t| Instant::now() + t);
     let mut metrics_due = Instant::now() + METRICS_EVERY;
+    let signal = launch.restart.checkpoint.as_ref().map(checkpoint_signal);
+    // Before its timeout: the signal's time; after a requeue's signal: the stop's.
+    let mut signal_at = match (deadline, signal) {
+        (Some(d), Some((_, lead))) => Some(d.checked_sub(lead).unwrap_or(d)),
+        _ => None,
+    };
+    let mut stop_at: Option<Instant> = None;
+    // Why it was signalled, once it was: a job that exits after its signal was stopped.
+    let mut signalled = None;
     loop {
         tokio::select! {
             // A job that has finished is reported as finished, whatever else is ready.
             biased;
-            status = run.child.wait() => return Stop::Exited(status.ok()),
+            status = run.child.wait() => return match signalled {
+                Some(why) => Stop::AfterSignal(status.ok(), why),
+                None => Stop::Exited(status.ok()),
+            },
             _ = cancel.cancelled() => return Stop::Cancelled,
             _ = sleep_until(deadline) => return Stop::Timeout,
+            _ = sleep_until(stop_at) => return Stop::Cancelled,
+            _ = checkpoint.cancelled(), if stop_at.is_none() => {
+                let Some((sig, lead)) = signal else { return Stop::Cancelled };
+                if signalled.is_none() {
+                    send_checkpoint(run, sig, &format!("asked to stop and requeue: sent \
+                        SIG{sig} (checkpoint), stopping the job in {}",
+                        humantime::format_duration(lead)));
+                }
+                signalled = Some(Stopped::Cancel);
+                stop_at = Some(Instant::now() + lead);
+            }
+            _ = sleep_until(signal_at) => {
+                signal_at = None;
+                if let Some((sig, lead)) = signal && signalled.is_none() {
+                    send_checkpoint(run, sig, &format!("timeout in {}: sent SIG{sig} \
+                        (checkpoint)", humantime::format_duration(lead)));
+                    signalled = Some(Stopped::Timeout);
+                }
+            }
             _ = background_exit(&mut run.background) => {
                 if let Some(bg) = run.background.as_mut() {
                     bg.exited_early = true;
@@ -181,6 +221,22 @@ async fn until_stop(
                 next_sample = Instant::now() + gap;
             }
         }
+    }
+}
+
+/// A job's checkpoint signal and lead.
+fn checkpoint_signal(c: &headroom_shared::checkpoint::Checkpoint) -> (&str, Duration) {
+    (c.signal.as_str(), Duration::from_millis(c.lead_ms))
+}
+
+/// Sends the job's process group its checkpoint signal, saying so in its log.
+fn send_checkpoint(run: &Running, sig: &str, note: &str) {
+    match format!("SIG{sig}").parse::<nix::sys::signal::Signal>() {
+        Ok(s) => {
+            log::note(&run.log, note);
+            running::signal_group(run.pid, s);
+        }
+        Err(e) => log::note(&run.log, &format!("cannot send SIG{sig}: {e}")),
     }
 }
 

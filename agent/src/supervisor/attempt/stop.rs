@@ -371,6 +371,9 @@ pub(super) enum Stop {
     Cancelled,
     /// The colocated background exited, with `on_background_exit: fail`.
     BackgroundExited,
+    /// Exited after its checkpoint signal: stopped by headroom (a requeue, its timeout)
+    /// however it exited.
+    AfterSignal(Option<ExitStatus>, Stopped),
 }
 
 /// Ends a run that stopped: stops and verifies every process of the attempt (its
@@ -399,6 +402,10 @@ pub(super) async fn end(
     let log = &run.log;
     let (main, stopped) = match stop {
         Stop::Exited(status) => (Main::Exited(status), None),
+        Stop::AfterSignal(status, why) => {
+            note(log, "the job exited after its checkpoint signal");
+            (Main::Exited(status), Some(why))
+        }
         Stop::BackgroundExited => (Main::Running, Some(Stopped::BackgroundExited)),
         Stop::Timeout => {
             let t = launch.timeout.unwrap_or_default();

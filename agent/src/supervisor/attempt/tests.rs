@@ -65,6 +65,7 @@ impl Fixture {
             run_as: None,
             results: None,
             host_memory_mib: None,
+            restart: Default::default(),
         }
     }
 
@@ -923,4 +924,132 @@ async fn a_job_gets_a_private_temporary_directory_gone_with_its_attempt() {
     assert_eq!(end.failure(), Some(FailureClass::LaunchError), "{end:?}");
     assert!(std::fs::metadata(&planted).is_ok_and(|m| m.mode() & 0o777 == 0o777));
     let _ = std::fs::remove_dir(&planted);
+}
+
+/// Runs `launch`, asking for a requeueing stop (its checkpoint signal first) after `after`.
+async fn run_requeued(f: &Fixture, launch: Launch, after: Duration) -> AttemptEnd {
+    let (cancel, checkpoint) = (CancellationToken::new(), CancellationToken::new());
+    let c = checkpoint.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        c.cancel();
+    });
+    run_attempt_reporting(
+        launch,
+        f.backend.clone(),
+        &quick(),
+        cancel,
+        checkpoint,
+        |_| {},
+        None,
+    )
+    .await
+}
+
+fn checkpointed(f: &Fixture, script: &str, lead_ms: u64) -> Launch {
+    let mut launch = f.sh(script);
+    launch.restart.checkpoint = Some(headroom_shared::checkpoint::Checkpoint {
+        signal: "USR1".into(),
+        lead_ms,
+    });
+    launch.restart.job_dir = Some(job_dir(f.tmp.path(), launch.job));
+    launch
+}
+
+/// A job that saves its step on USR1 and exits: what a training script does.
+const SAVES_ON_USR1: &str = "trap 'echo 7 > \"$HEADROOM_JOB_DIR/step\"; exit 0' USR1; \
+     echo \"restarts=$HEADROOM_RESTART_COUNT why=${HEADROOM_STOP_REASON:-none}\"; \
+     while true; do sleep 0.05; done";
+
+#[tokio::test]
+async fn a_requeue_signals_the_job_which_saves_in_its_job_dir_and_is_stopped_by_headroom() {
+    use crate::supervisor::classify::{self, StopReason};
+    use headroom_shared::checkpoint::Requeue;
+    let f = fixture();
+    let launch = checkpointed(&f, SAVES_ON_USR1, 10_000);
+    let dir = launch.restart.job_dir.clone().expect("a job dir");
+    let t0 = std::time::Instant::now();
+    let end = run_requeued(&f, launch.clone(), Duration::from_millis(300)).await;
+    // It exited 0 after its signal, well within its lead: stopped all the same.
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(end.exit_code, Some(0));
+    let told = end
+        .facts
+        .told(Some(StopReason::Requeue(Requeue::Preempted)));
+    assert_eq!(classify::decide(&told), Some(FailureClass::Preempted));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("step")).expect("saved"),
+        "7\n"
+    );
+    let log = log_of(&launch);
+    assert!(log.contains("sent SIGUSR1 (checkpoint)"), "{log}");
+    assert!(log.contains("restarts=0 why=none"), "{log}");
+    assert!(end.cleanup_verified);
+    f.assert_gone(launch.attempt);
+
+    // The next attempt of the job: the same directory, told why and how many times.
+    let mut next = checkpointed(
+        &f,
+        "cat \"$HEADROOM_JOB_DIR/step\"; echo \"restarts=$HEADROOM_RESTART_COUNT why=$HEADROOM_STOP_REASON\"",
+        10_000,
+    );
+    next.job = launch.job;
+    next.restart.job_dir = launch.restart.job_dir.clone();
+    next.restart.count = 1;
+    next.restart.previous_end = Some(FailureClass::Preempted);
+    let end = f.run(next.clone()).await;
+    assert_eq!(end.failure(), None);
+    assert!(
+        log_of(&next).contains("7\nrestarts=1 why=preempted"),
+        "{}",
+        log_of(&next)
+    );
+}
+
+#[tokio::test]
+async fn a_job_that_ignores_its_checkpoint_signal_is_stopped_after_its_lead() {
+    let f = fixture();
+    let launch = checkpointed(&f, "trap '' USR1; sleep 30", 400);
+    let t0 = std::time::Instant::now();
+    let end = run_requeued(&f, launch.clone(), Duration::from_millis(100)).await;
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(500),
+        "stopped before its lead: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_eq!(end.signal, Some(15), "the usual stop after the lead");
+    assert_eq!(end.failure(), Some(FailureClass::Cancelled));
+    assert!(end.cleanup_verified);
+    f.assert_gone(launch.attempt);
+
+    // Without a checkpoint signal, a requeue stops it at once.
+    let mut launch = f.launch(&["sleep", "30"]);
+    launch.restart.checkpoint = None;
+    let t0 = std::time::Instant::now();
+    let end = run_requeued(&f, launch.clone(), Duration::from_millis(100)).await;
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(end.signal, Some(15));
+}
+
+#[tokio::test]
+async fn a_job_gets_its_checkpoint_signal_its_lead_before_its_timeout() {
+    let f = fixture();
+    let mut launch = checkpointed(
+        &f,
+        "trap 'echo 3 > \"$HEADROOM_JOB_DIR/step\"' USR1; while true; do sleep 0.05; done",
+        600,
+    );
+    launch.timeout = Some(Duration::from_millis(1200));
+    let dir = launch.restart.job_dir.clone().expect("a job dir");
+    let end = f.run(launch.clone()).await;
+    assert_eq!(end.failure(), Some(FailureClass::Timeout));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("step")).expect("saved"),
+        "3\n"
+    );
+    let log = log_of(&launch);
+    let signal = log.find("sent SIGUSR1").expect("signalled");
+    let timeout = log.find("timeout after").expect("timed out");
+    assert!(signal < timeout, "{log}");
 }

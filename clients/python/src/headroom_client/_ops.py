@@ -331,24 +331,30 @@ def usage(since: Duration, by: str) -> Op[UsageReport]:
 # ---- changes ----
 
 
-def cancel(id: str) -> Op[CancelResponse]:
+def cancel(id: str, requeue: bool = False) -> Op[CancelResponse]:
     """An experiment (by id or name), else the job of that id."""
     if not _is_id(str(id)):
-        return (yield from cancel_experiment(id))
+        return (yield from cancel_experiment(id, requeue))
     try:
-        return (yield from cancel_experiment(id))
+        return (yield from cancel_experiment(id, requeue))
     except NotFoundError:
-        return (yield from cancel_job(id))
+        return (yield from cancel_job(id, requeue))
 
 
-def cancel_experiment(id: str) -> Op[CancelResponse]:
+def _requeue(requeue: bool) -> Optional[Dict[str, str]]:
+    """``?requeue=true``, or no query at all (the plain cancel it always was)."""
+    return {"requeue": "true"} if requeue else None
+
+
+def cancel_experiment(id: str, requeue: bool = False) -> Op[CancelResponse]:
     exp = yield from experiment_id(id)
     path = f"/v1/experiments/{_seg(exp)}/cancel"
-    return CancelResponse.model_validate((yield from _json("POST", path)))
+    return CancelResponse.model_validate((yield from _json("POST", path, _requeue(requeue))))
 
 
-def cancel_job(id: str) -> Op[CancelResponse]:
-    return CancelResponse.model_validate((yield from _json("POST", f"/v1/jobs/{_seg(id)}/cancel")))
+def cancel_job(id: str, requeue: bool = False) -> Op[CancelResponse]:
+    path = f"/v1/jobs/{_seg(id)}/cancel"
+    return CancelResponse.model_validate((yield from _json("POST", path, _requeue(requeue))))
 
 
 def retry(job_id: str, cascade: bool = False) -> Op[RetryResponse]:

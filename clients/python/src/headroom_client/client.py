@@ -445,16 +445,19 @@ class Client:
 
     # ---- changes ----
 
-    def cancel(self, id: str) -> CancelResponse:
-        """Cancels an experiment (every unfinished job; by id or name) or a single job."""
-        return self._run(ops.cancel(id))
+    def cancel(self, id: str, *, requeue: bool = False) -> CancelResponse:
+        """Cancels an experiment (every unfinished job; by id or name) or a single job. With
+        ``requeue``, nothing is cancelled: the running jobs are stopped after their
+        ``checkpoint`` signal and run again, spending no attempt (``requeued`` counts them)."""
+        return self._run(ops.cancel(id, requeue))
 
-    def cancel_experiment(self, id: str) -> CancelResponse:
-        """Cancels every unfinished job of an experiment (by id or name)."""
-        return self._run(ops.cancel_experiment(id))
+    def cancel_experiment(self, id: str, *, requeue: bool = False) -> CancelResponse:
+        """Cancels every unfinished job of an experiment (by id or name); ``requeue``: as
+        ``cancel``."""
+        return self._run(ops.cancel_experiment(id, requeue))
 
-    def cancel_job(self, id: str) -> CancelResponse:
-        return self._run(ops.cancel_job(id))
+    def cancel_job(self, id: str, *, requeue: bool = False) -> CancelResponse:
+        return self._run(ops.cancel_job(id, requeue))
 
     def retry(self, job_id: str, *, cascade: bool = False) -> RetryResponse:
         """Runs an ended job once more. With ``cascade``, also the jobs of its study that
@@ -689,8 +692,9 @@ class Experiment(_ExperimentBase):
         metrics."""
         return records_or_frame(self.client._run(self._on(ops.metrics)), frame)
 
-    def cancel(self) -> CancelResponse:
-        return self.client._run(self._on(ops.cancel_experiment))
+    def cancel(self, *, requeue: bool = False) -> CancelResponse:
+        """Cancels its unfinished jobs; ``requeue``: requeues its running ones instead."""
+        return self.client._run(self._on(lambda exp: ops.cancel_experiment(exp, requeue)))
 
     def retry_failed(self) -> RetryFailedResponse:
         """Gives every failed job of the experiment one more attempt."""
@@ -1023,14 +1027,15 @@ class AsyncClient:
         """``Client.usage``."""
         return await self._run(ops.usage(since, by))
 
-    async def cancel(self, id: str) -> CancelResponse:
-        return await self._run(ops.cancel(id))
+    async def cancel(self, id: str, *, requeue: bool = False) -> CancelResponse:
+        """``Client.cancel``."""
+        return await self._run(ops.cancel(id, requeue))
 
-    async def cancel_experiment(self, id: str) -> CancelResponse:
-        return await self._run(ops.cancel_experiment(id))
+    async def cancel_experiment(self, id: str, *, requeue: bool = False) -> CancelResponse:
+        return await self._run(ops.cancel_experiment(id, requeue))
 
-    async def cancel_job(self, id: str) -> CancelResponse:
-        return await self._run(ops.cancel_job(id))
+    async def cancel_job(self, id: str, *, requeue: bool = False) -> CancelResponse:
+        return await self._run(ops.cancel_job(id, requeue))
 
     async def retry(self, job_id: str, *, cascade: bool = False) -> RetryResponse:
         """``Client.retry``: ``cascade`` also runs again the ended jobs of its study that
@@ -1182,8 +1187,8 @@ class AsyncExperiment(_ExperimentBase):
         """``Client.metrics`` of this experiment."""
         return records_or_frame(await self.client._run(self._on(ops.metrics)), frame)
 
-    async def cancel(self) -> CancelResponse:
-        return await self.client._run(self._on(ops.cancel_experiment))
+    async def cancel(self, *, requeue: bool = False) -> CancelResponse:
+        return await self.client._run(self._on(lambda exp: ops.cancel_experiment(exp, requeue)))
 
     async def retry_failed(self) -> RetryFailedResponse:
         """Gives every failed job of the experiment one more attempt."""

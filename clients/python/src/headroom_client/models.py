@@ -426,6 +426,9 @@ class JobDetail(JobSummary):
 class CancelResponse(_Model):
     __schema__ = "CancelResponse"
     cancelled: int
+    #: With ``requeue=True``: running jobs asked to stop after their checkpoint signal and
+    #: run again (none cancelled).
+    requeued: int = 0
 
 
 class RetryResponse(_Model):

@@ -7,9 +7,10 @@ use headroom_shared::{AgentId, FailureClass, JobState};
 use super::super::exec::{Arg, Exec, json};
 use super::super::rows::{self, Cols, i64_of, opt_i64};
 use super::super::tx::{AttemptsTx, AttemptsWhere, Ended, NewAttempt};
-use super::super::{Active, Millis, Result};
+use super::super::{Active, Millis, Result, StopAsk};
 use super::{ACTIVE_ON, EXPIRED, LATEST_PEAKS, all, done, first, text};
 use crate::rules::{FenceRow, FinishRow, RenewalRow};
+use headroom_shared::checkpoint::Requeue;
 
 /// An attempt's end: its outcome, then each figure of `Measurements::FIGURES` into its own
 /// column (parameters from 29 on, in that order).
@@ -209,13 +210,13 @@ impl<E: Exec> AttemptsTx for E {
         attempt: &str,
         until: Millis,
         waiting: Option<&str>,
-    ) -> Result<Option<bool>> {
+    ) -> Result<Option<Option<StopAsk>>> {
         first(
             self,
             "UPDATE attempts SET lease_expires_at = $1, waiting = $3 WHERE id = $2 \
-             RETURNING cancel_requested",
+             RETURNING cancel_requested, requeue",
             args![until, attempt, waiting],
-            |r| r.flag(0),
+            |r| Ok(StopAsk::of(r.flag(0)?, r.text_opt(1)?.as_deref())),
         )
         .await
     }
@@ -229,12 +230,17 @@ impl<E: Exec> AttemptsTx for E {
         }
     }
 
-    async fn extend_lease(&mut self, attempt: &str, until: Millis) -> Result<Option<bool>> {
+    async fn extend_lease(
+        &mut self,
+        attempt: &str,
+        until: Millis,
+    ) -> Result<Option<Option<StopAsk>>> {
         first(
             self,
-            "UPDATE attempts SET lease_expires_at = $1 WHERE id = $2 RETURNING cancel_requested",
+            "UPDATE attempts SET lease_expires_at = $1 WHERE id = $2 \
+             RETURNING cancel_requested, requeue",
             args![until, attempt],
-            |r| r.flag(0),
+            |r| Ok(StopAsk::of(r.flag(0)?, r.text_opt(1)?.as_deref())),
         )
         .await
     }
@@ -340,16 +346,34 @@ impl<E: Exec> AttemptsTx for E {
     }
 
     async fn request_cancel(&mut self, job: &str) -> Result<()> {
-        let sql = "UPDATE attempts SET cancel_requested = TRUE \
+        let sql = "UPDATE attempts SET cancel_requested = TRUE, requeue = NULL \
                    WHERE job_id = $1 AND phase != 'ended'";
         done(self, sql, args![job]).await
+    }
+
+    async fn request_requeue(&mut self, job: &str, why: Requeue) -> Result<u64> {
+        let sql = "UPDATE attempts SET cancel_requested = TRUE, requeue = $2 \
+                   WHERE job_id = $1 AND phase != 'ended' AND NOT cancel_requested";
+        self.execute(sql, args![job, why.as_str()]).await
+    }
+
+    async fn requeue_asked(&mut self, attempt: &str) -> Result<Option<Requeue>> {
+        let asked = first(
+            self,
+            "SELECT requeue FROM attempts WHERE id = $1",
+            args![attempt],
+            |r| r.text_opt(0),
+        )
+        .await?
+        .flatten();
+        Ok(asked.as_deref().and_then(Requeue::parse))
     }
 
     async fn cancel_requested(
         &mut self,
         agent: AgentId,
         attempts: &[String],
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<(String, StopAsk)>> {
         self.cancels_asked(&agent.to_string(), attempts).await
     }
 

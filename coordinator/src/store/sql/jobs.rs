@@ -32,8 +32,9 @@ impl<E: Exec> JobsTx for E {
         done(
             self,
             "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by, source, \
-             results, study_id, study_name, max_concurrent, host_memory_mib) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+             results, study_id, study_name, max_concurrent, host_memory_mib, checkpoint, \
+             preemptible) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
             &[
                 Arg::from(&id),
                 Arg::from(&exp.name),
@@ -47,6 +48,11 @@ impl<E: Exec> JobsTx for E {
                 Arg::from(exp.study.as_ref().map(|s| &s.name)),
                 Arg::from(exp.max_concurrent),
                 Arg::from(exp.host_memory_mib.map(super::super::rows::i64_of)),
+                match &exp.checkpoint {
+                    Some(c) => json(c)?,
+                    None => Arg::Null,
+                },
+                Arg::from(exp.preemptible),
             ],
         )
         .await?;
@@ -395,7 +401,7 @@ impl<E: Exec> JobsTx for E {
         after: Option<QueueCursor>,
         limit: u32,
     ) -> Result<Vec<PendingRow>> {
-        let sql = pending_window(self.dialect(), max_gpus == 0, user.is_some());
+        let sql = pending_window(self.dialect(), max_gpus == 0, user.is_some(), true);
         let (priority, seq) = match after {
             Some(c) => (Some(c.priority), c.seq),
             None => (None, 0),

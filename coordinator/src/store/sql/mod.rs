@@ -145,7 +145,12 @@ pub(super) const LATEST_PEAKS: &str = "SELECT peak_mem_mib FROM attempts \
 /// `$4` the window's size), in the order placement considers them: priority, then the longest
 /// waiting; a window starts after the last job of the one before. With `$1` zero, only jobs
 /// that need no GPU, from their own index (`jobs_waiting_cpu`).
-pub(super) fn pending_window(dialect: &Dialect, cpu_only: bool, by_user: bool) -> String {
+pub(super) fn pending_window(
+    dialect: &Dialect,
+    cpu_only: bool,
+    by_user: bool,
+    lock: bool,
+) -> String {
     // `gpus = 0` is the CPU index's own predicate, so the database reads from it; `$1` stays
     // named (PostgreSQL types every parameter from the statement). One user's window reads
     // their own index (`$5` the user), which `gpus <= 0` narrows to CPU-only jobs.
@@ -165,7 +170,7 @@ pub(super) fn pending_window(dialect: &Dialect, cpu_only: bool, by_user: bool) -
          ORDER BY priority DESC, seq LIMIT $4{}",
         rows::PENDING_COLUMNS,
         *WAITING,
-        dialect.skip_locked
+        if lock { dialect.skip_locked } else { "" }
     )
 }
 
@@ -210,7 +215,8 @@ mod tests {
         // The claim's windows name the indexes' predicate whole (SQLite uses a partial index
         // only then).
         for (cpu_only, by_user) in [(false, false), (true, false), (false, true)] {
-            let sql = super::pending_window(&crate::store::postgres::DIALECT, cpu_only, by_user);
+            let sql =
+                super::pending_window(&crate::store::postgres::DIALECT, cpu_only, by_user, true);
             assert!(
                 sql.contains(&format!(
                     "WHERE state IN ({}) AND waiting_on = 0",

@@ -6,10 +6,11 @@ use headroom_shared::api::UserLimits;
 
 use super::super::exec::{Arg, Dialect, Exec};
 use super::super::rows::{self, Cols};
-use super::super::tx::{SharesTx, UsageAttempt};
+use super::super::tx::{HolderRow, SharesTx, UsageAttempt};
 use super::super::{Millis, Result};
 use super::{WAITING, all, done, first, states, text};
 use crate::fair::{Held, Ledger, Run};
+use crate::rules::PendingRow;
 
 /// The columns of a run (`submitted_by, reserved_mib, gpus, started_at, ended_at`).
 const RUN_COLUMNS: &str = "submitted_by, reserved_mib, gpus, started_at, ended_at";
@@ -44,6 +45,62 @@ pub(in crate::store) fn waiting_users(dialect: &Dialect) -> String {
 
 #[async_trait]
 impl<E: Exec> SharesTx for E {
+    async fn preemptible_nodes(&mut self) -> Result<Vec<String>> {
+        let sql = "SELECT DISTINCT a.node FROM attempts a JOIN jobs j ON j.id = a.job_id \
+                   JOIN experiments e ON e.id = j.experiment_id \
+                   WHERE a.phase != 'ended' AND e.preemptible ORDER BY a.node";
+        all(self, sql, &[], text).await
+    }
+
+    async fn holders_on(&mut self, node: &str) -> Result<Vec<HolderRow>> {
+        let sql = "SELECT a.id, a.job_id, j.submitted_by, j.priority, e.preemptible, \
+                   a.cancel_requested, j.preempted_at, j.seq \
+                   FROM attempts a JOIN jobs j ON j.id = a.job_id \
+                   JOIN experiments e ON e.id = j.experiment_id \
+                   WHERE a.node = $1 AND a.phase != 'ended' ORDER BY j.seq";
+        all(self, sql, args![node], |r| {
+            Ok(HolderRow {
+                attempt: r.text(0)?,
+                job: r.text(1)?,
+                user: r.text(2)?,
+                priority: r.int(3)?,
+                preemptible: r.flag(4)?,
+                stopping: r.flag(5)?,
+                preempted_at: r.int_opt(6)?,
+                seq: r.int(7)?,
+            })
+        })
+        .await
+    }
+
+    async fn read_pending(
+        &mut self,
+        user: &str,
+        max_gpus: u32,
+        limit: u32,
+    ) -> Result<Vec<PendingRow>> {
+        let sql = super::pending_window(self.dialect(), false, true, false);
+        let none: Option<i64> = None;
+        all(self, &sql, args![max_gpus, none, 0i64, limit, user], |r| {
+            rows::pending(r)
+        })
+        .await
+    }
+
+    async fn lock_preemption(&mut self) -> Result<()> {
+        // A memory floor's lock class, under a name no memory key has (names hold no space).
+        self.lock_key("headroom preemption").await
+    }
+
+    async fn set_preempted_at(&mut self, job: &str, at: Millis) -> Result<()> {
+        done(
+            self,
+            "UPDATE jobs SET preempted_at = $2 WHERE id = $1",
+            args![job, at],
+        )
+        .await
+    }
+
     async fn waiting_users(&mut self, max_gpus: u32) -> Result<Vec<String>> {
         let sql = waiting_users(self.dialect());
         all(self, &sql, args![max_gpus], text).await

@@ -4,11 +4,10 @@
 //! `/metrics` show what each used.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use headroom_integration_tests::standalone::{Agent, AgentOptions, Coordinator};
-use headroom_integration_tests::{binary, block_on, client_for, wait_until};
+use headroom_integration_tests::{block_on, client_for, headroom_as, headroom_ok, wait_until};
 use headroom_shared::api::JobSummary;
 use headroom_shared::api::usage::UsageReport;
 use headroom_shared::client::Client;
@@ -16,30 +15,8 @@ use headroom_shared::{ExperimentId, JobState};
 
 const ADMIN: &str = "integration-admin-token-0123456789";
 
-fn cli(url: &str, token: &str, args: &[&str]) -> Output {
-    Command::new(binary("headroom"))
-        .args(["--server", url])
-        .env_remove("HEADROOM_TOKEN_FILE")
-        .env("HEADROOM_TOKEN", token)
-        .stdin(Stdio::null())
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("headroom {args:?}: {e}"))
-}
-
-fn ok(url: &str, token: &str, args: &[&str]) -> String {
-    let out = cli(url, token, args);
-    assert!(
-        out.status.success(),
-        "headroom {args:?}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn token(url: &str, name: &str, role: &str) -> String {
-    ok(
+    headroom_ok(
         url,
         ADMIN,
         &["token", "create", "--name", name, "--role", role],
@@ -108,12 +85,12 @@ fn a_user_with_a_few_jobs_goes_before_the_one_who_holds_the_gpus() {
 
     // Alice's 200 take both slots of the one GPU; once she has run 20 (6 s at 2 GiB: more
     // than Bob's whole 10 will cost), Bob submits 10.
-    ok(&url, &alice, &["submit", &spec(dir.path(), "sweep", 200)]);
+    headroom_ok(&url, &alice, &["submit", &spec(dir.path(), "sweep", 200)]);
     let sweep = experiment(&ca, "sweep");
     wait_until("Alice's first 20 to end", Duration::from_secs(90), || {
         (count(&jobs(&ca, sweep), |s| s == JobState::Succeeded) >= 20).then_some(())
     });
-    ok(&url, &bob, &["submit", &spec(dir.path(), "probe", 10)]);
+    headroom_ok(&url, &bob, &["submit", &spec(dir.path(), "probe", 10)]);
     let probe = experiment(&cb, "probe");
     let started = |js: &[JobSummary]| count(js, |s| s != JobState::Queued);
     let alice_before = started(&jobs(&ca, sweep));
@@ -146,7 +123,7 @@ fn a_user_with_a_few_jobs_goes_before_the_one_who_holds_the_gpus() {
 
     // The report: both users, Alice's attempts and GiB-hours above Bob's, Bob's standing
     // first.
-    let report: UsageReport = serde_json::from_str(&ok(
+    let report: UsageReport = serde_json::from_str(&headroom_ok(
         &url,
         &bob,
         &["usage", "--since", "1h", "--output", "json"],
@@ -168,12 +145,12 @@ fn a_user_with_a_few_jobs_goes_before_the_one_who_holds_the_gpus() {
     );
     let rank = |u: &str| report.shares.iter().position(|s| s.user == u);
     assert!(rank("bob") < rank("alice"), "{:?}", report.shares);
-    let table = ok(&url, &bob, &["usage"]);
+    let table = headroom_ok(&url, &bob, &["usage"]);
     assert!(
         table.contains("fair share") && table.contains("alice"),
         "{table}"
     );
-    let bad = cli(&url, &bob, &["usage", "--since", "lately"]);
+    let bad = headroom_as(&url, &bob, &["usage", "--since", "lately"]);
     assert!(
         !bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("since"),
         "{bad:?}"

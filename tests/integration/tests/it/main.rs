@@ -21,6 +21,7 @@ mod memory;
 mod packing;
 mod pending;
 mod plan;
+mod preemption;
 mod prestart;
 mod project;
 mod quickstart;

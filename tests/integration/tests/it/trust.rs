@@ -23,6 +23,10 @@ const ATTEMPT_VARS: &[&str] = &[
     "HEADROOM_AGENT_DIR",
     "HEADROOM_FAKE_GPU_DIR",
     "HEADROOM_FAKE_GPUS",
+    // The job's own directory and why it restarts (`checkpoint`): no credential.
+    "HEADROOM_JOB_DIR",
+    "HEADROOM_RESTART_COUNT",
+    "HEADROOM_STOP_REASON",
 ];
 
 /// Checks the `env` printed by a job: no headroom credential by name or value, and no
