@@ -216,6 +216,22 @@ pub fn on_gpus(backend: &dyn GpuBackend, opts: &Options) -> Vec<Check> {
         "whole GPUs are scheduled; MIG instances are not (and their processes' memory \
          cannot be sized)",
     ));
+    checks.push(match backend.memory_caps() {
+        Ok(how) => check(
+            "memory_cap",
+            Status::Pass,
+            how,
+            "each attempt is held to its estimate and a slack: one that grows past it runs \
+             out of memory alone (`cap_hit`), not its neighbour on the GPU",
+        ),
+        Err(why) => check(
+            "memory_cap",
+            Status::Unavailable,
+            why,
+            "no hard limit per attempt: a job that grows past its estimate may leave a \
+             neighbour on its GPU out of memory",
+        ),
+    });
     let unseeable = checks
         .iter()
         .any(|c| c.status == Status::Fail && matches!(c.name, "processes" | "pid_namespace"));

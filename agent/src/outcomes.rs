@@ -325,6 +325,8 @@ mod tests {
                 host_peak_mib: None,
                 started: None,
                 metrics: None,
+                memory_cap_mib: None,
+                oom_cause: None,
             },
         }
     }

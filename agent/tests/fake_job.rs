@@ -69,6 +69,7 @@ impl Fixture {
             results: None,
             host_memory_mib: None,
             restart: Default::default(),
+            memory_cap_mib: None,
         }
     }
 
@@ -406,4 +407,52 @@ async fn a_colocated_job_of_the_seed_003_example_runs_on_fake_gpus() {
     .expect("background log");
     assert!(bg_log.contains("background=resnet20"), "{bg_log}");
     assert!(bg_log.contains("holding 800 MiB"), "{bg_log}");
+}
+
+/// Fake GPUs that hold attempts to memory caps (a driver or kernel that enforces one): an
+/// attempt that grows past its cap runs out of memory with CUDA's text naming the limit,
+/// while its neighbour on the same GPU, within its own, ends clean; the cap is lifted at
+/// the end. Where the GPUs cannot hold attempts to one, none is set and the same growth
+/// fits the GPU.
+#[tokio::test]
+async fn an_attempt_that_grows_past_its_cap_fails_alone() {
+    let f = fixture("1x24GiB");
+    let dir = f.tmp.path().join("gpus");
+    std::fs::write(dir.join(fake::MEMORY_CAPS_FILE), "").expect("caps on");
+    let grows = [
+        "--mem",
+        "2GiB",
+        "--grow",
+        "6GiB",
+        "--grow-after",
+        "0.5",
+        "--seconds",
+        "3",
+    ];
+    let mut grower = f.launch(&grows);
+    grower.memory_cap_mib = Some(4096);
+    let mut steady = f.launch(&["--mem", "3GiB", "--seconds", "2"]);
+    steady.memory_cap_mib = Some(4096);
+    let (a, b) = tokio::join!(f.run(grower.clone()), f.run(steady.clone()));
+    let text = log(&grower);
+    assert_eq!(a.failure(), Some(FailureClass::Oom), "{text}");
+    assert_eq!(a.memory_cap_mib, Some(4096));
+    assert!(text.contains("GPU memory cap: 4096 MiB"), "{text}");
+    assert!(
+        text.contains("CUDA out of memory") && text.contains("limit is 4096 MiB"),
+        "{text}"
+    );
+    assert_eq!(b.failure(), None, "{}", log(&steady));
+    assert_eq!(b.memory_cap_mib, Some(4096));
+    assert!(
+        !fake::cap_file(&dir, &grower.attempt.to_string()).exists(),
+        "the cap is lifted at the end"
+    );
+
+    std::fs::remove_file(dir.join(fake::MEMORY_CAPS_FILE)).expect("caps off");
+    let mut uncapped = f.launch(&grows);
+    uncapped.memory_cap_mib = Some(4096);
+    let end = f.run(uncapped.clone()).await;
+    assert_eq!(end.failure(), None, "{}", log(&uncapped));
+    assert_eq!(end.memory_cap_mib, None);
 }

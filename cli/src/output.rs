@@ -289,7 +289,11 @@ pub fn job_detail(d: &JobDetail, exp: &ExperimentSummary) {
         let outcome = match (a.success, a.failure_class) {
             (Some(true), _) => "succeeded".to_string(),
             (_, Some(FailureClass::Pruned)) => "pruned (early_stop)".to_string(),
-            (_, Some(c)) => format!("failed: {c}"),
+            (_, Some(c)) if c.is_requeue() => format!("{c} (requeued, no attempt spent)"),
+            (_, Some(c)) => match a.oom_cause {
+                Some(cause) => format!("failed: {c} ({})", cause.as_str()),
+                None => format!("failed: {c}"),
+            },
             _ => format!("{:?}", a.phase).to_lowercase(),
         };
         outln!(

@@ -69,6 +69,7 @@ pub fn new_experiment(
         host_memory_mib: spec.resources.host_memory.map(|m| m.mib),
         checkpoint: spec.checkpoint()?,
         preemptible: spec.preemptible,
+        memory_cap_off: !spec.memory_cap.is_on(),
     })
 }
 

@@ -323,6 +323,8 @@ mod tests {
             background_signal: None,
             background_exited_early: None,
             host_peak_mib: None,
+            memory_cap_mib: None,
+            oom_cause: None,
             shared: false,
             sharing: None,
             metrics: Default::default(),

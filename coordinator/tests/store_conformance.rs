@@ -155,6 +155,7 @@ async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
         host_memory_mib: None,
         checkpoint: None,
         preemptible: false,
+        memory_cap_off: false,
         submitted_by: who.into(),
         ..experiment("exp", jobs)
     };
@@ -169,6 +170,7 @@ fn experiment(name: &str, jobs: Vec<NewJob>) -> NewExperiment {
         host_memory_mib: None,
         checkpoint: None,
         preemptible: false,
+        memory_cap_off: false,
         id: ExperimentId::new(),
         name: name.into(),
         seed: 1,
@@ -304,6 +306,8 @@ fn report(fence: i64, failure: Option<FailureClass>) -> FinishReport {
         host_peak_mib: Some(321),
         started: None,
         metrics: None,
+        memory_cap_mib: None,
+        oom_cause: None,
     }
 }
 
@@ -690,12 +694,17 @@ async fn every_figure_round_trips_through_the_store(s: Backend) {
     s.start_attempt(l.attempt, l.fence, 1, 0)
         .await
         .expect("start");
-    let mut end = report(l.fence, None);
+    let mut end = report(l.fence, Some(FailureClass::Oom));
     for (i, f) in headroom_shared::api::FIGURES.iter().enumerate() {
         (f.set)(&mut end.measurements, Some(10.0 + i as f64 + 0.125));
     }
+    end.memory_cap_mib = Some(1306);
+    end.oom_cause = Some(headroom_shared::api::OomCause::CapHit);
     finish_attempt(&s, l.attempt, end).await.expect("finish");
     let a = s.attempt(l.attempt).await.expect("attempt");
+    // The limit it ran under and why it ran out of memory.
+    assert_eq!(a.memory_cap_mib, Some(1306));
+    assert_eq!(a.oom_cause, Some(headroom_shared::api::OomCause::CapHit));
     for (i, f) in headroom_shared::api::FIGURES.iter().enumerate() {
         assert_eq!(
             (f.get)(&a.measurements),
@@ -1863,6 +1872,7 @@ async fn a_throttled_run_is_what_its_specs_on_throttle_says(s: Backend) {
             host_memory_mib: None,
             checkpoint: None,
             preemptible: false,
+            memory_cap_off: false,
             id: ExperimentId::new(),
             name: "hot".into(),
             seed: 1,
@@ -2807,6 +2817,7 @@ async fn an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash(
         host_memory_mib: None,
         checkpoint: None,
         preemptible: false,
+        memory_cap_off: false,
         id,
         name: "exp".into(),
         seed: 1,
@@ -2944,6 +2955,7 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
         host_memory_mib: None,
         checkpoint: None,
         preemptible: false,
+        memory_cap_off: false,
         max_concurrent: Some(2),
         ..experiment(
             "capped",
@@ -2981,6 +2993,7 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
             host_memory_mib: None,
             checkpoint: None,
             preemptible: false,
+            memory_cap_off: false,
             max_concurrent: Some(3),
             ..experiment(
                 &format!("race{round}"),
@@ -3175,6 +3188,7 @@ async fn a_preemptible_job_makes_room_for_a_user_under_their_share(s: Backend) {
     let alices = NewExperiment {
         submitted_by: "alice".into(),
         preemptible: true,
+        memory_cap_off: false,
         checkpoint: Some(checkpoint.clone()),
         ..experiment(
             "alice",
@@ -3303,6 +3317,7 @@ async fn host_memory_is_admitted_on_the_node_and_learned_from_runs(s: Backend) {
         host_memory_mib: Some(3 * 1024),
         checkpoint: None,
         preemptible: false,
+        memory_cap_off: false,
         ..experiment(
             "hostmem",
             (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect(),
@@ -3365,6 +3380,7 @@ async fn a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain(s: 
         host_memory_mib: None,
         checkpoint: None,
         preemptible: false,
+        memory_cap_off: false,
         study: Some(study.clone()),
         ..experiment(&format!("lab.{name}"), jobs)
     };
@@ -3954,6 +3970,7 @@ async fn early_stop_decides_each_rung_once_against_the_experiment_s_other_attemp
         host_memory_mib: None,
         checkpoint: None,
         preemptible: false,
+        memory_cap_off: false,
         id,
         name: "exp".into(),
         seed: 1,

@@ -66,6 +66,11 @@ pub struct ExperimentSpec {
     /// user under their share, or a job of higher priority, who needs the memory they hold.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preemptible: bool,
+    /// `on` (default): where the node can enforce one, each attempt is held to a hard GPU
+    /// memory limit of its estimate plus a slack, so that it, not a neighbour, fails when it
+    /// grows past it; `off`: no limit.
+    #[serde(default, skip_serializing_if = "MemoryCap::is_on")]
+    pub memory_cap: MemoryCap,
     #[serde(default)]
     pub retry: RetryPolicy,
     #[serde(default)]
@@ -134,6 +139,45 @@ pub struct ExperimentSpec {
     /// `{mlflow: URI}`: each attempt is logged as a run of that MLflow tracking server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracking: Option<crate::results::Tracking>,
+}
+
+/// `memory_cap`: whether an attempt is held to a hard GPU memory limit where the node can:
+/// `on` or `off` (YAML's `off` and `false`, read as booleans, mean the same).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryCap {
+    #[default]
+    On,
+    Off,
+}
+
+impl MemoryCap {
+    pub fn is_on(&self) -> bool {
+        *self == MemoryCap::On
+    }
+}
+
+impl<'de> Deserialize<'de> for MemoryCap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Flag(bool),
+            Word(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Flag(true) => Ok(MemoryCap::On),
+            Raw::Flag(false) => Ok(MemoryCap::Off),
+            Raw::Word(w) => match w.as_str() {
+                "on" => Ok(MemoryCap::On),
+                "off" => Ok(MemoryCap::Off),
+                other => Err(serde::de::Error::custom(format!(
+                    "`{other}` is neither `on` nor `off`"
+                ))),
+            },
+        }
+    }
 }
 
 /// `code`: what the jobs' code is.

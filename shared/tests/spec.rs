@@ -745,3 +745,27 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn memory_cap_reads_on_and_off_as_words_or_yaml_booleans() {
+    use headroom_shared::spec::MemoryCap;
+    for (text, want) in [
+        ("on", MemoryCap::On),
+        ("off", MemoryCap::Off),
+        ("true", MemoryCap::On),
+        ("false", MemoryCap::Off),
+    ] {
+        let s = parse(&format!(
+            "name: x\ncommand: [\"true\"]\nmemory_cap: {text}\n"
+        ));
+        assert_eq!(s.memory_cap, want, "{text}");
+    }
+    assert_eq!(
+        parse("name: x\ncommand: [\"true\"]\n").memory_cap,
+        MemoryCap::On
+    );
+    let e = ExperimentSpec::from_text("name: x\ncommand: [\"true\"]\nmemory_cap: sometimes\n")
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("memory_cap") && e.contains("sometimes"), "{e}");
+}

@@ -105,6 +105,18 @@ pub(crate) async fn run(
         }
         None => source.workdir.map(PathBuf::from),
     };
+    // Only where the GPUs can hold an attempt to a limit: elsewhere its supervisor must not
+    // wait for its GPUs to open to find that out.
+    let capped = match lease.estimate_mib.filter(|_| !lease.memory_cap_off) {
+        Some(estimate) => {
+            let backend = shared.backend.clone();
+            tokio::task::spawn_blocking(move || backend.memory_caps().is_ok())
+                .await
+                .unwrap_or(false)
+                .then(|| crate::supervisor::attempt::memory_cap_for(estimate))
+        }
+        None => None,
+    };
     let launch = Launch {
         attempt,
         job: lease.job,
@@ -132,6 +144,7 @@ pub(crate) async fn run(
             count: lease.number.saturating_sub(1),
             previous_end: lease.previous_end,
         },
+        memory_cap_mib: capped,
     };
     // Subscribed before the deadline is read for the launch: a renewal in between reaches
     // the supervisor as its first `renew`, rather than being taken as already sent.
@@ -397,6 +410,8 @@ async fn gone(
         host_peak_mib: None,
         started: None,
         metrics: None,
+        memory_cap_mib: None,
+        oom_cause: None,
     };
     journal(
         shared,

@@ -67,6 +67,12 @@ struct Args {
     /// colocated background warming up); SIGTERM still ends it meanwhile.
     #[arg(long, value_name = "F", default_value_t = 0.0)]
     delay: f64,
+    /// Grow by SIZE of GPU memory after `--grow-after` seconds (an evaluation pass, a longer
+    /// batch), failing with CUDA's OOM text when it does not fit or passes the attempt's cap.
+    #[arg(long, value_name = "SIZE")]
+    grow: Option<MemSize>,
+    #[arg(long, value_name = "F", default_value_t = 1.0)]
+    grow_after: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -183,7 +189,9 @@ fn fake_spec() -> Result<Option<FakeGpuSpec>, Exit> {
         .transpose()
 }
 
-/// Claims `mib` on `gpu` if it fits, as one step under the directory's lock.
+/// Holds `mib` on `gpu` (what this process held before included) if it fits, and within
+/// the attempt's memory cap where the fake GPUs have one, as one step under the
+/// directory's lock.
 fn hold(dir: &Path, gpu: u32, mib: u64, util: u32) -> Result<(), Exit> {
     let spec = fake_spec()?;
     let io = |what: &str, e: std::io::Error| usage(format!("{what} {}: {e}", dir.display()));
@@ -196,14 +204,55 @@ fn hold(dir: &Path, gpu: u32, mib: u64, util: u32) -> Result<(), Exit> {
                 spec.gpu_count()
             ))
         })?;
+        let me = std::process::id();
         let uses = fake::read_usage(dir, spec.gpu_count()).map_err(|e| io("cannot read", e))?;
-        let used = fake::used_on(&uses, gpu);
+        let mine = uses
+            .iter()
+            .filter(|u| u.pid == me && u.gpu == gpu)
+            .map(|u| u.mib)
+            .sum::<u64>();
+        let used = fake::used_on(&uses, gpu).saturating_sub(mine);
+        let more = mib.saturating_sub(mine);
         if used.saturating_add(mib) > total {
-            return Err(oom(mib, gpu, Some(total), Some(total.saturating_sub(used))));
+            return Err(oom(
+                more,
+                gpu,
+                Some(total),
+                Some(total.saturating_sub(used + mine)),
+            ));
+        }
+        if let Some((attempt, cap)) = attempt_cap(dir) {
+            // The attempt's processes on this GPU, this one as it would be.
+            let theirs: u64 = uses
+                .iter()
+                .filter(|u| u.gpu == gpu && u.pid != me && attempt.contains(&u.pid))
+                .map(|u| u.mib)
+                .sum();
+            if theirs.saturating_add(mib) > cap {
+                let mut e = oom(
+                    more,
+                    gpu,
+                    Some(total),
+                    Some(total.saturating_sub(used + mine)),
+                );
+                e.1.push_str(&format!(
+                    " (the attempt's GPU memory limit is {cap} MiB, of which it holds {} MiB)",
+                    theirs + mine
+                ));
+                return Err(e);
+            }
         }
     }
     fake::write_usage_util(dir, std::process::id(), &[(gpu, mib, util)])
         .map_err(|e| io("cannot write", e))
+}
+
+/// The attempt's processes and its memory cap (MiB), where the fake GPUs hold it to one.
+fn attempt_cap(dir: &Path) -> Option<(Vec<u32>, u64)> {
+    let attempt: headroom_shared::AttemptId =
+        env(headroom_agent::procscan::ATTEMPT_VAR)?.parse().ok()?;
+    let cap = fake::read_cap(dir, &attempt.to_string())?;
+    Some((headroom_agent::procscan::pids_with_marker(attempt), cap))
 }
 
 /// Where fake GPU memory is held; `None` (with a note in the job's log) where there are no
@@ -346,6 +395,13 @@ fn run(args: &Args) -> Result<u8, Exit> {
         args.seconds
     );
 
+    let grow_at = args.grow.filter(|_| dir.is_some()).map(|g| {
+        (
+            Instant::now() + Duration::from_secs_f64(args.grow_after.clamp(0.0, 3.0e7)),
+            g,
+        )
+    });
+    let mut grown = false;
     // A step per second, at least one, so the log shows progress.
     // Bounded (a year) so that any number makes a valid duration.
     let seconds = if args.seconds.is_finite() {
@@ -365,6 +421,18 @@ fn run(args: &Args) -> Result<u8, Exit> {
                     record(path, "end", mem_mib)?;
                 }
                 return Ok(143);
+            }
+            if let (Some((at, more)), Some(dir)) = (grow_at, &dir)
+                && !grown
+                && Instant::now() >= at
+            {
+                grown = true;
+                let total = mem_mib.saturating_add(more.mib);
+                if let Err(e) = hold(dir, gpu, total, args.util.unwrap_or(0)) {
+                    release();
+                    return Err(e);
+                }
+                println!("grew to {total} MiB on GPU {gpu}");
             }
             std::thread::sleep((until - Instant::now()).min(Duration::from_millis(20)));
         }

@@ -120,6 +120,20 @@ impl GpuBackend for LazyBackend {
         self.job_env.clone()
     }
 
+    fn memory_caps(&self) -> Result<String, String> {
+        self.backend().map_err(|e| e.to_string())?.memory_caps()
+    }
+
+    fn set_memory_cap(
+        &self,
+        attempt: headroom_shared::AttemptId,
+        mib: Option<u64>,
+    ) -> Result<(), String> {
+        self.backend()
+            .map_err(|e| e.to_string())?
+            .set_memory_cap(attempt, mib)
+    }
+
     fn facts(&self) -> super::BackendFacts {
         match self.backend() {
             Ok(b) => b.facts(),

@@ -41,6 +41,24 @@ pub trait GpuBackend: Send + Sync + 'static {
     fn describe(&self) -> String;
     /// What `headroom doctor` reports of the driver beyond readings. Blocking.
     fn facts(&self) -> BackendFacts;
+    /// Whether a hard GPU memory limit can be set on each attempt here (what enforces it),
+    /// or why not. Blocking.
+    fn memory_caps(&self) -> Result<String, String> {
+        Err(format!(
+            "the {} backend sets no per-attempt GPU memory limit",
+            self.kind()
+        ))
+    }
+    /// Holds `attempt`'s processes to `mib` of GPU memory on each of its GPUs; `None` lifts
+    /// the limit. Blocking.
+    fn set_memory_cap(
+        &self,
+        attempt: headroom_shared::AttemptId,
+        mib: Option<u64>,
+    ) -> Result<(), String> {
+        let _ = (attempt, mib);
+        self.memory_caps().map(|_| ())
+    }
 }
 
 /// The driver as `headroom doctor` reports it; `Err` says why a fact is not available.

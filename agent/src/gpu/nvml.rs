@@ -314,6 +314,20 @@ impl GpuBackend for NvmlBackend {
         Vec::new()
     }
 
+    fn memory_caps(&self) -> Result<String, String> {
+        let dmem = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|n| n == "dmem"));
+        Err(format!(
+            "NVML: headroom sets no per-process GPU memory limit through the driver yet; the \
+             kernel's dmem cgroup controller is {}",
+            if dmem {
+                "present, but headroom does not set its limits yet"
+            } else {
+                "absent (Linux 6.14 and later)"
+            }
+        ))
+    }
+
     fn facts(&self) -> super::BackendFacts {
         let gpus = self
             .inventory

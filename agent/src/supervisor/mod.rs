@@ -639,8 +639,10 @@ fn outcome(
         clean: end.cleanup_verified,
         launched: end.failure() != Some(FailureClass::LaunchError),
     };
+    let memory_cap_mib = end.memory_cap_mib;
     let mut report = report(spec.fence, end, reason, gpus);
     report.prestart = prestart;
+    ran_under_cap(&mut report, memory_cap_mib);
     if let Some(c) = crate::cgroup::attribution() {
         let cg = c.attempt(spec.launch.attempt);
         // On the runtime: cgroupfs answers at once (see `attempt::stop::attempt_pids`).
@@ -678,6 +680,19 @@ fn outcome(
         report,
     };
     (outcome, kept)
+}
+
+/// Records the hard GPU memory limit the attempt ran under; out of GPU memory under one,
+/// it grew past what it was given (`cap_hit`), whatever its neighbours did: no neighbour
+/// could take what its limit left it.
+fn ran_under_cap(report: &mut FinishReport, cap: Option<u64>) {
+    report.memory_cap_mib = cap;
+    if let (Some(FailureClass::Oom), Some(cap)) = (report.failure, cap) {
+        report.oom_cause = Some(headroom_shared::api::OomCause::CapHit);
+        report.log_tail.push_str(&format!(
+            "\n[headroom] cap_hit: out of GPU memory at its own limit ({cap} MiB)\n"
+        ));
+    }
 }
 
 /// The journal, and whether the outcome is in it.
@@ -816,6 +831,8 @@ pub fn report(
         host_peak_mib: None,
         started,
         metrics: end.metrics,
+        memory_cap_mib: None,
+        oom_cause: None,
     }
 }
 
@@ -850,6 +867,37 @@ mod tests {
             vec![],
         );
         assert_eq!(never.started, None, "a job that never started has no start");
+    }
+
+    /// An OOM under a limit of its own is the attempt's own (`cap_hit`), said in its log
+    /// tail; another end, or an OOM without a limit, is not labelled.
+    #[test]
+    fn an_oom_under_its_own_cap_is_a_cap_hit() {
+        use classify::{EndFacts, Ended};
+        use headroom_shared::api::OomCause;
+        let end = |oom| AttemptEnd {
+            facts: EndFacts::ran(Ended::Code(1), None, oom),
+            ..attempt::not_started(Unstarted::LaunchFailed, String::new())
+        };
+        let mut r = report(7, end(true), None, vec![]);
+        ran_under_cap(&mut r, Some(9472));
+        assert_eq!(
+            (r.oom_cause, r.memory_cap_mib),
+            (Some(OomCause::CapHit), Some(9472))
+        );
+        assert!(
+            r.log_tail
+                .contains("cap_hit: out of GPU memory at its own limit (9472 MiB)")
+        );
+        let mut r = report(7, end(true), None, vec![]);
+        ran_under_cap(&mut r, None);
+        assert_eq!(
+            r.oom_cause, None,
+            "no limit: whose growth it was is not known here"
+        );
+        let mut r = report(7, end(false), None, vec![]);
+        ran_under_cap(&mut r, Some(9472));
+        assert_eq!((r.oom_cause, r.memory_cap_mib), (None, Some(9472)));
     }
 
     /// A cancel is reported as why this supervisor asked for it; the end it stopped, as is.

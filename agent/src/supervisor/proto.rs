@@ -425,6 +425,7 @@ mod tests {
             results: None,
             host_memory_mib: None,
             restart: Default::default(),
+            memory_cap_mib: None,
         };
         let msg = ToSupervisor::Launch {
             spec: Box::new(Spec {

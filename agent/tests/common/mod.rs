@@ -31,6 +31,7 @@ pub fn spec(dir: &Path, argv: &[&str]) -> Spec {
             results: None,
             host_memory_mib: None,
             restart: Default::default(),
+            memory_cap_mib: None,
         },
         fence: 1,
         data_dir: dir.to_path_buf(),

@@ -63,6 +63,8 @@ fn finish(fence: i64, gpus: usize) -> FinishReport {
         host_peak_mib: None,
         started: None,
         metrics: None,
+        memory_cap_mib: None,
+        oom_cause: None,
     }
 }
 

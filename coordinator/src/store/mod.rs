@@ -240,6 +240,8 @@ pub struct NewExperiment {
     pub checkpoint: Option<headroom_shared::checkpoint::Checkpoint>,
     /// Its running jobs may be preempted (`preemptible`).
     pub preemptible: bool,
+    /// `memory_cap: off`: its attempts get no hard GPU memory limit.
+    pub memory_cap_off: bool,
 }
 
 /// The study an experiment is stored in.

@@ -144,7 +144,7 @@ const BASE_ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence, phase
      cooldown_wait_ms, cooldown_from_mdeg, cooldown_start_mdeg, cooldown_timed_out, \
      background_pid, background_ready_ms, background_exit_code, background_signal, \
      background_exited_early, host_peak_mib, first_reading_ms, covers_run, energy_counters, \
-     ghost_mib";
+     ghost_mib, memory_cap_mib, oom_cause";
 
 /// Every column `attempt_view` reads, by name in order: the base ones, then each figure's
 /// (`Measurements::FIGURES`) that is not among them, so a new figure is read once its
@@ -225,6 +225,8 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
         background_signal: r.int_opt(47)?.map(|s| s as i32),
         background_exited_early: r.flag_opt(48)?,
         host_peak_mib: r.mib_opt(49)?,
+        memory_cap_mib: r.mib_opt(54)?,
+        oom_cause: r.parsed_opt(55, "OOM cause")?,
         // Set by the store's read of its neighbours (`store::sharing`).
         shared: false,
         sharing: None,
@@ -538,7 +540,7 @@ pub(crate) fn quarantine(r: &impl Cols) -> Result<(u32, QuarantineView)> {
 /// The job columns a new lease is made of (`j` jobs, `e` experiments).
 pub(crate) const LEASE_COLUMNS: &str = "j.argv, j.env, j.params, e.name, j.memory_key, \
      j.timeout_ms, j.attempts, j.fence, j.ladder_step, j.prestart, j.background, u.unix_user, \
-     u.allow_root, e.source, e.results, e.checkpoint, j.last_failure";
+     u.allow_root, e.source, e.results, e.checkpoint, j.last_failure, e.memory_cap_off";
 
 pub struct LeaseRow {
     pub argv: Vec<String>,
@@ -559,6 +561,8 @@ pub struct LeaseRow {
     pub checkpoint: Option<headroom_shared::checkpoint::Checkpoint>,
     /// How the job's last attempt ended, when it failed or was requeued.
     pub last_failure: Option<headroom_shared::FailureClass>,
+    /// `memory_cap: off`.
+    pub memory_cap_off: bool,
 }
 
 pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
@@ -588,6 +592,7 @@ pub(crate) fn lease_row(r: &impl Cols) -> Result<LeaseRow> {
             Some(c) => Some(parse(&c, "failure class")?),
             None => None,
         },
+        memory_cap_off: r.flag_opt(17)?.unwrap_or(false),
     })
 }
 
@@ -629,6 +634,7 @@ pub(crate) fn lease_row_into(
             host_memory_mib: None,
             checkpoint: row.checkpoint,
             previous_end: row.last_failure,
+            memory_cap_off: row.memory_cap_off,
         },
         memory_key: row.memory_key,
         ladder_step: row.ladder_step,

@@ -128,6 +128,36 @@ pub struct Lease {
     /// `requeued`, `timeout`, ...; none for its first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_end: Option<crate::FailureClass>,
+    /// `memory_cap: off`: no hard GPU memory limit, even where the node can set one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_cap_off: bool,
+}
+
+/// Why an attempt ran out of GPU memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OomCause {
+    /// It passed its own hard limit (`memory_cap`), or grew past its own estimate.
+    CapHit,
+}
+
+impl OomCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OomCause::CapHit => "cap_hit",
+        }
+    }
+}
+
+impl std::str::FromStr for OomCause {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cap_hit" => Ok(OomCause::CapHit),
+            _ => Err(format!("unknown OOM cause `{s}`")),
+        }
+    }
 }
 
 /// An attempt's key, as it travels (a plain string); `Debug` never shows it.
@@ -354,6 +384,12 @@ pub struct FinishReport {
     /// What the run reported of itself (`metrics`, `HEADROOM_METRIC` lines).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<crate::results::AttemptMetrics>,
+    /// The hard GPU memory limit the attempt ran under (MiB on each of its GPUs), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_cap_mib: Option<u64>,
+    /// Why it ran out of GPU memory, when it did and that is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_cause: Option<OomCause>,
 }
 
 /// A running attempt's metrics so far, from its supervisor (replaces what was sent before).

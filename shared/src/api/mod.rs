@@ -453,6 +453,13 @@ pub struct AttemptView {
     /// attempts have no cgroup with a memory controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_peak_mib: Option<u64>,
+    /// The hard GPU memory limit it ran under (MiB on each of its GPUs), where the node
+    /// enforces one (`memory_cap`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_cap_mib: Option<u64>,
+    /// Why it ran out of GPU memory (`cap_hit`: past its own limit or estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_cause: Option<OomCause>,
     /// What the run reported of itself: each metric's final value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metrics: BTreeMap<String, f64>,

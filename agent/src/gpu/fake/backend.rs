@@ -192,6 +192,55 @@ impl GpuBackend for FakeBackend {
         "fake"
     }
 
+    fn memory_caps(&self) -> Result<String, String> {
+        let on = super::controls::read_control(&self.dir.join(super::MEMORY_CAPS_FILE));
+        match on {
+            Some(_) => Ok(
+                "fake GPUs with memory caps (an allocation past an attempt's cap \
+                           fails with CUDA's OOM text)"
+                    .to_string(),
+            ),
+            None => Err(format!(
+                "fake GPUs without memory caps (`{}` in {} turns them on)",
+                super::MEMORY_CAPS_FILE,
+                self.dir.display()
+            )),
+        }
+    }
+
+    fn set_memory_cap(
+        &self,
+        attempt: headroom_shared::AttemptId,
+        mib: Option<u64>,
+    ) -> Result<(), String> {
+        self.memory_caps()?;
+        let path = super::cap_file(&self.dir, &attempt.to_string());
+        let done = match mib {
+            Some(mib) => {
+                // Readable by the attempt's jobs, whatever their user and this umask.
+                use std::io::Write;
+                use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+                let tmp = self.dir.join(format!(".memcap.{attempt}.tmp"));
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o644)
+                    .open(&tmp)
+                    .and_then(|mut f| {
+                        f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+                        f.write_all(format!("{mib}\n").as_bytes())
+                    })
+                    .and_then(|()| std::fs::rename(&tmp, &path))
+            }
+            None => match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+        };
+        done.map_err(|e| format!("{}: {e}", path.display()))
+    }
+
     fn inventory(&self) -> Vec<GpuInfo> {
         self.inventory.clone()
     }

@@ -51,6 +51,25 @@ pub fn fault_file(dir: &Path, gpu: u32, fault: Fault) -> PathBuf {
 /// Control file: `isolated` simulates an agent in a pid namespace of its own.
 pub const PID_NAMESPACE_FILE: &str = "pid-namespace";
 
+/// Control file: its presence makes the fake GPUs able to hold each attempt to a hard GPU
+/// memory limit (a driver or kernel that enforces one), which the agent then sets.
+pub const MEMORY_CAPS_FILE: &str = "memory-caps";
+
+/// Where the agent writes an attempt's GPU memory limit (MiB on each of its GPUs), which a
+/// fake job's allocation past it fails on with CUDA's OOM text.
+pub fn cap_file(dir: &Path, attempt: &str) -> PathBuf {
+    dir.join(format!("memcap.{attempt}"))
+}
+
+/// An attempt's GPU memory limit, MiB: from a regular file of the folder's owner (who
+/// set the fake GPUs up, the agent), since a job may write in the folder too.
+pub fn read_cap(dir: &Path, attempt: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let owner = fs::symlink_metadata(dir).ok()?.uid();
+    let (text, uid) = read_regular(&cap_file(dir, attempt))?;
+    (uid == owner).then(|| text.trim().parse().ok()).flatten()
+}
+
 /// A control file's text, when it is a regular file (no link, no FIFO a reader would block
 /// on) of the user the fake GPUs run as (the agent's, a test's): the folder is every job's
 /// to write its memory in, and a job must not fake faults, throttling or delays for the

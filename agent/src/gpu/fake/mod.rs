@@ -21,6 +21,10 @@
 //! `open-delay` (a duration such as `3s`) makes opening the backend take that long, as
 //! NVML's initialisation does on a node without persistence mode.
 //!
+//! `memory-caps` makes the GPUs able to hold each attempt to a hard memory limit, which the
+//! agent then sets in `memcap.<attempt>` (MiB on each GPU): an allocation that would take
+//! the attempt's processes past it fails with CUDA's OOM text, as a driver's limit would.
+//!
 //! A usage entry may also declare utilization, `INDEX:MiB:PCT`; the GPUs' power,
 //! temperature and energy follow what their processes declare ([`super::fakepower`]).
 //!
@@ -35,7 +39,7 @@ mod spec;
 mod usage;
 
 pub use backend::FakeBackend;
-pub use controls::{Fault, PID_NAMESPACE_FILE, fault_file};
+pub use controls::{Fault, MEMORY_CAPS_FILE, PID_NAMESPACE_FILE, cap_file, fault_file, read_cap};
 pub use spec::{FakeGpuSpec, FakeSpecError};
 pub use usage::{
     FakeUse, first_visible_gpu, lock_dir, read_usage, remove_usage, used_on, write_usage,

@@ -63,6 +63,10 @@ pub struct Launch {
     /// requeues it or its timeout.
     #[serde(default)]
     pub restart: Restart,
+    /// The hard GPU memory limit to hold its processes to (MiB on each of its GPUs), where
+    /// the backend can set one (`memory_cap`).
+    #[serde(default)]
+    pub memory_cap_mib: Option<u64>,
 }
 
 /// An attempt's part in its job's restarts.
@@ -155,6 +159,8 @@ pub struct AttemptEnd {
     pub background: Option<BackgroundReport>,
     /// What the run reported of itself (`metrics`, `HEADROOM_METRIC` lines).
     pub metrics: Option<headroom_shared::results::AttemptMetrics>,
+    /// The hard GPU memory limit its processes ran under (MiB on each GPU), if one was set.
+    pub memory_cap_mib: Option<u64>,
 }
 
 impl AttemptEnd {
@@ -187,6 +193,7 @@ pub(crate) fn not_started(why: Unstarted, log_tail: String) -> AttemptEnd {
         log_tail,
         background: None,
         metrics: None,
+        memory_cap_mib: None,
     }
 }
 

@@ -66,6 +66,13 @@ pub async fn run_attempt(
     run_attempt_reporting(launch, backend, cfg, cancel, checkpoint, started, None).await
 }
 
+/// The hard GPU memory limit of an attempt placed by `estimate_mib` (its OOM ladder step
+/// included): the estimate and a slack of 5% or 256 MiB, whichever is more, for what a
+/// job's allocator rounds up and the CUDA context.
+pub fn memory_cap_for(estimate_mib: u64) -> u64 {
+    estimate_mib.saturating_add((estimate_mib / 20).max(256))
+}
+
 /// The latest metrics of a running attempt, for its supervisor to report.
 pub type MetricsTx = tokio::sync::watch::Sender<Option<AttemptMetrics>>;
 
@@ -93,6 +100,10 @@ pub async fn run_attempt_reporting(
     let mut run = match spawn::start(&launch, &backend, cfg, &cancel).await {
         Ok(run) => run,
         Err(end) => {
+            // Asked for: lifted whether or not it was set in time (a late set lands here).
+            if launch.memory_cap_mib.is_some() {
+                spawn::clear_cap(launch.attempt, &backend).await;
+            }
             remove_tmp(&launch);
             return end;
         }
@@ -103,6 +114,9 @@ pub async fn run_attempt_reporting(
     // included: its start and readiness wait come before that reading.
     let stop = until_stop(&mut run, &launch, &cancel, &checkpoint, metrics.as_ref()).await;
     let end = stop::end(run, stop, &launch, &backend, cfg).await;
+    if launch.memory_cap_mib.is_some() {
+        spawn::clear_cap(launch.attempt, &backend).await;
+    }
     if end.cleanup_verified {
         remove_tmp(&launch);
     }

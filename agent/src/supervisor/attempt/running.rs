@@ -31,6 +31,8 @@ pub(super) struct Running {
     /// The colocated background, running since before the job started.
     pub(super) background: Option<colocate::Running>,
     pub(super) background_guard: Option<KillOnDrop>,
+    /// The hard GPU memory limit set on its GPUs (MiB), if one was.
+    pub(super) memory_cap_mib: Option<u64>,
 }
 
 /// SIGKILLs every live process carrying `attempt`'s marker (e.g. leftovers of an earlier

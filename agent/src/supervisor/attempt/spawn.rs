@@ -39,6 +39,7 @@ pub(super) async fn start(
         }
     };
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let memory_cap_mib = set_cap(launch, backend, cfg, &log).await;
     let launch_error = |e: NotStarted| {
         note(&log, &e.message);
         let tail = read_tail(&launch.log_path, log_start);
@@ -216,5 +217,51 @@ pub(super) async fn start(
         guard,
         background,
         background_guard,
+        memory_cap_mib,
     })
+}
+
+/// Holds the attempt to its GPU memory limit (the agent asks only where its GPUs can set
+/// one), before any of its processes starts; the limit set, if one was. Setting it waits
+/// for the GPUs to open no longer than the start reading does (`start_reading_wait`).
+async fn set_cap(
+    launch: &Launch,
+    backend: &Arc<dyn GpuBackend>,
+    cfg: &SupervisorConfig,
+    log: &std::fs::File,
+) -> Option<u64> {
+    let mib = launch.memory_cap_mib?;
+    let (b, attempt) = (backend.clone(), launch.attempt);
+    let setting = tokio::task::spawn_blocking(move || b.set_memory_cap(attempt, Some(mib)));
+    let set = match tokio::time::timeout(cfg.start_reading_wait, setting).await {
+        Ok(done) => done.unwrap_or_else(|e| Err(format!("memory cap task: {e}"))),
+        Err(_) => Err(format!(
+            "its GPUs did not open within {:?}",
+            cfg.start_reading_wait
+        )),
+    };
+    match set {
+        Ok(()) => {
+            note(
+                log,
+                &format!(
+                    "GPU memory cap: {mib} MiB on each of its GPUs (its estimate and a slack)"
+                ),
+            );
+            Some(mib)
+        }
+        Err(why) => {
+            note(log, &format!("no GPU memory cap: {why}"));
+            None
+        }
+    }
+}
+
+/// Lifts the attempt's GPU memory limit, once its processes are gone.
+pub(super) async fn clear_cap(attempt: headroom_shared::AttemptId, backend: &Arc<dyn GpuBackend>) {
+    let b = backend.clone();
+    let cleared = tokio::task::spawn_blocking(move || b.set_memory_cap(attempt, None)).await;
+    if let Ok(Err(e)) = cleared {
+        tracing::warn!(%attempt, "cannot lift the attempt's GPU memory cap: {e}");
+    }
 }

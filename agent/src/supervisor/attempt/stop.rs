@@ -360,6 +360,7 @@ pub(super) async fn stop_background_only(
         log_tail: String::new(),
         background: Some(report),
         metrics: None,
+        memory_cap_mib: None,
     }
 }
 
@@ -490,6 +491,7 @@ pub(super) async fn end(
         log_tail: f.log_tail,
         background,
         metrics: f.metrics,
+        memory_cap_mib: run.memory_cap_mib,
     }
 }
 

@@ -66,6 +66,7 @@ impl Fixture {
             results: None,
             host_memory_mib: None,
             restart: Default::default(),
+            memory_cap_mib: None,
         }
     }
 

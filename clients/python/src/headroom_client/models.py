@@ -394,6 +394,10 @@ class AttemptView(_Model):
     background_exited_early: Optional[bool] = None
     # Highest host RAM of the attempt's processes together (MiB), from its cgroup.
     host_peak_mib: Optional[int] = None
+    #: The hard GPU memory limit it ran under (MiB on each GPU), where the node sets one.
+    memory_cap_mib: Optional[int] = None
+    #: Why it ran out of GPU memory: ``cap_hit`` (past its own limit).
+    oom_cause: Optional[str] = None
     #: What the run reported of itself (the spec's ``metrics``, ``HEADROOM_METRIC`` lines):
     #: each metric's final value; a metric never reported is absent, never 0.
     metrics: Dict[str, float] = {}

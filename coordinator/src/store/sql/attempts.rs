@@ -320,6 +320,18 @@ impl<E: Exec> AttemptsTx for E {
         // The figures, one parameter each after the rest (`ENDED_SQL`).
         args.extend(m.figures.iter().map(|f| Arg::from(*f)));
         let ended = first(self, &ENDED_SQL, &args, |r| rows::ended(r)).await?;
+        if ended.is_some() && (report.memory_cap_mib.is_some() || report.oom_cause.is_some()) {
+            done(
+                self,
+                "UPDATE attempts SET memory_cap_mib = $1, oom_cause = $2 WHERE id = $3",
+                args![
+                    opt_i64(report.memory_cap_mib),
+                    report.oom_cause.map(|c| c.as_str()),
+                    attempt
+                ],
+            )
+            .await?;
+        }
         if let (Some(p), Some(_)) = (&report.prestart, &ended) {
             done(
                 self,

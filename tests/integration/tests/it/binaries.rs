@@ -556,6 +556,8 @@ fn doctor_passes_on_fake_gpus_and_names_what_fails() {
         fell_back || std::path::Path::new("/dev/nvidiactl").exists(),
         "{report:#}"
     );
+    // No per-attempt GPU memory limit on this machine (no driver, no fake caps).
+    assert_eq!(status(&report, "memory_cap").0, "unavailable", "{report:#}");
     if fell_back {
         assert_eq!(out.status.code(), Some(1), "{report:#}");
         let (s, c) = status(&report, "backend");
@@ -570,6 +572,13 @@ fn doctor_passes_on_fake_gpus_and_names_what_fails() {
     let (code, report) = doctor(dir.path());
     assert_eq!(code, Some(0), "{report:#}");
     assert_eq!(report["ok"], true);
+    // Fake GPUs hold attempts to a memory cap only when told to, as a node whose driver or
+    // kernel enforces one.
+    assert_eq!(status(&report, "memory_cap").0, "unavailable", "{report:#}");
+    std::fs::write(dir.path().join("fake-gpus/memory-caps"), "").expect("caps on");
+    let (_, capped) = doctor(dir.path());
+    assert_eq!(status(&capped, "memory_cap").0, "pass", "{capped:#}");
+    std::fs::remove_file(dir.path().join("fake-gpus/memory-caps")).expect("caps off");
     for name in [
         "backend",
         "driver",

@@ -1,5 +1,5 @@
 //! Chaos, as a cluster operator tried it: two coordinator replicas on PostgreSQL, four
-//! agents, 400 jobs of 0.3-2 s, and for a minute an agent killed with `kill -9` every few
+//! agents, 400 jobs of 0.3-2 s, and for 40 s an agent killed with `kill -9` every few
 //! seconds and started again 1-6 s later, with a lease TTL of 4 s (so most outages outlast
 //! it), and one agent killed once and never started again. Every job succeeds, none runs to
 //! its end twice, no two attempts of a job overlap, and no process of any job is left.
@@ -165,11 +165,11 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
         .experiment
         .expect("stored");
 
-    // A minute of kill -9s: one agent every 3-5 s, each back 1-6 s after its kill, but the
+    // 40 s of kill -9s: one agent every 3-5 s, each back 1-6 s after its kill, but the
     // first one killed, which never comes back.
     let never_back = AGENTS - 1;
     let mut dice = Dice(0x5eed_1234_abcd_0042);
-    let chaos_end = Instant::now() + Duration::from_secs(60);
+    let chaos_end = Instant::now() + Duration::from_secs(40);
     let mut back_at: Vec<Option<Instant>> = vec![None; AGENTS];
     let mut next_kill = Instant::now() + Duration::from_millis(dice.roll(3000, 5000));
     let mut kills = 0;
@@ -213,7 +213,7 @@ fn agents_killed_every_few_seconds_lose_no_job_and_run_none_twice() {
             .unwrap_or(now + Duration::from_millis(10));
         std::thread::sleep(next - now);
     }
-    assert!(kills >= 12, "{kills} kills");
+    assert!(kills >= 8, "{kills} kills");
 
     wait("every job to end", Duration::from_secs(240), || {
         let p: Progress =

@@ -18,6 +18,7 @@ mod host_memory;
 mod late_outcomes;
 mod measurements;
 mod memory;
+mod memory_cap;
 mod packing;
 mod pending;
 mod plan;

@@ -152,6 +152,8 @@ impl Coordinator {
             host_peak_mib: None,
             started: None,
             metrics: None,
+            memory_cap_mib: None,
+            oom_cause: None,
         };
         self.post(&format!("/v1/attempts/{}/finish", lease.attempt), &req)
     }
