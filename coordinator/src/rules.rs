@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use headroom_shared::api::OomCause;
 use headroom_shared::api::{
     AttemptPhase, AttemptRef, FinishReport, GpuSample, Headroom, PeakSource, Principal, Role,
 };
@@ -658,6 +659,23 @@ pub struct Finish {
     pub refund: bool,
 }
 
+/// Why an attempt ran out of GPU memory, as far as its own figures tell: past its own hard
+/// limit (its supervisor says so), or past what it was placed by (its peak above its
+/// estimate). `None`: no OOM, or one within both (a neighbour's growth, or a fragmented
+/// allocator, may have caused it).
+pub fn oom_cause(report: &FinishReport, estimate: Option<u64>) -> Option<OomCause> {
+    if report.failure != Some(FailureClass::Oom) {
+        return None;
+    }
+    let past_estimate = match (report.peak_mem_mib, estimate) {
+        (Some(peak), Some(e)) => peak > e,
+        _ => false,
+    };
+    report
+        .oom_cause
+        .or(past_estimate.then_some(OomCause::CapHit))
+}
+
 /// How an attempt's peak is recorded: as the agent measured it (per process when it does not
 /// say: older agents measured only that way), and nothing without a peak. Both kinds teach
 /// the memory key: a device delta also counts what neighbours grew meanwhile (errs high, the
@@ -938,6 +956,38 @@ mod tests {
             on_throttle: OnThrottle::Flag,
             background_mib: None,
         }
+    }
+
+    #[test]
+    fn an_oom_is_its_own_past_its_cap_or_its_estimate() {
+        let oom = |peak: Option<u64>, cause| FinishReport {
+            peak_mem_mib: peak,
+            oom_cause: cause,
+            ..ended(Some(FailureClass::Oom))
+        };
+        assert_eq!(
+            oom_cause(&oom(Some(2600), None), Some(2200)),
+            Some(OomCause::CapHit)
+        );
+        assert_eq!(
+            oom_cause(&oom(Some(2100), None), Some(2200)),
+            None,
+            "within it"
+        );
+        assert_eq!(
+            oom_cause(&oom(None, None), Some(2200)),
+            None,
+            "no peak: not known"
+        );
+        assert_eq!(oom_cause(&oom(Some(2600), None), None), None, "no estimate");
+        // Its supervisor saw it at its own hard limit.
+        let capped = oom(Some(100), Some(OomCause::CapHit));
+        assert_eq!(oom_cause(&capped, Some(2200)), Some(OomCause::CapHit));
+        let fine = FinishReport {
+            peak_mem_mib: Some(9999),
+            ..ended(None)
+        };
+        assert_eq!(oom_cause(&fine, Some(2200)), None, "no OOM");
     }
 
     /// A verified end that exited 0, classed `failure`.

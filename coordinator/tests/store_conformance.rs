@@ -1218,6 +1218,19 @@ async fn estimates_are_learned_per_memory_key(s: Backend) {
         Some(2750),
         "declared 1000 < floor 2750"
     );
+    // Whose OOM it was, as its own figures tell: within its estimate (2100 of 2200), not
+    // said; past it (2600 of 2200), its own (`cap_hit`).
+    let within = s.attempt(next[0].attempt).await.expect("attempt");
+    assert_eq!(within.oom_cause, None);
+    finish_attempt(
+        &s,
+        next[1].attempt,
+        report_peak(next[1].fence, Some(FailureClass::Oom), 2600),
+    )
+    .await
+    .expect("finish");
+    let grew = s.attempt(next[1].attempt).await.expect("attempt");
+    assert_eq!(grew.oom_cause, Some(headroom_shared::api::OomCause::CapHit));
 }
 
 /// A colocated job: its background reaches the agent with the lease, the pair is placed by

@@ -57,7 +57,11 @@ pub trait GpuBackend: Send + Sync + 'static {
         mib: Option<u64>,
     ) -> Result<(), String> {
         let _ = (attempt, mib);
-        self.memory_caps().map(|_| ())
+        // Never "set" where nothing enforces it.
+        Err(format!(
+            "the {} backend sets no GPU memory limit",
+            self.kind()
+        ))
     }
 }
 

@@ -499,6 +499,11 @@ pub(super) async fn finish(
         .ok_or_else(not_found)?;
     // The attempt was placed by the pair's memory; the job's own key learns its own.
     let estimate = rules::foreground_estimate(ended.estimate_mib, rules_of_job.background_mib);
+    if report.oom_cause.is_none()
+        && let Some(cause) = rules::oom_cause(&report, estimate)
+    {
+        tx.set_oom_cause(&id, cause).await?;
+    }
     let mut f = rules::finish(&rules_of_job, estimate, &report)?;
     if standing != rules::Report::OnTime {
         f.event = rules::late_event(f.event);

@@ -98,12 +98,30 @@ pub(super) async fn preempt(
     }
     waiters.sort_by_key(|(p, _)| (shares.rank(&p.user), -p.cursor.priority, p.cursor.seq));
     let waiters: Vec<Waiter> = waiters.into_iter().map(|(_, w)| w).collect();
-    let mut chosen = preempt::choose(&mut nodes, &waiters, &shares);
-    // Locked in `seq` order, as every operation locks jobs.
-    chosen.sort_by_key(|c| seqs.get(&c.job).copied().unwrap_or(i64::MAX));
+    let chosen = preempt::choose(&mut nodes, &waiters, &shares);
+    // The victims and the jobs they make room for, locked in `seq` order as every operation
+    // locks jobs, and read again under their locks: a claim may have placed a waiter, or a
+    // victim may have ended, since the round read them.
+    seqs.extend(pending.iter().map(|p| (p.id.clone(), p.cursor.seq)));
+    let mut to_lock: Vec<&str> = chosen
+        .iter()
+        .flat_map(|c| [c.job.as_str(), c.for_job.as_str()])
+        .collect();
+    to_lock.sort_by_key(|j| (seqs.get(*j).copied().unwrap_or(i64::MAX), *j));
+    to_lock.dedup();
+    let mut states = HashMap::new();
+    for job in to_lock {
+        states.insert(job.to_string(), jobs::lock_job(tx, job).await?.state);
+    }
     let mut done = Vec::new();
     for c in chosen {
-        if preempt_one(tx, &c.job, now).await? {
+        let waiting = states
+            .get(&c.for_job)
+            .is_some_and(|s| matches!(s, JobState::Queued | JobState::Retrying));
+        let running = states
+            .get(&c.job)
+            .is_some_and(|s| matches!(s, JobState::Leased | JobState::Running));
+        if waiting && running && preempt_one(tx, &c.job, now).await? {
             tracing::info!(job = %c.job, attempt = %c.attempt, for_job = %c.for_job, node = %c.node, gpu = c.gpu, "preempting");
             done.push(Preempted {
                 job: c.job,
@@ -118,13 +136,9 @@ pub(super) async fn preempt(
     Ok((done, changed))
 }
 
-/// Asks the running job's attempt to stop after its checkpoint signal and requeue; false
-/// when it no longer runs.
+/// Asks the running job's (locked) attempt to stop after its checkpoint signal and requeue;
+/// false when it was asked something already.
 async fn preempt_one(tx: &mut dyn Tx, job: &str, now: Millis) -> Result<bool> {
-    let locked = jobs::lock_job(tx, job).await?;
-    if !matches!(locked.state, JobState::Leased | JobState::Running) {
-        return Ok(false);
-    }
     if tx.request_requeue(job, Requeue::Preempted).await? == 0 {
         return Ok(false);
     }

@@ -318,6 +318,12 @@ pub trait AttemptsTx: Send {
     async fn request_requeue(&mut self, job: &str, why: Requeue) -> Result<u64>;
     /// Why the attempt was asked to requeue, if it was.
     async fn requeue_asked(&mut self, attempt: &str) -> Result<Option<Requeue>>;
+    /// Why the ended attempt ran out of GPU memory.
+    async fn set_oom_cause(
+        &mut self,
+        attempt: &str,
+        cause: headroom_shared::api::OomCause,
+    ) -> Result<()>;
     /// Of `attempts`, those of `agent` not ended that were asked to stop, and how.
     async fn cancel_requested(
         &mut self,

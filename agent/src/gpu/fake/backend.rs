@@ -213,18 +213,20 @@ impl GpuBackend for FakeBackend {
         attempt: headroom_shared::AttemptId,
         mib: Option<u64>,
     ) -> Result<(), String> {
-        self.memory_caps()?;
         let path = super::cap_file(&self.dir, &attempt.to_string());
         let done = match mib {
             Some(mib) => {
-                // Readable by the attempt's jobs, whatever their user and this umask.
+                self.memory_caps()?;
+                // Readable by the attempt's jobs, whatever their user and this umask; made
+                // anew, never through a link a job left in the shared folder.
                 use std::io::Write;
                 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
                 let tmp = self.dir.join(format!(".memcap.{attempt}.tmp"));
+                let _ = std::fs::remove_file(&tmp);
                 std::fs::OpenOptions::new()
                     .write(true)
-                    .create(true)
-                    .truncate(true)
+                    .create_new(true)
+                    .custom_flags(nix::libc::O_NOFOLLOW)
                     .mode(0o644)
                     .open(&tmp)
                     .and_then(|mut f| {

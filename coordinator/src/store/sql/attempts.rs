@@ -369,6 +369,19 @@ impl<E: Exec> AttemptsTx for E {
         self.execute(sql, args![job, why.as_str()]).await
     }
 
+    async fn set_oom_cause(
+        &mut self,
+        attempt: &str,
+        cause: headroom_shared::api::OomCause,
+    ) -> Result<()> {
+        done(
+            self,
+            "UPDATE attempts SET oom_cause = $2 WHERE id = $1",
+            args![attempt, cause.as_str()],
+        )
+        .await
+    }
+
     async fn requeue_asked(&mut self, attempt: &str) -> Result<Option<Requeue>> {
         let asked = first(
             self,
