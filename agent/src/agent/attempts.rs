@@ -22,6 +22,10 @@ pub use crate::supervisor::proto::StopReason;
 pub struct StopSignal {
     pub cancel: CancellationToken,
     reason: Arc<OnceLock<StopReason>>,
+    /// A stop that cannot wait after a requeue's (a user's cancel, a lost lease, the
+    /// agent's shutdown while the job has its checkpoint lead): fired with its reason.
+    pub now: CancellationToken,
+    later: Arc<OnceLock<StopReason>>,
 }
 
 impl StopSignal {
@@ -30,10 +34,23 @@ impl StopSignal {
         self.reason.get().copied()
     }
 
+    /// Why a stop that cannot wait came after a requeue's, if one did.
+    pub fn now_reason(&self) -> Option<StopReason> {
+        self.later.get().copied()
+    }
+
     /// Whether this was its first stop.
     fn stop(&self, reason: StopReason) -> bool {
-        // The first reason wins: a cancel that arrives while fencing stays a fence.
+        // The first reason wins: a cancel that arrives while fencing stays a fence. But a
+        // requeue's stop waits for the job's checkpoint lead, which no other stop should.
         let first = self.reason.set(reason).is_ok();
+        if !first
+            && matches!(self.reason(), Some(StopReason::Requeue(_)))
+            && !matches!(reason, StopReason::Requeue(_))
+            && self.later.set(reason).is_ok()
+        {
+            self.now.cancel();
+        }
         self.cancel.cancel();
         first
     }
@@ -186,6 +203,8 @@ impl Attempts {
         let stop = StopSignal {
             cancel: parent.child_token(),
             reason: Arc::default(),
+            now: CancellationToken::new(),
+            later: Arc::default(),
         };
         self.lock().running.insert(
             attempt,
@@ -537,11 +556,37 @@ mod tests {
         let sy = a.begin(y, 1, &parent);
         assert!(a.stop(x, StopReason::User));
         assert!(!a.stop(x, StopReason::User), "stopped already");
+        assert!(
+            !sx.now.is_cancelled(),
+            "a stop after a stop that does not wait"
+        );
         assert!(!a.stop(AttemptId::new(), StopReason::User));
         assert_eq!(a.watching(), vec![y]);
         assert_eq!(a.stop_all(StopReason::LeaseLost), 1);
         assert_eq!(sx.reason(), Some(StopReason::User));
         assert_eq!(sy.reason(), Some(StopReason::LeaseLost));
         assert!(sy.cancel.is_cancelled());
+    }
+
+    /// A user's cancel (or a lost lease) that comes while a requeued job has its checkpoint
+    /// lead is passed on at once; another requeue is not.
+    #[test]
+    fn a_stop_that_cannot_wait_overtakes_a_requeue_s_lead() {
+        use headroom_shared::checkpoint::Requeue;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Attempts::load(dir.path()).expect("load");
+        let parent = CancellationToken::new();
+        let x = AttemptId::new();
+        let sx = a.begin(x, 1, &parent);
+        assert!(a.stop(x, StopReason::Requeue(Requeue::Preempted)));
+        assert!(!a.stop(x, StopReason::Requeue(Requeue::Requeued)));
+        assert!(
+            !sx.now.is_cancelled(),
+            "a second requeue waits as the first"
+        );
+        a.stop(x, StopReason::User);
+        assert!(sx.now.is_cancelled());
+        assert_eq!(sx.now_reason(), Some(StopReason::User));
+        assert_eq!(sx.reason(), Some(StopReason::Requeue(Requeue::Preempted)));
     }
 }

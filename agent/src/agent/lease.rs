@@ -276,7 +276,7 @@ pub(crate) async fn follow(
     ));
     // `deadlines`: the renewals since the supervisor's deadline was set (at launch, or for a
     // re-attached one by a former run, kept until this run has renewed the leases).
-    let mut stop_sent = false;
+    let (mut stop_sent, mut now_sent) = (false, false);
     let mut start_report = started.map(|(pid, at)| {
         tokio::spawn(report_start(shared.client.clone(), attempt, fence, pid, at))
     });
@@ -311,6 +311,16 @@ pub(crate) async fn follow(
                 let reason = stop.reason().unwrap_or(StopReason::Shutdown);
                 if let Err(e) = conn.send(&ToSupervisor::Stop { reason }).await {
                     tracing::warn!(%attempt, "cannot tell the supervisor to stop: {e}");
+                }
+            }
+            // After a requeue's stop, one that cannot wait for the checkpoint lead: the
+            // supervisor stops the job at once on a second reason.
+            _ = stop.now.cancelled(), if stop_sent && !now_sent => {
+                now_sent = true;
+                if let Some(reason) = stop.now_reason()
+                    && let Err(e) = conn.send(&ToSupervisor::Stop { reason }).await
+                {
+                    tracing::warn!(%attempt, "cannot tell the supervisor to stop now: {e}");
                 }
             }
             Ok(()) = deadlines.changed() => {

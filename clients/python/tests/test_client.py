@@ -204,6 +204,34 @@ def test_a_running_job_is_requeued_after_its_checkpoint_signal_spending_no_attem
     assert client.cancel_job(job, requeue=True).requeued == 0
 
 
+def test_a_cancel_during_a_requeue_s_checkpoint_lead_stops_the_job_at_once(
+    client: Client,
+) -> None:
+    # Ignores its checkpoint signal: without the cancel it would run out its 60 s lead.
+    exp = client.submit(
+        spec(
+            "py-requeue-cancel",
+            ["sh", "-c", "trap '' USR1; while true; do sleep 0.05; done"],
+            resources={"gpus": 0},
+            checkpoint={"signal": "USR1", "lead": "60s"},
+        )
+    )
+    job = client.jobs(exp.id, frame=False)[0]["id"]
+    deadline = time.monotonic() + 30
+    while client.job(job).state != "running":
+        assert time.monotonic() < deadline, "the job never ran"
+        time.sleep(0.1)
+    assert client.cancel_job(job, requeue=True).requeued == 1
+    time.sleep(1.0)
+    started = time.monotonic()
+    assert client.cancel_job(job).cancelled == 1
+    # The job is cancelled at once; its attempt ends once its processes are stopped.
+    while client.job(job).attempts_detail[0].phase != "ended":
+        assert time.monotonic() - started < 20, "the cancel waited for the checkpoint lead"
+        time.sleep(0.1)
+    assert client.job(job).state == "cancelled"
+
+
 def test_nodes_and_plans(client: Client) -> None:
     nodes = client.nodes()
     node = next(n for n in nodes if n.name == "py-node")
