@@ -167,6 +167,16 @@ def test_cancel_and_retry(client: Client) -> None:
     assert client.job(job).state == "cancelled"
 
 
+def running_job(client: Client, exp: str) -> str:
+    """The id of the experiment's one job, once it runs."""
+    job = client.jobs(exp, frame=False)[0]["id"]
+    deadline = time.monotonic() + 30
+    while client.job(job).state != "running":
+        assert time.monotonic() < deadline, "the job never ran"
+        time.sleep(0.1)
+    return str(job)
+
+
 def test_a_running_job_is_requeued_after_its_checkpoint_signal_spending_no_attempt(
     client: Client,
 ) -> None:
@@ -186,11 +196,7 @@ def test_a_running_job_is_requeued_after_its_checkpoint_signal_spending_no_attem
             checkpoint={"signal": "USR1", "lead": "20s"},
         )
     )
-    job = client.jobs(exp.id, frame=False)[0]["id"]
-    deadline = time.monotonic() + 30
-    while client.job(job).state != "running":
-        assert time.monotonic() < deadline, "the job never ran"
-        time.sleep(0.1)
+    job = running_job(client, exp.id)
     assert client.cancel_job(job, requeue=True).requeued == 1
     done = exp.wait(timeout=60)
     assert done.counts.succeeded == 1
@@ -216,11 +222,7 @@ def test_a_cancel_during_a_requeue_s_checkpoint_lead_stops_the_job_at_once(
             checkpoint={"signal": "USR1", "lead": "60s"},
         )
     )
-    job = client.jobs(exp.id, frame=False)[0]["id"]
-    deadline = time.monotonic() + 30
-    while client.job(job).state != "running":
-        assert time.monotonic() < deadline, "the job never ran"
-        time.sleep(0.1)
+    job = running_job(client, exp.id)
     assert client.cancel_job(job, requeue=True).requeued == 1
     time.sleep(1.0)
     started = time.monotonic()

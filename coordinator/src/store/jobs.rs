@@ -174,14 +174,27 @@ pub(super) async fn cancel(tx: &mut dyn Tx, id: JobId) -> Result<(u64, Change)> 
     Ok((n, Change::work_if(n > 0)))
 }
 
-pub(super) async fn cancel_experiment(tx: &mut dyn Tx, id: ExperimentId) -> Result<(u64, Change)> {
+/// The jobs of an existing experiment in the states `which` takes.
+async fn jobs_in(
+    tx: &mut dyn Tx,
+    id: ExperimentId,
+    which: fn(JobState) -> bool,
+) -> Result<Vec<String>> {
     let id = id.to_string();
     super::experiments::summary(tx, &id).await?;
+    Ok(tx
+        .jobs_of_experiment(&id)
+        .await?
+        .into_iter()
+        .filter(|&(_, state)| which(state))
+        .map(|(job, _)| job)
+        .collect())
+}
+
+pub(super) async fn cancel_experiment(tx: &mut dyn Tx, id: ExperimentId) -> Result<(u64, Change)> {
     let mut n = 0;
-    for (job, state) in tx.jobs_of_experiment(&id).await? {
-        if !state.is_terminal() {
-            n += cancel_one(tx, &job).await?;
-        }
+    for job in jobs_in(tx, id, |s| !s.is_terminal()).await? {
+        n += cancel_one(tx, &job).await?;
     }
     Ok((n, Change::work_if(n > 0)))
 }
@@ -202,13 +215,10 @@ pub(super) async fn requeue(tx: &mut dyn Tx, id: JobId) -> Result<(u64, Change)>
 }
 
 pub(super) async fn requeue_experiment(tx: &mut dyn Tx, id: ExperimentId) -> Result<(u64, Change)> {
-    let id = id.to_string();
-    super::experiments::summary(tx, &id).await?;
+    let running = |s| matches!(s, JobState::Leased | JobState::Running);
     let mut n = 0;
-    for (job, state) in tx.jobs_of_experiment(&id).await? {
-        if matches!(state, JobState::Leased | JobState::Running) {
-            n += requeue_one(tx, &job).await?;
-        }
+    for job in jobs_in(tx, id, running).await? {
+        n += requeue_one(tx, &job).await?;
     }
     Ok((n, Change::work_if(n > 0)))
 }
