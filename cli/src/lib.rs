@@ -9,6 +9,7 @@
 //! - `node`: `up` and `doctor` run in the second binary, `headroom-node` (`src/bin/`), which
 //!   holds the coordinator, the agent and the attempt supervisors; `headroom` (`main.rs`)
 //!   holds the client's commands only and becomes `headroom-node` for those two;
+//! - `alerts`: subscriptions to alerts and their deliveries;
 //! - `simulate`: an experiment replayed under other GPUs, plans and policies;
 //! - `submit` (a spec sent, with `source`: where its jobs run from, their working
 //!   directory, git state, environment and code bundle).
@@ -34,6 +35,7 @@ macro_rules! out {
     ($($arg:tt)*) => { $crate::stdout_text(format_args!($($arg)*)) };
 }
 
+pub mod alerts;
 pub mod client;
 pub mod config;
 pub mod doctor;
@@ -176,6 +178,13 @@ pub enum Command {
     Token {
         #[command(subcommand)]
         command: TokenCommand,
+    },
+    /// Alerts sent to a webhook or by mail: experiment ended, failures in a row, GPU
+    /// quarantined, node lost, job pending long, pruned or preempted. Without a subcommand:
+    /// the subscriptions and their deliveries (`ls`).
+    Alerts {
+        #[command(subcommand)]
+        command: Option<alerts::AlertsCommand>,
     },
     /// Users (admins): who they are, their role, the Unix user their jobs run as.
     User {
@@ -654,6 +663,7 @@ async fn command_on(api: &Api, command: Command) -> Result<i32> {
             }
         }
         Command::Token { command } => token(api, command).await?,
+        Command::Alerts { command } => alerts::run(api, command).await?,
         Command::Plan {
             command: PlanCommand::Set { node, plan },
         } => {

@@ -91,6 +91,7 @@ impl Application {
         tasks.spawn(crate::settle::run(self.state.clone(), shutdown.clone()));
         tasks.spawn(crate::charging::run(self.state.clone(), shutdown.clone()));
         tasks.spawn(crate::preempting::run(self.state.clone(), shutdown.clone()));
+        tasks.spawn(crate::alerting::run(self.state.clone(), shutdown.clone()));
         // Other replicas' changes wake this process's long-polls too.
         let (store, changes) = (self.state.store.clone(), self.state.changes.clone());
         let stop = shutdown.clone();

@@ -99,6 +99,8 @@ pub enum TokenConfigError {
     JoinExpiry(String),
     #[error("{0}")]
     Secret(#[from] headroom_shared::secret::SecretError),
+    #[error("{0}")]
+    Alerts(#[from] crate::alerting::AlertConfigError),
 }
 
 /// The tokens file: `[[tokens]]` entries of `name`, `role` and `token_hash` (an argon2 PHC

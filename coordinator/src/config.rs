@@ -83,6 +83,38 @@ pub struct CoordinatorSettings {
         value_parser = duration
     )]
     pub preempt_interval: Duration,
+    /// Hosts alerts' webhooks may be sent to, comma-separated (`hooks.slack.com`,
+    /// `10.0.0.5:8080`). None by default: the coordinator sends requests to no host a user
+    /// names unless an admin allowed it.
+    #[arg(long, env = "HEADROOM_ALERT_WEBHOOK_HOSTS")]
+    pub alert_webhook_hosts: Option<String>,
+    /// The mail server alerts are sent through: `smtp://host:587?tls=required` (STARTTLS),
+    /// `smtps://host:465` (TLS), `smtp://127.0.0.1:25` (plain, a local relay); a user name
+    /// may be given in it (`smtp://alerts@host...`), its password only in a file.
+    #[arg(long, env = "HEADROOM_SMTP_URL")]
+    pub smtp_url: Option<String>,
+    /// A file holding the SMTP password (one line).
+    #[arg(long, env = "HEADROOM_SMTP_PASSWORD_FILE")]
+    pub smtp_password_file: Option<PathBuf>,
+    /// The sender of alerts' mail.
+    #[arg(
+        long,
+        env = "HEADROOM_ALERT_FROM",
+        default_value = "headroom@localhost"
+    )]
+    pub alert_from: String,
+    /// The wait after an alert's first failed delivery; it doubles with each (to an hour).
+    #[arg(long, env = "HEADROOM_ALERT_RETRY", default_value = "10s", value_parser = duration)]
+    pub alert_retry: Duration,
+    /// Tries before an alert's delivery is given up and kept as a dead letter.
+    #[arg(long, env = "HEADROOM_ALERT_TRIES", default_value_t = 10)]
+    pub alert_tries: u32,
+    /// A job queued this long raises `job-pending` (`0s`: never).
+    #[arg(long, env = "HEADROOM_ALERT_PENDING_AFTER", default_value = "1h", value_parser = duration)]
+    pub alert_pending_after: Duration,
+    /// Failed jobs of one experiment in a row that raise `failures-in-a-row`.
+    #[arg(long, env = "HEADROOM_ALERT_FAILURES_IN_A_ROW", default_value_t = 3)]
+    pub alert_failures_in_a_row: u32,
     /// Bootstrap admin token (at least 32 characters). With it, or a tokens file, every
     /// request needs a token; without either the coordinator listens on loopback only.
     #[arg(long, env = "HEADROOM_ADMIN_TOKEN", hide_env_values = true)]
@@ -149,7 +181,43 @@ impl CoordinatorSettings {
                 .map(allowed_servers)
                 .unwrap_or_default(),
             tokens: self.tokens()?,
+            alerts: self.alerts()?,
             ..CoordinatorConfig::new(self.listen, data_dir)
+        })
+    }
+
+    /// What alerts may send to and how hard they try; the SMTP password read from its file.
+    pub fn alerts(&self) -> Result<crate::alerting::AlertConfig, TokenConfigError> {
+        let smtp = match &self.smtp_url {
+            None => None,
+            Some(url) => {
+                let password = self
+                    .smtp_password_file
+                    .as_deref()
+                    .map(|p| secret::read_file(p, "--smtp-password-file"))
+                    .transpose()?;
+                let smtp = crate::alerting::SmtpConfig {
+                    url: url.trim().to_string(),
+                    password,
+                    from: self.alert_from.trim().to_string(),
+                };
+                smtp.check()?;
+                Some(smtp)
+            }
+        };
+        Ok(crate::alerting::AlertConfig {
+            webhook_hosts: self
+                .alert_webhook_hosts
+                .as_deref()
+                .map(allowed_servers)
+                .unwrap_or_default(),
+            smtp,
+            retry_first: self.alert_retry.max(Duration::from_millis(10)),
+            tries: self.alert_tries.max(1),
+            pending_after: (!self.alert_pending_after.is_zero())
+                .then_some(self.alert_pending_after),
+            failure_streak: self.alert_failures_in_a_row.max(1),
+            ..crate::alerting::AlertConfig::default()
         })
     }
 
@@ -252,6 +320,8 @@ pub struct CoordinatorConfig {
     pub single_user: Option<String>,
     /// MLflow servers runs may be written to (base URLs, no trailing `/`).
     pub mlflow_servers: Vec<String>,
+    /// What alerts may send to, and how hard they try.
+    pub alerts: crate::alerting::AlertConfig,
 }
 
 /// The base URLs of a comma-separated list, without trailing `/`.
@@ -291,6 +361,7 @@ impl CoordinatorConfig {
             http: crate::serve::Limits::default(),
             single_user: None,
             mlflow_servers: Vec::new(),
+            alerts: crate::alerting::AlertConfig::default(),
         }
     }
 }

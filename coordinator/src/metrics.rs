@@ -22,6 +22,11 @@ struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AlertTryLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusedLabels {
     route: String,
     status: u16,
@@ -94,6 +99,7 @@ pub struct CoordinatorMetrics {
     claim: Histogram,
     submit_to_start: Histogram,
     refused: Family<RefusedLabels, prometheus_client::metrics::counter::Counter>,
+    alert_tries: Family<AlertTryLabels, prometheus_client::metrics::counter::Counter>,
     outcomes: Family<OutcomeLabels, Gauge>,
     gpus: Family<GpuStatusLabels, Gauge>,
     users: Family<UserLabels, Gauge>,
@@ -167,6 +173,14 @@ impl CoordinatorMetrics {
              throttled), by route, on this replica",
             refused.clone(),
         );
+        let alert_tries =
+            Family::<AlertTryLabels, prometheus_client::metrics::counter::Counter>::default();
+        r.register(
+            "headroom_alert_tries",
+            "Alerts' delivery tries on this replica, by how they ended: delivered, retry (tried \
+             again later) or dead (given up)",
+            alert_tries.clone(),
+        );
         let outcomes = Family::<OutcomeLabels, Gauge>::default();
         r.register(
             "headroom_attempts_ended",
@@ -215,6 +229,7 @@ impl CoordinatorMetrics {
         Self {
             registry: Arc::new(r),
             refused,
+            alert_tries,
             outcomes,
             gpus,
             users,
@@ -240,6 +255,19 @@ impl CoordinatorMetrics {
                 route: route.to_string(),
                 status,
             })
+            .inc();
+    }
+
+    /// How one try of an alert's delivery ended.
+    pub fn alert_delivery(&self, outcome: &crate::store::DeliveryOutcome) {
+        use crate::store::DeliveryOutcome as O;
+        let outcome = match outcome {
+            O::Delivered => "delivered",
+            O::Retry { .. } => "retry",
+            O::Dead { .. } => "dead",
+        };
+        self.alert_tries
+            .get_or_create(&AlertTryLabels { outcome })
             .inc();
     }
 

@@ -8,9 +8,13 @@ use chrono::Utc;
 use headroom_coordinator::changes::{Change, WorkSeen};
 use headroom_coordinator::store::postgres::PostgresStore;
 use headroom_coordinator::store::sqlite::SqliteStore;
+use headroom_coordinator::store::{AlertSweep, DeliveryOutcome};
 use headroom_coordinator::store::{
     ClaimInput, Finished, JobFilter, NewExperiment, NewJob, NewToken, NodeOf, Registration,
     Renewal, Renewed, Retention, SeriesWindow, Started, Store, StoreError, now_ms,
+};
+use headroom_shared::api::alerts::{
+    AlertKind, AlertTarget, DeliveryState, SubscriptionView, WebhookFormat,
 };
 use headroom_shared::api::{
     AttemptRef, EnergySource, FinishReport, GpuInfo, GpuSample, JobStarted, JobSummary, Lease,
@@ -3495,6 +3499,239 @@ async fn a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain(s: 
     assert!(s.retry_cascade(e[1]).await.is_err());
 }
 
+fn subscription(owner: &str, on: &[AlertKind], lab_wide: bool) -> SubscriptionView {
+    SubscriptionView {
+        id: uuid::Uuid::new_v4().to_string(),
+        owner: owner.into(),
+        on: on.to_vec(),
+        target: AlertTarget::Webhook {
+            url: format!("http://127.0.0.1:9/{owner}"),
+            format: WebhookFormat::Json,
+        },
+        lab_wide,
+        created_at: Utc::now(),
+    }
+}
+
+fn sweep_input(lost_after_ms: u64, pending_after_ms: Option<u64>) -> AlertSweep {
+    AlertSweep {
+        lost_after_ms,
+        pending_after_ms,
+        failure_streak: 3,
+        keep_ms: 86_400_000,
+    }
+}
+
+/// The kinds of `owner`'s deliveries, sorted.
+async fn delivered_kinds(s: &Backend, owner: &str) -> Vec<AlertKind> {
+    let mut kinds: Vec<AlertKind> = s
+        .alerts(Some(owner.into()), 100)
+        .await
+        .expect("alerts")
+        .deliveries
+        .iter()
+        .map(|d| d.kind)
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+/// Events are kept with what tells of them (a quarantine with its end; an experiment's end
+/// and failures in a row by the sweep, once, from the notes its jobs' ends left), each sent
+/// to the subscriptions that want it; deliveries are claimed by one claimer at a time, tried
+/// again when due, and kept as dead letters when given up.
+async fn alerts_are_kept_with_what_they_tell_of_and_claimed_once(s: Backend) {
+    use AlertKind as K;
+    let ada = subscription("ada", &AlertKind::ALL, false);
+    let bob = subscription("bob", &[K::ExperimentEnded, K::GpuQuarantined], false);
+    let lab = subscription("root", &[K::ExperimentEnded], true);
+    for sub in [&ada, &bob, &lab] {
+        s.subscribe(sub.clone()).await.expect("subscribe");
+    }
+    let agent = register(&s, "n1", 4, Some("1,1,1,1")).await;
+    let exp = submit_as(
+        &s,
+        "ada",
+        (0..4).map(|i| job(i, Some(1000), vec![], 1)).collect(),
+    )
+    .await;
+    let leases = claim(&s, agent, 4).await;
+    assert_eq!(leases.len(), 4);
+    // The first end leaves something on its GPU: the quarantine is told with it, to every
+    // subscriber who asked (the lab's machines are everyone's).
+    let mut r = report(leases[0].fence, Some(FailureClass::Nonzero));
+    r.cleanup_verified = false;
+    r.unverified = Some("pid 4242 still holds 5.5 GiB".into());
+    finish_attempt(&s, leases[0].attempt, r)
+        .await
+        .expect("finish");
+    assert_eq!(delivered_kinds(&s, "ada").await, vec![K::GpuQuarantined]);
+    assert_eq!(delivered_kinds(&s, "bob").await, vec![K::GpuQuarantined]);
+    assert!(delivered_kinds(&s, "root").await.is_empty());
+    for l in &leases[1..3] {
+        finish_attempt(&s, l.attempt, report(l.fence, Some(FailureClass::Nonzero)))
+            .await
+            .expect("finish");
+    }
+    // Three failures in a row: told by the sweep, once.
+    s.alert_sweep(sweep_input(60_000, None))
+        .await
+        .expect("sweep");
+    assert_eq!(
+        delivered_kinds(&s, "ada").await,
+        vec![K::FailuresInARow, K::GpuQuarantined]
+    );
+    finish_attempt(&s, leases[3].attempt, report(leases[3].fence, None))
+        .await
+        .expect("finish");
+    for _ in 0..2 {
+        s.alert_sweep(sweep_input(60_000, None))
+            .await
+            .expect("sweep");
+    }
+    assert_eq!(
+        delivered_kinds(&s, "ada").await,
+        vec![K::ExperimentEnded, K::FailuresInARow, K::GpuQuarantined],
+        "the experiment's end is told once"
+    );
+    assert_eq!(
+        delivered_kinds(&s, "bob").await,
+        vec![K::GpuQuarantined],
+        "not bob's jobs"
+    );
+    assert_eq!(
+        delivered_kinds(&s, "root").await,
+        vec![K::ExperimentEnded],
+        "lab-wide"
+    );
+    let ended = s
+        .alerts(Some("root".into()), 10)
+        .await
+        .expect("alerts")
+        .deliveries
+        .remove(0);
+    assert!(
+        ended.summary.contains("1 succeeded, 3 failed"),
+        "{}",
+        ended.summary
+    );
+    let row = s.delivery(ended.id.clone()).await.expect("delivery");
+    assert_eq!(row.details["counts"]["failed"], 3);
+    assert_eq!(row.target, lab.target);
+
+    // Claimed by one claimer at a time: two claims share the five out between them (ada's
+    // three, bob's and the lab's one each).
+    let (a, b) = tokio::join!(s.claim_deliveries(60_000, 4), s.claim_deliveries(60_000, 4));
+    let (a, b) = (a.expect("claim"), b.expect("claim"));
+    let mut ids: Vec<&String> = a.iter().chain(&b).map(|(id, _)| id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), a.len() + b.len(), "claimed twice: {a:?} {b:?}");
+    let mut rest = s.claim_deliveries(60_000, 16).await.expect("claim");
+    assert_eq!(a.len() + b.len() + rest.len(), 5);
+    assert!(
+        s.claim_deliveries(60_000, 16)
+            .await
+            .expect("claim")
+            .is_empty(),
+        "held while claimed"
+    );
+    // A failed try comes back when due, its tries counted; given up, it is a dead letter.
+    let (id, tries) = rest.pop().or_else(|| a.first().cloned()).expect("one");
+    assert_eq!(tries, 1);
+    s.settle_delivery(
+        id.clone(),
+        DeliveryOutcome::Retry {
+            error: "connection refused".into(),
+            at: now_ms() - 1,
+        },
+    )
+    .await
+    .expect("settle");
+    let again = s.claim_deliveries(60_000, 16).await.expect("claim");
+    assert_eq!(again, vec![(id.clone(), 2)]);
+    s.settle_delivery(
+        id.clone(),
+        DeliveryOutcome::Dead {
+            error: "given up".into(),
+        },
+    )
+    .await
+    .expect("settle");
+    let all = s.alerts(None, 100).await.expect("alerts");
+    assert_eq!(all.subscriptions.len(), 3);
+    assert_eq!(all.deliveries[0].id, id, "dead letters first");
+    assert_eq!(all.deliveries[0].state, DeliveryState::Dead);
+    assert_eq!(all.deliveries[0].last_error.as_deref(), Some("given up"));
+
+    // A retried experiment's next end is told again.
+    s.retry_failed(exp).await.expect("retry");
+    let more = claim(&s, agent, 4).await;
+    assert_eq!(more.len(), 3, "GPU 0 is still quarantined, the rest run");
+    for l in &more {
+        finish_attempt(&s, l.attempt, report(l.fence, None))
+            .await
+            .expect("finish");
+    }
+    s.alert_sweep(sweep_input(60_000, None))
+        .await
+        .expect("sweep");
+    let ends = delivered_kinds(&s, "root").await;
+    assert_eq!(ends, vec![K::ExperimentEnded, K::ExperimentEnded]);
+
+    // A removed subscription takes its deliveries with it.
+    s.unsubscribe(bob.id.clone()).await.expect("unsubscribe");
+    assert!(delivered_kinds(&s, "bob").await.is_empty());
+    assert!(matches!(
+        s.unsubscribe(bob.id.clone()).await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+/// A node silent past the TTL is told lost once, and again after it came back and went
+/// silent again; a job queued past the threshold is told once.
+async fn lost_nodes_and_long_waits_are_told_once(s: Backend) {
+    use AlertKind as K;
+    s.subscribe(subscription("ada", &[K::NodeLost, K::JobPending], false))
+        .await
+        .expect("subscribe");
+    let agent = register(&s, "n1", 1, Some("1")).await;
+    submit_as(
+        &s,
+        "ada",
+        (0..2).map(|i| job(i, Some(1000), vec![], 1)).collect(),
+    )
+    .await;
+    submit_as(&s, "bob", vec![job(0, Some(1000), vec![], 1)]).await;
+    s.alert_sweep(sweep_input(60_000, Some(60_000)))
+        .await
+        .expect("sweep");
+    assert!(delivered_kinds(&s, "ada").await.is_empty(), "nothing yet");
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    for _ in 0..2 {
+        s.alert_sweep(sweep_input(10, Some(10)))
+            .await
+            .expect("sweep");
+    }
+    assert_eq!(
+        delivered_kinds(&s, "ada").await,
+        vec![K::NodeLost, K::JobPending, K::JobPending],
+        "ada's two jobs, not bob's; the node once"
+    );
+    // Heard of again, then silent again: lost again.
+    renew(&s, agent, vec![], free(1, 10_000))
+        .await
+        .expect("heartbeat");
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    s.alert_sweep(sweep_input(10, Some(10)))
+        .await
+        .expect("sweep");
+    assert_eq!(
+        delivered_kinds(&s, "ada").await,
+        vec![K::NodeLost, K::NodeLost, K::JobPending, K::JobPending]
+    );
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -3514,6 +3751,8 @@ macro_rules! conformance {
 }
 
 conformance!(sqlite, postgres: [
+    alerts_are_kept_with_what_they_tell_of_and_claimed_once,
+    lost_nodes_and_long_waits_are_told_once,
     plan_slots_bound_leases,
     host_memory_is_admitted_on_the_node_and_learned_from_runs,
     users_go_by_usage_per_share_and_their_caps_hold,

@@ -653,6 +653,27 @@ impl Client {
             .await
     }
 
+    /// The caller's alert subscriptions and their newest deliveries.
+    pub async fn alerts(&self) -> Result<crate::api::alerts::AlertsView, ClientError> {
+        self.get(routes::ALERTS, &[]).await
+    }
+
+    pub async fn subscribe(
+        &self,
+        req: &crate::api::alerts::NewSubscription,
+    ) -> Result<crate::api::alerts::SubscriptionView, ClientError> {
+        self.call(routes::SUBSCRIBE, &[], Some(req), DEFAULT_TIMEOUT)
+            .await
+    }
+
+    pub async fn unsubscribe(
+        &self,
+        id: &str,
+    ) -> Result<crate::api::alerts::SubscriptionView, ClientError> {
+        self.call(routes::UNSUBSCRIBE, &[&id], None, DEFAULT_TIMEOUT)
+            .await
+    }
+
     /// Who this client's token is, and which Unix user its jobs run as.
     pub async fn whoami(&self) -> Result<crate::api::WhoAmI, ClientError> {
         self.get(routes::WHOAMI, &[]).await

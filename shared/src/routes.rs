@@ -9,6 +9,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use crate::api::MetricsQuery;
+use crate::api::alerts::{AlertsView, NewSubscription, SubscriptionView};
 use crate::api::source::BundleStored;
 use crate::api::usage::{UsageQuery, UsageReport};
 use crate::api::{
@@ -532,6 +533,9 @@ macro_rules! for_each_endpoint {
             $crate::routes::PUT_USER,
             $crate::routes::USAGE,
             $crate::routes::WHOAMI,
+            $crate::routes::ALERTS,
+            $crate::routes::SUBSCRIBE,
+            $crate::routes::UNSUBSCRIBE,
         }
     };
 }
@@ -589,6 +593,31 @@ pub const PUT_USER: Endpoint<Json<PutUserRequest>, NoQuery, Json<UserView>> = En
 /// Response headers of `READ_LOG`: where the next read starts, and whether the attempt ended.
 pub const LOG_OFFSET_HEADER: &str = "x-log-offset";
 pub const ATTEMPT_ENDED_HEADER: &str = "x-attempt-ended";
+
+pub const ALERTS: Endpoint<NoBody, NoQuery, Json<AlertsView>> = Endpoint::new(
+    Get,
+    "/v1/alerts",
+    User,
+    "The caller's alert subscriptions (an admin's: every one) and their newest deliveries, \
+     dead letters first",
+)
+.doc("listAlerts", "alerts");
+pub const SUBSCRIBE: Endpoint<Json<NewSubscription>, NoQuery, Json<SubscriptionView>> =
+    Endpoint::new(
+        Post,
+        "/v1/alerts",
+        User,
+        "Subscribe to alerts: events of the caller's jobs (every user's, lab-wide: admins) and \
+         of the lab's machines, sent to a webhook or a mailbox",
+    )
+    .doc("subscribe", "alerts");
+pub const UNSUBSCRIBE: Endpoint<NoBody, NoQuery, Json<SubscriptionView>> = Endpoint::new(
+    Post,
+    "/v1/alerts/{id}/remove",
+    User,
+    "Remove an alert subscription (its owner's or an admin's) and its deliveries",
+)
+.doc("unsubscribe", "alerts");
 
 #[cfg(test)]
 mod tests {

@@ -18,6 +18,7 @@ use crate::config::CoordinatorConfig;
 use crate::store::{NodeOf, Store};
 
 mod agents;
+mod alerts;
 mod bundles;
 mod dry_run;
 pub mod error;
@@ -100,6 +101,9 @@ pub fn router(state: AppState) -> Router {
         .endpoint(r::USAGE, usage::usage)
         .endpoint(r::PUT_USER, tokens::put_user)
         .endpoint(r::WHOAMI, tokens::whoami)
+        .endpoint(r::ALERTS, alerts::list)
+        .endpoint(r::SUBSCRIBE, alerts::subscribe)
+        .endpoint(r::UNSUBSCRIBE, alerts::unsubscribe)
         // One gate for every route above, deciding by the route table's `access` (`authorize`).
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize))
         // Public, outside the table and the gate: the description of everything above, and

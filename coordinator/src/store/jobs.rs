@@ -75,6 +75,8 @@ async fn apply(
     if to != from {
         // Jobs of a study that wait for this one (`after`) may start, or end, with it.
         super::waiting::changed(tx, &job.id, from, to, now).await?;
+        // An end (or a return from one) is noted for the alerts it may raise.
+        super::alerts::job_changed(tx, &job.id, from, to, now).await?;
     }
     Ok(to)
 }

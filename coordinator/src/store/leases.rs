@@ -510,7 +510,9 @@ pub(super) async fn finish(
     }
     if let Some(reason) = &f.quarantine {
         for &gpu in &ended.gpus {
-            tx.quarantine(&node, gpu, &id, reason, now_ms()).await?;
+            let now = now_ms();
+            tx.quarantine(&node, gpu, &id, reason, now).await?;
+            super::alerts::quarantined(tx, &node, gpu, &id, reason, now).await?;
         }
     }
     if let Some(class) = f.last_failure {

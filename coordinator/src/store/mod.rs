@@ -8,7 +8,8 @@
 //!   neighbours an attempt view is labelled shared by; `waits` and `waiting`: a study's
 //!   jobs that wait for others (`after`): storing and settling them, and counting one's
 //!   waits; `history`: what earlier runs of a memory key tell a dry run; `shares`: fair
-//!   share's ledgers; `preemption`: a round of preemption.
+//!   share's ledgers; `preemption`: a round of preemption; `alerts`: subscriptions, the
+//!   outbox of events and their deliveries.
 //! - `tx`: that interface (`Tx`, the statements; `Backend`, transactions) and the lock order.
 //! - `sql`: every `Tx` statement's SQL, once, over `exec::Exec` (a file per section of
 //!   `Tx`): what a backend must run.
@@ -34,9 +35,12 @@ use headroom_shared::{AgentId, AttemptId, ExperimentId, FailureClass, JobId, Job
 use serde_json::Value;
 
 use crate::changes::Changes;
+pub use alerts::{AlertSweep, DeliveryOutcome};
 pub use preemption::{PreemptInput, Preempted};
 use tokio_util::sync::CancellationToken;
+pub use tx::DeliveryRow;
 
+mod alerts;
 mod bundles;
 mod exec;
 mod experiments;
@@ -642,6 +646,35 @@ pub trait Store: Send + Sync + 'static {
         half_life_ms: u64,
     ) -> Result<headroom_shared::api::usage::UsageReport>;
 
+    /// Keeps a subscription to alerts.
+    async fn subscribe(
+        &self,
+        view: headroom_shared::api::alerts::SubscriptionView,
+    ) -> Result<headroom_shared::api::alerts::SubscriptionView>;
+    /// Subscriptions (`owner`'s only, where given), oldest first.
+    async fn subscriptions(
+        &self,
+        owner: Option<String>,
+    ) -> Result<Vec<headroom_shared::api::alerts::SubscriptionView>>;
+    /// Deletes a subscription with its deliveries (`NotFound` when none has that id).
+    async fn unsubscribe(&self, id: String) -> Result<()>;
+    /// Subscriptions and their newest `limit` deliveries, dead letters first (`owner`'s
+    /// only, where given).
+    async fn alerts(
+        &self,
+        owner: Option<String>,
+        limit: u32,
+    ) -> Result<headroom_shared::api::alerts::AlertsView>;
+    /// Claims up to `limit` deliveries due now, for `hold_ms`; each with its tries, this
+    /// one counted.
+    async fn claim_deliveries(&self, hold_ms: i64, limit: u32) -> Result<Vec<(String, u32)>>;
+    /// A delivery with what it sends, and where.
+    async fn delivery(&self, id: String) -> Result<DeliveryRow>;
+    /// How a delivery's try ended.
+    async fn settle_delivery(&self, id: String, outcome: DeliveryOutcome) -> Result<()>;
+    /// Takes the events no single transaction can tell (`alerts::sweep`); how many.
+    async fn alert_sweep(&self, input: AlertSweep) -> Result<usize>;
+
     /// Calls `on_change` whenever another process sharing the database (a coordinator
     /// replica) may have changed something, until `shutdown`, so this process's long-polls
     /// wake for it too. A store only one process uses has nothing to watch.
@@ -994,6 +1027,51 @@ impl<B: Backend> Store for B {
     async fn create_token(&self, token: NewToken) -> Result<TokenView> {
         let id = token.id.clone();
         run!(self, write, "create_token", tokens::create, token; token = %id)
+    }
+
+    async fn subscribe(
+        &self,
+        view: headroom_shared::api::alerts::SubscriptionView,
+    ) -> Result<headroom_shared::api::alerts::SubscriptionView> {
+        let id = view.id.clone();
+        run!(self, write, "subscribe", alerts::subscribe, view; subscription = %id)
+    }
+
+    async fn subscriptions(
+        &self,
+        owner: Option<String>,
+    ) -> Result<Vec<headroom_shared::api::alerts::SubscriptionView>> {
+        run!(self, read, "subscriptions", alerts::subscriptions, owner;)
+    }
+
+    async fn unsubscribe(&self, id: String) -> Result<()> {
+        run!(self, write, "unsubscribe", alerts::unsubscribe, id.clone(); subscription = %id)
+    }
+
+    async fn alerts(
+        &self,
+        owner: Option<String>,
+        limit: u32,
+    ) -> Result<headroom_shared::api::alerts::AlertsView> {
+        run!(self, read, "alerts", alerts::view, owner, limit;)
+    }
+
+    async fn claim_deliveries(&self, hold_ms: i64, limit: u32) -> Result<Vec<(String, u32)>> {
+        let now = now_ms();
+        run!(self, write, "claim_deliveries", alerts::claim, now, hold_ms, limit;)
+    }
+
+    async fn delivery(&self, id: String) -> Result<DeliveryRow> {
+        run!(self, read, "delivery", alerts::delivery, id.clone(); delivery = %id)
+    }
+
+    async fn settle_delivery(&self, id: String, outcome: DeliveryOutcome) -> Result<()> {
+        let now = now_ms();
+        run!(self, write, "settle_delivery", alerts::settle, id.clone(), outcome, now; delivery = %id)
+    }
+
+    async fn alert_sweep(&self, input: AlertSweep) -> Result<usize> {
+        run!(self, write, "alert_sweep", alerts::sweep, input;)
     }
 
     async fn token_by_id(&self, id: &str) -> Result<StoredToken> {

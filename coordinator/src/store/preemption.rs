@@ -123,13 +123,15 @@ pub(super) async fn preempt(
             .is_some_and(|s| matches!(s, JobState::Leased | JobState::Running));
         if waiting && running && preempt_one(tx, &c.job, now).await? {
             tracing::info!(job = %c.job, attempt = %c.attempt, for_job = %c.for_job, node = %c.node, gpu = c.gpu, "preempting");
-            done.push(Preempted {
+            let p = Preempted {
                 job: c.job,
                 attempt: c.attempt,
                 for_job: c.for_job,
                 node: c.node,
                 gpu: c.gpu,
-            });
+            };
+            super::alerts::preempted(tx, &p, now).await?;
+            done.push(p);
         }
     }
     let changed = Change::work_if(!done.is_empty());

@@ -122,6 +122,7 @@ pub trait Tx:
     + ResultsTx
     + WaitsTx
     + SharesTx
+    + AlertsTx
 {
 }
 
@@ -136,6 +137,7 @@ impl<
         + ResultsTx
         + WaitsTx
         + SharesTx
+        + AlertsTx
         + ?Sized,
 > Tx for T
 {
@@ -716,4 +718,139 @@ pub struct UsageAttempt {
     pub energy_mj: Option<u64>,
     /// Its GPUs' energy was not its own (another process, or another attempt, shared them).
     pub contaminated: bool,
+}
+
+/// An event to keep in the alerts outbox.
+#[derive(Clone, Debug)]
+pub struct NewAlertEvent {
+    pub kind: headroom_shared::api::alerts::AlertKind,
+    /// Whose jobs it is about (`None`: the lab's machines).
+    pub subject: Option<String>,
+    pub summary: String,
+    pub details: serde_json::Value,
+    pub at: Millis,
+}
+
+/// A delivery with what its try sends and where.
+#[derive(Clone, Debug)]
+pub struct DeliveryRow {
+    pub id: String,
+    pub event: i64,
+    pub kind: headroom_shared::api::alerts::AlertKind,
+    pub summary: String,
+    pub details: serde_json::Value,
+    pub at: Millis,
+    pub target: headroom_shared::api::alerts::AlertTarget,
+    pub tries: u32,
+}
+
+/// An experiment as the alerts sweep reads it: who submitted it, its failures in a row, and
+/// whether its end was told.
+#[derive(Clone, Debug)]
+pub struct ExperimentAlerts {
+    pub name: String,
+    pub submitted_by: String,
+    pub failure_streak: u32,
+    pub ended_alerted: bool,
+}
+
+/// A job's end (or its return from one), as noted for the alerts sweep.
+#[derive(Clone, Debug)]
+pub struct AlertNote {
+    pub id: i64,
+    pub job: String,
+    pub experiment: String,
+    pub state: JobState,
+    pub at: Millis,
+}
+
+/// A job that has waited in the queue past the alert's threshold.
+#[derive(Clone, Debug)]
+pub struct LongWait {
+    pub job: String,
+    pub experiment: String,
+    pub experiment_name: String,
+    pub submitted_by: String,
+    pub created_at: Millis,
+    pub pending_reason: Option<PendingReason>,
+}
+
+/// Alerts: subscriptions, the outbox of events and their deliveries, and the marks that
+/// make an event be taken once (an experiment's failures in a row, a node's loss, a job's
+/// long wait).
+#[async_trait]
+pub trait AlertsTx: Send {
+    async fn insert_subscription(
+        &mut self,
+        view: &headroom_shared::api::alerts::SubscriptionView,
+    ) -> Result<()>;
+    /// Subscriptions, oldest first: `owner`'s only where given.
+    async fn subscriptions(
+        &mut self,
+        owner: Option<&str>,
+    ) -> Result<Vec<headroom_shared::api::alerts::SubscriptionView>>;
+    /// Deletes a subscription and its deliveries; the rows deleted of the subscription.
+    async fn delete_subscription(&mut self, id: &str) -> Result<u64>;
+    /// Keeps an event; its number.
+    async fn insert_alert_event(&mut self, event: &NewAlertEvent) -> Result<i64>;
+    async fn insert_delivery(
+        &mut self,
+        id: &str,
+        event: i64,
+        subscription: &str,
+        due: Millis,
+    ) -> Result<()>;
+    /// Claims up to `limit` pending deliveries due at `now`, holding them until
+    /// `hold_until` (another replica leaves them alone meanwhile); each with its tries so
+    /// far, this one counted.
+    async fn claim_deliveries(
+        &mut self,
+        now: Millis,
+        hold_until: Millis,
+        limit: u32,
+    ) -> Result<Vec<(String, u32)>>;
+    async fn delivery(&mut self, id: &str) -> Result<Option<DeliveryRow>>;
+    /// Sets a delivery's state, when it is due again (`None`: never) and its last error.
+    async fn set_delivery(
+        &mut self,
+        id: &str,
+        state: headroom_shared::api::alerts::DeliveryState,
+        due: Option<Millis>,
+        error: Option<&str>,
+        delivered_at: Option<Millis>,
+    ) -> Result<()>;
+    /// The newest `limit` deliveries (of `owner`'s subscriptions, where given), dead
+    /// letters first.
+    async fn deliveries(
+        &mut self,
+        owner: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<headroom_shared::api::alerts::DeliveryView>>;
+    /// Notes that the job ended (or, `state` not terminal, came back from its end), for the
+    /// alerts sweep: an insert only, taking no lock another transaction waits on.
+    async fn note_job_end(&mut self, job: &str, state: JobState, at: Millis) -> Result<()>;
+    /// The oldest `limit` notes, in the order they were written.
+    async fn alert_notes(&mut self, limit: u32) -> Result<Vec<AlertNote>>;
+    /// Drops the notes up to `last`.
+    async fn drop_alert_notes(&mut self, last: i64) -> Result<()>;
+    /// Taken by each alerts sweep: one replica's at a time, so that notes are read in order
+    /// and an event is taken once.
+    async fn lock_alerts(&mut self) -> Result<()>;
+    async fn experiment_alerts(&mut self, experiment: &str) -> Result<Option<ExperimentAlerts>>;
+    async fn set_experiment_alerts(
+        &mut self,
+        experiment: &str,
+        failure_streak: u32,
+        ended_alerted: bool,
+    ) -> Result<()>;
+    /// Who submitted the job, and its experiment's id and name.
+    async fn job_owner(&mut self, job: &str) -> Result<Option<(String, String, String)>>;
+    /// Nodes silent since before `cutoff` and not yet told of, now marked told.
+    async fn mark_lost_nodes(&mut self, cutoff: Millis) -> Result<Vec<String>>;
+    /// Up to `limit` jobs queued since before `cutoff` (waiting for no other job) and not
+    /// yet told of, now marked told.
+    async fn mark_long_waits(&mut self, cutoff: Millis, limit: u32) -> Result<Vec<LongWait>>;
+    /// Delivered deliveries and dead letters settled before `before`, and events left
+    /// without deliveries from before it, go; how many rows went.
+    async fn prune_alerts(&mut self, before: Millis) -> Result<u64>;
 }

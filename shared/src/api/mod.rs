@@ -16,6 +16,7 @@ use crate::size::MemSize;
 use crate::state::{FailureClass, JobState};
 
 mod agent;
+pub mod alerts;
 pub mod bounds;
 mod export;
 mod measurements;

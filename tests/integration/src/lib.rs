@@ -18,6 +18,7 @@
 //! * `premises`: what the suite needs of the machine (CI, root, a second Unix user).
 //! * `records`: what fake jobs recorded, and their deaths seen from outside.
 //! * `prom`: Prometheus pages parsed with a real parser.
+//! * `receivers`: where alerts land: a webhook receiver and a real SMTP server.
 //! * `postgres`: a throwaway PostgreSQL cluster.
 //! * `link`: connections a test can cut or black-hole.
 //! * `tls`: a TLS front as a lab's proxy puts one before a coordinator.
@@ -32,6 +33,7 @@ mod premises;
 mod process;
 mod procfs;
 pub mod prom;
+pub mod receivers;
 pub mod records;
 pub mod standalone;
 mod tables;

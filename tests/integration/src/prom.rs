@@ -34,7 +34,8 @@ pub struct Sample {
     pub value: f64,
 }
 
-fn python() -> String {
+/// The test tools' interpreter.
+pub fn python() -> String {
     std::env::var(PYTHON_ENV).unwrap_or_else(|_| "python3".into())
 }
 

@@ -4,7 +4,7 @@
 //!
 //! # Layout
 //! One file per section of `Tx`: `jobs` (experiments and jobs), `attempts`, `nodes`,
-//! `telemetry`, `access` (tokens and users), `logs` (attempt logs), `bundles` (code bundles), `results` (metrics, rungs, tracking); here the helpers they
+//! `telemetry`, `access` (tokens and users), `logs` (attempt logs), `bundles` (code bundles), `results` (metrics, rungs, tracking), `alerts`; here the helpers they
 //! share and the statements
 //! a backend also plans in its own tests.
 //!
@@ -84,6 +84,7 @@ fn text(r: &RowRef<'_>) -> Result<String> {
 }
 
 mod access;
+mod alerts;
 mod attempts;
 mod bundles;
 mod jobs;

@@ -83,7 +83,8 @@ impl<E: Exec> NodesTx for E {
             "INSERT INTO nodes (name, agent_id, gpus, plan, headroom, last_seen, registered_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $6) \
              ON CONFLICT (name) DO UPDATE SET agent_id = $2, gpus = $3, plan = $4, \
-             headroom = $5, last_seen = $6, registered_at = $6, telemetry = NULL",
+             headroom = $5, last_seen = $6, registered_at = $6, telemetry = NULL, \
+             lost_alerted = 0",
             args![
                 node,
                 &agent.to_string(),
@@ -112,7 +113,9 @@ impl<E: Exec> NodesTx for E {
         gpus: &[GpuSample],
         now: Millis,
     ) -> Result<()> {
-        let sql = "UPDATE nodes SET telemetry = $1, last_seen = $2 WHERE name = $3";
+        // A node heard of again may be told of when it is lost again.
+        let sql =
+            "UPDATE nodes SET telemetry = $1, last_seen = $2, lost_alerted = 0 WHERE name = $3";
         done(self, sql, args![json(&gpus)?, now, node]).await
     }
 

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use headroom_integration_tests::receivers::WebhookReceiver;
 use headroom_integration_tests::records::{DeathWatch, Timeline};
 use headroom_integration_tests::{
     Link, Postgres, Proc, alive, fake_job, free_port, http_get, http_post, wait_until as wait,
@@ -28,6 +29,8 @@ struct Cluster {
     record: std::path::PathBuf,
     /// Sees every recorded job process die, from outside.
     deaths: Option<DeathWatch>,
+    /// Where the replicas may send alerts.
+    hook: WebhookReceiver,
 }
 
 impl Cluster {
@@ -50,6 +53,7 @@ impl Cluster {
             links: HashMap::new(),
             deaths: Some(DeathWatch::start(record.clone())),
             record,
+            hook: WebhookReceiver::start().expect("webhook receiver"),
         };
         for i in 0..replicas {
             c.coords.push(None);
@@ -95,6 +99,8 @@ impl Cluster {
                 .to_string(),
             "--lease-ttl".into(),
             self.ttl.into(),
+            "--alert-webhook-hosts".into(),
+            format!("127.0.0.1:{}", self.hook.port),
         ];
         let log = self.dir.path().join(format!("coord{i}.log"));
         let p = match skew {
@@ -290,6 +296,11 @@ fn two_replicas_four_agents_two_thousand_jobs_each_succeed_once() {
     // No fault here, so no lease may be lost: a TTL long enough that a heavily loaded test
     // machine (heartbeats answered seconds late) does not fence healthy agents.
     let mut c = Cluster::with_ttl(2, "10s");
+    // Both replicas send alerts: the experiment's end reaches the webhook once.
+    let sub = serde_json::json!({"on": ["experiment-ended"],
+        "target": {"webhook": {"url": c.hook.url("/hook")}}});
+    let (status, body) = http_post(&format!("{}/v1/alerts", c.url(0)), &sub).expect("subscribe");
+    assert_eq!(status, 200, "{body}");
     for j in 0..4 {
         c.add_agent(j % 2, "2x24GiB", "8,8", false);
     }
@@ -299,6 +310,20 @@ fn two_replicas_four_agents_two_thousand_jobs_each_succeed_once() {
     assert_eq!(lost, 0);
     let starts = timeline.records.iter().filter(|r| r.event == "start");
     assert_eq!(starts.count(), 2000);
+    wait(
+        "the experiment's end at the webhook",
+        Duration::from_secs(30),
+        || (!c.hook.received().is_empty()).then_some(()),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let got = c.hook.received();
+    assert_eq!(
+        got.len(),
+        1,
+        "{:?}",
+        got.iter().map(|r| &r.body).collect::<Vec<_>>()
+    );
+    assert!(got[0].body.contains("2000 succeeded"), "{}", got[0].body);
 }
 
 /// An agent killed for good mid-attempts: its supervisors renew their leases themselves

@@ -2,6 +2,7 @@
 //! real HTTP, real stores and fake GPUs: one test binary, a module per topic, so the
 //! workspace is linked once.
 
+mod alerts;
 mod auth;
 mod binaries;
 mod chaos;
