@@ -37,6 +37,8 @@ pub struct AlertConfig {
     pub tries: u32,
     /// A job queued this long raises `job-pending` (`None`: never).
     pub pending_after: Option<Duration>,
+    /// A GPU quarantined this long raises `gpu-quarantined` again (`None`: never).
+    pub quarantine_after: Option<Duration>,
     /// Failed jobs of one experiment in a row that raise `failures-in-a-row`.
     pub failure_streak: u32,
     /// How long settled deliveries (and dead letters) are kept.
@@ -53,6 +55,7 @@ impl Default for AlertConfig {
             retry_first: Duration::from_secs(10),
             tries: 10,
             pending_after: Some(Duration::from_secs(3600)),
+            quarantine_after: Some(Duration::from_secs(3600)),
             failure_streak: 3,
             keep: Duration::from_secs(30 * 24 * 3600),
             poll: Duration::from_secs(1),
@@ -224,6 +227,9 @@ pub async fn run(state: AppState, shutdown: CancellationToken) {
         lost_after_ms: u64::try_from(state.config.lease_ttl.as_millis()).unwrap_or(u64::MAX),
         pending_after_ms: config
             .pending_after
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        quarantine_after_ms: config
+            .quarantine_after
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         failure_streak: config.failure_streak,
         keep_ms: u64::try_from(config.keep.as_millis()).unwrap_or(u64::MAX),

@@ -112,6 +112,10 @@ pub struct CoordinatorSettings {
     /// A job queued this long raises `job-pending` (`0s`: never).
     #[arg(long, env = "HEADROOM_ALERT_PENDING_AFTER", default_value = "1h", value_parser = duration)]
     pub alert_pending_after: Duration,
+    /// A GPU quarantined this long raises `gpu-quarantined` again, once (`0s`: never): the
+    /// ghost memory of an orphan nobody looked at.
+    #[arg(long, env = "HEADROOM_ALERT_QUARANTINE_AFTER", default_value = "1h", value_parser = duration)]
+    pub alert_quarantine_after: Duration,
     /// Failed jobs of one experiment in a row that raise `failures-in-a-row`.
     #[arg(long, env = "HEADROOM_ALERT_FAILURES_IN_A_ROW", default_value_t = 3)]
     pub alert_failures_in_a_row: u32,

@@ -3517,6 +3517,7 @@ fn sweep_input(lost_after_ms: u64, pending_after_ms: Option<u64>) -> AlertSweep 
     AlertSweep {
         lost_after_ms,
         pending_after_ms,
+        quarantine_after_ms: pending_after_ms,
         failure_streak: 3,
         keep_ms: 86_400_000,
     }
@@ -3678,6 +3679,17 @@ async fn alerts_are_kept_with_what_they_tell_of_and_claimed_once(s: Backend) {
         .expect("sweep");
     let ends = delivered_kinds(&s, "root").await;
     assert_eq!(ends, vec![K::ExperimentEnded, K::ExperimentEnded]);
+
+    // GPU 0's quarantine lasts: told again, once.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    for _ in 0..2 {
+        s.alert_sweep(sweep_input(60_000, Some(1)))
+            .await
+            .expect("sweep");
+    }
+    let told = |kinds: Vec<AlertKind>| kinds.iter().filter(|k| **k == K::GpuQuarantined).count();
+    assert_eq!(told(delivered_kinds(&s, "ada").await), 2);
+    assert_eq!(told(delivered_kinds(&s, "bob").await), 2);
 
     // A removed subscription takes its deliveries with it.
     s.unsubscribe(bob.id.clone()).await.expect("unsubscribe");

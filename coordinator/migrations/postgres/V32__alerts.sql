@@ -43,6 +43,8 @@ CREATE TABLE alert_notes (
 );
 ALTER TABLE experiments ADD COLUMN failure_streak BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE experiments ADD COLUMN ended_alerted BIGINT NOT NULL DEFAULT 0;
+-- A quarantine that lasts past `--alert-quarantine-after` is told again, once.
+ALTER TABLE quarantine ADD COLUMN lasting_alerted BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE nodes ADD COLUMN lost_alerted BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN pending_alerted BIGINT NOT NULL DEFAULT 0;
 -- Jobs queued and nodes lost before alerts existed are not told of (a live node is

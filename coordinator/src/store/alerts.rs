@@ -23,6 +23,8 @@ pub struct AlertSweep {
     pub lost_after_ms: u64,
     /// A job queued this long is told of (`None`: never).
     pub pending_after_ms: Option<u64>,
+    /// A quarantine this long is told again (`None`: never).
+    pub quarantine_after_ms: Option<u64>,
     /// Failed jobs in a row of one experiment that are told of.
     pub failure_streak: u32,
     /// Settled deliveries and their events older than this go.
@@ -307,6 +309,29 @@ pub(super) async fn sweep(tx: &mut dyn Tx, input: AlertSweep) -> Result<(usize, 
             },
         )
         .await?;
+    }
+    if let Some(after) = input.quarantine_after_ms {
+        let cutoff = now.saturating_sub(i64::try_from(after).unwrap_or(i64::MAX));
+        for (node, gpu, attempt, reason, since) in tx.mark_lasting_quarantines(cutoff).await? {
+            events += 1;
+            let lasting_ms = now.saturating_sub(since);
+            record(
+                tx,
+                NewAlertEvent {
+                    kind: AlertKind::GpuQuarantined,
+                    subject: None,
+                    summary: format!(
+                        "GPU {gpu} of node {node} is still quarantined after {} min: {reason} \
+                         (`headroom node release {node} {gpu}` once it is looked at)",
+                        lasting_ms / 60_000
+                    ),
+                    details: json!({"node": node, "gpu": gpu, "attempt": attempt,
+                        "reason": reason, "lasting_ms": lasting_ms}),
+                    at: now,
+                },
+            )
+            .await?;
+        }
     }
     if let Some(after) = input.pending_after_ms {
         let cutoff = now.saturating_sub(i64::try_from(after).unwrap_or(i64::MAX));

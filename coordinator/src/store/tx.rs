@@ -845,6 +845,12 @@ pub trait AlertsTx: Send {
     ) -> Result<()>;
     /// Who submitted the job, and its experiment's id and name.
     async fn job_owner(&mut self, job: &str) -> Result<Option<(String, String, String)>>;
+    /// Quarantines in place since before `cutoff` and not yet told of as lasting, now marked
+    /// told: (node, GPU, attempt, reason, since).
+    async fn mark_lasting_quarantines(
+        &mut self,
+        cutoff: Millis,
+    ) -> Result<Vec<(String, u32, String, String, Millis)>>;
     /// Nodes silent since before `cutoff` and not yet told of, now marked told.
     async fn mark_lost_nodes(&mut self, cutoff: Millis) -> Result<Vec<String>>;
     /// Up to `limit` jobs queued since before `cutoff` (waiting for no other job) and not

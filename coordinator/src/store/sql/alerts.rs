@@ -285,6 +285,29 @@ impl<E: Exec> AlertsTx for E {
         .await
     }
 
+    async fn mark_lasting_quarantines(
+        &mut self,
+        cutoff: Millis,
+    ) -> Result<Vec<(String, u32, String, String, Millis)>> {
+        all(
+            self,
+            "UPDATE quarantine SET lasting_alerted = 1 \
+             WHERE lasting_alerted = 0 AND since < $1 \
+             RETURNING node, gpu, attempt_id, reason, since",
+            args![cutoff],
+            |r| {
+                Ok((
+                    r.text(0)?,
+                    u32::try_from(r.int(1)?).unwrap_or(u32::MAX),
+                    r.text(2)?,
+                    r.text(3)?,
+                    r.int(4)?,
+                ))
+            },
+        )
+        .await
+    }
+
     async fn mark_lost_nodes(&mut self, cutoff: Millis) -> Result<Vec<String>> {
         all(
             self,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use headroom_integration_tests::receivers::{SmtpServer, WebhookReceiver};
 use headroom_integration_tests::{Headroom, UpOptions, books_for, bystander};
-use headroom_shared::api::alerts::{AlertKind, AlertsView, DeliveryState};
+use headroom_shared::api::alerts::{AlertTarget, AlertsView, DeliveryState};
 
 fn kind_of(r: &headroom_integration_tests::receivers::Received) -> String {
     r.json()["kind"].as_str().unwrap_or_default().to_string()
@@ -51,6 +51,18 @@ fn a_quarantine_is_posted_and_mailed_once_within_seconds() {
         "gpu-quarantined",
         "--email",
         "ada@lab.test",
+    ]);
+    // The same event in Slack's words, the URL read from a file.
+    let hook_file = dir.path().join("slack-hook");
+    std::fs::write(&hook_file, hook.url("/slack")).expect("write");
+    h.cli_ok(&[
+        "alerts",
+        "add",
+        "--on",
+        "gpu-quarantined",
+        "--webhook-file",
+        &hook_file.display().to_string(),
+        "--slack",
     ]);
     // A bad one is refused, naming its field.
     let refused = h.cli(&[
@@ -109,16 +121,20 @@ fn a_quarantine_is_posted_and_mailed_once_within_seconds() {
         mail.contains("Subject: [headroom] GPU 0 of node test-node quarantined"),
         "{mail}"
     );
+    // The mail's key is its own delivery's.
+    let v: AlertsView = h.get("/v1/alerts").expect("alerts");
+    let mailbox = v
+        .subscriptions
+        .iter()
+        .find(|s| matches!(s.target, AlertTarget::Email { .. }))
+        .expect("the mail subscription");
+    let mailed = v
+        .deliveries
+        .iter()
+        .find(|d| d.subscription == mailbox.id)
+        .expect("its delivery");
     assert!(
-        mail.contains(&format!("Message-ID: <{}@headroom>", {
-            // The mail's key is its own delivery's, not the webhook's.
-            let v: AlertsView = h.get("/v1/alerts").expect("alerts");
-            v.deliveries
-                .iter()
-                .find(|d| d.kind == AlertKind::GpuQuarantined && d.id != body["id"])
-                .map(|d| d.id.clone())
-                .unwrap_or_default()
-        })),
+        mail.contains(&format!("Message-ID: <{}@headroom>", mailed.id)),
         "{mail}"
     );
     // No credential of headroom's in what left it.
@@ -140,7 +156,20 @@ fn a_quarantine_is_posted_and_mailed_once_within_seconds() {
             .then_some(()))
     });
     std::thread::sleep(Duration::from_secs(2));
-    let kinds: Vec<String> = hook.received().iter().map(kind_of).collect();
+    let (slack, ours): (Vec<_>, Vec<_>) = hook
+        .received()
+        .into_iter()
+        .partition(|r| r.path == "/slack");
+    assert_eq!(slack.len(), 1);
+    let text = slack[0].json()["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        text.contains("GPU 0 of node test-node quarantined"),
+        "{text}"
+    );
+    let kinds: Vec<String> = ours.iter().map(kind_of).collect();
     assert_eq!(
         kinds.iter().filter(|k| *k == "gpu-quarantined").count(),
         1,
