@@ -614,3 +614,28 @@ def test_the_mlflow_servers_an_admin_lists_reach_the_coordinator_and_none_by_def
     assert env["HEADROOM_MLFLOW_SERVERS"] == "http://mlflow.lab:5000,https://m.example.org"
     refused = run_helm("template", "r", str(CHART), "--set", "coordinator.mlflowServers={file:///etc}")
     assert refused.returncode != 0 and "mlflowServers" in refused.stderr, refused.stderr
+
+
+def test_alerts_reach_the_coordinator_with_the_smtp_password_as_a_file() -> None:
+    rendered = render(
+        "default",
+        "--set", "coordinator.alerts.webhookHosts={hooks.slack.com,10.0.0.5:8080}",
+        "--set", "coordinator.alerts.smtp.url=smtp://alerts@relay.lab.org:587?tls=required",
+        "--set", "coordinator.alerts.smtp.from=gpu@lab.org",
+        "--set", "coordinator.alerts.smtp.passwordSecret=smtp-pass",
+    )
+    c = container(find(rendered, "Deployment"))
+    env = env_of(c)
+    assert env["HEADROOM_ALERT_WEBHOOK_HOSTS"] == "hooks.slack.com,10.0.0.5:8080"
+    assert env["HEADROOM_SMTP_URL"] == "smtp://alerts@relay.lab.org:587?tls=required"
+    assert env["HEADROOM_ALERT_FROM"] == "gpu@lab.org"
+    assert env["HEADROOM_SMTP_PASSWORD_FILE"] == "/etc/headroom/smtp/password"
+    assert any(m["mountPath"] == "/etc/headroom/smtp" for m in c["volumeMounts"])
+    plain = env_of(container(find(render("default"), "Deployment")))
+    assert not any(k.startswith(("HEADROOM_ALERT", "HEADROOM_SMTP")) for k in plain), plain
+    # A password in the URL is refused by the schema: it belongs in the Secret.
+    refused = run_helm(
+        "template", "r", str(CHART), *values_args("default"),
+        "--set", "coordinator.alerts.smtp.url=smtp://u:pw@relay:587",
+    )
+    assert refused.returncode != 0 and "/coordinator/alerts/smtp/url" in refused.stderr, refused.stderr
