@@ -676,6 +676,61 @@ pub fn oom_cause(report: &FinishReport, estimate: Option<u64>) -> Option<OomCaus
         .or(past_estimate.then_some(OomCause::CapHit))
 }
 
+/// A live attempt beside one that ran out of memory, as [`grown_neighbour`] weighs it.
+#[derive(Clone, Debug)]
+pub struct Neighbour {
+    pub attempt: String,
+    pub gpus: Vec<u32>,
+    /// What it was placed by, on each of its GPUs.
+    pub estimate_mib: Option<u64>,
+}
+
+/// Memory past an estimate that is still noise: 5 % of it, at least 256 MiB (a hard
+/// memory cap's slack).
+pub fn growth_tolerance_mib(estimate_mib: u64) -> u64 {
+    (estimate_mib / 20).max(256)
+}
+
+/// Which neighbour ran out of memory an attempt that stayed within its own estimate: of the
+/// live attempts on one of its GPUs, the one whose processes there hold the most past its
+/// estimate (and past [`growth_tolerance_mib`]), by the samples at the attempt's end. `None`
+/// when none did, or when it cannot be told (a neighbour with no estimate grew past nothing;
+/// a GPU whose process list failed tells nothing): an OOM is only blamed on a neighbour
+/// with evidence, never by default.
+pub fn grown_neighbour(
+    victim: &str,
+    victim_gpus: &[u32],
+    samples: &[GpuSample],
+    neighbours: &[Neighbour],
+) -> Option<String> {
+    let mut worst: Option<(u64, &str)> = None;
+    for s in samples.iter().filter(|s| victim_gpus.contains(&s.index)) {
+        if s.error.is_some() {
+            continue;
+        }
+        for n in neighbours
+            .iter()
+            .filter(|n| n.attempt != victim && n.gpus.contains(&s.index))
+        {
+            let Some(estimate) = n.estimate_mib else {
+                continue;
+            };
+            let held: u64 = s
+                .processes
+                .iter()
+                .filter(|p| !p.used_mib_unknown)
+                .filter(|p| p.attempt.is_some_and(|a| a.to_string() == n.attempt))
+                .map(|p| p.used_mib)
+                .sum();
+            let past = held.saturating_sub(estimate);
+            if past > growth_tolerance_mib(estimate) && worst.is_none_or(|(w, _)| past > w) {
+                worst = Some((past, n.attempt.as_str()));
+            }
+        }
+    }
+    worst.map(|(_, a)| a.to_string())
+}
+
 /// How an attempt's peak is recorded: as the agent measured it (per process when it does not
 /// say: older agents measured only that way), and nothing without a peak. Both kinds teach
 /// the memory key: a device delta also counts what neighbours grew meanwhile (errs high, the
@@ -752,6 +807,17 @@ pub fn finish(
             ladder: None,
             event: JobEvent::Prune,
             refund: false,
+        });
+    }
+    if class == FailureClass::Oom && report.oom_cause == Some(OomCause::NeighbourGrew) {
+        // A neighbour grew into its memory: tried again, no attempt spent, nothing learned.
+        return Ok(Finish {
+            quarantine,
+            last_failure: Some(class),
+            floor: None,
+            ladder: None,
+            event: JobEvent::Fail { retry: true },
+            refund: true,
         });
     }
     if class.is_requeue() {
@@ -956,6 +1022,100 @@ mod tests {
             on_throttle: OnThrottle::Flag,
             background_mib: None,
         }
+    }
+
+    /// The neighbour that grew is the one holding the most past its estimate on the
+    /// victim's GPU, by its own processes; one within its estimate and its slack, one on
+    /// another GPU, one without an estimate, or a GPU whose reading failed blames no one.
+    #[test]
+    fn an_oom_within_its_estimate_is_blamed_on_the_neighbour_that_grew() {
+        use headroom_shared::api::GpuProcess;
+        let (a, b, c) = (AttemptId::new(), AttemptId::new(), AttemptId::new());
+        let proc_of = |attempt: AttemptId, mib| GpuProcess {
+            pid: 1,
+            used_mib: mib,
+            attempt: Some(attempt),
+            user: None,
+            command: None,
+            used_mib_unknown: false,
+            outside_pid_namespace: false,
+            sm_util_pct: None,
+        };
+        let sample = |index, processes| GpuSample {
+            index,
+            used_mib: 0,
+            free_mib: 0,
+            utilization_pct: None,
+            power_mw: None,
+            temperature_c: None,
+            processes,
+            error: None,
+        };
+        let n = |attempt: AttemptId, gpu, estimate| Neighbour {
+            attempt: attempt.to_string(),
+            gpus: vec![gpu],
+            estimate_mib: estimate,
+        };
+        let victim = AttemptId::new().to_string();
+        let grew = [sample(0, vec![proc_of(a, 20_480), proc_of(b, 8_400)])];
+        let neighbours = [n(a, 0, Some(8_192)), n(b, 0, Some(8_192))];
+        assert_eq!(
+            grown_neighbour(&victim, &[0], &grew, &neighbours),
+            Some(a.to_string())
+        );
+        assert_eq!(
+            grown_neighbour(&victim, &[0], &grew, &neighbours[1..]),
+            None,
+            "208 MiB past its estimate is within its slack"
+        );
+        assert_eq!(grown_neighbour(&victim, &[1], &grew, &neighbours), None);
+        assert_eq!(
+            grown_neighbour(&victim, &[0], &grew, &[n(a, 0, None)]),
+            None,
+            "no estimate: grew past nothing"
+        );
+        let failed = [GpuSample {
+            error: Some("process list".into()),
+            ..grew[0].clone()
+        }];
+        assert_eq!(grown_neighbour(&victim, &[0], &failed, &neighbours), None);
+        assert_eq!(
+            grown_neighbour(
+                &victim,
+                &[0],
+                &[sample(0, vec![proc_of(c, 30_000)])],
+                &neighbours
+            ),
+            None,
+            "a process of no live neighbour"
+        );
+
+        // The victim is tried again for free, its key's floor untouched.
+        let job = rules(vec![], 1, 1);
+        let r = FinishReport {
+            peak_mem_mib: Some(2_048),
+            oom_cause: Some(OomCause::NeighbourGrew),
+            ..ended(Some(FailureClass::Oom))
+        };
+        let f = finish(&job, Some(8_192), &r).expect("finish");
+        assert_eq!(f.event, JobEvent::Fail { retry: true });
+        assert!(f.refund);
+        assert_eq!((f.floor, f.ladder.is_none()), (None, true));
+        let own = finish(
+            &job,
+            Some(8_192),
+            &FinishReport {
+                oom_cause: None,
+                ..r
+            },
+        )
+        .expect("finish");
+        assert_eq!(
+            own.event,
+            JobEvent::Fail { retry: false },
+            "its own: no retry left"
+        );
+        assert!(own.floor.is_some());
     }
 
     #[test]

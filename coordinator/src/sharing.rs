@@ -325,6 +325,7 @@ mod tests {
             host_peak_mib: None,
             memory_cap_mib: None,
             oom_cause: None,
+            oom_neighbour: None,
             shared: false,
             sharing: None,
             metrics: Default::default(),

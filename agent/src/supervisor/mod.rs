@@ -682,12 +682,24 @@ fn outcome(
     (outcome, kept)
 }
 
-/// Records the hard GPU memory limit the attempt ran under; out of GPU memory under one,
-/// it grew past what it was given (`cap_hit`), whatever its neighbours did: no neighbour
-/// could take what its limit left it.
+/// Records the hard GPU memory limit the attempt ran under; out of GPU memory under one, it
+/// grew past what it was given (`cap_hit`) when what it held and the allocation that failed
+/// (the OOM's text) come to more than the limit, or when that cannot be told (an OOM is its
+/// own unless shown otherwise). One that stayed within its limit found the GPU itself full:
+/// left for the coordinator to blame on a neighbour that grew.
 fn ran_under_cap(report: &mut FinishReport, cap: Option<u64>) {
     report.memory_cap_mib = cap;
     if let (Some(FailureClass::Oom), Some(cap)) = (report.failure, cap) {
+        let tried = oom::tried_to_allocate_mib(&report.log_tail);
+        if let (Some(held), Some(tried)) = (report.peak_mem_mib, tried)
+            && held.saturating_add(tried) <= cap
+        {
+            report.log_tail.push_str(&format!(
+                "\n[headroom] out of GPU memory within its own limit ({held} MiB held, {tried} \
+                 MiB asked, limit {cap} MiB): the GPU itself was full\n"
+            ));
+            return;
+        }
         report.oom_cause = Some(headroom_shared::api::OomCause::CapHit);
         report.log_tail.push_str(&format!(
             "\n[headroom] cap_hit: out of GPU memory at its own limit ({cap} MiB)\n"
@@ -898,6 +910,27 @@ mod tests {
         let mut r = report(7, end(false), None, vec![]);
         ran_under_cap(&mut r, Some(9472));
         assert_eq!((r.oom_cause, r.memory_cap_mib), (None, Some(9472)));
+        // What it held and what it asked for fit its limit: the GPU itself was full, which
+        // is not its own doing (the coordinator looks for the neighbour that grew).
+        let oom_text = |tried: &str| AttemptEnd {
+            facts: EndFacts::ran(Ended::Code(1), None, true),
+            peak_mem_mib: Some(4000),
+            ..attempt::not_started(
+                Unstarted::LaunchFailed,
+                format!("CUDA out of memory. Tried to allocate {tried}."),
+            )
+        };
+        let mut r = report(7, oom_text("2.00 GiB"), None, vec![]);
+        ran_under_cap(&mut r, Some(9472));
+        assert_eq!(r.oom_cause, None, "{}", r.log_tail);
+        assert!(
+            r.log_tail.contains("within its own limit"),
+            "{}",
+            r.log_tail
+        );
+        let mut r = report(7, oom_text("6.00 GiB"), None, vec![]);
+        ran_under_cap(&mut r, Some(9472));
+        assert_eq!(r.oom_cause, Some(OomCause::CapHit), "4000 + 6144 > 9472");
     }
 
     /// A cancel is reported as why this supervisor asked for it; the end it stopped, as is.

@@ -3,9 +3,9 @@
 //! still be the attempt's and the job's.
 
 use headroom_shared::api::{
-    AttemptPhase, AttemptView, FinishReport, GpuSample, Lease, RequeueOrder,
+    AttemptPhase, AttemptView, FinishReport, GpuSample, Lease, OomCause, RequeueOrder,
 };
-use headroom_shared::{AgentId, AttemptId, JobEvent, JobState};
+use headroom_shared::{AgentId, AttemptId, FailureClass, JobEvent, JobState};
 
 use super::Active;
 use super::jobs::LockedJob;
@@ -499,10 +499,19 @@ pub(super) async fn finish(
         .ok_or_else(not_found)?;
     // The attempt was placed by the pair's memory; the job's own key learns its own.
     let estimate = rules::foreground_estimate(ended.estimate_mib, rules_of_job.background_mib);
-    if report.oom_cause.is_none()
-        && let Some(cause) = rules::oom_cause(&report, estimate)
-    {
-        tx.set_oom_cause(&id, cause).await?;
+    if report.oom_cause.is_none() {
+        let (cause, neighbour) = match rules::oom_cause(&report, estimate) {
+            Some(cause) => (Some(cause), None),
+            None if report.failure == Some(FailureClass::Oom) => {
+                let n = grown_neighbour(tx, &id, &node, &ended.gpus, &report.gpus).await?;
+                (n.is_some().then_some(OomCause::NeighbourGrew), n)
+            }
+            None => (None, None),
+        };
+        if let Some(cause) = cause {
+            tx.set_oom_cause(&id, cause, neighbour.as_deref()).await?;
+            report.oom_cause = Some(cause);
+        }
     }
     let mut f = rules::finish(&rules_of_job, estimate, &report)?;
     if standing != rules::Report::OnTime {
@@ -551,6 +560,38 @@ pub(super) async fn finish(
         Change::Work
     };
     Ok((Finished { job_state, started }, change))
+}
+
+/// The neighbour that grew into an attempt's memory ([`rules::grown_neighbour`]): by the
+/// samples its end carried, else by its node's latest ones.
+async fn grown_neighbour(
+    tx: &mut dyn Tx,
+    attempt: &str,
+    node: &str,
+    gpus: &[u32],
+    at_end: &[GpuSample],
+) -> Result<Option<String>> {
+    let neighbours: Vec<rules::Neighbour> = tx
+        .active_on(node)
+        .await?
+        .into_iter()
+        .map(|a| rules::Neighbour {
+            attempt: a.id,
+            gpus: a.gpus,
+            estimate_mib: a.estimate,
+        })
+        .collect();
+    if let Some(n) = rules::grown_neighbour(attempt, gpus, at_end, &neighbours) {
+        return Ok(Some(n));
+    }
+    let latest = tx
+        .nodes()
+        .await?
+        .into_iter()
+        .find(|n| n.name == node)
+        .map(|n| n.samples)
+        .unwrap_or_default();
+    Ok(rules::grown_neighbour(attempt, gpus, &latest, &neighbours))
 }
 
 pub(super) async fn hand_back(

@@ -144,7 +144,7 @@ const BASE_ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence, phase
      cooldown_wait_ms, cooldown_from_mdeg, cooldown_start_mdeg, cooldown_timed_out, \
      background_pid, background_ready_ms, background_exit_code, background_signal, \
      background_exited_early, host_peak_mib, first_reading_ms, covers_run, energy_counters, \
-     ghost_mib, memory_cap_mib, oom_cause";
+     ghost_mib, memory_cap_mib, oom_cause, oom_neighbour";
 
 /// Every column `attempt_view` reads, by name in order: the base ones, then each figure's
 /// (`Measurements::FIGURES`) that is not among them, so a new figure is read once its
@@ -227,6 +227,7 @@ pub(crate) fn attempt_view(r: &impl Cols) -> Result<AttemptView> {
         host_peak_mib: r.mib_opt(49)?,
         memory_cap_mib: r.mib_opt(54)?,
         oom_cause: r.parsed_opt(55, "OOM cause")?,
+        oom_neighbour: r.parsed_opt(56, "attempt id")?,
         // Set by the store's read of its neighbours (`store::sharing`).
         shared: false,
         sharing: None,

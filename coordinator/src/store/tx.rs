@@ -325,6 +325,7 @@ pub trait AttemptsTx: Send {
         &mut self,
         attempt: &str,
         cause: headroom_shared::api::OomCause,
+        neighbour: Option<&str>,
     ) -> Result<()>;
     /// Of `attempts`, those of `agent` not ended that were asked to stop, and how.
     async fn cancel_requested(

@@ -140,12 +140,17 @@ pub struct Lease {
 pub enum OomCause {
     /// It passed its own hard limit (`memory_cap`), or grew past its own estimate.
     CapHit,
+    /// It stayed within its own estimate while a neighbour on its GPU grew past theirs
+    /// (`oom_neighbour` names the neighbour's attempt): its retry spends no attempt and its
+    /// memory key learns nothing from it.
+    NeighbourGrew,
 }
 
 impl OomCause {
     pub fn as_str(self) -> &'static str {
         match self {
             OomCause::CapHit => "cap_hit",
+            OomCause::NeighbourGrew => "neighbour_grew",
         }
     }
 }
@@ -155,6 +160,7 @@ impl std::str::FromStr for OomCause {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "cap_hit" => Ok(OomCause::CapHit),
+            "neighbour_grew" => Ok(OomCause::NeighbourGrew),
             _ => Err(format!("unknown OOM cause `{s}`")),
         }
     }

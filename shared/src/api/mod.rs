@@ -458,9 +458,13 @@ pub struct AttemptView {
     /// enforces one (`memory_cap`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_cap_mib: Option<u64>,
-    /// Why it ran out of GPU memory (`cap_hit`: past its own limit or estimate).
+    /// Why it ran out of GPU memory (`cap_hit`: past its own limit or estimate;
+    /// `neighbour_grew`: a neighbour grew past its estimate, `oom_neighbour`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_cause: Option<OomCause>,
+    /// The attempt on its GPU that grew past its estimate and ran it out of memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_neighbour: Option<AttemptId>,
     /// What the run reported of itself: each metric's final value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metrics: BTreeMap<String, f64>,

@@ -396,8 +396,11 @@ class AttemptView(_Model):
     host_peak_mib: Optional[int] = None
     #: The hard GPU memory limit it ran under (MiB on each GPU), where the node sets one.
     memory_cap_mib: Optional[int] = None
-    #: Why it ran out of GPU memory: ``cap_hit`` (past its own limit).
+    #: Why it ran out of GPU memory: ``cap_hit`` (past its own limit or estimate), or
+    #: ``neighbour_grew`` (a neighbour on its GPU grew past its estimate: ``oom_neighbour``,
+    #: that attempt's id).
     oom_cause: Optional[str] = None
+    oom_neighbour: Optional[str] = None
     #: What the run reported of itself (the spec's ``metrics``, ``HEADROOM_METRIC`` lines):
     #: each metric's final value; a metric never reported is absent, never 0.
     metrics: Dict[str, float] = {}

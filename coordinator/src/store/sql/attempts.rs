@@ -373,11 +373,16 @@ impl<E: Exec> AttemptsTx for E {
         &mut self,
         attempt: &str,
         cause: headroom_shared::api::OomCause,
+        neighbour: Option<&str>,
     ) -> Result<()> {
         done(
             self,
-            "UPDATE attempts SET oom_cause = $2 WHERE id = $1",
-            args![attempt, cause.as_str()],
+            "UPDATE attempts SET oom_cause = $2, oom_neighbour = $3 WHERE id = $1",
+            &[
+                Arg::from(attempt),
+                Arg::from(cause.as_str()),
+                neighbour.map_or(Arg::Null, Arg::from),
+            ],
         )
         .await
     }

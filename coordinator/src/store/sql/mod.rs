@@ -140,6 +140,7 @@ pub(super) const EXPIRED: &str = "SELECT a.id FROM attempts a JOIN jobs j ON j.i
 /// index `attempts_key_peaks`).
 pub(super) const LATEST_PEAKS: &str = "SELECT peak_mem_mib FROM attempts \
      WHERE memory_key = $1 AND peak_mem_mib IS NOT NULL \
+     AND (oom_cause IS NULL OR oom_cause != 'neighbour_grew') \
      ORDER BY leased_at DESC LIMIT $2";
 
 /// The read of a claim's window of waiting jobs (`$1` the node's GPUs, `$2`, `$3` the cursor,
