@@ -653,6 +653,20 @@ pub fn nodes_table(nodes: &[NodeView]) {
                 }
                 None => {}
             }
+            if let Some(d) = &g.drift {
+                let minutes = (chrono::Utc::now() - d.since).num_minutes().max(0);
+                let (way, what) = match d.direction {
+                    headroom_shared::api::DriftDirection::Over => ("over", "uses more than placed"),
+                    headroom_shared::api::DriftDirection::Under => {
+                        ("under", "uses less than placed")
+                    }
+                };
+                outln!(
+                    "       {} {way} by {} for {minutes} min ({what})",
+                    if d.lasting { "DRIFT" } else { "drift" },
+                    mib(d.gap_mib),
+                );
+            }
             for p in &g.foreign {
                 outln!(
                     "       foreign process {} ({}) holds {}: {}",

@@ -39,12 +39,16 @@ pub struct AlertConfig {
     pub pending_after: Option<Duration>,
     /// A GPU quarantined this long raises `gpu-quarantined` again (`None`: never).
     pub quarantine_after: Option<Duration>,
+    /// A GPU's drift that lasts this long raises `gpu-drift` (`None`: drift not looked at).
+    pub drift_after: Option<Duration>,
     /// Failed jobs of one experiment in a row that raise `failures-in-a-row`.
     pub failure_streak: u32,
     /// How long settled deliveries (and dead letters) are kept.
     pub keep: Duration,
     /// How often due deliveries are looked for.
     pub poll: Duration,
+    /// How often each GPU's drift is looked at.
+    pub drift_every: Duration,
 }
 
 impl Default for AlertConfig {
@@ -56,9 +60,11 @@ impl Default for AlertConfig {
             tries: 10,
             pending_after: Some(Duration::from_secs(3600)),
             quarantine_after: Some(Duration::from_secs(3600)),
+            drift_after: Some(Duration::from_secs(600)),
             failure_streak: 3,
             keep: Duration::from_secs(30 * 24 * 3600),
             poll: Duration::from_secs(1),
+            drift_every: Duration::from_secs(10),
         }
     }
 }
@@ -223,7 +229,7 @@ pub async fn run(state: AppState, shutdown: CancellationToken) {
             None
         }
     };
-    let sweep = AlertSweep {
+    let mut sweep = AlertSweep {
         lost_after_ms: u64::try_from(state.config.lease_ttl.as_millis()).unwrap_or(u64::MAX),
         pending_after_ms: config
             .pending_after
@@ -231,15 +237,25 @@ pub async fn run(state: AppState, shutdown: CancellationToken) {
         quarantine_after_ms: config
             .quarantine_after
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        drift_after_ms: config
+            .drift_after
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        check_drift: false,
         failure_streak: config.failure_streak,
         keep_ms: u64::try_from(config.keep.as_millis()).unwrap_or(u64::MAX),
     };
     let mut tick = tokio::time::interval(config.poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_drift: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+        }
+        // Drift reads every node: every `drift_every`, not every tick.
+        sweep.check_drift = last_drift.is_none_or(|t| t.elapsed() >= config.drift_every);
+        if sweep.check_drift {
+            last_drift = Some(tokio::time::Instant::now());
         }
         if let Err(e) = state.store.alert_sweep(sweep).await {
             tracing::warn!("alerts sweep: {e}");

@@ -116,6 +116,10 @@ pub struct CoordinatorSettings {
     /// ghost memory of an orphan nobody looked at.
     #[arg(long, env = "HEADROOM_ALERT_QUARANTINE_AFTER", default_value = "1h", value_parser = duration)]
     pub alert_quarantine_after: Duration,
+    /// A GPU whose use and the estimates placed on it stay apart this long raises
+    /// `gpu-drift` and counts in `headroom_gpus_drifting` (`0s`: drift is not looked at).
+    #[arg(long, env = "HEADROOM_ALERT_DRIFT_AFTER", default_value = "10m", value_parser = duration)]
+    pub alert_drift_after: Duration,
     /// Failed jobs of one experiment in a row that raise `failures-in-a-row`.
     #[arg(long, env = "HEADROOM_ALERT_FAILURES_IN_A_ROW", default_value_t = 3)]
     pub alert_failures_in_a_row: u32,
@@ -145,6 +149,11 @@ pub struct CoordinatorSettings {
     /// with it the credentials it made; never when left out.
     #[arg(long, env = "HEADROOM_BOOTSTRAP_JOIN_EXPIRES_AT")]
     pub bootstrap_join_expires_at: Option<String>,
+}
+
+/// A duration setting where `0s` turns its feature off.
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
 }
 
 /// A secret given on the command line or in the environment: never shown by `Debug`.
@@ -218,8 +227,13 @@ impl CoordinatorSettings {
             smtp,
             retry_first: self.alert_retry.max(Duration::from_millis(10)),
             tries: self.alert_tries.max(1),
-            pending_after: (!self.alert_pending_after.is_zero())
-                .then_some(self.alert_pending_after),
+            pending_after: nonzero(self.alert_pending_after),
+            quarantine_after: nonzero(self.alert_quarantine_after),
+            drift_after: nonzero(self.alert_drift_after),
+            // Looked at as often as it is told, at most every 10 s.
+            drift_every: self
+                .alert_drift_after
+                .clamp(Duration::from_secs(1), Duration::from_secs(10)),
             failure_streak: self.alert_failures_in_a_row.max(1),
             ..crate::alerting::AlertConfig::default()
         })

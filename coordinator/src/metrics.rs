@@ -12,6 +12,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::store::{Result, Store};
+use headroom_shared::api::DriftDirection;
 
 /// The content type of the text exposition this page is written in.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -19,6 +20,11 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DriftLabels {
+    direction: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -102,6 +108,7 @@ pub struct CoordinatorMetrics {
     alert_tries: Family<AlertTryLabels, prometheus_client::metrics::counter::Counter>,
     outcomes: Family<OutcomeLabels, Gauge>,
     gpus: Family<GpuStatusLabels, Gauge>,
+    drifting: Family<DriftLabels, Gauge>,
     users: Family<UserLabels, Gauge>,
     share_used: Family<ShareLabels, FloatGauge>,
     share_weight: Family<ShareLabels, Gauge>,
@@ -194,6 +201,13 @@ impl CoordinatorMetrics {
              unreadable, idle",
             gpus.clone(),
         );
+        let drifting = Family::<DriftLabels, Gauge>::default();
+        r.register(
+            "headroom_gpus_drifting",
+            "GPUs of live nodes whose use and the estimates placed on them have stayed apart \
+             past --alert-drift-after: over (using more) or under (using less)",
+            drifting.clone(),
+        );
         let users = Family::<UserLabels, Gauge>::default();
         r.register(
             "headroom_user_jobs",
@@ -232,6 +246,7 @@ impl CoordinatorMetrics {
             alert_tries,
             outcomes,
             gpus,
+            drifting,
             users,
             share_used,
             share_weight,
@@ -338,6 +353,20 @@ impl CoordinatorMetrics {
             self.gpus
                 .get_or_create(&GpuStatusLabels {
                     status: (*status).into(),
+                })
+                .set(n as i64);
+        }
+        for direction in [DriftDirection::Over, DriftDirection::Under] {
+            let n = nodes
+                .iter()
+                .filter(|n| n.alive)
+                .flat_map(|n| &n.gpus)
+                .filter_map(|g| g.drift.as_ref())
+                .filter(|d| d.lasting && d.direction == direction)
+                .count();
+            self.drifting
+                .get_or_create(&DriftLabels {
+                    direction: direction.as_str(),
                 })
                 .set(n as i64);
         }

@@ -676,6 +676,31 @@ pub fn oom_cause(report: &FinishReport, estimate: Option<u64>) -> Option<OomCaus
         .or(past_estimate.then_some(OomCause::CapHit))
 }
 
+/// How far a GPU's use and the estimates placed on it may be apart before it drifts: 5 % of
+/// its memory, at least 1 GiB (a job's memory moves through its phases).
+pub fn drift_tolerance_mib(total_mib: u64) -> u64 {
+    (total_mib / 20).max(1024)
+}
+
+/// Whether a GPU's reading (`used_mib`) drifts from its ledger (`placed_mib`, the estimates
+/// of the attempts placed on it), which way and by how much. `None` while they agree within
+/// [`drift_tolerance_mib`].
+pub fn drift(
+    placed_mib: u64,
+    used_mib: u64,
+    total_mib: u64,
+) -> Option<(headroom_shared::api::DriftDirection, u64)> {
+    use headroom_shared::api::DriftDirection;
+    let tolerance = drift_tolerance_mib(total_mib);
+    if used_mib > placed_mib.saturating_add(tolerance) {
+        Some((DriftDirection::Over, used_mib - placed_mib))
+    } else if placed_mib > used_mib.saturating_add(tolerance) {
+        Some((DriftDirection::Under, placed_mib - used_mib))
+    } else {
+        None
+    }
+}
+
 /// A live attempt beside one that ran out of memory, as [`grown_neighbour`] weighs it.
 #[derive(Clone, Debug)]
 pub struct Neighbour {
@@ -1022,6 +1047,22 @@ mod tests {
             on_throttle: OnThrottle::Flag,
             background_mib: None,
         }
+    }
+
+    #[test]
+    fn a_gpu_drifts_when_its_use_and_its_ledger_part_past_the_tolerance() {
+        use headroom_shared::api::DriftDirection::{Over, Under};
+        let total = 24 * 1024;
+        assert_eq!(drift_tolerance_mib(total), 1228);
+        assert_eq!(drift(8192, 9000, total), None, "within tolerance");
+        assert_eq!(drift(8192, 12_288, total), Some((Over, 4096)));
+        assert_eq!(drift(16_384, 2048, total), Some((Under, 14_336)));
+        assert_eq!(
+            drift(0, 3072, total),
+            Some((Over, 3072)),
+            "memory of no attempt"
+        );
+        assert_eq!(drift(0, 500, 8192), None, "at least 1 GiB");
     }
 
     /// The neighbour that grew is the one holding the most past its estimate on the

@@ -3518,6 +3518,8 @@ fn sweep_input(lost_after_ms: u64, pending_after_ms: Option<u64>) -> AlertSweep 
         lost_after_ms,
         pending_after_ms,
         quarantine_after_ms: pending_after_ms,
+        drift_after_ms: None,
+        check_drift: false,
         failure_streak: 3,
         keep_ms: 86_400_000,
     }
@@ -3744,6 +3746,94 @@ async fn lost_nodes_and_long_waits_are_told_once(s: Backend) {
     );
 }
 
+/// One GPU's samples with `used` MiB used, of 10,000.
+fn used_of(used: u64) -> Vec<GpuSample> {
+    let mut g = free(1, 10_000);
+    g[0].used_mib = used;
+    g[0].free_mib = 10_000 - used;
+    g
+}
+
+/// A GPU whose use and the estimates placed on it part is shown drifting from the sweep that
+/// sees it, told once when it has lasted, cleared when they agree again, and seen the other
+/// way round too.
+async fn a_gpu_s_drift_is_kept_told_once_when_it_lasts_and_cleared(s: Backend) {
+    use headroom_shared::api::DriftDirection;
+    s.subscribe(subscription("ada", &[AlertKind::GpuDrift], false))
+        .await
+        .expect("subscribe");
+    let agent = register(&s, "n1", 1, Some("2")).await;
+    submit(&s, vec![job(0, Some(3000), vec![], 1)]).await;
+    let lease = claim_with(&s, agent, Some(used_of(0)), 4).await.remove(0);
+    let sweep = |after: u64| AlertSweep {
+        drift_after_ms: Some(after),
+        check_drift: true,
+        ..sweep_input(60_000, None)
+    };
+    let drift_of = |s: &Backend| {
+        let s = s.clone();
+        async move {
+            s.list_nodes(60_000).await.expect("nodes")[0].gpus[0]
+                .drift
+                .clone()
+        }
+    };
+    let at = |_: u32| AttemptRef {
+        attempt: lease.attempt,
+        fence: lease.fence,
+        waiting: None,
+    };
+    // 3000 MiB placed, 7000 used: over, not yet lasting.
+    renew(&s, agent, vec![at(0)], used_of(7000))
+        .await
+        .expect("heartbeat");
+    s.alert_sweep(sweep(60_000)).await.expect("sweep");
+    let d = drift_of(&s).await.expect("drifting");
+    assert_eq!(
+        (d.direction, d.gap_mib, d.lasting),
+        (DriftDirection::Over, 4000, false)
+    );
+    assert!(delivered_kinds(&s, "ada").await.is_empty());
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    for _ in 0..2 {
+        s.alert_sweep(sweep(5)).await.expect("sweep");
+    }
+    let lasting = drift_of(&s).await.expect("drifting");
+    assert!(lasting.lasting && lasting.since == d.since, "{lasting:?}");
+    assert_eq!(
+        delivered_kinds(&s, "ada").await,
+        vec![AlertKind::GpuDrift],
+        "told once"
+    );
+    // Back within the tolerance: cleared.
+    renew(&s, agent, vec![at(0)], used_of(3500))
+        .await
+        .expect("heartbeat");
+    s.alert_sweep(sweep(5)).await.expect("sweep");
+    assert_eq!(drift_of(&s).await, None);
+    // Placed and idle: under.
+    renew(&s, agent, vec![at(0)], used_of(100))
+        .await
+        .expect("heartbeat");
+    s.alert_sweep(sweep(60_000)).await.expect("sweep");
+    let under = drift_of(&s).await.expect("drifting");
+    assert_eq!(
+        (under.direction, under.gap_mib),
+        (DriftDirection::Under, 2900)
+    );
+    // Not looked at on a sweep that skips drift.
+    renew(&s, agent, vec![at(0)], used_of(3000))
+        .await
+        .expect("heartbeat");
+    s.alert_sweep(AlertSweep {
+        check_drift: false,
+        ..sweep(5)
+    })
+    .await
+    .expect("sweep");
+    assert!(drift_of(&s).await.is_some());
+}
+
 /// Every test, on every backend: `conformance!(a, b: [tests])` makes a module per backend.
 macro_rules! conformance {
     ($($backend:ident),+ : $tests:tt) => {
@@ -3763,6 +3853,7 @@ macro_rules! conformance {
 }
 
 conformance!(sqlite, postgres: [
+    a_gpu_s_drift_is_kept_told_once_when_it_lasts_and_cleared,
     alerts_are_kept_with_what_they_tell_of_and_claimed_once,
     lost_nodes_and_long_waits_are_told_once,
     plan_slots_bound_leases,

@@ -5,6 +5,7 @@
 
 use headroom_shared::JobState;
 use headroom_shared::api::alerts::{AlertKind, AlertsView, DeliveryState, SubscriptionView};
+use headroom_shared::api::{DriftDirection, DriftView};
 use serde_json::json;
 
 use super::tx::{DeliveryRow, NewAlertEvent, Tx};
@@ -25,6 +26,10 @@ pub struct AlertSweep {
     pub pending_after_ms: Option<u64>,
     /// A quarantine this long is told again (`None`: never).
     pub quarantine_after_ms: Option<u64>,
+    /// A GPU's drift that lasts this long is told (`None`: drift is not looked at).
+    pub drift_after_ms: Option<u64>,
+    /// Whether this sweep looks at drift (it reads every node: not every sweep does).
+    pub check_drift: bool,
     /// Failed jobs in a row of one experiment that are told of.
     pub failure_streak: u32,
     /// Settled deliveries and their events older than this go.
@@ -363,7 +368,103 @@ pub(super) async fn sweep(tx: &mut dyn Tx, input: AlertSweep) -> Result<(usize, 
             .await?;
         }
     }
+    if let (Some(after), true) = (input.drift_after_ms, input.check_drift) {
+        events += drift(tx, now, input.lost_after_ms, after).await?;
+    }
     let keep = i64::try_from(input.keep_ms).unwrap_or(i64::MAX);
     tx.prune_alerts(now.saturating_sub(keep)).await?;
     Ok((events, Change::None))
+}
+
+/// Each live GPU's reading against its ledger (the estimates of the attempts placed on it):
+/// a drift is kept from when it starts, cleared when they agree again, and told once it has
+/// lasted `after_ms`. A GPU whose reading failed, or that runs an attempt with no estimate
+/// (placed alone, by nothing), has no ledger to compare and is left as it was.
+async fn drift(tx: &mut dyn Tx, now: Millis, alive_ms: u64, after_ms: u64) -> Result<usize> {
+    let mut told = 0;
+    let stored = tx.drifts().await?;
+    let mut seen: Vec<(String, u32)> = Vec::new();
+    let alive_after = now.saturating_sub(i64::try_from(alive_ms).unwrap_or(i64::MAX));
+    for row in tx.nodes().await? {
+        if row.agent.is_none() || row.last_seen.is_none_or(|t| t < alive_after) {
+            continue;
+        }
+        let samples = super::nodes::latest_samples(tx, &row).await?;
+        let active = tx.active_on(&row.name).await?;
+        for g in &row.gpus {
+            let here: Vec<&super::Active> = active
+                .iter()
+                .filter(|a| a.gpus.contains(&g.index))
+                .collect();
+            let Some(sample) = samples.iter().find(|s| s.index == g.index) else {
+                continue;
+            };
+            if sample.error.is_some() || here.iter().any(|a| a.estimate.is_none()) {
+                seen.push((row.name.clone(), g.index));
+                continue;
+            }
+            let placed: u64 = here.iter().filter_map(|a| a.estimate).sum();
+            let previous = stored
+                .iter()
+                .find(|(n, i, _)| *n == row.name && *i == g.index)
+                .map(|(_, _, d)| d);
+            seen.push((row.name.clone(), g.index));
+            let Some((direction, gap_mib)) =
+                crate::rules::drift(placed, sample.used_mib, g.total_mib)
+            else {
+                if previous.is_some() {
+                    tx.clear_drift(&row.name, g.index).await?;
+                }
+                continue;
+            };
+            let since = match previous {
+                Some(p) if p.direction == direction => p.since,
+                _ => super::rows::ts(now),
+            };
+            let was_lasting = previous.is_some_and(|p| p.direction == direction && p.lasting);
+            let lasting_ms = now.saturating_sub(since.timestamp_millis());
+            let lasting = was_lasting || lasting_ms >= i64::try_from(after_ms).unwrap_or(i64::MAX);
+            let view = DriftView {
+                direction,
+                gap_mib,
+                since,
+                lasting,
+            };
+            tx.put_drift(&row.name, g.index, &view).await?;
+            if lasting && !was_lasting {
+                told += 1;
+                let (node, gpu) = (&row.name, g.index);
+                let what = match direction {
+                    DriftDirection::Over => "uses more than the estimates placed on it",
+                    DriftDirection::Under => "uses less than the estimates placed on it",
+                };
+                record(
+                    tx,
+                    NewAlertEvent {
+                        kind: AlertKind::GpuDrift,
+                        subject: None,
+                        summary: format!(
+                            "GPU {gpu} of node {node} {what} by {gap_mib} MiB, for {} min \
+                             ({} MiB placed, {} MiB used)",
+                            lasting_ms / 60_000,
+                            placed,
+                            sample.used_mib
+                        ),
+                        details: json!({"node": node, "gpu": gpu, "direction": direction,
+                            "gap_mib": gap_mib, "placed_mib": placed,
+                            "used_mib": sample.used_mib, "lasting_ms": lasting_ms}),
+                        at: now,
+                    },
+                )
+                .await?;
+            }
+        }
+    }
+    // GPUs of nodes gone (or no longer there) drift no more.
+    for (node, gpu, _) in &stored {
+        if !seen.iter().any(|(n, g)| n == node && g == gpu) {
+            tx.clear_drift(node, *gpu).await?;
+        }
+    }
+    Ok(told)
 }

@@ -118,12 +118,20 @@ pub(super) async fn latest_samples(tx: &mut dyn Tx, node: &NodeRow) -> Result<Ve
 
 pub(super) async fn list(tx: &mut dyn Tx, alive_within_ms: u64) -> Result<Vec<NodeView>> {
     let now = tx.clock().await?;
+    let drifts = tx.drifts().await?;
     let mut out = Vec::new();
     for mut row in tx.nodes().await? {
         row.samples = latest_samples(tx, &row).await?;
         let active = tx.active_on(&row.name).await?;
         let quarantine = tx.quarantine_of(&row.name).await?;
-        out.push(node_view(row, &active, &quarantine, alive_within_ms, now)?);
+        let mut view = node_view(row, &active, &quarantine, alive_within_ms, now)?;
+        for g in &mut view.gpus {
+            g.drift = drifts
+                .iter()
+                .find(|(n, i, _)| *n == view.name && *i == g.index)
+                .map(|(_, _, d)| d.clone());
+        }
+        out.push(view);
     }
     Ok(out)
 }
@@ -227,6 +235,7 @@ fn gpu_views(
                     .filter(|(gpu, _)| *gpu == g.index)
                     .map(|(_, q)| q.clone())
                     .collect(),
+                drift: None,
             })
         })
         .collect()

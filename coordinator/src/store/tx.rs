@@ -852,6 +852,15 @@ pub trait AlertsTx: Send {
         &mut self,
         cutoff: Millis,
     ) -> Result<Vec<(String, u32, String, String, Millis)>>;
+    /// Every GPU's drift as last seen: (node, GPU, drift).
+    async fn drifts(&mut self) -> Result<Vec<(String, u32, headroom_shared::api::DriftView)>>;
+    async fn put_drift(
+        &mut self,
+        node: &str,
+        gpu: u32,
+        drift: &headroom_shared::api::DriftView,
+    ) -> Result<()>;
+    async fn clear_drift(&mut self, node: &str, gpu: u32) -> Result<()>;
     /// Nodes silent since before `cutoff` and not yet told of, now marked told.
     async fn mark_lost_nodes(&mut self, cutoff: Millis) -> Result<Vec<String>>;
     /// Up to `limit` jobs queued since before `cutoff` (waiting for no other job) and not

@@ -19,6 +19,9 @@ pub enum AlertKind {
     FailuresInARow,
     /// A GPU was quarantined: something of an ended attempt stayed on it.
     GpuQuarantined,
+    /// A GPU's use and the estimates placed on it stayed apart past the coordinator's
+    /// `--alert-drift-after`.
+    GpuDrift,
     /// A node's agent went silent past its lease TTL.
     NodeLost,
     /// A job waited in the queue longer than the coordinator's `--alert-pending-after`.
@@ -30,10 +33,11 @@ pub enum AlertKind {
 }
 
 impl AlertKind {
-    pub const ALL: [AlertKind; 7] = [
+    pub const ALL: [AlertKind; 8] = [
         AlertKind::ExperimentEnded,
         AlertKind::FailuresInARow,
         AlertKind::GpuQuarantined,
+        AlertKind::GpuDrift,
         AlertKind::NodeLost,
         AlertKind::JobPending,
         AlertKind::JobPruned,
@@ -45,6 +49,7 @@ impl AlertKind {
             AlertKind::ExperimentEnded => "experiment-ended",
             AlertKind::FailuresInARow => "failures-in-a-row",
             AlertKind::GpuQuarantined => "gpu-quarantined",
+            AlertKind::GpuDrift => "gpu-drift",
             AlertKind::NodeLost => "node-lost",
             AlertKind::JobPending => "job-pending",
             AlertKind::JobPruned => "job-pruned",
@@ -55,7 +60,10 @@ impl AlertKind {
     /// About the lab's machines rather than one user's jobs: every subscriber who asks for
     /// it hears of it.
     pub fn is_lab_wide(self) -> bool {
-        matches!(self, AlertKind::GpuQuarantined | AlertKind::NodeLost)
+        matches!(
+            self,
+            AlertKind::GpuQuarantined | AlertKind::GpuDrift | AlertKind::NodeLost
+        )
     }
 }
 

@@ -720,6 +720,58 @@ pub struct GpuView {
     /// when it cannot be told.
     #[serde(default)]
     pub unattributed_mib: Option<u64>,
+    /// A gap between what is placed here (`estimated_mib`) and what the GPU uses, as the
+    /// coordinator last saw it: absent while they agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<DriftView>,
+}
+
+/// Which way a GPU's use drifts from what is placed on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum DriftDirection {
+    /// It uses more than its attempts' estimates: one grew past its estimate, or memory no
+    /// attempt accounts for (a foreign process, ghost memory). Jobs placed beside them risk
+    /// OOM.
+    Over,
+    /// Its attempts' estimates hold more than it uses: memory reserved and idle, jobs
+    /// waiting for room that is there.
+    Under,
+}
+
+impl DriftDirection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriftDirection::Over => "over",
+            DriftDirection::Under => "under",
+        }
+    }
+}
+
+impl FromStr for DriftDirection {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "over" => Ok(DriftDirection::Over),
+            "under" => Ok(DriftDirection::Under),
+            _ => Err(format!("unknown drift direction `{s}`")),
+        }
+    }
+}
+
+/// A gap between a GPU's ledger (the estimates placed on it) and its reading.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DriftView {
+    pub direction: DriftDirection,
+    /// How far apart, MiB, at the last look.
+    pub gap_mib: u64,
+    /// Since when it has drifted this way.
+    pub since: DateTime<Utc>,
+    /// It has lasted past the coordinator's `--alert-drift-after` (counted in
+    /// `headroom_gpus_drifting`, told as `gpu-drift`).
+    pub lasting: bool,
 }
 
 /// A GPU held back because an attempt's cleanup could not be verified.

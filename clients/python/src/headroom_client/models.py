@@ -476,6 +476,18 @@ class QuarantineView(_Model):
     since: datetime
 
 
+class DriftView(_Model):
+    """A gap between what is placed on a GPU (its attempts' estimates) and what it uses."""
+
+    __schema__ = "DriftView"
+    #: ``over`` (it uses more than placed) or ``under`` (it uses less).
+    direction: str
+    gap_mib: int
+    since: datetime
+    #: It has lasted past the coordinator's ``--alert-drift-after``.
+    lasting: bool
+
+
 class GpuView(_Model):
     __schema__ = "GpuView"
     index: int
@@ -494,6 +506,8 @@ class GpuView(_Model):
     error: Optional[str] = None
     #: Used memory no listed process holds (ghost memory); None: cannot be told.
     unattributed_mib: Optional[int] = None
+    #: Its drift, while its use and what is placed on it are apart.
+    drift: Optional[DriftView] = None
 
 
 class NodeView(_Model):

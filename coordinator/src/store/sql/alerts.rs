@@ -7,6 +7,7 @@ use headroom_shared::api::alerts::{DeliveryState, DeliveryView, SubscriptionView
 use super::super::exec::{Arg, Exec, json};
 use super::super::rows::{Cols, ts};
 use headroom_shared::JobState;
+use headroom_shared::api::DriftView;
 
 use super::super::tx::{
     AlertNote, AlertsTx, DeliveryRow, ExperimentAlerts, LongWait, NewAlertEvent,
@@ -304,6 +305,56 @@ impl<E: Exec> AlertsTx for E {
                     r.int(4)?,
                 ))
             },
+        )
+        .await
+    }
+
+    async fn drifts(&mut self) -> Result<Vec<(String, u32, DriftView)>> {
+        all(
+            self,
+            "SELECT node, gpu, direction, gap_mib, since, lasting FROM gpu_drift \
+             ORDER BY node, gpu",
+            &[],
+            |r| {
+                Ok((
+                    r.text(0)?,
+                    u32::try_from(r.int(1)?).unwrap_or(u32::MAX),
+                    DriftView {
+                        direction: r.parsed(2, "drift direction")?,
+                        gap_mib: r.int(3)?.max(0) as u64,
+                        since: r.time(4)?,
+                        lasting: r.int(5)? != 0,
+                    },
+                ))
+            },
+        )
+        .await
+    }
+
+    async fn put_drift(&mut self, node: &str, gpu: u32, d: &DriftView) -> Result<()> {
+        done(
+            self,
+            "INSERT INTO gpu_drift (node, gpu, direction, gap_mib, since, lasting) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (node, gpu) DO UPDATE SET \
+             direction = excluded.direction, gap_mib = excluded.gap_mib, \
+             since = excluded.since, lasting = excluded.lasting",
+            &[
+                Arg::from(node),
+                Arg::from(gpu),
+                Arg::from(d.direction.as_str()),
+                Arg::from(i64::try_from(d.gap_mib).unwrap_or(i64::MAX)),
+                Arg::from(d.since.timestamp_millis()),
+                Arg::from(i64::from(d.lasting)),
+            ],
+        )
+        .await
+    }
+
+    async fn clear_drift(&mut self, node: &str, gpu: u32) -> Result<()> {
+        done(
+            self,
+            "DELETE FROM gpu_drift WHERE node = $1 AND gpu = $2",
+            args![node, gpu],
         )
         .await
     }

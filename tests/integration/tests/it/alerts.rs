@@ -255,3 +255,47 @@ fn an_alert_outlives_a_kill_9_and_a_receiver_that_was_down() {
     assert!(listed.contains("1 dead letter(s)"), "{listed}");
     assert!(listed.contains("given up after 7 tries"), "{listed}");
 }
+
+/// A job declared at 1 GiB holds 5: its GPU's use and its ledger part. The drift is shown by
+/// `headroom nodes`, counted on `/metrics` once it lasts, and told to the webhook once.
+#[test]
+fn a_gpu_that_drifts_from_its_ledger_is_shown_counted_and_told() {
+    let hook = WebhookReceiver::start().expect("receiver");
+    let hosts = format!("127.0.0.1:{}", hook.port);
+    // A short TTL: heartbeats, which carry the node's readings, every 2 s.
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").lease_ttl("6s").flags(&[
+        "--alert-webhook-hosts",
+        &hosts,
+        "--alert-drift-after",
+        "2s",
+    ]));
+    h.wait_agent();
+    h.cli_ok(&[
+        "alerts",
+        "add",
+        "--on",
+        "gpu-drift",
+        "--webhook",
+        &hook.url("/drift"),
+    ]);
+    let job = headroom_integration_tests::fake_job().display().to_string();
+    let exp = h.submit_spec(serde_json::json!({"name": "bigger-than-said",
+        "command": [job, "--mem", "5GiB", "--seconds", "10"], "resources": {"memory": "1GiB"}}));
+    let told = h.wait_for("the drift's POST", Duration::from_secs(20), || {
+        Ok(hook.received().into_iter().next())
+    });
+    let body = told.json();
+    assert_eq!(body["kind"], "gpu-drift", "{body}");
+    assert_eq!(body["details"]["direction"], "over", "{body}");
+    assert_eq!(body["details"]["placed_mib"], 1024, "{body}");
+    let nodes = h.cli_ok(&["nodes"]);
+    assert!(nodes.contains("DRIFT over by"), "{nodes}");
+    let (_, page) =
+        headroom_integration_tests::http_get_text(&format!("{}/metrics", h.url)).expect("metrics");
+    assert!(
+        page.contains("headroom_gpus_drifting{direction=\"over\"} 1"),
+        "{page}"
+    );
+    h.wait_done(exp, Duration::from_secs(30));
+    assert_eq!(hook.received().len(), 1, "told once");
+}
