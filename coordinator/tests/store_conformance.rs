@@ -3197,6 +3197,10 @@ async fn a_preemptible_job_makes_room_for_a_user_under_their_share(s: Backend) {
         half_life_ms: headroom_coordinator::fair::DEFAULT_HALF_LIFE_MS,
         interval_ms: 3_600_000,
     };
+    // Alice hears of her job's preemption with the round that asks it.
+    s.subscribe(subscription("alice", &[AlertKind::JobPreempted], false))
+        .await
+        .expect("subscribe");
     let n1 = register(&s, "n1", 1, Some("2")).await;
     let checkpoint = Checkpoint {
         signal: "USR1".into(),
@@ -3243,6 +3247,11 @@ async fn a_preemptible_job_makes_room_for_a_user_under_their_share(s: Backend) {
     assert!(
         s.preempt(round).await.expect("round").is_empty(),
         "room is on its way"
+    );
+    assert_eq!(
+        delivered_kinds(&s, "alice").await,
+        vec![AlertKind::JobPreempted],
+        "told once"
     );
     let victim = held
         .iter()
@@ -3692,6 +3701,17 @@ async fn alerts_are_kept_with_what_they_tell_of_and_claimed_once(s: Backend) {
     let told = |kinds: Vec<AlertKind>| kinds.iter().filter(|k| **k == K::GpuQuarantined).count();
     assert_eq!(told(delivered_kinds(&s, "ada").await), 2);
     assert_eq!(told(delivered_kinds(&s, "bob").await), 2);
+
+    // A job stopped by early stopping is told as pruned.
+    submit_as(&s, "ada", vec![job(0, Some(1000), vec![], 1)]).await;
+    let l = claim(&s, agent, 4).await.remove(0);
+    finish_attempt(&s, l.attempt, report(l.fence, Some(FailureClass::Pruned)))
+        .await
+        .expect("finish");
+    s.alert_sweep(sweep_input(60_000, None))
+        .await
+        .expect("sweep");
+    assert!(delivered_kinds(&s, "ada").await.contains(&K::JobPruned));
 
     // A removed subscription takes its deliveries with it.
     s.unsubscribe(bob.id.clone()).await.expect("unsubscribe");
