@@ -20,8 +20,9 @@ use crate::store::{AlertSweep, DeliveryOutcome, DeliveryRow, now_ms};
 const HOLD_MS: i64 = 120_000;
 const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(15);
 const SMTP_TIMEOUT: Duration = Duration::from_secs(30);
-/// Deliveries claimed at once.
-const BATCH: u32 = 16;
+/// Deliveries claimed at once: one, each just before it is tried, so that none waits out its
+/// hold behind others.
+const BATCH: u32 = 1;
 /// The longest wait between two tries.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 
@@ -114,6 +115,26 @@ impl SmtpConfig {
             return Err(AlertConfigError::SmtpUrl(
                 "holds a password: give it in a file (--smtp-password-file) instead".to_string(),
             ));
+        }
+        // A password goes in the clear over plain SMTP (or STARTTLS that may be skipped):
+        // only to a relay on this machine.
+        let tls_required = url.scheme() == "smtps"
+            || url
+                .query_pairs()
+                .any(|(k, v)| k == "tls" && v == "required");
+        let host = url.host_str().unwrap_or_default();
+        let loopback = host == "localhost"
+            || host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if self.password.is_some() && !tls_required && !loopback {
+            return Err(AlertConfigError::SmtpUrl(format!(
+                "`{}` would send the password in the clear: use smtps://, or \
+                 ?tls=required for STARTTLS",
+                self.url
+            )));
         }
         self.from
             .parse::<Mailbox>()
@@ -209,17 +230,18 @@ impl AlertConfig {
 /// Sends due deliveries and runs the sweep until `shutdown`.
 pub async fn run(state: AppState, shutdown: CancellationToken) {
     let config = state.config.alerts.clone();
-    // No redirect is followed: only an allowed host is ever sent to.
+    // No redirect is followed: only an allowed host is ever sent to. Without a client,
+    // webhooks' tries fail (and are tried again) while mail and the sweep go on.
     let http = match headroom_shared::client::http_builder()
         .connect_timeout(Duration::from_secs(5))
         .timeout(WEBHOOK_TIMEOUT)
         .redirect(reqwest::redirect::Policy::none())
         .build()
     {
-        Ok(c) => c,
+        Ok(c) => Some(c),
         Err(e) => {
             tracing::error!("no HTTP client for alerts' webhooks: {e}");
-            return;
+            None
         }
     };
     let mailer = match config.smtp.as_ref().map(SmtpConfig::transport).transpose() {
@@ -276,7 +298,7 @@ pub async fn run(state: AppState, shutdown: CancellationToken) {
                     // Left claimed: another replica (or this one, restarted) takes it once
                     // its hold runs out.
                     _ = shutdown.cancelled() => return,
-                    o = deliver(&state, &config, &http, mailer.as_ref(), &id, tries) => o,
+                    o = deliver(&state, &config, http.as_ref(), mailer.as_ref(), &id, tries) => o,
                 };
                 match &outcome {
                     DeliveryOutcome::Delivered => {
@@ -290,8 +312,18 @@ pub async fn run(state: AppState, shutdown: CancellationToken) {
                     }
                 }
                 state.metrics.alert_delivery(&outcome);
-                if let Err(e) = state.store.settle_delivery(id.clone(), outcome).await {
-                    tracing::warn!(delivery = %id, "cannot record the delivery: {e}");
+                match state
+                    .store
+                    .settle_delivery(id.clone(), tries, outcome)
+                    .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => tracing::warn!(
+                        delivery = %id,
+                        tries,
+                        "this try outlasted its claim: another claim has the delivery"
+                    ),
+                    Err(e) => tracing::warn!(delivery = %id, "cannot record the delivery: {e}"),
                 }
             }
         }
@@ -301,18 +333,33 @@ pub async fn run(state: AppState, shutdown: CancellationToken) {
 async fn deliver(
     state: &AppState,
     config: &AlertConfig,
-    http: &reqwest::Client,
+    http: Option<&reqwest::Client>,
     mailer: Option<&AsyncSmtpTransport<Tokio1Executor>>,
     id: &str,
     tries: u32,
 ) -> DeliveryOutcome {
     let row = match state.store.delivery(id.to_string()).await {
         Ok(r) => r,
+        Err(crate::store::StoreError::NotFound { .. }) => {
+            return DeliveryOutcome::Dead {
+                error: "its subscription was removed".to_string(),
+            };
+        }
         Err(e) => return config.after_failure(tries, format!("cannot read it: {e}")),
     };
-    let sent = match &row.target {
-        AlertTarget::Webhook { url, format } => post(http, url, *format, &row).await,
-        AlertTarget::Email { to } => match mailer {
+    // What was allowed when it was subscribed may not be now (the admin's list changed, or
+    // this replica's differs): checked at every try.
+    if let Err((field, why)) = config.check_target(&row.target) {
+        return DeliveryOutcome::Dead {
+            error: format!("{field}: {why}"),
+        };
+    }
+    let sent = match (&row.target, http) {
+        (AlertTarget::Webhook { url, format }, Some(http)) => post(http, url, *format, &row).await,
+        (AlertTarget::Webhook { .. }, None) => {
+            Err("this coordinator has no HTTP client for webhooks (see its log)".to_string())
+        }
+        (AlertTarget::Email { to }, _) => match mailer {
             Some(m) => mail(m, config, to, &row).await,
             None => Err("this coordinator sends no mail (no --smtp-url)".to_string()),
         },
@@ -494,6 +541,16 @@ mod tests {
             from: "headroom@lab.org".into(),
         };
         assert!(smtp("smtp://relay@127.0.0.1:2525").check().is_ok());
+        assert!(
+            smtp("smtp://relay@mail.lab.org:587?tls=required")
+                .check()
+                .is_ok()
+        );
+        assert!(smtp("smtps://relay@mail.lab.org:465").check().is_ok());
+        let clear = smtp("smtp://relay@mail.lab.org:587")
+            .check()
+            .expect_err("in the clear");
+        assert!(clear.to_string().contains("tls=required"), "{clear}");
         let e = smtp("smtp://relay:secret@127.0.0.1:2525")
             .check()
             .expect_err("a password");

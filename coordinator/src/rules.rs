@@ -701,6 +701,11 @@ pub fn drift(
     }
 }
 
+/// How many times a job's OOMs may be blamed on neighbours (each retried for free); past
+/// them its OOMs are its own, under its retry policy, so a job placed again and again
+/// beside the same grower does not loop.
+pub const FREE_OOM_RETRIES: u32 = 3;
+
 /// A live attempt beside one that ran out of memory, as [`grown_neighbour`] weighs it.
 #[derive(Clone, Debug)]
 pub struct Neighbour {

@@ -3651,25 +3651,38 @@ async fn alerts_are_kept_with_what_they_tell_of_and_claimed_once(s: Backend) {
     // A failed try comes back when due, its tries counted; given up, it is a dead letter.
     let (id, tries) = rest.pop().or_else(|| a.first().cloned()).expect("one");
     assert_eq!(tries, 1);
-    s.settle_delivery(
-        id.clone(),
-        DeliveryOutcome::Retry {
-            error: "connection refused".into(),
-            at: now_ms() - 1,
-        },
-    )
-    .await
-    .expect("settle");
+    let retry = DeliveryOutcome::Retry {
+        error: "connection refused".into(),
+        at: now_ms() - 1,
+    };
+    assert!(
+        s.settle_delivery(id.clone(), 1, retry.clone())
+            .await
+            .expect("settle")
+    );
     let again = s.claim_deliveries(60_000, 16).await.expect("claim");
     assert_eq!(again, vec![(id.clone(), 2)]);
-    s.settle_delivery(
-        id.clone(),
-        DeliveryOutcome::Dead {
-            error: "given up".into(),
-        },
-    )
-    .await
-    .expect("settle");
+    // The first try's claim ran out and another took it: what the first try says later is
+    // not written over the second's.
+    assert!(
+        !s.settle_delivery(id.clone(), 1, DeliveryOutcome::Delivered)
+            .await
+            .expect("settle")
+    );
+    let dead = DeliveryOutcome::Dead {
+        error: "given up".into(),
+    };
+    assert!(
+        s.settle_delivery(id.clone(), 2, dead.clone())
+            .await
+            .expect("settle")
+    );
+    assert!(
+        !s.settle_delivery(id.clone(), 2, retry)
+            .await
+            .expect("settle"),
+        "settled once"
+    );
     let all = s.alerts(None, 100).await.expect("alerts");
     assert_eq!(all.subscriptions.len(), 3);
     assert_eq!(all.deliveries[0].id, id, "dead letters first");

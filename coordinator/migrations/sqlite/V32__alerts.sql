@@ -23,7 +23,9 @@ CREATE TABLE alert_events (
 CREATE TABLE alert_deliveries (
     id              TEXT PRIMARY KEY,
     event_id        BIGINT NOT NULL REFERENCES alert_events(id),
-    subscription_id TEXT NOT NULL REFERENCES alert_subscriptions(id),
+    -- No foreign key: an event recorded as its subscription is removed leaves a delivery
+    -- that becomes a dead letter, rather than failing the transaction that recorded it.
+    subscription_id TEXT NOT NULL,
     state           TEXT NOT NULL,
     tries           BIGINT NOT NULL DEFAULT 0,
     due             BIGINT,
@@ -50,5 +52,6 @@ ALTER TABLE jobs ADD COLUMN pending_alerted INTEGER NOT NULL DEFAULT 0;
 -- Jobs queued and nodes lost before alerts existed are not told of (a live node is
 -- reset by its next heartbeat).
 UPDATE jobs SET pending_alerted = 1;
-CREATE INDEX jobs_pending_alert ON jobs (created_at) WHERE state = 'queued' AND pending_alerted = 0;
+-- A job's wait runs from its last change of state (`updated_at`), which resets the mark.
+CREATE INDEX jobs_pending_alert ON jobs (updated_at) WHERE state IN ('queued', 'retrying') AND pending_alerted = 0;
 UPDATE nodes SET lost_alerted = 1;

@@ -111,27 +111,27 @@ pub(super) async fn delivery(tx: &mut dyn Tx, id: String) -> Result<DeliveryRow>
         .ok_or_else(|| StoreError::not_found("alert delivery", id))
 }
 
+/// Records how the try a claim made at `tries` ended; false (nothing written) when another
+/// claim has taken the delivery since (this one's hold ran out).
 pub(super) async fn settle(
     tx: &mut dyn Tx,
     id: String,
+    tries: u32,
     outcome: DeliveryOutcome,
     now: Millis,
-) -> Result<((), Change)> {
-    match outcome {
-        DeliveryOutcome::Delivered => {
-            tx.set_delivery(&id, DeliveryState::Delivered, None, None, Some(now))
-                .await?
-        }
-        DeliveryOutcome::Retry { error, at } => {
-            tx.set_delivery(&id, DeliveryState::Pending, Some(at), Some(&error), None)
-                .await?
-        }
-        DeliveryOutcome::Dead { error } => {
-            tx.set_delivery(&id, DeliveryState::Dead, None, Some(&error), None)
-                .await?
-        }
-    }
-    Ok(((), Change::None))
+) -> Result<(bool, Change)> {
+    let (state, due, error, at) = match &outcome {
+        DeliveryOutcome::Delivered => (DeliveryState::Delivered, None, None, Some(now)),
+        DeliveryOutcome::Retry { error, at } => (
+            DeliveryState::Pending,
+            Some(*at),
+            Some(error.as_str()),
+            None,
+        ),
+        DeliveryOutcome::Dead { error } => (DeliveryState::Dead, None, Some(error.as_str()), None),
+    };
+    let settled = tx.set_delivery(&id, tries, state, due, error, at).await?;
+    Ok((settled, Change::None))
 }
 
 /// Notes a job's end, or its return from one (a retry), for the sweep.
@@ -294,9 +294,8 @@ pub(super) async fn sweep(tx: &mut dyn Tx, input: AlertSweep) -> Result<(usize, 
         tx.set_experiment_alerts(experiment, e.failure_streak, e.ended_alerted)
             .await?;
     }
-    if let Some(last) = notes.last() {
-        tx.drop_alert_notes(last.id).await?;
-    }
+    let read: Vec<i64> = notes.iter().map(|n| n.id).collect();
+    tx.drop_alert_notes(&read).await?;
     let lost_after = i64::try_from(input.lost_after_ms).unwrap_or(i64::MAX);
     for node in tx.mark_lost_nodes(now.saturating_sub(lost_after)).await? {
         events += 1;
@@ -342,7 +341,7 @@ pub(super) async fn sweep(tx: &mut dyn Tx, input: AlertSweep) -> Result<(usize, 
         let cutoff = now.saturating_sub(i64::try_from(after).unwrap_or(i64::MAX));
         for w in tx.mark_long_waits(cutoff, WAITS_PER_SWEEP).await? {
             events += 1;
-            let waited_ms = now.saturating_sub(w.created_at);
+            let waited_ms = now.saturating_sub(w.waiting_since);
             let why = w
                 .pending_reason
                 .as_ref()

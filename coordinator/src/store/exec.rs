@@ -165,6 +165,10 @@ pub trait Exec: Send {
     /// Serializes the writers of one memory key's floor until the transaction ends (nothing
     /// to do where a write transaction holds the whole database).
     async fn lock_key(&mut self, key: &str) -> Result<()>;
+    /// Serializes one kind of round across replicas (a preemption round, the alerts sweep)
+    /// until the transaction ends, in a lock class of its own: no memory key's floor lock
+    /// can collide with it.
+    async fn lock_round(&mut self, name: &str) -> Result<()>;
     /// See `Tx::cancel_requested`.
     async fn cancels_asked(
         &mut self,

@@ -502,7 +502,15 @@ pub(super) async fn finish(
     if report.oom_cause.is_none() {
         let (cause, neighbour) = match rules::oom_cause(&report, estimate) {
             Some(cause) => (Some(cause), None),
-            None if report.failure == Some(FailureClass::Oom) => {
+            // Blamed on a neighbour only with evidence that it stayed within its own
+            // estimate, and not forever: past a few free tries its OOMs are its own again.
+            None if report.failure == Some(FailureClass::Oom)
+                && report
+                    .peak_mem_mib
+                    .zip(estimate)
+                    .is_some_and(|(peak, e)| peak <= e)
+                && tx.neighbour_grew_count(&job.id).await? < rules::FREE_OOM_RETRIES =>
+            {
                 let n = grown_neighbour(tx, &id, &node, &ended.gpus, &report.gpus).await?;
                 (n.is_some().then_some(OomCause::NeighbourGrew), n)
             }

@@ -670,8 +670,14 @@ pub trait Store: Send + Sync + 'static {
     async fn claim_deliveries(&self, hold_ms: i64, limit: u32) -> Result<Vec<(String, u32)>>;
     /// A delivery with what it sends, and where.
     async fn delivery(&self, id: String) -> Result<DeliveryRow>;
-    /// How a delivery's try ended.
-    async fn settle_delivery(&self, id: String, outcome: DeliveryOutcome) -> Result<()>;
+    /// How the try a claim made at `tries` ended; false (nothing written) when another claim
+    /// took the delivery since.
+    async fn settle_delivery(
+        &self,
+        id: String,
+        tries: u32,
+        outcome: DeliveryOutcome,
+    ) -> Result<bool>;
     /// Takes the events no single transaction can tell (`alerts::sweep`); how many.
     async fn alert_sweep(&self, input: AlertSweep) -> Result<usize>;
 
@@ -1065,9 +1071,14 @@ impl<B: Backend> Store for B {
         run!(self, read, "delivery", alerts::delivery, id.clone(); delivery = %id)
     }
 
-    async fn settle_delivery(&self, id: String, outcome: DeliveryOutcome) -> Result<()> {
+    async fn settle_delivery(
+        &self,
+        id: String,
+        tries: u32,
+        outcome: DeliveryOutcome,
+    ) -> Result<bool> {
         let now = now_ms();
-        run!(self, write, "settle_delivery", alerts::settle, id.clone(), outcome, now; delivery = %id)
+        run!(self, write, "settle_delivery", alerts::settle, id.clone(), tries, outcome, now; delivery = %id, tries)
     }
 
     async fn alert_sweep(&self, input: AlertSweep) -> Result<usize> {

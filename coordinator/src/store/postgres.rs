@@ -42,6 +42,8 @@ const MIGRATION_LOCK: i64 = 0x6865_6164_726f_6f6d; // "headroom"
 /// First key of the transaction advisory locks of memory floors (the second is the key's
 /// hash).
 const FLOOR_LOCK: i32 = 0x6866_6c72; // "hflr"
+/// The advisory lock class of rounds one replica runs at a time (`Exec::lock_round`).
+const ROUND_LOCK: i32 = 0x6872_6e64; // "hrnd"
 /// Reconnect backoff of the change listener.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -614,6 +616,11 @@ impl Exec for PgTx<'_> {
     async fn lock_key(&mut self, key: &str) -> Result<()> {
         let sql = "SELECT pg_advisory_xact_lock($1, hashtext($2))";
         exec(self.tx, sql, &[&FLOOR_LOCK, &key]).await.map(drop)
+    }
+
+    async fn lock_round(&mut self, name: &str) -> Result<()> {
+        let sql = "SELECT pg_advisory_xact_lock($1, hashtext($2))";
+        exec(self.tx, sql, &[&ROUND_LOCK, &name]).await.map(drop)
     }
 
     async fn cancels_asked(

@@ -366,6 +366,10 @@ impl Exec for SqliteTx<'_> {
         Ok(())
     }
 
+    async fn lock_round(&mut self, _name: &str) -> Result<()> {
+        Ok(())
+    }
+
     async fn cancels_asked(
         &mut self,
         agent: &str,

@@ -18,7 +18,10 @@
 //! (`lock_concurrency_caps`) after their jobs; nothing that holds an attempt or a floor ever
 //! asks for it. Charging usage locks ended attempts (skipping locked ones), then users'
 //! ledgers in name order; nothing else locks a ledger. A preemption round takes one advisory
-//! lock (`lock_preemption`) before anything else, then the jobs it preempts in `seq` order.
+//! lock (`lock_preemption`) before anything else, then the jobs it preempts in `seq` order;
+//! the alerts sweep takes one too (`lock_alerts`), then nodes, quarantines, experiments and
+//! jobs (skipping locked ones) as it reads them. Both locks are in a class of their own
+//! (`Exec::lock_round`), apart from the floors'.
 //!
 //! A job's change never locks the jobs of a study that wait for it: it notes itself
 //! (`note_wait_change`) and a transaction of its own settles those, locking them alone, in
@@ -327,6 +330,8 @@ pub trait AttemptsTx: Send {
         cause: headroom_shared::api::OomCause,
         neighbour: Option<&str>,
     ) -> Result<()>;
+    /// How many of the job's attempts ran out of memory for a neighbour that grew.
+    async fn neighbour_grew_count(&mut self, job: &str) -> Result<u32>;
     /// Of `attempts`, those of `agent` not ended that were asked to stop, and how.
     async fn cancel_requested(
         &mut self,
@@ -772,7 +777,8 @@ pub struct LongWait {
     pub experiment: String,
     pub experiment_name: String,
     pub submitted_by: String,
-    pub created_at: Millis,
+    /// When it last changed state: since when it has waited.
+    pub waiting_since: Millis,
     pub pending_reason: Option<PendingReason>,
 }
 
@@ -811,15 +817,19 @@ pub trait AlertsTx: Send {
         limit: u32,
     ) -> Result<Vec<(String, u32)>>;
     async fn delivery(&mut self, id: &str) -> Result<Option<DeliveryRow>>;
-    /// Sets a delivery's state, when it is due again (`None`: never) and its last error.
+    /// Sets a delivery's state, when it is due again (`None`: never) and its last error,
+    /// if it is still pending at `tries` (the claim that made this try is still the latest);
+    /// whether it was.
+    #[allow(clippy::too_many_arguments)]
     async fn set_delivery(
         &mut self,
         id: &str,
+        tries: u32,
         state: headroom_shared::api::alerts::DeliveryState,
         due: Option<Millis>,
         error: Option<&str>,
         delivered_at: Option<Millis>,
-    ) -> Result<()>;
+    ) -> Result<bool>;
     /// The newest `limit` deliveries (of `owner`'s subscriptions, where given), dead
     /// letters first.
     async fn deliveries(
@@ -832,8 +842,8 @@ pub trait AlertsTx: Send {
     async fn note_job_end(&mut self, job: &str, state: JobState, at: Millis) -> Result<()>;
     /// The oldest `limit` notes, in the order they were written.
     async fn alert_notes(&mut self, limit: u32) -> Result<Vec<AlertNote>>;
-    /// Drops the notes up to `last`.
-    async fn drop_alert_notes(&mut self, last: i64) -> Result<()>;
+    /// Drops these notes (those read: a note of a lower number may commit after them).
+    async fn drop_alert_notes(&mut self, ids: &[i64]) -> Result<()>;
     /// Taken by each alerts sweep: one replica's at a time, so that notes are read in order
     /// and an event is taken once.
     async fn lock_alerts(&mut self) -> Result<()>;
@@ -863,8 +873,8 @@ pub trait AlertsTx: Send {
     async fn clear_drift(&mut self, node: &str, gpu: u32) -> Result<()>;
     /// Nodes silent since before `cutoff` and not yet told of, now marked told.
     async fn mark_lost_nodes(&mut self, cutoff: Millis) -> Result<Vec<String>>;
-    /// Up to `limit` jobs queued since before `cutoff` (waiting for no other job) and not
-    /// yet told of, now marked told.
+    /// Up to `limit` jobs waiting (queued or retrying, for no other job) since before
+    /// `cutoff` and not yet told of, now marked told.
     async fn mark_long_waits(&mut self, cutoff: Millis, limit: u32) -> Result<Vec<LongWait>>;
     /// Delivered deliveries and dead letters settled before `before`, and events left
     /// without deliveries from before it, go; how many rows went.

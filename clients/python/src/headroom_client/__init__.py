@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     )
     from .frames import Records
     from .models import (
+        AlertsView,
         AttemptSeries,
         AttemptTelemetry,
         Environment,
@@ -96,6 +97,7 @@ _LAZY = {
     "Records": ".frames",
     **dict.fromkeys(
         [
+            "AlertsView",
             "AttemptSeries",
             "AttemptTelemetry",
             "Environment",
@@ -118,6 +120,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "AlertsView",
     "AsyncClient",
     "AsyncExperiment",
     "AttemptSeries",

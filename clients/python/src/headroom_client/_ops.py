@@ -45,6 +45,7 @@ from ._tables import (
 from ._transport import POLL_MS, PathLike
 from .errors import HeadroomError, JobsFailedError, NotFoundError
 from .models import (
+    AlertsView,
     AttemptSeries,
     AttemptTelemetry,
     AttemptView,
@@ -60,6 +61,7 @@ from .models import (
     RetryResponse,
     StateCounts,
     SubmitResponse,
+    SubscriptionView,
     UsageReport,
 )
 
@@ -326,6 +328,39 @@ def usage(since: Duration, by: str) -> Op[UsageReport]:
         raise ValueError(f"by is 'user' or 'experiment', not {by!r}")
     params = {"since": _duration(since), "by": by}
     return UsageReport.model_validate((yield from _json("GET", "/v1/usage", params)))
+
+
+def alerts() -> Op[AlertsView]:
+    """``GET /v1/alerts``: the caller's subscriptions and their newest deliveries."""
+    return AlertsView.model_validate((yield from _json("GET", "/v1/alerts")))
+
+
+def subscribe(
+    on: Sequence[str],
+    webhook: Optional[str],
+    email: Optional[str],
+    slack: bool,
+    lab_wide: bool,
+) -> Op[SubscriptionView]:
+    """``POST /v1/alerts``: to a webhook (``slack``: Slack's body) or a mailbox."""
+    if (webhook is None) == (email is None):
+        raise ValueError("give one of webhook= or email=")
+    if webhook is not None:
+        target: Dict[str, Any] = {
+            "webhook": {"url": webhook, "format": "slack" if slack else "json"}
+        }
+    else:
+        if slack:
+            raise ValueError("slack= is a webhook's format, not a mail's")
+        target = {"email": {"to": email}}
+    body = {"on": list(on), "target": target, "lab_wide": lab_wide}
+    return SubscriptionView.model_validate((yield from _json("POST", "/v1/alerts", None, body)))
+
+
+def unsubscribe(id: str) -> Op[SubscriptionView]:
+    """``POST /v1/alerts/{id}/remove``."""
+    path = f"/v1/alerts/{_seg(id)}/remove"
+    return SubscriptionView.model_validate((yield from _json("POST", path)))
 
 
 # ---- changes ----

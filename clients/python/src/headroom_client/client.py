@@ -23,6 +23,7 @@ from typing import (
     List,
     Literal,
     Optional,
+    Sequence,
     Tuple,
     TypeVar,
     Union,
@@ -50,6 +51,7 @@ from ._transport import (
 from .errors import HeadroomError, SourceError
 from .frames import Records, records_or_frame
 from .models import (
+    AlertsView,
     AttemptSeries,
     AttemptTelemetry,
     AttemptView,
@@ -64,6 +66,7 @@ from .models import (
     RetryFailedResponse,
     RetryResponse,
     SubmitResponse,
+    SubscriptionView,
     UsageReport,
 )
 
@@ -442,6 +445,31 @@ class Client:
         lowest ``normalized`` first, whose waiting jobs go first). A ``since`` the coordinator
         cannot read raises ``InvalidError`` naming ``since``."""
         return self._run(ops.usage(since, by))
+
+    def alerts(self) -> AlertsView:
+        """Your alert subscriptions (an admin's: every one) and their newest deliveries,
+        dead letters first, as ``headroom alerts``."""
+        return self._run(ops.alerts())
+
+    def subscribe(
+        self,
+        on: Sequence[str],
+        *,
+        webhook: Optional[str] = None,
+        email: Optional[str] = None,
+        slack: bool = False,
+        lab_wide: bool = False,
+    ) -> SubscriptionView:
+        """Subscribes to alerts (``on``: ``experiment-ended``, ``failures-in-a-row``,
+        ``gpu-quarantined``, ``gpu-drift``, ``node-lost``, ``job-pending``, ``job-pruned``,
+        ``job-preempted``) sent to ``webhook`` (headroom's JSON, or Slack's body with
+        ``slack=True``; its host one the coordinator allows) or mailed to ``email``. A refused
+        target raises ``InvalidError`` naming ``target.webhook.url`` or ``target.email.to``."""
+        return self._run(ops.subscribe(on, webhook, email, slack, lab_wide))
+
+    def unsubscribe(self, id: str) -> SubscriptionView:
+        """Removes a subscription (yours, or any for an admin) with its deliveries."""
+        return self._run(ops.unsubscribe(id))
 
     # ---- changes ----
 
@@ -1026,6 +1054,26 @@ class AsyncClient:
     async def usage(self, since: Duration = "30d", *, by: UsageBy = "user") -> UsageReport:
         """``Client.usage``."""
         return await self._run(ops.usage(since, by))
+
+    async def alerts(self) -> AlertsView:
+        """``Client.alerts``."""
+        return await self._run(ops.alerts())
+
+    async def subscribe(
+        self,
+        on: Sequence[str],
+        *,
+        webhook: Optional[str] = None,
+        email: Optional[str] = None,
+        slack: bool = False,
+        lab_wide: bool = False,
+    ) -> SubscriptionView:
+        """``Client.subscribe``."""
+        return await self._run(ops.subscribe(on, webhook, email, slack, lab_wide))
+
+    async def unsubscribe(self, id: str) -> SubscriptionView:
+        """``Client.unsubscribe``."""
+        return await self._run(ops.unsubscribe(id))
 
     async def cancel(self, id: str, *, requeue: bool = False) -> CancelResponse:
         """``Client.cancel``."""

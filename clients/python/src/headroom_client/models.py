@@ -628,6 +628,48 @@ class UsageReport(_Model):
     shares: List[ShareStanding]
 
 
+class SubscriptionView(_Model):
+    """An alert subscription (``alerts()``, ``subscribe()``): what it is told of (``on``:
+    ``experiment-ended``, ``gpu-quarantined``, ...), where (``target``: ``{"webhook": {"url",
+    "format"}}``, the URL shown by scheme and host only, or ``{"email": {"to"}}``), whose
+    (``owner``), and whether it hears of every user's jobs (``lab_wide``)."""
+
+    __schema__ = "SubscriptionView"
+    id: str
+    owner: str
+    on: List[str]
+    target: Dict[str, Any]
+    lab_wide: bool
+    created_at: datetime
+
+
+class DeliveryView(_Model):
+    """One event sent to one subscription: ``pending`` (tried again at ``next_try_at``),
+    ``delivered`` or ``dead`` (given up: a dead letter), with its tries and last error. ``id``
+    is the idempotency key its receiver is given."""
+
+    __schema__ = "DeliveryView"
+    id: str
+    subscription: str
+    kind: str
+    summary: str
+    state: str
+    tries: int
+    last_error: Optional[str] = None
+    event_at: datetime
+    delivered_at: Optional[datetime] = None
+    next_try_at: Optional[datetime] = None
+
+
+class AlertsView(_Model):
+    """``alerts()``: the caller's subscriptions (an admin's: every one) and their newest
+    deliveries, dead letters first."""
+
+    __schema__ = "AlertsView"
+    subscriptions: List[SubscriptionView]
+    deliveries: List[DeliveryView]
+
+
 #: Every model checked against the OpenAPI document.
 ALL_MODELS = [
     ErrorDetail,
@@ -665,4 +707,8 @@ ALL_MODELS = [
     UsageRow,
     ShareStanding,
     UsageReport,
+    DriftView,
+    SubscriptionView,
+    DeliveryView,
+    AlertsView,
 ]

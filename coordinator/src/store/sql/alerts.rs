@@ -153,24 +153,27 @@ impl<E: Exec> AlertsTx for E {
     async fn set_delivery(
         &mut self,
         id: &str,
+        tries: u32,
         state: DeliveryState,
         due: Option<Millis>,
         error: Option<&str>,
         delivered_at: Option<Millis>,
-    ) -> Result<()> {
-        done(
-            self,
-            "UPDATE alert_deliveries SET state = $2, due = $3, last_error = $4, \
-             delivered_at = $5 WHERE id = $1",
-            &[
-                Arg::from(id),
-                Arg::from(state.as_str()),
-                due.map_or(Arg::Null, Arg::from),
-                error.map_or(Arg::Null, Arg::from),
-                delivered_at.map_or(Arg::Null, Arg::from),
-            ],
-        )
-        .await
+    ) -> Result<bool> {
+        let n = self
+            .execute(
+                "UPDATE alert_deliveries SET state = $2, due = $3, last_error = $4, \
+                 delivered_at = $5 WHERE id = $1 AND tries = $6 AND state = 'pending'",
+                &[
+                    Arg::from(id),
+                    Arg::from(state.as_str()),
+                    due.map_or(Arg::Null, Arg::from),
+                    error.map_or(Arg::Null, Arg::from),
+                    delivered_at.map_or(Arg::Null, Arg::from),
+                    Arg::from(tries),
+                ],
+            )
+            .await?;
+        Ok(n == 1)
     }
 
     async fn deliveries(&mut self, owner: Option<&str>, limit: u32) -> Result<Vec<DeliveryView>> {
@@ -234,13 +237,18 @@ impl<E: Exec> AlertsTx for E {
         .await
     }
 
-    async fn drop_alert_notes(&mut self, last: i64) -> Result<()> {
-        done(self, "DELETE FROM alert_notes WHERE id <= $1", args![last]).await
+    async fn drop_alert_notes(&mut self, ids: &[i64]) -> Result<()> {
+        for chunk in ids.chunks(100) {
+            // Numbers the database gave: written into the statement as they are.
+            let list: Vec<String> = chunk.iter().map(i64::to_string).collect();
+            let sql = format!("DELETE FROM alert_notes WHERE id IN ({})", list.join(", "));
+            done(self, &sql, &[]).await?;
+        }
+        Ok(())
     }
 
     async fn lock_alerts(&mut self) -> Result<()> {
-        // A memory floor's lock class, under a name no memory key has (names hold no space).
-        self.lock_key("headroom alerts").await
+        self.lock_round("alerts").await
     }
 
     async fn experiment_alerts(&mut self, experiment: &str) -> Result<Option<ExperimentAlerts>> {
@@ -377,10 +385,10 @@ impl<E: Exec> AlertsTx for E {
         let lock = self.dialect().lock_job;
         let skip = if lock.is_empty() { "" } else { " SKIP LOCKED" };
         let sql = format!(
-            "SELECT j.id, j.experiment_id, e.name, j.submitted_by, j.created_at, \
+            "SELECT j.id, j.experiment_id, e.name, j.submitted_by, j.updated_at, \
              j.pending_reason FROM jobs j JOIN experiments e ON e.id = j.experiment_id \
-             WHERE j.state = 'queued' AND j.pending_alerted = 0 AND j.created_at < $1 \
-             AND j.waiting_on = 0 ORDER BY j.seq LIMIT $2{lock}{skip}"
+             WHERE j.state IN ('queued', 'retrying') AND j.pending_alerted = 0 \
+             AND j.updated_at < $1 AND j.waiting_on = 0 ORDER BY j.seq LIMIT $2{lock}{skip}"
         );
         let waits = all(self, &sql, args![cutoff, limit], |r| {
             Ok(LongWait {
@@ -388,7 +396,7 @@ impl<E: Exec> AlertsTx for E {
                 experiment: r.text(1)?,
                 experiment_name: r.text(2)?,
                 submitted_by: r.text(3)?,
-                created_at: r.int(4)?,
+                waiting_since: r.int(4)?,
                 pending_reason: r.json_opt(5)?,
             })
         })

@@ -369,6 +369,18 @@ impl<E: Exec> AttemptsTx for E {
         self.execute(sql, args![job, why.as_str()]).await
     }
 
+    async fn neighbour_grew_count(&mut self, job: &str) -> Result<u32> {
+        let n = first(
+            self,
+            "SELECT COUNT(*) FROM attempts WHERE job_id = $1 AND oom_cause = 'neighbour_grew'",
+            args![job],
+            |r| r.int(0),
+        )
+        .await?
+        .unwrap_or(0);
+        Ok(u32::try_from(n).unwrap_or(u32::MAX))
+    }
+
     async fn set_oom_cause(
         &mut self,
         attempt: &str,

@@ -236,7 +236,9 @@ impl<E: Exec> JobsTx for E {
     ) -> Result<u64> {
         let (sql, args): (&str, &[Arg]) = match leased {
             None => (
-                "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state = $4",
+                // A job back in the queue may be told of again when it waits long.
+                "UPDATE jobs SET state = $1, updated_at = $2, pending_alerted = 0 \
+                 WHERE id = $3 AND state = $4",
                 args![to.as_str(), now, job, from.as_str()],
             ),
             Some(l) => (

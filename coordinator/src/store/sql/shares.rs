@@ -88,8 +88,7 @@ impl<E: Exec> SharesTx for E {
     }
 
     async fn lock_preemption(&mut self) -> Result<()> {
-        // A memory floor's lock class, under a name no memory key has (names hold no space).
-        self.lock_key("headroom preemption").await
+        self.lock_round("preemption").await
     }
 
     async fn set_preempted_at(&mut self, job: &str, at: Millis) -> Result<()> {

@@ -232,7 +232,6 @@ fn an_alert_outlives_a_kill_9_and_a_receiver_that_was_down() {
     h.wait_for("a failed try", Duration::from_secs(10), || {
         Ok(delivery_to(&h, back.port).filter(|(_, tries)| *tries >= 2))
     });
-    let killed = Instant::now();
     h.kill9().expect("kill -9");
     h.restart().expect("restart");
     back.listen().expect("listen again");
@@ -242,7 +241,6 @@ fn an_alert_outlives_a_kill_9_and_a_receiver_that_was_down() {
         || Ok(back.received().into_iter().next()),
     );
     assert_eq!(kind_of(&got), "experiment-ended");
-    assert!(got.at > killed);
     h.wait_for("the dead letter", Duration::from_secs(30), || {
         Ok(delivery_to(&h, never.port).filter(|(s, _)| *s == DeliveryState::Dead))
     });
