@@ -100,7 +100,7 @@ pub enum TokenConfigError {
     #[error("{0}")]
     Secret(#[from] headroom_shared::secret::SecretError),
     #[error("{0}")]
-    Alerts(#[from] crate::alerting::AlertConfigError),
+    Alerts(#[from] crate::alert_settings::AlertConfigError),
 }
 
 /// The tokens file: `[[tokens]]` entries of `name`, `role` and `token_hash` (an argon2 PHC

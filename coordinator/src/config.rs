@@ -200,7 +200,7 @@ impl CoordinatorSettings {
     }
 
     /// What alerts may send to and how hard they try; the SMTP password read from its file.
-    pub fn alerts(&self) -> Result<crate::alerting::AlertConfig, TokenConfigError> {
+    pub fn alerts(&self) -> Result<crate::alert_settings::AlertConfig, TokenConfigError> {
         let smtp = match &self.smtp_url {
             None => None,
             Some(url) => {
@@ -209,7 +209,7 @@ impl CoordinatorSettings {
                     .as_deref()
                     .map(|p| secret::read_file(p, "--smtp-password-file"))
                     .transpose()?;
-                let smtp = crate::alerting::SmtpConfig {
+                let smtp = crate::alert_settings::SmtpConfig {
                     url: url.trim().to_string(),
                     password,
                     from: self.alert_from.trim().to_string(),
@@ -218,7 +218,7 @@ impl CoordinatorSettings {
                 Some(smtp)
             }
         };
-        Ok(crate::alerting::AlertConfig {
+        Ok(crate::alert_settings::AlertConfig {
             webhook_hosts: self
                 .alert_webhook_hosts
                 .as_deref()
@@ -235,7 +235,7 @@ impl CoordinatorSettings {
                 .alert_drift_after
                 .clamp(Duration::from_secs(1), Duration::from_secs(10)),
             failure_streak: self.alert_failures_in_a_row.max(1),
-            ..crate::alerting::AlertConfig::default()
+            ..crate::alert_settings::AlertConfig::default()
         })
     }
 
@@ -339,7 +339,7 @@ pub struct CoordinatorConfig {
     /// MLflow servers runs may be written to (base URLs, no trailing `/`).
     pub mlflow_servers: Vec<String>,
     /// What alerts may send to, and how hard they try.
-    pub alerts: crate::alerting::AlertConfig,
+    pub alerts: crate::alert_settings::AlertConfig,
 }
 
 /// The base URLs of a comma-separated list, without trailing `/`.
@@ -379,7 +379,7 @@ impl CoordinatorConfig {
             http: crate::serve::Limits::default(),
             single_user: None,
             mlflow_servers: Vec::new(),
-            alerts: crate::alerting::AlertConfig::default(),
+            alerts: crate::alert_settings::AlertConfig::default(),
         }
     }
 }

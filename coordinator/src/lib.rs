@@ -9,7 +9,7 @@
 //!   counted again after the changes that move them), `charging` (ended runs charged to their
 //!   users' fair-share ledgers), `preempting` (running preemptible jobs stopped and requeued
 //!   for those under their share), `alerting` (alerts sent to webhooks and mail from the
-//!   store's outbox): the HTTP edge and its tasks (`api/ui.rs` serves the
+//!   store's outbox; `alert_settings`: what they may be sent to): the HTTP edge and its tasks (`api/ui.rs` serves the
 //!   dashboard, its page and assets in `ui/`).
 //! - `matrix`: a submitted spec turned into the jobs to store; `source`: where they run
 //!   from (working directory, code, environment).
@@ -25,6 +25,7 @@
 //!   and `simulate`, pure.
 #![forbid(unsafe_code)]
 
+pub mod alert_settings;
 pub mod alerting;
 pub mod api;
 pub mod app;

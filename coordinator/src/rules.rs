@@ -839,20 +839,12 @@ pub fn finish(
             refund: false,
         });
     }
-    if class == FailureClass::Oom && report.oom_cause == Some(OomCause::NeighbourGrew) {
-        // A neighbour grew into its memory: tried again, no attempt spent, nothing learned.
-        return Ok(Finish {
-            quarantine,
-            last_failure: Some(class),
-            floor: None,
-            ladder: None,
-            event: JobEvent::Fail { retry: true },
-            refund: true,
-        });
-    }
-    if class.is_requeue() {
+    let neighbour_grew =
+        class == FailureClass::Oom && report.oom_cause == Some(OomCause::NeighbourGrew);
+    if class.is_requeue() || neighbour_grew {
         // Stopped by headroom (a preemption) or a user (`cancel --requeue`) to run again
-        // later, after its checkpoint signal: back to the queue, no attempt spent.
+        // later, after its checkpoint signal; or out of memory because a neighbour grew into
+        // it: back to the queue, no attempt spent, nothing learned.
         return Ok(Finish {
             quarantine,
             last_failure: Some(class),

@@ -134,20 +134,6 @@ pub(super) async fn settle(
     Ok((settled, Change::None))
 }
 
-/// Notes a job's end, or its return from one (a retry), for the sweep.
-pub(super) async fn job_changed(
-    tx: &mut dyn Tx,
-    job: &str,
-    from: JobState,
-    to: JobState,
-    now: Millis,
-) -> Result<()> {
-    if to.is_terminal() || from.is_terminal() {
-        tx.note_job_end(job, to, now).await?;
-    }
-    Ok(())
-}
-
 /// A GPU quarantined by an ended attempt.
 pub(super) async fn quarantined(
     tx: &mut dyn Tx,

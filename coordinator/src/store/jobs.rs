@@ -75,8 +75,11 @@ async fn apply(
     if to != from {
         // Jobs of a study that wait for this one (`after`) may start, or end, with it.
         super::waiting::changed(tx, &job.id, from, to, now).await?;
-        // An end (or a return from one) is noted for the alerts it may raise.
-        super::alerts::job_changed(tx, &job.id, from, to, now).await?;
+        // An end (or a return from one) is noted for the alerts it may raise
+        // (`store::alerts::sweep` reads the notes): an insert, no lock taken.
+        if to.is_terminal() || from.is_terminal() {
+            tx.note_job_end(&job.id, to, now).await?;
+        }
     }
     Ok(to)
 }
