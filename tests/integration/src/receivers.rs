@@ -23,6 +23,8 @@ pub struct Received {
     pub headers: BTreeMap<String, String>,
     pub body: String,
     pub at: Instant,
+    /// When it came, by the wall clock (to set beside an event's own time).
+    pub wall: std::time::SystemTime,
 }
 
 impl Received {
@@ -157,6 +159,7 @@ fn serve(stream: TcpStream, received: &Mutex<Vec<Received>>) {
                 headers,
                 body: String::from_utf8_lossy(&body).into_owned(),
                 at: Instant::now(),
+                wall: std::time::SystemTime::now(),
             });
         }
         if out
