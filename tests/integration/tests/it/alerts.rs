@@ -2,7 +2,7 @@
 //! within seconds, once; an alert that outlives a `kill -9` of the coordinator and a
 //! receiver that was down, delivered once after; one whose receiver never comes back kept
 //! as a dead letter that `headroom alerts` shows. (Two replicas delivering once between
-//! them: `cluster::two_replicas_four_agents_two_thousand_jobs_each_succeed_once`.)
+//! them: `cluster::two_replicas_four_agents_a_thousand_jobs_each_succeed_once`.)
 
 use std::time::{Duration, Instant};
 

@@ -292,7 +292,7 @@ impl Cluster {
 }
 
 #[test]
-fn two_replicas_four_agents_two_thousand_jobs_each_succeed_once() {
+fn two_replicas_four_agents_a_thousand_jobs_each_succeed_once() {
     // No fault here, so no lease may be lost: a TTL long enough that a heavily loaded test
     // machine (heartbeats answered seconds late) does not fence healthy agents.
     let mut c = Cluster::with_ttl(2, "10s");
@@ -304,12 +304,12 @@ fn two_replicas_four_agents_two_thousand_jobs_each_succeed_once() {
     for j in 0..4 {
         c.add_agent(j % 2, "2x24GiB", "8,8", false);
     }
-    let exp = c.submit("many", 2000, 0.01);
+    let exp = c.submit("many", 1000, 0.01);
     c.wait_done(exp, Duration::from_secs(400));
     let (lost, timeline) = c.assert_exactly_once(exp);
     assert_eq!(lost, 0);
     let starts = timeline.records.iter().filter(|r| r.event == "start");
-    assert_eq!(starts.count(), 2000);
+    assert_eq!(starts.count(), 1000);
     wait(
         "the experiment's end at the webhook",
         Duration::from_secs(30),
@@ -323,7 +323,7 @@ fn two_replicas_four_agents_two_thousand_jobs_each_succeed_once() {
         "{:?}",
         got.iter().map(|r| &r.body).collect::<Vec<_>>()
     );
-    assert!(got[0].body.contains("2000 succeeded"), "{}", got[0].body);
+    assert!(got[0].body.contains("1000 succeeded"), "{}", got[0].body);
 }
 
 /// An agent killed for good mid-attempts: its supervisors renew their leases themselves
