@@ -332,6 +332,87 @@ fn sigterm_and_the_end_are_recorded_with_their_time() {
     assert!(t[1] >= sent && t[2] >= t[1], "{text}");
 }
 
+/// An evaluation peak: the job grows for `--grow-for` seconds and gives the memory back, as
+/// the fake GPU's usage file shows; a second job whose peak meets the first's steady memory
+/// on a GPU too small for both fails with CUDA's OOM text, and its record says `oom`.
+#[test]
+fn a_peak_is_held_for_its_time_and_one_that_does_not_fit_is_an_oom() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("gpus");
+    let record = tmp.path().join("record.jsonl");
+    let job = |args: &[&str]| {
+        Command::new(FAKE_JOB)
+            .args(args)
+            .arg("--record")
+            .arg(&record)
+            .env(fake::DIR_VAR, &dir)
+            .env(fake::SPEC_VAR, "1x10GiB")
+            .env("CUDA_VISIBLE_DEVICES", "0")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("fake job")
+    };
+    let peaks = [
+        "--mem",
+        "4GiB",
+        "--grow",
+        "3GiB",
+        "--grow-after",
+        "0.3",
+        "--grow-for",
+        "0.6",
+        "--seconds",
+        "2.5",
+    ];
+    let mut first = job(&peaks);
+    let held = |pid: u32| std::fs::read_to_string(dir.join(pid.to_string())).unwrap_or_default();
+    let seen_over = |want: &str, within: Duration| {
+        let deadline = Instant::now() + within;
+        while held(first.id()).trim() != want {
+            assert!(
+                Instant::now() < deadline,
+                "never held {want}: {}",
+                held(first.id())
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    seen_over("0:7168", Duration::from_secs(5));
+    seen_over("0:4096", Duration::from_secs(5));
+    // 4 GiB held, 4 + 3 asked: 11 GiB do not fit in 10.
+    let second = job(&[
+        "--mem",
+        "4GiB",
+        "--grow",
+        "3GiB",
+        "--grow-after",
+        "0.2",
+        "--seconds",
+        "1",
+    ])
+    .wait_with_output()
+    .expect("second job");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("CUDA out of memory. Tried to allocate 3072 MiB"),
+        "{stderr}"
+    );
+    assert!(first.wait().expect("first job").success());
+    let text = std::fs::read_to_string(&record).expect("record");
+    let events: Vec<String> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json line"))
+        .filter_map(|l| Some(format!("{}:{}", l["event"].as_str()?, l["mem_mib"])))
+        .collect();
+    assert_eq!(
+        events,
+        ["start:4096", "start:4096", "oom:7168", "end:4096"],
+        "{text}"
+    );
+}
+
 /// Without fake GPUs (no HEADROOM_FAKE_GPU_DIR, as under an agent on real GPUs) `--mem`
 /// holds nothing, says so, and the job runs: the quickstart works on any machine.
 #[test]

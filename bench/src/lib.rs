@@ -15,6 +15,7 @@
 
 pub use headroom_coordinator::simulate as sim;
 pub mod cpugroup;
+pub mod offline;
 pub mod suite;
 pub mod system;
 pub mod tsp;

@@ -100,6 +100,9 @@ fn scale() {
             "/jobs_per_s",
             "/claim_ms/p99",
             "/coordinator/rss_mib",
+            // Two replicas, each measured.
+            "/replicas/0/rss_mib",
+            "/replicas/1/rss_mib",
         ],
     );
 }
@@ -126,4 +129,35 @@ fn metric_lines() {
         figures.push("/metrics/cpu_ms");
     }
     check(r, &figures);
+}
+
+/// The seeds' workloads at a tiny size: headroom and one job per GPU end every job clean and
+/// headroom without an OOM; the seeds' way, two LoRA jobs on a GPU, runs out of memory at
+/// their evaluation peaks, as the farm did.
+#[test]
+fn useful() {
+    let r = tiny("useful");
+    for w in ["seed_matrix", "LoRA_farm"] {
+        let f = &r.figures[w];
+        let jobs = f["jobs"].as_u64().expect("jobs");
+        for side in ["headroom", "one_per_gpu"] {
+            assert_eq!(
+                f[side]["clean_runs"].as_u64(),
+                Some(jobs),
+                "{w} {side}: {f}"
+            );
+        }
+        assert_eq!(f["headroom"]["ooms"].as_u64(), Some(0), "{w}: {f}");
+    }
+    let farm = &r.figures["LoRA_farm"]["seeds_way"];
+    assert!(farm["ooms"].as_u64() > Some(0), "{farm}");
+    check(
+        r,
+        &[
+            "/seed_matrix/best_offline_s",
+            "/seed_matrix/headroom/makespan_s",
+            "/LoRA_farm/headroom/useful_fraction",
+            "/LoRA_farm/seeds_way/makespan_s",
+        ],
+    );
 }

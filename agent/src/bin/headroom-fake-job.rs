@@ -73,6 +73,10 @@ struct Args {
     grow: Option<MemSize>,
     #[arg(long, value_name = "F", default_value_t = 1.0)]
     grow_after: f64,
+    /// Give the grown memory back after F seconds (an evaluation's peak, then training
+    /// again); without it the job holds it to its end.
+    #[arg(long, value_name = "F")]
+    grow_for: Option<f64>,
 }
 
 #[derive(Clone, Debug)]
@@ -156,6 +160,17 @@ fn record(path: &Path, event: &str, mem_mib: u64) -> Result<(), Exit> {
         f.write_all(line.as_bytes())
     };
     write().map_err(|e| usage(format!("cannot record to {}: {e}", path.display())))
+}
+
+/// An OOM, noted in the record (`oom`, with the memory it asked for) when there is one.
+fn recorded_oom(args: &Args, e: Exit, asked_mib: u64) -> Exit {
+    if let Some(path) = &args.record
+        && e.1.contains("CUDA out of memory")
+        && let Err(Exit(_, msg)) = record(path, "oom", asked_mib)
+    {
+        eprintln!("{msg}");
+    }
+    e
 }
 
 /// PyTorch's message, so that the agent classifies the failure as `oom`.
@@ -371,8 +386,10 @@ fn run(args: &Args) -> Result<u8, Exit> {
         .flatten();
     // What this process really holds: nothing without fake GPUs.
     let mem_mib = if dir.is_some() { mem_mib } else { 0 };
-    if let Some(dir) = &dir {
-        hold(dir, gpu, mem_mib, args.util.unwrap_or(0))?;
+    if let Some(dir) = &dir
+        && let Err(e) = hold(dir, gpu, mem_mib, args.util.unwrap_or(0))
+    {
+        return Err(recorded_oom(args, e, mem_mib));
     }
     let release = || {
         if let Some(dir) = &dir {
@@ -402,6 +419,7 @@ fn run(args: &Args) -> Result<u8, Exit> {
         )
     });
     let mut grown = false;
+    let mut shrink_at = None;
     // A step per second, at least one, so the log shows progress.
     // Bounded (a year) so that any number makes a valid duration.
     let seconds = if args.seconds.is_finite() {
@@ -430,9 +448,20 @@ fn run(args: &Args) -> Result<u8, Exit> {
                 let total = mem_mib.saturating_add(more.mib);
                 if let Err(e) = hold(dir, gpu, total, args.util.unwrap_or(0)) {
                     release();
-                    return Err(e);
+                    return Err(recorded_oom(args, e, total));
                 }
                 println!("grew to {total} MiB on GPU {gpu}");
+                shrink_at = args
+                    .grow_for
+                    .map(|f| Instant::now() + Duration::from_secs_f64(f.clamp(0.0, 3.0e7)));
+            }
+            if let (Some(at), Some(dir)) = (shrink_at, &dir)
+                && Instant::now() >= at
+            {
+                shrink_at = None;
+                // Less than it held: this always fits.
+                hold(dir, gpu, mem_mib, args.util.unwrap_or(0))?;
+                println!("back to {mem_mib} MiB on GPU {gpu}");
             }
             std::thread::sleep((until - Instant::now()).min(Duration::from_millis(20)));
         }

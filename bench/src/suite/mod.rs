@@ -9,6 +9,7 @@ pub mod makespan;
 pub mod metric_lines;
 pub mod scale;
 pub mod slot_free;
+pub mod useful;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,7 +18,8 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 /// Every bench, in the order a whole run takes them.
-pub const ALL: [&str; 8] = [
+pub const ALL: [&str; 9] = [
+    "useful",
     "dispatch",
     "latency",
     "makespan",
@@ -48,9 +50,10 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
         ("slot_free", false) => slot_free::run(100),
         ("slot_free", true) => slot_free::run(3),
         ("scale" | "scale_ceiling", false) => scale::run(&scale::Size {
-            agents: 100,
+            replicas: 2,
+            agents: 1000,
             gpus_per_agent: 8,
-            queued: 100_000,
+            queued: 1_000_000,
             window: Duration::from_secs(60),
             // `scale_ceiling`: each job ends at once, the coordinator's ceiling.
             job: if name == "scale" {
@@ -60,6 +63,7 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
             },
         }),
         ("scale" | "scale_ceiling", true) => scale::run(&scale::Size {
+            replicas: 2,
             agents: 2,
             gpus_per_agent: 2,
             queued: 20,
@@ -70,6 +74,7 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
         ("agent_cpu", true) => agent_cpu::run(Duration::from_secs(1)),
         ("metric_lines", false) => metric_lines::run(1_000_000),
         ("metric_lines", true) => metric_lines::run(20_000),
+        ("useful", tiny) => useful::run(tiny),
         _ => bail!("unknown bench `{name}`: one of {}", ALL.join(" ")),
     }
 }

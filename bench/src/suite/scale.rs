@@ -1,6 +1,7 @@
-//! Coordinator scale: simulated agents in this process (real HTTP, one task each) on a
-//! coordinator alone with PostgreSQL, each with 8 GPUs, claiming from a deep queue and
-//! reporting start and end at once. Claim latency, jobs/s, the coordinator's CPU and memory.
+//! Coordinator scale: simulated agents in this process (real HTTP, one task each) on one or
+//! more coordinator replicas sharing PostgreSQL (agents spread over them), each agent with 8
+//! GPUs, claiming from a deep queue and reporting start and end at once. Claim latency,
+//! jobs/s, each replica's CPU and memory.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,6 +20,8 @@ use super::{Report, Target, percentile};
 use crate::system::Node;
 
 pub struct Size {
+    /// Coordinator replicas on the one database; agent i talks to replica i mod replicas.
+    pub replicas: usize,
     pub agents: usize,
     pub gpus_per_agent: usize,
     pub queued: usize,
@@ -206,25 +209,42 @@ fn usage(pid: u32) -> (f64, f64, f64) {
     (cpu, kib("VmRSS:"), kib("VmHWM:"))
 }
 
+/// Most jobs one spec expands into by default (`--max-jobs`): a deeper queue is submitted
+/// as several experiments.
+const SPEC_JOBS: usize = headroom_shared::spec::DEFAULT_MAX_JOBS as usize;
+
 pub fn run(size: &Size) -> Result<Report> {
     let pg = Postgres::start_durable()?;
-    let node = Node::coordinator(Some(&pg.url()))?;
-    let pid = node.coordinator.pid().context("coordinator not running")?;
+    let replicas = (0..size.replicas.max(1))
+        .map(|_| Node::coordinator(Some(&pg.url())))
+        .collect::<Result<Vec<_>>>()?;
+    let pids = replicas
+        .iter()
+        .map(|n| n.coordinator.pid().context("coordinator not running"))
+        .collect::<Result<Vec<_>>>()?;
     let t = Instant::now();
-    let exp = node.submit("deep", &["true"], size.queued)?;
+    let mut left = size.queued;
+    for k in 0.. {
+        if left == 0 {
+            break;
+        }
+        let n = left.min(SPEC_JOBS);
+        replicas[k % replicas.len()].submit(&format!("deep{k}"), &["true"], n)?;
+        left -= n;
+    }
     let submit_s = t.elapsed().as_secs_f64();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let (cpu0, _, _) = usage(pid);
+    let cpu0: Vec<f64> = pids.iter().map(|p| usage(*p).0).collect();
     let done = Arc::new(AtomicUsize::new(0));
     let t = Instant::now();
     let until = t + size.window;
     let lat: Vec<Vec<f64>> = rt.block_on(async {
         let tasks: Vec<_> = (0..size.agents)
             .map(|i| {
-                let api = Client::new(&node.url)?;
+                let api = Client::new(&replicas[i % replicas.len()].url)?;
                 Ok(tokio::spawn(agent(
                     api,
                     i,
@@ -243,20 +263,48 @@ pub fn run(size: &Size) -> Result<Report> {
         Ok::<_, anyhow::Error>(out)
     })?;
     let elapsed = t.elapsed().as_secs_f64();
-    let (cpu1, rss, hwm) = usage(pid);
+    let after: Vec<(f64, f64, f64)> = pids.iter().map(|p| usage(*p)).collect();
     let jobs = done.load(Ordering::Relaxed);
     if jobs == 0 {
-        bail!("no job ran: {}", node.coordinator.output());
+        bail!("no job ran: {}", replicas[0].coordinator.output());
     }
-    let _ = exp;
+    // Each replica's CPU over the window, and the whole of them.
+    let each: Vec<serde_json::Value> = after
+        .iter()
+        .zip(&cpu0)
+        .map(|((cpu1, rss, hwm), cpu0)| {
+            serde_json::json!({
+                "cpu_core_pct": (cpu1 - cpu0) / (elapsed * 1e3) * 100.0,
+                "cpu_ms_per_job": (cpu1 - cpu0) / jobs as f64,
+                "rss_mib": rss, "peak_rss_mib": hwm,
+            })
+        })
+        .collect();
+    let cpu0: f64 = cpu0.iter().sum();
+    let cpu1: f64 = after.iter().map(|a| a.0).sum();
+    let rss: f64 = after.iter().map(|a| a.1).sum();
+    let hwm: f64 = after.iter().map(|a| a.2).sum();
+    let per_replica = each
+        .iter()
+        .map(|r| {
+            format!(
+                "{:.0} % of a core, {:.0} MiB ({:.0})",
+                r["cpu_core_pct"].as_f64().unwrap_or(f64::NAN),
+                r["rss_mib"].as_f64().unwrap_or(f64::NAN),
+                r["peak_rss_mib"].as_f64().unwrap_or(f64::NAN)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
     let mut claims: Vec<f64> = lat.into_iter().flatten().collect();
     claims.sort_by(f64::total_cmp);
     let (p50, p99) = (percentile(&claims, 0.5), percentile(&claims, 0.99));
     let rate = jobs as f64 / elapsed;
     let cpu_share = (cpu1 - cpu0) / (elapsed * 1e3) * 100.0;
     let table = format!(
-        "| agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | coordinator CPU | per job | RSS (peak) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
-         | {} x {} | {:.1} s | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) |\n",
+        "| replicas | agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | coordinators' CPU | per job | RSS (peak) | each replica |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
+         | {} | {} x {} | {:.1} s | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) | {per_replica} |\n",
+        replicas.len(),
         size.agents,
         size.gpus_per_agent,
         size.job.as_secs_f64(),
@@ -270,6 +318,7 @@ pub fn run(size: &Size) -> Result<Report> {
         p99 <= 50.0,
     )];
     let figures = serde_json::json!({
+        "replicas": each,
         "agents": size.agents, "gpus_per_agent": size.gpus_per_agent, "queued": size.queued,
         "job_s": size.job.as_secs_f64(),
         "submit_s": submit_s, "jobs": jobs, "seconds": elapsed, "jobs_per_s": rate,

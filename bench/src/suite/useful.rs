@@ -1,0 +1,496 @@
+//! Useful work on the seeds' workloads: how much of the GPUs' memory-time becomes finished,
+//! clean runs, for headroom (`headroom-coordinator` and an agent on fake GPUs), the seeds' own
+//! way (task-spooler with a slot per plan entry, an OOMed run tried again after the seeds'
+//! cleanup wait), one job per GPU (task-spooler with a slot per GPU), and the best schedule
+//! found offline ([`crate::offline`]), in one run.
+//!
+//! Every job is `headroom-fake-job` holding its steady memory, growing to its peak for its
+//! peak phase and back: a run that does not fit fails with CUDA's OOM text, as on a GPU. Each
+//! run's start, end or OOM is recorded (a file per kind of job), and the figures come from
+//! those records: the makespan from just before the first submission to the last end, the
+//! runs that ended clean, the OOMs, the runs repeated.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use headroom_integration_tests::block_on;
+use headroom_shared::ExperimentId;
+use headroom_shared::api::SubmitRequest;
+
+use super::{Report, Target, now_ns, shared_dir};
+use crate::offline;
+use crate::sim::{Cluster, Job};
+use crate::system::{Node, NodeOptions};
+use crate::tsp::TaskSpooler;
+use crate::workloads;
+
+/// The seeds' wait for a GPU's memory to come back before an OOMed run is tried again (seed
+/// 000: `sleep 10` after the cleanup), scaled as the durations are.
+const SEEDS_CLEANUP_WAIT_S: f64 = 10.0;
+/// Tries of a run in the task-spooler sides, the first included.
+const SEEDS_TRIES: u32 = 4;
+
+/// One workload at the size it runs: its GPUs, its jobs (durations already scaled) and the
+/// factor they were scaled by.
+struct Workload {
+    name: &'static str,
+    cluster: Cluster,
+    jobs: Vec<Job>,
+    scale: f64,
+}
+
+fn scaled(mut jobs: Vec<Job>, scale: f64) -> Vec<Job> {
+    for j in &mut jobs {
+        j.duration_s *= scale;
+    }
+    jobs
+}
+
+fn workloads_at(tiny: bool) -> Result<Vec<Workload>> {
+    let (mut matrix, mut mjobs) = workloads::seed_matrix()?;
+    let (mut farm, mut fjobs) = workloads::lora_farm()?;
+    let (mscale, fscale) = if tiny {
+        // One run of each model on two GPUs; two GPUs of the farm with their four jobs.
+        let mut seen = std::collections::BTreeSet::new();
+        mjobs.retain(|j| seen.insert(j.kind));
+        for c in [&mut matrix, &mut farm] {
+            c.gpus_mib.truncate(2);
+            c.plan.truncate(2);
+            c.headroom_mib.truncate(2);
+        }
+        fjobs.truncate(4);
+        (1.0 / 500.0, 1.5 / 3600.0)
+    } else {
+        // The matrix's runs take 2 to 38 s, the farm's 40 s (its evaluation peak 2 s: the
+        // agent samples memory at least once a second).
+        (1.0 / 20.0, 40.0 / 3600.0)
+    };
+    Ok(vec![
+        Workload {
+            name: "seed matrix",
+            cluster: matrix,
+            jobs: scaled(mjobs, mscale),
+            scale: mscale,
+        },
+        Workload {
+            name: "LoRA farm",
+            cluster: farm,
+            jobs: scaled(fjobs, fscale),
+            scale: fscale,
+        },
+    ])
+}
+
+/// The fake GPUs as the agent and the fake job read them: `10240MiB,10240MiB`.
+fn gpu_spec(c: &Cluster) -> String {
+    c.gpus_mib
+        .iter()
+        .map(|m| format!("{m}MiB"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The kinds of jobs in the order they first appear, with how many runs of each.
+fn kinds(jobs: &[Job]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for j in jobs {
+        match out.iter_mut().find(|(k, _)| *k == j.kind) {
+            Some(e) => e.1 += 1,
+            None => out.push((j.kind, 1)),
+        }
+    }
+    out
+}
+
+/// `headroom-fake-job`'s arguments for one run of `j`, recording to `record`.
+fn job_argv(j: &Job, record: &Path) -> Vec<String> {
+    let d = j.duration_s;
+    let mut a = vec![
+        headroom_integration_tests::fake_job().display().to_string(),
+        "--mem".into(),
+        format!("{}MiB", j.steady_mib),
+        "--seconds".into(),
+        format!("{d:.3}"),
+        "--record".into(),
+        record.display().to_string(),
+    ];
+    let more = j.peak_mib.saturating_sub(j.steady_mib);
+    if more > 0 && j.peak_from < 1.0 {
+        a.extend([
+            "--grow".into(),
+            format!("{more}MiB"),
+            "--grow-after".into(),
+            format!("{:.3}", j.peak_from * d),
+        ]);
+        if j.peak_until < 1.0 {
+            a.extend([
+                "--grow-for".into(),
+                format!("{:.3}", (j.peak_until - j.peak_from) * d),
+            ]);
+        }
+    }
+    a
+}
+
+/// What one side did with a workload, from its runs' records.
+#[derive(Debug, Default)]
+struct Outcome {
+    makespan_s: f64,
+    /// Runs that ended clean, and the memory-time (MiB x s) they did.
+    clean: usize,
+    clean_work: f64,
+    ooms: usize,
+    /// Runs beyond one per job (an OOMed run tried again).
+    repeated: usize,
+    /// Each job that did not succeed, with its attempts (headroom's side).
+    unfinished: Vec<String>,
+}
+
+impl Outcome {
+    /// The clean runs' memory-time over every GPU's memory for the makespan.
+    fn useful(&self, c: &Cluster) -> f64 {
+        let memory: f64 = c.gpus_mib.iter().map(|m| *m as f64).sum();
+        self.clean_work / (memory * self.makespan_s)
+    }
+
+    /// Clean memory-time per second.
+    fn rate(&self) -> f64 {
+        self.clean_work / self.makespan_s
+    }
+}
+
+/// Reads the records in `dir` (`kind-K.jsonl`) of runs started at `t0_ms`.
+fn outcome(dir: &Path, w: &Workload, t0_ms: f64) -> Result<Outcome> {
+    let mut o = Outcome::default();
+    let mut last = t0_ms;
+    for (kind, _) in kinds(&w.jobs) {
+        let path = record_path(dir, kind);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let job = w
+            .jobs
+            .iter()
+            .find(|j| j.kind == kind)
+            .context("a kind without a job")?;
+        for line in text.lines() {
+            let v: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("a record: {line}"))?;
+            let t = v["t_ms"].as_f64().context("a record without t_ms")?;
+            match v["event"].as_str() {
+                Some("end") => {
+                    o.clean += 1;
+                    o.clean_work += offline::work(job);
+                    last = last.max(t);
+                }
+                Some("oom") => {
+                    o.ooms += 1;
+                    last = last.max(t);
+                }
+                _ => {}
+            }
+        }
+    }
+    o.repeated = (o.clean + o.ooms).saturating_sub(w.jobs.len());
+    o.makespan_s = (last - t0_ms) / 1000.0;
+    Ok(o)
+}
+
+fn record_path(dir: &Path, kind: usize) -> PathBuf {
+    dir.join(format!("kind-{kind}.jsonl"))
+}
+
+fn now_ms() -> f64 {
+    now_ns() as f64 / 1e6
+}
+
+/// How long a side may take: ten times the best schedule, and a minute to start.
+fn deadline(best_s: f64) -> Duration {
+    Duration::from_secs_f64(best_s * 10.0 + 60.0)
+}
+
+/// headroom: one experiment per kind of job, in the workload's order, each run declaring its
+/// peak where the workload declares one (the matrix) and nothing where it does not (the farm:
+/// headroom learns).
+fn headroom(w: &Workload, best_s: f64) -> Result<Outcome> {
+    let plan = w
+        .cluster
+        .plan
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let node = Node::start(&NodeOptions {
+        database_url: None,
+        gpus: &gpu_spec(&w.cluster),
+        plan: &plan,
+    })?;
+    let records = shared_dir("hr-useful")?;
+    let t0 = now_ms();
+    let mut exps: Vec<ExperimentId> = Vec::new();
+    for (kind, runs) in kinds(&w.jobs) {
+        let j = w
+            .jobs
+            .iter()
+            .find(|j| j.kind == kind)
+            .context("a kind without a job")?;
+        let mut resources = serde_json::json!({"gpus": 1});
+        if let Some(m) = j.declared_mib {
+            resources["memory"] = format!("{m}MiB").into();
+        }
+        let req = SubmitRequest {
+            spec: serde_json::json!({
+                "name": format!("{}-{kind}", w.name.replace(' ', "-")),
+                "command": job_argv(j, &record_path(records.path(), kind)),
+                "runs_per_config": runs,
+                "resources": resources,
+            }),
+            seed: None,
+            dry_run: false,
+            ..Default::default()
+        };
+        let r = block_on(node.api.submit(&req))?.context("submit refused")?;
+        exps.push(r.experiment.context("stored")?);
+    }
+    let until = Instant::now() + deadline(best_s);
+    for &exp in &exps {
+        loop {
+            let p = block_on(
+                node.api
+                    .progress_within(Some(exp), None, Duration::from_secs(2)),
+            )??;
+            if p.counts.finished() == p.counts.total() {
+                break;
+            }
+            if Instant::now() > until {
+                bail!(
+                    "{}: {} of {} jobs ended in time",
+                    w.name,
+                    p.counts.finished(),
+                    p.counts.total()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let mut o = outcome(records.path(), w, t0)?;
+    for exp in exps {
+        for j in block_on(node.api.jobs(Some(exp), None))?? {
+            if j.state == headroom_shared::JobState::Succeeded {
+                continue;
+            }
+            let d = block_on(node.api.job(j.id))??;
+            let attempts = d
+                .attempts_detail
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{}: {:?} {:?}, estimate {:?} ({}), peak {:?}",
+                        a.number,
+                        a.failure_class,
+                        a.oom_cause,
+                        a.estimate_mib,
+                        a.estimate_source,
+                        a.peak_mem_mib
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            o.unfinished
+                .push(format!("{} {:?}: {attempts}", j.id, j.state));
+        }
+    }
+    Ok(o)
+}
+
+/// The wrapper each task-spooler job runs: it takes a free slot (a lock file bound to a GPU),
+/// runs the job on that GPU, and after a failure waits the cleanup time and tries again, as
+/// the seeds' runner did. Arguments: the lock folder, tries, the wait, the slots
+/// (`GPU.SLOT ...`), then the job.
+const SLOT_SCRIPT: &str = r#"dir=$1 tries=$2 wait=$3 slots=$4; shift 4
+n=0
+while :; do
+  n=$((n+1))
+  while :; do
+    for s in $slots; do
+      CUDA_VISIBLE_DEVICES=${s%%.*} flock -n -E 75 "$dir/slot-$s" "$@"
+      rc=$?
+      [ $rc -eq 75 ] || break 2
+    done
+    sleep 0.01
+  done
+  [ $rc -eq 0 ] && exit 0
+  [ $n -ge $tries ] && exit $rc
+  sleep $wait
+done"#;
+
+/// task-spooler with `slots[g]` slots bound to GPU g (filled one per GPU first).
+fn task_spooler(w: &Workload, slots: &[u32], best_s: f64) -> Result<Outcome> {
+    let total: u32 = slots.iter().sum();
+    let tsp = TaskSpooler::start(total as usize)?;
+    let locks = tempfile::Builder::new()
+        .prefix("hr-useful-slots")
+        .tempdir()?;
+    let fake = shared_dir("hr-useful-gpus")?;
+    let records = shared_dir("hr-useful")?;
+    let most = slots.iter().copied().max().unwrap_or(0);
+    let slot_list = (0..most)
+        .flat_map(|s| {
+            slots
+                .iter()
+                .enumerate()
+                .filter(move |(_, n)| s < **n)
+                .map(move |(g, _)| format!("{g}.{s}"))
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let wait = format!("{:.3}", SEEDS_CLEANUP_WAIT_S * w.scale);
+    let tries = SEEDS_TRIES.to_string();
+    let (dir, spec) = (
+        format!("HEADROOM_FAKE_GPU_DIR={}", fake.path().display()),
+        format!("HEADROOM_FAKE_GPUS={}", gpu_spec(&w.cluster)),
+    );
+    let lock_dir = locks.path().display().to_string();
+    let t0 = now_ms();
+    for j in &w.jobs {
+        let job = job_argv(j, &record_path(records.path(), j.kind));
+        let mut argv: Vec<&str> = vec![
+            "sh",
+            "-c",
+            SLOT_SCRIPT,
+            "sh",
+            &lock_dir,
+            &tries,
+            &wait,
+            &slot_list,
+            "env",
+            &dir,
+            &spec,
+        ];
+        argv.extend(job.iter().map(String::as_str));
+        tsp.submit(&argv)?;
+    }
+    tsp.wait_finished(w.jobs.len(), deadline(best_s))?;
+    outcome(records.path(), w, t0)
+}
+
+struct Sides {
+    best: offline::Schedule,
+    bound_s: f64,
+    headroom: Outcome,
+    seeds: Outcome,
+    per_gpu: Outcome,
+}
+
+fn run_workload(w: &Workload) -> Result<Sides> {
+    let best = offline::best(&w.cluster, &w.jobs, 64, 1)
+        .with_context(|| format!("{}: a job fits no GPU", w.name))?;
+    let bound_s = offline::lower_bound(&w.cluster, &w.jobs);
+    let headroom = headroom(w, best.makespan_s)?;
+    let seeds = task_spooler(w, &w.cluster.plan, best.makespan_s)?;
+    let per_gpu = task_spooler(w, &vec![1; w.cluster.plan.len()], best.makespan_s)?;
+    Ok(Sides {
+        best,
+        bound_s,
+        headroom,
+        seeds,
+        per_gpu,
+    })
+}
+
+pub fn run(tiny: bool) -> Result<Report> {
+    let mut table = String::from(
+        "| workload | side | makespan | vs best offline | clean runs | memory-time used by clean runs | OOMs | runs repeated |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let mut figures = BTreeMap::new();
+    let mut targets = Vec::new();
+    for w in workloads_at(tiny)? {
+        let s = run_workload(&w)?;
+        let best = s.best.makespan_s;
+        let row = |side: &str, o: &Outcome| {
+            format!(
+                "| {} | {side} | {:.1} s | {:.2}x | {} of {} | {:.1} % | {} | {} |\n",
+                w.name,
+                o.makespan_s,
+                o.makespan_s / best,
+                o.clean,
+                w.jobs.len(),
+                100.0 * o.useful(&w.cluster),
+                o.ooms,
+                o.repeated
+            )
+        };
+        table.push_str(&row("headroom", &s.headroom));
+        for u in &s.headroom.unfinished {
+            eprintln!("useful: {}: headroom's job {u}", w.name);
+        }
+        table.push_str(&row(
+            "task-spooler, a slot per plan entry, OOMs retried",
+            &s.seeds,
+        ));
+        table.push_str(&row("task-spooler, one job per GPU", &s.per_gpu));
+        let full: f64 = w.jobs.iter().map(offline::work).sum();
+        let memory: f64 = w.cluster.gpus_mib.iter().map(|m| *m as f64).sum();
+        table.push_str(&format!(
+            "| {} | best schedule found offline (lower bound {:.1} s) | {best:.1} s | 1.00x | {n} of {n} | {:.1} % | 0 | 0 |\n",
+            w.name,
+            s.bound_s,
+            100.0 * full / (memory * best),
+            n = w.jobs.len(),
+        ));
+        let side = |o: &Outcome| {
+            serde_json::json!({
+                "makespan_s": o.makespan_s, "vs_best": o.makespan_s / best,
+                "clean_runs": o.clean, "useful_fraction": o.useful(&w.cluster),
+                "ooms": o.ooms, "runs_repeated": o.repeated, "unfinished": o.unfinished,
+            })
+        };
+        let key = w.name.replace(' ', "_");
+        figures.insert(
+            key.clone(),
+            serde_json::json!({
+                "jobs": w.jobs.len(), "gpus": w.cluster.gpus_mib.len(),
+                "plan": w.cluster.plan, "duration_scale": w.scale,
+                "best_offline_s": best, "lower_bound_s": s.bound_s,
+                "headroom": side(&s.headroom), "seeds_way": side(&s.seeds),
+                "one_per_gpu": side(&s.per_gpu),
+            }),
+        );
+        targets.push(Target::new(
+            &format!("{}: no OOM", w.name),
+            format!("{} OOMs", s.headroom.ooms),
+            s.headroom.ooms == 0,
+        ));
+        targets.push(Target::new(
+            &format!(
+                "{}: makespan within 1.05x the best offline schedule",
+                w.name
+            ),
+            format!(
+                "{:.2}x ({:.1} s against {best:.1} s)",
+                s.headroom.makespan_s / best,
+                s.headroom.makespan_s
+            ),
+            s.headroom.makespan_s <= 1.05 * best,
+        ));
+        if w.name == "seed matrix" {
+            let r = s.headroom.rate() / s.seeds.rate();
+            targets.push(Target::new(
+                "seed matrix: at least 1.3x the seeds' way's clean work per second",
+                format!("{r:.2}x"),
+                r >= 1.3,
+            ));
+        }
+    }
+    Ok(Report::new(
+        "useful",
+        serde_json::to_value(figures)?,
+        targets,
+        table,
+    ))
+}
