@@ -213,6 +213,27 @@ fn usage(pid: u32) -> (f64, f64, f64) {
 /// as several experiments.
 const SPEC_JOBS: usize = headroom_shared::spec::DEFAULT_MAX_JOBS as usize;
 
+/// CPU ms of a process and its children, live (their own time) and reaped (in its own
+/// `cutime`/`cstime`): a PostgreSQL server with its backends.
+fn tree_cpu_ms(pid: u32) -> f64 {
+    let ticks = |f: &[String], from: usize, to: usize| {
+        f.get(from..to)
+            .map(|v| v.iter().filter_map(|x| x.parse::<f64>().ok()).sum::<f64>() * 10.0)
+            .unwrap_or_default()
+    };
+    let own = stat_fields(pid).map_or(0.0, |f| ticks(&f, 11, 15));
+    let children: f64 = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(stat_fields)
+        .filter(|f| f.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid))
+        .map(|f| ticks(&f, 11, 13))
+        .sum();
+    own + children
+}
+
 pub fn run(size: &Size) -> Result<Report> {
     let pg = Postgres::start_durable()?;
     let replicas = (0..size.replicas.max(1))
@@ -238,6 +259,13 @@ pub fn run(size: &Size) -> Result<Report> {
         .enable_all()
         .build()?;
     let cpu0: Vec<f64> = pids.iter().map(|p| usage(*p).0).collect();
+    // Where the rest of the machine's CPU goes: the database, and this process (the
+    // simulated agents).
+    let postmaster = pg.postmaster_pid();
+    pg.reset_statements()?;
+    let db0 = postmaster.map(tree_cpu_ms);
+    let me = std::process::id();
+    let agents0 = usage(me).0;
     let done = Arc::new(AtomicUsize::new(0));
     let t = Instant::now();
     let until = t + size.window;
@@ -264,6 +292,10 @@ pub fn run(size: &Size) -> Result<Report> {
     })?;
     let elapsed = t.elapsed().as_secs_f64();
     let after: Vec<(f64, f64, f64)> = pids.iter().map(|p| usage(*p)).collect();
+    let share = |ms: f64| ms / (elapsed * 1e3) * 100.0;
+    let db_pct = db0.zip(postmaster.map(tree_cpu_ms)).map(|(a, b)| share(b - a));
+    let agents_pct = share(usage(me).0 - agents0);
+    let statements = pg.top_statements(8)?;
     let jobs = done.load(Ordering::Relaxed);
     if jobs == 0 {
         bail!("no job ran: {}", replicas[0].coordinator.output());
@@ -302,8 +334,8 @@ pub fn run(size: &Size) -> Result<Report> {
     let rate = jobs as f64 / elapsed;
     let cpu_share = (cpu1 - cpu0) / (elapsed * 1e3) * 100.0;
     let table = format!(
-        "| replicas | agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | coordinators' CPU | per job | RSS (peak) | each replica |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
-         | {} | {} x {} | {:.1} s | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) | {per_replica} |\n",
+        "| replicas | agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | coordinators' CPU | per job | RSS (peak) | each replica | PostgreSQL's CPU | the simulated agents' CPU |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
+         | {} | {} x {} | {:.1} s | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) | {per_replica} | {} | {agents_pct:.0} % of a core |\n",
         replicas.len(),
         size.agents,
         size.gpus_per_agent,
@@ -311,6 +343,7 @@ pub fn run(size: &Size) -> Result<Report> {
         size.queued,
         claims.len(),
         (cpu1 - cpu0) / jobs as f64,
+        db_pct.map_or("not measured".into(), |p| format!("{p:.0} % of a core")),
     );
     let targets = vec![Target::new(
         "claim p99 at most 50 ms",
@@ -319,13 +352,20 @@ pub fn run(size: &Size) -> Result<Report> {
     )];
     let figures = serde_json::json!({
         "replicas": each,
+        "postgres_cpu_core_pct": db_pct, "agents_cpu_core_pct": agents_pct,
         "agents": size.agents, "gpus_per_agent": size.gpus_per_agent, "queued": size.queued,
         "job_s": size.job.as_secs_f64(),
         "submit_s": submit_s, "jobs": jobs, "seconds": elapsed, "jobs_per_s": rate,
         "claims": claims.len(), "claim_ms": {"p50": p50, "p99": p99},
         "coordinator": {"cpu_core_pct": cpu_share, "cpu_ms_per_job": (cpu1 - cpu0) / jobs as f64,
             "rss_mib": rss, "peak_rss_mib": hwm},
+        "top_statements": statements,
     });
+    // The statements that took the database's time in the window, as psql prints them.
+    let table = format!(
+        "{table}\nThe database's time in the window, by statement (`pg_stat_statements`):\n\n```\n{}```\n",
+        statements
+    );
     Ok(Report::new(
         if size.job.is_zero() {
             "scale_ceiling"

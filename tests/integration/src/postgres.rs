@@ -48,9 +48,15 @@ impl Postgres {
         run_as_postgres(
             &format!(
                 "{PG_BIN}/pg_ctl -D {d}/data -o \"-p {} -k {d} -c listen_addresses=127.0.0.1 \
-                 -c fsync={} -c max_connections=200\" -l {d}/log -w -m fast {what} >/dev/null",
+                 -c fsync={} -c max_connections=200 {}\" -l {d}/log -w -m fast {what} >/dev/null",
                 self.port,
-                if self.fsync { "on" } else { "off" }
+                if self.fsync { "on" } else { "off" },
+                // Every statement's time, for benches that say where the database's went.
+                if self.fsync {
+                    "-c shared_preload_libraries=pg_stat_statements"
+                } else {
+                    ""
+                }
             ),
             true,
         )
@@ -63,6 +69,40 @@ impl Postgres {
 
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The statements that took most of the database's time since the last
+    /// [`Postgres::reset_statements`], `n` of them: calls, total and mean ms, and the statement
+    /// (a durable cluster's; `pg_stat_statements`).
+    pub fn top_statements(&self, n: usize) -> Result<String> {
+        self.psql(&format!(
+            "SELECT calls, round(total_exec_time) AS total_ms, \
+             round(mean_exec_time::numeric, 3) AS mean_ms, \
+             left(regexp_replace(query, '\\s+', ' ', 'g'), 200) AS statement \
+             FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT {n}"
+        ))
+    }
+
+    /// Starts counting [`Postgres::top_statements`] afresh.
+    pub fn reset_statements(&self) -> Result<()> {
+        self.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")?;
+        self.psql("SELECT pg_stat_statements_reset()").map(drop)
+    }
+
+    fn psql(&self, sql: &str) -> Result<String> {
+        let out = Command::new("psql")
+            .args([&self.url(), "-X", "-q", "-A", "-F", " | ", "-c", sql])
+            .output()?;
+        if !out.status.success() {
+            bail!("psql: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The server's main process (its `postmaster.pid`), whose children are its backends.
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let pid = std::fs::read_to_string(self.dir.path().join("data/postmaster.pid")).ok()?;
+        pid.lines().next()?.trim().parse().ok()
     }
 }
 
