@@ -293,7 +293,9 @@ pub fn run(size: &Size) -> Result<Report> {
     let elapsed = t.elapsed().as_secs_f64();
     let after: Vec<(f64, f64, f64)> = pids.iter().map(|p| usage(*p)).collect();
     let share = |ms: f64| ms / (elapsed * 1e3) * 100.0;
-    let db_pct = db0.zip(postmaster.map(tree_cpu_ms)).map(|(a, b)| share(b - a));
+    let db_pct = db0
+        .zip(postmaster.map(tree_cpu_ms))
+        .map(|(a, b)| share(b - a));
     let agents_pct = share(usage(me).0 - agents0);
     let statements = pg.top_statements(8)?;
     let jobs = done.load(Ordering::Relaxed);

@@ -215,7 +215,8 @@ fn deadline(best_s: f64) -> Duration {
 
 /// headroom: one experiment per kind of job, in the workload's order, each run declaring its
 /// peak where the workload declares one (the matrix) and nothing where it does not (the farm:
-/// headroom learns).
+/// headroom learns); an OOMed run gets as many tries as the seeds' way gives it (headroom
+/// retries only `lost` by default).
 fn headroom(w: &Workload, best_s: f64) -> Result<Outcome> {
     let plan = w
         .cluster
@@ -248,6 +249,7 @@ fn headroom(w: &Workload, best_s: f64) -> Result<Outcome> {
                 "command": job_argv(j, &record_path(records.path(), kind)),
                 "runs_per_config": runs,
                 "resources": resources,
+                "retry": {"max_attempts": SEEDS_TRIES, "on": ["oom", "lost"]},
             }),
             seed: None,
             dry_run: false,
