@@ -97,12 +97,20 @@ pub fn foreground_estimate(attempt: Option<u64>, background: Option<u64>) -> Opt
 }
 
 /// After an OOM the key's estimate rises at once to this floor: the next placement must be
-/// safer than this one, whatever the slower statistics say. `None`: nothing to go by.
-pub fn oom_floor(estimate: Option<u64>, peak: Option<u64>) -> Option<u64> {
-    estimate
+/// safer than this one, whatever the slower statistics say. It is x1.25 what the attempt had,
+/// or, where the OOM's text says how much the failed allocation `asked` for, what it held plus
+/// that with the learned margin when that is more: a run whose peak was missed between two
+/// samples, or that asked for far more than it held, is placed by its need at once rather than
+/// by x1.25 steps, one OOM each. `None`: nothing to go by.
+pub fn oom_floor(estimate: Option<u64>, peak: Option<u64>, asked: Option<u64>) -> Option<u64> {
+    let bumped = estimate
         .max(peak)
         .filter(|b| *b > 0)
-        .map(|b| (b as f64 * OOM_BUMP).ceil() as u64)
+        .map(|b| (b as f64 * OOM_BUMP).ceil() as u64);
+    let needed = peak
+        .zip(asked)
+        .map(|(held, asked)| (held.saturating_add(asked) as f64 * LEARNED_MARGIN).ceil() as u64);
+    bumped.max(needed)
 }
 
 // ---- claims -----------------------------------------------------------------------------
@@ -865,7 +873,8 @@ pub fn finish(
     let mut retry = retry_allowed(class, true, job.attempts, job.max_attempts, retry_on);
     let (mut floor, mut ladder) = (None, None);
     if class == FailureClass::Oom {
-        floor = oom_floor(attempt_estimate, report.peak_mem_mib);
+        let asked = headroom_shared::oom::tried_to_allocate_mib(&report.log_tail);
+        floor = oom_floor(attempt_estimate, report.peak_mem_mib, asked);
         ladder = next_ladder_step(job)?;
         retry |= ladder.is_some();
     }
@@ -1548,6 +1557,26 @@ mod tests {
         );
         assert_eq!(hand_back(3), (2, JobEvent::HandBack { had_attempts: true }));
         assert_eq!(hand_back(0).0, 0, "never below zero");
+    }
+
+    /// An OOM raises its key to x1.25 what the attempt had, or to what it held plus what the
+    /// failed allocation asked for (with the learned margin) when the OOM's text says so and
+    /// that is more.
+    #[test]
+    fn an_oom_floor_covers_what_the_failed_allocation_asked_for() {
+        // Nothing said of the allocation: x1.25 the estimate or the peak, the larger.
+        assert_eq!(oom_floor(Some(4000), Some(2000), None), Some(5000));
+        assert_eq!(oom_floor(None, Some(2000), None), Some(2500));
+        assert_eq!(oom_floor(None, None, None), None);
+        // A peak missed between samples: 9 GiB held, 6 GiB asked; (9 + 6) GiB x 1.1.
+        assert_eq!(
+            oom_floor(Some(10_138), Some(9216), Some(6144)),
+            Some(16_896)
+        );
+        // A small allocation on a full GPU: x1.25 is already more.
+        assert_eq!(oom_floor(Some(8000), Some(7900), Some(20)), Some(10_000));
+        // Without a peak, what it held is not known: only x1.25.
+        assert_eq!(oom_floor(Some(4000), None, Some(10_000)), Some(5000));
     }
 
     #[test]

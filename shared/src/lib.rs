@@ -4,7 +4,8 @@
 //! # Layout
 //! From the bottom up (each imports only those above it in this list):
 //! - `ids`, `size`, `state` (job states, events, failure classes), `plan`, `pending`,
-//!   `profile`, `field` (a refused spec field), `template` (command placeholders).
+//!   `profile`, `field` (a refused spec field), `template` (command placeholders), `oom`
+//!   (what an OOM's text says it asked for).
 //! - `secret` (secrets from files, systemd credentials or values), `datadir` (state
 //!   directories taken only when this user's and private).
 //! - `results` (metrics, early stopping, tracking: what a run achieved).
@@ -31,6 +32,7 @@ pub mod field;
 pub mod ids;
 #[cfg(feature = "logging")]
 pub mod logging;
+pub mod oom;
 pub mod pending;
 pub mod plan;
 pub mod prestart;

@@ -690,7 +690,7 @@ fn outcome(
 fn ran_under_cap(report: &mut FinishReport, cap: Option<u64>) {
     report.memory_cap_mib = cap;
     if let (Some(FailureClass::Oom), Some(cap)) = (report.failure, cap) {
-        let tried = oom::tried_to_allocate_mib(&report.log_tail);
+        let tried = headroom_shared::oom::tried_to_allocate_mib(&report.log_tail);
         if let (Some(held), Some(tried)) = (report.peak_mem_mib, tried)
             && held.saturating_add(tried) <= cap
         {

@@ -1,5 +1,6 @@
 //! Finds CUDA out-of-memory text in a job's log, fed in chunks as it grows: the evidence
-//! [`crate::supervisor::classify`] weighs for an `oom` end.
+//! [`crate::supervisor::classify`] weighs for an `oom` end. How much the failed allocation
+//! asked for is read by [`headroom_shared::oom`], which the coordinator reads too.
 
 use std::borrow::Cow;
 
@@ -20,28 +21,6 @@ pub const OOM_PATTERNS: &[&str] = &[
     "RESOURCE_EXHAUSTED: Out of memory",
     "OOM when allocating tensor",
 ];
-
-/// How much the failed allocation asked for, in MiB (rounded up), from the last such
-/// sentence of an OOM's text: PyTorch's `Tried to allocate 2.00 GiB`, XLA's `while trying to
-/// allocate 1073741824 bytes`. `None` when the text does not say.
-pub fn tried_to_allocate_mib(log: &str) -> Option<u64> {
-    let (at, phrase) = ["Tried to allocate ", "trying to allocate "]
-        .iter()
-        .filter_map(|p| log.rfind(p).map(|i| (i, *p)))
-        .max_by_key(|(i, _)| *i)?;
-    let mut words = log[at + phrase.len()..].split_whitespace();
-    let number: f64 = words.next()?.trim_end_matches(',').parse().ok()?;
-    let unit = words.next()?.trim_end_matches(['.', ',', ';', ')']);
-    let mib = match unit {
-        "bytes" | "B" => number / (1024.0 * 1024.0),
-        "KiB" | "KB" => number / 1024.0,
-        "MiB" | "MB" => number,
-        "GiB" | "GB" => number * 1024.0,
-        "TiB" | "TB" => number * 1024.0 * 1024.0,
-        _ => return None,
-    };
-    (mib.is_finite() && mib >= 0.0).then(|| mib.ceil() as u64)
-}
 
 /// Watches a log fed in chunks of any size for CUDA out-of-memory text.
 #[derive(Debug, Default)]
@@ -93,24 +72,6 @@ impl OomScanner {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    #[test]
-    fn the_failed_allocation_is_read_from_the_last_oom_sentence() {
-        let torch = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. \
-                     GPU 0 has a total capacity of 79.10 GiB";
-        assert_eq!(tried_to_allocate_mib(torch), Some(2048));
-        assert_eq!(
-            tried_to_allocate_mib("Tried to allocate 20.00 MiB\nTried to allocate 6144 MiB."),
-            Some(6144)
-        );
-        let xla = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1073741824 bytes.";
-        assert_eq!(tried_to_allocate_mib(xla), Some(1024));
-        assert_eq!(
-            tried_to_allocate_mib("RuntimeError: CUDA error: out of memory"),
-            None
-        );
-        assert_eq!(tried_to_allocate_mib("Tried to allocate lots"), None);
-    }
 
     #[test]
     fn finds_every_known_oom_text() {

@@ -276,3 +276,62 @@ fn a_configuration_that_peaked_near_its_gpu_s_size_runs_again() {
         "past the GPU only by the margin: it runs alone, as a job with no estimate"
     );
 }
+
+/// An OOM whose text says how much the failed allocation asked for (PyTorch's `Tried to
+/// allocate`) teaches its key what the run held plus that, with the learned margin, at once:
+/// A (declared 4 GiB) holds 2 GiB and asks for 10 more beside B's 14 GiB on a 24 GiB GPU, runs
+/// out, and its retry waits for room for 12 GiB and then fits, instead of being placed by x1.25
+/// of 4 GiB beside B and running out again.
+#[test]
+fn an_oom_that_says_what_it_asked_for_is_learned_at_once() {
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").plan("2"));
+    h.wait_agent();
+    let job = fake_job().display().to_string();
+    let spec = |name: &str, args: &str, memory: &str| {
+        format!(
+            "name: {name}\ncommand: [{job}, {args}]\nresources: {{gpus: 1, memory: {memory}}}\n\
+             retry: {{max_attempts: 2, on: [oom]}}\n"
+        )
+    };
+    let b = h
+        .submit(
+            "b.yaml",
+            &spec("steady", "--mem, 14GiB, --seconds, \"4\"", "14GiB"),
+        )
+        .expect("submit");
+    let a = h
+        .submit(
+            "a.yaml",
+            &spec(
+                "asker",
+                "--mem, 2GiB, --grow, 10GiB, --grow-after, \"0.5\", --seconds, \"2\"",
+                "4GiB",
+            ),
+        )
+        .expect("submit");
+    let a = h.wait_done(a, Duration::from_secs(60));
+    let b = h.wait_done(b, Duration::from_secs(60));
+    assert_eq!(b[0].state, JobState::Succeeded, "{b:?}");
+    let detail = h.job(a[0].id).expect("job");
+    assert_eq!(
+        a[0].state,
+        JobState::Succeeded,
+        "{:#?}",
+        detail.attempts_detail
+    );
+    let (first, second) = (&detail.attempts_detail[0], &detail.attempts_detail[1]);
+    assert_eq!(first.failure_class, Some(FailureClass::Oom), "{first:?}");
+    let held = first.peak_mem_mib.expect("the first attempt's peak");
+    let needed = ((held + 10 * 1024) as f64 * 1.1).ceil() as u64;
+    assert_eq!(
+        (second.estimate_source.as_str(), second.estimate_mib),
+        ("learned", Some(needed)),
+        "held {held} MiB, asked 10 GiB: {:#?}",
+        detail.attempts_detail
+    );
+    assert_eq!(
+        detail.attempts_detail.len(),
+        2,
+        "one OOM, not a ladder of them"
+    );
+}
