@@ -137,9 +137,10 @@ fn metric_lines() {
     check(r, &figures);
 }
 
-/// The seeds' workloads at a tiny size: headroom and one job per GPU end every job clean and
-/// headroom without an OOM; the seeds' way, two LoRA jobs on a GPU, runs out of memory at
-/// their evaluation peaks, as the farm did.
+/// The seeds' workloads at a tiny size: headroom and one job per GPU end every job clean,
+/// headroom without an OOM where the peaks are declared (the matrix; the farm's 75 ms peak
+/// may pass between two samples, and an OOM then teaches its key); the seeds' way, two LoRA
+/// jobs on a GPU, runs out of memory at their evaluation peaks, as the farm did.
 #[test]
 fn useful() {
     let r = tiny("useful");
@@ -153,8 +154,9 @@ fn useful() {
                 "{w} {side}: {f}"
             );
         }
-        assert_eq!(f["headroom"]["ooms"].as_u64(), Some(0), "{w}: {f}");
     }
+    let matrix = &r.figures["seed_matrix"]["headroom"];
+    assert_eq!(matrix["ooms"].as_u64(), Some(0), "{matrix}");
     let farm = &r.figures["LoRA_farm"]["seeds_way"];
     assert!(farm["ooms"].as_u64() > Some(0), "{farm}");
     check(

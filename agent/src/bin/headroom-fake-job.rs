@@ -162,7 +162,8 @@ fn record(path: &Path, event: &str, mem_mib: u64) -> Result<(), Exit> {
     write().map_err(|e| usage(format!("cannot record to {}: {e}", path.display())))
 }
 
-/// An OOM, noted in the record (`oom`, with the memory it asked for) when there is one.
+/// An OOM, noted in the record (`oom`, with the memory it would have held in all) when there
+/// is one.
 fn recorded_oom(args: &Args, e: Exit, asked_mib: u64) -> Exit {
     if let Some(path) = &args.record
         && e.1.contains("CUDA out of memory")
@@ -460,7 +461,10 @@ fn run(args: &Args) -> Result<u8, Exit> {
             {
                 shrink_at = None;
                 // Less than it held: this always fits.
-                hold(dir, gpu, mem_mib, args.util.unwrap_or(0))?;
+                if let Err(e) = hold(dir, gpu, mem_mib, args.util.unwrap_or(0)) {
+                    release();
+                    return Err(e);
+                }
                 println!("back to {mem_mib} MiB on GPU {gpu}");
             }
             std::thread::sleep((until - Instant::now()).min(Duration::from_millis(20)));

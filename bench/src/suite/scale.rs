@@ -347,11 +347,18 @@ pub fn run(size: &Size) -> Result<Report> {
         (cpu1 - cpu0) / jobs as f64,
         db_pct.map_or("not measured".into(), |p| format!("{p:.0} % of a core")),
     );
-    let targets = vec![Target::new(
+    let mut targets = vec![Target::new(
         "claim p99 at most 50 ms",
         format!("{p99:.1} ms"),
         p99 <= 50.0,
     )];
+    if size.job.is_zero() {
+        targets.push(Target::new(
+            "ceiling at least 1,000 jobs/s with every replica",
+            format!("{rate:.0} jobs/s with {}", replicas.len()),
+            rate >= 1000.0,
+        ));
+    }
     let figures = serde_json::json!({
         "replicas": each,
         "postgres_cpu_core_pct": db_pct, "agents_cpu_core_pct": agents_pct,

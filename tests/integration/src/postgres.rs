@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 use crate::free_port;
 
@@ -51,7 +51,8 @@ impl Postgres {
                  -c fsync={} -c max_connections=200 {}\" -l {d}/log -w -m fast {what} >/dev/null",
                 self.port,
                 if self.fsync { "on" } else { "off" },
-                // Every statement's time, for benches that say where the database's went.
+                // Every statement's time, for the benches (the durable clusters are theirs)
+                // that say where the database's went.
                 if self.fsync {
                     "-c shared_preload_libraries=pg_stat_statements"
                 } else {
@@ -90,9 +91,10 @@ impl Postgres {
     }
 
     fn psql(&self, sql: &str) -> Result<String> {
-        let out = Command::new("psql")
+        let out = Command::new(format!("{PG_BIN}/psql"))
             .args([&self.url(), "-X", "-q", "-A", "-F", " | ", "-c", sql])
-            .output()?;
+            .output()
+            .with_context(|| format!("running {PG_BIN}/psql"))?;
         if !out.status.success() {
             bail!("psql: {}", String::from_utf8_lossy(&out.stderr));
         }
