@@ -190,13 +190,18 @@ async fn agent(
     Ok(lat)
 }
 
+/// The ms of CPU in `/proc/PID/stat` fields `from..to` after the command (clock ticks of
+/// 10 ms): 11..13 a process's own, 13..15 its reaped children's.
+fn stat_cpu_ms(fields: &[String], from: usize, to: usize) -> f64 {
+    fields
+        .get(from..to)
+        .map(|v| v.iter().filter_map(|x| x.parse::<f64>().ok()).sum::<f64>() * 10.0)
+        .unwrap_or_default()
+}
+
 /// (CPU ms, resident MiB, peak resident MiB) of a process.
 fn usage(pid: u32) -> (f64, f64, f64) {
-    let cpu = stat_fields(pid).map_or(0.0, |f| {
-        f.get(11..13)
-            .map(|v| v.iter().filter_map(|x| x.parse::<f64>().ok()).sum::<f64>() * 10.0)
-            .unwrap_or_default()
-    });
+    let cpu = stat_fields(pid).map_or(0.0, |f| stat_cpu_ms(&f, 11, 13));
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib = |key: &str| {
         status
@@ -216,12 +221,7 @@ const SPEC_JOBS: usize = headroom_shared::spec::DEFAULT_MAX_JOBS as usize;
 /// CPU ms of a process and its children, live (their own time) and reaped (in its own
 /// `cutime`/`cstime`): a PostgreSQL server with its backends.
 fn tree_cpu_ms(pid: u32) -> f64 {
-    let ticks = |f: &[String], from: usize, to: usize| {
-        f.get(from..to)
-            .map(|v| v.iter().filter_map(|x| x.parse::<f64>().ok()).sum::<f64>() * 10.0)
-            .unwrap_or_default()
-    };
-    let own = stat_fields(pid).map_or(0.0, |f| ticks(&f, 11, 15));
+    let own = stat_fields(pid).map_or(0.0, |f| stat_cpu_ms(&f, 11, 15));
     let children: f64 = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -229,7 +229,7 @@ fn tree_cpu_ms(pid: u32) -> f64 {
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(stat_fields)
         .filter(|f| f.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid))
-        .map(|f| ticks(&f, 11, 13))
+        .map(|f| stat_cpu_ms(&f, 11, 13))
         .sum();
     own + children
 }
@@ -244,14 +244,9 @@ pub fn run(size: &Size) -> Result<Report> {
         .map(|n| n.coordinator.pid().context("coordinator not running"))
         .collect::<Result<Vec<_>>>()?;
     let t = Instant::now();
-    let mut left = size.queued;
-    for k in 0.. {
-        if left == 0 {
-            break;
-        }
-        let n = left.min(SPEC_JOBS);
+    for (k, first) in (0..size.queued).step_by(SPEC_JOBS).enumerate() {
+        let n = SPEC_JOBS.min(size.queued - first);
         replicas[k % replicas.len()].submit(&format!("deep{k}"), &["true"], n)?;
-        left -= n;
     }
     let submit_s = t.elapsed().as_secs_f64();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -308,33 +303,32 @@ pub fn run(size: &Size) -> Result<Report> {
         .zip(&cpu0)
         .map(|((cpu1, rss, hwm), cpu0)| {
             serde_json::json!({
-                "cpu_core_pct": (cpu1 - cpu0) / (elapsed * 1e3) * 100.0,
+                "cpu_core_pct": share(cpu1 - cpu0),
                 "cpu_ms_per_job": (cpu1 - cpu0) / jobs as f64,
                 "rss_mib": rss, "peak_rss_mib": hwm,
             })
         })
         .collect();
-    let cpu0: f64 = cpu0.iter().sum();
-    let cpu1: f64 = after.iter().map(|a| a.0).sum();
-    let rss: f64 = after.iter().map(|a| a.1).sum();
-    let hwm: f64 = after.iter().map(|a| a.2).sum();
-    let per_replica = each
+    let per_replica = after
         .iter()
-        .map(|r| {
+        .zip(&cpu0)
+        .map(|((cpu1, rss, hwm), cpu0)| {
             format!(
-                "{:.0} % of a core, {:.0} MiB ({:.0})",
-                r["cpu_core_pct"].as_f64().unwrap_or(f64::NAN),
-                r["rss_mib"].as_f64().unwrap_or(f64::NAN),
-                r["peak_rss_mib"].as_f64().unwrap_or(f64::NAN)
+                "{:.0} % of a core, {rss:.0} MiB ({hwm:.0})",
+                share(cpu1 - cpu0)
             )
         })
         .collect::<Vec<_>>()
         .join("; ");
+    let cpu0: f64 = cpu0.iter().sum();
+    let cpu1: f64 = after.iter().map(|a| a.0).sum();
+    let rss: f64 = after.iter().map(|a| a.1).sum();
+    let hwm: f64 = after.iter().map(|a| a.2).sum();
     let mut claims: Vec<f64> = lat.into_iter().flatten().collect();
     claims.sort_by(f64::total_cmp);
     let (p50, p99) = (percentile(&claims, 0.5), percentile(&claims, 0.99));
     let rate = jobs as f64 / elapsed;
-    let cpu_share = (cpu1 - cpu0) / (elapsed * 1e3) * 100.0;
+    let cpu_share = share(cpu1 - cpu0);
     let table = format!(
         "| replicas | agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | coordinators' CPU | per job | RSS (peak) | each replica | PostgreSQL's CPU | the simulated agents' CPU |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
          | {} | {} x {} | {:.1} s | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) | {per_replica} | {} | {agents_pct:.0} % of a core |\n",

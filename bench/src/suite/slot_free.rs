@@ -128,7 +128,7 @@ fn runs(
 
 pub fn run(jobs: usize) -> Result<Report> {
     let job = stamp();
-    let ours = {
+    let (ours, parts) = {
         let node = Node::start(&NodeOptions {
             database_url: None,
             gpus: "1x80GiB",
@@ -140,7 +140,6 @@ pub fn run(jobs: usize) -> Result<Report> {
         node.wait_done(exp, Duration::from_secs(600))?;
         (gaps(dir.path())?, breakdown(runs(&node, exp, dir.path())?))
     };
-    let (ours, parts) = ours;
     let theirs = {
         let tsp = TaskSpooler::start(1)?;
         let dir = shared_dir("hr-slot-tsp")?;

@@ -92,13 +92,14 @@ fn gpu_spec(c: &Cluster) -> String {
         .join(",")
 }
 
-/// The kinds of jobs in the order they first appear, with how many runs of each.
-fn kinds(jobs: &[Job]) -> Vec<(usize, usize)> {
-    let mut out: Vec<(usize, usize)> = Vec::new();
+/// The kinds of jobs in the order they first appear: the first job of each (a kind's runs are
+/// alike), with how many runs of it there are.
+fn kinds(jobs: &[Job]) -> Vec<(&Job, usize)> {
+    let mut out: Vec<(&Job, usize)> = Vec::new();
     for j in jobs {
-        match out.iter_mut().find(|(k, _)| *k == j.kind) {
+        match out.iter_mut().find(|(k, _)| k.kind == j.kind) {
             Some(e) => e.1 += 1,
-            None => out.push((j.kind, 1)),
+            None => out.push((j, 1)),
         }
     }
     out
@@ -165,18 +166,13 @@ impl Outcome {
 fn outcome(dir: &Path, w: &Workload, t0_ms: f64) -> Result<Outcome> {
     let mut o = Outcome::default();
     let mut last = t0_ms;
-    for (kind, _) in kinds(&w.jobs) {
-        let path = record_path(dir, kind);
+    for (job, _) in kinds(&w.jobs) {
+        let path = record_path(dir, job.kind);
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
-        let job = w
-            .jobs
-            .iter()
-            .find(|j| j.kind == kind)
-            .context("a kind without a job")?;
         for line in text.lines() {
             let v: serde_json::Value =
                 serde_json::from_str(line).with_context(|| format!("a record: {line}"))?;
@@ -233,12 +229,8 @@ fn headroom(w: &Workload, best_s: f64) -> Result<Outcome> {
     let records = shared_dir("hr-useful")?;
     let t0 = now_ms();
     let mut exps: Vec<ExperimentId> = Vec::new();
-    for (kind, runs) in kinds(&w.jobs) {
-        let j = w
-            .jobs
-            .iter()
-            .find(|j| j.kind == kind)
-            .context("a kind without a job")?;
+    for (j, runs) in kinds(&w.jobs) {
+        let kind = j.kind;
         let mut resources = serde_json::json!({"gpus": 1});
         if let Some(m) = j.declared_mib {
             resources["memory"] = format!("{m}MiB").into();

@@ -53,6 +53,16 @@ pub fn fake_job() -> PathBuf {
     binary("headroom-fake-job")
 }
 
+/// A spec (YAML) of one `headroom-fake-job` run on one GPU: `args` as YAML flow items
+/// (`--mem, 2GiB`), declaring `memory`, with `retry` (a YAML flow mapping).
+pub fn fake_job_spec(name: &str, args: &str, memory: &str, retry: &str) -> String {
+    format!(
+        "name: {name}\ncommand: [{job}, {args}]\nresources: {{gpus: 1, memory: {memory}}}\n\
+         retry: {retry}\n",
+        job = fake_job().display()
+    )
+}
+
 /// The command of a job that books 3 GiB on its GPU 0 for process `pid` as it exits (a
 /// leftover in the fake GPU folder the agent gives its jobs).
 pub fn books_for(pid: u32) -> serde_json::Value {

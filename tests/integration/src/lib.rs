@@ -41,7 +41,8 @@ pub mod tls;
 mod wait;
 
 pub use binaries::{
-    binary, books_for, fake_job, headroom_as, headroom_ok, path_with_binaries, run_binary,
+    binary, books_for, fake_job, fake_job_spec, headroom_as, headroom_ok, path_with_binaries,
+    run_binary,
 };
 pub use headroom::{Headroom, UpOptions};
 pub use http::{

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use headroom_integration_tests::{Headroom, UpOptions, fake_job, read_records};
+use headroom_integration_tests::{Headroom, UpOptions, fake_job, fake_job_spec, read_records};
 use headroom_shared::{FailureClass, JobState};
 
 #[test]
@@ -286,12 +286,8 @@ fn a_configuration_that_peaked_near_its_gpu_s_size_runs_again() {
 fn an_oom_that_says_what_it_asked_for_is_learned_at_once() {
     let h = Headroom::up(UpOptions::gpus("1x24GiB").plan("2"));
     h.wait_agent();
-    let job = fake_job().display().to_string();
     let spec = |name: &str, args: &str, memory: &str| {
-        format!(
-            "name: {name}\ncommand: [{job}, {args}]\nresources: {{gpus: 1, memory: {memory}}}\n\
-             retry: {{max_attempts: 2, on: [oom]}}\n"
-        )
+        fake_job_spec(name, args, memory, "{max_attempts: 2, on: [oom]}")
     };
     let b = h
         .submit(

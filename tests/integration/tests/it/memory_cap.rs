@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use headroom_integration_tests::{Headroom, UpOptions, fake_job};
+use headroom_integration_tests::{Headroom, UpOptions, fake_job, fake_job_spec};
 use headroom_shared::api::OomCause;
 use headroom_shared::{FailureClass, JobState};
 
@@ -81,12 +81,8 @@ fn a_job_that_grows_past_its_cap_fails_alone_and_says_so() {
 fn a_neighbour_that_grows_is_blamed_and_its_victim_tried_again_for_free() {
     let h = Headroom::up(UpOptions::gpus("1x24GiB").plan("2"));
     h.wait_agent();
-    let job = fake_job().display().to_string();
     let spec = |name: &str, args: &str, memory: &str| {
-        format!(
-            "name: {name}\ncommand: [{job}, {args}]\nresources: {{gpus: 1, memory: {memory}}}\n\
-             retry: {{max_attempts: 1}}\n"
-        )
+        fake_job_spec(name, args, memory, "{max_attempts: 1}")
     };
     let grower = h
         .submit(
