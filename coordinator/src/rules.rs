@@ -101,16 +101,15 @@ pub fn foreground_estimate(attempt: Option<u64>, background: Option<u64>) -> Opt
 /// or, where the OOM's text says how much the failed allocation `asked` for, what it held plus
 /// that with the learned margin when that is more: a run whose peak was missed between two
 /// samples, or that asked for far more than it held, is placed by its need at once rather than
-/// by x1.25 steps, one OOM each. Where its peak could not be read, what it asked for is still
-/// the least it needs. `None`: nothing to go by.
+/// by x1.25 steps, one OOM each. `None`: nothing to go by.
 pub fn oom_floor(estimate: Option<u64>, peak: Option<u64>, asked: Option<u64>) -> Option<u64> {
     let bumped = estimate
         .max(peak)
         .filter(|b| *b > 0)
         .map(|b| (b as f64 * OOM_BUMP).ceil() as u64);
-    let held = peak.unwrap_or(0);
-    let needed =
-        asked.map(|asked| (held.saturating_add(asked) as f64 * LEARNED_MARGIN).ceil() as u64);
+    let needed = peak
+        .zip(asked)
+        .map(|(held, asked)| (held.saturating_add(asked) as f64 * LEARNED_MARGIN).ceil() as u64);
     bumped.max(needed)
 }
 
@@ -1576,9 +1575,8 @@ mod tests {
         );
         // A small allocation on a full GPU: x1.25 is already more.
         assert_eq!(oom_floor(Some(8000), Some(7900), Some(20)), Some(10_000));
-        // Without a peak, what it asked for is still the least it needs.
-        assert_eq!(oom_floor(Some(4000), None, Some(10_000)), Some(11_000));
-        assert_eq!(oom_floor(None, None, Some(10_240)), Some(11_264));
+        // Without a peak, what it held is not known: only x1.25.
+        assert_eq!(oom_floor(Some(4000), None, Some(10_000)), Some(5000));
     }
 
     #[test]
