@@ -254,6 +254,7 @@ pub struct Placer {
     cpu_jobs: u32,
     reserve_after_ms: u64,
     host_free_mib: Option<u64>,
+    largest_anywhere: Option<u64>,
 }
 
 impl Placer {
@@ -265,6 +266,18 @@ impl Placer {
             .max()
     }
 
+    /// The most memory any live GPU offers (less headroom), where it was looked up: see
+    /// [`Self::know_largest_anywhere`]. `None`: not known.
+    pub fn largest_anywhere_mib(&self) -> Option<u64> {
+        self.largest_anywhere
+    }
+
+    /// Tells the pass the most memory any live GPU of the fleet offers, this node's or
+    /// another's: a need past it will find no GPU however long it waits.
+    pub fn know_largest_anywhere(&mut self, mib: Option<u64>) {
+        self.largest_anywhere = mib.max(self.largest_usable_mib());
+    }
+
     pub fn new(snapshot: &Snapshot) -> Self {
         Self {
             gpus: snapshot.gpus.clone(),
@@ -272,6 +285,7 @@ impl Placer {
             cpu_jobs: snapshot.cpu_jobs,
             reserve_after_ms: snapshot.reserve_after_ms,
             host_free_mib: snapshot.host_free_mib,
+            largest_anywhere: None,
         }
     }
 

@@ -55,12 +55,15 @@ pub const LEARNED_WINDOW: u32 = 256;
 /// the node offers) while the p95 peak itself fits there, it runs alone on an idle GPU as a job
 /// with no estimate does (`None`): a configuration that ran on such a GPU runs there again,
 /// rather than waiting as larger than every GPU. A floor an OOM raised, or a declared figure,
-/// past the GPU is kept.
+/// past the node's GPUs is kept: a larger GPU may be elsewhere. A floor past `anywhere` (the
+/// most any live GPU offers) runs alone on an idle GPU too: the GPU it would wait for does not
+/// exist, the most room there is is a GPU of its own, and its attempts are bounded.
 pub fn effective_estimate(
     declared: Option<u64>,
     observed_peaks: &mut [u64],
     floor: Option<u64>,
     largest: Option<u64>,
+    anywhere: Option<u64>,
 ) -> (Option<u64>, &'static str) {
     observed_peaks.sort_unstable();
     let p95 = (!observed_peaks.is_empty()).then(|| {
@@ -73,6 +76,13 @@ pub fn effective_estimate(
         && m > l
         && floor.is_none_or(|f| f <= l)
         && declared.is_none_or(|d| d <= l)
+    {
+        return (None, "none");
+    }
+    if let (Some(f), Some(a)) = (floor, anywhere)
+        && f > a
+        && p95.is_none_or(|p| p <= a)
+        && declared.is_none_or(|d| d <= a)
     {
         return (None, "none");
     }
@@ -101,15 +111,16 @@ pub fn foreground_estimate(attempt: Option<u64>, background: Option<u64>) -> Opt
 /// or, where the OOM's text says how much the failed allocation `asked` for, what it held plus
 /// that with the learned margin when that is more: a run whose peak was missed between two
 /// samples, or that asked for far more than it held, is placed by its need at once rather than
-/// by x1.25 steps, one OOM each. `None`: nothing to go by.
+/// by x1.25 steps, one OOM each. Where its peak could not be read (a run that died before a
+/// sample), what it asked for is still the least it needs. `None`: nothing to go by.
 pub fn oom_floor(estimate: Option<u64>, peak: Option<u64>, asked: Option<u64>) -> Option<u64> {
     let bumped = estimate
         .max(peak)
         .filter(|b| *b > 0)
         .map(|b| (b as f64 * OOM_BUMP).ceil() as u64);
-    let needed = peak
-        .zip(asked)
-        .map(|(held, asked)| (held.saturating_add(asked) as f64 * LEARNED_MARGIN).ceil() as u64);
+    let held = peak.unwrap_or(0);
+    let needed =
+        asked.map(|asked| (held.saturating_add(asked) as f64 * LEARNED_MARGIN).ceil() as u64);
     bumped.max(needed)
 }
 
@@ -190,21 +201,24 @@ pub struct Slot {
 }
 
 /// What a waiting job is placed by (with its colocated background's memory), from what its
-/// memory key has taught; `largest`: the largest usable GPU memory of the nodes at hand.
+/// memory key has taught; `largest`: the largest usable GPU memory of the nodes at hand, which
+/// are every live node.
 pub fn pending_estimate(p: &PendingRow, memory: &KeyMemory, largest: Option<u64>) -> Option<u64> {
-    pending_estimate_of(p, memory.clone(), largest).0
+    pending_estimate_of(p, memory.clone(), largest, largest).0
 }
 
-/// [`pending_estimate`], with where the estimate comes from.
+/// [`pending_estimate`] on one node whose GPUs offer at most `largest`, where those of every
+/// live node offer at most `anywhere`; with where the estimate comes from.
 fn pending_estimate_of(
     p: &PendingRow,
     memory: KeyMemory,
     largest: Option<u64>,
+    anywhere: Option<u64>,
 ) -> (Option<u64>, &'static str) {
     let KeyMemory {
         mut peaks, floor, ..
     } = memory;
-    let (estimate, source) = effective_estimate(p.declared, &mut peaks, floor, largest);
+    let (estimate, source) = effective_estimate(p.declared, &mut peaks, floor, largest, anywhere);
     (pair_estimate(estimate, p.background_mib), source)
 }
 
@@ -228,11 +242,12 @@ pub fn claim(
     max: usize,
 ) -> ClaimPlan {
     let largest = placer.largest_usable_mib();
+    let anywhere = placer.largest_anywhere_mib();
     let estimates: Vec<(Option<u64>, &'static str)> = pending
         .iter()
         .map(|p| {
             let memory = learned.get(&p.memory_key).cloned().unwrap_or_default();
-            pending_estimate_of(p, memory, largest)
+            pending_estimate_of(p, memory, largest, anywhere)
         })
         .collect();
     let hosts: Vec<Option<u64>> = pending
@@ -1318,29 +1333,29 @@ mod tests {
     #[test]
     fn estimates_take_the_safest_known_figure() {
         assert_eq!(
-            effective_estimate(None, &mut [], None, None),
+            effective_estimate(None, &mut [], None, None, None),
             (None, "none")
         );
         assert_eq!(
-            effective_estimate(Some(1000), &mut [], None, None),
+            effective_estimate(Some(1000), &mut [], None, None, None),
             (Some(1000), "declared")
         );
         assert_eq!(
-            effective_estimate(Some(1000), &mut [500, 600], None, None),
+            effective_estimate(Some(1000), &mut [500, 600], None, None, None),
             (Some(1000), "declared")
         );
         assert_eq!(
-            effective_estimate(Some(1000), &mut [2000], None, None),
+            effective_estimate(Some(1000), &mut [2000], None, None, None),
             (Some(2200), "learned")
         );
         assert_eq!(
-            effective_estimate(None, &mut [100; 3], Some(900), None),
+            effective_estimate(None, &mut [100; 3], Some(900), None, None),
             (Some(900), "learned")
         );
         // p95 of 20 peaks is the 19th smallest.
         let mut peaks: Vec<u64> = (1..=20).map(|i| i * 100).collect();
         assert_eq!(
-            effective_estimate(None, &mut peaks, None, None),
+            effective_estimate(None, &mut peaks, None, None, None),
             (Some(2090), "learned")
         );
     }
@@ -1350,28 +1365,64 @@ mod tests {
         // 20 GiB peak, 21.6 GiB usable: 22 GiB with the margin would fit no GPU; it runs
         // alone on an idle one instead, as a job with no estimate does.
         assert_eq!(
-            effective_estimate(None, &mut [20_480], None, Some(22_118)),
+            effective_estimate(None, &mut [20_480], None, Some(22_118), None),
             (None, "none")
         );
         assert_eq!(
-            effective_estimate(Some(4_096), &mut [20_480], None, Some(22_118)),
+            effective_estimate(Some(4_096), &mut [20_480], None, Some(22_118), None),
             (None, "none"),
             "a stale declaration below the peak is no reason to share"
         );
         // Room for the margin: it stays.
         assert_eq!(
-            effective_estimate(None, &mut [10_000], None, Some(22_118)),
+            effective_estimate(None, &mut [10_000], None, Some(22_118), None),
             (Some(11_000), "learned")
         );
         // A peak past the GPU, or a floor an OOM raised past it, is kept as it is.
         assert_eq!(
-            effective_estimate(None, &mut [23_000], None, Some(22_118)),
+            effective_estimate(None, &mut [23_000], None, Some(22_118), None),
             (Some(25_301), "learned"),
             "23,000 x 1.1, rounded up"
         );
         assert_eq!(
-            effective_estimate(None, &mut [20_480], Some(23_000), Some(22_118)),
+            effective_estimate(None, &mut [20_480], Some(23_000), Some(22_118), None),
             (Some(23_000), "learned")
+        );
+    }
+
+    /// A floor an OOM raised past this node's GPUs waits for a node whose GPU it fits; past
+    /// every live GPU, there is none to wait for: it runs alone on an idle GPU.
+    #[test]
+    fn a_floor_past_every_live_gpu_runs_alone_rather_than_waiting_for_ever() {
+        // 33 GiB after asking for 30; 22 GiB usable here, 76 GiB on another node: it waits.
+        assert_eq!(
+            effective_estimate(None, &mut [], Some(33_792), Some(22_118), Some(77_824)),
+            (Some(33_792), "learned")
+        );
+        // No live GPU offers it: alone, with or without a declared figure that fits.
+        assert_eq!(
+            effective_estimate(None, &mut [], Some(33_792), Some(22_118), Some(22_118)),
+            (None, "none")
+        );
+        assert_eq!(
+            effective_estimate(
+                Some(4096),
+                &mut [3000],
+                Some(33_792),
+                Some(22_118),
+                Some(22_118)
+            ),
+            (None, "none")
+        );
+        // A declared figure past every GPU is the user's: it is kept, and says so as it waits.
+        assert_eq!(
+            effective_estimate(Some(40_000), &mut [], Some(50_000), None, Some(22_118)),
+            (Some(50_000), "learned")
+        );
+        // Not known where the live GPUs are: kept.
+        assert_eq!(
+            effective_estimate(None, &mut [], Some(33_792), Some(22_118), None),
+            (Some(33_792), "learned")
         );
     }
 
@@ -1575,8 +1626,9 @@ mod tests {
         );
         // A small allocation on a full GPU: x1.25 is already more.
         assert_eq!(oom_floor(Some(8000), Some(7900), Some(20)), Some(10_000));
-        // Without a peak, what it held is not known: only x1.25.
-        assert_eq!(oom_floor(Some(4000), None, Some(10_000)), Some(5000));
+        // Without a peak, what it asked for is still the least it needs.
+        assert_eq!(oom_floor(Some(4000), None, Some(10_000)), Some(11_000));
+        assert_eq!(oom_floor(None, None, Some(10_240)), Some(11_264));
     }
 
     #[test]

@@ -1237,6 +1237,60 @@ async fn estimates_are_learned_per_memory_key(s: Backend) {
     assert_eq!(grew.oom_cause, Some(headroom_shared::api::OomCause::CapHit));
 }
 
+/// An OOM whose text says what it asked for raises its key past this node's GPUs: the job
+/// waits for a live node whose GPU it fits and runs there; once its need passes every live
+/// GPU, it runs alone on an idle GPU rather than waiting for one no node has.
+async fn a_need_past_this_node_waits_for_a_larger_one_and_past_every_gpu_runs_alone(s: Backend) {
+    let small = register(&s, "small", 1, Some("2")).await; // 10_000 MiB, 9_000 usable
+    submit(&s, vec![job(0, Some(2000), vec![FailureClass::Oom], 3)]).await;
+    let first = claim(&s, small, 1).await;
+    assert_eq!(first[0].estimate_mib, Some(2000));
+    let oom = |fence: i64, asked: &str| FinishReport {
+        log_tail: format!("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {asked}"),
+        ..report_peak(fence, Some(FailureClass::Oom), 1500)
+    };
+    let st = finish_attempt(&s, first[0].attempt, oom(first[0].fence, "12.00 GiB"))
+        .await
+        .expect("finish");
+    assert_eq!(st, JobState::Retrying);
+    // (1500 + 12288) x 1.1: more than the small node's 9,000, within the big one's.
+    let big = AgentId::new();
+    s.register_agent(Registration {
+        host_memory_mib: None,
+        agent: big,
+        node: "big".into(),
+        gpus: gpus(1, 81_920),
+        plan: None,
+        headroom: None,
+        resume: vec![],
+        lease_ttl_ms: 30_000,
+        previous: None,
+    })
+    .await
+    .expect("register");
+    assert!(
+        claim(&s, small, 1).await.is_empty(),
+        "a larger GPU is live: it waits for it"
+    );
+    let second = claim_with(&s, big, Some(free(1, 81_920)), 64).await;
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].estimate_mib, Some(15_167));
+    // It asks for 80 GiB there: no live GPU offers that.
+    let st = finish_attempt(&s, second[0].attempt, oom(second[0].fence, "80.00 GiB"))
+        .await
+        .expect("finish");
+    assert_eq!(st, JobState::Retrying);
+    let third = claim(&s, small, 1).await;
+    assert_eq!(third.len(), 1, "it runs rather than waiting for ever");
+    assert_eq!(third[0].estimate_mib, None, "alone on an idle GPU");
+    let a = s.attempt(third[0].attempt).await.expect("attempt");
+    assert_eq!(a.estimate_source, "none");
+    assert!(
+        claim(&s, small, 1).await.is_empty(),
+        "nothing joins a GPU a job with no estimate holds"
+    );
+}
+
 /// A colocated job: its background reaches the agent with the lease, the pair is placed by
 /// the sum of both memories, the attempt records what became of the background, and the
 /// job's memory key learns from the foreground's share only.
@@ -3918,6 +3972,7 @@ conformance!(sqlite, postgres: [
     expired_leases_become_lost,
     exports_one_row_per_attempt,
     estimates_are_learned_per_memory_key,
+    a_need_past_this_node_waits_for_a_larger_one_and_past_every_gpu_runs_alone,
     estimates_follow_the_latest_peaks,
     oom_ladder_degrades_and_retries,
     unverified_cleanup_quarantines_gpus,

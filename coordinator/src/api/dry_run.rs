@@ -53,6 +53,7 @@ pub(super) async fn schedule(
                 &mut peaks,
                 h.and_then(|h| h.floor),
                 largest,
+                largest,
             );
             let background = j.background.as_ref().map(|b| b.memory_mib);
             jobs.push(PreviewJob {

@@ -195,6 +195,7 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let limits: HashMap<String, UserLimits> = tx.user_limits().await?.into_iter().collect();
     let mut checked = std::collections::HashSet::new();
     let mut caps_locked = false;
+    let mut fleet_known = false;
     let max = input.max as usize;
     let users = tx.waiting_users(node.gpus.len() as u32).await?;
     let mut queues: Vec<Queue> = if users.len() > 1 {
@@ -262,6 +263,13 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         for p in &pending {
             if !learned.contains_key(&p.memory_key) {
                 let (peaks, floor) = key_memory(tx, &p.memory_key).await?;
+                // A floor past this node's GPUs: whether any live GPU could take it, looked
+                // up once (it waits for that node, or runs alone where none is).
+                if floor > placer.largest_usable_mib() && !fleet_known {
+                    let anywhere = nodes::largest_live_usable(tx, input.lease_ttl_ms, now).await?;
+                    placer.know_largest_anywhere(anywhere);
+                    fleet_known = true;
+                }
                 let host_peaks = tx.host_peaks(&p.memory_key).await?;
                 let memory = rules::KeyMemory {
                     peaks,

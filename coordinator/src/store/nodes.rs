@@ -25,6 +25,31 @@ pub(super) async fn gpus(tx: &mut dyn Tx, node: &str, lock: bool) -> Result<Vec<
         .ok_or_else(|| StoreError::not_found("node", node))
 }
 
+/// The most memory any GPU of a live node (an agent heard of within `alive_within_ms`)
+/// offers, less its headroom; `None` with no live node.
+pub(super) async fn largest_live_usable(
+    tx: &mut dyn Tx,
+    alive_within_ms: u64,
+    now: Millis,
+) -> Result<Option<u64>> {
+    let alive = |r: &NodeRow| {
+        r.agent.is_some()
+            && r.last_seen
+                .is_some_and(|t| now - t <= rows::i64_of(alive_within_ms))
+    };
+    Ok(tx
+        .nodes()
+        .await?
+        .iter()
+        .filter(|r| alive(r))
+        .flat_map(|r| {
+            r.gpus
+                .iter()
+                .map(|g| g.total_mib.saturating_sub(r.headroom.mib_of(g.total_mib)))
+        })
+        .max())
+}
+
 /// Stores the node's latest samples over those of its row (read under the node's lock);
 /// true when some GPU has more free memory than before, which may let a waiting claim (on
 /// any replica) place work.

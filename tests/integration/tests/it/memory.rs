@@ -331,3 +331,63 @@ fn an_oom_that_says_what_it_asked_for_is_learned_at_once() {
         "one OOM, not a ladder of them"
     );
 }
+
+/// A run that dies of an OOM before its memory is sampled leaves no peak: what its failed
+/// allocation asked for is still the least it needs, and its retry is placed by that. One that
+/// asked for more than any GPU has runs alone again and ends, not waiting for ever for a GPU
+/// no node has.
+#[test]
+fn an_oom_with_no_peak_read_is_placed_by_what_it_asked_for() {
+    let h = Headroom::up(UpOptions::gpus("1x24GiB").plan("2"));
+    h.wait_agent();
+    let marker = h.path("first-attempt-done");
+    let script = format!(
+        "if [ -e {m} ]; then echo accuracy=0.91; else touch {m}; \
+         echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 10.00 GiB.' >&2; \
+         exit 1; fi",
+        m = marker.display()
+    );
+    let spec = serde_json::json!({
+        "name": "asks", "command": ["sh", "-c", script],
+        "retry": {"max_attempts": 2, "on": ["oom"]}
+    });
+    let exp = h.submit_spec(spec);
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    let d = h.job(jobs[0].id).expect("job");
+    assert_eq!(
+        jobs[0].state,
+        JobState::Succeeded,
+        "{:#?}",
+        d.attempts_detail
+    );
+    let (first, second) = (&d.attempts_detail[0], &d.attempts_detail[1]);
+    assert_eq!(first.failure_class, Some(FailureClass::Oom), "{first:?}");
+    assert!(
+        first.peak_mem_mib.unwrap_or(0) == 0,
+        "no memory was held: {first:?}"
+    );
+    assert_eq!(
+        (second.estimate_source.as_str(), second.estimate_mib),
+        ("learned", Some(11_264)),
+        "10 GiB asked, x1.1: {:#?}",
+        d.attempts_detail
+    );
+
+    // 30 GiB asked on a 24 GiB GPU: each retry runs alone, and the job ends failed.
+    let spec = format!(
+        "name: toobig\ncommand: [{job}, --mem, 30GiB]\nresources: {{gpus: 1}}\n\
+         retry: {{max_attempts: 2, on: [oom]}}\n",
+        job = fake_job().display()
+    );
+    let exp = h.submit("toobig.yaml", &spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(60));
+    let d = h.job(jobs[0].id).expect("job");
+    assert_eq!(jobs[0].state, JobState::Failed, "{:#?}", d.attempts_detail);
+    let classes: Vec<_> = d.attempts_detail.iter().map(|a| a.failure_class).collect();
+    assert_eq!(classes, vec![Some(FailureClass::Oom); 2]);
+    assert_eq!(
+        d.attempts_detail[1].estimate_source, "none",
+        "past every GPU: alone on an idle one, {:#?}",
+        d.attempts_detail
+    );
+}
