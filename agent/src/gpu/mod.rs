@@ -265,6 +265,19 @@ pub struct Reported {
 /// cannot be attributed (the GPU's reading is then unknown); the processes that could be
 /// are returned either way. Blocking (reads /proc).
 pub fn attribute(view: &PidView, reported: &[Reported]) -> (Vec<GpuProcess>, Option<String>) {
+    attribute_with(view, reported, crate::cgroup::attempt_of, |pid| {
+        std::path::Path::new(&format!("/proc/{pid}")).exists()
+    })
+}
+
+/// [`attribute`] with the lookups of a local process's attempt and of whether it still
+/// exists.
+fn attribute_with(
+    view: &PidView,
+    reported: &[Reported],
+    attempt_of: impl Fn(u32) -> Option<headroom_shared::AttemptId>,
+    exists: impl Fn(u32) -> bool,
+) -> (Vec<GpuProcess>, Option<String>) {
     let mut out = Vec::with_capacity(reported.len());
     let mut unknown = Vec::new();
     for r in reported {
@@ -276,14 +289,17 @@ pub fn attribute(view: &PidView, reported: &[Reported]) -> (Vec<GpuProcess>, Opt
                 continue;
             }
         };
+        let attempt = if outside { None } else { attempt_of(pid) };
+        // Found in this namespace a moment ago and gone now: it ended during the look, and
+        // its cgroup went with it. It is no process of no attempt (an attempt's own job,
+        // exiting, was taken for a foreign one); the next look shows what it left behind.
+        if !outside && attempt.is_none() && !exists(pid) {
+            continue;
+        }
         out.push(GpuProcess {
             pid,
             used_mib: r.used_mib.unwrap_or(0),
-            attempt: if outside {
-                None
-            } else {
-                crate::cgroup::attempt_of(pid)
-            },
+            attempt,
             user: None,
             command: None,
             used_mib_unknown: r.used_mib.is_none(),
@@ -343,6 +359,28 @@ mod tests {
             fake_fallback: "2x24GiB".parse().expect("spec"),
             dir: dir.join("gpus"),
         }
+    }
+
+    /// A process gone between the driver's list and the look at its cgroup ended during the
+    /// look: left out, where it was taken for a process of no attempt (and an attempt's own
+    /// job, exiting at a sample, marked its run contaminated). One still there and in no
+    /// attempt is foreign.
+    #[test]
+    fn a_process_that_ends_during_a_look_is_no_foreign_process() {
+        let me = std::process::id();
+        let reported = [Reported {
+            pid: me,
+            used_mib: Some(4096),
+            sm_util_pct: None,
+        }];
+        let ours = headroom_shared::AttemptId::new();
+        let (found, error) = attribute_with(&PidView::Host, &reported, |_| None, |_| false);
+        assert_eq!((found.len(), error), (0, None));
+        let (found, error) = attribute_with(&PidView::Host, &reported, |_| None, |_| true);
+        assert_eq!(error, None);
+        assert_eq!((found[0].pid, found[0].attempt), (me, None));
+        let (found, _) = attribute_with(&PidView::Host, &reported, |_| Some(ours), |_| false);
+        assert_eq!(found[0].attempt, Some(ours));
     }
 
     #[test]
