@@ -292,7 +292,7 @@ pub fn run(size: &Size) -> Result<Report> {
         .zip(postmaster.map(tree_cpu_ms))
         .map(|(a, b)| share(b - a));
     let agents_pct = share(usage(me).0 - agents0);
-    let statements = pg.top_statements(8)?;
+    let statements = pg.top_statements(16)?;
     let jobs = done.load(Ordering::Relaxed);
     if jobs == 0 {
         bail!("no job ran: {}", replicas[0].coordinator.output());
