@@ -211,12 +211,17 @@ fn free(n: u32, total: u64) -> Vec<GpuSample> {
 }
 
 async fn register(s: &Backend, node: &str, n: u32, plan: Option<&str>) -> AgentId {
+    register_gpus(s, node, gpus(n, 10_000), plan).await
+}
+
+/// [`register`] with these GPUs.
+async fn register_gpus(s: &Backend, node: &str, gpus: Vec<GpuInfo>, plan: Option<&str>) -> AgentId {
     let agent = AgentId::new();
     s.register_agent(Registration {
         host_memory_mib: None,
         agent,
         node: node.into(),
-        gpus: gpus(n, 10_000),
+        gpus,
         plan: plan.map(|p| Plan::parse(p).expect("plan")),
         headroom: None,
         resume: vec![],
@@ -1254,20 +1259,7 @@ async fn a_need_past_this_node_waits_for_a_larger_one_and_past_every_gpu_runs_al
         .expect("finish");
     assert_eq!(st, JobState::Retrying);
     // (1500 + 12288) x 1.1: more than the small node's 9,000, within the big one's.
-    let big = AgentId::new();
-    s.register_agent(Registration {
-        host_memory_mib: None,
-        agent: big,
-        node: "big".into(),
-        gpus: gpus(1, 81_920),
-        plan: None,
-        headroom: None,
-        resume: vec![],
-        lease_ttl_ms: 30_000,
-        previous: None,
-    })
-    .await
-    .expect("register");
+    let big = register_gpus(&s, "big", gpus(1, 81_920), None).await;
     assert!(
         claim(&s, small, 1).await.is_empty(),
         "a larger GPU is live: it waits for it"
