@@ -1489,6 +1489,45 @@ async fn unverified_cleanup_quarantines_gpus(s: Backend) {
     assert_eq!(s.release_gpu("n1", 0).await.expect("release"), 0);
 }
 
+/// One heartbeat renews each of its agent's attempts with what that one waits on, and says
+/// which of them a user cancelled; a stale token for any one refuses all of it.
+async fn one_heartbeat_renews_each_attempt_and_says_which_were_cancelled(s: Backend) {
+    let agent = register(&s, "n1", 3, None).await;
+    submit(&s, (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect()).await;
+    let leases = claim(&s, agent, 3).await;
+    assert_eq!(leases.len(), 3);
+    assert_eq!(s.cancel_job(leases[1].job).await.expect("cancel"), 1);
+    let each = |stale: usize| -> Vec<AttemptRef> {
+        leases
+            .iter()
+            .enumerate()
+            .map(|(i, l)| AttemptRef {
+                attempt: l.attempt,
+                fence: if i == stale { l.fence - 1 } else { l.fence },
+                waiting: (i == 2).then(|| format!("cooling {i}")),
+            })
+            .collect()
+    };
+    let refused = renew(&s, agent, each(2), free(3, 10_000)).await;
+    assert!(
+        matches!(refused, Err(StoreError::StaleFence { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        s.attempt(leases[2].attempt).await.expect("attempt").waiting,
+        None
+    );
+    let r = renew(&s, agent, each(usize::MAX), free(3, 10_000))
+        .await
+        .expect("renew");
+    assert_eq!(r.cancel, vec![leases[1].attempt]);
+    let mut waiting = Vec::new();
+    for l in &leases {
+        waiting.push(s.attempt(l.attempt).await.expect("attempt").waiting);
+    }
+    assert_eq!(waiting, vec![None, None, Some("cooling 2".to_string())]);
+}
+
 async fn stale_heartbeats_and_logs_are_refused_and_change_nothing(s: Backend) {
     let (agent, l) = one_running(&s, vec![FailureClass::Lost], 3).await;
     let before = s.list_nodes(60_000).await.expect("nodes")[0].gpus[0].free_mib;
@@ -3970,6 +4009,7 @@ conformance!(sqlite, postgres: [
     unverified_cleanup_quarantines_gpus,
     a_claim_without_samples_places_with_what_the_latest_end_freed,
     stale_heartbeats_and_logs_are_refused_and_change_nothing,
+    one_heartbeat_renews_each_attempt_and_says_which_were_cancelled,
     heartbeats_racing_a_normal_end_renew_the_rest,
     oom_ladder_steps_get_their_own_estimate_and_repeat,
     pending_jobs_say_why,

@@ -29,6 +29,9 @@ pub struct Dialect {
     pub waiting_user_index: &'static str,
     /// The function giving a JSON array's length.
     pub json_array_length: &'static str,
+    /// The table function over a JSON array's elements, each in a column `value` that `->>`
+    /// reads.
+    pub json_elements: &'static str,
     /// The database's clock in ms since the epoch, as an SQL expression: lease times come
     /// from one clock, not each replica's. `None`: the process's own (SQLite, one process).
     pub clock: Option<&'static str>,

@@ -351,29 +351,32 @@ async fn pending_cancels(
 
 pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, Change)> {
     let node = nodes::of_agent(tx, r.agent, true).await?;
+    // One read and one write for all of the agent's attempts, not two statements each: in a
+    // lab of long runs, heartbeats are most of the database's work. The read locks the rows
+    // in job order, as the lease sweep locks them: in the agent's order, a heartbeat and a
+    // sweep could each wait for the other.
+    let ids: Vec<String> = r.attempts.iter().map(|a| a.attempt.to_string()).collect();
+    let rows = tx.lock_renewal_rows(&ids, r.agent).await?;
     // A stale token for any attempt refuses the whole heartbeat, before it writes.
     let mut renew = Vec::new();
-    for a in &r.attempts {
-        let row = tx.renewal_row(&a.attempt.to_string(), r.agent).await?;
-        if rules::renewal(a.attempt, a.fence, row.as_ref().map(|(r, _)| r))? {
-            renew.push((row.map_or(0, |(_, seq)| seq), a.attempt, a.waiting.clone()));
+    for (a, id) in r.attempts.iter().zip(ids) {
+        if rules::renewal(a.attempt, a.fence, rows.get(&id))? {
+            renew.push((id, a.waiting.clone()));
         }
     }
-    // Attempt rows are locked in job order, as the lease sweep locks them: in the agent's
-    // order, a heartbeat and a sweep could each wait for the other.
-    renew.sort_unstable();
     // Renewals change nothing anyone waits for; freed memory may let a claim place work.
     let now = tx.clock().await?;
     let freed = nodes::record_samples(tx, &node, &r.gpus, now).await?;
     let until = now.saturating_add(i64_of(r.lease_ttl_ms));
+    let asked = tx.renew_attempts(&renew, until).await?;
     let (mut cancel, mut requeue) = (Vec::new(), Vec::new());
-    for (_, a, waiting) in renew {
-        let wanted = tx
-            .renew_attempt(&a.to_string(), until, waiting.as_deref())
-            .await?;
-        match wanted.flatten() {
-            Some(StopAsk::Cancel) => cancel.push(a),
-            Some(StopAsk::Requeue(why)) => requeue.push(RequeueOrder { attempt: a, why }),
+    for a in &r.attempts {
+        match asked.get(&a.attempt.to_string()).cloned().flatten() {
+            Some(StopAsk::Cancel) => cancel.push(a.attempt),
+            Some(StopAsk::Requeue(why)) => requeue.push(RequeueOrder {
+                attempt: a.attempt,
+                why,
+            }),
             None => {}
         }
     }

@@ -194,6 +194,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     waiting_user_index: "",
     clock: Some("CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"),
     json_array_length: "jsonb_array_length",
+    json_elements: "jsonb_array_elements",
 };
 
 fn json<T: serde::Serialize + std::fmt::Debug>(v: &T) -> Json<&T> {

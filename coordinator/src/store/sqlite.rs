@@ -211,6 +211,7 @@ static DIALECT: Dialect = Dialect {
     waiting_user_index: " INDEXED BY jobs_waiting_by_user",
     clock: None,
     json_array_length: "json_array_length",
+    json_elements: "json_each",
 };
 
 fn json<T: serde::Serialize>(v: &T) -> Result<String> {

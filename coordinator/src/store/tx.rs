@@ -37,6 +37,7 @@ use headroom_shared::api::{
 };
 use headroom_shared::pending::PendingReason;
 use headroom_shared::{AgentId, FailureClass, JobState, Plan};
+use std::collections::HashMap;
 use tokio_util::sync::CancellationToken;
 
 pub use super::rows::Ended;
@@ -250,12 +251,13 @@ pub trait AttemptsTx: Send {
     async fn lock_fence(&mut self, attempt: &str) -> Result<Option<FenceRow>>;
     /// What a finish report is checked against, the attempt locked.
     async fn lock_finish_row(&mut self, attempt: &str) -> Result<Option<FinishRow>>;
-    /// What a heartbeat of `agent` is checked against, with the job's `seq`.
-    async fn renewal_row(
+    /// What a heartbeat of `agent` is checked against, for each of `attempts` that exists,
+    /// by id: its rows locked in job order (as the lease sweep locks them), in one read.
+    async fn lock_renewal_rows(
         &mut self,
-        attempt: &str,
+        attempts: &[String],
         agent: AgentId,
-    ) -> Result<Option<(RenewalRow, i64)>>;
+    ) -> Result<HashMap<String, RenewalRow>>;
     /// Fencing columns and failure class, for log chunks.
     async fn log_fence_row(
         &mut self,
@@ -281,13 +283,13 @@ pub trait AttemptsTx: Send {
         agent: AgentId,
         until: Millis,
     ) -> Result<bool>;
-    /// Renews a lease; what was asked of it (`None`: no such attempt).
-    async fn renew_attempt(
+    /// Renews the leases of `renew` (each attempt with what it waits on) in one write; what
+    /// was asked of each, by id (an attempt missing from it does not exist).
+    async fn renew_attempts(
         &mut self,
-        attempt: &str,
+        renew: &[(String, Option<String>)],
         until: Millis,
-        waiting: Option<&str>,
-    ) -> Result<Option<Option<StopAsk>>>;
+    ) -> Result<HashMap<String, Option<StopAsk>>>;
     /// Now, by the clock every replica shares (the database's), in ms since the epoch.
     async fn clock(&mut self) -> Result<Millis>;
     /// Renews a lease for its supervisor, leaving what the agent said of its wait as it

@@ -1,5 +1,7 @@
 //! Attempts: their statements, over `Exec`.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use headroom_shared::api::{AttemptView, FinishReport, PeakSource};
 use headroom_shared::{AgentId, FailureClass, JobState};
@@ -102,19 +104,30 @@ impl<E: Exec> AttemptsTx for E {
         first(self, &sql, args![attempt], |r| rows::finish_row(r)).await
     }
 
-    async fn renewal_row(
+    async fn lock_renewal_rows(
         &mut self,
-        attempt: &str,
+        attempts: &[String],
         agent: AgentId,
-    ) -> Result<Option<(RenewalRow, i64)>> {
-        first(
+    ) -> Result<HashMap<String, RenewalRow>> {
+        let d = self.dialect();
+        let ids: Vec<serde_json::Value> = attempts
+            .iter()
+            .map(|a| serde_json::json!({ "id": a }))
+            .collect();
+        let sql = format!(
+            "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = $2, a.id \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.id IN (SELECT value ->> 'id' FROM {}($1)) ORDER BY j.seq{}",
+            d.json_elements, d.lock_attempt
+        );
+        let rows = all(
             self,
-            "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = $2, j.seq \
-             FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1",
-            args![attempt, &agent.to_string()],
-            |r| Ok((rows::renewal_row(r)?, r.int(5)?)),
+            &sql,
+            &[json(&ids)?, Arg::from(&agent.to_string())],
+            |r| Ok((r.text(5)?, rows::renewal_row(r)?)),
         )
-        .await
+        .await?;
+        Ok(rows.into_iter().collect())
     }
 
     async fn log_fence_row(
@@ -205,20 +218,33 @@ impl<E: Exec> AttemptsTx for E {
         Ok(n == 1)
     }
 
-    async fn renew_attempt(
+    async fn renew_attempts(
         &mut self,
-        attempt: &str,
+        renew: &[(String, Option<String>)],
         until: Millis,
-        waiting: Option<&str>,
-    ) -> Result<Option<Option<StopAsk>>> {
-        first(
-            self,
-            "UPDATE attempts SET lease_expires_at = $1, waiting = $3 WHERE id = $2 \
-             RETURNING cancel_requested, requeue",
-            args![until, attempt, waiting],
-            |r| Ok(StopAsk::of(r.flag(0)?, r.text_opt(1)?.as_deref())),
-        )
-        .await
+    ) -> Result<HashMap<String, Option<StopAsk>>> {
+        if renew.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let each: Vec<serde_json::Value> = renew
+            .iter()
+            .map(|(id, waiting)| serde_json::json!({ "id": id, "waiting": waiting }))
+            .collect();
+        let sql = format!(
+            "UPDATE attempts SET lease_expires_at = $1, waiting = t.waiting \
+             FROM (SELECT value ->> 'id' AS id, value ->> 'waiting' AS waiting \
+             FROM {}($2)) t WHERE attempts.id = t.id \
+             RETURNING attempts.id, attempts.cancel_requested, attempts.requeue",
+            self.dialect().json_elements
+        );
+        let rows = all(self, &sql, &[Arg::from(until), json(&each)?], |r| {
+            Ok((
+                r.text(0)?,
+                StopAsk::of(r.flag(1)?, r.text_opt(2)?.as_deref()),
+            ))
+        })
+        .await?;
+        Ok(rows.into_iter().collect())
     }
 
     async fn clock(&mut self) -> Result<Millis> {
