@@ -359,9 +359,9 @@ pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, Chang
     let rows = tx.lock_renewal_rows(&ids, r.agent).await?;
     // A stale token for any attempt refuses the whole heartbeat, before it writes.
     let mut renew = Vec::new();
-    for (a, id) in r.attempts.iter().zip(ids) {
-        if rules::renewal(a.attempt, a.fence, rows.get(&id))? {
-            renew.push((id, a.waiting.clone()));
+    for (a, id) in r.attempts.iter().zip(&ids) {
+        if rules::renewal(a.attempt, a.fence, rows.get(id))? {
+            renew.push((id.clone(), a.waiting.clone()));
         }
     }
     // Renewals change nothing anyone waits for; freed memory may let a claim place work.
@@ -370,8 +370,8 @@ pub(super) async fn renew(tx: &mut dyn Tx, r: Renewal) -> Result<(Renewed, Chang
     let until = now.saturating_add(i64_of(r.lease_ttl_ms));
     let asked = tx.renew_attempts(&renew, until).await?;
     let (mut cancel, mut requeue) = (Vec::new(), Vec::new());
-    for a in &r.attempts {
-        match asked.get(&a.attempt.to_string()).cloned().flatten() {
+    for (a, id) in r.attempts.iter().zip(&ids) {
+        match asked.get(id).cloned().flatten() {
             Some(StopAsk::Cancel) => cancel.push(a.attempt),
             Some(StopAsk::Requeue(why)) => requeue.push(RequeueOrder {
                 attempt: a.attempt,

@@ -32,16 +32,11 @@ pub(super) async fn largest_live_usable(
     alive_within_ms: u64,
     now: Millis,
 ) -> Result<Option<u64>> {
-    let alive = |r: &NodeRow| {
-        r.agent.is_some()
-            && r.last_seen
-                .is_some_and(|t| now - t <= rows::i64_of(alive_within_ms))
-    };
     Ok(tx
         .nodes()
         .await?
         .iter()
-        .filter(|r| alive(r))
+        .filter(|r| alive(r, alive_within_ms, now))
         .flat_map(|r| {
             r.gpus
                 .iter()
@@ -179,6 +174,14 @@ pub(super) async fn release_gpu(tx: &mut dyn Tx, node: String, gpu: u32) -> Resu
     Ok((n, Change::freed_if(n > 0, &node)))
 }
 
+/// Whether a node's agent was heard of within `alive_within_ms`.
+fn alive(row: &NodeRow, alive_within_ms: u64, now: Millis) -> bool {
+    row.agent.is_some()
+        && row
+            .last_seen
+            .is_some_and(|t| now - t <= rows::i64_of(alive_within_ms))
+}
+
 /// A node as `headroom nodes` shows it, from its stored row, active attempts and quarantine.
 fn node_view(
     row: rows::NodeRow,
@@ -196,10 +199,7 @@ fn node_view(
         quarantine,
     )?;
     Ok(NodeView {
-        alive: row.agent.is_some()
-            && row
-                .last_seen
-                .is_some_and(|t| now - t <= rows::i64_of(alive_within_ms)),
+        alive: alive(&row, alive_within_ms, now),
         agent: row.agent.map(|a| rows::parse(&a, "agent id")).transpose()?,
         name: row.name,
         plan: row.plan.to_string(),

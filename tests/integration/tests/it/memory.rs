@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use headroom_integration_tests::{Headroom, UpOptions, fake_job, fake_job_spec, read_records};
+use headroom_shared::api::{AttemptView, JobDetail};
 use headroom_shared::{FailureClass, JobState};
 
 #[test]
@@ -277,6 +278,20 @@ fn a_configuration_that_peaked_near_its_gpu_s_size_runs_again() {
     );
 }
 
+/// The job's first attempt ran out of memory and its second was placed by the estimate its
+/// key learned from it, `learned(first attempt)`.
+fn retried_by_what_it_learned(d: &JobDetail, learned: impl FnOnce(&AttemptView) -> u64) {
+    let (first, second) = (&d.attempts_detail[0], &d.attempts_detail[1]);
+    assert_eq!(first.failure_class, Some(FailureClass::Oom), "{first:?}");
+    let needed = learned(first);
+    assert_eq!(
+        (second.estimate_source.as_str(), second.estimate_mib),
+        ("learned", Some(needed)),
+        "{:#?}",
+        d.attempts_detail
+    );
+}
+
 /// An OOM whose text says how much the failed allocation asked for (PyTorch's `Tried to
 /// allocate`) teaches its key what the run held plus that, with the learned margin, at once:
 /// A (declared 4 GiB) holds 2 GiB and asks for 10 more beside B's 14 GiB on a 24 GiB GPU, runs
@@ -315,16 +330,10 @@ fn an_oom_that_says_what_it_asked_for_is_learned_at_once() {
         "{:#?}",
         detail.attempts_detail
     );
-    let (first, second) = (&detail.attempts_detail[0], &detail.attempts_detail[1]);
-    assert_eq!(first.failure_class, Some(FailureClass::Oom), "{first:?}");
-    let held = first.peak_mem_mib.expect("the first attempt's peak");
-    let needed = ((held + 10 * 1024) as f64 * 1.1).ceil() as u64;
-    assert_eq!(
-        (second.estimate_source.as_str(), second.estimate_mib),
-        ("learned", Some(needed)),
-        "held {held} MiB, asked 10 GiB: {:#?}",
-        detail.attempts_detail
-    );
+    retried_by_what_it_learned(&detail, |first| {
+        let held = first.peak_mem_mib.expect("the first attempt's peak");
+        ((held + 10 * 1024) as f64 * 1.1).ceil() as u64
+    });
     assert_eq!(
         detail.attempts_detail.len(),
         2,
@@ -360,18 +369,10 @@ fn an_oom_with_no_peak_read_is_placed_by_what_it_asked_for() {
         "{:#?}",
         d.attempts_detail
     );
-    let (first, second) = (&d.attempts_detail[0], &d.attempts_detail[1]);
-    assert_eq!(first.failure_class, Some(FailureClass::Oom), "{first:?}");
-    assert!(
-        first.peak_mem_mib.unwrap_or(0) == 0,
-        "no memory was held: {first:?}"
-    );
-    assert_eq!(
-        (second.estimate_source.as_str(), second.estimate_mib),
-        ("learned", Some(11_264)),
-        "10 GiB asked, x1.1: {:#?}",
-        d.attempts_detail
-    );
+    retried_by_what_it_learned(&d, |first| {
+        assert_eq!(first.peak_mem_mib, None, "no peak was read: {first:?}");
+        11_264 // 10 GiB asked, x1.1
+    });
 
     // 30 GiB asked on a 24 GiB GPU: each retry runs alone, and the job ends failed.
     let spec = format!(
