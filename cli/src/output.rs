@@ -919,6 +919,7 @@ fn study_preview(resp: &SubmitResponse) {
         resp.variants.len(),
         resp.seed
     );
+    queue_line(resp);
     let mut rest = resp.preview.as_deref().unwrap_or_default();
     for v in &resp.variants {
         outln!("\n{}", variant_line(v));
@@ -953,6 +954,17 @@ fn variant_line(v: &headroom_shared::api::SubmittedVariant) -> String {
     if !v.after.is_empty() {
         line.push_str(&format!(", after {}", v.after.join(", ")));
     }
+    if let (Some(ms), Some(from)) = (v.expected_ms, v.expected_from) {
+        let from = match from {
+            headroom_shared::api::LengthFrom::Declared => "declared",
+            headroom_shared::api::LengthFrom::Learned => "learned from its earlier runs",
+        };
+        let d = std::time::Duration::from_secs(ms.div_ceil(1000));
+        line.push_str(&format!(
+            ", runs of {} ({from})",
+            humantime::format_duration(d)
+        ));
+    }
     line
 }
 
@@ -969,6 +981,20 @@ pub fn study_submitted(resp: &SubmitResponse, study: headroom_shared::StudyId) {
         let id = v.experiment.map(|e| e.to_string()).unwrap_or_default();
         outln!("  {id}  {}", variant_line(v));
     }
+    queue_line(resp);
+}
+
+/// The order a study's jobs were queued in, where some variant's run length is known.
+fn queue_line(resp: &SubmitResponse) {
+    let lengths: Vec<Option<u64>> = resp.variants.iter().map(|v| v.expected_ms).collect();
+    if lengths.iter().all(Option::is_none) {
+        return;
+    }
+    let order: Vec<&str> = headroom_shared::study::queue_order(&lengths)
+        .into_iter()
+        .filter_map(|i| resp.variants.get(i).map(|v| v.variant.as_str()))
+        .collect();
+    outln!("queued longest first: {}", order.join(", "));
 }
 
 fn preview_jobs(jobs: &[headroom_shared::expand::ExpandedJob]) {

@@ -1,9 +1,11 @@
 //! Turning a submitted experiment spec into the jobs the store keeps: each expanded point of
 //! the matrix with the profile's environment, the spec's limits and rules resolved once; and
-//! a study's `after` into the jobs each job waits for.
+//! a study's `after` into the jobs each job waits for, and its variants' expected run lengths
+//! (declared, or learned from earlier runs) into the order they are queued in.
 
 use std::collections::BTreeMap;
 
+use headroom_shared::api::LengthFrom;
 use headroom_shared::expand::{ExpandedJob, memory_key};
 use headroom_shared::spec::{ExperimentSpec, SpecError};
 use headroom_shared::study::{StudySpec, VARIANTS_KEY};
@@ -71,6 +73,51 @@ pub fn new_experiment(
         preemptible: spec.preemptible,
         memory_cap_off: !spec.memory_cap.is_on(),
     })
+}
+
+/// Memory keys whose history is read for a variant that declares no length, at most this
+/// many of each variant (its first configurations'): a submit reads no more than that.
+pub const KEYS_LEARNED_FROM: usize = 16;
+
+/// The memory keys to read the run times of: up to [`KEYS_LEARNED_FROM`] of each variant
+/// that declares no length (`declared[i]` is `None`).
+pub fn keys_to_learn_lengths(declared: &[Option<u64>], exps: &[NewExperiment]) -> Vec<String> {
+    let mut keys = std::collections::BTreeSet::new();
+    for (e, d) in exps.iter().zip(declared) {
+        if d.is_none() {
+            let mut own = std::collections::BTreeSet::new();
+            for j in &e.jobs {
+                if own.len() == KEYS_LEARNED_FROM {
+                    break;
+                }
+                own.insert(j.memory_key.as_str());
+            }
+            keys.extend(own.into_iter().map(str::to_string));
+        }
+    }
+    keys.into_iter().collect()
+}
+
+/// Each variant's expected run length (ms) and where it comes from: its declared one, else
+/// the longest that its configurations' earlier runs took (`learned`, by memory key), else
+/// none.
+pub fn expected_lengths(
+    declared: &[Option<u64>],
+    exps: &[NewExperiment],
+    learned: &BTreeMap<String, u64>,
+) -> Vec<Option<(u64, LengthFrom)>> {
+    exps.iter()
+        .zip(declared)
+        .map(|(e, d)| match d {
+            Some(ms) => Some((*ms, LengthFrom::Declared)),
+            None => e
+                .jobs
+                .iter()
+                .filter_map(|j| learned.get(&j.memory_key))
+                .max()
+                .map(|ms| (*ms, LengthFrom::Learned)),
+        })
+        .collect()
 }
 
 /// The waits of `study`'s jobs (`exps` in the study's variant order): each job of a variant
@@ -169,6 +216,48 @@ mod tests {
             })
             .collect();
         dependencies(&study, &exps).map(|d| d.len())
+    }
+
+    #[test]
+    fn a_variant_without_a_length_learns_the_longest_of_its_configurations() {
+        let study = headroom_shared::study::parse(&json!({"name": "s", "experiments": [
+            {"name": "a", "command": ["t", "{lr}"], "grid": {"lr": [1, 2, 3]}, "memory_key": ["lr"]},
+            {"name": "b", "command": ["t"], "expected_duration": "1m"},
+            {"name": "c", "command": ["t"]},
+        ]}))
+        .expect("parses")
+        .expect("a study");
+        let exps: Vec<NewExperiment> = study
+            .variants
+            .iter()
+            .map(|v| {
+                let jobs = expand_within(&v.spec, 1, 1000, 1 << 20).expect("expand");
+                new_experiment(&v.spec, jobs, 1, "u".into(), None).expect("experiment")
+            })
+            .collect();
+        let declared = [None, Some(60_000), None];
+        let keys = keys_to_learn_lengths(&declared, &exps);
+        assert_eq!(keys.len(), 4, "a's three configurations and c: {keys:?}");
+        assert!(!keys.iter().any(|k| k.starts_with("s.b")), "{keys:?}");
+        // Two of a's configurations ran before, c's never did.
+        let learned: BTreeMap<String, u64> = keys
+            .iter()
+            .filter(|k| k.starts_with("s.a"))
+            .take(2)
+            .zip([90_000, 30_000])
+            .map(|(k, ms)| (k.clone(), ms))
+            .collect();
+        let lengths = expected_lengths(&declared, &exps, &learned);
+        assert_eq!(
+            lengths,
+            vec![
+                Some((90_000, LengthFrom::Learned)),
+                Some((60_000, LengthFrom::Declared)),
+                None
+            ]
+        );
+        let ms: Vec<Option<u64>> = lengths.iter().map(|l| l.map(|(ms, _)| ms)).collect();
+        assert_eq!(headroom_shared::study::queue_order(&ms), vec![0, 1, 2]);
     }
 
     #[test]

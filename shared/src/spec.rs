@@ -58,6 +58,12 @@ pub struct ExperimentSpec {
     /// `2h`, `90s`, or a number of seconds.
     #[serde(default)]
     pub timeout: Option<Value>,
+    /// How long one run is expected to take (`40m`, `2h`, or a number of seconds), as
+    /// `resources.memory` declares what it holds: a study queues its variants longest first
+    /// (one that declares none by what its earlier runs took), so that its longest runs do
+    /// not start last. Not a limit: see `timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_duration: Option<Value>,
     /// `{signal: USR1, lead: 120s}`: the signal the job gets `lead` before a timeout, a
     /// `cancel --requeue` or a preemption stops it, to save its state in `HEADROOM_JOB_DIR`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -388,6 +394,11 @@ impl ExperimentSpec {
         parse_timeout(self.timeout.as_ref())
     }
 
+    /// Its `expected_duration`.
+    pub fn expected_duration(&self) -> Result<Option<Duration>, SpecError> {
+        parse_duration(self.expected_duration.as_ref(), "expected_duration")
+    }
+
     /// Its checkpoint signal, validated against its timeout.
     pub fn checkpoint(&self) -> Result<Option<crate::checkpoint::Checkpoint>, SpecError> {
         let timeout = self.timeout()?;
@@ -612,6 +623,7 @@ impl ExperimentSpec {
             return Err(SpecError::new("resources.memory", "must be more than 0"));
         }
         self.timeout()?;
+        self.expected_duration()?;
         self.checkpoint()?;
         self.prestart()?;
         if self.retry.max_attempts == 0 || self.retry.max_attempts > 100 {

@@ -6,6 +6,9 @@
 //! (`grid`, `mutate`, `env`, `resources`, `retry`, `metrics`, ...), the variant's entries
 //! are added to the default's, each replacing the entry of its name whole, and an entry set
 //! to `null` removes the default's.
+//!
+//! Queueing: a study's variants are queued by their expected run lengths, longest first
+//! ([`queue_order`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,6 +17,16 @@ use serde_json::{Map, Value};
 
 use crate::field::SpecError;
 use crate::spec::{ExperimentSpec, validate_name};
+
+/// The order a study's variants are queued in, from each one's expected run length: those
+/// with one longest first, then those without; ties keep the file's order. A queue that
+/// starts the longest runs last ends when they do: on the seeds' 160-run matrix, 1710 s in
+/// the file's order against 1440 s longest first (`headroom simulate`).
+pub fn queue_order(expected: &[Option<u64>]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..expected.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(expected[i]));
+    order
+}
 
 /// The key that makes a spec a study.
 pub const VARIANTS_KEY: &str = "experiments";
@@ -404,6 +417,17 @@ fn find_cycle(edges: &[Vec<usize>]) -> Option<Vec<usize>> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn declared_lengths_go_longest_first_and_the_rest_keep_the_file_order() {
+        let m = |n: u64| Some(60_000 * n);
+        assert_eq!(
+            queue_order(&[None, m(5), None, m(40), m(5), m(10)]),
+            vec![3, 5, 1, 4, 0, 2]
+        );
+        assert_eq!(queue_order(&[None, None]), vec![0, 1]);
+        assert_eq!(queue_order(&[]), Vec::<usize>::new());
+    }
 
     fn study(v: Value) -> Result<StudySpec, SpecError> {
         parse(&v).map(|s| s.expect("a study"))

@@ -117,6 +117,14 @@ fn refusals_name_the_field() {
         ("name: a\ncommand: [x]\ntimeout: '-5s'\n", "timeout"),
         ("name: a\ncommand: [x]\ntimeout: soon\n", "timeout"),
         (
+            "name: a\ncommand: [x]\nexpected_duration: soon\n",
+            "expected_duration",
+        ),
+        (
+            "name: a\ncommand: [x]\nexpected_duration: 0\n",
+            "expected_duration",
+        ),
+        (
             "name: a\ncommand: [x]\nmutate: {lr: {uniform: [2, 1]}}\n",
             "mutate.lr",
         ),

@@ -135,11 +135,43 @@ async fn submit_study(
             memory: v.spec.resources.memory,
             memory_key: v.spec.memory_key.clone(),
             after: v.after.iter().map(|a| a.experiment.clone()).collect(),
+            expected_ms: None,
+            expected_from: None,
         });
         exps.push(exp);
     }
     let jobs: u64 = exps.iter().map(|e| e.jobs.len() as u64).sum();
     let waits = crate::matrix::dependencies(&study, &exps)?;
+    // The preview in the file's order; the jobs queued longest declared first (the store
+    // gives jobs their queue places in the order their experiments are stored).
+    let preview = req.dry_run.then(|| preview_of(&exps));
+    // Queued longest first: by each variant's declared length, else what its configurations'
+    // earlier runs took (an earlier submission of the same names).
+    let declared = study
+        .variants
+        .iter()
+        .map(|v| {
+            let d = v.spec.expected_duration().map_err(|e| v.refusal(e))?;
+            Ok(d.map(|d| d.as_millis() as u64))
+        })
+        .collect::<Result<Vec<_>, SpecError>>()?;
+    let keys = crate::matrix::keys_to_learn_lengths(&declared, &exps);
+    let learned = if keys.is_empty() {
+        Default::default()
+    } else {
+        s.store.key_durations(keys).await?
+    };
+    let expected = crate::matrix::expected_lengths(&declared, &exps, &learned);
+    for (v, e) in listed.iter_mut().zip(&expected) {
+        v.expected_ms = e.map(|(ms, _)| ms);
+        v.expected_from = e.map(|(_, from)| from);
+    }
+    let order: Vec<Option<u64>> = expected.iter().map(|e| e.map(|(ms, _)| ms)).collect();
+    let mut exps: Vec<Option<NewExperiment>> = exps.into_iter().map(Some).collect();
+    let exps: Vec<NewExperiment> = study::queue_order(&order)
+        .into_iter()
+        .filter_map(|i| exps.get_mut(i).and_then(Option::take))
+        .collect();
     if req.dry_run {
         // The schedule places a job that waits once what it waits for has ended.
         let position: std::collections::BTreeMap<headroom_shared::JobId, usize> = exps
@@ -153,7 +185,7 @@ async fn submit_study(
             .filter_map(|w| Some((*position.get(&w.job)?, *position.get(&w.needs)?)))
             .collect();
         let schedule = dry_run::schedule(s, &fleet.live, &exps, &after).await?;
-        let (preview, preview_omitted) = preview_of(&exps);
+        let (preview, preview_omitted) = preview.unwrap_or_default();
         return Ok(ApiJson(SubmitResponse {
             experiment: None,
             name: study.name,

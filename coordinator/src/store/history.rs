@@ -1,5 +1,6 @@
 //! What earlier runs of a memory key tell a spec not yet run (`submit --dry-run`): the
-//! peaks its estimate is learned from, its OOM floor and how long a run of it took.
+//! peaks its estimate is learned from, its OOM floor and how long a run of it took (which a
+//! study's queue order reads too).
 
 use std::collections::BTreeMap;
 
@@ -31,6 +32,18 @@ pub(super) async fn of_keys(
         };
         if h != KeyHistory::default() {
             out.insert(key, h);
+        }
+    }
+    Ok(out)
+}
+
+/// How long a run of each key took (the mean of its latest successful attempts), for the keys
+/// with one.
+pub(super) async fn durations(tx: &mut dyn Tx, keys: Vec<String>) -> Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for key in keys {
+        if let Some(ms) = tx.key_duration_ms(&key).await? {
+            out.insert(key, ms);
         }
     }
     Ok(out)

@@ -492,6 +492,11 @@ pub trait Store: Send + Sync + 'static {
         &self,
         keys: Vec<String>,
     ) -> Result<std::collections::BTreeMap<String, KeyHistory>>;
+    /// The mean run time (ms) of each memory key's latest successful attempts, those with one.
+    async fn key_durations(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<std::collections::BTreeMap<String, u64>>;
     /// Jobs that changed while others wait for them, at most `limit`: (job, its notes).
     async fn wait_changes_due(&self, limit: u32) -> Result<Vec<(JobId, Vec<i64>)>>;
     /// Counts again the waits of the jobs waiting for `job` (each locked), cancels those its
@@ -824,6 +829,14 @@ impl<B: Backend> Store for B {
     ) -> Result<std::collections::BTreeMap<String, KeyHistory>> {
         let n = keys.len();
         run!(self, read, "key_history", history::of_keys, keys; keys = n)
+    }
+
+    async fn key_durations(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<std::collections::BTreeMap<String, u64>> {
+        let n = keys.len();
+        run!(self, read, "key_durations", history::durations, keys; keys = n)
     }
 
     async fn wait_changes_due(&self, limit: u32) -> Result<Vec<(JobId, Vec<i64>)>> {

@@ -195,6 +195,24 @@ pub struct SubmittedVariant {
     /// The variants it waits for (`after`), by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after: Vec<String>,
+    /// How long one of its runs is expected to take (ms), by which the study's jobs are
+    /// queued (longest first), and where that comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_from: Option<LengthFrom>,
+}
+
+/// Where a variant's expected run length comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum LengthFrom {
+    /// Its `expected_duration`.
+    Declared,
+    /// The mean run time of the latest successful runs of its configurations (its memory
+    /// keys), the longest of them: an earlier submission of the same experiment name.
+    Learned,
 }
 
 /// The study an experiment was submitted in.

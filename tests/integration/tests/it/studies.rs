@@ -294,6 +294,10 @@ fn bad_studies_are_refused_naming_the_variant_s_field_and_store_nothing() {
             "name: s\ncommand: [x]\nexperiments: [{name: a, resources: {gpus: 3}}]\n",
             "experiments[0].resources.gpus",
         ),
+        (
+            "name: s\ncommand: [x]\nexperiments: [{name: a}, {name: b, expected_duration: 1 fortnight}]\n",
+            "experiments[1].expected_duration: `1 fortnight` is not a duration",
+        ),
     ];
     for (i, (yaml, needle)) in cases.iter().enumerate() {
         let path = h.path(&format!("bad{i}.yaml"));
@@ -309,6 +313,80 @@ fn bad_studies_are_refused_naming_the_variant_s_field_and_store_nothing() {
     assert!(experiments(&h).is_empty(), "nothing stored");
     let jobs: Vec<serde_json::Value> = h.get("/v1/jobs").expect("jobs");
     assert!(jobs.is_empty());
+}
+
+/// A study spec written beside `h` whose jobs append their variant to a log (`LOG` in `yaml`
+/// names it): its path, and the log's.
+fn one_slot_study(h: &Headroom, yaml: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = h.path("order");
+    std::fs::create_dir_all(&dir).expect("dir");
+    // The jobs run as the test's job user, who writes there.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("mode");
+    let log = dir.join("started.txt");
+    let spec = h.path("study.yaml");
+    let yaml = yaml.replace("LOG", &log.display().to_string());
+    std::fs::write(&spec, yaml).expect("spec");
+    (spec, log)
+}
+
+/// The variants that declare how long a run takes are queued longest first, ahead of those
+/// that declare none (in the file's order): on one slot, the 2-hour variant written last runs
+/// first, and the undeclared one written first runs last.
+#[test]
+fn a_study_queues_its_longest_declared_runs_first() {
+    let h = up("1x10GiB", Some("1"));
+    let (spec, log) = one_slot_study(
+        &h,
+        "name: lengths\nresources: {gpus: 1}\ncommand: [sh, -c, 'echo {v} >> LOG']\n\
+         experiments:\n\
+         \x20 - {name: plain, grid: {v: [plain]}}\n\
+         \x20 - {name: quick, grid: {v: [quick]}, expected_duration: 1m}\n\
+         \x20 - {name: long, grid: {v: [long]}, expected_duration: 2h}\n\
+         \x20 - {name: plain2, grid: {v: [plain2]}}\n",
+    );
+    let out = h.cli_ok(&["submit", spec.to_str().expect("path"), "--wait"]);
+    assert!(
+        out.contains("4 experiments")
+            && out.contains("queued longest first: long, quick, plain, plain2")
+            && out.contains("runs of 2h (declared)"),
+        "{out}"
+    );
+    let started = std::fs::read_to_string(&log).expect("the jobs' log");
+    assert_eq!(
+        started.lines().collect::<Vec<_>>(),
+        ["long", "quick", "plain", "plain2"],
+        "one slot takes the queue in its order"
+    );
+}
+
+/// A variant that declares no length is queued by what its earlier runs took: the same study
+/// submitted again runs its slow variant first, where the first submission ran the file's
+/// order; `submit` says so.
+#[test]
+fn a_study_submitted_again_queues_the_variant_whose_runs_took_longest_first() {
+    let h = up("1x10GiB", Some("1"));
+    let (spec, log) = one_slot_study(
+        &h,
+        "name: again\nresources: {gpus: 1, memory: 1GiB}\n\
+         command: [sh, -c, 'echo {v} >> LOG && headroom-fake-job --mem 100MiB --seconds {s}']\n\
+         experiments:\n\
+         \x20 - {name: quick, grid: {v: [quick], s: [0.1]}}\n\
+         \x20 - {name: slow, grid: {v: [slow], s: [1.5]}}\n",
+    );
+    let first = h.cli_ok(&["submit", spec.to_str().expect("path"), "--wait"]);
+    assert!(!first.contains("queued longest first"), "{first}");
+    let again = h.cli_ok(&["submit", spec.to_str().expect("path"), "--wait"]);
+    assert!(
+        again.contains("queued longest first: slow, quick")
+            && again.contains("(learned from its earlier runs)"),
+        "{again}"
+    );
+    let started = std::fs::read_to_string(&log).expect("the jobs' log");
+    assert_eq!(
+        started.lines().collect::<Vec<_>>(),
+        ["quick", "slow", "slow", "quick"],
+        "the file's order, then the slow variant first"
+    );
 }
 
 #[test]
