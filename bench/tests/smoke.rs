@@ -114,6 +114,23 @@ fn scale() {
 }
 
 #[test]
+fn scale_load() {
+    let r = tiny("scale_load");
+    // One claim target a load, each load measured on its own database.
+    assert_eq!(r.targets.len(), 2, "{:?}", r.targets);
+    check(
+        r,
+        &[
+            "/runs/0/jobs_per_s",
+            "/runs/0/demand_jobs_per_s",
+            "/runs/0/claim_ms/p99",
+            "/runs/1/jobs_per_s",
+            "/runs/1/claim_ms/p99",
+        ],
+    );
+}
+
+#[test]
 fn agent_cpu() {
     let r = tiny("agent_cpu");
     // An idle agent may use no CPU tick in a second: its CPU is measured, zero or more.
@@ -155,8 +172,17 @@ fn useful() {
             );
         }
     }
-    let matrix = &r.figures["seed_matrix"]["headroom"];
-    assert_eq!(matrix["ooms"].as_u64(), Some(0), "{matrix}");
+    for side in ["headroom", "headroom_lengths_declared"] {
+        let matrix = &r.figures["seed_matrix"][side];
+        assert_eq!(matrix["ooms"].as_u64(), Some(0), "{side}: {matrix}");
+        assert_eq!(
+            matrix["clean_runs"].as_u64(),
+            r.figures["seed_matrix"]["jobs"].as_u64(),
+            "{side}: {matrix}"
+        );
+    }
+    // The farm's runs are all of one length: nothing to declare.
+    assert!(r.figures["LoRA_farm"]["headroom_lengths_declared"].is_null());
     let farm = &r.figures["LoRA_farm"]["seeds_way"];
     assert!(farm["ooms"].as_u64() > Some(0), "{farm}");
     check(

@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 /// Every bench, in the order a whole run takes them.
-pub const ALL: [&str; 9] = [
+pub const ALL: [&str; 10] = [
     "useful",
     "dispatch",
     "latency",
@@ -26,6 +26,7 @@ pub const ALL: [&str; 9] = [
     "slot_free",
     "scale",
     "scale_ceiling",
+    "scale_load",
     "agent_cpu",
     "metric_lines",
 ];
@@ -70,6 +71,25 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
             window: Duration::from_secs(60),
             job: Duration::from_millis(50),
         }),
+        // Claims while the coordinators keep up: jobs of 80, 40 and 20 s on the same 8,000
+        // GPUs, the fleet ending 100, 200 and 400 jobs/s; each window runs a minute past the
+        // first jobs' length (claims are counted from there).
+        ("scale_load", false) => scale::load(&[80, 40, 20].map(|job_s| scale::Size {
+            replicas: 2,
+            agents: 1000,
+            gpus_per_agent: 8,
+            queued: 1_000_000,
+            window: Duration::from_secs(job_s + 60),
+            job: Duration::from_secs(job_s),
+        })),
+        ("scale_load", true) => scale::load(&[200, 50].map(|job_ms| scale::Size {
+            replicas: 2,
+            agents: 2,
+            gpus_per_agent: 2,
+            queued: 20,
+            window: Duration::from_secs(60),
+            job: Duration::from_millis(job_ms),
+        })),
         ("agent_cpu", false) => agent_cpu::run(Duration::from_secs(30)),
         ("agent_cpu", true) => agent_cpu::run(Duration::from_secs(1)),
         ("metric_lines", false) => metric_lines::run(1_000_000),

@@ -14,7 +14,7 @@ use headroom_shared::api::{
     ClaimRequest, FinishReport, GpuInfo, GpuSample, HeartbeatRequest, Measurements,
     RegisterRequest, StartReport,
 };
-use headroom_shared::client::Client;
+use headroom_shared::client::{Client, ClientError};
 
 use super::{Report, Target, percentile};
 use crate::system::Node;
@@ -33,6 +33,9 @@ pub struct Size {
 }
 
 const GPU_MIB: u64 = 81_920;
+/// How often a simulated agent heartbeats: as a real one does, three times a lease TTL (the
+/// default 30 s).
+const BEAT: Duration = Duration::from_secs(10);
 
 fn samples(gpus: usize) -> Vec<GpuSample> {
     (0..gpus as u32)
@@ -71,8 +74,71 @@ fn finish(fence: i64, gpus: usize) -> FinishReport {
     }
 }
 
+/// Leases running on a simulated agent's GPUs: (when it ends, attempt, fence).
+type Running = Arc<std::sync::Mutex<Vec<(Instant, headroom_shared::AttemptId, i64)>>>;
+
+/// What a simulated agent saw: the latencies (ms) of claims that brought work, and leases it
+/// lost (its heartbeat or end refused as stale: the lease expired while the coordinators were
+/// behind, and the job went back to the queue).
+#[derive(Default)]
+struct Seen {
+    claims_ms: Vec<f64>,
+    lost: usize,
+}
+
+/// Renews an agent's leases every [`BEAT`], beside its claims and reports as a real agent's
+/// heartbeat runs; a lease refused as stale is dropped and counted (`lost`).
+async fn heartbeats(
+    api: Client,
+    agent: headroom_shared::AgentId,
+    gpus: usize,
+    running: Running,
+    until: Instant,
+    lost: Arc<AtomicUsize>,
+) -> Result<()> {
+    while Instant::now() < until {
+        tokio::time::sleep(BEAT).await;
+        let attempts = match running.lock() {
+            Ok(r) => r
+                .iter()
+                .map(|(_, attempt, fence)| headroom_shared::api::AttemptRef {
+                    attempt: *attempt,
+                    fence: *fence,
+                    waiting: None,
+                })
+                .collect(),
+            Err(_) => bail!("an agent's task panicked"),
+        };
+        let beat = api
+            .heartbeat(
+                agent,
+                &HeartbeatRequest {
+                    gpus: samples(gpus),
+                    attempts,
+                    released: vec![],
+                    telemetry: vec![],
+                    telemetry_dropped: 0,
+                },
+            )
+            .await;
+        match beat {
+            Ok(_) => {}
+            Err(ClientError::Stale {
+                attempt: Some(a), ..
+            }) => {
+                if let Ok(mut r) = running.lock() {
+                    r.retain(|(_, id, _)| *id != a);
+                }
+                lost.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e).context("heartbeat"),
+        }
+    }
+    Ok(())
+}
+
 /// One simulated agent: register, then claim, start and (after `job`) end until the window
-/// closes or the queue is empty; the latencies (ms) of claims that brought work.
+/// closes or the queue is empty.
 async fn agent(
     api: Client,
     i: usize,
@@ -81,7 +147,7 @@ async fn agent(
     done: Arc<AtomicUsize>,
     total: usize,
     job: Duration,
-) -> Result<Vec<f64>> {
+) -> Result<Seen> {
     let plan = vec!["1"; gpus].join(",");
     let reg = api
         .register(&RegisterRequest {
@@ -103,22 +169,47 @@ async fn agent(
         })
         .await
         .context("register")?;
-    let mut lat = Vec::new();
-    let mut beat = Instant::now();
-    // Leases running on this agent's GPUs: (when it ends, attempt, fence).
-    let mut running: Vec<(Instant, headroom_shared::AttemptId, i64)> = Vec::new();
+    let mut seen = Seen::default();
+    let running: Running = Arc::default();
+    let lost = Arc::new(AtomicUsize::new(0));
+    let beats = tokio::spawn(heartbeats(
+        api.clone(),
+        reg.agent,
+        gpus,
+        running.clone(),
+        until,
+        lost.clone(),
+    ));
     let steady = Instant::now() + job;
+    let lock = || {
+        running
+            .lock()
+            .map_err(|_| anyhow::anyhow!("an agent's heartbeat panicked"))
+    };
     while Instant::now() < until && done.load(Ordering::Relaxed) < total {
-        let now = Instant::now();
-        for (_, attempt, fence) in running.iter().filter(|r| r.0 <= now) {
-            api.finish(*attempt, &finish(*fence, gpus))
-                .await
-                .context("finish report")?;
-            done.fetch_add(1, Ordering::Relaxed);
+        if beats.is_finished() {
+            break; // its error is reported below
         }
-        running.retain(|r| r.0 > now);
-        let free = gpus - running.len();
-        let next_end = running.iter().map(|r| r.0).min();
+        let now = Instant::now();
+        let ended: Vec<_> = {
+            let mut r = lock()?;
+            let ended = r.iter().filter(|r| r.0 <= now).copied().collect();
+            r.retain(|r| r.0 > now);
+            ended
+        };
+        for (_, attempt, fence) in ended {
+            match api.finish(attempt, &finish(fence, gpus)).await {
+                Ok(_) => {
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(ClientError::Stale { .. }) => seen.lost += 1,
+                Err(e) => return Err(e).context("finish report"),
+            }
+        }
+        let (free, next_end) = {
+            let r = lock()?;
+            (gpus - r.len(), r.iter().map(|r| r.0).min())
+        };
         if free == 0 {
             if let Some(t) = next_end {
                 tokio::time::sleep_until(t.into()).await;
@@ -146,48 +237,40 @@ async fn agent(
         // Steady state only: the first round of claims, every GPU of every agent at once, is
         // start-up.
         if !r.leases.is_empty() && t >= steady {
-            lat.push(t.elapsed().as_secs_f64() * 1e3);
+            seen.claims_ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
         for l in &r.leases {
-            api.start(
-                l.attempt,
-                &StartReport {
-                    fence: l.fence,
-                    pid: 1,
-                    started_at: Utc::now(),
-                },
-            )
-            .await
-            .context("start report")?;
+            let started = api
+                .start(
+                    l.attempt,
+                    &StartReport {
+                        fence: l.fence,
+                        pid: 1,
+                        started_at: Utc::now(),
+                    },
+                )
+                .await;
+            match started {
+                Ok(_) => {}
+                Err(ClientError::Stale { .. }) => {
+                    seen.lost += 1;
+                    continue;
+                }
+                Err(e) => return Err(e).context("start report"),
+            }
             // Durations spread over 0.5-1.5x, so ends do not come in waves.
             let spread = 0.5 + f64::from(l.attempt.0.as_u128() as u16) / 65_535.0;
-            running.push((Instant::now() + job.mul_f64(spread), l.attempt, l.fence));
-        }
-        if beat.elapsed() > Duration::from_secs(5) {
-            let attempts = running
-                .iter()
-                .map(|(_, attempt, fence)| headroom_shared::api::AttemptRef {
-                    attempt: *attempt,
-                    fence: *fence,
-                    waiting: None,
-                })
-                .collect();
-            api.heartbeat(
-                reg.agent,
-                &HeartbeatRequest {
-                    gpus: samples(gpus),
-                    attempts,
-                    released: vec![],
-                    telemetry: vec![],
-                    telemetry_dropped: 0,
-                },
-            )
-            .await
-            .context("heartbeat")?;
-            beat = Instant::now();
+            lock()?.push((Instant::now() + job.mul_f64(spread), l.attempt, l.fence));
         }
     }
-    Ok(lat)
+    beats.abort();
+    match beats.await {
+        Ok(r) => r?,
+        Err(e) if e.is_cancelled() => {}
+        Err(e) => bail!("an agent's heartbeat panicked: {e}"),
+    }
+    seen.lost += lost.load(Ordering::Relaxed);
+    Ok(seen)
 }
 
 /// The ms of CPU in `/proc/PID/stat` fields `from..to` after the command (clock ticks of
@@ -234,7 +317,102 @@ fn tree_cpu_ms(pid: u32) -> f64 {
     own + children
 }
 
+/// One bench run of `size`: its figures (JSON), its table, claim p99 and jobs/s.
+struct Measured {
+    figures: serde_json::Value,
+    table: String,
+    p50: f64,
+    p99: f64,
+    rate: f64,
+    /// Leases the simulated agents lost (refused as stale).
+    lost: usize,
+    db_pct: Option<f64>,
+    coordinators_pct: f64,
+}
+
+/// The bench at one size: `scale` (each job holding its GPU a few seconds) or
+/// `scale_ceiling` (each ending at once).
 pub fn run(size: &Size) -> Result<Report> {
+    let m = measure(size)?;
+    let mut targets = vec![Target::new(
+        "claim p99 at most 50 ms",
+        format!("{:.1} ms", m.p99),
+        m.p99 <= 50.0,
+    )];
+    if size.job.is_zero() {
+        targets.push(Target::new(
+            "ceiling at least 1,000 jobs/s with every replica",
+            format!("{:.0} jobs/s with {}", m.rate, size.replicas.max(1)),
+            m.rate >= 1000.0,
+        ));
+    }
+    Ok(Report::new(
+        if size.job.is_zero() {
+            "scale_ceiling"
+        } else {
+            "scale"
+        },
+        m.figures,
+        targets,
+        m.table,
+    ))
+}
+
+/// `scale_load`: the same fleet and queue at each of `sizes` (from the longest jobs to the
+/// shortest, so from the least demand to the most), a fresh database each: what a claim
+/// takes while the coordinators keep up with the fleet's ends, and where they stop keeping up.
+pub fn load(sizes: &[Size]) -> Result<Report> {
+    let mut rows = String::from(
+        "| each job holds its GPU | the fleet's demand | jobs/s ended | claim p50 | claim p99 | leases lost | coordinators' CPU | PostgreSQL's CPU |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let (mut runs, mut targets, mut tables) = (Vec::new(), Vec::new(), String::new());
+    for size in sizes {
+        let m = measure(size)?;
+        let demand = demand(size);
+        rows.push_str(&format!(
+            "| {:.0} s | {demand:.0} jobs/s | {:.0} | {:.1} ms | {:.1} ms | {} | {:.0} % of a core | {} |\n",
+            size.job.as_secs_f64(),
+            m.rate,
+            m.p50,
+            m.p99,
+            m.lost,
+            m.coordinators_pct,
+            m.db_pct
+                .map_or("not measured".into(), |p| format!("{p:.0} % of a core")),
+        ));
+        targets.push(Target::new(
+            &format!("claim p99 at most 50 ms with the fleet ending {demand:.0} jobs/s"),
+            format!("{:.1} ms ({:.0} jobs/s ended)", m.p99, m.rate),
+            m.p99 <= 50.0,
+        ));
+        tables.push_str(&format!(
+            "\n#### Jobs of {:.0} s\n\n{}",
+            size.job.as_secs_f64(),
+            m.table
+        ));
+        runs.push(m.figures);
+    }
+    let figures = serde_json::json!({ "runs": runs });
+    Ok(Report::new(
+        "scale_load",
+        figures,
+        targets,
+        format!("{rows}{tables}"),
+    ))
+}
+
+/// Jobs a second the fleet ends once it runs at its pace: a GPU ends a job every `job`
+/// (spread over 0.5-1.5x of it, so on average `job`).
+fn demand(size: &Size) -> f64 {
+    let gpus = (size.agents * size.gpus_per_agent) as f64;
+    if size.job.is_zero() {
+        f64::INFINITY
+    } else {
+        gpus / size.job.as_secs_f64()
+    }
+}
+
+fn measure(size: &Size) -> Result<Measured> {
     let pg = Postgres::start_durable()?;
     let replicas = (0..size.replicas.max(1))
         .map(|_| Node::coordinator(Some(&pg.url())))
@@ -264,7 +442,7 @@ pub fn run(size: &Size) -> Result<Report> {
     let done = Arc::new(AtomicUsize::new(0));
     let t = Instant::now();
     let until = t + size.window;
-    let lat: Vec<Vec<f64>> = rt.block_on(async {
+    let seen: Vec<Seen> = rt.block_on(async {
         let tasks: Vec<_> = (0..size.agents)
             .map(|i| {
                 let api = Client::new(&replicas[i % replicas.len()].url)?;
@@ -324,14 +502,15 @@ pub fn run(size: &Size) -> Result<Report> {
     let cpu1: f64 = after.iter().map(|a| a.0).sum();
     let rss: f64 = after.iter().map(|a| a.1).sum();
     let hwm: f64 = after.iter().map(|a| a.2).sum();
-    let mut claims: Vec<f64> = lat.into_iter().flatten().collect();
+    let lost: usize = seen.iter().map(|s| s.lost).sum();
+    let mut claims: Vec<f64> = seen.into_iter().flat_map(|s| s.claims_ms).collect();
     claims.sort_by(f64::total_cmp);
     let (p50, p99) = (percentile(&claims, 0.5), percentile(&claims, 0.99));
     let rate = jobs as f64 / elapsed;
     let cpu_share = share(cpu1 - cpu0);
     let table = format!(
-        "| replicas | agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | coordinators' CPU | per job | RSS (peak) | each replica | PostgreSQL's CPU | the simulated agents' CPU |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
-         | {} | {} x {} | {:.1} s | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) | {per_replica} | {} | {agents_pct:.0} % of a core |\n",
+        "| replicas | agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | leases lost | coordinators' CPU | per job | RSS (peak) | each replica | PostgreSQL's CPU | the simulated agents' CPU |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
+         | {} | {} x {} | {:.1} s | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {lost} | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) | {per_replica} | {} | {agents_pct:.0} % of a core |\n",
         replicas.len(),
         size.agents,
         size.gpus_per_agent,
@@ -341,25 +520,13 @@ pub fn run(size: &Size) -> Result<Report> {
         (cpu1 - cpu0) / jobs as f64,
         db_pct.map_or("not measured".into(), |p| format!("{p:.0} % of a core")),
     );
-    let mut targets = vec![Target::new(
-        "claim p99 at most 50 ms",
-        format!("{p99:.1} ms"),
-        p99 <= 50.0,
-    )];
-    if size.job.is_zero() {
-        targets.push(Target::new(
-            "ceiling at least 1,000 jobs/s with every replica",
-            format!("{rate:.0} jobs/s with {}", replicas.len()),
-            rate >= 1000.0,
-        ));
-    }
     let figures = serde_json::json!({
         "replicas": each,
         "postgres_cpu_core_pct": db_pct, "agents_cpu_core_pct": agents_pct,
         "agents": size.agents, "gpus_per_agent": size.gpus_per_agent, "queued": size.queued,
-        "job_s": size.job.as_secs_f64(),
+        "job_s": size.job.as_secs_f64(), "demand_jobs_per_s": demand(size).is_finite().then(|| demand(size)),
         "submit_s": submit_s, "jobs": jobs, "seconds": elapsed, "jobs_per_s": rate,
-        "claims": claims.len(), "claim_ms": {"p50": p50, "p99": p99},
+        "claims": claims.len(), "claim_ms": {"p50": p50, "p99": p99}, "leases_lost": lost,
         "coordinator": {"cpu_core_pct": cpu_share, "cpu_ms_per_job": (cpu1 - cpu0) / jobs as f64,
             "rss_mib": rss, "peak_rss_mib": hwm},
         "top_statements": statements,
@@ -369,14 +536,14 @@ pub fn run(size: &Size) -> Result<Report> {
         "{table}\nThe database's time in the window, by statement (`pg_stat_statements`):\n\n```\n{}```\n",
         statements
     );
-    Ok(Report::new(
-        if size.job.is_zero() {
-            "scale_ceiling"
-        } else {
-            "scale"
-        },
+    Ok(Measured {
         figures,
-        targets,
         table,
-    ))
+        p50,
+        p99,
+        rate,
+        lost,
+        db_pct,
+        coordinators_pct: cpu_share,
+    })
 }

@@ -1,5 +1,6 @@
 //! Useful work on the seeds' workloads: how much of the GPUs' memory-time becomes finished,
-//! clean runs, for headroom (`headroom-coordinator` and an agent on fake GPUs), the seeds' own
+//! clean runs, for headroom (`headroom-coordinator` and an agent on fake GPUs; on the matrix
+//! also given one study that declares each model's run length, queued longest first), the seeds' own
 //! way (task-spooler with a slot per plan entry, an OOMed run tried again after the seeds'
 //! cleanup wait), one job per GPU (task-spooler with a slot per GPU), and the best schedule
 //! found offline ([`crate::offline`]), in one run.
@@ -209,11 +210,21 @@ fn deadline(best_s: f64) -> Duration {
     Duration::from_secs_f64(best_s * 10.0 + 60.0)
 }
 
-/// headroom: one experiment per kind of job, in the workload's order, each run declaring its
-/// peak where the workload declares one (the matrix) and nothing where it does not (the farm:
-/// headroom learns); an OOMed run gets as many tries as the seeds' way gives it (headroom
-/// retries only `lost` by default).
-fn headroom(w: &Workload, best_s: f64) -> Result<Outcome> {
+/// How headroom is given a workload.
+#[derive(Clone, Copy, PartialEq)]
+enum Submitted {
+    /// One experiment per kind of job, in the workload's order.
+    Experiments,
+    /// One study of a variant per kind, in the workload's order, each declaring how long its
+    /// runs take (`expected_duration`, as the seeds knew each model's epoch): queued longest
+    /// first.
+    StudyWithLengths,
+}
+
+/// headroom: each kind of job's runs declaring their peak where the workload declares one
+/// (the matrix) and nothing where it does not (the farm: headroom learns); an OOMed run gets
+/// as many tries as the seeds' way gives it (headroom retries only `lost` by default).
+fn headroom_side(w: &Workload, best_s: f64, how: Submitted) -> Result<Outcome> {
     let plan = w
         .cluster
         .plan
@@ -228,27 +239,48 @@ fn headroom(w: &Workload, best_s: f64) -> Result<Outcome> {
     })?;
     let records = shared_dir("hr-useful")?;
     let t0 = now_ms();
-    let mut exps: Vec<ExperimentId> = Vec::new();
-    for (j, runs) in kinds(&w.jobs) {
-        let kind = j.kind;
-        let mut resources = serde_json::json!({"gpus": 1});
-        if let Some(m) = j.declared_mib {
-            resources["memory"] = format!("{m}MiB").into();
-        }
-        let req = SubmitRequest {
-            spec: serde_json::json!({
+    let specs: Vec<serde_json::Value> = kinds(&w.jobs)
+        .into_iter()
+        .map(|(j, runs)| {
+            let kind = j.kind;
+            let mut resources = serde_json::json!({"gpus": 1});
+            if let Some(m) = j.declared_mib {
+                resources["memory"] = format!("{m}MiB").into();
+            }
+            let mut spec = serde_json::json!({
                 "name": format!("{}-{kind}", w.name.replace(' ', "-")),
                 "command": job_argv(j, &record_path(records.path(), kind)),
                 "runs_per_config": runs,
                 "resources": resources,
                 "retry": {"max_attempts": SEEDS_TRIES, "on": ["oom", "lost"]},
-            }),
+            });
+            if how == Submitted::StudyWithLengths {
+                spec["expected_duration"] = j.duration_s.into();
+            }
+            spec
+        })
+        .collect();
+    let requests = match how {
+        Submitted::Experiments => specs,
+        Submitted::StudyWithLengths => vec![serde_json::json!({
+            "name": w.name.replace(' ', "-"),
+            "experiments": specs,
+        })],
+    };
+    let mut exps: Vec<ExperimentId> = Vec::new();
+    for spec in requests {
+        let req = SubmitRequest {
+            spec,
             seed: None,
             dry_run: false,
             ..Default::default()
         };
         let r = block_on(node.api.submit(&req))?.context("submit refused")?;
-        exps.push(r.experiment.context("stored")?);
+        exps.extend(r.experiment);
+        exps.extend(r.variants.iter().filter_map(|v| v.experiment));
+    }
+    if exps.is_empty() {
+        bail!("{}: nothing was stored", w.name);
     }
     let until = Instant::now() + deadline(best_s);
     for &exp in &exps {
@@ -376,6 +408,9 @@ struct Sides {
     best: offline::Schedule,
     bound_s: f64,
     headroom: Outcome,
+    /// headroom given one study that declares each kind's length, where the workload has
+    /// kinds of more than one length (the matrix).
+    with_lengths: Option<Outcome>,
     seeds: Outcome,
     per_gpu: Outcome,
 }
@@ -384,13 +419,19 @@ fn run_workload(w: &Workload) -> Result<Sides> {
     let best = offline::best(&w.cluster, &w.jobs, 64, 1)
         .with_context(|| format!("{}: a job fits no GPU", w.name))?;
     let bound_s = offline::lower_bound(&w.cluster, &w.jobs);
-    let headroom = headroom(w, best.makespan_s)?;
+    let headroom = headroom_side(w, best.makespan_s, Submitted::Experiments)?;
+    let lengths: std::collections::BTreeSet<u64> =
+        w.jobs.iter().map(|j| j.duration_s.to_bits()).collect();
+    let with_lengths = (lengths.len() > 1)
+        .then(|| headroom_side(w, best.makespan_s, Submitted::StudyWithLengths))
+        .transpose()?;
     let seeds = task_spooler(w, &w.cluster.plan, best.makespan_s)?;
     let per_gpu = task_spooler(w, &vec![1; w.cluster.plan.len()], best.makespan_s)?;
     Ok(Sides {
         best,
         bound_s,
         headroom,
+        with_lengths,
         seeds,
         per_gpu,
     })
@@ -420,7 +461,18 @@ pub fn run(tiny: bool) -> Result<Report> {
             )
         };
         table.push_str(&row("headroom", &s.headroom));
-        for u in &s.headroom.unfinished {
+        if let Some(o) = &s.with_lengths {
+            table.push_str(&row(
+                "headroom, one study declaring each model's run length (queued longest first)",
+                o,
+            ));
+        }
+        for u in s
+            .headroom
+            .unfinished
+            .iter()
+            .chain(s.with_lengths.iter().flat_map(|o| &o.unfinished))
+        {
             eprintln!("useful: {}: headroom's job {u}", w.name);
         }
         table.push_str(&row(
@@ -451,34 +503,38 @@ pub fn run(tiny: bool) -> Result<Report> {
                 "jobs": w.jobs.len(), "gpus": w.cluster.gpus_mib.len(),
                 "plan": w.cluster.plan, "duration_scale": w.scale,
                 "best_offline_s": best, "lower_bound_s": s.bound_s,
-                "headroom": side(&s.headroom), "seeds_way": side(&s.seeds),
+                "headroom": side(&s.headroom),
+                "headroom_lengths_declared": s.with_lengths.as_ref().map(side),
+                "seeds_way": side(&s.seeds),
                 "one_per_gpu": side(&s.per_gpu),
             }),
         );
-        targets.push(Target::new(
-            &format!("{}: no OOM", w.name),
-            format!("{} OOMs", s.headroom.ooms),
-            s.headroom.ooms == 0,
-        ));
-        targets.push(Target::new(
-            &format!(
-                "{}: makespan within 1.05x the best offline schedule",
-                w.name
-            ),
-            format!(
-                "{:.2}x ({:.1} s against {best:.1} s)",
-                s.headroom.makespan_s / best,
-                s.headroom.makespan_s
-            ),
-            s.headroom.makespan_s <= 1.05 * best,
-        ));
-        if w.name == "seed matrix" {
-            let r = s.headroom.rate() / s.seeds.rate();
+        let sides = std::iter::once(("", &s.headroom))
+            .chain(s.with_lengths.as_ref().map(|o| (", lengths declared", o)));
+        for (how, o) in sides {
+            let name = format!("{}{how}", w.name);
             targets.push(Target::new(
-                "seed matrix: at least 1.3x the seeds' way's clean work per second",
-                format!("{r:.2}x"),
-                r >= 1.3,
+                &format!("{name}: no OOM"),
+                format!("{} OOMs", o.ooms),
+                o.ooms == 0,
             ));
+            targets.push(Target::new(
+                &format!("{name}: makespan within 1.05x the best offline schedule"),
+                format!(
+                    "{:.2}x ({:.1} s against {best:.1} s)",
+                    o.makespan_s / best,
+                    o.makespan_s
+                ),
+                o.makespan_s <= 1.05 * best,
+            ));
+            if w.name == "seed matrix" {
+                let r = o.rate() / s.seeds.rate();
+                targets.push(Target::new(
+                    &format!("{name}: at least 1.3x the seeds' way's clean work per second"),
+                    format!("{r:.2}x"),
+                    r >= 1.3,
+                ));
+            }
         }
     }
     Ok(Report::new(
