@@ -37,7 +37,9 @@ pub fn parse_duration(v: Option<&Value>, field: &str) -> Result<Option<Duration>
             if !secs.is_finite() || secs <= 0.0 {
                 return Err(bad(format!("must be a positive duration, got {n}")));
             }
-            Ok(Some(Duration::from_secs_f64(secs)))
+            Duration::try_from_secs_f64(secs)
+                .map(Some)
+                .map_err(|_| bad(format!("{n} seconds is longer than any duration")))
         }
         Some(Value::String(s)) => {
             let t = s.trim();

@@ -21,7 +21,7 @@ use crate::spec::{ExperimentSpec, validate_name};
 /// The order a study's variants are queued in, from each one's expected run length: those
 /// with one longest first, then those without; ties keep the file's order. A queue that
 /// starts the longest runs last ends when they do: on the seeds' 160-run matrix, 1710 s in
-/// the file's order against 1440 s longest first (`headroom simulate`).
+/// the bench's order against 1440 s longest first (`headroom-bench-simulate`).
 pub fn queue_order(expected: &[Option<u64>]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..expected.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(expected[i]));

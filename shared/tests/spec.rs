@@ -124,6 +124,7 @@ fn refusals_name_the_field() {
             "name: a\ncommand: [x]\nexpected_duration: 0\n",
             "expected_duration",
         ),
+        ("name: a\ncommand: [x]\ntimeout: 1e300\n", "timeout"),
         (
             "name: a\ncommand: [x]\nmutate: {lr: {uniform: [2, 1]}}\n",
             "mutate.lr",

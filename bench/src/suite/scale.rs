@@ -1,7 +1,8 @@
 //! Coordinator scale: simulated agents in this process (real HTTP, one task each) on one or
 //! more coordinator replicas sharing PostgreSQL (agents spread over them), each agent with 8
-//! GPUs, claiming from a deep queue and reporting start and end at once. Claim latency,
-//! jobs/s, each replica's CPU and memory.
+//! GPUs, claiming from a deep queue, reporting each job's start at once and its end after the
+//! job's length, and renewing its leases as an agent does. Claim latency, jobs/s, leases
+//! lost, each replica's CPU and memory.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -84,20 +85,28 @@ type Running = Arc<std::sync::Mutex<Vec<(Instant, headroom_shared::AttemptId, i6
 struct Seen {
     claims_ms: Vec<f64>,
     lost: usize,
+    /// Heartbeats that failed otherwise (timed out, refused).
+    failed_beats: usize,
 }
 
-/// Renews an agent's leases every [`BEAT`], beside its claims and reports as a real agent's
-/// heartbeat runs; a lease refused as stale is dropped and counted (`lost`).
+/// Renews an agent's leases every [`BEAT`] (the first after `offset`, so a fleet's agents do
+/// not beat together), beside its claims and reports as a real agent's heartbeat runs. A
+/// lease refused as stale is dropped and counted in `lost`, and the rest are renewed at once
+/// (the refusal renewed none); a heartbeat that fails otherwise is counted in `failed` and
+/// tried again at the next beat.
 async fn heartbeats(
     api: Client,
     agent: headroom_shared::AgentId,
     gpus: usize,
     running: Running,
-    until: Instant,
+    (offset, until): (Duration, Instant),
     lost: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
 ) -> Result<()> {
-    while Instant::now() < until {
-        tokio::time::sleep(BEAT).await;
+    let mut next = Instant::now() + offset;
+    while next < until {
+        tokio::time::sleep_until(next.into()).await;
+        next += BEAT;
         let attempts = match running.lock() {
             Ok(r) => r
                 .iter()
@@ -126,15 +135,33 @@ async fn heartbeats(
             Err(ClientError::Stale {
                 attempt: Some(a), ..
             }) => {
-                if let Ok(mut r) = running.lock() {
-                    r.retain(|(_, id, _)| *id != a);
-                }
-                lost.fetch_add(1, Ordering::Relaxed);
+                let dropped = match running.lock() {
+                    Ok(mut r) => {
+                        let before = r.len();
+                        r.retain(|(_, id, _)| *id != a);
+                        before - r.len()
+                    }
+                    Err(_) => bail!("an agent's task panicked"),
+                };
+                // Its end may have been reported (and counted) meanwhile.
+                lost.fetch_add(dropped, Ordering::Relaxed);
+                next = Instant::now();
             }
-            Err(e) => return Err(e).context("heartbeat"),
+            Err(_) => {
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
     Ok(())
+}
+
+/// A task aborted when its owner is dropped (an agent that returns early through `?`).
+struct AbortOnDrop(tokio::task::JoinHandle<Result<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// One simulated agent: register, then claim, start and (after `job`) end until the window
@@ -171,15 +198,17 @@ async fn agent(
         .context("register")?;
     let mut seen = Seen::default();
     let running: Running = Arc::default();
-    let lost = Arc::new(AtomicUsize::new(0));
-    let beats = tokio::spawn(heartbeats(
+    let (lost, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let offset = BEAT.mul_f64((i % 100) as f64 / 100.0);
+    let mut beats = AbortOnDrop(tokio::spawn(heartbeats(
         api.clone(),
         reg.agent,
         gpus,
         running.clone(),
-        until,
+        (offset, until),
         lost.clone(),
-    ));
+        failed.clone(),
+    )));
     let steady = Instant::now() + job;
     let lock = || {
         running
@@ -187,7 +216,7 @@ async fn agent(
             .map_err(|_| anyhow::anyhow!("an agent's heartbeat panicked"))
     };
     while Instant::now() < until && done.load(Ordering::Relaxed) < total {
-        if beats.is_finished() {
+        if beats.0.is_finished() {
             break; // its error is reported below
         }
         let now = Instant::now();
@@ -212,7 +241,7 @@ async fn agent(
         };
         if free == 0 {
             if let Some(t) = next_end {
-                tokio::time::sleep_until(t.into()).await;
+                tokio::time::sleep_until(t.min(until).into()).await;
             }
             continue;
         }
@@ -263,13 +292,14 @@ async fn agent(
             lock()?.push((Instant::now() + job.mul_f64(spread), l.attempt, l.fence));
         }
     }
-    beats.abort();
-    match beats.await {
+    beats.0.abort();
+    match (&mut beats.0).await {
         Ok(r) => r?,
         Err(e) if e.is_cancelled() => {}
         Err(e) => bail!("an agent's heartbeat panicked: {e}"),
     }
     seen.lost += lost.load(Ordering::Relaxed);
+    seen.failed_beats = failed.load(Ordering::Relaxed);
     Ok(seen)
 }
 
@@ -503,6 +533,7 @@ fn measure(size: &Size) -> Result<Measured> {
     let rss: f64 = after.iter().map(|a| a.1).sum();
     let hwm: f64 = after.iter().map(|a| a.2).sum();
     let lost: usize = seen.iter().map(|s| s.lost).sum();
+    let failed_beats: usize = seen.iter().map(|s| s.failed_beats).sum();
     let mut claims: Vec<f64> = seen.into_iter().flat_map(|s| s.claims_ms).collect();
     claims.sort_by(f64::total_cmp);
     let (p50, p99) = (percentile(&claims, 0.5), percentile(&claims, 0.99));
@@ -526,7 +557,7 @@ fn measure(size: &Size) -> Result<Measured> {
         "agents": size.agents, "gpus_per_agent": size.gpus_per_agent, "queued": size.queued,
         "job_s": size.job.as_secs_f64(), "demand_jobs_per_s": demand(size).is_finite().then(|| demand(size)),
         "submit_s": submit_s, "jobs": jobs, "seconds": elapsed, "jobs_per_s": rate,
-        "claims": claims.len(), "claim_ms": {"p50": p50, "p99": p99}, "leases_lost": lost,
+        "claims": claims.len(), "claim_ms": {"p50": p50, "p99": p99}, "leases_lost": lost, "heartbeats_failed": failed_beats,
         "coordinator": {"cpu_core_pct": cpu_share, "cpu_ms_per_job": (cpu1 - cpu0) / jobs as f64,
             "rss_mib": rss, "peak_rss_mib": hwm},
         "top_statements": statements,

@@ -142,8 +142,8 @@ async fn submit_study(
     }
     let jobs: u64 = exps.iter().map(|e| e.jobs.len() as u64).sum();
     let waits = crate::matrix::dependencies(&study, &exps)?;
-    // The preview in the file's order; the jobs queued longest declared first (the store
-    // gives jobs their queue places in the order their experiments are stored).
+    // The preview in the file's order; the jobs queued longest first (the store gives jobs
+    // their queue places in the order their experiments are stored).
     let preview = req.dry_run.then(|| preview_of(&exps));
     // Queued longest first: by each variant's declared length, else what its configurations'
     // earlier runs took (an earlier submission of the same names).
@@ -152,7 +152,7 @@ async fn submit_study(
         .iter()
         .map(|v| {
             let d = v.spec.expected_duration().map_err(|e| v.refusal(e))?;
-            Ok(d.map(|d| d.as_millis() as u64))
+            Ok(d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
         })
         .collect::<Result<Vec<_>, SpecError>>()?;
     let keys = crate::matrix::keys_to_learn_lengths(&declared, &exps);

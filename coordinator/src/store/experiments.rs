@@ -9,7 +9,9 @@ use headroom_shared::api::{AttemptView, ExperimentSummary, JobSummary, StateCoun
 use headroom_shared::{ExperimentId, JobId};
 
 use super::tx::{AttemptsWhere, JobsWhere, Tx};
-use super::{ExportRow, NewExperiment, Result, StoreError, Tallies, UserJobs, now_ms, rows};
+use super::{
+    ExportRow, Millis, NewExperiment, Result, StoreError, Tallies, UserJobs, now_ms, rows,
+};
 use crate::changes::Change;
 
 pub(super) async fn summary(tx: &mut dyn Tx, id: &str) -> Result<ExperimentSummary> {
@@ -25,7 +27,17 @@ pub(super) async fn create(
     tx: &mut dyn Tx,
     exp: NewExperiment,
 ) -> Result<(ExperimentSummary, Change)> {
-    tx.insert_experiment(&exp, now_ms()).await?;
+    create_at(tx, exp, now_ms()).await
+}
+
+/// [`create`], created at `at`: a study's experiments share one time, so that they list in
+/// the file's order (by their ids) whatever order they are queued in.
+pub(super) async fn create_at(
+    tx: &mut dyn Tx,
+    exp: NewExperiment,
+    at: Millis,
+) -> Result<(ExperimentSummary, Change)> {
+    tx.insert_experiment(&exp, at).await?;
     let id = exp.id.to_string();
     // Configurations an earlier run of the same key fit only at a ladder step start there.
     for (job, step, attempt) in tx.fits_of_experiment(&id).await? {

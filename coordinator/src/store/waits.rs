@@ -54,8 +54,9 @@ pub(super) async fn create_study(
     }
     let ids: Vec<String> = exps.iter().map(|e| e.id.to_string()).collect();
     let mut out = Vec::with_capacity(exps.len());
+    let at = super::now_ms();
     for exp in exps {
-        out.push(super::experiments::create(tx, exp).await?.0);
+        out.push(super::experiments::create_at(tx, exp, at).await?.0);
     }
     tx.insert_waits(&waits).await?;
     for id in &ids {

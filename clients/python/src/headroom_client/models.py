@@ -84,7 +84,10 @@ class SubmittedVariant(_Model):
     """One variant of a submitted study: its name in the study (``variant``: ``train``), its
     experiment's name (``STUDY.VARIANT``) and id (None on a dry run), its job count and seed,
     GPUs per job, the declared memory per GPU (``"8GiB"``; None: learned), the parameters
-    its estimate is learned by (``memory_key``) and the variants it waits for (``after``)."""
+    its estimate is learned by (``memory_key``), the variants it waits for (``after``), and
+    how long one of its runs is expected to take (``expected_ms``), by which the study is
+    queued longest first, with where that comes from (``expected_from``: ``declared`` or
+    ``learned``)."""
 
     __schema__ = "SubmittedVariant"
     variant: str
@@ -96,6 +99,8 @@ class SubmittedVariant(_Model):
     memory: Optional[str] = None
     memory_key: List[str] = []
     after: List[str] = []
+    expected_ms: Optional[int] = None
+    expected_from: Optional[str] = None
 
 
 class GroupPreview(_Model):

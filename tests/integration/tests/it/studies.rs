@@ -357,6 +357,17 @@ fn a_study_queues_its_longest_declared_runs_first() {
         ["long", "quick", "plain", "plain2"],
         "one slot takes the queue in its order"
     );
+    // Listed as written, whatever their queue order.
+    let names: Vec<String> = experiments(&h).into_iter().map(|e| e.name).collect();
+    assert_eq!(
+        names,
+        [
+            "lengths.plain",
+            "lengths.quick",
+            "lengths.long",
+            "lengths.plain2"
+        ]
+    );
 }
 
 /// A variant that declares no length is queued by what its earlier runs took: the same study
