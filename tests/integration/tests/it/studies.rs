@@ -115,6 +115,14 @@ fn a_dry_run_of_the_study_lists_each_variant_and_stores_nothing() {
             && out.contains("mutation-2x.densenet121 (16 jobs, seed 2025): 1 GPU, 4GiB each"),
         "{out}"
     );
+    // Each model's epoch, declared: the longest first, ties as written.
+    assert!(
+        out.contains(
+            "queued longest first: bug-localization, densenet121, hrnet18, pcb, mrt-oast, \
+             resnet20, vulberta-mlp, siamese, mnist, mnist_rnn, mnist_ff"
+        ) && out.contains("mutation-2x.bug-localization (12 jobs, seed 2025): 1 GPU, 2.2GiB each, runs of 12m 30s (declared)"),
+        "{out}"
+    );
     // A job that waits is not among those that run at once.
     h.wait_agent();
     let chain = h.path("chain.yaml");
