@@ -205,17 +205,21 @@ mod tests {
     use headroom_shared::expand::expand_within;
     use serde_json::json;
 
-    fn study_jobs(v: serde_json::Value) -> Result<usize, SpecError> {
-        let study = headroom_shared::study::parse(&v)?.expect("a study");
-        let exps: Vec<NewExperiment> = study
+    /// Each variant of `study` expanded into the experiment a submit would store.
+    fn experiments_of(study: &StudySpec) -> Vec<NewExperiment> {
+        study
             .variants
             .iter()
             .map(|v| {
                 let jobs = expand_within(&v.spec, 1, 1000, 1 << 20).expect("expand");
                 new_experiment(&v.spec, jobs, 1, "a".into(), None).expect("experiment")
             })
-            .collect();
-        dependencies(&study, &exps).map(|d| d.len())
+            .collect()
+    }
+
+    fn study_jobs(v: serde_json::Value) -> Result<usize, SpecError> {
+        let study = headroom_shared::study::parse(&v)?.expect("a study");
+        dependencies(&study, &experiments_of(&study)).map(|d| d.len())
     }
 
     #[test]
@@ -227,14 +231,7 @@ mod tests {
         ]}))
         .expect("parses")
         .expect("a study");
-        let exps: Vec<NewExperiment> = study
-            .variants
-            .iter()
-            .map(|v| {
-                let jobs = expand_within(&v.spec, 1, 1000, 1 << 20).expect("expand");
-                new_experiment(&v.spec, jobs, 1, "u".into(), None).expect("experiment")
-            })
-            .collect();
+        let exps = experiments_of(&study);
         let declared = [None, Some(60_000), None];
         let keys = keys_to_learn_lengths(&declared, &exps);
         assert_eq!(keys.len(), 4, "a's three configurations and c: {keys:?}");
