@@ -873,6 +873,7 @@ fn schedule(s: &headroom_shared::api::schedule::SchedulePreview) {
     );
     for g in &s.groups {
         let estimate = match (g.estimate_mib, g.estimate_from) {
+            _ if g.cpu_only => "on CPU slots (no GPU)".into(),
             (Some(m), EstimateFrom::Learned) => format!("{} learned", mib(m)),
             (Some(m), _) => format!("{} declared", mib(m)),
             (None, _) => "no estimate: alone on a GPU".into(),
@@ -946,6 +947,7 @@ fn variant_line(v: &headroom_shared::api::SubmittedVariant) -> String {
     );
     match v.memory {
         Some(m) => line.push_str(&format!(", {m} each")),
+        None if v.gpus == 0 => line.push_str(" (a CPU slot of its node)"),
         None => line.push_str(", no memory declared (learned, or alone on a GPU)"),
     }
     if !v.memory_key.is_empty() {

@@ -194,6 +194,7 @@ fn group_preview(
         never_fit: count(idx.iter().filter(|&&i| !fits[i]).count()),
         never_fit_reasons,
         cannot_share: cannot_share(nodes, idx.iter().filter(|&&i| fits[i]).map(|&i| &jobs[i])),
+        cpu_only: idx.iter().all(|&i| jobs[i].gpus == 0),
     }
 }
 

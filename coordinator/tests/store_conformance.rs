@@ -1191,6 +1191,55 @@ async fn estimates_follow_the_latest_peaks(s: Backend) {
     );
 }
 
+/// How long a key's runs take is the mean of its successful runs, those that left no GPU
+/// peak too (a CPU-only job's, a GPU whose per-process memory could not be read); failed
+/// runs teach nothing.
+async fn run_lengths_are_learned_from_successful_runs_with_or_without_a_peak(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("8")).await;
+    let keyed = |i: u32, key: &str| NewJob {
+        memory_key: key.into(),
+        ..job(i, Some(100), vec![], 1)
+    };
+    // (key, run time, failure, GPU peak)
+    let runs = [
+        ("a", 2_000, None, Some(500)),
+        ("a", 4_000, None, None),
+        ("b", 9_000, Some(FailureClass::Nonzero), Some(500)),
+        ("c", 1_000, None, None),
+    ];
+    let jobs: Vec<NewJob> = (0..).zip(&runs).map(|(i, r)| keyed(i, r.0)).collect();
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    submit(&s, jobs).await;
+    let leases = claim(&s, agent, 1).await;
+    assert_eq!(leases.len(), runs.len());
+    let t0 = now_ms() - 60_000;
+    for l in &leases {
+        let at = ids
+            .iter()
+            .position(|id| *id == l.job)
+            .expect("a job of ours");
+        let (_, ms, failure, peak) = runs[at];
+        s.start_attempt(l.attempt, l.fence, 42, t0)
+            .await
+            .expect("start");
+        let r = FinishReport {
+            ended_at: chrono::DateTime::from_timestamp_millis(t0 + ms).expect("time"),
+            peak_mem_mib: peak,
+            ..report(l.fence, failure)
+        };
+        finish_attempt(&s, l.attempt, r).await.expect("finish");
+    }
+    let learned = s
+        .key_durations(vec!["a".into(), "b".into(), "c".into(), "d".into()])
+        .await
+        .expect("durations");
+    assert_eq!(
+        learned,
+        BTreeMap::from([("a".to_string(), 3_000), ("c".to_string(), 1_000)]),
+        "the mean of each key's successful runs, with or without a peak"
+    );
+}
+
 async fn estimates_are_learned_per_memory_key(s: Backend) {
     let agent = register(&s, "n1", 1, Some("4")).await;
     // No declared memory: the first job of the key runs alone.
@@ -4005,6 +4054,7 @@ conformance!(sqlite, postgres: [
     estimates_are_learned_per_memory_key,
     a_need_past_this_node_waits_for_a_larger_one_and_past_every_gpu_runs_alone,
     estimates_follow_the_latest_peaks,
+    run_lengths_are_learned_from_successful_runs_with_or_without_a_peak,
     oom_ladder_degrades_and_retries,
     unverified_cleanup_quarantines_gpus,
     a_claim_without_samples_places_with_what_the_latest_end_freed,

@@ -35,6 +35,9 @@ pub struct GroupPreview {
     /// Where the plans' slots allow more of its jobs on a GPU than run there together
     /// (their estimates do not fit side by side, or they run alone), in words.
     pub cannot_share: Option<String>,
+    /// Its jobs need no GPU: they take their nodes' CPU slots, and no estimate applies.
+    #[serde(default)]
+    pub cpu_only: bool,
 }
 
 /// What a spec would do on the cluster as it is.

@@ -106,8 +106,9 @@ class SubmittedVariant(_Model):
 class GroupPreview(_Model):
     """One experiment's (or variant's) share of a dry run's schedule: its jobs, how many run
     at once, its largest estimate per GPU (MiB) and where it comes from (``declared``,
-    ``learned`` or ``none``), jobs that never fit and why, and where the plans' slots promise
-    sharing its estimates do not allow (``cannot_share``, in words)."""
+    ``learned`` or ``none``), jobs that never fit and why, where the plans' slots promise
+    sharing its estimates do not allow (``cannot_share``, in words), and whether its jobs
+    need no GPU (``cpu_only``: they take CPU slots)."""
 
     __schema__ = "GroupPreview"
     group: str
@@ -118,6 +119,7 @@ class GroupPreview(_Model):
     never_fit: int
     never_fit_reasons: List[str]
     cannot_share: Optional[str] = None
+    cpu_only: bool = False
 
 
 class SchedulePreview(_Model):

@@ -473,12 +473,13 @@ impl<E: Exec> AttemptsTx for E {
     }
 
     async fn key_duration_ms(&mut self, key: &str) -> Result<Option<u64>> {
-        // The latest ones, from the key's peaks index, as its estimate is learned.
+        // The latest successful runs, from the partial index `attempts_key_runs`; those
+        // without a GPU peak count too (a CPU-only job's runs have none).
         let window = i64::from(crate::rules::LEARNED_WINDOW);
         let sql = "SELECT CAST(AVG(d) AS BIGINT) FROM (SELECT ended_at - started_at AS d \
-                   FROM attempts WHERE memory_key = $1 AND peak_mem_mib IS NOT NULL \
-                   AND failure_class IS NULL AND started_at IS NOT NULL \
-                   AND ended_at IS NOT NULL ORDER BY leased_at DESC LIMIT $2) latest";
+                   FROM attempts WHERE memory_key = $1 \
+                   AND failure_class IS NULL AND ended_at IS NOT NULL \
+                   AND started_at IS NOT NULL ORDER BY leased_at DESC LIMIT $2) latest";
         Ok(first(self, sql, args![key, window], |r| r.mib_opt(0))
             .await?
             .flatten())

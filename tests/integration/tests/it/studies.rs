@@ -408,6 +408,30 @@ fn a_study_submitted_again_queues_the_variant_whose_runs_took_longest_first() {
     );
 }
 
+/// Lengths are learned from runs that left no GPU peak too: a CPU-only study's variants (and
+/// jobs whose GPU memory could not be read) are ordered by how long their runs took.
+#[test]
+fn a_study_of_cpu_jobs_learns_its_variants_lengths_from_their_earlier_runs() {
+    let h = up("1x10GiB", Some("1"));
+    let (spec, _) = one_slot_study(
+        &h,
+        "name: cpu-again\nresources: {gpus: 0}\ncommand: [sleep, '{s}']\n\
+         experiments:\n\
+         \x20 - {name: quick, grid: {s: [0.1]}}\n\
+         \x20 - {name: slow, grid: {s: [1.5]}}\n",
+    );
+    let first = h.cli_ok(&["submit", spec.to_str().expect("path"), "--wait"]);
+    assert!(!first.contains("queued longest first"), "{first}");
+    let again = h.cli_ok(&["submit", spec.to_str().expect("path"), "--dry-run"]);
+    assert!(
+        again.contains("queued longest first: slow, quick")
+            && again.contains("(learned from its earlier runs)")
+            && again.contains("0 GPUs (a CPU slot of its node)")
+            && again.contains("cpu-again.slow: 1 job, 1 at once, on CPU slots (no GPU)"),
+        "{again}"
+    );
+}
+
 #[test]
 fn each_variant_runs_in_its_own_directory() {
     let h = up("1x10GiB", None);
