@@ -4182,6 +4182,68 @@ async fn postgres_only_an_end_that_quarantines_waits_for_its_node_s_row() {
     );
 }
 
+/// A heartbeat renews each of its node's attempts in place: no index of `attempts` holds what
+/// a renewal writes, so PostgreSQL updates the rows as heap-only tuples and writes no index
+/// entry (with the lease's expiry indexed, every renewal wrote one in each of the table's
+/// indexes: the fleet's heartbeats were most of the database's writes).
+#[tokio::test]
+async fn postgres_lease_renewals_update_their_rows_in_place() {
+    use std::time::{Duration, Instant};
+    const RENEWALS: i64 = 20;
+    let db = PgDatabase::create().await;
+    let s: Backend = Arc::new(db.store().await);
+    let agent = register(&s, "n1", 1, Some("4")).await;
+    submit(&s, (0..4).map(|i| job(i, Some(100), vec![], 1)).collect()).await;
+    let leases = claim(&s, agent, 1).await;
+    assert_eq!(leases.len(), 4);
+    for l in &leases {
+        s.start_attempt(l.attempt, l.fence, 42, now_ms())
+            .await
+            .expect("start");
+    }
+    let (stats, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    // Updated in place so far (a backend reports its counts once idle, within 10 s).
+    let in_place = || async {
+        stats
+            .query_one(
+                "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'attempts'",
+                &[],
+            )
+            .await
+            .expect("stats")
+            .get::<_, i64>(0)
+    };
+    let before = in_place().await;
+    let presented: Vec<AttemptRef> = leases
+        .iter()
+        .map(|l| AttemptRef {
+            attempt: l.attempt,
+            fence: l.fence,
+            waiting: None,
+        })
+        .collect();
+    for _ in 0..RENEWALS {
+        renew(&s, agent, presented.clone(), vec![])
+            .await
+            .expect("renew");
+    }
+    let renewed = RENEWALS * leases.len() as i64;
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut after = in_place().await;
+    while after - before < renewed && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        after = in_place().await;
+    }
+    assert_eq!(
+        after - before,
+        renewed,
+        "every renewal of each attempt updated its row in place"
+    );
+}
+
 /// Two coordinator replicas on one database, each serving one node, claiming at the same
 /// time: every job is leased exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

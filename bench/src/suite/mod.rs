@@ -73,15 +73,22 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
         }),
         // Claims while the coordinators keep up: jobs of 80, 40 and 20 s on the same 8,000
         // GPUs, the fleet ending 100, 200 and 400 jobs/s; each window runs a minute past the
-        // first jobs' length (claims are counted from there).
-        ("scale_load", false) => scale::load(&[80, 40, 20].map(|job_s| scale::Size {
-            replicas: 2,
-            agents: 1000,
-            gpus_per_agent: 8,
-            queued: 1_000_000,
-            window: Duration::from_secs(job_s + 60),
-            job: Duration::from_secs(job_s),
-        })),
+        // first jobs' length (claims are counted from there). `HEADROOM_BENCH_JOB_S=80` runs
+        // the sizes listed only (a change's before and after, in a third of the time).
+        ("scale_load", false) => {
+            let sizes: Vec<scale::Size> = load_job_seconds()?
+                .into_iter()
+                .map(|job_s| scale::Size {
+                    replicas: 2,
+                    agents: 1000,
+                    gpus_per_agent: 8,
+                    queued: 1_000_000,
+                    window: Duration::from_secs(job_s + 60),
+                    job: Duration::from_secs(job_s),
+                })
+                .collect();
+            scale::load(&sizes)
+        }
         ("scale_load", true) => scale::load(&[200, 50].map(|job_ms| scale::Size {
             replicas: 2,
             agents: 2,
@@ -235,4 +242,23 @@ pub fn stamp() -> String {
     headroom_integration_tests::binary("headroom-bench-stamp")
         .display()
         .to_string()
+}
+
+/// The job lengths `scale_load` runs: `HEADROOM_BENCH_JOB_S` (seconds, comma-separated), else
+/// 80, 40 and 20.
+fn load_job_seconds() -> Result<Vec<u64>> {
+    let Ok(list) = std::env::var("HEADROOM_BENCH_JOB_S") else {
+        return Ok(vec![80, 40, 20]);
+    };
+    list.split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .with_context(|| {
+                    format!("HEADROOM_BENCH_JOB_S: `{s}` is not a whole number of seconds")
+                })
+        })
+        .collect()
 }

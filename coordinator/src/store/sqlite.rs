@@ -496,10 +496,7 @@ mod tests {
             "{active:?}"
         );
         let expired = plan_of(&conn, sql::EXPIRED, params![0]);
-        assert!(
-            uses(&expired, "USING INDEX attempts_live_expiry"),
-            "{expired:?}"
-        );
+        assert!(uses(&expired, "USING INDEX attempts_live"), "{expired:?}");
         let counts = plan_of(&conn, sql::EXPERIMENT_STATE_COUNTS, params!["experiment"]);
         assert!(
             uses(&counts, "USING COVERING INDEX jobs_experiment_state"),

@@ -73,17 +73,19 @@ impl Postgres {
     }
 
     /// The statements that took most of the database's time since the last
-    /// [`Postgres::reset_statements`], `n` of them: calls, total and mean ms, and the statement
-    /// (a durable cluster's; `pg_stat_statements`), and a last line of every statement's
-    /// together.
+    /// [`Postgres::reset_statements`], `n` of them: calls, total and mean ms, the WAL each
+    /// call wrote (bytes) and the statement (a durable cluster's; `pg_stat_statements`), and a
+    /// last line of every statement's together.
     pub fn top_statements(&self, n: usize) -> Result<String> {
         self.psql(&format!(
             "(SELECT calls, round(total_exec_time) AS total_ms, \
              round(mean_exec_time::numeric, 3) AS mean_ms, \
+             round(wal_bytes / greatest(calls, 1)) AS wal_bytes_each, \
              left(regexp_replace(query, '\\s+', ' ', 'g'), 200) AS statement \
              FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT {n}) \
              UNION ALL SELECT sum(calls), round(sum(total_exec_time)), \
              round((sum(total_exec_time) / greatest(sum(calls), 1))::numeric, 3), \
+             round(sum(wal_bytes) / greatest(sum(calls), 1)), \
              '(all statements)' FROM pg_stat_statements"
         ))
     }

@@ -131,8 +131,9 @@ pub(super) static ACTIVE_ON: std::sync::LazyLock<String> = std::sync::LazyLock::
     )
 });
 
-/// Live attempts whose lease ran out before `$1`, from the partial index
-/// `attempts_live_expiry`.
+/// Live attempts whose lease ran out before `$1`, read through the partial index of the live
+/// attempts (`attempts_live`): no index holds a lease's expiry, so that a renewal writes no
+/// index entry.
 pub(super) const EXPIRED: &str = "SELECT a.id FROM attempts a JOIN jobs j ON j.id = a.job_id \
      WHERE a.phase != 'ended' AND a.lease_expires_at < $1 ORDER BY j.seq";
 
