@@ -335,6 +335,18 @@ async fn renew(
     .await
 }
 
+/// The attempts of `leases` as a heartbeat presents them.
+fn presented(leases: &[Lease]) -> Vec<AttemptRef> {
+    leases
+        .iter()
+        .map(|l| AttemptRef {
+            attempt: l.attempt,
+            fence: l.fence,
+            waiting: None,
+        })
+        .collect()
+}
+
 async fn state(s: &Backend, job: JobId) -> JobState {
     s.job(job).await.expect("job").summary.state
 }
@@ -1648,14 +1660,7 @@ async fn heartbeats_racing_a_normal_end_renew_the_rest(s: Backend) {
         .expect("finish");
     // The freed slot goes to the third job at once.
     assert_eq!(claim(&s, agent, 1).await.len(), 1);
-    let refs: Vec<AttemptRef> = leases
-        .iter()
-        .map(|l| AttemptRef {
-            attempt: l.attempt,
-            fence: l.fence,
-            waiting: None,
-        })
-        .collect();
+    let refs = presented(&leases);
     let renewed = renew(&s, agent, refs, free(1, 10_000))
         .await
         .expect("a heartbeat racing a finish is accepted");
@@ -3391,14 +3396,7 @@ async fn a_preemptible_job_makes_room_for_a_user_under_their_share(s: Backend) {
         .iter()
         .find(|l| l.attempt.to_string() == preempted[0].attempt)
         .expect("one of Alice's");
-    let refs = held
-        .iter()
-        .map(|l| AttemptRef {
-            attempt: l.attempt,
-            fence: l.fence,
-            waiting: None,
-        })
-        .collect();
+    let refs = presented(&held);
     let heard = renew(&s, n1, refs, free(1, 10_000)).await.expect("renew");
     assert!(heard.cancel.is_empty());
     assert_eq!(heard.requeue.len(), 1);
@@ -4182,10 +4180,12 @@ async fn postgres_only_an_end_that_quarantines_waits_for_its_node_s_row() {
     );
 }
 
-/// A heartbeat renews each of its node's attempts in place: no index of `attempts` holds what
-/// a renewal writes, so PostgreSQL updates the rows as heap-only tuples and writes no index
-/// entry (with the lease's expiry indexed, every renewal wrote one in each of the table's
-/// indexes: the fleet's heartbeats were most of the database's writes).
+/// A heartbeat renews its node's attempts in place: no index of `attempts` holds what a
+/// renewal writes, so PostgreSQL updates the rows as heap-only tuples, writing no index entry,
+/// wherever their page has room (with the lease's expiry indexed, none was: every renewal
+/// wrote an entry in each index holding the row). Most, not all: a page that a concurrent
+/// snapshot keeps from being pruned sends an update elsewhere (64 of 80 were in place under
+/// the suite's parallel load, 80 alone).
 #[tokio::test]
 async fn postgres_lease_renewals_update_their_rows_in_place() {
     use std::time::{Duration, Instant};
@@ -4205,42 +4205,41 @@ async fn postgres_lease_renewals_update_their_rows_in_place() {
         .await
         .expect("connect");
     tokio::spawn(connection);
-    // Updated in place so far (a backend reports its counts once idle, within 10 s).
-    let in_place = || async {
-        stats
+    // Updates of `attempts` so far, and those in place (a backend reports its counts once
+    // idle, within 10 s).
+    let updates = || async {
+        let row = stats
             .query_one(
-                "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'attempts'",
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables \
+                 WHERE relname = 'attempts'",
                 &[],
             )
             .await
-            .expect("stats")
-            .get::<_, i64>(0)
+            .expect("stats");
+        (row.get::<_, i64>(0), row.get::<_, i64>(1))
     };
-    let before = in_place().await;
-    let presented: Vec<AttemptRef> = leases
-        .iter()
-        .map(|l| AttemptRef {
-            attempt: l.attempt,
-            fence: l.fence,
-            waiting: None,
-        })
-        .collect();
+    let (all0, hot0) = updates().await;
     for _ in 0..RENEWALS {
-        renew(&s, agent, presented.clone(), vec![])
+        renew(&s, agent, presented(&leases), vec![])
             .await
             .expect("renew");
     }
     let renewed = RENEWALS * leases.len() as i64;
+    // Every renewal counted (the starts' updates may be counted late too: a few more).
     let until = Instant::now() + Duration::from_secs(30);
-    let mut after = in_place().await;
-    while after - before < renewed && Instant::now() < until {
+    let (mut all, mut hot) = updates().await;
+    while all - all0 < renewed && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        after = in_place().await;
+        (all, hot) = updates().await;
     }
-    assert_eq!(
-        after - before,
-        renewed,
-        "every renewal of each attempt updated its row in place"
+    assert!(
+        all - all0 >= renewed,
+        "the renewals were not counted: {all}"
+    );
+    assert!(
+        2 * (hot - hot0) >= renewed,
+        "{} of {renewed} renewals updated their rows in place ({all0}/{hot0} -> {all}/{hot})",
+        hot - hot0
     );
 }
 
