@@ -7,8 +7,8 @@
 //! The agent sets up `headroom-<scope hash>` under its own cgroup at start (root, or a
 //! delegated subtree under systemd or in a container) and says so; where it cannot, it says
 //! why and attempts are tracked by marker and process tree instead ([`Cgroups::setup`]).
-//! Each supervisor creates its attempt's cgroup, and the job joins it between fork and
-//! exec, before it can start anything. Blocking (file I/O): async callers use
+//! Each supervisor creates its attempt's cgroup, and the job is born in it ([`Join`]), or
+//! joins it between fork and exec, before it can start anything. Blocking (file I/O): async callers use
 //! `spawn_blocking`.
 
 use std::fs;
@@ -53,8 +53,9 @@ fn mount_of(mountinfo: &str, fstype: &str, option: Option<&str>) -> Option<PathB
 
 /// Whether the v2 hierarchy is mounted with `favordynmods` (`None`: no v2 hierarchy). Without
 /// it, moving a process into a cgroup waits for an RCU grace period once the host has been
-/// quiet for a moment: 5-15 ms at each job start on an idle node, where a job joins its
-/// attempt's cgroup. Set at boot (`cgroup_favordynmods=true`) or by remounting.
+/// quiet for a moment: 5-15 ms at each job start on an idle node, where a job that cannot be
+/// born in its attempt's cgroup ([`Join`]) is moved into it. Set at boot
+/// (`cgroup_favordynmods=true`) or by remounting.
 pub fn favors_dynmods(mountinfo: &str) -> Option<bool> {
     mountinfo.lines().find_map(|line| {
         let (_, right) = line.split_once(" - ")?;
@@ -76,12 +77,17 @@ pub fn dynmods_advice(mount: &Path) -> String {
     )
 }
 
-/// Whether a kernel release (`6.1.0-13-amd64`) has `favordynmods` (Linux 6.0 and later).
-fn has_favordynmods(release: &str) -> bool {
+/// Whether a kernel release (`6.1.0-13-amd64`) is at least `(major, minor)`.
+pub fn kernel_at_least(release: &str, want: (u32, u32)) -> bool {
     let mut v = release
         .split(['.', '-'])
         .map(|p| p.parse::<u32>().unwrap_or(0));
-    v.next().unwrap_or(0) >= 6
+    (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= want
+}
+
+/// Whether a kernel release has `favordynmods` (Linux 6.0 and later).
+fn has_favordynmods(release: &str) -> bool {
+    kernel_at_least(release, (6, 0))
 }
 
 /// The v2 mount and whether it favors dynamic modifications, from this process's mountinfo;
@@ -268,6 +274,23 @@ pub struct AttemptCgroup {
     memory_v1: Option<PathBuf>,
 }
 
+/// How a child joins its attempt's cgroups, with no move that waits on the kernel. A
+/// process moved into a cgroup (written to `cgroup.procs`) waits for an RCU grace period once
+/// the host has been quiet for a moment unless the mount has `favordynmods`: 5-15 ms of every
+/// job's start on an idle node. A child cloned into its cgroup (`CLONE_INTO_CGROUP`, Linux
+/// 5.7) is never moved; one thread moving itself (v1 `tasks`) takes no global lock (Linux
+/// 6.0 and later).
+pub struct Join {
+    /// The v2 directory the child is cloned into.
+    pub dir: std::os::fd::OwnedFd,
+    /// Its `cgroup.procs`, which the child writes `0` to where the kernel cannot clone into a
+    /// cgroup (before 5.7, or a seccomp profile that refuses `clone3`).
+    pub procs: fs::File,
+    /// The v1 memory cgroup's `tasks`, where memory is still a v1 controller: the child,
+    /// one thread until its exec, writes `0` to it.
+    pub tasks_v1: Option<fs::File>,
+}
+
 impl AttemptCgroup {
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -282,17 +305,19 @@ impl AttemptCgroup {
         Ok(())
     }
 
-    /// Files a forked child writes `0` to, before exec, to join: opened here, before the
-    /// fork, so the child only writes.
-    pub fn join_files(&self) -> io::Result<Vec<fs::File>> {
-        std::iter::once(&self.dir)
-            .chain(self.memory_v1.as_ref())
-            .map(|d| {
-                fs::OpenOptions::new()
-                    .write(true)
-                    .open(d.join("cgroup.procs"))
-            })
-            .collect()
+    /// What a child needs to join it, opened here, before the fork, so that the child only
+    /// writes (or is cloned into it and writes nothing).
+    pub fn join(&self) -> io::Result<Join> {
+        let write = |path: PathBuf| fs::OpenOptions::new().write(true).open(path);
+        Ok(Join {
+            dir: fs::File::open(&self.dir)?.into(),
+            procs: write(self.dir.join("cgroup.procs"))?,
+            tasks_v1: self
+                .memory_v1
+                .as_ref()
+                .map(|d| write(d.join("tasks")))
+                .transpose()?,
+        })
     }
 
     /// Its live processes (a zombie has left it), those of cgroups a job made below it
@@ -456,9 +481,6 @@ pub fn for_agent(wanted: bool, scope: &str) -> Option<Cgroups> {
     match setup {
         Ok(c) => {
             tracing::info!("{}", c.describe());
-            if let Some((mount, false)) = dynmods() {
-                tracing::info!("{} (`headroom doctor` measures it)", dynmods_advice(&mount));
-            }
             attribute_by(&c);
             Some(c)
         }
@@ -592,6 +614,9 @@ mod tests {
         assert!(has_favordynmods("6.18.44-fc-v595"));
         assert!(!has_favordynmods("5.15.0-91-generic"));
         assert!(!has_favordynmods("4.18.0-513.el8.x86_64"));
+        assert!(kernel_at_least("5.7.0", (5, 7)));
+        assert!(kernel_at_least("6.1.0-13-amd64", (5, 7)));
+        assert!(!kernel_at_least("5.4.0-150-generic", (5, 7)));
     }
 
     #[test]

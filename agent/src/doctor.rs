@@ -500,7 +500,7 @@ fn cgroups() -> Check {
             match made {
                 Ok(()) => {
                     let detail = match joins {
-                        Some(Ok(ms)) => format!("{detail}; {}", join_words(ms)),
+                        Some(Ok((born, ms))) => format!("{detail}; {}", join_words(born, ms)),
                         Some(Err(e)) => format!("{detail}; joining one not measured: {e}"),
                         None => detail,
                     };
@@ -529,57 +529,79 @@ fn cgroups() -> Check {
     }
 }
 
-/// Median ms a process takes to join an attempt's cgroups (all of them, as a job does between
-/// fork and exec), each join after a quiet moment, as at a job's start on an idle node.
-fn join_cost(c: &crate::cgroup::Cgroups) -> Result<f64, String> {
-    let mut child = std::process::Command::new("sleep")
-        .arg("10")
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start `sleep`: {e}"))?;
-    let pid = child.id().to_string();
+/// How a job's process gets into its attempt's cgroups here: whether it is born in them
+/// (else moved), and the median ms of its start (fork to exec, as a job's), each after a
+/// quiet moment, as at a job's start on an idle node.
+fn join_cost(c: &crate::cgroup::Cgroups) -> Result<(bool, f64), String> {
     let probes: Vec<_> = (0..3)
         .map(|_| c.attempt(headroom_shared::AttemptId::new()))
         .collect();
     let mut ms = Vec::new();
+    let mut born = true;
     let mut result = Ok(());
     for p in &probes {
         std::thread::sleep(std::time::Duration::from_millis(100));
-        let joined = p.create().and_then(|()| p.join_files()).and_then(|files| {
-            let t = std::time::Instant::now();
-            for mut f in files {
-                std::io::Write::write_all(&mut f, pid.as_bytes())?;
+        match start_in(p) {
+            Ok((in_cgroup, t)) => {
+                born &= in_cgroup;
+                ms.push(t);
             }
-            Ok(t.elapsed().as_secs_f64() * 1e3)
-        });
-        match joined {
-            Ok(t) => ms.push(t),
             Err(e) => {
                 result = Err(format!(
-                    "cannot move a process into {}: {e}",
+                    "cannot start a process in {}: {e}",
                     p.dir().display()
                 ));
                 break;
             }
         }
     }
-    let _ = child.kill();
-    let _ = child.wait();
     for p in &probes {
         let _ = p.remove();
     }
     result?;
     ms.sort_by(f64::total_cmp);
-    Ok(ms[ms.len() / 2])
+    Ok((born, ms[ms.len() / 2]))
 }
 
-/// What a join's cost means for job starts, with the host's `favordynmods` advice if it has
-/// none.
-fn join_words(ms: f64) -> String {
-    let mut words = format!("a job joins its attempt's cgroups in {ms:.2} ms");
-    // The mount option is the usual cause; the figure says whether this host pays it.
-    if let (true, Some((mount, false))) = (ms > 1.0, crate::cgroup::dynmods()) {
-        words.push_str(&format!(" ({})", crate::cgroup::dynmods_advice(&mount)));
+/// Starts `true` in `cgroup` as a job is started; whether it was born there, and the ms its
+/// start took. Waits for it to end.
+fn start_in(cgroup: &crate::cgroup::AttemptCgroup) -> std::io::Result<(bool, f64)> {
+    cgroup.create()?;
+    let null = || std::fs::OpenOptions::new().write(true).open("/dev/null");
+    let spec = crate::supervisor::process::Spec {
+        program: "true".into(),
+        args: Vec::new(),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        cwd: None,
+        stdout: null()?.into(),
+        stderr: null()?.into(),
+        join: Some(cgroup.join()?),
+        identity: None,
+    };
+    let t = std::time::Instant::now();
+    let mut child = spec.spawn()?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let born = child.born_in_cgroup();
+    while child.try_wait()?.is_none() {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Ok((born, ms))
+}
+
+/// How a job gets into its attempt's cgroups here and what its start takes, with the host's
+/// `favordynmods` advice where a move waits for the kernel.
+fn join_words(born: bool, ms: f64) -> String {
+    if born {
+        return format!(
+            "a job starts in its attempt's cgroups in {ms:.2} ms (born in them: no move)"
+        );
+    }
+    let mut words = format!(
+        "a job starts in its attempt's cgroups in {ms:.2} ms (moved into them: \
+         `clone3` into a cgroup was refused, by a kernel before 5.7 or a seccomp profile)"
+    );
+    if let Some((mount, false)) = crate::cgroup::dynmods() {
+        words.push_str(&format!("; {}", crate::cgroup::dynmods_advice(&mount)));
     }
     words
 }

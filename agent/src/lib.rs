@@ -23,8 +23,8 @@
 //!   attempt, by its user), `procscan` (processes by their markers), `outcomes` (the journal of end reports):
 //!   used by both.
 // `unsafe` is denied except where an attempt's process is started (`supervisor::process`:
-// `Command::pre_exec` and the `close_range` it makes) and its exit is awaited (a pid file
-// descriptor registered with the runtime).
+// the `clone3` into its cgroup or the fork, the child's signals, `close_range` and exec) and
+// its exit is awaited (a pid file descriptor registered with the runtime).
 #![deny(unsafe_code)]
 
 /// A fixed-length name for an agent's scope (its data directory, a path of any length): what

@@ -1,28 +1,34 @@
-//! An attempt's processes (its job, its background): started by `std::process::Command`
-//! with one `pre_exec` for what the standard library cannot do in the child (join the
-//! attempt's cgroups, a session of its own, the job's user *with its supplementary groups*,
-//! no new privileges, death with the supervisor, its working directory entered as that
-//! user, no inherited descriptor); and the handle that waits for it, reaps it and kills it.
+//! An attempt's processes (its job, its background): made by a fork of the supervisor's own
+//! (`fork`: cloned straight into the attempt's cgroup where the kernel can, no move that
+//! waits on it), set up in the child by raw system calls over what [`Spec::spawn`] prepared
+//! (the attempt's v1 cgroup, standard streams, signals as a program expects them, a session
+//! of its own, the job's user *with its supplementary groups*, no new privileges, death with
+//! the supervisor, its working directory entered as that user, no inherited descriptor) and
+//! exec'd as the standard library would; and the handle that waits for it, reaps it and
+//! kills it.
 //!
-//! The identity is set in the `pre_exec`, not by `CommandExt::uid`/`gid`: those drop the
-//! user's supplementary groups (setting them is unstable in std), and the standard library
-//! enters `current_dir` before a `pre_exec` runs, as root, which a root-squashed NFS home
-//! refuses. What the child does between the fork and the exec is raw system calls over what
-//! [`Spec::spawn`] prepared: no allocation, no lock.
+//! Not `std::process::Command`: it cannot clone into a cgroup, its `uid`/`gid` drop the
+//! user's supplementary groups (setting them is unstable in std), and it enters
+//! `current_dir` as root before a `pre_exec` runs, which a root-squashed NFS home refuses.
+//! What the child does between the fork and the exec allocates nothing and takes no lock.
 
 use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 
 use nix::libc;
 use rustix::pipe::PipeFlags;
 use rustix::process::{Gid, Pid, Uid, WaitOptions};
 use tokio::io::unix::AsyncFd;
+
+use crate::cgroup::Join;
+
+mod fork;
 
 /// How often a child whose pid file descriptor said "exited" too soon is looked at again.
 const RELOOK: std::time::Duration = std::time::Duration::from_millis(20);
@@ -40,8 +46,8 @@ pub struct Spec {
     /// Its standard output and error (its standard input is `/dev/null`).
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
-    /// `cgroup.procs` files it joins first, as the supervisor's user, who may move it.
-    pub join: Vec<File>,
+    /// The attempt's cgroups, which it is born in or joins first (as the supervisor's user).
+    pub join: Option<Join>,
     /// Supplementary groups, group and user it becomes (after joining): none keeps the
     /// supervisor's.
     pub identity: Option<(Vec<u32>, u32, u32)>,
@@ -52,6 +58,8 @@ pub struct Spec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     Cgroup = 1,
+    Streams,
+    Signals,
     Session,
     Groups,
     Group,
@@ -63,8 +71,10 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 9] = [
+    const ALL: [Step; 11] = [
         Step::Cgroup,
+        Step::Streams,
+        Step::Signals,
         Step::Session,
         Step::Groups,
         Step::Group,
@@ -82,6 +92,8 @@ impl Step {
     fn describe(self) -> &'static str {
         match self {
             Step::Cgroup => "cannot join the attempt's cgroup",
+            Step::Streams => "cannot set up its standard streams",
+            Step::Signals => "cannot reset its signals",
             Step::Session => "cannot start a session of its own",
             Step::Groups => "cannot take the user's groups",
             Step::Group => "cannot take the user's group",
@@ -115,7 +127,11 @@ impl From<SpawnError> for io::Error {
 
 /// What the child does between the fork and the exec, all prepared in the supervisor.
 struct ChildSetup {
-    join: Vec<File>,
+    program: fork::Program,
+    /// Its standard input, output and error, each above 2 (so that none is overwritten
+    /// before it is put in place).
+    streams: [OwnedFd; 3],
+    join: Option<Join>,
     groups: Vec<Gid>,
     ids: Option<(Gid, Uid)>,
     cwd: Option<CString>,
@@ -126,24 +142,43 @@ struct ChildSetup {
     /// by one up to here (the inherited ones, which may sit higher, were marked at its start:
     /// [`mark_inherited_close_on_exec`]).
     fd_limit: u32,
-    /// Where a failed step is written (close-on-exec; non-blocking).
+    /// Where a failure is written (close-on-exec, so the parent reads nothing once the
+    /// exec is done): the step's code (0: the exec), then the error number.
     report: OwnedFd,
 }
 
 impl ChildSetup {
-    /// Runs in the child; an error ends it before the exec, its step written to `report`.
-    fn run(&self) -> io::Result<()> {
-        self.steps().map_err(|(step, errno)| {
-            let _ = rustix::io::write(&self.report, &[step as u8]);
-            io::Error::from_raw_os_error(errno)
-        })
+    /// Runs in the child, after the fork: its setup, then the exec; a failure is reported
+    /// and ends it.
+    #[allow(unsafe_code)]
+    fn exec(&self, in_cgroup: bool) -> ! {
+        let (code, errno) = match self.steps(in_cgroup) {
+            Ok(()) => (0, self.program.exec()),
+            Err((step, errno)) => (step as u8, errno),
+        };
+        let mut report = [0u8; 5];
+        report[0] = code;
+        report[1..].copy_from_slice(&errno.to_le_bytes());
+        let _ = rustix::io::write(&self.report, &report);
+        // SAFETY: ends this process at once, running none of the supervisor's exit handlers.
+        unsafe { libc::_exit(127) }
     }
 
-    fn steps(&self) -> Result<(), (Step, i32)> {
+    fn steps(&self, in_cgroup: bool) -> Result<(), (Step, i32)> {
         let fail = |step: Step| move |e: rustix::io::Errno| (step, e.raw_os_error());
-        for f in &self.join {
-            rustix::io::write(f, b"0").map_err(fail(Step::Cgroup))?;
+        if let Some(join) = &self.join {
+            if !in_cgroup {
+                rustix::io::write(&join.procs, b"0").map_err(fail(Step::Cgroup))?;
+            }
+            if let Some(tasks) = &join.tasks_v1 {
+                rustix::io::write(tasks, b"0").map_err(fail(Step::Cgroup))?;
+            }
         }
+        let [stdin, stdout, stderr] = &self.streams;
+        rustix::stdio::dup2_stdin(stdin).map_err(fail(Step::Streams))?;
+        rustix::stdio::dup2_stdout(stdout).map_err(fail(Step::Streams))?;
+        rustix::stdio::dup2_stderr(stderr).map_err(fail(Step::Streams))?;
+        reset_signals().map_err(|errno| (Step::Signals, errno))?;
         rustix::process::setsid().map_err(fail(Step::Session))?;
         // Not the agent's private umask: the job's files are made as users expect.
         rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
@@ -172,10 +207,22 @@ impl ChildSetup {
         }
         // Its standard streams only: whatever the supervisor holds or inherited (a
         // descriptor left open by whoever started the agent, to a file the job's user may
-        // not read) is closed at the exec. Marked, not closed: the standard library's own
-        // report of a failed exec travels on one of them.
+        // not read) is closed at the exec. Marked, not closed: the report of a failed exec
+        // travels on one of them.
         mark_close_on_exec(self.fd_limit).map_err(|errno| (Step::CloseFds, errno))
     }
+}
+
+/// In the child: no signal blocked and `SIGPIPE` at its default, as programs expect and the
+/// standard library's spawn leaves them (the Rust runtime ignores `SIGPIPE`, and an ignored
+/// signal stays ignored across an exec).
+#[allow(unsafe_code)]
+fn reset_signals() -> Result<(), i32> {
+    use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, pthread_sigmask, signal};
+    pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None).map_err(|e| e as i32)?;
+    // SAFETY: the default disposition installs no handler of ours.
+    unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) }.map_err(|e| e as i32)?;
+    Ok(())
 }
 
 /// Marks every descriptor above 2 close-on-exec: `close_range` at once (Linux 5.11), or one
@@ -239,24 +286,45 @@ fn invalid(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, what)
 }
 
+/// A descriptor moved above the standard streams (close-on-exec), so that putting one
+/// stream in place cannot overwrite another's source.
+fn above_streams(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if rustix::fd::AsRawFd::as_raw_fd(&fd) > 2 {
+        return Ok(fd);
+    }
+    Ok(rustix::io::fcntl_dupfd_cloexec(&fd, 3)?)
+}
+
+/// The parent's read of the child's report: `None` once the exec closed it unwritten, else
+/// the failed step's code and the error number.
+fn read_report(fd: &OwnedFd) -> io::Result<Option<(u8, i32)>> {
+    let mut report = [0u8; 5];
+    let mut got = 0;
+    while got < report.len() {
+        match rustix::io::read(fd, &mut report[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match got {
+        0 => Ok(None),
+        5 => Ok(Some((
+            report[0],
+            i32::from_le_bytes([report[1], report[2], report[3], report[4]]),
+        ))),
+        _ => Err(io::Error::other(
+            "the child's report of its start was cut short",
+        )),
+    }
+}
+
 impl Spec {
     /// Starts the process; returns once it has exec'd, or with why it could not.
     pub fn spawn(self) -> Result<Child, SpawnError> {
         let plain = |source: io::Error| SpawnError { step: None, source };
-        let mut cmd = Command::new(&self.program);
-        cmd.args(&self.args).env_clear();
-        for (k, v) in &self.env {
-            if k.is_empty() || k.as_bytes().contains(&b'=') {
-                return Err(plain(invalid(format!(
-                    "an environment variable's name is not valid: {k:?}"
-                ))));
-            }
-            // Later entries of one name win.
-            cmd.env(k, v);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::from(self.stdout))
-            .stderr(Stdio::from(self.stderr));
+        let program = fork::Program::new(&self.program, &self.args, &self.env).map_err(plain)?;
         let cwd = self
             .cwd
             .as_ref()
@@ -273,9 +341,17 @@ impl Spec {
             ),
             None => (Vec::new(), None),
         };
-        let (steps, report) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)
-            .map_err(|e| plain(e.into()))?;
+        let stdin = OwnedFd::from(File::open("/dev/null").map_err(plain)?);
+        let streams = [
+            above_streams(stdin).map_err(plain)?,
+            above_streams(self.stdout).map_err(plain)?,
+            above_streams(self.stderr).map_err(plain)?,
+        ];
+        let (reports, report) =
+            rustix::pipe::pipe_with(PipeFlags::CLOEXEC).map_err(|e| plain(e.into()))?;
         let setup = ChildSetup {
+            program,
+            streams,
             join: self.join,
             groups,
             ids,
@@ -286,35 +362,49 @@ impl Spec {
                 .map_or(u32::MAX, |n| u32::try_from(n).unwrap_or(u32::MAX)),
             report,
         };
-        // SAFETY: the closure runs in the forked child before the exec and makes system
-        // calls only, over data prepared above; it allocates nothing and takes no lock.
-        #[allow(unsafe_code)]
-        unsafe {
-            cmd.pre_exec(move || setup.run());
+        let cgroup = setup.join.as_ref().map(|j| j.dir.as_fd());
+        let (pid, in_cgroup) = match fork::fork(cgroup) {
+            Ok(fork::Forked::Child { in_cgroup }) => setup.exec(in_cgroup),
+            Ok(fork::Forked::Parent { pid, in_cgroup }) => (pid, in_cgroup),
+            Err(fork::ForkError::IntoCgroup(source)) => {
+                return Err(SpawnError {
+                    step: Some(Step::Cgroup),
+                    source,
+                });
+            }
+            Err(fork::ForkError::Fork(source)) => return Err(plain(source)),
+        };
+        // The report's writing end closes here: the read below ends at the exec.
+        drop(setup);
+        let failed = read_report(&reports);
+        if !matches!(failed, Ok(None)) {
+            // It exits after its report (else it is killed): reaped here, as no one else
+            // will.
+            if failed.is_err() {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+            let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
         }
-        let child = cmd.spawn().map_err(|source| {
-            // The child has exited (the standard library reaped it): its step, if it said.
-            let mut code = [0u8; 1];
-            let step = match rustix::io::read(steps.as_fd(), &mut code) {
-                Ok(1) => Step::from_code(code[0]),
-                _ => None,
-            };
-            SpawnError { step, source }
-        })?;
-        let pid = child.id();
-        // The standard library's handle is let go (dropping it neither waits nor kills):
-        // this one waits through a pid file descriptor, opened while the process cannot
-        // have been reaped by anyone else (it is ours and unreaped), so it names this
-        // process and no later one with its pid.
-        drop(child);
-        let raw = Pid::from_raw(pid as i32).ok_or_else(|| plain(io::Error::other("pid 0")))?;
-        let exits = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty())
+        match failed {
+            Ok(None) => {}
+            Ok(Some((code, errno))) => {
+                return Err(SpawnError {
+                    step: Step::from_code(code),
+                    source: io::Error::from_raw_os_error(errno),
+                });
+            }
+            Err(source) => return Err(plain(source)),
+        }
+        // Opened while it cannot have been reaped by anyone else (it is ours and unreaped), so
+        // it names this process and no later one with its pid.
+        let exits = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
             .ok()
             .map(Exits::Fd);
         Ok(Child {
-            pid,
+            pid: pid.as_raw_nonzero().get() as u32,
             status: None,
             exits,
+            in_cgroup,
         })
     }
 }
@@ -341,11 +431,18 @@ pub struct Child {
     pid: u32,
     status: Option<ExitStatus>,
     exits: Option<Exits>,
+    in_cgroup: bool,
 }
 
 impl Child {
     pub fn id(&self) -> u32 {
         self.pid
+    }
+
+    /// Whether it was born in its attempt's cgroup (else it joined by a move, which waits
+    /// for an RCU grace period on a host without `favordynmods`).
+    pub fn born_in_cgroup(&self) -> bool {
+        self.in_cgroup
     }
 
     /// Its exit status if it has exited (reaping it), else `None`.

@@ -221,7 +221,8 @@ pub(crate) fn build_command(
                     Some(mib) => cg.limit_memory(mib),
                     None => Ok(()),
                 })
-                .and_then(|()| cg.join_files())
+                .and_then(|()| cg.join())
+                .map(Some)
                 .map_err(|e| {
                     format!(
                         "cannot set up the attempt's cgroup {}: {e}",
@@ -229,7 +230,7 @@ pub(crate) fn build_command(
                     )
                 })?
         }
-        None => Vec::new(),
+        None => None,
     };
     let cwd = if let Some(dir) = &launch.workdir {
         workspace::check_workdir(dir)?;

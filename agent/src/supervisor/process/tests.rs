@@ -22,7 +22,7 @@ fn spec(program: &str, args: &[&str], env: &[(&str, &str)], dir: &Path) -> (Spec
         cwd: None,
         stdout: OwnedFd::from(f),
         stderr: OwnedFd::from(g),
-        join: Vec::new(),
+        join: None,
         identity: None,
     };
     (spec, path)
@@ -366,4 +366,92 @@ async fn the_working_directory_is_entered_as_the_job_s_user() {
     assert!(run(s).await.success());
     let text = std::fs::read_to_string(out).expect("read output");
     assert_eq!(text.trim(), closed.display().to_string());
+}
+
+/// An attempt's cgroups for a test (root): removed, with the agent's directory, at its end.
+fn attempt_cgroup() -> Option<(crate::cgroup::Tidy, crate::cgroup::AttemptCgroup, String)> {
+    if !root() {
+        return None;
+    }
+    let scope = format!("process-test-{}", headroom_shared::AttemptId::new());
+    let cgroups = crate::cgroup::Cgroups::setup(&scope).expect("cgroups as root");
+    let attempt = headroom_shared::AttemptId::new();
+    let cg = cgroups.attempt(attempt);
+    cg.create().expect("create the attempt's cgroup");
+    let v2 = format!("0::{}/{attempt}", cgroups.relative);
+    Some((crate::cgroup::Tidy(Some(cgroups)), cg, v2))
+}
+
+/// Whether this kernel clones into a cgroup (Linux 5.7).
+fn clones_into_cgroups() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    crate::cgroup::kernel_at_least(release.trim(), (5, 7))
+}
+
+/// The job's own first read of its cgroups, from its spawn with the attempt's join.
+async fn cgroups_seen(cg: &crate::cgroup::AttemptCgroup) -> (bool, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut s, out) = spec("cat", &["/proc/self/cgroup"], &[("PATH", PATH)], dir.path());
+    s.join = Some(cg.join().expect("open the cgroup's files"));
+    let mut child = start(s).expect("spawn");
+    let born = child.born_in_cgroup();
+    assert!(child.wait().await.expect("wait").success());
+    crate::procscan::disown(child.id());
+    (born, std::fs::read_to_string(out).expect("read output"))
+}
+
+/// A job's process is born in its attempt's cgroup (no move, which on a host without
+/// `favordynmods` waits for an RCU grace period at every start), and in its v1 memory cgroup
+/// where memory is still v1.
+#[tokio::test]
+async fn a_job_is_born_in_its_attempt_s_cgroups() {
+    let Some((_tidy, cg, v2)) = attempt_cgroup() else {
+        return;
+    };
+    let (born, text) = cgroups_seen(&cg).await;
+    assert!(text.lines().any(|l| l == v2), "{v2} not in {text}");
+    if let Some(name) = cg.dir().file_name().and_then(|n| n.to_str()) {
+        assert!(
+            text.lines()
+                .filter(|l| l.contains(":memory:"))
+                .all(|l| l.ends_with(name)),
+            "the v1 memory cgroup is not the attempt's: {text}"
+        );
+    }
+    assert_eq!(born, clones_into_cgroups(), "{text}");
+}
+
+/// Where the kernel refuses to clone into a cgroup, the child moves itself in before its
+/// exec: the job still starts nowhere else.
+#[tokio::test]
+async fn a_job_that_cannot_be_born_in_its_cgroup_is_moved_in_before_its_exec() {
+    let Some((_tidy, cg, v2)) = attempt_cgroup() else {
+        return;
+    };
+    fork::fork_only();
+    let (born, text) = cgroups_seen(&cg).await;
+    assert!(!born);
+    assert!(text.lines().any(|l| l == v2), "{v2} not in {text}");
+}
+
+/// A cgroup gone before the start (removed under the agent) fails the spawn, cloned or
+/// forked: the job never runs outside it.
+#[test]
+fn a_job_whose_cgroup_is_gone_does_not_start() {
+    let Some((_tidy, cg, _)) = attempt_cgroup() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    for fork_only in [false, true] {
+        let join = cg.join().expect("open the cgroup's files");
+        cg.remove().expect("remove the cgroup");
+        if fork_only {
+            fork::fork_only();
+        }
+        let (mut s, _) = spec("true", &[], &[("PATH", PATH)], dir.path());
+        s.join = Some(join);
+        let e = s.spawn().err().expect("no start outside the cgroup");
+        assert_eq!(e.step, Some(Step::Cgroup), "{e}");
+        cg.create().expect("create it again");
+    }
 }

@@ -596,18 +596,26 @@ fn doctor_passes_on_fake_gpus_and_names_what_fails() {
     ] {
         assert_eq!(status(&report, name).0, "pass", "{name}: {report:#}");
     }
-    // Where attempts get cgroups (root, as CI), the doctor says what joining one costs: the
-    // wait at every job start that a host without `favordynmods` adds.
+    // Where attempts get cgroups (root, as CI), the doctor says how a job gets into them and
+    // what its start takes: born in them where the kernel clones into a cgroup (5.7), with no
+    // move (which waits for an RCU grace period on a host without `favordynmods`).
     let (cg, check) = status(&report, "cgroups");
     if cg == "pass" {
         let detail = check["detail"].as_str().unwrap_or_default();
         let ms: f64 = detail
-            .split("a job joins its attempt's cgroups in ")
+            .split("a job starts in its attempt's cgroups in ")
             .nth(1)
             .and_then(|rest| rest.split(" ms").next())
             .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no join cost in {detail}"));
+            .unwrap_or_else(|| panic!("no start cost in {detail}"));
         assert!(ms.is_finite() && ms > 0.0, "{detail}");
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+        let mut v = release
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        if (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (5, 7) {
+            assert!(detail.contains("(born in them: no move)"), "{detail}");
+        }
     }
     let (_, alloc) = status(&report, "allocation");
     let detail = alloc["detail"].as_str().unwrap_or_default();
