@@ -265,9 +265,14 @@ pub struct Reported {
 /// cannot be attributed (the GPU's reading is then unknown); the processes that could be
 /// are returned either way. Blocking (reads /proc).
 pub fn attribute(view: &PidView, reported: &[Reported]) -> (Vec<GpuProcess>, Option<String>) {
-    attribute_with(view, reported, crate::cgroup::attempt_of, |pid| {
-        std::path::Path::new(&format!("/proc/{pid}")).exists()
-    })
+    // A zombie counts as gone: it released its memory (the GPU's too) when it exited, and
+    // its environment reads empty, so its attempt cannot be told.
+    attribute_with(
+        view,
+        reported,
+        crate::cgroup::attempt_of,
+        crate::procscan::is_alive,
+    )
 }
 
 /// [`attribute`] with the lookups of a local process's attempt and of whether it still
@@ -381,6 +386,33 @@ mod tests {
         assert_eq!((found[0].pid, found[0].attempt), (me, None));
         let (found, _) = attribute_with(&PidView::Host, &reported, |_| Some(ours), |_| false);
         assert_eq!(found[0].attempt, Some(ours));
+    }
+
+    /// A job that exited at a sample but is not reaped yet (a zombie: its environment, and so
+    /// its marker, reads empty) is no process of no attempt: an attempt's own job, ending,
+    /// marked its run contaminated ("a process of no attempt held 4096 MiB").
+    #[test]
+    fn a_job_exited_but_not_yet_reaped_is_no_foreign_process() {
+        let mut child = Command::new("true").spawn().expect("spawn true");
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while crate::procscan::is_alive(pid) {
+            assert!(std::time::Instant::now() < deadline, "{pid} never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "reaped too soon"
+        );
+        let reported = [Reported {
+            pid,
+            used_mib: Some(4096),
+            sm_util_pct: None,
+        }];
+        let (found, error) = attribute(&PidView::Host, &reported);
+        assert_eq!(error, None);
+        assert!(found.is_empty(), "{found:?}");
+        child.wait().expect("reap");
     }
 
     #[test]
