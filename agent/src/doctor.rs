@@ -571,7 +571,11 @@ fn start_in(cgroup: &crate::cgroup::AttemptCgroup) -> std::io::Result<(bool, f64
     let spec = crate::supervisor::process::Spec {
         program: "true".into(),
         args: Vec::new(),
-        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        // The doctor's own `PATH` (`true` is not in `/usr/bin` everywhere: NixOS).
+        env: vec![(
+            "PATH".into(),
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into()),
+        )],
         cwd: None,
         stdout: null()?.into(),
         stderr: null()?.into(),

@@ -349,6 +349,8 @@ impl Spec {
         ];
         let (reports, report) =
             rustix::pipe::pipe_with(PipeFlags::CLOEXEC).map_err(|e| plain(e.into()))?;
+        // Above the streams too, so that putting them in place cannot overwrite it.
+        let report = above_streams(report).map_err(plain)?;
         let setup = ChildSetup {
             program,
             streams,

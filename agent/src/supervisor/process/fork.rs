@@ -56,6 +56,9 @@ pub(super) enum ForkError {
 ///
 /// As with `fork(2)` in a threaded process, the child has only this thread: until it execs
 /// or exits it may make system calls over memory prepared before (no allocation, no lock).
+/// Unlike the C library's fork, `clone3` does not reset the allocator's locks in the child,
+/// so nothing there may allocate: `execvp` does not (glibc 2.24 and later; earlier ones run
+/// on kernels without `clone3` and are forked).
 #[allow(unsafe_code)]
 pub(super) fn fork(cgroup: Option<BorrowedFd<'_>>) -> Result<Forked, ForkError> {
     if !forks_only() {
@@ -90,7 +93,13 @@ pub(super) fn fork(cgroup: Option<BorrowedFd<'_>>) -> Result<Forked, ForkError> 
             // Not known here: the call (ENOSYS, or EPERM from a seccomp profile), its size or
             // its flags (E2BIG, EINVAL: before 5.7).
             Some(libc::ENOSYS | libc::EPERM | libc::E2BIG | libc::EINVAL) => {
-                FORK_ONLY.store(true, Ordering::Relaxed);
+                if !FORK_ONLY.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "clone3 into a cgroup refused ({e}): jobs are forked and moved into \
+                         their attempt's cgroup, a move that waits for an RCU grace period on \
+                         a host whose cgroup v2 mount lacks favordynmods (`headroom doctor`)"
+                    );
+                }
             }
             Some(libc::EAGAIN | libc::ENOMEM) | None => return Err(ForkError::Fork(e)),
             Some(_) if in_cgroup => return Err(ForkError::IntoCgroup(e)),

@@ -382,10 +382,16 @@ fn attempt_cgroup() -> Option<(crate::cgroup::Tidy, crate::cgroup::AttemptCgroup
     Some((crate::cgroup::Tidy(Some(cgroups)), cg, v2))
 }
 
-/// Whether this kernel clones into a cgroup (Linux 5.7).
+/// Whether this process may clone into a cgroup: Linux 5.7, and no seccomp filter (a
+/// container's profile may refuse `clone3`).
 fn clones_into_cgroups() -> bool {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
     crate::cgroup::kernel_at_least(release.trim(), (5, 7))
+        && status
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp:"))
+            .is_none_or(|mode| mode.trim() == "0")
 }
 
 /// The job's own first read of its cgroups, from its spawn with the attempt's join.
