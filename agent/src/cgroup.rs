@@ -278,8 +278,8 @@ pub struct AttemptCgroup {
 /// process moved into a cgroup (written to `cgroup.procs`) waits for an RCU grace period once
 /// the host has been quiet for a moment unless the mount has `favordynmods`: 5-15 ms of every
 /// job's start on an idle node. A child cloned into its cgroup (`CLONE_INTO_CGROUP`, Linux
-/// 5.7) is never moved; one thread moving itself (v1 `tasks`) takes no global lock (Linux
-/// 6.0 and later).
+/// 5.7) is never moved; one thread moving itself (v1 `tasks`) takes no global lock on recent
+/// kernels (measured on 6.18: 1.9 ms a start where a process's move took 12.8 ms).
 pub struct Join {
     /// The v2 directory the child is cloned into.
     pub dir: std::os::fd::OwnedFd,
