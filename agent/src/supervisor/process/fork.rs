@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use nix::libc;
 use rustix::process::Pid;
 
+use super::invalid;
+
 /// The kernel's `struct clone_args` (`linux/sched.h`), to `cgroup` (its second version).
 #[repr(C)]
 #[derive(Default)]
@@ -200,10 +202,6 @@ impl Program {
             .raw_os_error()
             .unwrap_or(libc::ENOEXEC)
     }
-}
-
-fn invalid(what: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, what)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use headroom_integration_tests::receivers::WebhookReceiver;
 use headroom_integration_tests::records::{DeathWatch, Timeline};
+use headroom_integration_tests::standalone::wait_registered;
 use headroom_integration_tests::{
     Link, Postgres, Proc, alive, fake_job, free_port, http_get, http_post, wait_until as wait,
 };
@@ -172,32 +173,10 @@ impl Cluster {
         .map(|s| s.to_string())
         .collect();
         let log = self.dir.path().join(format!("agent{j}.log"));
-        self.agents.push(Some(
-            Proc::start("headroom-agent", &args, log.clone()).expect("agent"),
-        ));
-        let api = self.api();
-        let node = format!("node{j}");
-        let registered = || {
-            let nodes: Vec<serde_json::Value> = http_get(&format!("{api}/v1/nodes")).ok()?;
-            nodes
-                .iter()
-                .any(|n| n["name"] == node.as_str() && n["alive"] == true)
-                .then_some(())
-        };
-        let until = std::time::Instant::now() + Duration::from_secs(30);
-        while registered().is_none() {
-            if std::time::Instant::now() > until {
-                // What the agent said is what tells why (it once timed out under load).
-                let said = std::fs::read_to_string(&log).unwrap_or_default();
-                let tail: Vec<&str> = said.lines().rev().take(40).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                panic!(
-                    "timed out waiting for {node} to register; its log ends:\n{}",
-                    tail.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let agent = Proc::start("headroom-agent", &args, log).expect("agent");
+        // Fails with the agent's output, which tells why (it once timed out under load).
+        wait_registered(&self.api(), &format!("node{j}"), &agent);
+        self.agents.push(Some(agent));
         j
     }
 
