@@ -13,7 +13,7 @@
 use std::ffi::c_int;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
 
 use rusqlite::Connection;
 use rusqlite::hooks::Wal;
@@ -28,12 +28,19 @@ const CHECKPOINT_EVERY: c_int = 500;
 /// yet), so that the WAL starts over and stays bounded.
 pub(super) const INLINE_AFTER: c_int = 4_000;
 
+/// WAL frames after which a commit waits for a running checkpointer to finish before it
+/// checkpoints itself: the WAL's bound.
+pub(super) const WAIT_AFTER: c_int = 2 * INLINE_AFTER;
+
 /// How the WAL was checkpointed: by the checkpointer, or (far behind) by a commit itself.
 #[derive(Debug, Default)]
 pub struct Checkpoints {
     background: AtomicU64,
     inline: AtomicU64,
     failed: AtomicU64,
+    waited: AtomicU64,
+    /// Held by whoever checkpoints in this process: a commit far behind waits on it.
+    busy: Mutex<()>,
 }
 
 impl Checkpoints {
@@ -50,6 +57,29 @@ impl Checkpoints {
     /// Checkpoints that failed (logged; the next commit asks again).
     pub fn failed(&self) -> u64 {
         self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Commits that found the WAL at its bound and waited for the checkpointer.
+    pub fn waited(&self) -> u64 {
+        self.waited.load(Ordering::Relaxed)
+    }
+
+    /// The right to checkpoint; `None` when someone has it and `wait` is false.
+    fn take(&self, wait: bool) -> Option<MutexGuard<'_, ()>> {
+        if wait {
+            return Some(self.busy.lock().unwrap_or_else(PoisonError::into_inner));
+        }
+        match self.busy.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// A checkpointer that takes its time: holds the right to checkpoint until dropped.
+    #[cfg(test)]
+    pub(super) fn hold(&self) -> MutexGuard<'_, ()> {
+        self.take(true).expect("a wait always takes it")
     }
 }
 
@@ -73,11 +103,20 @@ pub(super) fn start(conn: &mut Connection, path: &Path) -> Result<Arc<Checkpoint
             asked_at = 0; // started over
         }
         if frames >= INLINE_AFTER {
+            let wait = frames >= WAIT_AFTER;
+            // The checkpointer is at it: the next commit tries again, or, at the bound, this
+            // one waits for it to finish.
+            let Some(_own) = s.take(wait) else {
+                return Ok(());
+            };
+            if wait {
+                s.waited.fetch_add(1, Ordering::Relaxed);
+            }
             match wal.checkpoint() {
                 Ok(()) => {
                     s.inline.fetch_add(1, Ordering::Relaxed);
                 }
-                // The checkpointer is at it: the next commit tries again.
+                // Another process's checkpoint (the `sqlite3` shell): the next commit tries again.
                 Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {}
                 Err(e) => {
                     s.failed.fetch_add(1, Ordering::Relaxed);
@@ -99,11 +138,12 @@ pub(super) fn start(conn: &mut Connection, path: &Path) -> Result<Arc<Checkpoint
 /// (and with it the hook that asks) is dropped.
 fn run(conn: Connection, asked: mpsc::Receiver<()>, stats: &Checkpoints) {
     while asked.recv().is_ok() {
+        let _own = stats.take(true);
         match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0)) {
             Ok(0) => {
                 stats.background.fetch_add(1, Ordering::Relaxed);
             }
-            // Busy: a commit's own checkpoint ran meanwhile; the next ask retries.
+            // Busy: another process checkpoints (the `sqlite3` shell); the next ask retries.
             Ok(_) => {}
             Err(e) => {
                 stats.failed.fetch_add(1, Ordering::Relaxed);
