@@ -191,7 +191,7 @@ pub fn write_local_token_for(
     uid: u32,
     gid: u32,
 ) -> std::io::Result<Option<PathBuf>> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    use std::os::unix::fs::MetadataExt;
     let Some(name) = local_token_name(url) else {
         return Ok(None);
     };
@@ -200,22 +200,64 @@ pub fn write_local_token_for(
     }
     let dirs = [home.join(".headroom"), home.join(".headroom").join("local")];
     for dir in &dirs {
-        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-            Ok(()) => std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                // Taken only as that account's own folder, no link.
-                let m = std::fs::symlink_metadata(dir)?;
-                if !m.is_dir() || m.uid() != uid {
-                    return Ok(None);
-                }
-            }
-            Err(e) => return Err(e),
+        if !own_folder(dir, uid, gid)? {
+            return Ok(None);
         }
     }
     let path = dirs[1].join(name);
     write_private(&path, &format!("{token}\n"))?;
     std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
     Ok(Some(path))
+}
+
+/// `dir` as the account `uid`'s own folder (a directory, no link), made for it (0700) when
+/// it is not there; `false` when something else is. A folder is made aside and moved into
+/// place already the account's, so that a second writer (another `sudo headroom up` started
+/// at once) never finds it half made, still root's, and takes it for someone else's.
+fn own_folder(dir: &Path, uid: u32, gid: u32) -> std::io::Result<bool> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let theirs = |m: std::fs::Metadata| m.is_dir() && m.uid() == uid;
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) => return Ok(theirs(m)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("folder");
+    let aside = dir.with_file_name(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        MADE.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::DirBuilder::new().mode(0o700).create(&aside)?;
+    let moved = std::os::unix::fs::lchown(&aside, Some(uid), Some(gid)).and_then(|()| {
+        use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+        match renameat2(
+            AT_FDCWD,
+            &aside,
+            AT_FDCWD,
+            dir,
+            RenameFlags::RENAME_NOREPLACE,
+        ) {
+            // A file system without it (NFS): a plain rename, which fails on a folder
+            // with anything in it.
+            Err(nix::errno::Errno::EINVAL) => std::fs::rename(&aside, dir),
+            r => r.map_err(std::io::Error::from),
+        }
+    });
+    match moved {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            let _ = std::fs::remove_dir(&aside);
+            let made_meanwhile = e.kind() == std::io::ErrorKind::AlreadyExists
+                || e.raw_os_error() == Some(nix::libc::ENOTEMPTY);
+            if made_meanwhile {
+                return std::fs::symlink_metadata(dir).map(theirs);
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Writes `token` where [`local_token_path`] says, private to this user.
@@ -262,6 +304,56 @@ mod tests {
         assert_eq!(local_token_path("http://../x:1"), None);
         if home.is_some() {
             assert!(a.expect("path").ends_with(".headroom/local/127.0.0.1_7420"));
+        }
+    }
+
+    /// Two `sudo headroom up` for the same account, started at once, each leave it their
+    /// token: neither finds the other's `.headroom` half made (made by root, not yet the
+    /// account's) and takes it for a folder that is not the account's own.
+    #[test]
+    fn two_operators_tokens_written_at_once_are_both_kept() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let (uid, gid) = (65534, 65534);
+        for round in 0..200 {
+            let base = tempfile::tempdir().expect("tempdir");
+            let home = base.path().join("home");
+            std::fs::create_dir(&home).expect("home");
+            std::os::unix::fs::lchown(&home, Some(uid), Some(gid)).expect("chown");
+            let start = std::sync::Barrier::new(2);
+            let written: Vec<_> = std::thread::scope(|s| {
+                let both: Vec<_> = [7420, 7421]
+                    .map(|port| {
+                        let (home, start) = (&home, &start);
+                        s.spawn(move || {
+                            start.wait();
+                            let url = format!("http://127.0.0.1:{port}");
+                            write_local_token_for(&url, "hr_x", home, uid, gid)
+                        })
+                    })
+                    .into_iter()
+                    .collect();
+                both.into_iter()
+                    .map(|t| t.join().expect("thread"))
+                    .collect()
+            });
+            for w in written {
+                let path = w.expect("written").unwrap_or_else(|| {
+                    panic!("round {round}: a token was not left for the account")
+                });
+                assert_eq!(std::fs::metadata(&path).expect("token").uid(), uid);
+            }
+            for dir in [".headroom", ".headroom/local"] {
+                let m = std::fs::symlink_metadata(home.join(dir)).expect("folder");
+                assert_eq!((m.uid(), m.mode() & 0o777), (uid, 0o700), "{dir}");
+            }
+            let left: Vec<_> = std::fs::read_dir(&home)
+                .expect("home")
+                .map(|e| e.expect("entry").file_name())
+                .collect();
+            assert_eq!(left, [".headroom"], "round {round}: nothing else is left");
         }
     }
 
