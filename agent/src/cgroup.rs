@@ -78,7 +78,7 @@ pub fn dynmods_advice(mount: &Path) -> String {
 }
 
 /// Whether a kernel release (`6.1.0-13-amd64`) is at least `(major, minor)`.
-pub fn kernel_at_least(release: &str, want: (u32, u32)) -> bool {
+pub(crate) fn kernel_at_least(release: &str, want: (u32, u32)) -> bool {
     let mut v = release
         .split(['.', '-'])
         .map(|p| p.parse::<u32>().unwrap_or(0));

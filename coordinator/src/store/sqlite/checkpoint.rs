@@ -59,7 +59,8 @@ impl Checkpoints {
         self.failed.load(Ordering::Relaxed)
     }
 
-    /// Commits that found the WAL at its bound and waited for the checkpointer.
+    /// Commits that found the WAL at its bound (each waited for the checkpointer, if it was
+    /// at work, before checkpointing itself).
     pub fn waited(&self) -> u64 {
         self.waited.load(Ordering::Relaxed)
     }
