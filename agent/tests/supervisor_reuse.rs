@@ -59,9 +59,12 @@ async fn a_supervisor_takes_the_next_launch_after_a_clean_end() {
         );
         // The agent renewed the leases while the attempt was ending: the renewal is read
         // only now, and must not end the supervisor.
-        conn.send(&ToSupervisor::Renew { stop_in_ms: 60_000 })
-            .await
-            .expect("renew");
+        conn.send(&ToSupervisor::Renew {
+            stop_in_ms: 60_000,
+            measured_at: None,
+        })
+        .await
+        .expect("renew");
     }
     assert_eq!(
         parents,

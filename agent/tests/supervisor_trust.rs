@@ -6,17 +6,14 @@
 
 mod common;
 
-use std::os::fd::OwnedFd;
+use common::{ends, launch, started};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use headroom_agent::supervisor::SUPERVISOR_ARG;
-use headroom_agent::supervisor::proto::{
-    self, Conn, FromSupervisor, ProtoError, Spec, ToSupervisor,
-};
+use headroom_agent::supervisor::proto::{self, ProtoError, Spec};
 use headroom_shared::{AttemptId, FailureClass, JobId};
 
 const OTHER_USER: &str = "headroom-test-other";
@@ -70,57 +67,6 @@ fn spec(dir: &Path, argv: &[&str], stop_in_ms: u64, key: &str) -> Spec {
         key: key.to_string(),
         ..common::spec(dir, argv)
     }
-}
-
-/// A supervisor running `spec`, its stderr in `dir/supervisor.log`; our end of its channel.
-async fn launch(dir: &Path, spec: Spec) -> (std::process::Child, Conn) {
-    for d in ["logs", "outcomes"] {
-        std::fs::create_dir_all(dir.join(d)).expect("data dir");
-    }
-    let (ours, theirs) = UnixStream::pair().expect("socketpair");
-    let log = std::fs::File::create(dir.join("supervisor.log")).expect("log");
-    let child = Command::new(env!("CARGO_BIN_EXE_headroom-agent"))
-        .arg(SUPERVISOR_ARG)
-        .stdin(Stdio::from(OwnedFd::from(theirs)))
-        .stderr(log)
-        .spawn()
-        .expect("supervisor");
-    let mut conn = Conn::new(ours).expect("conn");
-    conn.send(&ToSupervisor::Launch {
-        spec: Box::new(spec),
-    })
-    .await
-    .expect("launch");
-    (child, conn)
-}
-
-/// Waits for the job to start (its socket is bound by then).
-async fn started(conn: &mut Conn) {
-    loop {
-        match conn.recv::<FromSupervisor>().await.expect("message") {
-            Some(FromSupervisor::Started { .. }) => return,
-            Some(_) => {}
-            None => panic!("the supervisor exited before the job started"),
-        }
-    }
-}
-
-/// The attempt's end reports until the supervisor exits or waits for another launch (let
-/// go then: it exits).
-async fn ends(mut conn: Conn) -> Vec<headroom_shared::api::FinishReport> {
-    let mut ends = vec![];
-    while let Some(msg) = conn.recv::<FromSupervisor>().await.expect("message") {
-        if let FromSupervisor::Ended {
-            report, reusable, ..
-        } = msg
-        {
-            ends.push(*report);
-            if reusable {
-                break;
-            }
-        }
-    }
-    ends
 }
 
 /// Runs [`attacker`] as `uid` (or as ourselves): it connects to the supervisor of `attempt`

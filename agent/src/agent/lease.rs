@@ -25,7 +25,7 @@ use crate::supervisor::attempt::Restart;
 use crate::supervisor::attempt::{self, Baseline, Launch};
 use crate::supervisor::classify::{self, EndFacts, Unstarted};
 use crate::supervisor::direct::Direct;
-use crate::supervisor::proto::{Conn, FromSupervisor, ProtoError, Spec, ToSupervisor};
+use crate::supervisor::proto::{Conn, FromSupervisor, Monotonic, ProtoError, Spec, ToSupervisor};
 
 /// Tries at reporting an end once the agent drains (about half a minute with the backoff).
 const DRAINING_TRIES: u32 = 10;
@@ -222,6 +222,7 @@ async fn spawn_supervisor(
         sample_every_ms: millis(cfg.sample_every),
         start_reading_wait_ms: millis(cfg.start_reading_wait),
         stop_in_ms: millis(stop_in),
+        measured_at: Some(Monotonic::now()),
         spare: shared.outcomes.take_spare(),
         key: shared.attach_key.clone(),
         direct,
@@ -328,7 +329,11 @@ pub(crate) async fn follow(
                 if let Some(d) = deadline {
                     let stop_in_ms = millis(d.saturating_duration_since(Instant::now()));
                     // A failure shows as the end of the connection.
-                    let _ = conn.send(&ToSupervisor::Renew { stop_in_ms }).await;
+                    let renew = ToSupervisor::Renew {
+                        stop_in_ms,
+                        measured_at: Some(Monotonic::now()),
+                    };
+                    let _ = conn.send(&renew).await;
                 }
             }
             _ = exit.detach.cancelled() => {

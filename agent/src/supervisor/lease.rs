@@ -54,7 +54,7 @@ impl HeldLease {
         checkpoint: CancellationToken,
     ) -> Self {
         let attempt = spec.launch.attempt;
-        let fence = SelfFence::new(Duration::from_millis(spec.stop_in_ms));
+        let fence = SelfFence::new(super::proto::left_of(spec.stop_in_ms, spec.measured_at));
         let direct = spec
             .direct
             .clone()

@@ -431,10 +431,17 @@ async fn serve_run(
     } = run;
     let mut results = results::MetricsLink::new(spec);
     let mut end = std::pin::pin!(end);
+    // The fallen fence the agent's messages were last looked for.
+    let mut looked = None;
     loop {
         // Read before the select, which holds the lease for its renewal's answer.
         let (renew_due, fence_due) = (lease.renewal_due(), lease.fence_due());
+        // In this order: a supervisor held up (its thread blocked on a busy disk as its job
+        // starts) may wake to a fallen fence and a renewal that came before it fell; the
+        // renewal is taken first. What could be ready again and again (a failing accept)
+        // comes after the fence, never before it.
         tokio::select! {
+            biased;
             end = &mut end => return end,
             Some((pid, at)) = started.recv() => {
                 link.started = Some((pid, at));
@@ -445,6 +452,17 @@ async fn serve_run(
                 link.send(&FromSupervisor::Waiting { reason }).await;
             }
             msg = link.recv() => from_agent(msg, attempt, link, lease),
+            renewal = lease.answer() => lease.answered(renewal),
+            _ = lease::at(fence_due) => {
+                if looked == fence_due {
+                    lease.fence_fell();
+                } else {
+                    // Woken late, the runtime may see its timers before its socket: one
+                    // more turn of it reads what came before the fence fell.
+                    looked = fence_due;
+                    tokio::task::yield_now().await;
+                }
+            }
             accepted = accept(listener) => match accepted.and_then(|s| s.into_std()) {
                 Ok(stream) => check_attach(stream, spec, attach_tx.clone()),
                 Err(e) => tracing::warn!(%attempt, "cannot accept a connection: {e}"),
@@ -456,8 +474,6 @@ async fn serve_run(
                 link.send(&hello(spec, link.started)).await;
             }
             _ = lease::at(renew_due) => lease.renew(),
-            renewal = lease.answer() => lease.answered(renewal),
-            _ = lease::at(fence_due) => lease.fence_fell(),
             Ok(()) = metrics.changed() => {
                 if let Some(m) = metrics.borrow_and_update().clone() {
                     results.send(m);
@@ -485,8 +501,11 @@ fn from_agent(
     lease: &mut HeldLease,
 ) {
     match msg {
-        Some(Ok(Some(ToSupervisor::Renew { stop_in_ms }))) => {
-            lease.renewed_by_agent(Duration::from_millis(stop_in_ms));
+        Some(Ok(Some(ToSupervisor::Renew {
+            stop_in_ms,
+            measured_at,
+        }))) => {
+            lease.renewed_by_agent(proto::left_of(stop_in_ms, measured_at));
         }
         Some(Ok(Some(ToSupervisor::Stop { reason }))) => lease.stop(reason),
         Some(Ok(Some(ToSupervisor::Launch { .. }))) => {

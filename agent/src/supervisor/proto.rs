@@ -54,8 +54,11 @@ pub struct Spec {
     /// Longest wait for a job's start reading before its exec.
     #[serde(default = "twenty_seconds")]
     pub start_reading_wait_ms: u64,
-    /// The job is stopped this long after the spec is read unless a `renew` comes first.
+    /// The job is stopped this long after `measured_at` (else after the spec is read) unless
+    /// a `renew` comes first.
     pub stop_in_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_at: Option<Monotonic>,
     /// A spare journal file to write the outcome through (see [`crate::outcomes`]).
     pub spare: Option<PathBuf>,
     /// The agent's attach key: a connection to the supervisor's socket must send it first
@@ -75,6 +78,35 @@ fn twenty_seconds() -> u64 {
     20_000
 }
 
+/// A moment on the machine's `CLOCK_MONOTONIC`, which an agent and its supervisors share,
+/// in nanoseconds: a deadline the agent measured counts from then, however late the
+/// supervisor reads it (its one thread may be blocked on a busy disk as its job starts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Monotonic(u64);
+
+impl Monotonic {
+    pub fn now() -> Self {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let ns = u64::try_from(t.tv_sec)
+            .unwrap_or(0)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0));
+        Self(ns)
+    }
+
+    /// Time since this moment (none for one ahead of now).
+    pub fn elapsed(self) -> Duration {
+        Duration::from_nanos(Self::now().0.saturating_sub(self.0))
+    }
+}
+
+/// What is left now of `stop_in_ms` measured at `measured_at` (all of it, unmeasured).
+pub fn left_of(stop_in_ms: u64, measured_at: Option<Monotonic>) -> Duration {
+    let waited = measured_at.map_or(Duration::ZERO, Monotonic::elapsed);
+    Duration::from_millis(stop_in_ms).saturating_sub(waited)
+}
+
 /// Agent -> supervisor.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
@@ -88,8 +120,13 @@ pub enum ToSupervisor {
     /// First message of a re-attaching agent on the supervisor's socket: the agent's attach
     /// key. The supervisor answers with its hello, or closes the connection.
     Attach { key: String },
-    /// The leases were renewed: stop the job if nothing renews them again within this.
-    Renew { stop_in_ms: u64 },
+    /// The leases were renewed: stop the job if nothing renews them again within
+    /// `stop_in_ms` of `measured_at` (else of its reading).
+    Renew {
+        stop_in_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        measured_at: Option<Monotonic>,
+    },
     /// Stop the job now (SIGTERM, grace, SIGKILL, verified cleanup) and report why.
     Stop { reason: StopReason },
 }
@@ -381,8 +418,18 @@ mod tests {
 
     #[test]
     fn messages_are_one_tagged_json_line() {
-        let m = serde_json::to_string(&ToSupervisor::Renew { stop_in_ms: 1500 }).expect("json");
+        let m = serde_json::to_string(&ToSupervisor::Renew {
+            stop_in_ms: 1500,
+            measured_at: None,
+        })
+        .expect("json");
         assert_eq!(m, r#"{"msg":"renew","stop_in_ms":1500}"#);
+        let m = serde_json::to_string(&ToSupervisor::Renew {
+            stop_in_ms: 1500,
+            measured_at: Some(Monotonic(7)),
+        })
+        .expect("json");
+        assert_eq!(m, r#"{"msg":"renew","stop_in_ms":1500,"measured_at":7}"#);
         let m = serde_json::to_string(&ToSupervisor::Stop {
             reason: StopReason::LeaseLost,
         })
@@ -443,6 +490,7 @@ mod tests {
                 sample_every_ms: 3,
                 start_reading_wait_ms: 20_000,
                 stop_in_ms: 4,
+                measured_at: None,
                 spare: None,
                 key: "k".repeat(64),
                 direct: None,
