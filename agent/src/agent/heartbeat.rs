@@ -30,7 +30,7 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
             tokio::select! {
                 _ = done.cancelled() => return,
                 _ = tokio::time::sleep_until(next) => break,
-                _ = fence_due(attempts, budget.deadline(renewed)) => fence(attempts, &session),
+                _ = fence_due(attempts, budget.deadline(renewed)) => fence(attempts, &session, None),
             }
         }
         // Orphans re-parented to this subreaper that died between attempts are reaped here.
@@ -62,7 +62,9 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
                 tokio::select! {
                     _ = done.cancelled() => return,
                     r = &mut request => break r,
-                    _ = fence_due(attempts, budget.deadline(renewed)) => fence(attempts, &session),
+                    _ = fence_due(attempts, budget.deadline(renewed)) => {
+                        fence(attempts, &session, Some(sent.elapsed()));
+                    }
                 }
             }
         };
@@ -92,7 +94,7 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
         }
         match reply {
             Ok(Ok(resp)) => {
-                shared.metrics.heartbeat_answered();
+                shared.metrics.heartbeat_answered(sent.elapsed());
                 renewed = renewed.max(sent);
                 // Every attempt's supervisor learns its new deadline.
                 attempts.renewed_until(budget.deadline(renewed));
@@ -159,17 +161,28 @@ async fn fence_due(attempts: &Attempts, deadline: Instant) {
     tokio::time::sleep_until(deadline).await;
 }
 
-fn fence(attempts: &Attempts, session: &Session) {
+/// Stops every attempt, saying why: `unanswered`, how long the heartbeat on its way has
+/// waited for its answer.
+fn fence(attempts: &Attempts, session: &Session, unanswered: Option<std::time::Duration>) {
     let n = attempts.stop_all(StopReason::LeaseLost);
-    if n > 0 {
-        tracing::error!(
-            attempts = n,
-            "leases not renewed for {:?} (lease TTL {:?}): stopping every attempt before the \
-             coordinator can give them away",
-            session.budget.fence_after,
-            session.budget.ttl
-        );
+    if n == 0 {
+        return;
     }
+    let budget = session.budget;
+    let on_its_way = match unanswered {
+        Some(waited) => format!("the heartbeat sent {waited:?} ago is still unanswered"),
+        None => "no heartbeat is on its way".to_string(),
+    };
+    tracing::error!(
+        attempts = n,
+        "leases not renewed for {:?} (lease TTL {:?}): stopping every attempt before the \
+         coordinator can give them away; {on_its_way}. At this lease TTL and kill grace the \
+         coordinator must answer a heartbeat within {:?} (the agent's \
+         headroom_heartbeat_round_trip_seconds shows how long it takes)",
+        budget.fence_after,
+        budget.ttl,
+        budget.answer_within()
+    );
 }
 
 /// Kills processes of no attempt holding GPU memory, for nodes configured to own their GPUs.
@@ -261,16 +274,38 @@ mod tests {
     /// Runs the heartbeats of a session started now against `url`; returns its attempts.
     async fn session(url: &str, budget: SelfFenceBudget) -> (Attempts, Instant, tempfile::TempDir) {
         let telemetry = crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10);
-        session_with(url, budget, telemetry).await
+        session_with(url, budget, telemetry, None).await
     }
 
-    /// [`session`] whose heartbeats ship `telemetry`'s samples.
+    /// An agent's metrics page, on a directory of its own.
+    fn metrics() -> (crate::agent::metrics::AgentMetrics, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let metrics = crate::agent::metrics::AgentMetrics::new(
+            "n",
+            vec![],
+            crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10),
+            Attempts::load(dir.path()).expect("attempts"),
+        );
+        (metrics, dir)
+    }
+
+    /// [`session`] whose heartbeats ship `telemetry`'s samples and show on `metrics` (else
+    /// on a page of its own).
     async fn session_with(
         url: &str,
         budget: SelfFenceBudget,
         telemetry: crate::agent::telemetry::Telemetry,
+        metrics: Option<crate::agent::metrics::AgentMetrics>,
     ) -> (Attempts, Instant, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
+        let metrics = metrics.unwrap_or_else(|| {
+            crate::agent::metrics::AgentMetrics::new(
+                "n",
+                vec![],
+                crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10),
+                Attempts::load(dir.path()).expect("attempts"),
+            )
+        });
         let backend = FakeBackend::open("1x24GiB".parse().expect("spec"), &dir.path().join("fake"))
             .expect("fake backend");
         let shared = Arc::new(Shared {
@@ -304,12 +339,7 @@ mod tests {
             scope: "test".into(),
             cgroups: None,
             telemetry,
-            metrics: crate::agent::metrics::AgentMetrics::new(
-                "n",
-                vec![],
-                crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10),
-                Attempts::load(dir.path()).expect("attempts"),
-            ),
+            metrics,
             standby: crate::agent::standby::Standby::new(
                 crate::supervisor::SELF_EXE.into(),
                 "test".into(),
@@ -373,6 +403,43 @@ mod tests {
         assert!(
             at >= due && at < due + Duration::from_millis(200),
             "fenced after {at:?}, due at {due:?}"
+        );
+    }
+
+    /// How long the coordinator takes to answer is what decides, at a short TTL, whether a
+    /// node fences its jobs: the agent's page shows each answered heartbeat's round trip.
+    #[tokio::test(start_paused = true)]
+    async fn each_answered_heartbeat_s_round_trip_is_on_the_metrics_page() {
+        let budget = SelfFenceBudget::new(S(30), S(10)).expect("budget");
+        // Two heartbeats answered, each 3 s after it was sent; nothing after.
+        let url = coordinator(2, S(3)).await;
+        let (metrics, _metrics_dir) = metrics();
+        let telemetry = crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10);
+        let (attempts, _start, _dir) =
+            session_with(&url, budget, telemetry, Some(metrics.clone())).await;
+        let stop = attempts.begin(AttemptId::new(), 1, &CancellationToken::new());
+        stop.cancel.cancelled().await;
+        let page = metrics.render();
+        let line = |name: &str| {
+            page.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} in\n{page}"))
+                .to_string()
+        };
+        assert_eq!(
+            line("headroom_heartbeat_round_trip_seconds_count"),
+            "headroom_heartbeat_round_trip_seconds_count 2"
+        );
+        let sum: f64 = line("headroom_heartbeat_round_trip_seconds_sum ")
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("a sum");
+        assert!((6.0..6.1).contains(&sum), "{sum}");
+        assert!(
+            page.contains(r#"headroom_heartbeat_round_trip_seconds_bucket{le="5.0"} 2"#)
+                && page.contains(r#"headroom_heartbeat_round_trip_seconds_bucket{le="2.5"} 0"#),
+            "{page}"
         );
     }
 
@@ -483,7 +550,7 @@ mod tests {
             power_w: Some(100.0),
             ..Default::default()
         }]);
-        let (_attempts, _start, _dir) = session_with(&url, budget, telemetry.clone()).await;
+        let (_attempts, _start, _dir) = session_with(&url, budget, telemetry.clone(), None).await;
         // Taken by the first heartbeat (refused) before this one is pushed.
         tokio::time::sleep(budget.every + Duration::from_millis(100)).await;
         telemetry.push(vec![headroom_shared::api::TelemetrySample {

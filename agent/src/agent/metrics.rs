@@ -267,6 +267,7 @@ pub struct AgentMetrics {
     slots: Arc<Mutex<Slots>>,
     attempts: Family<OutcomeLabels, Counter>,
     cleanup: Histogram,
+    round_trips: Histogram,
     unattributed: Arc<Mutex<HashMap<u32, u64>>>,
 }
 
@@ -288,6 +289,17 @@ impl AgentMetrics {
             Unit::Seconds,
             cleanup.clone(),
         );
+        // Up to the fence's slack at the default TTL (7 s) and beyond: at a short TTL a
+        // quarter of a second already counts.
+        let round_trips = Histogram::new([
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ]);
+        registry.register_with_unit(
+            "headroom_heartbeat_round_trip",
+            "Time from a heartbeat's sending to the coordinator's answer, for answered ones",
+            Unit::Seconds,
+            round_trips.clone(),
+        );
         let unattributed = Arc::new(Mutex::new(HashMap::new()));
         registry.register_collector(Box::new(GpuCollector {
             node: node.to_string(),
@@ -303,12 +315,14 @@ impl AgentMetrics {
             slots,
             attempts: outcomes,
             cleanup,
+            round_trips,
             unattributed,
         }
     }
 
-    /// The coordinator answered a heartbeat.
-    pub fn heartbeat_answered(&self) {
+    /// The coordinator answered a heartbeat `round_trip` after it was sent.
+    pub fn heartbeat_answered(&self, round_trip: Duration) {
+        self.round_trips.observe(round_trip.as_secs_f64());
         self.probe().answered = Some(Instant::now());
     }
 

@@ -89,6 +89,12 @@ impl SelfFenceBudget {
     pub fn deadline(&self, renewed: Instant) -> Instant {
         renewed + self.fence_after
     }
+
+    /// Longest the coordinator may take to answer a heartbeat sent on time before the
+    /// agent fences itself: the next one leaves `every` after the last answered one.
+    pub fn answer_within(&self) -> Duration {
+        self.fence_after.saturating_sub(self.every)
+    }
 }
 
 fn round_up_ms(d: Duration) -> Duration {
@@ -117,6 +123,15 @@ mod tests {
             assert!(b.fence_after >= b.every, "ttl {ttl} grace {grace}: {b:?}");
             assert!(b.request_timeout <= b.fence_after);
         }
+    }
+
+    /// The figures the README gives for how slow an answer may be.
+    #[test]
+    fn an_answer_may_take_7_s_by_default_and_a_quarter_second_at_a_1_s_ttl() {
+        let default = SelfFenceBudget::new(S(30), S(10)).expect("fits");
+        assert_eq!(default.answer_within(), S(7));
+        let short = SelfFenceBudget::new(S(1), Duration::from_millis(300)).expect("fits");
+        assert_eq!(short.answer_within().as_millis(), 266);
     }
 
     #[test]
