@@ -37,6 +37,8 @@ pub struct UpOptions {
     pub fd3: Option<PathBuf>,
     /// The account `up` runs as (uid, gid), where the test may choose (root).
     pub account: Option<(u32, u32)>,
+    /// Its data directory (the store, the agent's files) on a memory file system.
+    pub in_memory: bool,
 }
 
 impl Default for UpOptions {
@@ -51,6 +53,7 @@ impl Default for UpOptions {
             env: vec![],
             fd3: None,
             account: None,
+            in_memory: false,
         }
     }
 }
@@ -97,6 +100,13 @@ impl UpOptions {
         self
     }
 
+    /// The data directory on a memory file system (`/dev/shm`): for a test of timing that a
+    /// loaded disk beside it must not decide (a commit that waits 400 ms on `fsync`).
+    pub fn in_memory(mut self) -> Self {
+        self.in_memory = true;
+        self
+    }
+
     /// `up` runs as this account rather than the test's.
     pub fn account(mut self, user: &nix::unistd::User) -> Self {
         self.account = Some((user.uid.as_raw(), user.gid.as_raw()));
@@ -114,7 +124,15 @@ pub struct Headroom {
 
 impl Headroom {
     pub fn start(opts: UpOptions) -> Result<Self> {
-        let dir = tempfile::tempdir()?;
+        let shm = Path::new("/dev/shm");
+        let dir = if opts.in_memory && shm.is_dir() {
+            tempfile::tempdir_in(shm)?
+        } else {
+            if opts.in_memory {
+                crate::premises::premise_missing("a memory file system at /dev/shm");
+            }
+            tempfile::tempdir()?
+        };
         open_to_jobs(dir.path())?;
         let mut h = Self {
             child: None,
