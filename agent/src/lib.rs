@@ -6,7 +6,8 @@
 //! - `agent`: the agent process, a state machine run in its `mod.rs`. Re-attaches to what
 //!   an earlier run left running (`recover`), registers (`register`), claims leases and
 //!   admits each against live GPU memory (`claim`), hands it to a supervisor (`lease`),
-//!   renews leases and fences itself when cut off (`heartbeat`, `self_fence`), sweeps strays,
+//!   renews leases and fences itself when cut off (`heartbeat`, `self_fence`; `readings`, the
+//!   GPU reading a heartbeat carries, never waited for past its bound), sweeps strays,
 //!   samples telemetry, serves metrics.
 //! - `supervisor`: the per-attempt supervisor process (the same binary, started with
 //!   `supervisor::SUPERVISOR_ARG`): runs one attempt (`attempt`: spawn, run, watch and measure,

@@ -13,7 +13,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::attempts::{Attempts, StopReason};
-use crate::agent::{Session, Shared, sample};
+use crate::agent::readings::Readings;
+use crate::agent::{Session, Shared};
 
 pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: CancellationToken) {
     let budget = session.budget;
@@ -25,6 +26,7 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
     // Foreign pids seen at the last heartbeat: only a process foreign twice in a row is
     // killed, never one caught for an instant without its marker (mid-exec).
     let mut suspects = HashSet::new();
+    let mut readings = Readings::new(shared.backend.clone());
     loop {
         loop {
             tokio::select! {
@@ -35,7 +37,8 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
         }
         // Orphans re-parented to this subreaper that died between attempts are reaped here.
         let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
-        let gpus = sample(&shared.backend).await;
+        // Half the time the coordinator has to answer, at most: the other half is its own.
+        let gpus = readings.take(budget.answer_within() / 2).await;
         shared.metrics.gpu_samples(&gpus);
         let released = attempts.releasable(&gpus).await;
         if shared.cfg.kill_foreign {

@@ -15,6 +15,7 @@ mod heartbeat;
 pub mod join;
 mod lease;
 pub mod metrics;
+mod readings;
 mod recover;
 mod register;
 pub mod self_fence;
@@ -427,8 +428,14 @@ fn drained(outcome: Result<(), AgentError>) -> State {
 /// Live GPU samples, read off the runtime (NVML and /proc reads block): every GPU, each with
 /// its own error if its reading failed, never an empty list.
 pub async fn sample(backend: &Arc<dyn GpuBackend>) -> Vec<GpuSample> {
+    let read = reading(backend);
+    read_samples(read.await, backend)
+}
+
+/// A reading of every GPU, started off the runtime (see [`sample`]).
+fn reading(backend: &Arc<dyn GpuBackend>) -> tokio::task::JoinHandle<Vec<GpuSample>> {
     let b = backend.clone();
-    let read = move || {
+    tokio::task::spawn_blocking(move || {
         let mut samples = crate::gpu::read(b.as_ref());
         for p in samples.iter_mut().flat_map(|g| g.processes.iter_mut()) {
             if p.attempt.is_none() && !p.outside_pid_namespace {
@@ -436,11 +443,18 @@ pub async fn sample(backend: &Arc<dyn GpuBackend>) -> Vec<GpuSample> {
             }
         }
         samples
-    };
-    let inventory = backend.inventory();
-    tokio::task::spawn_blocking(read).await.unwrap_or_else(|e| {
+    })
+}
+
+/// A [`reading`]'s samples, or every GPU unknown when its task failed.
+fn read_samples(
+    read: Result<Vec<GpuSample>, tokio::task::JoinError>,
+    backend: &Arc<dyn GpuBackend>,
+) -> Vec<GpuSample> {
+    read.unwrap_or_else(|e| {
         tracing::warn!("GPU sample task failed: {e}");
-        inventory
+        backend
+            .inventory()
             .iter()
             .map(|g| crate::gpu::unknown(g.index, format!("GPU sample task failed: {e}")))
             .collect()

@@ -248,6 +248,11 @@ impl GpuBackend for FakeBackend {
     }
 
     fn sample(&self) -> Result<Vec<GpuSample>, GpuError> {
+        if let Some(text) = read_control(&self.dir.join(super::READ_DELAY_FILE))
+            && let Ok(delay) = humantime::parse_duration(text.trim())
+        {
+            std::thread::sleep(delay);
+        }
         let (uses, controls) =
             scan(&self.dir, self.spec.gpu_count()).map_err(|source| GpuError::FakeDir {
                 dir: self.dir.clone(),

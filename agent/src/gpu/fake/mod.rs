@@ -19,7 +19,9 @@
 //! process the driver does not list, or memory a dead one left behind, would).
 //!
 //! `open-delay` (a duration such as `3s`) makes opening the backend take that long, as
-//! NVML's initialisation does on a node without persistence mode.
+//! NVML's initialisation does on a node without persistence mode; `read-delay` makes each
+//! reading of the GPUs take that long, as NVML's calls do on a node whose driver is busy or
+//! wedged.
 //!
 //! `memory-caps` makes the GPUs able to hold each attempt to a hard memory limit, which the
 //! agent then sets in `memcap.<attempt>` (MiB on each GPU): an allocation that would take
@@ -68,3 +70,6 @@ pub const POWER_MODEL_FILE: &str = "power-model";
 /// initialisation may (seconds without persistence mode), so that what waits for it, and
 /// what must not, can be tested.
 pub const OPEN_DELAY_FILE: &str = "open-delay";
+/// Control file: each reading of the GPUs takes this long (`2s`), as NVML's calls may on a
+/// node whose driver is busy, so that what must not wait for a reading can be tested.
+pub const READ_DELAY_FILE: &str = "read-delay";

@@ -1,0 +1,109 @@
+//! The GPU reading each heartbeat carries: one at a time, waited for only a bounded while,
+//! so that a driver slow to answer (NVML on a busy or wedged node) does not hold the leases'
+//! renewal, which would fence every job the node runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use headroom_shared::api::GpuSample;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::gpu::GpuBackend;
+
+/// The heartbeats' GPU readings.
+pub(crate) struct Readings {
+    backend: Arc<dyn GpuBackend>,
+    /// A reading still going when the last heartbeat left, and since when.
+    on_its_way: Option<(JoinHandle<Vec<GpuSample>>, Instant)>,
+}
+
+impl Readings {
+    pub(crate) fn new(backend: Arc<dyn GpuBackend>) -> Self {
+        Self {
+            backend,
+            on_its_way: None,
+        }
+    }
+
+    /// Every GPU as read now: the reading on its way (else a new one), waited for at most
+    /// `wait`. One still going then is left to finish for the next heartbeat, and each GPU
+    /// goes as unknown, which the coordinator places nothing on.
+    pub(crate) async fn take(&mut self, wait: Duration) -> Vec<GpuSample> {
+        let late = self.on_its_way.is_some();
+        let (mut reading, since) = self
+            .on_its_way
+            .take()
+            .unwrap_or_else(|| (super::reading(&self.backend), Instant::now()));
+        match tokio::time::timeout(wait, &mut reading).await {
+            Ok(read) => {
+                if late {
+                    tracing::info!(took = ?since.elapsed(), "the late GPU reading is in");
+                }
+                super::read_samples(read, &self.backend)
+            }
+            Err(_) => {
+                let took = since.elapsed();
+                if !late {
+                    tracing::warn!(
+                        "reading the GPUs has taken {took:?} so far: the heartbeat goes without \
+                         it, to renew the leases in time; the GPUs are unknown (nothing is \
+                         placed on them) until a reading comes back"
+                    );
+                }
+                self.on_its_way = Some((reading, since));
+                self.backend
+                    .inventory()
+                    .iter()
+                    .map(|g| {
+                        crate::gpu::unknown(
+                            g.index,
+                            format!("the GPU reading has taken {took:?} so far"),
+                        )
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::fake::{FakeBackend, READ_DELAY_FILE};
+
+    /// A reading slower than its bound goes as unknown GPUs, is not started again, and is
+    /// what a later heartbeat carries once it is in.
+    #[tokio::test]
+    async fn a_slow_reading_goes_as_unknown_and_the_next_heartbeat_takes_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fake = dir.path().join("fake");
+        let backend = FakeBackend::open("2x24GiB".parse().expect("spec"), &fake).expect("fake");
+        std::fs::write(fake.join(READ_DELAY_FILE), "600ms").expect("delay");
+        let mut readings = Readings::new(Arc::new(backend));
+        let began = Instant::now();
+        let first = readings.take(Duration::from_millis(100)).await;
+        assert!(began.elapsed() < Duration::from_millis(400));
+        assert_eq!(first.len(), 2, "{first:?}");
+        assert!(
+            first.iter().all(|g| g
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("the GPU reading has taken"))),
+            "{first:?}"
+        );
+        // The next heartbeat waits on the same reading (a new one, the delay gone, would be
+        // in at once).
+        std::fs::remove_file(fake.join(READ_DELAY_FILE)).expect("delay");
+        let second = readings.take(Duration::from_secs(5)).await;
+        assert!(second.iter().all(|g| g.error.is_none()), "{second:?}");
+        let took = began.elapsed();
+        assert!(
+            took >= Duration::from_millis(600) && took < Duration::from_millis(1_100),
+            "{took:?}"
+        );
+        // Then a fresh one, quick again.
+        let third = readings.take(Duration::from_secs(5)).await;
+        assert!(third.iter().all(|g| g.error.is_none()), "{third:?}");
+    }
+}
