@@ -38,7 +38,7 @@ impl Readings {
         match tokio::time::timeout(wait, &mut reading).await {
             Ok(read) => {
                 if late {
-                    tracing::info!(took = ?since.elapsed(), "the late GPU reading is in");
+                    tracing::info!(started_ago = ?since.elapsed(), "the late GPU reading is in");
                 }
                 super::read_samples(read, &self.backend)
             }
