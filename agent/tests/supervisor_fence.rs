@@ -45,10 +45,14 @@ fn renew(stop_in: Duration) -> ToSupervisor {
 async fn a_renewal_waiting_to_be_read_when_the_fence_falls_keeps_the_job() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Four at once: which of a fallen fence and a waiting renewal a supervisor takes first
-    // must not be chance.
+    // must not be chance. Their first fences fall 3 s after their launches, long after all
+    // four are renewed.
+    let first = Duration::from_secs(3);
     let mut runs = vec![];
+    let mut last_launch = Instant::now();
     for i in 0..4 {
-        runs.push(running(&dir.path().join(i.to_string()), Duration::from_secs(1)).await);
+        last_launch = Instant::now();
+        runs.push(running(&dir.path().join(i.to_string()), first).await);
     }
     for (child, conn) in &mut runs {
         signal(child, Signal::SIGSTOP);
@@ -56,8 +60,8 @@ async fn a_renewal_waiting_to_be_read_when_the_fence_falls_keeps_the_job() {
             .await
             .expect("renew");
     }
-    // Past the first deadline, then awake with the renewal waiting.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // Past every first deadline, then awake with the renewal waiting.
+    tokio::time::sleep_until((last_launch + first + Duration::from_millis(500)).into()).await;
     for (child, _) in &runs {
         signal(child, Signal::SIGCONT);
     }

@@ -38,11 +38,17 @@ pub(crate) async fn run(shared: Arc<Shared>, session: Session, done: Cancellatio
         // Orphans re-parented to this subreaper that died between attempts are reaped here.
         let _ = tokio::task::spawn_blocking(crate::procscan::reap_orphans).await;
         // Half the time the coordinator has to answer, at most: the other half is its own.
-        let gpus = readings.take(budget.answer_within() / 2).await;
+        let reading = readings.take(budget.answer_within() / 2).await;
+        let gpus = reading.samples;
         shared.metrics.gpu_samples(&gpus);
-        let released = attempts.releasable(&gpus).await;
+        let (released, foreign) = if reading.fresh {
+            (attempts.releasable(&gpus).await, gpus.as_slice())
+        } else {
+            (vec![], &[][..])
+        };
         if shared.cfg.kill_foreign {
-            kill_foreign_processes(&gpus, &mut suspects);
+            // A process is killed only when seen in two fresh readings in a row.
+            kill_foreign_processes(foreign, &mut suspects);
         }
         let mut req = HeartbeatRequest {
             gpus,

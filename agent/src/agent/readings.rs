@@ -11,6 +11,15 @@ use tokio::time::Instant;
 
 use crate::gpu::GpuBackend;
 
+/// A heartbeat's GPU reading.
+pub(crate) struct Reading {
+    pub samples: Vec<GpuSample>,
+    /// Started for this heartbeat. A late one, started for an earlier heartbeat, may be
+    /// older than what happened since: it goes to the coordinator, but shows nothing gone
+    /// (a quarantine's release) and names no process to kill.
+    pub fresh: bool,
+}
+
 /// The heartbeats' GPU readings.
 pub(crate) struct Readings {
     backend: Arc<dyn GpuBackend>,
@@ -29,7 +38,7 @@ impl Readings {
     /// Every GPU as read now: the reading on its way (else a new one), waited for at most
     /// `wait`. One still going then is left to finish for the next heartbeat, and each GPU
     /// goes as unknown, which the coordinator places nothing on.
-    pub(crate) async fn take(&mut self, wait: Duration) -> Vec<GpuSample> {
+    pub(crate) async fn take(&mut self, wait: Duration) -> Reading {
         let late = self.on_its_way.is_some();
         let (mut reading, since) = self
             .on_its_way
@@ -40,7 +49,10 @@ impl Readings {
                 if late {
                     tracing::info!(started_ago = ?since.elapsed(), "the late GPU reading is in");
                 }
-                super::read_samples(read, &self.backend)
+                Reading {
+                    samples: super::read_samples(read, &self.backend),
+                    fresh: !late,
+                }
             }
             Err(_) => {
                 let took = since.elapsed();
@@ -52,7 +64,8 @@ impl Readings {
                     );
                 }
                 self.on_its_way = Some((reading, since));
-                self.backend
+                let samples = self
+                    .backend
                     .inventory()
                     .iter()
                     .map(|g| {
@@ -61,7 +74,11 @@ impl Readings {
                             format!("the GPU reading has taken {took:?} so far"),
                         )
                     })
-                    .collect()
+                    .collect();
+                Reading {
+                    samples,
+                    fresh: false,
+                }
             }
         }
     }
@@ -73,37 +90,44 @@ mod tests {
     use crate::gpu::fake::{FakeBackend, READ_DELAY_FILE};
 
     /// A reading slower than its bound goes as unknown GPUs, is not started again, and is
-    /// what a later heartbeat carries once it is in.
+    /// what a later heartbeat carries once it is in, as a late one; the next is fresh.
     #[tokio::test]
     async fn a_slow_reading_goes_as_unknown_and_the_next_heartbeat_takes_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let fake = dir.path().join("fake");
         let backend = FakeBackend::open("2x24GiB".parse().expect("spec"), &fake).expect("fake");
-        std::fs::write(fake.join(READ_DELAY_FILE), "600ms").expect("delay");
+        std::fs::write(fake.join(READ_DELAY_FILE), "2s").expect("delay");
         let mut readings = Readings::new(Arc::new(backend));
         let began = Instant::now();
         let first = readings.take(Duration::from_millis(100)).await;
-        assert!(began.elapsed() < Duration::from_millis(400));
-        assert_eq!(first.len(), 2, "{first:?}");
+        assert!(began.elapsed() < Duration::from_millis(1_500));
+        assert!(!first.fresh);
+        assert_eq!(first.samples.len(), 2, "{:?}", first.samples);
         assert!(
-            first.iter().all(|g| g
+            first.samples.iter().all(|g| g
                 .error
                 .as_deref()
                 .is_some_and(|e| e.contains("the GPU reading has taken"))),
-            "{first:?}"
+            "{:?}",
+            first.samples
         );
-        // The next heartbeat waits on the same reading (a new one, the delay gone, would be
-        // in at once).
+        // The next heartbeat waits on the same reading: a new one, the delay gone, would be
+        // in at once.
         std::fs::remove_file(fake.join(READ_DELAY_FILE)).expect("delay");
-        let second = readings.take(Duration::from_secs(5)).await;
-        assert!(second.iter().all(|g| g.error.is_none()), "{second:?}");
-        let took = began.elapsed();
+        let second = readings.take(Duration::from_secs(10)).await;
+        assert!(began.elapsed() >= Duration::from_secs(2));
+        assert!(!second.fresh, "a late reading is not fresh");
         assert!(
-            took >= Duration::from_millis(600) && took < Duration::from_millis(1_100),
-            "{took:?}"
+            second.samples.iter().all(|g| g.error.is_none()),
+            "{:?}",
+            second.samples
         );
-        // Then a fresh one, quick again.
-        let third = readings.take(Duration::from_secs(5)).await;
-        assert!(third.iter().all(|g| g.error.is_none()), "{third:?}");
+        let third = readings.take(Duration::from_secs(10)).await;
+        assert!(third.fresh);
+        assert!(
+            third.samples.iter().all(|g| g.error.is_none()),
+            "{:?}",
+            third.samples
+        );
     }
 }

@@ -438,8 +438,9 @@ async fn serve_run(
         let (renew_due, fence_due) = (lease.renewal_due(), lease.fence_due());
         // In this order: a supervisor held up (its thread blocked on a busy disk as its job
         // starts) may wake to a fallen fence and a renewal that came before it fell; the
-        // renewal is taken first. What could be ready again and again (a failing accept)
-        // comes after the fence, never before it.
+        // renewal is taken first. What could be ready again and again (a failing accept, a
+        // flood of connections from any local user) comes last, after the fence, an
+        // attaching agent and our own renewal.
         tokio::select! {
             biased;
             end = &mut end => return end,
@@ -463,10 +464,6 @@ async fn serve_run(
                     tokio::task::yield_now().await;
                 }
             }
-            accepted = accept(listener) => match accepted.and_then(|s| s.into_std()) {
-                Ok(stream) => check_attach(stream, spec, attach_tx.clone()),
-                Err(e) => tracing::warn!(%attempt, "cannot accept a connection: {e}"),
-            },
             Some(conn) = attach_rx.recv() => {
                 // A restarted agent takes over; the old connection (if any) is dropped.
                 link.conn = Some(conn);
@@ -474,6 +471,10 @@ async fn serve_run(
                 link.send(&hello(spec, link.started)).await;
             }
             _ = lease::at(renew_due) => lease.renew(),
+            accepted = accept(listener) => match accepted.and_then(|s| s.into_std()) {
+                Ok(stream) => check_attach(stream, spec, attach_tx.clone()),
+                Err(e) => tracing::warn!(%attempt, "cannot accept a connection: {e}"),
+            },
             Ok(()) = metrics.changed() => {
                 if let Some(m) = metrics.borrow_and_update().clone() {
                     results.send(m);

@@ -129,7 +129,12 @@ impl Headroom {
             tempfile::tempdir_in(shm)?
         } else {
             if opts.in_memory {
-                crate::premises::premise_missing("a memory file system at /dev/shm");
+                assert!(
+                    !crate::premises::ci(),
+                    "CI=true, but this machine has no /dev/shm for a test that keeps its data \
+                     in memory"
+                );
+                eprintln!("no /dev/shm: this test's data directory is on the disk");
             }
             tempfile::tempdir()?
         };
