@@ -222,6 +222,8 @@ fn gpu_views(
         .enumerate()
         .map(|(i, g)| {
             let sample = samples.iter().find(|s| s.index == g.index);
+            // A GPU that cannot be read has no figures: an unknown is never 0 used or free.
+            let read = sample.filter(|s| s.error.is_none());
             let here: Vec<&Active> = active
                 .iter()
                 .filter(|a| a.gpus.contains(&g.index))
@@ -231,8 +233,8 @@ fn gpu_views(
                 uuid: g.uuid.clone(),
                 name: g.name.clone(),
                 total_mib: g.total_mib,
-                used_mib: sample.map(|s| s.used_mib),
-                free_mib: sample.map(|s| s.free_mib),
+                used_mib: read.map(|s| s.used_mib),
+                free_mib: read.map(|s| s.free_mib),
                 error: sample.and_then(|s| s.error.clone()),
                 unattributed_mib: sample.and_then(GpuSample::unattributed_mib),
                 slots: plan.slots(i),

@@ -44,11 +44,21 @@ fn a_gpu_whose_memory_cannot_be_read_gets_no_work_until_it_reads_again() {
             Ok(error.filter(|e| e.contains("GPU is lost")).map(|_| ()))
         },
     );
+    // No figures for it: an unknown is never shown as 0 used or 0 free.
+    let gpu = h.nodes().expect("nodes")[0].gpus[0].clone();
+    assert_eq!((gpu.used_mib, gpu.free_mib), (None, None), "{gpu:?}");
     let nodes = h.cli_ok(&["nodes"]);
     assert!(
         nodes.contains("CANNOT BE READ") && nodes.contains("GPU is lost"),
         "{nodes}"
     );
+    let row = nodes
+        .lines()
+        .find(|l| l.contains("Fake GPU"))
+        .expect("the GPU's row");
+    // GPU, NAME (two words here), TOTAL, USED, FREE, ...
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols.get(4..6), Some(&["?", "?"][..]), "{row}");
     // Left for its memory, or avoided after a claim that leased it on the older reading
     // was handed back at launch.
     let why = h.wait_refused(exp, Duration::from_secs(30));
