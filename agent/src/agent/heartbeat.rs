@@ -286,16 +286,14 @@ mod tests {
         session_with(url, budget, telemetry, None).await
     }
 
-    /// An agent's metrics page, on a directory of its own.
-    fn metrics() -> (crate::agent::metrics::AgentMetrics, tempfile::TempDir) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let metrics = crate::agent::metrics::AgentMetrics::new(
+    /// An agent's metrics page, its attempts' state in `dir`.
+    fn metrics_in(dir: &std::path::Path) -> crate::agent::metrics::AgentMetrics {
+        crate::agent::metrics::AgentMetrics::new(
             "n",
             vec![],
             crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10),
-            Attempts::load(dir.path()).expect("attempts"),
-        );
-        (metrics, dir)
+            Attempts::load(dir).expect("attempts"),
+        )
     }
 
     /// [`session`] whose heartbeats ship `telemetry`'s samples and show on `metrics` (else
@@ -307,14 +305,7 @@ mod tests {
         metrics: Option<crate::agent::metrics::AgentMetrics>,
     ) -> (Attempts, Instant, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let metrics = metrics.unwrap_or_else(|| {
-            crate::agent::metrics::AgentMetrics::new(
-                "n",
-                vec![],
-                crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10),
-                Attempts::load(dir.path()).expect("attempts"),
-            )
-        });
+        let metrics = metrics.unwrap_or_else(|| metrics_in(dir.path()));
         let backend = FakeBackend::open("1x24GiB".parse().expect("spec"), &dir.path().join("fake"))
             .expect("fake backend");
         let shared = Arc::new(Shared {
@@ -422,7 +413,8 @@ mod tests {
         let budget = SelfFenceBudget::new(S(30), S(10)).expect("budget");
         // Two heartbeats answered, each 3 s after it was sent; nothing after.
         let url = coordinator(2, S(3)).await;
-        let (metrics, _metrics_dir) = metrics();
+        let metrics_dir = tempfile::tempdir().expect("tempdir");
+        let metrics = metrics_in(metrics_dir.path());
         let telemetry = crate::agent::telemetry::Telemetry::new(Duration::ZERO, 10);
         let (attempts, _start, _dir) =
             session_with(&url, budget, telemetry, Some(metrics.clone())).await;

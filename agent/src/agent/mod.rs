@@ -453,10 +453,9 @@ fn read_samples(
 ) -> Vec<GpuSample> {
     read.unwrap_or_else(|e| {
         tracing::warn!("GPU sample task failed: {e}");
-        backend
-            .inventory()
-            .iter()
-            .map(|g| crate::gpu::unknown(g.index, format!("GPU sample task failed: {e}")))
-            .collect()
+        crate::gpu::all_unknown(
+            &backend.inventory(),
+            &format!("GPU sample task failed: {e}"),
+        )
     })
 }

@@ -64,19 +64,9 @@ impl Readings {
                     );
                 }
                 self.on_its_way = Some((reading, since));
-                let samples = self
-                    .backend
-                    .inventory()
-                    .iter()
-                    .map(|g| {
-                        crate::gpu::unknown(
-                            g.index,
-                            format!("the GPU reading has taken {took:?} so far"),
-                        )
-                    })
-                    .collect();
+                let why = format!("the GPU reading has taken {took:?} so far");
                 Reading {
-                    samples,
+                    samples: crate::gpu::all_unknown(&self.backend.inventory(), &why),
                     fresh: false,
                 }
             }

@@ -187,10 +187,7 @@ fn read_all(backend: &dyn GpuBackend) -> Vec<GpuSample> {
             }
             samples
         }
-        Err(e) => inventory
-            .iter()
-            .map(|g| unknown(g.index, e.to_string()))
-            .collect(),
+        Err(e) => all_unknown(&inventory, &e.to_string()),
     }
 }
 
@@ -233,6 +230,14 @@ pub fn unknown(index: u32, error: String) -> GpuSample {
         error: Some(error),
         ..GpuSample::default()
     }
+}
+
+/// Every GPU of `inventory` unknown, for the one reason `why`.
+pub fn all_unknown(inventory: &[GpuInfo], why: &str) -> Vec<GpuSample> {
+    inventory
+        .iter()
+        .map(|g| unknown(g.index, why.to_string()))
+        .collect()
 }
 
 /// The errors of `gpus` in `samples` (from [`read`], which has every GPU of the node), as
