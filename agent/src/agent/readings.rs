@@ -25,6 +25,8 @@ pub(crate) struct Readings {
     backend: Arc<dyn GpuBackend>,
     /// A reading still going when the last heartbeat left, and since when.
     on_its_way: Option<(JoinHandle<Vec<GpuSample>>, Instant)>,
+    /// Readings have been late since the last one in time: said once, and its end.
+    slow: bool,
 }
 
 impl Readings {
@@ -32,6 +34,7 @@ impl Readings {
         Self {
             backend,
             on_its_way: None,
+            slow: false,
         }
     }
 
@@ -46,8 +49,8 @@ impl Readings {
             .unwrap_or_else(|| (super::reading(&self.backend), Instant::now()));
         match tokio::time::timeout(wait, &mut reading).await {
             Ok(read) => {
-                if late {
-                    tracing::info!(started_ago = ?since.elapsed(), "the late GPU reading is in");
+                if !late && std::mem::take(&mut self.slow) {
+                    tracing::info!("the GPU readings are in time again");
                 }
                 Reading {
                     samples: super::read_samples(read, &self.backend),
@@ -56,7 +59,7 @@ impl Readings {
             }
             Err(_) => {
                 let took = since.elapsed();
-                if !late {
+                if !std::mem::replace(&mut self.slow, true) {
                     tracing::warn!(
                         "reading the GPUs has taken {took:?} so far: the heartbeat goes without \
                          it, to renew the leases in time; the GPUs are unknown (nothing is \
