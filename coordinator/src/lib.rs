@@ -16,7 +16,8 @@
 //! - `store`: every durable change, one transaction per operation, written once over the
 //!   transaction interface both backends (SQLite, PostgreSQL) implement.
 //! - `rules` (job decisions), `fair` (fair share and users' caps, below `rules`),
-//!   `placement` (which GPUs), `preempt` (which running jobs make room, over `placement`), `sharing` (attempts that shared a
+//!   `placement` (which GPUs; `timeline`: a GPU's memory over time, for runs that declared
+//!   their phases), `preempt` (which running jobs make room, over `placement`), `sharing` (attempts that shared a
 //!   GPU, and their energy shares), `attempt_keys` (the credential issued with a lease),
 //!   `joins` (which nodes a join token may make), `early_stop` (successive halving's rule) and
 //!   `simulate` (placement over simulated GPUs and time): pure, no I/O; `changes`: the
@@ -53,6 +54,7 @@ pub mod sharing;
 pub mod simulate;
 pub mod source;
 pub mod store;
+pub mod timeline;
 pub mod tracking;
 
 pub use app::Application;

@@ -72,6 +72,7 @@ pub fn new_experiment(
         checkpoint: spec.checkpoint()?,
         preemptible: spec.preemptible,
         memory_cap_off: !spec.memory_cap.is_on(),
+        memory_phases: spec.memory_phases()?,
     })
 }
 

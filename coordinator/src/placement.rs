@@ -3,6 +3,9 @@
 //! why each job it could not place still waits (its pending reason).
 
 use headroom_shared::pending::PendingReason;
+use headroom_shared::phases::Phases;
+
+use crate::timeline::{Millis, NewRun, Timeline};
 
 /// Part of a GPU's memory an idle GPU may show used (driver context, ECC): 1/32, 2.5 GiB of
 /// 80, 0.75 of 24; an H100 with nothing running reports about 0.5 GiB used.
@@ -27,6 +30,8 @@ pub struct GpuState {
     pub quarantined: bool,
     /// An exclusive (or cooling) attempt holds it: its plan slots are all taken, in effect.
     pub held_alone: bool,
+    /// The attempts placed here whose memory over time is known (each also in `placed`).
+    pub timed: Timeline,
 }
 
 impl GpuState {
@@ -54,6 +59,26 @@ impl GpuState {
 
     /// [`Self::leftover_after`] for a job that needs the GPU to itself when `alone`.
     pub fn leftover_for(&self, estimate: Option<u64>, alone: bool) -> Option<u64> {
+        self.leftover_with(estimate, alone, None)
+    }
+
+    /// The most the attempts here and a run of `estimate` would hold together from now on:
+    /// the estimates of the attempts without phases, and at the fullest instant the use of
+    /// those with phases and of the new run (its estimate throughout when it has none).
+    fn most_held_with(&self, estimate: u64, phases: Option<Phases>) -> (u64, NewRun) {
+        let new = NewRun::of(estimate, phases, self.timed.now_ms);
+        let flat = self.estimated().saturating_sub(self.timed.peaks());
+        (flat + self.timed.most_held_with(&new), new)
+    }
+
+    /// [`Self::leftover_for`] for a run whose memory over time is known (`phases`): it fits
+    /// where at no instant the GPU's runs would hold more than its memory less headroom.
+    pub fn leftover_with(
+        &self,
+        estimate: Option<u64>,
+        alone: bool,
+        phases: Option<Phases>,
+    ) -> Option<u64> {
         if self.quarantined || self.slots_full(alone) {
             return None;
         }
@@ -67,9 +92,11 @@ impl GpuState {
                     .is_none_or(|free| free >= self.idle_free_mib()))
             .then_some(0),
             Some(e) => {
-                let after = budget.checked_sub(self.estimated())?.checked_sub(e)?;
+                let (most, new) = self.most_held_with(e, phases);
+                let after = budget.checked_sub(most)?;
+                // What is free now need only hold what the run holds as it starts.
                 if let Some(free) = self.live_free_mib
-                    && free.saturating_sub(self.headroom_mib) < e
+                    && free.saturating_sub(self.headroom_mib) < self.timed.held_at_start(&new)
                 {
                     return None;
                 }
@@ -88,6 +115,20 @@ impl GpuState {
             .saturating_sub(self.headroom_mib.max(reserve))
     }
 
+    /// The soonest `estimate` (with `phases`) fits here by time alone: once the runs' phases
+    /// here have moved on, with nothing else placed or ended. `None`: not before something
+    /// else happens.
+    fn fits_from(&self, estimate: u64, alone: bool, phases: Option<Phases>) -> Option<Millis> {
+        let new = NewRun::of(estimate, phases, self.timed.now_ms);
+        let mut then = self.clone();
+        // What will be free then is not read yet: the estimates alone say.
+        then.live_free_mib = None;
+        self.timed.changes_for(&new).into_iter().find(|&at| {
+            then.timed.now_ms = at;
+            then.leftover_with(Some(estimate), alone, phases).is_some()
+        })
+    }
+
     /// Whether `estimate` could ever fit here once the GPU drains.
     fn could_fit_when_empty(&self, estimate: Option<u64>) -> bool {
         !self.quarantined
@@ -99,8 +140,8 @@ impl GpuState {
     }
 
     /// Why this GPU cannot take `estimate` now, if it cannot.
-    fn blocker(&self, estimate: Option<u64>, alone: bool) -> Blocker {
-        if self.leftover_for(estimate, alone).is_some() {
+    fn blocker(&self, estimate: Option<u64>, alone: bool, phases: Option<Phases>) -> Blocker {
+        if self.leftover_with(estimate, alone, phases).is_some() {
             return Blocker::Fits;
         }
         if self.quarantined {
@@ -112,18 +153,27 @@ impl GpuState {
         let budget = self.total_mib.saturating_sub(self.headroom_mib);
         // A job without an estimate needs the whole GPU (less headroom) to itself.
         let needed = estimate.unwrap_or(budget);
-        let mut available = budget.saturating_sub(self.estimated());
+        // At the fullest instant of its run, what the others leave it.
+        let others = match estimate {
+            Some(e) => self.most_held_with(e, phases).0.saturating_sub(e),
+            None => self.estimated(),
+        };
+        let mut available = budget.saturating_sub(others);
         if let Some(free) = self.live_free_mib {
             available = available.min(free.saturating_sub(self.headroom_mib));
         }
         Blocker::Memory { needed, available }
     }
 
-    fn take(&mut self, estimate: Option<u64>, alone: bool) {
+    fn take(&mut self, estimate: Option<u64>, alone: bool, phases: Option<Phases>) {
         self.placed.push(estimate);
         self.held_alone |= alone;
-        if let (Some(free), Some(e)) = (self.live_free_mib.as_mut(), estimate) {
-            *free = free.saturating_sub(e);
+        if let Some(e) = estimate {
+            let new = NewRun::of(e, phases, self.timed.now_ms);
+            if let Some(free) = self.live_free_mib.as_mut() {
+                *free = free.saturating_sub(self.timed.held_at_start(&new));
+            }
+            self.timed.add(&new);
         }
     }
 }
@@ -140,6 +190,8 @@ pub struct Candidate {
     pub alone: bool,
     /// Host memory it holds (`resources.host_memory`, or learned); `None`: not admitted by it.
     pub host_mib: Option<u64>,
+    /// Its memory over time, when declared: it may share a GPU whose runs peak elsewhere.
+    pub phases: Option<Phases>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -212,11 +264,13 @@ fn reason(gpus: &[GpuState], reserved: &[bool], c: &Candidate) -> PendingReason 
     let blockers: Vec<Blocker> = gpus
         .iter()
         .zip(reserved)
-        .map(|(g, &r)| match g.blocker(c.estimate_mib, c.alone) {
-            Blocker::Quarantined => Blocker::Quarantined,
-            _ if r => Blocker::Reserved,
-            b => b,
-        })
+        .map(
+            |(g, &r)| match g.blocker(c.estimate_mib, c.alone, c.phases) {
+                Blocker::Quarantined => Blocker::Quarantined,
+                _ if r => Blocker::Reserved,
+                b => b,
+            },
+        )
         .collect();
     let short = blockers
         .iter()
@@ -255,9 +309,19 @@ pub struct Placer {
     reserve_after_ms: u64,
     host_free_mib: Option<u64>,
     largest_anywhere: Option<u64>,
+    /// The soonest a job left waiting fits though nothing else happens (its neighbours'
+    /// phases moved on), and the needs already looked at for it.
+    recheck_at: Option<Millis>,
+    rechecked: Vec<(u64, bool, Option<Phases>)>,
 }
 
 impl Placer {
+    /// When to place again though nothing else happens: a job that needs a GPU waits, and a
+    /// run with phases changes its use then (its peak begins or ends, or it is due).
+    pub fn recheck_at(&self) -> Option<Millis> {
+        self.recheck_at
+    }
+
     /// The most memory a GPU of the node offers (its total less its headroom).
     pub fn largest_usable_mib(&self) -> Option<u64> {
         self.gpus
@@ -286,6 +350,8 @@ impl Placer {
             reserve_after_ms: snapshot.reserve_after_ms,
             host_free_mib: snapshot.host_free_mib,
             largest_anywhere: None,
+            recheck_at: None,
+            rechecked: Vec::new(),
         }
     }
 
@@ -371,7 +437,7 @@ impl Placer {
                 .enumerate()
                 .filter(|(g, _)| !reserved[*g])
                 .filter_map(|(g, gpu)| {
-                    gpu.leftover_for(c.estimate_mib, c.alone)
+                    gpu.leftover_with(c.estimate_mib, c.alone, c.phases)
                         .map(|left| (left, g))
                 })
                 .collect();
@@ -383,7 +449,7 @@ impl Placer {
                     .map(|&(_, g)| g)
                     .collect();
                 for &g in &chosen {
-                    gpus[g].take(c.estimate_mib, c.alone);
+                    gpus[g].take(c.estimate_mib, c.alone, c.phases);
                 }
                 hold_host();
                 let mut indices: Vec<u32> = chosen.iter().map(|&g| gpus[g].index).collect();
@@ -395,6 +461,20 @@ impl Placer {
                 continue;
             }
             reasons.push((i, reason(gpus, reserved, c)));
+            // Each need once a pass: a queue holds many runs alike.
+            let need = c.estimate_mib.map(|e| (e, c.alone, c.phases));
+            if let Some(need @ (e, alone, phases)) = need
+                && !self.rechecked.contains(&need)
+            {
+                self.rechecked.push(need);
+                let soonest = gpus
+                    .iter()
+                    .zip(reserved.iter())
+                    .filter(|(_, r)| !**r)
+                    .filter_map(|(g, _)| g.fits_from(e, alone, phases))
+                    .min();
+                self.recheck_at = self.recheck_at.into_iter().chain(soonest).min();
+            }
             if c.waited_ms >= self.reserve_after_ms {
                 // A job that waited too long holds the GPUs most likely to free up for it,
                 // so smaller jobs behind it stop overtaking it forever.
@@ -461,6 +541,7 @@ mod tests {
 
     fn gpu(index: u32, total: u64, slots: u32) -> GpuState {
         GpuState {
+            timed: Default::default(),
             index,
             total_mib: total,
             slots,
@@ -474,6 +555,7 @@ mod tests {
 
     fn job(est: Option<u64>) -> Candidate {
         Candidate {
+            phases: None,
             host_mib: None,
             gpus: 1,
             estimate_mib: est,
@@ -484,6 +566,7 @@ mod tests {
 
     fn exclusive(est: Option<u64>) -> Candidate {
         Candidate {
+            phases: None,
             host_mib: None,
             alone: true,
             ..job(est)
@@ -499,6 +582,138 @@ mod tests {
         }
     }
 
+    /// A run of 100 s holding 2,000 MiB, 7 GiB in its last tenth (an evaluation at its end).
+    fn evaluating(now_ms: i64) -> (u64, Phases, crate::timeline::TimedRun) {
+        let phases = Phases {
+            steady_mib: 2000,
+            peak_from: 0.9,
+            peak_until: 1.0,
+            expected_ms: 100_000,
+        };
+        let run = crate::timeline::TimedRun::new(7168, phases, now_ms);
+        (7168, phases, run)
+    }
+
+    /// Two runs of 7 GiB peaks do not fit a 10 GiB GPU (9 GiB less headroom) together
+    /// unless their peaks fall apart: beside a run started 50 s ago (its peak due from 80 s
+    /// on, widened by the margin) a second one's peak comes after the first is due, and it
+    /// starts; beside one started now, or with no phases declared, it waits.
+    #[test]
+    fn runs_whose_peaks_fall_apart_share_a_gpu_and_runs_whose_peaks_meet_do_not() {
+        let (peak, phases, first) = evaluating(0);
+        let gpu_with = |now_ms: i64| {
+            let mut g = gpu(0, 10_240, 4);
+            g.placed = vec![Some(peak)];
+            g.timed = Timeline {
+                now_ms,
+                runs: vec![first],
+            };
+            g.live_free_mib = Some(10_240 - 2000);
+            g
+        };
+        let timed = Candidate {
+            phases: Some(phases),
+            ..job(Some(peak))
+        };
+        assert_eq!(
+            place(
+                &snap(vec![gpu_with(50_000)]),
+                std::slice::from_ref(&timed),
+                4
+            )
+            .len(),
+            1
+        );
+        assert!(place(&snap(vec![gpu_with(0)]), std::slice::from_ref(&timed), 4).is_empty());
+        assert!(place(&snap(vec![gpu_with(50_000)]), &[job(Some(peak))], 4).is_empty());
+        // A run placed without phases holds its estimate throughout.
+        let mut flat = gpu(0, 10_240, 4);
+        flat.placed = vec![Some(peak)];
+        flat.timed.now_ms = 50_000;
+        assert!(place(&snap(vec![flat]), std::slice::from_ref(&timed), 4).is_empty());
+        // The first run overdue (past 110 s): its phase is not known, it holds its peak.
+        assert!(place(&snap(vec![gpu_with(111_000)]), &[timed], 4).is_empty());
+    }
+
+    /// Two runs placed in one pass each count the other's memory over time: the second of
+    /// two started now would peak with the first.
+    #[test]
+    fn runs_placed_together_see_each_other_s_peaks() {
+        let (peak, phases, _) = evaluating(0);
+        let timed = Candidate {
+            phases: Some(phases),
+            ..job(Some(peak))
+        };
+        let placed = place(&snap(vec![gpu(0, 10_240, 4)]), &[timed.clone(), timed], 4);
+        assert_eq!(placed.len(), 1);
+    }
+
+    /// A job that waits for a peak to pass is looked at again when it would fit by time
+    /// alone (its own peak past its neighbour's end), not only at the next event.
+    #[test]
+    fn a_waiting_run_is_placed_again_when_a_neighbour_s_phase_changes() {
+        let (peak, phases, first) = evaluating(0);
+        let mut g = gpu(0, 10_240, 4);
+        g.placed = vec![Some(peak)];
+        g.timed = Timeline {
+            now_ms: 1_000,
+            runs: vec![first],
+        };
+        let mut placer = Placer::new(&snap(vec![g.clone()]));
+        let timed = Candidate {
+            phases: Some(phases),
+            ..job(Some(peak))
+        };
+        assert!(
+            placer
+                .place(std::slice::from_ref(&timed), 4)
+                .placements
+                .is_empty()
+        );
+        // Started 30 s in, its peak (widened: from 110 s) comes as the first run is due.
+        assert_eq!(placer.recheck_at(), Some(30_000));
+        g.timed.now_ms = 29_999;
+        assert!(place(&snap(vec![g.clone()]), std::slice::from_ref(&timed), 4).is_empty());
+        g.timed.now_ms = 30_000;
+        assert_eq!(place(&snap(vec![g]), &[timed], 4).len(), 1);
+        // Nothing waits: nothing to look at again.
+        let placer = Placer::new(&snap(vec![gpu(0, 10_240, 4)]));
+        assert_eq!(placer.recheck_at(), None);
+    }
+
+    /// The live reading need only hold what a run starts with: beside a neighbour at its
+    /// peak now, a run whose own peak comes after the neighbour's end starts, though the
+    /// GPU has less free than its peak.
+    #[test]
+    fn a_run_with_phases_is_admitted_by_what_it_starts_with() {
+        let (peak, phases, _) = evaluating(0);
+        // A neighbour of 5 GiB (peak 5 GiB from 0 to 20 s of its 100 s run), at its peak.
+        let neighbour = crate::timeline::TimedRun::new(
+            5120,
+            Phases {
+                steady_mib: 1024,
+                peak_from: 0.0,
+                peak_until: 0.2,
+                expected_ms: 100_000,
+            },
+            0,
+        );
+        let mut g = gpu(0, 10_240, 4);
+        g.placed = vec![Some(5120)];
+        g.timed = Timeline {
+            now_ms: 5_000,
+            runs: vec![neighbour],
+        };
+        g.live_free_mib = Some(10_240 - 5120);
+        let timed = Candidate {
+            phases: Some(phases),
+            ..job(Some(peak))
+        };
+        assert_eq!(place(&snap(vec![g.clone()]), &[timed], 4).len(), 1);
+        // Without phases it needs its 7 GiB free now.
+        assert!(place(&snap(vec![g]), &[job(Some(peak))], 4).is_empty());
+    }
+
     /// A node of 8 GiB of host memory for jobs takes two jobs holding 3 GiB each, whatever
     /// room its GPUs have; the third waits saying so, and a CPU-only job is held the same.
     #[test]
@@ -508,6 +723,7 @@ mod tests {
             ..snap(vec![gpu(0, 24_000, 4)])
         };
         let host = |gpus: u32| Candidate {
+            phases: None,
             host_mib: Some(3 * 1024),
             gpus,
             ..job(Some(1000))
@@ -528,6 +744,7 @@ mod tests {
         assert_eq!(placed.reasons.len(), 2);
         // A job that declares none, or a node that admits by none, is not held by it.
         let free = Candidate {
+            phases: None,
             host_mib: None,
             ..host(1)
         };
@@ -581,6 +798,7 @@ mod tests {
     fn a_claim_keeps_an_experiment_under_its_concurrency_cap() {
         use crate::rules::{PendingRow, claim};
         let pending = |id: &str, exp: &str| PendingRow {
+            phases: None,
             id: id.into(),
             gpus: 1,
             declared: Some(1_000),
@@ -670,6 +888,7 @@ mod tests {
     fn a_colocated_pair_needs_room_for_both_memories() {
         use crate::rules::{PendingRow, claim};
         let pending = |declared: Option<u64>, background: Option<u64>| PendingRow {
+            phases: None,
             id: "j".into(),
             gpus: 1,
             declared,
@@ -807,6 +1026,7 @@ mod tests {
         q.quarantined = true;
         let s = snap(vec![full.clone(), q.clone()]);
         let two = Candidate {
+            phases: None,
             host_mib: None,
             gpus: 3,
             estimate_mib: Some(1),
@@ -841,6 +1061,7 @@ mod tests {
         let mut s = snap(vec![half]);
         s.reserve_after_ms = 1;
         let big = Candidate {
+            phases: None,
             host_mib: None,
             gpus: 1,
             estimate_mib: Some(8_000),
@@ -949,6 +1170,7 @@ mod tests {
             gpu(2, 10_000, 1),
         ]);
         let two = Candidate {
+            phases: None,
             host_mib: None,
             gpus: 2,
             estimate_mib: Some(1_000),
@@ -966,6 +1188,7 @@ mod tests {
         a.placed.push(Some(5_000));
         let mut s = snap(vec![a]);
         let big = Candidate {
+            phases: None,
             host_mib: None,
             gpus: 1,
             estimate_mib: Some(8_000),
@@ -989,6 +1212,7 @@ mod tests {
             prop::option::of(0u64..80_000),
         )
             .prop_map(|(total, slots, pct, free)| GpuState {
+                timed: Default::default(),
                 index: 0,
                 total_mib: total,
                 slots,
@@ -1004,6 +1228,7 @@ mod tests {
     fn a_job_with_no_estimate_starts_on_an_idle_gpu_with_no_headroom() {
         // An idle 80 GiB GPU as NVML reports it: about 0.5 GiB used by the driver.
         let idle = GpuState {
+            timed: Default::default(),
             headroom_mib: 0,
             live_free_mib: Some(81_559 - 530),
             ..gpu(0, 81_559, 1)
@@ -1011,6 +1236,7 @@ mod tests {
         assert_eq!(place(&snap(vec![idle.clone()]), &[job(None)], 1).len(), 1);
         // A foreign process holding 4 GiB is not the driver's reserve.
         let held = GpuState {
+            timed: Default::default(),
             live_free_mib: Some(81_559 - 4_096),
             ..idle
         };
@@ -1066,7 +1292,8 @@ mod tests {
                 g.placed.push(*est);
                 g.held_alone = *alone;
             }
-            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone)| Candidate { gpus: n, estimate_mib: e, waited_ms: 0, alone, host_mib: None }).collect();
+            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone)| Candidate {
+            phases: None, gpus: n, estimate_mib: e, waited_ms: 0, alone, host_mib: None }).collect();
             let mut placer = Placer::new(&Snapshot { cpu_jobs, ..snap(gpus) });
             let open = placer.open_slots();
             let placed = placer.place(&cands, usize::MAX).placements.len();
@@ -1089,7 +1316,8 @@ mod tests {
                 g.placed.push(*est);
                 g.held_alone = *alone;
             }
-            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone)| Candidate { gpus: n, estimate_mib: e, waited_ms: 0, alone, host_mib: None }).collect();
+            let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone)| Candidate {
+            phases: None, gpus: n, estimate_mib: e, waited_ms: 0, alone, host_mib: None }).collect();
             let s = snap(gpus.clone());
             let placed = place(&s, &cands, max);
             prop_assert!(placed.len() <= max);
@@ -1147,6 +1375,7 @@ mod tests {
         ) {
             for (i, g) in gpus.iter_mut().enumerate() { g.index = i as u32; }
             let cands: Vec<Candidate> = jobs.iter().map(|&(n, e, alone, old)| Candidate {
+            phases: None,
                 host_mib: None,
                 gpus: n, estimate_mib: e, waited_ms: if old { 10_000 } else { 0 }, alone,
             }).collect();

@@ -212,6 +212,7 @@ mod tests {
 
     fn gpu(index: u32, slots: u32) -> GpuState {
         GpuState {
+            timed: Default::default(),
             index,
             total_mib: 24 * GIB,
             slots,

@@ -137,6 +137,7 @@ fn snapshots(nodes: &[PreviewNode]) -> Vec<Snapshot> {
                 .map(|g| {
                     index = index.saturating_add(1);
                     GpuState {
+                        timed: Default::default(),
                         index: index - 1,
                         total_mib: g.total_mib,
                         slots: g.slots,
@@ -162,6 +163,7 @@ fn candidate(j: &PreviewJob) -> Candidate {
         estimate_mib: j.estimate_mib,
         waited_ms: 0,
         alone: j.alone,
+        phases: None,
     }
 }
 

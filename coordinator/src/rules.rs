@@ -18,8 +18,7 @@ use serde_json::Value;
 use crate::fair::{self, Caps, Shares};
 use crate::placement::{Candidate, Placement, Placer};
 
-/// Milliseconds since the Unix epoch: the one time unit the rules and the stores use.
-pub type Millis = i64;
+pub use crate::timeline::Millis;
 
 /// What the rules refuse; the store maps each to its own error once.
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +152,8 @@ pub struct PendingRow {
     pub max_concurrent: Option<u32>,
     /// Host memory its spec declares (`resources.host_memory`).
     pub host_declared: Option<u64>,
+    /// Its memory over time (`resources.memory_phases`).
+    pub phases: Option<headroom_shared::phases::Phases>,
 }
 
 /// A place in the queue: priority (higher first), then submission sequence (older first).
@@ -198,6 +199,8 @@ pub struct Slot {
     /// Its cgroup is limited to `host_mib`: only where its spec declares host memory (a
     /// limit the user set, which what runs taught may raise); learned alone, it admits.
     pub host_limited: bool,
+    /// What it holds as it starts, when it has memory phases (its peak comes later).
+    pub starts_with_mib: Option<u64>,
 }
 
 /// What a waiting job is placed by (with its colocated background's memory), from what its
@@ -355,6 +358,11 @@ fn claim_open(
             estimate_mib: estimates[i].0,
             waited_ms: (now - all[i].since).max(0) as u64,
             alone: all[i].alone,
+            // A colocated background holds its memory throughout, the peak's time included.
+            phases: all[i].phases.map(|p| headroom_shared::phases::Phases {
+                steady_mib: p.steady_mib + all[i].background_mib.unwrap_or(0),
+                ..p
+            }),
         })
         .collect();
     let mut placed = placer.place(&candidates, max);
@@ -375,6 +383,9 @@ fn claim_open(
                     source,
                     host_mib: hosts[i],
                     host_limited: all[i].host_declared.is_some(),
+                    starts_with_mib: estimate
+                        .zip(candidates[p.candidate].phases)
+                        .map(|(e, ph)| crate::timeline::starts_with(e, ph)),
                 }
             })
             .collect(),

@@ -13,6 +13,8 @@ use crate::placement::{CPU_SLOTS, Candidate, GpuState, Placer, Snapshot};
 
 /// The most attempts a job gets; past them it is failed.
 pub const MAX_ATTEMPTS: u32 = 3;
+/// The soonest a simulated placement looks again at jobs that wait only for time to pass.
+const RECHECK_EVERY_S: f64 = 1.0;
 /// Pending jobs one placement pass looks at, in queue order (the coordinator claims a window
 /// of the queue at a time too).
 const WINDOW: usize = 256;
@@ -29,15 +31,24 @@ pub enum Policy {
     /// headroom with learned estimates: a job's estimate is the highest use seen of its
     /// `kind` so far (its declared one until then), as headroom learns from peaks.
     Learned,
+    /// headroom with each job's declared estimate, its memory phases and its length
+    /// (`resources.memory_phases`, `expected_duration`): runs whose peaks fall apart share.
+    Phased,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 4] = [
+    pub const ALL: [Policy; 5] = [
         Policy::Exclusive,
         Policy::PlanOnly,
         Policy::Declared,
         Policy::Learned,
+        Policy::Phased,
     ];
+
+    /// Placement keeps each GPU's headroom and reads its live use.
+    fn headroom(self) -> bool {
+        matches!(self, Policy::Declared | Policy::Learned | Policy::Phased)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -45,6 +56,7 @@ impl Policy {
             Policy::PlanOnly => "plan only (FIFO)",
             Policy::Declared => "headroom, declared",
             Policy::Learned => "headroom, learned",
+            Policy::Phased => "headroom, declared with memory phases",
         }
     }
 }
@@ -151,6 +163,8 @@ enum Kind {
     Ends,
     /// A job submitted later joins the queue (`run` is the job).
     Arrives,
+    /// A waiting job may fit now by time alone (a run's phase changes).
+    Recheck,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -188,6 +202,8 @@ struct Running {
     in_peak: bool,
     /// When it started (ms), for fair share's cost.
     started_ms: i64,
+    /// Its memory over time, as placement was told it.
+    phases: Option<headroom_shared::phases::Phases>,
 }
 
 /// Who submitted a job and when (seconds from the start): a queue of several users.
@@ -224,14 +240,26 @@ pub(crate) type NodePlacement = (usize, usize, Vec<u32>);
 /// in queue order, through its own [`Placer`] (the coordinator's claim): a job's GPUs are on
 /// one node.
 pub(crate) fn place_on_nodes(nodes: &[Snapshot], candidates: &[Candidate]) -> Vec<NodePlacement> {
+    place_on_nodes_rechecked(nodes, candidates).0
+}
+
+/// [`place_on_nodes`], and when to place again though nothing else happens
+/// ([`Placer::recheck_at`]).
+fn place_on_nodes_rechecked(
+    nodes: &[Snapshot],
+    candidates: &[Candidate],
+) -> (Vec<NodePlacement>, Option<i64>) {
     let mut left: Vec<usize> = (0..candidates.len()).collect();
     let mut out = Vec::new();
+    let mut recheck: Option<i64> = None;
     for (n, snapshot) in nodes.iter().enumerate() {
         if left.is_empty() {
             break;
         }
         let batch: Vec<Candidate> = left.iter().map(|&i| candidates[i].clone()).collect();
-        let placed = Placer::new(snapshot).place(&batch, usize::MAX).placements;
+        let mut placer = Placer::new(snapshot);
+        let placed = placer.place(&batch, usize::MAX).placements;
+        recheck = recheck.into_iter().chain(placer.recheck_at()).min();
         let mut taken = vec![false; left.len()];
         for p in placed {
             taken[p.candidate] = true;
@@ -245,7 +273,7 @@ pub(crate) fn place_on_nodes(nodes: &[Snapshot], candidates: &[Candidate]) -> Ve
             .collect();
     }
     out.sort_by_key(|p| p.0);
-    out
+    (out, recheck)
 }
 
 /// Runs `jobs` (queued at time 0, in order) on `cluster` under `policy`.
@@ -313,6 +341,19 @@ pub fn simulate_queue(
     let mut used = vec![0u64; n_gpus];
     let mut now = 0.0f64;
     let mut report = Report::default();
+    let mut next_recheck: Option<f64> = None;
+    // What a job tells placement of its memory over time (with `Policy::Phased`).
+    let phases_of = |j: usize| {
+        let job = &jobs[j];
+        (policy == Policy::Phased && job.declared_mib.is_some()).then(|| {
+            headroom_shared::phases::Phases {
+                steady_mib: job.steady_mib,
+                peak_from: job.peak_from,
+                peak_until: job.peak_until,
+                expected_ms: to_ms(job.duration_s).max(1) as u64,
+            }
+        })
+    };
     let mut completion_sum = 0.0;
     let mut used_integral = 0.0;
     let capacity: u64 = cluster.gpus_mib.iter().sum();
@@ -331,29 +372,38 @@ pub fn simulate_queue(
         let estimate_of = |j: usize, learned: &BTreeMap<usize, u64>| -> Option<u64> {
             match policy {
                 Policy::Exclusive | Policy::PlanOnly => Some(0),
-                Policy::Declared => jobs[j].declared_mib,
+                Policy::Declared | Policy::Phased => jobs[j].declared_mib,
                 Policy::Learned => learned.get(&jobs[j].kind).copied().or(jobs[j].declared_mib),
             }
         };
         let gpu_state = |g: usize| GpuState {
+            timed: crate::timeline::Timeline {
+                now_ms: to_ms(now),
+                runs: running
+                    .values()
+                    .filter(|r| r.gpus.contains(&g))
+                    .filter_map(|r| {
+                        Some(crate::timeline::TimedRun::new(
+                            r.estimate?,
+                            r.phases?,
+                            r.started_ms,
+                        ))
+                    })
+                    .collect(),
+            },
             index: g as u32,
             total_mib: cluster.gpus_mib[g],
             slots: match policy {
                 Policy::Exclusive => 1,
                 _ => cluster.plan.get(g).copied().unwrap_or(0),
             },
-            headroom_mib: match policy {
-                Policy::Declared | Policy::Learned => {
-                    cluster.headroom_mib.get(g).copied().unwrap_or(0)
-                }
-                _ => 0,
+            headroom_mib: match policy.headroom() {
+                true => cluster.headroom_mib.get(g).copied().unwrap_or(0),
+                false => 0,
             },
-            live_free_mib: match policy {
-                Policy::Declared | Policy::Learned => {
-                    Some(cluster.gpus_mib[g].saturating_sub(used[g]))
-                }
-                _ => None,
-            },
+            live_free_mib: policy
+                .headroom()
+                .then(|| cluster.gpus_mib[g].saturating_sub(used[g])),
             placed: running
                 .values()
                 .filter(|r| r.gpus.contains(&g))
@@ -409,9 +459,19 @@ pub fn simulate_queue(
                 estimate_mib: estimate_of(j, &learned),
                 waited_ms: 0,
                 alone: jobs[j].alone,
+                phases: phases_of(j),
             })
             .collect();
-        let placed = place_on_nodes(&snapshots, &candidates);
+        let (placed, recheck) = place_on_nodes_rechecked(&snapshots, &candidates);
+        // Looked at again no sooner than a second on: a simulated hour of rechecks a
+        // millisecond apart would take the simulator, not placement, all its time.
+        if let Some(at) = recheck.map(|ms| (ms as f64 / 1000.0).max(now + RECHECK_EVERY_S))
+            && at > now
+            && next_recheck.is_none_or(|r| r <= now || at < r)
+        {
+            next_recheck = Some(at);
+            schedule(&mut events, at, 0, Kind::Recheck);
+        }
         let mut taken = vec![false; waiting.len()];
         let mut started_now = Vec::new();
         for (c, node, gpus) in placed {
@@ -435,6 +495,7 @@ pub fn simulate_queue(
                     estimate: candidates[c].estimate_mib,
                     in_peak: false,
                     started_ms: to_ms(now),
+                    phases: candidates[c].phases,
                 },
             );
             schedule(&mut events, now + job.duration_s, next_run, Kind::Ends);
@@ -500,6 +561,9 @@ pub fn simulate_queue(
             queue.push_back(ev.run as usize);
             continue;
         }
+        if ev.kind == Kind::Recheck {
+            continue;
+        }
         // A run that ends (or OOMs) now is charged to its user's ledger.
         let charge = |ledgers: &mut BTreeMap<usize, crate::fair::Ledger>, r: &Running| {
             if let Some(half_life) = half_life_ms {
@@ -551,7 +615,7 @@ pub fn simulate_queue(
                     }
                 }
             }
-            Kind::Arrives => {}
+            Kind::Arrives | Kind::Recheck => {}
             Kind::PeakEnds => {
                 if r.in_peak {
                     r.in_peak = false;
@@ -689,10 +753,16 @@ pub fn comparison(cluster: &Cluster, jobs: &[Job]) -> String {
     let rows = Policy::ALL
         .into_iter()
         .map(|p| (p.name(), simulate(cluster, jobs, p)))
-        .chain(std::iter::once((
-            "headroom, declared, longest first (every length known in advance)",
-            simulate(cluster, &longest, Policy::Declared),
-        )));
+        .chain([
+            (
+                "headroom, declared, longest first (every length known in advance)",
+                simulate(cluster, &longest, Policy::Declared),
+            ),
+            (
+                "headroom, declared with memory phases, longest first",
+                simulate(cluster, &longest, Policy::Phased),
+            ),
+        ]);
     for (name, r) in rows {
         let vs_exclusive = if exclusive > 0.0 {
             r.makespan_s / exclusive
@@ -792,7 +862,8 @@ mod tests {
             "a bound of declared estimates only"
         );
         let table = comparison(&cluster, &jobs);
-        assert_eq!(table.lines().count(), 2 + Policy::ALL.len() + 1, "{table}");
+        // Each policy, and two of them longest first.
+        assert_eq!(table.lines().count(), 2 + Policy::ALL.len() + 2, "{table}");
         assert!(
             table.contains("| headroom, declared | 100 s | 1.00 | 1.00 |"),
             "{table}"

@@ -160,6 +160,7 @@ async fn submit_as(s: &Backend, who: &str, jobs: Vec<NewJob>) -> ExperimentId {
         checkpoint: None,
         preemptible: false,
         memory_cap_off: false,
+        memory_phases: None,
         submitted_by: who.into(),
         ..experiment("exp", jobs)
     };
@@ -175,6 +176,7 @@ fn experiment(name: &str, jobs: Vec<NewJob>) -> NewExperiment {
         checkpoint: None,
         preemptible: false,
         memory_cap_off: false,
+        memory_phases: None,
         id: ExperimentId::new(),
         name: name.into(),
         seed: 1,
@@ -273,7 +275,15 @@ async fn claim_with(
     gpus: Option<Vec<GpuSample>>,
     max: u32,
 ) -> Vec<Lease> {
-    s.claim_jobs(ClaimInput {
+    s.claim_jobs(claim_input(agent, gpus, max))
+        .await
+        .expect("claim")
+        .leases
+}
+
+/// A claim of at most `max` leases with these samples, a 30 s lease, no reservations.
+fn claim_input(agent: AgentId, gpus: Option<Vec<GpuSample>>, max: u32) -> ClaimInput {
+    ClaimInput {
         agent,
         gpus,
         max,
@@ -281,10 +291,7 @@ async fn claim_with(
         reserve_after_ms: u64::MAX,
         half_life_ms: headroom_coordinator::fair::DEFAULT_HALF_LIFE_MS,
         watching: vec![],
-    })
-    .await
-    .expect("claim")
-    .leases
+    }
 }
 
 fn report_peak(fence: i64, failure: Option<FailureClass>, peak: u64) -> FinishReport {
@@ -470,6 +477,43 @@ async fn plan_slots_bound_leases(s: Backend) {
         ),
         (1, 3, 1)
     );
+}
+
+/// Runs that declare memory phases are placed by time: of two runs of 4 s holding 2,000
+/// MiB and 6,000 at their last tenth, started together their peaks would meet past the
+/// GPU's memory less headroom. One is leased, told what it starts with, and the claim says
+/// when to look again (1.2 s on: the second's widened peak then opens as the first is due);
+/// then the second is leased beside the first. The phases are read back from the store.
+async fn runs_with_memory_phases_share_a_gpu_when_their_peaks_fall_apart(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("4")).await;
+    let exp = NewExperiment {
+        memory_phases: Some(headroom_shared::phases::Phases {
+            steady_mib: 2000,
+            peak_from: 0.9,
+            peak_until: 1.0,
+            expected_ms: 4000,
+        }),
+        ..experiment(
+            "phased",
+            (0..2).map(|i| job(i, Some(6000), vec![], 1)).collect(),
+        )
+    };
+    s.create_experiment(exp).await.expect("create experiment");
+    let input = claim_input(agent, Some(free(1, 10_000)), 4);
+    let first = s.claim_jobs(input.clone()).await.expect("claim");
+    assert_eq!(first.leases.len(), 1, "their peaks would meet");
+    assert_eq!(first.leases[0].estimate_mib, Some(6000));
+    assert_eq!(first.leases[0].starts_with_mib, Some(2000));
+    let recheck = first.recheck_in_ms.expect("a time to look again");
+    assert!((1..=1200).contains(&recheck), "{recheck} ms");
+    tokio::time::sleep(std::time::Duration::from_millis(recheck)).await;
+    let second = s.claim_jobs(input).await.expect("claim");
+    assert_eq!(
+        second.leases.len(),
+        1,
+        "its peak comes after the first is due"
+    );
+    assert_eq!(second.recheck_in_ms, None, "nothing waits");
 }
 
 /// A job that needs no GPU starts on a node whose GPUs are all taken, with more GPU jobs
@@ -1102,19 +1146,7 @@ async fn hand_back_requeues_without_cost(s: Backend) {
 async fn expired_leases_become_lost(s: Backend) {
     let agent = register(&s, "n1", 1, None).await;
     submit(&s, vec![job(0, Some(1000), vec![FailureClass::Lost], 2)]).await;
-    let leases = s
-        .claim_jobs(ClaimInput {
-            agent,
-            gpus: Some(free(1, 10_000)),
-            max: 4,
-            lease_ttl_ms: 30_000,
-            reserve_after_ms: u64::MAX,
-            half_life_ms: headroom_coordinator::fair::DEFAULT_HALF_LIFE_MS,
-            watching: vec![],
-        })
-        .await
-        .expect("claim")
-        .leases;
+    let leases = claim_with(&s, agent, Some(free(1, 10_000)), 4).await;
     s.start_attempt(leases[0].attempt, leases[0].fence, 1, 0)
         .await
         .expect("start");
@@ -2029,6 +2061,7 @@ async fn a_throttled_run_is_what_its_specs_on_throttle_says(s: Backend) {
             checkpoint: None,
             preemptible: false,
             memory_cap_off: false,
+            memory_phases: None,
             id: ExperimentId::new(),
             name: "hot".into(),
             seed: 1,
@@ -2974,6 +3007,7 @@ async fn an_experiment_s_source_reaches_its_leases_and_bundles_are_kept_by_hash(
         checkpoint: None,
         preemptible: false,
         memory_cap_off: false,
+        memory_phases: None,
         id,
         name: "exp".into(),
         seed: 1,
@@ -3112,6 +3146,7 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
         checkpoint: None,
         preemptible: false,
         memory_cap_off: false,
+        memory_phases: None,
         max_concurrent: Some(2),
         ..experiment(
             "capped",
@@ -3150,6 +3185,7 @@ async fn an_experiment_s_cap_holds_across_nodes(s: Backend) {
             checkpoint: None,
             preemptible: false,
             memory_cap_off: false,
+            memory_phases: None,
             max_concurrent: Some(3),
             ..experiment(
                 &format!("race{round}"),
@@ -3349,6 +3385,7 @@ async fn a_preemptible_job_makes_room_for_a_user_under_their_share(s: Backend) {
         submitted_by: "alice".into(),
         preemptible: true,
         memory_cap_off: false,
+        memory_phases: None,
         checkpoint: Some(checkpoint.clone()),
         ..experiment(
             "alice",
@@ -3476,6 +3513,7 @@ async fn host_memory_is_admitted_on_the_node_and_learned_from_runs(s: Backend) {
         checkpoint: None,
         preemptible: false,
         memory_cap_off: false,
+        memory_phases: None,
         ..experiment(
             "hostmem",
             (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect(),
@@ -3539,6 +3577,7 @@ async fn a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain(s: 
         checkpoint: None,
         preemptible: false,
         memory_cap_off: false,
+        memory_phases: None,
         study: Some(study.clone()),
         ..experiment(&format!("lab.{name}"), jobs)
     };
@@ -4018,6 +4057,7 @@ macro_rules! conformance {
 }
 
 conformance!(sqlite, postgres: [
+    runs_with_memory_phases_share_a_gpu_when_their_peaks_fall_apart,
     a_gpu_s_drift_is_kept_told_once_when_it_lasts_and_cleared,
     alerts_are_kept_with_what_they_tell_of_and_claimed_once,
     lost_nodes_and_long_waits_are_told_once,
@@ -4557,6 +4597,7 @@ async fn early_stop_decides_each_rung_once_against_the_experiment_s_other_attemp
         checkpoint: None,
         preemptible: false,
         memory_cap_off: false,
+        memory_phases: None,
         id,
         name: "exp".into(),
         seed: 1,

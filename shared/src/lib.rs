@@ -34,6 +34,7 @@ pub mod ids;
 pub mod logging;
 pub mod oom;
 pub mod pending;
+pub mod phases;
 pub mod plan;
 pub mod prestart;
 pub mod profile;

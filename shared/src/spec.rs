@@ -295,6 +295,10 @@ pub struct Resources {
     /// node's memory, and the limit of its cgroup; learned from its runs' peaks when larger.
     #[serde(default)]
     pub host_memory: Option<MemSize>,
+    /// What a run holds outside its peak and where the peak falls (with `expected_duration`):
+    /// runs whose peaks fall apart in time may then share a GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_phases: Option<crate::phases::MemoryPhases>,
 }
 
 impl Default for Resources {
@@ -303,6 +307,7 @@ impl Default for Resources {
             gpus: 1,
             memory: None,
             host_memory: None,
+            memory_phases: None,
         }
     }
 }
@@ -397,6 +402,15 @@ impl ExperimentSpec {
     /// Its `expected_duration`.
     pub fn expected_duration(&self) -> Result<Option<Duration>, SpecError> {
         parse_duration(self.expected_duration.as_ref(), "expected_duration")
+    }
+
+    /// Its memory over time (`resources.memory_phases`), checked against its peak and length.
+    pub fn memory_phases(&self) -> Result<Option<crate::phases::Phases>, SpecError> {
+        let Some(p) = &self.resources.memory_phases else {
+            return Ok(None);
+        };
+        p.check(self.resources.memory, self.expected_duration()?)
+            .map(Some)
     }
 
     /// Its checkpoint signal, validated against its timeout.
@@ -624,6 +638,7 @@ impl ExperimentSpec {
         }
         self.timeout()?;
         self.expected_duration()?;
+        self.memory_phases()?;
         self.checkpoint()?;
         self.prestart()?;
         if self.retry.max_attempts == 0 || self.retry.max_attempts > 100 {

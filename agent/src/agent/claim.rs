@@ -94,8 +94,11 @@ impl Agent {
         let inventory = self.shared.backend.inventory();
         for lease in leases {
             // A GPU that cannot be read is never admitted to, whatever the estimate.
+            // A run with memory phases needs room now for what it starts with: the
+            // coordinator placed its later peak apart from its neighbours'.
+            let needs_now = lease.starts_with_mib.or(lease.estimate_mib);
             let refusal = crate::gpu::unreadable(&samples, &lease.gpus).or_else(|| {
-                let est = lease.estimate_mib?;
+                let est = needs_now?;
                 lease.gpus.iter().find_map(|g| {
                     let total = inventory.iter().find(|i| i.index == *g)?.total_mib;
                     let free = samples.iter().find(|s| s.index == *g)?.free_mib;
@@ -119,7 +122,7 @@ impl Agent {
                 }
                 continue;
             }
-            if let Some(est) = lease.estimate_mib {
+            if let Some(est) = needs_now {
                 // Later leases of this batch must not count on memory this one will take.
                 for s in samples.iter_mut().filter(|s| lease.gpus.contains(&s.index)) {
                     s.free_mib = s.free_mib.saturating_sub(est);

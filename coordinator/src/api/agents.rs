@@ -120,6 +120,7 @@ pub async fn claim(
             .await?;
         s.metrics.observe_claim(timer.elapsed().as_secs_f64());
         let (cancel, requeue) = (claimed.cancel, claimed.requeue);
+        let recheck = claimed.recheck_in_ms.map(Duration::from_millis);
         let plan = claimed.plan.to_string();
         let now = tokio::time::Instant::now();
         let mut leases = claimed.leases;
@@ -156,8 +157,11 @@ pub async fn claim(
         } else {
             seen
         };
+        // A run with memory phases reaching or leaving its peak is no store change: the
+        // claim looks again then by itself.
+        let wait = recheck.map_or(deadline - now, |r| r.min(deadline - now));
         s.changes
-            .wait_for_work(node, seen, deadline - now, OTHER_NODES_ENDS)
+            .wait_for_work(node, seen, wait, OTHER_NODES_ENDS)
             .await;
     }
 }

@@ -361,7 +361,8 @@ pub(super) async fn sweep(tx: &mut dyn Tx, input: AlertSweep) -> Result<(usize, 
     Ok((events, Change::None))
 }
 
-/// Each live GPU's reading against its ledger (the estimates of the attempts placed on it):
+/// Each live GPU's reading against its ledger (the estimates of the attempts placed on it,
+/// those with memory phases at what their phase holds):
 /// a drift is kept from when it starts, cleared when they agree again, and told once it has
 /// lasted `after_ms`. A GPU whose reading failed, or that runs an attempt with no estimate
 /// (placed alone, by nothing), has no ledger to compare and is left as it was.
@@ -388,7 +389,8 @@ async fn drift(tx: &mut dyn Tx, now: Millis, alive_ms: u64, after_ms: u64) -> Re
                 seen.push((row.name.clone(), g.index));
                 continue;
             }
-            let placed: u64 = here.iter().filter_map(|a| a.estimate).sum();
+            // A run with memory phases is counted at what they say it holds now.
+            let placed: u64 = here.iter().filter_map(|a| a.held_now(now)).sum();
             let previous = stored
                 .iter()
                 .find(|(n, i, _)| *n == row.name && *i == g.index)

@@ -123,6 +123,7 @@ async fn lease_job(
     let (key, key_hash) = crate::attempt_keys::new_key();
     new.lease.report_key = Some(headroom_shared::api::AttemptKey(key));
     new.lease.host_memory_mib = slot.host_mib.filter(|_| slot.host_limited);
+    new.lease.starts_with_mib = slot.starts_with_mib;
     tx.insert_attempt(&NewAttempt {
         id: new.lease.attempt.to_string(),
         job: &job.id,
@@ -170,7 +171,7 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
     let to = LeaseTo::new(&node, &input, now);
     let active = tx.active_on(&node.name).await?;
     let blocked = tx.blocked_gpus(&node.name, now).await?;
-    let snapshot = node_snapshot(&node, &samples, &active, &blocked, &input);
+    let snapshot = node_snapshot(&node, &samples, &active, &blocked, &input, now);
     // In the claim's transaction, not one of its own: a claim round is one store operation.
     let (cancel, requeue) =
         pending_cancels(tx, input.agent, std::mem::take(&mut input.watching)).await?;
@@ -181,6 +182,7 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
             requeue,
             plan: node.plan,
             node: node.name,
+            recheck_in_ms: None,
         };
         return Ok((claimed, changed));
     }
@@ -317,6 +319,9 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         requeue,
         plan: node.plan,
         node: node.name,
+        recheck_in_ms: placer
+            .recheck_at()
+            .map(|at| u64::try_from(at - now).unwrap_or(0)),
     };
     Ok((claimed, changed))
 }
@@ -690,6 +695,7 @@ fn node_snapshot(
     active: &[Active],
     blocked: &[u32],
     input: &ClaimInput,
+    now: Millis,
 ) -> Snapshot {
     let (gpus, plan, headroom) = (&node.gpus, &node.plan, &node.headroom);
     Snapshot {
@@ -715,6 +721,14 @@ fn node_snapshot(
                     .filter(|a| a.gpus.contains(&g.index))
                     .map(|a| a.estimate)
                     .collect(),
+                timed: crate::timeline::Timeline {
+                    now_ms: now,
+                    runs: active
+                        .iter()
+                        .filter(|a| a.gpus.contains(&g.index))
+                        .filter_map(Active::timed)
+                        .collect(),
+                },
                 held_alone: active.iter().any(|a| a.alone && a.gpus.contains(&g.index)),
                 // A GPU whose last reading failed is unknown, so not placeable.
                 quarantined: blocked.contains(&g.index)

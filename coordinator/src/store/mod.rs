@@ -79,6 +79,28 @@ pub struct Active {
     pub alone: bool,
     /// Host memory it was admitted with.
     pub host_mib: Option<u64>,
+    pub leased_at: Millis,
+    /// Its experiment's memory phases (`resources.memory_phases`).
+    pub phases: Option<headroom_shared::phases::Phases>,
+}
+
+impl Active {
+    /// Its memory over time, where it declared phases and is placed by an estimate.
+    pub fn timed(&self) -> Option<crate::timeline::TimedRun> {
+        Some(crate::timeline::TimedRun::new(
+            self.estimate?,
+            self.phases?,
+            self.leased_at,
+        ))
+    }
+
+    /// What it is counted to hold at `now`: its estimate, or where its phases put it.
+    pub fn held_now(&self, now: Millis) -> Option<u64> {
+        match self.timed() {
+            Some(run) => Some(run.held_at(now, now)),
+            None => self.estimate,
+        }
+    }
 }
 
 /// Called when another process sharing the database changed something.
@@ -246,6 +268,8 @@ pub struct NewExperiment {
     pub preemptible: bool,
     /// `memory_cap: off`: its attempts get no hard GPU memory limit.
     pub memory_cap_off: bool,
+    /// Its jobs' memory over time (`resources.memory_phases` with `expected_duration`).
+    pub memory_phases: Option<headroom_shared::phases::Phases>,
 }
 
 /// The study an experiment is stored in.
@@ -335,6 +359,9 @@ pub struct Claimed {
     pub plan: Plan,
     /// The agent's node, whose ends wake its next claim at once.
     pub node: String,
+    /// A job waits that may fit in this long though nothing else happens: a run with memory
+    /// phases on the node reaches or leaves its peak then.
+    pub recheck_in_ms: Option<u64>,
 }
 
 /// A heartbeat: the agent's attempts with their tokens, and its samples.

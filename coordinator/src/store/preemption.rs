@@ -189,6 +189,8 @@ async fn node_view(
         .iter()
         .enumerate()
         .map(|(i, g)| GpuState {
+            // Preemption counts each attempt's estimate throughout its run.
+            timed: Default::default(),
             index: g.index,
             total_mib: g.total_mib,
             slots: node.plan.slots(i),

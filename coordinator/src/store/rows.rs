@@ -437,9 +437,11 @@ pub(crate) fn renewal_row(r: &impl Cols) -> Result<RenewalRow> {
     })
 }
 
-/// Columns of an active attempt: `a.id, a.gpus, a.estimate_mib, a.fence, j.prestart`.
-pub(crate) const ACTIVE_COLUMNS: &str =
-    "a.id, a.gpus, a.estimate_mib, a.fence, j.prestart, a.host_estimate_mib";
+/// Columns of an active attempt: `a.id, a.gpus, a.estimate_mib, a.fence, j.prestart,
+/// a.host_estimate_mib, a.leased_at`, its experiment's memory phases and `j.background_mib`.
+pub(crate) const ACTIVE_COLUMNS: &str = "a.id, a.gpus, a.estimate_mib, a.fence, j.prestart, \
+     a.host_estimate_mib, a.leased_at, \
+     (SELECT memory_phases FROM experiments e WHERE e.id = j.experiment_id), j.background_mib";
 
 pub(crate) fn active(r: &impl Cols) -> Result<Active> {
     Ok(Active {
@@ -451,6 +453,17 @@ pub(crate) fn active(r: &impl Cols) -> Result<Active> {
             .json_opt::<headroom_shared::prestart::Prestart>(4)?
             .is_some_and(|p| p.holds_gpu()),
         host_mib: r.mib_opt(5)?,
+        leased_at: r.int(6)?,
+        // A colocated background holds its memory throughout, the peak's time included.
+        phases: r
+            .json_opt::<headroom_shared::phases::Phases>(7)?
+            .map(|p| -> Result<_> {
+                Ok(headroom_shared::phases::Phases {
+                    steady_mib: p.steady_mib + r.mib_opt(8)?.unwrap_or(0),
+                    ..p
+                })
+            })
+            .transpose()?,
     })
 }
 
@@ -469,7 +482,8 @@ pub(crate) fn user_limits(r: &impl Cols, i: usize) -> Result<headroom_shared::ap
 pub(crate) const PENDING_COLUMNS: &str = "id, gpus, estimate_mib, updated_at, memory_key, pending_reason, prestart, background_mib, \
      priority, seq, state, experiment_id, submitted_by, \
      (SELECT max_concurrent FROM experiments e WHERE e.id = jobs.experiment_id), \
-     (SELECT host_memory_mib FROM experiments e WHERE e.id = jobs.experiment_id)";
+     (SELECT host_memory_mib FROM experiments e WHERE e.id = jobs.experiment_id), \
+     (SELECT memory_phases FROM experiments e WHERE e.id = jobs.experiment_id)";
 
 pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
     Ok(PendingRow {
@@ -494,6 +508,7 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
             .int_opt(13)?
             .map(|n| u32::try_from(n.max(0)).unwrap_or(u32::MAX)),
         host_declared: r.mib_opt(14)?,
+        phases: r.json_opt(15)?,
     })
 }
 
@@ -636,6 +651,7 @@ pub(crate) fn lease_row_into(
             checkpoint: row.checkpoint,
             previous_end: row.last_failure,
             memory_cap_off: row.memory_cap_off,
+            starts_with_mib: None,
         },
         memory_key: row.memory_key,
         ladder_step: row.ladder_step,

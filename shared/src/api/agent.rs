@@ -131,6 +131,11 @@ pub struct Lease {
     /// `memory_cap: off`: no hard GPU memory limit, even where the node can set one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub memory_cap_off: bool,
+    /// What the run holds as it starts (MiB per GPU) when it declared memory phases: its
+    /// peak (`estimate_mib`) comes later, placed apart from its neighbours' peaks, so
+    /// admission checks free memory against this. `None`: against `estimate_mib`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starts_with_mib: Option<u64>,
 }
 
 /// Why an attempt ran out of GPU memory.

@@ -33,8 +33,8 @@ impl<E: Exec> JobsTx for E {
             self,
             "INSERT INTO experiments (id, name, seed, spec, created_at, submitted_by, source, \
              results, study_id, study_name, max_concurrent, host_memory_mib, checkpoint, \
-             preemptible, memory_cap_off) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+             preemptible, memory_cap_off, memory_phases) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
             &[
                 Arg::from(&id),
                 Arg::from(&exp.name),
@@ -54,6 +54,10 @@ impl<E: Exec> JobsTx for E {
                 },
                 Arg::from(exp.preemptible),
                 Arg::from(exp.memory_cap_off),
+                match &exp.memory_phases {
+                    Some(p) => json(p)?,
+                    None => Arg::Null,
+                },
             ],
         )
         .await?;

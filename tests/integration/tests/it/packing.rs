@@ -202,3 +202,73 @@ resources: {{gpus: 1, memory: 7GiB}}
     let out = h.cli(&["simulate", "nope", "--gpus", "2x10GiB", "--plan", "1,1"]);
     assert!(!out.status.success());
 }
+
+/// The most runs that were running at once, from their start and end records.
+fn most_at_once(records: &[Record]) -> usize {
+    let mut events: Vec<&Record> = records.iter().collect();
+    events.sort_by_key(|r| (r.t_ms, r.event == "start"));
+    let (mut on, mut most) = (0usize, 0usize);
+    for r in events {
+        match r.event.as_str() {
+            "start" => on += 1,
+            "end" | "oom" => on = on.saturating_sub(1),
+            _ => {}
+        }
+        most = most.max(on);
+    }
+    most
+}
+
+/// Runs that declare where their peak falls (`resources.memory_phases` with
+/// `expected_duration`) share a GPU their peaks could not share at once: three runs holding
+/// 2,000 MiB, 7 GiB in their last tenth, on one 10 GiB GPU (9 GiB less headroom). Two run at
+/// once with their peaks apart, and none runs out of memory (two peaks together would: 14 GiB);
+/// the same runs declaring only their peak run one at a time. A spec whose phases cannot be
+/// placed in time is refused, naming the field.
+#[test]
+fn runs_whose_peaks_fall_apart_share_a_gpu() {
+    let h = Headroom::up(UpOptions::gpus("1x10GiB").plan("4"));
+    h.wait_agent();
+    let spec = |name: &str, record: &std::path::Path, phases: &str| {
+        format!(
+            r#"
+name: {name}
+command: ["{job}", "--mem", "2000MiB", "--grow", "5168MiB", "--grow-after", "2.7", "--seconds", "3", "--record", "{record}"]
+runs_per_config: 3
+expected_duration: 3s
+resources: {{gpus: 1, memory: 7GiB{phases}}}
+retry: {{max_attempts: 1}}
+"#,
+            job = fake_job().display(),
+            record = record.display()
+        )
+    };
+    let phased = ", memory_phases: {steady: 2000MiB, peak: [0.9, 1.0]}";
+    for (name, phases, together) in [("apart", phased, 2), ("peaks", "", 1)] {
+        let record = h.path(&format!("{name}.jsonl"));
+        let exp = h
+            .submit(&format!("{name}.yaml"), &spec(name, &record, phases))
+            .expect("submit");
+        let jobs = h.wait_done(exp, Duration::from_secs(60));
+        assert!(
+            jobs.iter().all(|j| j.state == JobState::Succeeded),
+            "{name}: {jobs:#?}"
+        );
+        let records = read_records(&record).expect("records");
+        assert!(
+            records.iter().all(|r| r.event != "oom"),
+            "{name}: {records:#?}"
+        );
+        assert_eq!(most_at_once(&records), together, "{name}: {records:#?}");
+    }
+
+    let unplaceable =
+        spec("no-length", &h.path("x.jsonl"), phased).replace("expected_duration: 3s\n", "");
+    std::fs::write(h.path("no-length.yaml"), unplaceable).expect("write");
+    let out = h.cli(&["submit", h.path("no-length.yaml").to_str().expect("path")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("resources.memory_phases"),
+        "{stderr}"
+    );
+}
