@@ -1,6 +1,7 @@
 //! Useful work on the seeds' workloads: how much of the GPUs' memory-time becomes finished,
 //! clean runs, for headroom (`headroom-coordinator` and an agent on fake GPUs; on the matrix
-//! also given one study that declares each model's run length, queued longest first), the seeds' own
+//! also given one study that declares each model's run length, queued longest first; on
+//! both, one study that also declares each run's peak and memory phases), the seeds' own
 //! way (task-spooler with a slot per plan entry, an OOMed run tried again after the seeds'
 //! cleanup wait), one job per GPU (task-spooler with a slot per GPU), and the best schedule
 //! found offline ([`crate::offline`]), in one run.
@@ -219,6 +220,10 @@ enum Submitted {
     /// runs take (`expected_duration`, as the seeds knew each model's epoch): queued longest
     /// first.
     StudyWithLengths,
+    /// The same study, each kind also declaring its peak and where in its run the peak falls
+    /// (`resources.memory_phases`, as the seeds knew their evaluation's): runs whose peaks
+    /// fall apart share a GPU.
+    StudyWithPhases,
 }
 
 /// headroom: each kind of job's runs declaring their peak where the workload declares one
@@ -247,6 +252,13 @@ fn headroom_side(w: &Workload, best_s: f64, how: Submitted) -> Result<Outcome> {
             if let Some(m) = j.declared_mib {
                 resources["memory"] = format!("{m}MiB").into();
             }
+            if how == Submitted::StudyWithPhases {
+                resources["memory"] = format!("{}MiB", j.peak_mib).into();
+                resources["memory_phases"] = serde_json::json!({
+                    "steady": format!("{}MiB", j.steady_mib),
+                    "peak": [j.peak_from, j.peak_until],
+                });
+            }
             let mut spec = serde_json::json!({
                 "name": format!("{}-{kind}", w.name.replace(' ', "-")),
                 "command": job_argv(j, &record_path(records.path(), kind)),
@@ -254,7 +266,7 @@ fn headroom_side(w: &Workload, best_s: f64, how: Submitted) -> Result<Outcome> {
                 "resources": resources,
                 "retry": {"max_attempts": SEEDS_TRIES, "on": ["oom", "lost"]},
             });
-            if how == Submitted::StudyWithLengths {
+            if how != Submitted::Experiments {
                 spec["expected_duration"] = j.duration_s.into();
             }
             spec
@@ -262,7 +274,7 @@ fn headroom_side(w: &Workload, best_s: f64, how: Submitted) -> Result<Outcome> {
         .collect();
     let requests = match how {
         Submitted::Experiments => specs,
-        Submitted::StudyWithLengths => vec![serde_json::json!({
+        Submitted::StudyWithLengths | Submitted::StudyWithPhases => vec![serde_json::json!({
             "name": w.name.replace(' ', "-"),
             "experiments": specs,
         })],
@@ -411,6 +423,8 @@ struct Sides {
     /// headroom given one study that declares each kind's length, where the workload has
     /// kinds of more than one length (the matrix).
     with_lengths: Option<Outcome>,
+    /// headroom given one study that declares each kind's length, peak and memory phases.
+    with_phases: Outcome,
     seeds: Outcome,
     per_gpu: Outcome,
 }
@@ -425,6 +439,7 @@ fn run_workload(w: &Workload) -> Result<Sides> {
     let with_lengths = (lengths.len() > 1)
         .then(|| headroom_side(w, best.makespan_s, Submitted::StudyWithLengths))
         .transpose()?;
+    let with_phases = headroom_side(w, best.makespan_s, Submitted::StudyWithPhases)?;
     let seeds = task_spooler(w, &w.cluster.plan, best.makespan_s)?;
     let per_gpu = task_spooler(w, &vec![1; w.cluster.plan.len()], best.makespan_s)?;
     Ok(Sides {
@@ -432,6 +447,7 @@ fn run_workload(w: &Workload) -> Result<Sides> {
         bound_s,
         headroom,
         with_lengths,
+        with_phases,
         seeds,
         per_gpu,
     })
@@ -467,11 +483,16 @@ pub fn run(tiny: bool) -> Result<Report> {
                 o,
             ));
         }
+        table.push_str(&row(
+            "headroom, one study declaring each model's run length, peak and memory phases",
+            &s.with_phases,
+        ));
         for u in s
             .headroom
             .unfinished
             .iter()
             .chain(s.with_lengths.iter().flat_map(|o| &o.unfinished))
+            .chain(&s.with_phases.unfinished)
         {
             eprintln!("useful: {}: headroom's job {u}", w.name);
         }
@@ -505,12 +526,14 @@ pub fn run(tiny: bool) -> Result<Report> {
                 "best_offline_s": best, "lower_bound_s": s.bound_s,
                 "headroom": side(&s.headroom),
                 "headroom_lengths_declared": s.with_lengths.as_ref().map(side),
+                "headroom_phases_declared": side(&s.with_phases),
                 "seeds_way": side(&s.seeds),
                 "one_per_gpu": side(&s.per_gpu),
             }),
         );
         let sides = std::iter::once(("", &s.headroom))
-            .chain(s.with_lengths.as_ref().map(|o| (", lengths declared", o)));
+            .chain(s.with_lengths.as_ref().map(|o| (", lengths declared", o)))
+            .chain(std::iter::once((", phases declared", &s.with_phases)));
         for (how, o) in sides {
             let name = format!("{}{how}", w.name);
             targets.push(Target::new(
