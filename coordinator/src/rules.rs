@@ -360,7 +360,9 @@ fn claim_open(
             alone: all[i].alone,
             // A colocated background holds its memory throughout, the peak's time included.
             phases: all[i].phases.map(|p| headroom_shared::phases::Phases {
-                steady_mib: p.steady_mib + all[i].background_mib.unwrap_or(0),
+                steady_mib: p
+                    .steady_mib
+                    .saturating_add(all[i].background_mib.unwrap_or(0)),
                 ..p
             }),
         })

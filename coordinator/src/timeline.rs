@@ -147,14 +147,16 @@ impl Timeline {
         let now = self.now_ms;
         // A new run starts now: its edges less now are where they fall in its run.
         let offsets: Vec<Millis> = match new {
-            NewRun::Timed(r) => r.edges().iter().map(|e| e - now).collect(),
+            NewRun::Timed(r) => r.edges().iter().map(|e| e.saturating_sub(now)).collect(),
             NewRun::Flat(_) => Vec::new(),
         };
         let mut at: Vec<Millis> = self
             .runs
             .iter()
             .flat_map(TimedRun::edges)
-            .flat_map(|e| std::iter::once(e).chain(offsets.iter().map(move |o| e - o)))
+            .flat_map(|e| {
+                std::iter::once(e).chain(offsets.iter().map(move |o| e.saturating_sub(*o)))
+            })
             .filter(|t| *t > now)
             .collect();
         at.sort_unstable();
@@ -225,6 +227,29 @@ mod tests {
         // A run with no phases holds its estimate beside the first run's peak.
         assert_eq!(t.most_held_with(&NewRun::Flat(1000)), 3600);
         assert_eq!(t.held_at_start(&later), 2000);
+    }
+
+    /// A run declared to take longer than time can count is due at the end of time, and a
+    /// new run whose widened peak opens before now is looked at without overflowing.
+    #[test]
+    fn lengths_past_the_clock_saturate() {
+        let huge = TimedRun::new(
+            2600,
+            Phases {
+                expected_ms: u64::MAX,
+                ..phases(0.9, 1.0)
+            },
+            0,
+        );
+        assert_eq!(huge.due_ms(), Millis::MAX);
+        let t = Timeline {
+            now_ms: 1_000,
+            runs: vec![huge],
+        };
+        let early = NewRun::of(2600, Some(phases(0.0, 0.5)), 1_000);
+        assert!(t.changes_for(&early).iter().all(|at| *at > 1_000));
+        // The long run is steady for as long as anything here can tell; the new one peaks now.
+        assert_eq!(t.most_held_with(&early), 2000 + 2600);
     }
 
     #[test]

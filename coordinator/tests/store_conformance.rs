@@ -483,7 +483,9 @@ async fn plan_slots_bound_leases(s: Backend) {
 /// MiB and 6,000 at their last tenth, started together their peaks would meet past the
 /// GPU's memory less headroom. One is leased, told what it starts with, and the claim says
 /// when to look again (1.2 s on: the second's widened peak then opens as the first is due);
-/// then the second is leased beside the first. The phases are read back from the store.
+/// then the second is leased beside the first. The phases are read back from the store. A
+/// retry may resume partway through its run, so it is placed by its peak throughout: the
+/// first run's retry, which by its phases would fit beside the second 1.2 s on, waits.
 async fn runs_with_memory_phases_share_a_gpu_when_their_peaks_fall_apart(s: Backend) {
     let agent = register(&s, "n1", 1, Some("4")).await;
     let exp = NewExperiment {
@@ -495,7 +497,9 @@ async fn runs_with_memory_phases_share_a_gpu_when_their_peaks_fall_apart(s: Back
         }),
         ..experiment(
             "phased",
-            (0..2).map(|i| job(i, Some(6000), vec![], 1)).collect(),
+            (0..2)
+                .map(|i| job(i, Some(6000), vec![FailureClass::Oom], 2))
+                .collect(),
         )
     };
     s.create_experiment(exp).await.expect("create experiment");
@@ -507,13 +511,29 @@ async fn runs_with_memory_phases_share_a_gpu_when_their_peaks_fall_apart(s: Back
     let recheck = first.recheck_in_ms.expect("a time to look again");
     assert!((1..=1200).contains(&recheck), "{recheck} ms");
     tokio::time::sleep(std::time::Duration::from_millis(recheck)).await;
-    let second = s.claim_jobs(input).await.expect("claim");
+    let second = s.claim_jobs(input.clone()).await.expect("claim");
     assert_eq!(
         second.leases.len(),
         1,
         "its peak comes after the first is due"
     );
     assert_eq!(second.recheck_in_ms, None, "nothing waits");
+
+    let first = &first.leases[0];
+    finish_attempt(
+        &s,
+        first.attempt,
+        report(first.fence, Some(FailureClass::Oom)),
+    )
+    .await
+    .expect("an OOM");
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let retry = s.claim_jobs(input).await.expect("claim");
+    assert!(
+        retry.leases.is_empty(),
+        "a retry is placed by its peak beside the second's: {:?}",
+        retry.leases
+    );
 }
 
 /// A job that needs no GPU starts on a node whose GPUs are all taken, with more GPU jobs

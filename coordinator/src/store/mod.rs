@@ -79,8 +79,10 @@ pub struct Active {
     pub alone: bool,
     /// Host memory it was admitted with.
     pub host_mib: Option<u64>,
-    pub leased_at: Millis,
-    /// Its experiment's memory phases (`resources.memory_phases`).
+    /// When it started: its start as reported, else its lease.
+    pub started_ms: Millis,
+    /// Its experiment's memory phases (`resources.memory_phases`), for a job's first
+    /// attempt only.
     pub phases: Option<headroom_shared::phases::Phases>,
 }
 
@@ -90,7 +92,7 @@ impl Active {
         Some(crate::timeline::TimedRun::new(
             self.estimate?,
             self.phases?,
-            self.leased_at,
+            self.started_ms,
         ))
     }
 

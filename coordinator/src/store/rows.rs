@@ -438,10 +438,14 @@ pub(crate) fn renewal_row(r: &impl Cols) -> Result<RenewalRow> {
 }
 
 /// Columns of an active attempt: `a.id, a.gpus, a.estimate_mib, a.fence, j.prestart,
-/// a.host_estimate_mib, a.leased_at`, its experiment's memory phases and `j.background_mib`.
+/// a.host_estimate_mib`, when it started (its lease until its start is reported), its
+/// experiment's memory phases (a first attempt's only: a retry may resume partway through its
+/// run) and `j.background_mib`.
 pub(crate) const ACTIVE_COLUMNS: &str = "a.id, a.gpus, a.estimate_mib, a.fence, j.prestart, \
-     a.host_estimate_mib, a.leased_at, \
-     (SELECT memory_phases FROM experiments e WHERE e.id = j.experiment_id), j.background_mib";
+     a.host_estimate_mib, COALESCE(a.started_at, a.leased_at), \
+     CASE WHEN a.number = 1 THEN \
+     (SELECT memory_phases FROM experiments e WHERE e.id = j.experiment_id) END, \
+     j.background_mib";
 
 pub(crate) fn active(r: &impl Cols) -> Result<Active> {
     Ok(Active {
@@ -453,13 +457,13 @@ pub(crate) fn active(r: &impl Cols) -> Result<Active> {
             .json_opt::<headroom_shared::prestart::Prestart>(4)?
             .is_some_and(|p| p.holds_gpu()),
         host_mib: r.mib_opt(5)?,
-        leased_at: r.int(6)?,
+        started_ms: r.int(6)?,
         // A colocated background holds its memory throughout, the peak's time included.
         phases: r
             .json_opt::<headroom_shared::phases::Phases>(7)?
             .map(|p| -> Result<_> {
                 Ok(headroom_shared::phases::Phases {
-                    steady_mib: p.steady_mib + r.mib_opt(8)?.unwrap_or(0),
+                    steady_mib: p.steady_mib.saturating_add(r.mib_opt(8)?.unwrap_or(0)),
                     ..p
                 })
             })
@@ -483,7 +487,7 @@ pub(crate) const PENDING_COLUMNS: &str = "id, gpus, estimate_mib, updated_at, me
      priority, seq, state, experiment_id, submitted_by, \
      (SELECT max_concurrent FROM experiments e WHERE e.id = jobs.experiment_id), \
      (SELECT host_memory_mib FROM experiments e WHERE e.id = jobs.experiment_id), \
-     (SELECT memory_phases FROM experiments e WHERE e.id = jobs.experiment_id)";
+     (SELECT memory_phases FROM experiments e WHERE e.id = jobs.experiment_id), attempts";
 
 pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
     Ok(PendingRow {
@@ -508,7 +512,13 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
             .int_opt(13)?
             .map(|n| u32::try_from(n.max(0)).unwrap_or(u32::MAX)),
         host_declared: r.mib_opt(14)?,
-        phases: r.json_opt(15)?,
+        // A retry may resume from its checkpoint, partway through its run: where its peak
+        // falls is not known, so only a job's first attempt is placed by its phases.
+        phases: if r.int(16)? == 0 {
+            r.json_opt(15)?
+        } else {
+            None
+        },
     })
 }
 
