@@ -96,7 +96,7 @@ impl GpuState {
                 let after = budget.checked_sub(most)?;
                 // What is free now need only hold what the run holds as it starts.
                 if let Some(free) = self.live_free_mib
-                    && free.saturating_sub(self.headroom_mib) < self.timed.held_at_start(&new)
+                    && free.saturating_sub(self.headroom_mib) < new.held_first()
                 {
                     return None;
                 }
@@ -171,7 +171,7 @@ impl GpuState {
         if let Some(e) = estimate {
             let new = NewRun::of(e, phases, self.timed.now_ms);
             if let Some(free) = self.live_free_mib.as_mut() {
-                *free = free.saturating_sub(self.timed.held_at_start(&new));
+                *free = free.saturating_sub(new.held_first());
             }
             self.timed.add(&new);
         }
@@ -799,6 +799,7 @@ mod tests {
         use crate::rules::{PendingRow, claim};
         let pending = |id: &str, exp: &str| PendingRow {
             phases: None,
+            first: true,
             id: id.into(),
             gpus: 1,
             declared: Some(1_000),
@@ -889,6 +890,7 @@ mod tests {
         use crate::rules::{PendingRow, claim};
         let pending = |declared: Option<u64>, background: Option<u64>| PendingRow {
             phases: None,
+            first: true,
             id: "j".into(),
             gpus: 1,
             declared,

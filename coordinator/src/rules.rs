@@ -10,6 +10,7 @@ use headroom_shared::api::{
 };
 use headroom_shared::checkpoint::Requeue;
 use headroom_shared::pending::PendingReason;
+use headroom_shared::phases::Phases;
 use headroom_shared::routes::Access;
 use headroom_shared::spec::OnThrottle;
 use headroom_shared::{AttemptId, FailureClass, JobEvent, JobState, Plan};
@@ -17,6 +18,7 @@ use serde_json::Value;
 
 use crate::fair::{self, Caps, Shares};
 use crate::placement::{Candidate, Placement, Placer};
+use crate::timeline::NewRun;
 
 pub use crate::timeline::Millis;
 
@@ -153,7 +155,9 @@ pub struct PendingRow {
     /// Host memory its spec declares (`resources.host_memory`).
     pub host_declared: Option<u64>,
     /// Its memory over time (`resources.memory_phases`).
-    pub phases: Option<headroom_shared::phases::Phases>,
+    pub phases: Option<Phases>,
+    /// No attempt of it has run yet.
+    pub first: bool,
 }
 
 /// A place in the queue: priority (higher first), then submission sequence (older first).
@@ -168,12 +172,52 @@ pub struct QueueCursor {
 #[derive(Clone, Debug, Default)]
 pub struct KeyMemory {
     pub peaks: Vec<u64>,
+    /// The shapes (memory phases) its latest runs that ended well taught, newest first.
+    pub profiles: Vec<Phases>,
     pub floor: Option<u64>,
     pub host_peaks: Vec<u64>,
 }
 
 /// What each memory key has taught.
 pub type Learned = HashMap<String, KeyMemory>;
+
+/// How many of a key's latest shapes its learned phases cover.
+pub const PROFILES_WINDOW: usize = 5;
+
+/// The memory phases a waiting job is placed by: its spec's, else those its key's latest
+/// runs taught ([`learned_phases`]) where the key never ran out of memory (it has no floor).
+/// `None` for a retry, which may resume from a checkpoint partway through its run: where its
+/// peak falls is not known.
+pub fn pending_phases(p: &PendingRow, memory: &KeyMemory) -> Option<Phases> {
+    if !p.first {
+        return None;
+    }
+    p.phases.or_else(|| {
+        memory
+            .floor
+            .is_none()
+            .then(|| learned_phases(&memory.profiles))
+            .flatten()
+    })
+}
+
+/// Phases that cover each of `profiles` (shapes measured on runs of one configuration): the
+/// highest steady use with the learned margin, the earliest peak start, the latest peak end
+/// and the longest run. `None` without any, or where their peaks together cover more than
+/// half a run (runs whose peaks fall in different places are not placed by one).
+pub fn learned_phases(profiles: &[Phases]) -> Option<Phases> {
+    let (first, rest) = profiles.split_first()?;
+    let covered = rest.iter().fold(*first, |a, p| Phases {
+        steady_mib: a.steady_mib.max(p.steady_mib),
+        peak_from: a.peak_from.min(p.peak_from),
+        peak_until: a.peak_until.max(p.peak_until),
+        expected_ms: a.expected_ms.max(p.expected_ms),
+    });
+    (covered.peak_until - covered.peak_from <= 0.5).then(|| Phases {
+        steady_mib: (covered.steady_mib as f64 * LEARNED_MARGIN).ceil() as u64,
+        ..covered
+    })
+}
 
 /// The host memory a job is admitted with (and its cgroup limited to): max(declared, p95 of
 /// its key's host peaks x 1.1), as GPU memory is learned; `None` when nothing is known.
@@ -199,6 +243,8 @@ pub struct Slot {
     /// Its cgroup is limited to `host_mib`: only where its spec declares host memory (a
     /// limit the user set, which what runs taught may raise); learned alone, it admits.
     pub host_limited: bool,
+    /// The memory phases it is placed by (its background's memory in its steady use).
+    pub phases: Option<Phases>,
     /// What it holds as it starts, when it has memory phases (its peak comes later).
     pub starts_with_mib: Option<u64>,
 }
@@ -253,6 +299,13 @@ pub fn claim(
             pending_estimate_of(p, memory, largest, anywhere)
         })
         .collect();
+    let phases: Vec<Option<Phases>> = pending
+        .iter()
+        .map(|p| match learned.get(&p.memory_key) {
+            Some(memory) => pending_phases(p, memory),
+            None => pending_phases(p, &KeyMemory::default()),
+        })
+        .collect();
     let hosts: Vec<Option<u64>> = pending
         .iter()
         .map(|p| {
@@ -294,7 +347,9 @@ pub fn claim(
         }
         open.push(i);
     }
-    let mut plan = claim_open(placer, pending, &open, &estimates, &hosts, now, max);
+    let mut plan = claim_open(
+        placer, pending, &open, &estimates, &phases, &hosts, now, max,
+    );
     for slot in &plan.leases {
         let p = &pending[slot.candidate];
         if let Some((_, running)) = caps.experiments.get_mut(&p.experiment) {
@@ -340,12 +395,14 @@ pub fn claim(
 }
 
 /// [`claim`] over the pending jobs at positions `open` (positions in the plan are
-/// `pending`'s), placed by `estimates` (`all`'s).
+/// `pending`'s), placed by `estimates` and `phases` (`all`'s).
+#[allow(clippy::too_many_arguments)]
 fn claim_open(
     placer: &mut Placer,
     all: &[PendingRow],
     open: &[usize],
     estimates: &[(Option<u64>, &'static str)],
+    phases: &[Option<Phases>],
     hosts: &[Option<u64>],
     now: Millis,
     max: usize,
@@ -359,7 +416,7 @@ fn claim_open(
             waited_ms: (now - all[i].since).max(0) as u64,
             alone: all[i].alone,
             // A colocated background holds its memory throughout, the peak's time included.
-            phases: all[i].phases.map(|p| headroom_shared::phases::Phases {
+            phases: phases[i].map(|p| Phases {
                 steady_mib: p
                     .steady_mib
                     .saturating_add(all[i].background_mib.unwrap_or(0)),
@@ -385,9 +442,10 @@ fn claim_open(
                     source,
                     host_mib: hosts[i],
                     host_limited: all[i].host_declared.is_some(),
+                    phases: estimate.and(candidates[p.candidate].phases),
                     starts_with_mib: estimate
                         .zip(candidates[p.candidate].phases)
-                        .map(|(e, ph)| crate::timeline::starts_with(e, ph)),
+                        .map(|(e, ph)| NewRun::of(e, Some(ph), 0).held_first()),
                 }
             })
             .collect(),
@@ -1341,6 +1399,80 @@ mod tests {
             "batch_size".to_string(),
             serde_json::json!("/2"),
         )])]
+    }
+
+    fn shape(steady_mib: u64, from: f64, until: f64, expected_ms: u64) -> Phases {
+        Phases {
+            steady_mib,
+            peak_from: from,
+            peak_until: until,
+            expected_ms,
+        }
+    }
+
+    #[test]
+    fn learned_phases_cover_every_run_they_were_taught_by() {
+        let runs = [
+            shape(2000, 0.9, 1.0, 60_000),
+            shape(2400, 0.85, 0.97, 70_000),
+        ];
+        assert_eq!(
+            learned_phases(&runs),
+            Some(shape(2640, 0.85, 1.0, 70_000)),
+            "the most steady use x1.1, the widest peak, the longest run"
+        );
+        assert_eq!(learned_phases(&[]), None);
+        // Peaks that fall in different places: no one shape places them.
+        let apart = [shape(2000, 0.1, 0.2, 60_000), shape(2000, 0.8, 0.9, 60_000)];
+        assert_eq!(learned_phases(&apart), None);
+    }
+
+    #[test]
+    fn a_job_is_placed_by_its_declared_phases_else_by_learned_ones_on_its_first_attempt() {
+        let declared = shape(1000, 0.5, 0.6, 10_000);
+        let taught = KeyMemory {
+            profiles: vec![shape(2000, 0.9, 1.0, 60_000)],
+            ..Default::default()
+        };
+        let row = |phases: Option<Phases>, first: bool| PendingRow {
+            phases,
+            first,
+            id: "j".into(),
+            gpus: 1,
+            declared: Some(6_000),
+            since: 0,
+            memory_key: "k".into(),
+            reason: None,
+            alone: false,
+            background_mib: None,
+            state: JobState::Queued,
+            cursor: Default::default(),
+            experiment: "e".into(),
+            user: "u".into(),
+            max_concurrent: None,
+            host_declared: None,
+        };
+        assert_eq!(
+            pending_phases(&row(Some(declared), true), &taught),
+            Some(declared)
+        );
+        assert_eq!(
+            pending_phases(&row(None, true), &taught),
+            Some(shape(2200, 0.9, 1.0, 60_000))
+        );
+        // A retry may resume partway through its run.
+        assert_eq!(pending_phases(&row(Some(declared), false), &taught), None);
+        assert_eq!(pending_phases(&row(None, false), &taught), None);
+        // A key that ran out of memory is placed by its peak; what its spec says still holds.
+        let oomed = KeyMemory {
+            floor: Some(7_500),
+            ..taught.clone()
+        };
+        assert_eq!(pending_phases(&row(None, true), &oomed), None);
+        assert_eq!(
+            pending_phases(&row(Some(declared), true), &oomed),
+            Some(declared)
+        );
     }
 
     #[test]

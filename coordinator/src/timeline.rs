@@ -21,6 +21,7 @@ pub const MARGIN_PERMILLE: u64 = 100;
 pub struct TimedRun {
     pub peak_mib: u64,
     steady_mib: u64,
+    started_ms: Millis,
     /// `[from, until)` of its widened peak.
     peak_ms: (Millis, Millis),
     due_ms: Millis,
@@ -36,6 +37,7 @@ impl TimedRun {
         Self {
             peak_mib,
             steady_mib: phases.steady_mib.min(peak_mib),
+            started_ms,
             peak_ms: (
                 at(phases.peak_from).saturating_sub(margin),
                 at(phases.peak_until).saturating_add(margin),
@@ -99,22 +101,20 @@ impl NewRun {
             Self::Timed(r) => r.held_at(t, now),
         }
     }
-}
 
-/// What a run of `estimate` with `phases` holds as it starts.
-pub fn starts_with(estimate: u64, phases: Phases) -> u64 {
-    NewRun::of(estimate, Some(phases), 0).held_at(0, 0)
+    /// What it holds the moment it starts: what free memory must hold now.
+    pub fn held_first(&self) -> u64 {
+        match self {
+            Self::Flat(e) => *e,
+            Self::Timed(r) => r.held_at(r.started_ms, r.started_ms),
+        }
+    }
 }
 
 impl Timeline {
     /// The peaks of its runs, as counted among a GPU's estimates.
     pub fn peaks(&self) -> u64 {
         self.runs.iter().map(|r| r.peak_mib).sum()
-    }
-
-    /// What `new` holds the moment it starts.
-    pub fn held_at_start(&self, new: &NewRun) -> u64 {
-        new.held_at(self.now_ms, self.now_ms)
     }
 
     /// The most these runs and `new` would hold together at any instant from now on (while
@@ -226,7 +226,7 @@ mod tests {
         assert_eq!(t.most_held_with(&later), 4600);
         // A run with no phases holds its estimate beside the first run's peak.
         assert_eq!(t.most_held_with(&NewRun::Flat(1000)), 3600);
-        assert_eq!(t.held_at_start(&later), 2000);
+        assert_eq!(later.held_first(), 2000);
     }
 
     /// A run declared to take longer than time can count is due at the end of time, and a

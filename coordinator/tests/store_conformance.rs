@@ -536,6 +536,83 @@ async fn runs_with_memory_phases_share_a_gpu_when_their_peaks_fall_apart(s: Back
     );
 }
 
+/// A configuration's run that ended well teaches its shape (its steady use, where its peak
+/// fell, its length): its next runs, declaring none, are placed by it and share a GPU their
+/// peaks could not share at once. A contaminated run teaches none, and once a run of the
+/// configuration ran out of memory its runs are placed by their peak throughout again.
+async fn a_configuration_s_learned_shape_lets_its_runs_share_a_gpu(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("4")).await;
+    submit(
+        &s,
+        (0..5)
+            .map(|i| job(i, Some(6000), vec![FailureClass::Oom], 2))
+            .collect(),
+    )
+    .await;
+    let shape = headroom_shared::phases::Phases {
+        steady_mib: 2000,
+        peak_from: 0.9,
+        peak_until: 1.0,
+        expected_ms: 4000,
+    };
+    let taught = |fence: i64, contaminated: bool| FinishReport {
+        contaminated,
+        measurements: headroom_shared::api::Measurements {
+            memory_profile: Some(shape),
+            ..Default::default()
+        },
+        ..report_peak(fence, None, 5000)
+    };
+    let input = claim_input(agent, Some(free(1, 10_000)), 4);
+    let mut leases = Vec::new();
+    for contaminated in [true, false] {
+        let c = s.claim_jobs(input.clone()).await.expect("claim");
+        assert_eq!(c.leases.len(), 1, "nothing taught yet: {:?}", c.leases);
+        assert_eq!(c.leases[0].starts_with_mib, None, "placed by its peak");
+        let l = &c.leases[0];
+        finish_attempt(&s, l.attempt, taught(l.fence, contaminated))
+            .await
+            .expect("end");
+        let kept = s.attempt(l.attempt).await.expect("attempt");
+        let expected = (!contaminated).then_some(shape);
+        assert_eq!(kept.measurements.memory_profile, expected, "{contaminated}");
+    }
+    let third = s.claim_jobs(input.clone()).await.expect("claim");
+    assert_eq!(third.leases.len(), 1, "their peaks would meet");
+    assert_eq!(third.leases[0].estimate_mib, Some(6000));
+    assert_eq!(
+        third.leases[0].starts_with_mib,
+        Some(2200),
+        "its learned steady use, with the learned margin"
+    );
+    let recheck = third.recheck_in_ms.expect("a time to look again");
+    assert!((1..=1200).contains(&recheck), "{recheck} ms");
+    tokio::time::sleep(std::time::Duration::from_millis(recheck)).await;
+    let fourth = s.claim_jobs(input.clone()).await.expect("claim");
+    assert_eq!(
+        fourth.leases.len(),
+        1,
+        "its peak comes after the third is due"
+    );
+    leases.extend(third.leases);
+    leases.extend(fourth.leases);
+
+    // An OOM of the configuration: it is placed by its peak throughout from then on.
+    finish_attempt(
+        &s,
+        leases[0].attempt,
+        report_peak(leases[0].fence, Some(FailureClass::Oom), 6000),
+    )
+    .await
+    .expect("an OOM");
+    finish_attempt(&s, leases[1].attempt, taught(leases[1].fence, false))
+        .await
+        .expect("end");
+    let after = s.claim_jobs(input).await.expect("claim");
+    assert_eq!(after.leases.len(), 1, "two peaks of 7,500 MiB do not fit");
+    assert_eq!(after.leases[0].starts_with_mib, None, "{:?}", after.leases);
+}
+
 /// A job that needs no GPU starts on a node whose GPUs are all taken, with more GPU jobs
 /// waiting ahead of it than the claim's first window holds: past that window the claim reads
 /// on only for such jobs (from their own index), not every waiting job.
@@ -1949,6 +2026,8 @@ async fn attempt_measurements_are_stored_and_read_back(s: Backend) {
             util_pct: Some(37.5),
         }],
         ghost_mib: Some(2_048),
+        // A contaminated run teaches no shape.
+        memory_profile: None,
     };
     let l = claim(&s, agent, 1).await.remove(0);
     let full = FinishReport {
@@ -4078,6 +4157,7 @@ macro_rules! conformance {
 
 conformance!(sqlite, postgres: [
     runs_with_memory_phases_share_a_gpu_when_their_peaks_fall_apart,
+    a_configuration_s_learned_shape_lets_its_runs_share_a_gpu,
     a_gpu_s_drift_is_kept_told_once_when_it_lasts_and_cleared,
     alerts_are_kept_with_what_they_tell_of_and_claimed_once,
     lost_nodes_and_long_waits_are_told_once,

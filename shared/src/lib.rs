@@ -9,6 +9,8 @@
 //! - `secret` (secrets from files, systemd credentials or values), `datadir` (state
 //!   directories taken only when this user's and private).
 //! - `results` (metrics, early stopping, tracking: what a run achieved).
+//! - `phases` (a run's GPU memory over time as declared), `memory_series` (as measured, and
+//!   the phases fitted to it).
 //! - `prestart`, `colocate`, `checkpoint` (the signal before a requeueing stop), `spec`
 //!   (what a user submits, validated), `expand` (the matrix of jobs a spec makes), `study`
 //!   (variants over shared defaults, and their `after`).
@@ -32,6 +34,7 @@ pub mod field;
 pub mod ids;
 #[cfg(feature = "logging")]
 pub mod logging;
+pub mod memory_series;
 pub mod oom;
 pub mod pending;
 pub mod phases;

@@ -22,6 +22,7 @@ pub struct MemoryPhases {
 /// A job's memory over time as placement reads it: steady use, the peak's window as
 /// fractions of the run, and the run's expected length.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Phases {
     pub steady_mib: u64,
     pub peak_from: f64,

@@ -93,6 +93,10 @@ pub struct AgentSettings {
     /// clock, throttle reasons) is sampled and shipped with heartbeats; `0s`: never.
     #[arg(long, env = "HEADROOM_TELEMETRY_INTERVAL", default_value = "1s", value_parser = duration)]
     pub telemetry_interval: Duration,
+    /// How often an attempt's supervisor looks at its GPUs: its processes' memory (their
+    /// peak, and the shape of their run that placement learns), intruders, and its readings.
+    #[arg(long, env = "HEADROOM_SAMPLE_EVERY", default_value = "1s", value_parser = duration)]
+    pub sample_every: Duration,
     /// Most telemetry samples kept while the coordinator cannot be reached (the oldest go
     /// first, and are counted).
     #[arg(long, env = "HEADROOM_TELEMETRY_BUFFER", default_value_t = 20_000)]
@@ -216,6 +220,7 @@ impl AgentSettings {
                 kill_grace: self.kill_grace,
                 verify_timeout: self.verify_timeout,
                 start_reading_wait: self.start_reading_wait,
+                sample_every: self.sample_every,
                 ..SupervisorConfig::default()
             },
             claim_wait: Duration::from_secs(20),

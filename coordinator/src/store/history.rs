@@ -24,10 +24,10 @@ pub(super) async fn of_keys(
 ) -> Result<BTreeMap<String, KeyHistory>> {
     let mut out = BTreeMap::new();
     for key in keys {
-        let (peaks, floor) = super::leases::key_memory(tx, &key).await?;
+        let memory = super::leases::key_memory(tx, &key).await?;
         let h = KeyHistory {
-            peaks,
-            floor,
+            peaks: memory.peaks,
+            floor: memory.floor,
             duration_ms: tx.key_duration_ms(&key).await?,
         };
         if h != KeyHistory::default() {

@@ -99,12 +99,16 @@ async fn check_fence(
     Ok((job, row.phase))
 }
 
-/// Observed peaks and the OOM floor of a memory key.
-pub(in crate::store) async fn key_memory(
-    tx: &mut dyn Tx,
-    key: &str,
-) -> Result<(Vec<u64>, Option<u64>)> {
-    Ok((tx.peaks(key).await?, tx.floor(key).await?))
+/// What a memory key has taught of GPU memory: its observed peaks, the shapes of its runs
+/// and its OOM floor (not its host memory).
+pub(in crate::store) async fn key_memory(tx: &mut dyn Tx, key: &str) -> Result<rules::KeyMemory> {
+    let super::tx::KeyPeaks { peaks, profiles } = tx.peaks(key).await?;
+    Ok(rules::KeyMemory {
+        peaks,
+        profiles,
+        floor: tx.floor(key).await?,
+        host_peaks: Vec::new(),
+    })
 }
 
 /// Leases a waiting job, locked by the claim's read of the queue (`job`, with the state read
@@ -142,6 +146,7 @@ async fn lease_job(
         report_key_hash: &key_hash,
         reserved_mib: to.reserves(slot),
         host_mib: slot.host_mib,
+        phases: slot.phases,
     })
     .await?;
     let leased = JobLeased {
@@ -264,20 +269,15 @@ pub(super) async fn claim(tx: &mut dyn Tx, mut input: ClaimInput) -> Result<(Cla
         // What each memory key has taught so far, read once per key.
         for p in &pending {
             if !learned.contains_key(&p.memory_key) {
-                let (peaks, floor) = key_memory(tx, &p.memory_key).await?;
+                let mut memory = key_memory(tx, &p.memory_key).await?;
                 // A floor past this node's GPUs: whether any live GPU could take it, looked
                 // up once (it waits for that node, or runs alone where none is).
-                if floor > placer.largest_usable_mib() && !fleet_known {
+                if memory.floor > placer.largest_usable_mib() && !fleet_known {
                     let anywhere = nodes::largest_live_usable(tx, input.lease_ttl_ms, now).await?;
                     placer.know_largest_anywhere(anywhere);
                     fleet_known = true;
                 }
-                let host_peaks = tx.host_peaks(&p.memory_key).await?;
-                let memory = rules::KeyMemory {
-                    peaks,
-                    floor,
-                    host_peaks,
-                };
+                memory.host_peaks = tx.host_peaks(&p.memory_key).await?;
                 learned.insert(p.memory_key.clone(), memory);
             }
         }

@@ -81,8 +81,7 @@ pub struct Active {
     pub host_mib: Option<u64>,
     /// When it started: its start as reported, else its lease.
     pub started_ms: Millis,
-    /// Its experiment's memory phases (`resources.memory_phases`), for a job's first
-    /// attempt only.
+    /// The memory phases it was placed by (declared or learned), if any.
     pub phases: Option<headroom_shared::phases::Phases>,
 }
 

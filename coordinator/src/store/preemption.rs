@@ -88,12 +88,7 @@ pub(super) async fn preempt(
         .max();
     let mut waiters = Vec::new();
     for p in &pending {
-        let (peaks, floor) = key_memory(tx, &p.memory_key).await?;
-        let memory = KeyMemory {
-            peaks,
-            floor,
-            host_peaks: vec![],
-        };
+        let memory = key_memory(tx, &p.memory_key).await?;
         waiters.push((p, waiter(p, &memory, largest)));
     }
     waiters.sort_by_key(|(p, _)| (shares.rank(&p.user), -p.cursor.priority, p.cursor.seq));

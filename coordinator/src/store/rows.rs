@@ -144,7 +144,7 @@ const BASE_ATTEMPT_COLUMNS: &str = "id, job_id, number, node, gpus, fence, phase
      cooldown_wait_ms, cooldown_from_mdeg, cooldown_start_mdeg, cooldown_timed_out, \
      background_pid, background_ready_ms, background_exit_code, background_signal, \
      background_exited_early, host_peak_mib, first_reading_ms, covers_run, energy_counters, \
-     ghost_mib, memory_cap_mib, oom_cause, oom_neighbour";
+     ghost_mib, memory_cap_mib, oom_cause, oom_neighbour, memory_profile";
 
 /// Every column `attempt_view` reads, by name in order: the base ones, then each figure's
 /// (`Measurements::FIGURES`) that is not among them, so a new figure is read once its
@@ -261,6 +261,7 @@ fn measurements(r: &impl Cols, at: usize) -> Result<Measurements> {
         covers_run: r.flag_opt(51)?,
         counters: r.json_opt(52)?.unwrap_or_default(),
         ghost_mib: r.mib_opt(53)?,
+        memory_profile: r.json_opt(57)?,
         ..Measurements::default()
     };
     for (f, &i) in FIGURES.iter().zip(FIGURE_AT.iter()) {
@@ -438,14 +439,10 @@ pub(crate) fn renewal_row(r: &impl Cols) -> Result<RenewalRow> {
 }
 
 /// Columns of an active attempt: `a.id, a.gpus, a.estimate_mib, a.fence, j.prestart,
-/// a.host_estimate_mib`, when it started (its lease until its start is reported), its
-/// experiment's memory phases (a first attempt's only: a retry may resume partway through its
-/// run) and `j.background_mib`.
+/// a.host_estimate_mib`, when it started (its lease until its start is reported) and the
+/// memory phases it was placed by.
 pub(crate) const ACTIVE_COLUMNS: &str = "a.id, a.gpus, a.estimate_mib, a.fence, j.prestart, \
-     a.host_estimate_mib, COALESCE(a.started_at, a.leased_at), \
-     CASE WHEN a.number = 1 THEN \
-     (SELECT memory_phases FROM experiments e WHERE e.id = j.experiment_id) END, \
-     j.background_mib";
+     a.host_estimate_mib, COALESCE(a.started_at, a.leased_at), a.placed_phases";
 
 pub(crate) fn active(r: &impl Cols) -> Result<Active> {
     Ok(Active {
@@ -458,16 +455,7 @@ pub(crate) fn active(r: &impl Cols) -> Result<Active> {
             .is_some_and(|p| p.holds_gpu()),
         host_mib: r.mib_opt(5)?,
         started_ms: r.int(6)?,
-        // A colocated background holds its memory throughout, the peak's time included.
-        phases: r
-            .json_opt::<headroom_shared::phases::Phases>(7)?
-            .map(|p| -> Result<_> {
-                Ok(headroom_shared::phases::Phases {
-                    steady_mib: p.steady_mib.saturating_add(r.mib_opt(8)?.unwrap_or(0)),
-                    ..p
-                })
-            })
-            .transpose()?,
+        phases: r.json_opt(7)?,
     })
 }
 
@@ -512,13 +500,8 @@ pub(crate) fn pending(r: &impl Cols) -> Result<PendingRow> {
             .int_opt(13)?
             .map(|n| u32::try_from(n.max(0)).unwrap_or(u32::MAX)),
         host_declared: r.mib_opt(14)?,
-        // A retry may resume from its checkpoint, partway through its run: where its peak
-        // falls is not known, so only a job's first attempt is placed by its phases.
-        phases: if r.int(16)? == 0 {
-            r.json_opt(15)?
-        } else {
-            None
-        },
+        phases: r.json_opt(15)?,
+        first: r.int(16)? == 0,
     })
 }
 

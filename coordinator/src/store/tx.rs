@@ -91,6 +91,14 @@ pub struct JobLeased {
 }
 
 /// An attempt row about to be written by a lease.
+/// A memory key's latest observed peaks (newest first), and the shapes the latest of their
+/// runs that ended well taught.
+#[derive(Clone, Debug, Default)]
+pub struct KeyPeaks {
+    pub peaks: Vec<u64>,
+    pub profiles: Vec<headroom_shared::phases::Phases>,
+}
+
 pub struct NewAttempt<'a> {
     pub id: String,
     pub job: &'a str,
@@ -112,6 +120,8 @@ pub struct NewAttempt<'a> {
     pub reserved_mib: u64,
     /// Host memory it is admitted with (its cgroup's limit).
     pub host_mib: Option<u64>,
+    /// The memory phases it is placed by, declared or learned.
+    pub phases: Option<headroom_shared::phases::Phases>,
 }
 
 /// The statements of one transaction: every section's.
@@ -341,7 +351,7 @@ pub trait AttemptsTx: Send {
         attempts: &[String],
     ) -> Result<Vec<(String, StopAsk)>>;
     /// Observed peaks of a memory key's attempts.
-    async fn peaks(&mut self, key: &str) -> Result<Vec<u64>>;
+    async fn peaks(&mut self, key: &str) -> Result<KeyPeaks>;
     /// Observed host memory peaks of a memory key's latest attempts that succeeded or were
     /// killed at their memory limit.
     async fn host_peaks(&mut self, key: &str) -> Result<Vec<u64>>;

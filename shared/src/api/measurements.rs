@@ -207,6 +207,13 @@ measurements! {
         /// none; `None`: it could not be told (not clean).
         #[serde(default)]
         pub ghost_mib: Option<u64>,
+        /// The run's GPU memory over time fitted as phases: its steady use, where its peak
+        /// fell (shares of the run) and its length. Told only of a run measured per process
+        /// whose peak stood out (a tenth above its steady use, at most half the run); the
+        /// next runs of its configuration that declare no `resources.memory_phases` are
+        /// placed by it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub memory_profile: Option<crate::phases::Phases>,
     }
 }
 

@@ -72,6 +72,8 @@ pub(super) async fn start(
         background_memory: false,
         ghost: Default::default(),
         own_util: HashMap::new(),
+        series: Default::default(),
+        exec_at: None,
     }));
     let sample_every = cfg.sample_every.max(Duration::from_millis(10));
 
@@ -170,7 +172,9 @@ pub(super) async fn start(
     };
     {
         let mut w = lock(&watch);
-        w.meter.mark_exec(std::time::Instant::now());
+        let exec = std::time::Instant::now();
+        w.meter.mark_exec(exec);
+        w.exec_at = Some(exec);
         w.log.metrics.started();
     }
 

@@ -467,6 +467,13 @@ pub(super) async fn end(
     let _ = end_reading.await;
     let mut f = figures(&run.watch, &launch.log_path, run.log_start).await;
     let failed = outcome.status.is_none_or(|s| !s.success());
+    // Only a clean run's shape is one its configuration's next runs may be placed by.
+    if !failed && !f.contaminated && f.peak_source == PeakSource::Processes {
+        let run_ms = (ended_at - run.started_at).num_milliseconds();
+        f.measurements.memory_profile = lock(&run.watch)
+            .series
+            .fit(u64::try_from(run_ms).unwrap_or(0));
+    }
     if let Some(hint) = failed.then(|| denied_hint(launch, &f.log_tail)).flatten() {
         note(log, &hint);
         f.log_tail.push_str(&format!("[headroom] {hint}\n"));

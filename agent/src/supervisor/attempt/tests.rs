@@ -407,6 +407,34 @@ async fn peak_memory_sums_the_attempts_processes() {
     f.assert_gone(launch.attempt);
 }
 
+/// A run that ended well tells the shape of its memory over time: its steady use, where its
+/// peak fell and its length; a failed run tells none (its next runs are not placed by it).
+#[tokio::test]
+async fn a_run_that_ended_well_tells_where_its_peak_fell() {
+    let f = fixture();
+    let shaped = "echo 0:1000 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 1.6; \
+                  echo 0:4000 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.4";
+    let end = f.run(f.sh(shaped)).await;
+    assert_eq!(end.failure(), None, "{end:?}");
+    assert_eq!(end.peak_mem_mib, Some(4000));
+    let p = end.measurements.memory_profile.expect("a shape");
+    assert_eq!(p.steady_mib, 1000, "{p:?}");
+    assert!((0.7..=0.8).contains(&p.peak_from), "{p:?}");
+    assert!((p.peak_until - 1.0).abs() < 1e-9, "{p:?}");
+    assert!((1900..=2600).contains(&p.expected_ms), "{p:?}");
+
+    let failed = f.run(f.sh(&format!("{shaped}; exit 3"))).await;
+    assert_eq!(failed.failure(), Some(FailureClass::Nonzero), "{failed:?}");
+    assert_eq!(failed.measurements.memory_profile, None);
+    let flat = f
+        .run(f.sh("echo 0:1000 > $HEADROOM_FAKE_GPU_DIR/$$; sleep 0.7"))
+        .await;
+    assert_eq!(
+        flat.measurements.memory_profile, None,
+        "no peak to place by"
+    );
+}
+
 #[tokio::test]
 async fn children_left_behind_by_a_successful_job_are_stopped() {
     let f = fixture();

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use headroom_shared::AttemptId;
 use headroom_shared::api::{GpuProcess, GpuSample, Measurements, PeakSource, ghost_tolerance_mib};
+use headroom_shared::memory_series::MemorySeries;
 use headroom_shared::results::{AttemptMetrics, ResultsSpec};
 
 use crate::gpu::{self, GpuBackend};
@@ -56,6 +57,9 @@ pub(crate) struct Watch {
     pub(super) ghost: GhostLooks,
     /// Per GPU, its processes' SM utilization at the looks where they were on it.
     pub(super) own_util: HashMap<u32, UtilMean>,
+    /// What its processes held over the run, from the job's exec (`exec_at`) on.
+    pub(super) series: MemorySeries,
+    pub(super) exec_at: Option<std::time::Instant>,
 }
 
 /// What the looks at an attempt's GPUs told of unattributed memory.
@@ -404,8 +408,13 @@ impl Watch {
         }
         if seen && !unknown {
             self.peak.processes = Some(self.peak.processes.unwrap_or(0).max(sum));
+            if let Some(exec) = self.exec_at {
+                let at = u64::try_from(exec.elapsed().as_millis()).unwrap_or(u64::MAX);
+                self.series.record(at, sum);
+            }
         }
         if unknown {
+            self.series.mark_unknown();
             self.peak.unknown = true;
             if let Some(delta) = self.delta(samples) {
                 self.peak.delta = Some(self.peak.delta.unwrap_or(0).max(delta));

@@ -8,11 +8,12 @@ use headroom_shared::{AgentId, FailureClass, JobState};
 
 use super::super::exec::{Arg, Exec, json};
 use super::super::rows::{self, Cols, i64_of, opt_i64};
-use super::super::tx::{AttemptsTx, AttemptsWhere, Ended, NewAttempt};
+use super::super::tx::{AttemptsTx, AttemptsWhere, Ended, KeyPeaks, NewAttempt};
 use super::super::{Active, Millis, Result, StopAsk};
 use super::{ACTIVE_ON, EXPIRED, LATEST_PEAKS, all, done, first, text};
 use crate::rules::{FenceRow, FinishRow, RenewalRow};
 use headroom_shared::checkpoint::Requeue;
+use headroom_shared::phases::Phases;
 
 /// An attempt's end: its outcome, then each figure of `Measurements::FIGURES` into its own
 /// column (parameters from 29 on, in that order).
@@ -158,9 +159,9 @@ impl<E: Exec> AttemptsTx for E {
             "INSERT INTO attempts (id, job_id, number, node, agent_id, gpus, fence, phase, \
              estimate_mib, leased_at, lease_expires_at, memory_key, estimate_source, params, \
              ladder_step, report_key_hash, submitted_by, reserved_mib, charged, \
-             host_estimate_mib) \
+             host_estimate_mib, placed_phases) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, 'leased', $8, $9, $10, $11, $12, $13, $14, \
-             $15, (SELECT submitted_by FROM jobs WHERE id = $2), $16, 0, $17)",
+             $15, (SELECT submitted_by FROM jobs WHERE id = $2), $16, 0, $17, $18)",
             args![
                 &a.id,
                 a.job,
@@ -178,7 +179,11 @@ impl<E: Exec> AttemptsTx for E {
                 a.ladder_step,
                 a.report_key_hash,
                 i64_of(a.reserved_mib),
-                opt_i64(a.host_mib)
+                opt_i64(a.host_mib),
+                match &a.phases {
+                    Some(p) => json(p)?,
+                    None => Arg::Null,
+                }
             ],
         )
         .await
@@ -346,14 +351,26 @@ impl<E: Exec> AttemptsTx for E {
         // The figures, one parameter each after the rest (`ENDED_SQL`).
         args.extend(m.figures.iter().map(|f| Arg::from(*f)));
         let ended = first(self, &ENDED_SQL, &args, |r| rows::ended(r)).await?;
-        if ended.is_some() && (report.memory_cap_mib.is_some() || report.oom_cause.is_some()) {
+        // Only a run that ended well and alone on its memory teaches its shape.
+        let profile = report
+            .measurements
+            .memory_profile
+            .filter(|_| report.failure.is_none() && !report.contaminated);
+        if ended.is_some()
+            && (report.memory_cap_mib.is_some() || report.oom_cause.is_some() || profile.is_some())
+        {
             done(
                 self,
-                "UPDATE attempts SET memory_cap_mib = $1, oom_cause = $2 WHERE id = $3",
-                args![
-                    opt_i64(report.memory_cap_mib),
-                    report.oom_cause.map(|c| c.as_str()),
-                    attempt
+                "UPDATE attempts SET memory_cap_mib = $1, oom_cause = $2, memory_profile = $3 \
+                 WHERE id = $4",
+                &[
+                    Arg::from(opt_i64(report.memory_cap_mib)),
+                    Arg::from(report.oom_cause.map(|c| c.as_str())),
+                    match &profile {
+                        Some(p) => json(p)?,
+                        None => Arg::Null,
+                    },
+                    Arg::from(attempt),
                 ],
             )
             .await?;
@@ -461,15 +478,24 @@ impl<E: Exec> AttemptsTx for E {
         .await
     }
 
-    async fn peaks(&mut self, key: &str) -> Result<Vec<u64>> {
+    async fn peaks(&mut self, key: &str) -> Result<KeyPeaks> {
         // The most recent ones only (by the coordinator's clock: an end's time is the
         // agent's): a claim reads them for every key in its window, and a key of a large
         // matrix has as many as its attempts.
         let window = i64::from(crate::rules::LEARNED_WINDOW);
-        all(self, LATEST_PEAKS, args![key, window], |r| {
-            Ok(r.int(0)?.max(0) as u64)
+        let rows = all(self, LATEST_PEAKS, args![key, window], |r| {
+            Ok((r.int(0)?.max(0) as u64, r.json_opt::<Phases>(1)?))
         })
-        .await
+        .await?;
+        let profiles = rows
+            .iter()
+            .filter_map(|(_, p)| *p)
+            .take(crate::rules::PROFILES_WINDOW)
+            .collect();
+        Ok(KeyPeaks {
+            peaks: rows.into_iter().map(|(peak, _)| peak).collect(),
+            profiles,
+        })
     }
 
     async fn key_duration_ms(&mut self, key: &str) -> Result<Option<u64>> {

@@ -138,8 +138,8 @@ pub(super) const EXPIRED: &str = "SELECT a.id FROM attempts a JOIN jobs j ON j.i
      WHERE a.phase != 'ended' AND a.lease_expires_at < $1 ORDER BY j.seq";
 
 /// A memory key's (`$1`) latest observed peaks, at most `$2`, newest first (from the partial
-/// index `attempts_key_peaks`).
-pub(super) const LATEST_PEAKS: &str = "SELECT peak_mem_mib FROM attempts \
+/// index `attempts_key_peaks`), each with the shape its run taught, if any.
+pub(super) const LATEST_PEAKS: &str = "SELECT peak_mem_mib, memory_profile FROM attempts \
      WHERE memory_key = $1 AND peak_mem_mib IS NOT NULL \
      AND (oom_cause IS NULL OR oom_cause != 'neighbour_grew') \
      ORDER BY leased_at DESC LIMIT $2";

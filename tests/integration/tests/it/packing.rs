@@ -272,3 +272,47 @@ retry: {{max_attempts: 1}}
         "{stderr}"
     );
 }
+
+/// A configuration's runs declare only their peak; the first that ends well teaches where
+/// its peak fell, and its next runs share the GPU with their peaks apart: four runs holding
+/// 1,500 MiB, 7 GiB in their last tenth, on one 12 GiB GPU (two peaks together would need
+/// 14 GiB). The first runs alone; after it two run at once, and none runs out of memory. The
+/// run's shape is shown with its attempt.
+#[test]
+fn a_configuration_s_runs_share_a_gpu_once_one_taught_where_its_peak_falls() {
+    let h = Headroom::up(
+        UpOptions::gpus("1x12GiB")
+            .plan("4")
+            .env("HEADROOM_SAMPLE_EVERY", "100ms"),
+    );
+    h.wait_agent();
+    let record = h.path("learned.jsonl");
+    let spec = format!(
+        r#"
+name: learned
+command: ["{job}", "--mem", "1500MiB", "--grow", "5668MiB", "--grow-after", "2.7", "--seconds", "3", "--record", "{record}"]
+runs_per_config: 4
+resources: {{gpus: 1, memory: 7GiB}}
+retry: {{max_attempts: 1}}
+"#,
+        job = fake_job().display(),
+        record = record.display()
+    );
+    let exp = h.submit("learned.yaml", &spec).expect("submit");
+    let jobs = h.wait_done(exp, Duration::from_secs(90));
+    assert!(
+        jobs.iter().all(|j| j.state == JobState::Succeeded),
+        "{jobs:#?}"
+    );
+    let records = read_records(&record).expect("records");
+    assert!(records.iter().all(|r| r.event != "oom"), "{records:#?}");
+    assert_eq!(most_at_once(&records), 2, "{records:#?}");
+    let first = jobs.iter().find(|j| j.index == 0).expect("the first run");
+    let shape = h
+        .first_attempt(first.id)
+        .measurements
+        .memory_profile
+        .expect("its shape");
+    assert!((1500..1700).contains(&shape.steady_mib), "{shape:?}");
+    assert!((0.85..=0.95).contains(&shape.peak_from), "{shape:?}");
+}
