@@ -569,6 +569,16 @@ fn measure_lines(a: &AttemptView) -> Vec<String> {
             sh.share_method.as_str()
         ));
     }
+    if let Some(p) = &m.memory_profile {
+        lines.push(format!(
+            "memory over time: {} MiB steady, its peak from {:.0} % to {:.0} % of its {:.1} s \
+             (its configuration's next runs are placed by it)",
+            p.steady_mib,
+            p.peak_from * 100.0,
+            p.peak_until * 100.0,
+            p.expected_ms as f64 / 1000.0
+        ));
+    }
     if let Some(reason) = &m.contamination_reason {
         lines.push(format!(
             "contaminated: {reason} (pid {}, {})",

@@ -315,4 +315,6 @@ retry: {{max_attempts: 1}}
         .expect("its shape");
     assert!((1500..1700).contains(&shape.steady_mib), "{shape:?}");
     assert!((0.85..=0.95).contains(&shape.peak_from), "{shape:?}");
+    let show = h.cli_ok(&["show", &first.id.to_string()]);
+    assert!(show.contains("memory over time: 15"), "{show}");
 }
