@@ -164,7 +164,7 @@ fn useful() {
     for w in ["seed_matrix", "LoRA_farm"] {
         let f = &r.figures[w];
         let jobs = f["jobs"].as_u64().expect("jobs");
-        for side in ["headroom", "one_per_gpu"] {
+        for side in ["headroom", "headroom_phases_learned", "one_per_gpu"] {
             assert_eq!(
                 f[side]["clean_runs"].as_u64(),
                 Some(jobs),
@@ -172,7 +172,11 @@ fn useful() {
             );
         }
     }
-    for side in ["headroom", "headroom_lengths_declared"] {
+    for side in [
+        "headroom",
+        "headroom_lengths_declared",
+        "headroom_phases_learned",
+    ] {
         let matrix = &r.figures["seed_matrix"][side];
         assert_eq!(matrix["ooms"].as_u64(), Some(0), "{side}: {matrix}");
         assert_eq!(

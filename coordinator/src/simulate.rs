@@ -34,20 +34,28 @@ pub enum Policy {
     /// headroom with each job's declared estimate, its memory phases and its length
     /// (`resources.memory_phases`, `expected_duration`): runs whose peaks fall apart share.
     Phased,
+    /// headroom learning both: estimates as [`Policy::Learned`], and the memory phases of a
+    /// kind from its runs that ended well ([`crate::rules::learned_phases`]), for first
+    /// attempts of kinds that never ran out of memory.
+    LearnedPhased,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 5] = [
+    pub const ALL: [Policy; 6] = [
         Policy::Exclusive,
         Policy::PlanOnly,
         Policy::Declared,
         Policy::Learned,
         Policy::Phased,
+        Policy::LearnedPhased,
     ];
 
     /// Placement keeps each GPU's headroom and reads its live use.
     fn headroom(self) -> bool {
-        matches!(self, Policy::Declared | Policy::Learned | Policy::Phased)
+        matches!(
+            self,
+            Policy::Declared | Policy::Learned | Policy::Phased | Policy::LearnedPhased
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -57,6 +65,7 @@ impl Policy {
             Policy::Declared => "headroom, declared",
             Policy::Learned => "headroom, learned",
             Policy::Phased => "headroom, declared with memory phases",
+            Policy::LearnedPhased => "headroom, learned with memory phases",
         }
     }
 }
@@ -335,6 +344,10 @@ pub fn simulate_queue(
         .collect();
     let mut attempts = vec![0u32; jobs.len()];
     let mut learned: BTreeMap<usize, u64> = BTreeMap::new();
+    // Kinds' shapes from runs that ended well (newest first), and kinds that ran out of
+    // memory (with `Policy::LearnedPhased`).
+    let mut shapes: BTreeMap<usize, Vec<headroom_shared::phases::Phases>> = BTreeMap::new();
+    let mut oomed: std::collections::BTreeSet<usize> = Default::default();
     let mut running: BTreeMap<u64, Running> = BTreeMap::new();
     let mut events = BinaryHeap::new();
     let (mut seq, mut next_run) = (0u64, 0u64);
@@ -342,17 +355,26 @@ pub fn simulate_queue(
     let mut now = 0.0f64;
     let mut report = Report::default();
     let mut next_recheck: Option<f64> = None;
-    // What a job tells placement of its memory over time (with `Policy::Phased`).
-    let phases_of = |j: usize| {
+    let shape_of = |job: &Job| headroom_shared::phases::Phases {
+        steady_mib: job.steady_mib,
+        peak_from: job.peak_from,
+        peak_until: job.peak_until,
+        expected_ms: to_ms(job.duration_s).max(1) as u64,
+    };
+    // What placement knows of a job's memory over time: declared (`Policy::Phased`), or
+    // learned from its kind's runs that ended well (`Policy::LearnedPhased`).
+    let phases_of = |j: usize,
+                     shapes: &BTreeMap<usize, Vec<headroom_shared::phases::Phases>>,
+                     oomed: &std::collections::BTreeSet<usize>,
+                     first: bool| {
         let job = &jobs[j];
-        (policy == Policy::Phased && job.declared_mib.is_some()).then(|| {
-            headroom_shared::phases::Phases {
-                steady_mib: job.steady_mib,
-                peak_from: job.peak_from,
-                peak_until: job.peak_until,
-                expected_ms: to_ms(job.duration_s).max(1) as u64,
-            }
-        })
+        match policy {
+            Policy::Phased => job.declared_mib.is_some().then(|| shape_of(job)),
+            Policy::LearnedPhased if first && !oomed.contains(&job.kind) => shapes
+                .get(&job.kind)
+                .and_then(|s| crate::rules::learned_phases(s)),
+            _ => None,
+        }
     };
     let mut completion_sum = 0.0;
     let mut used_integral = 0.0;
@@ -373,7 +395,9 @@ pub fn simulate_queue(
             match policy {
                 Policy::Exclusive | Policy::PlanOnly => Some(0),
                 Policy::Declared | Policy::Phased => jobs[j].declared_mib,
-                Policy::Learned => learned.get(&jobs[j].kind).copied().or(jobs[j].declared_mib),
+                Policy::Learned | Policy::LearnedPhased => {
+                    learned.get(&jobs[j].kind).copied().or(jobs[j].declared_mib)
+                }
             }
         };
         let gpu_state = |g: usize| GpuState {
@@ -459,7 +483,7 @@ pub fn simulate_queue(
                 estimate_mib: estimate_of(j, &learned),
                 waited_ms: 0,
                 alone: jobs[j].alone,
-                phases: phases_of(j),
+                phases: phases_of(j, &shapes, &oomed, attempts[j] == 0),
             })
             .collect();
         let (placed, recheck) = place_on_nodes_rechecked(&snapshots, &candidates);
@@ -537,6 +561,7 @@ pub fn simulate_queue(
             }
             report.ooms += 1;
             learn(&mut learned, job);
+            oomed.insert(job.kind);
             if attempts[r.job] < MAX_ATTEMPTS {
                 queue.push_back(r.job);
             } else {
@@ -599,6 +624,7 @@ pub fn simulate_queue(
                     }
                     report.ooms += 1;
                     learn(&mut learned, job);
+                    oomed.insert(job.kind);
                     if attempts[r.job] < MAX_ATTEMPTS {
                         queue.push_front(r.job);
                     } else {
@@ -644,6 +670,14 @@ pub fn simulate_queue(
                     used[g] -= held;
                 }
                 learn(&mut learned, job);
+                // As a supervisor tells a shape: a peak a tenth above steady, at most half
+                // the run.
+                if job.peak_mib * 10 >= job.steady_mib * 11 && job.peak_until - job.peak_from <= 0.5
+                {
+                    let kind = shapes.entry(job.kind).or_default();
+                    kind.insert(0, shape_of(job));
+                    kind.truncate(crate::rules::PROFILES_WINDOW);
+                }
                 completion_sum += now;
                 report.completed += 1;
                 for &d in &dependants[r.job] {

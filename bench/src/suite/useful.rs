@@ -228,8 +228,11 @@ enum Submitted {
 
 /// headroom: each kind of job's runs declaring their peak where the workload declares one
 /// (the matrix) and nothing where it does not (the farm: headroom learns); an OOMed run gets
-/// as many tries as the seeds' way gives it (headroom retries only `lost` by default).
-fn headroom_side(w: &Workload, best_s: f64, how: Submitted) -> Result<Outcome> {
+/// as many tries as the seeds' way gives it (headroom retries only `lost` by default). With
+/// `taught`, the same submission runs once before, untimed, on the same node: what its runs
+/// taught (peaks, lengths, where each run's peak fell) is what a lab's second sweep starts
+/// from.
+fn headroom_side(w: &Workload, best_s: f64, how: Submitted, taught: bool) -> Result<Outcome> {
     let plan = w
         .cluster
         .plan
@@ -242,8 +245,53 @@ fn headroom_side(w: &Workload, best_s: f64, how: Submitted) -> Result<Outcome> {
         gpus: &gpu_spec(&w.cluster),
         plan: &plan,
     })?;
+    if taught {
+        let first = shared_dir("hr-useful")?;
+        let exps = submit_side(&node, w, how, first.path())?;
+        wait_side(&node, w, &exps, best_s)?;
+    }
     let records = shared_dir("hr-useful")?;
     let t0 = now_ms();
+    let exps = submit_side(&node, w, how, records.path())?;
+    wait_side(&node, w, &exps, best_s)?;
+    let mut o = outcome(records.path(), w, t0)?;
+    for exp in exps {
+        for j in block_on(node.api.jobs(Some(exp), None))?? {
+            if j.state == headroom_shared::JobState::Succeeded {
+                continue;
+            }
+            let d = block_on(node.api.job(j.id))??;
+            let attempts = d
+                .attempts_detail
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{}: {:?} {:?}, estimate {:?} ({}), peak {:?}",
+                        a.number,
+                        a.failure_class,
+                        a.oom_cause,
+                        a.estimate_mib,
+                        a.estimate_source,
+                        a.peak_mem_mib
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            o.unfinished
+                .push(format!("{} {:?}: {attempts}", j.id, j.state));
+        }
+    }
+    Ok(o)
+}
+
+/// Submits `w` to `node` as `how` says, each run recording into `records`; the experiments
+/// stored.
+fn submit_side(
+    node: &Node,
+    w: &Workload,
+    how: Submitted,
+    records: &Path,
+) -> Result<Vec<ExperimentId>> {
     let specs: Vec<serde_json::Value> = kinds(&w.jobs)
         .into_iter()
         .map(|(j, runs)| {
@@ -261,7 +309,7 @@ fn headroom_side(w: &Workload, best_s: f64, how: Submitted) -> Result<Outcome> {
             }
             let mut spec = serde_json::json!({
                 "name": format!("{}-{kind}", w.name.replace(' ', "-")),
-                "command": job_argv(j, &record_path(records.path(), kind)),
+                "command": job_argv(j, &record_path(records, kind)),
                 "runs_per_config": runs,
                 "resources": resources,
                 "retry": {"max_attempts": SEEDS_TRIES, "on": ["oom", "lost"]},
@@ -294,8 +342,13 @@ fn headroom_side(w: &Workload, best_s: f64, how: Submitted) -> Result<Outcome> {
     if exps.is_empty() {
         bail!("{}: nothing was stored", w.name);
     }
+    Ok(exps)
+}
+
+/// Waits until every job of `exps` ended, or fails past the side's deadline.
+fn wait_side(node: &Node, w: &Workload, exps: &[ExperimentId], best_s: f64) -> Result<()> {
     let until = Instant::now() + deadline(best_s);
-    for &exp in &exps {
+    for &exp in exps {
         loop {
             let p = block_on(
                 node.api
@@ -315,34 +368,7 @@ fn headroom_side(w: &Workload, best_s: f64, how: Submitted) -> Result<Outcome> {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    let mut o = outcome(records.path(), w, t0)?;
-    for exp in exps {
-        for j in block_on(node.api.jobs(Some(exp), None))?? {
-            if j.state == headroom_shared::JobState::Succeeded {
-                continue;
-            }
-            let d = block_on(node.api.job(j.id))??;
-            let attempts = d
-                .attempts_detail
-                .iter()
-                .map(|a| {
-                    format!(
-                        "{}: {:?} {:?}, estimate {:?} ({}), peak {:?}",
-                        a.number,
-                        a.failure_class,
-                        a.oom_cause,
-                        a.estimate_mib,
-                        a.estimate_source,
-                        a.peak_mem_mib
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("; ");
-            o.unfinished
-                .push(format!("{} {:?}: {attempts}", j.id, j.state));
-        }
-    }
-    Ok(o)
+    Ok(())
 }
 
 /// The wrapper each task-spooler job runs: it takes a free slot (a lock file bound to a GPU),
@@ -425,6 +451,9 @@ struct Sides {
     with_lengths: Option<Outcome>,
     /// headroom given one study that declares each kind's length, peak and memory phases.
     with_phases: Outcome,
+    /// headroom given its best submission without phases a second time, on the node the
+    /// first ran on: placed by what the first taught (where each kind's peak falls).
+    taught: Outcome,
     seeds: Outcome,
     per_gpu: Outcome,
 }
@@ -433,13 +462,19 @@ fn run_workload(w: &Workload) -> Result<Sides> {
     let best = offline::best(&w.cluster, &w.jobs, 64, 1)
         .with_context(|| format!("{}: a job fits no GPU", w.name))?;
     let bound_s = offline::lower_bound(&w.cluster, &w.jobs);
-    let headroom = headroom_side(w, best.makespan_s, Submitted::Experiments)?;
+    let headroom = headroom_side(w, best.makespan_s, Submitted::Experiments, false)?;
     let lengths: std::collections::BTreeSet<u64> =
         w.jobs.iter().map(|j| j.duration_s.to_bits()).collect();
     let with_lengths = (lengths.len() > 1)
-        .then(|| headroom_side(w, best.makespan_s, Submitted::StudyWithLengths))
+        .then(|| headroom_side(w, best.makespan_s, Submitted::StudyWithLengths, false))
         .transpose()?;
-    let with_phases = headroom_side(w, best.makespan_s, Submitted::StudyWithPhases)?;
+    let with_phases = headroom_side(w, best.makespan_s, Submitted::StudyWithPhases, false)?;
+    // Its best way without phases declared, submitted a second time.
+    let again = match with_lengths {
+        Some(_) => Submitted::StudyWithLengths,
+        None => Submitted::Experiments,
+    };
+    let taught = headroom_side(w, best.makespan_s, again, true)?;
     let seeds = task_spooler(w, &w.cluster.plan, best.makespan_s)?;
     let per_gpu = task_spooler(w, &vec![1; w.cluster.plan.len()], best.makespan_s)?;
     Ok(Sides {
@@ -448,6 +483,7 @@ fn run_workload(w: &Workload) -> Result<Sides> {
         headroom,
         with_lengths,
         with_phases,
+        taught,
         seeds,
         per_gpu,
     })
@@ -487,12 +523,17 @@ pub fn run(tiny: bool) -> Result<Report> {
             "headroom, one study declaring each model's run length, peak and memory phases",
             &s.with_phases,
         ));
+        table.push_str(&row(
+            "headroom, its best way without phases submitted again (phases learned from the first)",
+            &s.taught,
+        ));
         for u in s
             .headroom
             .unfinished
             .iter()
             .chain(s.with_lengths.iter().flat_map(|o| &o.unfinished))
             .chain(&s.with_phases.unfinished)
+            .chain(&s.taught.unfinished)
         {
             eprintln!("useful: {}: headroom's job {u}", w.name);
         }
@@ -527,13 +568,15 @@ pub fn run(tiny: bool) -> Result<Report> {
                 "headroom": side(&s.headroom),
                 "headroom_lengths_declared": s.with_lengths.as_ref().map(side),
                 "headroom_phases_declared": side(&s.with_phases),
+                "headroom_phases_learned": side(&s.taught),
                 "seeds_way": side(&s.seeds),
                 "one_per_gpu": side(&s.per_gpu),
             }),
         );
         let sides = std::iter::once(("", &s.headroom))
             .chain(s.with_lengths.as_ref().map(|o| (", lengths declared", o)))
-            .chain(std::iter::once((", phases declared", &s.with_phases)));
+            .chain(std::iter::once((", phases declared", &s.with_phases)))
+            .chain(std::iter::once((", submitted again", &s.taught)));
         for (how, o) in sides {
             let name = format!("{}{how}", w.name);
             targets.push(Target::new(

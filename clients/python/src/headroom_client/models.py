@@ -273,6 +273,17 @@ class CounterWindow(_Model):
     util_pct: Optional[float] = None
 
 
+class Phases(_Model):
+    """A run's GPU memory over time: its steady use, where its peak falls (shares of the
+    run, ``peak_from`` to ``peak_until``) and its length."""
+
+    __schema__ = "Phases"
+    steady_mib: int
+    peak_from: float
+    peak_until: float
+    expected_ms: int
+
+
 class Sharing(_Model):
     """An attempt that ran beside others on one of its GPUs: for how much of its run
     (``overlap``, 0 to 1), with whom (``with_``, the API's ``with``), and its apportioned
@@ -384,6 +395,9 @@ class AttemptView(_Model):
     #: Memory no listed process held on one of its GPUs during the run, beyond what there
     #: was before it (MiB): "ghost" memory; None: none seen.
     ghost_mib: Optional[int] = None
+    #: The run's memory over time fitted as phases, when it ended well and its peak stood
+    #: out: what its configuration's next runs are placed by.
+    memory_profile: Optional[Phases] = None
     #: Another attempt ran on one of its GPUs during its run; ``sharing`` says with whom.
     shared: bool = False
     sharing: Optional[Sharing] = None
@@ -707,6 +721,7 @@ ALL_MODELS = [
     GpuSeries,
     AttemptTelemetry,
     CounterWindow,
+    Phases,
     Sharing,
     Point,
     RungDecision,
