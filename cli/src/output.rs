@@ -572,7 +572,7 @@ fn measure_lines(a: &AttemptView) -> Vec<String> {
     if let Some(p) = &m.memory_profile {
         lines.push(format!(
             "memory over time: {} MiB steady, its peak from {:.0} % to {:.0} % of its {:.1} s \
-             (its configuration's next runs are placed by it)",
+             (what its configuration's next runs may be placed by)",
             p.steady_mib,
             p.peak_from * 100.0,
             p.peak_until * 100.0,

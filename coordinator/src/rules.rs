@@ -172,8 +172,9 @@ pub struct QueueCursor {
 #[derive(Clone, Debug, Default)]
 pub struct KeyMemory {
     pub peaks: Vec<u64>,
-    /// The shapes (memory phases) its latest runs that ended well taught, newest first.
-    pub profiles: Vec<Phases>,
+    /// What its latest runs that ended well taught of their shape (memory phases), newest
+    /// first: `None` for a run whose shape could not be told or had no peak to place by.
+    pub profiles: Vec<Option<Phases>>,
     pub floor: Option<u64>,
     pub host_peaks: Vec<u64>,
 }
@@ -201,21 +202,38 @@ pub fn pending_phases(p: &PendingRow, memory: &KeyMemory) -> Option<Phases> {
     })
 }
 
-/// Phases that cover each of `profiles` (shapes measured on runs of one configuration): the
-/// highest steady use with the learned margin, the earliest peak start, the latest peak end
-/// and the longest run. `None` without any, or where their peaks together cover more than
-/// half a run (runs whose peaks fall in different places are not placed by one).
-pub fn learned_phases(profiles: &[Phases]) -> Option<Phases> {
-    let (first, rest) = profiles.split_first()?;
-    let covered = rest.iter().fold(*first, |a, p| Phases {
-        steady_mib: a.steady_mib.max(p.steady_mib),
-        peak_from: a.peak_from.min(p.peak_from),
-        peak_until: a.peak_until.max(p.peak_until),
-        expected_ms: a.expected_ms.max(p.expected_ms),
-    });
-    (covered.peak_until - covered.peak_from <= 0.5).then(|| Phases {
-        steady_mib: (covered.steady_mib as f64 * LEARNED_MARGIN).ceil() as u64,
-        ..covered
+/// Phases that cover each of the latest [`PROFILES_WINDOW`] of `profiles` (what runs of one
+/// configuration taught, newest first), each from its own start: the highest steady use with
+/// the learned margin, the peak from the earliest its peaks began to the latest they ended
+/// (in time, since runs differ in length), over the longest run. `None` without any, where
+/// one of them told no shape (a run that held near its peak throughout must not be placed by
+/// an older run's), or where the peaks together cover more than half a run.
+pub fn learned_phases(profiles: &[Option<Phases>]) -> Option<Phases> {
+    let window = &profiles[..profiles.len().min(PROFILES_WINDOW)];
+    let shapes: Vec<Phases> = window.iter().copied().collect::<Option<_>>()?;
+    let expected_ms = shapes.iter().map(|p| p.expected_ms).max()?;
+    if expected_ms == 0 {
+        return None;
+    }
+    let at = |p: &Phases, share: f64| share * p.expected_ms as f64;
+    let from_ms = shapes
+        .iter()
+        .map(|p| at(p, p.peak_from))
+        .fold(f64::INFINITY, f64::min);
+    let until_ms = shapes
+        .iter()
+        .map(|p| at(p, p.peak_until))
+        .fold(0.0, f64::max);
+    let steady = shapes.iter().map(|p| p.steady_mib).max()?;
+    let (from, until) = (
+        from_ms / expected_ms as f64,
+        (until_ms / expected_ms as f64).min(1.0),
+    );
+    (from < until && until - from <= 0.5).then(|| Phases {
+        steady_mib: (steady as f64 * LEARNED_MARGIN).ceil() as u64,
+        peak_from: from,
+        peak_until: until,
+        expected_ms,
     })
 }
 
@@ -805,7 +823,8 @@ pub const FREE_OOM_RETRIES: u32 = 3;
 pub struct Neighbour {
     pub attempt: String,
     pub gpus: Vec<u32>,
-    /// What it was placed by, on each of its GPUs.
+    /// What it is counted to hold now on each of its GPUs: what it was placed by, or, where
+    /// it was placed by memory phases, what they put it at now.
     pub estimate_mib: Option<u64>,
 }
 
@@ -1413,25 +1432,35 @@ mod tests {
     #[test]
     fn learned_phases_cover_every_run_they_were_taught_by() {
         let runs = [
-            shape(2000, 0.9, 1.0, 60_000),
-            shape(2400, 0.85, 0.97, 70_000),
+            Some(shape(2000, 0.9, 1.0, 60_000)),
+            Some(shape(2400, 0.9, 1.0, 100_000)),
         ];
-        assert_eq!(
-            learned_phases(&runs),
-            Some(shape(2640, 0.85, 1.0, 70_000)),
-            "the most steady use x1.1, the widest peak, the longest run"
-        );
+        let p = learned_phases(&runs).expect("a shape");
+        // From each run's start: the short run's peak from 54 s, the long one's to 100 s.
+        assert_eq!((p.steady_mib, p.expected_ms), (2640, 100_000));
+        assert!((p.peak_from - 0.54).abs() < 1e-9, "{p:?}");
+        assert!((p.peak_until - 1.0).abs() < 1e-9, "{p:?}");
         assert_eq!(learned_phases(&[]), None);
         // Peaks that fall in different places: no one shape places them.
-        let apart = [shape(2000, 0.1, 0.2, 60_000), shape(2000, 0.8, 0.9, 60_000)];
+        let apart = [
+            Some(shape(2000, 0.1, 0.2, 60_000)),
+            Some(shape(2000, 0.8, 0.9, 60_000)),
+        ];
         assert_eq!(learned_phases(&apart), None);
+        // The latest run that ended well told no shape (it held near its peak throughout):
+        // older shapes do not place its next runs.
+        assert_eq!(learned_phases(&[None, runs[0]]), None);
+        // Only the latest few count.
+        let mut many = vec![Some(shape(2000, 0.9, 1.0, 60_000)); PROFILES_WINDOW];
+        many.push(None);
+        assert!(learned_phases(&many).is_some());
     }
 
     #[test]
     fn a_job_is_placed_by_its_declared_phases_else_by_learned_ones_on_its_first_attempt() {
         let declared = shape(1000, 0.5, 0.6, 10_000);
         let taught = KeyMemory {
-            profiles: vec![shape(2000, 0.9, 1.0, 60_000)],
+            profiles: vec![Some(shape(2000, 0.9, 1.0, 60_000))],
             ..Default::default()
         };
         let row = |phases: Option<Phases>, first: bool| PendingRow {

@@ -346,7 +346,7 @@ pub fn simulate_queue(
     let mut learned: BTreeMap<usize, u64> = BTreeMap::new();
     // Kinds' shapes from runs that ended well (newest first), and kinds that ran out of
     // memory (with `Policy::LearnedPhased`).
-    let mut shapes: BTreeMap<usize, Vec<headroom_shared::phases::Phases>> = BTreeMap::new();
+    let mut shapes: BTreeMap<usize, Vec<Option<headroom_shared::phases::Phases>>> = BTreeMap::new();
     let mut oomed: std::collections::BTreeSet<usize> = Default::default();
     let mut running: BTreeMap<u64, Running> = BTreeMap::new();
     let mut events = BinaryHeap::new();
@@ -364,7 +364,7 @@ pub fn simulate_queue(
     // What placement knows of a job's memory over time: declared (`Policy::Phased`), or
     // learned from its kind's runs that ended well (`Policy::LearnedPhased`).
     let phases_of = |j: usize,
-                     shapes: &BTreeMap<usize, Vec<headroom_shared::phases::Phases>>,
+                     shapes: &BTreeMap<usize, Vec<Option<headroom_shared::phases::Phases>>>,
                      oomed: &std::collections::BTreeSet<usize>,
                      first: bool| {
         let job = &jobs[j];
@@ -671,13 +671,13 @@ pub fn simulate_queue(
                 }
                 learn(&mut learned, job);
                 // As a supervisor tells a shape: a peak a tenth above steady, at most half
-                // the run.
-                if job.peak_mib * 10 >= job.steady_mib * 11 && job.peak_until - job.peak_from <= 0.5
-                {
-                    let kind = shapes.entry(job.kind).or_default();
-                    kind.insert(0, shape_of(job));
-                    kind.truncate(crate::rules::PROFILES_WINDOW);
-                }
+                // the run; else none.
+                let told = (job.peak_mib * 10 >= job.steady_mib * 11
+                    && job.peak_until - job.peak_from <= 0.5)
+                    .then(|| shape_of(job));
+                let kind = shapes.entry(job.kind).or_default();
+                kind.insert(0, told);
+                kind.truncate(crate::rules::PROFILES_WINDOW);
                 completion_sum += now;
                 report.completed += 1;
                 for &d in &dependants[r.job] {

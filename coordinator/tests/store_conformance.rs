@@ -510,6 +510,7 @@ async fn runs_with_memory_phases_share_a_gpu_when_their_peaks_fall_apart(s: Back
     assert_eq!(first.leases[0].starts_with_mib, Some(2000));
     let recheck = first.recheck_in_ms.expect("a time to look again");
     assert!((1..=1200).contains(&recheck), "{recheck} ms");
+    started_now(&s, &first.leases[0]).await;
     tokio::time::sleep(std::time::Duration::from_millis(recheck)).await;
     let second = s.claim_jobs(input.clone()).await.expect("claim");
     assert_eq!(
@@ -588,6 +589,16 @@ async fn a_configuration_s_learned_shape_lets_its_runs_share_a_gpu(s: Backend) {
     let recheck = third.recheck_in_ms.expect("a time to look again");
     assert!((1..=1200).contains(&recheck), "{recheck} ms");
     tokio::time::sleep(std::time::Duration::from_millis(recheck)).await;
+    // Until its start says where its phases fall, the third is counted at its peak.
+    let early = s.claim_jobs(input.clone()).await.expect("claim");
+    assert!(early.leases.is_empty(), "{:?}", early.leases);
+    assert_eq!(early.recheck_in_ms, None, "its start is what changes it");
+    started_now(&s, &third.leases[0]).await;
+    let after_start = s.claim_jobs(input.clone()).await.expect("claim");
+    assert!(after_start.leases.is_empty(), "{:?}", after_start.leases);
+    let recheck = after_start.recheck_in_ms.expect("a time to look again");
+    assert!((1..=1200).contains(&recheck), "{recheck} ms");
+    tokio::time::sleep(std::time::Duration::from_millis(recheck)).await;
     let fourth = s.claim_jobs(input.clone()).await.expect("claim");
     assert_eq!(
         fourth.leases.len(),
@@ -608,9 +619,152 @@ async fn a_configuration_s_learned_shape_lets_its_runs_share_a_gpu(s: Backend) {
     finish_attempt(&s, leases[1].attempt, taught(leases[1].fence, false))
         .await
         .expect("end");
-    let after = s.claim_jobs(input).await.expect("claim");
+    let after = s.claim_jobs(input.clone()).await.expect("claim");
     assert_eq!(after.leases.len(), 1, "two peaks of 7,500 MiB do not fit");
     assert_eq!(after.leases[0].starts_with_mib, None, "{:?}", after.leases);
+    // The rest of its runs (the OOMed one's retry among them) end.
+    let mut left = after.leases;
+    while !left.is_empty() {
+        for l in &left {
+            finish_attempt(&s, l.attempt, report(l.fence, None))
+                .await
+                .expect("end");
+        }
+        left = s.claim_jobs(input.clone()).await.expect("claim").leases;
+    }
+
+    // Another configuration: once its latest run that ended well told no shape (it held
+    // near its peak throughout), an older run's shape no longer places its runs.
+    let other = |i| NewJob {
+        memory_key: "other".into(),
+        ..job(i, Some(6000), vec![], 1)
+    };
+    submit(&s, (10..13).map(other).collect()).await;
+    let mut taught_by = vec![Some(shape), None];
+    for expected in [None, Some(2200), None] {
+        let c = s.claim_jobs(input.clone()).await.expect("claim");
+        assert_eq!(c.leases.len(), 1, "{:?}", c.leases);
+        let l = &c.leases[0];
+        assert_eq!(l.starts_with_mib, expected);
+        let told = match taught_by.is_empty() {
+            true => None,
+            false => taught_by.remove(0),
+        };
+        let end = FinishReport {
+            measurements: headroom_shared::api::Measurements {
+                memory_profile: told,
+                ..Default::default()
+            },
+            ..report_peak(l.fence, None, 5000)
+        };
+        finish_attempt(&s, l.attempt, end).await.expect("end");
+    }
+}
+
+/// A run placed by learned phases that holds more than they count it at now, when its
+/// neighbour runs out of memory within its own estimate, is blamed for it (the neighbour is
+/// tried again for free), and its configuration's runs hold their peak throughout from then
+/// on: its key's floor rises to what it was placed by.
+async fn a_run_that_outgrows_its_learned_phase_is_blamed_and_its_key_holds_its_peak(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("4")).await;
+    submit(
+        &s,
+        (0..3)
+            .map(|i| job(i, Some(6000), vec![FailureClass::Oom], 2))
+            .collect(),
+    )
+    .await;
+    let input = claim_input(agent, Some(free(1, 10_000)), 4);
+    let teacher = s.claim_jobs(input.clone()).await.expect("claim").leases;
+    let taught = FinishReport {
+        measurements: Measurements {
+            memory_profile: Some(headroom_shared::phases::Phases {
+                steady_mib: 2000,
+                peak_from: 0.9,
+                peak_until: 1.0,
+                expected_ms: 4000,
+            }),
+            ..Default::default()
+        },
+        ..report_peak(teacher[0].fence, None, 5000)
+    };
+    finish_attempt(&s, teacher[0].attempt, taught)
+        .await
+        .expect("end");
+    let grower = s.claim_jobs(input.clone()).await.expect("claim").leases;
+    assert_eq!(
+        grower[0].starts_with_mib,
+        Some(2200),
+        "placed by learned phases"
+    );
+    started_now(&s, &grower[0]).await;
+    let recheck = s
+        .claim_jobs(input.clone())
+        .await
+        .expect("claim")
+        .recheck_in_ms
+        .expect("a time to look again");
+    tokio::time::sleep(std::time::Duration::from_millis(recheck)).await;
+    let victim = s.claim_jobs(input.clone()).await.expect("claim").leases;
+    assert_eq!(victim.len(), 1, "its peak comes after the first's");
+    let key = |s: &Backend| {
+        let s = s.clone();
+        async move {
+            s.key_history(vec!["exp".into()])
+                .await
+                .expect("history")
+                .get("exp")
+                .and_then(|h| h.floor)
+        }
+    };
+    assert_eq!(key(&s).await, None);
+    // Well before its peak, the first holds 6,000 MiB where its phases count 2,200.
+    let oom = FinishReport {
+        gpus: vec![GpuSample {
+            index: 0,
+            used_mib: 10_000,
+            free_mib: 0,
+            processes: vec![headroom_shared::api::GpuProcess {
+                pid: 7,
+                used_mib: 6000,
+                attempt: Some(grower[0].attempt),
+                user: None,
+                command: None,
+                used_mib_unknown: false,
+                outside_pid_namespace: false,
+                sm_util_pct: None,
+            }],
+            ..Default::default()
+        }],
+        ..report_peak(victim[0].fence, Some(FailureClass::Oom), 4000)
+    };
+    finish_attempt(&s, victim[0].attempt, oom)
+        .await
+        .expect("an OOM");
+    let v = s.attempt(victim[0].attempt).await.expect("attempt");
+    assert_eq!(
+        v.oom_cause,
+        Some(headroom_shared::api::OomCause::NeighbourGrew),
+        "{v:?}"
+    );
+    assert_eq!(v.oom_neighbour, Some(grower[0].attempt));
+    assert_eq!(
+        key(&s).await,
+        Some(6000),
+        "its key holds its peak from now on"
+    );
+}
+
+/// `lease`'s job started now, as its agent reports it.
+async fn started_now(s: &Backend, lease: &Lease) {
+    s.start_attempt(
+        lease.attempt,
+        lease.fence,
+        42,
+        Utc::now().timestamp_millis(),
+    )
+    .await
+    .expect("start");
 }
 
 /// A job that needs no GPU starts on a node whose GPUs are all taken, with more GPU jobs
@@ -4158,6 +4312,7 @@ macro_rules! conformance {
 conformance!(sqlite, postgres: [
     runs_with_memory_phases_share_a_gpu_when_their_peaks_fall_apart,
     a_configuration_s_learned_shape_lets_its_runs_share_a_gpu,
+    a_run_that_outgrows_its_learned_phase_is_blamed_and_its_key_holds_its_peak,
     a_gpu_s_drift_is_kept_told_once_when_it_lasts_and_cleared,
     alerts_are_kept_with_what_they_tell_of_and_claimed_once,
     lost_nodes_and_long_waits_are_told_once,

@@ -139,6 +139,23 @@ pub(super) fn check_measurements(m: &Measurements) -> Result<(), ApiError> {
             ));
         }
     }
+    if let Some(p) = &m.memory_profile {
+        let shares = p.peak_from.is_finite()
+            && p.peak_until.is_finite()
+            && 0.0 <= p.peak_from
+            && p.peak_from < p.peak_until
+            && p.peak_until <= 1.0;
+        if !shares || p.steady_mib == 0 || p.expected_ms == 0 {
+            return Err(ApiError::invalid(
+                "memory_profile",
+                format!(
+                    "not a run's shape: steady {} MiB, peak [{}, {}] of {} ms (a steady use \
+                     and length above 0, 0 <= from < until <= 1)",
+                    p.steady_mib, p.peak_from, p.peak_until, p.expected_ms
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -226,11 +243,30 @@ mod tests {
         assert_eq!(
             field(Measurements {
                 max_power_w: Some(f64::INFINITY),
-                ..ok
+                ..ok.clone()
             })
             .as_deref(),
             Some("max_power_w")
         );
+        let shape = |from: f64, until: f64, steady: u64| Measurements {
+            memory_profile: Some(headroom_shared::phases::Phases {
+                steady_mib: steady,
+                peak_from: from,
+                peak_until: until,
+                expected_ms: 60_000,
+            }),
+            ..ok.clone()
+        };
+        assert!(check_measurements(&shape(0.9, 1.0, 2000)).is_ok());
+        for bad in [
+            shape(0.9, 0.9, 2000),
+            shape(-0.1, 0.5, 2000),
+            shape(0.5, 1.5, 2000),
+            shape(f64::NAN, 1.0, 2000),
+            shape(0.9, 1.0, 0),
+        ] {
+            assert_eq!(field(bad).as_deref(), Some("memory_profile"));
+        }
     }
 
     #[test]

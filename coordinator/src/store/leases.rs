@@ -428,31 +428,39 @@ pub(super) async fn start(
     if phase != AttemptPhase::Leased {
         return Ok((None, Change::None)); // a repeated report
     }
-    let started = mark_started(tx, attempt, &mut job, pid, at).await?;
-    // A start frees nothing and queues nothing: watchers see it, claims sleep on.
-    Ok((Some(started), Change::Shown))
+    let (started, timed_on) = mark_started(tx, attempt, &mut job, pid, at).await?;
+    // A start frees nothing and queues nothing: watchers see it, claims sleep on; but a run
+    // placed by memory phases is counted at its peak until its start says where its phases
+    // fall: from then on its node holds less.
+    let change = match timed_on {
+        Some(node) => Change::Freed(node),
+        None => Change::Shown,
+    };
+    Ok((Some(started), change))
 }
 
 /// A leased attempt's job runs: the one place an attempt's start is written (its start
-/// report, or its end's report when that came first).
+/// report, or its end's report when that came first). With its node where it was placed by
+/// memory phases.
 async fn mark_started(
     tx: &mut dyn Tx,
     attempt: AttemptId,
     job: &mut LockedJob,
     pid: u32,
     at: Millis,
-) -> Result<Started> {
-    let (submitted_at, number) = tx
+) -> Result<(Started, Option<String>)> {
+    let (submitted_at, number, timed_on) = tx
         .set_running(&attempt.to_string(), pid, at)
         .await?
         .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
     if job.state != JobState::Cancelled {
         jobs::transition(tx, job, JobEvent::Start).await?;
     }
-    Ok(Started {
+    let started = Started {
         submitted_at,
         number,
-    })
+    };
+    Ok((started, timed_on))
 }
 
 pub(super) async fn finish(
@@ -502,7 +510,7 @@ pub(super) async fn finish(
         Some(s) if standing == rules::Report::OnTime && row.fence.phase == AttemptPhase::Leased => {
             // Ended before its start report was taken: started here, as that report would.
             let at = s.started_at.timestamp_millis();
-            Some(mark_started(tx, attempt, &mut job, s.pid, at).await?)
+            Some(mark_started(tx, attempt, &mut job, s.pid, at).await?.0)
         }
         _ => None,
     };
@@ -528,6 +536,17 @@ pub(super) async fn finish(
                 && tx.neighbour_grew_count(&job.id).await? < rules::FREE_OOM_RETRIES =>
             {
                 let n = grown_neighbour(tx, &id, &node, &ended.gpus, &report.gpus).await?;
+                if let Some((grew, Some(estimate))) = &n {
+                    // It grew past what its memory phases counted it at: its key's runs are
+                    // placed by their peak from now on, as after an OOM of its own.
+                    if let Some(key) = tx.memory_key_of(grew).await? {
+                        let stored = tx.lock_floor(&key).await?;
+                        if let Some(floor) = rules::raised_floor(stored, *estimate) {
+                            tx.set_floor(&key, floor).await?;
+                        }
+                    }
+                }
+                let n = n.map(|(grew, _)| grew);
                 (n.is_some().then_some(OomCause::NeighbourGrew), n)
             }
             None => (None, None),
@@ -587,35 +606,45 @@ pub(super) async fn finish(
 }
 
 /// The neighbour that grew into an attempt's memory ([`rules::grown_neighbour`]): by the
-/// samples its end carried, else by its node's latest ones.
+/// samples its end carried, else by its node's latest ones. A neighbour placed by memory
+/// phases grew past what they count it at now; then with the estimate it was placed by.
 async fn grown_neighbour(
     tx: &mut dyn Tx,
     attempt: &str,
     node: &str,
     gpus: &[u32],
     at_end: &[GpuSample],
-) -> Result<Option<String>> {
-    let neighbours: Vec<rules::Neighbour> = tx
-        .active_on(node)
-        .await?
-        .into_iter()
+) -> Result<Option<(String, Option<u64>)>> {
+    let now = now_ms();
+    let active = tx.active_on(node).await?;
+    let neighbours: Vec<rules::Neighbour> = active
+        .iter()
         .map(|a| rules::Neighbour {
-            attempt: a.id,
-            gpus: a.gpus,
-            estimate_mib: a.estimate,
+            attempt: a.id.clone(),
+            gpus: a.gpus.clone(),
+            estimate_mib: a.held_now(now),
         })
         .collect();
-    if let Some(n) = rules::grown_neighbour(attempt, gpus, at_end, &neighbours) {
-        return Ok(Some(n));
-    }
-    let latest = tx
-        .nodes()
-        .await?
-        .into_iter()
-        .find(|n| n.name == node)
-        .map(|n| n.samples)
-        .unwrap_or_default();
-    Ok(rules::grown_neighbour(attempt, gpus, &latest, &neighbours))
+    let grew = match rules::grown_neighbour(attempt, gpus, at_end, &neighbours) {
+        Some(n) => Some(n),
+        None => {
+            let latest = tx
+                .nodes()
+                .await?
+                .into_iter()
+                .find(|n| n.name == node)
+                .map(|n| n.samples)
+                .unwrap_or_default();
+            rules::grown_neighbour(attempt, gpus, &latest, &neighbours)
+        }
+    };
+    Ok(grew.map(|id| {
+        let phased = active
+            .iter()
+            .find(|a| a.id == id)
+            .and_then(|a| a.timed().and(a.estimate));
+        (id, phased)
+    }))
 }
 
 pub(super) async fn hand_back(

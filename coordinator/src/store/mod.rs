@@ -79,19 +79,22 @@ pub struct Active {
     pub alone: bool,
     /// Host memory it was admitted with.
     pub host_mib: Option<u64>,
-    /// When it started: its start as reported, else its lease.
-    pub started_ms: Millis,
+    /// When it started, once its start was reported.
+    pub started_ms: Option<Millis>,
     /// The memory phases it was placed by (declared or learned), if any.
     pub phases: Option<headroom_shared::phases::Phases>,
 }
 
 impl Active {
-    /// Its memory over time, where it declared phases and is placed by an estimate.
+    /// Its memory over time, where it was placed by an estimate and memory phases and its
+    /// start was reported: its phases count from its start, and until it is known the run is
+    /// counted at its estimate (a start may come long after the lease: a code bundle to
+    /// unpack, a background to get ready).
     pub fn timed(&self) -> Option<crate::timeline::TimedRun> {
         Some(crate::timeline::TimedRun::new(
             self.estimate?,
             self.phases?,
-            self.started_ms,
+            self.started_ms?,
         ))
     }
 

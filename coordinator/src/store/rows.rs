@@ -261,7 +261,8 @@ fn measurements(r: &impl Cols, at: usize) -> Result<Measurements> {
         covers_run: r.flag_opt(51)?,
         counters: r.json_opt(52)?.unwrap_or_default(),
         ghost_mib: r.mib_opt(53)?,
-        memory_profile: r.json_opt(57)?,
+        // JSON `null`: a run that ended well told no shape.
+        memory_profile: r.json_opt::<Option<_>>(57)?.flatten(),
         ..Measurements::default()
     };
     for (f, &i) in FIGURES.iter().zip(FIGURE_AT.iter()) {
@@ -439,10 +440,9 @@ pub(crate) fn renewal_row(r: &impl Cols) -> Result<RenewalRow> {
 }
 
 /// Columns of an active attempt: `a.id, a.gpus, a.estimate_mib, a.fence, j.prestart,
-/// a.host_estimate_mib`, when it started (its lease until its start is reported) and the
-/// memory phases it was placed by.
+/// a.host_estimate_mib, a.started_at` and the memory phases it was placed by.
 pub(crate) const ACTIVE_COLUMNS: &str = "a.id, a.gpus, a.estimate_mib, a.fence, j.prestart, \
-     a.host_estimate_mib, COALESCE(a.started_at, a.leased_at), a.placed_phases";
+     a.host_estimate_mib, a.started_at, a.placed_phases";
 
 pub(crate) fn active(r: &impl Cols) -> Result<Active> {
     Ok(Active {
@@ -454,7 +454,7 @@ pub(crate) fn active(r: &impl Cols) -> Result<Active> {
             .json_opt::<headroom_shared::prestart::Prestart>(4)?
             .is_some_and(|p| p.holds_gpu()),
         host_mib: r.mib_opt(5)?,
-        started_ms: r.int(6)?,
+        started_ms: r.int_opt(6)?,
         phases: r.json_opt(7)?,
     })
 }

@@ -91,12 +91,12 @@ pub struct JobLeased {
 }
 
 /// An attempt row about to be written by a lease.
-/// A memory key's latest observed peaks (newest first), and the shapes the latest of their
-/// runs that ended well taught.
+/// A memory key's latest observed peaks (newest first), and what the latest of their runs
+/// that ended well taught of their shape (`None`: no shape told).
 #[derive(Clone, Debug, Default)]
 pub struct KeyPeaks {
     pub peaks: Vec<u64>,
-    pub profiles: Vec<headroom_shared::phases::Phases>,
+    pub profiles: Vec<Option<headroom_shared::phases::Phases>>,
 }
 
 pub struct NewAttempt<'a> {
@@ -311,14 +311,17 @@ pub trait AttemptsTx: Send {
     ) -> Result<Option<Option<StopAsk>>>;
     /// The digest of the attempt's key (`None`: no such attempt; `Some(None)`: none issued).
     async fn attempt_key(&mut self, attempt: &str) -> Result<Option<Option<String>>>;
-    /// Records the attempt running; returns when its job was submitted and the attempt's
-    /// number (`None`: no such attempt).
+    /// Records the attempt running; returns when its job was submitted, the attempt's number
+    /// and, where it was placed by memory phases (which count from its start), its node
+    /// (`None`: no such attempt).
     async fn set_running(
         &mut self,
         attempt: &str,
         pid: u32,
         at: Millis,
-    ) -> Result<Option<(Millis, u32)>>;
+    ) -> Result<Option<(Millis, u32, Option<String>)>>;
+    /// The attempt's memory key (`None`: no such attempt).
+    async fn memory_key_of(&mut self, attempt: &str) -> Result<Option<String>>;
     /// Records the attempt's end as its report says, measurements and wait included.
     async fn set_ended(
         &mut self,

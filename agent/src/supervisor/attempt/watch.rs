@@ -408,7 +408,10 @@ impl Watch {
         }
         if seen && !unknown {
             self.peak.processes = Some(self.peak.processes.unwrap_or(0).max(sum));
-            if let Some(exec) = self.exec_at {
+            // A look that missed one of its GPUs saw less than the run held.
+            if gpu::unreadable(samples, &self.gpus).is_some() {
+                self.series.mark_unknown();
+            } else if let Some(exec) = self.exec_at {
                 let at = u64::try_from(exec.elapsed().as_millis()).unwrap_or(u64::MAX);
                 self.series.record(at, sum);
             }

@@ -16,12 +16,14 @@ use headroom_shared::checkpoint::Requeue;
 use headroom_shared::phases::Phases;
 
 /// An attempt's end: its outcome, then each figure of `Measurements::FIGURES` into its own
-/// column (parameters from 29 on, in that order).
+/// column (parameters from 29 on, in that order), then the shape its run taught.
 static ENDED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let n = headroom_shared::api::FIGURES.len();
     let figures: String = headroom_shared::api::FIGURES
         .iter()
         .enumerate()
         .map(|(i, f)| format!(", {} = ${}", f.column, 29 + i))
+        .chain(std::iter::once(format!(", memory_profile = ${}", 29 + n)))
         .collect();
     format!(
         "UPDATE attempts SET phase = 'ended', ended_at = $1, exit_code = $2, signal = $3, \
@@ -291,13 +293,30 @@ impl<E: Exec> AttemptsTx for E {
         attempt: &str,
         pid: u32,
         at: Millis,
-    ) -> Result<Option<(Millis, u32)>> {
+    ) -> Result<Option<(Millis, u32, Option<String>)>> {
         first(
             self,
             "UPDATE attempts SET phase = 'running', pid = $1, started_at = $2 WHERE id = $3 \
-             RETURNING (SELECT j.created_at FROM jobs j WHERE j.id = job_id), number",
+             RETURNING (SELECT j.created_at FROM jobs j WHERE j.id = job_id), number, \
+             CASE WHEN placed_phases IS NULL THEN NULL ELSE node END",
             args![pid, at, attempt],
-            |r| Ok((r.int(0)?, r.int(1)?.clamp(0, i64::from(u32::MAX)) as u32)),
+            |r| {
+                Ok((
+                    r.int(0)?,
+                    r.int(1)?.clamp(0, i64::from(u32::MAX)) as u32,
+                    r.text_opt(2)?,
+                ))
+            },
+        )
+        .await
+    }
+
+    async fn memory_key_of(&mut self, attempt: &str) -> Result<Option<String>> {
+        first(
+            self,
+            "SELECT memory_key FROM attempts WHERE id = $1",
+            args![attempt],
+            |r| r.text(0),
         )
         .await
     }
@@ -350,27 +369,23 @@ impl<E: Exec> AttemptsTx for E {
         ];
         // The figures, one parameter each after the rest (`ENDED_SQL`).
         args.extend(m.figures.iter().map(|f| Arg::from(*f)));
+        // Only a run that ended well and alone on its memory teaches of its shape: the shape
+        // it told, or JSON `null` where it told none (its next runs are not placed by an
+        // older run's); NULL where it teaches nothing.
+        let taught = report.failure.is_none() && !report.contaminated;
+        args.push(match taught {
+            true => json(&report.measurements.memory_profile)?,
+            false => Arg::Null,
+        });
         let ended = first(self, &ENDED_SQL, &args, |r| rows::ended(r)).await?;
-        // Only a run that ended well and alone on its memory teaches its shape.
-        let profile = report
-            .measurements
-            .memory_profile
-            .filter(|_| report.failure.is_none() && !report.contaminated);
-        if ended.is_some()
-            && (report.memory_cap_mib.is_some() || report.oom_cause.is_some() || profile.is_some())
-        {
+        if ended.is_some() && (report.memory_cap_mib.is_some() || report.oom_cause.is_some()) {
             done(
                 self,
-                "UPDATE attempts SET memory_cap_mib = $1, oom_cause = $2, memory_profile = $3 \
-                 WHERE id = $4",
-                &[
-                    Arg::from(opt_i64(report.memory_cap_mib)),
-                    Arg::from(report.oom_cause.map(|c| c.as_str())),
-                    match &profile {
-                        Some(p) => json(p)?,
-                        None => Arg::Null,
-                    },
-                    Arg::from(attempt),
+                "UPDATE attempts SET memory_cap_mib = $1, oom_cause = $2 WHERE id = $3",
+                args![
+                    opt_i64(report.memory_cap_mib),
+                    report.oom_cause.map(|c| c.as_str()),
+                    attempt
                 ],
             )
             .await?;
@@ -483,8 +498,10 @@ impl<E: Exec> AttemptsTx for E {
         // agent's): a claim reads them for every key in its window, and a key of a large
         // matrix has as many as its attempts.
         let window = i64::from(crate::rules::LEARNED_WINDOW);
+        // A shape is JSON `null` where a run that ended well told none, NULL where the run
+        // did not end well (it teaches nothing of its shape).
         let rows = all(self, LATEST_PEAKS, args![key, window], |r| {
-            Ok((r.int(0)?.max(0) as u64, r.json_opt::<Phases>(1)?))
+            Ok((r.int(0)?.max(0) as u64, r.json_opt::<Option<Phases>>(1)?))
         })
         .await?;
         let profiles = rows
