@@ -172,9 +172,9 @@ pub struct QueueCursor {
 #[derive(Clone, Debug, Default)]
 pub struct KeyMemory {
     pub peaks: Vec<u64>,
-    /// What its latest runs that ended well taught of their shape (memory phases), newest
-    /// first: `None` for a run whose shape could not be told or had no peak to place by.
-    pub profiles: Vec<Option<Phases>>,
+    /// What its latest runs that ended well taught, newest first: each one's peak, and its
+    /// shape (memory phases), `None` where it told none.
+    pub profiles: Vec<(u64, Option<Phases>)>,
     pub floor: Option<u64>,
     pub host_peaks: Vec<u64>,
 }
@@ -203,14 +203,20 @@ pub fn pending_phases(p: &PendingRow, memory: &KeyMemory) -> Option<Phases> {
 }
 
 /// Phases that cover each of the latest [`PROFILES_WINDOW`] of `profiles` (what runs of one
-/// configuration taught, newest first), each from its own start: the highest steady use with
-/// the learned margin, the peak from the earliest its peaks began to the latest they ended
-/// (in time, since runs differ in length), over the longest run. `None` without any, where
-/// one of them told no shape (a run that held near its peak throughout must not be placed by
-/// an older run's), or where the peaks together cover more than half a run.
-pub fn learned_phases(profiles: &[Option<Phases>]) -> Option<Phases> {
+/// configuration taught, newest first: each one's peak and shape), each from its own start:
+/// the peak from the earliest the shapes' peaks began to the latest they ended (in time,
+/// since runs differ in length), over the longest run, and a steady use, with the learned
+/// margin, of the most any of them held outside its peak: a run that told no shape held its
+/// peak for all its run as far as is known (it held near it throughout, or its peak came
+/// and went between two looks). `None` without a shape among them, or where their peaks
+/// together cover more than half a run.
+pub fn learned_phases(profiles: &[(u64, Option<Phases>)]) -> Option<Phases> {
     let window = &profiles[..profiles.len().min(PROFILES_WINDOW)];
-    let shapes: Vec<Phases> = window.iter().copied().collect::<Option<_>>()?;
+    let shapes: Vec<Phases> = window.iter().filter_map(|(_, p)| *p).collect();
+    let unshaped = window
+        .iter()
+        .filter(|(_, p)| p.is_none())
+        .map(|(peak, _)| *peak);
     let expected_ms = shapes.iter().map(|p| p.expected_ms).max()?;
     if expected_ms == 0 {
         return None;
@@ -224,7 +230,7 @@ pub fn learned_phases(profiles: &[Option<Phases>]) -> Option<Phases> {
         .iter()
         .map(|p| at(p, p.peak_until))
         .fold(0.0, f64::max);
-    let steady = shapes.iter().map(|p| p.steady_mib).max()?;
+    let steady = shapes.iter().map(|p| p.steady_mib).chain(unshaped).max()?;
     let (from, until) = (
         from_ms / expected_ms as f64,
         (until_ms / expected_ms as f64).min(1.0),
@@ -1432,8 +1438,8 @@ mod tests {
     #[test]
     fn learned_phases_cover_every_run_they_were_taught_by() {
         let runs = [
-            Some(shape(2000, 0.9, 1.0, 60_000)),
-            Some(shape(2400, 0.9, 1.0, 100_000)),
+            (2600, Some(shape(2000, 0.9, 1.0, 60_000))),
+            (3100, Some(shape(2400, 0.9, 1.0, 100_000))),
         ];
         let p = learned_phases(&runs).expect("a shape");
         // From each run's start: the short run's peak from 54 s, the long one's to 100 s.
@@ -1443,24 +1449,29 @@ mod tests {
         assert_eq!(learned_phases(&[]), None);
         // Peaks that fall in different places: no one shape places them.
         let apart = [
-            Some(shape(2000, 0.1, 0.2, 60_000)),
-            Some(shape(2000, 0.8, 0.9, 60_000)),
+            (2600, Some(shape(2000, 0.1, 0.2, 60_000))),
+            (2600, Some(shape(2000, 0.8, 0.9, 60_000))),
         ];
         assert_eq!(learned_phases(&apart), None);
-        // The latest run that ended well told no shape (it held near its peak throughout):
-        // older shapes do not place its next runs.
-        assert_eq!(learned_phases(&[None, runs[0]]), None);
+        // A run that told no shape counts at its peak throughout: one that held near its
+        // peak all along raises the steady use to it; one whose peak was missed between
+        // looks (its peak its steady use) changes nothing.
+        let held = learned_phases(&[(2600, None), runs[0]]).expect("a shape");
+        assert_eq!(held.steady_mib, (2600.0 * LEARNED_MARGIN).ceil() as u64);
+        let missed = learned_phases(&[(2000, None), runs[0]]).expect("a shape");
+        assert_eq!(missed.steady_mib, 2200);
+        assert_eq!(learned_phases(&[(2600, None)]), None, "no shape at all");
         // Only the latest few count.
-        let mut many = vec![Some(shape(2000, 0.9, 1.0, 60_000)); PROFILES_WINDOW];
-        many.push(None);
-        assert!(learned_phases(&many).is_some());
+        let mut many = vec![(2600, Some(shape(2000, 0.9, 1.0, 60_000))); PROFILES_WINDOW];
+        many.push((9000, None));
+        assert_eq!(learned_phases(&many).map(|p| p.steady_mib), Some(2200));
     }
 
     #[test]
     fn a_job_is_placed_by_its_declared_phases_else_by_learned_ones_on_its_first_attempt() {
         let declared = shape(1000, 0.5, 0.6, 10_000);
         let taught = KeyMemory {
-            profiles: vec![Some(shape(2000, 0.9, 1.0, 60_000))],
+            profiles: vec![(2600, Some(shape(2000, 0.9, 1.0, 60_000)))],
             ..Default::default()
         };
         let row = |phases: Option<Phases>, first: bool| PendingRow {

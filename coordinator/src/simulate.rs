@@ -346,7 +346,8 @@ pub fn simulate_queue(
     let mut learned: BTreeMap<usize, u64> = BTreeMap::new();
     // Kinds' shapes from runs that ended well (newest first), and kinds that ran out of
     // memory (with `Policy::LearnedPhased`).
-    let mut shapes: BTreeMap<usize, Vec<Option<headroom_shared::phases::Phases>>> = BTreeMap::new();
+    let mut shapes: BTreeMap<usize, Vec<(u64, Option<headroom_shared::phases::Phases>)>> =
+        BTreeMap::new();
     let mut oomed: std::collections::BTreeSet<usize> = Default::default();
     let mut running: BTreeMap<u64, Running> = BTreeMap::new();
     let mut events = BinaryHeap::new();
@@ -363,19 +364,20 @@ pub fn simulate_queue(
     };
     // What placement knows of a job's memory over time: declared (`Policy::Phased`), or
     // learned from its kind's runs that ended well (`Policy::LearnedPhased`).
-    let phases_of = |j: usize,
-                     shapes: &BTreeMap<usize, Vec<Option<headroom_shared::phases::Phases>>>,
-                     oomed: &std::collections::BTreeSet<usize>,
-                     first: bool| {
-        let job = &jobs[j];
-        match policy {
-            Policy::Phased => job.declared_mib.is_some().then(|| shape_of(job)),
-            Policy::LearnedPhased if first && !oomed.contains(&job.kind) => shapes
-                .get(&job.kind)
-                .and_then(|s| crate::rules::learned_phases(s)),
-            _ => None,
-        }
-    };
+    let phases_of =
+        |j: usize,
+         shapes: &BTreeMap<usize, Vec<(u64, Option<headroom_shared::phases::Phases>)>>,
+         oomed: &std::collections::BTreeSet<usize>,
+         first: bool| {
+            let job = &jobs[j];
+            match policy {
+                Policy::Phased => job.declared_mib.is_some().then(|| shape_of(job)),
+                Policy::LearnedPhased if first && !oomed.contains(&job.kind) => shapes
+                    .get(&job.kind)
+                    .and_then(|s| crate::rules::learned_phases(s)),
+                _ => None,
+            }
+        };
     let mut completion_sum = 0.0;
     let mut used_integral = 0.0;
     let capacity: u64 = cluster.gpus_mib.iter().sum();
@@ -676,7 +678,7 @@ pub fn simulate_queue(
                     && job.peak_until - job.peak_from <= 0.5)
                     .then(|| shape_of(job));
                 let kind = shapes.entry(job.kind).or_default();
-                kind.insert(0, told);
+                kind.insert(0, (job.peak_mib, told));
                 kind.truncate(crate::rules::PROFILES_WINDOW);
                 completion_sum += now;
                 report.completed += 1;

@@ -633,15 +633,16 @@ async fn a_configuration_s_learned_shape_lets_its_runs_share_a_gpu(s: Backend) {
         left = s.claim_jobs(input.clone()).await.expect("claim").leases;
     }
 
-    // Another configuration: once its latest run that ended well told no shape (it held
-    // near its peak throughout), an older run's shape no longer places its runs.
+    // Another configuration: a run that ended well and told no shape counts at its peak
+    // throughout. One that held 5,000 MiB all along raises the steady use its next runs are
+    // counted at to that (x1.1), whatever an older run's shape says.
     let other = |i| NewJob {
         memory_key: "other".into(),
         ..job(i, Some(6000), vec![], 1)
     };
     submit(&s, (10..13).map(other).collect()).await;
     let mut taught_by = vec![Some(shape), None];
-    for expected in [None, Some(2200), None] {
+    for expected in [None, Some(2200), Some(5500)] {
         let c = s.claim_jobs(input.clone()).await.expect("claim");
         assert_eq!(c.leases.len(), 1, "{:?}", c.leases);
         let l = &c.leases[0];

@@ -92,11 +92,11 @@ pub struct JobLeased {
 
 /// An attempt row about to be written by a lease.
 /// A memory key's latest observed peaks (newest first), and what the latest of their runs
-/// that ended well taught of their shape (`None`: no shape told).
+/// that ended well taught: each one's peak and its shape (`None`: no shape told).
 #[derive(Clone, Debug, Default)]
 pub struct KeyPeaks {
     pub peaks: Vec<u64>,
-    pub profiles: Vec<Option<headroom_shared::phases::Phases>>,
+    pub profiles: Vec<(u64, Option<headroom_shared::phases::Phases>)>,
 }
 
 pub struct NewAttempt<'a> {

@@ -467,13 +467,10 @@ pub(super) async fn end(
     let _ = end_reading.await;
     let mut f = figures(&run.watch, &launch.log_path, run.log_start).await;
     let failed = outcome.status.is_none_or(|s| !s.success());
-    // Only a clean run's shape is one its configuration's next runs may be placed by: alone
-    // on its GPUs (no memory of no listed process either), measured per process.
-    if !failed
-        && !f.contaminated
-        && f.measurements.ghost_mib == Some(0)
-        && f.peak_source == PeakSource::Processes
-    {
+    // Only a clean run's shape is one its configuration's next runs may be placed by:
+    // uncontaminated, measured per process (memory of no listed process, a neighbour's that
+    // the driver has yet to release, is no part of what its own processes held).
+    if !failed && !f.contaminated && f.peak_source == PeakSource::Processes {
         let run_ms = (ended_at - run.started_at).num_milliseconds();
         f.measurements.memory_profile = lock(&run.watch)
             .series

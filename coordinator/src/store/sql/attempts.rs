@@ -506,7 +506,7 @@ impl<E: Exec> AttemptsTx for E {
         .await?;
         let profiles = rows
             .iter()
-            .filter_map(|(_, p)| *p)
+            .filter_map(|(peak, p)| p.map(|p| (*peak, p)))
             .take(crate::rules::PROFILES_WINDOW)
             .collect();
         Ok(KeyPeaks {
