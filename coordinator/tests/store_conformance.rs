@@ -550,19 +550,10 @@ async fn a_configuration_s_learned_shape_lets_its_runs_share_a_gpu(s: Backend) {
             .collect(),
     )
     .await;
-    let shape = headroom_shared::phases::Phases {
-        steady_mib: 2000,
-        peak_from: 0.9,
-        peak_until: 1.0,
-        expected_ms: 4000,
-    };
+    let shape = late_peak();
     let taught = |fence: i64, contaminated: bool| FinishReport {
         contaminated,
-        measurements: headroom_shared::api::Measurements {
-            memory_profile: Some(shape),
-            ..Default::default()
-        },
-        ..report_peak(fence, None, 5000)
+        ..ended_with_shape(fence, Some(shape))
     };
     let input = claim_input(agent, Some(free(1, 10_000)), 4);
     let mut leases = Vec::new();
@@ -651,14 +642,9 @@ async fn a_configuration_s_learned_shape_lets_its_runs_share_a_gpu(s: Backend) {
             true => None,
             false => taught_by.remove(0),
         };
-        let end = FinishReport {
-            measurements: headroom_shared::api::Measurements {
-                memory_profile: told,
-                ..Default::default()
-            },
-            ..report_peak(l.fence, None, 5000)
-        };
-        finish_attempt(&s, l.attempt, end).await.expect("end");
+        finish_attempt(&s, l.attempt, ended_with_shape(l.fence, told))
+            .await
+            .expect("end");
     }
 }
 
@@ -677,18 +663,7 @@ async fn a_run_that_outgrows_its_learned_phase_is_blamed_and_its_key_holds_its_p
     .await;
     let input = claim_input(agent, Some(free(1, 10_000)), 4);
     let teacher = s.claim_jobs(input.clone()).await.expect("claim").leases;
-    let taught = FinishReport {
-        measurements: Measurements {
-            memory_profile: Some(headroom_shared::phases::Phases {
-                steady_mib: 2000,
-                peak_from: 0.9,
-                peak_until: 1.0,
-                expected_ms: 4000,
-            }),
-            ..Default::default()
-        },
-        ..report_peak(teacher[0].fence, None, 5000)
-    };
+    let taught = ended_with_shape(teacher[0].fence, Some(late_peak()));
     finish_attempt(&s, teacher[0].attempt, taught)
         .await
         .expect("end");
@@ -754,6 +729,27 @@ async fn a_run_that_outgrows_its_learned_phase_is_blamed_and_its_key_holds_its_p
         Some(6000),
         "its key holds its peak from now on"
     );
+}
+
+/// A run of 4 s holding 2,000 MiB, its peak in its last tenth.
+fn late_peak() -> headroom_shared::phases::Phases {
+    headroom_shared::phases::Phases {
+        steady_mib: 2000,
+        peak_from: 0.9,
+        peak_until: 1.0,
+        expected_ms: 4000,
+    }
+}
+
+/// A run that ended well with a peak of 5,000 MiB, telling `shape` (or none).
+fn ended_with_shape(fence: i64, shape: Option<headroom_shared::phases::Phases>) -> FinishReport {
+    FinishReport {
+        measurements: Measurements {
+            memory_profile: shape,
+            ..Default::default()
+        },
+        ..report_peak(fence, None, 5000)
+    }
 }
 
 /// `lease`'s job started now, as its agent reports it.
