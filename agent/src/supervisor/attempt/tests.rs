@@ -435,6 +435,36 @@ async fn a_run_that_ended_well_tells_where_its_peak_fell() {
     );
 }
 
+/// A look that could not read one of a run's GPUs saw less than the run held there: the run
+/// tells no shape (a dip it never had could place its configuration's next runs too low).
+#[tokio::test]
+async fn a_run_with_a_gpu_unread_at_one_look_tells_no_shape() {
+    let f = fixture();
+    let two = |script: &str| Launch {
+        gpus: vec![0, 1],
+        ..f.sh(script)
+    };
+    let shaped = |fault: &str| {
+        format!(
+            "d=$HEADROOM_FAKE_GPU_DIR; echo 0:1000,1:1000 > $d/$$; sleep 0.6; {fault} \
+             sleep 1.0; echo 0:1000,1:4000 > $d/$$; sleep 0.4"
+        )
+    };
+    let clean = f.run(two(&shaped(""))).await;
+    assert_eq!(clean.failure(), None, "{clean:?}");
+    assert!(
+        clean.measurements.memory_profile.is_some(),
+        "two GPUs read at every look tell a shape: {clean:?}"
+    );
+    let unread = f
+        .run(two(&shaped(
+            "echo 'Unknown Error' > $d/gpu1.fail-processes; sleep 0.4; rm $d/gpu1.fail-processes;",
+        )))
+        .await;
+    assert_eq!(unread.failure(), None, "{unread:?}");
+    assert_eq!(unread.measurements.memory_profile, None, "{unread:?}");
+}
+
 #[tokio::test]
 async fn children_left_behind_by_a_successful_job_are_stopped() {
     let f = fixture();
