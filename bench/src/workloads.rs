@@ -291,9 +291,9 @@ mod tests {
 
     /// Nothing declared but each run's peak: learning where a model's peak falls from its
     /// runs that ended well lets its runs placed after them share. In the seeds' order the
-    /// matrix ends in 1590 s against 1710 s; longest first nothing is gained (1440 s both):
-    /// learning helps only runs placed after one of their model's ended (the bench's README
-    /// cites these).
+    /// matrix ends in 1590 s against 1710 s; longest first 1410 s against 1440 s (the
+    /// densenet's runs pair once three taught a steady use they agree on): learning helps
+    /// only runs placed after one of their model's ended (the bench's README cites these).
     #[test]
     fn the_seed_matrix_ends_sooner_with_its_memory_phases_learned() {
         let (cluster, jobs) = workloads::seed_matrix().expect("seed matrix");
@@ -305,7 +305,7 @@ mod tests {
             assert!(learned.max_used_fraction <= 1.0, "{learned:?}");
             figures.push((peaks.makespan_s.round(), learned.makespan_s.round()));
         }
-        assert_eq!(figures, vec![(1710.0, 1590.0), (1440.0, 1440.0)]);
+        assert_eq!(figures, vec![(1710.0, 1590.0), (1440.0, 1410.0)]);
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub type Result<T, E = Refusal> = std::result::Result<T, E>;
 pub const AVOID_AFTER_HAND_BACK_MS: i64 = 30_000;
 /// Learned estimates keep this much above the observed p95 peak.
 pub const LEARNED_MARGIN: f64 = 1.1;
+/// The least margin a learned steady use is counted with ([`steady_margin`]).
+pub const STEADY_MARGIN_FLOOR: f64 = 1.02;
+/// Runs that must have taught a steady use before its margin narrows to their spread.
+pub const AGREEING_RUNS: usize = 3;
 /// An OOM raises its key's estimate to at least this multiple of what the attempt had.
 pub const OOM_BUMP: f64 = 1.25;
 
@@ -230,17 +234,38 @@ pub fn learned_phases(profiles: &[(u64, Option<Phases>)]) -> Option<Phases> {
         .iter()
         .map(|p| at(p, p.peak_until))
         .fold(0.0, f64::max);
-    let steady = shapes.iter().map(|p| p.steady_mib).chain(unshaped).max()?;
+    let steadies: Vec<u64> = shapes
+        .iter()
+        .map(|p| p.steady_mib)
+        .chain(unshaped)
+        .collect();
+    let steady = steadies.iter().copied().max()?;
     let (from, until) = (
         from_ms / expected_ms as f64,
         (until_ms / expected_ms as f64).min(1.0),
     );
     (from < until && until - from <= 0.5).then(|| Phases {
-        steady_mib: (steady as f64 * LEARNED_MARGIN).ceil() as u64,
+        steady_mib: (steady as f64 * steady_margin(&steadies)).ceil() as u64,
         peak_from: from,
         peak_until: until,
         expected_ms,
     })
+}
+
+/// The margin a learned steady use is counted with: as wide as the taught runs' steady uses
+/// spread (the most over the least), at least [`STEADY_MARGIN_FLOOR`], at most
+/// [`LEARNED_MARGIN`], and [`LEARNED_MARGIN`] until [`AGREEING_RUNS`] runs taught it. A
+/// configuration's runs mostly hold the same between their peaks, and those 10 % on top of
+/// a steady use that every run showed are what kept two runs of a 3.7 GiB model from sharing
+/// a 10 GiB GPU with their peaks apart; runs that differ keep the whole margin.
+fn steady_margin(steadies: &[u64]) -> f64 {
+    let (Some(&least), Some(&most)) = (steadies.iter().min(), steadies.iter().max()) else {
+        return LEARNED_MARGIN;
+    };
+    if steadies.len() < AGREEING_RUNS || least == 0 {
+        return LEARNED_MARGIN;
+    }
+    (most as f64 / least as f64).clamp(STEADY_MARGIN_FLOOR, LEARNED_MARGIN)
 }
 
 /// The host memory a job is admitted with (and its cgroup limited to): max(declared, p95 of
@@ -1464,7 +1489,33 @@ mod tests {
         // Only the latest few count.
         let mut many = vec![(2600, Some(shape(2000, 0.9, 1.0, 60_000))); PROFILES_WINDOW];
         many.push((9000, None));
-        assert_eq!(learned_phases(&many).map(|p| p.steady_mib), Some(2200));
+        assert_eq!(learned_phases(&many).map(|p| p.steady_mib), Some(2040));
+    }
+
+    #[test]
+    fn a_steady_use_that_runs_agree_on_is_counted_with_their_spread() {
+        let taught = |steadies: &[u64]| {
+            let runs: Vec<(u64, Option<Phases>)> = steadies
+                .iter()
+                .map(|s| (3000, Some(shape(*s, 0.9, 1.0, 60_000))))
+                .collect();
+            learned_phases(&runs).map(|p| p.steady_mib)
+        };
+        // Three runs that held the same: the floor's 2 %.
+        assert_eq!(taught(&[2000, 2000, 2000]), Some(2040));
+        // As wide as they spread: 2,120 over 2,000 is 6 % on the most.
+        assert_eq!(taught(&[2000, 2120, 2050]), Some(2248));
+        // Runs that spread more keep the whole margin (2,600 x 1.1, rounded up), and so do
+        // two runs, however alike.
+        assert_eq!(taught(&[2000, 2600, 2100]), Some(2861));
+        assert_eq!(taught(&[2000, 2000]), Some(2200));
+        // A run that told no shape counts at its peak among them: the spread is that wide.
+        let runs = [
+            (3000, None),
+            (3000, Some(shape(2000, 0.9, 1.0, 60_000))),
+            (3000, Some(shape(2000, 0.9, 1.0, 60_000))),
+        ];
+        assert_eq!(learned_phases(&runs).map(|p| p.steady_mib), Some(3301));
     }
 
     #[test]
