@@ -11,6 +11,10 @@
 //! run's start, end or OOM is recorded (a file per kind of job), and the figures come from
 //! those records: the makespan from just before the first submission to the last end, the
 //! runs that ended clean, the OOMs, the runs repeated.
+//!
+//! With `HEADROOM_BENCH_TRACE=DIR`, each headroom side's attempts are written to
+//! `DIR/<workload>-<side>.jsonl` (`bench/scripts/useful-trace` sums them up per experiment):
+//! which runs waited, and behind what.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -226,6 +230,16 @@ enum Submitted {
     StudyWithPhases,
 }
 
+impl Submitted {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Experiments => "experiments",
+            Self::StudyWithLengths => "lengths",
+            Self::StudyWithPhases => "phases",
+        }
+    }
+}
+
 /// headroom: each kind of job's runs declaring their peak where the workload declares one
 /// (the matrix) and nothing where it does not (the farm: headroom learns); an OOMed run gets
 /// as many tries as the seeds' way gives it (headroom retries only `lost` by default). With
@@ -255,6 +269,20 @@ fn headroom_side(w: &Workload, best_s: f64, how: Submitted, taught: bool) -> Res
     let exps = submit_side(&node, w, how, records.path())?;
     wait_side(&node, w, &exps, best_s)?;
     let mut o = outcome(records.path(), w, t0)?;
+    if let Some(dir) = std::env::var_os(TRACE_VAR) {
+        let side = format!(
+            "{}-{}{}",
+            w.name,
+            how.name(),
+            if taught { "-again" } else { "" }
+        );
+        trace(
+            &node,
+            &exps,
+            t0,
+            &Path::new(&dir).join(format!("{}.jsonl", side.replace(' ', "-"))),
+        )?;
+    }
     for exp in exps {
         for j in block_on(node.api.jobs(Some(exp), None))?? {
             if j.state == headroom_shared::JobState::Succeeded {
@@ -282,6 +310,32 @@ fn headroom_side(w: &Workload, best_s: f64, how: Submitted, taught: bool) -> Res
         }
     }
     Ok(o)
+}
+
+/// Where each headroom side's attempts are written, when set: a folder.
+const TRACE_VAR: &str = "HEADROOM_BENCH_TRACE";
+
+/// Writes each attempt of `exps` as a JSON line to `path`: its job, GPUs, lease, start and end
+/// (ms from `t0_ms`), the estimate it was placed by and where that came from, its peak and the
+/// shape it told: where a side's time went.
+fn trace(node: &Node, exps: &[ExperimentId], t0_ms: f64, path: &Path) -> Result<()> {
+    let ms = |t: chrono::DateTime<chrono::Utc>| t.timestamp_millis() as f64 - t0_ms;
+    let mut lines = String::new();
+    for &exp in exps {
+        for j in block_on(node.api.jobs(Some(exp), None))?? {
+            for a in block_on(node.api.job(j.id))??.attempts_detail {
+                let line = serde_json::json!({
+                    "experiment": exp, "job": j.id, "attempt": a.number, "gpus": a.gpus,
+                    "leased_ms": ms(a.leased_at), "started_ms": a.started_at.map(ms),
+                    "ended_ms": a.ended_at.map(ms), "estimate_mib": a.estimate_mib,
+                    "estimate_source": a.estimate_source, "peak_mib": a.peak_mem_mib,
+                    "memory_profile": a.measurements.memory_profile,
+                });
+                lines.push_str(&format!("{line}\n"));
+            }
+        }
+    }
+    std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Submits `w` to `node` as `how` says, each run recording into `records`; the experiments
