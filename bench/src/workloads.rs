@@ -291,9 +291,9 @@ mod tests {
 
     /// Nothing declared but each run's peak: learning where a model's peak falls from its
     /// runs that ended well lets its runs placed after them share. In the seeds' order the
-    /// matrix ends in 1590 s against 1710 s; longest first 1410 s against 1440 s (the
-    /// densenet's runs pair once three taught a steady use they agree on): learning helps
-    /// only runs placed after one of their model's ended (the bench's README cites these).
+    /// matrix ends in 1590 s against 1710 s; longest first 1410 s against 1440 s (since a
+    /// steady use three runs agree on is counted with 2 %, not 10 %): learning helps only
+    /// runs placed after one of their model's ended (the bench's README cites these).
     #[test]
     fn the_seed_matrix_ends_sooner_with_its_memory_phases_learned() {
         let (cluster, jobs) = workloads::seed_matrix().expect("seed matrix");
