@@ -56,13 +56,16 @@ pub const LEARNED_WINDOW: u32 = 256;
 
 /// The estimate a job is placed by: max(declared, p95 of observed peaks (the key's latest
 /// [`LEARNED_WINDOW`]) x 1.1, the key's floor after OOMs), and where it came from; `None` when
-/// nothing is known. When the margin alone would take it past `largest` (the most a GPU of
-/// the node offers) while the p95 peak itself fits there, it runs alone on an idle GPU as a job
-/// with no estimate does (`None`): a configuration that ran on such a GPU runs there again,
-/// rather than waiting as larger than every GPU. A floor an OOM raised, or a declared figure,
-/// past the node's GPUs is kept: a larger GPU may be elsewhere. A floor past `anywhere` (the
-/// most any live GPU offers) runs alone on an idle GPU too: the GPU it would wait for does not
-/// exist, the most room there is is a GPU of its own, and its attempts are bounded.
+/// nothing is known. A declared figure that every observed peak kept within stands as it is:
+/// the margin covers what runs taught, not a figure they confirmed (with it, a model declared
+/// at its measured 4,810 MiB was placed at 5,291 once its first run ended). When the margin
+/// alone would take it past `largest` (the most a GPU of the node offers) while the p95 peak
+/// itself fits there, it runs alone on an idle GPU as a job with no estimate does (`None`): a
+/// configuration that ran on such a GPU runs there again, rather than waiting as larger than
+/// every GPU. A floor an OOM raised, or a declared figure, past the node's GPUs is kept: a
+/// larger GPU may be elsewhere. A floor past `anywhere` (the most any live GPU offers) runs
+/// alone on an idle GPU too: the GPU it would wait for does not exist, the most room there is
+/// is a GPU of its own, and its attempts are bounded.
 pub fn effective_estimate(
     declared: Option<u64>,
     observed_peaks: &mut [u64],
@@ -71,7 +74,8 @@ pub fn effective_estimate(
     anywhere: Option<u64>,
 ) -> (Option<u64>, &'static str) {
     observed_peaks.sort_unstable();
-    let p95 = (!observed_peaks.is_empty()).then(|| {
+    let confirmed = declared.is_some_and(|d| observed_peaks.last().is_none_or(|&most| most <= d));
+    let p95 = (!confirmed && !observed_peaks.is_empty()).then(|| {
         let i = ((observed_peaks.len() - 1) as f64 * 0.95).round() as usize;
         observed_peaks[i]
     });
@@ -1583,6 +1587,21 @@ mod tests {
         assert_eq!(
             effective_estimate(Some(1000), &mut [2000], None, None, None),
             (Some(2200), "learned")
+        );
+        // Runs that kept to what was declared leave it as declared, however close they came;
+        // one run past it and the learned p95 with its margin is taken.
+        assert_eq!(
+            effective_estimate(Some(4810), &mut [4810, 4700, 4810], None, None, None),
+            (Some(4810), "declared")
+        );
+        assert_eq!(
+            effective_estimate(Some(4810), &mut [4810, 4700, 4811], None, None, None),
+            (Some(5293), "learned")
+        );
+        // An OOM's floor past the declared figure still raises it.
+        assert_eq!(
+            effective_estimate(Some(4810), &mut [4810], Some(6013), None, None),
+            (Some(6013), "learned")
         );
         assert_eq!(
             effective_estimate(None, &mut [100; 3], Some(900), None, None),

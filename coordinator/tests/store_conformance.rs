@@ -1583,6 +1583,45 @@ async fn estimates_are_learned_per_memory_key(s: Backend) {
     assert_eq!(grew.oom_cause, Some(headroom_shared::api::OomCause::CapHit));
 }
 
+/// A declared estimate that its runs kept to stands as declared: the learned margin is not
+/// laid on a figure runs confirmed. Once a run peaks past it, the learned p95 with its
+/// margin is taken.
+async fn a_declared_estimate_its_runs_kept_to_stands(s: Backend) {
+    let agent = register(&s, "n1", 1, Some("4")).await;
+    // One job at a time: each is claimed after the one before it ended.
+    submit(&s, vec![job(0, Some(4000), vec![], 1)]).await;
+    let first = claim(&s, agent, 1).await;
+    assert_eq!(first[0].estimate_mib, Some(4000));
+    finish_attempt(
+        &s,
+        first[0].attempt,
+        report_peak(first[0].fence, None, 4000),
+    )
+    .await
+    .expect("finish");
+    submit(&s, vec![job(1, Some(4000), vec![], 1)]).await;
+    let kept = claim(&s, agent, 1).await;
+    assert_eq!(
+        kept[0].estimate_mib,
+        Some(4000),
+        "not 4400: the run kept to it"
+    );
+    let a = s.attempt(kept[0].attempt).await.expect("attempt");
+    assert_eq!(a.estimate_source, "declared");
+    finish_attempt(&s, kept[0].attempt, report_peak(kept[0].fence, None, 4100))
+        .await
+        .expect("finish");
+    submit(&s, vec![job(2, Some(4000), vec![], 1)]).await;
+    let past = claim(&s, agent, 1).await;
+    assert_eq!(
+        past[0].estimate_mib,
+        Some(4510),
+        "4100 x 1.1: a run went past it"
+    );
+    let a = s.attempt(past[0].attempt).await.expect("attempt");
+    assert_eq!(a.estimate_source, "learned");
+}
+
 /// An OOM whose text says what it asked for raises its key past this node's GPUs: the job
 /// waits for a live node whose GPU it fits and runs there; once its need passes every live
 /// GPU, it runs alone on an idle GPU rather than waiting for one no node has.
@@ -4342,6 +4381,7 @@ conformance!(sqlite, postgres: [
     expired_leases_become_lost,
     exports_one_row_per_attempt,
     estimates_are_learned_per_memory_key,
+    a_declared_estimate_its_runs_kept_to_stands,
     a_need_past_this_node_waits_for_a_larger_one_and_past_every_gpu_runs_alone,
     estimates_follow_the_latest_peaks,
     run_lengths_are_learned_from_successful_runs_with_or_without_a_peak,
