@@ -275,9 +275,11 @@ retry: {{max_attempts: 1}}
 
 /// A configuration's runs declare only their peak; the first that ends well teaches where
 /// its peak fell, and its next runs share the GPU with their peaks apart: four runs holding
-/// 1,500 MiB, 7 GiB in their last tenth, on one 12 GiB GPU (two peaks together would need
-/// 14 GiB). The first runs alone; after it two run at once, and none runs out of memory. The
-/// run's shape is shown with its attempt.
+/// 1,500 MiB, 7 GiB in their last tenth, on one 12 GiB GPU (10.8 GiB less headroom; two
+/// peaks together would need 14 GiB). The first runs alone; after it the other three run at
+/// once, staggered, one peak beside two steady uses, and none runs out of memory. The 7 GiB
+/// declared, which the first run's peak kept to, stays 7 GiB: at 1.1x it (7.7 GiB) only two
+/// would fit. The run's shape is shown with its attempt.
 #[test]
 fn a_configuration_s_runs_share_a_gpu_once_one_taught_where_its_peak_falls() {
     let h = Headroom::up(
@@ -306,7 +308,7 @@ retry: {{max_attempts: 1}}
     );
     let records = read_records(&record).expect("records");
     assert!(records.iter().all(|r| r.event != "oom"), "{records:#?}");
-    assert_eq!(most_at_once(&records), 2, "{records:#?}");
+    assert_eq!(most_at_once(&records), 3, "{records:#?}");
     let first = jobs.iter().find(|j| j.index == 0).expect("the first run");
     let shape = h
         .first_attempt(first.id)
