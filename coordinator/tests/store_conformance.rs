@@ -1588,38 +1588,41 @@ async fn estimates_are_learned_per_memory_key(s: Backend) {
 /// margin is taken.
 async fn a_declared_estimate_its_runs_kept_to_stands(s: Backend) {
     let agent = register(&s, "n1", 1, Some("4")).await;
-    // One job at a time: each is claimed after the one before it ended.
-    submit(&s, vec![job(0, Some(4000), vec![], 1)]).await;
-    let first = claim(&s, agent, 1).await;
-    assert_eq!(first[0].estimate_mib, Some(4000));
-    finish_attempt(
-        &s,
-        first[0].attempt,
-        report_peak(first[0].fence, None, 4000),
-    )
-    .await
-    .expect("finish");
-    submit(&s, vec![job(1, Some(4000), vec![], 1)]).await;
-    let kept = claim(&s, agent, 1).await;
     assert_eq!(
-        kept[0].estimate_mib,
-        Some(4000),
+        declared_4000_ended_at(&s, agent, 0, 4000).await.0,
+        Some(4000)
+    );
+    assert_eq!(
+        declared_4000_ended_at(&s, agent, 1, 4100).await,
+        (Some(4000), "declared".to_string()),
         "not 4400: the run kept to it"
     );
-    let a = s.attempt(kept[0].attempt).await.expect("attempt");
-    assert_eq!(a.estimate_source, "declared");
-    finish_attempt(&s, kept[0].attempt, report_peak(kept[0].fence, None, 4100))
-        .await
-        .expect("finish");
-    submit(&s, vec![job(2, Some(4000), vec![], 1)]).await;
-    let past = claim(&s, agent, 1).await;
     assert_eq!(
-        past[0].estimate_mib,
-        Some(4510),
+        declared_4000_ended_at(&s, agent, 2, 4100).await,
+        (Some(4510), "learned".to_string()),
         "4100 x 1.1: a run went past it"
     );
-    let a = s.attempt(past[0].attempt).await.expect("attempt");
-    assert_eq!(a.estimate_source, "learned");
+}
+
+/// One job declaring 4,000 MiB, submitted once the one before it ended, claimed and ended
+/// with `peak`: the estimate it was placed by, and where that came from.
+async fn declared_4000_ended_at(
+    s: &Backend,
+    agent: AgentId,
+    index: u32,
+    peak: u64,
+) -> (Option<u64>, String) {
+    submit(s, vec![job(index, Some(4000), vec![], 1)]).await;
+    let lease = claim(s, agent, 1).await.remove(0);
+    let source = s
+        .attempt(lease.attempt)
+        .await
+        .expect("attempt")
+        .estimate_source;
+    finish_attempt(s, lease.attempt, report_peak(lease.fence, None, peak))
+        .await
+        .expect("finish");
+    (lease.estimate_mib, source)
 }
 
 /// An OOM whose text says what it asked for raises its key past this node's GPUs: the job
