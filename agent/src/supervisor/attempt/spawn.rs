@@ -152,23 +152,30 @@ pub(super) async fn start(
     }
 
     // The start reading, before the job's exec, so that its figures cover its whole run
-    // (the backend has been opening since the supervisor started). Bounded: a backend that
-    // takes longer to open lets the job start, and its figures say how late they begin.
+    // (the backend has been opening since the supervisor started). Taken while the job's
+    // command is readied (its user, cgroup and directories), which does not need it, so
+    // that neither waits for the other. Bounded: a backend that takes longer to open lets
+    // the job start, and its figures say how late they begin.
     let mut start_reading = take_reading(&watch);
-    let start_reading = match tokio::time::timeout(cfg.start_reading_wait, &mut start_reading).await
-    {
-        Ok(_) => None,
-        Err(_) => {
-            note(
-                &log,
-                &format!(
-                    "the GPUs could not be read within {}: the job starts, and its \
+    // The spec holds the log handles given to the child: they close with it.
+    let readied = command(launch, backend.as_ref(), &log);
+    let start_reading = match &readied {
+        // Nothing starts: the reading is not waited for.
+        Err(_) => None,
+        Ok(_) => match tokio::time::timeout(cfg.start_reading_wait, &mut start_reading).await {
+            Ok(_) => None,
+            Err(_) => {
+                note(
+                    &log,
+                    &format!(
+                        "the GPUs could not be read within {}: the job starts, and its \
                          figures begin when they can be read",
-                    humantime::format_duration(cfg.start_reading_wait)
-                ),
-            );
-            Some(start_reading)
-        }
+                        humantime::format_duration(cfg.start_reading_wait)
+                    ),
+                );
+                Some(start_reading)
+            }
+        },
     };
     {
         let mut w = lock(&watch);
@@ -177,10 +184,7 @@ pub(super) async fn start(
         w.exec_at = Some(exec);
         w.log.metrics.started();
     }
-
-    // The spec holds the log handles given to the child: they close with it.
-    let spawned = command(launch, backend.as_ref(), &log)
-        .and_then(|spec| spawn(spec, launch, &format!("`{}`", launch.argv[0])));
+    let spawned = readied.and_then(|spec| spawn(spec, launch, &format!("`{}`", launch.argv[0])));
     // A fresh child always has a pid; without one there is nothing to supervise, and pid 0
     // must never reach killpg (it would signal the agent's own group).
     let spawned = spawned.and_then(|child| match Some(child.id()).filter(|&p| p > 0) {

@@ -259,6 +259,45 @@ async fn a_job_runs_with_its_environment_and_one_the_node_lacks_fails_on_its_own
     assert!(!log_of(&launch).contains("started"));
 }
 
+/// A job that cannot start (its working directory is gone) says so at once, though its
+/// GPUs are still opening (NVML on a node without persistence mode): its command is readied
+/// while the start reading waits, and a command that cannot be readied does not wait for it.
+#[tokio::test]
+async fn a_launch_error_does_not_wait_for_the_gpus_to_open() {
+    let f = fixture();
+    let opened = f.backend.clone();
+    let opening = crate::gpu::lazy::Opening::new(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        Ok(opened.clone())
+    });
+    opening.start();
+    let backend: Arc<dyn GpuBackend> = Arc::new(crate::gpu::lazy::LazyBackend::new(
+        opening,
+        Vec::new(),
+        vec![0],
+    ));
+    let mut launch = f.sh("echo started");
+    // What the agent read at admission: the start does not read the GPUs for it.
+    launch.baseline = Some(Baseline::default());
+    launch.workdir = Some(f.tmp.path().join("gone"));
+    let began = std::time::Instant::now();
+    let end = run_attempt(
+        launch.clone(),
+        backend,
+        &quick(),
+        CancellationToken::new(),
+        |_| {},
+    )
+    .await;
+    let took = began.elapsed();
+    assert_eq!(end.failure(), Some(FailureClass::Workdir), "{end:?}");
+    assert_eq!(end.pid, None);
+    assert!(
+        took < Duration::from_millis(1500),
+        "the launch error waited {took:?} for the GPUs to open"
+    );
+}
+
 /// A job that fails saying `Permission denied` while it ran as a user the agent chose gets
 /// a line naming that user and the mappings that fix it, instead of the bare error.
 #[tokio::test]
