@@ -131,7 +131,7 @@ pub(super) async fn lose_attempt(
     transition(tx, &mut job, loss.event).await?;
     if started {
         // A run that started is tracked however it ended.
-        super::results::at_end(tx, attempt, None, now).await?;
+        super::results::at_loss(tx, attempt, now).await?;
     }
     Ok(true)
 }

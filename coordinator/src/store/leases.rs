@@ -11,7 +11,7 @@ use super::Active;
 use super::jobs::LockedJob;
 use super::results;
 use super::rows::{self, NodeRow, i64_of, parse};
-use super::tx::{AttemptsWhere, JobLeased, NewAttempt, Tx};
+use super::tx::{AttemptsWhere, FinishRead, JobLeased, NewAttempt, Tx};
 use super::{
     ClaimInput, Claimed, Finished, Millis, Renewal, Renewed, Result, Started, StopAsk, StoreError,
     jobs, nodes, now_ms,
@@ -481,7 +481,12 @@ pub(super) async fn finish(
         jobs::lock_job_of(tx, &id).await?.map(|job| (node, job))
     }
     .ok_or_else(not_found)?;
-    let row = tx.lock_finish_row(&id).await?.ok_or_else(not_found)?;
+    let FinishRead {
+        row,
+        requeue,
+        rules: mut rules_of_job,
+        results,
+    } = tx.lock_finish_read(&id).await?.ok_or_else(not_found)?;
     let standing = rules::check_finish(attempt, report.fence, &row)?;
     if standing == rules::Report::Again {
         // Its supervisor reported it while the agent was away, and the agent's journal now
@@ -496,13 +501,9 @@ pub(super) async fn finish(
     }
     if let rules::Report::Late { refunded } = standing {
         // Undo what recording the attempt lost wrote to its job, before the report applies.
-        let r = jobs::job_rules(tx, &job.id).await?;
-        tx.set_job_tries(
-            &job.id,
-            r.attempts,
-            rules::undo_loss(r.max_attempts, refunded),
-        )
-        .await?;
+        rules_of_job.max_attempts = rules::undo_loss(rules_of_job.max_attempts, refunded);
+        tx.set_job_tries(&job.id, rules_of_job.attempts, rules_of_job.max_attempts)
+            .await?;
         tx.set_last_failure(&job.id, None).await?;
         tx.set_pending_reason(&job.id, None).await?;
     }
@@ -514,9 +515,8 @@ pub(super) async fn finish(
         }
         _ => None,
     };
-    let rules_of_job = jobs::job_rules(tx, &job.id).await?;
     rules::apply_on_throttle(rules_of_job.on_throttle, &mut report);
-    rules::check_requeue(&mut report, tx.requeue_asked(&id).await?);
+    rules::check_requeue(&mut report, requeue);
     let ended = tx
         .set_ended(&id, &report, rules::peak_source(&report))
         .await?
@@ -591,7 +591,7 @@ pub(super) async fn finish(
     if report.failure.is_none() && rules_of_job.ladder_step > 0 {
         super::ladder::spread_fit(tx, &job.id, rules_of_job.ladder_step, &id).await?;
     }
-    results::at_end(tx, &id, report.metrics.as_ref(), now_ms()).await?;
+    results::at_end(tx, &id, &results, report.metrics.as_ref(), now_ms()).await?;
     if !report.gpus.is_empty() {
         // Last: the row is held from here to the commit (every finish of the node writes it).
         tx.set_end_samples(&node, &report.gpus).await?;

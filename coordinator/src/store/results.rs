@@ -6,7 +6,7 @@ use headroom_shared::api::AttemptSeries;
 use headroom_shared::results::{AttemptMetrics, RungDecision};
 use headroom_shared::{AttemptId, ExperimentId};
 
-use super::tx::Tx;
+use super::tx::{AttemptResults, Tx};
 use super::{Millis, Result, StoreError};
 use crate::changes::Change;
 use crate::early_stop;
@@ -15,15 +15,19 @@ use crate::early_stop;
 /// values entered in the ledger for the attempts after it; decisions are taken only while
 /// it runs), and its results due to its tracking server. Metrics that break their bounds
 /// are left out, never the end.
+/// `read`: what the end read of the attempt's results settings before it wrote.
 pub(super) async fn at_end(
     tx: &mut dyn Tx,
     attempt: &str,
+    read: &AttemptResults,
     metrics: Option<&AttemptMetrics>,
     now: Millis,
 ) -> Result<()> {
-    let Some((experiment, results, decided)) = tx.results_of_attempt(attempt).await? else {
-        return Err(StoreError::not_found("attempt", attempt));
-    };
+    let AttemptResults {
+        experiment,
+        spec: results,
+        decided,
+    } = read;
     match metrics.map(|m| (m, m.check())) {
         Some((_, Err(why))) => {
             tracing::warn!(%attempt, "the end's metrics are left out: {why}");
@@ -35,17 +39,25 @@ pub(super) async fn at_end(
                 // Up to the rung that stopped it, if one did: it ran on a little after.
                 let last = decided.iter().find(|d| d.pruned).map(|d| d.rung);
                 for at in m.rungs.iter().filter(|r| last.is_none_or(|l| r.rung <= l)) {
-                    tx.insert_rung_value(&experiment, attempt, at).await?;
+                    tx.insert_rung_value(experiment, attempt, at).await?;
                 }
             }
         }
         None => {}
     }
-    if results.is_some_and(|r| r.tracking.is_some()) {
+    if results.as_ref().is_some_and(|r| r.tracking.is_some()) {
         tx.set_tracking(attempt, Some("waiting to be written"), Some(now))
             .await?;
     }
     Ok(())
+}
+
+/// [`at_end`] of an attempt recorded lost: no metrics came with its end.
+pub(super) async fn at_loss(tx: &mut dyn Tx, attempt: &str, now: Millis) -> Result<()> {
+    let Some(read) = tx.results_of_attempt(attempt).await? else {
+        return Err(StoreError::not_found("attempt", attempt));
+    };
+    at_end(tx, attempt, &read, None, now).await
 }
 
 /// Keeps `metrics` as the running attempt's, and decides the rungs it reached since its
@@ -58,7 +70,12 @@ pub(super) async fn record(
 ) -> Result<Option<RungDecision>> {
     tx.set_attempt_metrics(attempt, &metrics.finals, metrics.ignored, &metrics.series)
         .await?;
-    let Some((experiment, results, mut decided)) = tx.results_of_attempt(attempt).await? else {
+    let Some(AttemptResults {
+        experiment,
+        spec: results,
+        mut decided,
+    }) = tx.results_of_attempt(attempt).await?
+    else {
         return Err(StoreError::not_found("attempt", attempt));
     };
     let Some(rule) = results.and_then(|r| r.early_stop) else {

@@ -44,6 +44,40 @@ pub(crate) trait Cols {
     }
 }
 
+/// A row's columns from the `.1`th on: a parser written for a read of its own reads them
+/// where a joined read puts them after others.
+pub(crate) struct After<'r, C>(pub &'r C, pub usize);
+
+impl<C: Cols> Cols for After<'_, C> {
+    fn text(&self, i: usize) -> Result<String> {
+        self.0.text(i + self.1)
+    }
+    fn text_opt(&self, i: usize) -> Result<Option<String>> {
+        self.0.text_opt(i + self.1)
+    }
+    fn int(&self, i: usize) -> Result<i64> {
+        self.0.int(i + self.1)
+    }
+    fn int_opt(&self, i: usize) -> Result<Option<i64>> {
+        self.0.int_opt(i + self.1)
+    }
+    fn flag(&self, i: usize) -> Result<bool> {
+        self.0.flag(i + self.1)
+    }
+    fn flag_opt(&self, i: usize) -> Result<Option<bool>> {
+        self.0.flag_opt(i + self.1)
+    }
+    fn bytes(&self, i: usize) -> Result<Vec<u8>> {
+        self.0.bytes(i + self.1)
+    }
+    fn json<T: DeserializeOwned>(&self, i: usize) -> Result<T> {
+        self.0.json(i + self.1)
+    }
+    fn json_opt<T: DeserializeOwned>(&self, i: usize) -> Result<Option<T>> {
+        self.0.json_opt(i + self.1)
+    }
+}
+
 pub(crate) fn ts(ms: Millis) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
 }
@@ -367,11 +401,10 @@ pub(crate) fn job_detail(
     })
 }
 
-/// The columns `job_rules` reads (`j` jobs, `e` experiments; the spec's `memory_key` list
-/// and `on_throttle` are the last columns, extracted from the spec document by each
-/// backend's SQL).
+/// The columns [`job_rules`] reads (`j` jobs, `e` experiments).
 pub(crate) const RULES_COLUMNS: &str = "j.attempts, j.max_attempts, j.retry_on, j.ladder, \
-     j.ladder_step, j.params, j.command, j.shell, j.config, j.run, e.name";
+     j.ladder_step, j.params, j.command, j.shell, j.config, j.run, e.name, \
+     e.spec -> 'memory_key', e.spec -> 'on_throttle', j.background_mib";
 
 pub(crate) fn job_rules(r: &impl Cols) -> Result<JobRules> {
     Ok(JobRules {
@@ -408,6 +441,51 @@ pub(crate) fn finish_row(r: &impl Cols) -> Result<crate::rules::FinishRow> {
         fence: fence_row(r)?,
         failure: r.parsed_opt(3, "failure class")?,
         started: r.flag(4)?,
+    })
+}
+
+/// Everything an attempt's end reads before it writes, in one read: its fencing and outcome
+/// columns, a stop asked of it, its job's rules and its experiment's results settings.
+pub struct FinishRead {
+    pub row: crate::rules::FinishRow,
+    pub requeue: Option<headroom_shared::checkpoint::Requeue>,
+    pub rules: JobRules,
+    pub results: AttemptResults,
+}
+
+/// An attempt's experiment, its results settings and the rung decisions taken while it ran.
+pub struct AttemptResults {
+    pub experiment: String,
+    pub spec: Option<headroom_shared::results::ResultsSpec>,
+    pub decided: Vec<headroom_shared::results::RungDecision>,
+}
+
+/// The columns [`finish_read`] reads (`a` the attempt, `j` its job, `e` its experiment).
+pub(crate) fn finish_read_columns() -> String {
+    format!(
+        "a.phase, a.fence, j.fence, a.failure_class, a.started_at IS NOT NULL, a.requeue, \
+         j.experiment_id, e.results, a.rungs, {RULES_COLUMNS}"
+    )
+}
+
+pub(crate) fn finish_read(r: &impl Cols) -> Result<FinishRead> {
+    Ok(FinishRead {
+        row: finish_row(r)?,
+        requeue: r
+            .text_opt(5)?
+            .as_deref()
+            .and_then(headroom_shared::checkpoint::Requeue::parse),
+        results: attempt_results(&After(r, 6))?,
+        rules: job_rules(&After(r, 9))?,
+    })
+}
+
+/// `experiment_id, results, rungs`.
+pub(crate) fn attempt_results(r: &impl Cols) -> Result<AttemptResults> {
+    Ok(AttemptResults {
+        experiment: r.text(0)?,
+        spec: r.json_opt(1)?,
+        decided: r.json_opt(2)?.unwrap_or_default(),
     })
 }
 

@@ -40,16 +40,14 @@ use headroom_shared::{AgentId, FailureClass, JobState, Plan};
 use std::collections::HashMap;
 use tokio_util::sync::CancellationToken;
 
-pub use super::rows::Ended;
+pub use super::rows::{AttemptResults, Ended, FinishRead};
 use super::rows::{ExperimentRow, LeaseRow, NodeRow};
 use super::{
     Active, Millis, NewExperiment, NewToken, OnChange, Result, SeriesWindow, StopAsk, StoredToken,
 };
 use crate::changes::{Change, Changes};
 use crate::fair::{Held, Ledger, Run};
-use crate::rules::{
-    FenceRow, FinishRow, JobRules, LadderStep, PendingRow, QueueCursor, RenewalRow,
-};
+use crate::rules::{FenceRow, JobRules, LadderStep, PendingRow, QueueCursor, RenewalRow};
 use headroom_shared::api::source::Source;
 use headroom_shared::checkpoint::Requeue;
 
@@ -259,8 +257,10 @@ pub trait AttemptsTx: Send {
     ) -> Result<Option<(String, JobState, String)>>;
     /// An attempt's fencing columns, the attempt locked.
     async fn lock_fence(&mut self, attempt: &str) -> Result<Option<FenceRow>>;
-    /// What a finish report is checked against, the attempt locked.
-    async fn lock_finish_row(&mut self, attempt: &str) -> Result<Option<FinishRow>>;
+    /// What a finish report is checked against and what its end reads before it writes (a
+    /// stop asked of it, its job's rules, its experiment's results settings), the attempt
+    /// locked.
+    async fn lock_finish_read(&mut self, attempt: &str) -> Result<Option<FinishRead>>;
     /// What a heartbeat of `agent` is checked against, for each of `attempts` that exists,
     /// by id: its rows locked in job order (as the lease sweep locks them), in one read.
     async fn lock_renewal_rows(
@@ -336,8 +336,6 @@ pub trait AttemptsTx: Send {
     /// Asks the job's live attempts not asked anything yet to stop after their checkpoint
     /// signal and requeue; how many were asked.
     async fn request_requeue(&mut self, job: &str, why: Requeue) -> Result<u64>;
-    /// Why the attempt was asked to requeue, if it was.
-    async fn requeue_asked(&mut self, attempt: &str) -> Result<Option<Requeue>>;
     /// Why the ended attempt ran out of GPU memory.
     async fn set_oom_cause(
         &mut self,
@@ -580,16 +578,7 @@ pub trait ResultsTx: Send {
         series: &std::collections::BTreeMap<String, Vec<headroom_shared::results::Point>>,
     ) -> Result<()>;
     /// The attempt's experiment, its results settings and the attempt's rung decisions.
-    async fn results_of_attempt(
-        &mut self,
-        attempt: &str,
-    ) -> Result<
-        Option<(
-            String,
-            Option<headroom_shared::results::ResultsSpec>,
-            Vec<headroom_shared::results::RungDecision>,
-        )>,
-    >;
+    async fn results_of_attempt(&mut self, attempt: &str) -> Result<Option<AttemptResults>>;
     /// Records an attempt's value at a rung in the experiment's ledger (once).
     async fn insert_rung_value(
         &mut self,

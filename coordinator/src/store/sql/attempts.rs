@@ -8,10 +8,10 @@ use headroom_shared::{AgentId, FailureClass, JobState};
 
 use super::super::exec::{Arg, Exec, json};
 use super::super::rows::{self, Cols, i64_of, opt_i64};
-use super::super::tx::{AttemptsTx, AttemptsWhere, Ended, KeyPeaks, NewAttempt};
+use super::super::tx::{AttemptsTx, AttemptsWhere, Ended, FinishRead, KeyPeaks, NewAttempt};
 use super::super::{Active, Millis, Result, StopAsk};
 use super::{ACTIVE_ON, EXPIRED, LATEST_PEAKS, all, done, first, text};
-use crate::rules::{FenceRow, FinishRow, RenewalRow};
+use crate::rules::{FenceRow, RenewalRow};
 use headroom_shared::checkpoint::Requeue;
 use headroom_shared::phases::Phases;
 
@@ -98,13 +98,14 @@ impl<E: Exec> AttemptsTx for E {
         first(self, &sql, args![attempt], |r| rows::fence_row(r)).await
     }
 
-    async fn lock_finish_row(&mut self, attempt: &str) -> Result<Option<FinishRow>> {
+    async fn lock_finish_read(&mut self, attempt: &str) -> Result<Option<FinishRead>> {
         let sql = format!(
-            "SELECT a.phase, a.fence, j.fence, a.failure_class, a.started_at IS NOT NULL \
-             FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1{}",
+            "SELECT {} FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             JOIN experiments e ON e.id = j.experiment_id WHERE a.id = $1{}",
+            rows::finish_read_columns(),
             self.dialect().lock_attempt
         );
-        first(self, &sql, args![attempt], |r| rows::finish_row(r)).await
+        first(self, &sql, args![attempt], |r| rows::finish_read(r)).await
     }
 
     async fn lock_renewal_rows(
@@ -455,18 +456,6 @@ impl<E: Exec> AttemptsTx for E {
             ],
         )
         .await
-    }
-
-    async fn requeue_asked(&mut self, attempt: &str) -> Result<Option<Requeue>> {
-        let asked = first(
-            self,
-            "SELECT requeue FROM attempts WHERE id = $1",
-            args![attempt],
-            |r| r.text_opt(0),
-        )
-        .await?
-        .flatten();
-        Ok(asked.as_deref().and_then(Requeue::parse))
     }
 
     async fn cancel_requested(

@@ -256,8 +256,7 @@ impl<E: Exec> JobsTx for E {
 
     async fn job_rules(&mut self, job: &str) -> Result<Option<JobRules>> {
         let sql = format!(
-            "SELECT {}, e.spec -> 'memory_key', e.spec -> 'on_throttle', j.background_mib \
-             FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
+            "SELECT {} FROM jobs j JOIN experiments e ON e.id = j.experiment_id WHERE j.id = $1",
             rows::RULES_COLUMNS
         );
         first(self, &sql, args![job], |r| rows::job_rules(r)).await

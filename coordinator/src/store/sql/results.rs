@@ -3,11 +3,11 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use headroom_shared::results::{Point, ResultsSpec, RungDecision, RungValue};
+use headroom_shared::results::{Point, RungDecision, RungValue};
 
 use super::super::exec::{Arg, Exec, json};
-use super::super::rows::Cols;
-use super::super::tx::{ResultsTx, SeriesRow, TrackingRow};
+use super::super::rows::{self, Cols};
+use super::super::tx::{AttemptResults, ResultsTx, SeriesRow, TrackingRow};
 use super::super::{Millis, Result};
 use super::{all, done, first};
 
@@ -39,23 +39,14 @@ impl<E: Exec> ResultsTx for E {
         .await
     }
 
-    async fn results_of_attempt(
-        &mut self,
-        attempt: &str,
-    ) -> Result<Option<(String, Option<ResultsSpec>, Vec<RungDecision>)>> {
+    async fn results_of_attempt(&mut self, attempt: &str) -> Result<Option<AttemptResults>> {
         first(
             self,
             "SELECT j.experiment_id, e.results, a.rungs FROM attempts a \
              JOIN jobs j ON j.id = a.job_id JOIN experiments e ON e.id = j.experiment_id \
              WHERE a.id = $1",
             &[Arg::from(attempt)],
-            |r| {
-                Ok((
-                    r.text(0)?,
-                    r.json_opt(1)?,
-                    r.json_opt(2)?.unwrap_or_default(),
-                ))
-            },
+            |r| rows::attempt_results(r),
         )
         .await
     }
