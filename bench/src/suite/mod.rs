@@ -52,9 +52,9 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
         ("slot_free", true) => slot_free::run(3),
         ("scale" | "scale_ceiling", false) => scale::run(&scale::Size {
             replicas: 2,
-            agents: 1000,
+            agents: bench_count("HEADROOM_BENCH_AGENTS", 1000)?,
             gpus_per_agent: 8,
-            queued: 1_000_000,
+            queued: bench_count("HEADROOM_BENCH_QUEUED", 1_000_000)?,
             window: Duration::from_secs(60),
             // `scale_ceiling`: each job ends at once, the coordinator's ceiling.
             job: if name == "scale" {
@@ -246,6 +246,19 @@ pub fn stamp() -> String {
 
 /// The job lengths `scale_load` runs: `HEADROOM_BENCH_JOB_S` (seconds, comma-separated), else
 /// 80, 40 and 20.
+/// A fleet or queue smaller than the issue's, for a machine that cannot hold the issue's
+/// without its leases expiring (`HEADROOM_BENCH_AGENTS`, `HEADROOM_BENCH_QUEUED`).
+fn bench_count(var: &str, default: usize) -> Result<usize> {
+    let Ok(v) = std::env::var(var) else {
+        return Ok(default);
+    };
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| *n > 0)
+        .with_context(|| format!("{var}: `{v}` is not a whole number above 0"))
+}
+
 fn load_job_seconds() -> Result<Vec<u64>> {
     let Ok(list) = std::env::var("HEADROOM_BENCH_JOB_S") else {
         return Ok(vec![80, 40, 20]);
