@@ -3536,6 +3536,36 @@ async fn run_for(s: &Backend, l: &Lease, hours: i64) {
         .expect("finish");
 }
 
+/// A round of the usage charge takes every ended run it reads, once: three runs ended, three
+/// charged in one round to their users' ledgers, none in the next.
+async fn ended_runs_are_charged_once_in_one_round(s: Backend) {
+    const H: u64 = 7 * 24 * 3_600_000;
+    let n1 = register(&s, "n1", 1, Some("1")).await;
+    submit_as(
+        &s,
+        "carol",
+        (0..3).map(|i| job(i, Some(1000), vec![], 1)).collect(),
+    )
+    .await;
+    for _ in 0..3 {
+        let l = claim(&s, n1, 1).await;
+        assert_eq!(l.len(), 1);
+        run_for(&s, &l[0], 1).await;
+    }
+    assert_eq!(s.charge_usage(H, 100).await.expect("charge"), 3);
+    assert_eq!(s.charge_usage(H, 100).await.expect("again"), 0);
+    let used = s
+        .share_standings(H)
+        .await
+        .expect("standings")
+        .into_iter()
+        .find(|u| u.user == "carol")
+        .expect("carol")
+        .used_gib_hours;
+    // Three runs of 1000 MiB for an hour each, decayed by minutes of a week's half-life.
+    assert!((2.9..=3.0).contains(&used), "{used}");
+}
+
 /// Sets a user's share and caps (the user made if new).
 async fn limit(s: &Backend, user: &str, limits: UserLimits) {
     s.put_user(UserView {
@@ -4358,6 +4388,7 @@ conformance!(sqlite, postgres: [
     plan_slots_bound_leases,
     host_memory_is_admitted_on_the_node_and_learned_from_runs,
     users_go_by_usage_per_share_and_their_caps_hold,
+    ended_runs_are_charged_once_in_one_round,
     a_preemptible_job_makes_room_for_a_user_under_their_share,
     an_experiment_s_cap_holds_across_nodes,
     a_study_s_jobs_wait_for_theirs_and_a_failure_cancels_only_its_chain,
