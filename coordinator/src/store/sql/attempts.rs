@@ -10,7 +10,7 @@ use super::super::exec::{Arg, Exec, json};
 use super::super::rows::{self, Cols, i64_of, opt_i64};
 use super::super::tx::{AttemptsTx, AttemptsWhere, Ended, FinishRead, KeyPeaks, NewAttempt};
 use super::super::{Active, Millis, Result, StopAsk};
-use super::{ACTIVE_ON, EXPIRED, LATEST_PEAKS, all, done, first, text};
+use super::{ACTIVE_ON, EXPIRED, LATEST_PEAKS, all, done, first, id_list, in_ids, text};
 use crate::rules::{FenceRow, RenewalRow};
 use headroom_shared::checkpoint::Requeue;
 use headroom_shared::phases::Phases;
@@ -114,20 +114,17 @@ impl<E: Exec> AttemptsTx for E {
         agent: AgentId,
     ) -> Result<HashMap<String, RenewalRow>> {
         let d = self.dialect();
-        let ids: Vec<serde_json::Value> = attempts
-            .iter()
-            .map(|a| serde_json::json!({ "id": a }))
-            .collect();
         let sql = format!(
             "SELECT a.phase, a.fence, j.fence, a.failure_class, a.agent_id = $2, a.id \
              FROM attempts a JOIN jobs j ON j.id = a.job_id \
-             WHERE a.id IN (SELECT value ->> 'id' FROM {}($1)) ORDER BY j.seq{}",
-            d.json_elements, d.lock_attempt
+             WHERE a.id {} ORDER BY j.seq{}",
+            in_ids(d, 1),
+            d.lock_attempt
         );
         let rows = all(
             self,
             &sql,
-            &[json(&ids)?, Arg::from(&agent.to_string())],
+            &[id_list(attempts)?, Arg::from(&agent.to_string())],
             |r| Ok((r.text(5)?, rows::renewal_row(r)?)),
         )
         .await?;

@@ -83,6 +83,20 @@ fn text(r: &RowRef<'_>) -> Result<String> {
     r.text(0)
 }
 
+/// Attempt ids as one JSON argument, for [`in_ids`]: a statement for many rows, not one a row.
+fn id_list(ids: &[String]) -> Result<Arg<'static>> {
+    let ids: Vec<serde_json::Value> = ids.iter().map(|a| serde_json::json!({ "id": a })).collect();
+    super::exec::json(&ids)
+}
+
+/// `IN (...)` over the ids of an [`id_list`] given as parameter `param`.
+fn in_ids(d: &Dialect, param: u32) -> String {
+    format!(
+        "IN (SELECT value ->> 'id' FROM {}(${param}))",
+        d.json_elements
+    )
+}
+
 mod access;
 mod alerts;
 mod attempts;

@@ -4,11 +4,11 @@ use async_trait::async_trait;
 use headroom_shared::JobState;
 use headroom_shared::api::UserLimits;
 
-use super::super::exec::{Arg, Dialect, Exec, json};
+use super::super::exec::{Arg, Dialect, Exec};
 use super::super::rows::{self, Cols};
 use super::super::tx::{HolderRow, SharesTx, UsageAttempt};
 use super::super::{Millis, Result};
-use super::{WAITING, all, done, first, states, text};
+use super::{WAITING, all, done, first, id_list, in_ids, states, text};
 use crate::fair::{Held, Ledger, Run};
 use crate::rules::PendingRow;
 
@@ -185,16 +185,11 @@ impl<E: Exec> SharesTx for E {
     async fn mark_charged(&mut self, attempts: &[String]) -> Result<()> {
         // One statement for the round's runs, not one a run: a busy fleet ends hundreds a
         // second, and each statement is a round trip the database serves.
-        let ids: Vec<serde_json::Value> = attempts
-            .iter()
-            .map(|a| serde_json::json!({ "id": a }))
-            .collect();
         let sql = format!(
-            "UPDATE attempts SET charged = 1 \
-             WHERE id IN (SELECT value ->> 'id' FROM {}($1))",
-            self.dialect().json_elements
+            "UPDATE attempts SET charged = 1 WHERE id {}",
+            in_ids(self.dialect(), 1)
         );
-        done(self, &sql, &[json(&ids)?]).await
+        done(self, &sql, &[id_list(attempts)?]).await
     }
 
     async fn usage_attempts(&mut self, from: Millis, to: Millis) -> Result<Vec<UsageAttempt>> {
