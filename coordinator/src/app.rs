@@ -64,6 +64,7 @@ impl Application {
             .map(|t| (t.name.clone(), t.role, t.unix_user.clone()))
             .collect();
         store.ensure_users(users).await.map_err(AppError::Users)?;
+        let admission = crate::admission::Admission::new(config.max_claims, config.claim_turn_wait);
         let state = AppState {
             changes: store.changes(),
             auth: Arc::new(Authenticator::new(config.tokens.clone(), store.clone())),
@@ -72,8 +73,14 @@ impl Application {
             metrics: crate::metrics::CoordinatorMetrics::new(),
             progress: Default::default(),
             refusals: Default::default(),
+            admission,
         };
         Ok(Self { listener, state })
+    }
+
+    /// Claims' turns at the store (tests hold turns through it).
+    pub fn admission(&self) -> crate::admission::Admission {
+        self.state.admission.clone()
     }
 
     pub fn local_addr(&self) -> SocketAddr {

@@ -46,6 +46,11 @@ pub struct CoordinatorSettings {
     /// Longest a claim, progress or log read is held open waiting for a change.
     #[arg(long, env = "HEADROOM_LONG_POLL", default_value = "25s", value_parser = duration)]
     pub long_poll: Duration,
+    /// Most claims that read the store at once on this replica; the others wait their turn
+    /// in order (up to 10 s, then 503 `busy`), so heartbeats and reports always find a
+    /// database connection (the pool holds 16). `0`: no bound.
+    #[arg(long, env = "HEADROOM_MAX_CLAIMS", default_value_t = crate::admission::DEFAULT_CLAIMS)]
+    pub max_claims: usize,
     /// GPU telemetry older than this is deleted.
     #[arg(long, env = "HEADROOM_TELEMETRY_RETENTION", default_value = "24h", value_parser = duration)]
     pub telemetry_retention: Duration,
@@ -183,6 +188,7 @@ impl CoordinatorSettings {
             max_log_bytes: self.max_log_size.mib.saturating_mul(1024 * 1024),
             max_bundle_bytes: self.max_bundle_size.mib.saturating_mul(1024 * 1024),
             long_poll: self.long_poll,
+            max_claims: self.max_claims,
             half_life: self.fair_share_half_life,
             preempt_interval: self.preempt_interval,
             telemetry_retention: self.telemetry_retention,
@@ -302,6 +308,10 @@ pub struct CoordinatorConfig {
     pub lease_ttl: Duration,
     /// Longest a claim, progress or log read is held open waiting for a change.
     pub long_poll: Duration,
+    /// Most claims that read the store at once (`crate::admission`); 0: no bound.
+    pub max_claims: usize,
+    /// Longest a claim waits for its turn before it is answered busy.
+    pub claim_turn_wait: Duration,
     /// Most jobs one spec may expand into.
     pub max_jobs: u64,
     /// Most bytes the jobs of one spec may take once expanded.
@@ -363,6 +373,8 @@ impl CoordinatorConfig {
             data_dir,
             lease_ttl: Duration::from_secs(30),
             long_poll: Duration::from_secs(25),
+            max_claims: crate::admission::DEFAULT_CLAIMS,
+            claim_turn_wait: crate::admission::DEFAULT_WAIT,
             max_jobs: DEFAULT_MAX_JOBS,
             max_submit_bytes: headroom_shared::expand::DEFAULT_MAX_EXPANDED_BYTES,
             max_log_bytes: crate::store::logs::DEFAULT_MAX_LOG_BYTES,

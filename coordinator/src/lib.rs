@@ -3,7 +3,8 @@
 //! # Layout
 //! Dependencies point one way, top to bottom:
 //! - `app`, `config`, `serve`: the process (settings, listener and the bounds a slow client
-//!   cannot outlast, background sweeps); `main.rs` is thin.
+//!   cannot outlast, background sweeps); `main.rs` is thin. `admission`: claims' turns at the
+//!   store, so that however many claim, heartbeats and reports find a connection.
 //! - `api` (handlers, one gate `authorize`, one error mapping), `auth` (who a token is),
 //!   `metrics`, `openapi`, `export`, `logs`, `tracking` (MLflow), `settle` (a study's waits
 //!   counted again after the changes that move them), `charging` (ended runs charged to their
@@ -26,6 +27,7 @@
 //!   and `simulate`, pure.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod alert_settings;
 pub mod alerting;
 pub mod api;

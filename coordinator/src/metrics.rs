@@ -177,7 +177,8 @@ impl CoordinatorMetrics {
         r.register(
             "headroom_refused_requests",
             "Requests refused by the access gate (401 no or wrong token, 403 role or owner, 429 \
-             throttled), by route, on this replica",
+             throttled) or as busy (503: a claim that waited too long for its turn, a token \
+             verification for a slot), by route, on this replica",
             refused.clone(),
         );
         let alert_tries =

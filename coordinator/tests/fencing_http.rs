@@ -1,6 +1,7 @@
 //! The agents' API over real HTTP: a heartbeat or a log chunk carrying a stale token is
 //! refused with 409 (`stale_fence`) and changes nothing; a claim held open is answered when
-//! an end frees a slot on its own node, and held on through ends elsewhere.
+//! an end frees a slot on its own node, and held on through ends elsewhere; claims take
+//! turns at the store, heartbeats do not wait for them.
 
 mod common;
 
@@ -227,5 +228,113 @@ async fn a_claim_held_open_is_answered_by_an_end_on_its_node_and_not_by_one_else
     assert!(
         third.job != on_n1[0].job && third.job != on_n2[0].job,
         "the waiting job, not one that ran: {third:?}"
+    );
+}
+
+/// The reproduction of a fleet claiming faster than its coordinator serves, with one turn:
+/// while a claim round holds it, another claim waits its turn, and is answered 503 `busy`
+/// with `Retry-After` once its wait runs out, having leased nothing; a heartbeat meanwhile is
+/// answered while a claim still waits; given back, the turn goes to the waiting claim, which
+/// leases the job the refused one did not take.
+#[tokio::test]
+async fn claims_wait_their_turn_and_heartbeats_do_not() {
+    let s = Server::start(|mut c| {
+        c.max_claims = 1;
+        c.claim_turn_wait = Duration::from_secs(3);
+        c
+    })
+    .await;
+    let n1 = s.register_node("n1", None).await;
+    let _: Value = s
+        .ok(
+            "/v1/experiments",
+            &json!({"spec": {"name": "a", "command": ["true"]}}),
+        )
+        .await;
+    let running = s.claim(&n1).await.remove(0);
+    s.start_attempt(&running).await;
+    let n2 = s.register_node("n2", None).await;
+    let claim_url = format!("{}/v1/agents/{}/claim", s.base, n2.agent);
+    let claim = json!({"gpus": samples(10_000), "max": 4, "wait_ms": 0});
+
+    let held = s.admission.claim_turn().await.expect("the one turn");
+    let _: Value = s
+        .ok(
+            "/v1/experiments",
+            &json!({"spec": {"name": "b", "command": ["true"]}}),
+        )
+        .await;
+    let asked = std::time::Instant::now();
+    let resp = s
+        .http
+        .post(&claim_url)
+        .json(&claim)
+        .send()
+        .await
+        .expect("claim");
+    assert!(
+        asked.elapsed() >= Duration::from_secs(3),
+        "it waited its turn"
+    );
+    assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(
+        resp.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["error"]["code"], "busy", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("1 claims at once")),
+        "{v}"
+    );
+
+    let waiting = tokio::spawn({
+        let (http, url, claim) = (s.http.clone(), claim_url.clone(), claim.clone());
+        async move {
+            let resp = http.post(&url).json(&claim).send().await.expect("claim");
+            (
+                resp.status().as_u16(),
+                resp.json::<Value>().await.expect("json"),
+            )
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let beat = json!({"gpus": samples(1_000),
+                      "attempts": [{"attempt": running.attempt, "fence": running.fence}]});
+    let (status, v) = s
+        .post(&format!("/v1/agents/{}/heartbeat", n1.agent), &beat)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert!(
+        !waiting.is_finished(),
+        "answered while a claim waits its turn"
+    );
+    drop(held);
+    let (status, v) = waiting.await.expect("the waiting claim");
+    assert_eq!(status, 200, "{v}");
+    let r: ClaimResponse = serde_json::from_value(v).expect("decode");
+    assert_eq!(r.leases.len(), 1, "the job the refused claim did not take");
+    assert_ne!(r.leases[0].attempt, running.attempt);
+
+    let metrics = s
+        .http
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("headroom_refused_requests_total")
+                && l.contains("route=\"/v1/agents/{id}/claim\"")
+                && l.contains("status=\"503\"")),
+        "the busy claim in the metrics:\n{metrics}"
     );
 }

@@ -1,7 +1,7 @@
 //! The agent's `Serving` state: claims leases from the coordinator, admits each against its
 //! GPUs' live memory (a lease that no longer fits goes back), and launches the rest.
 
-use headroom_shared::api::{ClaimRequest, HandBackRequest, Lease};
+use headroom_shared::api::{ClaimRequest, ErrorCode, HandBackRequest, Lease};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -74,6 +74,14 @@ impl Agent {
                     return State::Registering {
                         backoff: Backoff::coordinator(),
                     };
+                }
+                // Busy: the coordinator turns claims away first when the fleet overruns it,
+                // an answer it gives by design, not a fault.
+                Err(e) if e.code() == Some(ErrorCode::Busy) => {
+                    tracing::debug!("coordinator busy, claiming again after a pause: {e}");
+                    if !backoff.wait(shutdown).await {
+                        return draining(stop_heartbeats);
+                    }
                 }
                 Err(e) => {
                     tracing::warn!("claim failed, retrying: {e}");

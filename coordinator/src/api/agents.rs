@@ -7,7 +7,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use chrono::{DateTime, Utc};
 use headroom_shared::api::{
-    Ack, ClaimRequest, ClaimResponse, FinishReport, FinishResponse, HandBackRequest,
+    Ack, ClaimRequest, ClaimResponse, ErrorCode, FinishReport, FinishResponse, HandBackRequest,
     HeartbeatRequest, HeartbeatResponse, LogAppended, LogChunkQuery, Principal, RegisterRequest,
     RegisterResponse, StartReport,
 };
@@ -105,6 +105,16 @@ pub async fn claim(
         // Only changes that may give this claim something to do wake it again; its node is
         // known from its first round.
         let seen = s.changes.work_seen(node.as_deref());
+        // Each round that reads the store waits its turn (`crate::admission`); the wait for
+        // a change between rounds holds none. A round not given its turn in time answers
+        // busy: nothing was leased.
+        let turn = s.admission.claim_turn().await.map_err(|busy| {
+            s.metrics.refused(
+                headroom_shared::routes::CLAIM.path,
+                ErrorCode::Busy.status(),
+            );
+            ApiError::from(busy)
+        })?;
         let timer = std::time::Instant::now();
         let claimed = s
             .store
@@ -119,6 +129,7 @@ pub async fn claim(
             })
             .await?;
         s.metrics.observe_claim(timer.elapsed().as_secs_f64());
+        drop(turn);
         let (cancel, requeue) = (claimed.cancel, claimed.requeue);
         let recheck = claimed.recheck_in_ms.map(Duration::from_millis);
         let plan = claimed.plan.to_string();

@@ -85,7 +85,25 @@ impl IntoResponse for ApiError {
                 attempt: self.attempt,
             },
         };
-        (status, Json(body)).into_response()
+        let busy = self.code == ErrorCode::Busy;
+        let mut response = (status, Json(body)).into_response();
+        if busy {
+            // A client that reads it waits this long; the agent's own backoff is jittered.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(BUSY_RETRY_AFTER),
+            );
+        }
+        response
+    }
+}
+
+/// Seconds a busy answer asks its client to wait (`Retry-After`).
+pub const BUSY_RETRY_AFTER: &str = "1";
+
+impl From<crate::admission::Busy> for ApiError {
+    fn from(e: crate::admission::Busy) -> Self {
+        Self::new(ErrorCode::Busy, e.to_string())
     }
 }
 

@@ -51,6 +51,8 @@ pub struct AppState {
     pub progress: Arc<experiments::ProgressPace>,
     /// How many refusals are logged (`refusals`).
     pub refusals: Arc<refusals::RefusalLog>,
+    /// Claims' turns at the store.
+    pub admission: crate::admission::Admission,
 }
 
 /// The router, built from the shared route table (`headroom_shared::routes`): the method

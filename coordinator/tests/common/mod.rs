@@ -13,6 +13,9 @@ pub struct Server {
     /// The coordinator's data directory.
     #[allow(dead_code)] // Not every test binary looks into it.
     pub data_dir: std::path::PathBuf,
+    /// Claims' turns at the store.
+    #[allow(dead_code)] // Not every test binary holds turns.
+    pub admission: headroom_coordinator::admission::Admission,
     stop: CancellationToken,
     _dir: tempfile::TempDir,
 }
@@ -40,9 +43,11 @@ impl Server {
             .await
             .expect("build");
         let base = format!("http://{}", app.local_addr());
+        let admission = app.admission();
         let stop = CancellationToken::new();
         tokio::spawn(app.run(stop.clone()));
         Self {
+            admission,
             data_dir: dir.path().to_path_buf(),
             base,
             http: headroom_shared::client::http_builder()

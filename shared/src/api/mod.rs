@@ -73,7 +73,8 @@ pub enum ErrorCode {
     Forbidden,
     /// Too many failed authentications from this address: wait. 429.
     Throttled,
-    /// The coordinator is busy (token verifications queued up): try again. 503.
+    /// The coordinator is busy (a claim waited too long for its turn at the store, or a
+    /// token for its verification): try again after `Retry-After`. 503.
     Busy,
     /// A bug or a corrupt row. 500.
     Internal,
