@@ -1,8 +1,9 @@
 //! Coordinator scale: simulated agents in this process (real HTTP, one task each) on one or
 //! more coordinator replicas sharing PostgreSQL (agents spread over them), each agent with 8
 //! GPUs, claiming from a deep queue, reporting each job's start at once and its end after the
-//! job's length, and renewing its leases as an agent does. Claim latency, jobs/s, leases
-//! lost, each replica's CPU and memory.
+//! job's length, and renewing its leases as an agent does; an answer to try again (busy, a
+//! timeout) is tried again as an agent does. Claim latency, jobs/s, leases lost, busy
+//! answers, each replica's CPU and memory.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use chrono::Utc;
+use headroom_agent::agent::backoff::Backoff;
 use headroom_integration_tests::{Postgres, stat_fields};
 use headroom_shared::api::{
-    ClaimRequest, FinishReport, GpuInfo, GpuSample, HeartbeatRequest, Measurements,
+    ClaimRequest, ErrorCode, FinishReport, GpuInfo, GpuSample, HeartbeatRequest, Measurements,
     RegisterRequest, StartReport,
 };
 use headroom_shared::client::{Client, ClientError};
@@ -37,6 +39,35 @@ const GPU_MIB: u64 = 81_920;
 /// How often a simulated agent heartbeats: as a real one does, three times a lease TTL (the
 /// default 30 s).
 const BEAT: Duration = Duration::from_secs(10);
+/// A failed heartbeat is sent again after this, as a real agent's is (a third of its
+/// pace, at most a second).
+const BEAT_RETRY: Duration = Duration::from_secs(1);
+/// Tries of a claim or report that failed for a while (about a minute with the agent's
+/// backoff) before the bench gives up on the run.
+const TRIES: u32 = 16;
+
+/// Sends `call` until it is answered or refused for good, pacing the answers to try again
+/// as an agent does (`Backoff::coordinator`); counts those that said busy.
+async fn patiently<T, F>(
+    busy: &AtomicUsize,
+    mut call: impl FnMut() -> F,
+) -> std::result::Result<T, ClientError>
+where
+    F: std::future::Future<Output = std::result::Result<T, ClientError>>,
+{
+    let mut backoff = Backoff::coordinator();
+    loop {
+        match call().await {
+            Err(e) if e.is_transient() && backoff.tries() < TRIES => {
+                if e.code() == Some(ErrorCode::Busy) {
+                    busy.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            r => return r,
+        }
+    }
+}
 
 fn samples(gpus: usize) -> Vec<GpuSample> {
     (0..gpus as u32)
@@ -78,30 +109,55 @@ fn finish(fence: i64, gpus: usize) -> FinishReport {
 /// Leases running on a simulated agent's GPUs: (when it ends, attempt, fence).
 type Running = Arc<std::sync::Mutex<Vec<(Instant, headroom_shared::AttemptId, i64)>>>;
 
-/// What a simulated agent saw: the latencies (ms) of claims that brought work, and leases it
-/// lost (its heartbeat or end refused as stale: the lease expired while the coordinators were
-/// behind, and the job went back to the queue).
+/// What a simulated agent saw: the latencies (ms) of claims that brought work.
 #[derive(Default)]
 struct Seen {
     claims_ms: Vec<f64>,
-    lost: usize,
-    /// Heartbeats that failed otherwise (timed out, refused).
-    failed_beats: usize,
+}
+
+/// What a fleet's agents count together: jobs ended, leases lost (a heartbeat, start or end refused as
+/// stale: the lease expired while the coordinators were behind, and the job went back to
+/// the queue), heartbeats that failed otherwise (timed out, refused), and answers that said
+/// busy (each tried again); and how long heartbeats and ends took to be answered (ms; an
+/// end from its first try, after the window's first jobs).
+#[derive(Default)]
+struct Counts {
+    /// Jobs ended (their end answered).
+    done: AtomicUsize,
+    lost: AtomicUsize,
+    failed: AtomicUsize,
+    busy: AtomicUsize,
+    beats_ms: std::sync::Mutex<Vec<f64>>,
+    ends_ms: std::sync::Mutex<Vec<f64>>,
+}
+
+impl Counts {
+    /// p50 and p99 of `ms`'s figures.
+    fn percentiles(ms: &std::sync::Mutex<Vec<f64>>) -> (f64, f64) {
+        let mut v = ms.lock().map(|v| v.clone()).unwrap_or_default();
+        v.sort_by(f64::total_cmp);
+        (percentile(&v, 0.5), percentile(&v, 0.99))
+    }
+}
+
+fn record(ms: &std::sync::Mutex<Vec<f64>>, since: Instant) {
+    if let Ok(mut v) = ms.lock() {
+        v.push(since.elapsed().as_secs_f64() * 1e3);
+    }
 }
 
 /// Renews an agent's leases every [`BEAT`] (the first after `offset`, so a fleet's agents do
 /// not beat together), beside its claims and reports as a real agent's heartbeat runs. A
 /// lease refused as stale is dropped and counted in `lost`, and the rest are renewed at once
-/// (the refusal renewed none); a heartbeat that fails otherwise is counted in `failed` and
-/// tried again at the next beat.
+/// (the refusal renewed none); a heartbeat that fails otherwise is counted in `failed` (and
+/// `busy`, where it said so) and tried again after [`BEAT_RETRY`].
 async fn heartbeats(
     api: Client,
     agent: headroom_shared::AgentId,
     gpus: usize,
     running: Running,
     (offset, until): (Duration, Instant),
-    lost: Arc<AtomicUsize>,
-    failed: Arc<AtomicUsize>,
+    counts: Arc<Counts>,
 ) -> Result<()> {
     let mut next = Instant::now() + offset;
     while next < until {
@@ -118,6 +174,7 @@ async fn heartbeats(
                 .collect(),
             Err(_) => bail!("an agent's task panicked"),
         };
+        let sent = Instant::now();
         let beat = api
             .heartbeat(
                 agent,
@@ -131,7 +188,7 @@ async fn heartbeats(
             )
             .await;
         match beat {
-            Ok(_) => {}
+            Ok(_) => record(&counts.beats_ms, sent),
             Err(ClientError::Stale {
                 attempt: Some(a), ..
             }) => {
@@ -144,11 +201,15 @@ async fn heartbeats(
                     Err(_) => bail!("an agent's task panicked"),
                 };
                 // Its end may have been reported (and counted) meanwhile.
-                lost.fetch_add(dropped, Ordering::Relaxed);
+                counts.lost.fetch_add(dropped, Ordering::Relaxed);
                 next = Instant::now();
             }
-            Err(_) => {
-                failed.fetch_add(1, Ordering::Relaxed);
+            Err(e) => {
+                if e.code() == Some(ErrorCode::Busy) {
+                    counts.busy.fetch_add(1, Ordering::Relaxed);
+                }
+                counts.failed.fetch_add(1, Ordering::Relaxed);
+                next = Instant::now() + BEAT_RETRY;
             }
         }
     }
@@ -171,34 +232,33 @@ async fn agent(
     i: usize,
     gpus: usize,
     until: Instant,
-    done: Arc<AtomicUsize>,
     total: usize,
     job: Duration,
+    counts: Arc<Counts>,
 ) -> Result<Seen> {
     let plan = vec!["1"; gpus].join(",");
-    let reg = api
-        .register(&RegisterRequest {
-            host_memory_mib: None,
-            node: format!("sim{i:03}"),
-            gpus: (0..gpus as u32)
-                .map(|g| GpuInfo {
-                    index: g,
-                    uuid: format!("GPU-sim-{i:03}-{g}"),
-                    name: "simulated".into(),
-                    total_mib: GPU_MIB,
-                })
-                .collect(),
-            plan: Some(plan.clone()),
-            headroom: None,
-            version: env!("CARGO_PKG_VERSION").into(),
-            running: vec![],
-            previous: None,
-        })
+    let register = RegisterRequest {
+        host_memory_mib: None,
+        node: format!("sim{i:03}"),
+        gpus: (0..gpus as u32)
+            .map(|g| GpuInfo {
+                index: g,
+                uuid: format!("GPU-sim-{i:03}-{g}"),
+                name: "simulated".into(),
+                total_mib: GPU_MIB,
+            })
+            .collect(),
+        plan: Some(plan.clone()),
+        headroom: None,
+        version: env!("CARGO_PKG_VERSION").into(),
+        running: vec![],
+        previous: None,
+    };
+    let reg = patiently(&counts.busy, || api.register(&register))
         .await
         .context("register")?;
     let mut seen = Seen::default();
     let running: Running = Arc::default();
-    let (lost, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let offset = BEAT.mul_f64((i % 100) as f64 / 100.0);
     let mut beats = AbortOnDrop(tokio::spawn(heartbeats(
         api.clone(),
@@ -206,8 +266,7 @@ async fn agent(
         gpus,
         running.clone(),
         (offset, until),
-        lost.clone(),
-        failed.clone(),
+        counts.clone(),
     )));
     let steady = Instant::now() + job;
     let lock = || {
@@ -215,7 +274,7 @@ async fn agent(
             .lock()
             .map_err(|_| anyhow::anyhow!("an agent's heartbeat panicked"))
     };
-    while Instant::now() < until && done.load(Ordering::Relaxed) < total {
+    while Instant::now() < until && counts.done.load(Ordering::Relaxed) < total {
         if beats.0.is_finished() {
             break; // its error is reported below
         }
@@ -227,11 +286,18 @@ async fn agent(
             ended
         };
         for (_, attempt, fence) in ended {
-            match api.finish(attempt, &finish(fence, gpus)).await {
+            let report = finish(fence, gpus);
+            let sent = Instant::now();
+            match patiently(&counts.busy, || api.finish(attempt, &report)).await {
                 Ok(_) => {
-                    done.fetch_add(1, Ordering::Relaxed);
+                    if sent >= steady {
+                        record(&counts.ends_ms, sent);
+                    }
+                    counts.done.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(ClientError::Stale { .. }) => seen.lost += 1,
+                Err(ClientError::Stale { .. }) => {
+                    counts.lost.fetch_add(1, Ordering::Relaxed);
+                }
                 Err(e) => return Err(e).context("finish report"),
             }
         }
@@ -249,18 +315,16 @@ async fn agent(
             t.saturating_duration_since(now)
                 .min(Duration::from_millis(500))
         });
+        let claim = ClaimRequest {
+            gpus: samples(gpus),
+            max: free as u32,
+            watching: vec![],
+            known_plan: Some(plan.clone()),
+            wait_ms: wait.as_millis() as u64,
+        };
+        // From the first try: a claim answered busy waits as an agent's does.
         let t = Instant::now();
-        let r = api
-            .claim(
-                reg.agent,
-                &ClaimRequest {
-                    gpus: samples(gpus),
-                    max: free as u32,
-                    watching: vec![],
-                    known_plan: Some(plan.clone()),
-                    wait_ms: wait.as_millis() as u64,
-                },
-            )
+        let r = patiently(&counts.busy, || api.claim(reg.agent, &claim))
             .await
             .context("claim")?;
         // Steady state only: the first round of claims, every GPU of every agent at once, is
@@ -269,20 +333,15 @@ async fn agent(
             seen.claims_ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
         for l in &r.leases {
-            let started = api
-                .start(
-                    l.attempt,
-                    &StartReport {
-                        fence: l.fence,
-                        pid: 1,
-                        started_at: Utc::now(),
-                    },
-                )
-                .await;
-            match started {
+            let report = StartReport {
+                fence: l.fence,
+                pid: 1,
+                started_at: Utc::now(),
+            };
+            match patiently(&counts.busy, || api.start(l.attempt, &report)).await {
                 Ok(_) => {}
                 Err(ClientError::Stale { .. }) => {
-                    seen.lost += 1;
+                    counts.lost.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 Err(e) => return Err(e).context("start report"),
@@ -298,8 +357,6 @@ async fn agent(
         Err(e) if e.is_cancelled() => {}
         Err(e) => bail!("an agent's heartbeat panicked: {e}"),
     }
-    seen.lost += lost.load(Ordering::Relaxed);
-    seen.failed_beats = failed.load(Ordering::Relaxed);
     Ok(seen)
 }
 
@@ -469,7 +526,7 @@ fn measure(size: &Size) -> Result<Measured> {
     let db0 = postmaster.map(tree_cpu_ms);
     let me = std::process::id();
     let agents0 = usage(me).0;
-    let done = Arc::new(AtomicUsize::new(0));
+    let counts = Arc::new(Counts::default());
     let t = Instant::now();
     let until = t + size.window;
     let seen: Vec<Seen> = rt.block_on(async {
@@ -481,9 +538,9 @@ fn measure(size: &Size) -> Result<Measured> {
                     i,
                     size.gpus_per_agent,
                     until,
-                    done.clone(),
                     size.queued,
                     size.job,
+                    counts.clone(),
                 )))
             })
             .collect::<Result<_>>()?;
@@ -501,7 +558,7 @@ fn measure(size: &Size) -> Result<Measured> {
         .map(|(a, b)| share(b - a));
     let agents_pct = share(usage(me).0 - agents0);
     let statements = pg.top_statements(16)?;
-    let jobs = done.load(Ordering::Relaxed);
+    let jobs = counts.done.load(Ordering::Relaxed);
     if jobs == 0 {
         bail!("no job ran: {}", replicas[0].coordinator.output());
     }
@@ -532,16 +589,19 @@ fn measure(size: &Size) -> Result<Measured> {
     let cpu1: f64 = after.iter().map(|a| a.0).sum();
     let rss: f64 = after.iter().map(|a| a.1).sum();
     let hwm: f64 = after.iter().map(|a| a.2).sum();
-    let lost: usize = seen.iter().map(|s| s.lost).sum();
-    let failed_beats: usize = seen.iter().map(|s| s.failed_beats).sum();
+    let lost = counts.lost.load(Ordering::Relaxed);
+    let failed_beats = counts.failed.load(Ordering::Relaxed);
+    let busy = counts.busy.load(Ordering::Relaxed);
+    let (beat50, beat99) = Counts::percentiles(&counts.beats_ms);
+    let (end50, end99) = Counts::percentiles(&counts.ends_ms);
     let mut claims: Vec<f64> = seen.into_iter().flat_map(|s| s.claims_ms).collect();
     claims.sort_by(f64::total_cmp);
     let (p50, p99) = (percentile(&claims, 0.5), percentile(&claims, 0.99));
     let rate = jobs as f64 / elapsed;
     let cpu_share = share(cpu1 - cpu0);
     let table = format!(
-        "| replicas | agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | leases lost | coordinators' CPU | per job | RSS (peak) | each replica | PostgreSQL's CPU | the simulated agents' CPU |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
-         | {} | {} x {} | {:.1} s | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {lost} | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) | {per_replica} | {} | {agents_pct:.0} % of a core |\n",
+        "| replicas | agents x GPUs | each job holds its GPU | queued | jobs run | jobs/s | claims | claim p50 | p99 | end p50 / p99 | heartbeat p50 / p99 | leases lost | busy answers | coordinators' CPU | per job | RSS (peak) | each replica | PostgreSQL's CPU | the simulated agents' CPU |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n\
+         | {} | {} x {} | {:.1} s | {} (submitted in {submit_s:.1} s) | {jobs} in {elapsed:.1} s | {rate:.0} | {} | {p50:.1} ms | {p99:.1} ms | {end50:.1} / {end99:.1} ms | {beat50:.1} / {beat99:.1} ms | {lost} | {busy} | {cpu_share:.0} % of a core | {:.2} ms | {rss:.0} MiB ({hwm:.0}) | {per_replica} | {} | {agents_pct:.0} % of a core |\n",
         replicas.len(),
         size.agents,
         size.gpus_per_agent,
@@ -557,7 +617,8 @@ fn measure(size: &Size) -> Result<Measured> {
         "agents": size.agents, "gpus_per_agent": size.gpus_per_agent, "queued": size.queued,
         "job_s": size.job.as_secs_f64(), "demand_jobs_per_s": demand(size).is_finite().then(|| demand(size)),
         "submit_s": submit_s, "jobs": jobs, "seconds": elapsed, "jobs_per_s": rate,
-        "claims": claims.len(), "claim_ms": {"p50": p50, "p99": p99}, "leases_lost": lost, "heartbeats_failed": failed_beats,
+        "claims": claims.len(), "claim_ms": {"p50": p50, "p99": p99}, "leases_lost": lost, "heartbeats_failed": failed_beats, "busy_answers": busy,
+        "end_ms": {"p50": end50, "p99": end99}, "heartbeat_ms": {"p50": beat50, "p99": beat99},
         "coordinator": {"cpu_core_pct": cpu_share, "cpu_ms_per_job": (cpu1 - cpu0) / jobs as f64,
             "rss_mib": rss, "peak_rss_mib": hwm},
         "top_statements": statements,
