@@ -2,9 +2,9 @@
 //! on a replica, the others waiting their turn in arrival order, so that however many agents
 //! claim together, heartbeats, starts and ends (which are not bounded) find a database
 //! connection without queueing behind hundreds of claims: a fleet larger than its
-//! coordinators can serve starts fewer jobs before it loses leases. A claim that waits past
-//! [`Admission::wait`] for its turn is answered `503 busy` (with `Retry-After`) and its agent
-//! claims again after its backoff; nothing was leased to it.
+//! coordinators can serve waits longer for new work, not for its leases' renewals. A claim
+//! that waits past [`Admission::wait`] for its first turn is answered `503 busy` (with
+//! `Retry-After`) and its agent claims again after its backoff; nothing was leased to it.
 //!
 //! Claims wait in order rather than being refused at once past the bound: refused at once,
 //! a fleet's retries, each on its own backoff, starve some agents for a minute while others
@@ -60,18 +60,18 @@ impl Admission {
         self.wait
     }
 
-    /// A claim round's turn, held until the returned guard is dropped; turns are given in
-    /// the order they were asked for.
-    pub async fn claim_turn(&self) -> Result<Turn, Busy> {
+    /// A claim round's turn, waited for at most `within` and held until the returned guard
+    /// is dropped; turns are given in the order they were asked for.
+    pub async fn claim_turn(&self, within: Duration) -> Result<Turn, Busy> {
         let Some(turns) = &self.turns else {
             return Ok(Turn(None));
         };
-        match tokio::time::timeout(self.wait, turns.clone().acquire_owned()).await {
+        match tokio::time::timeout(within, turns.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(Turn(Some(permit))),
             // The semaphore is never closed; read as a turn not given all the same.
             Ok(Err(_)) | Err(_) => Err(Busy {
                 limit: self.limit,
-                waited: self.wait,
+                waited: within,
             }),
         }
     }
@@ -95,14 +95,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn claims_take_turns_in_order_and_one_that_waits_too_long_is_busy() {
         let a = Admission::new(2, Duration::from_secs(5));
-        let first = a.claim_turn().await.expect("a turn");
-        let _second = a.claim_turn().await.expect("a turn");
+        let first = a.claim_turn(a.wait()).await.expect("a turn");
+        let _second = a.claim_turn(a.wait()).await.expect("a turn");
         assert_eq!(a.claiming(), 2);
         let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
         for n in [3, 4] {
             let (a, order_tx) = (a.clone(), order_tx.clone());
             tokio::spawn(async move {
-                let turn = a.claim_turn().await;
+                let turn = a.claim_turn(a.wait()).await;
                 order_tx.send((n, turn.is_ok())).expect("send");
                 // Held until the test ends.
                 std::future::pending::<()>().await;
@@ -124,7 +124,10 @@ mod tests {
         );
         // The fourth's wait runs out: busy, never a turn.
         assert_eq!(order.recv().await, Some((4, false)));
-        let busy = a.claim_turn().await.expect_err("still every turn held");
+        let busy = a
+            .claim_turn(a.wait())
+            .await
+            .expect_err("still every turn held");
         assert_eq!((busy.limit, busy.waited), (2, Duration::from_secs(5)));
     }
 
@@ -133,7 +136,7 @@ mod tests {
         let a = Admission::new(0, Duration::ZERO);
         let mut held = Vec::new();
         for _ in 0..1000 {
-            held.push(a.claim_turn().await.expect("unbounded"));
+            held.push(a.claim_turn(a.wait()).await.expect("unbounded"));
         }
         assert_eq!(a.claiming(), 0);
     }

@@ -257,7 +257,11 @@ async fn claims_wait_their_turn_and_heartbeats_do_not() {
     let claim_url = format!("{}/v1/agents/{}/claim", s.base, n2.agent);
     let claim = json!({"gpus": samples(10_000), "max": 4, "wait_ms": 0});
 
-    let held = s.admission.claim_turn().await.expect("the one turn");
+    let held = s
+        .admission
+        .claim_turn(s.admission.wait())
+        .await
+        .expect("the one turn");
     let _: Value = s
         .ok(
             "/v1/experiments",
@@ -337,4 +341,65 @@ async fn claims_wait_their_turn_and_heartbeats_do_not() {
                 && l.contains("status=\"503\"")),
         "the busy claim in the metrics:\n{metrics}"
     );
+}
+
+/// A claim held open whose later round finds every turn taken waits for one only to its
+/// long-poll's end, then answers that nothing came (200, no lease), as that end does: never
+/// busy after holding a long-poll, never a turn's wait past the time its client gives it.
+/// The job that woke it is leased by the next claim, once a turn is free.
+#[tokio::test]
+async fn a_claim_woken_while_every_turn_is_taken_answers_at_its_long_poll_s_end() {
+    let s = Server::start(|mut c| {
+        c.max_claims = 1;
+        c.claim_turn_wait = Duration::from_secs(30);
+        c
+    })
+    .await;
+    let n1 = s.register_node("n1", None).await;
+    let url = format!("{}/v1/agents/{}/claim", s.base, n1.agent);
+    let known: RegisterResponse = n1;
+    let held_open = json!({"gpus": samples(10_000), "max": 4, "wait_ms": 1_500,
+                           "known_plan": known.plan});
+    let asked = std::time::Instant::now();
+    let waiting = tokio::spawn({
+        let (http, url) = (s.http.clone(), url.clone());
+        async move {
+            let resp = http
+                .post(&url)
+                .json(&held_open)
+                .send()
+                .await
+                .expect("claim");
+            (
+                resp.status().as_u16(),
+                resp.json::<Value>().await.expect("json"),
+            )
+        }
+    });
+    // Its first round found nothing and it waits for work; then every turn is taken and
+    // work comes.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let held = s
+        .admission
+        .claim_turn(s.admission.wait())
+        .await
+        .expect("the one turn");
+    let _: Value = s
+        .ok(
+            "/v1/experiments",
+            &json!({"spec": {"name": "c", "command": ["true"]}}),
+        )
+        .await;
+    let (status, v) = waiting.await.expect("the held claim");
+    let took = asked.elapsed();
+    assert_eq!(status, 200, "{v}");
+    let r: ClaimResponse = serde_json::from_value(v).expect("decode");
+    assert!(r.leases.is_empty());
+    assert_eq!(r.plan, known.plan);
+    assert!(
+        took >= Duration::from_millis(1_500) && took < Duration::from_secs(15),
+        "answered at its long-poll's end, not a turn's wait (30 s) later: {took:?}"
+    );
+    drop(held);
+    assert_eq!(s.claim(&known).await.len(), 1, "the job that woke it");
 }

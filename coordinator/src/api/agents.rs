@@ -106,15 +106,36 @@ pub async fn claim(
         // known from its first round.
         let seen = s.changes.work_seen(node.as_deref());
         // Each round that reads the store waits its turn (`crate::admission`); the wait for
-        // a change between rounds holds none. A round not given its turn in time answers
-        // busy: nothing was leased.
-        let turn = s.admission.claim_turn().await.map_err(|busy| {
-            s.metrics.refused(
-                headroom_shared::routes::CLAIM.path,
-                ErrorCode::Busy.status(),
-            );
-            ApiError::from(busy)
-        })?;
+        // a change between rounds holds none. The first round not given its turn in time
+        // answers busy; a later one waits at most to the long-poll's end and then answers
+        // that nothing came, as that end does: a claim is answered within its long-poll and
+        // one turn's wait, inside the time its client gives it.
+        let within = match node {
+            None => s.admission.wait(),
+            Some(_) => s
+                .admission
+                .wait()
+                .min(deadline.saturating_duration_since(tokio::time::Instant::now())),
+        };
+        let turn = match s.admission.claim_turn(within).await {
+            Ok(turn) => turn,
+            // A later round: its earlier one leased nothing and found the plan known.
+            Err(_) if node.is_some() => {
+                return Ok(ApiJson(ClaimResponse {
+                    leases: vec![],
+                    cancel: vec![],
+                    requeue: vec![],
+                    plan: req.known_plan.clone().unwrap_or_default(),
+                }));
+            }
+            Err(busy) => {
+                s.metrics.refused(
+                    headroom_shared::routes::CLAIM.path,
+                    ErrorCode::Busy.status(),
+                );
+                return Err(busy.into());
+            }
+        };
         let timer = std::time::Instant::now();
         let claimed = s
             .store
