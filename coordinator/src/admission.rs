@@ -5,12 +5,14 @@
 //! coordinators can serve waits longer for new work, not for its leases' renewals. A claim
 //! that waits past [`Admission::wait`] for its first turn is answered `503 busy` (with
 //! `Retry-After`) and its agent claims again after its backoff; nothing was leased to it.
+//! `headroom_claims_in_turn` and `headroom_claims_waiting` show the turns on `/metrics`.
 //!
 //! Claims wait in order rather than being refused at once past the bound: refused at once,
 //! a fleet's retries, each on its own backoff, starve some agents for a minute while others
 //! are let in (`bench/README.md`, 2026-12-02).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -42,6 +44,8 @@ pub struct Admission {
     turns: Option<Arc<Semaphore>>,
     limit: usize,
     wait: Duration,
+    /// Claim rounds waiting for a turn now.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl Admission {
@@ -52,6 +56,7 @@ impl Admission {
             turns: (limit > 0).then(|| Arc::new(Semaphore::new(limit))),
             limit,
             wait,
+            waiting: Arc::default(),
         }
     }
 
@@ -66,6 +71,10 @@ impl Admission {
         let Some(turns) = &self.turns else {
             return Ok(Turn(None));
         };
+        // Counted while it waits, however the wait ends (a turn, the time, the request
+        // dropped).
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waited = Waiting(&self.waiting);
         match tokio::time::timeout(within, turns.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(Turn(Some(permit))),
             // The semaphore is never closed; read as a turn not given all the same.
@@ -81,6 +90,20 @@ impl Admission {
         self.turns
             .as_ref()
             .map_or(0, |t| self.limit - t.available_permits())
+    }
+
+    /// Claim rounds waiting for a turn now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+}
+
+/// Counts a claim round out of the waiting ones when its wait ends.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -112,6 +135,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(a.waiting(), 2);
         assert!(
             order.try_recv().is_err(),
             "both wait while the two turns are held"
@@ -124,6 +148,7 @@ mod tests {
         );
         // The fourth's wait runs out: busy, never a turn.
         assert_eq!(order.recv().await, Some((4, false)));
+        assert_eq!(a.waiting(), 0, "neither waits any more");
         let busy = a
             .claim_turn(a.wait())
             .await

@@ -48,7 +48,7 @@ pub struct CoordinatorSettings {
     pub long_poll: Duration,
     /// Most claims that read the store at once on this replica; the others wait their turn
     /// in order (up to 10 s, then 503 `busy`), so heartbeats and reports always find a
-    /// database connection (the pool holds 16). `0`: no bound.
+    /// database connection (PostgreSQL's pool holds 16). `0`: no bound.
     #[arg(long, env = "HEADROOM_MAX_CLAIMS", default_value_t = crate::admission::DEFAULT_CLAIMS)]
     pub max_claims: usize,
     /// GPU telemetry older than this is deleted.

@@ -103,6 +103,8 @@ pub struct CoordinatorMetrics {
     agents_up: Gauge,
     nodes: Gauge,
     claim: Histogram,
+    claims_in_turn: Gauge,
+    claims_waiting: Gauge,
     submit_to_start: Histogram,
     refused: Family<RefusedLabels, prometheus_client::metrics::counter::Counter>,
     alert_tries: Family<AlertTryLabels, prometheus_client::metrics::counter::Counter>,
@@ -161,6 +163,18 @@ impl CoordinatorMetrics {
             "Time one claim pass (placement and leasing, one transaction) took on this replica",
             Unit::Seconds,
             claim.clone(),
+        );
+        let claims_in_turn = Gauge::default();
+        r.register(
+            "headroom_claims_in_turn",
+            "Claim rounds reading the store now on this replica (at most --max-claims)",
+            claims_in_turn.clone(),
+        );
+        let claims_waiting = Gauge::default();
+        r.register(
+            "headroom_claims_waiting",
+            "Claim rounds waiting for their turn at the store now on this replica",
+            claims_waiting.clone(),
         );
         let submit_to_start = Histogram::new([
             0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0,
@@ -260,6 +274,8 @@ impl CoordinatorMetrics {
             agents_up,
             nodes,
             claim,
+            claims_in_turn,
+            claims_waiting,
             submit_to_start,
         }
     }
@@ -289,6 +305,12 @@ impl CoordinatorMetrics {
 
     pub fn observe_claim(&self, seconds: f64) {
         self.claim.observe(seconds);
+    }
+
+    /// This replica's claim rounds in their turn and waiting for one (`crate::admission`).
+    pub fn set_claim_turns(&self, in_turn: usize, waiting: usize) {
+        self.claims_in_turn.set(in_turn as i64);
+        self.claims_waiting.set(waiting as i64);
     }
 
     pub fn observe_submit_to_start(&self, seconds: f64) {

@@ -240,7 +240,7 @@ async fn a_claim_held_open_is_answered_by_an_end_on_its_node_and_not_by_one_else
 async fn claims_wait_their_turn_and_heartbeats_do_not() {
     let s = Server::start(|mut c| {
         c.max_claims = 1;
-        c.claim_turn_wait = Duration::from_secs(3);
+        c.claim_turn_wait = Duration::from_secs(5);
         c
     })
     .await;
@@ -277,7 +277,7 @@ async fn claims_wait_their_turn_and_heartbeats_do_not() {
         .await
         .expect("claim");
     assert!(
-        asked.elapsed() >= Duration::from_secs(3),
+        asked.elapsed() >= Duration::from_secs(5),
         "it waited its turn"
     );
     assert_eq!(resp.status().as_u16(), 503);
@@ -306,7 +306,18 @@ async fn claims_wait_their_turn_and_heartbeats_do_not() {
             )
         }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(4);
+    while s.admission.waiting() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the claim never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let page = metrics(&s).await;
+    for line in ["headroom_claims_in_turn 1", "headroom_claims_waiting 1"] {
+        assert!(page.lines().any(|l| l == line), "{line} in:\n{page}");
+    }
     let beat = json!({"gpus": samples(1_000),
                       "attempts": [{"attempt": running.attempt, "fence": running.fence}]});
     let (status, v) = s
@@ -324,15 +335,7 @@ async fn claims_wait_their_turn_and_heartbeats_do_not() {
     assert_eq!(r.leases.len(), 1, "the job the refused claim did not take");
     assert_ne!(r.leases[0].attempt, running.attempt);
 
-    let metrics = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = metrics(&s).await;
     assert!(
         metrics
             .lines()
@@ -343,12 +346,24 @@ async fn claims_wait_their_turn_and_heartbeats_do_not() {
     );
 }
 
+/// The `/metrics` page.
+async fn metrics(s: &Server) -> String {
+    s.http
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
 /// A claim held open whose later round finds every turn taken waits for one only to its
 /// long-poll's end, then answers that nothing came (200, no lease), as that end does: never
 /// busy after holding a long-poll, never a turn's wait past the time its client gives it.
-/// The job that woke it is leased by the next claim, once a turn is free.
+/// The job that came meanwhile is leased by the next claim, once a turn is free.
 #[tokio::test]
-async fn a_claim_woken_while_every_turn_is_taken_answers_at_its_long_poll_s_end() {
+async fn a_claim_held_open_answers_at_its_long_poll_s_end_when_every_turn_is_taken() {
     let s = Server::start(|mut c| {
         c.max_claims = 1;
         c.claim_turn_wait = Duration::from_secs(30);
@@ -378,7 +393,15 @@ async fn a_claim_woken_while_every_turn_is_taken_answers_at_its_long_poll_s_end(
     });
     // Its first round found nothing and it waits for work; then every turn is taken and
     // work comes.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while !metrics(&s)
+        .await
+        .lines()
+        .any(|l| l == "headroom_claim_duration_seconds_count 1")
+    {
+        assert!(std::time::Instant::now() < deadline, "no first round");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let held = s
         .admission
         .claim_turn(s.admission.wait())

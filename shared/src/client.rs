@@ -723,7 +723,9 @@ impl Client {
         agent: AgentId,
         req: &ClaimRequest,
     ) -> Result<ClaimResponse, ClientError> {
-        let timeout = Duration::from_millis(req.wait_ms) + Duration::from_secs(15);
+        // Beyond its long-poll: its turn at the store (10 s at most by default) and the
+        // store's own wait for a connection (10 s).
+        let timeout = Duration::from_millis(req.wait_ms) + DEFAULT_TIMEOUT;
         self.call(routes::CLAIM, &[&agent], Some(req), timeout)
             .await
     }

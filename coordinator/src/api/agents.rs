@@ -107,15 +107,12 @@ pub async fn claim(
         let seen = s.changes.work_seen(node.as_deref());
         // Each round that reads the store waits its turn (`crate::admission`); the wait for
         // a change between rounds holds none. The first round not given its turn in time
-        // answers busy; a later one waits at most to the long-poll's end and then answers
-        // that nothing came, as that end does: a claim is answered within its long-poll and
-        // one turn's wait, inside the time its client gives it.
+        // answers busy; a later one waits to the long-poll's end and then answers that
+        // nothing came, as that end does: a claim is answered within its long-poll and one
+        // turn's wait, inside the time its client gives it.
         let within = match node {
             None => s.admission.wait(),
-            Some(_) => s
-                .admission
-                .wait()
-                .min(deadline.saturating_duration_since(tokio::time::Instant::now())),
+            Some(_) => deadline.saturating_duration_since(tokio::time::Instant::now()),
         };
         let turn = match s.admission.claim_turn(within).await {
             Ok(turn) => turn,

@@ -178,6 +178,8 @@ pub async fn metrics(
             .is_ok_and(|who| matches!(who.role, Role::User | Role::Admin)),
     };
     let half_life = s.config.half_life.as_millis() as u64;
+    s.metrics
+        .set_claim_turns(s.admission.claiming(), s.admission.waiting());
     match s
         .metrics
         .render(s.store.as_ref(), alive, users, half_life)

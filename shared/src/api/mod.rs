@@ -74,7 +74,8 @@ pub enum ErrorCode {
     /// Too many failed authentications from this address: wait. 429.
     Throttled,
     /// The coordinator is busy (a claim waited too long for its turn at the store, or a
-    /// token for its verification): try again after `Retry-After`. 503.
+    /// token for its verification): try again (`Retry-After` says in how many seconds at
+    /// the soonest). 503.
     Busy,
     /// A bug or a corrupt row. 500.
     Internal,
