@@ -708,9 +708,12 @@ def test_results_follow_live_attempts_and_show_early_stoppings_decisions(up: Up,
         # The page reads the attempts every few seconds: it has the ended ones' whole series
         # once it read them after their end.
         ids = (page.get_attribute("#results-curves", "data-attempts") or "").split()
-        if sorted(ids) != sorted(by_id) or uplot(page, "#results-curves", "u.series.length") != len(api) + 1:
+        # One read of one chart: the view draws its chart again each time it reads the
+        # attempts, and between two reads there may be none.
+        drawn = uplot(page, "#results-curves", "[u.series.length, u.data]")
+        if sorted(ids) != sorted(by_id) or drawn is None or drawn[0] != len(api) + 1:
             return False
-        xs, *ys = uplot(page, "#results-curves", "u.data")
+        xs, *ys = drawn[1]
         return all([(x, v) for x, v in zip(xs, y) if v is not None]
                    == [(p["step"], p["value"]) for p in by_id[a]["series"]["acc"]] for a, y in zip(ids, ys))
 
