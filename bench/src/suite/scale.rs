@@ -115,11 +115,11 @@ struct Seen {
     claims_ms: Vec<f64>,
 }
 
-/// What a fleet's agents count together: jobs ended, leases lost (a heartbeat, start or end refused as
-/// stale: the lease expired while the coordinators were behind, and the job went back to
-/// the queue), heartbeats that failed otherwise (timed out, refused), and answers that said
-/// busy (each tried again); and how long heartbeats and ends took to be answered (ms; an
-/// end from its first try, after the window's first jobs).
+/// What a fleet's agents count together: jobs ended, leases lost (a heartbeat, start or end
+/// refused as stale: the lease expired while the coordinators were behind, and the job went
+/// back to the queue), heartbeats that failed otherwise (timed out, refused), and answers
+/// that said busy (each tried again); and how long heartbeats and ends took to be answered
+/// (ms; an end from its first try, after the window's first jobs).
 #[derive(Default)]
 struct Counts {
     /// Jobs ended (their end answered).
