@@ -133,6 +133,7 @@ REFUSED = [
     ({"coordinator": {"replicas": 0}}, "/coordinator/replicas"),
     ({"coordinator": {"replica": 2}}, "replica"),
     ({"coordinator": {"leaseTtl": "thirty seconds"}}, "/coordinator/leaseTtl"),
+    ({"coordinator": {"maxClaims": -1}}, "/coordinator/maxClaims"),
     ({"agent": {"plan": "2,,2"}}, "/agent/plan"),
     ({"agent": {"plans": {"gpu-01": "2,x"}}}, "/agent/plans/gpu-01"),
     # A node name with a space: the message names the key.
@@ -603,6 +604,14 @@ def test_the_binaries_run_with_what_the_chart_renders(database: str) -> None:
         finally:
             for p in reversed(pods):
                 p.stop()
+
+
+def test_the_claims_bound_reaches_the_coordinator() -> None:
+    def coordinator_env(*extra: str) -> dict[str, str]:
+        return env_of(container(find(render("default", *extra), "Deployment")))
+
+    assert coordinator_env()["HEADROOM_MAX_CLAIMS"] == "12"
+    assert coordinator_env("--set", "coordinator.maxClaims=0")["HEADROOM_MAX_CLAIMS"] == "0"
 
 
 def test_the_mlflow_servers_an_admin_lists_reach_the_coordinator_and_none_by_default() -> None:
