@@ -69,14 +69,16 @@ impl Admission {
     /// is dropped; turns are given in the order they were asked for.
     pub async fn claim_turn(&self, within: Duration) -> Result<Turn, Busy> {
         let Some(turns) = &self.turns else {
-            return Ok(Turn(None));
+            return Ok(Turn { _permit: None });
         };
         // Counted while it waits, however the wait ends (a turn, the time, the request
         // dropped).
         self.waiting.fetch_add(1, Ordering::AcqRel);
         let _waited = Waiting(&self.waiting);
         match tokio::time::timeout(within, turns.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => Ok(Turn(Some(permit))),
+            Ok(Ok(permit)) => Ok(Turn {
+                _permit: Some(permit),
+            }),
             // The semaphore is never closed; read as a turn not given all the same.
             Ok(Err(_)) | Err(_) => Err(Busy {
                 limit: self.limit,
@@ -109,7 +111,9 @@ impl Drop for Waiting<'_> {
 
 /// A claim round's turn; the next waiting claim's when dropped.
 #[derive(Debug)]
-pub struct Turn(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+pub struct Turn {
+    _permit: Option<OwnedSemaphorePermit>,
+}
 
 #[cfg(test)]
 mod tests {

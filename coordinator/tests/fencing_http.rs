@@ -12,17 +12,44 @@ use serde_json::{Value, json};
 
 use common::Server;
 
+/// Posts `body` to `url`: the status and the JSON answered (null when none).
+async fn post_to(http: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let resp = http.post(url).json(body).send().await.expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
 impl Server {
     async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let resp = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(body)
-            .send()
+        post_to(&self.http, &format!("{}{path}", self.base), body).await
+    }
+
+    /// [`Server::post`] from a task of its own, so the test goes on while it waits.
+    fn spawn_post(&self, path: &str, body: &Value) -> tokio::task::JoinHandle<(u16, Value)> {
+        let (http, url, body) = (
+            self.http.clone(),
+            format!("{}{path}", self.base),
+            body.clone(),
+        );
+        tokio::spawn(async move { post_to(&http, &url, &body).await })
+    }
+
+    /// An experiment of one `true` job named `name`.
+    async fn submit_true(&self, name: &str) {
+        let _: Value = self
+            .ok(
+                "/v1/experiments",
+                &json!({"spec": {"name": name, "command": ["true"]}}),
+            )
+            .await;
+    }
+
+    /// The only claim turn of a coordinator started with `max_claims = 1`.
+    async fn take_the_turn(&self) -> headroom_coordinator::admission::Turn {
+        self.admission
+            .claim_turn(self.admission.wait())
             .await
-            .expect("request");
-        let status = resp.status().as_u16();
-        (status, resp.json().await.unwrap_or(Value::Null))
+            .expect("the one turn")
     }
 
     async fn ok<T: serde::de::DeserializeOwned>(&self, path: &str, body: &Value) -> T {
@@ -245,33 +272,19 @@ async fn claims_wait_their_turn_and_heartbeats_do_not() {
     })
     .await;
     let n1 = s.register_node("n1", None).await;
-    let _: Value = s
-        .ok(
-            "/v1/experiments",
-            &json!({"spec": {"name": "a", "command": ["true"]}}),
-        )
-        .await;
+    s.submit_true("a").await;
     let running = s.claim(&n1).await.remove(0);
     s.start_attempt(&running).await;
     let n2 = s.register_node("n2", None).await;
-    let claim_url = format!("{}/v1/agents/{}/claim", s.base, n2.agent);
+    let claim_path = format!("/v1/agents/{}/claim", n2.agent);
     let claim = json!({"gpus": samples(10_000), "max": 4, "wait_ms": 0});
 
-    let held = s
-        .admission
-        .claim_turn(s.admission.wait())
-        .await
-        .expect("the one turn");
-    let _: Value = s
-        .ok(
-            "/v1/experiments",
-            &json!({"spec": {"name": "b", "command": ["true"]}}),
-        )
-        .await;
+    let held = s.take_the_turn().await;
+    s.submit_true("b").await;
     let asked = std::time::Instant::now();
     let resp = s
         .http
-        .post(&claim_url)
+        .post(format!("{}{claim_path}", s.base))
         .json(&claim)
         .send()
         .await
@@ -296,16 +309,7 @@ async fn claims_wait_their_turn_and_heartbeats_do_not() {
         "{v}"
     );
 
-    let waiting = tokio::spawn({
-        let (http, url, claim) = (s.http.clone(), claim_url.clone(), claim.clone());
-        async move {
-            let resp = http.post(&url).json(&claim).send().await.expect("claim");
-            (
-                resp.status().as_u16(),
-                resp.json::<Value>().await.expect("json"),
-            )
-        }
-    });
+    let waiting = s.spawn_post(&claim_path, &claim);
     let deadline = std::time::Instant::now() + Duration::from_secs(4);
     while s.admission.waiting() == 0 {
         assert!(
@@ -371,26 +375,12 @@ async fn a_claim_held_open_answers_at_its_long_poll_s_end_when_every_turn_is_tak
     })
     .await;
     let n1 = s.register_node("n1", None).await;
-    let url = format!("{}/v1/agents/{}/claim", s.base, n1.agent);
+    let claim_path = format!("/v1/agents/{}/claim", n1.agent);
     let known: RegisterResponse = n1;
     let held_open = json!({"gpus": samples(10_000), "max": 4, "wait_ms": 1_500,
                            "known_plan": known.plan});
     let asked = std::time::Instant::now();
-    let waiting = tokio::spawn({
-        let (http, url) = (s.http.clone(), url.clone());
-        async move {
-            let resp = http
-                .post(&url)
-                .json(&held_open)
-                .send()
-                .await
-                .expect("claim");
-            (
-                resp.status().as_u16(),
-                resp.json::<Value>().await.expect("json"),
-            )
-        }
-    });
+    let waiting = s.spawn_post(&claim_path, &held_open);
     // Its first round found nothing and it waits for work; then every turn is taken and
     // work comes.
     let deadline = std::time::Instant::now() + Duration::from_secs(1);
@@ -402,17 +392,8 @@ async fn a_claim_held_open_answers_at_its_long_poll_s_end_when_every_turn_is_tak
         assert!(std::time::Instant::now() < deadline, "no first round");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let held = s
-        .admission
-        .claim_turn(s.admission.wait())
-        .await
-        .expect("the one turn");
-    let _: Value = s
-        .ok(
-            "/v1/experiments",
-            &json!({"spec": {"name": "c", "command": ["true"]}}),
-        )
-        .await;
+    let held = s.take_the_turn().await;
+    s.submit_true("c").await;
     let (status, v) = waiting.await.expect("the held claim");
     let took = asked.elapsed();
     assert_eq!(status, 200, "{v}");
