@@ -160,6 +160,21 @@ mod tests {
         assert_eq!((busy.limit, busy.waited), (2, Duration::from_secs(5)));
     }
 
+    /// A first round waits a turn, and then the store's wait for a connection, before it
+    /// reads: the agent's client waits longer than both beyond the long-poll, so a claim's
+    /// answer, and the leases in it, is not given up on while the coordinator still works.
+    #[test]
+    fn a_claim_s_client_waits_out_its_turn_and_a_connection() {
+        for wait_ms in [0, 500, 25_000] {
+            let needed =
+                Duration::from_millis(wait_ms) + DEFAULT_WAIT + crate::store::postgres::POOL_WAIT;
+            assert!(
+                headroom_shared::client::claim_timeout(wait_ms) > needed,
+                "{wait_ms} ms"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn a_bound_of_zero_bounds_nothing() {
         let a = Admission::new(0, Duration::ZERO);

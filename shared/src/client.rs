@@ -39,6 +39,13 @@ pub use crate::routes::SERVER_IDLE_CLOSE;
 /// would fail, and an agent's heartbeats, every 10 s with the default lease TTL, would meet
 /// every close). httpx, under the Python client, keeps them 5 s too.
 pub const POOL_IDLE: Duration = Duration::from_secs(5);
+/// How long a claim asking to be held `wait_ms` is given to be answered: beyond its
+/// long-poll, its turn at the store (10 s at most by default) and the store's own wait for
+/// a connection (10 s); an answer given up on would strand the leases it carried.
+pub fn claim_timeout(wait_ms: u64) -> Duration {
+    Duration::from_millis(wait_ms) + DEFAULT_TIMEOUT
+}
+
 /// How long `progress` holds a long-poll open by default.
 pub const PROGRESS_WAIT: Duration = Duration::from_secs(10);
 
@@ -723,11 +730,13 @@ impl Client {
         agent: AgentId,
         req: &ClaimRequest,
     ) -> Result<ClaimResponse, ClientError> {
-        // Beyond its long-poll: its turn at the store (10 s at most by default) and the
-        // store's own wait for a connection (10 s).
-        let timeout = Duration::from_millis(req.wait_ms) + DEFAULT_TIMEOUT;
-        self.call(routes::CLAIM, &[&agent], Some(req), timeout)
-            .await
+        self.call(
+            routes::CLAIM,
+            &[&agent],
+            Some(req),
+            claim_timeout(req.wait_ms),
+        )
+        .await
     }
 
     /// Short limit: a heartbeat that takes long is as good as lost (the lease clock runs).

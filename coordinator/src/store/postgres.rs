@@ -34,7 +34,7 @@ const POOL_SIZE: usize = 16;
 /// A database that does not answer within this fails the request (503, the client retries)
 /// instead of holding it forever.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const POOL_WAIT: Duration = Duration::from_secs(10);
+pub const POOL_WAIT: Duration = Duration::from_secs(10);
 /// The channel every state change is announced on.
 const CHANNEL: &str = "headroom_changes";
 /// Session advisory lock held while migrating, so replicas starting together migrate once.
