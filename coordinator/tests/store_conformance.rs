@@ -4546,6 +4546,67 @@ async fn postgres_only_an_end_that_quarantines_waits_for_its_node_s_row() {
     );
 }
 
+/// A start and an end lock their job before their attempt, as every operation does (a claim,
+/// a heartbeat, the lease sweep), though each takes both in one read: while another
+/// transaction holds the job, the report waits holding nothing of the attempt.
+#[tokio::test]
+async fn postgres_only_reports_lock_the_job_before_the_attempt() {
+    use std::time::Duration;
+    let db = PgDatabase::create().await;
+    let s: Backend = Arc::new(db.store().await);
+    let agent = register(&s, "n1", 1, Some("1")).await;
+    submit(&s, vec![job(0, Some(100), vec![], 1)]).await;
+    let lease = claim(&s, agent, 1).await.remove(0);
+    let connect = || async {
+        let (c, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        c
+    };
+    let (holder, prober) = (connect().await, connect().await);
+    let lock_job = format!(
+        "BEGIN; SELECT 1 FROM jobs WHERE id = '{}' FOR UPDATE",
+        lease.job
+    );
+    let probe = format!(
+        "BEGIN; SELECT 1 FROM attempts WHERE id = '{}' FOR UPDATE NOWAIT; ROLLBACK",
+        lease.attempt
+    );
+    let waits_on_the_job_alone = async |report: tokio::task::JoinHandle<()>| {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!report.is_finished(), "the report waits for its job's row");
+        prober
+            .batch_execute(&probe)
+            .await
+            .expect("the waiting report holds no lock of its attempt");
+        holder.batch_execute("ROLLBACK").await.expect("release");
+        tokio::time::timeout(Duration::from_secs(10), report)
+            .await
+            .expect("it goes on once the job is free")
+            .expect("report");
+    };
+
+    holder.batch_execute(&lock_job).await.expect("lock the job");
+    let (s2, l) = (s.clone(), lease.clone());
+    let start = tokio::spawn(async move {
+        s2.start_attempt(l.attempt, l.fence, 42, now_ms())
+            .await
+            .expect("start");
+    });
+    waits_on_the_job_alone(start).await;
+
+    holder.batch_execute(&lock_job).await.expect("lock the job");
+    let (s2, l) = (s.clone(), lease.clone());
+    let end = tokio::spawn(async move {
+        finish_attempt(&s2, l.attempt, report(l.fence, None))
+            .await
+            .expect("finish");
+    });
+    waits_on_the_job_alone(end).await;
+    assert_eq!(state(&s, lease.job).await, JobState::Succeeded);
+}
+
 /// A heartbeat renews its node's attempts in place: no index of `attempts` holds what a
 /// renewal writes, so PostgreSQL updates the rows as heap-only tuples, writing no index entry,
 /// wherever their page has room (with the lease's expiry indexed, none was: every renewal

@@ -18,6 +18,9 @@ pub struct Dialect {
     pub lock_attempt: &'static str,
     pub lock_job: &'static str,
     pub lock_node: &'static str,
+    /// The job, then its attempt, in one read: rows are locked in the order `OF` names them,
+    /// the job first as every operation locks.
+    pub lock_job_and_attempt: &'static str,
     /// Appended to the read of waiting jobs a claim considers.
     pub skip_locked: &'static str,
     /// After `FROM jobs` in the claim's windows of waiting jobs, of any jobs and of CPU-only

@@ -94,18 +94,10 @@ pub(super) async fn job_rules(tx: &mut dyn Tx, job: &str) -> Result<rules::JobRu
 /// The job of an attempt, locked (the job first, as every transition locks); `None` when no
 /// such attempt exists.
 pub(super) async fn lock_job_of(tx: &mut dyn Tx, attempt: &str) -> Result<Option<LockedJob>> {
-    Ok(lock_job_and_node_of(tx, attempt).await?.map(|(_, job)| job))
-}
-
-/// [`lock_job_of`], with the node the attempt was leased on (not locked).
-pub(super) async fn lock_job_and_node_of(
-    tx: &mut dyn Tx,
-    attempt: &str,
-) -> Result<Option<(String, LockedJob)>> {
     Ok(tx
         .lock_job_of_attempt(attempt)
         .await?
-        .map(|(id, state, node)| (node, LockedJob { id, state })))
+        .map(|(id, state)| LockedJob { id, state }))
 }
 
 /// Records an active attempt as lost and requeues its job if the policy allows; false when

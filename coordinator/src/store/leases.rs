@@ -84,19 +84,19 @@ async fn share_order(
     Ok(fair::order(standings, &head))
 }
 
-/// Checks a report's fencing token, locking the job and then the attempt; returns the job
-/// and the attempt's phase.
+/// Checks a report's fencing token, locking the job and then the attempt (one read); returns
+/// the job and the attempt's phase.
 async fn check_fence(
     tx: &mut dyn Tx,
     attempt: AttemptId,
     fence: i64,
 ) -> Result<(LockedJob, AttemptPhase)> {
-    let id = attempt.to_string();
-    let not_found = || StoreError::not_found("attempt", attempt);
-    let job = jobs::lock_job_of(tx, &id).await?.ok_or_else(not_found)?;
-    let row = tx.lock_fence(&id).await?.ok_or_else(not_found)?;
+    let (id, state, row) = tx
+        .lock_job_and_fence(&attempt.to_string())
+        .await?
+        .ok_or_else(|| StoreError::not_found("attempt", attempt))?;
     rules::check_fence(attempt, fence, &row)?;
-    Ok((job, row.phase))
+    Ok((LockedJob { id, state }, row.phase))
 }
 
 /// What a memory key has taught of GPU memory: its observed peaks, the shapes of its runs
@@ -474,19 +474,23 @@ pub(super) async fn finish(
     // operation does), so that no claim of the node places on them meanwhile. Others leave
     // it to the node's claims and heartbeats: holding it to the commit made a node's finishes
     // and claims run one at a time on PostgreSQL.
-    let (node, mut job) = if report.cleanup_verified {
-        jobs::lock_job_and_node_of(tx, &id).await?
-    } else {
-        let node = tx.lock_node_of_attempt(&id).await?.ok_or_else(not_found)?;
-        jobs::lock_job_of(tx, &id).await?.map(|job| (node, job))
+    if !report.cleanup_verified {
+        tx.lock_node_of_attempt(&id).await?.ok_or_else(not_found)?;
     }
-    .ok_or_else(not_found)?;
+    // The job and then the attempt, locked by the read of what the end decides by.
     let FinishRead {
+        job,
+        job_state,
+        node,
         row,
         requeue,
         rules: mut rules_of_job,
         results,
     } = tx.lock_finish_read(&id).await?.ok_or_else(not_found)?;
+    let mut job = LockedJob {
+        id: job,
+        state: job_state,
+    };
     let standing = rules::check_finish(attempt, report.fence, &row)?;
     if standing == rules::Report::Again {
         // Its supervisor reported it while the agent was away, and the agent's journal now

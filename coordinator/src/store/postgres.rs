@@ -188,6 +188,7 @@ pub(crate) static DIALECT: Dialect = Dialect {
     lock_attempt: " FOR UPDATE OF a",
     lock_job: " FOR UPDATE OF j",
     lock_node: " FOR UPDATE OF n",
+    lock_job_and_attempt: " FOR UPDATE OF j, a",
     skip_locked: " FOR UPDATE SKIP LOCKED",
     waiting_index: "",
     waiting_cpu_index: "",

@@ -447,6 +447,10 @@ pub(crate) fn finish_row(r: &impl Cols) -> Result<crate::rules::FinishRow> {
 /// Everything an attempt's end reads before it writes, in one read: its fencing and outcome
 /// columns, a stop asked of it, its job's rules and its experiment's results settings.
 pub struct FinishRead {
+    pub job: String,
+    pub job_state: headroom_shared::JobState,
+    /// Where the attempt was leased.
+    pub node: String,
     pub row: crate::rules::FinishRow,
     pub requeue: Option<headroom_shared::checkpoint::Requeue>,
     pub rules: JobRules,
@@ -463,20 +467,25 @@ pub struct AttemptResults {
 /// The columns [`finish_read`] reads (`a` the attempt, `j` its job, `e` its experiment).
 pub(crate) fn finish_read_columns() -> String {
     format!(
-        "a.phase, a.fence, j.fence, a.failure_class, a.started_at IS NOT NULL, a.requeue, \
-         j.experiment_id, e.results, a.rungs, {RULES_COLUMNS}"
+        "j.id, j.state, a.node, a.phase, a.fence, j.fence, a.failure_class, \
+         a.started_at IS NOT NULL, a.requeue, j.experiment_id, e.results, a.rungs, \
+         {RULES_COLUMNS}"
     )
 }
 
 pub(crate) fn finish_read(r: &impl Cols) -> Result<FinishRead> {
+    let attempt = After(r, 3);
     Ok(FinishRead {
-        row: finish_row(r)?,
-        requeue: r
+        job: r.text(0)?,
+        job_state: r.parsed(1, "job state")?,
+        node: r.text(2)?,
+        row: finish_row(&attempt)?,
+        requeue: attempt
             .text_opt(5)?
             .as_deref()
             .and_then(headroom_shared::checkpoint::Requeue::parse),
-        results: attempt_results(&After(r, 6))?,
-        rules: job_rules(&After(r, 9))?,
+        results: attempt_results(&After(r, 9))?,
+        rules: job_rules(&After(r, 12))?,
     })
 }
 

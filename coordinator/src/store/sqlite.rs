@@ -205,6 +205,7 @@ static DIALECT: Dialect = Dialect {
     lock_attempt: "",
     lock_job: "",
     lock_node: "",
+    lock_job_and_attempt: "",
     skip_locked: "",
     waiting_index: " INDEXED BY jobs_waiting",
     waiting_cpu_index: " INDEXED BY jobs_waiting_cpu",

@@ -250,16 +250,17 @@ pub trait JobsTx: Send {
 pub trait AttemptsTx: Send {
     async fn attempt_views(&mut self, which: AttemptsWhere<'_>) -> Result<Vec<AttemptView>>;
     /// The job of an attempt and its state, the job locked (not the attempt: callers lock
-    /// it next, the job first as every operation locks), and the attempt's node.
-    async fn lock_job_of_attempt(
+    /// it next, the job first as every operation locks).
+    async fn lock_job_of_attempt(&mut self, attempt: &str) -> Result<Option<(String, JobState)>>;
+    /// An attempt's fencing columns, with its job and the job's state: the job and then the
+    /// attempt locked, in one read.
+    async fn lock_job_and_fence(
         &mut self,
         attempt: &str,
-    ) -> Result<Option<(String, JobState, String)>>;
-    /// An attempt's fencing columns, the attempt locked.
-    async fn lock_fence(&mut self, attempt: &str) -> Result<Option<FenceRow>>;
-    /// What a finish report is checked against and what its end reads before it writes (a
-    /// stop asked of it, its job's rules, its experiment's results settings), the attempt
-    /// locked.
+    ) -> Result<Option<(String, JobState, FenceRow)>>;
+    /// What a finish report is checked against and what its end reads before it writes (its
+    /// job and node, a stop asked of it, its job's rules, its experiment's results
+    /// settings): the job and then the attempt locked, in one read.
     async fn lock_finish_read(&mut self, attempt: &str) -> Result<Option<FinishRead>>;
     /// What a heartbeat of `agent` is checked against, for each of `attempts` that exists,
     /// by id: its rows locked in job order (as the lease sweep locks them), in one read.

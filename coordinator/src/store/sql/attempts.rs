@@ -74,28 +74,31 @@ impl<E: Exec> AttemptsTx for E {
         all(self, &sql, &args, |r| rows::attempt_view(r)).await
     }
 
-    async fn lock_job_of_attempt(
-        &mut self,
-        attempt: &str,
-    ) -> Result<Option<(String, JobState, String)>> {
+    async fn lock_job_of_attempt(&mut self, attempt: &str) -> Result<Option<(String, JobState)>> {
         let sql = format!(
-            "SELECT j.id, j.state, a.node FROM attempts a JOIN jobs j ON j.id = a.job_id \
+            "SELECT j.id, j.state FROM attempts a JOIN jobs j ON j.id = a.job_id \
              WHERE a.id = $1{}",
             self.dialect().lock_job
         );
         first(self, &sql, args![attempt], |r| {
-            Ok((r.text(0)?, r.parsed(1, "job state")?, r.text(2)?))
+            Ok((r.text(0)?, r.parsed(1, "job state")?))
         })
         .await
     }
 
-    async fn lock_fence(&mut self, attempt: &str) -> Result<Option<FenceRow>> {
+    async fn lock_job_and_fence(
+        &mut self,
+        attempt: &str,
+    ) -> Result<Option<(String, JobState, FenceRow)>> {
         let sql = format!(
-            "SELECT a.phase, a.fence, j.fence FROM attempts a JOIN jobs j ON j.id = a.job_id \
-             WHERE a.id = $1{}",
-            self.dialect().lock_attempt
+            "SELECT a.phase, a.fence, j.fence, j.id, j.state FROM attempts a \
+             JOIN jobs j ON j.id = a.job_id WHERE a.id = $1{}",
+            self.dialect().lock_job_and_attempt
         );
-        first(self, &sql, args![attempt], |r| rows::fence_row(r)).await
+        first(self, &sql, args![attempt], |r| {
+            Ok((r.text(3)?, r.parsed(4, "job state")?, rows::fence_row(r)?))
+        })
+        .await
     }
 
     async fn lock_finish_read(&mut self, attempt: &str) -> Result<Option<FinishRead>> {
@@ -103,7 +106,7 @@ impl<E: Exec> AttemptsTx for E {
             "SELECT {} FROM attempts a JOIN jobs j ON j.id = a.job_id \
              JOIN experiments e ON e.id = j.experiment_id WHERE a.id = $1{}",
             rows::finish_read_columns(),
-            self.dialect().lock_attempt
+            self.dialect().lock_job_and_attempt
         );
         first(self, &sql, args![attempt], |r| rows::finish_read(r)).await
     }
