@@ -74,6 +74,7 @@ impl Application {
             progress: Default::default(),
             refusals: Default::default(),
             admission,
+            owners: crate::owners::Owners::default(),
         };
         Ok(Self { listener, state })
     }

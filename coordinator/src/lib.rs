@@ -4,7 +4,8 @@
 //! Dependencies point one way, top to bottom:
 //! - `app`, `config`, `serve`: the process (settings, listener and the bounds a slow client
 //!   cannot outlast, background sweeps); `main.rs` is thin. `admission`: claims' turns at the
-//!   store, so that however many claim, heartbeats and reports find a connection.
+//!   store, so that however many claim, heartbeats and reports find a connection. `owners`:
+//!   which node each agent and attempt belongs to, once read (agent tokens' checks).
 //! - `api` (handlers, one gate `authorize`, one error mapping), `auth` (who a token is),
 //!   `metrics`, `openapi`, `export`, `logs`, `tracking` (MLflow), `settle` (a study's waits
 //!   counted again after the changes that move them), `charging` (ended runs charged to their
@@ -45,6 +46,7 @@ pub mod logs;
 pub mod matrix;
 pub mod metrics;
 pub mod openapi;
+pub mod owners;
 pub mod placement;
 pub mod preempt;
 pub mod preempting;

@@ -110,3 +110,104 @@ async fn an_http_request_runs_in_a_span_with_its_path_and_status() {
     // The store's read of the job ran inside it, in a span of its own.
     assert!(find(&spans, "store", "job", &job.to_string()).is_some());
 }
+
+/// The `store` spans of `op` whose `field` names `id`.
+fn count(spans: &Spans, op: &str, field: &str, id: &str) -> usize {
+    spans
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(_, s)| {
+            s.name == "store"
+                && s.fields.get("op").is_some_and(|o| o == op)
+                && s.fields.get(field).is_some_and(|v| v.contains(id))
+        })
+        .count()
+}
+
+/// An agent token is checked against its node on every request, but the node an agent or an
+/// attempt belongs to never changes: it is read once (the agent's, at its first claim), and
+/// the attempts its claim leased are known from that claim; their start and end read nothing
+/// more for it.
+#[tokio::test]
+async fn an_agent_token_s_node_is_read_once_not_at_each_report() {
+    use headroom_shared::routes;
+    use serde_json::{Value, json};
+    const ADMIN: &str = "bootstrap-admin-secret-0123456789";
+    let spans = spans();
+    let s = common::Server::start(|c| headroom_coordinator::CoordinatorConfig {
+        tokens: vec![headroom_coordinator::auth::admin_token(ADMIN).expect("admin token")],
+        ..c
+    })
+    .await;
+    let call = async |path: &str, token: &str, body: Value| -> Value {
+        let resp = s
+            .http
+            .post(format!("{}{path}", s.base))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(resp.status().as_u16(), 200, "{path}");
+        resp.json().await.expect("json")
+    };
+    let token = call(
+        routes::CREATE_TOKEN.path,
+        ADMIN,
+        json!({"name": "n1", "role": "agent"}),
+    )
+    .await["token"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let gpus = json!([{"index": 0, "uuid": "GPU-0", "name": "t", "total_mib": 10_000}]);
+    let agent = call(
+        routes::REGISTER.path,
+        &token,
+        json!({"node": "n1", "gpus": gpus, "version": "t"}),
+    )
+    .await["agent"]
+        .as_str()
+        .expect("agent")
+        .to_string();
+    let free = json!([{"index": 0, "used_mib": 0, "free_mib": 10_000}]);
+    let claim = json!({"gpus": free, "max": 1, "wait_ms": 0});
+    let claim_path = routes::CLAIM.path_with(&[&agent]);
+    call(
+        routes::SUBMIT.path,
+        ADMIN,
+        json!({"spec": {"name": "t", "command": ["true"]}}),
+    )
+    .await;
+    let lease = call(&claim_path, &token, claim.clone()).await["leases"][0].clone();
+    let attempt = lease["attempt"].as_str().expect("attempt").to_string();
+    let fence = lease["fence"].as_i64().expect("fence");
+    call(
+        &routes::START.path_with(&[&attempt]),
+        &token,
+        json!({"fence": fence, "pid": 1, "started_at": "2026-12-02T10:00:00Z"}),
+    )
+    .await;
+    call(
+        &routes::FINISH.path_with(&[&attempt]),
+        &token,
+        json!({"fence": fence, "failure": null, "exit_code": 0, "signal": null,
+               "ended_at": "2026-12-02T10:00:01Z", "peak_mem_mib": null, "cleanup_ms": 0,
+               "cleanup_verified": true, "log_tail": "", "gpus": free}),
+    )
+    .await;
+    call(&claim_path, &token, claim).await;
+    assert_eq!(
+        count(&spans, "node_of", "of", &attempt),
+        0,
+        "the attempt's node"
+    );
+    assert_eq!(
+        count(&spans, "node_of", "of", &agent),
+        1,
+        "the agent's node"
+    );
+    // The reports themselves were stored.
+    assert_eq!(count(&spans, "end_attempt", "attempt", &attempt), 1);
+}

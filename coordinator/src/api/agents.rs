@@ -153,6 +153,11 @@ pub async fn claim(
         let plan = claimed.plan.to_string();
         let now = tokio::time::Instant::now();
         let mut leases = claimed.leases;
+        // Its leases' reports are checked against this node without reading it again.
+        for lease in &leases {
+            s.owners
+                .remember(NodeOf::Attempt(lease.attempt), &claimed.node);
+        }
         if !s.auth.enabled() {
             // Every local account is the anonymous admin: no job runs as a mapped user (a
             // mapping a store kept from a run with tokens included), only as the agent's
@@ -288,6 +293,7 @@ pub(super) async fn record_end(
     let failure = req.failure;
     let started_at = req.started.map(|st| st.started_at);
     let Finished { job_state, started } = s.store.end_attempt(attempt, req).await?;
+    s.owners.forget(NodeOf::Attempt(attempt));
     if let (Some(started), Some(at)) = (started, started_at) {
         observe_queue_wait(s, started, at);
     }
@@ -305,6 +311,7 @@ pub async fn hand_back(
     check_node(&s, &who, NodeOf::Attempt(attempt)).await?;
     check_samples(&req.gpus)?;
     s.store.hand_back(attempt, req.fence, &req.gpus).await?;
+    s.owners.forget(NodeOf::Attempt(attempt));
     tracing::info!(%attempt, reason = %req.reason, "lease handed back");
     Ok(ApiJson(Ack { ok: true }))
 }

@@ -53,6 +53,8 @@ pub struct AppState {
     pub refusals: Arc<refusals::RefusalLog>,
     /// Claims' turns at the store.
     pub admission: crate::admission::Admission,
+    /// Which node each agent and attempt belongs to, once read.
+    pub owners: crate::owners::Owners,
 }
 
 /// The router, built from the shared route table (`headroom_shared::routes`): the method
@@ -397,8 +399,15 @@ async fn check_node(s: &AppState, who: &Principal, of: NodeOf) -> Result<(), Api
     if who.role == Role::Admin {
         return Ok(());
     }
+    if let Some(node) = s.owners.get(of) {
+        return check_node_name(who, &node);
+    }
     match s.store.node_of(of).await? {
-        Some(node) => check_node_name(who, &node),
+        Some(node) => {
+            s.owners.remember(of, &node);
+            check_node_name(who, &node)
+        }
+        // Unknown: the operation itself answers that it is not found.
         None => Ok(()),
     }
 }

@@ -190,7 +190,7 @@ pub enum StoreError {
 }
 
 /// What a node is looked up by, to check that an agent acts on its own node only.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NodeOf {
     Agent(AgentId),
     Attempt(AttemptId),
