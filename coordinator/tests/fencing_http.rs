@@ -350,6 +350,38 @@ async fn claims_wait_their_turn_and_heartbeats_do_not() {
     );
 }
 
+/// An agent's client reads how long a busy answer asks it to wait (`Retry-After`): the agent
+/// waits at least that before it claims again, not its backoff's first 100 ms.
+#[tokio::test]
+async fn a_busy_claim_tells_the_agent_s_client_how_long_to_wait() {
+    use headroom_shared::api::{ClaimRequest, ErrorCode};
+    let s = Server::start(|mut c| {
+        c.max_claims = 1;
+        c.claim_turn_wait = Duration::from_millis(200);
+        c
+    })
+    .await;
+    let n1 = s.register_node("n1", None).await;
+    let client = headroom_shared::client::Client::new(&s.base).expect("client");
+    let held = s.take_the_turn().await;
+    let req = ClaimRequest {
+        gpus: serde_json::from_value(samples(10_000)).expect("samples"),
+        max: 1,
+        watching: vec![],
+        known_plan: None,
+        wait_ms: 0,
+    };
+    let e = client
+        .claim(n1.agent, &req)
+        .await
+        .expect_err("no turn within its wait");
+    assert_eq!(e.code(), Some(ErrorCode::Busy), "{e}");
+    assert!(e.is_transient(), "a busy answer is tried again");
+    assert_eq!(e.retry_after(), Some(Duration::from_secs(1)));
+    drop(held);
+    client.claim(n1.agent, &req).await.expect("its turn now");
+}
+
 /// The `/metrics` page.
 async fn metrics(s: &Server) -> String {
     s.http

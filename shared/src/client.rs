@@ -46,6 +46,23 @@ pub fn claim_timeout(wait_ms: u64) -> Duration {
     Duration::from_millis(wait_ms) + DEFAULT_TIMEOUT
 }
 
+/// The longest `Retry-After` a client honours: a proxy's hour-long ask would park an agent
+/// long past its leases.
+pub const RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
+
+/// A `Retry-After` of delay-seconds (the form the coordinator sends; an HTTP date is not
+/// read), capped at [`RETRY_AFTER_CAP`].
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let secs: u64 = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(secs).min(RETRY_AFTER_CAP))
+}
+
 /// How long `progress` holds a long-poll open by default.
 pub const PROGRESS_WAIT: Duration = Duration::from_secs(10);
 
@@ -75,6 +92,9 @@ pub enum ClientError {
         code: ErrorCode,
         message: String,
         field: Option<String>,
+        /// How long the server asked to be left alone (`Retry-After` in seconds, capped at
+        /// [`RETRY_AFTER_CAP`]).
+        retry_after: Option<Duration>,
     },
     /// An answer this client cannot read (another version of headroom, a proxy's page).
     #[error("unexpected answer from {url} ({status}): {detail}")]
@@ -110,6 +130,14 @@ impl ClientError {
             ClientError::Stale { .. } => Some(ErrorCode::StaleFence),
             ClientError::UnknownAgent(_) => Some(ErrorCode::UnknownAgent),
             ClientError::Refused { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// The wait the server asked for before the same call is tried again (`Retry-After`).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ClientError::Refused { retry_after, .. } => *retry_after,
             _ => None,
         }
     }
@@ -311,6 +339,7 @@ impl Client {
                     code,
                     message: error.message,
                     field: error.field,
+                    retry_after: retry_after(&headers),
                 },
             },
             Err(_) => ClientError::Unexpected {
@@ -919,5 +948,28 @@ impl Client {
             status,
             serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_read_in_seconds_and_capped() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                reqwest::header::RETRY_AFTER,
+                HeaderValue::from_str(v).expect("value"),
+            );
+            retry_after(&h)
+        };
+        assert_eq!(with("1"), Some(Duration::from_secs(1)));
+        assert_eq!(with(" 7 "), Some(Duration::from_secs(7)));
+        assert_eq!(with("3600"), Some(RETRY_AFTER_CAP));
+        assert_eq!(with("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(with("-1"), None);
+        assert_eq!(retry_after(&HeaderMap::new()), None);
     }
 }

@@ -54,7 +54,20 @@ impl Backoff {
 
     /// Sleeps the next delay; `false` when `cancel` fired first.
     pub async fn wait(&mut self, cancel: &CancellationToken) -> bool {
-        let d = self.next_delay();
+        self.wait_at_least(None, cancel).await
+    }
+
+    /// [`Backoff::wait`], for at least what the server asked (`Retry-After`), plus up to a
+    /// quarter of it: agents turned away at one instant do not come back at one instant.
+    pub async fn wait_at_least(
+        &mut self,
+        asked: Option<Duration>,
+        cancel: &CancellationToken,
+    ) -> bool {
+        let mut d = self.next_delay();
+        if let Some(asked) = asked {
+            d = d.max(asked + (asked / 4).mul_f64(unit_random()));
+        }
         tokio::select! {
             _ = cancel.cancelled() => false,
             _ = tokio::time::sleep(d) => true,
@@ -98,6 +111,27 @@ mod tests {
             .map(|_| Backoff::new(Duration::from_secs(1), Duration::from_secs(1)).next_delay())
             .collect();
         assert!(delays.len() > 1, "every agent would retry in step");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_s_ask_to_wait_is_kept_past_a_shorter_delay() {
+        let cancel = CancellationToken::new();
+        let mut b = Backoff::coordinator();
+        let asked = Duration::from_secs(1);
+        for _ in 0..3 {
+            let t0 = tokio::time::Instant::now();
+            assert!(b.wait_at_least(Some(asked), &cancel).await);
+            let waited = t0.elapsed();
+            assert!(
+                waited >= asked && waited <= asked + asked / 4,
+                "{waited:?} for an ask of {asked:?}"
+            );
+        }
+        // A longer delay of its own stands.
+        let mut b = Backoff::new(Duration::from_secs(4), Duration::from_secs(4));
+        let t0 = tokio::time::Instant::now();
+        assert!(b.wait_at_least(Some(asked), &cancel).await);
+        assert!(t0.elapsed() >= Duration::from_secs(2));
     }
 
     #[tokio::test(start_paused = true)]

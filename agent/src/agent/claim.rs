@@ -75,17 +75,18 @@ impl Agent {
                         backoff: Backoff::coordinator(),
                     };
                 }
-                // Busy: the coordinator turns claims away first when the fleet overruns it,
-                // an answer it gives by design, not a fault.
+                // Busy: no turn at the store came within the claim's wait (the fleet overruns
+                // the coordinator), an answer given by design, not a fault; it says how long
+                // to leave the coordinator be (`Retry-After`), as any refusal may.
                 Err(e) if e.code() == Some(ErrorCode::Busy) => {
                     tracing::debug!("coordinator busy, claiming again after a pause: {e}");
-                    if !backoff.wait(shutdown).await {
+                    if !backoff.wait_at_least(e.retry_after(), shutdown).await {
                         return draining(stop_heartbeats);
                     }
                 }
                 Err(e) => {
                     tracing::warn!("claim failed, retrying: {e}");
-                    if !backoff.wait(shutdown).await {
+                    if !backoff.wait_at_least(e.retry_after(), shutdown).await {
                         return draining(stop_heartbeats);
                     }
                 }

@@ -359,6 +359,7 @@ mod tests {
             code,
             message: "no such route (see /v1/...)".into(),
             field: None,
+            retry_after: None,
         };
         assert!(!permanent(&refused(ErrorCode::NotFound)));
         assert!(!permanent(&refused(ErrorCode::StoreUnavailable)));
