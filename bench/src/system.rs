@@ -161,26 +161,41 @@ pub fn run_ok(cmd: &mut std::process::Command, what: &str) -> Result<()> {
 impl Node {
     /// A coordinator alone (the scale bench's simulated agents talk to it).
     pub fn coordinator(database_url: Option<&str>) -> Result<Self> {
-        Self::start_parts(database_url, None)
+        Self::coordinator_as(database_url, None)
+    }
+
+    /// A coordinator alone; with `admin`, its admin token (every request then needs a
+    /// token), which `api` holds.
+    pub fn coordinator_as(database_url: Option<&str>, admin: Option<&str>) -> Result<Self> {
+        Self::start_parts(database_url, None, admin)
     }
 
     pub fn start(o: &NodeOptions) -> Result<Self> {
-        Self::start_parts(o.database_url, Some((o.gpus, o.plan)))
+        Self::start_parts(o.database_url, Some((o.gpus, o.plan)), None)
     }
 
-    fn start_parts(database_url: Option<&str>, agent: Option<(&str, &str)>) -> Result<Self> {
+    fn start_parts(
+        database_url: Option<&str>,
+        agent: Option<(&str, &str)>,
+        admin: Option<&str>,
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("hr-bench").tempdir()?;
         let group = CpuGroup::create("headroom");
         let port = free_port()?;
         let url = format!("http://127.0.0.1:{port}");
-        let args = coordinator_args(port, &dir.path().join("coord"), database_url);
+        let mut args = coordinator_args(port, &dir.path().join("coord"), database_url);
+        if let Some(token) = admin {
+            let file = dir.path().join("admin-token");
+            std::fs::write(&file, token)?;
+            args.extend(["--admin-token-file".into(), file.display().to_string()]);
+        }
         let coordinator = start_in(
             group.as_ref(),
             "headroom-coordinator",
             &args,
             &dir.path().join("coord.log"),
         )?;
-        let api = Client::new(&url)?;
+        let api = Client::new(&url)?.with_token(admin)?;
         wait_healthy(&api, &coordinator)?;
         let agent = match agent {
             None => None,

@@ -113,6 +113,14 @@ fn scale() {
     );
 }
 
+/// The fleet with agent tokens: each agent's requests checked against its own node.
+#[test]
+fn scale_ceiling() {
+    let r = tiny("scale_ceiling");
+    assert_eq!(r.figures["agent_tokens"], true);
+    check(r, &["/jobs", "/jobs_per_s", "/claim_ms/p99"]);
+}
+
 #[test]
 fn scale_load() {
     let r = tiny("scale_load");

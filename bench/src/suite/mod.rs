@@ -62,7 +62,10 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
             } else {
                 Duration::ZERO
             },
+            agent_tokens: bench_flag("HEADROOM_BENCH_AGENT_TOKENS")?,
         }),
+        // The tiny ceiling's agents hold agent tokens, so that the suite's smoke test runs
+        // the fleet both ways.
         ("scale" | "scale_ceiling", true) => scale::run(&scale::Size {
             replicas: 2,
             agents: 2,
@@ -70,6 +73,7 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
             queued: 20,
             window: Duration::from_secs(60),
             job: Duration::from_millis(50),
+            agent_tokens: name == "scale_ceiling",
         }),
         // Claims while the coordinators keep up: jobs of 80, 40 and 20 s on the same 8,000
         // GPUs, the fleet ending 100, 200 and 400 jobs/s; each window runs a minute past the
@@ -85,6 +89,7 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
                     queued: 1_000_000,
                     window: Duration::from_secs(job_s + 60),
                     job: Duration::from_secs(job_s),
+                    agent_tokens: false,
                 })
                 .collect();
             scale::load(&sizes)
@@ -96,6 +101,7 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
             queued: 20,
             window: Duration::from_secs(60),
             job: Duration::from_millis(job_ms),
+            agent_tokens: false,
         })),
         ("agent_cpu", false) => agent_cpu::run(Duration::from_secs(30)),
         ("agent_cpu", true) => agent_cpu::run(Duration::from_secs(1)),
@@ -244,10 +250,18 @@ pub fn stamp() -> String {
         .to_string()
 }
 
-/// The job lengths `scale_load` runs: `HEADROOM_BENCH_JOB_S` (seconds, comma-separated), else
-/// 80, 40 and 20.
 /// A fleet or queue smaller than the issue's, for a machine that cannot hold the issue's
 /// without its leases expiring (`HEADROOM_BENCH_AGENTS`, `HEADROOM_BENCH_QUEUED`).
+/// `var` set to `1` (or `0`, or unset: off): the scale fleet's agents each hold an agent
+/// token of their own node, as a lab's do (`HEADROOM_BENCH_AGENT_TOKENS`).
+fn bench_flag(var: &str) -> Result<bool> {
+    match std::env::var(var).as_deref().map(str::trim) {
+        Err(_) | Ok("" | "0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(v) => bail!("{var}: `{v}` is neither 1 nor 0"),
+    }
+}
+
 fn bench_count(var: &str, default: usize) -> Result<usize> {
     let Ok(v) = std::env::var(var) else {
         return Ok(default);
@@ -259,6 +273,8 @@ fn bench_count(var: &str, default: usize) -> Result<usize> {
         .with_context(|| format!("{var}: `{v}` is not a whole number above 0"))
 }
 
+/// The job lengths `scale_load` runs: `HEADROOM_BENCH_JOB_S` (seconds, comma-separated), else
+/// 80, 40 and 20.
 fn load_job_seconds() -> Result<Vec<u64>> {
     let Ok(list) = std::env::var("HEADROOM_BENCH_JOB_S") else {
         return Ok(vec![80, 40, 20]);

@@ -14,8 +14,8 @@ use chrono::Utc;
 use headroom_agent::agent::backoff::Backoff;
 use headroom_integration_tests::{Postgres, stat_fields};
 use headroom_shared::api::{
-    ClaimRequest, ErrorCode, FinishReport, GpuInfo, GpuSample, HeartbeatRequest, Measurements,
-    RegisterRequest, StartReport,
+    ClaimRequest, CreateTokenRequest, ErrorCode, FinishReport, GpuInfo, GpuSample,
+    HeartbeatRequest, Measurements, RegisterRequest, Role, StartReport,
 };
 use headroom_shared::client::{Client, ClientError};
 
@@ -33,7 +33,14 @@ pub struct Size {
     /// How long each simulated job holds its GPU before it ends: zero claims as fast as the
     /// coordinator answers (its ceiling); a few seconds is a node's real pace.
     pub job: Duration,
+    /// Each agent holds an agent token of its own node (made by the admin before the run),
+    /// so every request of the fleet is checked against its node, as in a lab; off, the
+    /// coordinators have no tokens.
+    pub agent_tokens: bool,
 }
+
+/// The admin token of the coordinators of a fleet with agent tokens.
+const ADMIN_TOKEN: &str = "bench-admin-token-0123456789abcdefghij";
 
 const GPU_MIB: u64 = 81_920;
 /// How often a simulated agent heartbeats: as a real one does, three times a lease TTL (the
@@ -56,13 +63,14 @@ where
     F: std::future::Future<Output = std::result::Result<T, ClientError>>,
 {
     let mut backoff = Backoff::coordinator();
+    let never = tokio_util::sync::CancellationToken::new();
     loop {
         match call().await {
             Err(e) if e.is_transient() && backoff.tries() < TRIES => {
                 if e.code() == Some(ErrorCode::Busy) {
                     busy.fetch_add(1, Ordering::Relaxed);
                 }
-                tokio::time::sleep(backoff.next_delay()).await;
+                backoff.wait_at_least(e.retry_after(), &never).await;
             }
             r => return r,
         }
@@ -227,6 +235,11 @@ impl Drop for AbortOnDrop {
 
 /// One simulated agent: register, then claim, start and (after `job`) end until the window
 /// closes or the queue is empty.
+/// The node simulated agent `i` registers.
+fn node_name(i: usize) -> String {
+    format!("sim{i:03}")
+}
+
 async fn agent(
     api: Client,
     i: usize,
@@ -239,7 +252,7 @@ async fn agent(
     let plan = vec!["1"; gpus].join(",");
     let register = RegisterRequest {
         host_memory_mib: None,
-        node: format!("sim{i:03}"),
+        node: node_name(i),
         gpus: (0..gpus as u32)
             .map(|g| GpuInfo {
                 index: g,
@@ -501,8 +514,9 @@ fn demand(size: &Size) -> f64 {
 
 fn measure(size: &Size) -> Result<Measured> {
     let pg = Postgres::start_durable()?;
+    let admin = size.agent_tokens.then_some(ADMIN_TOKEN);
     let replicas = (0..size.replicas.max(1))
-        .map(|_| Node::coordinator(Some(&pg.url())))
+        .map(|_| Node::coordinator_as(Some(&pg.url()), admin))
         .collect::<Result<Vec<_>>>()?;
     let pids = replicas
         .iter()
@@ -518,6 +532,25 @@ fn measure(size: &Size) -> Result<Measured> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    // Each agent's token, made before the window (a token's first use on each replica
+    // verifies its hash, once).
+    let tokens: Vec<Option<String>> = if size.agent_tokens {
+        rt.block_on(async {
+            let mut tokens = Vec::new();
+            for i in 0..size.agents {
+                let req = CreateTokenRequest {
+                    name: node_name(i),
+                    role: Role::Agent,
+                    expires_in: None,
+                    nodes: None,
+                };
+                tokens.push(Some(replicas[0].api.create_token(&req).await?.token));
+            }
+            Ok::<_, anyhow::Error>(tokens)
+        })?
+    } else {
+        vec![None; size.agents]
+    };
     let cpu0: Vec<f64> = pids.iter().map(|p| usage(*p).0).collect();
     // Where the rest of the machine's CPU goes: the database, and this process (the
     // simulated agents).
@@ -532,7 +565,8 @@ fn measure(size: &Size) -> Result<Measured> {
     let seen: Vec<Seen> = rt.block_on(async {
         let tasks: Vec<_> = (0..size.agents)
             .map(|i| {
-                let api = Client::new(&replicas[i % replicas.len()].url)?;
+                let api = Client::new(&replicas[i % replicas.len()].url)?
+                    .with_token(tokens[i].as_deref())?;
                 Ok(tokio::spawn(agent(
                     api,
                     i,
@@ -615,6 +649,7 @@ fn measure(size: &Size) -> Result<Measured> {
         "replicas": each,
         "postgres_cpu_core_pct": db_pct, "agents_cpu_core_pct": agents_pct,
         "agents": size.agents, "gpus_per_agent": size.gpus_per_agent, "queued": size.queued,
+        "agent_tokens": size.agent_tokens,
         "job_s": size.job.as_secs_f64(), "demand_jobs_per_s": demand(size).is_finite().then(|| demand(size)),
         "submit_s": submit_s, "jobs": jobs, "seconds": elapsed, "jobs_per_s": rate,
         "claims": claims.len(), "claim_ms": {"p50": p50, "p99": p99}, "leases_lost": lost, "heartbeats_failed": failed_beats, "busy_answers": busy,
