@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use chrono::Utc;
 use headroom_agent::agent::backoff::Backoff;
 use headroom_integration_tests::{Postgres, stat_fields};
+use headroom_shared::AgentId;
 use headroom_shared::api::{
     ClaimRequest, CreateTokenRequest, ErrorCode, FinishReport, GpuInfo, GpuSample,
     HeartbeatRequest, Measurements, RegisterRequest, Role, StartReport,
@@ -240,15 +241,8 @@ fn node_name(i: usize) -> String {
     format!("sim{i:03}")
 }
 
-async fn agent(
-    api: Client,
-    i: usize,
-    gpus: usize,
-    until: Instant,
-    total: usize,
-    job: Duration,
-    counts: Arc<Counts>,
-) -> Result<Seen> {
+/// Registers simulated node `i` with `gpus` GPUs of plan 1 each: its agent's id.
+async fn register(api: &Client, i: usize, gpus: usize) -> Result<AgentId> {
     let plan = vec!["1"; gpus].join(",");
     let register = RegisterRequest {
         host_memory_mib: None,
@@ -261,21 +255,36 @@ async fn agent(
                 total_mib: GPU_MIB,
             })
             .collect(),
-        plan: Some(plan.clone()),
+        plan: Some(plan),
         headroom: None,
         version: env!("CARGO_PKG_VERSION").into(),
         running: vec![],
         previous: None,
     };
-    let reg = patiently(&counts.busy, || api.register(&register))
+    let busy = AtomicUsize::new(0);
+    let reg = patiently(&busy, || api.register(&register))
         .await
         .context("register")?;
+    Ok(reg.agent)
+}
+
+/// Simulated agent `i`, registered (its client and its agent's id), until the window ends.
+async fn agent(
+    (api, agent_id): (Client, AgentId),
+    i: usize,
+    gpus: usize,
+    until: Instant,
+    total: usize,
+    job: Duration,
+    counts: Arc<Counts>,
+) -> Result<Seen> {
+    let plan = vec!["1"; gpus].join(",");
     let mut seen = Seen::default();
     let running: Running = Arc::default();
     let offset = BEAT.mul_f64((i % 100) as f64 / 100.0);
     let mut beats = AbortOnDrop(tokio::spawn(heartbeats(
         api.clone(),
-        reg.agent,
+        agent_id,
         gpus,
         running.clone(),
         (offset, until),
@@ -337,7 +346,7 @@ async fn agent(
         };
         // From the first try: a claim answered busy waits as an agent's does.
         let t = Instant::now();
-        let r = patiently(&counts.busy, || api.claim(reg.agent, &claim))
+        let r = patiently(&counts.busy, || api.claim(agent_id, &claim))
             .await
             .context("claim")?;
         // Steady state only: the first round of claims, every GPU of every agent at once, is
@@ -551,6 +560,26 @@ fn measure(size: &Size) -> Result<Measured> {
     } else {
         vec![None; size.agents]
     };
+    // Every agent registers before the window (with tokens, its token's first verification
+    // by its replica, once after the replica starts): the window measures the fleet at work.
+    let fleet: Vec<(Client, AgentId)> = rt.block_on(async {
+        let tasks: Vec<_> = (0..size.agents)
+            .map(|i| {
+                let api = Client::new(&replicas[i % replicas.len()].url)?
+                    .with_token(tokens[i].as_deref())?;
+                let gpus = size.gpus_per_agent;
+                Ok(tokio::spawn(async move {
+                    let id = register(&api, i, gpus).await?;
+                    Ok::<_, anyhow::Error>((api, id))
+                }))
+            })
+            .collect::<Result<_>>()?;
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await??);
+        }
+        Ok::<_, anyhow::Error>(out)
+    })?;
     let cpu0: Vec<f64> = pids.iter().map(|p| usage(*p).0).collect();
     // Where the rest of the machine's CPU goes: the database, and this process (the
     // simulated agents).
@@ -563,21 +592,21 @@ fn measure(size: &Size) -> Result<Measured> {
     let t = Instant::now();
     let until = t + size.window;
     let seen: Vec<Seen> = rt.block_on(async {
-        let tasks: Vec<_> = (0..size.agents)
-            .map(|i| {
-                let api = Client::new(&replicas[i % replicas.len()].url)?
-                    .with_token(tokens[i].as_deref())?;
-                Ok(tokio::spawn(agent(
-                    api,
+        let tasks: Vec<_> = fleet
+            .into_iter()
+            .enumerate()
+            .map(|(i, registered)| {
+                tokio::spawn(agent(
+                    registered,
                     i,
                     size.gpus_per_agent,
                     until,
                     size.queued,
                     size.job,
                     counts.clone(),
-                )))
+                ))
             })
-            .collect::<Result<_>>()?;
+            .collect();
         let mut out = Vec::new();
         for t in tasks {
             out.push(t.await??);
