@@ -44,6 +44,16 @@ impl Server {
             .await;
     }
 
+    /// A coordinator with one claim turn, waited for at most `wait`.
+    async fn with_one_turn(wait: Duration) -> Self {
+        Server::start(|mut c| {
+            c.max_claims = 1;
+            c.claim_turn_wait = wait;
+            c
+        })
+        .await
+    }
+
     /// The only claim turn of a coordinator started with `max_claims = 1`.
     async fn take_the_turn(&self) -> headroom_coordinator::admission::Turn {
         self.admission
@@ -265,12 +275,7 @@ async fn a_claim_held_open_is_answered_by_an_end_on_its_node_and_not_by_one_else
 /// leases the job the refused one did not take.
 #[tokio::test]
 async fn claims_wait_their_turn_and_heartbeats_do_not() {
-    let s = Server::start(|mut c| {
-        c.max_claims = 1;
-        c.claim_turn_wait = Duration::from_secs(5);
-        c
-    })
-    .await;
+    let s = Server::with_one_turn(Duration::from_secs(5)).await;
     let n1 = s.register_node("n1", None).await;
     s.submit_true("a").await;
     let running = s.claim(&n1).await.remove(0);
@@ -355,12 +360,7 @@ async fn claims_wait_their_turn_and_heartbeats_do_not() {
 #[tokio::test]
 async fn a_busy_claim_tells_the_agent_s_client_how_long_to_wait() {
     use headroom_shared::api::{ClaimRequest, ErrorCode};
-    let s = Server::start(|mut c| {
-        c.max_claims = 1;
-        c.claim_turn_wait = Duration::from_millis(200);
-        c
-    })
-    .await;
+    let s = Server::with_one_turn(Duration::from_millis(200)).await;
     let n1 = s.register_node("n1", None).await;
     let client = headroom_shared::client::Client::new(&s.base).expect("client");
     let held = s.take_the_turn().await;
@@ -400,12 +400,7 @@ async fn metrics(s: &Server) -> String {
 /// The job that came meanwhile is leased by the next claim, once a turn is free.
 #[tokio::test]
 async fn a_claim_held_open_answers_at_its_long_poll_s_end_when_every_turn_is_taken() {
-    let s = Server::start(|mut c| {
-        c.max_claims = 1;
-        c.claim_turn_wait = Duration::from_secs(30);
-        c
-    })
-    .await;
+    let s = Server::with_one_turn(Duration::from_secs(30)).await;
     let n1 = s.register_node("n1", None).await;
     let claim_path = format!("/v1/agents/{}/claim", n1.agent);
     let known: RegisterResponse = n1;

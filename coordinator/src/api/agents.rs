@@ -153,12 +153,13 @@ pub async fn claim(
         let plan = claimed.plan.to_string();
         let now = tokio::time::Instant::now();
         let mut leases = claimed.leases;
-        // Its leases' reports are checked against this node without reading it again.
-        for lease in &leases {
-            s.owners
-                .remember(NodeOf::Attempt(lease.attempt), &claimed.node);
-        }
-        if !s.auth.enabled() {
+        if s.auth.enabled() {
+            // Its leases' reports are checked against this node without reading it again.
+            for lease in &leases {
+                s.owners
+                    .remember(NodeOf::Attempt(lease.attempt), &claimed.node);
+            }
+        } else {
             // Every local account is the anonymous admin: no job runs as a mapped user (a
             // mapping a store kept from a run with tokens included), only as the agent's
             // own or default one.
