@@ -26,6 +26,8 @@ pub struct Node {
     pub api: Client,
     pub url: String,
     pub coordinator: Proc,
+    /// The coordinator's arguments, to start it again ([`Node::restart_coordinator`]).
+    coordinator_args: Vec<String>,
     /// `None` for a coordinator alone.
     pub agent: Option<Proc>,
     pub group: Option<CpuGroup>,
@@ -215,6 +217,7 @@ impl Node {
             api,
             url,
             coordinator,
+            coordinator_args: args,
             agent,
             group,
             dir,
@@ -234,6 +237,26 @@ impl Node {
                 None => e,
             }
         })
+    }
+
+    /// Stops the coordinator (SIGTERM, as a rolling update does) and starts it again on the
+    /// same address and store, with all it remembers in memory gone.
+    pub fn restart_coordinator(&mut self) -> Result<()> {
+        self.coordinator.signal(nix::sys::signal::Signal::SIGTERM)?;
+        if self
+            .coordinator
+            .wait_exit(Duration::from_secs(30))?
+            .is_none()
+        {
+            self.coordinator.kill9()?;
+        }
+        self.coordinator = start_in(
+            self.group.as_ref(),
+            "headroom-coordinator",
+            &self.coordinator_args,
+            &self.dir.path().join("coord.log"),
+        )?;
+        wait_healthy(&self.api, &self.coordinator)
     }
 
     /// CPU of everything the node ran so far (coordinator, agent, supervisors, jobs), in ms.

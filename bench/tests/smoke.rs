@@ -113,11 +113,13 @@ fn scale() {
     );
 }
 
-/// The fleet with agent tokens: each agent's requests checked against its own node.
+/// The fleet with agent tokens, each agent's requests checked against its own node, served
+/// by replicas restarted after the agents registered.
 #[test]
 fn scale_ceiling() {
     let r = tiny("scale_ceiling");
     assert_eq!(r.figures["agent_tokens"], true);
+    assert_eq!(r.figures["restarted"], true);
     check(r, &["/jobs", "/jobs_per_s", "/claim_ms/p99"]);
 }
 

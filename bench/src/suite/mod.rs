@@ -63,9 +63,10 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
                 Duration::ZERO
             },
             agent_tokens: bench_flag("HEADROOM_BENCH_AGENT_TOKENS")?,
+            restart: bench_flag("HEADROOM_BENCH_RESTART")?,
         }),
-        // The tiny ceiling's agents hold agent tokens, so that the suite's smoke test runs
-        // the fleet both ways.
+        // The tiny ceiling's agents hold agent tokens, and its replicas are restarted before
+        // the window, so that the suite's smoke test runs the fleet both ways.
         ("scale" | "scale_ceiling", true) => scale::run(&scale::Size {
             replicas: 2,
             agents: 2,
@@ -74,6 +75,7 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
             window: Duration::from_secs(60),
             job: Duration::from_millis(50),
             agent_tokens: name == "scale_ceiling",
+            restart: name == "scale_ceiling",
         }),
         // Claims while the coordinators keep up: jobs of 80, 40 and 20 s on the same 8,000
         // GPUs, the fleet ending 100, 200 and 400 jobs/s; each window runs a minute past the
@@ -90,6 +92,7 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
                     window: Duration::from_secs(job_s + 60),
                     job: Duration::from_secs(job_s),
                     agent_tokens: false,
+                    restart: false,
                 })
                 .collect();
             scale::load(&sizes)
@@ -102,6 +105,7 @@ pub fn run(name: &str, tiny: bool) -> Result<Report> {
             window: Duration::from_secs(60),
             job: Duration::from_millis(job_ms),
             agent_tokens: false,
+            restart: false,
         })),
         ("agent_cpu", false) => agent_cpu::run(Duration::from_secs(30)),
         ("agent_cpu", true) => agent_cpu::run(Duration::from_secs(1)),

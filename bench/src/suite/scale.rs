@@ -38,6 +38,10 @@ pub struct Size {
     /// so every request of the fleet is checked against its node, as in a lab; off, the
     /// coordinators have no tokens.
     pub agent_tokens: bool,
+    /// The replicas are stopped and started again once every agent has registered, before
+    /// the window: it then measures the fleet's first minute after a restart of every
+    /// replica (with agent tokens, each token's first verification by its replica).
+    pub restart: bool,
 }
 
 /// The admin token of the coordinators of a fleet with agent tokens.
@@ -524,12 +528,8 @@ fn demand(size: &Size) -> f64 {
 fn measure(size: &Size) -> Result<Measured> {
     let pg = Postgres::start_durable()?;
     let admin = size.agent_tokens.then_some(ADMIN_TOKEN);
-    let replicas = (0..size.replicas.max(1))
+    let mut replicas = (0..size.replicas.max(1))
         .map(|_| Node::coordinator_as(Some(&pg.url()), admin))
-        .collect::<Result<Vec<_>>>()?;
-    let pids = replicas
-        .iter()
-        .map(|n| n.coordinator.pid().context("coordinator not running"))
         .collect::<Result<Vec<_>>>()?;
     let t = Instant::now();
     for (k, first) in (0..size.queued).step_by(SPEC_JOBS).enumerate() {
@@ -580,6 +580,15 @@ fn measure(size: &Size) -> Result<Measured> {
         }
         Ok::<_, anyhow::Error>(out)
     })?;
+    if size.restart {
+        for r in &mut replicas {
+            r.restart_coordinator()?;
+        }
+    }
+    let pids = replicas
+        .iter()
+        .map(|n| n.coordinator.pid().context("coordinator not running"))
+        .collect::<Result<Vec<_>>>()?;
     let cpu0: Vec<f64> = pids.iter().map(|p| usage(*p).0).collect();
     // Where the rest of the machine's CPU goes: the database, and this process (the
     // simulated agents).
@@ -679,6 +688,7 @@ fn measure(size: &Size) -> Result<Measured> {
         "postgres_cpu_core_pct": db_pct, "agents_cpu_core_pct": agents_pct,
         "agents": size.agents, "gpus_per_agent": size.gpus_per_agent, "queued": size.queued,
         "agent_tokens": size.agent_tokens,
+        "restarted": size.restart,
         "job_s": size.job.as_secs_f64(), "demand_jobs_per_s": demand(size).is_finite().then(|| demand(size)),
         "submit_s": submit_s, "jobs": jobs, "seconds": elapsed, "jobs_per_s": rate,
         "claims": claims.len(), "claim_ms": {"p50": p50, "p99": p99}, "leases_lost": lost, "heartbeats_failed": failed_beats, "busy_answers": busy,
