@@ -1,7 +1,9 @@
 //! Who a request acts as: bearer tokens checked against the configured ones and the ones the
-//! store keeps (argon2, once per token), the verified identity then kept in memory by a
-//! SHA-256 of the whole token so agents' constant heartbeats and claims cost no argon2.
-//! Nothing here logs a token.
+//! store keeps, the verified identity then kept in memory by a SHA-256 of the whole token so
+//! agents' constant heartbeats and claims cost a lookup. A token the coordinator made is
+//! kept as that SHA-256 (its secret is 192 random bits); argon2 is for tokens-file entries,
+//! whose secret a person made, and for tokens stored before, each replaced by its digest the
+//! first time it verifies. Nothing here logs a token.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -295,6 +297,32 @@ pub fn new_token() -> (String, String) {
         headroom_shared::secret::random_hex(24)
     );
     (id, token)
+}
+
+/// How the store keeps a token the coordinator made: `sha256:` and the hex SHA-256 of the
+/// whole token.
+const DIGEST_PREFIX: &str = "sha256:";
+
+/// What the store keeps of a token the coordinator made ([`new_token`]): its SHA-256. Its
+/// secret is 192 random bits, which no guess reaches, so a slow hash would protect nothing
+/// and would cost each replica an argon2 per agent after every restart.
+pub fn digest_token(token: &str) -> String {
+    format!(
+        "{DIGEST_PREFIX}{}",
+        hex::encode(Sha256::digest(token.as_bytes()))
+    )
+}
+
+/// Whether `key` (a token's SHA-256) is the digest `stored` keeps, in constant time; `None`
+/// when `stored` is not a digest (an argon2 hash).
+fn digest_matches(stored: &str, key: &[u8; 32]) -> Option<bool> {
+    use subtle::ConstantTimeEq;
+    let hex_digest = stored.strip_prefix(DIGEST_PREFIX)?;
+    let Ok(digest) = <[u8; 32]>::try_from(hex::decode(hex_digest).unwrap_or_default()) else {
+        // A digest that is not one (a hand-edited row) matches nothing.
+        return Some(false);
+    };
+    Some(bool::from(digest.ct_eq(key)))
 }
 
 /// The argon2id hash (PHC string, random salt) of a secret. Slow by design: call it off the
@@ -607,21 +635,43 @@ impl Authenticator {
             Err(e) => return (Err(AuthError::Store(e)), false),
         };
         // The hash is of the whole token, id included.
-        match self
-            .verify_slow(token, &stored.secret_hash, id, key, client)
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => return (Err(AuthError::Rejected), true),
-            Err(e) => return (Err(e), true),
+        let ok = match digest_matches(&stored.secret_hash, &key) {
+            Some(ok) => ok,
+            None => match self
+                .verify_slow(token, &stored.secret_hash, id, key, client)
+                .await
+            {
+                Ok(ok) => ok,
+                Err(e) => return (Err(e), true),
+            },
+        };
+        if !ok {
+            return (Err(AuthError::Rejected), true);
         }
         // Only the holder of the secret learns that it expired.
         let (principal, until) = match self.usable(&stored) {
             Ok(v) => v,
             Err(e) => return (Err(e), true),
         };
+        if digest_matches(&stored.secret_hash, &key).is_none() {
+            self.keep_digest(id, stored.secret_hash, token).await;
+        }
         self.remember(key, &principal, Some(stored.view.id), Some(until));
         (Ok(principal), true)
+    }
+
+    /// A stored token that verified with argon2 is kept as its digest from now on, so that
+    /// no replica hashes it again. Failing that, it verifies with argon2 next time too.
+    async fn keep_digest(&self, id: &str, argon2: String, token: &str) {
+        match self
+            .store
+            .rehash_token(id, argon2, digest_token(token))
+            .await
+        {
+            Ok(true) => tracing::info!(token = %id, "token now kept as its SHA-256"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(token = %id, "token's hash not replaced: {e}"),
+        }
     }
 
     /// The configured clear token (the bootstrap admin's, `up`'s agent's) this is, by digest:
@@ -636,7 +686,8 @@ impl Authenticator {
         })
     }
 
-    /// One argon2 verification, off the runtime, a few at a time. A guess that waited for
+    /// One argon2 verification (tokens-file entries, tokens stored before their digest), off
+    /// the runtime, a few at a time. A guess that waited for
     /// its turn costs no hash when its client has since failed too often, or when the same
     /// token has since failed (a flood arrives before any of it has failed).
     async fn verify_slow(
@@ -777,6 +828,28 @@ impl Authenticator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{NewToken, Store};
+
+    async fn sqlite_store(dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
+        let path = dir.join("s.db");
+        Ok(Arc::new(
+            tokio::task::spawn_blocking(move || crate::store::sqlite::SqliteStore::open(&path))
+                .await??,
+        ))
+    }
+
+    /// An agent token of node `name` as the admin made it, kept as `secret_hash`.
+    fn agent_token(id: &str, name: &str, secret_hash: String) -> NewToken {
+        NewToken {
+            id: id.into(),
+            name: name.into(),
+            role: Role::Agent,
+            secret_hash,
+            created_by: "admin".into(),
+            expires_at: None,
+            nodes: None,
+        }
+    }
 
     #[test]
     fn made_tokens_split_into_their_id_and_secret() {
@@ -805,13 +878,8 @@ mod tests {
     /// that address, and the bootstrap admin's clear one.
     #[tokio::test]
     async fn a_valid_token_is_served_whatever_its_address_failed() -> anyhow::Result<()> {
-        use crate::store::{NewToken, Store};
         let dir = tempfile::tempdir()?;
-        let path = dir.path().join("s.db");
-        let store: Arc<dyn Store> = Arc::new(
-            tokio::task::spawn_blocking(move || crate::store::sqlite::SqliteStore::open(&path))
-                .await??,
-        );
+        let store = sqlite_store(dir.path()).await?;
         let mut made = Vec::new();
         for name in ["node-a", "node-b"] {
             let (id, token) = new_token();
@@ -820,15 +888,7 @@ mod tests {
                 .await?
                 .map_err(anyhow::Error::msg)?;
             store
-                .create_token(NewToken {
-                    id: id.clone(),
-                    name: name.into(),
-                    role: Role::Agent,
-                    secret_hash,
-                    created_by: "admin".into(),
-                    expires_at: None,
-                    nodes: None,
-                })
+                .create_token(agent_token(&id, name, secret_hash))
                 .await?;
             made.push((id, token));
         }
@@ -893,6 +953,78 @@ mod tests {
             Err(AuthError::Rejected)
         ));
         Ok(())
+    }
+
+    /// A token the coordinator makes is kept as its SHA-256 and verifies without argon2, so
+    /// a replica just started serves its agents at once even while every argon2 slot is
+    /// taken; one kept as argon2 before is kept as its digest from its first verification
+    /// on, which another replica (or this one restarted) then serves without argon2 too.
+    #[tokio::test]
+    async fn a_made_token_is_kept_as_its_digest_and_verifies_without_argon2() -> anyhow::Result<()>
+    {
+        let dir = tempfile::tempdir()?;
+        let store = sqlite_store(dir.path()).await?;
+        let (new_id, new) = new_token();
+        let digest = digest_token(&new);
+        assert!(
+            digest.starts_with("sha256:") && !digest.contains(&new[3..]),
+            "{digest}"
+        );
+        store
+            .create_token(agent_token(&new_id, "node-new", digest))
+            .await?;
+        let (old_id, old) = new_token();
+        let secret = old.clone();
+        let argon2 = tokio::task::spawn_blocking(move || hash_secret(&secret))
+            .await?
+            .map_err(anyhow::Error::msg)?;
+        store
+            .create_token(agent_token(&old_id, "node-old", argon2))
+            .await?;
+        let admin = admin_token("bootstrap-admin-secret-0123456789")?;
+        let bearer = |t: &str| format!("Bearer {t}");
+
+        // Every argon2 slot taken (guesses at a tokens-file entry, say): a made token is
+        // served all the same, a wrong secret at its id refused, both without waiting.
+        let replica = Authenticator::new(vec![admin.clone()], store.clone());
+        let slots = replica.hash_slots.acquire_many(HASH_SLOTS as u32).await?;
+        let quick = Duration::from_secs(1);
+        let served =
+            tokio::time::timeout(quick, replica.identify(Some(&bearer(&new)), None)).await??;
+        assert_eq!(served.name, "node-new");
+        let wrong = format!("hr_{new_id}_{}", "0".repeat(48));
+        let refused =
+            tokio::time::timeout(quick, replica.identify(Some(&bearer(&wrong)), None)).await?;
+        assert!(matches!(refused, Err(AuthError::Rejected)), "{refused:?}");
+        drop(slots);
+
+        // The token kept as argon2 verifies once with it, and is kept as its digest.
+        assert_eq!(
+            replica.identify(Some(&bearer(&old)), None).await?.name,
+            "node-old"
+        );
+        assert_eq!(
+            store.token_by_id(&old_id).await?.secret_hash,
+            digest_token(&old)
+        );
+        let restarted = Authenticator::new(vec![admin], store.clone());
+        let _slots = restarted.hash_slots.acquire_many(HASH_SLOTS as u32).await?;
+        let served =
+            tokio::time::timeout(quick, restarted.identify(Some(&bearer(&old)), None)).await??;
+        assert_eq!(served.name, "node-old");
+        Ok(())
+    }
+
+    #[test]
+    fn digests_match_their_token_only() {
+        let (_, token) = new_token();
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        assert_eq!(digest_matches(&digest_token(&token), &key), Some(true));
+        let (_, other) = new_token();
+        assert_eq!(digest_matches(&digest_token(&other), &key), Some(false));
+        assert_eq!(digest_matches("sha256:not-hex", &key), Some(false));
+        assert_eq!(digest_matches("sha256:abcd", &key), Some(false));
+        assert_eq!(digest_matches("$argon2id$v=19$...", &key), None);
     }
 
     #[test]

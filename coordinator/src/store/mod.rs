@@ -292,7 +292,8 @@ pub struct NewDependency {
     pub on_failure: headroom_shared::study::OnDependencyFailure,
 }
 
-/// A token to keep: its public id, holder, role and the argon2 hash of its secret.
+/// A token to keep: its public id, holder, role and the hash of its secret
+/// ([`crate::auth::digest_token`] or argon2).
 #[derive(Clone, Debug)]
 pub struct NewToken {
     pub id: String,
@@ -648,9 +649,6 @@ pub trait Store: Send + Sync + 'static {
     /// Keeps a new node's first agent credential (`token`, named after the node): refused
     /// (409) when the node is registered or a token of its name was ever made.
     async fn join_node(&self, token: NewToken) -> Result<TokenView>;
-    /// Whether a join token may still give `node` its first credential (the cheap check
-    /// before a secret is hashed for it); `Err(NodeJoined)` says why not.
-    async fn joinable(&self, node: &str) -> Result<()>;
     /// A token by its public id, revoked or not (`NotFound` when none has it).
     async fn token_by_id(&self, id: &str) -> Result<StoredToken>;
     /// Every kept token, oldest first.
@@ -658,6 +656,9 @@ pub trait Store: Send + Sync + 'static {
     /// Revokes a token (a second revocation keeps the first time); `NotFound` when none
     /// has that id.
     async fn revoke_token(&self, id: &str) -> Result<TokenView>;
+    /// Replaces a token's stored hash `from` by `to` (an argon2 hash by the digest that a
+    /// token the coordinator made is now kept as); false when its hash is no longer `from`.
+    async fn rehash_token(&self, id: &str, from: String, to: String) -> Result<bool>;
     /// Makes the users configuration names, refusing a name of another role.
     async fn ensure_users(&self, users: Vec<(String, Role, Option<String>)>) -> Result<()>;
     /// Creates or changes a user (its role stays).
@@ -1064,11 +1065,6 @@ impl<B: Backend> Store for B {
         run!(self, read, "tallies", experiments::tallies;)
     }
 
-    async fn joinable(&self, node: &str) -> Result<()> {
-        let node = node.to_string();
-        run!(self, read, "joinable", tokens::joinable, node.clone(); node = %node)
-    }
-
     async fn join_node(&self, token: NewToken) -> Result<TokenView> {
         let node = token.name.clone();
         run!(self, write, "join_node", tokens::join_node, token; node = %node)
@@ -1142,6 +1138,12 @@ impl<B: Backend> Store for B {
         let id = id.to_string();
         let t = id.clone();
         run!(self, write, "revoke_token", tokens::revoke, id; token = %t)
+    }
+
+    async fn rehash_token(&self, id: &str, from: String, to: String) -> Result<bool> {
+        let id = id.to_string();
+        let t = id.clone();
+        run!(self, write, "rehash_token", tokens::rehash, id, from, to; token = %t)
     }
 
     async fn ensure_users(&self, users: Vec<(String, Role, Option<String>)>) -> Result<()> {

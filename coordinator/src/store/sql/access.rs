@@ -53,6 +53,11 @@ impl<E: Exec> AccessTx for E {
         Ok(self.execute(sql, args![now, id]).await? == 1)
     }
 
+    async fn rehash_token(&mut self, id: &str, from: &str, to: &str) -> Result<bool> {
+        let sql = "UPDATE tokens SET secret_hash = $1 WHERE id = $2 AND secret_hash = $3";
+        Ok(self.execute(sql, args![to, id, from]).await? == 1)
+    }
+
     async fn ensure_user(&mut self, name: &str, role: Role, now: Millis) -> Result<Role> {
         self.execute(
             "INSERT INTO users (name, role, created_at) VALUES ($1, $2, $3) \
