@@ -1,9 +1,11 @@
 //! Who a request acts as: bearer tokens checked against the configured ones and the ones the
 //! store keeps, the verified identity then kept in memory by a SHA-256 of the whole token so
 //! agents' constant heartbeats and claims cost a lookup. A token the coordinator made is
-//! kept as that SHA-256 (its secret is 192 random bits); argon2 is for tokens-file entries,
-//! whose secret a person made, and for tokens stored before, each replaced by its digest the
-//! first time it verifies. Nothing here logs a token.
+//! checked by that SHA-256, which the store keeps beside its argon2 hash (its secret is 192
+//! random bits; the argon2 hash is for replicas of earlier versions during a rolling
+//! update). A token stored before its digest was verifies with argon2 once more and has its
+//! digest kept; tokens-file entries, whose secret a person made, are argon2 only. Nothing
+//! here logs a token.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -299,30 +301,19 @@ pub fn new_token() -> (String, String) {
     (id, token)
 }
 
-/// How the store keeps a token the coordinator made: `sha256:` and the hex SHA-256 of the
-/// whole token.
-const DIGEST_PREFIX: &str = "sha256:";
-
-/// What the store keeps of a token the coordinator made ([`new_token`]): its SHA-256. Its
-/// secret is 192 random bits, which no guess reaches, so a slow hash would protect nothing
-/// and would cost each replica an argon2 per agent after every restart.
+/// What a token the coordinator made ([`new_token`]) is checked by: the hex SHA-256 of the
+/// whole token. Its secret is 192 random bits, which no guess reaches, so a slow hash would
+/// protect nothing and would cost each replica an argon2 per agent after every start.
 pub fn digest_token(token: &str) -> String {
-    format!(
-        "{DIGEST_PREFIX}{}",
-        hex::encode(Sha256::digest(token.as_bytes()))
-    )
+    hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-/// Whether `key` (a token's SHA-256) is the digest `stored` keeps, in constant time; `None`
-/// when `stored` is not a digest (an argon2 hash).
-fn digest_matches(stored: &str, key: &[u8; 32]) -> Option<bool> {
+/// Whether `key` (a token's SHA-256) is the digest `stored` keeps, in constant time. A
+/// stored digest that is not one (a hand-edited row) matches nothing.
+fn digest_matches(stored: &str, key: &[u8; 32]) -> bool {
     use subtle::ConstantTimeEq;
-    let hex_digest = stored.strip_prefix(DIGEST_PREFIX)?;
-    let Ok(digest) = <[u8; 32]>::try_from(hex::decode(hex_digest).unwrap_or_default()) else {
-        // A digest that is not one (a hand-edited row) matches nothing.
-        return Some(false);
-    };
-    Some(bool::from(digest.ct_eq(key)))
+    <[u8; 32]>::try_from(hex::decode(stored).unwrap_or_default())
+        .is_ok_and(|digest| bool::from(digest.ct_eq(key)))
 }
 
 /// The argon2id hash (PHC string, random salt) of a secret. Slow by design: call it off the
@@ -634,9 +625,9 @@ impl Authenticator {
             Err(StoreError::NotFound { .. }) => return (Err(AuthError::Rejected), false),
             Err(e) => return (Err(AuthError::Store(e)), false),
         };
-        // The hash is of the whole token, id included.
-        let ok = match digest_matches(&stored.secret_hash, &key) {
-            Some(ok) => ok,
+        // The digest and the hash are of the whole token, id included.
+        let ok = match &stored.secret_digest {
+            Some(digest) => digest_matches(digest, &key),
             None => match self
                 .verify_slow(token, &stored.secret_hash, id, key, client)
                 .await
@@ -653,24 +644,21 @@ impl Authenticator {
             Ok(v) => v,
             Err(e) => return (Err(e), true),
         };
-        if digest_matches(&stored.secret_hash, &key).is_none() {
-            self.keep_digest(id, stored.secret_hash, token).await;
+        if stored.secret_digest.is_none() {
+            self.keep_digest(id, token).await;
         }
         self.remember(key, &principal, Some(stored.view.id), Some(until));
         (Ok(principal), true)
     }
 
-    /// A stored token that verified with argon2 is kept as its digest from now on, so that
-    /// no replica hashes it again. Failing that, it verifies with argon2 next time too.
-    async fn keep_digest(&self, id: &str, argon2: String, token: &str) {
-        match self
-            .store
-            .rehash_token(id, argon2, digest_token(token))
-            .await
-        {
-            Ok(true) => tracing::info!(token = %id, "token now kept as its SHA-256"),
+    /// A stored token that verified with argon2 has its digest kept from now on, so that no
+    /// replica of this version hashes it again. Failing that, it verifies with argon2 next
+    /// time too.
+    async fn keep_digest(&self, id: &str, token: &str) {
+        match self.store.keep_token_digest(id, digest_token(token)).await {
+            Ok(true) => tracing::info!(token = %id, "token's SHA-256 kept: no argon2 from now on"),
             Ok(false) => {}
-            Err(e) => tracing::warn!(token = %id, "token's hash not replaced: {e}"),
+            Err(e) => tracing::warn!(token = %id, "token's SHA-256 not kept: {e}"),
         }
     }
 
@@ -838,13 +826,20 @@ mod tests {
         ))
     }
 
-    /// An agent token of node `name` as the admin made it, kept as `secret_hash`.
-    fn agent_token(id: &str, name: &str, secret_hash: String) -> NewToken {
+    /// An agent token of node `name` as the admin made it, kept as `secret_hash` (argon2)
+    /// and, when given, its digest.
+    fn agent_token(
+        id: &str,
+        name: &str,
+        secret_hash: String,
+        secret_digest: Option<String>,
+    ) -> NewToken {
         NewToken {
             id: id.into(),
             name: name.into(),
             role: Role::Agent,
             secret_hash,
+            secret_digest,
             created_by: "admin".into(),
             expires_at: None,
             nodes: None,
@@ -888,7 +883,7 @@ mod tests {
                 .await?
                 .map_err(anyhow::Error::msg)?;
             store
-                .create_token(agent_token(&id, name, secret_hash))
+                .create_token(agent_token(&id, name, secret_hash, None))
                 .await?;
             made.push((id, token));
         }
@@ -955,31 +950,36 @@ mod tests {
         Ok(())
     }
 
-    /// A token the coordinator makes is kept as its SHA-256 and verifies without argon2, so
-    /// a replica just started serves its agents at once even while every argon2 slot is
-    /// taken; one kept as argon2 before is kept as its digest from its first verification
-    /// on, which another replica (or this one restarted) then serves without argon2 too.
+    /// A token the coordinator makes is checked by its SHA-256, without argon2, so a replica
+    /// just started serves its agents at once even while every argon2 slot is taken; one
+    /// kept as argon2 only (by an earlier version) has its digest kept at its first
+    /// verification, and another replica (or this one restarted) then serves it without
+    /// argon2 too.
     #[tokio::test]
-    async fn a_made_token_is_kept_as_its_digest_and_verifies_without_argon2() -> anyhow::Result<()>
-    {
+    async fn a_made_token_is_checked_by_its_digest_without_argon2() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let store = sqlite_store(dir.path()).await?;
+        let argon2 = |token: &str| {
+            let secret = token.to_string();
+            tokio::task::spawn_blocking(move || hash_secret(&secret))
+        };
+        // As `token create` makes one: its argon2 hash (for replicas of earlier versions)
+        // and its digest.
         let (new_id, new) = new_token();
         let digest = digest_token(&new);
         assert!(
-            digest.starts_with("sha256:") && !digest.contains(&new[3..]),
+            digest.len() == 64 && !digest.contains(&new[3..]),
             "{digest}"
         );
+        let hash = argon2(&new).await?.map_err(anyhow::Error::msg)?;
         store
-            .create_token(agent_token(&new_id, "node-new", digest))
+            .create_token(agent_token(&new_id, "node-new", hash, Some(digest)))
             .await?;
+        // As an earlier version made one: argon2 only.
         let (old_id, old) = new_token();
-        let secret = old.clone();
-        let argon2 = tokio::task::spawn_blocking(move || hash_secret(&secret))
-            .await?
-            .map_err(anyhow::Error::msg)?;
+        let old_hash = argon2(&old).await?.map_err(anyhow::Error::msg)?;
         store
-            .create_token(agent_token(&old_id, "node-old", argon2))
+            .create_token(agent_token(&old_id, "node-old", old_hash.clone(), None))
             .await?;
         let admin = admin_token("bootstrap-admin-secret-0123456789")?;
         let bearer = |t: &str| format!("Bearer {t}");
@@ -998,15 +998,15 @@ mod tests {
         assert!(matches!(refused, Err(AuthError::Rejected)), "{refused:?}");
         drop(slots);
 
-        // The token kept as argon2 verifies once with it, and is kept as its digest.
+        // The token kept as argon2 only verifies once with it, and has its digest kept; its
+        // argon2 hash stays, for replicas of the earlier version.
         assert_eq!(
             replica.identify(Some(&bearer(&old)), None).await?.name,
             "node-old"
         );
-        assert_eq!(
-            store.token_by_id(&old_id).await?.secret_hash,
-            digest_token(&old)
-        );
+        let kept = store.token_by_id(&old_id).await?;
+        assert_eq!(kept.secret_digest, Some(digest_token(&old)));
+        assert_eq!(kept.secret_hash, old_hash);
         let restarted = Authenticator::new(vec![admin], store.clone());
         let _slots = restarted.hash_slots.acquire_many(HASH_SLOTS as u32).await?;
         let served =
@@ -1019,12 +1019,12 @@ mod tests {
     fn digests_match_their_token_only() {
         let (_, token) = new_token();
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        assert_eq!(digest_matches(&digest_token(&token), &key), Some(true));
+        assert!(digest_matches(&digest_token(&token), &key));
         let (_, other) = new_token();
-        assert_eq!(digest_matches(&digest_token(&other), &key), Some(false));
-        assert_eq!(digest_matches("sha256:not-hex", &key), Some(false));
-        assert_eq!(digest_matches("sha256:abcd", &key), Some(false));
-        assert_eq!(digest_matches("$argon2id$v=19$...", &key), None);
+        assert!(!digest_matches(&digest_token(&other), &key));
+        assert!(!digest_matches("not-hex", &key));
+        assert!(!digest_matches("abcd", &key));
+        assert!(!digest_matches("", &key));
     }
 
     #[test]

@@ -1204,6 +1204,7 @@ async fn users_have_one_role_and_their_unix_user_reaches_their_leases(s: Backend
         name: name.into(),
         role,
         secret_hash: "$argon2id$x".into(),
+        secret_digest: None,
         created_by: "admin".into(),
         expires_at: None,
         nodes: None,
@@ -2790,6 +2791,7 @@ async fn a_node_joins_once_whoever_asks_at_the_same_time(s: Backend) {
         name: name.into(),
         role: Role::Agent,
         secret_hash: format!("$argon2id$hash-of-{id}"),
+        secret_digest: Some(format!("digest-of-{id}")),
         created_by: "lab-join".into(),
         expires_at: None,
         nodes: None,
@@ -2801,10 +2803,7 @@ async fn a_node_joins_once_whoever_asks_at_the_same_time(s: Backend) {
     assert!(a.is_ok() != b.is_ok(), "exactly one: {a:?} {b:?}");
     let lost = a.err().or(b.err()).expect("one refused");
     assert!(matches!(lost, StoreError::NodeJoined { .. }), "{lost:?}");
-    assert!(matches!(
-        s.join_node(new("j0", "gpu-1")).await,
-        Err(StoreError::NodeJoined { .. })
-    ));
+    assert!(s.joinable("gpu-1").await.is_err());
     // A name a user bears, of any role; a node registered with a credential made by hand.
     s.create_token(NewToken {
         role: Role::User,
@@ -2821,6 +2820,7 @@ async fn a_node_joins_once_whoever_asks_at_the_same_time(s: Backend) {
         s.join_node(new("j4", "gpu-2")).await,
         Err(StoreError::NodeJoined { .. })
     ));
+    assert!(s.joinable("gpu-3").await.is_ok());
     let made = s.join_node(new("j5", "gpu-3")).await.expect("gpu-3 joins");
     assert_eq!((made.name.as_str(), made.role), ("gpu-3", Role::Agent));
 }
@@ -2831,6 +2831,7 @@ async fn tokens_are_created_found_listed_and_revoked(s: Backend) {
         name: name.into(),
         role,
         secret_hash: format!("$argon2id$hash-of-{id}"),
+        secret_digest: Some(format!("digest-of-{id}")),
         created_by: "admin".into(),
         expires_at: (id == "n1").then_some(4_102_444_800_000),
         nodes: (role == Role::Join).then(|| vec!["gpu-*".to_string(), "dgx-a".to_string()]),
@@ -2855,29 +2856,47 @@ async fn tokens_are_created_found_listed_and_revoked(s: Backend) {
     );
     let found = s.token_by_id("a1").await.expect("by id");
     assert_eq!(found.secret_hash, "$argon2id$hash-of-a1");
-    // A hash is replaced only while it is still the one read.
-    let stale = s
-        .rehash_token("a1", "$argon2id$other".into(), "sha256:00".into())
-        .await;
-    assert!(!stale.expect("rehash"), "another hash came first");
+    assert_eq!(found.secret_digest.as_deref(), Some("digest-of-a1"));
+    // A digest is kept once: a token without one (made by an earlier version) gets it, a
+    // second keeping changes nothing, and no token is made by keeping one.
+    s.create_token(NewToken {
+        secret_digest: None,
+        ..new("o1", "olga", Role::User)
+    })
+    .await
+    .expect("create olga");
     assert!(
-        s.rehash_token("a1", "$argon2id$hash-of-a1".into(), "sha256:a1".into())
+        s.token_by_id("o1")
             .await
-            .expect("rehash")
+            .expect("o1")
+            .secret_digest
+            .is_none()
     );
     assert!(
-        !s.rehash_token("zz", "x".into(), "y".into())
+        s.keep_token_digest("o1", "digest-1".into())
             .await
-            .expect("rehash of no token")
+            .expect("keep")
     );
+    assert!(
+        !s.keep_token_digest("o1", "digest-2".into())
+            .await
+            .expect("keep again")
+    );
+    assert!(
+        !s.keep_token_digest("a1", "other".into())
+            .await
+            .expect("a1 has one")
+    );
+    assert!(
+        !s.keep_token_digest("zz", "x".into())
+            .await
+            .expect("no such token")
+    );
+    let o1 = s.token_by_id("o1").await.expect("o1");
+    assert_eq!(o1.secret_digest.as_deref(), Some("digest-1"));
     assert_eq!(
-        s.token_by_id("a1").await.expect("by id").secret_hash,
-        "sha256:a1"
-    );
-    assert!(
-        s.rehash_token("a1", "sha256:a1".into(), "$argon2id$hash-of-a1".into())
-            .await
-            .expect("rehash back")
+        o1.secret_hash, "$argon2id$hash-of-o1",
+        "the argon2 hash stays"
     );
     assert_eq!(found.view.name, "alice", "the duplicate changed nothing");
     assert!(found.view.expires_at.is_none());
@@ -2903,7 +2922,7 @@ async fn tokens_are_created_found_listed_and_revoked(s: Backend) {
     let listed = s.list_tokens().await.expect("list");
     let mut ids: Vec<&str> = listed.iter().map(|t| t.id.as_str()).collect();
     ids.sort_unstable();
-    assert_eq!(ids, ["a1", "j1", "n1"]);
+    assert_eq!(ids, ["a1", "j1", "n1", "o1"]);
     let revoked = s.revoke_token("a1").await.expect("revoke");
     let at = revoked.revoked_at.expect("revoked time");
     let again = s.revoke_token("a1").await.expect("revoke again");

@@ -50,7 +50,7 @@ pub async fn create(
             Some(crate::store::now_ms().saturating_add(ms))
         }
     };
-    let (id, token, secret_hash) = new_hashed_token();
+    let (id, token, secret_hash, secret_digest) = new_hashed_token().await?;
     let view = s
         .store
         .create_token(NewToken {
@@ -58,6 +58,7 @@ pub async fn create(
             name: req.name,
             role: req.role,
             secret_hash,
+            secret_digest: Some(secret_digest),
             created_by: who.name,
             expires_at,
             nodes: req.nodes,
@@ -66,6 +67,11 @@ pub async fn create(
     tracing::info!(id = %view.id, name = %view.name, role = %view.role, by = %view.created_by, nodes = ?view.nodes, "token created");
     Ok(ApiJson(CreatedToken { token, view }))
 }
+
+/// Joins hashing their credential at once, at most.
+static JOIN_HASHES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+/// How long a join waits for one of them.
+const JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a join token may make: its nodes, and when the credentials it makes expire (with it).
 struct Grant {
@@ -145,7 +151,14 @@ pub async fn join(
             ),
         ));
     }
-    let (id, token, secret_hash) = new_hashed_token();
+    // Refused before anything is hashed (argon2 costs ~19 MiB a time), and hashes made two
+    // at a time: a flood of joins must not cost the coordinator its memory.
+    s.store.joinable(&req.node).await?;
+    let _slot = tokio::time::timeout(JOIN_WAIT, JOIN_HASHES.acquire())
+        .await
+        .map_err(|_| ApiError::new(ErrorCode::Busy, "too many joins at once: try again"))?
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let (id, token, secret_hash, secret_digest) = new_hashed_token().await?;
     let view = s
         .store
         .join_node(NewToken {
@@ -153,6 +166,7 @@ pub async fn join(
             name: req.node,
             role: Role::Agent,
             secret_hash,
+            secret_digest: Some(secret_digest),
             created_by: who.name,
             // What a join made lives no longer than what made it.
             expires_at: grant.expires_at,
@@ -177,11 +191,17 @@ fn single_user_refusal(owner: &str, name: &str) -> ApiError {
     )
 }
 
-/// A new token: its id, its secret (answered once) and the digest the store keeps.
-fn new_hashed_token() -> (String, String, String) {
+/// A new token: its id, its secret (answered once), the argon2 hash the store keeps for
+/// replicas of earlier versions (made off the runtime) and the digest it is checked by.
+async fn new_hashed_token() -> Result<(String, String, String, String), ApiError> {
     let (id, token) = auth::new_token();
+    let secret = token.clone();
+    let secret_hash = tokio::task::spawn_blocking(move || auth::hash_secret(&secret))
+        .await
+        .map_err(|e| ApiError::internal(format!("hashing task: {e}")))?
+        .map_err(ApiError::internal)?;
     let digest = auth::digest_token(&token);
-    (id, token, digest)
+    Ok((id, token, secret_hash, digest))
 }
 
 pub async fn whoami(

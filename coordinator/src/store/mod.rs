@@ -292,25 +292,52 @@ pub struct NewDependency {
     pub on_failure: headroom_shared::study::OnDependencyFailure,
 }
 
-/// A token to keep: its public id, holder, role and the hash of its secret
-/// ([`crate::auth::digest_token`] or argon2).
-#[derive(Clone, Debug)]
+/// A token to keep: its public id, holder, role, the argon2 hash of its secret and, for a
+/// token the coordinator made, its SHA-256 ([`crate::auth::digest_token`]), which is what
+/// is checked.
+#[derive(Clone)]
 pub struct NewToken {
     pub id: String,
     pub name: String,
     pub role: Role,
     pub secret_hash: String,
+    pub secret_digest: Option<String>,
     pub created_by: String,
     pub expires_at: Option<Millis>,
     /// A join token's nodes (names and patterns); `None` for other tokens.
     pub nodes: Option<Vec<String>>,
 }
 
-/// A kept token with the hash its secret is checked against.
-#[derive(Clone, Debug)]
+/// A kept token with the hashes its secret is checked against: its SHA-256 where known,
+/// else its argon2 hash.
+#[derive(Clone)]
 pub struct StoredToken {
     pub view: TokenView,
     pub secret_hash: String,
+    pub secret_digest: Option<String>,
+}
+
+// Hashes stay out of every log line and error (a digest is as good as a password to check
+// guesses offline against).
+impl std::fmt::Debug for NewToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewToken")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field("created_by", &self.created_by)
+            .field("expires_at", &self.expires_at)
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for StoredToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredToken")
+            .field("view", &self.view)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -649,6 +676,9 @@ pub trait Store: Send + Sync + 'static {
     /// Keeps a new node's first agent credential (`token`, named after the node): refused
     /// (409) when the node is registered or a token of its name was ever made.
     async fn join_node(&self, token: NewToken) -> Result<TokenView>;
+    /// Whether a join token may still give `node` its first credential (the cheap check
+    /// before a secret is hashed for it); `Err(NodeJoined)` says why not.
+    async fn joinable(&self, node: &str) -> Result<()>;
     /// A token by its public id, revoked or not (`NotFound` when none has it).
     async fn token_by_id(&self, id: &str) -> Result<StoredToken>;
     /// Every kept token, oldest first.
@@ -656,9 +686,9 @@ pub trait Store: Send + Sync + 'static {
     /// Revokes a token (a second revocation keeps the first time); `NotFound` when none
     /// has that id.
     async fn revoke_token(&self, id: &str) -> Result<TokenView>;
-    /// Replaces a token's stored hash `from` by `to` (an argon2 hash by the digest that a
-    /// token the coordinator made is now kept as); false when its hash is no longer `from`.
-    async fn rehash_token(&self, id: &str, from: String, to: String) -> Result<bool>;
+    /// Keeps the SHA-256 of a token that verified with its argon2 hash (made before digests
+    /// were kept); false when it has one already, or no such token.
+    async fn keep_token_digest(&self, id: &str, digest: String) -> Result<bool>;
     /// Makes the users configuration names, refusing a name of another role.
     async fn ensure_users(&self, users: Vec<(String, Role, Option<String>)>) -> Result<()>;
     /// Creates or changes a user (its role stays).
@@ -1065,6 +1095,11 @@ impl<B: Backend> Store for B {
         run!(self, read, "tallies", experiments::tallies;)
     }
 
+    async fn joinable(&self, node: &str) -> Result<()> {
+        let node = node.to_string();
+        run!(self, read, "joinable", tokens::joinable, node.clone(); node = %node)
+    }
+
     async fn join_node(&self, token: NewToken) -> Result<TokenView> {
         let node = token.name.clone();
         run!(self, write, "join_node", tokens::join_node, token; node = %node)
@@ -1140,10 +1175,10 @@ impl<B: Backend> Store for B {
         run!(self, write, "revoke_token", tokens::revoke, id; token = %t)
     }
 
-    async fn rehash_token(&self, id: &str, from: String, to: String) -> Result<bool> {
+    async fn keep_token_digest(&self, id: &str, digest: String) -> Result<bool> {
         let id = id.to_string();
         let t = id.clone();
-        run!(self, write, "rehash_token", tokens::rehash, id, from, to; token = %t)
+        run!(self, write, "keep_token_digest", tokens::keep_digest, id, digest; token = %t)
     }
 
     async fn ensure_users(&self, users: Vec<(String, Role, Option<String>)>) -> Result<()> {

@@ -24,14 +24,19 @@ pub(super) async fn create(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, C
     Ok((by_id(tx, &t.id).await?.view, Change::None))
 }
 
-/// Why `node` may not be given its first credential by a join token, if it may not: it is
-/// registered (its row, where there is one, is locked), or a user or token bears its name.
-async fn refusal(tx: &mut dyn Tx, node: &str) -> Result<Option<StoreError>> {
+/// Whether `node` may still be given its first credential by a join token: it is not
+/// registered and no user (of a token, stored or configured) bears its name.
+pub(super) async fn joinable(tx: &mut dyn Tx, node: String) -> Result<()> {
+    refusal(tx, &node, false).await?.map_or(Ok(()), Err)
+}
+
+/// `lock`: in a write transaction, the node's row (where there is one) is locked.
+async fn refusal(tx: &mut dyn Tx, node: &str, lock: bool) -> Result<Option<StoreError>> {
     let refused = |why: &str| StoreError::NodeJoined {
         node: node.to_string(),
         why: why.to_string(),
     };
-    if tx.node_gpus(node, true).await?.is_some() {
+    if tx.node_gpus(node, lock).await?.is_some() {
         return Ok(Some(refused("it is registered")));
     }
     if !tx.users(Some(node)).await?.is_empty() {
@@ -44,7 +49,7 @@ async fn refusal(tx: &mut dyn Tx, node: &str) -> Result<Option<StoreError>> {
 /// user's yet, which the user row made here settles between concurrent joins (a join token
 /// makes first credentials, it never replaces one).
 pub(super) async fn join_node(tx: &mut dyn Tx, t: NewToken) -> Result<(TokenView, Change)> {
-    if let Some(refused) = refusal(tx, &t.name).await? {
+    if let Some(refused) = refusal(tx, &t.name, true).await? {
         return Err(refused);
     }
     if !tx.insert_new_user(&t.name, t.role, now_ms()).await? {
@@ -70,15 +75,14 @@ pub(super) async fn revoke(tx: &mut dyn Tx, id: String) -> Result<(TokenView, Ch
     Ok((by_id(tx, &id).await?.view, Change::None))
 }
 
-/// A token's hash replaced by `to` (a token made before its kind was hashed with a SHA-256,
-/// verified once more with argon2); false when another hash came first, or it is gone.
-pub(super) async fn rehash(
+/// Keeps the digest of a token that verified with its argon2 hash (see
+/// [`crate::auth::digest_token`]); false when another replica kept it first.
+pub(super) async fn keep_digest(
     tx: &mut dyn Tx,
     id: String,
-    from: String,
-    to: String,
+    digest: String,
 ) -> Result<(bool, Change)> {
-    Ok((tx.rehash_token(&id, &from, &to).await?, Change::None))
+    Ok((tx.keep_token_digest(&id, &digest).await?, Change::None))
 }
 
 /// The users configuration names (admin token, tokens file, a local agent): made when

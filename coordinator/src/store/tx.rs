@@ -466,9 +466,8 @@ pub trait AccessTx: Send {
     async fn tokens(&mut self) -> Result<Vec<StoredToken>>;
     /// Sets a token's revocation time unless it has one; false when no such token.
     async fn revoke_token(&mut self, id: &str, now: Millis) -> Result<bool>;
-    /// Replaces a token's hash with `to` when it is still `from`; false when it is not (or
-    /// no such token).
-    async fn rehash_token(&mut self, id: &str, from: &str, to: &str) -> Result<bool>;
+    /// Sets a token's digest unless it has one; false when it has, or no such token.
+    async fn keep_token_digest(&mut self, id: &str, digest: &str) -> Result<bool>;
 
     // ---- users ----
     /// Adds the user unless one of that name exists; the role the name has now.

@@ -15,7 +15,7 @@ impl<E: Exec> AccessTx for E {
         let n = self
             .execute(
                 "INSERT INTO tokens (id, name, role, secret_hash, created_by, created_at, \
-                 expires_at, nodes) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 expires_at, nodes, secret_digest) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                  ON CONFLICT (id) DO NOTHING",
                 args![
                     &t.id,
@@ -28,7 +28,8 @@ impl<E: Exec> AccessTx for E {
                     match &t.nodes {
                         Some(n) => super::super::exec::json(n)?,
                         None => Arg::Null,
-                    }
+                    },
+                    t.secret_digest.as_deref()
                 ],
             )
             .await?;
@@ -53,9 +54,9 @@ impl<E: Exec> AccessTx for E {
         Ok(self.execute(sql, args![now, id]).await? == 1)
     }
 
-    async fn rehash_token(&mut self, id: &str, from: &str, to: &str) -> Result<bool> {
-        let sql = "UPDATE tokens SET secret_hash = $1 WHERE id = $2 AND secret_hash = $3";
-        Ok(self.execute(sql, args![to, id, from]).await? == 1)
+    async fn keep_token_digest(&mut self, id: &str, digest: &str) -> Result<bool> {
+        let sql = "UPDATE tokens SET secret_digest = $1 WHERE id = $2 AND secret_digest IS NULL";
+        Ok(self.execute(sql, args![digest, id]).await? == 1)
     }
 
     async fn ensure_user(&mut self, name: &str, role: Role, now: Millis) -> Result<Role> {
