@@ -589,6 +589,7 @@ mod tests {
             peak_from: 0.9,
             peak_until: 1.0,
             expected_ms: 100_000,
+            margin_permille: headroom_shared::phases::DECLARED_MARGIN_PERMILLE,
         };
         let run = crate::timeline::TimedRun::new(7168, phases, now_ms);
         (7168, phases, run)
@@ -695,6 +696,7 @@ mod tests {
                 peak_from: 0.0,
                 peak_until: 0.2,
                 expected_ms: 100_000,
+                margin_permille: headroom_shared::phases::DECLARED_MARGIN_PERMILLE,
             },
             0,
         );

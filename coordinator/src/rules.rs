@@ -10,7 +10,7 @@ use headroom_shared::api::{
 };
 use headroom_shared::checkpoint::Requeue;
 use headroom_shared::pending::PendingReason;
-use headroom_shared::phases::Phases;
+use headroom_shared::phases::{DECLARED_MARGIN_PERMILLE, Phases};
 use headroom_shared::routes::Access;
 use headroom_shared::spec::OnThrottle;
 use headroom_shared::{AttemptId, FailureClass, JobEvent, JobState, Plan};
@@ -45,6 +45,9 @@ pub const LEARNED_MARGIN: f64 = 1.1;
 pub const STEADY_MARGIN_FLOOR: f64 = 1.02;
 /// Runs that must have taught a steady use before its margin narrows to their spread.
 pub const AGREEING_RUNS: usize = 3;
+/// The least margin, in thousandths of a run's length, learned phases place a run's timing
+/// with ([`length_margin`]).
+pub const LENGTH_MARGIN_FLOOR_PERMILLE: u64 = 30;
 /// An OOM raises its key's estimate to at least this multiple of what the attempt had.
 pub const OOM_BUMP: f64 = 1.25;
 
@@ -216,7 +219,8 @@ pub fn pending_phases(p: &PendingRow, memory: &KeyMemory) -> Option<Phases> {
 /// since runs differ in length), over the longest run, and a steady use, with the learned
 /// margin, of the most any of them held outside its peak: a run that told no shape held its
 /// peak for all its run as far as is known (it held near it throughout, or its peak came
-/// and went between two looks). `None` without a shape among them, or where their peaks
+/// and went between two looks); its timing placed with a margin as wide as their lengths
+/// spread ([`length_margin`]). `None` without a shape among them, or where their peaks
 /// together cover more than half a run.
 pub fn learned_phases(profiles: &[(u64, Option<Phases>)]) -> Option<Phases> {
     let window = &profiles[..profiles.len().min(PROFILES_WINDOW)];
@@ -253,7 +257,28 @@ pub fn learned_phases(profiles: &[(u64, Option<Phases>)]) -> Option<Phases> {
         peak_from: from,
         peak_until: until,
         expected_ms,
+        margin_permille: length_margin(&shapes.iter().map(|p| p.expected_ms).collect::<Vec<_>>()),
     })
+}
+
+/// The margin (in thousandths of a run's length) by which learned phases take a run's peak
+/// to come early or end late, and its run to end late: twice as wide as the taught runs'
+/// lengths spread (the longest over the shortest), at least [`LENGTH_MARGIN_FLOOR_PERMILLE`],
+/// at most a declared run's [`DECLARED_MARGIN_PERMILLE`], and that until a whole window of
+/// runs ([`PROFILES_WINDOW`]) taught it. Runs of one configuration mostly take the same time;
+/// a tenth of a 40 s run on each side of its peak is what kept a second run from starting
+/// beside it 6 s after the peaks allowed. Twice the spread, and five runs, because a few runs
+/// that happened to agree say little of the next: in the simulator, runs whose lengths vary
+/// by ±10 % met a neighbour's peak with the spread taken once, or from three runs.
+fn length_margin(lengths: &[u64]) -> u64 {
+    let (Some(&least), Some(&most)) = (lengths.iter().min(), lengths.iter().max()) else {
+        return DECLARED_MARGIN_PERMILLE;
+    };
+    if lengths.len() < PROFILES_WINDOW || least == 0 {
+        return DECLARED_MARGIN_PERMILLE;
+    }
+    ((most - least).saturating_mul(2000) / least)
+        .clamp(LENGTH_MARGIN_FLOOR_PERMILLE, DECLARED_MARGIN_PERMILLE)
 }
 
 /// The margin a learned steady use is counted with: as wide as the taught runs' steady uses
@@ -1461,6 +1486,7 @@ mod tests {
             peak_from: from,
             peak_until: until,
             expected_ms,
+            margin_permille: headroom_shared::phases::DECLARED_MARGIN_PERMILLE,
         }
     }
 
@@ -1494,6 +1520,43 @@ mod tests {
         let mut many = vec![(2600, Some(shape(2000, 0.9, 1.0, 60_000))); PROFILES_WINDOW];
         many.push((9000, None));
         assert_eq!(learned_phases(&many).map(|p| p.steady_mib), Some(2040));
+    }
+
+    /// A run's timing is placed with twice the spread of its taught runs' lengths, at least
+    /// 3 %, at most the declared tenth, and the tenth until five runs taught it.
+    #[test]
+    fn a_length_that_runs_agree_on_is_placed_with_twice_their_spread() {
+        let taught = |lengths: &[u64]| {
+            let runs: Vec<(u64, Option<Phases>)> = lengths
+                .iter()
+                .map(|l| (3000, Some(shape(2000, 0.5, 0.55, *l))))
+                .collect();
+            learned_phases(&runs).map(|p| p.margin_permille)
+        };
+        assert_eq!(taught(&[40_000; 5]), Some(LENGTH_MARGIN_FLOOR_PERMILLE));
+        // 40.8 s over 40 s: 2 % spread, 4 % margin.
+        assert_eq!(taught(&[40_000, 40_800, 40_200, 40_100, 40_400]), Some(40));
+        assert_eq!(taught(&[40_000, 46_000, 40_000, 40_000, 40_000]), Some(100));
+        // Four runs, however alike, are not enough; neither is a run that told no length.
+        assert_eq!(taught(&[40_000; 4]), Some(DECLARED_MARGIN_PERMILLE));
+        let mut four: Vec<(u64, Option<Phases>)> =
+            vec![(3000, Some(shape(2000, 0.5, 0.55, 40_000))); 4];
+        four.insert(0, (3000, None));
+        assert_eq!(
+            learned_phases(&four).map(|p| p.margin_permille),
+            Some(DECLARED_MARGIN_PERMILLE)
+        );
+        // Declared phases keep the tenth.
+        let declared = headroom_shared::phases::MemoryPhases {
+            steady: headroom_shared::size::MemSize::from_mib(2000),
+            peak: [0.5, 0.55],
+        }
+        .check(
+            Some(headroom_shared::size::MemSize::from_mib(3000)),
+            Some(std::time::Duration::from_secs(40)),
+        )
+        .expect("valid");
+        assert_eq!(declared.margin_permille, DECLARED_MARGIN_PERMILLE);
     }
 
     #[test]

@@ -361,6 +361,7 @@ pub fn simulate_queue(
         peak_from: job.peak_from,
         peak_until: job.peak_until,
         expected_ms: to_ms(job.duration_s).max(1) as u64,
+        margin_permille: headroom_shared::phases::DECLARED_MARGIN_PERMILLE,
     };
     // What placement knows of a job's memory over time: declared (`Policy::Phased`), or
     // learned from its kind's runs that ended well (`Policy::LearnedPhased`).

@@ -9,11 +9,6 @@ use headroom_shared::phases::Phases;
 /// use.
 pub type Millis = i64;
 
-/// Share of a run's expected length (in thousandths) by which its peak is taken to come
-/// early or end late, and its run to end late: runs up to this much faster or slower than
-/// declared still never meet a neighbour's peak.
-pub const MARGIN_PERMILLE: u64 = 100;
-
 /// A run whose memory over time is known, as placement counts it: its peak (the estimate it
 /// is placed by) over its peak's window widened by the margin, its steady use outside it
 /// until it is due, in the store's milliseconds.
@@ -31,8 +26,10 @@ impl TimedRun {
     /// A run of `phases` placed by `peak_mib`, leased at `started_ms`.
     pub fn new(peak_mib: u64, phases: Phases, started_ms: Millis) -> Self {
         let into_run = |fraction: f64| (fraction * phases.expected_ms as f64).round() as Millis;
-        let margin = Millis::try_from(phases.expected_ms.saturating_mul(MARGIN_PERMILLE) / 1000)
-            .unwrap_or(Millis::MAX);
+        // Runs up to the margin faster or slower than placed never meet a neighbour's peak.
+        let margin =
+            Millis::try_from(phases.expected_ms.saturating_mul(phases.margin_permille) / 1000)
+                .unwrap_or(Millis::MAX);
         let at = |fraction: f64| started_ms.saturating_add(into_run(fraction));
         Self {
             peak_mib,
@@ -182,6 +179,7 @@ mod tests {
             peak_from: from,
             peak_until: until,
             expected_ms: 100_000,
+            margin_permille: headroom_shared::phases::DECLARED_MARGIN_PERMILLE,
         }
     }
 
@@ -198,6 +196,20 @@ mod tests {
         assert_eq!(r.held_at(69_999, 0), 2600);
         assert_eq!(r.held_at(70_000, 0), 2000);
         assert_eq!(r.held_at(110_000, 0), 0);
+        // Learned phases of runs that agreed: a 3 % margin, peak from 47 s until 63 s, due
+        // at 103 s.
+        let learned = TimedRun::new(
+            2600,
+            Phases {
+                margin_permille: 30,
+                ..phases(0.5, 0.6)
+            },
+            0,
+        );
+        assert_eq!(learned.held_at(46_999, 0), 2000);
+        assert_eq!(learned.held_at(47_000, 0), 2600);
+        assert_eq!(learned.held_at(63_000, 0), 2000);
+        assert_eq!(learned.due_ms(), 103_000);
     }
 
     #[test]

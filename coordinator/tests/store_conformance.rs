@@ -494,6 +494,7 @@ async fn runs_with_memory_phases_share_a_gpu_when_their_peaks_fall_apart(s: Back
             peak_from: 0.9,
             peak_until: 1.0,
             expected_ms: 4000,
+            margin_permille: headroom_shared::phases::DECLARED_MARGIN_PERMILLE,
         }),
         ..experiment(
             "phased",
@@ -738,6 +739,7 @@ fn late_peak() -> headroom_shared::phases::Phases {
         peak_from: 0.9,
         peak_until: 1.0,
         expected_ms: 4000,
+        margin_permille: headroom_shared::phases::DECLARED_MARGIN_PERMILLE,
     }
 }
 

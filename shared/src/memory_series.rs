@@ -110,6 +110,7 @@ impl MemorySeries {
             peak_from: from,
             peak_until: until,
             expected_ms: run_ms,
+            margin_permille: crate::phases::DECLARED_MARGIN_PERMILLE,
         })
     }
 

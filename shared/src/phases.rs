@@ -19,8 +19,17 @@ pub struct MemoryPhases {
     pub peak: [f64; 2],
 }
 
+/// Share of a run's expected length (in thousandths) by which its peak is taken to come
+/// early or end late, and its run to end late, when its phases were declared: runs up to a
+/// tenth faster or slower than declared still never meet a neighbour's peak.
+pub const DECLARED_MARGIN_PERMILLE: u64 = 100;
+
+fn declared_margin() -> u64 {
+    DECLARED_MARGIN_PERMILLE
+}
+
 /// A job's memory over time as placement reads it: steady use, the peak's window as
-/// fractions of the run, and the run's expected length.
+/// fractions of the run, the run's expected length, and by how much its timing may be off.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Phases {
@@ -28,6 +37,11 @@ pub struct Phases {
     pub peak_from: f64,
     pub peak_until: f64,
     pub expected_ms: u64,
+    /// How much earlier its peak may begin, and later its peak and its run may end, than
+    /// placed, in thousandths of `expected_ms`: [`DECLARED_MARGIN_PERMILLE`] for declared
+    /// phases (and a run's shape as told); learned ones take their taught runs' spread.
+    #[serde(default = "declared_margin")]
+    pub margin_permille: u64,
 }
 
 impl MemoryPhases {
@@ -78,6 +92,7 @@ impl MemoryPhases {
             peak_from: from,
             peak_until: until,
             expected_ms: u64::try_from(expected.as_millis()).unwrap_or(u64::MAX),
+            margin_permille: DECLARED_MARGIN_PERMILLE,
         })
     }
 }
@@ -108,7 +123,8 @@ mod tests {
                 steady_mib: 2000,
                 peak_from: 0.9,
                 peak_until: 1.0,
-                expected_ms: 750_000
+                expected_ms: 750_000,
+                margin_permille: DECLARED_MARGIN_PERMILLE,
             }
         );
     }

@@ -73,7 +73,7 @@ fn workloads_at(tiny: bool) -> Result<Vec<Workload>> {
         // agent samples memory at least once a second).
         (1.0 / 20.0, 40.0 / 3600.0)
     };
-    Ok(vec![
+    let all = vec![
         Workload {
             name: "seed matrix",
             cluster: matrix,
@@ -86,8 +86,28 @@ fn workloads_at(tiny: bool) -> Result<Vec<Workload>> {
             jobs: scaled(fjobs, fscale),
             scale: fscale,
         },
-    ])
+    ];
+    // `HEADROOM_BENCH_WORKLOADS=farm` (words of their names, comma-separated) runs those
+    // only: a change's before and after in half the time.
+    let Some(chosen) = std::env::var_os(WORKLOADS_VAR) else {
+        return Ok(all);
+    };
+    let chosen = chosen.to_string_lossy().to_lowercase();
+    let picked: Vec<Workload> = all
+        .into_iter()
+        .filter(|w| {
+            chosen
+                .split(',')
+                .any(|word| !word.trim().is_empty() && w.name.to_lowercase().contains(word.trim()))
+        })
+        .collect();
+    if picked.is_empty() {
+        bail!("{WORKLOADS_VAR}={chosen}: names no workload (`matrix`, `farm`)");
+    }
+    Ok(picked)
 }
+
+const WORKLOADS_VAR: &str = "HEADROOM_BENCH_WORKLOADS";
 
 /// The fake GPUs as the agent and the fake job read them: `10240MiB,10240MiB`.
 fn gpu_spec(c: &Cluster) -> String {

@@ -256,6 +256,7 @@ mod tests {
                 peak_from: from,
                 peak_until: until,
                 expected_ms: 60_000,
+                margin_permille: headroom_shared::phases::DECLARED_MARGIN_PERMILLE,
             }),
             ..ok.clone()
         };
