@@ -645,7 +645,7 @@ impl Authenticator {
             Err(e) => return (Err(e), true),
         };
         if stored.secret_digest.is_none() {
-            self.keep_digest(id, token).await;
+            self.keep_digest(id, &key).await;
         }
         self.remember(key, &principal, Some(stored.view.id), Some(until));
         (Ok(principal), true)
@@ -653,9 +653,9 @@ impl Authenticator {
 
     /// A stored token that verified with argon2 has its digest kept from now on, so that no
     /// replica of this version hashes it again. Failing that, it verifies with argon2 next
-    /// time too.
-    async fn keep_digest(&self, id: &str, token: &str) {
-        match self.store.keep_token_digest(id, digest_token(token)).await {
+    /// time too. `key` is the token's SHA-256, taken already to look it up in memory.
+    async fn keep_digest(&self, id: &str, key: &[u8; 32]) {
+        match self.store.keep_token_digest(id, hex::encode(key)).await {
             Ok(true) => tracing::info!(token = %id, "token's SHA-256 kept: no argon2 from now on"),
             Ok(false) => {}
             Err(e) => tracing::warn!(token = %id, "token's SHA-256 not kept: {e}"),

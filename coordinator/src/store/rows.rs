@@ -357,8 +357,10 @@ fn from_mdeg(m: i64) -> f64 {
 }
 
 /// The columns `token_row` reads, in order.
-pub(crate) const TOKEN_COLUMNS: &str = "id, name, role, created_by, created_at, revoked_at, secret_hash, expires_at, nodes, \
-     secret_digest";
+pub(crate) const TOKEN_COLUMNS: &str = concat!(
+    "id, name, role, created_by, created_at, revoked_at, secret_hash, expires_at, nodes, ",
+    "secret_digest"
+);
 
 pub(crate) fn token_row(r: &impl Cols) -> Result<super::StoredToken> {
     Ok(super::StoredToken {
